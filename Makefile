@@ -1,0 +1,39 @@
+# Every target CI calls is here; .ci/run calls `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint proto proto-check bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: a local cluster of 3 brokers + a proxy, with a live view (Ctrl-C stops it).
+run: $(STAMP)
+	$(BIN)/popgate up --brokers 3 --listen 127.0.0.1:8081 --data-dir ./data
+
+## make test: install everything the tests need, then lint and run the whole suite.
+test: $(STAMP)
+	$(MAKE) lint
+	$(BIN)/python proto/generate.py --check
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy broker proxy sdk spark_metrics
+
+proto: $(STAMP)
+	$(BIN)/python proto/generate.py
+
+bench: $(STAMP)
+	$(BIN)/python bench/broker_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,278 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Message(_message.Message):
+    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    BORN_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    message_id: str
+    body: bytes
+    tag: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    properties: _containers.ScalarMap[str, str]
+    born_ms: int
+    deliver_at_ms: int
+    delay_level: int
+    message_group: str
+    born_host: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ...) -> None: ...
+
+class StoredMessage(_message.Message):
+    __slots__ = ("message", "queue_id", "offset", "store_ms")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_MS_FIELD_NUMBER: _ClassVar[int]
+    message: Message
+    queue_id: int
+    offset: int
+    store_ms: int
+    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., store_ms: _Optional[int] = ...) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class SendResult(_message.Message):
+    __slots__ = ("message_id", "topic", "queue_id", "offset")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SendResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
+
+class PopRequest(_message.Message):
+    __slots__ = ("topic", "group", "filter", "max_messages", "invisible_ms", "poll_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    POLL_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    filter: str
+    max_messages: int
+    invisible_ms: int
+    poll_ms: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., poll_ms: _Optional[int] = ...) -> None: ...
+
+class PoppedMessage(_message.Message):
+    __slots__ = ("stored", "receipt_handle", "delivery_attempt", "invisible_until_ms")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    stored: StoredMessage
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until_ms: int
+    def __init__(self, stored: _Optional[_Union[StoredMessage, _Mapping]] = ..., receipt_handle: _Optional[str] = ..., delivery_attempt: _Optional[int] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
+
+class PopResponse(_message.Message):
+    __slots__ = ("messages", "polling_full")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    POLLING_FULL_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[PoppedMessage]
+    polling_full: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ..., polling_full: _Optional[bool] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("topic", "group", "receipt_handles")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckResult(_message.Message):
+    __slots__ = ("receipt_handle", "ok", "error", "error_message")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    ok: bool
+    error: str
+    error_message: str
+    def __init__(self, receipt_handle: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class ChangeInvisibleTimeRequest(_message.Message):
+    __slots__ = ("topic", "group", "receipt_handle", "invisible_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    receipt_handle: str
+    invisible_ms: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+
+class ChangeInvisibleTimeResponse(_message.Message):
+    __slots__ = ("receipt_handle", "invisible_until_ms")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    invisible_until_ms: int
+    def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
+
+class NotificationRequest(_message.Message):
+    __slots__ = ("topic", "group", "filter", "poll_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    POLL_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    filter: str
+    poll_ms: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., poll_ms: _Optional[int] = ...) -> None: ...
+
+class NotificationResponse(_message.Message):
+    __slots__ = ("has_message", "polling_full")
+    HAS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    POLLING_FULL_FIELD_NUMBER: _ClassVar[int]
+    has_message: bool
+    polling_full: bool
+    def __init__(self, has_message: _Optional[bool] = ..., polling_full: _Optional[bool] = ...) -> None: ...
+
+class DeadLetterRequest(_message.Message):
+    __slots__ = ("topic", "group", "receipt_handle")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    receipt_handle: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handle: _Optional[str] = ...) -> None: ...
+
+class DeadLetterResponse(_message.Message):
+    __slots__ = ("dlq_topic", "offset")
+    DLQ_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    dlq_topic: str
+    offset: int
+    def __init__(self, dlq_topic: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("topic", "group")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class QueueStats(_message.Message):
+    __slots__ = ("topic", "queue_id", "min_offset", "max_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class GroupQueueStats(_message.Message):
+    __slots__ = ("topic", "group", "queue_id", "max_offset", "consumer_offset", "pull_offset", "ready", "inflight", "lag", "oldest_unacked_store_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PULL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNACKED_STORE_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    queue_id: int
+    max_offset: int
+    consumer_offset: int
+    pull_offset: int
+    ready: int
+    inflight: int
+    lag: int
+    oldest_unacked_store_ms: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_offset: _Optional[int] = ..., consumer_offset: _Optional[int] = ..., pull_offset: _Optional[int] = ..., ready: _Optional[int] = ..., inflight: _Optional[int] = ..., lag: _Optional[int] = ..., oldest_unacked_store_ms: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("broker", "queues", "groups", "held_pops", "held_notifications", "now_ms")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    HELD_POPS_FIELD_NUMBER: _ClassVar[int]
+    HELD_NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupQueueStats]
+    held_pops: int
+    held_notifications: int
+    now_ms: int
+    def __init__(self, broker: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupQueueStats, _Mapping]]] = ..., held_pops: _Optional[int] = ..., held_notifications: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class ListMessagesRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "from_offset", "limit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    from_offset: int
+    limit: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., from_offset: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListMessagesResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
