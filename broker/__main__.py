@@ -1,0 +1,93 @@
+"""popgate-broker: wire the store, core, gRPC server, health and metrics; run until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from popgate_pb import broker_pb2_grpc as pb_grpc
+
+from broker import settings as settings_mod
+from broker.core import BrokerCore
+from broker.metrics import BrokerMetrics
+from broker.metrics_http import MetricsServer
+from broker.server import BrokerServicer
+from broker.settings import BrokerSettings
+from broker.sqlite_store import SqliteStore
+
+log = logging.getLogger("broker")
+
+
+async def sweep_forever(core: BrokerCore, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        core.sweep()
+
+
+async def serve(settings: BrokerSettings) -> None:
+    loop = asyncio.get_running_loop()
+    metrics = BrokerMetrics()
+    store = SqliteStore(settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe)
+    snapshot = await loop.run_in_executor(None, store.load)
+    core = BrokerCore(settings, store)
+    store.set_listener(core)
+    store.start(loop)
+    core.restore(snapshot)
+    metrics.watch(core)
+
+    limit = settings.max_grpc_message_bytes
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(core, metrics), server)  # type: ignore[no-untyped-call]
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(settings.listen)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("popgate.broker.v1.Broker", health_pb2.HealthCheckResponse.SERVING)
+
+    metrics_server = MetricsServer(metrics.registry)
+    if settings.metrics_listen:
+        address = await metrics_server.start(settings.metrics_listen)
+        log.info("metrics on http://%s/metrics", address)
+    sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    host = settings.listen.rpartition(":")[0]
+    print(f"ready {host}:{port}", file=sys.stderr, flush=True)
+    log.info("broker %s serving on %s:%s, data in %s", settings.name, host, port, settings.data_dir)
+    await stop.wait()
+
+    log.info("stopping: answering held requests")
+    await health_servicer.enter_graceful_shutdown()
+    core.hold.close()
+    await server.stop(settings.shutdown_grace_s)
+    sweeper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweeper
+    await metrics_server.close()
+    await core.close()
+    await store.close()
+    log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = settings_mod.parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

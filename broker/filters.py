@@ -1,0 +1,44 @@
+"""Tag filter expressions: ``*`` (or empty) matches all, else ``a || b || c``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.errors import IllegalFilter
+
+MAX_FILTER_LEN = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """A parsed filter; ``tags is None`` means every message matches."""
+
+    tags: frozenset[str] | None
+
+    @classmethod
+    def parse(cls, expression: str) -> TagFilter:
+        text = expression.strip()
+        if text in ("", "*"):
+            return MATCH_ALL
+        if len(text) > MAX_FILTER_LEN:
+            raise IllegalFilter(f"filter expression is longer than {MAX_FILTER_LEN} characters")
+        tags = [part.strip() for part in text.split("||")]
+        for tag in tags:
+            if not tag:
+                raise IllegalFilter(f"filter expression {expression!r} has an empty tag")
+            if tag == "*" or "|" in tag or not tag.isprintable():
+                raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
+        return cls(frozenset(tags))
+
+    @property
+    def matches_all(self) -> bool:
+        return self.tags is None
+
+    def matches(self, tag: str | None) -> bool:
+        return self.tags is None or (tag is not None and tag in self.tags)
+
+    def __str__(self) -> str:
+        return "*" if self.tags is None else " || ".join(sorted(self.tags))
+
+
+MATCH_ALL = TagFilter(None)

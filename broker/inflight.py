@@ -1,0 +1,119 @@
+"""Per consumer group and topic: pull offsets, in-flight deliveries and their deadlines.
+
+Pure bookkeeping, no I/O. For each queue: the **pull offset** (next message
+never popped) and the in-flight deliveries between the consumer offset and it.
+The consumer offset is derived: the lowest in-flight offset, else the pull
+offset. A min-heap of (deadline, queue, offset, token) finds deliveries whose
+invisibility has passed; entries made stale by an ack or a new delivery are
+skipped lazily and the heap is rebuilt when stale ones dominate.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from broker.filters import MATCH_ALL, TagFilter
+
+
+@dataclass(slots=True)
+class Delivery:
+    attempt: int
+    token: int
+    deadline_ms: int
+
+
+class GroupQueue:
+    __slots__ = ("queue_id", "pull_offset", "inflight")
+
+    def __init__(self, queue_id: int, pull_offset: int) -> None:
+        self.queue_id = queue_id
+        self.pull_offset = pull_offset
+        self.inflight: dict[int, Delivery] = {}
+
+    @property
+    def consumer_offset(self) -> int:
+        """Everything below is acked (RocketMQ's ConsumerOffset)."""
+        return min(self.inflight) if self.inflight else self.pull_offset
+
+
+class GroupTopic:
+    def __init__(self, group: str, topic: str, tag_filter: TagFilter = MATCH_ALL) -> None:
+        self.group = group
+        self.topic = topic
+        self.filter = tag_filter
+        self.queues: dict[int, GroupQueue] = {}
+        self._heap: list[tuple[int, int, int, int]] = []
+        # Deliveries whose invisibility passed, waiting to be popped again: (queue, offset, token).
+        self.ready: deque[tuple[int, int, int]] = deque()
+        self.next_queue = 0
+        self.dead_lettered = 0
+
+    def queue(self, queue_id: int, start_offset: int) -> GroupQueue:
+        state = self.queues.get(queue_id)
+        if state is None:
+            state = self.queues[queue_id] = GroupQueue(queue_id, start_offset)
+        return state
+
+    def deliver(self, queue_id: int, offset: int, delivery: Delivery) -> None:
+        """Record a (re)delivery: the offset must already be below the queue's pull offset."""
+        self.queues[queue_id].inflight[offset] = delivery
+        heapq.heappush(self._heap, (delivery.deadline_ms, queue_id, offset, delivery.token))
+        self._maybe_compact()
+
+    def current(self, queue_id: int, offset: int, token: int) -> Delivery | None:
+        """The in-flight delivery a handle names, or None when acked or superseded."""
+        state = self.queues.get(queue_id)
+        delivery = state.inflight.get(offset) if state else None
+        return delivery if delivery is not None and delivery.token == token else None
+
+    def remove(self, queue_id: int, offset: int) -> None:
+        state = self.queues.get(queue_id)
+        if state is not None:
+            state.inflight.pop(offset, None)
+
+    def _valid(self, entry: tuple[int, int, int, int]) -> bool:
+        deadline, queue_id, offset, token = entry
+        delivery = self.current(queue_id, offset, token)
+        return delivery is not None and delivery.deadline_ms == deadline
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of a live delivery (drops stale heap heads)."""
+        heap = self._heap
+        while heap and not self._valid(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def take_expired(self, now_ms: int, limit: int) -> list[tuple[int, int, Delivery]]:
+        """Deliveries whose invisibility has passed, earliest first, removed from the heap."""
+        out: list[tuple[int, int, Delivery]] = []
+        heap = self._heap
+        while heap and len(out) < limit:
+            deadline = self.next_deadline()
+            if deadline is None or deadline > now_ms:
+                break
+            _, queue_id, offset, _ = heapq.heappop(heap)
+            out.append((queue_id, offset, self.queues[queue_id].inflight[offset]))
+        return out
+
+    def has_expired(self, now_ms: int) -> bool:
+        deadline = self.next_deadline()
+        return deadline is not None and deadline <= now_ms
+
+    def count_expired(self, now_ms: int) -> int:
+        return sum(1 for q in self.queues.values() for d in q.inflight.values() if d.deadline_ms <= now_ms)
+
+    @property
+    def inflight_count(self) -> int:
+        return sum(len(q.inflight) for q in self.queues.values())
+
+    def _maybe_compact(self) -> None:
+        live = self.inflight_count
+        if len(self._heap) > 2 * live + 1024:
+            self._heap = [
+                (d.deadline_ms, q.queue_id, offset, d.token)
+                for q in self.queues.values()
+                for offset, d in q.inflight.items()
+            ]
+            heapq.heapify(self._heap)

@@ -1,0 +1,137 @@
+"""Long polling: held Pops and Notifications, woken on arrival (PopLongPollingService).
+
+Requests are held per (topic, group) key in arrival order. The broker core calls
+``arrived`` when messages a group can consume appear (an append, a redelivery
+coming due); it wakes every Notification whose filter matches and as many Pops
+as there are new matching messages. Each hold ends with an explicit outcome. A
+caller that goes away (task cancelled) is removed at once. Capacity is bounded:
+past it ``hold`` returns FULL immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Sequence
+
+from broker.filters import TagFilter
+
+Key = tuple[str, str]  # (topic, group)
+
+
+class Outcome(enum.Enum):
+    SERVED = "served"
+    TIMED_OUT = "timed_out"
+    FULL = "full"
+    CLOSED = "closed"
+
+
+class Kind(enum.Enum):
+    POP = "pop"
+    NOTIFICATION = "notification"
+
+
+class _Waiter:
+    __slots__ = ("kind", "filter", "future")
+
+    def __init__(self, kind: Kind, tag_filter: TagFilter, future: asyncio.Future[Outcome]) -> None:
+        self.kind = kind
+        self.filter = tag_filter
+        self.future = future
+
+    def resolve(self, outcome: Outcome) -> bool:
+        if self.future.done():
+            return False
+        self.future.set_result(outcome)
+        return True
+
+
+class HoldService:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._waiters: dict[Key, dict[_Waiter, None]] = {}
+        self._by_topic: dict[str, set[str]] = {}
+        self.held = {Kind.POP: 0, Kind.NOTIFICATION: 0}
+        self._closed = False
+
+    @property
+    def total_held(self) -> int:
+        return self.held[Kind.POP] + self.held[Kind.NOTIFICATION]
+
+    def keys(self) -> list[Key]:
+        return list(self._waiters)
+
+    async def hold(self, key: Key, kind: Kind, tag_filter: TagFilter, timeout_s: float) -> Outcome:
+        if self._closed:
+            return Outcome.CLOSED
+        if timeout_s <= 0:
+            return Outcome.TIMED_OUT
+        if self.total_held >= self.capacity:
+            return Outcome.FULL
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(kind, tag_filter, loop.create_future())
+        self._add(key, waiter)
+        timer = loop.call_later(timeout_s, waiter.resolve, Outcome.TIMED_OUT)
+        try:
+            return await waiter.future
+        finally:
+            timer.cancel()
+            self._remove(key, waiter)
+
+    def _add(self, key: Key, waiter: _Waiter) -> None:
+        self._waiters.setdefault(key, {})[waiter] = None
+        self._by_topic.setdefault(key[0], set()).add(key[1])
+        self.held[waiter.kind] += 1
+
+    def _remove(self, key: Key, waiter: _Waiter) -> None:
+        waiters = self._waiters.get(key)
+        if waiters is None or waiters.pop(waiter, False) is False:
+            return
+        self.held[waiter.kind] -= 1
+        if not waiters:
+            del self._waiters[key]
+            groups = self._by_topic.get(key[0])
+            if groups is not None:
+                groups.discard(key[1])
+                if not groups:
+                    del self._by_topic[key[0]]
+
+    def groups_waiting(self, topic: str) -> list[str]:
+        return list(self._by_topic.get(topic, ()))
+
+    def arrived(self, key: Key, tags: Sequence[str | None]) -> int:
+        """New messages with these tags can be consumed by the key's group: wake who can be served."""
+        return self._wake(key, lambda f: sum(1 for t in tags if f.matches(t)))
+
+    def wake(self, key: Key, count: int) -> int:
+        """``count`` messages became ready whatever their tags (redeliveries): wake up to that many Pops."""
+        return self._wake(key, lambda _: count) if count > 0 else 0
+
+    def _wake(self, key: Key, matching: Callable[[TagFilter], int]) -> int:
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return 0
+        woken = 0
+        budgets: dict[TagFilter, int] = {}
+        for waiter in list(waiters):
+            budget = budgets.get(waiter.filter)
+            if budget is None:
+                budget = budgets[waiter.filter] = matching(waiter.filter)
+            if budget <= 0:
+                continue
+            if waiter.resolve(Outcome.SERVED):
+                woken += 1
+                if waiter.kind is Kind.POP:
+                    budgets[waiter.filter] = budget - 1
+        return woken
+
+    def wake_all(self, key: Key) -> None:
+        for waiter in list(self._waiters.get(key, ())):
+            waiter.resolve(Outcome.SERVED)
+
+    def close(self) -> None:
+        """Answer every held request now (shutdown)."""
+        self._closed = True
+        for waiters in list(self._waiters.values()):
+            for waiter in list(waiters):
+                waiter.resolve(Outcome.CLOSED)

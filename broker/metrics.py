@@ -1,0 +1,95 @@
+"""The broker's Prometheus metrics: live gauges read from the core at scrape time, plus histograms."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from broker.core import BrokerCore, now_ms
+from broker.longpoll import Kind
+from broker.validation import DLQ_PREFIX
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.rpc_duration = Histogram(
+            "popgate_broker_rpc_duration_seconds",
+            "Broker RPC latency by method and gRPC status code",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.commit_duration = Histogram(
+            "popgate_broker_store_commit_duration_seconds",
+            "Time to apply and commit one group-commit transaction",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def watch(self, core: BrokerCore) -> None:
+        self.registry.register(_CoreCollector(core))
+
+
+class _CoreCollector(Collector):
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+
+    def collect(self) -> Iterator[Metric]:
+        core = self.core
+        tq = ["topic", "queue"]
+        tgq = ["topic", "group", "queue"]
+        tg = ["topic", "group"]
+        max_offset = GaugeMetricFamily("popgate_broker_max_offset", "Next offset of each queue", labels=tq)
+        for topic in core.topics.values():
+            for q in topic.queues:
+                max_offset.add_metric([topic.name, str(q.queue_id)], q.max_offset)
+        consumer = GaugeMetricFamily("popgate_broker_consumer_offset", "All below is acked", labels=tgq)
+        pull = GaugeMetricFamily("popgate_broker_pull_offset", "Next message never popped", labels=tgq)
+        lag = GaugeMetricFamily("popgate_broker_consumer_lag_messages", "Ready plus in-flight messages", labels=tg)
+        ready = GaugeMetricFamily("popgate_broker_ready_messages", "Messages ready to pop (Available)", labels=tg)
+        inflight = GaugeMetricFamily("popgate_broker_inflight_messages", "Popped, not acked", labels=tg)
+        age = GaugeMetricFamily(
+            "popgate_broker_oldest_unacked_age_seconds", "Age of the oldest un-acked message", labels=tg
+        )
+        totals: dict[tuple[str, str], list[int]] = {}
+        now = now_ms()
+        for row in core.lags():
+            labels = [row.topic, row.group, str(row.queue_id)]
+            consumer.add_metric(labels, row.lag.consumer_offset)
+            pull.add_metric(labels, row.lag.pull_offset)
+            t = totals.setdefault((row.topic, row.group), [0, 0, 0, 0])
+            t[0] += row.lag.lag
+            t[1] += row.lag.ready
+            t[2] += row.lag.inflight
+            if row.lag.oldest_unacked_store_ms:
+                t[3] = min(t[3] or now, row.lag.oldest_unacked_store_ms)
+        for (topic_name, group), (lg, rd, inf, oldest) in totals.items():
+            labels = [topic_name, group]
+            lag.add_metric(labels, lg)
+            ready.add_metric(labels, rd)
+            inflight.add_metric(labels, inf)
+            age.add_metric(labels, max(0.0, (now - oldest) / 1000) if oldest else 0.0)
+        dlq = GaugeMetricFamily("popgate_broker_dlq_messages", "Messages in each %DLQ% topic", labels=["group"])
+        for name, log in core.topics.items():
+            if name.startswith(DLQ_PREFIX):
+                dlq.add_metric([name[len(DLQ_PREFIX) :]], sum(q.max_offset - q.min_offset for q in log.queues))
+        dead = CounterMetricFamily("popgate_broker_dead_lettered", "Messages moved to a DLQ", labels=tg)
+        for (group, topic_name), state in core.groups.items():
+            dead.add_metric([topic_name, group], state.dead_lettered)
+        held = GaugeMetricFamily("popgate_broker_held_requests", "Long polls held now", labels=["kind"])
+        held.add_metric(["pop"], core.hold.held[Kind.POP])
+        held.add_metric(["notification"], core.hold.held[Kind.NOTIFICATION])
+        msg_in = CounterMetricFamily("popgate_broker_messages_in", "Messages stored", labels=["topic"])
+        for topic_name, count in core.messages_in.items():
+            msg_in.add_metric([topic_name], count)
+        msg_out = CounterMetricFamily("popgate_broker_messages_out", "Messages delivered (pops)", labels=tg)
+        for (topic_name, group), count in core.messages_out.items():
+            msg_out.add_metric([topic_name, group], count)
+        yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dead, held, msg_in, msg_out)

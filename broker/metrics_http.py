@@ -1,0 +1,65 @@
+"""A tiny asyncio HTTP server for Prometheus ``/metrics`` (and ``/healthz``).
+
+It runs on the process's event loop, so collectors read live state without
+locks. Only GET is served; each connection answers one request and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 8192
+
+
+class MetricsServer:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self, listen: str) -> str:
+        host, _, port = listen.rpartition(":")
+        self._server = await asyncio.start_server(self._handle, host or "127.0.0.1", int(port))
+        sock = self._server.sockets[0].getsockname()
+        self.address = f"{sock[0]}:{sock[1]}"
+        return self.address
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+            if len(head) > MAX_REQUEST_BYTES:
+                raise ValueError("request too large")
+            method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if method != "GET":
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET\n"
+            elif path.split("?")[0] == "/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            elif path == "/healthz":
+                status, ctype, body = "200 OK", "text/plain", b"ok\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, ConnectionError):
+            pass
+        except Exception:  # a scrape must never take the process down
+            log.exception("metrics request failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

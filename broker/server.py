@@ -1,0 +1,184 @@
+"""The broker's gRPC edge: request → core call → response, and the one error table."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from popgate_pb import broker_pb2 as pb
+from popgate_pb import broker_pb2_grpc as pb_grpc
+
+from broker import errors
+from broker.core import BrokerCore, Popped, now_ms
+from broker.longpoll import Kind
+from broker.metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+ERROR_KEY = "popgate-error"
+
+# Domain error → gRPC status code. The most specific class wins (checked via the MRO).
+STATUS_OF: dict[type[errors.BrokerError], grpc.StatusCode] = {
+    errors.BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.TopicNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.TooManyRequests: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.BrokerError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_of(exc: errors.BrokerError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def rpc(method: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
+    """Time the call, map domain errors to a status (+ trailing error name), never let anything escape."""
+
+    def wrap(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
+        @functools.wraps(fn)
+        async def call(self: BrokerServicer, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return await fn(self, request, context)
+            except errors.BrokerError as exc:
+                code = status_of(exc)
+                context.set_trailing_metadata(((ERROR_KEY, exc.name),))
+                await context.abort(code, exc.message)
+            except Exception as exc:
+                if isinstance(exc, grpc.aio.AbortError):
+                    raise
+                code = grpc.StatusCode.INTERNAL
+                log.exception("%s failed", method)
+                await context.abort(code, f"internal error in {method}: {type(exc).__name__}")
+            finally:
+                self.metrics.rpc_duration.labels(method, code.name).observe(time.perf_counter() - started)
+            raise AssertionError("unreachable")
+
+        return call
+
+    return wrap
+
+
+class BrokerServicer(pb_grpc.BrokerServicer):
+    def __init__(self, core: BrokerCore, metrics: BrokerMetrics) -> None:
+        self.core = core
+        self.metrics = metrics
+
+    @rpc("Send")
+    async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
+        records = await self.core.send(request.messages)
+        return pb.SendResponse(
+            results=[
+                pb.SendResult(message_id=m.message_id, topic=r.topic, queue_id=r.queue_id, offset=r.offset)
+                for m, r in zip(request.messages, records, strict=True)
+            ]
+        )
+
+    @rpc("Pop")
+    async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
+        result = await self.core.pop(
+            request.topic, request.group, request.filter, request.max_messages, request.invisible_ms, request.poll_ms
+        )
+        return pb.PopResponse(messages=[_popped(p) for p in result.messages], polling_full=result.polling_full)
+
+    @rpc("Ack")
+    async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
+        outcomes = await self.core.ack(request.topic, request.group, request.receipt_handles)
+        return pb.AckResponse(
+            results=[
+                pb.AckResult(
+                    receipt_handle=h, ok=e is None, error=e.name if e else "", error_message=e.message if e else ""
+                )
+                for h, e in zip(request.receipt_handles, outcomes, strict=True)
+            ]
+        )
+
+    @rpc("ChangeInvisibleTime")
+    async def ChangeInvisibleTime(
+        self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ChangeInvisibleTimeResponse:
+        handle, until = await self.core.change_invisible(
+            request.topic, request.group, request.receipt_handle, request.invisible_ms
+        )
+        return pb.ChangeInvisibleTimeResponse(receipt_handle=handle, invisible_until_ms=until)
+
+    @rpc("Notification")
+    async def Notification(
+        self, request: pb.NotificationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.NotificationResponse:
+        has, full = await self.core.notification(request.topic, request.group, request.filter, request.poll_ms)
+        return pb.NotificationResponse(has_message=has, polling_full=full)
+
+    @rpc("DeadLetter")
+    async def DeadLetter(
+        self, request: pb.DeadLetterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeadLetterResponse:
+        stored = await self.core.dead_letter(request.topic, request.group, request.receipt_handle)
+        return pb.DeadLetterResponse(dlq_topic=stored.message.topic, offset=stored.offset)
+
+    @rpc("Stats")
+    async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
+        core = self.core
+        response = pb.StatsResponse(
+            broker=core.name,
+            held_pops=core.hold.held[Kind.POP],
+            held_notifications=core.hold.held[Kind.NOTIFICATION],
+            now_ms=now_ms(),
+        )
+        for name, topic in sorted(core.topics.items()):
+            if request.topic and name != request.topic:
+                continue
+            for q in topic.queues:
+                response.queues.add(topic=name, queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset)
+        for row in core.lags(request.topic, request.group):
+            lag = row.lag
+            response.groups.add(
+                topic=row.topic,
+                group=row.group,
+                queue_id=row.queue_id,
+                max_offset=lag.max_offset,
+                consumer_offset=lag.consumer_offset,
+                pull_offset=lag.pull_offset,
+                ready=lag.ready,
+                inflight=lag.inflight,
+                lag=lag.lag,
+                oldest_unacked_store_ms=lag.oldest_unacked_store_ms,
+            )
+        return response
+
+    @rpc("ListMessages")
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListMessagesResponse:
+        records = await self.core.list_messages(request.topic, request.queue_id, request.from_offset, request.limit)
+        return pb.ListMessagesResponse(
+            messages=[
+                pb.StoredMessage(
+                    message=pb.Message.FromString(r.payload), queue_id=r.queue_id, offset=r.offset, store_ms=r.store_ms
+                )
+                for r in records
+            ]
+        )
+
+
+def _popped(p: Popped) -> pb.PoppedMessage:
+    out = pb.PoppedMessage(receipt_handle=p.handle, delivery_attempt=p.attempt, invisible_until_ms=p.invisible_until_ms)
+    stored = out.stored
+    stored.message.MergeFromString(p.payload)
+    stored.queue_id = p.queue_id
+    stored.offset = p.offset
+    stored.store_ms = p.store_ms
+    return out

@@ -1,0 +1,57 @@
+"""Broker settings: one validated object fed by flags, POPGATE_* environment and a TOML file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.config import load_settings
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    name: str = field(default="b1", metadata={"help": "broker name (appears in receipt handles)"})
+    listen: str = field(default="127.0.0.1:9001", metadata={"help": "gRPC HOST:PORT (port 0 = any free port)"})
+    data_dir: Path = field(default=Path("./data/b1"), metadata={"help": "directory of the SQLite store"})
+    metrics_listen: str = field(default="", metadata={"help": "HOST:PORT for Prometheus /metrics (empty = off)"})
+    export_dir: str = field(default="", metadata={"help": "directory for JSON-lines metric snapshots (empty = off)"})
+    export_interval_s: float = field(default=10.0, metadata={"help": "seconds between metric snapshots"})
+    flush: str = field(default="async", metadata={"help": "sync: fsync before acknowledging; async: WAL only"})
+    queues_per_topic: int = field(default=4, metadata={"help": "queues of an auto-created topic"})
+    auto_create: bool = field(
+        default=True, metadata={"help": "create topics on first send", "negate": "no-auto-create"}
+    )
+    consume_from: str = field(default="earliest", metadata={"help": "where a new group starts: earliest|latest"})
+    max_delivery_attempts: int = field(default=17, metadata={"help": "deliveries before dead-lettering"})
+    max_held: int = field(default=20000, metadata={"help": "held long polls before answering at once"})
+    max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest message body"})
+    max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch"})
+    max_send_batch: int = field(default=1024, metadata={"help": "most messages in one Send"})
+    min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
+    max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})
+    max_poll_ms: int = field(default=30000, metadata={"help": "longest long-polling time"})
+    cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})
+    sweep_interval_s: float = field(default=5.0, metadata={"help": "safety sweep of held requests"})
+    max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})
+    shutdown_grace_s: float = field(default=5.0, metadata={"help": "time to finish RPCs on SIGTERM"})
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.flush in ("sync", "async"), "flush must be sync or async"),
+            (self.consume_from in ("earliest", "latest"), "consume_from must be earliest or latest"),
+            (self.queues_per_topic >= 1, "queues_per_topic must be >= 1"),
+            (self.max_delivery_attempts >= 1, "max_delivery_attempts must be >= 1"),
+            (self.max_held >= 0, "max_held must be >= 0"),
+            (0 < self.min_invisible_ms <= self.max_invisible_ms, "need 0 < min_invisible_ms <= max_invisible_ms"),
+            (1 <= self.max_pop_batch <= 1024, "max_pop_batch must be in 1..1024"),
+            (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),
+            (self.max_poll_ms >= 0, "max_poll_ms must be >= 0"),
+            (":" in self.listen, "listen must be HOST:PORT"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> BrokerSettings:
+    return load_settings(BrokerSettings, "popgate-broker", argv, environ)

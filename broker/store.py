@@ -1,0 +1,115 @@
+"""The store interface the broker core talks to, and the records it deals in.
+
+The core keeps hot state in memory; the store makes it durable. Every write is
+one ``commit(appends, ops)``: new messages plus consumer-state operations,
+applied atomically. Offsets are assigned by the store at commit time, so a
+failed write never leaves a hole. Committed messages are announced to an
+``ArrivalListener`` on the event loop before the commit's caller resumes; the
+store knows nothing else about who listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+
+@dataclass(slots=True)
+class NewMessage:
+    topic: str
+    queue_id: int
+    store_ms: int
+    tag: str | None
+    payload: bytes  # serialized popgate.broker.v1.Message
+
+
+@dataclass(slots=True)
+class Record:
+    topic: str
+    queue_id: int
+    offset: int
+    store_ms: int
+    tag: str | None
+    payload: bytes
+
+
+class CreateQueue(NamedTuple):
+    topic: str
+    queue_id: int
+
+
+class SetPullOffset(NamedTuple):
+    group: str
+    topic: str
+    queue_id: int
+    pull_offset: int
+
+
+class PutInflight(NamedTuple):
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    attempt: int
+    token: int
+    deadline_ms: int
+
+
+class DeleteInflight(NamedTuple):
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+
+
+class SetGroupFilter(NamedTuple):
+    group: str
+    topic: str
+    expression: str
+
+
+Op = CreateQueue | SetPullOffset | PutInflight | DeleteInflight | SetGroupFilter
+
+
+@dataclass(slots=True)
+class QueueIndex:
+    """Offsets, store times and tags of every message of one queue, oldest first."""
+
+    min_offset: int = 0
+    store_ms: list[int] = field(default_factory=list)
+    tags: list[str | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the core rebuilds its hot state from at start."""
+
+    queues: dict[tuple[str, int], QueueIndex] = field(default_factory=dict)
+    pull_offsets: list[SetPullOffset] = field(default_factory=list)
+    inflight: list[PutInflight] = field(default_factory=list)
+    filters: list[SetGroupFilter] = field(default_factory=list)
+
+
+class ArrivalListener(Protocol):
+    def arrived(self, records: Sequence[Record]) -> None: ...
+
+
+class Store(Protocol):
+    def load(self) -> Snapshot:
+        """Read the whole hot state (blocking: call before serving)."""
+        ...
+
+    def set_listener(self, listener: ArrivalListener) -> None: ...
+
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        """Queue appends and ops for one durable transaction, in call order; the future gives the
+        appended records with their offsets. Must be called on the event loop."""
+        ...
+
+    async def read_payloads(self, topic: str, queue_id: int, offsets: Sequence[int]) -> dict[int, bytes]: ...
+
+    async def read_range(self, topic: str, queue_id: int, from_offset: int, limit: int) -> list[Record]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,59 @@
+"""Checks of names and message fields shared by every RPC (DESIGN §5)."""
+
+from __future__ import annotations
+
+import re
+
+from broker.errors import IllegalGroup, IllegalMessage, IllegalTopic
+
+NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]+$")
+MAX_NAME_LEN = 127
+DLQ_PREFIX = "%DLQ%"
+MAX_TAG_LEN = 256
+MAX_MESSAGE_ID_LEN = 128
+
+
+def check_topic(topic: str) -> str:
+    # A dead-letter topic is "%DLQ%" + a group name, so it may be 5 characters longer.
+    limit = MAX_NAME_LEN + len(DLQ_PREFIX) if topic.startswith(DLQ_PREFIX) else MAX_NAME_LEN
+    if not topic:
+        raise IllegalTopic("topic name is empty")
+    if len(topic) > limit:
+        raise IllegalTopic(f"topic name is longer than {limit} characters")
+    if not NAME_RE.match(topic):
+        raise IllegalTopic(f"topic name {topic!r} may only contain letters, digits, %, _ and -")
+    return topic
+
+
+def check_group(group: str) -> str:
+    if not group:
+        raise IllegalGroup("consumer group name is empty")
+    if len(group) > MAX_NAME_LEN:
+        raise IllegalGroup(f"consumer group name is longer than {MAX_NAME_LEN} characters")
+    if not NAME_RE.match(group):
+        raise IllegalGroup(f"consumer group name {group!r} may only contain letters, digits, %, _ and -")
+    return group
+
+
+def check_tag(tag: str) -> str:
+    if not tag.strip():
+        raise IllegalMessage("message tag is blank")
+    if len(tag) > MAX_TAG_LEN:
+        raise IllegalMessage(f"message tag is longer than {MAX_TAG_LEN} characters")
+    if "|" in tag or not tag.isprintable():
+        raise IllegalMessage(f"message tag {tag!r} contains '|' or a control character")
+    return tag
+
+
+def check_message_id(message_id: str) -> str:
+    if len(message_id) > MAX_MESSAGE_ID_LEN or not message_id.isprintable():
+        raise IllegalMessage(f"message id must be at most {MAX_MESSAGE_ID_LEN} printable characters")
+    return message_id
+
+
+def check_text_field(what: str, value: str, *, limit: int) -> str:
+    if len(value) > limit:
+        raise IllegalMessage(f"{what} is longer than {limit} characters")
+    if not value.isprintable():
+        raise IllegalMessage(f"{what} contains a control character")
+    return value
