@@ -1,0 +1,157 @@
+"""Broker clients over gRPC (popgate_pb.broker_pb2_grpc.BrokerStub) and their health checking.
+
+Each client keeps one channel and a health flag: a failed health check (standard
+grpc.health.v1, with a deadline) or a call failing with UNAVAILABLE marks the
+broker down; a passing check or a successful call marks it up again. Broker
+errors become proxy errors here: the ``popgate-error`` trailer names the domain
+error, otherwise the gRPC code decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc
+
+from proxy import errors
+from proxy.ports import Metrics, NoMetrics
+from proxy.settings import BrokerAddress
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+ERROR_KEY = "popgate-error"
+
+
+def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
+    """The proxy error for a failed broker call."""
+    name = ""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_KEY:
+            name = value if isinstance(value, str) else value.decode()
+    details = exc.details() or ""
+    if name:
+        return errors.from_broker(name, details, broker=broker)
+    code = exc.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return errors.BrokerUnavailable(f"broker {broker} is unavailable: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.BrokerTimeout(f"broker {broker} did not answer in time")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.TooManyRequests(f"broker {broker} is overloaded: {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.BadRequest(f"broker {broker} refused the request: {details}")
+    return errors.BrokerFailure(f"broker {broker} failed: {code.name}: {details}")
+
+
+class GrpcBrokerClient:
+    def __init__(self, address: BrokerAddress, *, metrics: Metrics | None = None) -> None:
+        self._address = address
+        self._metrics = metrics or NoMetrics()
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        self._channel = grpc.aio.insecure_channel(address.target, options=options)
+        self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._healthy = True  # optimistic until the first check: a down broker fails fast anyway
+
+    @property
+    def name(self) -> str:
+        return self._address.name
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    def _set_health(self, healthy: bool, why: str) -> None:
+        if healthy != self._healthy:
+            log.warning(
+                "broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why
+            )
+        self._healthy = healthy
+
+    async def _call(self, method: str, call: Callable[..., Awaitable[R]], request: Any, timeout_s: float) -> R:
+        try:
+            response = await call(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            error = error_of(exc, self.name)
+            if isinstance(error, errors.BrokerUnavailable):
+                self._set_health(False, f"{method}: {exc.code().name}")
+            self._metrics.broker_rpc(self.name, method, error.name)
+            raise error from None
+        self._metrics.broker_rpc(self.name, method, "ok")
+        return response
+
+    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        response = await self._call("Send", self._stub.Send, bpb.SendRequest(messages=messages), timeout_s)
+        results: Sequence[bpb.SendResult] = response.results
+        return results
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        return await self._call("Pop", self._stub.Pop, request, timeout_s)
+
+    async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
+        return await self._call("Ack", self._stub.Ack, request, timeout_s)
+
+    async def change_invisible_time(
+        self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimeResponse:
+        return await self._call("ChangeInvisibleTime", self._stub.ChangeInvisibleTime, request, timeout_s)
+
+    async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
+        return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
+
+    async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse:
+        return await self._call("Notification", self._stub.Notification, request, timeout_s)
+
+    async def stats(self, request: bpb.StatsRequest, *, timeout_s: float) -> bpb.StatsResponse:
+        return await self._call("Stats", self._stub.Stats, request, timeout_s)
+
+    async def check_health(self, *, timeout_s: float) -> bool:
+        """One grpc.health.v1 check with a deadline; updates and returns the health flag."""
+        try:
+            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            self._set_health(False, f"health check: {exc.code().name}")
+            return False
+        serving: bool = reply.status == health_pb2.HealthCheckResponse.SERVING
+        self._set_health(serving, f"health check: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
+        return serving
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class HealthMonitor:
+    """Checks every broker every `interval` seconds (each check bounded by `timeout`) until closed."""
+
+    def __init__(self, clients: Iterable[GrpcBrokerClient], *, interval: float, timeout: float) -> None:
+        self._clients = list(clients)
+        self._interval = interval
+        self._timeout = timeout
+        self._task: asyncio.Task[None] | None = None
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(c.check_health(timeout_s=self._timeout) for c in self._clients))
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self._interval)
+
+    async def __aenter__(self) -> HealthMonitor:
+        await self.check_all()
+        self._task = asyncio.create_task(self._run(), name="broker-health")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -1,0 +1,145 @@
+"""The protocol-neutral proxy: routing, fail-over and receive, over `BrokerClient`s. Imports no gRPC.
+
+Input arrives already validated and converted to the broker protocol's messages by
+the v2 edge (`proxy.v2`); errors leave as `proxy.errors.ProxyError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy import errors
+from proxy.ports import BrokerClient, Metrics, NoMetrics
+from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
+from proxy.routing import BrokerPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRoute:
+    broker: str
+    queue_id: int
+
+
+class Proxy:
+    def __init__(
+        self,
+        pool: BrokerPool,
+        strategy: ReceiveStrategy,
+        *,
+        queues_per_broker: int = 4,
+        broker_timeout_s: float = 3.0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.pool = pool
+        self.strategy = strategy
+        self.closing = asyncio.Event()
+        self._queues = queues_per_broker
+        self._timeout = broker_timeout_s
+        self._metrics = metrics or NoMetrics()
+
+    def close(self) -> None:
+        """Stop taking new long polls; held receives answer at once (empty)."""
+        self.closing.set()
+
+    def route(self) -> list[QueueRoute]:
+        """The queues clients see: `queues_per_broker` on every live broker (topics auto-create on send)."""
+        live = self.pool.live()
+        if not live:
+            raise errors.BrokerUnavailable("no broker is live; the proxy cannot route any topic")
+        return [QueueRoute(c.name, q) for c in live for q in range(self._queues)]
+
+    async def send(self, messages: Sequence[bpb.Message]) -> list[bpb.SendResult]:
+        """Store messages; results in request order. Messages of one message group go to one broker."""
+        if self.closing.is_set():
+            raise errors.ShuttingDown("the proxy is shutting down")
+        batches: dict[str | None, list[int]] = {}
+        for index, message in enumerate(messages):
+            batches.setdefault(message.message_group or None, []).append(index)
+        results: list[bpb.SendResult | None] = [None] * len(messages)
+
+        async def one(key: str | None, indexes: list[int]) -> None:
+            stored = await self._send_with_failover(key, [messages[i] for i in indexes])
+            if len(stored) != len(indexes):
+                raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(indexes)} messages")
+            for i, result in zip(indexes, stored, strict=True):
+                results[i] = result
+
+        # gather, not a TaskGroup: the first ProxyError reaches the client as itself, not in a group.
+        await asyncio.gather(*(one(key, indexes) for key, indexes in batches.items()))
+        return [r for r in results if r is not None]
+
+    async def _send_with_failover(self, key: str | None, messages: list[bpb.Message]) -> Sequence[bpb.SendResult]:
+        last: errors.ProxyError = errors.BrokerUnavailable("no broker is configured")
+        for client in self.pool.candidates(key):
+            try:
+                return await client.send(messages, timeout_s=self._timeout)
+            except errors.BrokerUnavailable as exc:
+                log.info("send to broker %s failed over: %s", client.name, exc.message)
+                last = exc
+        raise last
+
+    async def receive(self, request: ReceiveRequest) -> ReceiveResult:
+        if self.closing.is_set():
+            return ReceiveResult([], "closing")
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            result = await self.strategy.receive(request, self.closing)
+            outcome = result.outcome
+            return result
+        except errors.TooManyRequests:
+            outcome = "full"
+            raise
+        finally:
+            self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
+
+    async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[errors.ProxyError | None]:
+        """Ack each handle at the broker it names; per handle None (acked) or the error."""
+        outcome: list[errors.ProxyError | None] = [None] * len(handles)
+        by_broker: dict[str, tuple[BrokerClient, list[int]]] = {}
+        for index, handle in enumerate(handles):
+            try:
+                client = self.pool.for_handle(handle)
+            except errors.InvalidReceiptHandle as exc:
+                outcome[index] = exc
+                continue
+            by_broker.setdefault(client.name, (client, []))[1].append(index)
+
+        async def one(client: BrokerClient, indexes: list[int]) -> None:
+            request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])
+            try:
+                response = await client.ack(request, timeout_s=self._timeout)
+            except errors.ProxyError as exc:
+                for i in indexes:
+                    outcome[i] = exc
+                return
+            for i, result in zip(indexes, response.results, strict=False):
+                if not result.ok:
+                    outcome[i] = errors.from_broker(result.error, result.error_message, broker=client.name)
+            for i in indexes[len(response.results) :]:
+                outcome[i] = errors.BrokerFailure(f"broker {client.name} returned no result for this handle")
+
+        await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
+        return outcome
+
+    async def change_invisible(self, topic: str, group: str, handle: str, invisible_ms: int) -> str:
+        """A new receipt handle, invisible for `invisible_ms` from now."""
+        client = self.pool.for_handle(handle)
+        request = bpb.ChangeInvisibleTimeRequest(
+            topic=topic, group=group, receipt_handle=handle, invisible_ms=invisible_ms
+        )
+        response = await client.change_invisible_time(request, timeout_s=self._timeout)
+        return response.receipt_handle
+
+    async def dead_letter(self, topic: str, group: str, handle: str) -> None:
+        client = self.pool.for_handle(handle)
+        request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle)
+        await client.dead_letter(request, timeout_s=self._timeout)

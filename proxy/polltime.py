@@ -1,0 +1,45 @@
+"""How long the proxy may hold a receive at a broker. Pure.
+
+The client's deadline is request_timeout + long_polling_timeout; the proxy asks a
+broker to hold the poll for the requested time clamped to the configured range and
+cut to leave `reserve` before the client's deadline, so the answer (empty or not)
+always reaches the client in time. Like RocketMQ's ReceiveMessageActivity, a
+deadline that leaves no time at all is ILLEGAL_POLLING_TIME.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.errors import IllegalPollingTime
+
+
+@dataclass(frozen=True, slots=True)
+class PollLimits:
+    minimum: float
+    maximum: float
+    default: float
+    reserve: float
+
+
+def poll_seconds(requested: float | None, remaining: float | None, limits: PollLimits) -> float:
+    """Seconds to hold the poll at a broker (0 = answer at once).
+
+    requested: the client's long_polling_timeout, None when absent.
+    remaining: seconds until the client's deadline, None when the call has none.
+    """
+    if requested is not None and requested < 0:
+        raise IllegalPollingTime(f"long_polling_timeout {requested:g} s is negative")
+    wanted = limits.default if requested is None else requested
+    wanted = min(max(wanted, limits.minimum), limits.maximum)
+    if remaining is None:
+        return max(0.0, wanted - limits.reserve) if wanted > 0 else 0.0
+    usable = remaining - limits.reserve
+    if usable <= 0:
+        raise IllegalPollingTime(
+            f"the call's deadline leaves {max(remaining, 0):.3f} s, not enough to poll "
+            f"(the proxy keeps {limits.reserve:g} s to answer); raise the client's request timeout"
+        )
+    if wanted == 0:
+        return 0.0
+    return max(0.0, min(wanted - limits.reserve, usable))

@@ -1,0 +1,58 @@
+"""What the protocol-neutral core needs from the outside: broker clients and a metrics sink.
+
+The core talks to brokers only through `BrokerClient`; `proxy.brokers` implements it
+over gRPC, unit tests with in-memory fakes. Messages are the broker protocol's
+types (popgate_pb.broker_pb2): the backend's data model, not a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from popgate_pb import broker_pb2 as bpb
+
+
+class BrokerClient(Protocol):
+    """One broker. Methods raise proxy.errors.ProxyError subclasses (BrokerUnavailable when unreachable)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]: ...
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse: ...
+
+    async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse: ...
+
+    async def change_invisible_time(
+        self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimeResponse: ...
+
+    async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse: ...
+
+    async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse: ...
+
+
+class Metrics(Protocol):
+    """Where the proxy reports what it did (Prometheus in production, nothing in unit tests)."""
+
+    def rpc(self, method: str, code: str, seconds: float) -> None: ...
+
+    def broker_rpc(self, broker: str, method: str, outcome: str) -> None: ...
+
+    def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None: ...
+
+
+class NoMetrics:
+    def rpc(self, method: str, code: str, seconds: float) -> None:
+        pass
+
+    def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
+        pass
+
+    def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
+        pass

@@ -1,0 +1,108 @@
+"""Receive strategies: how one client ReceiveMessage becomes broker calls.
+
+`ReceiveStrategy` is the seam: the core calls `receive()` and does not care how it
+is served. Only coupled long polling exists so far (`LongPollStrategy`): one Pop
+to one live broker (rotating), held for the client's long-polling time minus the
+proxy's reserve. Pop-with-notify and the adaptive switch plug in here later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.errors import BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests
+from proxy.routing import BrokerPool
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveRequest:
+    topic: str
+    group: str
+    filter: str  # broker form: "*" or "a||b"
+    batch: int
+    invisible_ms: int
+    poll_s: float  # how long a broker may hold the request (already clamped and cut to the deadline)
+    deadline: float  # loop.time() by which the answer must be on its way
+
+
+@dataclass(slots=True)
+class ReceiveResult:
+    messages: list[bpb.PoppedMessage]
+    outcome: str  # "hit" (messages), "empty" (poll timed out), "closing" (proxy shutting down)
+    brokers: list[str] = field(default_factory=list)
+
+
+class ReceiveStrategy(Protocol):
+    mode: str
+
+    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult: ...
+
+
+async def until_closing(awaitable: Awaitable[T], closing: asyncio.Event) -> T:
+    """Await `awaitable`, but give up (cancelling it) with ShuttingDown when `closing` is set."""
+    task = asyncio.ensure_future(awaitable)
+    if closing.is_set():
+        task.cancel()
+        raise ShuttingDown("the proxy is shutting down")
+    waiter = asyncio.ensure_future(closing.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        raise ShuttingDown("the proxy is shutting down")
+    return task.result()
+
+
+class LongPollStrategy:
+    """Coupled long polling: one Pop to one broker, held up to the client's long-polling time."""
+
+    mode = "longpoll"
+
+    def __init__(self, pool: BrokerPool, *, broker_timeout_s: float) -> None:
+        self._pool = pool
+        self._timeout = broker_timeout_s
+
+    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
+        loop = asyncio.get_running_loop()
+        tried: list[str] = []
+        last: ProxyError = BrokerUnavailable("no broker is configured")
+        # A broker found down during the call is skipped and the next is tried with the time left.
+        for client in self._pool.candidates(rotation="receive"):
+            remaining = request.deadline - loop.time()
+            if remaining <= 0:
+                break
+            poll_s = min(request.poll_s, remaining)
+            pop = bpb.PopRequest(
+                topic=request.topic,
+                group=request.group,
+                filter=request.filter,
+                max_messages=request.batch,
+                invisible_ms=request.invisible_ms,
+                poll_ms=int(poll_s * 1000),
+            )
+            tried.append(client.name)
+            timeout = max(0.05, min(poll_s + self._timeout, remaining))
+            try:
+                response = await until_closing(client.pop(pop, timeout_s=timeout), closing)
+            except ShuttingDown:
+                return ReceiveResult([], "closing", tried)
+            except BrokerUnavailable as exc:
+                last = exc
+                continue
+            if response.polling_full and not response.messages:
+                raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
+            messages = list(response.messages)
+            return ReceiveResult(messages, "hit" if messages else "empty", tried)
+        if tried and loop.time() >= request.deadline:
+            return ReceiveResult([], "empty", tried)
+        raise last

@@ -1,0 +1,62 @@
+"""Which broker serves a request. Pure: no sockets, no clocks.
+
+Sends rotate over live brokers (round robin), or hash a message group to a fixed
+live broker; the brokers after the first choice are the fail-over order. Brokers
+that are down come last, so a request is still tried when every health check is
+stale. Acks go to the broker named in the receipt handle.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+from broker.errors import InvalidReceiptHandle as BrokerInvalidHandle
+from broker.receipt import broker_of
+from proxy.errors import InvalidReceiptHandle
+from proxy.ports import BrokerClient
+
+
+class BrokerPool:
+    def __init__(self, clients: Mapping[str, BrokerClient]) -> None:
+        self._clients = dict(clients)
+        self._names = sorted(self._clients)
+        self._next: dict[str, int] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def live(self) -> list[BrokerClient]:
+        return [self._clients[n] for n in self._names if self._clients[n].healthy]
+
+    def candidates(self, key: str | None = None, *, rotation: str = "send") -> list[BrokerClient]:
+        """Every broker in the order to try: the choice first, then fail-over (live before down).
+
+        Without a key the choice rotates; each `rotation` name (send, receive) has its own turn.
+        """
+        live = [n for n in self._names if self._clients[n].healthy]
+        down = [n for n in self._names if not self._clients[n].healthy]
+        if live:
+            if key is None:
+                turn = self._next.get(rotation, 0)
+                self._next[rotation] = turn + 1
+                start = turn % len(live)
+            else:
+                start = zlib.crc32(key.encode()) % len(live)
+            live = live[start:] + live[:start]
+        return [self._clients[n] for n in live + down]
+
+    def get(self, name: str) -> BrokerClient | None:
+        return self._clients.get(name)
+
+    def for_handle(self, handle: str) -> BrokerClient:
+        """The broker a receipt handle belongs to; InvalidReceiptHandle when garbled or unknown."""
+        try:
+            name = broker_of(handle)
+        except BrokerInvalidHandle as exc:
+            raise InvalidReceiptHandle(exc.message) from None
+        client = self._clients.get(name)
+        if client is None:
+            raise InvalidReceiptHandle(f"receipt handle names broker {name!r}, which this proxy does not know")
+        return client

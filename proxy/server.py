@@ -1,0 +1,81 @@
+"""Wire the proxy's object graph and run it until stopped: brokers, health, core, gRPC, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from popgate_pb.v2 import service_pb2_grpc
+
+from broker.metrics_http import MetricsServer
+from proxy.brokers import GrpcBrokerClient, HealthMonitor
+from proxy.core import Proxy
+from proxy.metrics import ProxyMetrics
+from proxy.receive import LongPollStrategy, ReceiveStrategy
+from proxy.routing import BrokerPool
+from proxy.settings import Settings, SettingsError
+from proxy.v2.context import endpoints_for
+from proxy.v2.service import MessagingService
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
+
+
+def make_strategy(settings: Settings, pool: BrokerPool) -> ReceiveStrategy:
+    if settings.receive_mode == "longpoll":
+        return LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s)
+    raise SettingsError(f"receive mode {settings.receive_mode!r} is not implemented")
+
+
+async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], None]) -> None:
+    """Serve until `stop` is set, then shut down gracefully (held receives answered)."""
+    async with AsyncExitStack() as stack:
+        metrics = ProxyMetrics()
+        clients = {b.name: GrpcBrokerClient(b, metrics=metrics) for b in settings.brokers}
+        for client in clients.values():
+            stack.push_async_callback(client.close)
+        await stack.enter_async_context(
+            HealthMonitor(clients.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s)
+        )
+        pool = BrokerPool(clients)
+        proxy = Proxy(
+            pool,
+            make_strategy(settings, pool),
+            queues_per_broker=settings.queues_per_broker,
+            broker_timeout_s=settings.broker_timeout_s,
+            metrics=metrics,
+        )
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        port = server.add_insecure_port(settings.listen)
+        host = settings.listen.rpartition(":")[0]
+        address = f"{host}:{port}"
+        servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        await server.start()
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        if settings.metrics_listen:
+            metrics_server = MetricsServer(metrics.registry)
+            log.info("metrics on http://%s/metrics", await metrics_server.start(settings.metrics_listen))
+            stack.push_async_callback(metrics_server.close)
+        ready(address)
+        log.info(
+            "proxy serving on %s, brokers %s", address, ", ".join(f"{b.name}={b.target}" for b in settings.brokers)
+        )
+        await stop.wait()
+        log.info("stopping: answering held receives")
+        await health_servicer.enter_graceful_shutdown()
+        proxy.close()
+        await server.stop(settings.shutdown_grace_s)

@@ -1,0 +1,202 @@
+"""The proxy's one settings object: flags > POPGATE_* environment > TOML config file > defaults.
+
+Every option is listed once in OPTIONS; the command line, the environment and the
+config file are all read through that list, then `Settings` validates the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+RECEIVE_MODES = ("adaptive", "notify", "longpoll")
+IMPLEMENTED_RECEIVE_MODES = ("longpoll",)
+_BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class SettingsError(ValueError):
+    """A setting is missing or out of range; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    name: str
+    target: str  # host:port; host may be a DNS name
+
+    @classmethod
+    def parse(cls, text: str) -> BrokerAddress:
+        name, sep, target = text.strip().partition("=")
+        if not sep or not _BROKER_NAME.match(name):
+            raise SettingsError(f"--broker {text!r}: expected NAME=HOST:PORT with NAME matching [a-zA-Z0-9_-]{{1,64}}")
+        parse_host_port(target, what=f"--broker {name}")
+        return cls(name, target)
+
+
+def parse_host_port(text: str, *, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"{what}: {text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    brokers: tuple[BrokerAddress, ...]
+    listen: str = "127.0.0.1:8081"
+    advertise: str = ""  # host:port clients should use when a request names no endpoints
+    metrics_listen: str = ""
+    receive_mode: str = "longpoll"
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_batch: int = 32
+    queues_per_broker: int = 4
+    min_invisible_s: float = 10.0
+    max_invisible_s: float = 12 * 3600.0
+    default_invisible_s: float = 60.0  # auto_renew / no invisible_duration (PushConsumer)
+    min_long_polling_s: float = 0.0
+    max_long_polling_s: float = 30.0
+    default_long_polling_s: float = 20.0
+    poll_reserve_s: float = 0.3
+    max_delay_s: float = 24 * 3600.0
+    broker_timeout_s: float = 3.0
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 0.5
+    shutdown_grace_s: float = 5.0
+    max_message_bytes: int = 64 * 1024 * 1024  # gRPC max receive size, > max_body_bytes
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not self.brokers:
+            raise SettingsError("at least one --broker NAME=HOST:PORT is required")
+        names = [b.name for b in self.brokers]
+        if len(set(names)) != len(names):
+            raise SettingsError(f"--broker names must be unique, got {names}")
+        parse_host_port(self.listen, what="--listen")
+        for name in ("advertise", "metrics_listen"):
+            if getattr(self, name):
+                parse_host_port(getattr(self, name), what=f"--{name.replace('_', '-')}")
+        if self.receive_mode not in RECEIVE_MODES:
+            raise SettingsError(f"--receive-mode {self.receive_mode!r}: choose one of {', '.join(RECEIVE_MODES)}")
+        if self.receive_mode not in IMPLEMENTED_RECEIVE_MODES:
+            raise SettingsError(
+                f"--receive-mode {self.receive_mode}: not implemented yet in this version "
+                f"(only {', '.join(IMPLEMENTED_RECEIVE_MODES)}); see docs/PROXY.md"
+            )
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        checks = [
+            ("max_body_bytes", 1 <= self.max_body_bytes < self.max_message_bytes, "1 <= it < max_message_bytes"),
+            ("max_batch", 1 <= self.max_batch <= 32, "1..32"),
+            ("queues_per_broker", 1 <= self.queues_per_broker <= 1024, "1..1024"),
+            ("min_invisible_s", 0 < self.min_invisible_s <= self.max_invisible_s, "0 < it <= max_invisible_s"),
+            (
+                "default_invisible_s",
+                self.min_invisible_s <= self.default_invisible_s <= self.max_invisible_s,
+                "within min_invisible_s..max_invisible_s",
+            ),
+            (
+                "min_long_polling_s",
+                0 <= self.min_long_polling_s <= self.max_long_polling_s,
+                "0 <= it <= max_long_polling_s",
+            ),
+            (
+                "default_long_polling_s",
+                self.min_long_polling_s <= self.default_long_polling_s <= self.max_long_polling_s,
+                "within min_long_polling_s..max_long_polling_s",
+            ),
+            ("poll_reserve_s", 0 <= self.poll_reserve_s < 5, "0..5"),
+            ("max_delay_s", self.max_delay_s > 0, "> 0"),
+            ("broker_timeout_s", self.broker_timeout_s > 0, "> 0"),
+            ("health_interval_s", self.health_interval_s > 0, "> 0"),
+            ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
+            ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise SettingsError(f"{name}={getattr(self, name)!r} out of range: must be {rule}")
+
+
+def _str_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [part for part in value.replace(",", " ").split() if part]
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    raise SettingsError(f"expected a list of strings, got {value!r}")
+
+
+def _brokers(value: Any) -> tuple[BrokerAddress, ...]:
+    return tuple(BrokerAddress.parse(item) for item in _str_list(value))
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str}
+
+
+def _fields() -> dict[str, str]:
+    return {f.name: str(f.type) for f in fields(Settings) if f.name != "brokers"}
+
+
+def _convert(name: str, kind: str, value: Any) -> Any:
+    try:
+        return _CONVERT[kind](value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}={value!r}: expected {kind}") from None
+
+
+def build_parser(prog: str = "popgate-proxy") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="popgate RocketMQ v2 gRPC proxy")
+    parser.add_argument("--config", help="TOML config file (keys as the long flags, '-' or '_')")
+    parser.add_argument("--broker", action="append", help="NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list)")
+    for name, kind in _fields().items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{kind}, default {getattr(Settings, name, None)!r}"
+        if name == "receive_mode":
+            help_text = f"one of {', '.join(RECEIVE_MODES)} (only longpoll is implemented so far)"
+        parser.add_argument(flag, dest=name, default=None, help=help_text)
+    return parser
+
+
+def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from the command line, the environment and the config file, validated."""
+    args = build_parser().parse_args(argv)
+    env = os.environ if env is None else env
+    config_path = args.config or env.get("POPGATE_CONFIG")
+    config = _read_config(Path(config_path)) if config_path else {}
+    values: dict[str, Any] = {}
+    for name, kind in {**_fields(), "broker": "brokers"}.items():
+        raw = getattr(args, name)
+        if raw is None:
+            raw = env.get("POPGATE_" + name.upper())
+        if raw is None:
+            raw = config.get(name)
+        if raw is None:
+            continue
+        if name == "broker":
+            values["brokers"] = _brokers(raw)
+        else:
+            values[name] = _convert(name, kind, raw)
+    values.setdefault("brokers", ())
+    return Settings(**values)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"--config {path}: {exc}") from None
+    table = data.get("proxy", data)
+    if not isinstance(table, dict):
+        raise SettingsError(f"--config {path}: [proxy] must be a table")
+    out = {str(k).replace("-", "_"): v for k, v in table.items()}
+    if "brokers" in out:
+        out["broker"] = out.pop("brokers")
+    known = set(_fields()) | {"broker"}
+    unknown = sorted(set(out) - known)
+    if unknown:
+        raise SettingsError(f"--config {path}: unknown keys {unknown}")
+    return out

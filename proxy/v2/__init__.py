@@ -1,0 +1,1 @@
+"""The apache.rocketmq.v2 gRPC edge: servicer, per-RPC-family handlers and message conversion."""

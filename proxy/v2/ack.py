@@ -1,0 +1,65 @@
+"""AckMessage (batch), ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue: routed by receipt handle."""
+
+from __future__ import annotations
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from proxy import errors, validate
+from proxy.codes import code_of
+from proxy.v2.context import Call
+from proxy.v2.convert import seconds
+
+MAX_ENTRIES = 1024
+OK = v2.Status(code=v2.OK, message="OK")
+
+
+async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessageResponse:
+    group = validate.group(request.group.name)
+    topic = validate.topic(request.topic.name)
+    count = len(request.entries)
+    if not 1 <= count <= MAX_ENTRIES:
+        raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
+    outcome = await call.proxy.ack(topic, group, [e.receipt_handle for e in request.entries])
+    entries = []
+    for entry, error in zip(request.entries, outcome, strict=True):
+        status = OK if error is None else v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+        entries.append(
+            pb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status)
+        )
+    return pb.AckMessageResponse(status=_overall(entries), entries=entries)
+
+
+def _overall(entries: list[pb.AckMessageResultEntry]) -> v2.Status:
+    """OK when all acked; the shared error when all failed alike; else MULTIPLE_RESULTS.
+
+    Never MESSAGE_NOT_FOUND: the official client takes that for success.
+    """
+    codes = {e.status.code for e in entries}
+    if codes == {v2.OK}:
+        return OK
+    if len(codes) == 1:
+        return entries[0].status
+    failed = sum(1 for e in entries if e.status.code != v2.OK)
+    return v2.Status(code=v2.MULTIPLE_RESULTS, message=f"{failed} of {len(entries)} entries failed; see entries")
+
+
+async def change_invisible_duration(
+    call: Call, request: pb.ChangeInvisibleDurationRequest
+) -> pb.ChangeInvisibleDurationResponse:
+    group = validate.group(request.group.name)
+    topic = validate.topic(request.topic.name)
+    invisible_s = validate.invisible(
+        seconds(request.invisible_duration, what="invisible_duration"), low=0.0, high=call.settings.max_invisible_s
+    )
+    handle = await call.proxy.change_invisible(topic, group, request.receipt_handle, int(invisible_s * 1000))
+    return pb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
+
+
+async def forward_to_dead_letter_queue(
+    call: Call, request: pb.ForwardMessageToDeadLetterQueueRequest
+) -> pb.ForwardMessageToDeadLetterQueueResponse:
+    group = validate.group(request.group.name)
+    topic = validate.topic(request.topic.name)
+    await call.proxy.dead_letter(topic, group, request.receipt_handle)
+    return pb.ForwardMessageToDeadLetterQueueResponse(status=OK)

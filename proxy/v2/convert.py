@@ -1,0 +1,108 @@
+"""apache.rocketmq.v2 messages <-> broker protocol messages, with the §5 checks on the way in."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from google.protobuf.duration_pb2 import Duration
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb.v2 import definition_pb2 as v2
+
+from proxy import errors, validate
+
+_MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
+
+
+@dataclass(frozen=True, slots=True)
+class SendLimits:
+    max_body_bytes: int
+    max_delay_s: float
+
+
+def seconds(duration: Duration, *, what: str) -> float:
+    """A protobuf Duration as float seconds; BadRequest when it is not a sane duration."""
+    if abs(duration.seconds) > _MAX_SECONDS or abs(duration.nanos) >= 1_000_000_000:
+        raise errors.BadRequest(f"{what} is not a valid duration ({duration.seconds} s, {duration.nanos} ns)")
+    return duration.seconds + duration.nanos / 1e9
+
+
+def _body(message: v2.Message, limit: int) -> bytes:
+    encoding = message.system_properties.body_encoding
+    if encoding != v2.GZIP:
+        return validate.body(message.body, limit=limit)
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        data = inflater.decompress(message.body, limit + 1)
+    except zlib.error as exc:
+        raise errors.BadRequest(f"message body is declared GZIP but does not inflate: {exc}") from None
+    return validate.body(data, limit=limit)
+
+
+def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float) -> bpb.Message:
+    """A client's message as the broker stores it; raises the §5 error for the first violation."""
+    props = message.system_properties
+    if props.message_type in (v2.TRANSACTION, v2.LITE):
+        kind = v2.MessageType.Name(props.message_type)
+        raise errors.Unsupported(f"{kind} messages are not supported by popgate")
+    out = bpb.Message(
+        topic=validate.topic(message.topic.name),
+        message_id=validate.message_id(props.message_id),
+        body=_body(message, limits.max_body_bytes),
+        keys=validate.keys(props.keys),
+        born_host=props.born_host[:256],
+    )
+    if props.HasField("tag"):
+        out.tag = validate.tag(props.tag)
+    if message.user_properties:
+        out.properties.update(validate.properties(message.user_properties))
+    if props.HasField("message_group"):
+        out.message_group = validate.message_group(props.message_group)
+    if props.HasField("born_timestamp"):
+        out.born_ms = max(0, props.born_timestamp.seconds * 1000 + props.born_timestamp.nanos // 1_000_000)
+    if props.HasField("delivery_timestamp"):
+        ts = props.delivery_timestamp
+        at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
+        if at > now_s:
+            out.deliver_at_ms = int(at * 1000)
+    return out
+
+
+def _set_ms(target: object, ms: int) -> None:
+    target.seconds, target.nanos = divmod(ms, 1000)  # type: ignore[attr-defined]
+    target.nanos *= 1_000_000  # type: ignore[attr-defined]
+
+
+def to_client(popped: bpb.PoppedMessage, *, namespace: str = "") -> v2.Message:
+    """A popped broker message as the official clients read it (IDENTITY encoding, CRC32 digest)."""
+    stored = popped.stored
+    source = stored.message
+    out = v2.Message(body=source.body)
+    out.topic.name = source.topic
+    out.topic.resource_namespace = namespace
+    if source.properties:
+        out.user_properties.update(source.properties)
+    props = out.system_properties
+    props.message_id = source.message_id
+    props.body_digest.type = v2.CRC32
+    props.body_digest.checksum = format(zlib.crc32(source.body), "08X")
+    props.body_encoding = v2.IDENTITY
+    props.keys.extend(source.keys)
+    if source.HasField("tag"):
+        props.tag = source.tag
+    if source.message_group:
+        props.message_group = source.message_group
+        props.message_type = v2.FIFO
+    elif source.deliver_at_ms:
+        props.message_type = v2.DELAY
+        _set_ms(props.delivery_timestamp, source.deliver_at_ms)
+    else:
+        props.message_type = v2.NORMAL
+    _set_ms(props.born_timestamp, source.born_ms)
+    props.born_host = source.born_host
+    _set_ms(props.store_timestamp, stored.store_ms)
+    props.receipt_handle = popped.receipt_handle
+    props.queue_id = stored.queue_id
+    props.queue_offset = stored.offset
+    props.delivery_attempt = max(1, popped.delivery_attempt)
+    return out

@@ -1,0 +1,73 @@
+"""ReceiveMessage: check the request, compute the poll time, let the core's strategy serve it, stream the answer.
+
+Stream: a ``delivery_timestamp`` frame (now), one ``message`` frame per message, then
+``status`` OK; an empty poll is a single ``status`` MESSAGE_NOT_FOUND; an error is a
+single ``status`` with the error's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from proxy import validate
+from proxy.polltime import PollLimits, poll_seconds
+from proxy.receive import ReceiveRequest
+from proxy.v2.context import Call
+from proxy.v2.convert import seconds, to_client
+
+
+def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveRequest:
+    s = call.settings
+    group = validate.group(request.group.name)
+    topic = validate.topic(request.message_queue.topic.name)
+    expression = request.filter_expression
+    filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
+    batch = validate.batch_size(request.batch_size, limit=s.max_batch)
+    if request.auto_renew or not request.HasField("invisible_duration"):
+        # No renewal (the proxy keeps no per-client state): a generous default instead. See docs/PROXY.md.
+        invisible_s = s.default_invisible_s
+    else:
+        invisible_s = validate.invisible(
+            seconds(request.invisible_duration, what="invisible_duration"),
+            low=s.min_invisible_s,
+            high=s.max_invisible_s,
+        )
+    requested = (
+        seconds(request.long_polling_timeout, what="long_polling_timeout")
+        if request.HasField("long_polling_timeout")
+        else None
+    )
+    now = asyncio.get_running_loop().time()
+    remaining = None if call.deadline is None else call.deadline - now
+    limits = PollLimits(s.min_long_polling_s, s.max_long_polling_s, s.default_long_polling_s, s.poll_reserve_s)
+    poll_s = poll_seconds(requested, remaining, limits)
+    if call.deadline is None:
+        deadline = now + poll_s + s.broker_timeout_s
+    else:
+        deadline = call.deadline - s.poll_reserve_s / 2
+    return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline)
+
+
+def _timestamp_frame() -> pb.ReceiveMessageResponse:
+    frame = pb.ReceiveMessageResponse()
+    frame.delivery_timestamp.FromNanoseconds(time.time_ns())
+    return frame
+
+
+async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> AsyncIterator[pb.ReceiveMessageResponse]:
+    receive = build_request(call, request)
+    result = await call.proxy.receive(receive)
+    if not result.messages:
+        text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
+        yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
+        return
+    yield _timestamp_frame()
+    namespace = request.group.resource_namespace
+    for popped in result.messages:
+        yield pb.ReceiveMessageResponse(message=to_client(popped, namespace=namespace))
+    yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))

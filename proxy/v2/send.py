@@ -1,0 +1,30 @@
+"""SendMessage: one or many messages, each checked, then stored by the core."""
+
+from __future__ import annotations
+
+import time
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from proxy import errors
+from proxy.v2.context import Call
+from proxy.v2.convert import SendLimits, to_broker
+
+MAX_MESSAGES = 1024
+
+
+async def send_message(call: Call, request: pb.SendMessageRequest) -> pb.SendMessageResponse:
+    count = len(request.messages)
+    if not 1 <= count <= MAX_MESSAGES:
+        raise errors.BadRequest(f"SendMessage carries {count} messages: must be 1..{MAX_MESSAGES}")
+    limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
+    now = time.time()
+    messages = [to_broker(m, limits, now_s=now) for m in request.messages]
+    results = await call.proxy.send(messages)
+    ok = v2.Status(code=v2.OK, message="OK")
+    entries = [
+        pb.SendResultEntry(status=ok, message_id=r.message_id or m.message_id, offset=r.offset)
+        for r, m in zip(results, messages, strict=True)
+    ]
+    return pb.SendMessageResponse(status=ok, entries=entries)

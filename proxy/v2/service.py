@@ -1,0 +1,175 @@
+"""The MessagingService servicer: dispatch to handlers, turn errors into v2 status, time every RPC.
+
+Every answer carries a v2 status; a handler bug becomes INTERNAL_SERVER_ERROR, never a
+crashed call or process. RPCs popgate does not serve answer NOT_IMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
+
+from proxy import errors
+from proxy.codes import code_of, name_of
+from proxy.core import Proxy
+from proxy.ports import Metrics
+from proxy.settings import Settings
+from proxy.v2 import ack, receive, route, send, telemetry
+from proxy.v2.context import Call
+
+log = logging.getLogger(__name__)
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+_NO_DEADLINE = 1e8  # grpc reports "no deadline" as a huge remaining time
+
+
+def _status(error: BaseException) -> v2.Status:
+    if isinstance(error, errors.ProxyError):
+        return v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+    log.exception("unexpected error serving a request", exc_info=error)
+    return v2.Status(code=v2.INTERNAL_SERVER_ERROR, message=f"internal error: {type(error).__name__}")
+
+
+class MessagingService(pb_grpc.MessagingServiceServicer):
+    def __init__(self, proxy: Proxy, settings: Settings, endpoints: v2.Endpoints, metrics: Metrics) -> None:
+        self._proxy = proxy
+        self._settings = settings
+        self._endpoints = endpoints
+        self._metrics = metrics
+
+    def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
+        import asyncio
+
+        remaining = context.time_remaining()
+        deadline = None
+        if remaining is not None and remaining < _NO_DEADLINE:
+            deadline = asyncio.get_running_loop().time() + remaining
+        return Call(self._proxy, self._settings, self._endpoints, deadline)
+
+    async def _unary(
+        self,
+        method: str,
+        handler: Callable[[Call, Req], Awaitable[Resp]],
+        request: Req,
+        context: grpc.aio.ServicerContext[Any, Any],
+        response_type: Callable[..., Resp],
+    ) -> Resp:
+        started = time.perf_counter()
+        try:
+            response = await handler(self._call(context), request)
+            code = response.status.code  # type: ignore[attr-defined]
+        except Exception as exc:  # every error becomes a v2 status, the call never fails
+            status = _status(exc)
+            response, code = response_type(status=status), status.code
+        self._metrics.rpc(method, name_of(code), time.perf_counter() - started)
+        return response
+
+    async def QueryRoute(self, request: pb.QueryRouteRequest, context: Any) -> pb.QueryRouteResponse:
+        return await self._unary("QueryRoute", route.query_route, request, context, pb.QueryRouteResponse)
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        return await self._unary("Heartbeat", route.heartbeat, request, context, pb.HeartbeatResponse)
+
+    async def QueryAssignment(self, request: pb.QueryAssignmentRequest, context: Any) -> pb.QueryAssignmentResponse:
+        return await self._unary(
+            "QueryAssignment", route.query_assignment, request, context, pb.QueryAssignmentResponse
+        )
+
+    async def NotifyClientTermination(
+        self, request: pb.NotifyClientTerminationRequest, context: Any
+    ) -> pb.NotifyClientTerminationResponse:
+        return await self._unary(
+            "NotifyClientTermination",
+            route.notify_client_termination,
+            request,
+            context,
+            pb.NotifyClientTerminationResponse,
+        )
+
+    async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
+        return await self._unary("SendMessage", send.send_message, request, context, pb.SendMessageResponse)
+
+    async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
+        return await self._unary("AckMessage", ack.ack_message, request, context, pb.AckMessageResponse)
+
+    async def ChangeInvisibleDuration(
+        self, request: pb.ChangeInvisibleDurationRequest, context: Any
+    ) -> pb.ChangeInvisibleDurationResponse:
+        return await self._unary(
+            "ChangeInvisibleDuration",
+            ack.change_invisible_duration,
+            request,
+            context,
+            pb.ChangeInvisibleDurationResponse,
+        )
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: pb.ForwardMessageToDeadLetterQueueRequest, context: Any
+    ) -> pb.ForwardMessageToDeadLetterQueueResponse:
+        return await self._unary(
+            "ForwardMessageToDeadLetterQueue",
+            ack.forward_to_dead_letter_queue,
+            request,
+            context,
+            pb.ForwardMessageToDeadLetterQueueResponse,
+        )
+
+    async def ReceiveMessage(
+        self, request: pb.ReceiveMessageRequest, context: Any
+    ) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        started = time.perf_counter()
+        code: int = v2.OK
+        try:
+            async for frame in receive.receive_message(self._call(context), request):
+                if frame.HasField("status"):
+                    code = frame.status.code
+                yield frame
+        except Exception as exc:
+            status = _status(exc)
+            code = status.code
+            yield pb.ReceiveMessageResponse(status=status)
+        finally:
+            self._metrics.rpc("ReceiveMessage", name_of(code), time.perf_counter() - started)
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any
+    ) -> AsyncIterator[pb.TelemetryCommand]:
+        try:
+            async for reply in telemetry.telemetry(request_iterator, self._settings, self._proxy.closing):
+                yield reply
+        except Exception as exc:
+            yield pb.TelemetryCommand(status=_status(exc))
+
+    # RPCs popgate does not serve: a clear status, not a gRPC error.
+    async def _unsupported(self, method: str, response_type: Callable[..., Resp]) -> Resp:
+        self._metrics.rpc(method, "NOT_IMPLEMENTED", 0.0)
+        text = f"{method} is not implemented by popgate (see docs/PROXY.md)"
+        return response_type(status=v2.Status(code=v2.NOT_IMPLEMENTED, message=text))
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[pb.PullMessageResponse]:
+        yield await self._unsupported("PullMessage", pb.PullMessageResponse)
+
+    async def UpdateOffset(self, request: Any, context: Any) -> pb.UpdateOffsetResponse:
+        return await self._unsupported("UpdateOffset", pb.UpdateOffsetResponse)
+
+    async def GetOffset(self, request: Any, context: Any) -> pb.GetOffsetResponse:
+        return await self._unsupported("GetOffset", pb.GetOffsetResponse)
+
+    async def QueryOffset(self, request: Any, context: Any) -> pb.QueryOffsetResponse:
+        return await self._unsupported("QueryOffset", pb.QueryOffsetResponse)
+
+    async def EndTransaction(self, request: Any, context: Any) -> pb.EndTransactionResponse:
+        return await self._unsupported("EndTransaction", pb.EndTransactionResponse)
+
+    async def RecallMessage(self, request: Any, context: Any) -> pb.RecallMessageResponse:
+        return await self._unsupported("RecallMessage", pb.RecallMessageResponse)
+
+    async def SyncLiteSubscription(self, request: Any, context: Any) -> pb.SyncLiteSubscriptionResponse:
+        return await self._unsupported("SyncLiteSubscription", pb.SyncLiteSubscriptionResponse)

@@ -1,0 +1,78 @@
+"""Telemetry: answer each client Settings command with the server's settings (status OK).
+
+The official clients overwrite their limits from the reply: publishing.max_body_size
+must be set (0 would refuse every send), a push consumer needs
+subscription.long_polling_timeout (0 would busy-loop) and reads the retry back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from google.protobuf.duration_pb2 import Duration
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from proxy.settings import Settings
+
+# RocketMQ's default consumer retry delays (1s 5s 10s 30s 1m ... 2h) for attempts 1..17.
+RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+MAX_DELIVERY_ATTEMPTS = 17
+PRODUCER_ATTEMPTS = 3
+
+
+def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryCommand:
+    reply = v2.Settings()
+    reply.CopyFrom(client)
+    reply.metric.Clear()
+    reply.metric.on = False
+    if client.HasField("subscription"):
+        sub = reply.subscription
+        requested = client.subscription.long_polling_timeout
+        wanted = (
+            requested.seconds + requested.nanos / 1e9 if client.subscription.HasField("long_polling_timeout") else 0
+        )
+        if wanted <= 0:
+            wanted = settings.default_long_polling_s
+        wanted = min(max(wanted, settings.min_long_polling_s), settings.max_long_polling_s)
+        sub.long_polling_timeout.CopyFrom(Duration(seconds=int(wanted), nanos=int((wanted % 1) * 1e9)))
+        sub.receive_batch_size = settings.max_batch
+        sub.fifo = False
+        reply.backoff_policy.Clear()
+        reply.backoff_policy.max_attempts = MAX_DELIVERY_ATTEMPTS
+        reply.backoff_policy.customized_backoff.next.extend(Duration(seconds=s) for s in RETRY_DELAYS_S)
+    else:
+        pub = reply.publishing
+        pub.max_body_size = settings.max_body_bytes
+        pub.validate_message_type = True
+        reply.backoff_policy.Clear()
+        reply.backoff_policy.max_attempts = PRODUCER_ATTEMPTS
+        backoff = reply.backoff_policy.exponential_backoff
+        backoff.initial.FromMilliseconds(10)
+        backoff.max.FromMilliseconds(1000)
+        backoff.multiplier = 2.0
+    return pb.TelemetryCommand(status=v2.Status(code=v2.OK, message="OK"), settings=reply)
+
+
+async def telemetry(
+    commands: AsyncIterator[pb.TelemetryCommand], settings: Settings, closing: asyncio.Event
+) -> AsyncIterator[pb.TelemetryCommand]:
+    """Reply to every Settings command until the client closes the stream or the proxy shuts down."""
+    closed = asyncio.ensure_future(closing.wait())
+    try:
+        while True:
+            next_command = asyncio.ensure_future(anext(commands))
+            await asyncio.wait({next_command, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_command.done():
+                next_command.cancel()
+                return
+            try:
+                command = next_command.result()
+            except StopAsyncIteration:
+                return
+            if command.HasField("settings"):
+                yield settings_reply(command.settings, settings)
+            # Other commands (thread stack traces, verify results) answer requests this proxy never makes.
+    finally:
+        closed.cancel()

@@ -1,0 +1,142 @@
+"""Checks of DESIGN §5 on client input, before anything reaches a broker. Pure functions.
+
+Each raises the proxy error whose v2 code matches the violation, with a message
+that names the field, the value and the rule.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from proxy import errors
+
+NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]+$")
+MAX_NAME_LEN = 127
+DLQ_PREFIX = "%DLQ%"
+MAX_TAG_LEN = 256
+MAX_KEY_LEN = 256
+MAX_KEYS = 64
+MAX_MESSAGE_ID_LEN = 128
+MAX_MESSAGE_GROUP_BYTES = 64
+MAX_PROPERTIES = 128
+MAX_PROPERTIES_BYTES = 16 * 1024
+MAX_FILTER_LEN = 1024
+
+
+def _name(kind: str, name: str, error: type[errors.ProxyError], limit: int = MAX_NAME_LEN) -> str:
+    if not name:
+        raise error(f"{kind} name is empty")
+    if len(name) > limit:
+        raise error(f"{kind} name is {len(name)} characters long; the limit is {limit}")
+    if not NAME_RE.match(name):
+        raise error(f"{kind} name {name!r} may only contain letters, digits, %, _ and -")
+    return name
+
+
+def topic(name: str) -> str:
+    # A dead-letter topic is "%DLQ%" + a group name, so it may be 5 characters longer.
+    limit = MAX_NAME_LEN + len(DLQ_PREFIX) if name.startswith(DLQ_PREFIX) else MAX_NAME_LEN
+    return _name("topic", name, errors.IllegalTopic, limit)
+
+
+def group(name: str) -> str:
+    return _name("consumer group", name, errors.IllegalGroup)
+
+
+def tag_filter(expression: str, *, is_sql: bool = False) -> str:
+    """The broker's filter text ('*' or 'a||b') for a TAG expression."""
+    if is_sql:
+        raise errors.IllegalFilter("SQL92 filter expressions are not supported; use a TAG expression like 'a || b'")
+    text = expression.strip()
+    if text in ("", "*"):
+        return "*"
+    if len(text) > MAX_FILTER_LEN:
+        raise errors.IllegalFilter(f"filter expression is {len(text)} characters long; the limit is {MAX_FILTER_LEN}")
+    tags = [part.strip() for part in text.split("||")]
+    for item in tags:
+        if not item or item == "*" or "|" in item or not item.isprintable():
+            raise errors.IllegalFilter(f"filter expression {expression!r} has an invalid tag {item!r}")
+    return "||".join(tags)
+
+
+def batch_size(size: int, *, limit: int) -> int:
+    if not 1 <= size <= limit:
+        raise errors.IllegalBatchSize(f"batch_size {size} is out of range: must be 1..{limit}")
+    return size
+
+
+def invisible(seconds: float, *, low: float, high: float, what: str = "invisible_duration") -> float:
+    if not low <= seconds <= high:
+        raise errors.IllegalInvisibleTime(f"{what} {seconds:g} s is out of range: must be {low:g} s..{high:g} s")
+    return seconds
+
+
+def body(data: bytes, *, limit: int) -> bytes:
+    if not data:
+        raise errors.MessageBodyEmpty("message body is empty")
+    if len(data) > limit:
+        raise errors.MessageBodyTooLarge(f"message body is {len(data)} bytes; the limit is {limit} bytes")
+    return data
+
+
+def tag(value: str) -> str:
+    if not value.strip():
+        raise errors.IllegalMessageTag("message tag is blank")
+    if len(value) > MAX_TAG_LEN:
+        raise errors.IllegalMessageTag(f"message tag is {len(value)} characters long; the limit is {MAX_TAG_LEN}")
+    if "|" in value or not value.isprintable():
+        raise errors.IllegalMessageTag(f"message tag {value!r} contains '|' or a control character")
+    return value
+
+
+def keys(values: Iterable[str]) -> list[str]:
+    out = list(values)
+    if len(out) > MAX_KEYS:
+        raise errors.IllegalMessageKey(f"message has {len(out)} keys; the limit is {MAX_KEYS}")
+    for key in out:
+        if not key.strip() or len(key) > MAX_KEY_LEN or not key.isprintable():
+            raise errors.IllegalMessageKey(f"message key {key[:40]!r} is blank, too long or has a control character")
+    return out
+
+
+def message_id(value: str) -> str:
+    if len(value) > MAX_MESSAGE_ID_LEN or not value.isprintable():
+        raise errors.IllegalMessage(f"message id must be at most {MAX_MESSAGE_ID_LEN} printable characters")
+    return value
+
+
+def message_group(value: str) -> str:
+    size = len(value.encode())
+    if not value.strip() or size > MAX_MESSAGE_GROUP_BYTES or not value.isprintable():
+        raise errors.IllegalMessageGroup(
+            f"message group must be 1..{MAX_MESSAGE_GROUP_BYTES} bytes of printable text, got {size} bytes"
+        )
+    return value
+
+
+def properties(props: Mapping[str, str]) -> Mapping[str, str]:
+    if len(props) > MAX_PROPERTIES:
+        raise errors.MessagePropertiesTooLarge(
+            f"message has {len(props)} user properties; the limit is {MAX_PROPERTIES}"
+        )
+    size = 0
+    for key, value in props.items():
+        if not key.strip() or not key.isprintable():
+            raise errors.IllegalPropertyKey(f"user property key {key[:40]!r} is blank or has a control character")
+        size += len(key.encode()) + len(value.encode())
+    if size > MAX_PROPERTIES_BYTES:
+        raise errors.MessagePropertiesTooLarge(
+            f"user properties take {size} bytes; the limit is {MAX_PROPERTIES_BYTES} bytes"
+        )
+    return props
+
+
+def delivery_time(deliver_at_s: float, *, now_s: float, max_delay_s: float) -> float:
+    """A delivery timestamp (seconds since the epoch); past times mean 'now'."""
+    if deliver_at_s > now_s + max_delay_s:
+        raise errors.IllegalDeliveryTime(
+            f"delivery_timestamp {deliver_at_s:.0f} is more than {max_delay_s:g} s in the future "
+            "(it is whole seconds since the epoch, not milliseconds)"
+        )
+    return deliver_at_s
