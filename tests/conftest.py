@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from popgate_pb import broker_pb2_grpc as pb_grpc
+
+from tests.procs import ServerProcess, broker_args
+
+
+class BrokerHandle:
+    """A running broker process plus a blocking stub to it."""
+
+    def __init__(self, name: str, data_dir: Path, extra: list[str]) -> None:
+        self.name = name
+        self.data_dir = data_dir
+        self.extra = extra
+        self.proc = ServerProcess("broker", broker_args(name, data_dir, *extra)).start()
+        self._open()
+
+    def _open(self) -> None:
+        self.channel = grpc.insecure_channel(self.proc.address)
+        self.stub = pb_grpc.BrokerStub(self.channel)
+
+    @property
+    def address(self) -> str:
+        return self.proc.address
+
+    def restart(self, *, kill: bool = False) -> None:
+        """Stop (SIGTERM, or kill -9) and start again on the same port and data."""
+        port = self.proc.port
+        self.channel.close()
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.stop()
+        args = broker_args(self.name, self.data_dir, *self.extra, listen=f"127.0.0.1:{port}")
+        self.proc = ServerProcess("broker", args).start()
+        self._open()
+
+    def close(self) -> None:
+        self.channel.close()
+        self.proc.stop()
+
+
+@pytest.fixture
+def make_broker(tmp_path: Path) -> Iterator[object]:
+    started: list[BrokerHandle] = []
+
+    def make(name: str = "b1", *extra: str) -> BrokerHandle:
+        handle = BrokerHandle(name, tmp_path / name, list(extra))
+        started.append(handle)
+        return handle
+
+    yield make
+    for handle in started:
+        handle.close()
+
+
+@pytest.fixture
+def broker(make_broker: object) -> BrokerHandle:
+    return make_broker()  # type: ignore[operator, no-any-return]
