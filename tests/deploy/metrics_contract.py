@@ -1,0 +1,64 @@
+"""The metric names that deploy/ (alert rules, dashboard) relies on, by process kind.
+
+Brokers and proxies must export these (docs/METRICS.md); the live test checks
+that they do, the static tests check that rules and dashboard use nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+
+BROKER = {
+    "popgate_broker_max_offset": "gauge",
+    "popgate_broker_consumer_offset": "gauge",
+    "popgate_broker_pull_offset": "gauge",
+    "popgate_broker_consumer_lag_messages": "gauge",
+    "popgate_broker_ready_messages": "gauge",
+    "popgate_broker_inflight_messages": "gauge",
+    "popgate_broker_oldest_unacked_age_seconds": "gauge",
+    "popgate_broker_dlq_messages": "gauge",
+    "popgate_broker_dead_lettered_total": "counter",
+    "popgate_broker_held_requests": "gauge",
+    "popgate_broker_messages_in_total": "counter",
+    "popgate_broker_messages_out_total": "counter",
+    "popgate_broker_rpc_duration_seconds": "histogram",
+    "popgate_broker_store_commit_duration_seconds": "histogram",
+}
+PROXY = {
+    "popgate_proxy_rpc_duration_seconds": "histogram",
+    "popgate_proxy_broker_rpcs_total": "counter",
+    "popgate_proxy_receives_total": "counter",
+    "popgate_proxy_receive_first_pop_hits_total": "counter",
+    "popgate_proxy_receive_latency_seconds": "histogram",
+}
+KNOWN = BROKER | PROXY
+
+_NAME = re.compile(r"\bpopgate_[a-z0-9_]+")
+
+
+def metric_names(expr: str) -> set[str]:
+    """popgate_* metric names an expression reads, histogram suffixes folded in."""
+    names = set()
+    for name in _NAME.findall(expr):
+        for suffix in ("_bucket", "_sum", "_count"):
+            base = name.removesuffix(suffix)
+            if base != name and KNOWN.get(base) == "histogram":
+                name = base
+        names.add(name)
+    return names
+
+
+def exposition_types(text: str) -> dict[str, str]:
+    """`# TYPE name kind` lines of a Prometheus text exposition.
+
+    prometheus-client names a counter `x` in TYPE lines for samples `x_total`.
+    """
+    types = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[:2] == ["#", "TYPE"]:
+            name, kind = parts[2], parts[3]
+            if kind == "counter" and not name.endswith("_total"):
+                name += "_total"
+            types[name] = kind
+    return types

@@ -1,0 +1,180 @@
+"""Prometheus config, alert rules and the Grafana dashboard, checked with promtool."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from .conftest import GRAFANA, PROMETHEUS, run, tool
+from .metrics_contract import KNOWN, metric_names
+
+CONFIGS = ("prometheus.yml", "prometheus-file-sd.yml")
+DASHBOARD = GRAFANA / "popgate-dashboard.json"
+# Grafana's variables, replaced by what they stand for so promtool can parse the query.
+GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "1m", "$topic": ".*", "$group": ".*"}
+
+
+def load_yaml(yaml_module: Any, path: Path) -> Any:
+    return yaml_module.safe_load(path.read_text())
+
+
+def alert_rules(yaml_module: Any) -> list[dict[str, Any]]:
+    groups = load_yaml(yaml_module, PROMETHEUS / "rules.yml")["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]
+
+
+def grafana_to_promql(expr: str) -> str:
+    for var, value in GRAFANA_VARS.items():
+        expr = expr.replace(var, value)
+    assert "$" not in expr, f"unknown Grafana variable in {expr}"
+    return expr
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_promtool_check_config(tmp_path: Path, config: str) -> None:
+    promtool = tool("promtool")
+    # A copy with one file_sd target file, as it is after discover_targets.py ran.
+    work = tmp_path / "prometheus"
+    shutil.copytree(PROMETHEUS, work, ignore=shutil.ignore_patterns("*.json", "__pycache__"))
+    shutil.copy(PROMETHEUS / "targets" / "example.json.sample", work / "targets" / "popgate.json")
+    output = run([promtool, "check", "config", config], cwd=work)
+    assert "SUCCESS" in output and "WARNING" not in output and "FAILED" not in output, output
+
+
+def test_promtool_check_rules() -> None:
+    output = run([tool("promtool"), "check", "rules", str(PROMETHEUS / "rules.yml")])
+    assert "SUCCESS" in output and "WARNING" not in output, output
+
+
+def test_alert_rules_fire_as_their_unit_tests_say() -> None:
+    output = run([tool("promtool"), "test", "rules", "rules.test.yml"], cwd=PROMETHEUS)
+    assert "SUCCESS" in output, output
+
+
+def test_every_alert_has_a_unit_test_where_it_fires(yaml_module: Any) -> None:
+    alerts = {rule["alert"] for rule in alert_rules(yaml_module) if "alert" in rule}
+    assert {"PopgateConsumerLagGrowing", "PopgateDeadLettersGrowing", "PopgatePollingHitRatioFalling"} <= alerts
+    tests = load_yaml(yaml_module, PROMETHEUS / "rules.test.yml")["tests"]
+    fired = {case["alertname"] for test in tests for case in test.get("alert_rule_test", []) if case["exp_alerts"]}
+    assert alerts - fired == set()
+
+
+def test_rules_and_dashboard_read_only_exported_metrics(yaml_module: Any) -> None:
+    exprs = [rule["expr"] for rule in alert_rules(yaml_module)] + [expr for _, expr in dashboard_exprs()]
+    used = set().union(*map(metric_names, exprs))
+    assert used - set(KNOWN) == set(), "metrics that no process exports (see tests/deploy/metrics_contract.py)"
+
+
+def test_dashboard_queries_are_valid_promql(yaml_module: Any, tmp_path: Path) -> None:
+    # promtool parses every query when they are written as recording rules.
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": grafana_to_promql(e)} for i, (_, e) in enumerate(dashboard_exprs())
+    ]
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml_module.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    output = run([tool("promtool"), "check", "rules", str(path)])
+    assert f"SUCCESS: {len(rules)} rules found" in output, output
+
+
+def test_dashboard_shows_lag_throughput_latency_and_hit_ratio() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["schemaVersion"] >= 36
+    titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in ("lag", "messages in", "messages out", "receive latency", "polling hit ratio"):
+        assert topic in titles
+    by_title = dict(dashboard_exprs())
+    assert "popgate_proxy_receive_first_pop_hits_total" in by_title["Polling hit ratio"]
+    assert "popgate_proxy_receives_total" in by_title["Polling hit ratio"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+# --- discover_targets.py: how the file_sd variant and the live test find the ports -----
+
+
+@pytest.fixture(scope="module")
+def discover() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("discover_targets", PROMETHEUS / "discover_targets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind"),
+    [
+        (["/v/bin/python", "-m", "broker", "--name", "b0"], "broker"),
+        (["/v/bin/python3", "-u", "-m", "proxy.__main__", "--broker", "b0=h:1"], "proxy"),
+        (["/v/bin/popgate-broker", "--name", "b1"], "broker"),
+        (["python", "/v/bin/popgate-proxy", "--broker", "b0=h:1"], "proxy"),
+        (["/v/bin/popgate", "up", "--brokers", "2"], None),
+        (["python", "-c", "import broker"], None),
+    ],
+)
+def test_discover_tells_brokers_from_proxies(discover: ModuleType, argv: list[str], kind: str | None) -> None:
+    assert discover._kind(argv) == kind
+
+
+def test_discover_reads_flags_env_and_config(discover: ModuleType, tmp_path: Path) -> None:
+    config = tmp_path / "b.toml"
+    config.write_text('name = "b7"\nmetrics_listen = "0.0.0.0:9107"\n')
+    assert discover._setting(["x", "--metrics-listen", "127.0.0.1:1"], {}, "metrics-listen") == "127.0.0.1:1"
+    assert discover._setting(["x", "--metrics-listen=127.0.0.1:2"], {}, "metrics-listen") == "127.0.0.1:2"
+    env = {"POPGATE_METRICS_LISTEN": "127.0.0.1:3"}
+    assert discover._setting(["x"], env, "metrics-listen") == "127.0.0.1:3"
+    assert discover._setting(["x", "--config", str(config)], {}, "metrics-listen") == "0.0.0.0:9107"
+    assert discover.reachable("0.0.0.0:9107") == "127.0.0.1:9107"
+    assert discover.reachable("[::]:9107") == "[::1]:9107"
+
+
+def test_discover_walks_the_process_tree(discover: ModuleType) -> None:
+    # A child that starts a grandchild, reports its pid and waits: both are found under us.
+    code = "import subprocess, sys; print(subprocess.Popen(['sleep', '60']).pid, flush=True); sys.stdin.read()"
+    with subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        grandchild = 0
+        try:
+            grandchild = int(child.stdout.readline())
+            assert {child.pid, grandchild} <= set(discover.descendants(os.getpid()))
+            assert discover.inspect(grandchild) is None  # `sleep` is no popgate server
+        finally:
+            if grandchild:
+                os.kill(grandchild, signal.SIGKILL)
+            child.stdin.close()
+            child.wait(timeout=10)
+
+
+def test_file_sd_groups_carry_the_job(discover: ModuleType) -> None:
+    processes = [
+        discover.Process(pid=1, kind="broker", name="b0", listen="127.0.0.1:9001", metrics="127.0.0.1:9101"),
+        discover.Process(pid=2, kind="proxy", name="proxy-2", listen="127.0.0.1:8081", metrics=None),
+    ]
+    assert discover.file_sd(processes) == [
+        {"targets": ["127.0.0.1:9101"], "labels": {"job": "popgate-broker", "process": "b0"}}
+    ]
+    assert re.fullmatch(r"popgate-(broker|proxy)", processes[1].job)
