@@ -112,17 +112,19 @@ class HoldService:
         if not waiters:
             return 0
         woken = 0
-        budgets: dict[TagFilter, int] = {}
+        counts: dict[TagFilter, int] = {}  # matching messages per filter
+        budgets: dict[TagFilter, int] = {}  # of which not yet promised to a woken Pop
         for waiter in list(waiters):
-            budget = budgets.get(waiter.filter)
-            if budget is None:
-                budget = budgets[waiter.filter] = matching(waiter.filter)
-            if budget <= 0:
+            count = counts.get(waiter.filter)
+            if count is None:
+                count = counts[waiter.filter] = budgets[waiter.filter] = matching(waiter.filter)
+            # A Notification consumes nothing: every one whose filter matches is woken.
+            if count <= 0 or (waiter.kind is Kind.POP and budgets[waiter.filter] <= 0):
                 continue
             if waiter.resolve(Outcome.SERVED):
                 woken += 1
                 if waiter.kind is Kind.POP:
-                    budgets[waiter.filter] = budget - 1
+                    budgets[waiter.filter] -= 1
         return woken
 
     def wake_all(self, key: Key) -> None:

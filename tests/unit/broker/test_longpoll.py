@@ -1,0 +1,64 @@
+import asyncio
+
+from broker.filters import MATCH_ALL, TagFilter
+from broker.longpoll import HoldService, Kind, Outcome
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+
+
+def test_arrival_wakes_as_many_pops_as_messages_and_all_notifications() -> None:
+    async def scenario() -> list[Outcome]:
+        hold = HoldService(capacity=10)
+        key = ("t", "g")
+        pops = [asyncio.ensure_future(hold.hold(key, Kind.POP, MATCH_ALL, 5)) for _ in range(3)]
+        notes = [asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, MATCH_ALL, 5)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert hold.total_held == 5
+        assert hold.arrived(key, ["x"]) == 3  # 1 pop + 2 notifications
+        await asyncio.sleep(0)
+        assert hold.total_held == 2
+        hold.close()
+        return [await p for p in pops] + [await n for n in notes]
+
+    outcomes = run(scenario())
+    assert outcomes == [Outcome.SERVED, Outcome.CLOSED, Outcome.CLOSED, Outcome.SERVED, Outcome.SERVED]
+
+
+def test_filter_decides_who_is_woken() -> None:
+    async def scenario() -> tuple[Outcome, Outcome]:
+        hold = HoldService(capacity=10)
+        key = ("t", "g")
+        red = asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse("red"), 0.2))
+        blue = asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse("blue"), 5))
+        await asyncio.sleep(0)
+        hold.arrived(key, ["blue", None])
+        return await red, await blue
+
+    assert run(scenario()) == (Outcome.TIMED_OUT, Outcome.SERVED)
+
+
+def test_redelivery_wake_ignores_tags() -> None:
+    async def scenario() -> Outcome:
+        hold = HoldService(capacity=10)
+        task = asyncio.ensure_future(hold.hold(("t", "g"), Kind.POP, TagFilter.parse("red"), 5))
+        await asyncio.sleep(0)
+        assert hold.wake(("t", "g"), 1) == 1
+        return await task
+
+    assert run(scenario()) is Outcome.SERVED
+
+
+def test_capacity_and_cancellation() -> None:
+    async def scenario() -> None:
+        hold = HoldService(capacity=1)
+        first = asyncio.ensure_future(hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5))
+        await asyncio.sleep(0)
+        assert await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5) is Outcome.FULL
+        first.cancel()
+        await asyncio.sleep(0)
+        assert hold.total_held == 0 and hold.keys() == []
+        assert await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 0.01) is Outcome.TIMED_OUT
+
+    run(scenario())
