@@ -1,0 +1,218 @@
+"""Drives the official rocketmq-python-client 5.1.2 against a popgate proxy. Run in its own process.
+
+Usage: python driver.py SCENARIO ENDPOINT TOPIC GROUP
+Its generated protobuf classes share full names with popgate's, so it never runs
+inside the pytest process. Exit 0 = the scenario held; any failure raises.
+Prints one JSON line of observations on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+)
+
+AWAIT_S = 3  # SimpleConsumer long-polling time
+
+
+def config(endpoint: str) -> ClientConfiguration:
+    return ClientConfiguration(endpoint, Credentials(), request_timeout=5)
+
+
+def message(topic: str, body: bytes, *, tag: str = "", keys: tuple[str, ...] = (), **props: str) -> Message:
+    msg = Message()
+    msg.topic = topic
+    msg.body = body
+    if tag:
+        msg.tag = tag
+    for key in keys:
+        msg.keys = key  # the client's setter takes one key per assignment
+    for key, value in props.items():
+        msg.add_property(key, value)
+    return msg
+
+
+def started_producer(endpoint: str, topic: str) -> Producer:
+    producer = Producer(config(endpoint), (topic,))
+    producer.startup()
+    return producer
+
+
+def started_consumer(endpoint: str, topic: str, group: str, expression: str = "*") -> SimpleConsumer:
+    consumer = SimpleConsumer(config(endpoint), group, {topic: FilterExpression(expression)}, await_duration=AWAIT_S)
+    consumer.startup()
+    return consumer
+
+
+def receive_until(consumer: SimpleConsumer, done: Callable[[list[Message]], bool], *, invisible: int = 20,
+                  limit_s: float = 40) -> list[Message]:
+    got: list[Message] = []
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end and not done(got):
+        got.extend(consumer.receive(32, invisible))
+    assert done(got), f"gave up after {limit_s} s with {len(got)} messages"
+    return got
+
+
+def send_receive(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """Producer with tags/keys/properties; SimpleConsumer receives each exactly once and acks."""
+    producer = started_producer(endpoint, topic)
+    consumer = started_consumer(endpoint, topic, group)
+    try:
+        sent = {}
+        for i in range(30):
+            receipt = producer.send(message(topic, f"body-{i}".encode(), tag=f"tag{i % 3}", keys=(f"k{i}",), n=str(i)))
+            sent[receipt.message_id] = i
+        got = receive_until(consumer, lambda g: len(g) >= len(sent))
+        ids = [m.message_id for m in got]
+        assert sorted(ids) == sorted(sent), "received ids differ from sent ids"
+        for m in got:
+            i = sent[m.message_id]
+            assert m.body == f"body-{i}".encode() and m.tag == f"tag{i % 3}", m
+            assert list(m.keys) == [f"k{i}"] and m.properties.get("n") == str(i), m
+            assert m.delivery_attempt == 1 and not m.corrupted, m
+            consumer.ack(m)
+        extra = consumer.receive(32, 20)  # acked: nothing comes back
+        assert extra == [], f"unexpected redelivery: {[m.message_id for m in extra]}"
+        return {"sent": len(sent), "received": len(got)}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def redelivery(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """change_invisible_duration brings a message back with attempt 2; an un-acked one returns by itself."""
+    producer = started_producer(endpoint, topic)
+    consumer = started_consumer(endpoint, topic, group)
+    try:
+        changed_id = producer.send(message(topic, b"change-me")).message_id
+        first = receive_until(consumer, lambda g: len(g) >= 1)[0]
+        assert first.message_id == changed_id and first.delivery_attempt == 1
+        consumer.change_invisible_duration(first, 1)
+        again = receive_until(consumer, lambda g: any(m.message_id == changed_id for m in g))
+        back = next(m for m in again if m.message_id == changed_id)
+        assert back.delivery_attempt == 2, back.delivery_attempt
+        consumer.ack(back)
+
+        unacked_id = producer.send(message(topic, b"forget-me")).message_id
+        started = time.monotonic()
+        first = receive_until(consumer, lambda g: any(m.message_id == unacked_id for m in g), invisible=2)
+        returned = receive_until(consumer, lambda g: any(m.message_id == unacked_id for m in g), invisible=20)
+        took = time.monotonic() - started
+        msg = next(m for m in returned if m.message_id == unacked_id)
+        assert msg.delivery_attempt == 2, msg.delivery_attempt
+        consumer.ack(msg)
+        return {"unacked_returned_after_s": round(took, 2), "first": len(first)}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def empty_poll(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """An empty long poll returns [] without error after about the long-polling time."""
+    consumer = started_consumer(endpoint, topic, group)
+    try:
+        started = time.monotonic()
+        got = consumer.receive(16, 20)
+        took = time.monotonic() - started
+        assert got == [], got
+        assert AWAIT_S - 1.0 <= took <= AWAIT_S + 2.0, f"empty poll took {took:.2f} s, long-polling time {AWAIT_S} s"
+        return {"empty_poll_s": round(took, 2)}
+    finally:
+        consumer.shutdown()
+
+
+def errors(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """A garbage receipt handle and an oversized body give errors (server-side codes)."""
+    producer = started_producer(endpoint, topic)
+    consumer = started_consumer(endpoint, topic, group)
+    out: dict[str, object] = {}
+    try:
+        producer.send(message(topic, b"x"))
+        msg = receive_until(consumer, lambda g: len(g) >= 1)[0]
+        good_handle = msg.receipt_handle
+        msg.receipt_handle = "garbage-handle"
+        try:
+            consumer.ack(msg)
+        except Exception as exc:  # BadRequestException
+            out["garbage_ack"] = getattr(exc, "code", None)
+        assert out.get("garbage_ack") == 40013, out
+        msg.receipt_handle = good_handle
+        consumer.ack(msg)
+
+        # The Telemetry reply set the producer's limit to the proxy's 4 MiB ...
+        end = time.monotonic() + 10
+        while producer._Producer__max_body_size != 4 * 1024 * 1024 and time.monotonic() < end:  # type: ignore[attr-defined]
+            time.sleep(0.05)
+        assert producer._Producer__max_body_size == 4 * 1024 * 1024  # type: ignore[attr-defined]
+        try:
+            producer.send(message(topic, b"y" * (4 * 1024 * 1024 + 1)))
+        except Exception as exc:  # refused locally, from the server's settings
+            out["oversized_client"] = type(exc).__name__
+        # ... and the proxy itself refuses when the client does not check.
+        producer._Producer__max_body_size = 64 * 1024 * 1024  # type: ignore[attr-defined]
+        try:
+            producer.send(message(topic, b"z" * (5 * 1024 * 1024)))
+        except Exception as exc:
+            out["oversized_server"] = getattr(exc, "code", type(exc).__name__)
+        assert out.get("oversized_client") and out.get("oversized_server") == 41301, out
+        return out
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+class Counter(MessageListener):
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.deliveries = 0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.expected = 0
+
+    def consume(self, message: Message) -> ConsumeResult:
+        with self.lock:
+            self.ids.add(message.message_id)
+            self.deliveries += 1
+            if len(self.ids) >= self.expected:
+                self.done.set()
+        return ConsumeResult.SUCCESS
+
+
+def push(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """A PushConsumer consumes 100 messages."""
+    producer = started_producer(endpoint, topic)
+    listener = Counter()
+    listener.expected = 100
+    consumer = PushConsumer(config(endpoint), group, listener, {topic: FilterExpression("*")})
+    try:
+        consumer.startup()
+        sent = {producer.send(message(topic, f"push-{i}".encode(), tag="p")).message_id for i in range(100)}
+        assert listener.done.wait(60), f"push consumer got {len(listener.ids)} of 100"
+        assert listener.ids == sent
+        return {"consumed": len(listener.ids), "deliveries": listener.deliveries}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push)}
+
+if __name__ == "__main__":
+    scenario, endpoint, topic, group = sys.argv[1:5]
+    result = SCENARIOS[scenario](endpoint, topic, group)
+    print(json.dumps(result), flush=True)
