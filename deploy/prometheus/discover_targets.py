@@ -4,9 +4,12 @@
 `popgate up` starts its brokers and proxy as child processes; each one gets its
 metrics address as `--metrics-listen HOST:PORT` (or `POPGATE_METRICS_LISTEN`, or
 `metrics_listen` in a `--config` TOML file). This reads those from /proc (Linux),
-so it works whatever ports `popgate up` picked:
+so it works whatever ports `popgate up` picked. Where a port is 0 (any free
+port), it looks at the sockets the process listens on and asks each for
+/metrics. So this works today, with children inheriting the environment:
 
-    python deploy/prometheus/discover_targets.py --pid <pid of popgate up> \
+    POPGATE_METRICS_LISTEN=127.0.0.1:0 popgate up --no-view &
+    python deploy/prometheus/discover_targets.py --pid $! \
         --out deploy/prometheus/targets/popgate.json
 
 and `prometheus --config.file=deploy/prometheus/prometheus-file-sd.yml` picks the
@@ -16,10 +19,15 @@ file up. Standard library only; tests/deploy imports it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import os
+import socket
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +133,54 @@ def reachable(address: str | None) -> str | None:
     return f"{host}:{port}"
 
 
-def inspect(pid: int) -> Process | None:
-    """The popgate server running as `pid`, or None if it is something else."""
+def listening(pid: int) -> list[str]:
+    """The TCP addresses process `pid` listens on (from its fds and /proc/<pid>/net/tcp{,6})."""
+    inodes = set()
+    try:
+        fds = list((PROC / str(pid) / "fd").iterdir())
+    except OSError:
+        return []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in _read(PROC / str(pid) / "net" / table).decode().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_ip, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_ip)
+            # The kernel prints each 32-bit word in host (little-endian) order.
+            packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = socket.inet_ntop(family, packed).removeprefix("::ffff:")  # IPv4-mapped: plain IPv4
+            host = f"[{ip}]" if ":" in ip else ip
+            found.append(reachable(f"{host}:{int(hex_port, 16)}") or "")
+    return sorted(set(found) - {""})
+
+
+def serves_metrics(address: str, timeout: float = 1.0) -> bool:
+    """Whether http://address/metrics answers with a Prometheus exposition."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as response:
+            return response.status == 200 and b"# TYPE " in response.read(1 << 20)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+        return False
+
+
+def _unresolved(address: str | None) -> bool:
+    return address is None or address.endswith(":0")
+
+
+def inspect(pid: int, *, probe: bool = True) -> Process | None:
+    """The popgate server running as `pid`, or None if it is something else.
+
+    With `probe`, addresses given with port 0 (or not at all) are resolved from
+    the sockets the process listens on: the one serving /metrics is the metrics
+    address, the other one its gRPC address.
+    """
     argv = [a.decode(errors="replace") for a in _read(PROC / str(pid) / "cmdline").split(b"\0") if a]
     kind = _kind(argv)
     if kind is None:
@@ -137,13 +191,17 @@ def inspect(pid: int) -> Process | None:
         if sep and key.startswith("POPGATE_"):
             env[key] = value
     name = _setting(argv, env, "name") if kind == "broker" else None
-    return Process(
-        pid=pid,
-        kind=kind,
-        name=name or f"{kind}-{pid}",
-        listen=reachable(_setting(argv, env, "listen")),
-        metrics=reachable(_setting(argv, env, "metrics-listen")),
-    )
+    listen = reachable(_setting(argv, env, "listen"))
+    metrics = reachable(_setting(argv, env, "metrics-listen"))
+    if probe and (_unresolved(listen) or _unresolved(metrics)):
+        addresses = listening(pid)
+        http = [a for a in addresses if serves_metrics(a)]
+        other = [a for a in addresses if a not in http]
+        if _unresolved(metrics):
+            metrics = http[0] if len(http) == 1 else None
+        if _unresolved(listen):
+            listen = other[0] if len(other) == 1 else None
+    return Process(pid=pid, kind=kind, name=name or f"{kind}-{pid}", listen=listen, metrics=metrics)
 
 
 def discover(root: int) -> list[Process]:

@@ -1,0 +1,350 @@
+"""LIVE: a real Prometheus scrapes a real `popgate up --brokers 2 --no-view`.
+
+Depends on the running system: the broker, the proxy and `popgate up` (sdk.cli).
+Until `popgate up` exists this FAILS (it is not skipped): the dashboards and
+alert rules in deploy/ are only as good as the metrics the processes really
+export, and this is where that is checked.
+
+What it does: starts `popgate up` on a free 127.0.0.1 port, finds its brokers and
+proxy and their metrics addresses from the process tree (deploy/prometheus/
+discover_targets.py), sends a little traffic, starts Debian's `prometheus` on a
+free port with deploy/prometheus/rules.yml and a temporary data dir, and asks
+its HTTP API for the broker and proxy series. Every /metrics is also linted
+with `promtool check metrics`. Everything started is stopped in teardown; every
+wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import pytest
+
+from .conftest import PROMETHEUS, ROOT, run, tool
+from .metrics_contract import BROKER, PROXY, exposition_types
+
+pytestmark = [pytest.mark.live_cluster, pytest.mark.slow]
+
+T = TypeVar("T")
+TOPIC = "deploy-live"
+GROUP = "deploy-live-group"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, *, log: Path | None = None) -> T:
+    """Poll `probe` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{tail}", pytrace=False)
+        time.sleep(0.2)
+
+
+def http_get(url: str, timeout: float = 2.0) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return str(response.read().decode())
+    except (urllib.error.URLError, http.client.HTTPException, OSError):
+        return None
+
+
+def load_discover() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("discover_targets", PROMETHEUS / "discover_targets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def health_serving(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], extra_pids: list[int]) -> None:
+    """SIGTERM what we started, wait (held long polls drain within 30 s), then SIGKILL leftovers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in extra_pids:  # children that left our process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+@dataclass
+class Cluster:
+    proxy_endpoint: str
+    brokers: list[Any]  # discover_targets.Process
+    proxies: list[Any]
+
+    @property
+    def processes(self) -> list[Any]:
+        return self.brokers + self.proxies
+
+
+def popgate_up_command() -> list[str]:
+    try:
+        import sdk.cli  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(
+            f"`popgate up` is not importable ({exc}). This live test needs the local cluster of the proxy issue "
+            "(sdk.cli with `popgate up`); it fails instead of skipping so it cannot be forgotten.",
+            pytrace=False,
+        )
+    script = Path(sys.executable).parent / "popgate"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from sdk.cli import main; sys.exit(main())"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    command = popgate_up_command()
+    discover = load_discover()
+    work = tmp_path_factory.mktemp("popgate-up")
+    port = free_port()
+    log = work / "popgate-up.log"
+    args = ["up", "--brokers", "2", "--listen", f"127.0.0.1:{port}", "--data-dir", str(work / "data"), "--no-view"]
+    # Children inherit the environment: every broker and the proxy serve /metrics on
+    # a free port, which discover_targets finds from their listening sockets.
+    env = dict(os.environ, POPGATE_METRICS_LISTEN="127.0.0.1:0")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command + args,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    found: list[Any] = []
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"`popgate up` exited with {proc.returncode}:\n{log.read_text()[-3000:]}", pytrace=False)
+            return health_serving(f"127.0.0.1:{port}")
+
+        wait_for("`popgate up` to serve gRPC health on its proxy port", ready, 45, log=log)
+
+        def all_found() -> list[Any] | None:
+            found[:] = discover.discover(proc.pid)
+            kinds = [p.kind for p in found]
+            return found if kinds.count("broker") == 2 and kinds.count("proxy") >= 1 else None
+
+        wait_for("2 brokers and a proxy under `popgate up`", all_found, 10, log=log)
+        silent = [p.name for p in found if not p.metrics]
+        assert not silent, (
+            f"no /metrics found for {silent}: `popgate up` children must serve metrics, from "
+            "--metrics-listen HOST:PORT or the inherited POPGATE_METRICS_LISTEN"
+        )
+        yield Cluster(
+            proxy_endpoint=f"127.0.0.1:{port}",
+            brokers=[p for p in found if p.kind == "broker"],
+            proxies=[p for p in found if p.kind == "proxy"],
+        )
+    finally:
+        stop_process_group(proc, [p.pid for p in found])
+
+
+def send_traffic(cluster: Cluster) -> None:
+    """A little traffic so that the labelled series exist: to each broker directly and through the proxy."""
+    import grpc
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from popgate_pb import broker_pb2, broker_pb2_grpc
+    from popgate_pb.v2 import definition_pb2 as v2
+    from popgate_pb.v2 import service_pb2, service_pb2_grpc
+
+    for broker in cluster.brokers:
+        assert broker.listen, f"no gRPC address found for {broker.name}"
+        with grpc.insecure_channel(broker.listen) as channel:
+            stub = broker_pb2_grpc.BrokerStub(channel)
+            stub.Send(broker_pb2.SendRequest(messages=[broker_pb2.Message(topic=TOPIC, body=b"live")]), timeout=10)
+            stub.Pop(
+                broker_pb2.PopRequest(topic=TOPIC, group=GROUP, filter="*", max_messages=1, invisible_ms=60_000),
+                timeout=10,
+            )
+    body = b"through the proxy"
+    born = Timestamp()
+    born.GetCurrentTime()
+    message = v2.Message(
+        topic=v2.Resource(name=TOPIC),
+        body=body,
+        system_properties=v2.SystemProperties(
+            message_id=f"deploy-live-{os.getpid()}",
+            body_encoding=v2.IDENTITY,
+            message_type=v2.NORMAL,
+            body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(body):08X}"),
+            born_timestamp=born,
+            born_host="127.0.0.1",
+        ),
+    )
+    metadata = (("x-mq-client-id", f"deploy-live-{os.getpid()}"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"))
+    host, _, port = cluster.proxy_endpoint.rpartition(":")
+    endpoints = v2.Endpoints(scheme=v2.IPv4, addresses=[v2.Address(host=host, port=int(port))])
+    with grpc.insecure_channel(cluster.proxy_endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        stub.QueryRoute(
+            service_pb2.QueryRouteRequest(topic=v2.Resource(name=TOPIC), endpoints=endpoints),
+            metadata=metadata,
+            timeout=10,
+        )
+        stub.SendMessage(service_pb2.SendMessageRequest(messages=[message]), metadata=metadata, timeout=10)
+
+
+@dataclass
+class Prometheus:
+    url: str
+
+    def query(self, promql: str) -> list[dict[str, Any]] | None:
+        text = http_get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+        if text is None:
+            return None
+        reply = json.loads(text)
+        assert reply["status"] == "success", reply
+        return list(reply["data"]["result"])
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    binary = tool("prometheus")
+    import yaml
+
+    work = tmp_path_factory.mktemp("prometheus")
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "rule_files": [str(PROMETHEUS / "rules.yml")],
+        "scrape_configs": [
+            {
+                "job_name": f"popgate-{kind}",
+                "static_configs": [
+                    {"targets": [p.metrics], "labels": {"process": p.name}} for p in cluster.processes if p.kind == kind
+                ],
+            }
+            for kind in ("broker", "proxy")
+        ],
+    }
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    run([tool("promtool"), "check", "config", str(work / "prometheus.yml")])
+    port = free_port()
+    log = work / "prometheus.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for("Prometheus to be ready", lambda: proc.poll() is None and http_get(f"{url}/-/ready"), 20, log=log)
+        send_traffic(cluster)
+        yield Prometheus(url)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_prometheus_finds_broker_and_proxy_series(cluster: Cluster, prometheus: Prometheus) -> None:
+    def all_up() -> list[dict[str, Any]] | None:
+        result = prometheus.query('up{job=~"popgate-.*"} == 1')
+        return result if result is not None and len(result) == len(cluster.processes) else None
+
+    wait_for("every popgate target to be up", all_up, 20)
+
+    def broker_series() -> set[str] | None:
+        result = prometheus.query('count by (process) ({__name__=~"popgate_broker_.+", job="popgate-broker"})') or []
+        processes = {r["metric"]["process"] for r in result}
+        return processes if processes == {b.name for b in cluster.brokers} else None
+
+    def proxy_series() -> list[dict[str, Any]] | None:
+        return prometheus.query('{__name__=~"popgate_proxy_.+", job="popgate-proxy"}') or None
+
+    wait_for("popgate_broker_* series from both brokers", broker_series, 15)
+    wait_for("popgate_proxy_* series from the proxy", proxy_series, 15)
+    stored = wait_for(
+        "the messages sent to be counted",
+        lambda: prometheus.query(f'sum(popgate_broker_messages_in_total{{topic="{TOPIC}"}})'),
+        15,
+    )
+    assert float(stored[0]["value"][1]) >= len(cluster.brokers)
+
+
+def test_prometheus_loads_the_alert_rules(prometheus: Prometheus) -> None:
+    text = wait_for("the rules API", lambda: http_get(f"{prometheus.url}/api/v1/rules"), 10)
+    groups = {g["name"]: g for g in json.loads(text)["data"]["groups"]}
+    assert {"popgate.recording", "popgate.alerts"} <= set(groups)
+    for group in groups.values():
+        for rule in group["rules"]:
+            assert rule.get("lastError", "") == "", rule
+
+
+def test_every_metrics_endpoint_passes_promtool_check_metrics(cluster: Cluster) -> None:
+    promtool = tool("promtool")
+    for process in cluster.processes:
+        text = wait_for(f"/metrics of {process.name}", lambda p=process: http_get(f"http://{p.metrics}/metrics"), 10)
+        output = run([promtool, "check", "metrics"], stdin=text)
+        assert output.strip() == "", f"{process.name}: {output}"
+
+
+def test_processes_export_what_rules_and_dashboard_read(cluster: Cluster) -> None:
+    for process in cluster.processes:
+        text = wait_for(f"/metrics of {process.name}", lambda p=process: http_get(f"http://{p.metrics}/metrics"), 10)
+        exported = exposition_types(text)
+        expected = BROKER if process.kind == "broker" else PROXY
+        missing = {name: kind for name, kind in expected.items() if exported.get(name) != kind}
+        assert missing == {}, f"{process.name} does not export (with this type): {missing}"
