@@ -54,7 +54,14 @@ class GrpcBrokerClient:
     def __init__(self, address: BrokerAddress, *, metrics: Metrics | None = None) -> None:
         self._address = address
         self._metrics = metrics or NoMetrics()
-        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        options = [
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            # Reconnect quickly to a restarted broker (the default back-off grows to minutes).
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
         self._channel = grpc.aio.insecure_channel(address.target, options=options)
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)

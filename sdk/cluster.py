@@ -50,7 +50,7 @@ class Child:
 
     def _drain(self, stream: IO[bytes]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as out:
+        with stream, self.log_path.open("ab") as out:
             for raw in stream:
                 out.write(raw)
                 out.flush()

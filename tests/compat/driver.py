@@ -58,8 +58,9 @@ def started_consumer(endpoint: str, topic: str, group: str, expression: str = "*
     return consumer
 
 
-def receive_until(consumer: SimpleConsumer, done: Callable[[list[Message]], bool], *, invisible: int = 20,
-                  limit_s: float = 40) -> list[Message]:
+def receive_until(
+    consumer: SimpleConsumer, done: Callable[[list[Message]], bool], *, invisible: int = 20, limit_s: float = 40
+) -> list[Message]:
     got: list[Message] = []
     end = time.monotonic() + limit_s
     while time.monotonic() < end and not done(got):

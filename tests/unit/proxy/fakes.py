@@ -1,0 +1,87 @@
+"""In-memory broker clients for the proxy core's unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy import errors
+
+
+class FakeBroker:
+    def __init__(self, name: str, *, healthy: bool = True) -> None:
+        self.name = name
+        self.healthy = healthy
+        self.fail: errors.ProxyError | None = None
+        self.sent: list[bpb.Message] = []
+        self.pops: list[bpb.PopRequest] = []
+        self.acks: list[bpb.AckRequest] = []
+        self.ready: list[bpb.PoppedMessage] = []
+        self.polling_full = False
+        self.arrived = asyncio.Event()
+
+    def _check(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        self._check()
+        start = len(self.sent)
+        self.sent.extend(messages)
+        return [
+            bpb.SendResult(message_id=m.message_id, topic=m.topic, offset=start + i) for i, m in enumerate(messages)
+        ]
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        self._check()
+        self.pops.append(request)
+        if not self.ready and request.poll_ms > 0 and not self.polling_full:
+            try:
+                await asyncio.wait_for(self.arrived.wait(), request.poll_ms / 1000)
+            except TimeoutError:
+                pass
+        taken, self.ready = self.ready[: request.max_messages], self.ready[request.max_messages :]
+        return bpb.PopResponse(messages=taken, polling_full=self.polling_full)
+
+    async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
+        self._check()
+        self.acks.append(request)
+        # A handle with token 5a1e plays a stale one (the message was redelivered since).
+        results = [
+            bpb.AckResult(receipt_handle=h, ok=True)
+            if "~5a1e~" not in h
+            else bpb.AckResult(receipt_handle=h, ok=False, error="InvalidReceiptHandle", error_message="stale")
+            for h in request.receipt_handles
+        ]
+        return bpb.AckResponse(results=results)
+
+    async def change_invisible_time(
+        self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimeResponse:
+        self._check()
+        return bpb.ChangeInvisibleTimeResponse(receipt_handle=request.receipt_handle + "-new")
+
+    async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
+        self._check()
+        return bpb.DeadLetterResponse(dlq_topic="%DLQ%" + request.group)
+
+    async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse:
+        self._check()
+        return bpb.NotificationResponse(has_message=bool(self.ready))
+
+
+def handle(broker: str, *, token: str = "ab", topic: str = "t") -> str:
+    """A well-formed popgate receipt handle naming `broker`."""
+    return f"1~{broker}~{topic}~0~5~1~{token}~1700000000000"
+
+
+def popped(broker: str, message_id: str, *, body: bytes = b"hi", attempt: int = 1) -> bpb.PoppedMessage:
+    stored = bpb.StoredMessage(
+        message=bpb.Message(topic="t", message_id=message_id, body=body),
+        queue_id=1,
+        offset=7,
+        store_ms=1_700_000_000_123,
+    )
+    return bpb.PoppedMessage(stored=stored, receipt_handle=handle(broker), delivery_attempt=attempt)

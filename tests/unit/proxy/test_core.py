@@ -1,0 +1,177 @@
+"""The protocol-neutral core over in-memory brokers: routing, fail-over, receive, ack."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+
+from proxy import errors
+from proxy.core import Proxy
+from proxy.receive import LongPollStrategy, ReceiveRequest
+from proxy.routing import BrokerPool
+from tests.unit.proxy.fakes import FakeBroker, handle, popped
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def make(*names: str) -> tuple[Proxy, dict[str, FakeBroker]]:
+    brokers = {n: FakeBroker(n) for n in names}
+    pool = BrokerPool(brokers)
+    return Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), queues_per_broker=4), brokers
+
+
+def msg(i: int, group: str = "") -> bpb.Message:
+    return bpb.Message(topic="t", message_id=f"m{i}", body=b"x", message_group=group)
+
+
+def request(poll_s: float = 0.0, deadline_in: float = 5.0) -> ReceiveRequest:
+    loop = asyncio.get_running_loop()
+    return ReceiveRequest("t", "g", "*", 32, 30_000, poll_s, loop.time() + deadline_in)
+
+
+def test_route_lists_queues_on_every_live_broker_only() -> None:
+    proxy, brokers = make("b1", "b2", "b3")
+    brokers["b2"].healthy = False
+    assert {(q.broker, q.queue_id) for q in proxy.route()} == {(b, q) for b in ("b1", "b3") for q in range(4)}
+    for b in brokers.values():
+        b.healthy = False
+    with pytest.raises(errors.BrokerUnavailable, match="no broker is live"):
+        proxy.route()
+
+
+def test_sends_rotate_over_brokers_and_keep_request_order() -> None:
+    proxy, brokers = make("b1", "b2")
+
+    async def scenario() -> None:
+        for i in range(4):
+            results = await proxy.send([msg(i)])
+            assert results[0].message_id == f"m{i}"
+
+    run(scenario())
+    assert [m.message_id for m in brokers["b1"].sent] == ["m0", "m2"]
+    assert [m.message_id for m in brokers["b2"].sent] == ["m1", "m3"]
+
+
+def test_a_message_group_always_lands_on_one_broker() -> None:
+    proxy, brokers = make("b1", "b2", "b3")
+
+    async def scenario() -> None:
+        for i in range(9):
+            await proxy.send([msg(i, group="order-42")])
+
+    run(scenario())
+    assert sorted(len(b.sent) for b in brokers.values()) == [0, 0, 9]
+
+
+def test_send_fails_over_when_a_broker_is_unavailable() -> None:
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.BrokerUnavailable("b1 down")
+
+    async def scenario() -> None:
+        for i in range(3):
+            await proxy.send([msg(i)])
+
+    run(scenario())
+    assert len(brokers["b2"].sent) == 3
+
+
+def test_send_does_not_fail_over_on_a_bad_request() -> None:
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.MessageBodyTooLarge("too big")
+    with pytest.raises(errors.MessageBodyTooLarge):
+        run(proxy.send([msg(1)]))
+    assert brokers["b2"].sent == []
+
+
+def test_send_with_every_broker_down_is_broker_unavailable() -> None:
+    proxy, brokers = make("b1", "b2")
+    for b in brokers.values():
+        b.fail = errors.BrokerUnavailable(f"{b.name} down")
+    with pytest.raises(errors.BrokerUnavailable):
+        run(proxy.send([msg(1)]))
+
+
+def test_receive_pops_one_broker_with_the_poll_time_and_rotates() -> None:
+    proxy, brokers = make("b1", "b2")
+    brokers["b2"].ready = [popped("b2", "x")]
+
+    async def scenario() -> list[str]:
+        first = await proxy.receive(request(poll_s=0.05))
+        second = await proxy.receive(request(poll_s=0.05))
+        return [first.outcome, second.outcome]
+
+    assert run(scenario()) == ["empty", "hit"]
+    assert brokers["b1"].pops[0].poll_ms == 50 and brokers["b1"].pops[0].max_messages == 32
+
+
+def test_receive_skips_a_broker_that_turns_out_to_be_down() -> None:
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.BrokerUnavailable("gone")
+    brokers["b2"].ready = [popped("b2", "x")]
+
+    async def scenario() -> int:
+        return len((await proxy.receive(request())).messages)
+
+    assert run(scenario()) == 1
+
+
+def test_a_full_broker_is_too_many_requests() -> None:
+    proxy, brokers = make("b1")
+    brokers["b1"].polling_full = True
+
+    async def scenario() -> None:
+        await proxy.receive(request(poll_s=1.0))
+
+    with pytest.raises(errors.TooManyRequests):
+        run(scenario())
+
+
+def test_closing_answers_a_held_receive_at_once() -> None:
+    proxy, _ = make("b1")
+
+    async def scenario() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        task = asyncio.create_task(proxy.receive(request(poll_s=10.0, deadline_in=20)))
+        await asyncio.sleep(0)  # let the receive reach the broker
+        proxy.close()
+        result = await asyncio.wait_for(task, 2)
+        return result.outcome, loop.time() - started
+
+    outcome, took = run(scenario())
+    assert outcome == "closing" and took < 2
+
+
+def test_ack_routes_each_handle_to_its_broker_and_reports_per_handle() -> None:
+    proxy, brokers = make("b1", "b2")
+    handles = [handle("b1"), handle("b2"), "garbage", handle("b9"), handle("b2", token="5a1e")]
+    outcome = run(proxy.ack("t", "g", handles))
+    assert outcome[0] is None and outcome[1] is None
+    assert isinstance(outcome[2], errors.InvalidReceiptHandle)
+    assert isinstance(outcome[3], errors.InvalidReceiptHandle) and "b9" in outcome[3].message
+    assert isinstance(outcome[4], errors.InvalidReceiptHandle)
+    assert [list(a.receipt_handles) for a in brokers["b1"].acks] == [[handles[0]]]
+    assert [list(a.receipt_handles) for a in brokers["b2"].acks] == [[handles[1], handles[4]]]
+
+
+def test_ack_at_a_down_broker_is_an_error_for_its_handles_only() -> None:
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.BrokerUnavailable("b1 down")
+    outcome = run(proxy.ack("t", "g", [handle("b1"), handle("b2")]))
+    assert isinstance(outcome[0], errors.BrokerUnavailable) and outcome[1] is None
+
+
+def test_change_invisible_and_dead_letter_go_to_the_handles_broker() -> None:
+    proxy, _ = make("b1", "b2")
+    assert run(proxy.change_invisible("t", "g", handle("b2"), 1000)) == handle("b2") + "-new"
+    run(proxy.dead_letter("t", "g", handle("b1")))
+    with pytest.raises(errors.InvalidReceiptHandle):
+        run(proxy.change_invisible("t", "g", "nonsense", 1000))

@@ -1,0 +1,139 @@
+"""Pure rules: §5 validation, poll-time clamping, the error-code table, settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import broker.errors as broker_errors
+from proxy import errors, validate
+from proxy.codes import CODES, code_of, name_of
+from proxy.polltime import PollLimits, poll_seconds
+from proxy.settings import SettingsError, load
+
+LIMITS = PollLimits(minimum=0.0, maximum=30.0, default=20.0, reserve=0.3)
+
+
+def test_poll_time_is_the_requested_time_minus_the_reserve() -> None:
+    assert poll_seconds(20.0, 23.0, LIMITS) == pytest.approx(19.7)
+
+
+def test_poll_time_is_clamped_to_the_maximum_and_cut_to_the_deadline() -> None:
+    assert poll_seconds(120.0, None, LIMITS) == pytest.approx(29.7)
+    assert poll_seconds(20.0, 5.0, LIMITS) == pytest.approx(4.7)
+
+
+def test_absent_poll_time_uses_the_default_and_zero_means_answer_at_once() -> None:
+    assert poll_seconds(None, 100.0, LIMITS) == pytest.approx(19.7)
+    assert poll_seconds(0.0, 10.0, LIMITS) == 0.0
+
+
+def test_a_deadline_that_leaves_no_time_or_a_negative_poll_is_illegal_polling_time() -> None:
+    with pytest.raises(errors.IllegalPollingTime, match="deadline leaves"):
+        poll_seconds(20.0, 0.2, LIMITS)
+    with pytest.raises(errors.IllegalPollingTime, match="negative"):
+        poll_seconds(-1.0, 10.0, LIMITS)
+
+
+@pytest.mark.parametrize("name", ["", "a" * 128, "bad name", "t.1", "x/y"])
+def test_bad_topic_and_group_names_are_refused_with_the_reason(name: str) -> None:
+    with pytest.raises(errors.IllegalTopic, match="topic name"):
+        validate.topic(name)
+    with pytest.raises(errors.IllegalGroup, match="consumer group name"):
+        validate.group(name)
+
+
+def test_good_names_pass_including_percent_and_dlq_topics() -> None:
+    assert validate.topic("%RETRY%g-1_x") == "%RETRY%g-1_x"
+    assert validate.topic("%DLQ%" + "g" * 127)
+    assert validate.group("g" * 127)
+
+
+def test_tag_filters_normalise_and_refuse_sql_and_garbage() -> None:
+    assert validate.tag_filter("") == "*"
+    assert validate.tag_filter(" a || b ") == "a||b"
+    with pytest.raises(errors.IllegalFilter, match="SQL92"):
+        validate.tag_filter("a > 1", is_sql=True)
+    with pytest.raises(errors.IllegalFilter, match="invalid tag"):
+        validate.tag_filter("a || || b")
+
+
+def test_batch_invisible_body_and_delivery_limits_name_the_rule() -> None:
+    with pytest.raises(errors.IllegalBatchSize, match=r"1\.\.32"):
+        validate.batch_size(33, limit=32)
+    with pytest.raises(errors.IllegalInvisibleTime, match="10 s..43200 s"):
+        validate.invisible(5, low=10, high=43200)
+    with pytest.raises(errors.MessageBodyEmpty):
+        validate.body(b"", limit=10)
+    with pytest.raises(errors.MessageBodyTooLarge, match="11 bytes; the limit is 10"):
+        validate.body(b"x" * 11, limit=10)
+    with pytest.raises(errors.IllegalDeliveryTime, match="milliseconds"):
+        validate.delivery_time(1_700_000_000_000, now_s=1_700_000_000, max_delay_s=86400)
+    assert validate.delivery_time(1_600_000_000, now_s=1_700_000_000, max_delay_s=86400) == 1_600_000_000
+
+
+def test_message_fields_get_their_own_codes() -> None:
+    with pytest.raises(errors.IllegalMessageTag):
+        validate.tag("a|b")
+    with pytest.raises(errors.IllegalMessageKey):
+        validate.keys([" "])
+    with pytest.raises(errors.IllegalMessageGroup):
+        validate.message_group("g" * 65)
+    with pytest.raises(errors.MessagePropertiesTooLarge):
+        validate.properties({"k": "v" * 20000})
+    with pytest.raises(errors.IllegalPropertyKey):
+        validate.properties({"": "v"})
+
+
+def test_every_proxy_error_has_a_row_and_a_specific_code() -> None:
+    def subclasses(cls: type[errors.ProxyError]) -> list[type[errors.ProxyError]]:
+        return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
+
+    for cls in subclasses(errors.ProxyError):
+        assert cls in CODES, f"{cls.__name__} has no row in the code table"
+    assert name_of(code_of(errors.InvalidReceiptHandle("x"))) == "INVALID_RECEIPT_HANDLE"
+    assert name_of(code_of(errors.MessageBodyTooLarge("x"))) == "MESSAGE_BODY_TOO_LARGE"
+    assert name_of(code_of(errors.TooManyRequests("x"))) == "TOO_MANY_REQUESTS"
+    assert name_of(code_of(ValueError("bug"))) == "INTERNAL_SERVER_ERROR"
+    assert name_of(code_of(errors.NotImplementedRpc("x"))) == "NOT_IMPLEMENTED"
+
+
+def test_every_broker_error_name_maps_to_the_same_named_proxy_error() -> None:
+    for name in dir(broker_errors):
+        cls = getattr(broker_errors, name)
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, broker_errors.BrokerError)
+            and cls is not broker_errors.BrokerError
+        ):
+            assert type(errors.from_broker(name, "m", broker="b1")).__name__ == name
+    assert isinstance(errors.from_broker("Strange", "m", broker="b1"), errors.BrokerFailure)
+
+
+def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text('[proxy]\nbrokers = ["b1=h1:1"]\nmax-batch = 8\nlisten = "127.0.0.1:1"\n')
+    env = {"POPGATE_MAX_BATCH": "16", "POPGATE_CONFIG": str(config)}
+    settings = load(["--max-batch", "24"], env)
+    assert settings.max_batch == 24 and settings.listen == "127.0.0.1:1"
+    assert [b.name for b in settings.brokers] == ["b1"]
+    assert load([], env).max_batch == 16
+    assert load(["--broker", "x=h:2", "--broker", "y=h:3"], env).brokers[1].target == "h:3"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "at least one --broker"),
+        (["--broker", "b1"], "NAME=HOST:PORT"),
+        (["--broker", "b1=h:1", "--broker", "b1=h:2"], "unique"),
+        (["--broker", "b1=h:1", "--receive-mode", "adaptive"], "not implemented yet"),
+        (["--broker", "b1=h:1", "--receive-mode", "fast"], "choose one of"),
+        (["--broker", "b1=h:1", "--max-batch", "64"], "max_batch"),
+        (["--broker", "b1=h:1", "--max-batch", "many"], "expected int"),
+    ],
+)
+def test_bad_settings_are_refused_with_a_message_naming_them(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load(argv, {})

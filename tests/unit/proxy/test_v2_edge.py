@@ -1,0 +1,110 @@
+"""The v2 edge without sockets: message conversion, the Telemetry settings reply, ack status."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from proxy import errors
+from proxy.settings import BrokerAddress, Settings
+from proxy.v2.ack import _overall
+from proxy.v2.convert import SendLimits, seconds, to_broker, to_client
+from proxy.v2.telemetry import settings_reply
+from tests.unit.proxy.fakes import popped
+
+LIMITS = SendLimits(max_body_bytes=1024, max_delay_s=86400)
+NOW = 1_700_000_000.0
+SETTINGS = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+
+
+def client_message(**props: object) -> v2.Message:
+    message = v2.Message(topic=v2.Resource(name="t"), body=b"payload", user_properties={"a": "1"})
+    message.system_properties.message_id = "01ABC"
+    message.system_properties.body_encoding = v2.IDENTITY
+    for key, value in props.items():
+        setattr(message.system_properties, key, value)
+    return message
+
+
+def test_client_message_keeps_id_tag_keys_properties_and_delivery_time() -> None:
+    message = client_message(tag="tagA")
+    message.system_properties.keys.extend(["k1", "k2"])
+    message.system_properties.delivery_timestamp.seconds = int(NOW) + 60
+    out = to_broker(message, LIMITS, now_s=NOW)
+    assert (out.message_id, out.tag, list(out.keys), dict(out.properties)) == (
+        "01ABC",
+        "tagA",
+        ["k1", "k2"],
+        {"a": "1"},
+    )
+    assert out.deliver_at_ms == (int(NOW) + 60) * 1000
+
+
+def test_delivery_time_in_milliseconds_by_mistake_is_illegal_delivery_time() -> None:
+    message = client_message()
+    message.system_properties.delivery_timestamp.seconds = int(NOW * 1000)
+    with pytest.raises(errors.IllegalDeliveryTime):
+        to_broker(message, LIMITS, now_s=NOW)
+
+
+def test_gzip_bodies_are_inflated_and_their_size_checked_after_inflating() -> None:
+    message = client_message(body_encoding=v2.GZIP)
+    message.body = gzip.compress(b"z" * 1000)
+    assert to_broker(message, LIMITS, now_s=NOW).body == b"z" * 1000
+    message.body = gzip.compress(b"z" * 5000)
+    with pytest.raises(errors.MessageBodyTooLarge):
+        to_broker(message, LIMITS, now_s=NOW)
+
+
+def test_transactional_messages_are_unsupported() -> None:
+    with pytest.raises(errors.Unsupported, match="TRANSACTION"):
+        to_broker(client_message(message_type=v2.TRANSACTION), LIMITS, now_s=NOW)
+
+
+def test_popped_message_has_handle_attempt_identity_encoding_and_crc32_digest() -> None:
+    out = to_client(popped("b1", "id-1", body=b"hello", attempt=2))
+    props = out.system_properties
+    assert props.receipt_handle.startswith("1~b1~") and props.delivery_attempt == 2
+    assert props.body_encoding == v2.IDENTITY
+    assert (props.body_digest.type, props.body_digest.checksum) == (v2.CRC32, format(zlib.crc32(b"hello"), "08X"))
+    assert props.store_timestamp.seconds == 1_700_000_000 and props.store_timestamp.nanos == 123_000_000
+    assert props.message_type == v2.NORMAL and out.body == b"hello"
+
+
+def test_absurd_durations_are_bad_requests() -> None:
+    from google.protobuf.duration_pb2 import Duration
+
+    with pytest.raises(errors.BadRequest):
+        seconds(Duration(seconds=10**15), what="x")
+
+
+def test_producer_settings_reply_is_ok_with_the_body_limit_and_metrics_off() -> None:
+    client = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(max_body_size=134217728))
+    client.metric.on = True
+    reply = settings_reply(client, SETTINGS)
+    assert reply.status.code == v2.OK
+    assert reply.settings.publishing.max_body_size == 4 * 1024 * 1024
+    assert reply.settings.publishing.validate_message_type and not reply.settings.metric.on
+
+
+def test_consumer_settings_reply_sets_long_polling_batch_and_retry_backoff() -> None:
+    client = v2.Settings(client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=v2.Resource(name="g")))
+    reply = settings_reply(client, SETTINGS).settings
+    assert reply.subscription.long_polling_timeout.seconds == 20
+    assert reply.subscription.receive_batch_size == 32 and not reply.subscription.fifo
+    assert reply.backoff_policy.max_attempts == 17
+    assert reply.backoff_policy.customized_backoff.next[0].seconds == 1
+
+
+def entry(code: int) -> pb.AckMessageResultEntry:
+    return pb.AckMessageResultEntry(status=v2.Status(code=code))  # type: ignore[arg-type]
+
+
+def test_ack_status_is_ok_the_shared_error_or_multiple_results_never_message_not_found() -> None:
+    assert _overall([entry(v2.OK), entry(v2.OK)]).code == v2.OK
+    assert _overall([entry(v2.INVALID_RECEIPT_HANDLE)]).code == v2.INVALID_RECEIPT_HANDLE
+    assert _overall([entry(v2.OK), entry(v2.INVALID_RECEIPT_HANDLE)]).code == v2.MULTIPLE_RESULTS
