@@ -33,7 +33,32 @@ PROXY = {
 }
 KNOWN = BROKER | PROXY
 
+# The labels rules and dashboard aggregate by (each sample carries at least these).
+LABELS = {
+    "popgate_broker_max_offset": {"topic", "queue"},
+    "popgate_broker_consumer_offset": {"topic", "group", "queue"},
+    "popgate_broker_pull_offset": {"topic", "group", "queue"},
+    "popgate_broker_consumer_lag_messages": {"topic", "group"},
+    "popgate_broker_ready_messages": {"topic", "group"},
+    "popgate_broker_inflight_messages": {"topic", "group"},
+    "popgate_broker_oldest_unacked_age_seconds": {"topic", "group"},
+    "popgate_broker_dlq_messages": {"group"},
+    "popgate_broker_dead_lettered_total": {"topic", "group"},
+    "popgate_broker_held_requests": {"kind"},
+    "popgate_broker_messages_in_total": {"topic"},
+    "popgate_broker_messages_out_total": {"topic", "group"},
+    "popgate_broker_rpc_duration_seconds": {"method", "code"},
+    "popgate_broker_store_commit_duration_seconds": set(),
+    "popgate_proxy_rpc_duration_seconds": {"method", "code"},
+    "popgate_proxy_broker_rpcs_total": {"broker", "method", "outcome"},
+    "popgate_proxy_receives_total": {"group", "mode", "outcome"},
+    "popgate_proxy_receive_first_pop_hits_total": {"group"},
+    "popgate_proxy_receive_latency_seconds": set(),
+}
+
 _NAME = re.compile(r"\bpopgate_[a-z0-9_]+")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
 
 
 def metric_names(expr: str) -> set[str]:
@@ -62,3 +87,25 @@ def exposition_types(text: str) -> dict[str, str]:
                 name += "_total"
             types[name] = kind
     return types
+
+
+def sample_labels(text: str) -> dict[str, list[set[str]]]:
+    """Label names of every sample in an exposition, by sample name."""
+    samples: dict[str, list[set[str]]] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and not line.startswith("#"):
+            samples.setdefault(match[1], []).append(set(_LABEL.findall(match[2] or "")))
+    return samples
+
+
+def missing_labels(text: str, expected: dict[str, str]) -> dict[str, set[str]]:
+    """Contract labels absent from some sample of a metric (metrics without samples pass)."""
+    samples = sample_labels(text)
+    missing: dict[str, set[str]] = {}
+    for name, kind in expected.items():
+        sample = name + "_count" if kind == "histogram" else name
+        for labels in samples.get(sample, []):
+            if LABELS[name] - labels:
+                missing[name] = LABELS[name] - labels
+    return missing

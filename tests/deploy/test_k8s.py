@@ -307,3 +307,29 @@ def test_servicemonitor_schema_rejects_a_typo(rendered: dict[str, list[Obj]]) ->
     broken["spec"]["endpoints"][0]["intreval"] = "15s"
     with pytest.raises(jsonschema.ValidationError, match="intreval"):
         jsonschema.Draft202012Validator(schema).validate(broken)
+
+
+def container_env(objs: list[Obj], workload: Obj, field_refs: dict[str, str]) -> dict[str, str]:
+    """The POPGATE_* environment a container starts with (fieldRefs resolved from `field_refs`)."""
+    env = env_from_configmap(objs, workload)
+    for item in container(workload).get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            env[item["name"]] = field_refs[item["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_real_settings_loaders_accept_the_manifests(rendered: dict[str, list[Obj]], name: str) -> None:
+    from broker.settings import parse as broker_settings
+    from proxy.settings import load as proxy_settings
+
+    objs = rendered[name]
+    brokers = one(objs, "StatefulSet", "popgate-broker")
+    pods = [f"popgate-broker-{i}" for i in range(brokers["spec"]["replicas"])]
+    for pod in pods:
+        settings = broker_settings([], container_env(objs, brokers, {"metadata.name": pod}))
+        assert settings.name == pod
+    proxy = proxy_settings([], container_env(objs, one(objs, "Deployment", "popgate-proxy"), {}))
+    assert [b.name for b in proxy.brokers] == pods

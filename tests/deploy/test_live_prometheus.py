@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import pytest
 
 from .conftest import PROMETHEUS, ROOT, run, tool
-from .metrics_contract import BROKER, PROXY, exposition_types
+from .metrics_contract import BROKER, PROXY, exposition_types, missing_labels
 
 pytestmark = [pytest.mark.live_cluster, pytest.mark.slow]
 
@@ -342,9 +342,15 @@ def test_every_metrics_endpoint_passes_promtool_check_metrics(cluster: Cluster) 
 
 
 def test_processes_export_what_rules_and_dashboard_read(cluster: Cluster) -> None:
+    problems = []
     for process in cluster.processes:
         text = wait_for(f"/metrics of {process.name}", lambda p=process: http_get(f"http://{p.metrics}/metrics"), 10)
         exported = exposition_types(text)
         expected = BROKER if process.kind == "broker" else PROXY
-        missing = {name: kind for name, kind in expected.items() if exported.get(name) != kind}
-        assert missing == {}, f"{process.name} does not export (with this type): {missing}"
+        absent = {name: kind for name, kind in expected.items() if exported.get(name) != kind}
+        if absent:
+            problems.append(f"{process.name} does not export (as this type): {absent}")
+        unlabelled = missing_labels(text, expected)
+        if unlabelled:
+            problems.append(f"{process.name} has samples without these labels: {unlabelled}")
+    assert problems == [], "\n".join(problems)
