@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import INSTALL_HINT, KUSTOMIZATIONS, OVERLAYS
+from .conftest import INSTALL_HINT, KUSTOMIZATIONS, OVERLAYS, PROMETHEUS
 
 Obj = dict[str, Any]
 ALL = tuple(KUSTOMIZATIONS)
@@ -333,3 +333,29 @@ def test_the_real_settings_loaders_accept_the_manifests(rendered: dict[str, list
         assert settings.name == pod
     proxy = proxy_settings([], container_env(objs, one(objs, "Deployment", "popgate-proxy"), {}))
     assert [b.name for b in proxy.brokers] == pods
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_prometheusrule_in_prod_carries_exactly_rules_yml(
+    rendered: dict[str, list[Obj]], yaml_module: Any, name: str
+) -> None:
+    rules = find(rendered[name], "PrometheusRule")
+    if name != "prod":
+        assert rules == []
+        return
+    (rule,) = rules
+    groups = yaml_module.safe_load((PROMETHEUS / "rules.yml").read_text())["groups"]
+    assert rule["spec"]["groups"] == groups, "stale: run deploy/prometheus/prometheusrule.py"
+    assert rule["metadata"]["namespace"] == one(rendered[name], "ServiceMonitor", "popgate")["metadata"]["namespace"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_proxies_advertise_their_service(rendered: dict[str, list[Obj]], name: str) -> None:
+    objs = rendered[name]
+    service = one(objs, "Service", "popgate-proxy")
+    advertise = env_from_configmap(objs, one(objs, "Deployment", "popgate-proxy"))["POPGATE_ADVERTISE"]
+    host, _, port_number = advertise.rpartition(":")
+    assert int(port_number) == {p["name"]: p["port"] for p in service["spec"]["ports"]}["grpc"]
+    assert host.split(".")[0] == "popgate-proxy"
+    if name != "base":
+        assert host == f"popgate-proxy.{service['metadata']['namespace']}.svc"
