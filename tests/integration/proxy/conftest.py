@@ -1,0 +1,31 @@
+"""Real broker and proxy processes (sdk.cluster) on free loopback ports; always torn down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk.cluster import Cluster, ClusterConfig
+
+MakeCluster = Callable[..., Cluster]
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
+    started: list[Cluster] = []
+
+    def make(brokers: int = 2, proxy_args: tuple[str, ...] = ("--min-invisible-s", "1")) -> Cluster:
+        cluster = Cluster(
+            ClusterConfig(
+                brokers=brokers, listen="127.0.0.1:0", data_dir=tmp_path / f"c{len(started)}", proxy_args=proxy_args
+            )
+        )
+        started.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()

@@ -1,0 +1,102 @@
+"""A broker killed with -9 while producing and consuming: the others carry on, nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+from popgate_pb.v2 import definition_pb2 as v2
+
+from tests.integration.proxy.client import V2Client
+from tests.integration.proxy.conftest import MakeCluster
+
+TOPIC, GROUP = "chaos", "g"
+
+
+class Load:
+    """A producer and a consumer thread through the proxy, counting what the proxy acknowledged."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.stop = threading.Event()  # stops the producer
+        self.done = threading.Event()  # stops the consumer
+        self.lock = threading.Lock()
+        self.sent: set[bytes] = set()
+        self.received: set[bytes] = set()
+        self.send_errors = 0
+        self.threads = [threading.Thread(target=self._produce), threading.Thread(target=self._consume)]
+
+    def _produce(self) -> None:
+        client, n = V2Client(self.endpoint), 0
+        try:
+            while not self.stop.is_set():
+                bodies = [f"m{n + i}".encode() for i in range(10)]
+                n += 10
+                try:
+                    reply = client.send(TOPIC, bodies)
+                except grpc.RpcError:
+                    reply = None
+                with self.lock:
+                    if reply is not None and reply.status.code == v2.OK:
+                        self.sent.update(bodies)
+                    else:
+                        self.send_errors += 1
+                self.stop.wait(0.005)  # pacing, so the two cores stay shared with the consumer
+        finally:
+            client.close()
+
+    def _consume(self) -> None:
+        client = V2Client(self.endpoint)
+        try:
+            while not self.done.is_set():
+                try:
+                    _, messages = client.receive(TOPIC, GROUP, invisible_s=2, poll_s=1)
+                    if messages and client.ack(TOPIC, GROUP, messages).status.code in (v2.OK, v2.MULTIPLE_RESULTS):
+                        with self.lock:
+                            self.received.update(m.body for m in messages)
+                except grpc.RpcError:
+                    continue
+        finally:
+            client.close()
+
+    def missing(self) -> int:
+        with self.lock:
+            return len(self.sent - self.received)
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return len(self.sent), len(self.received)
+
+
+def wait_for(condition: Callable[[], bool], limit_s: float, what: str) -> None:
+    end = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < end, f"timed out after {limit_s} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_kill_9_a_broker_while_producing_and_consuming(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(brokers=3)
+    load = Load(cluster.endpoint)
+    for thread in load.threads:
+        thread.start()
+    try:
+        wait_for(lambda: load.counts()[1] >= 200, 30, "traffic before the kill")
+        cluster.brokers["b2"].kill()
+        sent_at_kill, received_at_kill = load.counts()
+        wait_for(lambda: load.counts()[0] >= sent_at_kill + 300, 30, "sends to continue on the other brokers")
+        wait_for(lambda: load.counts()[1] >= received_at_kill + 300, 30, "consumers to keep receiving")
+        cluster.restart_broker("b2")
+        wait_for(lambda: load.counts()[0] >= sent_at_kill + 600, 30, "sends after the restart")
+        load.stop.set()
+        # Drain: every message whose send was acknowledged is delivered (b2's come back after its restart).
+        wait_for(lambda: load.missing() == 0, 60, "every acknowledged message to be consumed")
+    finally:
+        load.stop.set()
+        load.done.set()
+        for thread in load.threads:
+            thread.join(15)
+    missing = load.sent - load.received
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
