@@ -36,9 +36,11 @@ class Child:
     address: str = ""
     _ready: threading.Event = field(default_factory=threading.Event)
     _tail: list[str] = field(default_factory=list)
+    _terminated: bool = False
 
     def start(self, env: dict[str, str] | None = None) -> None:
         self._ready.clear()
+        self._terminated = False
         self.address = ""
         self.process = subprocess.Popen(
             self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
@@ -76,11 +78,17 @@ class Child:
             assert self.process is not None
             self.process.send_signal(sig)
 
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one could land after the child's handler is gone and kill it."""
+        if not self._terminated:
+            self._terminated = True
+            self.signal(signal.SIGTERM)
+
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, wait up to timeout_s, then SIGKILL; the exit code."""
         if self.process is None:
             return None
-        self.signal(signal.SIGTERM)
+        self.terminate()
         try:
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -177,7 +185,7 @@ class Cluster:
         """Proxies first (they answer held receives), then brokers; SIGTERM, wait, then kill."""
         for group in (self.proxies, list(self.brokers.values())):
             for child in group:
-                child.signal(signal.SIGTERM)
+                child.terminate()
             for child in group:
                 child.stop(timeout_s)
 
