@@ -9,6 +9,7 @@ import grpc
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from popgate_pb.v2 import definition_pb2 as v2
@@ -71,11 +72,11 @@ def build(cls: type[Message], data: dict[str, Any]) -> Message:
         elif field.is_repeated:  # type: ignore[attr-defined]
             if field.message_type is not None:
                 for item in value:
-                    getattr(message, name).append(build(field.message_type._concrete_class, item))
+                    getattr(message, name).append(build(GetMessageClass(field.message_type), item))
             else:
                 getattr(message, name).extend(value)
         elif field.message_type is not None:
-            getattr(message, name).CopyFrom(build(field.message_type._concrete_class, value))
+            getattr(message, name).CopyFrom(build(GetMessageClass(field.message_type), value))
         else:
             setattr(message, name, value)
     return message
