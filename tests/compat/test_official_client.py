@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +43,17 @@ def test_garbage_receipt_handle_and_oversized_body_are_errors(run_driver: Run) -
 def test_push_consumer_consumes_100_messages(run_driver: Run) -> None:
     result = json.loads(run_driver("push", "compat_push", "g_push"))
     assert result["consumed"] == 100
+
+
+def test_our_proto_subset_matches_the_official_protocol_field_for_field(tmp_path: Path) -> None:
+    """Same package, names, numbers, types, oneofs and RPCs as the official client's generated code."""
+    script = Path(__file__).with_name("describe.py")
+
+    def describe(side: str) -> list[str]:
+        env = dict(os.environ, HOME=str(tmp_path))
+        done = subprocess.run([sys.executable, str(script), side], capture_output=True, env=env, timeout=60, check=True)
+        return done.stdout.decode().splitlines()
+
+    ours, official = describe("ours"), describe("official")
+    assert len(official) > 300
+    assert ours == official

@@ -1,0 +1,155 @@
+"""Proxy throughput: produce and consume+ack msg/s through the proxy vs. direct broker calls.
+
+    .venv/bin/python bench/proxy_bench.py [--brokers 2] [--seconds 5] [--concurrency 8] [--size 256] [--batch 32]
+
+Starts its own brokers and proxy (sdk.cluster, loopback, temporary data dir), runs
+each phase for --seconds, prints a table. Not a test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc
+
+from sdk.cluster import Cluster, ClusterConfig
+
+
+async def run_for(seconds: float, workers: int, step: Callable[[], Awaitable[int]]) -> float:
+    """Run `step` in `workers` concurrent loops for `seconds`; messages per second."""
+    end = time.perf_counter() + seconds
+    counts = [0] * workers
+
+    async def loop(i: int) -> None:
+        while time.perf_counter() < end:
+            counts[i] += await step()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop(i) for i in range(workers)))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def v2_batch(topic: str, body: bytes, batch: int) -> pb.SendMessageRequest:
+    messages = []
+    for _ in range(batch):
+        m = v2.Message(topic=v2.Resource(name=topic), body=body)
+        m.system_properties.message_id = uuid.uuid4().hex
+        m.system_properties.body_encoding = v2.IDENTITY
+        m.system_properties.message_type = v2.NORMAL
+        messages.append(m)
+    return pb.SendMessageRequest(messages=messages)
+
+
+def broker_batch(topic: str, body: bytes, batch: int) -> bpb.SendRequest:
+    return bpb.SendRequest(messages=[bpb.Message(topic=topic, body=body, queue_id=-1) for _ in range(batch)])
+
+
+async def proxy_phases(endpoint: str, args: argparse.Namespace) -> tuple[float, float]:
+    body = b"x" * args.size
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+
+        async def produce() -> int:
+            reply = await stub.SendMessage(v2_batch("bench_proxy", body, args.batch), timeout=10)
+            return len(reply.entries) if reply.status.code == v2.OK else 0
+
+        produced = await run_for(args.seconds, args.concurrency, produce)
+
+        async def consume() -> int:
+            request = pb.ReceiveMessageRequest(
+                group=v2.Resource(name="bench"),
+                message_queue=v2.MessageQueue(topic=v2.Resource(name="bench_proxy")),
+                filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+                batch_size=args.batch,
+            )
+            request.invisible_duration.seconds = 60
+            request.long_polling_timeout.seconds = 1
+            entries = [
+                pb.AckMessageEntry(receipt_handle=f.message.system_properties.receipt_handle)
+                async for f in stub.ReceiveMessage(request, timeout=10)
+                if f.HasField("message")
+            ]
+            if not entries:
+                return 0
+            ack = pb.AckMessageRequest(group=request.group, topic=request.message_queue.topic, entries=entries)
+            reply = await stub.AckMessage(ack, timeout=10)
+            return len(entries) if reply.status.code == v2.OK else 0
+
+        consumed = await run_for(args.seconds, args.concurrency, consume)
+    return produced, consumed
+
+
+async def direct_phases(addresses: list[str], args: argparse.Namespace) -> tuple[float, float]:
+    body = b"x" * args.size
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    stubs = [broker_pb2_grpc.BrokerStub(c) for c in channels]  # type: ignore[no-untyped-call]
+    turn = [0]
+
+    def next_stub() -> broker_pb2_grpc.BrokerStub:
+        turn[0] += 1
+        return stubs[turn[0] % len(stubs)]
+
+    async def produce() -> int:
+        reply = await next_stub().Send(broker_batch("bench_direct", body, args.batch), timeout=10)
+        return len(reply.results)
+
+    async def consume() -> int:
+        stub = next_stub()
+        popped = await stub.Pop(
+            bpb.PopRequest(topic="bench_direct", group="bench", filter="*", max_messages=args.batch,
+                           invisible_ms=60000, poll_ms=1000),
+            timeout=10,
+        )  # fmt: skip
+        if not popped.messages:
+            return 0
+        handles = [m.receipt_handle for m in popped.messages]
+        await stub.Ack(bpb.AckRequest(topic="bench_direct", group="bench", receipt_handles=handles), timeout=10)
+        return len(handles)
+
+    try:
+        produced = await run_for(args.seconds, args.concurrency, produce)
+        consumed = await run_for(args.seconds, args.concurrency, consume)
+    finally:
+        for channel in channels:
+            await channel.close()
+    return produced, consumed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--brokers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = ClusterConfig(brokers=args.brokers, listen="127.0.0.1:0", data_dir=Path(tmp))
+        with Cluster(config) as cluster:
+            addresses = [c.address for c in cluster.brokers.values()]
+            direct = asyncio.run(direct_phases(addresses, args))
+            proxied = asyncio.run(proxy_phases(cluster.endpoint, args))
+    print(f"proxy bench: {args.brokers} brokers, body {args.size} B, batch {args.batch}, "
+          f"concurrency {args.concurrency}, {args.seconds:g} s per phase")  # fmt: skip
+    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.system()} {platform.release()}, "
+          f"Python {platform.python_version()}")  # fmt: skip
+    print(f"{'phase':<16}{'direct msg/s':>14}{'proxy msg/s':>14}{'proxy/direct':>14}")
+    for name, d, p in (("produce", direct[0], proxied[0]), ("consume+ack", direct[1], proxied[1])):
+        print(f"{name:<16}{d:>14.0f}{p:>14.0f}{p / d if d else 0:>13.0%}")
+
+
+if __name__ == "__main__":
+    main()
