@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 
 import grpc
@@ -31,6 +31,29 @@ def make_strategy(settings: Settings, pool: BrokerPool) -> ReceiveStrategy:
     raise SettingsError(f"receive mode {settings.receive_mode!r} is not implemented")
 
 
+def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),  # a stale proxy on the same port must not share traffic
+        ]
+    )
+    port = server.add_insecure_port(settings.listen)
+    return server, f"{settings.listen.rpartition(':')[0]}:{port}"
+
+
+def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics: ProxyMetrics) -> Proxy:
+    pool = BrokerPool(clients)
+    return Proxy(
+        pool,
+        make_strategy(settings, pool),
+        queues_per_broker=settings.queues_per_broker,
+        broker_timeout_s=settings.broker_timeout_s,
+        metrics=metrics,
+    )
+
+
 async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], None]) -> None:
     """Serve until `stop` is set, then shut down gracefully (held receives answered)."""
     async with AsyncExitStack() as stack:
@@ -41,31 +64,15 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         await stack.enter_async_context(
             HealthMonitor(clients.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s)
         )
-        pool = BrokerPool(clients)
-        proxy = Proxy(
-            pool,
-            make_strategy(settings, pool),
-            queues_per_broker=settings.queues_per_broker,
-            broker_timeout_s=settings.broker_timeout_s,
-            metrics=metrics,
-        )
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", settings.max_message_bytes),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
-        port = server.add_insecure_port(settings.listen)
-        host = settings.listen.rpartition(":")[0]
-        address = f"{host}:{port}"
+        proxy = _proxy(settings, clients, metrics)
+        server, address = _grpc_server(settings)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if settings.metrics_listen:
             metrics_server = MetricsServer(metrics.registry)
             log.info("metrics on http://%s/metrics", await metrics_server.start(settings.metrics_listen))
