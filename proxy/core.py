@@ -36,6 +36,7 @@ class Proxy:
         *,
         queues_per_broker: int = 4,
         broker_timeout_s: float = 3.0,
+        max_held_receives: int = 10_000,
         metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
@@ -44,6 +45,8 @@ class Proxy:
         self._queues = queues_per_broker
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
+        self._max_held = max_held_receives
+        self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
 
     def close(self) -> None:
         """Stop taking new long polls; held receives answer at once (empty)."""
@@ -92,7 +95,13 @@ class Proxy:
         started = time.perf_counter()
         outcome = "error"
         try:
-            result = await self.strategy.receive(request, self.closing)
+            if self._held >= self._max_held:
+                raise errors.TooManyRequests(f"the proxy already holds {self._held} receives; retry shortly")
+            self._held += 1
+            try:
+                result = await self.strategy.receive(request, self.closing)
+            finally:
+                self._held -= 1
             outcome = result.outcome
             return result
         except errors.TooManyRequests:

@@ -50,6 +50,7 @@ def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics:
         make_strategy(settings, pool),
         queues_per_broker=settings.queues_per_broker,
         broker_timeout_s=settings.broker_timeout_s,
+        max_held_receives=settings.max_held_receives,
         metrics=metrics,
     )
 

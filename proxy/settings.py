@@ -64,6 +64,7 @@ class Settings:
     poll_reserve_s: float = 0.3
     max_delay_s: float = 24 * 3600.0
     broker_timeout_s: float = 3.0
+    max_held_receives: int = 10_000  # receives in progress; more are TOO_MANY_REQUESTS
     health_interval_s: float = 1.0
     health_timeout_s: float = 0.5
     shutdown_grace_s: float = 5.0
@@ -113,6 +114,7 @@ class Settings:
             ("poll_reserve_s", 0 <= self.poll_reserve_s < 5, "0..5"),
             ("max_delay_s", self.max_delay_s > 0, "> 0"),
             ("broker_timeout_s", self.broker_timeout_s > 0, "> 0"),
+            ("max_held_receives", self.max_held_receives >= 1, ">= 1"),
             ("health_interval_s", self.health_interval_s > 0, "> 0"),
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),

@@ -134,6 +134,21 @@ def test_a_full_broker_is_too_many_requests() -> None:
         run(scenario())
 
 
+def test_receives_beyond_the_held_limit_are_too_many_requests() -> None:
+    brokers = {"b1": FakeBroker("b1")}
+    pool = BrokerPool(brokers)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_held_receives=2)
+
+    async def scenario() -> list[str]:
+        held = [asyncio.create_task(proxy.receive(request(poll_s=0.3))) for _ in range(2)]
+        await asyncio.sleep(0)  # both reach the broker and wait there
+        with pytest.raises(errors.TooManyRequests, match="already holds 2"):
+            await proxy.receive(request(poll_s=0.3))
+        return [r.outcome for r in await asyncio.gather(*held)]
+
+    assert run(scenario()) == ["empty", "empty"]
+
+
 def test_closing_answers_a_held_receive_at_once() -> None:
     proxy, _ = make("b1")
 
