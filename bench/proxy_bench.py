@@ -16,6 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -28,8 +29,23 @@ from popgate_pb.v2 import service_pb2_grpc
 from sdk.cluster import Cluster, ClusterConfig
 
 
-async def run_for(seconds: float, workers: int, step: Callable[[], Awaitable[int]]) -> float:
-    """Run `step` in `workers` concurrent loops for `seconds`; messages per second."""
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time used so far by these processes (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Phase:
+    rate: float  # messages per second
+    cpu_us: float  # CPU microseconds per message spent in the measured processes
+
+
+async def run_for(seconds: float, workers: int, step: Callable[[], Awaitable[int]], pids: list[int]) -> Phase:
+    """Run `step` in `workers` concurrent loops for `seconds`."""
     end = time.perf_counter() + seconds
     counts = [0] * workers
 
@@ -37,9 +53,10 @@ async def run_for(seconds: float, workers: int, step: Callable[[], Awaitable[int
         while time.perf_counter() < end:
             counts[i] += await step()
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds(pids)
     await asyncio.gather(*(loop(i) for i in range(workers)))
-    return sum(counts) / (time.perf_counter() - started)
+    total = max(1, sum(counts))
+    return Phase(total / (time.perf_counter() - started), (cpu_seconds(pids) - cpu) / total * 1e6)
 
 
 def v2_batch(topic: str, body: bytes, batch: int) -> pb.SendMessageRequest:
@@ -57,7 +74,7 @@ def broker_batch(topic: str, body: bytes, batch: int) -> bpb.SendRequest:
     return bpb.SendRequest(messages=[bpb.Message(topic=topic, body=body, queue_id=-1) for _ in range(batch)])
 
 
-async def proxy_phases(endpoint: str, args: argparse.Namespace) -> tuple[float, float]:
+async def proxy_phases(endpoint: str, pids: list[int], args: argparse.Namespace) -> tuple[Phase, Phase]:
     body = b"x" * args.size
     async with grpc.aio.insecure_channel(endpoint) as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -66,7 +83,7 @@ async def proxy_phases(endpoint: str, args: argparse.Namespace) -> tuple[float, 
             reply = await stub.SendMessage(v2_batch("bench_proxy", body, args.batch), timeout=10)
             return len(reply.entries) if reply.status.code == v2.OK else 0
 
-        produced = await run_for(args.seconds, args.concurrency, produce)
+        produced = await run_for(args.seconds, args.concurrency, produce, pids)
 
         async def consume() -> int:
             request = pb.ReceiveMessageRequest(
@@ -88,11 +105,11 @@ async def proxy_phases(endpoint: str, args: argparse.Namespace) -> tuple[float, 
             reply = await stub.AckMessage(ack, timeout=10)
             return len(entries) if reply.status.code == v2.OK else 0
 
-        consumed = await run_for(args.seconds, args.concurrency, consume)
+        consumed = await run_for(args.seconds, args.concurrency, consume, pids)
     return produced, consumed
 
 
-async def direct_phases(addresses: list[str], args: argparse.Namespace) -> tuple[float, float]:
+async def direct_phases(addresses: list[str], pids: list[int], args: argparse.Namespace) -> tuple[Phase, Phase]:
     body = b"x" * args.size
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
     stubs = [broker_pb2_grpc.BrokerStub(c) for c in channels]  # type: ignore[no-untyped-call]
@@ -120,8 +137,8 @@ async def direct_phases(addresses: list[str], args: argparse.Namespace) -> tuple
         return len(handles)
 
     try:
-        produced = await run_for(args.seconds, args.concurrency, produce)
-        consumed = await run_for(args.seconds, args.concurrency, consume)
+        produced = await run_for(args.seconds, args.concurrency, produce, pids)
+        consumed = await run_for(args.seconds, args.concurrency, consume, pids)
     finally:
         for channel in channels:
             await channel.close()
@@ -140,15 +157,22 @@ def main() -> None:
         config = ClusterConfig(brokers=args.brokers, listen="127.0.0.1:0", data_dir=Path(tmp))
         with Cluster(config) as cluster:
             addresses = [c.address for c in cluster.brokers.values()]
-            direct = asyncio.run(direct_phases(addresses, args))
-            proxied = asyncio.run(proxy_phases(cluster.endpoint, args))
+            broker_pids = [c.process.pid for c in cluster.brokers.values() if c.process]
+            proxy_pids = [c.process.pid for c in cluster.proxies if c.process]
+            direct = asyncio.run(direct_phases(addresses, broker_pids, args))
+            proxied = asyncio.run(proxy_phases(cluster.endpoint, proxy_pids, args))
     print(f"proxy bench: {args.brokers} brokers, body {args.size} B, batch {args.batch}, "
           f"concurrency {args.concurrency}, {args.seconds:g} s per phase")  # fmt: skip
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.system()} {platform.release()}, "
           f"Python {platform.python_version()}")  # fmt: skip
-    print(f"{'phase':<16}{'direct msg/s':>14}{'proxy msg/s':>14}{'proxy/direct':>14}")
+    print("cpu us/msg: CPU time of the brokers (direct) or of the proxy process alone (proxy) per message;")
+    print("1e6 / (proxy cpu us/msg) is what one fully available core could push through the proxy.")
+    header = f"{'phase':<14}{'direct msg/s':>14}{'broker cpu us/msg':>19}{'proxy msg/s':>13}{'proxy cpu us/msg':>18}"
+    print(header + f"{'proxy/direct':>14}{'1 core cap':>12}")
     for name, d, p in (("produce", direct[0], proxied[0]), ("consume+ack", direct[1], proxied[1])):
-        print(f"{name:<16}{d:>14.0f}{p:>14.0f}{p / d if d else 0:>13.0%}")
+        ratio = p.rate / d.rate if d.rate else 0.0
+        cap = 1e6 / p.cpu_us if p.cpu_us else 0.0
+        print(f"{name:<14}{d.rate:>14.0f}{d.cpu_us:>19.1f}{p.rate:>13.0f}{p.cpu_us:>18.1f}{ratio:>13.0%}{cap:>12.0f}")
 
 
 if __name__ == "__main__":
