@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -39,7 +40,11 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
             ("grpc.so_reuseport", 0),  # a stale proxy on the same port must not share traffic
         ]
     )
-    port = server.add_insecure_port(settings.listen)
+    if settings.tls_cert:
+        chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()
+        port = server.add_secure_port(settings.listen, grpc.ssl_server_credentials([(key, chain)]))
+    else:
+        port = server.add_insecure_port(settings.listen)
     return server, f"{settings.listen.rpartition(':')[0]}:{port}"
 
 

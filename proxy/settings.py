@@ -51,6 +51,8 @@ class Settings:
     listen: str = "127.0.0.1:8081"
     advertise: str = ""  # host:port clients should use when a request names no endpoints
     metrics_listen: str = ""
+    tls_cert: str = ""  # PEM certificate chain file; with tls_key: serve TLS instead of plaintext
+    tls_key: str = ""  # PEM private key file
     receive_mode: str = "longpoll"
     max_body_bytes: int = 4 * 1024 * 1024
     max_batch: int = 32
@@ -88,6 +90,11 @@ class Settings:
                 f"--receive-mode {self.receive_mode}: not implemented yet in this version "
                 f"(only {', '.join(IMPLEMENTED_RECEIVE_MODES)}); see docs/PROXY.md"
             )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError("--tls-cert and --tls-key go together: give both for TLS, neither for plaintext")
+        for name in ("tls_cert", "tls_key"):
+            if getattr(self, name) and not Path(getattr(self, name)).is_file():
+                raise SettingsError(f"--{name.replace('_', '-')} {getattr(self, name)}: no such file")
         self._check_ranges()
 
     def _check_ranges(self) -> None:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
@@ -91,3 +95,21 @@ def test_a_dead_broker_is_left_out_of_routes_and_sends(make_cluster: MakeCluster
             time.sleep(0.1)
     finally:
         client.close()
+
+
+def test_tls_when_a_certificate_is_configured(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    cluster = make_cluster(brokers=1, proxy_args=("--tls-cert", str(cert), "--tls-key", str(key)))
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with grpc.secure_channel(cluster.endpoint, credentials) as channel:
+        stub = pb_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        route = stub.QueryRoute(pb.QueryRouteRequest(topic=v2.Resource(name="tls")), timeout=5)
+        assert route.status.code == v2.OK
+    with grpc.insecure_channel(cluster.endpoint) as channel:  # plaintext is refused
+        with pytest.raises(grpc.RpcError):
+            pb_grpc.MessagingServiceStub(channel).QueryRoute(pb.QueryRouteRequest(), timeout=2)  # type: ignore[no-untyped-call]
