@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -19,6 +20,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
+from sdk.cluster import Child
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 
@@ -113,3 +115,21 @@ def test_tls_when_a_certificate_is_configured(make_cluster: MakeCluster, tmp_pat
     with grpc.insecure_channel(cluster.endpoint) as channel:  # plaintext is refused
         with pytest.raises(grpc.RpcError):
             pb_grpc.MessagingServiceStub(channel).QueryRoute(pb.QueryRouteRequest(), timeout=2)  # type: ignore[no-untyped-call]
+
+
+def test_brokers_may_be_given_by_dns_name(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(brokers=1)
+    port = cluster.brokers["b1"].address.rpartition(":")[2]
+    argv = [sys.executable, "-m", "proxy", "--listen", "127.0.0.1:0", "--broker", f"b1=localhost:{port}"]
+    child = Child("dns-proxy", argv, cluster.config.data_dir / "dns-proxy.log")
+    child.start()
+    try:
+        client = V2Client(child.wait_ready(30))
+        try:
+            assert client.send("dns", [b"resolved"]).status.code == v2.OK
+            status, messages = client.receive("dns", "g", poll_s=2)
+            assert [m.body for m in messages] == [b"resolved"], status
+        finally:
+            client.close()
+    finally:
+        assert child.stop() == 0

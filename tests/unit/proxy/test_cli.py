@@ -1,0 +1,37 @@
+"""`popgate up` pieces without processes: argument parsing and the live view's arithmetic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from popgate_pb import broker_pb2 as bpb
+
+from sdk.cli import build_parser
+from sdk.live import render, summarize
+
+
+def test_up_defaults_match_make_run() -> None:
+    args = build_parser().parse_args(["up"])
+    assert (args.brokers, args.listen, args.data_dir, args.no_view) == (3, "127.0.0.1:8081", Path("./data"), False)
+    assert build_parser().parse_args(["up", "--brokers", "2", "--no-view"]).no_view
+
+
+def stats(broker: str, max_offset: int, acked: int, held: int) -> bpb.StatsResponse:
+    return bpb.StatsResponse(
+        broker=broker,
+        queues=[
+            bpb.QueueStats(topic="t", queue_id=0, max_offset=max_offset),
+            bpb.QueueStats(topic="%DLQ%g", max_offset=9),
+        ],
+        groups=[bpb.GroupQueueStats(topic="t", group="g", consumer_offset=acked, lag=max_offset - acked, inflight=1)],
+        held_pops=held,
+    )
+
+
+def test_live_view_rates_lag_held_polls_and_down_brokers() -> None:
+    before = summarize({"b1": stats("b1", 100, 50, 0), "b2": stats("b2", 0, 0, 0)}, at=10.0)
+    now = summarize({"b1": stats("b1", 300, 150, 2), "b2": None}, at=12.0)
+    assert (now.produced, now.acked, now.lag[("t", "g")], now.held, now.down) == (300, 150, 150, {"b1": 2}, ["b2"])
+    screen = render("127.0.0.1:8081", now, before)
+    assert "messages in/s      100.0" in screen and "acked out/s       50.0" in screen
+    assert "DOWN          b2" in screen and "b1=2" in screen
