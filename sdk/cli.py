@@ -20,6 +20,7 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--receive-mode", default="longpoll", help="proxy receive mode (only longpoll so far)")
     up.add_argument("--export-dir", default="", help="brokers' JSON-lines metric snapshots")
     up.add_argument("--flush", default="", choices=["", "sync", "async"], help="broker flush policy")
+    up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
     up.add_argument("--interval", type=float, default=1.0, help="live view refresh, seconds")
 
@@ -42,6 +43,7 @@ def up(args: argparse.Namespace) -> int:
         receive_mode=args.receive_mode,
         export_dir=args.export_dir,
         flush=args.flush,
+        metrics=args.metrics,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -55,6 +57,9 @@ def up(args: argparse.Namespace) -> int:
     try:
         brokers = ", ".join(f"{n}={c.address}" for n, c in cluster.brokers.items())
         print(f"popgate: proxy endpoint {endpoint}  (brokers {brokers}; logs in {args.data_dir})", flush=True)
+        for child in [*cluster.brokers.values(), *cluster.proxies]:
+            if child.metrics_url:
+                print(f"popgate: {child.name} metrics {child.metrics_url}", flush=True)
         print(f"ready {endpoint}", file=sys.stderr, flush=True)
         if args.no_view:
             stop.wait()

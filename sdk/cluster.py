@@ -70,6 +70,14 @@ class Child:
         return self.address
 
     @property
+    def metrics_url(self) -> str:
+        """The /metrics URL the child logged before its ready line ('' when it serves none)."""
+        for line in self._tail:
+            if "metrics on http://" in line:
+                return line[line.index("http://") :].split()[0]
+        return ""
+
+    @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -110,6 +118,7 @@ class ClusterConfig:
     receive_mode: str = "longpoll"
     export_dir: str = ""
     flush: str = ""
+    metrics: bool = False  # every child serves /metrics on a free port (see Child.metrics_url)
     proxy_args: Sequence[str] = ()
     broker_args: Sequence[str] = ()
     ready_timeout_s: float = 30.0
@@ -140,6 +149,8 @@ class Cluster:
             argv += ["--export-dir", str(Path(c.export_dir) / name)]
         if c.flush:
             argv += ["--flush", c.flush]
+        if c.metrics:
+            argv += ["--metrics-listen", "127.0.0.1:0"]
         return argv + list(c.broker_args)
 
     def start(self) -> str:
@@ -163,6 +174,8 @@ class Cluster:
         argv = [self.python, "-m", "proxy", "--listen", listen, "--receive-mode", self.config.receive_mode]
         for target in self.broker_targets():
             argv += ["--broker", target]
+        if self.config.metrics:
+            argv += ["--metrics-listen", "127.0.0.1:0"]
         argv += [*self.config.proxy_args, *extra]
         name = "proxy" if not self.proxies else f"proxy{len(self.proxies) + 1}"
         child = Child(name, argv, self.config.data_dir / f"{name}.log")
