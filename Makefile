@@ -34,6 +34,7 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/broker_bench.py
+	$(BIN)/python bench/proxy_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
