@@ -157,13 +157,16 @@ def _convert(name: str, kind: str, value: Any) -> Any:
         raise SettingsError(f"{name}={value!r}: expected {kind}") from None
 
 
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
+
+
 def build_parser(prog: str = "popgate-proxy") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="popgate RocketMQ v2 gRPC proxy")
     parser.add_argument("--config", help="TOML config file (keys as the long flags, '-' or '_')")
     parser.add_argument("--broker", action="append", help="NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list)")
     for name, kind in _fields().items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"{kind}, default {getattr(Settings, name, None)!r}"
+        help_text = f"{kind}, default {_DEFAULTS[name]!r}"
         if name == "receive_mode":
             help_text = f"one of {', '.join(RECEIVE_MODES)} (only longpoll is implemented so far)"
         parser.add_argument(flag, dest=name, default=None, help=help_text)
