@@ -92,6 +92,8 @@ class GrpcBrokerClient:
             self._metrics.broker_rpc(self.name, method, error.name)
             raise error from None
         self._metrics.broker_rpc(self.name, method, "ok")
+        if not self._healthy:
+            self._set_health(True, f"{method} succeeded")
         return response
 
     async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
