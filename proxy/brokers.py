@@ -44,6 +44,8 @@ def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.BrokerTimeout(f"broker {broker} did not answer in time")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "larger than max" in details:
+            return errors.BrokerFailure(f"broker {broker}: a gRPC message exceeded the size limit: {details}")
         return errors.TooManyRequests(f"broker {broker} is overloaded: {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return errors.BadRequest(f"broker {broker} refused the request: {details}")

@@ -28,6 +28,24 @@ class QueueRoute:
     queue_id: int
 
 
+def chunks(indexes: list[int], messages: Sequence[bpb.Message], budget: int) -> list[list[int]]:
+    """Split a batch into broker Sends of at most `budget` body bytes (at least one message each).
+
+    A broker's gRPC message size limit is finite; a client batch of many large bodies
+    must not exceed it in one call.
+    """
+    out: list[list[int]] = [[]]
+    size = 0
+    for i in indexes:
+        body = len(messages[i].body)
+        if out[-1] and size + body > budget:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += body
+    return out
+
+
 class Proxy:
     def __init__(
         self,
@@ -37,6 +55,7 @@ class Proxy:
         queues_per_broker: int = 4,
         broker_timeout_s: float = 3.0,
         max_held_receives: int = 10_000,
+        send_chunk_bytes: int = 8 * 1024 * 1024,
         metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
@@ -46,6 +65,7 @@ class Proxy:
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
         self._max_held = max_held_receives
+        self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
 
     def close(self) -> None:
@@ -69,11 +89,12 @@ class Proxy:
         results: list[bpb.SendResult | None] = [None] * len(messages)
 
         async def one(key: str | None, indexes: list[int]) -> None:
-            stored = await self._send_with_failover(key, [messages[i] for i in indexes])
-            if len(stored) != len(indexes):
-                raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(indexes)} messages")
-            for i, result in zip(indexes, stored, strict=True):
-                results[i] = result
+            for chunk in chunks(indexes, messages, self._send_chunk_bytes):
+                stored = await self._send_with_failover(key, [messages[i] for i in chunk])
+                if len(stored) != len(chunk):
+                    raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(chunk)} messages")
+                for i, result in zip(chunk, stored, strict=True):
+                    results[i] = result
 
         # gather, not a TaskGroup: the first ProxyError reaches the client as itself, not in a group.
         await asyncio.gather(*(one(key, indexes) for key, indexes in batches.items()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -89,6 +89,24 @@ def test_send_does_not_fail_over_on_a_bad_request() -> None:
     with pytest.raises(errors.MessageBodyTooLarge):
         run(proxy.send([msg(1)]))
     assert brokers["b2"].sent == []
+
+
+def test_large_batches_are_split_into_broker_sends_under_the_byte_budget() -> None:
+    brokers = {"b1": FakeBroker("b1")}
+    pool = BrokerPool(brokers)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), send_chunk_bytes=10)
+    batch = [bpb.Message(topic="t", message_id=f"m{i}", body=b"x" * 4) for i in range(7)]
+    sent_calls: list[int] = []
+    original = brokers["b1"].send
+
+    async def counting(messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        sent_calls.append(len(messages))
+        return await original(messages, timeout_s=timeout_s)
+
+    brokers["b1"].send = counting  # type: ignore[method-assign]
+    results = run(proxy.send(batch))
+    assert [r.message_id for r in results] == [f"m{i}" for i in range(7)]
+    assert sent_calls == [2, 2, 2, 1]
 
 
 def test_send_with_every_broker_down_is_broker_unavailable() -> None:
