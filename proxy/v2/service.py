@@ -6,6 +6,7 @@ crashed call or process. RPCs popgate does not serve answer NOT_IMPLEMENTED.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,8 +46,6 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._metrics = metrics
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
-        import asyncio
-
         remaining = context.time_remaining()
         deadline = None
         if remaining is not None and remaining < _NO_DEADLINE:

@@ -1,0 +1,110 @@
+"""Every DESIGN §5 check through a real proxy: the matching v2 code, a message saying what was wrong, nothing stored."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk.cluster import Cluster, ClusterConfig
+from tests.integration.proxy.client import V2Client
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Client]:
+    cluster = Cluster(ClusterConfig(brokers=1, listen="127.0.0.1:0", data_dir=tmp_path_factory.mktemp("bad")))
+    cluster.start()
+    client = V2Client(cluster.endpoint)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.stop()
+
+
+def message(topic: str = "bad", body: bytes = b"x", **props: object) -> v2.Message:
+    out = v2.Message(topic=v2.Resource(name=topic), body=body)
+    out.system_properties.message_id = "01AB"
+    out.system_properties.body_encoding = v2.IDENTITY
+    for key, value in props.items():
+        setattr(out.system_properties, key, value)
+    return out
+
+
+def receive(topic: str = "bad", group: str = "g", **fields: object) -> pb.ReceiveMessageRequest:
+    request = pb.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=16,
+    )
+    request.invisible_duration.seconds = 30
+    request.long_polling_timeout.seconds = 1
+    for key, value in fields.items():
+        if key == "invisible_s":
+            request.invisible_duration.seconds = value  # type: ignore[assignment]
+        elif key == "sql":
+            request.filter_expression.type = v2.SQL
+        else:
+            setattr(request, key, value)
+    return request
+
+
+def send_status(client: V2Client, *messages: v2.Message) -> v2.Status:
+    return client.stub.SendMessage(pb.SendMessageRequest(messages=messages), timeout=10).status
+
+
+def receive_status(client: V2Client, request: pb.ReceiveMessageRequest, timeout_s: float = 5) -> v2.Status:
+    return list(client.stub.ReceiveMessage(request, timeout=timeout_s))[-1].status
+
+
+def delivery_in_ms() -> v2.Message:
+    out = message()
+    out.system_properties.delivery_timestamp.seconds = int(time.time() * 1000)  # ms by mistake
+    return out
+
+
+CASES: list[tuple[str, Callable[[V2Client], v2.Status], int, str]] = [
+    ("body too large", lambda c: send_status(c, message(body=b"x" * (4 * 1024 * 1024 + 1))),
+     v2.MESSAGE_BODY_TOO_LARGE, "limit is 4194304 bytes"),
+    ("empty body", lambda c: send_status(c, message(body=b"")), v2.MESSAGE_BODY_EMPTY, "empty"),
+    ("bad topic", lambda c: send_status(c, message(topic="no spaces")), v2.ILLEGAL_TOPIC, "may only contain"),
+    ("long topic", lambda c: send_status(c, message(topic="t" * 128)), v2.ILLEGAL_TOPIC, "limit is 127"),
+    ("bad tag", lambda c: send_status(c, message(tag="a|b")), v2.ILLEGAL_MESSAGE_TAG, "contains '|'"),
+    ("delivery in ms", lambda c: send_status(c, delivery_in_ms()), v2.ILLEGAL_DELIVERY_TIME, "not milliseconds"),
+    ("bad group", lambda c: receive_status(c, receive(group="g/1")), v2.ILLEGAL_CONSUMER_GROUP, "may only contain"),
+    ("batch 33", lambda c: receive_status(c, receive(batch_size=33)), v2.BAD_REQUEST, "must be 1..32"),
+    ("batch 0", lambda c: receive_status(c, receive(batch_size=0)), v2.BAD_REQUEST, "must be 1..32"),
+    ("invisible 5 s", lambda c: receive_status(c, receive(invisible_s=5)), v2.ILLEGAL_INVISIBLE_TIME, "10 s..43200 s"),
+    ("sql filter", lambda c: receive_status(c, receive(sql=True)), v2.ILLEGAL_FILTER_EXPRESSION, "SQL92"),
+    ("deadline too short", lambda c: receive_status(c, receive(), timeout_s=0.25), v2.ILLEGAL_POLLING_TIME,
+     "deadline leaves"),
+    ("garbage handle", lambda c: c.stub.AckMessage(pb.AckMessageRequest(
+        group=v2.Resource(name="g"), topic=v2.Resource(name="bad"),
+        entries=[pb.AckMessageEntry(receipt_handle="junk")]), timeout=5).status,
+     v2.INVALID_RECEIPT_HANDLE, "malformed"),
+    ("unknown broker", lambda c: c.stub.ChangeInvisibleDuration(pb.ChangeInvisibleDurationRequest(
+        group=v2.Resource(name="g"), topic=v2.Resource(name="bad"),
+        receipt_handle="1~b9~bad~0~0~1~ab~1700000000000"), timeout=5).status,
+     v2.INVALID_RECEIPT_HANDLE, "does not know"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "call", "code", "text"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_its_code_and_a_clear_message(
+    client: V2Client, case: str, call: Callable[[V2Client], v2.Status], code: int, text: str
+) -> None:
+    try:
+        status = call(client)
+    except grpc.RpcError as exc:
+        pytest.fail(f"{case}: gRPC error instead of a v2 status: {exc}")
+    assert (v2.Code.Name(status.code), text in status.message) == (v2.Code.Name(code), True), status  # type: ignore[arg-type]
+
+
+def test_nothing_bad_was_stored(client: V2Client) -> None:
+    status, messages = client.receive("bad", "fresh-group", poll_s=1)
+    assert messages == [] and status.code == v2.MESSAGE_NOT_FOUND
