@@ -42,8 +42,15 @@ class Child:
         self._ready.clear()
         self._terminated = False
         self.address = ""
+        # Own session: a terminal's Ctrl-C reaches only `popgate up`, which then stops the children
+        # in order (proxies first, so held receives are answered while brokers still serve).
         self.process = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
         )
         assert self.process.stderr is not None
         threading.Thread(
