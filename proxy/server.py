@@ -40,11 +40,14 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
             ("grpc.so_reuseport", 0),  # a stale proxy on the same port must not share traffic
         ]
     )
-    if settings.tls_cert:
-        chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()
-        port = server.add_secure_port(settings.listen, grpc.ssl_server_credentials([(key, chain)]))
-    else:
-        port = server.add_insecure_port(settings.listen)
+    try:
+        if settings.tls_cert:
+            chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()
+            port = server.add_secure_port(settings.listen, grpc.ssl_server_credentials([(key, chain)]))
+        else:
+            port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:  # grpc's "Failed to bind": port in use or address not local
+        raise SettingsError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
     return server, f"{settings.listen.rpartition(':')[0]}:{port}"
 
 

@@ -8,6 +8,7 @@ kills what is left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -73,7 +74,12 @@ class Child:
     def wait_ready(self, timeout_s: float) -> str:
         if not self._ready.wait(timeout_s) or not self.address:
             tail = "\n  ".join(self._tail[-10:])
-            raise ClusterError(f"{self.name} did not report ready within {timeout_s:g} s; last output:\n  {tail}")
+            code = None
+            if self.process is not None and self._ready.is_set():  # stderr closed: the child is ending
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self.process.wait(5)
+            what = f"exited with code {code}" if code is not None else f"did not report ready within {timeout_s:g} s"
+            raise ClusterError(f"{self.name} {what}; last output:\n  {tail}")
         return self.address
 
     @property
