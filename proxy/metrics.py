@@ -25,8 +25,15 @@ class ProxyMetrics:
         )
         self._receives = Counter(
             "popgate_proxy_receives",
-            "ReceiveMessage outcomes: hit (messages), empty, full, closing, error",
+            "ReceiveMessage outcomes: messages, empty, full (overload), closing (shutdown), error",
             ["group", "mode", "outcome"],
+            registry=self.registry,
+        )
+        self._first_pop_hits = Counter(
+            "popgate_proxy_receive_first_pop_hits",
+            "Receives whose first Pop (poll 0) found messages, no notify round needed (is_short_polling_hit); "
+            "the longpoll mode makes no poll-0 Pop and never counts here",
+            ["group"],
             registry=self.registry,
         )
         self._receive_latency = Histogram(
@@ -41,6 +48,9 @@ class ProxyMetrics:
 
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
         self._broker.labels(broker, method, outcome).inc()
+
+    def first_pop_hit(self, group: str) -> None:
+        self._first_pop_hits.labels(group).inc()
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
         self._receives.labels(group, mode, outcome).inc()

@@ -46,6 +46,8 @@ class Metrics(Protocol):
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None: ...
 
+    def first_pop_hit(self, group: str) -> None: ...
+
 
 class NoMetrics:
     def rpc(self, method: str, code: str, seconds: float) -> None:
@@ -55,4 +57,7 @@ class NoMetrics:
         pass
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def first_pop_hit(self, group: str) -> None:
         pass

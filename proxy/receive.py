@@ -35,7 +35,7 @@ class ReceiveRequest:
 @dataclass(slots=True)
 class ReceiveResult:
     messages: list[bpb.PoppedMessage]
-    outcome: str  # "hit" (messages), "empty" (poll timed out), "closing" (proxy shutting down)
+    outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
     brokers: list[str] = field(default_factory=list)
 
 
@@ -102,7 +102,7 @@ class LongPollStrategy:
             if response.polling_full and not response.messages:
                 raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
             messages = list(response.messages)
-            return ReceiveResult(messages, "hit" if messages else "empty", tried)
+            return ReceiveResult(messages, "messages" if messages else "empty", tried)
         if tried and loop.time() >= request.deadline:
             return ReceiveResult([], "empty", tried)
         raise last
