@@ -1,0 +1,157 @@
+"""Configuration and request planning shared by the sync and asyncio clients (no I/O here)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import _wire
+from sdk._transport import make_options
+from sdk.message import Message
+from sdk.retry import RetryPolicy
+
+SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
+
+
+class ClientBase:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: bool | str | Path = False,
+        namespace: str = "",
+        request_timeout: float = 3.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.options = make_options(
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            tls=tls,
+            namespace=namespace,
+            request_timeout=request_timeout,
+            retry=retry,
+        )
+        self._metadata = self.options.metadata()
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        """The proxy address this client talks to."""
+        return self.options.endpoint
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class ProducerBase(ClientBase):
+    _ids = _wire.MessageIds()
+
+    def _plan(
+        self,
+        topic: str,
+        items: Iterable[bytes | str | Message],
+        *,
+        tag: str | None,
+        keys: Sequence[str],
+        properties: Mapping[str, str] | None,
+        delay: float | None,
+        deliver_at: float | None,
+        message_group: str | None,
+    ) -> list[pb.SendMessageRequest]:
+        if not topic:
+            raise ValueError("topic must not be empty")
+        messages = [
+            _wire.outgoing(
+                item,
+                tag=tag,
+                keys=keys,
+                properties=properties,
+                delay=delay,
+                deliver_at=deliver_at,
+                message_group=message_group,
+            )
+            for item in items
+        ]
+        if not messages:
+            return []
+        return _wire.send_requests(topic, messages, self._ids, namespace=self.options.namespace)
+
+
+def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> list[_wire.Subscription]:
+    if isinstance(subscriptions, str):
+        subs = [_wire.Subscription(subscriptions)]
+    elif isinstance(subscriptions, Mapping):
+        subs = [_wire.Subscription(t, e or "*") for t, e in subscriptions.items()]
+    else:
+        subs = [_wire.Subscription(t) for t in subscriptions]
+    if not subs:
+        raise ValueError("subscribe to at least one topic")
+    return subs
+
+
+class ConsumerBase(ClientBase):
+    def __init__(
+        self,
+        endpoint: str,
+        group: str,
+        subscriptions: Mapping[str, str] | Iterable[str] | str,
+        *,
+        batch: int = 16,
+        invisible: float = 30.0,
+        wait: float = 20.0,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: bool | str | Path = False,
+        namespace: str = "",
+        request_timeout: float = 3.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        super().__init__(
+            endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            tls=tls,
+            namespace=namespace,
+            request_timeout=request_timeout,
+            retry=retry,
+        )
+        if not group:
+            raise ValueError("group must not be empty")
+        if not 1 <= batch <= 32:
+            raise ValueError(f"batch must be 1..32, got {batch}")
+        if invisible <= 0 or wait < 0:
+            raise ValueError("need invisible > 0 and wait >= 0 seconds")
+        self.group = group
+        self.subscriptions = subscriptions_of(subscriptions)
+        self.batch, self.invisible, self.wait = batch, invisible, wait
+        self._rotation = itertools.cycle(self.subscriptions)
+
+    def _receive_plan(
+        self, max: int | None, invisible: float | None, wait: float | None
+    ) -> tuple[pb.ReceiveMessageRequest, float]:
+        """The next topic's ReceiveMessage request and its deadline (request_timeout + long polling)."""
+        wait = self.wait if wait is None else wait
+        request = _wire.receive_request(
+            self.group,
+            next(self._rotation),
+            max=self.batch if max is None else max,
+            invisible=self.invisible if invisible is None else invisible,
+            wait=wait,
+            namespace=self.options.namespace,
+        )
+        return request, self.options.request_timeout + wait
+
+    def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
+        out = []
+        for topic, group in _wire.group_by_topic(messages).items():
+            for i in range(0, len(group), _wire.MAX_SEND_BATCH):
+                chunk = group[i : i + _wire.MAX_SEND_BATCH]
+                out.append(_wire.ack_request(self.group, topic, chunk, namespace=self.options.namespace))
+        return out

@@ -1,0 +1,84 @@
+"""What both clients share about gRPC: connection options, channel credentials, error conversion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sdk import errors
+from sdk._wire import CallMetadata, Credentials, new_client_id
+from sdk.retry import RetryPolicy
+
+# Reconnect quickly after a proxy restart (gRPC's default back-off grows to two minutes).
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_retries", 0),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """Connection options common to Producer and SimpleConsumer (see their docstrings)."""
+
+    endpoint: str
+    credentials: Credentials | None = None
+    tls: bool = False
+    root_certificates: bytes | None = None
+    namespace: str = ""
+    request_timeout: float = 3.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def metadata(self) -> CallMetadata:
+        return CallMetadata(client_id=new_client_id(), namespace=self.namespace, credentials=self.credentials)
+
+
+def make_options(
+    endpoint: str,
+    *,
+    access_key: str | None,
+    secret_key: str | None,
+    tls: bool | str | Path,
+    namespace: str,
+    request_timeout: float,
+    retry: RetryPolicy | None,
+) -> ClientOptions:
+    if not endpoint or ":" not in endpoint:
+        raise ValueError(f"endpoint must be HOST:PORT, got {endpoint!r}")
+    if (access_key is None) != (secret_key is None):
+        raise ValueError("give access_key and secret_key together")
+    if request_timeout <= 0:
+        raise ValueError("request_timeout must be > 0 seconds")
+    roots = None
+    if isinstance(tls, str | Path):
+        roots = Path(tls).read_bytes()
+    return ClientOptions(
+        endpoint=endpoint,
+        credentials=Credentials(access_key, secret_key) if access_key is not None and secret_key is not None else None,
+        tls=bool(tls),
+        root_certificates=roots,
+        namespace=namespace,
+        request_timeout=request_timeout,
+        retry=retry or RetryPolicy(),
+    )
+
+
+def channel_credentials(options: ClientOptions) -> grpc.ChannelCredentials | None:
+    if not options.tls:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=options.root_certificates)
+
+
+def convert(exc: grpc.RpcError) -> errors.PopgateError:
+    """A failed gRPC call as the SDK's typed error."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    return errors.transport_error(name, details or "")

@@ -1,0 +1,341 @@
+"""Sans-IO v2 protocol: request building, response reading, call metadata. No sockets, no grpc.
+
+The sync and asyncio clients both do their I/O around these functions, so everything
+that decides *what* goes on the wire is tested once, without a server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import errors
+from sdk.message import Message, SendReceipt
+
+CLIENT_VERSION = "5.1.2-popgate"
+MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit
+MAX_SEND_BYTES = 8 * 1024 * 1024  # body bytes per SendMessage request
+SUCCESS = frozenset({v2.OK, v2.MULTIPLE_RESULTS})
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """An access key / secret key pair for the v2 ``authorization`` header (MQv2-HMAC-SHA1).
+
+    Attributes:
+        access_key: Sent in clear as ``Credential=``.
+        secret_key: Never sent; keys the HMAC-SHA1 of the ``x-mq-date-time`` header.
+    """
+
+    access_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:
+        return f"Credentials(access_key={self.access_key!r}, secret_key=***)"
+
+
+def signature(secret_key: str, date_time: str) -> str:
+    """Lower-case hex HMAC-SHA1 of the date header keyed with the secret (the official clients' algorithm)."""
+    return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+
+
+def authorization(credentials: Credentials, date_time: str) -> str:
+    sig = signature(credentials.secret_key, date_time)
+    return f"MQv2-HMAC-SHA1 Credential={credentials.access_key}, SignedHeaders=x-mq-date-time, Signature={sig}"
+
+
+_client_index = itertools.count()
+
+
+def new_client_id() -> str:
+    """``hostname@pid@index@base36(time_ns)`` as the official clients build it."""
+    n, digits = time.time_ns(), ""
+    while n:
+        n, r = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + digits
+    return f"{socket.gethostname()}@{os.getpid()}@{next(_client_index)}@{digits}"
+
+
+class CallMetadata:
+    """The headers every v2 call carries; the date (and so the signature) is recomputed once a second."""
+
+    def __init__(self, *, client_id: str, namespace: str = "", credentials: Credentials | None = None) -> None:
+        self._fixed = (
+            ("x-mq-language", "PYTHON"),
+            ("x-mq-protocol", "GRPC_V2"),
+            ("x-mq-client-version", CLIENT_VERSION),
+            ("x-mq-client-id", client_id),
+            ("x-mq-namespace", namespace),
+        )
+        self._credentials = credentials
+        self._second = -1
+        self._dated: tuple[tuple[str, str], ...] = ()
+
+    def __call__(self, now: float | None = None) -> tuple[tuple[str, str], ...]:
+        now = time.time() if now is None else now
+        second = int(now)
+        if second != self._second:
+            date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
+            dated: tuple[tuple[str, str], ...] = (("x-mq-date-time", date),)
+            if self._credentials is not None:
+                dated += (("authorization", authorization(self._credentials, date)),)
+            self._dated, self._second = dated, second
+        return (*self._fixed, *self._dated, ("x-mq-request-id", str(uuid.uuid4())))
+
+
+class MessageIds:
+    """Ids in the official clients' format: 01 + MAC + pid + seconds since 2021 + counter (34 hex)."""
+
+    _EPOCH_2021 = 1609459200
+
+    def __init__(self) -> None:
+        self._prefix = f"01{uuid.getnode():012X}{os.getpid() & 0xFFFF:04X}"
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str:
+        with self._lock:
+            n = next(self._counter) & 0xFFFFFFFF
+        seconds = (int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF
+        return f"{self._prefix}{seconds:08X}{n:08X}"
+
+
+def _set_seconds(target: object, seconds: float) -> None:
+    whole = int(seconds)
+    target.seconds, target.nanos = whole, int(round((seconds - whole) * 1e9))  # type: ignore[attr-defined]
+
+
+def _as_bytes(body: bytes | str) -> bytes:
+    return body.encode() if isinstance(body, str) else bytes(body)
+
+
+def outgoing(
+    body: bytes | str | Message,
+    *,
+    tag: str | None = None,
+    keys: Sequence[str] = (),
+    properties: Mapping[str, str] | None = None,
+    delay: float | None = None,
+    deliver_at: float | None = None,
+    message_group: str | None = None,
+    now: float | None = None,
+) -> Message:
+    """A `Message` to send from a body or message plus options (options fill fields the message leaves unset)."""
+    if delay is not None and deliver_at is not None:
+        raise ValueError("give delay or deliver_at, not both")
+    if delay is not None:
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
+        deliver_at = (time.time() if now is None else now) + delay
+    if isinstance(body, Message):
+        m = body
+        return Message(
+            _as_bytes(m.body),
+            tag=m.tag if m.tag is not None else tag,
+            keys=m.keys or keys,
+            properties=m.properties or (properties or {}),
+            message_group=m.message_group if m.message_group is not None else message_group,
+            deliver_at=m.deliver_at if m.deliver_at is not None else deliver_at,
+        )
+    return Message(
+        _as_bytes(body),
+        tag=tag,
+        keys=tuple(keys),
+        properties=dict(properties or {}),
+        message_group=message_group,
+        deliver_at=deliver_at,
+    )
+
+
+def to_v2(topic: str, message: Message, message_id: str, *, namespace: str = "", now: float) -> v2.Message:
+    out = v2.Message(topic=v2.Resource(name=topic, resource_namespace=namespace), body=message.body)
+    if message.properties:
+        out.user_properties.update(message.properties)
+    props = out.system_properties
+    props.message_id = message_id
+    props.body_encoding = v2.IDENTITY
+    props.born_host = "127.0.0.1"
+    _set_seconds(props.born_timestamp, now)
+    if message.tag is not None:
+        props.tag = message.tag
+    if message.keys:
+        props.keys.extend(message.keys)
+    if message.message_group is not None:
+        props.message_group = message.message_group
+        props.message_type = v2.FIFO
+    elif message.deliver_at is not None:
+        _set_seconds(props.delivery_timestamp, message.deliver_at)
+        props.message_type = v2.DELAY
+    else:
+        props.message_type = v2.NORMAL
+    return out
+
+
+def send_requests(
+    topic: str, messages: Sequence[Message], ids: MessageIds, *, namespace: str = ""
+) -> list[pb.SendMessageRequest]:
+    """SendMessage requests for a batch, split at MAX_SEND_BATCH messages or MAX_SEND_BYTES body bytes."""
+    now = time.time()
+    requests: list[pb.SendMessageRequest] = []
+    current: list[v2.Message] = []
+    size = 0
+    for message in messages:
+        if current and (len(current) >= MAX_SEND_BATCH or size + len(message.body) > MAX_SEND_BYTES):
+            requests.append(pb.SendMessageRequest(messages=current))
+            current, size = [], 0
+        current.append(to_v2(topic, message, ids(), namespace=namespace, now=now))
+        size += len(message.body)
+    if current:
+        requests.append(pb.SendMessageRequest(messages=current))
+    return requests
+
+
+def check(status: v2.Status) -> None:
+    """Raise the typed error for a non-success status."""
+    if status.code not in SUCCESS:
+        raise errors.error_for(status.code, status.message)
+
+
+def send_receipts(topic: str, request: pb.SendMessageRequest, response: pb.SendMessageResponse) -> list[SendReceipt]:
+    check(response.status)
+    if len(response.entries) != len(request.messages):
+        raise errors.ServerError(f"SendMessage answered {len(response.entries)} entries for {len(request.messages)}")
+    out = []
+    for entry, sent in zip(response.entries, request.messages, strict=True):
+        if entry.HasField("status"):
+            check(entry.status)
+        out.append(SendReceipt(entry.message_id or sent.system_properties.message_id, topic, entry.offset))
+    return out
+
+
+def _seconds(ts: object) -> float:
+    return ts.seconds + ts.nanos / 1e9  # type: ignore[attr-defined, no-any-return]
+
+
+def from_v2(message: v2.Message) -> Message:
+    props = message.system_properties
+    body = message.body
+    if props.body_encoding == v2.GZIP:
+        import gzip
+
+        body = gzip.decompress(body)
+    return Message(
+        body,
+        topic=message.topic.name,
+        tag=props.tag if props.HasField("tag") else None,
+        keys=tuple(props.keys),
+        properties=dict(message.user_properties),
+        message_group=props.message_group if props.HasField("message_group") else None,
+        deliver_at=_seconds(props.delivery_timestamp) if props.HasField("delivery_timestamp") else None,
+        message_id=props.message_id,
+        attempt=props.delivery_attempt if props.HasField("delivery_attempt") else 1,
+        born_at=_seconds(props.born_timestamp),
+        stored_at=_seconds(props.store_timestamp),
+        receipt_handle=props.receipt_handle,
+        queue_id=props.queue_id,
+        offset=props.queue_offset if props.HasField("queue_offset") else -1,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    topic: str
+    expression: str = "*"
+
+
+def receive_request(
+    group: str, sub: Subscription, *, max: int, invisible: float, wait: float, namespace: str = ""
+) -> pb.ReceiveMessageRequest:
+    if not 1 <= max <= 32:
+        raise ValueError(f"max must be 1..32, got {max}")
+    request = pb.ReceiveMessageRequest(
+        group=v2.Resource(name=group, resource_namespace=namespace),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=sub.topic, resource_namespace=namespace)),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression=sub.expression),
+        batch_size=max,
+    )
+    _set_seconds(request.invisible_duration, invisible)
+    _set_seconds(request.long_polling_timeout, wait)
+    return request
+
+
+def received(frames: Iterable[pb.ReceiveMessageResponse]) -> list[Message]:
+    """The messages of a ReceiveMessage stream; raises for an error status (MESSAGE_NOT_FOUND is empty)."""
+    messages: list[Message] = []
+    status: v2.Status | None = None
+    for frame in frames:
+        kind = frame.WhichOneof("content")
+        if kind == "message":
+            messages.append(from_v2(frame.message))
+        elif kind == "status":
+            status = frame.status
+    if status is not None and status.code != v2.MESSAGE_NOT_FOUND:
+        check(status)
+    return messages
+
+
+def ack_request(group: str, topic: str, messages: Sequence[Message], *, namespace: str = "") -> pb.AckMessageRequest:
+    entries = [pb.AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle) for m in messages]
+    return pb.AckMessageRequest(
+        group=v2.Resource(name=group, resource_namespace=namespace),
+        topic=v2.Resource(name=topic, resource_namespace=namespace),
+        entries=entries,
+    )
+
+
+def ack_failures(response: pb.AckMessageResponse) -> list[tuple[str, errors.PopgateError]]:
+    """Per-entry failures of an AckMessage; raises when the whole call failed without entries."""
+    if response.status.code == v2.OK:
+        return []
+    failed = [
+        (e.message_id, errors.error_for(e.status.code, e.status.message))
+        for e in response.entries
+        if e.HasField("status") and e.status.code != v2.OK
+    ]
+    if not failed:
+        check(response.status)
+    return failed
+
+
+def change_invisible_request(
+    group: str, message: Message, invisible: float, *, namespace: str = ""
+) -> pb.ChangeInvisibleDurationRequest:
+    request = pb.ChangeInvisibleDurationRequest(
+        group=v2.Resource(name=group, resource_namespace=namespace),
+        topic=v2.Resource(name=message.topic, resource_namespace=namespace),
+        receipt_handle=message.receipt_handle,
+        message_id=message.message_id,
+    )
+    _set_seconds(request.invisible_duration, invisible)
+    return request
+
+
+def dlq_request(
+    group: str, message: Message, *, max_attempts: int = 17, namespace: str = ""
+) -> pb.ForwardMessageToDeadLetterQueueRequest:
+    return pb.ForwardMessageToDeadLetterQueueRequest(
+        group=v2.Resource(name=group, resource_namespace=namespace),
+        topic=v2.Resource(name=message.topic, resource_namespace=namespace),
+        receipt_handle=message.receipt_handle,
+        message_id=message.message_id,
+        delivery_attempt=message.attempt,
+        max_delivery_attempts=max_attempts,
+    )
+
+
+def group_by_topic(messages: Iterable[Message]) -> dict[str, list[Message]]:
+    out: dict[str, list[Message]] = {}
+    for m in messages:
+        out.setdefault(m.topic, []).append(m)
+    return out

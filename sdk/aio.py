@@ -1,0 +1,239 @@
+"""asyncio twins of `sdk.Producer` and `sdk.SimpleConsumer`: the same methods, as coroutines.
+
+async with Producer("127.0.0.1:8081") as producer:
+    await producer.send("orders", b"hello")
+async with SimpleConsumer("127.0.0.1:8081", "billing", {"orders": "*"}) as consumer:
+    async for message in consumer:
+        await consumer.ack(message)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
+
+from sdk import _wire, errors
+from sdk._base import SEND_WINDOW, ClientBase, ConsumerBase, ProducerBase
+from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
+from sdk.message import Message, SendReceipt
+
+__all__ = ["Producer", "SimpleConsumer"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _AsyncClient(ClientBase):
+    _channel: grpc.aio.Channel | None = None
+
+    @property
+    def _stub(self) -> Any:
+        # The channel binds to the running loop, so it is made on first use inside it.
+        if self._channel is None:
+            if self._closed:
+                raise errors.Unavailable("the client is closed", retriable=False)
+            creds = channel_credentials(self.options)
+            target = self.options.endpoint
+            if creds is None:
+                self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+            self._stub_ = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub_
+
+    async def _retrying(self, op: Callable[[], Awaitable[T]], *, forever: bool = False) -> T:
+        delays = self.options.retry.delays(forever=forever)
+        while True:
+            try:
+                try:
+                    return await op()
+                except grpc.RpcError as exc:
+                    if self._closed:
+                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                    raise convert(exc) from None
+            except errors.PopgateError as exc:
+                delay = next(delays, None) if exc.retriable and not self._closed else None
+                if delay is None:
+                    raise
+                log.debug("retrying in %.3f s after %s", delay, exc)
+                await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        """Close the connection; calls in progress are cancelled (a consumer's iteration just stops)."""
+        self._closed = True
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class Producer(ProducerBase, _AsyncClient):
+    """asyncio Producer; arguments and behaviour as `sdk.Producer`."""
+
+    async def send(
+        self,
+        topic: str,
+        body: bytes | str | Message,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        delay: float | None = None,
+        deliver_at: float | None = None,
+        message_group: str | None = None,
+    ) -> SendReceipt:
+        """Send one message; see `sdk.Producer.send`."""
+        receipts = await self.send_many(
+            topic,
+            [body],
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            delay=delay,
+            deliver_at=deliver_at,
+            message_group=message_group,
+        )
+        return receipts[0]
+
+    async def send_many(
+        self,
+        topic: str,
+        messages: Iterable[bytes | str | Message],
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        delay: float | None = None,
+        deliver_at: float | None = None,
+        message_group: str | None = None,
+    ) -> list[SendReceipt]:
+        """Send many messages in batched calls, several in flight; see `sdk.Producer.send_many`."""
+        requests = self._plan(
+            topic,
+            messages,
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            delay=delay,
+            deliver_at=deliver_at,
+            message_group=message_group,
+        )
+        if len(requests) == 1:
+            return await self._send(topic, requests[0])
+        window = asyncio.Semaphore(SEND_WINDOW)
+
+        async def one(request: pb.SendMessageRequest) -> list[SendReceipt]:
+            async with window:
+                return await self._send(topic, request)
+
+        results = await asyncio.gather(*(one(r) for r in requests))
+        return [receipt for chunk in results for receipt in chunk]
+
+    async def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
+        async def op() -> list[SendReceipt]:
+            response = await self._stub.SendMessage(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            return _wire.send_receipts(topic, request, response)
+
+        return await self._retrying(op)
+
+
+class SimpleConsumer(ConsumerBase, _AsyncClient):
+    """asyncio SimpleConsumer; arguments and behaviour as `sdk.SimpleConsumer` (``async for`` iterates)."""
+
+    def __init__(
+        self, endpoint: str, group: str, subscriptions: Mapping[str, str] | Iterable[str] | str, **kwargs: Any
+    ) -> None:
+        super().__init__(endpoint, group, subscriptions, **kwargs)
+
+    async def receive(
+        self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
+    ) -> list[Message]:
+        """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; see `sdk.SimpleConsumer.receive`."""
+        return await self._retrying(lambda: self._receive_once(max, invisible, wait))
+
+    async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+        request, timeout = self._receive_plan(max, invisible, wait)
+        call = self._stub.ReceiveMessage(request, timeout=timeout, metadata=self._metadata())
+        frames = [frame async for frame in call]
+        return _wire.received(frames)
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Message]:
+        while not self._closed:
+            try:
+                batch = await self._retrying(lambda: self._receive_once(None, None, None), forever=True)
+            except errors.PopgateError:
+                if self._closed:
+                    return
+                raise
+            for message in batch:
+                yield message
+
+    async def ack(self, message: Message) -> None:
+        """Acknowledge one message; see `sdk.SimpleConsumer.ack`."""
+        failures = await self._ack([message])
+        if failures:
+            raise failures[0][1]
+
+    async def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge many messages in batched calls; raises `AckError` listing those not acked."""
+        failures = await self._ack(messages)
+        if failures:
+            raise errors.AckError(failures)
+
+    async def _ack(self, messages: Iterable[Message]) -> list[tuple[str, errors.PopgateError]]:
+        async def one(request: pb.AckMessageRequest) -> list[tuple[str, errors.PopgateError]]:
+            async def op() -> list[tuple[str, errors.PopgateError]]:
+                response = await self._stub.AckMessage(
+                    request, timeout=self.options.request_timeout, metadata=self._metadata()
+                )
+                return _wire.ack_failures(response)
+
+            return await self._retrying(op)
+
+        results = await asyncio.gather(*(one(r) for r in self._ack_plan(messages)))
+        return [failure for chunk in results for failure in chunk]
+
+    async def nack(self, message: Message, delay: float = 0.0) -> Message:
+        """Deliver the message again after ``delay`` seconds; its ``receipt_handle`` is replaced."""
+        request = _wire.change_invisible_request(self.group, message, delay, namespace=self.options.namespace)
+
+        async def op() -> str:
+            response = await self._stub.ChangeInvisibleDuration(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _wire.check(response.status)
+            return str(response.receipt_handle)
+
+        message.receipt_handle = await self._retrying(op)
+        return message
+
+    async def forward_to_dlq(self, message: Message) -> None:
+        """Move the message to ``%DLQ%<group>`` now."""
+        request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
+
+        async def op() -> None:
+            response = await self._stub.ForwardMessageToDeadLetterQueue(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _wire.check(response.status)
+
+        await self._retrying(op)

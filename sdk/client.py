@@ -1,0 +1,302 @@
+"""Blocking Producer and SimpleConsumer over the apache.rocketmq.v2 protocol (asyncio twins: `sdk.aio`)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
+
+from sdk import _wire, errors
+from sdk._base import SEND_WINDOW, ClientBase, ConsumerBase, ProducerBase
+from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
+from sdk.message import Message, SendReceipt
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _SyncClient(ClientBase):
+    def _connect(self) -> None:
+        creds = channel_credentials(self.options)
+        target = self.options.endpoint
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _retrying(self, op: Callable[[], T], *, forever: bool = False) -> T:
+        delays = self.options.retry.delays(forever=forever)
+        while True:
+            try:
+                try:
+                    return op()
+                except grpc.RpcError as exc:
+                    if self._closed:
+                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                    raise convert(exc) from None
+            except errors.PopgateError as exc:
+                delay = next(delays, None) if exc.retriable and not self._closed else None
+                if delay is None:
+                    raise
+                log.debug("retrying in %.3f s after %s", delay, exc)
+                time.sleep(delay)
+
+    def close(self) -> None:
+        """Close the connection; calls in progress end with an error (a consumer's iteration just stops)."""
+        if not self._closed:
+            self._closed = True
+            self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Producer(ProducerBase, _SyncClient):
+    """Sends messages through a popgate (or RocketMQ 5) proxy. Thread-safe; use as a context manager.
+
+    Args:
+        endpoint: The proxy's ``HOST:PORT``.
+        access_key: Access key for the v2 ``authorization`` header (with ``secret_key``).
+        secret_key: Secret key that signs each call (never sent).
+        tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots.
+        namespace: v2 resource namespace (empty for popgate).
+        request_timeout: Deadline of each call, seconds.
+        retry: Back-off for retriable errors (overload, broker failover, proxy restarts).
+
+    Example:
+        >>> with Producer("127.0.0.1:8081") as producer:  # doctest: +SKIP
+        ...     receipt = producer.send("orders", b"hello", tag="new")
+    """
+
+    def __init__(self, endpoint: str, **kwargs: Any) -> None:
+        super().__init__(endpoint, **kwargs)
+        self._connect()
+
+    def send(
+        self,
+        topic: str,
+        body: bytes | str | Message,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        delay: float | None = None,
+        deliver_at: float | None = None,
+        message_group: str | None = None,
+    ) -> SendReceipt:
+        """Send one message and wait until a broker stored it.
+
+        Args:
+            topic: Destination topic (created on first send).
+            body: Payload; ``str`` is sent as UTF-8.
+            tag: Optional tag consumers can filter on.
+            keys: Optional business keys.
+            properties: User properties.
+            delay: Deliver this many seconds from now.
+            deliver_at: Deliver at this time (seconds since the epoch); not with ``delay``.
+            message_group: FIFO group: messages of one group go to one queue in order.
+
+        Returns:
+            The receipt with the message id.
+
+        Raises:
+            PopgateError: A typed subclass once retries are exhausted or the error is not retriable.
+        """
+        return self.send_many(
+            topic,
+            [body],
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            delay=delay,
+            deliver_at=deliver_at,
+            message_group=message_group,
+        )[0]
+
+    def send_many(
+        self,
+        topic: str,
+        messages: Iterable[bytes | str | Message],
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        delay: float | None = None,
+        deliver_at: float | None = None,
+        message_group: str | None = None,
+    ) -> list[SendReceipt]:
+        """Send many messages in batched SendMessage calls (up to 1024 per call, several calls in flight).
+
+        Options apply to every item that does not set them itself (items may be `Message` objects).
+
+        Returns:
+            One receipt per message, in order.
+        """
+        requests = self._plan(
+            topic,
+            messages,
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            delay=delay,
+            deliver_at=deliver_at,
+            message_group=message_group,
+        )
+        if len(requests) == 1:
+            return self._send(topic, requests[0])
+        out: list[SendReceipt] = []
+        window: deque[tuple[pb.SendMessageRequest, Any]] = deque()
+        for request in requests:
+            future = self._stub.SendMessage.future(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            window.append((request, future))
+            if len(window) >= SEND_WINDOW:
+                out += self._finish(topic, *window.popleft())
+        while window:
+            out += self._finish(topic, *window.popleft())
+        return out
+
+    def _finish(self, topic: str, request: pb.SendMessageRequest, future: Any) -> list[SendReceipt]:
+        try:
+            return _wire.send_receipts(topic, request, future.result())
+        except grpc.RpcError as exc:
+            error: errors.PopgateError = convert(exc)
+        except errors.PopgateError as exc:
+            error = exc
+        if not error.retriable:
+            raise error
+        return self._send(topic, request)  # the same message ids again: consumers can de-duplicate
+
+    def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
+        def op() -> list[SendReceipt]:
+            response = self._stub.SendMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
+            return _wire.send_receipts(topic, request, response)
+
+        return self._retrying(op)
+
+
+class SimpleConsumer(ConsumerBase, _SyncClient):
+    """Receives messages of a consumer group; you ack each one (or nack it, or forward it to the DLQ).
+
+    A received message stays invisible to the group for ``invisible`` seconds; unless acked
+    by then it is delivered again with ``attempt + 1``. Iterating (``for msg in consumer``)
+    long-polls forever, retrying transient failures (proxy or broker restarts) with back-off;
+    it ends when the consumer is closed.
+
+    Args:
+        endpoint: The proxy's ``HOST:PORT``.
+        group: Consumer group name.
+        subscriptions: ``{topic: filter}`` where filter is ``"*"`` or tags ``"a || b"``; or topic names.
+            Several topics are polled in turn, one per receive.
+        batch: Default ``max`` for `receive` and for iteration (1..32).
+        invisible: Default invisibility, seconds.
+        wait: Default long-polling time, seconds.
+        **kwargs: ``access_key``, ``secret_key``, ``tls``, ``namespace``, ``request_timeout``, ``retry``
+            as for `Producer`.
+    """
+
+    def __init__(
+        self, endpoint: str, group: str, subscriptions: Mapping[str, str] | Iterable[str] | str, **kwargs: Any
+    ) -> None:
+        super().__init__(endpoint, group, subscriptions, **kwargs)
+        self._connect()
+
+    def receive(
+        self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
+    ) -> list[Message]:
+        """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; ``[]`` when none came.
+
+        Args:
+            max: At most this many messages (1..32).
+            invisible: Seconds the messages stay invisible to the group unless acked.
+            wait: Long-polling time, seconds (0: answer at once).
+        """
+        return self._retrying(lambda: self._receive_once(max, invisible, wait))
+
+    def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+        request, timeout = self._receive_plan(max, invisible, wait)
+        return _wire.received(self._stub.ReceiveMessage(request, timeout=timeout, metadata=self._metadata()))
+
+    def __iter__(self) -> Iterator[Message]:
+        while not self._closed:
+            try:
+                batch = self._retrying(lambda: self._receive_once(None, None, None), forever=True)
+            except errors.PopgateError:
+                if self._closed:
+                    return
+                raise
+            yield from batch
+
+    def ack(self, message: Message) -> None:
+        """Acknowledge one message: it is consumed and never delivered again.
+
+        Raises:
+            InvalidReceiptHandle: The handle is stale (redelivered since, or already acked).
+        """
+        failures = self._ack(messages=[message])
+        if failures:
+            raise failures[0][1]
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        """Acknowledge many messages in as few AckMessage calls as possible (one per topic and 1024).
+
+        Raises:
+            AckError: Some messages were not acked; ``failures`` lists them with their errors.
+        """
+        failures = self._ack(messages)
+        if failures:
+            raise errors.AckError(failures)
+
+    def _ack(self, messages: Iterable[Message]) -> list[tuple[str, errors.PopgateError]]:
+        failures: list[tuple[str, errors.PopgateError]] = []
+        for request in self._ack_plan(messages):
+            failures += self._retrying(functools.partial(self._ack_once, request))
+        return failures
+
+    def _ack_once(self, request: pb.AckMessageRequest) -> list[tuple[str, errors.PopgateError]]:
+        response = self._stub.AckMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
+        return _wire.ack_failures(response)
+
+    def nack(self, message: Message, delay: float = 0.0) -> Message:
+        """Give a message back: it is delivered again after ``delay`` seconds (ChangeInvisibleDuration).
+
+        The message's ``receipt_handle`` is replaced by the new one (also returned).
+        """
+        request = _wire.change_invisible_request(self.group, message, delay, namespace=self.options.namespace)
+
+        def op() -> str:
+            response = self._stub.ChangeInvisibleDuration(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _wire.check(response.status)
+            return str(response.receipt_handle)
+
+        message.receipt_handle = self._retrying(op)
+        return message
+
+    def forward_to_dlq(self, message: Message) -> None:
+        """Move a message to the group's dead-letter topic ``%DLQ%<group>`` now."""
+        request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
+
+        def op() -> None:
+            response = self._stub.ForwardMessageToDeadLetterQueue(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _wire.check(response.status)
+
+        self._retrying(op)

@@ -1,0 +1,182 @@
+"""SDK errors: one base class, typed subclasses carrying the v2 ``code`` and a ``retriable`` flag.
+
+Which code means what comes from the proxy's one table (`proxy.codes.CODES`, domain
+error -> v2 Code), read here in reverse: a code names the proxy's domain error, whose
+class hierarchy picks the SDK class and whose ``retriable`` flag is kept. Codes that
+table does not use (a RocketMQ proxy may send them) fall back to their hundred range,
+as the official clients classify them.
+"""
+
+from __future__ import annotations
+
+from popgate_pb.v2 import definition_pb2 as v2
+
+from proxy import errors as domain
+from proxy.codes import CODES
+
+
+class PopgateError(Exception):
+    """Base of every error the SDK raises.
+
+    Attributes:
+        code: The apache.rocketmq.v2 ``Code`` from the server, or None for a transport error
+            (connection refused, deadline exceeded) that carried no v2 status.
+        code_name: The code's enum name (``"INVALID_RECEIPT_HANDLE"``) or the gRPC status name.
+        retriable: True when the same call may succeed later unchanged (overload, failover).
+        message: The server's message, or a description of the transport failure.
+    """
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, code: int | None = None, code_name: str = "", retriable: bool | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.code_name = code_name or (_code_name(code) if code is not None else "")
+        if retriable is not None:
+            self.retriable = retriable
+
+    def __str__(self) -> str:
+        return f"{self.code_name}: {self.message}" if self.code_name else self.message
+
+
+class BadRequest(PopgateError):
+    """The request was refused as malformed or out of range (v2 codes 400xx and 413xx)."""
+
+
+class InvalidReceiptHandle(BadRequest):
+    """The receipt handle is stale (redelivered or acked since), garbled or from an unknown broker."""
+
+
+class MessageBodyTooLarge(BadRequest):
+    """The message body exceeds the server's limit."""
+
+
+class Unauthorized(PopgateError):
+    """Credentials missing or wrong (401xx, 403xx)."""
+
+
+class NotFound(PopgateError):
+    """Topic or consumer group not found (404xx)."""
+
+
+class TooManyRequests(PopgateError):
+    """The server is overloaded; retry later (42900)."""
+
+    retriable = True
+
+
+class Unavailable(PopgateError):
+    """No server or broker could serve the request right now (connection refused, broker failover)."""
+
+    retriable = True
+
+
+class Timeout(PopgateError):
+    """The call did not finish in time (deadline exceeded or a proxy timeout)."""
+
+    retriable = True
+
+
+class ServerError(PopgateError):
+    """The server failed while serving a valid request (500xx)."""
+
+
+class Unsupported(PopgateError):
+    """The server does not support this request or feature (501xx, 505xx)."""
+
+
+class AckError(PopgateError):
+    """Some messages of an ``ack_many`` were not acked.
+
+    Attributes:
+        failures: ``(message_id, error)`` for every message that was not acked.
+    """
+
+    def __init__(self, failures: list[tuple[str, PopgateError]]) -> None:
+        self.failures = failures
+        first = failures[0][1]
+        super().__init__(
+            f"{len(failures)} message(s) not acked; first: {first}",
+            code=first.code,
+            retriable=all(e.retriable for _, e in failures),
+        )
+
+
+# SDK class for a proxy domain error: the first class of its MRO listed here.
+_FAMILY: dict[type[domain.ProxyError], type[PopgateError]] = {
+    domain.InvalidReceiptHandle: InvalidReceiptHandle,
+    domain.MessageBodyTooLarge: MessageBodyTooLarge,
+    domain.BadRequest: BadRequest,
+    domain.TopicNotFound: NotFound,
+    domain.TooManyRequests: TooManyRequests,
+    domain.BrokerTimeout: Timeout,
+    domain.BrokerUnavailable: Unavailable,
+    domain.ShuttingDown: Unavailable,
+    domain.StoreUnavailable: Unavailable,
+    domain.NotImplementedRpc: Unsupported,
+    domain.Unsupported: Unsupported,
+    domain.ProxyError: ServerError,
+}
+
+
+def _reverse(table: dict[type[domain.ProxyError], int]) -> dict[int, type[domain.ProxyError]]:
+    """code -> the most general domain error mapped to it (a parent wins over its subclasses)."""
+    out: dict[int, type[domain.ProxyError]] = {}
+    for cls, code in table.items():
+        current = out.get(code)
+        if current is None or issubclass(current, cls):
+            out[code] = cls
+    return out
+
+
+BY_CODE: dict[int, type[domain.ProxyError]] = _reverse(CODES)
+
+_RANGES: list[tuple[int, int, type[PopgateError]]] = [
+    (40100, 40199, Unauthorized),
+    (40300, 40399, Unauthorized),
+    (40400, 40499, NotFound),
+    (41300, 41399, BadRequest),
+    (42900, 42999, TooManyRequests),
+    (40000, 49999, BadRequest),
+    (50100, 50199, Unsupported),
+    (50400, 50499, Timeout),
+    (50500, 50599, Unsupported),
+    (50000, 59999, ServerError),
+]
+
+
+def _code_name(code: int) -> str:
+    try:
+        return v2.Code.Name(code)
+    except ValueError:
+        return str(code)
+
+
+def error_for(code: int, message: str) -> PopgateError:
+    """The typed error for a non-OK v2 status."""
+    source = BY_CODE.get(code)
+    if source is not None:
+        family = next(_FAMILY[c] for c in source.__mro__ if c in _FAMILY)
+        return family(message, code=code, retriable=source.retriable)
+    for low, high, cls in _RANGES:
+        if low <= code <= high:
+            return cls(message, code=code)
+    return ServerError(message, code=code)
+
+
+# gRPC status name -> (SDK class, retriable) for calls that ended without a v2 status.
+TRANSPORT: dict[str, type[PopgateError]] = {
+    "UNAVAILABLE": Unavailable,
+    "DEADLINE_EXCEEDED": Timeout,
+    "RESOURCE_EXHAUSTED": BadRequest,  # message larger than the server accepts
+    "UNIMPLEMENTED": Unsupported,
+    "UNAUTHENTICATED": Unauthorized,
+    "PERMISSION_DENIED": Unauthorized,
+}
+
+
+def transport_error(status_name: str, details: str) -> PopgateError:
+    """The typed error for a gRPC call that failed below the v2 protocol."""
+    cls = TRANSPORT.get(status_name, ServerError)
+    return cls(details or status_name, code_name=status_name)
