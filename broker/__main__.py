@@ -46,6 +46,9 @@ async def serve(settings: BrokerSettings) -> None:
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
+            ("grpc.max_concurrent_streams", 1 << 20),
+            ("grpc.server.max_pending_requests", 1 << 20),
+            ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
         ]
     )
     pb_grpc.add_BrokerServicer_to_server(BrokerServicer(core, metrics), server)  # type: ignore[no-untyped-call]

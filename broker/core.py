@@ -8,10 +8,11 @@ never share a message) and then await the store.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import secrets
+import os
+import random
 import time
-import uuid
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,6 +64,22 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# Delivery tokens only have to be unguessable by a client that never saw the handle,
+# not cryptographically strong: a seeded PRNG avoids a syscall per message.
+_tokens = random.Random(os.urandom(16))
+
+
+class MessageIds:
+    """Unique message ids without a syscall each: a random per-process prefix plus a counter."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(6).hex().upper()
+        self._counter = itertools.count(int(time.time() * 1000) << 8)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):016X}"
+
+
 @dataclass(slots=True)
 class Popped:
     topic: str
@@ -102,6 +119,8 @@ class BrokerCore:
         self.messages_out: dict[tuple[str, str], int] = {}
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = MessageIds()
+        self._valid_topics: set[str] = set()
 
     # -- start ---------------------------------------------------------------
 
@@ -130,45 +149,65 @@ class BrokerCore:
         if len(messages) > self.settings.max_send_batch:
             raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {self.settings.max_send_batch}")
         now = now_ms()
+        tags = [self._check(m, now) for m in messages]  # all or nothing: check every message first
         ops: list[Op] = []
-        appends = [self._prepare(m, now, ops) for m in messages]
+        appends = [self._place(m, tag, now, ops) for m, tag in zip(messages, tags, strict=True)]
         return await self.store.submit(appends, ops)
 
-    def _prepare(self, m: pb.Message, now: int, ops: list[Op]) -> NewMessage:
-        validation.check_topic(m.topic)
-        if not m.body:
+    def _check(self, m: pb.Message, now: int) -> str | None:
+        """Validate one message; returns its tag (None when it has none)."""
+        if m.topic not in self._valid_topics:
+            validation.check_topic(m.topic)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(m.topic)
+        size = len(m.body)
+        if not size:
             raise MessageBodyEmpty("message body is empty")
-        if len(m.body) > self.settings.max_body_bytes:
+        if size > self.settings.max_body_bytes:
             raise MessageBodyTooLarge(
-                f"message body is {len(m.body)} bytes, larger than the limit of {self.settings.max_body_bytes}"
+                f"message body is {size} bytes, larger than the limit of {self.settings.max_body_bytes}"
             )
-        if m.HasField("tag"):
-            validation.check_tag(m.tag)
-        if len(m.keys) > MAX_KEYS:
-            raise IllegalMessage(f"message has {len(m.keys)} keys, at most {MAX_KEYS}")
-        for key in m.keys:
-            validation.check_text_field("message key", key, limit=256)
-        props = sum(len(k) + len(v) for k, v in m.properties.items())
-        if props > MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
-            raise IllegalMessage(f"message properties must have non-empty keys and total <= {MAX_PROPERTIES_BYTES} B")
-        validation.check_message_id(m.message_id)
-        if m.deliver_at_ms > now or m.delay_level:
-            raise IllegalDeliveryTime("scheduled delivery is not supported by this broker yet")
-        topic = self._topic_for_send(m.topic, ops)
+        tag = m.tag if m.HasField("tag") else None
+        if tag is not None:
+            validation.check_tag(tag)
+        if m.keys:
+            if len(m.keys) > MAX_KEYS:
+                raise IllegalMessage(f"message has {len(m.keys)} keys, at most {MAX_KEYS}")
+            for key in m.keys:
+                validation.check_text_field("message key", key, limit=256)
+        if m.properties:
+            props = sum(len(k) + len(v) for k, v in m.properties.items())
+            if props > MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
+                raise IllegalMessage(f"message properties need non-empty keys and <= {MAX_PROPERTIES_BYTES} B in all")
+        if m.message_id:
+            validation.check_message_id(m.message_id)
         if m.message_group:
             validation.check_text_field("message group", m.message_group, limit=128)
+        if m.deliver_at_ms > now or m.delay_level:
+            raise IllegalDeliveryTime("scheduled delivery is not supported by this broker yet")
+        if m.HasField("queue_id") and m.queue_id >= 0:
+            topic = self.topics.get(m.topic)
+            count = len(topic.queues) if topic else self.settings.queues_per_topic
+            if m.queue_id >= count:
+                raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
+        if not self.settings.auto_create and m.topic not in self.topics:
+            raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
+        return tag
+
+    def _place(self, m: pb.Message, tag: str | None, now: int, ops: list[Op]) -> NewMessage:
+        """Choose the queue and fill in what the producer left out (after every message passed its checks)."""
+        topic = self._topic_for_send(m.topic, ops)
+        if m.message_group:
             queue_id = _stable_hash(m.message_group) % len(topic.queues)
         elif m.HasField("queue_id") and m.queue_id >= 0:
             queue_id = m.queue_id
         else:
             queue_id = topic.pick_queue()
-        if queue_id >= len(topic.queues):
-            raise BadRequest(f"queue {queue_id} does not exist; topic {m.topic} has {len(topic.queues)} queues")
         if not m.message_id:
-            m.message_id = uuid.uuid4().hex.upper()
+            m.message_id = self._ids.next()
         if not m.born_ms:
             m.born_ms = now
-        return NewMessage(m.topic, queue_id, now, m.tag if m.HasField("tag") else None, m.SerializeToString())
+        return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString())
 
     def _topic_for_send(self, name: str, ops: list[Op], *, force: bool = False, queues: int = 0) -> TopicLog:
         topic = self.topics.get(name)
@@ -245,7 +284,7 @@ class BrokerCore:
         assert topic is not None
         deliveries = []
         for queue_id, offset, attempt in picks:
-            delivery = Delivery(attempt, secrets.randbits(48), now + invisible_ms)
+            delivery = Delivery(attempt, _tokens.getrandbits(48), now + invisible_ms)
             state.deliver(queue_id, offset, delivery)
             ops.append(
                 PutInflight(state.group, state.topic, queue_id, offset, attempt, delivery.token, now + invisible_ms)
@@ -443,7 +482,7 @@ class BrokerCore:
             )
         state, handle, old = self._resolve(topic, group, text)
         deadline = now_ms() + invisible_ms
-        delivery = Delivery(old.attempt, secrets.randbits(48), deadline)
+        delivery = Delivery(old.attempt, _tokens.getrandbits(48), deadline)
         state.deliver(handle.queue_id, handle.offset, delivery)
         self._schedule(state)
         op = PutInflight(

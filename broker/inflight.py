@@ -49,6 +49,7 @@ class GroupTopic:
         self.ready: deque[tuple[int, int, int]] = deque()
         self.next_queue = 0
         self.dead_lettered = 0
+        self._pushes = 0
 
     def queue(self, queue_id: int, start_offset: int) -> GroupQueue:
         state = self.queues.get(queue_id)
@@ -60,7 +61,10 @@ class GroupTopic:
         """Record a (re)delivery: the offset must already be below the queue's pull offset."""
         self.queues[queue_id].inflight[offset] = delivery
         heapq.heappush(self._heap, (delivery.deadline_ms, queue_id, offset, delivery.token))
-        self._maybe_compact()
+        self._pushes += 1
+        if self._pushes >= 1024:
+            self._pushes = 0
+            self._maybe_compact()
 
     def current(self, queue_id: int, offset: int, token: int) -> Delivery | None:
         """The in-flight delivery a handle names, or None when acked or superseded."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -13,7 +15,7 @@ from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import errors
-from broker.core import BrokerCore, Popped, now_ms
+from broker.core import BrokerCore, Popped, PopResult, now_ms
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 
@@ -92,7 +94,27 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         result = await self.core.pop(
             request.topic, request.group, request.filter, request.max_messages, request.invisible_ms, request.poll_ms
         )
-        return pb.PopResponse(messages=[_popped(p) for p in result.messages], polling_full=result.polling_full)
+        return _pop_response(result)
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        session = _Session(self, self.core.settings.max_held)
+
+        async def write() -> None:
+            while True:
+                await context.write(await session.outbox.get())
+
+        writer = asyncio.get_running_loop().create_task(write())
+        try:
+            async for request in request_iterator:
+                session.dispatch(request)
+        finally:
+            # The caller closed its side or went away: nothing pending on this stream survives it.
+            await session.close()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                await writer
 
     @rpc("Ack")
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
@@ -172,6 +194,77 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 for r in records
             ]
         )
+
+
+class _Session:
+    """One multiplexed stream: a task per pending request, one writer, everything cancelled at the end."""
+
+    def __init__(self, servicer: BrokerServicer, max_pending: int) -> None:
+        self.servicer = servicer
+        self.max_pending = max_pending
+        self.pending: dict[int, asyncio.Task[None]] = {}
+        self.outbox: asyncio.Queue[pb.SessionResponse] = asyncio.Queue()
+
+    def dispatch(self, request: pb.SessionRequest) -> None:
+        kind = request.WhichOneof("body")
+        if kind == "cancel":
+            task = self.pending.pop(request.id, None)
+            if task is not None:
+                task.cancel()
+            return
+        if kind is None or request.id in self.pending:
+            why = "unknown request" if kind is None else f"request id {request.id} is already pending"
+            self._error(request.id, errors.BadRequest(f"session: {why}"))
+            return
+        if len(self.pending) >= self.max_pending:
+            self._error(request.id, errors.TooManyRequests(f"session has {self.max_pending} pending requests"))
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(request, kind))
+        self.pending[request.id] = task
+
+    async def _serve(self, request: pb.SessionRequest, kind: str) -> None:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        core = self.servicer.core
+        try:
+            if kind == "pop":
+                r = request.pop
+                result = await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
+                self.outbox.put_nowait(pb.SessionResponse(id=request.id, pop=_pop_response(result)))
+            else:
+                n = request.notification
+                has, full = await core.notification(n.topic, n.group, n.filter, n.poll_ms)
+                response = pb.NotificationResponse(has_message=has, polling_full=full)
+                self.outbox.put_nowait(pb.SessionResponse(id=request.id, notification=response))
+        except errors.BrokerError as exc:
+            code = status_of(exc)
+            self._error(request.id, exc)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("session %s failed", kind)
+            self._error(request.id, errors.BrokerError(f"internal error: {type(exc).__name__}"))
+        finally:
+            self.pending.pop(request.id, None)
+            self.servicer.metrics.rpc_duration.labels(f"Session.{kind}", code.name).observe(
+                time.perf_counter() - started
+            )
+
+    def _error(self, request_id: int, exc: errors.BrokerError) -> None:
+        error = pb.SessionError(error=exc.name, message=exc.message, grpc_code=status_of(exc).value[0])
+        self.outbox.put_nowait(pb.SessionResponse(id=request_id, error=error))
+
+    async def close(self) -> None:
+        tasks = list(self.pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _pop_response(result: PopResult) -> pb.PopResponse:
+    return pb.PopResponse(messages=[_popped(p) for p in result.messages], polling_full=result.polling_full)
 
 
 def _popped(p: Popped) -> pb.PoppedMessage:

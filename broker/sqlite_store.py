@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from broker.errors import BrokerError, StoreUnavailable
+from broker.errors import StoreUnavailable
 from broker.store import (
     ArrivalListener,
     CreateQueue,
@@ -174,28 +174,24 @@ class SqliteStore:
                 return
 
     def _apply(self, batch: list[_Request]) -> None:
+        """One transaction for the whole batch. Statements cannot conflict (offsets are assigned here,
+        state writes are upserts), so a failure is the database's (disk full, read-only): it fails
+        every request of the batch and rolls the offsets back."""
         started = time.perf_counter()
         conn = self._conn
         saved = dict(self._next_offset)
         try:
             conn.execute("BEGIN")
+            rows: list[tuple[str, int, int, int, str | None, bytes]] = []
+            by_kind: dict[type, list[Op]] = {}
             for request in batch:
-                conn.execute("SAVEPOINT req")
-                before = {key: self._next_offset.get(key) for key in {(m.topic, m.queue_id) for m in request.appends}}
-                try:
-                    request.result = self._apply_one(conn, request)
-                    conn.execute("RELEASE req")
-                except (sqlite3.Error, BrokerError) as exc:
-                    conn.execute("ROLLBACK TO req")
-                    conn.execute("RELEASE req")
-                    for key, value in before.items():
-                        if value is None:
-                            self._next_offset.pop(key, None)
-                        else:
-                            self._next_offset[key] = value
-                    request.result = (
-                        exc if isinstance(exc, BrokerError) else StoreUnavailable(f"store write failed: {exc}")
-                    )
+                request.result = self._assign(request.appends, rows)
+                for op in request.ops:
+                    by_kind.setdefault(type(op), []).append(op)
+            if rows:
+                conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
+            for kind, ops in by_kind.items():
+                conn.executemany(_SQL[kind], ops)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.error("store commit failed: %s", exc)
@@ -203,27 +199,21 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
             self._next_offset = saved
             for request in batch:
-                request.result = StoreUnavailable(f"store commit failed: {exc}")
+                request.result = StoreUnavailable(f"store write failed: {exc}")
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 
-    def _apply_one(self, conn: sqlite3.Connection, request: _Request) -> list[Record]:
+    def _assign(
+        self, appends: Sequence[NewMessage], rows: list[tuple[str, int, int, int, str | None, bytes]]
+    ) -> list[Record]:
         records: list[Record] = []
-        if request.appends:
-            rows = []
-            for m in request.appends:
-                key = (m.topic, m.queue_id)
-                offset = self._next_offset.get(key, 0)
-                self._next_offset[key] = offset + 1
-                records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
-                rows.append((m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
-            conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
-        if request.ops:
-            by_kind: dict[type, list[Op]] = {}
-            for op in request.ops:
-                by_kind.setdefault(type(op), []).append(op)
-            for kind, ops in by_kind.items():
-                conn.executemany(_SQL[kind], ops)
+        next_offset = self._next_offset
+        for m in appends:
+            key = (m.topic, m.queue_id)
+            offset = next_offset.get(key, 0)
+            next_offset[key] = offset + 1
+            records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
+            rows.append((m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
         return records
 
     def _deliver(self, batch: list[_Request]) -> None:

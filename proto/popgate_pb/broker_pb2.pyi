@@ -276,3 +276,37 @@ class ListMessagesResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("id", "pop", "notification", "cancel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    POP_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    pop: PopRequest
+    notification: NotificationRequest
+    cancel: bool
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("error", "message", "grpc_code")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GRPC_CODE_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    message: str
+    grpc_code: int
+    def __init__(self, error: _Optional[str] = ..., message: _Optional[str] = ..., grpc_code: _Optional[int] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("id", "pop", "notification", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    POP_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    pop: PopResponse
+    notification: NotificationResponse
+    error: SessionError
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...

@@ -74,6 +74,11 @@ class BrokerStub:
                 request_serializer=popgate__pb_dot_broker__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_broker__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/popgate.broker.v1.Broker/Session',
+                request_serializer=popgate__pb_dot_broker__pb2.SessionRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -127,6 +132,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +180,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=popgate__pb_dot_broker__pb2.ListMessagesRequest.FromString,
                     response_serializer=popgate__pb_dot_broker__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=popgate__pb_dot_broker__pb2.SessionRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +403,33 @@ class Broker:
             '/popgate.broker.v1.Broker/ListMessages',
             popgate__pb_dot_broker__pb2.ListMessagesRequest.SerializeToString,
             popgate__pb_dot_broker__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/popgate.broker.v1.Broker/Session',
+            popgate__pb_dot_broker__pb2.SessionRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,7 +38,6 @@ def test_garbage_is_a_clear_error_never_a_crash(text: str) -> None:
         "",
         "1~b~t~0~0~1~ff",
         "2~b~t~0~0~1~ff~5",
-        "1~b b~t~0~0~1~ff~5",
         "1~b~t~x~0~1~ff~5",
         "1~b~t~0~0~0~ff~5",
         "1~b~t~-1~0~1~ff~5",

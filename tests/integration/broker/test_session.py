@@ -1,0 +1,80 @@
+"""The multiplexed Session stream: held Pops and Notifications on one gRPC call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from popgate_pb import broker_pb2 as pb
+from popgate_pb import broker_pb2_grpc as pb_grpc
+
+from broker.client import BrokerSession
+from tests.conftest import BrokerHandle
+
+
+async def held(stub: pb_grpc.BrokerStub) -> int:
+    stats = await stub.Stats(pb.StatsRequest(topic="none"))
+    return int(stats.held_pops + stats.held_notifications)
+
+
+async def wait_for(predicate: object, within: float = 5) -> None:
+    """Poll state that lives in the broker process, bounded by ``within`` seconds."""
+
+    async def loop() -> None:
+        while not await predicate():  # type: ignore[operator]  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(loop(), within)
+
+
+def test_many_held_requests_on_one_stream_are_woken_and_cancelled(broker: BrokerHandle) -> None:
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.BrokerStub(channel)
+            session = await BrokerSession(stub).start()
+            pops = [
+                asyncio.ensure_future(
+                    session.pop(pb.PopRequest(topic="s", group="g", max_messages=1, invisible_ms=5000, poll_ms=20000))
+                )
+                for _ in range(50)
+            ]
+            note = asyncio.ensure_future(
+                session.notification(pb.NotificationRequest(topic="s", group="other", poll_ms=20000))
+            )
+            await wait_for(lambda: _eq(held(stub), 51))
+            await stub.Send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"one")]))
+            assert (await asyncio.wait_for(note, 5)).has_message
+            done, _ = await asyncio.wait(pops, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+            assert [m.stored.message.body for m in done.pop().result().messages] == [b"one"]
+            # Cancelling one caller sends a cancel frame: the broker drops that held request at once.
+            pending = [p for p in pops if not p.done()]
+            pending[0].cancel()
+            await wait_for(lambda: _eq(held(stub), 48))
+            # Closing the stream drops everything still held on it.
+            await session.close()
+            await wait_for(lambda: _eq(held(stub), 0))
+            for p in pending[1:]:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await p
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_session_errors_look_like_unary_errors(broker: BrokerHandle) -> None:
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            session = await BrokerSession(pb_grpc.BrokerStub(channel)).start()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await session.pop(pb.PopRequest(topic="s", group="g", max_messages=99, invisible_ms=5000))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert dict(info.value.trailing_metadata())["popgate-error"] == "IllegalBatchSize"
+            ok = await session.pop(pb.PopRequest(topic="s", group="g", max_messages=1, invisible_ms=5000))
+            assert list(ok.messages) == []
+            await session.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+async def _eq(value: object, expected: int) -> bool:
+    return await value == expected  # type: ignore[misc]
