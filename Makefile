@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -20,6 +20,7 @@ run: $(STAMP)
 
 ## make test: install everything the tests need, then lint and run the whole suite.
 test: $(STAMP)
+	./deploy/install-test-deps.sh $(VENV)
 	$(MAKE) lint
 	$(BIN)/python proto/generate.py --check
 	$(BIN)/python -m pytest tests

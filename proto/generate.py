@@ -47,6 +47,10 @@ def tree(root: Path) -> dict[str, Path]:
     return {str(p.relative_to(root)): p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
+def _same(a: Path, b: Path) -> bool:
+    return filecmp.cmp(a, b, shallow=False)
+
+
 def main(argv: list[str]) -> int:
     target = PROTO_DIR / PACKAGE
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,7 +61,7 @@ def main(argv: list[str]) -> int:
             stale = sorted(
                 name
                 for name in fresh.keys() | current.keys()
-                if name not in fresh or name not in current or not filecmp.cmp(fresh[name], current[name], shallow=False)
+                if name not in fresh or name not in current or not _same(fresh[name], current[name])
             )
             if stale:
                 print("generated code is stale; run `make proto`:", *stale, sep="\n  ")
