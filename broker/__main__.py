@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -14,6 +15,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import settings as settings_mod
 from broker.core import BrokerCore
+from broker.export import ExportSettings, MetricsExporter
 from broker.metrics import BrokerMetrics
 from broker.metrics_http import MetricsServer
 from broker.server import BrokerServicer
@@ -64,6 +66,11 @@ async def serve(settings: BrokerSettings) -> None:
         address = await metrics_server.start(settings.metrics_listen)
         log.info("metrics on http://%s/metrics", address)
     sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
+    exporter = MetricsExporter(
+        metrics.registry, ExportSettings(Path(settings.export_dir), settings.name, "broker", settings.export_interval_s)
+    )
+    if settings.export_dir:
+        await exporter.start()
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -80,6 +87,7 @@ async def serve(settings: BrokerSettings) -> None:
     sweeper.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await sweeper
+    await exporter.close()  # last snapshot after the last RPC
     await metrics_server.close()
     await core.close()
     await store.close()

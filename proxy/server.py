@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
+from broker.export import ExportSettings, MetricsExporter, default_proxy_name
 from broker.metrics_http import MetricsServer
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
@@ -87,6 +88,14 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             metrics_server = MetricsServer(metrics.registry)
             log.info("metrics on http://%s/metrics", await metrics_server.start(settings.metrics_listen))
             stack.push_async_callback(metrics_server.close)
+        if settings.export_dir:
+            export = ExportSettings(
+                Path(settings.export_dir),
+                default_proxy_name(int(address.rpartition(":")[2])),
+                "proxy",
+                settings.export_interval_s,
+            )
+            await stack.enter_async_context(MetricsExporter(metrics.registry, export))
         ready(address)
         log.info(
             "proxy serving on %s, brokers %s", address, ", ".join(f"{b.name}={b.target}" for b in settings.brokers)

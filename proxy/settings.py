@@ -51,6 +51,8 @@ class Settings:
     listen: str = "127.0.0.1:8081"
     advertise: str = ""  # host:port clients should use when a request names no endpoints
     metrics_listen: str = ""
+    export_dir: str = ""  # JSON-lines metric snapshots for the Spark job (docs/METRICS.md); empty = off
+    export_interval_s: float = 10.0
     tls_cert: str = ""  # PEM certificate chain file; with tls_key: serve TLS instead of plaintext
     tls_key: str = ""  # PEM private key file
     receive_mode: str = "longpoll"
@@ -127,6 +129,7 @@ class Settings:
             ("health_interval_s", self.health_interval_s > 0, "> 0"),
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
+            ("export_interval_s", self.export_interval_s > 0, "> 0"),
         ]
         for name, ok, rule in checks:
             if not ok:

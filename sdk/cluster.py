@@ -189,8 +189,10 @@ class Cluster:
             argv += ["--broker", target]
         if self.config.metrics:
             argv += ["--metrics-listen", "127.0.0.1:0"]
-        argv += [*self.config.proxy_args, *extra]
         name = "proxy" if not self.proxies else f"proxy{len(self.proxies) + 1}"
+        if self.config.export_dir:
+            argv += ["--export-dir", str(Path(self.config.export_dir) / name)]
+        argv += [*self.config.proxy_args, *extra]
         child = Child(name, argv, self.config.data_dir / f"{name}.log")
         child.start(self._env)
         self.proxies.append(child)

@@ -1,0 +1,254 @@
+"""Periodic JSON-lines snapshots of a Prometheus registry, for the Spark job (docs/METRICS.md).
+
+Used by the broker and the proxy alike. Pure standard library: it reads anything with a
+``collect()`` method (a ``prometheus_client.CollectorRegistry``) and never imports Spark.
+
+Each snapshot appends one record per sample to a hidden in-progress file
+``.<kind>-<process>-<start>.jsonl.tmp`` in the export directory; when the wall clock crosses a
+roll boundary (and on close) that file is fsynced and renamed to its final ``.jsonl`` name, so a
+reader listing ``*.jsonl`` only ever sees whole, finished files, which are never written again.
+Collection runs on the event loop (collectors read live state without locks); encoding and file
+I/O run on a one-thread executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+KINDS = ("broker", "proxy")
+# Labels promoted to their own record fields; every other label stays in "labels".
+_PROMOTED = ("topic", "group", "queue")
+_COUNTER_TYPES = ("counter", "histogram", "summary")  # their _total, _count, _sum, _bucket only grow
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class Registry(Protocol):
+    def collect(self) -> Iterable[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSettings:
+    export_dir: Path
+    process: str
+    kind: str
+    interval_s: float = 10.0
+    roll_s: float = 60.0  # one finished file per process per roll period (at least one interval)
+    buckets: bool = False  # histogram _bucket samples (one record per bucket) are left out by default
+    started: float = field(default_factory=time.time)  # process incarnation: a new one means counters restarted
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if not self.process:
+            raise ValueError("process name must not be empty")
+        if not (self.interval_s > 0 and self.roll_s > 0):
+            raise ValueError("export interval and roll period must be > 0")
+
+    @property
+    def roll_period_s(self) -> float:
+        return max(self.roll_s, self.interval_s)
+
+
+def records(registry: Registry, settings: ExportSettings, now: float) -> Iterator[dict[str, Any]]:
+    """One schema-v1 record per sample of the registry (counters as running totals)."""
+    for metric in registry.collect():
+        counter = metric.type in _COUNTER_TYPES
+        for sample in metric.samples:
+            name: str = sample.name
+            if name.endswith("_created") or (name.endswith("_bucket") and not settings.buckets):
+                continue
+            value = float(sample.value)
+            if math.isnan(value) or math.isinf(value):
+                continue
+            labels = dict(sample.labels)
+            queue = labels.pop("queue", None)
+            yield {
+                "v": SCHEMA_VERSION,
+                "time": round(now, 3),
+                "process": settings.process,
+                "kind": settings.kind,
+                "started": round(settings.started, 3),
+                "topic": labels.pop("topic", None),
+                "group": labels.pop("group", None),
+                "queue": int(queue) if queue is not None and queue.lstrip("-").isdigit() else None,
+                "metric": name,
+                "type": "counter" if counter else "gauge",
+                "value": value,
+                "labels": labels,
+            }
+
+
+def encode(batch: Iterable[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, separators=(",", ":"), sort_keys=True) + "\n" for r in batch).encode()
+
+
+def default_proxy_name(port: int) -> str:
+    """A proxy has no --name: host name and port tell proxies apart (a pod name on Kubernetes)."""
+    return f"{socket.gethostname()}-{port}"
+
+
+class _RollingFile:
+    """The in-progress hidden file of one roll period; `publish` makes it a final ``.jsonl`` file."""
+
+    def __init__(self, settings: ExportSettings) -> None:
+        self.settings = settings
+        self.dir = Path(settings.export_dir)
+        self.stem = f"{settings.kind}-{_UNSAFE.sub('_', settings.process)}-{int(settings.started * 1000)}"
+        self.period: int | None = None
+        self.seq = 0
+        self._file: Any = None
+
+    def _names(self) -> tuple[Path, Path]:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((self.period or 0) * self.settings.roll_period_s))
+        name = f"{self.stem}-{stamp}-{self.seq:06d}.jsonl"
+        return self.dir / f".{name}.tmp", self.dir / name
+
+    def append(self, data: bytes, now: float) -> None:
+        period = int(now // self.settings.roll_period_s)
+        if self.period is not None and period != self.period:
+            self.publish()
+        if self._file is None:
+            self.period = period
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._file = self._names()[0].open("ab")
+        self._file.write(data)
+        self._file.flush()
+
+    def publish(self) -> Path | None:
+        """fsync the in-progress file and rename it to its final name (atomic within the directory)."""
+        if self._file is None:
+            return None
+        tmp, final = self._names()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(tmp, final)
+        _fsync_dir(self.dir)
+        self.seq += 1
+        return final
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system lets a directory be fsynced
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def salvage(export_dir: Path, kind: str, process: str) -> list[Path]:
+    """Publish what an earlier incarnation of this process left in progress (killed before rolling).
+
+    Only whole lines are kept; the files are then renamed like any finished file.
+    """
+    out: list[Path] = []
+    prefix = f".{kind}-{_UNSAFE.sub('_', process)}-"
+    for tmp in sorted(Path(export_dir).glob(f"{prefix}*.jsonl.tmp")):
+        data = tmp.read_bytes()
+        whole = data[: data.rfind(b"\n") + 1]
+        if whole != data:
+            with tmp.open("r+b") as f:
+                f.truncate(len(whole))
+                os.fsync(f.fileno())
+        final = tmp.with_name(tmp.name[1 : -len(".tmp")])
+        os.replace(tmp, final)
+        out.append(final)
+    if out:
+        _fsync_dir(Path(export_dir))
+    return out
+
+
+class MetricsExporter:
+    """Snapshots ``registry`` every ``interval_s`` (aligned to the wall clock) until closed.
+
+    An async context manager; `close` takes a last snapshot and publishes the current file.
+    """
+
+    def __init__(self, registry: Registry, settings: ExportSettings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self._file = _RollingFile(settings)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="metrics-export")
+        self._task: asyncio.Task[None] | None = None
+        self.snapshots = 0
+
+    async def start(self) -> MetricsExporter:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        salvaged = await loop.run_in_executor(self._pool, salvage, s.export_dir, s.kind, s.process)
+        if salvaged:
+            log.info("published %d export file(s) left in progress by an earlier run", len(salvaged))
+        await self.snapshot()
+        self._task = loop.create_task(self._run(), name="metrics-export")
+        log.info("exporting metrics to %s every %g s", s.export_dir, s.interval_s)
+        return self
+
+    async def _run(self) -> None:
+        interval = self.settings.interval_s
+        while True:
+            now = time.time()
+            await asyncio.sleep((math.floor(now / interval) + 1) * interval - now)
+            try:
+                await self.snapshot()
+            except Exception:
+                log.exception("metrics export failed; retrying at the next interval")
+
+    async def snapshot(self) -> None:
+        now = time.time()
+        families = list(self.registry.collect())  # on the loop: collectors read live state
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._write, _Frozen(families), now)
+        self.snapshots += 1
+
+    def _write(self, registry: Registry, now: float) -> None:
+        self._file.append(encode(records(registry, self.settings, now)), now)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+            try:
+                await self.snapshot()
+            except OSError:
+                log.exception("last metrics snapshot failed")
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._file.publish)
+        self._pool.shutdown(wait=True)
+
+    async def __aenter__(self) -> MetricsExporter:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Frozen:
+    """Metric families already collected on the loop, handed to the writer thread."""
+
+    families: list[Any]
+
+    def collect(self) -> Iterable[Any]:
+        return self.families
