@@ -1,4 +1,7 @@
-"""The `popgate` command line. Only `up` so far: a local cluster in the foreground."""
+"""The `popgate` command line: `up` (a local cluster in the foreground) and the client commands.
+
+Client commands (send, receive, stats, dlq, bench) live in sdk.commands, sdk.admin and sdk.benchmark.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sdk.cluster import Cluster, ClusterConfig, ClusterError
@@ -29,7 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="popgate", description="popgate command line")
     sub = parser.add_subparsers(dest="command", required=True)
     _up_parser(sub)
+    _client_parsers(sub)
     return parser
+
+
+def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from sdk import admin, benchmark, commands
+
+    commands.add_parsers(sub)
+    admin.add_parsers(sub)
+    benchmark.add_parsers(sub)
 
 
 def up(args: argparse.Namespace) -> int:
@@ -77,7 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
         return up(args)
-    return 2
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        return 2
+    return handler(args)
 
 
 if __name__ == "__main__":

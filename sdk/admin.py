@@ -1,0 +1,241 @@
+"""`popgate stats` and `popgate dlq list|resend`.
+
+Lag and stored messages are broker facts the v2 protocol does not carry, so `stats` and
+`dlq list` ask the brokers themselves (broker.proto ``Stats`` and ``ListMessages``) at the
+``--broker NAME=HOST:PORT`` addresses (what `popgate up` prints; env POPGATE_BROKERS).
+`dlq resend` needs no broker address: it consumes ``%DLQ%<group>`` through the proxy
+with its own consumer group (so each dead letter is re-sent once) and sends every
+message back to its ORIGIN_TOPIC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import grpc
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc as bpb_grpc
+from rich.console import Console
+from rich.table import Table
+
+from sdk import errors
+from sdk.client import Producer, SimpleConsumer
+from sdk.commands import Sub, client_options, connection
+from sdk.message import Message
+
+DLQ_PREFIX = "%DLQ%"
+DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
+RESEND_GROUP = "popgate-dlq-resend"
+
+
+def _broker_option(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get("POPGATE_BROKERS", "").replace(",", " ").split()
+    parser.add_argument(
+        "--broker",
+        action="append",
+        default=None,
+        help="NAME=HOST:PORT of a broker (repeatable; env POPGATE_BROKERS, comma-separated)",
+    )
+    parser.set_defaults(default_brokers=default)
+
+
+def add_parsers(sub: Sub) -> None:
+    stats = sub.add_parser("stats", help="lag per topic and consumer group (asks the brokers)")
+    _broker_option(stats)
+    stats.add_argument("--topic", default="", help="only this topic")
+    stats.add_argument("--group", default="", help="only this group")
+    stats.add_argument("--timeout", type=float, default=3.0, help="per-broker deadline, seconds")
+    stats.set_defaults(handler=stats_command)
+
+    dlq = sub.add_parser("dlq", help="dead-lettered messages of a group: list or resend")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    listing = dlq_sub.add_parser("list", help="list %%DLQ%%<group> (asks the brokers; consumes nothing)")
+    _broker_option(listing)
+    listing.add_argument("group")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many messages")
+    listing.add_argument("--timeout", type=float, default=3.0)
+    listing.set_defaults(handler=dlq_list_command)
+    resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
+    client_options(resend)
+    resend.add_argument("group")
+    resend.add_argument("--count", type=int, default=0, help="at most this many (0 = all)")
+    resend.add_argument("--wait", type=float, default=2.0, help="stop when none came for this many seconds")
+    resend.add_argument("--resend-group", default=RESEND_GROUP, help="consumer group that reads the DLQ")
+    resend.set_defaults(handler=dlq_resend_command)
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    name: str
+    target: str
+
+
+def brokers_of(args: argparse.Namespace) -> list[Broker]:
+    out = []
+    for text in args.broker or args.default_brokers:
+        name, sep, target = text.partition("=")
+        if not sep or ":" not in target:
+            raise SystemExit(f"--broker {text!r}: expected NAME=HOST:PORT")
+        out.append(Broker(name, target))
+    if not out:
+        raise SystemExit("give at least one --broker NAME=HOST:PORT (as printed by `popgate up`)")
+    return out
+
+
+def fetch_stats(brokers: list[Broker], request: bpb.StatsRequest, timeout: float) -> dict[str, bpb.StatsResponse]:
+    """Each reachable broker's Stats; unreachable ones are left out (and named on stderr by the caller)."""
+    out: dict[str, bpb.StatsResponse] = {}
+    for broker in brokers:
+        with grpc.insecure_channel(broker.target) as channel:
+            try:
+                stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+                out[broker.name] = stub.Stats(request, timeout=timeout)
+            except grpc.RpcError:
+                continue
+    return out
+
+
+@dataclass
+class Lag:
+    ready: int = 0
+    inflight: int = 0
+    lag: int = 0
+    oldest_ms: int = 0
+    brokers: int = 0
+
+
+def lag_rows(responses: dict[str, bpb.StatsResponse]) -> dict[tuple[str, str], Lag]:
+    """(topic, group) -> lag summed over queues and brokers; the oldest un-acked store time over all."""
+    rows: dict[tuple[str, str], Lag] = defaultdict(Lag)
+    for response in responses.values():
+        seen = set()
+        for g in response.groups:
+            row = rows[g.topic, g.group]
+            row.ready += g.ready
+            row.inflight += g.inflight
+            row.lag += g.lag
+            if g.oldest_unacked_store_ms and (not row.oldest_ms or g.oldest_unacked_store_ms < row.oldest_ms):
+                row.oldest_ms = g.oldest_unacked_store_ms
+            if (g.topic, g.group) not in seen:
+                seen.add((g.topic, g.group))
+                row.brokers += 1
+    return dict(rows)
+
+
+def stats_command(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    brokers = brokers_of(args)
+    responses = fetch_stats(brokers, bpb.StatsRequest(topic=args.topic, group=args.group), args.timeout)
+    for broker in brokers:
+        if broker.name not in responses:
+            Console(stderr=True).print(f"popgate stats: broker {broker.name} at {broker.target} did not answer")
+    if not responses:
+        return 1
+    now_ms = int(time.time() * 1000)
+    table = Table(title=f"lag per topic and group ({len(responses)} of {len(brokers)} brokers)")
+    for column in ("topic", "group", "lag", "ready", "inflight", "oldest un-acked", "brokers"):
+        table.add_column(column, justify="left" if column in ("topic", "group") else "right")
+    for (topic, group), row in sorted(lag_rows(responses).items()):
+        age = f"{(now_ms - row.oldest_ms) / 1000:.1f} s" if row.oldest_ms else "-"
+        table.add_row(topic, group, str(row.lag), str(row.ready), str(row.inflight), age, str(row.brokers))
+    console.print(table)
+    topics: dict[str, int] = defaultdict(int)
+    for response in responses.values():
+        for q in response.queues:
+            topics[q.topic] += q.max_offset - q.min_offset
+    summary = Table(title="stored messages")
+    summary.add_column("topic")
+    summary.add_column("messages", justify="right")
+    for topic, count in sorted(topics.items()):
+        summary.add_row(topic, str(count))
+    console.print(summary)
+    return 0
+
+
+def list_dead_letters(brokers: list[Broker], group: str, *, limit: int, timeout: float) -> list[bpb.StoredMessage]:
+    topic = DLQ_PREFIX + group
+    out: list[bpb.StoredMessage] = []
+    for broker in brokers:
+        with grpc.insecure_channel(broker.target) as channel:
+            stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+            try:
+                stats = stub.Stats(bpb.StatsRequest(topic=topic), timeout=timeout)
+                for q in stats.queues:
+                    if q.topic != topic or q.max_offset <= q.min_offset or len(out) >= limit:
+                        continue
+                    request = bpb.ListMessagesRequest(
+                        topic=topic, queue_id=q.queue_id, from_offset=q.min_offset, limit=limit - len(out)
+                    )
+                    out += stub.ListMessages(request, timeout=timeout).messages
+            except grpc.RpcError as exc:
+                Console(stderr=True).print(f"popgate dlq list: broker {broker.name}: {exc.code().name}")
+    return out
+
+
+def dlq_list_command(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    stored = list_dead_letters(brokers_of(args), args.group, limit=args.limit, timeout=args.timeout)
+    table = Table(title=f"{DLQ_PREFIX}{args.group}: {len(stored)} message(s)")
+    for column in ("message id", "origin topic", "attempts", "stored", "tag", "body"):
+        table.add_column(column)
+    for s in sorted(stored, key=lambda s: s.store_ms):
+        m = s.message
+        props = m.properties
+        stored_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.store_ms / 1000))
+        body = m.body[:40].decode(errors="replace")
+        tag = m.tag if m.HasField("tag") else ""
+        table.add_row(
+            props.get("ORIGIN_MESSAGE_ID", m.message_id),
+            props.get("ORIGIN_TOPIC", "?"),
+            props.get("DELIVERY_ATTEMPTS", "?"),
+            stored_at,
+            tag,
+            body,
+        )
+    console.print(table)
+    return 0
+
+
+def resent(message: Message) -> tuple[str, Message]:
+    """The original topic and the message to send there (DLQ bookkeeping properties removed)."""
+    origin = message.properties.get("ORIGIN_TOPIC", "")
+    if not origin:
+        raise errors.BadRequest(f"dead letter {message.message_id} has no ORIGIN_TOPIC property")
+    properties = {k: v for k, v in message.properties.items() if k not in DLQ_PROPS}
+    return origin, Message(message.body, tag=message.tag, keys=message.keys, properties=properties)
+
+
+def dlq_resend_command(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    topic = DLQ_PREFIX + args.group
+    counts: dict[str, int] = defaultdict(int)
+    options = connection(args)
+    try:
+        with (
+            SimpleConsumer(args.endpoint, args.resend_group, {topic: "*"}, **options) as consumer,
+            Producer(args.endpoint, **options) as producer,
+        ):
+            idle_until = time.monotonic() + args.wait
+            total = 0
+            while (args.count == 0 or total < args.count) and (left := idle_until - time.monotonic()) > 0:
+                want = 32 if args.count == 0 else min(32, args.count - total)
+                batch = consumer.receive(max=want, wait=min(left, 1.0))
+                if not batch:
+                    continue
+                idle_until = time.monotonic() + args.wait
+                for message in batch:
+                    origin, copy = resent(message)
+                    producer.send(origin, copy)
+                    counts[origin] += 1
+                consumer.ack_many(batch)
+                total += len(batch)
+    except errors.PopgateError as exc:
+        Console(stderr=True).print(f"popgate dlq resend: {exc}", style="red")
+        return 1
+    where = ", ".join(f"{n} to {t}" for t, n in sorted(counts.items())) or "nothing to resend"
+    console.print(f"resent {sum(counts.values())} message(s) from {topic}: {where}")
+    return 0
