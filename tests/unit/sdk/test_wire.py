@@ -1,0 +1,130 @@
+"""The sans-IO protocol layer: what goes on the wire and how answers are read, without a server."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import _wire, errors
+from sdk.message import Message
+
+
+def test_authorization_header_is_the_official_mqv2_hmac_sha1() -> None:
+    meta = dict(_wire.CallMetadata(client_id="c", credentials=_wire.Credentials("AK", "SK"))(now=1_700_000_000.5))
+    assert meta["x-mq-date-time"] == "20231114T221320Z"
+    expected = hmac.new(b"SK", b"20231114T221320Z", hashlib.sha1).hexdigest()
+    assert meta["authorization"] == (
+        f"MQv2-HMAC-SHA1 Credential=AK, SignedHeaders=x-mq-date-time, Signature={expected}"
+    )
+    assert meta["x-mq-protocol"] == "GRPC_V2" and meta["x-mq-language"] == "PYTHON"
+    assert re.fullmatch(r"[0-9a-f-]{36}", meta["x-mq-request-id"])
+
+
+def test_no_credentials_no_authorization_header_and_request_ids_differ() -> None:
+    metadata = _wire.CallMetadata(client_id="c")
+    first, second = dict(metadata()), dict(metadata())
+    assert "authorization" not in first
+    assert first["x-mq-request-id"] != second["x-mq-request-id"]
+    assert "SK" not in repr(_wire.Credentials("AK", "SK"))
+
+
+def test_message_ids_have_the_official_format_and_are_unique() -> None:
+    ids = _wire.MessageIds()
+    made = [ids() for _ in range(1000)]
+    assert len(set(made)) == 1000
+    assert all(re.fullmatch(r"01[0-9A-F]{32}", i) for i in made)
+
+
+def test_outgoing_message_fields() -> None:
+    m = _wire.outgoing("héllo", tag="t", keys=["k1"], properties={"a": "b"}, delay=10, now=1000.0)
+    sent = _wire.to_v2("orders", m, "ID", now=1000.0)
+    props = sent.system_properties
+    assert sent.body == "héllo".encode() and sent.topic.name == "orders"
+    assert props.tag == "t" and list(props.keys) == ["k1"] and dict(sent.user_properties) == {"a": "b"}
+    assert props.message_type == v2.DELAY and props.delivery_timestamp.seconds == 1010
+    assert props.body_encoding == v2.IDENTITY and props.message_id == "ID"
+    fifo = _wire.to_v2("orders", _wire.outgoing(b"x", message_group="g"), "ID2", now=1000.0)
+    assert fifo.system_properties.message_type == v2.FIFO and fifo.system_properties.message_group == "g"
+    with pytest.raises(ValueError):
+        _wire.outgoing(b"x", delay=1, deliver_at=2)
+
+
+def test_a_message_object_keeps_its_own_fields_over_the_call_options() -> None:
+    m = _wire.outgoing(Message(b"x", tag="own"), tag="default", keys=["k"])
+    assert m.tag == "own" and list(m.keys) == ["k"]
+
+
+def test_send_batches_split_by_count_and_bytes() -> None:
+    ids = _wire.MessageIds()
+    small = [_wire.outgoing(b"x") for _ in range(2500)]
+    assert [len(r.messages) for r in _wire.send_requests("t", small, ids)] == [1024, 1024, 452]
+    big = [_wire.outgoing(b"x" * (3 * 1024 * 1024)) for _ in range(5)]
+    assert [len(r.messages) for r in _wire.send_requests("t", big, ids)] == [2, 2, 1]
+
+
+def test_send_receipts_and_errors() -> None:
+    request = _wire.send_requests("t", [_wire.outgoing(b"x")], _wire.MessageIds())[0]
+    ok = v2.Status(code=v2.OK)
+    response = pb.SendMessageResponse(status=ok, entries=[pb.SendResultEntry(status=ok, message_id="M", offset=7)])
+    [receipt] = _wire.send_receipts("t", request, response)
+    assert (receipt.message_id, receipt.topic, receipt.offset) == ("M", "t", 7)
+    refused = pb.SendMessageResponse(status=v2.Status(code=v2.MESSAGE_BODY_TOO_LARGE, message="4 MiB max"))
+    with pytest.raises(errors.MessageBodyTooLarge, match="4 MiB max"):
+        _wire.send_receipts("t", request, refused)
+
+
+def _frame_message(handle: str, attempt: int = 1) -> pb.ReceiveMessageResponse:
+    m = v2.Message(topic=v2.Resource(name="t"), body=b"b", user_properties={"p": "q"})
+    s = m.system_properties
+    s.message_id, s.receipt_handle, s.delivery_attempt, s.tag = "M", handle, attempt, "tg"
+    s.keys.append("k")
+    s.store_timestamp.seconds, s.born_timestamp.seconds = 20, 10
+    return pb.ReceiveMessageResponse(message=m)
+
+
+def test_receive_stream_is_read_whatever_the_frame_order() -> None:
+    stamp = pb.ReceiveMessageResponse()
+    stamp.delivery_timestamp.seconds = 5
+    status = pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK))
+    [m] = _wire.received([status, _frame_message("h", 2), stamp])
+    assert (m.body, m.topic, m.tag, tuple(m.keys), dict(m.properties)) == (b"b", "t", "tg", ("k",), {"p": "q"})
+    assert (m.message_id, m.receipt_handle, m.attempt, m.born_at, m.stored_at) == ("M", "h", 2, 10.0, 20.0)
+
+
+def test_empty_receive_is_not_an_error_but_other_statuses_are() -> None:
+    empty = pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message"))
+    assert _wire.received([empty]) == []
+    busy = pb.ReceiveMessageResponse(status=v2.Status(code=v2.TOO_MANY_REQUESTS, message="busy"))
+    with pytest.raises(errors.TooManyRequests):
+        _wire.received([busy])
+
+
+def test_receive_request_durations_are_float_seconds() -> None:
+    r = _wire.receive_request("g", _wire.Subscription("t", "a || b"), max=5, invisible=12.5, wait=0.25)
+    assert (r.invisible_duration.seconds, r.invisible_duration.nanos) == (12, 500_000_000)
+    assert (r.long_polling_timeout.seconds, r.long_polling_timeout.nanos) == (0, 250_000_000)
+    assert r.filter_expression.expression == "a || b" and r.batch_size == 5
+    with pytest.raises(ValueError):
+        _wire.receive_request("g", _wire.Subscription("t"), max=33, invisible=1, wait=0)
+
+
+def test_ack_failures_per_entry() -> None:
+    ok = v2.Status(code=v2.OK)
+    stale = v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message="stale")
+    response = pb.AckMessageResponse(
+        status=v2.Status(code=v2.MULTIPLE_RESULTS),
+        entries=[
+            pb.AckMessageResultEntry(message_id="a", status=ok),
+            pb.AckMessageResultEntry(message_id="b", status=stale),
+        ],
+    )
+    [(message_id, error)] = _wire.ack_failures(response)
+    assert message_id == "b" and isinstance(error, errors.InvalidReceiptHandle)
+    assert _wire.ack_failures(pb.AckMessageResponse(status=ok)) == []
+    with pytest.raises(errors.BadRequest):
+        _wire.ack_failures(pb.AckMessageResponse(status=v2.Status(code=v2.ILLEGAL_CONSUMER_GROUP, message="bad")))
