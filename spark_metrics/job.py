@@ -1,0 +1,146 @@
+"""Batch and Structured Streaming runs over an export directory, writing Parquet, a report and a chart.
+
+Output layout (``--output DIR``):
+  DIR/windows/date=YYYY-MM-DD/*.parquet   one row per window and topic/group (transform.OUTPUT_COLUMNS)
+  DIR/report.txt                          the short text report
+  DIR/lag.png                             consumer lag over time, one line per group
+  DIR/_checkpoint/                        streaming only: the query's progress and state
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_metrics import report
+from spark_metrics.names import RECORD_SCHEMA
+from spark_metrics.transform import group_metrics, series_windows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    input: str
+    output: str
+    window_s: float = 60.0
+    # Streaming: how late a record may arrive (by its own time, against the newest seen) and still count.
+    # Export files appear once per roll period (60 s), so this must exceed it.
+    lateness_s: float = 180.0
+    streaming: bool = False
+    once: bool = False  # streaming: process what is there now, then stop (Trigger.AvailableNow)
+    trigger_s: float = 10.0
+    top: int = 5
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.lateness_s < 0 or self.trigger_s <= 0:
+            raise ValueError("window and trigger must be > 0, lateness >= 0")
+
+    @property
+    def windows_path(self) -> str:
+        return _join(self.output, "windows")
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSession:
+    """A session for the job: ``master`` if given, else whatever spark-submit set, else local[*]."""
+    builder = SparkSession.builder.appName(app)
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    from pyspark import SparkConf
+    from pyspark.context import SparkContext
+
+    SparkContext._ensure_initialized()  # reads spark-submit's --master/--conf, if any
+    conf = SparkConf()
+    if master or not conf.contains("spark.master"):
+        builder = builder.master(master or "local[*]")
+    defaults = {
+        "spark.sql.session.timeZone": "UTC",  # window bounds and date partitions in UTC
+        "spark.sql.shuffle.partitions": "8",  # small aggregates; state-store count in streaming
+        "spark.ui.showConsoleProgress": "false",
+    }
+    for key, value in defaults.items():
+        if not conf.contains(key):
+            builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def read_records(spark: SparkSession, path: str, *, streaming: bool = False) -> DataFrame:
+    """Every finished ``*.jsonl`` file under ``path`` (any depth); in-progress files are hidden."""
+    reader: Any = spark.readStream if streaming else spark.read
+    records: DataFrame = (
+        reader.schema(RECORD_SCHEMA)
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "*.jsonl")
+        .option("mode", "PERMISSIVE")
+        .json(path)
+    )
+    return records
+
+
+def write_windows(df: DataFrame, path: str, *, append: bool) -> None:
+    writer = df.write.partitionBy("date")
+    if append:
+        writer.mode("append").parquet(path)
+    else:
+        writer.mode("overwrite").option("partitionOverwriteMode", "dynamic").parquet(path)
+
+
+def run_batch(spark: SparkSession, settings: JobSettings) -> DataFrame:
+    """Aggregate everything under the input; rewrite the output's date partitions it covers."""
+    records = read_records(spark, settings.input)
+    out = group_metrics(series_windows(records, settings.window_s), settings.window_s)
+    write_windows(out, settings.windows_path, append=False)
+    report.write(spark, settings)
+    return out
+
+
+def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
+    """Start the streaming query; each micro-batch appends the windows the watermark closed."""
+    records = read_records(spark, settings.input, streaming=True)
+    series = series_windows(records, settings.window_s, lateness_s=settings.lateness_s)
+
+    def each_batch(batch: DataFrame, batch_id: int) -> None:
+        out = group_metrics(batch, settings.window_s).persist()
+        try:
+            if not out.isEmpty():
+                write_windows(out, settings.windows_path, append=True)
+                report.write(spark, settings)
+                log.info("batch %d: windows written", batch_id)
+        finally:
+            out.unpersist()
+
+    writer = (
+        series.writeStream.outputMode("append")
+        .foreachBatch(each_batch)
+        .option("checkpointLocation", _join(settings.output, "_checkpoint"))
+        .queryName("popgate-metrics")
+    )
+    if settings.once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{int(settings.trigger_s * 1000)} milliseconds")
+    return writer.start()
+
+
+def run(settings: JobSettings, *, master: str | None = None) -> None:
+    spark = session(master)
+    if settings.streaming:
+        query = start_streaming(spark, settings)
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
+    else:
+        run_batch(spark, settings)
+    text = Path(_join(settings.output, "report.txt"))
+    if text.exists():
+        print(text.read_text(), end="")

@@ -1,0 +1,72 @@
+"""What the job reads: the export record schema (docs/METRICS.md) and the metric names it knows.
+
+Polling metrics are matched by name (or by a label of ``popgate_proxy_receives_total``), so the
+ones the pop-with-notify work adds are picked up as soon as a proxy exports them; a name that
+never appears leaves its column empty (null), never wrong.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+SCHEMA_VERSION = 1
+
+# `labels` is read as a string: Spark keeps the raw JSON text of the object, which the exporter writes
+# with sorted keys, so it is a stable grouping key; it is parsed only where a label is needed.
+RECORD_SCHEMA = StructType(
+    [
+        StructField("v", IntegerType()),
+        StructField("time", DoubleType()),
+        StructField("process", StringType()),
+        StructField("kind", StringType()),
+        StructField("started", DoubleType()),
+        StructField("topic", StringType()),
+        StructField("group", StringType()),
+        StructField("queue", LongType()),
+        StructField("metric", StringType()),
+        StructField("type", StringType()),
+        StructField("value", DoubleType()),
+        StructField("labels", StringType()),
+    ]
+)
+
+# Broker gauges
+MAX_OFFSET = "popgate_broker_max_offset"
+CONSUMER_OFFSET = "popgate_broker_consumer_offset"
+PULL_OFFSET = "popgate_broker_pull_offset"
+LAG_MESSAGES = "popgate_broker_consumer_lag_messages"
+OLDEST_AGE = "popgate_broker_oldest_unacked_age_seconds"
+DLQ_MESSAGES = "popgate_broker_dlq_messages"
+# Broker counters
+MESSAGES_IN = "popgate_broker_messages_in_total"
+MESSAGES_OUT = "popgate_broker_messages_out_total"
+DEAD_LETTERED = "popgate_broker_dead_lettered_total"
+# Proxy counters
+RECEIVES = "popgate_proxy_receives_total"
+FIRST_POP_HITS = (
+    "popgate_proxy_receive_first_pop_hits_total",
+    "popgate_proxy_short_polling_hits_total",
+    "popgate_proxy_is_short_polling_hit_total",
+)
+NOTIFY_RUNS = (
+    "popgate_proxy_notify_runs_total",
+    "popgate_proxy_pop_with_notify_runs_total",
+    "popgate_proxy_receive_notify_runs_total",
+)
+LONG_POLLING = (
+    "popgate_proxy_long_polling_receives_total",
+    "popgate_proxy_is_long_polling_total",
+)
+EMPTY_RESPONSES = ("popgate_proxy_empty_responses_total",)
+# Labels of RECEIVES that mean the same as the metrics above (whichever the proxy exports)
+SHORT_POLLING_HIT_LABEL = "is_short_polling_hit"
+LONG_POLLING_LABEL = "is_long_polling"
+OUTCOME_LABEL = "outcome"
+EMPTY_OUTCOME = "empty"
