@@ -58,6 +58,12 @@ class _AsyncClient(ClientBase):
                     if self._closed:
                         raise errors.Unavailable("the client is closed", retriable=False) from None
                     raise convert(exc) from None
+                except asyncio.CancelledError:
+                    # Closing the channel cancels its calls; only a cancellation of *this* task propagates.
+                    task = asyncio.current_task()
+                    if self._closed and task is not None and not task.cancelling():
+                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                    raise
             except errors.PopgateError as exc:
                 delay = next(delays, None) if exc.retriable and not self._closed else None
                 if delay is None:

@@ -1,0 +1,107 @@
+"""A real `popgate up`-style cluster (2 brokers + proxy, sdk.cluster) shared by this package; always torn down.
+
+Tests use fresh topic and group names, so they do not see each other's messages. The restart tests
+start their own cluster.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from sdk import Message, SimpleConsumer
+from sdk.cluster import Cluster, ClusterConfig
+
+T = TypeVar("T")
+# Short polls: in longpoll mode the proxy holds a receive on one broker (rotating), so a poll that lands on a
+# drained broker while the other still has messages waits its whole time (a "false empty", DESIGN §3).
+WAIT = 0.4
+PROXY_ARGS = ("--min-invisible-s", "1", "--shutdown-grace-s", "0.5")
+# Brokers wait their whole shutdown grace on SIGTERM even when idle (5 s by default): keep teardown short.
+BROKER_ARGS = ("--shutdown-grace-s", "0.5")
+
+
+def start_cluster(data_dir: Path, brokers: int = 2) -> Cluster:
+    config = ClusterConfig(
+        brokers=brokers,
+        listen="127.0.0.1:0",
+        data_dir=data_dir,
+        proxy_args=PROXY_ARGS,
+        broker_args=BROKER_ARGS,
+        flush="async",
+    )
+    cluster = Cluster(config)
+    cluster.start()
+    return cluster
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def endpoint(cluster: Cluster) -> str:
+    return cluster.endpoint
+
+
+def eventually(probe: Callable[[], T | None], timeout: float = 10.0, what: str = "condition") -> T:
+    """Call probe until it returns something other than None (each call may block briefly); bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def drain(consumer: SimpleConsumer, count: int, *, timeout: float = 15.0, ack: bool = True) -> list[Message]:
+    """Receive until `count` messages came (or fail after `timeout`); ack them unless told not to."""
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"received {len(got)} of {count} messages within {timeout} s"
+        batch = consumer.receive(max=32, wait=min(WAIT, left))
+        if batch and ack:
+            consumer.ack_many(batch)
+        got += batch
+    return got
+
+
+class Collector:
+    """Iterates a consumer in a thread (`for msg in consumer`), acking and collecting every message."""
+
+    def __init__(self, consumer: SimpleConsumer) -> None:
+        self.consumer = consumer
+        self.messages: queue.Queue[Message] = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for message in self.consumer:
+                self.consumer.ack(message)
+                self.messages.put(message)
+        except BaseException as exc:  # surfaced by the test through .error
+            self.error = exc
+
+    def next_body(self, timeout: float = 20.0) -> bytes:
+        return self.messages.get(timeout=timeout).body
+
+    def stop(self) -> None:
+        self.consumer.close()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the iterator did not end after close()"

@@ -1,0 +1,147 @@
+"""The blocking Producer and SimpleConsumer against a real 2-broker cluster."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from sdk import (
+    AckError,
+    BadRequest,
+    InvalidReceiptHandle,
+    Message,
+    Producer,
+    RetryPolicy,
+    SimpleConsumer,
+    Unavailable,
+)
+from tests.integration.sdk.conftest import Collector, drain
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_send_receive_ack_keeps_every_field(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, {topic: "*"}) as consumer:
+        before = time.time()
+        receipt = producer.send(topic, b"hello", tag="new", keys=["order-1"], properties={"region": "eu"})
+        [message] = drain(consumer, 1)
+    assert message.message_id == receipt.message_id and receipt.topic == topic
+    assert (message.body, message.topic, message.tag) == (b"hello", topic, "new")
+    assert (tuple(message.keys), dict(message.properties)) == (("order-1",), {"region": "eu"})
+    assert message.attempt == 1 and message.receipt_handle
+    assert before - 1 <= message.born_at <= message.stored_at <= time.time() + 1
+
+
+def test_send_many_batches_and_ack_many(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    bodies = [f"m{i}".encode() for i in range(1100)]  # two SendMessage calls (<= 1024 each)
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        receipts = producer.send_many(topic, bodies, tag="bulk")
+        assert len({r.message_id for r in receipts}) == 1100
+        got = drain(consumer, 1100, timeout=60)
+    assert sorted(m.body for m in got) == sorted(bodies)
+    assert {m.message_id for m in got} == {r.message_id for r in receipts}
+    assert {m.tag for m in got} == {"bulk"}
+
+
+def test_nack_redelivers_after_the_delay_with_the_next_attempt(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        producer.send(topic, b"retry me")
+        [first] = drain(consumer, 1, ack=False)
+        old_handle = first.receipt_handle
+        nacked_at = time.monotonic()
+        consumer.nack(first, 0.5)
+        assert first.receipt_handle != old_handle
+        [again] = drain(consumer, 1, ack=False)
+        assert time.monotonic() - nacked_at >= 0.4
+        assert (again.message_id, again.attempt) == (first.message_id, 2)
+        with pytest.raises(InvalidReceiptHandle) as stale:
+            consumer.ack(first)  # the handle of the first delivery no longer acks
+        assert stale.value.code == 40013 and not stale.value.retriable
+        consumer.ack(again)
+        with pytest.raises(AckError) as failed:
+            consumer.ack_many([again])
+        assert [mid for mid, _ in failed.value.failures] == [again.message_id]
+
+
+def test_forward_to_dlq_keeps_the_origin(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        receipt = producer.send(topic, b"poison")
+        [message] = drain(consumer, 1, ack=False)
+        consumer.forward_to_dlq(message)
+    with SimpleConsumer(endpoint, name("dlq-reader"), f"%DLQ%{group}") as dlq:
+        [dead] = drain(dlq, 1)
+    assert dead.body == b"poison"
+    assert dead.properties["ORIGIN_TOPIC"] == topic
+    assert dead.properties["ORIGIN_MESSAGE_ID"] == receipt.message_id
+    assert dead.properties["DELIVERY_ATTEMPTS"] == "1"
+
+
+def test_tag_filter(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, {topic: "wanted || also"}) as consumer:
+        producer.send(topic, b"first", tag="wanted")
+        producer.send_many(topic, [b"skip"], tag="other")
+        producer.send(topic, Message(b"second", tag="also"))
+        got = drain(consumer, 2)
+    assert sorted(m.body for m in got) == [b"first", b"second"]
+
+
+def test_delay(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        sent_at = time.time()
+        try:
+            producer.send(topic, b"later", delay=1.0)
+        except BadRequest as exc:
+            if "not supported" in exc.message:
+                pytest.skip(f"the broker has no scheduled delivery yet: {exc}")
+            raise
+        [message] = drain(consumer, 1)
+    assert message.body == b"later" and time.time() - sent_at >= 0.9
+
+
+def test_iteration_long_polls_until_closed(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    consumer = SimpleConsumer(endpoint, group, topic, wait=2.0)
+    collector = Collector(consumer)
+    try:
+        with Producer(endpoint) as producer:
+            for i in range(3):
+                producer.send(topic, f"n{i}".encode())
+                assert collector.next_body(10) == f"n{i}".encode()
+    finally:
+        collector.stop()
+    assert collector.error is None
+
+
+def test_bad_input_is_a_typed_non_retriable_error_with_the_servers_message(endpoint: str) -> None:
+    with Producer(endpoint) as producer:
+        with pytest.raises(BadRequest) as bad:
+            producer.send("no spaces allowed", b"x")
+    assert bad.value.code_name == "ILLEGAL_TOPIC" and not bad.value.retriable
+    assert "topic" in bad.value.message
+
+
+def test_unreachable_proxy_is_retried_then_unavailable() -> None:
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02)
+    started = time.monotonic()
+    with Producer("127.0.0.1:1", retry=policy, request_timeout=1.0) as producer:
+        with pytest.raises(Unavailable) as down:
+            producer.send("t", b"x")
+    assert down.value.retriable and time.monotonic() - started < 5
+
+
+def test_credentials_are_accepted_by_the_proxy(endpoint: str) -> None:
+    topic = name("t")
+    with Producer(endpoint, access_key="AK", secret_key="SK") as producer:
+        assert producer.send(topic, b"signed").message_id
+    with SimpleConsumer(endpoint, name("g"), topic, access_key="AK", secret_key="SK") as consumer:
+        assert [m.body for m in drain(consumer, 1)] == [b"signed"]
