@@ -40,6 +40,7 @@ async def serve(settings: BrokerSettings) -> None:
     store.set_listener(core)
     store.start(loop)
     core.restore(snapshot)
+    core.start()
     metrics.watch(core)
 
     limit = settings.max_grpc_message_bytes

@@ -14,7 +14,7 @@ import os
 import random
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from popgate_pb import broker_pb2 as pb
@@ -24,7 +24,6 @@ from broker.errors import (
     BadRequest,
     BrokerError,
     IllegalBatchSize,
-    IllegalDeliveryTime,
     IllegalInvisibleTime,
     IllegalMessage,
     IllegalPollingTime,
@@ -39,13 +38,16 @@ from broker.lag import QueueLag, queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.receipt import ReceiptHandle
+from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.store import (
     CreateQueue,
     DeleteInflight,
+    DeleteScheduled,
     NewMessage,
     Op,
     PutInflight,
+    PutScheduled,
     Record,
     SetGroupFilter,
     SetPullOffset,
@@ -93,6 +95,15 @@ class Popped:
 
 
 @dataclass(slots=True)
+class Sent:
+    message_id: str
+    topic: str
+    queue_id: int
+    offset: int  # -1 while scheduled
+    due_ms: int | None = None
+
+
+@dataclass(slots=True)
 class PopResult:
     messages: list[Popped]
     polling_full: bool = False
@@ -121,6 +132,12 @@ class BrokerCore:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = MessageIds()
         self._valid_topics: set[str] = set()
+        self.schedule = ScheduleIndex()
+        self._next_schedule_id = 0
+        self.scheduler = ScheduledDelivery(
+            self.schedule, self._deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
+        )
+        self.on_lateness: Callable[[float], None] | None = None
 
     # -- start ---------------------------------------------------------------
 
@@ -140,22 +157,62 @@ class BrokerCore:
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms))
         for state in self.groups.values():
             self._schedule(state)
+        for due, schedule_id in snap.scheduled:
+            self.schedule.add(due, schedule_id)
+            self._next_schedule_id = max(self._next_schedule_id, schedule_id)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def _deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
+        """Move due scheduled messages into their topics: append and delete in one transaction."""
+        rows = await self.store.read_scheduled([schedule_id for _, schedule_id in entries])
+        ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
+        appends = []
+        for r in rows:
+            self._topic_for_send(r.topic, ops, force=True)
+            appends.append(NewMessage(r.topic, r.queue_id, now_ms(), r.tag, r.payload))
+        await self.store.submit(appends, ops)
+        if self.on_lateness is not None:
+            now = now_ms()
+            for r in rows:
+                self.on_lateness((now - r.due_ms) / 1000)
 
     # -- send ----------------------------------------------------------------
 
-    async def send(self, messages: Sequence[pb.Message]) -> list[Record]:
+    async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
         if not messages:
             raise BadRequest("send carries no message")
         if len(messages) > self.settings.max_send_batch:
             raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {self.settings.max_send_batch}")
         now = now_ms()
-        tags = [self._check(m, now) for m in messages]  # all or nothing: check every message first
+        checked = [self._check(m, now) for m in messages]  # all or nothing: check every message first
         ops: list[Op] = []
-        appends = [self._place(m, tag, now, ops) for m, tag in zip(messages, tags, strict=True)]
-        return await self.store.submit(appends, ops)
+        appends: list[NewMessage] = []
+        out: list[Sent] = []
+        scheduled: list[PutScheduled] = []
+        for m, (tag, due) in zip(messages, checked, strict=True):
+            new = self._place(m, tag, now, ops)
+            if due is None:
+                appends.append(new)
+                out.append(Sent(m.message_id, m.topic, new.queue_id, -1))
+            else:
+                self._next_schedule_id += 1
+                put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
+                scheduled.append(put)
+                out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
+        records = await self.store.submit(appends, [*ops, *scheduled])
+        offsets = iter(records)
+        for sent in out:
+            if sent.due_ms is None:
+                sent.offset = next(offsets).offset
+        for put in scheduled:
+            self.schedule.add(put.due_ms, put.schedule_id)
+            self.scheduler.added(put.due_ms)
+        return out
 
-    def _check(self, m: pb.Message, now: int) -> str | None:
-        """Validate one message; returns its tag (None when it has none)."""
+    def _check(self, m: pb.Message, now: int) -> tuple[str | None, int | None]:
+        """Validate one message; returns its tag and due time (None when none)."""
         if m.topic not in self._valid_topics:
             validation.check_topic(m.topic)
             if len(self._valid_topics) < 100_000:
@@ -183,8 +240,9 @@ class BrokerCore:
             validation.check_message_id(m.message_id)
         if m.message_group:
             validation.check_text_field("message group", m.message_group, limit=128)
-        if m.deliver_at_ms > now or m.delay_level:
-            raise IllegalDeliveryTime("scheduled delivery is not supported by this broker yet")
+        due = due_time_ms(
+            now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
+        )
         if m.HasField("queue_id") and m.queue_id >= 0:
             topic = self.topics.get(m.topic)
             count = len(topic.queues) if topic else self.settings.queues_per_topic
@@ -192,7 +250,7 @@ class BrokerCore:
                 raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
         if not self.settings.auto_create and m.topic not in self.topics:
             raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
-        return tag
+        return tag, due
 
     def _place(self, m: pb.Message, tag: str | None, now: int, ops: list[Op]) -> NewMessage:
         """Choose the queue and fill in what the producer left out (after every message passed its checks)."""
@@ -559,6 +617,7 @@ class BrokerCore:
         return state
 
     async def close(self) -> None:
+        await self.scheduler.close()
         self.hold.close()
         for _, handle in self._timers.values():
             handle.cancel()

@@ -190,6 +190,8 @@ class MetricsExporter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="metrics-export")
         self._task: asyncio.Task[None] | None = None
         self.snapshots = 0
+        self._last = 0.0
+        self._written = asyncio.Condition()
 
     async def start(self) -> MetricsExporter:
         loop = asyncio.get_running_loop()
@@ -213,11 +215,19 @@ class MetricsExporter:
                 log.exception("metrics export failed; retrying at the next interval")
 
     async def snapshot(self) -> None:
-        now = time.time()
+        # strictly increasing at the 1 ms the records carry: (process, started, time) names one snapshot
+        now = self._last = max(time.time(), self._last + 0.001)
         families = list(self.registry.collect())  # on the loop: collectors read live state
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._write, _Frozen(families), now)
-        self.snapshots += 1
+        async with self._written:
+            self.snapshots += 1
+            self._written.notify_all()
+
+    async def wait_snapshots(self, count: int) -> None:
+        """Until ``count`` snapshots have been written (bound it with asyncio.timeout)."""
+        async with self._written:
+            await self._written.wait_for(lambda: self.snapshots >= count)
 
     def _write(self, registry: Registry, now: float) -> None:
         self._file.append(encode(records(registry, self.settings, now)), now)

@@ -33,7 +33,15 @@ class BrokerMetrics:
             registry=self.registry,
         )
 
+        self.lateness = Histogram(
+            "popgate_broker_scheduled_lateness_seconds",
+            "How late scheduled messages became visible after their due time",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300),
+            registry=self.registry,
+        )
+
     def watch(self, core: BrokerCore) -> None:
+        core.on_lateness = self.lateness.observe
         self.registry.register(_CoreCollector(core))
 
 
@@ -93,3 +101,26 @@ class _CoreCollector(Collector):
         for (topic_name, group), count in core.messages_out.items():
             msg_out.add_metric([topic_name, group], count)
         yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dead, held, msg_in, msg_out)
+        yield from _schedule_metrics(core)
+
+
+def _schedule_metrics(core: BrokerCore) -> Iterator[Metric]:
+    scheduler = core.scheduler
+    yield GaugeMetricFamily(
+        "popgate_broker_scheduled_messages", "Messages waiting for their delivery time", value=len(core.schedule)
+    )
+    yield GaugeMetricFamily(
+        "popgate_broker_scheduled_due_pending",
+        "Scheduled messages due but not yet delivered",
+        value=scheduler.due_pending(),
+    )
+    yield CounterMetricFamily(
+        "popgate_broker_scheduled_delivery_retries",
+        "Failed scheduled deliveries retried",
+        value=scheduler.stats.retries,
+    )
+    yield CounterMetricFamily(
+        "popgate_broker_scheduled_blocked_seconds",
+        "Time scheduled delivery spent blocked on a failing batch",
+        value=scheduler.stats.blocked_s,
+    )

@@ -81,11 +81,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     @rpc("Send")
     async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
-        records = await self.core.send(request.messages)
+        sent = await self.core.send(request.messages)
         return pb.SendResponse(
             results=[
-                pb.SendResult(message_id=m.message_id, topic=r.topic, queue_id=r.queue_id, offset=r.offset)
-                for m, r in zip(request.messages, records, strict=True)
+                pb.SendResult(message_id=s.message_id, topic=s.topic, queue_id=s.queue_id, offset=s.offset)
+                for s in sent
             ]
         )
 

@@ -30,6 +30,8 @@ class BrokerSettings:
     min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
     max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})
     max_poll_ms: int = field(default=30000, metadata={"help": "longest long-polling time"})
+    max_delay_ms: int = field(default=3 * 24 * 3600 * 1000, metadata={"help": "longest delivery delay"})
+    schedule_max_in_flight: int = field(default=2000, metadata={"help": "scheduled messages delivered at once"})
     cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})
     sweep_interval_s: float = field(default=5.0, metadata={"help": "safety sweep of held requests"})
     max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})

@@ -25,9 +25,11 @@ from broker.store import (
     ArrivalListener,
     CreateQueue,
     DeleteInflight,
+    DeleteScheduled,
     NewMessage,
     Op,
     PutInflight,
+    PutScheduled,
     QueueIndex,
     Record,
     SetGroupFilter,
@@ -53,6 +55,9 @@ CREATE TABLE IF NOT EXISTS inflight (
     grp TEXT NOT NULL, topic TEXT NOT NULL, queue INTEGER NOT NULL, offset INTEGER NOT NULL,
     attempt INTEGER NOT NULL, token INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
     PRIMARY KEY (grp, topic, queue, offset)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scheduled (
+    id INTEGER PRIMARY KEY, due_ms INTEGER NOT NULL, topic TEXT NOT NULL, queue INTEGER NOT NULL,
+    tag TEXT, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS group_filters (
     grp TEXT NOT NULL, topic TEXT NOT NULL, expression TEXT NOT NULL,
     PRIMARY KEY (grp, topic)) WITHOUT ROWID;
@@ -64,6 +69,8 @@ _SQL = {
     PutInflight: "INSERT OR REPLACE INTO inflight VALUES (?, ?, ?, ?, ?, ?, ?)",
     DeleteInflight: "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ? AND offset = ?",
     SetGroupFilter: "INSERT OR REPLACE INTO group_filters VALUES (?, ?, ?)",
+    PutScheduled: "INSERT INTO scheduled VALUES (?, ?, ?, ?, ?, ?)",
+    DeleteScheduled: "DELETE FROM scheduled WHERE id = ?",
 }
 
 CommitObserver = Callable[[float], None]
@@ -132,6 +139,7 @@ class SqliteStore:
         snap.pull_offsets = [SetPullOffset(*row) for row in self._conn.execute("SELECT * FROM pull_offsets")]
         snap.inflight = [PutInflight(*row) for row in self._conn.execute("SELECT * FROM inflight")]
         snap.filters = [SetGroupFilter(*row) for row in self._conn.execute("SELECT * FROM group_filters")]
+        snap.scheduled = [(due, sid) for sid, due in self._conn.execute("SELECT id, due_ms FROM scheduled")]
         return snap
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -269,6 +277,19 @@ class SqliteStore:
                 (topic, queue_id, from_offset, limit),
             )
             return [Record(topic, queue_id, o, s, t, p) for o, s, t, p in rows]
+
+        return await asyncio.get_running_loop().run_in_executor(self._reader, read)
+
+    async def read_scheduled(self, schedule_ids: Sequence[int]) -> list[PutScheduled]:
+        def read() -> list[PutScheduled]:
+            conn = self._reader_conn()
+            out: list[PutScheduled] = []
+            for i in range(0, len(schedule_ids), 500):
+                chunk = list(schedule_ids[i : i + 500])
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(f"SELECT * FROM scheduled WHERE id IN ({marks})", chunk)
+                out.extend(PutScheduled(*row) for row in rows)
+            return out
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, read)
 

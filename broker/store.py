@@ -70,7 +70,20 @@ class SetGroupFilter(NamedTuple):
     expression: str
 
 
-Op = CreateQueue | SetPullOffset | PutInflight | DeleteInflight | SetGroupFilter
+class PutScheduled(NamedTuple):
+    schedule_id: int
+    due_ms: int
+    topic: str
+    queue_id: int
+    tag: str | None
+    payload: bytes
+
+
+class DeleteScheduled(NamedTuple):
+    schedule_id: int
+
+
+Op = CreateQueue | SetPullOffset | PutInflight | DeleteInflight | SetGroupFilter | PutScheduled | DeleteScheduled
 
 
 @dataclass(slots=True)
@@ -90,6 +103,7 @@ class Snapshot:
     pull_offsets: list[SetPullOffset] = field(default_factory=list)
     inflight: list[PutInflight] = field(default_factory=list)
     filters: list[SetGroupFilter] = field(default_factory=list)
+    scheduled: list[tuple[int, int]] = field(default_factory=list)  # (due_ms, schedule id)
 
 
 class ArrivalListener(Protocol):
@@ -111,5 +125,7 @@ class Store(Protocol):
     async def read_payloads(self, topic: str, queue_id: int, offsets: Sequence[int]) -> dict[int, bytes]: ...
 
     async def read_range(self, topic: str, queue_id: int, from_offset: int, limit: int) -> list[Record]: ...
+
+    async def read_scheduled(self, schedule_ids: Sequence[int]) -> list[PutScheduled]: ...
 
     async def close(self) -> None: ...

@@ -1,0 +1,183 @@
+"""Delayed and scheduled delivery: a durable schedule index and its asynchronous deliverer.
+
+A scheduled message is stored in the schedule (not in its topic) until its due
+time; then the deliverer moves it into the topic in one transaction (append and
+delete together, so it is delivered exactly once, also after a crash).
+Delivery is asynchronous with flow control, as RocketMQ 4.9.3's scheduled
+delivery: at most ``max_in_flight`` messages are being delivered at once; when
+the bound is reached the deliverer waits instead of reading more. A failed
+delivery is retried with growing back-off; after ``max_retries`` failed retries
+the deliverer blocks (delivers nothing else) and keeps retrying that batch until
+it succeeds, rather than skipping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from broker.errors import IllegalDeliveryTime
+
+log = logging.getLogger(__name__)
+
+# RocketMQ's 18 delay levels, in seconds.
+DELAY_LEVELS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+
+Entry = tuple[int, int]  # (due_ms, schedule id)
+
+
+def due_time_ms(now_ms: int, *, deliver_at_ms: int, delay_level: int, max_delay_ms: int) -> int | None:
+    """When a message becomes visible: None for at once (no delay, or a time already past)."""
+    if delay_level:
+        if not 1 <= delay_level <= len(DELAY_LEVELS_S):
+            raise IllegalDeliveryTime(f"delay level {delay_level} is outside 1..{len(DELAY_LEVELS_S)}")
+        due = now_ms + DELAY_LEVELS_S[delay_level - 1] * 1000
+    elif deliver_at_ms > now_ms:
+        due = deliver_at_ms
+    else:
+        return None
+    if due - now_ms > max_delay_ms:
+        raise IllegalDeliveryTime(
+            f"delivery time is {(due - now_ms) / 1000:.0f} s away, more than the maximum delay of "
+            f"{max_delay_ms / 1000:.0f} s (is it in milliseconds where seconds were meant, or the reverse?)"
+        )
+    return due
+
+
+class ScheduleIndex:
+    """Due times of scheduled messages, earliest first (pure)."""
+
+    def __init__(self) -> None:
+        self._heap: list[Entry] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, due_ms: int, schedule_id: int) -> None:
+        heapq.heappush(self._heap, (due_ms, schedule_id))
+
+    def next_due(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    def take_due(self, now_ms: int, limit: int) -> list[Entry]:
+        out: list[Entry] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now_ms and len(out) < limit:
+            out.append(heapq.heappop(heap))
+        return out
+
+    def count_due(self, now_ms: int) -> int:
+        return sum(1 for due, _ in self._heap if due <= now_ms)
+
+
+@dataclass
+class DeliveryStats:
+    retries: int = 0
+    blocked_s: float = 0.0
+    delivered: int = 0
+
+
+Deliver = Callable[[list[Entry]], Awaitable[None]]
+
+
+class ScheduledDelivery:
+    def __init__(
+        self,
+        index: ScheduleIndex,
+        deliver: Deliver,
+        *,
+        max_in_flight: int = 2000,
+        batch: int = 256,
+        backoff_s: tuple[float, ...] = (0.05, 0.2, 1.0),
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.index = index
+        self._deliver = deliver
+        self.max_in_flight = max_in_flight
+        self.batch = batch
+        self.backoff_s = backoff_s
+        self.max_retries = len(backoff_s)
+        self._clock_ms = clock_ms
+        self.in_flight = 0
+        self.blocked = False
+        self.stats = DeliveryStats()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._runner = asyncio.get_running_loop().create_task(self.run())
+
+    def added(self, due_ms: int) -> None:
+        """A new entry: wake the loop if it is due earlier than what the loop waits for."""
+        self._wake.set()
+
+    def due_pending(self) -> int:
+        return self.index.count_due(self._clock_ms()) + self.in_flight
+
+    async def run(self) -> None:
+        while True:
+            await self._wait_for_work()
+            entries = self.index.take_due(self._clock_ms(), min(self.batch, self.max_in_flight - self.in_flight))
+            if not entries:
+                continue
+            self.in_flight += len(entries)
+            task = asyncio.get_running_loop().create_task(self._deliver_with_retry(entries))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _wait_for_work(self) -> None:
+        """Until something is due, there is room in flight, and delivery is not blocked."""
+        while True:
+            self._wake.clear()
+            next_due = self.index.next_due()
+            if not self.blocked and self.in_flight < self.max_in_flight and next_due is not None:
+                delay = (next_due - self._clock_ms()) / 1000
+                if delay <= 0:
+                    return
+            else:
+                delay = None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    async def _deliver_with_retry(self, entries: list[Entry]) -> None:
+        failures = 0
+        blocked_since = 0.0
+        try:
+            while True:
+                try:
+                    await self._deliver(entries)
+                    self.stats.delivered += len(entries)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    failures += 1
+                    self.stats.retries += 1
+                    if failures > self.max_retries and not self.blocked:
+                        log.error("scheduled delivery failed %s times, blocking until it succeeds: %s", failures, exc)
+                        self.blocked = True
+                        blocked_since = time.monotonic()
+                    else:
+                        log.warning("scheduled delivery failed (try %s), retrying: %s", failures, exc)
+                    await asyncio.sleep(self.backoff_s[min(failures, self.max_retries) - 1])
+        finally:
+            if blocked_since:
+                self.blocked = False
+                self.stats.blocked_s += time.monotonic() - blocked_since
+            self.in_flight -= len(entries)
+            self._wake.set()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,156 @@
+"""Scheduled delivery: due times, the index, and the deliverer's retry, blocking and flow control.
+
+The deliverer runs inside a real core over a real SQLite store; failures are injected through the
+Store interface (a wrapper that fails or stalls the commits that deliver scheduled messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import pytest
+from popgate_pb import broker_pb2 as pb
+
+from broker.core import BrokerCore, now_ms
+from broker.errors import IllegalDeliveryTime, StoreUnavailable
+from broker.schedule import DELAY_LEVELS_S, ScheduleIndex, due_time_ms
+from broker.settings import BrokerSettings
+from broker.sqlite_store import SqliteStore
+from broker.store import DeleteScheduled, NewMessage, Op, Record
+
+DAY = 24 * 3600 * 1000
+
+
+def test_due_time_from_level_timestamp_or_now() -> None:
+    assert due_time_ms(1000, deliver_at_ms=0, delay_level=0, max_delay_ms=DAY) is None
+    assert due_time_ms(1000, deliver_at_ms=999, delay_level=0, max_delay_ms=DAY) is None  # past: at once
+    assert due_time_ms(1000, deliver_at_ms=5000, delay_level=0, max_delay_ms=DAY) == 5000
+    assert due_time_ms(1000, deliver_at_ms=0, delay_level=1, max_delay_ms=DAY) == 2000
+    assert due_time_ms(0, deliver_at_ms=0, delay_level=18, max_delay_ms=DAY) == 7200 * 1000
+    assert len(DELAY_LEVELS_S) == 18
+
+
+@pytest.mark.parametrize(("at", "level"), [(0, 19), (0, -1), (4 * DAY, 0)])
+def test_bad_delivery_times(at: int, level: int) -> None:
+    with pytest.raises(IllegalDeliveryTime):
+        due_time_ms(0, deliver_at_ms=at, delay_level=level, max_delay_ms=3 * DAY)
+
+
+def test_index_gives_due_entries_earliest_first() -> None:
+    index = ScheduleIndex()
+    for due, sid in [(30, 1), (10, 2), (20, 3), (40, 4)]:
+        index.add(due, sid)
+    assert index.next_due() == 10
+    assert index.take_due(25, limit=10) == [(10, 2), (20, 3)]
+    assert index.take_due(100, limit=1) == [(30, 1)]
+    assert len(index) == 1 and index.count_due(39) == 0
+
+
+class FlakyStore:
+    """Delegates to a real store; commits that deliver scheduled messages fail or stall on demand."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.failures_left = 0
+        self.gate: asyncio.Event | None = None
+        self.delivery_attempts = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        if not any(isinstance(op, DeleteScheduled) for op in ops):
+            return self.inner.submit(appends, ops)
+        self.delivery_attempts += 1
+        loop = asyncio.get_running_loop()
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            failed: asyncio.Future[list[Record]] = loop.create_future()
+            failed.set_exception(StoreUnavailable("injected failure"))
+            return failed
+        if self.gate is not None:
+            gate = self.gate
+            return asyncio.ensure_future(self._after(gate, appends, ops))
+        return self.inner.submit(appends, ops)
+
+    async def _after(self, gate: asyncio.Event, appends: Sequence[NewMessage], ops: Sequence[Op]) -> list[Record]:
+        await gate.wait()
+        return await self.inner.submit(appends, ops)
+
+
+def run_core(tmp_path: Path, scenario: Callable[[BrokerCore, FlakyStore], Awaitable[None]], **settings: object) -> None:
+    async def main() -> None:
+        inner = SqliteStore(tmp_path / "data")
+        store = FlakyStore(inner)
+        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data", **settings), store)  # type: ignore[arg-type]
+        inner.set_listener(core)
+        inner.start(asyncio.get_running_loop())
+        core.restore(inner.load())
+        core.start()
+        core.scheduler.backoff_s = (0.01, 0.02, 0.05)
+        try:
+            await asyncio.wait_for(scenario(core, store), 20)
+        finally:
+            await core.close()
+            await inner.close()
+
+    asyncio.run(main())
+
+
+def delayed(topic: str, body: bytes, due_ms: int) -> pb.Message:
+    return pb.Message(topic=topic, body=body, deliver_at_ms=due_ms)
+
+
+def visible(core: BrokerCore, topic: str) -> int:
+    log = core.topics.get(topic)
+    return sum(q.max_offset for q in log.queues) if log else 0
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    while not predicate():  # noqa: ASYNC110 - in-process state with no event to wait on; bounded by wait_for
+        await asyncio.sleep(0.005)
+
+
+def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore, store: FlakyStore) -> None:
+        store.failures_left = 2
+        await core.send([delayed("t", b"x", now_ms() + 50)])
+        assert visible(core, "t") == 0
+        await until(lambda: visible(core, "t") == 1)
+        assert store.delivery_attempts == 3
+        assert core.scheduler.stats.retries == 2 and not core.scheduler.blocked
+
+    run_core(tmp_path, scenario)
+
+
+def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore, store: FlakyStore) -> None:
+        store.failures_left = 10**6
+        await core.send([delayed("t", b"first", now_ms() + 20)])
+        await until(lambda: core.scheduler.blocked)
+        assert store.delivery_attempts == 4  # the first try and three retries
+        await core.send([delayed("t", b"second", now_ms() + 10)])
+        await asyncio.sleep(0.2)
+        assert visible(core, "t") == 0 and len(core.schedule) == 1  # blocked: the second waits, nothing skipped
+        store.failures_left = 0
+        await until(lambda: visible(core, "t") == 2)
+        assert not core.scheduler.blocked and core.scheduler.stats.blocked_s > 0
+
+    run_core(tmp_path, scenario)
+
+
+def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore, store: FlakyStore) -> None:
+        store.gate = asyncio.Event()
+        due = now_ms()
+        await core.send([delayed("t", b"%d" % i, due + 10) for i in range(50)])
+        await until(lambda: core.scheduler.in_flight == 10)
+        await asyncio.sleep(0.1)
+        assert core.scheduler.in_flight == 10 and len(core.schedule) == 40
+        store.gate.set()
+        await until(lambda: visible(core, "t") == 50)
+        assert core.scheduler.in_flight == 0
+
+    run_core(tmp_path, scenario, schedule_max_in_flight=10)
