@@ -216,7 +216,7 @@ class MetricsExporter:
 
     async def snapshot(self) -> None:
         # strictly increasing at the 1 ms the records carry: (process, started, time) names one snapshot
-        now = self._last = max(time.time(), self._last + 0.001)
+        now = self._last = round(max(time.time(), self._last + 0.001), 3)
         families = list(self.registry.collect())  # on the loop: collectors read live state
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._write, _Frozen(families), now)

@@ -1,0 +1,129 @@
+"""The metrics exporter: record schema, atomic publication, rollover by time, salvage after a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from broker.export import ExportSettings, MetricsExporter, _RollingFile, encode, records, salvage
+
+
+def registry() -> CollectorRegistry:
+    reg = CollectorRegistry()
+    Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=reg).labels("orders", "3").set(42)
+    Counter("popgate_proxy_receives", "x", ["group", "mode", "outcome"], registry=reg).labels("g", "notify", "hit").inc(
+        5
+    )
+    Histogram("popgate_broker_rpc_duration_seconds", "x", ["method"], buckets=(0.1, 1), registry=reg).labels(
+        "Pop"
+    ).observe(0.5)
+    return reg
+
+
+def settings(tmp_path: Path, **kw: Any) -> ExportSettings:
+    return ExportSettings(tmp_path, "b1", "broker", started=1000.0, **kw)
+
+
+def by_metric(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["metric"]: r for r in rows}
+
+
+def test_one_record_per_sample_in_schema_v1(tmp_path: Path) -> None:
+    rows = by_metric(list(records(registry(), settings(tmp_path), 1234.5)))
+    assert set(rows) == {
+        "popgate_broker_max_offset",
+        "popgate_proxy_receives_total",  # a counter is its running total; _created is left out
+        "popgate_broker_rpc_duration_seconds_count",  # histograms: _count and _sum, no buckets by default
+        "popgate_broker_rpc_duration_seconds_sum",
+    }
+    assert rows["popgate_broker_max_offset"] == {
+        "v": 1,
+        "time": 1234.5,
+        "process": "b1",
+        "kind": "broker",
+        "started": 1000.0,
+        "topic": "orders",
+        "group": None,
+        "queue": 3,
+        "metric": "popgate_broker_max_offset",
+        "type": "gauge",
+        "value": 42.0,
+        "labels": {},
+    }
+    rx = rows["popgate_proxy_receives_total"]
+    assert (rx["type"], rx["value"], rx["group"], rx["labels"]) == (
+        "counter",
+        5.0,
+        "g",
+        {"mode": "notify", "outcome": "hit"},
+    )
+    assert rows["popgate_broker_rpc_duration_seconds_count"]["type"] == "counter"
+    with_buckets = list(records(registry(), settings(tmp_path, buckets=True), 1.0))
+    assert sum(r["metric"].endswith("_bucket") for r in with_buckets) == 3
+
+
+def test_encoding_is_one_sorted_compact_json_object_per_line(tmp_path: Path) -> None:
+    data = encode(records(registry(), settings(tmp_path), 1.0)).decode()
+    lines = data.splitlines()
+    assert data.endswith("\n") and len(lines) == 4
+    for line in lines:
+        assert line == json.dumps(json.loads(line), separators=(",", ":"), sort_keys=True)
+
+
+def test_files_roll_over_by_time_and_appear_whole(tmp_path: Path) -> None:
+    f = _RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
+    f.append(b'{"a":1}\n', 120.0)
+    f.append(b'{"a":2}\n', 130.0)
+    assert list(tmp_path.glob("*.jsonl")) == []  # in progress: only a hidden temporary file
+    assert [p.name.startswith(".") and p.name.endswith(".tmp") for p in tmp_path.iterdir()] == [True]
+    f.append(b'{"a":3}\n', 180.0)  # next roll period: the first file is published
+    (first,) = tmp_path.glob("*.jsonl")
+    assert first.read_bytes() == b'{"a":1}\n{"a":2}\n'
+    assert first.name == "broker-b1-1000000-19700101T000200Z-000000.jsonl"
+    before = first.stat()
+    f.append(b'{"a":4}\n', 190.0)
+    assert f.publish() is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, "broker-b1-1000000-19700101T000300Z-000001.jsonl"]
+    assert first.stat().st_mtime_ns == before.st_mtime_ns  # never rewritten
+    assert f.publish() is None
+
+
+def test_leftovers_of_a_killed_run_are_published_with_whole_lines_only(tmp_path: Path) -> None:
+    (tmp_path / ".broker-b1-5-19700101T000000Z-000000.jsonl.tmp").write_bytes(b'{"a":1}\n{"a":2}\n{"a":')
+    (tmp_path / ".broker-b2-5-19700101T000000Z-000000.jsonl.tmp").write_bytes(b'{"a":1}\n')  # not ours
+    (published,) = salvage(tmp_path, "broker", "b1")
+    assert published.name == "broker-b1-5-19700101T000000Z-000000.jsonl"
+    assert published.read_bytes() == b'{"a":1}\n{"a":2}\n'
+    assert (tmp_path / ".broker-b2-5-19700101T000000Z-000000.jsonl.tmp").exists()
+
+
+def test_exporter_snapshots_periodically_and_publishes_on_close(tmp_path: Path) -> None:
+    reg = registry()
+
+    async def run() -> int:
+        exporter = MetricsExporter(reg, ExportSettings(tmp_path, "px-1", "proxy", interval_s=0.02))
+        async with exporter, asyncio.timeout(10):
+            await exporter.wait_snapshots(4)
+        return exporter.snapshots
+
+    snapshots = asyncio.run(run())
+    assert snapshots >= 5  # the first at start, at least three on the interval, the last at close
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    rows = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert len(rows) == 4 * snapshots
+    assert {r["kind"] for r in rows} == {"proxy"} and {r["process"] for r in rows} == {"px-1"}
+    times = sorted({r["time"] for r in rows})
+    assert len(times) == snapshots
+
+
+def test_settings_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="kind"):
+        ExportSettings(tmp_path, "b1", "consumer")
+    with pytest.raises(ValueError, match="> 0"):
+        ExportSettings(tmp_path, "b1", "broker", interval_s=0)
+    assert ExportSettings(tmp_path, "b1", "broker", interval_s=120).roll_period_s == 120
