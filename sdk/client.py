@@ -39,9 +39,11 @@ class _SyncClient(ClientBase):
             try:
                 try:
                     return op()
-                except grpc.RpcError as exc:
+                except (grpc.RpcError, ValueError) as exc:  # ValueError: a call on a channel closed meanwhile
                     if self._closed:
                         raise errors.Unavailable("the client is closed", retriable=False) from None
+                    if not isinstance(exc, grpc.RpcError):
+                        raise
                     raise convert(exc) from None
             except errors.PopgateError as exc:
                 delay = next(delays, None) if exc.retriable and not self._closed else None

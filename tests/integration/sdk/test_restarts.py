@@ -1,0 +1,82 @@
+"""`for msg in consumer` carries on across a proxy restart and a broker restart (own cluster: it gets broken)."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk import Producer, RetryPolicy, SimpleConsumer
+from sdk.cluster import Cluster
+from tests.integration.sdk.conftest import Collector, start_cluster
+
+# Producers in these tests keep retrying for up to ~30 s while a server is down.
+PATIENT = RetryPolicy(max_attempts=60, initial_backoff=0.05, max_backoff=0.5)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("faulty"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def restart_proxy(cluster: Cluster, *, kill: bool) -> None:
+    """Stop the proxy (SIGTERM or kill -9) and start it again on the same address."""
+    child = cluster.proxies[0]
+    address = child.address
+    if kill:
+        child.signal(signal.SIGKILL)
+        assert child.process is not None
+        child.process.wait(10)
+    else:
+        child.stop()
+    child.argv[child.argv.index("--listen") + 1] = address
+    child.start(dict(cluster._env))
+    assert child.wait_ready(30) == address
+
+
+def test_iterator_carries_on_across_a_proxy_restart(faulty: Cluster, tmp_path: Path) -> None:
+    topic, group = f"t-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    endpoint = faulty.endpoint
+    collector = Collector(SimpleConsumer(endpoint, group, topic, wait=1.0))
+    try:
+        with Producer(endpoint, retry=PATIENT) as producer:
+            producer.send(topic, b"before")
+            assert collector.next_body() == b"before"
+            restart_proxy(faulty, kill=False)
+            producer.send(topic, b"after graceful restart")
+            assert collector.next_body() == b"after graceful restart"
+            restart_proxy(faulty, kill=True)
+            producer.send(topic, b"after kill -9")
+            assert collector.next_body() == b"after kill -9"
+    finally:
+        collector.stop()
+    assert collector.error is None
+
+
+def test_iterator_carries_on_across_a_broker_restart(faulty: Cluster) -> None:
+    topic, group = f"t-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    endpoint = faulty.endpoint
+    collector = Collector(SimpleConsumer(endpoint, group, topic, wait=1.0))
+    try:
+        with Producer(endpoint, retry=PATIENT) as producer:
+            producer.send_many(topic, [f"a{i}".encode() for i in range(10)])
+            first = {collector.next_body() for _ in range(10)}
+            assert first == {f"a{i}".encode() for i in range(10)}
+            faulty.brokers["b1"].kill()  # kill -9
+            producer.send_many(topic, [f"b{i}".encode() for i in range(10)])  # fails over to b2
+            during = {collector.next_body() for _ in range(10)}
+            faulty.restart_broker("b1")
+            producer.send_many(topic, [f"c{i}".encode() for i in range(40)])
+            after = {collector.next_body() for _ in range(40)}
+    finally:
+        collector.stop()
+    assert during == {f"b{i}".encode() for i in range(10)}
+    assert after == {f"c{i}".encode() for i in range(40)}
+    assert collector.error is None
