@@ -352,9 +352,35 @@ class BrokerCore:
         committed = self.store.submit([], ops)
         payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
         await committed
+        deliveries = self._fit(state, deliveries, payloads)
         key = (state.topic, state.group)
-        self.messages_out[key] = self.messages_out.get(key, 0) + len(picks)
+        self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
         return [self._popped(topic, q, o, d, payloads) for q, o, d in deliveries]
+
+    def _fit(
+        self,
+        state: GroupTopic,
+        deliveries: list[tuple[int, int, Delivery]],
+        payloads: dict[tuple[int, int], bytes],
+    ) -> list[tuple[int, int, Delivery]]:
+        """Keep the answer under the response size limit; what does not fit is ready again at once, its
+        delivery undone (same attempt count next time)."""
+        total = 0
+        for i, (queue_id, offset, _) in enumerate(deliveries):
+            total += len(payloads[(queue_id, offset)]) + 256
+            if total > self.settings.max_pop_bytes and i > 0:
+                break
+        else:
+            return deliveries
+        now = now_ms()
+        ops: list[Op] = []
+        for queue_id, offset, d in deliveries[i:]:
+            undone = Delivery(d.attempt - 1, _tokens.getrandbits(48), now)
+            state.deliver(queue_id, offset, undone)
+            ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
+        self.store.submit([], ops)
+        self._schedule(state)
+        return deliveries[:i]
 
     def _popped(
         self, topic: TopicLog, queue_id: int, offset: int, d: Delivery, payloads: dict[tuple[int, int], bytes]

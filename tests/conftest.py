@@ -21,7 +21,11 @@ class BrokerHandle:
         self._open()
 
     def _open(self) -> None:
-        self.channel = grpc.insecure_channel(self.proc.address)
+        limit = 32 * 1024 * 1024
+        self.channel = grpc.insecure_channel(
+            self.proc.address,
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        )
         self.stub = pb_grpc.BrokerStub(self.channel)
 
     @property

@@ -349,3 +349,16 @@ def test_health_metrics_and_clean_sigterm(make_broker: object) -> None:
     assert b.proc.stop() == 0
     assert held.result(timeout=10).messages == []  # answered, not dropped
     assert time.monotonic() - started < 10
+
+
+def test_pop_answer_stays_under_the_size_limit(broker: BrokerHandle) -> None:
+    big = b"z" * (3 * 1024 * 1024)
+    for _ in range(4):
+        send(broker.stub, "big", [big])
+    seen = []
+    while len(seen) < 4:
+        got = pop(broker.stub, "big", "g", n=32, poll_ms=2000)
+        assert got and sum(len(m.stored.message.body) for m in got) <= 8 * 1024 * 1024
+        assert all(m.delivery_attempt == 1 for m in got)
+        seen.extend(got)
+    assert pop(broker.stub, "big", "g") == []
