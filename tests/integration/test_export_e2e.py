@@ -1,0 +1,104 @@
+"""End to end: a real broker exports snapshots while a slow and a fast consumer group work; the Spark job's
+lag agrees with the broker's own Stats RPC at the same moments (within one export interval)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[spark]'")
+
+from popgate_pb import broker_pb2 as pb  # noqa: E402
+from popgate_pb import broker_pb2_grpc as pb_grpc  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+from spark_metrics.job import JobSettings, run_batch  # noqa: E402
+from tests.spark import session  # noqa: E402
+
+spark = session.spark  # the run's one SparkSession fixture
+
+INTERVAL_S = 0.5
+WINDOW_S = 2.0
+TOPIC = "orders"
+STEPS = 50  # about 5 s of traffic
+STEP_S = 0.1
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float  # the broker's clock, seconds
+    slow: int  # sum over queues of max_offset - consumer_offset
+    slow_exact: int  # the broker's own lag figure (ready + in-flight)
+    fast: int
+
+
+def stats(stub: pb_grpc.BrokerStub) -> Sample:
+    reply = stub.Stats(pb.StatsRequest(topic=TOPIC), timeout=10)
+
+    def lag(group: str, exact: bool = False) -> int:
+        rows = [g for g in reply.groups if g.group == group]
+        return sum(g.lag if exact else g.max_offset - g.consumer_offset for g in rows)
+
+    return Sample(reply.now_ms / 1000, lag("slow"), lag("slow", True), lag("fast"))
+
+
+def consume(stub: pb_grpc.BrokerStub, group: str, n: int) -> None:
+    request = pb.PopRequest(topic=TOPIC, group=group, filter="*", max_messages=n, invisible_ms=30000, poll_ms=0)
+    popped = stub.Pop(request, timeout=10).messages
+    if popped:
+        handles = [m.receipt_handle for m in popped]
+        assert all(r.ok for r in stub.Ack(pb.AckRequest(topic=TOPIC, group=group, receipt_handles=handles)).results)
+
+
+def traffic(stub: pb_grpc.BrokerStub) -> list[Sample]:
+    """10 messages per step in; the fast group takes up to 32, the slow one 2; Stats after every step."""
+    samples = []
+    for step in range(STEPS):
+        began = time.monotonic()
+        messages = [pb.Message(topic=TOPIC, body=f"m{step}-{i}".encode()) for i in range(10)]
+        stub.Send(pb.SendRequest(messages=messages), timeout=10)
+        consume(stub, "fast", 32)
+        consume(stub, "slow", 2)
+        samples.append(stats(stub))
+        time.sleep(max(0.0, STEP_S - (time.monotonic() - began)))  # pacing the traffic, not synchronisation
+    return samples
+
+
+def snapshot_times(export_dir: Path) -> list[float]:
+    times = set()
+    for path in export_dir.rglob("*.jsonl"):
+        times |= {json.loads(line)["time"] for line in path.read_text().splitlines()}
+    return sorted(times)
+
+
+def test_job_lag_matches_broker_stats(make_broker: Any, spark: SparkSession, tmp_path: Path) -> None:
+    export_dir, out = tmp_path / "export", tmp_path / "out"
+    broker = make_broker("b1", "--export-dir", str(export_dir), "--export-interval-s", str(INTERVAL_S))
+    samples = traffic(broker.stub)
+    final = stats(broker.stub)
+    broker.close()  # SIGTERM: a last snapshot, and the current file published
+    assert not list(export_dir.rglob(".*.tmp"))
+
+    rows = run_batch(spark, JobSettings(input=str(export_dir), output=str(out), window_s=WINDOW_S)).collect()
+    by_window = {(r["window_end"].timestamp(), r["group"]): r for r in rows if r["topic"] == TOPIC}
+    ends = sorted(end for end, group in by_window if group == "slow" and (end, "fast") in by_window)
+    assert len(ends) >= 3
+    snaps = snapshot_times(export_dir)
+    for end in ends:
+        slow, fast = by_window[(end, "slow")], by_window[(end, "fast")]
+        last = max(t for t in snaps if end - WINDOW_S <= t < end)  # the snapshot the window reports
+        near = [s for s in [*samples, final] if abs(s.time - last) <= INTERVAL_S]
+        assert near, f"no Stats sample within {INTERVAL_S} s of the snapshot at {last}"
+        assert min(s.slow for s in near) <= slow["consumer_lag"] <= max(s.slow for s in near)
+        assert min(s.slow_exact for s in near) <= slow["exact_lag"] <= max(s.slow_exact for s in near)
+        assert fast["consumer_lag"] <= 10  # at most the one batch sent before the fast group's pop
+    last_window = by_window[(ends[-1], "slow")]
+    assert last_window["consumer_lag"] == final.slow > STEPS * 5  # traffic over: the same figure exactly
+    assert by_window[(ends[-1], "fast")]["consumer_lag"] == final.fast == 0
+    assert "slow" in (out / "report.txt").read_text()
+    assert (out / "lag.png").stat().st_size > 0
