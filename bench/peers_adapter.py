@@ -1,0 +1,76 @@
+"""popgate through its proxy with the asyncio SDK, as a `QueueAdapter` for the peers' harness (shared/peers).
+
+    send        = Producer.send (one SendMessage, returns after a broker stored it)
+    send_batch  = Producer.send_many (SendMessage calls of <= 1024 messages, 4 in flight)
+    receive     = SimpleConsumer.receive(max, invisible, wait): one ReceiveMessage long poll
+    ack(_batch) = SimpleConsumer.ack / ack_many (one AckMessage per topic)
+
+Config (JSON): endpoint, topic, group, server_pids (proxy + brokers), channels (gRPC connections the
+receives are spread over; many concurrent long polls share each one as HTTP/2 streams).
+Run it with `bench/peers_run.py`, or by hand from shared/peers:
+
+    PYTHONPATH=/work/main:/work/main/bench .venv/bin/python bench.py --adapter peers_adapter:PopgateAdapter \
+        --config '{"endpoint": "127.0.0.1:8081", "server_pids": [...]}' --scenario latency
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from qadapter import AdapterBase, Received  # type: ignore[import-not-found]
+
+from sdk import Message
+from sdk.aio import Producer, SimpleConsumer
+
+
+class PopgateAdapter(AdapterBase):  # type: ignore[misc]
+    def __init__(
+        self,
+        endpoint: str = "127.0.0.1:8081",
+        topic: str = "bench",
+        group: str = "g",
+        channels: int = 8,
+        server_pids: Sequence[int] = (),
+        **kw: Any,
+    ) -> None:
+        super().__init__(
+            endpoint=endpoint, topic=topic, group=group, channels=channels, server_pids=list(server_pids), **kw
+        )
+        self.topic, self.group = topic, group
+        self._producer = Producer(endpoint)
+        # A consumer per connection; receives rotate over them (SimpleConsumer is safe for concurrent calls).
+        self._consumers = [SimpleConsumer(endpoint, group, topic) for _ in range(max(1, channels))]
+        self._next = itertools.cycle(self._consumers)
+
+    async def setup(self) -> None:
+        pass  # topics are created on first send, groups on first receive
+
+    async def close(self) -> None:
+        await self._producer.close()
+        for consumer in self._consumers:
+            await consumer.close()
+
+    async def send(self, body: bytes) -> None:
+        await self._producer.send(self.topic, body)
+
+    async def send_batch(self, bodies: Sequence[bytes]) -> None:
+        await self._producer.send_many(self.topic, bodies)
+
+    async def receive(self, max_n: int, visibility_s: float, wait_s: float) -> list[Received]:
+        consumer = next(self._next)
+        messages = await consumer.receive(max=min(max_n, 32), invisible=visibility_s, wait=wait_s)
+        return [Received(m.body, m, m.attempt) for m in messages]
+
+    async def ack(self, handle: Message) -> None:
+        await self._consumers[0].ack(handle)
+
+    async def ack_batch(self, handles: Sequence[Message]) -> None:
+        if handles:
+            await self._consumers[0].ack_many(handles)
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = super().describe() if hasattr(super(), "describe") else dict(self.config)
+        d["sdk"] = "sdk.aio"
+        return d
