@@ -133,6 +133,8 @@ class BrokerCore:
         self._ids = MessageIds()
         self._valid_topics: set[str] = set()
         self.schedule = ScheduleIndex()
+        self._scheduled_rows: dict[int, PutScheduled] = {}
+        self._scheduled_bytes = 0
         self._next_schedule_id = 0
         self.scheduler = ScheduledDelivery(
             self.schedule, self._deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
@@ -166,13 +168,18 @@ class BrokerCore:
 
     async def _deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
         """Move due scheduled messages into their topics: append and delete in one transaction."""
-        rows = await self.store.read_scheduled([schedule_id for _, schedule_id in entries])
+        rows = [r for _, sid in entries if (r := self._scheduled_rows.get(sid)) is not None]
+        if len(rows) < len(entries):
+            rows += await self.store.read_scheduled([sid for _, sid in entries if sid not in self._scheduled_rows])
         ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
         appends = []
         for r in rows:
             self._topic_for_send(r.topic, ops, force=True)
             appends.append(NewMessage(r.topic, r.queue_id, now_ms(), r.tag, r.payload))
         await self.store.submit(appends, ops)
+        for r in rows:
+            if self._scheduled_rows.pop(r.schedule_id, None) is not None:
+                self._scheduled_bytes -= len(r.payload)
         if self.on_lateness is not None:
             now = now_ms()
             for r in rows:
@@ -208,6 +215,9 @@ class BrokerCore:
                 sent.offset = next(offsets).offset
         for put in scheduled:
             self.schedule.add(put.due_ms, put.schedule_id)
+            if self._scheduled_bytes < self.settings.cache_bytes // 2:
+                self._scheduled_rows[put.schedule_id] = put  # saves a disk read at delivery
+                self._scheduled_bytes += len(put.payload)
             self.scheduler.added(put.due_ms)
         return out
 
