@@ -8,14 +8,8 @@ never share a message) and then await the store.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
-import random
-import time
-import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -25,29 +19,24 @@ from broker.errors import (
     BrokerError,
     IllegalBatchSize,
     IllegalInvisibleTime,
-    IllegalMessage,
     IllegalPollingTime,
     InvalidReceiptHandle,
-    MessageBodyEmpty,
-    MessageBodyTooLarge,
     TopicNotFound,
 )
 from broker.filters import TagFilter
 from broker.inflight import Delivery, GroupTopic
-from broker.lag import QueueLag, queue_lag
+from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
+from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms, tokens
 from broker.receipt import ReceiptHandle
-from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
+from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import (
-    CreateQueue,
     DeleteInflight,
-    DeleteScheduled,
     NewMessage,
     Op,
     PutInflight,
-    PutScheduled,
     Record,
     SetGroupFilter,
     SetPullOffset,
@@ -58,63 +47,6 @@ from broker.store import (
 log = logging.getLogger(__name__)
 
 DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
-MAX_PROPERTIES_BYTES = 16 * 1024
-MAX_KEYS = 64
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-# Delivery tokens only have to be unguessable by a client that never saw the handle,
-# not cryptographically strong: a seeded PRNG avoids a syscall per message.
-_tokens = random.Random(os.urandom(16))
-
-
-class MessageIds:
-    """Unique message ids without a syscall each: a random per-process prefix plus a counter."""
-
-    def __init__(self) -> None:
-        self._prefix = os.urandom(6).hex().upper()
-        self._counter = itertools.count(int(time.time() * 1000) << 8)
-
-    def next(self) -> str:
-        return f"{self._prefix}{next(self._counter):016X}"
-
-
-@dataclass(slots=True)
-class Popped:
-    topic: str
-    queue_id: int
-    offset: int
-    store_ms: int
-    payload: bytes
-    attempt: int
-    handle: str
-    invisible_until_ms: int
-
-
-@dataclass(slots=True)
-class Sent:
-    message_id: str
-    topic: str
-    queue_id: int
-    offset: int  # -1 while scheduled
-    due_ms: int | None = None
-
-
-@dataclass(slots=True)
-class PopResult:
-    messages: list[Popped]
-    polling_full: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GroupQueueLag:
-    topic: str
-    group: str
-    queue_id: int
-    lag: QueueLag
 
 
 class BrokerCore:
@@ -130,16 +62,9 @@ class BrokerCore:
         self.messages_out: dict[tuple[str, str], int] = {}
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._ids = MessageIds()
-        self._valid_topics: set[str] = set()
-        self.schedule = ScheduleIndex()
-        self._scheduled_rows: dict[int, PutScheduled] = {}
-        self._scheduled_bytes = 0
-        self._next_schedule_id = 0
-        self.scheduler = ScheduledDelivery(
-            self.schedule, self._deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
-        )
-        self.on_lateness: Callable[[float], None] | None = None
+        self.sends = SendPath(settings, store, self.topics)
+        self.schedule = self.sends.schedule
+        self.scheduler = self.sends.scheduler
 
     # -- start ---------------------------------------------------------------
 
@@ -159,134 +84,13 @@ class BrokerCore:
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms))
         for state in self.groups.values():
             self._schedule(state)
-        for due, schedule_id in snap.scheduled:
-            self.schedule.add(due, schedule_id)
-            self._next_schedule_id = max(self._next_schedule_id, schedule_id)
+        self.sends.restore(snap.scheduled)
 
     def start(self) -> None:
         self.scheduler.start()
 
-    async def _deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
-        """Move due scheduled messages into their topics: append and delete in one transaction."""
-        rows = [r for _, sid in entries if (r := self._scheduled_rows.get(sid)) is not None]
-        if len(rows) < len(entries):
-            rows += await self.store.read_scheduled([sid for _, sid in entries if sid not in self._scheduled_rows])
-        ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
-        appends = []
-        for r in rows:
-            self._topic_for_send(r.topic, ops, force=True)
-            appends.append(NewMessage(r.topic, r.queue_id, now_ms(), r.tag, r.payload))
-        await self.store.submit(appends, ops)
-        for r in rows:
-            if self._scheduled_rows.pop(r.schedule_id, None) is not None:
-                self._scheduled_bytes -= len(r.payload)
-        if self.on_lateness is not None:
-            now = now_ms()
-            for r in rows:
-                self.on_lateness((now - r.due_ms) / 1000)
-
-    # -- send ----------------------------------------------------------------
-
     async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
-        if not messages:
-            raise BadRequest("send carries no message")
-        if len(messages) > self.settings.max_send_batch:
-            raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {self.settings.max_send_batch}")
-        now = now_ms()
-        checked = [self._check(m, now) for m in messages]  # all or nothing: check every message first
-        ops: list[Op] = []
-        appends: list[NewMessage] = []
-        out: list[Sent] = []
-        scheduled: list[PutScheduled] = []
-        for m, (tag, due) in zip(messages, checked, strict=True):
-            new = self._place(m, tag, now, ops)
-            if due is None:
-                appends.append(new)
-                out.append(Sent(m.message_id, m.topic, new.queue_id, -1))
-            else:
-                self._next_schedule_id += 1
-                put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
-                scheduled.append(put)
-                out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
-        records = await self.store.submit(appends, [*ops, *scheduled])
-        offsets = iter(records)
-        for sent in out:
-            if sent.due_ms is None:
-                sent.offset = next(offsets).offset
-        for put in scheduled:
-            self.schedule.add(put.due_ms, put.schedule_id)
-            if self._scheduled_bytes < self.settings.cache_bytes // 2:
-                self._scheduled_rows[put.schedule_id] = put  # saves a disk read at delivery
-                self._scheduled_bytes += len(put.payload)
-            self.scheduler.added(put.due_ms)
-        return out
-
-    def _check(self, m: pb.Message, now: int) -> tuple[str | None, int | None]:
-        """Validate one message; returns its tag and due time (None when none)."""
-        if m.topic not in self._valid_topics:
-            validation.check_topic(m.topic)
-            if len(self._valid_topics) < 100_000:
-                self._valid_topics.add(m.topic)
-        size = len(m.body)
-        if not size:
-            raise MessageBodyEmpty("message body is empty")
-        if size > self.settings.max_body_bytes:
-            raise MessageBodyTooLarge(
-                f"message body is {size} bytes, larger than the limit of {self.settings.max_body_bytes}"
-            )
-        tag = m.tag if m.HasField("tag") else None
-        if tag is not None:
-            validation.check_tag(tag)
-        if m.keys:
-            if len(m.keys) > MAX_KEYS:
-                raise IllegalMessage(f"message has {len(m.keys)} keys, at most {MAX_KEYS}")
-            for key in m.keys:
-                validation.check_text_field("message key", key, limit=256)
-        if m.properties:
-            props = sum(len(k) + len(v) for k, v in m.properties.items())
-            if props > MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
-                raise IllegalMessage(f"message properties need non-empty keys and <= {MAX_PROPERTIES_BYTES} B in all")
-        if m.message_id:
-            validation.check_message_id(m.message_id)
-        if m.message_group:
-            validation.check_text_field("message group", m.message_group, limit=128)
-        due = due_time_ms(
-            now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
-        )
-        if m.HasField("queue_id") and m.queue_id >= 0:
-            topic = self.topics.get(m.topic)
-            count = len(topic.queues) if topic else self.settings.queues_per_topic
-            if m.queue_id >= count:
-                raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
-        if not self.settings.auto_create and m.topic not in self.topics:
-            raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
-        return tag, due
-
-    def _place(self, m: pb.Message, tag: str | None, now: int, ops: list[Op]) -> NewMessage:
-        """Choose the queue and fill in what the producer left out (after every message passed its checks)."""
-        topic = self._topic_for_send(m.topic, ops)
-        if m.message_group:
-            queue_id = _stable_hash(m.message_group) % len(topic.queues)
-        elif m.HasField("queue_id") and m.queue_id >= 0:
-            queue_id = m.queue_id
-        else:
-            queue_id = topic.pick_queue()
-        if not m.message_id:
-            m.message_id = self._ids.next()
-        if not m.born_ms:
-            m.born_ms = now
-        return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString())
-
-    def _topic_for_send(self, name: str, ops: list[Op], *, force: bool = False, queues: int = 0) -> TopicLog:
-        topic = self.topics.get(name)
-        if topic is not None:
-            return topic
-        if not (self.settings.auto_create or force):
-            raise TopicNotFound(f"topic {name} does not exist on broker {self.name} and auto-create is off")
-        count = queues or self.settings.queues_per_topic
-        topic = self.topics[name] = TopicLog(name, [QueueLog(name, q) for q in range(count)])
-        ops.extend(CreateQueue(name, q) for q in range(count))
-        return topic
+        return await self.sends.send(messages)
 
     def arrived(self, records: Sequence[Record]) -> None:
         """ArrivalListener: committed messages become visible, and wake whoever can consume them."""
@@ -352,7 +156,7 @@ class BrokerCore:
         assert topic is not None
         deliveries = []
         for queue_id, offset, attempt in picks:
-            delivery = Delivery(attempt, _tokens.getrandbits(48), now + invisible_ms)
+            delivery = Delivery(attempt, tokens.getrandbits(48), now + invisible_ms)
             state.deliver(queue_id, offset, delivery)
             ops.append(
                 PutInflight(state.group, state.topic, queue_id, offset, attempt, delivery.token, now + invisible_ms)
@@ -385,7 +189,7 @@ class BrokerCore:
         now = now_ms()
         ops: list[Op] = []
         for queue_id, offset, d in deliveries[i:]:
-            undone = Delivery(d.attempt - 1, _tokens.getrandbits(48), now)
+            undone = Delivery(d.attempt - 1, tokens.getrandbits(48), now)
             state.deliver(queue_id, offset, undone)
             ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
         self.store.submit([], ops)
@@ -514,7 +318,7 @@ class BrokerCore:
         values = (state.topic, original.message_id, str(delivery.attempt), str(queue_id), str(offset))
         dlq.properties.update(dict(zip(DLQ_PROPS, values, strict=True)))
         ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
-        self._topic_for_send(dlq.topic, ops, force=True, queues=1)
+        self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
         [record] = await self.store.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
         state.dead_lettered += 1
@@ -576,7 +380,7 @@ class BrokerCore:
             )
         state, handle, old = self._resolve(topic, group, text)
         deadline = now_ms() + invisible_ms
-        delivery = Delivery(old.attempt, _tokens.getrandbits(48), deadline)
+        delivery = Delivery(old.attempt, tokens.getrandbits(48), deadline)
         state.deliver(handle.queue_id, handle.offset, delivery)
         self._schedule(state)
         op = PutInflight(
@@ -660,7 +464,3 @@ class BrokerCore:
         self._timers.clear()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
-
-
-def _stable_hash(text: str) -> int:
-    return zlib.crc32(text.encode())

@@ -9,8 +9,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from broker.core import BrokerCore, now_ms
+from broker.core import BrokerCore
 from broker.longpoll import Kind
+from broker.model import now_ms
 from broker.validation import DLQ_PREFIX
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -41,7 +42,7 @@ class BrokerMetrics:
         )
 
     def watch(self, core: BrokerCore) -> None:
-        core.on_lateness = self.lateness.observe
+        core.sends.on_lateness = self.lateness.observe
         self.registry.register(_CoreCollector(core))
 
 

@@ -15,9 +15,10 @@ from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import errors
-from broker.core import BrokerCore, Popped, PopResult, now_ms
+from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
+from broker.model import Popped, PopResult, now_ms
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.core import BrokerCore, now_ms
+from broker.core import BrokerCore
 from broker.errors import IllegalDeliveryTime, StoreUnavailable
+from broker.model import now_ms
 from broker.schedule import DELAY_LEVELS_S, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore

@@ -1,0 +1,71 @@
+"""Values the broker core hands out: pop results, send results, ids, and the clock."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+import zlib
+from dataclasses import dataclass
+
+from broker.lag import QueueLag
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# Delivery tokens only have to be unguessable by a client that never saw the handle,
+# not cryptographically strong: a seeded PRNG avoids a syscall per message.
+tokens = random.Random(os.urandom(16))
+
+
+class MessageIds:
+    """Unique message ids without a syscall each: a random per-process prefix plus a counter."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(6).hex().upper()
+        self._counter = itertools.count(int(time.time() * 1000) << 8)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):016X}"
+
+
+@dataclass(slots=True)
+class Popped:
+    topic: str
+    queue_id: int
+    offset: int
+    store_ms: int
+    payload: bytes
+    attempt: int
+    handle: str
+    invisible_until_ms: int
+
+
+@dataclass(slots=True)
+class Sent:
+    message_id: str
+    topic: str
+    queue_id: int
+    offset: int  # -1 while scheduled
+    due_ms: int | None = None
+
+
+@dataclass(slots=True)
+class PopResult:
+    messages: list[Popped]
+    polling_full: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQueueLag:
+    topic: str
+    group: str
+    queue_id: int
+    lag: QueueLag
+
+
+def stable_hash(text: str) -> int:
+    return zlib.crc32(text.encode())

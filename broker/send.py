@@ -1,0 +1,173 @@
+"""The send path: checking messages, choosing queues, creating topics, and scheduled delivery.
+
+Every message of a Send is checked before anything is stored (all or nothing).
+Messages due now go to their topic; delayed ones go to the durable schedule and
+are moved into their topic by the ``ScheduledDelivery`` when due.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from popgate_pb import broker_pb2 as pb
+
+from broker import validation
+from broker.errors import (
+    BadRequest,
+    IllegalBatchSize,
+    IllegalMessage,
+    MessageBodyEmpty,
+    MessageBodyTooLarge,
+    TopicNotFound,
+)
+from broker.log import QueueLog, TopicLog
+from broker.model import MessageIds, Sent, now_ms, stable_hash
+from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
+from broker.settings import BrokerSettings
+from broker.store import CreateQueue, DeleteScheduled, NewMessage, Op, PutScheduled, Store
+
+MAX_PROPERTIES_BYTES = 16 * 1024
+MAX_KEYS = 64
+
+
+class SendPath:
+    def __init__(self, settings: BrokerSettings, store: Store, topics: dict[str, TopicLog]) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.store = store
+        self.topics = topics
+        self._ids = MessageIds()
+        self._valid_topics: set[str] = set()
+        self.schedule = ScheduleIndex()
+        self._scheduled_rows: dict[int, PutScheduled] = {}
+        self._scheduled_bytes = 0
+        self._next_schedule_id = 0
+        self.scheduler = ScheduledDelivery(
+            self.schedule, self.deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
+        )
+        self.on_lateness: Callable[[float], None] | None = None
+
+    def restore(self, scheduled: list[tuple[int, int]]) -> None:
+        for due, schedule_id in scheduled:
+            self.schedule.add(due, schedule_id)
+            self._next_schedule_id = max(self._next_schedule_id, schedule_id)
+
+    async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
+        if not messages:
+            raise BadRequest("send carries no message")
+        if len(messages) > self.settings.max_send_batch:
+            raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {self.settings.max_send_batch}")
+        now = now_ms()
+        checked = [self.check(m, now) for m in messages]  # all or nothing: check every message first
+        ops: list[Op] = []
+        appends: list[NewMessage] = []
+        out: list[Sent] = []
+        scheduled: list[PutScheduled] = []
+        for m, (tag, due) in zip(messages, checked, strict=True):
+            new = self.place(m, tag, now, ops)
+            if due is None:
+                appends.append(new)
+                out.append(Sent(m.message_id, m.topic, new.queue_id, -1))
+            else:
+                self._next_schedule_id += 1
+                put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
+                scheduled.append(put)
+                out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
+        records = await self.store.submit(appends, [*ops, *scheduled])
+        offsets = iter(records)
+        for sent in out:
+            if sent.due_ms is None:
+                sent.offset = next(offsets).offset
+        for put in scheduled:
+            self.schedule.add(put.due_ms, put.schedule_id)
+            if self._scheduled_bytes < self.settings.cache_bytes // 2:
+                self._scheduled_rows[put.schedule_id] = put  # saves a disk read at delivery
+                self._scheduled_bytes += len(put.payload)
+            self.scheduler.added(put.due_ms)
+        return out
+
+    def check(self, m: pb.Message, now: int) -> tuple[str | None, int | None]:
+        """Validate one message; returns its tag and due time (None when none)."""
+        if m.topic not in self._valid_topics:
+            validation.check_topic(m.topic)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(m.topic)
+        size = len(m.body)
+        if not size:
+            raise MessageBodyEmpty("message body is empty")
+        if size > self.settings.max_body_bytes:
+            raise MessageBodyTooLarge(
+                f"message body is {size} bytes, larger than the limit of {self.settings.max_body_bytes}"
+            )
+        tag = m.tag if m.HasField("tag") else None
+        if tag is not None:
+            validation.check_tag(tag)
+        if m.keys:
+            if len(m.keys) > MAX_KEYS:
+                raise IllegalMessage(f"message has {len(m.keys)} keys, at most {MAX_KEYS}")
+            for key in m.keys:
+                validation.check_text_field("message key", key, limit=256)
+        if m.properties:
+            props = sum(len(k) + len(v) for k, v in m.properties.items())
+            if props > MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
+                raise IllegalMessage(f"message properties need non-empty keys and <= {MAX_PROPERTIES_BYTES} B in all")
+        if m.message_id:
+            validation.check_message_id(m.message_id)
+        if m.message_group:
+            validation.check_text_field("message group", m.message_group, limit=128)
+        due = due_time_ms(
+            now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
+        )
+        if m.HasField("queue_id") and m.queue_id >= 0:
+            topic = self.topics.get(m.topic)
+            count = len(topic.queues) if topic else self.settings.queues_per_topic
+            if m.queue_id >= count:
+                raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
+        if not self.settings.auto_create and m.topic not in self.topics:
+            raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
+        return tag, due
+
+    def place(self, m: pb.Message, tag: str | None, now: int, ops: list[Op]) -> NewMessage:
+        """Choose the queue and fill in what the producer left out (after every message passed its checks)."""
+        topic = self.topic_for_send(m.topic, ops)
+        if m.message_group:
+            queue_id = stable_hash(m.message_group) % len(topic.queues)
+        elif m.HasField("queue_id") and m.queue_id >= 0:
+            queue_id = m.queue_id
+        else:
+            queue_id = topic.pick_queue()
+        if not m.message_id:
+            m.message_id = self._ids.next()
+        if not m.born_ms:
+            m.born_ms = now
+        return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString())
+
+    def topic_for_send(self, name: str, ops: list[Op], *, force: bool = False, queues: int = 0) -> TopicLog:
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        if not (self.settings.auto_create or force):
+            raise TopicNotFound(f"topic {name} does not exist on broker {self.name} and auto-create is off")
+        count = queues or self.settings.queues_per_topic
+        topic = self.topics[name] = TopicLog(name, [QueueLog(name, q) for q in range(count)])
+        ops.extend(CreateQueue(name, q) for q in range(count))
+        return topic
+
+    async def deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
+        """Move due scheduled messages into their topics: append and delete in one transaction."""
+        rows = [r for _, sid in entries if (r := self._scheduled_rows.get(sid)) is not None]
+        if len(rows) < len(entries):
+            rows += await self.store.read_scheduled([sid for _, sid in entries if sid not in self._scheduled_rows])
+        ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
+        appends = []
+        for r in rows:
+            self.topic_for_send(r.topic, ops, force=True)
+            appends.append(NewMessage(r.topic, r.queue_id, now_ms(), r.tag, r.payload))
+        await self.store.submit(appends, ops)
+        for r in rows:
+            if self._scheduled_rows.pop(r.schedule_id, None) is not None:
+                self._scheduled_bytes -= len(r.payload)
+        if self.on_lateness is not None:
+            now = now_ms()
+            for r in rows:
+                self.on_lateness((now - r.due_ms) / 1000)
