@@ -184,7 +184,11 @@ class SqliteStore:
     def _apply(self, batch: list[_Request]) -> None:
         """One transaction for the whole batch. Statements cannot conflict (offsets are assigned here,
         state writes are upserts), so a failure is the database's (disk full, read-only): it fails
-        every request of the batch and rolls the offsets back."""
+        every request of the batch and rolls the offsets back.
+
+        Ops run grouped by kind, each kind in request order. That is safe because no batch holds two
+        ops of different kinds on the same row: a caller can only ack or change a delivery after the
+        pop that made it was committed and answered."""
         started = time.perf_counter()
         conn = self._conn
         saved = dict(self._next_offset)
