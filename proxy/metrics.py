@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+if TYPE_CHECKING:
+    from proxy.notify import RunStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30)
 
@@ -43,6 +48,47 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self._mode_latency = Histogram(
+            "popgate_proxy_receive_mode_latency_seconds",
+            "Time from a ReceiveMessage request to its answer, by strategy and outcome (messages / empty / ...)",
+            ["mode", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._long_polls = Counter(
+            "popgate_proxy_receive_long_polls",
+            "Receives served by coupled long polling whose broker Pop could be held (is_long_polling)",
+            ["group"],
+            registry=self.registry,
+        )
+        self._notify_runs = Counter(
+            "popgate_proxy_notify_runs",
+            "Receives served by pop with notify (their first Pop included)",
+            ["group"],
+            registry=self.registry,
+        )
+        self._notifications = Counter(
+            "popgate_proxy_notifications",
+            "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (held until the "
+            "poll ended), full (broker polling_full), unanswered (cancelled: answered elsewhere, deadline, "
+            "client gone, or failed)",
+            ["group", "outcome"],
+            registry=self.registry,
+        )
+        self._notify_pops = Counter(
+            "popgate_proxy_notify_pops",
+            "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
+            "lost (a consume Pop found nothing: another consumer won the race)",
+            ["group", "kind"],
+            registry=self.registry,
+        )
+        self._decisions = Counter(
+            "popgate_proxy_receive_mode_decisions",
+            "Adaptive mode: the strategy chosen per receive and why (quiet, rate, concurrency)",
+            ["group", "mode", "reason"],
+            registry=self.registry,
+        )
+
     def rpc(self, method: str, code: str, seconds: float) -> None:
         self._rpc.labels(method, code).observe(seconds)
 
@@ -55,3 +101,28 @@ class ProxyMetrics:
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
         self._receives.labels(group, mode, outcome).inc()
         self._receive_latency.observe(seconds)
+        self._mode_latency.labels(mode, outcome).observe(seconds)
+
+    def long_poll(self, group: str) -> None:
+        self._long_polls.labels(group).inc()
+
+    def notify_run(self, group: str, stats: RunStats) -> None:
+        self._notify_runs.labels(group).inc()
+        if stats.first_pop_hit:
+            self.first_pop_hit(group)
+        answered = stats.notified_has_message + stats.notified_empty + stats.notified_full
+        for outcome, count in (
+            ("has_message", stats.notified_has_message),
+            ("empty", stats.notified_empty),
+            ("full", stats.notified_full),
+            ("unanswered", stats.notifications - answered),
+        ):
+            if count:
+                self._notifications.labels(group, outcome).inc(count)
+        consume = stats.pops - 1 if stats.pops else 0
+        for kind, count in (("first", min(stats.pops, 1)), ("consume", consume), ("lost", stats.lost_races)):
+            if count:
+                self._notify_pops.labels(group, kind).inc(count)
+
+    def mode_decision(self, group: str, mode: str, reason: str) -> None:
+        self._decisions.labels(group, mode, reason).inc()

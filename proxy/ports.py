@@ -8,9 +8,12 @@ types (popgate_pb.broker_pb2): the backend's data model, not a transport.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from popgate_pb import broker_pb2 as bpb
+
+if TYPE_CHECKING:
+    from proxy.notify import RunStats
 
 
 class BrokerClient(Protocol):
@@ -48,6 +51,12 @@ class Metrics(Protocol):
 
     def first_pop_hit(self, group: str) -> None: ...
 
+    def long_poll(self, group: str) -> None: ...
+
+    def notify_run(self, group: str, stats: RunStats) -> None: ...
+
+    def mode_decision(self, group: str, mode: str, reason: str) -> None: ...
+
 
 class NoMetrics:
     def rpc(self, method: str, code: str, seconds: float) -> None:
@@ -60,4 +69,13 @@ class NoMetrics:
         pass
 
     def first_pop_hit(self, group: str) -> None:
+        pass
+
+    def long_poll(self, group: str) -> None:
+        pass
+
+    def notify_run(self, group: str, stats: RunStats) -> None:
+        pass
+
+    def mode_decision(self, group: str, mode: str, reason: str) -> None:
         pass

@@ -1,9 +1,11 @@
 """Receive strategies: how one client ReceiveMessage becomes broker calls.
 
 `ReceiveStrategy` is the seam: the core calls `receive()` and does not care how it
-is served. Only coupled long polling exists so far (`LongPollStrategy`): one Pop
-to one live broker (rotating), held for the client's long-polling time minus the
-proxy's reserve. Pop-with-notify and the adaptive switch plug in here later.
+is served. Three implement it (DESIGN §3): `LongPollStrategy` here (coupled long
+polling: one Pop to one live broker, rotating, held for the client's long-polling
+time minus the proxy's reserve), `proxy.notify_driver.NotifyStrategy` (pop with
+notify) and `AdaptiveStrategy` here, which asks `proxy.adaptive.AdaptivePolicy`
+which of the two serves each request.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
+from proxy.adaptive import AdaptivePolicy
 from proxy.errors import BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests
+from proxy.ports import Metrics, NoMetrics
 from proxy.routing import BrokerPool
 
 T = TypeVar("T")
@@ -68,9 +72,10 @@ class LongPollStrategy:
 
     mode = "longpoll"
 
-    def __init__(self, pool: BrokerPool, *, broker_timeout_s: float) -> None:
+    def __init__(self, pool: BrokerPool, *, broker_timeout_s: float, metrics: Metrics | None = None) -> None:
         self._pool = pool
         self._timeout = broker_timeout_s
+        self._metrics = metrics or NoMetrics()
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
@@ -91,6 +96,8 @@ class LongPollStrategy:
                 poll_ms=int(poll_s * 1000),
             )
             tried.append(client.name)
+            if pop.poll_ms > 0 and len(tried) == 1:
+                self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(0.05, min(poll_s + self._timeout, remaining))
             try:
                 response = await until_closing(client.pop(pop, timeout_s=timeout), closing)
@@ -106,3 +113,32 @@ class LongPollStrategy:
         if tried and loop.time() >= request.deadline:
             return ReceiveResult([], "empty", tried)
         raise last
+
+
+class AdaptiveStrategy:
+    """Per request: pop with notify while the group is quiet, coupled long polling when it is busy."""
+
+    mode = "adaptive"
+
+    def __init__(
+        self,
+        pool: BrokerPool,
+        policy: AdaptivePolicy,
+        notify: ReceiveStrategy,
+        longpoll: ReceiveStrategy,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._pool = pool
+        self._policy = policy
+        self._by_mode = {"notify": notify, "longpoll": longpoll}
+        self._metrics = metrics or NoMetrics()
+
+    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
+        loop = asyncio.get_running_loop()
+        decision = self._policy.start(request.group, now=loop.time(), live_brokers=len(self._pool.live()))
+        self._metrics.mode_decision(request.group, decision.mode, decision.reason)
+        try:
+            return await self._by_mode[decision.mode].receive(request, closing)
+        finally:
+            self._policy.end(request.group, now=loop.time())

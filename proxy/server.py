@@ -14,10 +14,13 @@ from popgate_pb.v2 import service_pb2_grpc
 
 from broker.export import ExportSettings, MetricsExporter, default_proxy_name
 from broker.metrics_http import MetricsServer
+from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
 from proxy.metrics import ProxyMetrics
-from proxy.receive import LongPollStrategy, ReceiveStrategy
+from proxy.notify_driver import NotifyStrategy
+from proxy.ports import Metrics
+from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError
 from proxy.v2.context import endpoints_for
@@ -27,9 +30,22 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 
 
-def make_strategy(settings: Settings, pool: BrokerPool) -> ReceiveStrategy:
+def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> ReceiveStrategy:
+    longpoll = LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
+    notify = NotifyStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
     if settings.receive_mode == "longpoll":
-        return LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s)
+        return longpoll
+    if settings.receive_mode == "notify":
+        return notify
+    if settings.receive_mode == "adaptive":
+        policy = AdaptivePolicy(
+            AdaptiveSettings(
+                window_s=settings.adaptive_window_s,
+                rate_threshold=settings.adaptive_rate_threshold,
+                concurrency_per_broker=settings.adaptive_concurrency_per_broker,
+            )
+        )
+        return AdaptiveStrategy(pool, policy, notify, longpoll, metrics=metrics)
     raise SettingsError(f"receive mode {settings.receive_mode!r} is not implemented")
 
 
@@ -39,6 +55,11 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),  # a stale proxy on the same port must not share traffic
+            # Held receives are server-streaming calls: grpc core's defaults (1,000 pending requests, 100
+            # streams per connection) cancel a burst of idle receives; max_held_receives is the real bound.
+            ("grpc.server.max_pending_requests", 1 << 20),
+            ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
+            ("grpc.max_concurrent_streams", 1 << 20),
         ]
     )
     try:
@@ -56,7 +77,7 @@ def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics:
     pool = BrokerPool(clients)
     return Proxy(
         pool,
-        make_strategy(settings, pool),
+        make_strategy(settings, pool, metrics),
         queues_per_broker=settings.queues_per_broker,
         broker_timeout_s=settings.broker_timeout_s,
         max_held_receives=settings.max_held_receives,

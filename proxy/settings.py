@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
-IMPLEMENTED_RECEIVE_MODES = ("longpoll",)
 _BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -55,7 +54,12 @@ class Settings:
     export_interval_s: float = 10.0
     tls_cert: str = ""  # PEM certificate chain file; with tls_key: serve TLS instead of plaintext
     tls_key: str = ""  # PEM private key file
-    receive_mode: str = "longpoll"
+    receive_mode: str = "adaptive"
+    # adaptive: longpoll when a group's receive rate (over the window) or its receives in progress per live broker
+    # reach these; 0 switches a criterion off. Defaults from bench/realtime_bench.py, see docs/RECEIVE.md.
+    adaptive_window_s: float = 1.0
+    adaptive_rate_threshold: float = 100.0
+    adaptive_concurrency_per_broker: float = 2.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_batch: int = 32
     queues_per_broker: int = 4
@@ -88,11 +92,6 @@ class Settings:
                 parse_host_port(getattr(self, name), what=f"--{name.replace('_', '-')}")
         if self.receive_mode not in RECEIVE_MODES:
             raise SettingsError(f"--receive-mode {self.receive_mode!r}: choose one of {', '.join(RECEIVE_MODES)}")
-        if self.receive_mode not in IMPLEMENTED_RECEIVE_MODES:
-            raise SettingsError(
-                f"--receive-mode {self.receive_mode}: not implemented yet in this version "
-                f"(only {', '.join(IMPLEMENTED_RECEIVE_MODES)}); see docs/PROXY.md"
-            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("--tls-cert and --tls-key go together: give both for TLS, neither for plaintext")
         for name in ("tls_cert", "tls_key"):
@@ -130,6 +129,9 @@ class Settings:
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
             ("export_interval_s", self.export_interval_s > 0, "> 0"),
+            ("adaptive_window_s", 0 < self.adaptive_window_s <= 3600, "0 < it <= 3600"),
+            ("adaptive_rate_threshold", self.adaptive_rate_threshold >= 0, ">= 0 (0 = criterion off)"),
+            ("adaptive_concurrency_per_broker", self.adaptive_concurrency_per_broker >= 0, ">= 0 (0 = criterion off)"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -173,7 +175,7 @@ def build_parser(prog: str = "popgate-proxy") -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         help_text = f"{kind}, default {_DEFAULTS[name]!r}"
         if name == "receive_mode":
-            help_text = f"one of {', '.join(RECEIVE_MODES)} (only longpoll is implemented so far)"
+            help_text = f"one of {', '.join(RECEIVE_MODES)}, default adaptive (docs/RECEIVE.md)"
         parser.add_argument(flag, dest=name, default=None, help=help_text)
     return parser
 

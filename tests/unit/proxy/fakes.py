@@ -21,6 +21,29 @@ class FakeBroker:
         self.ready: list[bpb.PoppedMessage] = []
         self.polling_full = False
         self.arrived = asyncio.Event()
+        self.notifications: list[bpb.NotificationRequest] = []
+        self.held = 0  # Pops and Notifications being held right now
+        self.changed = asyncio.Event()  # set (and replaced) whenever `held` changes
+
+    def _held(self, delta: int) -> None:
+        self.held += delta
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def put(self, *messages: bpb.PoppedMessage) -> None:
+        """A message arrives: held requests wake."""
+        self.ready.extend(messages)
+        self.arrived.set()
+        self.arrived = asyncio.Event()
+
+    async def _hold(self, poll_ms: int) -> None:
+        self._held(+1)
+        try:
+            await asyncio.wait_for(self.arrived.wait(), poll_ms / 1000)
+        except TimeoutError:
+            pass
+        finally:
+            self._held(-1)
 
     def _check(self) -> None:
         if self.fail is not None:
@@ -38,10 +61,7 @@ class FakeBroker:
         self._check()
         self.pops.append(request)
         if not self.ready and request.poll_ms > 0 and not self.polling_full:
-            try:
-                await asyncio.wait_for(self.arrived.wait(), request.poll_ms / 1000)
-            except TimeoutError:
-                pass
+            await self._hold(request.poll_ms)
         taken, self.ready = self.ready[: request.max_messages], self.ready[request.max_messages :]
         return bpb.PopResponse(messages=taken, polling_full=self.polling_full)
 
@@ -69,6 +89,11 @@ class FakeBroker:
 
     async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse:
         self._check()
+        self.notifications.append(request)
+        if self.polling_full:
+            return bpb.NotificationResponse(polling_full=True)
+        if not self.ready and request.poll_ms > 0:
+            await self._hold(request.poll_ms)
         return bpb.NotificationResponse(has_message=bool(self.ready))
 
 

@@ -1,0 +1,263 @@
+"""Pop with notify as a sans-IO state machine: events in, commands out. No asyncio, no clocks.
+
+One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
+
+1. a first Pop with poll 0 to one broker (backlog is served at once);
+2. if it is empty and poll time remains: a Notification to every live broker at once,
+   held by each broker until the poll ends;
+3. every ``has_message`` goes into a small per-request queue; one consume step at a time
+   takes the next broker from it and Pops it with poll 0;
+4. messages: answer, cancel every other outstanding Notification;
+   empty (another consumer won the race): notify that broker again and continue;
+5. at the end of the poll time: answer empty (a Pop still in flight is waited for, so
+   popped messages are not dropped) and cancel the rest; at the hard deadline, or when
+   the client goes away or the proxy closes: answer and cancel everything.
+
+The driver (`proxy.notify_driver`) executes commands and feeds back events with the
+current time; times are plain float seconds on the driver's clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.errors import BrokerUnavailable, ProxyError, TooManyRequests
+
+
+@dataclass(frozen=True, slots=True)
+class Pop:
+    """Pop `broker` with poll 0."""
+
+    broker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Send a Notification to `broker`, held by it for `poll_ms`."""
+
+    broker: str
+    poll_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancel whatever is outstanding at `broker` (a Notification or a Pop)."""
+
+    broker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Answer the client: messages, or empty (`outcome` says why), or an error to raise."""
+
+    messages: Sequence[bpb.PoppedMessage]
+    outcome: str  # "messages", "empty", "closing", "error"
+    error: ProxyError | None = None
+
+
+Command = Pop | Notify | Cancel | Finish
+
+
+class Phase(Enum):
+    FIRST_POP = "first_pop"
+    NOTIFYING = "notifying"
+    DRAINING = "draining"  # the poll time is over; a Pop is still in flight
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class RunStats:
+    """What the run did, for metrics."""
+
+    first_pop_hit: bool = False
+    notifications: int = 0
+    notified_has_message: int = 0
+    notified_empty: int = 0
+    notified_full: int = 0
+    pops: int = 0
+    lost_races: int = 0
+
+
+@dataclass(slots=True)
+class NotifyRun:
+    """One receive served by pop with notify.
+
+    brokers: names of the live brokers, the first one gets the first Pop.
+    poll_end: when the client's long-polling time is over (answer empty then).
+    min_notify_s: below this much poll time left, a broker is not notified again.
+    """
+
+    brokers: Sequence[str]
+    poll_end: float
+    min_notify_s: float = 0.005
+    phase: Phase = Phase.FIRST_POP
+    stats: RunStats = field(default_factory=RunStats)
+    notifying: set[str] = field(default_factory=set)
+    ready: deque[str] = field(default_factory=deque)
+    popping: str | None = None
+    failed: set[str] = field(default_factory=set)
+    full: set[str] = field(default_factory=set)
+    last_error: ProxyError | None = None
+
+    # -- events ----------------------------------------------------------------
+
+    def start(self) -> list[Command]:
+        if not self.brokers:
+            return self._finish([], "error", BrokerUnavailable("no broker is live"))
+        self.popping = self.brokers[0]
+        self.stats.pops += 1
+        return [Pop(self.brokers[0])]
+
+    def popped(
+        self, broker: str, messages: Sequence[bpb.PoppedMessage], *, polling_full: bool, now: float
+    ) -> list[Command]:
+        """A Pop answered (poll 0: `polling_full` cannot happen but is honoured)."""
+        if self.phase is Phase.DONE or broker != self.popping:
+            return []
+        self.popping = None
+        if messages:
+            if self.phase is Phase.FIRST_POP:
+                self.stats.first_pop_hit = True
+            return self._finish(messages, "messages")
+        if polling_full:
+            self.full.add(broker)
+        if self.phase is Phase.FIRST_POP:
+            return self._notify_all(now)
+        if self.phase is Phase.DRAINING:
+            return self._finish([], "empty")
+        # Lost the race for what the broker announced: watch that broker again.
+        self.stats.lost_races += 1
+        return [*self._renotify(broker, now), *self._next_pop()]
+
+    def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
+        if self.phase is Phase.DONE or broker not in self.notifying:
+            return []
+        self.notifying.discard(broker)
+        if has_message:
+            self.stats.notified_has_message += 1
+            if broker not in self.ready and broker != self.popping:
+                self.ready.append(broker)
+            return self._next_pop()
+        if polling_full:
+            self.stats.notified_full += 1
+            self.full.add(broker)
+            return self._maybe_exhausted()
+        self.stats.notified_empty += 1
+        # The broker's hold ended without a message (its clock ran ahead of ours): watch on if time is left.
+        cmds = self._renotify(broker, now)
+        return cmds or self._maybe_exhausted()
+
+    def failed_call(self, broker: str, error: ProxyError, *, now: float) -> list[Command]:
+        """A Pop or Notification to `broker` failed with `error`."""
+        if self.phase is Phase.DONE:
+            return []
+        was_pop = broker == self.popping
+        if not was_pop and broker not in self.notifying:
+            return []
+        self.notifying.discard(broker)
+        if was_pop:
+            self.popping = None
+        if not error.retriable:
+            return self._finish([], "error", error)  # the request itself is bad: every broker would say so
+        self.last_error = error
+        self.failed.add(broker)
+        if self.phase is Phase.FIRST_POP:
+            return self._notify_all(now)
+        if self.phase is Phase.DRAINING:
+            return self._finish([], "empty")
+        return [*self._next_pop(), *self._maybe_exhausted()]
+
+    def poll_over(self) -> list[Command]:
+        """The client's long-polling time is over: answer empty, unless a Pop is in flight."""
+        if self.phase is Phase.DONE:
+            return []
+        if self.popping is not None:
+            self.phase = Phase.DRAINING
+            cancels: list[Command] = [Cancel(b) for b in sorted(self.notifying)]
+            self.notifying.clear()
+            self.ready.clear()
+            return cancels
+        return self._finish([], "empty")
+
+    def deadline(self) -> list[Command]:
+        """The hard deadline: answer empty now, whatever is in flight."""
+        if self.phase is Phase.DONE:
+            return []
+        return self._finish([], "empty")
+
+    def closing(self) -> list[Command]:
+        """The proxy is shutting down (or the client went away): answer at once."""
+        if self.phase is Phase.DONE:
+            return []
+        return self._finish([], "closing")
+
+    # -- helpers ---------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    @property
+    def outstanding(self) -> list[str]:
+        """Brokers with a request in flight (sorted; the popping broker included)."""
+        names = set(self.notifying)
+        if self.popping is not None:
+            names.add(self.popping)
+        return sorted(names)
+
+    def _poll_ms(self, now: float) -> int:
+        return int((self.poll_end - now) * 1000)
+
+    def _notify_all(self, now: float) -> list[Command]:
+        self.phase = Phase.NOTIFYING
+        if self.poll_end - now < self.min_notify_s:
+            return self._finish([], "empty")
+        poll_ms = self._poll_ms(now)
+        cmds: list[Command] = []
+        for broker in self.brokers:
+            if broker not in self.failed and broker not in self.full:
+                self.notifying.add(broker)
+                self.stats.notifications += 1
+                cmds.append(Notify(broker, poll_ms))
+        return cmds or self._maybe_exhausted()
+
+    def _renotify(self, broker: str, now: float) -> list[Command]:
+        if self.poll_end - now < self.min_notify_s or broker in self.notifying:
+            return []
+        self.notifying.add(broker)
+        self.stats.notifications += 1
+        return [Notify(broker, self._poll_ms(now))]
+
+    def _next_pop(self) -> list[Command]:
+        """One consume step at a time: Pop the next broker that announced a message."""
+        if self.popping is not None or not self.ready or self.phase is not Phase.NOTIFYING:
+            return []
+        broker = self.ready.popleft()
+        self.popping = broker
+        self.stats.pops += 1
+        return [Pop(broker)]
+
+    def _maybe_exhausted(self) -> list[Command]:
+        """Nothing outstanding and nothing to pop: no broker can serve this receive any more."""
+        if self.phase is Phase.DONE or self.notifying or self.popping is not None or self.ready:
+            return []
+        if self.full and not (set(self.brokers) - self.full - self.failed):
+            return self._finish([], "error", TooManyRequests("every broker holds too many long polls; retry shortly"))
+        if self.failed and not (set(self.brokers) - self.failed):
+            return self._finish([], "error", self.last_error or BrokerUnavailable("no broker is reachable"))
+        return self._finish([], "empty")
+
+    def _finish(
+        self, messages: Sequence[bpb.PoppedMessage], outcome: str, error: ProxyError | None = None
+    ) -> list[Command]:
+        cancels: list[Command] = [Cancel(b) for b in self.outstanding]
+        self.notifying.clear()
+        self.ready.clear()
+        self.popping = None
+        self.phase = Phase.DONE
+        return [*cancels, Finish(messages, outcome, error)]

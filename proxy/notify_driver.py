@@ -1,0 +1,153 @@
+"""The asyncio driver of pop with notify: runs `proxy.notify.NotifyRun` commands against brokers.
+
+Thin on purpose: every decision is in the state machine. The driver turns commands
+into broker calls (one task per outstanding broker request, cancelled on `Cancel`),
+feeds their results back as events from the tasks' done callbacks, arms two timers
+(end of poll time, hard deadline) and watches the proxy's `closing` event. When the
+awaiting coroutine is cancelled (the client went away), everything outstanding is
+cancelled too: the broker sessions send cancel frames, so no broker keeps a hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.errors import BrokerFailure, ProxyError
+from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
+from proxy.ports import BrokerClient, Metrics, NoMetrics
+from proxy.receive import ReceiveRequest, ReceiveResult
+from proxy.routing import BrokerPool
+
+
+class _Closer:
+    """One waiter on the proxy's closing event for all runs (not one task per receive)."""
+
+    def __init__(self) -> None:
+        self.runs: set[_Run] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def watch(self, closing: asyncio.Event) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._wait(closing), name="notify-closing")
+
+    async def _wait(self, closing: asyncio.Event) -> None:
+        await closing.wait()
+        for run in list(self.runs):
+            run.apply(run.machine.closing())
+
+
+class _Run:
+    """One receive in flight: the machine, its broker tasks and timers."""
+
+    def __init__(self, machine: NotifyRun, request: ReceiveRequest, pool: BrokerPool, timeout_s: float) -> None:
+        self.machine = machine
+        self.request = request
+        self.pool = pool
+        self.timeout_s = timeout_s
+        self.loop = asyncio.get_running_loop()
+        self.result: asyncio.Future[Finish] = self.loop.create_future()
+        self.tasks: dict[str, asyncio.Task[object]] = {}
+
+    def apply(self, commands: list[Command]) -> None:
+        for command in commands:
+            if isinstance(command, Pop):
+                self._spawn(command.broker, self._pop(command.broker), "pop")
+            elif isinstance(command, Notify):
+                self._spawn(command.broker, self._notify(command.broker, command.poll_ms), "notify")
+            elif isinstance(command, Cancel):
+                task = self.tasks.pop(command.broker, None)
+                if task is not None:
+                    task.cancel()
+            elif not self.result.done():
+                self.result.set_result(command)
+
+    def _client(self, broker: str) -> BrokerClient:
+        client = self.pool.get(broker)
+        assert client is not None, broker
+        return client
+
+    def _pop(self, broker: str) -> Awaitable[object]:
+        r = self.request
+        request = bpb.PopRequest(
+            topic=r.topic, group=r.group, filter=r.filter, max_messages=r.batch, invisible_ms=r.invisible_ms, poll_ms=0
+        )
+        return self._client(broker).pop(request, timeout_s=self.timeout_s)
+
+    def _notify(self, broker: str, poll_ms: int) -> Awaitable[object]:
+        r = self.request
+        request = bpb.NotificationRequest(topic=r.topic, group=r.group, filter=r.filter, poll_ms=max(0, poll_ms))
+        return self._client(broker).notification(request, timeout_s=poll_ms / 1000 + self.timeout_s)
+
+    def _spawn(self, broker: str, call: Awaitable[object], kind: str) -> None:
+        task = asyncio.ensure_future(call)
+        self.tasks[broker] = task
+        task.add_done_callback(functools.partial(self._done, broker, kind))
+
+    def _done(self, broker: str, kind: str, task: asyncio.Task[object]) -> None:
+        if self.tasks.get(broker) is task:
+            del self.tasks[broker]
+        if task.cancelled():
+            return
+        error = task.exception()  # retrieved even when the run is over: no "never retrieved" noise
+        now = self.loop.time()
+        if error is not None:
+            proxy_error = error if isinstance(error, ProxyError) else BrokerFailure(f"broker {broker}: {error!r}")
+            self.apply(self.machine.failed_call(broker, proxy_error, now=now))
+        elif kind == "pop":
+            response = task.result()
+            assert isinstance(response, bpb.PopResponse)
+            self.apply(self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now))
+        else:
+            answer = task.result()
+            assert isinstance(answer, bpb.NotificationResponse)
+            self.apply(
+                self.machine.notified(broker, has_message=answer.has_message, polling_full=answer.polling_full, now=now)
+            )
+
+    def cancel_all(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+
+
+class NotifyStrategy:
+    """Pop with notify (DESIGN §3, way 2): no false empty responses with few consumers and many brokers."""
+
+    mode = "notify"
+
+    def __init__(self, pool: BrokerPool, *, broker_timeout_s: float, metrics: Metrics | None = None) -> None:
+        self._pool = pool
+        self._timeout = broker_timeout_s
+        self._metrics = metrics or NoMetrics()
+        self._closer = _Closer()
+
+    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
+        if closing.is_set():
+            return ReceiveResult([], "closing")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        live = [c.name for c in self._pool.candidates(rotation="receive") if c.healthy]
+        poll_end = min(now + request.poll_s, request.deadline)
+        run = _Run(NotifyRun(live, poll_end), request, self._pool, self._timeout)
+        self._closer.watch(closing)
+        self._closer.runs.add(run)
+        timers = [
+            loop.call_at(poll_end, lambda: run.apply(run.machine.poll_over())),
+            loop.call_at(request.deadline, lambda: run.apply(run.machine.deadline())),
+        ]
+        try:
+            run.apply(run.machine.start())
+            finish = await run.result
+        finally:
+            for timer in timers:
+                timer.cancel()
+            run.cancel_all()
+            self._closer.runs.discard(run)
+            self._metrics.notify_run(request.group, run.machine.stats)
+        if finish.error is not None:
+            raise finish.error
+        return ReceiveResult(list(finish.messages), finish.outcome, sorted({*live}))

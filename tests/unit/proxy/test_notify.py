@@ -1,0 +1,157 @@
+"""The pop-with-notify state machine alone: events in, commands out, no sockets, no event loop."""
+
+from __future__ import annotations
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.errors import BadRequest, BrokerUnavailable, TooManyRequests
+from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
+from tests.unit.proxy.fakes import popped
+
+BROKERS = ("b1", "b2", "b3")
+
+
+def started(poll_end: float = 10.0) -> tuple[NotifyRun, list[Command]]:
+    run = NotifyRun(BROKERS, poll_end)
+    return run, run.start()
+
+
+def notifying(now: float = 0.0) -> NotifyRun:
+    run, _ = started()
+    cmds = run.popped("b1", [], polling_full=False, now=now)
+    assert cmds == [Notify(b, 10_000) for b in BROKERS]
+    return run
+
+
+def finish(cmds: list[Command]) -> Finish:
+    assert isinstance(cmds[-1], Finish), cmds
+    return cmds[-1]
+
+
+def message(mid: str) -> list[bpb.PoppedMessage]:
+    return [popped("b2", mid)]
+
+
+def test_first_pop_goes_to_one_broker_and_a_hit_answers_without_notifying() -> None:
+    run, cmds = started()
+    assert cmds == [Pop("b1")]
+    done = finish(run.popped("b1", message("m1"), polling_full=False, now=0.001))
+    assert done.outcome == "messages" and [m.stored.message.message_id for m in done.messages] == ["m1"]
+    assert run.stats.first_pop_hit and run.stats.notifications == 0
+
+
+def test_empty_first_pop_notifies_every_broker_with_the_poll_time_left() -> None:
+    run, _ = started(poll_end=5.0)
+    assert run.popped("b1", [], polling_full=False, now=1.5) == [Notify(b, 3500) for b in BROKERS]
+
+
+def test_has_message_pops_that_broker_then_answers_and_cancels_the_other_notifications() -> None:
+    run = notifying()
+    assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == [Pop("b2")]
+    cmds = run.popped("b2", message("m2"), polling_full=False, now=1.001)
+    assert cmds[:-1] == [Cancel("b1"), Cancel("b3")]
+    assert finish(cmds).outcome == "messages"
+    assert run.done and run.outstanding == []
+
+
+def test_one_consume_step_at_a_time_the_second_announcement_waits_in_the_queue() -> None:
+    run = notifying()
+    assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == [Pop("b2")]
+    assert run.notified("b3", has_message=True, polling_full=False, now=1.0) == []  # queued, not popped yet
+    assert list(run.ready) == ["b3"]
+    # b2's message went to another consumer: b2 is watched again, and b3 is popped next.
+    assert run.popped("b2", [], polling_full=False, now=1.01) == [Notify("b2", 8990), Pop("b3")]
+    assert run.stats.lost_races == 1
+    done = finish(run.popped("b3", message("m3"), polling_full=False, now=1.02))
+    assert done.outcome == "messages"
+
+
+def test_lost_race_renotifies_and_the_next_arrival_is_served() -> None:
+    run = notifying()
+    run.notified("b2", has_message=True, polling_full=False, now=1.0)
+    assert run.popped("b2", [], polling_full=False, now=1.0) == [Notify("b2", 9000)]
+    assert not run.done and run.outstanding == ["b1", "b2", "b3"]
+    assert run.notified("b2", has_message=True, polling_full=False, now=2.0) == [Pop("b2")]
+    assert finish(run.popped("b2", message("m4"), polling_full=False, now=2.0)).outcome == "messages"
+
+
+def test_end_of_poll_time_answers_empty_and_cancels_every_notification() -> None:
+    run = notifying()
+    cmds = run.poll_over()
+    assert cmds[:-1] == [Cancel(b) for b in BROKERS]
+    assert finish(cmds).outcome == "empty" and finish(cmds).error is None
+    assert run.notified("b1", has_message=True, polling_full=False, now=10.0) == []  # late answers are ignored
+
+
+def test_end_of_poll_time_waits_for_a_pop_in_flight_so_its_messages_are_not_dropped() -> None:
+    run = notifying()
+    run.notified("b3", has_message=True, polling_full=False, now=9.999)
+    assert run.poll_over() == [Cancel("b1"), Cancel("b2")]
+    assert finish(run.popped("b3", message("m5"), polling_full=False, now=10.001)).outcome == "messages"
+
+
+def test_hard_deadline_cancels_even_a_pop_in_flight() -> None:
+    run = notifying()
+    run.notified("b3", has_message=True, polling_full=False, now=9.999)
+    run.poll_over()
+    cmds = run.deadline()
+    assert cmds == [Cancel("b3"), Finish([], "empty")]
+
+
+def test_closing_answers_at_once_and_cancels_everything() -> None:
+    run = notifying()
+    cmds = run.closing()
+    assert cmds[:-1] == [Cancel(b) for b in BROKERS] and finish(cmds).outcome == "closing"
+    assert run.closing() == []
+
+
+def test_no_poll_time_left_after_the_first_pop_answers_empty_without_notifying() -> None:
+    run, _ = started(poll_end=1.0)
+    assert run.popped("b1", [], polling_full=False, now=1.0) == [Finish([], "empty")]
+
+
+def test_an_unreachable_broker_is_left_out_and_the_others_still_serve() -> None:
+    run = notifying()
+    assert run.failed_call("b1", BrokerUnavailable("b1 down"), now=1.0) == []
+    assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == [Pop("b2")]
+    assert finish(run.popped("b2", message("m6"), polling_full=False, now=1.0)).outcome == "messages"
+
+
+def test_first_pop_on_a_dead_broker_goes_on_to_notify_the_others() -> None:
+    run, _ = started()
+    assert run.failed_call("b1", BrokerUnavailable("down"), now=0.0) == [Notify("b2", 10_000), Notify("b3", 10_000)]
+
+
+def test_every_broker_unreachable_is_an_error() -> None:
+    run = notifying()
+    run.failed_call("b1", BrokerUnavailable("down"), now=1.0)
+    run.failed_call("b2", BrokerUnavailable("down"), now=1.0)
+    done = finish(run.failed_call("b3", BrokerUnavailable("b3 down"), now=1.0))
+    assert isinstance(done.error, BrokerUnavailable) and done.error.message == "b3 down"
+
+
+def test_every_broker_full_is_too_many_requests() -> None:
+    run = notifying()
+    for b in BROKERS[:-1]:
+        assert run.notified(b, has_message=False, polling_full=True, now=1.0) == []
+    done = finish(run.notified("b3", has_message=False, polling_full=True, now=1.0))
+    assert isinstance(done.error, TooManyRequests)
+
+
+def test_a_bad_request_answers_with_its_error_at_once() -> None:
+    run, _ = started()
+    done = finish(run.failed_call("b1", BadRequest("bad filter"), now=0.0))
+    assert isinstance(done.error, BadRequest)
+
+
+def test_a_hold_that_ended_early_is_renewed_and_one_at_the_end_answers_empty() -> None:
+    run = notifying()
+    assert run.notified("b1", has_message=False, polling_full=False, now=4.0) == [Notify("b1", 6000)]
+    assert run.notified("b2", has_message=False, polling_full=False, now=10.0) == []
+    assert run.notified("b3", has_message=False, polling_full=False, now=10.0) == []
+    assert finish(run.notified("b1", has_message=False, polling_full=False, now=10.0)).outcome == "empty"
+
+
+def test_no_live_broker_is_unavailable() -> None:
+    done = finish(NotifyRun((), 1.0).start())
+    assert isinstance(done.error, BrokerUnavailable)

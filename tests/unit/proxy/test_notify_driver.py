@@ -1,0 +1,202 @@
+"""Pop with notify and the adaptive switch through the core, over in-memory brokers (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
+from proxy.core import Proxy
+from proxy.metrics import ProxyMetrics
+from proxy.notify_driver import NotifyStrategy
+from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveRequest, ReceiveResult
+from proxy.routing import BrokerPool
+from tests.unit.proxy.fakes import FakeBroker, popped
+
+T = TypeVar("T")
+NAMES = ("b1", "b2", "b3")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def make(*, metrics: ProxyMetrics | None = None) -> tuple[Proxy, dict[str, FakeBroker]]:
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers)
+    return Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics), brokers
+
+
+def request(poll_s: float, *, batch: int = 32) -> ReceiveRequest:
+    loop = asyncio.get_running_loop()
+    return ReceiveRequest("t", "g", "*", batch, 30_000, poll_s, loop.time() + poll_s + 0.5)
+
+
+def held(brokers: dict[str, FakeBroker]) -> int:
+    return sum(b.held for b in brokers.values())
+
+
+async def held_becomes(brokers: dict[str, FakeBroker], count: int, timeout_s: float = 2.0) -> None:
+    """Wait (bounded) until the brokers hold `count` requests in all, woken by their `changed` events."""
+    async with asyncio.timeout(timeout_s):
+        while held(brokers) != count:
+            waits = {asyncio.ensure_future(b.changed.wait()) for b in brokers.values()}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+def ids(result: ReceiveResult) -> list[str]:
+    return [m.stored.message.message_id for m in result.messages]
+
+
+def test_backlog_is_served_by_the_first_pop_without_notifications() -> None:
+    proxy, brokers = make()
+    brokers["b1"].ready.append(popped("b1", "m1"))
+
+    async def scenario() -> ReceiveResult:
+        return await proxy.receive(request(2.0))
+
+    assert ids(run(scenario())) == ["m1"]
+    assert all(not b.notifications for b in brokers.values())
+
+
+def test_a_message_on_any_broker_wakes_the_receive_at_once_and_no_hold_is_left() -> None:
+    proxy, brokers = make()
+
+    async def scenario() -> tuple[ReceiveResult, float]:
+        loop = asyncio.get_running_loop()
+        receive = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes(brokers, 3)
+        sent = loop.time()
+        brokers["b3"].put(popped("b3", "m3"))
+        result = await receive
+        waited = loop.time() - sent
+        await held_becomes(brokers, 0)
+        return result, waited
+
+    result, waited = run(scenario())
+    assert ids(result) == ["m3"] and waited < 0.5
+
+
+def test_two_receives_race_for_one_message_the_loser_waits_for_the_next() -> None:
+    proxy, brokers = make()
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        first = asyncio.create_task(proxy.receive(request(5.0)))
+        second = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes(brokers, 6)
+        brokers["b2"].put(popped("b2", "m1"))
+        winner = await asyncio.wait_for(asyncio.shield(asyncio.wait({first, second}, return_when="FIRST_COMPLETED")), 2)
+        done = winner[0].pop()
+        loser = second if done is first else first
+        assert not loser.done()
+        await held_becomes(brokers, 3)  # the loser watches all three brokers again
+        brokers["b1"].put(popped("b1", "m2"))
+        return ids(done.result()), ids(await asyncio.wait_for(loser, 2))
+
+    won, next_one = run(scenario())
+    assert won == ["m1"] and next_one == ["m2"]
+
+
+def test_end_of_poll_time_answers_empty_and_releases_every_broker() -> None:
+    proxy, brokers = make()
+
+    async def scenario() -> tuple[ReceiveResult, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await proxy.receive(request(0.2))
+        took = loop.time() - started
+        await held_becomes(brokers, 0)
+        return result, took
+
+    result, took = run(scenario())
+    assert result.outcome == "empty" and not result.messages and 0.15 < took < 0.6
+
+
+def test_a_client_that_goes_away_leaves_no_hold_on_any_broker() -> None:
+    proxy, brokers = make()
+
+    async def scenario() -> None:
+        receive = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes(brokers, 3)
+        receive.cancel()
+        await asyncio.gather(receive, return_exceptions=True)
+        await held_becomes(brokers, 0, 0.5)
+
+    run(scenario())
+
+
+def test_shutdown_answers_held_receives_at_once() -> None:
+    proxy, brokers = make()
+
+    async def scenario() -> ReceiveResult:
+        receive = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes(brokers, 3)
+        proxy.close()
+        result = await asyncio.wait_for(receive, 0.5)
+        await held_becomes(brokers, 0)
+        return result
+
+    assert run(scenario()).outcome == "closing"
+
+
+def test_notify_metrics_count_runs_notifications_and_first_pop_hits() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    proxy, brokers = make(metrics=metrics)
+
+    async def scenario() -> None:
+        brokers["b1"].ready.append(popped("b1", "m1"))
+        await proxy.receive(request(1.0))  # first-pop hit
+        receive = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes(brokers, 3)
+        brokers["b2"].put(popped("b2", "m2"))
+        await receive
+
+    run(scenario())
+    value = metrics.registry.get_sample_value
+    assert value("popgate_proxy_receive_first_pop_hits_total", {"group": "g"}) == 1
+    assert value("popgate_proxy_notify_runs_total", {"group": "g"}) == 2
+    assert value("popgate_proxy_notifications_total", {"group": "g", "outcome": "has_message"}) == 1
+    assert value("popgate_proxy_notifications_total", {"group": "g", "outcome": "unanswered"}) == 2
+    assert value("popgate_proxy_notify_pops_total", {"group": "g", "kind": "consume"}) == 1
+    assert value("popgate_proxy_receives_total", {"group": "g", "mode": "notify", "outcome": "messages"}) == 2
+
+
+def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers)
+    policy = AdaptivePolicy(AdaptiveSettings(window_s=1.0, rate_threshold=0, concurrency_per_broker=1))
+    strategy = AdaptiveStrategy(
+        pool,
+        policy,
+        NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics),
+        LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics),
+        metrics=metrics,
+    )
+    proxy = Proxy(pool, strategy, metrics=metrics)
+
+    async def scenario() -> None:
+        receives = [asyncio.create_task(proxy.receive(request(5.0, batch=1))) for _ in range(4)]
+        # The first three see fewer than 1 receive per live broker in progress: notify (3 holds each);
+        # the fourth sees 3 in progress: long polling (1 hold).
+        await held_becomes(brokers, 3 * 3 + 1)
+        for i, b in enumerate(brokers.values()):
+            b.put(*(popped(b.name, f"m{i}{j}") for j in range(4)))
+        await asyncio.wait_for(asyncio.gather(*receives), 2)
+        assert policy.in_progress("g") == 0
+
+    run(scenario())
+    value = metrics.registry.get_sample_value
+    assert value("popgate_proxy_receive_mode_decisions_total", {"group": "g", "mode": "notify", "reason": "quiet"}) == 3
+    assert (
+        value("popgate_proxy_receive_mode_decisions_total", {"group": "g", "mode": "longpoll", "reason": "concurrency"})
+        == 1
+    )
+    assert value("popgate_proxy_receive_long_polls_total", {"group": "g"}) == 1
