@@ -1,0 +1,194 @@
+"""Real-time receive through real processes: 3 brokers, one proxy, raw v2 stubs.
+
+A long poll gets a message stored on any broker at once (notify and adaptive modes),
+a client that goes away leaves no held request on any broker (every mode), and two
+consumers racing for one message: one gets it, the other waits for the next.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk.cluster import Cluster, ClusterConfig
+from tests.integration.proxy.client import V2Client
+
+POLL_S = 10  # the client's long-polling time: a false empty would take this long
+
+
+@pytest.fixture(scope="module", params=["notify", "adaptive", "longpoll"])
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    mode = request.param
+    data = Path(tmp_path_factory.mktemp(f"realtime-{mode}"))
+    config = ClusterConfig(
+        brokers=3,
+        listen="127.0.0.1:0",
+        data_dir=data,
+        metrics=True,
+        proxy_args=("--receive-mode", mode, "--min-invisible-s", "1"),
+    )
+    with Cluster(config) as c:
+        yield c
+
+
+def mode_of(cluster: Cluster) -> str:
+    args = list(cluster.config.proxy_args)
+    return args[args.index("--receive-mode") + 1]
+
+
+def stubs(cluster: Cluster) -> dict[str, broker_pb2_grpc.BrokerStub]:
+    return {
+        name: broker_pb2_grpc.BrokerStub(grpc.insecure_channel(child.address))  # type: ignore[no-untyped-call]
+        for name, child in cluster.brokers.items()
+    }
+
+
+def held(brokers: dict[str, broker_pb2_grpc.BrokerStub]) -> dict[str, int]:
+    out = {}
+    for name, stub in brokers.items():
+        stats = stub.Stats(bpb.StatsRequest(), timeout=2)
+        out[name] = stats.held_pops + stats.held_notifications
+    return out
+
+
+def wait_for(condition: Callable[[], bool], *, timeout_s: float = 5.0, what: str) -> None:
+    """Poll a broker-side condition with a deadline (there is no event to wait on across processes)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def send_to(stub: broker_pb2_grpc.BrokerStub, topic: str, body: bytes, tag: str | None = None) -> None:
+    message = bpb.Message(
+        topic=topic, message_id=uuid.uuid4().hex.upper(), body=body, born_ms=int(time.time() * 1000), tag=tag
+    )
+    stub.Send(bpb.SendRequest(messages=[message]), timeout=5)
+
+
+def receive(client: V2Client, topic: str, group: str) -> tuple[v2.Status, list[v2.Message]]:
+    return client.receive(topic, group, batch=1, invisible_s=30, poll_s=POLL_S)
+
+
+def test_a_long_poll_gets_a_message_from_any_broker_promptly(cluster: Cluster) -> None:
+    if mode_of(cluster) == "longpoll":
+        pytest.skip("coupled long polling waits on one broker: the false empty this issue removes")
+    brokers = stubs(cluster)
+    client = V2Client(cluster.endpoint)
+    topic, group = f"rt-{uuid.uuid4().hex[:8]}", "g-any"
+    with ThreadPoolExecutor(1) as pool:
+        for name, stub in brokers.items():
+            waiting = pool.submit(receive, client, topic, group)
+            wait_for(lambda: all(n > 0 for n in held(brokers).values()), what="a held notification on every broker")
+            sent = time.monotonic()
+            send_to(stub, topic, name.encode())
+            status, messages = waiting.result(timeout=POLL_S + 5)
+            took = time.monotonic() - sent
+            assert status.code == v2.OK and [m.body for m in messages] == [name.encode()]
+            assert took < 1.0, f"message on {name} took {took:.3f} s"
+            client.ack(topic, group, messages)
+    client.close()
+
+
+def test_a_client_that_disconnects_mid_poll_leaves_no_held_request(cluster: Cluster) -> None:
+    brokers = stubs(cluster)
+    client = V2Client(cluster.endpoint)
+    request = pb.ReceiveMessageRequest(
+        group=v2.Resource(name="g-gone"),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=f"gone-{uuid.uuid4().hex[:8]}")),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=1,
+    )
+    request.long_polling_timeout.seconds = POLL_S
+    calls = [client.stub.ReceiveMessage(request, timeout=POLL_S + 3) for _ in range(3)]
+    wait_for(lambda: sum(held(brokers).values()) >= 3, what="the receives to be held at the brokers")
+    for call in calls:
+        call.cancel()
+    wait_for(lambda: sum(held(brokers).values()) == 0, timeout_s=3, what="every broker to drop its held requests")
+    client.close()
+
+
+def test_two_consumers_race_for_one_message_the_other_gets_the_next(cluster: Cluster) -> None:
+    if mode_of(cluster) == "longpoll":
+        pytest.skip("with coupled long polling the loser may wait on another broker until its timeout")
+    brokers = stubs(cluster)
+    first, second = V2Client(cluster.endpoint), V2Client(cluster.endpoint)
+    topic, group = f"race-{uuid.uuid4().hex[:8]}", "g-race"
+    with ThreadPoolExecutor(2) as pool:
+        calls: list[Future[tuple[v2.Status, list[v2.Message]]]] = [
+            pool.submit(receive, c, topic, group) for c in (first, second)
+        ]
+        wait_for(lambda: all(n >= 2 for n in held(brokers).values()), what="both receives watching every broker")
+        send_to(brokers["b2"], topic, b"one")
+        deadline = time.monotonic() + 2
+        while not any(c.done() for c in calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        winners = [c for c in calls if c.done()]
+        assert len(winners) == 1, "exactly one consumer gets the message"
+        status, messages = winners[0].result()
+        assert status.code == v2.OK and [m.body for m in messages] == [b"one"]
+        loser = calls[1 - calls.index(winners[0])]
+        # The loser keeps waiting: it watches every broker again.
+        wait_for(lambda: all(n >= 1 for n in held(brokers).values()), what="the loser watching every broker")
+        assert not loser.done()
+        send_to(brokers["b3"], topic, b"two")
+        status, messages = loser.result(timeout=2)
+        assert status.code == v2.OK and [m.body for m in messages] == [b"two"]
+    first.close()
+    second.close()
+
+
+def proxy_sample(cluster: Cluster, name: str, labels: dict[str, str]) -> float:
+    with urllib.request.urlopen(cluster.proxies[0].metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            sample, value = line.rsplit(" ", 1)
+            got = ",".join(sorted(sample[len(name) + 1 : -1].split(",")))
+            if got == want:
+                return float(value)
+    return 0.0
+
+
+def test_notifications_honour_the_tag_filter(cluster: Cluster) -> None:
+    """A message the consumer's filter rejects wakes no Notification (no has_message that no Pop can serve)."""
+    if mode_of(cluster) == "longpoll":
+        pytest.skip("coupled long polling sends no Notifications")
+    brokers = stubs(cluster)
+    client = V2Client(cluster.endpoint)
+    topic, group = f"tags-{uuid.uuid4().hex[:8]}", f"g-tags-{uuid.uuid4().hex[:6]}"
+    request = pb.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="a"),
+        batch_size=1,
+    )
+    request.invisible_duration.seconds = 30
+    request.long_polling_timeout.seconds = POLL_S
+
+    def receive_a() -> list[v2.Message]:
+        return [f.message for f in client.stub.ReceiveMessage(request, timeout=POLL_S + 3) if f.HasField("message")]
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(receive_a)
+        wait_for(lambda: all(n > 0 for n in held(brokers).values()), what="a held notification on every broker")
+        send_to(brokers["b1"], topic, b"not for us", tag="b")
+        send_to(brokers["b2"], topic, b"for us", tag="a")
+        assert [m.body for m in waiting.result(timeout=2)] == [b"for us"]
+    labels = {"group": group, "outcome": "has_message"}
+    assert proxy_sample(cluster, "popgate_proxy_notifications_total", labels) == 1
+    assert proxy_sample(cluster, "popgate_proxy_notify_pops_total", {"group": group, "kind": "lost"}) == 0
+    client.close()
