@@ -89,6 +89,18 @@ class AdaptivePolicy:
             return Decision(LONGPOLL, "rate", rate, busy)
         return Decision(NOTIFY, "quiet", rate, busy)
 
+    def busy(self, group: str, *, now: float, live_brokers: int) -> bool:
+        """Whether `group` is busy now by either criterion (a receive in progress asks about the others)."""
+        s = self.settings
+        others = self._in_progress.get(group, 0) - 1
+        if s.concurrency_per_broker and others >= s.concurrency_per_broker * max(1, live_brokers):
+            return True
+        rate = self._rates.get(group)
+        if not s.rate_threshold or rate is None:
+            return False
+        rate.expire(int(now / self._width) - _BUCKETS)
+        return rate.total / s.window_s >= s.rate_threshold
+
     def end(self, group: str, *, now: float) -> None:
         """A receive of `group` was answered (or abandoned)."""
         left = self._in_progress.get(group, 0) - 1

@@ -128,6 +128,9 @@ class Proxy:
         except errors.TooManyRequests:
             outcome = "full"
             raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the client went away (or the call's deadline passed)
+            raise
         finally:
             self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
 

@@ -78,7 +78,8 @@ class ProxyMetrics:
         self._notify_pops = Counter(
             "popgate_proxy_notify_pops",
             "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
-            "lost (a consume Pop found nothing: another consumer won the race)",
+            "lost (a consume Pop found nothing: another consumer won the race), handoff (adaptive: after a lost "
+            "race in a busy group, the rest of the wait is a coupled long poll)",
             ["group", "kind"],
             registry=self.registry,
         )
@@ -120,7 +121,13 @@ class ProxyMetrics:
             if count:
                 self._notifications.labels(group, outcome).inc(count)
         consume = stats.pops - 1 if stats.pops else 0
-        for kind, count in (("first", min(stats.pops, 1)), ("consume", consume), ("lost", stats.lost_races)):
+        kinds = (
+            ("first", min(stats.pops, 1)),
+            ("consume", consume - stats.handoff),
+            ("lost", stats.lost_races),
+            ("handoff", int(stats.handoff)),
+        )
+        for kind, count in kinds:
             if count:
                 self._notify_pops.labels(group, kind).inc(count)
 

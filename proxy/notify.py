@@ -9,6 +9,9 @@ One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
    takes the next broker from it and Pops it with poll 0;
 4. messages: answer, cancel every other outstanding Notification;
    empty (another consumer won the race): notify that broker again and continue;
+   — unless the caller says the group is busy (the adaptive mode): then many receives of
+   the group wait at every broker already, each arrival would wake this run for a race it
+   mostly loses, so it hands off to coupled long polling on that broker for the time left;
 5. at the end of the poll time: answer empty (a Pop still in flight is waited for, so
    popped messages are not dropped) and cancel the rest; at the hard deadline, or when
    the client goes away or the proxy closes: answer and cancel everything.
@@ -31,9 +34,10 @@ from proxy.errors import BrokerUnavailable, ProxyError, TooManyRequests
 
 @dataclass(frozen=True, slots=True)
 class Pop:
-    """Pop `broker` with poll 0."""
+    """Pop `broker`: poll 0, or held for `poll_ms` after a hand-off to long polling."""
 
     broker: str
+    poll_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ Command = Pop | Notify | Cancel | Finish
 class Phase(Enum):
     FIRST_POP = "first_pop"
     NOTIFYING = "notifying"
+    LONGPOLL = "longpoll"  # handed off: one Pop held by one broker until the poll ends
     DRAINING = "draining"  # the poll time is over; a Pop is still in flight
     DONE = "done"
 
@@ -81,6 +86,7 @@ class RunStats:
     notified_full: int = 0
     pops: int = 0
     lost_races: int = 0
+    handoff: bool = False
 
 
 @dataclass(slots=True)
@@ -114,9 +120,9 @@ class NotifyRun:
         return [Pop(self.brokers[0])]
 
     def popped(
-        self, broker: str, messages: Sequence[bpb.PoppedMessage], *, polling_full: bool, now: float
+        self, broker: str, messages: Sequence[bpb.PoppedMessage], *, polling_full: bool, now: float, busy: bool = False
     ) -> list[Command]:
-        """A Pop answered (poll 0: `polling_full` cannot happen but is honoured)."""
+        """A Pop answered. `busy`: the group has many receives waiting (hand off after a lost race)."""
         if self.phase is Phase.DONE or broker != self.popping:
             return []
         self.popping = None
@@ -128,10 +134,12 @@ class NotifyRun:
             self.full.add(broker)
         if self.phase is Phase.FIRST_POP:
             return self._notify_all(now)
-        if self.phase is Phase.DRAINING:
+        if self.phase in (Phase.DRAINING, Phase.LONGPOLL):
             return self._finish([], "empty")
-        # Lost the race for what the broker announced: watch that broker again.
+        # Lost the race for what the broker announced: watch that broker again (or hand off when busy).
         self.stats.lost_races += 1
+        if busy and self.poll_end - now >= self.min_notify_s:
+            return self._handoff(broker, now)
         return [*self._renotify(broker, now), *self._next_pop()]
 
     def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
@@ -168,7 +176,7 @@ class NotifyRun:
         self.failed.add(broker)
         if self.phase is Phase.FIRST_POP:
             return self._notify_all(now)
-        if self.phase is Phase.DRAINING:
+        if self.phase in (Phase.DRAINING, Phase.LONGPOLL):
             return self._finish([], "empty")
         return [*self._next_pop(), *self._maybe_exhausted()]
 
@@ -225,6 +233,16 @@ class NotifyRun:
                 self.stats.notifications += 1
                 cmds.append(Notify(broker, poll_ms))
         return cmds or self._maybe_exhausted()
+
+    def _handoff(self, broker: str, now: float) -> list[Command]:
+        self.phase = Phase.LONGPOLL
+        cancels: list[Command] = [Cancel(b) for b in sorted(self.notifying)]
+        self.notifying.clear()
+        self.ready.clear()
+        self.popping = broker
+        self.stats.pops += 1
+        self.stats.handoff = True
+        return [*cancels, Pop(broker, self._poll_ms(now))]
 
     def _renotify(self, broker: str, now: float) -> list[Command]:
         if self.poll_end - now < self.min_notify_s or broker in self.notifying:

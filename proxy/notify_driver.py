@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -43,8 +43,16 @@ class _Closer:
 class _Run:
     """One receive in flight: the machine, its broker tasks and timers."""
 
-    def __init__(self, machine: NotifyRun, request: ReceiveRequest, pool: BrokerPool, timeout_s: float) -> None:
+    def __init__(
+        self,
+        machine: NotifyRun,
+        request: ReceiveRequest,
+        pool: BrokerPool,
+        timeout_s: float,
+        busy: Callable[[str], bool],
+    ) -> None:
         self.machine = machine
+        self.busy = busy
         self.request = request
         self.pool = pool
         self.timeout_s = timeout_s
@@ -55,7 +63,7 @@ class _Run:
     def apply(self, commands: list[Command]) -> None:
         for command in commands:
             if isinstance(command, Pop):
-                self._spawn(command.broker, self._pop(command.broker), "pop")
+                self._spawn(command.broker, self._pop(command.broker, command.poll_ms), "pop")
             elif isinstance(command, Notify):
                 self._spawn(command.broker, self._notify(command.broker, command.poll_ms), "notify")
             elif isinstance(command, Cancel):
@@ -70,12 +78,17 @@ class _Run:
         assert client is not None, broker
         return client
 
-    def _pop(self, broker: str) -> Awaitable[object]:
+    def _pop(self, broker: str, poll_ms: int) -> Awaitable[object]:
         r = self.request
         request = bpb.PopRequest(
-            topic=r.topic, group=r.group, filter=r.filter, max_messages=r.batch, invisible_ms=r.invisible_ms, poll_ms=0
+            topic=r.topic,
+            group=r.group,
+            filter=r.filter,
+            max_messages=r.batch,
+            invisible_ms=r.invisible_ms,
+            poll_ms=max(0, poll_ms),
         )
-        return self._client(broker).pop(request, timeout_s=self.timeout_s)
+        return self._client(broker).pop(request, timeout_s=poll_ms / 1000 + self.timeout_s)
 
     def _notify(self, broker: str, poll_ms: int) -> Awaitable[object]:
         r = self.request
@@ -100,7 +113,10 @@ class _Run:
         elif kind == "pop":
             response = task.result()
             assert isinstance(response, bpb.PopResponse)
-            self.apply(self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now))
+            busy = not response.messages and self.busy(self.request.group)
+            self.apply(
+                self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now, busy=busy)
+            )
         else:
             answer = task.result()
             assert isinstance(answer, bpb.NotificationResponse)
@@ -119,7 +135,16 @@ class NotifyStrategy:
 
     mode = "notify"
 
-    def __init__(self, pool: BrokerPool, *, broker_timeout_s: float, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        pool: BrokerPool,
+        *,
+        broker_timeout_s: float,
+        metrics: Metrics | None = None,
+        busy: Callable[[str], bool] | None = None,
+    ) -> None:
+        """busy(group): whether a run that lost a race should hand off to long polling (adaptive mode)."""
+        self._busy = busy or (lambda group: False)
         self._pool = pool
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
@@ -132,7 +157,7 @@ class NotifyStrategy:
         now = loop.time()
         live = [c.name for c in self._pool.candidates(rotation="receive") if c.healthy]
         poll_end = min(now + request.poll_s, request.deadline)
-        run = _Run(NotifyRun(live, poll_end), request, self._pool, self._timeout)
+        run = _Run(NotifyRun(live, poll_end), request, self._pool, self._timeout, self._busy)
         self._closer.watch(closing)
         self._closer.runs.add(run)
         timers = [

@@ -32,11 +32,10 @@ SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 
 def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> ReceiveStrategy:
     longpoll = LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
-    notify = NotifyStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
     if settings.receive_mode == "longpoll":
         return longpoll
     if settings.receive_mode == "notify":
-        return notify
+        return NotifyStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
     if settings.receive_mode == "adaptive":
         policy = AdaptivePolicy(
             AdaptiveSettings(
@@ -45,6 +44,12 @@ def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None 
                 concurrency_per_broker=settings.adaptive_concurrency_per_broker,
             )
         )
+
+        def busy(group: str) -> bool:
+            now = asyncio.get_running_loop().time()
+            return policy.busy(group, now=now, live_brokers=len(pool.live()))
+
+        notify = NotifyStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics, busy=busy)
         return AdaptiveStrategy(pool, policy, notify, longpoll, metrics=metrics)
     raise SettingsError(f"receive mode {settings.receive_mode!r} is not implemented")
 

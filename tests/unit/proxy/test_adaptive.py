@@ -66,3 +66,18 @@ def test_quiet_groups_are_forgotten() -> None:
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         AdaptiveSettings(**kwargs)
+
+
+def test_busy_asks_about_the_other_receives_of_the_group() -> None:
+    p = policy(rate=0, concurrency=1.0)
+    p.start("g", now=1.0, live_brokers=2)
+    assert not p.busy("g", now=1.0, live_brokers=2)  # only itself
+    p.start("g", now=1.0, live_brokers=2)
+    p.start("g", now=1.0, live_brokers=2)
+    assert p.busy("g", now=1.0, live_brokers=2)  # two others: one per live broker
+    rated = policy(rate=2.0, concurrency=0)
+    rated.start("g", now=1.0, live_brokers=1)
+    assert not rated.busy("g", now=1.0, live_brokers=1)
+    rated.start("g", now=1.0, live_brokers=1)
+    assert rated.busy("g", now=1.0, live_brokers=1)
+    assert not rated.busy("g", now=2.5, live_brokers=1)  # the window slid past both

@@ -155,3 +155,21 @@ def test_a_hold_that_ended_early_is_renewed_and_one_at_the_end_answers_empty() -
 def test_no_live_broker_is_unavailable() -> None:
     done = finish(NotifyRun((), 1.0).start())
     assert isinstance(done.error, BrokerUnavailable)
+
+
+def test_a_lost_race_in_a_busy_group_hands_off_to_a_long_poll_on_that_broker() -> None:
+    run = notifying()
+    run.notified("b2", has_message=True, polling_full=False, now=1.0)
+    cmds = run.popped("b2", [], polling_full=False, now=2.0, busy=True)
+    assert cmds == [Cancel("b1"), Cancel("b3"), Pop("b2", 8000)]
+    assert run.stats.handoff and run.outstanding == ["b2"]
+    assert run.notified("b1", has_message=True, polling_full=False, now=2.0) == []  # cancelled: ignored
+    assert finish(run.popped("b2", message("m7"), polling_full=False, now=3.0)).outcome == "messages"
+
+
+def test_a_handed_off_long_poll_that_ends_empty_answers_empty() -> None:
+    run = notifying()
+    run.notified("b2", has_message=True, polling_full=False, now=1.0)
+    run.popped("b2", [], polling_full=False, now=1.0, busy=True)
+    assert run.poll_over() == []  # the held Pop answers at its own end
+    assert finish(run.popped("b2", [], polling_full=False, now=10.0)).outcome == "empty"
