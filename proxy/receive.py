@@ -11,9 +11,9 @@ which of the two serves each request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -49,22 +49,46 @@ class ReceiveStrategy(Protocol):
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult: ...
 
 
-async def until_closing(awaitable: Awaitable[T], closing: asyncio.Event) -> T:
-    """Await `awaitable`, but give up (cancelling it) with ShuttingDown when `closing` is set."""
-    task = asyncio.ensure_future(awaitable)
-    if closing.is_set():
-        task.cancel()
-        raise ShuttingDown("the proxy is shutting down")
-    waiter = asyncio.ensure_future(closing.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        if not task.done():
+class CloseWatch:
+    """Ends awaits with ShuttingDown when the proxy closes, with one waiter task for all of them.
+
+    A held receive is the proxy's unit of memory (10,000 of them is an ordinary load):
+    a waiter task per receive on the closing event would cost more than the rest of
+    the receive's Python state. Instead the awaiting task registers itself; on close it
+    is cancelled (which cancels the broker request it awaits) and the cancellation
+    becomes ShuttingDown.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: set[asyncio.Task[Any]] = set()
+        self._closed: set[asyncio.Task[Any]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def run(self, awaitable: Coroutine[Any, Any, T], closing: asyncio.Event) -> T:
+        if closing.is_set():
+            awaitable.close()
+            raise ShuttingDown("the proxy is shutting down")
+        task = asyncio.current_task()
+        assert task is not None
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(closing), name="receive-closing")
+        self._waiting.add(task)
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if task not in self._closed:
+                raise  # the client went away
+            task.uncancel()
+            raise ShuttingDown("the proxy is shutting down") from None
+        finally:
+            self._waiting.discard(task)
+            self._closed.discard(task)
+
+    async def _watch(self, closing: asyncio.Event) -> None:
+        await closing.wait()
+        for task in list(self._waiting):
+            self._closed.add(task)
             task.cancel()
-    if task.cancelled() or not task.done():
-        raise ShuttingDown("the proxy is shutting down")
-    return task.result()
 
 
 class LongPollStrategy:
@@ -76,6 +100,7 @@ class LongPollStrategy:
         self._pool = pool
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
+        self._close_watch = CloseWatch()
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
@@ -100,7 +125,7 @@ class LongPollStrategy:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(0.05, min(poll_s + self._timeout, remaining))
             try:
-                response = await until_closing(client.pop(pop, timeout_s=timeout), closing)
+                response = await self._close_watch.run(client.pop(pop, timeout_s=timeout), closing)
             except ShuttingDown:
                 return ReceiveResult([], "closing", tried)
             except BrokerUnavailable as exc:

@@ -1,0 +1,136 @@
+"""Idle receives held through one proxy over 4 brokers: memory per receive and idle CPU.
+
+    .venv/bin/python -m bench.idle_receives [--receives 10000] [--mode adaptive] [--hold-s 10] [--channels 20]
+
+Starts 4 brokers and one proxy (`--receive-mode MODE`), opens --receives ReceiveMessage
+calls (long polling 30 s, nothing to receive) from this process over --channels
+separate HTTP/2 connections, waits until the brokers hold them (Stats: held Pops +
+Notifications), then over --hold-s reads the RSS growth of the proxy and of the
+brokers (against their RSS after a warm-up) and the CPU they use while idle. Finally it
+cancels every call and checks the brokers drop every held request. The client's own
+memory is not counted (it is this process). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc
+
+from bench.common import cpu_seconds, machine, rss_bytes
+from sdk.cluster import Cluster, ClusterConfig
+
+
+def request(topic: str, group: str) -> pb.ReceiveMessageRequest:
+    r = pb.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=16,
+    )
+    r.invisible_duration.seconds = 60
+    r.long_polling_timeout.seconds = 30
+    return r
+
+
+async def held(stubs: list[broker_pb2_grpc.BrokerStub]) -> int:
+    total = 0
+    for stub in stubs:
+        stats = await stub.Stats(bpb.StatsRequest(), timeout=5)
+        total += stats.held_pops + stats.held_notifications
+    return total
+
+
+async def wait_held(stubs: list[broker_pb2_grpc.BrokerStub], condition: str, target: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = await held(stubs)
+        if (n >= target if condition == ">=" else n <= target) or time.monotonic() > deadline:
+            return n
+        await asyncio.sleep(0.2)
+
+
+async def run(cluster: Cluster, args: argparse.Namespace) -> None:
+    proxy = cluster.proxies[0].process
+    brokers = [c.process for c in cluster.brokers.values()]
+    assert proxy is not None and all(brokers)
+    pids = {"proxy": proxy.pid, **{name: c.process.pid for name, c in cluster.brokers.items() if c.process}}
+    broker_channels = [grpc.aio.insecure_channel(c.address) for c in cluster.brokers.values()]
+    stubs = [broker_pb2_grpc.BrokerStub(ch) for ch in broker_channels]  # type: ignore[no-untyped-call]
+    # Separate connections: grpc shares one per target unless the channel arguments differ.
+    channels = [
+        grpc.aio.insecure_channel(cluster.endpoint, options=[("grpc.channel_id", i)]) for i in range(args.channels)
+    ]
+    proxy_stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
+    # Warm-up: a few receives, so buffers, sessions and caches exist before the baseline.
+    for i, stub in enumerate(proxy_stubs):
+        r = request("idle", "g-idle")
+        r.long_polling_timeout.seconds = 0
+        async for _ in stub.ReceiveMessage(r, timeout=5):
+            pass
+        if i > 3:
+            break
+    await asyncio.sleep(1)
+    base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
+    calls = []
+    opened = time.monotonic()
+    for i in range(args.receives):
+        calls.append(proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(request("idle", "g-idle"), timeout=40))
+    # Start the calls (grpc sends a server-streaming request when its first message is awaited).
+    readers = [asyncio.ensure_future(call.read()) for call in calls]
+    held_now = await wait_held(stubs, ">=", args.receives, 25)
+    print(f"opened {args.receives} receives in {time.monotonic() - opened:.1f} s; brokers hold {held_now} requests")
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    await asyncio.sleep(args.hold_s)
+    cpu = {name: (cpu_seconds(pid) - cpu0[name]) / args.hold_s * 100 for name, pid in pids.items()}
+    rss = {name: rss_bytes(pid) - base_rss[name] for name, pid in pids.items()}
+    still = await held(stubs)
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    left = await wait_held(stubs, "<=", 0, 10)
+    n = args.receives
+    broker_rss = sum(v for k, v in rss.items() if k != "proxy")
+    print(f"\n{machine()}; mode {args.mode}, {n} idle receives, {args.channels} client connections")
+    print("| process | RSS growth MiB | per receive KB | idle CPU % |")
+    print("|---|---:|---:|---:|")
+    for name in pids:
+        print(f"| {name} | {rss[name] / 2**20:.1f} | {rss[name] / n / 1024:.2f} | {cpu[name]:.1f} |")
+    total = rss["proxy"] + broker_rss
+    print(f"| **total** | {total / 2**20:.1f} | {total / n / 1024:.2f} | {sum(cpu.values()):.1f} |")
+    print(f"held at the brokers during the hold: {still}; after cancelling every call: {left}")
+    for ch in [*channels, *broker_channels]:
+        await ch.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--receives", type=int, default=10_000)
+    parser.add_argument("--mode", default="adaptive")
+    parser.add_argument("--hold-s", type=float, default=10.0)
+    parser.add_argument("--channels", type=int, default=20)
+    parser.add_argument("--proxy-arg", action="append", default=[])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="idle-receives-") as tmp:
+        config = ClusterConfig(
+            brokers=4,
+            listen="127.0.0.1:0",
+            data_dir=Path(tmp),
+            receive_mode=args.mode,
+            proxy_args=("--max-held-receives", str(args.receives + 100), *args.proxy_arg),
+        )
+        with Cluster(config) as cluster:
+            asyncio.run(run(cluster, args))
+
+
+if __name__ == "__main__":
+    main()
