@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -88,9 +89,33 @@ async def run(cluster: Cluster, args: argparse.Namespace) -> None:
     # Start the calls (grpc sends a server-streaming request when its first message is awaited).
     readers = [asyncio.ensure_future(call.read()) for call in calls]
     held_now = await wait_held(stubs, ">=", args.receives, 25)
+    # Notify mode holds a Notification per broker per receive: wait until the count stops growing.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        previous, held_now = held_now, await held(stubs)
+        if held_now == previous:
+            break
     print(f"opened {args.receives} receives in {time.monotonic() - opened:.1f} s; brokers hold {held_now} requests")
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    if args.profile:  # py-spy (in the venv) samples the proxy during the hold
+        spy = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "-p",
+            str(pids["proxy"]),
+            "-d",
+            "4",
+            "-f",
+            "raw",
+            "-o",
+            args.profile,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     await asyncio.sleep(args.hold_s)
+    if args.profile:
+        await asyncio.wait_for(spy.wait(), 30)
     cpu = {name: (cpu_seconds(pid) - cpu0[name]) / args.hold_s * 100 for name, pid in pids.items()}
     rss = {name: rss_bytes(pid) - base_rss[name] for name, pid in pids.items()}
     still = await held(stubs)
@@ -119,6 +144,7 @@ def main() -> None:
     parser.add_argument("--hold-s", type=float, default=10.0)
     parser.add_argument("--channels", type=int, default=20)
     parser.add_argument("--proxy-arg", action="append", default=[])
+    parser.add_argument("--profile", default="", help="py-spy raw profile of the proxy during the hold")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="idle-receives-") as tmp:
         config = ClusterConfig(

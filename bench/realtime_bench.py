@@ -46,11 +46,20 @@ from bench.common import cpu_seconds, machine, summary
 from sdk.cluster import Cluster, ClusterConfig
 
 MODES = ("notify", "adaptive", "longpoll")
+# Proxy flags per mode name; the adaptive-* variants keep one criterion only (docs/RECEIVE.md).
+MODE_ARGS = {
+    "notify": ["--receive-mode", "notify"],
+    "adaptive": ["--receive-mode", "adaptive"],
+    "longpoll": ["--receive-mode", "longpoll"],
+    "adaptive-rate": ["--receive-mode", "adaptive", "--adaptive-concurrency-per-broker", "0"],
+    "adaptive-conc": ["--receive-mode", "adaptive", "--adaptive-rate-threshold", "0"],
+}
 
 
 @dataclass
 class Sparse:
-    latencies_ms: list[float] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)  # from the producer starting its Send
+    wake_ms: list[float] = field(default_factory=list)  # from the Send's acknowledgement (message durable)
     send_ms: list[float] = field(default_factory=list)
     receives: int = 0
     empties: int = 0
@@ -147,6 +156,7 @@ async def sparse(
     for mid, (t0, t1) in sent_at.items():
         if mid in got_at:
             out.latencies_ms.append((got_at[mid] - t0) * 1000)
+            out.wake_ms.append((got_at[mid] - t1) * 1000)
         out.send_ms.append((t1 - t0) * 1000)
     out.empties = len(empties)
     out.false_empties = sum(
@@ -218,15 +228,16 @@ async def dense(
 def print_tables(results: dict[str, tuple[Sparse, Dense]], args: argparse.Namespace) -> None:
     print(f"\n{machine()}; 4 brokers, one proxy per mode, poll {args.poll_s:g} s")
     print(f"\n(a) sparse: 1 consumer, {args.messages} messages, one every 50-250 ms to a random broker")
-    print("| mode | p50 ms | p90 ms | p99 ms | max ms | false empties | empties | broker RPCs/msg |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| mode | from | p50 ms | p90 ms | p99 ms | max ms | received | false empties | empties | broker RPCs/msg |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode, (s, _) in results.items():
-        q = summary(s.latencies_ms)
         per = s.broker_rpcs / max(1, len(s.latencies_ms))
-        print(
-            f"| {mode} | {q['p50']:.2f} | {q['p90']:.2f} | {q['p99']:.2f} | {q['max']:.1f} "
-            f"| {s.false_empties} | {s.empties} | {per:.2f} |"
-        )
+        for label, values in (("Send ack", s.wake_ms), ("Send start", s.latencies_ms)):
+            q = summary(values)
+            print(
+                f"| {mode} | {label} | {q['p50']:.2f} | {q['p90']:.2f} | {q['p99']:.2f} | {q['max']:.1f} "
+                f"| {len(values)} | {s.false_empties} | {s.empties} | {per:.2f} |"
+            )
     send = [ms for s, _ in results.values() for ms in s.send_ms]
     if send:
         print(f"(the broker Send inside every latency: median {statistics.median(send):.2f} ms)")
@@ -250,7 +261,7 @@ def plot(results: dict[str, tuple[Sparse, Dense]], path: Path) -> None:
         if values:
             ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=mode)
     ax.set_xscale("log")
-    ax.set_xlabel("idle-wake latency (ms, log scale)")
+    ax.set_xlabel("latency from the producer's Send start to the consumer (ms, log scale)")
     ax.set_ylabel("fraction of messages")
     ax.set_title("Sparse stream, 1 consumer, 4 brokers: latency CDF per receive mode")
     ax.grid(True, which="both", alpha=0.3)
@@ -283,6 +294,30 @@ async def run_modes(
     return results
 
 
+async def sweep(cluster: Cluster, endpoints: dict[str, str], args: argparse.Namespace) -> None:
+    """Dense runs only, for each consumer count in --sweep: where does notify start to cost more?"""
+    channels = [grpc.aio.insecure_channel(c.address) for c in cluster.brokers.values()]
+    brokers = [broker_pb2_grpc.BrokerStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
+    proxies = dict(zip(args.modes, cluster.proxies[1:], strict=True))
+    rows = []
+    for consumers in args.sweep:
+        args.consumers = consumers
+        for mode in args.modes:
+            proxy = proxies[mode]
+            assert proxy.process is not None
+            d = await dense(endpoints[mode], brokers, proxy.metrics_url, proxy.process.pid, args)
+            rows.append((consumers, mode, d))
+            print(f"  {consumers} consumers, {mode}: {d.rate:.0f} msg/s", flush=True)
+    for ch in channels:
+        await ch.close()
+    print(f"\n{machine()}; sweep at {args.dense_rate:g} msg/s offered, {args.dense_seconds:g} s each")
+    print("| consumers | mode | msg/s | broker RPCs/msg | proxy CPU % |")
+    print("|---:|---|---:|---:|---:|")
+    for consumers, mode, d in rows:
+        per = d.broker_rpcs / max(1, d.delivered)
+        print(f"| {consumers} | {mode} | {d.rate:.0f} | {per:.3f} | {100 * d.proxy_cpu_s / max(d.seconds, 1e-9):.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=300)
@@ -292,15 +327,17 @@ def main() -> None:
     parser.add_argument("--dense-rate", type=float, default=1000.0)
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra proxy flag (repeat)")
+    parser.add_argument("--sweep", type=lambda s: [int(n) for n in s.split(",")], default=None, help="consumer counts")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="realtime-bench-") as tmp:
         config = ClusterConfig(brokers=4, listen="127.0.0.1:0", data_dir=Path(tmp), metrics=True)
         with Cluster(config) as cluster:
-            endpoints = {
-                mode: cluster.add_proxy(extra=["--receive-mode", mode, *args.proxy_arg]) for mode in args.modes
-            }
+            endpoints = {mode: cluster.add_proxy(extra=[*MODE_ARGS[mode], *args.proxy_arg]) for mode in args.modes}
+            if args.sweep:
+                asyncio.run(sweep(cluster, endpoints, args))
+                return
             results = asyncio.run(run_modes(cluster, endpoints, args))
     print_tables(results, args)
     if args.plot:
