@@ -99,7 +99,10 @@ class Collector:
             self.error = exc
 
     def next_body(self, timeout: float = 20.0) -> bytes:
-        return self.messages.get(timeout=timeout).body
+        try:
+            return self.messages.get(timeout=timeout).body
+        except queue.Empty:
+            raise AssertionError(f"no message within {timeout} s; iterator error: {self.error!r}") from None
 
     def stop(self) -> None:
         self.consumer.close()

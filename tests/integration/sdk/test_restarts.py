@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sdk import Producer, RetryPolicy, SimpleConsumer
-from sdk.cluster import Cluster
+from sdk.cluster import Child, Cluster
 from tests.integration.sdk.conftest import Collector, start_cluster
 
 # Producers in these tests keep retrying for up to ~30 s while a server is down.
@@ -27,18 +26,31 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def restart_proxy(cluster: Cluster, *, kill: bool) -> None:
-    """Stop the proxy (SIGTERM or kill -9) and start it again on the same address."""
-    child = cluster.proxies[0]
-    address = child.address
+    """Stop the proxy (SIGTERM or kill -9) and start a new one on the same address.
+
+    A fresh Child, not the old one restarted: the old one's stderr reader may still be finishing.
+    """
+    old = cluster.proxies[0]
+    address = old.address
     if kill:
-        child.signal(signal.SIGKILL)
-        assert child.process is not None
-        child.process.wait(10)
+        old.kill()
     else:
-        child.stop()
-    child.argv[child.argv.index("--listen") + 1] = address
-    child.start(dict(cluster._env))
-    assert child.wait_ready(30) == address
+        old.stop()
+    argv = list(old.argv)
+    argv[argv.index("--listen") + 1] = address
+    new = Child(old.name, argv, old.log_path)
+    new.start(dict(cluster._env))
+    cluster.proxies[0] = new
+    assert new.wait_ready(30) == address
+
+
+def restart_broker(cluster: Cluster, name: str) -> None:
+    """Start a killed broker again on its address and data (a fresh Child, as in restart_proxy)."""
+    old = cluster.brokers[name]
+    new = Child(name, cluster._broker_argv(name, old.address), old.log_path)
+    new.start(dict(cluster._env))
+    cluster.brokers[name] = new
+    assert new.wait_ready(30) == old.address
 
 
 def test_iterator_carries_on_across_a_proxy_restart(faulty: Cluster, tmp_path: Path) -> None:
@@ -72,7 +84,7 @@ def test_iterator_carries_on_across_a_broker_restart(faulty: Cluster) -> None:
             faulty.brokers["b1"].kill()  # kill -9
             producer.send_many(topic, [f"b{i}".encode() for i in range(10)])  # fails over to b2
             during = {collector.next_body() for _ in range(10)}
-            faulty.restart_broker("b1")
+            restart_broker(faulty, "b1")
             producer.send_many(topic, [f"c{i}".encode() for i in range(40)])
             after = {collector.next_body() for _ in range(40)}
     finally:
