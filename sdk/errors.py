@@ -168,6 +168,8 @@ def error_for(code: int, message: str) -> PopgateError:
 # gRPC status name -> (SDK class, retriable) for calls that ended without a v2 status.
 TRANSPORT: dict[str, type[PopgateError]] = {
     "UNAVAILABLE": Unavailable,
+    "CANCELLED": Unavailable,  # the server cancelled the call (e.g. a proxy shutting down); ours is handled apart
+    "ABORTED": Unavailable,
     "DEADLINE_EXCEEDED": Timeout,
     "RESOURCE_EXHAUSTED": BadRequest,  # message larger than the server accepts
     "UNIMPLEMENTED": Unsupported,

@@ -50,6 +50,7 @@ def test_transport_errors() -> None:
     unavailable = errors.transport_error("UNAVAILABLE", "connection refused")
     assert isinstance(unavailable, errors.Unavailable) and unavailable.retriable and unavailable.code is None
     assert isinstance(errors.transport_error("DEADLINE_EXCEEDED", ""), errors.Timeout)
+    assert errors.transport_error("CANCELLED", "server shutting down").retriable
     assert not errors.transport_error("INTERNAL", "boom").retriable
 
 
