@@ -39,6 +39,10 @@ class ClientBase:
         )
         self._metadata = self.options.metadata()
         self._closed = False
+        self._open()
+
+    def _open(self) -> None:
+        """Open the connection (the asyncio clients open it lazily, inside the running loop)."""
 
     @property
     def endpoint(self) -> str:

@@ -162,11 +162,6 @@ class Producer(ProducerBase, _AsyncClient):
 class SimpleConsumer(ConsumerBase, _AsyncClient):
     """asyncio SimpleConsumer; arguments and behaviour as `sdk.SimpleConsumer` (``async for`` iterates)."""
 
-    def __init__(
-        self, endpoint: str, group: str, subscriptions: Mapping[str, str] | Iterable[str] | str, **kwargs: Any
-    ) -> None:
-        super().__init__(endpoint, group, subscriptions, **kwargs)
-
     async def receive(
         self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
     ) -> list[Message]:

@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class _SyncClient(ClientBase):
-    def _connect(self) -> None:
+    def _open(self) -> None:
         creds = channel_credentials(self.options)
         target = self.options.endpoint
         if creds is None:
@@ -83,10 +83,6 @@ class Producer(ProducerBase, _SyncClient):
         >>> with Producer("127.0.0.1:8081") as producer:  # doctest: +SKIP
         ...     receipt = producer.send("orders", b"hello", tag="new")
     """
-
-    def __init__(self, endpoint: str, **kwargs: Any) -> None:
-        super().__init__(endpoint, **kwargs)
-        self._connect()
 
     def send(
         self,
@@ -208,15 +204,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         batch: Default ``max`` for `receive` and for iteration (1..32).
         invisible: Default invisibility, seconds.
         wait: Default long-polling time, seconds.
-        **kwargs: ``access_key``, ``secret_key``, ``tls``, ``namespace``, ``request_timeout``, ``retry``
-            as for `Producer`.
+        access_key, secret_key, tls, namespace, request_timeout, retry: As for `Producer`.
     """
-
-    def __init__(
-        self, endpoint: str, group: str, subscriptions: Mapping[str, str] | Iterable[str] | str, **kwargs: Any
-    ) -> None:
-        super().__init__(endpoint, group, subscriptions, **kwargs)
-        self._connect()
 
     def receive(
         self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
