@@ -145,3 +145,13 @@ def test_credentials_are_accepted_by_the_proxy(endpoint: str) -> None:
         assert producer.send(topic, b"signed").message_id
     with SimpleConsumer(endpoint, name("g"), topic, access_key="AK", secret_key="SK") as consumer:
         assert [m.body for m in drain(consumer, 1)] == [b"signed"]
+
+
+def test_several_topics_are_polled_in_turn(endpoint: str) -> None:
+    orders, refunds, group = name("orders"), name("refunds"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, {orders: "*", refunds: "r"}) as consumer:
+        producer.send(orders, b"o1")
+        producer.send(refunds, b"r1", tag="r")
+        producer.send(refunds, b"skipped", tag="x")
+        got = drain(consumer, 2)
+    assert sorted((m.topic, m.body) for m in got) == sorted([(orders, b"o1"), (refunds, b"r1")])
