@@ -1,0 +1,75 @@
+"""The clients' retry loops (no server: the operations are fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdk import Producer, RetryPolicy, TooManyRequests, Unavailable, aio, errors
+
+FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
+
+
+def failing(times: int, error: errors.PopgateError) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    def op() -> str:
+        calls.append(1)
+        if len(calls) <= times:
+            raise error
+        return "done"
+
+    return calls, op
+
+
+def test_retriable_errors_are_retried_until_success() -> None:
+    with Producer("127.0.0.1:1", retry=FAST) as producer:
+        calls, op = failing(3, TooManyRequests("busy", code=42900))
+        assert producer._retrying(op) == "done"  # type: ignore[arg-type]
+    assert len(calls) == 4
+
+
+def test_attempts_are_bounded() -> None:
+    with Producer("127.0.0.1:1", retry=FAST) as producer:
+        calls, op = failing(10, Unavailable("down"))
+        with pytest.raises(Unavailable):
+            producer._retrying(op)  # type: ignore[arg-type]
+    assert len(calls) == 4
+
+
+def test_other_errors_are_raised_at_once() -> None:
+    with Producer("127.0.0.1:1", retry=FAST) as producer:
+        calls, op = failing(10, errors.BadRequest("bad", code=40000))
+        with pytest.raises(errors.BadRequest):
+            producer._retrying(op)  # type: ignore[arg-type]
+    assert len(calls) == 1
+
+
+def test_asyncio_loop_retries_the_same_way() -> None:
+    async def run() -> int:
+        calls = 0
+
+        async def op() -> str:
+            nonlocal calls
+            calls += 1
+            if calls < 3:
+                raise Unavailable("down")
+            return "done"
+
+        async with aio.Producer("127.0.0.1:1", retry=FAST) as producer:
+            assert await producer._retrying(op) == "done"
+        return calls
+
+    assert asyncio.run(run()) == 3
+
+
+def test_options_are_checked_at_construction() -> None:
+    with pytest.raises(ValueError):
+        Producer("no-port")
+    with pytest.raises(ValueError):
+        Producer("127.0.0.1:1", access_key="only the access key")
+    with pytest.raises(ValueError):
+        aio.SimpleConsumer("127.0.0.1:1", "g", {}, batch=1)
+    with pytest.raises(ValueError):
+        aio.SimpleConsumer("127.0.0.1:1", "g", "t", batch=33)
