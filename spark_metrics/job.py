@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_metrics import report
@@ -94,13 +95,16 @@ def write_windows(df: DataFrame, path: str, *, append: bool) -> None:
         writer.mode("overwrite").option("partitionOverwriteMode", "dynamic").parquet(path)
 
 
-def run_batch(spark: SparkSession, settings: JobSettings) -> DataFrame:
+def run_batch(spark: SparkSession, settings: JobSettings) -> None:
     """Aggregate everything under the input; rewrite the output's date partitions it covers."""
-    records = read_records(spark, settings.input)
-    out = group_metrics(series_windows(records, settings.window_s), settings.window_s)
-    write_windows(out, settings.windows_path, append=False)
+    series = series_windows(read_records(spark, settings.input), settings.window_s)
+    # step 2 reads step 1 in several branches: keep it rather than parse the JSON once per branch
+    series = series.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        write_windows(group_metrics(series, settings.window_s), settings.windows_path, append=False)
+    finally:
+        series.unpersist()
     report.write(spark, settings)
-    return out
 
 
 def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
@@ -109,14 +113,14 @@ def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
     series = series_windows(records, settings.window_s, lateness_s=settings.lateness_s)
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:
-        out = group_metrics(batch, settings.window_s).persist()
+        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)  # step 2 reads it in several branches
         try:
-            if not out.isEmpty():
-                write_windows(out, settings.windows_path, append=True)
+            if not batch.isEmpty():
+                write_windows(group_metrics(batch, settings.window_s), settings.windows_path, append=True)
                 report.write(spark, settings)
                 log.info("batch %d: windows written", batch_id)
         finally:
-            out.unpersist()
+            batch.unpersist()
 
     writer = (
         series.writeStream.outputMode("append")

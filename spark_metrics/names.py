@@ -11,6 +11,7 @@ from pyspark.sql.types import (
     DoubleType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -18,8 +19,6 @@ from pyspark.sql.types import (
 
 SCHEMA_VERSION = 1
 
-# `labels` is read as a string: Spark keeps the raw JSON text of the object, which the exporter writes
-# with sorted keys, so it is a stable grouping key; it is parsed only where a label is needed.
 RECORD_SCHEMA = StructType(
     [
         StructField("v", IntegerType()),
@@ -33,7 +32,7 @@ RECORD_SCHEMA = StructType(
         StructField("metric", StringType()),
         StructField("type", StringType()),
         StructField("value", DoubleType()),
-        StructField("labels", StringType()),
+        StructField("labels", MapType(StringType(), StringType())),
     ]
 )
 
@@ -70,3 +69,21 @@ SHORT_POLLING_HIT_LABEL = "is_short_polling_hit"
 LONG_POLLING_LABEL = "is_long_polling"
 OUTCOME_LABEL = "outcome"
 EMPTY_OUTCOME = "empty"
+
+# Every metric a figure uses; the job drops the rest before aggregating.
+USED = (
+    MAX_OFFSET,
+    CONSUMER_OFFSET,
+    PULL_OFFSET,
+    LAG_MESSAGES,
+    OLDEST_AGE,
+    DLQ_MESSAGES,
+    MESSAGES_IN,
+    MESSAGES_OUT,
+    DEAD_LETTERED,
+    RECEIVES,
+    *FIRST_POP_HITS,
+    *NOTIFY_RUNS,
+    *LONG_POLLING,
+    *EMPTY_RESPONSES,
+)

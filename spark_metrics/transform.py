@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import MapType, StringType
 
 from spark_metrics import names as N
 
-SERIES_KEYS = ("process", "kind", "started", "metric", "type", "topic", "group", "queue", "labels")
+# A series: one metric with one label set in one process; counters also per run (a restart starts at 0),
+# gauges not (with a restart inside a window, the newest sample wins).
+SERIES_KEYS = ("process", "metric", "topic", "group", "queue", "labels", "run")  # run: null for a gauge
 WINDOW_KEYS = ("window_start", "window_end")
 OUTPUT_COLUMNS = (
     "window_start",
@@ -54,20 +55,23 @@ OUTPUT_COLUMNS = (
 
 
 def clean(records: DataFrame) -> DataFrame:
-    """Drop records a reader cannot use (wrong schema version, missing fields)."""
+    """The records the job uses: known schema version, complete, and a metric the figures need."""
     valid = (
         (F.col("v") == N.SCHEMA_VERSION)
         & F.col("time").isNotNull()
         & F.col("process").isNotNull()
-        & F.col("metric").isNotNull()
         & F.col("value").isNotNull()
         & F.col("type").isin("gauge", "counter")
+        & F.col("metric").isin(*N.USED)
     )
+    counter = F.col("type") == "counter"
     return records.where(valid).select(
         "time",
-        *(c for c in SERIES_KEYS if c not in ("labels", "started")),
-        F.coalesce("started", F.lit(0.0)).alias("started"),
-        F.coalesce("labels", F.lit("{}")).alias("labels"),
+        *(c for c in SERIES_KEYS if c not in ("labels", "run")),
+        "type",
+        # sorted entries: a cheap, order-proof grouping key for the label set
+        F.array_sort(F.map_entries("labels")).alias("labels"),
+        F.when(counter, F.coalesce("started", F.lit(0.0))).alias("run"),
         "value",
     )
 
@@ -88,28 +92,26 @@ def series_windows(records: DataFrame, window_s: float, *, lateness_s: float | N
         return F.when(own, F.col(name))
 
     agg = r.groupBy(F.window("t", f"{int(window_s * 1000)} milliseconds"), *SERIES_KEYS).agg(
-        F.max_by(mine("value"), mine("time")).alias("value"),
-        F.max(mine("value")).alias("own_max"),
-        F.min_by(mine("value"), mine("time")).alias("own_first"),
+        F.max_by(mine("value"), mine("time")).alias("value"),  # null: only a baseline copy fell here
+        F.min_by(mine("value"), mine("time")).alias("first"),
         F.max(F.when(F.col("baseline"), F.col("value"))).alias("base"),
-        F.max(mine("time")).alias("last_time"),
     )
     start_s = F.unix_micros(F.col("window.start")) / 1e6
-    fresh = F.col("started") >= start_s - window_s  # the incarnation began after the previous window did
+    last, first, base = F.col("value"), F.col("first"), F.col("base")
+    fresh = F.col("run") >= start_s - window_s  # the run began after the previous window did
     increase = (
-        F.when(F.col("type") != "counter", F.lit(None))
-        .when(F.col("base").isNull() & fresh, F.col("own_max"))
-        .when(F.col("base").isNull(), F.col("own_max") - F.col("own_first"))
-        .when(F.col("own_max") >= F.col("base"), F.col("own_max") - F.col("base"))
-        .otherwise(F.col("own_max"))  # a reset inside one incarnation: counted from 0
+        F.when(F.col("run").isNull(), F.lit(None))  # a gauge
+        .when(base.isNull() & fresh, last)
+        .when(base.isNull(), last - first)
+        .when(last >= base, last - base)
+        .otherwise(last)  # it went down within one run: a reset, counted from 0 (as Prometheus does)
     )
-    return agg.where(F.col("last_time").isNotNull()).select(
+    return agg.where(last.isNotNull()).select(
         F.col("window.start").alias("window_start"),
         F.col("window.end").alias("window_end"),
         *SERIES_KEYS,
         "value",
         increase.alias("increase"),
-        "last_time",
     )
 
 
@@ -117,74 +119,65 @@ def _sum_if(cond: Column, col: str = "increase") -> Column:
     return F.sum(F.when(cond, F.col(col)))
 
 
-def _gauges(series: DataFrame) -> DataFrame:
-    """Gauges, one value per window and series: the newest incarnation's last value."""
-    keys = (*WINDOW_KEYS, "process", "metric", "topic", "group", "queue", "labels")
-    return series.where(F.col("type") == "gauge").groupBy(*keys).agg(F.max_by("value", "last_time").alias("value"))
+def _per_process(series: DataFrame) -> DataFrame:
+    """One pass over the series: every figure per window, process, topic and group (either may be null).
 
-
-def _offset_lags(gauges: DataFrame) -> DataFrame:
-    """ConsumerLag, Inflight and Available from the per-queue offsets (RocketMQ's definitions)."""
-    per_queue = (*WINDOW_KEYS, "process", "topic", "queue")
-
-    def pick(metric: str, alias: str, *extra: str) -> DataFrame:
-        return gauges.where(F.col("metric") == metric).select(*per_queue, *extra, F.col("value").alias(alias))
-
-    q = (
-        pick(N.CONSUMER_OFFSET, "consumer", "group")
-        .join(pick(N.PULL_OFFSET, "pull", "group"), [*per_queue, "group"], "left")
-        .join(pick(N.MAX_OFFSET, "max"), list(per_queue), "left")
+    Rows with a topic and no group carry the topic's figures (max offsets, messages in); rows with a
+    group and no topic the proxies' and the DLQ's; rows with both the group's on that topic.
+    """
+    m, gauge = F.col("metric"), F.col("value")
+    lbl = F.map_from_entries("labels")
+    receives = m == N.RECEIVES
+    return series.groupBy(*WINDOW_KEYS, "process", "topic", "group").agg(
+        _sum_if(m == N.MAX_OFFSET, "value").alias("max_sum"),
+        _sum_if(m == N.CONSUMER_OFFSET, "value").alias("consumer_sum"),
+        _sum_if(m == N.PULL_OFFSET, "value").alias("pull_sum"),
+        _sum_if(m == N.LAG_MESSAGES, "value").alias("exact_lag"),
+        F.max(F.when(m == N.OLDEST_AGE, gauge)).alias("lag_seconds"),
+        _sum_if(m == N.DLQ_MESSAGES, "value").alias("dlq_messages"),
+        _sum_if(m == N.MESSAGES_IN).alias("messages_in"),
+        _sum_if(m == N.MESSAGES_OUT).alias("messages_out"),
+        _sum_if(m == N.DEAD_LETTERED).alias("dlq_growth"),
+        _sum_if(receives).alias("receives"),
+        _sum_if(m.isin(*N.FIRST_POP_HITS)).alias("hits_m"),
+        _sum_if(receives & (lbl[N.SHORT_POLLING_HIT_LABEL] == "true")).alias("hits_l"),
+        _sum_if(m.isin(*N.LONG_POLLING)).alias("long_m"),
+        _sum_if(receives & (lbl[N.LONG_POLLING_LABEL] == "true")).alias("long_l"),
+        _sum_if(m.isin(*N.NOTIFY_RUNS)).alias("notify_runs"),
+        _sum_if(m.isin(*N.EMPTY_RESPONSES)).alias("empty_m"),
+        _sum_if(receives & (lbl[N.OUTCOME_LABEL] == N.EMPTY_OUTCOME)).alias("empty_l"),
     )
-    pull = F.coalesce("pull", "consumer")
-    return q.groupBy(*WINDOW_KEYS, "topic", "group").agg(
-        F.sum(F.col("max") - F.col("consumer")).alias("consumer_lag"),
-        F.sum(pull - F.col("consumer")).alias("inflight"),
-        F.sum(F.col("max") - pull).alias("available"),
-    )
 
 
-def _broker_groups(series: DataFrame, gauges: DataFrame) -> DataFrame:
-    m = F.col("metric")
-    reported = (
-        gauges.where(m.isin(N.LAG_MESSAGES, N.OLDEST_AGE))
-        .groupBy(*WINDOW_KEYS, "topic", "group")
-        .agg(
-            _sum_if(m == N.LAG_MESSAGES, "value").alias("exact_lag"),
-            F.max(F.when(m == N.OLDEST_AGE, F.col("value"))).alias("lag_seconds"),
-        )
+def _broker_groups(pp: DataFrame) -> DataFrame:
+    """The three lags per topic/group: per process, the topic's summed max offsets against the group's
+    summed consumer and pull offsets (a broker exports a group's offsets for every queue of the topic)."""
+    topic_level = pp.where(F.col("group").isNull() & F.col("topic").isNotNull())
+    per_topic = topic_level.select(*WINDOW_KEYS, "process", "topic", "max_sum")
+    pairs = pp.where(F.col("group").isNotNull() & F.col("topic").isNotNull()).drop("max_sum", "messages_in")
+    pull = F.coalesce("pull_sum", "consumer_sum")
+    joined = pairs.join(per_topic, [*WINDOW_KEYS, "process", "topic"], "left")
+    groups = joined.groupBy(*WINDOW_KEYS, "topic", "group").agg(
+        F.sum(F.col("max_sum") - F.col("consumer_sum")).alias("consumer_lag"),
+        F.sum(pull - F.col("consumer_sum")).alias("inflight"),
+        F.sum(F.col("max_sum") - pull).alias("available"),
+        F.sum("exact_lag").alias("exact_lag"),
+        F.max("lag_seconds").alias("lag_seconds"),
+        F.sum("messages_out").alias("messages_out"),
+        F.sum("dlq_growth").alias("dlq_growth"),
     )
-    counted = (
-        series.where(m.isin(N.MESSAGES_OUT, N.DEAD_LETTERED))
-        .groupBy(*WINDOW_KEYS, "topic", "group")
-        .agg(
-            _sum_if(m == N.MESSAGES_OUT).alias("messages_out"),
-            _sum_if(m == N.DEAD_LETTERED).alias("dlq_growth"),
-        )
-    )
-    topic_in = (
-        series.where(m == N.MESSAGES_IN).groupBy(*WINDOW_KEYS, "topic").agg(F.sum("increase").alias("messages_in"))
-    )
-    keys = [*WINDOW_KEYS, "topic", "group"]
-    groups = _offset_lags(gauges).join(reported, keys, "full").join(counted, keys, "full")
+    topic_in = topic_level.groupBy(*WINDOW_KEYS, "topic").agg(F.sum("messages_in").alias("messages_in"))
     return groups.join(topic_in, [*WINDOW_KEYS, "topic"], "left")
 
 
-def _proxy_groups(series: DataFrame) -> DataFrame:
-    """Polling figures per group, from the proxies' counters (they carry no topic)."""
-    m = F.col("metric")
-    lbl = F.from_json("labels", MapType(StringType(), StringType()))
-    receives = m == N.RECEIVES
-    p = series.where((F.col("kind") == "proxy") & (F.col("type") == "counter")).withColumn("lbl", lbl)
-    agg = p.groupBy(*WINDOW_KEYS, "group").agg(
-        _sum_if(receives).alias("receives"),
-        _sum_if(m.isin(*N.FIRST_POP_HITS)).alias("hits_m"),
-        _sum_if(receives & (F.col("lbl")[N.SHORT_POLLING_HIT_LABEL] == "true")).alias("hits_l"),
-        _sum_if(m.isin(*N.LONG_POLLING)).alias("long_m"),
-        _sum_if(receives & (F.col("lbl")[N.LONG_POLLING_LABEL] == "true")).alias("long_l"),
-        _sum_if(m.isin(*N.NOTIFY_RUNS)).alias("notify_runs"),
-        _sum_if(m.isin(*N.EMPTY_RESPONSES)).alias("empty_m"),
-        _sum_if(receives & (F.col("lbl")[N.OUTCOME_LABEL] == N.EMPTY_OUTCOME)).alias("empty_l"),
-    )
+def _group_level(pp: DataFrame) -> DataFrame:
+    """Per group, from rows with no topic: the proxies' polling counts and the DLQ size."""
+    agg = (
+        pp.where(F.col("topic").isNull() & F.col("group").isNotNull())
+        .groupBy(*WINDOW_KEYS, "group")
+        .agg(*(F.sum(c).alias(c) for c in ("receives", "hits_m", "hits_l", "long_m", "long_l", "notify_runs",
+                                          "empty_m", "empty_l", "dlq_messages")))
+    )  # fmt: skip
     # A dedicated metric wins over the same figure read from a label, so nothing is counted twice.
     return agg.select(
         *WINDOW_KEYS,
@@ -194,6 +187,7 @@ def _proxy_groups(series: DataFrame) -> DataFrame:
         F.coalesce("long_m", "long_l").alias("long_polling_receives"),
         "notify_runs",
         F.coalesce("empty_m", "empty_l").alias("empty_responses"),
+        "dlq_messages",
     )
 
 
@@ -203,17 +197,10 @@ def _ratio(num: str, den: str) -> Column:
 
 def group_metrics(series: DataFrame, window_s: float) -> DataFrame:
     """Step 2: per window and topic/group, every figure of docs/METRICS.md ("Job output")."""
-    gauges = _gauges(series)
-    dlq = (
-        gauges.where(F.col("metric") == N.DLQ_MESSAGES)
-        .groupBy(*WINDOW_KEYS, "group")
-        .agg(F.sum("value").alias("dlq_messages"))
-    )
+    pp = _per_process(series)
     out = (
-        _broker_groups(series, gauges)
-        .join(_proxy_groups(series), [*WINDOW_KEYS, "group"], "full")
-        .join(dlq, [*WINDOW_KEYS, "group"], "left")
-        .where(F.col("group").isNotNull())
+        _broker_groups(pp)
+        .join(_group_level(pp), [*WINDOW_KEYS, "group"], "full")
         .withColumn("topic", F.coalesce("topic", F.lit("")))
     )
     rank = Window.partitionBy("window_start").orderBy(F.col("consumer_lag").desc_nulls_last(), "topic", "group")

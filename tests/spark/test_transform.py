@@ -109,7 +109,7 @@ def test_streaming_gives_the_batch_answer_with_late_and_duplicate_records(
     first = [r for r in rows if r["time"] < S.T0 + 60 and r not in late]
     second = [r for r in rows if r["time"] >= S.T0 + 60] + late + first[:40]  # with duplicates
     # the clock moves on: a later snapshot lets the watermark close windows 0..2
-    closer = [S.rec(1000, "popgate_broker_held_requests", 0, labels={"kind": "pop"})]
+    closer = [S.rec(1000, "popgate_broker_max_offset", 0, topic="other", queue=0)]
     src, out = tmp_path / "in", tmp_path / "out"
     settings = JobSettings(
         input=str(src), output=str(out), window_s=S.WINDOW_S, lateness_s=150, streaming=True, trigger_s=0.1
