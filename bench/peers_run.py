@@ -1,7 +1,8 @@
 """popgate beside Redis Streams and NATS JetStream in one run of the peers' harness (shared/peers/bench.py).
 
     .venv/bin/python bench/peers_run.py [--scenarios latency,throughput,idle] [--systems redis,nats,popgate]
-                                        [--popgate-brokers 1] [--n-throughput 50000] [--out DIR]
+                                        [--popgate-brokers 1] [--receive-mode adaptive]
+                                        [--n-throughput 50000] [--out DIR]
 
 Needs redis-server and nats-server on PATH (apt: redis-server nats-server) and the redis / nats-py
 packages in the venv (the harness imports the peers' adapters). Each system runs on a fresh server
@@ -75,13 +76,15 @@ def nats() -> Iterator[tuple[str, dict[str, Any]]]:
         srv.stop()
 
 
-def popgate(brokers: int) -> Callable[[], Any]:
+def popgate(brokers: int, receive_mode: str) -> Callable[[], Any]:
     @contextmanager
     def run() -> Iterator[tuple[str, dict[str, Any]]]:
         from sdk.cluster import Cluster, ClusterConfig
 
         with tempfile.TemporaryDirectory(prefix="popgate-peers-") as data:
-            config = ClusterConfig(brokers=brokers, listen="127.0.0.1:0", data_dir=Path(data), flush="async")
+            config = ClusterConfig(
+                brokers=brokers, listen="127.0.0.1:0", data_dir=Path(data), flush="async", receive_mode=receive_mode
+            )
             with Cluster(config) as cluster:
                 pids = [c.process.pid for c in [*cluster.proxies, *cluster.brokers.values()] if c.process]
                 yield "peers_adapter:PopgateAdapter", {"endpoint": cluster.endpoint, "server_pids": pids}
@@ -115,6 +118,7 @@ def main() -> int:
     parser.add_argument("--scenarios", default="latency,throughput,idle")
     parser.add_argument("--systems", default="redis,nats,popgate")
     parser.add_argument("--popgate-brokers", default="1", help="comma-separated broker counts, one column each")
+    parser.add_argument("--receive-mode", default="adaptive", help="popgate proxy receive mode")
     parser.add_argument("--n-throughput", type=int, default=50_000)
     parser.add_argument("--n-idle", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "popgate-peers")
@@ -124,7 +128,8 @@ def main() -> int:
     for name in args.systems.split(","):
         if name == "popgate":
             for b in args.popgate_brokers.split(","):
-                systems[f"popgate ({b} broker{'s' if b != '1' else ''})"] = popgate(int(b))
+                label = f"popgate ({b} broker{'s' if b != '1' else ''}, {args.receive_mode})"
+                systems[label] = popgate(int(b), args.receive_mode)
         else:
             systems[name] = {"redis": redis, "nats": nats}[name]
     results: dict[str, dict[str, dict[str, Any]]] = {}
@@ -133,7 +138,7 @@ def main() -> int:
         for system, start in systems.items():
             print(time.strftime("%H:%M:%S"), scenario, system, flush=True)
             with start() as (spec, config):
-                slug = system.split()[0] + "".join(c for c in system if c.isdigit())
+                slug = "".join(c if c.isalnum() else "_" for c in system).strip("_")
                 out = args.out / f"{scenario}_{slug}.json"
                 results.setdefault(scenario, {})[system] = run_one(spec, config, scenario, out, n)
     for scenario, by_system in results.items():

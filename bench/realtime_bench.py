@@ -194,17 +194,18 @@ async def dense(
                     await stub.AckMessage(ack, timeout=5)
 
         async def produce() -> None:
-            tick, batch = 0.02, max(1, round(args.dense_rate * 0.02))
+            tick, owed, i = 0.02, 0.0, 0
             next_at = time.perf_counter()
-            i = 0
             while not stop.is_set():
-                for b in brokers:  # the batch is spread over every broker
-                    share = [
-                        bpb.Message(topic=topic, message_id=f"D{i}-{j}-{uuid.uuid4().hex[:6]}", body=b"y" * 64)
-                        for j in range(batch // len(brokers))
-                    ]
+                owed += args.dense_rate * tick  # fractional rates add up over ticks
+                by_broker: dict[int, list[bpb.Message]] = {}
+                while owed >= 1:
+                    owed -= 1
                     i += 1
-                    await b.Send(bpb.SendRequest(messages=share), timeout=5)
+                    message = bpb.Message(topic=topic, message_id=f"D{i}-{uuid.uuid4().hex[:6]}", body=b"y" * 64)
+                    by_broker.setdefault(random.randrange(len(brokers)), []).append(message)
+                for b, share in by_broker.items():
+                    await brokers[b].Send(bpb.SendRequest(messages=share), timeout=5)
                 next_at += tick
                 await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
 

@@ -27,8 +27,8 @@ _BUCKETS = 10  # per window: the rate is exact to a tenth of the window
 @dataclass(frozen=True, slots=True)
 class AdaptiveSettings:
     window_s: float = 1.0
-    rate_threshold: float = 100.0  # receive requests / s of one group; 0 = criterion off
-    concurrency_per_broker: float = 2.0  # receives in progress per live broker; 0 = criterion off
+    rate_threshold: float = 0.0  # receive requests / s of one group; 0 = criterion off (the default)
+    concurrency_per_broker: float = 1.0  # receives in progress per live broker; 0 = criterion off
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:

@@ -56,8 +56,9 @@ class ProxyMetrics:
             registry=self.registry,
         )
         self._long_polls = Counter(
-            "popgate_proxy_receive_long_polls",
-            "Receives served by coupled long polling whose broker Pop could be held (is_long_polling)",
+            "popgate_proxy_long_polling_receives",
+            "Receives that waited at brokers (is_long_polling): a coupled long-poll Pop with poll > 0, or a "
+            "pop-with-notify run whose first Pop was empty and that sent Notifications",
             ["group"],
             registry=self.registry,
         )
@@ -109,6 +110,8 @@ class ProxyMetrics:
 
     def notify_run(self, group: str, stats: RunStats) -> None:
         self._notify_runs.labels(group).inc()
+        if stats.notifications:
+            self.long_poll(group)
         if stats.first_pop_hit:
             self.first_pop_hit(group)
         answered = stats.notified_has_message + stats.notified_empty + stats.notified_full

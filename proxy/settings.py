@@ -58,8 +58,8 @@ class Settings:
     # adaptive: longpoll when a group's receive rate (over the window) or its receives in progress per live broker
     # reach these; 0 switches a criterion off. Defaults from bench/realtime_bench.py, see docs/RECEIVE.md.
     adaptive_window_s: float = 1.0
-    adaptive_rate_threshold: float = 100.0
-    adaptive_concurrency_per_broker: float = 2.0
+    adaptive_rate_threshold: float = 0.0
+    adaptive_concurrency_per_broker: float = 1.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_batch: int = 32
     queues_per_broker: int = 4

@@ -30,6 +30,13 @@ PROXY = {
     "popgate_proxy_receives_total": "counter",
     "popgate_proxy_receive_first_pop_hits_total": "counter",
     "popgate_proxy_receive_latency_seconds": "histogram",
+    # Receive modes (issue 5, docs/RECEIVE.md)
+    "popgate_proxy_receive_mode_latency_seconds": "histogram",
+    "popgate_proxy_long_polling_receives_total": "counter",
+    "popgate_proxy_notify_runs_total": "counter",
+    "popgate_proxy_notifications_total": "counter",
+    "popgate_proxy_notify_pops_total": "counter",
+    "popgate_proxy_receive_mode_decisions_total": "counter",
 }
 KNOWN = BROKER | PROXY
 
@@ -54,6 +61,12 @@ LABELS = {
     "popgate_proxy_receives_total": {"group", "mode", "outcome"},
     "popgate_proxy_receive_first_pop_hits_total": {"group"},
     "popgate_proxy_receive_latency_seconds": set(),
+    "popgate_proxy_receive_mode_latency_seconds": {"mode", "outcome"},
+    "popgate_proxy_long_polling_receives_total": {"group"},
+    "popgate_proxy_notify_runs_total": {"group"},
+    "popgate_proxy_notifications_total": {"group", "outcome"},
+    "popgate_proxy_notify_pops_total": {"group", "kind"},
+    "popgate_proxy_receive_mode_decisions_total": {"group", "mode", "reason"},
 }
 
 _NAME = re.compile(r"\bpopgate_[a-z0-9_]+")

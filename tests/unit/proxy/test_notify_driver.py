@@ -199,4 +199,4 @@ def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
         value("popgate_proxy_receive_mode_decisions_total", {"group": "g", "mode": "longpoll", "reason": "concurrency"})
         == 1
     )
-    assert value("popgate_proxy_receive_long_polls_total", {"group": "g"}) == 1
+    assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 4  # 3 notify runs + 1 long poll
