@@ -127,8 +127,8 @@ class NotifyRun:
             return []
         self.popping = None
         if messages:
-            if self.phase is Phase.FIRST_POP:
-                self.stats.first_pop_hit = True
+            if self.stats.pops == 1 and not self.stats.notifications:
+                self.stats.first_pop_hit = True  # also when the poll time ended while it was in flight
             return self._finish(messages, "messages")
         if polling_full:
             self.full.add(broker)

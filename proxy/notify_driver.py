@@ -155,7 +155,9 @@ class NotifyStrategy:
             return ReceiveResult([], "closing")
         loop = asyncio.get_running_loop()
         now = loop.time()
-        live = [c.name for c in self._pool.candidates(rotation="receive") if c.healthy]
+        candidates = self._pool.candidates(rotation="receive")
+        # Every broker when none passed its last health check: the checks may be stale, the calls will tell.
+        live = [c.name for c in candidates if c.healthy] or [c.name for c in candidates]
         poll_end = min(now + request.poll_s, request.deadline)
         run = _Run(NotifyRun(live, poll_end), request, self._pool, self._timeout, self._busy)
         self._closer.watch(closing)

@@ -173,3 +173,11 @@ def test_a_handed_off_long_poll_that_ends_empty_answers_empty() -> None:
     run.popped("b2", [], polling_full=False, now=1.0, busy=True)
     assert run.poll_over() == []  # the held Pop answers at its own end
     assert finish(run.popped("b2", [], polling_full=False, now=10.0)).outcome == "empty"
+
+
+def test_a_zero_poll_time_is_one_pop_whose_hit_still_counts_as_a_first_pop_hit() -> None:
+    run = NotifyRun(BROKERS, 0.0)
+    assert run.start() == [Pop("b1")]
+    assert run.poll_over() == []  # the first Pop is in flight: wait for it
+    assert finish(run.popped("b1", message("m8"), polling_full=False, now=0.001)).outcome == "messages"
+    assert run.stats.first_pop_hit
