@@ -19,8 +19,8 @@ from sdk import Message, SimpleConsumer
 from sdk.cluster import Cluster, ClusterConfig
 
 T = TypeVar("T")
-# Short polls: in longpoll mode the proxy holds a receive on one broker (rotating), so a poll that lands on a
-# drained broker while the other still has messages waits its whole time (a "false empty", DESIGN §3).
+# Short polls keep drains quick whatever the proxy's receive mode (in longpoll mode a poll on a drained
+# broker waits its whole time while the other broker still has messages: a "false empty", DESIGN §3).
 WAIT = 0.4
 PROXY_ARGS = ("--min-invisible-s", "1", "--shutdown-grace-s", "0.5")
 # Brokers wait their whole shutdown grace on SIGTERM even when idle (5 s by default): keep teardown short.
@@ -35,6 +35,7 @@ def start_cluster(data_dir: Path, brokers: int = 2) -> Cluster:
         proxy_args=PROXY_ARGS,
         broker_args=BROKER_ARGS,
         flush="async",
+        receive_mode="adaptive",  # the proxy's default
     )
     cluster = Cluster(config)
     cluster.start()
