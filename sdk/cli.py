@@ -20,7 +20,9 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
     up.add_argument("--listen", default="127.0.0.1:8081", help="proxy address (port 0 = any free port)")
     up.add_argument("--data-dir", type=Path, default=Path("./data"), help="brokers' data and children's logs")
-    up.add_argument("--receive-mode", default="longpoll", help="proxy receive mode (only longpoll so far)")
+    up.add_argument(
+        "--receive-mode", default="adaptive", choices=["adaptive", "notify", "longpoll"], help="proxy receive mode"
+    )
     up.add_argument("--export-dir", default="", help="every process's JSON-lines metric snapshots, in DIR/<name>")
     up.add_argument("--flush", default="", choices=["", "sync", "async"], help="broker flush policy")
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")

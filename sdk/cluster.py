@@ -40,7 +40,8 @@ class Child:
     _terminated: bool = False
 
     def start(self, env: dict[str, str] | None = None) -> None:
-        self._ready.clear()
+        # A fresh event per start: the previous process's stderr reader may still set its own at EOF.
+        self._ready = threading.Event()
         self._terminated = False
         self.address = ""
         # Own session: a terminal's Ctrl-C reaches only `popgate up`, which then stops the children
@@ -55,10 +56,10 @@ class Child:
         )
         assert self.process.stderr is not None
         threading.Thread(
-            target=self._drain, args=(self.process.stderr,), name=f"{self.name}-stderr", daemon=True
+            target=self._drain, args=(self.process.stderr, self._ready), name=f"{self.name}-stderr", daemon=True
         ).start()
 
-    def _drain(self, stream: IO[bytes]) -> None:
+    def _drain(self, stream: IO[bytes], ready: threading.Event) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with stream, self.log_path.open("ab") as out:
             for raw in stream:
@@ -66,10 +67,10 @@ class Child:
                 out.flush()
                 line = raw.decode(errors="replace").rstrip()
                 self._tail = [*self._tail[-19:], line]
-                if not self._ready.is_set() and line.startswith("ready "):
+                if not ready.is_set() and line.startswith("ready "):
                     self.address = line.split(" ", 1)[1].strip()
-                    self._ready.set()
-        self._ready.set()  # the process ended: wake a waiter (address stays empty)
+                    ready.set()
+        ready.set()  # the process ended: wake a waiter (address stays empty)
 
     def wait_ready(self, timeout_s: float) -> str:
         if not self._ready.wait(timeout_s) or not self.address:
@@ -128,7 +129,7 @@ class ClusterConfig:
     brokers: int = 3
     listen: str = "127.0.0.1:8081"
     data_dir: Path = Path("./data")
-    receive_mode: str = "longpoll"
+    receive_mode: str = "adaptive"
     export_dir: str = ""
     flush: str = ""
     metrics: bool = False  # every child serves /metrics on a free port (see Child.metrics_url)
