@@ -51,7 +51,10 @@ MODE_ARGS = {
     "notify": ["--receive-mode", "notify"],
     "adaptive": ["--receive-mode", "adaptive"],
     "longpoll": ["--receive-mode", "longpoll"],
-    "adaptive-rate": ["--receive-mode", "adaptive", "--adaptive-concurrency-per-broker", "0"],
+    "adaptive-rate": [
+        *("--receive-mode", "adaptive", "--adaptive-concurrency-per-broker", "0"),
+        *("--adaptive-rate-threshold", "100", "--adaptive-window-s", "1"),
+    ],
     "adaptive-conc": ["--receive-mode", "adaptive", "--adaptive-rate-threshold", "0"],
 }
 
