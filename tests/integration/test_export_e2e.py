@@ -17,7 +17,9 @@ from popgate_pb import broker_pb2 as pb  # noqa: E402
 from popgate_pb import broker_pb2_grpc as pb_grpc  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
+from sdk.cluster import Cluster, ClusterConfig  # noqa: E402
 from spark_metrics.job import JobSettings, run_batch  # noqa: E402
+from tests.integration.proxy.client import V2Client  # noqa: E402
 from tests.spark import session  # noqa: E402
 
 spark = session.spark  # the run's one SparkSession fixture
@@ -103,3 +105,46 @@ def test_job_lag_matches_broker_stats(make_broker: Any, spark: SparkSession, tmp
     assert by_window[(ends[-1], "fast")]["consumer_lag"] == final.fast == 0
     assert "slow" in (out / "report.txt").read_text()
     assert (out / "lag.png").stat().st_size > 0
+
+
+def test_popgate_up_exports_every_process_and_the_job_reads_the_proxy(spark: SparkSession, tmp_path: Path) -> None:
+    """`popgate up --export-dir`: brokers and proxy each write to DIR/<name>; the proxy's receive counters
+    reach the job's polling columns."""
+    export_dir, out = tmp_path / "export", tmp_path / "out"
+    interval = ("--export-interval-s", str(INTERVAL_S))
+    config = ClusterConfig(
+        brokers=2,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "data",
+        export_dir=str(export_dir),
+        broker_args=interval,
+        proxy_args=("--min-invisible-s", "1", *interval),
+    )
+    hits = empties = received = 0
+    with Cluster(config) as cluster:
+        client = V2Client(cluster.endpoint)
+        try:
+            client.send(TOPIC, [f"m{i}".encode() for i in range(20)])
+            for _ in range(40):  # bounded: each receive is answered within its 1 s long-polling time
+                _, messages = client.receive(TOPIC, "g", poll_s=1)
+                if messages:
+                    hits += 1
+                    received += len(messages)
+                    client.ack(TOPIC, "g", messages)
+                else:
+                    empties += 1
+                    if received >= 20:
+                        break
+        finally:
+            client.close()
+    assert received == 20 and empties >= 1
+    assert sorted(p.name for p in export_dir.iterdir()) == ["b1", "b2", "proxy"]
+    kinds = {json.loads(line)["kind"] for line in next((export_dir / "proxy").glob("*.jsonl")).read_text().splitlines()}
+    assert kinds == {"proxy"}
+
+    run_batch(spark, JobSettings(input=str(export_dir), output=str(out), window_s=60))
+    rows = [r for r in spark.read.parquet(str(out / "windows")).collect() if r["group"] == "g"]
+    rows.sort(key=lambda r: r["window_start"])
+    total = {c: sum(r[c] or 0 for r in rows) for c in ("receives", "empty_responses", "messages_in", "messages_out")}
+    assert total == {"receives": hits + empties, "empty_responses": empties, "messages_in": 20, "messages_out": 20}
+    assert rows[-1]["consumer_lag"] == 0
