@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class _RollingFile:
         self.stem = f"{settings.kind}-{_UNSAFE.sub('_', settings.process)}-{int(settings.started * 1000)}"
         self.period: int | None = None
         self.seq = 0
-        self._file: Any = None
+        self._file: BinaryIO | None = None
 
     def _names(self) -> tuple[Path, Path]:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((self.period or 0) * self.settings.roll_period_s))
@@ -128,18 +128,23 @@ class _RollingFile:
             self.period = period
             self.dir.mkdir(parents=True, exist_ok=True)
             self._file = self._names()[0].open("ab")
-        self._file.write(data)
-        self._file.flush()
+        end = self._file.tell()
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except OSError:
+            self._file.truncate(end)  # no half snapshot (nor half line) before the next one
+            raise
 
     def publish(self) -> Path | None:
         """fsync the in-progress file and rename it to its final name (atomic within the directory)."""
         if self._file is None:
             return None
         tmp, final = self._names()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
+        file, self._file = self._file, None
+        with file:
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, final)
         _fsync_dir(self.dir)
         self.seq += 1
@@ -240,9 +245,9 @@ class MetricsExporter:
             self._task = None
             try:
                 await self.snapshot()
-            except OSError:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self._file.publish)
+            except OSError:  # the process still stops cleanly; the next start publishes what is left
                 log.exception("last metrics snapshot failed")
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._file.publish)
         self._pool.shutdown(wait=True)
 
     async def __aenter__(self) -> MetricsExporter:

@@ -127,3 +127,27 @@ def test_settings_are_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="> 0"):
         ExportSettings(tmp_path, "b1", "broker", interval_s=0)
     assert ExportSettings(tmp_path, "b1", "broker", interval_s=120).roll_period_s == 120
+
+
+def test_a_failed_write_leaves_no_half_snapshot(tmp_path: Path) -> None:
+    f = _RollingFile(settings(tmp_path))
+    f.append(b'{"a":1}\n', 0.0)
+    real = f._file
+    assert real is not None
+
+    class DiskFull:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def write(self, data: bytes) -> int:
+            real.write(data[:3])
+            real.flush()
+            raise OSError(28, "No space left on device")
+
+    f._file = DiskFull()  # type: ignore[assignment]
+    with pytest.raises(OSError):
+        f.append(b'{"a":2}\n', 1.0)
+    f._file = real
+    f.append(b'{"a":3}\n', 2.0)
+    published = f.publish()
+    assert published is not None and published.read_bytes() == b'{"a":1}\n{"a":3}\n'
