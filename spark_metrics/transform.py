@@ -3,15 +3,16 @@
 Two steps, so the same code runs in batch and in Structured Streaming:
 
 1. `series_windows` (streaming-safe, one stateful aggregation): per tumbling window and series
-   (process incarnation, metric, topic, group, queue, labels) the last gauge value and the counter
-   increase. A counter's increase needs the last value of the previous window, so each counter
-   record is also sent, as a "baseline" copy, into the next window; then increase = last - baseline
-   within one incarnation (a restarted process is a new incarnation whose counters start at 0).
+   (process, metric, topic, group, queue, labels; for counters also the process run) the last gauge
+   value and the counter increase. A counter's increase needs the last value of the previous window,
+   so each counter record is also sent, as a "baseline" copy, into the next window; then increase =
+   last - baseline within one run (a restarted process is a new run whose counters start at 0).
    Every aggregate is a max/min/max_by, so a duplicate record changes nothing, and records may
    arrive in any order (up to the watermark, in streaming).
 2. `group_metrics` (plain batch, run on complete windows: the whole input in batch, each
-   micro-batch of finalized windows in streaming): offsets joined per queue into the three lags,
-   sums over queues and processes, proxy ratios, rank of the most lagging groups.
+   micro-batch of finalized windows in streaming): one aggregation per window, process, topic and
+   group; per process the topic's max offsets against the group's consumer and pull offsets give
+   the three lags; sums over processes, proxy ratios, rank of the most lagging groups.
 """
 
 from __future__ import annotations
