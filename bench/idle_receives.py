@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
@@ -60,35 +61,24 @@ async def wait_held(stubs: list[broker_pb2_grpc.BrokerStub], condition: str, tar
         await asyncio.sleep(0.2)
 
 
-async def run(cluster: Cluster, args: argparse.Namespace) -> None:
-    proxy = cluster.proxies[0].process
-    brokers = [c.process for c in cluster.brokers.values()]
-    assert proxy is not None and all(brokers)
-    pids = {"proxy": proxy.pid, **{name: c.process.pid for name, c in cluster.brokers.items() if c.process}}
-    broker_channels = [grpc.aio.insecure_channel(c.address) for c in cluster.brokers.values()]
-    stubs = [broker_pb2_grpc.BrokerStub(ch) for ch in broker_channels]  # type: ignore[no-untyped-call]
-    # Separate connections: grpc shares one per target unless the channel arguments differ.
-    channels = [
-        grpc.aio.insecure_channel(cluster.endpoint, options=[("grpc.channel_id", i)]) for i in range(args.channels)
-    ]
-    proxy_stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
-    # Warm-up: a few receives, so buffers, sessions and caches exist before the baseline.
-    for i, stub in enumerate(proxy_stubs):
+async def warm_up(proxy_stubs: list[service_pb2_grpc.MessagingServiceStub]) -> None:
+    """A few short receives, so buffers, sessions and caches exist before the baseline."""
+    for stub in proxy_stubs[:5]:
         r = request("idle", "g-idle")
         r.long_polling_timeout.seconds = 0
         async for _ in stub.ReceiveMessage(r, timeout=5):
             pass
-        if i > 3:
-            break
     await asyncio.sleep(1)
-    base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
-    calls = []
+
+
+async def open_receives(
+    proxy_stubs: list[service_pb2_grpc.MessagingServiceStub], stubs: list[broker_pb2_grpc.BrokerStub], n: int
+) -> tuple[list[Any], list[asyncio.Future[Any]]]:
     opened = time.monotonic()
-    for i in range(args.receives):
-        calls.append(proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(request("idle", "g-idle"), timeout=40))
+    calls = [proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(request("idle", "g-idle"), timeout=40) for i in range(n)]
     # Start the calls (grpc sends a server-streaming request when its first message is awaited).
     readers = [asyncio.ensure_future(call.read()) for call in calls]
-    held_now = await wait_held(stubs, ">=", args.receives, 25)
+    held_now = await wait_held(stubs, ">=", n, 25)
     # Notify mode holds a Notification per broker per receive: wait until the count stops growing.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -96,25 +86,46 @@ async def run(cluster: Cluster, args: argparse.Namespace) -> None:
         previous, held_now = held_now, await held(stubs)
         if held_now == previous:
             break
-    print(f"opened {args.receives} receives in {time.monotonic() - opened:.1f} s; brokers hold {held_now} requests")
+    print(f"opened {n} receives in {time.monotonic() - opened:.1f} s; brokers hold {held_now} requests")
+    return calls, readers
+
+
+async def profile(pid: int, path: str) -> asyncio.subprocess.Process:
+    """py-spy (in the venv) samples the proxy for 4 s."""
+    spy = str(Path(sys.executable).parent / "py-spy")
+    argv = ["record", "-p", str(pid), "-d", "4", "-f", "raw", "-o", path]
+    out = asyncio.subprocess.DEVNULL
+    return await asyncio.create_subprocess_exec(spy, *argv, stdout=out, stderr=out)
+
+
+def report(args: argparse.Namespace, rss: dict[str, int], cpu: dict[str, float], still: int, left: int) -> None:
+    n = args.receives
+    print(f"\n{machine()}; mode {args.mode}, {n} idle receives, {args.channels} client connections")
+    print("| process | RSS growth MiB | per receive KB | idle CPU % |")
+    print("|---|---:|---:|---:|")
+    for name in rss:
+        print(f"| {name} | {rss[name] / 2**20:.1f} | {rss[name] / n / 1024:.2f} | {cpu[name]:.1f} |")
+    total = sum(rss.values())
+    print(f"| **total** | {total / 2**20:.1f} | {total / n / 1024:.2f} | {sum(cpu.values()):.1f} |")
+    print(f"held at the brokers during the hold: {still}; after cancelling every call: {left}")
+
+
+async def run(cluster: Cluster, args: argparse.Namespace) -> None:
+    pids = {name: c.process.pid for name, c in [("proxy", cluster.proxies[0]), *cluster.brokers.items()] if c.process}
+    broker_channels = [grpc.aio.insecure_channel(c.address) for c in cluster.brokers.values()]
+    stubs = [broker_pb2_grpc.BrokerStub(ch) for ch in broker_channels]  # type: ignore[no-untyped-call]
+    # Separate connections: grpc shares one per target unless the channel arguments differ.
+    channels = [
+        grpc.aio.insecure_channel(cluster.endpoint, options=[("grpc.channel_id", i)]) for i in range(args.channels)
+    ]
+    proxy_stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
+    await warm_up(proxy_stubs)
+    base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
+    calls, readers = await open_receives(proxy_stubs, stubs, args.receives)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    if args.profile:  # py-spy (in the venv) samples the proxy during the hold
-        spy = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "py-spy"),
-            "record",
-            "-p",
-            str(pids["proxy"]),
-            "-d",
-            "4",
-            "-f",
-            "raw",
-            "-o",
-            args.profile,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+    spy = await profile(pids["proxy"], args.profile) if args.profile else None
     await asyncio.sleep(args.hold_s)
-    if args.profile:
+    if spy is not None:
         await asyncio.wait_for(spy.wait(), 30)
     cpu = {name: (cpu_seconds(pid) - cpu0[name]) / args.hold_s * 100 for name, pid in pids.items()}
     rss = {name: rss_bytes(pid) - base_rss[name] for name, pid in pids.items()}
@@ -122,17 +133,7 @@ async def run(cluster: Cluster, args: argparse.Namespace) -> None:
     for call in calls:
         call.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
-    left = await wait_held(stubs, "<=", 0, 10)
-    n = args.receives
-    broker_rss = sum(v for k, v in rss.items() if k != "proxy")
-    print(f"\n{machine()}; mode {args.mode}, {n} idle receives, {args.channels} client connections")
-    print("| process | RSS growth MiB | per receive KB | idle CPU % |")
-    print("|---|---:|---:|---:|")
-    for name in pids:
-        print(f"| {name} | {rss[name] / 2**20:.1f} | {rss[name] / n / 1024:.2f} | {cpu[name]:.1f} |")
-    total = rss["proxy"] + broker_rss
-    print(f"| **total** | {total / 2**20:.1f} | {total / n / 1024:.2f} | {sum(cpu.values()):.1f} |")
-    print(f"held at the brokers during the hold: {still}; after cancelling every call: {left}")
+    report(args, rss, cpu, still, await wait_held(stubs, "<=", 0, 10))
     for ch in [*channels, *broker_channels]:
         await ch.close()
 

@@ -143,19 +143,22 @@ async def sparse(
 
         consumer = asyncio.create_task(consume())
         await asyncio.sleep(0.3)  # let the first receive reach its brokers
-        for i in range(args.messages):
-            await asyncio.sleep(random.uniform(0.05, 0.25))
-            mid = f"S{i:05d}{uuid.uuid4().hex[:8]}".upper()
-            message = bpb.Message(topic=topic, message_id=mid, body=b"x" * 64, born_ms=int(time.time() * 1000))
-            t0 = time.perf_counter()
-            await random.choice(brokers).Send(bpb.SendRequest(messages=[message]), timeout=5)
-            sent_at[mid] = (t0, time.perf_counter())
+        await produce_sparse(topic, brokers, args.messages, sent_at)
         try:
             await asyncio.wait_for(done.wait(), args.poll_s * 4 + 10)
         except TimeoutError:
             print(f"  sparse: only {len(got_at)} of {args.messages} messages received")
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
+    tally(out, sent_at, got_at, empties)
+    out.broker_rpcs = broker_rpcs(metrics_url) - rpcs
+    return out
+
+
+def tally(
+    out: Sparse, sent_at: dict[str, tuple[float, float]], got_at: dict[str, float], empties: list[tuple[float, float]]
+) -> None:
+    """Latencies, and false empties: an empty answer while a message acknowledged before it started stayed unserved."""
     for mid, (t0, t1) in sent_at.items():
         if mid in got_at:
             out.latencies_ms.append((got_at[mid] - t0) * 1000)
@@ -166,8 +169,46 @@ async def sparse(
         any(t1 < start and got_at.get(mid, float("inf")) > end for mid, (_, t1) in sent_at.items())
         for start, end in empties
     )
-    out.broker_rpcs = broker_rpcs(metrics_url) - rpcs
-    return out
+
+
+async def produce_sparse(
+    topic: str, brokers: list[broker_pb2_grpc.BrokerStub], count: int, sent_at: dict[str, tuple[float, float]]
+) -> None:
+    """One message every 50-250 ms to a random broker; records (Send started, Send acknowledged)."""
+    for i in range(count):
+        await asyncio.sleep(random.uniform(0.05, 0.25))
+        mid = f"S{i:05d}{uuid.uuid4().hex[:8]}".upper()
+        message = bpb.Message(topic=topic, message_id=mid, body=b"x" * 64, born_ms=int(time.time() * 1000))
+        t0 = time.perf_counter()
+        await random.choice(brokers).Send(bpb.SendRequest(messages=[message]), timeout=5)
+        sent_at[mid] = (t0, time.perf_counter())
+
+
+async def produce_steady(
+    topic: str, brokers: list[broker_pb2_grpc.BrokerStub], rate: float, stop: asyncio.Event
+) -> None:
+    """`rate` messages per second, each to a random broker, sent every 20 ms (fractional rates add up)."""
+    tick, owed, i = 0.02, 0.0, 0
+    next_at = time.perf_counter()
+    while not stop.is_set():
+        owed += rate * tick
+        by_broker: dict[int, list[bpb.Message]] = {}
+        while owed >= 1:
+            owed -= 1
+            i += 1
+            message = bpb.Message(topic=topic, message_id=f"D{i}-{uuid.uuid4().hex[:6]}", body=b"y" * 64)
+            by_broker.setdefault(random.randrange(len(brokers)), []).append(message)
+        for b, share in by_broker.items():
+            await brokers[b].Send(bpb.SendRequest(messages=share), timeout=5)
+        next_at += tick
+        await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+
+
+def ack_request(topic: str, group: str, messages: list[v2.Message]) -> pb.AckMessageRequest:
+    ack = pb.AckMessageRequest(group=v2.Resource(name=group), topic=v2.Resource(name=topic))
+    for m in messages:
+        ack.entries.add(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle)
+    return ack
 
 
 async def dense(
@@ -186,34 +227,10 @@ async def dense(
                 messages = await receive_once(stub, request, args.poll_s)
                 out.delivered += len(messages)
                 if messages:
-                    entries = [
-                        pb.AckMessageEntry(
-                            message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle
-                        )
-                        for m in messages
-                    ]
-                    ack = pb.AckMessageRequest(group=v2.Resource(name=group), topic=v2.Resource(name=topic))
-                    ack.entries.extend(entries)
-                    await stub.AckMessage(ack, timeout=5)
-
-        async def produce() -> None:
-            tick, owed, i = 0.02, 0.0, 0
-            next_at = time.perf_counter()
-            while not stop.is_set():
-                owed += args.dense_rate * tick  # fractional rates add up over ticks
-                by_broker: dict[int, list[bpb.Message]] = {}
-                while owed >= 1:
-                    owed -= 1
-                    i += 1
-                    message = bpb.Message(topic=topic, message_id=f"D{i}-{uuid.uuid4().hex[:6]}", body=b"y" * 64)
-                    by_broker.setdefault(random.randrange(len(brokers)), []).append(message)
-                for b, share in by_broker.items():
-                    await brokers[b].Send(bpb.SendRequest(messages=share), timeout=5)
-                next_at += tick
-                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+                    await stub.AckMessage(ack_request(topic, group, messages), timeout=5)
 
         consumers = [asyncio.create_task(consume()) for _ in range(args.consumers)]
-        producer = asyncio.create_task(produce())
+        producer = asyncio.create_task(produce_steady(topic, brokers, args.dense_rate, stop))
         await asyncio.sleep(1.0)  # warm-up: consumers in their steady state
         delivered, rpcs, cpu, t0 = out.delivered, broker_rpcs(metrics_url), cpu_seconds(proxy_pid), time.perf_counter()
         await asyncio.sleep(args.dense_seconds)
