@@ -96,11 +96,17 @@ class NotifyRun:
     brokers: names of the live brokers, the first one gets the first Pop.
     poll_end: when the client's long-polling time is over (answer empty then).
     min_notify_s: below this much poll time left, a broker is not notified again.
+    min_hold_s: a Notification answered empty sooner than this was not held (the broker is closing):
+        that broker is not notified again in this run, so a closing broker cannot make it spin.
+    max_lost_per_broker: after this many lost races at one broker it is no longer watched in this
+        run (a `has_message` that no Pop can serve must not make it spin either).
     """
 
     brokers: Sequence[str]
     poll_end: float
     min_notify_s: float = 0.005
+    min_hold_s: float = 0.05
+    max_lost_per_broker: int = 32
     phase: Phase = Phase.FIRST_POP
     stats: RunStats = field(default_factory=RunStats)
     notifying: set[str] = field(default_factory=set)
@@ -108,6 +114,9 @@ class NotifyRun:
     popping: str | None = None
     failed: set[str] = field(default_factory=set)
     full: set[str] = field(default_factory=set)
+    dropped: set[str] = field(default_factory=set)  # no longer watched in this run
+    sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
+    lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
     last_error: ProxyError | None = None
 
     # -- events ----------------------------------------------------------------
@@ -140,6 +149,10 @@ class NotifyRun:
         self.stats.lost_races += 1
         if busy and self.poll_end - now >= self.min_notify_s:
             return self._handoff(broker, now)
+        self.lost[broker] = self.lost.get(broker, 0) + 1
+        if self.lost[broker] >= self.max_lost_per_broker:
+            self.dropped.add(broker)
+            return [*self._next_pop(), *self._maybe_exhausted()]
         return [*self._renotify(broker, now), *self._next_pop()]
 
     def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
@@ -156,6 +169,9 @@ class NotifyRun:
             self.full.add(broker)
             return self._maybe_exhausted()
         self.stats.notified_empty += 1
+        if now - self.sent_at.get(broker, now) < self.min_hold_s:
+            self.dropped.add(broker)  # answered without holding: closing, do not spin on it
+            return self._maybe_exhausted()
         # The broker's hold ended without a message (its clock ran ahead of ours): watch on if time is left.
         cmds = self._renotify(broker, now)
         return cmds or self._maybe_exhausted()
@@ -230,6 +246,7 @@ class NotifyRun:
         for broker in self.brokers:
             if broker not in self.failed and broker not in self.full:
                 self.notifying.add(broker)
+                self.sent_at[broker] = now
                 self.stats.notifications += 1
                 cmds.append(Notify(broker, poll_ms))
         return cmds or self._maybe_exhausted()
@@ -248,6 +265,7 @@ class NotifyRun:
         if self.poll_end - now < self.min_notify_s or broker in self.notifying:
             return []
         self.notifying.add(broker)
+        self.sent_at[broker] = now
         self.stats.notifications += 1
         return [Notify(broker, self._poll_ms(now))]
 

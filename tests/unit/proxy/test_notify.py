@@ -181,3 +181,22 @@ def test_a_zero_poll_time_is_one_pop_whose_hit_still_counts_as_a_first_pop_hit()
     assert run.poll_over() == []  # the first Pop is in flight: wait for it
     assert finish(run.popped("b1", message("m8"), polling_full=False, now=0.001)).outcome == "messages"
     assert run.stats.first_pop_hit
+
+
+def test_a_closing_broker_that_answers_at_once_is_not_notified_in_a_loop() -> None:
+    run = notifying(now=0.0)
+    assert run.notified("b1", has_message=False, polling_full=False, now=0.001) == []  # not held: dropped
+    assert "b1" in run.dropped and run.outstanding == ["b2", "b3"]
+    run.notified("b2", has_message=False, polling_full=False, now=0.001)
+    done = finish(run.notified("b3", has_message=False, polling_full=False, now=0.001))
+    assert done.outcome == "empty" and done.error is None
+
+
+def test_a_broker_whose_announcements_no_pop_can_serve_stops_being_watched() -> None:
+    run = NotifyRun(BROKERS, 10.0, max_lost_per_broker=3)
+    run.start()
+    run.popped("b1", [], polling_full=False, now=0.0)
+    for i in range(3):
+        assert run.notified("b2", has_message=True, polling_full=False, now=0.1 * i) == [Pop("b2")]
+        cmds = run.popped("b2", [], polling_full=False, now=0.1 * i)
+    assert cmds == [] and "b2" in run.dropped and run.outstanding == ["b1", "b3"]
