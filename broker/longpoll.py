@@ -2,8 +2,8 @@
 
 Requests are held per (topic, group) key in arrival order. The broker core calls
 ``arrived`` when messages a group can consume appear (an append, a redelivery
-coming due); it wakes every Notification whose filter matches and as many Pops
-as there are new matching messages. Each hold ends with an explicit outcome. A
+coming due); it wakes as many held requests as there are new matching messages,
+Pops before Notifications. Each hold ends with an explicit outcome. A
 caller that goes away (task cancelled) is removed at once. Capacity is bounded:
 past it ``hold`` returns FULL immediately.
 """
@@ -108,23 +108,23 @@ class HoldService:
         return self._wake(key, lambda _: count) if count > 0 else 0
 
     def _wake(self, key: Key, matching: Callable[[TagFilter], int]) -> int:
+        """Wake, oldest first, one held request per new matching message: Pops first (they consume
+        what woke them), then Notifications (each answer leads to one Pop). Waking every Notification
+        for one message would make all but one of their Pops lose the race (RocketMQ wakes one too);
+        a message nobody took is caught by the safety sweep."""
         waiters = self._waiters.get(key)
         if not waiters:
             return 0
         woken = 0
-        counts: dict[TagFilter, int] = {}  # matching messages per filter
-        budgets: dict[TagFilter, int] = {}  # of which not yet promised to a woken Pop
-        for waiter in list(waiters):
-            count = counts.get(waiter.filter)
-            if count is None:
-                count = counts[waiter.filter] = budgets[waiter.filter] = matching(waiter.filter)
-            # A Notification consumes nothing: every one whose filter matches is woken.
-            if count <= 0 or (waiter.kind is Kind.POP and budgets[waiter.filter] <= 0):
-                continue
-            if waiter.resolve(Outcome.SERVED):
-                woken += 1
-                if waiter.kind is Kind.POP:
-                    budgets[waiter.filter] -= 1
+        budgets: dict[TagFilter, int] = {}
+        for kind in (Kind.POP, Kind.NOTIFICATION):
+            for waiter in [w for w in waiters if w.kind is kind]:
+                budget = budgets.get(waiter.filter)
+                if budget is None:
+                    budget = budgets[waiter.filter] = matching(waiter.filter)
+                if budget > 0 and waiter.resolve(Outcome.SERVED):
+                    woken += 1
+                    budgets[waiter.filter] = budget - 1
         return woken
 
     def wake_all(self, key: Key) -> None:

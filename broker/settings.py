@@ -34,7 +34,7 @@ class BrokerSettings:
     max_delay_ms: int = field(default=3 * 24 * 3600 * 1000, metadata={"help": "longest delivery delay"})
     schedule_max_in_flight: int = field(default=2000, metadata={"help": "scheduled messages delivered at once"})
     cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})
-    sweep_interval_s: float = field(default=5.0, metadata={"help": "safety sweep of held requests"})
+    sweep_interval_s: float = field(default=1.0, metadata={"help": "safety sweep of held requests"})
     max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})
     shutdown_grace_s: float = field(default=5.0, metadata={"help": "time to finish RPCs on SIGTERM"})
 

@@ -8,22 +8,22 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
-def test_arrival_wakes_as_many_pops_as_messages_and_all_notifications() -> None:
+def test_arrival_wakes_one_request_per_message_pops_first() -> None:
     async def scenario() -> list[Outcome]:
         hold = HoldService(capacity=10)
         key = ("t", "g")
-        pops = [asyncio.ensure_future(hold.hold(key, Kind.POP, MATCH_ALL, 5)) for _ in range(3)]
-        notes = [asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, MATCH_ALL, 5)) for _ in range(2)]
+        notes = [asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, MATCH_ALL, 5)) for _ in range(3)]
+        pops = [asyncio.ensure_future(hold.hold(key, Kind.POP, MATCH_ALL, 5)) for _ in range(2)]
         await asyncio.sleep(0)
         assert hold.total_held == 5
-        assert hold.arrived(key, ["x"]) == 3  # 1 pop + 2 notifications
+        assert hold.arrived(key, ["x", "y", "z"]) == 3  # 2 pops + the oldest notification
         await asyncio.sleep(0)
         assert hold.total_held == 2
         hold.close()
         return [await p for p in pops] + [await n for n in notes]
 
     outcomes = run(scenario())
-    assert outcomes == [Outcome.SERVED, Outcome.CLOSED, Outcome.CLOSED, Outcome.SERVED, Outcome.SERVED]
+    assert outcomes == [Outcome.SERVED, Outcome.SERVED, Outcome.SERVED, Outcome.CLOSED, Outcome.CLOSED]
 
 
 def test_filter_decides_who_is_woken() -> None:
