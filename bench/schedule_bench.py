@@ -1,11 +1,13 @@
 """Scheduled-delivery benchmark against one broker process.
 
 100,000 messages whose due times are spread over 10 s, while the broker also
-serves 5,000 msg/s of normal traffic (sent, popped and acked). Consumers pop the
-scheduled topic with long polls and record, per message, how late it arrived
-after its due time (and whether it arrived early). The broker's own lateness
-histogram (commit time - due time, `popgate_broker_scheduled_lateness_seconds`)
-is read from /metrics as well.
+serves 5,000 msg/s of normal traffic (sent, popped and acked by a separate client
+process). How late each scheduled message became visible is read per message
+after the run: its store time in the topic (set when the delivery transaction is
+built, just before its commit) minus its due time (carried in its body), via
+ListMessages over every queue; and from the broker's own histogram of commit
+time - due time (`popgate_broker_scheduled_lateness_seconds`), which also counts
+the commit itself.
 
     .venv/bin/python bench/schedule_bench.py [--messages 100000] [--spread 10] [--normal-rate 5000]
 """
@@ -73,17 +75,26 @@ async def normal_traffic(stub: pb_grpc.BrokerStub, rate: int, until: float) -> i
     return sent
 
 
-async def consume_scheduled(stub: pb_grpc.BrokerStub, total: int, lateness: list[float], until: float) -> None:
-    loop = asyncio.get_running_loop()
-    while len(lateness) < total and loop.time() < until:
-        got = await stub.Pop(pb.PopRequest(topic="sched", group="s", max_messages=32, invisible_ms=30000, poll_ms=500))
-        received = now_ms()
-        if not got.messages:
-            continue
-        lateness.extend(received - int(m.stored.message.body) for m in got.messages)
-        await stub.Ack(
-            pb.AckRequest(topic="sched", group="s", receipt_handles=[m.receipt_handle for m in got.messages])
-        )
+async def visible_lateness(address: str, expected: int) -> list[float]:
+    """Store time - due time of every delivered scheduled message (ms), read back with ListMessages."""
+    out: list[float] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        deadline = time.monotonic() + 30
+        while True:  # the last due messages may still be on their way into the topic
+            stats = await stub.Stats(pb.StatsRequest(topic="sched"))
+            if sum(q.max_offset for q in stats.queues) >= expected or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        for queue in stats.queues:
+            offset = queue.min_offset
+            while offset < queue.max_offset:
+                page = await stub.ListMessages(
+                    pb.ListMessagesRequest(topic="sched", queue_id=queue.queue_id, from_offset=offset, limit=1000)
+                )
+                out.extend(m.store_ms - int(m.message.body) for m in page.messages)
+                offset = page.messages[-1].offset + 1
+    return out
 
 
 def broker_lateness(metrics_url: str) -> dict[str, float]:
@@ -117,14 +128,8 @@ def _role(target: str, address: str, *params: float) -> None:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = pb_grpc.BrokerStub(channel)
             loop = asyncio.get_running_loop()
-            if target == "normal":
-                sent = await normal_traffic(stub, int(params[0]), loop.time() + params[1])
-                RESULTS.put(("normal", sent))
-            else:
-                lateness: list[float] = []
-                until = loop.time() + params[1]
-                await asyncio.gather(*(consume_scheduled(stub, int(params[0]), lateness, until) for _ in range(8)))
-                RESULTS.put(("lateness", lateness))
+            sent = await normal_traffic(stub, int(params[0]), loop.time() + params[1])
+            RESULTS.put((target, sent))
 
     asyncio.run(main())
 
@@ -143,15 +148,13 @@ def run(args: argparse.Namespace, address: str) -> tuple[list[float], int, float
     start = now_ms() + args.lead * 1000
     dues = [start + random.randrange(args.spread * 1000) for _ in range(args.messages)]
     duration = args.lead + args.spread + 1
-    roles = [
-        _in_process("normal", address, args.normal_rate, duration),
-        _in_process("consume", address, args.messages, duration + 10),
-    ]
+    roles = [_in_process("normal", address, args.normal_rate, duration)]
     send_s = asyncio.run(produce(args, address, dues))
     results = dict(RESULTS.get(timeout=duration + 60) for _ in roles)
     for proc in roles:
         proc.join(10)
-    return results["lateness"], results["normal"], send_s  # type: ignore[return-value]
+    lateness = asyncio.run(visible_lateness(address, args.messages))
+    return lateness, results["normal"], send_s  # type: ignore[return-value]
 
 
 def main() -> None:
@@ -178,7 +181,7 @@ def main() -> None:
             [
                 ("metric", "value", "target"),
                 ("---", "---:", "---"),
-                ("scheduled messages received", f"{len(lateness):,} of {args.messages:,}", "all"),
+                ("scheduled messages delivered", f"{len(lateness):,} of {args.messages:,}", "all"),
                 ("scheduled sends took (s)", f"{send_s:.1f}", "-"),
                 (
                     "normal traffic (msg/s sent, popped, acked)",
@@ -186,13 +189,17 @@ def main() -> None:
                     "5,000",
                 ),
                 (
-                    "late at the consumer p50 / p99 / max (ms)",
+                    "visible late (store time) p50 / p99 / max (ms)",
                     f"{s['p50']:.0f} / {s['p99']:.0f} / {s['max']:.0f}",
                     "p99 <= 50",
                 ),
-                ("early (received before due)", f"{early}", "0"),
-                ("broker: visible late, mean (ms)", f"{inside['mean_ms']:.1f}", "-"),
-                ("broker: visible within 50 ms", f"{inside['within_50ms'] / max(inside['count'], 1):.2%}", ">= 99 %"),
+                ("early (stored before due)", f"{early}", "0"),
+                ("visible late after commit (histogram), mean (ms)", f"{inside['mean_ms']:.1f}", "-"),
+                (
+                    "visible within 50 ms after commit (histogram)",
+                    f"{inside['within_50ms'] / max(inside['count'], 1):.2%}",
+                    ">= 99 %",
+                ),
             ]
         )
     )

@@ -40,6 +40,7 @@ from broker.store import (
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 512
+CHECKPOINT_INTERVAL_S = 0.5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -96,6 +97,8 @@ class SqliteStore:
         self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._next_offset: dict[tuple[str, int], int] = {}
         self._writer: threading.Thread | None = None
+        self._checkpointer: threading.Thread | None = None
+        self._stop_checkpoints = threading.Event()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-reader")
         self._read_conn: sqlite3.Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -144,8 +147,25 @@ class SqliteStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        # Checkpoints move the WAL into the database file. Run by the writer (SQLite's default,
+        # every 1000 pages) they stall a commit for tens of ms; a checkpointer thread on its own
+        # connection does them PASSIVE, beside the writer.
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._writer = threading.Thread(target=self._run_writer, name="store-writer", daemon=True)
         self._writer.start()
+        self._checkpointer = threading.Thread(target=self._run_checkpointer, name="store-checkpoint", daemon=True)
+        self._checkpointer.start()
+
+    def _run_checkpointer(self) -> None:
+        conn = self._connect()
+        try:
+            while not self._stop_checkpoints.wait(CHECKPOINT_INTERVAL_S):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as exc:
+                    log.warning("checkpoint failed: %s", exc)
+        finally:
+            conn.close()
 
     # -- writes --------------------------------------------------------------
 
@@ -302,8 +322,11 @@ class SqliteStore:
             return
         self._closed = True
         self._requests.put(None)
+        self._stop_checkpoints.set()
         if self._writer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
+        if self._checkpointer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._checkpointer.join)
         self._reader.shutdown(wait=True)
         if self._read_conn is not None:
             self._read_conn.close()
