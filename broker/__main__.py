@@ -97,6 +97,9 @@ async def serve(settings: BrokerSettings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     settings = settings_mod.parse(argv)
+    # Past a file-size limit (RLIMIT_FSIZE) the kernel sends SIGXFSZ, whose default action kills the process.
+    # A daemon should get EFBIG instead: SQLite then fails the commit and the broker refuses writes, still serving.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(settings))
 

@@ -231,7 +231,7 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
             self._next_offset = saved
             for request in batch:
-                request.result = StoreUnavailable(f"store write failed: {exc}")
+                request.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 
