@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import settings as settings_mod
+from broker.auth import TokenInterceptor
 from broker.core import BrokerCore
 from broker.export import ExportSettings, MetricsExporter
 from broker.metrics import BrokerMetrics
@@ -52,7 +53,8 @@ async def serve(settings: BrokerSettings) -> None:
             ("grpc.max_concurrent_streams", 1 << 20),
             ("grpc.server.max_pending_requests", 1 << 20),
             ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
-        ]
+        ],
+        interceptors=[TokenInterceptor(settings.auth_token)] if settings.auth_token else None,
     )
     pb_grpc.add_BrokerServicer_to_server(BrokerServicer(core, metrics), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()

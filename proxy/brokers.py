@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
+from broker.auth import client_interceptors
 from broker.client import BrokerSession
 from proxy import errors
 from proxy.ports import Metrics, NoMetrics
@@ -61,7 +62,7 @@ def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
 
 
 class GrpcBrokerClient:
-    def __init__(self, address: BrokerAddress, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, address: BrokerAddress, *, metrics: Metrics | None = None, token: str = "") -> None:
         self._address = address
         self._metrics = metrics or NoMetrics()
         options = [
@@ -72,7 +73,9 @@ class GrpcBrokerClient:
             ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
-        self._channel = grpc.aio.insecure_channel(address.target, options=options)
+        self._channel = grpc.aio.insecure_channel(
+            address.target, options=options, interceptors=client_interceptors(token) or None
+        )
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._healthy = True  # optimistic until the first check: a down broker fails fast anyway

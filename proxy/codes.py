@@ -33,6 +33,8 @@ CODES: dict[type[errors.ProxyError], int] = {
     errors.InvalidReceiptHandle: Code.INVALID_RECEIPT_HANDLE,
     errors.TopicNotFound: Code.TOPIC_NOT_FOUND,
     errors.TooManyRequests: Code.TOO_MANY_REQUESTS,
+    errors.Unauthorized: Code.UNAUTHORIZED,
+    errors.Forbidden: Code.FORBIDDEN,
     errors.StoreUnavailable: Code.MASTER_PERSISTENCE_TIMEOUT,
     errors.BrokerUnavailable: Code.HA_NOT_AVAILABLE,
     errors.BrokerTimeout: Code.PROXY_TIMEOUT,

@@ -93,6 +93,14 @@ class TopicNotFound(ProxyError):
     pass
 
 
+class Unauthorized(ProxyError):
+    """Missing or malformed credentials, unknown access key, bad signature or stale date (proxy/auth.py)."""
+
+
+class Forbidden(ProxyError):
+    """Valid credentials without the permission (publish / subscribe / group) the request needs."""
+
+
 class TooManyRequests(ProxyError):
     """Overload: the broker could not hold one more long poll, or a queue is full."""
 

@@ -95,7 +95,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
     """Serve until `stop` is set, then shut down gracefully (held receives answered)."""
     async with AsyncExitStack() as stack:
         metrics = ProxyMetrics()
-        clients = {b.name: GrpcBrokerClient(b, metrics=metrics) for b in settings.brokers}
+        clients = {b.name: GrpcBrokerClient(b, metrics=metrics, token=settings.broker_token) for b in settings.brokers}
         for client in clients.values():
             stack.push_async_callback(client.close)
         await stack.enter_async_context(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from proxy.auth import Account, accounts_from_config
+
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
 _BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -79,6 +81,10 @@ class Settings:
     shutdown_grace_s: float = 5.0
     max_message_bytes: int = 64 * 1024 * 1024  # gRPC max receive size, > max_body_bytes
     log_level: str = "INFO"
+    # Authentication (docs/PROXY.md "Authentication"): [[acl]] accounts from the config file; none = open.
+    accounts: tuple[Account, ...] = ()
+    auth_skew_s: float = 300.0  # clock skew allowed around any time-zone offset of x-mq-date-time
+    broker_token: str = ""  # shared secret sent to brokers started with the same --auth-token
 
     def __post_init__(self) -> None:
         if not self.brokers:
@@ -129,6 +135,7 @@ class Settings:
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
             ("export_interval_s", self.export_interval_s > 0, "> 0"),
+            ("auth_skew_s", 0 < self.auth_skew_s <= 3600, "0 < it <= 3600"),
             ("adaptive_window_s", 0 < self.adaptive_window_s <= 3600, "0 < it <= 3600"),
             ("adaptive_rate_threshold", self.adaptive_rate_threshold >= 0, ">= 0 (0 = criterion off)"),
             ("adaptive_concurrency_per_broker", self.adaptive_concurrency_per_broker >= 0, ">= 0 (0 = criterion off)"),
@@ -154,7 +161,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": 
 
 
 def _fields() -> dict[str, str]:
-    return {f.name: str(f.type) for f in fields(Settings) if f.name != "brokers"}
+    return {f.name: str(f.type) for f in fields(Settings) if f.name not in ("brokers", "accounts")}
 
 
 def _convert(name: str, kind: str, value: Any) -> Any:
@@ -200,6 +207,11 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         else:
             values[name] = _convert(name, kind, raw)
     values.setdefault("brokers", ())
+    if "acl" in config:
+        try:
+            values["accounts"] = accounts_from_config(config["acl"])
+        except ValueError as exc:
+            raise SettingsError(f"--config {config_path}: {exc}") from None
     return Settings(**values)
 
 
@@ -212,9 +224,11 @@ def _read_config(path: Path) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise SettingsError(f"--config {path}: [proxy] must be a table")
     out = {str(k).replace("-", "_"): v for k, v in table.items()}
+    if "acl" in data:  # [[acl]] at the top level, beside or without a [proxy] table
+        out["acl"] = data["acl"]
     if "brokers" in out:
         out["broker"] = out.pop("brokers")
-    known = set(_fields()) | {"broker"}
+    known = set(_fields()) | {"broker", "acl"}
     unknown = sorted(set(out) - known)
     if unknown:
         raise SettingsError(f"--config {path}: unknown keys {unknown}")

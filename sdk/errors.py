@@ -109,6 +109,8 @@ _FAMILY: dict[type[domain.ProxyError], type[PopgateError]] = {
     domain.MessageBodyTooLarge: MessageBodyTooLarge,
     domain.BadRequest: BadRequest,
     domain.TopicNotFound: NotFound,
+    domain.Unauthorized: Unauthorized,
+    domain.Forbidden: Unauthorized,
     domain.TooManyRequests: TooManyRequests,
     domain.BrokerTimeout: Timeout,
     domain.BrokerUnavailable: Unavailable,

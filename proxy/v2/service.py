@@ -18,11 +18,12 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from proxy import errors
+from proxy.auth import Authenticator
 from proxy.codes import code_of, name_of
 from proxy.core import Proxy
 from proxy.ports import Metrics
 from proxy.settings import Settings
-from proxy.v2 import ack, receive, route, send, telemetry
+from proxy.v2 import access, ack, receive, route, send, telemetry
 from proxy.v2.context import Call
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._settings = settings
         self._endpoints = endpoints
         self._metrics = metrics
+        self._auth = Authenticator(settings.accounts, skew_s=settings.auth_skew_s)
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()
@@ -62,6 +64,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     ) -> Resp:
         started = time.perf_counter()
         try:
+            access.check(self._auth, context.invocation_metadata(), request)
             response = await handler(self._call(context), request)
             code = response.status.code  # type: ignore[attr-defined]
         except Exception as exc:  # every error becomes a v2 status, the call never fails
@@ -126,6 +129,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         started = time.perf_counter()
         code: int = v2.OK
         try:
+            access.check(self._auth, context.invocation_metadata(), request)
             async for frame in receive.receive_message(self._call(context), request):
                 if frame.HasField("status"):
                     code = frame.status.code
@@ -141,6 +145,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any
     ) -> AsyncIterator[pb.TelemetryCommand]:
         try:
+            access.check(self._auth, context.invocation_metadata(), None)
             async for reply in telemetry.telemetry(request_iterator, self._settings, self._proxy.closing):
                 yield reply
         except Exception as exc:

@@ -1,0 +1,178 @@
+"""Client authentication (v2 ``authorization`` header, HMAC-SHA1) and topic/group permissions. Sans-IO.
+
+The official client signs only ``x-mq-date-time`` with ``HMAC-SHA1(key=secret)``
+and sends ``MQv2-HMAC-SHA1 Credential=<AK>, SignedHeaders=x-mq-date-time,
+Signature=<hex>``. Its date is *local* time suffixed ``Z``, so the server
+cannot know the client's time zone: a date is fresh when it is within
+``skew_s`` of now **shifted by some real time-zone offset** (a whole quarter
+hour between UTC-12:00 and UTC+14:00; :30 and :45 zones exist). With a skew
+below 7.5 minutes this rejects dates that are off by anything but a time-zone
+shift; see docs/PROXY.md "Authentication".
+
+No accounts configured = authentication off: every request is served, the
+header (always sent, even with empty credentials) is ignored.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import hmac
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import Forbidden, Unauthorized
+
+SCHEME = "MQv2-HMAC-SHA1"
+DATE_HEADER = "x-mq-date-time"
+DATE_FORMAT = "%Y%m%dT%H%M%SZ"
+ZONE_STEP_S = 15 * 60
+MIN_ZONE_S = -12 * 3600
+MAX_ZONE_S = 14 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """One access key: what it may publish to, which topics it may consume, as which consumer groups.
+
+    Patterns: an exact name, ``prefix*`` (names starting with prefix) or ``*`` (all).
+    """
+
+    access_key: str
+    secret_key: str
+    publish: tuple[str, ...] = ()  # topics
+    subscribe: tuple[str, ...] = ()  # topics
+    groups: tuple[str, ...] = ()  # consumer groups
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"Account({self.access_key!r}, publish={self.publish}, subscribe={self.subscribe}, groups={self.groups})"
+
+
+def matches(patterns: Iterable[str], name: str) -> bool:
+    for pattern in patterns:
+        if pattern == name or pattern == "*" or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+            return True
+    return False
+
+
+def sign(secret_key: str, date: str) -> str:
+    """The official client's signature: lower-case hex HMAC-SHA1 of the date, keyed by the secret."""
+    return hmac.new(secret_key.encode(), date.encode(), hashlib.sha1).hexdigest()
+
+
+def authorization(access_key: str, secret_key: str, date: str) -> str:
+    return f"{SCHEME} Credential={access_key}, SignedHeaders={DATE_HEADER}, Signature={sign(secret_key, date)}"
+
+
+def parse_authorization(value: str) -> tuple[str, str]:
+    """(access key, signature) from an ``authorization`` header value; Unauthorized when malformed."""
+    scheme, _, rest = value.strip().partition(" ")
+    if scheme != SCHEME:
+        raise Unauthorized(f"authorization: expected scheme {SCHEME}, got {scheme[:40]!r}")
+    fields: dict[str, str] = {}
+    for part in rest.split(","):
+        key, sep, val = part.strip().partition("=")
+        if sep:
+            fields[key.strip()] = val.strip()
+    access_key, signature = fields.get("Credential", ""), fields.get("Signature", "")
+    if not access_key or not signature:
+        raise Unauthorized("authorization: Credential and Signature are required")
+    return access_key, signature
+
+
+def date_offset_s(date: str, now: float) -> float:
+    """Seconds from now (UTC) to the date read as UTC; Unauthorized when it is not the client's format."""
+    try:
+        parsed = calendar.timegm(time.strptime(date, DATE_FORMAT))
+    except ValueError:
+        raise Unauthorized(f"{DATE_HEADER}: {date[:40]!r} is not YYYYMMDDTHHMMSSZ") from None
+    return parsed - now
+
+
+def fresh(offset_s: float, skew_s: float) -> bool:
+    """True when offset_s is within skew_s of a real time-zone offset (a quarter hour in UTC-12..UTC+14)."""
+    zone = round(offset_s / ZONE_STEP_S) * ZONE_STEP_S
+    zone = min(max(zone, MIN_ZONE_S), MAX_ZONE_S)
+    return abs(offset_s - zone) <= skew_s
+
+
+class Authenticator:
+    """Checks a request's metadata against the configured accounts; off when there are none."""
+
+    def __init__(
+        self, accounts: Iterable[Account], *, skew_s: float = 300.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._accounts = {a.access_key: a for a in accounts}
+        self._skew_s = skew_s
+        self._clock = clock
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._accounts)
+
+    def authenticate(self, metadata: Mapping[str, str]) -> Account | None:
+        """The caller's account (None when authentication is off); Unauthorized otherwise."""
+        if not self._accounts:
+            return None
+        header = metadata.get("authorization")
+        if not header:
+            raise Unauthorized("authorization header missing: this proxy requires credentials")
+        access_key, signature = parse_authorization(header)
+        account = self._accounts.get(access_key)
+        date = metadata.get(DATE_HEADER, "")
+        if not date:
+            raise Unauthorized(f"{DATE_HEADER} header missing")
+        # Same work and the same answer whether the key is unknown or the signature wrong.
+        expected = sign(account.secret_key if account else "", date)
+        if account is None or not hmac.compare_digest(expected, signature.lower()):
+            raise Unauthorized("unknown access key or bad signature")
+        if not fresh(date_offset_s(date, self._clock()), self._skew_s):
+            raise Unauthorized(f"{DATE_HEADER} {date} is too far from the proxy's clock (any time zone)")
+        return account
+
+
+def authorize(
+    account: Account | None, *, publish: Iterable[str] = (), subscribe: Iterable[str] = (), group: str = ""
+) -> None:
+    """Forbidden unless the account may publish to / subscribe to these topics (as this group)."""
+    if account is None:
+        return
+    for topic in publish:
+        if not matches(account.publish, topic):
+            raise Forbidden(f"access key {account.access_key} may not publish to topic {topic}")
+    for topic in subscribe:
+        if not matches(account.subscribe, topic):
+            raise Forbidden(f"access key {account.access_key} may not subscribe to topic {topic}")
+    if group and not matches(account.groups, group):
+        raise Forbidden(f"access key {account.access_key} may not consume as group {group}")
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{what}: expected a list of topic/group names or patterns")
+    return tuple(value)
+
+
+def accounts_from_config(entries: Any) -> tuple[Account, ...]:
+    """``[[acl]]`` tables of the config file → accounts; ValueError naming what is wrong."""
+    if not isinstance(entries, list):
+        raise ValueError("acl: expected [[acl]] tables")
+    accounts: list[Account] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"acl[{i}]: expected a table")
+        unknown = sorted(set(entry) - {"access_key", "secret_key", "publish", "subscribe", "groups"})
+        ak, sk = entry.get("access_key"), entry.get("secret_key")
+        if unknown:
+            raise ValueError(f"acl[{i}]: unknown keys {unknown}")
+        if not isinstance(ak, str) or not ak or not isinstance(sk, str) or not sk:
+            raise ValueError(f"acl[{i}]: access_key and secret_key (non-empty strings) are required")
+        if any(a.access_key == ak for a in accounts):
+            raise ValueError(f"acl[{i}]: access_key {ak} appears twice")
+        lists = {k: _names(entry.get(k, []), f"acl[{i}].{k}") for k in ("publish", "subscribe", "groups")}
+        accounts.append(Account(ak, sk, **lists))
+    return tuple(accounts)

@@ -1,0 +1,42 @@
+"""Which permissions each v2 request needs, checked before its handler runs (proxy/auth.py does the checking).
+
+SendMessage: publish to every message's topic. ReceiveMessage, AckMessage,
+ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue: subscribe to the topic
+and consume as the group. Everything else (route, heartbeat, assignment,
+telemetry, termination): a valid key is enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from popgate_pb.v2 import service_pb2 as pb
+
+from proxy.auth import Authenticator, authorize
+
+_CONSUME = (
+    pb.AckMessageRequest,
+    pb.ChangeInvisibleDurationRequest,
+    pb.ForwardMessageToDeadLetterQueueRequest,
+)
+
+
+def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in invocation_metadata or ():
+        out[str(key).lower()] = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return out
+
+
+def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, request: Any) -> None:
+    """Unauthorized / Forbidden (proxy errors) unless the caller may make this request."""
+    if not auth.enabled:
+        return
+    account = auth.authenticate(metadata_of(invocation_metadata))
+    if isinstance(request, pb.SendMessageRequest):
+        authorize(account, publish=sorted({m.topic.name for m in request.messages}))
+    elif isinstance(request, pb.ReceiveMessageRequest):
+        authorize(account, subscribe=[request.message_queue.topic.name], group=request.group.name)
+    elif isinstance(request, _CONSUME):
+        authorize(account, subscribe=[request.topic.name], group=request.group.name)

@@ -1,0 +1,220 @@
+"""The v2 signature checker and permissions: pure, no sockets (proxy/auth.py, proxy/v2/access.py)."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from pathlib import Path
+
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from broker.auth import TOKEN_KEY, token_ok
+from proxy import auth, settings
+from proxy.auth import Account, Authenticator
+from proxy.codes import code_of
+from proxy.errors import Forbidden, Unauthorized
+from proxy.v2 import access
+
+NOW = calendar.timegm((2026, 11, 21, 7, 0, 0, 0, 0, 0))  # 2026-11-21T07:00:00Z
+ALICE = Account("alice", "s3cret", publish=("orders", "log-*"), subscribe=("orders",), groups=("billing",))
+
+
+def date_at(epoch: float) -> str:
+    return time.strftime(auth.DATE_FORMAT, time.gmtime(epoch))
+
+
+def headers(ak: str = "alice", sk: str = "s3cret", *, at: float = NOW) -> dict[str, str]:
+    date = date_at(at)
+    return {"authorization": auth.authorization(ak, sk, date), auth.DATE_HEADER: date}
+
+
+def checker(skew_s: float = 300.0) -> Authenticator:
+    return Authenticator([ALICE], skew_s=skew_s, clock=lambda: NOW)
+
+
+def test_signature_is_the_official_clients_lower_case_hex_hmac_sha1() -> None:
+    value = "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature=9c78ab"
+    assert auth.parse_authorization(value) == ("alice", "9c78ab")
+    sig = auth.sign("s3cret", "20261121T070000Z")
+    assert len(sig) == 40 and sig == sig.lower()
+
+
+def test_valid_signature_returns_the_account_and_upper_case_hex_is_accepted() -> None:
+    assert checker().authenticate(headers()) is ALICE
+    h = headers()
+    sig = auth.sign("s3cret", h[auth.DATE_HEADER])
+    h["authorization"] = h["authorization"].replace(sig, sig.upper())
+    assert checker().authenticate(h) is ALICE
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {},  # no header at all
+        {"authorization": "Basic abc", auth.DATE_HEADER: date_at(NOW)},
+        {"authorization": "MQv2-HMAC-SHA1 Credential=alice", auth.DATE_HEADER: date_at(NOW)},
+        headers(sk="wrong"),
+        headers(ak="mallory"),
+        headers(ak="mallory", sk=""),
+        {"authorization": headers()["authorization"]},  # date header missing
+        {**headers(), auth.DATE_HEADER: "yesterday"},  # signed date differs from the one sent
+    ],
+)
+def test_missing_malformed_wrong_or_unknown_credentials_are_unauthorized(meta: dict[str, str]) -> None:
+    with pytest.raises(Unauthorized) as caught:
+        checker().authenticate(meta)
+    assert code_of(caught.value) == v2.UNAUTHORIZED == 40100
+
+
+def test_a_garbled_date_that_is_signed_is_unauthorized_not_a_crash() -> None:
+    meta = {"authorization": auth.authorization("alice", "s3cret", "not-a-date"), auth.DATE_HEADER: "not-a-date"}
+    with pytest.raises(Unauthorized, match="YYYYMMDD"):
+        checker().authenticate(meta)
+
+
+@pytest.mark.parametrize(
+    "zone_s",
+    [0, 3600, -3600, 8 * 3600, 14 * 3600, -12 * 3600, 5 * 3600 + 1800, 5 * 3600 + 2700, -(9 * 3600 + 1800)],
+)
+@pytest.mark.parametrize("drift_s", [0, 299, -299])
+def test_local_time_suffixed_z_is_fresh_in_any_real_time_zone_within_the_skew(zone_s: int, drift_s: int) -> None:
+    # The official client sends datetime.now() (local) with a Z: UTC+8 looks 8 h in the future.
+    assert checker().authenticate(headers(at=NOW + zone_s + drift_s)) is ALICE
+
+
+@pytest.mark.parametrize(
+    "offset_s",
+    [
+        301,  # UTC host, clock 5 min off
+        -301,
+        3600 + 450,  # 7.5 minutes off every real zone (UTC+1:00 and UTC+1:15)
+        14 * 3600 + 301,  # beyond the easternmost zone
+        -12 * 3600 - 301,  # beyond the westernmost zone
+        2 * 24 * 3600,  # a replayed date from days ago / ahead
+        -2 * 24 * 3600,
+    ],
+)
+def test_stale_or_off_zone_dates_are_unauthorized(offset_s: int) -> None:
+    with pytest.raises(Unauthorized, match="too far"):
+        checker().authenticate(headers(at=NOW + offset_s))
+
+
+def test_fresh_is_within_skew_of_a_quarter_hour_zone() -> None:
+    assert auth.fresh(0, 1) and auth.fresh(900, 1) and not auth.fresh(450, 300)
+    assert auth.fresh(450, 450)  # a skew of 7.5 min or more accepts anything between UTC-12 and UTC+14
+    assert not auth.fresh(14 * 3600 + 60, 30)
+
+
+def test_no_accounts_means_open_even_with_the_clients_empty_credentials_header() -> None:
+    open_auth = Authenticator([])
+    assert not open_auth.enabled
+    assert open_auth.authenticate({}) is None
+    access.check(open_auth, [("authorization", "garbage")], pb.SendMessageRequest())
+
+
+def send(*topics: str) -> pb.SendMessageRequest:
+    return pb.SendMessageRequest(messages=[v2.Message(topic=v2.Resource(name=t)) for t in topics])
+
+
+def receive(topic: str, group: str) -> pb.ReceiveMessageRequest:
+    return pb.ReceiveMessageRequest(
+        group=v2.Resource(name=group), message_queue=v2.MessageQueue(topic=v2.Resource(name=topic))
+    )
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        send("orders"),
+        send("log-a", "log-b"),
+        receive("orders", "billing"),
+        pb.AckMessageRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="orders")),
+        pb.ChangeInvisibleDurationRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="orders")),
+        pb.QueryRouteRequest(topic=v2.Resource(name="anything")),  # route: a valid key is enough
+        pb.HeartbeatRequest(),
+        None,  # Telemetry
+    ],
+)
+def test_permitted_requests_pass(request_: object) -> None:
+    access.check(checker(), list(headers().items()), request_)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        send("payments"),
+        send("orders", "payments"),  # one forbidden topic in a batch refuses the batch
+        receive("log-a", "billing"),  # may publish, not subscribe
+        receive("orders", "other-group"),
+        pb.AckMessageRequest(group=v2.Resource(name="other"), topic=v2.Resource(name="orders")),
+        pb.ForwardMessageToDeadLetterQueueRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="x")),
+    ],
+)
+def test_requests_beyond_the_accounts_permissions_are_forbidden(request_: object) -> None:
+    with pytest.raises(Forbidden) as caught:
+        access.check(checker(), list(headers().items()), request_)
+    assert code_of(caught.value) == v2.FORBIDDEN == 40300
+
+
+def test_metadata_values_may_be_bytes_and_keys_any_case() -> None:
+    meta = [(k.upper(), v.encode()) for k, v in headers().items()]
+    access.check(checker(), meta, send("orders"))
+
+
+def test_patterns() -> None:
+    assert auth.matches(["*"], "x") and auth.matches(["a-*"], "a-b") and auth.matches(["a"], "a")
+    assert not auth.matches(["a-*"], "a") and not auth.matches([], "a") and not auth.matches(["ab"], "a")
+
+
+def test_secret_never_in_repr() -> None:
+    assert "s3cret" not in repr(ALICE)
+
+
+def test_acl_tables_from_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text(
+        """
+broker = ["b1=127.0.0.1:9001"]
+auth_skew_s = 120
+
+[[acl]]
+access_key = "alice"
+secret_key = "s3cret"
+publish = ["orders", "log-*"]
+subscribe = ["orders"]
+groups = ["billing"]
+
+[[acl]]
+access_key = "ops"
+secret_key = "t0ken"
+subscribe = ["*"]
+groups = "*"
+"""
+    )
+    loaded = settings.load(["--config", str(config)], env={})
+    assert loaded.accounts == (ALICE, Account("ops", "t0ken", subscribe=("*",), groups=("*",)))
+    assert loaded.auth_skew_s == 120
+    assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
+
+
+@pytest.mark.parametrize(
+    "acl",
+    [
+        '[[acl]]\naccess_key = "a"\n',  # no secret
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\npublish = [1]\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\npublsh = ["t"]\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\n[[acl]]\naccess_key = "a"\nsecret_key = "t"\n',
+    ],
+)
+def test_bad_acl_tables_are_settings_errors(tmp_path: Path, acl: str) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text('broker = ["b1=127.0.0.1:9001"]\n' + acl)
+    with pytest.raises(settings.SettingsError, match="acl"):
+        settings.load(["--config", str(config)], env={})
+
+
+def test_broker_token_check() -> None:
+    assert token_ok([(TOKEN_KEY, "t")], "t") and token_ok([(TOKEN_KEY, b"t")], "t")
+    assert not token_ok([(TOKEN_KEY, "u")], "t") and not token_ok([], "t") and not token_ok(None, "t")
