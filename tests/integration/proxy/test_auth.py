@@ -1,0 +1,136 @@
+"""Authentication end to end: a proxy with [[acl]] accounts and brokers with a shared token, driven by our SDK."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc
+
+from broker.auth import TOKEN_KEY
+from sdk import PopgateError, Producer, SimpleConsumer, Unauthorized
+from sdk.cluster import Cluster, ClusterConfig
+from tests.integration.sdk.conftest import drain
+
+CONFIG = """
+broker_token = "broker-secret"
+min_invisible_s = 1
+
+[[acl]]
+access_key = "alice"
+secret_key = "alice-secret"
+publish = ["orders", "auth-*"]
+subscribe = ["orders", "auth-*"]
+groups = ["billing"]
+
+[[acl]]
+access_key = "reader"
+secret_key = "reader-secret"
+subscribe = ["orders"]
+groups = ["*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    data = tmp_path_factory.mktemp("auth")
+    (data / "proxy.toml").write_text(CONFIG)
+    config = ClusterConfig(
+        brokers=2,
+        listen="127.0.0.1:0",
+        data_dir=data,
+        broker_args=("--auth-token", "broker-secret"),
+        proxy_args=("--config", str(data / "proxy.toml")),
+    )
+    with Cluster(config) as started:  # starts it; stops it even when a test fails
+        yield started
+
+
+def test_the_right_keys_send_receive_and_ack(cluster: Cluster) -> None:
+    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+    with (
+        Producer(cluster.endpoint, **alice) as producer,
+        SimpleConsumer(cluster.endpoint, "billing", topic, **alice) as consumer,
+    ):
+        for i in range(4):  # round-robin: both brokers accept the proxy's token
+            producer.send(topic, f"m{i}".encode())
+        assert sorted(m.body for m in drain(consumer, 4)) == [b"m0", b"m1", b"m2", b"m3"]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"access_key": "alice", "secret_key": "wrong"},
+        {"access_key": "mallory", "secret_key": "alice-secret"},
+        {},  # the header is sent with empty credentials
+    ],
+)
+def test_wrong_unknown_or_missing_keys_are_unauthorized_40100(cluster: Cluster, keys: dict[str, str]) -> None:
+    with Producer(cluster.endpoint, **keys) as producer, pytest.raises(Unauthorized) as caught:
+        producer.send("orders", b"x")
+    assert caught.value.code == 40100
+
+
+def test_valid_keys_without_the_permission_are_forbidden_40300(cluster: Cluster) -> None:
+    with Producer(cluster.endpoint, access_key="reader", secret_key="reader-secret") as producer:
+        with pytest.raises(Unauthorized) as caught:
+            producer.send("orders", b"readers do not publish")
+        assert caught.value.code == 40300
+    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    with SimpleConsumer(cluster.endpoint, "not-billing", "orders", **alice) as consumer:
+        with pytest.raises(Unauthorized) as caught:
+            consumer.receive(max=1, wait=1)
+        assert caught.value.code == 40300
+
+
+def test_brokers_refuse_calls_without_the_token_but_answer_health_checks(cluster: Cluster) -> None:
+    target = cluster.broker_targets()[0].split("=", 1)[1]
+    with grpc.insecure_channel(target) as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Stats(bpb.StatsRequest(), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Stats(bpb.StatsRequest(), timeout=5, metadata=[(TOKEN_KEY, "guess")])
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stub.Stats(bpb.StatsRequest(), timeout=5, metadata=[(TOKEN_KEY, "broker-secret")])
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_proxy_without_the_broker_token_cannot_store(cluster: Cluster) -> None:
+    address = cluster.add_proxy(extra=("--broker-token", ""))
+    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    with Producer(address, **alice) as producer, pytest.raises(PopgateError) as caught:
+        producer.send("orders", b"x")
+    assert caught.value.code not in (0, 20000)
+
+
+def test_credentials_over_tls(cluster: Cluster, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    address = cluster.add_proxy(extra=("--tls-cert", str(cert), "--tls-key", str(key)))
+    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    topic = f"auth-tls-{uuid.uuid4().hex[:8]}"
+    with (
+        Producer(address, tls=cert, **alice) as producer,
+        SimpleConsumer(address, "billing", topic, tls=cert, **alice) as consumer,
+    ):
+        producer.send(topic, b"signed, over tls")
+        assert [m.body for m in drain(consumer, 1)] == [b"signed, over tls"]
+    with Producer(address, tls=cert, access_key="alice", secret_key="wrong") as producer:
+        with pytest.raises(Unauthorized):
+            producer.send(topic, b"x")
