@@ -46,6 +46,9 @@ def chunks(indexes: list[int], messages: Sequence[bpb.Message], budget: int) -> 
     return out
 
 
+SEND_OVERHEAD = 1024  # bytes counted per message beyond its body (envelope, coroutine, result)
+
+
 class Proxy:
     def __init__(
         self,
@@ -56,6 +59,7 @@ class Proxy:
         broker_timeout_s: float = 3.0,
         max_held_receives: int = 10_000,
         send_chunk_bytes: int = 8 * 1024 * 1024,
+        max_send_bytes: int = 256 * 1024 * 1024,
         metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
@@ -67,6 +71,8 @@ class Proxy:
         self._max_held = max_held_receives
         self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
+        self._max_send_bytes = max_send_bytes
+        self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
 
     def close(self) -> None:
         """Stop taking new long polls; held receives answer at once (empty)."""
@@ -83,6 +89,16 @@ class Proxy:
         """Store messages; results in request order. Messages of one message group go to one broker."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
+        cost = sum(len(m.body) for m in messages) + SEND_OVERHEAD * len(messages)
+        if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:  # one request alone always fits
+            raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
+        self._send_bytes += cost
+        try:
+            return await self._send(messages)
+        finally:
+            self._send_bytes -= cost
+
+    async def _send(self, messages: Sequence[bpb.Message]) -> list[bpb.SendResult]:
         batches: dict[str | None, list[int]] = {}
         for index, message in enumerate(messages):
             batches.setdefault(message.message_group or None, []).append(index)

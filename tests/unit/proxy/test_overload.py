@@ -1,0 +1,64 @@
+"""Sends in flight are bounded in bytes: past the bound TOO_MANY_REQUESTS, never unbounded memory (proxy/core.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb.v2 import definition_pb2 as v2
+
+from proxy import errors
+from proxy.codes import code_of
+from proxy.core import SEND_OVERHEAD, Proxy
+from proxy.receive import LongPollStrategy
+from proxy.routing import BrokerPool
+from tests.unit.proxy.fakes import FakeBroker
+
+
+class SlowBroker(FakeBroker):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.release = asyncio.Event()
+        self.waiting = 0
+        self.all_waiting = asyncio.Event()
+
+    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        self.waiting += 1
+        if self.waiting == 3:
+            self.all_waiting.set()
+        await self.release.wait()
+        return await super().send(messages, timeout_s=timeout_s)
+
+
+def message(size: int) -> bpb.Message:
+    return bpb.Message(topic="t", message_id=f"m{size}", body=b"x" * size)
+
+
+def test_sends_beyond_the_bytes_in_flight_are_too_many_requests_and_the_budget_comes_back() -> None:
+    async def scenario() -> None:
+        broker = SlowBroker("b1")
+        pool = BrokerPool({"b1": broker})
+        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
+        held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
+        async with asyncio.timeout(5):
+            await broker.all_waiting.wait()
+        with pytest.raises(errors.TooManyRequests, match="in flight") as caught:
+            await proxy.send([message(1)])
+        assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
+        broker.release.set()
+        assert all(len(r) == 1 for r in await asyncio.gather(*held))
+        assert len(await proxy.send([message(1000)] * 3)) == 3  # the budget was given back
+
+    asyncio.run(scenario())
+
+
+def test_one_request_larger_than_the_bound_still_goes_through_alone() -> None:
+    async def scenario() -> None:
+        broker = FakeBroker("b1")
+        pool = BrokerPool({"b1": broker})
+        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1024)
+        assert len(await proxy.send([message(10_000)])) == 1
+
+    asyncio.run(scenario())
