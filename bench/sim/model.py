@@ -35,10 +35,10 @@ class Latency:
     pop_take: float = 0.0005  # broker: a Pop that takes messages (group-committed in-flight record)
     pop_empty: float = 0.0001  # broker: a Pop or Notification that finds nothing / holds
     store: float = 0.00133  # broker: Send commit (Send = hop + store + hop ~ 2.0 ms)
-    answer: float = 0.0008  # proxy -> consumer: three stream frames
+    answer: float = 0.00095  # proxy -> consumer: three stream frames
     request: float = 0.0005  # consumer -> proxy: ReceiveMessage arrives and is dispatched
-    sigma: float = 0.3
-    tail_p: float = 0.01  # probability that a step hits a scheduling stall (shared 2-core machine)
+    sigma: float = 0.25
+    tail_p: float = 0.002  # probability that a step hits a scheduling stall (shared 2-core machine)
     tail_s: float = 0.002  # mean of that stall (exponential)
 
 
@@ -61,6 +61,7 @@ class Config:
     process_s: float = 0.0  # consumer: fixed time per non-empty answer (e.g. the ack round trip)
     process_per_msg_s: float = 0.0
     max_held: int = 20000  # per broker (broker --max-held)
+    full_backoff_s: float = 1.0  # consumer: wait after TOO_MANY_REQUESTS (every broker full)
     duration: float = 10.0
     warmup: float = 1.0
     messages: int = 0  # > 0: stop producing after this many (sparse bench: 300)
@@ -324,9 +325,9 @@ class Consumer:
     def start(self) -> None:
         self.sim.at(self.sim.now + self.sim.sample(self.sim.lat.request), self.proxy.receive, self)
 
-    def answered(self, msgs: list[Msg]) -> None:
+    def answered(self, msgs: list[Msg], outcome: str) -> None:
         cfg = self.sim.cfg
-        wait = 0.0
+        wait = cfg.full_backoff_s if outcome == "full" else 0.0
         if msgs:
             wait = cfg.process_s + cfg.process_per_msg_s * len(msgs)
         self.sim.at(self.sim.now + wait + self.sim.sample(self.sim.lat.request), self.proxy.receive, self)
@@ -520,12 +521,12 @@ class Sim:
         """The proxy answers; the consumer has the answer `answer` later."""
         t = self.now + self.sample(self.lat.answer)
         r = self.result
-        counting = started >= self.cfg.warmup and t <= self.cfg.duration
+        counting = self.cfg.warmup <= t <= self.cfg.duration  # answers that reach consumers in the window
         if counting:
             r.receives += 1
         for m in msgs:
             self._unserved.pop(m.ident, None)
-            if counting or (m.acked >= self.cfg.warmup and t <= self.cfg.duration):
+            if counting:
                 r.delivered += 1
                 r.latencies.append(t - m.acked)
         if not msgs and counting:
@@ -537,7 +538,7 @@ class Sim:
                     self._oldest.popleft()
                 if self._oldest and self._oldest[0].acked < started:
                     r.false_empties += 1
-        self.at(t, consumer.answered, msgs)
+        self.at(t, consumer.answered, msgs, outcome)
 
     def _sample_held(self) -> None:
         if self.now >= self.cfg.warmup:

@@ -1,0 +1,210 @@
+"""Run the scale model: calibration against docs/BENCHMARKS.md, predictions, plots.
+
+PYTHONPATH=. .venv/bin/python -m bench.sim.run calibrate
+PYTHONPATH=. .venv/bin/python -m bench.sim.run predict [--out bench/sim/predict.json] [--only-small]
+PYTHONPATH=. .venv/bin/python -m bench.sim.run plot bench/sim/predict.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.sim.model import Config, simulate
+
+# docs/BENCHMARKS.md, "Re-run after the broker's wake-one-per-message change" (06:42–06:46 UTC, machine quiet).
+MEASURED_SPARSE = {  # mode: (p50, p90, p99 ms from Send ack, false empties, empties, broker RPCs/msg)
+    "notify": (2.57, 3.07, 3.82, 0, 0, 3.00),
+    "adaptive": (2.70, 3.52, 4.63, 0, 0, 3.00),
+    "longpoll": (392.98, 1244.26, 1970.11, 1, 7, 0.61),
+}
+MEASURED_DENSE = {"notify": (974, 2.013), "adaptive": (1000, 0.200), "longpoll": (1000, 0.200)}  # msg/s, RPCs/msg
+
+SPARSE = {
+    "brokers": 4,
+    "consumers": 1,
+    "rate": 1 / 0.15,
+    "arrivals": "uniform",
+    "messages": 300,
+    "duration": 50.0,
+    "batch": 32,
+}
+DENSE = {
+    "brokers": 4,
+    "consumers": 64,
+    "rate": 1000.0,
+    "arrivals": "ticks",
+    "duration": 9.0,
+    "batch": 16,
+    "process_s": 0.002,
+}
+
+
+def calibrate(seeds: int) -> None:
+    print("(a) sparse: 4 brokers, 1 proxy, 1 consumer, 300 messages 50-250 ms apart, poll 2 s")
+    print("| mode | source | p50 ms | p90 ms | p99 ms | false empties | empties | broker RPCs/msg |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for mode, m in MEASURED_SPARSE.items():
+        rows = [simulate(Config(mode=mode, seed=s, **SPARSE)).row() for s in range(1, seeds + 1)]  # type: ignore[arg-type]
+        mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
+        lo = {k: min(r[k] for r in rows) for k in rows[0]}
+        hi = {k: max(r[k] for r in rows) for k in rows[0]}
+        print(f"| {mode} | measured | {m[0]:.2f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]} | {m[4]} | {m[5]:.2f} |")
+        cells = []
+        for key in ("p50_ms", "p90_ms", "p99_ms"):
+            cells.append(f"{mean[key]:.2f} ({lo[key]:.0f}–{hi[key]:.0f})" if mode == "longpoll" else f"{mean[key]:.2f}")
+        print(
+            f"| {mode} | model, mean of {seeds} seeds | {' | '.join(cells)} | {mean['false_empties']:.1f} "
+            f"({lo['false_empties']:.0f}–{hi['false_empties']:.0f}) | {mean['empties']:.1f} | "
+            f"{mean['completed_per_msg']:.2f} |"
+        )
+    print("\n(b) dense: 4 brokers, 1 proxy, 64 consumers (batch 16, 2 ms ack), 1,000 msg/s in 20 ms ticks, 8 s")
+    print("| mode | measured msg/s | model msg/s | measured RPCs/msg | model RPCs/msg (sent) |")
+    print("|---|---:|---:|---:|---:|")
+    for mode, (rate, rpcs) in MEASURED_DENSE.items():
+        r = simulate(Config(mode=mode, seed=1, **DENSE))  # type: ignore[arg-type]
+        print(
+            f"| {mode} | {rate} | {r.row()['msg_s']:.0f} | {rpcs:.3f} | {r.completed_per_msg:.3f} "
+            f"({r.rpcs_per_msg:.3f}) |"
+        )
+
+
+MODES = ("longpoll", "notify", "adaptive", "adaptive-fleet")
+
+
+def predict_config(mode: str, brokers: int, proxies: int, consumers: int, proxy_skew: float = 0.0) -> Config:
+    """Per consumer 0.2 msg/s (every consumer mostly waiting), Poisson, poll 2 s, batch 32, 2 ms processing."""
+    big = consumers >= 10000
+    scale = 1
+    if mode == "notify" and big:
+        scale = 10  # 100,000 receives × every broker is too many events: 1/10 of consumers, rate and held limit
+    return Config(
+        mode="adaptive" if mode == "adaptive-fleet" else mode,
+        fleet_aware=mode == "adaptive-fleet",
+        brokers=brokers,
+        proxies=proxies,
+        consumers=consumers // scale,
+        rate=consumers * 0.2 / scale,
+        arrivals="poisson",
+        batch=32,
+        process_s=0.002,
+        max_held=20000 // scale,
+        warmup=2.5,
+        duration=3.5 if big else 8.5,
+        proxy_skew=proxy_skew,
+        seed=7,
+    )
+
+
+def predict(out: Path, only_small: bool) -> None:
+    results = []
+    cases = [(b, p, c, 0.0) for c in ((1000,) if only_small else (1000, 100000)) for b in (10, 100) for p in (10, 100)]
+    cases += [(10, 10, 1000, 1.0), (100, 100, 1000, 1.0), (10, 100, 1000, 1.0)]
+    for b, p, c, skew in cases:
+        for mode in MODES:
+            cfg = predict_config(mode, b, p, c, skew)
+            t = time.time()
+            r = simulate(cfg)
+            scale = c // cfg.consumers
+            row = r.row()
+            for key in ("rpc_per_broker_s", "max_broker_rpc_s", "held_notes_mean", "held_notes_max", "msg_s"):
+                row[key] *= scale
+            rec = {
+                "mode": mode,
+                "brokers": b,
+                "proxies": p,
+                "consumers": c,
+                "proxy_skew": skew,
+                "scale": scale,
+                "sim_s": cfg.duration - cfg.warmup,
+                "wall_s": round(time.time() - t, 1),
+                "receives": r.receives,
+                "decisions": r.decisions,
+                "lost_races": r.lost_races,
+                "handoffs": r.handoffs,
+                **row,
+            }
+            results.append(rec)
+            print(json.dumps(rec), flush=True)
+            out.write_text(json.dumps(results, indent=1))
+
+
+def table(path: Path) -> None:
+    rows = json.loads(path.read_text())
+    print(
+        "| brokers | proxies | consumers | skew | mode | false-empty % | p50 ms | p99 ms | RPCs/msg | "
+        "RPC/s per broker (max) | held notifications per broker (max) | notify decisions % |"
+    )
+    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        d = r["decisions"]
+        share = 100 * d.get("notify", 0) / max(1, d.get("notify", 0) + d.get("longpoll", 0)) if d else float("nan")
+        star = "*" if r["scale"] > 1 else ""
+        print(
+            f"| {r['brokers']} | {r['proxies']} | {r['consumers']:,} | {r['proxy_skew']:g} | {r['mode']}{star} | "
+            f"{100 * r['false_empty_rate']:.2f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['rpcs_per_msg']:.2f} | "
+            f"{r['rpc_per_broker_s']:,.0f} ({r['max_broker_rpc_s']:,.0f}) | {r['held_notes_mean']:,.0f} "
+            f"({r['held_notes_max']:,.0f}) | {share:.0f} |"
+        )
+
+
+def plot(path: Path, img_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in json.loads(path.read_text()) if r["proxy_skew"] == 0]
+    labels = sorted({(r["brokers"], r["proxies"], r["consumers"]) for r in rows}, key=lambda k: (k[2], k[0], k[1]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.2
+    for i, mode in enumerate(MODES):
+        by = {(r["brokers"], r["proxies"], r["consumers"]): r for r in rows if r["mode"] == mode}
+        xs = [j + (i - 1.5) * width for j in range(len(labels))]
+        axes[0].bar(xs, [by[k]["rpcs_per_msg"] if k in by else 0 for k in labels], width, label=mode)
+        axes[1].bar(xs, [by[k]["p99_ms"] if k in by else 0 for k in labels], width, label=mode)
+    names = [f"{b}b/{p}p/{c // 1000}k" for b, p, c in labels]
+    for ax, title in zip(axes, ("broker RPCs per message", "delivery latency p99 (ms)"), strict=True):
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("popgate scale model: brokers/proxies/consumers (thousands), 0.2 msg/s per consumer, poll 2 s")
+    fig.tight_layout()
+    img_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(img_dir / "scale_modes.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("calibrate")
+    c.add_argument("--seeds", type=int, default=5)
+    p = sub.add_parser("predict")
+    p.add_argument("--out", type=Path, default=Path("bench/sim/predict.json"))
+    p.add_argument("--only-small", action="store_true")
+    t = sub.add_parser("table")
+    t.add_argument("path", type=Path)
+    g = sub.add_parser("plot")
+    g.add_argument("path", type=Path)
+    g.add_argument("--img-dir", type=Path, default=Path("docs/img"))
+    args = parser.parse_args()
+    if args.cmd == "calibrate":
+        calibrate(args.seeds)
+    elif args.cmd == "predict":
+        predict(args.out, args.only_small)
+    elif args.cmd == "table":
+        table(args.path)
+    else:
+        plot(args.path, args.img_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
