@@ -129,7 +129,8 @@ def test_a_flood_beyond_the_bounds_is_refused_with_42900_and_memory_stays_bounde
             f"{sent[v2.OK]} / {sent[v2.TOO_MANY_REQUESTS]} | {mem}"
         )
     first, second = rows[0][4], rows[1][4]
-    for name in pids:  # a second identical flood does not leave the process much bigger than the first did
-        assert second[name] - first[name] < 64 * MiB, (name, first[name] / MiB, second[name] / MiB)
-    for name in pids:
-        assert rows[1][3][name] < before[name] + 512 * MiB, (name, rows[1][3][name] / MiB)
+    # The proxy keeps nothing per request: a second identical flood does not leave it bigger than the first did.
+    assert second["proxy"] - first["proxy"] < 64 * MiB, (first["proxy"] / MiB, second["proxy"] / MiB)
+    for name in pids:  # brokers keep what they stored in bounded caches (payload cache 64 MiB, SQLite pages)
+        assert second[name] < before[name] + 256 * MiB, (name, second[name] / MiB)
+        assert max(r[3][name] for r in rows) < before[name] + 512 * MiB, name
