@@ -3,87 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
-from google.protobuf.message_factory import GetMessageClass
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk.cluster import Cluster, ClusterConfig
+from tests.fuzzing import CASES, FUZZ, report, requests
 
 CODES = set(v2.Code.values())
-HANDLE = "1~b1~fuzz~0~0~1~ab~1700000000000"
-TEXT = st.one_of(
-    st.sampled_from(["", "fuzz", "g1", "*", "a||b", "%DLQ%g1", "b1", HANDLE, "x" * 200, "bad name", "\x00"]),
-    st.text(max_size=40),
-)
-BYTES = st.one_of(st.binary(max_size=64), st.just(b"x" * (4 * 1024 * 1024 + 1)))
-INT_RANGES = {
-    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
-    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
-}
-
-
-def values(field: FieldDescriptor, depth: int) -> st.SearchStrategy[Any]:
-    kind = field.type
-    if kind == FieldDescriptor.TYPE_MESSAGE:
-        return messages(field.message_type, depth + 1)
-    if kind == FieldDescriptor.TYPE_ENUM:
-        return st.one_of(st.sampled_from([v.number for v in field.enum_type.values]), st.integers(-5, 70000))
-    if kind == FieldDescriptor.TYPE_STRING:
-        return TEXT
-    if kind == FieldDescriptor.TYPE_BYTES:
-        return BYTES
-    if kind == FieldDescriptor.TYPE_BOOL:
-        return st.booleans()
-    if kind in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
-        return st.floats(allow_nan=False, width=32)
-    low, high = INT_RANGES.get(kind, (-(2**31), 2**31 - 1))
-    return st.one_of(st.integers(-3, 40), st.integers(low, high))
-
-
-def messages(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
-    if depth > 4:
-        return st.just({})
-    optional: dict[str, st.SearchStrategy[Any]] = {}
-    for field in descriptor.fields:
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            optional[field.name] = st.dictionaries(TEXT, TEXT, max_size=3)
-        elif field.is_repeated:  # type: ignore[attr-defined]
-            optional[field.name] = st.lists(values(field, depth), max_size=3)
-        else:
-            optional[field.name] = values(field, depth)
-    return st.fixed_dictionaries({}, optional=optional)  # type: ignore[arg-type]
-
-
-def build(cls: type[Message], data: dict[str, Any]) -> Message:
-    message = cls()
-    for name, value in data.items():  # set one by one: later oneof members simply win
-        field = cls.DESCRIPTOR.fields_by_name[name]
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            getattr(message, name).update(value)
-        elif field.is_repeated:  # type: ignore[attr-defined]
-            if field.message_type is not None:
-                for item in value:
-                    getattr(message, name).append(build(GetMessageClass(field.message_type), item))
-            else:
-                getattr(message, name).extend(value)
-        elif field.message_type is not None:
-            getattr(message, name).CopyFrom(build(GetMessageClass(field.message_type), value))
-        else:
-            setattr(message, name, value)
-    return message
-
-
-def requests(cls: type[Message]) -> st.SearchStrategy[Message]:
-    return messages(cls.DESCRIPTOR).map(lambda d: build(cls, d))
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +33,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.Messagin
     finally:
         channel.close()
         cluster.stop()
+        report("proxy")
     proxy_child = cluster.proxies[0]
     assert proxy_child.process is not None and proxy_child.process.returncode == 0, "proxy did not stop cleanly"
     log = proxy_child.log_path.read_text()
@@ -109,7 +43,6 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.Messagin
 UNARY = ["QueryRoute", "Heartbeat", "SendMessage", "QueryAssignment", "AckMessage", "ForwardMessageToDeadLetterQueue",
          "UpdateOffset", "GetOffset", "QueryOffset", "EndTransaction", "NotifyClientTermination",
          "ChangeInvisibleDuration", "RecallMessage", "SyncLiteSubscription"]  # fmt: skip
-FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.mark.parametrize("method", UNARY)
@@ -119,6 +52,7 @@ def test_unary_rpcs_answer_a_v2_status_for_any_request(proxy: pb_grpc.MessagingS
     @FUZZ
     @given(requests(request_cls))
     def check(request: Message) -> None:
+        CASES[f"proxy.{method}"] += 1
         response = getattr(proxy, method)(request, timeout=10)
         assert response.status.code in CODES and response.status.code != v2.CODE_UNSPECIFIED, response.status
 
@@ -129,6 +63,7 @@ def test_receive_message_streams_end_with_a_v2_status(proxy: pb_grpc.MessagingSe
     @FUZZ
     @given(requests(pb.ReceiveMessageRequest))
     def check(request: Message) -> None:
+        CASES["proxy.ReceiveMessage"] += 1
         frames = list(proxy.ReceiveMessage(request, timeout=10))
         assert frames and frames[-1].HasField("status") and frames[-1].status.code in CODES
 
@@ -144,6 +79,7 @@ def test_telemetry_answers_settings_and_survives_any_command(proxy: pb_grpc.Mess
     @FUZZ
     @given(st.lists(requests(pb.TelemetryCommand), min_size=1, max_size=3))
     def check(commands: list[Message]) -> None:
+        CASES["proxy.Telemetry"] += 1
         replies = list(proxy.Telemetry(iter(commands), timeout=10))
         wanted = sum(1 for c in commands if c.HasField("settings"))
         assert len(replies) == wanted

@@ -1,0 +1,142 @@
+"""Generated requests to every popgate.broker.v1.Broker RPC, the Session stream included: the broker never
+crashes, every reject is a mapped gRPC status with the ``popgate-error`` trailer naming the domain error, and
+it still serves afterwards (health, Stats, a send and pop) with no traceback in its log."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import given
+from hypothesis import strategies as st
+from popgate_pb import broker_pb2 as pb
+from popgate_pb import broker_pb2_grpc as pb_grpc
+
+from tests.fuzzing import CASES, FUZZ, report, requests
+from tests.procs import ServerProcess, broker_args
+
+# The domain-error table of broker/server.py (INTERNAL: a BrokerError without a more specific class).
+MAPPED = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL,
+}
+MAPPED_NUMBERS = {code.value[0] for code in MAPPED}
+UNARY = ["Send", "Pop", "Ack", "ChangeInvisibleTime", "Notification", "DeadLetter", "Stats", "ListMessages"]
+
+
+class Target:
+    def __init__(self, proc: ServerProcess) -> None:
+        self.proc = proc
+        limit = 32 * 1024 * 1024
+        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+        self.channel = grpc.insecure_channel(proc.address, options=options)
+        self.stub = pb_grpc.BrokerStub(self.channel)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    # Short holds so generated long polls answer quickly; 1 queue so handles like 1~b1~fuzz~0~... can match.
+    extra = ("--max-poll-ms", "300", "--queues-per-topic", "1")
+    proc = ServerProcess("broker", broker_args("b1", tmp_path_factory.mktemp("bfz") / "b1", *extra)).start()
+    target = Target(proc)
+    try:
+        seed = [pb.Message(topic="fuzz", body=b"seed", message_id=f"seed{i}") for i in range(20)]
+        target.stub.Send(pb.SendRequest(messages=seed), timeout=10)
+        yield target
+    finally:
+        target.channel.close()
+        code = proc.stop()
+        report("broker")
+    assert code == 0, "broker did not stop cleanly"
+    log = "\n".join(proc.lines)
+    assert "Traceback" not in log and "failed" not in log, log[-3000:]
+
+
+def check_reject(exc: grpc.RpcError) -> None:
+    code = exc.code()  # type: ignore[attr-defined]
+    name = dict(exc.trailing_metadata() or ()).get("popgate-error", "")  # type: ignore[attr-defined]
+    assert code in MAPPED and name and name != "BrokerError", (code, name, exc.details())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", UNARY)
+def test_unary_rpcs_answer_or_reject_with_a_named_error(broker: Target, method: str) -> None:
+    @FUZZ
+    @given(requests(getattr(pb, f"{method}Request")))
+    def check(request: Message) -> None:
+        CASES[f"broker.{method}"] += 1
+        try:
+            getattr(broker.stub, method)(request, timeout=10)
+        except grpc.RpcError as exc:
+            check_reject(exc)
+
+    check()
+
+
+def session_requests() -> st.SearchStrategy[pb.SessionRequest]:
+    ids = st.integers(0, 4)  # few ids: duplicates of pending ids and cancels that hit something
+    return st.one_of(
+        st.builds(lambda i, r: pb.SessionRequest(id=i, pop=r), ids, requests(pb.PopRequest)),
+        st.builds(lambda i, r: pb.SessionRequest(id=i, notification=r), ids, requests(pb.NotificationRequest)),
+        st.builds(lambda i: pb.SessionRequest(id=i, cancel=True), ids),
+        st.builds(lambda i: pb.SessionRequest(id=i), ids),
+        requests(pb.SessionRequest),
+    )
+
+
+def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -> None:
+    @FUZZ
+    @given(st.lists(session_requests(), min_size=1, max_size=6))
+    def check(batch: list[pb.SessionRequest]) -> None:
+        CASES["broker.Session"] += 1
+        kinds = [r.WhichOneof("body") for r in batch]
+        most = sum(1 for k in kinds if k != "cancel")  # a cancel of a pending id removes one answer
+        ended = threading.Event()
+
+        def outgoing() -> Iterator[pb.SessionRequest]:
+            yield from batch
+            ended.wait(5.0)  # keep our side open: the stream ends by cancel, as the proxy ends it
+
+        answers: list[pb.SessionResponse] = []
+        call = broker.stub.Session(outgoing(), timeout=10)
+        # Holds last at most 300 ms (--max-poll-ms): what has not come by then was cancelled.
+        timer = threading.Timer(0.6, call.cancel)
+        timer.start()
+        try:
+            if most == 0:
+                call.cancel()
+            for answer in call:
+                answers.append(answer)
+                if len(answers) >= most:
+                    call.cancel()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED, exc  # type: ignore[attr-defined]
+        finally:
+            timer.cancel()
+            ended.set()
+        assert len(answers) <= most
+        for answer in answers:
+            assert answer.id in {r.id for r in batch}
+            kind = answer.WhichOneof("body")
+            assert kind in ("pop", "notification", "error"), answer
+            if kind == "error":
+                assert answer.error.error not in ("", "BrokerError"), answer
+                assert answer.error.grpc_code in MAPPED_NUMBERS, answer
+
+    check()
+
+
+def test_the_broker_still_serves_after_the_fuzzing(broker: Target) -> None:
+    health = health_pb2_grpc.HealthStub(broker.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    sent = broker.stub.Send(pb.SendRequest(messages=[pb.Message(topic="after", body=b"x")]), timeout=5)
+    assert len(sent.results) == 1
+    popped = broker.stub.Pop(pb.PopRequest(topic="after", group="g", max_messages=1, invisible_ms=1000), timeout=5)
+    assert [m.stored.message.body for m in popped.messages] == [b"x"]
+    assert broker.proc.alive()
