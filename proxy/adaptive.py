@@ -10,7 +10,11 @@ Two criteria, per consumer group on this proxy (either can be switched off with 
 - rate: receive requests per second over a sliding window (`window_s`), bucketed so
   memory per group is fixed; at or above `rate_threshold` → longpoll;
 - concurrency: receives of the group in progress at or above
-  `concurrency_per_broker` × live brokers → longpoll.
+  `concurrency_per_broker` × live brokers → longpoll; with `proxies` > 1 (the size of the
+  proxy fleet the group's consumers are spread over) this proxy's count stands for
+  `proxies` times as many receives fleet-wide, so the threshold is divided by `proxies`
+  (bench/sim scale model, docs/SCALE.md: with 10 proxies per broker or more, every proxy
+  otherwise stays in notify mode and each message costs 30-300 broker calls).
 The numbers behind the defaults are in docs/RECEIVE.md.
 """
 
@@ -29,12 +33,15 @@ class AdaptiveSettings:
     window_s: float = 1.0
     rate_threshold: float = 0.0  # receive requests / s of one group; 0 = criterion off (the default)
     concurrency_per_broker: float = 1.0  # receives in progress per live broker; 0 = criterion off
+    proxies: int = 1  # proxies the group's consumers are spread over; 1 = judge this proxy alone (the default)
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
             raise ValueError(f"adaptive window {self.window_s!r} s must be > 0")
         if self.rate_threshold < 0 or self.concurrency_per_broker < 0:
             raise ValueError("adaptive thresholds must be >= 0 (0 switches a criterion off)")
+        if self.proxies < 1:
+            raise ValueError(f"adaptive proxies {self.proxies!r} must be >= 1")
 
 
 @dataclass(slots=True)
@@ -83,7 +90,7 @@ class AdaptivePolicy:
         rate = count / s.window_s
         busy = self._in_progress.get(group, 0)
         self._in_progress[group] = busy + 1
-        if s.concurrency_per_broker and busy >= s.concurrency_per_broker * max(1, live_brokers):
+        if s.concurrency_per_broker and busy >= self._concurrency_limit(live_brokers):
             return Decision(LONGPOLL, "concurrency", rate, busy)
         if s.rate_threshold and rate >= s.rate_threshold:
             return Decision(LONGPOLL, "rate", rate, busy)
@@ -93,7 +100,7 @@ class AdaptivePolicy:
         """Whether `group` is busy now by either criterion (a receive in progress asks about the others)."""
         s = self.settings
         others = self._in_progress.get(group, 0) - 1
-        if s.concurrency_per_broker and others >= s.concurrency_per_broker * max(1, live_brokers):
+        if s.concurrency_per_broker and others >= self._concurrency_limit(live_brokers):
             return True
         rate = self._rates.get(group)
         if not s.rate_threshold or rate is None:
@@ -113,6 +120,11 @@ class AdaptivePolicy:
             rate.expire(int(now / self._width) - _BUCKETS)
             if not rate.total:  # forget quiet groups: memory follows the groups in use
                 del self._rates[group]
+
+    def _concurrency_limit(self, live_brokers: int) -> float:
+        """Receives of a group in progress on this proxy from which it long-polls (never below 1)."""
+        s = self.settings
+        return max(1.0, s.concurrency_per_broker * max(1, live_brokers) / s.proxies)
 
     def in_progress(self, group: str) -> int:
         return self._in_progress.get(group, 0)

@@ -11,6 +11,7 @@ Everything is seeded: one `Sim(config)` → one result, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -67,7 +68,8 @@ class Config:
     messages: int = 0  # > 0: stop producing after this many (sparse bench: 300)
     seed: int = 1
     adaptive: AdaptiveSettings = field(default_factory=AdaptiveSettings)
-    fleet_aware: bool = False  # proposed: adaptive judges concurrency × proxies against brokers
+    random_rotation: bool = False  # each proxy's receive rotation starts at a random broker (default: at 0, as now)
+    fleet_aware: bool = False  # AdaptiveSettings(proxies=<proxies>): concurrency judged fleet-wide
     latency: Latency = field(default_factory=Latency)
     sample_s: float = 0.1
 
@@ -219,16 +221,18 @@ class Proxy:
     def __init__(self, sim: Sim, index: int) -> None:
         self.sim = sim
         self.index = index
-        self.rotation = 0
-        self.policy = AdaptivePolicy(sim.cfg.adaptive)
+        # proxy.routing starts every proxy's receive rotation at broker 0; `random_rotation` starts each at a random
+        # broker instead (proxies started at different times drift apart anyway; in the model they start together).
+        self.rotation = sim.rng.randrange(sim.cfg.brokers) if sim.cfg.random_rotation else 0
+        settings = sim.cfg.adaptive
+        if sim.cfg.fleet_aware:  # the proposed setting, in proxy.adaptive itself
+            settings = dataclasses.replace(settings, proxies=sim.cfg.proxies)
+        self.policy = AdaptivePolicy(settings)
         self.decisions = {"notify": 0, "longpoll": 0}
         self.names = [str(b) for b in range(sim.cfg.brokers)]
 
     def _live_brokers(self) -> int:
-        cfg = self.sim.cfg
-        if cfg.fleet_aware:  # proposed: the group's receives on the whole fleet ≈ this proxy's × proxies
-            return max(1, math.ceil(cfg.brokers / cfg.proxies))
-        return cfg.brokers
+        return self.sim.cfg.brokers
 
     def receive(self, consumer: Consumer) -> None:
         sim, cfg = self.sim, self.sim.cfg

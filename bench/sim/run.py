@@ -76,7 +76,9 @@ def calibrate(seeds: int) -> None:
 MODES = ("longpoll", "notify", "adaptive", "adaptive-fleet")
 
 
-def predict_config(mode: str, brokers: int, proxies: int, consumers: int, proxy_skew: float = 0.0) -> Config:
+def predict_config(
+    mode: str, brokers: int, proxies: int, consumers: int, proxy_skew: float = 0.0, rotation: bool = True
+) -> Config:
     """Per consumer 0.2 msg/s (every consumer mostly waiting), Poisson, poll 2 s, batch 32, 2 ms processing."""
     big = consumers >= 10000
     scale = 1
@@ -96,14 +98,25 @@ def predict_config(mode: str, brokers: int, proxies: int, consumers: int, proxy_
         warmup=2.5,
         duration=3.5 if big else 8.5,
         proxy_skew=proxy_skew,
+        random_rotation=rotation,
         seed=7,
     )
+
+
+def rotation_check() -> dict[str, object]:
+    """The proxies' receive rotation as the code has it (every proxy starts at broker 0), 100b/100p/1k longpoll."""
+    r = simulate(predict_config("longpoll", 100, 100, 1000, rotation=False))
+    rec: dict[str, object] = {"mode": "longpoll, rotation from 0", "brokers": 100, "proxies": 100, "consumers": 1000}
+    rec.update({"proxy_skew": 0.0, "scale": 1, "decisions": {}, **r.row()})
+    print(json.dumps(rec), flush=True)
+    return rec
 
 
 def predict(out: Path, only_small: bool) -> None:
     results = []
     cases = [(b, p, c, 0.0) for c in ((1000,) if only_small else (1000, 100000)) for b in (10, 100) for p in (10, 100)]
     cases += [(10, 10, 1000, 1.0), (100, 100, 1000, 1.0), (10, 100, 1000, 1.0)]
+    results.append(rotation_check())
     for b, p, c, skew in cases:
         for mode in MODES:
             cfg = predict_config(mode, b, p, c, skew)

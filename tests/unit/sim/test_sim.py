@@ -41,3 +41,28 @@ def test_adaptive_long_polls_a_busy_group() -> None:
     r = simulate(cfg)
     assert r.decisions["longpoll"] > 10 * r.decisions["notify"]  # the real AdaptivePolicy decided
     assert abs(r.completed_per_msg - 0.2) < 0.02  # measured 0.200
+
+
+def test_fleet_aware_adaptive_long_polls_when_the_fleet_covers_every_broker() -> None:
+    # 300 consumers over 30 proxies and 20 brokers: 10 receives per proxy, fewer than brokers on each proxy,
+    # but 300 waiting receives fleet-wide cover every broker (docs/SCALE.md).
+    base = {"brokers": 20, "proxies": 30, "consumers": 300, "rate": 60.0, "arrivals": "poisson", "duration": 5.0}
+    plain = simulate(Config(mode="adaptive", **base))  # type: ignore[arg-type]
+    fleet = simulate(Config(mode="adaptive", fleet_aware=True, **base))  # type: ignore[arg-type]
+    assert plain.decisions["notify"] > plain.decisions["longpoll"]
+    assert fleet.decisions["longpoll"] > 10 * fleet.decisions["notify"]
+    assert fleet.rpcs_per_msg < plain.rpcs_per_msg / 3
+    assert fleet.false_empties == plain.false_empties == 0
+
+
+def test_adaptive_settings_proxies_divides_the_concurrency_threshold() -> None:
+    from proxy.adaptive import LONGPOLL, NOTIFY, AdaptivePolicy, AdaptiveSettings
+
+    alone, fleet = AdaptivePolicy(), AdaptivePolicy(AdaptiveSettings(proxies=4))
+    modes = [
+        (alone.start("g", now=0.0, live_brokers=8).mode, fleet.start("g", now=0.0, live_brokers=8).mode)
+        for _ in range(9)
+    ]
+    assert [m for m, _ in modes] == [NOTIFY] * 8 + [LONGPOLL]  # 8 others in progress = 1 per broker
+    assert [m for _, m in modes] == [NOTIFY] * 2 + [LONGPOLL] * 7  # 2 here × 4 proxies = 8 fleet-wide
+    assert fleet.busy("g", now=0.0, live_brokers=8)
