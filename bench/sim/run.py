@@ -146,6 +146,21 @@ def predict(out: Path, only_small: bool) -> None:
             out.write_text(json.dumps(results, indent=1))
 
 
+def small_groups(out: Path) -> None:
+    """A small consumer group in a big cluster: fewer receives than brokers, where false empties live."""
+    results = []
+    for b, p, c in ((100, 10, 10), (100, 10, 50), (10, 10, 5), (100, 100, 50)):
+        for mode in MODES:
+            cfg = predict_config(mode, b, p, c)
+            cfg.rate, cfg.duration, cfg.warmup = 5.0, 32.5, 2.5  # 5 msg/s for the group, 30 s measured
+            r = simulate(cfg)
+            rec = {"mode": mode, "brokers": b, "proxies": p, "consumers": c, "proxy_skew": 0.0, "scale": 1}
+            rec.update({"decisions": r.decisions, "receives": r.receives, **r.row()})
+            results.append(rec)
+            print(json.dumps(rec), flush=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
 def table(path: Path) -> None:
     rows = json.loads(path.read_text())
     print(
@@ -203,6 +218,8 @@ def main() -> None:
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, default=Path("bench/sim/predict.json"))
     p.add_argument("--only-small", action="store_true")
+    s = sub.add_parser("groups")
+    s.add_argument("--out", type=Path, default=Path("bench/sim/groups.json"))
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     g = sub.add_parser("plot")
@@ -213,6 +230,8 @@ def main() -> None:
         calibrate(args.seeds)
     elif args.cmd == "predict":
         predict(args.out, args.only_small)
+    elif args.cmd == "groups":
+        small_groups(args.out)
     elif args.cmd == "table":
         table(args.path)
     else:
