@@ -123,6 +123,8 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
                 settings.export_interval_s,
             )
             await stack.enter_async_context(MetricsExporter(metrics.registry, export))
+        if settings.accounts and not settings.tls_cert:
+            log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
         ready(address)
         log.info(
             "proxy serving on %s, brokers %s", address, ", ".join(f"{b.name}={b.target}" for b in settings.brokers)
