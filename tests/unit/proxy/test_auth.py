@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -218,3 +221,18 @@ def test_bad_acl_tables_are_settings_errors(tmp_path: Path, acl: str) -> None:
 def test_broker_token_check() -> None:
     assert token_ok([(TOKEN_KEY, "t")], "t") and token_ok([(TOKEN_KEY, b"t")], "t")
     assert not token_ok([(TOKEN_KEY, "u")], "t") and not token_ok([], "t") and not token_ok(None, "t")
+
+
+@given(header=st.text(max_size=200), date=st.text(max_size=40))
+@hsettings(max_examples=300, deadline=None)
+def test_any_header_and_date_is_an_account_or_unauthorized_never_a_crash(header: str, date: str) -> None:
+    signed = {"authorization": auth.authorization("alice", "s3cret", date), auth.DATE_HEADER: date}  # reaches the date
+    for meta in (
+        {"authorization": header, auth.DATE_HEADER: date},
+        {"authorization": "MQv2-HMAC-SHA1 " + header},
+        signed,
+    ):
+        try:
+            checker().authenticate(meta)
+        except Unauthorized:
+            pass
