@@ -112,11 +112,14 @@ def rotation_check() -> dict[str, object]:
     return rec
 
 
-def predict(out: Path, only_small: bool) -> None:
-    results = []
+def predict(out: Path, only_small: bool, cases_arg: str = "") -> None:
+    results: list[dict[str, object]] = []
     cases = [(b, p, c, 0.0) for c in ((1000,) if only_small else (1000, 100000)) for b in (10, 100) for p in (10, 100)]
     cases += [(10, 10, 1000, 1.0), (100, 100, 1000, 1.0), (10, 100, 1000, 1.0)]
-    results.append(rotation_check())
+    if cases_arg:  # e.g. "100x100x100000x0,10x10x1000x1": brokers x proxies x consumers x proxy skew
+        cases = [(int(b), int(p), int(c), float(k)) for b, p, c, k in (x.split("x") for x in cases_arg.split(","))]
+    else:
+        results.append(rotation_check())
     for b, p, c, skew in cases:
         for mode in MODES:
             cfg = predict_config(mode, b, p, c, skew)
@@ -218,6 +221,7 @@ def main() -> None:
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, default=Path("bench/sim/predict.json"))
     p.add_argument("--only-small", action="store_true")
+    p.add_argument("--cases", default="", help="brokers x proxies x consumers x skew, comma-separated")
     s = sub.add_parser("groups")
     s.add_argument("--out", type=Path, default=Path("bench/sim/groups.json"))
     t = sub.add_parser("table")
@@ -229,7 +233,7 @@ def main() -> None:
     if args.cmd == "calibrate":
         calibrate(args.seeds)
     elif args.cmd == "predict":
-        predict(args.out, args.only_small)
+        predict(args.out, args.only_small, args.cases)
     elif args.cmd == "groups":
         small_groups(args.out)
     elif args.cmd == "table":
