@@ -26,6 +26,7 @@ from tests.procs import wait_until
 # The proxy checks every broker each 1 s with a 0.5 s deadline: a hung broker is out within ~1.5 s.
 DETECT_BOUND_S = 3.0
 REJOIN_BOUND_S = 5.0
+BROKER_DEADLINE_S = 3.0  # the proxy's broker_timeout_s: a call to a hung broker fails after this
 PROGRESS = 60  # messages the others must deliver while a component is down
 
 
@@ -156,8 +157,9 @@ def test_kill_hang_and_restart_under_load_lose_nothing(cluster: Cluster) -> None
     assert report["b2 SIGCONT: routed again after (s)"] <= REJOIN_BOUND_S
     # Duplicates come only from deliveries whose ack could not land (broker or proxy gone): a few batches.
     assert duplicates <= 0.1 * len(acked), duplicates
-    # Errors only for requests in flight at a fault: at most one per client (1 producer + 3 consumers) per fault,
-    # each within the proxy's broker deadline (3 s) plus a margin after its fault.
+    # Errors only for requests in flight at a fault: a handful per fault over the 4 clients, each ending by the time
+    # a call started just before a hung broker was left out reaches the proxy's 3 s broker deadline.
     assert len(errors) <= 4 * len(faults), errors
+    window_s = DETECT_BOUND_S + BROKER_DEADLINE_S + 0.5
     for at, op, what in errors:
-        assert any(0 <= at - t <= 4.0 for t, _ in faults), f"{op} {what} not explained by a fault"
+        assert any(0 <= at - t <= window_s for t, _ in faults), f"{op} {what} not explained by a fault"
