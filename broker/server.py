@@ -23,6 +23,7 @@ from broker.model import Popped, PopResult, now_ms
 log = logging.getLogger(__name__)
 
 ERROR_KEY = "popgate-error"
+WRITER_DRAIN_S = 5.0
 
 # Domain error → gRPC status code. The most specific class wins (checked via the MRO).
 STATUS_OF: dict[type[errors.BrokerError], grpc.StatusCode] = {
@@ -103,8 +104,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         session = _Session(self, self.core.settings.max_held)
 
         async def write() -> None:
-            while True:
-                await context.write(await session.outbox.get())
+            while (response := await session.outbox.get()) is not None:
+                await context.write(response)
 
         writer = asyncio.get_running_loop().create_task(write())
         try:
@@ -112,10 +113,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 session.dispatch(request)
         finally:
             # The caller closed its side or went away: nothing pending on this stream survives it.
+            # The writer is never cancelled mid-write (grpc core would then lose the final status):
+            # it finishes what is queued and stops at the end marker.
             await session.close()
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
-                await writer
+            session.outbox.put_nowait(None)
+            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
+                await asyncio.wait_for(writer, WRITER_DRAIN_S)
 
     @rpc("Ack")
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
@@ -204,7 +207,7 @@ class _Session:
         self.servicer = servicer
         self.max_pending = max_pending
         self.pending: dict[int, asyncio.Task[None]] = {}
-        self.outbox: asyncio.Queue[pb.SessionResponse] = asyncio.Queue()
+        self.outbox: asyncio.Queue[pb.SessionResponse | None] = asyncio.Queue()
 
     def dispatch(self, request: pb.SessionRequest) -> None:
         kind = request.WhichOneof("body")
