@@ -1,8 +1,8 @@
 """Credentials (the v2 MQv2-HMAC-SHA1 header) and TLS.
 
-popgate's proxy does not check credentials yet (it ignores the header, as a RocketMQ
-proxy with ACL off does), so "accepted" is shown against the real proxy in test_sync, and
-the header itself is checked here on a tiny in-test gRPC server that records what it got.
+The header the SDK builds is checked here on a tiny in-test gRPC server that records what it
+got; the proxy's own checking of it (accounts, permissions, 40100/40300) is tested in
+tests/integration/proxy/test_auth*.py and, with the official client, in tests/compat.
 """
 
 from __future__ import annotations
