@@ -164,6 +164,24 @@ def small_groups(out: Path) -> None:
     out.write_text(json.dumps(results, indent=1))
 
 
+def workloads(out: Path) -> None:
+    """Arrivals skewed across brokers (Zipf 1.0) and bursty (5× the rate for 1/5 of each second, then nothing)."""
+    results = []
+    for b, p, c, rate in ((10, 10, 1000, 200.0), (100, 10, 50, 5.0)):
+        for label, skew, burst in (("skewed", 1.0, 1.0), ("bursty", 0.0, 5.0)):
+            for mode in MODES:
+                cfg = predict_config(mode, b, p, c)
+                cfg.rate, cfg.skew, cfg.burst = rate, skew, burst
+                if c < 100:
+                    cfg.duration = 32.5
+                r = simulate(cfg)
+                rec = {"mode": f"{mode} ({label})", "brokers": b, "proxies": p, "consumers": c, "proxy_skew": 0.0}
+                rec.update({"scale": 1, "decisions": r.decisions, "receives": r.receives, **r.row()})
+                results.append(rec)
+                print(json.dumps(rec), flush=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
 def table(path: Path) -> None:
     rows = json.loads(path.read_text())
     print(
@@ -224,6 +242,8 @@ def main() -> None:
     p.add_argument("--cases", default="", help="brokers x proxies x consumers x skew, comma-separated")
     s = sub.add_parser("groups")
     s.add_argument("--out", type=Path, default=Path("bench/sim/groups.json"))
+    w = sub.add_parser("workloads")
+    w.add_argument("--out", type=Path, default=Path("bench/sim/workloads.json"))
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     g = sub.add_parser("plot")
@@ -236,6 +256,8 @@ def main() -> None:
         predict(args.out, args.only_small, args.cases)
     elif args.cmd == "groups":
         small_groups(args.out)
+    elif args.cmd == "workloads":
+        workloads(args.out)
     elif args.cmd == "table":
         table(args.path)
     else:
