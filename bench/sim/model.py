@@ -12,6 +12,7 @@ Everything is seeded: one `Sim(config)` → one result, bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import random
@@ -280,14 +281,14 @@ class Proxy:
                     b,
                     command.poll_ms / 1000,
                     sim.cfg.batch,
-                    lambda r, m, h, f, run=run: self._answer(run, r, m, h, f),
+                    functools.partial(self._answer, run),
                 )
                 run.calls[command.broker] = req
                 sim.send(req)
             elif isinstance(command, Cancel):
-                req = run.calls.pop(command.broker, None)
-                if req is not None:
-                    sim.cancel(req)
+                cancelled = run.calls.pop(command.broker, None)
+                if cancelled is not None:
+                    sim.cancel(cancelled)
             elif isinstance(command, Finish):
                 for req in run.calls.values():
                     sim.cancel(req)
