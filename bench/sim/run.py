@@ -181,6 +181,42 @@ def workloads(out: Path) -> None:
     out.write_text(json.dumps(results, indent=1))
 
 
+def fleet_sweep(img_dir: Path) -> None:
+    """20 brokers, 400 consumers, 1..80 proxies: adaptive as shipped vs fleet-aware, calls per message."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    proxies = [1, 2, 5, 10, 20, 40, 80]
+    series: dict[str, list[float]] = {}
+    for mode in ("longpoll", "adaptive", "adaptive-fleet"):
+        series[mode] = []
+        for p in proxies:
+            cfg = predict_config(mode, 20, p, 400)
+            cfg.duration = 6.5
+            r = simulate(cfg)
+            series[mode].append(r.rpcs_per_msg)
+            print(mode, p, round(r.rpcs_per_msg, 2), r.false_empties, flush=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for mode, ys in series.items():
+        ax.plot([400 / p for p in proxies], ys, marker="o", label=mode)
+    ax.axvline(20, color="grey", ls=":", lw=1)
+    ax.text(20, ax.get_ylim()[1] * 0.5, " receives per proxy = brokers", fontsize=8, color="grey")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.invert_xaxis()
+    ax.set_xlabel("consumers per proxy (400 consumers over 1..80 proxies)")
+    ax.set_ylabel("broker calls per message")
+    ax.set_title("20 brokers, 400 consumers: adaptive as shipped vs fleet-aware")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    img_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(img_dir / "scale_fleet.png", dpi=110)
+    plt.close(fig)
+
+
 def table(path: Path) -> None:
     rows = json.loads(path.read_text())
     print(
@@ -243,6 +279,8 @@ def main() -> None:
     s.add_argument("--out", type=Path, default=Path("bench/sim/groups.json"))
     w = sub.add_parser("workloads")
     w.add_argument("--out", type=Path, default=Path("bench/sim/workloads.json"))
+    f = sub.add_parser("fleet")
+    f.add_argument("--img-dir", type=Path, default=Path("docs/img"))
     t = sub.add_parser("table")
     t.add_argument("path", type=Path)
     g = sub.add_parser("plot")
@@ -257,6 +295,8 @@ def main() -> None:
         small_groups(args.out)
     elif args.cmd == "workloads":
         workloads(args.out)
+    elif args.cmd == "fleet":
+        fleet_sweep(args.img_dir)
     elif args.cmd == "table":
         table(args.path)
     else:
