@@ -21,6 +21,7 @@ from broker.errors import (
     IllegalInvisibleTime,
     IllegalPollingTime,
     InvalidReceiptHandle,
+    StoreUnavailable,
     TopicNotFound,
 )
 from broker.filters import TagFilter
@@ -63,6 +64,7 @@ class BrokerCore:
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sends = SendPath(settings, store, self.topics)
+        self._degraded = False  # the store refuses writes: consumer state lives in memory only
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -151,7 +153,7 @@ class BrokerCore:
             picks.extend((q, o, 1) for q, o in self._take_new(state, topic, want - len(picks), ops))
         if not picks:
             if ops:
-                await self.store.submit([], ops)
+                await self._record(self.store.submit([], ops))
             return []
         assert topic is not None
         deliveries = []
@@ -165,7 +167,7 @@ class BrokerCore:
         self._schedule(state)
         committed = self.store.submit([], ops)
         payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
-        await committed
+        await self._record(committed)
         deliveries = self._fit(state, deliveries, payloads)
         key = (state.topic, state.group)
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
@@ -320,12 +322,33 @@ class BrokerCore:
         ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
-        [record] = await self.store.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
+        try:
+            [record] = await self.store.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
+        except StoreUnavailable:
+            # The message must not vanish: it stays in flight and comes due again in a second.
+            retry = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
+            state.deliver(queue_id, offset, retry)
+            self._schedule(state)
+            raise
         state.dead_lettered += 1
         log.info(
             "dead-lettered %s/%s/%s after %s attempts to %s", state.topic, queue_id, offset, delivery.attempt, dlq.topic
         )
         return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
+
+    async def _record(self, committed: asyncio.Future[list[Record]]) -> None:
+        """Await a commit of consumer state (deliveries, acks, offsets). When the store refuses writes
+        (disk full, read-only), consumption goes on from memory: what was not recorded is delivered
+        again after a restart, as if never acked (at least once). Messages themselves are never
+        accepted without their commit."""
+        try:
+            await committed
+        except StoreUnavailable as exc:
+            if not self._degraded:
+                log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
+            self._degraded = True
+        else:
+            self._degraded = False
 
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -369,7 +392,7 @@ class BrokerCore:
             ops.append(DeleteInflight(group, handle.topic, handle.queue_id, handle.offset))
             results.append(None)
         if ops:
-            await self.store.submit([], ops)
+            await self._record(self.store.submit([], ops))
         return results
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
@@ -386,7 +409,7 @@ class BrokerCore:
         op = PutInflight(
             group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
-        await self.store.submit([], [op])
+        await self._record(self.store.submit([], [op]))
         new = ReceiptHandle(
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
