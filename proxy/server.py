@@ -42,6 +42,7 @@ def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None 
                 window_s=settings.adaptive_window_s,
                 rate_threshold=settings.adaptive_rate_threshold,
                 concurrency_per_broker=settings.adaptive_concurrency_per_broker,
+                proxies=settings.adaptive_proxies,
             )
         )
 

@@ -62,6 +62,9 @@ class Settings:
     adaptive_window_s: float = 1.0
     adaptive_rate_threshold: float = 0.0
     adaptive_concurrency_per_broker: float = 1.0
+    # Proxies a group's consumers are spread over: the concurrency threshold is divided by it, so each proxy
+    # judges the fleet-wide load from its own share (bench/sim, docs/SCALE.md). 1 = this proxy alone.
+    adaptive_proxies: int = 1
     max_body_bytes: int = 4 * 1024 * 1024
     max_batch: int = 32
     queues_per_broker: int = 4
@@ -141,6 +144,7 @@ class Settings:
             ("adaptive_window_s", 0 < self.adaptive_window_s <= 3600, "0 < it <= 3600"),
             ("adaptive_rate_threshold", self.adaptive_rate_threshold >= 0, ">= 0 (0 = criterion off)"),
             ("adaptive_concurrency_per_broker", self.adaptive_concurrency_per_broker >= 0, ">= 0 (0 = criterion off)"),
+            ("adaptive_proxies", self.adaptive_proxies >= 1, ">= 1"),
         ]
         for name, ok, rule in checks:
             if not ok:

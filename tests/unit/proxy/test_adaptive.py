@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy import settings as proxy_settings
 from proxy.adaptive import LONGPOLL, NOTIFY, AdaptivePolicy, AdaptiveSettings
 
 
@@ -81,3 +82,10 @@ def test_busy_asks_about_the_other_receives_of_the_group() -> None:
     rated.start("g", now=1.0, live_brokers=1)
     assert rated.busy("g", now=1.0, live_brokers=1)
     assert not rated.busy("g", now=2.5, live_brokers=1)  # the window slid past both
+
+
+def test_the_fleet_size_setting_comes_from_flags_and_environment() -> None:
+    base = ["--broker", "b1=127.0.0.1:1"]
+    assert proxy_settings.load(base, {}).adaptive_proxies == 1
+    assert proxy_settings.load(base, {"POPGATE_ADAPTIVE_PROXIES": "4"}).adaptive_proxies == 4
+    assert proxy_settings.load([*base, "--adaptive-proxies", "3"], {}).adaptive_proxies == 3
