@@ -24,7 +24,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def make(*names: str) -> tuple[Proxy, dict[str, FakeBroker]]:
     brokers = {n: FakeBroker(n) for n in names}
-    pool = BrokerPool(brokers)
+    pool = BrokerPool(brokers, first_turn=0)
     return Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), queues_per_broker=4), brokers
 
 
@@ -93,7 +93,7 @@ def test_send_does_not_fail_over_on_a_bad_request() -> None:
 
 def test_large_batches_are_split_into_broker_sends_under_the_byte_budget() -> None:
     brokers = {"b1": FakeBroker("b1")}
-    pool = BrokerPool(brokers)
+    pool = BrokerPool(brokers, first_turn=0)
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), send_chunk_bytes=10)
     batch = [bpb.Message(topic="t", message_id=f"m{i}", body=b"x" * 4) for i in range(7)]
     sent_calls: list[int] = []
@@ -154,7 +154,7 @@ def test_a_full_broker_is_too_many_requests() -> None:
 
 def test_receives_beyond_the_held_limit_are_too_many_requests() -> None:
     brokers = {"b1": FakeBroker("b1")}
-    pool = BrokerPool(brokers)
+    pool = BrokerPool(brokers, first_turn=0)
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_held_receives=2)
 
     async def scenario() -> list[str]:
@@ -208,3 +208,9 @@ def test_change_invisible_and_dead_letter_go_to_the_handles_broker() -> None:
     run(proxy.dead_letter("t", "g", handle("b1")))
     with pytest.raises(errors.InvalidReceiptHandle):
         run(proxy.change_invisible("t", "g", "nonsense", 1000))
+
+
+def test_each_pool_starts_its_rotation_at_a_random_broker() -> None:
+    names = [f"b{i}" for i in range(8)]
+    firsts = {BrokerPool({n: FakeBroker(n) for n in names}).candidates()[0].name for _ in range(64)}
+    assert len(firsts) > 1  # 64 pools all starting on one of 8 brokers: probability 8 / 8**64

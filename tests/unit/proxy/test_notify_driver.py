@@ -26,7 +26,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def make(*, metrics: ProxyMetrics | None = None) -> tuple[Proxy, dict[str, FakeBroker]]:
     brokers = {n: FakeBroker(n) for n in NAMES}
-    pool = BrokerPool(brokers)
+    pool = BrokerPool(brokers, first_turn=0)
     return Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics), brokers
 
 
@@ -171,7 +171,7 @@ def test_notify_metrics_count_runs_notifications_and_first_pop_hits() -> None:
 def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
     metrics = ProxyMetrics(CollectorRegistry())
     brokers = {n: FakeBroker(n) for n in NAMES}
-    pool = BrokerPool(brokers)
+    pool = BrokerPool(brokers, first_turn=0)
     policy = AdaptivePolicy(AdaptiveSettings(window_s=1.0, rate_threshold=0, concurrency_per_broker=1))
     strategy = AdaptiveStrategy(
         pool,
