@@ -67,8 +67,14 @@ def main(argv: list[str]) -> int:
                 print("generated code is stale; run `make proto`:", *stale, sep="\n  ")
                 return 1
             return 0
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(Path(tmp) / PACKAGE, target)
+        # Update in place (leaving __pycache__ alone): copy what changed, delete what is no longer generated.
+        current = tree(target) if target.exists() else {}
+        for name in current.keys() - fresh.keys():
+            current[name].unlink()
+        for name, path in fresh.items():
+            if name not in current or not _same(path, current[name]):
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target / name)
     return 0
 
 
