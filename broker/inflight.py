@@ -105,9 +105,6 @@ class GroupTopic:
         deadline = self.next_deadline()
         return deadline is not None and deadline <= now_ms
 
-    def count_expired(self, now_ms: int) -> int:
-        return sum(1 for q in self.queues.values() for d in q.inflight.values() if d.deadline_ms <= now_ms)
-
     @property
     def inflight_count(self) -> int:
         return sum(len(q.inflight) for q in self.queues.values())

@@ -60,9 +60,6 @@ class QueueLog:
     def store_ms_at(self, offset: int) -> int:
         return self.store_ms[offset - self.min_offset]
 
-    def tag_at(self, offset: int) -> str | None:
-        return self.tags[offset - self.min_offset]
-
     def first_match(self, start: int, tag_filter: TagFilter) -> int:
         """The first offset >= start whose tag matches, or max_offset when none."""
         start = max(start, self.min_offset)
