@@ -1,7 +1,9 @@
 """Broker benchmark, direct gRPC to one broker process (256 B bodies).
 
-Prints: Send msg/s (batch 32), Pop+Ack msg/s (batch 32), wake latency of a held
-Pop (from the Send call to the Pop answer), and memory/CPU of 10,000 held Pops.
+Prints: Send msg/s (batch 32), Pop+Ack msg/s (batch 32) — on the broker's Session
+stream (what the proxy uses), then with one unary call per request — wake latency
+of a held Pop (from the Send call to the Pop answer), and memory/CPU of 10,000
+held Pops.
 
     .venv/bin/python bench/broker_bench.py [--messages 200000] [--flush async|sync]
 """
@@ -29,40 +31,57 @@ BODY = b"x" * 256
 BATCH = 32
 
 
-async def send_phase(stubs: list[pb_grpc.BrokerStub], total: int, concurrency: int) -> tuple[int, float]:
-    request = pb.SendRequest(messages=[pb.Message(topic="bench", body=BODY) for _ in range(BATCH)])
+class Unary:
+    """One gRPC call per request."""
+
+    def __init__(self, stub: pb_grpc.BrokerStub) -> None:
+        self.send, self.pop, self.ack = stub.Send, stub.Pop, stub.Ack
+
+
+class Session:
+    """Requests multiplexed on the broker's Session stream (what the proxy uses)."""
+
+    def __init__(self, session: BrokerSession) -> None:
+        self.send, self.pop, self.ack = session.send, session.pop, session.ack
+
+
+Caller = Unary | Session
+
+
+async def send_phase(callers: list[Caller], topic: str, total: int, concurrency: int) -> tuple[int, float]:
+    request = pb.SendRequest(messages=[pb.Message(topic=topic, body=BODY) for _ in range(BATCH)])
     per_worker = total // BATCH // concurrency
 
-    async def worker(stub: pb_grpc.BrokerStub) -> None:
+    async def worker(caller: Caller) -> None:
         for _ in range(per_worker):
-            await stub.Send(request)
+            await caller.send(request)
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker(stubs[i % len(stubs)]) for i in range(concurrency)))
+    await asyncio.gather(*(worker(callers[i % len(callers)]) for i in range(concurrency)))
     sent = per_worker * concurrency * BATCH
     return sent, sent / (time.perf_counter() - started)
 
 
-async def pop_ack_phase(stubs: list[pb_grpc.BrokerStub], total: int, concurrency: int) -> float:
+async def pop_ack_phase(callers: list[Caller], topic: str, total: int, concurrency: int) -> float:
     done = 0
 
-    async def worker(stub: pb_grpc.BrokerStub) -> None:
+    async def worker(caller: Caller) -> None:
         nonlocal done
-        request = pb.PopRequest(topic="bench", group="g", max_messages=BATCH, invisible_ms=60000, poll_ms=0)
+        request = pb.PopRequest(topic=topic, group="g", max_messages=BATCH, invisible_ms=60000, poll_ms=0)
         while done < total:
-            response = await stub.Pop(request)
+            response = await caller.pop(request)
             if not response.messages:
                 if done >= total:
                     return
                 await asyncio.sleep(0.001)
                 continue
             done += len(response.messages)
-            await stub.Ack(
-                pb.AckRequest(topic="bench", group="g", receipt_handles=[m.receipt_handle for m in response.messages])
+            await caller.ack(
+                pb.AckRequest(topic=topic, group="g", receipt_handles=[m.receipt_handle for m in response.messages])
             )
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker(stubs[i % len(stubs)]) for i in range(concurrency)))
+    await asyncio.gather(*(worker(callers[i % len(callers)]) for i in range(concurrency)))
     return done / (time.perf_counter() - started)
 
 
@@ -122,8 +141,18 @@ async def run(args: argparse.Namespace, address: str, pid: int) -> list[tuple[st
     channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
     stubs = [pb_grpc.BrokerStub(c) for c in channels]
     await stubs[0].Stats(pb.StatsRequest())
-    sent, send_rate = await send_phase(stubs, args.messages, args.concurrency)
-    pop_rate = await pop_ack_phase(stubs, sent, args.concurrency)
+    sessions = [await BrokerSession(stub).start() for stub in stubs]
+    rates = {}
+    kinds: list[tuple[str, list[Caller]]] = [
+        ("Session", [Session(s) for s in sessions]),
+        ("unary", [Unary(s) for s in stubs]),
+    ]
+    for name, callers in kinds:
+        topic = f"bench-{name.lower()}"
+        sent, rates[name, "send"] = await send_phase(callers, topic, args.messages, args.concurrency)
+        rates[name, "pop"] = await pop_ack_phase(callers, topic, sent, args.concurrency)
+    for s in sessions:
+        await s.close()
     wake = summary(await wake_phase(stubs[0], args.wake_rounds))
     for c in channels:
         await c.close()
@@ -132,8 +161,14 @@ async def run(args: argparse.Namespace, address: str, pid: int) -> list[tuple[st
     return [
         ("metric", "value", "target"),
         ("---", "---:", "---"),
-        (f"Send msg/s (batch {BATCH}, 256 B, flush={args.flush})", f"{send_rate:,.0f}", ">= 60,000"),
-        (f"Pop+Ack msg/s (batch {BATCH})", f"{pop_rate:,.0f}", ">= 40,000"),
+        (
+            f"Send msg/s (batch {BATCH}, 256 B, flush={args.flush}, Session)",
+            f"{rates['Session', 'send']:,.0f}",
+            ">= 60,000",
+        ),
+        (f"Pop+Ack msg/s (batch {BATCH}, Session)", f"{rates['Session', 'pop']:,.0f}", ">= 40,000"),
+        (f"Send msg/s (batch {BATCH}, one unary call each)", f"{rates['unary', 'send']:,.0f}", "-"),
+        (f"Pop+Ack msg/s (batch {BATCH}, one unary call each)", f"{rates['unary', 'pop']:,.0f}", "-"),
         ("wake latency p50 / p99 / max (ms)", f"{wake['p50']:.2f} / {wake['p99']:.2f} / {wake['max']:.2f}", "p99 <= 5"),
         (f"memory per held Pop ({args.held:,} held on 8 Session streams)", f"{per_held / 1024:.2f} KB", "<= 4 KB"),
         ("memory per held unary Pop (2,000 held, one gRPC call each)", f"{per_unary / 1024:.2f} KB", "-"),

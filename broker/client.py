@@ -1,7 +1,8 @@
-"""Client side of the broker's Session stream: many Pops and Notifications on one gRPC call.
+"""Client side of the broker's Session stream: many requests on one gRPC call.
 
 A held long poll then costs the broker a few hundred bytes instead of a whole
-gRPC call (about 19 KB in grpc core). Errors are raised as the same
+gRPC call (about 19 KB in grpc core), and a Send, Ack or ChangeInvisibleTime a
+stream message instead of a call (about a quarter of the CPU). Errors are raised as the same
 ``grpc.aio.AioRpcError`` the unary RPC would raise (status code, details and the
 ``popgate-error`` trailer), so callers handle both paths alike. Cancelling a
 caller's await sends a cancel frame; losing the stream fails every pending call
@@ -59,6 +60,15 @@ class BrokerSession:
 
     async def notification(self, request: pb.NotificationRequest) -> pb.NotificationResponse:
         return (await self._request(notification=request)).notification
+
+    async def send(self, request: pb.SendRequest) -> pb.SendResponse:
+        return (await self._request(send=request)).send
+
+    async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
+        return (await self._request(ack=request)).ack
+
+    async def change_invisible(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
+        return (await self._request(change_invisible=request)).change_invisible
 
     async def _request(self, **body: Any) -> pb.SessionResponse:
         if self._broken is not None:

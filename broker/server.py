@@ -83,20 +83,11 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     @rpc("Send")
     async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
-        sent = await self.core.send(request.messages)
-        return pb.SendResponse(
-            results=[
-                pb.SendResult(message_id=s.message_id, topic=s.topic, queue_id=s.queue_id, offset=s.offset)
-                for s in sent
-            ]
-        )
+        return await send(self.core, request)
 
     @rpc("Pop")
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
-        result = await self.core.pop(
-            request.topic, request.group, request.filter, request.max_messages, request.invisible_ms, request.poll_ms
-        )
-        return _pop_response(result)
+        return await pop(self.core, request)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
@@ -122,31 +113,19 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     @rpc("Ack")
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
-        outcomes = await self.core.ack(request.topic, request.group, request.receipt_handles)
-        return pb.AckResponse(
-            results=[
-                pb.AckResult(
-                    receipt_handle=h, ok=e is None, error=e.name if e else "", error_message=e.message if e else ""
-                )
-                for h, e in zip(request.receipt_handles, outcomes, strict=True)
-            ]
-        )
+        return await ack(self.core, request)
 
     @rpc("ChangeInvisibleTime")
     async def ChangeInvisibleTime(
         self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ChangeInvisibleTimeResponse:
-        handle, until = await self.core.change_invisible(
-            request.topic, request.group, request.receipt_handle, request.invisible_ms
-        )
-        return pb.ChangeInvisibleTimeResponse(receipt_handle=handle, invisible_until_ms=until)
+        return await change_invisible(self.core, request)
 
     @rpc("Notification")
     async def Notification(
         self, request: pb.NotificationRequest, context: grpc.aio.ServicerContext
     ) -> pb.NotificationResponse:
-        has, full = await self.core.notification(request.topic, request.group, request.filter, request.poll_ms)
-        return pb.NotificationResponse(has_message=has, polling_full=full)
+        return await notification(self.core, request)
 
     @rpc("DeadLetter")
     async def DeadLetter(
@@ -200,6 +179,62 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         )
 
 
+# -- request → core call → response, shared by the unary RPCs and the Session stream ---------
+
+
+async def send(core: BrokerCore, request: pb.SendRequest) -> pb.SendResponse:
+    sent = await core.send(request.messages)
+    return pb.SendResponse(
+        results=[
+            pb.SendResult(message_id=s.message_id, topic=s.topic, queue_id=s.queue_id, offset=s.offset) for s in sent
+        ]
+    )
+
+
+async def pop(core: BrokerCore, request: pb.PopRequest) -> pb.PopResponse:
+    r = request
+    return _pop_response(await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms))
+
+
+async def ack(core: BrokerCore, request: pb.AckRequest) -> pb.AckResponse:
+    outcomes = await core.ack(request.topic, request.group, request.receipt_handles)
+    return pb.AckResponse(
+        results=[
+            pb.AckResult(
+                receipt_handle=h, ok=e is None, error=e.name if e else "", error_message=e.message if e else ""
+            )
+            for h, e in zip(request.receipt_handles, outcomes, strict=True)
+        ]
+    )
+
+
+async def change_invisible(core: BrokerCore, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
+    r = request
+    handle, until = await core.change_invisible(r.topic, r.group, r.receipt_handle, r.invisible_ms)
+    return pb.ChangeInvisibleTimeResponse(receipt_handle=handle, invisible_until_ms=until)
+
+
+async def notification(core: BrokerCore, request: pb.NotificationRequest) -> pb.NotificationResponse:
+    has, full = await core.notification(request.topic, request.group, request.filter, request.poll_ms)
+    return pb.NotificationResponse(has_message=has, polling_full=full)
+
+
+# What a Session request of each kind runs; its response goes in the field of the same name.
+SESSION_CALLS: dict[str, Callable[[BrokerCore, Any], Awaitable[Any]]] = {
+    "pop": pop,
+    "notification": notification,
+    "send": send,
+    "ack": ack,
+    "change_invisible": change_invisible,
+}
+
+
+# Requests that may be held (long polls) count against the broker's --max-held per session; the
+# others (Send, Ack, ChangeInvisibleTime: each a store commit away from done) against this.
+HELD_KINDS = frozenset({"pop", "notification"})
+SESSION_MAX_SHORT = 4096
+
+
 class _Session:
     """One multiplexed stream: a task per pending request, one writer, everything cancelled at the end."""
 
@@ -207,6 +242,7 @@ class _Session:
         self.servicer = servicer
         self.max_pending = max_pending
         self.pending: dict[int, asyncio.Task[None]] = {}
+        self.short = 0  # pending requests not of HELD_KINDS
         self.outbox: asyncio.Queue[pb.SessionResponse | None] = asyncio.Queue()
 
     def dispatch(self, request: pb.SessionRequest) -> None:
@@ -220,26 +256,29 @@ class _Session:
             why = "unknown request" if kind is None else f"request id {request.id} is already pending"
             self._error(request.id, errors.BadRequest(f"session: {why}"))
             return
-        if len(self.pending) >= self.max_pending:
-            self._error(request.id, errors.TooManyRequests(f"session has {self.max_pending} pending requests"))
+        held = kind in HELD_KINDS
+        if held and len(self.pending) - self.short >= self.max_pending:
+            self._error(request.id, errors.TooManyRequests(f"session has {self.max_pending} pending long polls"))
+            return
+        if not held and self.short >= SESSION_MAX_SHORT:
+            self._error(request.id, errors.TooManyRequests(f"session has {SESSION_MAX_SHORT} pending {kind} requests"))
             return
         task = asyncio.get_running_loop().create_task(self._serve(request, kind))
         self.pending[request.id] = task
+        if not held:
+            self.short += 1
+            task.add_done_callback(self._short_done)
+
+    def _short_done(self, _: asyncio.Task[None]) -> None:
+        self.short -= 1
 
     async def _serve(self, request: pb.SessionRequest, kind: str) -> None:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         core = self.servicer.core
         try:
-            if kind == "pop":
-                r = request.pop
-                result = await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
-                self.outbox.put_nowait(pb.SessionResponse(id=request.id, pop=_pop_response(result)))
-            else:
-                n = request.notification
-                has, full = await core.notification(n.topic, n.group, n.filter, n.poll_ms)
-                response = pb.NotificationResponse(has_message=has, polling_full=full)
-                self.outbox.put_nowait(pb.SessionResponse(id=request.id, notification=response))
+            response = await SESSION_CALLS[kind](core, getattr(request, kind))
+            self.outbox.put_nowait(pb.SessionResponse(id=request.id, **{kind: response}))
         except errors.BrokerError as exc:
             code = status_of(exc)
             self._error(request.id, exc)

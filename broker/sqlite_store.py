@@ -11,6 +11,7 @@ not power loss). Reads use a second connection on a reader thread.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import sqlite3
@@ -64,11 +65,25 @@ CREATE TABLE IF NOT EXISTS group_filters (
     PRIMARY KEY (grp, topic)) WITHOUT ROWID;
 """
 
+# Rows go in as one JSON array per statement, unpacked by SQLite's json_each: executemany binds and
+# steps row by row, giving up and retaking the GIL for every row, which starves the event loop
+# (measured: 11 us of writer CPU a row and ~30k rows/s beside a busy loop, against 4.4 us and 160k).
+INSERT_MESSAGES = (
+    "INSERT INTO messages SELECT value->>0, value->>1, value->>2, value->>3, value->>4,"
+    " substr(?2, value->>5, value->>6) FROM json_each(?1)"
+)
+PUT_INFLIGHT = (
+    "INSERT OR REPLACE INTO inflight"
+    " SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6 FROM json_each(?)"
+)
+# Grouped by (group, topic, queue) so the delete searches the whole primary key.
+DELETE_INFLIGHT = (
+    "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ? AND offset IN (SELECT value FROM json_each(?))"
+)
+
 _SQL = {
     CreateQueue: "INSERT OR IGNORE INTO queues VALUES (?, ?)",
     SetPullOffset: "INSERT OR REPLACE INTO pull_offsets VALUES (?, ?, ?, ?)",
-    PutInflight: "INSERT OR REPLACE INTO inflight VALUES (?, ?, ?, ?, ?, ?, ?)",
-    DeleteInflight: "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ? AND offset = ?",
     SetGroupFilter: "INSERT OR REPLACE INTO group_filters VALUES (?, ?, ?)",
     PutScheduled: "INSERT INTO scheduled VALUES (?, ?, ?, ?, ?, ?)",
     DeleteScheduled: "DELETE FROM scheduled WHERE id = ?",
@@ -85,6 +100,24 @@ class _Request:
         self.ops = ops
         self.future = future
         self.result: list[Record] | BaseException = []
+
+
+class _MessageRows:
+    """New message rows for INSERT_MESSAGES: each row names its payload's place (1-based start,
+    length) in the concatenation of ``payloads``."""
+
+    __slots__ = ("meta", "payloads", "end")
+
+    def __init__(self) -> None:
+        self.meta: list[tuple[str, int, int, int, str | None, int, int]] = []
+        self.payloads: list[bytes] = []
+        self.end = 1
+
+    def add(self, m: NewMessage, offset: int) -> None:
+        size = len(m.payload)
+        self.meta.append((m.topic, m.queue_id, offset, m.store_ms, m.tag, self.end, size))
+        self.payloads.append(m.payload)
+        self.end += size
 
 
 class SqliteStore:
@@ -214,16 +247,21 @@ class SqliteStore:
         saved = dict(self._next_offset)
         try:
             conn.execute("BEGIN")
-            rows: list[tuple[str, int, int, int, str | None, bytes]] = []
+            rows = _MessageRows()
             by_kind: dict[type, list[Op]] = {}
             for request in batch:
                 request.result = self._assign(request.appends, rows)
                 for op in request.ops:
                     by_kind.setdefault(type(op), []).append(op)
-            if rows:
-                conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
+            if rows.meta:
+                conn.execute(INSERT_MESSAGES, (json.dumps(rows.meta), b"".join(rows.payloads)))
             for kind, ops in by_kind.items():
-                conn.executemany(_SQL[kind], ops)
+                if kind is PutInflight:
+                    conn.execute(PUT_INFLIGHT, (json.dumps(ops),))
+                elif kind is DeleteInflight:
+                    self._delete_inflight(ops)
+                else:
+                    conn.executemany(_SQL[kind], ops)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.error("store commit failed: %s", exc)
@@ -235,9 +273,7 @@ class SqliteStore:
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 
-    def _assign(
-        self, appends: Sequence[NewMessage], rows: list[tuple[str, int, int, int, str | None, bytes]]
-    ) -> list[Record]:
+    def _assign(self, appends: Sequence[NewMessage], rows: _MessageRows) -> list[Record]:
         records: list[Record] = []
         next_offset = self._next_offset
         for m in appends:
@@ -245,8 +281,16 @@ class SqliteStore:
             offset = next_offset.get(key, 0)
             next_offset[key] = offset + 1
             records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
-            rows.append((m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
+            rows.add(m, offset)
         return records
+
+    def _delete_inflight(self, ops: list[Op]) -> None:
+        offsets: dict[tuple[str, str, int], list[int]] = {}
+        for op in ops:
+            assert isinstance(op, DeleteInflight)
+            offsets.setdefault((op.group, op.topic, op.queue_id), []).append(op.offset)
+        for (group, topic, queue_id), chunk in offsets.items():
+            self._conn.execute(DELETE_INFLIGHT, (group, topic, queue_id, json.dumps(chunk)))
 
     def _deliver(self, batch: list[_Request]) -> None:
         for request in batch:

@@ -1,4 +1,4 @@
-"""The multiplexed Session stream: held Pops and Notifications on one gRPC call."""
+"""The multiplexed Session stream: Sends, Pops, Acks, invisibility changes and held long polls on one call."""
 
 from __future__ import annotations
 
@@ -74,6 +74,55 @@ def test_session_errors_look_like_unary_errors(broker: BrokerHandle) -> None:
             await session.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_send_ack_and_change_invisible_on_the_stream_do_what_the_unary_calls_do(broker: BrokerHandle) -> None:
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.BrokerStub(channel)
+            session = await BrokerSession(stub).start()
+            # Tags SQLite's JSON must carry faithfully: quotes, escapes, non-BMP characters.
+            tags = ["plain", 'q"uote\\', "naïve 😀"]
+            sent = await asyncio.gather(
+                *(
+                    session.send(pb.SendRequest(messages=[pb.Message(topic="ss", body=b"%d" % i, tag=t)]))
+                    for i, t in enumerate(tags)
+                )
+            )
+            assert all(len(r.results) == 1 and r.results[0].message_id for r in sent)
+            popped = await session.pop(pb.PopRequest(topic="ss", group="g", max_messages=32, invisible_ms=60000))
+            assert sorted(m.stored.message.tag for m in popped.messages) == sorted(tags)
+            first, *rest = popped.messages
+            changed = await session.change_invisible(
+                pb.ChangeInvisibleTimeRequest(
+                    topic="ss", group="g", receipt_handle=first.receipt_handle, invisible_ms=0
+                )
+            )
+            assert changed.receipt_handle != first.receipt_handle
+            acked = await session.ack(
+                pb.AckRequest(topic="ss", group="g", receipt_handles=[m.receipt_handle for m in rest] + ["garbage"])
+            )
+            assert [r.ok for r in acked.results] == [True] * len(rest) + [False]
+            again = await session.pop(pb.PopRequest(topic="ss", group="g", max_messages=32, invisible_ms=60000))
+            assert [(m.stored.message.body, m.delivery_attempt) for m in again.messages] == [
+                (first.stored.message.body, 2)
+            ]
+            # What the stream stored is what a unary read sees.
+            listed = await stub.ListMessages(pb.ListMessagesRequest(topic="ss", queue_id=0, limit=100))
+            stats = await stub.Stats(pb.StatsRequest(topic="ss"))
+            assert sum(q.max_offset - q.min_offset for q in stats.queues) == len(tags)
+            assert all(m.message.topic == "ss" for m in listed.messages)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await session.send(pb.SendRequest(messages=[pb.Message(topic="ss", body=b"")]))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            await session.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    # After kill -9 the broker rebuilds its tag index from the store: each tag still selects its message.
+    broker.restart(kill=True)
+    for i, tag in enumerate(["plain", 'q"uote\\', "naïve 😀"]):
+        got = broker.stub.Pop(pb.PopRequest(topic="ss", group=f"f{i}", filter=tag, max_messages=32, invisible_ms=60000))
+        assert [m.stored.message.body for m in got.messages] == [b"%d" % i], tag
 
 
 async def _eq(value: object, expected: int) -> bool:
