@@ -1,10 +1,15 @@
-"""Broker domain errors. They know nothing of gRPC: the server maps them in one table."""
+"""Domain errors: the vocabulary the broker and the proxy share. They know nothing of gRPC.
+
+The broker's server maps them to gRPC codes in one table and names them in the
+``popgate-error`` trailer; the proxy raises these same classes (`proxy.errors`
+re-exports them beside its own) and maps them to v2 codes in `proxy.codes`.
+"""
 
 from __future__ import annotations
 
 
 class BrokerError(Exception):
-    """Base of every error the broker reports to a caller."""
+    """Base of every error the broker reports to a caller (the proxy's `ProxyError` is this class)."""
 
     retriable = False
 
@@ -18,7 +23,7 @@ class BrokerError(Exception):
 
 
 class BadRequest(BrokerError):
-    """A request field is out of range or malformed."""
+    """A request field is missing, out of range or malformed."""
 
 
 class IllegalTopic(BadRequest):
@@ -50,7 +55,7 @@ class IllegalBatchSize(BadRequest):
 
 
 class IllegalMessage(BadRequest):
-    """Bad tag, key, property or message id."""
+    """Bad tag, key, property or message id (the proxy has more precise subclasses for some)."""
 
 
 class MessageBodyEmpty(BadRequest):
@@ -62,7 +67,7 @@ class MessageBodyTooLarge(BadRequest):
 
 
 class InvalidReceiptHandle(BadRequest):
-    """Garbled, forged, stale (redelivered since) or already acked handle."""
+    """Garbled, forged, stale (redelivered since) or already acked handle, or one naming an unknown broker."""
 
 
 class TopicNotFound(BrokerError):
@@ -70,6 +75,8 @@ class TopicNotFound(BrokerError):
 
 
 class TooManyRequests(BrokerError):
+    """Overload: no room for one more long poll, or a queue is full."""
+
     retriable = True
 
 

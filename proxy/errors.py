@@ -1,60 +1,33 @@
 """Proxy domain errors. They know nothing of gRPC or of v2 codes: `proxy.codes` maps them in one table.
 
-Class names that match a broker error name (``popgate-error`` trailer) are the
-same concept; `from_broker` turns a broker's error name into the class here.
+The errors a broker can report are the broker's own classes (`broker.errors`),
+re-exported here: one vocabulary, so the ``popgate-error`` trailer a broker sends
+names the very class the proxy raises (`from_broker`). `ProxyError` is their base,
+`broker.errors.BrokerError`; the classes below it are the proxy's own: finer
+message codes, authentication, and what can go wrong between proxy and broker.
 """
 
 from __future__ import annotations
 
+from broker import errors as _broker
+from broker.errors import BadRequest as BadRequest
+from broker.errors import BrokerError
+from broker.errors import IllegalBatchSize as IllegalBatchSize
+from broker.errors import IllegalDeliveryTime as IllegalDeliveryTime
+from broker.errors import IllegalFilter as IllegalFilter
+from broker.errors import IllegalGroup as IllegalGroup
+from broker.errors import IllegalInvisibleTime as IllegalInvisibleTime
+from broker.errors import IllegalMessage as IllegalMessage
+from broker.errors import IllegalPollingTime as IllegalPollingTime
+from broker.errors import IllegalTopic as IllegalTopic
+from broker.errors import InvalidReceiptHandle as InvalidReceiptHandle
+from broker.errors import MessageBodyEmpty as MessageBodyEmpty
+from broker.errors import MessageBodyTooLarge as MessageBodyTooLarge
+from broker.errors import StoreUnavailable as StoreUnavailable
+from broker.errors import TooManyRequests as TooManyRequests
+from broker.errors import TopicNotFound as TopicNotFound
 
-class ProxyError(Exception):
-    """Base of every error the proxy reports to a client."""
-
-    retriable = False
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-
-class BadRequest(ProxyError):
-    """A request field is missing, out of range or malformed."""
-
-
-class IllegalTopic(BadRequest):
-    pass
-
-
-class IllegalGroup(BadRequest):
-    pass
-
-
-class IllegalFilter(BadRequest):
-    pass
-
-
-class IllegalInvisibleTime(BadRequest):
-    pass
-
-
-class IllegalPollingTime(BadRequest):
-    pass
-
-
-class IllegalDeliveryTime(BadRequest):
-    pass
-
-
-class IllegalBatchSize(BadRequest):
-    pass
-
-
-class IllegalMessage(BadRequest):
-    """Bad message id or another message field without a more precise code."""
+ProxyError = BrokerError  # the base of both vocabularies: what a broker reports is what the proxy raises
 
 
 class IllegalMessageTag(IllegalMessage):
@@ -77,40 +50,12 @@ class MessagePropertiesTooLarge(IllegalMessage):
     pass
 
 
-class MessageBodyEmpty(BadRequest):
-    pass
-
-
-class MessageBodyTooLarge(BadRequest):
-    pass
-
-
-class InvalidReceiptHandle(BadRequest):
-    """Garbled, forged, stale or already acked handle, or one naming a broker we do not know."""
-
-
-class TopicNotFound(ProxyError):
-    pass
-
-
 class Unauthorized(ProxyError):
     """Missing or malformed credentials, unknown access key, bad signature or stale date (proxy/auth.py)."""
 
 
 class Forbidden(ProxyError):
     """Valid credentials without the permission (publish / subscribe / group) the request needs."""
-
-
-class TooManyRequests(ProxyError):
-    """Overload: the broker could not hold one more long poll, or a queue is full."""
-
-    retriable = True
-
-
-class StoreUnavailable(ProxyError):
-    """The broker's store refuses writes (disk full, read-only, closing)."""
-
-    retriable = True
 
 
 class BrokerUnavailable(ProxyError):
@@ -143,30 +88,16 @@ class ShuttingDown(ProxyError):
     retriable = True
 
 
+# Every error class a broker may name in its trailer, except the bare base (an internal broker error).
 _BY_NAME: dict[str, type[ProxyError]] = {
-    cls.__name__: cls
-    for cls in (
-        BadRequest,
-        IllegalTopic,
-        IllegalGroup,
-        IllegalFilter,
-        IllegalInvisibleTime,
-        IllegalPollingTime,
-        IllegalDeliveryTime,
-        IllegalBatchSize,
-        IllegalMessage,
-        MessageBodyEmpty,
-        MessageBodyTooLarge,
-        InvalidReceiptHandle,
-        TopicNotFound,
-        TooManyRequests,
-        StoreUnavailable,
-    )
+    name: cls
+    for name, cls in vars(_broker).items()
+    if isinstance(cls, type) and issubclass(cls, ProxyError) and cls is not ProxyError
 }
 
 
 def from_broker(name: str, message: str, *, broker: str) -> ProxyError:
-    """The proxy error for a broker's domain error name (unknown names become BrokerFailure)."""
+    """The error for a broker's domain error name (unknown names become BrokerFailure)."""
     cls = _BY_NAME.get(name)
     if cls is None:
         return BrokerFailure(f"broker {broker}: {name or 'error'}: {message}")

@@ -12,7 +12,6 @@ import random
 import zlib
 from collections.abc import Mapping
 
-from broker.errors import InvalidReceiptHandle as BrokerInvalidHandle
 from broker.receipt import broker_of
 from proxy.errors import InvalidReceiptHandle
 from proxy.ports import BrokerClient
@@ -56,10 +55,7 @@ class BrokerPool:
 
     def for_handle(self, handle: str) -> BrokerClient:
         """The broker a receipt handle belongs to; InvalidReceiptHandle when garbled or unknown."""
-        try:
-            name = broker_of(handle)
-        except BrokerInvalidHandle as exc:
-            raise InvalidReceiptHandle(exc.message) from None
+        name = broker_of(handle)  # raises InvalidReceiptHandle: the broker's class is the proxy's
         client = self._clients.get(name)
         if client is None:
             raise InvalidReceiptHandle(f"receipt handle names broker {name!r}, which this proxy does not know")
