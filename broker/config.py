@@ -1,8 +1,21 @@
 """Build a settings dataclass from flags, POPGATE_* environment variables and a TOML file.
 
+One loader for both programs (`broker.settings`, `proxy.settings`): the dataclass
+lists every option once, and the command line, the environment and the file are all
+read through it; the dataclass validates the result when it is constructed.
+
 Precedence: command-line flag > environment > config file (``--config`` or
 POPGATE_CONFIG) > default. Every field ``foo_bar`` is flag ``--foo-bar``,
-variable ``POPGATE_FOO_BAR`` and file key ``foo_bar`` (or ``foo-bar``).
+variable ``POPGATE_FOO_BAR`` and file key ``foo_bar`` (or ``foo-bar``), read as its
+type. A field's metadata may refine that:
+
+- ``help``: the flag's help (otherwise "<type>, default <value>");
+- ``negate``: for a bool, a flag that sets it false (``no-auto-create``);
+- ``option``: the flag, variable and file key when not the field's name (``broker``);
+- ``aliases``: more file keys for it; the first one present wins over ``option``;
+- ``parse``: a function reading the raw value (a string, a list of repeated flags or a TOML value);
+- ``file_only``: no flag nor variable; with a `section`, the key may also sit at the top level,
+  beside the section's table, and wins there (``[[acl]]``).
 """
 
 from __future__ import annotations
@@ -12,73 +25,153 @@ import dataclasses
 import os
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def _convert(kind: Any, value: Any, name: str) -> Any:
-    try:
+class SettingsError(ValueError):
+    """A setting is missing, unreadable or out of range; the message names it."""
+
+
+def _fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def _option(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata.get("option", f.name))
+
+
+def _type_name(kind: Any) -> str:
+    return getattr(kind, "__name__", str(kind))
+
+
+def _convert(kind: Any, value: Any) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(value)
+    if typing.get_origin(kind) is tuple:
+        items = value if isinstance(value, list | tuple) else [v for v in str(value).split(",") if v.strip()]
+        return tuple(str(v).strip() for v in items)
+    return kind(value)
+
+
+def settings_parser(cls: type[Any], prog: str, *, description: str | None = None) -> argparse.ArgumentParser:
+    """The command line of `cls`: ``--config`` and a flag per field that is not ``file_only``."""
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "--config", help="TOML file of settings, keys as the long flags with '-' or '_' (POPGATE_CONFIG)"
+    )
+    for f in _fields(cls):
+        if f.metadata.get("file_only"):
+            continue
+        flag = "--" + _option(f).replace("_", "-")
+        kind = hints[f.name]
+        help_text = f.metadata.get("help") or f"{_type_name(kind)}, default {f.default!r}"
         if kind is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(value)
-        if typing.get_origin(kind) is tuple:
-            items = value if isinstance(value, list | tuple) else [v for v in str(value).split(",") if v.strip()]
-            return tuple(str(v).strip() for v in items)
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"setting {name}: cannot read {value!r}") from None
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
+            negate = f.metadata.get("negate")
+            if negate:
+                parser.add_argument("--" + negate, dest=f.name, action="store_false", default=None)
+        else:
+            action = "append" if typing.get_origin(kind) is tuple else "store"
+            metavar = _option(f).upper()
+            parser.add_argument(flag, dest=f.name, action=action, default=None, metavar=metavar, help=help_text)
+    return parser
+
+
+def read_config(cls: type[Any], path: Path, *, section: str | None = None) -> dict[str, Any]:
+    """The file's settings by field name; unknown keys are an error.
+
+    With a `section`, the settings are the ``[section]`` table when the file has one,
+    otherwise its top level.
+    """
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"--config {path}: {exc}") from None
+    table = document.get(section, document) if section else document
+    if not isinstance(table, dict):
+        raise SettingsError(f"--config {path}: [{section}] must be a table")
+    given = {str(key).replace("-", "_"): value for key, value in table.items()}
+    values: dict[str, Any] = {}
+    for f in _fields(cls):
+        keys = [*f.metadata.get("aliases", ()), _option(f)]
+        if f.metadata.get("file_only") and keys[-1] in document:
+            given[keys[-1]] = document[keys[-1]]
+        present = [key for key in keys if key in given]
+        if present:
+            values[f.name] = given[present[0]]
+        for key in present:
+            del given[key]
+    if given:
+        raise SettingsError(f"--config {path}: unknown keys {sorted(given)}")
+    return values
+
+
+def _read(f: dataclasses.Field[Any], kind: Any, value: Any, config_path: str | None) -> Any:
+    parse: Callable[[Any], Any] | None = f.metadata.get("parse")
+    if parse is None:
+        try:
+            return _convert(kind, value)
+        except (TypeError, ValueError):
+            raise SettingsError(f"{f.name}={value!r}: expected {_type_name(kind)}") from None
+    try:
+        return parse(value)
+    except SettingsError:
+        raise
+    except ValueError as exc:  # the parser's own words, after where the value came from
+        where = f"--config {config_path}" if f.metadata.get("file_only") else f.name
+        raise SettingsError(f"{where}: {exc}") from None
+
+
+def load(
+    cls: type[T],
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    section: str | None = None,
+) -> T:
+    """`cls` from the command line (read with `parser`), the environment and the config file.
+
+    Raises SettingsError for a value that cannot be read (and whatever `cls` raises
+    when it refuses the result).
+    """
+    args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    config_path = args.config or environ.get("POPGATE_CONFIG")
+    config = read_config(cls, Path(config_path), section=section) if config_path else {}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in _fields(cls):
+        raw = None
+        if not f.metadata.get("file_only"):
+            raw = getattr(args, f.name)
+            if raw is None:
+                raw = environ.get("POPGATE_" + _option(f).upper())
+        if raw is None:
+            raw = config.get(f.name)
+        if raw is not None:
+            values[f.name] = _read(f, hints[f.name], raw, config_path)
+    return cls(**values)
 
 
 def load_settings(
     cls: type[T], prog: str, argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> T:
-    environ = os.environ if environ is None else environ
-    hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--config", help="TOML file of settings (also POPGATE_CONFIG)")
-    for f in fields:
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        if hints[f.name] is bool:
-            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
-            negate = f.metadata.get("negate")
-            if negate:
-                parser.add_argument("--" + negate, dest=f.name, action="store_false", default=None)
-        elif typing.get_origin(hints[f.name]) is tuple:
-            parser.add_argument(flag, dest=f.name, action="append", default=None, help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
-    args = parser.parse_args(argv)
-    values: dict[str, Any] = {}
-    config_path = args.config or environ.get("POPGATE_CONFIG")
-    if config_path:
-        with Path(config_path).open("rb") as fh:
-            data = tomllib.load(fh)
-        for key, value in data.items():
-            values[key.replace("-", "_")] = value
-    known = {f.name for f in fields}
-    unknown = set(values) - known
-    if unknown:
-        parser.error(f"unknown setting(s) in {config_path}: {', '.join(sorted(unknown))}")
-    for f in fields:
-        env = environ.get("POPGATE_" + f.name.upper())
-        if env is not None:
-            values[f.name] = env
-        flag_value = getattr(args, f.name)
-        if flag_value is not None:
-            values[f.name] = flag_value
+    """`load`, reporting a refused setting as a usage error (exit status 2), as the broker does."""
+    parser = settings_parser(cls, prog)
     try:
-        converted = {k: _convert(hints[k], v, k) for k, v in values.items()}
-        return cls(**converted)
+        return load(cls, parser, argv, environ)
     except ValueError as exc:
         parser.error(str(exc))

@@ -1,28 +1,26 @@
 """The proxy's one settings object: flags > POPGATE_* environment > TOML config file > defaults.
 
-Every option is listed once in OPTIONS; the command line, the environment and the
-config file are all read through that list, then `Settings` validates the result.
+Every option is a field of `Settings`; `broker.config` (the broker's loader too)
+reads the command line, the environment and the config file through those fields,
+then `Settings` validates the result. The file's keys may sit in a ``[proxy]``
+table; ``[[acl]]`` accounts come from the file only.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
-import tomllib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.config import SettingsError as SettingsError
+from broker.config import load as load_config
+from broker.config import settings_parser
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
 _BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-
-
-class SettingsError(ValueError):
-    """A setting is missing or out of range; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +44,29 @@ def parse_host_port(text: str, *, what: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _str_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [part for part in value.replace(",", " ").split() if part]
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    raise SettingsError(f"expected a list of strings, got {value!r}")
+
+
+def _brokers(value: Any) -> tuple[BrokerAddress, ...]:
+    return tuple(BrokerAddress.parse(item) for item in _str_list(value))
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
-    brokers: tuple[BrokerAddress, ...]
+    brokers: tuple[BrokerAddress, ...] = field(
+        default=(),
+        metadata={
+            "option": "broker",
+            "aliases": ("brokers",),
+            "parse": _brokers,
+            "help": "NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list)",
+        },
+    )
     listen: str = "127.0.0.1:8081"
     advertise: str = ""  # host:port clients should use when a request names no endpoints
     metrics_listen: str = ""
@@ -56,7 +74,10 @@ class Settings:
     export_interval_s: float = 10.0
     tls_cert: str = ""  # PEM certificate chain file; with tls_key: serve TLS instead of plaintext
     tls_key: str = ""  # PEM private key file
-    receive_mode: str = "adaptive"
+    receive_mode: str = field(
+        default="adaptive",
+        metadata={"help": f"one of {', '.join(RECEIVE_MODES)}, default adaptive (docs/RECEIVE.md)"},
+    )
     # adaptive: longpoll when a group's receive rate (over the window) or its receives in progress per live broker
     # reach these; 0 switches a criterion off. Defaults from bench/realtime_bench.py, see docs/RECEIVE.md.
     adaptive_window_s: float = 1.0
@@ -86,7 +107,9 @@ class Settings:
     max_message_bytes: int = 64 * 1024 * 1024  # gRPC max receive size, > max_body_bytes
     log_level: str = "INFO"
     # Authentication (docs/PROXY.md "Authentication"): [[acl]] accounts from the config file; none = open.
-    accounts: tuple[Account, ...] = ()
+    accounts: tuple[Account, ...] = field(
+        default=(), metadata={"option": "acl", "file_only": True, "parse": accounts_from_config}
+    )
     auth_skew_s: float = 300.0  # clock skew allowed around any time-zone offset of x-mq-date-time
     broker_token: str = ""  # shared secret sent to brokers started with the same --auth-token
 
@@ -151,91 +174,7 @@ class Settings:
                 raise SettingsError(f"{name}={getattr(self, name)!r} out of range: must be {rule}")
 
 
-def _str_list(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [part for part in value.replace(",", " ").split() if part]
-    if isinstance(value, list | tuple):
-        return [str(v) for v in value]
-    raise SettingsError(f"expected a list of strings, got {value!r}")
-
-
-def _brokers(value: Any) -> tuple[BrokerAddress, ...]:
-    return tuple(BrokerAddress.parse(item) for item in _str_list(value))
-
-
-_CONVERT: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str}
-
-
-def _fields() -> dict[str, str]:
-    return {f.name: str(f.type) for f in fields(Settings) if f.name not in ("brokers", "accounts")}
-
-
-def _convert(name: str, kind: str, value: Any) -> Any:
-    try:
-        return _CONVERT[kind](value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{name}={value!r}: expected {kind}") from None
-
-
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
-
-
-def build_parser(prog: str = "popgate-proxy") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="popgate RocketMQ v2 gRPC proxy")
-    parser.add_argument("--config", help="TOML config file (keys as the long flags, '-' or '_')")
-    parser.add_argument("--broker", action="append", help="NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list)")
-    for name, kind in _fields().items():
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{kind}, default {_DEFAULTS[name]!r}"
-        if name == "receive_mode":
-            help_text = f"one of {', '.join(RECEIVE_MODES)}, default adaptive (docs/RECEIVE.md)"
-        parser.add_argument(flag, dest=name, default=None, help=help_text)
-    return parser
-
-
 def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from the command line, the environment and the config file, validated."""
-    args = build_parser().parse_args(argv)
-    env = os.environ if env is None else env
-    config_path = args.config or env.get("POPGATE_CONFIG")
-    config = _read_config(Path(config_path)) if config_path else {}
-    values: dict[str, Any] = {}
-    for name, kind in {**_fields(), "broker": "brokers"}.items():
-        raw = getattr(args, name)
-        if raw is None:
-            raw = env.get("POPGATE_" + name.upper())
-        if raw is None:
-            raw = config.get(name)
-        if raw is None:
-            continue
-        if name == "broker":
-            values["brokers"] = _brokers(raw)
-        else:
-            values[name] = _convert(name, kind, raw)
-    values.setdefault("brokers", ())
-    if "acl" in config:
-        try:
-            values["accounts"] = accounts_from_config(config["acl"])
-        except ValueError as exc:
-            raise SettingsError(f"--config {config_path}: {exc}") from None
-    return Settings(**values)
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"--config {path}: {exc}") from None
-    table = data.get("proxy", data)
-    if not isinstance(table, dict):
-        raise SettingsError(f"--config {path}: [proxy] must be a table")
-    out = {str(k).replace("-", "_"): v for k, v in table.items()}
-    if "acl" in data:  # [[acl]] at the top level, beside or without a [proxy] table
-        out["acl"] = data["acl"]
-    if "brokers" in out:
-        out["broker"] = out.pop("brokers")
-    known = set(_fields()) | {"broker", "acl"}
-    unknown = sorted(set(out) - known)
-    if unknown:
-        raise SettingsError(f"--config {path}: unknown keys {unknown}")
-    return out
+    parser = settings_parser(Settings, "popgate-proxy", description="popgate RocketMQ v2 gRPC proxy")
+    return load_config(Settings, parser, argv, env, section="proxy")
