@@ -3,7 +3,8 @@
 Each child prints ``ready <address>`` on stderr once it serves; a reader thread per
 child waits for that line, then keeps draining stderr into ``<data-dir>/<name>.log``
 so a chatty child never blocks on a full pipe. Stopping sends SIGTERM, waits, then
-kills what is left.
+kills what is left. `Child` is also what the tests start single servers with
+(tests/procs.py).
 """
 
 from __future__ import annotations
@@ -30,14 +31,23 @@ class ClusterError(RuntimeError):
 
 @dataclass
 class Child:
+    """One server process: started, awaited until it reports ``ready <address>``, stopped.
+
+    Its stderr goes to `log_path` (None: nowhere), and its last `keep_lines` lines stay
+    in `lines`. With `own_session`, a terminal's Ctrl-C does not reach it.
+    """
+
     name: str
     argv: list[str]
-    log_path: Path
+    log_path: Path | None
     process: subprocess.Popen[bytes] | None = None
     address: str = ""
+    keep_lines: int = 20
+    own_session: bool = True
     _ready: threading.Event = field(default_factory=threading.Event)
     _tail: list[str] = field(default_factory=list)
     _terminated: bool = False
+    _reader: threading.Thread | None = None
 
     def start(self, env: dict[str, str] | None = None) -> None:
         # A fresh event per start: the previous process's stderr reader may still set its own at EOF.
@@ -52,21 +62,29 @@ class Child:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=env,
-            start_new_session=True,
+            start_new_session=self.own_session,
         )
         assert self.process.stderr is not None
-        threading.Thread(
+        self._reader = threading.Thread(
             target=self._drain, args=(self.process.stderr, self._ready), name=f"{self.name}-stderr", daemon=True
-        ).start()
+        )
+        self._reader.start()
+
+    def _log(self) -> contextlib.AbstractContextManager[IO[bytes] | None]:
+        if self.log_path is None:
+            return contextlib.nullcontext()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        return self.log_path.open("ab")
 
     def _drain(self, stream: IO[bytes], ready: threading.Event) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with stream, self.log_path.open("ab") as out:
+        with stream, self._log() as out:
             for raw in stream:
-                out.write(raw)
-                out.flush()
+                if out is not None:
+                    out.write(raw)
+                    out.flush()
                 line = raw.decode(errors="replace").rstrip()
-                self._tail = [*self._tail[-19:], line]
+                # A new list, not an append: readers in other threads iterate over the old one safely.
+                self._tail = [*self._tail, line][-self.keep_lines :]
                 if not ready.is_set() and line.startswith("ready "):
                     self.address = line.split(" ", 1)[1].strip()
                     ready.set()
@@ -82,6 +100,11 @@ class Child:
             what = f"exited with code {code}" if code is not None else f"did not report ready within {timeout_s:g} s"
             raise ClusterError(f"{self.name} {what}; last output:\n  {tail}")
         return self.address
+
+    @property
+    def lines(self) -> list[str]:
+        """The last `keep_lines` lines of its stderr."""
+        return list(self._tail)
 
     @property
     def metrics_url(self) -> str:
@@ -107,21 +130,28 @@ class Child:
             self.signal(signal.SIGTERM)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM, wait up to timeout_s, then SIGKILL; the exit code."""
+        """SIGTERM, wait up to timeout_s, then SIGKILL; the exit code (its last output read by then)."""
         if self.process is None:
             return None
         self.terminate()
         try:
-            return self.process.wait(timeout_s)
+            code = self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             log.warning("%s did not stop within %g s; killing it", self.name, timeout_s)
             self.process.kill()
-            return self.process.wait(timeout_s)
+            code = self.process.wait(timeout_s)
+        self._join(timeout_s)
+        return code
 
     def kill(self) -> None:
         if self.process is not None:
             self.process.kill()
             self.process.wait(10)
+            self._join(10)
+
+    def _join(self, timeout_s: float) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout_s)
 
 
 @dataclass(frozen=True)
