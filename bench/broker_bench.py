@@ -138,7 +138,7 @@ async def held_phase(address: str, pid: int, count: int, *, session: bool) -> tu
 
 
 async def run(args: argparse.Namespace, address: str, pid: int) -> list[tuple[str, str, str]]:
-    channels = [grpc.aio.insecure_channel(address) for _ in range(4)]
+    channels = [grpc.aio.insecure_channel(address) for _ in range(args.channels)]
     stubs = [pb_grpc.BrokerStub(c) for c in channels]
     await stubs[0].Stats(pb.StatsRequest())
     sessions = [await BrokerSession(stub).start() for stub in stubs]
@@ -180,6 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--wake-rounds", type=int, default=300)
     parser.add_argument("--held", type=int, default=10_000)
     parser.add_argument("--flush", choices=["async", "sync"], default="async")
