@@ -18,7 +18,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,9 +75,11 @@ CREATE TABLE IF NOT EXISTS group_filters (
 """
 
 INSERT_BATCH = "INSERT INTO batches (topic, queue, first_offset, meta, payloads) VALUES (?, ?, ?, ?, ?)"
+# The batches holding offsets lo..hi: from the one that starts at or before lo.
 SELECT_BATCHES = (
-    "SELECT first_offset, meta, payloads FROM batches"
-    " WHERE topic = ? AND queue = ? AND first_offset BETWEEN ? AND ? ORDER BY first_offset"
+    "SELECT first_offset, meta, payloads FROM batches WHERE topic = ?1 AND queue = ?2 AND first_offset BETWEEN"
+    " coalesce((SELECT max(first_offset) FROM batches WHERE topic = ?1 AND queue = ?2 AND first_offset <= ?3), ?3)"
+    " AND ?4 ORDER BY first_offset"
 )
 SELECT_BATCH_AT = (
     "SELECT first_offset, meta, payloads FROM batches"
@@ -160,14 +162,17 @@ class _Batches:
         return self.rows + [batch.row(*key) for key, batch in self.open.items()]
 
 
-def _unpack(first_offset: int, meta: str, payloads: bytes) -> list[tuple[int, int, str | None, bytes]]:
-    """A `batches` row back into (offset, store_ms, tag, payload) per message."""
+def _unpack(
+    first_offset: int, meta: str, payloads: bytes, wanted: Container[int] | None = None
+) -> list[tuple[int, int, str | None, bytes]]:
+    """A `batches` row back into (offset, store_ms, tag, payload) per message (only ``wanted`` offsets)."""
     store_ms, tags, sizes = json.loads(meta)
     out = []
-    start = 0
+    end = 0
     for i, size in enumerate(sizes):
-        out.append((first_offset + i, store_ms[i], tags[i], payloads[start : start + size]))
-        start += size
+        start, end = end, end + size
+        if wanted is None or first_offset + i in wanted:
+            out.append((first_offset + i, store_ms[i], tags[i], payloads[start:end]))
     return out
 
 
@@ -387,15 +392,14 @@ class SqliteStore:
             wanted = set(offsets)
             lo, hi = min(offsets), max(offsets)
             if hi - lo < 4 * len(offsets) + BATCH_MESSAGES:
-                rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo - BATCH_MESSAGES + 1, hi)).fetchall()
+                rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo, hi)).fetchall()
             else:  # a few offsets far apart: the batch holding each
                 found = {conn.execute(SELECT_BATCH_AT, (topic, queue_id, o)).fetchone() for o in sorted(wanted)}
                 rows = [row for row in found if row is not None]
             out: dict[int, bytes] = {}
             for row in rows:
-                for offset, _, _, payload in _unpack(*row):
-                    if offset in wanted:
-                        out[offset] = payload
+                for offset, _, _, payload in _unpack(*row, wanted):
+                    out[offset] = payload
             return out
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, read)
@@ -404,17 +408,17 @@ class SqliteStore:
         def read() -> list[Record]:
             conn = self._reader_conn()
             out: list[Record] = []
-            lo = from_offset - BATCH_MESSAGES + 1
+            want = from_offset  # the next offset to return
             while len(out) < limit:
-                hi = lo + 4 * BATCH_MESSAGES
-                rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo, hi)).fetchall()
+                rows = conn.execute(SELECT_BATCHES, (topic, queue_id, want, want + limit - len(out))).fetchall()
+                before = len(out)
                 for row in rows:
                     for offset, store_ms, tag, payload in _unpack(*row):
-                        if offset >= from_offset and len(out) < limit:
+                        if offset >= want and len(out) < limit:
                             out.append(Record(topic, queue_id, offset, store_ms, tag, payload))
-                if not rows:  # batches are dense: a window of 4 with none starting in it is past the end
+                            want = offset + 1
+                if len(out) == before:  # nothing at or after `want`
                     break
-                lo = hi + 1
             return out
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, read)
