@@ -397,8 +397,8 @@ class SqliteStore:
                 found = {conn.execute(SELECT_BATCH_AT, (topic, queue_id, o)).fetchone() for o in sorted(wanted)}
                 rows = [row for row in found if row is not None]
             out: dict[int, bytes] = {}
-            for row in rows:
-                for offset, _, _, payload in _unpack(*row, wanted):
+            for first_offset, meta, payloads in rows:
+                for offset, _, _, payload in _unpack(first_offset, meta, payloads, wanted):
                     out[offset] = payload
             return out
 
