@@ -8,6 +8,7 @@ never share a message) and then await the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -337,18 +338,32 @@ class BrokerCore:
         return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
 
     async def _record(self, committed: asyncio.Future[list[Record]]) -> None:
-        """Await a commit of consumer state (deliveries, acks, offsets). When the store refuses writes
-        (disk full, read-only), consumption goes on from memory: what was not recorded is delivered
-        again after a restart, as if never acked (at least once). Messages themselves are never
-        accepted without their commit."""
-        try:
-            await committed
-        except StoreUnavailable as exc:
+        """A commit of consumer state (deliveries, acks, offsets, filters). With ``--flush sync`` the
+        caller waits for it; with ``async`` it is answered at once and the commit follows (as
+        RocketMQ's pop buffer does): a kill -9 in between loses that state change, so the message is
+        delivered again (at least once). Sends always wait: a message is never accepted without its
+        commit. When the store refuses writes (disk full, read-only), consumption goes on from
+        memory in the same way."""
+        if self.settings.flush == "sync":
+            with contextlib.suppress(StoreUnavailable):
+                await committed
+        if committed.done():
+            self._recorded(committed)
+        else:
+            committed.add_done_callback(self._recorded)
+
+    def _recorded(self, committed: asyncio.Future[list[Record]]) -> None:
+        if committed.cancelled():
+            return
+        exc = committed.exception()
+        if isinstance(exc, StoreUnavailable):
             if not self._degraded:
                 log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
             self._degraded = True
-        else:
+        elif exc is None:
             self._degraded = False
+        else:
+            log.warning("consumer state commit failed: %s", exc)
 
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]

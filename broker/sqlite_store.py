@@ -99,6 +99,9 @@ DELETE_INFLIGHT = (
     "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ? AND offset IN (SELECT value FROM json_each(?))"
 )
 
+# The order op kinds run in within one group commit (see SqliteStore._apply).
+KIND_ORDER = (CreateQueue, SetGroupFilter, SetPullOffset, PutScheduled, PutInflight, DeleteInflight, DeleteScheduled)
+
 _SQL = {
     CreateQueue: "INSERT OR IGNORE INTO queues VALUES (?, ?)",
     SetPullOffset: "INSERT OR REPLACE INTO pull_offsets VALUES (?, ?, ?, ?)",
@@ -310,23 +313,27 @@ class SqliteStore:
         state writes are upserts), so a failure is the database's (disk full, read-only): it fails
         every request of the batch and rolls the offsets back.
 
-        Ops run grouped by kind, each kind in request order. That is safe because no batch holds two
-        ops of different kinds on the same row: a caller can only ack or change a delivery after the
-        pop that made it was committed and answered."""
+        Ops run grouped by kind, each kind in request order, the kinds in KIND_ORDER. Two ops of
+        different kinds on one row can share a batch (a Pop is answered before its commit under
+        --flush async, so its ack may follow at once), and then only in that order: a delivery is put
+        before it is deleted, a schedule entry written before it is delivered; nothing puts a row
+        again after its delete (an acked message has no delivery left to change)."""
         started = time.perf_counter()
         conn = self._conn
         saved = dict(self._next_offset)
         try:
             conn.execute("BEGIN")
             batches = _Batches()
-            by_kind: dict[type, list[Op]] = {}
+            by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
             for request in batch:
                 request.result = self._assign(request.appends, batches)
                 for op in request.ops:
-                    by_kind.setdefault(type(op), []).append(op)
+                    by_kind[type(op)].append(op)
             if batches.open:
                 conn.executemany(INSERT_BATCH, batches.all_rows())
             for kind, ops in by_kind.items():
+                if not ops:
+                    continue
                 if kind is PutInflight:
                     conn.execute(PUT_INFLIGHT, (json.dumps(ops),))
                 elif kind is DeleteInflight:

@@ -85,6 +85,11 @@ def session_requests() -> st.SearchStrategy[pb.SessionRequest]:
     return st.one_of(
         st.builds(lambda i, r: pb.SessionRequest(id=i, pop=r), ids, requests(pb.PopRequest)),
         st.builds(lambda i, r: pb.SessionRequest(id=i, notification=r), ids, requests(pb.NotificationRequest)),
+        st.builds(lambda i, r: pb.SessionRequest(id=i, send=r), ids, requests(pb.SendRequest)),
+        st.builds(lambda i, r: pb.SessionRequest(id=i, ack=r), ids, requests(pb.AckRequest)),
+        st.builds(
+            lambda i, r: pb.SessionRequest(id=i, change_invisible=r), ids, requests(pb.ChangeInvisibleTimeRequest)
+        ),
         st.builds(lambda i: pb.SessionRequest(id=i, cancel=True), ids),
         st.builds(lambda i: pb.SessionRequest(id=i), ids),
         requests(pb.SessionRequest),
@@ -125,7 +130,7 @@ def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -
         for answer in answers:
             assert answer.id in {r.id for r in batch}
             kind = answer.WhichOneof("body")
-            assert kind in ("pop", "notification", "error"), answer
+            assert kind in ("pop", "notification", "send", "ack", "change_invisible", "error"), answer
             if kind == "error":
                 assert answer.error.error not in ("", "BrokerError"), answer
                 assert answer.error.grpc_code in MAPPED_NUMBERS, answer
