@@ -31,7 +31,7 @@ from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms, tokens
-from broker.receipt import ReceiptHandle
+from broker.receipt import ReceiptHandle, encode_handle
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import (
@@ -202,17 +202,10 @@ class BrokerCore:
     def _popped(
         self, topic: TopicLog, queue_id: int, offset: int, d: Delivery, payloads: dict[tuple[int, int], bytes]
     ) -> Popped:
-        handle = ReceiptHandle(self.name, topic.name, queue_id, offset, d.attempt, d.token, d.deadline_ms)
+        handle = encode_handle(self.name, topic.name, queue_id, offset, d.attempt, d.token, d.deadline_ms)
         store_ms = topic.queues[queue_id].store_ms_at(offset)
         return Popped(
-            topic.name,
-            queue_id,
-            offset,
-            store_ms,
-            payloads[(queue_id, offset)],
-            d.attempt,
-            handle.encode(),
-            d.deadline_ms,
+            topic.name, queue_id, offset, store_ms, payloads[(queue_id, offset)], d.attempt, handle, d.deadline_ms
         )
 
     def _take_redeliveries(self, state: GroupTopic, now: int, want: int) -> list[tuple[int, int, int]]:
@@ -425,10 +418,10 @@ class BrokerCore:
             group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
         await self._record(self.store.submit([], [op]))
-        new = ReceiptHandle(
+        new = encode_handle(
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
-        return new.encode(), deadline
+        return new, deadline
 
     async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
         validation.check_group(group)

@@ -13,7 +13,7 @@ Format (fields joined by ``~``, a character names never contain)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.errors import InvalidReceiptHandle
 
@@ -22,8 +22,12 @@ _SEP = "~"
 _MAX_LEN = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ReceiptHandle:
+def encode_handle(broker: str, topic: str, queue_id: int, offset: int, attempt: int, token: int, until_ms: int) -> str:
+    """The handle text for these fields (what ``ReceiptHandle(...).encode()`` gives, without the object)."""
+    return f"{VERSION}~{broker}~{topic}~{queue_id}~{offset}~{attempt}~{token:x}~{until_ms}"
+
+
+class ReceiptHandle(NamedTuple):
     broker: str
     topic: str
     queue_id: int
@@ -33,18 +37,7 @@ class ReceiptHandle:
     invisible_until_ms: int
 
     def encode(self) -> str:
-        return _SEP.join(
-            (
-                VERSION,
-                self.broker,
-                self.topic,
-                str(self.queue_id),
-                str(self.offset),
-                str(self.attempt),
-                format(self.token, "x"),
-                str(self.invisible_until_ms),
-            )
-        )
+        return encode_handle(*self)
 
     @classmethod
     def decode(cls, text: str) -> ReceiptHandle:
@@ -59,12 +52,12 @@ class ReceiptHandle:
         if not broker or not topic:
             raise InvalidReceiptHandle("receipt handle is malformed (empty broker or topic name)")
         try:
-            handle = cls(broker, topic, int(queue), int(offset), int(attempt), int(token, 16), int(until))
+            queue_id, at, n, tok, until_ms = int(queue), int(offset), int(attempt), int(token, 16), int(until)
         except ValueError:
             raise InvalidReceiptHandle("receipt handle is malformed (bad number)") from None
-        if min(handle.queue_id, handle.offset, handle.token, handle.invisible_until_ms) < 0 or handle.attempt < 1:
+        if queue_id < 0 or at < 0 or tok < 0 or until_ms < 0 or n < 1:
             raise InvalidReceiptHandle("receipt handle is malformed (negative field)")
-        return handle
+        return cls(broker, topic, queue_id, at, n, tok, until_ms)
 
 
 def broker_of(text: str) -> str:
