@@ -56,27 +56,29 @@ class BrokerSession:
         return self._broken is not None
 
     async def pop(self, request: pb.PopRequest) -> pb.PopResponse:
-        return (await self._request(pop=request)).pop
+        return (await self.call(pb.SessionRequest(pop=request))).pop
 
     async def notification(self, request: pb.NotificationRequest) -> pb.NotificationResponse:
-        return (await self._request(notification=request)).notification
+        return (await self.call(pb.SessionRequest(notification=request))).notification
 
     async def send(self, request: pb.SendRequest) -> pb.SendResponse:
-        return (await self._request(send=request)).send
+        return (await self.call(pb.SessionRequest(send=request))).send
 
     async def ack(self, request: pb.AckRequest) -> pb.AckResponse:
-        return (await self._request(ack=request)).ack
+        return (await self.call(pb.SessionRequest(ack=request))).ack
 
     async def change_invisible(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
-        return (await self._request(change_invisible=request)).change_invisible
+        return (await self.call(pb.SessionRequest(change_invisible=request))).change_invisible
 
-    async def _request(self, **body: Any) -> pb.SessionResponse:
+    async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
+        """Send ``request`` (its body already filled in; the id is set here) and await its answer.
+        Callers with a large body build it inside the SessionRequest, saving a copy."""
         if self._broken is not None:
             raise self._broken
-        request_id = next(self._ids)
+        request_id = request.id = next(self._ids)
         future: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        self._outbox.put_nowait(pb.SessionRequest(id=request_id, **body))
+        self._outbox.put_nowait(request)
         try:
             response = await future
         except asyncio.CancelledError:

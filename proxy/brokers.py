@@ -62,8 +62,8 @@ def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
     return errors.BrokerFailure(f"broker {broker} failed: {code.name}: {details}")
 
 
-# Broker methods carried on the Session stream (method name for metrics → BrokerSession method).
-SESSION_METHODS = {
+# Broker methods carried on the Session stream: method name (for metrics) → the request's field.
+SESSION_FIELDS = {
     "Send": "send",
     "Pop": "pop",
     "Ack": "ack",
@@ -129,7 +129,9 @@ class GrpcBrokerClient:
             self._set_health(True, f"{method} succeeded")
 
     async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        response: bpb.SendResponse = await self._session_call("Send", bpb.SendRequest(messages=messages), timeout_s)
+        request = bpb.SessionRequest()
+        request.send.messages.extend(messages)  # built in place: one copy of the bodies, not two
+        response: bpb.SendResponse = await self._session_call("Send", request, timeout_s)
         results: Sequence[bpb.SendResult] = response.results
         return results
 
@@ -145,14 +147,17 @@ class GrpcBrokerClient:
         return session
 
     async def _session_call(self, method: str, request: Any, timeout_s: float) -> Any:
+        """``request``: the method's request, or a SessionRequest with it filled in; returns the answer."""
         # Flat on purpose: each coroutine frame here lives as long as a held receive (10,000s of them).
         session = self._session
         if session is None or session.broken:
             session = await self._live_session()
-        call = getattr(session, SESSION_METHODS[method])
+        field = SESSION_FIELDS[method]
+        if not isinstance(request, bpb.SessionRequest):
+            request = bpb.SessionRequest(**{field: request})
         try:
             async with asyncio.timeout(timeout_s):
-                response = await call(request)
+                response = getattr(await session.call(request), field)
         except TimeoutError:
             exc = grpc.aio.AioRpcError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "deadline", None
