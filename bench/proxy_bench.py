@@ -1,4 +1,5 @@
-"""Proxy throughput: produce and consume+ack msg/s through the proxy vs. direct broker calls.
+"""Proxy throughput: produce and consume+ack msg/s through the proxy vs. direct broker calls
+(on the brokers' Session streams, as the proxy calls them).
 
     .venv/bin/python bench/proxy_bench.py [--brokers 2] [--seconds 5] [--concurrency 8] [--size 256] [--batch 32]
 
@@ -26,6 +27,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
+from broker.client import BrokerSession
 from sdk.cluster import Cluster, ClusterConfig
 
 
@@ -111,35 +113,37 @@ async def proxy_phases(endpoint: str, pids: list[int], args: argparse.Namespace)
 
 async def direct_phases(addresses: list[str], pids: list[int], args: argparse.Namespace) -> tuple[Phase, Phase]:
     body = b"x" * args.size
+    # The proxy's own transport to the brokers: one Session stream per broker.
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
-    stubs = [broker_pb2_grpc.BrokerStub(c) for c in channels]  # type: ignore[no-untyped-call]
+    sessions = [await BrokerSession(broker_pb2_grpc.BrokerStub(c)).start() for c in channels]  # type: ignore[no-untyped-call]
     turn = [0]
 
-    def next_stub() -> broker_pb2_grpc.BrokerStub:
+    def next_session() -> BrokerSession:
         turn[0] += 1
-        return stubs[turn[0] % len(stubs)]
+        return sessions[turn[0] % len(sessions)]
 
     async def produce() -> int:
-        reply = await next_stub().Send(broker_batch("bench_direct", body, args.batch), timeout=10)
+        reply = await next_session().send(broker_batch("bench_direct", body, args.batch))
         return len(reply.results)
 
     async def consume() -> int:
-        stub = next_stub()
-        popped = await stub.Pop(
+        session = next_session()
+        popped = await session.pop(
             bpb.PopRequest(topic="bench_direct", group="bench", filter="*", max_messages=args.batch,
                            invisible_ms=60000, poll_ms=1000),
-            timeout=10,
         )  # fmt: skip
         if not popped.messages:
             return 0
         handles = [m.receipt_handle for m in popped.messages]
-        await stub.Ack(bpb.AckRequest(topic="bench_direct", group="bench", receipt_handles=handles), timeout=10)
+        await session.ack(bpb.AckRequest(topic="bench_direct", group="bench", receipt_handles=handles))
         return len(handles)
 
     try:
         produced = await run_for(args.seconds, args.concurrency, produce, pids)
         consumed = await run_for(args.seconds, args.concurrency, consume, pids)
     finally:
+        for session in sessions:
+            await session.close()
         for channel in channels:
             await channel.close()
     return produced, consumed
