@@ -1,6 +1,6 @@
-"""Run the scale model: calibration against docs/BENCHMARKS.md, predictions, plots.
+"""Run the scale model: calibration against measured realtime_bench runs, predictions, plots.
 
-PYTHONPATH=. .venv/bin/python -m bench.sim.run calibrate
+PYTHONPATH=. .venv/bin/python -m bench.sim.run calibrate [bench/sim/measured/*.json] [--seeds 5]
 PYTHONPATH=. .venv/bin/python -m bench.sim.run predict [--out bench/sim/predict.json] [--only-small]
 PYTHONPATH=. .venv/bin/python -m bench.sim.run plot bench/sim/predict.json
 """
@@ -9,68 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 import time
 from pathlib import Path
 
+from bench.sim.calibrate import MEASURED_GLOB, calibrate
 from bench.sim.model import Config, simulate
-
-# docs/BENCHMARKS.md, "Re-run after the broker's wake-one-per-message change" (06:42–06:46 UTC, machine quiet).
-MEASURED_SPARSE = {  # mode: (p50, p90, p99 ms from Send ack, false empties, empties, broker RPCs/msg)
-    "notify": (2.57, 3.07, 3.82, 0, 0, 3.00),
-    "adaptive": (2.70, 3.52, 4.63, 0, 0, 3.00),
-    "longpoll": (392.98, 1244.26, 1970.11, 1, 7, 0.61),
-}
-MEASURED_DENSE = {"notify": (974, 2.013), "adaptive": (1000, 0.200), "longpoll": (1000, 0.200)}  # msg/s, RPCs/msg
-
-SPARSE = {
-    "brokers": 4,
-    "consumers": 1,
-    "rate": 1 / 0.15,
-    "arrivals": "uniform",
-    "messages": 300,
-    "duration": 50.0,
-    "batch": 32,
-}
-DENSE = {
-    "brokers": 4,
-    "consumers": 64,
-    "rate": 1000.0,
-    "arrivals": "ticks",
-    "duration": 9.0,
-    "batch": 16,
-    "process_s": 0.002,
-}
-
-
-def calibrate(seeds: int) -> None:
-    print("(a) sparse: 4 brokers, 1 proxy, 1 consumer, 300 messages 50-250 ms apart, poll 2 s")
-    print("| mode | source | p50 ms | p90 ms | p99 ms | false empties | empties | broker RPCs/msg |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for mode, m in MEASURED_SPARSE.items():
-        rows = [simulate(Config(mode=mode, seed=s, **SPARSE)).row() for s in range(1, seeds + 1)]  # type: ignore[arg-type]
-        mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
-        lo = {k: min(r[k] for r in rows) for k in rows[0]}
-        hi = {k: max(r[k] for r in rows) for k in rows[0]}
-        print(f"| {mode} | measured | {m[0]:.2f} | {m[1]:.2f} | {m[2]:.2f} | {m[3]} | {m[4]} | {m[5]:.2f} |")
-        cells = []
-        for key in ("p50_ms", "p90_ms", "p99_ms"):
-            cells.append(f"{mean[key]:.2f} ({lo[key]:.0f}–{hi[key]:.0f})" if mode == "longpoll" else f"{mean[key]:.2f}")
-        print(
-            f"| {mode} | model, mean of {seeds} seeds | {' | '.join(cells)} | {mean['false_empties']:.1f} "
-            f"({lo['false_empties']:.0f}–{hi['false_empties']:.0f}) | {mean['empties']:.1f} | "
-            f"{mean['completed_per_msg']:.2f} |"
-        )
-    print("\n(b) dense: 4 brokers, 1 proxy, 64 consumers (batch 16, 2 ms ack), 1,000 msg/s in 20 ms ticks, 8 s")
-    print("| mode | measured msg/s | model msg/s | measured RPCs/msg | model RPCs/msg (sent) |")
-    print("|---|---:|---:|---:|---:|")
-    for mode, (rate, rpcs) in MEASURED_DENSE.items():
-        r = simulate(Config(mode=mode, seed=1, **DENSE))  # type: ignore[arg-type]
-        print(
-            f"| {mode} | {rate} | {r.row()['msg_s']:.0f} | {rpcs:.3f} | {r.completed_per_msg:.3f} "
-            f"({r.rpcs_per_msg:.3f}) |"
-        )
-
 
 MODES = ("longpoll", "notify", "adaptive", "adaptive-fleet")
 
@@ -227,7 +171,7 @@ def table(path: Path) -> None:
     for r in rows:
         d = r["decisions"]
         share = 100 * d.get("notify", 0) / max(1, d.get("notify", 0) + d.get("longpoll", 0)) if d else float("nan")
-        star = "*" if r["scale"] > 1 else ""
+        star = ("*" if r["scale"] > 1 else "") + ("†" if r.get("predates") else "")  # †: earlier latency parameters
         print(
             f"| {r['brokers']} | {r['proxies']} | {r['consumers']:,} | {r['proxy_skew']:g} | {r['mode']}{star} | "
             f"{100 * r['false_empty_rate']:.2f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['rpcs_per_msg']:.2f} | "
@@ -251,7 +195,8 @@ def plot(path: Path, img_dir: Path) -> None:
         xs = [j + (i - 1.5) * width for j in range(len(labels))]
         axes[0].bar(xs, [by[k]["rpcs_per_msg"] if k in by else 0 for k in labels], width, label=mode)
         axes[1].bar(xs, [by[k]["p99_ms"] if k in by else 0 for k in labels], width, label=mode)
-    names = [f"{b}b/{p}p/{c // 1000}k" for b, p, c in labels]
+    stale = {(r["brokers"], r["proxies"], r["consumers"]) for r in rows if r.get("predates")}
+    names = [f"{b}b/{p}p/{c // 1000}k" + ("†" if (b, p, c) in stale else "") for b, p, c in labels]
     for ax, title in zip(axes, ("broker RPCs per message", "delivery latency p99 (ms)"), strict=True):
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
@@ -270,6 +215,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("calibrate")
+    c.add_argument("measured", type=Path, nargs="*", help=f"realtime_bench --json files (default: {MEASURED_GLOB})")
     c.add_argument("--seeds", type=int, default=5)
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, default=Path("bench/sim/predict.json"))
@@ -288,7 +234,8 @@ def main() -> None:
     g.add_argument("--img-dir", type=Path, default=Path("docs/img"))
     args = parser.parse_args()
     if args.cmd == "calibrate":
-        calibrate(args.seeds)
+        paths = args.measured or sorted(Path().glob(MEASURED_GLOB))
+        sys.exit(0 if calibrate(paths, args.seeds) else 1)  # 1: a row outside the 20 % of issue 10
     elif args.cmd == "predict":
         predict(args.out, args.only_small, args.cases)
     elif args.cmd == "groups":
