@@ -196,21 +196,46 @@ class SqliteStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._conn = self._connect()
-        self._check_version()
+        version = self._layout()
         self._conn.executescript(SCHEMA)
+        if version == 1:
+            self._migrate_from_rows()
+        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def _check_version(self) -> None:
+    def _layout(self) -> int:
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()
         tables = {name for (name,) in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if version == 0 and "messages" in tables:
-            version = 1  # written before the layout had a version
-        if version not in (0, SCHEMA_VERSION):
+            version = 1  # one row per message, written before the layout had a version
+        if version not in (0, 1, SCHEMA_VERSION):
             self._conn.close()
             raise StoreUnavailable(
-                f"{self._path} has store layout {version}, this broker reads layout {SCHEMA_VERSION}:"
-                " start it on a new data directory"
+                f"{self._path} has store layout {version}, this broker reads layouts up to {SCHEMA_VERSION}:"
+                " start it with the popgate that wrote it, or on a new data directory"
             )
-        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return int(version)
+
+    def _migrate_from_rows(self) -> None:
+        """Layout 1 (table `messages`, a row per message) into batch rows, in one transaction."""
+        conn = self._conn
+        log.info("migrating %s: messages into batch rows (store layout 1 -> %d)", self._path, SCHEMA_VERSION)
+        conn.execute("BEGIN")
+        rows = conn.execute(
+            "SELECT topic, queue, offset, store_ms, tag, payload FROM messages ORDER BY topic, queue, offset"
+        )
+        batches = _Batches()
+        for topic, queue_id, offset, store_ms, tag, payload in rows:
+            open_ = batches.open.get((topic, queue_id))
+            if open_ is not None and open_.first_offset + len(open_.sizes) != offset:  # not consecutive
+                batches.rows.append(open_.row(topic, queue_id))
+                del batches.open[(topic, queue_id)]
+            batches.add(NewMessage(topic, queue_id, store_ms, tag, payload), offset)
+            if len(batches.rows) >= 64:  # bounded memory on a large store
+                conn.executemany(INSERT_BATCH, batches.rows)
+                batches.rows.clear()
+        conn.executemany(INSERT_BATCH, batches.all_rows())
+        conn.execute("DROP TABLE messages")
+        conn.execute("COMMIT")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)

@@ -71,8 +71,36 @@ def test_messages_come_back_by_offset_range_and_after_reopen(tmp_path: Path) -> 
     asyncio.run(scenario())
 
 
-def test_a_data_directory_of_another_layout_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
-        conn.execute("CREATE TABLE messages (topic TEXT)")
-    with pytest.raises(StoreUnavailable, match="layout 1, this broker reads layout 2"):
+        conn.execute(
+            "CREATE TABLE messages (topic TEXT NOT NULL, queue INTEGER NOT NULL, offset INTEGER NOT NULL, store_ms"
+            " INTEGER NOT NULL, tag TEXT, payload BLOB NOT NULL, PRIMARY KEY (topic, queue, offset)) WITHOUT ROWID"
+        )
+        rows = [("t", 0, o, 1_000 + o, message(o).tag, message(o).payload) for o in range(3, N)]
+        rows += [("t", 1, 0, 5, None, b"q1")]
+        conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    async def scenario() -> None:
+        store = SqliteStore(tmp_path)
+        snap = store.load()
+        index = snap.queues[("t", 0)]
+        assert (index.min_offset, len(index.tags)) == (3, N - 3)
+        assert index.tags == [message(o).tag for o in range(3, N)]
+        store.start(asyncio.get_running_loop())
+        assert await store.read_payloads("t", 0, [3, N - 1]) == {3: message(3).payload, N - 1: message(N - 1).payload}
+        assert await store.read_payloads("t", 1, [0]) == {0: b"q1"}
+        assert (await store.submit([message(0)], []))[0].offset == N
+        await store.close()
+
+    asyncio.run(scenario())
+    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "messages" not in tables and conn.execute("PRAGMA user_version").fetchone() == (2,)
+
+
+def test_a_data_directory_of_a_newer_layout_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
+        conn.execute("PRAGMA user_version = 9")
+    with pytest.raises(StoreUnavailable, match="layout 9, this broker reads layouts up to 2"):
         SqliteStore(tmp_path)
