@@ -190,8 +190,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
 
 # -- request → core call → response, shared by the unary RPCs and the Session stream ---------
-
-
 # Each fills in the response it is given: building a sub-message in place costs about half of
 # building it apart and copying it into its parent (a Pop answer's payloads would be copied twice).
 

@@ -18,10 +18,11 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from broker.batches import BATCH_MESSAGES, Batches, batch_rows, unpack
 from broker.errors import StoreUnavailable
 from broker.store import (
     ArrivalListener,
@@ -46,12 +47,6 @@ CHECKPOINT_INTERVAL_S = 0.5
 
 # Version of the file layout below, kept in PRAGMA user_version.
 SCHEMA_VERSION = 2
-
-# Messages are stored as batches, commit-log style: one row holds up to BATCH_MESSAGES consecutive
-# messages of one queue (those one group commit appends), with their store times, tags and sizes as
-# JSON in `meta` and their payloads concatenated. A row per message cost the writer ~10 us of CPU a
-# message (B-tree insert of a 300 B row, parameter binding); a batch row is one insert for all.
-BATCH_MESSAGES = 256
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -123,62 +118,6 @@ class _Request:
         self.result: list[Record] | BaseException = []
 
 
-class _Batch:
-    """Consecutive new messages of one queue, becoming one `batches` row."""
-
-    __slots__ = ("first_offset", "store_ms", "tags", "sizes", "payloads")
-
-    def __init__(self, first_offset: int) -> None:
-        self.first_offset = first_offset
-        self.store_ms: list[int] = []
-        self.tags: list[str | None] = []
-        self.sizes: list[int] = []
-        self.payloads: list[bytes] = []
-
-    def row(self, topic: str, queue_id: int) -> tuple[str, int, int, str, bytes]:
-        meta = json.dumps([self.store_ms, self.tags, self.sizes])
-        return topic, queue_id, self.first_offset, meta, b"".join(self.payloads)
-
-
-class _Batches:
-    """The new messages of one group commit, gathered per queue."""
-
-    __slots__ = ("open", "rows")
-
-    def __init__(self) -> None:
-        self.open: dict[tuple[str, int], _Batch] = {}
-        self.rows: list[tuple[str, int, int, str, bytes]] = []
-
-    def add(self, m: NewMessage, offset: int) -> None:
-        key = (m.topic, m.queue_id)
-        batch = self.open.get(key)
-        if batch is None or len(batch.sizes) >= BATCH_MESSAGES:
-            if batch is not None:
-                self.rows.append(batch.row(*key))
-            batch = self.open[key] = _Batch(offset)
-        batch.store_ms.append(m.store_ms)
-        batch.tags.append(m.tag)
-        batch.sizes.append(len(m.payload))
-        batch.payloads.append(m.payload)
-
-    def all_rows(self) -> list[tuple[str, int, int, str, bytes]]:
-        return self.rows + [batch.row(*key) for key, batch in self.open.items()]
-
-
-def _unpack(
-    first_offset: int, meta: str, payloads: bytes, wanted: Container[int] | None = None
-) -> list[tuple[int, int, str | None, bytes]]:
-    """A `batches` row back into (offset, store_ms, tag, payload) per message (only ``wanted`` offsets)."""
-    store_ms, tags, sizes = json.loads(meta)
-    out = []
-    end = 0
-    for i, size in enumerate(sizes):
-        start, end = end, end + size
-        if wanted is None or first_offset + i in wanted:
-            out.append((first_offset + i, store_ms[i], tags[i], payloads[start:end]))
-    return out
-
-
 class SqliteStore:
     def __init__(self, data_dir: Path, *, flush: str = "async", on_commit: CommitObserver | None = None) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -223,17 +162,8 @@ class SqliteStore:
         rows = conn.execute(
             "SELECT topic, queue, offset, store_ms, tag, payload FROM messages ORDER BY topic, queue, offset"
         )
-        batches = _Batches()
-        for topic, queue_id, offset, store_ms, tag, payload in rows:
-            open_ = batches.open.get((topic, queue_id))
-            if open_ is not None and open_.first_offset + len(open_.sizes) != offset:  # not consecutive
-                batches.rows.append(open_.row(topic, queue_id))
-                del batches.open[(topic, queue_id)]
-            batches.add(NewMessage(topic, queue_id, store_ms, tag, payload), offset)
-            if len(batches.rows) >= 64:  # bounded memory on a large store
-                conn.executemany(INSERT_BATCH, batches.rows)
-                batches.rows.clear()
-        conn.executemany(INSERT_BATCH, batches.all_rows())
+        for chunk in batch_rows(rows):
+            conn.executemany(INSERT_BATCH, chunk)
         conn.execute("DROP TABLE messages")
         conn.execute("COMMIT")
 
@@ -348,7 +278,7 @@ class SqliteStore:
         saved = dict(self._next_offset)
         try:
             conn.execute("BEGIN")
-            batches = _Batches()
+            batches = Batches()
             by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
             for request in batch:
                 request.result = self._assign(request.appends, batches)
@@ -376,7 +306,7 @@ class SqliteStore:
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 
-    def _assign(self, appends: Sequence[NewMessage], batches: _Batches) -> list[Record]:
+    def _assign(self, appends: Sequence[NewMessage], batches: Batches) -> list[Record]:
         records: list[Record] = []
         next_offset = self._next_offset
         for m in appends:
@@ -430,7 +360,7 @@ class SqliteStore:
                 rows = [row for row in found if row is not None]
             out: dict[int, bytes] = {}
             for first_offset, meta, payloads in rows:
-                for offset, _, _, payload in _unpack(first_offset, meta, payloads, wanted):
+                for offset, _, _, payload in unpack(first_offset, meta, payloads, wanted):
                     out[offset] = payload
             return out
 
@@ -445,7 +375,7 @@ class SqliteStore:
                 rows = conn.execute(SELECT_BATCHES, (topic, queue_id, want, want + limit - len(out))).fetchall()
                 before = len(out)
                 for row in rows:
-                    for offset, store_ms, tag, payload in _unpack(*row):
+                    for offset, store_ms, tag, payload in unpack(*row):
                         if offset >= want and len(out) < limit:
                             out.append(Record(topic, queue_id, offset, store_ms, tag, payload))
                             want = offset + 1

@@ -1,0 +1,31 @@
+"""Batch rows: what goes in comes back per offset; gaps and queue changes start a new row."""
+
+from __future__ import annotations
+
+from broker.batches import BATCH_MESSAGES, Batches, batch_rows, unpack
+from broker.store import NewMessage
+
+
+def test_a_group_commit_becomes_one_row_per_queue_of_at_most_batch_messages() -> None:
+    batches = Batches()
+    for offset in range(BATCH_MESSAGES + 3):
+        batches.add(NewMessage("t", 0, 7, "a" if offset % 2 else None, b"m%d" % offset), offset)
+    batches.add(NewMessage("t", 1, 8, "b", b"other"), 0)
+    rows = batches.all_rows()
+    assert [(r[1], r[2]) for r in rows] == [(0, 0), (0, BATCH_MESSAGES), (1, 0)]
+    back = [m for r in rows for m in unpack(*r[2:])]
+    assert back[:2] == [(0, 7, None, b"m0"), (1, 7, "a", b"m1")]
+    assert len(back) == BATCH_MESSAGES + 4
+    assert unpack(*rows[1][2:], wanted={BATCH_MESSAGES + 1}) == [
+        (BATCH_MESSAGES + 1, 7, "a", b"m%d" % (BATCH_MESSAGES + 1))
+    ]
+
+
+def test_rows_of_the_first_layout_are_batched_with_gaps_kept() -> None:
+    old = [("t", 0, o, 1_000 + o, None, b"%d" % o) for o in [*range(100), *range(150, 5_000)]]
+    chunks = list(batch_rows(old))
+    rows = [r for chunk in chunks for r in chunk]
+    assert all(len(chunk) <= 64 for chunk in chunks)
+    assert rows[0][2] == 0 and rows[1][2] == 150  # the gap 100..149 starts a new row
+    back = [(o, ms, payload) for r in rows for o, ms, _, payload in unpack(*r[2:])]
+    assert back == [(o, ms, p) for _, _, o, ms, _, p in old]
