@@ -1,8 +1,9 @@
-"""The broker core: topics, consumer groups, pop/ack/invisibility, long polling and dead letters.
+"""The broker core: topics, consumer groups, pop/ack/invisibility, long polling and notification.
 
 Protocol-neutral (no gRPC). All hot state lives here, on the event loop; the
 store makes it durable. Pops reserve messages synchronously (so concurrent pops
-never share a message) and then await the store.
+never share a message) and then await the store. Redelivery timers and dead
+letters are the ``Redelivery`` it owns.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms, tokens
 from broker.receipt import ReceiptHandle, encode_handle
+from broker.redelivery import Redelivery
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import (
     DeleteInflight,
-    NewMessage,
     Op,
     PutInflight,
     Record,
@@ -47,8 +48,6 @@ from broker.store import (
 )
 
 log = logging.getLogger(__name__)
-
-DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
 
 
 class BrokerCore:
@@ -62,9 +61,15 @@ class BrokerCore:
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
-        self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self.sends = SendPath(settings, store, self.topics)
+        self.redelivery = Redelivery(
+            store=store,
+            topics=self.topics,
+            sends=self.sends,
+            hold=self.hold,
+            payloads=self._payloads,
+            max_attempts=settings.max_delivery_attempts,
+        )
         self._degraded = False  # the store refuses writes: consumer state lives in memory only
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
@@ -86,7 +91,7 @@ class BrokerCore:
             state.queue(i.queue_id, i.offset + 1)
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms))
         for state in self.groups.values():
-            self._schedule(state)
+            self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
 
     def start(self) -> None:
@@ -148,7 +153,7 @@ class BrokerCore:
 
     async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
         now = now_ms()
-        picks = self._take_redeliveries(state, now, want)
+        picks = self.redelivery.take(state, now, want)
         topic = self.topics.get(state.topic)
         if topic is not None and len(picks) < want:
             picks.extend((q, o, 1) for q, o in self._take_new(state, topic, want - len(picks), ops))
@@ -165,7 +170,7 @@ class BrokerCore:
                 PutInflight(state.group, state.topic, queue_id, offset, attempt, delivery.token, now + invisible_ms)
             )
             deliveries.append((queue_id, offset, delivery))
-        self._schedule(state)
+        self.redelivery.schedule(state)
         committed = self.store.submit([], ops)
         payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
         await self._record(committed)
@@ -196,7 +201,7 @@ class BrokerCore:
             state.deliver(queue_id, offset, undone)
             ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
         self.store.submit([], ops)
-        self._schedule(state)
+        self.redelivery.schedule(state)
         return deliveries[:i]
 
     def _popped(
@@ -207,17 +212,6 @@ class BrokerCore:
         return Popped(
             topic.name, queue_id, offset, store_ms, payloads[(queue_id, offset)], d.attempt, handle, d.deadline_ms
         )
-
-    def _take_redeliveries(self, state: GroupTopic, now: int, want: int) -> list[tuple[int, int, int]]:
-        self._expire(state, now)
-        picks: list[tuple[int, int, int]] = []
-        ready = state.ready
-        while ready and len(picks) < want:
-            queue_id, offset, token = ready.popleft()
-            delivery = state.current(queue_id, offset, token)
-            if delivery is not None:
-                picks.append((queue_id, offset, delivery.attempt + 1))
-        return picks
 
     def _take_new(self, state: GroupTopic, topic: TopicLog, want: int, ops: list[Op]) -> list[tuple[int, int]]:
         """New messages from the pull offsets, spread fairly over the queues (rotating start)."""
@@ -266,70 +260,6 @@ class BrokerCore:
                 out[(queue_id, offset)] = found[offset]
         return out
 
-    # -- redelivery and dead letters -----------------------------------------
-
-    def _expire(self, state: GroupTopic, now: int) -> int:
-        """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ)."""
-        ready = 0
-        for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
-            if delivery.attempt >= self.settings.max_delivery_attempts:
-                self._spawn(self._dead_letter(state, queue_id, offset, delivery))
-            else:
-                state.ready.append((queue_id, offset, delivery.token))
-                ready += 1
-        return ready
-
-    def _schedule(self, state: GroupTopic) -> None:
-        key = (state.group, state.topic)
-        deadline = state.next_deadline()
-        current = self._timers.get(key)
-        if current is not None:
-            if deadline is not None and current[0] <= deadline:
-                return
-            current[1].cancel()
-            del self._timers[key]
-        if deadline is None:
-            return
-        delay = max(0.0, (deadline - now_ms()) / 1000)
-        handle = asyncio.get_running_loop().call_later(delay, self._on_deadline, state)
-        self._timers[key] = (deadline, handle)
-
-    def _on_deadline(self, state: GroupTopic) -> None:
-        self._timers.pop((state.group, state.topic), None)
-        count = self._expire(state, now_ms())
-        if count:
-            self.hold.wake((state.topic, state.group), count)
-        self._schedule(state)
-
-    async def _dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
-        topic = self.topics[state.topic]
-        payloads = await self._payloads(topic, [(queue_id, offset)])
-        if state.current(queue_id, offset, delivery.token) is None:
-            raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
-        state.remove(queue_id, offset)
-        original = pb.Message.FromString(payloads[(queue_id, offset)])
-        dlq = pb.Message()
-        dlq.CopyFrom(original)
-        dlq.topic = validation.DLQ_PREFIX + state.group
-        values = (state.topic, original.message_id, str(delivery.attempt), str(queue_id), str(offset))
-        dlq.properties.update(dict(zip(DLQ_PROPS, values, strict=True)))
-        ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
-        self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
-        tag = dlq.tag if dlq.HasField("tag") else None
-        try:
-            [record] = await self.store.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
-        except StoreUnavailable:
-            # The message must not vanish: it stays in flight and comes due again in a second.
-            retry = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
-            state.deliver(queue_id, offset, retry)
-            self._schedule(state)
-            raise
-        state.dead_lettered += 1
-        log.info(
-            "dead-lettered %s/%s/%s after %s attempts to %s", state.topic, queue_id, offset, delivery.attempt, dlq.topic
-        )
-        return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
-
     async def _record(self, committed: asyncio.Future[list[Record]]) -> None:
         """A commit of consumer state (deliveries, acks, offsets, filters). With ``--flush sync`` the
         caller waits for it; with ``async`` it is answered at once and the commit follows (as
@@ -357,16 +287,6 @@ class BrokerCore:
             self._degraded = False
         else:
             log.warning("consumer state commit failed: %s", exc)
-
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("background task failed: %s", task.exception())
 
     # -- ack and invisibility ------------------------------------------------
 
@@ -413,7 +333,7 @@ class BrokerCore:
         deadline = now_ms() + invisible_ms
         delivery = Delivery(old.attempt, tokens.getrandbits(48), deadline)
         state.deliver(handle.queue_id, handle.offset, delivery)
-        self._schedule(state)
+        self.redelivery.schedule(state)
         op = PutInflight(
             group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
@@ -426,7 +346,7 @@ class BrokerCore:
     async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
         validation.check_group(group)
         state, handle, delivery = self._resolve(topic, group, text)
-        return await self._dead_letter(state, handle.queue_id, handle.offset, delivery)
+        return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
 
     # -- notification ----------------------------------------------------------
 
@@ -440,7 +360,7 @@ class BrokerCore:
         return outcome is Outcome.SERVED, outcome is Outcome.FULL
 
     def _has_ready(self, state: GroupTopic, tag_filter: TagFilter) -> bool:
-        self._expire(state, now_ms())
+        self.redelivery.expire(state, now_ms())
         if any(state.current(q, o, t) for q, o, t in state.ready):
             return True
         topic = self.topics.get(state.topic)
@@ -490,8 +410,4 @@ class BrokerCore:
     async def close(self) -> None:
         await self.scheduler.close()
         self.hold.close()
-        for _, handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)
+        await self.redelivery.close()

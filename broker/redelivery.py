@@ -1,0 +1,144 @@
+"""Redelivery and dead letters: invisibility timers, expired deliveries made ready again, the DLQ path.
+
+An un-acked delivery becomes ready again at its deadline with attempt + 1; one that already had
+``max_attempts`` deliveries goes to the topic ``%DLQ%<group>`` instead, its origin kept as
+properties. One timer per group+topic fires at the earliest deadline and wakes held Pops.
+Owned and called by the core; it knows nothing of the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+
+from popgate_pb import broker_pb2 as pb
+
+from broker import validation
+from broker.errors import InvalidReceiptHandle, StoreUnavailable
+from broker.inflight import Delivery, GroupTopic
+from broker.log import TopicLog
+from broker.longpoll import HoldService
+from broker.model import now_ms, tokens
+from broker.send import SendPath
+from broker.store import DeleteInflight, NewMessage, Op, Store
+
+log = logging.getLogger(__name__)
+
+DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
+
+PayloadReader = Callable[[TopicLog, list[tuple[int, int]]], Awaitable[dict[tuple[int, int], bytes]]]
+
+
+class Redelivery:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        topics: dict[str, TopicLog],
+        sends: SendPath,
+        hold: HoldService,
+        payloads: PayloadReader,
+        max_attempts: int,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.sends = sends
+        self.hold = hold
+        self.payloads = payloads
+        self.max_attempts = max_attempts
+        self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    def take(self, state: GroupTopic, now: int, want: int) -> list[tuple[int, int, int]]:
+        """Up to ``want`` ready redeliveries as (queue id, offset, next attempt)."""
+        self.expire(state, now)
+        picks: list[tuple[int, int, int]] = []
+        ready = state.ready
+        while ready and len(picks) < want:
+            queue_id, offset, token = ready.popleft()
+            delivery = state.current(queue_id, offset, token)
+            if delivery is not None:
+                picks.append((queue_id, offset, delivery.attempt + 1))
+        return picks
+
+    def expire(self, state: GroupTopic, now: int) -> int:
+        """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ)."""
+        ready = 0
+        for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
+            if delivery.attempt >= self.max_attempts:
+                self._spawn(self.dead_letter(state, queue_id, offset, delivery))
+            else:
+                state.ready.append((queue_id, offset, delivery.token))
+                ready += 1
+        return ready
+
+    def schedule(self, state: GroupTopic) -> None:
+        """(Re)arm the group's timer for its earliest deadline; an earlier armed timer stays."""
+        key = (state.group, state.topic)
+        deadline = state.next_deadline()
+        current = self._timers.get(key)
+        if current is not None:
+            if deadline is not None and current[0] <= deadline:
+                return
+            current[1].cancel()
+            del self._timers[key]
+        if deadline is None:
+            return
+        delay = max(0.0, (deadline - now_ms()) / 1000)
+        handle = asyncio.get_running_loop().call_later(delay, self._on_deadline, state)
+        self._timers[key] = (deadline, handle)
+
+    def _on_deadline(self, state: GroupTopic) -> None:
+        self._timers.pop((state.group, state.topic), None)
+        count = self.expire(state, now_ms())
+        if count:
+            self.hold.wake((state.topic, state.group), count)
+        self.schedule(state)
+
+    async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
+        topic = self.topics[state.topic]
+        payloads = await self.payloads(topic, [(queue_id, offset)])
+        if state.current(queue_id, offset, delivery.token) is None:
+            raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
+        state.remove(queue_id, offset)
+        original = pb.Message.FromString(payloads[(queue_id, offset)])
+        dlq = pb.Message()
+        dlq.CopyFrom(original)
+        dlq.topic = validation.DLQ_PREFIX + state.group
+        values = (state.topic, original.message_id, str(delivery.attempt), str(queue_id), str(offset))
+        dlq.properties.update(dict(zip(DLQ_PROPS, values, strict=True)))
+        ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
+        self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
+        tag = dlq.tag if dlq.HasField("tag") else None
+        try:
+            [record] = await self.store.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
+        except StoreUnavailable:
+            # The message must not vanish: it stays in flight and comes due again in a second.
+            retry = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
+            state.deliver(queue_id, offset, retry)
+            self.schedule(state)
+            raise
+        state.dead_lettered += 1
+        log.info(
+            "dead-lettered %s/%s/%s after %s attempts to %s", state.topic, queue_id, offset, delivery.attempt, dlq.topic
+        )
+        return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
+
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %s", task.exception())
+
+    async def close(self) -> None:
+        """Stop the timers, then give dead-lettering still under way a few seconds to finish."""
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)

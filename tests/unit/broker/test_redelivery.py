@@ -1,0 +1,126 @@
+"""Redelivery without sockets: expiry makes deliveries ready again or dead-letters them past the attempt
+limit, a failed DLQ commit keeps the message in flight, and the invisibility timer wakes a held Pop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Sequence
+from typing import TypeVar
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.errors import StoreUnavailable
+from broker.filters import MATCH_ALL
+from broker.inflight import Delivery, GroupTopic
+from broker.log import QueueLog, TopicLog
+from broker.longpoll import HoldService, Kind, Outcome
+from broker.model import now_ms
+from broker.redelivery import Redelivery
+from broker.send import SendPath
+from broker.settings import BrokerSettings
+from broker.store import DeleteInflight, NewMessage, Op, Record
+
+MAX_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[object, object, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+
+
+class CommitLog:
+    """Just enough of a Store: records every commit, answers at once, refuses writes on demand."""
+
+    def __init__(self) -> None:
+        self.commits: list[tuple[list[NewMessage], list[Op]]] = []
+        self.refuse = False
+
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
+        if self.refuse:
+            future.set_exception(StoreUnavailable("disk full"))
+            return future
+        self.commits.append((list(appends), list(ops)))
+        future.set_result([Record(a.topic, a.queue_id, i, a.store_ms, a.tag, a.payload) for i, a in enumerate(appends)])
+        return future
+
+
+def make(store: CommitLog) -> tuple[Redelivery, GroupTopic, HoldService]:
+    topics = {"t": TopicLog("t", [QueueLog("t", 0)])}
+    hold = HoldService(10)
+
+    async def payloads(topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return {
+            (q, o): pb.Message(topic=topic.name, message_id=f"m{o}", body=b"x").SerializeToString() for q, o in picks
+        }
+
+    sends = SendPath(BrokerSettings(), store, topics)  # type: ignore[arg-type]
+    redelivery = Redelivery(
+        store=store,  # type: ignore[arg-type]
+        topics=topics,
+        sends=sends,
+        hold=hold,
+        payloads=payloads,
+        max_attempts=MAX_ATTEMPTS,
+    )
+    state = GroupTopic("g", "t")
+    state.queue(0, 0).pull_offset = 2
+    return redelivery, state, hold
+
+
+def test_expired_delivery_is_ready_again_below_the_limit_and_dead_lettered_at_it() -> None:
+    store = CommitLog()
+
+    async def scenario() -> list[tuple[int, int, int]]:
+        redelivery, state, _ = make(store)
+        state.deliver(0, 0, Delivery(MAX_ATTEMPTS - 1, 11, 100))
+        state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
+        picks = redelivery.take(state, now=200, want=10)
+        await redelivery.close()  # waits for the dead-lettering under way
+        assert state.current(0, 1, 12) is None and state.dead_lettered == 1
+        return picks
+
+    assert run(scenario()) == [(0, 0, MAX_ATTEMPTS)]
+    [(appends, ops)] = store.commits
+    assert DeleteInflight("g", "t", 0, 1) in ops
+    [dlq] = appends
+    message = pb.Message.FromString(dlq.payload)
+    assert dlq.topic == message.topic == "%DLQ%g"
+    assert message.message_id == "m1"
+    assert dict(message.properties) == {
+        "ORIGIN_TOPIC": "t",
+        "ORIGIN_MESSAGE_ID": "m1",
+        "DELIVERY_ATTEMPTS": str(MAX_ATTEMPTS),
+        "ORIGIN_QUEUE_ID": "0",
+        "ORIGIN_OFFSET": "1",
+    }
+
+
+def test_refused_dead_letter_keeps_the_message_in_flight() -> None:
+    store = CommitLog()
+    store.refuse = True
+
+    async def scenario() -> None:
+        redelivery, state, _ = make(store)
+        state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
+        assert redelivery.expire(state, now=200) == 0
+        await redelivery.close()
+        deadline = state.next_deadline()
+        assert deadline is not None and deadline > now_ms()  # comes due again, same attempt count
+        assert state.dead_lettered == 0
+
+    run(scenario())
+    assert store.commits == []
+
+
+def test_deadline_timer_wakes_a_held_pop() -> None:
+    async def scenario() -> Outcome:
+        redelivery, state, hold = make(CommitLog())
+        state.deliver(0, 0, Delivery(1, 11, now_ms() + 50))
+        redelivery.schedule(state)
+        outcome = await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5.0)
+        assert redelivery.take(state, now=now_ms(), want=1) == [(0, 0, 2)]
+        await redelivery.close()
+        return outcome
+
+    assert run(scenario()) is Outcome.SERVED
