@@ -24,24 +24,16 @@ from typing import Any
 import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
-from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from bench.common import cpu_seconds, machine, rss_bytes
+from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 
 
 def request(topic: str, group: str) -> pb.ReceiveMessageRequest:
-    r = pb.ReceiveMessageRequest(
-        group=v2.Resource(name=group),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-        batch_size=16,
-    )
-    r.invisible_duration.seconds = 60
-    r.long_polling_timeout.seconds = 30
-    return r
+    return wire.receive_request(group, wire.Subscription(topic), max=16, invisible=60, wait=30)
 
 
 async def held(stubs: list[broker_pb2_grpc.BrokerStub]) -> int:

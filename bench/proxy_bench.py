@@ -28,6 +28,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from broker.client import BrokerSession
+from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 
 
@@ -88,14 +89,9 @@ async def proxy_phases(endpoint: str, pids: list[int], args: argparse.Namespace)
         produced = await run_for(args.seconds, args.concurrency, produce, pids)
 
         async def consume() -> int:
-            request = pb.ReceiveMessageRequest(
-                group=v2.Resource(name="bench"),
-                message_queue=v2.MessageQueue(topic=v2.Resource(name="bench_proxy")),
-                filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-                batch_size=args.batch,
+            request = wire.receive_request(
+                "bench", wire.Subscription("bench_proxy"), max=args.batch, invisible=60, wait=1
             )
-            request.invisible_duration.seconds = 60
-            request.long_polling_timeout.seconds = 1
             entries = [
                 pb.AckMessageEntry(receipt_handle=f.message.system_properties.receipt_handle)
                 async for f in stub.ReceiveMessage(request, timeout=10)

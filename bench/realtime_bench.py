@@ -43,6 +43,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from bench.common import cpu_seconds, machine, summary
+from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 
 MODES = ("notify", "adaptive", "longpoll")
@@ -83,15 +84,7 @@ class Dense:
 
 
 def receive_request(topic: str, group: str, batch: int, poll_s: float) -> pb.ReceiveMessageRequest:
-    request = pb.ReceiveMessageRequest(
-        group=v2.Resource(name=group),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-        batch_size=batch,
-    )
-    request.invisible_duration.seconds = 300
-    request.long_polling_timeout.FromMilliseconds(int(poll_s * 1000))
-    return request
+    return wire.receive_request(group, wire.Subscription(topic), max=batch, invisible=300, wait=poll_s)
 
 
 async def receive_once(

@@ -21,6 +21,7 @@ from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 
@@ -167,14 +168,7 @@ def test_notifications_honour_the_tag_filter(cluster: Cluster) -> None:
     brokers = stubs(cluster)
     client = V2Client(cluster.endpoint)
     topic, group = f"tags-{uuid.uuid4().hex[:8]}", f"g-tags-{uuid.uuid4().hex[:6]}"
-    request = pb.ReceiveMessageRequest(
-        group=v2.Resource(name=group),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="a"),
-        batch_size=1,
-    )
-    request.invisible_duration.seconds = 30
-    request.long_polling_timeout.seconds = POLL_S
+    request = wire.receive_request(group, wire.Subscription(topic, "a"), max=1, invisible=30, wait=POLL_S)
 
     def receive_a() -> list[v2.Message]:
         return [f.message for f in client.stub.ReceiveMessage(request, timeout=POLL_S + 3) if f.HasField("message")]
