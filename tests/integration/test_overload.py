@@ -19,11 +19,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
+from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 from tests.procs import wait_until
 
@@ -54,14 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 async def receive(stub: pb_grpc.MessagingServiceStub, topic: str, group: str) -> int:
-    request = pb.ReceiveMessageRequest(
-        group=v2.Resource(name=group),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-        batch_size=32,
-        invisible_duration=duration_pb2.Duration(seconds=30),
-        long_polling_timeout=duration_pb2.Duration(seconds=3),
-    )
+    request = wire.receive_request(group, wire.Subscription(topic), max=32, invisible=30, wait=3)
     code = 0
     async for frame in stub.ReceiveMessage(request, timeout=10):
         if frame.HasField("status"):

@@ -9,6 +9,8 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
+from sdk import _wire as wire
+
 
 class V2Client:
     def __init__(self, endpoint: str) -> None:
@@ -31,14 +33,7 @@ class V2Client:
     def receive(
         self, topic: str, group: str, *, batch: int = 32, invisible_s: int = 30, poll_s: int = 1
     ) -> tuple[v2.Status, list[v2.Message]]:
-        request = pb.ReceiveMessageRequest(
-            group=v2.Resource(name=group),
-            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
-            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
-            batch_size=batch,
-        )
-        request.invisible_duration.seconds = invisible_s
-        request.long_polling_timeout.seconds = poll_s
+        request = wire.receive_request(group, wire.Subscription(topic), max=batch, invisible=invisible_s, wait=poll_s)
         status, messages = v2.Status(), []
         for frame in self.stub.ReceiveMessage(request, timeout=poll_s + 3):
             if frame.HasField("status"):
