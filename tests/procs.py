@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from sdk.cluster import Child, ClusterError
+from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError
 
 READY_TIMEOUT_S = 30.0
 
@@ -72,3 +74,22 @@ def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.02)
             return True
         time.sleep(interval)
     return bool(predicate())  # type: ignore[operator]
+
+
+BROKER_TOKEN = "broker-secret"
+
+
+@contextlib.contextmanager
+def secured_cluster(data: Path, proxy_toml: str) -> Iterator[Cluster]:
+    """2 brokers that require ``BROKER_TOKEN`` and a proxy configured by ``proxy_toml`` (its
+    ``broker_token`` must match); stopped at the end even when a test fails."""
+    (data / "proxy.toml").write_text(proxy_toml)
+    config = ClusterConfig(
+        brokers=2,
+        listen="127.0.0.1:0",
+        data_dir=data,
+        broker_args=("--auth-token", BROKER_TOKEN),
+        proxy_args=("--config", str(data / "proxy.toml")),
+    )
+    with Cluster(config) as started:
+        yield started

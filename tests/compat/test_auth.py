@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sdk.cluster import Cluster, ClusterConfig
+from sdk.cluster import Cluster
+from tests.procs import secured_cluster
 
 if importlib.util.find_spec("rocketmq") is None:
     raise RuntimeError("rocketmq-python-client is required (the dev extra installs it: make test)")
@@ -100,16 +101,7 @@ print(json.dumps(result))
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    data = tmp_path_factory.mktemp("compat-auth")
-    (data / "proxy.toml").write_text(CONFIG)
-    config = ClusterConfig(
-        brokers=2,
-        listen="127.0.0.1:0",
-        data_dir=data,
-        broker_args=("--auth-token", "broker-secret"),
-        proxy_args=("--config", str(data / "proxy.toml")),
-    )
-    with Cluster(config) as started:
+    with secured_cluster(tmp_path_factory.mktemp("compat-auth"), CONFIG) as started:
         yield started
 
 

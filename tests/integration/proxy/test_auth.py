@@ -15,8 +15,9 @@ from popgate_pb import broker_pb2_grpc
 
 from broker.auth import TOKEN_KEY
 from sdk import PopgateError, Producer, SimpleConsumer, Unauthorized
-from sdk.cluster import Cluster, ClusterConfig
+from sdk.cluster import Cluster
 from tests.integration.sdk.conftest import drain
+from tests.procs import BROKER_TOKEN, secured_cluster
 
 CONFIG = """
 broker_token = "broker-secret"
@@ -39,16 +40,7 @@ groups = ["*"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    data = tmp_path_factory.mktemp("auth")
-    (data / "proxy.toml").write_text(CONFIG)
-    config = ClusterConfig(
-        brokers=2,
-        listen="127.0.0.1:0",
-        data_dir=data,
-        broker_args=("--auth-token", "broker-secret"),
-        proxy_args=("--config", str(data / "proxy.toml")),
-    )
-    with Cluster(config) as started:  # starts it; stops it even when a test fails
+    with secured_cluster(tmp_path_factory.mktemp("auth"), CONFIG) as started:
         yield started
 
 
@@ -100,7 +92,7 @@ def test_brokers_refuse_calls_without_the_token_but_answer_health_checks(cluster
         with pytest.raises(grpc.RpcError) as caught:
             stub.Stats(bpb.StatsRequest(), timeout=5, metadata=[(TOKEN_KEY, "guess")])
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        stub.Stats(bpb.StatsRequest(), timeout=5, metadata=[(TOKEN_KEY, "broker-secret")])
+        stub.Stats(bpb.StatsRequest(), timeout=5, metadata=[(TOKEN_KEY, BROKER_TOKEN)])
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
