@@ -11,7 +11,7 @@ which of the two serves each request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -36,11 +36,20 @@ class ReceiveRequest:
     deadline: float  # loop.time() by which the answer must be on its way
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass(slots=True)
 class ReceiveResult:
+    """What a receive got. The caller calls ``release()`` once the answer is written to the client:
+    a strategy may leave broker requests outstanding until then (pop with notify cancels the other
+    brokers' Notifications there, so the answer's frames do not queue behind the cancel frames)."""
+
     messages: list[bpb.PoppedMessage]
     outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
     brokers: list[str] = field(default_factory=list)
+    release: Callable[[], None] = _nothing
 
 
 class ReceiveStrategy(Protocol):

@@ -62,12 +62,15 @@ def _timestamp_frame() -> pb.ReceiveMessageResponse:
 async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> AsyncIterator[pb.ReceiveMessageResponse]:
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
-    if not result.messages:
-        text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
-        yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
-        return
-    yield _timestamp_frame()
-    namespace = request.group.resource_namespace
-    for popped in result.messages:
-        yield pb.ReceiveMessageResponse(message=to_client(popped, namespace=namespace))
-    yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
+    try:
+        if not result.messages:
+            text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
+            yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
+            return
+        yield _timestamp_frame()
+        namespace = request.group.resource_namespace
+        for popped in result.messages:
+            yield pb.ReceiveMessageResponse(message=to_client(popped, namespace=namespace))
+        yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
+    finally:
+        result.release()  # also when the client goes away mid-answer (the generator is closed)

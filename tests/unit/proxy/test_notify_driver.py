@@ -77,6 +77,9 @@ def test_a_message_on_any_broker_wakes_the_receive_at_once_and_no_hold_is_left()
         brokers["b3"].put(popped("b3", "m3"))
         result = await receive
         waited = loop.time() - sent
+        # The other brokers' Notifications end once the answer is written (the caller releases it).
+        assert held(brokers) == 2
+        result.release()
         await held_becomes(brokers, 0)
         return result, waited
 
@@ -96,6 +99,7 @@ def test_two_receives_race_for_one_message_the_loser_waits_for_the_next() -> Non
         done = winner[0].pop()
         loser = second if done is first else first
         assert not loser.done()
+        done.result().release()
         await held_becomes(brokers, 3)  # the loser watches all three brokers again
         brokers["b1"].put(popped("b1", "m2"))
         return ids(done.result()), ids(await asyncio.wait_for(loser, 2))
