@@ -80,7 +80,8 @@ class ProxyMetrics:
             "popgate_proxy_notify_pops",
             "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
             "lost (a consume Pop found nothing: another consumer won the race), handoff (adaptive: after a lost "
-            "race in a busy group, the rest of the wait is a coupled long poll)",
+            "race in a busy group, the rest of the wait is a coupled long poll), held (one live broker: a Pop "
+            "held by it instead of a Notification)",
             ["group", "kind"],
             registry=self.registry,
         )
@@ -110,7 +111,7 @@ class ProxyMetrics:
 
     def notify_run(self, group: str, stats: RunStats) -> None:
         self._notify_runs.labels(group).inc()
-        if stats.notifications:
+        if stats.notifications or stats.held_pop:
             self.long_poll(group)
         if stats.first_pop_hit:
             self.first_pop_hit(group)
@@ -126,9 +127,10 @@ class ProxyMetrics:
         consume = stats.pops - 1 if stats.pops else 0
         kinds = (
             ("first", min(stats.pops, 1)),
-            ("consume", consume - stats.handoff),
+            ("consume", consume - stats.handoff - stats.held_pop),
             ("lost", stats.lost_races),
             ("handoff", int(stats.handoff)),
+            ("held", int(stats.held_pop)),
         )
         for kind, count in kinds:
             if count:

@@ -4,7 +4,9 @@ One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
 
 1. a first Pop with poll 0 to one broker (backlog is served at once);
 2. if it is empty and poll time remains: a Notification to every live broker at once,
-   held by each broker until the poll ends;
+   held by each broker until the poll ends — with a single live broker, a Pop held by it
+   instead (that broker is the only source, so a held Pop cannot miss a message elsewhere,
+   and it saves the Pop round trip after each Notification);
 3. every ``has_message`` goes into a small per-request queue; one consume step at a time
    takes the next broker from it and Pops it with poll 0;
 4. messages: answer, cancel every other outstanding Notification;
@@ -87,6 +89,7 @@ class RunStats:
     pops: int = 0
     lost_races: int = 0
     handoff: bool = False
+    held_pop: bool = False  # one live broker: a held Pop instead of a Notification
 
 
 @dataclass(slots=True)
@@ -242,6 +245,12 @@ class NotifyRun:
         if self.poll_end - now < self.min_notify_s:
             return self._finish([], "empty")
         poll_ms = self._poll_ms(now)
+        if len(self.brokers) == 1 and not self.failed and not self.full:
+            self.phase = Phase.LONGPOLL
+            self.popping = self.brokers[0]
+            self.stats.pops += 1
+            self.stats.held_pop = True
+            return [Pop(self.brokers[0], poll_ms)]
         cmds: list[Command] = []
         for broker in self.brokers:
             if broker not in self.failed and broker not in self.full:

@@ -54,6 +54,23 @@ def test_has_message_pops_that_broker_then_answers_and_cancels_the_other_notific
     assert run.done and run.outstanding == []
 
 
+def test_a_single_live_broker_holds_a_pop_instead_of_a_notification() -> None:
+    run = NotifyRun(("b1",), 5.0)
+    assert run.start() == [Pop("b1")]
+    assert run.popped("b1", [], polling_full=False, now=1.5) == [Pop("b1", 3500)]
+    assert run.stats.held_pop and run.stats.notifications == 0
+    done = finish(run.popped("b1", message("m1"), polling_full=False, now=2.0))
+    assert done.outcome == "messages" and run.outstanding == []
+
+
+def test_a_single_live_broker_whose_held_pop_ends_empty_answers_empty() -> None:
+    run = NotifyRun(("b1",), 5.0)
+    run.start()
+    run.popped("b1", [], polling_full=False, now=1.0)
+    assert run.poll_over() == []  # the held Pop is waited for
+    assert finish(run.popped("b1", [], polling_full=False, now=5.0)).outcome == "empty"
+
+
 def test_one_consume_step_at_a_time_the_second_announcement_waits_in_the_queue() -> None:
     run = notifying()
     assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == [Pop("b2")]
