@@ -5,8 +5,9 @@ gRPC call (about 19 KB in grpc core), and a Send, Ack or ChangeInvisibleTime a
 stream message instead of a call (about a quarter of the CPU). Errors are raised as the same
 ``grpc.aio.AioRpcError`` the unary RPC would raise (status code, details and the
 ``popgate-error`` trailer), so callers handle both paths alike. Cancelling a
-caller's await sends a cancel frame; losing the stream fails every pending call
-with UNAVAILABLE.
+caller's await (or `cancel`) sends a cancel frame; losing the stream fails every pending call
+with UNAVAILABLE. `submit` takes a callback instead of returning an awaitable, so a caller
+that holds thousands of requests (the proxy) needs no task or coroutine per request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -21,6 +24,7 @@ from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 ERROR_KEY = "popgate-error"
+log = logging.getLogger(__name__)
 
 
 def _rpc_error(code: grpc.StatusCode, details: str, error: str = "") -> grpc.aio.AioRpcError:
@@ -31,11 +35,14 @@ def _rpc_error(code: grpc.StatusCode, details: str, error: str = "") -> grpc.aio
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
+Answer = Callable[[pb.SessionResponse | grpc.aio.AioRpcError], None]
+
+
 class BrokerSession:
     def __init__(self, stub: pb_grpc.BrokerStub) -> None:
         self._stub = stub
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[pb.SessionResponse]] = {}
+        self._pending: dict[int, Answer] = {}
         self._outbox: asyncio.Queue[pb.SessionRequest | None] = asyncio.Queue()
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -45,11 +52,15 @@ class BrokerSession:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def start(self) -> BrokerSession:
+    def open(self) -> BrokerSession:
+        """Start the stream (inside a running event loop); returns self."""
         self._call = self._stub.Session()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._write())]
         return self
+
+    async def start(self) -> BrokerSession:
+        return self.open()
 
     @property
     def broken(self) -> bool:
@@ -70,24 +81,46 @@ class BrokerSession:
     async def change_invisible(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
         return (await self.call(pb.SessionRequest(change_invisible=request))).change_invisible
 
-    async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
-        """Send ``request`` (its body already filled in; the id is set here) and await its answer.
-        Callers with a large body build it inside the SessionRequest, saving a copy."""
+    def submit(self, request: pb.SessionRequest, answer: Answer) -> int:
+        """Send ``request`` (its body filled in; the id is set here); its id.
+
+        ``answer`` is called once, from the stream's reader, with the response (an ``error`` body
+        included: see `failure`) or with the UNAVAILABLE error of a lost stream; never after
+        `cancel`. No task per request: a held long poll costs a dict entry and the callback."""
         if self._broken is not None:
             raise self._broken
         request_id = request.id = next(self._ids)
-        future: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        self._pending[request_id] = answer
         self._outbox.put_nowait(request)
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Drop a submitted request: the broker is told to drop it too (a cancel frame)."""
+        if self._pending.pop(request_id, None) is not None and self._broken is None:
+            self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
+
+    async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
+        """`submit` and await the answer; an ``error`` body is raised as the unary RPC's error.
+        Callers with a large body build it inside the SessionRequest, saving a copy."""
+        future: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
+
+        def answer(response: pb.SessionResponse | grpc.aio.AioRpcError) -> None:
+            if future.done():
+                return
+            if isinstance(response, grpc.aio.AioRpcError):
+                future.set_exception(response)
+            else:
+                future.set_result(response)
+
+        request_id = self.submit(request, answer)
         try:
             response = await future
         except asyncio.CancelledError:
-            if self._pending.pop(request_id, None) is not None and self._broken is None:
-                self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
+            self.cancel(request_id)
             raise
-        if response.WhichOneof("body") == "error":
-            e = response.error
-            raise _rpc_error(_CODES.get(e.grpc_code, grpc.StatusCode.UNKNOWN), e.message, e.error)
+        error = failure(response)
+        if error is not None:
+            raise error
         return response
 
     async def _write(self) -> None:
@@ -102,17 +135,16 @@ class BrokerSession:
         error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")
         try:
             async for response in self._call:
-                future = self._pending.pop(response.id, None)
-                if future is not None and not future.done():
-                    future.set_result(response)
+                answer = self._pending.pop(response.id, None)
+                if answer is not None:
+                    _deliver(answer, response)
         except grpc.aio.AioRpcError as exc:
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
         finally:
             self._broken = error
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(error)
-            self._pending.clear()
+            pending, self._pending = self._pending, {}
+            for answer in pending.values():
+                _deliver(answer, error)
 
     async def close(self) -> None:
         if self._call is None:
@@ -124,3 +156,18 @@ class BrokerSession:
             with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
                 await task
         self._call = None
+
+
+def _deliver(answer: Answer, response: pb.SessionResponse | grpc.aio.AioRpcError) -> None:
+    try:
+        answer(response)
+    except Exception:  # a caller's bug must not end the stream for every other caller
+        log.exception("session answer callback failed")
+
+
+def failure(response: pb.SessionResponse) -> grpc.aio.AioRpcError | None:
+    """The unary RPC's error for an ``error`` answer; None for any other."""
+    if response.WhichOneof("body") != "error":
+        return None
+    e = response.error
+    return _rpc_error(_CODES.get(e.grpc_code, grpc.StatusCode.UNKNOWN), e.message, e.error)

@@ -18,6 +18,7 @@ frame, so the broker drops the held request at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
@@ -29,7 +30,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from broker.auth import client_interceptors
-from broker.client import BrokerSession
+from broker.client import BrokerSession, failure
 from proxy import errors
 from proxy.ports import Metrics, NoMetrics
 from proxy.settings import BrokerAddress
@@ -131,63 +132,95 @@ class GrpcBrokerClient:
     async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
         request = bpb.SessionRequest()
         request.send.messages.extend(messages)  # built in place: one copy of the bodies, not two
-        response: bpb.SendResponse = await self._session_call("Send", request, timeout_s)
+        response: bpb.SendResponse = await self.begin("Send", request, timeout_s=timeout_s)
         results: Sequence[bpb.SendResult] = response.results
         return results
 
-    async def _live_session(self) -> BrokerSession:
+    def _live_session(self) -> BrokerSession:
         session = self._session
         if session is None or session.broken:
             if session is not None:  # its reader ended; stop its writer in the background
                 task = asyncio.get_running_loop().create_task(session.close())
                 self._retired.add(task)
                 task.add_done_callback(self._retired.discard)
-            # start() does not yield, so concurrent callers cannot start two sessions.
-            session = self._session = await BrokerSession(self._stub).start()
+            session = self._session = BrokerSession(self._stub).open()
         return session
 
-    async def _session_call(self, method: str, request: Any, timeout_s: float) -> Any:
-        """``request``: the method's request, or a SessionRequest with it filled in; returns the answer."""
-        # Flat on purpose: each coroutine frame here lives as long as a held receive (10,000s of them).
-        session = self._session
-        if session is None or session.broken:
-            session = await self._live_session()
+    def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:
+        """Send a Session request now; a future of the method's response (or its ProxyError).
+
+        ``request``: the method's request, or a SessionRequest with it filled in. Cancelling the
+        future cancels the broker request (a cancel frame). No task per request: a held receive
+        over N brokers costs N of these, so they are a future, a timer and a callback each."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Any] = loop.create_future()
         field = SESSION_FIELDS[method]
         if not isinstance(request, bpb.SessionRequest):
             request = bpb.SessionRequest(**{field: request})
         try:
-            async with asyncio.timeout(timeout_s):
-                response = getattr(await session.call(request), field)
-        except TimeoutError:
+            session = self._live_session()
+            request_id = session.submit(request, functools.partial(self._answered, method, field, result))
+        except grpc.aio.AioRpcError as exc:
+            result.set_exception(self._failed(method, exc))
+            return result
+        timer = loop.call_later(timeout_s, self._expired, method, result)
+        result.add_done_callback(functools.partial(self._settled, session, request_id, timer))
+        return result
+
+    def _answered(self, method: str, field: str, result: asyncio.Future[Any], answer: Any) -> None:
+        if result.done():
+            return
+        error = answer if isinstance(answer, grpc.aio.AioRpcError) else failure(answer)
+        if error is not None:
+            result.set_exception(self._failed(method, error))
+        else:
+            self._succeeded(method)
+            result.set_result(getattr(answer, field))
+
+    def _expired(self, method: str, result: asyncio.Future[Any]) -> None:
+        if not result.done():
             exc = grpc.aio.AioRpcError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "deadline", None
             )
-            raise self._failed(method, exc) from None
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(method, exc) from None
-        self._succeeded(method)
-        return response
+            result.set_exception(self._failed(method, exc))
+
+    @staticmethod
+    def _settled(
+        session: BrokerSession, request_id: int, timer: asyncio.TimerHandle, result: asyncio.Future[Any]
+    ) -> None:
+        timer.cancel()
+        session.cancel(request_id)  # a no-op once answered; otherwise the broker drops the request
 
     async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
-        response: bpb.PopResponse = await self._session_call("Pop", request, timeout_s)
+        response: bpb.PopResponse = await self.begin("Pop", request, timeout_s=timeout_s)
         return response
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
-        response: bpb.AckResponse = await self._session_call("Ack", request, timeout_s)
+        response: bpb.AckResponse = await self.begin("Ack", request, timeout_s=timeout_s)
         return response
 
     async def change_invisible_time(
         self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
     ) -> bpb.ChangeInvisibleTimeResponse:
-        response: bpb.ChangeInvisibleTimeResponse = await self._session_call("ChangeInvisibleTime", request, timeout_s)
+        response: bpb.ChangeInvisibleTimeResponse = await self.begin(
+            "ChangeInvisibleTime", request, timeout_s=timeout_s
+        )
         return response
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
 
     async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse:
-        response: bpb.NotificationResponse = await self._session_call("Notification", request, timeout_s)
+        response: bpb.NotificationResponse = await self.begin("Notification", request, timeout_s=timeout_s)
         return response
+
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        return self.begin("Pop", request, timeout_s=timeout_s)
+
+    def begin_notification(
+        self, request: bpb.NotificationRequest, *, timeout_s: float
+    ) -> asyncio.Future[bpb.NotificationResponse]:
+        return self.begin("Notification", request, timeout_s=timeout_s)
 
     async def stats(self, request: bpb.StatsRequest, *, timeout_s: float) -> bpb.StatsResponse:
         return await self._call("Stats", self._stub.Stats, request, timeout_s)

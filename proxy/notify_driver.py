@@ -1,8 +1,8 @@
 """The asyncio driver of pop with notify: runs `proxy.notify.NotifyRun` commands against brokers.
 
 Thin on purpose: every decision is in the state machine. The driver turns commands
-into broker calls (one task per outstanding broker request, cancelled on `Cancel`),
-feeds their results back as events from the tasks' done callbacks, arms two timers
+into broker calls (one future per outstanding broker request, no task: cancelled on
+`Cancel`), feeds their results back as events from the futures' done callbacks, arms two timers
 (end of poll time, hard deadline) and watches the proxy's `closing` event. When the
 awaiting coroutine is cancelled (the client went away), everything outstanding is
 cancelled too: the broker sessions send cancel frames, so no broker keeps a hold.
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -41,7 +42,7 @@ class _Closer:
 
 
 class _Run:
-    """One receive in flight: the machine, its broker tasks and timers."""
+    """One receive in flight: the machine, its broker requests and timers."""
 
     def __init__(
         self,
@@ -58,7 +59,7 @@ class _Run:
         self.timeout_s = timeout_s
         self.loop = asyncio.get_running_loop()
         self.result: asyncio.Future[Finish] = self.loop.create_future()
-        self.tasks: dict[str, asyncio.Task[object]] = {}
+        self.requests: dict[str, asyncio.Future[Any]] = {}  # the request outstanding at each broker
 
     def apply(self, commands: list[Command]) -> None:
         # Answering with messages: the other brokers' requests are cancelled by release(), after the answer.
@@ -71,9 +72,9 @@ class _Run:
             elif isinstance(command, Cancel):
                 if answering:
                     continue
-                task = self.tasks.pop(command.broker, None)
-                if task is not None:
-                    task.cancel()
+                call = self.requests.pop(command.broker, None)
+                if call is not None:
+                    call.cancel()
             elif not self.result.done():
                 self.result.set_result(command)
 
@@ -82,7 +83,7 @@ class _Run:
         assert client is not None, broker
         return client
 
-    def _pop(self, broker: str, poll_ms: int) -> Awaitable[object]:
+    def _pop(self, broker: str, poll_ms: int) -> asyncio.Future[bpb.PopResponse]:
         r = self.request
         request = bpb.PopRequest(
             topic=r.topic,
@@ -92,46 +93,45 @@ class _Run:
             invisible_ms=r.invisible_ms,
             poll_ms=max(0, poll_ms),
         )
-        return self._client(broker).pop(request, timeout_s=poll_ms / 1000 + self.timeout_s)
+        return self._client(broker).begin_pop(request, timeout_s=poll_ms / 1000 + self.timeout_s)
 
-    def _notify(self, broker: str, poll_ms: int) -> Awaitable[object]:
+    def _notify(self, broker: str, poll_ms: int) -> asyncio.Future[bpb.NotificationResponse]:
         r = self.request
         request = bpb.NotificationRequest(topic=r.topic, group=r.group, filter=r.filter, poll_ms=max(0, poll_ms))
-        return self._client(broker).notification(request, timeout_s=poll_ms / 1000 + self.timeout_s)
+        return self._client(broker).begin_notification(request, timeout_s=poll_ms / 1000 + self.timeout_s)
 
-    def _spawn(self, broker: str, call: Awaitable[object], kind: str) -> None:
-        task = asyncio.ensure_future(call)
-        self.tasks[broker] = task
-        task.add_done_callback(functools.partial(self._done, broker, kind))
+    def _spawn(self, broker: str, call: asyncio.Future[Any], kind: str) -> None:
+        self.requests[broker] = call
+        call.add_done_callback(functools.partial(self._done, broker, kind))
 
-    def _done(self, broker: str, kind: str, task: asyncio.Task[object]) -> None:
-        if self.tasks.get(broker) is task:
-            del self.tasks[broker]
-        if task.cancelled():
+    def _done(self, broker: str, kind: str, call: asyncio.Future[Any]) -> None:
+        if self.requests.get(broker) is call:
+            del self.requests[broker]
+        if call.cancelled():
             return
-        error = task.exception()  # retrieved even when the run is over: no "never retrieved" noise
+        error = call.exception()  # retrieved even when the run is over: no "never retrieved" noise
         now = self.loop.time()
         if error is not None:
             proxy_error = error if isinstance(error, ProxyError) else BrokerFailure(f"broker {broker}: {error!r}")
             self.apply(self.machine.failed_call(broker, proxy_error, now=now))
         elif kind == "pop":
-            response = task.result()
+            response = call.result()
             assert isinstance(response, bpb.PopResponse)
             busy = not response.messages and self.busy(self.request.group)
             self.apply(
                 self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now, busy=busy)
             )
         else:
-            answer = task.result()
+            answer = call.result()
             assert isinstance(answer, bpb.NotificationResponse)
             self.apply(
                 self.machine.notified(broker, has_message=answer.has_message, polling_full=answer.polling_full, now=now)
             )
 
     def cancel_all(self) -> None:
-        for task in self.tasks.values():
-            task.cancel()
-        self.tasks.clear()
+        for call in self.requests.values():
+            call.cancel()
+        self.requests.clear()
 
 
 class NotifyStrategy:

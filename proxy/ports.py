@@ -7,6 +7,7 @@ types (popgate_pb.broker_pb2): the backend's data model, not a transport.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,6 +39,14 @@ class BrokerClient(Protocol):
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse: ...
 
     async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse: ...
+
+    # The same two calls started at once, as futures: cancelling one cancels the broker request.
+    # Pop with notify holds one per broker per receive, so no task or coroutine per request.
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...
+
+    def begin_notification(
+        self, request: bpb.NotificationRequest, *, timeout_s: float
+    ) -> asyncio.Future[bpb.NotificationResponse]: ...
 
 
 class Metrics(Protocol):

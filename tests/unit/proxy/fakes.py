@@ -87,6 +87,14 @@ class FakeBroker:
         self._check()
         return bpb.DeadLetterResponse(dlq_topic="%DLQ%" + request.group)
 
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        return asyncio.ensure_future(self.pop(request, timeout_s=timeout_s))
+
+    def begin_notification(
+        self, request: bpb.NotificationRequest, *, timeout_s: float
+    ) -> asyncio.Future[bpb.NotificationResponse]:
+        return asyncio.ensure_future(self.notification(request, timeout_s=timeout_s))
+
     async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse:
         self._check()
         self.notifications.append(request)
