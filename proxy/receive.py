@@ -11,7 +11,7 @@ which of the two serves each request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -73,9 +73,10 @@ class CloseWatch:
         self._closed: set[asyncio.Task[Any]] = set()
         self._watcher: asyncio.Task[None] | None = None
 
-    async def run(self, awaitable: Coroutine[Any, Any, T], closing: asyncio.Event) -> T:
+    async def run(self, call: asyncio.Future[T], closing: asyncio.Event) -> T:
+        """Await a started broker call (cancelled if the proxy closes first)."""
         if closing.is_set():
-            awaitable.close()
+            call.cancel()
             raise ShuttingDown("the proxy is shutting down")
         task = asyncio.current_task()
         assert task is not None
@@ -83,7 +84,7 @@ class CloseWatch:
             self._watcher = asyncio.get_running_loop().create_task(self._watch(closing), name="receive-closing")
         self._waiting.add(task)
         try:
-            return await awaitable
+            return await call
         except asyncio.CancelledError:
             if task not in self._closed:
                 raise  # the client went away
@@ -134,7 +135,7 @@ class LongPollStrategy:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(0.05, min(poll_s + self._timeout, remaining))
             try:
-                response = await self._close_watch.run(client.pop(pop, timeout_s=timeout), closing)
+                response = await self._close_watch.run(client.begin_pop(pop, timeout_s=timeout), closing)
             except ShuttingDown:
                 return ReceiveResult([], "closing", tried)
             except BrokerUnavailable as exc:
