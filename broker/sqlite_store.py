@@ -118,11 +118,28 @@ class _Request:
         self.result: list[Record] | BaseException = []
 
 
+# How long consumer-state writes wait under --flush async (RocketMQ's pop buffer keeps checkpoints up to
+# 10 s before writing them; this only moves the writer thread's work out of the reply path).
+STATE_DELAY_S = 0.002
+
+
 class SqliteStore:
-    def __init__(self, data_dir: Path, *, flush: str = "async", on_commit: CommitObserver | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        flush: str = "async",
+        on_commit: CommitObserver | None = None,
+        state_delay_s: float = STATE_DELAY_S,
+    ) -> None:
+        """state_delay_s: with ``flush="async"``, how long consumer-state writes (no appends) wait before
+        they go to the writer thread (see `submit`); 0 sends them at once. Ignored with ``sync``."""
         data_dir.mkdir(parents=True, exist_ok=True)
         self._path = data_dir / "broker.sqlite3"
         self._sync = "FULL" if flush == "sync" else "NORMAL"
+        self._state_delay_s = state_delay_s if flush == "async" else 0.0
+        self._deferred: list[_Request] = []
+        self._deferred_timer: asyncio.TimerHandle | None = None
         self._on_commit = on_commit
         self._listener: ArrivalListener | None = None
         self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
@@ -237,9 +254,26 @@ class SqliteStore:
         future: asyncio.Future[list[Record]] = self._loop.create_future()
         if self._closed:
             future.set_exception(StoreUnavailable("store is closed"))
-        else:
+        elif appends or not self._state_delay_s:
+            if self._deferred:
+                self._flush_deferred()  # requests reach the writer in the order they were submitted
             self._requests.put(_Request(appends, ops, future))
+        else:
+            # Consumer state under --flush async (nobody waits for it): hand it to the writer a moment
+            # later, in order. Woken at once, the writer thread takes the GIL for its Python part of
+            # the commit while this loop is still writing the Pop's or Ack's reply (~0.1 ms measured).
+            self._deferred.append(_Request(appends, ops, future))
+            if self._deferred_timer is None:
+                self._deferred_timer = self._loop.call_later(self._state_delay_s, self._flush_deferred)
         return future
+
+    def _flush_deferred(self) -> None:
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        deferred, self._deferred = self._deferred, []
+        for request in deferred:
+            self._requests.put(request)
 
     def _run_writer(self) -> None:
         while True:
@@ -402,6 +436,7 @@ class SqliteStore:
         if self._closed:
             return
         self._closed = True
+        self._flush_deferred()
         self._requests.put(None)
         self._stop_checkpoints.set()
         if self._writer is not None:

@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import StoreUnavailable
 from broker.sqlite_store import BATCH_MESSAGES, SqliteStore
-from broker.store import NewMessage, PutInflight, Record
+from broker.store import DeleteInflight, NewMessage, PutInflight, Record
 
 N = BATCH_MESSAGES * 2 + 7  # more than one batch row per queue in one commit
 
@@ -69,6 +69,28 @@ def test_messages_come_back_by_offset_range_and_after_reopen(tmp_path: Path) -> 
         await reopened.close()
 
     asyncio.run(scenario())
+
+
+def test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flushed_at_close(tmp_path: Path) -> None:
+    put = PutInflight("g", "t", 0, 0, 1, 7, 9)
+
+    async def scenario() -> None:
+        store = SqliteStore(tmp_path, state_delay_s=60.0)  # the timer never fires in this test
+        store.start(asyncio.get_running_loop())
+        [record] = await store.submit([message(0)], [])
+        delivered = store.submit([], [put])  # deferred: nobody waits for consumer state under async
+        assert not delivered.done()
+        # A request with appends goes at once, and takes what was deferred before it along, in order:
+        # the delivery is written before it is deleted, so no in-flight row is left behind.
+        await store.submit([message(1)], [DeleteInflight("g", "t", 0, record.offset)])
+        assert delivered.done()
+        kept = store.submit([], [PutInflight("g", "t", 0, 1, 1, 8, 9)])
+        await store.close()
+        assert kept.done()
+
+    asyncio.run(scenario())
+    reopened = SqliteStore(tmp_path)
+    assert reopened.load().inflight == [PutInflight("g", "t", 0, 1, 1, 8, 9)]
 
 
 def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
