@@ -191,10 +191,6 @@ class GrpcBrokerClient:
         timer.cancel()
         session.cancel(request_id)  # a no-op once answered; otherwise the broker drops the request
 
-    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
-        response: bpb.PopResponse = await self.begin("Pop", request, timeout_s=timeout_s)
-        return response
-
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
         response: bpb.AckResponse = await self.begin("Ack", request, timeout_s=timeout_s)
         return response
@@ -209,10 +205,6 @@ class GrpcBrokerClient:
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
-
-    async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse:
-        response: bpb.NotificationResponse = await self.begin("Notification", request, timeout_s=timeout_s)
-        return response
 
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return self.begin("Pop", request, timeout_s=timeout_s)

@@ -28,8 +28,6 @@ class BrokerClient(Protocol):
 
     async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]: ...
 
-    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse: ...
-
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse: ...
 
     async def change_invisible_time(
@@ -38,10 +36,8 @@ class BrokerClient(Protocol):
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse: ...
 
-    async def notification(self, request: bpb.NotificationRequest, *, timeout_s: float) -> bpb.NotificationResponse: ...
-
-    # The same two calls started at once, as futures: cancelling one cancels the broker request.
-    # Pop with notify holds one per broker per receive, so no task or coroutine per request.
+    # Pop and Notification are started at once and return futures: cancelling one cancels the broker
+    # request. A held receive waits on one per broker, so no task or coroutine per request.
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...
 
     def begin_notification(
