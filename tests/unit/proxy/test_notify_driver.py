@@ -87,6 +87,21 @@ def test_a_message_on_any_broker_wakes_the_receive_at_once_and_no_hold_is_left()
     assert ids(result) == ["m3"] and waited < 0.5
 
 
+def test_with_one_broker_the_receive_waits_in_a_held_pop_and_sends_no_notification() -> None:
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+
+    async def scenario() -> ReceiveResult:
+        receive = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes({"b1": broker}, 1)
+        broker.put(popped("b1", "m1"))
+        return await asyncio.wait_for(receive, 2)
+
+    assert ids(run(scenario())) == ["m1"]
+    assert not broker.notifications and [p.poll_ms > 0 for p in broker.pops] == [False, True]
+
+
 def test_two_receives_race_for_one_message_the_loser_waits_for_the_next() -> None:
     proxy, brokers = make()
 
