@@ -99,6 +99,8 @@ def test_a_long_poll_gets_a_message_from_any_broker_promptly(cluster: Cluster) -
             assert status.code == v2.OK and [m.body for m in messages] == [name.encode()]
             assert took < 1.0, f"message on {name} took {took:.3f} s"
             client.ack(topic, group, messages)
+    # Each answer released the other brokers' Notifications (cancelled once the frames were written).
+    wait_for(lambda: sum(held(brokers).values()) == 0, timeout_s=3, what="the other Notifications to be cancelled")
     client.close()
 
 
