@@ -111,7 +111,7 @@ async def direct_phases(addresses: list[str], pids: list[int], args: argparse.Na
     body = b"x" * args.size
     # The proxy's own transport to the brokers: one Session stream per broker.
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
-    sessions = [await BrokerSession(broker_pb2_grpc.BrokerStub(c)).start() for c in channels]  # type: ignore[no-untyped-call]
+    sessions = [BrokerSession(broker_pb2_grpc.BrokerStub(c)).open() for c in channels]  # type: ignore[no-untyped-call]
     turn = [0]
 
     def next_session() -> BrokerSession:

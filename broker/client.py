@@ -59,9 +59,6 @@ class BrokerSession:
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._write())]
         return self
 
-    async def start(self) -> BrokerSession:
-        return self.open()
-
     @property
     def broken(self) -> bool:
         return self._broken is not None

@@ -32,7 +32,7 @@ def test_many_held_requests_on_one_stream_are_woken_and_cancelled(broker: Broker
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(broker.address) as channel:
             stub = pb_grpc.BrokerStub(channel)
-            session = await BrokerSession(stub).start()
+            session = BrokerSession(stub).open()
             pops = [
                 asyncio.ensure_future(
                     session.pop(pb.PopRequest(topic="s", group="g", max_messages=1, invisible_ms=5000, poll_ms=20000))
@@ -64,7 +64,7 @@ def test_many_held_requests_on_one_stream_are_woken_and_cancelled(broker: Broker
 def test_session_errors_look_like_unary_errors(broker: BrokerHandle) -> None:
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(broker.address) as channel:
-            session = await BrokerSession(pb_grpc.BrokerStub(channel)).start()
+            session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await session.pop(pb.PopRequest(topic="s", group="g", max_messages=99, invisible_ms=5000))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -80,7 +80,7 @@ def test_send_ack_and_change_invisible_on_the_stream_do_what_the_unary_calls_do(
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(broker.address) as channel:
             stub = pb_grpc.BrokerStub(channel)
-            session = await BrokerSession(stub).start()
+            session = BrokerSession(stub).open()
             # Tags SQLite's JSON must carry faithfully: quotes, escapes, non-BMP characters.
             tags = ["plain", 'q"uote\\', "naïve 😀"]
             sent = await asyncio.gather(
