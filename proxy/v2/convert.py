@@ -73,11 +73,15 @@ def _set_ms(target: object, ms: int) -> None:
     target.nanos *= 1_000_000  # type: ignore[attr-defined]
 
 
-def to_client(popped: bpb.PoppedMessage, *, namespace: str = "") -> v2.Message:
-    """A popped broker message as the official clients read it (IDENTITY encoding, CRC32 digest)."""
+def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message | None = None) -> v2.Message:
+    """A popped broker message as the official clients read it (IDENTITY encoding, CRC32 digest).
+
+    ``out``: an empty message to fill in place (a response frame's field: no copy of the message after)."""
     stored = popped.stored
     source = stored.message
-    out = v2.Message(body=source.body)
+    if out is None:
+        out = v2.Message()
+    out.body = source.body
     out.topic.name = source.topic
     out.topic.resource_namespace = namespace
     if source.properties:

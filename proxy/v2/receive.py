@@ -70,7 +70,9 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
         yield _timestamp_frame()
         namespace = request.group.resource_namespace
         for popped in result.messages:
-            yield pb.ReceiveMessageResponse(message=to_client(popped, namespace=namespace))
+            frame = pb.ReceiveMessageResponse()
+            to_client(popped, namespace=namespace, out=frame.message)  # built in place, not copied in
+            yield frame
         yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
     finally:
         result.release()  # also when the client goes away mid-answer (the generator is closed)
