@@ -27,7 +27,7 @@ from broker.errors import (
     TopicNotFound,
 )
 from broker.filters import TagFilter
-from broker.inflight import Delivery, GroupTopic
+from broker.inflight import Delivery, GroupQueue, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
@@ -77,11 +77,16 @@ class BrokerCore:
     # -- start ---------------------------------------------------------------
 
     def restore(self, snap: Snapshot) -> None:
-        by_topic: dict[str, list[QueueLog]] = {}
-        for (topic, queue_id), index in sorted(snap.queues.items()):
-            by_topic.setdefault(topic, []).append(QueueLog(topic, queue_id, index))
-        for topic, queues in by_topic.items():
-            self.topics[topic] = TopicLog(topic, queues)
+        by_topic: dict[str, dict[int, QueueLog]] = {}
+        for (topic, queue_id), index in snap.queues.items():
+            by_topic.setdefault(topic, {})[queue_id] = QueueLog(topic, queue_id, index)
+        for topic, known in by_topic.items():
+            # A topic's list is indexed by queue id. A queue with neither a stored row nor a message
+            # (its topic's first commit failed) comes back empty, and the next Send stores its row.
+            count = max(known) + 1
+            self.topics[topic] = TopicLog(topic, [known.get(q) or QueueLog(topic, q) for q in range(count)])
+            if len(known) < count:
+                self.sends.unsaved(topic)
         for f in snap.filters:
             self._group(f.group, f.topic).filter = TagFilter.parse(f.expression)
         for p in snap.pull_offsets:
@@ -91,6 +96,7 @@ class BrokerCore:
             state.queue(i.queue_id, i.offset + 1)
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms))
         for state in self.groups.values():
+            state.started = True
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
 
@@ -140,12 +146,16 @@ class BrokerCore:
         if state.filter != tag_filter:
             state.filter = tag_filter
             ops.append(SetGroupFilter(group, topic, str(tag_filter)))
+        self._start(state, ops)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         while True:
             popped = await self._pop_once(state, max_messages, invisible_ms, ops)
             if popped:
                 return PopResult(popped)
+            if ops and self.settings.flush == "sync" and self._has_ready(state, tag_filter):
+                ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
+                continue
             ops = []
             outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, deadline - loop.time())
             if outcome is not Outcome.SERVED:
@@ -226,7 +236,7 @@ class BrokerCore:
             for queue in active:
                 if want <= 0:
                     break
-                gq = state.queue(queue.queue_id, self._start_offset(queue))
+                gq = self._group_queue(state, queue, ops)
                 before = gq.pull_offset
                 offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want)))
                 gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else queue.max_offset
@@ -240,8 +250,26 @@ class BrokerCore:
             active = still
         return picks
 
-    def _start_offset(self, queue: QueueLog) -> int:
-        return queue.min_offset if self.settings.consume_from == "earliest" else queue.max_offset
+    def _start(self, state: GroupTopic, ops: list[Op]) -> None:
+        """A group's first Pop or Notification on a topic fixes (and stores) where it starts on every
+        queue, so that `latest` means the moment the group first looked, not its first successful Pop."""
+        topic = self.topics.get(state.topic)
+        if topic is not None and len(state.queues) < len(topic.queues):
+            for queue in topic.queues:
+                self._group_queue(state, queue, ops)
+        state.started = True
+
+    def _group_queue(self, state: GroupTopic, queue: QueueLog, ops: list[Op]) -> GroupQueue:
+        gq = state.queues.get(queue.queue_id)
+        if gq is None:
+            start = self._start_offset(state, queue)
+            gq = state.queue(queue.queue_id, start)
+            ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, start))
+        return gq
+
+    def _start_offset(self, state: GroupTopic, queue: QueueLog) -> int:
+        latest = self.settings.consume_from == "latest" and not state.started
+        return queue.max_offset if latest else queue.min_offset
 
     async def _payloads(self, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         out: dict[tuple[int, int], bytes] = {}
@@ -354,6 +382,10 @@ class BrokerCore:
         """(has_message, polling_full); consumes nothing."""
         tag_filter = self._check_read(topic, group, expression, poll_ms)
         state = self._group(group, topic)
+        ops: list[Op] = []
+        self._start(state, ops)
+        if ops:
+            await self._record(self.store.submit([], ops))
         if self._has_ready(state, tag_filter):
             return True, False
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
@@ -368,7 +400,7 @@ class BrokerCore:
             return False
         for queue in topic.queues:
             gq = state.queues.get(queue.queue_id)
-            pull = gq.pull_offset if gq else self._start_offset(queue)
+            pull = gq.pull_offset if gq else self._start_offset(state, queue)
             if queue.first_match(pull, tag_filter) < queue.max_offset:
                 return True
         return False
@@ -389,7 +421,7 @@ class BrokerCore:
             if log_ is None or (topic and t != topic) or (group and g != group):
                 continue
             for queue in log_.queues:
-                lag = queue_lag(queue, state.queues.get(queue.queue_id), state.filter, self._start_offset(queue))
+                lag = queue_lag(queue, state.queues.get(queue.queue_id), state.filter, self._start_offset(state, queue))
                 out.append(GroupQueueLag(t, g, queue.queue_id, lag))
         return out
 

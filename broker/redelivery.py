@@ -112,7 +112,7 @@ class Redelivery:
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
         try:
-            [record] = await self.store.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
+            [record] = await self.sends.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
         except StoreUnavailable:
             # The message must not vanish: it stays in flight and comes due again in a second.
             retry = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)

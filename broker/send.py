@@ -7,6 +7,8 @@ are moved into their topic by the ``ScheduledDelivery`` when due.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
@@ -24,7 +26,7 @@ from broker.log import QueueLog, TopicLog
 from broker.model import MessageIds, Sent, now_ms, stable_hash
 from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
-from broker.store import CreateQueue, DeleteScheduled, NewMessage, Op, PutScheduled, Store
+from broker.store import CreateQueue, DeleteScheduled, NewMessage, Op, PutScheduled, Record, Store
 
 MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_KEYS = 64
@@ -42,6 +44,7 @@ class SendPath:
         self._scheduled_rows: dict[int, PutScheduled] = {}
         self._scheduled_bytes = 0
         self._next_schedule_id = 0
+        self._unsaved_topics: set[str] = set()  # created in memory, their queue rows not yet committed
         self.scheduler = ScheduledDelivery(
             self.schedule, self.deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
         )
@@ -73,18 +76,36 @@ class SendPath:
                 put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
                 scheduled.append(put)
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
-        records = await self.store.submit(appends, [*ops, *scheduled])
+        # Shielded: a Send cancelled while its commit is under way (client gone, proxy timeout,
+        # session lost) must not cancel what the commit does after it (see `submit`).
+        records = await asyncio.shield(self.submit(appends, [*ops, *scheduled]))
         offsets = iter(records)
         for sent in out:
             if sent.due_ms is None:
                 sent.offset = next(offsets).offset
-        for put in scheduled:
-            self.schedule.add(put.due_ms, put.schedule_id)
-            if self._scheduled_bytes < self.settings.cache_bytes // 2:
-                self._scheduled_rows[put.schedule_id] = put  # saves a disk read at delivery
-                self._scheduled_bytes += len(put.payload)
-            self.scheduler.added(put.due_ms)
         return out
+
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        """`Store.submit` for every write of the send path. What a commit stores takes effect from the
+        commit, not from its caller's return (appends are announced by the store the same way): a new
+        topic's queue rows count as stored (until then each write to the topic carries them again, see
+        `topic_for_send`) and a scheduled message joins the schedule."""
+        committed = self.store.submit(appends, ops)
+        committed.add_done_callback(functools.partial(self._committed, ops))
+        return committed
+
+    def _committed(self, ops: Sequence[Op], future: asyncio.Future[list[Record]]) -> None:
+        if future.cancelled() or future.exception() is not None:  # also retrieves a failure nobody awaits
+            return
+        for op in ops:
+            if isinstance(op, CreateQueue):
+                self._unsaved_topics.discard(op.topic)
+            elif isinstance(op, PutScheduled):
+                self.schedule.add(op.due_ms, op.schedule_id)
+                if self._scheduled_bytes < self.settings.cache_bytes // 2:
+                    self._scheduled_rows[op.schedule_id] = op  # saves a disk read at delivery
+                    self._scheduled_bytes += len(op.payload)
+                self.scheduler.added(op.due_ms)
 
     def check(self, m: pb.Message, now: int) -> tuple[str | None, int | None]:
         """Validate one message; returns its tag and due time (None when none)."""
@@ -142,15 +163,22 @@ class SendPath:
             m.born_ms = now
         return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString())
 
+    def unsaved(self, topic: str) -> None:
+        """The topic's queue rows may be missing from the store: its next write stores them."""
+        self._unsaved_topics.add(topic)
+
     def topic_for_send(self, name: str, ops: list[Op], *, force: bool = False, queues: int = 0) -> TopicLog:
         topic = self.topics.get(name)
         if topic is not None:
+            if name in self._unsaved_topics:  # its first commit failed or is still on its way
+                ops.extend(CreateQueue(name, q.queue_id) for q in topic.queues)
             return topic
         if not (self.settings.auto_create or force):
             raise TopicNotFound(f"topic {name} does not exist on broker {self.name} and auto-create is off")
         count = queues or self.settings.queues_per_topic
         topic = self.topics[name] = TopicLog(name, [QueueLog(name, q) for q in range(count)])
         ops.extend(CreateQueue(name, q) for q in range(count))
+        self._unsaved_topics.add(name)
         return topic
 
     async def deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
@@ -163,7 +191,7 @@ class SendPath:
         for r in rows:
             self.topic_for_send(r.topic, ops, force=True)
             appends.append(NewMessage(r.topic, r.queue_id, now_ms(), r.tag, r.payload))
-        await self.store.submit(appends, ops)
+        await self.submit(appends, ops)
         for r in rows:
             if self._scheduled_rows.pop(r.schedule_id, None) is not None:
                 self._scheduled_bytes -= len(r.payload)

@@ -368,7 +368,10 @@ class SqliteStore:
                 continue
             # Committed data is announced even when its caller has gone away.
             if result and self._listener is not None:
-                self._listener.arrived(result)
+                try:
+                    self._listener.arrived(result)
+                except Exception:  # a listener bug must not leave this batch's callers unanswered
+                    log.exception("announcing %d committed messages failed", len(result))
             if not request.future.done():
                 request.future.set_result(result)
 
