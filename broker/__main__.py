@@ -41,6 +41,9 @@ async def serve(settings: BrokerSettings) -> None:
     store.set_listener(core)
     store.start(loop)
     core.restore(snapshot)
+    created = await core.create_topics(settings.topics)
+    if created:
+        log.info("created topics %s", ", ".join(created))
     core.start()
     metrics.watch(core)
 

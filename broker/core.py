@@ -103,6 +103,19 @@ class BrokerCore:
     def start(self) -> None:
         self.scheduler.start()
 
+    async def create_topics(self, names: Sequence[str]) -> list[str]:
+        """Create the topics that do not exist yet (`--topic`, also with auto-create off); the new ones."""
+        ops: list[Op] = []
+        created = []
+        for name in dict.fromkeys(names):
+            if name not in self.topics:
+                validation.check_topic(name)
+                self.sends.topic_for_send(name, ops, force=True)
+                created.append(name)
+        if ops:
+            await self.sends.submit([], ops)
+        return created
+
     async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
         return await self.sends.send(messages)
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker import validation
 from broker.config import load_settings
+from broker.errors import BrokerError
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(part for part in value.replace(",", " ").split() if part)
+    if isinstance(value, list | tuple):
+        return tuple(str(v) for v in value)
+    raise ValueError(f"expected a list of topic names, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,16 @@ class BrokerSettings:
     queues_per_topic: int = field(default=4, metadata={"help": "queues of an auto-created topic"})
     auto_create: bool = field(
         default=True, metadata={"help": "create topics on first send", "negate": "no-auto-create"}
+    )
+    topics: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "option": "topic",
+            "aliases": ("topics",),
+            "parse": lambda value: _names(value),
+            "help": "topic to create at start when missing, repeated (env POPGATE_TOPIC: comma list); "
+            "with --no-auto-create these are the broker's topics",
+        },
     )
     consume_from: str = field(default="earliest", metadata={"help": "where a new group starts: earliest|latest"})
     max_delivery_attempts: int = field(default=17, metadata={"help": "deliveries before dead-lettering"})
@@ -57,6 +77,11 @@ class BrokerSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        for topic in self.topics:
+            try:
+                validation.check_topic(topic)  # a clear error at start, not at the first send
+            except BrokerError as exc:
+                raise ValueError(f"--topic {topic!r}: {exc}") from None
 
 
 def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> BrokerSettings:

@@ -121,7 +121,7 @@ class Proxy:
         for client in self.pool.candidates(key):
             try:
                 return await client.send(messages, timeout_s=self._timeout)
-            except errors.BrokerUnavailable as exc:
+            except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
                 last = exc
         raise last

@@ -31,7 +31,7 @@ from enum import Enum
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.errors import BrokerUnavailable, ProxyError, TooManyRequests
+from proxy.errors import BrokerUnavailable, ProxyError, TooManyRequests, TopicNotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,8 +189,10 @@ class NotifyRun:
         self.notifying.discard(broker)
         if was_pop:
             self.popping = None
-        if not error.retriable:
+        if not error.retriable and not isinstance(error, TopicNotFound):
             return self._finish([], "error", error)  # the request itself is bad: every broker would say so
+        # A broker without the topic (created on some brokers only, auto-create off) has nothing for this
+        # receive; the others may. TOPIC_NOT_FOUND only when no broker has it.
         self.last_error = error
         self.failed.add(broker)
         if self.phase is Phase.FIRST_POP:

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.adaptive import AdaptivePolicy
-from proxy.errors import BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests
+from proxy.errors import BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests, TopicNotFound
 from proxy.ports import Metrics, NoMetrics
 from proxy.routing import BrokerPool
 
@@ -138,7 +138,7 @@ class LongPollStrategy:
                 response = await self._close_watch.run(client.begin_pop(pop, timeout_s=timeout), closing)
             except ShuttingDown:
                 return ReceiveResult([], "closing", tried)
-            except BrokerUnavailable as exc:
+            except (BrokerUnavailable, TopicNotFound) as exc:  # down, or without this topic: the next one
                 last = exc
                 continue
             if response.polling_full and not response.messages:

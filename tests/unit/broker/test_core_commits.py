@@ -14,7 +14,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.errors import StoreUnavailable
+from broker.errors import StoreUnavailable, TopicNotFound
 from broker.model import now_ms
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
@@ -133,5 +133,21 @@ def test_with_sync_flush_a_held_pop_sees_a_message_sent_during_its_first_commit(
             await core.send([pb.Message(topic="t", body=b"wanted", tag="a")])
             popped = await asyncio.wait_for(pop, 5)  # well before the 10 s poll ends
             assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"wanted"]
+
+    run(scenario)
+
+
+def test_declared_topics_are_the_only_ones_with_auto_create_off(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker(tmp_path, auto_create=False, queues_per_topic=2) as (core, _):
+            assert await core.create_topics(["orders", "orders"]) == ["orders"]
+            with pytest.raises(TopicNotFound):
+                await core.send([pb.Message(topic="other", body=b"x")])
+            await core.send([pb.Message(topic="orders", body=b"x")])
+        async with broker(tmp_path, auto_create=False, queues_per_topic=2) as (core, _):
+            assert await core.create_topics(["orders"]) == []  # already there after the restart
+            assert len(core.topics["orders"].queues) == 2
+            popped = await core.pop("orders", "g", "*", 32, 30_000, 0)
+            assert len(popped.messages) == 1
 
     run(scenario)

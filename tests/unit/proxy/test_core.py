@@ -109,6 +109,34 @@ def test_large_batches_are_split_into_broker_sends_under_the_byte_budget() -> No
     assert sent_calls == [2, 2, 2, 1]
 
 
+def test_send_and_receive_go_on_to_a_broker_that_has_the_topic() -> None:
+    # Topics created on some brokers only (brokers with --no-auto-create and --topic).
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.TopicNotFound("topic t does not exist on broker b1")
+    brokers["b2"].ready = [popped("b2", "x")]
+
+    async def scenario() -> int:
+        await proxy.send([msg(1)])
+        return len((await proxy.receive(request())).messages)
+
+    assert run(scenario()) == 1
+    assert len(brokers["b2"].sent) == 1
+
+
+def test_a_topic_no_broker_has_is_topic_not_found() -> None:
+    proxy, brokers = make("b1", "b2")
+    for b in brokers.values():
+        b.fail = errors.TopicNotFound(f"topic t does not exist on broker {b.name}")
+
+    async def scenario() -> None:
+        with pytest.raises(errors.TopicNotFound):
+            await proxy.send([msg(1)])
+        with pytest.raises(errors.TopicNotFound):
+            await proxy.receive(request())
+
+    run(scenario())
+
+
 def test_send_with_every_broker_down_is_broker_unavailable() -> None:
     proxy, brokers = make("b1", "b2")
     for b in brokers.values():

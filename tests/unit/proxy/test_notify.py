@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.errors import BadRequest, BrokerUnavailable, TooManyRequests
+from proxy.errors import BadRequest, BrokerUnavailable, TooManyRequests, TopicNotFound
 from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
 from tests.unit.proxy.fakes import popped
 
@@ -159,6 +159,21 @@ def test_a_bad_request_answers_with_its_error_at_once() -> None:
     run, _ = started()
     done = finish(run.failed_call("b1", BadRequest("bad filter"), now=0.0))
     assert isinstance(done.error, BadRequest)
+
+
+def test_a_broker_without_the_topic_is_left_out_and_none_having_it_is_topic_not_found() -> None:
+    run = notifying()
+    assert run.failed_call("b1", TopicNotFound("no topic t on b1"), now=1.0) == []
+    assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == [Pop("b2")]
+    assert finish(run.popped("b2", message("m7"), polling_full=False, now=1.0)).outcome == "messages"
+    nowhere, _ = started()
+    assert nowhere.failed_call("b1", TopicNotFound("no topic t"), now=0.0) == [
+        Notify("b2", 10_000),
+        Notify("b3", 10_000),
+    ]
+    nowhere.failed_call("b2", TopicNotFound("no topic t"), now=0.0)
+    done = finish(nowhere.failed_call("b3", TopicNotFound("no topic t on b3"), now=0.0))
+    assert isinstance(done.error, TopicNotFound)
 
 
 def test_a_hold_that_ended_early_is_renewed_and_one_at_the_end_answers_empty() -> None:
