@@ -105,10 +105,6 @@ class GroupTopic:
             out.append((queue_id, offset, self.queues[queue_id].inflight[offset]))
         return out
 
-    def has_expired(self, now_ms: int) -> bool:
-        deadline = self.next_deadline()
-        return deadline is not None and deadline <= now_ms
-
     @property
     def inflight_count(self) -> int:
         return sum(len(q.inflight) for q in self.queues.values())

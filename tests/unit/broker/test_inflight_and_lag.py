@@ -33,7 +33,7 @@ def test_expiry_order_and_stale_entries_are_skipped() -> None:
     state.remove(0, 1)  # acked: its heap entry is stale
     state.deliver(0, 2, Delivery(1, 4, 900))  # invisibility changed: old entry stale
     assert state.next_deadline() == 300
-    assert not state.has_expired(299)
+    assert state.take_expired(299, 10) == []
     expired = state.take_expired(1000, 10)
     assert [(q, o, d.token) for q, o, d in expired] == [(0, 0, 1), (0, 2, 4)]
     assert state.next_deadline() is None
