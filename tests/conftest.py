@@ -7,7 +7,7 @@ import grpc
 import pytest
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
-from tests.procs import ServerProcess, broker_args
+from tests.procs import NO_SWEEP_ARGS, ServerProcess, broker_args
 
 
 class BrokerHandle:
@@ -66,3 +66,10 @@ def make_broker(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture
 def broker(make_broker: object) -> BrokerHandle:
     return make_broker()  # type: ignore[operator, no-any-return]
+
+
+@pytest.fixture
+def broker_without_sweep(make_broker: object) -> BrokerHandle:
+    """A broker whose safety sweep does not run during a test: a held request is answered in time only if
+    the arrival of a message wakes it."""
+    return make_broker("b1", *NO_SWEEP_ARGS)  # type: ignore[operator, no-any-return]

@@ -62,6 +62,12 @@ class ServerProcess:
         self.child.kill()
 
 
+# A broker's safety sweep (--sweep-interval-s, 1 s by default) answers held requests whether or not an
+# arrival woke them, within the bounds of the tests of wake-on-arrival. Those tests start their brokers
+# with these arguments: no sweep runs while they wait, so only the wake on arrival can answer in time.
+NO_SWEEP_ARGS = ("--sweep-interval-s", "3600")
+
+
 def broker_args(name: str, data_dir: Path, *extra: str, listen: str = "127.0.0.1:0") -> list[str]:
     return ["--name", name, "--listen", listen, "--data-dir", str(data_dir), *extra]
 

@@ -151,7 +151,8 @@ def _later(delay: float, fn: object) -> threading.Timer:
     return timer
 
 
-def test_held_pop_and_notification_are_answered_by_a_send(broker: BrokerHandle) -> None:
+def test_held_pop_and_notification_are_answered_by_a_send(broker_without_sweep: BrokerHandle) -> None:
+    broker = broker_without_sweep  # no safety sweep: only the Send wakes the held requests within 1.5 s
     pop(broker.stub, "live", "g", poll_ms=0)  # the topic exists (auto-created on first send below anyway)
     other = grpc.insecure_channel(broker.address)
     try:
@@ -183,7 +184,8 @@ def test_held_requests_answer_empty_at_their_deadline(broker: BrokerHandle) -> N
     assert 0.7 < time.monotonic() - started < 5
 
 
-def test_notification_honours_the_tag_filter(broker: BrokerHandle) -> None:
+def test_notification_honours_the_tag_filter(broker_without_sweep: BrokerHandle) -> None:
+    broker = broker_without_sweep  # no safety sweep: only the blue Send wakes the held Notification
     send(broker.stub, "tags", [b"a"], tag="red")
     quick = broker.stub.Notification(pb.NotificationRequest(topic="tags", group="g", filter="blue", poll_ms=300))
     assert not quick.has_message

@@ -16,7 +16,8 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def test_delay_level_is_invisible_until_due_then_wakes_a_held_pop(broker: BrokerHandle) -> None:
+def test_delay_level_is_invisible_until_due_then_wakes_a_held_pop(broker_without_sweep: BrokerHandle) -> None:
+    broker = broker_without_sweep  # no safety sweep: only the delivery coming due wakes the held Pop in time
     sent_at = now_ms()
     [result] = send(broker.stub, "later", [b"lvl1"], delay_level=1).results
     assert result.offset == -1 and result.message_id

@@ -24,6 +24,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
+from tests.procs import NO_SWEEP_ARGS
 
 POLL_S = 10  # the client's long-polling time: a false empty would take this long
 
@@ -37,6 +38,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         listen="127.0.0.1:0",
         data_dir=data,
         metrics=True,
+        broker_args=NO_SWEEP_ARGS,  # only a wake on arrival answers a held request within these tests' bounds
         proxy_args=("--receive-mode", mode, "--min-invisible-s", "1"),
     )
     with Cluster(config) as c:

@@ -1,0 +1,100 @@
+"""Wake on arrival inside the broker core, no sockets: a Send answers a held Pop and a held Notification at
+once, and an arrival that a held request's tag filter rejects answers neither.
+
+The core runs over a real SQLite store and without the process's safety sweep (only broker/__main__.py
+starts one), so the arrival hook (store commit → ``BrokerCore.arrived`` → ``HoldService.arrived``) is the
+only thing that can answer a held request before its poll time ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.__main__ import sweep_forever
+from broker.core import BrokerCore
+from broker.longpoll import Kind
+from broker.model import PopResult
+from broker.settings import BrokerSettings
+from broker.sqlite_store import SqliteStore
+
+POLL_MS = 20_000  # how long a request is held: without a wake it is still held long after ANSWER_S
+ANSWER_S = 1.0  # generous bound on "at once" (the wake itself takes a few loop turns)
+REJECT_WINDOW_S = 0.3  # how long a request woken by mistake is given to show up as answered
+INVISIBLE_MS = 30_000
+
+
+def run_core(tmp_path: Path, scenario: Callable[[BrokerCore], Awaitable[None]]) -> None:
+    async def main() -> None:
+        store = SqliteStore(tmp_path / "data")
+        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data"), store)
+        store.set_listener(core)
+        store.start(asyncio.get_running_loop())
+        core.restore(store.load())
+        core.start()
+        try:
+            await asyncio.wait_for(scenario(core), 20)
+        finally:
+            await core.close()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def sweeping() -> bool:
+    """Whether a safety sweep runs on this loop (it would answer held requests whether or not they were woken)."""
+    return any(getattr(task.get_coro(), "cr_code", None) is sweep_forever.__code__ for task in asyncio.all_tasks())
+
+
+async def held(core: BrokerCore, *, pops: int, notifications: int) -> None:
+    want = {Kind.POP: pops, Kind.NOTIFICATION: notifications}
+    while core.hold.held != want:  # noqa: ASYNC110 - in-process state with no event to wait on; bounded by wait_for
+        await asyncio.sleep(0.005)
+
+
+def bodies(result: PopResult) -> list[bytes]:
+    return [pb.Message.FromString(m.payload).body for m in result.messages]
+
+
+def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        pop = asyncio.ensure_future(core.pop("t", "g", "*", 32, INVISIBLE_MS, POLL_MS))
+        note = asyncio.ensure_future(core.notification("t", "n", "*", POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=1), 5)
+        assert not sweeping()
+
+        await core.send([pb.Message(topic="t", body=b"hello")])
+        done, _ = await asyncio.wait({pop, note}, timeout=ANSWER_S)
+        assert pop in done, "the arrival did not wake the held Pop"
+        assert note in done, "the arrival did not wake the held Notification"
+        assert bodies(pop.result()) == [b"hello"]
+        assert note.result() == (True, False)  # has_message, not polling_full
+        assert core.hold.total_held == 0
+        assert not sweeping()
+
+    run_core(tmp_path, scenario)
+
+
+def test_an_arrival_the_tag_filter_rejects_answers_no_held_request(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        pop = asyncio.ensure_future(core.pop("t", "g", "a", 32, INVISIBLE_MS, POLL_MS))
+        note = asyncio.ensure_future(core.notification("t", "n", "a", POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=1), 5)
+        assert not sweeping()
+
+        await core.send([pb.Message(topic="t", body=b"not for us", tag="b")])
+        done, _ = await asyncio.wait({pop, note}, timeout=REJECT_WINDOW_S)
+        assert not done, "a message with tag b answered a request that only takes tag a"
+        assert core.hold.held == {Kind.POP: 1, Kind.NOTIFICATION: 1}
+
+        await core.send([pb.Message(topic="t", body=b"for us", tag="a")])
+        done, _ = await asyncio.wait({pop, note}, timeout=ANSWER_S)
+        assert done == {pop, note}, "the matching arrival did not wake both held requests"
+        assert bodies(pop.result()) == [b"for us"]
+        assert note.result() == (True, False)
+        assert not sweeping()
+
+    run_core(tmp_path, scenario)
