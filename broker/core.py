@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -422,8 +423,8 @@ class BrokerCore:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival)."""
         for topic, group in self.hold.keys():
             state = self.groups.get((group, topic))
-            if state is not None and self._has_ready(state, state.filter):
-                self.hold.wake_all((topic, group))
+            if state is not None:  # each request's own filter: the group's last Pop filter may differ
+                self.hold.wake_ready((topic, group), functools.partial(self._has_ready, state))
 
     # -- stats -----------------------------------------------------------------
 

@@ -127,9 +127,15 @@ class HoldService:
                     budgets[waiter.filter] = budget - 1
         return woken
 
-    def wake_all(self, key: Key) -> None:
+    def wake_ready(self, key: Key, has_ready: Callable[[TagFilter], bool]) -> None:
+        """Wake every held request of the key whose own filter has something ready (the safety sweep)."""
+        ready: dict[TagFilter, bool] = {}
         for waiter in list(self._waiters.get(key, ())):
-            waiter.resolve(Outcome.SERVED)
+            found = ready.get(waiter.filter)
+            if found is None:
+                found = ready[waiter.filter] = has_ready(waiter.filter)
+            if found:
+                waiter.resolve(Outcome.SERVED)
 
     def close(self) -> None:
         """Answer every held request now (shutdown)."""

@@ -151,3 +151,18 @@ def test_declared_topics_are_the_only_ones_with_auto_create_off(tmp_path: Path) 
             assert len(popped.messages) == 1
 
     run(scenario)
+
+
+def test_the_sweep_wakes_a_held_request_only_for_what_its_own_filter_takes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker(tmp_path) as (core, _):
+            waiting = asyncio.create_task(core.notification("t", "n", "a", 20_000))
+            await asyncio.sleep(0.05)
+            await core.send([pb.Message(topic="t", body=b"not for n", tag="b")])
+            core.sweep()
+            await asyncio.sleep(0.05)
+            assert not waiting.done()  # the group never popped: its stored filter is match-all
+            await core.send([pb.Message(topic="t", body=b"for n", tag="a")])
+            assert await asyncio.wait_for(waiting, 5) == (True, False)
+
+    run(scenario)
