@@ -5,17 +5,32 @@ For each queue the broker keeps the store time and tag of every message
 and lag in time cheap and synchronous. Payloads live in the store; the most
 recently appended ones are also cached here (FIFO, bounded by bytes) so a
 consumer that keeps up never waits for a disk read.
+
+Lag is computed on the event loop at every scrape, so filtered counts and
+searches must not scan the backlog: the tags are also summarised per block of
+``BLOCK`` offsets (tag -> count), and a count or search over a range looks only
+at the partial blocks at its ends and at the summaries in between. A block with
+more than ``MAX_BLOCK_TAGS`` distinct tags keeps no summary (it would cost more
+memory than the tags themselves) and is scanned like before.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
+from itertools import islice
 
 from broker.filters import TagFilter
 from broker.store import QueueIndex, Record
+
+BLOCK_BITS = 10
+BLOCK = 1 << BLOCK_BITS  # offsets per tag summary; blocks are aligned on absolute offsets
+MAX_BLOCK_TAGS = 64
+
+# Tag counts of one block, or None when the block has too many distinct tags to summarise.
+BlockSummary = dict[str | None, int] | None
 
 
 class PayloadCache:
@@ -36,7 +51,7 @@ class PayloadCache:
 
 
 class QueueLog:
-    __slots__ = ("topic", "queue_id", "min_offset", "store_ms", "tags", "payloads")
+    __slots__ = ("topic", "queue_id", "min_offset", "store_ms", "tags", "payloads", "_blocks")
 
     def __init__(self, topic: str, queue_id: int, index: QueueIndex | None = None) -> None:
         self.topic = topic
@@ -45,6 +60,14 @@ class QueueLog:
         self.store_ms = array("q", index.store_ms if index else ())
         self.tags: list[str | None] = [None if t is None else sys.intern(t) for t in index.tags] if index else []
         self.payloads: dict[int, bytes] = {}
+        # _blocks[i] summarises block (min_offset >> BLOCK_BITS) + i, only the offsets present in it.
+        self._blocks: list[BlockSummary] = []
+        lo = base = self.min_offset
+        while lo < self.max_offset:
+            hi = min((lo | (BLOCK - 1)) + 1, self.max_offset)
+            counts = dict(Counter(self.tags[lo - base : hi - base]))
+            self._blocks.append(counts if len(counts) <= MAX_BLOCK_TAGS else None)
+            lo = hi
 
     @property
     def max_offset(self) -> int:
@@ -52,10 +75,23 @@ class QueueLog:
         return self.min_offset + len(self.store_ms)
 
     def append(self, record: Record) -> None:
-        if record.offset != self.max_offset:
-            raise AssertionError(f"{self.topic}/{self.queue_id}: offset {record.offset} != {self.max_offset}")
+        offset = self.min_offset + len(self.store_ms)
+        if record.offset != offset:
+            raise AssertionError(f"{self.topic}/{self.queue_id}: offset {record.offset} != {offset}")
+        tag = record.tag
+        if tag is not None:
+            tag = sys.intern(tag)
         self.store_ms.append(record.store_ms)
-        self.tags.append(None if record.tag is None else sys.intern(record.tag))
+        self.tags.append(tag)
+        blocks = self._blocks
+        if not offset & (BLOCK - 1) or not blocks:  # the first offset of a block
+            blocks.append({tag: 1})
+            return
+        counts = blocks[-1]
+        if counts is not None:
+            counts[tag] = counts.get(tag, 0) + 1
+            if len(counts) > MAX_BLOCK_TAGS:
+                blocks[-1] = None
 
     def store_ms_at(self, offset: int) -> int:
         return self.store_ms[offset - self.min_offset]
@@ -63,35 +99,84 @@ class QueueLog:
     def first_match(self, start: int, tag_filter: TagFilter) -> int:
         """The first offset >= start whose tag matches, or max_offset when none."""
         start = max(start, self.min_offset)
-        if tag_filter.matches_all:
+        if tag_filter.tags is None:
             return start
-        tags = self.tags
-        for i in range(start - self.min_offset, len(tags)):
-            if tag_filter.matches(tags[i]):
-                return self.min_offset + i
-        return self.max_offset
+        wanted = tag_filter.tags
+        end = self.max_offset
+        lo = start
+        while lo < end:
+            hi = min((lo | (BLOCK - 1)) + 1, end)
+            if self._may_hold(lo, wanted):
+                found = self._scan_first(lo, hi, wanted)
+                if found is not None:
+                    return found
+            lo = hi
+        return end
 
     def matching(self, start: int, tag_filter: TagFilter, limit: int) -> Iterator[int]:
         """Up to ``limit`` matching offsets from ``start`` on."""
-        offset = self.first_match(start, tag_filter)
         end = self.max_offset
+        offset = self.first_match(start, tag_filter)
+        wanted = tag_filter.tags
+        if wanted is None:
+            yield from range(offset, min(end, offset + limit))
+            return
+        tags = self.tags
+        base = self.min_offset
         found = 0
         while offset < end and found < limit:
-            if tag_filter.matches(self.tags[offset - self.min_offset]):
-                found += 1
-                yield offset
-            offset += 1
+            # ``offset`` matches: take it and the rest of its block tag by tag, then skip to the next
+            # block that may hold a match.
+            block_end = min((offset | (BLOCK - 1)) + 1, end)
+            for i in range(offset - base, block_end - base):
+                if tags[i] in wanted:
+                    yield base + i
+                    found += 1
+                    if found == limit:
+                        return
+            offset = self.first_match(block_end, tag_filter)
 
     def count_matching(self, start: int, end: int, tag_filter: TagFilter) -> int:
         start = max(start, self.min_offset)
         end = min(end, self.max_offset)
         if end <= start:
             return 0
-        if tag_filter.matches_all:
+        if tag_filter.tags is None:
             return end - start
-        wanted = tag_filter.tags or frozenset()
-        lo = start - self.min_offset
-        return sum(1 for t in self.tags[lo : end - self.min_offset] if t in wanted)
+        wanted = tag_filter.tags
+        # Whole blocks inside [start, end) are counted from their summaries, the rest tag by tag.
+        first_whole = (start + BLOCK - 1) >> BLOCK_BITS
+        last_whole = end >> BLOCK_BITS
+        if first_whole >= last_whole:
+            return self._scan_count(start, end, wanted)
+        count = self._scan_count(start, first_whole << BLOCK_BITS, wanted)
+        count += self._scan_count(last_whole << BLOCK_BITS, end, wanted)
+        base = self.min_offset >> BLOCK_BITS
+        for block, counts in enumerate(islice(self._blocks, first_whole - base, last_whole - base), start=first_whole):
+            if counts is None:
+                count += self._scan_count(block << BLOCK_BITS, (block + 1) << BLOCK_BITS, wanted)
+            elif len(wanted) <= len(counts):
+                count += sum(counts.get(tag, 0) for tag in wanted)
+            else:
+                count += sum(n for tag, n in counts.items() if tag in wanted)
+        return count
+
+    def _may_hold(self, offset: int, wanted: frozenset[str]) -> bool:
+        """Whether the block holding ``offset`` may hold a wanted tag (False only when it surely does not)."""
+        counts = self._blocks[(offset >> BLOCK_BITS) - (self.min_offset >> BLOCK_BITS)]
+        return counts is None or not wanted.isdisjoint(counts)
+
+    def _scan_first(self, start: int, end: int, wanted: frozenset[str]) -> int | None:
+        tags = self.tags
+        base = self.min_offset
+        for i in range(start - base, end - base):
+            if tags[i] in wanted:
+                return base + i
+        return None
+
+    def _scan_count(self, start: int, end: int, wanted: frozenset[str]) -> int:
+        base = self.min_offset
+        return sum(map(wanted.__contains__, self.tags[start - base : end - base]))
 
 
 class TopicLog:

@@ -53,11 +53,15 @@ class ScheduleIndex:
 
     def __init__(self) -> None:
         self._heap: list[Entry] = []
+        # The largest due time in the heap. Entries leave only from the minimum, so it stays exact:
+        # when the maximum itself leaves, every entry left has that same due time.
+        self._max_due = 0
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def add(self, due_ms: int, schedule_id: int) -> None:
+        self._max_due = max(self._max_due, due_ms) if self._heap else due_ms
         heapq.heappush(self._heap, (due_ms, schedule_id))
 
     def next_due(self) -> int | None:
@@ -71,7 +75,30 @@ class ScheduleIndex:
         return out
 
     def count_due(self, now_ms: int) -> int:
-        return sum(1 for due, _ in self._heap if due <= now_ms)
+        """Entries due at ``now_ms``, visiting only those (O(due)), not the whole schedule.
+
+        A heap entry is never due earlier than its parent, so the due entries form a subtree at the
+        root: walk it, descending only into due children. When everything is due, the answer is O(1).
+        """
+        heap = self._heap
+        n = len(heap)
+        if not n or heap[0][0] > now_ms:
+            return 0
+        if self._max_due <= now_ms:
+            return n
+        count = 0
+        stack = [0]
+        pop, push = stack.pop, stack.append
+        while stack:
+            i = pop()
+            count += 1
+            child = 2 * i + 1
+            if child < n and heap[child][0] <= now_ms:
+                push(child)
+            child += 1
+            if child < n and heap[child][0] <= now_ms:
+                push(child)
+        return count
 
 
 @dataclass

@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
@@ -47,6 +49,34 @@ def test_index_gives_due_entries_earliest_first() -> None:
     assert index.take_due(25, limit=10) == [(10, 2), (20, 3)]
     assert index.take_due(100, limit=1) == [(30, 1)]
     assert len(index) == 1 and index.count_due(39) == 0
+
+
+# An operation on the index: ("add", due) or ("take", now, limit).
+index_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 200)),
+        st.tuples(st.just("take"), st.integers(-5, 205), st.integers(1, 20)),
+    ),
+    max_size=300,
+)
+
+
+@given(ops=index_ops, nows=st.lists(st.integers(-5, 205), min_size=1, max_size=10))
+def test_count_due_equals_a_scan_of_every_entry(
+    ops: list[tuple[str, int] | tuple[str, int, int]], nows: list[int]
+) -> None:
+    index = ScheduleIndex()
+    model: list[int] = []  # due times of the entries still in the index
+    for n, op in enumerate(ops):
+        if op[0] == "add":
+            index.add(op[1], n)
+            model.append(op[1])
+        else:
+            for due, _ in index.take_due(op[1], op[2]):
+                model.remove(due)
+        for now in [*nows, min(model, default=0), max(model, default=0)]:
+            assert index.count_due(now) == sum(1 for due in model if due <= now)
+    assert len(index) == len(model)
 
 
 class FlakyStore:

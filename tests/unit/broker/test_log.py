@@ -1,0 +1,150 @@
+"""The queue log's filtered counts and searches against the plain linear scans they replace.
+
+The log answers from per-block tag summaries; these properties check it gives exactly what a scan of
+every tag gives, over queues that start past offset 0, span several blocks, grow between queries, and
+have blocks with too many distinct tags to summarise.
+"""
+
+from __future__ import annotations
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from broker.filters import MATCH_ALL, TagFilter
+from broker.inflight import GroupQueue
+from broker.lag import queue_lag
+from broker.log import BLOCK, MAX_BLOCK_TAGS, QueueLog
+from broker.store import QueueIndex, Record
+
+# The oracles: the linear versions the log used before it kept block summaries.
+
+
+def linear_count(tags: list[str | None], min_offset: int, start: int, end: int, f: TagFilter) -> int:
+    start = max(start, min_offset)
+    end = min(end, min_offset + len(tags))
+    return sum(1 for t in tags[start - min_offset : end - min_offset] if f.matches(t)) if end > start else 0
+
+
+def linear_first(tags: list[str | None], min_offset: int, start: int, f: TagFilter) -> int:
+    start = max(start, min_offset)
+    if f.matches_all:
+        return start
+    for i in range(start - min_offset, len(tags)):
+        if f.matches(tags[i]):
+            return min_offset + i
+    return min_offset + len(tags)
+
+
+def linear_matching(tags: list[str | None], min_offset: int, start: int, f: TagFilter, limit: int) -> list[int]:
+    out: list[int] = []
+    for offset in range(max(start, min_offset), min_offset + len(tags)):
+        if len(out) >= limit:
+            break
+        if f.matches(tags[offset - min_offset]):
+            out.append(offset)
+    return out
+
+
+# A queue is built from runs: ("a", 700) is 700 messages tagged "a"; (DISTINCT, n) is n messages with
+# up to 90 different tags, more than a block summary holds.
+DISTINCT = "<distinct>"
+FEW_TAGS = ["a", "b", "c", None]
+Run = tuple[str | None, int]
+runs = st.lists(st.tuples(st.sampled_from([*FEW_TAGS, DISTINCT]), st.integers(1, 1500)), max_size=8)
+filters = st.one_of(
+    st.just(MATCH_ALL),
+    st.frozensets(st.sampled_from(["a", "b", "c", "u1", "u7", "u89", "zz"]), min_size=1, max_size=3).map(TagFilter),
+)
+
+
+def expand(run_list: list[Run]) -> list[str | None]:
+    tags: list[str | None] = []
+    for tag, n in run_list:
+        tags += [f"u{i % 90}" for i in range(n)] if tag == DISTINCT else [tag] * n
+    return tags
+
+
+def build(min_offset: int, loaded: list[str | None], appended: list[str | None]) -> QueueLog:
+    """A log rebuilt from a stored index (as at start), then appended to (as on send)."""
+    q = QueueLog("t", 0, QueueIndex(min_offset, [1000 + min_offset + i for i in range(len(loaded))], list(loaded)))
+    for tag in appended:
+        q.append(Record("t", 0, q.max_offset, 1000 + q.max_offset, tag, b""))
+    return q
+
+
+def probes(min_offset: int, size: int) -> list[int]:
+    """Offsets around the ends, the block boundaries and a few in between."""
+    end = min_offset + size
+    points = {min_offset - 5, min_offset, min_offset + 1, end - 1, end, end + 3, (min_offset + end) // 2}
+    first_block = min_offset // BLOCK * BLOCK
+    for b in range(first_block, end + BLOCK, BLOCK):
+        points |= {b - 1, b, b + 1}
+    return sorted(points)
+
+
+@settings(deadline=None)
+@given(
+    min_offset=st.integers(0, 3 * BLOCK),
+    loaded=runs,
+    appended=runs,
+    f=filters,
+    extra=st.lists(st.integers(-10, 2 * 8 * 1500 + 10), max_size=8),  # relative to min_offset
+)
+@example(min_offset=0, loaded=[(DISTINCT, 3 * BLOCK)], appended=[("a", 5)], f=TagFilter(frozenset({"u7"})), extra=[])
+@example(min_offset=BLOCK - 1, loaded=[("b", 1)], appended=[("a", 2 * BLOCK)], f=TagFilter(frozenset({"a"})), extra=[])
+def test_counts_and_searches_equal_linear_scans(
+    min_offset: int, loaded: list[Run], appended: list[Run], f: TagFilter, extra: list[int]
+) -> None:
+    loaded_tags, appended_tags = expand(loaded), expand(appended)
+    tags = loaded_tags + appended_tags
+    q = build(min_offset, loaded_tags, appended_tags)
+    points = probes(min_offset, len(tags))
+    for start in points + [min_offset + e for e in extra]:
+        assert q.first_match(start, f) == linear_first(tags, min_offset, start, f)
+        for limit in (0, 1, 3, 50):
+            assert list(q.matching(start, f, limit)) == linear_matching(tags, min_offset, start, f, limit)
+    # Ranges with both ends at and around block boundaries (the first ones, the last ones) and anywhere.
+    ends = points[:5] + points[-5:] + [min_offset + e for e in extra]
+    for start, end in [(s, e) for s in points for e in (min_offset, q.max_offset)] + [
+        (s, e) for s in ends for e in ends
+    ]:
+        assert q.count_matching(start, end, f) == linear_count(tags, min_offset, start, end, f)
+
+
+@settings(deadline=None)
+@given(min_offset=st.integers(0, 2 * BLOCK), loaded=runs, f=filters, pull=st.integers(0, 3 * BLOCK), grow=runs)
+def test_lag_equals_linear_scans_while_the_queue_grows(
+    min_offset: int, loaded: list[Run], f: TagFilter, pull: int, grow: list[Run]
+) -> None:
+    tags = expand(loaded)
+    q = build(min_offset, tags, [])
+    state = GroupQueue(0, pull)
+    for new in [[], *(expand([run]) for run in grow)]:
+        for tag in new:
+            q.append(Record("t", 0, q.max_offset, 1000 + q.max_offset, tag, b""))
+        tags += new
+        lag = queue_lag(q, state, f, 0)
+        start = max(pull, min_offset)
+        assert lag.ready == linear_count(tags, min_offset, start, q.max_offset, f)
+        oldest = linear_first(tags, min_offset, start, f)
+        assert lag.oldest_unacked_store_ms == (1000 + oldest if oldest < q.max_offset else 0)
+
+
+def test_sparse_tag_deep_in_a_long_backlog_is_found_and_counted() -> None:
+    n = 50 * BLOCK
+    q = build(0, ["x"] * (n - 3), ["rare", "x", "rare"])
+    rare = TagFilter.parse("rare")
+    assert q.first_match(1, rare) == n - 3
+    assert list(q.matching(0, rare, 10)) == [n - 3, n - 1]
+    assert q.count_matching(0, n, rare) == 2
+    assert q.count_matching(0, n, TagFilter.parse("x || rare")) == n
+    assert q.count_matching(5, n - 1, MATCH_ALL) == n - 6
+
+
+def test_blocks_with_many_distinct_tags_are_still_counted_exactly() -> None:
+    tags: list[str | None] = [f"id-{i}" for i in range(3 * BLOCK)]
+    assert len(set(tags[:BLOCK])) > MAX_BLOCK_TAGS
+    q = build(0, tags[:BLOCK], tags[BLOCK:])
+    wanted = TagFilter.parse("id-5 || id-2000 || id-9999")
+    assert q.count_matching(0, q.max_offset, wanted) == 2
+    assert q.first_match(6, wanted) == 2000
