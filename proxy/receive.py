@@ -18,11 +18,19 @@ from typing import Any, Protocol, TypeVar
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.adaptive import AdaptivePolicy
-from proxy.errors import BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests, TopicNotFound
+from proxy.errors import (
+    BrokerTimeout,
+    BrokerUnavailable,
+    ProxyError,
+    ShuttingDown,
+    TooManyRequests,
+    TopicNotFound,
+)
 from proxy.ports import Metrics, NoMetrics
 from proxy.routing import BrokerPool
 
 T = TypeVar("T")
+MIN_ATTEMPT_S = 0.05  # less time than this left: no further broker attempt, and a broker call gets at least this
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,39 +122,41 @@ class LongPollStrategy:
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
+        poll_end = loop.time() + request.poll_s  # one long-polling time for the receive, not one per broker
         tried: list[str] = []
         last: ProxyError = BrokerUnavailable("no broker is configured")
-        # A broker found down during the call is skipped and the next is tried with the time left.
+        # A broker found down (or hung) during the call is skipped and the next is tried with the time left.
         for client in self._pool.candidates(rotation="receive"):
-            remaining = request.deadline - loop.time()
-            if remaining <= 0:
+            now = loop.time()
+            remaining = request.deadline - now
+            if remaining <= MIN_ATTEMPT_S:
                 break
-            poll_s = min(request.poll_s, remaining)
+            poll_s = max(0.0, min(poll_end - now, remaining))
             pop = bpb.PopRequest(
                 topic=request.topic,
                 group=request.group,
                 filter=request.filter,
                 max_messages=request.batch,
                 invisible_ms=request.invisible_ms,
-                poll_ms=int(poll_s * 1000),
+                poll_ms=round(poll_s * 1000),
             )
             tried.append(client.name)
             if pop.poll_ms > 0 and len(tried) == 1:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
-            timeout = max(0.05, min(poll_s + self._timeout, remaining))
+            timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             try:
                 response = await self._close_watch.run(client.begin_pop(pop, timeout_s=timeout), closing)
             except ShuttingDown:
                 return ReceiveResult([], "closing", tried)
-            except (BrokerUnavailable, TopicNotFound) as exc:  # down, or without this topic: the next one
+            except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
                 last = exc
                 continue
             if response.polling_full and not response.messages:
                 raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
             messages = list(response.messages)
             return ReceiveResult(messages, "messages" if messages else "empty", tried)
-        if tried and loop.time() >= request.deadline:
-            return ReceiveResult([], "empty", tried)
+        if tried and request.deadline - loop.time() <= MIN_ATTEMPT_S:
+            return ReceiveResult([], "empty", tried)  # the client's time is up: an empty answer, not an error
         raise last
 
 

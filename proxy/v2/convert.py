@@ -31,9 +31,20 @@ def _body(message: v2.Message, limit: int) -> bytes:
     encoding = message.system_properties.body_encoding
     if encoding != v2.GZIP:
         return validate.body(message.body, limit=limit)
-    inflater = zlib.decompressobj(wbits=31)
+    # Every member of the stream (RFC 1952 allows several, as gzip.decompress reads them), each to its end,
+    # inflating at most one byte past the limit.
+    data, rest = b"", message.body
     try:
-        data = inflater.decompress(message.body, limit + 1)
+        while True:
+            inflater = zlib.decompressobj(wbits=31)
+            data += inflater.decompress(rest, limit + 1 - len(data))
+            if len(data) > limit:
+                break  # too large: validate.body says so
+            if not inflater.eof:
+                raise errors.BadRequest("message body is declared GZIP but its stream is truncated")
+            rest = inflater.unused_data
+            if not rest:
+                break
     except zlib.error as exc:
         raise errors.BadRequest(f"message body is declared GZIP but does not inflate: {exc}") from None
     return validate.body(data, limit=limit)

@@ -104,13 +104,18 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def ChangeInvisibleDuration(
         self, request: pb.ChangeInvisibleDurationRequest, context: Any
     ) -> pb.ChangeInvisibleDurationResponse:
-        return await self._unary(
+        response = await self._unary(
             "ChangeInvisibleDuration",
             ack.change_invisible_duration,
             request,
             context,
             pb.ChangeInvisibleDurationResponse,
         )
+        if not response.receipt_handle:
+            # The official client stores the answer's handle in the message before it checks the status:
+            # a failed change must leave the message its handle, which is still valid.
+            response.receipt_handle = request.receipt_handle
+        return response
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: pb.ForwardMessageToDeadLetterQueueRequest, context: Any

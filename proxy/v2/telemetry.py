@@ -60,12 +60,12 @@ async def telemetry(
 ) -> AsyncIterator[pb.TelemetryCommand]:
     """Reply to every Settings command until the client closes the stream or the proxy shuts down."""
     closed = asyncio.ensure_future(closing.wait())
+    next_command: asyncio.Future[pb.TelemetryCommand] | None = None
     try:
         while True:
             next_command = asyncio.ensure_future(anext(commands))
             await asyncio.wait({next_command, closed}, return_when=asyncio.FIRST_COMPLETED)
             if not next_command.done():
-                next_command.cancel()
                 return
             try:
                 command = next_command.result()
@@ -76,3 +76,13 @@ async def telemetry(
             # Other commands (thread stack traces, verify results) answer requests this proxy never makes.
     finally:
         closed.cancel()
+        if next_command is not None:
+            # Also when the client cancels the stream: the read ends (StopAsyncIteration, an RPC error)
+            # after this generator, and its outcome is read here, not logged as never retrieved.
+            next_command.cancel()
+            next_command.add_done_callback(_ignore_outcome)
+
+
+def _ignore_outcome(future: asyncio.Future[pb.TelemetryCommand]) -> None:
+    if not future.cancelled():
+        future.exception()

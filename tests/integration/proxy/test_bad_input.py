@@ -108,3 +108,15 @@ def test_bad_input_gets_its_code_and_a_clear_message(
 def test_nothing_bad_was_stored(client: V2Client) -> None:
     status, messages = client.receive("bad", "fresh-group", poll_s=1)
     assert messages == [] and status.code == v2.MESSAGE_NOT_FOUND
+
+
+def test_a_refused_change_of_invisibility_gives_back_the_handle_it_was_sent(client: V2Client) -> None:
+    # The official client stores the answer's receipt_handle in the message before it checks the status.
+    handle = "1~nobroker~bad~0~5~1~ab~1700000000000"
+    request = pb.ChangeInvisibleDurationRequest(
+        group=v2.Resource(name="g"), topic=v2.Resource(name="bad"), receipt_handle=handle, message_id="m"
+    )
+    request.invisible_duration.seconds = 10
+    response = client.stub.ChangeInvisibleDuration(request, timeout=5)
+    assert response.status.code != v2.OK
+    assert response.receipt_handle == handle

@@ -169,6 +169,57 @@ def test_receive_skips_a_broker_that_turns_out_to_be_down() -> None:
     assert run(scenario()) == 1
 
 
+class DiesWhileHolding(FakeBroker):
+    """Holds a Pop for `after_s`, then fails as a broker killed mid-poll does."""
+
+    def __init__(self, name: str, after_s: float) -> None:
+        super().__init__(name)
+        self.after_s = after_s
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        self.pops.append(request)
+        await asyncio.sleep(self.after_s)
+        raise errors.BrokerUnavailable(f"{self.name} went away")
+
+
+class Hangs(FakeBroker):
+    """Never answers: the call ends with the client-side timeout it was given."""
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        self.pops.append(request)
+        await asyncio.sleep(timeout_s)
+        raise errors.BrokerTimeout(f"broker {self.name} did not answer in time")
+
+
+def test_after_a_fail_over_the_next_broker_gets_only_the_poll_time_left() -> None:
+    brokers: dict[str, FakeBroker] = {"b1": DiesWhileHolding("b1", after_s=0.3), "b2": FakeBroker("b2")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+
+    async def scenario() -> tuple[str, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await proxy.receive(request(poll_s=1.0, deadline_in=1.5))
+        return result.outcome, loop.time() - started
+
+    outcome, took = run(scenario())
+    assert outcome == "empty"
+    assert brokers["b1"].pops[0].poll_ms == 1000
+    assert 0 < brokers["b2"].pops[0].poll_ms <= 750  # not the whole second again
+    assert took < 1.4  # answered at the end of the client's poll, inside its deadline
+
+
+def test_a_broker_that_hangs_until_the_deadline_gives_an_empty_answer_not_an_error() -> None:
+    brokers: dict[str, FakeBroker] = {"b1": Hangs("b1")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+
+    async def scenario() -> str:
+        return (await proxy.receive(request(poll_s=0.5, deadline_in=0.6))).outcome
+
+    assert run(scenario()) == "empty"
+
+
 def test_a_full_broker_is_too_many_requests() -> None:
     proxy, brokers = make("b1")
     brokers["b1"].polling_full = True

@@ -60,6 +60,19 @@ def test_gzip_bodies_are_inflated_and_their_size_checked_after_inflating() -> No
         to_broker(message, LIMITS, now_s=NOW)
 
 
+def test_gzip_bodies_must_be_whole_and_may_have_several_members() -> None:
+    message = client_message(body_encoding=v2.GZIP)
+    message.body = gzip.compress(b"a" * 500) + gzip.compress(b"b" * 400)
+    assert to_broker(message, LIMITS, now_s=NOW).body == b"a" * 500 + b"b" * 400
+    for damaged in (gzip.compress(b"z" * 1000)[:-12], gzip.compress(b"z" * 10) + b"junk"):
+        message.body = damaged
+        with pytest.raises(errors.BadRequest, match="GZIP"):
+            to_broker(message, LIMITS, now_s=NOW)
+    message.body = gzip.compress(b"a" * 600) + gzip.compress(b"b" * 600)  # each member fits, both do not
+    with pytest.raises(errors.MessageBodyTooLarge):
+        to_broker(message, LIMITS, now_s=NOW)
+
+
 def test_transactional_messages_are_unsupported() -> None:
     with pytest.raises(errors.Unsupported, match="TRANSACTION"):
         to_broker(client_message(message_type=v2.TRANSACTION), LIMITS, now_s=NOW)
