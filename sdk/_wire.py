@@ -10,10 +10,12 @@ import hashlib
 import hmac
 import itertools
 import os
+import secrets
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -95,20 +97,50 @@ class CallMetadata:
 
 
 class MessageIds:
-    """Ids in the official clients' format: 01 + MAC + pid + seconds since 2021 + counter (34 hex)."""
+    """Ids in the official clients' format: 01 + MAC + pid + seconds since 2021 + counter (34 hex).
+
+    The counter starts at a random value, and a forked child draws a new one (and takes its own pid):
+    a generator made at import time is shared by every worker a pre-forking server (gunicorn,
+    multiprocessing) forks, and those workers must not repeat each other's ids, since consumers
+    de-duplicate by id.
+    """
 
     _EPOCH_2021 = 1609459200
 
     def __init__(self) -> None:
-        self._prefix = f"01{uuid.getnode():012X}{os.getpid() & 0xFFFF:04X}"
-        self._counter = itertools.count()
         self._lock = threading.Lock()
+        self._restart()
+        _live_ids.add(self)
+
+    def _restart(self) -> None:
+        self._pid = os.getpid()
+        self._prefix = f"01{uuid.getnode():012X}{self._pid & 0xFFFF:04X}"
+        self._counter = itertools.count(secrets.randbits(32))
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread of the parent may have held it at the fork
+        self._restart()
 
     def __call__(self) -> str:
         with self._lock:
+            if self._pid != os.getpid():  # forked without Python's fork hooks (a C extension's fork())
+                self._restart()
             n = next(self._counter) & 0xFFFFFFFF
+            prefix = self._prefix
         seconds = (int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF
-        return f"{self._prefix}{seconds:08X}{n:08X}"
+        return f"{prefix}{seconds:08X}{n:08X}"
+
+
+_live_ids: weakref.WeakSet[MessageIds] = weakref.WeakSet()
+
+
+def _restart_ids_after_fork() -> None:
+    for ids in list(_live_ids):
+        ids._after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_restart_ids_after_fork)
 
 
 def _set_seconds(target: object, seconds: float) -> None:

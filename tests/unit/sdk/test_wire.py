@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
@@ -38,6 +41,47 @@ def test_message_ids_have_the_official_format_and_are_unique() -> None:
     made = [ids() for _ in range(1000)]
     assert len(set(made)) == 1000
     assert all(re.fullmatch(r"01[0-9A-F]{32}", i) for i in made)
+
+
+# A pre-forking server (gunicorn, multiprocessing "fork"): the generator made at import is shared by the workers.
+FORKED_WORKERS = """
+import os
+from sdk._base import ProducerBase
+
+ProducerBase._ids()  # the parent sends before forking (or not: the children must differ either way)
+read, write = os.pipe()
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, f"{os.getpid()} {ProducerBase._ids()} {ProducerBase._ids()}\\n".encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+os.close(write)
+print(os.read(read, 4096).decode(), end="")
+print(os.getpid(), ProducerBase._ids())
+"""
+
+
+def test_forked_workers_do_not_repeat_each_others_message_ids() -> None:
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_WORKERS], cwd=root, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    rows = [line.split() for line in out.splitlines()]
+    made = [i for row in rows for i in row[1:]]
+    assert len(rows) == 3 and len(made) == 5
+    assert len(set(made)) == len(made), out
+    for pid, *ids in rows:  # each process's ids carry its own pid, as the official format has it
+        assert all(i[14:18] == f"{int(pid) & 0xFFFF:04X}" for i in ids)
+
+
+def test_generators_whose_pids_share_the_low_16_bits_start_apart() -> None:
+    # Two processes whose pids differ by a multiple of 65536 (pid_max is 4194304 on current Linux) have
+    # the same id prefix; the counter's random start keeps their ids apart. Two generators in one
+    # process stand for them.
+    first, second = _wire.MessageIds(), _wire.MessageIds()
+    assert first()[:18] == second()[:18]
+    assert {first() for _ in range(100)}.isdisjoint(second() for _ in range(100))
 
 
 def test_outgoing_message_fields() -> None:
