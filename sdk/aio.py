@@ -10,6 +10,7 @@ async with SimpleConsumer("127.0.0.1:8081", "billing", {"orders": "*"}) as consu
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -19,7 +20,7 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _wire, errors
+from sdk import _resend, _wire, errors
 from sdk._base import SEND_WINDOW, ClientBase, ConsumerBase, ProducerBase
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
@@ -195,46 +196,54 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             raise failures[0][1]
 
     async def ack_many(self, messages: Iterable[Message]) -> None:
-        """Acknowledge many messages in batched calls; raises `AckError` listing those not acked."""
+        """Acknowledge many messages in batched calls; see `sdk.SimpleConsumer.ack_many`."""
         failures = await self._ack(messages)
         if failures:
             raise errors.AckError(failures)
 
     async def _ack(self, messages: Iterable[Message]) -> list[tuple[str, errors.PopgateError]]:
-        async def one(request: pb.AckMessageRequest) -> list[tuple[str, errors.PopgateError]]:
-            async def op() -> list[tuple[str, errors.PopgateError]]:
-                response = await self._stub.AckMessage(
-                    request, timeout=self.options.request_timeout, metadata=self._metadata()
-                )
-                return _wire.ack_failures(response)
-
-            return await self._retrying(op)
-
-        results = await asyncio.gather(*(one(r) for r in self._ack_plan(messages)))
+        plan = [_resend.PendingAck(request) for request in self._ack_plan(messages)]
+        results = await asyncio.gather(*(self._ack_request(pending) for pending in plan))
         return [failure for chunk in results for failure in chunk]
 
+    async def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
+        async def op() -> list[tuple[str, errors.PopgateError]]:
+            request = pending.next_request()
+            response = await self._stub.AckMessage(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            return pending.read(response)
+
+        try:
+            return await self._retrying(op)
+        except _resend.ResendEntries:  # retries exhausted with entries still failing retriably
+            return pending.failures
+
     async def nack(self, message: Message, delay: float = 0.0) -> Message:
-        """Deliver the message again after ``delay`` seconds; its ``receipt_handle`` is replaced."""
+        """Deliver the message again after ``delay`` seconds, replacing its handle; see `sdk.SimpleConsumer.nack`."""
         request = _wire.change_invisible_request(self.group, message, delay, namespace=self.options.namespace)
+        attempts = itertools.count(1)
 
         async def op() -> str:
+            resent = next(attempts) > 1
             response = await self._stub.ChangeInvisibleDuration(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            _wire.check(response.status)
-            return str(response.receipt_handle)
+            return _resend.new_handle(response, resent=resent)
 
         message.receipt_handle = await self._retrying(op)
         return message
 
     async def forward_to_dlq(self, message: Message) -> None:
-        """Move the message to ``%DLQ%<group>`` now."""
+        """Move the message to ``%DLQ%<group>`` now; see `sdk.SimpleConsumer.forward_to_dlq`."""
         request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
+        attempts = itertools.count(1)
 
         async def op() -> None:
+            resent = next(attempts) > 1
             response = await self._stub.ForwardMessageToDeadLetterQueue(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            _wire.check(response.status)
+            _resend.dead_lettered(response, resent=resent)
 
         await self._retrying(op)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import itertools
 import logging
 import time
 from collections import deque
@@ -14,7 +14,7 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _wire, errors
+from sdk import _resend, _wire, errors
 from sdk._base import SEND_WINDOW, ClientBase, ConsumerBase, ProducerBase
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
@@ -236,6 +236,11 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def ack(self, message: Message) -> None:
         """Acknowledge one message: it is consumed and never delivered again.
 
+        Transient failures (UNAVAILABLE, TOO_MANY_REQUESTS, broker failover, timeouts) are retried under
+        the client's `RetryPolicy`. A re-sent ack answered with a stale handle counts as acked: the broker
+        refuses a handle it already acked, so that answer means an earlier attempt whose reply was lost
+        did the ack.
+
         Raises:
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked).
         """
@@ -245,6 +250,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         """Acknowledge many messages in as few AckMessage calls as possible (one per topic and 1024).
+
+        Entries that fail with a retriable error are re-sent alone, as `ack` retries.
 
         Raises:
             AckError: Some messages were not acked; ``failures`` lists them with their errors.
@@ -256,38 +263,58 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def _ack(self, messages: Iterable[Message]) -> list[tuple[str, errors.PopgateError]]:
         failures: list[tuple[str, errors.PopgateError]] = []
         for request in self._ack_plan(messages):
-            failures += self._retrying(functools.partial(self._ack_once, request))
+            failures += self._ack_request(_resend.PendingAck(request))
         return failures
 
-    def _ack_once(self, request: pb.AckMessageRequest) -> list[tuple[str, errors.PopgateError]]:
-        response = self._stub.AckMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
-        return _wire.ack_failures(response)
+    def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
+        def op() -> list[tuple[str, errors.PopgateError]]:
+            request = pending.next_request()
+            response = self._stub.AckMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
+            return pending.read(response)
+
+        try:
+            return self._retrying(op)
+        except _resend.ResendEntries:  # retries exhausted with entries still failing retriably
+            return pending.failures
 
     def nack(self, message: Message, delay: float = 0.0) -> Message:
         """Give a message back: it is delivered again after ``delay`` seconds (ChangeInvisibleDuration).
 
-        The message's ``receipt_handle`` is replaced by the new one (also returned).
+        The message's ``receipt_handle`` is replaced by the new one (also returned). Transient failures
+        are retried as for `ack`.
+
+        Raises:
+            InvalidReceiptHandle: The handle was stale at the first attempt.
+            Timeout: Not retriable: the outcome is unknown. An attempt failed in a way that may have
+                reached the broker, and the retry found the handle already replaced, most likely by that
+                attempt; the message will be delivered again after ``delay``, but the new handle was lost.
         """
         request = _wire.change_invisible_request(self.group, message, delay, namespace=self.options.namespace)
+        attempts = itertools.count(1)
 
         def op() -> str:
+            resent = next(attempts) > 1
             response = self._stub.ChangeInvisibleDuration(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            _wire.check(response.status)
-            return str(response.receipt_handle)
+            return _resend.new_handle(response, resent=resent)
 
         message.receipt_handle = self._retrying(op)
         return message
 
     def forward_to_dlq(self, message: Message) -> None:
-        """Move a message to the group's dead-letter topic ``%DLQ%<group>`` now."""
+        """Move a message to the group's dead-letter topic ``%DLQ%<group>`` now.
+
+        Retried as `ack` is; a re-send answered with a stale handle counts as forwarded.
+        """
         request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
+        attempts = itertools.count(1)
 
         def op() -> None:
+            resent = next(attempts) > 1
             response = self._stub.ForwardMessageToDeadLetterQueue(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            _wire.check(response.status)
+            _resend.dead_lettered(response, resent=resent)
 
         self._retrying(op)

@@ -1,0 +1,133 @@
+"""Re-sending ack, nack (ChangeInvisibleDuration) and DLQ forwards after a retriable failure (sans-IO).
+
+Re-sending one of these never applies it twice: each makes the message's receipt handle stale, and
+the broker refuses a stale handle. So a re-send whose earlier attempt *did* apply (its answer lost to
+a deadline or a dropped connection) is answered INVALID_RECEIPT_HANDLE. On a re-send, and only
+there, the SDK reads that answer as "done by the earlier attempt":
+
+* ack and forward_to_dlq succeed. Their only effect is to end this delivery; had the handle gone
+  stale some other way (the message redelivered meanwhile), the message comes again, as it would
+  after an error, so this reading loses no message.
+* nack raises `Timeout` (not retriable, "outcome unknown"): its success needs the new handle, which
+  only the lost answer carried. The message is delivered again after the delay; its old handle is dead.
+
+An AckMessage answers per entry; entries that failed with a retriable error (broker failover,
+overload) are re-sent alone, under the same retry policy as the whole call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import _wire, errors
+
+Failures = list[tuple[str, errors.PopgateError]]
+
+NACK_OUTCOME_UNKNOWN = (
+    "nack outcome unknown: an earlier attempt failed in a way that may have reached the broker, and the "
+    "retry found the receipt handle already replaced (most likely by that attempt); the message will be "
+    "delivered again after the delay, but its new receipt handle was lost and the old one no longer acks"
+)
+
+
+def _stale(status: v2.Status) -> bool:
+    if status.code in _wire.SUCCESS:
+        return False
+    return isinstance(errors.error_for(status.code, status.message), errors.InvalidReceiptHandle)
+
+
+def new_handle(response: pb.ChangeInvisibleDurationResponse, *, resent: bool) -> str:
+    """The receipt handle a ChangeInvisibleDuration answered; see the module docstring for ``resent``."""
+    if resent and _stale(response.status):
+        raise errors.Timeout(NACK_OUTCOME_UNKNOWN, retriable=False)
+    _wire.check(response.status)
+    return str(response.receipt_handle)
+
+
+def dead_lettered(response: pb.ForwardMessageToDeadLetterQueueResponse, *, resent: bool) -> None:
+    """Check a ForwardMessageToDeadLetterQueue answer; a stale handle on a re-send means forwarded."""
+    if not (resent and _stale(response.status)):
+        _wire.check(response.status)
+
+
+class ResendEntries(errors.PopgateError):
+    """Some ack entries failed with retriable errors: the retry loop sends them again (never raised to users)."""
+
+    retriable = True
+
+
+class PendingAck:
+    """One AckMessage request through its attempts: what is left to send and what failed for good."""
+
+    def __init__(self, request: pb.AckMessageRequest) -> None:
+        self.request = request
+        self.sent = 0
+        self._final: Failures = []
+        self._retry: Failures = []
+
+    @property
+    def failures(self) -> Failures:
+        """``(message_id, error)`` of every entry not acked (so far)."""
+        return self._final + self._retry
+
+    def next_request(self) -> pb.AckMessageRequest:
+        self.sent += 1
+        return self.request
+
+    def read(self, response: pb.AckMessageResponse) -> Failures:
+        """Record an answer to the last request and return `failures` when nothing is left to re-send.
+
+        Raises:
+            ResendEntries: Entries failed retriably; the request now holds only those.
+            PopgateError: The whole call failed (it is re-sent unchanged if the error is retriable).
+        """
+        failed = _wire.ack_failures(response)  # raises when the whole call failed
+        retry: Failures = []
+        entries: list[pb.AckMessageEntry] = []
+        matcher = _Entries(self.request.entries)
+        for (message_id, error), result in zip(failed, _failed_results(response), strict=True):
+            if self.sent > 1 and isinstance(error, errors.InvalidReceiptHandle):
+                continue  # acked by an earlier attempt whose answer was lost
+            entry = matcher.take(result)
+            if error.retriable and entry is not None:
+                retry.append((message_id, error))
+                entries.append(entry)
+            else:
+                self._final.append((message_id, error))
+        self._retry = retry
+        if not retry:
+            return self.failures
+        narrowed = pb.AckMessageRequest()
+        narrowed.CopyFrom(self.request)
+        del narrowed.entries[:]
+        narrowed.entries.extend(entries)
+        self.request = narrowed
+        first = retry[0][1]
+        raise ResendEntries(f"{len(retry)} ack entries failed ({first}); re-sending them", code=first.code)
+
+
+def _failed_results(response: pb.AckMessageResponse) -> list[pb.AckMessageResultEntry]:
+    """The result entries `_wire.ack_failures` reports, in its order."""
+    if response.status.code == v2.OK:
+        return []
+    return [e for e in response.entries if e.HasField("status") and e.status.code != v2.OK]
+
+
+class _Entries:
+    """Finds the request entry a result entry answers: by receipt handle when echoed, else by message id."""
+
+    def __init__(self, entries: Sequence[pb.AckMessageEntry]) -> None:
+        self._left = list(entries)
+
+    def take(self, result: pb.AckMessageResultEntry) -> pb.AckMessageEntry | None:
+        for key in ("receipt_handle", "message_id"):
+            wanted = getattr(result, key)
+            if not wanted:
+                continue
+            for i, entry in enumerate(self._left):
+                if getattr(entry, key) == wanted:
+                    return self._left.pop(i)
+        return None

@@ -1,0 +1,138 @@
+"""A fake MessagingService stub for the consumer's ack / nack / DLQ calls: no sockets, scripted faults.
+
+It keeps what a broker keeps for these calls (which receipt handles are live) and refuses a stale
+handle with INVALID_RECEIPT_HANDLE, as a broker does. Faults are scripted per call:
+
+* ``entry_faults[handle]``: v2 codes the next AckMessage entries for that handle answer, one per call,
+  without acking it (a broker failover, an overloaded proxy).
+* ``call_faults``: one per call, popped in order; ``("refused", status)`` fails the call before it does
+  anything, ``("lost", status)`` does the work and then fails the call, so the answer is lost (a
+  deadline that passed while the broker was applying it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import Message
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, status: grpc.StatusCode) -> None:
+        super().__init__(status.name)
+        self._status = status
+
+    def code(self) -> grpc.StatusCode:
+        return self._status
+
+    def details(self) -> str:
+        return f"fake {self._status.name}"
+
+
+@dataclass
+class FakeStub:
+    live: set[str] = field(default_factory=set)
+    acked: list[str] = field(default_factory=list)
+    dead_lettered: list[str] = field(default_factory=list)
+    entry_faults: dict[str, list[int]] = field(default_factory=dict)
+    call_faults: list[tuple[str, grpc.StatusCode]] = field(default_factory=list)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    renewals: int = 0
+
+    def message(self, message_id: str, topic: str = "t") -> Message:
+        handle = f"{message_id}@0"
+        self.live.add(handle)
+        return Message(b"x", topic=topic, message_id=message_id, receipt_handle=handle)
+
+    def sent(self, method: str) -> list[Any]:
+        return [request for name, request in self.calls if name == method]
+
+    def _call(self, method: str, request: Any) -> grpc.StatusCode | None:
+        """The status to fail with once the work is done ("lost"), if any."""
+        self.calls.append((method, request))
+        if not self.call_faults:
+            return None
+        how, status = self.call_faults.pop(0)
+        if how == "refused":
+            raise FakeRpcError(status)
+        return status
+
+    def _lose(self, lost: grpc.StatusCode | None) -> None:
+        if lost is not None:
+            raise FakeRpcError(lost)
+
+    def AckMessage(self, request: pb.AckMessageRequest, **_: Any) -> pb.AckMessageResponse:
+        lost = self._call("AckMessage", request)
+        entries = []
+        for entry in request.entries:
+            faults = self.entry_faults.get(entry.receipt_handle)
+            if faults:
+                code = faults.pop(0)
+            elif entry.receipt_handle in self.live:
+                self.live.remove(entry.receipt_handle)
+                self.acked.append(entry.message_id)
+                code = v2.OK
+            else:
+                code = v2.INVALID_RECEIPT_HANDLE
+            entries.append(
+                pb.AckMessageResultEntry(
+                    message_id=entry.message_id,
+                    receipt_handle=entry.receipt_handle,
+                    status=v2.Status(code=code, message=v2.Code.Name(code)),
+                )
+            )
+        self._lose(lost)
+        codes = {e.status.code for e in entries}
+        overall = entries[0].status if len(codes) == 1 else v2.Status(code=v2.MULTIPLE_RESULTS)
+        return pb.AckMessageResponse(status=overall, entries=entries)
+
+    def ChangeInvisibleDuration(
+        self, request: pb.ChangeInvisibleDurationRequest, **_: Any
+    ) -> pb.ChangeInvisibleDurationResponse:
+        lost = self._call("ChangeInvisibleDuration", request)
+        if request.receipt_handle not in self.live:
+            return pb.ChangeInvisibleDurationResponse(status=v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message="stale"))
+        self.live.remove(request.receipt_handle)
+        self.renewals += 1
+        new = f"{request.message_id}@{self.renewals}"
+        self.live.add(new)
+        self._lose(lost)
+        return pb.ChangeInvisibleDurationResponse(status=v2.Status(code=v2.OK), receipt_handle=new)
+
+    def ForwardMessageToDeadLetterQueue(
+        self, request: pb.ForwardMessageToDeadLetterQueueRequest, **_: Any
+    ) -> pb.ForwardMessageToDeadLetterQueueResponse:
+        lost = self._call("ForwardMessageToDeadLetterQueue", request)
+        if request.receipt_handle not in self.live:
+            return pb.ForwardMessageToDeadLetterQueueResponse(
+                status=v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message="stale")
+            )
+        self.live.remove(request.receipt_handle)
+        self.dead_lettered.append(request.message_id)
+        self._lose(lost)
+        return pb.ForwardMessageToDeadLetterQueueResponse(status=v2.Status(code=v2.OK))
+
+
+class AsyncStub:
+    """The same fake, as a grpc.aio stub (each call a coroutine)."""
+
+    def __init__(self, fake: FakeStub) -> None:
+        self.fake = fake
+
+    def __getattr__(self, method: str) -> Any:
+        sync = getattr(self.fake, method)
+
+        async def call(request: Any, **kwargs: Any) -> Any:
+            return sync(request, **kwargs)
+
+        return call
+
+
+class FakeChannel:
+    async def close(self) -> None:
+        return None

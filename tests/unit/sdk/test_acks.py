@@ -1,0 +1,155 @@
+"""ack / nack / forward_to_dlq retries, against a fake stub that keeps live receipt handles (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+import grpc
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+
+from sdk import RetryPolicy, SimpleConsumer, aio, errors
+from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeStub
+
+FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+T = TypeVar("T")
+
+
+@pytest.fixture
+def fake() -> FakeStub:
+    return FakeStub()
+
+
+@pytest.fixture
+def consumer(fake: FakeStub) -> Iterator[SimpleConsumer]:
+    with SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST) as c:
+        c._stub = fake
+        yield c
+
+
+def run_aio(fake: FakeStub, body: Callable[[aio.SimpleConsumer], Awaitable[T]]) -> T:
+    async def main() -> T:
+        consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST)
+        consumer._channel = FakeChannel()  # type: ignore[assignment]
+        consumer._stub_ = AsyncStub(fake)
+        async with consumer:
+            return await body(consumer)
+
+    return asyncio.run(main())
+
+
+def acked_entries(fake: FakeStub) -> list[list[str]]:
+    return [[e.message_id for e in request.entries] for request in fake.sent("AckMessage")]
+
+
+# -- entries that fail retriably are re-sent ----------------------------------------------------
+
+
+def test_ack_many_resends_only_the_entries_that_failed_retriably(fake: FakeStub, consumer: SimpleConsumer) -> None:
+    a, b, c = fake.message("a"), fake.message("b"), fake.message("c")
+    fake.entry_faults[b.receipt_handle] = [v2.HA_NOT_AVAILABLE]  # b's broker is failing over
+    fake.live.discard(c.receipt_handle)  # c was redelivered meanwhile: its handle is stale
+
+    with pytest.raises(errors.AckError) as info:
+        consumer.ack_many([a, b, c])
+
+    assert [(message_id, type(e)) for message_id, e in info.value.failures] == [("c", errors.InvalidReceiptHandle)]
+    assert fake.acked == ["a", "b"]
+    assert acked_entries(fake) == [["a", "b", "c"], ["b"]]
+
+
+def test_an_entry_failing_on_every_attempt_is_reported_after_the_policys_attempts(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    m = fake.message("a")
+    fake.entry_faults[m.receipt_handle] = [v2.TOO_MANY_REQUESTS] * 10
+
+    with pytest.raises(errors.TooManyRequests):
+        consumer.ack(m)
+
+    assert len(fake.sent("AckMessage")) == FAST.max_attempts
+    assert fake.acked == []
+
+
+def test_asyncio_ack_rides_out_a_broker_failover(fake: FakeStub) -> None:
+    a, b = fake.message("a"), fake.message("b")
+    fake.entry_faults[a.receipt_handle] = [v2.HA_NOT_AVAILABLE, v2.PROXY_TIMEOUT]
+
+    async def ack(consumer: aio.SimpleConsumer) -> None:
+        await consumer.ack(a)
+        await consumer.ack_many([b])
+
+    run_aio(fake, ack)
+    assert fake.acked == ["a", "b"]
+    assert acked_entries(fake) == [["a"], ["a"], ["a"], ["b"]]
+
+
+# -- a re-send after a lost answer ----------------------------------------------------------------
+
+
+def test_an_ack_whose_answer_was_lost_is_not_reported_stale_on_the_retry(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("lost", DEADLINE)]  # the broker acked, the answer never came
+
+    consumer.ack(m)  # the retry is answered INVALID_RECEIPT_HANDLE: done by the first attempt
+
+    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
+    with pytest.raises(errors.InvalidReceiptHandle):  # on a first attempt a stale handle is still an error
+        consumer.ack(m)
+    assert len(fake.sent("AckMessage")) == 3
+
+
+def test_a_nack_whose_answer_was_lost_raises_outcome_unknown(fake: FakeStub, consumer: SimpleConsumer) -> None:
+    m = fake.message("a")
+    old = m.receipt_handle
+    fake.call_faults = [("lost", DEADLINE)]  # the broker applied it; the new handle is lost with the answer
+
+    with pytest.raises(errors.Timeout) as info:
+        consumer.nack(m, 5.0)
+
+    assert not isinstance(info.value, errors.InvalidReceiptHandle)
+    assert info.value.retriable is False and "outcome unknown" in str(info.value)
+    assert m.receipt_handle == old and fake.renewals == 1  # applied once, by the first attempt
+    assert len(fake.sent("ChangeInvisibleDuration")) == 2
+
+
+def test_a_nack_refused_before_reaching_the_broker_is_retried_and_returns_the_new_handle(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("refused", grpc.StatusCode.UNAVAILABLE)]
+    assert consumer.nack(m, 5.0).receipt_handle in fake.live
+    stale = fake.message("b")
+    fake.live.discard(stale.receipt_handle)
+    with pytest.raises(errors.InvalidReceiptHandle):  # only a re-send reads a stale handle as "outcome unknown"
+        consumer.nack(stale, 5.0)
+
+
+def test_a_dlq_forward_whose_answer_was_lost_counts_as_forwarded(fake: FakeStub, consumer: SimpleConsumer) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("lost", grpc.StatusCode.UNAVAILABLE)]  # connection dropped after the broker forwarded
+
+    consumer.forward_to_dlq(m)
+
+    assert fake.dead_lettered == ["a"] and len(fake.sent("ForwardMessageToDeadLetterQueue")) == 2
+
+
+def test_asyncio_lost_answers_read_as_the_sync_client_reads_them(fake: FakeStub) -> None:
+    a, n = fake.message("a"), fake.message("n")
+
+    async def calls(consumer: aio.SimpleConsumer) -> errors.PopgateError:
+        fake.call_faults = [("lost", DEADLINE)]
+        await consumer.ack(a)
+        fake.call_faults = [("lost", DEADLINE)]
+        with pytest.raises(errors.Timeout) as info:
+            await consumer.nack(n, 5.0)
+        return info.value
+
+    error = run_aio(fake, calls)
+    assert fake.acked == ["a"]
+    assert error.retriable is False and not isinstance(error, errors.InvalidReceiptHandle)
