@@ -73,6 +73,7 @@ class BrokerSettings:
             (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),
             (self.max_poll_ms >= 0, "max_poll_ms must be >= 0"),
             (":" in self.listen, "listen must be HOST:PORT"),
+            ("://" not in self.export_dir, "export_dir must be a local directory, not a URI (docs/METRICS.md)"),
         ]
         for ok, message in checks:
             if not ok:

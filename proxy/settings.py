@@ -168,6 +168,7 @@ class Settings:
             ("adaptive_rate_threshold", self.adaptive_rate_threshold >= 0, ">= 0 (0 = criterion off)"),
             ("adaptive_concurrency_per_broker", self.adaptive_concurrency_per_broker >= 0, ">= 0 (0 = criterion off)"),
             ("adaptive_proxies", self.adaptive_proxies >= 1, ">= 1"),
+            ("export_dir", "://" not in self.export_dir, "a local directory, not a URI (docs/METRICS.md)"),
         ]
         for name, ok, rule in checks:
             if not ok:
