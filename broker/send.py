@@ -28,9 +28,6 @@ from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.store import CreateQueue, DeleteScheduled, NewMessage, Op, PutScheduled, Record, Store
 
-MAX_PROPERTIES_BYTES = 16 * 1024
-MAX_KEYS = 64
-
 
 class SendPath:
     def __init__(self, settings: BrokerSettings, store: Store, topics: dict[str, TopicLog]) -> None:
@@ -124,14 +121,16 @@ class SendPath:
         if tag is not None:
             validation.check_tag(tag)
         if m.keys:
-            if len(m.keys) > MAX_KEYS:
-                raise IllegalMessage(f"message has {len(m.keys)} keys, at most {MAX_KEYS}")
+            if len(m.keys) > validation.MAX_KEYS:
+                raise IllegalMessage(f"message has {len(m.keys)} keys, at most {validation.MAX_KEYS}")
             for key in m.keys:
                 validation.check_text_field("message key", key, limit=256)
         if m.properties:
             props = sum(len(k) + len(v) for k, v in m.properties.items())
-            if props > MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
-                raise IllegalMessage(f"message properties need non-empty keys and <= {MAX_PROPERTIES_BYTES} B in all")
+            if props > validation.MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
+                raise IllegalMessage(
+                    f"message properties need non-empty keys and <= {validation.MAX_PROPERTIES_BYTES} B in all"
+                )
         if m.message_id:
             validation.check_message_id(m.message_id)
         if m.message_group:

@@ -6,11 +6,15 @@ import re
 
 from broker.errors import IllegalGroup, IllegalMessage, IllegalTopic
 
+# The limits of DESIGN §5, checked by the broker and again, before any broker call, by the proxy
+# (proxy/validate.py imports them from here: one source for both).
 NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]+$")
 MAX_NAME_LEN = 127
 DLQ_PREFIX = "%DLQ%"
 MAX_TAG_LEN = 256
 MAX_MESSAGE_ID_LEN = 128
+MAX_KEYS = 64
+MAX_PROPERTIES_BYTES = 16 * 1024
 
 
 def check_topic(topic: str) -> str:

@@ -6,21 +6,23 @@ that names the field, the value and the rule.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
+from broker.validation import (
+    DLQ_PREFIX,
+    MAX_KEYS,
+    MAX_MESSAGE_ID_LEN,
+    MAX_NAME_LEN,
+    MAX_PROPERTIES_BYTES,
+    MAX_TAG_LEN,
+    NAME_RE,
+)
 from proxy import errors
 
-NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]+$")
-MAX_NAME_LEN = 127
-DLQ_PREFIX = "%DLQ%"
-MAX_TAG_LEN = 256
+# Limits only the proxy checks (the v2 protocol's; the broker accepts what the proxy let through).
 MAX_KEY_LEN = 256
-MAX_KEYS = 64
-MAX_MESSAGE_ID_LEN = 128
 MAX_MESSAGE_GROUP_BYTES = 64
 MAX_PROPERTIES = 128
-MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_FILTER_LEN = 1024
 
 
