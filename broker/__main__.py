@@ -16,6 +16,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 from broker import settings as settings_mod
 from broker.auth import TokenInterceptor
 from broker.core import BrokerCore
+from broker.errors import StoreUnavailable
 from broker.export import ExportSettings, MetricsExporter
 from broker.metrics import BrokerMetrics
 from broker.metrics_http import MetricsServer
@@ -106,7 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     # A daemon should get EFBIG instead: SQLite then fails the commit and the broker refuses writes, still serving.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except StoreUnavailable as exc:  # at start: data directory in use, unreadable or of a newer layout
+        log.error("cannot start: %s", exc)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ not power loss). Reads use a second connection on a reader thread.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -123,6 +125,23 @@ class _Request:
 STATE_DELAY_S = 0.002
 
 
+def _lock(data_dir: Path) -> int:
+    """Hold `data_dir/LOCK` (flock, released by the OS when the process dies): two brokers on one data
+    directory would both assign offsets and overwrite each other's batches."""
+    fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreUnavailable(
+            f"data directory {data_dir} is in use by another broker (pid {holder}): each broker needs its own"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class SqliteStore:
     def __init__(
         self,
@@ -135,6 +154,14 @@ class SqliteStore:
         """state_delay_s: with ``flush="async"``, how long consumer-state writes (no appends) wait before
         they go to the writer thread (see `submit`); 0 sends them at once. Ignored with ``sync``."""
         data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock(data_dir)
+        try:
+            self._open(data_dir, flush, on_commit, state_delay_s)
+        except BaseException:
+            os.close(self._lock)
+            raise
+
+    def _open(self, data_dir: Path, flush: str, on_commit: CommitObserver | None, state_delay_s: float) -> None:
         self._path = data_dir / "broker.sqlite3"
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
@@ -450,3 +477,4 @@ class SqliteStore:
         if self._read_conn is not None:
             self._read_conn.close()
         self._conn.close()
+        os.close(self._lock)  # the data directory is free for the next broker

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from pathlib import Path
 
@@ -126,3 +127,17 @@ def test_a_data_directory_of_a_newer_layout_is_refused_with_a_clear_error(tmp_pa
         conn.execute("PRAGMA user_version = 9")
     with pytest.raises(StoreUnavailable, match="layout 9, this broker reads layouts up to 2"):
         SqliteStore(tmp_path)
+
+
+def test_a_data_directory_in_use_by_another_broker_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        first = SqliteStore(tmp_path)
+        first.start(asyncio.get_running_loop())
+        with pytest.raises(StoreUnavailable, match=f"in use by another broker \\(pid {os.getpid()}\\)"):
+            SqliteStore(tmp_path)
+        await first.close()
+        second = SqliteStore(tmp_path)  # free again once the first is closed
+        second.start(asyncio.get_running_loop())
+        await second.close()
+
+    asyncio.run(scenario())
