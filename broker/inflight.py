@@ -22,6 +22,7 @@ class Delivery:
     attempt: int
     token: int
     deadline_ms: int
+    expired: bool = False  # taken off the heap by take_expired: waiting to be popped again, or dead-lettered
 
 
 class GroupQueue:
@@ -102,7 +103,9 @@ class GroupTopic:
             if deadline is None or deadline > now_ms:
                 break
             _, queue_id, offset, _ = heapq.heappop(heap)
-            out.append((queue_id, offset, self.queues[queue_id].inflight[offset]))
+            delivery = self.queues[queue_id].inflight[offset]
+            delivery.expired = True
+            out.append((queue_id, offset, delivery))
         return out
 
     @property
@@ -112,9 +115,12 @@ class GroupTopic:
     def _maybe_compact(self) -> None:
         live = self.inflight_count
         if len(self._heap) > 2 * live + 1024:
+            # Not the expired ones: they are in `ready` (or being dead-lettered) already, and back on
+            # the heap they would expire a second time — one message twice in a Pop's answer.
             self._heap = [
                 (d.deadline_ms, q.queue_id, offset, d.token)
                 for q in self.queues.values()
                 for offset, d in q.inflight.items()
+                if not d.expired
             ]
             heapq.heapify(self._heap)

@@ -54,11 +54,13 @@ class Redelivery:
         """Up to ``want`` ready redeliveries as (queue id, offset, next attempt)."""
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
+        taken: set[tuple[int, int]] = set()
         ready = state.ready
         while ready and len(picks) < want:
             queue_id, offset, token = ready.popleft()
             delivery = state.current(queue_id, offset, token)
-            if delivery is not None:
+            if delivery is not None and (queue_id, offset) not in taken:  # never one message twice in an answer
+                taken.add((queue_id, offset))
                 picks.append((queue_id, offset, delivery.attempt + 1))
         return picks
 

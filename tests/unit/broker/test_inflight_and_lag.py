@@ -104,3 +104,15 @@ def test_payload_cache_evicts_oldest_by_bytes() -> None:
         cache.add(q, i, b"x" * 100)
     assert sorted(q.payloads) == [2, 3, 4]
     assert cache.bytes <= cache.max_bytes
+
+
+def test_compacting_the_deadline_heap_does_not_expire_a_delivery_twice() -> None:
+    state = GroupTopic("g", "t")
+    state.queue(0, 0).pull_offset = 3000
+    state.deliver(0, 0, Delivery(1, 1, 100))  # expires, waits in `ready` to be popped again
+    [(queue_id, offset, _)] = state.take_expired(150, 10)
+    assert (queue_id, offset) == (0, 0)
+    for offset in range(1, 2500):  # acked traffic: stale heap entries pile up until a compaction
+        state.deliver(0, offset, Delivery(1, offset + 1, 10_000))
+        state.remove(0, offset)
+    assert state.take_expired(200, 10) == []  # offset 0 was taken once already
