@@ -95,6 +95,46 @@ def records(registry: Registry, settings: ExportSettings, now: float) -> Iterato
             }
 
 
+def _series(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        record["metric"],
+        record["topic"],
+        record["group"],
+        record["queue"],
+        tuple(sorted(record["labels"].items())),
+    )
+
+
+class RunSnapshots:
+    """The records of one process run's successive snapshots, with the counter series this run has written.
+
+    A counter series that first appears after the run's first snapshot (a new topic's ``messages_in``, a
+    new label set) was 0 when the previous snapshot was taken: its first snapshot also carries a record of
+    value 0 at the previous snapshot's time, so a reader sees its whole increase (docs/METRICS.md §3).
+    """
+
+    def __init__(self, settings: ExportSettings) -> None:
+        self.settings = settings
+        self._counters: set[tuple[Any, ...]] = set()
+        self._previous: float | None = None  # time of the last snapshot written
+
+    def take(self, registry: Registry, now: float) -> list[dict[str, Any]]:
+        batch = list(records(registry, self.settings, now))
+        if self._previous is None:
+            return batch
+        zeros = [
+            {**r, "time": self._previous, "value": 0.0}
+            for r in batch
+            if r["type"] == "counter" and _series(r) not in self._counters
+        ]
+        return zeros + batch
+
+    def written(self, batch: Iterable[dict[str, Any]], now: float) -> None:
+        """Call once ``batch`` (from `take`) is written; a snapshot that failed to write is not remembered."""
+        self._counters.update(_series(r) for r in batch if r["type"] == "counter")
+        self._previous = round(now, 3)
+
+
 def encode(batch: Iterable[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, separators=(",", ":"), sort_keys=True) + "\n" for r in batch).encode()
 
@@ -192,6 +232,7 @@ class MetricsExporter:
         self.registry = registry
         self.settings = settings
         self._file = _RollingFile(settings)
+        self._snapshots = RunSnapshots(settings)  # used on the writer thread only
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="metrics-export")
         self._task: asyncio.Task[None] | None = None
         self.snapshots = 0
@@ -235,7 +276,9 @@ class MetricsExporter:
             await self._written.wait_for(lambda: self.snapshots >= count)
 
     def _write(self, registry: Registry, now: float) -> None:
-        self._file.append(encode(records(registry, self.settings, now)), now)
+        batch = self._snapshots.take(registry, now)
+        self._file.append(encode(batch), now)
+        self._snapshots.written(batch, now)
 
     async def close(self) -> None:
         if self._task is not None:

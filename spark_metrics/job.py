@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
@@ -95,8 +94,11 @@ def write_windows(df: DataFrame, path: str, *, append: bool) -> None:
         writer.mode("overwrite").option("partitionOverwriteMode", "dynamic").parquet(path)
 
 
-def run_batch(spark: SparkSession, settings: JobSettings) -> None:
-    """Aggregate everything under the input; rewrite the output's date partitions it covers."""
+def run_batch(spark: SparkSession, settings: JobSettings) -> str:
+    """Aggregate everything under the input; rewrite the output's date partitions it covers.
+
+    Returns the report (also saved next to the output when that is a local path).
+    """
     series = series_windows(read_records(spark, settings.input), settings.window_s)
     # step 2 reads step 1 in several branches: keep it rather than parse the JSON once per branch
     series = series.persist(StorageLevel.MEMORY_AND_DISK)
@@ -104,7 +106,7 @@ def run_batch(spark: SparkSession, settings: JobSettings) -> None:
         write_windows(group_metrics(series, settings.window_s), settings.windows_path, append=False)
     finally:
         series.unpersist()
-    report.write(spark, settings)
+    return report.write(spark, settings)
 
 
 def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
@@ -136,6 +138,7 @@ def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
 
 
 def run(settings: JobSettings, *, master: str | None = None) -> None:
+    """Run the job, then print the report (whatever the output's file system)."""
     spark = session(master)
     if settings.streaming:
         query = start_streaming(spark, settings)
@@ -143,8 +146,7 @@ def run(settings: JobSettings, *, master: str | None = None) -> None:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
+        text = report.write(spark, settings)  # from everything written so far, this run or earlier ones
     else:
-        run_batch(spark, settings)
-    text = Path(_join(settings.output, "report.txt"))
-    if text.exists():
-        print(text.read_text(), end="")
+        text = run_batch(spark, settings)
+    print(text, end="")

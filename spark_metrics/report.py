@@ -43,31 +43,37 @@ def render(rows: list[dict[str, Any]], *, top: int = 5) -> str:
     if not rows:
         return "popgate metrics: no complete window yet\n"
     starts = sorted({r["window_start"] for r in rows})
-    groups = {(r["topic"], r["group"]) for r in rows}
+    pairs = {(r["topic"], r["group"]) for r in rows if r["topic"]}
     last = starts[-1]
     lines = [
         f"popgate metrics: {len(starts)} windows from {starts[0]:%Y-%m-%d %H:%M:%S} to "
-        f"{rows[-1]['window_end']:%Y-%m-%d %H:%M:%S} UTC, {len(groups)} topic/group pairs",
+        f"{rows[-1]['window_end']:%Y-%m-%d %H:%M:%S} UTC, {len(pairs)} topic/group pairs, "
+        f"{len({r['group'] for r in rows})} groups",
         "",
         f"Top lagging groups in the last window ({last:%H:%M:%S}):",
         f"  {'topic':<20} {'group':<20} {'lag':>8} {'inflight':>8} {'avail':>8} {'lag s':>7} "
         f"{'hit %':>6} {'notify %':>8} {'empty %':>7} {'dlq+':>5}",
     ]
-    latest = sorted((r for r in rows if r["window_start"] == last), key=lambda r: r["lag_rank"])
-    for r in latest[:top]:
+    latest = [r for r in rows if r["window_start"] == last]
+    # the polling ratios are the group's, on its topic "" row (METRICS.md §5); shown next to each of its topics
+    polling = {r["group"]: r for r in latest if not r["topic"]}
+    lagging = sorted((r for r in latest if r["topic"]), key=lambda r: r["lag_rank"])
+    for r in lagging[:top]:
+        p = polling.get(r["group"], r)
         lines.append(
             f"  {r['topic']:<20} {r['group']:<20} {_fmt(r['consumer_lag']):>8} {_fmt(r['inflight']):>8} "
-            f"{_fmt(r['available']):>8} {_fmt(r['lag_seconds'], '.1f'):>7} {_pct(r['polling_hit_ratio']):>6} "
-            f"{_pct(r['notify_share']):>8} {_pct(r['empty_rate']):>7} {_fmt(r['dlq_growth']):>5}"
+            f"{_fmt(r['available']):>8} {_fmt(r['lag_seconds'], '.1f'):>7} {_pct(p['polling_hit_ratio']):>6} "
+            f"{_pct(p['notify_share']):>8} {_pct(p['empty_rate']):>7} {_fmt(r['dlq_growth']):>5}"
         )
     lines += ["", "Over the whole span:"]
     peak: dict[tuple[str, str], float] = defaultdict(float)
     totals: dict[str, float] = defaultdict(float)
     for r in rows:
-        key = (r["topic"], r["group"])
-        peak[key] = max(peak[key], r["consumer_lag"] or 0.0)
+        if r["consumer_lag"] is not None:
+            key = (r["topic"], r["group"])
+            peak[key] = max(peak[key], r["consumer_lag"])
         for name in ("receives", "first_pop_hits", "notify_runs", "empty_responses", "dlq_growth"):
-            totals[name] += r[name] or 0.0
+            totals[name] += r[name] or 0.0  # each figure is on one row only: a plain sum is the total
     worst = sorted(peak.items(), key=lambda kv: -kv[1])[:top]
     lines.append("  highest lag: " + ", ".join(f"{t or '-'}/{g} {v:.0f}" for (t, g), v in worst))
     receives = totals["receives"]

@@ -80,13 +80,17 @@ def clean(records: DataFrame) -> DataFrame:
 def series_windows(records: DataFrame, window_s: float, *, lateness_s: float | None = None) -> DataFrame:
     """Step 1: the last value (gauges) and the increase (counters) of every series in every window.
 
-    ``lateness_s`` sets the watermark (streaming): records older than the newest minus that are dropped.
+    ``lateness_s`` sets the watermark (streaming): a record less than that behind the newest record's
+    time still counts; older ones are dropped.
     """
     copies = F.when(F.col("type") == "counter", F.array(F.lit(False), F.lit(True))).otherwise(F.array(F.lit(False)))
     r = clean(records).withColumn("baseline", F.explode(copies))
     r = r.withColumn("t", F.timestamp_seconds(F.col("time") + F.when(F.col("baseline"), window_s).otherwise(0.0)))
     if lateness_s is not None:
-        r = r.withWatermark("t", f"{int(lateness_s * 1000)} milliseconds")
+        # The watermark follows the newest `t`, and a baseline copy's `t` is its record's time + one window:
+        # the delay must cover that window too, or a record would be dropped up to `window_s` early.
+        delay_ms = int((lateness_s + window_s) * 1000)
+        r = r.withWatermark("t", f"{delay_ms} milliseconds")
     own = ~F.col("baseline")
 
     def mine(name: str) -> Column:
@@ -197,13 +201,14 @@ def _ratio(num: str, den: str) -> Column:
 
 
 def group_metrics(series: DataFrame, window_s: float) -> DataFrame:
-    """Step 2: per window and topic/group, every figure of docs/METRICS.md ("Job output")."""
+    """Step 2: per window and topic/group, every figure of docs/METRICS.md ("Job output").
+
+    A group's figures that know no topic (the proxies' counts, the DLQ size) are on one row of their own,
+    topic "", never repeated on each of the group's topics: a sum over rows is a true total.
+    """
     pp = _per_process(series)
-    out = (
-        _broker_groups(pp)
-        .join(_group_level(pp), [*WINDOW_KEYS, "group"], "full")
-        .withColumn("topic", F.coalesce("topic", F.lit("")))
-    )
+    group_level = _group_level(pp).withColumn("topic", F.lit(""))
+    out = _broker_groups(pp).unionByName(group_level, allowMissingColumns=True)
     rank = Window.partitionBy("window_start").orderBy(F.col("consumer_lag").desc_nulls_last(), "topic", "group")
     out = out.select(
         "*",

@@ -79,11 +79,12 @@ def test_counters_become_window_increases_across_a_restart(result: dict[Key, dic
     assert [result[(w, S.TOPIC, "slow")]["messages_in"] for w in (0, 1)] == [60, 90]
     assert result[(1, S.TOPIC, "slow")]["in_rate"] == 1.5
     assert result[(1, S.TOPIC, "slow")]["dlq_growth"] == 3
-    assert result[(1, S.TOPIC, "slow")]["dlq_messages"] == 3
+    assert result[(1, "", "slow")]["dlq_messages"] == 3  # the group's DLQ size knows no topic
 
 
 def test_polling_ratios_from_dedicated_metrics_and_from_labels(result: dict[Key, dict[str, Any]]) -> None:
-    slow, fast = result[(1, S.TOPIC, "slow")], result[(1, "", "fast")]
+    slow, fast = result[(1, "", "slow")], result[(1, "", "fast")]  # proxies know no topic: the group's row
+    assert result[(1, S.TOPIC, "slow")]["receives"] is None  # not repeated on each topic of the group
     assert (slow["receives"], slow["first_pop_hits"], slow["notify_runs"], slow["empty_responses"]) == (40, 18, 12, 10)
     assert (slow["polling_hit_ratio"], slow["notify_share"], slow["empty_rate"]) == (0.45, 0.3, 0.25)
     assert (fast["receives"], fast["first_pop_hits"], fast["long_polling_receives"]) == (10, 8, 10)
@@ -133,3 +134,40 @@ def test_streaming_gives_the_batch_answer_with_late_and_duplicate_records(
     run_batch(spark, JobSettings(input=str(src), output=str(batch_out), window_s=S.WINDOW_S))
     assert comparable(by_key(spark.read.parquet(str(batch_out / "windows")))) == comparable(result)
     assert (batch_out / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_streaming_counts_a_record_up_to_the_lateness_late_when_the_window_is_longer(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """--lateness 30s with 60 s windows: b2's snapshots of window 0 are read when b1 is already 15-25 s
+    further on, within the lateness, so they count (they were dropped when the watermark ran a window ahead)."""
+
+    def snapshot(t: float, process: str) -> list[dict[str, Any]]:
+        rows = [S.rec(t, "popgate_broker_messages_in_total", t, process=process, topic="t", counter=True)]
+        if process == "b1":
+            rows += [
+                S.rec(t, "popgate_broker_max_offset", t, topic="t", queue=0),
+                S.rec(t, "popgate_broker_consumer_offset", 0, topic="t", group="g", queue=0),
+            ]
+        return rows
+
+    b1 = [r for t in range(0, 80, 10) for r in snapshot(t, "b1")]  # up to t=70
+    src, out = tmp_path / "in", tmp_path / "out"
+    write_jsonl(src / "1.jsonl", b1 + snapshot(5, "b2") + snapshot(25, "b2"))
+    settings = JobSettings(input=str(src), output=str(out), window_s=60, lateness_s=30, streaming=True, trigger_s=0.1)
+    query = start_streaming(spark, settings)
+    try:
+        query.processAllAvailable()
+        write_jsonl(src / "2.jsonl", snapshot(45, "b2") + snapshot(55, "b2"))  # 25 s and 15 s behind t=70
+        query.processAllAvailable()
+        early = (out / "windows").exists()
+        write_jsonl(src / "3.jsonl", snapshot(200, "b1"))  # the clock moves on: windows 0 and 1 are final
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    streamed = by_key(spark.read.parquet(str(out / "windows")))
+    # window 0: b1 50 - 0, b2 55 - 5 (both ran long before: first to last); window 1: b1 70 - 50
+    assert [streamed[(w, "t", "g")]["messages_in"] for w in (0, 1)] == [100, 20]
+    batch = by_key(aggregate(read_records(spark, str(src)), 60))
+    assert comparable({k: batch[k] for k in streamed}) == comparable(streamed)
+    assert not early  # window 0 waited for records up to 30 s late

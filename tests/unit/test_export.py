@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from broker.export import ExportSettings, MetricsExporter, _RollingFile, encode, records, salvage
+from broker.export import ExportSettings, MetricsExporter, RunSnapshots, _RollingFile, encode, records, salvage
 
 
 def registry() -> CollectorRegistry:
@@ -151,3 +151,53 @@ def test_a_failed_write_leaves_no_half_snapshot(tmp_path: Path) -> None:
     f.append(b'{"a":3}\n', 2.0)
     published = f.publish()
     assert published is not None and published.read_bytes() == b'{"a":1}\n{"a":3}\n'
+
+
+def test_a_counter_series_new_after_the_first_snapshot_also_gets_its_zero_at_the_previous_snapshot(
+    tmp_path: Path,
+) -> None:
+    reg = CollectorRegistry()
+    msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=reg)
+    offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=reg)
+    msg_in.labels("old").inc(5000)
+    run = RunSnapshots(settings(tmp_path))
+
+    def take(now: float) -> list[tuple[float, str, str, float]]:
+        return [(r["time"], r["metric"], r["topic"], r["value"]) for r in run.take(reg, now)]
+
+    first = run.take(reg, 10.0)  # the run's first snapshot: no earlier one to put a zero at
+    assert [(r["topic"], r["value"]) for r in first] == [("old", 5000.0)]
+    run.written(first, 10.0)
+    msg_in.labels("new").inc(1000)  # a new topic: 1000 messages between two snapshots
+    offset.labels("new", "0").set(1000)
+    batch = run.take(reg, 20.0)
+    assert [(r["time"], r["topic"], r["value"]) for r in batch if r["type"] == "counter"] == [
+        (10.0, "new", 0.0),  # its value at the previous snapshot, written with this one
+        (20.0, "old", 5000.0),
+        (20.0, "new", 1000.0),
+    ]
+    assert [r["time"] for r in batch if r["type"] == "gauge"] == [20.0]  # gauges: never
+    # not written (a failed write): the next snapshot still carries the zero, at the last written one's time
+    assert (10.0, "popgate_broker_messages_in_total", "new", 0.0) in take(30.0)
+    run.written(batch, 20.0)
+    assert all(r["time"] == 30.0 for r in run.take(reg, 30.0))  # known now: no zero any more
+
+
+def test_the_exporter_writes_the_zero_of_a_new_counter_series(tmp_path: Path) -> None:
+    reg = CollectorRegistry()
+    receives = Counter("popgate_proxy_receives", "x", ["group"], registry=reg)
+    Gauge("popgate_proxy_up", "x", registry=reg).set(1)  # every snapshot has a record
+
+    async def run() -> None:
+        async with MetricsExporter(reg, ExportSettings(tmp_path, "px-1", "proxy", interval_s=3600)) as exporter:
+            receives.labels("g2").inc(3)
+            await exporter.snapshot()
+
+    asyncio.run(run())
+    rows = [json.loads(line) for p in tmp_path.glob("*.jsonl") for line in p.read_text().splitlines()]
+    times = sorted({r["time"] for r in rows})  # start, the snapshot above, the last at close
+    assert sorted((r["time"], r["value"]) for r in rows if r["group"] == "g2") == [
+        (times[0], 0.0),
+        (times[1], 3.0),
+        (times[2], 3.0),
+    ]

@@ -1,0 +1,122 @@
+"""A counter series that first appears while its process run is long under way (a new topic on a broker
+that has run for a while, a new group on a proxy) counts from 0: the exporter writes its value 0 at the
+previous snapshot, and the job, batch or streaming, counts the whole first value."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pyspark.sql import SparkSession
+
+import broker.export
+from broker.export import ExportSettings, MetricsExporter
+from spark_metrics.job import JobSettings, read_records, start_streaming
+from spark_metrics.transform import aggregate
+from tests.spark import scenario as S
+from tests.spark.test_transform import Key, by_key, comparable
+
+
+class Clock:
+    """Stands in for the `time` module in broker.export: snapshots at chosen times, nothing else changes."""
+
+    strftime = staticmethod(time.strftime)
+    gmtime = staticmethod(time.gmtime)
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+def export(directory: Path) -> None:
+    """One broker and one proxy, both started long before T0, snapshotted every 10 s from T0 to T0+170.
+
+    broker: topic "old" +10 per snapshot; topic "new" appears between T0+50 and T0+60 with 1000 messages
+      (its 0 lands at T0+50: window 0); topic "newer" between T0+70 and T0+80 with 500, +5 before T0+100
+      (its 0 at T0+70: window 1). Group g1 has offsets on all three.
+    proxy: g1 receives +1 per snapshot; g2 first receives 3 between T0+60 and T0+70 (its 0 at T0+60).
+    """
+    broker_reg, proxy_reg = CollectorRegistry(), CollectorRegistry()
+    msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=broker_reg)
+    max_offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=broker_reg)
+    consumer = Gauge("popgate_broker_consumer_offset", "x", ["topic", "group", "queue"], registry=broker_reg)
+    receives = Counter("popgate_proxy_receives", "x", ["group", "mode", "outcome"], registry=proxy_reg)
+
+    def topic(name: str, messages: int) -> None:
+        msg_in.labels(name).inc(messages)
+        max_offset.labels(name, "0").set(messages)
+        consumer.labels(name, "g1", "0").set(0)
+
+    def received(group: str, n: int) -> None:
+        receives.labels(group, "notify", "messages").inc(n)
+
+    topic("old", 5000)
+    received("g1", 50)
+    changes = {6: lambda: topic("new", 1000), 7: lambda: received("g2", 3), 8: lambda: topic("newer", 500)}
+    changes[10] = lambda: msg_in.labels("newer").inc(5)
+    clock = Clock(S.T0)
+
+    async def run() -> None:
+        settings: dict[str, Any] = {"started": S.OLD, "interval_s": 3600}  # the test takes every snapshot
+        async with (
+            MetricsExporter(broker_reg, ExportSettings(directory, "b1", "broker", **settings)) as b,
+            MetricsExporter(proxy_reg, ExportSettings(directory, "px", "proxy", **settings)) as p,
+        ):
+            for step in range(1, 18):
+                clock.now = S.T0 + 10 * step
+                msg_in.labels("old").inc(10)
+                received("g1", 1)
+                changes.get(step, lambda: None)()
+                await b.snapshot()
+                await p.snapshot()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(broker.export, "time", clock)
+        asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("new-series")
+    export(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def batch(spark: SparkSession, export_dir: Path) -> dict[Key, dict[str, Any]]:
+    return by_key(aggregate(read_records(spark, str(export_dir)), S.WINDOW_S))
+
+
+def check(rows: dict[Key, dict[str, Any]]) -> None:
+    window1 = {k[1:]: r for k, r in rows.items() if k[0] == 1}
+    assert {t: window1[(t, "g1")]["messages_in"] for t in ("old", "new", "newer")} == {
+        "old": 60,
+        "new": 1000,
+        "newer": 505,
+    }
+    assert (window1[("", "g1")]["receives"], window1[("", "g2")]["receives"]) == (6, 3)
+
+
+def test_batch_counts_the_first_value_of_a_new_series(batch: dict[Key, dict[str, Any]]) -> None:
+    check(batch)
+
+
+def test_streaming_once_counts_it_too(
+    spark: SparkSession, export_dir: Path, tmp_path: Path, batch: dict[Key, dict[str, Any]]
+) -> None:
+    settings = JobSettings(input=str(export_dir), output=str(tmp_path), lateness_s=20, streaming=True, once=True)
+    query = start_streaming(spark, settings)
+    try:
+        assert query.awaitTermination(timeout=100)  # --once: stops by itself
+    finally:
+        query.stop()
+    streamed = by_key(spark.read.parquet(str(tmp_path / "windows")))
+    check(streamed)
+    assert {k[0] for k in streamed} == {0, 1}  # data up to T0+170, 20 s lateness: windows 0 and 1 are final
+    assert comparable(streamed) == comparable({k: r for k, r in batch.items() if k[0] < 2})
