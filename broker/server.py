@@ -99,19 +99,26 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         session = _Session(self, self.core.settings.max_held)
 
         async def write() -> None:
-            while (response := await session.outbox.get()) is not None:
+            while (item := await session.outbox.get()) is not None:
+                response, size = item
                 await context.write(response)
+                session.written(size)
 
         writer = asyncio.get_running_loop().create_task(write())
         try:
             async for request in request_iterator:
                 session.dispatch(request)
+                if session.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
+                    # The caller reads its answers slower than it asks: stop reading its requests (HTTP/2
+                    # flow control then holds it back) until the answers it has not taken fit again.
+                    await session.room.wait()
         finally:
             # The caller closed its side or went away: nothing pending on this stream survives it.
             # The writer is never cancelled mid-write (grpc core would then lose the final status):
             # it finishes what is queued and stops at the end marker.
             await session.close()
             session.outbox.put_nowait(None)
+            session.room.set()
             with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
                 await asyncio.wait_for(writer, WRITER_DRAIN_S)
 
@@ -253,6 +260,9 @@ SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[None]]] = {
 # others (Send, Ack, ChangeInvisibleTime: each a store commit away from done) against this.
 HELD_KINDS = frozenset({"pop", "notification"})
 SESSION_MAX_SHORT = 4096
+# Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the
+# session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
+SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 
 
 class _Session:
@@ -263,7 +273,23 @@ class _Session:
         self.max_pending = max_pending
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.short = 0  # pending requests not of HELD_KINDS
-        self.outbox: asyncio.Queue[pb.SessionResponse | None] = asyncio.Queue()
+        # Answers with their encoded size, bounded in bytes by the reader pausing (see Session).
+        self.outbox: asyncio.Queue[tuple[pb.SessionResponse, int] | None] = asyncio.Queue()
+        self.outbox_bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def answer(self, response: pb.SessionResponse) -> None:
+        size = response.ByteSize()
+        self.outbox_bytes += size
+        if self.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
+            self.room.clear()
+        self.outbox.put_nowait((response, size))
+
+    def written(self, size: int) -> None:
+        self.outbox_bytes -= size
+        if self.outbox_bytes <= SESSION_MAX_OUTBOX_BYTES // 2:
+            self.room.set()
 
     def dispatch(self, request: pb.SessionRequest) -> None:
         kind = request.WhichOneof("body")
@@ -301,7 +327,7 @@ class _Session:
             body = getattr(response, kind)
             body.SetInParent()  # an answer with no field set is still an answer of this kind
             await SESSION_CALLS[kind](core, getattr(request, kind), body)
-            self.outbox.put_nowait(response)
+            self.answer(response)
         except errors.BrokerError as exc:
             code = status_of(exc)
             self._error(request.id, exc)
@@ -320,7 +346,7 @@ class _Session:
 
     def _error(self, request_id: int, exc: errors.BrokerError) -> None:
         error = pb.SessionError(error=exc.name, message=exc.message, grpc_code=status_of(exc).value[0])
-        self.outbox.put_nowait(pb.SessionResponse(id=request_id, error=error))
+        self.answer(pb.SessionResponse(id=request_id, error=error))
 
     async def close(self) -> None:
         tasks = list(self.pending.values())
