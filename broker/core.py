@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
@@ -27,7 +28,7 @@ from broker.errors import (
     StoreUnavailable,
     TopicNotFound,
 )
-from broker.filters import TagFilter
+from broker.filters import MATCH_ALL, TagFilter
 from broker.inflight import Delivery, GroupQueue, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
@@ -49,6 +50,7 @@ from broker.store import (
 )
 
 log = logging.getLogger(__name__)
+MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered under `latest`
 
 
 class BrokerCore:
@@ -72,6 +74,7 @@ class BrokerCore:
             max_attempts=settings.max_delivery_attempts,
         )
         self._degraded = False  # the store refuses writes: consumer state lives in memory only
+        self._looked_early: OrderedDict[tuple[str, str], None] = OrderedDict()  # see _reader
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -155,25 +158,24 @@ class BrokerCore:
             raise IllegalInvisibleTime(
                 f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
             )
-        state = self._group(group, topic)
         ops: list[Op] = []
-        if state.filter != tag_filter:
-            state.filter = tag_filter
-            ops.append(SetGroupFilter(group, topic, str(tag_filter)))
-        self._start(state, ops)
+        state = self._reader(group, topic, tag_filter, ops)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         while True:
-            popped = await self._pop_once(state, max_messages, invisible_ms, ops)
-            if popped:
-                return PopResult(popped)
-            if ops and self.settings.flush == "sync" and self._has_ready(state, tag_filter):
-                ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
-                continue
+            if state is not None:
+                popped = await self._pop_once(state, max_messages, invisible_ms, ops)
+                if popped:
+                    return PopResult(popped)
+                if ops and self.settings.flush == "sync" and self._has_ready(state, tag_filter):
+                    ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
+                    continue
             ops = []
             outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, deadline - loop.time())
             if outcome is not Outcome.SERVED:
                 return PopResult([], polling_full=outcome is Outcome.FULL)
+            if state is None:
+                state = self._reader(group, topic, tag_filter, ops)
 
     async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
         now = now_ms()
@@ -263,6 +265,31 @@ class BrokerCore:
                     still.append(queue)
             active = still
         return picks
+
+    def _reader(
+        self, group: str, topic: str, tag_filter: TagFilter, ops: list[Op], *, pop_filter: bool = True
+    ) -> GroupTopic | None:
+        """The group's state on `topic`, ready to read: start offsets fixed (`_start`) and, for a Pop, its
+        filter stored. None while the topic does not exist: with auto-create any name may be polled, and
+        no state is kept or stored for it (only, under `latest`, that the group looked before the topic
+        existed — bounded — so that it then starts at the topic's first message)."""
+        if topic not in self.topics:
+            if self.settings.consume_from == "latest":
+                self._looked_early[(group, topic)] = None
+                self._looked_early.move_to_end((group, topic))
+                if len(self._looked_early) > MAX_EARLY_LOOKS:
+                    self._looked_early.popitem(last=False)
+            return None
+        state = self.groups.get((group, topic))
+        if state is None:
+            state = self.groups[(group, topic)] = GroupTopic(group, topic)
+            if self._looked_early.pop((group, topic), 0) is None:
+                state.started = True
+        if pop_filter and state.filter != tag_filter:
+            state.filter = tag_filter
+            ops.append(SetGroupFilter(group, topic, str(tag_filter)))
+        self._start(state, ops)
+        return state
 
     def _start(self, state: GroupTopic, ops: list[Op]) -> None:
         """A group's first Pop or Notification on a topic fixes (and stores) where it starts on every
@@ -395,12 +422,11 @@ class BrokerCore:
     async def notification(self, topic: str, group: str, expression: str, poll_ms: int) -> tuple[bool, bool]:
         """(has_message, polling_full); consumes nothing."""
         tag_filter = self._check_read(topic, group, expression, poll_ms)
-        state = self._group(group, topic)
         ops: list[Op] = []
-        self._start(state, ops)
+        state = self._reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:
             await self._record(self.store.submit([], ops))
-        if self._has_ready(state, tag_filter):
+        if state is not None and self._has_ready(state, tag_filter):
             return True, False
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
         return outcome is Outcome.SERVED, outcome is Outcome.FULL
@@ -423,6 +449,11 @@ class BrokerCore:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival)."""
         for topic, group in self.hold.keys():
             state = self.groups.get((group, topic))
+            if state is None and topic in self.topics:  # held since before the topic existed
+                ops: list[Op] = []
+                state = self._reader(group, topic, MATCH_ALL, ops, pop_filter=False)
+                if ops:
+                    self.store.submit([], ops).add_done_callback(self._recorded)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ
                 self.hold.wake_ready((topic, group), functools.partial(self._has_ready, state))
 

@@ -166,3 +166,32 @@ def test_the_sweep_wakes_a_held_request_only_for_what_its_own_filter_takes(tmp_p
             assert await asyncio.wait_for(waiting, 5) == (True, False)
 
     run(scenario)
+
+
+def test_polling_topics_that_do_not_exist_keeps_no_group_state(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker(tmp_path) as (core, _):
+            for i in range(50):
+                assert (await core.pop(f"nosuch{i}", "g", "tagA", 32, 30_000, 0)).messages == []
+                assert await core.notification(f"nosuch{i}", "g", "tagA", 0) == (False, False)
+            assert core.groups == {}
+        rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM group_filters").fetchone()
+        assert rows[0] == 0
+
+    run(scenario)
+
+
+def test_a_latest_group_waiting_before_its_topic_exists_gets_the_first_message(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with broker(tmp_path, consume_from="latest") as (core, _):
+            held = asyncio.create_task(core.pop("fresh", "g1", "*", 32, 30_000, 5_000))
+            waiting = asyncio.create_task(core.notification("fresh", "g2", "*", 5_000))
+            await asyncio.sleep(0.05)
+            await core.send([pb.Message(topic="fresh", body=b"first")])
+            popped = await asyncio.wait_for(held, 5)
+            assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"first"]
+            assert await asyncio.wait_for(waiting, 5) == (True, False)
+            after = await core.pop("fresh", "g2", "*", 32, 30_000, 0)  # the Pop a notify run makes next
+            assert [pb.Message.FromString(p.payload).body for p in after.messages] == [b"first"]
+
+    run(scenario)
