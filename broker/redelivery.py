@@ -9,13 +9,15 @@ Owned and called by the core; it knows nothing of the core.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from popgate_pb import broker_pb2 as pb
 
 from broker import validation
-from broker.errors import InvalidReceiptHandle, StoreUnavailable
+from broker.errors import InvalidReceiptHandle
 from broker.inflight import Delivery, GroupTopic
 from broker.log import TopicLog
 from broker.longpoll import HoldService
@@ -113,19 +115,30 @@ class Redelivery:
         ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
-        try:
-            [record] = await self.sends.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
-        except StoreUnavailable:
+        committed = self.sends.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
+        # What the commit did is settled by the commit, also when this caller is cancelled meanwhile.
+        committed.add_done_callback(functools.partial(self._dead_lettered, state, queue_id, offset, delivery))
+        [record] = await asyncio.shield(committed)
+        return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
+
+    def _dead_lettered(
+        self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery, committed: asyncio.Future[Any]
+    ) -> None:
+        if committed.cancelled() or committed.exception() is not None:
             # The message must not vanish: it stays in flight and comes due again in a second.
             retry = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
             state.deliver(queue_id, offset, retry)
             self.schedule(state)
-            raise
+            return
         state.dead_lettered += 1
         log.info(
-            "dead-lettered %s/%s/%s after %s attempts to %s", state.topic, queue_id, offset, delivery.attempt, dlq.topic
+            "dead-lettered %s/%s/%s after %s attempts to %s",
+            state.topic,
+            queue_id,
+            offset,
+            delivery.attempt,
+            validation.DLQ_PREFIX + state.group,
         )
-        return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

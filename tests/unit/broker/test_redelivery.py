@@ -124,3 +124,39 @@ def test_deadline_timer_wakes_a_held_pop() -> None:
         return outcome
 
     assert run(scenario()) is Outcome.SERVED
+
+
+class SlowCommit(CommitLog):
+    """Answers each commit only when the test says so (as a writer thread under load)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: list[asyncio.Future[list[Record]]] = []
+        self.submitted = asyncio.Event()
+
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self.submitted.set()
+        return future
+
+
+def test_a_dead_letter_cancelled_while_its_commit_fails_keeps_the_message_in_flight() -> None:
+    store = SlowCommit()
+
+    async def scenario() -> None:
+        redelivery, state, _ = make(store)
+        delivery = Delivery(2, 12, now_ms() + 60_000)
+        state.deliver(0, 1, delivery)
+        call = asyncio.create_task(redelivery.dead_letter(state, 0, 1, delivery))  # the DeadLetter RPC
+        await store.submitted.wait()
+        call.cancel()  # the client's deadline passes while the commit is under way
+        await asyncio.gather(call, return_exceptions=True)
+        store.waiting[0].set_exception(StoreUnavailable("disk full"))  # and then the commit fails
+        await asyncio.sleep(0)
+        again = state.queues[0].inflight.get(1)
+        assert again is not None and again.attempt == 2  # in flight again, due in a second
+        assert state.dead_lettered == 0
+        await redelivery.close()
+
+    run(scenario())
