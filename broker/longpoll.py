@@ -49,7 +49,10 @@ class _Waiter:
 class HoldService:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._waiters: dict[Key, dict[_Waiter, None]] = {}
+        # Per key, per (kind, filter), in arrival order: an arrival costs one look per filter and one
+        # step per request it wakes, however many are held (20,000 held Notifications on one key
+        # took ~3 ms per arrival when every arrival scanned them all).
+        self._waiters: dict[Key, dict[tuple[Kind, TagFilter], dict[_Waiter, None]]] = {}
         self._by_topic: dict[str, set[str]] = {}
         self.held = {Kind.POP: 0, Kind.NOTIFICATION: 0}
         self._closed = False
@@ -79,22 +82,29 @@ class HoldService:
             self._remove(key, waiter)
 
     def _add(self, key: Key, waiter: _Waiter) -> None:
-        self._waiters.setdefault(key, {})[waiter] = None
+        self._waiters.setdefault(key, {}).setdefault((waiter.kind, waiter.filter), {})[waiter] = None
         self._by_topic.setdefault(key[0], set()).add(key[1])
         self.held[waiter.kind] += 1
 
     def _remove(self, key: Key, waiter: _Waiter) -> None:
-        waiters = self._waiters.get(key)
-        if waiters is None or waiters.pop(waiter, False) is False:
+        """Forget a held request (once: woken requests are removed when woken, and again on return)."""
+        groups = self._waiters.get(key)
+        group = groups.get((waiter.kind, waiter.filter)) if groups is not None else None
+        if group is None or group.pop(waiter, False) is False:
             return
         self.held[waiter.kind] -= 1
-        if not waiters:
-            del self._waiters[key]
-            groups = self._by_topic.get(key[0])
-            if groups is not None:
-                groups.discard(key[1])
-                if not groups:
-                    del self._by_topic[key[0]]
+        if group:
+            return
+        assert groups is not None
+        del groups[(waiter.kind, waiter.filter)]
+        if groups:
+            return
+        del self._waiters[key]
+        topic_groups = self._by_topic.get(key[0])
+        if topic_groups is not None:
+            topic_groups.discard(key[1])
+            if not topic_groups:
+                del self._by_topic[key[0]]
 
     def groups_waiting(self, topic: str) -> list[str]:
         return list(self._by_topic.get(topic, ()))
@@ -112,34 +122,43 @@ class HoldService:
         what woke them), then Notifications (each answer leads to one Pop). Waking every Notification
         for one message would make all but one of their Pops lose the race (RocketMQ wakes one too);
         a message nobody took is caught by the safety sweep."""
-        waiters = self._waiters.get(key)
-        if not waiters:
+        groups = self._waiters.get(key)
+        if not groups:
             return 0
         woken = 0
         budgets: dict[TagFilter, int] = {}
         for kind in (Kind.POP, Kind.NOTIFICATION):
-            for waiter in [w for w in waiters if w.kind is kind]:
-                budget = budgets.get(waiter.filter)
+            for (group_kind, tag_filter), group in list(groups.items()):
+                if group_kind is not kind:
+                    continue
+                budget = budgets.get(tag_filter)
                 if budget is None:
-                    budget = budgets[waiter.filter] = matching(waiter.filter)
-                if budget > 0 and waiter.resolve(Outcome.SERVED):
-                    woken += 1
-                    budgets[waiter.filter] = budget - 1
+                    budget = matching(tag_filter)
+                while budget > 0 and group:
+                    waiter = next(iter(group))
+                    self._remove(key, waiter)
+                    if waiter.resolve(Outcome.SERVED):  # not one that timed out a moment ago
+                        woken += 1
+                        budget -= 1
+                budgets[tag_filter] = budget
         return woken
 
     def wake_ready(self, key: Key, has_ready: Callable[[TagFilter], bool]) -> None:
         """Wake every held request of the key whose own filter has something ready (the safety sweep)."""
         ready: dict[TagFilter, bool] = {}
-        for waiter in list(self._waiters.get(key, ())):
-            found = ready.get(waiter.filter)
+        for (_, tag_filter), group in list(self._waiters.get(key, {}).items()):
+            found = ready.get(tag_filter)
             if found is None:
-                found = ready[waiter.filter] = has_ready(waiter.filter)
+                found = ready[tag_filter] = has_ready(tag_filter)
             if found:
-                waiter.resolve(Outcome.SERVED)
+                for waiter in list(group):
+                    self._remove(key, waiter)
+                    waiter.resolve(Outcome.SERVED)
 
     def close(self) -> None:
         """Answer every held request now (shutdown)."""
         self._closed = True
-        for waiters in list(self._waiters.values()):
-            for waiter in list(waiters):
-                waiter.resolve(Outcome.CLOSED)
+        for groups in list(self._waiters.values()):
+            for group in list(groups.values()):
+                for waiter in list(group):
+                    waiter.resolve(Outcome.CLOSED)

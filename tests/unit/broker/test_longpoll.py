@@ -62,3 +62,25 @@ def test_capacity_and_cancellation() -> None:
         assert await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 0.01) is Outcome.TIMED_OUT
 
     run(scenario())
+
+
+def test_a_woken_request_leaves_the_held_count_at_once_and_a_filter_is_matched_once() -> None:
+    calls = 0
+
+    def counting(tag_filter: TagFilter) -> int:
+        nonlocal calls
+        calls += 1
+        return 1
+
+    async def scenario() -> None:
+        hold = HoldService(capacity=5000)
+        key = ("t", "g")
+        held = [asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, MATCH_ALL, 5)) for _ in range(4000)]
+        await asyncio.sleep(0)
+        assert hold._wake(key, counting) == 1  # one message: the oldest is woken
+        assert calls == 1  # the filter was looked at once, not once per held request
+        assert hold.total_held == 3999
+        hold.close()
+        await asyncio.gather(*held)
+
+    run(scenario())
