@@ -44,6 +44,7 @@ class BrokerSession:
         self._ids = itertools.count(1)
         self._pending: dict[int, Answer] = {}
         self._outbox: asyncio.Queue[pb.SessionRequest | None] = asyncio.Queue()
+        self._unwritten: set[int] = set()  # submitted, still in the outbox
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._broken: grpc.aio.AioRpcError | None = None
@@ -88,12 +89,18 @@ class BrokerSession:
             raise self._broken
         request_id = request.id = next(self._ids)
         self._pending[request_id] = answer
+        self._unwritten.add(request_id)
         self._outbox.put_nowait(request)
         return request_id
 
     def cancel(self, request_id: int) -> None:
-        """Drop a submitted request: the broker is told to drop it too (a cancel frame)."""
-        if self._pending.pop(request_id, None) is not None and self._broken is None:
+        """Drop a submitted request: never sent if it is still in the outbox, else the broker is told to
+        drop it too (a cancel frame; a Pop it had answered already is released by the broker)."""
+        if self._pending.pop(request_id, None) is None or self._broken is not None:
+            return
+        if request_id in self._unwritten:
+            self._unwritten.discard(request_id)  # `_write` skips it
+        else:
             self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
 
     async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
@@ -126,6 +133,10 @@ class BrokerSession:
             if request is None:
                 await self._call.done_writing()
                 return
+            if not request.cancel:
+                if request.id not in self._unwritten:
+                    continue  # cancelled before it was written
+                self._unwritten.discard(request.id)
             await self._call.write(request)
 
     async def _read(self) -> None:

@@ -220,15 +220,36 @@ class BrokerCore:
                 break
         else:
             return deliveries
+        self._undo(state, deliveries[i:])
+        return deliveries[:i]
+
+    def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
+        """Deliveries nobody received: ready again at once, with the attempt count they had before."""
         now = now_ms()
         ops: list[Op] = []
-        for queue_id, offset, d in deliveries[i:]:
+        for queue_id, offset, d in deliveries:
             undone = Delivery(d.attempt - 1, tokens.getrandbits(48), now)
             state.deliver(queue_id, offset, undone)
             ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
-        self.store.submit([], ops)
+        self.store.submit([], ops).add_done_callback(self._recorded)
         self.redelivery.schedule(state)
-        return deliveries[:i]
+
+    def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
+        """A Pop answered after its caller had cancelled it (the cancel crossed the answer): its
+        messages were never received, so they are ready again at once, attempt count unchanged — not
+        hidden for their whole invisible time. Handles no longer current are skipped; how many were
+        released."""
+        undone: list[tuple[int, int, Delivery]] = []
+        state = None
+        for text in handles:
+            try:
+                state, handle, delivery = self._resolve(topic, group, text)
+            except BrokerError:
+                continue
+            undone.append((handle.queue_id, handle.offset, delivery))
+        if state is not None and undone:
+            self._undo(state, undone)
+        return len(undone)
 
     def _popped(
         self, topic: TopicLog, queue_id: int, offset: int, d: Delivery, payloads: dict[tuple[int, int], bytes]

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -263,6 +264,7 @@ SESSION_MAX_SHORT = 4096
 # Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
+SESSION_RECENT_POPS = 256  # answered Pops a late cancel frame can still release, per stream
 
 
 class _Session:
@@ -278,6 +280,9 @@ class _Session:
         self.outbox_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
+        # The last Pops answered with messages, (topic, group, handles) by id: a cancel frame that
+        # crossed the answer releases them (see `dispatch`). A cancel comes within a round trip.
+        self.answered_pops: OrderedDict[int, tuple[str, str, list[str]]] = OrderedDict()
 
     def answer(self, response: pb.SessionResponse) -> None:
         size = response.ByteSize()
@@ -297,6 +302,8 @@ class _Session:
             task = self.pending.pop(request.id, None)
             if task is not None:
                 task.cancel()
+            elif (popped := self.answered_pops.pop(request.id, None)) is not None:
+                self.servicer.core.release(*popped)  # answered before the cancel was read: nobody got it
             return
         if kind is None or request.id in self.pending:
             why = "unknown request" if kind is None else f"request id {request.id} is already pending"
@@ -328,6 +335,11 @@ class _Session:
             body.SetInParent()  # an answer with no field set is still an answer of this kind
             await SESSION_CALLS[kind](core, getattr(request, kind), body)
             self.answer(response)
+            if kind == "pop" and body.messages:
+                pop = request.pop
+                self.answered_pops[request.id] = (pop.topic, pop.group, [m.receipt_handle for m in body.messages])
+                if len(self.answered_pops) > SESSION_RECENT_POPS:
+                    self.answered_pops.popitem(last=False)
         except errors.BrokerError as exc:
             code = status_of(exc)
             self._error(request.id, exc)
