@@ -24,7 +24,16 @@ from rich.table import Table
 
 from sdk import errors
 from sdk.client import Producer, SimpleConsumer
-from sdk.commands import Sub, client_options, connection
+from sdk.commands import (
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_FLOAT,
+    Sub,
+    client_options,
+    connection,
+    print_table,
+)
 from sdk.message import Message
 
 DLQ_PREFIX = "%DLQ%"
@@ -48,7 +57,7 @@ def add_parsers(sub: Sub) -> None:
     _broker_option(stats)
     stats.add_argument("--topic", default="", help="only this topic")
     stats.add_argument("--group", default="", help="only this group")
-    stats.add_argument("--timeout", type=float, default=3.0, help="per-broker deadline, seconds")
+    stats.add_argument("--timeout", type=POSITIVE_FLOAT, default=3.0, help="per-broker deadline, seconds")
     stats.set_defaults(handler=stats_command)
 
     dlq = sub.add_parser("dlq", help="dead-lettered messages of a group: list or resend")
@@ -56,14 +65,14 @@ def add_parsers(sub: Sub) -> None:
     listing = dlq_sub.add_parser("list", help="list %%DLQ%%<group> (asks the brokers; consumes nothing)")
     _broker_option(listing)
     listing.add_argument("group")
-    listing.add_argument("--limit", type=int, default=100, help="at most this many messages")
-    listing.add_argument("--timeout", type=float, default=3.0)
+    listing.add_argument("--limit", type=POSITIVE, default=100, help="at most this many messages")
+    listing.add_argument("--timeout", type=POSITIVE_FLOAT, default=3.0, help="per-broker deadline, seconds")
     listing.set_defaults(handler=dlq_list_command)
     resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
     client_options(resend)
     resend.add_argument("group")
-    resend.add_argument("--count", type=int, default=0, help="at most this many (0 = all)")
-    resend.add_argument("--wait", type=float, default=2.0, help="stop when none came for this many seconds")
+    resend.add_argument("--count", type=NON_NEGATIVE_INT, default=0, help="at most this many (0 = all)")
+    resend.add_argument("--wait", type=NON_NEGATIVE, default=2.0, help="stop when none came for this many seconds")
     resend.add_argument("--resend-group", default=RESEND_GROUP, help="consumer group that reads the DLQ")
     resend.set_defaults(handler=dlq_resend_command)
 
@@ -126,39 +135,53 @@ def lag_rows(responses: dict[str, bpb.StatsResponse]) -> dict[tuple[str, str], L
     return dict(rows)
 
 
+def _err(text: str) -> None:
+    Console(stderr=True, highlight=False, markup=False, emoji=False).print(text)
+
+
+def _name_column(table: Table, name: str) -> None:
+    """A column whose cells (ids, topics, groups) are never cut short: folded in a narrow terminal."""
+    table.add_column(name, no_wrap=True, overflow="fold")
+
+
 def stats_command(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
     brokers = brokers_of(args)
     responses = fetch_stats(brokers, bpb.StatsRequest(topic=args.topic, group=args.group), args.timeout)
     for broker in brokers:
         if broker.name not in responses:
-            Console(stderr=True).print(f"popgate stats: broker {broker.name} at {broker.target} did not answer")
+            _err(f"popgate stats: broker {broker.name} at {broker.target} did not answer")
     if not responses:
         return 1
     now_ms = int(time.time() * 1000)
     table = Table(title=f"lag per topic and group ({len(responses)} of {len(brokers)} brokers)")
-    for column in ("topic", "group", "lag", "ready", "inflight", "oldest un-acked", "brokers"):
-        table.add_column(column, justify="left" if column in ("topic", "group") else "right")
+    for column in ("topic", "group"):
+        _name_column(table, column)
+    for column in ("lag", "ready", "inflight", "oldest un-acked", "brokers"):
+        table.add_column(column, justify="right")
     for (topic, group), row in sorted(lag_rows(responses).items()):
         age = f"{(now_ms - row.oldest_ms) / 1000:.1f} s" if row.oldest_ms else "-"
         table.add_row(topic, group, str(row.lag), str(row.ready), str(row.inflight), age, str(row.brokers))
-    console.print(table)
+    print_table(table)
     topics: dict[str, int] = defaultdict(int)
     for response in responses.values():
         for q in response.queues:
             topics[q.topic] += q.max_offset - q.min_offset
     summary = Table(title="stored messages")
-    summary.add_column("topic")
+    _name_column(summary, "topic")
     summary.add_column("messages", justify="right")
     for topic, count in sorted(topics.items()):
         summary.add_row(topic, str(count))
-    console.print(summary)
+    print_table(summary)
     return 0
 
 
-def list_dead_letters(brokers: list[Broker], group: str, *, limit: int, timeout: float) -> list[bpb.StoredMessage]:
+def list_dead_letters(
+    brokers: list[Broker], group: str, *, limit: int, timeout: float
+) -> tuple[list[bpb.StoredMessage], int]:
+    """Up to `limit` stored messages of ``%DLQ%<group>`` and how many brokers answered (failures on stderr)."""
     topic = DLQ_PREFIX + group
     out: list[bpb.StoredMessage] = []
+    answered = 0
     for broker in brokers:
         with grpc.insecure_channel(broker.target) as channel:
             stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
@@ -171,16 +194,23 @@ def list_dead_letters(brokers: list[Broker], group: str, *, limit: int, timeout:
                         topic=topic, queue_id=q.queue_id, from_offset=q.min_offset, limit=limit - len(out)
                     )
                     out += stub.ListMessages(request, timeout=timeout).messages
+                answered += 1
             except grpc.RpcError as exc:
-                Console(stderr=True).print(f"popgate dlq list: broker {broker.name}: {exc.code().name}")
-    return out
+                _err(f"popgate dlq list: broker {broker.name} at {broker.target}: {exc.code().name}")
+    return out, answered
 
 
 def dlq_list_command(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
-    stored = list_dead_letters(brokers_of(args), args.group, limit=args.limit, timeout=args.timeout)
-    table = Table(title=f"{DLQ_PREFIX}{args.group}: {len(stored)} message(s)")
-    for column in ("message id", "origin topic", "attempts", "stored", "tag", "body"):
+    brokers = brokers_of(args)
+    stored, answered = list_dead_letters(brokers, args.group, limit=args.limit, timeout=args.timeout)
+    if not answered:
+        _err(f"popgate dlq list: no broker answered; {DLQ_PREFIX}{args.group} not listed")
+        return 1
+    of = f" ({answered} of {len(brokers)} brokers)" if answered < len(brokers) else ""
+    table = Table(title=f"{DLQ_PREFIX}{args.group}: {len(stored)} message(s){of}")
+    for column in ("message id", "origin topic"):
+        _name_column(table, column)
+    for column in ("attempts", "stored", "tag", "body"):
         table.add_column(column)
     for s in sorted(stored, key=lambda s: s.store_ms):
         m = s.message
@@ -196,7 +226,7 @@ def dlq_list_command(args: argparse.Namespace) -> int:
             tag,
             body,
         )
-    console.print(table)
+    print_table(table)
     return 0
 
 
@@ -210,10 +240,10 @@ def resent(message: Message) -> tuple[str, Message]:
 
 
 def dlq_resend_command(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
     topic = DLQ_PREFIX + args.group
     counts: dict[str, int] = defaultdict(int)
     options = connection(args)
+    code = 0
     try:
         with (
             SimpleConsumer(args.endpoint, args.resend_group, {topic: "*"}, **options) as consumer,
@@ -234,8 +264,10 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
                 consumer.ack_many(batch)
                 total += len(batch)
     except errors.PopgateError as exc:
-        Console(stderr=True).print(f"popgate dlq resend: {exc}", style="red")
+        _err(f"popgate dlq resend: {exc}")
         return 1
+    except KeyboardInterrupt:  # the summary of what was re-sent so far, then 130
+        code = 130
     where = ", ".join(f"{n} to {t}" for t, n in sorted(counts.items())) or "nothing to resend"
-    console.print(f"resent {sum(counts.values())} message(s) from {topic}: {where}")
-    return 0
+    print(f"resent {sum(counts.values())} message(s) from {topic}: {where}{' (interrupted)' if code else ''}")
+    return code

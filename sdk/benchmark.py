@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from sdk import aio
-from sdk.commands import Sub, client_options, connection, progress
+from sdk import aio, errors
+from sdk.commands import NON_NEGATIVE_INT, POSITIVE, Sub, client_options, connection, number, print_table, progress
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
 
@@ -25,17 +25,20 @@ def add_parsers(sub: Sub) -> None:
     bench = sub.add_parser("bench", help="measure produce, consume+ack and idle-wake latency through the proxy")
     client_options(bench)
     bench.add_argument("--topic", default="", help="topic (default: a fresh one per run)")
-    bench.add_argument("--count", type=int, default=20_000, help="messages to produce and consume")
-    bench.add_argument("--size", type=int, default=256, help="body bytes")
-    bench.add_argument("--batch", type=int, default=256, help="messages per SendMessage call")
-    bench.add_argument("--concurrency", type=int, default=8, help="calls in flight (producers and consumers each)")
-    bench.add_argument("--samples", type=int, default=50, help="idle-wake latency samples (0 = skip)")
+    bench.add_argument("--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
+    bench.add_argument("--size", type=POSITIVE, default=256, help="body bytes")
+    bench.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per SendMessage call")
+    bench.add_argument("--concurrency", type=POSITIVE, default=8, help="calls in flight (producers and consumers each)")
+    bench.add_argument("--samples", type=NON_NEGATIVE_INT, default=50, help="idle-wake latency samples (0 = skip)")
     bench.set_defaults(handler=bench_command)
 
 
 @dataclass
 class Phase:
+    """One phase's result. A throughput phase is timed; a latency phase (idle wake) only has latencies."""
+
     name: str
+    timed: bool = True
     messages: int = 0
     seconds: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
@@ -55,10 +58,9 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
 
 
-async def produce(args: argparse.Namespace, topic: str, advance: Callable[[int], None]) -> Phase:
+async def produce(args: argparse.Namespace, topic: str, phase: Phase, advance: Callable[[int], None]) -> None:
     body = b"x" * max(8, args.size)
     remaining = args.count
-    phase = Phase("produce")
 
     async with aio.Producer(args.endpoint, **connection(args)) as producer:
 
@@ -72,39 +74,55 @@ async def produce(args: argparse.Namespace, topic: str, advance: Callable[[int],
                 advance(n)
 
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        phase.seconds = time.perf_counter() - started
-    return phase
+        try:
+            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        finally:  # interrupted too: the time so far
+            phase.seconds = time.perf_counter() - started
 
 
-async def consume(args: argparse.Namespace, topic: str, group: str, advance: Callable[[int], None]) -> Phase:
-    phase = Phase("consume+ack")
+async def consume(
+    args: argparse.Namespace, topic: str, group: str, phase: Phase, advance: Callable[[int], None]
+) -> None:
+    """Receive and ack `args.count` messages; the clock stops when the last one is acked.
+
+    Workers still in a (by then empty) long poll are cancelled, not waited for: their wait is
+    not part of the consume time.
+    """
     done = asyncio.Event()
     options = connection(args)
     async with aio.SimpleConsumer(args.endpoint, group, {topic: "*"}, batch=32, wait=1.0, **options) as consumer:
 
         async def worker() -> None:
-            while not done.is_set():
+            while True:
                 batch = await consumer.receive(max=32, wait=1.0)
-                if batch:
-                    await consumer.ack_many(batch)
-                    phase.messages += len(batch)
-                    advance(len(batch))
-                if phase.messages >= args.count:
+                if not batch:
+                    continue
+                await consumer.ack_many(batch)
+                phase.messages += len(batch)
+                advance(len(batch))
+                if phase.messages >= args.count and not done.is_set():
+                    phase.seconds = time.perf_counter() - started
                     done.set()
 
         started = time.perf_counter()
+        workers = [asyncio.ensure_future(worker()) for _ in range(args.concurrency)]
+        tasks = [asyncio.ensure_future(done.wait()), *workers]
         try:
-            await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(args.concurrency))), 60 + args.count / 500)
-        except TimeoutError:
-            pass  # reported as fewer messages than produced
-        phase.seconds = time.perf_counter() - started
-    return phase
+            # Past the limit: reported as fewer messages than produced. A failed worker ends the phase too.
+            await asyncio.wait(tasks, timeout=60 + args.count / 500, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not done.is_set():
+                phase.seconds = time.perf_counter() - started
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
 
 
-async def idle_wake(args: argparse.Namespace, topic: str, group: str) -> Phase:
+async def idle_wake(args: argparse.Namespace, topic: str, group: str, phase: Phase) -> None:
     """Send one message at a time to an idle, long-polling consumer; send-to-receive latency."""
-    phase = Phase("idle wake")
     options = connection(args)
     async with (
         aio.Producer(args.endpoint, **options) as producer,
@@ -119,43 +137,55 @@ async def idle_wake(args: argparse.Namespace, topic: str, group: str) -> Phase:
                 phase.latencies_ms.append((time.monotonic_ns() - sent) / 1e6)
                 phase.messages += 1
                 await consumer.ack(message)
-    return phase
 
 
-async def run(args: argparse.Namespace, bar: Progress) -> list[Phase]:
+async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> None:
+    """Each phase in turn, appended to `phases` as it starts (an interrupted run still has its numbers)."""
     topic = args.topic or f"bench-{uuid.uuid4().hex[:8]}"
     group = f"bench-{uuid.uuid4().hex[:8]}"
+    phases.append(Phase("produce"))
     task = bar.add_task("produce", total=args.count, rate="")
-    phases = [await produce(args, topic, lambda n: bar.advance(task, n))]
+    await produce(args, topic, phases[-1], lambda n: bar.advance(task, n))
+    phases.append(Phase("consume+ack"))
     task = bar.add_task("consume+ack", total=args.count, rate="")
-    phases.append(await consume(args, topic, group, lambda n: bar.advance(task, n)))
+    await consume(args, topic, group, phases[-1], lambda n: bar.advance(task, n))
     if args.samples > 0:
-        phases.append(await idle_wake(args, topic + "-idle", group))
-    return phases
+        phases.append(Phase("idle wake", timed=False))
+        await idle_wake(args, topic + "-idle", group, phases[-1])
 
 
 def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
+    """Throughput phases show seconds and msg/s; the idle-wake phase shows latencies only."""
     table = Table(title=f"popgate bench via {args.endpoint}: {args.count} x {args.size} B, batch {args.batch}")
     for column in ("phase", "messages", "seconds", "msg/s", "p50 ms", "p99 ms", "max ms"):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for p in phases:
         lat = p.latencies_ms
         cells = [f"{percentile(lat, q):.2f}" for q in (50, 99)] + [f"{max(lat):.2f}"] if lat else ["-", "-", "-"]
-        rate = f"{p.rate:,.0f}" if not lat else "-"
-        table.add_row(p.name, str(p.messages), f"{p.seconds:.2f}", rate, *cells)
+        timing = [f"{p.seconds:.2f}", f"{p.rate:,.0f}"] if p.timed else ["-", "-"]
+        table.add_row(p.name, str(p.messages), *timing, *cells)
     return table
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    console = Console(highlight=False)
-    if args.count < 1 or args.concurrency < 1 or not 1 <= args.batch <= 1024:
-        console.print("popgate bench: need --count >= 1, --concurrency >= 1, --batch 1..1024", style="red")
-        return 2
-    with progress(Console(stderr=True)) as bar:
-        phases = asyncio.run(run(args, bar))
-    console.print(summary(phases, args))
+    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+    phases: list[Phase] = []
+    code = 0
+    with progress(err) as bar:
+        try:
+            asyncio.run(run(args, bar, phases))
+        except KeyboardInterrupt:
+            code = 130
+        except errors.PopgateError as exc:
+            err.print(f"popgate bench: {exc}", style="red")
+            code = 1
+    print_table(summary(phases, args))
+    if code:
+        if code == 130:
+            err.print(f"popgate bench: interrupted during {phases[-1].name if phases else 'start-up'}")
+        return code
     if phases[1].messages < args.count:
-        console.print(f"consumed {phases[1].messages} of {args.count} within the time limit", style="yellow")
+        print(f"consumed {phases[1].messages} of {args.count} within the time limit")
     if len(phases) > 2 and phases[2].latencies_ms:
-        console.print(f"idle wake mean {statistics.fmean(phases[2].latencies_ms):.2f} ms", style="dim")
+        print(f"idle wake mean {statistics.fmean(phases[2].latencies_ms):.2f} ms")
     return 0

@@ -6,6 +6,8 @@ Client commands (send, receive, stats, dlq, bench) live in sdk.commands, sdk.adm
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 import threading
@@ -46,6 +48,12 @@ def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     benchmark.add_parsers(sub)
 
 
+def _say(text: str, *, err: bool = False) -> None:
+    """Print and flush; a closed terminal or pipe (EIO, EPIPE after a hang-up) must not stop the shutdown."""
+    with contextlib.suppress(OSError):
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
 def up(args: argparse.Namespace) -> int:
     if args.brokers < 1:
         print("popgate up: --brokers must be at least 1", file=sys.stderr)
@@ -58,23 +66,25 @@ def up(args: argparse.Namespace) -> int:
         export_dir=args.export_dir,
         flush=args.flush,
         metrics=args.metrics,
+        die_with_parent=True,  # a SIGKILLed `popgate up` leaves no brokers or proxy behind
     )
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP: the terminal closed. The children run in their own sessions, so only we hear it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     cluster = Cluster(config)
     try:
         endpoint = cluster.start()
     except ClusterError as exc:
-        print(f"popgate up: {exc}", file=sys.stderr)
+        _say(f"popgate up: {exc}", err=True)
         return 1
     try:
         brokers = ", ".join(f"{n}={c.address}" for n, c in cluster.brokers.items())
-        print(f"popgate: proxy endpoint {endpoint}  (brokers {brokers}; logs in {args.data_dir})", flush=True)
+        _say(f"popgate: proxy endpoint {endpoint}  (brokers {brokers}; logs in {args.data_dir})")
         for child in [*cluster.brokers.values(), *cluster.proxies]:
             if child.metrics_url:
-                print(f"popgate: {child.name} metrics {child.metrics_url}", flush=True)
-        print(f"ready {endpoint}", file=sys.stderr, flush=True)
+                _say(f"popgate: {child.name} metrics {child.metrics_url}")
+        _say(f"ready {endpoint}", err=True)
         if args.no_view:
             stop.wait()
         else:
@@ -82,19 +92,37 @@ def up(args: argparse.Namespace) -> int:
 
             LiveView(endpoint, {n: c.address for n, c in cluster.brokers.items()}).run(stop, args.interval)
     finally:
-        print("popgate: stopping", file=sys.stderr, flush=True)
+        _say("popgate: stopping", err=True)
         cluster.stop()
     return 0
 
 
+def _quiet_stdout() -> None:
+    """After EPIPE on stdout: point it at /dev/null so the interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit code. Bad input is one line on stderr and code 2, Ctrl-C code 130."""
     args = build_parser().parse_args(argv)
     if args.command == "up":
         return up(args)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         return 2
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # `popgate receive ... | head`: the reader is gone, nothing to report to
+        _quiet_stdout()
+        return 141
+    except (OSError, ValueError) as exc:  # a file that cannot be read, a value the SDK refuses
+        print(f"popgate {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # commands with a summary print it themselves and return 130
+        print(f"popgate {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

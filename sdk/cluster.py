@@ -3,8 +3,9 @@
 Each child prints ``ready <address>`` on stderr once it serves; a reader thread per
 child waits for that line, then keeps draining stderr into ``<data-dir>/<name>.log``
 so a chatty child never blocks on a full pipe. Stopping sends SIGTERM, waits, then
-kills what is left. `Child` is also what the tests start single servers with
-(tests/procs.py).
+kills what is left. With `die_with_parent` (what `popgate up` uses) a child also gets
+SIGTERM from the kernel when its parent dies, even by SIGKILL (Linux only). `Child` is
+also what the tests start single servers with (tests/procs.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -29,12 +31,37 @@ class ClusterError(RuntimeError):
     """A child did not start (its log tail is in the message)."""
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn asking the kernel to SIGTERM the child when the thread that forked it dies (Linux).
+
+    SIGTERM, not SIGKILL: a broker still closes its store. None off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return preexec
+
+
 @dataclass
 class Child:
     """One server process: started, awaited until it reports ``ready <address>``, stopped.
 
     Its stderr goes to `log_path` (None: nowhere), and its last `keep_lines` lines stay
-    in `lines`. With `own_session`, a terminal's Ctrl-C does not reach it.
+    in `lines`. With `own_session`, a terminal's Ctrl-C does not reach it. With
+    `die_with_parent`, it gets SIGTERM when the thread that started it ends, however
+    that happens (PR_SET_PDEATHSIG; start it from a thread that lives as long as it should).
     """
 
     name: str
@@ -44,62 +71,85 @@ class Child:
     address: str = ""
     keep_lines: int = 20
     own_session: bool = True
+    die_with_parent: bool = False
     _ready: threading.Event = field(default_factory=threading.Event)
     _tail: list[str] = field(default_factory=list)
     _terminated: bool = False
     _reader: threading.Thread | None = None
 
     def start(self, env: dict[str, str] | None = None) -> None:
+        """Start the process; OSError when its log file cannot be opened (nothing started then)."""
         # A fresh event per start: the previous process's stderr reader may still set its own at EOF.
         self._ready = threading.Event()
         self._terminated = False
         self.address = ""
-        # Own session: a terminal's Ctrl-C reaches only `popgate up`, which then stops the children
-        # in order (proxies first, so held receives are answered while brokers still serve).
-        self.process = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=self.own_session,
-        )
+        log_file = self._open_log()
+        try:
+            # Own session: a terminal's Ctrl-C reaches only `popgate up`, which then stops the children
+            # in order (proxies first, so held receives are answered while brokers still serve).
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=self.own_session,
+                preexec_fn=_die_with_parent() if self.die_with_parent else None,
+            )
+        except BaseException:
+            if log_file is not None:
+                log_file.close()
+            raise
         assert self.process.stderr is not None
-        self._reader = threading.Thread(
-            target=self._drain, args=(self.process.stderr, self._ready), name=f"{self.name}-stderr", daemon=True
-        )
+        drain_args = (self.process.stderr, log_file, self._ready)
+        self._reader = threading.Thread(target=self._drain, args=drain_args, name=f"{self.name}-stderr", daemon=True)
         self._reader.start()
 
-    def _log(self) -> contextlib.AbstractContextManager[IO[bytes] | None]:
+    def _open_log(self) -> IO[bytes] | None:
         if self.log_path is None:
-            return contextlib.nullcontext()
+            return None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         return self.log_path.open("ab")
 
-    def _drain(self, stream: IO[bytes], ready: threading.Event) -> None:
-        with stream, self._log() as out:
-            for raw in stream:
-                if out is not None:
-                    out.write(raw)
-                    out.flush()
-                line = raw.decode(errors="replace").rstrip()
-                # A new list, not an append: readers in other threads iterate over the old one safely.
-                self._tail = [*self._tail, line][-self.keep_lines :]
-                if not ready.is_set() and line.startswith("ready "):
-                    self.address = line.split(" ", 1)[1].strip()
-                    ready.set()
-        ready.set()  # the process ended: wake a waiter (address stays empty)
+    def _drain(self, stream: IO[bytes], log_file: IO[bytes] | None, ready: threading.Event) -> None:
+        try:
+            with stream, log_file or contextlib.nullcontext():
+                out = log_file
+                for raw in stream:
+                    if out is not None:
+                        try:
+                            out.write(raw)
+                            out.flush()
+                        except OSError as exc:  # keep draining the pipe, or the child blocks writing to it
+                            log.warning("%s: writing %s failed (%s); no more log", self.name, self.log_path, exc)
+                            out = None
+                    line = raw.decode(errors="replace").rstrip()
+                    # A new list, not an append: readers in other threads iterate over the old one safely.
+                    self._tail = [*self._tail, line][-self.keep_lines :]
+                    if not ready.is_set() and line.startswith("ready "):
+                        self.address = line.split(" ", 1)[1].strip()
+                        ready.set()
+        finally:
+            ready.set()  # the process ended (or this reader failed): wake a waiter (address stays empty)
+
+    @property
+    def ended(self) -> bool:
+        """Its stderr reader is done without a ``ready`` line: the child is ending or has ended."""
+        return self._ready.is_set() and not self.address
 
     def wait_ready(self, timeout_s: float) -> str:
         if not self._ready.wait(timeout_s) or not self.address:
-            tail = "\n  ".join(self._tail[-10:])
-            code = None
-            if self.process is not None and self._ready.is_set():  # stderr closed: the child is ending
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    code = self.process.wait(5)
-            what = f"exited with code {code}" if code is not None else f"did not report ready within {timeout_s:g} s"
-            raise ClusterError(f"{self.name} {what}; last output:\n  {tail}")
+            raise self._failure(timeout_s)
         return self.address
+
+    def _failure(self, timeout_s: float) -> ClusterError:
+        tail = "\n  ".join(self._tail[-10:])
+        code = None
+        if self.process is not None and self._ready.is_set():  # stderr closed: the child is ending
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.process.wait(5)
+        what = f"exited with code {code}" if code is not None else f"did not report ready within {timeout_s:g} s"
+        return ClusterError(f"{self.name} {what}; last output:\n  {tail}")
 
     @property
     def lines(self) -> list[str]:
@@ -154,6 +204,23 @@ class Child:
             self._reader.join(timeout_s)
 
 
+def wait_all_ready(children: Sequence[Child], timeout_s: float) -> None:
+    """Wait until every child reported ready; ClusterError as soon as one of them has ended instead."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(children)
+    while True:
+        for child in pending:
+            if child.ended:
+                raise child._failure(timeout_s)  # its exit code and last output
+        pending = [c for c in pending if not c.address]
+        if not pending:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise pending[0]._failure(timeout_s)
+        time.sleep(min(0.05, left))  # several children, each with its own event: poll them
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     brokers: int = 3
@@ -166,6 +233,7 @@ class ClusterConfig:
     proxy_args: Sequence[str] = ()
     broker_args: Sequence[str] = ()
     ready_timeout_s: float = 30.0
+    die_with_parent: bool = False  # children get SIGTERM when the starting thread dies (Child.die_with_parent)
 
 
 class Cluster:
@@ -198,20 +266,35 @@ class Cluster:
         return argv + list(c.broker_args)
 
     def start(self) -> str:
-        """Start every broker, then the proxy; the proxy's endpoint."""
+        """Start every broker, then the proxy; the proxy's endpoint.
+
+        ClusterError, with the cause, when the data directory is unusable or a child exits
+        or stays silent instead of reporting ready (the others are stopped then).
+        """
         try:
-            for i in range(1, self.config.brokers + 1):
-                name = f"b{i}"
-                child = Child(name, self._broker_argv(name, "127.0.0.1:0"), self.config.data_dir / f"{name}.log")
-                child.start(self._env)
-                self.brokers[name] = child
-            for child in self.brokers.values():
-                child.wait_ready(self.config.ready_timeout_s)
+            data_dir = self.config.data_dir
+            try:
+                data_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ClusterError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
+            try:
+                for i in range(1, self.config.brokers + 1):
+                    name = f"b{i}"
+                    child = self._child(name, self._broker_argv(name, "127.0.0.1:0"))
+                    self.brokers[name] = child
+                    child.start(self._env)
+            except OSError as exc:
+                raise ClusterError(f"cannot start the brokers: {exc}") from exc
+            wait_all_ready(list(self.brokers.values()), self.config.ready_timeout_s)
             self.add_proxy(self.config.listen)
         except BaseException:
             self.stop()
             raise
         return self.endpoint
+
+    def _child(self, name: str, argv: list[str]) -> Child:
+        log = self.config.data_dir / f"{name}.log"
+        return Child(name, argv, log, die_with_parent=self.config.die_with_parent)
 
     def add_proxy(self, listen: str = "127.0.0.1:0", extra: Sequence[str] = ()) -> str:
         """Start one more proxy over the same brokers; its address."""
@@ -224,8 +307,11 @@ class Cluster:
         if self.config.export_dir:
             argv += ["--export-dir", str(Path(self.config.export_dir) / name)]
         argv += [*self.config.proxy_args, *extra]
-        child = Child(name, argv, self.config.data_dir / f"{name}.log")
-        child.start(self._env)
+        child = self._child(name, argv)
+        try:
+            child.start(self._env)
+        except OSError as exc:
+            raise ClusterError(f"cannot start {name}: {exc}") from exc
         self.proxies.append(child)
         return child.wait_ready(self.config.ready_timeout_s)
 

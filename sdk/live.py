@@ -86,7 +86,10 @@ class LiveView:
         try:
             while not stop.is_set():
                 now = self.poll()
-                print(CLEAR + render(self._endpoint, now, before), flush=True)
+                try:
+                    print(CLEAR + render(self._endpoint, now, before), flush=True)
+                except OSError:  # the terminal is gone (EIO after a hang-up): stop, as SIGHUP does
+                    return
                 before = now
                 stop.wait(interval_s)
         finally:

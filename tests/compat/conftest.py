@@ -6,69 +6,34 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-POPGATE = str(Path(sys.executable).with_name("popgate"))
-
-
-class Up:
-    def __init__(self, data_dir: Path, *, env: dict[str, str]) -> None:
-        argv = [POPGATE, "up", "--brokers", "3", "--no-view", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir)]
-        # Own session: if `popgate up` itself misbehaves, its whole group can still be killed.
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True
-        )
-        self.endpoint = ""
-        self.lines: list[str] = []
-        self._ready = threading.Event()
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            for raw in self.proc.stderr:
-                line = raw.decode(errors="replace").rstrip()
-                self.lines.append(line)
-                if line.startswith("ready ") and not self.endpoint:
-                    self.endpoint = line.split(" ", 1)[1]
-                    self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout_s: float) -> str:
-        self._ready.wait(timeout_s)
-        assert self.endpoint, "popgate up did not become ready:\n" + "\n".join(self.lines[-20:])
-        return self.endpoint
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)  # what Ctrl-C does
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            raise
-        finally:
-            self._reader.join(10)
+from tests.integration.sdk.popgate_up import Proc, Up
 
 
 @pytest.fixture(scope="module")
 def cluster_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     data = tmp_path_factory.mktemp("up")
     # Children inherit the environment: POPGATE_MIN_INVISIBLE_S lets the proxy accept the
-    # short invisible times that keep the redelivery test quick.
+    # short invisible times that keep the redelivery tests quick.
     env = dict(os.environ, POPGATE_MIN_INVISIBLE_S="1")
-    up = Up(data, env=env)
+    up = Up(data, brokers=3, env=env)
+    left: list[Proc] = []
     try:
         up.wait_ready(60)
+        assert len(up.children) == 4, up.children  # b1..b3 and the proxy
         yield up
     finally:
-        code = up.stop()
-    assert code == 0, f"popgate up exited with {code}"
+        try:
+            code = up.stop(signal.SIGINT)  # what Ctrl-C does; on a timeout everything is killed
+        finally:
+            left = up.left_behind(10)
+            up.kill_all()  # the children run in their own sessions: killed one by one, if any is left
+    assert code == 0, f"popgate up exited with {code}:\n" + "\n".join(up.lines[-20:])
+    assert left == [], f"popgate up left children running: {left}"
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from rocketmq import (
 )
 
 AWAIT_S = 3  # SimpleConsumer long-polling time
+ACKED_INVISIBLE_S = 3  # send_receive: so short that an ack which did nothing shows within the test
 
 
 def config(endpoint: str) -> ClientConfiguration:
@@ -78,7 +79,14 @@ def send_receive(endpoint: str, topic: str, group: str) -> dict[str, object]:
         for i in range(30):
             receipt = producer.send(message(topic, f"body-{i}".encode(), tag=f"tag{i % 3}", keys=(f"k{i}",), n=str(i)))
             sent[receipt.message_id] = i
-        got = receive_until(consumer, lambda g: len(g) >= len(sent))
+        got: list[Message] = []
+        end = time.monotonic() + 40
+        while len(got) < len(sent) and time.monotonic() < end:
+            batch = consumer.receive(32, ACKED_INVISIBLE_S)
+            last_received = time.monotonic()
+            for m in batch:  # acked at once, well within the short invisible time
+                consumer.ack(m)
+            got += batch
         ids = [m.message_id for m in got]
         assert sorted(ids) == sorted(sent), "received ids differ from sent ids"
         for m in got:
@@ -86,8 +94,10 @@ def send_receive(endpoint: str, topic: str, group: str) -> dict[str, object]:
             assert m.body == f"body-{i}".encode() and m.tag == f"tag{i % 3}", m
             assert list(m.keys) == [f"k{i}"] and m.properties.get("n") == str(i), m
             assert m.delivery_attempt == 1 and not m.corrupted, m
-            consumer.ack(m)
-        extra = consumer.receive(32, 20)  # acked: nothing comes back
+        # Acked: nothing comes back, polled until well past the time an un-acked one would have returned
+        extra: list[Message] = []
+        while time.monotonic() < last_received + ACKED_INVISIBLE_S + 1.5:
+            extra += consumer.receive(32, 20)
         assert extra == [], f"unexpected redelivery: {[m.message_id for m in extra]}"
         return {"sent": len(sent), "received": len(got)}
     finally:
@@ -101,12 +111,16 @@ def redelivery(endpoint: str, topic: str, group: str) -> dict[str, object]:
     consumer = started_consumer(endpoint, topic, group)
     try:
         changed_id = producer.send(message(topic, b"change-me")).message_id
-        first = receive_until(consumer, lambda g: len(g) >= 1)[0]
+        first = receive_until(consumer, lambda g: len(g) >= 1, invisible=20)[0]
         assert first.message_id == changed_id and first.delivery_attempt == 1
+        changed_at = time.monotonic()
         consumer.change_invisible_duration(first, 1)
-        again = receive_until(consumer, lambda g: any(m.message_id == changed_id for m in g))
+        # Back after about 1 s, not after the 20 s it was received with: given up at 10 s
+        again = receive_until(consumer, lambda g: any(m.message_id == changed_id for m in g), limit_s=10)
+        changed_back_after = time.monotonic() - changed_at
         back = next(m for m in again if m.message_id == changed_id)
         assert back.delivery_attempt == 2, back.delivery_attempt
+        assert changed_back_after < 10, changed_back_after
         consumer.ack(back)
 
         unacked_id = producer.send(message(topic, b"forget-me")).message_id
@@ -117,7 +131,11 @@ def redelivery(endpoint: str, topic: str, group: str) -> dict[str, object]:
         msg = next(m for m in returned if m.message_id == unacked_id)
         assert msg.delivery_attempt == 2, msg.delivery_attempt
         consumer.ack(msg)
-        return {"unacked_returned_after_s": round(took, 2), "first": len(first)}
+        return {
+            "changed_back_after_s": round(changed_back_after, 2),
+            "unacked_returned_after_s": round(took, 2),
+            "first": len(first),
+        }
     finally:
         consumer.shutdown()
         producer.shutdown()

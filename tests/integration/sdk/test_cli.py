@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+from popgate_pb import broker_pb2 as bpb
 
 from sdk import Producer, SimpleConsumer
+from sdk.admin import Broker, fetch_stats, lag_rows
 from sdk.cli import main
 from sdk.cluster import Cluster
-from tests.integration.sdk.conftest import drain
-
-
-@pytest.fixture(autouse=True)
-def wide(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "220")  # rich tables: no wrapped ids
+from tests.integration.sdk.conftest import drain, eventually
+from tests.integration.sdk.popgate_up import POPGATE
 
 
 def name(prefix: str) -> str:
@@ -41,14 +47,22 @@ def test_send_from_argument_file_stdin_and_generated(
     assert main(["send", "--endpoint", endpoint, topic, "--file", str(body)]) == 0
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"from stdin")))
     assert main(["send", "--endpoint", endpoint, topic, "-"]) == 0
-    assert main(["send", "--endpoint", endpoint, topic, "--count", "300", "--size", "64", "--rate", "3000"]) == 0
+    capsys.readouterr()
+    started = time.monotonic()
+    assert main(["send", "--endpoint", endpoint, topic, "--count", "400", "--size", "64", "--rate", "4000"]) == 0
+    took = time.monotonic() - started
     out = capsys.readouterr().out
-    assert f"sent 300 messages (64 B each) to {topic}" in out
+    assert f"sent 400 messages (64 B each) to {topic}" in out
+    # --rate is a ceiling on the average: 400 at 4000/s take at least 0.1 s, and the reported rate is at most 4000
+    assert took >= 400 / 4000, took
+    reported = re.search(r"in ([0-9.]+) s \(([0-9,]+) msg/s\)", out)
+    assert reported is not None, out
+    assert float(reported[1]) >= 0.1 and int(reported[2].replace(",", "")) <= 4000, out
     with SimpleConsumer(endpoint, name("g"), topic) as consumer:
-        got = drain(consumer, 303)
+        got = drain(consumer, 403)
     bodies = [m.body for m in got]
     assert {b"hello", b"from a file", b"from stdin"} <= set(bodies)
-    assert sum(len(b) == 64 for b in bodies) == 300
+    assert sum(len(b) == 64 for b in bodies) == 400
     hello = next(m for m in got if m.body == b"hello")
     assert (hello.message_id, hello.tag, tuple(hello.keys)) == (message_id, "greeting", ("k1",))
 
@@ -75,7 +89,8 @@ def test_receive_prints_messages_acks_or_not(endpoint: str, capsys: pytest.Captu
 
 
 def test_stats_shows_lag_per_topic_and_group(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
-    topic, group = name("cli"), name("g")
+    # Longer than rich's 80-column default for a pipe: still printed whole, on one line
+    topic, group = name("cli-stats-" + "t" * 50), name("consumer-group-" + "g" * 50)
     with Producer(cluster.endpoint) as producer, SimpleConsumer(cluster.endpoint, group, topic) as consumer:
         producer.send_many(topic, [b"m"] * 10)
         acked = len(drain(consumer, 4))  # a receive may bring more than 4: all of them are acked
@@ -108,10 +123,158 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
     assert "resent 0 message(s)" in capsys.readouterr().out  # each dead letter is re-sent once
 
 
+def table_rows(out: str) -> dict[str, list[str]]:
+    """A rich table's rows by their first cell: the cells, stripped."""
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") > 3]
+    return {cells[0]: cells[1:] for cells in rows}
+
+
 def test_bench_prints_a_summary_table(endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--endpoint", endpoint, "--count", "600", "--batch", "100", "--samples", "3"]) == 0
+    argv = ["bench", "--endpoint", endpoint, "--count", "600", "--batch", "100", "--samples", "3", "--concurrency", "4"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "popgate bench via" in out
-    lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 3}
-    assert {"produce", "consume+ack", "idle wake"} <= set(lines)
-    assert "600" in lines["produce"] and "600" in lines["consume+ack"] and "3" in lines["idle wake"]
+    rows = table_rows(out)
+    produce, consume, idle = rows["produce"], rows["consume+ack"], rows["idle wake"]  # messages seconds msg/s p50 ..
+    assert produce[0] == consume[0] == "600"
+    # The clock stops at the 600th ack: the other consumers' last (empty, up to 1 s) long polls are not
+    # counted (they made it 0.85 s where 0.12 s is right: 4 consumers seemed 4 times slower than 1)
+    seconds, rate = float(consume[1]), int(consume[2].replace(",", ""))
+    assert seconds < 0.6, consume
+    assert 600 / (seconds + 0.005) - 1 <= rate <= 600 / max(seconds - 0.005, 1e-3) + 1, consume  # seconds shown rounded
+    # idle wake measures latency only: 3 samples, no seconds or rate to show
+    assert idle[:3] == ["3", "-", "-"]
+    p50, p99, worst = (float(cell) for cell in idle[3:])
+    assert 0 < p50 <= p99 <= worst < 1000
+
+
+def test_receive_prints_bodies_exactly(endpoint: str, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    topic, group = name("cli"), name("g")
+    binary = os.urandom(300)
+    markup = ":smile: [bold]not bold[/bold] :+1:"
+    with Producer(endpoint) as producer:
+        producer.send(topic, binary)
+        producer.send(topic, markup.encode())
+    argv = ["receive", "--endpoint", endpoint, topic, "--wait", "3", "--count", "2", "--invisible", "1", "--no-ack"]
+    assert main([*argv, "--group", group, "--format", "body"]) == 0
+    out = capsysbinary.readouterr().out  # each body as raw bytes, then a newline
+    one, two = binary + b"\n", markup.encode() + b"\n"
+    assert out in (one + two, two + one), out
+    assert main([*argv, "--group", name("g"), "--format", "json"]) == 0
+    records = [json.loads(line) for line in capsysbinary.readouterr().out.decode().splitlines()]
+    assert sorted(r.get("body", "") for r in records) == ["", markup]
+    assert [base64.b64decode(r["body_base64"]) for r in records if "body_base64" in r] == [binary]
+    assert main([*argv, "--group", name("g"), "--format", "text"]) == 0
+    assert repr(markup) in capsysbinary.readouterr().out.decode()
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["send", "t", "--file", "no-such-file"], "popgate send: [Errno 2] No such file or directory: 'no-such-file'"),
+        (["send", "t", "--file", "/"], "popgate send: [Errno 21] Is a directory: '/'"),
+        (["send", "t", "x", "--property", "novalue"], "popgate send: --property 'novalue': expected KEY=VALUE"),
+    ],
+)
+def test_bad_input_is_one_line_and_code_2(
+    endpoint: str, argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--endpoint", endpoint]) == 2
+    assert capsys.readouterr().err.strip() == error
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["send", "t", "x", "--delay", "-5"], "argument --delay: must be >= 0.0, got -5"),
+        (["send", "t", "x", "--count", "0"], "argument --count: must be >= 1, got 0"),
+        (["send", "t", "x", "--rate", "nan"], "argument --rate: not a number: 'nan'"),
+        (["receive", "t", "--group", "g", "--batch", "100"], "argument --batch: must be 1..32, got 100"),
+        (["receive", "t", "--group", "g", "--invisible", "0"], "argument --invisible: must be > 0.0, got 0"),
+        (["bench", "--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
+    ],
+)
+def test_out_of_range_options_are_usage_errors(argv: list[str], error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"error: {error}")
+
+
+def test_dlq_list_fails_when_no_broker_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dlq", "list", "g", "--broker", "b1=127.0.0.1:1", "--timeout", "0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "popgate dlq list: broker b1 at 127.0.0.1:1: UNAVAILABLE" in err
+    assert "no broker answered" in err
+
+
+class Running:
+    """A `popgate` command in a subprocess; its stdout lines as they come (a reader thread)."""
+
+    def __init__(self, *argv: str) -> None:
+        self.proc = subprocess.Popen(
+            [POPGATE, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def interrupt(self) -> tuple[int, str, str]:
+        """Ctrl-C; exit code, the rest of stdout and stderr."""
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(15)
+        finally:
+            self.proc.kill()  # a no-op once it exited
+            self._reader.join(10)
+            err = self.proc.stderr.read()
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+        rest = []
+        while not self.lines.empty():
+            rest.append(self.lines.get_nowait())
+        return code, "".join(rest), err
+
+
+def test_ctrl_c_during_receive_prints_the_summary(cluster: Cluster) -> None:
+    topic, group, endpoint = name("cli"), name("g"), cluster.endpoint
+    with Producer(endpoint) as producer:
+        producer.send_many(topic, [b"one", b"two"])
+    running = Running("receive", "--endpoint", endpoint, topic, "--group", group, "--wait", "60", "--format", "json")
+    bodies = {json.loads(running.lines.get(timeout=20))["body"] for _ in range(2)}  # printed as they come
+    assert bodies == {"one", "two"}
+    brokers = [Broker(*target.split("=")) for target in cluster.broker_targets()]
+
+    def acked() -> bool | None:  # the broker has both acks: `receive` is now in its next, empty, long poll
+        stats = fetch_stats(brokers, bpb.StatsRequest(topic=topic, group=group), timeout=1.0)
+        rows = lag_rows(stats).get((topic, group))
+        return True if rows is not None and rows.lag == rows.inflight == 0 else None
+
+    eventually(acked, timeout=10, what="both messages acked")
+    code, _, err = running.interrupt()
+    assert code == 130 and "Traceback" not in err, err
+    assert err.strip() == f"received and acked 2 messages from {topic} (group {group}) (interrupted)"
+
+
+def test_ctrl_c_during_bench_prints_the_phases_so_far(cluster: Cluster) -> None:
+    topic = name("bench")
+    argv = ["--endpoint", cluster.endpoint, "--topic", topic, "--count", "10000000", "--concurrency", "1"]
+    running = Running("bench", *argv, "--batch", "100")
+    brokers = [Broker(*target.split("=")) for target in cluster.broker_targets()]
+
+    def second_batch_stored() -> bool | None:  # one call at a time: the first batch's answer is in
+        stats = fetch_stats(brokers, bpb.StatsRequest(topic=topic), timeout=1.0)
+        return True if sum(q.max_offset for s in stats.values() for q in s.queues if q.topic == topic) > 100 else None
+
+    eventually(second_batch_stored, timeout=20, what="bench producing")
+    code, out, err = running.interrupt()
+    assert code == 130 and "Traceback" not in err, err
+    assert "popgate bench: interrupted during produce" in err
+    produce = table_rows(out)["produce"]
+    assert 100 <= int(produce[0]) < 10_000_000 and float(produce[1]) > 0, out

@@ -1,0 +1,64 @@
+"""`popgate up` as a user runs it: stopped by a signal it leaves no broker or proxy behind; bad start-ups fail fast."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk import Producer
+from tests.integration.sdk.popgate_up import POPGATE, Up
+
+# Children inherit the environment: a short shutdown grace keeps each stop well under a second.
+ENV = dict(os.environ, POPGATE_SHUTDOWN_GRACE_S="0.5")
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    process = Up(tmp_path / "data", env=ENV)
+    try:
+        process.wait_ready(30)
+        assert len(process.children) == 2, process.children  # b1 and the proxy
+        yield process
+    finally:
+        process.kill_all()  # a no-op after a passing test
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP-terminal-closed"])
+def test_a_signal_stops_the_cluster_and_leaves_no_child(up: Up, sig: int) -> None:
+    with Producer(up.endpoint) as producer:
+        producer.send("up-signal", b"served")
+    assert up.stop(sig, timeout_s=20) == 0
+    assert "popgate: stopping" in up.lines
+    assert up.left_behind(0) == []  # `up` waited for each of them before exiting
+
+
+def test_children_die_with_a_sigkilled_up(up: Up) -> None:
+    assert up.stop(signal.SIGKILL, timeout_s=10) == -signal.SIGKILL
+    assert up.left_behind(15) == [], "brokers or proxy outlived `popgate up`"
+
+
+def test_an_unusable_data_dir_fails_at_once_with_the_cause(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    argv = [POPGATE, "up", "--no-view", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "file" / "data")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=15, env=ENV, check=False)
+    assert done.returncode == 1
+    assert f"cannot create the data directory {tmp_path / 'file' / 'data'}: Not a directory" in done.stderr
+
+
+def test_a_broker_that_exits_during_start_up_fails_it_with_its_last_output(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "b2").write_text("b2's data directory is a file")
+    argv = [POPGATE, "up", "--brokers", "2", "--no-view", "--listen", "127.0.0.1:0", "--data-dir", str(data)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=15, env=ENV, check=False)
+    assert done.returncode == 1
+    assert "popgate up: b2 exited with code" in done.stderr
+    assert str(data / "b2") in done.stderr  # from the broker's own last words
