@@ -111,6 +111,8 @@ class RunSnapshots:
     A counter series that first appears after the run's first snapshot (a new topic's ``messages_in``, a
     new label set) was 0 when the previous snapshot was taken: its first snapshot also carries a record of
     value 0 at the previous snapshot's time, so a reader sees its whole increase (docs/METRICS.md §3).
+    That record is marked ``"initial": true``: it is the series' starting point, not a sample of it taken
+    at that snapshot (the series did not exist then), so a reader makes no row of its own from it.
     """
 
     def __init__(self, settings: ExportSettings) -> None:
@@ -123,7 +125,7 @@ class RunSnapshots:
         if self._previous is None:
             return batch
         zeros = [
-            {**r, "time": self._previous, "value": 0.0}
+            {**r, "time": self._previous, "value": 0.0, "initial": True}
             for r in batch
             if r["type"] == "counter" and _series(r) not in self._counters
         ]

@@ -8,6 +8,7 @@ never appears leaves its column empty (null), never wrong.
 from __future__ import annotations
 
 from pyspark.sql.types import (
+    BooleanType,
     DoubleType,
     IntegerType,
     LongType,
@@ -33,6 +34,7 @@ RECORD_SCHEMA = StructType(
         StructField("type", StringType()),
         StructField("value", DoubleType()),
         StructField("labels", MapType(StringType(), StringType())),
+        StructField("initial", BooleanType()),  # a new counter series' value-0 record (METRICS.md §3)
     ]
 )
 

@@ -74,6 +74,8 @@ def clean(records: DataFrame) -> DataFrame:
         F.array_sort(F.map_entries("labels")).alias("labels"),
         F.when(counter, F.coalesce("started", F.lit(0.0))).alias("run"),
         "value",
+        # a new counter series' value-0 record at the previous snapshot (METRICS.md §3): a starting point only
+        (counter & F.coalesce(F.col("initial"), F.lit(False))).alias("initial"),
     )
 
 
@@ -92,13 +94,16 @@ def series_windows(records: DataFrame, window_s: float, *, lateness_s: float | N
         delay_ms = int((lateness_s + window_s) * 1000)
         r = r.withWatermark("t", f"{delay_ms} milliseconds")
     own = ~F.col("baseline")
+    sample = own & ~F.col("initial")
 
-    def mine(name: str) -> Column:
-        return F.when(own, F.col(name))
+    def mine(name: str, records: Column = own) -> Column:
+        return F.when(records, F.col(name))
 
     agg = r.groupBy(F.window("t", f"{int(window_s * 1000)} milliseconds"), *SERIES_KEYS).agg(
-        F.max_by(mine("value"), mine("time")).alias("value"),  # null: only a baseline copy fell here
-        F.min_by(mine("value"), mine("time")).alias("first"),
+        # null: no snapshot of the series fell here, only a baseline copy or its value-0 record, which
+        # are the starting point of a later window's increase and never make a series-window (a row) alone
+        F.max_by(mine("value", sample), mine("time", sample)).alias("value"),
+        F.min_by(mine("value"), mine("time")).alias("first"),  # the value-0 record, if here, is the first
         F.max(F.when(F.col("baseline"), F.col("value"))).alias("base"),
     )
     start_s = F.unix_micros(F.col("window.start")) / 1e6

@@ -89,6 +89,8 @@ def test_job_lag_matches_broker_stats(make_broker: Any, spark: SparkSession, tmp
     run_batch(spark, JobSettings(input=str(export_dir), output=str(out), window_s=WINDOW_S))
     rows = spark.read.parquet(str(out / "windows")).collect()
     by_window = {(r["window_end"].timestamp(), r["group"]): r for r in rows if r["topic"] == TOPIC}
+    # every topic/group row has its lag: none made only of a new counter's value-0 record (METRICS.md §3)
+    assert not [(end, g) for (end, g), r in by_window.items() if r["consumer_lag"] is None or r["exact_lag"] is None]
     ends = sorted(end for end, group in by_window if group == "slow" and (end, "fast") in by_window)
     assert len(ends) >= 3
     snaps = snapshot_times(export_dir)

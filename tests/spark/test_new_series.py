@@ -39,26 +39,35 @@ def export(directory: Path) -> None:
 
     broker: topic "old" +10 per snapshot; topic "new" appears between T0+50 and T0+60 with 1000 messages
       (its 0 lands at T0+50: window 0); topic "newer" between T0+70 and T0+80 with 500, +5 before T0+100
-      (its 0 at T0+70: window 1). Group g1 has offsets on all three.
-    proxy: g1 receives +1 per snapshot; g2 first receives 3 between T0+60 and T0+70 (its 0 at T0+60).
+      (its 0 at T0+70: window 1). Group g1 has offsets on all three, and on each new topic pops 10 messages
+      and gets its dead-letter count (0) at once, as the broker exports them: for g1 on "new" those two
+      counters' 0 lands at T0+50 too, in window 0, where g1 has no offsets on "new" yet.
+    proxy: g1 receives +1 per snapshot; g2 first receives 3 between T0+60 and T0+70 (its 0 at T0+60);
+      g3 first receives 2 between T0+50 and T0+60 (its 0 at T0+50: window 0).
     """
     broker_reg, proxy_reg = CollectorRegistry(), CollectorRegistry()
     msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=broker_reg)
     max_offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=broker_reg)
     consumer = Gauge("popgate_broker_consumer_offset", "x", ["topic", "group", "queue"], registry=broker_reg)
+    msg_out = Counter("popgate_broker_messages_out", "x", ["topic", "group"], registry=broker_reg)
+    dead = Counter("popgate_broker_dead_lettered", "x", ["topic", "group"], registry=broker_reg)
     receives = Counter("popgate_proxy_receives", "x", ["group", "mode", "outcome"], registry=proxy_reg)
 
     def topic(name: str, messages: int) -> None:
         msg_in.labels(name).inc(messages)
         max_offset.labels(name, "0").set(messages)
         consumer.labels(name, "g1", "0").set(0)
+        if name != "old":
+            msg_out.labels(name, "g1").inc(10)
+            dead.labels(name, "g1")  # exported at 0
 
     def received(group: str, n: int) -> None:
         receives.labels(group, "notify", "messages").inc(n)
 
     topic("old", 5000)
     received("g1", 50)
-    changes = {6: lambda: topic("new", 1000), 7: lambda: received("g2", 3), 8: lambda: topic("newer", 500)}
+    changes = {6: lambda: (topic("new", 1000), received("g3", 2)), 7: lambda: received("g2", 3)}
+    changes[8] = lambda: topic("newer", 500)
     changes[10] = lambda: msg_in.labels("newer").inc(5)
     clock = Clock(S.T0)
 
@@ -100,7 +109,15 @@ def check(rows: dict[Key, dict[str, Any]]) -> None:
         "new": 1000,
         "newer": 505,
     }
-    assert (window1[("", "g1")]["receives"], window1[("", "g2")]["receives"]) == (6, 3)
+    assert {g: window1[("", g)]["receives"] for g in ("g1", "g2", "g3")} == {"g1": 6, "g2": 3, "g3": 2}
+    assert {t: (window1[(t, "g1")]["messages_out"], window1[(t, "g1")]["dlq_growth"]) for t in ("new", "newer")} == {
+        "new": (10, 0),
+        "newer": (10, 0),
+    }
+    # A value-0 record is a starting point, not a sample: g1 on "new" and the group g3, whose 0 lands in
+    # window 0, have no row there (no snapshot of theirs is in it); every topic/group row has its lag.
+    assert {k[1:] for k in rows if k[0] == 0} == {("old", "g1"), ("", "g1")}
+    assert all(r["consumer_lag"] is not None for (_, t, _), r in rows.items() if t)
 
 
 def test_batch_counts_the_first_value_of_a_new_series(batch: dict[Key, dict[str, Any]]) -> None:
