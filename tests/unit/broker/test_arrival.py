@@ -18,8 +18,7 @@ from broker.__main__ import sweep_forever
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.model import PopResult
-from broker.settings import BrokerSettings
-from broker.sqlite_store import SqliteStore
+from tests.unit.broker.cores import broker
 
 POLL_MS = 20_000  # how long a request is held: without a wake it is still held long after ANSWER_S
 ANSWER_S = 1.0  # generous bound on "at once" (the wake itself takes a few loop turns)
@@ -29,17 +28,8 @@ INVISIBLE_MS = 30_000
 
 def run_core(tmp_path: Path, scenario: Callable[[BrokerCore], Awaitable[None]]) -> None:
     async def main() -> None:
-        store = SqliteStore(tmp_path / "data")
-        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data"), store)
-        store.set_listener(core)
-        store.start(asyncio.get_running_loop())
-        core.restore(store.load())
-        core.start()
-        try:
+        async with broker(tmp_path / "data") as (core, _):
             await asyncio.wait_for(scenario(core), 20)
-        finally:
-            await core.close()
-            await store.close()
 
     asyncio.run(main())
 

@@ -5,41 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.core import BrokerCore
 from broker.errors import StoreUnavailable, TopicNotFound
 from broker.model import now_ms
-from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
+from tests.unit.broker.cores import broker
 
 T = TypeVar("T")
 
 
 def run(coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(asyncio.wait_for(coro(), timeout=20))
-
-
-@asynccontextmanager
-async def broker(data: Path, **settings: Any) -> AsyncIterator[tuple[BrokerCore, SqliteStore]]:
-    """A broker core on `data`; no sweep task runs, so only arrivals and timers wake held requests."""
-    store = SqliteStore(data, flush=settings.get("flush", "async"))
-    core = BrokerCore(BrokerSettings(name="b1", data_dir=data, **settings), store)
-    store.set_listener(core)
-    store.start(asyncio.get_running_loop())
-    core.restore(store.load())
-    core.start()
-    try:
-        yield core, store
-    finally:
-        await core.close()
-        await store.close()
 
 
 def fail_next_commit(store: SqliteStore) -> None:

@@ -12,10 +12,8 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker import server
-from broker.core import BrokerCore
 from broker.metrics import BrokerMetrics
-from broker.settings import BrokerSettings
-from broker.sqlite_store import SqliteStore
+from tests.unit.broker.cores import broker
 
 
 class NeverReads:
@@ -40,21 +38,15 @@ def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monkeypatc
         await asyncio.Event().wait()  # the stream stays open
 
     async def scenario() -> None:
-        store = SqliteStore(tmp_path)
-        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path), store)
-        store.set_listener(core)
-        store.start(asyncio.get_running_loop())
-        core.restore(store.load())
-        await core.send([pb.Message(topic="t", body=b"x" * 16_000) for _ in range(200)])
-        servicer = server.BrokerServicer(core, BrokerMetrics())
-        session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
-        await asyncio.sleep(1.0)
-        # 16 KB answers: past 64 KB not taken, reading stops (a few more may be in flight).
-        assert asked < 20
-        session.cancel()
-        await asyncio.gather(session, return_exceptions=True)
-        await core.close()
-        await store.close()
+        async with broker(tmp_path) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"x" * 16_000) for _ in range(200)])
+            servicer = server.BrokerServicer(core, BrokerMetrics())
+            session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
+            await asyncio.sleep(1.0)
+            # 16 KB answers: past 64 KB not taken, reading stops (a few more may be in flight).
+            assert asked < 20
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
@@ -73,31 +65,25 @@ class Records:
 
 def test_a_pop_answered_before_its_cancel_was_read_is_released(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = SqliteStore(tmp_path)
-        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path), store)
-        store.set_listener(core)
-        store.start(asyncio.get_running_loop())
-        core.restore(store.load())
-        await core.send([pb.Message(topic="t", body=b"only one")])
-        context = Records()
+        async with broker(tmp_path) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"only one")])
+            context = Records()
 
-        async def requests() -> AsyncIterator[pb.SessionRequest]:
-            pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
-            yield pb.SessionRequest(id=1, pop=pop)
-            await context.arrived.wait()  # the answer went out; the caller had given up meanwhile
-            yield pb.SessionRequest(id=1, cancel=True)
-            await asyncio.Event().wait()
+            async def requests() -> AsyncIterator[pb.SessionRequest]:
+                pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
+                yield pb.SessionRequest(id=1, pop=pop)
+                await context.arrived.wait()  # the answer went out; the caller had given up meanwhile
+                yield pb.SessionRequest(id=1, cancel=True)
+                await asyncio.Event().wait()
 
-        servicer = server.BrokerServicer(core, BrokerMetrics())
-        session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
-        await context.arrived.wait()
-        assert len(context.answers[0].pop.messages) == 1
-        again = await core.pop("t", "g", "*", 1, 60_000, 2_000)  # not hidden for the 60 s it was popped for
-        assert [(pb.Message.FromString(m.payload).body, m.attempt) for m in again.messages] == [(b"only one", 1)]
-        session.cancel()
-        await asyncio.gather(session, return_exceptions=True)
-        await core.close()
-        await store.close()
+            servicer = server.BrokerServicer(core, BrokerMetrics())
+            session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
+            await context.arrived.wait()
+            assert len(context.answers[0].pop.messages) == 1
+            again = await core.pop("t", "g", "*", 1, 60_000, 2_000)  # not hidden for the 60 s it was popped for
+            assert [(pb.Message.FromString(m.payload).body, m.attempt) for m in again.messages] == [(b"only one", 1)]
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
 

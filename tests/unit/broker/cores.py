@@ -1,0 +1,30 @@
+"""A BrokerCore over a real SqliteStore in the test's own loop, for unit tests without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from broker.core import BrokerCore
+from broker.settings import BrokerSettings
+from broker.sqlite_store import SqliteStore
+
+
+@asynccontextmanager
+async def broker(data: Path, **settings: Any) -> AsyncIterator[tuple[BrokerCore, SqliteStore]]:
+    """A broker core on `data`, started and restored as broker/__main__.py does, but with no sweep task:
+    only arrivals and timers wake held requests. Closed (core, then store) on the way out."""
+    store = SqliteStore(data, flush=settings.get("flush", "async"))
+    core = BrokerCore(BrokerSettings(name="b1", data_dir=data, **settings), store)
+    store.set_listener(core)
+    store.start(asyncio.get_running_loop())
+    core.restore(store.load())
+    core.start()
+    try:
+        yield core, store
+    finally:
+        await core.close()
+        await store.close()
