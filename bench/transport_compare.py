@@ -30,7 +30,8 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
-from bench.common import cpu_seconds, percentile, rss_bytes
+from bench import grpc_call_floor
+from bench.common import cpu_seconds, percentile
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
 OPTIONS = [  # the proxy's: without the pending-request limits grpc cancels most of 10,000 new calls
@@ -217,25 +218,9 @@ async def idle_latency(client: str, port: int) -> dict[str, tuple[float, float]]
 
 
 async def held(port: int, pid: int, calls: int) -> float:
-    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.channel_id", i)]) for i in range(20)]
-    stubs = [service_pb2_grpc.MessagingServiceStub(c) for c in channels]  # type: ignore[no-untyped-call]
-    hold = pb.ReceiveMessageRequest(batch_size=0)
-    warm = [stub.ReceiveMessage(hold, timeout=0.5) for stub in stubs]
-    await asyncio.gather(*(call.read() for call in warm), return_exceptions=True)
-    await asyncio.sleep(1)
-    base = rss_bytes(pid)
-    open_calls = [stubs[i % 20].ReceiveMessage(hold, timeout=120) for i in range(calls)]
-    readers = [asyncio.ensure_future(call.read()) for call in open_calls]
-    await asyncio.sleep(max(5.0, calls / 1500))
-    held_now = sum(not reader.done() for reader in readers)
-    grown = (rss_bytes(pid) - base) / max(1, held_now) / 1024
-    print(f"  {held_now} of {calls} calls held")
-    for call in open_calls:
-        call.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-    for channel in channels:
-        await channel.close()
-    return grown
+    """KB of the server's RSS per held ReceiveMessage call: bench/grpc_call_floor's measurement."""
+    args = argparse.Namespace(calls=calls, channels=20, settle_s=max(5.0, calls / 1500))
+    return await grpc_call_floor.measure(port, pid, args) / 1024
 
 
 def main() -> None:
