@@ -66,7 +66,6 @@ class BrokerCore:
         self.messages_out: dict[tuple[str, str], int] = {}
         self.sends = SendPath(settings, store, self.topics)
         self.redelivery = Redelivery(
-            store=store,
             topics=self.topics,
             sends=self.sends,
             hold=self.hold,

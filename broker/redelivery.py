@@ -23,7 +23,7 @@ from broker.log import TopicLog
 from broker.longpoll import HoldService
 from broker.model import now_ms, tokens
 from broker.send import SendPath
-from broker.store import DeleteInflight, NewMessage, Op, Store
+from broker.store import DeleteInflight, NewMessage, Op
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,12 @@ class Redelivery:
     def __init__(
         self,
         *,
-        store: Store,
         topics: dict[str, TopicLog],
         sends: SendPath,
         hold: HoldService,
         payloads: PayloadReader,
         max_attempts: int,
     ) -> None:
-        self.store = store
         self.topics = topics
         self.sends = sends
         self.hold = hold
@@ -56,13 +54,11 @@ class Redelivery:
         """Up to ``want`` ready redeliveries as (queue id, offset, next attempt)."""
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
-        taken: set[tuple[int, int]] = set()
         ready = state.ready
         while ready and len(picks) < want:
             queue_id, offset, token = ready.popleft()
             delivery = state.current(queue_id, offset, token)
-            if delivery is not None and (queue_id, offset) not in taken:  # never one message twice in an answer
-                taken.add((queue_id, offset))
+            if delivery is not None:
                 picks.append((queue_id, offset, delivery.attempt + 1))
         return picks
 

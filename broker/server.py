@@ -19,7 +19,7 @@ from broker import errors
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
-from broker.model import now_ms
+from broker.model import PopResult, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) 
         add(message_id=s.message_id, topic=s.topic, queue_id=s.queue_id, offset=s.offset)
 
 
-async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> None:
+async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:
     r = request
     result = await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
     add = out.messages.add
@@ -220,6 +220,7 @@ async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> 
         stored.offset = p.offset
         stored.store_ms = p.store_ms
     out.polling_full = result.polling_full
+    return result
 
 
 async def ack(core: BrokerCore, request: pb.AckRequest, out: pb.AckResponse) -> None:
@@ -248,7 +249,7 @@ async def notification(core: BrokerCore, request: pb.NotificationRequest, out: p
 
 
 # What a Session request of each kind runs; its response goes in the field of the same name.
-SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[None]]] = {
+SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "pop": pop,
     "notification": notification,
     "send": send,
@@ -265,6 +266,7 @@ SESSION_MAX_SHORT = 4096
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 SESSION_RECENT_POPS = 256  # answered Pops a late cancel frame can still release, per stream
+POPPED_OVERHEAD = 128  # bytes of a popped message's answer beyond its payload (handle, ids, offsets)
 
 
 class _Session:
@@ -284,8 +286,10 @@ class _Session:
         # crossed the answer releases them (see `dispatch`). A cancel comes within a round trip.
         self.answered_pops: OrderedDict[int, tuple[str, str, list[str]]] = OrderedDict()
 
-    def answer(self, response: pb.SessionResponse) -> None:
-        size = response.ByteSize()
+    def answer(self, response: pb.SessionResponse, size: int | None = None) -> None:
+        """Queue an answer; `size`, when the caller knows it, saves encoding-size work on the hot path."""
+        if size is None:
+            size = response.ByteSize()
         self.outbox_bytes += size
         if self.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
             self.room.clear()
@@ -333,13 +337,16 @@ class _Session:
             response = pb.SessionResponse(id=request.id)
             body = getattr(response, kind)
             body.SetInParent()  # an answer with no field set is still an answer of this kind
-            await SESSION_CALLS[kind](core, getattr(request, kind), body)
-            self.answer(response)
-            if kind == "pop" and body.messages:
+            result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
+            if kind == "pop" and result.messages:
+                popped = result.messages  # sizes and handles from the core's own values, not the protobuf
+                self.answer(response, sum(len(p.payload) for p in popped) + POPPED_OVERHEAD * len(popped))
                 pop = request.pop
-                self.answered_pops[request.id] = (pop.topic, pop.group, [m.receipt_handle for m in body.messages])
+                self.answered_pops[request.id] = (pop.topic, pop.group, [p.handle for p in popped])
                 if len(self.answered_pops) > SESSION_RECENT_POPS:
                     self.answered_pops.popitem(last=False)
+            else:
+                self.answer(response)
         except errors.BrokerError as exc:
             code = status_of(exc)
             self._error(request.id, exc)

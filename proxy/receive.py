@@ -155,7 +155,7 @@ class LongPollStrategy:
                 raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
             messages = list(response.messages)
             return ReceiveResult(messages, "messages" if messages else "empty", tried)
-        if tried and request.deadline - loop.time() <= MIN_ATTEMPT_S:
+        if request.deadline - loop.time() <= MIN_ATTEMPT_S:
             return ReceiveResult([], "empty", tried)  # the client's time is up: an empty answer, not an error
         raise last
 

@@ -56,7 +56,6 @@ def make(store: CommitLog) -> tuple[Redelivery, GroupTopic, HoldService]:
 
     sends = SendPath(BrokerSettings(), store, topics)  # type: ignore[arg-type]
     redelivery = Redelivery(
-        store=store,  # type: ignore[arg-type]
         topics=topics,
         sends=sends,
         hold=hold,

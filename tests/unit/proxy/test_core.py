@@ -220,6 +220,15 @@ def test_a_broker_that_hangs_until_the_deadline_gives_an_empty_answer_not_an_err
     assert run(scenario()) == "empty"
 
 
+def test_a_receive_with_no_time_left_for_a_broker_call_is_empty_not_an_error() -> None:
+    proxy, _ = make("b1")
+
+    async def scenario() -> str:
+        return (await proxy.receive(request(poll_s=0.0, deadline_in=0.01))).outcome
+
+    assert run(scenario()) == "empty"
+
+
 def test_a_full_broker_is_too_many_requests() -> None:
     proxy, brokers = make("b1")
     brokers["b1"].polling_full = True
