@@ -85,6 +85,9 @@ class PendingAck:
             PopgateError: The whole call failed (it is re-sent unchanged if the error is retriable).
         """
         failed = _wire.ack_failures(response)  # raises when the whole call failed
+        if not failed:
+            self._retry = []
+            return self.failures
         retry: Failures = []
         entries: list[pb.AckMessageEntry] = []
         matcher = _Entries(self.request.entries)

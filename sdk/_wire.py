@@ -113,8 +113,7 @@ class MessageIds:
         _live_ids.add(self)
 
     def _restart(self) -> None:
-        self._pid = os.getpid()
-        self._prefix = f"01{uuid.getnode():012X}{self._pid & 0xFFFF:04X}"
+        self._prefix = f"01{uuid.getnode():012X}{os.getpid() & 0xFFFF:04X}"
         self._counter = itertools.count(secrets.randbits(32))
 
     def _after_fork(self) -> None:
@@ -123,8 +122,6 @@ class MessageIds:
 
     def __call__(self) -> str:
         with self._lock:
-            if self._pid != os.getpid():  # forked without Python's fork hooks (a C extension's fork())
-                self._restart()
             n = next(self._counter) & 0xFFFFFFFF
             prefix = self._prefix
         seconds = (int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF

@@ -61,6 +61,22 @@ def test_ack_many_resends_only_the_entries_that_failed_retriably(fake: FakeStub,
     assert acked_entries(fake) == [["a", "b", "c"], ["b"]]
 
 
+def test_entries_are_still_reported_when_their_re_send_keeps_failing_as_a_whole(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    a, b, c = fake.message("a"), fake.message("b"), fake.message("c")
+    fake.entry_faults[b.receipt_handle] = [v2.HA_NOT_AVAILABLE]  # b's broker is failing over
+    fake.live.discard(c.receipt_handle)  # c is stale
+    # The first call answers per entry; every re-send of b then fails as a whole (proxy unreachable).
+    fake.call_faults = [("ok", None)] + [("refused", grpc.StatusCode.UNAVAILABLE)] * 10  # type: ignore[list-item]
+
+    with pytest.raises(errors.AckError) as info:
+        consumer.ack_many([a, b, c])
+
+    assert sorted(message_id for message_id, _ in info.value.failures) == ["b", "c"]  # a was acked
+    assert fake.acked == ["a"]
+
+
 def test_an_entry_failing_on_every_attempt_is_reported_after_the_policys_attempts(
     fake: FakeStub, consumer: SimpleConsumer
 ) -> None:
