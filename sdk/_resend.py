@@ -73,6 +73,13 @@ class PendingAck:
         """``(message_id, error)`` of every entry not acked (so far)."""
         return self._final + self._retry
 
+    def given_up(self, error: errors.PopgateError) -> Failures:
+        """What to report once the retries end with ``error``: the entries not acked, when some answer
+        said which (also when a later re-send of them failed as a whole); else ``error`` is raised."""
+        if isinstance(error, ResendEntries) or self.failures:
+            return self.failures
+        raise error
+
     def next_request(self) -> pb.AckMessageRequest:
         self.sent += 1
         return self.request

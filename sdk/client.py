@@ -281,12 +281,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
         try:
             return self._retrying(op)
-        except _resend.ResendEntries:  # retries exhausted with entries still failing retriably
-            return pending.failures
-        except errors.PopgateError:
-            if pending.failures:  # a re-send of failed entries failed as a whole: still report per entry
-                return pending.failures
-            raise
+        except errors.PopgateError as exc:
+            return pending.given_up(exc)
 
     def nack(self, message: Message, delay: float = 0.0) -> Message:
         """Give a message back: it is delivered again after ``delay`` seconds (ChangeInvisibleDuration).
