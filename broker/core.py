@@ -99,7 +99,6 @@ class BrokerCore:
             state.queue(i.queue_id, i.offset + 1)
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms))
         for state in self.groups.values():
-            state.started = True
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
 
@@ -289,7 +288,7 @@ class BrokerCore:
     def _reader(
         self, group: str, topic: str, tag_filter: TagFilter, ops: list[Op], *, pop_filter: bool = True
     ) -> GroupTopic | None:
-        """The group's state on `topic`, ready to read: start offsets fixed (`_start`) and, for a Pop, its
+        """The group's state on `topic`, ready to read: start offsets fixed and, for a Pop, its
         filter stored. None while the topic does not exist: with auto-create any name may be polled, and
         no state is kept or stored for it (only, under `latest`, that the group looked before the topic
         existed — bounded — so that it then starts at the topic's first message)."""
@@ -300,37 +299,33 @@ class BrokerCore:
                 if len(self._looked_early) > MAX_EARLY_LOOKS:
                     self._looked_early.popitem(last=False)
             return None
-        state = self.groups.get((group, topic))
-        if state is None:
-            state = self.groups[(group, topic)] = GroupTopic(group, topic)
-            if self._looked_early.pop((group, topic), 0) is None:
-                state.started = True
+        new = (group, topic) not in self.groups
+        state = self._group(group, topic)
         if pop_filter and state.filter != tag_filter:
             state.filter = tag_filter
             ops.append(SetGroupFilter(group, topic, str(tag_filter)))
-        self._start(state, ops)
+        # A group's first look at an existing topic fixes (and stores) where it starts on every queue, so
+        # that `latest` means the moment it first looked, not its first successful Pop. A group that looked
+        # before the topic existed starts at its first message: everything in it came after that look.
+        latest = new and self.settings.consume_from == "latest"
+        if latest and (group, topic) in self._looked_early:
+            del self._looked_early[(group, topic)]
+            latest = False
+        topic_log = self.topics[topic]
+        if len(state.queues) < len(topic_log.queues):
+            for queue in topic_log.queues:
+                self._group_queue(state, queue, ops, latest=latest)
         return state
 
-    def _start(self, state: GroupTopic, ops: list[Op]) -> None:
-        """A group's first Pop or Notification on a topic fixes (and stores) where it starts on every
-        queue, so that `latest` means the moment the group first looked, not its first successful Pop."""
-        topic = self.topics.get(state.topic)
-        if topic is not None and len(state.queues) < len(topic.queues):
-            for queue in topic.queues:
-                self._group_queue(state, queue, ops)
-        state.started = True
-
-    def _group_queue(self, state: GroupTopic, queue: QueueLog, ops: list[Op]) -> GroupQueue:
+    def _group_queue(self, state: GroupTopic, queue: QueueLog, ops: list[Op], *, latest: bool = False) -> GroupQueue:
+        """The group's state on one queue; a queue it has not read yet starts at its first message (or, for a
+        group's first look under `latest`, after its last) and that start is stored."""
         gq = state.queues.get(queue.queue_id)
         if gq is None:
-            start = self._start_offset(state, queue)
+            start = queue.max_offset if latest else queue.min_offset
             gq = state.queue(queue.queue_id, start)
             ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, start))
         return gq
-
-    def _start_offset(self, state: GroupTopic, queue: QueueLog) -> int:
-        latest = self.settings.consume_from == "latest" and not state.started
-        return queue.max_offset if latest else queue.min_offset
 
     async def _payloads(self, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         out: dict[tuple[int, int], bytes] = {}
@@ -460,7 +455,7 @@ class BrokerCore:
             return False
         for queue in topic.queues:
             gq = state.queues.get(queue.queue_id)
-            pull = gq.pull_offset if gq else self._start_offset(state, queue)
+            pull = gq.pull_offset if gq else queue.min_offset
             if queue.first_match(pull, tag_filter) < queue.max_offset:
                 return True
         return False
@@ -486,7 +481,7 @@ class BrokerCore:
             if log_ is None or (topic and t != topic) or (group and g != group):
                 continue
             for queue in log_.queues:
-                lag = queue_lag(queue, state.queues.get(queue.queue_id), state.filter, self._start_offset(state, queue))
+                lag = queue_lag(queue, state.queues.get(queue.queue_id), state.filter, queue.min_offset)
                 out.append(GroupQueueLag(t, g, queue.queue_id, lag))
         return out
 

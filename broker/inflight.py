@@ -49,10 +49,6 @@ class GroupTopic:
         # Deliveries whose invisibility passed, waiting to be popped again: (queue, offset, token).
         self.ready: deque[tuple[int, int, int]] = deque()
         self.next_queue = 0
-        # The group has read the topic once: a queue it meets later (a topic created after the
-        # group's first Pop or Notification) holds only messages sent after that, so it starts at
-        # the queue's first message even when new groups start at the latest one.
-        self.started = False
         self.dead_lettered = 0
         self._pushes = 0
 

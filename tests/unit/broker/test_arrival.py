@@ -45,16 +45,24 @@ async def held(core: BrokerCore, *, pops: int, notifications: int) -> None:
         await asyncio.sleep(0.005)
 
 
+async def hold_pop_and_notification(
+    core: BrokerCore, tag_filter: str
+) -> tuple[asyncio.Future[PopResult], asyncio.Future[tuple[bool, bool]]]:
+    """A Pop (group g) and a Notification (group n) with `tag_filter`, both held, and no sweep running."""
+    pop = asyncio.ensure_future(core.pop("t", "g", tag_filter, 32, INVISIBLE_MS, POLL_MS))
+    note = asyncio.ensure_future(core.notification("t", "n", tag_filter, POLL_MS))
+    await asyncio.wait_for(held(core, pops=1, notifications=1), 5)
+    assert not sweeping()
+    return pop, note
+
+
 def bodies(result: PopResult) -> list[bytes]:
     return [pb.Message.FromString(m.payload).body for m in result.messages]
 
 
 def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore) -> None:
-        pop = asyncio.ensure_future(core.pop("t", "g", "*", 32, INVISIBLE_MS, POLL_MS))
-        note = asyncio.ensure_future(core.notification("t", "n", "*", POLL_MS))
-        await asyncio.wait_for(held(core, pops=1, notifications=1), 5)
-        assert not sweeping()
+        pop, note = await hold_pop_and_notification(core, "*")
 
         await core.send([pb.Message(topic="t", body=b"hello")])
         done, _ = await asyncio.wait({pop, note}, timeout=ANSWER_S)
@@ -70,10 +78,7 @@ def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Pat
 
 def test_an_arrival_the_tag_filter_rejects_answers_no_held_request(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore) -> None:
-        pop = asyncio.ensure_future(core.pop("t", "g", "a", 32, INVISIBLE_MS, POLL_MS))
-        note = asyncio.ensure_future(core.notification("t", "n", "a", POLL_MS))
-        await asyncio.wait_for(held(core, pops=1, notifications=1), 5)
-        assert not sweeping()
+        pop, note = await hold_pop_and_notification(core, "a")
 
         await core.send([pb.Message(topic="t", body=b"not for us", tag="b")])
         done, _ = await asyncio.wait({pop, note}, timeout=REJECT_WINDOW_S)
