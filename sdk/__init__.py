@@ -4,6 +4,7 @@ Blocking classes are here; their asyncio twins are in `sdk.aio`. Errors are in `
 The SDK never configures logging: it logs to ``logging.getLogger("sdk....")``.
 """
 
+import broker  # noqa: F401  grpc's I/O engine is chosen before grpc loads: broker/grpc_engine.py
 from sdk._wire import Credentials
 from sdk.client import Producer, SimpleConsumer
 from sdk.errors import (
