@@ -38,8 +38,8 @@ proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
 bench: $(STAMP)
-	$(BIN)/python bench/broker_bench.py
-	$(BIN)/python bench/proxy_bench.py
+	$(BIN)/python -m bench.broker_bench
+	$(BIN)/python -m bench.proxy_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -5,7 +5,7 @@ stream (what the proxy uses), then with one unary call per request — wake late
 of a held Pop (from the Send call to the Pop answer), and memory/CPU of 10,000
 held Pops.
 
-    .venv/bin/python bench/broker_bench.py [--messages 200000] [--concurrency 16] [--channels 4] [--flush async|sync]
+    .venv/bin/python -m bench.broker_bench [--messages 200000] [--concurrency 16] [--channels 4] [--flush async|sync]
 """
 
 from __future__ import annotations

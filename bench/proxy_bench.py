@@ -1,10 +1,12 @@
 """Proxy throughput: produce and consume+ack msg/s through the proxy vs. direct broker calls
 (on the brokers' Session streams, as the proxy calls them).
 
-    .venv/bin/python bench/proxy_bench.py [--brokers 2] [--seconds 5] [--concurrency 8] [--size 256] [--batch 32]
+    .venv/bin/python -m bench.proxy_bench [--brokers 2] [--seconds 5] [--concurrency 8] [--size 256] [--batch 32]
 
 Starts its own brokers and proxy (sdk.cluster, loopback, temporary data dir), runs
 each phase for --seconds, prints a table. Not a test: numbers depend on the machine.
+Run it as a module (`-m bench.proxy_bench`): its client then uses the gRPC I/O engine the SDK's
+clients use (bench/__init__.py, broker/grpc_engine.py).
 """
 
 from __future__ import annotations

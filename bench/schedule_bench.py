@@ -9,7 +9,7 @@ ListMessages over every queue; and from the broker's own histogram of commit
 time - due time (`popgate_broker_scheduled_lateness_seconds`), which also counts
 the commit itself.
 
-    .venv/bin/python bench/schedule_bench.py [--messages 100000] [--spread 10] [--normal-rate 5000]
+    .venv/bin/python -m bench.schedule_bench [--messages 100000] [--spread 10] [--normal-rate 5000]
 """
 
 from __future__ import annotations
