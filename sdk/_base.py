@@ -16,6 +16,13 @@ from sdk.retry import RetryPolicy
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
 
 
+def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
+    """SendMessage calls one send_many keeps in flight: one at a time when any message has a message
+    group, so that a group's batches are stored in the order given (FIFO within a group)."""
+    fifo = any(m.system_properties.message_group for r in requests for m in r.messages)
+    return 1 if fifo else SEND_WINDOW
+
+
 class ClientBase:
     def __init__(
         self,

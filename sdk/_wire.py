@@ -169,7 +169,7 @@ def outgoing(
         deliver_at = (time.time() if now is None else now) + delay
     if isinstance(body, Message):
         m = body
-        return Message(
+        out = Message(
             _as_bytes(m.body),
             tag=m.tag if m.tag is not None else tag,
             keys=m.keys or keys,
@@ -177,14 +177,19 @@ def outgoing(
             message_group=m.message_group if m.message_group is not None else message_group,
             deliver_at=m.deliver_at if m.deliver_at is not None else deliver_at,
         )
-    return Message(
-        _as_bytes(body),
-        tag=tag,
-        keys=tuple(keys),
-        properties=dict(properties or {}),
-        message_group=message_group,
-        deliver_at=deliver_at,
-    )
+    else:
+        out = Message(
+            _as_bytes(body),
+            tag=tag,
+            keys=tuple(keys),
+            properties=dict(properties or {}),
+            message_group=message_group,
+            deliver_at=deliver_at,
+        )
+    if out.message_group is not None and out.deliver_at is not None:
+        # A v2 message is FIFO or DELAY, not both (RocketMQ's clients refuse it the same way).
+        raise ValueError("a message with a message_group cannot also have a delay or deliver_at")
+    return out
 
 
 def to_v2(topic: str, message: Message, message_id: str, *, namespace: str = "", now: float) -> v2.Message:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
-from rich.console import Console
 from rich.table import Table
 
 from sdk import errors
@@ -29,9 +28,11 @@ from sdk.commands import (
     NON_NEGATIVE_INT,
     POSITIVE,
     POSITIVE_FLOAT,
+    IdleWait,
     Sub,
     client_options,
     connection,
+    error_console,
     print_table,
 )
 from sdk.message import Message
@@ -88,10 +89,10 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
     for text in args.broker or args.default_brokers:
         name, sep, target = text.partition("=")
         if not sep or ":" not in target:
-            raise SystemExit(f"--broker {text!r}: expected NAME=HOST:PORT")
+            raise ValueError(f"--broker {text!r}: expected NAME=HOST:PORT")
         out.append(Broker(name, target))
     if not out:
-        raise SystemExit("give at least one --broker NAME=HOST:PORT (as printed by `popgate up`)")
+        raise ValueError("give at least one --broker NAME=HOST:PORT (as printed by `popgate up`)")
     return out
 
 
@@ -136,7 +137,7 @@ def lag_rows(responses: dict[str, bpb.StatsResponse]) -> dict[tuple[str, str], L
 
 
 def _err(text: str) -> None:
-    Console(stderr=True, highlight=False, markup=False, emoji=False).print(text)
+    error_console().print(text)
 
 
 def _name_column(table: Table, name: str) -> None:
@@ -230,11 +231,12 @@ def dlq_list_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def resent(message: Message) -> tuple[str, Message]:
-    """The original topic and the message to send there (DLQ bookkeeping properties removed)."""
+def resent(message: Message) -> tuple[str, Message] | None:
+    """The original topic and the message to send there (DLQ bookkeeping properties removed);
+    None when the dead letter does not name its original topic (it cannot be re-sent)."""
     origin = message.properties.get("ORIGIN_TOPIC", "")
     if not origin:
-        raise errors.BadRequest(f"dead letter {message.message_id} has no ORIGIN_TOPIC property")
+        return None
     properties = {k: v for k, v in message.properties.items() if k not in DLQ_PROPS}
     return origin, Message(message.body, tag=message.tag, keys=message.keys, properties=properties)
 
@@ -243,25 +245,32 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
     topic = DLQ_PREFIX + args.group
     counts: dict[str, int] = defaultdict(int)
     options = connection(args)
+    skipped: list[str] = []
     code = 0
     try:
         with (
             SimpleConsumer(args.endpoint, args.resend_group, {topic: "*"}, **options) as consumer,
             Producer(args.endpoint, **options) as producer,
         ):
-            idle_until = time.monotonic() + args.wait
+            idle = IdleWait(args.wait)
             total = 0
-            while (args.count == 0 or total < args.count) and (left := idle_until - time.monotonic()) > 0:
+            while (args.count == 0 or total < args.count) and (wait := idle.next()) is not None:
                 want = 32 if args.count == 0 else min(32, args.count - total)
-                batch = consumer.receive(max=want, wait=min(left, 1.0))
+                batch = consumer.receive(max=want, wait=wait)
                 if not batch:
                     continue
-                idle_until = time.monotonic() + args.wait
+                idle.received()
+                done = []
                 for message in batch:
-                    origin, copy = resent(message)
-                    producer.send(origin, copy)
-                    counts[origin] += 1
-                consumer.ack_many(batch)
+                    plan = resent(message)
+                    if plan is None:  # left in the DLQ (not acked): it shows again in `dlq list`
+                        skipped.append(message.message_id)
+                        continue
+                    producer.send(*plan)
+                    counts[plan[0]] += 1
+                    done.append(message)
+                if done:
+                    consumer.ack_many(done)
                 total += len(batch)
     except errors.PopgateError as exc:
         _err(f"popgate dlq resend: {exc}")
@@ -270,4 +279,8 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
         code = 130
     where = ", ".join(f"{n} to {t}" for t, n in sorted(counts.items())) or "nothing to resend"
     print(f"resent {sum(counts.values())} message(s) from {topic}: {where}{' (interrupted)' if code else ''}")
+    if skipped:
+        ids = ", ".join(skipped)
+        _err(f"popgate dlq resend: {len(skipped)} dead letter(s) without ORIGIN_TOPIC left in {topic}: {ids}")
+        code = code or 1
     return code

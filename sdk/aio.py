@@ -21,7 +21,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import SEND_WINDOW, ClientBase, ConsumerBase, ProducerBase
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -141,7 +141,7 @@ class Producer(ProducerBase, _AsyncClient):
         )
         if len(requests) == 1:
             return await self._send(topic, requests[0])
-        window = asyncio.Semaphore(SEND_WINDOW)
+        window = asyncio.Semaphore(send_window(requests))
 
         async def one(request: pb.SendMessageRequest) -> list[SendReceipt]:
             async with window:

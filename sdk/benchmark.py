@@ -11,12 +11,21 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from sdk import aio, errors
-from sdk.commands import NON_NEGATIVE_INT, POSITIVE, Sub, client_options, connection, number, print_table, progress
+from sdk.commands import (
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    Sub,
+    client_options,
+    connection,
+    error_console,
+    number,
+    print_table,
+    progress,
+)
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
 
@@ -168,7 +177,7 @@ def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+    err = error_console()
     phases: list[Phase] = []
     code = 0
     with progress(err) as bar:

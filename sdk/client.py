@@ -16,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import SEND_WINDOW, ClientBase, ConsumerBase, ProducerBase
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -164,32 +164,32 @@ class Producer(ProducerBase, _SyncClient):
         if len(requests) == 1:
             return self._send(topic, requests[0])
         out: list[SendReceipt] = []
+        in_flight = send_window(requests)
         window: deque[tuple[pb.SendMessageRequest, Any]] = deque()
         for request in requests:
             future = self._stub.SendMessage.future(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
             window.append((request, future))
-            if len(window) >= SEND_WINDOW:
-                out += self._finish(topic, *window.popleft())
+            if len(window) >= in_flight:
+                out += self._send(topic, *window.popleft())
         while window:
-            out += self._finish(topic, *window.popleft())
+            out += self._send(topic, *window.popleft())
         return out
 
-    def _finish(self, topic: str, request: pb.SendMessageRequest, future: Any) -> list[SendReceipt]:
-        try:
-            return _wire.send_receipts(topic, request, future.result())
-        except grpc.RpcError as exc:
-            error: errors.PopgateError = convert(exc)
-        except errors.PopgateError as exc:
-            error = exc
-        if not error.retriable:
-            raise error
-        return self._send(topic, request)  # the same message ids again: consumers can de-duplicate
+    def _send(self, topic: str, request: pb.SendMessageRequest, sent: Any = None) -> list[SendReceipt]:
+        """One SendMessage with the retry policy. ``sent``: the call's future when it is already on its way;
+        its outcome is the first attempt. A retry re-sends the same message ids: consumers can de-duplicate."""
 
-    def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
         def op() -> list[SendReceipt]:
-            response = self._stub.SendMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
+            nonlocal sent
+            if sent is None:
+                response = self._stub.SendMessage(
+                    request, timeout=self.options.request_timeout, metadata=self._metadata()
+                )
+            else:
+                future, sent = sent, None
+                response = future.result()
             return _wire.send_receipts(topic, request, response)
 
         return self._retrying(op)

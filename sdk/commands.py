@@ -178,12 +178,38 @@ def paced(total: int, batch: int, rate: float) -> Iterator[int]:
         sent += n
 
 
+def error_console() -> Console:
+    """stderr for the commands: plain text, never wrapped (an error is one line, also in a pipe or a log)."""
+    return Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+class IdleWait:
+    """How long each receive of a command waits: until ``wait`` seconds pass with nothing received,
+    restarted by every batch; always at least one poll (``--wait 0`` polls once without waiting)."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+        self.until = time.monotonic() + wait
+        self.polled = False
+
+    def next(self) -> float | None:
+        """The next receive's wait in seconds (at most 1 s, so Ctrl-C is prompt), or None: stop."""
+        left = self.until - time.monotonic()
+        if left <= 0 and self.polled:
+            return None
+        self.polled = True
+        return min(max(left, 0.0), 1.0)
+
+    def received(self) -> None:
+        self.until = time.monotonic() + self.wait
+
+
 def _plural(n: int, word: str = "message") -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def send_command(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+    err = error_console()
     body = _body(args)
     options = {
         "tag": args.tag,
@@ -254,7 +280,7 @@ def _write(batch: list[Message], fmt: str) -> None:
 
 
 def receive_command(args: argparse.Namespace) -> int:
-    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+    err = error_console()
     consumer = SimpleConsumer(
         args.endpoint,
         args.group,
@@ -266,13 +292,13 @@ def receive_command(args: argparse.Namespace) -> int:
     got = acked = code = 0
     try:
         with consumer:
-            idle_until = time.monotonic() + args.wait
-            while (args.count == 0 or got < args.count) and (left := idle_until - time.monotonic()) > 0:
+            idle = IdleWait(args.wait)
+            while (args.count == 0 or got < args.count) and (wait := idle.next()) is not None:
                 want = args.batch if args.count == 0 else min(args.batch, args.count - got)
-                batch = consumer.receive(max=want, wait=min(left, 1.0))
+                batch = consumer.receive(max=want, wait=wait)
                 if not batch:
                     continue
-                idle_until = time.monotonic() + args.wait
+                idle.received()
                 _write(batch, args.format)
                 got += len(batch)
                 if not args.no_ack:

@@ -20,7 +20,7 @@ class RetryPolicy:
             so many clients failing together do not retry together.
     """
 
-    max_attempts: int = 5
+    max_attempts: int = 8  # 7 delays, 50 ms doubling to 2 s: 2.6-5.2 s in all, enough for a proxy restart
     initial_backoff: float = 0.05
     max_backoff: float = 2.0
     multiplier: float = 2.0

@@ -1,0 +1,42 @@
+"""Pieces of the `popgate` commands that need no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdk import Message
+from sdk.admin import resent
+from sdk.cli import main
+from sdk.commands import IdleWait, error_console
+
+
+def test_wait_zero_still_polls_once() -> None:
+    idle = IdleWait(0.0)
+    assert idle.next() == 0.0
+    assert idle.next() is None
+
+
+def test_each_batch_restarts_the_idle_wait() -> None:
+    idle = IdleWait(5.0)
+    first = idle.next()
+    assert first is not None and 0.9 < first <= 1.0  # one receive waits at most 1 s: Ctrl-C stays prompt
+    idle.received()
+    assert idle.next() is not None
+
+
+@pytest.mark.parametrize("argv", [["stats", "--broker", "no-equals-sign"], ["stats"]])
+def test_a_bad_or_missing_broker_is_bad_input(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("popgate stats: ") and err.count("\n") == 1
+
+
+def test_a_dead_letter_without_its_origin_is_not_resent() -> None:
+    assert resent(Message(b"x", message_id="m1", properties={"note": "hand-made"})) is None
+    topic, copy = resent(Message(b"x", message_id="m2", properties={"ORIGIN_TOPIC": "orders", "k": "v"})) or ("", None)
+    assert topic == "orders" and copy is not None and copy.properties == {"k": "v"}
+
+
+def test_an_error_stays_one_line_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    error_console().print("popgate send: " + "the proxy at 127.0.0.1:1 is unreachable " * 8)
+    assert capsys.readouterr().err.count("\n") == 1

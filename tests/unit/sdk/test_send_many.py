@@ -1,0 +1,114 @@
+"""Producer.send_many's calls in flight, its retries and the options it refuses (no server: a fake stub)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from typing import Any
+
+import grpc
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import Producer, Unavailable, _wire, aio
+from sdk.retry import NO_RETRY
+from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
+
+MANY = 1500  # two SendMessage calls (1024 messages each at most)
+
+
+def answer(request: pb.SendMessageRequest) -> pb.SendMessageResponse:
+    return pb.SendMessageResponse(
+        status=v2.Status(code=v2.OK),
+        entries=[
+            pb.SendResultEntry(status=v2.Status(code=v2.OK), message_id=m.system_properties.message_id)
+            for m in request.messages
+        ],
+    )
+
+
+class SendStub:
+    """SendMessage as the sync client calls it (`future` for send_many's window, a plain call for retries)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.events: list[str] = []
+
+    def __call__(self, request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
+        self.events.append("call")
+        if self.fail:
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+        return answer(request)
+
+    def future(self, request: pb.SendMessageRequest, **_: Any) -> Any:
+        n = sum(e.startswith("sent") for e in self.events)
+        self.events.append(f"sent {n}")
+        stub = self
+
+        class Call(Future):  # type: ignore[type-arg]
+            def result(self, timeout: float | None = None) -> Any:
+                stub.events.append(f"read {n}")
+                if stub.fail:
+                    raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+                return answer(request)
+
+        return Call()
+
+
+def producer_with(stub: SendStub, **kw: Any) -> Producer:
+    producer = Producer("127.0.0.1:1", **kw)
+    producer._stub = type("Stub", (), {"SendMessage": stub})()  # type: ignore[assignment]
+    return producer
+
+
+def test_a_message_groups_batches_are_sent_one_after_another() -> None:
+    stub = SendStub()
+    with producer_with(stub) as producer:
+        receipts = producer.send_many("t", [b"x"] * MANY, message_group="customer-7")
+    assert len(receipts) == MANY
+    assert stub.events == ["sent 0", "read 0", "sent 1", "read 1"]
+
+
+def test_without_a_message_group_several_batches_are_in_flight() -> None:
+    stub = SendStub()
+    with producer_with(stub) as producer:
+        producer.send_many("t", [b"x"] * MANY)
+    assert stub.events == ["sent 0", "sent 1", "read 0", "read 1"]
+
+
+def test_a_failed_batch_in_the_window_counts_as_the_first_attempt() -> None:
+    stub = SendStub(fail=True)
+    with producer_with(stub, retry=NO_RETRY) as producer, pytest.raises(Unavailable):
+        producer.send_many("t", [b"x"] * MANY, message_group="g")
+    assert stub.events == ["sent 0", "read 0"]  # NO_RETRY: no second call
+
+
+def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None:
+    in_flight, most = 0, 0
+
+    async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return answer(request)
+
+    async def main() -> None:
+        producer = aio.Producer("127.0.0.1:1")
+        producer._channel = FakeChannel()  # type: ignore[assignment]
+        producer._stub_ = type("Stub", (), {"SendMessage": staticmethod(send)})()
+        async with producer:
+            await producer.send_many("t", [b"x"] * (4 * 1024 + 1), message_group="g")
+
+    asyncio.run(main())
+    assert most == 1
+
+
+@pytest.mark.parametrize("option", [{"delay": 5.0}, {"deliver_at": 2e9}])
+def test_a_fifo_message_cannot_also_be_scheduled(option: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="message_group"):
+        _wire.outgoing(b"x", message_group="g", **option)
+    with Producer("127.0.0.1:1") as producer, pytest.raises(ValueError, match="message_group"):
+        producer.send("t", b"x", message_group="g", **option)
