@@ -100,7 +100,7 @@ class Settings:
     broker_timeout_s: float = 3.0
     max_held_receives: int = 10_000  # receives in progress; more are TOO_MANY_REQUESTS
     max_send_bytes: int = 256 * 1024 * 1024  # bytes of sends in flight to brokers; more are TOO_MANY_REQUESTS
-    send_chunk_bytes: int = 8 * 1024 * 1024  # body bytes per broker Send (below the broker's gRPC limit)
+    send_chunk_bytes: int = 8 * 1024 * 1024  # encoded bytes per broker Send (below the broker's gRPC limit)
     health_interval_s: float = 1.0
     health_timeout_s: float = 0.5
     shutdown_grace_s: float = 5.0

@@ -91,11 +91,11 @@ def test_send_does_not_fail_over_on_a_bad_request() -> None:
     assert brokers["b2"].sent == []
 
 
-def test_large_batches_are_split_into_broker_sends_under_the_byte_budget() -> None:
+def broker_sends(batch: list[bpb.Message], budget: int) -> list[int]:
+    """How many messages each broker Send carries when the proxy sends `batch` with this budget."""
     brokers = {"b1": FakeBroker("b1")}
     pool = BrokerPool(brokers, first_turn=0)
-    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), send_chunk_bytes=10)
-    batch = [bpb.Message(topic="t", message_id=f"m{i}", body=b"x" * 4) for i in range(7)]
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), send_chunk_bytes=budget)
     sent_calls: list[int] = []
     original = brokers["b1"].send
 
@@ -105,8 +105,21 @@ def test_large_batches_are_split_into_broker_sends_under_the_byte_budget() -> No
 
     brokers["b1"].send = counting  # type: ignore[method-assign]
     results = run(proxy.send(batch))
-    assert [r.message_id for r in results] == [f"m{i}" for i in range(7)]
-    assert sent_calls == [2, 2, 2, 1]
+    assert [r.message_id for r in results] == [m.message_id for m in batch]
+    return sent_calls
+
+
+def test_large_batches_are_split_into_broker_sends_under_the_byte_budget() -> None:
+    batch = [bpb.Message(topic="t", message_id=f"m{i}", body=b"x" * 4) for i in range(7)]
+    two = 2 * (batch[0].ByteSize() + 8)
+    assert broker_sends(batch, two) == [2, 2, 2, 1]
+
+
+def test_the_budget_counts_properties_not_only_bodies() -> None:
+    # ~16 KB of properties and a 1-byte body each: by bodies alone all 8 would go in one 64 KiB Send
+    props = {f"k{j}": "v" * 1000 for j in range(16)}
+    batch = [bpb.Message(topic="t", message_id=f"m{i}", body=b"x", properties=props) for i in range(8)]
+    assert broker_sends(batch, 64 * 1024) == [4, 4]
 
 
 def test_send_and_receive_go_on_to_a_broker_that_has_the_topic() -> None:
