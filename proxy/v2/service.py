@@ -133,18 +133,22 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[pb.ReceiveMessageResponse]:
         started = time.perf_counter()
         code: int = v2.OK
+        outcome = ""  # set when the call ends without a status of ours
         try:
             access.check(self._auth, context.invocation_metadata(), request)
             async for frame in receive.receive_message(self._call(context), request):
                 if frame.HasField("status"):
                     code = frame.status.code
                 yield frame
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away (or its deadline passed)
+            outcome = "CANCELLED"
+            raise
         except Exception as exc:
             status = _status(exc)
             code = status.code
             yield pb.ReceiveMessageResponse(status=status)
         finally:
-            self._metrics.rpc("ReceiveMessage", name_of(code), time.perf_counter() - started)
+            self._metrics.rpc("ReceiveMessage", outcome or name_of(code), time.perf_counter() - started)
 
     async def Telemetry(
         self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any

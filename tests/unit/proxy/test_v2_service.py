@@ -1,0 +1,59 @@
+"""The v2 servicer's own bookkeeping, driven without a gRPC server (its handlers are plain coroutines)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+from prometheus_client import CollectorRegistry
+
+from proxy.core import Proxy
+from proxy.metrics import ProxyMetrics
+from proxy.notify_driver import NotifyStrategy
+from proxy.routing import BrokerPool
+from proxy.settings import BrokerAddress, Settings
+from proxy.v2.context import endpoints_for
+from proxy.v2.service import MessagingService
+from tests.unit.proxy.fakes import FakeBroker
+
+
+class Context:
+    """What the servicer reads of a grpc.aio context."""
+
+    def time_remaining(self) -> float:
+        return 10.0
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> None:
+    async def scenario() -> tuple[float | None, float | None]:
+        metrics = ProxyMetrics(CollectorRegistry())
+        pool = BrokerPool({n: FakeBroker(n) for n in ("b1", "b2")}, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+        service = MessagingService(
+            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+        )
+        request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
+        request.message_queue.topic.name = "t"
+        request.long_polling_timeout.seconds = 5
+
+        async def consume() -> None:
+            async for _ in service.ReceiveMessage(request, Context()):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.1)  # held: nothing to receive
+        task.cancel()  # what grpc.aio does when the client goes away
+        await asyncio.gather(task, return_exceptions=True)
+        sample = metrics.registry.get_sample_value
+        name = "popgate_proxy_rpc_duration_seconds_count"
+        return (
+            sample(name, {"method": "ReceiveMessage", "code": "OK"}),
+            sample(name, {"method": "ReceiveMessage", "code": "CANCELLED"}),
+        )
+
+    ok, cancelled = asyncio.run(scenario())
+    assert (ok, cancelled) == (None, 1.0)
