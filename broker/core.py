@@ -53,6 +53,17 @@ log = logging.getLogger(__name__)
 MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered under `latest`
 
 
+def _row(op: Op) -> tuple[object, ...]:
+    """The stored row an op writes (ops on one row supersede each other)."""
+    if isinstance(op, PutInflight | DeleteInflight):
+        return ("inflight", op.group, op.topic, op.queue_id, op.offset)
+    if isinstance(op, SetPullOffset):
+        return ("pull", op.group, op.topic, op.queue_id)
+    if isinstance(op, SetGroupFilter):
+        return ("filter", op.group, op.topic)
+    return (type(op).__name__, *op)
+
+
 class BrokerCore:
     def __init__(self, settings: BrokerSettings, store: Store) -> None:
         self.settings = settings
@@ -73,6 +84,7 @@ class BrokerCore:
             max_attempts=settings.max_delivery_attempts,
         )
         self._degraded = False  # the store refuses writes: consumer state lives in memory only
+        self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
         self._looked_early: OrderedDict[tuple[str, str], None] = OrderedDict()  # see _reader
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
@@ -183,7 +195,7 @@ class BrokerCore:
             picks.extend((q, o, 1) for q, o in self._take_new(state, topic, want - len(picks), ops))
         if not picks:
             if ops:
-                await self._record(self.store.submit([], ops))
+                await self._record(self._commit(ops))
             return []
         assert topic is not None
         deliveries = []
@@ -195,9 +207,13 @@ class BrokerCore:
             )
             deliveries.append((queue_id, offset, delivery))
         self.redelivery.schedule(state)
-        committed = self.store.submit([], ops)
-        payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
-        await self._record(committed)
+        committed = self._commit(ops)
+        try:
+            payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
+            await self._record(committed)
+        except BaseException:  # cancelled (the caller went away) or the read failed: nobody receives them
+            self._undo(state, deliveries)
+            raise
         deliveries = self._fit(state, deliveries, payloads)
         key = (state.topic, state.group)
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
@@ -229,7 +245,7 @@ class BrokerCore:
             undone = Delivery(d.attempt - 1, tokens.getrandbits(48), now)
             state.deliver(queue_id, offset, undone)
             ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
-        self.store.submit([], ops).add_done_callback(self._recorded)
+        self._commit(ops)
         self.redelivery.schedule(state)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
@@ -344,25 +360,55 @@ class BrokerCore:
                 out[(queue_id, offset)] = found[offset]
         return out
 
+    def _commit(self, ops: list[Op]) -> asyncio.Future[list[Record]]:
+        """Submit consumer-state ops (deliveries, acks, offsets, filters). Rows an earlier commit failed
+        to write (the store refused writes for a while) go along, as they are in memory now: otherwise
+        a later pull offset could be stored without the deliveries below it, and after a restart those
+        messages would count as acked. A row the new ops write is theirs (they are its latest state)."""
+        if self._unrecorded:
+            fresh = {_row(op) for op in ops}
+            redo = [self._as_now(op) for row, op in self._unrecorded.items() if row not in fresh]
+            ops = [op for op in redo if op is not None] + ops
+            self._unrecorded.clear()
+        committed = self.store.submit([], ops)
+        committed.add_done_callback(functools.partial(self._recorded, ops))
+        return committed
+
+    def _as_now(self, op: Op) -> Op | None:
+        """The op that writes `op`'s row as memory has it now (None: nothing to write any more)."""
+        if isinstance(op, PutInflight | DeleteInflight | SetPullOffset | SetGroupFilter):
+            state = self.groups.get((op.group, op.topic))
+            if state is None:
+                return None
+            if isinstance(op, SetGroupFilter):
+                return SetGroupFilter(op.group, op.topic, str(state.filter))
+            queue = state.queues.get(op.queue_id)
+            if queue is None:
+                return None
+            if isinstance(op, SetPullOffset):
+                return SetPullOffset(op.group, op.topic, op.queue_id, queue.pull_offset)
+            d = queue.inflight.get(op.offset)
+            if d is None:
+                return DeleteInflight(op.group, op.topic, op.queue_id, op.offset)
+            return PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)
+        return op  # the others are idempotent as they are
+
     async def _record(self, committed: asyncio.Future[list[Record]]) -> None:
-        """A commit of consumer state (deliveries, acks, offsets, filters). With ``--flush sync`` the
-        caller waits for it; with ``async`` it is answered at once and the commit follows (as
-        RocketMQ's pop buffer does): a kill -9 in between loses that state change, so the message is
-        delivered again (at least once). Sends always wait: a message is never accepted without its
-        commit. When the store refuses writes (disk full, read-only), consumption goes on from
-        memory in the same way."""
+        """Wait for a consumer-state commit when ``--flush sync`` asks for it. With ``async`` the caller is
+        answered at once and the commit follows (as RocketMQ's pop buffer does): a kill -9 in between
+        loses that state change, so the message is delivered again (at least once). Sends always wait: a
+        message is never accepted without its commit. When the store refuses writes (disk full,
+        read-only), consumption goes on from memory in the same way, and the rows are written with the
+        first commit that succeeds (`_commit`)."""
         if self.settings.flush == "sync":
             with contextlib.suppress(StoreUnavailable):
-                await committed
-        if committed.done():
-            self._recorded(committed)
-        else:
-            committed.add_done_callback(self._recorded)
+                await asyncio.shield(committed)
 
-    def _recorded(self, committed: asyncio.Future[list[Record]]) -> None:
-        if committed.cancelled():
-            return
-        exc = committed.exception()
+    def _recorded(self, ops: list[Op], committed: asyncio.Future[list[Record]]) -> None:
+        exc = None if committed.cancelled() else committed.exception()
+        if committed.cancelled() or exc is not None:
+            for op in ops:
+                self._unrecorded[_row(op)] = op
         if isinstance(exc, StoreUnavailable):
             if not self._degraded:
                 log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
@@ -404,7 +450,7 @@ class BrokerCore:
             ops.append(DeleteInflight(group, handle.topic, handle.queue_id, handle.offset))
             results.append(None)
         if ops:
-            await self._record(self.store.submit([], ops))
+            await self._record(self._commit(ops))
         return results
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
@@ -421,7 +467,7 @@ class BrokerCore:
         op = PutInflight(
             group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
-        await self._record(self.store.submit([], [op]))
+        await self._record(self._commit([op]))
         new = encode_handle(
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
@@ -440,7 +486,7 @@ class BrokerCore:
         ops: list[Op] = []
         state = self._reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:
-            await self._record(self.store.submit([], ops))
+            await self._record(self._commit(ops))
         if state is not None and self._has_ready(state, tag_filter):
             return True, False
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
@@ -468,7 +514,7 @@ class BrokerCore:
                 ops: list[Op] = []
                 state = self._reader(group, topic, MATCH_ALL, ops, pop_filter=False)
                 if ops:
-                    self.store.submit([], ops).add_done_callback(self._recorded)
+                    self._commit(ops)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ
                 self.hold.wake_ready((topic, group), functools.partial(self._has_ready, state))
 

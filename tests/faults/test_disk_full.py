@@ -80,3 +80,30 @@ def test_full_disk_refuses_writes_keeps_reads_and_corrupts_nothing(make_broker: 
         conn.close()
     assert sorted(stored_ids(broker)) == sorted(acked)
     print(f"disk full: {refused} sends refused, {len(acked)} acknowledged intact, integrity ok")
+
+
+def test_messages_popped_while_the_disk_was_full_come_back_after_a_restart(make_broker: object) -> None:
+    """Their delivery records could not be written; the next commit that succeeds writes them along with its
+    own (a later pull offset stored without them would make those messages count as acked after a restart)."""
+    broker: BrokerHandle = make_broker("b1", "--flush", "sync")  # type: ignore[operator]
+    sent = send(broker, 16, "m")
+    pop = pb.PopRequest(topic=TOPIC, group="g", filter="*", max_messages=8, invisible_ms=2000)
+    assert broker.proc.proc is not None
+    pid = broker.proc.proc.pid
+    _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, hard))
+    try:
+        during = broker.stub.Pop(pop, timeout=10).messages  # answered from memory
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
+    after = broker.stub.Pop(pop, timeout=10).messages  # --flush sync: committed before this answer
+    assert len(during) == len(after) == 8
+    broker.restart(kill=True)
+    # Nothing was acked: every message is delivered again once its invisible time has passed.
+    again: set[str] = set()
+    redeliver = pb.PopRequest(topic=TOPIC, group="g", filter="*", max_messages=32, invisible_ms=60000, poll_ms=2000)
+    for _ in range(10):
+        again |= {m.stored.message.message_id for m in broker.stub.Pop(redeliver, timeout=10).messages}
+        if len(again) == len(sent):
+            break
+    assert sorted(again) == sorted(sent)

@@ -177,3 +177,23 @@ def test_a_latest_group_waiting_before_its_topic_exists_gets_the_first_message(t
             assert [pb.Message.FromString(p.payload).body for p in after.messages] == [b"first"]
 
     run(scenario)
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_pop_cancelled_while_it_reads_its_messages_leaves_them_ready(tmp_path: Path, flush: str) -> None:
+    """Reserved messages are put back (same attempt count) when the Pop is cancelled before it answers,
+    not hidden for their invisible time and pushed towards the dead-letter queue."""
+
+    async def scenario() -> None:
+        async with broker(tmp_path, flush=flush, cache_bytes=1) as (core, _):  # payloads come from the store
+            await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(4)])
+            for _ in range(5):
+                pop = asyncio.ensure_future(core.pop("t", "g", "*", 4, 60_000, 0))
+                await asyncio.sleep(0)  # it has reserved its messages and waits for their payloads
+                pop.cancel()
+                await asyncio.gather(pop, return_exceptions=True)
+            popped = await core.pop("t", "g", "*", 32, 60_000, 0)
+            assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [b"0", b"1", b"2", b"3"]
+            assert {p.attempt for p in popped.messages} == {1}
+
+    run(scenario)
