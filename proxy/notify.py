@@ -146,6 +146,9 @@ class NotifyRun:
             self.full.add(broker)
         if self.phase is Phase.FIRST_POP:
             return self._notify_all(now)
+        if self.phase is Phase.LONGPOLL and polling_full:  # not held: an empty answer would make the client spin
+            full = TooManyRequests(f"broker {broker} holds too many long polls; retry shortly")
+            return self._finish([], "error", full)
         if self.phase in (Phase.DRAINING, Phase.LONGPOLL):
             return self._finish([], "empty")
         # Lost the race for what the broker announced: watch that broker again (or hand off when busy).
@@ -197,7 +200,9 @@ class NotifyRun:
         self.failed.add(broker)
         if self.phase is Phase.FIRST_POP:
             return self._notify_all(now)
-        if self.phase in (Phase.DRAINING, Phase.LONGPOLL):
+        if self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
+            return self._finish([], "error", error)
+        if self.phase is Phase.DRAINING:
             return self._finish([], "empty")
         return [*self._next_pop(), *self._maybe_exhausted()]
 

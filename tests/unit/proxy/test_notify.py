@@ -232,3 +232,19 @@ def test_a_broker_whose_announcements_no_pop_can_serve_stops_being_watched() -> 
         assert run.notified("b2", has_message=True, polling_full=False, now=0.1 * i) == [Pop("b2")]
         cmds = run.popped("b2", [], polling_full=False, now=0.1 * i)
     assert cmds == [] and "b2" in run.dropped and run.outstanding == ["b1", "b3"]
+
+
+def test_a_held_pop_the_broker_could_not_hold_is_too_many_requests_not_an_instant_empty() -> None:
+    run = NotifyRun(("b1",), 5.0)
+    run.start()
+    assert run.popped("b1", [], polling_full=False, now=1.0) == [Pop("b1", 4000)]
+    done = finish(run.popped("b1", [], polling_full=True, now=1.001))
+    assert isinstance(done.error, TooManyRequests)  # the client backs off instead of polling again at once
+
+
+def test_a_held_pop_that_fails_answers_its_error() -> None:
+    run = NotifyRun(("b1",), 5.0)
+    run.start()
+    run.popped("b1", [], polling_full=False, now=1.0)
+    done = finish(run.failed_call("b1", TooManyRequests("session busy"), now=1.001))
+    assert done.outcome == "error" and isinstance(done.error, TooManyRequests)
