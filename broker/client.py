@@ -43,8 +43,10 @@ class BrokerSession:
         self._stub = stub
         self._ids = itertools.count(1)
         self._pending: dict[int, Answer] = {}
-        self._outbox: asyncio.Queue[pb.SessionRequest | None] = asyncio.Queue()
-        self._unwritten: set[int] = set()  # submitted, still in the outbox
+        # Ids of requests to write (their bodies wait in `_unwritten`, so that a cancel frees a body at once,
+        # even while a stalled broker keeps the writer from reaching it), cancel frames, None to end.
+        self._outbox: asyncio.Queue[int | pb.SessionRequest | None] = asyncio.Queue()
+        self._unwritten: dict[int, pb.SessionRequest] = {}
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._broken: grpc.aio.AioRpcError | None = None
@@ -89,8 +91,8 @@ class BrokerSession:
             raise self._broken
         request_id = request.id = next(self._ids)
         self._pending[request_id] = answer
-        self._unwritten.add(request_id)
-        self._outbox.put_nowait(request)
+        self._unwritten[request_id] = request
+        self._outbox.put_nowait(request_id)
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -98,9 +100,7 @@ class BrokerSession:
         drop it too (a cancel frame; a Pop it had answered already is released by the broker)."""
         if self._pending.pop(request_id, None) is None or self._broken is not None:
             return
-        if request_id in self._unwritten:
-            self._unwritten.discard(request_id)  # `_write` skips it
-        else:
+        if self._unwritten.pop(request_id, None) is None:  # else never written: `_write` skips its id
             self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
 
     async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
@@ -129,15 +129,13 @@ class BrokerSession:
 
     async def _write(self) -> None:
         while True:
-            request = await self._outbox.get()
-            if request is None:
+            item = await self._outbox.get()
+            if item is None:
                 await self._call.done_writing()
                 return
-            if not request.cancel:
-                if request.id not in self._unwritten:
-                    continue  # cancelled before it was written
-                self._unwritten.discard(request.id)
-            await self._call.write(request)
+            request = self._unwritten.pop(item, None) if isinstance(item, int) else item
+            if request is not None:  # None: cancelled before it was written
+                await self._call.write(request)
 
     async def _read(self) -> None:
         error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")
@@ -150,6 +148,7 @@ class BrokerSession:
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
         finally:
             self._broken = error
+            self._unwritten.clear()
             pending, self._pending = self._pending, {}
             for answer in pending.values():
                 _deliver(answer, error)

@@ -1,0 +1,66 @@
+"""The proxy's side of a broker Session stream (broker.client.BrokerSession) over a stalled fake call."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+from typing import Any
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.client import BrokerSession
+
+
+class StalledCall:
+    """A Session call whose broker stopped reading: the first write never completes, nothing is answered."""
+
+    def __init__(self) -> None:
+        self.written: list[pb.SessionRequest] = []
+        self._never = asyncio.Event()
+
+    async def write(self, request: pb.SessionRequest) -> None:
+        self.written.append(request)
+        await self._never.wait()
+
+    async def done_writing(self) -> None:
+        return None
+
+    def __aiter__(self) -> Any:
+        return self
+
+    async def __anext__(self) -> pb.SessionResponse:
+        await self._never.wait()
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        return None
+
+
+def rss() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_cancelled_requests_behind_a_stalled_write_free_their_bodies() -> None:
+    async def scenario() -> int:
+        call = StalledCall()
+        session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+        session.open()
+        body = b"x" * (1 << 20)
+        first = session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
+        await asyncio.sleep(0.01)  # the writer is stuck in the first write
+        before = rss()
+        ids = [
+            session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
+            for _ in range(32)
+        ]
+        for request_id in [first, *ids]:
+            session.cancel(request_id)  # a Send that timed out: the proxy takes new ones in
+        gc.collect()
+        held = rss() - before
+        await session.close()
+        return held
+
+    held = asyncio.run(scenario())
+    assert held < 8 << 20  # 32 MiB of cancelled bodies are not kept for a writer that may never reach them
