@@ -103,6 +103,12 @@ class BrokerSession:
         if self._unwritten.pop(request_id, None) is None:  # else never written: `_write` skips its id
             self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
 
+    def release(self, request_id: int) -> None:
+        """A Pop answered whose messages nobody will receive (the answer crossed the receive's end): a cancel
+        frame all the same, on which the broker makes them ready again (attempt count unchanged)."""
+        if self._broken is None and request_id not in self._pending:
+            self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
+
     async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
         """`submit` and await the answer; an ``error`` body is raised as the unary RPC's error.
         Callers with a large body build it inside the SessionRequest, saving a copy."""

@@ -73,6 +73,18 @@ SESSION_FIELDS = {
 }
 
 
+class BrokerCall(asyncio.Future):  # type: ignore[type-arg]
+    """The future `GrpcBrokerClient.begin` returns. It names its Session request, so that an answer nobody
+    used can be handed back to the broker (`GrpcBrokerClient.release`)."""
+
+    __slots__ = ("session", "request_id")
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.session: BrokerSession | None = None
+        self.request_id = 0
+
+
 class GrpcBrokerClient:
     def __init__(self, address: BrokerAddress, *, metrics: Metrics | None = None, token: str = "") -> None:
         self._address = address
@@ -153,13 +165,14 @@ class GrpcBrokerClient:
         future cancels the broker request (a cancel frame). No task per request: a held receive
         over N brokers costs N of these, so they are a future, a timer and a callback each."""
         loop = asyncio.get_running_loop()
-        result: asyncio.Future[Any] = loop.create_future()
+        result = BrokerCall(loop=loop)
         field = SESSION_FIELDS[method]
         if not isinstance(request, bpb.SessionRequest):
             request = bpb.SessionRequest(**{field: request})
         try:
             session = self._live_session()
             request_id = session.submit(request, functools.partial(self._answered, method, field, result))
+            result.session, result.request_id = session, request_id
         except grpc.aio.AioRpcError as exc:
             result.set_exception(self._failed(method, exc))
             return result
@@ -208,6 +221,11 @@ class GrpcBrokerClient:
 
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return self.begin("Pop", request, timeout_s=timeout_s)
+
+    def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
+        """`call` (from `begin_pop`) answered with messages nobody will receive: the broker puts them back."""
+        if isinstance(call, BrokerCall) and call.session is not None:
+            call.session.release(call.request_id)
 
     def begin_notification(
         self, request: bpb.NotificationRequest, *, timeout_s: float

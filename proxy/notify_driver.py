@@ -117,6 +117,11 @@ class _Run:
         elif kind == "pop":
             response = call.result()
             assert isinstance(response, bpb.PopResponse)
+            if response.messages and (self.machine.done or broker != self.machine.popping):
+                # Answered in the same turn as the run's end (deadline, client gone, shutdown): nobody will
+                # receive these, so the broker puts them back instead of hiding them for the invisible time.
+                self._client(broker).release(call)
+                return
             busy = not response.messages and self.busy(self.request.group)
             self.apply(
                 self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now, busy=busy)

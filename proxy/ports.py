@@ -40,6 +40,9 @@ class BrokerClient(Protocol):
     # request. A held receive waits on one per broker, so no task or coroutine per request.
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...
 
+    def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
+        """A `begin_pop` answered with messages nobody will receive: make them ready again at the broker."""
+
     def begin_notification(
         self, request: bpb.NotificationRequest, *, timeout_s: float
     ) -> asyncio.Future[bpb.NotificationResponse]: ...

@@ -144,10 +144,15 @@ class LongPollStrategy:
             if pop.poll_ms > 0 and len(tried) == 1:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
+            call = client.begin_pop(pop, timeout_s=timeout)
             try:
-                response = await self._close_watch.run(client.begin_pop(pop, timeout_s=timeout), closing)
-            except ShuttingDown:
-                return ReceiveResult([], "closing", tried)
+                response = await self._close_watch.run(call, closing)
+            except (asyncio.CancelledError, ShuttingDown) as exc:
+                if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
+                    client.release(call)  # answered as the client left or the proxy closed: nobody receives them
+                if isinstance(exc, ShuttingDown):
+                    return ReceiveResult([], "closing", tried)
+                raise
             except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
                 last = exc
                 continue

@@ -64,3 +64,39 @@ def test_cancelled_requests_behind_a_stalled_write_free_their_bodies() -> None:
 
     held = asyncio.run(scenario())
     assert held < 8 << 20  # 32 MiB of cancelled bodies are not kept for a writer that may never reach them
+
+
+class AnsweringCall(StalledCall):
+    """A Session call whose broker answers every request at once (an empty answer of the same id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: asyncio.Queue[pb.SessionResponse] = asyncio.Queue()
+
+    async def write(self, request: pb.SessionRequest) -> None:
+        self.written.append(request)
+        if not request.cancel:
+            self.answers.put_nowait(pb.SessionResponse(id=request.id))
+
+    async def __anext__(self) -> pb.SessionResponse:
+        return await self.answers.get()
+
+
+def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() -> None:
+    async def scenario() -> list[tuple[int, bool]]:
+        call = AnsweringCall()
+        session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+        session.open()
+        answered = asyncio.Event()
+        pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+        request_id = session.submit(pb.SessionRequest(pop=pop), lambda _: answered.set())
+        await asyncio.wait_for(answered.wait(), 5)
+        session.cancel(request_id)  # answered: a no-op
+        session.release(request_id)  # the broker puts the Pop's messages back on this frame
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await session.close()
+        return [(r.id, r.cancel) for r in call.written]
+
+    request_id = 1
+    assert asyncio.run(scenario()) == [(request_id, False), (request_id, True)]

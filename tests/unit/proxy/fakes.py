@@ -90,6 +90,10 @@ class FakeBroker:
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return asyncio.ensure_future(self.pop(request, timeout_s=timeout_s))
 
+    def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
+        """Messages popped that nobody received: ready again (as the broker does on a late cancel frame)."""
+        self.ready = [*call.result().messages, *self.ready]
+
     def begin_notification(
         self, request: bpb.NotificationRequest, *, timeout_s: float
     ) -> asyncio.Future[bpb.NotificationResponse]:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from popgate_pb import broker_pb2 as bpb
 from prometheus_client import CollectorRegistry
 
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
@@ -219,3 +220,67 @@ def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
         == 1
     )
     assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 4  # 3 notify runs + 1 long poll
+
+
+class AnswersAtTheDeadline(FakeBroker):
+    """A consume Pop whose answer (with the message) lands in the loop turn of the receive's hard deadline."""
+
+    deadline = 0.0
+
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bpb.PopResponse] = loop.create_future()
+        if request.poll_ms == 0 and not self.ready:
+            answer.set_result(bpb.PopResponse())
+            return answer
+        taken, self.ready = self.ready, []
+        loop.call_at(self.deadline - 1e-6, lambda: answer.done() or answer.set_result(bpb.PopResponse(messages=taken)))
+        return answer
+
+
+def test_a_pop_answer_that_crosses_the_receives_end_goes_back_to_its_broker() -> None:
+    async def scenario() -> tuple[ReceiveResult, list[str]]:
+        brokers = {n: AnswersAtTheDeadline(n) for n in ("b1", "b2")}
+        pool = BrokerPool(brokers, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+        receive = request(0.05)
+        for broker in brokers.values():
+            broker.deadline = receive.deadline
+        task = asyncio.ensure_future(proxy.receive(receive))
+        await held_becomes(brokers, 2)
+        brokers["b2"].put(popped("b2", "m1"))  # wakes b2's Notification: a consume Pop answered at the deadline
+        result = await task
+        return result, [m.stored.message.message_id for m in brokers["b2"].ready]
+
+    result, back = run(scenario())
+    assert ids(result) == ["m1"] or back == ["m1"]  # received, or ready again: never hidden for its invisible time
+
+
+class AnswersWhenTold(FakeBroker):
+    """A held Pop whose answer the test sets by hand (`answer`), once `asked` is set."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.asked = asyncio.Event()
+        self.answer: asyncio.Future[bpb.PopResponse] | None = None
+
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        self.answer = asyncio.get_running_loop().create_future()
+        self.asked.set()
+        return self.answer
+
+
+def test_a_long_poll_answered_as_its_client_leaves_gives_the_messages_back() -> None:
+    async def scenario() -> list[str]:
+        broker = AnswersWhenTold("b1")
+        pool = BrokerPool({"b1": broker}, first_turn=0)
+        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+        task = asyncio.ensure_future(proxy.receive(request(5.0)))
+        await asyncio.wait_for(broker.asked.wait(), 2)
+        assert broker.answer is not None
+        broker.answer.set_result(bpb.PopResponse(messages=[popped("b1", "m1")]))  # the held Pop answers ...
+        task.cancel()  # ... and the client goes away in the same loop turn
+        await asyncio.gather(task, return_exceptions=True)
+        return [m.stored.message.message_id for m in broker.ready]
+
+    assert run(scenario()) == ["m1"]
