@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
-
-CLEAR = "\x1b[H\x1b[2J"
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
 
 @dataclass
@@ -45,25 +48,32 @@ def summarize(stats: Mapping[str, bpb.StatsResponse | None], at: float) -> Sampl
     return sample
 
 
-def render(endpoint: str, now: Sample, before: Sample | None) -> str:
+def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
     elapsed = max(1e-6, now.at - before.at) if before else 0.0
     rate_in = (now.produced - before.produced) / elapsed if before else 0.0
     rate_out = (now.acked - before.acked) / elapsed if before else 0.0
-    lines = [
-        f"popgate  proxy {endpoint}   {time.strftime('%H:%M:%S')}   (Ctrl-C stops everything)",
-        "",
-        f"messages in/s {rate_in:10.1f}     acked out/s {rate_out:10.1f}",
-        "held polls    " + "  ".join(f"{b}={n}" for b, n in sorted(now.held.items())),
+    lines: list[RenderableType] = [
+        Text(f"popgate  proxy {endpoint}   {time.strftime('%H:%M:%S')}   (Ctrl-C stops everything)", style="bold"),
+        Text(""),
+        Text(f"messages in/s {rate_in:10.1f}     acked out/s {rate_out:10.1f}"),
+        Text("held polls    " + "  ".join(f"{b}={n}" for b, n in sorted(now.held.items()))),
     ]
     if now.down:
-        lines.append("DOWN          " + " ".join(sorted(now.down)))
-    lines += ["", f"{'topic':<24} {'group':<24} {'lag':>10} {'inflight':>10}"]
+        lines.append(Text("DOWN          " + " ".join(sorted(now.down)), style="bold red"))
+    lines.append(Text(""))
     ranked = sorted(now.lag.items(), key=lambda kv: -kv[1])[:15]
-    for (topic, group), lag in ranked:
-        lines.append(f"{topic[:24]:<24} {group[:24]:<24} {lag:>10} {now.inflight.get((topic, group), 0):>10}")
     if not ranked:
-        lines.append("(no consumer groups yet)")
-    return "\n".join(lines)
+        lines.append(Text("(no consumer groups yet)"))
+        return Group(*lines)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("topic", overflow="fold")
+    table.add_column("group", overflow="fold")
+    table.add_column("lag", justify="right")
+    table.add_column("inflight", justify="right")
+    for (topic, group), lag in ranked:
+        table.add_row(topic, group, str(lag), str(now.inflight.get((topic, group), 0)))
+    lines.append(table)
+    return Group(*lines)
 
 
 class LiveView:
@@ -82,16 +92,17 @@ class LiveView:
         return summarize(replies, time.monotonic())
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
+        console = Console(highlight=False, markup=False, emoji=False)
         before: Sample | None = None
         try:
-            while not stop.is_set():
-                now = self.poll()
-                try:
-                    print(CLEAR + render(self._endpoint, now, before), flush=True)
-                except OSError:  # the terminal is gone (EIO after a hang-up): stop, as SIGHUP does
-                    return
-                before = now
-                stop.wait(interval_s)
+            with Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as live:
+                while not stop.is_set():
+                    now = self.poll()
+                    live.update(render(self._endpoint, now, before), refresh=True)
+                    before = now
+                    stop.wait(interval_s)
+        except OSError:  # the terminal is gone (EIO after a hang-up): stop, as SIGHUP does
+            return
         finally:
             for channel in self._channels.values():
                 channel.close()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from popgate_pb import broker_pb2 as bpb
+from rich.console import Console
 
 from sdk.cli import build_parser
 from sdk.live import render, summarize
@@ -32,6 +34,23 @@ def test_live_view_rates_lag_held_polls_and_down_brokers() -> None:
     before = summarize({"b1": stats("b1", 100, 50, 0), "b2": stats("b2", 0, 0, 0)}, at=10.0)
     now = summarize({"b1": stats("b1", 300, 150, 2), "b2": None}, at=12.0)
     assert (now.produced, now.acked, now.lag[("t", "g")], now.held, now.down) == (300, 150, 150, {"b1": 2}, ["b2"])
-    screen = render("127.0.0.1:8081", now, before)
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    console.print(render("127.0.0.1:8081", now, before))
+    screen = console.file.getvalue()  # type: ignore[attr-defined]
     assert "messages in/s      100.0" in screen and "acked out/s       50.0" in screen
     assert "DOWN          b2" in screen and "b1=2" in screen
+
+
+def test_live_view_prints_long_names_whole() -> None:
+    topic, group = "orders-" + "x" * 40, "billing-" + "y" * 40
+    reply = bpb.StatsResponse(
+        broker="b1",
+        queues=[bpb.QueueStats(topic=topic, queue_id=0, max_offset=5)],
+        groups=[bpb.GroupQueueStats(topic=topic, group=group, consumer_offset=0, lag=5)],
+    )
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(render("127.0.0.1:8081", summarize({"b1": reply}, at=1.0), None))
+    screen = console.file.getvalue()  # type: ignore[attr-defined]
+    # folded onto two lines, nothing cut: every character of both names is on the screen
+    table = screen[screen.index("topic") :]
+    assert "orders-" in table and "billing-" in table and table.count("x") == 40 and table.count("y") == 40
