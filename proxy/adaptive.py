@@ -81,11 +81,15 @@ class AdaptivePolicy:
         self._width = self.settings.window_s / _BUCKETS
         self._rates: dict[str, _Rate] = {}
         self._in_progress: dict[str, int] = {}
+        self._starts = 0
 
     def start(self, group: str, *, now: float, live_brokers: int) -> Decision:
         """A receive of `group` arrives: count it and choose its mode."""
         s = self.settings
         bucket = int(now / self._width)
+        self._starts += 1
+        if self._starts % 1024 == 0:
+            self._forget_quiet(bucket - _BUCKETS)
         count = self._rates.setdefault(group, _Rate()).add(bucket, bucket - _BUCKETS)
         rate = count / s.window_s
         busy = self._in_progress.get(group, 0)
@@ -119,6 +123,15 @@ class AdaptivePolicy:
         if rate is not None:
             rate.expire(int(now / self._width) - _BUCKETS)
             if not rate.total:  # forget quiet groups: memory follows the groups in use
+                del self._rates[group]
+
+    def _forget_quiet(self, oldest_bucket: int) -> None:
+        """Drop the rates of groups with no receive in progress and none in the window: a group whose last
+        receive ended while its window still counted (and never came back) is not kept forever."""
+        for group in [g for g in self._rates if g not in self._in_progress]:
+            rate = self._rates[group]
+            rate.expire(oldest_bucket)
+            if not rate.total:
                 del self._rates[group]
 
     def _concurrency_limit(self, live_brokers: int) -> float:

@@ -89,3 +89,14 @@ def test_the_fleet_size_setting_comes_from_flags_and_environment() -> None:
     assert proxy_settings.load(base, {}).adaptive_proxies == 1
     assert proxy_settings.load(base, {"POPGATE_ADAPTIVE_PROXIES": "4"}).adaptive_proxies == 4
     assert proxy_settings.load([*base, "--adaptive-proxies", "3"], {}).adaptive_proxies == 3
+
+
+def test_groups_that_stop_receiving_are_forgotten_once_their_window_has_passed() -> None:
+    policy = AdaptivePolicy(AdaptiveSettings(window_s=10.0))
+    for i in range(5000):  # one receive each, ended at once: each still counts in its window when it ends
+        policy.start(f"once-{i}", now=1.0, live_brokers=2)
+        policy.end(f"once-{i}", now=1.0)
+    for _ in range(1024):  # later, one busy group
+        policy.start("steady", now=100.0, live_brokers=2)
+        policy.end("steady", now=100.0)
+    assert len(policy._rates) <= 1
