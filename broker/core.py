@@ -211,7 +211,7 @@ class BrokerCore:
         try:
             payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
             await self._record(committed)
-        except BaseException:  # cancelled (the caller went away) or the read failed: nobody receives them
+        except asyncio.CancelledError:  # the caller went away: nobody receives them
             self._undo(state, deliveries)
             raise
         deliveries = self._fit(state, deliveries, payloads)
@@ -360,12 +360,16 @@ class BrokerCore:
                 out[(queue_id, offset)] = found[offset]
         return out
 
-    def _commit(self, ops: list[Op]) -> asyncio.Future[list[Record]]:
-        """Submit consumer-state ops (deliveries, acks, offsets, filters). Rows an earlier commit failed
-        to write (the store refused writes for a while) go along, as they are in memory now: otherwise
-        a later pull offset could be stored without the deliveries below it, and after a restart those
-        messages would count as acked. A row the new ops write is theirs (they are its latest state)."""
-        if self._unrecorded:
+    def _commit(self, ops: list[Op], *, with_lost: bool = False) -> asyncio.Future[list[Record]]:
+        """Submit consumer-state ops (deliveries, acks, offsets, filters).
+
+        Rows an earlier commit failed to write (the store refused writes for a while) go along, as they
+        are in memory now, so that a later pull offset is not stored without the deliveries below it
+        (after a restart those messages would count as acked). They go with every commit while the store
+        takes writes, and while it refuses them only when `with_lost` (the sweep's retry, once a second:
+        carrying them in every failing commit would cost each Pop the whole backlog). A row the new ops
+        write is theirs (they are its latest state)."""
+        if self._unrecorded and (with_lost or not self._degraded):
             fresh = {_row(op) for op in ops}
             redo = [self._as_now(op) for row, op in self._unrecorded.items() if row not in fresh]
             ops = [op for op in redo if op is not None] + ops
@@ -414,7 +418,9 @@ class BrokerCore:
                 log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
             self._degraded = True
         elif exc is None:
-            self._degraded = False
+            was_degraded, self._degraded = self._degraded, False
+            if was_degraded and self._unrecorded:  # the store takes writes again: what it lost, at once
+                self._commit([])
         else:
             log.warning("consumer state commit failed: %s", exc)
 
@@ -507,7 +513,10 @@ class BrokerCore:
         return False
 
     def sweep(self) -> None:
-        """Safety net: wake held requests whose group has something ready (normally woken on arrival)."""
+        """Safety net: wake held requests whose group has something ready (normally woken on arrival);
+        retry writing consumer state the store refused (`_commit`)."""
+        if self._unrecorded:
+            self._commit([], with_lost=True)
         for topic, group in self.hold.keys():
             state = self.groups.get((group, topic))
             if state is None and topic in self.topics:  # held since before the topic existed

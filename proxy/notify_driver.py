@@ -60,6 +60,7 @@ class _Run:
         self.loop = asyncio.get_running_loop()
         self.result: asyncio.Future[Finish] = self.loop.create_future()
         self.requests: dict[str, asyncio.Future[Any]] = {}  # the request outstanding at each broker
+        self.answer: tuple[str, asyncio.Future[Any]] | None = None  # the Pop whose messages were taken
 
     def apply(self, commands: list[Command]) -> None:
         # Answering with messages: the other brokers' requests are cancelled by release(), after the answer.
@@ -77,6 +78,8 @@ class _Run:
                     call.cancel()
             elif not self.result.done():
                 self.result.set_result(command)
+            elif command.messages:  # nobody awaits the run any more (the client left): nobody receives them
+                self._hand_back()
 
     def _client(self, broker: str) -> BrokerClient:
         client = self.pool.get(broker)
@@ -122,6 +125,8 @@ class _Run:
                 # receive these, so the broker puts them back instead of hiding them for the invisible time.
                 self._client(broker).release(call)
                 return
+            if response.messages:
+                self.answer = (broker, call)
             busy = not response.messages and self.busy(self.request.group)
             self.apply(
                 self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now, busy=busy)
@@ -132,6 +137,20 @@ class _Run:
             self.apply(
                 self.machine.notified(broker, has_message=answer.has_message, polling_full=answer.polling_full, now=now)
             )
+
+    def abandon(self) -> None:
+        """The receive is gone (the client left): end the run, cancel what is outstanding, and hand back
+        the messages an answer already brought, as later answers are (`_done`): nobody will receive them."""
+        self.apply(self.machine.closing())
+        self.cancel_all()
+        if self.result.done() and not self.result.cancelled() and self.result.result().messages:
+            self._hand_back()
+
+    def _hand_back(self) -> None:
+        if self.answer is not None:
+            broker, call = self.answer
+            self.answer = None
+            self._client(broker).release(call)
 
     def cancel_all(self) -> None:
         for call in self.requests.values():
@@ -179,7 +198,7 @@ class NotifyStrategy:
             run.apply(run.machine.start())
             finish = await run.result
         except BaseException:  # the client went away: nothing may stay held for it
-            run.cancel_all()
+            run.abandon()
             raise
         finally:
             for timer in timers:

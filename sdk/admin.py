@@ -245,7 +245,7 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
     topic = DLQ_PREFIX + args.group
     counts: dict[str, int] = defaultdict(int)
     options = connection(args)
-    skipped: list[str] = []
+    skipped: dict[str, None] = {}  # ids of dead letters left in the DLQ, in order
     code = 0
     try:
         with (
@@ -257,21 +257,19 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
             while (args.count == 0 or total < args.count) and (wait := idle.next()) is not None:
                 want = 32 if args.count == 0 else min(32, args.count - total)
                 batch = consumer.receive(max=want, wait=wait)
-                if not batch:
-                    continue
-                idle.received()
                 done = []
                 for message in batch:
                     plan = resent(message)
                     if plan is None:  # left in the DLQ (not acked): it shows again in `dlq list`
-                        skipped.append(message.message_id)
+                        skipped.setdefault(message.message_id)  # once, also when it comes back
                         continue
                     producer.send(*plan)
                     counts[plan[0]] += 1
                     done.append(message)
-                if done:
+                if done:  # a batch of dead letters left before is not progress: the wait goes on
                     consumer.ack_many(done)
-                total += len(batch)
+                    idle.received()
+                    total += len(done)
     except errors.PopgateError as exc:
         _err(f"popgate dlq resend: {exc}")
         return 1

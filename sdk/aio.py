@@ -139,15 +139,25 @@ class Producer(ProducerBase, _AsyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
         )
-        if len(requests) == 1:
-            return await self._send(topic, requests[0])
-        window = asyncio.Semaphore(send_window(requests))
+        in_flight = send_window(requests)
+        if len(requests) == 1 or in_flight == 1:  # one after another: a failed batch stops the rest
+            out: list[SendReceipt] = []
+            for request in requests:
+                out += await self._send(topic, request)
+            return out
+        window = asyncio.Semaphore(in_flight)
 
         async def one(request: pb.SendMessageRequest) -> list[SendReceipt]:
             async with window:
                 return await self._send(topic, request)
 
-        results = await asyncio.gather(*(one(r) for r in requests))
+        calls = [asyncio.ensure_future(one(r)) for r in requests]
+        try:
+            results = await asyncio.gather(*calls)
+        except BaseException:  # one failed (or the caller gave up): the batches not sent yet are not sent
+            for call in calls:
+                call.cancel()
+            raise
         return [receipt for chunk in results for receipt in chunk]
 
     async def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:

@@ -197,3 +197,38 @@ def test_a_pop_cancelled_while_it_reads_its_messages_leaves_them_ready(tmp_path:
             assert {p.attempt for p in popped.messages} == {1}
 
     run(scenario)
+
+
+def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_backlog_each_time(tmp_path: Path) -> None:
+    """Rows the store refused are retried by the sweep (once a second) and written once it takes writes
+    again, not carried by every Pop and Ack: that made each commit cost the whole backlog."""
+
+    async def scenario() -> tuple[int, int]:
+        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, store):  # commits awaited
+            for start in range(0, 3200, 800):
+                await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(start, start + 800)])
+            real = store._apply
+            submitted = 0
+
+            def refuse(batch: list[Any]) -> None:
+                nonlocal submitted
+                for request in batch:
+                    submitted += len(request.ops)
+                    request.result = StoreUnavailable("disk full (injected)")
+
+            store._apply = refuse  # type: ignore[method-assign]
+            for _ in range(100):
+                popped = await core.pop("t", "g", "*", 32, 60_000, 0)
+                await core.ack("t", "g", [p.handle for p in popped.messages])
+                await asyncio.sleep(0)  # each commit's outcome is known before the next Pop (its callback ran)
+            while_refused = submitted
+            store._apply = real  # type: ignore[method-assign]
+            core.sweep()  # the retry: everything lost is written now
+            await asyncio.sleep(0.2)
+        async with broker(tmp_path, queues_per_topic=1) as (core, _):
+            rest = await core.pop("t", "g", "*", 32, 60_000, 0)
+            return while_refused, len(rest.messages)
+
+    while_refused, redelivered = run(scenario)
+    assert while_refused < 20_000  # ~70 ops a Pop + Ack, not the backlog again with each (~350,000)
+    assert redelivered == 0  # the retry stored every ack: nothing comes back after the restart

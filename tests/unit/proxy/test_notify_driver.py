@@ -284,3 +284,24 @@ def test_a_long_poll_answered_as_its_client_leaves_gives_the_messages_back() -> 
         return [m.stored.message.message_id for m in broker.ready]
 
     assert run(scenario()) == ["m1"]
+
+
+def test_a_notify_runs_pop_answered_as_its_client_leaves_gives_the_messages_back() -> None:
+    async def scenario() -> list[str]:
+        broker = AnswersWhenTold("b1")
+        pool = BrokerPool({"b1": broker}, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+        task = asyncio.ensure_future(proxy.receive(request(5.0)))
+        await asyncio.wait_for(broker.asked.wait(), 2)
+        broker.asked.clear()
+        assert broker.answer is not None
+        broker.answer.set_result(bpb.PopResponse())  # the first Pop finds nothing: a held Pop (one broker)
+        await asyncio.wait_for(broker.asked.wait(), 2)
+        broker.answer.set_result(bpb.PopResponse(messages=[popped("b1", "m1")]))  # it answers ...
+        task.cancel()  # ... and the client goes away in the same loop turn
+        await asyncio.gather(task, return_exceptions=True)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return [m.stored.message.message_id for m in broker.ready]
+
+    assert run(scenario()) == ["m1"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from sdk import Message
@@ -17,11 +19,15 @@ def test_wait_zero_still_polls_once() -> None:
 
 
 def test_each_batch_restarts_the_idle_wait() -> None:
-    idle = IdleWait(5.0)
-    first = idle.next()
+    first = IdleWait(5.0).next()
     assert first is not None and 0.9 < first <= 1.0  # one receive waits at most 1 s: Ctrl-C stays prompt
-    idle.received()
+    idle = IdleWait(0.05)
     assert idle.next() is not None
+    time.sleep(0.06)  # the wait has passed ...
+    idle.received()  # ... but a batch came: wait on
+    assert idle.next() is not None
+    time.sleep(0.06)
+    assert idle.next() is None
 
 
 @pytest.mark.parametrize("argv", [["stats", "--broker", "no-equals-sign"], ["stats"]])

@@ -11,7 +11,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import Producer, Unavailable, _wire, aio
+from sdk import Producer, Unavailable, _wire, aio, errors
 from sdk.retry import NO_RETRY
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
 
@@ -112,3 +112,26 @@ def test_a_fifo_message_cannot_also_be_scheduled(option: dict[str, float]) -> No
         _wire.outgoing(b"x", message_group="g", **option)
     with Producer("127.0.0.1:1") as producer, pytest.raises(ValueError, match="message_group"):
         producer.send("t", b"x", message_group="g", **option)
+
+
+def test_the_asyncio_producer_sends_nothing_after_a_groups_failed_batch() -> None:
+    calls: list[int] = []
+
+    async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
+        calls.append(len(calls))
+        await asyncio.sleep(0.01)
+        if len(calls) == 1:
+            return pb.SendMessageResponse(status=v2.Status(code=v2.BAD_REQUEST, message="refused"))
+        return answer(request)
+
+    async def main() -> None:
+        producer = aio.Producer("127.0.0.1:1")
+        producer._channel = FakeChannel()  # type: ignore[assignment]
+        producer._stub_ = type("Stub", (), {"SendMessage": staticmethod(send)})()
+        async with producer:
+            with pytest.raises(errors.BadRequest):
+                await producer.send_many("t", [b"x"] * (4 * 1024), message_group="g")
+            await asyncio.sleep(0.1)  # nothing goes on in the background either
+
+    asyncio.run(main())
+    assert calls == [0]
