@@ -256,52 +256,38 @@ def test_a_pop_answer_that_crosses_the_receives_end_goes_back_to_its_broker() ->
     assert ids(result) == ["m1"] or back == ["m1"]  # received, or ready again: never hidden for its invisible time
 
 
-class AnswersWhenTold(FakeBroker):
-    """A held Pop whose answer the test sets by hand (`answer`), once `asked` is set."""
+async def answered_as_the_client_leaves(
+    strategy: type[LongPollStrategy | NotifyStrategy], *answers: bpb.PopResponse
+) -> list[str]:
+    """A receive whose last Pop answers in the loop turn its client goes away; the messages ready again."""
+    broker = FakeBroker("b1")
+    asked: asyncio.Queue[asyncio.Future[bpb.PopResponse]] = asyncio.Queue()
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.asked = asyncio.Event()
-        self.answer: asyncio.Future[bpb.PopResponse] | None = None
+    def begin_pop(request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        call: asyncio.Future[bpb.PopResponse] = asyncio.get_running_loop().create_future()
+        asked.put_nowait(call)
+        return call
 
-    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
-        self.answer = asyncio.get_running_loop().create_future()
-        self.asked.set()
-        return self.answer
+    broker.begin_pop = begin_pop  # type: ignore[method-assign]
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    proxy = Proxy(pool, strategy(pool, broker_timeout_s=1.0))
+    task = asyncio.ensure_future(proxy.receive(request(5.0)))
+    for answer in answers:
+        call = await asyncio.wait_for(asked.get(), 2)
+        call.set_result(answer)
+    task.cancel()  # the last answer is set, and the client goes away in the same loop turn
+    await asyncio.gather(task, return_exceptions=True)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return [m.stored.message.message_id for m in broker.ready]
 
 
 def test_a_long_poll_answered_as_its_client_leaves_gives_the_messages_back() -> None:
-    async def scenario() -> list[str]:
-        broker = AnswersWhenTold("b1")
-        pool = BrokerPool({"b1": broker}, first_turn=0)
-        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
-        task = asyncio.ensure_future(proxy.receive(request(5.0)))
-        await asyncio.wait_for(broker.asked.wait(), 2)
-        assert broker.answer is not None
-        broker.answer.set_result(bpb.PopResponse(messages=[popped("b1", "m1")]))  # the held Pop answers ...
-        task.cancel()  # ... and the client goes away in the same loop turn
-        await asyncio.gather(task, return_exceptions=True)
-        return [m.stored.message.message_id for m in broker.ready]
-
-    assert run(scenario()) == ["m1"]
+    m1 = bpb.PopResponse(messages=[popped("b1", "m1")])
+    assert run(answered_as_the_client_leaves(LongPollStrategy, m1)) == ["m1"]
 
 
 def test_a_notify_runs_pop_answered_as_its_client_leaves_gives_the_messages_back() -> None:
-    async def scenario() -> list[str]:
-        broker = AnswersWhenTold("b1")
-        pool = BrokerPool({"b1": broker}, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
-        task = asyncio.ensure_future(proxy.receive(request(5.0)))
-        await asyncio.wait_for(broker.asked.wait(), 2)
-        broker.asked.clear()
-        assert broker.answer is not None
-        broker.answer.set_result(bpb.PopResponse())  # the first Pop finds nothing: a held Pop (one broker)
-        await asyncio.wait_for(broker.asked.wait(), 2)
-        broker.answer.set_result(bpb.PopResponse(messages=[popped("b1", "m1")]))  # it answers ...
-        task.cancel()  # ... and the client goes away in the same loop turn
-        await asyncio.gather(task, return_exceptions=True)
-        for _ in range(5):
-            await asyncio.sleep(0)
-        return [m.stored.message.message_id for m in broker.ready]
-
-    assert run(scenario()) == ["m1"]
+    m1 = bpb.PopResponse(messages=[popped("b1", "m1")])
+    # the first Pop finds nothing, then (one broker) a held Pop answers
+    assert run(answered_as_the_client_leaves(NotifyStrategy, bpb.PopResponse(), m1)) == ["m1"]

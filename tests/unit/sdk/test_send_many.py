@@ -84,6 +84,14 @@ def test_a_failed_batch_in_the_window_counts_as_the_first_attempt() -> None:
     assert stub.events == ["sent 0", "read 0"]  # NO_RETRY: no second call
 
 
+def aio_producer_with(send: Any) -> aio.Producer:
+    """An asyncio Producer whose SendMessage is `send` (a coroutine function), without a channel."""
+    producer = aio.Producer("127.0.0.1:1")
+    producer._channel = FakeChannel()  # type: ignore[assignment]
+    producer._stub_ = type("Stub", (), {"SendMessage": staticmethod(send)})()
+    return producer
+
+
 def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None:
     in_flight, most = 0, 0
 
@@ -96,10 +104,7 @@ def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None
         return answer(request)
 
     async def main() -> None:
-        producer = aio.Producer("127.0.0.1:1")
-        producer._channel = FakeChannel()  # type: ignore[assignment]
-        producer._stub_ = type("Stub", (), {"SendMessage": staticmethod(send)})()
-        async with producer:
+        async with aio_producer_with(send) as producer:
             await producer.send_many("t", [b"x"] * (4 * 1024 + 1), message_group="g")
 
     asyncio.run(main())
@@ -125,10 +130,7 @@ def test_the_asyncio_producer_sends_nothing_after_a_groups_failed_batch() -> Non
         return answer(request)
 
     async def main() -> None:
-        producer = aio.Producer("127.0.0.1:1")
-        producer._channel = FakeChannel()  # type: ignore[assignment]
-        producer._stub_ = type("Stub", (), {"SendMessage": staticmethod(send)})()
-        async with producer:
+        async with aio_producer_with(send) as producer:
             with pytest.raises(errors.BadRequest):
                 await producer.send_many("t", [b"x"] * (4 * 1024), message_group="g")
             await asyncio.sleep(0.1)  # nothing goes on in the background either
