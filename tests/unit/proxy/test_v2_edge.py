@@ -12,7 +12,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from proxy import errors
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall
-from proxy.v2.convert import SendLimits, seconds, to_broker, to_client
+from proxy.v2.convert import GZIP_MAX_MEMBERS, SendLimits, seconds, to_broker, to_client
 from proxy.v2.telemetry import settings_reply
 from tests.unit.proxy.fakes import popped
 
@@ -121,3 +121,17 @@ def test_ack_status_is_ok_the_shared_error_or_multiple_results_never_message_not
     assert _overall([entry(v2.OK), entry(v2.OK)]).code == v2.OK
     assert _overall([entry(v2.INVALID_RECEIPT_HANDLE)]).code == v2.INVALID_RECEIPT_HANDLE
     assert _overall([entry(v2.OK), entry(v2.INVALID_RECEIPT_HANDLE)]).code == v2.MULTIPLE_RESULTS
+
+
+def test_a_gzip_body_of_thousands_of_members_is_refused_without_inflating_them_all() -> None:
+    limits = SendLimits(max_body_bytes=64 * 1024, max_delay_s=86400)
+    message = client_message(body_encoding=v2.GZIP)
+    empty = gzip.compress(b"")
+    message.body = gzip.compress(b"a") + empty * (GZIP_MAX_MEMBERS + 1)  # ~1.3 KB: within the body limit
+    with pytest.raises(errors.BadRequest, match="members"):
+        to_broker(message, limits, now_s=NOW)
+    message.body = gzip.compress(b"a") + empty * (GZIP_MAX_MEMBERS - 1)
+    assert to_broker(message, limits, now_s=NOW).body == b"a"
+    message.body = empty * 200_000  # 4 MB of members, far over the limit even compressed: refused at once
+    with pytest.raises(errors.MessageBodyTooLarge):
+        to_broker(message, limits, now_s=NOW)
