@@ -9,12 +9,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 if TYPE_CHECKING:
     from proxy.notify import RunStats
 
+MAX_GROUP_LABELS = 1000  # consumer groups with their own label on this proxy; the others share OTHER_GROUPS
+OTHER_GROUPS = "_other"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30)
 
 
 class ProxyMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, max_groups: int = MAX_GROUP_LABELS) -> None:
         self.registry = registry or CollectorRegistry()
+        self._max_groups = max_groups
+        self._groups: set[str] = set()
         self._rpc = Histogram(
             "popgate_proxy_rpc_duration_seconds",
             "Client RPCs served, by method and v2 status code",
@@ -98,18 +102,29 @@ class ProxyMetrics:
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
         self._broker.labels(broker, method, outcome).inc()
 
+    def _group(self, group: str) -> str:
+        """The group's label: its name for the first `max_groups` groups seen, OTHER_GROUPS after that —
+        any client can name a new group per request, and every label set is kept for the process's life."""
+        if group in self._groups:
+            return group
+        if len(self._groups) < self._max_groups:
+            self._groups.add(group)
+            return group
+        return OTHER_GROUPS
+
     def first_pop_hit(self, group: str) -> None:
-        self._first_pop_hits.labels(group).inc()
+        self._first_pop_hits.labels(self._group(group)).inc()
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
-        self._receives.labels(group, mode, outcome).inc()
+        self._receives.labels(self._group(group), mode, outcome).inc()
         self._receive_latency.observe(seconds)
         self._mode_latency.labels(mode, outcome).observe(seconds)
 
     def long_poll(self, group: str) -> None:
-        self._long_polls.labels(group).inc()
+        self._long_polls.labels(self._group(group)).inc()
 
     def notify_run(self, group: str, stats: RunStats) -> None:
+        group = self._group(group)
         self._notify_runs.labels(group).inc()
         if stats.notifications or stats.held_pop:
             self.long_poll(group)
@@ -137,4 +152,4 @@ class ProxyMetrics:
                 self._notify_pops.labels(group, kind).inc(count)
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
-        self._decisions.labels(group, mode, reason).inc()
+        self._decisions.labels(self._group(group), mode, reason).inc()

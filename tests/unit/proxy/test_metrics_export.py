@@ -32,3 +32,18 @@ def test_export_carries_first_pop_hits_long_polls_notify_runs_and_empty_receives
     assert exported[("popgate_proxy_notifications_total", "g", (("outcome", "unanswered"),))] == 3
     assert exported[("popgate_proxy_receives_total", "g", (("mode", "adaptive"), ("outcome", "empty")))] == 1
     assert exported[("popgate_proxy_receive_mode_decisions_total", "g", (("mode", "notify"), ("reason", "quiet")))] == 1
+
+
+def test_groups_beyond_the_label_limit_share_one_label() -> None:
+    """Any client can name a new group per request; the proxy's label sets (kept for its whole life) are bounded."""
+    metrics = ProxyMetrics(CollectorRegistry(), max_groups=2)
+    for group in ("a", "b", "c", "d", "a"):
+        metrics.receive(group, "notify", "empty", 0.01)
+        metrics.notify_run(group, RunStats(notifications=1, notified_empty=1))
+    sample = metrics.registry.get_sample_value
+    receives = {
+        g: sample("popgate_proxy_receives_total", {"group": g, "mode": "notify", "outcome": "empty"})
+        for g in ("a", "b", "c", "_other")
+    }
+    assert receives == {"a": 2.0, "b": 1.0, "c": None, "_other": 2.0}
+    assert sample("popgate_proxy_notify_runs_total", {"group": "_other"}) == 2.0
