@@ -46,6 +46,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._endpoints = endpoints
         self._metrics = metrics
         self._auth = Authenticator(settings.accounts, skew_s=settings.auth_skew_s)
+        self._telemetry_streams = 0
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()
@@ -153,12 +154,19 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any
     ) -> AsyncIterator[pb.TelemetryCommand]:
+        if self._telemetry_streams >= self._settings.max_telemetry_streams:  # bounded memory (~29 KB a stream)
+            busy = errors.TooManyRequests(f"the proxy already has {self._telemetry_streams} Telemetry streams open")
+            yield pb.TelemetryCommand(status=_status(busy))
+            return
+        self._telemetry_streams += 1
         try:
             access.check(self._auth, context.invocation_metadata(), None)
             async for reply in telemetry.telemetry(request_iterator, self._settings, self._proxy.closing):
                 yield reply
         except Exception as exc:
             yield pb.TelemetryCommand(status=_status(exc))
+        finally:
+            self._telemetry_streams -= 1
 
     # RPCs popgate does not serve: a clear status, not a gRPC error.
     async def _unsupported(self, method: str, response_type: Callable[..., Resp]) -> Resp:

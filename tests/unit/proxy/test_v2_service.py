@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -57,3 +58,37 @@ def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> None:
 
     ok, cancelled = asyncio.run(scenario())
     assert (ok, cancelled) == (None, 1.0)
+
+
+def test_telemetry_streams_beyond_the_limit_get_too_many_requests() -> None:
+    async def scenario() -> list[int]:
+        metrics = ProxyMetrics(CollectorRegistry())
+        pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_telemetry_streams=2)
+        service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics)
+        silent = asyncio.Event()
+
+        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+            await silent.wait()  # an idle client: the stream stays open
+            yield pb.TelemetryCommand()
+
+        async def first_reply() -> int:
+            async for reply in service.Telemetry(commands(), Context()):
+                return reply.status.code
+            return -1
+
+        open_streams = [asyncio.ensure_future(first_reply()) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        third = await asyncio.wait_for(first_reply(), 2)
+        for stream in open_streams:
+            stream.cancel()
+        await asyncio.gather(*open_streams, return_exceptions=True)
+        fourth = asyncio.ensure_future(first_reply())  # the cancelled ones gave their places back
+        await asyncio.sleep(0.05)
+        assert not fourth.done()
+        fourth.cancel()
+        await asyncio.gather(fourth, return_exceptions=True)
+        return [third]
+
+    assert asyncio.run(scenario()) == [v2.TOO_MANY_REQUESTS]
