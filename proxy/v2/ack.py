@@ -49,9 +49,8 @@ async def change_invisible_duration(
 ) -> pb.ChangeInvisibleDurationResponse:
     group = validate.group(request.group.name)
     topic = validate.topic(request.topic.name)
-    invisible_s = validate.invisible(
-        seconds(request.invisible_duration, what="invisible_duration"), low=0.0, high=call.settings.max_invisible_s
-    )
+    requested = seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime)
+    invisible_s = validate.invisible(requested, low=0.0, high=call.settings.max_invisible_s)
     handle = await call.proxy.change_invisible(topic, group, request.receipt_handle, int(invisible_s * 1000))
     return pb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
 

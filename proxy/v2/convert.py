@@ -12,6 +12,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from proxy import errors, validate
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
+_MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
 GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
 
 
@@ -21,10 +22,10 @@ class SendLimits:
     max_delay_s: float
 
 
-def seconds(duration: Duration, *, what: str) -> float:
-    """A protobuf Duration as float seconds; BadRequest when it is not a sane duration."""
+def seconds(duration: Duration, *, what: str, error: type[errors.ProxyError] = errors.BadRequest) -> float:
+    """A protobuf Duration as float seconds; `error` when it is not a sane duration."""
     if abs(duration.seconds) > _MAX_SECONDS or abs(duration.nanos) >= 1_000_000_000:
-        raise errors.BadRequest(f"{what} is not a valid duration ({duration.seconds} s, {duration.nanos} ns)")
+        raise error(f"{what} is not a valid duration ({duration.seconds} s, {duration.nanos} ns)")
     return duration.seconds + duration.nanos / 1e9
 
 
@@ -79,7 +80,10 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float) -> bpb.M
     if props.HasField("message_group"):
         out.message_group = validate.message_group(props.message_group)
     if props.HasField("born_timestamp"):
-        out.born_ms = max(0, props.born_timestamp.seconds * 1000 + props.born_timestamp.nanos // 1_000_000)
+        born = props.born_timestamp
+        if not 0 <= born.seconds <= _MAX_TIMESTAMP_S:
+            raise errors.BadRequest(f"born_timestamp {born.seconds} s is not a time (0..{_MAX_TIMESTAMP_S} s)")
+        out.born_ms = born.seconds * 1000 + max(0, born.nanos) // 1_000_000
     if props.HasField("delivery_timestamp"):
         ts = props.delivery_timestamp
         at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import validate
+from proxy import errors, validate
 from proxy.polltime import PollLimits, poll_seconds
 from proxy.receive import ReceiveRequest
 from proxy.v2.context import Call
@@ -33,7 +33,7 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
         invisible_s = s.default_invisible_s
     else:
         invisible_s = validate.invisible(
-            seconds(request.invisible_duration, what="invisible_duration"),
+            seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime),
             low=s.min_invisible_s,
             high=s.max_invisible_s,
         )

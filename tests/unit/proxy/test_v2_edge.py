@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import zlib
 
@@ -135,3 +136,30 @@ def test_a_gzip_body_of_thousands_of_members_is_refused_without_inflating_them_a
     message.body = empty * 200_000  # 4 MB of members, far over the limit even compressed: refused at once
     with pytest.raises(errors.MessageBodyTooLarge):
         to_broker(message, limits, now_s=NOW)
+
+
+def test_an_absurd_invisible_duration_is_illegal_invisible_time_not_bad_request() -> None:
+    from google.protobuf.duration_pb2 import Duration
+
+    from proxy.settings import BrokerAddress, Settings
+    from proxy.v2.context import Call, endpoints_for
+    from proxy.v2.receive import build_request
+
+    call = Call(None, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:1"), None)  # type: ignore[arg-type]
+    request = pb.ReceiveMessageRequest(
+        group=v2.Resource(name="g"), batch_size=1, invisible_duration=Duration(seconds=10**9)
+    )
+    request.message_queue.topic.name = "t"
+
+    async def build() -> None:
+        build_request(call, request)
+
+    with pytest.raises(errors.IllegalInvisibleTime):
+        asyncio.run(build())
+
+
+def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error() -> None:
+    message = client_message()
+    message.system_properties.born_timestamp.seconds = 2**62
+    with pytest.raises(errors.BadRequest, match="born_timestamp"):
+        to_broker(message, LIMITS, now_s=NOW)
