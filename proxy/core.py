@@ -47,6 +47,8 @@ def chunks(indexes: list[int], messages: Sequence[bpb.Message], budget: int) -> 
     return out
 
 
+REPLY_RESERVE_S = 0.1  # a unary answer's time to reach the client before its deadline
+MIN_BROKER_CALL_S = 0.05  # a broker call gets at least this much, even when the client's time is nearly up
 SEND_OVERHEAD = 1024  # bytes counted per message beyond its body (envelope, coroutine, result)
 
 
@@ -86,8 +88,17 @@ class Proxy:
             raise errors.BrokerUnavailable("no broker is live; the proxy cannot route any topic")
         return [QueueRoute(c.name, q) for c in live for q in range(self._queues)]
 
-    async def send(self, messages: Sequence[bpb.Message]) -> list[bpb.SendResult]:
-        """Store messages; results in request order. Messages of one message group go to one broker."""
+    def _timeout_until(self, deadline: float | None) -> float:
+        """A broker call's time: `broker_timeout_s`, cut so that the proxy answers (PROXY_TIMEOUT at worst)
+        before the client's deadline (`deadline`, loop time) instead of the client giving up first."""
+        if deadline is None:
+            return self._timeout
+        left = deadline - asyncio.get_running_loop().time() - REPLY_RESERVE_S
+        return max(MIN_BROKER_CALL_S, min(self._timeout, left))
+
+    async def send(self, messages: Sequence[bpb.Message], *, deadline: float | None = None) -> list[bpb.SendResult]:
+        """Store messages; results in request order. Messages of one message group go to one broker.
+        `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
         cost = sum(len(m.body) for m in messages) + SEND_OVERHEAD * len(messages)
@@ -95,11 +106,11 @@ class Proxy:
             raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
         self._send_bytes += cost
         try:
-            return await self._send(messages)
+            return await self._send(messages, deadline)
         finally:
             self._send_bytes -= cost
 
-    async def _send(self, messages: Sequence[bpb.Message]) -> list[bpb.SendResult]:
+    async def _send(self, messages: Sequence[bpb.Message], deadline: float | None) -> list[bpb.SendResult]:
         batches: dict[str | None, list[int]] = {}
         for index, message in enumerate(messages):
             batches.setdefault(message.message_group or None, []).append(index)
@@ -107,7 +118,7 @@ class Proxy:
 
         async def one(key: str | None, indexes: list[int]) -> None:
             for chunk in chunks(indexes, messages, self._send_chunk_bytes):
-                stored = await self._send_with_failover(key, [messages[i] for i in chunk])
+                stored = await self._send_with_failover(key, [messages[i] for i in chunk], deadline)
                 if len(stored) != len(chunk):
                     raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(chunk)} messages")
                 for i, result in zip(chunk, stored, strict=True):
@@ -117,11 +128,13 @@ class Proxy:
         await asyncio.gather(*(one(key, indexes) for key, indexes in batches.items()))
         return [r for r in results if r is not None]
 
-    async def _send_with_failover(self, key: str | None, messages: list[bpb.Message]) -> Sequence[bpb.SendResult]:
+    async def _send_with_failover(
+        self, key: str | None, messages: list[bpb.Message], deadline: float | None
+    ) -> Sequence[bpb.SendResult]:
         last: errors.ProxyError = errors.BrokerUnavailable("no broker is configured")
         for client in self.pool.candidates(key):
             try:
-                return await client.send(messages, timeout_s=self._timeout)
+                return await client.send(messages, timeout_s=self._timeout_until(deadline))
             except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
                 last = exc
@@ -151,7 +164,9 @@ class Proxy:
         finally:
             self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
 
-    async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[errors.ProxyError | None]:
+    async def ack(
+        self, topic: str, group: str, handles: Sequence[str], *, deadline: float | None = None
+    ) -> list[errors.ProxyError | None]:
         """Ack each handle at the broker it names; per handle None (acked) or the error."""
         outcome: list[errors.ProxyError | None] = [None] * len(handles)
         by_broker: dict[str, tuple[BrokerClient, list[int]]] = {}
@@ -166,7 +181,7 @@ class Proxy:
         async def one(client: BrokerClient, indexes: list[int]) -> None:
             request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])
             try:
-                response = await client.ack(request, timeout_s=self._timeout)
+                response = await client.ack(request, timeout_s=self._timeout_until(deadline))
             except errors.ProxyError as exc:
                 for i in indexes:
                     outcome[i] = exc
@@ -180,16 +195,18 @@ class Proxy:
         await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
         return outcome
 
-    async def change_invisible(self, topic: str, group: str, handle: str, invisible_ms: int) -> str:
+    async def change_invisible(
+        self, topic: str, group: str, handle: str, invisible_ms: int, *, deadline: float | None = None
+    ) -> str:
         """A new receipt handle, invisible for `invisible_ms` from now."""
         client = self.pool.for_handle(handle)
         request = bpb.ChangeInvisibleTimeRequest(
             topic=topic, group=group, receipt_handle=handle, invisible_ms=invisible_ms
         )
-        response = await client.change_invisible_time(request, timeout_s=self._timeout)
+        response = await client.change_invisible_time(request, timeout_s=self._timeout_until(deadline))
         return response.receipt_handle
 
-    async def dead_letter(self, topic: str, group: str, handle: str) -> None:
+    async def dead_letter(self, topic: str, group: str, handle: str, *, deadline: float | None = None) -> None:
         client = self.pool.for_handle(handle)
         request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle)
-        await client.dead_letter(request, timeout_s=self._timeout)
+        await client.dead_letter(request, timeout_s=self._timeout_until(deadline))

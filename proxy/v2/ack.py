@@ -20,7 +20,8 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
     count = len(request.entries)
     if not 1 <= count <= MAX_ENTRIES:
         raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
-    outcome = await call.proxy.ack(topic, group, [e.receipt_handle for e in request.entries])
+    handles = [e.receipt_handle for e in request.entries]
+    outcome = await call.proxy.ack(topic, group, handles, deadline=call.deadline)
     entries = []
     for entry, error in zip(request.entries, outcome, strict=True):
         status = OK if error is None else v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
@@ -51,7 +52,10 @@ async def change_invisible_duration(
     topic = validate.topic(request.topic.name)
     requested = seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime)
     invisible_s = validate.invisible(requested, low=0.0, high=call.settings.max_invisible_s)
-    handle = await call.proxy.change_invisible(topic, group, request.receipt_handle, int(invisible_s * 1000))
+    invisible_ms = int(invisible_s * 1000)
+    handle = await call.proxy.change_invisible(
+        topic, group, request.receipt_handle, invisible_ms, deadline=call.deadline
+    )
     return pb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
 
 
@@ -60,5 +64,5 @@ async def forward_to_dead_letter_queue(
 ) -> pb.ForwardMessageToDeadLetterQueueResponse:
     group = validate.group(request.group.name)
     topic = validate.topic(request.topic.name)
-    await call.proxy.dead_letter(topic, group, request.receipt_handle)
+    await call.proxy.dead_letter(topic, group, request.receipt_handle, deadline=call.deadline)
     return pb.ForwardMessageToDeadLetterQueueResponse(status=OK)

@@ -21,7 +21,7 @@ async def send_message(call: Call, request: pb.SendMessageRequest) -> pb.SendMes
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()
     messages = [to_broker(m, limits, now_s=now) for m in request.messages]
-    results = await call.proxy.send(messages)
+    results = await call.proxy.send(messages, deadline=call.deadline)
     ok = v2.Status(code=v2.OK, message="OK")
     entries = [
         pb.SendResultEntry(status=ok, message_id=r.message_id or m.message_id, offset=r.offset)

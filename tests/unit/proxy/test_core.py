@@ -315,3 +315,29 @@ def test_each_pool_starts_its_rotation_at_a_random_broker() -> None:
     names = [f"b{i}" for i in range(8)]
     firsts = {BrokerPool({n: FakeBroker(n) for n in names}).candidates()[0].name for _ in range(64)}
     assert len(firsts) > 1  # 64 pools all starting on one of 8 brokers: probability 8 / 8**64
+
+
+def test_broker_calls_end_before_the_clients_deadline() -> None:
+    """The proxy answers (PROXY_TIMEOUT at worst) before the client gives up, not at the same moment."""
+    timeouts: list[float] = []
+
+    async def scenario() -> None:
+        proxy, brokers = make("b1")
+        original_ack, original_send = brokers["b1"].ack, brokers["b1"].send
+
+        async def ack(request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
+            timeouts.append(timeout_s)
+            return await original_ack(request, timeout_s=timeout_s)
+
+        async def send(messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+            timeouts.append(timeout_s)
+            return await original_send(messages, timeout_s=timeout_s)
+
+        brokers["b1"].ack, brokers["b1"].send = ack, send  # type: ignore[method-assign]
+        now = asyncio.get_running_loop().time()
+        await proxy.ack("t", "g", [handle("b1")], deadline=now + 0.5)
+        await proxy.send([msg(1)], deadline=now + 0.5)
+        await proxy.ack("t", "g", [handle("b1")])  # no client deadline: the broker timeout
+
+    run(scenario())
+    assert all(t <= 0.41 for t in timeouts[:2]) and timeouts[2] == 3.0  # the default broker_timeout_s
