@@ -5,6 +5,8 @@ is released instead of hiding its messages for the whole invisible time."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker import server
+from broker.client import BrokerSession
 from broker.metrics import BrokerMetrics
 from tests.unit.broker.cores import broker
 
@@ -89,13 +92,17 @@ def test_a_pop_answered_before_its_cancel_was_read_is_released(tmp_path: Path) -
 
 
 class FakeCall:
-    """The client's side of a Session call: records what is written, answers nothing."""
+    """The client's side of a Session call: records what is written, answers nothing. `stalled`: the
+    broker stopped reading, so the first write never completes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stalled: bool = False) -> None:
         self.written: list[pb.SessionRequest] = []
+        self.stalled = stalled
 
     async def write(self, request: pb.SessionRequest) -> None:
         self.written.append(request)
+        if self.stalled:
+            await asyncio.Event().wait()
 
     async def done_writing(self) -> None:
         pass
@@ -112,8 +119,6 @@ class FakeCall:
 
 
 def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None:
-    from broker.client import BrokerSession
-
     call = FakeCall()
 
     class Stub:
@@ -135,3 +140,64 @@ def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None:
         await session.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
+    """A stalled broker must not make the proxy keep every timed-out Send (and its bodies) until the writer
+    reaches it: once cancelled, the session holds no reference to a request."""
+
+    async def scenario() -> tuple[list[int], int]:
+        call = FakeCall(stalled=True)
+        session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+        session.open()
+        body = b"x" * (1 << 20)
+        first = session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
+        await asyncio.sleep(0.01)  # the writer is stuck in the first write
+        requests = [pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])) for _ in range(32)]
+        ids = [session.submit(request, print) for request in requests]
+        for request_id in [first, *ids]:
+            session.cancel(request_id)  # a Send that timed out: the proxy takes new ones in
+        gc.collect()
+        counts = [sys.getrefcount(request) for request in requests]
+        control = pb.SessionRequest()
+        await session.close()
+        return counts, sys.getrefcount(control)
+
+    counts, unshared = asyncio.run(scenario())
+    assert set(counts) == {unshared + 1}  # the test's list and the call's argument: nobody else
+
+
+class AnsweringCall(FakeCall):
+    """A Session call whose broker answers every request at once (an empty answer of the same id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: asyncio.Queue[pb.SessionResponse] = asyncio.Queue()
+
+    async def write(self, request: pb.SessionRequest) -> None:
+        self.written.append(request)
+        if not request.cancel:
+            self.answers.put_nowait(pb.SessionResponse(id=request.id))
+
+    async def __anext__(self) -> pb.SessionResponse:
+        return await self.answers.get()
+
+
+def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() -> None:
+    async def scenario() -> list[tuple[int, bool]]:
+        call = AnsweringCall()
+        session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+        session.open()
+        answered = asyncio.Event()
+        pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+        request_id = session.submit(pb.SessionRequest(pop=pop), lambda _: answered.set())
+        await asyncio.wait_for(answered.wait(), 5)
+        session.cancel(request_id)  # answered: a no-op
+        session.release(request_id)  # the broker puts the Pop's messages back on this frame
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await session.close()
+        return [(r.id, r.cancel) for r in call.written]
+
+    request_id = 1
+    assert asyncio.run(scenario()) == [(request_id, False), (request_id, True)]
