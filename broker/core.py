@@ -184,8 +184,9 @@ class BrokerCore:
             outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, deadline - loop.time())
             if outcome is not Outcome.SERVED:
                 return PopResult([], polling_full=outcome is Outcome.FULL)
-            if state is None:
-                state = self._reader(group, topic, tag_filter, ops)
+            # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
+            # group may have replaced meanwhile (reading with that one would skip the message for the group).
+            state = self._reader(group, topic, tag_filter, ops)
 
     async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
         now = now_ms()
@@ -546,6 +547,8 @@ class BrokerCore:
             raise TopicNotFound(f"topic {topic} does not exist on broker {self.name}")
         if not 1 <= limit <= 1000:
             raise IllegalBatchSize("limit must be in 1..1000")
+        if not 0 <= queue_id < 2**31 or not 0 <= from_offset < 2**62:
+            raise BadRequest(f"queue id {queue_id} / offset {from_offset} out of range (0..2^31, 0..2^62)")
         return await self.store.read_range(topic, queue_id, from_offset, limit)
 
     def _group(self, group: str, topic: str) -> GroupTopic:

@@ -313,7 +313,8 @@ class _Session:
             why = "unknown request" if kind is None else f"request id {request.id} is already pending"
             self._error(request.id, errors.BadRequest(f"session: {why}"))
             return
-        held = kind in HELD_KINDS
+        self.answered_pops.pop(request.id, None)  # an id used again: a later cancel is about this request
+        held = kind in HELD_KINDS and getattr(request, kind).poll_ms > 0  # poll 0: answered at once
         if held and len(self.pending) - self.short >= self.max_pending:
             self._error(request.id, errors.TooManyRequests(f"session has {self.max_pending} pending long polls"))
             return

@@ -46,6 +46,8 @@ def check_tag(tag: str) -> str:
         raise IllegalMessage(f"message tag is longer than {MAX_TAG_LEN} characters")
     if "|" in tag or not tag.isprintable():
         raise IllegalMessage(f"message tag {tag!r} contains '|' or a control character")
+    if tag != tag.strip():  # filters strip their tags: such a message could never be selected by its tag
+        raise IllegalMessage(f"message tag {tag!r} starts or ends with whitespace")
     return tag
 
 

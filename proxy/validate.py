@@ -89,6 +89,8 @@ def tag(value: str) -> str:
         raise errors.IllegalMessageTag(f"message tag is {len(value)} characters long; the limit is {MAX_TAG_LEN}")
     if "|" in value or not value.isprintable():
         raise errors.IllegalMessageTag(f"message tag {value!r} contains '|' or a control character")
+    if value != value.strip():  # filters strip their tags: such a message could never be selected by its tag
+        raise errors.IllegalMessageTag(f"message tag {value!r} starts or ends with whitespace")
     return value
 
 

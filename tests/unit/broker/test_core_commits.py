@@ -232,3 +232,38 @@ def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_backlog_
     while_refused, redelivered = run(scenario)
     assert while_refused < 20_000  # ~70 ops a Pop + Ack, not the backlog again with each (~350,000)
     assert redelivered == 0  # the retry stored every ack: nothing comes back after the restart
+
+
+def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_path: Path) -> None:
+    """Two Pops of one group held with different filters (the group changed its subscription): the one a
+    message wakes reads with its own filter, not the other's, and the message is not skipped for the group."""
+
+    async def scenario() -> list[bytes]:
+        async with broker(tmp_path, queues_per_topic=1) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"first", tag="a")])
+            await core.pop("t", "g", "a", 1, 60_000, 0)  # the group exists; its start is fixed
+            wants_a = asyncio.ensure_future(core.pop("t", "g", "a", 1, 60_000, 3000))
+            await asyncio.sleep(0.05)
+            wants_b = asyncio.ensure_future(core.pop("t", "g", "b", 1, 60_000, 3000))
+            await asyncio.sleep(0.05)
+            await core.send([pb.Message(topic="t", body=b"for a", tag="a")])
+            got = await asyncio.wait_for(wants_a, 5)
+            wants_b.cancel()
+            await asyncio.gather(wants_b, return_exceptions=True)
+            return [pb.Message.FromString(p.payload).body for p in got.messages]
+
+    assert run(scenario) == [b"for a"]
+
+
+def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_requests(tmp_path: Path) -> None:
+    from broker.errors import BadRequest, IllegalMessage
+
+    async def scenario() -> None:
+        async with broker(tmp_path) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"x")])
+            with pytest.raises(BadRequest, match="out of range"):
+                await core.list_messages("t", 0, 2**63 - 1, 10)
+            with pytest.raises(IllegalMessage, match="whitespace"):
+                await core.send([pb.Message(topic="t", body=b"x", tag=" a ")])
+
+    run(scenario)

@@ -15,6 +15,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker import server
 from broker.client import BrokerSession
+from broker.core import BrokerCore
 from broker.metrics import BrokerMetrics
 from tests.unit.broker.cores import broker
 
@@ -201,3 +202,59 @@ def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() ->
 
     request_id = 1
     assert asyncio.run(scenario()) == [(request_id, False), (request_id, True)]
+
+
+async def session_answers(core: BrokerCore, frames: list[pb.SessionRequest], count: int) -> list[pb.SessionResponse]:
+    """`frames` through a Session stream of `core`, each after the previous one's answer (a cancel after a
+    short pause: it has none); the first `count` answers."""
+    context = Records()
+
+    async def requests() -> AsyncIterator[pb.SessionRequest]:
+        for frame in frames:
+            answered = len(context.answers)
+            yield frame
+            if frame.cancel:
+                await asyncio.sleep(0.05)
+                continue
+            while len(context.answers) == answered:
+                context.arrived.clear()
+                await context.arrived.wait()
+        await asyncio.Event().wait()
+
+    servicer = server.BrokerServicer(core, BrokerMetrics())
+    session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
+    while len(context.answers) < count:
+        context.arrived.clear()
+        await asyncio.wait_for(context.arrived.wait(), 10)
+    session.cancel()
+    await asyncio.gather(session, return_exceptions=True)
+    return context.answers[:count]
+
+
+def pop_frame(request_id: int, poll_ms: int = 0) -> pb.SessionRequest:
+    pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=poll_ms)
+    return pb.SessionRequest(id=request_id, pop=pop)
+
+
+def test_with_no_long_polls_allowed_a_pop_that_does_not_wait_is_still_served(tmp_path: Path) -> None:
+    async def scenario() -> list[str]:
+        async with broker(tmp_path, max_held=0) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"x")])
+            [answer] = await session_answers(core, [pop_frame(1)], 1)
+            return [answer.WhichOneof("body") or "", answer.error.message]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30))[0] == "pop"
+
+
+def test_a_cancel_for_a_reused_id_does_not_release_the_pop_answered_under_it_before(tmp_path: Path) -> None:
+    async def scenario() -> list[tuple[bytes, int]]:
+        async with broker(tmp_path) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"taken")])
+            send = pb.SessionRequest(id=1, send=pb.SendRequest(messages=[pb.Message(topic="t", body=b"other")]))
+            cancel = pb.SessionRequest(id=1, cancel=True)
+            popped, _ = await session_answers(core, [pop_frame(1), send, cancel], 2)
+            assert len(popped.pop.messages) == 1
+            left = await core.pop("t", "g", "*", 32, 60_000, 0)
+            return [(pb.Message.FromString(m.payload).body, m.attempt) for m in left.messages]
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [(b"other", 1)]  # "taken" stays taken
