@@ -135,7 +135,16 @@ def write(spark: SparkSession, settings: JobSettings) -> str:
 
 
 def _has_output(spark: SparkSession, path: str) -> bool:
+    """Whether any Parquet file was written under `path` (a run whose input made no rows writes only
+    `_SUCCESS`, and Spark cannot read a schema from that: the report would fail, and with it the streaming
+    batch, replayed and failing again on every later run)."""
     jvm: Any = spark.sparkContext._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(hpath))
+    if not fs.exists(hpath):
+        return False
+    files = fs.listFiles(hpath, True)
+    while files.hasNext():
+        if files.next().getPath().getName().endswith(".parquet"):
+            return True
+    return False

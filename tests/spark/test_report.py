@@ -75,3 +75,22 @@ def test_streaming_once_prints_it_too(
     printed = capsys.readouterr().out  # data up to t=100, 10 s lateness: window 0 is final
     assert "popgate metrics: 1 windows" in printed and "receives 15," in printed
     assert (tmp_path / "report.txt").read_text() == printed
+
+
+def test_input_that_makes_no_rows_gives_a_report_not_a_failure_and_streaming_goes_on(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Messages on a topic no group consumes yet make no topic/group row: the first run writes no Parquet, and
+    later runs — streaming ones replay that batch — must not fail on it."""
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    inbox.mkdir()
+    write_jsonl(
+        inbox / "a.jsonl", [S.rec(t, "popgate_broker_max_offset", 10 * t, topic="t1", queue=0) for t in (0, 100)]
+    )
+    run(JobSettings(input=str(inbox), output=str(out), lateness_s=10, streaming=True, once=True))
+    assert "no complete window" in capsys.readouterr().out
+    run_batch(spark, JobSettings(input=str(inbox), output=str(tmp_path / "batch")))
+    assert "no complete window" in (tmp_path / "batch" / "report.txt").read_text()
+    write_jsonl(inbox / "b.jsonl", rows())  # a consumer group appears: the next run goes on with it
+    run(JobSettings(input=str(inbox), output=str(out), lateness_s=10, streaming=True, once=True))
+    assert "receives 15," in capsys.readouterr().out
