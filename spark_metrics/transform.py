@@ -188,15 +188,19 @@ def _group_level(pp: DataFrame) -> DataFrame:
         .agg(*(F.sum(c).alias(c) for c in ("receives", "hits_m", "hits_l", "long_m", "long_l", "notify_runs",
                                           "empty_m", "empty_l", "dlq_messages")))
     )  # fmt: skip
-    # A dedicated metric wins over the same figure read from a label, so nothing is counted twice.
+    # A dedicated metric wins over the same figure read from a label, so nothing is counted twice. A group with
+    # receives but no series for a kind of receive (it never had one: a series appears at its first count) had
+    # 0 of them, not "no value", so its rates are 0, not undefined. Notify runs stay unknown without their
+    # metric: a source that exports only labelled receives cannot tell.
+    zero = F.when(F.col("receives").isNotNull(), F.lit(0.0))
     return agg.select(
         *WINDOW_KEYS,
         "group",
         "receives",
-        F.coalesce("hits_m", "hits_l").alias("first_pop_hits"),
-        F.coalesce("long_m", "long_l").alias("long_polling_receives"),
+        F.coalesce("hits_m", "hits_l", zero).alias("first_pop_hits"),
+        F.coalesce("long_m", "long_l", zero).alias("long_polling_receives"),
         "notify_runs",
-        F.coalesce("empty_m", "empty_l").alias("empty_responses"),
+        F.coalesce("empty_m", "empty_l", zero).alias("empty_responses"),
         "dlq_messages",
     )
 

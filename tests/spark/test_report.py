@@ -94,3 +94,17 @@ def test_input_that_makes_no_rows_gives_a_report_not_a_failure_and_streaming_goe
     write_jsonl(inbox / "b.jsonl", rows())  # a consumer group appears: the next run goes on with it
     run(JobSettings(input=str(inbox), output=str(out), lateness_s=10, streaming=True, once=True))
     assert "receives 15," in capsys.readouterr().out
+
+
+def test_a_group_that_never_had_an_empty_receive_or_a_first_pop_hit_shows_zero_rates(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    proxy: dict[str, Any] = {"process": "px", "kind": "proxy", "counter": True}
+    records = [
+        S.rec(t, "popgate_proxy_receives_total", n, group="g", labels={"outcome": "messages"}, **proxy)
+        for t, n in ((0, 0), (40, 30), (100, 60))
+    ]
+    write_jsonl(tmp_path / "in.jsonl", records)
+    run_batch(spark, JobSettings(input=str(tmp_path / "in.jsonl"), output=str(tmp_path / "out")))
+    [row] = [r for r in spark.read.parquet(str(tmp_path / "out" / "windows")).collect() if r["receives"]][:1]
+    assert (row["empty_responses"], row["empty_rate"], row["first_pop_hits"], row["polling_hit_ratio"]) == (0, 0, 0, 0)
