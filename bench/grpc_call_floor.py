@@ -35,16 +35,18 @@ class Idle(service_pb2_grpc.MessagingServiceServicer):
         yield pb.ReceiveMessageResponse()
 
 
-def serve(ports: multiprocessing.Queue[int]) -> None:
-    async def run() -> None:
-        server = grpc.aio.server(options=OPTIONS)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(Idle(), server)  # type: ignore[no-untyped-call]
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        ports.put(port)
-        await asyncio.sleep(300)
+async def run_server(servicer: Any, ports: Any, hold_s: float) -> None:
+    """A bare grpc.aio server with the proxy's options serving `servicer`; its port goes to `ports`."""
+    server = grpc.aio.server(options=OPTIONS)
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ports.put(port)
+    await asyncio.sleep(hold_s)
 
-    asyncio.run(run())
+
+def serve(ports: multiprocessing.Queue[int]) -> None:
+    asyncio.run(run_server(Idle(), ports, 300))
 
 
 async def measure(port: int, pid: int, args: argparse.Namespace) -> float:

@@ -34,11 +34,6 @@ from bench import grpc_call_floor
 from bench.common import cpu_seconds, percentile
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
-OPTIONS = [  # the proxy's: without the pending-request limits grpc cancels most of 10,000 new calls
-    ("grpc.max_concurrent_streams", 1 << 20),
-    ("grpc.server.max_pending_requests", 1 << 20),
-    ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
-]
 
 
 def frames(n: int) -> list[pb.ReceiveMessageResponse]:
@@ -78,15 +73,7 @@ def serve_aio(ports: Any) -> None:
         async def Heartbeat(self, request: Any, context: Any) -> Any:  # type: ignore[override]
             return pb.HeartbeatResponse(status=v2.Status(code=v2.OK))
 
-    async def run() -> None:
-        server = grpc.aio.server(options=OPTIONS)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(Servicer(), server)  # type: ignore[no-untyped-call]
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        ports.put(port)
-        await asyncio.sleep(600)
-
-    asyncio.run(run())
+    asyncio.run(grpc_call_floor.run_server(Servicer(), ports, 600))
 
 
 def serve_grpclib(ports: Any) -> None:

@@ -3,8 +3,8 @@
 grpcio 1.85 moves socket I/O to its EventEngine (a thread pool that hands each read and write to
 grpc's completion queue). On this 2-core machine its older poller (epoll on the completion
 queue's own thread) measured better on every path popgate cares about (docs/PROXY.md, "gRPC I/O
-engine"): proxy consume+ack 7.0-7.2k -> 8.2-8.4k msg/s, a unary call after 20 ms of idleness
-~0.2 ms faster, idle CPU of 10,000 held receives 2.3-2.8 % -> 1.6-1.7 %.
+engine", alternated on one commit): proxy consume+ack 6.6-6.8k -> 8.5-8.6k msg/s, a unary call
+after 20 ms of idleness ~0.2 ms faster, idle CPU of 10,000 held receives 1.9 % -> 1.7 %.
 
 grpc reads ``GRPC_EXPERIMENTS`` once, when ``grpc`` is first imported, so this runs at the top of
 each entry point (broker, proxy, the SDK package) and does nothing when grpc is already imported

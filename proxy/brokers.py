@@ -77,12 +77,9 @@ class BrokerCall(asyncio.Future):  # type: ignore[type-arg]
     """The future `GrpcBrokerClient.begin` returns. It names its Session request, so that an answer nobody
     used can be handed back to the broker (`GrpcBrokerClient.release`)."""
 
-    __slots__ = ("session", "request_id")
-
-    def __init__(self, *, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self.session: BrokerSession | None = None
-        self.request_id = 0
+    __slots__ = ("session", "request_id")  # set once submitted (no __init__: made as fast as a plain future)
+    session: BrokerSession
+    request_id: int
 
 
 class GrpcBrokerClient:
@@ -224,8 +221,9 @@ class GrpcBrokerClient:
 
     def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
         """`call` (from `begin_pop`) answered with messages nobody will receive: the broker puts them back."""
-        if isinstance(call, BrokerCall) and call.session is not None:
-            call.session.release(call.request_id)
+        session = getattr(call, "session", None)  # unset when the request was never submitted
+        if session is not None:
+            session.release(call.request_id)  # type: ignore[attr-defined]
 
     def begin_notification(
         self, request: bpb.NotificationRequest, *, timeout_s: float
