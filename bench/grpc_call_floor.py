@@ -21,8 +21,8 @@ import asyncio
 import multiprocessing
 import threading
 import tracemalloc
-from multiprocessing.connection import Connection
 from collections.abc import AsyncIterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 import grpc
