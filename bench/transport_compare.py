@@ -207,7 +207,7 @@ async def idle_latency(client: str, port: int) -> dict[str, tuple[float, float]]
 async def held(port: int, pid: int, calls: int) -> float:
     """KB of the server's RSS per held ReceiveMessage call: bench/grpc_call_floor's measurement."""
     args = argparse.Namespace(calls=calls, channels=20, settle_s=max(5.0, calls / 1500))
-    return await grpc_call_floor.measure(port, pid, args) / 1024
+    return await grpc_call_floor.measure(port, pid, None, args) / 1024
 
 
 def main() -> None:
