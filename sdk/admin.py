@@ -26,16 +26,18 @@ from sdk.client import Producer, SimpleConsumer
 from sdk.commands import (
     NON_NEGATIVE,
     NON_NEGATIVE_INT,
-    POSITIVE,
     POSITIVE_FLOAT,
     IdleWait,
     Sub,
     client_options,
     connection,
     error_console,
+    number,
     print_table,
 )
 from sdk.message import Message
+
+LIST_LIMIT = number(int, low=1, high=1000)
 
 DLQ_PREFIX = "%DLQ%"
 DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
@@ -66,7 +68,9 @@ def add_parsers(sub: Sub) -> None:
     listing = dlq_sub.add_parser("list", help="list %%DLQ%%<group> (asks the brokers; consumes nothing)")
     _broker_option(listing)
     listing.add_argument("group")
-    listing.add_argument("--limit", type=POSITIVE, default=100, help="at most this many messages")
+    listing.add_argument(
+        "--limit", type=LIST_LIMIT, default=100, help="at most this many messages (1..1000, a broker's ListMessages)"
+    )
     listing.add_argument("--timeout", type=POSITIVE_FLOAT, default=3.0, help="per-broker deadline, seconds")
     listing.set_defaults(handler=dlq_list_command)
     resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
@@ -238,7 +242,9 @@ def resent(message: Message) -> tuple[str, Message] | None:
     if not origin:
         return None
     properties = {k: v for k, v in message.properties.items() if k not in DLQ_PROPS}
-    return origin, Message(message.body, tag=message.tag, keys=message.keys, properties=properties)
+    return origin, Message(
+        message.body, tag=message.tag, keys=message.keys, properties=properties, message_group=message.message_group
+    )
 
 
 def dlq_resend_command(args: argparse.Namespace) -> int:

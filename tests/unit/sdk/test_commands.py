@@ -43,6 +43,30 @@ def test_a_dead_letter_without_its_origin_is_not_resent() -> None:
     assert topic == "orders" and copy is not None and copy.properties == {"k": "v"}
 
 
+def test_a_resent_dead_letter_keeps_its_message_group_tag_and_keys() -> None:
+    dead = Message(
+        b"paid",
+        tag="paid",
+        keys=("order-42",),
+        properties={"ORIGIN_TOPIC": "orders", "ORIGIN_MESSAGE_ID": "ID1", "DELIVERY_ATTEMPTS": "17", "region": "eu"},
+        message_group="order-42",
+    )
+    topic, copy = resent(dead) or ("", None)
+    assert topic == "orders" and copy is not None
+    assert (copy.message_group, copy.tag, tuple(copy.keys), copy.properties) == (
+        "order-42",
+        "paid",
+        ("order-42",),
+        {"region": "eu"},
+    )
+
+
+def test_listing_more_dead_letters_than_a_broker_lists_at_once_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:  # argparse's own exit for a bad option value
+        main(["dlq", "list", "g", "--broker", "b1=127.0.0.1:1", "--limit", "1001"])
+    assert exited.value.code == 2 and "1..1000" in capsys.readouterr().err
+
+
 def test_an_error_stays_one_line_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     error_console().print("popgate send: " + "the proxy at 127.0.0.1:1 is unreachable " * 8)
     assert capsys.readouterr().err.count("\n") == 1
