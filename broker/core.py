@@ -324,7 +324,9 @@ class BrokerCore:
         # A group's first look at an existing topic fixes (and stores) where it starts on every queue, so
         # that `latest` means the moment it first looked, not its first successful Pop. A group that looked
         # before the topic existed starts at its first message: everything in it came after that look.
-        latest = new and self.settings.consume_from == "latest"
+        # Dead-letter topics are read from their first message whatever the setting (RocketMQ starts its
+        # system topics at the minimum offset too): `dlq resend` must find the letters that came before it.
+        latest = new and self.settings.consume_from == "latest" and not topic.startswith(validation.DLQ_PREFIX)
         if latest and (group, topic) in self._looked_early:
             del self._looked_early[(group, topic)]
             latest = False

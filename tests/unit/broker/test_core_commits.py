@@ -84,6 +84,20 @@ def test_a_latest_group_gets_the_message_that_ended_its_notification(tmp_path: P
     run(scenario)
 
 
+def test_under_latest_a_dead_letter_topic_is_still_read_from_its_first_letter(tmp_path: Path) -> None:
+    # `popgate dlq resend` reads %DLQ%<group> as a group of its own, after the letters are there.
+    async def scenario() -> list[bytes]:
+        async with broker(tmp_path, consume_from="latest") as (core, _):
+            await core.pop("orders", "billing", "*", 1, 10_000, 0)  # the group looks first: it starts here
+            await core.send([pb.Message(topic="orders", body=b"order-42")])
+            [m] = (await core.pop("orders", "billing", "*", 1, 10_000, 0)).messages
+            await core.dead_letter("orders", "billing", m.handle)
+            got = await core.pop("%DLQ%billing", "popgate-dlq-resend", "*", 32, 30_000, 0)
+            return [pb.Message.FromString(p.payload).body for p in got.messages]
+
+    assert run(scenario) == [b"order-42"]
+
+
 def test_a_latest_group_keeps_its_unread_messages_across_a_restart(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with broker(tmp_path, consume_from="latest") as (core, _):
