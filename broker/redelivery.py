@@ -67,7 +67,7 @@ class Redelivery:
         ready = 0
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
             if delivery.attempt >= self.max_attempts:
-                self._spawn(self.dead_letter(state, queue_id, offset, delivery))
+                self._spawn(self._out_of_attempts(state, queue_id, offset, delivery))
             else:
                 state.ready.append((queue_id, offset, delivery.token))
                 ready += 1
@@ -96,6 +96,25 @@ class Redelivery:
             self.hold.wake((state.topic, state.group), count)
         self.schedule(state)
 
+    async def _out_of_attempts(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
+        """An expired delivery with no attempt left goes to the DLQ. Off the deadline heap already, it must not
+        be stranded by a failure before the DLQ commit (its payload read): then it comes due again in a second,
+        as when the commit fails (`_dead_lettered`)."""
+        try:
+            await self.dead_letter(state, queue_id, offset, delivery)
+        except InvalidReceiptHandle:
+            pass  # acked (or redelivered) while its payload was read: nothing left to move
+        except Exception as exc:
+            if state.current(queue_id, offset, delivery.token) is None:
+                raise  # the commit's failure: `_dead_lettered` has put it back already
+            log.warning("dead-lettering %s/%s/%s failed, retried in 1 s: %s", state.topic, queue_id, offset, exc)
+            self._due_again(state, queue_id, offset, delivery)
+
+    def _due_again(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
+        """The delivery stays in flight with its attempt count and comes due again in a second."""
+        state.deliver(queue_id, offset, Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000))
+        self.schedule(state)
+
     async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
         topic = self.topics[state.topic]
         payloads = await self.payloads(topic, [(queue_id, offset)])
@@ -121,10 +140,7 @@ class Redelivery:
         self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery, committed: asyncio.Future[Any]
     ) -> None:
         if committed.cancelled() or committed.exception() is not None:
-            # The message must not vanish: it stays in flight and comes due again in a second.
-            retry = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
-            state.deliver(queue_id, offset, retry)
-            self.schedule(state)
+            self._due_again(state, queue_id, offset, delivery)  # the message must not vanish
             return
         state.dead_lettered += 1
         log.info(

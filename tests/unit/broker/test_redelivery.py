@@ -45,11 +45,16 @@ class CommitLog:
         return future
 
 
-def make(store: CommitLog) -> tuple[Redelivery, GroupTopic, HoldService]:
+def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupTopic, HoldService]:
+    """failed_reads: that many payload reads fail first, as a disk read error would."""
     topics = {"t": TopicLog("t", [QueueLog("t", 0)])}
     hold = HoldService(10)
+    reads = [0]
 
     async def payloads(topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        reads[0] += 1
+        if reads[0] <= failed_reads:
+            raise OSError("disk I/O error")
         return {
             (q, o): pb.Message(topic=topic.name, message_id=f"m{o}", body=b"x").SerializeToString() for q, o in picks
         }
@@ -110,6 +115,23 @@ def test_refused_dead_letter_keeps_the_message_in_flight() -> None:
 
     run(scenario())
     assert store.commits == []
+
+
+def test_a_failed_payload_read_while_dead_lettering_keeps_the_message_in_flight() -> None:
+    store = CommitLog()
+
+    async def scenario() -> tuple[int, int, int]:
+        redelivery, state, _ = make(store, failed_reads=1)
+        state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
+        redelivery.expire(state, now=200)  # out of attempts: to the DLQ, but its payload cannot be read
+        await redelivery.close()
+        deadline = state.next_deadline()
+        assert deadline is not None and deadline > now_ms()  # in flight, due again (not stranded)
+        redelivery.expire(state, now=deadline)  # the read works this time
+        await redelivery.close()
+        return state.dead_lettered, len(store.commits), state.inflight_count
+
+    assert run(scenario()) == (1, 1, 0)
 
 
 def test_deadline_timer_wakes_a_held_pop() -> None:
