@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sdk.cluster import Cluster, ClusterConfig, ClusterError
+from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError
 
 
 def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,6 +78,14 @@ def up(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         _say(f"popgate up: {exc}", err=True)
         return 1
+    died: list[str] = []
+
+    def child_died(child: Child, code: int) -> None:  # a crash or a kill: say so, and stop the rest
+        tail = "\n  ".join(child.lines[-5:])
+        died.append(f"popgate up: {child.name} exited with code {code}; last output:\n  {tail}")
+        stop.set()
+
+    cluster.on_exit(child_died)
     try:
         brokers = ", ".join(f"{n}={c.address}" for n, c in cluster.brokers.items())
         _say(f"popgate: proxy endpoint {endpoint}  (brokers {brokers}; logs in {args.data_dir})")
@@ -92,9 +100,11 @@ def up(args: argparse.Namespace) -> int:
 
             LiveView(endpoint, {n: c.address for n, c in cluster.brokers.items()}).run(stop, args.interval)
     finally:
+        for report in died:
+            _say(report, err=True)
         _say("popgate: stopping", err=True)
         cluster.stop()
-    return 0
+    return 1 if died else 0
 
 
 def _quiet_stdout() -> None:

@@ -193,6 +193,21 @@ class Child:
         self._join(timeout_s)
         return code
 
+    def on_exit(self, died: Callable[[Child, int], None]) -> None:
+        """Call ``died(self, exit code)``, from a thread blocked in wait(), if this process ends without
+        having been told to stop (a crash, kill -9, the OOM killer); its last output is read by then."""
+        process = self.process
+        if process is None:
+            return
+
+        def watch() -> None:
+            code = process.wait()
+            if not self._terminated and self.process is process:
+                self._join(2.0)
+                died(self, code)
+
+        threading.Thread(target=watch, name=f"{self.name}-exit", daemon=True).start()
+
     def kill(self) -> None:
         if self.process is not None:
             self.process.kill()
@@ -325,6 +340,11 @@ class Cluster:
         child.start(self._env)
         child.wait_ready(self.config.ready_timeout_s)
         return child.address
+
+    def on_exit(self, died: Callable[[Child, int], None]) -> None:
+        """`Child.on_exit` for every child started so far: ``died`` hears of one that ends on its own."""
+        for child in [*self.brokers.values(), *self.proxies]:
+            child.on_exit(died)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Proxies first (they answer held receives), then brokers; SIGTERM, wait, then kill."""

@@ -97,6 +97,12 @@ class Up:
         finally:
             self._reader.join(10)
 
+    def wait(self, timeout_s: float) -> int:
+        """Wait for `up` to exit on its own; its exit code, with all its output read."""
+        code = self.proc.wait(timeout_s)
+        self._reader.join(10)
+        return code
+
     def left_behind(self, timeout_s: float) -> list[Proc]:
         """The children still running after up to `timeout_s` (polled)."""
         deadline = time.monotonic() + timeout_s

@@ -45,6 +45,15 @@ def test_children_die_with_a_sigkilled_up(up: Up) -> None:
     assert up.left_behind(15) == [], "brokers or proxy outlived `popgate up`"
 
 
+def test_a_child_killed_while_up_runs_stops_up_with_its_name_and_exit_code(up: Up) -> None:
+    victim = up.children[0]
+    os.kill(victim.pid, signal.SIGKILL)  # as the OOM killer would
+    assert up.wait(20) == 1  # `up` noticed by itself: nobody signalled it
+    died = [line for line in up.lines if line.startswith("popgate up: ") and "exited with code -9" in line]
+    assert len(died) == 1, up.lines
+    assert up.left_behind(10) == [], "the other child was left running"
+
+
 def test_an_unusable_data_dir_fails_at_once_with_the_cause(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     argv = [POPGATE, "up", "--no-view", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "file" / "data")]
