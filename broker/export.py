@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class _RollingFile:
         self.stem = f"{settings.kind}-{_UNSAFE.sub('_', settings.process)}-{int(settings.started * 1000)}"
         self.period: int | None = None
         self.seq = 0
-        self._file: BinaryIO | None = None
+        self._fd: int | None = None  # the in-progress file, written unbuffered (see `append`)
 
     def _names(self) -> tuple[Path, Path]:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((self.period or 0) * self.settings.roll_period_s))
@@ -163,30 +163,42 @@ class _RollingFile:
         return self.dir / f".{name}.tmp", self.dir / name
 
     def append(self, data: bytes, now: float) -> None:
+        """Append one snapshot's lines whole, or raise and leave none of them in the file.
+
+        Written with os.write, no buffer: a write that fails (disk full) leaves nothing behind to be
+        written later, after the part already on disk is cut off, in the middle of a line."""
         period = int(now // self.settings.roll_period_s)
         if self.period is not None and period != self.period:
             self.publish()
-        if self._file is None:
+        if self._fd is None:
             self.period = period
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._file = self._names()[0].open("ab")
-        end = self._file.tell()
+            self._fd = os.open(self._names()[0], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = self._fd
+        end = os.lseek(fd, 0, os.SEEK_END)
         try:
-            self._file.write(data)
-            self._file.flush()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
         except OSError:
-            self._file.truncate(end)  # no half snapshot (nor half line) before the next one
+            try:
+                os.ftruncate(fd, end)  # no half snapshot (nor half line) before the next one
+            except OSError:  # it stays cut in this file: go on in a new one (`salvage` keeps its whole lines)
+                os.close(fd)
+                self._fd = None
+                self.seq += 1
             raise
 
     def publish(self) -> Path | None:
         """fsync the in-progress file and rename it to its final name (atomic within the directory)."""
-        if self._file is None:
+        if self._fd is None:
             return None
         tmp, final = self._names()
-        file, self._file = self._file, None
-        with file:
-            file.flush()
-            os.fsync(file.fileno())
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)
         _fsync_dir(self.dir)
         self.seq += 1

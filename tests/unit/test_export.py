@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from broker import export
 from broker.export import ExportSettings, MetricsExporter, RunSnapshots, _RollingFile, encode, records, salvage
 
 
@@ -129,26 +131,26 @@ def test_settings_are_validated(tmp_path: Path) -> None:
     assert ExportSettings(tmp_path, "b1", "broker", interval_s=120).roll_period_s == 120
 
 
-def test_a_failed_write_leaves_no_half_snapshot(tmp_path: Path) -> None:
+def test_a_snapshot_a_full_disk_cut_leaves_nothing_of_itself_then_or_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     f = _RollingFile(settings(tmp_path))
     f.append(b'{"a":1}\n', 0.0)
-    real = f._file
-    assert real is not None
+    real_write = os.write
+    calls = [0]
 
-    class DiskFull:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-        def write(self, data: bytes) -> int:
-            real.write(data[:3])
-            real.flush()
+    def disk_fills_up(fd: int, data: Any) -> int:  # part of the snapshot fits, then the disk is full
+        calls[0] += 1
+        if calls[0] == 1:
+            return real_write(fd, bytes(data[:5]))
+        if calls[0] == 2:
             raise OSError(28, "No space left on device")
+        return real_write(fd, data)
 
-    f._file = DiskFull()  # type: ignore[assignment]
+    monkeypatch.setattr(export.os, "write", disk_fills_up)
     with pytest.raises(OSError):
-        f.append(b'{"a":2}\n', 1.0)
-    f._file = real
-    f.append(b'{"a":3}\n', 2.0)
+        f.append(b'{"a":2}\n{"a":22}\n', 1.0)
+    f.append(b'{"a":3}\n', 2.0)  # room again
     published = f.publish()
     assert published is not None and published.read_bytes() == b'{"a":1}\n{"a":3}\n'
 
