@@ -221,7 +221,11 @@ def salvage(export_dir: Path, kind: str, process: str) -> list[Path]:
     """
     out: list[Path] = []
     prefix = f".{kind}-{_UNSAFE.sub('_', process)}-"
+    # This process's files exactly: broker "b" must not take running broker "b-2"'s file (".broker-b-2-...").
+    ours = re.compile(re.escape(prefix) + r"\d+-\d{8}T\d{6}Z-\d+\.jsonl\.tmp")
     for tmp in sorted(Path(export_dir).glob(f"{prefix}*.jsonl.tmp")):
+        if not ours.fullmatch(tmp.name):
+            continue
         data = tmp.read_bytes()
         whole = data[: data.rfind(b"\n") + 1]
         if whole != data:

@@ -98,10 +98,12 @@ def test_files_roll_over_by_time_and_appear_whole(tmp_path: Path) -> None:
 def test_leftovers_of_a_killed_run_are_published_with_whole_lines_only(tmp_path: Path) -> None:
     (tmp_path / ".broker-b1-5-19700101T000000Z-000000.jsonl.tmp").write_bytes(b'{"a":1}\n{"a":2}\n{"a":')
     (tmp_path / ".broker-b2-5-19700101T000000Z-000000.jsonl.tmp").write_bytes(b'{"a":1}\n')  # not ours
+    (tmp_path / ".broker-b1-2-5-19700101T000000Z-000000.jsonl.tmp").write_bytes(b'{"a":1}\n')  # broker "b1-2"'s
     (published,) = salvage(tmp_path, "broker", "b1")
     assert published.name == "broker-b1-5-19700101T000000Z-000000.jsonl"
     assert published.read_bytes() == b'{"a":1}\n{"a":2}\n'
     assert (tmp_path / ".broker-b2-5-19700101T000000Z-000000.jsonl.tmp").exists()
+    assert (tmp_path / ".broker-b1-2-5-19700101T000000Z-000000.jsonl.tmp").exists()
 
 
 def test_exporter_snapshots_periodically_and_publishes_on_close(tmp_path: Path) -> None:
