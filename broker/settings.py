@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,16 @@ class BrokerSettings:
             (1 <= self.max_pop_batch <= 1024, "max_pop_batch must be in 1..1024"),
             (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),
             (self.max_poll_ms >= 0, "max_poll_ms must be >= 0"),
+            (re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", self.name) is not None, "name must match [a-zA-Z0-9_-]{1,64}"),
+            (self.max_send_batch >= 1, "max_send_batch must be >= 1"),
+            (self.max_pop_bytes >= 1, "max_pop_bytes must be >= 1"),
+            (self.cache_bytes >= 0, "cache_bytes must be >= 0"),
+            (self.schedule_max_in_flight >= 1, "schedule_max_in_flight must be >= 1"),
+            (self.max_delay_ms >= 0, "max_delay_ms must be >= 0"),
+            (self.sweep_interval_s > 0, "sweep_interval_s must be > 0"),
+            (self.export_interval_s > 0, "export_interval_s must be > 0"),
+            (self.max_grpc_message_bytes >= 1024, "max_grpc_message_bytes must be >= 1024"),
+            (self.shutdown_grace_s >= 0, "shutdown_grace_s must be >= 0"),
             (":" in self.listen, "listen must be HOST:PORT"),
             ("://" not in self.export_dir, "export_dir must be a local directory, not a URI (docs/METRICS.md)"),
         ]

@@ -33,3 +33,21 @@ def test_invalid_settings_are_refused() -> None:
         BrokerSettings(flush="sometimes")
     with pytest.raises(SystemExit):
         parse(["--queues-per-topic", "many"], {})
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"sweep_interval_s": 0},  # a safety sweep on every loop turn: one core at 100 %
+        {"max_send_batch": 0},
+        {"max_pop_bytes": 0},
+        {"cache_bytes": -5},
+        {"shutdown_grace_s": -1},
+        {"export_interval_s": 0},
+        {"name": "b 1"},  # no proxy could name it in --broker NAME=HOST:PORT
+    ],
+    ids=lambda setting: next(iter(setting)),
+)
+def test_settings_out_of_range_are_refused(setting: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        BrokerSettings(**setting)  # type: ignore[arg-type]
