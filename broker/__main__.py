@@ -33,10 +33,17 @@ async def sweep_forever(core: BrokerCore, interval_s: float) -> None:
         core.sweep()
 
 
+class StartError(Exception):
+    """A start-up failure the operator fixes with a flag (a port in use, a directory that is a file): one line."""
+
+
 async def serve(settings: BrokerSettings) -> None:
     loop = asyncio.get_running_loop()
     metrics = BrokerMetrics()
-    store = SqliteStore(settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe)
+    try:
+        store = SqliteStore(settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe)
+    except OSError as exc:  # not a directory, no permission, a read-only file system
+        raise StartError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from None
     snapshot = await loop.run_in_executor(None, store.load)
     core = BrokerCore(settings, store)
     store.set_listener(core)
@@ -47,6 +54,25 @@ async def serve(settings: BrokerSettings) -> None:
         log.info("created topics %s", ", ".join(created))
     core.start()
     metrics.watch(core)
+    # Before the gRPC server starts: a failure here has nothing serving to stop yet.
+    metrics_server = MetricsServer(metrics.registry)
+    if settings.metrics_listen:
+        try:
+            address = await metrics_server.start(settings.metrics_listen)
+        except (OSError, ValueError, OverflowError) as exc:
+            raise StartError(
+                f"--metrics-listen {settings.metrics_listen}: cannot serve /metrics there ({exc})"
+            ) from None
+        log.info("metrics on http://%s/metrics", address)
+    exporter = MetricsExporter(
+        metrics.registry, ExportSettings(Path(settings.export_dir), settings.name, "broker", settings.export_interval_s)
+    )
+    if settings.export_dir:
+        try:
+            await exporter.start()
+        except OSError as exc:
+            await metrics_server.close()
+            raise StartError(f"--export-dir {settings.export_dir}: {exc.strerror or exc}") from None
 
     limit = settings.max_grpc_message_bytes
     server = grpc.aio.server(
@@ -63,21 +89,17 @@ async def serve(settings: BrokerSettings) -> None:
     pb_grpc.add_BrokerServicer_to_server(BrokerServicer(core, metrics), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(settings.listen)
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:  # grpc's "Failed to bind": the port is in use or the address is not local
+        await exporter.close()
+        await metrics_server.close()
+        raise StartError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("popgate.broker.v1.Broker", health_pb2.HealthCheckResponse.SERVING)
 
-    metrics_server = MetricsServer(metrics.registry)
-    if settings.metrics_listen:
-        address = await metrics_server.start(settings.metrics_listen)
-        log.info("metrics on http://%s/metrics", address)
     sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
-    exporter = MetricsExporter(
-        metrics.registry, ExportSettings(Path(settings.export_dir), settings.name, "broker", settings.export_interval_s)
-    )
-    if settings.export_dir:
-        await exporter.start()
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -109,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(settings))
-    except StoreUnavailable as exc:  # at start: data directory in use, unreadable or of a newer layout
+    except (StoreUnavailable, StartError) as exc:  # data directory in use or unusable, a port taken, ...
         log.error("cannot start: %s", exc)
         raise SystemExit(1) from None
 

@@ -110,11 +110,16 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()
+        stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if settings.metrics_listen:
             metrics_server = MetricsServer(metrics.registry)
-            log.info("metrics on http://%s/metrics", await metrics_server.start(settings.metrics_listen))
+            try:
+                log.info("metrics on http://%s/metrics", await metrics_server.start(settings.metrics_listen))
+            except OSError as exc:
+                what = f"--metrics-listen {settings.metrics_listen}: cannot serve /metrics there ({exc})"
+                raise SettingsError(what) from None
             stack.push_async_callback(metrics_server.close)
         if settings.export_dir:
             export = ExportSettings(
@@ -123,7 +128,10 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
                 "proxy",
                 settings.export_interval_s,
             )
-            await stack.enter_async_context(MetricsExporter(metrics.registry, export))
+            try:
+                await stack.enter_async_context(MetricsExporter(metrics.registry, export))
+            except OSError as exc:
+                raise SettingsError(f"--export-dir {settings.export_dir}: {exc.strerror or exc}") from None
         if settings.accounts and not settings.tls_cert:
             log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
         ready(address)

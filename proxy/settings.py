@@ -20,6 +20,7 @@ from broker.config import settings_parser
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _BROKER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -171,6 +172,7 @@ class Settings:
             ("adaptive_concurrency_per_broker", self.adaptive_concurrency_per_broker >= 0, ">= 0 (0 = criterion off)"),
             ("adaptive_proxies", self.adaptive_proxies >= 1, ">= 1"),
             ("export_dir", "://" not in self.export_dir, "a local directory, not a URI (docs/METRICS.md)"),
+            ("log_level", self.log_level.upper() in _LOG_LEVELS, "one of " + ", ".join(_LOG_LEVELS)),
         ]
         for name, ok, rule in checks:
             if not ok:

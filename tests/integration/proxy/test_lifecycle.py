@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -141,3 +142,36 @@ def test_brokers_may_be_given_by_dns_name(make_cluster: MakeCluster) -> None:
             client.close()
     finally:
         assert child.stop() == 0
+
+
+def _start_failure(argv: list[str]) -> tuple[int, list[str]]:
+    done = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL
+    )
+    # grpc core may log its own line for a failed bind; ours is the last one
+    return done.returncode, [line for line in done.stderr.splitlines() if line.strip()]
+
+
+def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        broker = ["-m", "broker", "--listen", "127.0.0.1:0", "--data-dir"]
+        proxy = ["-m", "proxy", "--listen", "127.0.0.1:0", "--broker", "b1=127.0.0.1:1"]
+        cases = [
+            (broker + [str(a_file / "b1")], 1, f"cannot start: --data-dir {a_file / 'b1'}: Not a directory"),
+            (broker + [str(tmp_path / "b2"), "--metrics-listen", busy], 1, f"--metrics-listen {busy}: cannot serve"),
+            (broker + [str(tmp_path / "b3"), "--export-dir", str(a_file / "x")], 1, "--export-dir"),
+            (["-m", "broker", "--listen", busy, "--data-dir", str(tmp_path / "b4")], 1, f"--listen {busy}: cannot"),
+            (proxy + ["--metrics-listen", busy], 2, f"popgate-proxy: --metrics-listen {busy}: cannot serve"),
+            (proxy + ["--export-dir", str(a_file / "x")], 2, "popgate-proxy: --export-dir"),
+            (proxy + ["--log-level", "verbose"], 2, "popgate-proxy: log_level='verbose' out of range"),
+        ]
+        for argv, code, says in cases:
+            returncode, lines = _start_failure(argv)
+            assert returncode == code, (argv, lines)
+            assert says in lines[-1], (argv, lines)
+            assert not [line for line in lines if "Traceback" in line or "never awaited" in line], (argv, lines)
