@@ -35,19 +35,21 @@ class MetricsServer:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
             if len(head) > MAX_REQUEST_BYTES:
                 raise ValueError("request too large")
-            method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            if method != "GET":
+            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            path = target.split("?")[0]
+            if method not in ("GET", "HEAD"):
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET\n"
-            elif path.split("?")[0] == "/metrics":
+            elif path == "/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
             elif path == "/healthz":
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            allow = "Allow: GET, HEAD\r\n" if status.startswith("405") else ""
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{allow}"
                 "Connection: close\r\n\r\n".encode()
-                + body
+                + (b"" if method == "HEAD" else body)  # HEAD: the GET's headers, no body
             )
             await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, ConnectionError):
