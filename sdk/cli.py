@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError
+from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
 
 
 def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,7 +74,10 @@ def up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     cluster = Cluster(config)
     try:
-        endpoint = cluster.start()
+        endpoint = cluster.start(stop)
+    except ClusterInterrupted:
+        _say("popgate up: interrupted while starting; stopped", err=True)
+        return 130
     except ClusterError as exc:
         _say(f"popgate up: {exc}", err=True)
         return 1

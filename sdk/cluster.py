@@ -31,6 +31,10 @@ class ClusterError(RuntimeError):
     """A child did not start (its log tail is in the message)."""
 
 
+class ClusterInterrupted(ClusterError):
+    """`Cluster.start` was told to stop (its ``stop`` event) before every child was ready."""
+
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -137,9 +141,12 @@ class Child:
         """Its stderr reader is done without a ``ready`` line: the child is ending or has ended."""
         return self._ready.is_set() and not self.address
 
-    def wait_ready(self, timeout_s: float) -> str:
-        if not self._ready.wait(timeout_s) or not self.address:
-            raise self._failure(timeout_s)
+    def wait_ready(self, timeout_s: float, stop: threading.Event | None = None) -> str:
+        if stop is None:
+            if not self._ready.wait(timeout_s) or not self.address:
+                raise self._failure(timeout_s)
+            return self.address
+        wait_all_ready([self], timeout_s, stop)
         return self.address
 
     def _failure(self, timeout_s: float) -> ClusterError:
@@ -219,11 +226,14 @@ class Child:
             self._reader.join(timeout_s)
 
 
-def wait_all_ready(children: Sequence[Child], timeout_s: float) -> None:
-    """Wait until every child reported ready; ClusterError as soon as one of them has ended instead."""
+def wait_all_ready(children: Sequence[Child], timeout_s: float, stop: threading.Event | None = None) -> None:
+    """Wait until every child reported ready; ClusterError as soon as one of them has ended instead,
+    ClusterInterrupted as soon as ``stop`` is set (Ctrl-C while a broker loads its store)."""
     deadline = time.monotonic() + timeout_s
     pending = list(children)
     while True:
+        if stop is not None and stop.is_set():
+            raise ClusterInterrupted("interrupted while starting")
         for child in pending:
             if child.ended:
                 raise child._failure(timeout_s)  # its exit code and last output
@@ -280,11 +290,12 @@ class Cluster:
             argv += ["--metrics-listen", "127.0.0.1:0"]
         return argv + list(c.broker_args)
 
-    def start(self) -> str:
+    def start(self, stop: threading.Event | None = None) -> str:
         """Start every broker, then the proxy; the proxy's endpoint.
 
         ClusterError, with the cause, when the data directory is unusable or a child exits
-        or stays silent instead of reporting ready (the others are stopped then).
+        or stays silent instead of reporting ready; ClusterInterrupted when ``stop`` is set
+        before all are ready (the others are stopped then, either way).
         """
         try:
             data_dir = self.config.data_dir
@@ -300,8 +311,8 @@ class Cluster:
                     child.start(self._env)
             except OSError as exc:
                 raise ClusterError(f"cannot start the brokers: {exc}") from exc
-            wait_all_ready(list(self.brokers.values()), self.config.ready_timeout_s)
-            self.add_proxy(self.config.listen)
+            wait_all_ready(list(self.brokers.values()), self.config.ready_timeout_s, stop)
+            self.add_proxy(self.config.listen, stop=stop)
         except BaseException:
             self.stop()
             raise
@@ -311,7 +322,9 @@ class Cluster:
         log = self.config.data_dir / f"{name}.log"
         return Child(name, argv, log, die_with_parent=self.config.die_with_parent)
 
-    def add_proxy(self, listen: str = "127.0.0.1:0", extra: Sequence[str] = ()) -> str:
+    def add_proxy(
+        self, listen: str = "127.0.0.1:0", extra: Sequence[str] = (), *, stop: threading.Event | None = None
+    ) -> str:
         """Start one more proxy over the same brokers; its address."""
         argv = [self.python, "-m", "proxy", "--listen", listen, "--receive-mode", self.config.receive_mode]
         for target in self.broker_targets():
@@ -328,7 +341,7 @@ class Cluster:
         except OSError as exc:
             raise ClusterError(f"cannot start {name}: {exc}") from exc
         self.proxies.append(child)
-        return child.wait_ready(self.config.ready_timeout_s)
+        return child.wait_ready(self.config.ready_timeout_s, stop)
 
     def restart_broker(self, name: str) -> str:
         """Start a stopped or killed broker again on its old address and data directory."""

@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sdk import Producer
-from tests.integration.sdk.popgate_up import POPGATE, Up
+from tests.integration.sdk.popgate_up import POPGATE, Up, children_of
 
 # Children inherit the environment: a short shutdown grace keeps each stop well under a second.
 ENV = dict(os.environ, POPGATE_SHUTDOWN_GRACE_S="0.5")
@@ -52,6 +53,23 @@ def test_a_child_killed_while_up_runs_stops_up_with_its_name_and_exit_code(up: U
     died = [line for line in up.lines if line.startswith("popgate up: ") and "exited with code -9" in line]
     assert len(died) == 1, up.lines
     assert up.left_behind(10) == [], "the other child was left running"
+
+
+def test_ctrl_c_while_starting_stops_at_once_without_claiming_ready(tmp_path: Path) -> None:
+    process = Up(tmp_path / "data", brokers=2, env=ENV)
+    try:
+        deadline = time.monotonic() + 15
+        while not children_of(process.proc.pid) and time.monotonic() < deadline:  # a broker was just spawned
+            time.sleep(0.005)
+        spawned = children_of(process.proc.pid)
+        assert spawned, "popgate up started no child"
+        process.children = spawned
+        assert process.stop(signal.SIGINT, timeout_s=15) == 130
+        assert not [line for line in process.lines if line.startswith("ready ")], process.lines
+        assert "popgate up: interrupted while starting; stopped" in process.lines
+        assert process.left_behind(10) == []
+    finally:
+        process.kill_all()
 
 
 def test_an_unusable_data_dir_fails_at_once_with_the_cause(tmp_path: Path) -> None:
