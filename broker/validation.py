@@ -8,7 +8,7 @@ from broker.errors import IllegalGroup, IllegalMessage, IllegalTopic
 
 # The limits of DESIGN §5, checked by the broker and again, before any broker call, by the proxy
 # (proxy/validate.py imports them from here: one source for both).
-NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]+$")
+NAME_RE = re.compile(r"[%a-zA-Z0-9_-]+")  # fullmatch: "$" would also match before a final newline
 MAX_NAME_LEN = 127
 DLQ_PREFIX = "%DLQ%"
 MAX_TAG_LEN = 256
@@ -24,7 +24,7 @@ def check_topic(topic: str) -> str:
         raise IllegalTopic("topic name is empty")
     if len(topic) > limit:
         raise IllegalTopic(f"topic name is longer than {limit} characters")
-    if not NAME_RE.match(topic):
+    if not NAME_RE.fullmatch(topic):
         raise IllegalTopic(f"topic name {topic!r} may only contain letters, digits, %, _ and -")
     return topic
 
@@ -34,7 +34,7 @@ def check_group(group: str) -> str:
         raise IllegalGroup("consumer group name is empty")
     if len(group) > MAX_NAME_LEN:
         raise IllegalGroup(f"consumer group name is longer than {MAX_NAME_LEN} characters")
-    if not NAME_RE.match(group):
+    if not NAME_RE.fullmatch(group):
         raise IllegalGroup(f"consumer group name {group!r} may only contain letters, digits, %, _ and -")
     return group
 

@@ -31,7 +31,7 @@ def _name(kind: str, name: str, error: type[errors.ProxyError], limit: int = MAX
         raise error(f"{kind} name is empty")
     if len(name) > limit:
         raise error(f"{kind} name is {len(name)} characters long; the limit is {limit}")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise error(f"{kind} name {name!r} may only contain letters, digits, %, _ and -")
     return name
 

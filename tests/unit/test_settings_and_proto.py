@@ -45,6 +45,7 @@ def test_invalid_settings_are_refused() -> None:
         {"shutdown_grace_s": -1},
         {"export_interval_s": 0},
         {"name": "b 1"},  # no proxy could name it in --broker NAME=HOST:PORT
+        {"name": "b1\n"},
     ],
     ids=lambda setting: next(iter(setting)),
 )

@@ -36,7 +36,7 @@ def test_a_deadline_that_leaves_no_time_or_a_negative_poll_is_illegal_polling_ti
         poll_seconds(-1.0, 10.0, LIMITS)
 
 
-@pytest.mark.parametrize("name", ["", "a" * 128, "bad name", "t.1", "x/y"])
+@pytest.mark.parametrize("name", ["", "a" * 128, "bad name", "t.1", "x/y", "orders\n"])
 def test_bad_topic_and_group_names_are_refused_with_the_reason(name: str) -> None:
     with pytest.raises(errors.IllegalTopic, match="topic name"):
         validate.topic(name)
