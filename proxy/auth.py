@@ -124,9 +124,11 @@ class Authenticator:
         date = metadata.get(DATE_HEADER, "")
         if not date:
             raise Unauthorized(f"{DATE_HEADER} header missing")
-        # Same work and the same answer whether the key is unknown or the signature wrong.
-        expected = sign(account.secret_key if account else "", date)
-        if account is None or not hmac.compare_digest(expected, signature.lower()):
+        # Same work and the same answer whether the key is unknown or the signature wrong. Compared as bytes:
+        # compare_digest refuses str with non-ASCII characters (a header byte 0xff arrives as U+FFFD).
+        expected = sign(account.secret_key if account else "", date).encode()
+        matches = hmac.compare_digest(expected, signature.lower().encode("utf-8", "replace"))
+        if account is None or not matches:
             raise Unauthorized("unknown access key or bad signature")
         if not fresh(date_offset_s(date, self._clock()), self._skew_s):
             raise Unauthorized(f"{DATE_HEADER} {date} is too far from the proxy's clock (any time zone)")

@@ -63,6 +63,8 @@ def test_valid_signature_returns_the_account_and_upper_case_hex_is_accepted() ->
         headers(ak="mallory", sk=""),
         {"authorization": headers()["authorization"]},  # date header missing
         {**headers(), auth.DATE_HEADER: "yesterday"},  # signed date differs from the one sent
+        {**headers(), "authorization": headers()["authorization"].rsplit("=", 1)[0] + "=é"},  # non-ASCII
+        {**headers(), "authorization": headers()["authorization"].rsplit("=", 1)[0] + "=\ufffd"},  # byte 0xff
     ],
 )
 def test_missing_malformed_wrong_or_unknown_credentials_are_unauthorized(meta: dict[str, str]) -> None:
