@@ -21,6 +21,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
+from broker.auth import TOKEN_KEY
 from sdk import errors
 from sdk.client import Producer, SimpleConsumer
 from sdk.commands import (
@@ -51,6 +52,11 @@ def _broker_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="NAME=HOST:PORT of a broker (repeatable; env POPGATE_BROKERS, comma-separated)",
+    )
+    parser.add_argument(
+        "--broker-token",
+        default=os.environ.get("POPGATE_BROKER_TOKEN", ""),
+        help="the brokers' shared token, when they require one (env POPGATE_BROKER_TOKEN, as the proxy's)",
     )
     parser.set_defaults(default_brokers=default)
 
@@ -86,6 +92,11 @@ def add_parsers(sub: Sub) -> None:
 class Broker:
     name: str
     target: str
+    token: str = ""  # the brokers' shared token (their --auth-token), sent as the proxy sends it
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((TOKEN_KEY, self.token),) if self.token else ()
 
 
 def brokers_of(args: argparse.Namespace) -> list[Broker]:
@@ -94,7 +105,7 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
         name, sep, target = text.partition("=")
         if not sep or ":" not in target:
             raise ValueError(f"--broker {text!r}: expected NAME=HOST:PORT")
-        out.append(Broker(name, target))
+        out.append(Broker(name, target, getattr(args, "broker_token", "")))
     if not out:
         raise ValueError("give at least one --broker NAME=HOST:PORT (as printed by `popgate up`)")
     return out
@@ -107,7 +118,7 @@ def fetch_stats(brokers: list[Broker], request: bpb.StatsRequest, timeout: float
         with grpc.insecure_channel(broker.target) as channel:
             try:
                 stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
-                out[broker.name] = stub.Stats(request, timeout=timeout)
+                out[broker.name] = stub.Stats(request, timeout=timeout, metadata=broker.metadata)
             except grpc.RpcError:
                 continue
     return out
@@ -191,14 +202,14 @@ def list_dead_letters(
         with grpc.insecure_channel(broker.target) as channel:
             stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
             try:
-                stats = stub.Stats(bpb.StatsRequest(topic=topic), timeout=timeout)
+                stats = stub.Stats(bpb.StatsRequest(topic=topic), timeout=timeout, metadata=broker.metadata)
                 for q in stats.queues:
                     if q.topic != topic or q.max_offset <= q.min_offset or len(out) >= limit:
                         continue
                     request = bpb.ListMessagesRequest(
                         topic=topic, queue_id=q.queue_id, from_offset=q.min_offset, limit=limit - len(out)
                     )
-                    out += stub.ListMessages(request, timeout=timeout).messages
+                    out += stub.ListMessages(request, timeout=timeout, metadata=broker.metadata).messages
                 answered += 1
             except grpc.RpcError as exc:
                 _err(f"popgate dlq list: broker {broker.name} at {broker.target}: {exc.code().name}")

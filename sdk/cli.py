@@ -101,7 +101,9 @@ def up(args: argparse.Namespace) -> int:
         else:
             from sdk.live import LiveView
 
-            LiveView(endpoint, {n: c.address for n, c in cluster.brokers.items()}).run(stop, args.interval)
+            addresses = {n: c.address for n, c in cluster.brokers.items()}
+            token = os.environ.get("POPGATE_BROKER_TOKEN", "")  # the children's, when their token is on
+            LiveView(endpoint, addresses, token=token).run(stop, args.interval)
     finally:
         for report in died:
             _say(report, err=True)

@@ -20,6 +20,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from broker.auth import TOKEN_KEY
+
 
 @dataclass
 class Sample:
@@ -77,8 +79,10 @@ def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
 
 
 class LiveView:
-    def __init__(self, endpoint: str, brokers: Mapping[str, str]) -> None:
+    def __init__(self, endpoint: str, brokers: Mapping[str, str], *, token: str = "") -> None:
+        """token: the brokers' shared token when they require one (their --auth-token)."""
         self._endpoint = endpoint
+        self._metadata = ((TOKEN_KEY, token),) if token else ()
         self._channels = {name: grpc.insecure_channel(addr) for name, addr in brokers.items()}
         self._stubs = {name: broker_pb2_grpc.BrokerStub(ch) for name, ch in self._channels.items()}  # type: ignore[no-untyped-call]
 
@@ -86,7 +90,7 @@ class LiveView:
         replies: dict[str, bpb.StatsResponse | None] = {}
         for name, stub in self._stubs.items():
             try:
-                replies[name] = stub.Stats(bpb.StatsRequest(), timeout=1.0)
+                replies[name] = stub.Stats(bpb.StatsRequest(), timeout=1.0, metadata=self._metadata)
             except grpc.RpcError:
                 replies[name] = None
         return summarize(replies, time.monotonic())

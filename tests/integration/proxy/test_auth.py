@@ -15,7 +15,9 @@ from popgate_pb import broker_pb2_grpc
 
 from broker.auth import TOKEN_KEY
 from sdk import PopgateError, Producer, SimpleConsumer, Unauthorized
+from sdk.cli import main
 from sdk.cluster import Cluster
+from sdk.live import LiveView
 from tests.integration.sdk.conftest import drain
 from tests.procs import BROKER_TOKEN, secured_cluster
 
@@ -126,3 +128,19 @@ def test_credentials_over_tls(cluster: Cluster, tmp_path: Path) -> None:
     with Producer(address, tls=cert, access_key="alice", secret_key="wrong") as producer:
         with pytest.raises(Unauthorized):
             producer.send(topic, b"x")
+
+
+def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+    with Producer(cluster.endpoint, access_key="alice", secret_key="alice-secret") as producer:
+        producer.send(topic, b"x")
+    brokers = [arg for target in cluster.broker_targets() for arg in ("--broker", target)]
+    assert main(["stats", *brokers, "--topic", topic, "--broker-token", BROKER_TOKEN]) == 0
+    assert topic in capsys.readouterr().out
+    monkeypatch.setenv("POPGATE_BROKER_TOKEN", BROKER_TOKEN)  # as `popgate up` children get it
+    assert main(["dlq", "list", "billing", *brokers]) == 0
+    assert "%DLQ%billing: 0 message(s)" in capsys.readouterr().out
+    addresses = dict(target.split("=", 1) for target in cluster.broker_targets())
+    assert LiveView(cluster.endpoint, addresses, token=BROKER_TOKEN).poll().down == []
