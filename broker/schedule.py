@@ -130,11 +130,17 @@ class ScheduledDelivery:
         self.max_retries = len(backoff_s)
         self._clock_ms = clock_ms
         self.in_flight = 0
-        self.blocked = False
+        self._blocking = 0  # batches failing past their retries: delivery waits while any does
+        self._blocked_since = 0.0
         self.stats = DeliveryStats()
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+
+    @property
+    def blocked(self) -> bool:
+        """Delivery of anything else waits: some batch has failed past its retries and not succeeded since."""
+        return self._blocking > 0
 
     def start(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self.run())
@@ -175,7 +181,7 @@ class ScheduledDelivery:
 
     async def _deliver_with_retry(self, entries: list[Entry]) -> None:
         failures = 0
-        blocked_since = 0.0
+        blocking = False  # this batch holds delivery back (counted in `_blocking` until it succeeds)
         try:
             while True:
                 try:
@@ -187,17 +193,20 @@ class ScheduledDelivery:
                 except Exception as exc:
                     failures += 1
                     self.stats.retries += 1
-                    if failures > self.max_retries and not self.blocked:
+                    if failures > self.max_retries and not blocking:
                         log.error("scheduled delivery failed %s times, blocking until it succeeds: %s", failures, exc)
-                        self.blocked = True
-                        blocked_since = time.monotonic()
+                        blocking = True
+                        if self._blocking == 0:
+                            self._blocked_since = time.monotonic()
+                        self._blocking += 1
                     else:
                         log.warning("scheduled delivery failed (try %s), retrying: %s", failures, exc)
                     await asyncio.sleep(self.backoff_s[min(failures, self.max_retries) - 1])
         finally:
-            if blocked_since:
-                self.blocked = False
-                self.stats.blocked_s += time.monotonic() - blocked_since
+            if blocking:
+                self._blocking -= 1
+                if self._blocking == 0:  # blocked time is the union of the blocking batches' spans
+                    self.stats.blocked_s += time.monotonic() - self._blocked_since
             self.in_flight -= len(entries)
             self._wake.set()
 

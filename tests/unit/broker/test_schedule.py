@@ -18,7 +18,7 @@ from popgate_pb import broker_pb2 as pb
 from broker.core import BrokerCore
 from broker.errors import IllegalDeliveryTime, StoreUnavailable
 from broker.model import now_ms
-from broker.schedule import DELAY_LEVELS_S, ScheduleIndex, due_time_ms
+from broker.schedule import DELAY_LEVELS_S, ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from broker.store import DeleteScheduled, NewMessage, Op, Record
@@ -185,3 +185,49 @@ def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
         assert core.scheduler.in_flight == 0
 
     run_core(tmp_path, scenario, schedule_max_in_flight=10)
+
+
+def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
+    """Batches 1 and 2 both fail past their retries, 1 first (it blocks delivery); then 1 succeeds while 2
+    still fails: nothing due later may go out before 2 (DESIGN §2: after repeated failure the level blocks,
+    not skips)."""
+    now = [0]
+    failing = {1, 2}  # schedule ids whose delivery fails
+    attempts: dict[int, int] = {}
+    delivered: list[int] = []
+    first_blocked = asyncio.Event()
+
+    async def deliver(entries: list[tuple[int, int]]) -> None:
+        [(_, sid)] = entries
+        attempts[sid] = attempts.get(sid, 0) + 1
+        if sid == 2 and attempts[sid] == 1:
+            await first_blocked.wait()  # 2's retries start once 1 has blocked delivery
+        if sid in failing:
+            raise StoreUnavailable("injected")
+        delivered.append(sid)
+
+    async def scenario() -> list[int]:
+        index = ScheduleIndex()
+        sched = ScheduledDelivery(index, deliver, batch=1, backoff_s=(0.001, 0.001, 0.01), clock_ms=lambda: now[0])
+        sched.start()
+        index.add(10, 1)
+        index.add(20, 2)
+        now[0] = 30
+        sched.added(10)
+        await until(lambda: sched.blocked and sched.in_flight == 2)  # both taken, 1 past its retries
+        first_blocked.set()
+        await until(lambda: attempts[2] > 4)  # 2 past its retries too
+        index.add(40, 3)
+        now[0] = 50
+        sched.added(40)
+        failing.discard(1)  # 1 recovers, 2 does not
+        await until(lambda: delivered == [1])
+        await asyncio.sleep(0.1)
+        assert sched.blocked and 3 not in delivered, delivered
+        failing.discard(2)
+        await until(lambda: delivered == [1, 2, 3])
+        await sched.close()
+        assert not sched.blocked and sched.stats.blocked_s > 0
+        return delivered
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == [1, 2, 3]
