@@ -50,6 +50,7 @@ def chunks(indexes: list[int], messages: Sequence[bpb.Message], budget: int) -> 
 REPLY_RESERVE_S = 0.1  # a unary answer's time to reach the client before its deadline
 MIN_BROKER_CALL_S = 0.05  # a broker call gets at least this much, even when the client's time is nearly up
 SEND_OVERHEAD = 1024  # bytes counted per message beyond its body (envelope, coroutine, result)
+ANSWER_OVERHEAD = 1024  # the same for a received message waiting to be written (its frame, handle, ids)
 
 
 class Proxy:
@@ -63,6 +64,7 @@ class Proxy:
         max_held_receives: int = 10_000,
         send_chunk_bytes: int = 8 * 1024 * 1024,
         max_send_bytes: int = 256 * 1024 * 1024,
+        max_answer_bytes: int = 256 * 1024 * 1024,
         metrics: Metrics | None = None,
     ) -> None:
         self.pool = pool
@@ -76,6 +78,10 @@ class Proxy:
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
         self._max_send_bytes = max_send_bytes
         self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
+        # Messages received and not yet written to their clients (a client that does not read keeps them):
+        # such a receive still counts in `_held`, and past this many bytes new receives are refused.
+        self._max_answer_bytes = max_answer_bytes
+        self._answer_bytes = 0
 
     def close(self) -> None:
         """Stop taking new long polls; held receives answer at once (empty)."""
@@ -148,12 +154,21 @@ class Proxy:
         try:
             if self._held >= self._max_held:
                 raise errors.TooManyRequests(f"the proxy already holds {self._held} receives; retry shortly")
+            if self._answer_bytes >= self._max_answer_bytes:
+                raise errors.TooManyRequests(
+                    f"the proxy holds {self._answer_bytes} bytes of messages its clients have not read; retry shortly"
+                )
             self._held += 1
             try:
                 result = await self.strategy.receive(request, self.closing)
-            finally:
+            except BaseException:
                 self._held -= 1
+                raise
             outcome = result.outcome
+            if result.messages:
+                self._until_written(result)
+            else:
+                self._held -= 1
             return result
         except errors.TooManyRequests:
             outcome = "full"
@@ -163,6 +178,24 @@ class Proxy:
             raise
         finally:
             self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
+
+    def _until_written(self, result: ReceiveResult) -> None:
+        """The receive stays held, and its messages count, until its caller releases the answer (written, or
+        the client gone): a client that does not read cannot make the proxy keep answers without bound."""
+        size = sum(len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages)
+        self._answer_bytes += size
+        inner = result.release
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._held -= 1
+                self._answer_bytes -= size
+                inner()
+
+        result.release = release
 
     async def ack(
         self, topic: str, group: str, handles: Sequence[str], *, deadline: float | None = None

@@ -87,6 +87,7 @@ def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics:
         queues_per_broker=settings.queues_per_broker,
         broker_timeout_s=settings.broker_timeout_s,
         max_held_receives=settings.max_held_receives,
+        max_answer_bytes=settings.max_answer_bytes,
         max_send_bytes=settings.max_send_bytes,
         send_chunk_bytes=settings.send_chunk_bytes,
         metrics=metrics,

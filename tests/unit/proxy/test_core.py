@@ -268,6 +268,35 @@ def test_receives_beyond_the_held_limit_are_too_many_requests() -> None:
     assert run(scenario()) == ["empty", "empty"]
 
 
+def test_an_answer_its_client_has_not_read_still_counts_against_the_limits() -> None:
+    """A receive with messages stays held until its caller releases the answer (written to the client, or
+    the client gone): clients that never read cannot make the proxy keep answers without bound."""
+    brokers = {"b1": FakeBroker("b1")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_held_receives=2, max_answer_bytes=2000)
+
+    async def scenario() -> None:
+        brokers["b1"].put(popped("b1", "m0"), popped("b1", "m1"))
+        answered = await proxy.receive(request(poll_s=0.0))  # 2 messages, not written yet
+        assert len(answered.messages) == 2
+        with pytest.raises(errors.TooManyRequests, match="not read"):  # 2 x (body + 1 KiB) >= 2000 bytes
+            await proxy.receive(request(poll_s=0.0))
+        answered.release()
+        answered.release()  # once only
+        brokers["b1"].put(popped("b1", "m2"))
+        first = await proxy.receive(request(poll_s=0.0))
+        second = await proxy.receive(request(poll_s=0.0))  # empty: counted only while it runs
+        assert len(first.messages) == 1 and not second.messages
+        held = asyncio.create_task(proxy.receive(request(poll_s=0.3)))
+        await asyncio.sleep(0)  # it waits at the broker; with `first` not written, the proxy holds 2
+        with pytest.raises(errors.TooManyRequests, match="already holds 2"):
+            await proxy.receive(request(poll_s=0.3))
+        first.release()
+        await held
+
+    run(scenario())
+
+
 def test_closing_answers_a_held_receive_at_once() -> None:
     proxy, _ = make("b1")
 
