@@ -108,13 +108,18 @@ class Proxy:
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
         cost = sum(len(m.body) for m in messages) + SEND_OVERHEAD * len(messages)
-        if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:  # one request alone always fits
-            raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
+        self.check_send_room(cost)
         self._send_bytes += cost
         try:
             return await self._send(messages, deadline)
         finally:
             self._send_bytes -= cost
+
+    def check_send_room(self, cost: int) -> None:
+        """TooManyRequests when a send of ``cost`` bytes would pass max_send_bytes (one request alone always
+        fits). The edge asks before it converts a request, so a refused one costs no copy of its bodies."""
+        if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:
+            raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
 
     async def _send(self, messages: Sequence[bpb.Message], deadline: float | None) -> list[bpb.SendResult]:
         batches: dict[str | None, list[int]] = {}

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors
 from proxy.codes import code_of
 from proxy.core import SEND_OVERHEAD, Proxy
 from proxy.receive import LongPollStrategy
 from proxy.routing import BrokerPool
+from proxy.settings import BrokerAddress, Settings
+from proxy.v2 import send as send_v2
+from proxy.v2.context import Call, endpoints_for
 from tests.unit.proxy.fakes import FakeBroker
 
 
@@ -62,3 +67,40 @@ def test_one_request_larger_than_the_bound_still_goes_through_alone() -> None:
         assert len(await proxy.send([message(10_000)])) == 1
 
     asyncio.run(scenario())
+
+
+def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    converted: list[int] = []
+    real = send_v2.to_broker
+
+    def counting(*args: Any, **kwargs: Any) -> bpb.Message:
+        converted.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(send_v2, "to_broker", counting)
+
+    async def scenario() -> None:
+        broker = SlowBroker("b1")
+        pool = BrokerPool({"b1": broker})
+        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
+        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+        call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
+        held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
+        async with asyncio.timeout(5):
+            await broker.all_waiting.wait()
+        request = pb.SendMessageRequest(messages=[v2_message(1000) for _ in range(8)])
+        with pytest.raises(errors.TooManyRequests, match="in flight"):
+            await send_v2.send_message(call, request)
+        assert converted == []
+        broker.release.set()
+        await asyncio.gather(*held)
+
+    asyncio.run(scenario())
+
+
+def v2_message(size: int) -> v2.Message:
+    m = v2.Message(topic=v2.Resource(name="t"), body=b"x" * size)
+    m.system_properties.message_id = "01" + "0" * 30
+    m.system_properties.body_encoding = v2.IDENTITY
+    m.system_properties.message_type = v2.NORMAL
+    return m
