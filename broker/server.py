@@ -277,6 +277,7 @@ class _Session:
         self.max_pending = max_pending
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.short = 0  # pending requests not of HELD_KINDS
+        self.held: dict[int, str] = {}  # pending long polls (HELD_KINDS with a poll time): their kind by id
         # Answers with their encoded size, bounded in bytes by the reader pausing (see Session).
         self.outbox: asyncio.Queue[tuple[pb.SessionResponse, int] | None] = asyncio.Queue()
         self.outbox_bytes = 0
@@ -291,9 +292,25 @@ class _Session:
         if size is None:
             size = response.ByteSize()
         self.outbox_bytes += size
+        self.outbox.put_nowait((response, size))
         if self.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
             self.room.clear()
-        self.outbox.put_nowait((response, size))
+            self._end_long_polls()
+
+    def _end_long_polls(self) -> None:
+        """Over its outbox budget, the stream's held Pops and Notifications end now with an empty answer: held on,
+        each would take messages when it woke and queue them past the budget (the caller is not reading)."""
+        held, self.held = self.held, {}
+        answering = asyncio.current_task()  # the Pop whose answer passed the budget: it is answered already
+        for request_id, kind in held.items():
+            task = self.pending.get(request_id)
+            if task is None or task.done() or task is answering:
+                continue
+            del self.pending[request_id]
+            task.cancel()  # a Pop caught taking its messages puts them back (BrokerCore.pop)
+            response = pb.SessionResponse(id=request_id)
+            getattr(response, kind).SetInParent()
+            self.answer(response)
 
     def written(self, size: int) -> None:
         self.outbox_bytes -= size
@@ -323,9 +340,15 @@ class _Session:
             return
         task = asyncio.get_running_loop().create_task(self._serve(request, kind))
         self.pending[request.id] = task
-        if not held:
+        if held:
+            self.held[request.id] = kind
+            task.add_done_callback(functools.partial(self._held_done, request.id))
+        else:
             self.short += 1
             task.add_done_callback(self._short_done)
+
+    def _held_done(self, request_id: int, _: asyncio.Task[None]) -> None:
+        self.held.pop(request_id, None)
 
     def _short_done(self, _: asyncio.Task[None]) -> None:
         self.short -= 1

@@ -16,6 +16,7 @@ from popgate_pb import broker_pb2 as pb
 from broker import server
 from broker.client import BrokerSession
 from broker.core import BrokerCore
+from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from tests.unit.broker.cores import broker
 
@@ -258,3 +259,37 @@ def test_a_cancel_for_a_reused_id_does_not_release_the_pop_answered_under_it_bef
             return [(pb.Message.FromString(m.payload).body, m.attempt) for m in left.messages]
 
     assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [(b"other", 1)]  # "taken" stays taken
+
+
+def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024, raising=False)
+    monkeypatch.setattr(server, "WRITER_DRAIN_S", 0.1)
+    pops = 40
+
+    async def requests() -> AsyncIterator[pb.SessionRequest]:
+        for i in range(pops):
+            pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=20_000)
+            yield pb.SessionRequest(id=i + 1, pop=pop)
+        await asyncio.Event().wait()
+
+    async def scenario() -> int:
+        async with broker(tmp_path) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"first")])
+            await core.pop("t", "g", "*", 1, 60_000, 0)  # the topic and the group exist; nothing is ready
+            servicer = server.BrokerServicer(core, BrokerMetrics())
+            session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
+            await asyncio.sleep(0.2)  # all 40 Pops read and held
+            assert core.hold.held[Kind.POP] == pops
+            for _ in range(pops):  # each 16 KB message wakes one held Pop, which takes it into the outbox
+                await core.send([pb.Message(topic="t", body=b"x" * 16_000)])
+            await asyncio.sleep(0.2)
+            taken = sum(lag.inflight for lag in (r.lag for r in core.lags("t", "g")))
+            assert core.hold.held[Kind.POP] == 0  # past the budget the rest ended (empty answers)
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
+            return taken
+
+    taken = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert 1 <= taken <= 8  # ~64 KB of 16 KB answers (+ the first), not all 40
