@@ -23,6 +23,8 @@ from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
+IMMEDIATE_POP_TIMEOUT_S = 0.5  # a Pop with poll 0 (the first one, or one after has_message)
+
 
 class _Closer:
     """One waiter on the proxy's closing event for all runs (not one task per receive)."""
@@ -96,7 +98,10 @@ class _Run:
             invisible_ms=r.invisible_ms,
             poll_ms=max(0, poll_ms),
         )
-        return self._client(broker).begin_pop(request, timeout_s=poll_ms / 1000 + self.timeout_s)
+        # A Pop that does not wait is answered in milliseconds: one stuck at a hung broker (not yet marked down)
+        # must not hold the whole receive for the broker timeout while the other brokers go unwatched.
+        timeout_s = poll_ms / 1000 + self.timeout_s if poll_ms > 0 else min(self.timeout_s, IMMEDIATE_POP_TIMEOUT_S)
+        return self._client(broker).begin_pop(request, timeout_s=timeout_s)
 
     def _notify(self, broker: str, poll_ms: int) -> asyncio.Future[bpb.NotificationResponse]:
         r = self.request

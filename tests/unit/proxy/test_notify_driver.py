@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.core import Proxy
+from proxy.errors import BrokerTimeout
 from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
 from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveRequest, ReceiveResult
@@ -291,3 +292,27 @@ def test_a_notify_runs_pop_answered_as_its_client_leaves_gives_the_messages_back
     m1 = bpb.PopResponse(messages=[popped("b1", "m1")])
     # the first Pop finds nothing, then (one broker) a held Pop answers
     assert run(answered_as_the_client_leaves(NotifyStrategy, bpb.PopResponse(), m1)) == ["m1"]
+
+
+class HungBroker(FakeBroker):
+    """Accepts requests and never answers them (SIGSTOPped, not yet marked down): each ends at its timeout,
+    as the real client's do (BrokerTimeout)."""
+
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        future: asyncio.Future[bpb.PopResponse] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(
+            timeout_s, lambda: future.done() or future.set_exception(BrokerTimeout(f"{self.name}: no answer"))
+        )
+        return future
+
+
+def test_a_hung_broker_does_not_keep_the_first_pop_from_the_others_past_the_poll() -> None:
+    brokers: dict[str, FakeBroker] = {"b1": HungBroker("b1"), "b2": FakeBroker("b2")}
+    pool = BrokerPool(brokers, first_turn=0)  # the first Pop goes to b1
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=3.0))
+    brokers["b2"].put(popped("b2", "ready-on-b2"))
+
+    async def scenario() -> ReceiveResult:
+        return await proxy.receive(request(poll_s=2.0))  # shorter than the broker timeout
+
+    assert ids(run(scenario())) == ["ready-on-b2"]  # not a false empty after waiting on b1
