@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -137,8 +138,8 @@ class ConsumerBase(ClientBase):
             raise ValueError("group must not be empty")
         if not 1 <= batch <= 32:
             raise ValueError(f"batch must be 1..32, got {batch}")
-        if invisible <= 0 or wait < 0:
-            raise ValueError("need invisible > 0 and wait >= 0 seconds")
+        if not (0 < invisible < math.inf and 0 <= wait < math.inf):  # also refuses NaN
+            raise ValueError("need 0 < invisible and 0 <= wait, finite seconds")
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)
         self.batch, self.invisible, self.wait = batch, invisible, wait

@@ -75,10 +75,11 @@ class PendingAck:
 
     def given_up(self, error: errors.PopgateError) -> Failures:
         """What to report once the retries end with ``error``: the entries not acked, when some answer
-        said which (also when a later re-send of them failed as a whole); else ``error`` is raised."""
+        said which (also when a later re-send of them failed as a whole); else every entry of the request,
+        with ``error`` (the whole call failed: one topic's call must not hide the others' outcomes)."""
         if isinstance(error, ResendEntries) or self.failures:
             return self.failures
-        raise error
+        return [(entry.message_id, error) for entry in self.request.entries]
 
     def next_request(self) -> pb.AckMessageRequest:
         self.sent += 1

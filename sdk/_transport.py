@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,8 @@ def make_options(
         raise ValueError(f"endpoint must be HOST:PORT, got {endpoint!r}")
     if (access_key is None) != (secret_key is None):
         raise ValueError("give access_key and secret_key together")
-    if request_timeout <= 0:
-        raise ValueError("request_timeout must be > 0 seconds")
+    if not 0 < request_timeout < math.inf:  # also refuses NaN
+        raise ValueError("request_timeout must be > 0 seconds, finite")
     roots = None
     if isinstance(tls, str | Path):
         roots = Path(tls).read_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
+import math
 import os
 import secrets
 import socket
@@ -141,12 +142,27 @@ if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
 
 
 def _set_seconds(target: object, seconds: float) -> None:
+    _finite("a duration", seconds)
     whole = int(seconds)
     target.seconds, target.nanos = whole, int(round((seconds - whole) * 1e9))  # type: ignore[attr-defined]
 
 
 def _as_bytes(body: bytes | str) -> bytes:
-    return body.encode() if isinstance(body, str) else bytes(body)
+    if isinstance(body, str):
+        return body.encode()
+    if not isinstance(body, bytes | bytearray | memoryview):  # bytes(5) would be five zero bytes
+        raise TypeError(f"a message body is bytes or str, not {type(body).__name__}")
+    return bytes(body)
+
+
+def _as_keys(keys: Sequence[str] | str) -> tuple[str, ...]:
+    """A str is one key (tuple("order-1") would be seven one-letter keys)."""
+    return (keys,) if isinstance(keys, str) else tuple(keys)
+
+
+def _finite(name: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value}")
 
 
 def outgoing(
@@ -163,6 +179,8 @@ def outgoing(
     """A `Message` to send from a body or message plus options (options fill fields the message leaves unset)."""
     if delay is not None and deliver_at is not None:
         raise ValueError("give delay or deliver_at, not both")
+    _finite("delay", delay)
+    _finite("deliver_at", deliver_at)
     if delay is not None:
         if delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay}")
@@ -172,7 +190,7 @@ def outgoing(
         out = Message(
             _as_bytes(m.body),
             tag=m.tag if m.tag is not None else tag,
-            keys=m.keys or keys,
+            keys=_as_keys(m.keys or keys),
             properties=m.properties or (properties or {}),
             message_group=m.message_group if m.message_group is not None else message_group,
             deliver_at=m.deliver_at if m.deliver_at is not None else deliver_at,
@@ -181,7 +199,7 @@ def outgoing(
         out = Message(
             _as_bytes(body),
             tag=tag,
-            keys=tuple(keys),
+            keys=_as_keys(keys),
             properties=dict(properties or {}),
             message_group=message_group,
             deliver_at=deliver_at,

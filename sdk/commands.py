@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import sys
 import time
@@ -39,8 +40,8 @@ def number(
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value != value:  # NaN
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # nan, inf
+            raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
         if above is not None and not value > above:
             raise argparse.ArgumentTypeError(f"must be > {above}, got {text}")
         if (low is not None and value < low) or (high is not None and value > high):
@@ -109,7 +110,7 @@ def add_parsers(sub: Sub) -> None:
     send.add_argument("--file", help="read the body from this file ('-' = stdin)")
     send.add_argument("--count", type=POSITIVE, default=1, help="messages to send (default 1)")
     send.add_argument("--size", type=POSITIVE, default=256, help="generated body size when no body is given")
-    send.add_argument("--rate", type=NON_NEGATIVE, default=0.0, help="at most this many msg/s (0 = no limit)")
+    send.add_argument("--rate", type=_rate, default=0.0, help="at most this many msg/s (0 = no limit, else 0.001..1e7)")
     send.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per call (1..1024)")
     send.add_argument("--tag")
     send.add_argument("--key", action="append", default=[], help="business key (repeatable)")
@@ -158,6 +159,13 @@ def _properties(pairs: list[str]) -> dict[str, str]:
             raise ValueError(f"--property {pair!r}: expected KEY=VALUE")
         out[key] = value
     return out
+
+
+def _rate(text: str) -> float:
+    rate = number(float, low=0.0, high=1e7)(text)
+    if 0 < rate < 1e-3:  # a message every 1,000 s or more: sleeps past what the clock can represent
+        raise argparse.ArgumentTypeError(f"must be 0 or 0.001..1e7, got {text}")
+    return rate
 
 
 def paced(total: int, batch: int, rate: float) -> Iterator[int]:

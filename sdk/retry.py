@@ -29,8 +29,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
-        if not 0 <= self.initial_backoff <= self.max_backoff:
-            raise ValueError("need 0 <= initial_backoff <= max_backoff")
+        if not 0 < self.initial_backoff <= self.max_backoff:  # 0 would retry an iteration in a busy loop
+            raise ValueError("need 0 < initial_backoff <= max_backoff")
         if self.multiplier < 1 or not 0 <= self.jitter <= 1:
             raise ValueError("need multiplier >= 1 and 0 <= jitter <= 1")
 

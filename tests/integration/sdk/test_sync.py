@@ -49,6 +49,39 @@ def test_send_many_batches_and_ack_many(endpoint: str) -> None:
     assert {m.tag for m in got} == {"bulk"}
 
 
+def test_ack_many_reports_a_refused_call_per_message_and_still_acks_the_other_topics(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        producer.send(topic, b"good")
+        [good] = drain(consumer, 1, ack=False)
+        bad = Message(b"x", topic="no such topic!", message_id="m-bad", receipt_handle=good.receipt_handle)
+        with pytest.raises(AckError) as caught:
+            consumer.ack_many([bad, good])  # the bad topic's call is refused as a whole; the good one is acked
+        assert [(m, type(e)) for m, e in caught.value.failures] == [("m-bad", BadRequest)]
+        with pytest.raises(InvalidReceiptHandle):
+            consumer.ack(good)  # acked already by ack_many
+
+
+def test_a_str_is_one_key_and_a_body_must_be_bytes_or_str(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        producer.send(topic, b"x", keys="order-1")
+        with pytest.raises(TypeError, match="bytes or str"):
+            producer.send(topic, 5)  # type: ignore[arg-type]
+        [message] = drain(consumer, 1)
+    assert tuple(message.keys) == ("order-1",)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_durations_must_be_finite(endpoint: str, bad: float) -> None:
+    with Producer(endpoint) as producer, pytest.raises(ValueError, match="finite"):
+        producer.send(name("t"), b"x", delay=bad)
+    with pytest.raises(ValueError, match="finite"):
+        SimpleConsumer(endpoint, "g", "t", wait=bad)
+    with pytest.raises(ValueError, match="finite"):
+        Producer(endpoint, request_timeout=bad)
+
+
 def test_nack_redelivers_after_the_delay_with_the_next_attempt(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sdk import Message
+from sdk import Message, RetryPolicy
 from sdk.admin import resent
 from sdk.cli import main
 from sdk.commands import IdleWait, error_console
@@ -70,3 +70,23 @@ def test_listing_more_dead_letters_than_a_broker_lists_at_once_is_bad_input(caps
 def test_an_error_stays_one_line_when_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     error_console().print("popgate send: " + "the proxy at 127.0.0.1:1 is unreachable " * 8)
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["send", "t", "x", "--rate", "inf"],
+        ["send", "t", "x", "--rate", "1e-300"],  # a sleep past what the clock can represent
+        ["send", "t", "x", "--delay", "nan"],
+        ["receive", "t", "--group", "g", "--invisible", "inf"],
+    ],
+)
+def test_non_finite_or_absurd_durations_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--endpoint", "127.0.0.1:1"])
+    assert exited.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_retry_policy_without_back_off_is_refused() -> None:
+    with pytest.raises(ValueError, match="initial_backoff"):
+        RetryPolicy(initial_backoff=0)  # iteration would retry in a busy loop
