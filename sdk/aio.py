@@ -197,6 +197,8 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
                     return
                 raise
             for message in batch:
+                if self._closed:  # closed while the caller handled the batch: the rest comes back after `invisible`
+                    return
                 yield message
 
     async def ack(self, message: Message) -> None:

@@ -238,7 +238,10 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
                 if self._closed:
                     return
                 raise
-            yield from batch
+            for message in batch:
+                if self._closed:  # closed while the caller handled the batch: the rest comes back after `invisible`
+                    return
+                yield message
 
     def ack(self, message: Message) -> None:
         """Acknowledge one message: it is consumed and never delivered again.

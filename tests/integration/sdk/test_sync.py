@@ -150,6 +150,18 @@ def test_iteration_long_polls_until_closed(endpoint: str) -> None:
     assert collector.error is None
 
 
+def test_iteration_yields_nothing_more_once_closed_mid_batch(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer:
+        producer.send_many(topic, [b"m%d" % i for i in range(10)])
+    consumer = SimpleConsumer(endpoint, group, topic, wait=2.0)
+    yielded = []
+    for message in consumer:  # batches of up to 16: the first one holds several
+        yielded.append(message)
+        consumer.close()
+    assert len(yielded) == 1  # the rest of its batch comes back after `invisible`, to another iteration
+
+
 def test_bad_input_is_a_typed_non_retriable_error_with_the_servers_message(endpoint: str) -> None:
     with Producer(endpoint) as producer:
         with pytest.raises(BadRequest) as bad:
