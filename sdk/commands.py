@@ -245,10 +245,10 @@ def send_command(args: argparse.Namespace) -> int:
             code = 130
     elapsed = time.perf_counter() - started
     each = " each" if sent != 1 else ""
-    print(
+    # The summary on stderr, as `receive`'s: stdout holds only the ids (`id=$(popgate send t hello)`).
+    err.print(
         f"sent {_plural(sent)} ({len(body)} B{each}) to {args.topic} "
-        f"in {elapsed:.2f} s ({sent / max(elapsed, 1e-9):,.0f} msg/s){' (interrupted)' if code else ''}",
-        flush=True,
+        f"in {elapsed:.2f} s ({sent / max(elapsed, 1e-9):,.0f} msg/s){' (interrupted)' if code else ''}"
     )
     return code
 

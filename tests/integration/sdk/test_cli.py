@@ -39,9 +39,10 @@ def test_send_from_argument_file_stdin_and_generated(
 ) -> None:
     topic = name("cli")
     assert main(["send", "--endpoint", endpoint, topic, "hello", "--tag", "greeting", "--key", "k1"]) == 0
-    out = capsys.readouterr().out
-    assert f"sent 1 message (5 B) to {topic}" in out
-    message_id = out.split()[0]
+    printed = capsys.readouterr()
+    assert f"sent 1 message (5 B) to {topic}" in printed.err
+    message_id = printed.out.strip()  # stdout holds the id alone: `id=$(popgate send t hello)`
+    assert len(message_id.split()) == 1
     body = tmp_path / "body.bin"
     body.write_bytes(b"from a file")
     assert main(["send", "--endpoint", endpoint, topic, "--file", str(body)]) == 0
@@ -51,7 +52,7 @@ def test_send_from_argument_file_stdin_and_generated(
     started = time.monotonic()
     assert main(["send", "--endpoint", endpoint, topic, "--count", "400", "--size", "64", "--rate", "4000"]) == 0
     took = time.monotonic() - started
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"sent 400 messages (64 B each) to {topic}" in out
     # --rate is a ceiling on the average: 400 at 4000/s take at least 0.1 s, and the reported rate is at most 4000
     assert took >= 400 / 4000, took
@@ -188,7 +189,7 @@ def test_bad_input_is_one_line_and_code_2(
     [
         (["send", "t", "x", "--delay", "-5"], "argument --delay: must be >= 0.0, got -5"),
         (["send", "t", "x", "--count", "0"], "argument --count: must be >= 1, got 0"),
-        (["send", "t", "x", "--rate", "nan"], "argument --rate: not a number: 'nan'"),
+        (["send", "t", "x", "--rate", "nan"], "argument --rate: not a finite number: 'nan'"),
         (["receive", "t", "--group", "g", "--batch", "100"], "argument --batch: must be 1..32, got 100"),
         (["receive", "t", "--group", "g", "--invisible", "0"], "argument --invisible: must be > 0.0, got 0"),
         (["bench", "--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
