@@ -150,6 +150,12 @@ class Producer(ProducerBase, _SyncClient):
 
         Returns:
             One receipt per message, in order.
+
+        Raises:
+            PopgateError: A call failed (after its retries). The calls not yet made are not made, those on
+                their way are cancelled; batches before the failed one, and any that reached the proxy before
+                their cancel, are stored, but their receipts are not returned: sending them all again
+                stores those twice, under new message ids.
         """
         requests = self._plan(
             topic,
@@ -166,16 +172,28 @@ class Producer(ProducerBase, _SyncClient):
         out: list[SendReceipt] = []
         in_flight = send_window(requests)
         window: deque[tuple[pb.SendMessageRequest, Any]] = deque()
-        for request in requests:
-            future = self._stub.SendMessage.future(
+        try:
+            for request in requests:
+                window.append((request, self._begin_send(request)))
+                if len(window) >= in_flight:
+                    out += self._send(topic, *window.popleft())
+            while window:
+                out += self._send(topic, *window.popleft())
+        except BaseException:  # the batches not sent yet are not sent; those on their way are cancelled
+            for _, future in window:
+                future.cancel()
+            raise
+        return out
+
+    def _begin_send(self, request: pb.SendMessageRequest) -> Any:
+        try:
+            return self._stub.SendMessage.future(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            window.append((request, future))
-            if len(window) >= in_flight:
-                out += self._send(topic, *window.popleft())
-        while window:
-            out += self._send(topic, *window.popleft())
-        return out
+        except ValueError:  # grpc's "channel closed": close() from another thread
+            if self._closed:
+                raise errors.Unavailable("the client is closed", retriable=False) from None
+            raise
 
     def _send(self, topic: str, request: pb.SendMessageRequest, sent: Any = None) -> list[SendReceipt]:
         """One SendMessage with the retry policy. ``sent``: the call's future when it is already on its way;

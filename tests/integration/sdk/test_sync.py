@@ -195,3 +195,11 @@ def test_several_topics_are_polled_in_turn(endpoint: str) -> None:
         producer.send(refunds, b"skipped", tag="x")
         got = drain(consumer, 2)
     assert sorted((m.topic, m.body) for m in got) == sorted([(orders, b"o1"), (refunds, b"r1")])
+
+
+def test_send_many_on_a_producer_closed_meanwhile_is_unavailable_not_a_value_error(endpoint: str) -> None:
+    producer = Producer(endpoint)
+    producer.close()
+    with pytest.raises(Unavailable, match="closed") as caught:
+        producer.send_many(name("t"), [b"x"] * 2000)  # several calls: the windowed path
+    assert not caught.value.retriable
