@@ -35,7 +35,9 @@ def add_parsers(sub: Sub) -> None:
     client_options(bench)
     bench.add_argument("--topic", default="", help="topic (default: a fresh one per run)")
     bench.add_argument("--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
-    bench.add_argument("--size", type=POSITIVE, default=256, help="body bytes")
+    bench.add_argument(
+        "--size", type=number(int, low=STAMP.size), default=256, help=f"body bytes (>= {STAMP.size}: a send time)"
+    )
     bench.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per SendMessage call")
     bench.add_argument("--concurrency", type=POSITIVE, default=8, help="calls in flight (producers and consumers each)")
     bench.add_argument("--samples", type=NON_NEGATIVE_INT, default=50, help="idle-wake latency samples (0 = skip)")
