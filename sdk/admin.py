@@ -105,7 +105,7 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
         name, sep, target = text.partition("=")
         if not sep or ":" not in target:
             raise ValueError(f"--broker {text!r}: expected NAME=HOST:PORT")
-        out.append(Broker(name, target, getattr(args, "broker_token", "")))
+        out.append(Broker(name, target, args.broker_token))
     if not out:
         raise ValueError("give at least one --broker NAME=HOST:PORT (as printed by `popgate up`)")
     return out

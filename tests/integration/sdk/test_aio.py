@@ -72,6 +72,20 @@ async def test_send_many_concurrently_and_ack_many(endpoint: str) -> None:
 
 
 @run_async
+async def test_ack_many_reports_a_refused_call_per_message_and_still_acks_the_other_topics(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        await producer.send(topic, b"good")
+        [good] = await drain(consumer, 1, ack=False)
+        bad = Message(b"x", topic="no such topic!", message_id="m-bad", receipt_handle=good.receipt_handle)
+        with pytest.raises(AckError) as caught:
+            await consumer.ack_many([bad, good])
+        assert [(m, type(e)) for m, e in caught.value.failures] == [("m-bad", BadRequest)]
+        with pytest.raises(InvalidReceiptHandle):
+            await consumer.ack(good)  # acked already by ack_many
+
+
+@run_async
 async def test_nack_stale_ack_and_dlq(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
