@@ -66,7 +66,15 @@ class Finish:
     error: ProxyError | None = None
 
 
-Command = Pop | Notify | Cancel | Finish
+@dataclass(frozen=True, slots=True)
+class Rewatch:
+    """At `at`, report `rewatch(broker)`: a broker whose request failed may be back (a restart) by then."""
+
+    broker: str
+    at: float
+
+
+Command = Pop | Notify | Cancel | Finish | Rewatch
 
 
 class Phase(Enum):
@@ -103,6 +111,9 @@ class NotifyRun:
         that broker is not notified again in this run, so a closing broker cannot make it spin.
     max_lost_per_broker: after this many lost races at one broker it is no longer watched in this
         run (a `has_message` that no Pop can serve must not make it spin either).
+    rewatch_s, max_rewatches: a broker whose request failed (unreachable, timed out) is looked at again
+        this long after, up to this many times per run, and notified again once it is healthy: a broker
+        restarted during a long poll is watched for the rest of it (no false empty for its messages).
     """
 
     brokers: Sequence[str]
@@ -110,6 +121,8 @@ class NotifyRun:
     min_notify_s: float = 0.005
     min_hold_s: float = 0.05
     max_lost_per_broker: int = 32
+    rewatch_s: float = 1.0
+    max_rewatches: int = 5
     phase: Phase = Phase.FIRST_POP
     stats: RunStats = field(default_factory=RunStats)
     notifying: set[str] = field(default_factory=set)
@@ -120,6 +133,7 @@ class NotifyRun:
     dropped: set[str] = field(default_factory=set)  # no longer watched in this run
     sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
+    rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
     last_error: ProxyError | None = None
 
     # -- events ----------------------------------------------------------------
@@ -198,13 +212,32 @@ class NotifyRun:
         # receive; the others may. TOPIC_NOT_FOUND only when no broker has it.
         self.last_error = error
         self.failed.add(broker)
+        if isinstance(error, TopicNotFound):
+            self.rewatches[broker] = self.max_rewatches  # not a failure a restart undoes: not looked at again
         if self.phase is Phase.FIRST_POP:
-            return self._notify_all(now)
+            return self._with_rewatch(broker, now, self._notify_all(now))
         if self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
             return self._finish([], "error", error)
         if self.phase is Phase.DRAINING:
             return self._finish([], "empty")
-        return [*self._next_pop(), *self._maybe_exhausted()]
+        return self._with_rewatch(broker, now, [*self._next_pop(), *self._maybe_exhausted()])
+
+    def rewatch(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
+        """The time a `Rewatch` named has come: notify `broker` again if the health checks see it up."""
+        if self.phase is not Phase.NOTIFYING or broker not in self.failed or broker in self.dropped:
+            return []
+        if not healthy:
+            return self._with_rewatch(broker, now, [])  # still down: look again later (bounded)
+        self.failed.discard(broker)
+        return self._renotify(broker, now)
+
+    def _with_rewatch(self, broker: str, now: float, cmds: list[Command]) -> list[Command]:
+        """`cmds`, plus a Rewatch of `broker` while the run goes on watching and it has rewatches left."""
+        count = self.rewatches.get(broker, 0)
+        if self.phase is not Phase.NOTIFYING or count >= self.max_rewatches or self.poll_end - now <= self.rewatch_s:
+            return cmds
+        self.rewatches[broker] = count + 1
+        return [*cmds, Rewatch(broker, now + self.rewatch_s)]
 
     def poll_over(self) -> list[Command]:
         """The client's long-polling time is over: answer empty, unless a Pop is in flight."""

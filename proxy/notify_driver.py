@@ -18,7 +18,7 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BrokerFailure, ProxyError
-from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
+from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
@@ -63,6 +63,7 @@ class _Run:
         self.result: asyncio.Future[Finish] = self.loop.create_future()
         self.requests: dict[str, asyncio.Future[Any]] = {}  # the request outstanding at each broker
         self.answer: tuple[str, asyncio.Future[Any]] | None = None  # the Pop whose messages were taken
+        self.timers: list[asyncio.TimerHandle] = []  # Rewatch timers, cancelled with the run
 
     def apply(self, commands: list[Command]) -> None:
         # Answering with messages: the other brokers' requests are cancelled by release(), after the answer.
@@ -78,10 +79,17 @@ class _Run:
                 call = self.requests.pop(command.broker, None)
                 if call is not None:
                     call.cancel()
+            elif isinstance(command, Rewatch):
+                self.timers.append(self.loop.call_at(command.at, self._rewatch, command.broker))
             elif not self.result.done():
                 self.result.set_result(command)
             elif command.messages:  # nobody awaits the run any more (the client left): nobody receives them
                 self._hand_back()
+
+    def _rewatch(self, broker: str) -> None:
+        client = self.pool.get(broker)
+        healthy = client is not None and client.healthy
+        self.apply(self.machine.rewatch(broker, healthy=healthy, now=self.loop.time()))
 
     def _client(self, broker: str) -> BrokerClient:
         client = self.pool.get(broker)
@@ -161,6 +169,9 @@ class _Run:
         for call in self.requests.values():
             call.cancel()
         self.requests.clear()
+        for timer in self.timers:
+            timer.cancel()
+        self.timers.clear()
 
 
 class NotifyStrategy:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BadRequest, BrokerUnavailable, TooManyRequests, TopicNotFound
-from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
+from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
 from tests.unit.proxy.fakes import popped
 
 BROKERS = ("b1", "b2", "b3")
@@ -129,14 +129,40 @@ def test_no_poll_time_left_after_the_first_pop_answers_empty_without_notifying()
 
 def test_an_unreachable_broker_is_left_out_and_the_others_still_serve() -> None:
     run = notifying()
-    assert run.failed_call("b1", BrokerUnavailable("b1 down"), now=1.0) == []
+    assert run.failed_call("b1", BrokerUnavailable("b1 down"), now=1.0) == [Rewatch("b1", 2.0)]
     assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == [Pop("b2")]
     assert finish(run.popped("b2", message("m6"), polling_full=False, now=1.0)).outcome == "messages"
 
 
 def test_first_pop_on_a_dead_broker_goes_on_to_notify_the_others() -> None:
     run, _ = started()
-    assert run.failed_call("b1", BrokerUnavailable("down"), now=0.0) == [Notify("b2", 10_000), Notify("b3", 10_000)]
+    assert run.failed_call("b1", BrokerUnavailable("down"), now=0.0) == [
+        Notify("b2", 10_000),
+        Notify("b3", 10_000),
+        Rewatch("b1", 1.0),
+    ]
+
+
+def test_a_broker_that_failed_is_watched_again_once_it_is_back() -> None:
+    run = notifying()
+    assert run.failed_call("b1", BrokerUnavailable("b1 restarting"), now=1.0) == [Rewatch("b1", 2.0)]
+    assert run.rewatch("b1", healthy=False, now=2.0) == [Rewatch("b1", 3.0)]  # not back yet: look again later
+    assert run.rewatch("b1", healthy=True, now=3.0) == [Notify("b1", 7_000)]  # back: watched for the time left
+    assert run.notified("b1", has_message=True, polling_full=False, now=4.0) == [Pop("b1")]
+    assert finish(run.popped("b1", message("m9"), polling_full=False, now=4.0)).outcome == "messages"
+
+
+def test_rewatches_are_bounded_and_end_with_the_run() -> None:
+    run = notifying()
+    cmds = run.failed_call("b1", BrokerUnavailable("down"), now=0.5)
+    for t in range(1, 10):
+        if not cmds:
+            break
+        assert cmds == [Rewatch("b1", t + 0.5)]
+        cmds = run.rewatch("b1", healthy=False, now=t + 0.5)
+    assert run.rewatches["b1"] == run.max_rewatches
+    run.poll_over()
+    assert run.rewatch("b1", healthy=True, now=9.0) == []
 
 
 def test_every_broker_unreachable_is_an_error() -> None:

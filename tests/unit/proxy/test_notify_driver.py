@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from popgate_pb import broker_pb2 as bpb
 from prometheus_client import CollectorRegistry
 
+from proxy import errors
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.core import Proxy
 from proxy.errors import BrokerTimeout
@@ -316,3 +317,20 @@ def test_a_hung_broker_does_not_keep_the_first_pop_from_the_others_past_the_poll
         return await proxy.receive(request(poll_s=2.0))  # shorter than the broker timeout
 
     assert ids(run(scenario())) == ["ready-on-b2"]  # not a false empty after waiting on b1
+
+
+def test_a_broker_that_fails_during_a_long_poll_and_comes_back_is_watched_again() -> None:
+    """A broker restarted during a receive: its Notification fails, it is back a moment later, a message then
+    lands on it: the receive gets it (a rolling restart must not turn a long poll into a false empty)."""
+    proxy, brokers = make()
+    brokers["b1"].fail = errors.BrokerUnavailable("b1: session lost")  # its first Pop fails (restarting)
+
+    async def scenario() -> ReceiveResult:
+        receive = asyncio.create_task(proxy.receive(request(poll_s=5.0)))
+        await held_becomes(brokers, 2)  # b2 and b3 hold Notifications; b1's failed
+        brokers["b1"].fail = None  # back (the health checks never saw it down)
+        await held_becomes(brokers, 3, timeout_s=3.0)  # watched again after the rewatch delay
+        brokers["b1"].put(popped("b1", "after-restart"))
+        return await receive
+
+    assert ids(run(scenario())) == ["after-restart"]
