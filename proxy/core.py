@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -107,19 +108,21 @@ class Proxy:
         `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
-        cost = sum(len(m.body) for m in messages) + SEND_OVERHEAD * len(messages)
-        self.check_send_room(cost)
+        cost = self.check_send_room(messages)
         self._send_bytes += cost
         try:
             return await self._send(messages, deadline)
         finally:
             self._send_bytes -= cost
 
-    def check_send_room(self, cost: int) -> None:
-        """TooManyRequests when a send of ``cost`` bytes would pass max_send_bytes (one request alone always
-        fits). The edge asks before it converts a request, so a refused one costs no copy of its bodies."""
+    def check_send_room(self, messages: Sequence[Any]) -> int:
+        """The cost of sending ``messages`` (anything with a ``body``: bodies + SEND_OVERHEAD each);
+        TooManyRequests when it would pass max_send_bytes (one request alone always fits). The edge asks
+        before it converts a request, so a refused one costs no copy of its bodies."""
+        cost = sum(len(m.body) for m in messages) + SEND_OVERHEAD * len(messages)
         if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:
             raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
+        return cost
 
     async def _send(self, messages: Sequence[bpb.Message], deadline: float | None) -> list[bpb.SendResult]:
         batches: dict[str | None, list[int]] = {}

@@ -212,15 +212,17 @@ class NotifyRun:
         # receive; the others may. TOPIC_NOT_FOUND only when no broker has it.
         self.last_error = error
         self.failed.add(broker)
-        if isinstance(error, TopicNotFound):
-            self.rewatches[broker] = self.max_rewatches  # not a failure a restart undoes: not looked at again
         if self.phase is Phase.FIRST_POP:
-            return self._with_rewatch(broker, now, self._notify_all(now))
-        if self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
+            cmds = self._notify_all(now)
+        elif self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
             return self._finish([], "error", error)
-        if self.phase is Phase.DRAINING:
+        elif self.phase is Phase.DRAINING:
             return self._finish([], "empty")
-        return self._with_rewatch(broker, now, [*self._next_pop(), *self._maybe_exhausted()])
+        else:
+            cmds = [*self._next_pop(), *self._maybe_exhausted()]
+        if isinstance(error, TopicNotFound):  # not a failure a restart undoes: not looked at again
+            return cmds
+        return self._with_rewatch(broker, now, cmds)
 
     def rewatch(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
         """The time a `Rewatch` named has come: notify `broker` again if the health checks see it up."""

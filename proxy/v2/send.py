@@ -8,7 +8,6 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors
-from proxy.core import SEND_OVERHEAD
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, to_broker
 
@@ -20,7 +19,7 @@ async def send_message(call: Call, request: pb.SendMessageRequest) -> pb.SendMes
     if not 1 <= count <= MAX_MESSAGES:
         raise errors.BadRequest(f"SendMessage carries {count} messages: must be 1..{MAX_MESSAGES}")
     # Before the bodies are copied into broker messages (a GZIP body counts at its compressed size here).
-    call.proxy.check_send_room(sum(len(m.body) for m in request.messages) + SEND_OVERHEAD * count)
+    call.proxy.check_send_room(request.messages)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()
     messages = [to_broker(m, limits, now_s=now) for m in request.messages]
