@@ -86,7 +86,8 @@ async def serve(settings: BrokerSettings) -> None:
         ],
         interceptors=[TokenInterceptor(settings.auth_token)] if settings.auth_token else None,
     )
-    pb_grpc.add_BrokerServicer_to_server(BrokerServicer(core, metrics), server)  # type: ignore[no-untyped-call]
+    servicer = BrokerServicer(core, metrics)
+    pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -112,6 +113,7 @@ async def serve(settings: BrokerSettings) -> None:
     log.info("stopping: answering held requests")
     await health_servicer.enter_graceful_shutdown()
     core.hold.close()
+    servicer.stopping.set()
     await server.stop(settings.shutdown_grace_s)
     sweeper.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 ERROR_KEY = "popgate-error"
 WRITER_DRAIN_S = 5.0
+SESSION_SETTLE_S = 5.0  # a stopping broker waits this long at most for a Session's requests in progress
 
 # Domain error → gRPC status code. The most specific class wins (checked via the MRO).
 STATUS_OF: dict[type[errors.BrokerError], grpc.StatusCode] = {
@@ -81,6 +82,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     def __init__(self, core: BrokerCore, metrics: BrokerMetrics) -> None:
         self.core = core
         self.metrics = metrics
+        self.stopping = asyncio.Event()  # set on SIGTERM: Session streams end (see Session)
 
     @rpc("Send")
     async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
@@ -105,15 +107,32 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 await context.write(response)
                 session.written(size)
 
-        writer = asyncio.get_running_loop().create_task(write())
-        try:
+        async def read() -> None:
             async for request in request_iterator:
                 session.dispatch(request)
                 if session.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
                     # The caller reads its answers slower than it asks: stop reading its requests (HTTP/2
                     # flow control then holds it back) until the answers it has not taken fit again.
                     await session.room.wait()
+
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(write())
+        reader = loop.create_task(read())
+        stopping = loop.create_task(self.stopping.wait())
+        try:
+            await asyncio.wait((reader, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if not reader.done():
+                # The broker is stopping (its held requests are being answered): read no more requests, let
+                # those taken finish, then end the stream. Left open, it would take requests for the whole
+                # shutdown grace; a proxy's requests written meanwhile fail with UNAVAILABLE, unread, and it
+                # fails over at once.
+                reader.cancel()
+                await session.settle(SESSION_SETTLE_S)
+            elif not reader.cancelled() and (exc := reader.exception()) is not None:
+                raise exc
         finally:
+            reader.cancel()
+            stopping.cancel()
             # The caller closed its side or went away: nothing pending on this stream survives it.
             # The writer is never cancelled mid-write (grpc core would then lose the final status):
             # it finishes what is queued and stops at the end marker.
@@ -390,6 +409,12 @@ class _Session:
     def _error(self, request_id: int, exc: errors.BrokerError) -> None:
         error = pb.SessionError(error=exc.name, message=exc.message, grpc_code=status_of(exc).value[0])
         self.answer(pb.SessionResponse(id=request_id, error=error))
+
+    async def settle(self, within_s: float) -> None:
+        """Wait (at most `within_s`) for the requests taken to be answered."""
+        tasks = list(self.pending.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=within_s)
 
     async def close(self) -> None:
         tasks = list(self.pending.values())

@@ -13,6 +13,12 @@ proxy one future instead of a call, and a request a quarter of a call's CPU.
 A broken session (broker restarted or unreachable) fails its pending requests with
 UNAVAILABLE and is replaced on the next request. Cancelling a caller sends a cancel
 frame, so the broker drops the held request at once.
+
+Acks, invisibility changes and dead-letter forwards can only go to the broker their
+receipt handle names. Failing with UNAVAILABLE, they wait (within their deadline, at most
+`RECONNECT_WAIT_S`) for the channel to that broker to connect again and are tried once
+more: a broker that has just restarted serves them instead of the client getting
+HA_NOT_AVAILABLE while the channel's reconnect back-off runs.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from proxy.settings import BrokerAddress
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+RECONNECT_WAIT_S = 2.0  # at most this long for a broker's channel to connect again (see the module docstring)
+RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
 ERROR_KEY = "popgate-error"
 
 
@@ -92,7 +100,7 @@ class GrpcBrokerClient:
             # Reconnect quickly to a restarted broker (the default back-off grows to minutes).
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         self._channel = grpc.aio.insecure_channel(
             address.target, options=options, interceptors=client_interceptors(token) or None
@@ -202,19 +210,38 @@ class GrpcBrokerClient:
         session.cancel(request_id)  # a no-op once answered; otherwise the broker drops the request
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
-        response: bpb.AckResponse = await self.begin("Ack", request, timeout_s=timeout_s)
-        return response
+        return await self._to_this_broker(lambda t: self.begin("Ack", request, timeout_s=t), timeout_s)
 
     async def change_invisible_time(
         self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
     ) -> bpb.ChangeInvisibleTimeResponse:
-        response: bpb.ChangeInvisibleTimeResponse = await self.begin(
-            "ChangeInvisibleTime", request, timeout_s=timeout_s
-        )
-        return response
+        return await self._to_this_broker(lambda t: self.begin("ChangeInvisibleTime", request, timeout_s=t), timeout_s)
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
-        return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
+        return await self._to_this_broker(
+            lambda t: self._call("DeadLetter", self._stub.DeadLetter, request, t), timeout_s
+        )
+
+    async def _to_this_broker(self, attempt: Callable[[float], Awaitable[R]], timeout_s: float) -> R:
+        """`attempt(timeout_s)`, and once more if it fails with UNAVAILABLE and the channel connects again in
+        time. A retry may find the first attempt applied (the stream broke after it was written): the broker
+        then answers the handle as stale, which is what it is."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        try:
+            return await attempt(timeout_s)
+        except errors.BrokerUnavailable as exc:
+            wait_s = min(RECONNECT_WAIT_S, end - loop.time() - RETRY_MARGIN_S)
+            if wait_s <= 0 or not await self._reconnected(wait_s):
+                raise exc from None
+        return await attempt(max(RETRY_MARGIN_S, end - loop.time()))
+
+    async def _reconnected(self, within_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), within_s)
+        except TimeoutError:
+            return False
+        return True
 
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return self.begin("Pop", request, timeout_s=timeout_s)

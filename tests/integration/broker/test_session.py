@@ -129,3 +129,35 @@ def test_send_ack_and_change_invisible_on_the_stream_do_what_the_unary_calls_do(
 
 async def _eq(value: object, expected: int) -> bool:
     return await value == expected  # type: ignore[misc]
+
+
+def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(make_broker: object) -> None:
+    """A proxy keeps its Session stream open for good: a stopping broker answers what is pending on it and ends
+    it, instead of waiting out the whole shutdown grace (30 s here) with the stream still taking requests."""
+    broker: BrokerHandle = make_broker("b1", "--shutdown-grace-s", "30")  # type: ignore[operator]
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
+            await session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"kept")]))
+            held_pop = asyncio.ensure_future(
+                session.pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000))
+            )
+            stub = pb_grpc.BrokerStub(channel)
+
+            async def holding() -> bool:
+                return await held(stub) == 1
+
+            await wait_for(holding, within=5)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            stopping = loop.run_in_executor(None, broker.proc.stop)
+            assert (await asyncio.wait_for(held_pop, 10)).messages == []  # answered, not cut off
+            with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ended: a new request is refused
+                await asyncio.wait_for(session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")])), 10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert await asyncio.wait_for(stopping, 20) == 0
+            assert loop.time() - started < 10  # well inside the 30 s grace
+            await session.close()
+
+    asyncio.run(scenario())

@@ -100,3 +100,26 @@ def test_kill_9_a_broker_while_producing_and_consuming(make_cluster: MakeCluster
             thread.join(15)
     missing = load.sent - load.received
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+
+
+def test_an_ack_right_after_the_broker_restarts_is_not_refused(make_cluster: MakeCluster) -> None:
+    """The broker is back and serving: an ack of a message it handed out before its restart goes through,
+    instead of HA_NOT_AVAILABLE while the proxy's channel to it waits out its reconnect back-off."""
+    cluster = make_cluster(brokers=1)
+    client = V2Client(cluster.endpoint)
+    try:
+        assert client.send(TOPIC, [b"before"]).status.code == v2.OK
+        _, messages = client.receive(TOPIC, GROUP, invisible_s=30, poll_s=2)
+        assert [m.body for m in messages] == [b"before"]
+        cluster.brokers["b1"].stop()  # SIGTERM: its state is on disk (kill -9 may lose the last 2 ms of it)
+        down = client.ack(TOPIC, GROUP, messages)  # the channel fails to connect and backs off
+        assert down.status.code == v2.HA_NOT_AVAILABLE, down.status
+        cluster.restart_broker("b1")  # returns once the broker prints ready
+        reply = client.ack(TOPIC, GROUP, messages)
+        assert reply.status.code == v2.OK, reply.status
+        cluster.brokers["b1"].stop()  # and it stays acked: not delivered again after another restart
+        cluster.restart_broker("b1")
+        _, again = client.receive(TOPIC, GROUP, invisible_s=30, poll_s=2)
+        assert again == []
+    finally:
+        client.close()
