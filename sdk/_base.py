@@ -11,7 +11,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from sdk import _wire
 from sdk._transport import make_options
-from sdk.message import Message
+from sdk.message import Message, SendReceipt
 from sdk.retry import RetryPolicy
 
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
@@ -22,6 +22,16 @@ def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
     group, so that a group's batches are stored in the order given (FIFO within a group)."""
     fifo = any(m.system_properties.message_group for r in requests for m in r.messages)
     return 1 if fifo else SEND_WINDOW
+
+
+def receipts_so_far(
+    requests: Sequence[pb.SendMessageRequest], results: Sequence[list[SendReceipt] | None]
+) -> list[SendReceipt | None]:
+    """One entry per message of `requests`: its receipt where its call's results are in, else None."""
+    out: list[SendReceipt | None] = []
+    for request, got in zip(requests, results, strict=True):
+        out += got if got is not None else [None] * len(request.messages)
+    return out
 
 
 class ClientBase:

@@ -21,7 +21,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, send_window
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, receipts_so_far, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -139,26 +139,30 @@ class Producer(ProducerBase, _AsyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
         )
+        results: list[list[SendReceipt] | None] = [None] * len(requests)
         in_flight = send_window(requests)
-        if len(requests) == 1 or in_flight == 1:  # one after another: a failed batch stops the rest
-            out: list[SendReceipt] = []
-            for request in requests:
-                out += await self._send(topic, request)
-            return out
         window = asyncio.Semaphore(in_flight)
 
-        async def one(request: pb.SendMessageRequest) -> list[SendReceipt]:
+        async def one(index: int) -> None:
             async with window:
-                return await self._send(topic, request)
+                results[index] = await self._send(topic, requests[index])
 
-        calls = [asyncio.ensure_future(one(r)) for r in requests]
         try:
-            results = await asyncio.gather(*calls)
-        except BaseException:  # one failed (or the caller gave up): the batches not sent yet are not sent
-            for call in calls:
-                call.cancel()
+            if len(requests) == 1 or in_flight == 1:  # one after another: a failed batch stops the rest
+                for index in range(len(requests)):
+                    await one(index)
+            else:
+                calls = [asyncio.ensure_future(one(i)) for i in range(len(requests))]
+                try:
+                    await asyncio.gather(*calls)
+                except BaseException:  # one failed (or the caller gave up): the batches not sent yet are not sent
+                    for call in calls:
+                        call.cancel()
+                    raise
+        except errors.PopgateError as exc:
+            exc.receipts = receipts_so_far(requests, results)
             raise
-        return [receipt for chunk in results for receipt in chunk]
+        return [receipt for got in results for receipt in got or ()]
 
     async def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
         async def op() -> list[SendReceipt]:

@@ -16,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, send_window
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, receipts_so_far, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -153,9 +153,9 @@ class Producer(ProducerBase, _SyncClient):
 
         Raises:
             PopgateError: A call failed (after its retries). The calls not yet made are not made, those on
-                their way are cancelled; batches before the failed one, and any that reached the proxy before
-                their cancel, are stored, but their receipts are not returned: sending them all again
-                stores those twice, under new message ids.
+                their way are cancelled. The error's ``receipts`` say which messages are stored: one entry
+                per message, its receipt or None (not sent, refused, or not known: a call cancelled on its
+                way may have been stored). Resend only the None entries' messages.
         """
         requests = self._plan(
             topic,
@@ -167,23 +167,26 @@ class Producer(ProducerBase, _SyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
         )
-        if len(requests) == 1:
-            return self._send(topic, requests[0])
-        out: list[SendReceipt] = []
+        results: list[list[SendReceipt] | None] = [None] * len(requests)
         in_flight = send_window(requests)
-        window: deque[tuple[pb.SendMessageRequest, Any]] = deque()
+        window: deque[tuple[int, Any]] = deque()  # (index, its call's future)
         try:
-            for request in requests:
-                window.append((request, self._begin_send(request)))
+            for index, request in enumerate(requests):
+                window.append((index, self._begin_send(request) if len(requests) > 1 else None))
                 if len(window) >= in_flight:
-                    out += self._send(topic, *window.popleft())
+                    done, future = window.popleft()
+                    results[done] = self._send(topic, requests[done], future)
             while window:
-                out += self._send(topic, *window.popleft())
-        except BaseException:  # the batches not sent yet are not sent; those on their way are cancelled
-            for _, future in window:
-                future.cancel()
+                done, future = window.popleft()
+                results[done] = self._send(topic, requests[done], future)
+        except BaseException as exc:  # the batches not sent yet are not sent; those on their way are cancelled
+            for index, future in window:
+                if future is not None and not future.cancel():  # it has its answer already
+                    results[index] = _stored(topic, requests[index], future)
+            if isinstance(exc, errors.PopgateError):
+                exc.receipts = receipts_so_far(requests, results)
             raise
-        return out
+        return [receipt for got in results for receipt in got or ()]
 
     def _begin_send(self, request: pb.SendMessageRequest) -> Any:
         try:
@@ -211,6 +214,14 @@ class Producer(ProducerBase, _SyncClient):
             return _wire.send_receipts(topic, request, response)
 
         return self._retrying(op)
+
+
+def _stored(topic: str, request: pb.SendMessageRequest, future: Any) -> list[SendReceipt] | None:
+    """The receipts of a finished SendMessage future; None when it failed."""
+    try:
+        return _wire.send_receipts(topic, request, future.result())
+    except (grpc.RpcError, errors.PopgateError):
+        return None
 
 
 class SimpleConsumer(ConsumerBase, _SyncClient):

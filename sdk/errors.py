@@ -9,10 +9,15 @@ as the official clients classify them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from popgate_pb.v2 import definition_pb2 as v2
 
 from proxy import errors as domain
 from proxy.codes import CODES
+
+if TYPE_CHECKING:
+    from sdk.message import SendReceipt
 
 
 class PopgateError(Exception):
@@ -24,9 +29,14 @@ class PopgateError(Exception):
         code_name: The code's enum name (``"INVALID_RECEIPT_HANDLE"``) or the gRPC status name.
         retriable: True when the same call may succeed later unchanged (overload, failover).
         message: The server's message, or a description of the transport failure.
+        receipts: Set when ``send_many`` fails: one entry per message given, in order: its
+            `SendReceipt` when the server acknowledged storing it, else None (not sent, refused, or not
+            known: a call cancelled on its way may have been stored). Resend the None entries' messages
+            only; they may then be stored twice, as after any failed send. None on other errors.
     """
 
     retriable: bool = False
+    receipts: list[SendReceipt | None] | None = None
 
     def __init__(self, message: str, *, code: int | None = None, code_name: str = "", retriable: bool | None = None):
         super().__init__(message)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sdk import AckError, BadRequest, InvalidReceiptHandle, Message
+from sdk import AckError, BadRequest, InvalidReceiptHandle, Message, MessageBodyTooLarge
 from sdk.aio import Producer, SimpleConsumer
 
 # Short polls: in longpoll mode the proxy holds a receive on one broker (rotating), so a poll that lands on a
@@ -69,6 +69,29 @@ async def test_send_many_concurrently_and_ack_many(endpoint: str) -> None:
         got = await drain(consumer, len(bodies), limit_s=60)
     assert len({r.message_id for r in receipts}) == len(bodies)
     assert sorted(m.body for m in got) == sorted(bodies)
+
+
+@run_async
+async def test_a_failed_send_many_says_which_messages_are_stored(endpoint: str) -> None:
+    """A message group: the calls go one after another, so the first (two 3 MiB bodies) is stored before the
+    second (over the 4 MiB body limit) is refused; the error's receipts name the stored ones."""
+    topic, group = name("t"), name("g")
+    mib = 1024 * 1024
+    bodies = [b"a" * 3 * mib, b"b" * 3 * mib, b"z" * (4 * mib + 1)]
+    async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        with pytest.raises(MessageBodyTooLarge) as caught:
+            await producer.send_many(topic, bodies, message_group="g1")
+        receipts = caught.value.receipts
+        assert receipts is not None and len(receipts) == 3
+        first, second, refused = receipts
+        assert first is not None and second is not None and refused is None
+        got = await drain(consumer, 2, limit_s=30)
+        # Concurrent calls: the refused call's messages are None; a call cancelled on its way may be too.
+        with pytest.raises(MessageBodyTooLarge) as caught:
+            await producer.send_many(topic, bodies)
+        assert caught.value.receipts is not None and len(caught.value.receipts) == 3
+        assert caught.value.receipts[2] is None
+    assert [m.message_id for m in got] == [first.message_id, second.message_id]
 
 
 @run_async

@@ -12,6 +12,7 @@ from sdk import (
     BadRequest,
     InvalidReceiptHandle,
     Message,
+    MessageBodyTooLarge,
     Producer,
     RetryPolicy,
     SimpleConsumer,
@@ -203,3 +204,23 @@ def test_send_many_on_a_producer_closed_meanwhile_is_unavailable_not_a_value_err
     with pytest.raises(Unavailable, match="closed") as caught:
         producer.send_many(name("t"), [b"x"] * 2000)  # several calls: the windowed path
     assert not caught.value.retriable
+
+
+MIB = 1024 * 1024
+
+
+def test_a_failed_send_many_says_which_messages_are_stored(endpoint: str) -> None:
+    """Two calls (the third body does not fit the first call's 8 MiB): the first is stored, the second refused.
+    The error's receipts name the stored ones, so only the rest need sending again."""
+    topic, group = name("t"), name("g")
+    bodies = [b"a" * 3 * MIB, b"b" * 3 * MIB, b"z" * (4 * MIB + 1)]  # the last is over the 4 MiB body limit
+    with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        with pytest.raises(MessageBodyTooLarge) as caught:
+            producer.send_many(topic, bodies)
+        receipts = caught.value.receipts
+        assert receipts is not None and len(receipts) == 3
+        first, second, refused = receipts
+        assert first is not None and second is not None and refused is None
+        got = drain(consumer, 2)
+    assert {m.message_id for m in got} == {first.message_id, second.message_id}
+    assert sorted(m.body[:1] for m in got) == [b"a", b"b"]
