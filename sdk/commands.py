@@ -195,21 +195,22 @@ class IdleWait:
     """How long each receive of a command waits: until ``wait`` seconds pass with nothing received,
     restarted by every batch; always at least one poll (``--wait 0`` polls once without waiting)."""
 
-    def __init__(self, wait: float) -> None:
+    def __init__(self, wait: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.wait = wait
-        self.until = time.monotonic() + wait
+        self.clock = clock
+        self.until = clock() + wait
         self.polled = False
 
     def next(self) -> float | None:
         """The next receive's wait in seconds (at most 1 s, so Ctrl-C is prompt), or None: stop."""
-        left = self.until - time.monotonic()
+        left = self.until - self.clock()
         if left <= 0 and self.polled:
             return None
         self.polled = True
         return min(max(left, 0.0), 1.0)
 
     def received(self) -> None:
-        self.until = time.monotonic() + self.wait
+        self.until = self.clock() + self.wait
 
 
 def _plural(n: int, word: str = "message") -> str:

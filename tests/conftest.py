@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,8 +60,9 @@ def make_broker(tmp_path: Path) -> Iterator[object]:
         return handle
 
     yield make
-    for handle in started:
-        handle.close()
+    with contextlib.ExitStack() as stack:  # every one closed, even when one of them fails to stop
+        for handle in started:
+            stack.callback(handle.close)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ wait has a deadline.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import http.client
 import importlib.util
 import json
@@ -254,9 +255,15 @@ def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     import yaml
 
     work = tmp_path_factory.mktemp("prometheus")
+    # The rules as shipped, but every group evaluated each second: a rule that fails only at evaluation
+    # (the recording group runs every 30 s) shows its error within the test.
+    rules = yaml.safe_load((PROMETHEUS / "rules.yml").read_text())
+    for group in rules["groups"]:
+        group["interval"] = "1s"
+    (work / "rules.yml").write_text(yaml.safe_dump(rules))
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-        "rule_files": [str(PROMETHEUS / "rules.yml")],
+        "rule_files": [str(work / "rules.yml")],
         "scrape_configs": [
             {
                 "job_name": f"popgate-{kind}",
@@ -324,13 +331,37 @@ def test_prometheus_finds_broker_and_proxy_series(cluster: Cluster, prometheus: 
     assert float(stored[0]["value"][1]) >= len(cluster.brokers)
 
 
-def test_prometheus_loads_the_alert_rules(prometheus: Prometheus) -> None:
-    text = wait_for("the rules API", lambda: http_get(f"{prometheus.url}/api/v1/rules"), 10)
-    groups = {g["name"]: g for g in json.loads(text)["data"]["groups"]}
+def evaluated_at(rule: dict[str, Any]) -> float:
+    """A rule's lastEvaluation as epoch seconds (0 before its first evaluation)."""
+    stamp = rule.get("lastEvaluation", "")
+    if not stamp or stamp.startswith("0001-"):
+        return 0.0
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    parsed = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC)
+    return parsed.timestamp() + float(f"0.{fraction or 0}")
+
+
+def test_prometheus_loads_and_evaluates_the_rules_without_error(cluster: Cluster, prometheus: Prometheus) -> None:
+    def all_up() -> list[dict[str, Any]] | None:
+        result = prometheus.query('up{job=~"popgate-.*"} == 1')
+        return result if result is not None and len(result) == len(cluster.processes) else None
+
+    wait_for("every popgate target to be scraped", all_up, 20)
+    scraped = time.time()
+
+    def evaluated() -> dict[str, Any] | None:  # every rule evaluated over scraped series, not an empty database
+        text = http_get(f"{prometheus.url}/api/v1/rules")
+        if text is None:
+            return None
+        groups = {g["name"]: g for g in json.loads(text)["data"]["groups"]}
+        rules = [r for g in groups.values() for r in g["rules"]]
+        return groups if rules and all(evaluated_at(r) > scraped for r in rules) else None
+
+    groups = wait_for("every rule to be evaluated after the first scrapes", evaluated, 20)
     assert {"popgate.recording", "popgate.alerts"} <= set(groups)
     for group in groups.values():
         for rule in group["rules"]:
-            assert rule.get("lastError", "") == "", rule
+            assert rule.get("lastError", "") == "" and rule.get("health") == "ok", rule
 
 
 def test_every_metrics_endpoint_passes_promtool_check_metrics(cluster: Cluster) -> None:

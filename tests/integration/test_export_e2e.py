@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[spark]'")
+try:  # required, not optional: make test installs it
+    import pyspark  # noqa: F401
+except ImportError:
+    pytest.fail("pyspark is not installed: pip install -e '.[spark]' (make test installs it)", pytrace=False)
 
 from popgate_pb import broker_pb2 as pb  # noqa: E402
 from popgate_pb import broker_pb2_grpc as pb_grpc  # noqa: E402

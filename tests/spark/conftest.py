@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pyspark", reason="the spark extra is not installed: pip install -e '.[spark]'")
+try:  # required, not optional: make test installs it
+    import pyspark  # noqa: F401
+except ImportError:
+    pytest.fail("pyspark is not installed: pip install -e '.[spark]' (make test installs it)", pytrace=False)
 
 from tests.spark.session import spark  # noqa: E402,F401

@@ -5,6 +5,7 @@ it still serves afterwards (health, Stats, a send and pop) with no traceback in 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def test_unary_rpcs_answer_or_reject_with_a_named_error(broker: Target, method: 
             check_reject(exc)
 
     check()
+    still_serves(broker)
 
 
 def session_requests() -> st.SearchStrategy[pb.SessionRequest]:
@@ -136,14 +138,17 @@ def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -
                 assert answer.error.grpc_code in MAPPED_NUMBERS, answer
 
     check()
+    still_serves(broker)
 
 
-def test_the_broker_still_serves_after_the_fuzzing(broker: Target) -> None:
+def still_serves(broker: Target) -> None:
+    """After a fuzz run: healthy, stores and pops, and alive."""
     health = health_pb2_grpc.HealthStub(broker.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
-    sent = broker.stub.Send(pb.SendRequest(messages=[pb.Message(topic="after", body=b"x")]), timeout=5)
+    topic = f"after-{uuid.uuid4().hex[:8]}"
+    sent = broker.stub.Send(pb.SendRequest(messages=[pb.Message(topic=topic, body=b"x")]), timeout=5)
     assert len(sent.results) == 1
-    popped = broker.stub.Pop(pb.PopRequest(topic="after", group="g", max_messages=1, invisible_ms=1000), timeout=5)
+    popped = broker.stub.Pop(pb.PopRequest(topic=topic, group="g", max_messages=1, invisible_ms=1000), timeout=5)
     assert [m.stored.message.body for m in popped.messages] == [b"x"]
     assert broker.proc.alive()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,5 +28,6 @@ def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
         return cluster
 
     yield make
-    for cluster in started:
-        cluster.stop()
+    with contextlib.ExitStack() as stack:  # every one stopped, even when one of them fails to stop
+        for cluster in started:
+            stack.callback(cluster.stop)

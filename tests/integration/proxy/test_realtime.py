@@ -187,3 +187,24 @@ def test_notifications_honour_the_tag_filter(cluster: Cluster) -> None:
     assert proxy_sample(cluster, "popgate_proxy_notifications_total", labels) == 1
     assert proxy_sample(cluster, "popgate_proxy_notify_pops_total", {"group": group, "kind": "lost"}) == 0
     client.close()
+
+
+def test_a_receive_gets_only_what_its_tag_filter_accepts(cluster: Cluster) -> None:
+    """Every mode passes the filter to the brokers: rejected messages are ready on every broker, ahead of the
+    accepted ones, so a Pop that ignored the filter would return them."""
+    brokers = stubs(cluster)
+    client = V2Client(cluster.endpoint)
+    topic, group = f"filter-{uuid.uuid4().hex[:8]}", f"g-filter-{uuid.uuid4().hex[:6]}"
+    for name, stub in brokers.items():
+        send_to(stub, topic, b"rejected", tag="b")
+        send_to(stub, topic, name.encode(), tag="a")
+    request = wire.receive_request(group, wire.Subscription(topic, "a"), max=32, invisible=30, wait=1)
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    try:
+        while len(got) < len(brokers) and time.monotonic() < deadline:
+            frames = client.stub.ReceiveMessage(request, timeout=5)
+            got += [f.message.body for f in frames if f.HasField("message")]
+    finally:
+        client.close()
+    assert sorted(got) == sorted(name.encode() for name in brokers)

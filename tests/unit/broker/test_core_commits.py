@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker.core import BrokerCore
 from broker.errors import StoreUnavailable, TopicNotFound
 from broker.model import now_ms
 from broker.sqlite_store import SqliteStore
@@ -34,6 +35,13 @@ def fail_next_commit(store: SqliteStore) -> None:
             request.result = StoreUnavailable("disk full (injected)")
 
     store._apply = fail_once  # type: ignore[method-assign]
+
+
+async def until_held(core: BrokerCore, count: int, within_s: float = 5.0) -> None:
+    """Wait (bounded) until `count` requests are held: a request in flight has reached its long poll."""
+    async with asyncio.timeout(within_s):
+        while core.hold.total_held < count:  # noqa: ASYNC110  # the hold has no event for "one more held"
+            await asyncio.sleep(0.001)
 
 
 def test_a_topic_whose_first_send_failed_is_whole_after_a_restart(tmp_path: Path) -> None:
@@ -74,7 +82,7 @@ def test_a_latest_group_gets_the_message_that_ended_its_notification(tmp_path: P
         async with broker(tmp_path, consume_from="latest") as (core, _):
             await core.send([pb.Message(topic="t", body=b"before the group")])
             waiting = asyncio.create_task(core.notification("t", "g", "*", 5_000))
-            await asyncio.sleep(0.05)
+            await until_held(core, 1)
             await core.send([pb.Message(topic="t", body=b"after")])
             has_message, _ = await waiting
             assert has_message
@@ -153,10 +161,10 @@ def test_the_sweep_wakes_a_held_request_only_for_what_its_own_filter_takes(tmp_p
     async def scenario() -> None:
         async with broker(tmp_path) as (core, _):
             waiting = asyncio.create_task(core.notification("t", "n", "a", 20_000))
-            await asyncio.sleep(0.05)
+            await until_held(core, 1)
             await core.send([pb.Message(topic="t", body=b"not for n", tag="b")])
             core.sweep()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # time for a wrong wake to show (a negative: nothing to wait on)
             assert not waiting.done()  # the group never popped: its stored filter is match-all
             await core.send([pb.Message(topic="t", body=b"for n", tag="a")])
             assert await asyncio.wait_for(waiting, 5) == (True, False)
@@ -182,7 +190,7 @@ def test_a_latest_group_waiting_before_its_topic_exists_gets_the_first_message(t
         async with broker(tmp_path, consume_from="latest") as (core, _):
             held = asyncio.create_task(core.pop("fresh", "g1", "*", 32, 30_000, 5_000))
             waiting = asyncio.create_task(core.notification("fresh", "g2", "*", 5_000))
-            await asyncio.sleep(0.05)
+            await until_held(core, 2)
             await core.send([pb.Message(topic="fresh", body=b"first")])
             popped = await asyncio.wait_for(held, 5)
             assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"first"]
@@ -257,9 +265,9 @@ def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_path: Pa
             await core.send([pb.Message(topic="t", body=b"first", tag="a")])
             await core.pop("t", "g", "a", 1, 60_000, 0)  # the group exists; its start is fixed
             wants_a = asyncio.ensure_future(core.pop("t", "g", "a", 1, 60_000, 3000))
-            await asyncio.sleep(0.05)
+            await until_held(core, 1)
             wants_b = asyncio.ensure_future(core.pop("t", "g", "b", 1, 60_000, 3000))
-            await asyncio.sleep(0.05)
+            await until_held(core, 2)
             await core.send([pb.Message(topic="t", body=b"for a", tag="a")])
             got = await asyncio.wait_for(wants_a, 5)
             wants_b.cancel()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from sdk import Message, RetryPolicy
@@ -19,14 +17,15 @@ def test_wait_zero_still_polls_once() -> None:
 
 
 def test_each_batch_restarts_the_idle_wait() -> None:
-    first = IdleWait(5.0).next()
-    assert first is not None and 0.9 < first <= 1.0  # one receive waits at most 1 s: Ctrl-C stays prompt
-    idle = IdleWait(0.05)
-    assert idle.next() is not None
-    time.sleep(0.06)  # the wait has passed ...
+    now = [100.0]
+    first = IdleWait(5.0, clock=lambda: now[0]).next()
+    assert first == 1.0  # one receive waits at most 1 s: Ctrl-C stays prompt
+    idle = IdleWait(0.05, clock=lambda: now[0])
+    assert idle.next() == pytest.approx(0.05)
+    now[0] += 0.06  # the wait has passed ...
     idle.received()  # ... but a batch came: wait on
-    assert idle.next() is not None
-    time.sleep(0.06)
+    assert idle.next() == pytest.approx(0.05)
+    now[0] += 0.06
     assert idle.next() is None
 
 
