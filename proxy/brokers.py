@@ -97,9 +97,9 @@ class GrpcBrokerClient:
         options = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
-            # Reconnect quickly to a restarted broker (the default back-off grows to minutes).
+            # Reconnect quickly to a restarted broker (the default back-off grows to minutes). Not
+            # grpc.min_reconnect_backoff_ms: it is also the time a connection attempt gets (see sdk/_transport.py).
             ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         self._channel = grpc.aio.insecure_channel(
