@@ -305,7 +305,7 @@ class BrokerCore:
     def _reader(
         self, group: str, topic: str, tag_filter: TagFilter, ops: list[Op], *, pop_filter: bool = True
     ) -> GroupTopic | None:
-        """The group's state on `topic`, ready to read: start offsets fixed and, for a Pop, its
+        """The group's state on `topic`, ready to read: start offsets fixed and, for a Pop or a first look, its
         filter stored. None while the topic does not exist: with auto-create any name may be polled, and
         no state is kept or stored for it (only, under `latest`, that the group looked before the topic
         existed — bounded — so that it then starts at the topic's first message)."""
@@ -318,7 +318,9 @@ class BrokerCore:
             return None
         new = (group, topic) not in self.groups
         state = self._group(group, topic)
-        if pop_filter and state.filter != tag_filter:
+        # A Pop sets the group's filter; so does a group's first look (a proxy announces a group to every
+        # broker with a Notification: its lag there then counts what it will take, not every message).
+        if (pop_filter or new) and state.filter != tag_filter:
             state.filter = tag_filter
             ops.append(SetGroupFilter(group, topic, str(tag_filter)))
         # A group's first look at an existing topic fixes (and stores) where it starts on every queue, so

@@ -16,6 +16,7 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from proxy import errors
+from proxy.groups import GroupsSeen
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.routing import BrokerPool
@@ -54,6 +55,11 @@ SEND_OVERHEAD = 1024  # bytes counted per message beyond its body (envelope, cor
 ANSWER_OVERHEAD = 1024  # the same for a received message waiting to be written (its frame, handle, ids)
 
 
+def _outcome_ignored(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()  # retrieved: a failed announcement is not an error of the receive
+
+
 class Proxy:
     def __init__(
         self,
@@ -77,6 +83,7 @@ class Proxy:
         self._max_held = max_held_receives
         self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
+        self._groups_seen = GroupsSeen()
         self._max_send_bytes = max_send_bytes
         self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
         # Messages received and not yet written to their clients (a client that does not read keeps them):
@@ -154,6 +161,15 @@ class Proxy:
                 last = exc
         raise last
 
+    def _announce(self, request: ReceiveRequest) -> None:
+        """A Notification with poll 0 to every live broker: each fixes the group's start there (proxy.groups).
+        Not awaited: the receive does not wait for it, and a broker that fails it learns of the group at its
+        first Pop or Notification, as before."""
+        announce = bpb.NotificationRequest(topic=request.topic, group=request.group, filter=request.filter)
+        for client in self.pool.live():
+            call = client.begin_notification(announce, timeout_s=self._timeout)
+            call.add_done_callback(_outcome_ignored)
+
     async def receive(self, request: ReceiveRequest) -> ReceiveResult:
         if self.closing.is_set():
             return ReceiveResult([], "closing")
@@ -167,6 +183,8 @@ class Proxy:
                     f"the proxy holds {self._answer_bytes} bytes of messages its clients have not read; retry shortly"
                 )
             self._held += 1
+            if self._groups_seen.first_sight(request.topic, request.group):
+                self._announce(request)
             try:
                 result = await self.strategy.receive(request, self.closing)
             except BaseException:

@@ -165,7 +165,7 @@ def test_the_sweep_wakes_a_held_request_only_for_what_its_own_filter_takes(tmp_p
             await core.send([pb.Message(topic="t", body=b"not for n", tag="b")])
             core.sweep()
             await asyncio.sleep(0.05)  # time for a wrong wake to show (a negative: nothing to wait on)
-            assert not waiting.done()  # the group never popped: its stored filter is match-all
+            assert not waiting.done()  # its own filter ("a") decides, not the group's (match-all)
             await core.send([pb.Message(topic="t", body=b"for n", tag="a")])
             assert await asyncio.wait_for(waiting, 5) == (True, False)
 
@@ -289,3 +289,19 @@ def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_requests(tmp
                 await core.send([pb.Message(topic="t", body=b"x", tag=" a ")])
 
     run(scenario)
+
+
+def test_a_groups_first_look_by_notification_sets_the_filter_its_lag_counts_with(tmp_path: Path) -> None:
+    """A proxy announces a group to every broker with a Notification (proxy.groups): where the group has not
+    popped yet, its lag counts the messages its filter takes, not every message."""
+
+    async def scenario() -> tuple[int, int]:
+        async with broker(tmp_path, queues_per_topic=1) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("a", "b", "b")])
+            assert await core.notification("t", "g", "a", 0) == (True, False)
+            [row] = core.lags("t", "g")
+            await core.notification("t", "g", "b", 0)  # a later look does not change it: Pops set the filter
+            [again] = core.lags("t", "g")
+            return row.lag.lag, again.lag.lag
+
+    assert run(scenario) == (1, 1)

@@ -58,6 +58,11 @@ def ids(result: ReceiveResult) -> list[str]:
     return [m.stored.message.message_id for m in result.messages]
 
 
+def watches(broker: FakeBroker) -> list[bpb.NotificationRequest]:
+    """The Notifications a run sent `broker` (poll 0 ones are the group's announcement, proxy.groups)."""
+    return [n for n in broker.notifications if n.poll_ms > 0]
+
+
 def test_backlog_is_served_by_the_first_pop_without_notifications() -> None:
     proxy, brokers = make()
     brokers["b1"].ready.append(popped("b1", "m1"))
@@ -66,7 +71,7 @@ def test_backlog_is_served_by_the_first_pop_without_notifications() -> None:
         return await proxy.receive(request(2.0))
 
     assert ids(run(scenario())) == ["m1"]
-    assert all(not b.notifications for b in brokers.values())
+    assert all(not watches(b) for b in brokers.values())
 
 
 def test_a_message_on_any_broker_wakes_the_receive_at_once_and_no_hold_is_left() -> None:
@@ -102,7 +107,7 @@ def test_with_one_broker_the_receive_waits_in_a_held_pop_and_sends_no_notificati
         return await asyncio.wait_for(receive, 2)
 
     assert ids(run(scenario())) == ["m1"]
-    assert not broker.notifications and [p.poll_ms > 0 for p in broker.pops] == [False, True]
+    assert not watches(broker) and [p.poll_ms > 0 for p in broker.pops] == [False, True]
 
 
 def test_two_receives_race_for_one_message_the_loser_waits_for_the_next() -> None:
@@ -335,3 +340,20 @@ def test_a_broker_that_fails_during_a_long_poll_and_comes_back_is_watched_again(
         return await receive
 
     assert ids(run(scenario())) == ["after-restart"]
+
+
+def test_a_groups_first_receive_announces_it_to_every_live_broker_once() -> None:
+    """So that each broker knows the group (its lag there, its start under `latest`) though the receive's first
+    Pop was answered by one broker only."""
+    proxy, brokers = make()
+    brokers["b1"].ready.append(popped("b1", "m1"))
+    brokers["b1"].ready.append(popped("b1", "m2"))
+
+    async def scenario() -> None:
+        assert ids(await proxy.receive(request(2.0, batch=1))) == ["m1"]
+        assert ids(await proxy.receive(request(2.0, batch=1))) == ["m2"]
+
+    run(scenario())
+    for broker in brokers.values():  # one poll-0 Notification each (the second receive's run may watch too)
+        announced = [(n.topic, n.group, n.filter) for n in broker.notifications if n.poll_ms == 0]
+        assert announced == [("t", "g", "*")], broker.name
