@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -174,6 +175,7 @@ class _RollingFile:
             self.period = period
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self._names()[0], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "in use": `salvage` leaves it alone
         fd = self._fd
         end = os.lseek(fd, 0, os.SEEK_END)
         try:
@@ -217,7 +219,9 @@ def _fsync_dir(path: Path) -> None:
 def salvage(export_dir: Path, kind: str, process: str) -> list[Path]:
     """Publish what an earlier incarnation of this process left in progress (killed before rolling).
 
-    Only whole lines are kept; the files are then renamed like any finished file.
+    Only whole lines are kept; the files are then renamed like any finished file. A file a running process
+    still writes (it holds a lock on it until it publishes it or dies) is left alone: another process of the
+    same name, started by mistake or while the first one is still stopping, must not make it final.
     """
     out: list[Path] = []
     prefix = f".{kind}-{_UNSAFE.sub('_', process)}-"
@@ -226,14 +230,18 @@ def salvage(export_dir: Path, kind: str, process: str) -> list[Path]:
     for tmp in sorted(Path(export_dir).glob(f"{prefix}*.jsonl.tmp")):
         if not ours.fullmatch(tmp.name):
             continue
-        data = tmp.read_bytes()
-        whole = data[: data.rfind(b"\n") + 1]
-        if whole != data:
-            with tmp.open("r+b") as f:
+        with tmp.open("r+b") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its writer is alive
+            data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]
+            if whole != data:
                 f.truncate(len(whole))
                 os.fsync(f.fileno())
-        final = tmp.with_name(tmp.name[1 : -len(".tmp")])
-        os.replace(tmp, final)
+            final = tmp.with_name(tmp.name[1 : -len(".tmp")])
+            os.replace(tmp, final)
         out.append(final)
     if out:
         _fsync_dir(Path(export_dir))

@@ -1,10 +1,13 @@
 """How long the proxy may hold a receive at a broker. Pure.
 
 The client's deadline is request_timeout + long_polling_timeout; the proxy asks a
-broker to hold the poll for the requested time clamped to the configured range and
-cut to leave `reserve` before the client's deadline, so the answer (empty or not)
-always reaches the client in time. Like RocketMQ's ReceiveMessageActivity, a
-deadline that leaves no time at all is ILLEGAL_POLLING_TIME.
+broker to hold the poll for the requested time clamped to the configured range and,
+only when the deadline is closer than that, cut to leave `reserve` before it, so the
+answer (empty or not) always reaches the client in time. Like RocketMQ's
+ReceiveMessageActivity, a deadline that leaves no time at all is ILLEGAL_POLLING_TIME.
+(An earlier version took the reserve off every poll: a 1 s wait was answered after
+0.7 s, a wait of 0.3 s or less at once, and `popgate receive --wait 3` made ~270
+receives in its last 0.3 s.)
 """
 
 from __future__ import annotations
@@ -33,13 +36,11 @@ def poll_seconds(requested: float | None, remaining: float | None, limits: PollL
     wanted = limits.default if requested is None else requested
     wanted = min(max(wanted, limits.minimum), limits.maximum)
     if remaining is None:
-        return max(0.0, wanted - limits.reserve) if wanted > 0 else 0.0
+        return wanted
     usable = remaining - limits.reserve
     if usable <= 0:
         raise IllegalPollingTime(
             f"the call's deadline leaves {max(remaining, 0):.3f} s, not enough to poll "
             f"(the proxy keeps {limits.reserve:g} s to answer); raise the client's request timeout"
         )
-    if wanted == 0:
-        return 0.0
-    return max(0.0, min(wanted - limits.reserve, usable))
+    return min(wanted, usable)

@@ -73,8 +73,20 @@ def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSes
     return builder.getOrCreate()
 
 
+def _ensure_dir(spark: SparkSession, path: str) -> None:
+    """Make ``path`` (any Hadoop file system) when it does not exist yet: on a fresh volume no exporter has
+    written yet, and that is empty input, not an error (a streaming query needs the directory to watch)."""
+    jvm: Any = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hadoop_path):
+        log.info("input %s does not exist yet: made empty", path)
+        fs.mkdirs(hadoop_path)
+
+
 def read_records(spark: SparkSession, path: str, *, streaming: bool = False) -> DataFrame:
     """Every finished ``*.jsonl`` file under ``path`` (any depth); in-progress files are hidden."""
+    _ensure_dir(spark, path)
     reader: Any = spark.readStream if streaming else spark.read
     records: DataFrame = (
         reader.schema(RECORD_SCHEMA)

@@ -35,8 +35,17 @@ RECORD_SCHEMA = StructType(
         StructField("value", DoubleType()),
         StructField("labels", MapType(StringType(), StringType())),
         StructField("initial", BooleanType()),  # a new counter series' value-0 record (METRICS.md §3)
+        # Spark's PERMISSIVE reader puts a line here when it is not JSON or a field does not fit its type
+        # (the field is then null): such a record is skipped, not read as a series without that field.
+        StructField("_corrupt_record", StringType()),
     ]
 )
+
+# Snapshot times the job accepts (epoch seconds): a writer's nanoseconds or garbage would otherwise make an
+# out-of-range timestamp, an overflow error under Spark's ANSI mode that stops the job (and, replayed from a
+# streaming checkpoint, every run after it).
+MIN_TIME_S = 0.0
+MAX_TIME_S = 4_102_444_800.0  # 2100-01-01
 
 # Broker gauges
 MAX_OFFSET = "popgate_broker_max_offset"

@@ -56,10 +56,13 @@ OUTPUT_COLUMNS = (
 
 
 def clean(records: DataFrame) -> DataFrame:
-    """The records the job uses: known schema version, complete, and a metric the figures need."""
+    """The records the job uses: known schema version, well-formed, complete, times in range, and a metric the
+    figures need."""
     valid = (
         (F.col("v") == N.SCHEMA_VERSION)
-        & F.col("time").isNotNull()
+        & F.col("_corrupt_record").isNull()
+        & F.col("time").between(N.MIN_TIME_S, N.MAX_TIME_S)
+        & (F.col("started").isNull() | F.col("started").between(N.MIN_TIME_S, N.MAX_TIME_S))
         & F.col("process").isNotNull()
         & F.col("value").isNotNull()
         & F.col("type").isin("gauge", "counter")

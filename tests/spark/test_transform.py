@@ -102,6 +102,29 @@ def test_duplicates_and_arrival_order_change_nothing(
     assert comparable(again) == comparable(result)
 
 
+def test_malformed_records_change_nothing_and_stop_nothing(
+    spark: SparkSession, tmp_path: Path, result: dict[Key, dict[str, Any]]
+) -> None:
+    """Another writer's records, a nanosecond clock, a wrong type: skipped, not a crash (Spark's ANSI mode makes
+    an out-of-range time an overflow error) and not a phantom series."""
+    template = next(r for r in S.all_rows() if r["metric"] == "popgate_broker_max_offset")
+    bad = [
+        {**template, "time": 1e20},
+        {**template, "time": -1e20},
+        {**template, "time": template["time"] * 1e9},  # nanoseconds
+        {**template, "queue": 1e30},
+        {**template, "labels": ["a"]},
+        {**template, "value": "many"},
+        {**template, "started": 1e20},
+    ]
+    write_jsonl(tmp_path / "good.jsonl", S.all_rows())
+    write_jsonl(tmp_path / "bad.jsonl", bad)
+    with (tmp_path / "bad.jsonl").open("a") as f:
+        f.write("not json at all\n")
+    again = by_key(aggregate(read_records(spark, str(tmp_path)), S.WINDOW_S))
+    assert comparable(again) == comparable(result)
+
+
 def test_streaming_gives_the_batch_answer_with_late_and_duplicate_records(
     spark: SparkSession, tmp_path: Path, result: dict[Key, dict[str, Any]]
 ) -> None:

@@ -106,6 +106,17 @@ def test_leftovers_of_a_killed_run_are_published_with_whole_lines_only(tmp_path:
     assert (tmp_path / ".broker-b1-2-5-19700101T000000Z-000000.jsonl.tmp").exists()
 
 
+def test_a_file_a_running_process_still_writes_is_not_taken(tmp_path: Path) -> None:
+    """A second process of the same name (started by mistake, or by a supervisor while the first is still in its
+    shutdown grace) must not publish the first one's file, which would then be written after it is final."""
+    live = _RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
+    live.append(b'{"a":1}\n', 100.0)
+    assert salvage(tmp_path, "broker", "b1") == []
+    live.append(b'{"a":2}\n', 110.0)
+    final = live.publish()
+    assert final is not None and final.read_bytes() == b'{"a":1}\n{"a":2}\n'
+
+
 def test_exporter_snapshots_periodically_and_publishes_on_close(tmp_path: Path) -> None:
     reg = registry()
 
