@@ -238,7 +238,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         subscriptions: ``{topic: filter}`` where filter is ``"*"`` or tags ``"a || b"``; or topic names.
             Several topics are polled in turn, one per receive.
         batch: Default ``max`` for `receive` and for iteration (1..32).
-        invisible: Default invisibility, seconds.
+        invisible: Default invisibility, seconds (a popgate or RocketMQ proxy accepts 10 s .. 12 h).
         wait: Default long-polling time, seconds.
         access_key, secret_key, tls, namespace, request_timeout, retry: As for `Producer`.
     """

@@ -59,7 +59,8 @@ class SendReceipt:
     Attributes:
         message_id: The message's id (consumers see the same id).
         topic: The topic it was stored in.
-        offset: Its offset in the queue that stored it.
+        offset: Its offset in the queue that stored it; -1 for a scheduled message (delay / deliver_at),
+            whose offset is assigned when it comes due.
     """
 
     message_id: str
