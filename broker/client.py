@@ -24,12 +24,20 @@ from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 ERROR_KEY = "popgate-error"
+UNSENT_KEY = "popgate-unsent"  # on a lost stream's error: this request was never written to it
 log = logging.getLogger(__name__)
 
 
-def _rpc_error(code: grpc.StatusCode, details: str, error: str = "") -> grpc.aio.AioRpcError:
-    trailers = grpc.aio.Metadata((ERROR_KEY, error)) if error else grpc.aio.Metadata()
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailers, details, None)
+def _rpc_error(code: grpc.StatusCode, details: str, error: str = "", *, unsent: bool = False) -> grpc.aio.AioRpcError:
+    pairs = [(ERROR_KEY, error)] if error else []
+    if unsent:
+        pairs.append((UNSENT_KEY, "1"))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*pairs), details, None)
+
+
+def unsent(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a Session request's error says it never left (safe to send again: it cannot apply twice)."""
+    return any(key == UNSENT_KEY for key, _ in error.trailing_metadata() or ())
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -50,6 +58,7 @@ class BrokerSession:
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._broken: grpc.aio.AioRpcError | None = None
+        self._writing: int | None = None  # the request id being written now (it may or may not have left)
 
     @property
     def pending(self) -> int:
@@ -88,7 +97,7 @@ class BrokerSession:
         included: see `failure`) or with the UNAVAILABLE error of a lost stream; never after
         `cancel`. No task per request: a held long poll costs a dict entry and the callback."""
         if self._broken is not None:
-            raise self._broken
+            raise _rpc_error(self._broken.code(), self._broken.details() or "", unsent=True)
         request_id = request.id = next(self._ids)
         self._pending[request_id] = answer
         self._unwritten[request_id] = request
@@ -100,7 +109,8 @@ class BrokerSession:
         drop it too (a cancel frame; a Pop it had answered already is released by the broker)."""
         if self._pending.pop(request_id, None) is None or self._broken is not None:
             return
-        if self._unwritten.pop(request_id, None) is None:  # else never written: `_write` skips its id
+        # Not written yet: `_write` skips its id. Written, or being written: the broker is told.
+        if self._unwritten.pop(request_id, None) is None or request_id == self._writing:
             self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
 
     def release(self, request_id: int) -> None:
@@ -139,9 +149,20 @@ class BrokerSession:
             if item is None:
                 await self._call.done_writing()
                 return
-            request = self._unwritten.pop(item, None) if isinstance(item, int) else item
-            if request is not None:  # None: cancelled before it was written
+            if not isinstance(item, int):  # a cancel frame
+                await self._call.write(item)
+                continue
+            request = self._unwritten.get(item)
+            if request is None:  # cancelled before it was written
+                continue
+            # Kept in `_unwritten` until the write returns: if the stream is lost first, the request is known
+            # never to have left (`_read` says so in its error, and the caller may send it again safely).
+            self._writing = item
+            try:
                 await self._call.write(request)
+            finally:
+                self._writing = None
+            self._unwritten.pop(item, None)
 
     async def _read(self) -> None:
         error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")
@@ -154,10 +175,12 @@ class BrokerSession:
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
         finally:
             self._broken = error
+            never_sent = set(self._unwritten) - {self._writing}
             self._unwritten.clear()
             pending, self._pending = self._pending, {}
-            for answer in pending.values():
-                _deliver(answer, error)
+            unsent_error = _rpc_error(error.code(), error.details() or "", unsent=True)
+            for request_id, answer in pending.items():
+                _deliver(answer, unsent_error if request_id in never_sent else error)
 
     async def close(self) -> None:
         if self._call is None:

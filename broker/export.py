@@ -147,6 +147,9 @@ def default_proxy_name(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
+OPEN_TRIES = 5
+
+
 class _RollingFile:
     """The in-progress hidden file of one roll period; `publish` makes it a final ``.jsonl`` file."""
 
@@ -174,8 +177,7 @@ class _RollingFile:
         if self._fd is None:
             self.period = period
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self._names()[0], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "in use": `salvage` leaves it alone
+            self._fd = self._open_locked()
         fd = self._fd
         end = os.lseek(fd, 0, os.SEEK_END)
         try:
@@ -191,17 +193,35 @@ class _RollingFile:
                 self.seq += 1
             raise
 
+    def _open_locked(self) -> int:
+        """The in-progress file, open and locked (`flock`: "being written", so `salvage` leaves it alone; held
+        until it is renamed). Another process of the same name may take a file in the moment between its
+        creation and the lock: then the next name is used (a few times at most)."""
+        for _ in range(OPEN_TRIES):
+            tmp = self._names()[0]
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a salvaging process holds it for a moment at most
+            try:
+                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+            self.seq += 1
+        raise OSError(f"export files in {self.dir} are taken as soon as made: another process of this name?")
+
     def publish(self) -> Path | None:
-        """fsync the in-progress file and rename it to its final name (atomic within the directory)."""
+        """fsync the in-progress file and rename it to its final name (atomic within the directory), the lock
+        held until the rename is done."""
         if self._fd is None:
             return None
         tmp, final = self._names()
         fd, self._fd = self._fd, None
         try:
             os.fsync(fd)
+            os.replace(tmp, final)
         finally:
             os.close(fd)
-        os.replace(tmp, final)
         _fsync_dir(self.dir)
         self.seq += 1
         return final
@@ -230,11 +250,20 @@ def salvage(export_dir: Path, kind: str, process: str) -> list[Path]:
     for tmp in sorted(Path(export_dir).glob(f"{prefix}*.jsonl.tmp")):
         if not ours.fullmatch(tmp.name):
             continue
-        with tmp.open("r+b") as f:
+        try:
+            f = tmp.open("r+b")
+        except FileNotFoundError:
+            continue  # its writer published it meanwhile
+        with f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # its writer is alive
+            try:
+                if os.stat(tmp).st_ino != os.fstat(f.fileno()).st_ino:
+                    continue  # published (renamed) between the open and the lock
+            except FileNotFoundError:
+                continue
             data = f.read()
             whole = data[: data.rfind(b"\n") + 1]
             if whole != data:

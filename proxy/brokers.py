@@ -14,11 +14,14 @@ A broken session (broker restarted or unreachable) fails its pending requests wi
 UNAVAILABLE and is replaced on the next request. Cancelling a caller sends a cancel
 frame, so the broker drops the held request at once.
 
-Acks, invisibility changes and dead-letter forwards can only go to the broker their
-receipt handle names. Failing with UNAVAILABLE, they wait (within their deadline, at most
-`RECONNECT_WAIT_S`) for the channel to that broker to connect again and are tried once
-more: a broker that has just restarted serves them instead of the client getting
-HA_NOT_AVAILABLE while the channel's reconnect back-off runs.
+Acks and invisibility changes can only go to the broker their receipt handle names. One
+that never left for it (its Session stream was lost or could not connect before the
+request was written: `BrokerNotReached`) waits, within its deadline and at most
+`RECONNECT_WAIT_S`, for the channel to that broker to connect again and is tried once
+more: a broker that has just restarted serves it instead of the client getting
+HA_NOT_AVAILABLE while the channel's reconnect back-off runs. One that may have reached
+the broker is not tried again: had it been applied, the retry would be answered "stale
+handle" for an operation that took effect.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from broker.auth import client_interceptors
-from broker.client import BrokerSession, failure
+from broker.client import BrokerSession, failure, unsent
 from proxy import errors
 from proxy.ports import Metrics, NoMetrics
 from proxy.settings import BrokerAddress
@@ -59,6 +62,8 @@ def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
         return errors.from_broker(name, details, broker=broker)
     code = exc.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        if unsent(exc):
+            return errors.BrokerNotReached(f"broker {broker} is unavailable: {details}")
         return errors.BrokerUnavailable(f"broker {broker} is unavailable: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.BrokerTimeout(f"broker {broker} did not answer in time")
@@ -218,19 +223,16 @@ class GrpcBrokerClient:
         return await self._to_this_broker(lambda t: self.begin("ChangeInvisibleTime", request, timeout_s=t), timeout_s)
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
-        return await self._to_this_broker(
-            lambda t: self._call("DeadLetter", self._stub.DeadLetter, request, t), timeout_s
-        )
+        return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
 
     async def _to_this_broker(self, attempt: Callable[[float], Awaitable[R]], timeout_s: float) -> R:
-        """`attempt(timeout_s)`, and once more if it fails with UNAVAILABLE and the channel connects again in
-        time. A retry may find the first attempt applied (the stream broke after it was written): the broker
-        then answers the handle as stale, which is what it is."""
+        """`attempt(timeout_s)`, and once more if it never reached the broker and the channel connects again in
+        time (see the module docstring)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         try:
             return await attempt(timeout_s)
-        except errors.BrokerUnavailable as exc:
+        except errors.BrokerNotReached as exc:
             wait_s = min(RECONNECT_WAIT_S, end - loop.time() - RETRY_MARGIN_S)
             if wait_s <= 0 or not await self._reconnected(wait_s):
                 raise exc from None

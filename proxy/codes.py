@@ -37,6 +37,7 @@ CODES: dict[type[errors.ProxyError], int] = {
     errors.Forbidden: Code.FORBIDDEN,
     errors.StoreUnavailable: Code.MASTER_PERSISTENCE_TIMEOUT,
     errors.BrokerUnavailable: Code.HA_NOT_AVAILABLE,
+    errors.BrokerNotReached: Code.HA_NOT_AVAILABLE,  # never left for the broker: the proxy may retry it
     errors.BrokerTimeout: Code.PROXY_TIMEOUT,
     errors.BrokerFailure: Code.INTERNAL_SERVER_ERROR,
     errors.NotImplementedRpc: Code.NOT_IMPLEMENTED,

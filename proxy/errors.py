@@ -64,6 +64,11 @@ class BrokerUnavailable(ProxyError):
     retriable = True
 
 
+class BrokerNotReached(BrokerUnavailable):
+    """The request never left for the broker (its stream was lost, or could not connect, before it was written):
+    trying it again cannot apply it twice."""
+
+
 class BrokerTimeout(ProxyError):
     """A broker did not answer within the deadline."""
 

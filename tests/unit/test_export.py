@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,39 @@ def test_a_file_a_running_process_still_writes_is_not_taken(tmp_path: Path) -> N
     live.append(b'{"a":2}\n', 110.0)
     final = live.publish()
     assert final is not None and final.read_bytes() == b'{"a":1}\n{"a":2}\n'
+
+
+def test_a_file_is_locked_until_it_is_renamed_and_one_published_meanwhile_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two moments a same-named process's salvage could meet a live writer's file: in the middle of its
+    publication (after its fsync, before its rename) and after salvage listed the file (published since)."""
+    live = _RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
+    live.append(b'{"a":1}\n', 100.0)
+    real_replace = os.replace
+    seen: list[list[Path]] = []
+
+    def replace(src: Any, dst: Any) -> None:
+        if not seen:
+            seen.append([])
+            seen[0] = salvage(tmp_path, "broker", "b1")  # another process salvages in the middle of `publish`
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    final = live.publish()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert seen == [[]] and final is not None and final.read_bytes() == b'{"a":1}\n'
+
+    live.append(b'{"a":2}\n', 200.0)
+    real_glob = Path.glob
+
+    def glob(self: Path, pattern: str) -> Iterator[Path]:
+        listed = list(real_glob(self, pattern))
+        live.publish()  # the live writer rolls its file right after salvage listed it
+        return iter(listed)
+
+    monkeypatch.setattr(Path, "glob", glob)
+    assert salvage(tmp_path, "broker", "b1") == []
 
 
 def test_exporter_snapshots_periodically_and_publishes_on_close(tmp_path: Path) -> None:

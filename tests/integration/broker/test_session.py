@@ -9,7 +9,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
-from broker.client import BrokerSession
+from broker.client import BrokerSession, unsent
 from tests.conftest import BrokerHandle
 
 
@@ -161,3 +161,34 @@ def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(make_br
             await session.close()
 
     asyncio.run(scenario())
+
+
+def test_a_lost_stream_says_which_requests_never_left(make_broker: object) -> None:
+    """A request that was never written may be sent again (it cannot apply twice); one that was written may have
+    been applied, and its error does not say it never left."""
+    broker: BrokerHandle = make_broker("b1")  # type: ignore[operator]
+
+    async def scenario() -> tuple[bool, bool]:
+        async with grpc.aio.insecure_channel("127.0.0.1:1") as nowhere:  # nothing listens: never connects
+            session = BrokerSession(pb_grpc.BrokerStub(nowhere)).open()
+            with pytest.raises(grpc.aio.AioRpcError) as never_left:
+                await session.ack(pb.AckRequest(topic="t", group="g", receipt_handles=["h"]))
+            await session.close()
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
+            held_pop = asyncio.ensure_future(
+                session.pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000))
+            )
+            stub = pb_grpc.BrokerStub(channel)
+
+            async def holding() -> bool:
+                return await held(stub) == 1
+
+            await wait_for(holding, within=5)  # written: the broker holds it
+            broker.proc.kill()
+            with pytest.raises(grpc.aio.AioRpcError) as lost:
+                await asyncio.wait_for(held_pop, 10)
+            await session.close()
+        return unsent(never_left.value), unsent(lost.value)
+
+    assert asyncio.run(scenario()) == (True, False)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
+import pytest
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 
+from proxy import errors
+from proxy.brokers import GrpcBrokerClient
+from proxy.settings import BrokerAddress
+from tests.forwarder import Forwarder
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
+from tests.procs import ServerProcess, broker_args
 
 TOPIC, GROUP = "chaos", "g"
 
@@ -123,3 +133,36 @@ def test_an_ack_right_after_the_broker_restarts_is_not_refused(make_cluster: Mak
         assert again == []
     finally:
         client.close()
+
+
+def test_an_ack_whose_answer_was_lost_is_not_tried_again_and_called_stale(tmp_path: Path) -> None:
+    """The broker applied the ack, the answer was lost with the connection (a network blip): the ack's outcome is
+    unknown (HA_NOT_AVAILABLE, retriable), not "stale handle", which a retry would have got for an ack that took
+    effect. (Only a request that never left is tried again.)"""
+
+    async def scenario(address: str, forwarder: Forwarder) -> tuple[errors.ProxyError, int]:
+        client = GrpcBrokerClient(BrokerAddress("b1", forwarder.address))
+        try:
+            await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
+            pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+            [message] = (await client.begin_pop(pop, timeout_s=5)).messages
+            forwarder.drop_answers(for_s=0.4)
+            with pytest.raises(errors.ProxyError) as failed:
+                ack = bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
+                await client.ack(ack, timeout_s=3)
+        finally:
+            await client.close()
+        async with grpc.aio.insecure_channel(address) as channel:
+            stats = await broker_pb2_grpc.BrokerStub(channel).Stats(bpb.StatsRequest(topic="t"), timeout=5)
+        return failed.value, sum(g.consumer_offset for g in stats.groups)
+
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "b1"))
+    broker.start()
+    forwarder = Forwarder(broker.address)
+    try:
+        error, acked = asyncio.run(scenario(broker.address, forwarder))
+    finally:
+        forwarder.close()
+        broker.stop()
+    assert acked == 1  # the ack took effect
+    assert type(error) is errors.BrokerUnavailable, error  # unknown outcome, retriable: not InvalidReceiptHandle
