@@ -6,6 +6,7 @@ that names the field, the value and the rule.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from broker.validation import (
@@ -24,6 +25,7 @@ MAX_KEY_LEN = 256
 MAX_MESSAGE_GROUP_BYTES = 64
 MAX_PROPERTIES = 128
 MAX_FILTER_LEN = 1024
+NAMESPACE_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def _name(kind: str, name: str, error: type[errors.ProxyError], limit: int = MAX_NAME_LEN) -> str:
@@ -44,6 +46,58 @@ def topic(name: str) -> str:
 
 def group(name: str) -> str:
     return _name("consumer group", name, errors.IllegalGroup)
+
+
+# Topics no producer may send to (RocketMQ's TopicValidator.isSystemTopic, and its %-prefixed group topics):
+# popgate's own dead-letter topics among them, whose messages `popgate dlq resend` delivers again.
+SYSTEM_PREFIXES = ("%", "rmq_sys_", "RMQ_SYS_")
+SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC"})
+
+
+def publish_topic(name: str) -> str:
+    """A topic a message may be sent to (checked as `topic`, and not a system topic)."""
+    topic(name)
+    if name.startswith(SYSTEM_PREFIXES) or name in SYSTEM_TOPICS:
+        raise errors.IllegalTopic(f"topic {name!r} is a system topic: messages cannot be sent to it")
+    return name
+
+
+# Namespaces (a v2 Resource's resource_namespace) as RocketMQ 5 keeps them: the broker stores `orders` of
+# namespace `a` as `a%orders` (and a dead-letter topic `%DLQ%g` as `%DLQ%a%g`), so tenants that use the same
+# names stay apart; a client sees its own names back (`outside`). Empty: the name as it is.
+
+
+def _namespaced(kind: str, namespace: str, name: str, error: type[errors.ProxyError]) -> str:
+    if not namespace:
+        return name
+    if not NAMESPACE_RE.fullmatch(namespace):
+        raise error(f"{kind} namespace {namespace!r} must be 1..64 letters, digits, _ or -")
+    if name.startswith(DLQ_PREFIX):
+        return f"{DLQ_PREFIX}{namespace}%{name[len(DLQ_PREFIX) :]}"
+    return f"{namespace}%{name}"
+
+
+def topic_in(namespace: str, name: str) -> str:
+    """The stored name of topic `name` in `namespace`, checked."""
+    if namespace and not name:
+        topic(name)  # "topic name is empty"
+    return topic(_namespaced("topic", namespace, name, errors.IllegalTopic))
+
+
+def group_in(namespace: str, name: str) -> str:
+    """The stored name of consumer group `name` in `namespace`, checked."""
+    if namespace and not name:
+        group(name)
+    return group(_namespaced("consumer group", namespace, name, errors.IllegalGroup))
+
+
+def outside(namespace: str, stored: str) -> str:
+    """A stored name as a client of `namespace` knows it (the inverse of `topic_in` / `group_in`)."""
+    if not namespace:
+        return stored
+    if stored.startswith(f"{DLQ_PREFIX}{namespace}%"):
+        return DLQ_PREFIX + stored[len(DLQ_PREFIX) + len(namespace) + 1 :]
+    return stored[len(namespace) + 1 :] if stored.startswith(f"{namespace}%") else stored
 
 
 def tag_filter(expression: str, *, is_sql: bool = False) -> str:

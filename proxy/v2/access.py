@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from proxy import validate
 from proxy.auth import Authenticator, authorize
 
 _CONSUME = (
@@ -29,14 +31,23 @@ def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
     return out
 
 
+def _topic(resource: v2.Resource) -> str:
+    """Rules name resources as brokers store them: `orders` of namespace `a` is `a%orders`."""
+    return validate.topic_in(resource.resource_namespace, resource.name)
+
+
+def _group(resource: v2.Resource) -> str:
+    return validate.group_in(resource.resource_namespace, resource.name)
+
+
 def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, request: Any) -> None:
     """Unauthorized / Forbidden (proxy errors) unless the caller may make this request."""
     if not auth.enabled:
         return
     account = auth.authenticate(metadata_of(invocation_metadata))
     if isinstance(request, pb.SendMessageRequest):
-        authorize(account, publish=sorted({m.topic.name for m in request.messages}))
+        authorize(account, publish=sorted({_topic(m.topic) for m in request.messages}))
     elif isinstance(request, pb.ReceiveMessageRequest):
-        authorize(account, subscribe=[request.message_queue.topic.name], group=request.group.name)
+        authorize(account, subscribe=[_topic(request.message_queue.topic)], group=_group(request.group))
     elif isinstance(request, _CONSUME):
-        authorize(account, subscribe=[request.topic.name], group=request.group.name)
+        authorize(account, subscribe=[_topic(request.topic)], group=_group(request.group))

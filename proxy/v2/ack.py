@@ -15,8 +15,8 @@ OK = v2.Status(code=v2.OK, message="OK")
 
 
 async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessageResponse:
-    group = validate.group(request.group.name)
-    topic = validate.topic(request.topic.name)
+    group = validate.group_in(request.group.resource_namespace, request.group.name)
+    topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
     count = len(request.entries)
     if not 1 <= count <= MAX_ENTRIES:
         raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
@@ -48,8 +48,8 @@ def _overall(entries: list[pb.AckMessageResultEntry]) -> v2.Status:
 async def change_invisible_duration(
     call: Call, request: pb.ChangeInvisibleDurationRequest
 ) -> pb.ChangeInvisibleDurationResponse:
-    group = validate.group(request.group.name)
-    topic = validate.topic(request.topic.name)
+    group = validate.group_in(request.group.resource_namespace, request.group.name)
+    topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
     requested = seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime)
     invisible_s = validate.invisible(requested, low=0.0, high=call.settings.max_invisible_s)
     invisible_ms = int(invisible_s * 1000)
@@ -62,7 +62,7 @@ async def change_invisible_duration(
 async def forward_to_dead_letter_queue(
     call: Call, request: pb.ForwardMessageToDeadLetterQueueRequest
 ) -> pb.ForwardMessageToDeadLetterQueueResponse:
-    group = validate.group(request.group.name)
-    topic = validate.topic(request.topic.name)
+    group = validate.group_in(request.group.resource_namespace, request.group.name)
+    topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
     await call.proxy.dead_letter(topic, group, request.receipt_handle, deadline=call.deadline)
     return pb.ForwardMessageToDeadLetterQueueResponse(status=OK)

@@ -67,7 +67,7 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float) -> bpb.M
         kind = v2.MessageType.Name(props.message_type)
         raise errors.Unsupported(f"{kind} messages are not supported by popgate")
     out = bpb.Message(
-        topic=validate.topic(message.topic.name),
+        topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
         message_id=validate.message_id(props.message_id),
         body=_body(message, limits.max_body_bytes),
         keys=validate.keys(props.keys),
@@ -106,7 +106,7 @@ def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message
     if out is None:
         out = v2.Message()
     out.body = source.body
-    out.topic.name = source.topic
+    out.topic.name = validate.outside(namespace, source.topic)
     out.topic.resource_namespace = namespace
     if source.properties:
         out.user_properties.update(source.properties)

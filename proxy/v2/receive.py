@@ -23,8 +23,8 @@ from proxy.v2.convert import seconds, to_client
 
 def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveRequest:
     s = call.settings
-    group = validate.group(request.group.name)
-    topic = validate.topic(request.message_queue.topic.name)
+    group = validate.group_in(request.group.resource_namespace, request.group.name)
+    topic = validate.topic_in(request.message_queue.topic.resource_namespace, request.message_queue.topic.name)
     expression = request.filter_expression
     filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
     batch = validate.batch_size(request.batch_size, limit=s.max_batch)

@@ -28,7 +28,7 @@ def _queue(topic: v2.Resource, broker: str, queue_id: int, endpoints: v2.Endpoin
 
 
 async def query_route(call: Call, request: pb.QueryRouteRequest) -> pb.QueryRouteResponse:
-    validate.topic(request.topic.name)
+    validate.topic_in(request.topic.resource_namespace, request.topic.name)
     endpoints = _endpoints(call, request.endpoints)
     queues = [_queue(request.topic, q.broker, q.queue_id, endpoints) for q in call.proxy.route()]
     return pb.QueryRouteResponse(status=OK, message_queues=queues)
@@ -36,8 +36,8 @@ async def query_route(call: Call, request: pb.QueryRouteRequest) -> pb.QueryRout
 
 async def query_assignment(call: Call, request: pb.QueryAssignmentRequest) -> pb.QueryAssignmentResponse:
     """One assignment per live broker: a push consumer then keeps one receive loop per broker."""
-    validate.topic(request.topic.name)
-    validate.group(request.group.name)
+    validate.topic_in(request.topic.resource_namespace, request.topic.name)
+    validate.group_in(request.group.resource_namespace, request.group.name)
     endpoints = _endpoints(call, request.endpoints)
     brokers = sorted({q.broker for q in call.proxy.route()})
     assignments = [v2.Assignment(message_queue=_queue(request.topic, b, 0, endpoints)) for b in brokers]
@@ -46,7 +46,7 @@ async def query_assignment(call: Call, request: pb.QueryAssignmentRequest) -> pb
 
 async def heartbeat(call: Call, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
     if request.group.name:
-        validate.group(request.group.name)
+        validate.group_in(request.group.resource_namespace, request.group.name)
     return pb.HeartbeatResponse(status=OK)
 
 
@@ -55,5 +55,5 @@ async def notify_client_termination(
 ) -> pb.NotifyClientTerminationResponse:
     # Nothing to clean up: the proxy keeps no per-client state (un-acked messages simply time out).
     if request.group.name:
-        validate.group(request.group.name)
+        validate.group_in(request.group.resource_namespace, request.group.name)
     return pb.NotifyClientTerminationResponse(status=OK)

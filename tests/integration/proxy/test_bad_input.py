@@ -92,6 +92,7 @@ CASES: list[tuple[str, Callable[[V2Client], v2.Status], int, str]] = [
     ("empty body", lambda c: send_status(c, message(body=b"")), v2.MESSAGE_BODY_EMPTY, "empty"),
     ("bad topic", lambda c: send_status(c, message(topic="no spaces")), v2.ILLEGAL_TOPIC, "may only contain"),
     ("long topic", lambda c: send_status(c, message(topic="t" * 128)), v2.ILLEGAL_TOPIC, "limit is 127"),
+    ("to a dead-letter queue", lambda c: send_status(c, message(topic="%DLQ%g")), v2.ILLEGAL_TOPIC, "system topic"),
     ("bad tag", lambda c: send_status(c, message(tag="a|b")), v2.ILLEGAL_MESSAGE_TAG, "contains '|'"),
     ("delivery in ms", lambda c: send_status(c, delivery_in_ms()), v2.ILLEGAL_DELIVERY_TIME, "not milliseconds"),
     ("bad group", lambda c: receive_status(c, receive(group="g/1")), v2.ILLEGAL_CONSUMER_GROUP, "may only contain"),

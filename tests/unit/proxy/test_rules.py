@@ -141,3 +141,41 @@ def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:
 def test_bad_settings_are_refused_with_a_message_naming_them(argv: list[str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load(argv, {})
+
+
+def test_namespaced_names_are_stored_as_rocketmq_5_stores_them_and_given_back_bare() -> None:
+    assert validate.topic_in("", "orders") == "orders"
+    assert validate.topic_in("tenantA", "orders") == "tenantA%orders"
+    assert validate.group_in("tenantA", "billing") == "tenantA%billing"
+    assert validate.topic_in("tenantA", "%DLQ%billing") == "%DLQ%tenantA%billing"
+    for stored in ("tenantA%orders", "%DLQ%tenantA%billing"):
+        assert validate.topic_in("tenantA", validate.outside("tenantA", stored)) == stored
+    assert validate.outside("", "x%y") == "x%y"
+
+
+@pytest.mark.parametrize("namespace", ["bad ns", "a%b", "n" * 65, "ns\n"])
+def test_a_bad_namespace_is_refused_naming_the_namespace(namespace: str) -> None:
+    with pytest.raises(errors.IllegalTopic, match="namespace"):
+        validate.topic_in(namespace, "orders")
+    with pytest.raises(errors.IllegalGroup, match="namespace"):
+        validate.group_in(namespace, "billing")
+
+
+def test_a_name_too_long_with_its_namespace_is_refused() -> None:
+    with pytest.raises(errors.IllegalTopic, match="limit is 127"):
+        validate.topic_in("tenant", "t" * 125)
+
+
+@pytest.mark.parametrize(
+    "name", ["%DLQ%billing", "%RETRY%billing", "%SYS%x", "TBW102", "SCHEDULE_TOPIC_XXXX", "rmq_sys_x"]
+)
+def test_a_send_to_a_system_topic_is_refused(name: str) -> None:
+    """As RocketMQ's proxy (cannot access system topic): a producer must not put messages into a group's
+    dead-letter queue, which `popgate dlq resend` would then deliver to the topic named inside them."""
+    with pytest.raises(errors.IllegalTopic, match="system topic"):
+        validate.publish_topic(name)
+    assert validate.topic(name) == name  # reading one (a DLQ, to inspect it) stays allowed
+
+
+def test_ordinary_topics_may_be_sent_to() -> None:
+    assert validate.publish_topic("orders%eu") == "orders%eu"
