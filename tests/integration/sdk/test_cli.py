@@ -209,12 +209,23 @@ def test_dlq_list_fails_when_no_broker_answers(capsys: pytest.CaptureFixture[str
     assert "no broker answered" in err
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """A `popgate` command in a subprocess; its stdout lines as they come (a reader thread)."""
 
     def __init__(self, *argv: str) -> None:
         self.proc = subprocess.Popen(
-            [POPGATE, *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [POPGATE, *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # As from a terminal: SIGINT at its default even when the suite itself ignores it (a shell's background
+            # job does, and an ignored signal stays ignored across exec: `make test &` failed both Ctrl-C tests).
+            preexec_fn=_sigint_default,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
