@@ -183,9 +183,9 @@ class Proxy:
                     f"the proxy holds {self._answer_bytes} bytes of messages its clients have not read; retry shortly"
                 )
             self._held += 1
-            if self._groups_seen.first_sight(request.topic, request.group):
-                self._announce(request)
             try:
+                if self._groups_seen.first_sight(request.topic, request.group):
+                    self._announce(request)
                 result = await self.strategy.receive(request, self.closing)
             except BaseException:
                 self._held -= 1

@@ -55,8 +55,7 @@ SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "OF
 
 
 def publish_topic(name: str) -> str:
-    """A topic a message may be sent to (checked as `topic`, and not a system topic)."""
-    topic(name)
+    """`name` (a topic name already checked by `topic` / `topic_in`) if messages may be sent to it."""
     if name.startswith(SYSTEM_PREFIXES) or name in SYSTEM_TOPICS:
         raise errors.IllegalTopic(f"topic {name!r} is a system topic: messages cannot be sent to it")
     return name
