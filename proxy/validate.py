@@ -7,7 +7,7 @@ that names the field, the value and the rule.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from broker.validation import (
     DLQ_PREFIX,
@@ -66,28 +66,25 @@ def publish_topic(name: str) -> str:
 # names stay apart; a client sees its own names back (`outside`). Empty: the name as it is.
 
 
-def _namespaced(kind: str, namespace: str, name: str, error: type[errors.ProxyError]) -> str:
+def _in(check: Callable[[str], str], kind: str, error: type[errors.ProxyError], namespace: str, name: str) -> str:
     if not namespace:
-        return name
+        return check(name)
+    check(name)  # the name alone first: its own message for an empty or malformed name
     if not NAMESPACE_RE.fullmatch(namespace):
         raise error(f"{kind} namespace {namespace!r} must be 1..64 letters, digits, _ or -")
     if name.startswith(DLQ_PREFIX):
-        return f"{DLQ_PREFIX}{namespace}%{name[len(DLQ_PREFIX) :]}"
-    return f"{namespace}%{name}"
+        return check(f"{DLQ_PREFIX}{namespace}%{name[len(DLQ_PREFIX) :]}")
+    return check(f"{namespace}%{name}")
 
 
 def topic_in(namespace: str, name: str) -> str:
     """The stored name of topic `name` in `namespace`, checked."""
-    if namespace and not name:
-        topic(name)  # "topic name is empty"
-    return topic(_namespaced("topic", namespace, name, errors.IllegalTopic))
+    return _in(topic, "topic", errors.IllegalTopic, namespace, name)
 
 
 def group_in(namespace: str, name: str) -> str:
     """The stored name of consumer group `name` in `namespace`, checked."""
-    if namespace and not name:
-        group(name)
-    return group(_namespaced("consumer group", namespace, name, errors.IllegalGroup))
+    return _in(group, "consumer group", errors.IllegalGroup, namespace, name)
 
 
 def outside(namespace: str, stored: str) -> str:

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
-from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from sdk.admin import Broker, fetch_stats
 from sdk.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 
@@ -35,9 +35,8 @@ def client(cluster: Cluster) -> Iterator[V2Client]:
 
 def stored(cluster: Cluster) -> tuple[int, int]:
     """What the broker holds: messages stored in any queue, and scheduled messages waiting."""
-    [broker] = cluster.brokers.values()
-    with grpc.insecure_channel(broker.address) as channel:
-        stats = broker_pb2_grpc.BrokerStub(channel).Stats(bpb.StatsRequest(), timeout=5)  # type: ignore[no-untyped-call]
+    [(name, broker)] = cluster.brokers.items()
+    stats = fetch_stats([Broker(name, broker.address)], bpb.StatsRequest(), timeout=5)[name]
     text = urllib.request.urlopen(broker.metrics_url, timeout=5).read().decode()
     gauge = "popgate_broker_scheduled_messages "
     [scheduled] = [line.split()[1] for line in text.splitlines() if line.startswith(gauge)]

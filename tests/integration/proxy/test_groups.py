@@ -10,16 +10,9 @@ import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
-from sdk.admin import lag_rows
+from sdk.admin import Broker, fetch_stats, lag_rows
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
-
-
-def stats(address: str, topic: str) -> bpb.StatsResponse:
-    with grpc.insecure_channel(address) as channel:
-        stub = broker_pb2_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
-        response: bpb.StatsResponse = stub.Stats(bpb.StatsRequest(topic=topic), timeout=5)
-        return response
 
 
 def test_a_group_is_known_to_every_broker_from_its_first_receive(make_cluster: MakeCluster) -> None:
@@ -37,8 +30,10 @@ def test_a_group_is_known_to_every_broker_from_its_first_receive(make_cluster: M
         client.ack(topic, group, received)
     finally:
         client.close()
+    brokers = [Broker(name, child.address) for name, child in cluster.brokers.items()]
+    responses = fetch_stats(brokers, bpb.StatsRequest(topic=topic), timeout=5)
     lags = {}
-    for name, child in cluster.brokers.items():
-        rows = lag_rows({name: stats(child.address, topic)}).get((topic, group))
+    for name, response in responses.items():
+        rows = lag_rows({name: response}).get((topic, group))
         lags[name] = None if rows is None else rows.lag
     assert sorted(lags.values(), key=str) == [0, 3, 3], lags  # the two brokers not asked hold 3 each for it
