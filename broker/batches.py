@@ -1,6 +1,7 @@
 """Messages as batch rows, commit-log style: one row holds up to BATCH_MESSAGES consecutive messages
-of one queue (those one group commit appends), their store times, tags and sizes as JSON (`meta`)
-and their payloads concatenated. A row per message cost the store's writer ~10 us of CPU a message
+of one queue (those one group commit appends), their store times, tags and sizes as JSON (`meta`,
+with a fourth list, the positions of FIFO messages, when the batch has any) and their payloads
+concatenated. A row per message cost the store's writer ~10 us of CPU a message
 (a B-tree insert of a 300 B row and its parameter binding, the GIL given up and retaken per row);
 a batch row is one insert for all of them. Pure encoding, no I/O: the SQLite store writes and reads
 the rows.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Container, Iterable, Iterator
+from typing import Any
 
 from broker.store import NewMessage
 
@@ -21,7 +23,7 @@ Row = tuple[str, int, int, str, bytes]  # topic, queue, first offset, meta, payl
 class Batch:
     """Consecutive new messages of one queue, becoming one `batches` row."""
 
-    __slots__ = ("first_offset", "store_ms", "tags", "sizes", "payloads")
+    __slots__ = ("first_offset", "store_ms", "tags", "sizes", "payloads", "fifo")
 
     def __init__(self, first_offset: int) -> None:
         self.first_offset = first_offset
@@ -29,10 +31,13 @@ class Batch:
         self.tags: list[str | None] = []
         self.sizes: list[int] = []
         self.payloads: list[bytes] = []
+        self.fifo: list[int] = []  # positions in the batch of the messages sent with a message group
 
     def row(self, topic: str, queue_id: int) -> Row:
-        meta = json.dumps([self.store_ms, self.tags, self.sizes])
-        return topic, queue_id, self.first_offset, meta, b"".join(self.payloads)
+        lists = [self.store_ms, self.tags, self.sizes]
+        if self.fifo:
+            lists.append(self.fifo)
+        return topic, queue_id, self.first_offset, json.dumps(lists), b"".join(self.payloads)
 
 
 class Batches:
@@ -51,6 +56,8 @@ class Batches:
             if batch is not None:
                 self.rows.append(batch.row(*key))
             batch = self.open[key] = Batch(offset)
+        if m.fifo:
+            batch.fifo.append(len(batch.sizes))
         batch.store_ms.append(m.store_ms)
         batch.tags.append(m.tag)
         batch.sizes.append(len(m.payload))
@@ -60,11 +67,16 @@ class Batches:
         return self.rows + [batch.row(*key) for key, batch in self.open.items()]
 
 
+def fifo_offsets(first_offset: int, meta: list[list[Any]]) -> list[int]:
+    """The offsets of a row's FIFO messages, from its decoded `meta` (rows written before FIFO order have none)."""
+    return [first_offset + i for i in meta[3]] if len(meta) > 3 else []
+
+
 def unpack(
     first_offset: int, meta: str, payloads: bytes, wanted: Container[int] | None = None
 ) -> list[tuple[int, int, str | None, bytes]]:
     """A `batches` row back into (offset, store_ms, tag, payload) per message (only ``wanted`` offsets)."""
-    store_ms, tags, sizes = json.loads(meta)
+    store_ms, tags, sizes = json.loads(meta)[:3]
     out = []
     end = 0
     for i, size in enumerate(sizes):

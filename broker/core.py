@@ -4,6 +4,13 @@ Protocol-neutral (no gRPC). All hot state lives here, on the event loop; the
 store makes it durable. Pops reserve messages synchronously (so concurrent pops
 never share a message) and then await the store. Redelivery timers and dead
 letters are the ``Redelivery`` it owns.
+
+FIFO order (RocketMQ's orderly pop, SQS FIFO): a message sent with a message group
+is a FIFO message, and a group's later messages of its queue wait while it is in
+flight to that group — new ones are not read past the next FIFO message, and a
+redelivered FIFO message waits for the in-flight FIFO messages before it — until
+it is acked or dead-lettered (which wakes the group's held requests). A blocked
+queue counts as empty for a Notification, as in RocketMQ.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ class BrokerCore:
             hold=self.hold,
             payloads=self._payloads,
             max_attempts=settings.max_delivery_attempts,
+            released=self._fifo_released,
         )
         self._degraded = False  # the store refuses writes: consumer state lives in memory only
         self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
@@ -111,7 +119,9 @@ class BrokerCore:
         for i in snap.inflight:
             state = self._group(i.group, i.topic)
             state.queue(i.queue_id, i.offset + 1)
-            state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms))
+            topic_log = self.topics.get(i.topic)
+            fifo = topic_log is not None and topic_log.queues[i.queue_id].is_fifo(i.offset)
+            state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms), fifo=fifo)
         for state in self.groups.values():
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
@@ -138,15 +148,38 @@ class BrokerCore:
     def arrived(self, records: Sequence[Record]) -> None:
         """ArrivalListener: committed messages become visible, and wake whoever can consume them."""
         by_topic: dict[str, list[str | None]] = {}
+        fifo_topics: set[str] = set()  # topics with an arrival in a queue holding FIFO messages
         for record in records:
             queue = self.topics[record.topic].queues[record.queue_id]
             queue.append(record)
             self.cache.add(queue, record.offset, record.payload)
             by_topic.setdefault(record.topic, []).append(record.tag)
+            if queue.fifo is not None:
+                fifo_topics.add(record.topic)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             for group in self.hold.groups_waiting(topic):
-                self.hold.arrived((topic, group), tags)
+                state = self.groups.get((group, topic))
+                if topic in fifo_topics and state is not None:  # not for what waits behind a FIFO message
+                    readable = [r.tag for r in records if r.topic == topic and self._readable(state, r)]
+                    self.hold.arrived((topic, group), readable)
+                else:
+                    self.hold.arrived((topic, group), tags)
+
+    def _readable(self, state: GroupTopic, record: Record) -> bool:
+        """Whether the group may read this new message now (not held back behind a FIFO message)."""
+        gq = state.queues.get(record.queue_id)
+        return gq is None or record.offset < self._readable_end(gq, self.topics[record.topic].queues[record.queue_id])
+
+    @staticmethod
+    def _readable_end(gq: GroupQueue, queue: QueueLog) -> int:
+        """Where the group may read new messages of the queue up to: the end, or, while one of its FIFO
+        messages is in flight to the group, the next FIFO message."""
+        return queue.next_fifo(gq.pull_offset) if gq.fifo else queue.max_offset
+
+    def _fifo_released(self, state: GroupTopic) -> None:
+        """A FIFO message was acked or dead-lettered: wake the group's held requests its queue now serves."""
+        self.hold.wake_ready((state.topic, state.group), functools.partial(self._has_ready, state))
 
     # -- pop -----------------------------------------------------------------
 
@@ -204,7 +237,8 @@ class BrokerCore:
         deliveries = []
         for queue_id, offset, attempt in picks:
             delivery = Delivery(attempt, tokens.getrandbits(48), now + invisible_ms)
-            state.deliver(queue_id, offset, delivery)
+            queue = topic.queues[queue_id]
+            state.deliver(queue_id, offset, delivery, fifo=queue.fifo is not None and queue.is_fifo(offset))
             ops.append(
                 PutInflight(state.group, state.topic, queue_id, offset, attempt, delivery.token, now + invisible_ms)
             )
@@ -292,14 +326,15 @@ class BrokerCore:
                     break
                 gq = self._group_queue(state, queue, ops)
                 before = gq.pull_offset
-                offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want)))
-                gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else queue.max_offset
+                end = self._readable_end(gq, queue)
+                offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
+                gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
                 gq.pull_offset = max(gq.pull_offset, before)
                 if gq.pull_offset != before:
                     ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
                 picks.extend((queue.queue_id, o) for o in offsets)
                 want -= len(offsets)
-                if gq.pull_offset < queue.max_offset:
+                if gq.pull_offset < end:
                     still.append(queue)
             active = still
         return picks
@@ -461,15 +496,19 @@ class BrokerCore:
             raise IllegalBatchSize(f"ack carries {len(handles)} handles, at most {self.settings.max_send_batch}")
         results: list[BrokerError | None] = []
         ops: list[Op] = []
+        released: dict[str, GroupTopic] = {}  # by topic: groups whose FIFO queues may go on
         for text in handles:
             try:
                 state, handle, _ = self._resolve(topic, group, text)
             except BrokerError as exc:
                 results.append(exc)
                 continue
-            state.remove(handle.queue_id, handle.offset)
+            if state.remove(handle.queue_id, handle.offset):
+                released[state.topic] = state
             ops.append(DeleteInflight(group, handle.topic, handle.queue_id, handle.offset))
             results.append(None)
+        for state in released.values():
+            self._fifo_released(state)
         if ops:
             await self._record(self._commit(ops))
         return results
@@ -514,16 +553,21 @@ class BrokerCore:
         return outcome is Outcome.SERVED, outcome is Outcome.FULL
 
     def _has_ready(self, state: GroupTopic, tag_filter: TagFilter) -> bool:
+        """Whether a Pop with this filter would take something now (FIFO messages held back count as none)."""
         self.redelivery.expire(state, now_ms())
-        if any(state.current(q, o, t) for q, o, t in state.ready):
+        if self.redelivery.has_ready(state):
             return True
         topic = self.topics.get(state.topic)
         if topic is None:
             return False
         for queue in topic.queues:
             gq = state.queues.get(queue.queue_id)
-            pull = gq.pull_offset if gq else queue.min_offset
-            if queue.first_match(pull, tag_filter) < queue.max_offset:
+            if gq is None:
+                if queue.first_match(queue.min_offset, tag_filter) < queue.max_offset:
+                    return True
+                continue
+            end = self._readable_end(gq, queue)
+            if queue.first_match(gq.pull_offset, tag_filter, end) < end:
                 return True
         return False
 

@@ -3,7 +3,8 @@
 Pure bookkeeping, no I/O. For each queue: the **pull offset** (next message
 never popped) and the in-flight deliveries between the consumer offset and it.
 The consumer offset is derived: the lowest in-flight offset, else the pull
-offset. A min-heap of (deadline, queue, offset, token) finds deliveries whose
+offset. The in-flight FIFO messages of a queue (``fifo``) hold back its later ones
+(broker.core, "FIFO order"). A min-heap of (deadline, queue, offset, token) finds deliveries whose
 invisibility has passed; entries made stale by an ack or a new delivery are
 skipped lazily and the heap is rebuilt when stale ones dominate.
 """
@@ -26,12 +27,13 @@ class Delivery:
 
 
 class GroupQueue:
-    __slots__ = ("queue_id", "pull_offset", "inflight")
+    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo")
 
     def __init__(self, queue_id: int, pull_offset: int) -> None:
         self.queue_id = queue_id
         self.pull_offset = pull_offset
         self.inflight: dict[int, Delivery] = {}
+        self.fifo: set[int] = set()  # the in-flight offsets of FIFO messages (a subset of `inflight`)
 
     @property
     def consumer_offset(self) -> int:
@@ -58,9 +60,13 @@ class GroupTopic:
             state = self.queues[queue_id] = GroupQueue(queue_id, start_offset)
         return state
 
-    def deliver(self, queue_id: int, offset: int, delivery: Delivery) -> None:
-        """Record a (re)delivery: the offset must already be below the queue's pull offset."""
-        self.queues[queue_id].inflight[offset] = delivery
+    def deliver(self, queue_id: int, offset: int, delivery: Delivery, *, fifo: bool = False) -> None:
+        """Record a (re)delivery: the offset must already be below the queue's pull offset. ``fifo``: a FIFO
+        message (it stays in the queue's ``fifo`` set until removed)."""
+        queue = self.queues[queue_id]
+        queue.inflight[offset] = delivery
+        if fifo:
+            queue.fifo.add(offset)
         heapq.heappush(self._heap, (delivery.deadline_ms, queue_id, offset, delivery.token))
         self._pushes += 1
         if self._pushes >= 1024:
@@ -73,10 +79,16 @@ class GroupTopic:
         delivery = state.inflight.get(offset) if state else None
         return delivery if delivery is not None and delivery.token == token else None
 
-    def remove(self, queue_id: int, offset: int) -> None:
+    def remove(self, queue_id: int, offset: int) -> bool:
+        """Acked or dead-lettered; whether it was a FIFO message (its queue's next ones may go now)."""
         state = self.queues.get(queue_id)
-        if state is not None:
-            state.inflight.pop(offset, None)
+        if state is None:
+            return False
+        state.inflight.pop(offset, None)
+        if offset in state.fifo:
+            state.fifo.discard(offset)
+            return True
+        return False
 
     def _valid(self, entry: tuple[int, int, int, int]) -> bool:
         deadline, queue_id, offset, token = entry

@@ -51,7 +51,7 @@ class PayloadCache:
 
 
 class QueueLog:
-    __slots__ = ("topic", "queue_id", "min_offset", "store_ms", "tags", "payloads", "_blocks")
+    __slots__ = ("topic", "queue_id", "min_offset", "store_ms", "tags", "payloads", "_blocks", "fifo")
 
     def __init__(self, topic: str, queue_id: int, index: QueueIndex | None = None) -> None:
         self.topic = topic
@@ -60,6 +60,10 @@ class QueueLog:
         self.store_ms = array("q", index.store_ms if index else ())
         self.tags: list[str | None] = [None if t is None else sys.intern(t) for t in index.tags] if index else []
         self.payloads: dict[int, bytes] = {}
+        # One byte a message, 1 for a FIFO one (sent with a message group); None while the queue has none.
+        self.fifo: bytearray | None = None
+        for offset in index.fifo if index else ():
+            self._mark_fifo(offset)
         # _blocks[i] summarises block (min_offset >> BLOCK_BITS) + i, only the offsets present in it.
         self._blocks: list[BlockSummary] = []
         lo = base = self.min_offset
@@ -83,6 +87,8 @@ class QueueLog:
             tag = sys.intern(tag)
         self.store_ms.append(record.store_ms)
         self.tags.append(tag)
+        if record.fifo:
+            self._mark_fifo(offset)
         blocks = self._blocks
         if not offset & (BLOCK - 1) or not blocks:  # the first offset of a block
             blocks.append({tag: 1})
@@ -93,16 +99,36 @@ class QueueLog:
             if len(counts) > MAX_BLOCK_TAGS:
                 blocks[-1] = None
 
+    def _mark_fifo(self, offset: int) -> None:
+        if self.fifo is None:
+            self.fifo = bytearray()
+        i = offset - self.min_offset
+        if len(self.fifo) <= i:
+            self.fifo.extend(bytes(i + 1 - len(self.fifo)))
+        self.fifo[i] = 1
+
+    def is_fifo(self, offset: int) -> bool:
+        fifo = self.fifo
+        i = offset - self.min_offset
+        return fifo is not None and i < len(fifo) and fifo[i] == 1
+
+    def next_fifo(self, start: int) -> int:
+        """The first FIFO message's offset >= start, or max_offset when none."""
+        if self.fifo is None:
+            return self.max_offset
+        i = self.fifo.find(1, max(0, start - self.min_offset))
+        return self.max_offset if i < 0 else self.min_offset + i
+
     def store_ms_at(self, offset: int) -> int:
         return self.store_ms[offset - self.min_offset]
 
-    def first_match(self, start: int, tag_filter: TagFilter) -> int:
-        """The first offset >= start whose tag matches, or max_offset when none."""
+    def first_match(self, start: int, tag_filter: TagFilter, end: int | None = None) -> int:
+        """The first offset in [start, end) whose tag matches, or end (default max_offset) when none."""
+        end = self.max_offset if end is None else min(end, self.max_offset)
         start = max(start, self.min_offset)
         if tag_filter.tags is None:
-            return start
+            return min(start, end)
         wanted = tag_filter.tags
-        end = self.max_offset
         lo = start
         while lo < end:
             hi = min((lo | (BLOCK - 1)) + 1, end)
@@ -113,10 +139,10 @@ class QueueLog:
             lo = hi
         return end
 
-    def matching(self, start: int, tag_filter: TagFilter, limit: int) -> Iterator[int]:
-        """Up to ``limit`` matching offsets from ``start`` on."""
-        end = self.max_offset
-        offset = self.first_match(start, tag_filter)
+    def matching(self, start: int, tag_filter: TagFilter, limit: int, end: int | None = None) -> Iterator[int]:
+        """Up to ``limit`` matching offsets in [start, end) (default: to max_offset)."""
+        end = self.max_offset if end is None else min(end, self.max_offset)
+        offset = self.first_match(start, tag_filter, end)
         wanted = tag_filter.tags
         if wanted is None:
             yield from range(offset, min(end, offset + limit))
@@ -134,7 +160,7 @@ class QueueLog:
                     found += 1
                     if found == limit:
                         return
-            offset = self.first_match(block_end, tag_filter)
+            offset = self.first_match(block_end, tag_filter, end)
 
     def count_matching(self, start: int, end: int, tag_filter: TagFilter) -> int:
         start = max(start, self.min_offset)

@@ -2,7 +2,8 @@
 
 An un-acked delivery becomes ready again at its deadline with attempt + 1; one that already had
 ``max_attempts`` deliveries goes to the topic ``%DLQ%<group>`` instead, its origin kept as
-properties. One timer per group+topic fires at the earliest deadline and wakes held Pops.
+properties. One timer per group+topic fires at the earliest deadline and wakes held Pops. A FIFO
+message comes back only after the in-flight FIFO messages before it in its queue (broker.core).
 Owned and called by the core; it knows nothing of the core.
 """
 
@@ -41,26 +42,58 @@ class Redelivery:
         hold: HoldService,
         payloads: PayloadReader,
         max_attempts: int,
+        released: Callable[[GroupTopic], None],
     ) -> None:
         self.topics = topics
         self.sends = sends
         self.hold = hold
         self.payloads = payloads
         self.max_attempts = max_attempts
+        self.released = released  # a FIFO message left the group's flight (dead-lettered)
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[object]] = set()
 
     def take(self, state: GroupTopic, now: int, want: int) -> list[tuple[int, int, int]]:
-        """Up to ``want`` ready redeliveries as (queue id, offset, next attempt)."""
+        """Up to ``want`` ready redeliveries as (queue id, offset, next attempt); FIFO messages whose turn has
+        not come stay ready."""
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
+        taking: set[tuple[int, int]] = set()  # FIFO messages taken by this call
+        waiting: list[tuple[int, int, int]] = []  # FIFO messages whose turn had not come when met
         ready = state.ready
         while ready and len(picks) < want:
-            queue_id, offset, token = ready.popleft()
+            entry = queue_id, offset, token = ready.popleft()
             delivery = state.current(queue_id, offset, token)
-            if delivery is not None:
-                picks.append((queue_id, offset, delivery.attempt + 1))
+            if delivery is None:
+                continue
+            if offset in state.queues[queue_id].fifo:
+                if not _fifo_turn(state, queue_id, offset, taking):
+                    waiting.append(entry)
+                    continue
+                taking.add((queue_id, offset))
+            picks.append((queue_id, offset, delivery.attempt + 1))
+        while waiting and len(picks) < want:  # their turn may have come with what was taken after them
+            still = []
+            for entry in waiting:
+                queue_id, offset, token = entry
+                delivery = state.current(queue_id, offset, token)
+                if delivery is not None and len(picks) < want and _fifo_turn(state, queue_id, offset, taking):
+                    taking.add((queue_id, offset))
+                    picks.append((queue_id, offset, delivery.attempt + 1))
+                else:
+                    still.append(entry)
+            if len(still) == len(waiting):
+                break
+            waiting = still
+        ready.extendleft(reversed(waiting))
         return picks
+
+    def has_ready(self, state: GroupTopic) -> bool:
+        """Whether `take` would take something now (after `expire`)."""
+        return any(
+            state.current(q, o, t) is not None and (o not in state.queues[q].fifo or _fifo_turn(state, q, o))
+            for q, o, t in state.ready
+        )
 
     def expire(self, state: GroupTopic, now: int) -> int:
         """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ)."""
@@ -112,7 +145,9 @@ class Redelivery:
 
     def _due_again(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
         """The delivery stays in flight with its attempt count and comes due again in a second."""
-        state.deliver(queue_id, offset, Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000))
+        fifo = self.topics[state.topic].queues[queue_id].is_fifo(offset)
+        again = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
+        state.deliver(queue_id, offset, again, fifo=fifo)
         self.schedule(state)
 
     async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
@@ -120,7 +155,7 @@ class Redelivery:
         payloads = await self.payloads(topic, [(queue_id, offset)])
         if state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
-        state.remove(queue_id, offset)
+        fifo = state.remove(queue_id, offset)
         original = pb.Message.FromString(payloads[(queue_id, offset)])
         dlq = pb.Message()
         dlq.CopyFrom(original)
@@ -132,17 +167,25 @@ class Redelivery:
         tag = dlq.tag if dlq.HasField("tag") else None
         committed = self.sends.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
         # What the commit did is settled by the commit, also when this caller is cancelled meanwhile.
-        committed.add_done_callback(functools.partial(self._dead_lettered, state, queue_id, offset, delivery))
+        committed.add_done_callback(functools.partial(self._dead_lettered, state, queue_id, offset, delivery, fifo))
         [record] = await asyncio.shield(committed)
         return pb.StoredMessage(message=dlq, queue_id=0, offset=record.offset, store_ms=record.store_ms)
 
     def _dead_lettered(
-        self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery, committed: asyncio.Future[Any]
+        self,
+        state: GroupTopic,
+        queue_id: int,
+        offset: int,
+        delivery: Delivery,
+        fifo: bool,
+        committed: asyncio.Future[Any],
     ) -> None:
         if committed.cancelled() or committed.exception() is not None:
             self._due_again(state, queue_id, offset, delivery)  # the message must not vanish
             return
         state.dead_lettered += 1
+        if fifo:
+            self.released(state)
         log.info(
             "dead-lettered %s/%s/%s after %s attempts to %s",
             state.topic,
@@ -169,3 +212,8 @@ class Redelivery:
         self._timers.clear()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+
+
+def _fifo_turn(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:
+    """Whether a ready FIFO message may go: every in-flight FIFO message before it in its queue goes now too."""
+    return all(o >= offset or (taking is not None and (queue_id, o) in taking) for o in state.queues[queue_id].fifo)

@@ -138,6 +138,8 @@ class SendPath:
         due = due_time_ms(
             now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
         )
+        if due is not None and m.message_group:  # as RocketMQ's clients: a FIFO message is never delayed
+            raise BadRequest("a message with a message group cannot also have a delivery time or delay")
         if m.HasField("queue_id") and m.queue_id >= 0:
             topic = self.topics.get(m.topic)
             count = len(topic.queues) if topic else self.settings.queues_per_topic
@@ -160,7 +162,7 @@ class SendPath:
             m.message_id = self._ids.next()
         if not m.born_ms:
             m.born_ms = now
-        return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString())
+        return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString(), fifo=bool(m.message_group))
 
     def unsaved(self, topic: str) -> None:
         """The topic's queue rows may be missing from the store: its next write stores them."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from broker.batches import BATCH_MESSAGES, Batches, batch_rows, unpack
+from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, unpack
 from broker.errors import StoreUnavailable
 from broker.store import (
     ArrivalListener,
@@ -231,7 +231,8 @@ class SqliteStore:
             "SELECT topic, queue, first_offset, meta FROM batches ORDER BY topic, queue, first_offset"
         )
         for topic, queue_id, first_offset, meta in rows:
-            store_ms, tags, _ = json.loads(meta)
+            lists = json.loads(meta)
+            store_ms, tags = lists[0], lists[1]
             index = snap.queues.get((topic, queue_id))
             if index is None:
                 index = snap.queues[(topic, queue_id)] = QueueIndex()
@@ -243,6 +244,7 @@ class SqliteStore:
                 index.tags.append(None)
             index.store_ms.extend(store_ms)
             index.tags.extend(tags)
+            index.fifo.extend(fifo_offsets(first_offset, lists))
         for key, index in snap.queues.items():
             self._next_offset[key] = index.min_offset + len(index.store_ms)
         snap.pull_offsets = [SetPullOffset(*row) for row in self._conn.execute("SELECT * FROM pull_offsets")]
@@ -374,7 +376,7 @@ class SqliteStore:
             key = (m.topic, m.queue_id)
             offset = next_offset.get(key, 0)
             next_offset[key] = offset + 1
-            records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload))
+            records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload, m.fifo))
             batches.add(m, offset)
         return records
 

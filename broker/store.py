@@ -23,6 +23,7 @@ class NewMessage:
     store_ms: int
     tag: str | None
     payload: bytes  # serialized popgate.broker.v1.Message
+    fifo: bool = False  # sent with a message group: consumed in order (broker.core, "FIFO")
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class Record:
     store_ms: int
     tag: str | None
     payload: bytes
+    fifo: bool = False  # as NewMessage.fifo; only what a commit appends carries it (reads leave it False)
 
 
 class CreateQueue(NamedTuple):
@@ -88,11 +90,12 @@ Op = CreateQueue | SetPullOffset | PutInflight | DeleteInflight | SetGroupFilter
 
 @dataclass(slots=True)
 class QueueIndex:
-    """Offsets, store times and tags of every message of one queue, oldest first."""
+    """Offsets, store times and tags of every message of one queue, oldest first, and which are FIFO."""
 
     min_offset: int = 0
     store_ms: list[int] = field(default_factory=list)
     tags: list[str | None] = field(default_factory=list)
+    fifo: list[int] = field(default_factory=list)  # offsets of the messages sent with a message group
 
 
 @dataclass(slots=True)

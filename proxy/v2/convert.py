@@ -89,6 +89,8 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float) -> bpb.M
         at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
         if at > now_s:
             out.deliver_at_ms = int(at * 1000)
+    if out.message_group and out.deliver_at_ms:  # checked here too: a request's groups go to brokers apart
+        raise errors.BadRequest("a FIFO message (message_group) cannot also have a delivery_timestamp")
     return out
 
 

@@ -21,6 +21,7 @@ from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from sdk import Producer
 from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
@@ -149,6 +150,33 @@ def test_two_consumers_race_for_one_message_the_other_gets_the_next(cluster: Clu
         send_to(brokers["b3"], topic, b"two")
         status, messages = loser.result(timeout=2)
         assert status.code == v2.OK and [m.body for m in messages] == [b"two"]
+    first.close()
+    second.close()
+
+
+@REALTIME_MODES
+def test_a_fifo_message_waits_for_the_ack_of_the_one_before_and_the_ack_wakes_the_waiting_consumer(
+    cluster: Cluster,
+) -> None:
+    """Two consumers of one group, one message group: while the first holds m1, the second's long poll gets
+    nothing (m2 waits behind m1 on its broker); the first's ack answers it with m2 at once."""
+    brokers = stubs(cluster)
+    first, second = V2Client(cluster.endpoint), V2Client(cluster.endpoint)
+    topic, group = f"fifo-{uuid.uuid4().hex[:8]}", f"g-fifo-{uuid.uuid4().hex[:6]}"
+    with Producer(cluster.endpoint) as producer:
+        producer.send_many(topic, [b"m1", b"m2"], message_group="customer-7")
+    status, messages = receive(first, topic, group)
+    assert status.code == v2.OK and [m.body for m in messages] == [b"m1"]
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(receive, second, topic, group)
+        wait_for(lambda: all(n > 0 for n in held(brokers).values()), what="the second receive held on every broker")
+        assert not waiting.done(), "m2 went out while m1 was in flight"
+        acked = time.monotonic()
+        first.ack(topic, group, messages)
+        status, after = waiting.result(timeout=POLL_S + 5)
+        took = time.monotonic() - acked
+    assert status.code == v2.OK and [m.body for m in after] == [b"m2"]
+    assert took < 1.0, f"m2 came {took:.3f} s after m1's ack"
     first.close()
     second.close()
 

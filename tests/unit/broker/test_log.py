@@ -28,7 +28,7 @@ def linear_count(tags: list[str | None], min_offset: int, start: int, end: int, 
 def linear_first(tags: list[str | None], min_offset: int, start: int, f: TagFilter) -> int:
     start = max(start, min_offset)
     if f.matches_all:
-        return start
+        return min(start, min_offset + len(tags))
     for i in range(start - min_offset, len(tags)):
         if f.matches(tags[i]):
             return min_offset + i
@@ -103,6 +103,10 @@ def test_counts_and_searches_equal_linear_scans(
         assert q.first_match(start, f) == linear_first(tags, min_offset, start, f)
         for limit in (0, 1, 3, 50):
             assert list(q.matching(start, f, limit)) == linear_matching(tags, min_offset, start, f, limit)
+        for end in (points[1], points[-3], q.max_offset - 1, start + 2):  # an end before the queue's
+            assert q.first_match(start, f, end) == min(linear_first(tags, min_offset, start, f), end, q.max_offset)
+            within = [o for o in linear_matching(tags, min_offset, start, f, 10**6) if o < end]
+            assert list(q.matching(start, f, 3, end)) == within[:3]
     # Ranges with both ends at and around block boundaries (the first ones, the last ones) and anywhere.
     ends = points[:5] + points[-5:] + [min_offset + e for e in extra]
     for start, end in [(s, e) for s in points for e in (min_offset, q.max_offset)] + [

@@ -66,6 +66,7 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
         hold=hold,
         payloads=payloads,
         max_attempts=MAX_ATTEMPTS,
+        released=lambda state: None,
     )
     state = GroupTopic("g", "t")
     state.queue(0, 0).pull_offset = 2

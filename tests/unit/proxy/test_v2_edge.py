@@ -52,6 +52,17 @@ def test_delivery_time_in_milliseconds_by_mistake_is_illegal_delivery_time() -> 
         to_broker(message, LIMITS, now_s=NOW)
 
 
+def test_a_fifo_message_with_a_future_delivery_time_is_bad_request() -> None:
+    """Refused at the edge: a request's message groups go to brokers apart, so a broker's refusal of this one
+    would come after the rest of the request was stored."""
+    message = client_message(message_group="customer-7")
+    message.system_properties.delivery_timestamp.seconds = int(NOW) + 60
+    with pytest.raises(errors.BadRequest, match="message_group"):
+        to_broker(message, LIMITS, now_s=NOW)
+    message.system_properties.delivery_timestamp.seconds = int(NOW) - 60  # already due: an ordinary FIFO message
+    assert to_broker(message, LIMITS, now_s=NOW).message_group == "customer-7"
+
+
 def test_gzip_bodies_are_inflated_and_their_size_checked_after_inflating() -> None:
     message = client_message(body_encoding=v2.GZIP)
     message.body = gzip.compress(b"z" * 1000)

@@ -1,0 +1,168 @@
+"""FIFO order inside the broker core, no sockets (broker.core, "FIFO order"): a message sent with a message
+group holds back its queue's later messages for the consumer group it is in flight to, until it is acked or
+dead-lettered; its redelivery comes first; a Notification counts the blocked queue as empty; the ack (or the
+dead letter) wakes whoever waits. Real SQLite store, no safety sweep: only arrivals, acks and timers wake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from popgate_pb import broker_pb2 as pb
+
+from broker.core import BrokerCore
+from broker.errors import BadRequest
+from broker.model import PopResult, now_ms, stable_hash
+from tests.unit.broker.cores import broker
+from tests.unit.broker.test_arrival import ANSWER_S, POLL_MS, REJECT_WINDOW_S, held
+
+INVISIBLE_MS = 30_000
+QUEUES = 4  # the default queues_per_topic
+
+
+def run_core(tmp_path: Path, scenario: Callable[[BrokerCore], Awaitable[None]], **settings: Any) -> None:
+    async def main() -> None:
+        async with broker(tmp_path / "data", **settings) as (core, _):
+            await asyncio.wait_for(scenario(core), 20)
+
+    asyncio.run(main())
+
+
+def groups_on_distinct_queues() -> tuple[str, str]:
+    """Two message groups that hash to different queues of a topic."""
+    first = "orders-1"
+    other = next(
+        f"orders-{i}" for i in range(2, 100) if stable_hash(f"orders-{i}") % QUEUES != stable_hash(first) % QUEUES
+    )
+    return first, other
+
+
+async def send(core: BrokerCore, bodies: list[bytes], group: str = "orders-1", topic: str = "t") -> None:
+    await core.send([pb.Message(topic=topic, body=b, message_group=group) for b in bodies])
+
+
+async def pop(core: BrokerCore, want: int = 32, poll_ms: int = 0, group: str = "g") -> PopResult:
+    return await core.pop("t", group, "*", want, INVISIBLE_MS, poll_ms)
+
+
+def bodies(result: PopResult) -> list[bytes]:
+    return [pb.Message.FromString(m.payload).body for m in result.messages]
+
+
+async def ack(core: BrokerCore, result: PopResult, group: str = "g") -> None:
+    assert await core.ack("t", group, [m.handle for m in result.messages]) == [None] * len(result.messages)
+
+
+def test_the_next_fifo_message_waits_for_the_ack_of_the_one_before(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2", b"m3"])
+        first = await pop(core, want=1)
+        assert bodies(first) == [b"m1"]
+        assert bodies(await pop(core)) == [], "m2 went out while m1 was in flight"
+        await ack(core, first)
+        second = await pop(core)
+        assert bodies(second) == [b"m2", b"m3"], "a batch takes the next FIFO messages together, in order"
+        await send(core, [b"m4"])
+        await ack(core, PopResult(second.messages[:1]))
+        assert bodies(await pop(core)) == [], "m4 went out while m3 was in flight"
+
+    run_core(tmp_path, scenario)
+
+
+def test_other_groups_other_queues_and_normal_messages_before_it_are_not_held_back(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        mine, other = groups_on_distinct_queues()
+        await send(core, [b"a1", b"a2"], group=mine)
+        assert bodies(await pop(core, want=1)) == [b"a1"]
+        await send(core, [b"b1"], group=other)
+        await core.send([pb.Message(topic="t", body=b"n1", queue_id=q) for q in range(QUEUES)])
+        got = bodies(await pop(core))
+        # The blocked queue holds n1 behind a2; every other queue gives its messages.
+        assert sorted(got) == [b"b1"] + [b"n1"] * (QUEUES - 1)
+        # Another consumer group has its own flight: it takes the whole queue in one batch, in order.
+        theirs = bodies(await pop(core, group="g2"))
+        assert sorted(theirs) == [b"a1", b"a2", b"b1"] + [b"n1"] * QUEUES
+        assert theirs.index(b"a1") < theirs.index(b"a2")
+
+    run_core(tmp_path, scenario)
+
+
+def test_an_unacked_fifo_message_comes_back_before_the_next_one(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2"])
+        batch = await pop(core)
+        m1, m2 = batch.messages
+        # m2 is handed back at once, m1 stays in flight: m2 must wait for m1.
+        await core.change_invisible("t", "g", m2.handle, 0)
+        assert bodies(await pop(core)) == [], "m2's redelivery overtook m1, still in flight"
+        # Both come back: m1 first, then m2, in one batch.
+        await core.change_invisible("t", "g", m1.handle, 0)
+        again = await pop(core)
+        assert bodies(again) == [b"m1", b"m2"]
+        assert [m.attempt for m in again.messages] == [2, 2]
+
+    run_core(tmp_path, scenario)
+
+
+def test_a_notification_counts_a_blocked_queue_as_empty_and_the_ack_wakes_it(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2"])
+        first = await pop(core, want=1)
+        note = asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS))
+        waiting_pop = asyncio.ensure_future(pop(core, poll_ms=POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=1), 5)
+        await send(core, [b"m3", b"m4"])  # behind m1 as well: wakes no one (unfiltered, 2 would wake both)
+        done, _ = await asyncio.wait({note, waiting_pop}, timeout=REJECT_WINDOW_S)
+        assert not done, "a message held back behind an in-flight FIFO message answered a held request"
+        await ack(core, first)
+        done, _ = await asyncio.wait({note, waiting_pop}, timeout=ANSWER_S)
+        assert done == {note, waiting_pop}, "the ack did not wake the held requests"
+        assert note.result() == (True, False)
+        assert bodies(waiting_pop.result()) == [b"m2", b"m3", b"m4"]
+
+    run_core(tmp_path, scenario)
+
+
+def test_a_dead_lettered_fifo_message_lets_the_next_one_go(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2"])
+        first = await pop(core, want=1)
+        waiting_pop = asyncio.ensure_future(pop(core, poll_ms=POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=0), 5)
+        await core.change_invisible("t", "g", first.messages[0].handle, 0)  # its last attempt: dead-lettered
+        assert bodies(await asyncio.wait_for(waiting_pop, ANSWER_S)) == [b"m2"]
+        letters = await core.pop("%DLQ%g", "dlq-reader", "*", 32, INVISIBLE_MS, 0)
+        assert bodies(letters) == [b"m1"]
+
+    run_core(tmp_path, scenario, max_delivery_attempts=1)
+
+
+def test_the_order_survives_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    async def before() -> None:
+        async with broker(data, flush="sync") as (core, _):
+            await send(core, [b"m1", b"m2"])
+            assert bodies(await pop(core, want=1)) == [b"m1"]
+
+    async def after() -> None:
+        async with broker(data, flush="sync") as (core, _):
+            assert bodies(await pop(core)) == [], "after a restart m2 went out while m1 was in flight"
+            assert bodies(await core.pop("t", "g2", "*", 32, INVISIBLE_MS, 0)) == [b"m1", b"m2"]
+
+    asyncio.run(before())
+    asyncio.run(after())
+
+
+def test_a_fifo_message_cannot_be_delayed(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        late = pb.Message(topic="t", body=b"x", message_group="orders-1", deliver_at_ms=now_ms() + 60_000)
+        with pytest.raises(BadRequest, match="message group"):
+            await core.send([pb.Message(topic="t", body=b"fine"), late])
+        assert bodies(await pop(core)) == [], "part of a refused send was stored"
+
+    run_core(tmp_path, scenario)
