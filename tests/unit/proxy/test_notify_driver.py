@@ -229,6 +229,34 @@ def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
     assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 4  # 3 notify runs + 1 long poll
 
 
+def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_groups_do() -> None:
+    """Each long poll of a group goes where the group has the fewest held: 6 receives of g on 3 brokers are 2
+    on each, also when two receives of another group come between each (a turn shared by all groups put
+    every receive of g on one broker: a message on the others waited for a consumer)."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
+    closing = asyncio.Event()
+
+    def mine(broker: FakeBroker) -> int:
+        return sum(p.group == "g" for p in broker.pops)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        receives = []
+        for group in ["g", "x", "x"] * 6:
+            held_before = held(brokers)
+            receive = ReceiveRequest("t", group, "*", 1, 30_000, 5.0, loop.time() + 5.5)
+            receives.append(asyncio.create_task(strategy.receive(receive, closing)))
+            await held_becomes(brokers, held_before + 1)
+        assert [mine(b) for b in brokers.values()] == [2, 2, 2]
+        for b in brokers.values():
+            b.put(*(popped(b.name, f"{b.name}-{j}") for j in range(6)))
+        await asyncio.wait_for(asyncio.gather(*receives), 2)
+
+    run(scenario())
+
+
 class AnswersAtTheDeadline(FakeBroker):
     """A consume Pop whose answer (with the message) lands in the loop turn of the receive's hard deadline."""
 
