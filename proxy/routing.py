@@ -1,7 +1,9 @@
 """Which broker serves a request. Pure: no sockets, no clocks.
 
 Sends rotate over live brokers (round robin), or hash a message group to a fixed
-live broker; the brokers after the first choice are the fail-over order. Brokers
+broker (rendezvous hashing over every configured broker: a group moves only while its
+own broker is down, not when another one's health changes); the brokers after the first
+choice are the fail-over order. Brokers
 that are down come last, so a request is still tried when every health check is
 stale. Acks go to the broker named in the receipt handle.
 """
@@ -38,15 +40,15 @@ class BrokerPool:
 
         Without a key the choice rotates; each `rotation` name (send, receive) has its own turn.
         """
-        live = [n for n in self._names if self._clients[n].healthy]
-        down = [n for n in self._names if not self._clients[n].healthy]
-        if live:
-            if key is None:
-                turn = self._next.get(rotation, self._first_turn)
-                self._next[rotation] = turn + 1
-                start = turn % len(live)
-            else:
-                start = zlib.crc32(key.encode()) % len(live)
+        names = self._names
+        if key is not None:  # the group's broker first, whichever brokers are live
+            names = sorted(names, key=lambda n: zlib.crc32(f"{n}/{key}".encode()), reverse=True)
+        live = [n for n in names if self._clients[n].healthy]
+        down = [n for n in names if not self._clients[n].healthy]
+        if live and key is None:
+            turn = self._next.get(rotation, self._first_turn)
+            self._next[rotation] = turn + 1
+            start = turn % len(live)
             live = live[start:] + live[:start]
         return [self._clients[n] for n in live + down]
 

@@ -71,6 +71,32 @@ def test_a_message_group_always_lands_on_one_broker() -> None:
     assert sorted(len(b.sent) for b in brokers.values()) == [0, 0, 9]
 
 
+def test_a_message_group_stays_on_its_broker_while_another_broker_is_down() -> None:
+    """Its order holds: only the loss of its own broker moves a group (a hash over the live brokers moved about
+    half of all groups whenever any broker's health changed, and back again after)."""
+    names = ("b1", "b2", "b3", "b4")
+    groups = [f"order-{i}" for i in range(40)]
+
+    def homes(down: str | None) -> dict[str, str]:
+        proxy, brokers = make(*names)
+        if down is not None:
+            brokers[down].healthy = False
+
+        async def scenario() -> None:
+            for i, group in enumerate(groups):
+                await proxy.send([msg(i, group=group)])
+
+        run(scenario())
+        return {m.message_group: name for name, b in brokers.items() for m in b.sent}
+
+    before = homes(None)
+    assert len(set(before.values())) == len(names), "the groups are not spread over the brokers"
+    for down in names:
+        after = homes(down)
+        moved = {g for g in groups if after[g] != before[g]}
+        assert moved == {g for g in groups if before[g] == down}
+
+
 def test_send_fails_over_when_a_broker_is_unavailable() -> None:
     proxy, brokers = make("b1", "b2")
     brokers["b1"].fail = errors.BrokerUnavailable("b1 down")
