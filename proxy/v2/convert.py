@@ -29,7 +29,8 @@ def seconds(duration: Duration, *, what: str, error: type[errors.ProxyError] = e
     return duration.seconds + duration.nanos / 1e9
 
 
-def _body(message: v2.Message, limit: int) -> bytes:
+def _body(message: v2.Message, limit: int, room: int | None) -> bytes:
+    """The message's body, inflated when GZIP; `room`: inflated bytes its request may still grow by."""
     encoding = message.system_properties.body_encoding
     if encoding != v2.GZIP:
         return validate.body(message.body, limit=limit)
@@ -38,16 +39,22 @@ def _body(message: v2.Message, limit: int) -> bytes:
     # members to GZIP_MAX_MEMBERS: each member's inflater copies the input left after it, so a body of
     # thousands of empty members would cost the event loop seconds (quadratic) for nothing.
     validate.body(message.body, limit=limit)
+    cap = limit if room is None else max(0, min(limit, room))
     parts: list[bytes] = []
     size, rest = 0, message.body
     try:
         for _ in range(GZIP_MAX_MEMBERS):
             inflater = zlib.decompressobj(wbits=31)
-            part = inflater.decompress(rest, limit + 1 - size)
+            part = inflater.decompress(rest, cap + 1 - size)
             parts.append(part)
             size += len(part)
-            if size > limit:
-                break  # too large: validate.body says so
+            if size > cap:
+                if cap == limit:
+                    break  # too large: validate.body says so
+                raise errors.MessageBodyTooLarge(
+                    "the GZIP bodies of one SendMessage inflate to more than the largest request the proxy takes"
+                    " (max_message_bytes): send fewer compressed messages per request"
+                )
             if not inflater.eof:
                 raise errors.BadRequest("message body is declared GZIP but its stream is truncated")
             rest = inflater.unused_data
@@ -60,8 +67,9 @@ def _body(message: v2.Message, limit: int) -> bytes:
     return validate.body(b"".join(parts), limit=limit)
 
 
-def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float) -> bpb.Message:
-    """A client's message as the broker stores it; raises the §5 error for the first violation."""
+def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: int | None = None) -> bpb.Message:
+    """A client's message as the broker stores it; raises the §5 error for the first violation. `room`: how
+    many bytes a GZIP body may inflate to within its request (None: up to the body limit)."""
     props = message.system_properties
     if props.message_type in (v2.TRANSACTION, v2.LITE):
         kind = v2.MessageType.Name(props.message_type)
@@ -69,7 +77,7 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float) -> bpb.M
     out = bpb.Message(
         topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
         message_id=validate.message_id(props.message_id),
-        body=_body(message, limits.max_body_bytes),
+        body=_body(message, limits.max_body_bytes, room),
         keys=validate.keys(props.keys),
         born_host=props.born_host[:256],
     )

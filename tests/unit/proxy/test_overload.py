@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,3 +105,29 @@ def v2_message(size: int) -> v2.Message:
     m.system_properties.body_encoding = v2.IDENTITY
     m.system_properties.message_type = v2.NORMAL
     return m
+
+
+def test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_request_and_nothing_is_stored() -> None:
+    """A 4 KB gzip of 4 MiB of zeros per message: 40 of them (160 KB sent) would be 160 MiB in the proxy."""
+    bomb = gzip.compress(b"\0" * 4 * 1024 * 1024, 9)
+
+    async def scenario() -> None:
+        broker = FakeBroker("b1")
+        pool = BrokerPool({"b1": broker})
+        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+        settings = Settings(
+            brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_body_bytes=5 * 1024 * 1024, max_message_bytes=16 << 20
+        )
+        call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
+        messages = [v2_message(1) for _ in range(40)]
+        for m in messages:
+            m.body, m.system_properties.body_encoding = bomb, v2.GZIP
+        with pytest.raises(errors.MessageBodyTooLarge, match="inflate to more than the largest request") as caught:
+            await send_v2.send_message(call, pb.SendMessageRequest(messages=messages))
+        assert code_of(caught.value) == v2.MESSAGE_BODY_TOO_LARGE
+        assert broker.sent == []
+        # Within the bound they are taken: 3 x 4 MiB < 16 MiB.
+        reply = await send_v2.send_message(call, pb.SendMessageRequest(messages=messages[:3]))
+        assert reply.status.code == v2.OK and [len(m.body) for m in broker.sent] == [4 * 1024 * 1024] * 3
+
+    asyncio.run(scenario())
