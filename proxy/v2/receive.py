@@ -38,7 +38,7 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
             high=s.max_invisible_s,
         )
     requested = (
-        seconds(request.long_polling_timeout, what="long_polling_timeout")
+        seconds(request.long_polling_timeout, what="long_polling_timeout", error=errors.IllegalPollingTime)
         if request.HasField("long_polling_timeout")
         else None
     )

@@ -5,16 +5,33 @@ from __future__ import annotations
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import validate
+from proxy import errors, validate
 from proxy.v2.context import Call
 
 OK = v2.Status(code=v2.OK, message="OK")
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY)
 
 
+MAX_ENDPOINT_ADDRESSES = 16
+MAX_HOST_LEN = 255  # a DNS name's limit
+
+
 def _endpoints(call: Call, requested: v2.Endpoints) -> v2.Endpoints:
-    # Clients send every later RPC to the endpoints in the route: echo the address they used for us.
-    return requested if len(requested.addresses) > 0 else call.endpoints
+    """Clients send every later RPC to the endpoints in the route: echo the address they used for us. Echoed
+    into every queue, they are held to what an address list can be: 200,000 long hosts in one QueryRoute made a
+    503 MB answer (a review's probe)."""
+    addresses = requested.addresses
+    if not addresses:
+        return call.endpoints
+    if len(addresses) > MAX_ENDPOINT_ADDRESSES:
+        raise errors.BadRequest(f"endpoints list {len(addresses)} addresses, at most {MAX_ENDPOINT_ADDRESSES}")
+    for address in addresses:
+        if not 0 < len(address.host) <= MAX_HOST_LEN or not 0 < address.port <= 65535:
+            raise errors.BadRequest(
+                f"endpoint address {address.host[:64]!r}:{address.port} is not a host (1..{MAX_HOST_LEN} characters)"
+                " and port (1..65535)"
+            )
+    return requested
 
 
 def _queue(topic: v2.Resource, broker: str, queue_id: int, endpoints: v2.Endpoints) -> v2.MessageQueue:

@@ -64,6 +64,8 @@ def receive(topic: str = "bad", group: str = "g", **fields: object) -> pb.Receiv
     for key, value in fields.items():
         if key == "invisible_s":
             request.invisible_duration.seconds = value  # type: ignore[assignment]
+        elif key == "poll_s":
+            request.long_polling_timeout.seconds = value  # type: ignore[assignment]
         elif key == "sql":
             request.filter_expression.type = v2.SQL
         else:
@@ -85,6 +87,18 @@ def delivery_in_ms() -> v2.Message:
     return out
 
 
+def fifo_delayed() -> v2.Message:
+    out = message(message_group="customer-7")
+    out.system_properties.delivery_timestamp.seconds = int(time.time()) + 60
+    return out
+
+
+def route_status(client: V2Client, addresses: int) -> v2.Status:
+    request = pb.QueryRouteRequest(topic=v2.Resource(name="bad"))
+    request.endpoints.addresses.extend([v2.Address(host="h" * 200, port=8081)] * addresses)
+    return client.stub.QueryRoute(request, timeout=5).status
+
+
 CASES: list[tuple[str, Callable[[V2Client], v2.Status], int, str]] = [
     ("body too large", lambda c: send_status(c, message(body=b"x" * (4 * 1024 * 1024 + 1))),
      v2.MESSAGE_BODY_TOO_LARGE, "limit is 4194304 bytes"),
@@ -94,6 +108,10 @@ CASES: list[tuple[str, Callable[[V2Client], v2.Status], int, str]] = [
     ("to a dead-letter queue", lambda c: send_status(c, message(topic="%DLQ%g")), v2.ILLEGAL_TOPIC, "system topic"),
     ("bad tag", lambda c: send_status(c, message(tag="a|b")), v2.ILLEGAL_MESSAGE_TAG, "contains '|'"),
     ("delivery in ms", lambda c: send_status(c, delivery_in_ms()), v2.ILLEGAL_DELIVERY_TIME, "not milliseconds"),
+    ("delayed FIFO message", lambda c: send_status(c, message(), fifo_delayed()), v2.BAD_REQUEST, "message_group"),
+    ("endless endpoints", lambda c: route_status(c, 1000), v2.BAD_REQUEST, "at most 16"),
+    ("poll of centuries", lambda c: receive_status(c, receive(poll_s=400 * 365 * 86400)), v2.ILLEGAL_POLLING_TIME,
+     "not a valid duration"),
     ("bad group", lambda c: receive_status(c, receive(group="g/1")), v2.ILLEGAL_CONSUMER_GROUP, "may only contain"),
     ("batch 33", lambda c: receive_status(c, receive(batch_size=33)), v2.BAD_REQUEST, "must be 1..32"),
     ("batch 0", lambda c: receive_status(c, receive(batch_size=0)), v2.BAD_REQUEST, "must be 1..32"),

@@ -92,3 +92,30 @@ def test_telemetry_streams_beyond_the_limit_get_too_many_requests() -> None:
         return [third]
 
     assert asyncio.run(scenario()) == [v2.TOO_MANY_REQUESTS]
+
+
+def test_a_route_echoes_sane_endpoints_and_refuses_an_endless_list() -> None:
+    async def scenario() -> tuple[pb.QueryRouteResponse, pb.QueryRouteResponse, pb.QueryRouteResponse]:
+        pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+        metrics = ProxyMetrics(CollectorRegistry())
+        service = MessagingService(
+            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+        )
+
+        def route(*addresses: tuple[str, int]) -> pb.QueryRouteRequest:
+            request = pb.QueryRouteRequest(topic=v2.Resource(name="t"))
+            request.endpoints.addresses.extend(v2.Address(host=h, port=p) for h, p in addresses)
+            return request
+
+        echoed = await service.QueryRoute(route(("proxy.example", 8081)), Context())
+        endless = await service.QueryRoute(route(*[("h" * 200, 1)] * 1000), Context())
+        no_port = await service.QueryRoute(route(("proxy.example", 0)), Context())
+        return echoed, endless, no_port
+
+    echoed, endless, no_port = asyncio.run(scenario())
+    assert echoed.status.code == v2.OK
+    assert {q.broker.endpoints.addresses[0].host for q in echoed.message_queues} == {"proxy.example"}
+    assert (endless.status.code, list(endless.message_queues)) == (v2.BAD_REQUEST, [])
+    assert "at most 16" in endless.status.message
+    assert no_port.status.code == v2.BAD_REQUEST
