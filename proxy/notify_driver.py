@@ -84,7 +84,7 @@ class _Run:
             elif not self.result.done():
                 self.result.set_result(command)
             elif command.messages:  # nobody awaits the run any more (the client left): nobody receives them
-                self._hand_back()
+                self.hand_back()
 
     def _rewatch(self, broker: str) -> None:
         client = self.pool.get(broker)
@@ -157,9 +157,9 @@ class _Run:
         self.apply(self.machine.closing())
         self.cancel_all()
         if self.result.done() and not self.result.cancelled() and self.result.result().messages:
-            self._hand_back()
+            self.hand_back()
 
-    def _hand_back(self) -> None:
+    def hand_back(self) -> None:
         if self.answer is not None:
             broker, call = self.answer
             self.answer = None
@@ -226,6 +226,7 @@ class NotifyStrategy:
             # The other brokers' Notifications end after the answer is written: cancel frames sent
             # now would delay its frames on this event loop (~0.6 ms of 2.2 with 4 brokers, measured).
             result.release = run.cancel_all
+            result.give_back = run.hand_back
         else:
             run.cancel_all()
         if finish.error is not None:

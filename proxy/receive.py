@@ -12,6 +12,7 @@ which of the two serves each request.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -53,12 +54,14 @@ def _nothing() -> None:
 class ReceiveResult:
     """What a receive got. The caller calls ``release()`` once the answer is written to the client:
     a strategy may leave broker requests outstanding until then (pop with notify cancels the other
-    brokers' Notifications there, so the answer's frames do not queue behind the cancel frames)."""
+    brokers' Notifications there, so the answer's frames do not queue behind the cancel frames).
+    ``give_back()`` instead of answering: the broker puts the messages back, ready at once."""
 
     messages: list[bpb.PoppedMessage]
     outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
     brokers: list[str] = field(default_factory=list)
     release: Callable[[], None] = _nothing
+    give_back: Callable[[], None] = _nothing
 
 
 class ReceiveStrategy(Protocol):
@@ -173,7 +176,10 @@ class LongPollStrategy:
             if response.polling_full and not response.messages:
                 raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
             messages = list(response.messages)
-            return ReceiveResult(messages, "messages" if messages else "empty", tried)
+            result = ReceiveResult(messages, "messages" if messages else "empty", tried)
+            if messages:
+                result.give_back = functools.partial(client.release, call)
+            return result
         if request.deadline - loop.time() <= MIN_ATTEMPT_S:
             return ReceiveResult([], "empty", tried)  # the client's time is up: an empty answer, not an error
         raise last

@@ -323,6 +323,29 @@ def test_an_answer_its_client_has_not_read_still_counts_against_the_limits() -> 
     run(scenario())
 
 
+def test_a_receive_held_before_the_answer_limit_and_answered_after_it_gives_its_messages_back() -> None:
+    brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_answer_bytes=2000)
+
+    async def scenario() -> None:
+        held = asyncio.create_task(proxy.receive(request(poll_s=2.0)))
+        await asyncio.sleep(0)  # it waits at b1
+        brokers["b2"].put(popped("b2", "m0"), popped("b2", "m1"))
+        unread = await proxy.receive(request(poll_s=0.0))  # from b2 (b1 holds one): 2 messages, not written yet
+        assert len(unread.messages) == 2
+        brokers["b1"].put(popped("b1", "late"))
+        with pytest.raises(errors.TooManyRequests, match="not read"):
+            await held
+        assert [m.stored.message.message_id for m in brokers["b1"].ready] == ["late"], "not given back"
+        unread.release()
+        again = await proxy.receive(request(poll_s=0.0))
+        assert [m.stored.message.message_id for m in again.messages] == ["late"]
+        again.release()
+
+    run(scenario())
+
+
 def test_closing_answers_a_held_receive_at_once() -> None:
     proxy, _ = make("b1")
 
