@@ -33,6 +33,7 @@ from broker.errors import (
     IllegalPollingTime,
     InvalidReceiptHandle,
     StoreUnavailable,
+    TooManyRequests,
     TopicNotFound,
 )
 from broker.filters import MATCH_ALL, TagFilter
@@ -354,6 +355,13 @@ class BrokerCore:
                     self._looked_early.popitem(last=False)
             return None
         new = (group, topic) not in self.groups
+        if new and len(self.groups) >= self.settings.max_groups:
+            # Each costs memory and a dozen metric series for good: any client could otherwise make a broker keep
+            # state for every name it makes up (20,000 made-up groups: +39 MiB and a 19 MB /metrics, a review's probe).
+            raise TooManyRequests(
+                f"broker {self.name} keeps state for {len(self.groups)} consumer groups and topics, its limit"
+                " (--max-groups): a new group is refused"
+            )
         state = self._group(group, topic)
         # A Pop sets the group's filter; so does a group's first look (a proxy announces a group to every
         # broker with a Notification: its lag there then counts what it will take, not every message).
@@ -580,7 +588,10 @@ class BrokerCore:
             state = self.groups.get((group, topic))
             if state is None and topic in self.topics:  # held since before the topic existed
                 ops: list[Op] = []
-                state = self._reader(group, topic, MATCH_ALL, ops, pop_filter=False)
+                try:
+                    state = self._reader(group, topic, MATCH_ALL, ops, pop_filter=False)
+                except TooManyRequests:
+                    continue  # its requests are answered when their poll time ends
                 if ops:
                     self._commit(ops)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ

@@ -45,6 +45,9 @@ class BrokerSettings:
     consume_from: str = field(default="earliest", metadata={"help": "where a new group starts: earliest|latest"})
     max_delivery_attempts: int = field(default=17, metadata={"help": "deliveries before dead-lettering"})
     max_held: int = field(default=20000, metadata={"help": "held long polls before answering at once"})
+    max_groups: int = field(
+        default=10000, metadata={"help": "consumer group x topic states kept; a new one beyond is TOO_MANY_REQUESTS"}
+    )
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest message body"})
     max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch"})
     max_pop_bytes: int = field(default=8 * 1024 * 1024, metadata={"help": "largest Pop answer (bodies and overhead)"})
@@ -69,6 +72,7 @@ class BrokerSettings:
             (self.queues_per_topic >= 1, "queues_per_topic must be >= 1"),
             (self.max_delivery_attempts >= 1, "max_delivery_attempts must be >= 1"),
             (self.max_held >= 0, "max_held must be >= 0"),
+            (self.max_groups >= 1, "max_groups must be >= 1"),
             (0 < self.min_invisible_ms <= self.max_invisible_ms, "need 0 < min_invisible_ms <= max_invisible_ms"),
             (1 <= self.max_pop_batch <= 1024, "max_pop_batch must be in 1..1024"),
             (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),
