@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+# The test process's own clients run on the gRPC I/O engine every popgate process and SDK user gets
+# (broker/grpc_engine.py), chosen before grpc is imported: before, the tests' SDK clients ran on grpc's
+# default engine, and a sync channel's slow reconnect on the poller engine went unseen.
+import broker as _grpc_engine_chosen  # noqa: F401
+
+# isort: split
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path

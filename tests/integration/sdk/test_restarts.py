@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sdk import Producer, RetryPolicy, SimpleConsumer
+from sdk import Producer, RetryPolicy, SimpleConsumer, Unavailable
 from sdk.cluster import Child, Cluster
 from tests.integration.sdk.conftest import Collector, start_cluster
 
@@ -26,16 +28,19 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def restart_proxy(cluster: Cluster, *, kill: bool) -> None:
-    """Stop the proxy (SIGTERM or kill -9) and start a new one on the same address.
-
-    A fresh Child, not the old one restarted: the old one's stderr reader may still be finishing.
-    """
+    """Stop the proxy (SIGTERM or kill -9) and start a new one on the same address."""
     old = cluster.proxies[0]
-    address = old.address
     if kill:
         old.kill()
     else:
         old.stop()
+    start_proxy_again(cluster, old)
+
+
+def start_proxy_again(cluster: Cluster, old: Child) -> None:
+    """A stopped proxy's successor on its address: a fresh Child, not the old one restarted (the old one's
+    stderr reader may still be finishing)."""
+    address = old.address
     argv = list(old.argv)
     argv[argv.index("--listen") + 1] = address
     new = Child(old.name, argv, old.log_path)
@@ -70,6 +75,40 @@ def test_iterator_carries_on_across_a_proxy_restart(faulty: Cluster, tmp_path: P
     finally:
         collector.stop()
     assert collector.error is None
+
+
+def test_a_producer_reconnects_to_a_restarted_proxy_within_its_retries(faulty: Cluster) -> None:
+    """A producer sending all along, with a short retry budget (three attempts, 0.15 s of back-off): once the
+    proxy is back, its sends go through again. A sync channel on grpc's poller I/O reconnects only while it is
+    polled: left alone between retries, it came back 6-10 s after the proxy did, and every send failed meanwhile."""
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    outcomes: list[tuple[float, bool]] = []  # (when the send started, whether it went through)
+    stop = threading.Event()
+    with Producer(faulty.endpoint, retry=RetryPolicy(max_attempts=3, initial_backoff=0.05)) as producer:
+
+        def keep_sending() -> None:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    producer.send(topic, b"x")
+                    outcomes.append((started, True))
+                except Unavailable:
+                    outcomes.append((started, False))
+                time.sleep(0.05)
+
+        sender = threading.Thread(target=keep_sending, daemon=True)
+        sender.start()
+        old = faulty.proxies[0]
+        old.kill()
+        time.sleep(1)  # sends fail meanwhile
+        start_proxy_again(faulty, old)
+        back = time.monotonic()
+        time.sleep(5)
+        stop.set()
+        sender.join(15)
+    assert not all(ok for _, ok in outcomes), "no send failed while the proxy was down"
+    settled = [ok for started, ok in outcomes if started >= back + 1]  # a second to notice it is back
+    assert settled and all(settled), f"{settled.count(False)} of {len(settled)} sends failed 1-5 s after the restart"
 
 
 def test_iterator_carries_on_across_a_broker_restart(faulty: Cluster) -> None:

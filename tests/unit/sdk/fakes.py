@@ -66,6 +66,10 @@ class FakeStub:
         if lost is not None:
             raise FakeRpcError(lost)
 
+    def Heartbeat(self, request: pb.HeartbeatRequest, **_: Any) -> pb.HeartbeatResponse:
+        """What a client sends while it backs off after an Unavailable (it keeps the channel polled)."""
+        return pb.HeartbeatResponse(status=v2.Status(code=v2.OK))
+
     def AckMessage(self, request: pb.AckMessageRequest, **_: Any) -> pb.AckMessageResponse:
         lost = self._call("AckMessage", request)
         entries = []
