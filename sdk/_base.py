@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -148,11 +147,11 @@ class ConsumerBase(ClientBase):
             raise ValueError("group must not be empty")
         if not 1 <= batch <= 32:
             raise ValueError(f"batch must be 1..32, got {batch}")
-        if not (0 < invisible < math.inf and 0 <= wait < math.inf):  # also refuses NaN
-            raise ValueError("need 0 < invisible and 0 <= wait, finite seconds")
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)
-        self.batch, self.invisible, self.wait = batch, invisible, wait
+        self.batch = batch
+        self.invisible = _wire.duration("invisible", invisible, positive=True)
+        self.wait = _wire.duration("wait", wait)
         self._rotation = itertools.cycle(self.subscriptions)
 
     def _receive_plan(

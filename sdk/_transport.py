@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import grpc
 
 from sdk import errors
-from sdk._wire import CallMetadata, Credentials, new_client_id
+from sdk._wire import CallMetadata, Credentials, duration, new_client_id
 from sdk.retry import RetryPolicy
 
 # Reconnect quickly after a proxy restart (gRPC's default back-off grows to two minutes). Not
@@ -56,8 +55,8 @@ def make_options(
         raise ValueError(f"endpoint must be HOST:PORT, got {endpoint!r}")
     if (access_key is None) != (secret_key is None):
         raise ValueError("give access_key and secret_key together")
-    if not 0 < request_timeout < math.inf:  # also refuses NaN
-        raise ValueError("request_timeout must be > 0 seconds, finite")
+    # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
+    duration("request_timeout", request_timeout, positive=True)
     roots = None
     if isinstance(tls, str | Path):
         roots = Path(tls).read_bytes()

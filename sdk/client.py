@@ -83,7 +83,7 @@ class Producer(ProducerBase, _SyncClient):
         secret_key: Secret key that signs each call (never sent).
         tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots.
         namespace: v2 resource namespace (empty for popgate).
-        request_timeout: Deadline of each call, seconds.
+        request_timeout: Deadline of each call, seconds (at most 7 days, as every duration the SDK takes).
         retry: Back-off for retriable errors (overload, broker failover, proxy restarts).
 
     Example:

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sdk import errors
+from sdk._wire import MAX_DURATION_S
 from sdk.client import Producer, SimpleConsumer
 from sdk.message import Message
 
@@ -45,7 +46,7 @@ def number(
         if above is not None and not value > above:
             raise argparse.ArgumentTypeError(f"must be > {above}, got {text}")
         if (low is not None and value < low) or (high is not None and value > high):
-            bounds = f"{low}..{high}" if high is not None else f">= {low}"
+            bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"{low}..{high}"
             raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
         return value
 
@@ -54,8 +55,9 @@ def number(
 
 POSITIVE = number(int, low=1)
 NON_NEGATIVE_INT = number(int, low=0)
-NON_NEGATIVE = number(float, low=0.0)
-POSITIVE_FLOAT = number(float, above=0.0)
+# Durations as the SDK takes them (at most MAX_DURATION_S, 7 days): a larger value is a usage error, not the SDK's.
+DURATION = number(float, low=0.0, high=MAX_DURATION_S)
+POSITIVE_DURATION = number(float, above=0.0, high=MAX_DURATION_S)
 
 
 def client_options(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +117,7 @@ def add_parsers(sub: Sub) -> None:
     send.add_argument("--tag")
     send.add_argument("--key", action="append", default=[], help="business key (repeatable)")
     send.add_argument("--property", action="append", default=[], help="KEY=VALUE user property (repeatable)")
-    send.add_argument("--delay", type=NON_NEGATIVE, help="deliver this many seconds later")
+    send.add_argument("--delay", type=DURATION, help="deliver this many seconds later")
     send.add_argument("--group", dest="message_group", help="FIFO message group")
     send.add_argument("--ids", action="store_true", help="print every message id")
     send.set_defaults(handler=send_command)
@@ -126,8 +128,10 @@ def add_parsers(sub: Sub) -> None:
     receive.add_argument("--group", required=True, help="consumer group")
     receive.add_argument("--filter", default="*", help="tag filter: '*' or 'a || b'")
     receive.add_argument("--count", type=NON_NEGATIVE_INT, default=0, help="stop after this many (0 = until idle)")
-    receive.add_argument("--wait", type=NON_NEGATIVE, default=5.0, help="stop when none came for this many seconds")
-    receive.add_argument("--invisible", type=POSITIVE_FLOAT, default=30.0, help="invisibility of received messages, s")
+    receive.add_argument("--wait", type=DURATION, default=5.0, help="stop when none came for this many seconds")
+    receive.add_argument(
+        "--invisible", type=POSITIVE_DURATION, default=30.0, help="invisibility of received messages, s"
+    )
     receive.add_argument("--batch", type=number(int, low=1, high=32), default=32, help="messages per call (1..32)")
     receive.add_argument(
         "--format",

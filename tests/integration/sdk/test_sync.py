@@ -17,6 +17,7 @@ from sdk import (
     RetryPolicy,
     SimpleConsumer,
     Unavailable,
+    _wire,
 )
 from tests.integration.sdk.conftest import Collector, drain
 
@@ -81,6 +82,22 @@ def test_durations_must_be_finite(endpoint: str, bad: float) -> None:
         SimpleConsumer(endpoint, "g", "t", wait=bad)
     with pytest.raises(ValueError, match="finite"):
         Producer(endpoint, request_timeout=bad)
+
+
+def test_the_longest_durations_reach_the_proxy_which_answers_its_own_limits(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    longest = _wire.MAX_DURATION_S  # a gRPC timeout of 7 days (+ wait): far from grpc's deadline overflow
+    with (
+        Producer(endpoint, request_timeout=longest) as producer,
+        SimpleConsumer(endpoint, group, topic, request_timeout=longest) as consumer,
+    ):
+        producer.send(topic, b"x")
+        [message] = drain(consumer, 1, ack=False)
+        with pytest.raises(BadRequest, match="ILLEGAL_DELIVERY_TIME"):  # 1 day at most on this proxy
+            producer.send(topic, b"later", delay=longest)
+        with pytest.raises(BadRequest, match="ILLEGAL_INVISIBLE_TIME"):  # 12 h at most on this proxy
+            consumer.nack(message, longest)
+        consumer.ack(message)
 
 
 def test_nack_redelivers_after_the_delay_with_the_next_attempt(endpoint: str) -> None:

@@ -86,6 +86,29 @@ def test_non_finite_or_absurd_durations_are_usage_errors(argv: list[str], capsys
     assert exited.value.code == 2 and "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["send", "t", "x", "--delay", "1e20"], "argument --delay: must be 0.0..604800.0, got 1e20"),
+        (["receive", "t", "--group", "g", "--wait", "1e10"], "argument --wait: must be 0.0..604800.0, got 1e10"),
+        (
+            ["receive", "t", "--group", "g", "--invisible", "1e20"],
+            "argument --invisible: must be <= 604800.0, got 1e20",
+        ),
+        (
+            ["dlq", "list", "g", "--broker", "b1=127.0.0.1:1", "--timeout", "1e10"],
+            "argument --timeout: must be <= 604800.0",
+        ),
+    ],
+)
+def test_durations_longer_than_the_sdk_sends_are_usage_errors(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--endpoint", "127.0.0.1:1"])
+    assert exited.value.code == 2 and f"error: {error}" in capsys.readouterr().err
+
+
 def test_a_retry_policy_without_back_off_is_refused() -> None:
     with pytest.raises(ValueError, match="initial_backoff"):
         RetryPolicy(initial_backoff=0)  # iteration would retry in a busy loop
