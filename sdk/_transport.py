@@ -12,14 +12,16 @@ from sdk import errors
 from sdk._wire import CallMetadata, Credentials, duration, new_client_id
 from sdk.retry import RetryPolicy
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways
+
 # Reconnect quickly after a proxy restart (gRPC's default back-off grows to two minutes). Not
 # grpc.min_reconnect_backoff_ms: grpc core takes it as the minimum time a connection attempt gets
 # (default 20 s), and at 100 ms a server whose handshake takes over a second (TLS far away) was never reached.
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 30_000),
 ]
