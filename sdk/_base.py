@@ -14,6 +14,9 @@ from sdk.message import Message, SendReceipt
 from sdk.retry import RetryPolicy
 
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
+# Iteration long-polls at least this long per receive: with wait=0 it would call ReceiveMessage in a busy loop
+# (an idle consumer ~800 calls a second). A held receive still answers as soon as a message comes.
+ITERATION_MIN_WAIT_S = 1.0
 
 
 def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
@@ -168,6 +171,11 @@ class ConsumerBase(ClientBase):
             namespace=self.options.namespace,
         )
         return request, self.options.request_timeout + wait
+
+    @property
+    def _iteration_wait(self) -> float:
+        """The long-polling time of each receive of an iteration: ``wait``, at least ITERATION_MIN_WAIT_S."""
+        return max(self.wait, ITERATION_MIN_WAIT_S)
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
         out = []

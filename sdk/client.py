@@ -239,7 +239,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             Several topics are polled in turn, one per receive.
         batch: Default ``max`` for `receive` and for iteration (1..32).
         invisible: Default invisibility, seconds (a popgate or RocketMQ proxy accepts 10 s .. 12 h).
-        wait: Default long-polling time, seconds.
+        wait: Default long-polling time, seconds. Iteration long-polls at least 1 s per receive (``wait=0``
+            would make it a busy loop); a held receive still answers as soon as a message comes.
         access_key, secret_key, tls, namespace, request_timeout, retry: As for `Producer`.
     """
 
@@ -262,7 +263,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def __iter__(self) -> Iterator[Message]:
         while not self._closed:
             try:
-                batch = self._retrying(lambda: self._receive_once(None, None, None), forever=True)
+                batch = self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
             except errors.PopgateError:
                 if self._closed:
                     return

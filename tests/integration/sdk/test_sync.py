@@ -169,6 +169,27 @@ def test_iteration_long_polls_until_closed(endpoint: str) -> None:
     assert collector.error is None
 
 
+def test_iteration_with_wait_zero_long_polls_instead_of_spinning(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    consumer = SimpleConsumer(endpoint, group, topic, wait=0)
+    calls = []
+    receive_once = consumer._receive_once
+    consumer._receive_once = lambda *a: calls.append(1) or receive_once(*a)  # type: ignore[method-assign]
+    collector = Collector(consumer)
+    try:
+        time.sleep(2.0)  # a measuring window, not synchronisation: an idle consumer's calls in 2 s
+        idle_calls = len(calls)
+        with Producer(endpoint) as producer:
+            sent_at = time.monotonic()
+            producer.send(topic, b"wakes the held receive")
+            assert collector.next_body(10) == b"wakes the held receive"
+        latency = time.monotonic() - sent_at
+    finally:
+        collector.stop()
+    assert idle_calls <= 3  # 1 s long polls (a busy loop made ~1,600 calls in 2 s)
+    assert latency < 0.9  # the held receive answered as the message came, not at the end of its 1 s poll
+
+
 def test_iteration_yields_nothing_more_once_closed_mid_batch(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     with Producer(endpoint) as producer:
