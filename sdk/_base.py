@@ -91,6 +91,8 @@ class ProducerBase(ClientBase):
     ) -> list[pb.SendMessageRequest]:
         if not topic:
             raise ValueError("topic must not be empty")
+        if isinstance(items, str | bytes | bytearray | memoryview | Message):  # iterating one would send its parts
+            raise TypeError("send_many takes an iterable of bodies or Messages; use send() for one")
         messages = [
             _wire.outgoing(
                 item,

@@ -146,7 +146,8 @@ class Producer(ProducerBase, _SyncClient):
     ) -> list[SendReceipt]:
         """Send many messages in batched SendMessage calls (up to 1024 per call, several calls in flight).
 
-        Options apply to every item that does not set them itself (items may be `Message` objects).
+        Options apply to every item that does not set them itself (items may be `Message` objects). One
+        body or one `Message` given as ``messages`` is a TypeError (a str would be sent letter by letter): use `send`.
 
         Returns:
             One receipt per message, in order.
