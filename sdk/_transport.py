@@ -12,7 +12,7 @@ from sdk import errors
 from sdk._wire import CallMetadata, Credentials, duration, new_client_id
 from sdk.retry import RetryPolicy
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways (a larger request: MessageBodyTooLarge)
 
 # Reconnect quickly after a proxy restart (gRPC's default back-off grows to two minutes). Not
 # grpc.min_reconnect_backoff_ms: grpc core takes it as the minimum time a connection attempt gets

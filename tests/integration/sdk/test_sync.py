@@ -100,6 +100,14 @@ def test_the_longest_durations_reach_the_proxy_which_answers_its_own_limits(endp
         consumer.ack(message)
 
 
+def test_a_body_over_the_grpc_message_limit_is_too_large(endpoint: str) -> None:
+    with Producer(endpoint) as producer, pytest.raises(MessageBodyTooLarge) as caught:
+        producer.send(
+            name("t"), b"x" * (64 * 1024 * 1024 + 1)
+        )  # refused by gRPC itself, before the proxy's 4 MiB check
+    assert caught.value.code_name == "RESOURCE_EXHAUSTED" and not caught.value.retriable
+
+
 def test_nack_redelivers_after_the_delay_with_the_next_attempt(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
