@@ -62,6 +62,8 @@ def make_options(
     roots = None
     if isinstance(tls, str | Path):
         roots = Path(tls).read_bytes()
+        if b"-----BEGIN CERTIFICATE-----" not in roots:  # else gRPC retries a failing handshake for seconds
+            raise ValueError(f"tls={tls}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it")
     return ClientOptions(
         endpoint=endpoint,
         credentials=Credentials(access_key, secret_key) if access_key is not None and secret_key is not None else None,

@@ -81,7 +81,8 @@ class Producer(ProducerBase, _SyncClient):
         endpoint: The proxy's ``HOST:PORT``.
         access_key: Access key for the v2 ``authorization`` header (with ``secret_key``).
         secret_key: Secret key that signs each call (never sent).
-        tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots.
+        tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots
+            (ValueError when it holds no PEM certificate).
         namespace: v2 resource namespace (empty for popgate).
         request_timeout: Deadline of each call, seconds (at most 7 days, as every duration the SDK takes).
         retry: Back-off for retriable errors (overload, broker failover, proxy restarts).

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sdk import Message, Producer, SimpleConsumer, _wire, aio
+from sdk.cli import main
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a refused argument must fail before any call is tried
 TOO_LONG = [_wire.MAX_DURATION_S + 1, 1e10, 1e20]  # 1e10 s overflows a gRPC deadline; 1e20 no protobuf can carry
@@ -53,3 +55,22 @@ def test_the_longest_durations_are_accepted() -> None:
     assert later.deliver_at == 1000.0 + longest
     assert _wire.change_invisible_request("g", received(), longest).invisible_duration.seconds == int(longest)
     consumer.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"127.0.0.1 localhost\n", b"-----BEGIN PRIVATE KEY-----\nMIIE\n"])
+def test_a_tls_file_without_a_pem_certificate_is_refused_at_construction(content: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "roots.pem"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"tls={path}: no PEM certificate"):  # not 4 s of retried handshakes
+        Producer(NOWHERE, tls=path)
+    with pytest.raises(ValueError, match=f"tls={path}"):
+        aio.SimpleConsumer(NOWHERE, "g", "t", tls=str(path))
+
+
+def test_a_bad_tls_ca_is_one_line_and_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "hostname"
+    path.write_text("not a certificate\n")
+    assert main(["send", "t", "x", "--tls-ca", str(path), "--endpoint", NOWHERE]) == 2
+    assert (
+        capsys.readouterr().err == f"popgate send: tls={path}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it\n"
+    )
