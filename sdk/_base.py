@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -15,6 +14,9 @@ from sdk.message import Message, SendReceipt
 from sdk.retry import RetryPolicy
 
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
+# Iteration long-polls at least this long per receive: with wait=0 it would call ReceiveMessage in a busy loop
+# (an idle consumer ~800 calls a second). A held receive still answers as soon as a message comes.
+ITERATION_MIN_WAIT_S = 1.0
 
 
 def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
@@ -89,6 +91,8 @@ class ProducerBase(ClientBase):
     ) -> list[pb.SendMessageRequest]:
         if not topic:
             raise ValueError("topic must not be empty")
+        if isinstance(items, str | bytes | bytearray | memoryview | Message):  # iterating one would send its parts
+            raise TypeError("send_many takes an iterable of bodies or Messages; use send() for one")
         messages = [
             _wire.outgoing(
                 item,
@@ -148,11 +152,11 @@ class ConsumerBase(ClientBase):
             raise ValueError("group must not be empty")
         if not 1 <= batch <= 32:
             raise ValueError(f"batch must be 1..32, got {batch}")
-        if not (0 < invisible < math.inf and 0 <= wait < math.inf):  # also refuses NaN
-            raise ValueError("need 0 < invisible and 0 <= wait, finite seconds")
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)
-        self.batch, self.invisible, self.wait = batch, invisible, wait
+        self.batch = batch
+        self.invisible = _wire.duration("invisible", invisible, positive=True)
+        self.wait = _wire.duration("wait", wait)
         self._rotation = itertools.cycle(self.subscriptions)
 
     def _receive_plan(
@@ -169,6 +173,11 @@ class ConsumerBase(ClientBase):
             namespace=self.options.namespace,
         )
         return request, self.options.request_timeout + wait
+
+    @property
+    def _iteration_wait(self) -> float:
+        """The long-polling time of each receive of an iteration: ``wait``, at least ITERATION_MIN_WAIT_S."""
+        return max(self.wait, ITERATION_MIN_WAIT_S)
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
         out = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,8 +9,10 @@ from typing import Any
 import grpc
 
 from sdk import errors
-from sdk._wire import CallMetadata, Credentials, new_client_id
+from sdk._wire import CallMetadata, Credentials, duration, new_client_id
 from sdk.retry import RetryPolicy
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways (a larger request: MessageBodyTooLarge)
 
 # Reconnect quickly after a proxy restart (gRPC's default back-off grows to two minutes). Not
 # grpc.min_reconnect_backoff_ms: grpc core takes it as the minimum time a connection attempt gets
@@ -19,8 +20,8 @@ from sdk.retry import RetryPolicy
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 30_000),
 ]
@@ -56,11 +57,13 @@ def make_options(
         raise ValueError(f"endpoint must be HOST:PORT, got {endpoint!r}")
     if (access_key is None) != (secret_key is None):
         raise ValueError("give access_key and secret_key together")
-    if not 0 < request_timeout < math.inf:  # also refuses NaN
-        raise ValueError("request_timeout must be > 0 seconds, finite")
+    # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
+    duration("request_timeout", request_timeout, positive=True)
     roots = None
     if isinstance(tls, str | Path):
         roots = Path(tls).read_bytes()
+        if b"-----BEGIN CERTIFICATE-----" not in roots:  # else gRPC retries a failing handshake for seconds
+            raise ValueError(f"tls={tls}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it")
     return ClientOptions(
         endpoint=endpoint,
         credentials=Credentials(access_key, secret_key) if access_key is not None and secret_key is not None else None,

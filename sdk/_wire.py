@@ -30,6 +30,11 @@ CLIENT_VERSION = "5.1.2-popgate"
 MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit
 MAX_SEND_BYTES = 8 * 1024 * 1024  # body bytes per SendMessage request
 SUCCESS = frozenset({v2.OK, v2.MULTIPLE_RESULTS})
+# The longest duration the SDK sends (delay, invisible, wait, request_timeout; deliver_at at most this far ahead).
+# Above every default server limit (popgate's and RocketMQ's proxies: delay 1 day, invisible 12 h, long polling
+# 20-30 s, clamped), with room for a server configured higher; far below what a protobuf Duration or a gRPC
+# deadline can carry (a timeout of ~1e10 s overflows grpc's deadline and fails at once with DEADLINE_EXCEEDED).
+MAX_DURATION_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,26 @@ def _finite(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be a finite number of seconds, got {value}")
 
 
+def duration(name: str, seconds: float, *, positive: bool = False) -> float:
+    """`seconds` when the SDK can send it as the argument `name`: finite, >= 0 (> 0 if `positive`),
+    at most MAX_DURATION_S; else ValueError naming the argument."""
+    low_ok = seconds > 0 if positive else seconds >= 0
+    if not (low_ok and seconds <= MAX_DURATION_S):  # NaN fails both
+        low = "> 0" if positive else ">= 0"
+        raise ValueError(
+            f"{name} must be a finite number of seconds, {low} and <= {MAX_DURATION_S:.0f} (7 days), got {seconds}"
+        )
+    return seconds
+
+
+def _deliver_at(deliver_at: float, now: float) -> None:
+    if not 0 <= deliver_at <= now + MAX_DURATION_S:  # also refuses NaN
+        raise ValueError(
+            f"deliver_at must be a finite time in epoch seconds, at most 7 days ahead "
+            f"(<= {now + MAX_DURATION_S:.0f}), got {deliver_at}"
+        )
+
+
 def outgoing(
     body: bytes | str | Message,
     *,
@@ -179,12 +204,9 @@ def outgoing(
     """A `Message` to send from a body or message plus options (options fill fields the message leaves unset)."""
     if delay is not None and deliver_at is not None:
         raise ValueError("give delay or deliver_at, not both")
-    _finite("delay", delay)
-    _finite("deliver_at", deliver_at)
+    now = time.time() if now is None else now
     if delay is not None:
-        if delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
-        deliver_at = (time.time() if now is None else now) + delay
+        deliver_at = now + duration("delay", delay)
     if isinstance(body, Message):
         m = body
         out = Message(
@@ -207,6 +229,8 @@ def outgoing(
     if out.message_group is not None and out.deliver_at is not None:
         # A v2 message is FIFO or DELAY, not both (RocketMQ's clients refuse it the same way).
         raise ValueError("a message with a message_group cannot also have a delay or deliver_at")
+    if out.deliver_at is not None:
+        _deliver_at(out.deliver_at, now)
     return out
 
 
@@ -317,8 +341,8 @@ def receive_request(
         filter_expression=v2.FilterExpression(type=v2.TAG, expression=sub.expression),
         batch_size=max,
     )
-    _set_seconds(request.invisible_duration, invisible)
-    _set_seconds(request.long_polling_timeout, wait)
+    _set_seconds(request.invisible_duration, duration("invisible", invisible, positive=True))
+    _set_seconds(request.long_polling_timeout, duration("wait", wait))
     return request
 
 
@@ -369,7 +393,7 @@ def change_invisible_request(
         receipt_handle=message.receipt_handle,
         message_id=message.message_id,
     )
-    _set_seconds(request.invisible_duration, invisible)
+    _set_seconds(request.invisible_duration, duration("delay", invisible))  # nack(message, delay)
     return request
 
 

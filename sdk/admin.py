@@ -25,9 +25,9 @@ from broker.auth import TOKEN_KEY
 from sdk import errors
 from sdk.client import Producer, SimpleConsumer
 from sdk.commands import (
-    NON_NEGATIVE,
+    DURATION,
     NON_NEGATIVE_INT,
-    POSITIVE_FLOAT,
+    POSITIVE_DURATION,
     IdleWait,
     Sub,
     client_options,
@@ -66,7 +66,7 @@ def add_parsers(sub: Sub) -> None:
     _broker_option(stats)
     stats.add_argument("--topic", default="", help="only this topic")
     stats.add_argument("--group", default="", help="only this group")
-    stats.add_argument("--timeout", type=POSITIVE_FLOAT, default=3.0, help="per-broker deadline, seconds")
+    stats.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="per-broker deadline, seconds")
     stats.set_defaults(handler=stats_command)
 
     dlq = sub.add_parser("dlq", help="dead-lettered messages of a group: list or resend")
@@ -77,13 +77,13 @@ def add_parsers(sub: Sub) -> None:
     listing.add_argument(
         "--limit", type=LIST_LIMIT, default=100, help="at most this many messages (1..1000, a broker's ListMessages)"
     )
-    listing.add_argument("--timeout", type=POSITIVE_FLOAT, default=3.0, help="per-broker deadline, seconds")
+    listing.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="per-broker deadline, seconds")
     listing.set_defaults(handler=dlq_list_command)
     resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
     client_options(resend)
     resend.add_argument("group")
     resend.add_argument("--count", type=NON_NEGATIVE_INT, default=0, help="at most this many (0 = all)")
-    resend.add_argument("--wait", type=NON_NEGATIVE, default=2.0, help="stop when none came for this many seconds")
+    resend.add_argument("--wait", type=DURATION, default=2.0, help="stop when none came for this many seconds")
     resend.add_argument("--resend-group", default=RESEND_GROUP, help="consumer group that reads the DLQ")
     resend.set_defaults(handler=dlq_resend_command)
 

@@ -195,7 +195,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
     async def _messages(self) -> AsyncIterator[Message]:
         while not self._closed:
             try:
-                batch = await self._retrying(lambda: self._receive_once(None, None, None), forever=True)
+                batch = await self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
             except errors.PopgateError:
                 if self._closed:
                     return

@@ -15,10 +15,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from sdk import aio, errors
+from sdk._transport import MAX_MESSAGE_BYTES
 from sdk.commands import (
     NON_NEGATIVE_INT,
     POSITIVE,
     Sub,
+    check_in_memory,
     client_options,
     connection,
     error_console,
@@ -36,7 +38,10 @@ def add_parsers(sub: Sub) -> None:
     bench.add_argument("--topic", default="", help="topic (default: a fresh one per run)")
     bench.add_argument("--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
     bench.add_argument(
-        "--size", type=number(int, low=STAMP.size), default=256, help=f"body bytes (>= {STAMP.size}: a send time)"
+        "--size",
+        type=number(int, low=STAMP.size, high=MAX_MESSAGE_BYTES),
+        default=256,
+        help=f"body bytes (>= {STAMP.size}: a send time)",
     )
     bench.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per SendMessage call")
     bench.add_argument("--concurrency", type=POSITIVE, default=8, help="calls in flight (producers and consumers each)")
@@ -179,6 +184,7 @@ def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
 
 
 def bench_command(args: argparse.Namespace) -> int:
+    check_in_memory(args.size, min(args.batch * args.concurrency, args.count))  # each producer's send_many at once
     err = error_console()
     phases: list[Phase] = []
     code = 0

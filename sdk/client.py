@@ -96,9 +96,10 @@ class Producer(ProducerBase, _SyncClient):
         endpoint: The proxy's ``HOST:PORT``.
         access_key: Access key for the v2 ``authorization`` header (with ``secret_key``).
         secret_key: Secret key that signs each call (never sent).
-        tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots.
+        tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots
+            (ValueError when it holds no PEM certificate).
         namespace: v2 resource namespace (empty for popgate).
-        request_timeout: Deadline of each call, seconds.
+        request_timeout: Deadline of each call, seconds (at most 7 days, as every duration the SDK takes).
         retry: Back-off for retriable errors (overload, broker failover, proxy restarts).
 
     Example:
@@ -161,7 +162,8 @@ class Producer(ProducerBase, _SyncClient):
     ) -> list[SendReceipt]:
         """Send many messages in batched SendMessage calls (up to 1024 per call, several calls in flight).
 
-        Options apply to every item that does not set them itself (items may be `Message` objects).
+        Options apply to every item that does not set them itself (items may be `Message` objects). One
+        body or one `Message` given as ``messages`` is a TypeError (a str would be sent letter by letter): use `send`.
 
         Returns:
             One receipt per message, in order.
@@ -254,7 +256,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             Several topics are polled in turn, one per receive.
         batch: Default ``max`` for `receive` and for iteration (1..32).
         invisible: Default invisibility, seconds (a popgate or RocketMQ proxy accepts 10 s .. 12 h).
-        wait: Default long-polling time, seconds.
+        wait: Default long-polling time, seconds. Iteration long-polls at least 1 s per receive (``wait=0``
+            would make it a busy loop); a held receive still answers as soon as a message comes.
         access_key, secret_key, tls, namespace, request_timeout, retry: As for `Producer`.
     """
 
@@ -277,7 +280,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def __iter__(self) -> Iterator[Message]:
         while not self._closed:
             try:
-                batch = self._retrying(lambda: self._receive_once(None, None, None), forever=True)
+                batch = self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
             except errors.PopgateError:
                 if self._closed:
                     return

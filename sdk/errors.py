@@ -183,7 +183,7 @@ TRANSPORT: dict[str, type[PopgateError]] = {
     "CANCELLED": Unavailable,  # the server cancelled the call (e.g. a proxy shutting down); ours is handled apart
     "ABORTED": Unavailable,
     "DEADLINE_EXCEEDED": Timeout,
-    "RESOURCE_EXHAUSTED": BadRequest,  # message larger than the server accepts
+    "RESOURCE_EXHAUSTED": MessageBodyTooLarge,  # a message over the gRPC limit (64 MiB, the client or the server)
     "UNIMPLEMENTED": Unsupported,
     "UNAUTHENTICATED": Unauthorized,
     "PERMISSION_DENIED": Unauthorized,

@@ -187,7 +187,7 @@ def test_bad_input_is_one_line_and_code_2(
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["send", "t", "x", "--delay", "-5"], "argument --delay: must be >= 0.0, got -5"),
+        (["send", "t", "x", "--delay", "-5"], "argument --delay: must be 0.0..604800.0, got -5"),
         (["send", "t", "x", "--count", "0"], "argument --count: must be >= 1, got 0"),
         (["send", "t", "x", "--rate", "nan"], "argument --rate: not a finite number: 'nan'"),
         (["receive", "t", "--group", "g", "--batch", "100"], "argument --batch: must be 1..32, got 100"),

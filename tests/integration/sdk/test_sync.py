@@ -17,6 +17,7 @@ from sdk import (
     RetryPolicy,
     SimpleConsumer,
     Unavailable,
+    _wire,
 )
 from tests.integration.sdk.conftest import Collector, drain
 
@@ -81,6 +82,30 @@ def test_durations_must_be_finite(endpoint: str, bad: float) -> None:
         SimpleConsumer(endpoint, "g", "t", wait=bad)
     with pytest.raises(ValueError, match="finite"):
         Producer(endpoint, request_timeout=bad)
+
+
+def test_the_longest_durations_reach_the_proxy_which_answers_its_own_limits(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    longest = _wire.MAX_DURATION_S  # a gRPC timeout of 7 days (+ wait): far from grpc's deadline overflow
+    with (
+        Producer(endpoint, request_timeout=longest) as producer,
+        SimpleConsumer(endpoint, group, topic, request_timeout=longest) as consumer,
+    ):
+        producer.send(topic, b"x")
+        [message] = drain(consumer, 1, ack=False)
+        with pytest.raises(BadRequest, match="ILLEGAL_DELIVERY_TIME"):  # 1 day at most on this proxy
+            producer.send(topic, b"later", delay=longest)
+        with pytest.raises(BadRequest, match="ILLEGAL_INVISIBLE_TIME"):  # 12 h at most on this proxy
+            consumer.nack(message, longest)
+        consumer.ack(message)
+
+
+def test_a_body_over_the_grpc_message_limit_is_too_large(endpoint: str) -> None:
+    with Producer(endpoint) as producer, pytest.raises(MessageBodyTooLarge) as caught:
+        producer.send(
+            name("t"), b"x" * (64 * 1024 * 1024 + 1)
+        )  # refused by gRPC itself, before the proxy's 4 MiB check
+    assert caught.value.code_name == "RESOURCE_EXHAUSTED" and not caught.value.retriable
 
 
 def test_nack_redelivers_after_the_delay_with_the_next_attempt(endpoint: str) -> None:
@@ -150,6 +175,27 @@ def test_iteration_long_polls_until_closed(endpoint: str) -> None:
     finally:
         collector.stop()
     assert collector.error is None
+
+
+def test_iteration_with_wait_zero_long_polls_instead_of_spinning(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    consumer = SimpleConsumer(endpoint, group, topic, wait=0)
+    calls = []
+    receive_once = consumer._receive_once
+    consumer._receive_once = lambda *a: calls.append(1) or receive_once(*a)  # type: ignore[method-assign]
+    collector = Collector(consumer)
+    try:
+        time.sleep(2.0)  # a measuring window, not synchronisation: an idle consumer's calls in 2 s
+        idle_calls = len(calls)
+        with Producer(endpoint) as producer:
+            sent_at = time.monotonic()
+            producer.send(topic, b"wakes the held receive")
+            assert collector.next_body(10) == b"wakes the held receive"
+        latency = time.monotonic() - sent_at
+    finally:
+        collector.stop()
+    assert idle_calls <= 3  # 1 s long polls (a busy loop made ~1,600 calls in 2 s)
+    assert latency < 0.9  # the held receive answered as the message came, not at the end of its 1 s poll
 
 
 def test_iteration_yields_nothing_more_once_closed_mid_batch(endpoint: str) -> None:

@@ -86,6 +86,54 @@ def test_non_finite_or_absurd_durations_are_usage_errors(argv: list[str], capsys
     assert exited.value.code == 2 and "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["send", "t", "x", "--delay", "1e20"], "argument --delay: must be 0.0..604800.0, got 1e20"),
+        (["receive", "t", "--group", "g", "--wait", "1e10"], "argument --wait: must be 0.0..604800.0, got 1e10"),
+        (
+            ["receive", "t", "--group", "g", "--invisible", "1e20"],
+            "argument --invisible: must be <= 604800.0, got 1e20",
+        ),
+        (
+            ["dlq", "list", "g", "--broker", "b1=127.0.0.1:1", "--timeout", "1e10"],
+            "argument --timeout: must be <= 604800.0",
+        ),
+    ],
+)
+def test_durations_longer_than_the_sdk_sends_are_usage_errors(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--endpoint", "127.0.0.1:1"])
+    assert exited.value.code == 2 and f"error: {error}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["send", "t"], ["bench"]])
+def test_a_body_size_over_the_grpc_message_limit_is_a_usage_error(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:  # not a 1 TB body built in memory first
+        main([*command, "--size", str(64 * 1024 * 1024 + 1), "--endpoint", "127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert "argument --size: must be " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["send", "t", "--size", str(64 * 1024 * 1024), "--count", "100"],  # 100 bodies of 64 MiB per call
+        ["bench", "--size", str(4 * 1024 * 1024)],  # 8 producers x 256 bodies of 4 MiB at once
+    ],
+)
+def test_more_bodies_at_once_than_fit_in_memory_are_bad_input(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--endpoint", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "GiB in memory: lower --size or --batch" in err and err.count("\n") == 1
+
+
 def test_a_retry_policy_without_back_off_is_refused() -> None:
     with pytest.raises(ValueError, match="initial_backoff"):
         RetryPolicy(initial_backoff=0)  # iteration would retry in a busy loop

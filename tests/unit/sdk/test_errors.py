@@ -54,6 +54,12 @@ def test_transport_errors() -> None:
     assert not errors.transport_error("INTERNAL", "boom").retriable
 
 
+def test_a_request_over_the_grpc_message_limit_is_a_body_too_large() -> None:
+    too_large = errors.transport_error("RESOURCE_EXHAUSTED", "Sent message larger than max (70000100 vs. 67108864)")
+    assert isinstance(too_large, errors.MessageBodyTooLarge) and not too_large.retriable
+    assert (too_large.code, too_large.code_name) == (None, "RESOURCE_EXHAUSTED")
+
+
 def test_ack_error_lists_failures_and_is_retriable_only_if_all_are() -> None:
     stale = errors.error_for(v2.INVALID_RECEIPT_HANDLE, "stale")
     down = errors.error_for(v2.HA_NOT_AVAILABLE, "down")

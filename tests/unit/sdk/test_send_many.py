@@ -11,7 +11,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import Producer, Unavailable, _wire, aio, errors
+from sdk import Message, Producer, Unavailable, _wire, aio, errors
 from sdk.retry import NO_RETRY
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
 
@@ -109,6 +109,24 @@ def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None
 
     asyncio.run(main())
     assert most == 1
+
+
+@pytest.mark.parametrize("one", ["hello", b"abc", bytearray(b"abc"), memoryview(b"abc"), Message(b"abc")])
+def test_one_body_or_message_is_not_taken_for_many(one: Any) -> None:
+    stub = SendStub()
+    with producer_with(stub) as producer, pytest.raises(TypeError, match=r"use send\(\) for one"):
+        producer.send_many("t", one)  # "hello" was 5 one-letter messages, b"abc" a TypeError about int
+    assert stub.events == []
+
+    async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
+        return answer(request)
+
+    async def main() -> None:
+        async with aio_producer_with(send) as producer:
+            await producer.send_many("t", one)
+
+    with pytest.raises(TypeError, match="an iterable of bodies or Messages"):
+        asyncio.run(main())
 
 
 @pytest.mark.parametrize("option", [{"delay": 5.0}, {"deliver_at": 2e9}])

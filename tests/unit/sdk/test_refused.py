@@ -1,0 +1,76 @@
+"""Arguments the SDK refuses up front with a ValueError naming them, before any call (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdk import Message, Producer, SimpleConsumer, _wire, aio
+from sdk.cli import main
+
+NOWHERE = "127.0.0.1:1"  # nothing listens: a refused argument must fail before any call is tried
+TOO_LONG = [_wire.MAX_DURATION_S + 1, 1e10, 1e20]  # 1e10 s overflows a gRPC deadline; 1e20 no protobuf can carry
+
+
+def received() -> Message:
+    return Message(b"x", topic="t", message_id="m", receipt_handle="h")
+
+
+@pytest.mark.parametrize("seconds", TOO_LONG)
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("request_timeout", lambda s: Producer(NOWHERE, request_timeout=s)),
+        ("request_timeout", lambda s: aio.SimpleConsumer(NOWHERE, "g", "t", request_timeout=s)),
+        ("wait", lambda s: SimpleConsumer(NOWHERE, "g", "t", wait=s)),
+        ("invisible", lambda s: SimpleConsumer(NOWHERE, "g", "t", invisible=s)),
+        ("wait", lambda s: SimpleConsumer(NOWHERE, "g", "t").receive(wait=s)),
+        ("invisible", lambda s: SimpleConsumer(NOWHERE, "g", "t").receive(invisible=s)),
+        ("delay", lambda s: SimpleConsumer(NOWHERE, "g", "t").nack(received(), s)),
+        ("delay", lambda s: Producer(NOWHERE).send("t", b"x", delay=s)),
+        ("deliver_at", lambda s: Producer(NOWHERE).send("t", b"x", deliver_at=s + 2e9)),  # epoch seconds
+        ("deliver_at", lambda s: Producer(NOWHERE).send_many("t", [Message(b"x", deliver_at=s + 2e9)])),
+        ("wait", lambda s: asyncio.run(aio.SimpleConsumer(NOWHERE, "g", "t").receive(wait=s))),
+        ("delay", lambda s: asyncio.run(aio.Producer(NOWHERE).send("t", b"x", delay=s))),
+    ],
+)
+def test_a_duration_too_long_to_send_is_refused_naming_the_argument(
+    name: str, call: Callable[[float], Any], seconds: float
+) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be .*7 days"):
+        call(seconds)
+
+
+def test_the_longest_durations_are_accepted() -> None:
+    longest = _wire.MAX_DURATION_S
+    consumer = SimpleConsumer(NOWHERE, "g", "t", wait=longest, invisible=longest, request_timeout=longest)
+    request, timeout = consumer._receive_plan(None, None, None)
+    assert request.long_polling_timeout.seconds == request.invisible_duration.seconds == int(longest)
+    assert timeout == 2 * longest  # the gRPC timeout, far below what overflows a gRPC deadline (~1e10 s)
+    later = _wire.outgoing(b"x", delay=longest, now=1000.0)
+    assert later.deliver_at == 1000.0 + longest
+    assert _wire.change_invisible_request("g", received(), longest).invisible_duration.seconds == int(longest)
+    consumer.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"127.0.0.1 localhost\n", b"-----BEGIN PRIVATE KEY-----\nMIIE\n"])
+def test_a_tls_file_without_a_pem_certificate_is_refused_at_construction(content: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "roots.pem"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"tls={path}: no PEM certificate"):  # not 4 s of retried handshakes
+        Producer(NOWHERE, tls=path)
+    with pytest.raises(ValueError, match=f"tls={path}"):
+        aio.SimpleConsumer(NOWHERE, "g", "t", tls=str(path))
+
+
+def test_a_bad_tls_ca_is_one_line_and_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "hostname"
+    path.write_text("not a certificate\n")
+    assert main(["send", "t", "x", "--tls-ca", str(path), "--endpoint", NOWHERE]) == 2
+    assert (
+        capsys.readouterr().err == f"popgate send: tls={path}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it\n"
+    )
