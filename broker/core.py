@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
@@ -58,7 +58,7 @@ from broker.store import (
 )
 
 log = logging.getLogger(__name__)
-MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered under `latest`
+MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered (see _reader)
 
 
 def _row(op: Op) -> tuple[object, ...]:
@@ -96,7 +96,8 @@ class BrokerCore:
         self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
         # The commit of those rows made when the store takes writes again (see `_record`).
         self._catch_up: asyncio.Future[list[Record]] | None = None
-        self._looked_early: OrderedDict[tuple[str, str], None] = OrderedDict()  # see _reader
+        self._looked_early: OrderedDict[tuple[str, str], TagFilter] = OrderedDict()  # see _reader
+        self._early_topics: Counter[str] = Counter()  # topics in _looked_early, how many groups each
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -157,6 +158,9 @@ class BrokerCore:
             by_topic.setdefault(record.topic, []).append(record.tag)
             if queue.fifo is not None:
                 fifo_topics.add(record.topic)
+        for topic in by_topic:
+            if topic in self._early_topics:
+                self._adopt_early(topic)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             for group in self.hold.groups_waiting(topic):
@@ -166,6 +170,26 @@ class BrokerCore:
                     self.hold.arrived((topic, group), readable)
                 else:
                     self.hold.arrived((topic, group), tags)
+
+    def _adopt_early(self, topic: str) -> None:
+        """The groups that looked at `topic` before it existed get their state now that it has messages (stored:
+        their lag counts here from now on, also after a restart, before their first Pop on this broker)."""
+        ops: list[Op] = []
+        for group, topic_filter in [(g, f) for (g, t), f in self._looked_early.items() if t == topic]:
+            with contextlib.suppress(TooManyRequests):  # over --max-groups: it gets its state when it polls
+                self._reader(group, topic, topic_filter, ops, pop_filter=False)
+            self._forget_early(group, topic)
+        if ops:
+            self._commit(ops)
+
+    def _forget_early(self, group: str, topic: str) -> bool:
+        """Drop the group's early look at the topic; whether it had one."""
+        if self._looked_early.pop((group, topic), None) is None:
+            return False
+        self._early_topics[topic] -= 1
+        if not self._early_topics[topic]:
+            del self._early_topics[topic]
+        return True
 
     def _readable(self, state: GroupTopic, record: Record) -> bool:
         """Whether the group may read this new message now (not held back behind a FIFO message)."""
@@ -345,14 +369,17 @@ class BrokerCore:
     ) -> GroupTopic | None:
         """The group's state on `topic`, ready to read: start offsets fixed and, for a Pop or a first look, its
         filter stored. None while the topic does not exist: with auto-create any name may be polled, and
-        no state is kept or stored for it (only, under `latest`, that the group looked before the topic
-        existed — bounded — so that it then starts at the topic's first message)."""
+        no state is kept or stored for it; only that the group looked (bounded, in memory), so that its state
+        is made when the topic's first messages arrive (`_adopt_early`: its lag here then counts them before
+        its first Pop on this broker) and starts at the topic's first message also under `latest`."""
         if topic not in self.topics:
-            if self.settings.consume_from == "latest":
-                self._looked_early[(group, topic)] = None
-                self._looked_early.move_to_end((group, topic))
-                if len(self._looked_early) > MAX_EARLY_LOOKS:
-                    self._looked_early.popitem(last=False)
+            if (group, topic) not in self._looked_early:
+                self._early_topics[topic] += 1
+            self._looked_early[(group, topic)] = tag_filter
+            self._looked_early.move_to_end((group, topic))
+            if len(self._looked_early) > MAX_EARLY_LOOKS:
+                oldest_group, oldest_topic = next(iter(self._looked_early))
+                self._forget_early(oldest_group, oldest_topic)
             return None
         new = (group, topic) not in self.groups
         if new and len(self.groups) >= self.settings.max_groups:
@@ -374,8 +401,7 @@ class BrokerCore:
         # Dead-letter topics are read from their first message whatever the setting (RocketMQ starts its
         # system topics at the minimum offset too): `dlq resend` must find the letters that came before it.
         latest = new and self.settings.consume_from == "latest" and not topic.startswith(validation.DLQ_PREFIX)
-        if latest and (group, topic) in self._looked_early:
-            del self._looked_early[(group, topic)]
+        if new and self._forget_early(group, topic):
             latest = False
         topic_log = self.topics[topic]
         if len(state.queues) < len(topic_log.queues):

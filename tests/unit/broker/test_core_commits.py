@@ -305,3 +305,24 @@ def test_a_groups_first_look_by_notification_sets_the_filter_its_lag_counts_with
             return row.lag.lag, again.lag.lag
 
     assert run(scenario) == (1, 1)
+
+
+def test_a_group_that_looked_before_its_topic_existed_has_lag_here_from_the_topics_first_messages(
+    tmp_path: Path,
+) -> None:
+    """A proxy announces a group to every broker at its first receive; a broker where the topic appears only
+    later (sends spread over brokers) counts the group's lag from then on, also after a restart — before, the
+    group was in no lag figure there until it popped there (a review's `popgate stats`: lag 5 of 10)."""
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+            assert await core.notification("later", "g", "a", 0) == (False, False)  # the announcement
+            await core.send([pb.Message(topic="later", body=b"x", tag=tag) for tag in ("a", "b", "a")])
+            before = [row.lag.lag for row in core.lags("later", "g")]
+        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+            after = [row.lag.lag for row in core.lags("later", "g")]
+            popped = await core.pop("later", "g", "a", 32, 30_000, 0)
+            assert len(popped.messages) == 2, "the group does not start at the topic's first message"
+        return before, after
+
+    assert run(scenario) == ([2], [2])
