@@ -163,13 +163,26 @@ class BrokerCore:
                 self._adopt_early(topic)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
+            log_ = self.topics[topic]
+            by_queue: dict[int, tuple[int, list[str | None]]] | None = None  # queue -> (first offset, tags)
             for group in self.hold.groups_waiting(topic):
                 state = self.groups.get((group, topic))
-                if topic in fifo_topics and state is not None:  # not for what waits behind a FIFO message
-                    readable = [r.tag for r in records if r.topic == topic and self._readable(state, r)]
-                    self.hold.arrived((topic, group), readable)
-                else:
+                ends = self._held_back(state, log_) if topic in fifo_topics and state is not None else None
+                if not ends:
                     self.hold.arrived((topic, group), tags)
+                    continue
+                # Not for what waits behind a FIFO message: of each queue's new messages (consecutive offsets),
+                # those before where the group's reading ends.
+                if by_queue is None:
+                    by_queue = {}
+                    for r in records:
+                        if r.topic == topic:
+                            by_queue.setdefault(r.queue_id, (r.offset, []))[1].append(r.tag)
+                readable: list[str | None] = []
+                for queue_id, (first, queue_tags) in by_queue.items():
+                    end = ends.get(queue_id)
+                    readable += queue_tags if end is None else queue_tags[: max(0, end - first)]
+                self.hold.arrived((topic, group), readable)
 
     def _adopt_early(self, topic: str) -> None:
         """The groups that looked at `topic` before it existed get their state now that it has messages (stored:
@@ -191,10 +204,9 @@ class BrokerCore:
             del self._early_topics[topic]
         return True
 
-    def _readable(self, state: GroupTopic, record: Record) -> bool:
-        """Whether the group may read this new message now (not held back behind a FIFO message)."""
-        gq = state.queues.get(record.queue_id)
-        return gq is None or record.offset < self._readable_end(gq, self.topics[record.topic].queues[record.queue_id])
+    def _held_back(self, state: GroupTopic, topic: TopicLog) -> dict[int, int]:
+        """The queues where a FIFO message in flight holds the group back: where its reading ends in each."""
+        return {q: self._readable_end(gq, topic.queues[q]) for q, gq in state.queues.items() if gq.fifo}
 
     @staticmethod
     def _readable_end(gq: GroupQueue, queue: QueueLog) -> int:
@@ -202,9 +214,21 @@ class BrokerCore:
         messages is in flight to the group, the next FIFO message."""
         return queue.next_fifo(gq.pull_offset) if gq.fifo else queue.max_offset
 
-    def _fifo_released(self, state: GroupTopic) -> None:
-        """A FIFO message was acked or dead-lettered: wake the group's held requests its queue now serves."""
-        self.hold.wake_ready((state.topic, state.group), functools.partial(self._has_ready, state))
+    def _fifo_released(self, state: GroupTopic, queue_id: int) -> None:
+        """A FIFO message of the queue was acked or dead-lettered: wake as many of the group's held requests as
+        the queue now serves, Pops first, as an arrival does — its redeliveries whose turn came and, when it is
+        no longer held back, its next messages (up to a Pop's batch); not every held request of the group."""
+        topic = self.topics.get(state.topic)
+        if topic is None:
+            return
+        queue, gq = topic.queues[queue_id], state.queues[queue_id]
+        base = queue.min_offset
+        tags = [queue.tags[o - base] for o in self.redelivery.turn_came(state, queue_id)]
+        if not gq.fifo:
+            end = min(queue.max_offset, gq.pull_offset + self.settings.max_pop_batch)
+            tags += queue.tags[gq.pull_offset - base : end - base]
+        if tags:
+            self.hold.arrived((state.topic, state.group), tags)
 
     # -- pop -----------------------------------------------------------------
 
@@ -530,7 +554,7 @@ class BrokerCore:
             raise IllegalBatchSize(f"ack carries {len(handles)} handles, at most {self.settings.max_send_batch}")
         results: list[BrokerError | None] = []
         ops: list[Op] = []
-        released: dict[str, GroupTopic] = {}  # by topic: groups whose FIFO queues may go on
+        released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
         for text in handles:
             try:
                 state, handle, _ = self._resolve(topic, group, text)
@@ -538,11 +562,11 @@ class BrokerCore:
                 results.append(exc)
                 continue
             if state.remove(handle.queue_id, handle.offset):
-                released[state.topic] = state
+                released[(state.topic, handle.queue_id)] = state
             ops.append(DeleteInflight(group, handle.topic, handle.queue_id, handle.offset))
             results.append(None)
-        for state in released.values():
-            self._fifo_released(state)
+        for (_, queue_id), state in released.items():
+            self._fifo_released(state, queue_id)
         if ops:
             await self._record(self._commit(ops))
         return results

@@ -42,14 +42,14 @@ class Redelivery:
         hold: HoldService,
         payloads: PayloadReader,
         max_attempts: int,
-        released: Callable[[GroupTopic], None],
+        released: Callable[[GroupTopic, int], None],
     ) -> None:
         self.topics = topics
         self.sends = sends
         self.hold = hold
         self.payloads = payloads
         self.max_attempts = max_attempts
-        self.released = released  # a FIFO message left the group's flight (dead-lettered)
+        self.released = released  # a FIFO message left the group's flight (dead-lettered): (state, queue id)
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[object]] = set()
 
@@ -88,6 +88,15 @@ class Redelivery:
         ready.extendleft(reversed(waiting))
         return picks
 
+    def turn_came(self, state: GroupTopic, queue_id: int) -> list[int]:
+        """The offsets of the queue's ready FIFO redeliveries that can be taken now."""
+        fifo = state.queues[queue_id].fifo
+        return [
+            o
+            for q, o, t in state.ready
+            if q == queue_id and o in fifo and state.current(q, o, t) is not None and _fifo_turn(state, q, o)
+        ]
+
     def has_ready(self, state: GroupTopic) -> bool:
         """Whether `take` would take something now (after `expire`)."""
         return any(
@@ -96,14 +105,16 @@ class Redelivery:
         )
 
     def expire(self, state: GroupTopic, now: int) -> int:
-        """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ)."""
+        """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ); how many of them
+        can be taken now (a FIFO message behind one still in flight cannot: its release wakes for it)."""
         ready = 0
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
             if delivery.attempt >= self.max_attempts:
                 self._spawn(self._out_of_attempts(state, queue_id, offset, delivery))
             else:
                 state.ready.append((queue_id, offset, delivery.token))
-                ready += 1
+                if offset not in state.queues[queue_id].fifo or _fifo_turn(state, queue_id, offset):
+                    ready += 1
         return ready
 
     def schedule(self, state: GroupTopic) -> None:
@@ -185,7 +196,7 @@ class Redelivery:
             return
         state.dead_lettered += 1
         if fifo:
-            self.released(state)
+            self.released(state, queue_id)
         log.info(
             "dead-lettered %s/%s/%s after %s attempts to %s",
             state.topic,

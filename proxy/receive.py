@@ -33,6 +33,8 @@ from proxy.routing import BrokerPool
 
 T = TypeVar("T")
 MIN_ATTEMPT_S = 0.05  # less time than this left: no further broker attempt, and a broker call gets at least this
+FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last for it this long
+MAX_FAILED_REMEMBERED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +132,31 @@ class LongPollStrategy:
         self._metrics = metrics or NoMetrics()
         self._close_watch = CloseWatch()
         self._held: dict[str, dict[str, int]] = {}  # group -> broker -> Pops of the group held there now
+        # (topic, broker) -> loop time until which the broker is tried last for the topic: it just failed a Pop
+        # at once (no such topic there under --no-auto-create, or down and not yet marked so). Holding no Pop,
+        # it would otherwise sort first for every receive and cost each one a round trip.
+        self._failed: dict[tuple[str, str], float] = {}
 
-    def _order(self, group: str) -> list[BrokerClient]:
-        """The brokers to try: live ones by how few of the group's Pops they hold (ties in turn), then down ones."""
-        held = self._held.get(group, {})
+    def _order(self, request: ReceiveRequest, now: float) -> list[BrokerClient]:
+        """The brokers to try: live ones by how few of the group's Pops they hold (ties in turn), those that just
+        failed for the topic after the others, then down ones."""
+        held = self._held.get(request.group, {})
+        failed = self._failed
+
+        def recently_failed(name: str) -> bool:
+            until = failed.get((request.topic, name))
+            return until is not None and until > now
+
         candidates = self._pool.candidates(rotation="receive")
-        return sorted(candidates, key=lambda c: (not c.healthy, held.get(c.name, 0)))  # stable: keeps the turn
+        # stable: keeps the turn among equals
+        return sorted(candidates, key=lambda c: (not c.healthy, recently_failed(c.name), held.get(c.name, 0)))
+
+    def _failed_now(self, topic: str, broker: str, now: float) -> None:
+        if len(self._failed) >= MAX_FAILED_REMEMBERED:
+            self._failed = {k: t for k, t in self._failed.items() if t > now}
+            if len(self._failed) >= MAX_FAILED_REMEMBERED:
+                self._failed.clear()
+        self._failed[(topic, broker)] = now + FAILED_LAST_S
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
@@ -143,7 +164,7 @@ class LongPollStrategy:
         tried: list[str] = []
         last: ProxyError = BrokerUnavailable("no broker is configured")
         # A broker found down (or hung) during the call is skipped and the next is tried with the time left.
-        for client in self._order(request.group):
+        for client in self._order(request, loop.time()):
             now = loop.time()
             remaining = request.deadline - now
             if remaining <= MIN_ATTEMPT_S:
@@ -171,6 +192,7 @@ class LongPollStrategy:
                     return ReceiveResult([], "closing", tried)
                 raise
             except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
+                self._failed_now(request.topic, client.name, loop.time())
                 last = exc
                 continue
             if response.polling_full and not response.messages:

@@ -16,6 +16,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
 from broker.errors import BadRequest
+from broker.longpoll import Kind
 from broker.model import PopResult, now_ms, stable_hash
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_arrival import ANSWER_S, POLL_MS, REJECT_WINDOW_S, held
@@ -164,5 +165,38 @@ def test_a_fifo_message_cannot_be_delayed(tmp_path: Path) -> None:
         with pytest.raises(BadRequest, match="message group"):
             await core.send([pb.Message(topic="t", body=b"fine"), late])
         assert bodies(await pop(core)) == [], "part of a refused send was stored"
+
+    run_core(tmp_path, scenario)
+
+
+def test_an_ack_wakes_as_many_held_requests_as_it_makes_messages_ready_pops_first(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2"])
+        first = await pop(core, want=1)
+        pops = [asyncio.ensure_future(pop(core, poll_ms=POLL_MS)) for _ in range(5)]
+        notes = [asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS)) for _ in range(5)]
+        await asyncio.wait_for(held(core, pops=5, notifications=5), 5)
+        await ack(core, first)  # one message (m2) becomes ready: one Pop, not all ten requests
+        done, _ = await asyncio.wait(pops, timeout=ANSWER_S, return_when=asyncio.FIRST_COMPLETED)
+        assert [bodies(p.result()) for p in done] == [[b"m2"]]
+        await asyncio.sleep(REJECT_WINDOW_S)
+        assert core.hold.held == {Kind.POP: 4, Kind.NOTIFICATION: 5}, "the ack woke requests it had nothing for"
+        for request in [*pops, *notes]:
+            request.cancel()
+
+    run_core(tmp_path, scenario)
+
+
+def test_a_redelivery_held_back_behind_an_earlier_fifo_message_wakes_no_notification(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2"])
+        m1, m2 = (await pop(core)).messages
+        note = asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS))
+        await asyncio.wait_for(held(core, pops=0, notifications=1), 5)
+        await core.change_invisible("t", "g", m2.handle, 0)  # ready, but m1 is still in flight
+        done, _ = await asyncio.wait({note}, timeout=REJECT_WINDOW_S)
+        assert not done, "a Notification was answered for a redelivery no Pop can take"
+        await ack(core, PopResult([m1]))
+        assert await asyncio.wait_for(note, ANSWER_S) == (True, False)
 
     run_core(tmp_path, scenario)

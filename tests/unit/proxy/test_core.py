@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -95,6 +96,17 @@ def test_a_message_group_stays_on_its_broker_while_another_broker_is_down() -> N
         after = homes(down)
         moved = {g for g in groups if after[g] != before[g]}
         assert moved == {g for g in groups if before[g] == down}
+
+
+def test_message_groups_spread_evenly_and_a_lost_brokers_groups_spread_over_the_others() -> None:
+    names = [f"b{i}" for i in range(1, 7)]
+    pool = BrokerPool({n: FakeBroker(n) for n in names}, first_turn=0)
+    order = [[c.name for c in pool.candidates(f"order-{i}")] for i in range(6000)]
+    shares = Counter(o[0] for o in order)
+    assert all(abs(shares[n] / 6000 - 1 / 6) < 0.03 for n in names), shares
+    for lost in names:
+        heirs = Counter(o[1] for o in order if o[0] == lost)
+        assert all(heirs[n] / shares[lost] > 0.12 for n in names if n != lost), (lost, heirs)  # 1/5 expected
 
 
 def test_send_fails_over_when_a_broker_is_unavailable() -> None:

@@ -257,6 +257,39 @@ def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_group
     run(scenario())
 
 
+def test_a_broker_whose_pop_just_failed_for_the_topic_is_tried_last() -> None:
+    """b1 does not have the topic (--no-auto-create): holding none of the group's Pops, it would sort first for
+    every long poll and cost each a round trip; after its first refusal the others go first."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    brokers["b1"].fail = errors.TopicNotFound("topic t does not exist on broker b1")
+    tried = []
+    real_pop = brokers["b1"].pop
+
+    async def counted(request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        tried.append(request)
+        return await real_pop(request, timeout_s=timeout_s)
+
+    brokers["b1"].pop = counted  # type: ignore[method-assign]
+    pool = BrokerPool(brokers, first_turn=0)
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
+    closing = asyncio.Event()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        receives = []
+        for _ in range(12):
+            held_before = held(brokers)
+            receive = ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, loop.time() + 5.5)
+            receives.append(asyncio.create_task(strategy.receive(receive, closing)))
+            await held_becomes(brokers, held_before + 1)
+        closing.set()
+        await asyncio.gather(*receives)
+
+    run(scenario())
+    assert len(tried) == 1
+    assert [len(b.pops) for b in brokers.values()] == [0, 6, 6]
+
+
 class AnswersAtTheDeadline(FakeBroker):
     """A consume Pop whose answer (with the message) lands in the loop turn of the receive's hard deadline."""
 
