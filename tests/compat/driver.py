@@ -60,12 +60,17 @@ def started_consumer(endpoint: str, topic: str, group: str, expression: str = "*
 
 
 def receive_until(
-    consumer: SimpleConsumer, done: Callable[[list[Message]], bool], *, invisible: int = 20, limit_s: float = 40
+    consumer: SimpleConsumer,
+    done: Callable[[list[Message]], bool],
+    *,
+    invisible: int = 20,
+    limit_s: float = 40,
+    batch: int = 32,
 ) -> list[Message]:
     got: list[Message] = []
     end = time.monotonic() + limit_s
     while time.monotonic() < end and not done(got):
-        got.extend(consumer.receive(32, invisible))
+        got.extend(consumer.receive(batch, invisible))
     assert done(got), f"gave up after {limit_s} s with {len(got)} messages"
     return got
 
@@ -229,7 +234,39 @@ def push(endpoint: str, topic: str, group: str) -> dict[str, object]:
         producer.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push)}
+def fifo(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """Messages of one message group go to two SimpleConsumers of one group in order: while the first holds m0,
+    the second's long poll gets nothing; after each ack the next message goes to whichever asks."""
+    producer = started_producer(endpoint, topic)
+    first, second = started_consumer(endpoint, topic, group), started_consumer(endpoint, topic, group)
+    try:
+        bodies = [f"m{i}".encode() for i in range(10)]
+        for body in bodies:
+            msg = message(topic, body)
+            msg.message_group = "customer-7"
+            producer.send(msg)
+        [head] = receive_until(first, lambda got: len(got) >= 1, batch=1)
+        assert head.body == bodies[0] and head.message_group == "customer-7", head
+        started = time.monotonic()
+        held_back = second.receive(1, 20)  # a whole long poll: m1 waits for m0's ack
+        waited_s = time.monotonic() - started
+        assert held_back == [], f"m1 went out while m0 was in flight: {[m.body for m in held_back]}"
+        first.ack(head)
+        order = [head.body]
+        for turn in range(1, len(bodies)):  # the two consumers take turns, each acking what it got
+            consumer = (first, second)[turn % 2]
+            [m] = receive_until(consumer, lambda got: len(got) >= 1, batch=1)
+            order.append(m.body)
+            consumer.ack(m)
+        assert order == bodies, order
+        return {"in_order": len(order), "held_back_poll_s": round(waited_s, 1)}
+    finally:
+        first.shutdown()
+        second.shutdown()
+        producer.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push, fifo)}
 
 if __name__ == "__main__":
     scenario, endpoint, topic, group = sys.argv[1:5]

@@ -39,6 +39,12 @@ def test_garbage_receipt_handle_and_oversized_body_are_errors(run_driver: Run) -
     assert result["oversized_server"] == 41301  # MESSAGE_BODY_TOO_LARGE
 
 
+def test_fifo_messages_go_to_two_consumers_of_a_group_in_order_one_at_a_time(run_driver: Run) -> None:
+    result = json.loads(run_driver("fifo", "compat_fifo", "g_fifo"))
+    assert result["in_order"] == 10
+    assert result["held_back_poll_s"] >= 2  # the held-back receive waited its long poll, then got nothing
+
+
 def test_push_consumer_consumes_100_messages(run_driver: Run) -> None:
     result = json.loads(run_driver("push", "compat_push", "g_push"))
     assert result["consumed"] == 100
