@@ -33,7 +33,7 @@ class GroupQueue:
         self.queue_id = queue_id
         self.pull_offset = pull_offset
         self.inflight: dict[int, Delivery] = {}
-        self.fifo: set[int] = set()  # the in-flight offsets of FIFO messages (a subset of `inflight`)
+        self.fifo: set[int] = set()  # offsets of FIFO messages in flight, or being dead-lettered (not yet committed)
 
     @property
     def consumer_offset(self) -> int:

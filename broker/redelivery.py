@@ -167,6 +167,8 @@ class Redelivery:
         if state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
         fifo = state.remove(queue_id, offset)
+        if fifo:  # its queue stays held back until the dead letter is committed (`_dead_lettered`)
+            state.queues[queue_id].fifo.add(offset)
         original = pb.Message.FromString(payloads[(queue_id, offset)])
         dlq = pb.Message()
         dlq.CopyFrom(original)
@@ -196,6 +198,7 @@ class Redelivery:
             return
         state.dead_lettered += 1
         if fifo:
+            state.queues[queue_id].fifo.discard(offset)
             self.released(state, queue_id)
         log.info(
             "dead-lettered %s/%s/%s after %s attempts to %s",

@@ -7,7 +7,7 @@ dead letter) wakes whoever waits. Real SQLite store, no safety sweep: only arriv
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,10 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.errors import BadRequest
+from broker.errors import BadRequest, StoreUnavailable
 from broker.longpoll import Kind
 from broker.model import PopResult, now_ms, stable_hash
+from broker.store import NewMessage, Op, Record
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_arrival import ANSWER_S, POLL_MS, REJECT_WINDOW_S, held
 
@@ -200,3 +201,35 @@ def test_a_redelivery_held_back_behind_an_earlier_fifo_message_wakes_no_notifica
         assert await asyncio.wait_for(note, ANSWER_S) == (True, False)
 
     run_core(tmp_path, scenario)
+
+
+def test_the_next_fifo_message_waits_for_the_dead_letters_commit(tmp_path: Path) -> None:
+    """A FIFO message out of attempts leaves the flight when its dead letter is committed, not before: should the
+    commit fail (a full disk), it comes back ahead of the next one, which must not have gone meanwhile."""
+
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2"])
+        first = await pop(core, want=1)
+        real_submit = core.sends.submit
+        pending: list[asyncio.Future[list[Record]]] = []
+
+        def held_dead_letter(appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+            if not any(a.topic.startswith("%DLQ%") for a in appends):
+                return real_submit(appends, ops)
+            pending.append(asyncio.get_running_loop().create_future())
+            return pending[-1]
+
+        core.sends.submit = held_dead_letter  # type: ignore[method-assign]
+        await core.change_invisible("t", "g", first.messages[0].handle, 0)  # its last attempt: dead-lettered
+        async with asyncio.timeout(5):
+            while not pending:  # noqa: ASYNC110 - the redelivery timer runs the dead letter; bounded
+                await asyncio.sleep(0.01)
+        assert bodies(await pop(core)) == [], "m2 went out while m1's dead letter was not committed"
+        pending[0].set_exception(StoreUnavailable("disk full"))
+        core.sends.submit = real_submit  # type: ignore[method-assign]
+        await asyncio.sleep(0)
+        assert bodies(await pop(core)) == [], "m2 went out after m1's dead letter failed"
+        # m1 comes due again (in a second), is dead-lettered for good, and m2 goes.
+        assert bodies(await asyncio.wait_for(pop(core, poll_ms=POLL_MS), 5)) == [b"m2"]
+
+    run_core(tmp_path, scenario, max_delivery_attempts=1)
