@@ -118,8 +118,8 @@ class CloseWatch:
 class LongPollStrategy:
     """Coupled long polling: one Pop to one broker, held up to the client's long-polling time.
 
-    The broker is the live one where this proxy holds the fewest Pops of the request's group (ties in
-    turn): a group's long polls spread evenly over the brokers, so that with as many of them as brokers
+    The broker is the live one where this proxy holds the fewest Pops of the request's group for its topic
+    (ties in turn): a group's long polls spread evenly over the brokers, so that with as many of them as brokers
     every broker has one and a message anywhere wakes one of them. A turn shared by all groups (as before)
     let one group's long polls pile up on some brokers while others had none: with 6 consumers of a group
     on 3 brokers beside one other group, messages waited 12-21 s for a consumer (a review's probe)."""
@@ -131,7 +131,8 @@ class LongPollStrategy:
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
         self._close_watch = CloseWatch()
-        self._held: dict[str, dict[str, int]] = {}  # group -> broker -> Pops of the group held there now
+        # (topic, group) -> broker -> Pops of the group for the topic held there now
+        self._held: dict[tuple[str, str], dict[str, int]] = {}
         # (topic, broker) -> loop time until which the broker is tried last for the topic: it just failed a Pop
         # at once (no such topic there under --no-auto-create, or down and not yet marked so). Holding no Pop,
         # it would otherwise sort first for every receive and cost each one a round trip.
@@ -140,7 +141,7 @@ class LongPollStrategy:
     def _order(self, request: ReceiveRequest, now: float) -> list[BrokerClient]:
         """The brokers to try: live ones by how few of the group's Pops they hold (ties in turn), those that just
         failed for the topic after the others, then down ones."""
-        held = self._held.get(request.group, {})
+        held = self._held.get((request.topic, request.group), {})
         failed = self._failed
 
         def recently_failed(name: str) -> bool:
@@ -184,7 +185,7 @@ class LongPollStrategy:
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)
             try:
-                response = await self._held_pop(request.group, client.name, call, closing)
+                response = await self._held_pop((request.topic, request.group), client.name, call, closing)
             except (asyncio.CancelledError, ShuttingDown) as exc:
                 if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
                     client.release(call)  # answered as the client left or the proxy closed: nobody receives them
@@ -207,10 +208,10 @@ class LongPollStrategy:
         raise last
 
     async def _held_pop(
-        self, group: str, broker: str, call: asyncio.Future[bpb.PopResponse], closing: asyncio.Event
+        self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], closing: asyncio.Event
     ) -> bpb.PopResponse:
-        """Await a Pop, counted among the group's Pops held at that broker meanwhile."""
-        held = self._held.setdefault(group, {})
+        """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile."""
+        held = self._held.setdefault(key, {})
         held[broker] = held.get(broker, 0) + 1
         try:
             return await self._close_watch.run(call, closing)
@@ -220,7 +221,7 @@ class LongPollStrategy:
             else:
                 del held[broker]
                 if not held:
-                    del self._held[group]
+                    del self._held[key]
 
 
 class AdaptiveStrategy:
