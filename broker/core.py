@@ -223,7 +223,7 @@ class BrokerCore:
             return
         queue, gq = topic.queues[queue_id], state.queues[queue_id]
         base = queue.min_offset
-        tags = [queue.tags[o - base] for o in self.redelivery.turn_came(state, queue_id)]
+        tags = [queue.tags[o - base] for o in self.redelivery.fifo_ready(state, queue_id)]
         if not gq.fifo:
             end = min(queue.max_offset, gq.pull_offset + self.settings.max_pop_batch)
             tags += queue.tags[gq.pull_offset - base : end - base]

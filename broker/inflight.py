@@ -79,16 +79,18 @@ class GroupTopic:
         delivery = state.inflight.get(offset) if state else None
         return delivery if delivery is not None and delivery.token == token else None
 
-    def remove(self, queue_id: int, offset: int) -> bool:
-        """Acked or dead-lettered; whether it was a FIFO message (its queue's next ones may go now)."""
+    def remove(self, queue_id: int, offset: int, *, keep_fifo: bool = False) -> bool:
+        """Acked or dead-lettered; whether it was a FIFO message (its queue's next ones may go now). With
+        ``keep_fifo`` a FIFO message still holds its queue back (a dead letter not committed yet)."""
         state = self.queues.get(queue_id)
         if state is None:
             return False
         state.inflight.pop(offset, None)
-        if offset in state.fifo:
+        if offset not in state.fifo:
+            return False
+        if not keep_fifo:
             state.fifo.discard(offset)
-            return True
-        return False
+        return True
 
     def _valid(self, entry: tuple[int, int, int, int]) -> bool:
         deadline, queue_id, offset, token = entry

@@ -59,28 +59,31 @@ class Redelivery:
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
         taking: set[tuple[int, int]] = set()  # FIFO messages taken by this call
-        waiting: list[tuple[int, int, int]] = []  # FIFO messages whose turn had not come when met
-        ready = state.ready
-        while ready and len(picks) < want:
-            entry = queue_id, offset, token = ready.popleft()
+
+        def pick(entry: tuple[int, int, int]) -> bool:
+            """Take one ready entry (a stale one is dropped); False when it is a FIFO message whose turn has
+            not come."""
+            queue_id, offset, token = entry
             delivery = state.current(queue_id, offset, token)
             if delivery is None:
-                continue
+                return True
+            if not _turn_came(state, queue_id, offset, taking):
+                return False
             if offset in state.queues[queue_id].fifo:
-                if not _fifo_turn(state, queue_id, offset, taking):
-                    waiting.append(entry)
-                    continue
                 taking.add((queue_id, offset))
             picks.append((queue_id, offset, delivery.attempt + 1))
+            return True
+
+        waiting: list[tuple[int, int, int]] = []
+        ready = state.ready
+        while ready and len(picks) < want:
+            entry = ready.popleft()
+            if not pick(entry):
+                waiting.append(entry)
         while waiting and len(picks) < want:  # their turn may have come with what was taken after them
             still = []
             for entry in waiting:
-                queue_id, offset, token = entry
-                delivery = state.current(queue_id, offset, token)
-                if delivery is not None and len(picks) < want and _fifo_turn(state, queue_id, offset, taking):
-                    taking.add((queue_id, offset))
-                    picks.append((queue_id, offset, delivery.attempt + 1))
-                else:
+                if len(picks) >= want or not pick(entry):
                     still.append(entry)
             if len(still) == len(waiting):
                 break
@@ -88,21 +91,18 @@ class Redelivery:
         ready.extendleft(reversed(waiting))
         return picks
 
-    def turn_came(self, state: GroupTopic, queue_id: int) -> list[int]:
+    def fifo_ready(self, state: GroupTopic, queue_id: int) -> list[int]:
         """The offsets of the queue's ready FIFO redeliveries that can be taken now."""
         fifo = state.queues[queue_id].fifo
         return [
             o
             for q, o, t in state.ready
-            if q == queue_id and o in fifo and state.current(q, o, t) is not None and _fifo_turn(state, q, o)
+            if q == queue_id and o in fifo and state.current(q, o, t) is not None and _turn_came(state, q, o)
         ]
 
     def has_ready(self, state: GroupTopic) -> bool:
         """Whether `take` would take something now (after `expire`)."""
-        return any(
-            state.current(q, o, t) is not None and (o not in state.queues[q].fifo or _fifo_turn(state, q, o))
-            for q, o, t in state.ready
-        )
+        return any(state.current(q, o, t) is not None and _turn_came(state, q, o) for q, o, t in state.ready)
 
     def expire(self, state: GroupTopic, now: int) -> int:
         """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ); how many of them
@@ -113,7 +113,7 @@ class Redelivery:
                 self._spawn(self._out_of_attempts(state, queue_id, offset, delivery))
             else:
                 state.ready.append((queue_id, offset, delivery.token))
-                if offset not in state.queues[queue_id].fifo or _fifo_turn(state, queue_id, offset):
+                if _turn_came(state, queue_id, offset):
                     ready += 1
         return ready
 
@@ -166,9 +166,8 @@ class Redelivery:
         payloads = await self.payloads(topic, [(queue_id, offset)])
         if state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
-        fifo = state.remove(queue_id, offset)
-        if fifo:  # its queue stays held back until the dead letter is committed (`_dead_lettered`)
-            state.queues[queue_id].fifo.add(offset)
+        fifo = offset in state.queues[queue_id].fifo
+        state.remove(queue_id, offset, keep_fifo=True)  # its queue stays held back until the commit (`_dead_lettered`)
         original = pb.Message.FromString(payloads[(queue_id, offset)])
         dlq = pb.Message()
         dlq.CopyFrom(original)
@@ -228,6 +227,10 @@ class Redelivery:
             await asyncio.wait(list(self._tasks), timeout=5)
 
 
-def _fifo_turn(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:
-    """Whether a ready FIFO message may go: every in-flight FIFO message before it in its queue goes now too."""
-    return all(o >= offset or (taking is not None and (queue_id, o) in taking) for o in state.queues[queue_id].fifo)
+def _turn_came(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:
+    """Whether a ready delivery may go: any but a FIFO message, which waits for every in-flight FIFO message
+    before it in its queue unless that one goes now too (`taking`)."""
+    fifo = state.queues[queue_id].fifo
+    if offset not in fifo:
+        return True
+    return all(o >= offset or (taking is not None and (queue_id, o) in taking) for o in fifo)
