@@ -356,7 +356,6 @@ class Result:
     measured_s: float = 0.0
     held_notes_mean: float = 0.0  # per broker, time average
     held_notes_max: int = 0  # on the busiest broker, at any sample
-    held_pops_mean: float = 0.0
     lost_races: int = 0
     handoffs: int = 0
     orphaned: int = 0
@@ -433,7 +432,6 @@ class Sim:
         self._oldest: deque[Msg] = deque()
         self._samples = 0
         self._held_sum = 0.0
-        self._held_pop_sum = 0.0
         self._rpc_base: list[int] = []
 
     # -- engine ----------------------------------------------------------------
@@ -555,7 +553,6 @@ class Sim:
             self._samples += 1
             notes = [b.held_notes for b in self.brokers]
             self._held_sum += sum(notes) / len(notes)
-            self._held_pop_sum += sum(b.held_pops for b in self.brokers) / len(self.brokers)
             self.result.held_notes_max = max(self.result.held_notes_max, max(notes))
         self.at(self.now + self.cfg.sample_s, self._sample_held)
 
@@ -582,7 +579,6 @@ class Sim:
         r = self.result
         r.measured_s = cfg.duration - cfg.warmup
         r.held_notes_mean = self._held_sum / max(1, self._samples)
-        r.held_pops_mean = self._held_pop_sum / max(1, self._samples)
         r.lost_races, r.handoffs, r.orphaned = self.lost_races, self.handoffs, self.orphaned
         r.decisions = {k: sum(p.decisions[k] for p in self.proxies) for k in ("notify", "longpoll")}
         if self._rpc_base:
