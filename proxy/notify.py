@@ -4,9 +4,11 @@ One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
 
 1. a first Pop with poll 0 to one broker (backlog is served at once);
 2. if it is empty and poll time remains: a Notification to every live broker at once,
-   held by each broker until the poll ends — with a single live broker, a Pop held by it
+   held by each broker until the poll ends — with a single broker, a Pop held by it
    instead (that broker is the only source, so a held Pop cannot miss a message elsewhere,
-   and it saves the Pop round trip after each Notification);
+   and it saves the Pop round trip after each Notification); if no poll time remains
+   (a receive that does not wait): a Notification with poll 0 to every other live broker,
+   the last look, so that a backlog on another broker is not answered empty;
 3. every ``has_message`` goes into a small per-request queue; one consume step at a time
    takes the next broker from it and Pops it with poll 0;
 4. messages: answer, cancel every other outstanding Notification;
@@ -17,6 +19,9 @@ One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
 5. at the end of the poll time: answer empty (a Pop still in flight is waited for, so
    popped messages are not dropped) and cancel the rest; at the hard deadline, or when
    the client goes away or the proxy closes: answer and cancel everything.
+
+A broker down when the receive starts, or whose request fails during it, is watched again
+once it is back (a restart): a message stored there meanwhile is not answered empty.
 
 The driver (`proxy.notify_driver`) executes commands and feeds back events with the
 current time; times are plain float seconds on the driver's clock.
@@ -74,7 +79,14 @@ class Rewatch:
     at: float
 
 
-Command = Pop | Notify | Cancel | Finish | Rewatch
+@dataclass(frozen=True, slots=True)
+class AwaitUp:
+    """Report `rewatch(broker, healthy=True)` once the health checks see `broker` up (at once if they do now)."""
+
+    broker: str
+
+
+Command = Pop | Notify | Cancel | Finish | Rewatch | AwaitUp
 
 
 class Phase(Enum):
@@ -105,6 +117,7 @@ class NotifyRun:
     """One receive served by pop with notify.
 
     brokers: names of the live brokers, the first one gets the first Pop.
+    down: names of the brokers down when the receive starts: notified once their health checks see them up.
     poll_end: when the client's long-polling time is over (answer empty then).
     min_notify_s: below this much poll time left, a broker is not notified again.
     min_hold_s: a Notification answered empty sooner than this was not held (the broker is closing):
@@ -112,12 +125,14 @@ class NotifyRun:
     max_lost_per_broker: after this many lost races at one broker it is no longer watched in this
         run (a `has_message` that no Pop can serve must not make it spin either).
     rewatch_s, max_rewatches: a broker whose request failed (unreachable, timed out) is looked at again
-        this long after, up to this many times per run, and notified again once it is healthy: a broker
-        restarted during a long poll is watched for the rest of it (no false empty for its messages).
+        this long after, up to this many times per run while its health checks still see it up; once they
+        see it down it is notified again when they see it up (`AwaitUp`): a broker restarted during a long
+        poll is watched for the rest of it (no false empty for its messages).
     """
 
     brokers: Sequence[str]
     poll_end: float
+    down: Sequence[str] = ()
     min_notify_s: float = 0.005
     min_hold_s: float = 0.05
     max_lost_per_broker: int = 32
@@ -134,6 +149,7 @@ class NotifyRun:
     sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
     rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
+    last_look: bool = False  # no poll time was left after the first Pop: every broker asked once, poll 0
     last_error: ProxyError | None = None
 
     # -- events ----------------------------------------------------------------
@@ -143,7 +159,8 @@ class NotifyRun:
             return self._finish([], "error", BrokerUnavailable("no broker is live"))
         self.popping = self.brokers[0]
         self.stats.pops += 1
-        return [Pop(self.brokers[0])]
+        self.failed.update(self.down)
+        return [Pop(self.brokers[0]), *(AwaitUp(broker) for broker in self.down)]
 
     def popped(
         self, broker: str, messages: Sequence[bpb.PoppedMessage], *, polling_full: bool, now: float, busy: bool = False
@@ -173,7 +190,7 @@ class NotifyRun:
         if self.lost[broker] >= self.max_lost_per_broker:
             self.dropped.add(broker)
             return [*self._next_pop(), *self._maybe_exhausted()]
-        return [*self._renotify(broker, now), *self._next_pop()]
+        return [*self._renotify(broker, now), *self._next_pop()] or self._maybe_exhausted()  # no time left: done
 
     def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
         if self.phase is Phase.DONE or broker not in self.notifying:
@@ -225,12 +242,14 @@ class NotifyRun:
         return self._with_rewatch(broker, now, cmds)
 
     def rewatch(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
-        """The time a `Rewatch` named has come: notify `broker` again if the health checks see it up."""
-        if self.phase is not Phase.NOTIFYING or broker not in self.failed or broker in self.dropped:
+        """The time a `Rewatch` named has come, or an `AwaitUp` broker is up: notify `broker` again if healthy."""
+        if self.phase not in (Phase.FIRST_POP, Phase.NOTIFYING) or broker not in self.failed or broker in self.dropped:
             return []
         if not healthy:
-            return self._with_rewatch(broker, now, [])  # still down: look again later (bounded)
+            return [AwaitUp(broker)]  # down: notified again when the health checks see it up
         self.failed.discard(broker)
+        if self.phase is Phase.FIRST_POP:
+            return []  # notified with the others if the first Pop finds nothing
         return self._renotify(broker, now)
 
     def _with_rewatch(self, broker: str, now: float, cmds: list[Command]) -> list[Command]:
@@ -242,8 +261,10 @@ class NotifyRun:
         return [*cmds, Rewatch(broker, now + self.rewatch_s)]
 
     def poll_over(self) -> list[Command]:
-        """The client's long-polling time is over: answer empty, unless a Pop is in flight."""
-        if self.phase is Phase.DONE:
+        """The client's long-polling time is over: answer empty, unless a Pop is in flight.
+
+        Not during the first Pop or the last look: a receive that does not wait still asks every broker once."""
+        if self.phase in (Phase.DONE, Phase.FIRST_POP) or self.last_look:
             return []
         if self.popping is not None:
             self.phase = Phase.DRAINING
@@ -284,22 +305,25 @@ class NotifyRun:
 
     def _notify_all(self, now: float) -> list[Command]:
         self.phase = Phase.NOTIFYING
-        if self.poll_end - now < self.min_notify_s:
-            return self._finish([], "empty")
         poll_ms = self._poll_ms(now)
-        if len(self.brokers) == 1 and not self.failed and not self.full:
+        watched = [b for b in (*self.brokers, *self.down) if b not in self.failed and b not in self.full]
+        if self.poll_end - now < self.min_notify_s:
+            # No time to wait: the last look. A Notification with poll 0 answers at once whether the broker
+            # has a message for the group (empty ones end as brokers answering without holding: dropped).
+            self.last_look, poll_ms = True, 0
+            watched = [b for b in watched if b != self.brokers[0]]  # the first Pop just found it empty
+        elif len(watched) == 1 and len(self.brokers) + len(self.down) == 1:
             self.phase = Phase.LONGPOLL
-            self.popping = self.brokers[0]
+            self.popping = watched[0]
             self.stats.pops += 1
             self.stats.held_pop = True
-            return [Pop(self.brokers[0], poll_ms)]
+            return [Pop(watched[0], poll_ms)]
         cmds: list[Command] = []
-        for broker in self.brokers:
-            if broker not in self.failed and broker not in self.full:
-                self.notifying.add(broker)
-                self.sent_at[broker] = now
-                self.stats.notifications += 1
-                cmds.append(Notify(broker, poll_ms))
+        for broker in watched:
+            self.notifying.add(broker)
+            self.sent_at[broker] = now
+            self.stats.notifications += 1
+            cmds.append(Notify(broker, poll_ms))
         return cmds or self._maybe_exhausted()
 
     def _handoff(self, broker: str, now: float) -> list[Command]:

@@ -18,12 +18,12 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BrokerFailure, ProxyError
-from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
+from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
-IMMEDIATE_POP_TIMEOUT_S = 0.5  # a Pop with poll 0 (the first one, or one after has_message)
+IMMEDIATE_TIMEOUT_S = 0.5  # a Pop or Notification with poll 0 (the first Pop, one after has_message, the last look)
 
 
 class _Closer:
@@ -64,6 +64,7 @@ class _Run:
         self.requests: dict[str, asyncio.Future[Any]] = {}  # the request outstanding at each broker
         self.answer: tuple[str, asyncio.Future[Any]] | None = None  # the Pop whose messages were taken
         self.timers: list[asyncio.TimerHandle] = []  # Rewatch timers, cancelled with the run
+        self.up_waits: list[tuple[asyncio.Future[None], Callable[[asyncio.Future[None]], None]]] = []  # AwaitUp
 
     def apply(self, commands: list[Command]) -> None:
         # Answering with messages: the other brokers' requests are cancelled by release(), after the answer.
@@ -81,6 +82,11 @@ class _Run:
                     call.cancel()
             elif isinstance(command, Rewatch):
                 self.timers.append(self.loop.call_at(command.at, self._rewatch, command.broker))
+            elif isinstance(command, AwaitUp):
+                up = self._client(command.broker).when_up()
+                callback = functools.partial(self._came_up, command.broker)
+                up.add_done_callback(callback)
+                self.up_waits.append((up, callback))
             elif not self.result.done():
                 self.result.set_result(command)
             elif command.messages:  # nobody awaits the run any more (the client left): nobody receives them
@@ -90,6 +96,9 @@ class _Run:
         client = self.pool.get(broker)
         healthy = client is not None and client.healthy
         self.apply(self.machine.rewatch(broker, healthy=healthy, now=self.loop.time()))
+
+    def _came_up(self, broker: str, _up: asyncio.Future[None]) -> None:
+        self.apply(self.machine.rewatch(broker, healthy=True, now=self.loop.time()))
 
     def _client(self, broker: str) -> BrokerClient:
         client = self.pool.get(broker)
@@ -106,15 +115,17 @@ class _Run:
             invisible_ms=r.invisible_ms,
             poll_ms=max(0, poll_ms),
         )
-        # A Pop that does not wait is answered in milliseconds: one stuck at a hung broker (not yet marked down)
-        # must not hold the whole receive for the broker timeout while the other brokers go unwatched.
-        timeout_s = poll_ms / 1000 + self.timeout_s if poll_ms > 0 else min(self.timeout_s, IMMEDIATE_POP_TIMEOUT_S)
-        return self._client(broker).begin_pop(request, timeout_s=timeout_s)
+        return self._client(broker).begin_pop(request, timeout_s=self._timeout_for(poll_ms))
 
     def _notify(self, broker: str, poll_ms: int) -> asyncio.Future[bpb.NotificationResponse]:
         r = self.request
         request = bpb.NotificationRequest(topic=r.topic, group=r.group, filter=r.filter, poll_ms=max(0, poll_ms))
-        return self._client(broker).begin_notification(request, timeout_s=poll_ms / 1000 + self.timeout_s)
+        return self._client(broker).begin_notification(request, timeout_s=self._timeout_for(poll_ms))
+
+    def _timeout_for(self, poll_ms: int) -> float:
+        # A request that does not wait is answered in milliseconds: one stuck at a hung broker (not yet marked
+        # down) must not hold the whole receive for the broker timeout while the other brokers go unwatched.
+        return poll_ms / 1000 + self.timeout_s if poll_ms > 0 else min(self.timeout_s, IMMEDIATE_TIMEOUT_S)
 
     def _spawn(self, broker: str, call: asyncio.Future[Any], kind: str) -> None:
         self.requests[broker] = call
@@ -172,6 +183,9 @@ class _Run:
         for timer in self.timers:
             timer.cancel()
         self.timers.clear()
+        for up, callback in self.up_waits:
+            up.remove_done_callback(callback)
+        self.up_waits.clear()
 
 
 class NotifyStrategy:
@@ -200,10 +214,13 @@ class NotifyStrategy:
         loop = asyncio.get_running_loop()
         now = loop.time()
         candidates = self._pool.candidates(rotation="receive")
-        # Every broker when none passed its last health check: the checks may be stale, the calls will tell.
-        live = [c.name for c in candidates if c.healthy] or [c.name for c in candidates]
+        live = [c.name for c in candidates if c.healthy]
+        # Those down are watched once they are back. Every broker when none passed its last health check:
+        # the checks may be stale, the calls will tell.
+        down = [c.name for c in candidates if not c.healthy] if live else []
         poll_end = min(now + request.poll_s, request.deadline)
-        run = _Run(NotifyRun(live, poll_end), request, self._pool, self._timeout, self._busy)
+        machine = NotifyRun(live or [c.name for c in candidates], poll_end, down=down)
+        run = _Run(machine, request, self._pool, self._timeout, self._busy)
         self._closer.watch(closing)
         self._closer.runs.add(run)
         timers = [
@@ -221,7 +238,7 @@ class NotifyStrategy:
                 timer.cancel()
             self._closer.runs.discard(run)
             self._metrics.notify_run(request.group, run.machine.stats)
-        result = ReceiveResult(list(finish.messages), finish.outcome, sorted({*live}))
+        result = ReceiveResult(list(finish.messages), finish.outcome)
         if finish.messages:
             # The other brokers' Notifications end after the answer is written: cancel frames sent
             # now would delay its frames on this event loop (~0.6 ms of 2.2 with 4 brokers, measured).

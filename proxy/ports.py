@@ -26,6 +26,9 @@ class BrokerClient(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    def when_up(self) -> asyncio.Future[None]:
+        """Done once the broker's health checks see it up: at once if they do now (a notify run waits on it)."""
+
     async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]: ...
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
@@ -61,7 +61,6 @@ class ReceiveResult:
 
     messages: list[bpb.PoppedMessage]
     outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
-    brokers: list[str] = field(default_factory=list)
     release: Callable[[], None] = _nothing
     give_back: Callable[[], None] = _nothing
 
@@ -162,10 +161,11 @@ class LongPollStrategy:
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
         poll_end = loop.time() + request.poll_s  # one long-polling time for the receive, not one per broker
-        tried: list[str] = []
         last: ProxyError = BrokerUnavailable("no broker is configured")
-        # A broker found down (or hung) during the call is skipped and the next is tried with the time left.
-        for client in self._order(request, loop.time()):
+        answered = False  # some broker answered (empty)
+        # A broker found down (or hung) during the call is skipped and the next is tried with the time left;
+        # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
+        for attempt, client in enumerate(self._order(request, loop.time())):
             now = loop.time()
             remaining = request.deadline - now
             if remaining <= MIN_ATTEMPT_S:
@@ -179,8 +179,7 @@ class LongPollStrategy:
                 invisible_ms=request.invisible_ms,
                 poll_ms=round(poll_s * 1000),
             )
-            tried.append(client.name)
-            if pop.poll_ms > 0 and len(tried) == 1:
+            if pop.poll_ms > 0 and attempt == 0:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)
@@ -190,7 +189,7 @@ class LongPollStrategy:
                 if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
                     client.release(call)  # answered as the client left or the proxy closed: nobody receives them
                 if isinstance(exc, ShuttingDown):
-                    return ReceiveResult([], "closing", tried)
+                    return ReceiveResult([], "closing")
                 raise
             except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
                 self._failed_now(request.topic, client.name, loop.time())
@@ -199,12 +198,15 @@ class LongPollStrategy:
             if response.polling_full and not response.messages:
                 raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
             messages = list(response.messages)
-            result = ReceiveResult(messages, "messages" if messages else "empty", tried)
+            if not messages and pop.poll_ms == 0:
+                answered = True
+                continue
+            result = ReceiveResult(messages, "messages" if messages else "empty")
             if messages:
                 result.give_back = functools.partial(client.release, call)
             return result
-        if request.deadline - loop.time() <= MIN_ATTEMPT_S:
-            return ReceiveResult([], "empty", tried)  # the client's time is up: an empty answer, not an error
+        if answered or request.deadline - loop.time() <= MIN_ATTEMPT_S:
+            return ReceiveResult([], "empty")  # nothing anywhere, or the client's time is up: not an error
         raise last
 
     async def _held_pop(

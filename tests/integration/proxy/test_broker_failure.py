@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -110,6 +111,38 @@ def test_kill_9_a_broker_while_producing_and_consuming(make_cluster: MakeCluster
             thread.join(15)
     missing = load.sent - load.received
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+
+
+@pytest.mark.parametrize("mode", ["notify", "adaptive"])
+def test_a_long_poll_started_while_a_broker_is_down_gets_a_message_stored_there_once_it_is_back(
+    make_cluster: MakeCluster, mode: str
+) -> None:
+    """The receive starts while the proxy sees b1 down; b1 comes back mid-poll and a message lands on it: the
+    receive gets it then (before, b1 was never watched by that receive: empty after the whole poll)."""
+    cluster = make_cluster(brokers=2, proxy_args=("--receive-mode", mode, "--min-invisible-s", "1"))
+    proxy_log = cluster.proxies[0].log_path
+    assert proxy_log is not None
+    b1 = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.brokers["b1"].address))  # type: ignore[no-untyped-call]
+    b1.Send(bpb.SendRequest(messages=[bpb.Message(topic=TOPIC, message_id="WARM", body=b"warm")]), timeout=5)
+    client = V2Client(cluster.endpoint)
+    try:
+        _, warm = client.receive(TOPIC, GROUP, poll_s=5)  # the group is known on b1
+        assert [m.body for m in warm] == [b"warm"] and client.ack(TOPIC, GROUP, warm).status.code == v2.OK
+        cluster.brokers["b1"].kill()
+        wait_for(lambda: "broker b1" in proxy_log.read_text() and "is now down" in proxy_log.read_text(), 15,
+                 "the proxy to see b1 down")  # fmt: skip
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.receive, TOPIC, GROUP, batch=1, poll_s=20)
+            cluster.restart_broker("b1")
+            wait_for(lambda: "is now up" in proxy_log.read_text(), 15, "the proxy to see b1 up")
+            b1 = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.brokers["b1"].address))  # type: ignore[no-untyped-call]
+            b1.Send(bpb.SendRequest(messages=[bpb.Message(topic=TOPIC, message_id="BACK", body=b"on-b1")]), timeout=5)
+            sent = time.monotonic()
+            status, messages = waiting.result(timeout=30)
+        assert status.code == v2.OK and [m.body for m in messages] == [b"on-b1"], status
+        assert time.monotonic() - sent < 10, "answered at the end of the poll, not when the message landed"
+    finally:
+        client.close()
 
 
 def test_an_ack_right_after_the_broker_restarts_is_not_refused(make_cluster: MakeCluster) -> None:

@@ -13,7 +13,8 @@ from proxy import errors
 class FakeBroker:
     def __init__(self, name: str, *, healthy: bool = True) -> None:
         self.name = name
-        self.healthy = healthy
+        self._healthy = healthy
+        self._up: asyncio.Future[None] | None = None
         self.fail: errors.ProxyError | None = None
         self.sent: list[bpb.Message] = []
         self.pops: list[bpb.PopRequest] = []
@@ -24,6 +25,26 @@ class FakeBroker:
         self.notifications: list[bpb.NotificationRequest] = []
         self.held = 0  # Pops and Notifications being held right now
         self.changed = asyncio.Event()  # set (and replaced) whenever `held` changes
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, healthy: bool) -> None:
+        """What the health checks see; waiters on `when_up` wake when it turns True."""
+        self._healthy = healthy
+        if healthy and self._up is not None and not self._up.done():
+            self._up.set_result(None)
+        elif not healthy and self._up is not None and self._up.done():
+            self._up = None
+
+    def when_up(self) -> asyncio.Future[None]:
+        if self._up is None:
+            self._up = asyncio.get_running_loop().create_future()
+            if self._healthy:
+                self._up.set_result(None)
+        return self._up
 
     def _held(self, delta: int) -> None:
         self.held += delta

@@ -5,7 +5,7 @@ from __future__ import annotations
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BadRequest, BrokerUnavailable, TooManyRequests, TopicNotFound
-from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
+from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
 from tests.unit.proxy.fakes import popped
 
 BROKERS = ("b1", "b2", "b3")
@@ -122,9 +122,46 @@ def test_closing_answers_at_once_and_cancels_everything() -> None:
     assert run.closing() == []
 
 
-def test_no_poll_time_left_after_the_first_pop_answers_empty_without_notifying() -> None:
+def test_no_poll_time_left_after_the_first_pop_asks_every_other_broker_once() -> None:
+    # A receive that does not wait (or whose first Pop took the poll time): a backlog on another broker is
+    # served, not answered empty. The poll's end does not cut the last look short.
     run, _ = started(poll_end=1.0)
+    assert run.poll_over() == []  # while the first Pop is out
+    assert run.popped("b1", [], polling_full=False, now=1.0) == [Notify("b2", 0), Notify("b3", 0)]
+    assert run.poll_over() == []
+    assert run.notified("b2", has_message=False, polling_full=False, now=1.001) == []
+    assert run.notified("b3", has_message=True, polling_full=False, now=1.001) == [Pop("b3")]
+    assert finish(run.popped("b3", message("m3"), polling_full=False, now=1.002)).outcome == "messages"
+
+
+def test_the_last_look_answers_empty_once_every_broker_said_nothing() -> None:
+    run, _ = started(poll_end=1.0)
+    run.popped("b1", [], polling_full=False, now=1.0)
+    assert run.notified("b2", has_message=True, polling_full=False, now=1.001) == [Pop("b2")]
+    assert run.notified("b3", has_message=False, polling_full=False, now=1.001) == []
+    assert run.popped("b2", [], polling_full=False, now=1.002) == [Finish([], "empty")]  # lost the race: done
+
+
+def test_a_single_broker_with_no_poll_time_left_answers_empty() -> None:
+    run = NotifyRun(("b1",), 1.0)
+    run.start()
     assert run.popped("b1", [], polling_full=False, now=1.0) == [Finish([], "empty")]
+
+
+def test_a_broker_down_at_the_start_is_watched_once_it_is_up() -> None:
+    run = NotifyRun(("b1", "b2"), 10.0, down=("b3",))
+    assert run.start() == [Pop("b1"), AwaitUp("b3")]
+    assert run.popped("b1", [], polling_full=False, now=0.0) == [Notify("b1", 10_000), Notify("b2", 10_000)]
+    assert run.rewatch("b3", healthy=True, now=4.0) == [Notify("b3", 6_000)]  # back: watched for the time left
+    assert run.notified("b3", has_message=True, polling_full=False, now=5.0) == [Pop("b3")]
+    assert finish(run.popped("b3", message("m7"), polling_full=False, now=5.0)).outcome == "messages"
+
+
+def test_a_broker_up_again_during_the_first_pop_is_notified_with_the_others() -> None:
+    run = NotifyRun(("b1",), 10.0, down=("b2",))
+    run.start()
+    assert run.rewatch("b2", healthy=True, now=0.001) == []
+    assert run.popped("b1", [], polling_full=False, now=0.002) == [Notify("b1", 9_998), Notify("b2", 9_998)]
 
 
 def test_an_unreachable_broker_is_left_out_and_the_others_still_serve() -> None:
@@ -146,20 +183,21 @@ def test_first_pop_on_a_dead_broker_goes_on_to_notify_the_others() -> None:
 def test_a_broker_that_failed_is_watched_again_once_it_is_back() -> None:
     run = notifying()
     assert run.failed_call("b1", BrokerUnavailable("b1 restarting"), now=1.0) == [Rewatch("b1", 2.0)]
-    assert run.rewatch("b1", healthy=False, now=2.0) == [Rewatch("b1", 3.0)]  # not back yet: look again later
+    assert run.rewatch("b1", healthy=False, now=2.0) == [AwaitUp("b1")]  # seen down: wait until it is up
     assert run.rewatch("b1", healthy=True, now=3.0) == [Notify("b1", 7_000)]  # back: watched for the time left
     assert run.notified("b1", has_message=True, polling_full=False, now=4.0) == [Pop("b1")]
     assert finish(run.popped("b1", message("m9"), polling_full=False, now=4.0)).outcome == "messages"
 
 
-def test_rewatches_are_bounded_and_end_with_the_run() -> None:
+def test_rewatches_of_a_broker_failing_while_seen_up_are_bounded_and_end_with_the_run() -> None:
     run = notifying()
     cmds = run.failed_call("b1", BrokerUnavailable("down"), now=0.5)
     for t in range(1, 10):
         if not cmds:
             break
         assert cmds == [Rewatch("b1", t + 0.5)]
-        cmds = run.rewatch("b1", healthy=False, now=t + 0.5)
+        assert run.rewatch("b1", healthy=True, now=t + 0.5) == [Notify("b1", int((9.5 - t) * 1000))]
+        cmds = run.failed_call("b1", BrokerUnavailable("down"), now=t + 0.5)
     assert run.rewatches["b1"] == run.max_rewatches
     run.poll_over()
     assert run.rewatch("b1", healthy=True, now=9.0) == []

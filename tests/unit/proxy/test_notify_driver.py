@@ -418,3 +418,39 @@ def test_a_groups_first_receive_announces_it_to_every_live_broker_once() -> None
     for broker in brokers.values():  # one poll-0 Notification each (the second receive's run may watch too)
         announced = [(n.topic, n.group, n.filter) for n in broker.notifications if n.poll_ms == 0]
         assert announced == [("t", "g", "*")], broker.name
+
+
+def test_a_broker_down_when_the_receive_starts_is_watched_once_it_is_back() -> None:
+    """A broker restarting (or stalled past a health check) as a long poll starts: once the checks see it up,
+    the receive watches it, and a message stored there is delivered (it was answered empty at the poll's end)."""
+    proxy, brokers = make()
+    brokers["b1"].healthy = False
+
+    async def scenario() -> ReceiveResult:
+        receive = asyncio.create_task(proxy.receive(request(poll_s=5.0)))
+        await held_becomes(brokers, 2)  # b2 and b3 hold Notifications
+        brokers["b1"].healthy = True
+        await held_becomes(brokers, 3)
+        brokers["b1"].put(popped("b1", "on-b1"))
+        return await receive
+
+    assert ids(run(scenario())) == ["on-b1"]
+
+
+def test_a_receive_that_does_not_wait_gets_a_backlog_on_any_broker() -> None:
+    """poll 0 (`popgate receive --wait 0`, a drain loop): every broker is asked once, in every mode."""
+    for mode in ("notify", "adaptive", "longpoll"):
+        for where in NAMES:
+            brokers = {n: FakeBroker(n) for n in NAMES}
+            pool = BrokerPool(brokers, first_turn=0)
+            notify, longpoll = NotifyStrategy(pool, broker_timeout_s=1.0), LongPollStrategy(pool, broker_timeout_s=1.0)
+            adaptive = AdaptiveStrategy(pool, AdaptivePolicy(AdaptiveSettings()), notify, longpoll)
+            proxy = Proxy(pool, {"notify": notify, "longpoll": longpoll, "adaptive": adaptive}[mode])
+            brokers[where].put(popped(where, "waiting"))
+
+            async def scenario(proxy: Proxy = proxy) -> tuple[ReceiveResult, ReceiveResult]:
+                return await proxy.receive(request(poll_s=0.0)), await proxy.receive(request(poll_s=0.0))
+
+            got, then = run(scenario())
+            assert ids(got) == ["waiting"], (mode, where)
+            assert then.outcome == "empty" and held(brokers) == 0, (mode, where)
