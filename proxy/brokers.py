@@ -41,7 +41,7 @@ from popgate_pb import broker_pb2_grpc
 from broker.auth import client_interceptors
 from broker.client import BrokerSession, failure, unsent
 from proxy import errors
-from proxy.ports import Metrics, NoMetrics
+from proxy.ports import Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,7 @@ class GrpcBrokerClient:
         )
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._healthy = True  # optimistic until the first check: a down broker fails fast anyway
-        self._up: asyncio.Future[None] | None = None  # when_up's: done while up, pending while down
+        self._status = Health()  # optimistic until the first check: a down broker fails fast anyway
         self._session: BrokerSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
 
@@ -123,25 +122,16 @@ class GrpcBrokerClient:
 
     @property
     def healthy(self) -> bool:
-        return self._healthy
+        return self._status.up
 
     def when_up(self) -> asyncio.Future[None]:
-        """Done once the broker is up (at once if it is now). One future for every waiter while it is down."""
-        if self._up is None:
-            self._up = asyncio.get_running_loop().create_future()
-            if self._healthy:
-                self._up.set_result(None)
-        return self._up
+        return self._status.when_up()
 
     def _set_health(self, healthy: bool, why: str) -> None:
-        if healthy == self._healthy:
-            return
-        log.warning("broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why)
-        self._healthy = healthy
-        if healthy and self._up is not None and not self._up.done():
-            self._up.set_result(None)
-        elif not healthy:
-            self._up = None  # the next when_up() waits for the broker to come back
+        if self._status.set(healthy):
+            log.warning(
+                "broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why
+            )
 
     async def _call(self, method: str, call: Callable[..., Awaitable[R]], request: Any, timeout_s: float) -> R:
         try:
@@ -160,7 +150,7 @@ class GrpcBrokerClient:
 
     def _succeeded(self, method: str) -> None:
         self._metrics.broker_rpc(self.name, method, "ok")
-        if not self._healthy:
+        if not self._status.up:
             self._set_health(True, f"{method} succeeded")
 
     async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:

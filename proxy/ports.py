@@ -51,6 +51,32 @@ class BrokerClient(Protocol):
     ) -> asyncio.Future[bpb.NotificationResponse]: ...
 
 
+class Health:
+    """Whether a broker is up as its health checks see it, and one future for everyone waiting for it to be up."""
+
+    def __init__(self, up: bool = True) -> None:
+        self.up = up
+        self._when_up: asyncio.Future[None] | None = None  # done while up, pending while down (made on demand)
+
+    def set(self, up: bool) -> bool:
+        """Record what a check saw; whether that changed anything."""
+        if up == self.up:
+            return False
+        self.up = up
+        if up and self._when_up is not None and not self._when_up.done():
+            self._when_up.set_result(None)
+        elif not up:
+            self._when_up = None  # the next when_up() waits for the broker to come back
+        return True
+
+    def when_up(self) -> asyncio.Future[None]:
+        if self._when_up is None:
+            self._when_up = asyncio.get_running_loop().create_future()
+            if self.up:
+                self._when_up.set_result(None)
+        return self._when_up
+
+
 class Metrics(Protocol):
     """Where the proxy reports what it did (Prometheus in production, nothing in unit tests)."""
 

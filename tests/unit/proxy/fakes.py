@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from popgate_pb import broker_pb2 as bpb
 
 from proxy import errors
+from proxy.ports import Health
 
 
 class FakeBroker:
     def __init__(self, name: str, *, healthy: bool = True) -> None:
         self.name = name
-        self._healthy = healthy
-        self._up: asyncio.Future[None] | None = None
+        self._status = Health(healthy)
         self.fail: errors.ProxyError | None = None
         self.sent: list[bpb.Message] = []
         self.pops: list[bpb.PopRequest] = []
@@ -28,23 +28,15 @@ class FakeBroker:
 
     @property
     def healthy(self) -> bool:
-        return self._healthy
+        return self._status.up
 
     @healthy.setter
     def healthy(self, healthy: bool) -> None:
         """What the health checks see; waiters on `when_up` wake when it turns True."""
-        self._healthy = healthy
-        if healthy and self._up is not None and not self._up.done():
-            self._up.set_result(None)
-        elif not healthy and self._up is not None and self._up.done():
-            self._up = None
+        self._status.set(healthy)
 
     def when_up(self) -> asyncio.Future[None]:
-        if self._up is None:
-            self._up = asyncio.get_running_loop().create_future()
-            if self._healthy:
-                self._up.set_result(None)
-        return self._up
+        return self._status.when_up()
 
     def _held(self, delta: int) -> None:
         self.held += delta
