@@ -145,8 +145,14 @@ class Proxy:
                 for i, result in zip(chunk, stored, strict=True):
                     results[i] = result
 
-        # gather, not a TaskGroup: the first ProxyError reaches the client as itself, not in a group.
-        await asyncio.gather(*(one(key, indexes) for key, indexes in batches.items()))
+        # Every group settles before the answer (a client retrying must not race a store still in flight, and
+        # the request's bytes stay counted until then); the first error reaches the client as itself.
+        outcomes = await asyncio.gather(
+            *(one(key, indexes) for key, indexes in batches.items()), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return [r for r in results if r is not None]
 
     async def _send_with_failover(

@@ -129,6 +129,32 @@ def test_send_does_not_fail_over_on_a_bad_request() -> None:
     assert brokers["b2"].sent == []
 
 
+def test_a_failed_send_answers_once_every_message_group_of_the_request_has_settled() -> None:
+    """One group's broker refuses while another group's store is still in flight: the error is answered only
+    after that store ends, so a client retrying the request does not race it, and the request's bytes stay
+    counted against max_send_bytes until then."""
+    proxy, brokers = make("b1", "b2")
+    on = {proxy.pool.candidates(f"k{i}")[0].name: f"k{i}" for i in range(20)}  # a message group for each broker
+    brokers["b1"].fail = errors.MessageBodyTooLarge("too big")
+    slow_send = brokers["b2"].send
+    in_flight: list[int] = []
+
+    async def slow(messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        in_flight.append(proxy._send_bytes)
+        await asyncio.sleep(0.05)
+        return await slow_send(messages, timeout_s=timeout_s)
+
+    brokers["b2"].send = slow  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        with pytest.raises(errors.MessageBodyTooLarge):
+            await proxy.send([msg(1, on["b1"]), msg(2, on["b2"])])
+        assert [m.message_id for m in brokers["b2"].sent] == ["m2"]  # settled before the answer
+
+    run(scenario())
+    assert in_flight and in_flight[0] > 0 and proxy._send_bytes == 0
+
+
 def broker_sends(batch: list[bpb.Message], budget: int) -> list[int]:
     """How many messages each broker Send carries when the proxy sends `batch` with this budget."""
     brokers = {"b1": FakeBroker("b1")}
