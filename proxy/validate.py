@@ -189,8 +189,11 @@ def properties(props: Mapping[str, str]) -> Mapping[str, str]:
 def delivery_time(deliver_at_s: float, *, now_s: float, max_delay_s: float) -> float:
     """A delivery timestamp (seconds since the epoch); past times mean 'now'."""
     if deliver_at_s > now_s + max_delay_s:
+        delay_s = deliver_at_s - now_s
+        # A millisecond timestamp taken for seconds lands ~50,000 years ahead: only then say so.
+        hint = " (it is seconds since the epoch, not milliseconds)" if delay_s > 1000 * now_s / 2 else ""
         raise errors.IllegalDeliveryTime(
-            f"delivery_timestamp {deliver_at_s:.0f} is more than {max_delay_s:g} s in the future "
-            "(it is whole seconds since the epoch, not milliseconds)"
+            f"delivery_timestamp {deliver_at_s:.0f} is {delay_s:.0f} s ahead; the longest delay is "
+            f"{max_delay_s:g} s{hint}"
         )
     return deliver_at_s

@@ -74,6 +74,10 @@ def test_batch_invisible_body_and_delivery_limits_name_the_rule() -> None:
     with pytest.raises(errors.IllegalDeliveryTime, match="milliseconds"):
         validate.delivery_time(1_700_000_000_000, now_s=1_700_000_000, max_delay_s=86400)
     assert validate.delivery_time(1_600_000_000, now_s=1_700_000_000, max_delay_s=86400) == 1_600_000_000
+    with pytest.raises(errors.IllegalDeliveryTime) as too_late:  # a 2-day delay: seconds, just too far ahead
+        validate.delivery_time(1_700_172_800, now_s=1_700_000_000, max_delay_s=86400)
+    assert "172800 s ahead; the longest delay is 86400 s" in str(too_late.value)
+    assert "milliseconds" not in str(too_late.value)
 
 
 def test_message_fields_get_their_own_codes() -> None:
