@@ -29,6 +29,7 @@ from broker.errors import (
     BadRequest,
     BrokerError,
     IllegalBatchSize,
+    IllegalFilter,
     IllegalInvisibleTime,
     IllegalPollingTime,
     InvalidReceiptHandle,
@@ -115,7 +116,7 @@ class BrokerCore:
             if len(known) < count:
                 self.sends.unsaved(topic)
         for f in snap.filters:
-            self._group(f.group, f.topic).filter = TagFilter.parse(f.expression)
+            self._restore_filter(f.group, f.topic, f.expression)
         for p in snap.pull_offsets:
             self._group(p.group, p.topic).queue(p.queue_id, p.pull_offset).pull_offset = p.pull_offset
         for i in snap.inflight:
@@ -127,6 +128,20 @@ class BrokerCore:
         for state in self.groups.values():
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
+
+    def _restore_filter(self, group: str, topic: str, expression: str) -> None:
+        # One unreadable row (written by another version) costs that group its lag filter until its next Pop sets
+        # one, not the whole broker its start: it is logged and the group reads as `*` meanwhile.
+        state = self._group(group, topic)
+        try:
+            state.filter = TagFilter.parse(expression, max_len=None)
+        except IllegalFilter as e:
+            log.warning(
+                "stored filter of group %s on topic %s skipped (%s); it reads as '*' until its next Pop",
+                group,
+                topic,
+                e,
+            )
 
     def start(self) -> None:
         self.scheduler.start()

@@ -16,11 +16,13 @@ class TagFilter:
     tags: frozenset[str] | None
 
     @classmethod
-    def parse(cls, expression: str) -> TagFilter:
+    def parse(cls, expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> TagFilter:
+        """Parse a filter a client sent (at most `max_len` characters), or, with ``max_len=None``, one the store
+        kept: a stored filter was accepted once, so a later, smaller limit must not make the broker refuse to start."""
         text = expression.strip()
         if text in ("", "*"):
             return MATCH_ALL
-        if len(text) > MAX_FILTER_LEN:
+        if max_len is not None and len(text) > max_len:
             raise IllegalFilter(f"filter expression is longer than {MAX_FILTER_LEN} characters")
         tags = [part.strip() for part in text.split("||")]
         for tag in tags:
@@ -38,7 +40,9 @@ class TagFilter:
         return self.tags is None or (tag is not None and tag in self.tags)
 
     def __str__(self) -> str:
-        return "*" if self.tags is None else " || ".join(sorted(self.tags))
+        # The stored form. No spaces around ``||``: it is then never longer than the expression it was parsed from
+        # (parts are stripped, duplicates dropped), so what was accepted fits the limit when read back.
+        return "*" if self.tags is None else "||".join(sorted(self.tags))
 
 
 MATCH_ALL = TagFilter(None)
