@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.errors import IllegalFilter
@@ -38,6 +39,16 @@ class TagFilter:
 
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)
+
+    def count(self, tag_counts: Mapping[str | None, int], total: int) -> int:
+        """How many of a batch of messages match, given the batch's count of each tag (None: untagged) and its
+        size: a lookup per tag of the smaller side, not one per message, so an arrival of 1,024 messages costs
+        each held filter a few lookups (20,000 held filters read every message each: 1.2 s)."""
+        if self.tags is None:
+            return total
+        if len(self.tags) <= len(tag_counts):
+            return sum(tag_counts.get(tag, 0) for tag in self.tags)
+        return sum(n for tag, n in tag_counts.items() if tag in self.tags)
 
     def __str__(self) -> str:
         # The stored form. No spaces around ``||``: it is then never longer than the expression it was parsed from
