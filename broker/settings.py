@@ -53,7 +53,9 @@ class BrokerSettings:
     )
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest message body"})
     max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch"})
-    max_pop_bytes: int = field(default=8 * 1024 * 1024, metadata={"help": "largest Pop answer (bodies and overhead)"})
+    max_pop_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "largest Pop or ListMessages answer (bodies and overhead)"}
+    )
     max_send_batch: int = field(default=1024, metadata={"help": "most messages in one Send"})
     min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
     max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})

@@ -1,5 +1,6 @@
 """The broker keeps consumer-group state for a bounded number of (group, topic) pairs (`--max-groups`) and a
-bounded number of topics (`--max-topics`): what any client can make up by naming it is limited."""
+bounded number of topics (`--max-topics`): what any client can make up by naming it is limited. Answers that list
+stored messages are bounded in bytes (`--max-pop-bytes`)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,25 @@ def test_a_send_that_would_create_topics_beyond_the_limit_is_refused_whole(tmp_p
             assert sorted(core.topics) == ["%DLQ%g", "t1", "t2", "t3"]
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_listing_stored_messages_is_cut_at_the_byte_budget_and_goes_on_from_the_next_offset(tmp_path: Path) -> None:
+    """Before, ListMessages returned `limit` whole messages: six of 4 MiB were past the gRPC message limit and
+    the admin's `dlq list` failed outright."""
+    bodies = [bytes([65 + i]) * 3000 for i in range(5)]
+
+    async def scenario() -> list[list[int]]:
+        async with broker(tmp_path / "data", queues_per_topic=1, max_pop_bytes=7000) as (core, _):
+            await core.send([pb.Message(topic="t", body=body) for body in bodies])
+            await core.send([pb.Message(topic="t", body=b"z" * 9000)])  # alone larger than the budget
+            pages, offset = [], 0
+            while page := await core.list_messages("t", 0, offset, 1000):
+                assert sum(len(r.payload) for r in page) <= 7000 or len(page) == 1
+                pages.append([r.offset for r in page])
+                offset = page[-1].offset + 1
+            assert [pb.Message.FromString(r.payload).body for r in await core.list_messages("t", 0, 1, 1)] == [
+                bodies[1]
+            ]
+            return pages
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == [[0, 1], [2, 3], [4], [5]]
