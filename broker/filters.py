@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.errors import IllegalFilter
@@ -16,11 +17,13 @@ class TagFilter:
     tags: frozenset[str] | None
 
     @classmethod
-    def parse(cls, expression: str) -> TagFilter:
+    def parse(cls, expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> TagFilter:
+        """Parse a filter a client sent (at most `max_len` characters), or, with ``max_len=None``, one the store
+        kept: a stored filter was accepted once, so a later, smaller limit must not make the broker refuse to start."""
         text = expression.strip()
         if text in ("", "*"):
             return MATCH_ALL
-        if len(text) > MAX_FILTER_LEN:
+        if max_len is not None and len(text) > max_len:
             raise IllegalFilter(f"filter expression is longer than {MAX_FILTER_LEN} characters")
         tags = [part.strip() for part in text.split("||")]
         for tag in tags:
@@ -37,8 +40,20 @@ class TagFilter:
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)
 
+    def count(self, tag_counts: Mapping[str | None, int], total: int) -> int:
+        """How many of a batch of messages match, given the batch's count of each tag (None: untagged) and its
+        size: a lookup per tag of the smaller side, not one per message, so an arrival of 1,024 messages costs
+        each held filter a few lookups (20,000 held filters read every message each: 1.2 s)."""
+        if self.tags is None:
+            return total
+        if len(self.tags) <= len(tag_counts):
+            return sum(tag_counts.get(tag, 0) for tag in self.tags)
+        return sum(n for tag, n in tag_counts.items() if tag in self.tags)
+
     def __str__(self) -> str:
-        return "*" if self.tags is None else " || ".join(sorted(self.tags))
+        # The stored form. No spaces around ``||``: it is then never longer than the expression it was parsed from
+        # (parts are stripped, duplicates dropped), so what was accepted fits the limit when read back.
+        return "*" if self.tags is None else "||".join(sorted(self.tags))
 
 
 MATCH_ALL = TagFilter(None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from broker.filters import TagFilter
@@ -111,7 +112,10 @@ class HoldService:
 
     def arrived(self, key: Key, tags: Sequence[str | None]) -> int:
         """New messages with these tags can be consumed by the key's group: wake who can be served."""
-        return self._wake(key, lambda f: sum(1 for t in tags if f.matches(t)))
+        if key not in self._waiters:
+            return 0
+        counts = Counter(tags)  # once per arrival; each held filter then counts its matches from it
+        return self._wake(key, lambda f: f.count(counts, len(tags)))
 
     def wake(self, key: Key, count: int) -> int:
         """``count`` messages became ready whatever their tags (redeliveries): wake up to that many Pops."""
@@ -127,9 +131,10 @@ class HoldService:
             return 0
         woken = 0
         budgets: dict[TagFilter, int] = {}
+        entries = list(groups.items())  # waking removes the entries it empties
         for kind in (Kind.POP, Kind.NOTIFICATION):
-            for (group_kind, tag_filter), group in list(groups.items()):
-                if group_kind is not kind:
+            for (group_kind, tag_filter), group in entries:
+                if group_kind is not kind or not group:
                     continue
                 budget = budgets.get(tag_filter)
                 if budget is None:

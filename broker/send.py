@@ -20,6 +20,7 @@ from broker.errors import (
     IllegalMessage,
     MessageBodyEmpty,
     MessageBodyTooLarge,
+    TooManyRequests,
     TopicNotFound,
 )
 from broker.log import QueueLog, TopicLog
@@ -59,6 +60,7 @@ class SendPath:
             raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {self.settings.max_send_batch}")
         now = now_ms()
         checked = [self.check(m, now) for m in messages]  # all or nothing: check every message first
+        self.check_new_topics(messages)
         ops: list[Op] = []
         appends: list[NewMessage] = []
         out: list[Sent] = []
@@ -148,6 +150,22 @@ class SendPath:
         if not self.settings.auto_create and m.topic not in self.topics:
             raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
         return tag, due
+
+    def check_new_topics(self, messages: Sequence[pb.Message]) -> None:
+        """Refuse, before anything is created, a Send whose new topics would take the broker past `--max-topics`.
+        Each topic costs memory and metric series for good, and any producer could name new ones: one Send of
+        1,024 messages created 1,024 topics, and 30,000 of them cost a review's broker 85 MiB and a 8.6 MB
+        /metrics rendered in 1.95 s on the event loop. Topics the broker creates itself (`--topic` at start, a
+        group's dead-letter topic, a scheduled message's topic when due) are never refused but count."""
+        room = self.settings.max_topics - len(self.topics)
+        if room >= len(messages):
+            return  # the common case: no set to build
+        new = {m.topic for m in messages if m.topic not in self.topics}
+        if len(new) > room:
+            raise TooManyRequests(
+                f"broker {self.name} has {len(self.topics)} topics, its limit (--max-topics {self.settings.max_topics})"
+                f": a Send creating {len(new)} more is refused"
+            )
 
     def place(self, m: pb.Message, tag: str | None, now: int, ops: list[Op]) -> NewMessage:
         """Choose the queue and fill in what the producer left out (after every message passed its checks)."""

@@ -48,9 +48,14 @@ class BrokerSettings:
     max_groups: int = field(
         default=10000, metadata={"help": "consumer group x topic states kept; a new one beyond is TOO_MANY_REQUESTS"}
     )
+    max_topics: int = field(
+        default=10000, metadata={"help": "topics kept; a Send that would create one beyond is TOO_MANY_REQUESTS"}
+    )
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest message body"})
     max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch"})
-    max_pop_bytes: int = field(default=8 * 1024 * 1024, metadata={"help": "largest Pop answer (bodies and overhead)"})
+    max_pop_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "largest Pop or ListMessages answer (bodies and overhead)"}
+    )
     max_send_batch: int = field(default=1024, metadata={"help": "most messages in one Send"})
     min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
     max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})
@@ -73,6 +78,7 @@ class BrokerSettings:
             (self.max_delivery_attempts >= 1, "max_delivery_attempts must be >= 1"),
             (self.max_held >= 0, "max_held must be >= 0"),
             (self.max_groups >= 1, "max_groups must be >= 1"),
+            (self.max_topics >= 1, "max_topics must be >= 1"),
             (0 < self.min_invisible_ms <= self.max_invisible_ms, "need 0 < min_invisible_ms <= max_invisible_ms"),
             (1 <= self.max_pop_batch <= 1024, "max_pop_batch must be in 1..1024"),
             (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),

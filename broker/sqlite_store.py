@@ -27,6 +27,7 @@ from pathlib import Path
 from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, unpack
 from broker.errors import StoreUnavailable
 from broker.store import (
+    RECORD_OVERHEAD_BYTES,
     ArrivalListener,
     CreateQueue,
     DeleteInflight,
@@ -432,19 +433,26 @@ class SqliteStore:
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, read)
 
-    async def read_range(self, topic: str, queue_id: int, from_offset: int, limit: int) -> list[Record]:
+    async def read_range(
+        self, topic: str, queue_id: int, from_offset: int, limit: int, *, max_bytes: int | None = None
+    ) -> list[Record]:
         def read() -> list[Record]:
             conn = self._reader_conn()
             out: list[Record] = []
+            size = 0
             want = from_offset  # the next offset to return
             while len(out) < limit:
                 rows = conn.execute(SELECT_BATCHES, (topic, queue_id, want, want + limit - len(out))).fetchall()
                 before = len(out)
                 for row in rows:
                     for offset, store_ms, tag, payload in unpack(*row):
-                        if offset >= want and len(out) < limit:
-                            out.append(Record(topic, queue_id, offset, store_ms, tag, payload))
-                            want = offset + 1
+                        if offset < want or len(out) >= limit:
+                            continue
+                        size += len(payload) + RECORD_OVERHEAD_BYTES
+                        if max_bytes is not None and out and size > max_bytes:
+                            return out  # full: the caller goes on from the offset after the last one
+                        out.append(Record(topic, queue_id, offset, store_ms, tag, payload))
+                        want = offset + 1
                 if len(out) == before:  # nothing at or after `want`
                     break
             return out

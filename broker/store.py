@@ -15,6 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+# What a listed record costs in an answer beside its payload (queue, offset, store time, field tags), rounded up.
+RECORD_OVERHEAD_BYTES = 64
+
 
 @dataclass(slots=True)
 class NewMessage:
@@ -127,7 +130,12 @@ class Store(Protocol):
 
     async def read_payloads(self, topic: str, queue_id: int, offsets: Sequence[int]) -> dict[int, bytes]: ...
 
-    async def read_range(self, topic: str, queue_id: int, from_offset: int, limit: int) -> list[Record]: ...
+    async def read_range(
+        self, topic: str, queue_id: int, from_offset: int, limit: int, *, max_bytes: int | None = None
+    ) -> list[Record]:
+        """Up to `limit` records from `from_offset` on, stopping before their payloads (plus
+        `RECORD_OVERHEAD_BYTES` each) would pass `max_bytes`; at least one when there is one."""
+        ...
 
     async def read_scheduled(self, schedule_ids: Sequence[int]) -> list[PutScheduled]: ...
 

@@ -111,11 +111,18 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
     return out
 
 
+def _channel(broker: Broker) -> grpc.Channel:
+    # grpc's default 4 MiB receive limit is below what a broker may answer: a ListMessages page is cut at the
+    # broker's --max-pop-bytes (8 MiB) but always holds one message, itself up to 4 MiB of body; a Stats answer
+    # grows with topics. The broker bounds its answers, so this client takes whatever it is sent.
+    return grpc.insecure_channel(broker.target, options=[("grpc.max_receive_message_length", -1)])
+
+
 def fetch_stats(brokers: list[Broker], request: bpb.StatsRequest, timeout: float) -> dict[str, bpb.StatsResponse]:
     """Each reachable broker's Stats; unreachable ones are left out (and named on stderr by the caller)."""
     out: dict[str, bpb.StatsResponse] = {}
     for broker in brokers:
-        with grpc.insecure_channel(broker.target) as channel:
+        with _channel(broker) as channel:
             try:
                 stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
                 out[broker.name] = stub.Stats(request, timeout=timeout, metadata=broker.metadata)
@@ -199,21 +206,36 @@ def list_dead_letters(
     out: list[bpb.StoredMessage] = []
     answered = 0
     for broker in brokers:
-        with grpc.insecure_channel(broker.target) as channel:
+        with _channel(broker) as channel:
             stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
             try:
                 stats = stub.Stats(bpb.StatsRequest(topic=topic), timeout=timeout, metadata=broker.metadata)
                 for q in stats.queues:
-                    if q.topic != topic or q.max_offset <= q.min_offset or len(out) >= limit:
-                        continue
-                    request = bpb.ListMessagesRequest(
-                        topic=topic, queue_id=q.queue_id, from_offset=q.min_offset, limit=limit - len(out)
-                    )
-                    out += stub.ListMessages(request, timeout=timeout, metadata=broker.metadata).messages
+                    if q.topic == topic:
+                        out += _list_queue(stub, broker, q, limit=limit - len(out), timeout=timeout)
                 answered += 1
             except grpc.RpcError as exc:
                 _err(f"popgate dlq list: broker {broker.name} at {broker.target}: {exc.code().name}")
     return out, answered
+
+
+def _list_queue(
+    stub: bpb_grpc.BrokerStub, broker: Broker, queue: bpb.QueueStats, *, limit: int, timeout: float
+) -> list[bpb.StoredMessage]:
+    """Up to `limit` messages of one queue, page by page: a broker cuts a page at its byte budget (always one
+    message at least), so a short page is not the end; the queue's max offset is."""
+    out: list[bpb.StoredMessage] = []
+    offset = queue.min_offset
+    while len(out) < limit and offset < queue.max_offset:
+        request = bpb.ListMessagesRequest(
+            topic=queue.topic, queue_id=queue.queue_id, from_offset=offset, limit=min(limit - len(out), 1000)
+        )
+        page = stub.ListMessages(request, timeout=timeout, metadata=broker.metadata).messages
+        if not page:
+            break
+        out += page
+        offset = page[-1].offset + 1
+    return out
 
 
 def dlq_list_command(args: argparse.Namespace) -> int:

@@ -124,6 +124,25 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
     assert "resent 0 message(s)" in capsys.readouterr().out  # each dead letter is re-sent once
 
 
+def test_dlq_list_shows_dead_letters_larger_than_grpcs_default_message_limit(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three 3 MiB dead letters: the broker's list page is cut at its 8 MiB answer budget and `dlq list` asks
+    for the rest. Before, one answer held all three (9 MiB) and the admin's 4 MiB channel refused it: "broker ...:
+    RESOURCE_EXHAUSTED", no broker answered."""
+    topic, group = name("cli"), name("g")
+    bodies = [bytes([65 + i]) * (3 * 1024 * 1024) for i in range(3)]
+    with Producer(cluster.endpoint) as producer, SimpleConsumer(cluster.endpoint, group, topic) as consumer:
+        for body in bodies:
+            producer.send(topic, body)
+        for message in drain(consumer, 3, ack=False):
+            consumer.forward_to_dlq(message)
+    assert main(["dlq", "list", group, *brokers(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert f"%DLQ%{group}: 3 message(s)" in out
+    assert all(body[:40].decode() in out for body in bodies)
+
+
 def table_rows(out: str) -> dict[str, list[str]]:
     """A rich table's rows by their first cell: the cells, stripped."""
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") > 3]

@@ -14,7 +14,7 @@ def test_tag_alternatives() -> None:
     f = TagFilter.parse(" a || b ||c ")
     assert f.tags == frozenset({"a", "b", "c"})
     assert f.matches("b") and not f.matches("d") and not f.matches(None)
-    assert str(f) == "a || b || c"
+    assert str(f) == "a||b||c"
     assert TagFilter.parse(str(f)) == f
 
 
@@ -22,3 +22,21 @@ def test_tag_alternatives() -> None:
 def test_bad_expressions(text: str) -> None:
     with pytest.raises(IllegalFilter):
         TagFilter.parse(text)
+
+
+def test_the_stored_form_is_never_longer_than_the_expression_accepted() -> None:
+    # 256 two-letter tags, written compactly: 1,022 characters, under the limit. The stored form used to put
+    # " || " between tags (1,532 characters), which the limit then refused when the broker read it back at start.
+    tags = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"][:256]
+    expression = "||".join(tags)
+    assert len(expression) == 1022
+    stored = str(TagFilter.parse(expression))
+    assert len(stored) <= len(expression)
+    assert TagFilter.parse(stored) == TagFilter.parse(expression)
+
+
+def test_a_stored_filter_is_read_back_without_the_length_limit() -> None:
+    long = " || ".join(f"t{i:03}" for i in range(300))  # as older versions stored it: over 1,024 characters
+    with pytest.raises(IllegalFilter):
+        TagFilter.parse(long)
+    assert TagFilter.parse(long, max_len=None).tags == frozenset(f"t{i:03}" for i in range(300))

@@ -1,4 +1,6 @@
-"""The broker keeps consumer-group state for a bounded number of (group, topic) pairs (`--max-groups`)."""
+"""The broker keeps consumer-group state for a bounded number of (group, topic) pairs (`--max-groups`) and a
+bounded number of topics (`--max-topics`): what any client can make up by naming it is limited. Answers that list
+stored messages are bounded in bytes (`--max-pop-bytes`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.errors import TooManyRequests
+from broker.model import now_ms
 from tests.unit.broker.cores import broker
 
 
@@ -26,3 +29,49 @@ def test_a_new_group_beyond_the_limit_is_too_many_requests_and_the_known_ones_go
             assert sorted({row.group for row in core.lags()}) == ["g1", "g2"]
 
     asyncio.run(scenario())
+
+
+def test_a_send_that_would_create_topics_beyond_the_limit_is_refused_whole(tmp_path: Path) -> None:
+    """Before, any Send created every topic it named (one Send of 1,024 messages: 1,024 topics)."""
+
+    async def scenario() -> None:
+        async with broker(tmp_path / "data", max_topics=3) as (core, _):
+            await core.send([pb.Message(topic="t1", body=b"x")])
+            batch = [pb.Message(topic=name, body=b"y") for name in ("t1", "t2", "t3", "t4", "t2")]
+            with pytest.raises(TooManyRequests, match=r"--max-topics 3\): a Send creating 3 more is refused"):
+                await core.send(batch)
+            # nothing half-way: no topic created, not even the ones that would have fitted, and t1 unchanged
+            assert sorted(core.topics) == ["t1"]
+            assert sum(q.max_offset for q in core.topics["t1"].queues) == 1
+            await core.send([pb.Message(topic=name, body=b"z") for name in ("t2", "t3", "t1")])
+            with pytest.raises(TooManyRequests, match="--max-topics"):
+                await core.send([pb.Message(topic="t4", body=b"z", deliver_at_ms=now_ms() + 60_000)])  # delayed too
+            await core.send([pb.Message(topic="t3", body=b"z")])  # existing topics take messages as before
+            # a dead-letter topic is the broker's own: created at the limit, and counted
+            [m] = (await core.pop("t2", "g", "*", 1, 30_000, 0)).messages
+            await core.dead_letter("t2", "g", m.handle)
+            assert sorted(core.topics) == ["%DLQ%g", "t1", "t2", "t3"]
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_listing_stored_messages_is_cut_at_the_byte_budget_and_goes_on_from_the_next_offset(tmp_path: Path) -> None:
+    """Before, ListMessages returned `limit` whole messages: six of 4 MiB were past the gRPC message limit and
+    the admin's `dlq list` failed outright."""
+    bodies = [bytes([65 + i]) * 3000 for i in range(5)]
+
+    async def scenario() -> list[list[int]]:
+        async with broker(tmp_path / "data", queues_per_topic=1, max_pop_bytes=7000) as (core, _):
+            await core.send([pb.Message(topic="t", body=body) for body in bodies])
+            await core.send([pb.Message(topic="t", body=b"z" * 9000)])  # alone larger than the budget
+            pages, offset = [], 0
+            while page := await core.list_messages("t", 0, offset, 1000):
+                assert sum(len(r.payload) for r in page) <= 7000 or len(page) == 1
+                pages.append([r.offset for r in page])
+                offset = page[-1].offset + 1
+            assert [pb.Message.FromString(r.payload).body for r in await core.list_messages("t", 0, 1, 1)] == [
+                bodies[1]
+            ]
+            return pages
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == [[0, 1], [2, 3], [4], [5]]
