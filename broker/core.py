@@ -20,7 +20,7 @@ import contextlib
 import functools
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -627,22 +627,45 @@ class BrokerCore:
 
     def _has_ready(self, state: GroupTopic, tag_filter: TagFilter) -> bool:
         """Whether a Pop with this filter would take something now (FIFO messages held back count as none)."""
+        return self._ready_check(state)(tag_filter)
+
+    def _ready_check(self, state: GroupTopic, filters: int = 1) -> Callable[[TagFilter], bool]:
+        """`_has_ready` for one group and any number of filters: what does not depend on the filter is worked
+        out once. For several (`filters` > 1: the sweep over held requests), a filter none of whose tags the
+        readable ranges' block summaries hold is answered without a search: 20,000 held Pops of distinct
+        filters beside a backlog of other tags held the loop 0.14-0.48 s a sweep (a review's probe)."""
         self.redelivery.expire(state, now_ms())
         if self.redelivery.has_ready(state):
-            return True
+            return lambda tag_filter: True
         topic = self.topics.get(state.topic)
-        if topic is None:
-            return False
-        for queue in topic.queues:
+        ranges = []
+        for queue in topic.queues if topic is not None else ():
             gq = state.queues.get(queue.queue_id)
-            if gq is None:
-                if queue.first_match(queue.min_offset, tag_filter) < queue.max_offset:
-                    return True
-                continue
-            end = self._readable_end(gq, queue)
-            if queue.first_match(gq.pull_offset, tag_filter, end) < end:
+            start, end = (
+                (queue.min_offset, queue.max_offset) if gq is None else (gq.pull_offset, self._readable_end(gq, queue))
+            )
+            if start < end:
+                ranges.append((queue, start, end))
+        present: set[str | None] | None = None
+        if filters > 1 and ranges:
+            present = set()
+            for queue, start, end in ranges:
+                tags = queue.tags_between(start, end, max_blocks=64)
+                if tags is None:
+                    present = None
+                    break
+                present |= tags
+
+        def ready(tag_filter: TagFilter) -> bool:
+            if not ranges:
+                return False
+            if tag_filter.tags is None:
                 return True
-        return False
+            if present is not None and tag_filter.tags.isdisjoint(present):
+                return False
+            return any(queue.first_match(start, tag_filter, end) < end for queue, start, end in ranges)
+
+        return ready
 
     def sweep(self) -> None:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);
@@ -660,7 +683,7 @@ class BrokerCore:
                 if ops:
                     self._commit(ops)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ
-                self.hold.wake_ready((topic, group), functools.partial(self._has_ready, state))
+                self.hold.wake_ready((topic, group), functools.partial(self._ready_check, state))
 
     # -- stats -----------------------------------------------------------------
 

@@ -187,6 +187,24 @@ class QueueLog:
                 count += sum(n for tag, n in counts.items() if tag in wanted)
         return count
 
+    def tags_between(self, start: int, end: int, max_blocks: int) -> set[str | None] | None:
+        """The tags of the blocks overlapping [start, end): every tag in the range and maybe some around it.
+        None when a block keeps no summary or more than ``max_blocks`` blocks overlap (not worth it)."""
+        start = max(start, self.min_offset)
+        end = min(end, self.max_offset)
+        if end <= start:
+            return set()
+        base = self.min_offset >> BLOCK_BITS
+        first, last = (start >> BLOCK_BITS) - base, ((end - 1) >> BLOCK_BITS) - base
+        if last - first >= max_blocks:
+            return None
+        present: set[str | None] = set()
+        for counts in islice(self._blocks, first, last + 1):
+            if counts is None:
+                return None
+            present.update(counts)
+        return present
+
     def _may_hold(self, offset: int, wanted: frozenset[str]) -> bool:
         """Whether the block holding ``offset`` may hold a wanted tag (False only when it surely does not)."""
         counts = self._blocks[(offset >> BLOCK_BITS) - (self.min_offset >> BLOCK_BITS)]

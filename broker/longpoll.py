@@ -148,10 +148,15 @@ class HoldService:
                 budgets[tag_filter] = budget
         return woken
 
-    def wake_ready(self, key: Key, has_ready: Callable[[TagFilter], bool]) -> None:
-        """Wake every held request of the key whose own filter has something ready (the safety sweep)."""
+    def wake_ready(self, key: Key, ready_check: Callable[[int], Callable[[TagFilter], bool]]) -> None:
+        """Wake every held request of the key whose own filter has something ready (the safety sweep).
+        ``ready_check(n)``: a predicate for the n distinct filters held (set up once for them all)."""
+        groups = self._waiters.get(key)
+        if not groups:
+            return
+        has_ready = ready_check(len({tag_filter for _, tag_filter in groups}))
         ready: dict[TagFilter, bool] = {}
-        for (_, tag_filter), group in list(self._waiters.get(key, {}).items()):
+        for (_, tag_filter), group in list(groups.items()):
             found = ready.get(tag_filter)
             if found is None:
                 found = ready[tag_filter] = has_ready(tag_filter)

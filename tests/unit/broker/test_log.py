@@ -116,6 +116,29 @@ def test_counts_and_searches_equal_linear_scans(
 
 
 @settings(deadline=None)
+@given(min_offset=st.integers(0, 3 * BLOCK), loaded=runs, appended=runs, extra=st.lists(st.integers(-10, 13000)))
+def test_tags_between_holds_every_tag_of_the_range(
+    min_offset: int, loaded: list[Run], appended: list[Run], extra: list[int]
+) -> None:
+    """The sweep answers a filter none of whose tags `tags_between` lists without searching: it must never
+    leave out a tag that is in the range (None, when it cannot say, is always allowed)."""
+    loaded_tags, appended_tags = expand(loaded), expand(appended)
+    tags = loaded_tags + appended_tags
+    q = build(min_offset, loaded_tags, appended_tags)
+    points = probes(min_offset, len(tags)) + [min_offset + e for e in extra]
+    for start in points:
+        for end in points:
+            present = q.tags_between(start, end, max_blocks=64)
+            inside = set(tags[max(start, min_offset) - min_offset : max(0, min(end, q.max_offset) - min_offset)])
+            if present is None:
+                lo, hi = max(start, min_offset), min(end, q.max_offset)
+                assert lo < hi  # an empty range is always answerable
+            else:
+                assert inside <= present, (start, end)
+    assert build(0, ["a"] * 5, []).tags_between(0, 5, max_blocks=64) == {"a"}  # a summary, not None
+
+
+@settings(deadline=None)
 @given(min_offset=st.integers(0, 2 * BLOCK), loaded=runs, f=filters, pull=st.integers(0, 3 * BLOCK), grow=runs)
 def test_lag_equals_linear_scans_while_the_queue_grows(
     min_offset: int, loaded: list[Run], f: TagFilter, pull: int, grow: list[Run]

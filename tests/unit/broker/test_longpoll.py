@@ -141,3 +141,24 @@ def test_each_filter_is_woken_for_the_arrivals_it_matches_pops_before_notificati
         "c": [C, C, C, C],
         "b || zz": [S, C, C, C],
     }
+
+
+def test_the_sweep_wakes_each_held_request_whose_own_filter_has_something_ready() -> None:
+    async def scenario() -> tuple[list[Outcome], list[int]]:
+        hold = HoldService(capacity=10)
+        key = ("t", "g")
+        held = [asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse(t), 0.3)) for t in ("a", "b", "b", "c")]
+        await asyncio.sleep(0)
+        set_up_for: list[int] = []
+
+        def ready_check(filters: int):  # type: ignore[no-untyped-def]
+            set_up_for.append(filters)  # once per sweep, told how many distinct filters are held
+            return lambda tag_filter: tag_filter == TagFilter.parse("b")
+
+        hold.wake_ready(key, ready_check)
+        hold.wake_ready(("t", "nobody"), ready_check)  # no request held: nothing is set up
+        return [await h for h in held], set_up_for
+
+    outcomes, set_up_for = run(scenario())
+    assert outcomes == [Outcome.TIMED_OUT, Outcome.SERVED, Outcome.SERVED, Outcome.TIMED_OUT]
+    assert set_up_for == [3]
