@@ -27,13 +27,15 @@ class Delivery:
 
 
 class GroupQueue:
-    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo")
+    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo", "counted")
 
     def __init__(self, queue_id: int, pull_offset: int) -> None:
         self.queue_id = queue_id
         self.pull_offset = pull_offset
         self.inflight: dict[int, Delivery] = {}
         self.fifo: set[int] = set()  # offsets of FIFO messages in flight, or being dead-lettered (not yet committed)
+        # The group's last count of matching messages here, (filter, start, end, count): broker.lag's memo.
+        self.counted: tuple[TagFilter, int, int, int] | None = None
 
     @property
     def consumer_offset(self) -> int:

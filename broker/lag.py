@@ -35,10 +35,27 @@ def queue_lag(log: QueueLog, state: GroupQueue | None, tag_filter: TagFilter, st
     pull = max(pull, log.min_offset)
     inflight = len(state.inflight) if state else 0
     consumer = state.consumer_offset if state else pull
-    ready = log.count_matching(pull, log.max_offset, tag_filter)
+    ready = _ready(log, state, pull, tag_filter)
     if state and state.inflight:
         oldest_offset = min(state.inflight)
-    else:
-        oldest_offset = log.first_match(pull, tag_filter)
+    else:  # nothing ready: no search (with unsummarised blocks it reads every tag after the pull offset)
+        oldest_offset = log.first_match(pull, tag_filter) if ready else log.max_offset
     oldest = log.store_ms_at(oldest_offset) if log.min_offset <= oldest_offset < log.max_offset else 0
     return QueueLag(log.max_offset, consumer, pull, ready, inflight, ready + inflight, oldest)
+
+
+def _ready(log: QueueLog, state: GroupQueue | None, pull: int, tag_filter: TagFilter) -> int:
+    """Matching messages in [pull, MaxOffset). With a filter, the group's last count is kept and the next one only
+    counts what changed since (the messages consumed and the messages arrived): blocks with too many distinct
+    tags keep no summary, and 20 filtered groups over 300,000 messages with unique tags made every Stats call
+    and scrape hold the loop ~0.5 s (a review's probe)."""
+    end = log.max_offset
+    if tag_filter.tags is None or state is None:
+        return log.count_matching(pull, end, tag_filter)
+    last = state.counted
+    if last is not None and last[0] == tag_filter and last[1] <= pull <= last[2] <= end:
+        count = last[3] - log.count_matching(last[1], pull, tag_filter) + log.count_matching(last[2], end, tag_filter)
+    else:
+        count = log.count_matching(pull, end, tag_filter)
+    state.counted = (tag_filter, pull, end, count)
+    return count

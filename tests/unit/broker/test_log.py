@@ -139,17 +139,31 @@ def test_tags_between_holds_every_tag_of_the_range(
 
 
 @settings(deadline=None)
-@given(min_offset=st.integers(0, 2 * BLOCK), loaded=runs, f=filters, pull=st.integers(0, 3 * BLOCK), grow=runs)
+@given(
+    min_offset=st.integers(0, 2 * BLOCK),
+    loaded=runs,
+    f=filters,
+    pull=st.integers(0, 3 * BLOCK),
+    grow=runs,
+    steps=st.lists(st.integers(-BLOCK, 2 * BLOCK), max_size=8),
+    other=filters,
+)
 def test_lag_equals_linear_scans_while_the_queue_grows(
-    min_offset: int, loaded: list[Run], f: TagFilter, pull: int, grow: list[Run]
+    min_offset: int, loaded: list[Run], f: TagFilter, pull: int, grow: list[Run], steps: list[int], other: TagFilter
 ) -> None:
+    """Also while the group consumes (its pull offset moves, also back: a state restored from the store) and its
+    filter changes: lag counts only what changed since the last count, which must not drift."""
     tags = expand(loaded)
     q = build(min_offset, tags, [])
     state = GroupQueue(0, pull)
-    for new in [[], *(expand([run]) for run in grow)]:
+    for i, new in enumerate([[], *(expand([run]) for run in grow)]):
         for tag in new:
             q.append(Record("t", 0, q.max_offset, 1000 + q.max_offset, tag, b""))
         tags += new
+        if steps:
+            pull = state.pull_offset = max(0, pull + steps[i % len(steps)])
+        if i % 3 == 2:
+            queue_lag(q, state, other, 0)  # the group's filter changed in between
         lag = queue_lag(q, state, f, 0)
         start = max(pull, min_offset)
         assert lag.ready == linear_count(tags, min_offset, start, q.max_offset, f)
