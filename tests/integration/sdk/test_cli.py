@@ -113,10 +113,17 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
         consumer.forward_to_dlq(message)
     assert main(["dlq", "list", group, *brokers(cluster)]) == 0
     out = capsys.readouterr().out
-    assert f"%DLQ%{group}: 1 message(s)" in out
+    assert f"%DLQ%{group}: 1 message(s) not yet re-sent (1 stored)" in out
     assert receipt.message_id in out and topic in out and "poison pill" in out
     assert main(["dlq", "resend", group, "--endpoint", endpoint, "--wait", "2"]) == 0
     assert f"resent 1 message(s) from %DLQ%{group}: 1 to {topic}" in capsys.readouterr().out
+    # re-sent: no longer listed (nor counted by popgate_broker_dlq_messages), but still stored
+    assert main(["dlq", "list", group, *brokers(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert f"%DLQ%{group}: 0 message(s) not yet re-sent (1 stored)" in out and "poison pill" not in out
+    assert main(["dlq", "list", group, "--all", *brokers(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert f"%DLQ%{group}: 1 message(s) stored (0 not yet re-sent)" in out and "poison pill" in out
     with SimpleConsumer(endpoint, group, topic) as consumer:
         [back] = drain(consumer, 1)
     assert (back.body, back.tag, dict(back.properties)) == (b"poison pill", "bad", {"p": "v"})

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from popgate_pb import broker_pb2 as bpb
 
 from sdk import Message, RetryPolicy
-from sdk.admin import resent
+from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
 from sdk.commands import IdleWait, error_console
 
@@ -58,6 +59,21 @@ def test_a_resent_dead_letter_keeps_its_message_group_tag_and_keys() -> None:
         ("order-42",),
         {"region": "eu"},
     )
+
+
+def test_dlq_list_starts_where_the_resend_group_has_not_acked_and_counts_what_it_has() -> None:
+    topic = "%DLQ%g"
+    stats = bpb.StatsResponse(queues=[bpb.QueueStats(topic=topic, queue_id=0, min_offset=0, max_offset=10)])
+    assert _dlq_ranges(stats, topic, "popgate-dlq-resend", everything=False) == [(0, 0)]  # never read: all
+    # the resend group left offset 4 in flight and acked 0..3 and 5..7; 8 and 9 not popped yet
+    stats.groups.add(topic=topic, group="popgate-dlq-resend", queue_id=0, consumer_offset=4, pull_offset=8, inflight=1)
+    stats.groups[0].lag = 3
+    stats.groups.add(topic=topic, group="other", queue_id=0, consumer_offset=10, pull_offset=10)  # not a resend
+    assert _dlq_ranges(stats, topic, "popgate-dlq-resend", everything=False) == [(0, 4)]
+    assert _dlq_ranges(stats, topic, "popgate-dlq-resend", everything=True) == [(0, 0)]
+    found = DeadLetters()
+    _count_dead_letters(found, stats, topic, "popgate-dlq-resend")
+    assert (found.stored, found.pending, found.resent_listed) == (10, 3, 3)  # 4..9 listed, 5..7 re-sent
 
 
 def test_listing_more_dead_letters_than_a_broker_lists_at_once_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
