@@ -117,16 +117,24 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
     return out
 
 
-def fetch_stats(brokers: list[Broker], request: bpb.StatsRequest, timeout: float) -> dict[str, bpb.StatsResponse]:
-    """Each reachable broker's Stats; unreachable ones are left out (and named on stderr by the caller)."""
+def fetch_stats(
+    brokers: list[Broker],
+    request: bpb.StatsRequest,
+    timeout: float,
+    *,
+    failures: dict[str, grpc.StatusCode] | None = None,
+) -> dict[str, bpb.StatsResponse]:
+    """Each broker's Stats; those that failed are left out, their status codes put in `failures` when given
+    (UNAVAILABLE: not reachable; UNAUTHENTICATED: it wants --broker-token; ...)."""
     out: dict[str, bpb.StatsResponse] = {}
     for broker in brokers:
         with grpc.insecure_channel(broker.target) as channel:
             try:
                 stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
                 out[broker.name] = stub.Stats(request, timeout=timeout, metadata=broker.metadata)
-            except grpc.RpcError:
-                continue
+            except grpc.RpcError as exc:
+                if failures is not None:
+                    failures[broker.name] = exc.code()
     return out
 
 
@@ -168,10 +176,12 @@ def _name_column(table: Table, name: str) -> None:
 
 def stats_command(args: argparse.Namespace) -> int:
     brokers = brokers_of(args)
-    responses = fetch_stats(brokers, bpb.StatsRequest(topic=args.topic, group=args.group), args.timeout)
+    failures: dict[str, grpc.StatusCode] = {}
+    request = bpb.StatsRequest(topic=args.topic, group=args.group)
+    responses = fetch_stats(brokers, request, args.timeout, failures=failures)
     for broker in brokers:
-        if broker.name not in responses:
-            _err(f"popgate stats: broker {broker.name} at {broker.target} did not answer")
+        if broker.name in failures:  # as `dlq list`: UNAVAILABLE did not answer, UNAUTHENTICATED refused, ...
+            _err(f"popgate stats: broker {broker.name} at {broker.target}: {failures[broker.name].name}")
     if not responses:
         return 1
     now_ms = int(time.time() * 1000)
