@@ -6,6 +6,7 @@ import io
 import re
 from pathlib import Path
 
+import pytest
 from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
@@ -17,6 +18,15 @@ def test_up_defaults_match_make_run() -> None:
     args = build_parser().parse_args(["up"])
     assert (args.brokers, args.listen, args.data_dir, args.no_view) == (3, "127.0.0.1:8081", Path("./data"), False)
     assert build_parser().parse_args(["up", "--brokers", "2", "--no-view"]).no_view
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "0.01", "nan"])
+def test_an_interval_that_would_busy_loop_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["up", "--interval", value])
+    assert exited.value.code == 2
+    assert "argument --interval: " in capsys.readouterr().err
+    assert build_parser().parse_args(["up", "--interval", "0.1"]).interval == 0.1
 
 
 def stats(broker: str, max_offset: int, acked: int, held: int) -> bpb.StatsResponse:
