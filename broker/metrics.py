@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.model import now_ms
-from broker.validation import DLQ_PREFIX
+from broker.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -85,10 +85,7 @@ class _CoreCollector(Collector):
             ready.add_metric(labels, rd)
             inflight.add_metric(labels, inf)
             age.add_metric(labels, max(0.0, (now - oldest) / 1000) if oldest else 0.0)
-        dlq = GaugeMetricFamily("popgate_broker_dlq_messages", "Messages in each %DLQ% topic", labels=["group"])
-        for name, log in core.topics.items():
-            if name.startswith(DLQ_PREFIX):
-                dlq.add_metric([name[len(DLQ_PREFIX) :]], sum(q.max_offset - q.min_offset for q in log.queues))
+        dlq, dlq_stored = _dlq_metrics(core, {tg: t[0] for tg, t in totals.items()})
         dead = CounterMetricFamily("popgate_broker_dead_lettered", "Messages moved to a DLQ", labels=tg)
         for (group, topic_name), state in core.groups.items():
             dead.add_metric([topic_name, group], state.dead_lettered)
@@ -101,8 +98,31 @@ class _CoreCollector(Collector):
         msg_out = CounterMetricFamily("popgate_broker_messages_out", "Messages delivered (pops)", labels=tg)
         for (topic_name, group), count in core.messages_out.items():
             msg_out.add_metric([topic_name, group], count)
-        yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dead, held, msg_in, msg_out)
+        yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dlq_stored, dead, held, msg_in, msg_out)
         yield from _schedule_metrics(core)
+
+
+def _dlq_metrics(core: BrokerCore, lags: dict[tuple[str, str], int]) -> tuple[Metric, Metric]:
+    """Per %DLQ%<group>: the dead letters not yet re-sent, and all it stores (it has no retention).
+
+    Not yet re-sent = the backlog (ready + in flight) of `popgate dlq resend`'s group on the DLQ once that
+    group has read it, else every stored letter: `lags` holds (topic, group) -> lag of the groups with state.
+    """
+    pending = GaugeMetricFamily(
+        "popgate_broker_dlq_messages",
+        f"Dead letters in each %DLQ% topic not yet re-sent by `popgate dlq resend` (group {DLQ_RESEND_GROUP})",
+        labels=["group"],
+    )
+    stored = GaugeMetricFamily(
+        "popgate_broker_dlq_stored_messages", "Messages stored in each %DLQ% topic, re-sent or not", labels=["group"]
+    )
+    for name, log in core.topics.items():
+        if name.startswith(DLQ_PREFIX):
+            group = name[len(DLQ_PREFIX) :]
+            count = sum(q.max_offset - q.min_offset for q in log.queues)
+            pending.add_metric([group], lags.get((name, DLQ_RESEND_GROUP), count))
+            stored.add_metric([group], count)
+    return pending, stored
 
 
 def _schedule_metrics(core: BrokerCore) -> Iterator[Metric]:

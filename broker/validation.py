@@ -11,6 +11,9 @@ from broker.errors import IllegalGroup, IllegalMessage, IllegalTopic
 NAME_RE = re.compile(r"[%a-zA-Z0-9_-]+")  # fullmatch: "$" would also match before a final newline
 MAX_NAME_LEN = 127
 DLQ_PREFIX = "%DLQ%"
+# The consumer group `popgate dlq resend` reads %DLQ%<group> with (by default): its backlog there is what is
+# not yet re-sent, which is what the broker reports as a DLQ's size (broker/metrics.py, `popgate dlq list`).
+DLQ_RESEND_GROUP = "popgate-dlq-resend"
 MAX_TAG_LEN = 256
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64

@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
@@ -22,6 +22,8 @@ from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
 from broker.auth import TOKEN_KEY
+from broker.validation import DLQ_PREFIX
+from broker.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 from sdk import errors
 from sdk.client import Producer, SimpleConsumer
 from sdk.commands import (
@@ -40,9 +42,7 @@ from sdk.message import Message
 
 LIST_LIMIT = number(int, low=1, high=1000)
 
-DLQ_PREFIX = "%DLQ%"
 DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
-RESEND_GROUP = "popgate-dlq-resend"
 
 
 def _broker_option(parser: argparse.ArgumentParser) -> None:
@@ -71,13 +71,19 @@ def add_parsers(sub: Sub) -> None:
 
     dlq = sub.add_parser("dlq", help="dead-lettered messages of a group: list or resend")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
-    listing = dlq_sub.add_parser("list", help="list %%DLQ%%<group> (asks the brokers; consumes nothing)")
+    listing = dlq_sub.add_parser(
+        "list", help="list the letters of %%DLQ%%<group> not yet re-sent (asks the brokers; consumes nothing)"
+    )
     _broker_option(listing)
     listing.add_argument("group")
     listing.add_argument(
         "--limit", type=LIST_LIMIT, default=100, help="at most this many messages (1..1000, a broker's ListMessages)"
     )
     listing.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="per-broker deadline, seconds")
+    listing.add_argument("--all", action="store_true", help="every stored dead letter, also those already re-sent")
+    listing.add_argument(
+        "--resend-group", default=RESEND_GROUP, help="the group `dlq resend` used: its acked letters are not listed"
+    )
     listing.set_defaults(handler=dlq_list_command)
     resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
     client_options(resend)
@@ -118,16 +124,24 @@ def _channel(broker: Broker) -> grpc.Channel:
     return grpc.insecure_channel(broker.target, options=[("grpc.max_receive_message_length", -1)])
 
 
-def fetch_stats(brokers: list[Broker], request: bpb.StatsRequest, timeout: float) -> dict[str, bpb.StatsResponse]:
-    """Each reachable broker's Stats; unreachable ones are left out (and named on stderr by the caller)."""
+def fetch_stats(
+    brokers: list[Broker],
+    request: bpb.StatsRequest,
+    timeout: float,
+    *,
+    failures: dict[str, grpc.StatusCode] | None = None,
+) -> dict[str, bpb.StatsResponse]:
+    """Each broker's Stats; those that failed are left out, their status codes put in `failures` when given
+    (UNAVAILABLE: not reachable; UNAUTHENTICATED: it wants --broker-token; ...)."""
     out: dict[str, bpb.StatsResponse] = {}
     for broker in brokers:
         with _channel(broker) as channel:
             try:
                 stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
                 out[broker.name] = stub.Stats(request, timeout=timeout, metadata=broker.metadata)
-            except grpc.RpcError:
-                continue
+            except grpc.RpcError as exc:
+                if failures is not None:
+                    failures[broker.name] = exc.code()
     return out
 
 
@@ -169,10 +183,12 @@ def _name_column(table: Table, name: str) -> None:
 
 def stats_command(args: argparse.Namespace) -> int:
     brokers = brokers_of(args)
-    responses = fetch_stats(brokers, bpb.StatsRequest(topic=args.topic, group=args.group), args.timeout)
+    failures: dict[str, grpc.StatusCode] = {}
+    request = bpb.StatsRequest(topic=args.topic, group=args.group)
+    responses = fetch_stats(brokers, request, args.timeout, failures=failures)
     for broker in brokers:
-        if broker.name not in responses:
-            _err(f"popgate stats: broker {broker.name} at {broker.target} did not answer")
+        if broker.name in failures:  # as `dlq list`: UNAVAILABLE did not answer, UNAUTHENTICATED refused, ...
+            _err(f"popgate stats: broker {broker.name} at {broker.target}: {failures[broker.name].name}")
     if not responses:
         return 1
     now_ms = int(time.time() * 1000)
@@ -198,37 +214,104 @@ def stats_command(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass
+class DeadLetters:
+    """What `dlq list` found in ``%DLQ%<group>`` over the brokers that answered."""
+
+    messages: list[bpb.StoredMessage] = field(default_factory=list)
+    answered: int = 0  # brokers
+    stored: int = 0  # every letter kept (a DLQ has no retention)
+    pending: int = 0  # not yet re-sent: the resend group's backlog, or every letter before it first read
+    resent_listed: int = 0  # of the listed range, letters the resend group acked out of order (not told which)
+
+
+def _dlq_ranges(
+    stats: bpb.StatsResponse, topic: str, resend_group: str, *, everything: bool
+) -> list[tuple[int, int, int]]:
+    """(queue id, first offset to list, max offset) per non-empty DLQ queue: from the resend group's consumer
+    offset (all below it is re-sent) when it has read the queue, else from the first letter."""
+    read = {g.queue_id: g for g in stats.groups if g.topic == topic and g.group == resend_group}
+    ranges = []
+    for q in stats.queues:
+        if q.topic != topic or q.max_offset <= q.min_offset:
+            continue
+        state = None if everything else read.get(q.queue_id)
+        start = max(q.min_offset, state.consumer_offset) if state else q.min_offset
+        if start < q.max_offset:
+            ranges.append((q.queue_id, start, q.max_offset))
+    return ranges
+
+
+def _count_dead_letters(found: DeadLetters, stats: bpb.StatsResponse, topic: str, resend_group: str) -> None:
+    read = {g.queue_id: g for g in stats.groups if g.topic == topic and g.group == resend_group}
+    for q in stats.queues:
+        if q.topic != topic:
+            continue
+        stored = q.max_offset - q.min_offset
+        found.stored += stored
+        state = read.get(q.queue_id)
+        found.pending += state.lag if state else stored
+        if state:
+            found.resent_listed += max(0, q.max_offset - max(q.min_offset, state.consumer_offset) - state.lag)
+
+
 def list_dead_letters(
-    brokers: list[Broker], group: str, *, limit: int, timeout: float
-) -> tuple[list[bpb.StoredMessage], int]:
-    """Up to `limit` stored messages of ``%DLQ%<group>`` and how many brokers answered (failures on stderr)."""
+    brokers: list[Broker],
+    group: str,
+    *,
+    limit: int,
+    timeout: float,
+    resend_group: str = RESEND_GROUP,
+    everything: bool = False,
+) -> DeadLetters:
+    """Up to `limit` letters of ``%DLQ%<group>`` not yet re-sent by `resend_group` (every stored one when
+    `everything`), with the counts over the brokers that answered (failures on stderr)."""
     topic = DLQ_PREFIX + group
-    out: list[bpb.StoredMessage] = []
-    answered = 0
+    found = DeadLetters()
     for broker in brokers:
         with _channel(broker) as channel:
             stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
             try:
                 stats = stub.Stats(bpb.StatsRequest(topic=topic), timeout=timeout, metadata=broker.metadata)
-                for q in stats.queues:
-                    if q.topic == topic:
-                        out += _list_queue(stub, broker, q, limit=limit - len(out), timeout=timeout)
-                answered += 1
+                for queue_id, start, end in _dlq_ranges(stats, topic, resend_group, everything=everything):
+                    if len(found.messages) >= limit:
+                        break
+                    found.messages += _list_queue(
+                        stub, broker, topic, queue_id, start, end, limit=limit - len(found.messages), timeout=timeout
+                    )
+                _count_dead_letters(found, stats, topic, resend_group)
+                found.answered += 1
             except grpc.RpcError as exc:
                 _err(f"popgate dlq list: broker {broker.name} at {broker.target}: {exc.code().name}")
-    return out, answered
+    return found
+
+
+def _dlq_title(args: argparse.Namespace, found: DeadLetters, brokers: int) -> str:
+    of = f", {found.answered} of {brokers} brokers" if found.answered < brokers else ""
+    if args.all:
+        return f"{DLQ_PREFIX}{args.group}: {found.stored} message(s) stored ({found.pending} not yet re-sent{of})"
+    shown = f"; first {len(found.messages)} listed" if len(found.messages) < found.pending else ""
+    return f"{DLQ_PREFIX}{args.group}: {found.pending} message(s) not yet re-sent ({found.stored} stored{shown}{of})"
 
 
 def _list_queue(
-    stub: bpb_grpc.BrokerStub, broker: Broker, queue: bpb.QueueStats, *, limit: int, timeout: float
+    stub: bpb_grpc.BrokerStub,
+    broker: Broker,
+    topic: str,
+    queue_id: int,
+    start: int,
+    end: int,
+    *,
+    limit: int,
+    timeout: float,
 ) -> list[bpb.StoredMessage]:
-    """Up to `limit` messages of one queue, page by page: a broker cuts a page at its byte budget (always one
-    message at least), so a short page is not the end; the queue's max offset is."""
+    """Up to `limit` messages of one queue from `start`, page by page: a broker cuts a page at its byte budget
+    (always one message at least), so a short page is not the end; `end` (the queue's max offset) is."""
     out: list[bpb.StoredMessage] = []
-    offset = queue.min_offset
-    while len(out) < limit and offset < queue.max_offset:
+    offset = start
+    while len(out) < limit and offset < end:
         request = bpb.ListMessagesRequest(
-            topic=queue.topic, queue_id=queue.queue_id, from_offset=offset, limit=min(limit - len(out), 1000)
+            topic=topic, queue_id=queue_id, from_offset=offset, limit=min(limit - len(out), 1000)
         )
         page = stub.ListMessages(request, timeout=timeout, metadata=broker.metadata).messages
         if not page:
@@ -240,17 +323,23 @@ def _list_queue(
 
 def dlq_list_command(args: argparse.Namespace) -> int:
     brokers = brokers_of(args)
-    stored, answered = list_dead_letters(brokers, args.group, limit=args.limit, timeout=args.timeout)
-    if not answered:
+    found = list_dead_letters(
+        brokers, args.group, limit=args.limit, timeout=args.timeout, resend_group=args.resend_group, everything=args.all
+    )
+    if not found.answered:
         _err(f"popgate dlq list: no broker answered; {DLQ_PREFIX}{args.group} not listed")
         return 1
-    of = f" ({answered} of {len(brokers)} brokers)" if answered < len(brokers) else ""
-    table = Table(title=f"{DLQ_PREFIX}{args.group}: {len(stored)} message(s){of}")
+    table = Table(title=_dlq_title(args, found, len(brokers)))
+    if found.resent_listed and not args.all:
+        table.caption = (
+            f"{found.resent_listed} listed letter(s) were already re-sent, behind one {args.resend_group} has not"
+            " acked (the broker does not say which)"
+        )
     for column in ("message id", "origin topic"):
         _name_column(table, column)
     for column in ("attempts", "stored", "tag", "body"):
         table.add_column(column)
-    for s in sorted(stored, key=lambda s: s.store_ms):
+    for s in sorted(found.messages, key=lambda s: s.store_ms):
         m = s.message
         props = m.properties
         stored_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.store_ms / 1000))

@@ -15,6 +15,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
+from sdk.commands import number
+
+# A live view refresh polls every broker's Stats: 0 (or less) would poll them in a busy loop.
+INTERVAL = number(float, low=0.1, high=3600.0)
 
 
 def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +33,9 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--flush", default="", choices=["", "sync", "async"], help="broker flush policy")
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
-    up.add_argument("--interval", type=float, default=1.0, help="live view refresh, seconds")
+    up.add_argument(
+        "--interval", type=INTERVAL, default=1.0, help="live view refresh, seconds (0.1..3600: each asks every broker)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,9 +7,11 @@ import base64
 import json
 import math
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -295,16 +297,57 @@ def _render(message: Message, fmt: str) -> str:
     return f"{message.message_id} attempt={message.attempt}{tag} {message.text()[:200]!r}"
 
 
-def _write(batch: list[Message], fmt: str) -> None:
-    """Messages to stdout exactly as they are: no markup, no emoji codes; `body` as raw bytes."""
+def _write(message: Message, fmt: str) -> None:
+    """One message to stdout exactly as it is (no markup, no emoji codes; `body` as raw bytes), flushed."""
     if fmt == "body":
-        out = sys.stdout.buffer
-        for message in batch:
-            out.write(message.body + b"\n")
-        out.flush()
+        sys.stdout.buffer.write(message.body + b"\n")
+        sys.stdout.buffer.flush()
     else:
-        sys.stdout.write("".join(_render(m, fmt) + "\n" for m in batch))
+        sys.stdout.write(_render(message, fmt) + "\n")
         sys.stdout.flush()
+
+
+def _stdout_is_a_pipe() -> bool:
+    """A pipe or socket: its reader can go away (`| head -1`) with what was written never read."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+@dataclass
+class _Tally:
+    got: int = 0
+    acked: int = 0
+
+
+def _print_and_ack(consumer: SimpleConsumer, batch: list[Message], tally: _Tally, *, fmt: str, ack: bool) -> None:
+    """Write and flush each message, and ack it only once flushed (when `ack`), counted in `tally`.
+
+    Into a pipe each message is acked right after it is written, so a reader gone (`| head -1` exited)
+    stops the acks at the next message: its write fails (EPIPE), it and the rest of the batch are not
+    acked (they come back after the invisible time), and BrokenPipeError goes on to the caller. A pipe's
+    buffer may still take a message its reader never reads: that one is acked. Into a file or a terminal
+    the batch is written, then acked in one call.
+    """
+    each = ack and _stdout_is_a_pipe()
+    written = 0
+    try:
+        for message in batch:
+            _write(message, fmt)
+            written += 1
+            if each:
+                consumer.ack(message)
+                tally.acked += 1
+    except BrokenPipeError:
+        if ack and not each and written:
+            consumer.ack_many(batch[:written])
+            tally.acked += written
+        raise
+    if ack and not each:
+        consumer.ack_many(batch)
+        tally.acked += len(batch)
 
 
 def receive_command(args: argparse.Namespace) -> int:
@@ -317,26 +360,24 @@ def receive_command(args: argparse.Namespace) -> int:
         invisible=args.invisible,
         **connection(args),
     )
-    got = acked = code = 0
+    tally, code = _Tally(), 0
     try:
         with consumer:
             idle = IdleWait(args.wait)
-            while (args.count == 0 or got < args.count) and (wait := idle.next()) is not None:
-                want = args.batch if args.count == 0 else min(args.batch, args.count - got)
+            while (args.count == 0 or tally.got < args.count) and (wait := idle.next()) is not None:
+                want = args.batch if args.count == 0 else min(args.batch, args.count - tally.got)
                 batch = consumer.receive(max=want, wait=wait)
                 if not batch:
                     continue
                 idle.received()
-                _write(batch, args.format)
-                got += len(batch)
-                if not args.no_ack:
-                    consumer.ack_many(batch)
-                    acked += len(batch)
+                tally.got += len(batch)
+                _print_and_ack(consumer, batch, tally, fmt=args.format, ack=not args.no_ack)
     except errors.PopgateError as exc:
-        err.print(f"popgate receive: {exc} (after {got} received)", style="red")
+        err.print(f"popgate receive: {exc} (after {tally.got} received)", style="red")
         return 1
     except KeyboardInterrupt:  # a printed but not yet acked batch comes back after --invisible
         code = 130
+    got, acked = tally.got, tally.acked
     if args.no_ack:
         summary = f"received {_plural(got)}"
     elif acked == got:

@@ -26,8 +26,8 @@ from broker.auth import TOKEN_KEY
 @dataclass
 class Sample:
     at: float
-    produced: int = 0
-    acked: int = 0
+    produced: dict[str, int] = field(default_factory=dict)  # per broker that answered: Σ max offsets
+    acked: dict[str, int] = field(default_factory=dict)  # per broker that answered: Σ consumer offsets
     lag: dict[tuple[str, str], int] = field(default_factory=dict)
     inflight: dict[tuple[str, str], int] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)
@@ -40,20 +40,31 @@ def summarize(stats: Mapping[str, bpb.StatsResponse | None], at: float) -> Sampl
         if reply is None:
             sample.down.append(broker)
             continue
-        sample.produced += sum(q.max_offset for q in reply.queues if not q.topic.startswith("%"))
+        sample.produced[broker] = sum(q.max_offset for q in reply.queues if not q.topic.startswith("%"))
+        sample.acked[broker] = sum(g.consumer_offset for g in reply.groups)
         sample.held[broker] = reply.held_pops + reply.held_notifications
         for g in reply.groups:
             key = (g.topic, g.group)
-            sample.acked += g.consumer_offset
             sample.lag[key] = sample.lag.get(key, 0) + g.lag
             sample.inflight[key] = sample.inflight.get(key, 0) + g.inflight
     return sample
 
 
+def rates(now: Sample, before: Sample | None) -> tuple[float, float]:
+    """Messages in/s and acked out/s between two samples, over the brokers that answered both: a broker
+    missing from one poll would otherwise drop its whole offset from one sum (a negative rate), then add
+    it back (a burst)."""
+    if before is None:
+        return 0.0, 0.0
+    elapsed = max(1e-6, now.at - before.at)
+    both = now.produced.keys() & before.produced.keys()
+    rate_in = sum(now.produced[b] - before.produced[b] for b in both) / elapsed
+    rate_out = sum(now.acked[b] - before.acked[b] for b in both) / elapsed
+    return rate_in, rate_out
+
+
 def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
-    elapsed = max(1e-6, now.at - before.at) if before else 0.0
-    rate_in = (now.produced - before.produced) / elapsed if before else 0.0
-    rate_out = (now.acked - before.acked) / elapsed if before else 0.0
+    rate_in, rate_out = rates(now, before)
     lines: list[RenderableType] = [
         Text(f"popgate  proxy {endpoint}   {time.strftime('%H:%M:%S')}   (Ctrl-C stops everything)", style="bold"),
         Text(""),

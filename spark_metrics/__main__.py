@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from spark_metrics.job import JobSettings, run
+from spark_metrics.job import JobError, JobSettings, run
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -49,7 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         trigger_s=args.trigger,
         top=args.top,
     )
-    run(settings, master=args.master)
+    try:
+        run(settings, master=args.master)
+    except JobError as exc:
+        print(f"spark_metrics: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -73,20 +75,51 @@ def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSes
     return builder.getOrCreate()
 
 
-def _ensure_dir(spark: SparkSession, path: str) -> None:
-    """Make ``path`` (any Hadoop file system) when it does not exist yet: on a fresh volume no exporter has
-    written yet, and that is empty input, not an error (a streaming query needs the directory to watch)."""
+class JobError(Exception):
+    """What stops the job before it reads anything; the command line prints it as one line."""
+
+
+class InputNotFound(JobError):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"input {path} does not exist: a batch run reads what is there (--streaming waits for it to appear)"
+        )
+        self.path = path
+
+
+def _local_path(path: str) -> Path | None:
+    """``path`` on the local file system (no scheme, or file:), else None (s3a://, hdfs://, ...)."""
+    parsed = urlparse(path)
+    if parsed.scheme == "file":
+        return Path(parsed.path)
+    return Path(path) if not parsed.scheme else None
+
+
+def check_input(settings: JobSettings) -> None:
+    """Before Spark starts: a batch run over a local input that does not exist is an error (a typo in
+    --input must not pass as an empty report). Other file systems are checked by read_records."""
+    local = _local_path(settings.input)
+    if not settings.streaming and local is not None and not local.exists():
+        raise InputNotFound(settings.input)
+
+
+def _ensure_dir(spark: SparkSession, path: str, *, streaming: bool) -> None:
+    """Streaming: make ``path`` (any Hadoop file system) when it does not exist yet: on a fresh volume no
+    exporter has written yet, and the query needs the directory to watch. Batch: InputNotFound."""
     jvm: Any = spark.sparkContext._jvm
     hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(hadoop_path):
-        log.info("input %s does not exist yet: made empty", path)
+        if not streaming:
+            raise InputNotFound(path)
+        log.info("input %s does not exist yet: made empty, waiting for files", path)
         fs.mkdirs(hadoop_path)
 
 
 def read_records(spark: SparkSession, path: str, *, streaming: bool = False) -> DataFrame:
-    """Every finished ``*.jsonl`` file under ``path`` (any depth); in-progress files are hidden."""
-    _ensure_dir(spark, path)
+    """Every finished ``*.jsonl`` file under ``path`` (any depth); in-progress files are hidden.
+    A missing ``path`` is made when streaming, InputNotFound in batch."""
+    _ensure_dir(spark, path, streaming=streaming)
     reader: Any = spark.readStream if streaming else spark.read
     records: DataFrame = (
         reader.schema(RECORD_SCHEMA)
@@ -150,7 +183,8 @@ def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
 
 
 def run(settings: JobSettings, *, master: str | None = None) -> None:
-    """Run the job, then print the report (whatever the output's file system)."""
+    """Run the job, then print the report (whatever the output's file system). JobError: nothing was run."""
+    check_input(settings)
     spark = session(master)
     if settings.streaming:
         query = start_streaming(spark, settings)

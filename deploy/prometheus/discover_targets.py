@@ -218,7 +218,9 @@ def file_sd(processes: list[Process]) -> list[dict[str, object]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pid", type=int, required=True, help="pid of `popgate up`")
-    parser.add_argument("--out", type=Path, help="file_sd JSON file to write (default: stdout)")
+    parser.add_argument(
+        "--out", type=Path, help="file_sd JSON file to write, its directory made if need be (default: stdout)"
+    )
     args = parser.parse_args(argv)
     processes = discover(args.pid)
     missing = [p.name for p in processes if not p.metrics]
@@ -228,9 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)  # Prometheus never sees half a file
+        try:
+            args.out.parent.mkdir(parents=True, exist_ok=True)  # the targets/ directory on a first run
+            tmp = args.out.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(args.out)  # Prometheus never sees half a file
+        except OSError as exc:
+            print(f"discover_targets: cannot write --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     return 0 if processes and not missing else 1
 
 

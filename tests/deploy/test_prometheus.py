@@ -169,6 +169,22 @@ def test_discover_walks_the_process_tree(discover: ModuleType) -> None:
             child.wait(timeout=10)
 
 
+def test_discover_out_makes_its_directory_or_says_in_one_line_why_not(
+    discover: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with subprocess.Popen(["sleep", "60"]) as lone:  # a pid with no popgate process under it
+        try:
+            out = tmp_path / "targets" / "new" / "popgate.json"
+            assert discover.main(["--pid", str(lone.pid), "--out", str(out)]) == 1  # 1: nothing found
+            assert json.loads(out.read_text()) == []
+            (tmp_path / "file").write_text("")
+            assert discover.main(["--pid", str(lone.pid), "--out", str(tmp_path / "file" / "x.json")]) == 2
+        finally:
+            lone.kill()
+    err = capsys.readouterr().err
+    assert err.startswith(f"discover_targets: cannot write --out {tmp_path}/file/x.json: ") and err.count("\n") == 1
+
+
 def test_file_sd_groups_carry_the_job(discover: ModuleType) -> None:
     processes = [
         discover.Process(pid=1, kind="broker", name="b0", listen="127.0.0.1:9001", metrics="127.0.0.1:9101"),

@@ -1,12 +1,15 @@
-"""The command line: durations and defaults (no Spark needed)."""
+"""The command line: durations, defaults, a missing input (Spark only where said)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
-from spark_metrics.__main__ import build_parser, duration
+from spark_metrics.__main__ import build_parser, duration, main
+from spark_metrics.job import InputNotFound, read_records
 from spark_metrics.report import render
 
 
@@ -28,3 +31,23 @@ def test_defaults() -> None:
 
 def test_report_of_nothing_says_so() -> None:
     assert "no complete window" in render([])
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_a_batch_run_over_a_missing_input_is_an_error_naming_it(
+    scheme: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before Spark starts: a typo in --input is not an empty report with exit code 0."""
+    missing = f"{scheme}{tmp_path}/exprot"
+    assert main(["--input", missing, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spark_metrics: input {missing} does not exist") and err.count("\n") == 1
+    assert not (tmp_path / "exprot").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_missing_input_on_another_file_system_is_checked_by_spark(spark: SparkSession, tmp_path: Path) -> None:
+    """What the check before Spark cannot see (s3a://, hdfs://) Spark's file system does, as for this path."""
+    with pytest.raises(InputNotFound):
+        read_records(spark, str(tmp_path / "batch"))
+    read_records(spark, str(tmp_path / "streaming"), streaming=True)  # made, to be watched
+    assert (tmp_path / "streaming").is_dir() and not (tmp_path / "batch").exists()

@@ -13,8 +13,10 @@ import subprocess
 import threading
 import time
 import uuid
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
@@ -113,10 +115,17 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
         consumer.forward_to_dlq(message)
     assert main(["dlq", "list", group, *brokers(cluster)]) == 0
     out = capsys.readouterr().out
-    assert f"%DLQ%{group}: 1 message(s)" in out
+    assert f"%DLQ%{group}: 1 message(s) not yet re-sent (1 stored)" in out
     assert receipt.message_id in out and topic in out and "poison pill" in out
     assert main(["dlq", "resend", group, "--endpoint", endpoint, "--wait", "2"]) == 0
     assert f"resent 1 message(s) from %DLQ%{group}: 1 to {topic}" in capsys.readouterr().out
+    # re-sent: no longer listed (nor counted by popgate_broker_dlq_messages), but still stored
+    assert main(["dlq", "list", group, *brokers(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert f"%DLQ%{group}: 0 message(s) not yet re-sent (1 stored)" in out and "poison pill" not in out
+    assert main(["dlq", "list", group, "--all", *brokers(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert f"%DLQ%{group}: 1 message(s) stored (0 not yet re-sent)" in out and "poison pill" in out
     with SimpleConsumer(endpoint, group, topic) as consumer:
         [back] = drain(consumer, 1)
     assert (back.body, back.tag, dict(back.properties)) == (b"poison pill", "bad", {"p": "v"})
@@ -219,6 +228,22 @@ def test_out_of_range_options_are_usage_errors(argv: list[str], error: str, caps
         main(argv)
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().endswith(f"error: {error}")
+
+
+def test_stats_names_the_error_a_broker_answered_with(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that answers, but with an error (here: no Broker service at all), is not 'did not answer'."""
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    try:
+        argv = ["stats", *brokers(cluster), "--broker", f"x9=127.0.0.1:{port}", "--broker", "x0=127.0.0.1:1"]
+        assert main([*argv, "--timeout", "2"]) == 0
+    finally:
+        other.stop(None)
+    captured = capsys.readouterr()
+    assert f"popgate stats: broker x9 at 127.0.0.1:{port}: UNIMPLEMENTED" in captured.err
+    assert "popgate stats: broker x0 at 127.0.0.1:1: UNAVAILABLE" in captured.err
+    assert "did not answer" not in captured.err and "(2 of 4 brokers)" in captured.out
 
 
 def test_dlq_list_fails_when_no_broker_answers(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import os
+from pathlib import Path
+
 import pytest
+from popgate_pb import broker_pb2 as bpb
 
 from sdk import Message, RetryPolicy
-from sdk.admin import resent
+from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
 from sdk.commands import IdleWait, error_console
 
@@ -58,6 +63,21 @@ def test_a_resent_dead_letter_keeps_its_message_group_tag_and_keys() -> None:
         ("order-42",),
         {"region": "eu"},
     )
+
+
+def test_dlq_list_starts_where_the_resend_group_has_not_acked_and_counts_what_it_has() -> None:
+    topic = "%DLQ%g"
+    stats = bpb.StatsResponse(queues=[bpb.QueueStats(topic=topic, queue_id=0, min_offset=0, max_offset=10)])
+    assert _dlq_ranges(stats, topic, "popgate-dlq-resend", everything=False) == [(0, 0, 10)]  # never read: all
+    # the resend group left offset 4 in flight and acked 0..3 and 5..7; 8 and 9 not popped yet
+    stats.groups.add(topic=topic, group="popgate-dlq-resend", queue_id=0, consumer_offset=4, pull_offset=8, inflight=1)
+    stats.groups[0].lag = 3
+    stats.groups.add(topic=topic, group="other", queue_id=0, consumer_offset=10, pull_offset=10)  # not a resend
+    assert _dlq_ranges(stats, topic, "popgate-dlq-resend", everything=False) == [(0, 4, 10)]
+    assert _dlq_ranges(stats, topic, "popgate-dlq-resend", everything=True) == [(0, 0, 10)]
+    found = DeadLetters()
+    _count_dead_letters(found, stats, topic, "popgate-dlq-resend")
+    assert (found.stored, found.pending, found.resent_listed) == (10, 3, 3)  # 4..9 listed, 5..7 re-sent
 
 
 def test_listing_more_dead_letters_than_a_broker_lists_at_once_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,3 +157,74 @@ def test_more_bodies_at_once_than_fit_in_memory_are_bad_input(
 def test_a_retry_policy_without_back_off_is_refused() -> None:
     with pytest.raises(ValueError, match="initial_backoff"):
         RetryPolicy(initial_backoff=0)  # iteration would retry in a busy loop
+
+
+class _Pipe(io.TextIOBase):
+    """A stdout whose reader goes away after `room` lines: the write that brings more fails with EPIPE.
+    `fd`: what fileno() gives (a real pipe's end, or a regular file's)."""
+
+    def __init__(self, room: int, events: list[str], fd: int) -> None:
+        self.room, self.events, self.fd = room, events, fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, text: str) -> int:
+        if text.count("\n") > self.room:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.room -= text.count("\n")
+        self.events += [f"out {line.split()[0]}" for line in text.splitlines()]
+        return len(text)
+
+    def flush(self) -> None:
+        self.events.append("flush")
+
+
+class _Consumer:
+    def __init__(self, batch: list[Message], events: list[str]) -> None:
+        self.batch, self.events = batch, events
+
+    def __enter__(self) -> _Consumer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def receive(self, *, max: int, wait: float) -> list[Message]:
+        batch, self.batch = self.batch[:max], self.batch[max:]
+        return batch
+
+    def ack(self, message: Message) -> None:
+        self.events.append(f"ack {message.message_id}")
+
+    def ack_many(self, messages: list[Message]) -> None:
+        self.events.append("ack " + ",".join(m.message_id for m in messages))
+
+
+def _receive_into(stdout: _Pipe, events: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    batch = [Message(b"x", message_id=f"m{i}", topic="t") for i in range(10)]
+    monkeypatch.setattr("sdk.commands.SimpleConsumer", lambda *_, **__: _Consumer(batch, events))
+    monkeypatch.setattr("sys.stdout", stdout)
+    return main(["receive", "t", "--group", "g", "--endpoint", "127.0.0.1:1", "--count", "10", "--wait", "0"])
+
+
+def test_into_a_pipe_receive_acks_each_message_once_written_and_stops_when_the_reader_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`popgate receive | head -2`: the reader is gone after two lines; the other eight are not acked."""
+    events: list[str] = []
+    read_end, write_end = os.pipe()
+    try:
+        assert _receive_into(_Pipe(2, events, write_end), events, monkeypatch) == 141
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert events == ["out m0", "flush", "ack m0", "out m1", "flush", "ack m1"]
+
+
+def test_into_a_file_receive_acks_a_batch_once_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    events: list[str] = []
+    with (tmp_path / "out").open("w") as file:
+        assert _receive_into(_Pipe(10, events, file.fileno()), events, monkeypatch) == 0
+    ids = [f"m{i}" for i in range(10)]
+    assert events == [e for i in ids for e in (f"out {i}", "flush")] + ["ack " + ",".join(ids)]

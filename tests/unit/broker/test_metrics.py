@@ -1,0 +1,46 @@
+"""The broker's /metrics figures read from a real core (no sockets): what a dashboard or alert would show."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.metrics import BrokerMetrics
+from broker.validation import DLQ_RESEND_GROUP
+from tests.unit.broker.cores import broker
+
+
+def samples(metrics: BrokerMetrics, name: str) -> dict[str, float]:
+    """A gauge's samples by their group label."""
+    return {s.labels["group"]: s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
+
+
+def test_a_drained_dlq_stops_counting_as_a_backlog(tmp_path: Path) -> None:
+    async def scenario() -> list[tuple[dict[str, float], dict[str, float]]]:
+        seen = []
+        async with broker(tmp_path) as (core, _):
+            metrics = BrokerMetrics()
+            metrics.watch(core)
+
+            def look() -> None:
+                pending = samples(metrics, "popgate_broker_dlq_messages")
+                seen.append((pending, samples(metrics, "popgate_broker_dlq_stored_messages")))
+
+            await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x") for i in range(4)])
+            for m in (await core.pop("orders", "billing", "*", 32, 30_000, 0)).messages:
+                await core.dead_letter("orders", "billing", m.handle)
+            look()  # 4 dead letters, nobody has re-sent any
+            resend = (await core.pop("%DLQ%billing", DLQ_RESEND_GROUP, "*", 3, 30_000, 0)).messages
+            look()  # 3 popped by `dlq resend`, not acked yet: still not re-sent
+            await core.ack("%DLQ%billing", DLQ_RESEND_GROUP, [m.handle for m in resend])
+            look()  # 3 re-sent
+            other = await core.pop("%DLQ%billing", "some-reader", "*", 32, 30_000, 0)
+            await core.ack("%DLQ%billing", "some-reader", [m.handle for m in other.messages])
+            look()  # another group reading the DLQ re-sends nothing
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert [pending["billing"] for pending, _ in seen] == [4, 4, 1, 1]
+    assert [stored["billing"] for _, stored in seen] == [4, 4, 4, 4]
