@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
@@ -29,7 +28,6 @@ from broker.errors import (
     BadRequest,
     BrokerError,
     IllegalBatchSize,
-    IllegalFilter,
     IllegalInvisibleTime,
     IllegalPollingTime,
     InvalidReceiptHandle,
@@ -38,6 +36,7 @@ from broker.errors import (
     TopicNotFound,
 )
 from broker.filters import MATCH_ALL, TagFilter
+from broker.groups import ConsumerGroups
 from broker.inflight import Delivery, GroupQueue, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
@@ -59,7 +58,6 @@ from broker.store import (
 )
 
 log = logging.getLogger(__name__)
-MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered (see _reader)
 
 
 def _row(op: Op) -> tuple[object, ...]:
@@ -79,7 +77,8 @@ class BrokerCore:
         self.name = settings.name
         self.store = store
         self.topics: dict[str, TopicLog] = {}
-        self.groups: dict[tuple[str, str], GroupTopic] = {}  # (group, topic)
+        self.consumers = ConsumerGroups(settings, self.topics)
+        self.groups = self.consumers.groups  # (group, topic) -> its state
         self.hold = HoldService(settings.max_held)
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
@@ -97,8 +96,6 @@ class BrokerCore:
         self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
         # The commit of those rows made when the store takes writes again (see `_record`).
         self._catch_up: asyncio.Future[list[Record]] | None = None
-        self._looked_early: OrderedDict[tuple[str, str], TagFilter] = OrderedDict()  # see _reader
-        self._early_topics: Counter[str] = Counter()  # topics in _looked_early, how many groups each
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -115,33 +112,10 @@ class BrokerCore:
             self.topics[topic] = TopicLog(topic, [known.get(q) or QueueLog(topic, q) for q in range(count)])
             if len(known) < count:
                 self.sends.unsaved(topic)
-        for f in snap.filters:
-            self._restore_filter(f.group, f.topic, f.expression)
-        for p in snap.pull_offsets:
-            self._group(p.group, p.topic).queue(p.queue_id, p.pull_offset).pull_offset = p.pull_offset
-        for i in snap.inflight:
-            state = self._group(i.group, i.topic)
-            state.queue(i.queue_id, i.offset + 1)
-            topic_log = self.topics.get(i.topic)
-            fifo = topic_log is not None and topic_log.queues[i.queue_id].is_fifo(i.offset)
-            state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms), fifo=fifo)
+        self.consumers.restore(snap)
         for state in self.groups.values():
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
-
-    def _restore_filter(self, group: str, topic: str, expression: str) -> None:
-        # One unreadable row (written by another version) costs that group its lag filter until its next Pop sets
-        # one, not the whole broker its start: it is logged and the group reads as `*` meanwhile.
-        state = self._group(group, topic)
-        try:
-            state.filter = TagFilter.parse(expression, max_len=None)
-        except IllegalFilter as e:
-            log.warning(
-                "stored filter of group %s on topic %s skipped (%s); it reads as '*' until its next Pop",
-                group,
-                topic,
-                e,
-            )
 
     def start(self) -> None:
         self.scheduler.start()
@@ -174,8 +148,10 @@ class BrokerCore:
             if queue.fifo is not None:
                 fifo_topics.add(record.topic)
         for topic in by_topic:
-            if topic in self._early_topics:
-                self._adopt_early(topic)
+            ops: list[Op] = []
+            self.consumers.adopt_early(topic, ops)
+            if ops:
+                self._commit(ops)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             log_ = self.topics[topic]
@@ -198,26 +174,6 @@ class BrokerCore:
                     end = ends.get(queue_id)
                     readable += queue_tags if end is None else queue_tags[: max(0, end - first)]
                 self.hold.arrived((topic, group), readable)
-
-    def _adopt_early(self, topic: str) -> None:
-        """The groups that looked at `topic` before it existed get their state now that it has messages (stored:
-        their lag counts here from now on, also after a restart, before their first Pop on this broker)."""
-        ops: list[Op] = []
-        for group, topic_filter in [(g, f) for (g, t), f in self._looked_early.items() if t == topic]:
-            with contextlib.suppress(TooManyRequests):  # over --max-groups: it gets its state when it polls
-                self._reader(group, topic, topic_filter, ops, pop_filter=False)
-            self._forget_early(group, topic)
-        if ops:
-            self._commit(ops)
-
-    def _forget_early(self, group: str, topic: str) -> bool:
-        """Drop the group's early look at the topic; whether it had one."""
-        if self._looked_early.pop((group, topic), None) is None:
-            return False
-        self._early_topics[topic] -= 1
-        if not self._early_topics[topic]:
-            del self._early_topics[topic]
-        return True
 
     def _held_back(self, state: GroupTopic, topic: TopicLog) -> dict[int, int]:
         """The queues where a FIFO message in flight holds the group back: where its reading ends in each."""
@@ -268,7 +224,7 @@ class BrokerCore:
                 f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
             )
         ops: list[Op] = []
-        state = self._reader(group, topic, tag_filter, ops)
+        state = self.consumers.reader(group, topic, tag_filter, ops)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         while True:
@@ -285,7 +241,7 @@ class BrokerCore:
                 return PopResult([], polling_full=outcome is Outcome.FULL)
             # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
             # group may have replaced meanwhile (reading with that one would skip the message for the group).
-            state = self._reader(group, topic, tag_filter, ops)
+            state = self.consumers.reader(group, topic, tag_filter, ops)
 
     async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
         now = now_ms()
@@ -388,7 +344,7 @@ class BrokerCore:
             for queue in active:
                 if want <= 0:
                     break
-                gq = self._group_queue(state, queue, ops)
+                gq = self.consumers.group_queue(state, queue, ops)
                 before = gq.pull_offset
                 end = self._readable_end(gq, queue)
                 offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
@@ -402,61 +358,6 @@ class BrokerCore:
                     still.append(queue)
             active = still
         return picks
-
-    def _reader(
-        self, group: str, topic: str, tag_filter: TagFilter, ops: list[Op], *, pop_filter: bool = True
-    ) -> GroupTopic | None:
-        """The group's state on `topic`, ready to read: start offsets fixed and, for a Pop or a first look, its
-        filter stored. None while the topic does not exist: with auto-create any name may be polled, and
-        no state is kept or stored for it; only that the group looked (bounded, in memory), so that its state
-        is made when the topic's first messages arrive (`_adopt_early`: its lag here then counts them before
-        its first Pop on this broker) and starts at the topic's first message also under `latest`."""
-        if topic not in self.topics:
-            if (group, topic) not in self._looked_early:
-                self._early_topics[topic] += 1
-            self._looked_early[(group, topic)] = tag_filter
-            self._looked_early.move_to_end((group, topic))
-            if len(self._looked_early) > MAX_EARLY_LOOKS:
-                oldest_group, oldest_topic = next(iter(self._looked_early))
-                self._forget_early(oldest_group, oldest_topic)
-            return None
-        new = (group, topic) not in self.groups
-        if new and len(self.groups) >= self.settings.max_groups:
-            # Each costs memory and a dozen metric series for good: any client could otherwise make a broker keep
-            # state for every name it makes up (20,000 made-up groups: +39 MiB and a 19 MB /metrics, a review's probe).
-            raise TooManyRequests(
-                f"broker {self.name} keeps state for {len(self.groups)} consumer groups and topics, its limit"
-                " (--max-groups): a new group is refused"
-            )
-        state = self._group(group, topic)
-        # A Pop sets the group's filter; so does a group's first look (a proxy announces a group to every
-        # broker with a Notification: its lag there then counts what it will take, not every message).
-        if (pop_filter or new) and state.filter != tag_filter:
-            state.filter = tag_filter
-            ops.append(SetGroupFilter(group, topic, str(tag_filter)))
-        # A group's first look at an existing topic fixes (and stores) where it starts on every queue, so
-        # that `latest` means the moment it first looked, not its first successful Pop. A group that looked
-        # before the topic existed starts at its first message: everything in it came after that look.
-        # Dead-letter topics are read from their first message whatever the setting (RocketMQ starts its
-        # system topics at the minimum offset too): `dlq resend` must find the letters that came before it.
-        latest = new and self.settings.consume_from == "latest" and not topic.startswith(validation.DLQ_PREFIX)
-        if new and self._forget_early(group, topic):
-            latest = False
-        topic_log = self.topics[topic]
-        if len(state.queues) < len(topic_log.queues):
-            for queue in topic_log.queues:
-                self._group_queue(state, queue, ops, latest=latest)
-        return state
-
-    def _group_queue(self, state: GroupTopic, queue: QueueLog, ops: list[Op], *, latest: bool = False) -> GroupQueue:
-        """The group's state on one queue; a queue it has not read yet starts at its first message (or, for a
-        group's first look under `latest`, after its last) and that start is stored."""
-        gq = state.queues.get(queue.queue_id)
-        if gq is None:
-            start = queue.max_offset if latest else queue.min_offset
-            gq = state.queue(queue.queue_id, start)
-            ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, start))
-        return gq
 
     async def _payloads(self, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         out: dict[tuple[int, int], bytes] = {}
@@ -617,7 +518,7 @@ class BrokerCore:
         """(has_message, polling_full); consumes nothing."""
         tag_filter = self._check_read(topic, group, expression, poll_ms)
         ops: list[Op] = []
-        state = self._reader(group, topic, tag_filter, ops, pop_filter=False)
+        state = self.consumers.reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:
             await self._record(self._commit(ops))
         if state is not None and self._has_ready(state, tag_filter):
@@ -677,7 +578,7 @@ class BrokerCore:
             if state is None and topic in self.topics:  # held since before the topic existed
                 ops: list[Op] = []
                 try:
-                    state = self._reader(group, topic, MATCH_ALL, ops, pop_filter=False)
+                    state = self.consumers.reader(group, topic, MATCH_ALL, ops, pop_filter=False)
                 except TooManyRequests:
                     continue  # its requests are answered when their poll time ends
                 if ops:
@@ -710,12 +611,6 @@ class BrokerCore:
         if not 0 <= queue_id < 2**31 or not 0 <= from_offset < 2**62:
             raise BadRequest(f"queue id {queue_id} / offset {from_offset} out of range (0..2^31, 0..2^62)")
         return await self.store.read_range(topic, queue_id, from_offset, limit, max_bytes=self.settings.max_pop_bytes)
-
-    def _group(self, group: str, topic: str) -> GroupTopic:
-        state = self.groups.get((group, topic))
-        if state is None:
-            state = self.groups[(group, topic)] = GroupTopic(group, topic)
-        return state
 
     async def close(self) -> None:
         await self.scheduler.close()
