@@ -16,7 +16,6 @@ queue counts as empty for a Notification, as in RocketMQ.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from collections.abc import Callable, Sequence
 from popgate_pb import broker_pb2 as pb
 
 from broker import validation
+from broker.commits import StateCommits
 from broker.errors import (
     BadRequest,
     BrokerError,
@@ -31,7 +31,6 @@ from broker.errors import (
     IllegalInvisibleTime,
     IllegalPollingTime,
     InvalidReceiptHandle,
-    StoreUnavailable,
     TooManyRequests,
     TopicNotFound,
 )
@@ -51,24 +50,12 @@ from broker.store import (
     Op,
     PutInflight,
     Record,
-    SetGroupFilter,
     SetPullOffset,
     Snapshot,
     Store,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _row(op: Op) -> tuple[object, ...]:
-    """The stored row an op writes (ops on one row supersede each other)."""
-    if isinstance(op, PutInflight | DeleteInflight):
-        return ("inflight", op.group, op.topic, op.queue_id, op.offset)
-    if isinstance(op, SetPullOffset):
-        return ("pull", op.group, op.topic, op.queue_id)
-    if isinstance(op, SetGroupFilter):
-        return ("filter", op.group, op.topic)
-    return (type(op).__name__, *op)
 
 
 class BrokerCore:
@@ -84,6 +71,7 @@ class BrokerCore:
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
         self.sends = SendPath(settings, store, self.topics)
+        self.commits = StateCommits(settings, store, self.groups)
         self.redelivery = Redelivery(
             topics=self.topics,
             sends=self.sends,
@@ -92,10 +80,6 @@ class BrokerCore:
             max_attempts=settings.max_delivery_attempts,
             released=self._fifo_released,
         )
-        self._degraded = False  # the store refuses writes: consumer state lives in memory only
-        self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
-        # The commit of those rows made when the store takes writes again (see `_record`).
-        self._catch_up: asyncio.Future[list[Record]] | None = None
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -151,7 +135,7 @@ class BrokerCore:
             ops: list[Op] = []
             self.consumers.adopt_early(topic, ops)
             if ops:
-                self._commit(ops)
+                self.commits.commit(ops)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             log_ = self.topics[topic]
@@ -251,7 +235,7 @@ class BrokerCore:
             picks.extend((q, o, 1) for q, o in self._take_new(state, topic, want - len(picks), ops))
         if not picks:
             if ops:
-                await self._record(self._commit(ops))
+                await self.commits.write(ops)
             return []
         assert topic is not None
         deliveries = []
@@ -264,10 +248,10 @@ class BrokerCore:
             )
             deliveries.append((queue_id, offset, delivery))
         self.redelivery.schedule(state)
-        committed = self._commit(ops)
+        committed = self.commits.commit(ops)
         try:
             payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
-            await self._record(committed)
+            await self.commits.record(committed)
         except asyncio.CancelledError:  # the caller went away: nobody receives them
             self._undo(state, deliveries)
             raise
@@ -302,7 +286,7 @@ class BrokerCore:
             undone = Delivery(d.attempt - 1, tokens.getrandbits(48), now)
             state.deliver(queue_id, offset, undone)
             ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
-        self._commit(ops)
+        self.commits.commit(ops)
         self.redelivery.schedule(state)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
@@ -376,78 +360,6 @@ class BrokerCore:
                 out[(queue_id, offset)] = found[offset]
         return out
 
-    def _commit(self, ops: list[Op], *, with_lost: bool = False) -> asyncio.Future[list[Record]]:
-        """Submit consumer-state ops (deliveries, acks, offsets, filters).
-
-        Rows an earlier commit failed to write (the store refused writes for a while) go along, as they
-        are in memory now, so that a later pull offset is not stored without the deliveries below it
-        (after a restart those messages would count as acked). They go with every commit while the store
-        takes writes, and while it refuses them only when `with_lost` (the sweep's retry, once a second:
-        carrying them in every failing commit would cost each Pop the whole backlog). A row the new ops
-        write is theirs (they are its latest state)."""
-        if self._unrecorded and (with_lost or not self._degraded):
-            fresh = {_row(op) for op in ops}
-            redo = [self._as_now(op) for row, op in self._unrecorded.items() if row not in fresh]
-            ops = [op for op in redo if op is not None] + ops
-            self._unrecorded.clear()
-        committed = self.store.submit([], ops)
-        committed.add_done_callback(functools.partial(self._recorded, ops))
-        return committed
-
-    def _as_now(self, op: Op) -> Op | None:
-        """The op that writes `op`'s row as memory has it now (None: nothing to write any more)."""
-        if isinstance(op, PutInflight | DeleteInflight | SetPullOffset | SetGroupFilter):
-            state = self.groups.get((op.group, op.topic))
-            if state is None:
-                return None
-            if isinstance(op, SetGroupFilter):
-                return SetGroupFilter(op.group, op.topic, str(state.filter))
-            queue = state.queues.get(op.queue_id)
-            if queue is None:
-                return None
-            if isinstance(op, SetPullOffset):
-                return SetPullOffset(op.group, op.topic, op.queue_id, queue.pull_offset)
-            d = queue.inflight.get(op.offset)
-            if d is None:
-                return DeleteInflight(op.group, op.topic, op.queue_id, op.offset)
-            return PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)
-        return op  # the others are idempotent as they are
-
-    async def _record(self, committed: asyncio.Future[list[Record]]) -> None:
-        """Wait for a consumer-state commit when ``--flush sync`` asks for it. With ``async`` the caller is
-        answered at once and the commit follows (as RocketMQ's pop buffer does): a kill -9 in between
-        loses that state change, so the message is delivered again (at least once). Sends always wait: a
-        message is never accepted without its commit. When the store refuses writes (disk full,
-        read-only), consumption goes on from memory in the same way, and the rows are written with the
-        first commit that succeeds (`_commit`)."""
-        if self.settings.flush == "sync":
-            with contextlib.suppress(StoreUnavailable):
-                await asyncio.shield(committed)
-                # The first commit to succeed after the store refused writes went without the rows it lost (a
-                # pull offset among them); those follow in a commit of their own (`_recorded`). Answered before
-                # that one, a kill -9 in between left the pull offset stored without the deliveries below it,
-                # and those messages counted as acked after the restart (tests/faults/test_disk_full.py, about
-                # 1 run in 6): wait for it too.
-                catch_up = self._catch_up
-                if catch_up is not None and not catch_up.done():
-                    await asyncio.shield(catch_up)
-
-    def _recorded(self, ops: list[Op], committed: asyncio.Future[list[Record]]) -> None:
-        exc = None if committed.cancelled() else committed.exception()
-        if committed.cancelled() or exc is not None:
-            for op in ops:
-                self._unrecorded[_row(op)] = op
-        if isinstance(exc, StoreUnavailable):
-            if not self._degraded:
-                log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
-            self._degraded = True
-        elif exc is None:
-            was_degraded, self._degraded = self._degraded, False
-            if was_degraded and self._unrecorded:  # the store takes writes again: what it lost, at once
-                self._catch_up = self._commit([])
-        else:
-            log.warning("consumer state commit failed: %s", exc)
-
     # -- ack and invisibility ------------------------------------------------
 
     def _resolve(self, topic: str, group: str, text: str) -> tuple[GroupTopic, ReceiptHandle, Delivery]:
@@ -484,7 +396,7 @@ class BrokerCore:
         for (_, queue_id), state in released.items():
             self._fifo_released(state, queue_id)
         if ops:
-            await self._record(self._commit(ops))
+            await self.commits.write(ops)
         return results
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
@@ -501,7 +413,7 @@ class BrokerCore:
         op = PutInflight(
             group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
-        await self._record(self._commit([op]))
+        await self.commits.write([op])
         new = encode_handle(
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
@@ -520,7 +432,7 @@ class BrokerCore:
         ops: list[Op] = []
         state = self.consumers.reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:
-            await self._record(self._commit(ops))
+            await self.commits.write(ops)
         if state is not None and self._has_ready(state, tag_filter):
             return True, False
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
@@ -570,9 +482,8 @@ class BrokerCore:
 
     def sweep(self) -> None:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);
-        retry writing consumer state the store refused (`_commit`)."""
-        if self._unrecorded:
-            self._commit([], with_lost=True)
+        retry writing consumer state the store refused (`StateCommits.retry`)."""
+        self.commits.retry()
         for topic, group in self.hold.keys():
             state = self.groups.get((group, topic))
             if state is None and topic in self.topics:  # held since before the topic existed
@@ -582,7 +493,7 @@ class BrokerCore:
                 except TooManyRequests:
                     continue  # its requests are answered when their poll time ends
                 if ops:
-                    self._commit(ops)
+                    self.commits.commit(ops)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ
                 self.hold.wake_ready((topic, group), functools.partial(self._ready_check, state))
 
