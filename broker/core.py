@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -36,11 +36,12 @@ from broker.errors import (
 )
 from broker.filters import MATCH_ALL, TagFilter
 from broker.groups import ConsumerGroups
-from broker.inflight import Delivery, GroupQueue, GroupTopic
+from broker.inflight import Delivery, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms, tokens
+from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
 from broker.receipt import ReceiptHandle, encode_handle
 from broker.redelivery import Redelivery
 from broker.send import SendPath
@@ -80,6 +81,7 @@ class BrokerCore:
             max_attempts=settings.max_delivery_attempts,
             released=self._fifo_released,
         )
+        self.readiness = Readiness(topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch)
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -139,49 +141,23 @@ class BrokerCore:
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             log_ = self.topics[topic]
-            by_queue: dict[int, tuple[int, list[str | None]]] | None = None  # queue -> (first offset, tags)
+            by_queue: Arrivals | None = None
             for group in self.hold.groups_waiting(topic):
                 state = self.groups.get((group, topic))
-                ends = self._held_back(state, log_) if topic in fifo_topics and state is not None else None
+                ends = held_back(state, log_) if topic in fifo_topics and state is not None else None
                 if not ends:
                     self.hold.arrived((topic, group), tags)
                     continue
-                # Not for what waits behind a FIFO message: of each queue's new messages (consecutive offsets),
-                # those before where the group's reading ends.
+                # Held back by a FIFO message in flight: woken only for what it can read of the arrival.
                 if by_queue is None:
-                    by_queue = {}
-                    for r in records:
-                        if r.topic == topic:
-                            by_queue.setdefault(r.queue_id, (r.offset, []))[1].append(r.tag)
-                readable: list[str | None] = []
-                for queue_id, (first, queue_tags) in by_queue.items():
-                    end = ends.get(queue_id)
-                    readable += queue_tags if end is None else queue_tags[: max(0, end - first)]
-                self.hold.arrived((topic, group), readable)
-
-    def _held_back(self, state: GroupTopic, topic: TopicLog) -> dict[int, int]:
-        """The queues where a FIFO message in flight holds the group back: where its reading ends in each."""
-        return {q: self._readable_end(gq, topic.queues[q]) for q, gq in state.queues.items() if gq.fifo}
-
-    @staticmethod
-    def _readable_end(gq: GroupQueue, queue: QueueLog) -> int:
-        """Where the group may read new messages of the queue up to: the end, or, while one of its FIFO
-        messages is in flight to the group, the next FIFO message."""
-        return queue.next_fifo(gq.pull_offset) if gq.fifo else queue.max_offset
+                    by_queue = arrivals_by_queue(records, topic)
+                self.hold.arrived((topic, group), readable_arrivals(by_queue, ends))
 
     def _fifo_released(self, state: GroupTopic, queue_id: int) -> None:
         """A FIFO message of the queue was acked or dead-lettered: wake as many of the group's held requests as
-        the queue now serves, Pops first, as an arrival does — its redeliveries whose turn came and, when it is
-        no longer held back, its next messages (up to a Pop's batch); not every held request of the group."""
-        topic = self.topics.get(state.topic)
-        if topic is None:
-            return
-        queue, gq = topic.queues[queue_id], state.queues[queue_id]
-        base = queue.min_offset
-        tags = [queue.tags[o - base] for o in self.redelivery.fifo_ready(state, queue_id)]
-        if not gq.fifo:
-            end = min(queue.max_offset, gq.pull_offset + self.settings.max_pop_batch)
-            tags += queue.tags[gq.pull_offset - base : end - base]
+        the queue now serves (`Readiness.released`), Pops first, as an arrival does; not every held request of
+        the group."""
+        tags = self.readiness.released(state, queue_id)
         if tags:
             self.hold.arrived((state.topic, state.group), tags)
 
@@ -216,7 +192,7 @@ class BrokerCore:
                 popped = await self._pop_once(state, max_messages, invisible_ms, ops)
                 if popped:
                     return PopResult(popped)
-                if ops and self.settings.flush == "sync" and self._has_ready(state, tag_filter):
+                if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
                     ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
                     continue
             ops = []
@@ -330,7 +306,7 @@ class BrokerCore:
                     break
                 gq = self.consumers.group_queue(state, queue, ops)
                 before = gq.pull_offset
-                end = self._readable_end(gq, queue)
+                end = readable_end(gq, queue)
                 offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
                 gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
                 gq.pull_offset = max(gq.pull_offset, before)
@@ -433,52 +409,10 @@ class BrokerCore:
         state = self.consumers.reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:
             await self.commits.write(ops)
-        if state is not None and self._has_ready(state, tag_filter):
+        if state is not None and self.readiness.has_ready(state, tag_filter):
             return True, False
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
         return outcome is Outcome.SERVED, outcome is Outcome.FULL
-
-    def _has_ready(self, state: GroupTopic, tag_filter: TagFilter) -> bool:
-        """Whether a Pop with this filter would take something now (FIFO messages held back count as none)."""
-        return self._ready_check(state)(tag_filter)
-
-    def _ready_check(self, state: GroupTopic, filters: int = 1) -> Callable[[TagFilter], bool]:
-        """`_has_ready` for one group and any number of filters: what does not depend on the filter is worked
-        out once. For several (`filters` > 1: the sweep over held requests), a filter none of whose tags the
-        readable ranges' block summaries hold is answered without a search: 20,000 held Pops of distinct
-        filters beside a backlog of other tags held the loop 0.14-0.48 s a sweep (a review's probe)."""
-        self.redelivery.expire(state, now_ms())
-        if self.redelivery.has_ready(state):
-            return lambda tag_filter: True
-        topic = self.topics.get(state.topic)
-        ranges = []
-        for queue in topic.queues if topic is not None else ():
-            gq = state.queues.get(queue.queue_id)
-            start, end = (
-                (queue.min_offset, queue.max_offset) if gq is None else (gq.pull_offset, self._readable_end(gq, queue))
-            )
-            if start < end:
-                ranges.append((queue, start, end))
-        present: set[str | None] | None = None
-        if filters > 1 and ranges:
-            present = set()
-            for queue, start, end in ranges:
-                tags = queue.tags_between(start, end, max_blocks=64)
-                if tags is None:
-                    present = None
-                    break
-                present |= tags
-
-        def ready(tag_filter: TagFilter) -> bool:
-            if not ranges:
-                return False
-            if tag_filter.tags is None:
-                return True
-            if present is not None and tag_filter.tags.isdisjoint(present):
-                return False
-            return any(queue.first_match(start, tag_filter, end) < end for queue, start, end in ranges)
-
-        return ready
 
     def sweep(self) -> None:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);
@@ -495,7 +429,7 @@ class BrokerCore:
                 if ops:
                     self.commits.commit(ops)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ
-                self.hold.wake_ready((topic, group), functools.partial(self._ready_check, state))
+                self.hold.wake_ready((topic, group), functools.partial(self.readiness.check, state))
 
     # -- stats -----------------------------------------------------------------
 
