@@ -2,8 +2,15 @@
 
 Protocol-neutral (no gRPC). All hot state lives here, on the event loop; the
 store makes it durable. Pops reserve messages synchronously (so concurrent pops
-never share a message) and then await the store. Redelivery timers and dead
-letters are the ``Redelivery`` it owns.
+never share a message) and then await the store. The core orchestrates the parts
+it owns, none of which knows the core:
+
+- ``SendPath`` (broker.send): checking and storing sends, scheduled delivery;
+- ``ConsumerGroups`` (broker.groups): each group's state on a topic, made on its first look;
+- ``Readiness`` (broker.readiness): what a group can read now, behind FIFO messages too;
+- ``Redelivery`` (broker.redelivery): invisibility timers and dead letters;
+- ``StateCommits`` (broker.commits): consumer-state changes on their way to the store;
+- ``HoldService`` (broker.longpoll): held Pops and Notifications, woken by the core.
 
 FIFO order (RocketMQ's orderly pop, SQS FIFO): a message sent with a message group
 is a FIFO message, and a group's later messages of its queue wait while it is in
@@ -17,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
@@ -55,8 +61,6 @@ from broker.store import (
     Snapshot,
     Store,
 )
-
-log = logging.getLogger(__name__)
 
 
 class BrokerCore:
