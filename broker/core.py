@@ -2,8 +2,15 @@
 
 Protocol-neutral (no gRPC). All hot state lives here, on the event loop; the
 store makes it durable. Pops reserve messages synchronously (so concurrent pops
-never share a message) and then await the store. Redelivery timers and dead
-letters are the ``Redelivery`` it owns.
+never share a message) and then await the store. The core orchestrates the parts
+it owns, none of which knows the core:
+
+- ``SendPath`` (broker.send): checking and storing sends, scheduled delivery;
+- ``ConsumerGroups`` (broker.groups): each group's state on a topic, made on its first look;
+- ``Readiness`` (broker.readiness): what a group can read now, behind FIFO messages too;
+- ``Redelivery`` (broker.redelivery): invisibility timers and dead letters;
+- ``StateCommits`` (broker.commits): consumer-state changes on their way to the store;
+- ``HoldService`` (broker.longpoll): held Pops and Notifications, woken by the core.
 
 FIFO order (RocketMQ's orderly pop, SQS FIFO): a message sent with a message group
 is a FIFO message, and a group's later messages of its queue wait while it is in
@@ -16,33 +23,31 @@ queue counts as empty for a Notification, as in RocketMQ.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import logging
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
 
 from broker import validation
+from broker.commits import StateCommits
 from broker.errors import (
     BadRequest,
     BrokerError,
     IllegalBatchSize,
-    IllegalFilter,
     IllegalInvisibleTime,
     IllegalPollingTime,
     InvalidReceiptHandle,
-    StoreUnavailable,
     TooManyRequests,
     TopicNotFound,
 )
 from broker.filters import MATCH_ALL, TagFilter
-from broker.inflight import Delivery, GroupQueue, GroupTopic
+from broker.groups import ConsumerGroups
+from broker.inflight import Delivery, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms, tokens
+from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
 from broker.receipt import ReceiptHandle, encode_handle
 from broker.redelivery import Redelivery
 from broker.send import SendPath
@@ -52,25 +57,10 @@ from broker.store import (
     Op,
     PutInflight,
     Record,
-    SetGroupFilter,
     SetPullOffset,
     Snapshot,
     Store,
 )
-
-log = logging.getLogger(__name__)
-MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered (see _reader)
-
-
-def _row(op: Op) -> tuple[object, ...]:
-    """The stored row an op writes (ops on one row supersede each other)."""
-    if isinstance(op, PutInflight | DeleteInflight):
-        return ("inflight", op.group, op.topic, op.queue_id, op.offset)
-    if isinstance(op, SetPullOffset):
-        return ("pull", op.group, op.topic, op.queue_id)
-    if isinstance(op, SetGroupFilter):
-        return ("filter", op.group, op.topic)
-    return (type(op).__name__, *op)
 
 
 class BrokerCore:
@@ -79,12 +69,14 @@ class BrokerCore:
         self.name = settings.name
         self.store = store
         self.topics: dict[str, TopicLog] = {}
-        self.groups: dict[tuple[str, str], GroupTopic] = {}  # (group, topic)
+        self.consumers = ConsumerGroups(settings, self.topics)
+        self.groups = self.consumers.groups  # (group, topic) -> its state
         self.hold = HoldService(settings.max_held)
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
         self.sends = SendPath(settings, store, self.topics)
+        self.commits = StateCommits(settings, store, self.groups)
         self.redelivery = Redelivery(
             topics=self.topics,
             sends=self.sends,
@@ -93,12 +85,7 @@ class BrokerCore:
             max_attempts=settings.max_delivery_attempts,
             released=self._fifo_released,
         )
-        self._degraded = False  # the store refuses writes: consumer state lives in memory only
-        self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
-        # The commit of those rows made when the store takes writes again (see `_record`).
-        self._catch_up: asyncio.Future[list[Record]] | None = None
-        self._looked_early: OrderedDict[tuple[str, str], TagFilter] = OrderedDict()  # see _reader
-        self._early_topics: Counter[str] = Counter()  # topics in _looked_early, how many groups each
+        self.readiness = Readiness(topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch)
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
 
@@ -115,33 +102,10 @@ class BrokerCore:
             self.topics[topic] = TopicLog(topic, [known.get(q) or QueueLog(topic, q) for q in range(count)])
             if len(known) < count:
                 self.sends.unsaved(topic)
-        for f in snap.filters:
-            self._restore_filter(f.group, f.topic, f.expression)
-        for p in snap.pull_offsets:
-            self._group(p.group, p.topic).queue(p.queue_id, p.pull_offset).pull_offset = p.pull_offset
-        for i in snap.inflight:
-            state = self._group(i.group, i.topic)
-            state.queue(i.queue_id, i.offset + 1)
-            topic_log = self.topics.get(i.topic)
-            fifo = topic_log is not None and topic_log.queues[i.queue_id].is_fifo(i.offset)
-            state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms), fifo=fifo)
+        self.consumers.restore(snap)
         for state in self.groups.values():
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
-
-    def _restore_filter(self, group: str, topic: str, expression: str) -> None:
-        # One unreadable row (written by another version) costs that group its lag filter until its next Pop sets
-        # one, not the whole broker its start: it is logged and the group reads as `*` meanwhile.
-        state = self._group(group, topic)
-        try:
-            state.filter = TagFilter.parse(expression, max_len=None)
-        except IllegalFilter as e:
-            log.warning(
-                "stored filter of group %s on topic %s skipped (%s); it reads as '*' until its next Pop",
-                group,
-                topic,
-                e,
-            )
 
     def start(self) -> None:
         self.scheduler.start()
@@ -174,74 +138,30 @@ class BrokerCore:
             if queue.fifo is not None:
                 fifo_topics.add(record.topic)
         for topic in by_topic:
-            if topic in self._early_topics:
-                self._adopt_early(topic)
+            ops: list[Op] = []
+            self.consumers.adopt_early(topic, ops)
+            if ops:
+                self.commits.commit(ops)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             log_ = self.topics[topic]
-            by_queue: dict[int, tuple[int, list[str | None]]] | None = None  # queue -> (first offset, tags)
+            by_queue: Arrivals | None = None
             for group in self.hold.groups_waiting(topic):
                 state = self.groups.get((group, topic))
-                ends = self._held_back(state, log_) if topic in fifo_topics and state is not None else None
+                ends = held_back(state, log_) if topic in fifo_topics and state is not None else None
                 if not ends:
                     self.hold.arrived((topic, group), tags)
                     continue
-                # Not for what waits behind a FIFO message: of each queue's new messages (consecutive offsets),
-                # those before where the group's reading ends.
+                # Held back by a FIFO message in flight: woken only for what it can read of the arrival.
                 if by_queue is None:
-                    by_queue = {}
-                    for r in records:
-                        if r.topic == topic:
-                            by_queue.setdefault(r.queue_id, (r.offset, []))[1].append(r.tag)
-                readable: list[str | None] = []
-                for queue_id, (first, queue_tags) in by_queue.items():
-                    end = ends.get(queue_id)
-                    readable += queue_tags if end is None else queue_tags[: max(0, end - first)]
-                self.hold.arrived((topic, group), readable)
-
-    def _adopt_early(self, topic: str) -> None:
-        """The groups that looked at `topic` before it existed get their state now that it has messages (stored:
-        their lag counts here from now on, also after a restart, before their first Pop on this broker)."""
-        ops: list[Op] = []
-        for group, topic_filter in [(g, f) for (g, t), f in self._looked_early.items() if t == topic]:
-            with contextlib.suppress(TooManyRequests):  # over --max-groups: it gets its state when it polls
-                self._reader(group, topic, topic_filter, ops, pop_filter=False)
-            self._forget_early(group, topic)
-        if ops:
-            self._commit(ops)
-
-    def _forget_early(self, group: str, topic: str) -> bool:
-        """Drop the group's early look at the topic; whether it had one."""
-        if self._looked_early.pop((group, topic), None) is None:
-            return False
-        self._early_topics[topic] -= 1
-        if not self._early_topics[topic]:
-            del self._early_topics[topic]
-        return True
-
-    def _held_back(self, state: GroupTopic, topic: TopicLog) -> dict[int, int]:
-        """The queues where a FIFO message in flight holds the group back: where its reading ends in each."""
-        return {q: self._readable_end(gq, topic.queues[q]) for q, gq in state.queues.items() if gq.fifo}
-
-    @staticmethod
-    def _readable_end(gq: GroupQueue, queue: QueueLog) -> int:
-        """Where the group may read new messages of the queue up to: the end, or, while one of its FIFO
-        messages is in flight to the group, the next FIFO message."""
-        return queue.next_fifo(gq.pull_offset) if gq.fifo else queue.max_offset
+                    by_queue = arrivals_by_queue(records, topic)
+                self.hold.arrived((topic, group), readable_arrivals(by_queue, ends))
 
     def _fifo_released(self, state: GroupTopic, queue_id: int) -> None:
         """A FIFO message of the queue was acked or dead-lettered: wake as many of the group's held requests as
-        the queue now serves, Pops first, as an arrival does — its redeliveries whose turn came and, when it is
-        no longer held back, its next messages (up to a Pop's batch); not every held request of the group."""
-        topic = self.topics.get(state.topic)
-        if topic is None:
-            return
-        queue, gq = topic.queues[queue_id], state.queues[queue_id]
-        base = queue.min_offset
-        tags = [queue.tags[o - base] for o in self.redelivery.fifo_ready(state, queue_id)]
-        if not gq.fifo:
-            end = min(queue.max_offset, gq.pull_offset + self.settings.max_pop_batch)
-            tags += queue.tags[gq.pull_offset - base : end - base]
+        the queue now serves (`Readiness.released`), Pops first, as an arrival does; not every held request of
+        the group."""
+        tags = self.readiness.released(state, queue_id)
         if tags:
             self.hold.arrived((state.topic, state.group), tags)
 
@@ -268,7 +188,7 @@ class BrokerCore:
                 f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
             )
         ops: list[Op] = []
-        state = self._reader(group, topic, tag_filter, ops)
+        state = self.consumers.reader(group, topic, tag_filter, ops)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
         while True:
@@ -276,7 +196,7 @@ class BrokerCore:
                 popped = await self._pop_once(state, max_messages, invisible_ms, ops)
                 if popped:
                     return PopResult(popped)
-                if ops and self.settings.flush == "sync" and self._has_ready(state, tag_filter):
+                if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
                     ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
                     continue
             ops = []
@@ -285,7 +205,7 @@ class BrokerCore:
                 return PopResult([], polling_full=outcome is Outcome.FULL)
             # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
             # group may have replaced meanwhile (reading with that one would skip the message for the group).
-            state = self._reader(group, topic, tag_filter, ops)
+            state = self.consumers.reader(group, topic, tag_filter, ops)
 
     async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
         now = now_ms()
@@ -295,7 +215,7 @@ class BrokerCore:
             picks.extend((q, o, 1) for q, o in self._take_new(state, topic, want - len(picks), ops))
         if not picks:
             if ops:
-                await self._record(self._commit(ops))
+                await self.commits.write(ops)
             return []
         assert topic is not None
         deliveries = []
@@ -308,10 +228,10 @@ class BrokerCore:
             )
             deliveries.append((queue_id, offset, delivery))
         self.redelivery.schedule(state)
-        committed = self._commit(ops)
+        committed = self.commits.commit(ops)
         try:
             payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
-            await self._record(committed)
+            await self.commits.record(committed)
         except asyncio.CancelledError:  # the caller went away: nobody receives them
             self._undo(state, deliveries)
             raise
@@ -346,7 +266,7 @@ class BrokerCore:
             undone = Delivery(d.attempt - 1, tokens.getrandbits(48), now)
             state.deliver(queue_id, offset, undone)
             ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
-        self._commit(ops)
+        self.commits.commit(ops)
         self.redelivery.schedule(state)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
@@ -388,9 +308,9 @@ class BrokerCore:
             for queue in active:
                 if want <= 0:
                     break
-                gq = self._group_queue(state, queue, ops)
+                gq = self.consumers.group_queue(state, queue, ops)
                 before = gq.pull_offset
-                end = self._readable_end(gq, queue)
+                end = readable_end(gq, queue)
                 offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
                 gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
                 gq.pull_offset = max(gq.pull_offset, before)
@@ -402,61 +322,6 @@ class BrokerCore:
                     still.append(queue)
             active = still
         return picks
-
-    def _reader(
-        self, group: str, topic: str, tag_filter: TagFilter, ops: list[Op], *, pop_filter: bool = True
-    ) -> GroupTopic | None:
-        """The group's state on `topic`, ready to read: start offsets fixed and, for a Pop or a first look, its
-        filter stored. None while the topic does not exist: with auto-create any name may be polled, and
-        no state is kept or stored for it; only that the group looked (bounded, in memory), so that its state
-        is made when the topic's first messages arrive (`_adopt_early`: its lag here then counts them before
-        its first Pop on this broker) and starts at the topic's first message also under `latest`."""
-        if topic not in self.topics:
-            if (group, topic) not in self._looked_early:
-                self._early_topics[topic] += 1
-            self._looked_early[(group, topic)] = tag_filter
-            self._looked_early.move_to_end((group, topic))
-            if len(self._looked_early) > MAX_EARLY_LOOKS:
-                oldest_group, oldest_topic = next(iter(self._looked_early))
-                self._forget_early(oldest_group, oldest_topic)
-            return None
-        new = (group, topic) not in self.groups
-        if new and len(self.groups) >= self.settings.max_groups:
-            # Each costs memory and a dozen metric series for good: any client could otherwise make a broker keep
-            # state for every name it makes up (20,000 made-up groups: +39 MiB and a 19 MB /metrics, a review's probe).
-            raise TooManyRequests(
-                f"broker {self.name} keeps state for {len(self.groups)} consumer groups and topics, its limit"
-                " (--max-groups): a new group is refused"
-            )
-        state = self._group(group, topic)
-        # A Pop sets the group's filter; so does a group's first look (a proxy announces a group to every
-        # broker with a Notification: its lag there then counts what it will take, not every message).
-        if (pop_filter or new) and state.filter != tag_filter:
-            state.filter = tag_filter
-            ops.append(SetGroupFilter(group, topic, str(tag_filter)))
-        # A group's first look at an existing topic fixes (and stores) where it starts on every queue, so
-        # that `latest` means the moment it first looked, not its first successful Pop. A group that looked
-        # before the topic existed starts at its first message: everything in it came after that look.
-        # Dead-letter topics are read from their first message whatever the setting (RocketMQ starts its
-        # system topics at the minimum offset too): `dlq resend` must find the letters that came before it.
-        latest = new and self.settings.consume_from == "latest" and not topic.startswith(validation.DLQ_PREFIX)
-        if new and self._forget_early(group, topic):
-            latest = False
-        topic_log = self.topics[topic]
-        if len(state.queues) < len(topic_log.queues):
-            for queue in topic_log.queues:
-                self._group_queue(state, queue, ops, latest=latest)
-        return state
-
-    def _group_queue(self, state: GroupTopic, queue: QueueLog, ops: list[Op], *, latest: bool = False) -> GroupQueue:
-        """The group's state on one queue; a queue it has not read yet starts at its first message (or, for a
-        group's first look under `latest`, after its last) and that start is stored."""
-        gq = state.queues.get(queue.queue_id)
-        if gq is None:
-            start = queue.max_offset if latest else queue.min_offset
-            gq = state.queue(queue.queue_id, start)
-            ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, start))
-        return gq
 
     async def _payloads(self, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         out: dict[tuple[int, int], bytes] = {}
@@ -474,78 +339,6 @@ class BrokerCore:
                     raise BrokerError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
                 out[(queue_id, offset)] = found[offset]
         return out
-
-    def _commit(self, ops: list[Op], *, with_lost: bool = False) -> asyncio.Future[list[Record]]:
-        """Submit consumer-state ops (deliveries, acks, offsets, filters).
-
-        Rows an earlier commit failed to write (the store refused writes for a while) go along, as they
-        are in memory now, so that a later pull offset is not stored without the deliveries below it
-        (after a restart those messages would count as acked). They go with every commit while the store
-        takes writes, and while it refuses them only when `with_lost` (the sweep's retry, once a second:
-        carrying them in every failing commit would cost each Pop the whole backlog). A row the new ops
-        write is theirs (they are its latest state)."""
-        if self._unrecorded and (with_lost or not self._degraded):
-            fresh = {_row(op) for op in ops}
-            redo = [self._as_now(op) for row, op in self._unrecorded.items() if row not in fresh]
-            ops = [op for op in redo if op is not None] + ops
-            self._unrecorded.clear()
-        committed = self.store.submit([], ops)
-        committed.add_done_callback(functools.partial(self._recorded, ops))
-        return committed
-
-    def _as_now(self, op: Op) -> Op | None:
-        """The op that writes `op`'s row as memory has it now (None: nothing to write any more)."""
-        if isinstance(op, PutInflight | DeleteInflight | SetPullOffset | SetGroupFilter):
-            state = self.groups.get((op.group, op.topic))
-            if state is None:
-                return None
-            if isinstance(op, SetGroupFilter):
-                return SetGroupFilter(op.group, op.topic, str(state.filter))
-            queue = state.queues.get(op.queue_id)
-            if queue is None:
-                return None
-            if isinstance(op, SetPullOffset):
-                return SetPullOffset(op.group, op.topic, op.queue_id, queue.pull_offset)
-            d = queue.inflight.get(op.offset)
-            if d is None:
-                return DeleteInflight(op.group, op.topic, op.queue_id, op.offset)
-            return PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)
-        return op  # the others are idempotent as they are
-
-    async def _record(self, committed: asyncio.Future[list[Record]]) -> None:
-        """Wait for a consumer-state commit when ``--flush sync`` asks for it. With ``async`` the caller is
-        answered at once and the commit follows (as RocketMQ's pop buffer does): a kill -9 in between
-        loses that state change, so the message is delivered again (at least once). Sends always wait: a
-        message is never accepted without its commit. When the store refuses writes (disk full,
-        read-only), consumption goes on from memory in the same way, and the rows are written with the
-        first commit that succeeds (`_commit`)."""
-        if self.settings.flush == "sync":
-            with contextlib.suppress(StoreUnavailable):
-                await asyncio.shield(committed)
-                # The first commit to succeed after the store refused writes went without the rows it lost (a
-                # pull offset among them); those follow in a commit of their own (`_recorded`). Answered before
-                # that one, a kill -9 in between left the pull offset stored without the deliveries below it,
-                # and those messages counted as acked after the restart (tests/faults/test_disk_full.py, about
-                # 1 run in 6): wait for it too.
-                catch_up = self._catch_up
-                if catch_up is not None and not catch_up.done():
-                    await asyncio.shield(catch_up)
-
-    def _recorded(self, ops: list[Op], committed: asyncio.Future[list[Record]]) -> None:
-        exc = None if committed.cancelled() else committed.exception()
-        if committed.cancelled() or exc is not None:
-            for op in ops:
-                self._unrecorded[_row(op)] = op
-        if isinstance(exc, StoreUnavailable):
-            if not self._degraded:
-                log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
-            self._degraded = True
-        elif exc is None:
-            was_degraded, self._degraded = self._degraded, False
-            if was_degraded and self._unrecorded:  # the store takes writes again: what it lost, at once
-                self._catch_up = self._commit([])
-        else:
-            log.warning("consumer state commit failed: %s", exc)
 
     # -- ack and invisibility ------------------------------------------------
 
@@ -583,7 +376,7 @@ class BrokerCore:
         for (_, queue_id), state in released.items():
             self._fifo_released(state, queue_id)
         if ops:
-            await self._record(self._commit(ops))
+            await self.commits.write(ops)
         return results
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
@@ -600,7 +393,7 @@ class BrokerCore:
         op = PutInflight(
             group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
-        await self._record(self._commit([op]))
+        await self.commits.write([op])
         new = encode_handle(
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
@@ -617,73 +410,30 @@ class BrokerCore:
         """(has_message, polling_full); consumes nothing."""
         tag_filter = self._check_read(topic, group, expression, poll_ms)
         ops: list[Op] = []
-        state = self._reader(group, topic, tag_filter, ops, pop_filter=False)
+        state = self.consumers.reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:
-            await self._record(self._commit(ops))
-        if state is not None and self._has_ready(state, tag_filter):
+            await self.commits.write(ops)
+        if state is not None and self.readiness.has_ready(state, tag_filter):
             return True, False
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
         return outcome is Outcome.SERVED, outcome is Outcome.FULL
 
-    def _has_ready(self, state: GroupTopic, tag_filter: TagFilter) -> bool:
-        """Whether a Pop with this filter would take something now (FIFO messages held back count as none)."""
-        return self._ready_check(state)(tag_filter)
-
-    def _ready_check(self, state: GroupTopic, filters: int = 1) -> Callable[[TagFilter], bool]:
-        """`_has_ready` for one group and any number of filters: what does not depend on the filter is worked
-        out once. For several (`filters` > 1: the sweep over held requests), a filter none of whose tags the
-        readable ranges' block summaries hold is answered without a search: 20,000 held Pops of distinct
-        filters beside a backlog of other tags held the loop 0.14-0.48 s a sweep (a review's probe)."""
-        self.redelivery.expire(state, now_ms())
-        if self.redelivery.has_ready(state):
-            return lambda tag_filter: True
-        topic = self.topics.get(state.topic)
-        ranges = []
-        for queue in topic.queues if topic is not None else ():
-            gq = state.queues.get(queue.queue_id)
-            start, end = (
-                (queue.min_offset, queue.max_offset) if gq is None else (gq.pull_offset, self._readable_end(gq, queue))
-            )
-            if start < end:
-                ranges.append((queue, start, end))
-        present: set[str | None] | None = None
-        if filters > 1 and ranges:
-            present = set()
-            for queue, start, end in ranges:
-                tags = queue.tags_between(start, end, max_blocks=64)
-                if tags is None:
-                    present = None
-                    break
-                present |= tags
-
-        def ready(tag_filter: TagFilter) -> bool:
-            if not ranges:
-                return False
-            if tag_filter.tags is None:
-                return True
-            if present is not None and tag_filter.tags.isdisjoint(present):
-                return False
-            return any(queue.first_match(start, tag_filter, end) < end for queue, start, end in ranges)
-
-        return ready
-
     def sweep(self) -> None:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);
-        retry writing consumer state the store refused (`_commit`)."""
-        if self._unrecorded:
-            self._commit([], with_lost=True)
+        retry writing consumer state the store refused (`StateCommits.retry`)."""
+        self.commits.retry()
         for topic, group in self.hold.keys():
             state = self.groups.get((group, topic))
             if state is None and topic in self.topics:  # held since before the topic existed
                 ops: list[Op] = []
                 try:
-                    state = self._reader(group, topic, MATCH_ALL, ops, pop_filter=False)
+                    state = self.consumers.reader(group, topic, MATCH_ALL, ops, pop_filter=False)
                 except TooManyRequests:
                     continue  # its requests are answered when their poll time ends
                 if ops:
-                    self._commit(ops)
+                    self.commits.commit(ops)
             if state is not None:  # each request's own filter: the group's last Pop filter may differ
-                self.hold.wake_ready((topic, group), functools.partial(self._ready_check, state))
+                self.hold.wake_ready((topic, group), functools.partial(self.readiness.check, state))
 
     # -- stats -----------------------------------------------------------------
 
@@ -710,12 +460,6 @@ class BrokerCore:
         if not 0 <= queue_id < 2**31 or not 0 <= from_offset < 2**62:
             raise BadRequest(f"queue id {queue_id} / offset {from_offset} out of range (0..2^31, 0..2^62)")
         return await self.store.read_range(topic, queue_id, from_offset, limit, max_bytes=self.settings.max_pop_bytes)
-
-    def _group(self, group: str, topic: str) -> GroupTopic:
-        state = self.groups.get((group, topic))
-        if state is None:
-            state = self.groups[(group, topic)] = GroupTopic(group, topic)
-        return state
 
     async def close(self) -> None:
         await self.scheduler.close()

@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 KINDS = ("broker", "proxy")
-# Labels promoted to their own record fields; every other label stays in "labels".
-_PROMOTED = ("topic", "group", "queue")
 _COUNTER_TYPES = ("counter", "histogram", "summary")  # their _total, _count, _sum, _bucket only grow
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -78,7 +76,7 @@ def records(registry: Registry, settings: ExportSettings, now: float) -> Iterato
             value = float(sample.value)
             if math.isnan(value) or math.isinf(value):
                 continue
-            labels = dict(sample.labels)
+            labels = dict(sample.labels)  # topic, group and queue get fields of their own; the others stay here
             queue = labels.pop("queue", None)
             yield {
                 "v": SCHEMA_VERSION,

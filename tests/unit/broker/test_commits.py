@@ -1,0 +1,58 @@
+"""Consumer-state commits without sockets: rows a refused commit lost are written again as memory has them,
+at once when the store takes writes again, and by the sweep's retry while it still refuses them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from broker.commits import StateCommits
+from broker.errors import StoreUnavailable
+from broker.inflight import Delivery, GroupTopic
+from broker.settings import BrokerSettings
+from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
+
+
+class Refusing:
+    """Just enough of a Store: records every commit it takes, refuses writes on demand."""
+
+    def __init__(self) -> None:
+        self.written: list[list[Op]] = []
+        self.refuse = False
+
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
+        if self.refuse:
+            future.set_exception(StoreUnavailable("disk full"))
+        else:
+            self.written.append(list(ops))
+            future.set_result([])
+        return future
+
+
+def test_rows_a_refused_commit_lost_are_written_as_memory_has_them_once_the_store_takes_writes() -> None:
+    async def scenario() -> list[list[Op]]:
+        store = Refusing()
+        state = GroupTopic("g", "t")
+        gq = state.queue(0, 0)
+        commits = StateCommits(BrokerSettings(), store, {("g", "t"): state})  # type: ignore[arg-type]
+        store.refuse = True
+        gq.pull_offset = 2
+        state.deliver(0, 0, Delivery(1, 7, 10_000))
+        await commits.write([SetPullOffset("g", "t", 0, 2), PutInflight("g", "t", 0, 0, 1, 7, 10_000)])
+        await asyncio.sleep(0)  # the refusal is seen
+        gq.pull_offset = 3  # a later Pop, its commit refused too: not carrying the backlog
+        await commits.write([SetPullOffset("g", "t", 0, 3)])
+        await asyncio.sleep(0)
+        state.remove(0, 0)  # acked meanwhile
+        commits.retry()  # the sweep, still refused
+        await asyncio.sleep(0)
+        assert store.written == []
+        store.refuse = False
+        await commits.write([])  # the first commit to succeed goes alone; the lost rows follow at once
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return store.written
+
+    written = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert written == [[], [SetPullOffset("g", "t", 0, 3), DeleteInflight("g", "t", 0, 0)]]
