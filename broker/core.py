@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections import Counter
 from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
@@ -146,11 +147,14 @@ class BrokerCore:
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             log_ = self.topics[topic]
             by_queue: Arrivals | None = None
+            counts: Counter[str | None] | None = None  # the arrival's tags, counted once for every group
             for group in self.hold.groups_waiting(topic):
                 state = self.groups.get((group, topic))
                 ends = held_back(state, log_) if topic in fifo_topics and state is not None else None
                 if not ends:
-                    self.hold.arrived((topic, group), tags)
+                    if counts is None:
+                        counts = Counter(tags)
+                    self.hold.arrived((topic, group), tags, counts)
                     continue
                 # Held back by a FIFO message in flight: woken only for what it can read of the arrival.
                 if by_queue is None:

@@ -110,12 +110,14 @@ class HoldService:
     def groups_waiting(self, topic: str) -> list[str]:
         return list(self._by_topic.get(topic, ()))
 
-    def arrived(self, key: Key, tags: Sequence[str | None]) -> int:
-        """New messages with these tags can be consumed by the key's group: wake who can be served."""
+    def arrived(self, key: Key, tags: Sequence[str | None], counts: Counter[str | None] | None = None) -> int:
+        """New messages with these tags can be consumed by the key's group: wake who can be served.
+        ``counts``: ``Counter(tags)`` when the caller has it (one arrival, several groups waiting)."""
         if key not in self._waiters:
             return 0
-        counts = Counter(tags)  # once per arrival; each held filter then counts its matches from it
-        return self._wake(key, lambda f: f.count(counts, len(tags)))
+        if counts is None:
+            counts = Counter(tags)
+        return self._wake(key, lambda f: f.count(counts, len(tags)))  # each held filter counts from the tally
 
     def wake(self, key: Key, count: int) -> int:
         """``count`` messages became ready whatever their tags (redeliveries): wake up to that many Pops."""

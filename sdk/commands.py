@@ -298,13 +298,12 @@ def _render(message: Message, fmt: str) -> str:
 
 
 def _write(message: Message, fmt: str) -> None:
-    """One message to stdout exactly as it is (no markup, no emoji codes; `body` as raw bytes), flushed."""
+    """One message to stdout exactly as it is (no markup, no emoji codes; `body` as raw bytes)."""
     if fmt == "body":
+        sys.stdout.flush()  # what the text layer holds goes first
         sys.stdout.buffer.write(message.body + b"\n")
-        sys.stdout.buffer.flush()
     else:
         sys.stdout.write(_render(message, fmt) + "\n")
-        sys.stdout.flush()
 
 
 def _stdout_is_a_pipe() -> bool:
@@ -323,7 +322,7 @@ class _Tally:
 
 
 def _print_and_ack(consumer: SimpleConsumer, batch: list[Message], tally: _Tally, *, fmt: str, ack: bool) -> None:
-    """Write and flush each message, and ack it only once flushed (when `ack`), counted in `tally`.
+    """Write the batch, and ack each message only once it is out (when `ack`), counted in `tally`.
 
     Into a pipe each message is acked right after it is written, so a reader gone (`| head -1` exited)
     stops the acks at the next message: its write fails (EPIPE), it and the rest of the batch are not
@@ -336,10 +335,13 @@ def _print_and_ack(consumer: SimpleConsumer, batch: list[Message], tally: _Tally
     try:
         for message in batch:
             _write(message, fmt)
+            if each:
+                sys.stdout.flush()  # a reader gone fails here, before the ack
             written += 1
             if each:
                 consumer.ack(message)
                 tally.acked += 1
+        sys.stdout.flush()  # the batch is out before its one ack
     except BrokenPipeError:
         if ack and not each and written:
             consumer.ack_many(batch[:written])
