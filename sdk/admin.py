@@ -225,12 +225,17 @@ class DeadLetters:
     resent_listed: int = 0  # of the listed range, letters the resend group acked out of order (not told which)
 
 
+def _resend_state(stats: bpb.StatsResponse, topic: str, resend_group: str) -> dict[int, bpb.GroupQueueStats]:
+    """The resend group's state on each DLQ queue it has read (queue id -> its Stats row)."""
+    return {g.queue_id: g for g in stats.groups if g.topic == topic and g.group == resend_group}
+
+
 def _dlq_ranges(
     stats: bpb.StatsResponse, topic: str, resend_group: str, *, everything: bool
 ) -> list[tuple[int, int, int]]:
     """(queue id, first offset to list, max offset) per non-empty DLQ queue: from the resend group's consumer
     offset (all below it is re-sent) when it has read the queue, else from the first letter."""
-    read = {g.queue_id: g for g in stats.groups if g.topic == topic and g.group == resend_group}
+    read = _resend_state(stats, topic, resend_group)
     ranges = []
     for q in stats.queues:
         if q.topic != topic or q.max_offset <= q.min_offset:
@@ -243,7 +248,7 @@ def _dlq_ranges(
 
 
 def _count_dead_letters(found: DeadLetters, stats: bpb.StatsResponse, topic: str, resend_group: str) -> None:
-    read = {g.queue_id: g for g in stats.groups if g.topic == topic and g.group == resend_group}
+    read = _resend_state(stats, topic, resend_group)
     for q in stats.queues:
         if q.topic != topic:
             continue
