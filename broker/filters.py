@@ -10,6 +10,23 @@ from broker.errors import IllegalFilter
 MAX_FILTER_LEN = 1024
 
 
+def split_tags(expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> list[str] | None:
+    """The tags of a filter expression, stripped, in their order (None: every message matches). `max_len`: the
+    longest expression a client may send; None for one the store kept (see `TagFilter.parse`)."""
+    text = expression.strip()
+    if text in ("", "*"):
+        return None
+    if max_len is not None and len(text) > max_len:
+        raise IllegalFilter(f"filter expression is {len(text)} characters long; the limit is {max_len}")
+    tags = [part.strip() for part in text.split("||")]
+    for tag in tags:
+        if not tag:
+            raise IllegalFilter(f"filter expression {expression!r} has an empty tag")
+        if tag == "*" or "|" in tag or not tag.isprintable():
+            raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
+    return tags
+
+
 @dataclass(frozen=True, slots=True)
 class TagFilter:
     """A parsed filter; ``tags is None`` means every message matches."""
@@ -20,22 +37,8 @@ class TagFilter:
     def parse(cls, expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> TagFilter:
         """Parse a filter a client sent (at most `max_len` characters), or, with ``max_len=None``, one the store
         kept: a stored filter was accepted once, so a later, smaller limit must not make the broker refuse to start."""
-        text = expression.strip()
-        if text in ("", "*"):
-            return MATCH_ALL
-        if max_len is not None and len(text) > max_len:
-            raise IllegalFilter(f"filter expression is longer than {MAX_FILTER_LEN} characters")
-        tags = [part.strip() for part in text.split("||")]
-        for tag in tags:
-            if not tag:
-                raise IllegalFilter(f"filter expression {expression!r} has an empty tag")
-            if tag == "*" or "|" in tag or not tag.isprintable():
-                raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
-        return cls(frozenset(tags))
-
-    @property
-    def matches_all(self) -> bool:
-        return self.tags is None
+        tags = split_tags(expression, max_len=max_len)
+        return MATCH_ALL if tags is None else cls(frozenset(tags))
 
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)

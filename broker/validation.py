@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from broker.errors import IllegalGroup, IllegalMessage, IllegalTopic
+from broker.errors import BrokerError, IllegalGroup, IllegalMessage, IllegalTopic
 
 # The limits of DESIGN §5, checked by the broker and again, before any broker call, by the proxy
 # (proxy/validate.py imports them from here: one source for both).
@@ -20,37 +20,37 @@ MAX_KEYS = 64
 MAX_PROPERTIES_BYTES = 16 * 1024
 
 
+def check_name(kind: str, name: str, *, error: type[BrokerError], limit: int = MAX_NAME_LEN) -> str:
+    """`name` if it is a valid `kind` name ("topic", "consumer group") of at most `limit` characters."""
+    if not name:
+        raise error(f"{kind} name is empty")
+    if len(name) > limit:
+        raise error(f"{kind} name is {len(name)} characters long; the limit is {limit}")
+    if not NAME_RE.fullmatch(name):
+        raise error(f"{kind} name {name!r} may only contain letters, digits, %, _ and -")
+    return name
+
+
 def check_topic(topic: str) -> str:
     # A dead-letter topic is "%DLQ%" + a group name, so it may be 5 characters longer.
     limit = MAX_NAME_LEN + len(DLQ_PREFIX) if topic.startswith(DLQ_PREFIX) else MAX_NAME_LEN
-    if not topic:
-        raise IllegalTopic("topic name is empty")
-    if len(topic) > limit:
-        raise IllegalTopic(f"topic name is longer than {limit} characters")
-    if not NAME_RE.fullmatch(topic):
-        raise IllegalTopic(f"topic name {topic!r} may only contain letters, digits, %, _ and -")
-    return topic
+    return check_name("topic", topic, error=IllegalTopic, limit=limit)
 
 
 def check_group(group: str) -> str:
-    if not group:
-        raise IllegalGroup("consumer group name is empty")
-    if len(group) > MAX_NAME_LEN:
-        raise IllegalGroup(f"consumer group name is longer than {MAX_NAME_LEN} characters")
-    if not NAME_RE.fullmatch(group):
-        raise IllegalGroup(f"consumer group name {group!r} may only contain letters, digits, %, _ and -")
-    return group
+    return check_name("consumer group", group, error=IllegalGroup)
 
 
-def check_tag(tag: str) -> str:
+def check_tag(tag: str, *, error: type[BrokerError] = IllegalMessage) -> str:
+    """`tag` if a message may carry it (`error`: the class to raise, the proxy's finer one for its v2 code)."""
     if not tag.strip():
-        raise IllegalMessage("message tag is blank")
+        raise error("message tag is blank")
     if len(tag) > MAX_TAG_LEN:
-        raise IllegalMessage(f"message tag is longer than {MAX_TAG_LEN} characters")
+        raise error(f"message tag is {len(tag)} characters long; the limit is {MAX_TAG_LEN}")
     if "|" in tag or not tag.isprintable():
-        raise IllegalMessage(f"message tag {tag!r} contains '|' or a control character")
+        raise error(f"message tag {tag!r} contains '|' or a control character")
     if tag != tag.strip():  # filters strip their tags: such a message could never be selected by its tag
-        raise IllegalMessage(f"message tag {tag!r} starts or ends with whitespace")
+        raise error(f"message tag {tag!r} starts or ends with whitespace")
     return tag
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
+from broker.filters import split_tags
 from broker.validation import (
     DLQ_PREFIX,
     MAX_KEYS,
-    MAX_MESSAGE_ID_LEN,
-    MAX_NAME_LEN,
     MAX_PROPERTIES_BYTES,
-    MAX_TAG_LEN,
-    NAME_RE,
+    check_group,
+    check_message_id,
+    check_tag,
+    check_topic,
 )
 from proxy import errors
 
@@ -24,28 +25,13 @@ from proxy import errors
 MAX_KEY_LEN = 256
 MAX_MESSAGE_GROUP_BYTES = 64
 MAX_PROPERTIES = 128
-MAX_FILTER_LEN = 1024
 NAMESPACE_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def _name(kind: str, name: str, error: type[errors.ProxyError], limit: int = MAX_NAME_LEN) -> str:
-    if not name:
-        raise error(f"{kind} name is empty")
-    if len(name) > limit:
-        raise error(f"{kind} name is {len(name)} characters long; the limit is {limit}")
-    if not NAME_RE.fullmatch(name):
-        raise error(f"{kind} name {name!r} may only contain letters, digits, %, _ and -")
-    return name
-
-
-def topic(name: str) -> str:
-    # A dead-letter topic is "%DLQ%" + a group name, so it may be 5 characters longer.
-    limit = MAX_NAME_LEN + len(DLQ_PREFIX) if name.startswith(DLQ_PREFIX) else MAX_NAME_LEN
-    return _name("topic", name, errors.IllegalTopic, limit)
-
-
-def group(name: str) -> str:
-    return _name("consumer group", name, errors.IllegalGroup)
+# The broker's own checks: the same names, limits and messages on both sides of a Send or a Pop.
+topic = check_topic
+group = check_group
+message_id = check_message_id
 
 
 # Topics no producer may send to (RocketMQ's TopicValidator.isSystemTopic, and its %-prefixed group topics):
@@ -100,16 +86,8 @@ def tag_filter(expression: str, *, is_sql: bool = False) -> str:
     """The broker's filter text ('*' or 'a||b') for a TAG expression."""
     if is_sql:
         raise errors.IllegalFilter("SQL92 filter expressions are not supported; use a TAG expression like 'a || b'")
-    text = expression.strip()
-    if text in ("", "*"):
-        return "*"
-    if len(text) > MAX_FILTER_LEN:
-        raise errors.IllegalFilter(f"filter expression is {len(text)} characters long; the limit is {MAX_FILTER_LEN}")
-    tags = [part.strip() for part in text.split("||")]
-    for item in tags:
-        if not item or item == "*" or "|" in item or not item.isprintable():
-            raise errors.IllegalFilter(f"filter expression {expression!r} has an invalid tag {item!r}")
-    return "||".join(tags)
+    tags = split_tags(expression)
+    return "*" if tags is None else "||".join(tags)
 
 
 def batch_size(size: int, *, limit: int) -> int:
@@ -133,15 +111,7 @@ def body(data: bytes, *, limit: int) -> bytes:
 
 
 def tag(value: str) -> str:
-    if not value.strip():
-        raise errors.IllegalMessageTag("message tag is blank")
-    if len(value) > MAX_TAG_LEN:
-        raise errors.IllegalMessageTag(f"message tag is {len(value)} characters long; the limit is {MAX_TAG_LEN}")
-    if "|" in value or not value.isprintable():
-        raise errors.IllegalMessageTag(f"message tag {value!r} contains '|' or a control character")
-    if value != value.strip():  # filters strip their tags: such a message could never be selected by its tag
-        raise errors.IllegalMessageTag(f"message tag {value!r} starts or ends with whitespace")
-    return value
+    return check_tag(value, error=errors.IllegalMessageTag)
 
 
 def keys(values: Iterable[str]) -> list[str]:
@@ -152,12 +122,6 @@ def keys(values: Iterable[str]) -> list[str]:
         if not key.strip() or len(key) > MAX_KEY_LEN or not key.isprintable():
             raise errors.IllegalMessageKey(f"message key {key[:40]!r} is blank, too long or has a control character")
     return out
-
-
-def message_id(value: str) -> str:
-    if len(value) > MAX_MESSAGE_ID_LEN or not value.isprintable():
-        raise errors.IllegalMessage(f"message id must be at most {MAX_MESSAGE_ID_LEN} printable characters")
-    return value
 
 
 def message_group(value: str) -> str:

@@ -27,7 +27,7 @@ def linear_count(tags: list[str | None], min_offset: int, start: int, end: int, 
 
 def linear_first(tags: list[str | None], min_offset: int, start: int, f: TagFilter) -> int:
     start = max(start, min_offset)
-    if f.matches_all:
+    if f.tags is None:  # matches every message
         return min(start, min_offset + len(tags))
     for i in range(start - min_offset, len(tags)):
         if f.matches(tags[i]):

@@ -58,8 +58,10 @@ def test_tag_filters_normalise_and_refuse_sql_and_garbage() -> None:
     assert validate.tag_filter(" a || b ") == "a||b"
     with pytest.raises(errors.IllegalFilter, match="SQL92"):
         validate.tag_filter("a > 1", is_sql=True)
-    with pytest.raises(errors.IllegalFilter, match="invalid tag"):
+    with pytest.raises(errors.IllegalFilter, match="empty tag"):
         validate.tag_filter("a || || b")
+    with pytest.raises(errors.IllegalFilter, match="invalid tag"):
+        validate.tag_filter("a || * || b")
 
 
 def test_batch_invisible_body_and_delivery_limits_name_the_rule() -> None:
