@@ -170,9 +170,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     # RPCs popgate does not serve: a clear status, not a gRPC error.
     async def _unsupported(self, method: str, response_type: Callable[..., Resp]) -> Resp:
-        self._metrics.rpc(method, "NOT_IMPLEMENTED", 0.0)
-        text = f"{method} is not implemented by popgate (see docs/PROXY.md)"
-        return response_type(status=v2.Status(code=v2.NOT_IMPLEMENTED, message=text))
+        error = errors.NotImplementedRpc(f"{method} is not implemented by popgate (see docs/PROXY.md)")
+        status = _status(error)
+        self._metrics.rpc(method, name_of(status.code), 0.0)
+        return response_type(status=status)
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[pb.PullMessageResponse]:
         yield await self._unsupported("PullMessage", pb.PullMessageResponse)
