@@ -39,7 +39,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from broker.auth import client_interceptors
-from broker.client import BrokerSession, failure, unsent
+from broker.client import ERROR_KEY, BrokerSession, failure, unsent
 from proxy import errors
 from proxy.ports import Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 RECONNECT_WAIT_S = 2.0  # at most this long for a broker's channel to connect again (see the module docstring)
 RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
-ERROR_KEY = "popgate-error"
 
 
 def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
