@@ -21,7 +21,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 from tests.fuzzing import CASES, FUZZ, report, requests
 from tests.procs import ServerProcess, broker_args
 
-# The domain-error table of broker/server.py (INTERNAL: a BrokerError without a more specific class).
+# The domain-error table of broker/handlers.py (INTERNAL: a BrokerError without a more specific class).
 MAPPED = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,

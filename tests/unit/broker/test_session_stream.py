@@ -14,6 +14,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker import server
+from broker import session as session_stream
 from broker.client import BrokerSession
 from broker.core import BrokerCore
 from broker.longpoll import Kind
@@ -29,8 +30,8 @@ class NeverReads:
 
 
 def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024, raising=False)
-    monkeypatch.setattr(server, "WRITER_DRAIN_S", 0.1)  # the end of the stream does not wait for this reader
+    monkeypatch.setattr(session_stream, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024)
+    monkeypatch.setattr(session_stream, "WRITER_DRAIN_S", 0.1)  # the end of the stream does not wait for this reader
     asked = 0
 
     async def requests() -> AsyncIterator[pb.SessionRequest]:
@@ -264,8 +265,8 @@ def test_a_cancel_for_a_reused_id_does_not_release_the_pop_answered_under_it_bef
 def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_messages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024, raising=False)
-    monkeypatch.setattr(server, "WRITER_DRAIN_S", 0.1)
+    monkeypatch.setattr(session_stream, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024)
+    monkeypatch.setattr(session_stream, "WRITER_DRAIN_S", 0.1)
     pops = 40
 
     async def requests() -> AsyncIterator[pb.SessionRequest]:

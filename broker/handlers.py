@@ -1,0 +1,91 @@
+"""The broker's requests as core calls, shared by the unary RPCs (`broker.server`) and the Session stream
+(`broker.session`), and the one table from domain errors to gRPC status."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from popgate_pb import broker_pb2 as pb
+
+from broker import errors
+from broker.core import BrokerCore
+from broker.model import PopResult
+
+# Domain error → gRPC status code. The most specific class wins (checked via the MRO).
+STATUS_OF: dict[type[errors.BrokerError], grpc.StatusCode] = {
+    errors.BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.TopicNotFound: grpc.StatusCode.NOT_FOUND,
+    errors.TooManyRequests: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.BrokerError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_of(exc: errors.BrokerError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+# -- request → core call → response, shared by the unary RPCs and the Session stream ---------
+# Each fills in the response it is given: building a sub-message in place costs about half of
+# building it apart and copying it into its parent (a Pop answer's payloads would be copied twice).
+
+
+async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) -> None:
+    add = out.results.add
+    for s in await core.send(request.messages):
+        add(message_id=s.message_id, topic=s.topic, queue_id=s.queue_id, offset=s.offset)
+
+
+async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:
+    r = request
+    result = await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
+    add = out.messages.add
+    for p in result.messages:
+        popped = add(receipt_handle=p.handle, delivery_attempt=p.attempt, invisible_until_ms=p.invisible_until_ms)
+        stored = popped.stored
+        stored.message.MergeFromString(p.payload)
+        stored.queue_id = p.queue_id
+        stored.offset = p.offset
+        stored.store_ms = p.store_ms
+    out.polling_full = result.polling_full
+    return result
+
+
+async def ack(core: BrokerCore, request: pb.AckRequest, out: pb.AckResponse) -> None:
+    handles = request.receipt_handles
+    add = out.results.add
+    for handle, e in zip(handles, await core.ack(request.topic, request.group, handles), strict=True):
+        if e is None:
+            add(receipt_handle=handle, ok=True)
+        else:
+            add(receipt_handle=handle, ok=False, error=e.name, error_message=e.message)
+
+
+async def change_invisible(
+    core: BrokerCore, request: pb.ChangeInvisibleTimeRequest, out: pb.ChangeInvisibleTimeResponse
+) -> None:
+    r = request
+    out.receipt_handle, out.invisible_until_ms = await core.change_invisible(
+        r.topic, r.group, r.receipt_handle, r.invisible_ms
+    )
+
+
+async def notification(core: BrokerCore, request: pb.NotificationRequest, out: pb.NotificationResponse) -> None:
+    out.has_message, out.polling_full = await core.notification(
+        request.topic, request.group, request.filter, request.poll_ms
+    )
+
+
+# What a Session request of each kind runs; its response goes in the field of the same name.
+SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
+    "pop": pop,
+    "notification": notification,
+    "send": send,
+    "ack": ack,
+    "change_invisible": change_invisible,
+}

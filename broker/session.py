@@ -1,0 +1,224 @@
+"""The multiplexed Session stream: many requests on one gRPC call, a task per pending request, one writer.
+
+A held long poll costs the broker a few hundred bytes here instead of a whole gRPC call
+(`broker.client` is the other side).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+
+import grpc
+from popgate_pb import broker_pb2 as pb
+
+from broker import errors
+from broker.core import BrokerCore
+from broker.handlers import SESSION_CALLS, status_of
+from broker.metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+WRITER_DRAIN_S = 5.0
+SESSION_SETTLE_S = 5.0  # a stopping broker waits this long at most for a Session's requests in progress
+
+# Requests that may be held (long polls) count against the broker's --max-held per session; the
+# others (Send, Ack, ChangeInvisibleTime: each a store commit away from done) against this.
+HELD_KINDS = frozenset({"pop", "notification"})
+SESSION_MAX_SHORT = 4096
+# Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the
+# session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
+SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
+SESSION_RECENT_POPS = 256  # answered Pops a late cancel frame can still release, per stream
+POPPED_OVERHEAD = 128  # bytes of a popped message's answer beyond its payload (handle, ids, offsets)
+
+
+class Session:
+    """One multiplexed stream: a task per pending request, one writer, everything cancelled at the end."""
+
+    def __init__(self, core: BrokerCore, metrics: BrokerMetrics, max_pending: int) -> None:
+        self.core = core
+        self.metrics = metrics
+        self.max_pending = max_pending
+        self.pending: dict[int, asyncio.Task[None]] = {}
+        self.short = 0  # pending requests not of HELD_KINDS
+        self.held: dict[int, str] = {}  # pending long polls (HELD_KINDS with a poll time): their kind by id
+        # Answers with their encoded size, bounded in bytes by the reader pausing (see `serve`).
+        self.outbox: asyncio.Queue[tuple[pb.SessionResponse, int] | None] = asyncio.Queue()
+        self.outbox_bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
+        # The last Pops answered with messages, (topic, group, handles) by id: a cancel frame that
+        # crossed the answer releases them (see `dispatch`). A cancel comes within a round trip.
+        self.answered_pops: OrderedDict[int, tuple[str, str, list[str]]] = OrderedDict()
+
+    def answer(self, response: pb.SessionResponse, size: int | None = None) -> None:
+        """Queue an answer; `size`, when the caller knows it, saves encoding-size work on the hot path."""
+        if size is None:
+            size = response.ByteSize()
+        self.outbox_bytes += size
+        self.outbox.put_nowait((response, size))
+        if self.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
+            self.room.clear()
+            self._end_long_polls()
+
+    def _end_long_polls(self) -> None:
+        """Over its outbox budget, the stream's held Pops and Notifications end now with an empty answer: held on,
+        each would take messages when it woke and queue them past the budget (the caller is not reading)."""
+        held, self.held = self.held, {}
+        answering = asyncio.current_task()  # the Pop whose answer passed the budget: it is answered already
+        for request_id, kind in held.items():
+            task = self.pending.get(request_id)
+            if task is None or task.done() or task is answering:
+                continue
+            del self.pending[request_id]
+            task.cancel()  # a Pop caught taking its messages puts them back (BrokerCore.pop)
+            response = pb.SessionResponse(id=request_id)
+            getattr(response, kind).SetInParent()
+            self.answer(response)
+
+    def written(self, size: int) -> None:
+        self.outbox_bytes -= size
+        if self.outbox_bytes <= SESSION_MAX_OUTBOX_BYTES // 2:
+            self.room.set()
+
+    def dispatch(self, request: pb.SessionRequest) -> None:
+        kind = request.WhichOneof("body")
+        if kind == "cancel":
+            task = self.pending.pop(request.id, None)
+            if task is not None:
+                task.cancel()
+            elif (popped := self.answered_pops.pop(request.id, None)) is not None:
+                self.core.release(*popped)  # answered before the cancel was read: nobody got it
+            return
+        if kind is None or request.id in self.pending:
+            why = "unknown request" if kind is None else f"request id {request.id} is already pending"
+            self._error(request.id, errors.BadRequest(f"session: {why}"))
+            return
+        self.answered_pops.pop(request.id, None)  # an id used again: a later cancel is about this request
+        held = kind in HELD_KINDS and getattr(request, kind).poll_ms > 0  # poll 0: answered at once
+        if held and len(self.pending) - self.short >= self.max_pending:
+            self._error(request.id, errors.TooManyRequests(f"session has {self.max_pending} pending long polls"))
+            return
+        if not held and self.short >= SESSION_MAX_SHORT:
+            self._error(request.id, errors.TooManyRequests(f"session has {SESSION_MAX_SHORT} pending {kind} requests"))
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(request, kind))
+        self.pending[request.id] = task
+        if held:
+            self.held[request.id] = kind
+            task.add_done_callback(functools.partial(self._held_done, request.id))
+        else:
+            self.short += 1
+            task.add_done_callback(self._short_done)
+
+    def _held_done(self, request_id: int, _: asyncio.Task[None]) -> None:
+        self.held.pop(request_id, None)
+
+    def _short_done(self, _: asyncio.Task[None]) -> None:
+        self.short -= 1
+
+    async def _serve(self, request: pb.SessionRequest, kind: str) -> None:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        core = self.core
+        try:
+            response = pb.SessionResponse(id=request.id)
+            body = getattr(response, kind)
+            body.SetInParent()  # an answer with no field set is still an answer of this kind
+            result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
+            if kind == "pop" and result.messages:
+                popped = result.messages  # sizes and handles from the core's own values, not the protobuf
+                self.answer(response, sum(len(p.payload) for p in popped) + POPPED_OVERHEAD * len(popped))
+                pop = request.pop
+                self.answered_pops[request.id] = (pop.topic, pop.group, [p.handle for p in popped])
+                if len(self.answered_pops) > SESSION_RECENT_POPS:
+                    self.answered_pops.popitem(last=False)
+            else:
+                self.answer(response)
+        except errors.BrokerError as exc:
+            code = status_of(exc)
+            self._error(request.id, exc)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("session %s failed", kind)
+            self._error(request.id, errors.BrokerError(f"internal error: {type(exc).__name__}"))
+        finally:
+            self.pending.pop(request.id, None)
+            self.metrics.rpc_duration.labels(f"Session.{kind}", code.name).observe(time.perf_counter() - started)
+
+    def _error(self, request_id: int, exc: errors.BrokerError) -> None:
+        error = pb.SessionError(error=exc.name, message=exc.message, grpc_code=status_of(exc).value[0])
+        self.answer(pb.SessionResponse(id=request_id, error=error))
+
+    async def settle(self, within_s: float) -> None:
+        """Wait (at most `within_s`) for the requests taken to be answered."""
+        tasks = list(self.pending.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=within_s)
+
+    async def close(self) -> None:
+        tasks = list(self.pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def serve(
+    core: BrokerCore,
+    metrics: BrokerMetrics,
+    stopping: asyncio.Event,
+    request_iterator: AsyncIterator[pb.SessionRequest],
+    context: grpc.aio.ServicerContext,
+) -> None:
+    """Serve one Session stream until the caller ends it or `stopping` is set (the broker is stopping)."""
+    session = Session(core, metrics, core.settings.max_held)
+
+    async def write() -> None:
+        while (item := await session.outbox.get()) is not None:
+            response, size = item
+            await context.write(response)
+            session.written(size)
+
+    async def read() -> None:
+        async for request in request_iterator:
+            session.dispatch(request)
+            if session.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
+                # The caller reads its answers slower than it asks: stop reading its requests (HTTP/2
+                # flow control then holds it back) until the answers it has not taken fit again.
+                await session.room.wait()
+
+    loop = asyncio.get_running_loop()
+    writer = loop.create_task(write())
+    reader = loop.create_task(read())
+    stopped = loop.create_task(stopping.wait())
+    try:
+        await asyncio.wait((reader, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not reader.done():
+            # The broker is stopping (its held requests are being answered): read no more requests, let
+            # those taken finish, then end the stream. Left open, it would take requests for the whole
+            # shutdown grace; a proxy's requests written meanwhile fail with UNAVAILABLE, unread, and it
+            # fails over at once.
+            reader.cancel()
+            await session.settle(SESSION_SETTLE_S)
+        elif not reader.cancelled() and (exc := reader.exception()) is not None:
+            raise exc
+    finally:
+        reader.cancel()
+        stopped.cancel()
+        # The caller closed its side or went away: nothing pending on this stream survives it.
+        # The writer is never cancelled mid-write (grpc core would then lose the final status):
+        # it finishes what is queued and stops at the end marker.
+        await session.close()
+        session.outbox.put_nowait(None)
+        session.room.set()
+        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
+            await asyncio.wait_for(writer, WRITER_DRAIN_S)
