@@ -47,7 +47,7 @@ from broker.inflight import Delivery, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
-from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms, tokens
+from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms
 from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
 from broker.receipt import ReceiptHandle, encode_handle
 from broker.redelivery import Redelivery
@@ -56,7 +56,6 @@ from broker.settings import BrokerSettings
 from broker.store import (
     DeleteInflight,
     Op,
-    PutInflight,
     Record,
     SetPullOffset,
     Snapshot,
@@ -223,14 +222,13 @@ class BrokerCore:
             return []
         assert topic is not None
         deliveries = []
+        deadline = now + invisible_ms
         for queue_id, offset, attempt in picks:
-            delivery = Delivery(attempt, tokens.getrandbits(48), now + invisible_ms)
             queue = topic.queues[queue_id]
-            state.deliver(queue_id, offset, delivery, fifo=queue.fifo is not None and queue.is_fifo(offset))
-            ops.append(
-                PutInflight(state.group, state.topic, queue_id, offset, attempt, delivery.token, now + invisible_ms)
+            fifo = queue.fifo is not None and queue.is_fifo(offset)
+            deliveries.append(
+                (queue_id, offset, state.start_delivery(queue_id, offset, attempt, deadline, ops, fifo=fifo))
             )
-            deliveries.append((queue_id, offset, delivery))
         self.redelivery.schedule(state)
         committed = self.commits.commit(ops)
         try:
@@ -267,9 +265,7 @@ class BrokerCore:
         now = now_ms()
         ops: list[Op] = []
         for queue_id, offset, d in deliveries:
-            undone = Delivery(d.attempt - 1, tokens.getrandbits(48), now)
-            state.deliver(queue_id, offset, undone)
-            ops.append(PutInflight(state.group, state.topic, queue_id, offset, undone.attempt, undone.token, now))
+            state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
         self.commits.commit(ops)
         self.redelivery.schedule(state)
 
@@ -391,13 +387,10 @@ class BrokerCore:
             )
         state, handle, old = self._resolve(topic, group, text)
         deadline = now_ms() + invisible_ms
-        delivery = Delivery(old.attempt, tokens.getrandbits(48), deadline)
-        state.deliver(handle.queue_id, handle.offset, delivery)
+        ops: list[Op] = []
+        delivery = state.start_delivery(handle.queue_id, handle.offset, old.attempt, deadline, ops)
         self.redelivery.schedule(state)
-        op = PutInflight(
-            group, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
-        )
-        await self.commits.write([op])
+        await self.commits.write(ops)
         new = encode_handle(
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )

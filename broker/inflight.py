@@ -12,10 +12,17 @@ skipped lazily and the heap is rebuilt when stale ones dominate.
 from __future__ import annotations
 
 import heapq
+import os
+import random
 from collections import deque
 from dataclasses import dataclass
 
 from broker.filters import MATCH_ALL, TagFilter
+from broker.store import Op, PutInflight
+
+# Delivery tokens only have to be unguessable by a client that never saw the handle,
+# not cryptographically strong: a seeded PRNG avoids a syscall per message.
+tokens = random.Random(os.urandom(16))
 
 
 @dataclass(slots=True)
@@ -61,6 +68,17 @@ class GroupTopic:
         if state is None:
             state = self.queues[queue_id] = GroupQueue(queue_id, start_offset)
         return state
+
+    def start_delivery(
+        self, queue_id: int, offset: int, attempt: int, deadline_ms: int, ops: list[Op] | None, *, fifo: bool = False
+    ) -> Delivery:
+        """A new delivery of a message (a fresh token: earlier handles go stale), recorded by `deliver`; the
+        PutInflight that makes it durable is appended to `ops` (None: it stays in memory only)."""
+        delivery = Delivery(attempt, tokens.getrandbits(48), deadline_ms)
+        self.deliver(queue_id, offset, delivery, fifo=fifo)
+        if ops is not None:
+            ops.append(PutInflight(self.group, self.topic, queue_id, offset, attempt, delivery.token, deadline_ms))
+        return delivery
 
     def deliver(self, queue_id: int, offset: int, delivery: Delivery, *, fifo: bool = False) -> None:
         """Record a (re)delivery: the offset must already be below the queue's pull offset. ``fifo``: a FIFO

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 import time
 import zlib
 from dataclasses import dataclass
@@ -14,11 +13,6 @@ from broker.lag import QueueLag
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-# Delivery tokens only have to be unguessable by a client that never saw the handle,
-# not cryptographically strong: a seeded PRNG avoids a syscall per message.
-tokens = random.Random(os.urandom(16))
 
 
 class MessageIds:

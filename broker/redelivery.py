@@ -22,7 +22,7 @@ from broker.errors import InvalidReceiptHandle
 from broker.inflight import Delivery, GroupTopic
 from broker.log import TopicLog
 from broker.longpoll import HoldService
-from broker.model import now_ms, tokens
+from broker.model import now_ms
 from broker.send import SendPath
 from broker.store import DeleteInflight, NewMessage, Op
 
@@ -157,8 +157,7 @@ class Redelivery:
     def _due_again(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
         """The delivery stays in flight with its attempt count and comes due again in a second."""
         fifo = self.topics[state.topic].queues[queue_id].is_fifo(offset)
-        again = Delivery(delivery.attempt, tokens.getrandbits(48), now_ms() + 1000)
-        state.deliver(queue_id, offset, again, fifo=fifo)
+        state.start_delivery(queue_id, offset, delivery.attempt, now_ms() + 1000, None, fifo=fifo)
         self.schedule(state)
 
     async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
