@@ -7,7 +7,7 @@ import contextlib
 import logging
 import signal
 import sys
-from pathlib import Path
+from contextlib import AsyncExitStack
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,9 +17,8 @@ from broker import settings as settings_mod
 from broker.auth import TokenInterceptor
 from broker.core import BrokerCore
 from broker.errors import StoreUnavailable
-from broker.export import ExportSettings, MetricsExporter
 from broker.metrics import BrokerMetrics
-from broker.metrics_http import MetricsServer
+from broker.metrics_http import start_metrics
 from broker.server import BrokerServicer
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
@@ -37,15 +36,17 @@ class StartError(Exception):
     """A start-up failure the operator fixes with a flag (a port in use, a directory that is a file): one line."""
 
 
-async def serve(settings: BrokerSettings) -> None:
-    loop = asyncio.get_running_loop()
-    metrics = BrokerMetrics()
+async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: AsyncExitStack) -> BrokerCore:
+    """The store, loaded and started, and the core restored from it: both closed by `stack` (core first)."""
     try:
         store = SqliteStore(settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe)
     except OSError as exc:  # not a directory, no permission, a read-only file system
         raise StartError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from None
+    stack.push_async_callback(store.close)
+    loop = asyncio.get_running_loop()
     snapshot = await loop.run_in_executor(None, store.load)
     core = BrokerCore(settings, store)
+    stack.push_async_callback(core.close)
     store.set_listener(core)
     store.start(loop)
     core.restore(snapshot)
@@ -53,27 +54,11 @@ async def serve(settings: BrokerSettings) -> None:
     if created:
         log.info("created topics %s", ", ".join(created))
     core.start()
-    metrics.watch(core)
-    # Before the gRPC server starts: a failure here has nothing serving to stop yet.
-    metrics_server = MetricsServer(metrics.registry)
-    if settings.metrics_listen:
-        try:
-            address = await metrics_server.start(settings.metrics_listen)
-        except (OSError, ValueError, OverflowError) as exc:
-            raise StartError(
-                f"--metrics-listen {settings.metrics_listen}: cannot serve /metrics there ({exc})"
-            ) from None
-        log.info("metrics on http://%s/metrics", address)
-    exporter = MetricsExporter(
-        metrics.registry, ExportSettings(Path(settings.export_dir), settings.name, "broker", settings.export_interval_s)
-    )
-    if settings.export_dir:
-        try:
-            await exporter.start()
-        except OSError as exc:
-            await metrics_server.close()
-            raise StartError(f"--export-dir {settings.export_dir}: {exc.strerror or exc}") from None
+    return core
 
+
+def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[grpc.aio.Server, int]:
+    """The gRPC server with the broker's and the health services, bound to --listen (not started): its port."""
     limit = settings.max_grpc_message_bytes
     server = grpc.aio.server(
         options=[
@@ -86,42 +71,55 @@ async def serve(settings: BrokerSettings) -> None:
         ],
         interceptors=[TokenInterceptor(settings.auth_token)] if settings.auth_token else None,
     )
-    servicer = BrokerServicer(core, metrics)
     pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's "Failed to bind": the port is in use or the address is not local
-        await exporter.close()
-        await metrics_server.close()
         raise StartError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
-    await server.start()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("popgate.broker.v1.Broker", health_pb2.HealthCheckResponse.SERVING)
+    return server, port
 
-    sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
 
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    host = settings.listen.rpartition(":")[0]
-    print(f"ready {host}:{port}", file=sys.stderr, flush=True)
-    log.info("broker %s serving on %s:%s, data in %s", settings.name, host, port, settings.data_dir)
-    await stop.wait()
-
-    log.info("stopping: answering held requests")
-    await health_servicer.enter_graceful_shutdown()
-    core.hold.close()
-    servicer.stopping.set()
-    await server.stop(settings.shutdown_grace_s)
-    sweeper.cancel()
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await sweeper
-    await exporter.close()  # last snapshot after the last RPC
-    await metrics_server.close()
-    await core.close()
-    await store.close()
+        await task
+
+
+async def serve(settings: BrokerSettings) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully (held requests answered). Whatever a start-up
+    failure finds open (store, core, metrics) is closed on the way out, as at the end."""
+    loop = asyncio.get_running_loop()
+    metrics = BrokerMetrics()
+    async with AsyncExitStack() as stack:
+        core = await _open_store(settings, metrics, stack)
+        metrics.watch(core)
+        # Before the gRPC server starts: a failure here has nothing serving to stop yet. Closed after it stops
+        # (the stack unwinds in reverse): the last snapshot comes after the last RPC.
+        await start_metrics(stack, metrics.registry, settings, kind="broker", process=settings.name, error=StartError)
+        servicer = BrokerServicer(core, metrics)
+        server, port = _grpc_server(settings, servicer)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        await server.start()
+        sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
+        stack.push_async_callback(_cancel, sweeper)  # once the server has stopped
+        stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
+        for name in ("", "popgate.broker.v1.Broker"):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        host = settings.listen.rpartition(":")[0]
+        print(f"ready {host}:{port}", file=sys.stderr, flush=True)
+        log.info("broker %s serving on %s:%s, data in %s", settings.name, host, port, settings.data_dir)
+        await stop.wait()
+
+        log.info("stopping: answering held requests")
+        await health_servicer.enter_graceful_shutdown()
+        core.hold.close()
+        servicer.stopping.set()
+        await server.stop(settings.shutdown_grace_s)
     log.info("stopped")
 
 

@@ -9,8 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from broker.export import ExportSettings, MetricsExporter
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +71,45 @@ class MetricsServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+class MetricsFlags(Protocol):
+    """The metrics flags a broker's and the proxy's settings share."""
+
+    @property
+    def metrics_listen(self) -> str: ...
+
+    @property
+    def export_dir(self) -> str: ...
+
+    @property
+    def export_interval_s(self) -> float: ...
+
+
+async def start_metrics(
+    stack: AsyncExitStack,
+    registry: CollectorRegistry,
+    flags: MetricsFlags,
+    *,
+    kind: str,
+    process: str,
+    error: Callable[[str], Exception],
+) -> None:
+    """The metrics of a broker or the proxy (`kind`, named `process` in exported snapshots): /metrics served on
+    --metrics-listen and snapshots exported to --export-dir, each only when set, both closed by `stack`. A flag
+    the operator must fix (a port in use, an address that is not local, a directory that is a file) raises
+    ``error(one line naming it)``."""
+    if flags.metrics_listen:
+        server = MetricsServer(registry)
+        try:
+            address = await server.start(flags.metrics_listen)
+        except (OSError, ValueError, OverflowError) as exc:  # in use or not local; a port not a number or too big
+            raise error(f"--metrics-listen {flags.metrics_listen}: cannot serve /metrics there ({exc})") from None
+        stack.push_async_callback(server.close)
+        log.info("metrics on http://%s/metrics", address)
+    if flags.export_dir:
+        export = ExportSettings(Path(flags.export_dir), process, kind, flags.export_interval_s)
+        try:
+            await stack.enter_async_context(MetricsExporter(registry, export))
+        except OSError as exc:
+            raise error(f"--export-dir {flags.export_dir}: {exc.strerror or exc}") from None

@@ -12,8 +12,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
-from broker.export import ExportSettings, MetricsExporter, default_proxy_name
-from broker.metrics_http import MetricsServer
+from broker.export import default_proxy_name
+from broker.metrics_http import start_metrics
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
@@ -114,25 +114,8 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if settings.metrics_listen:
-            metrics_server = MetricsServer(metrics.registry)
-            try:
-                log.info("metrics on http://%s/metrics", await metrics_server.start(settings.metrics_listen))
-            except OSError as exc:
-                what = f"--metrics-listen {settings.metrics_listen}: cannot serve /metrics there ({exc})"
-                raise SettingsError(what) from None
-            stack.push_async_callback(metrics_server.close)
-        if settings.export_dir:
-            export = ExportSettings(
-                Path(settings.export_dir),
-                default_proxy_name(int(address.rpartition(":")[2])),
-                "proxy",
-                settings.export_interval_s,
-            )
-            try:
-                await stack.enter_async_context(MetricsExporter(metrics.registry, export))
-            except OSError as exc:
-                raise SettingsError(f"--export-dir {settings.export_dir}: {exc.strerror or exc}") from None
+        process = default_proxy_name(int(address.rpartition(":")[2]))
+        await start_metrics(stack, metrics.registry, settings, kind="proxy", process=process, error=SettingsError)
         if settings.accounts and not settings.tls_cert:
             log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
         ready(address)
