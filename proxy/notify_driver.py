@@ -20,27 +20,10 @@ from popgate_pb import broker_pb2 as bpb
 from proxy.errors import BrokerFailure, ProxyError
 from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
 from proxy.ports import BrokerClient, Metrics, NoMetrics
-from proxy.receive import ReceiveRequest, ReceiveResult
+from proxy.receive import OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
 IMMEDIATE_TIMEOUT_S = 0.5  # a Pop or Notification with poll 0 (the first Pop, one after has_message, the last look)
-
-
-class _Closer:
-    """One waiter on the proxy's closing event for all runs (not one task per receive)."""
-
-    def __init__(self) -> None:
-        self.runs: set[_Run] = set()
-        self._task: asyncio.Task[None] | None = None
-
-    def watch(self, closing: asyncio.Event) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._wait(closing), name="notify-closing")
-
-    async def _wait(self, closing: asyncio.Event) -> None:
-        await closing.wait()
-        for run in list(self.runs):
-            run.apply(run.machine.closing())
 
 
 class _Run:
@@ -92,6 +75,10 @@ class _Run:
             elif command.messages:  # nobody awaits the run any more (the client left): nobody receives them
                 self.hand_back()
 
+    def close(self) -> None:
+        """The proxy is closing: the machine decides what the run answers."""
+        self.apply(self.machine.closing())
+
     def _rewatch(self, broker: str) -> None:
         client = self.pool.get(broker)
         healthy = client is not None and client.healthy
@@ -106,15 +93,7 @@ class _Run:
         return client
 
     def _pop(self, broker: str, poll_ms: int) -> asyncio.Future[bpb.PopResponse]:
-        r = self.request
-        request = bpb.PopRequest(
-            topic=r.topic,
-            group=r.group,
-            filter=r.filter,
-            max_messages=r.batch,
-            invisible_ms=r.invisible_ms,
-            poll_ms=max(0, poll_ms),
-        )
+        request = self.request.pop_request(max(0, poll_ms))
         return self._client(broker).begin_pop(request, timeout_s=self._timeout_for(poll_ms))
 
     def _notify(self, broker: str, poll_ms: int) -> asyncio.Future[bpb.NotificationResponse]:
@@ -206,7 +185,8 @@ class NotifyStrategy:
         self._pool = pool
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
-        self._closer = _Closer()
+        # One waiter on the proxy's closing event for all runs (not one task per receive).
+        self._closer: OnClose[_Run] = OnClose(_Run.close, "notify-closing")
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         if closing.is_set():
@@ -222,7 +202,7 @@ class NotifyStrategy:
         machine = NotifyRun(live or [c.name for c in candidates], poll_end, down=down)
         run = _Run(machine, request, self._pool, self._timeout, self._busy)
         self._closer.watch(closing)
-        self._closer.runs.add(run)
+        self._closer.registered.add(run)
         timers = [
             loop.call_at(poll_end, lambda: run.apply(run.machine.poll_over())),
             loop.call_at(request.deadline, lambda: run.apply(run.machine.deadline())),
@@ -236,7 +216,7 @@ class NotifyStrategy:
         finally:
             for timer in timers:
                 timer.cancel()
-            self._closer.runs.discard(run)
+            self._closer.registered.discard(run)
             self._metrics.notify_run(request.group, run.machine.stats)
         result = ReceiveResult(list(finish.messages), finish.outcome)
         if finish.messages:

@@ -15,7 +15,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -32,6 +32,7 @@ from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.routing import BrokerPool
 
 T = TypeVar("T")
+R = TypeVar("R")
 MIN_ATTEMPT_S = 0.05  # less time than this left: no further broker attempt, and a broker call gets at least this
 FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last for it this long
 MAX_FAILED_REMEMBERED = 10_000
@@ -46,6 +47,17 @@ class ReceiveRequest:
     invisible_ms: int
     poll_s: float  # how long a broker may hold the request (already clamped and cut to the deadline)
     deadline: float  # loop.time() by which the answer must be on its way
+
+    def pop_request(self, poll_ms: int) -> bpb.PopRequest:
+        """The broker Pop for this receive, held at most `poll_ms` there."""
+        return bpb.PopRequest(
+            topic=self.topic,
+            group=self.group,
+            filter=self.filter,
+            max_messages=self.batch,
+            invisible_ms=self.invisible_ms,
+            poll_ms=poll_ms,
+        )
 
 
 def _nothing() -> None:
@@ -71,20 +83,40 @@ class ReceiveStrategy(Protocol):
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult: ...
 
 
-class CloseWatch:
-    """Ends awaits with ShuttingDown when the proxy closes, with one waiter task for all of them.
+class OnClose(Generic[R]):
+    """One waiter task on the proxy's `closing` event for everything `registered`: on close, ``act`` is called
+    for each. A held receive is the proxy's unit of memory (10,000 of them is an ordinary load): a waiter task
+    per receive on the event would cost more than the rest of the receive's Python state."""
 
-    A held receive is the proxy's unit of memory (10,000 of them is an ordinary load):
-    a waiter task per receive on the closing event would cost more than the rest of
-    the receive's Python state. Instead the awaiting task registers itself; on close it
-    is cancelled (which cancels the broker request it awaits) and the cancellation
-    becomes ShuttingDown.
-    """
+    def __init__(self, act: Callable[[R], None], name: str) -> None:
+        self.registered: set[R] = set()
+        self._act = act
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+
+    def watch(self, closing: asyncio.Event) -> None:
+        """Start the waiter unless it is running (again after it has fired)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._wait(closing), name=self._name)
+
+    async def _wait(self, closing: asyncio.Event) -> None:
+        await closing.wait()
+        for item in list(self.registered):
+            self._act(item)
+
+
+class CloseWatch:
+    """Ends awaits with ShuttingDown when the proxy closes, with one waiter task for all of them (`OnClose`):
+    the awaiting task registers itself; on close it is cancelled (which cancels the broker request it awaits)
+    and the cancellation becomes ShuttingDown."""
 
     def __init__(self) -> None:
-        self._waiting: set[asyncio.Task[Any]] = set()
+        self._waiting: OnClose[asyncio.Task[Any]] = OnClose(self._close, "receive-closing")
         self._closed: set[asyncio.Task[Any]] = set()
-        self._watcher: asyncio.Task[None] | None = None
+
+    def _close(self, task: asyncio.Task[Any]) -> None:
+        self._closed.add(task)
+        task.cancel()
 
     async def run(self, call: asyncio.Future[T], closing: asyncio.Event) -> T:
         """Await a started broker call (cancelled if the proxy closes first)."""
@@ -93,9 +125,8 @@ class CloseWatch:
             raise ShuttingDown("the proxy is shutting down")
         task = asyncio.current_task()
         assert task is not None
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(closing), name="receive-closing")
-        self._waiting.add(task)
+        self._waiting.watch(closing)
+        self._waiting.registered.add(task)
         try:
             return await call
         except asyncio.CancelledError:
@@ -104,14 +135,8 @@ class CloseWatch:
             task.uncancel()
             raise ShuttingDown("the proxy is shutting down") from None
         finally:
-            self._waiting.discard(task)
+            self._waiting.registered.discard(task)
             self._closed.discard(task)
-
-    async def _watch(self, closing: asyncio.Event) -> None:
-        await closing.wait()
-        for task in list(self._waiting):
-            self._closed.add(task)
-            task.cancel()
 
 
 class LongPollStrategy:
@@ -171,14 +196,7 @@ class LongPollStrategy:
             if remaining <= MIN_ATTEMPT_S:
                 break
             poll_s = max(0.0, min(poll_end - now, remaining))
-            pop = bpb.PopRequest(
-                topic=request.topic,
-                group=request.group,
-                filter=request.filter,
-                max_messages=request.batch,
-                invisible_ms=request.invisible_ms,
-                poll_ms=round(poll_s * 1000),
-            )
+            pop = request.pop_request(round(poll_s * 1000))
             if pop.poll_ms > 0 and attempt == 0:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
