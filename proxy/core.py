@@ -181,33 +181,17 @@ class Proxy:
             return ReceiveResult([], "closing")
         started = time.perf_counter()
         outcome = "error"
+        held = False  # this call counts in `_held` (an answer with messages takes that over: `_account`)
         try:
-            if self._held >= self._max_held:
-                raise errors.TooManyRequests(f"the proxy already holds {self._held} receives; retry shortly")
-            if self._answer_bytes >= self._max_answer_bytes:
-                raise self._unread_answers()
-            self._held += 1
-            try:
-                if self._groups_seen.first_sight(request.topic, request.group):
-                    self._announce(request)
-                result = await self.strategy.receive(request, self.closing)
-            except BaseException:
-                self._held -= 1
-                raise
+            self._admit()
+            held = True
+            if self._groups_seen.first_sight(request.topic, request.group):
+                self._announce(request)
+            result = await self.strategy.receive(request, self.closing)
             outcome = result.outcome
-            if not result.messages:
-                self._held -= 1
-                return result
-            size = sum(len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages)
-            if self._answer_bytes and self._answer_bytes + size > self._max_answer_bytes:
-                # Held before the limit was reached, answered after: the messages go back to their broker (one
-                # answer alone always fits). Checked only at the start, 60 receives held by clients that did
-                # not read took 227 MB against a 16 MiB limit (a review's probe).
-                self._held -= 1
-                result.give_back()
-                result.release()
-                raise self._unread_answers()
-            self._until_written(result, size)
+            if result.messages:
+                self._account(result)
+                held = False
             return result
         except errors.TooManyRequests:
             outcome = "full"
@@ -216,16 +200,30 @@ class Proxy:
             outcome = "cancelled"  # the client went away (or the call's deadline passed)
             raise
         finally:
+            if held:
+                self._held -= 1
             self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
 
-    def _unread_answers(self) -> errors.TooManyRequests:
-        return errors.TooManyRequests(
-            f"the proxy holds {self._answer_bytes} bytes of messages its clients have not read; retry shortly"
-        )
+    def _admit(self) -> None:
+        """Count one more receive in `_held`, or TooManyRequests: too many held, or too many bytes unread."""
+        if self._held >= self._max_held:
+            raise errors.TooManyRequests(f"the proxy already holds {self._held} receives; retry shortly")
+        if self._answer_bytes >= self._max_answer_bytes:
+            raise self._unread_answers()
+        self._held += 1
 
-    def _until_written(self, result: ReceiveResult, size: int) -> None:
-        """The receive stays held, and its messages count, until its caller releases the answer (written, or
-        the client gone): a client that does not read cannot make the proxy keep answers without bound."""
+    def _account(self, result: ReceiveResult) -> None:
+        """An answer with messages: it stays held, and its bytes count, until its caller releases it (written, or
+        the client gone), so a client that does not read cannot make the proxy keep answers without bound. Past
+        the limit its messages go back to their broker instead, and TooManyRequests (the receive still held)."""
+        size = sum(len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages)
+        if self._answer_bytes and self._answer_bytes + size > self._max_answer_bytes:
+            # Held before the limit was reached, answered after (one answer alone always fits). Checked only at
+            # the start, 60 receives held by clients that did not read took 227 MB against a 16 MiB limit (a
+            # review's probe).
+            result.give_back()
+            result.release()
+            raise self._unread_answers()
         self._answer_bytes += size
         inner = result.release
         released = False
@@ -239,6 +237,11 @@ class Proxy:
                 inner()
 
         result.release = release
+
+    def _unread_answers(self) -> errors.TooManyRequests:
+        return errors.TooManyRequests(
+            f"the proxy holds {self._answer_bytes} bytes of messages its clients have not read; retry shortly"
+        )
 
     async def ack(
         self, topic: str, group: str, handles: Sequence[str], *, deadline: float | None = None
