@@ -288,9 +288,7 @@ class MetricsExporter:
         self._snapshots = RunSnapshots(settings)  # used on the writer thread only
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="metrics-export")
         self._task: asyncio.Task[None] | None = None
-        self.snapshots = 0
         self._last = 0.0
-        self._written = asyncio.Condition()
 
     async def start(self) -> MetricsExporter:
         loop = asyncio.get_running_loop()
@@ -319,14 +317,6 @@ class MetricsExporter:
         families = list(self.registry.collect())  # on the loop: collectors read live state
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._write, _Frozen(families), now)
-        async with self._written:
-            self.snapshots += 1
-            self._written.notify_all()
-
-    async def wait_snapshots(self, count: int) -> None:
-        """Until ``count`` snapshots have been written (bound it with asyncio.timeout)."""
-        async with self._written:
-            await self._written.wait_for(lambda: self.snapshots >= count)
 
     def _write(self, registry: Registry, now: float) -> None:
         batch = self._snapshots.take(registry, now)

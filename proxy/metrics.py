@@ -112,9 +112,6 @@ class ProxyMetrics:
             return group
         return OTHER_GROUPS
 
-    def first_pop_hit(self, group: str) -> None:
-        self._first_pop_hits.labels(self._group(group)).inc()
-
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
         self._receives.labels(self._group(group), mode, outcome).inc()
         self._receive_latency.observe(seconds)
@@ -129,7 +126,7 @@ class ProxyMetrics:
         if stats.notifications or stats.held_pop:
             self.long_poll(group)
         if stats.first_pop_hit:
-            self.first_pop_hit(group)
+            self._first_pop_hits.labels(group).inc()
         answered = stats.notified_has_message + stats.notified_empty + stats.notified_full
         for outcome, count in (
             ("has_message", stats.notified_has_message),

@@ -86,8 +86,6 @@ class Metrics(Protocol):
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None: ...
 
-    def first_pop_hit(self, group: str) -> None: ...
-
     def long_poll(self, group: str) -> None: ...
 
     def notify_run(self, group: str, stats: RunStats) -> None: ...
@@ -103,9 +101,6 @@ class NoMetrics:
         pass
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
-        pass
-
-    def first_pop_hit(self, group: str) -> None:
         pass
 
     def long_poll(self, group: str) -> None:

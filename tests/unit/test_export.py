@@ -151,13 +151,28 @@ def test_a_file_is_locked_until_it_is_renamed_and_one_published_meanwhile_is_ski
     assert salvage(tmp_path, "broker", "b1") == []
 
 
+class CountingExporter(MetricsExporter):
+    """Counts the snapshots written; `enough` is set at the fourth."""
+
+    def __init__(self, registry: Any, settings: ExportSettings) -> None:
+        super().__init__(registry, settings)
+        self.snapshots = 0
+        self.enough = asyncio.Event()
+
+    async def snapshot(self) -> None:
+        await super().snapshot()
+        self.snapshots += 1
+        if self.snapshots >= 4:
+            self.enough.set()
+
+
 def test_exporter_snapshots_periodically_and_publishes_on_close(tmp_path: Path) -> None:
     reg = registry()
 
     async def run() -> int:
-        exporter = MetricsExporter(reg, ExportSettings(tmp_path, "px-1", "proxy", interval_s=0.02))
+        exporter = CountingExporter(reg, ExportSettings(tmp_path, "px-1", "proxy", interval_s=0.02))
         async with exporter, asyncio.timeout(10):
-            await exporter.wait_snapshots(4)
+            await exporter.enough.wait()
         return exporter.snapshots
 
     snapshots = asyncio.run(run())
