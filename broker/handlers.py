@@ -56,6 +56,14 @@ async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> 
     return result
 
 
+POPPED_OVERHEAD = 128  # bytes of a popped message's answer beyond its payload (handle, ids, offsets)
+
+
+def answer_bytes(result: PopResult) -> int:
+    """What a Pop answer holds in memory until its caller takes it (the budgets of both Pop paths)."""
+    return sum(len(p.payload) for p in result.messages) + POPPED_OVERHEAD * len(result.messages)
+
+
 async def ack(core: BrokerCore, request: pb.AckRequest, out: pb.AckResponse) -> None:
     handles = request.receipt_handles
     add = out.results.add

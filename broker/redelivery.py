@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -29,6 +30,12 @@ from broker.store import DeleteInflight, NewMessage, Op
 log = logging.getLogger(__name__)
 
 DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
+
+# Dead-letter moves under way at once (each a payload read and a commit); the others wait in `Redelivery._to_dlq`.
+# Spawned one task each, 100,000 messages expiring at once past their last attempt took a review's broker from
+# 111 to 760 MiB and its start from 1.1 to 8.5 s, with a log line each.
+MAX_DLQ_MOVES = 64
+LOG_EVERY_S = 1.0  # dead letters are logged as one line per topic, group and attempt count at most this often
 
 PayloadReader = Callable[[TopicLog, list[tuple[int, int]]], Awaitable[dict[tuple[int, int], bytes]]]
 
@@ -52,6 +59,10 @@ class Redelivery:
         self.released = released  # a FIFO message left the group's flight (dead-lettered): (state, queue id)
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[object]] = set()
+        self._to_dlq: deque[tuple[GroupTopic, int, int, Delivery]] = deque()  # out of attempts, not yet moved
+        self._movers = 0  # tasks moving `_to_dlq` (at most MAX_DLQ_MOVES)
+        self._moved: Counter[tuple[str, str, int]] = Counter()  # (topic, group, attempts): moved, not yet logged
+        self._log_timer: asyncio.TimerHandle | None = None
 
     def take(self, state: GroupTopic, now: int, want: int) -> list[tuple[int, int, int]]:
         """Up to ``want`` ready redeliveries as (queue id, offset, next attempt); FIFO messages whose turn has
@@ -110,7 +121,10 @@ class Redelivery:
         ready = 0
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
             if delivery.attempt >= self.max_attempts:
-                self._spawn(self._out_of_attempts(state, queue_id, offset, delivery))
+                self._to_dlq.append((state, queue_id, offset, delivery))
+                if self._movers < MAX_DLQ_MOVES:
+                    self._movers += 1
+                    self._spawn(self._move_to_dlq())
             else:
                 state.ready.append((queue_id, offset, delivery.token))
                 if _turn_came(state, queue_id, offset):
@@ -139,6 +153,17 @@ class Redelivery:
         if count:
             self.hold.wake((state.topic, state.group), count)
         self.schedule(state)
+
+    async def _move_to_dlq(self) -> None:
+        """One of at most MAX_DLQ_MOVES movers: dead-letter the waiting messages one by one."""
+        try:
+            while self._to_dlq:
+                try:
+                    await self._out_of_attempts(*self._to_dlq.popleft())
+                except Exception as exc:  # the commit failed: `_dead_lettered` made it due again; go on
+                    log.warning("dead-lettering failed: %s", exc)
+        finally:
+            self._movers -= 1
 
     async def _out_of_attempts(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
         """An expired delivery with no attempt left goes to the DLQ. Off the deadline heap already, it must not
@@ -198,14 +223,22 @@ class Redelivery:
         if fifo:
             state.queues[queue_id].fifo.discard(offset)
             self.released(state, queue_id)
-        log.info(
-            "dead-lettered %s/%s/%s after %s attempts to %s",
-            state.topic,
-            queue_id,
-            offset,
-            delivery.attempt,
-            validation.DLQ_PREFIX + state.group,
-        )
+        self._moved[(state.topic, state.group, delivery.attempt)] += 1
+        if self._log_timer is None:
+            self._log_timer = asyncio.get_running_loop().call_later(LOG_EVERY_S, self._log_moved)
+
+    def _log_moved(self) -> None:
+        """One line per topic, group and attempt count for the dead letters moved since the last one."""
+        self._log_timer = None
+        for (topic, group, attempts), count in self._moved.items():
+            log.info(
+                "dead-lettered %d message(s) of %s after %s attempts to %s",
+                count,
+                topic,
+                attempts,
+                validation.DLQ_PREFIX + group,
+            )
+        self._moved.clear()
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -224,6 +257,9 @@ class Redelivery:
         self._timers.clear()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        if self._log_timer is not None:
+            self._log_timer.cancel()
+            self._log_moved()
 
 
 def _turn_came(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:

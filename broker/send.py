@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from popgate_pb import broker_pb2 as pb
 
 from broker import validation
+from broker.budget import ByteBudget
 from broker.errors import (
     BadRequest,
     IllegalBatchSize,
@@ -27,7 +28,16 @@ from broker.log import QueueLog, TopicLog
 from broker.model import MessageIds, Sent, now_ms, stable_hash
 from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
-from broker.store import CreateQueue, DeleteScheduled, NewMessage, Op, PutScheduled, Record, Store
+from broker.store import (
+    RECORD_OVERHEAD_BYTES,
+    CreateQueue,
+    DeleteScheduled,
+    NewMessage,
+    Op,
+    PutScheduled,
+    Record,
+    Store,
+)
 
 
 class SendPath:
@@ -47,6 +57,11 @@ class SendPath:
             self.schedule, self.deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
         )
         self.on_lateness: Callable[[float], None] | None = None
+        # Sends taken and not yet committed (docs/BROKER.md, "Limits"): their bodies are held by grpc's request,
+        # the serialized payloads and the writer's queue until the commit settles.
+        self.in_flight = ByteBudget(
+            settings.max_send_bytes, what="bytes of sends in flight", setting="--max-send-bytes"
+        )
 
     def restore(self, scheduled: list[tuple[int, int]]) -> None:
         for due, schedule_id in scheduled:
@@ -61,6 +76,9 @@ class SendPath:
         now = now_ms()
         checked = [self.check(m, now) for m in messages]  # all or nothing: check every message first
         self.check_new_topics(messages)
+        # Before anything is created, copied or stored (a refused Send stores none of its messages); after the
+        # checks (a bad Send is refused as such). Nothing below awaits before the commit is submitted.
+        cost = self.in_flight.take(sum(len(m.body) for m in messages) + RECORD_OVERHEAD_BYTES * len(messages))
         ops: list[Op] = []
         appends: list[NewMessage] = []
         out: list[Sent] = []
@@ -77,12 +95,24 @@ class SendPath:
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
         # Shielded: a Send cancelled while its commit is under way (client gone, proxy timeout,
         # session lost) must not cancel what the commit does after it (see `submit`).
-        records = await asyncio.shield(self.submit(appends, [*ops, *scheduled]))
+        records = await asyncio.shield(self._submit_reserved(cost, appends, [*ops, *scheduled]))
         offsets = iter(records)
         for sent in out:
             if sent.due_ms is None:
                 sent.offset = next(offsets).offset
         return out
+
+    def _submit_reserved(
+        self, cost: int, appends: Sequence[NewMessage], ops: Sequence[Op]
+    ) -> asyncio.Future[list[Record]]:
+        """`submit`, giving the Send's `cost` back when its commit settles (stored, failed, or its caller gone)."""
+        try:
+            committed = self.submit(appends, ops)
+        except BaseException:
+            self.in_flight.give(cost)
+            raise
+        committed.add_done_callback(lambda _: self.in_flight.give(cost))
+        return committed
 
     def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
         """`Store.submit` for every write of the send path. What a commit stores takes effect from the

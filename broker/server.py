@@ -15,9 +15,10 @@ from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import errors, session
+from broker.budget import ByteBudget
 from broker.client import ERROR_KEY
 from broker.core import BrokerCore
-from broker.handlers import ack, change_invisible, notification, pop, send, status_of
+from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, send, status_of
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from broker.model import now_ms
@@ -63,6 +64,10 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self.core = core
         self.metrics = metrics
         self.stopping = asyncio.Event()  # set on SIGTERM: Session streams end (see Session)
+        # Unary Pop answers until their RPC ends: a caller that stops reading keeps its answers in grpc's buffers.
+        self.pop_answers = ByteBudget(
+            core.settings.max_pop_answer_bytes, what="bytes of Pop answers not taken", setting="--max-pop-answer-bytes"
+        )
 
     @rpc("Send")
     async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
@@ -72,8 +77,17 @@ class BrokerServicer(pb_grpc.BrokerServicer):
 
     @rpc("Pop")
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
+        if self.pop_answers.full():
+            raise self.pop_answers.refusal()  # before anything is popped
         out = pb.PopResponse()
-        await pop(self.core, request, out)
+        result = await pop(self.core, request, out)
+        if result.messages:
+            size = answer_bytes(result)
+            if not self.pop_answers.fits(size):  # Pops taken together while there was room: this one is too many
+                self.core.release(request.topic, request.group, [p.handle for p in result.messages])  # ready again
+                raise self.pop_answers.refusal(size)
+            self.pop_answers.take(size)
+            context.add_done_callback(lambda _: self.pop_answers.give(size))
         return out
 
     async def Session(

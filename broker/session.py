@@ -19,7 +19,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker import errors
 from broker.core import BrokerCore
-from broker.handlers import SESSION_CALLS, status_of
+from broker.handlers import SESSION_CALLS, answer_bytes, status_of
 from broker.metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,6 @@ SESSION_MAX_SHORT = 4096
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 SESSION_RECENT_POPS = 256  # answered Pops a late cancel frame can still release, per stream
-POPPED_OVERHEAD = 128  # bytes of a popped message's answer beyond its payload (handle, ids, offsets)
 
 
 class Session:
@@ -133,10 +132,10 @@ class Session:
             body.SetInParent()  # an answer with no field set is still an answer of this kind
             result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
             if kind == "pop" and result.messages:
-                popped = result.messages  # sizes and handles from the core's own values, not the protobuf
-                self.answer(response, sum(len(p.payload) for p in popped) + POPPED_OVERHEAD * len(popped))
+                # sizes and handles from the core's own values, not the protobuf
+                self.answer(response, answer_bytes(result))
                 pop = request.pop
-                self.answered_pops[request.id] = (pop.topic, pop.group, [p.handle for p in popped])
+                self.answered_pops[request.id] = (pop.topic, pop.group, [p.handle for p in result.messages])
                 if len(self.answered_pops) > SESSION_RECENT_POPS:
                     self.answered_pops.popitem(last=False)
             else:

@@ -57,6 +57,16 @@ class BrokerSettings:
         default=8 * 1024 * 1024, metadata={"help": "largest Pop or ListMessages answer (bodies and overhead)"}
     )
     max_send_batch: int = field(default=1024, metadata={"help": "most messages in one Send"})
+    max_send_bytes: int = field(
+        default=256 * 1024 * 1024,
+        metadata={
+            "help": "bytes of Sends in flight (bodies + 64 B each) until their commit; more is TOO_MANY_REQUESTS"
+        },
+    )
+    max_pop_answer_bytes: int = field(
+        default=128 * 1024 * 1024,
+        metadata={"help": "bytes of unary Pop answers not yet taken by their callers; more is TOO_MANY_REQUESTS"},
+    )
     min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
     max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})
     max_poll_ms: int = field(default=30000, metadata={"help": "longest long-polling time"})
@@ -86,6 +96,8 @@ class BrokerSettings:
             (re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", self.name) is not None, "name must match [a-zA-Z0-9_-]{1,64}"),
             (self.max_send_batch >= 1, "max_send_batch must be >= 1"),
             (self.max_pop_bytes >= 1, "max_pop_bytes must be >= 1"),
+            (self.max_send_bytes >= 1024, "max_send_bytes must be >= 1024"),
+            (self.max_pop_answer_bytes >= 1024, "max_pop_answer_bytes must be >= 1024"),
             (self.cache_bytes >= 0, "cache_bytes must be >= 0"),
             (self.schedule_max_in_flight >= 1, "schedule_max_in_flight must be >= 1"),
             (self.max_delay_ms >= 0, "max_delay_ms must be >= 0"),

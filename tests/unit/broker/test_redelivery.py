@@ -4,9 +4,11 @@ limit, a failed DLQ commit keeps the message in flight, and the invisibility tim
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine, Sequence
 from typing import TypeVar
 
+import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.errors import StoreUnavailable
@@ -15,7 +17,7 @@ from broker.inflight import Delivery, GroupTopic
 from broker.log import QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import now_ms
-from broker.redelivery import Redelivery
+from broker.redelivery import MAX_DLQ_MOVES, Redelivery
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, NewMessage, Op, Record
@@ -182,3 +184,42 @@ def test_a_dead_letter_cancelled_while_its_commit_fails_keeps_the_message_in_fli
         await redelivery.close()
 
     run(scenario())
+
+
+def test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time(caplog: pytest.LogCaptureFixture) -> None:
+    """500 deliveries past their last attempt, expiring together: at most MAX_DLQ_MOVES moves (payload read and
+    commit) are under way at once, each message still reaches the DLQ exactly once and leaves the flight, and the
+    log says so in one line, not one a message."""
+    store = CommitLog()
+    count = 500
+    reading = [0, 0]  # now, most at once
+
+    async def scenario() -> tuple[int, int, int]:
+        redelivery, state, _ = make(store)
+        payloads = redelivery.payloads
+
+        async def slow(topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+            reading[0] += 1
+            reading[1] = max(reading)
+            for _ in range(3):  # a read that takes a few loop turns, as the reader thread's
+                await asyncio.sleep(0)
+            reading[0] -= 1
+            return await payloads(topic, picks)
+
+        redelivery.payloads = slow
+        state.queue(0, 0).pull_offset = count
+        for offset in range(count):
+            state.deliver(0, offset, Delivery(MAX_ATTEMPTS, offset + 1, 100))
+        assert redelivery.expire(state, now=200) == 0
+        tasks = len(redelivery._tasks)
+        await redelivery.close()
+        return tasks, state.dead_lettered, state.inflight_count
+
+    with caplog.at_level(logging.INFO, logger="broker.redelivery"):
+        assert run(scenario()) == (MAX_DLQ_MOVES, count, 0)
+    assert reading[1] == MAX_DLQ_MOVES
+    moved = sorted(op.offset for _, ops in store.commits for op in ops if isinstance(op, DeleteInflight))
+    assert moved == list(range(count))  # each exactly once
+    assert sum(len(appends) for appends, _ in store.commits) == count
+    [line] = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+    assert line == f"dead-lettered {count} message(s) of t after {MAX_ATTEMPTS} attempts to %DLQ%g"
