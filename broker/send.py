@@ -79,6 +79,26 @@ class SendPath:
         # Before anything is created, copied or stored (a refused Send stores none of its messages); after the
         # checks (a bad Send is refused as such). Nothing below awaits before the commit is submitted.
         cost = self.in_flight.take(sum(len(m.body) for m in messages) + RECORD_OVERHEAD_BYTES * len(messages))
+        try:
+            appends, ops, out = self._build(messages, checked, now)
+            committed = self.submit(appends, ops)
+        except BaseException:  # nothing was submitted: the bytes were never held
+            self.in_flight.give(cost)
+            raise
+        committed.add_done_callback(lambda _: self.in_flight.give(cost))  # stored, failed, or its caller gone
+        # Shielded: a Send cancelled while its commit is under way (client gone, proxy timeout,
+        # session lost) must not cancel what the commit does after it (see `submit`).
+        records = await asyncio.shield(committed)
+        offsets = iter(records)
+        for sent in out:
+            if sent.due_ms is None:
+                sent.offset = next(offsets).offset
+        return out
+
+    def _build(
+        self, messages: Sequence[pb.Message], checked: list[tuple[str | None, int | None]], now: int
+    ) -> tuple[list[NewMessage], list[Op], list[Sent]]:
+        """The appends and ops of a checked Send (scheduled messages go to the schedule), and its answers."""
         ops: list[Op] = []
         appends: list[NewMessage] = []
         out: list[Sent] = []
@@ -93,26 +113,7 @@ class SendPath:
                 put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
                 scheduled.append(put)
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
-        # Shielded: a Send cancelled while its commit is under way (client gone, proxy timeout,
-        # session lost) must not cancel what the commit does after it (see `submit`).
-        records = await asyncio.shield(self._submit_reserved(cost, appends, [*ops, *scheduled]))
-        offsets = iter(records)
-        for sent in out:
-            if sent.due_ms is None:
-                sent.offset = next(offsets).offset
-        return out
-
-    def _submit_reserved(
-        self, cost: int, appends: Sequence[NewMessage], ops: Sequence[Op]
-    ) -> asyncio.Future[list[Record]]:
-        """`submit`, giving the Send's `cost` back when its commit settles (stored, failed, or its caller gone)."""
-        try:
-            committed = self.submit(appends, ops)
-        except BaseException:
-            self.in_flight.give(cost)
-            raise
-        committed.add_done_callback(lambda _: self.in_flight.give(cost))
-        return committed
+        return appends, [*ops, *scheduled], out
 
     def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
         """`Store.submit` for every write of the send path. What a commit stores takes effect from the
