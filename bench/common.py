@@ -7,6 +7,8 @@ import platform
 import statistics
 from datetime import UTC, datetime
 
+from sdk.benchmark import percentile
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -22,13 +24,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -29,18 +29,10 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
+from bench.common import cpu_seconds
 from broker.client import BrokerSession
 from sdk import _wire as wire
 from sdk.cluster import Cluster, ClusterConfig
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time used so far by these processes (Linux /proc)."""
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -58,10 +50,13 @@ async def run_for(seconds: float, workers: int, step: Callable[[], Awaitable[int
         while time.perf_counter() < end:
             counts[i] += await step()
 
-    started, cpu = time.perf_counter(), cpu_seconds(pids)
+    def cpu() -> float:  # user + system CPU time the measured processes used so far
+        return sum(cpu_seconds(pid) for pid in pids)
+
+    started, cpu_before = time.perf_counter(), cpu()
     await asyncio.gather(*(loop(i) for i in range(workers)))
     total = max(1, sum(counts))
-    return Phase(total / (time.perf_counter() - started), (cpu_seconds(pids) - cpu) / total * 1e6)
+    return Phase(total / (time.perf_counter() - started), (cpu() - cpu_before) / total * 1e6)
 
 
 def v2_batch(topic: str, body: bytes, batch: int) -> pb.SendMessageRequest:

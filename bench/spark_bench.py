@@ -67,8 +67,8 @@ def catalogue() -> list[dict[str, Any]]:
         for t in range(TOPICS):
             for g in range(GROUPS):
                 group = f"topic{t}-g{g}"
-                # per group and snapshot: 4 hits + 1 empty receive, 2.5 first-Pop hits, 2 notify runs
-                for outcome, r in (("hit", 4.0), ("empty", 1.0)):
+                # per group and snapshot: 4 receives with messages + 1 empty, 2.5 first-Pop hits, 2 notify runs
+                for outcome, r in (("messages", 4.0), ("empty", 1.0)):
                     labels = f'{{"mode":"notify","outcome":"{outcome}"}}'
                     add(p, "proxy", "popgate_proxy_receives_total", "counter", group=group, labels=labels, rate=r)
                 add(p, "proxy", "popgate_proxy_receive_first_pop_hits_total", "counter", group=group, rate=2.5)

@@ -64,14 +64,16 @@ class Phase:
         return self.messages / self.seconds if self.seconds else 0.0
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values`` by nearest rank: the sample whose rank is nearest to
+    ``q`` % of the way from the smallest to the largest, never a value between two samples (NaN for none).
+
+    One definition for `popgate bench` and the benchmarks in ``bench/`` (``bench.common`` imports it), so the
+    figures in docs/BENCHMARKS.md compare."""
+    if not values:
         return float("nan")
-    k = (len(ordered) - 1) * p / 100
-    low = int(k)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 async def produce(args: argparse.Namespace, topic: str, phase: Phase, advance: Callable[[int], None]) -> None:

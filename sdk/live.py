@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from broker.auth import TOKEN_KEY
+from sdk.admin import Broker, Lag, lag_rows
 
 
 @dataclass
@@ -28,25 +28,18 @@ class Sample:
     at: float
     produced: dict[str, int] = field(default_factory=dict)  # per broker that answered: Σ max offsets
     acked: dict[str, int] = field(default_factory=dict)  # per broker that answered: Σ consumer offsets
-    lag: dict[tuple[str, str], int] = field(default_factory=dict)
-    inflight: dict[tuple[str, str], int] = field(default_factory=dict)
+    groups: dict[tuple[str, str], Lag] = field(default_factory=dict)  # (topic, group): summed over brokers
     held: dict[str, int] = field(default_factory=dict)
     down: list[str] = field(default_factory=list)
 
 
 def summarize(stats: Mapping[str, bpb.StatsResponse | None], at: float) -> Sample:
-    sample = Sample(at)
-    for broker, reply in stats.items():
-        if reply is None:
-            sample.down.append(broker)
-            continue
+    answered = {broker: reply for broker, reply in stats.items() if reply is not None}
+    sample = Sample(at, groups=lag_rows(answered), down=[broker for broker in stats if broker not in answered])
+    for broker, reply in answered.items():
         sample.produced[broker] = sum(q.max_offset for q in reply.queues if not q.topic.startswith("%"))
         sample.acked[broker] = sum(g.consumer_offset for g in reply.groups)
         sample.held[broker] = reply.held_pops + reply.held_notifications
-        for g in reply.groups:
-            key = (g.topic, g.group)
-            sample.lag[key] = sample.lag.get(key, 0) + g.lag
-            sample.inflight[key] = sample.inflight.get(key, 0) + g.inflight
     return sample
 
 
@@ -74,7 +67,7 @@ def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
     if now.down:
         lines.append(Text("DOWN          " + " ".join(sorted(now.down)), style="bold red"))
     lines.append(Text(""))
-    ranked = sorted(now.lag.items(), key=lambda kv: -kv[1])[:15]
+    ranked = sorted(now.groups.items(), key=lambda kv: -kv[1].lag)[:15]
     if not ranked:
         lines.append(Text("(no consumer groups yet)"))
         return Group(*lines)
@@ -83,8 +76,8 @@ def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
     table.add_column("group", overflow="fold")
     table.add_column("lag", justify="right")
     table.add_column("inflight", justify="right")
-    for (topic, group), lag in ranked:
-        table.add_row(topic, group, str(lag), str(now.inflight.get((topic, group), 0)))
+    for (topic, group), row in ranked:
+        table.add_row(topic, group, str(row.lag), str(row.inflight))
     lines.append(table)
     return Group(*lines)
 
@@ -93,17 +86,18 @@ class LiveView:
     def __init__(self, endpoint: str, brokers: Mapping[str, str], *, token: str = "") -> None:
         """token: the brokers' shared token when they require one (their --auth-token)."""
         self._endpoint = endpoint
-        self._metadata = ((TOKEN_KEY, token),) if token else ()
-        self._channels = {name: grpc.insecure_channel(addr) for name, addr in brokers.items()}
+        self._brokers = [Broker(name, target, token) for name, target in brokers.items()]
+        self._channels = {b.name: grpc.insecure_channel(b.target) for b in self._brokers}
         self._stubs = {name: broker_pb2_grpc.BrokerStub(ch) for name, ch in self._channels.items()}  # type: ignore[no-untyped-call]
 
     def poll(self) -> Sample:
         replies: dict[str, bpb.StatsResponse | None] = {}
-        for name, stub in self._stubs.items():
+        for broker in self._brokers:
+            stub = self._stubs[broker.name]
             try:
-                replies[name] = stub.Stats(bpb.StatsRequest(), timeout=1.0, metadata=self._metadata)
+                replies[broker.name] = stub.Stats(bpb.StatsRequest(), timeout=1.0, metadata=broker.metadata)
             except grpc.RpcError:
-                replies[name] = None
+                replies[broker.name] = None
         return summarize(replies, time.monotonic())
 
     def run(self, stop: threading.Event, interval_s: float) -> None:

@@ -43,6 +43,3 @@ class RetryPolicy:
             yield draw(base * (1 - self.jitter), base)
             base = min(self.max_backoff, base * self.multiplier)
             retries += 1
-
-
-NO_RETRY = RetryPolicy(max_attempts=1)

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_metrics import report
 from spark_metrics.names import RECORD_SCHEMA
+from spark_metrics.paths import hadoop_fs, join, local_path
 from spark_metrics.transform import group_metrics, series_windows
 
 log = logging.getLogger(__name__)
@@ -44,11 +43,7 @@ class JobSettings:
 
     @property
     def windows_path(self) -> str:
-        return _join(self.output, "windows")
-
-
-def _join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name
+        return join(self.output, "windows")
 
 
 def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSession:
@@ -87,18 +82,10 @@ class InputNotFound(JobError):
         self.path = path
 
 
-def _local_path(path: str) -> Path | None:
-    """``path`` on the local file system (no scheme, or file:), else None (s3a://, hdfs://, ...)."""
-    parsed = urlparse(path)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    return Path(path) if not parsed.scheme else None
-
-
 def check_input(settings: JobSettings) -> None:
     """Before Spark starts: a batch run over a local input that does not exist is an error (a typo in
     --input must not pass as an empty report). Other file systems are checked by read_records."""
-    local = _local_path(settings.input)
+    local = local_path(settings.input)
     if not settings.streaming and local is not None and not local.exists():
         raise InputNotFound(settings.input)
 
@@ -106,9 +93,7 @@ def check_input(settings: JobSettings) -> None:
 def _ensure_dir(spark: SparkSession, path: str, *, streaming: bool) -> None:
     """Streaming: make ``path`` (any Hadoop file system) when it does not exist yet: on a fresh volume no
     exporter has written yet, and the query needs the directory to watch. Batch: InputNotFound."""
-    jvm: Any = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs, hadoop_path = hadoop_fs(spark, path)
     if not fs.exists(hadoop_path):
         if not streaming:
             raise InputNotFound(path)
@@ -139,6 +124,10 @@ def write_windows(df: DataFrame, path: str, *, append: bool) -> None:
         writer.mode("overwrite").option("partitionOverwriteMode", "dynamic").parquet(path)
 
 
+def _write_report(spark: SparkSession, settings: JobSettings) -> str:
+    return report.write(spark, settings.windows_path, output=settings.output, top=settings.top)
+
+
 def run_batch(spark: SparkSession, settings: JobSettings) -> str:
     """Aggregate everything under the input; rewrite the output's date partitions it covers.
 
@@ -151,7 +140,7 @@ def run_batch(spark: SparkSession, settings: JobSettings) -> str:
         write_windows(group_metrics(series, settings.window_s), settings.windows_path, append=False)
     finally:
         series.unpersist()
-    return report.write(spark, settings)
+    return _write_report(spark, settings)
 
 
 def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
@@ -164,7 +153,7 @@ def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
         try:
             if not batch.isEmpty():
                 write_windows(group_metrics(batch, settings.window_s), settings.windows_path, append=True)
-                report.write(spark, settings)
+                _write_report(spark, settings)
                 log.info("batch %d: windows written", batch_id)
         finally:
             batch.unpersist()
@@ -172,7 +161,7 @@ def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
     writer = (
         series.writeStream.outputMode("append")
         .foreachBatch(each_batch)
-        .option("checkpointLocation", _join(settings.output, "_checkpoint"))
+        .option("checkpointLocation", join(settings.output, "_checkpoint"))
         .queryName("popgate-metrics")
     )
     if settings.once:
@@ -192,7 +181,7 @@ def run(settings: JobSettings, *, master: str | None = None) -> None:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
-        text = report.write(spark, settings)  # from everything written so far, this run or earlier ones
+        text = _write_report(spark, settings)  # from everything written so far, this run or earlier ones
     else:
         text = run_batch(spark, settings)
     print(text, end="")

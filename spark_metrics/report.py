@@ -5,23 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-if TYPE_CHECKING:
-    from spark_metrics.job import JobSettings
+from spark_metrics.paths import hadoop_fs, local_path
 
 CHART_GROUPS = 10
-
-
-def _local_dir(output: str) -> Path | None:
-    """Where to save the report and chart: only a local output (a Hadoop URI gets them on stdout only)."""
-    for scheme in ("file://", "file:"):
-        if output.startswith(scheme):
-            return Path(output[len(scheme) :])
-    return None if "://" in output else Path(output)
 
 
 def load(spark: SparkSession, path: str) -> list[dict[str, Any]]:
@@ -120,11 +111,12 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write(spark: SparkSession, settings: JobSettings) -> str:
-    """Render the report from the output written so far; also save it and the chart when the output is local."""
-    rows = load(spark, settings.windows_path) if _has_output(spark, settings.windows_path) else []
-    text = render(rows, top=settings.top)
-    local = _local_dir(settings.output)
+def write(spark: SparkSession, windows: str, *, output: str, top: int) -> str:
+    """Render the report from the windows (Parquet) written so far; also save it and the chart in ``output``
+    when that is local (a Hadoop URI gets the report on stdout only)."""
+    rows = load(spark, windows) if _has_output(spark, windows) else []
+    text = render(rows, top=top)
+    local = local_path(output)
     if local is not None:
         local.mkdir(parents=True, exist_ok=True)
         tmp = local / ".report.txt.tmp"
@@ -138,9 +130,7 @@ def _has_output(spark: SparkSession, path: str) -> bool:
     """Whether any Parquet file was written under `path` (a run whose input made no rows writes only
     `_SUCCESS`, and Spark cannot read a schema from that: the report would fail, and with it the streaming
     batch, replayed and failing again on every later run)."""
-    jvm: Any = spark.sparkContext._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs, hpath = hadoop_fs(spark, path)
     if not fs.exists(hpath):
         return False
     files = fs.listFiles(hpath, True)

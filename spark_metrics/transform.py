@@ -152,13 +152,10 @@ def _per_process(series: DataFrame) -> DataFrame:
         _sum_if(m == N.MESSAGES_OUT).alias("messages_out"),
         _sum_if(m == N.DEAD_LETTERED).alias("dlq_growth"),
         _sum_if(receives).alias("receives"),
-        _sum_if(m.isin(*N.FIRST_POP_HITS)).alias("hits_m"),
-        _sum_if(receives & (lbl[N.SHORT_POLLING_HIT_LABEL] == "true")).alias("hits_l"),
-        _sum_if(m.isin(*N.LONG_POLLING)).alias("long_m"),
-        _sum_if(receives & (lbl[N.LONG_POLLING_LABEL] == "true")).alias("long_l"),
-        _sum_if(m.isin(*N.NOTIFY_RUNS)).alias("notify_runs"),
-        _sum_if(m.isin(*N.EMPTY_RESPONSES)).alias("empty_m"),
-        _sum_if(receives & (lbl[N.OUTCOME_LABEL] == N.EMPTY_OUTCOME)).alias("empty_l"),
+        _sum_if(m == N.FIRST_POP_HITS).alias("first_pop_hits"),
+        _sum_if(m == N.LONG_POLLING).alias("long_polling_receives"),
+        _sum_if(m == N.NOTIFY_RUNS).alias("notify_runs"),
+        _sum_if(receives & (lbl[N.OUTCOME_LABEL] == N.EMPTY_OUTCOME)).alias("empty_responses"),
     )
 
 
@@ -183,27 +180,25 @@ def _broker_groups(pp: DataFrame) -> DataFrame:
     return groups.join(topic_in, [*WINDOW_KEYS, "topic"], "left")
 
 
+_KINDS = ("first_pop_hits", "long_polling_receives", "notify_runs", "empty_responses")  # kinds of receive
+
+
 def _group_level(pp: DataFrame) -> DataFrame:
     """Per group, from rows with no topic: the proxies' polling counts and the DLQ size."""
     agg = (
         pp.where(F.col("topic").isNull() & F.col("group").isNotNull())
         .groupBy(*WINDOW_KEYS, "group")
-        .agg(*(F.sum(c).alias(c) for c in ("receives", "hits_m", "hits_l", "long_m", "long_l", "notify_runs",
-                                          "empty_m", "empty_l", "dlq_messages")))
-    )  # fmt: skip
-    # A dedicated metric wins over the same figure read from a label, so nothing is counted twice. A group with
-    # receives but no series for a kind of receive (it never had one: a series appears at its first count) had
-    # 0 of them, not "no value", so its rates are 0, not undefined. Notify runs stay unknown without their
-    # metric: a source that exports only labelled receives cannot tell.
+        .agg(*(F.sum(c).alias(c) for c in ("receives", *_KINDS, "dlq_messages")))
+    )
+    # A group with receives but no series for a kind of receive (it never had one: a series appears at its
+    # first count, e.g. no notify run ever in the longpoll mode) had 0 of them, not "no value", so its rates
+    # are 0, not undefined.
     zero = F.when(F.col("receives").isNotNull(), F.lit(0.0))
     return agg.select(
         *WINDOW_KEYS,
         "group",
         "receives",
-        F.coalesce("hits_m", "hits_l", zero).alias("first_pop_hits"),
-        F.coalesce("long_m", "long_l", zero).alias("long_polling_receives"),
-        "notify_runs",
-        F.coalesce("empty_m", "empty_l", zero).alias("empty_responses"),
+        *(F.coalesce(c, zero).alias(c) for c in _KINDS),
         "dlq_messages",
     )
 

@@ -112,9 +112,13 @@ def test_job_lag_matches_broker_stats(make_broker: Any, spark: SparkSession, tmp
     assert (out / "lag.png").stat().st_size > 0
 
 
-def test_popgate_up_exports_every_process_and_the_job_reads_the_proxy(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["adaptive", "longpoll"])
+def test_popgate_up_exports_every_process_and_the_job_reads_the_proxy(
+    spark: SparkSession, tmp_path: Path, mode: str
+) -> None:
     """`popgate up --export-dir`: brokers and proxy each write to DIR/<name>; the proxy's receive counters
-    reach the job's polling columns."""
+    reach the job's polling columns, and its polling ratios are known whatever the receive mode (a longpoll
+    proxy never counts a notify run or a first-Pop hit: its notify share and hit ratio are 0)."""
     export_dir, out = tmp_path / "export", tmp_path / "out"
     interval = ("--export-interval-s", str(INTERVAL_S))
     config = ClusterConfig(
@@ -123,7 +127,7 @@ def test_popgate_up_exports_every_process_and_the_job_reads_the_proxy(spark: Spa
         data_dir=tmp_path / "data",
         export_dir=str(export_dir),
         broker_args=interval,
-        proxy_args=("--min-invisible-s", "1", *interval),
+        proxy_args=("--receive-mode", mode, "--min-invisible-s", "1", *interval),
     )
     hits = empties = received = 0
     with Cluster(config) as cluster:
@@ -154,6 +158,13 @@ def test_popgate_up_exports_every_process_and_the_job_reads_the_proxy(spark: Spa
     total = {c: sum(r[c] or 0 for r in rows) for c in counts}
     assert total == {"receives": hits + empties, "empty_responses": empties, "messages_in": 20, "messages_out": 20}
     # the real proxy's polling counters (pop with notify / long polling) reach their columns
-    assert any(r["notify_runs"] is not None or r["long_polling_receives"] is not None for r in rows)
-    assert sum(r["first_pop_hits"] or 0 for r in rows) <= hits
+    polling = {c: sum(r[c] or 0 for r in rows) for c in ("notify_runs", "long_polling_receives", "first_pop_hits")}
+    if mode == "longpoll":  # every receive is a coupled long-poll Pop (poll > 0): no notify run, no first-Pop hit
+        assert polling == {"notify_runs": 0, "long_polling_receives": hits + empties, "first_pop_hits": 0}
+    else:
+        assert polling["notify_runs"] + polling["long_polling_receives"] > 0
+        assert polling["first_pop_hits"] <= hits
+    # and the report's polling ratios are known in every window with receives
+    ratios = ("polling_hit_ratio", "notify_share", "empty_rate")
+    assert [{c: r[c] for c in ratios} for r in rows if r["receives"] and None in (r[c] for c in ratios)] == []
     assert [r for r in rows if r["topic"] == TOPIC][-1]["consumer_lag"] == 0  # the proxy figures: topic "" rows

@@ -1,8 +1,14 @@
-"""A hand-made export: two brokers, a restart, a proxy; the expected figures are worked out in comments."""
+"""A hand-made export: two brokers, a restart, and a real proxy's counters; the expected figures are worked out
+in comments."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from broker.export import ExportSettings, RunSnapshots
+from proxy.metrics import ProxyMetrics
+from proxy.notify import RunStats
 
 T0 = 1_800_000_000.0  # a multiple of 60: window k is [T0 + 60k, T0 + 60(k+1))
 OLD = T0 - 1000.0  # incarnations that began long before the data
@@ -98,29 +104,55 @@ def counters() -> list[dict[str, Any]]:
     return rows
 
 
-def proxy() -> list[dict[str, Any]]:
-    """Window 1 increases (window 0 last -> window 1 last).
+def served(metrics: ProxyMetrics, group: str, how: str, outcome: str) -> None:
+    """One receive, counted as the proxy counts it: ``hit`` a notify run whose first Pop found messages,
+    ``notified`` a notify run that sent Notifications (it waited), ``longpoll`` a coupled long-poll Pop."""
+    if how == "hit":
+        metrics.notify_run(group, RunStats(first_pop_hit=True, pops=1))
+    elif how == "notified":
+        metrics.notify_run(group, RunStats(notifications=1, notified_has_message=1, pops=2))
+    else:
+        metrics.long_poll(group)
+    metrics.receive(group, "adaptive", outcome, 0.01)
 
-    slow (dedicated metrics): receives hit 40->70 (+30), empty 10->20 (+10): 40 receives;
-      first_pop_hits 20->38 (+18): ratio 0.45; notify_runs 5->17 (+12): share 0.3; empty rate 0.25.
-    fast (labels only): receives with is_short_polling_hit=true 0->8, false+empty 0->2: 10 receives,
-      hit ratio 0.8, long polling 10 (all is_long_polling=true), empty rate 0.2, notify share null.
+
+# per group and snapshot interval: receives (how, outcome) -> count
+TRAFFIC: dict[float, dict[str, dict[tuple[str, str], int]]] = {
+    40: {"slow": {("hit", "messages"): 4, ("notified", "messages"): 2, ("longpoll", "messages"): 10}},
+    100: {
+        "slow": {
+            ("hit", "messages"): 6,
+            ("notified", "messages"): 4,
+            ("notified", "empty"): 2,
+            ("longpoll", "messages"): 20,
+            ("longpoll", "empty"): 8,
+        },
+        "fast": {("longpoll", "messages"): 8, ("longpoll", "empty"): 2},
+    },
+}
+
+
+def proxy() -> list[dict[str, Any]]:
+    """A real proxy's counters (ProxyMetrics), exported as its exporter does, at t=0, 40 and 100.
+
+    A counter series appears at its first count, with its value-0 record at the previous snapshot (METRICS.md §3).
+    Window 1 (t=40 -> 100):
+      slow: 40 receives: 6 first-Pop hits (ratio 0.15), 12 notify runs (share 0.3), 6 + 28 = 34 long polling,
+        10 empty (rate 0.25).
+      fast (it first receives in this window, all long polls): 10 receives, 10 long polling, 2 empty (rate 0.2);
+        no first-Pop hit or notify run series at all: 0, so hit ratio and notify share 0.
     """
-    p: dict[str, Any] = {"process": "px", "kind": "proxy", "counter": True}
-    rx = "popgate_proxy_receives_total"
-    slow_hit = {"mode": "notify", "outcome": "hit"}
-    slow_empty = {"mode": "notify", "outcome": "empty"}
-    fast_hit = {"mode": "longpoll", "outcome": "hit", "is_long_polling": "true", "is_short_polling_hit": "true"}
-    fast_empty = {"mode": "longpoll", "outcome": "empty", "is_long_polling": "true", "is_short_polling_hit": "false"}
-    rows = []
-    for t, a, b, c, d, hits, runs in ((0, 0, 0, 0, 0, 0, 0), (40, 40, 10, 0, 0, 20, 5), (100, 70, 20, 8, 2, 38, 17)):
-        rows.append(rec(t, rx, a, group="slow", labels=slow_hit, **p))
-        rows.append(rec(t, rx, b, group="slow", labels=slow_empty, **p))
-        rows.append(rec(t, rx, c, group="fast", labels=fast_hit, **p))
-        rows.append(rec(t, rx, d, group="fast", labels=fast_empty, **p))
-        rows.append(rec(t, "popgate_proxy_receive_first_pop_hits_total", hits, group="slow", **p))
-        rows.append(rec(t, "popgate_proxy_notify_runs_total", runs, group="slow", **p))
-        rows.append(rec(t, "popgate_proxy_receive_latency_seconds_count", a + b + c + d, **p))
+    metrics = ProxyMetrics()
+    snapshots = RunSnapshots(ExportSettings(Path("unused"), "px", "proxy", started=OLD))
+    rows: list[dict[str, Any]] = []
+    for t in (0, 40, 100):
+        for group, receives in TRAFFIC.get(t, {}).items():
+            for (how, outcome), count in receives.items():
+                for _ in range(count):
+                    served(metrics, group, how, outcome)
+        batch = snapshots.take(metrics.registry, T0 + t)
+        snapshots.written(batch, T0 + t)
+        rows += batch
     return rows
 
 

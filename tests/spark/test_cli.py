@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from spark_metrics.__main__ import build_parser, duration, main
 from spark_metrics.job import InputNotFound, read_records
+from spark_metrics.paths import local_path
 from spark_metrics.report import render
 
 
@@ -31,6 +32,23 @@ def test_defaults() -> None:
 
 def test_report_of_nothing_says_so() -> None:
     assert "no complete window" in render([])
+
+
+@pytest.mark.parametrize(
+    ("path", "local"),
+    [
+        ("out", Path("out")),
+        ("/data/out", Path("/data/out")),
+        ("file:/data/out", Path("/data/out")),
+        ("file:///data/out", Path("/data/out")),
+        ("file://localhost/data/out", Path("/data/out")),
+        ("s3a://bucket/out", None),
+        ("hdfs://nn:8020/out", None),
+    ],
+)
+def test_one_reading_of_local_for_input_and_output(path: str, local: Path | None) -> None:
+    """What the check before Spark reads of --input and where the report is saved of --output."""
+    assert local_path(path) == local
 
 
 @pytest.mark.parametrize("scheme", ["", "file://"])

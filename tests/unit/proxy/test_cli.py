@@ -45,7 +45,7 @@ def test_live_view_rates_lag_held_polls_and_down_brokers() -> None:
     before = summarize({"b1": stats("b1", 100, 50, 0), "b2": stats("b2", 0, 0, 0)}, at=10.0)
     now = summarize({"b1": stats("b1", 300, 150, 2), "b2": None}, at=12.0)
     assert (now.produced, now.acked) == ({"b1": 300}, {"b1": 150})
-    assert (now.lag[("t", "g")], now.held, now.down) == (150, {"b1": 2}, ["b2"])
+    assert (now.groups[("t", "g")].lag, now.held, now.down) == (150, {"b1": 2}, ["b2"])
     console = Console(file=io.StringIO(), width=100, color_system=None)
     console.print(render("127.0.0.1:8081", now, before))
     screen = console.file.getvalue()  # type: ignore[attr-defined]

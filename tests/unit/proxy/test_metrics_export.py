@@ -23,14 +23,13 @@ def test_export_carries_first_pop_hits_long_polls_notify_runs_and_empty_receives
         (r["metric"], r["group"], tuple(sorted(r["labels"].items()))): r["value"]
         for r in records(metrics.registry, ExportSettings(tmp_path, "proxy-1", "proxy"), now=1.0)
     }
-    assert exported[(names.FIRST_POP_HITS[0], "g", ())] == 1
-    assert exported[("popgate_proxy_notify_runs_total", "g", ())] == 2
-    assert "popgate_proxy_notify_runs_total" in names.NOTIFY_RUNS
-    assert "popgate_proxy_long_polling_receives_total" in names.LONG_POLLING
-    assert exported[("popgate_proxy_long_polling_receives_total", "g", ())] == 2  # the notify run + the long poll
+    assert exported[(names.FIRST_POP_HITS, "g", ())] == 1
+    assert exported[(names.NOTIFY_RUNS, "g", ())] == 2
+    assert exported[(names.LONG_POLLING, "g", ())] == 2  # the notify run + the long poll
     assert exported[("popgate_proxy_notifications_total", "g", (("outcome", "has_message"),))] == 1
     assert exported[("popgate_proxy_notifications_total", "g", (("outcome", "unanswered"),))] == 3
-    assert exported[("popgate_proxy_receives_total", "g", (("mode", "adaptive"), ("outcome", "empty")))] == 1
+    empty = (("mode", "adaptive"), (names.OUTCOME_LABEL, names.EMPTY_OUTCOME))
+    assert exported[(names.RECEIVES, "g", empty)] == 1
     assert exported[("popgate_proxy_receive_mode_decisions_total", "g", (("mode", "notify"), ("reason", "quiet")))] == 1
 
 
