@@ -2,10 +2,11 @@
 
 Real processes (2 brokers, 1 proxy) with small bounds: the proxy holds at most
 MAX_HELD receives and MAX_SEND_BYTES of sends in flight, each broker at most
-BROKER_HELD long polls. Two identical rounds of RECEIVES concurrent receives and
+BROKER_HELD long polls. ROUNDS identical rounds of RECEIVES concurrent receives and
 SENDS concurrent 1 MiB sends: every answer is a v2 status (no gRPC error, no crash),
-the surplus is 42900, the proxy serves afterwards, and RSS after round 2 is close to
-RSS after round 1 (no growth per round). Prints a table; docs/BENCHMARKS.md "Overload".
+the surplus is 42900, the proxy serves afterwards, and the proxy's RSS after the last
+round is close to the most any earlier round left (no growth per round). Prints a table;
+docs/BENCHMARKS.md "Overload".
 Run with ``-s`` to see it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,16 @@ RECEIVES, SENDS, BODY = 2000, 96, 1024 * 1024
 # freeing slots for a second wave: 800 empty / 1,200 refused, the bound itself kept).
 POLL_S = 10
 MiB = 1024 * 1024
+# Memory is bounded when a round leaves the proxy no bigger than earlier rounds did. One round against the next
+# is too noisy for that: glibc keeps freed memory in per-thread arenas, and which threads (hence arenas) serve
+# a round varies, so what the proxy keeps grows over the first rounds until every arena has held its share of a
+# round (seen: 73 MiB after round 1, 139 MiB after round 2, not handed back within 5 s), and a single sample
+# can catch memory freed a moment later. That is bounded by the arena count; a leak grows by the same amount
+# every round. So: ROUNDS rounds, each measured settled (the least of a few samples: what it keeps, not a
+# transient), and the last must stay within LEAK_BOUND of the most any earlier round kept. A leak of LEAK_BOUND
+# a round (e.g. keeping each round's 96 MiB of send bodies) still fails, as between two rounds before.
+ROUNDS = 4
+LEAK_BOUND = 64 * MiB
 
 
 def rss(pid: int) -> int:
@@ -41,6 +53,16 @@ def rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+def settled_rss(pid: int, window_s: float = 2.0) -> int:
+    """The least RSS seen over `window_s` (sampled every 0.1 s): what the process keeps, not what it frees soon."""
+    deadline = time.monotonic() + window_s
+    least = rss(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)  # a sampling interval, not synchronisation
+        least = min(least, rss(pid))
+    return least
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +126,18 @@ async def flood(
     return collections.Counter(codes[:RECEIVES]), collections.Counter(codes[RECEIVES:]), peak
 
 
+@pytest.mark.timeout(300)  # ROUNDS rounds of at least POLL_S each, and the settling: ~50 s here, more when loaded
 def test_a_flood_beyond_the_bounds_is_refused_with_42900_and_memory_stays_bounded(cluster: Cluster) -> None:
     pids = {"proxy": cluster.proxies[0].process.pid} | {n: c.process.pid for n, c in cluster.brokers.items()}
     before = {name: rss(pid) for name, pid in pids.items()}
     rows = []
-    for round_ in (1, 2):
+    kept = []  # the proxy's settled RSS after each round but the last
+    for round_ in range(1, ROUNDS + 1):
         received, sent, peak = asyncio.run(flood(cluster.endpoint, pids))
         after = {name: rss(pid) for name, pid in pids.items()}
         rows.append((round_, received, sent, peak, after))
+        if round_ < ROUNDS:
+            kept.append(settled_rss(pids["proxy"]))
         assert set(received) <= {v2.MESSAGE_NOT_FOUND, v2.TOO_MANY_REQUESTS}, received
         assert received[v2.TOO_MANY_REQUESTS] >= RECEIVES - MAX_HELD, received
         assert received[v2.MESSAGE_NOT_FOUND] >= 1, received
@@ -126,12 +152,13 @@ def test_a_flood_beyond_the_bounds_is_refused_with_42900_and_memory_stays_bounde
             f"{round_} | {received[v2.MESSAGE_NOT_FOUND]} / {received[v2.TOO_MANY_REQUESTS]} | "
             f"{sent[v2.OK]} / {sent[v2.TOO_MANY_REQUESTS]} | {mem}"
         )
-    first, second = rows[0][4], rows[1][4]
-    # The proxy keeps nothing per request: a second identical flood does not leave it bigger than the first did
-    # (polled for a few seconds: right after a flood the allocator may not have handed memory back yet).
+    print(f"proxy settled RSS MiB after rounds 1..{ROUNDS - 1}: {', '.join(f'{k / MiB:.0f}' for k in kept)}")
+    last = rows[-1][4]
+    # The proxy keeps nothing per request: the last identical flood does not leave it bigger than the earlier ones
+    # did (see LEAK_BOUND; polled for a while: right after a flood the allocator may not have handed memory back).
     proxy_pid = pids["proxy"]
-    settled = wait_until(lambda: rss(proxy_pid) - first["proxy"] < 64 * MiB, timeout=5.0, interval=0.1)
-    assert settled, (first["proxy"] / MiB, second["proxy"] / MiB, rss(proxy_pid) / MiB)
+    settled = wait_until(lambda: rss(proxy_pid) < max(kept) + LEAK_BOUND, timeout=10.0, interval=0.1)
+    assert settled, ([k / MiB for k in kept], last["proxy"] / MiB, rss(proxy_pid) / MiB)
     for name in pids:  # brokers keep what they stored in bounded caches (payload cache 64 MiB, SQLite pages)
-        assert second[name] < before[name] + 256 * MiB, (name, second[name] / MiB)
+        assert last[name] < before[name] + 256 * MiB, (name, last[name] / MiB)
         assert max(r[3][name] for r in rows) < before[name] + 512 * MiB, name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -14,11 +15,12 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from broker.auth import TOKEN_KEY
-from sdk import PopgateError, Producer, SimpleConsumer, Unauthorized
+from sdk import PopgateError, Producer, SimpleConsumer, Unauthorized, aio
 from sdk.cli import main
 from sdk.cluster import Cluster
 from sdk.live import LiveView
 from tests.integration.sdk.conftest import drain
+from tests.integration.sdk.test_aio import drain as drain_async
 from tests.procs import BROKER_TOKEN, secured_cluster
 
 CONFIG = """
@@ -107,8 +109,9 @@ def test_a_proxy_without_the_broker_token_cannot_store(cluster: Cluster) -> None
     assert caught.value.code not in (0, 20000)
 
 
-def test_credentials_over_tls(cluster: Cluster, tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1, and its key: the proxy's, and the clients' root."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
         + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
@@ -116,6 +119,11 @@ def test_credentials_over_tls(cluster: Cluster, tmp_path: Path) -> None:
         capture_output=True,
         timeout=30,
     )
+    return cert, key
+
+
+def test_credentials_over_tls(cluster: Cluster, tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
     address = cluster.add_proxy(extra=("--tls-cert", str(cert), "--tls-key", str(key)))
     alice = {"access_key": "alice", "secret_key": "alice-secret"}
     topic = f"auth-tls-{uuid.uuid4().hex[:8]}"
@@ -144,3 +152,52 @@ def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
     assert "%DLQ%billing: 0 message(s)" in capsys.readouterr().out
     addresses = dict(target.split("=", 1) for target in cluster.broker_targets())
     assert LiveView(cluster.endpoint, addresses, token=BROKER_TOKEN).poll().down == []
+
+
+ALICE = {"access_key": "alice", "secret_key": "alice-secret"}
+
+
+def test_the_asyncio_clients_sign_every_call(cluster: Cluster) -> None:
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        async with (
+            aio.Producer(cluster.endpoint, **ALICE) as producer,
+            aio.SimpleConsumer(cluster.endpoint, "billing", topic, **ALICE) as consumer,
+        ):
+            await producer.send_many(topic, [b"a0", b"a1", b"a2", b"a3"])
+            got = await drain_async(consumer, 4)  # acks each batch: AckError should an ack be refused
+            assert sorted(m.body for m in got) == [b"a0", b"a1", b"a2", b"a3"]
+        wrong = {"access_key": "alice", "secret_key": "wrong"}
+        async with aio.Producer(cluster.endpoint, **wrong) as producer:
+            with pytest.raises(Unauthorized) as caught:
+                await producer.send(topic, b"x")
+            assert caught.value.code == 40100
+        async with aio.SimpleConsumer(cluster.endpoint, "billing", topic, **wrong) as consumer:
+            with pytest.raises(Unauthorized) as caught:
+                await consumer.receive(max=1, wait=1)
+            assert caught.value.code == 40100
+
+    asyncio.run(scenario())
+
+
+def test_the_asyncio_clients_over_tls_with_a_custom_root_certificate(cluster: Cluster, tmp_path: Path) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    address = cluster.add_proxy(extra=("--tls-cert", str(cert), "--tls-key", str(key)))
+    topic = f"auth-tls-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        async with (
+            aio.Producer(address, tls=cert, **ALICE) as producer,
+            aio.SimpleConsumer(address, "billing", topic, tls=cert, **ALICE) as consumer,
+        ):
+            await producer.send(topic, b"signed, over tls, asyncio")
+            assert [m.body for m in await drain_async(consumer, 1)] == [b"signed, over tls, asyncio"]
+        async with aio.Producer(address, tls=cert, access_key="alice", secret_key="wrong") as producer:
+            with pytest.raises(Unauthorized):
+                await producer.send(topic, b"x")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        cluster.proxies.pop().stop()

@@ -65,7 +65,8 @@ def test_receive_message_streams_end_with_a_v2_status(proxy: pb_grpc.MessagingSe
     def check(request: Message) -> None:
         CASES["proxy.ReceiveMessage"] += 1
         frames = list(proxy.ReceiveMessage(request, timeout=10))
-        assert frames and frames[-1].HasField("status") and frames[-1].status.code in CODES
+        assert frames and frames[-1].HasField("status"), frames
+        assert frames[-1].status.code in CODES and frames[-1].status.code != v2.CODE_UNSPECIFIED, frames[-1].status
 
     check()
 
@@ -81,9 +82,18 @@ def test_telemetry_answers_settings_and_survives_any_command(proxy: pb_grpc.Mess
     def check(commands: list[Message]) -> None:
         CASES["proxy.Telemetry"] += 1
         replies = list(proxy.Telemetry(iter(commands), timeout=10))
-        wanted = sum(1 for c in commands if c.HasField("settings"))
-        assert len(replies) == wanted
-        assert all(r.status.code == v2.OK and r.settings.ByteSize() >= 0 for r in replies)
+        asked = [c.settings for c in commands if c.HasField("settings")]
+        assert len(replies) == len(asked)
+        for sent, reply in zip(asked, replies, strict=True):
+            assert reply.status.code == v2.OK and reply.HasField("settings"), reply
+            # What the official clients take from the reply (proxy/v2/telemetry.py): a consumer's long-polling
+            # time (0 would busy-loop) and retry policy, a producer's body limit (0 would refuse every send).
+            if sent.HasField("subscription"):
+                assert reply.settings.subscription.long_polling_timeout.ToTimedelta().total_seconds() > 0, reply
+                assert reply.settings.backoff_policy.max_attempts > 0, reply
+            else:
+                assert reply.settings.publishing.max_body_size > 0, reply
+                assert reply.settings.backoff_policy.max_attempts > 0, reply
 
     check()
 

@@ -159,3 +159,16 @@ async def test_bad_request_is_typed(endpoint: str) -> None:
         with pytest.raises(BadRequest) as bad:
             await producer.send("bad topic!", b"x")
     assert bad.value.code_name == "ILLEGAL_TOPIC" and not bad.value.retriable
+
+
+@run_async
+async def test_deliver_at_holds_the_message_back_until_that_time(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
+        deliver_at = time.time() + 1.5
+        await producer.send(topic, b"at a time", deliver_at=deliver_at)
+        early = await consumer.receive(max=1, wait=0.5)
+        # Nothing before its time (on a machine so slow that this receive ended after it, anything may come).
+        assert early == [] or time.time() >= deliver_at, [m.body for m in early]
+        [message] = await drain(consumer, 1, limit_s=20)  # polls past the due time
+    assert message.body == b"at a time" and time.time() >= deliver_at - 0.05

@@ -20,6 +20,7 @@ from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from tests.unit.broker.cores import broker
+from tests.unit.broker.test_schedule import until
 
 
 class NeverReads:
@@ -262,6 +263,12 @@ def test_a_cancel_for_a_reused_id_does_not_release_the_pop_answered_under_it_bef
     assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [(b"other", 1)]  # "taken" stays taken
 
 
+def serving_pops() -> int:
+    """Session requests of this loop still being served (a task per request, `Session._serve`)."""
+    serve = session_stream.Session._serve.__code__
+    return sum(getattr(task.get_coro(), "cr_code", None) is serve for task in asyncio.all_tasks() if not task.done())
+
+
 def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_messages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,11 +288,11 @@ def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_me
             await core.pop("t", "g", "*", 1, 60_000, 0)  # the topic and the group exist; nothing is ready
             servicer = server.BrokerServicer(core, BrokerMetrics())
             session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
-            await asyncio.sleep(0.2)  # all 40 Pops read and held
-            assert core.hold.held[Kind.POP] == pops
+            await asyncio.wait_for(until(lambda: core.hold.held[Kind.POP] == pops), 5)  # all 40 Pops read and held
             for _ in range(pops):  # each 16 KB message wakes one held Pop, which takes it into the outbox
                 await core.send([pb.Message(topic="t", body=b"x" * 16_000)])
-            await asyncio.sleep(0.2)
+            # Every Pop of the stream answered (with messages, or ended empty past the budget): what it took is final.
+            await asyncio.wait_for(until(lambda: serving_pops() == 0), 5)
             taken = sum(lag.inflight for lag in (r.lag for r in core.lags("t", "g")))
             assert core.hold.held[Kind.POP] == 0  # past the budget the rest ended (empty answers)
             session.cancel()

@@ -141,3 +141,22 @@ def test_a_data_directory_in_use_by_another_broker_is_refused(tmp_path: Path) ->
         await second.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("flush", "synchronous"), [("sync", 2), ("async", 1)])
+def test_flush_sets_how_sqlite_syncs_its_commits(tmp_path: Path, flush: str, synchronous: int) -> None:
+    """--flush sync: every commit is fsynced before it is acknowledged (synchronous=FULL, 2); async: WAL only,
+    synced at checkpoints (NORMAL, 1). Asked of the connections the store writes and reads with."""
+
+    async def scenario() -> tuple[int, int]:
+        store = SqliteStore(tmp_path, flush=flush)
+        store.start(asyncio.get_running_loop())
+        await store.submit([message(0)], [])
+        assert await store.read_payloads("t", 0, [0]) == {0: message(0).payload}  # opens the reading connection
+        assert store._read_conn is not None
+        writing = store._conn.execute("PRAGMA synchronous").fetchone()[0]
+        reading = store._read_conn.execute("PRAGMA synchronous").fetchone()[0]
+        await store.close()
+        return writing, reading
+
+    assert asyncio.run(scenario()) == (synchronous, synchronous)

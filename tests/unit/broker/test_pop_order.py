@@ -1,0 +1,85 @@
+"""What a Pop takes first, without sockets (docs/BROKER.md, "Pop"): deliveries whose invisibility passed come
+before new messages, and new messages are spread over the queues, the start queue rotating per Pop. Real
+SQLite store, no safety sweep."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.core import BrokerCore
+from broker.model import PopResult, now_ms
+from tests.unit.broker.test_fifo import INVISIBLE_MS, QUEUES, bodies, run_core
+from tests.unit.broker.test_schedule import until
+
+
+async def send_to_queues(core: BrokerCore, per_queue: int) -> None:
+    await core.send(
+        [pb.Message(topic="t", body=b"q%d-%d" % (q, i), queue_id=q) for q in range(QUEUES) for i in range(per_queue)]
+    )
+
+
+async def pop(core: BrokerCore, want: int, invisible_ms: int = INVISIBLE_MS) -> PopResult:
+    return await core.pop("t", "g", "*", want, invisible_ms, 0)
+
+
+def test_a_redelivery_comes_before_new_messages(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await core.send([pb.Message(topic="t", body=b"old")])
+        first = await pop(core, 1, invisible_ms=core.settings.min_invisible_ms)
+        assert bodies(first) == [b"old"]
+        deadline = first.messages[0].invisible_until_ms
+        await asyncio.wait_for(until(lambda: now_ms() > deadline), 5)  # its invisibility has passed, not acked
+        await core.send(
+            [pb.Message(topic="t", body=b"new-%d" % i, queue_id=q) for q in range(QUEUES) for i in range(2)]
+        )
+        again = await pop(core, 1)
+        assert (bodies(again), again.messages[0].attempt) == ([b"old"], 2), "a new message went out before it"
+        rest = await pop(core, 32)
+        assert sorted(bodies(rest)) == sorted(b"new-%d" % i for _ in range(QUEUES) for i in range(2))
+        assert {m.attempt for m in rest.messages} == {1}
+
+    run_core(tmp_path, scenario)
+
+
+def test_a_batch_takes_a_fair_share_from_every_queue(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send_to_queues(core, 20)
+        batch = await pop(core, 8)
+        assert Counter(m.queue_id for m in batch.messages) == dict.fromkeys(range(QUEUES), 2)
+        # Each queue's share comes in the queue's order, from where the group left it.
+        for q in range(QUEUES):
+            assert [b for b in bodies(batch) if b.startswith(b"q%d-" % q)] == [b"q%d-0" % q, b"q%d-1" % q]
+
+    run_core(tmp_path, scenario)
+
+
+def test_what_short_queues_leave_of_the_batch_comes_from_the_others(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await core.send([pb.Message(topic="t", body=b"q0-%d" % i, queue_id=0) for i in range(20)])
+        await core.send([pb.Message(topic="t", body=b"q%d-0" % q, queue_id=q) for q in range(1, QUEUES)])
+        batch = await pop(core, 8)
+        # Shares of 2: queues 1-3 have one message each, queue 0 gives its 2 and then the 3 left over.
+        assert Counter(m.queue_id for m in batch.messages) == {0: 5, 1: 1, 2: 1, 3: 1}
+
+    run_core(tmp_path, scenario)
+
+
+def test_small_pops_rotate_the_queue_they_start_from(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send_to_queues(core, 20)
+        singles = [(await pop(core, 1)).messages[0].queue_id for _ in range(2 * QUEUES)]
+        # One message a Pop, from the next queue each time: every queue in turn, twice over.
+        assert Counter(singles) == dict.fromkeys(range(QUEUES), 2)
+        assert all((b - a) % QUEUES == 1 for a, b in zip(singles, singles[1:], strict=False)), singles
+        # A batch smaller than the queue count takes one from each of as many queues, starting where the last
+        # Pop left off: the next batch starts at the queue after.
+        three = [m.queue_id for m in (await pop(core, 3)).messages]
+        after = [m.queue_id for m in (await pop(core, 3)).messages]
+        assert len(set(three)) == len(set(after)) == 3
+        assert after[0] == (three[0] + 1) % QUEUES, (three, after)
+
+    run_core(tmp_path, scenario)
