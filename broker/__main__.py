@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sqlite3
 import sys
 from contextlib import AsyncExitStack
 
@@ -42,9 +43,14 @@ async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: A
         store = SqliteStore(settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe)
     except OSError as exc:  # not a directory, no permission, a read-only file system
         raise StartError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from None
+    except sqlite3.Error as exc:  # not a database, damaged, or the disk full (a new store's tables not written)
+        raise StartError(f"--data-dir {settings.data_dir}: the store cannot be opened ({exc})") from None
     stack.push_async_callback(store.close)
     loop = asyncio.get_running_loop()
-    snapshot = await loop.run_in_executor(None, store.load)
+    try:
+        snapshot = await loop.run_in_executor(None, store.load)
+    except sqlite3.Error as exc:  # damaged pages (a damaged row: StoreUnavailable, naming it)
+        raise StartError(f"--data-dir {settings.data_dir}: the store cannot be read ({exc})") from None
     core = BrokerCore(settings, store)
     stack.push_async_callback(core.close)
     store.set_listener(core)

@@ -401,6 +401,15 @@ class BrokerCore:
         state, handle, delivery = self._resolve(topic, group, text)
         return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
 
+    def unreadable(self, topic: str, group: str, text: str) -> None:
+        """A popped message whose stored payload does not parse: dead-lettered as it is, not answered (it would
+        fail every Pop it is in, and its healthy batch-mates would reach the DLQ with it)."""
+        try:
+            state, handle, delivery = self._resolve(topic, group, text)
+        except BrokerError:
+            return
+        self.redelivery.to_dlq(state, handle.queue_id, handle.offset, delivery)
+
     # -- notification ----------------------------------------------------------
 
     async def notification(self, topic: str, group: str, expression: str, poll_ms: int) -> tuple[bool, bool]:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
 from broker import errors
@@ -48,7 +49,12 @@ async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> 
     for p in result.messages:
         popped = add(receipt_handle=p.handle, delivery_attempt=p.attempt, invisible_until_ms=p.invisible_until_ms)
         stored = popped.stored
-        stored.message.MergeFromString(p.payload)
+        try:
+            stored.message.MergeFromString(p.payload)
+        except DecodeError:  # damaged on disk: the others are answered, this one goes to the DLQ as it is
+            del out.messages[-1]
+            core.unreadable(r.topic, r.group, p.handle)
+            continue
         stored.queue_id = p.queue_id
         stored.offset = p.offset
         stored.store_ms = p.store_ms

@@ -16,6 +16,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
 from broker import validation
@@ -121,10 +122,7 @@ class Redelivery:
         ready = 0
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
             if delivery.attempt >= self.max_attempts:
-                self._to_dlq.append((state, queue_id, offset, delivery))
-                if self._movers < MAX_DLQ_MOVES:
-                    self._movers += 1
-                    self._spawn(self._move_to_dlq())
+                self.to_dlq(state, queue_id, offset, delivery)
             else:
                 state.ready.append((queue_id, offset, delivery.token))
                 if _turn_came(state, queue_id, offset):
@@ -153,6 +151,14 @@ class Redelivery:
         if count:
             self.hold.wake((state.topic, state.group), count)
         self.schedule(state)
+
+    def to_dlq(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
+        """Dead-letter this delivery soon, by one of at most MAX_DLQ_MOVES movers (its attempts are spent, or
+        its stored payload cannot be read: see `dead_letter`)."""
+        self._to_dlq.append((state, queue_id, offset, delivery))
+        if self._movers < MAX_DLQ_MOVES:
+            self._movers += 1
+            self._spawn(self._move_to_dlq())
 
     async def _move_to_dlq(self) -> None:
         """One of at most MAX_DLQ_MOVES movers: dead-letter the waiting messages one by one."""
@@ -190,14 +196,11 @@ class Redelivery:
         payloads = await self.payloads(topic, [(queue_id, offset)])
         if state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
+        dlq = _dead_letter_of(payloads[(queue_id, offset)], state, queue_id, offset, delivery.attempt)
+        if not dlq.message_id:
+            dlq.message_id = self.sends.ids.next()
         fifo = offset in state.queues[queue_id].fifo
         state.remove(queue_id, offset, keep_fifo=True)  # its queue stays held back until the commit (`_dead_lettered`)
-        original = pb.Message.FromString(payloads[(queue_id, offset)])
-        dlq = pb.Message()
-        dlq.CopyFrom(original)
-        dlq.topic = validation.DLQ_PREFIX + state.group
-        values = (state.topic, original.message_id, str(delivery.attempt), str(queue_id), str(offset))
-        dlq.properties.update(dict(zip(DLQ_PROPS, values, strict=True)))
         ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
@@ -260,6 +263,24 @@ class Redelivery:
         if self._log_timer is not None:
             self._log_timer.cancel()
             self._log_moved()
+
+
+def _dead_letter_of(payload: bytes, state: GroupTopic, queue_id: int, offset: int, attempt: int) -> pb.Message:
+    """The message to store in `%DLQ%<group>`: the original with its origin in properties. A stored payload that
+    does not parse (the data file damaged under SQLite's notice) goes there as it is, as the body of a message
+    marked UNREADABLE_PAYLOAD, rather than blocking its queue (a FIFO queue for good) or failing every Pop."""
+    dlq = pb.Message()
+    try:
+        dlq.MergeFromString(payload)
+    except DecodeError:
+        log.error("%s/%s/%s: stored payload does not parse; dead-lettered as it is", state.topic, queue_id, offset)
+        dlq.Clear()
+        dlq.body = payload
+        dlq.properties["UNREADABLE_PAYLOAD"] = "true"
+    dlq.topic = validation.DLQ_PREFIX + state.group
+    values = (state.topic, dlq.message_id, str(attempt), str(queue_id), str(offset))
+    dlq.properties.update(dict(zip(DLQ_PROPS, values, strict=True)))
+    return dlq
 
 
 def _turn_came(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:

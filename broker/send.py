@@ -46,7 +46,7 @@ class SendPath:
         self.name = settings.name
         self.store = store
         self.topics = topics
-        self._ids = MessageIds()
+        self.ids = MessageIds()  # for messages sent without one (and dead letters whose original is unreadable)
         self._valid_topics: set[str] = set()
         self.schedule = ScheduleIndex()
         self._scheduled_rows: dict[int, PutScheduled] = {}
@@ -208,7 +208,7 @@ class SendPath:
         else:
             queue_id = topic.pick_queue()
         if not m.message_id:
-            m.message_id = self._ids.next()
+            m.message_id = self.ids.next()
         if not m.born_ms:
             m.born_ms = now
         return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString(), fifo=bool(m.message_group))

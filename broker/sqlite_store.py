@@ -184,7 +184,8 @@ class SqliteStore:
         self._conn.executescript(SCHEMA)
         if version == 1:
             self._migrate_from_rows()
-        self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if version != SCHEMA_VERSION:  # a write only when it changes: a full disk must not stop a restart
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _layout(self) -> int:
         (version,) = self._conn.execute("PRAGMA user_version").fetchone()
@@ -232,8 +233,14 @@ class SqliteStore:
             "SELECT topic, queue, first_offset, meta FROM batches ORDER BY topic, queue, first_offset"
         )
         for topic, queue_id, first_offset, meta in rows:
-            lists = json.loads(meta)
-            store_ms, tags = lists[0], lists[1]
+            try:
+                lists = json.loads(meta)
+                store_ms, tags = lists[0], lists[1]
+            except (ValueError, LookupError, TypeError) as exc:  # damaged where SQLite does not check
+                raise StoreUnavailable(
+                    f"{self._path}: the index of {topic} queue {queue_id} from offset {first_offset} is damaged"
+                    f" ({exc}); restore the data directory from a copy"
+                ) from None
             index = snap.queues.get((topic, queue_id))
             if index is None:
                 index = snap.queues[(topic, queue_id)] = QueueIndex()

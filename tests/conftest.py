@@ -7,7 +7,7 @@ import broker as _grpc_engine_chosen  # noqa: F401
 
 # isort: split
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -39,14 +39,16 @@ class BrokerHandle:
     def address(self) -> str:
         return self.proc.address
 
-    def restart(self, *, kill: bool = False) -> None:
-        """Stop (SIGTERM, or kill -9) and start again on the same port and data."""
+    def restart(self, *, kill: bool = False, while_stopped: Callable[[], object] | None = None) -> None:
+        """Stop (SIGTERM, or kill -9) and start again on the same port and data (`while_stopped` runs between)."""
         port = self.proc.port
         self.channel.close()
         if kill:
             self.proc.kill()
         else:
             self.proc.stop()
+        if while_stopped is not None:
+            while_stopped()
         args = broker_args(self.name, self.data_dir, *self.extra, listen=f"127.0.0.1:{port}")
         self.proc = ServerProcess("broker", args).start()
         self._open()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from broker.__main__ import StartError, serve
+from broker.errors import StoreUnavailable
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
+from broker.store import NewMessage
 
 
 async def _store_is_free(data: Path) -> None:
@@ -35,3 +38,36 @@ def test_a_start_failure_after_the_store_opened_closes_the_store(tmp_path: Path,
             await _store_is_free(tmp_path / "b1")
 
         asyncio.run(main())
+
+
+def _start_fails(settings: BrokerSettings, error: type[Exception], match: str) -> None:
+    async def main() -> None:
+        with pytest.raises(error, match=match):
+            await serve(settings)
+
+    asyncio.run(main())
+
+
+def test_a_data_file_that_is_not_a_database_fails_the_start_with_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "b1"
+    data.mkdir()
+    (data / "broker.sqlite3").write_bytes(b"not a database " * 512)
+    settings = BrokerSettings(name="b1", data_dir=data, listen="127.0.0.1:0")
+    _start_fails(settings, StartError, f"--data-dir {data}: the store cannot be opened")
+
+
+def test_a_damaged_index_row_fails_the_start_naming_it(tmp_path: Path) -> None:
+    data = tmp_path / "b1"
+    settings = BrokerSettings(name="b1", data_dir=data, listen="127.0.0.1:0", topics=("orders",))
+
+    async def store_one() -> None:
+        store = SqliteStore(data)
+        store.load()
+        store.start(asyncio.get_running_loop())
+        await store.submit([NewMessage("orders", 0, 1, None, b"payload")], [])
+        await store.close()
+
+    asyncio.run(store_one())
+    with sqlite3.connect(data / "broker.sqlite3") as db:
+        db.execute("UPDATE batches SET meta = 'not json'")
+    _start_fails(settings, StoreUnavailable, "the index of orders queue 0 from offset 0 is damaged")
