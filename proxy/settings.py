@@ -93,6 +93,16 @@ class Settings:
     min_invisible_s: float = 10.0
     max_invisible_s: float = 12 * 3600.0
     default_invisible_s: float = 60.0  # auto_renew / no invisible_duration (PushConsumer)
+    # Consumer groups whose PushConsumers consume in order (Telemetry answers fifo=true: RocketMQ's orderly group).
+    fifo_groups: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "option": "fifo_group",
+            "aliases": ("fifo_groups",),
+            "help": "consumer group whose PushConsumers consume one message at a time, in order, repeated"
+            " (env POPGATE_FIFO_GROUP: comma list); docs/PROXY.md 'FIFO messages'",
+        },
+    )
     min_long_polling_s: float = 0.0
     max_long_polling_s: float = 30.0
     default_long_polling_s: float = 20.0

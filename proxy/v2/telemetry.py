@@ -14,6 +14,7 @@ from google.protobuf.duration_pb2 import Duration
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from proxy import errors, validate
 from proxy.settings import Settings
 
 # RocketMQ's default consumer retry delays (1s 5s 10s 30s 1m ... 2h) for attempts 1..17.
@@ -38,7 +39,9 @@ def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryComma
         wanted = min(max(wanted, settings.min_long_polling_s), settings.max_long_polling_s)
         sub.long_polling_timeout.CopyFrom(Duration(seconds=int(wanted), nanos=int((wanted % 1) * 1e9)))
         sub.receive_batch_size = settings.max_batch
-        sub.fifo = False
+        # In order only for the groups configured so (RocketMQ's orderly consumer groups): the official PushConsumer
+        # then consumes one message at a time and retries a failed one itself before the next.
+        sub.fifo = _fifo_group(client.subscription.group, settings)
         reply.backoff_policy.Clear()
         reply.backoff_policy.max_attempts = MAX_DELIVERY_ATTEMPTS
         reply.backoff_policy.customized_backoff.next.extend(Duration(seconds=s) for s in RETRY_DELAYS_S)
@@ -53,6 +56,16 @@ def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryComma
         backoff.max.FromMilliseconds(1000)
         backoff.multiplier = 2.0
     return pb.TelemetryCommand(status=v2.Status(code=v2.OK, message="OK"), settings=reply)
+
+
+def _fifo_group(group: v2.Resource, settings: Settings) -> bool:
+    """Whether `group` is one of --fifo-group (as stored: `namespace%name` in a namespace)."""
+    if not settings.fifo_groups:
+        return False
+    try:
+        return validate.group_in(group.resource_namespace, group.name) in settings.fifo_groups
+    except errors.ProxyError:  # a bad name is refused where it is used (receive, ack), not in a settings reply
+        return False
 
 
 async def telemetry(

@@ -18,8 +18,8 @@ from tests.integration.sdk.popgate_up import Proc, Up
 def cluster_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     data = tmp_path_factory.mktemp("up")
     # Children inherit the environment: POPGATE_MIN_INVISIBLE_S lets the proxy accept the
-    # short invisible times that keep the redelivery tests quick.
-    env = dict(os.environ, POPGATE_MIN_INVISIBLE_S="1")
+    # short invisible times that keep the redelivery tests quick; g_fifo_push is an orderly group.
+    env = dict(os.environ, POPGATE_MIN_INVISIBLE_S="1", POPGATE_FIFO_GROUP="g_fifo_push")
     up = Up(data, brokers=3, env=env)
     left: list[Proc] = []
     try:

@@ -266,7 +266,53 @@ def fifo(endpoint: str, topic: str, group: str) -> dict[str, object]:
         producer.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push, fifo)}
+class InOrder(MessageListener):
+    """Records each message group's consumption order; the first delivery of each group's message 3 fails."""
+
+    def __init__(self, expected: int) -> None:
+        self.order: dict[str, list[int]] = {}
+        self.failed: set[str] = set()
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.expected = expected
+
+    def consume(self, message: Message) -> ConsumeResult:
+        group, index = message.message_group, int(message.body.decode().rpartition("-")[2])
+        time.sleep(0.05)  # long enough that messages consumed side by side would finish out of order
+        with self.lock:
+            if index == 3 and group not in self.failed:
+                self.failed.add(group)
+                return ConsumeResult.FAILURE
+            self.order.setdefault(group, []).append(index)
+            if sum(map(len, self.order.values())) >= self.expected:
+                self.done.set()
+        return ConsumeResult.SUCCESS
+
+
+def fifo_push(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """A PushConsumer of a --fifo-group group consumes each message group in order, one message at a time, and
+    retries a failed message before the group's next one."""
+    producer = started_producer(endpoint, topic)
+    groups, per_group = ("ga", "gb", "gc", "gd"), 8
+    listener = InOrder(len(groups) * per_group)
+    for i in range(per_group):
+        for g in groups:
+            msg = message(topic, f"{g}-{i}".encode())
+            msg.message_group = g
+            producer.send(msg)
+    consumer = PushConsumer(config(endpoint), group, listener, {topic: FilterExpression("*")})
+    try:
+        consumer.startup()  # after the sends: the first receives get whole batches of several groups
+        assert listener.done.wait(60), f"push consumer got {listener.order}"
+        assert listener.order == {g: list(range(per_group)) for g in groups}, listener.order
+        assert listener.failed == set(groups)
+        return {"groups": len(listener.order)}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push, fifo, fifo_push)}
 
 if __name__ == "__main__":
     scenario, endpoint, topic, group = sys.argv[1:5]

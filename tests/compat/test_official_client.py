@@ -45,6 +45,11 @@ def test_fifo_messages_go_to_two_consumers_of_a_group_in_order_one_at_a_time(run
     assert result["held_back_poll_s"] >= 2  # the held-back receive waited its long poll, then got nothing
 
 
+def test_push_consumer_of_a_fifo_group_consumes_each_message_group_in_order(run_driver: Run) -> None:
+    result = json.loads(run_driver("fifo_push", "compat_fifo_push", "g_fifo_push"))
+    assert result["groups"] == 4  # each in order, its message 3 retried before its message 4 (the driver checks)
+
+
 def test_push_consumer_consumes_100_messages(run_driver: Run) -> None:
     result = json.loads(run_driver("push", "compat_push", "g_push"))
     assert result["consumed"] == 100

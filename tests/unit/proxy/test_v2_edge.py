@@ -125,6 +125,18 @@ def test_consumer_settings_reply_sets_long_polling_batch_and_retry_backoff() -> 
     assert reply.backoff_policy.customized_backoff.next[0].seconds == 1
 
 
+def test_settings_reply_says_fifo_for_the_configured_groups_only_namespace_included() -> None:
+    settings = Settings(brokers=SETTINGS.brokers, fifo_groups=("orders", "tenant%billing"))
+
+    def fifo(name: str, namespace: str = "") -> bool:
+        group = v2.Resource(name=name, resource_namespace=namespace)
+        client = v2.Settings(client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=group))
+        return settings_reply(client, settings).settings.subscription.fifo
+
+    assert fifo("orders") and fifo("billing", "tenant")
+    assert not fifo("billing") and not fifo("orders", "tenant") and not fifo("other") and not fifo("bad name!")
+
+
 def entry(code: int) -> pb.AckMessageResultEntry:
     return pb.AckMessageResultEntry(status=v2.Status(code=code))  # type: ignore[arg-type]
 
