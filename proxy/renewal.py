@@ -222,7 +222,12 @@ class Renewer:
     def track(self, client: str, group: str, handles: Sequence[str]) -> None:
         """Renew these handles of an auto_renew receive while `client` is alive (called before they are written
         to it, so an ack cannot come first)."""
-        pairs = [(broker_of(h), h) for h in handles]  # handles the broker just made: well-formed
+        pairs = []
+        for h in handles:
+            try:
+                pairs.append((broker_of(h), h))
+            except errors.InvalidReceiptHandle:  # a broker's own handles are well-formed; never fail a receive
+                continue
         for reason, count in self.book.track(client, group, pairs, self._now()).items():
             self._metrics.renewal_untracked(reason, count)
 

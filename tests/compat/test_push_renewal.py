@@ -2,8 +2,9 @@
 auto_renew messages (proxy/renewal.py), so each is consumed once and every ack succeeds.
 
 The module's cluster runs the proxy with a 10 s default invisible time (the least it allows) so that a backlog of
-~25 s shows what a 60 s one does to a slower consumer: before renewal, 400 messages gave 150-250 redeliveries
-(attempt 2) and twice as many "invalid receipt handle" errors in the client's log.
+~25 s shows what a 60 s one does to a slower consumer: before renewal (main at 3916db7), 400 messages gave 888
+deliveries, 488 of them redeliveries (attempt 2 and more), and 1,112 ack errors ("40013 ... stale", "invalid receipt
+handle") in the client's log.
 """
 
 from __future__ import annotations

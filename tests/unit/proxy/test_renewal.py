@@ -226,3 +226,14 @@ def test_the_driver_ticks_on_its_own_until_closed() -> None:
         assert len(b1.renews) == count  # stopped
 
     run(scenario())
+
+
+def test_a_garbled_handle_is_skipped_not_raised() -> None:
+    async def scenario() -> int:
+        clock, metrics = [0.0], Recorder()
+        r = renewer([FakeBroker("b1")], clock, metrics)
+        r.opened("c1")
+        r.track("c1", "g", ["garbage", handle("b1")])  # raising would fail the receive whose messages were popped
+        return len(r.book)
+
+    assert run(scenario()) == 1
