@@ -90,6 +90,9 @@ class BrokerSession:
     async def change_invisible(self, request: pb.ChangeInvisibleTimeRequest) -> pb.ChangeInvisibleTimeResponse:
         return (await self.call(pb.SessionRequest(change_invisible=request))).change_invisible
 
+    async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse:
+        return (await self.call(pb.SessionRequest(renew=request))).renew
+
     def submit(self, request: pb.SessionRequest, answer: Answer) -> int:
         """Send ``request`` (its body filled in; the id is set here); its id.
 

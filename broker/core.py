@@ -396,6 +396,46 @@ class BrokerCore:
         )
         return new, deadline
 
+    async def renew(
+        self, group: str, handles: Sequence[str], invisible_ms: int
+    ) -> tuple[list[BrokerError | None], int]:
+        """Extend the invisibility of in-flight deliveries to `invisible_ms` from now, keeping each delivery (its
+        receipt handle stays valid: the proxy renews handles its client holds); per handle None or the error, and the
+        new deadline. Stale handles, and deliveries whose invisibility already passed (queued to be delivered again:
+        a handle acks until then, but renewing it now would race that redelivery), are InvalidReceiptHandle. A
+        deadline already later stays. Durable as the other in-flight changes (a PutInflight)."""
+        validation.check_group(group)
+        if not handles:
+            raise BadRequest("renew carries no receipt handle")
+        if len(handles) > self.settings.max_send_batch:
+            raise IllegalBatchSize(f"renew carries {len(handles)} handles, at most {self.settings.max_send_batch}")
+        s = self.settings
+        if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
+            raise IllegalInvisibleTime(
+                f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
+            )
+        deadline = now_ms() + invisible_ms
+        results: list[BrokerError | None] = []
+        ops: list[Op] = []
+        touched: dict[tuple[str, str], GroupTopic] = {}
+        for text in handles:
+            try:
+                state, handle, delivery = self._resolve("", group, text)
+                if delivery.expired:
+                    raise InvalidReceiptHandle("receipt handle is stale: its invisibility passed, redelivery is due")
+            except BrokerError as exc:
+                results.append(exc)
+                continue
+            if delivery.deadline_ms < deadline:
+                state.extend(handle.queue_id, handle.offset, delivery, deadline, ops)
+                touched[(state.group, state.topic)] = state
+            results.append(None)
+        for state in touched.values():
+            self.redelivery.schedule(state)
+        if ops:
+            await self.commits.write(ops)
+        return results, deadline
+
     async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
         validation.check_group(group)
         state, handle, delivery = self._resolve(topic, group, text)

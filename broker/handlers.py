@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -70,14 +70,19 @@ def answer_bytes(result: PopResult) -> int:
     return sum(len(p.payload) for p in result.messages) + POPPED_OVERHEAD * len(result.messages)
 
 
-async def ack(core: BrokerCore, request: pb.AckRequest, out: pb.AckResponse) -> None:
-    handles = request.receipt_handles
-    add = out.results.add
-    for handle, e in zip(handles, await core.ack(request.topic, request.group, handles), strict=True):
+def _results(out: Any, handles: Sequence[str], outcome: Sequence[errors.BrokerError | None]) -> None:
+    """Per handle, in request order: ok, or the error's name and text (Ack and Renew answers)."""
+    add = out.add
+    for handle, e in zip(handles, outcome, strict=True):
         if e is None:
             add(receipt_handle=handle, ok=True)
         else:
             add(receipt_handle=handle, ok=False, error=e.name, error_message=e.message)
+
+
+async def ack(core: BrokerCore, request: pb.AckRequest, out: pb.AckResponse) -> None:
+    handles = request.receipt_handles
+    _results(out.results, handles, await core.ack(request.topic, request.group, handles))
 
 
 async def change_invisible(
@@ -87,6 +92,12 @@ async def change_invisible(
     out.receipt_handle, out.invisible_until_ms = await core.change_invisible(
         r.topic, r.group, r.receipt_handle, r.invisible_ms
     )
+
+
+async def renew(core: BrokerCore, request: pb.RenewRequest, out: pb.RenewResponse) -> None:
+    handles = request.receipt_handles
+    outcome, out.invisible_until_ms = await core.renew(request.group, handles, request.invisible_ms)
+    _results(out.results, handles, outcome)
 
 
 async def notification(core: BrokerCore, request: pb.NotificationRequest, out: pb.NotificationResponse) -> None:
@@ -102,4 +113,5 @@ SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "send": send,
     "ack": ack,
     "change_invisible": change_invisible,
+    "renew": renew,
 }

@@ -87,6 +87,18 @@ class GroupTopic:
         queue.inflight[offset] = delivery
         if fifo:
             queue.fifo.add(offset)
+        self._push(queue_id, offset, delivery)
+
+    def extend(self, queue_id: int, offset: int, delivery: Delivery, deadline_ms: int, ops: list[Op]) -> None:
+        """Move an in-flight delivery's deadline, keeping the delivery (same token and attempt: its receipt handle
+        stays valid); the PutInflight that makes it durable is appended to `ops`. Its old heap entry goes stale
+        (its deadline no longer matches). Not for an expired delivery: it is queued for redelivery already."""
+        assert not delivery.expired
+        delivery.deadline_ms = deadline_ms
+        self._push(queue_id, offset, delivery)
+        ops.append(PutInflight(self.group, self.topic, queue_id, offset, delivery.attempt, delivery.token, deadline_ms))
+
+    def _push(self, queue_id: int, offset: int, delivery: Delivery) -> None:
         heapq.heappush(self._heap, (delivery.deadline_ms, queue_id, offset, delivery.token))
         self._pushes += 1
         if self._pushes >= 1024:

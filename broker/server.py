@@ -18,7 +18,7 @@ from broker import errors, session
 from broker.budget import ByteBudget
 from broker.client import ERROR_KEY
 from broker.core import BrokerCore
-from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, send, status_of
+from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, renew, send, status_of
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from broker.model import now_ms
@@ -107,6 +107,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ) -> pb.ChangeInvisibleTimeResponse:
         out = pb.ChangeInvisibleTimeResponse()
         await change_invisible(self.core, request, out)
+        return out
+
+    @rpc("Renew")
+    async def Renew(self, request: pb.RenewRequest, context: grpc.aio.ServicerContext) -> pb.RenewResponse:
+        out = pb.RenewResponse()
+        await renew(self.core, request, out)
         return out
 
     @rpc("Notification")

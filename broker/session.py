@@ -28,7 +28,7 @@ WRITER_DRAIN_S = 5.0
 SESSION_SETTLE_S = 5.0  # a stopping broker waits this long at most for a Session's requests in progress
 
 # Requests that may be held (long polls) count against the broker's --max-held per session; the
-# others (Send, Ack, ChangeInvisibleTime: each a store commit away from done) against this.
+# others (Send, Ack, ChangeInvisibleTime, Renew: each a store commit away from done) against this.
 HELD_KINDS = frozenset({"pop", "notification"})
 SESSION_MAX_SHORT = 4096
 # Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the

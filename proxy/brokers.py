@@ -81,6 +81,7 @@ SESSION_FIELDS = {
     "Pop": "pop",
     "Ack": "ack",
     "ChangeInvisibleTime": "change_invisible",
+    "Renew": "renew",
     "Notification": "notification",
 }
 
@@ -225,6 +226,11 @@ class GrpcBrokerClient:
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
+
+    async def renew(self, request: bpb.RenewRequest, *, timeout_s: float) -> bpb.RenewResponse:
+        # Not retried: a renewal that fails is sent again a period later (proxy.renewal).
+        response: bpb.RenewResponse = await self.begin("Renew", request, timeout_s=timeout_s)
+        return response
 
     async def _to_this_broker(self, attempt: Callable[[float], Awaitable[R]], timeout_s: float) -> R:
         """`attempt(timeout_s)`, and once more if it never reached the broker and the channel connects again in

@@ -19,6 +19,7 @@ from proxy import errors
 from proxy.groups import GroupsSeen
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
+from proxy.renewal import RenewalLimits, Renewer
 from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,11 @@ class Proxy:
         max_send_bytes: int = 256 * 1024 * 1024,
         max_answer_bytes: int = 256 * 1024 * 1024,
         metrics: Metrics | None = None,
+        renewer: Renewer | None = None,
     ) -> None:
         self.pool = pool
+        # auto_renew handles renewed while their client is alive (proxy.renewal); started by whoever runs the proxy.
+        self.renewer = renewer or Renewer(pool, RenewalLimits(period_s=20.0), invisible_ms=60_000, metrics=metrics)
         self.strategy = strategy
         self.closing = asyncio.Event()
         self._queues = queues_per_broker
@@ -247,6 +251,7 @@ class Proxy:
         self, topic: str, group: str, handles: Sequence[str], *, deadline: float | None = None
     ) -> list[errors.ProxyError | None]:
         """Ack each handle at the broker it names; per handle None (acked) or the error."""
+        self.renewer.forget(handles)
         outcome: list[errors.ProxyError | None] = [None] * len(handles)
         by_broker: dict[str, tuple[BrokerClient, list[int]]] = {}
         for index, handle in enumerate(handles):
@@ -277,8 +282,9 @@ class Proxy:
     async def change_invisible(
         self, topic: str, group: str, handle: str, invisible_ms: int, *, deadline: float | None = None
     ) -> str:
-        """A new receipt handle, invisible for `invisible_ms` from now."""
+        """A new receipt handle, invisible for `invisible_ms` from now (the client chose: no more renewal)."""
         client = self.pool.for_handle(handle)
+        self.renewer.forget((handle,))
         request = bpb.ChangeInvisibleTimeRequest(
             topic=topic, group=group, receipt_handle=handle, invisible_ms=invisible_ms
         )
@@ -287,5 +293,6 @@ class Proxy:
 
     async def dead_letter(self, topic: str, group: str, handle: str, *, deadline: float | None = None) -> None:
         client = self.pool.for_handle(handle)
+        self.renewer.forget((handle,))
         request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle)
         await client.dead_letter(request, timeout_s=self._timeout_until(deadline))

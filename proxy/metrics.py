@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
     from proxy.notify import RunStats
@@ -95,6 +96,45 @@ class ProxyMetrics:
             ["group", "mode", "reason"],
             registry=self.registry,
         )
+
+        self._renewals = Counter(
+            "popgate_proxy_renewals",
+            "auto_renew handles sent to their broker for renewal, by outcome: ok, stale (acked elsewhere or "
+            "redelivered: no longer renewed), failed (the broker call failed: tried again a period later)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self._renewal_untracked = Counter(
+            "popgate_proxy_renewal_untracked",
+            "auto_renew handles this proxy does not renew, by reason: no_telemetry (the client has no Telemetry "
+            "stream open here), client_limit, total_limit (over the bounds on handles tracked)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._renewal_ended = Counter(
+            "popgate_proxy_renewal_ended",
+            "auto_renew handles no longer renewed, by reason: settled (acked, changed or dead-lettered through this "
+            "proxy), stale, max_time (renewed for renew_max_s), client_gone",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._renewal_handles = Gauge(
+            "popgate_proxy_renewal_handles",
+            "auto_renew handles being renewed by this proxy now",
+            registry=self.registry,
+        )
+
+    def renewals(self, outcome: str, count: int) -> None:
+        self._renewals.labels(outcome).inc(count)
+
+    def renewal_untracked(self, reason: str, count: int) -> None:
+        self._renewal_untracked.labels(reason).inc(count)
+
+    def renewal_ended(self, reason: str, count: int) -> None:
+        self._renewal_ended.labels(reason).inc(count)
+
+    def watch_renewals(self, tracked: Callable[[], int]) -> None:
+        self._renewal_handles.set_function(tracked)
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
         self._rpc.labels(method, code).observe(seconds)

@@ -8,7 +8,7 @@ types (popgate_pb.broker_pb2): the backend's data model, not a transport.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from popgate_pb import broker_pb2 as bpb
@@ -38,6 +38,9 @@ class BrokerClient(Protocol):
     ) -> bpb.ChangeInvisibleTimeResponse: ...
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse: ...
+
+    async def renew(self, request: bpb.RenewRequest, *, timeout_s: float) -> bpb.RenewResponse:
+        """Extend in-flight deliveries, their receipt handles unchanged (proxy.renewal)."""
 
     # Pop and Notification are started at once and return futures: cancelling one cancels the broker
     # request. A held receive waits on one per broker, so no task or coroutine per request.
@@ -92,6 +95,18 @@ class Metrics(Protocol):
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None: ...
 
+    def renewals(self, outcome: str, count: int) -> None:
+        """Handles sent to brokers for renewal, by outcome: ok, stale, failed."""
+
+    def renewal_untracked(self, reason: str, count: int) -> None:
+        """auto_renew handles not renewed at all: no_telemetry, client_limit, total_limit."""
+
+    def renewal_ended(self, reason: str, count: int) -> None:
+        """Handles no longer renewed: settled, stale, max_time, client_gone."""
+
+    def watch_renewals(self, tracked: Callable[[], int]) -> None:
+        """`tracked()` is the number of handles being renewed now (read at each scrape)."""
+
 
 class NoMetrics:
     def rpc(self, method: str, code: str, seconds: float) -> None:
@@ -110,4 +125,16 @@ class NoMetrics:
         pass
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
+        pass
+
+    def renewals(self, outcome: str, count: int) -> None:
+        pass
+
+    def renewal_untracked(self, reason: str, count: int) -> None:
+        pass
+
+    def renewal_ended(self, reason: str, count: int) -> None:
+        pass
+
+    def watch_renewals(self, tracked: Callable[[], int]) -> None:
         pass

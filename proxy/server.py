@@ -21,6 +21,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
 from proxy.ports import Metrics
 from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveStrategy
+from proxy.renewal import RenewalLimits, Renewer
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError
 from proxy.v2.context import endpoints_for
@@ -79,6 +80,18 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
     return server, f"{settings.listen.rpartition(':')[0]}:{port}"
 
 
+def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> Renewer:
+    """Renewal of auto_renew receives: every third of their invisible time, to another whole one."""
+    limits = RenewalLimits(
+        period_s=settings.default_invisible_s / 3,
+        max_renew_s=settings.renew_max_s,
+        max_per_client=settings.renew_max_per_client,
+        max_total=settings.renew_max_handles,
+    )
+    invisible_ms = int(settings.default_invisible_s * 1000)
+    return Renewer(pool, limits, invisible_ms=invisible_ms, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
+
+
 def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics: ProxyMetrics) -> Proxy:
     pool = BrokerPool(clients)
     return Proxy(
@@ -91,6 +104,7 @@ def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics:
         max_send_bytes=settings.max_send_bytes,
         send_chunk_bytes=settings.send_chunk_bytes,
         metrics=metrics,
+        renewer=renewer_for(settings, pool, metrics),
     )
 
 
@@ -105,6 +119,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             HealthMonitor(clients.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s)
         )
         proxy = _proxy(settings, clients, metrics)
+        await stack.enter_async_context(proxy.renewer)
         server, address = _grpc_server(settings)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

@@ -103,6 +103,11 @@ class Settings:
             " (env POPGATE_FIFO_GROUP: comma list); docs/PROXY.md 'FIFO messages'",
         },
     )
+    # Renewal of auto_renew receives (docs/PROXY.md "auto_renew"): every default_invisible_s / 3, for at most
+    # renew_max_s after the receive, at most this many handles per client id and in all (0 = no renewal).
+    renew_max_s: float = 3 * 3600.0
+    renew_max_per_client: int = 10_000
+    renew_max_handles: int = 200_000
     min_long_polling_s: float = 0.0
     max_long_polling_s: float = 30.0
     default_long_polling_s: float = 20.0
@@ -166,6 +171,9 @@ class Settings:
                 self.min_long_polling_s <= self.default_long_polling_s <= self.max_long_polling_s,
                 "within min_long_polling_s..max_long_polling_s",
             ),
+            ("renew_max_s", 0 < self.renew_max_s <= 7 * 24 * 3600, "0 < it <= 7 days"),
+            ("renew_max_per_client", self.renew_max_per_client >= 0, ">= 0"),
+            ("renew_max_handles", self.renew_max_handles >= 0, ">= 0 (0 = no renewal)"),
             ("poll_reserve_s", 0 <= self.poll_reserve_s < 5, "0..5"),
             ("max_delay_s", self.max_delay_s > 0, "> 0"),
             ("broker_timeout_s", self.broker_timeout_s > 0, "> 0"),

@@ -161,6 +161,24 @@ class ChangeInvisibleTimeResponse(_message.Message):
     invisible_until_ms: int
     def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
+class RenewRequest(_message.Message):
+    __slots__ = ("group", "receipt_handles", "invisible_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    invisible_ms: int
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("results", "invisible_until_ms")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    invisible_until_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
+
 class NotificationRequest(_message.Message):
     __slots__ = ("topic", "group", "filter", "poll_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -278,7 +296,7 @@ class ListMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible")
+    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +304,7 @@ class SessionRequest(_message.Message):
     SEND_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
+    RENEW_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopRequest
     notification: NotificationRequest
@@ -293,7 +312,8 @@ class SessionRequest(_message.Message):
     send: SendRequest
     ack: AckRequest
     change_invisible: ChangeInvisibleTimeRequest
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ...) -> None: ...
+    renew: RenewRequest
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ...) -> None: ...
 
 class SessionError(_message.Message):
     __slots__ = ("error", "message", "grpc_code")
@@ -306,7 +326,7 @@ class SessionError(_message.Message):
     def __init__(self, error: _Optional[str] = ..., message: _Optional[str] = ..., grpc_code: _Optional[int] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible")
+    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +334,7 @@ class SessionResponse(_message.Message):
     SEND_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
+    RENEW_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopResponse
     notification: NotificationResponse
@@ -321,4 +342,5 @@ class SessionResponse(_message.Message):
     send: SendResponse
     ack: AckResponse
     change_invisible: ChangeInvisibleTimeResponse
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ...) -> None: ...
+    renew: RenewResponse
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ...) -> None: ...

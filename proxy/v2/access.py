@@ -31,6 +31,17 @@ def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
     return out
 
 
+CLIENT_ID = "x-mq-client-id"
+
+
+def client_id_of(invocation_metadata: Iterable[Any] | None) -> str:
+    """The client's id (the official clients send it on every call and once on the Telemetry stream), else ""."""
+    for key, value in invocation_metadata or ():
+        if key == CLIENT_ID:  # grpc gives metadata keys lower-cased
+            return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return ""
+
+
 def _topic(resource: v2.Resource) -> str:
     """Rules name resources as brokers store them: `orders` of namespace `a` is `a%orders`."""
     return validate.topic_in(resource.resource_namespace, resource.name)

@@ -17,6 +17,7 @@ class Call:
     settings: Settings
     endpoints: v2.Endpoints  # the proxy's own address, for requests that name none
     deadline: float | None  # loop.time() of the client's deadline, None without one
+    client_id: str = ""  # the x-mq-client-id metadata ("" when absent): whose auto_renew handles to renew
 
 
 def endpoints_for(address: str) -> v2.Endpoints:

@@ -29,7 +29,7 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
     batch = validate.batch_size(request.batch_size, limit=s.max_batch)
     if request.auto_renew or not request.HasField("invisible_duration"):
-        # No renewal (the proxy keeps no per-client state): a generous default instead. See docs/PROXY.md.
+        # auto_renew: renewed while the client is alive (proxy.renewal, docs/PROXY.md "auto_renew").
         invisible_s = s.default_invisible_s
     else:
         invisible_s = validate.invisible(
@@ -62,11 +62,15 @@ def _timestamp_frame() -> pb.ReceiveMessageResponse:
 async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> AsyncIterator[pb.ReceiveMessageResponse]:
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
+    renewed: list[str] = []  # auto_renew handles being renewed: until the whole answer is written
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
             yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
             return
+        if request.auto_renew:  # tracked before written, so that no ack can come first
+            renewed = [m.receipt_handle for m in result.messages]
+            call.proxy.renewer.track(call.client_id, receive.group, renewed)
         yield _timestamp_frame()
         namespace = request.group.resource_namespace
         for popped in result.messages:
@@ -74,5 +78,8 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
             to_client(popped, namespace=namespace, out=frame.message)  # built in place, not copied in
             yield frame
         yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
+        renewed = []
     finally:
         result.release()  # also when the client goes away mid-answer (the generator is closed)
+        if renewed:  # the client went away mid-answer: it may not have them, let them time out
+            call.proxy.renewer.forget(renewed)

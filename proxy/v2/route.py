@@ -70,7 +70,8 @@ async def heartbeat(call: Call, request: pb.HeartbeatRequest) -> pb.HeartbeatRes
 async def notify_client_termination(
     call: Call, request: pb.NotifyClientTerminationRequest
 ) -> pb.NotifyClientTerminationResponse:
-    # Nothing to clean up: the proxy keeps no per-client state (un-acked messages simply time out).
+    # Its auto_renew handles are no longer renewed (un-acked messages time out at their brokers).
     if request.group.name:
         validate.group_in(request.group.resource_namespace, request.group.name)
+    call.proxy.renewer.terminated(call.client_id)
     return pb.NotifyClientTerminationResponse(status=OK)

@@ -53,7 +53,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         deadline = None
         if remaining is not None and remaining < _NO_DEADLINE:
             deadline = asyncio.get_running_loop().time() + remaining
-        return Call(self._proxy, self._settings, self._endpoints, deadline)
+        client_id = access.client_id_of(context.invocation_metadata())
+        return Call(self._proxy, self._settings, self._endpoints, deadline, client_id)
 
     async def _unary(
         self,
@@ -159,14 +160,18 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             yield pb.TelemetryCommand(status=_status(busy))
             return
         self._telemetry_streams += 1
+        client_id = ""  # alive while this stream is open: its auto_renew receives are renewed (proxy.renewal)
         try:
             access.check(self._auth, context.invocation_metadata(), None)
+            client_id = access.client_id_of(context.invocation_metadata())
+            self._proxy.renewer.opened(client_id)
             async for reply in telemetry.telemetry(request_iterator, self._settings, self._proxy.closing):
                 yield reply
         except Exception as exc:
             yield pb.TelemetryCommand(status=_status(exc))
         finally:
             self._telemetry_streams -= 1
+            self._proxy.renewer.closed(client_id)
 
     # RPCs popgate does not serve: a clear status, not a gRPC error.
     async def _unsupported(self, method: str, response_type: Callable[..., Resp]) -> Resp:

@@ -8,6 +8,7 @@ subscription.long_polling_timeout (0 would busy-loop) and reads the retry back-o
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 
 from google.protobuf.duration_pb2 import Duration
@@ -37,7 +38,9 @@ def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryComma
         if wanted <= 0:
             wanted = settings.default_long_polling_s
         wanted = min(max(wanted, settings.min_long_polling_s), settings.max_long_polling_s)
-        sub.long_polling_timeout.CopyFrom(Duration(seconds=int(wanted), nanos=int((wanted % 1) * 1e9)))
+        # Whole seconds, at least 1: the official PushConsumer reads only `seconds`, and 0 turns its long polling
+        # off (a busy loop of 3 s receives); a client asking 1 ns was answered 0 s and 1 ns.
+        sub.long_polling_timeout.CopyFrom(Duration(seconds=max(1, math.ceil(wanted))))
         sub.receive_batch_size = settings.max_batch
         # In order only for the groups configured so (RocketMQ's orderly consumer groups): the official PushConsumer
         # then consumes one message at a time and retries a failed one itself before the next.

@@ -15,11 +15,16 @@ from tests.integration.sdk.popgate_up import Proc, Up
 
 
 @pytest.fixture(scope="module")
-def cluster_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+def cluster_env() -> dict[str, str]:
+    """POPGATE_* settings the module's cluster runs with (children inherit the environment): POPGATE_MIN_INVISIBLE_S
+    lets the proxy accept the short invisible times that keep the redelivery tests quick. A module may override it."""
+    return {"POPGATE_MIN_INVISIBLE_S": "1", "POPGATE_FIFO_GROUP": "g_fifo_push"}  # g_fifo_push: an orderly group
+
+
+@pytest.fixture(scope="module")
+def cluster_up(tmp_path_factory: pytest.TempPathFactory, cluster_env: dict[str, str]) -> Iterator[Up]:
     data = tmp_path_factory.mktemp("up")
-    # Children inherit the environment: POPGATE_MIN_INVISIBLE_S lets the proxy accept the
-    # short invisible times that keep the redelivery tests quick; g_fifo_push is an orderly group.
-    env = dict(os.environ, POPGATE_MIN_INVISIBLE_S="1", POPGATE_FIFO_GROUP="g_fifo_push")
+    env = dict(os.environ, **cluster_env)
     up = Up(data, brokers=3, env=env)
     left: list[Proc] = []
     try:

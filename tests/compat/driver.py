@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from rocketmq import (
     ClientConfiguration,
@@ -234,6 +235,67 @@ def push(endpoint: str, topic: str, group: str) -> dict[str, object]:
         producer.shutdown()
 
 
+class SlowCounter(MessageListener):
+    """Takes `seconds` per message and records every delivery with its attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.deliveries: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        time.sleep(self.seconds)
+        with self.lock:
+            self.deliveries.append((message.message_id, message.delivery_attempt))
+        return ConsumeResult.SUCCESS
+
+
+BACKLOG = 400
+BACKLOG_THREADS = 4
+BACKLOG_LISTENER_S = 0.25  # 4 threads: 16 msg/s, the backlog takes ~25 s against the proxy's 10 s invisible time
+
+
+def push_backlog(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """A PushConsumer started against a backlog it consumes slower than the invisible time: its client caches the
+    whole backlog at once (auto_renew, no invisible duration), so without renewal the messages still cached after
+    the invisible time come back with attempt 2 and their first handles fail to ack ("invalid receipt handle")."""
+    producer = started_producer(endpoint, topic)
+    try:
+        sent = {producer.send(message(topic, f"backlog-{i}".encode())).message_id for i in range(BACKLOG)}
+    finally:
+        producer.shutdown()
+    listener = SlowCounter(BACKLOG_LISTENER_S)
+    consumer = PushConsumer(
+        config(endpoint),
+        group,
+        listener,
+        {topic: FilterExpression("*")},
+        consumption_thread_count=BACKLOG_THREADS,
+    )
+    started = time.monotonic()
+    try:
+        consumer.startup()
+        end = started + 120
+        while time.monotonic() < end and len({m for m, _ in listener.deliveries}) < BACKLOG:
+            time.sleep(0.2)
+        took_s = time.monotonic() - started
+        time.sleep(3)  # acks of the last ones, and any redelivery already due, arrive
+    finally:
+        consumer.shutdown()
+    log = Path.home() / "logs" / "rocketmq_python" / "rocketmq_client.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    with listener.lock:
+        deliveries = list(listener.deliveries)
+    return {
+        "sent": len(sent),
+        "consumed": len({m for m, _ in deliveries} & sent),
+        "deliveries": len(deliveries),
+        "redelivered": sum(1 for _, attempt in deliveries if attempt > 1),
+        "ack_errors": sum(1 for line in lines if "[ERROR]" in line and ("40013" in line or "receipt handle" in line)),
+        "consume_s": round(took_s, 1),
+    }
+
+
 def fifo(endpoint: str, topic: str, group: str) -> dict[str, object]:
     """Messages of one message group go to two SimpleConsumers of one group in order: while the first holds m0,
     the second's long poll gets nothing; after each ack the next message goes to whichever asks."""
@@ -312,7 +374,7 @@ def fifo_push(endpoint: str, topic: str, group: str) -> dict[str, object]:
         producer.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push, fifo, fifo_push)}
+SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push, fifo, fifo_push, push_backlog)}
 
 if __name__ == "__main__":
     scenario, endpoint, topic, group = sys.argv[1:5]

@@ -30,7 +30,7 @@ MAPPED = {
     grpc.StatusCode.INTERNAL,
 }
 MAPPED_NUMBERS = {code.value[0] for code in MAPPED}
-UNARY = ["Send", "Pop", "Ack", "ChangeInvisibleTime", "Notification", "DeadLetter", "Stats", "ListMessages"]
+UNARY = ["Send", "Pop", "Ack", "ChangeInvisibleTime", "Renew", "Notification", "DeadLetter", "Stats", "ListMessages"]
 
 
 class Target:
@@ -92,6 +92,7 @@ def session_requests() -> st.SearchStrategy[pb.SessionRequest]:
         st.builds(
             lambda i, r: pb.SessionRequest(id=i, change_invisible=r), ids, requests(pb.ChangeInvisibleTimeRequest)
         ),
+        st.builds(lambda i, r: pb.SessionRequest(id=i, renew=r), ids, requests(pb.RenewRequest)),
         st.builds(lambda i: pb.SessionRequest(id=i, cancel=True), ids),
         st.builds(lambda i: pb.SessionRequest(id=i), ids),
         requests(pb.SessionRequest),

@@ -19,6 +19,7 @@ class FakeBroker:
         self.sent: list[bpb.Message] = []
         self.pops: list[bpb.PopRequest] = []
         self.acks: list[bpb.AckRequest] = []
+        self.renews: list[bpb.RenewRequest] = []
         self.ready: list[bpb.PoppedMessage] = []
         self.polling_full = False
         self.arrived = asyncio.Event()
@@ -81,14 +82,7 @@ class FakeBroker:
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
         self._check()
         self.acks.append(request)
-        # A handle with token 5a1e plays a stale one (the message was redelivered since).
-        results = [
-            bpb.AckResult(receipt_handle=h, ok=True)
-            if "~5a1e~" not in h
-            else bpb.AckResult(receipt_handle=h, ok=False, error="InvalidReceiptHandle", error_message="stale")
-            for h in request.receipt_handles
-        ]
-        return bpb.AckResponse(results=results)
+        return bpb.AckResponse(results=_results(request.receipt_handles))
 
     async def change_invisible_time(
         self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
@@ -99,6 +93,11 @@ class FakeBroker:
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         self._check()
         return bpb.DeadLetterResponse(dlq_topic="%DLQ%" + request.group)
+
+    async def renew(self, request: bpb.RenewRequest, *, timeout_s: float) -> bpb.RenewResponse:
+        self._check()
+        self.renews.append(request)
+        return bpb.RenewResponse(results=_results(request.receipt_handles), invisible_until_ms=1_700_000_060_000)
 
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return asyncio.ensure_future(self.pop(request, timeout_s=timeout_s))
@@ -122,16 +121,28 @@ class FakeBroker:
         return bpb.NotificationResponse(has_message=bool(self.ready))
 
 
+def _results(handles: Sequence[str]) -> list[bpb.AckResult]:
+    """Ack and Renew: a handle with token 5a1e plays a stale one (the message was redelivered since)."""
+    return [
+        bpb.AckResult(receipt_handle=h, ok=True)
+        if "~5a1e~" not in h
+        else bpb.AckResult(receipt_handle=h, ok=False, error="InvalidReceiptHandle", error_message="stale")
+        for h in handles
+    ]
+
+
 def handle(broker: str, *, token: str = "ab", topic: str = "t") -> str:
     """A well-formed popgate receipt handle naming `broker`."""
     return f"1~{broker}~{topic}~0~5~1~{token}~1700000000000"
 
 
-def popped(broker: str, message_id: str, *, body: bytes = b"hi", attempt: int = 1) -> bpb.PoppedMessage:
+def popped(
+    broker: str, message_id: str, *, body: bytes = b"hi", attempt: int = 1, token: str = "ab"
+) -> bpb.PoppedMessage:
     stored = bpb.StoredMessage(
         message=bpb.Message(topic="t", message_id=message_id, body=body),
         queue_id=1,
         offset=7,
         store_ms=1_700_000_000_123,
     )
-    return bpb.PoppedMessage(stored=stored, receipt_handle=handle(broker), delivery_attempt=attempt)
+    return bpb.PoppedMessage(stored=stored, receipt_handle=handle(broker, token=token), delivery_attempt=attempt)

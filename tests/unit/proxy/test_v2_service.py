@@ -16,7 +16,7 @@ from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.context import endpoints_for
 from proxy.v2.service import MessagingService
-from tests.unit.proxy.fakes import FakeBroker
+from tests.unit.proxy.fakes import FakeBroker, popped
 
 
 class Context:
@@ -119,3 +119,63 @@ def test_a_route_echoes_sane_endpoints_and_refuses_an_endless_list() -> None:
     assert (endless.status.code, list(endless.message_queues)) == (v2.BAD_REQUEST, [])
     assert "at most 16" in endless.status.message
     assert no_port.status.code == v2.BAD_REQUEST
+
+
+class ClientContext(Context):
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
+        return (("x-mq-language", "PYTHON"), ("x-mq-client-id", self.client_id))
+
+
+def test_auto_renew_receives_are_renewed_while_the_clients_telemetry_stream_is_open() -> None:
+    async def scenario() -> list[int]:
+        metrics = ProxyMetrics(CollectorRegistry())
+        broker = FakeBroker("b1")
+        pool = BrokerPool({"b1": broker}, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+        service = MessagingService(
+            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+        )
+        tracked = [len(proxy.renewer.book)]
+
+        async def receive(client: str) -> list[str]:
+            broker.put(popped("b1", "m1", token=f"{len(broker.pops) + 10:x}"))
+            request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1, auto_renew=True)
+            request.message_queue.topic.name = "t"
+            return [
+                f.message.system_properties.receipt_handle
+                async for f in service.ReceiveMessage(request, ClientContext(client))
+                if f.HasField("message")
+            ]
+
+        await receive("c1")  # no Telemetry stream: not renewed
+        tracked.append(len(proxy.renewer.book))
+        stop = asyncio.Event()
+
+        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+            yield pb.TelemetryCommand(settings=v2.Settings())
+            await stop.wait()
+
+        async def telemetry() -> None:
+            async for _ in service.Telemetry(commands(), ClientContext("c1")):
+                pass
+
+        stream = asyncio.create_task(telemetry())
+        await asyncio.sleep(0.05)
+        [first] = await receive("c1")
+        [second] = await receive("c1")
+        tracked.append(len(proxy.renewer.book))
+        ack = pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="t"))
+        ack.entries.add(message_id="m1", receipt_handle=first)
+        await service.AckMessage(ack, ClientContext("c1"))
+        tracked.append(len(proxy.renewer.book))
+        await service.NotifyClientTermination(pb.NotifyClientTerminationRequest(), ClientContext("c1"))
+        tracked.append(len(proxy.renewer.book))
+        stop.set()
+        await stream
+        assert not proxy.renewer.book.alive("c1") and second
+        return tracked
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == [0, 0, 2, 1, 0]

@@ -1,0 +1,305 @@
+"""Renewal of auto_renew deliveries while their client is alive (RocketMQ's ReceiptHandleProcessor).
+
+A PushConsumer receives with ``auto_renew`` and no invisible duration, caches up to 1,024 messages
+and consumes them at its own pace: the proxy keeps them invisible until the client acks them. It
+renews them at their broker with the broker's `Renew` (the same receipt handle stays valid: the client
+never learns of it), every third of the invisible time, to another whole invisible time.
+
+`RenewalBook` is the pure part, without clock or sockets: per client id, the handles it was given with
+their next renewal time, and which clients are alive (a Telemetry stream open on this proxy).
+`Renewer` is its asyncio driver: a tick sends the due handles to their brokers in batches.
+
+Nothing here is needed for correctness, only to spare redeliveries: a proxy restart loses the book, and
+the messages then time out and are redelivered as before (docs/PROXY.md "auto_renew").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from popgate_pb import broker_pb2 as bpb
+
+from broker.receipt import broker_of
+from proxy import errors
+from proxy.ports import Metrics, NoMetrics
+from proxy.routing import BrokerPool
+
+log = logging.getLogger(__name__)
+
+MAX_RENEW_BATCH = 1024  # handles per broker Renew (the broker's batch limit)
+MAX_TICK_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RenewalLimits:
+    period_s: float  # renew this long after the receive, and after each renewal
+    max_renew_s: float = 3 * 3600.0  # no renewal after this long since the receive (RocketMQ's renewMaxTimeMillis)
+    max_per_client: int = 10_000  # handles tracked per client id; beyond: not renewed
+    max_total: int = 200_000  # handles tracked in all; beyond: not renewed
+
+
+@dataclass(slots=True)
+class Tracked:
+    handle: str
+    client: str
+    group: str
+    broker: str
+    due: float  # next renewal (loop time)
+    until: float  # no renewal after this
+    live: bool = True  # False once forgotten: its place in the due queue is skipped
+
+
+@dataclass(slots=True)
+class Due:
+    """What `RenewalBook.take_due` hands the driver: handles to renew by (broker, group), and how many
+    stopped being renewed, by reason (max_time, client_gone)."""
+
+    batches: dict[tuple[str, str], list[str]]
+    ended: Counter[str]
+
+
+class RenewalBook:
+    """Per client id, the auto_renew handles it holds and their next renewal time. O(1) per handle for
+    tracking and forgetting; one due queue, kept in due order without a heap because every renewal is
+    `period_s` after its receive or its last renewal."""
+
+    def __init__(self, limits: RenewalLimits) -> None:
+        self.limits = limits
+        self._streams: dict[str, int] = {}  # client id -> Telemetry streams open on this proxy
+        self._clients: dict[str, dict[str, Tracked]] = {}  # client id -> its handles
+        self._handles: dict[str, Tracked] = {}
+        self._queue: deque[Tracked] = deque()  # due order; forgotten entries skipped lazily
+        self._dead = 0  # forgotten entries still in `_queue`
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def alive(self, client: str) -> bool:
+        return client in self._streams
+
+    def opened(self, client: str) -> None:
+        """A Telemetry stream of this client opened: it is alive, its auto_renew receives are renewed."""
+        self._streams[client] = self._streams.get(client, 0) + 1
+
+    def closed(self, client: str) -> None:
+        """One of its Telemetry streams ended. Once none is open, its handles are dropped when they next come
+        due (`take_due`): a client rebuilding its stream (close, then open) keeps them."""
+        left = self._streams.get(client, 0) - 1
+        if left > 0:
+            self._streams[client] = left
+        else:
+            self._streams.pop(client, None)
+
+    def terminated(self, client: str) -> int:
+        """NotifyClientTermination: drop its handles now (they time out at their broker); how many."""
+        handles = self._clients.pop(client, {})
+        for tracked in handles.values():
+            self._drop(tracked)
+        return len(handles)
+
+    def track(self, client: str, group: str, handles: Iterable[tuple[str, str]], now: float) -> Counter[str]:
+        """Renew these (broker, handle) pairs for `client`; how many are not renewed, by reason: no_telemetry (the
+        client has no Telemetry stream here), client_limit, total_limit."""
+        refused: Counter[str] = Counter()
+        if client not in self._streams:
+            refused["no_telemetry"] = sum(1 for _ in handles)
+            return refused
+        mine = self._clients.setdefault(client, {})
+        limits = self.limits
+        due, until = now + limits.period_s, now + limits.max_renew_s
+        for broker, handle in handles:
+            if handle in self._handles:
+                continue
+            if len(mine) >= limits.max_per_client:
+                refused["client_limit"] += 1
+            elif len(self._handles) >= limits.max_total:
+                refused["total_limit"] += 1
+            else:
+                tracked = Tracked(handle, client, group, broker, due, until)
+                mine[handle] = self._handles[handle] = tracked
+                self._queue.append(tracked)
+        if not mine:
+            del self._clients[client]
+        return refused
+
+    def forget(self, handles: Iterable[str]) -> int:
+        """Acked, changed or dead-lettered through this proxy, or stale at the broker: no more renewal; how many
+        of them were tracked."""
+        count = 0
+        for handle in handles:
+            tracked = self._handles.get(handle)
+            if tracked is None:
+                continue
+            count += 1
+            self._remove(tracked)
+        return count
+
+    def _remove(self, tracked: Tracked, *, queued: bool = True) -> None:
+        mine = self._clients.get(tracked.client)
+        if mine is not None:
+            mine.pop(tracked.handle, None)
+            if not mine:
+                del self._clients[tracked.client]
+        self._drop(tracked, queued=queued)
+
+    def _drop(self, tracked: Tracked, *, queued: bool = True) -> None:
+        """Out of the handle index; its entry in the due queue (`queued`) is skipped when reached."""
+        del self._handles[tracked.handle]
+        tracked.live = False
+        if not queued:
+            return
+        self._dead += 1
+        if self._dead > len(self._handles) + 1024:  # mostly dead: rebuild the queue (it keeps its order)
+            self._queue = deque(t for t in self._queue if t.live)
+            self._dead = 0
+
+    def take_due(self, now: float) -> Due:
+        """The handles due for renewal now, by (broker, group); each is due again `period_s` later. Handles past
+        their `max_renew_s`, or of a client with no Telemetry stream open, are dropped instead."""
+        out = Due({}, Counter())
+        queue, period = self._queue, self.limits.period_s
+        while queue and queue[0].due <= now:
+            tracked = queue.popleft()
+            if not tracked.live:
+                self._dead -= 1
+                continue
+            if tracked.until <= now or tracked.client not in self._streams:
+                out.ended["max_time" if tracked.until <= now else "client_gone"] += 1
+                self._remove(tracked, queued=False)
+                continue
+            out.batches.setdefault((tracked.broker, tracked.group), []).append(tracked.handle)
+            tracked.due = now + period
+            queue.append(tracked)
+        return out
+
+
+class Renewer:
+    """Drives a `RenewalBook`: every tick, the due handles go to their brokers as `Renew` calls of up to
+    MAX_RENEW_BATCH handles; a stale answer (acked elsewhere, redelivered) drops the handle, a failed call
+    leaves it for the next period (two more tries before its invisibility ends). Run it with `async with`."""
+
+    def __init__(
+        self,
+        pool: BrokerPool,
+        limits: RenewalLimits,
+        *,
+        invisible_ms: int,
+        broker_timeout_s: float = 3.0,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.book = RenewalBook(limits)
+        self._pool = pool
+        self._invisible_ms = invisible_ms
+        self._timeout = broker_timeout_s
+        self._metrics = metrics or NoMetrics()
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._metrics.watch_renewals(lambda: len(self.book))
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    # -- what the edge and the core report ---------------------------------------------------
+
+    def opened(self, client: str) -> None:
+        if client:
+            self.book.opened(client)
+
+    def closed(self, client: str) -> None:
+        if client:
+            self.book.closed(client)
+
+    def terminated(self, client: str) -> None:
+        if client:
+            self._ended("client_gone", self.book.terminated(client))
+
+    def track(self, client: str, group: str, handles: Sequence[str]) -> None:
+        """Renew these handles of an auto_renew receive while `client` is alive (called before they are written
+        to it, so an ack cannot come first)."""
+        pairs = []
+        for h in handles:
+            try:
+                pairs.append((broker_of(h), h))
+            except errors.InvalidReceiptHandle:  # a broker's own handles are well-formed; never fail a receive
+                continue
+        for reason, count in self.book.track(client, group, pairs, self._now()).items():
+            self._metrics.renewal_untracked(reason, count)
+
+    def forget(self, handles: Iterable[str]) -> None:
+        """Acked, changed or dead-lettered through this proxy (whatever the broker answers)."""
+        self._ended("settled", self.book.forget(handles))
+
+    def _ended(self, reason: str, count: int) -> None:
+        if count:
+            self._metrics.renewal_ended(reason, count)
+
+    # -- the tick ---------------------------------------------------------------------------
+
+    async def renew_due(self) -> None:
+        """Renew what is due now, all brokers at once."""
+        due = self.book.take_due(self._now())
+        for reason, count in due.ended.items():
+            self._ended(reason, count)
+        calls = []
+        for (broker, group), handles in due.batches.items():
+            for start in range(0, len(handles), MAX_RENEW_BATCH):
+                calls.append(self._renew(broker, group, handles[start : start + MAX_RENEW_BATCH]))
+        if calls:
+            await asyncio.gather(*calls)
+
+    async def _renew(self, broker: str, group: str, handles: list[str]) -> None:
+        client = self._pool.get(broker)
+        if client is None:  # not a broker of this proxy (cannot happen for handles it received): stop
+            self._ended("stale", self.book.forget(handles))
+            return
+        request = bpb.RenewRequest(group=group, receipt_handles=handles, invisible_ms=self._invisible_ms)
+        try:
+            response = await client.renew(request, timeout_s=self._timeout)
+        except errors.ProxyError as exc:
+            log.info(
+                "renewing %d handle(s) at broker %s failed (tried again next period): %s", len(handles), broker, exc
+            )
+            self._metrics.renewals("failed", len(handles))
+            return
+        stale: list[str] = []
+        failed = 0
+        for handle, result in zip(handles, response.results, strict=False):
+            if result.ok:
+                continue
+            if result.error == errors.InvalidReceiptHandle.__name__:
+                stale.append(handle)
+            else:
+                failed += 1
+        failed += max(0, len(handles) - len(response.results))
+        ok = len(handles) - len(stale) - failed
+        for outcome, count in (("ok", ok), ("stale", len(stale)), ("failed", failed)):
+            if count:
+                self._metrics.renewals(outcome, count)
+        self._ended("stale", self.book.forget(stale))
+
+    async def _run(self, tick_s: float) -> None:
+        while True:
+            await asyncio.sleep(tick_s)
+            try:
+                await self.renew_due()
+            except Exception:  # a bug must not end renewal for the proxy's life
+                log.exception("renewal tick failed")
+
+    async def __aenter__(self) -> Renewer:
+        tick_s = min(MAX_TICK_S, self.book.limits.period_s / 4)
+        self._task = asyncio.get_running_loop().create_task(self._run(tick_s), name="renewal")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

@@ -1,0 +1,239 @@
+"""Renewal of auto_renew handles without sockets: the pure book (who is alive, what is due, the bounds, when renewal
+stops) and its driver over in-memory brokers (batches, stale answers, failures)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import TypeVar
+
+from proxy import errors
+from proxy.renewal import MAX_RENEW_BATCH, RenewalBook, RenewalLimits, Renewer
+from proxy.routing import BrokerPool
+from tests.unit.proxy.fakes import FakeBroker, handle
+
+T = TypeVar("T")
+PERIOD = 20.0
+
+
+def run(coro: Coroutine[object, object, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+
+
+def book(**limits: float) -> RenewalBook:
+    return RenewalBook(RenewalLimits(period_s=PERIOD, **limits))  # type: ignore[arg-type]
+
+
+def pairs(*tokens: str, broker: str = "b1") -> list[tuple[str, str]]:
+    return [(broker, handle(broker, token=t)) for t in tokens]
+
+
+def test_a_client_without_a_telemetry_stream_is_not_renewed() -> None:
+    b = book()
+    assert b.track("c1", "g", pairs("a1", "a2"), now=0) == Counter(no_telemetry=2)
+    assert len(b) == 0
+    assert b.take_due(100).batches == {}
+
+
+def test_handles_come_due_after_each_period_by_broker_and_group() -> None:
+    b = book()
+    b.opened("c1")
+    assert not b.track("c1", "g", pairs("a1", "a2"), now=0)
+    assert not b.track("c1", "g", pairs("b1", broker="b2"), now=1)
+    assert not b.track("c1", "h", pairs("c1"), now=2)
+    assert len(b) == 4
+    assert b.take_due(19.9).batches == {}
+    due = b.take_due(20)
+    assert due.batches == {("b1", "g"): [handle("b1", token="a1"), handle("b1", token="a2")]}
+    assert set(b.take_due(22).batches) == {("b2", "g"), ("b1", "h")}
+    assert b.take_due(39).batches == {}
+    assert len(b.take_due(40).batches[("b1", "g")]) == 2  # renewed again a period after the renewal
+
+
+def test_forgotten_handles_are_not_renewed_and_repeated_ones_tracked_once() -> None:
+    b = book()
+    b.opened("c1")
+    b.track("c1", "g", pairs("a1", "a2", "a3"), now=0)
+    b.track("c1", "g", pairs("a1"), now=5)
+    assert len(b) == 3
+    assert b.forget([handle("b1", token="a2"), handle("b1", token="zz")]) == 1
+    assert b.take_due(20).batches == {("b1", "g"): [handle("b1", token="a1"), handle("b1", token="a3")]}
+    assert len(b) == 2
+
+
+def test_many_forgotten_handles_leave_the_due_queue_in_order() -> None:
+    b = book()
+    b.opened("c1")
+    tokens = [f"{i:x}" for i in range(1, 5001)]
+    for i, token in enumerate(tokens):
+        b.track("c1", "g", pairs(token), now=i / 1000)
+    b.forget(handle("b1", token=t) for t in tokens[:4000])  # past the compaction threshold
+    due = b.take_due(30).batches[("b1", "g")]
+    assert due == [handle("b1", token=t) for t in tokens[4000:]]
+
+
+def test_bounds_per_client_and_in_total() -> None:
+    b = book(max_per_client=3, max_total=5)
+    b.opened("c1")
+    b.opened("c2")
+    assert b.track("c1", "g", pairs("a1", "a2", "a3", "a4"), now=0) == Counter(client_limit=1)
+    assert b.track("c2", "g", pairs("b1", "b2", "b3"), now=0) == Counter(total_limit=1)
+    assert len(b) == 5
+    b.forget([handle("b1", token="a1")])
+    assert not b.track("c2", "g", pairs("b3"), now=0)  # room again
+    assert len(b) == 5
+
+
+def test_renewal_stops_after_the_maximum_time() -> None:
+    b = book(max_renew_s=50)
+    b.opened("c1")
+    b.track("c1", "g", pairs("a1"), now=0)
+    assert b.take_due(20).batches and b.take_due(40).batches
+    due = b.take_due(60)
+    assert due.batches == {} and due.ended == Counter(max_time=1)
+    assert len(b) == 0
+
+
+def test_a_client_whose_stream_closed_is_dropped_at_its_next_renewal_unless_it_reopened() -> None:
+    b = book()
+    b.opened("gone")
+    b.opened("back")
+    b.opened("twice")
+    b.opened("twice")
+    for client in ("gone", "back", "twice"):
+        b.track(client, client, [("b1", handle("b1", token=client.encode().hex()))], now=0)
+    b.closed("gone")
+    b.closed("back")
+    b.opened("back")  # the official client rebuilds its stream: close, then open
+    b.closed("twice")  # one of its two streams
+    due = b.take_due(20)
+    assert set(due.batches) == {("b1", "back"), ("b1", "twice")}
+    assert due.ended == Counter(client_gone=1)
+    assert not b.alive("gone") and b.alive("twice")
+    assert b.track("gone", "g", pairs("a9"), now=21) == Counter(no_telemetry=1)
+
+
+def test_termination_drops_the_clients_handles_at_once() -> None:
+    b = book()
+    b.opened("c1")
+    b.opened("c2")
+    b.track("c1", "g", pairs("a1", "a2"), now=0)
+    b.track("c2", "g", pairs("b1"), now=0)
+    assert b.terminated("c1") == 2
+    assert len(b) == 1
+    assert b.take_due(20).batches == {("b1", "g"): [handle("b1", token="b1")]}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.tracked: Callable[[], int] = lambda: -1
+
+    def renewals(self, outcome: str, count: int) -> None:
+        self.counts[("renewals", outcome)] += count
+
+    def renewal_untracked(self, reason: str, count: int) -> None:
+        self.counts[("untracked", reason)] += count
+
+    def renewal_ended(self, reason: str, count: int) -> None:
+        self.counts[("ended", reason)] += count
+
+    def watch_renewals(self, tracked: Callable[[], int]) -> None:
+        self.tracked = tracked
+
+
+def renewer(brokers: list[FakeBroker], clock: list[float], metrics: Recorder) -> Renewer:
+    pool = BrokerPool({b.name: b for b in brokers})
+    limits = RenewalLimits(period_s=PERIOD)
+    return Renewer(pool, limits, invisible_ms=60_000, metrics=metrics, clock=lambda: clock[0])  # type: ignore[arg-type]
+
+
+def test_due_handles_go_to_their_brokers_in_batches_and_stale_ones_are_dropped() -> None:
+    async def scenario() -> None:
+        b1, b2 = FakeBroker("b1"), FakeBroker("b2")
+        clock, metrics = [0.0], Recorder()
+        r = renewer([b1, b2], clock, metrics)
+        r.opened("c1")
+        many = [handle("b1", token=f"{i + 1:x}") for i in range(MAX_RENEW_BATCH + 10)]
+        r.track("c1", "g", [*many, handle("b1", token="5a1e"), handle("b2")])
+        assert metrics.tracked() == MAX_RENEW_BATCH + 12
+        clock[0] = PERIOD
+        await r.renew_due()
+        assert [len(req.receipt_handles) for req in b1.renews] == [MAX_RENEW_BATCH, 11]
+        assert all(req.group == "g" and req.invisible_ms == 60_000 for req in b1.renews + b2.renews)
+        assert [list(req.receipt_handles) for req in b2.renews] == [[handle("b2")]]
+        assert metrics.counts[("renewals", "ok")] == MAX_RENEW_BATCH + 11
+        assert metrics.counts[("renewals", "stale")] == 1
+        assert metrics.counts[("ended", "stale")] == 1
+        assert metrics.tracked() == MAX_RENEW_BATCH + 11  # the stale one is no longer renewed
+
+    run(scenario())
+
+
+def test_a_failed_renewal_keeps_its_handles_for_the_next_period() -> None:
+    async def scenario() -> None:
+        b1 = FakeBroker("b1")
+        clock, metrics = [0.0], Recorder()
+        r = renewer([b1], clock, metrics)
+        r.opened("c1")
+        r.track("c1", "g", [handle("b1")])
+        b1.fail = errors.BrokerUnavailable("down")
+        clock[0] = PERIOD
+        await r.renew_due()
+        assert metrics.counts[("renewals", "failed")] == 1
+        b1.fail = None
+        clock[0] = 2 * PERIOD
+        await r.renew_due()
+        assert [list(req.receipt_handles) for req in b1.renews] == [[handle("b1")]]
+        assert metrics.counts[("renewals", "ok")] == 1
+
+    run(scenario())
+
+
+def test_untracked_and_settled_handles_are_counted() -> None:
+    async def scenario() -> None:
+        clock, metrics = [0.0], Recorder()
+        r = renewer([FakeBroker("b1")], clock, metrics)
+        r.track("nobody", "g", [handle("b1", token="a1")])  # no Telemetry stream
+        r.opened("c1")
+        r.track("c1", "g", [handle("b1", token="a2"), handle("b1", token="a3")])
+        r.forget([handle("b1", token="a2")])
+        r.terminated("c1")
+        r.closed("c1")
+        assert metrics.counts == Counter(
+            {("untracked", "no_telemetry"): 1, ("ended", "settled"): 1, ("ended", "client_gone"): 1}
+        )
+        assert metrics.tracked() == 0
+
+    run(scenario())
+
+
+def test_the_driver_ticks_on_its_own_until_closed() -> None:
+    async def scenario() -> None:
+        b1 = FakeBroker("b1")
+        pool = BrokerPool({"b1": b1})
+        async with Renewer(pool, RenewalLimits(period_s=0.08), invisible_ms=1000) as r:
+            r.opened("c1")
+            r.track("c1", "g", [handle("b1")])
+            for _ in range(100):
+                if len(b1.renews) >= 2:
+                    break
+                await asyncio.sleep(0.02)
+        count = len(b1.renews)
+        assert count >= 2
+        await asyncio.sleep(0.2)
+        assert len(b1.renews) == count  # stopped
+
+    run(scenario())
+
+
+def test_a_garbled_handle_is_skipped_not_raised() -> None:
+    async def scenario() -> int:
+        clock, metrics = [0.0], Recorder()
+        r = renewer([FakeBroker("b1")], clock, metrics)
+        r.opened("c1")
+        r.track("c1", "g", ["garbage", handle("b1")])  # raising would fail the receive whose messages were popped
+        return len(r.book)
+
+    assert run(scenario()) == 1
