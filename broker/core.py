@@ -358,8 +358,8 @@ class BrokerCore:
         validation.check_group(group)
         if not handles:
             raise BadRequest("ack carries no receipt handle")
-        if len(handles) > self.settings.max_send_batch:
-            raise IllegalBatchSize(f"ack carries {len(handles)} handles, at most {self.settings.max_send_batch}")
+        if len(handles) > validation.MAX_HANDLES:
+            raise IllegalBatchSize(f"ack carries {len(handles)} handles, at most {validation.MAX_HANDLES}")
         results: list[BrokerError | None] = []
         ops: list[Op] = []
         released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
@@ -407,8 +407,8 @@ class BrokerCore:
         validation.check_group(group)
         if not handles:
             raise BadRequest("renew carries no receipt handle")
-        if len(handles) > self.settings.max_send_batch:
-            raise IllegalBatchSize(f"renew carries {len(handles)} handles, at most {self.settings.max_send_batch}")
+        if len(handles) > validation.MAX_HANDLES:
+            raise IllegalBatchSize(f"renew carries {len(handles)} handles, at most {validation.MAX_HANDLES}")
         s = self.settings
         if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
             raise IllegalInvisibleTime(

@@ -18,6 +18,9 @@ MAX_TAG_LEN = 256
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64
 MAX_PROPERTIES_BYTES = 16 * 1024
+# Receipt handles in one Ack or Renew: fixed, not --max-send-batch (a proxy's AckMessage carries up to 1,024, and
+# its renewals batch 1,024: a broker with a smaller send batch refused them whole, every time).
+MAX_HANDLES = 1024
 
 
 def check_name(kind: str, name: str, *, error: type[BrokerError], limit: int = MAX_NAME_LEN) -> str:

@@ -3,7 +3,7 @@
 A PushConsumer receives with ``auto_renew`` and no invisible duration, caches up to 1,024 messages
 and consumes them at its own pace: the proxy keeps them invisible until the client acks them. It
 renews them at their broker with the broker's `Renew` (the same receipt handle stays valid: the client
-never learns of it), every third of the invisible time, to another whole invisible time.
+never learns of it), every quarter of the invisible time, to another whole invisible time.
 
 `RenewalBook` is the pure part, without clock or sockets: per client id, the handles it was given with
 their next renewal time, and which clients are alive (a Telemetry stream open on this proxy).
@@ -24,6 +24,7 @@ from types import TracebackType
 
 from popgate_pb import broker_pb2 as bpb
 
+from broker import validation
 from broker.receipt import broker_of
 from proxy import errors
 from proxy.ports import Metrics, NoMetrics
@@ -31,8 +32,16 @@ from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)
 
-MAX_RENEW_BATCH = 1024  # handles per broker Renew (the broker's batch limit)
+MAX_RENEW_BATCH = validation.MAX_HANDLES  # handles per broker Renew (the broker's limit a call)
 MAX_TICK_S = 1.0
+RENEWALS_PER_INVISIBLE = 4  # renewed every quarter of the invisible time: a failed call has two more tries left
+
+
+def renewal_period_s(invisible_s: float) -> float:
+    """How often a handle given `invisible_s` is renewed. Every quarter: after a renewal at r (deadline r + T) the
+    tries come at r + T/4, T/2, 3T/4 (each a tick late at most), so a call failing at r + T/4 has two more before
+    the deadline. Every third left only one: the third try, a few ticks late, came after the deadline."""
+    return invisible_s / RENEWALS_PER_INVISIBLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +190,8 @@ class RenewalBook:
 class Renewer:
     """Drives a `RenewalBook`: every tick, the due handles go to their brokers as `Renew` calls of up to
     MAX_RENEW_BATCH handles; a stale answer (acked elsewhere, redelivered) drops the handle, a failed call
-    leaves it for the next period (two more tries before its invisibility ends). Run it with `async with`."""
+    leaves it for the next period (two more tries before its invisibility ends, `renewal_period_s`). Run it
+    with `async with`."""
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
 from proxy.ports import Metrics
 from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveStrategy
-from proxy.renewal import RenewalLimits, Renewer
+from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError
 from proxy.v2.context import endpoints_for
@@ -81,9 +81,9 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
 
 
 def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> Renewer:
-    """Renewal of auto_renew receives: every third of their invisible time, to another whole one."""
+    """Renewal of auto_renew receives: every quarter of their invisible time, to another whole one."""
     limits = RenewalLimits(
-        period_s=settings.default_invisible_s / 3,
+        period_s=renewal_period_s(settings.default_invisible_s),
         max_renew_s=settings.renew_max_s,
         max_per_client=settings.renew_max_per_client,
         max_total=settings.renew_max_handles,

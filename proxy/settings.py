@@ -103,7 +103,7 @@ class Settings:
             " (env POPGATE_FIFO_GROUP: comma list); docs/PROXY.md 'FIFO messages'",
         },
     )
-    # Renewal of auto_renew receives (docs/PROXY.md "auto_renew"): every default_invisible_s / 3, for at most
+    # Renewal of auto_renew receives (docs/PROXY.md "auto_renew"): every default_invisible_s / 4, for at most
     # renew_max_s after the receive, at most this many handles per client id and in all (0 = no renewal).
     renew_max_s: float = 3 * 3600.0
     renew_max_per_client: int = 10_000
