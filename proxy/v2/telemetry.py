@@ -40,7 +40,8 @@ def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryComma
         wanted = min(max(wanted, settings.min_long_polling_s), settings.max_long_polling_s)
         # Whole seconds, at least 1: the official PushConsumer reads only `seconds`, and 0 turns its long polling
         # off (a busy loop of 3 s receives); a client asking 1 ns was answered 0 s and 1 ns.
-        sub.long_polling_timeout.CopyFrom(Duration(seconds=max(1, math.ceil(wanted))))
+        seconds = min(math.ceil(wanted), math.floor(settings.max_long_polling_s))  # up, but not past the most
+        sub.long_polling_timeout.CopyFrom(Duration(seconds=max(1, seconds)))
         sub.receive_batch_size = settings.max_batch
         # In order only for the groups configured so (RocketMQ's orderly consumer groups): the official PushConsumer
         # then consumes one message at a time and retries a failed one itself before the next.
