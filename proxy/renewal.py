@@ -232,6 +232,8 @@ class Renewer:
     def track(self, client: str, group: str, handles: Sequence[str]) -> None:
         """Renew these handles of an auto_renew receive while `client` is alive (called before they are written
         to it, so an ack cannot come first)."""
+        if not self.book.limits.max_total:  # renewal off (--renew-max-handles 0)
+            return
         pairs = []
         for h in handles:
             try:
@@ -302,6 +304,8 @@ class Renewer:
                 log.exception("renewal tick failed")
 
     async def __aenter__(self) -> Renewer:
+        if not self.book.limits.max_total:  # renewal off: nothing is ever tracked
+            return self
         tick_s = min(MAX_TICK_S, self.book.limits.period_s / 4)
         self._task = asyncio.get_running_loop().create_task(self._run(tick_s), name="renewal")
         return self

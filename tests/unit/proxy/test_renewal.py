@@ -237,3 +237,16 @@ def test_a_garbled_handle_is_skipped_not_raised() -> None:
         return len(r.book)
 
     assert run(scenario()) == 1
+
+
+def test_renewal_off_tracks_nothing_and_runs_no_task() -> None:
+    async def scenario() -> None:
+        b1, metrics = FakeBroker("b1"), Recorder()
+        limits = RenewalLimits(period_s=PERIOD, max_total=0)
+        async with Renewer(BrokerPool({"b1": b1}), limits, invisible_ms=60_000, metrics=metrics) as r:  # type: ignore[arg-type]
+            r.opened("c1")
+            r.track("c1", "g", [handle("b1")])
+            assert metrics.tracked() == 0 and r._task is None
+            assert not metrics.counts  # not counted as refused by a bound: off
+
+    run(scenario())
