@@ -139,6 +139,8 @@ class RenewalBook:
     def forget(self, handles: Iterable[str]) -> int:
         """Acked, changed or dead-lettered through this proxy, or stale at the broker: no more renewal; how many
         of them were tracked."""
+        if not self._handles:  # no PushConsumer here: every ack passes through, nothing to look up
+            return 0
         count = 0
         for handle in handles:
             tracked = self._handles.get(handle)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import Any
 
 from popgate_pb.v2 import definition_pb2 as v2
 
 from proxy.core import Proxy
 from proxy.settings import Settings, parse_host_port
+from proxy.v2.access import client_id_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +19,13 @@ class Call:
     settings: Settings
     endpoints: v2.Endpoints  # the proxy's own address, for requests that name none
     deadline: float | None  # loop.time() of the client's deadline, None without one
-    client_id: str = ""  # the x-mq-client-id metadata ("" when absent): whose auto_renew handles to renew
+    metadata: tuple[Any, ...] = ()  # the call's invocation metadata, as grpc gives it
+
+    @property
+    def client_id(self) -> str:
+        """The x-mq-client-id metadata ("" when absent): whose auto_renew handles to renew. Read only by the calls
+        that need it (an auto_renew receive, NotifyClientTermination), not by every RPC."""
+        return client_id_of(self.metadata)
 
 
 def endpoints_for(address: str) -> v2.Endpoints:

@@ -53,8 +53,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         deadline = None
         if remaining is not None and remaining < _NO_DEADLINE:
             deadline = asyncio.get_running_loop().time() + remaining
-        client_id = access.client_id_of(context.invocation_metadata())
-        return Call(self._proxy, self._settings, self._endpoints, deadline, client_id)
+        return Call(self._proxy, self._settings, self._endpoints, deadline, context.invocation_metadata() or ())
 
     async def _unary(
         self,
