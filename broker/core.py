@@ -179,17 +179,20 @@ class BrokerCore:
             raise TopicNotFound(f"topic {topic} does not exist on broker {self.name}")
         return TagFilter.parse(expression)
 
+    def _check_invisible(self, invisible_ms: int) -> None:
+        s = self.settings
+        if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
+            raise IllegalInvisibleTime(
+                f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
+            )
+
     async def pop(
         self, topic: str, group: str, expression: str, max_messages: int, invisible_ms: int, poll_ms: int
     ) -> PopResult:
         tag_filter = self._check_read(topic, group, expression, poll_ms)
         if not 1 <= max_messages <= self.settings.max_pop_batch:
             raise IllegalBatchSize(f"max messages {max_messages} is outside 1..{self.settings.max_pop_batch}")
-        s = self.settings
-        if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
-            raise IllegalInvisibleTime(
-                f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
-            )
+        self._check_invisible(invisible_ms)
         ops: list[Op] = []
         state = self.consumers.reader(group, topic, tag_filter, ops)
         loop = asyncio.get_running_loop()
@@ -355,11 +358,7 @@ class BrokerCore:
         return state, handle, delivery
 
     async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[BrokerError | None]:
-        validation.check_group(group)
-        if not handles:
-            raise BadRequest("ack carries no receipt handle")
-        if len(handles) > validation.MAX_HANDLES:
-            raise IllegalBatchSize(f"ack carries {len(handles)} handles, at most {validation.MAX_HANDLES}")
+        _check_handles("ack", group, handles)
         results: list[BrokerError | None] = []
         ops: list[Op] = []
         released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
@@ -404,16 +403,8 @@ class BrokerCore:
         new deadline. Stale handles, and deliveries whose invisibility already passed (queued to be delivered again:
         a handle acks until then, but renewing it now would race that redelivery), are InvalidReceiptHandle. A
         deadline already later stays. Durable as the other in-flight changes (a PutInflight)."""
-        validation.check_group(group)
-        if not handles:
-            raise BadRequest("renew carries no receipt handle")
-        if len(handles) > validation.MAX_HANDLES:
-            raise IllegalBatchSize(f"renew carries {len(handles)} handles, at most {validation.MAX_HANDLES}")
-        s = self.settings
-        if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
-            raise IllegalInvisibleTime(
-                f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
-            )
+        _check_handles("renew", group, handles)
+        self._check_invisible(invisible_ms)
         deadline = now_ms() + invisible_ms
         results: list[BrokerError | None] = []
         ops: list[Op] = []
@@ -511,3 +502,12 @@ class BrokerCore:
         await self.scheduler.close()
         self.hold.close()
         await self.redelivery.close()
+
+
+def _check_handles(kind: str, group: str, handles: Sequence[str]) -> None:
+    """An Ack's or a Renew's group and its 1..MAX_HANDLES receipt handles."""
+    validation.check_group(group)
+    if not handles:
+        raise BadRequest(f"{kind} carries no receipt handle")
+    if len(handles) > validation.MAX_HANDLES:
+        raise IllegalBatchSize(f"{kind} carries {len(handles)} handles, at most {validation.MAX_HANDLES}")
