@@ -30,7 +30,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
@@ -41,7 +40,7 @@ from popgate_pb import broker_pb2_grpc
 from broker.auth import client_interceptors
 from broker.client import ERROR_KEY, BrokerSession, failure, unsent
 from proxy import errors
-from proxy.ports import Health, Metrics, NoMetrics
+from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
 
 log = logging.getLogger(__name__)
@@ -288,14 +287,13 @@ class GrpcBrokerClient:
         await self._channel.close()
 
 
-class HealthMonitor:
+class HealthMonitor(BackgroundTask):
     """Checks every broker every `interval` seconds (each check bounded by `timeout`) until closed."""
 
     def __init__(self, clients: Iterable[GrpcBrokerClient], *, interval: float, timeout: float) -> None:
         self._clients = list(clients)
         self._interval = interval
         self._timeout = timeout
-        self._task: asyncio.Task[None] | None = None
 
     async def check_all(self) -> None:
         await asyncio.gather(*(c.check_health(timeout_s=self._timeout) for c in self._clients))
@@ -309,10 +307,3 @@ class HealthMonitor:
         await self.check_all()
         self._task = asyncio.create_task(self._run(), name="broker-health")
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)

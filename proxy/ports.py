@@ -138,3 +138,16 @@ class NoMetrics:
 
     def watch_renewals(self, tracked: Callable[[], int]) -> None:
         pass
+
+
+class BackgroundTask:
+    """A task of the proxy's life (health checks, renewal) started by its `__aenter__` into `_task`, cancelled and
+    awaited on exit."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

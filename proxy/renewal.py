@@ -20,14 +20,13 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 from popgate_pb import broker_pb2 as bpb
 
 from broker import validation
 from broker.receipt import broker_of
 from proxy import errors
-from proxy.ports import Metrics, NoMetrics
+from proxy.ports import BackgroundTask, Metrics, NoMetrics
 from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)
@@ -189,7 +188,7 @@ class RenewalBook:
         return out
 
 
-class Renewer:
+class Renewer(BackgroundTask):
     """Drives a `RenewalBook`: every tick, the due handles go to their brokers as `Renew` calls of up to
     MAX_RENEW_BATCH handles; a stale answer (acked elsewhere, redelivered) drops the handle, a failed call
     leaves it for the next period (two more tries before its invisibility ends, `renewal_period_s`). Run it
@@ -211,7 +210,6 @@ class Renewer:
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
         self._clock = clock
-        self._task: asyncio.Task[None] | None = None
         self._metrics.watch_renewals(lambda: len(self.book))
 
     def _now(self) -> float:
@@ -311,11 +309,3 @@ class Renewer:
         tick_s = min(MAX_TICK_S, self.book.limits.period_s / 4)
         self._task = asyncio.get_running_loop().create_task(self._run(tick_s), name="renewal")
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
