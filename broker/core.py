@@ -170,14 +170,17 @@ class BrokerCore:
 
     # -- pop -----------------------------------------------------------------
 
-    def _check_read(self, topic: str, group: str, expression: str, poll_ms: int) -> TagFilter:
+    def _check_read(self, topic: str, group: str, expression: str, poll_ms: int) -> tuple[TagFilter, int]:
+        """The request's filter and its poll time, cut to this broker's longest: a long poll may always end
+        sooner than asked, and a proxy's range wider than this broker's (their settings are separate) must
+        not make every long receive fail. A negative poll time is refused."""
         validation.check_topic(topic)
         validation.check_group(group)
-        if not 0 <= poll_ms <= self.settings.max_poll_ms:
-            raise IllegalPollingTime(f"poll time {poll_ms} ms is outside 0..{self.settings.max_poll_ms} ms")
+        if poll_ms < 0:
+            raise IllegalPollingTime(f"poll time {poll_ms} ms is negative")
         if topic not in self.topics and not self.settings.auto_create:
             raise TopicNotFound(f"topic {topic} does not exist on broker {self.name}")
-        return TagFilter.parse(expression)
+        return TagFilter.parse(expression), min(poll_ms, self.settings.max_poll_ms)
 
     def _check_invisible(self, invisible_ms: int) -> None:
         s = self.settings
@@ -189,9 +192,10 @@ class BrokerCore:
     async def pop(
         self, topic: str, group: str, expression: str, max_messages: int, invisible_ms: int, poll_ms: int
     ) -> PopResult:
-        tag_filter = self._check_read(topic, group, expression, poll_ms)
-        if not 1 <= max_messages <= self.settings.max_pop_batch:
-            raise IllegalBatchSize(f"max messages {max_messages} is outside 1..{self.settings.max_pop_batch}")
+        tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
+        if max_messages < 1:
+            raise IllegalBatchSize(f"max messages {max_messages} is less than 1")
+        max_messages = min(max_messages, self.settings.max_pop_batch)  # fewer than asked is always an answer
         self._check_invisible(invisible_ms)
         ops: list[Op] = []
         state = self.consumers.reader(group, topic, tag_filter, ops)
@@ -445,7 +449,7 @@ class BrokerCore:
 
     async def notification(self, topic: str, group: str, expression: str, poll_ms: int) -> tuple[bool, bool]:
         """(has_message, polling_full); consumes nothing."""
-        tag_filter = self._check_read(topic, group, expression, poll_ms)
+        tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
         ops: list[Op] = []
         state = self.consumers.reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:

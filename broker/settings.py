@@ -52,7 +52,7 @@ class BrokerSettings:
         default=10000, metadata={"help": "topics kept; a Send that would create one beyond is TOO_MANY_REQUESTS"}
     )
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest message body"})
-    max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch"})
+    max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch (a larger one is served up to this)"})
     max_pop_bytes: int = field(
         default=8 * 1024 * 1024, metadata={"help": "largest Pop or ListMessages answer (bodies and overhead)"}
     )
@@ -69,7 +69,9 @@ class BrokerSettings:
     )
     min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
     max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})
-    max_poll_ms: int = field(default=30000, metadata={"help": "longest long-polling time"})
+    max_poll_ms: int = field(
+        default=30000, metadata={"help": "longest long-polling time (a longer one is cut to this)"}
+    )
     max_delay_ms: int = field(default=3 * 24 * 3600 * 1000, metadata={"help": "longest delivery delay"})
     schedule_max_in_flight: int = field(default=2000, metadata={"help": "scheduled messages delivered at once"})
     cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})

@@ -68,7 +68,7 @@ def test_session_errors_look_like_unary_errors(broker: BrokerHandle) -> None:
         async with grpc.aio.insecure_channel(broker.address) as channel:
             session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await session.pop(pb.PopRequest(topic="s", group="g", max_messages=99, invisible_ms=5000))
+                await session.pop(pb.PopRequest(topic="s", group="g", max_messages=0, invisible_ms=5000))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert dict(info.value.trailing_metadata())["popgate-error"] == "IllegalBatchSize"
             ok = await session.pop(pb.PopRequest(topic="s", group="g", max_messages=1, invisible_ms=5000))

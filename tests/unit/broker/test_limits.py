@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.errors import TooManyRequests
+from broker.errors import IllegalBatchSize, IllegalPollingTime, TooManyRequests
 from broker.model import now_ms
 from tests.unit.broker.cores import broker
 
@@ -75,3 +75,24 @@ def test_listing_stored_messages_is_cut_at_the_byte_budget_and_goes_on_from_the_
             return pages
 
     assert asyncio.run(asyncio.wait_for(scenario(), 20)) == [[0, 1], [2, 3], [4], [5]]
+
+
+def test_a_pop_larger_or_longer_than_the_brokers_limits_is_served_within_them(tmp_path: Path) -> None:
+    """A proxy's batch and long-polling ranges are its own settings: a broker with smaller ones serves what it can
+    (fewer messages, a shorter hold) instead of refusing every such receive. Nothing below 1 message or 0 ms."""
+
+    async def scenario() -> None:
+        async with broker(tmp_path / "data", max_pop_batch=4, max_poll_ms=200) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"x%d" % i) for i in range(6)])
+            assert len((await core.pop("t", "g", "*", 32, 30_000, 0)).messages) == 4
+            assert len((await core.pop("t", "g", "*", 32, 30_000, 0)).messages) == 2
+            # held 0.2 s, not 45 (the bound is generous: it fails only when the 45 s are held)
+            nothing = await asyncio.wait_for(core.pop("t", "g", "*", 32, 30_000, 45_000), 20)
+            assert nothing.messages == []
+            assert await asyncio.wait_for(core.notification("t", "g", "*", 45_000), 20) == (False, False)
+            with pytest.raises(IllegalBatchSize):
+                await core.pop("t", "g", "*", 0, 30_000, 0)
+            with pytest.raises(IllegalPollingTime):
+                await core.pop("t", "g", "*", 1, 30_000, -1)
+
+    asyncio.run(scenario())
