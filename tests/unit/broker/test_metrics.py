@@ -44,3 +44,27 @@ def test_a_drained_dlq_stops_counting_as_a_backlog(tmp_path: Path) -> None:
     seen = asyncio.run(asyncio.wait_for(scenario(), 10))
     assert [pending["billing"] for pending, _ in seen] == [4, 4, 1, 1]
     assert [stored["billing"] for _, stored in seen] == [4, 4, 4, 4]
+
+
+def test_held_long_polls_are_counted_by_kind(tmp_path: Path) -> None:
+    async def scenario() -> dict[str, float]:
+        async with broker(tmp_path) as (core, _):
+            metrics = BrokerMetrics()
+            metrics.watch(core)
+            held = [asyncio.create_task(core.pop("t", f"g{i}", "*", 1, 30_000, 20_000)) for i in range(2)]
+            held.append(asyncio.create_task(core.notification("t", "n", "*", 20_000)))
+            async with asyncio.timeout(5):
+                while core.hold.total_held < 3:  # noqa: ASYNC110  # the hold has no event for "one more held"
+                    await asyncio.sleep(0.001)
+            found = {
+                s.labels["kind"]: s.value
+                for m in metrics.registry.collect()
+                for s in m.samples
+                if s.name == "popgate_broker_held_requests"
+            }
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+        return found
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == {"pop": 2, "notification": 1}

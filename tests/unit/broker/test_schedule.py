@@ -32,7 +32,9 @@ def test_due_time_from_level_timestamp_or_now() -> None:
     assert due_time_ms(1000, deliver_at_ms=5000, delay_level=0, max_delay_ms=DAY) == 5000
     assert due_time_ms(1000, deliver_at_ms=0, delay_level=1, max_delay_ms=DAY) == 2000
     assert due_time_ms(0, deliver_at_ms=0, delay_level=18, max_delay_ms=DAY) == 7200 * 1000
-    assert len(DELAY_LEVELS_S) == 18
+    # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h" (DESIGN §8)
+    minutes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 30]
+    assert list(DELAY_LEVELS_S) == [1, 5, 10, 30] + [60 * m for m in minutes] + [3600, 7200]
 
 
 @pytest.mark.parametrize(("at", "level"), [(0, 19), (0, -1), (4 * DAY, 0)])

@@ -10,7 +10,7 @@ import broker.errors as broker_errors
 from proxy import errors, validate
 from proxy.codes import CODES, code_of, name_of
 from proxy.polltime import PollLimits, poll_seconds
-from proxy.settings import SettingsError, load
+from proxy.settings import BrokerAddress, Settings, SettingsError, load
 
 LIMITS = PollLimits(minimum=0.0, maximum=30.0, default=20.0, reserve=0.3)
 
@@ -185,3 +185,16 @@ def test_a_send_to_a_system_topic_is_refused(name: str) -> None:
 
 def test_ordinary_topics_may_be_sent_to() -> None:
     assert validate.publish_topic("orders%eu") == "orders%eu"
+
+
+def test_the_proxys_default_limits_are_designs_and_their_bounds_are_inclusive() -> None:
+    """DESIGN §5: body ≤ 4 MiB, receive batch 1..32, invisible 10 s..12 h, long polling 0..30 s."""
+    s = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    assert (s.max_body_bytes, s.max_batch) == (4 * 1024 * 1024, 32)
+    assert (s.min_invisible_s, s.max_invisible_s) == (10, 12 * 3600)
+    assert (s.min_long_polling_s, s.max_long_polling_s) == (0, 30)
+    limit = s.max_body_bytes
+    assert len(validate.body(b"x" * limit, limit=limit)) == limit  # exactly 4 MiB is a legal body
+    assert [validate.batch_size(n, limit=s.max_batch) for n in (1, s.max_batch)] == [1, 32]
+    for seconds in (s.min_invisible_s, s.max_invisible_s):
+        assert validate.invisible(seconds, low=s.min_invisible_s, high=s.max_invisible_s) == seconds
