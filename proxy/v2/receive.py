@@ -45,7 +45,11 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     now = asyncio.get_running_loop().time()
     remaining = None if call.deadline is None else call.deadline - now
     limits = PollLimits(s.min_long_polling_s, s.max_long_polling_s, s.default_long_polling_s, s.poll_reserve_s)
-    poll_s = poll_seconds(requested, remaining, limits)
+    try:
+        poll_s = poll_seconds(requested, remaining, limits)
+    except (errors.TooManyRequests, errors.IllegalPollingTime) as exc:
+        call.proxy.refused(group, exc)
+        raise
     if call.deadline is None:
         deadline = now + poll_s + s.broker_timeout_s
     else:
