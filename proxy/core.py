@@ -208,6 +208,13 @@ class Proxy:
                 self._held -= 1
             self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
 
+    def refused(self, group: str, error: errors.ProxyError) -> None:
+        """A receive of `group` refused for its poll time before it was served (`proxy.polltime`): counted, as
+        `behind` when its deadline left no time to poll because the proxy is behind (TOO_MANY_REQUESTS), else as
+        `illegal_polling_time` (a negative poll time, or a request timeout too short to poll)."""
+        outcome = "behind" if isinstance(error, errors.TooManyRequests) else "illegal_polling_time"
+        self._metrics.receive(group, self.strategy.mode, outcome, 0.0)
+
     def _admit(self) -> None:
         """Count one more receive in `_held`, or TooManyRequests: too many held, or too many bytes unread."""
         if self._held >= self._max_held:

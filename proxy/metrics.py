@@ -35,7 +35,8 @@ class ProxyMetrics:
         )
         self._receives = Counter(
             "popgate_proxy_receives",
-            "ReceiveMessage outcomes: messages, empty, full (overload), closing (shutdown), error",
+            "ReceiveMessage outcomes: messages, empty, full (overload), behind (no time left to poll: the proxy is "
+            "behind), illegal_polling_time, closing (shutdown), cancelled (client gone), error",
             ["group", "mode", "outcome"],
             registry=self.registry,
         )

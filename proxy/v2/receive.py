@@ -45,7 +45,11 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     now = asyncio.get_running_loop().time()
     remaining = None if call.deadline is None else call.deadline - now
     limits = PollLimits(s.min_long_polling_s, s.max_long_polling_s, s.default_long_polling_s, s.poll_reserve_s)
-    poll_s = poll_seconds(requested, remaining, limits)
+    try:
+        poll_s = poll_seconds(requested, remaining, limits)
+    except (errors.TooManyRequests, errors.IllegalPollingTime) as exc:
+        call.proxy.refused(group, exc)
+        raise
     if call.deadline is None:
         deadline = now + poll_s + s.broker_timeout_s
     else:
@@ -63,6 +67,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
     renewed: list[str] = []  # auto_renew handles being renewed: until the whole answer is written
+    complete = False  # the OK status frame was handed to grpc: the client may have the whole answer
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
@@ -77,9 +82,14 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
             frame = pb.ReceiveMessageResponse()
             to_client(popped, namespace=namespace, out=frame.message)  # built in place, not copied in
             yield frame
+        complete = True
         yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
         renewed = []
     finally:
+        if result.messages and not complete:
+            # Cut off before its status (the client went away, the stream broke): the client has at most some of
+            # the messages, and clients discard an answer without its status. Ready again at once at their broker.
+            result.give_back()
         result.release()  # also when the client goes away mid-answer (the generator is closed)
-        if renewed:  # the client went away mid-answer: it may not have them, let them time out
+        if renewed:  # the answer did not get through: given back above, or left to their invisible time
             call.proxy.renewer.forget(renewed)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from popgate_pb.v2 import definition_pb2 as v2
@@ -13,8 +15,8 @@ from sdk import _wire as wire
 
 
 class V2Client:
-    def __init__(self, endpoint: str) -> None:
-        self.channel = grpc.insecure_channel(endpoint)
+    def __init__(self, endpoint: str, *, options: Sequence[tuple[str, Any]] = ()) -> None:
+        self.channel = grpc.insecure_channel(endpoint, options=options)
         self.stub = pb_grpc.MessagingServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:

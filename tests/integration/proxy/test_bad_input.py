@@ -117,8 +117,10 @@ CASES: list[tuple[str, Callable[[V2Client], v2.Status], int, str]] = [
     ("batch 0", lambda c: receive_status(c, receive(batch_size=0)), v2.BAD_REQUEST, "must be 1..32"),
     ("invisible 5 s", lambda c: receive_status(c, receive(invisible_s=5)), v2.ILLEGAL_INVISIBLE_TIME, "10 s..43200 s"),
     ("sql filter", lambda c: receive_status(c, receive(sql=True)), v2.ILLEGAL_FILTER_EXPRESSION, "SQL92"),
-    ("deadline too short", lambda c: receive_status(c, receive(), timeout_s=0.25), v2.ILLEGAL_POLLING_TIME,
-     "deadline leaves"),
+    ("deadline too short", lambda c: receive_status(c, receive(poll_s=0), timeout_s=0.25), v2.ILLEGAL_POLLING_TIME,
+     "raise the client's request timeout"),
+    ("deadline shorter than the poll", lambda c: receive_status(c, receive(), timeout_s=0.25), v2.TOO_MANY_REQUESTS,
+     "proxy is behind"),
     ("garbage handle", lambda c: c.stub.AckMessage(pb.AckMessageRequest(
         group=v2.Resource(name="g"), topic=v2.Resource(name="bad"),
         entries=[pb.AckMessageEntry(receipt_handle="junk")]), timeout=5).status,
@@ -153,3 +155,20 @@ def test_a_refused_change_of_invisibility_gives_back_the_handle_it_was_sent(clie
     response = client.stub.ChangeInvisibleDuration(request, timeout=5)
     assert response.status.code != v2.OK
     assert response.receipt_handle == handle
+
+
+def receives_counted(cluster: Cluster, outcome: str) -> float:
+    text = urllib.request.urlopen(cluster.proxies[0].metrics_url, timeout=5).read().decode()
+    prefix = f'popgate_proxy_receives_total{{group="g",mode="adaptive",outcome="{outcome}"}} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_receives_refused_for_want_of_time_show_in_the_proxy_receive_metrics(
+    cluster: Cluster, client: V2Client
+) -> None:
+    # Answered before they reached a receive strategy, they were not counted at all.
+    before = receives_counted(cluster, "behind"), receives_counted(cluster, "illegal_polling_time")
+    assert receive_status(client, receive(), timeout_s=0.25).code == v2.TOO_MANY_REQUESTS
+    assert receive_status(client, receive(poll_s=0), timeout_s=0.25).code == v2.ILLEGAL_POLLING_TIME
+    after = receives_counted(cluster, "behind"), receives_counted(cluster, "illegal_polling_time")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

@@ -8,7 +8,7 @@ import pytest
 
 import broker.errors as broker_errors
 from proxy import errors, validate
-from proxy.codes import CODES, code_of, name_of
+from proxy.codes import CODES, Code, code_of, name_of
 from proxy.polltime import PollLimits, poll_seconds
 from proxy.settings import BrokerAddress, Settings, SettingsError, load
 
@@ -32,9 +32,24 @@ def test_absent_poll_time_uses_the_default_and_zero_means_answer_at_once() -> No
     assert poll_seconds(0.0, 10.0, LIMITS) == 0.0
 
 
-def test_a_deadline_that_leaves_no_time_or_a_negative_poll_is_illegal_polling_time() -> None:
-    with pytest.raises(errors.IllegalPollingTime, match="deadline leaves"):
-        poll_seconds(20.0, 0.2, LIMITS)
+def test_a_deadline_that_leaves_no_time_for_a_longer_requested_poll_is_a_retriable_too_many_requests() -> None:
+    # The client asked to poll longer than the time left: its deadline was long enough when it sent the call, the
+    # time went on the way or waiting in a busy proxy. Under load such a refusal killed SDK consumer loops when it
+    # was ILLEGAL_POLLING_TIME (429 of 1000 iterations in a review's probe).
+    for requested, remaining in ((20.0, 0.2), (1.0, 0.3), (0.0, -0.1)):
+        with pytest.raises(errors.TooManyRequests, match="proxy is behind") as caught:
+            poll_seconds(requested, remaining, LIMITS)
+        assert caught.value.retriable
+        assert code_of(caught.value) == Code.TOO_MANY_REQUESTS
+
+
+def test_a_request_timeout_too_short_to_poll_or_a_negative_poll_is_illegal_polling_time() -> None:
+    # The client asked for no more time than it left (or for none): its own request timeout is too short.
+    for requested in (0.0, 0.2, None):
+        with pytest.raises(errors.IllegalPollingTime, match="raise the client's request timeout") as caught:
+            poll_seconds(requested, 0.2, LIMITS)
+        assert not caught.value.retriable
+        assert code_of(caught.value) == Code.ILLEGAL_POLLING_TIME
     with pytest.raises(errors.IllegalPollingTime, match="negative"):
         poll_seconds(-1.0, 10.0, LIMITS)
 

@@ -60,6 +60,35 @@ def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> None:
     assert (ok, cancelled) == (None, 1.0)
 
 
+class LateContext(Context):
+    """A call the proxy gets to with less time left than its poll reserve (0.3 s)."""
+
+    def time_remaining(self) -> float:
+        return 0.2
+
+
+def test_a_receive_with_no_time_left_to_poll_is_refused_and_counted_by_why() -> None:
+    async def scenario() -> list[tuple[int, float | None]]:
+        metrics = ProxyMetrics(CollectorRegistry())
+        pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+        service = MessagingService(
+            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+        )
+        out = []
+        # 5 s asked, 0.2 s left: the time went before the proxy got to the call. 0 s asked: too short a timeout.
+        for poll_s, outcome in ((5, "behind"), (0, "illegal_polling_time")):
+            request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
+            request.message_queue.topic.name = "t"
+            request.long_polling_timeout.seconds = poll_s
+            [frame] = [f async for f in service.ReceiveMessage(request, LateContext())]
+            labels = {"group": "g", "mode": "notify", "outcome": outcome}
+            out.append((frame.status.code, metrics.registry.get_sample_value("popgate_proxy_receives_total", labels)))
+        return out
+
+    assert asyncio.run(scenario()) == [(v2.TOO_MANY_REQUESTS, 1.0), (v2.ILLEGAL_POLLING_TIME, 1.0)]
+
+
 def test_telemetry_streams_beyond_the_limit_get_too_many_requests() -> None:
     async def scenario() -> list[int]:
         metrics = ProxyMetrics(CollectorRegistry())
