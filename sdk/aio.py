@@ -21,7 +21,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, receipts_so_far, send_window
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -73,11 +73,20 @@ class _AsyncClient(ClientBase):
                 await asyncio.sleep(delay)
 
     async def close(self) -> None:
-        """Close the connection; calls in progress are cancelled (a consumer's iteration just stops)."""
-        self._closed = True
-        if self._channel is not None:
-            channel, self._channel = self._channel, None
-            await channel.close()
+        """Close the connection; calls in progress are cancelled (a consumer's iteration just stops, after giving
+        back the messages it had not yielded yet)."""
+        try:
+            if not self._closed:
+                self._closed = True
+                if self._channel is not None:
+                    await self._closing()
+        finally:
+            if self._channel is not None:
+                channel, self._channel = self._channel, None
+                await channel.close()
+
+    async def _closing(self) -> None:
+        """What to do between marking the client closed and closing its channel."""
 
     async def __aenter__(self) -> Self:
         return self
@@ -200,10 +209,32 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
                 if self._closed:
                     return
                 raise
-            for message in batch:
-                if self._closed:  # closed while the caller handled the batch: the rest comes back after `invisible`
-                    return
-                yield message
+            key = self._unyielded.start(batch)
+            try:
+                while not self._closed and (message := self._unyielded.next(key)) is not None:
+                    yield message
+            finally:  # also at `break` (the generator is closed: aclose()), an error in the loop's body, or close()
+                await self._give_back(self._unyielded.end(key))
+
+    async def _closing(self) -> None:
+        await self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Make received messages that nobody will handle ready again at once; see `sdk.SimpleConsumer._give_back`."""
+        if not messages:
+            return
+        timeout = self._give_back_timeout
+        try:
+            stub = self._stub
+        except errors.PopgateError:  # closed
+            return
+        calls = [
+            stub.ChangeInvisibleDuration(request, timeout=timeout, metadata=self._metadata())
+            for request in self._give_back_plan(messages)
+        ]
+        # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure too.
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        log_give_back_failures(log, answers)
 
     async def ack(self, message: Message) -> None:
         """Acknowledge one message; see `sdk.SimpleConsumer.ack`."""
