@@ -86,16 +86,22 @@ def test_break_gives_back_the_rest_of_the_batch_and_a_failed_give_back_is_only_l
 
 
 class AsyncStub:
-    """ReceiveMessage streams `frames`; ChangeInvisibleDuration goes to `fake` after a pause, as over a network."""
+    """ReceiveMessage streams `frames` (holding the stream open after them when `hold`); ChangeInvisibleDuration
+    goes to `fake` after a pause, as over a network."""
 
-    def __init__(self, fake: FakeStub, frames: list[pb.ReceiveMessageResponse]) -> None:
+    def __init__(self, fake: FakeStub, frames: list[pb.ReceiveMessageResponse], *, hold: bool = False) -> None:
         self.fake = fake
         self.frames = frames
+        self.hold = hold
+        self.streamed = asyncio.Event()
 
     def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> AsyncIterator[pb.ReceiveMessageResponse]:
         async def stream() -> AsyncIterator[pb.ReceiveMessageResponse]:
             for frame in self.frames:
                 yield frame
+            self.streamed.set()
+            if self.hold:
+                await asyncio.Event().wait()
 
         return stream()
 
@@ -115,6 +121,23 @@ def run_unclosed(stub: AsyncStub, body: Any) -> None:
 
     asyncio.run(main())
     gc.collect()  # a task left pending would be destroyed now
+
+
+def test_a_receive_that_asyncio_run_cancels_mid_answer_is_given_back_before_the_loop_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The receive has read one message frame of its answer when the program's main coroutine returns:
+    asyncio.run cancels it, and its give-back (a task started then) still runs to its end."""
+    fake = FakeStub()
+    stub = AsyncStub(fake, answer(fake, IDS[:1])[:1], hold=True)
+
+    async def body(consumer: aio.SimpleConsumer) -> None:
+        asyncio.ensure_future(consumer.receive())
+        await stub.streamed.wait()  # the receive has read the frame and waits for more
+
+    run_unclosed(stub, body)
+    assert given_back(fake) == ["m0"]
+    assert "Task was destroyed but it is pending" not in caplog.text
 
 
 def test_an_async_iteration_left_open_is_given_back_when_asyncio_run_ends(caplog: pytest.LogCaptureFixture) -> None:
