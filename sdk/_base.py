@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import logging
+import threading
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -17,6 +20,9 @@ SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
 # Iteration long-polls at least this long per receive: with wait=0 it would call ReceiveMessage in a busy loop
 # (an idle consumer ~800 calls a second). A held receive still answers as soon as a message comes.
 ITERATION_MIN_WAIT_S = 1.0
+# A give-back (received messages nobody will handle, made ready again at once) waits at most this long, or
+# request_timeout when shorter: best effort, one attempt, so that closing an iteration or a consumer stays quick.
+GIVE_BACK_TIMEOUT_S = 1.0
 
 
 def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
@@ -122,6 +128,55 @@ def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> 
     return subs
 
 
+def log_give_back_failures(
+    log: logging.Logger, answers: Sequence[pb.ChangeInvisibleDurationResponse | BaseException]
+) -> None:
+    """Log at DEBUG the give-backs that failed (those messages come back after ``invisible``, as without one)."""
+    failed = [a for a in answers if isinstance(a, BaseException) or a.status.code not in _wire.SUCCESS]
+    if failed:
+        log.debug("giving back %d of %d unhandled message(s) failed: %s", len(failed), len(answers), failed[0])
+
+
+class Unyielded:
+    """The messages of received batches that iterations have not yielded yet, one batch per iteration in progress.
+
+    An iteration that ends early (``break``, an error in the loop's body, the consumer closed) gives back what
+    is left of its batch instead of leaving it invisible for ``invisible`` seconds. Thread-safe: each message is
+    taken once, either by its iteration (`next`) or to be given back (`end`, `take_all`, which `close()` uses).
+    """
+
+    def __init__(self) -> None:
+        self._batches: dict[int, deque[Message]] = {}
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+
+    def start(self, messages: Iterable[Message]) -> int:
+        """Hold a batch an iteration received; the key to its other calls."""
+        key = next(self._keys)
+        with self._lock:
+            self._batches[key] = deque(messages)
+        return key
+
+    def next(self, key: int) -> Message | None:
+        """The batch's next message to yield; None when none is left (or `take_all` took them)."""
+        with self._lock:
+            batch = self._batches.get(key)
+            return batch.popleft() if batch else None
+
+    def end(self, key: int) -> list[Message]:
+        """The iteration is done with its batch: the messages it did not yield (to give back)."""
+        with self._lock:
+            return list(self._batches.pop(key, ()))
+
+    def take_all(self) -> list[Message]:
+        """Every held message of every iteration (the consumer closes: to give back); their iterations get no more."""
+        with self._lock:
+            out = [message for batch in self._batches.values() for message in batch]
+            for batch in self._batches.values():
+                batch.clear()
+        return out
+
+
 class ConsumerBase(ClientBase):
     def __init__(
         self,
@@ -158,6 +213,7 @@ class ConsumerBase(ClientBase):
         self.invisible = _wire.duration("invisible", invisible, positive=True)
         self.wait = _wire.duration("wait", wait)
         self._rotation = itertools.cycle(self.subscriptions)
+        self._unyielded = Unyielded()
 
     def _receive_plan(
         self, max: int | None, invisible: float | None, wait: float | None
@@ -178,6 +234,14 @@ class ConsumerBase(ClientBase):
     def _iteration_wait(self) -> float:
         """The long-polling time of each receive of an iteration: ``wait``, at least ITERATION_MIN_WAIT_S."""
         return max(self.wait, ITERATION_MIN_WAIT_S)
+
+    @property
+    def _give_back_timeout(self) -> float:
+        return min(self.options.request_timeout, GIVE_BACK_TIMEOUT_S)
+
+    def _give_back_plan(self, messages: Iterable[Message]) -> list[pb.ChangeInvisibleDurationRequest]:
+        """One nack with delay 0 per message: ready again at once, delivered with ``attempt + 1``."""
+        return [_wire.change_invisible_request(self.group, m, 0.0, namespace=self.options.namespace) for m in messages]
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
         out = []

@@ -2,7 +2,8 @@
 
 Lag and stored messages are broker facts the v2 protocol does not carry, so `stats` and
 `dlq list` ask the brokers themselves (broker.proto ``Stats`` and ``ListMessages``) at the
-``--broker NAME=HOST:PORT`` addresses (what `popgate up` prints; env POPGATE_BROKERS).
+``--broker NAME=HOST:PORT`` addresses (what `popgate up` prints; env POPGATE_BROKERS, else the proxy's
+POPGATE_BROKER).
 `dlq resend` needs no broker address: it consumes ``%DLQ%<group>`` through the proxy
 with its own consumer group (so each dead letter is re-sent once) and sends every
 message back to its ORIGIN_TOPIC.
@@ -45,20 +46,34 @@ LIST_LIMIT = number(int, low=1, high=1000)
 DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
 
 
+# Where `--broker` comes from when not given: POPGATE_BROKERS, else the proxy's own POPGATE_BROKER (set in every
+# proxy pod, where docs/DEPLOY.md runs `popgate stats`). Both are lists read as the proxy reads its variable.
+BROKER_VARIABLES = ("POPGATE_BROKERS", "POPGATE_BROKER")
+
+
+def env_brokers() -> list[str]:
+    """The ``NAME=HOST:PORT`` entries of the first of BROKER_VARIABLES that is set (comma or space separated)."""
+    for variable in BROKER_VARIABLES:
+        entries = os.environ.get(variable, "").replace(",", " ").split()
+        if entries:
+            return entries
+    return []
+
+
 def _broker_option(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("POPGATE_BROKERS", "").replace(",", " ").split()
     parser.add_argument(
         "--broker",
         action="append",
         default=None,
-        help="NAME=HOST:PORT of a broker (repeatable; env POPGATE_BROKERS, comma-separated)",
+        help="NAME=HOST:PORT of a broker (repeatable; env POPGATE_BROKERS, else the proxy's POPGATE_BROKER:"
+        " comma-separated)",
     )
     parser.add_argument(
         "--broker-token",
         default=os.environ.get("POPGATE_BROKER_TOKEN", ""),
         help="the brokers' shared token, when they require one (env POPGATE_BROKER_TOKEN, as the proxy's)",
     )
-    parser.set_defaults(default_brokers=default)
+    parser.set_defaults(default_brokers=env_brokers())
 
 
 def add_parsers(sub: Sub) -> None:
@@ -113,7 +128,9 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
             raise ValueError(f"--broker {text!r}: expected NAME=HOST:PORT")
         out.append(Broker(name, target, args.broker_token))
     if not out:
-        raise ValueError("give at least one --broker NAME=HOST:PORT (as printed by `popgate up`)")
+        raise ValueError(
+            "give at least one --broker NAME=HOST:PORT (as printed by `popgate up`), or set POPGATE_BROKERS"
+        )
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -21,7 +21,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, receipts_so_far, send_window
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -73,11 +73,20 @@ class _AsyncClient(ClientBase):
                 await asyncio.sleep(delay)
 
     async def close(self) -> None:
-        """Close the connection; calls in progress are cancelled (a consumer's iteration just stops)."""
-        self._closed = True
-        if self._channel is not None:
-            channel, self._channel = self._channel, None
-            await channel.close()
+        """Close the connection; calls in progress are cancelled (a consumer's iteration just stops, after giving
+        back the messages it had not yielded yet, and give-backs of cancelled receives end first)."""
+        try:
+            if not self._closed:
+                self._closed = True
+                if self._channel is not None:
+                    await self._closing()
+        finally:
+            if self._channel is not None:
+                channel, self._channel = self._channel, None
+                await channel.close()
+
+    async def _closing(self) -> None:
+        """What to do between marking the client closed and closing its channel."""
 
     async def __aenter__(self) -> Self:
         return self
@@ -175,7 +184,11 @@ class Producer(ProducerBase, _AsyncClient):
 
 
 class SimpleConsumer(ConsumerBase, _AsyncClient):
-    """asyncio SimpleConsumer; arguments and behaviour as `sdk.SimpleConsumer` (``async for`` iterates)."""
+    """asyncio SimpleConsumer; arguments and behaviour as `sdk.SimpleConsumer` (``async for`` iterates).
+
+    A `receive` cancelled while its answer comes in gives back the messages it had read, in a task of its
+    own that `close` (and the end of `asyncio.run`) waits for.
+    """
 
     async def receive(
         self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
@@ -186,7 +199,15 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
     async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
         request, timeout = self._receive_plan(max, invisible, wait)
         call = self._stub.ReceiveMessage(request, timeout=timeout, metadata=self._metadata())
-        frames = [frame async for frame in call]
+        frames: list[pb.ReceiveMessageResponse] = []
+        try:
+            async for frame in call:
+                frames.append(frame)
+        except asyncio.CancelledError:
+            # Cancelled mid-answer: the messages read so far reach no one; give them back in the background (this
+            # task is being cancelled) rather than leave them invisible for `invisible`.
+            await self._give_back_later(_wire.received(f for f in frames if f.WhichOneof("content") == "message"))
+            raise
         return _wire.received(frames)
 
     def __aiter__(self) -> AsyncIterator[Message]:
@@ -200,10 +221,67 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
                 if self._closed:
                     return
                 raise
-            for message in batch:
-                if self._closed:  # closed while the caller handled the batch: the rest comes back after `invisible`
-                    return
-                yield message
+            key = self._unyielded.start(batch)
+            try:
+                while not self._closed and (message := self._unyielded.next(key)) is not None:
+                    yield message
+            finally:  # also at `break` (the generator is closed: aclose()), an error in the loop's body, or close()
+                await self._give_back(self._unyielded.end(key))
+
+    async def _closing(self) -> None:
+        await self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+        await self._given_back()
+        if self._shutdown_guard is not None:
+            await self._shutdown_guard.aclose()
+
+    def _open(self) -> None:
+        # No connection yet (made on first use, inside the loop): only the give-backs running in the background.
+        self._giving_back: set[asyncio.Future[None]] = set()
+        self._shutdown_guard: AsyncGenerator[None, None] | None = None
+
+    async def _give_back_later(self, messages: list[Message]) -> None:
+        """`_give_back` in a task of its own (the caller is being cancelled), held until done and awaited by
+        `close` and by the loop's shutdown."""
+        if not messages or self._closed:
+            return
+        task = asyncio.ensure_future(self._give_back(messages))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+        if self._shutdown_guard is None:
+            self._shutdown_guard = self._awaited_at_shutdown()
+            await anext(self._shutdown_guard)  # runs to its `yield` at once: no suspension in a cancelled task
+
+    async def _awaited_at_shutdown(self) -> AsyncGenerator[None, None]:
+        # asyncio.run cancels the loop's tasks, then closes every open async generator (loop.shutdown_asyncgens),
+        # then closes the loop. A give-back started by a task it cancelled is not among those tasks, and a closed
+        # loop would destroy it pending ("Task was destroyed but it is pending!"); this generator, open from the
+        # first give-back on, has the shutdown wait for them.
+        try:
+            yield
+        finally:
+            await self._given_back()
+
+    async def _given_back(self) -> None:
+        """Wait for the give-backs running in the background (each ends within its deadline)."""
+        if self._giving_back:
+            await asyncio.wait(self._giving_back)
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Make received messages that nobody will handle ready again at once; see `sdk.SimpleConsumer._give_back`."""
+        if not messages:
+            return
+        timeout = self._give_back_timeout
+        try:
+            stub = self._stub
+        except errors.PopgateError:  # closed
+            return
+        calls = [
+            stub.ChangeInvisibleDuration(request, timeout=timeout, metadata=self._metadata())
+            for request in self._give_back_plan(messages)
+        ]
+        # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure too.
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        log_give_back_failures(log, answers)
 
     async def ack(self, message: Message) -> None:
         """Acknowledge one message; see `sdk.SimpleConsumer.ack`."""

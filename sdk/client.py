@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,7 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _resend, _wire, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, receipts_so_far, send_window
+from sdk._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
 
@@ -75,10 +76,17 @@ class _SyncClient(ClientBase):
         time.sleep(max(0.0, ends - time.monotonic()))
 
     def close(self) -> None:
-        """Close the connection; calls in progress end with an error (a consumer's iteration just stops)."""
+        """Close the connection; calls in progress end with an error (a consumer's iteration just stops, after
+        giving back the messages it had not yielded yet)."""
         if not self._closed:
             self._closed = True
-            self._channel.close()
+            try:
+                self._closing()
+            finally:
+                self._channel.close()
+
+    def _closing(self) -> None:
+        """What to do between marking the client closed and closing its channel."""
 
     def __enter__(self) -> Self:
         return self
@@ -247,7 +255,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     A received message stays invisible to the group for ``invisible`` seconds; unless acked
     by then it is delivered again with ``attempt + 1``. Iterating (``for msg in consumer``)
     long-polls forever, retrying transient failures (proxy or broker restarts) with back-off;
-    it ends when the consumer is closed.
+    it ends when the consumer is closed. An iteration left early (``break``, an error in the loop's
+    body, the consumer closed) gives back the messages of its batch it had not yielded yet: ready
+    again at once, with ``attempt + 1`` (a nack with delay 0; best effort, at most 1 s).
 
     Args:
         endpoint: The proxy's ``HOST:PORT``.
@@ -285,10 +295,31 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
                 if self._closed:
                     return
                 raise
-            for message in batch:
-                if self._closed:  # closed while the caller handled the batch: the rest comes back after `invisible`
-                    return
-                yield message
+            key = self._unyielded.start(batch)
+            try:
+                while not self._closed and (message := self._unyielded.next(key)) is not None:
+                    yield message
+            finally:  # also at `break` (the generator closed), an error in the loop's body, or close()
+                self._give_back(self._unyielded.end(key))
+
+    def _closing(self) -> None:
+        self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+
+    def _give_back(self, messages: list[Message]) -> None:
+        """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than
+        invisible for ``invisible`` seconds. Best effort: one attempt each, all at once, at most
+        GIVE_BACK_TIMEOUT_S; a failure is logged at DEBUG (that message comes back after ``invisible``)."""
+        if not messages or sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
+            return
+        timeout = self._give_back_timeout
+        try:
+            calls = [
+                self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
+                for request in self._give_back_plan(messages)
+            ]
+        except ValueError:  # grpc's "channel closed": close() from another thread
+            return
+        log_give_back_failures(log, [call.exception() or call.result() for call in calls])
 
     def ack(self, message: Message) -> None:
         """Acknowledge one message: it is consumed and never delivered again.

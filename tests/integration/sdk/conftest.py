@@ -11,11 +11,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
-from sdk import Message, SimpleConsumer
+from sdk import Message, SendReceipt, SimpleConsumer, aio
 from sdk.cluster import Cluster, ClusterConfig
 
 T = TypeVar("T")
@@ -79,6 +79,40 @@ def drain(consumer: SimpleConsumer, count: int, *, timeout: float = 15.0, ack: b
             consumer.ack_many(batch)
         got += batch
     return got
+
+
+# A consumer's invisible time far longer than any drain: a message received again within one was given back.
+LONG_INVISIBLE = 60.0
+
+
+def record_batches(consumer: SimpleConsumer | aio.SimpleConsumer) -> list[list[Message]]:
+    """Every batch the consumer's receives return from now on (those of its iterations too), in order."""
+    batches: list[list[Message]] = []
+    receive_once = consumer._receive_once
+
+    if isinstance(consumer, aio.SimpleConsumer):
+
+        async def recorded_async(*args: Any) -> list[Message]:
+            batches.append(await receive_once(*args))
+            return batches[-1]
+
+        consumer._receive_once = recorded_async  # type: ignore[method-assign]
+    else:
+
+        def recorded(*args: Any) -> list[Message]:
+            batches.append(receive_once(*args))
+            return batches[-1]
+
+        consumer._receive_once = recorded  # type: ignore[method-assign]
+    return batches
+
+
+def given_back_attempts(sent: list[SendReceipt], handled: list[Message], given_back: list[Message]) -> dict[str, int]:
+    """The attempt each message not handled should come with next: 2 for those given back (a nack counts as
+    a delivery), 1 for those never received."""
+    back = {m.message_id for m in given_back}
+    done = {m.message_id for m in handled}
+    return {r.message_id: 2 if r.message_id in back else 1 for r in sent if r.message_id not in done}
 
 
 class Collector:

@@ -6,13 +6,15 @@ import asyncio
 import functools
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
+from popgate_pb.v2 import service_pb2 as pb
 
 from sdk import AckError, BadRequest, InvalidReceiptHandle, Message, MessageBodyTooLarge
 from sdk.aio import Producer, SimpleConsumer
+from tests.integration.sdk.conftest import LONG_INVISIBLE, given_back_attempts, record_batches
 
 # Short polls: in longpoll mode the proxy holds a receive on one broker (rotating), so a poll that lands on a
 # drained broker while the other still has messages waits its whole time (a "false empty", DESIGN §3).
@@ -151,6 +153,67 @@ async def test_async_iteration_until_closed(endpoint: str) -> None:
     async with asyncio.timeout(10):
         await task  # the iteration ends cleanly when the consumer closes
     assert seen.empty()
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["used-on", "closed-at-once"])
+@run_async
+async def test_leaving_async_for_gives_the_rest_of_the_batch_back_at_once(endpoint: str, close: bool) -> None:
+    """`break`, then the consumer is used on (the loop closes the iteration in a task of its own), or closed at
+    once by its `async with` as in docs/SDK.md. Before, the rest of the batch stayed invisible for 60 s."""
+    topic, group = name("t"), name("g")
+    async with Producer(endpoint) as producer:
+        sent = await producer.send_many(topic, [b"m%d" % i for i in range(10)])
+    async with SimpleConsumer(endpoint, group, topic, invisible=LONG_INVISIBLE, wait=2.0) as consumer:
+        batches = record_batches(consumer)
+        async for message in consumer:  # batches of up to 16: the first one holds several
+            await consumer.ack(message)
+            break
+        if not close:
+            rest = await drain(consumer, len(sent) - 1)  # 15 s at most
+    if close:
+        async with SimpleConsumer(endpoint, group, topic) as other:
+            rest = await drain(other, len(sent) - 1)
+    [batch] = batches[:1]
+    assert len(batch) > 1 and message is batch[0]
+    assert {m.message_id: m.attempt for m in rest} == given_back_attempts(sent, [message], batch[1:])
+
+
+class CancelledAfterFirstMessage:
+    """A consumer's stub whose ReceiveMessage cancels its task once it has read a message frame: a receive
+    cancelled (a timeout, a task group ending) while its answer comes in."""
+
+    def __init__(self, stub: Any) -> None:
+        self.stub = stub
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self.stub, method)
+
+    def ReceiveMessage(self, *args: Any, **kwargs: Any) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        call = self.stub.ReceiveMessage(*args, **kwargs)
+
+        async def frames() -> AsyncIterator[pb.ReceiveMessageResponse]:
+            async for frame in call:
+                if frame.WhichOneof("content") == "message":
+                    asyncio.current_task().cancel()  # type: ignore[union-attr]
+                yield frame
+
+        return frames()
+
+
+@run_async
+async def test_a_receive_cancelled_mid_answer_gives_back_the_messages_it_had_read(endpoint: str) -> None:
+    """Before, a message whose frame a cancelled receive had read stayed invisible for `invisible` (60 s here)."""
+    topic, group = name("t"), name("g")
+    async with Producer(endpoint) as producer:
+        sent = await producer.send(topic, b"read, then cancelled")
+    async with SimpleConsumer(endpoint, group, topic, invisible=LONG_INVISIBLE) as consumer:
+        consumer._stub_ = CancelledAfterFirstMessage(consumer._stub)
+        receive = asyncio.create_task(consumer.receive(wait=WAIT))
+        with pytest.raises(asyncio.CancelledError):
+            await receive
+        consumer._stub_ = consumer._stub_.stub
+        [back] = await drain(consumer, 1)  # 15 s at most
+    assert (back.message_id, back.attempt) == (sent.message_id, 2)
 
 
 @run_async

@@ -106,6 +106,27 @@ def test_stats_shows_lag_per_topic_and_group(cluster: Cluster, capsys: pytest.Ca
     assert any(topic in line and "10" in line for line in out.splitlines() if group not in line)
 
 
+@pytest.mark.parametrize("separator", [",", " "])
+def test_stats_and_dlq_list_find_the_brokers_in_the_proxys_variable(
+    cluster: Cluster, separator: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a proxy pod (docs/DEPLOY.md) POPGATE_BROKER, the proxy's list, is set and POPGATE_BROKERS is not.
+    Before, both commands failed there: "give at least one --broker"."""
+    topic, group = name("cli"), name("g")
+    with Producer(cluster.endpoint) as producer, SimpleConsumer(cluster.endpoint, group, topic) as consumer:
+        producer.send(topic, b"poison pill")
+        consumer.forward_to_dlq(drain(consumer, 1, ack=False)[0])
+    monkeypatch.delenv("POPGATE_BROKERS", raising=False)
+    monkeypatch.setenv("POPGATE_BROKER", separator.join(cluster.broker_targets()))
+    assert main(["stats", "--topic", topic]) == 0
+    assert "lag per topic and group (2 of 2 brokers)" in capsys.readouterr().out
+    assert main(["dlq", "list", group]) == 0
+    assert f"%DLQ%{group}: 1 message(s) not yet re-sent (1 stored)" in capsys.readouterr().out
+    monkeypatch.setenv("POPGATE_BROKERS", "b9=127.0.0.1:1")  # the SDK's own variable comes first
+    assert main(["stats", "--topic", topic, "--timeout", "0.5"]) == 1
+    assert "popgate stats: broker b9 at 127.0.0.1:1: UNAVAILABLE" in capsys.readouterr().err
+
+
 def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     topic, group = name("cli"), name("g")
     endpoint = cluster.endpoint

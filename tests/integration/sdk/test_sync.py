@@ -19,7 +19,7 @@ from sdk import (
     Unavailable,
     _wire,
 )
-from tests.integration.sdk.conftest import Collector, drain
+from tests.integration.sdk.conftest import LONG_INVISIBLE, Collector, drain, given_back_attempts, record_batches
 
 
 def name(prefix: str) -> str:
@@ -198,16 +198,37 @@ def test_iteration_with_wait_zero_long_polls_instead_of_spinning(endpoint: str) 
     assert latency < 0.9  # the held receive answered as the message came, not at the end of its 1 s poll
 
 
-def test_iteration_yields_nothing_more_once_closed_mid_batch(endpoint: str) -> None:
+def test_breaking_out_of_iteration_gives_the_rest_of_the_batch_back_at_once(endpoint: str) -> None:
+    """Before, the messages of the batch not yet yielded stayed invisible for `invisible` (60 s here)."""
     topic, group = name("t"), name("g")
     with Producer(endpoint) as producer:
-        producer.send_many(topic, [b"m%d" % i for i in range(10)])
-    consumer = SimpleConsumer(endpoint, group, topic, wait=2.0)
+        sent = producer.send_many(topic, [b"m%d" % i for i in range(10)])
+    with SimpleConsumer(endpoint, group, topic, invisible=LONG_INVISIBLE, wait=2.0) as consumer:
+        batches = record_batches(consumer)
+        for message in consumer:  # batches of up to 16: the first one holds several
+            consumer.ack(message)
+            break
+        [batch] = batches
+        assert len(batch) > 1 and message is batch[0]
+        rest = drain(consumer, len(sent) - 1)  # 15 s at most
+    assert {m.message_id: m.attempt for m in rest} == given_back_attempts(sent, [message], batch[1:])
+
+
+def test_closing_the_consumer_mid_batch_ends_its_iteration_and_gives_the_rest_back(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer:
+        sent = producer.send_many(topic, [b"m%d" % i for i in range(10)])
+    consumer = SimpleConsumer(endpoint, group, topic, invisible=LONG_INVISIBLE, wait=2.0)
+    batches = record_batches(consumer)
     yielded = []
-    for message in consumer:  # batches of up to 16: the first one holds several
+    for message in consumer:
         yielded.append(message)
         consumer.close()
-    assert len(yielded) == 1  # the rest of its batch comes back after `invisible`, to another iteration
+    assert len(yielded) == 1  # nothing more once closed
+    [batch] = batches
+    with SimpleConsumer(endpoint, group, topic) as other:
+        rest = drain(other, len(sent) - 1)  # before: the rest of the batch came back after `invisible`
+    assert {m.message_id: m.attempt for m in rest} == given_back_attempts(sent, yielded, batch[1:])
 
 
 def test_bad_input_is_a_typed_non_retriable_error_with_the_servers_message(endpoint: str) -> None:

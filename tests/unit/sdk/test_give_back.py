@@ -1,0 +1,154 @@
+"""Giving back received messages nobody will handle (a nack with delay 0): which ones, and that it never raises
+out of an iteration's end nor leaves a task pending when asyncio.run ends. Fake stubs, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from typing import Any
+
+import grpc
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from sdk import Message, SimpleConsumer, aio
+from sdk._base import Unyielded
+from tests.unit.sdk.fakes import FakeChannel, FakeStub
+
+IDS = ["m0", "m1", "m2", "m3"]
+
+
+def answer(fake: FakeStub, ids: list[str]) -> list[pb.ReceiveMessageResponse]:
+    """A ReceiveMessage answer with these messages (their handles live in `fake`), then its status."""
+    frames = []
+    for message_id in ids:
+        handle = fake.message(message_id).receipt_handle
+        props = v2.SystemProperties(message_id=message_id, receipt_handle=handle, delivery_attempt=1)
+        frames.append(
+            pb.ReceiveMessageResponse(message=v2.Message(topic=v2.Resource(name="t"), system_properties=props))
+        )
+    return [*frames, pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK))]
+
+
+def given_back(fake: FakeStub) -> list[str]:
+    requests = fake.sent("ChangeInvisibleDuration")
+    assert all(r.invisible_duration.seconds == r.invisible_duration.nanos == 0 for r in requests)  # ready at once
+    return sorted(r.message_id for r in requests)
+
+
+def test_each_held_message_is_taken_once() -> None:
+    a, b, c = (Message(b"", message_id=i) for i in "abc")
+    held = Unyielded()
+    first, second = held.start([a, b, c]), held.start([c])
+    assert held.next(first) is a
+    assert held.take_all() == [b, c, c]  # the consumer closes: every iteration's rest
+    assert held.next(first) is None and held.end(first) == [] and held.end(second) == []
+    key = held.start([a, b])
+    assert held.next(key) is a and held.end(key) == [b] and held.next(key) is None
+
+
+class SyncStub:
+    """ReceiveMessage answers `frames` once, then nothing; ChangeInvisibleDuration goes to `fake` as a future."""
+
+    def __init__(self, fake: FakeStub, frames: list[pb.ReceiveMessageResponse]) -> None:
+        self.fake = fake
+        self.answers = [frames]
+        self.ChangeInvisibleDuration = self
+
+    def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> list[pb.ReceiveMessageResponse]:
+        return self.answers.pop() if self.answers else [pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK))]
+
+    def future(self, request: pb.ChangeInvisibleDurationRequest, **_: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(self.fake.ChangeInvisibleDuration(request))
+        except grpc.RpcError as exc:
+            done.set_exception(exc)
+        return done
+
+
+def test_break_gives_back_the_rest_of_the_batch_and_a_failed_give_back_is_only_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeStub(call_faults=[("refused", grpc.StatusCode.UNAVAILABLE)])
+    caplog.set_level(logging.DEBUG, logger="sdk.client")
+    with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer:
+        consumer._stub = SyncStub(fake, answer(fake, IDS))
+        yielded = [message.message_id for message in itertools.islice(consumer, 1)]  # then the generator closes
+    assert yielded == ["m0"]
+    assert given_back(fake) == ["m1", "m2", "m3"]
+    assert "giving back 1 of 3 unhandled message(s) failed: UNAVAILABLE" in caplog.text
+
+
+class AsyncStub:
+    """ReceiveMessage streams `frames` (holding the stream open after them when `hold`); ChangeInvisibleDuration
+    goes to `fake` after a pause, as over a network."""
+
+    def __init__(self, fake: FakeStub, frames: list[pb.ReceiveMessageResponse], *, hold: bool = False) -> None:
+        self.fake = fake
+        self.frames = frames
+        self.hold = hold
+        self.streamed = asyncio.Event()
+
+    def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        async def stream() -> AsyncIterator[pb.ReceiveMessageResponse]:
+            for frame in self.frames:
+                yield frame
+            self.streamed.set()
+            if self.hold:
+                await asyncio.Event().wait()
+
+        return stream()
+
+    async def ChangeInvisibleDuration(self, request: pb.ChangeInvisibleDurationRequest, **_: Any) -> Any:
+        await asyncio.sleep(0.05)
+        return self.fake.ChangeInvisibleDuration(request)
+
+
+def run_unclosed(stub: AsyncStub, body: Any) -> None:
+    """asyncio.run of `body(consumer)` with a consumer it never closes, as a program that just ends."""
+
+    async def main() -> None:
+        consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+        consumer._channel = FakeChannel()  # type: ignore[assignment]
+        consumer._stub_ = stub
+        await body(consumer)
+
+    asyncio.run(main())
+    gc.collect()  # a task left pending would be destroyed now
+
+
+def test_a_receive_that_asyncio_run_cancels_mid_answer_is_given_back_before_the_loop_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The receive has read one message frame of its answer when the program's main coroutine returns:
+    asyncio.run cancels it, and its give-back (a task started then) still runs to its end."""
+    fake = FakeStub()
+    stub = AsyncStub(fake, answer(fake, IDS[:1])[:1], hold=True)
+
+    async def body(consumer: aio.SimpleConsumer) -> None:
+        asyncio.ensure_future(consumer.receive())
+        await stub.streamed.wait()  # the receive has read the frame and waits for more
+
+    run_unclosed(stub, body)
+    assert given_back(fake) == ["m0"]
+    assert "Task was destroyed but it is pending" not in caplog.text
+
+
+def test_an_async_iteration_left_open_is_given_back_when_asyncio_run_ends(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeStub()
+    stub = AsyncStub(fake, answer(fake, IDS))
+    iterations = []
+
+    async def body(consumer: aio.SimpleConsumer) -> None:
+        iterations.append(aiter(consumer))
+        assert (await anext(iterations[0])).message_id == "m0"
+
+    run_unclosed(stub, body)  # asyncio.run closes the iteration (loop.shutdown_asyncgens)
+    assert given_back(fake) == ["m1", "m2", "m3"]
+    assert "Task was destroyed but it is pending" not in caplog.text
