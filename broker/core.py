@@ -82,7 +82,7 @@ class BrokerCore:
             sends=self.sends,
             hold=self.hold,
             payloads=self._payloads,
-            max_attempts=settings.max_delivery_attempts,
+            max_attempts=settings.max_attempts_of,
             released=self._fifo_released,
         )
         self.readiness = Readiness(topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch)
