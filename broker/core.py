@@ -82,7 +82,7 @@ class BrokerCore:
             sends=self.sends,
             hold=self.hold,
             payloads=self._payloads,
-            max_attempts=settings.max_delivery_attempts,
+            max_attempts=settings.max_attempts_of,
             released=self._fifo_released,
         )
         self.readiness = Readiness(topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch)
@@ -358,7 +358,13 @@ class BrokerCore:
         state = self.groups.get((group, handle.topic))
         delivery = state.current(handle.queue_id, handle.offset, handle.token) if state else None
         if state is None or delivery is None or delivery.attempt != handle.attempt:
-            raise InvalidReceiptHandle("receipt handle is stale: the message was acked or redelivered since")
+            # Not "stale" alone: a handle acked with another group's name lands here too, and that word sent its
+            # user looking for a double delivery.
+            raise InvalidReceiptHandle(
+                f"consumer group {group} has no in-flight delivery of message {handle.topic}/{handle.queue_id}/"
+                f"{handle.offset} with this receipt handle: the handle is another group's, or the message was acked "
+                "or redelivered since"
+            )
         return state, handle, delivery
 
     async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[BrokerError | None]:

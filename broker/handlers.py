@@ -10,7 +10,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
-from broker import errors
+from broker import errors, validation
 from broker.core import BrokerCore
 from broker.model import PopResult
 
@@ -106,6 +106,10 @@ async def notification(core: BrokerCore, request: pb.NotificationRequest, out: p
     )
 
 
+async def group_config(core: BrokerCore, request: pb.GroupConfigRequest, out: pb.GroupConfigResponse) -> None:
+    out.max_delivery_attempts = core.settings.max_attempts_of(validation.check_group(request.group))
+
+
 # What a Session request of each kind runs; its response goes in the field of the same name.
 SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "pop": pop,
@@ -114,4 +118,5 @@ SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "ack": ack,
     "change_invisible": change_invisible,
     "renew": renew,
+    "group_config": group_config,
 }

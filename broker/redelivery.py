@@ -1,7 +1,7 @@
 """Redelivery and dead letters: invisibility timers, expired deliveries made ready again, the DLQ path.
 
 An un-acked delivery becomes ready again at its deadline with attempt + 1; one that already had
-``max_attempts`` deliveries goes to the topic ``%DLQ%<group>`` instead, its origin kept as
+its group's ``max_attempts`` deliveries goes to the topic ``%DLQ%<group>`` instead, its origin kept as
 properties. One timer per group+topic fires at the earliest deadline and wakes held Pops. A FIFO
 message comes back only after the in-flight FIFO messages before it in its queue (broker.core).
 Owned and called by the core; it knows nothing of the core.
@@ -49,14 +49,14 @@ class Redelivery:
         sends: SendPath,
         hold: HoldService,
         payloads: PayloadReader,
-        max_attempts: int,
+        max_attempts: Callable[[str], int],
         released: Callable[[GroupTopic, int], None],
     ) -> None:
         self.topics = topics
         self.sends = sends
         self.hold = hold
         self.payloads = payloads
-        self.max_attempts = max_attempts
+        self.max_attempts = max_attempts  # a consumer group's deliveries of a message before its DLQ
         self.released = released  # a FIFO message left the group's flight (dead-lettered): (state, queue id)
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[object]] = set()
@@ -120,8 +120,9 @@ class Redelivery:
         """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ); how many of them
         can be taken now (a FIFO message behind one still in flight cannot: its release wakes for it)."""
         ready = 0
+        max_attempts = self.max_attempts(state.group)
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
-            if delivery.attempt >= self.max_attempts:
+            if delivery.attempt >= max_attempts:
                 self.to_dlq(state, queue_id, offset, delivery)
             else:
                 state.ready.append((queue_id, offset, delivery.token))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from broker import validation
 from broker.config import load_settings
 from broker.errors import BrokerError
+
+MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
 
 
 def _names(value: object) -> tuple[str, ...]:
@@ -16,7 +20,23 @@ def _names(value: object) -> tuple[str, ...]:
         return tuple(part for part in value.replace(",", " ").split() if part)
     if isinstance(value, list | tuple):
         return tuple(str(v) for v in value)
-    raise ValueError(f"expected a list of topic names, got {value!r}")
+    raise ValueError(f"expected a list of names, got {value!r}")
+
+
+def _group_attempts(value: object) -> tuple[tuple[str, int], ...]:
+    """``GROUP=N`` items (repeated flags, a comma list, a TOML list) or a TOML table ``{GROUP = N}``."""
+    items: list[tuple[str, Any]]
+    if isinstance(value, dict):
+        items = [(str(group), n) for group, n in value.items()]
+    else:
+        items = [item.partition("=")[::2] for item in _names(value)]
+    pairs = []
+    for group, n in items:
+        try:
+            pairs.append((group.strip(), int(n)))
+        except (TypeError, ValueError):
+            raise ValueError(f"{group}={n}: expected GROUP=N, N a whole number") from None
+    return tuple(pairs)
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,14 @@ class BrokerSettings:
     )
     consume_from: str = field(default="earliest", metadata={"help": "where a new group starts: earliest|latest"})
     max_delivery_attempts: int = field(default=17, metadata={"help": "deliveries before dead-lettering"})
+    group_max_attempts: tuple[tuple[str, int], ...] = field(
+        default=(),
+        metadata={
+            "parse": _group_attempts,
+            "help": "GROUP=N: deliveries to consumer group GROUP before dead-lettering, instead of "
+            "--max-delivery-attempts; repeated (env POPGATE_GROUP_MAX_ATTEMPTS: comma list; file: a table)",
+        },
+    )
     max_held: int = field(default=20000, metadata={"help": "held long polls before answering at once"})
     max_groups: int = field(
         default=10000, metadata={"help": "consumer group x topic states kept; a new one beyond is TOO_MANY_REQUESTS"}
@@ -87,7 +115,7 @@ class BrokerSettings:
             (self.flush in ("sync", "async"), "flush must be sync or async"),
             (self.consume_from in ("earliest", "latest"), "consume_from must be earliest or latest"),
             (self.queues_per_topic >= 1, "queues_per_topic must be >= 1"),
-            (self.max_delivery_attempts >= 1, "max_delivery_attempts must be >= 1"),
+            (1 <= self.max_delivery_attempts <= MAX_ATTEMPTS_LIMIT, "max_delivery_attempts must be in 1..2^31-1"),
             (self.max_held >= 0, "max_held must be >= 0"),
             (self.max_groups >= 1, "max_groups must be >= 1"),
             (self.max_topics >= 1, "max_topics must be >= 1"),
@@ -118,6 +146,29 @@ class BrokerSettings:
                 validation.check_topic(topic)  # a clear error at start, not at the first send
             except BrokerError as exc:
                 raise ValueError(f"--topic {topic!r}: {exc}") from None
+        self._check_group_attempts()
+
+    def _check_group_attempts(self) -> None:
+        seen = set()
+        for group, attempts in self.group_max_attempts:
+            try:
+                validation.check_group(group)
+            except BrokerError as exc:
+                raise ValueError(f"--group-max-attempts {group}={attempts}: {exc}") from None
+            if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+                raise ValueError(f"--group-max-attempts {group}={attempts}: attempts must be in 1..2^31-1")
+            if group in seen:
+                raise ValueError(f"--group-max-attempts: consumer group {group} is given twice")
+            seen.add(group)
+
+    @cached_property
+    def _attempts_by_group(self) -> dict[str, int]:
+        return dict(self.group_max_attempts)
+
+    def max_attempts_of(self, group: str) -> int:
+        """Deliveries of a message to `group` before it is dead-lettered: its --group-max-attempts, otherwise
+        --max-delivery-attempts (RocketMQ: the subscription group's retryMaxTimes + 1)."""
+        return self._attempts_by_group.get(group, self.max_delivery_attempts)
 
 
 def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> BrokerSettings:

@@ -6,7 +6,7 @@ broker down; a passing check or a successful call marks it up again. Broker
 errors become proxy errors here: the ``popgate-error`` trailer names the domain
 error, otherwise the gRPC code decides.
 
-Sends, Pops, Acks, invisibility changes and Notifications travel on one
+Sends, Pops, Acks, invisibility changes, Notifications and GroupConfigs travel on one
 multiplexed ``Session`` stream per broker (`broker.client.BrokerSession`): a held
 request there costs the broker ~3 KB instead of a whole gRPC call (~19 KB), the
 proxy one future instead of a call, and a request a quarter of a call's CPU.
@@ -82,6 +82,7 @@ SESSION_FIELDS = {
     "ChangeInvisibleTime": "change_invisible",
     "Renew": "renew",
     "Notification": "notification",
+    "GroupConfig": "group_config",
 }
 
 
@@ -264,6 +265,12 @@ class GrpcBrokerClient:
         self, request: bpb.NotificationRequest, *, timeout_s: float
     ) -> asyncio.Future[bpb.NotificationResponse]:
         return self.begin("Notification", request, timeout_s=timeout_s)
+
+    async def group_config(self, group: str, *, timeout_s: float) -> bpb.GroupConfigResponse:
+        response: bpb.GroupConfigResponse = await self.begin(
+            "GroupConfig", bpb.GroupConfigRequest(group=group), timeout_s=timeout_s
+        )
+        return response
 
     async def stats(self, request: bpb.StatsRequest, *, timeout_s: float) -> bpb.StatsResponse:
         return await self._call("Stats", self._stub.Stats, request, timeout_s)

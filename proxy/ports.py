@@ -42,6 +42,9 @@ class BrokerClient(Protocol):
     async def renew(self, request: bpb.RenewRequest, *, timeout_s: float) -> bpb.RenewResponse:
         """Extend in-flight deliveries, their receipt handles unchanged (proxy.renewal)."""
 
+    async def group_config(self, group: str, *, timeout_s: float) -> bpb.GroupConfigResponse:
+        """The consumer group's settings at this broker: its max delivery attempts (proxy.attempts)."""
+
     # Pop and Notification are started at once and return futures: cancelling one cancels the broker
     # request. A held receive waits on one per broker, so no task or coroutine per request.
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...

@@ -217,6 +217,18 @@ class DeadLetterResponse(_message.Message):
     offset: int
     def __init__(self, dlq_topic: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
+class GroupConfigRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class GroupConfigResponse(_message.Message):
+    __slots__ = ("max_delivery_attempts",)
+    MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    max_delivery_attempts: int
+    def __init__(self, max_delivery_attempts: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ("topic", "group")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -296,7 +308,7 @@ class ListMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew")
+    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +317,7 @@ class SessionRequest(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
     RENEW_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CONFIG_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopRequest
     notification: NotificationRequest
@@ -313,7 +326,8 @@ class SessionRequest(_message.Message):
     ack: AckRequest
     change_invisible: ChangeInvisibleTimeRequest
     renew: RenewRequest
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ...) -> None: ...
+    group_config: GroupConfigRequest
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigRequest, _Mapping]] = ...) -> None: ...
 
 class SessionError(_message.Message):
     __slots__ = ("error", "message", "grpc_code")
@@ -326,7 +340,7 @@ class SessionError(_message.Message):
     def __init__(self, error: _Optional[str] = ..., message: _Optional[str] = ..., grpc_code: _Optional[int] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew")
+    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew", "group_config")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +349,7 @@ class SessionResponse(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
     RENEW_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CONFIG_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopResponse
     notification: NotificationResponse
@@ -343,4 +358,5 @@ class SessionResponse(_message.Message):
     ack: AckResponse
     change_invisible: ChangeInvisibleTimeResponse
     renew: RenewResponse
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ...) -> None: ...
+    group_config: GroupConfigResponse
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigResponse, _Mapping]] = ...) -> None: ...

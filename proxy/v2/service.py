@@ -18,6 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from proxy import errors
+from proxy.attempts import LOOKUP_TIMEOUT_S, GroupAttempts
 from proxy.auth import Authenticator
 from proxy.codes import code_of, name_of
 from proxy.core import Proxy
@@ -47,6 +48,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._metrics = metrics
         self._auth = Authenticator(settings.accounts, skew_s=settings.auth_skew_s)
         self._telemetry_streams = 0
+        self._attempts = GroupAttempts(proxy.pool.live, timeout_s=min(LOOKUP_TIMEOUT_S, settings.broker_timeout_s))
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()
@@ -164,7 +166,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             access.check(self._auth, context.invocation_metadata(), None)
             client_id = access.client_id_of(context.invocation_metadata())
             self._proxy.renewer.opened(client_id)
-            async for reply in telemetry.telemetry(request_iterator, self._settings, self._proxy.closing):
+            async for reply in telemetry.telemetry(
+                request_iterator, self._settings, self._proxy.closing, self._attempts
+            ):
                 yield reply
         except Exception as exc:
             yield pb.TelemetryCommand(status=_status(exc))

@@ -2,7 +2,8 @@
 
 The official clients overwrite their limits from the reply: publishing.max_body_size
 must be set (0 would refuse every send), a push consumer needs
-subscription.long_polling_timeout (0 would busy-loop) and reads the retry back-off.
+subscription.long_polling_timeout (0 would busy-loop) and reads the retry back-off, whose
+max_attempts is the consumer group's at its brokers (proxy.attempts).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors, validate
+from proxy.attempts import DEFAULT_MAX_ATTEMPTS, GroupAttempts
 from proxy.settings import Settings
 
-# RocketMQ's default consumer retry delays (1s 5s 10s 30s 1m ... 2h) for attempts 1..17.
+# RocketMQ's default consumer retry delays (1s 5s 10s 30s 1m ... 2h) for attempts 1..17 (the last for any after).
 RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
-MAX_DELIVERY_ATTEMPTS = 17
 PRODUCER_ATTEMPTS = 3
 
 
-def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryCommand:
+def settings_reply(
+    client: v2.Settings, settings: Settings, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS
+) -> pb.TelemetryCommand:
+    """The answer to a client's settings; `max_attempts`: its consumer group's max delivery attempts."""
     reply = v2.Settings()
     reply.CopyFrom(client)
     reply.metric.Clear()
@@ -47,7 +51,7 @@ def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryComma
         # then consumes one message at a time and retries a failed one itself before the next.
         sub.fifo = _fifo_group(client.subscription.group, settings)
         reply.backoff_policy.Clear()
-        reply.backoff_policy.max_attempts = MAX_DELIVERY_ATTEMPTS
+        reply.backoff_policy.max_attempts = max_attempts
         reply.backoff_policy.customized_backoff.next.extend(Duration(seconds=s) for s in RETRY_DELAYS_S)
     else:
         pub = reply.publishing
@@ -62,18 +66,28 @@ def settings_reply(client: v2.Settings, settings: Settings) -> pb.TelemetryComma
     return pb.TelemetryCommand(status=v2.Status(code=v2.OK, message="OK"), settings=reply)
 
 
-def _fifo_group(group: v2.Resource, settings: Settings) -> bool:
-    """Whether `group` is one of --fifo-group (as stored: `namespace%name` in a namespace)."""
-    if not settings.fifo_groups:
-        return False
+def _group_name(group: v2.Resource) -> str | None:
+    """The group as stored (`namespace%name` in a namespace); None for a bad name, which is refused where it is
+    used (receive, ack), not in a settings reply."""
     try:
-        return validate.group_in(group.resource_namespace, group.name) in settings.fifo_groups
-    except errors.ProxyError:  # a bad name is refused where it is used (receive, ack), not in a settings reply
-        return False
+        return validate.group_in(group.resource_namespace, group.name)
+    except errors.ProxyError:
+        return None
+
+
+def _fifo_group(group: v2.Resource, settings: Settings) -> bool:
+    """Whether `group` is one of --fifo-group."""
+    return bool(settings.fifo_groups) and _group_name(group) in settings.fifo_groups
+
+
+async def _max_attempts(client: v2.Settings, attempts: GroupAttempts) -> int:
+    """A consumer's group's, as its brokers have it (a producer's answer has none)."""
+    group = _group_name(client.subscription.group) if client.HasField("subscription") else None
+    return DEFAULT_MAX_ATTEMPTS if group is None else await attempts.of(group)
 
 
 async def telemetry(
-    commands: AsyncIterator[pb.TelemetryCommand], settings: Settings, closing: asyncio.Event
+    commands: AsyncIterator[pb.TelemetryCommand], settings: Settings, closing: asyncio.Event, attempts: GroupAttempts
 ) -> AsyncIterator[pb.TelemetryCommand]:
     """Reply to every Settings command until the client closes the stream or the proxy shuts down."""
     closed = asyncio.ensure_future(closing.wait())
@@ -89,7 +103,8 @@ async def telemetry(
             except StopAsyncIteration:
                 return
             if command.HasField("settings"):
-                yield settings_reply(command.settings, settings)
+                max_attempts = await _max_attempts(command.settings, attempts)
+                yield settings_reply(command.settings, settings, max_attempts=max_attempts)
             # Other commands (thread stack traces, verify results) answer requests this proxy never makes.
     finally:
         closed.cancel()

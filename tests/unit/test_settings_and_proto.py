@@ -52,3 +52,33 @@ def test_invalid_settings_are_refused() -> None:
 def test_settings_out_of_range_are_refused(setting: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=next(iter(setting))):
         BrokerSettings(**setting)  # type: ignore[arg-type]
+
+
+def test_group_max_attempts_from_flags_environment_and_file(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text('max-delivery-attempts = 5\n[group-max-attempts]\norders = 3\n"tenant%billing" = 9\n')
+    from_file = parse([], {"POPGATE_CONFIG": str(config)})
+    assert [from_file.max_attempts_of(g) for g in ("orders", "tenant%billing", "billing")] == [3, 9, 5]
+    listed = tmp_path / "listed.toml"
+    listed.write_text('group_max_attempts = ["orders=4"]\n')
+    assert parse([], {"POPGATE_CONFIG": str(listed)}).group_max_attempts == (("orders", 4),)
+    from_env = parse([], {"POPGATE_GROUP_MAX_ATTEMPTS": "orders=2, audit=1"})
+    assert from_env.group_max_attempts == (("orders", 2), ("audit", 1))
+    from_flags = parse(["--group-max-attempts", "orders=6", "--group-max-attempts", "audit=7"], {})
+    assert [from_flags.max_attempts_of(g) for g in ("orders", "audit", "other")] == [6, 7, 17]
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("orders", "expected GROUP=N"),
+        ("orders=many", "expected GROUP=N"),
+        ("orders=0", "attempts must be in 1..2"),
+        ("bad!=3", "consumer group name"),
+        ("orders=2,orders=3", "orders is given twice"),
+    ],
+)
+def test_bad_group_max_attempts_are_refused_by_name(value: str, error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse([], {"POPGATE_GROUP_MAX_ATTEMPTS": value})
+    assert error in capsys.readouterr().err

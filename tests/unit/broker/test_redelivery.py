@@ -23,6 +23,7 @@ from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, NewMessage, Op, Record
 
 MAX_ATTEMPTS = 3
+SETTINGS = BrokerSettings(max_delivery_attempts=MAX_ATTEMPTS, group_max_attempts=(("fast", 1),))
 T = TypeVar("T")
 
 
@@ -67,7 +68,7 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
         sends=sends,
         hold=hold,
         payloads=payloads,
-        max_attempts=MAX_ATTEMPTS,
+        max_attempts=SETTINGS.max_attempts_of,
         released=lambda state: None,
     )
     state = GroupTopic("g", "t")
@@ -101,6 +102,24 @@ def test_expired_delivery_is_ready_again_below_the_limit_and_dead_lettered_at_it
         "ORIGIN_QUEUE_ID": "0",
         "ORIGIN_OFFSET": "1",
     }
+
+
+def test_a_group_with_its_own_max_attempts_is_dead_lettered_at_it_the_others_at_the_default() -> None:
+    store = CommitLog()
+
+    async def scenario() -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        redelivery, state, _ = make(store)
+        fast = GroupTopic("fast", "t")
+        fast.queue(0, 0).pull_offset = 2
+        for group in (state, fast):
+            group.deliver(0, 0, Delivery(1, 11, 100))
+        picks = redelivery.take(state, now=200, want=10), redelivery.take(fast, now=200, want=10)
+        await redelivery.close()
+        return picks
+
+    assert run(scenario()) == ([(0, 0, 2)], [])  # "g" gets its second delivery; "fast" had its one
+    [(appends, _)] = store.commits
+    assert [a.topic for a in appends] == ["%DLQ%fast"]
 
 
 def test_refused_dead_letter_keeps_the_message_in_flight() -> None:

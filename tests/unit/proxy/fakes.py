@@ -26,6 +26,7 @@ class FakeBroker:
         self.notifications: list[bpb.NotificationRequest] = []
         self.held = 0  # Pops and Notifications being held right now
         self.changed = asyncio.Event()  # set (and replaced) whenever `held` changes
+        self.max_attempts: dict[str, int] = {}  # GroupConfig's answer by group (17 for the others)
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +94,10 @@ class FakeBroker:
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         self._check()
         return bpb.DeadLetterResponse(dlq_topic="%DLQ%" + request.group)
+
+    async def group_config(self, group: str, *, timeout_s: float) -> bpb.GroupConfigResponse:
+        self._check()
+        return bpb.GroupConfigResponse(max_delivery_attempts=self.max_attempts.get(group, 17))
 
     async def renew(self, request: bpb.RenewRequest, *, timeout_s: float) -> bpb.RenewResponse:
         self._check()

@@ -123,6 +123,7 @@ def test_consumer_settings_reply_sets_long_polling_batch_and_retry_backoff() -> 
     assert reply.subscription.receive_batch_size == 32 and not reply.subscription.fifo
     assert reply.backoff_policy.max_attempts == 17
     assert reply.backoff_policy.customized_backoff.next[0].seconds == 1
+    assert settings_reply(client, SETTINGS, max_attempts=3).settings.backoff_policy.max_attempts == 3
 
 
 def test_settings_reply_says_fifo_for_the_configured_groups_only_namespace_included() -> None:

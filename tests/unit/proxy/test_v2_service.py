@@ -208,3 +208,30 @@ def test_auto_renew_receives_are_renewed_while_the_clients_telemetry_stream_is_o
         return tracked
 
     assert asyncio.run(asyncio.wait_for(scenario(), 10)) == [0, 0, 2, 1, 0]
+
+
+def test_telemetry_answers_a_consumer_the_max_attempts_its_groups_brokers_have() -> None:
+    async def scenario() -> list[int]:
+        metrics = ProxyMetrics(CollectorRegistry())
+        brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
+        for broker in brokers.values():
+            broker.max_attempts.update({"fast": 2, "tenant%billing": 4})
+        pool = BrokerPool(brokers, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+        service = MessagingService(
+            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+        )
+
+        def consumer(name: str, namespace: str = "") -> pb.TelemetryCommand:
+            group = v2.Resource(name=name, resource_namespace=namespace)
+            return pb.TelemetryCommand(
+                settings=v2.Settings(client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=group))
+            )
+
+        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+            for command in (consumer("fast"), consumer("billing", "tenant"), consumer("other")):
+                yield command
+
+        return [r.settings.backoff_policy.max_attempts async for r in service.Telemetry(commands(), Context())]
+
+    assert asyncio.run(scenario()) == [2, 4, 17]
