@@ -155,7 +155,12 @@ def add_parsers(sub: Sub) -> None:
         default="text",
         help="text: a line per message; json: an object per line; body: raw body bytes, each followed by a newline",
     )
-    receive.add_argument("--no-ack", action="store_true", help="do not ack (messages come back after --invisible)")
+    receive.add_argument(
+        "--no-ack",
+        action="store_true",
+        help="look without consuming: each message once, stopping at the first one shown already; each look "
+        "uses one delivery attempt of every message shown, and hides it for --invisible",
+    )
     receive.set_defaults(handler=receive_command)
 
 
@@ -231,6 +236,30 @@ class IdleWait:
 
     def received(self) -> None:
         self.until = self.clock() + self.wait
+
+
+class OnePass:
+    """What `receive --no-ack` shows: each message once, and no more once one comes round again.
+
+    A message not acked comes back after the invisible time with one more delivery attempt. Reading on
+    would show it again, and again, until it has used every attempt and is dead-lettered: a backlog that
+    takes longer than --invisible to print went to the DLQ.
+    """
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.over = False
+
+    def new(self, batch: list[Message]) -> list[Message]:
+        """The batch's messages not shown yet; any other ends the pass (`over`)."""
+        fresh = []
+        for message in batch:
+            if message.message_id in self.seen:
+                self.over = True
+            else:
+                self.seen.add(message.message_id)
+                fresh.append(message)
+        return fresh
 
 
 def _plural(n: int, word: str = "message") -> str:
@@ -362,16 +391,18 @@ def receive_command(args: argparse.Namespace) -> int:
         invisible=args.invisible,
         **connection(args),
     )
-    tally, code = _Tally(), 0
+    tally, code, look = _Tally(), 0, OnePass()
     try:
         with consumer:
             idle = IdleWait(args.wait)
-            while (args.count == 0 or tally.got < args.count) and (wait := idle.next()) is not None:
+            while (args.count == 0 or tally.got < args.count) and not look.over and (wait := idle.next()) is not None:
                 want = args.batch if args.count == 0 else min(args.batch, args.count - tally.got)
                 batch = consumer.receive(max=want, wait=wait)
                 if not batch:
                     continue
                 idle.received()
+                if args.no_ack:
+                    batch = look.new(batch)
                 tally.got += len(batch)
                 _print_and_ack(consumer, batch, tally, fmt=args.format, ack=not args.no_ack)
     except errors.PopgateError as exc:
@@ -387,5 +418,7 @@ def receive_command(args: argparse.Namespace) -> int:
     else:
         summary = f"received {_plural(got)} ({acked} acked)"
     stopped = " (interrupted)" if code else ""
+    if look.over:
+        stopped += "; stopped at the first message shown already (--no-ack looks once)"
     err.print(f"{summary} from {args.topic} (group {args.group}){stopped}")
     return code

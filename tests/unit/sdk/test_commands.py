@@ -12,7 +12,7 @@ from popgate_pb import broker_pb2 as bpb
 from sdk import Message, RetryPolicy
 from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
-from sdk.commands import IdleWait, error_console
+from sdk.commands import IdleWait, OnePass, error_console
 
 
 def test_wait_zero_still_polls_once() -> None:
@@ -32,6 +32,15 @@ def test_each_batch_restarts_the_idle_wait() -> None:
     assert idle.next() == pytest.approx(0.05)
     now[0] += 0.06
     assert idle.next() is None
+
+
+def test_a_look_without_acks_ends_at_the_first_message_shown_already() -> None:
+    look = OnePass()
+    first = [Message(b"x", message_id=f"m{i}") for i in range(3)]
+    assert look.new(first) == first and not look.over
+    # m0 came round again (its invisible time passed): m3, new, is still shown; then the pass is over
+    again = [first[0], Message(b"y", message_id="m3")]
+    assert [m.message_id for m in look.new(again)] == ["m3"] and look.over
 
 
 @pytest.mark.parametrize("argv", [["stats", "--broker", "no-equals-sign"], ["stats"]])
