@@ -186,7 +186,8 @@ def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    check_in_memory(args.size, min(args.batch * args.concurrency, args.count))  # each producer's send_many at once
+    # each producer's send_many at once
+    check_in_memory(args.size, min(args.batch * args.concurrency, args.count), lower="--size, --batch or --concurrency")
     err = error_console()
     phases: list[Phase] = []
     code = 0

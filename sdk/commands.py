@@ -67,12 +67,12 @@ BODY_SIZE = number(int, low=1, high=MAX_MESSAGE_BYTES)  # more could never be se
 IN_MEMORY_BYTES = 1024 * 1024 * 1024  # message bodies a command builds at once (send_many copies each into its request)
 
 
-def check_in_memory(size: int, messages: int) -> None:
-    """ValueError (one line, exit code 2) unless `messages` bodies of `size` bytes fit IN_MEMORY_BYTES."""
+def check_in_memory(size: int, messages: int, *, lower: str) -> None:
+    """ValueError (one line, exit code 2) unless `messages` bodies of `size` bytes fit IN_MEMORY_BYTES;
+    it tells the user to lower `lower` (the command's options that set them)."""
     if size * messages > IN_MEMORY_BYTES:
         raise ValueError(
-            f"{messages} messages of {size} B at once is over {IN_MEMORY_BYTES >> 30} GiB in memory: "
-            "lower --size or --batch (or --concurrency)"
+            f"{messages} messages of {size} B at once is over {IN_MEMORY_BYTES >> 30} GiB in memory: lower {lower}"
         )
 
 
@@ -269,7 +269,8 @@ def _plural(n: int, word: str = "message") -> str:
 def send_command(args: argparse.Namespace) -> int:
     err = error_console()
     body = _body(args)
-    check_in_memory(len(body), min(args.batch, args.count))
+    generated = args.body is None and not args.file
+    check_in_memory(len(body), min(args.batch, args.count), lower="--size or --batch" if generated else "--batch")
     options = {
         "tag": args.tag,
         "keys": args.key,

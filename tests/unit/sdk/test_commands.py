@@ -149,18 +149,28 @@ def test_a_body_size_over_the_grpc_message_limit_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "advice"),
     [
-        ["send", "t", "--size", str(64 * 1024 * 1024), "--count", "100"],  # 100 bodies of 64 MiB per call
-        ["bench", "--size", str(4 * 1024 * 1024)],  # 8 producers x 256 bodies of 4 MiB at once
+        # 100 bodies of 64 MiB per call; `send` has no --concurrency to lower
+        (["send", "t", "--size", str(64 * 1024 * 1024), "--count", "100"], "lower --size or --batch\n"),
+        (["bench", "--size", str(4 * 1024 * 1024)], "lower --size, --batch or --concurrency\n"),  # 8 x 256 x 4 MiB
     ],
 )
 def test_more_bodies_at_once_than_fit_in_memory_are_bad_input(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+    argv: list[str], advice: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main([*argv, "--endpoint", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
-    assert "GiB in memory: lower --size or --batch" in err and err.count("\n") == 1
+    assert err.endswith(f"GiB in memory: {advice}") and err.count("\n") == 1
+
+
+def test_a_body_from_a_file_too_large_for_its_batch_names_only_the_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = tmp_path / "body"
+    body.write_bytes(b"x" * (16 * 1024 * 1024))
+    assert main(["send", "t", "--file", str(body), "--count", "100", "--endpoint", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err.endswith("GiB in memory: lower --batch\n")
 
 
 def test_a_retry_policy_without_back_off_is_refused() -> None:
