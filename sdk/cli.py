@@ -60,6 +60,15 @@ def _say(text: str, *, err: bool = False) -> None:
         print(text, file=sys.stderr if err else sys.stdout, flush=True)
 
 
+def ended(code: int) -> str:
+    """How a child ended, from its return code (-N: killed by signal N, as subprocess reports it)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def up(args: argparse.Namespace) -> int:
     if args.brokers < 1:
         print("popgate up: --brokers must be at least 1", file=sys.stderr)
@@ -91,7 +100,7 @@ def up(args: argparse.Namespace) -> int:
 
     def child_died(child: Child, code: int) -> None:  # a crash or a kill: say so, and stop the rest
         tail = "\n  ".join(child.lines[-5:])
-        died.append(f"popgate up: {child.name} exited with code {code}; last output:\n  {tail}")
+        died.append(f"popgate up: {child.name} {ended(code)}; last output:\n  {tail}")
         stop.set()
 
     cluster.on_exit(child_died)
