@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
 from sdk.commands import number
@@ -21,16 +22,39 @@ from sdk.commands import number
 INTERVAL = number(float, low=0.1, high=3600.0)
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help tells it already (says "default") or the
+    default comes from the environment (the help says "env": it may be a secret, such as a key)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        told = any(word in text.lower() for word in ("default", "env "))
+        no_default = action.default in (None, "", [], argparse.SUPPRESS) or action.nargs == 0  # a flag: off
+        if told or no_default or not action.option_strings:
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """The `popgate` parser; its subcommands' parsers are of this class too, so all show their defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser("up", help="run N brokers and a proxy locally until Ctrl-C")
-    up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--brokers", type=int, default=3, help="number of brokers")
     up.add_argument("--listen", default="127.0.0.1:8081", help="proxy address (port 0 = any free port)")
-    up.add_argument("--data-dir", type=Path, default=Path("./data"), help="brokers' data and children's logs")
+    up.add_argument("--data-dir", type=Path, default="./data", help="brokers' data and children's logs")
     up.add_argument(
         "--receive-mode", default="adaptive", choices=["adaptive", "notify", "longpoll"], help="proxy receive mode"
     )
     up.add_argument("--export-dir", default="", help="every process's JSON-lines metric snapshots, in DIR/<name>")
-    up.add_argument("--flush", default="", choices=["", "sync", "async"], help="broker flush policy")
+    up.add_argument(
+        "--flush", default="", choices=["sync", "async"], help="broker flush policy (default: the broker's, async)"
+    )
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
     up.add_argument(
@@ -39,7 +63,7 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="popgate", description="popgate command line")
+    parser = Parser(prog="popgate", description="popgate command line")
     sub = parser.add_subparsers(dest="command", required=True)
     _up_parser(sub)
     _client_parsers(sub)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,33 @@ def test_each_batch_restarts_the_idle_wait() -> None:
     assert idle.next() == pytest.approx(0.05)
     now[0] += 0.06
     assert idle.next() is None
+
+
+def _help(command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """`popgate <command> --help`: each option's entry (its help on one line) by option."""
+    monkeypatch.setenv("COLUMNS", "300")  # no wrapping within an entry
+    with pytest.raises(SystemExit) as exited:
+        main([*command.split(), "--help"])
+    assert exited.value.code == 0
+    entries = re.findall(r"^  (--[a-z-]+)(.*(?:\n {6,}.*)?)", capsys.readouterr().out, re.MULTILINE)
+    return {option: " ".join(text.split()) for option, text in entries}
+
+
+def test_help_shows_each_options_default_but_not_a_secret_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("POPGATE_SECRET_KEY", "s3cret")
+    monkeypatch.setenv("POPGATE_BROKER_TOKEN", "t0ken")
+    receive = _help("receive", monkeypatch, capsys)
+    for option, default in [("--wait", "5.0"), ("--invisible", "30.0"), ("--batch", "32"), ("--format", "text")]:
+        assert receive[option].endswith(f"(default: {default})"), receive[option]
+    send = _help("send", monkeypatch, capsys)
+    assert send["--size"].endswith("(default: 256)") and send["--batch"].endswith("(default: 256)"), send
+    assert _help("dlq list", monkeypatch, capsys)["--timeout"].endswith("(default: 3.0)")
+    assert "s3cret" not in send["--secret-key"] and "t0ken" not in _help("stats", monkeypatch, capsys)["--broker-token"]
+    assert "default" not in receive["--no-ack"] + send["--tag"]  # a flag; an option without a default
+    up = _help("up", monkeypatch, capsys)
+    assert up["--flush"].startswith("{sync,async} ") and up["--brokers"].endswith("(default: 3)"), up
 
 
 def test_a_look_without_acks_ends_at_the_first_message_shown_already() -> None:
