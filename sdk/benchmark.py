@@ -24,6 +24,7 @@ from sdk.commands import (
     client_options,
     connection,
     error_console,
+    explain,
     number,
     print_table,
     progress,
@@ -197,7 +198,7 @@ def bench_command(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             code = 130
         except errors.PopgateError as exc:
-            err.print(f"popgate bench: {exc}", style="red")
+            err.print(f"popgate bench: {explain(exc, args)}", style="red")
             code = 1
     print_table(summary(phases, args))
     if code:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Message, RetryPolicy
+from sdk import Message, RetryPolicy, errors
 from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
-from sdk.commands import IdleWait, OnePass, error_console
+from sdk.commands import IdleWait, OnePass, error_console, explain
 
 
 def test_wait_zero_still_polls_once() -> None:
@@ -60,6 +61,26 @@ def test_help_shows_each_options_default_but_not_a_secret_from_the_environment(
     assert "default" not in receive["--no-ack"] + send["--tag"]  # a flag; an option without a default
     up = _help("up", monkeypatch, capsys)
     assert up["--flush"].startswith("{sync,async} ") and up["--brokers"].endswith("(default: 3)"), up
+
+
+@pytest.mark.parametrize(
+    ("error", "tls", "hinted"),
+    [
+        (errors.Unavailable("failed to connect to all addresses; last error: ...: Socket closed"), False, True),
+        (errors.Unavailable("failed to connect to all addresses; last error: ...: Socket closed"), True, False),
+        (
+            errors.Unavailable("failed to connect to all addresses; ...: connect: Connection refused (111)"),
+            False,
+            False,
+        ),
+        (errors.Unavailable("no broker is available", code=50002), False, False),  # the server answered it
+    ],
+)
+def test_only_a_failed_plaintext_connection_gets_the_tls_hint(
+    error: errors.PopgateError, tls: bool, hinted: bool
+) -> None:
+    args = argparse.Namespace(tls=tls, tls_ca=None)
+    assert ("try --tls" in explain(error, args)) is hinted
 
 
 def test_a_look_without_acks_ends_at_the_first_message_shown_already() -> None:
