@@ -31,12 +31,19 @@ from sdk.commands import (
 )
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
+# One consumer group for every run: a run on a reused --topic goes on where the last one stopped instead of
+# reading every earlier run's messages again (and timing the idle wake of their old stamps) as a new group would.
+GROUP = "popgate-bench"
 
 
 def add_parsers(sub: Sub) -> None:
     bench = sub.add_parser("bench", help="measure produce, consume+ack and idle-wake latency through the proxy")
     client_options(bench)
-    bench.add_argument("--topic", default="", help="topic (default: a fresh one per run)")
+    bench.add_argument(
+        "--topic",
+        default="",
+        help="topic to reuse, and <topic>-idle (default: a fresh bench-<id> per run, left behind)",
+    )
     bench.add_argument("--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
     bench.add_argument(
         "--size",
@@ -160,8 +167,7 @@ async def idle_wake(args: argparse.Namespace, topic: str, group: str, phase: Pha
 
 async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> None:
     """Each phase in turn, appended to `phases` as it starts (an interrupted run still has its numbers)."""
-    topic = args.topic or f"bench-{uuid.uuid4().hex[:8]}"
-    group = f"bench-{uuid.uuid4().hex[:8]}"
+    topic, group = args.topic or f"bench-{uuid.uuid4().hex[:8]}", GROUP
     phases.append(Phase("produce"))
     task = bar.add_task("produce", total=args.count, rate="")
     await produce(args, topic, phases[-1], lambda n: bar.advance(task, n))
