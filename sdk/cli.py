@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
 from sdk.commands import number
@@ -64,7 +64,10 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="popgate", description="popgate command line")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Subcommands' parsers are Parsers too (argparse makes them of the parent's class); typed as the plain kind
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True)
+    )
     _up_parser(sub)
     _client_parsers(sub)
     return parser

@@ -11,8 +11,8 @@ from popgate_pb import broker_pb2 as bpb
 from sdk import Producer, SimpleConsumer
 from sdk.admin import Broker, fetch_stats
 from sdk.cli import main
-from sdk.cluster import Cluster, ClusterConfig
-from tests.integration.sdk.conftest import BROKER_ARGS, PROXY_ARGS, drain
+from sdk.cluster import Cluster
+from tests.integration.sdk.conftest import drain, start_cluster
 from tests.integration.sdk.test_cli import name
 
 ATTEMPTS = 3
@@ -20,17 +20,8 @@ ATTEMPTS = 3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(
-        brokers=2,
-        listen="127.0.0.1:0",
-        data_dir=tmp_path_factory.mktemp("few-attempts"),
-        proxy_args=PROXY_ARGS,
-        broker_args=(*BROKER_ARGS, "--max-delivery-attempts", str(ATTEMPTS)),
-        flush="async",
-    )
-    c = Cluster(config)
+    c = start_cluster(tmp_path_factory.mktemp("few-attempts"), broker_args=("--max-delivery-attempts", str(ATTEMPTS)))
     try:
-        c.start()
         yield c
     finally:
         c.stop()
