@@ -16,6 +16,10 @@ type. A field's metadata may refine that:
 - ``parse``: a function reading the raw value (a string, a list of repeated flags or a TOML value);
 - ``file_only``: no flag nor variable; with a `section`, the key may also sit at the top level,
   beside the section's table, and wins there (``[[acl]]``).
+
+An error about a setting starts with its flag or field name (``--receive-mode 'x': ...``,
+``max_held must be >= 0``); the loader puts where the value came from in its place: the flag,
+the variable (``POPGATE_RECEIVE_MODE 'x': ...``) or the file (``--config b.toml: max_held must ...``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -89,19 +94,21 @@ def settings_parser(cls: type[Any], prog: str, *, description: str | None = None
     return parser
 
 
-def read_config(cls: type[Any], path: Path, *, section: str | None = None) -> dict[str, Any]:
-    """The file's settings by field name; unknown keys are an error.
+def read_config(cls: type[Any], path: Path, *, section: str | None = None, where: str = "") -> dict[str, Any]:
+    """The file's settings by field name; unknown keys are an error, which starts with `where`
+    (how the file was given, by default ``--config PATH``).
 
     With a `section`, the settings are the ``[section]`` table when the file has one,
     otherwise its top level.
     """
+    where = where or f"--config {path}"
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"--config {path}: {exc}") from None
+        raise SettingsError(f"{where}: {exc}") from None
     table = document.get(section, document) if section else document
     if not isinstance(table, dict):
-        raise SettingsError(f"--config {path}: [{section}] must be a table")
+        raise SettingsError(f"{where}: [{section}] must be a table")
     given = {str(key).replace("-", "_"): value for key, value in table.items()}
     values: dict[str, Any] = {}
     for f in _fields(cls):
@@ -114,23 +121,23 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None) -> di
         for key in present:
             del given[key]
     if given:
-        raise SettingsError(f"--config {path}: unknown keys {sorted(given)}")
+        raise SettingsError(f"{where}: unknown keys {sorted(given)}")
     return values
 
 
-def _read(f: dataclasses.Field[Any], kind: Any, value: Any, config_path: str | None) -> Any:
+def _read(f: dataclasses.Field[Any], kind: Any, value: Any, config: str) -> Any:
     parse: Callable[[Any], Any] | None = f.metadata.get("parse")
     if parse is None:
         try:
             return _convert(kind, value)
         except (TypeError, ValueError):
-            raise SettingsError(f"{f.name}={value!r}: expected {_type_name(kind)}") from None
+            raise SettingsError(f"{f.name} {value!r}: expected {_type_name(kind)}") from None
     try:
         return parse(value)
     except SettingsError:
         raise
     except ValueError as exc:  # the parser's own words, after where the value came from
-        where = f"--config {config_path}" if f.metadata.get("file_only") else f.name
+        where = config if f.metadata.get("file_only") else f.name
         raise SettingsError(f"{where}: {exc}") from None
 
 
@@ -150,28 +157,50 @@ def load(
     args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
     config_path = args.config or environ.get("POPGATE_CONFIG")
-    config = read_config(cls, Path(config_path), section=section) if config_path else {}
+    file = f"{'--config' if args.config else 'POPGATE_CONFIG'} {config_path}"  # how the file was given
+    config = read_config(cls, Path(config_path), section=section, where=file) if config_path else {}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}  # field name -> where its value came from, as the user would write it
     for f in _fields(cls):
-        raw = None
+        raw, origin = None, ""
         if not f.metadata.get("file_only"):
-            raw = getattr(args, f.name)
+            raw, origin = getattr(args, f.name), "--" + _option(f).replace("_", "-")
             if raw is None:
-                raw = environ.get("POPGATE_" + _option(f).upper())
+                origin = "POPGATE_" + _option(f).upper()
+                raw = environ.get(origin)
         if raw is None:
-            raw = config.get(f.name)
-        if raw is not None:
-            values[f.name] = _read(f, hints[f.name], raw, config_path)
-    return cls(**values)
+            raw, origin = config.get(f.name), f"{file}: {_option(f)}"
+        if raw is None:
+            continue
+        origins[f.name] = origin
+        try:
+            values[f.name] = _read(f, hints[f.name], raw, file)
+        except ValueError as exc:
+            raise SettingsError(_attributed(str(exc), cls, origins)) from None
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise SettingsError(_attributed(str(exc), cls, origins)) from None
+
+
+def _attributed(message: str, cls: type[Any], origins: Mapping[str, str]) -> str:
+    """`message` with the setting it starts with (flag or field name) replaced by where its value came from."""
+    for f in _fields(cls):
+        if f.name in origins:
+            flag = "--" + _option(f).replace("_", "-")
+            named = re.match(rf"(?:{re.escape(flag)}|{re.escape(f.name)})(?![\w-])", message)
+            if named:
+                return origins[f.name] + message[named.end() :]
+    return message
 
 
 def load_settings(
     cls: type[T], prog: str, argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> T:
-    """`load`, reporting a refused setting as a usage error (exit status 2), as the broker does."""
+    """`load`; a refused setting is one line on stderr and exit status 2 (the usage would bury it)."""
     parser = settings_parser(cls, prog)
     try:
         return load(cls, parser, argv, environ)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.exit(2, f"{prog}: {exc} (see {prog} --help)\n")

@@ -133,7 +133,10 @@ class Settings:
 
     def __post_init__(self) -> None:
         if not self.brokers:
-            raise SettingsError("at least one --broker NAME=HOST:PORT is required")
+            raise SettingsError(
+                "at least one --broker NAME=HOST:PORT is required (or POPGATE_BROKER=NAME=HOST:PORT,... in the "
+                "environment: singular, as the flag; or brokers = [...] in the config file)"
+            )
         names = [b.name for b in self.brokers]
         if len(set(names)) != len(names):
             raise SettingsError(f"--broker names must be unique, got {names}")

@@ -24,18 +24,26 @@ from sdk.commands import (
     client_options,
     connection,
     error_console,
+    explain,
     number,
     print_table,
     progress,
 )
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
+# One consumer group for every run: a run on a reused --topic goes on where the last one stopped instead of
+# reading every earlier run's messages again (and timing the idle wake of their old stamps) as a new group would.
+GROUP = "popgate-bench"
 
 
 def add_parsers(sub: Sub) -> None:
     bench = sub.add_parser("bench", help="measure produce, consume+ack and idle-wake latency through the proxy")
     client_options(bench)
-    bench.add_argument("--topic", default="", help="topic (default: a fresh one per run)")
+    bench.add_argument(
+        "--topic",
+        default="",
+        help="topic to reuse, and <topic>-idle (default: a fresh bench-<id> per run, left behind)",
+    )
     bench.add_argument("--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
     bench.add_argument(
         "--size",
@@ -159,8 +167,7 @@ async def idle_wake(args: argparse.Namespace, topic: str, group: str, phase: Pha
 
 async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> None:
     """Each phase in turn, appended to `phases` as it starts (an interrupted run still has its numbers)."""
-    topic = args.topic or f"bench-{uuid.uuid4().hex[:8]}"
-    group = f"bench-{uuid.uuid4().hex[:8]}"
+    topic, group = args.topic or f"bench-{uuid.uuid4().hex[:8]}", GROUP
     phases.append(Phase("produce"))
     task = bar.add_task("produce", total=args.count, rate="")
     await produce(args, topic, phases[-1], lambda n: bar.advance(task, n))
@@ -186,7 +193,8 @@ def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    check_in_memory(args.size, min(args.batch * args.concurrency, args.count))  # each producer's send_many at once
+    # each producer's send_many at once
+    check_in_memory(args.size, min(args.batch * args.concurrency, args.count), lower="--size, --batch or --concurrency")
     err = error_console()
     phases: list[Phase] = []
     code = 0
@@ -196,7 +204,7 @@ def bench_command(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             code = 130
         except errors.PopgateError as exc:
-            err.print(f"popgate bench: {exc}", style="red")
+            err.print(f"popgate bench: {explain(exc, args)}", style="red")
             code = 1
     print_table(summary(phases, args))
     if code:

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
 from sdk.commands import number
@@ -21,16 +22,39 @@ from sdk.commands import number
 INTERVAL = number(float, low=0.1, high=3600.0)
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help tells it already (says "default") or the
+    default comes from the environment (the help says "env": it may be a secret, such as a key)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        told = any(word in text.lower() for word in ("default", "env "))
+        no_default = action.default in (None, "", [], argparse.SUPPRESS) or action.nargs == 0  # a flag: off
+        if told or no_default or not action.option_strings:
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """The `popgate` parser; its subcommands' parsers are of this class too, so all show their defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser("up", help="run N brokers and a proxy locally until Ctrl-C")
-    up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--brokers", type=int, default=3, help="number of brokers")
     up.add_argument("--listen", default="127.0.0.1:8081", help="proxy address (port 0 = any free port)")
-    up.add_argument("--data-dir", type=Path, default=Path("./data"), help="brokers' data and children's logs")
+    up.add_argument("--data-dir", type=Path, default="./data", help="brokers' data and children's logs")
     up.add_argument(
         "--receive-mode", default="adaptive", choices=["adaptive", "notify", "longpoll"], help="proxy receive mode"
     )
     up.add_argument("--export-dir", default="", help="every process's JSON-lines metric snapshots, in DIR/<name>")
-    up.add_argument("--flush", default="", choices=["", "sync", "async"], help="broker flush policy")
+    up.add_argument(
+        "--flush", default="", choices=["sync", "async"], help="broker flush policy (default: the broker's, async)"
+    )
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
     up.add_argument(
@@ -39,8 +63,11 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="popgate", description="popgate command line")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="popgate", description="popgate command line")
+    # Subcommands' parsers are Parsers too (argparse makes them of the parent's class); typed as the plain kind
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True)
+    )
     _up_parser(sub)
     _client_parsers(sub)
     return parser
@@ -58,6 +85,15 @@ def _say(text: str, *, err: bool = False) -> None:
     """Print and flush; a closed terminal or pipe (EIO, EPIPE after a hang-up) must not stop the shutdown."""
     with contextlib.suppress(OSError):
         print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def ended(code: int) -> str:
+    """How a child ended, from its return code (-N: killed by signal N, as subprocess reports it)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def up(args: argparse.Namespace) -> int:
@@ -91,7 +127,7 @@ def up(args: argparse.Namespace) -> int:
 
     def child_died(child: Child, code: int) -> None:  # a crash or a kill: say so, and stop the rest
         tail = "\n  ".join(child.lines[-5:])
-        died.append(f"popgate up: {child.name} exited with code {code}; last output:\n  {tail}")
+        died.append(f"popgate up: {child.name} {ended(code)}; last output:\n  {tail}")
         stop.set()
 
     cluster.on_exit(child_died)

@@ -168,7 +168,7 @@ def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: 
             (["-m", "broker", "--listen", busy, "--data-dir", str(tmp_path / "b4")], 1, f"--listen {busy}: cannot"),
             (proxy + ["--metrics-listen", busy], 2, f"popgate-proxy: --metrics-listen {busy}: cannot serve"),
             (proxy + ["--export-dir", str(a_file / "x")], 2, "popgate-proxy: --export-dir"),
-            (proxy + ["--log-level", "verbose"], 2, "popgate-proxy: log_level='verbose' out of range"),
+            (proxy + ["--log-level", "verbose"], 2, "popgate-proxy: --log-level='verbose' out of range"),
         ]
         for argv, code, says in cases:
             returncode, lines = _start_failure(argv)

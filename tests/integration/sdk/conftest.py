@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,13 +27,13 @@ PROXY_ARGS = ("--min-invisible-s", "1", "--shutdown-grace-s", "0.5")
 BROKER_ARGS = ("--shutdown-grace-s", "0.5")
 
 
-def start_cluster(data_dir: Path, brokers: int = 2) -> Cluster:
+def start_cluster(data_dir: Path, brokers: int = 2, broker_args: Sequence[str] = ()) -> Cluster:
     config = ClusterConfig(
         brokers=brokers,
         listen="127.0.0.1:0",
         data_dir=data_dir,
         proxy_args=PROXY_ARGS,
-        broker_args=BROKER_ARGS,
+        broker_args=(*BROKER_ARGS, *broker_args),
         flush="async",
         receive_mode="adaptive",  # the proxy's default
     )

@@ -198,6 +198,22 @@ def test_bench_prints_a_summary_table(endpoint: str, capsys: pytest.CaptureFixtu
     assert 0 < p50 <= p99 <= worst < 1000
 
 
+def test_bench_on_a_reused_topic_consumes_only_its_own_messages(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each run used to read with a new group, from the topic's first message: the second run consumed the
+    first run's messages (and timed their idle wake from their old send times), leaving a group behind per run."""
+    topic = name("bench")
+    argv = ["bench", "--endpoint", cluster.endpoint, "--topic", topic, "--count", "300", "--samples", "3"]
+    for _ in range(2):
+        assert main(argv) == 0
+    capsys.readouterr()
+    brokers = [Broker(*target.split("=")) for target in cluster.broker_targets()]
+    rows = lag_rows(fetch_stats(brokers, bpb.StatsRequest(), timeout=5.0))
+    ours = {key: (row.lag, row.inflight) for key, row in rows.items() if key[0] in (topic, f"{topic}-idle")}
+    assert ours == {(topic, "popgate-bench"): (0, 0), (f"{topic}-idle", "popgate-bench"): (0, 0)}, ours
+
+
 def test_receive_prints_bodies_exactly(endpoint: str, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     topic, group = name("cli"), name("g")
     binary = os.urandom(300)

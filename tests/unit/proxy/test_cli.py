@@ -10,7 +10,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
-from sdk.cli import build_parser
+from sdk.cli import build_parser, ended
 from sdk.live import Sample, render, summarize
 
 
@@ -27,6 +27,12 @@ def test_an_interval_that_would_busy_loop_is_a_usage_error(value: str, capsys: p
     assert exited.value.code == 2
     assert "argument --interval: " in capsys.readouterr().err
     assert build_parser().parse_args(["up", "--interval", "0.1"]).interval == 0.1
+
+
+def test_a_child_killed_by_a_signal_is_said_so() -> None:
+    assert ended(-9) == "was killed by signal 9 (SIGKILL)"
+    assert ended(-100) == "was killed by signal 100"  # no name for it
+    assert ended(3) == "exited with code 3"
 
 
 def stats(broker: str, max_offset: int, acked: int, held: int) -> bpb.StatsResponse:

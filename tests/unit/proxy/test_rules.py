@@ -152,10 +152,10 @@ def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:
         ([], "at least one --broker"),
         (["--broker", "b1"], "NAME=HOST:PORT"),
         (["--broker", "b1=h:1", "--broker", "b1=h:2"], "unique"),
-        (["--broker", "b1=h:1", "--adaptive-window-s", "0"], "adaptive_window_s"),
-        (["--broker", "b1=h:1", "--adaptive-rate-threshold", "-1"], "adaptive_rate_threshold"),
+        (["--broker", "b1=h:1", "--adaptive-window-s", "0"], "--adaptive-window-s=0.0 out of range"),
+        (["--broker", "b1=h:1", "--adaptive-rate-threshold", "-1"], "--adaptive-rate-threshold=-1.0 out"),
         (["--broker", "b1=h:1", "--receive-mode", "fast"], "choose one of"),
-        (["--broker", "b1=h:1", "--max-batch", "64"], "max_batch"),
+        (["--broker", "b1=h:1", "--max-batch", "64"], "--max-batch=64 out of range"),
         (["--broker", "b1=h:1", "--max-batch", "many"], "expected int"),
     ],
 )

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
+import re
 from pathlib import Path
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Message, RetryPolicy
+from sdk import Message, RetryPolicy, errors
 from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
-from sdk.commands import IdleWait, error_console
+from sdk.commands import IdleWait, OnePass, error_console, explain
 
 
 def test_wait_zero_still_polls_once() -> None:
@@ -32,6 +34,62 @@ def test_each_batch_restarts_the_idle_wait() -> None:
     assert idle.next() == pytest.approx(0.05)
     now[0] += 0.06
     assert idle.next() is None
+
+
+def _help(command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """`popgate <command> --help`: each option's entry (its help on one line) by option."""
+    monkeypatch.setenv("COLUMNS", "300")  # no wrapping within an entry
+    with pytest.raises(SystemExit) as exited:
+        main([*command.split(), "--help"])
+    assert exited.value.code == 0
+    entries = re.findall(r"^  (--[a-z-]+)(.*(?:\n {6,}.*)?)", capsys.readouterr().out, re.MULTILINE)
+    return {option: " ".join(text.split()) for option, text in entries}
+
+
+def test_help_shows_each_options_default_but_not_a_secret_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("POPGATE_SECRET_KEY", "s3cret")
+    monkeypatch.setenv("POPGATE_BROKER_TOKEN", "t0ken")
+    receive = _help("receive", monkeypatch, capsys)
+    for option, default in [("--wait", "5.0"), ("--invisible", "30.0"), ("--batch", "32"), ("--format", "text")]:
+        assert receive[option].endswith(f"(default: {default})"), receive[option]
+    send = _help("send", monkeypatch, capsys)
+    assert send["--size"].endswith("(default: 256)") and send["--batch"].endswith("(default: 256)"), send
+    assert _help("dlq list", monkeypatch, capsys)["--timeout"].endswith("(default: 3.0)")
+    assert "s3cret" not in send["--secret-key"] and "t0ken" not in _help("stats", monkeypatch, capsys)["--broker-token"]
+    assert "default" not in receive["--no-ack"] + send["--tag"]  # a flag; an option without a default
+    up = _help("up", monkeypatch, capsys)
+    assert up["--flush"].startswith("{sync,async} ") and up["--brokers"].endswith("(default: 3)"), up
+
+
+@pytest.mark.parametrize(
+    ("error", "tls", "hinted"),
+    [
+        (errors.Unavailable("failed to connect to all addresses; last error: ...: Socket closed"), False, True),
+        (errors.Unavailable("failed to connect to all addresses; last error: ...: Socket closed"), True, False),
+        (
+            errors.Unavailable("failed to connect to all addresses; ...: connect: Connection refused (111)"),
+            False,
+            False,
+        ),
+        (errors.Unavailable("no broker is available", code=50002), False, False),  # the server answered it
+    ],
+)
+def test_only_a_failed_plaintext_connection_gets_the_tls_hint(
+    error: errors.PopgateError, tls: bool, hinted: bool
+) -> None:
+    args = argparse.Namespace(tls=tls, tls_ca=None)
+    assert ("try --tls" in explain(error, args)) is hinted
+
+
+def test_a_look_without_acks_ends_at_the_first_message_shown_already() -> None:
+    look = OnePass()
+    first = [Message(b"x", message_id=f"m{i}") for i in range(3)]
+    assert look.new(first) == first and not look.over
+    # m0 came round again (its invisible time passed): m3, new, is still shown; then the pass is over
+    again = [first[0], Message(b"y", message_id="m3")]
+    assert [m.message_id for m in look.new(again)] == ["m3"] and look.over
 
 
 @pytest.mark.parametrize("argv", [["stats", "--broker", "no-equals-sign"], ["stats"]])
@@ -140,18 +198,28 @@ def test_a_body_size_over_the_grpc_message_limit_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "advice"),
     [
-        ["send", "t", "--size", str(64 * 1024 * 1024), "--count", "100"],  # 100 bodies of 64 MiB per call
-        ["bench", "--size", str(4 * 1024 * 1024)],  # 8 producers x 256 bodies of 4 MiB at once
+        # 100 bodies of 64 MiB per call; `send` has no --concurrency to lower
+        (["send", "t", "--size", str(64 * 1024 * 1024), "--count", "100"], "lower --size or --batch\n"),
+        (["bench", "--size", str(4 * 1024 * 1024)], "lower --size, --batch or --concurrency\n"),  # 8 x 256 x 4 MiB
     ],
 )
 def test_more_bodies_at_once_than_fit_in_memory_are_bad_input(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+    argv: list[str], advice: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main([*argv, "--endpoint", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
-    assert "GiB in memory: lower --size or --batch" in err and err.count("\n") == 1
+    assert err.endswith(f"GiB in memory: {advice}") and err.count("\n") == 1
+
+
+def test_a_body_from_a_file_too_large_for_its_batch_names_only_the_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = tmp_path / "body"
+    body.write_bytes(b"x" * (16 * 1024 * 1024))
+    assert main(["send", "t", "--file", str(body), "--count", "100", "--endpoint", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err.endswith("GiB in memory: lower --batch\n")
 
 
 def test_a_retry_policy_without_back_off_is_refused() -> None:

@@ -1,0 +1,41 @@
+"""A plaintext `popgate` command against a TLS proxy is told to try --tls."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk.cli import main
+from sdk.cluster import Cluster
+
+HINT = "(is the server using TLS? try --tls / --tls-ca)"
+
+
+@pytest.fixture
+def tls_proxy(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A second proxy over the cluster's brokers, serving TLS with a self-signed certificate: address, cert."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subj = ["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"]
+    openssl = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *subj]
+    subprocess.run([*openssl, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    address = cluster.add_proxy(extra=("--tls-cert", str(cert), "--tls-key", str(key)))
+    try:
+        yield address, cert
+    finally:
+        cluster.proxies.pop().stop()
+
+
+def test_a_plaintext_client_of_a_tls_proxy_is_told_to_try_tls(
+    tls_proxy: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, cert = tls_proxy
+    assert main(["send", "--endpoint", address, "t", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("popgate send: UNAVAILABLE: failed to connect to all addresses") and HINT in err, err
+    assert main(["send", "--endpoint", address, "t", "x", "--tls-ca", str(cert)]) == 0  # the hint was right
+    assert main(["send", "--endpoint", "127.0.0.1:1", "t", "x"]) == 1  # nothing listening: TLS would not help
+    err = capsys.readouterr().err
+    assert "Connection refused" in err and HINT not in err, err
