@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack, ExitStack
@@ -84,6 +85,7 @@ class GroupModel:
     name: str
     looked: bool = False  # has state on the broker (lags lists it)
     looked_early: bool = False  # looked before the topic existed (remembered in memory only)
+    start: list[int] = field(default_factory=lambda: [0] * QUEUES)  # where it starts reading each queue
     inflight: dict[bytes, Flight] = field(default_factory=dict)  # popped, not acked (deadline passed or not)
     acked: set[bytes] = field(default_factory=set)
     dlq: dict[bytes, int] = field(default_factory=dict)  # body -> attempts when dead-lettered
@@ -121,12 +123,16 @@ class BrokerModel(RuleBasedStateMachine):
         self.since_drain = 0
         self.stack: AsyncExitStack | None = None
         self.flush = "async"
+        self.data = self.dir / "data"
+        self.images = 0
+        self.consume_from = "earliest"
         self.core: BrokerCore
 
-    @initialize(flush=st.sampled_from(["async", "sync"]))
-    def open_broker(self, flush: str) -> None:
-        """--flush async answers Pops, Acks and ChangeInvisibleTimes before their commit; sync after it."""
-        self.flush = flush
+    @initialize(flush=st.sampled_from(["async", "sync"]), consume_from=st.sampled_from(["earliest", "latest"]))
+    def open_broker(self, flush: str, consume_from: str) -> None:
+        """--flush async answers Pops, Acks and ChangeInvisibleTimes before their commit, sync after it;
+        --consume-from: where a new group starts."""
+        self.flush, self.consume_from = flush, consume_from
         self._open()
 
     # -- plumbing --------------------------------------------------------------
@@ -142,7 +148,11 @@ class BrokerModel(RuleBasedStateMachine):
             self.stack = AsyncExitStack()
             core, _ = await self.stack.enter_async_context(
                 cores.broker(
-                    self.dir / "data", flush=self.flush, max_delivery_attempts=MAX_ATTEMPTS, queues_per_topic=QUEUES
+                    self.data,
+                    flush=self.flush,
+                    consume_from=self.consume_from,
+                    max_delivery_attempts=MAX_ATTEMPTS,
+                    queues_per_topic=QUEUES,
                 )
             )
             core.scheduler._clock_ms = self.clock
@@ -232,10 +242,19 @@ class BrokerModel(RuleBasedStateMachine):
                 g.looked, g.looked_early = True, False
 
     def _look(self, g: GroupModel) -> None:
+        """A Pop or Notification of the group. Its first look at the existing topic fixes where it starts: under
+        `latest` after the queue's last message, unless it looked before the topic existed (docs/BROKER.md, "New
+        groups")."""
         if self.topic_exists:
+            if not g.looked and self.consume_from == "latest":
+                g.start = [len(q) for q in self.queues]
             g.looked = True
         elif not g.looked:
             g.looked_early = True
+
+    def _relevant(self, g: GroupModel, m: Msg) -> bool:
+        """The group reads the message: its filter matches and it is not before where the group started."""
+        return filter_matches(g.name, m.tag) and (m.offset is None or m.offset >= g.start[m.queue])
 
     def _new_body(self) -> bytes:
         self.counter += 1
@@ -256,11 +275,13 @@ class BrokerModel(RuleBasedStateMachine):
         assert m.offset is not None
         passed = max(
             (self.msgs[b].offset or 0 for b in self.queues[m.queue] if g.status(b) != "new"),
-            default=-1,
+            default=g.start[m.queue] - 1,
         )
         for b in self.queues[m.queue][: m.offset + 1]:
             f = self.msgs[b]
             if f.fifo and g.status(b) == "new":
+                if (f.offset or 0) < g.start[m.queue]:
+                    continue
                 if filter_matches(g.name, f.tag):
                     return "yes"
                 if (f.offset or 0) > passed:
@@ -283,7 +304,7 @@ class BrokerModel(RuleBasedStateMachine):
         for q in range(QUEUES):
             for b in self.queues[q]:
                 m = self.msgs[b]
-                if not filter_matches(g.name, m.tag):
+                if not self._relevant(g, m):
                     continue
                 status = g.status(b)
                 if status == "inflight" and g.inflight[b].deadline_ms <= self.now:
@@ -385,7 +406,7 @@ class BrokerModel(RuleBasedStateMachine):
             assert m.offset is not None, f"{where}: delivered before its delivery time"
             assert (p.queue_id, p.offset) == (m.queue, m.offset), f"{where}: answered as {p.queue_id}/{p.offset}"
             assert p.store_ms == m.store_ms
-            assert filter_matches(g.name, m.tag), f"{where}: tag {m.tag!r} does not match {GROUPS[g.name]!r}"
+            assert self._relevant(g, m), f"{where}: tag {m.tag!r} ({GROUPS[g.name]!r}), start {g.start}"
             assert p.invisible_until_ms == self.now + invisible_ms
             status = g.status(body)
             if status == "new":
@@ -393,7 +414,7 @@ class BrokerModel(RuleBasedStateMachine):
                 assert self._blocked(g, m) != "yes", (
                     f"{where}: delivered while a FIFO message of its queue is in flight"
                 )
-                earlier = [b for b in self.queues[m.queue][: m.offset] if filter_matches(g.name, self.msgs[b].tag)]
+                earlier = [b for b in self.queues[m.queue][: m.offset] if self._relevant(g, self.msgs[b])]
                 skipped = [b for b in earlier if g.status(b) == "new" and b not in taking]
                 assert not skipped, f"{where}: delivered before the earlier {skipped} of its queue"
                 new_taken.append(body)
@@ -590,11 +611,30 @@ class BrokerModel(RuleBasedStateMachine):
         self.now += ms
         self._settle()
 
-    @rule(down_ms=st.sampled_from([0, 1_000, 60_000]))
-    def restart(self, down_ms: int) -> None:
+    @rule(down_ms=st.sampled_from([0, 1_000, 60_000]), crash=st.booleans())
+    def restart(self, down_ms: int, crash: bool) -> None:
+        """Close the broker and start it again on its store. `crash` (under --flush sync only): start from a copy
+        of what the store has committed at this moment, as a kill -9 leaves it; with sync every answered Send,
+        Pop, Ack, ChangeInvisibleTime and Renew was committed before its answer (docs/BROKER.md, "When state is
+        durable"), so nothing of it may be missing."""
         if any(g.inflight for g in self.groups.values()):
             event("restart with messages in flight")
-        self._close()
+        if crash and self.flush == "sync":
+            event("crash restart")
+            self.images += 1
+            image = self.dir / f"data{self.images}"
+            image.mkdir()
+            source = sqlite3.connect(self.data / "broker.sqlite3")
+            target = sqlite3.connect(image / "broker.sqlite3")
+            try:
+                source.backup(target)
+            finally:
+                source.close()
+                target.close()
+            self._close()
+            self.data = image
+        else:
+            self._close()
         self.now += down_ms
         for g in self.groups.values():
             g.looked_early = False  # remembered in memory only (docs/BROKER.md, "New groups")
@@ -621,7 +661,7 @@ class BrokerModel(RuleBasedStateMachine):
                     g.acked.add(body)
                 self._settle()
             for body, m in self.msgs.items():
-                if m.offset is not None and filter_matches(g.name, m.tag):
+                if m.offset is not None and self._relevant(g, m):
                     assert g.status(body) in ("acked", "dlq"), f"{body!r} never reached {g.name}: {g.status(body)}"
             assert not (g.acked & set(g.dlq)), "acked and dead-lettered"
 
@@ -637,7 +677,7 @@ class BrokerModel(RuleBasedStateMachine):
             for q in range(QUEUES):
                 lag = lags.get((g.name, q))
                 assert lag is not None, f"{g.name} queue {q}: no lag entry"
-                matching = [b for b in self.queues[q] if filter_matches(g.name, self.msgs[b].tag)]
+                matching = [b for b in self.queues[q] if self._relevant(g, self.msgs[b])]
                 ready = [b for b in matching if g.status(b) == "new"]
                 inflight = [b for b in matching if g.status(b) == "inflight"]
                 unacked = sorted((self.msgs[b].offset or 0, b) for b in ready + inflight)
