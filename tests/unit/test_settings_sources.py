@@ -45,7 +45,10 @@ def test_no_broker_names_the_proxys_variable(
 
 @pytest.mark.parametrize(
     ("value", "error"),
-    [("abc", "POPGATE_MAX_DELIVERY_ATTEMPTS 'abc': expected int"), ("0", "POPGATE_MAX_DELIVERY_ATTEMPTS must be >= 1")],
+    [
+        ("abc", "POPGATE_MAX_DELIVERY_ATTEMPTS 'abc': expected int"),
+        ("0", "POPGATE_MAX_DELIVERY_ATTEMPTS must be in 1..2^31-1"),
+    ],
 )
 def test_a_bad_broker_variable_is_one_line_not_the_usage(
     value: str, error: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
