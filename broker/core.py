@@ -76,6 +76,9 @@ class BrokerCore:
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
         self.sends = SendPath(settings, store, self.topics)
+        # Commits of the state of groups that looked at a topic before it existed, made when its first messages
+        # arrived, by topic, until the Send that brought them waits for them (at most one per early-looked topic).
+        self._adoptions: dict[str, asyncio.Future[list[Record]]] = {}
         self.commits = StateCommits(settings, store, self.groups)
         self.redelivery = Redelivery(
             topics=self.topics,
@@ -124,7 +127,12 @@ class BrokerCore:
         return created
 
     async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
-        return await self.sends.send(messages)
+        sent = await self.sends.send(messages)
+        if self._adoptions:  # this Send created topics that groups had looked at: answered once their state is
+            for topic in {m.topic for m in messages}:  # recorded too (with --flush sync: committed), see `arrived`
+                if (adopted := self._adoptions.pop(topic, None)) is not None:
+                    await self.commits.record(adopted)
+        return sent
 
     def arrived(self, records: Sequence[Record]) -> None:
         """ArrivalListener: committed messages become visible, and wake whoever can consume them."""
@@ -140,8 +148,8 @@ class BrokerCore:
         for topic in by_topic:
             ops: list[Op] = []
             self.consumers.adopt_early(topic, ops)
-            if ops:
-                self.commits.commit(ops)
+            if ops:  # the Send that brought these waits for it (`send`): announced before that Send is answered
+                self._adoptions[topic] = self.commits.commit(ops)
         for topic, tags in by_topic.items():
             self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
             log_ = self.topics[topic]
