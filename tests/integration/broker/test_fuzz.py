@@ -93,6 +93,7 @@ def session_requests() -> st.SearchStrategy[pb.SessionRequest]:
             lambda i, r: pb.SessionRequest(id=i, change_invisible=r), ids, requests(pb.ChangeInvisibleTimeRequest)
         ),
         st.builds(lambda i, r: pb.SessionRequest(id=i, renew=r), ids, requests(pb.RenewRequest)),
+        st.builds(lambda i, r: pb.SessionRequest(id=i, group_config=r), ids, requests(pb.GroupConfigRequest)),
         st.builds(lambda i: pb.SessionRequest(id=i, cancel=True), ids),
         st.builds(lambda i: pb.SessionRequest(id=i), ids),
         requests(pb.SessionRequest),
@@ -133,7 +134,16 @@ def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -
         for answer in answers:
             assert answer.id in {r.id for r in batch}
             kind = answer.WhichOneof("body")
-            assert kind in ("pop", "notification", "send", "ack", "change_invisible", "error"), answer
+            assert kind in (
+                "pop",
+                "notification",
+                "send",
+                "ack",
+                "change_invisible",
+                "renew",
+                "group_config",
+                "error",
+            ), answer
             if kind == "error":
                 assert answer.error.error not in ("", "BrokerError"), answer
                 assert answer.error.grpc_code in MAPPED_NUMBERS, answer
