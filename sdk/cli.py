@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
+from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted, ended
 from sdk.commands import number
 
 # A live view refresh polls every broker's Stats: 0 (or less) would poll them in a busy loop.
@@ -85,15 +85,6 @@ def _say(text: str, *, err: bool = False) -> None:
     """Print and flush; a closed terminal or pipe (EIO, EPIPE after a hang-up) must not stop the shutdown."""
     with contextlib.suppress(OSError):
         print(text, file=sys.stderr if err else sys.stdout, flush=True)
-
-
-def ended(code: int) -> str:
-    """How a child ended, from its return code (-N: killed by signal N, as subprocess reports it)."""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
-        return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def up(args: argparse.Namespace) -> int:

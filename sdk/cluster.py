@@ -155,7 +155,7 @@ class Child:
         if self.process is not None and self._ready.is_set():  # stderr closed: the child is ending
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.process.wait(5)
-        what = f"exited with code {code}" if code is not None else f"did not report ready within {timeout_s:g} s"
+        what = ended(code) if code is not None else f"did not report ready within {timeout_s:g} s"
         return ClusterError(f"{self.name} {what}; last output:\n  {tail}")
 
     @property
@@ -244,6 +244,15 @@ def wait_all_ready(children: Sequence[Child], timeout_s: float, stop: threading.
         if left <= 0:
             raise pending[0]._failure(timeout_s)
         time.sleep(min(0.05, left))  # several children, each with its own event: poll them
+
+
+def ended(code: int) -> str:
+    """How a child ended, from its return code (-N: killed by signal N, as subprocess reports it)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
-from sdk.cli import build_parser, ended
+from sdk.cli import build_parser
+from sdk.cluster import ended
 from sdk.live import Sample, render, summarize
 
 
