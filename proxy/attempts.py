@@ -77,8 +77,9 @@ class GroupAttempts:
                     answers.append(call.result().max_delivery_attempts)
             if not answers:
                 return None
-            self._keep(group, max(answers))
-            return max(answers)
+            largest = max(answers)
+            self._keep(group, largest)
+            return largest
         finally:
             del self._asking[group]
 
