@@ -36,6 +36,7 @@ from sdk.commands import (
     client_options,
     connection,
     error_console,
+    explain,
     number,
     print_table,
 )
@@ -421,7 +422,7 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
                     idle.received()
                     total += len(done)
     except errors.PopgateError as exc:
-        _err(f"popgate dlq resend: {exc}")
+        _err(f"popgate dlq resend: {explain(exc, args)}")
         return 1
     except KeyboardInterrupt:  # the summary of what was re-sent so far, then 130
         code = 130

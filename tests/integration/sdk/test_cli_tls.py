@@ -14,9 +14,10 @@ from sdk.cluster import Cluster
 HINT = "(is the server using TLS? try --tls / --tls-ca)"
 
 
-@pytest.fixture
-def tls_proxy(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+@pytest.fixture(scope="module")
+def tls_proxy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A second proxy over the cluster's brokers, serving TLS with a self-signed certificate: address, cert."""
+    tmp_path = tmp_path_factory.mktemp("tls")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subj = ["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"]
     openssl = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *subj]
@@ -39,3 +40,12 @@ def test_a_plaintext_client_of_a_tls_proxy_is_told_to_try_tls(
     assert main(["send", "--endpoint", "127.0.0.1:1", "t", "x"]) == 1  # nothing listening: TLS would not help
     err = capsys.readouterr().err
     assert "Connection refused" in err and HINT not in err, err
+
+
+def test_dlq_resend_of_a_plaintext_client_is_told_to_try_tls(
+    tls_proxy: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    address, _ = tls_proxy
+    assert main(["dlq", "resend", "g", "--endpoint", address, "--wait", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("popgate dlq resend: UNAVAILABLE: failed to connect to all addresses") and HINT in err, err
