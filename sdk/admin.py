@@ -243,6 +243,9 @@ class DeadLetters:
     resent_listed: int = 0  # of the listed range, letters the resend group acked out of order (not told which)
 
 
+BODY_SHOWN = 40  # bytes of each dead letter's body `dlq list` shows (and keeps)
+
+
 def _resend_state(stats: bpb.StatsResponse, topic: str, resend_group: str) -> dict[int, bpb.GroupQueueStats]:
     """The resend group's state on each DLQ queue it has read (queue id -> its Stats row)."""
     return {g.queue_id: g for g in stats.groups if g.topic == topic and g.group == resend_group}
@@ -288,7 +291,8 @@ def list_dead_letters(
     everything: bool = False,
 ) -> DeadLetters:
     """Up to `limit` letters of ``%DLQ%<group>`` not yet re-sent by `resend_group` (every stored one when
-    `everything`), with the counts over the brokers that answered (failures on stderr)."""
+    `everything`), with the counts over the brokers that answered (failures on stderr). Each body is cut to its
+    first `BODY_SHOWN` bytes as its page arrives: a listing holds a page, not up to `limit` bodies of 4 MiB."""
     topic = DLQ_PREFIX + group
     found = DeadLetters()
     for broker in brokers:
@@ -339,6 +343,8 @@ def _list_queue(
         page = stub.ListMessages(request, timeout=timeout, metadata=broker.metadata).messages
         if not page:
             break
+        for stored in page:
+            stored.message.body = stored.message.body[:BODY_SHOWN]
         out += page
         offset = page[-1].offset + 1
     return out
@@ -366,7 +372,7 @@ def dlq_list_command(args: argparse.Namespace) -> int:
         m = s.message
         props = m.properties
         stored_at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.store_ms / 1000))
-        body = m.body[:40].decode(errors="replace")
+        body = m.body.decode(errors="replace")
         tag = m.tag if m.HasField("tag") else ""
         table.add_row(
             props.get("ORIGIN_MESSAGE_ID", m.message_id),

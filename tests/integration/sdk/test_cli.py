@@ -21,7 +21,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from sdk import Producer, SimpleConsumer
-from sdk.admin import Broker, fetch_stats, lag_rows
+from sdk.admin import BODY_SHOWN, Broker, fetch_stats, lag_rows, list_dead_letters
 from sdk.cli import main
 from sdk.cluster import Cluster
 from tests.integration.sdk.conftest import drain, eventually
@@ -171,6 +171,8 @@ def test_dlq_list_shows_dead_letters_larger_than_grpcs_default_message_limit(
     out = capsys.readouterr().out
     assert f"%DLQ%{group}: 3 message(s)" in out
     assert all(body[:40].decode() in out for body in bodies)
+    listed = list_dead_letters([Broker(*t.split("=")) for t in cluster.broker_targets()], group, limit=10, timeout=5)
+    assert sorted(s.message.body for s in listed.messages) == [body[:BODY_SHOWN] for body in bodies]  # 40 B held each
 
 
 def table_rows(out: str) -> dict[str, list[str]]:
