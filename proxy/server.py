@@ -122,6 +122,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         await stack.enter_async_context(proxy.renewer)
         server, address = _grpc_server(settings)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
+        stack.callback(servicer.close)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

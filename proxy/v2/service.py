@@ -7,6 +7,7 @@ crashed call or process. RPCs popgate does not serve answer NOT_IMPLEMENTED.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -49,6 +50,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._auth = Authenticator(settings.accounts, skew_s=settings.auth_skew_s)
         self._telemetry_streams = 0
         self._attempts = GroupAttempts(proxy.pool.live, timeout_s=min(LOOKUP_TIMEOUT_S, settings.broker_timeout_s))
+        self._inflation = send.Inflation()
+        self._send = functools.partial(send.send_message, inflation=self._inflation)
+
+    def close(self) -> None:
+        """Stop the GZIP inflation threads (a conversion already running finishes; none waits for it)."""
+        self._inflation.close()
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()
@@ -99,7 +106,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         )
 
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
-        return await self._unary("SendMessage", send.send_message, request, context, pb.SendMessageResponse)
+        return await self._unary("SendMessage", self._send, request, context, pb.SendMessageResponse)
 
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         return await self._unary("AckMessage", ack.ack_message, request, context, pb.AckMessageResponse)

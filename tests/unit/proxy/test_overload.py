@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,7 +92,7 @@ def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(monkeyp
             await broker.all_waiting.wait()
         request = pb.SendMessageRequest(messages=[v2_message(1000) for _ in range(8)])
         with pytest.raises(errors.TooManyRequests, match="in flight"):
-            await send_v2.send_message(call, request)
+            await send_v2.send_message(call, request, inflation=send_v2.Inflation())
         assert converted == []
         broker.release.set()
         await asyncio.gather(*held)
@@ -119,15 +120,44 @@ def test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_request_
             brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_body_bytes=5 * 1024 * 1024, max_message_bytes=16 << 20
         )
         call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
+        inflation = send_v2.Inflation()
         messages = [v2_message(1) for _ in range(40)]
         for m in messages:
             m.body, m.system_properties.body_encoding = bomb, v2.GZIP
         with pytest.raises(errors.MessageBodyTooLarge, match="inflate to more than the largest request") as caught:
-            await send_v2.send_message(call, pb.SendMessageRequest(messages=messages))
+            await send_v2.send_message(call, pb.SendMessageRequest(messages=messages), inflation=inflation)
         assert code_of(caught.value) == v2.MESSAGE_BODY_TOO_LARGE
         assert broker.sent == []
         # Within the bound they are taken: 3 x 4 MiB < 16 MiB.
-        reply = await send_v2.send_message(call, pb.SendMessageRequest(messages=messages[:3]))
+        reply = await send_v2.send_message(call, pb.SendMessageRequest(messages=messages[:3]), inflation=inflation)
         assert reply.status.code == v2.OK and [len(m.body) for m in broker.sent] == [4 * 1024 * 1024] * 3
+
+    asyncio.run(scenario())
+
+
+def test_gzip_conversions_past_the_bound_are_too_many_requests_until_their_threads_finish() -> None:
+    """A conversion's slot comes back when its thread is done, not when its client gives up waiting."""
+    release = threading.Event()
+
+    async def scenario() -> None:
+        inflation = send_v2.Inflation(threads=1, requests=2)
+        try:
+            first = asyncio.create_task(inflation.run(lambda: release.wait(10)))
+            queued = asyncio.create_task(inflation.run(lambda: "queued"))  # waits for the one thread
+            await asyncio.sleep(0)
+            with pytest.raises(errors.TooManyRequests, match="inflating 2 requests") as caught:
+                await inflation.run(lambda: "third")
+            assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
+            first.cancel()  # its client went away: the thread still inflates, its slot stays taken
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            with pytest.raises(errors.TooManyRequests):
+                await inflation.run(lambda: "still refused")
+            release.set()
+            assert await queued == "queued"
+            assert await inflation.run(lambda: "again") == "again"
+        finally:
+            release.set()
+            inflation.close()
 
     asyncio.run(scenario())
