@@ -26,7 +26,13 @@ class QueueLag:
     oldest_unacked_store_ms: int  # 0 when nothing is un-acked
 
     def lag_seconds(self, now_ms: int) -> float:
-        return max(0.0, (now_ms - self.oldest_unacked_store_ms) / 1000) if self.oldest_unacked_store_ms else 0.0
+        return lag_seconds(self.oldest_unacked_store_ms, now_ms)
+
+
+def lag_seconds(oldest_unacked_store_ms: int, now_ms: int) -> float:
+    """Lag in time: seconds since the oldest un-acked message was stored; 0 when none is (store time 0), and
+    never below 0 (a store clock ahead of this one)."""
+    return max(0.0, (now_ms - oldest_unacked_store_ms) / 1000) if oldest_unacked_store_ms else 0.0
 
 
 def queue_lag(log: QueueLog, state: GroupQueue | None, tag_filter: TagFilter, start_offset: int) -> QueueLag:

@@ -10,6 +10,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from broker.core import BrokerCore
+from broker.lag import lag_seconds
 from broker.longpoll import Kind
 from broker.model import now_ms
 from broker.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
@@ -84,7 +85,7 @@ class _CoreCollector(Collector):
             lag.add_metric(labels, lg)
             ready.add_metric(labels, rd)
             inflight.add_metric(labels, inf)
-            age.add_metric(labels, max(0.0, (now - oldest) / 1000) if oldest else 0.0)
+            age.add_metric(labels, lag_seconds(oldest, now))
         dlq, dlq_stored = _dlq_metrics(core, {tg: t[0] for tg, t in totals.items()})
         dead = CounterMetricFamily("popgate_broker_dead_lettered", "Messages moved to a DLQ", labels=tg)
         for (group, topic_name), state in core.groups.items():

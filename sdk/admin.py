@@ -23,6 +23,7 @@ from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
 from broker.auth import TOKEN_KEY
+from broker.lag import lag_seconds
 from broker.validation import DLQ_PREFIX
 from broker.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 from sdk import errors
@@ -216,7 +217,7 @@ def stats_command(args: argparse.Namespace) -> int:
     for column in ("lag", "ready", "inflight", "oldest un-acked", "brokers"):
         table.add_column(column, justify="right")
     for (topic, group), row in sorted(lag_rows(responses).items()):
-        age = f"{(now_ms - row.oldest_ms) / 1000:.1f} s" if row.oldest_ms else "-"
+        age = f"{lag_seconds(row.oldest_ms, now_ms):.1f} s" if row.oldest_ms else "-"
         table.add_row(topic, group, str(row.lag), str(row.ready), str(row.inflight), age, str(row.brokers))
     print_table(table)
     topics: dict[str, int] = defaultdict(int)
