@@ -105,7 +105,6 @@ class ScheduleIndex:
 class DeliveryStats:
     retries: int = 0
     blocked_s: float = 0.0
-    delivered: int = 0
 
 
 Deliver = Callable[[list[Entry]], Awaitable[None]]
@@ -186,7 +185,6 @@ class ScheduledDelivery:
             while True:
                 try:
                     await self._deliver(entries)
-                    self.stats.delivered += len(entries)
                     return
                 except asyncio.CancelledError:
                     raise
