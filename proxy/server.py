@@ -15,12 +15,14 @@ from popgate_pb.v2 import service_pb2_grpc
 from broker.export import default_proxy_name
 from broker.metrics_http import start_metrics
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
+from proxy.adaptive_driver import AdaptiveStrategy
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
+from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
 from proxy.ports import Metrics
-from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveStrategy
+from proxy.receive import ReceiveStrategy
 from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError

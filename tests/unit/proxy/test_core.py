@@ -12,7 +12,8 @@ from popgate_pb import broker_pb2 as bpb
 
 from proxy import errors
 from proxy.core import Proxy
-from proxy.receive import LongPollStrategy, ReceiveRequest
+from proxy.longpoll import LongPollStrategy
+from proxy.receive import ReceiveRequest
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, handle, popped
 

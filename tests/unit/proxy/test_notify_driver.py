@@ -11,11 +11,13 @@ from prometheus_client import CollectorRegistry
 
 from proxy import errors
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
+from proxy.adaptive_driver import AdaptiveStrategy
 from proxy.core import Proxy
 from proxy.errors import BrokerTimeout
+from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
-from proxy.receive import AdaptiveStrategy, LongPollStrategy, ReceiveRequest, ReceiveResult
+from proxy.receive import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
 

@@ -16,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from proxy import errors
 from proxy.codes import code_of
 from proxy.core import SEND_OVERHEAD, Proxy
-from proxy.receive import LongPollStrategy
+from proxy.longpoll import LongPollStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import send as send_v2
