@@ -361,19 +361,21 @@ def test_ctrl_c_during_receive_prints_the_summary(cluster: Cluster) -> None:
         rows = lag_rows(stats).get((topic, group))
         return True if rows is not None and rows.lag == rows.inflight == 0 else None
 
-    def held() -> int:  # long polls held at the brokers; this package's tests run one at a time
+    def held() -> list[int]:  # long polls held at each broker; this package's tests run one at a time
         stats = fetch_stats(brokers, bpb.StatsRequest(), timeout=1.0)
-        return sum(s.held_pops + s.held_notifications for s in stats.values())
+        return [s.held_pops + s.held_notifications for s in stats.values()]
 
-    eventually(lambda: True if held() == 0 else None, timeout=10, what="no long poll held before the command")
+    eventually(lambda: True if sum(held()) == 0 else None, timeout=10, what="no long poll held before the command")
     argv = ["--endpoint", endpoint, topic, "--group", group, "--wait", "60", "--format", "json"]
     with Running("receive", *argv) as running:
         bodies = {json.loads(running.lines.get(timeout=20))["body"] for _ in range(2)}  # printed as they come
         assert bodies == {"one", "two"}
         eventually(acked, timeout=10, what="both messages acked")
         # The broker records an ack before the command counts it (it counts once the call returns): its
-        # next receive held at a broker says it has counted both and is waiting, as a user's Ctrl-C finds it.
-        eventually(lambda: True if held() > 0 else None, timeout=10, what="the next receive held at a broker")
+        # next receive held says it has counted both and is waiting, as a user's Ctrl-C finds it. A quiet
+        # group's receive is pop with notify, held at every broker; the Notification the first receive left at
+        # the broker that did not answer may not be cancelled yet, so one broker holding one proves nothing.
+        eventually(lambda: True if min(held()) > 0 else None, timeout=10, what="the next receive held at every broker")
         code, _, err = running.interrupt()
     assert code == 130 and "Traceback" not in err, err
     assert err.strip() == f"received and acked 2 messages from {topic} (group {group}) (interrupted)"
