@@ -192,8 +192,13 @@ class GrpcBrokerClient:
         result.add_done_callback(functools.partial(self._settled, session, request_id, timer))
         return result
 
-    def _answered(self, method: str, field: str, result: asyncio.Future[Any], answer: Any) -> None:
+    def _answered(self, method: str, field: str, result: BrokerCall, answer: Any) -> None:
         if result.done():
+            if method == "Pop" and not isinstance(answer, grpc.aio.AioRpcError) and answer.pop.messages:
+                # Cancelled (or timed out) as the answer came: `_settled` has not run yet, and once it does, the
+                # request is no longer pending, so it would send no cancel frame. Nobody will receive these
+                # messages: the broker makes them ready again (they stayed invisible for the whole invisible time).
+                self.release(result)
             return
         error = answer if isinstance(answer, grpc.aio.AioRpcError) else failure(answer)
         if error is not None:

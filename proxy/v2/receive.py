@@ -67,7 +67,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
     renewed: list[str] = []  # auto_renew handles being renewed: until the whole answer is written
-    complete = False  # the OK status frame was handed to grpc: the client may have the whole answer
+    complete = False  # the OK status frame was written: the client has the whole answer
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
@@ -82,8 +82,10 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
             frame = pb.ReceiveMessageResponse()
             to_client(popped, namespace=namespace, out=frame.message)  # built in place, not copied in
             yield frame
-        complete = True
+        # grpc asks for the next frame only once the last one is written: resumed here, the status got through.
+        # Closed here instead, its write failed (the client went away): the client's call failed too.
         yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
+        complete = True
         renewed = []
     finally:
         if result.messages and not complete:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 
+import grpc
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from sdk import _wire as wire
 from tests.integration.proxy.client import V2Client
@@ -46,3 +50,44 @@ def test_messages_of_an_answer_its_client_left_mid_stream_are_received_again_at_
     finally:
         leaving.close()
         other.close()
+
+
+@pytest.mark.parametrize("mode", ["longpoll", "notify"])
+def test_receives_cancelled_at_any_moment_leave_no_message_invisible(make_cluster: MakeCluster, mode: str) -> None:
+    """200 receives of a backlog, each cancelled 0-10 ms after it starts, so that a cancel crosses the broker's
+    answer anywhere on its way: every message is ready again at once. Before, an answer that reached the proxy
+    just after the cancel was dropped there, its messages invisible for the whole invisible time (32-144 of
+    160 here; 328 of 400 in a review's probe). The client reads nothing and its flow-control window stays small
+    (no BDP probing): no answer of 32 x 128 KiB can be written whole, so none of them may keep a message."""
+    cluster = make_cluster(brokers=2, proxy_args=("--receive-mode", mode, "--min-invisible-s", "1"))
+    topic, group, total = f"storm-{mode}", "g", 160
+    client = V2Client(cluster.endpoint)
+    try:
+        for _ in range(total // 16):
+            assert client.send(topic, [b"z" * 128 * 1024] * 16, timeout_s=30).status.code == v2.OK
+    finally:
+        client.close()
+
+    async def storm() -> None:
+        async with grpc.aio.insecure_channel(cluster.endpoint, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+            stub = pb_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+            request = wire.receive_request(group, wire.Subscription(topic), max=32, invisible=INVISIBLE_S, wait=5)
+            rng = random.Random(7)
+            for _ in range(200):
+                call = stub.ReceiveMessage(request, timeout=10)
+                await asyncio.sleep(rng.uniform(0, 0.01))
+                call.cancel()
+
+    asyncio.run(storm())
+
+    # Given back, every one is received again well before the invisible time (60 s) would bring it back.
+    other, ids = V2Client(cluster.endpoint), set()
+    try:
+        deadline = time.monotonic() + 20
+        while len(ids) < total and time.monotonic() < deadline:
+            status, messages = other.receive(topic, group, invisible_s=INVISIBLE_S, poll_s=1)
+            assert status.code in (v2.OK, v2.MESSAGE_NOT_FOUND), status
+            ids.update(m.system_properties.message_id for m in messages)
+    finally:
+        other.close()
+    assert len(ids) == total, f"{total - len(ids)} of {total} messages left invisible"
