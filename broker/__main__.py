@@ -63,6 +63,9 @@ async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: A
     return core
 
 
+UNARY_CALLS = 1024  # calls beyond the held long polls the gRPC server takes at once (Session streams included)
+
+
 def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[grpc.aio.Server, int]:
     """The gRPC server with the broker's and the health services, bound to --listen (not started): its port."""
     limit = settings.max_grpc_message_bytes
@@ -76,6 +79,9 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
             ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
         ],
         interceptors=[TokenInterceptor(settings.auth_token)] if settings.auth_token else None,
+        # Held unary Pops and Notifications are calls; a call whose request never comes is held by grpc
+        # (~21 KB) without reaching a handler: beyond this many, RESOURCE_EXHAUSTED before any handler.
+        maximum_concurrent_rpcs=settings.max_held + UNARY_CALLS,
     )
     pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     try:
