@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import gzip
 import zlib
+from collections.abc import AsyncIterator
 
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors
+from proxy.attempts import GroupAttempts
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall
 from proxy.v2.convert import GZIP_MAX_MEMBERS, SendLimits, seconds, to_broker, to_client
-from proxy.v2.telemetry import settings_reply
+from proxy.v2.telemetry import settings_reply, telemetry
 from tests.unit.proxy.fakes import popped
 
 LIMITS = SendLimits(max_body_bytes=1024, max_delay_s=86400)
@@ -187,3 +189,37 @@ def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error
     message.system_properties.born_timestamp.seconds = 2**62
     with pytest.raises(errors.BadRequest, match="born_timestamp"):
         to_broker(message, LIMITS, now_s=NOW)
+
+
+def test_settings_reply_does_not_echo_the_clients_lists_or_user_agent() -> None:
+    """A client that never reads its replies keeps them queued: an echo of 8 MB of topics cost 24 MB a stream."""
+    topics = [v2.Resource(name=f"topic-{i}") for i in range(10_000)]
+    producer = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(topics=topics))
+    producer.user_agent.hostname = "h" * 100_000
+    entries = [v2.SubscriptionEntry(topic=t) for t in topics]
+    consumer = v2.Settings(
+        client_type=v2.SIMPLE_CONSUMER, subscription=v2.Subscription(group=v2.Resource(name="g"), subscriptions=entries)
+    )
+    for client in (producer, consumer):
+        reply = settings_reply(client, SETTINGS).settings
+        assert reply.ByteSize() < 1024, reply.ByteSize()
+        assert reply.WhichOneof("pub_sub") == client.WhichOneof("pub_sub") and reply.client_type == client.client_type
+
+
+def test_settings_larger_than_the_limit_get_bad_request_and_the_stream_goes_on() -> None:
+    async def scenario() -> list[pb.TelemetryCommand]:
+        huge = v2.Settings(
+            client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[v2.Resource(name="t" * 100)] * 1000)
+        )
+        small = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing())
+
+        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+            yield pb.TelemetryCommand(settings=huge)
+            yield pb.TelemetryCommand(settings=small)
+
+        attempts = GroupAttempts(lambda: [], timeout_s=1.0)
+        return [reply async for reply in telemetry(commands(), SETTINGS, asyncio.Event(), attempts)]
+
+    refused, answered = asyncio.run(scenario())
+    assert refused.status.code == v2.BAD_REQUEST and "at most 65536" in refused.status.message
+    assert answered.status.code == v2.OK and answered.settings.publishing.max_body_size == 4 * 1024 * 1024
