@@ -19,7 +19,7 @@ from broker.errors import InvalidReceiptHandle
 
 VERSION = "1"
 _SEP = "~"
-_MAX_LEN = 1024
+MAX_HANDLE_LEN = 1024
 
 
 def encode_handle(broker: str, topic: str, queue_id: int, offset: int, attempt: int, token: int, until_ms: int) -> str:
@@ -43,8 +43,8 @@ class ReceiptHandle(NamedTuple):
     def decode(cls, text: str) -> ReceiptHandle:
         if not text:
             raise InvalidReceiptHandle("receipt handle is empty")
-        if len(text) > _MAX_LEN:
-            raise InvalidReceiptHandle(f"receipt handle is longer than {_MAX_LEN} characters")
+        if len(text) > MAX_HANDLE_LEN:
+            raise InvalidReceiptHandle(f"receipt handle is longer than {MAX_HANDLE_LEN} characters")
         parts = text.split(_SEP)
         if len(parts) != 8 or parts[0] != VERSION:
             raise InvalidReceiptHandle("receipt handle is malformed (not a popgate handle)")

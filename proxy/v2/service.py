@@ -18,6 +18,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
+from broker.receipt import MAX_HANDLE_LEN
 from proxy import errors
 from proxy.attempts import LOOKUP_TIMEOUT_S, GroupAttempts
 from proxy.auth import Authenticator
@@ -121,9 +122,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             context,
             pb.ChangeInvisibleDurationResponse,
         )
-        if not response.receipt_handle:
+        if not response.receipt_handle and len(request.receipt_handle) <= MAX_HANDLE_LEN:
             # The official client stores the answer's handle in the message before it checks the status:
-            # a failed change must leave the message its handle, which is still valid.
+            # a failed change must leave the message its handle, which is still valid. One too long to be a
+            # handle is not echoed: 10 MB of it made the answer too large for the client to read its status.
             response.receipt_handle = request.receipt_handle
         return response
 

@@ -157,6 +157,22 @@ def test_a_refused_change_of_invisibility_gives_back_the_handle_it_was_sent(clie
     assert response.receipt_handle == handle
 
 
+def test_a_handle_too_long_to_be_one_is_not_echoed_so_the_client_can_read_why(cluster: Cluster) -> None:
+    """Echoed, 10 MB of it made the answer larger than a client reads by default (4 MiB): a bare gRPC
+    RESOURCE_EXHAUSTED instead of the v2 status."""
+    client = V2Client(cluster.endpoint, options=[("grpc.max_send_message_length", 16 << 20)])
+    try:
+        request = pb.ChangeInvisibleDurationRequest(
+            group=v2.Resource(name="g"), topic=v2.Resource(name="bad"), receipt_handle="x" * 10_000_000, message_id="m"
+        )
+        request.invisible_duration.seconds = 10
+        response = client.stub.ChangeInvisibleDuration(request, timeout=10)
+    finally:
+        client.close()
+    assert response.status.code == v2.INVALID_RECEIPT_HANDLE and "longer than 1024" in response.status.message
+    assert response.receipt_handle == ""
+
+
 def receives_counted(cluster: Cluster, outcome: str) -> float:
     text = urllib.request.urlopen(cluster.proxies[0].metrics_url, timeout=5).read().decode()
     prefix = f'popgate_proxy_receives_total{{group="g",mode="adaptive",outcome="{outcome}"}} '
