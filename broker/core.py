@@ -170,7 +170,7 @@ class BrokerCore:
 
     def _fifo_released(self, state: GroupTopic, queue_id: int) -> None:
         """A FIFO message of the queue was acked or dead-lettered: wake as many of the group's held requests as
-        the queue now serves (`Readiness.released`), Pops first, as an arrival does; not every held request of
+        the queue now serves (`Readiness.released`), oldest first, as an arrival does; not every held request of
         the group."""
         tags = self.readiness.released(state, queue_id)
         if tags:

@@ -3,7 +3,7 @@
 Requests are held per (topic, group) key in arrival order. The broker core calls
 ``arrived`` when messages a group can consume appear (an append, a redelivery
 coming due); it wakes as many held requests as there are new matching messages,
-Pops before Notifications. Each hold ends with an explicit outcome. A
+oldest first whatever their kind. Each hold ends with an explicit outcome. A
 caller that goes away (task cancelled) is removed at once. Capacity is bounded:
 past it ``hold`` returns FULL immediately.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -33,12 +34,13 @@ class Kind(enum.Enum):
 
 
 class _Waiter:
-    __slots__ = ("kind", "filter", "future")
+    __slots__ = ("kind", "filter", "future", "seq")
 
-    def __init__(self, kind: Kind, tag_filter: TagFilter, future: asyncio.Future[Outcome]) -> None:
+    def __init__(self, kind: Kind, tag_filter: TagFilter, future: asyncio.Future[Outcome], seq: int) -> None:
         self.kind = kind
         self.filter = tag_filter
         self.future = future
+        self.seq = seq  # arrival order across kinds
 
     def resolve(self, outcome: Outcome) -> bool:
         if self.future.done():
@@ -57,6 +59,7 @@ class HoldService:
         self._by_topic: dict[str, set[str]] = {}
         self.held = {Kind.POP: 0, Kind.NOTIFICATION: 0}
         self._closed = False
+        self._arrivals = itertools.count()
 
     @property
     def total_held(self) -> int:
@@ -73,7 +76,7 @@ class HoldService:
         if self.total_held >= self.capacity:
             return Outcome.FULL
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(kind, tag_filter, loop.create_future())
+        waiter = _Waiter(kind, tag_filter, loop.create_future(), next(self._arrivals))
         self._add(key, waiter)
         timer = loop.call_later(timeout_s, waiter.resolve, Outcome.TIMED_OUT)
         try:
@@ -124,30 +127,30 @@ class HoldService:
         return self._wake(key, lambda _: count) if count > 0 else 0
 
     def _wake(self, key: Key, matching: Callable[[TagFilter], int]) -> int:
-        """Wake, oldest first, one held request per new matching message: Pops first (they consume
-        what woke them), then Notifications (each answer leads to one Pop). Waking every Notification
-        for one message would make all but one of their Pops lose the race (RocketMQ wakes one too);
-        a message nobody took is caught by the safety sweep."""
+        """Wake one held request per new matching message, oldest first whatever its kind: a Pop consumes what
+        woke it, a Notification's answer leads to one Pop. Waking every Notification for one message would make
+        all but one of their Pops lose the race (RocketMQ wakes one too); a message nobody took is caught by the
+        safety sweep. Not Pops first: a consumer whose receives hold Notifications (a quiet group's, adaptive
+        mode) then got nothing while another's held Pops took every message (a second official PushConsumer of
+        a group idled for a whole long-polling time in a review's probe)."""
         groups = self._waiters.get(key)
         if not groups:
             return 0
         woken = 0
-        budgets: dict[TagFilter, int] = {}
-        entries = list(groups.items())  # waking removes the entries it empties
-        for kind in (Kind.POP, Kind.NOTIFICATION):
-            for (group_kind, tag_filter), group in entries:
-                if group_kind is not kind or not group:
-                    continue
-                budget = budgets.get(tag_filter)
-                if budget is None:
-                    budget = matching(tag_filter)
-                while budget > 0 and group:
-                    waiter = next(iter(group))
-                    self._remove(key, waiter)
-                    if waiter.resolve(Outcome.SERVED):  # not one that timed out a moment ago
-                        woken += 1
-                        budget -= 1
-                budgets[tag_filter] = budget
+        empty: dict[_Waiter, None] = {}
+        for tag_filter in {f for _, f in groups}:
+            budget = matching(tag_filter)
+            pops = groups.get((Kind.POP, tag_filter), empty)  # emptied in place as they are woken
+            notes = groups.get((Kind.NOTIFICATION, tag_filter), empty)
+            while budget > 0 and (pops or notes):
+                pop = next(iter(pops)) if pops else None
+                note = next(iter(notes)) if notes else None
+                waiter = pop if note is None or (pop is not None and pop.seq < note.seq) else note
+                assert waiter is not None
+                self._remove(key, waiter)
+                if waiter.resolve(Outcome.SERVED):  # not one that timed out a moment ago
+                    woken += 1
+                    budget -= 1
         return woken
 
     def wake_ready(self, key: Key, ready_check: Callable[[int], Callable[[TagFilter], bool]]) -> None:

@@ -3,7 +3,7 @@
 The proxies run the real sans-IO pieces — `proxy.notify.NotifyRun` (pop with notify) and
 `proxy.adaptive.AdaptivePolicy` (the adaptive switch) — fed with simulated time; only the I/O is
 modelled: one-way hops with lognormal jitter, broker processing, held requests, the wake rule of
-`broker.longpoll` (one held request per new message, Pops first, then Notifications, plus the 1 s
+`broker.longpoll` (one held request per new message, oldest first whatever its kind, plus the 1 s
 safety sweep), the per-broker held limit (`polling_full`), and the consumers' processing time.
 
 Everything is seeded: one `Sim(config)` → one result, bit for bit.
@@ -98,6 +98,7 @@ class Req:
     cancelled: bool = False
     held: bool = False
     answered: bool = False
+    seq: int = 0  # when it was held, in the broker's arrival order (oldest woken first, whatever its kind)
 
 
 class Broker:
@@ -109,6 +110,7 @@ class Broker:
         self.notes: deque[Req] = deque()
         self.held_pops = 0
         self.held_notes = 0
+        self.holds = 0  # requests held so far: the next one's seq
         self.rpcs = {"pop": 0, "notify": 0}
 
     def receive(self, req: Req) -> None:
@@ -131,6 +133,8 @@ class Broker:
             self._answer(req, [], False, True, lat.pop_empty)
             return
         req.held = True
+        req.seq = self.holds
+        self.holds += 1
         if req.kind == "pop":
             self.pops.append(req)
             self.held_pops += 1
@@ -172,23 +176,23 @@ class Broker:
         return queue[0] if queue else None
 
     def append(self, msgs: list[Msg]) -> None:
-        """New messages: wake one held request per message, Pops first (broker.longpoll._wake)."""
+        """New messages: wake one held request per message, oldest first whatever its kind (broker.longpoll._wake)."""
         self.ready.extend(msgs)
         budget = len(msgs)
-        woken_pops = [r for r in self.pops if r.held and not r.cancelled][:budget]
-        budget -= len(woken_pops)
-        for req in woken_pops:
-            if not self.ready:
-                break  # woken but nothing left: it holds again
-            self._unhold(req)
-            self._take(req)
         while budget > 0:
-            note = self._live(self.notes)
-            if note is None:
+            pop, note = self._live(self.pops), self._live(self.notes)
+            if note is not None and (pop is None or note.seq < pop.seq):
+                self.notes.popleft()
+                self._unhold(note)
+                self._answer(note, [], True, False, self.sim.lat.pop_empty)
+            elif pop is not None:
+                if not self.ready:
+                    break  # woken but nothing left: it holds again
+                self.pops.popleft()
+                self._unhold(pop)
+                self._take(pop)
+            else:
                 break
-            self.notes.popleft()
-            self._unhold(note)
-            self._answer(note, [], True, False, self.sim.lat.pop_empty)
             budget -= 1
 
     def sweep(self) -> None:

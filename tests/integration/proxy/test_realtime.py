@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -236,3 +237,41 @@ def test_a_receive_gets_only_what_its_tag_filter_accepts(cluster: Cluster) -> No
     finally:
         client.close()
     assert sorted(got) == sorted(name.encode() for name in brokers)
+
+
+@pytest.mark.parametrize("cluster", ["adaptive"], indirect=True)
+def test_a_receive_that_waits_longer_gets_the_message_whether_it_holds_a_notification_or_a_pop(
+    cluster: Cluster,
+) -> None:
+    """A quiet group's first receives hold Notifications (pop with notify); once as many are in progress as there
+    are brokers, its next ones hold Pops (coupled long polling). The broker wakes the oldest either way: before,
+    held Pops went first, so a second official PushConsumer of a group took every message while the first one's
+    receives waited their whole poll (a review's probe: 0 of 200 messages for 20 s)."""
+    brokers = stubs(cluster)
+    client = V2Client(cluster.endpoint)
+    topic, group = f"fair-{uuid.uuid4().hex[:8]}", "g-fair"
+    request = wire.receive_request(group, wire.Subscription(topic), max=1, invisible=30, wait=POLL_S)
+    calls = []
+
+    def answer(call: Any) -> list[bytes]:
+        try:
+            return [frame.message.body for frame in call if frame.HasField("message")]
+        except grpc.RpcError:
+            return []  # cancelled below
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = []
+        for expected in (3, 6, 9, 10, 11, 12):  # three receives hold Notifications at every broker, three a Pop each
+            call = client.stub.ReceiveMessage(request, timeout=POLL_S + 3)
+            calls.append(call)
+            answers.append(pool.submit(answer, call))
+            wait_for(lambda n=expected: sum(held(brokers).values()) >= n, what=f"{expected} requests held")
+        try:
+            send_to(brokers["b1"], topic, b"one")
+            wait_for(lambda: any(a.done() for a in answers), what="a receive to get the message")
+            got = [i for i, a in enumerate(answers) if a.done() and a.result() == [b"one"]]
+            assert got and got[0] < 3, f"receive {got} got it: a later one, holding a Pop, went first"
+        finally:
+            for call in calls:
+                call.cancel()
+    client.close()

@@ -170,7 +170,7 @@ def test_a_fifo_message_cannot_be_delayed(tmp_path: Path) -> None:
     run_core(tmp_path, scenario)
 
 
-def test_an_ack_wakes_as_many_held_requests_as_it_makes_messages_ready_pops_first(tmp_path: Path) -> None:
+def test_an_ack_wakes_as_many_held_requests_as_it_makes_messages_ready_oldest_first(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore) -> None:
         await send(core, [b"m1", b"m2"])
         first = await pop(core, want=1)
