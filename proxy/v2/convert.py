@@ -13,6 +13,7 @@ from proxy import errors, validate
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
+SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY))
 GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
 
 
@@ -71,9 +72,9 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
     """A client's message as the broker stores it; raises the §5 error for the first violation. `room`: how
     many bytes a GZIP body may inflate to within its request (None: up to the body limit)."""
     props = message.system_properties
-    if props.message_type in (v2.TRANSACTION, v2.LITE):
-        kind = v2.MessageType.Name(props.message_type)
-        raise errors.Unsupported(f"{kind} messages are not supported by popgate")
+    if props.message_type not in SERVED_TYPES:  # TRANSACTION, LITE, PRIORITY: not stored as if they were NORMAL
+        kind = v2.MessageType.Name(props.message_type) if props.message_type in v2.MessageType.values() else "this"
+        raise errors.Unsupported(f"{kind} messages are not supported by popgate (NORMAL, FIFO and DELAY are)")
     out = bpb.Message(
         topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
         message_id=validate.message_id(props.message_id),
@@ -95,10 +96,10 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
     if props.HasField("delivery_timestamp"):
         ts = props.delivery_timestamp
         at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
-        if at > now_s:
-            out.deliver_at_ms = int(at * 1000)
-    if out.message_group and out.deliver_at_ms:  # checked here too: a request's groups go to brokers apart
-        raise errors.BadRequest("a FIFO message (message_group) cannot also have a delivery_timestamp")
+        out.deliver_at_ms = int(at * 1000)  # kept when already past (the broker stores it visible at once), as
+        # RocketMQ keeps it: the consumer gets back the delivery_timestamp its producer set
+        if out.message_group and at > now_s:  # checked here too: a request's groups go to brokers apart
+            raise errors.BadRequest("a FIFO message (message_group) cannot also have a future delivery_timestamp")
     return out
 
 

@@ -65,6 +65,17 @@ def test_a_fifo_message_with_a_future_delivery_time_is_bad_request() -> None:
     assert to_broker(message, LIMITS, now_s=NOW).message_group == "customer-7"
 
 
+def test_a_delivery_time_already_past_is_kept_so_the_consumer_gets_it_back() -> None:
+    """RocketMQ hands the consumer the delivery_timestamp its producer set; it was dropped when already past."""
+    message = client_message()
+    message.system_properties.delivery_timestamp.seconds = int(NOW) - 100
+    out = to_broker(message, LIMITS, now_s=NOW)
+    assert out.deliver_at_ms == (int(NOW) - 100) * 1000
+    delivered = popped("b1", "id-1")
+    delivered.stored.message.CopyFrom(out)
+    assert to_client(delivered).system_properties.delivery_timestamp.seconds == int(NOW) - 100
+
+
 def test_gzip_bodies_are_inflated_and_their_size_checked_after_inflating() -> None:
     message = client_message(body_encoding=v2.GZIP)
     message.body = gzip.compress(b"z" * 1000)
@@ -87,9 +98,12 @@ def test_gzip_bodies_must_be_whole_and_may_have_several_members() -> None:
         to_broker(message, LIMITS, now_s=NOW)
 
 
-def test_transactional_messages_are_unsupported() -> None:
-    with pytest.raises(errors.Unsupported, match="TRANSACTION"):
-        to_broker(client_message(message_type=v2.TRANSACTION), LIMITS, now_s=NOW)
+def test_transactional_lite_and_priority_messages_are_unsupported_not_stored_as_normal_ones() -> None:
+    for kind in ("TRANSACTION", "LITE", "PRIORITY"):
+        with pytest.raises(errors.Unsupported, match=kind):
+            to_broker(client_message(message_type=v2.MessageType.Value(kind)), LIMITS, now_s=NOW)
+    for kind in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY):
+        assert to_broker(client_message(message_type=kind), LIMITS, now_s=NOW).body == b"payload"
 
 
 def test_popped_message_has_handle_attempt_identity_encoding_and_crc32_digest() -> None:
