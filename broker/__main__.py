@@ -18,6 +18,7 @@ from broker import settings as settings_mod
 from broker.auth import TokenInterceptor
 from broker.core import BrokerCore
 from broker.errors import StoreUnavailable
+from broker.memory import MemoryTrimmer
 from broker.metrics import BrokerMetrics
 from broker.metrics_http import start_metrics
 from broker.server import BrokerServicer
@@ -113,6 +114,7 @@ async def serve(settings: BrokerSettings) -> None:
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()
+        stack.enter_context(MemoryTrimmer())
         sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
         stack.push_async_callback(_cancel, sweeper)  # once the server has stopped
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
 from broker.export import default_proxy_name
+from broker.memory import MemoryTrimmer
 from broker.metrics_http import start_metrics
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.adaptive_driver import AdaptiveStrategy
@@ -143,6 +144,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
+        stack.enter_context(MemoryTrimmer())
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         process = default_proxy_name(int(address.rpartition(":")[2]))

@@ -1,0 +1,33 @@
+"""When a process gives freed heap memory back (broker/memory.py): decided from samples of its resident size."""
+
+from __future__ import annotations
+
+from broker.memory import TrimPolicy
+
+MiB = 1024 * 1024
+
+
+def test_a_burst_is_trimmed_once_over_the_size_at_rest_and_again_after_it() -> None:
+    policy = TrimPolicy(grow_bytes=64 * MiB, spacing_s=15)
+    assert not policy.due(45 * MiB, 0)  # at rest: the floor
+    assert not policy.due(100 * MiB, 5)  # under floor + 64 MiB
+    assert policy.due(290 * MiB, 10)  # the burst
+    policy.trimmed(290 * MiB, 175 * MiB, 10)  # part of it was still in use
+    assert not policy.due(200 * MiB, 15)  # not twice within 15 s
+    assert policy.due(200 * MiB, 25)  # the burst is over: what it left is given back
+    policy.trimmed(200 * MiB, 55 * MiB, 25)
+    assert not policy.due(60 * MiB, 45)
+
+
+def test_memory_in_use_is_not_trimmed_again_until_it_grows_by_as_much_again() -> None:
+    policy = TrimPolicy(grow_bytes=64 * MiB, spacing_s=15)
+    policy.due(45 * MiB, 0)
+    assert policy.due(300 * MiB, 5)  # e.g. 10,000 held receives
+    policy.trimmed(300 * MiB, 296 * MiB, 5)  # little to give back: it is in use
+    assert not policy.due(300 * MiB, 60) and not policy.due(340 * MiB, 120)
+    assert policy.due(360 * MiB, 180)
+
+
+def test_a_steady_process_never_trims() -> None:
+    policy = TrimPolicy(grow_bytes=64 * MiB, spacing_s=15)
+    assert not any(policy.due(size * MiB, t * 5) for t, size in enumerate([50, 70, 60, 90, 80, 100, 95]))
