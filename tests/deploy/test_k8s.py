@@ -12,8 +12,10 @@ select.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -305,3 +307,25 @@ def test_proxies_advertise_their_service(rendered: dict[str, list[Obj]], name: s
     assert host.split(".")[0] == "popgate-proxy"
     if name != "base":
         assert host == f"popgate-proxy.{service['metadata']['namespace']}.svc"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_cronjob_prunes_snapshots_and_abandoned_tmp_files_past_the_retention(
+    rendered: dict[str, list[Obj]], name: str, tmp_path: Path
+) -> None:
+    """A killed pod's `.tmp` file was never pruned: its name never comes back to publish it."""
+    (cronjob,) = find(rendered[name], "CronJob")
+    (prune,) = [c for c in pod_spec(cronjob)["initContainers"] if c["name"] == "prune-snapshots"]
+    env = {e["name"]: e["value"] for e in prune["env"]}
+    script = prune["command"][-1].replace("/var/lib/popgate/export", str(tmp_path))
+    root = tmp_path / "snapshots" / "2026-11-20"
+    root.mkdir(parents=True)
+    old = time.time() - float(env["RETENTION_S"]) - 3600
+    names = ("broker-b1-1.jsonl", ".proxy-gone-7.jsonl.tmp", "proxy-p-2.jsonl", ".proxy-live-3.jsonl.tmp")
+    for i, file in enumerate(names):
+        (root / file).write_text("{}\n")
+        if i < 2:
+            os.utime(root / file, (old, old))
+    out = subprocess.run([sys.executable, "-c", script], env={**env}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in root.iterdir()) == sorted(names[2:]), out.stdout
