@@ -42,7 +42,9 @@ def render(rows: list[dict[str, Any]], *, top: int = 5) -> str:
         f"{len({r['group'] for r in rows})} groups",
         "",
         f"Top lagging groups in the last window ({last:%H:%M:%S}):",
-        f"  {'topic':<20} {'group':<20} {'lag':>8} {'inflight':>8} {'avail':>8} {'lag s':>7} "
+        "  (lag, inflight: RocketMQ's, from offsets (max - consumer, pull - consumer), so messages acked out of order"
+        " count until the ones before them are; exact: ready + in flight, the brokers' gauges; docs/METRICS.md §5)",
+        f"  {'topic':<20} {'group':<20} {'lag':>8} {'inflight':>8} {'exact':>8} {'avail':>8} {'lag s':>7} "
         f"{'hit %':>6} {'notify %':>8} {'empty %':>7} {'dlq+':>5}",
     ]
     latest = [r for r in rows if r["window_start"] == last]
@@ -53,7 +55,8 @@ def render(rows: list[dict[str, Any]], *, top: int = 5) -> str:
         p = polling.get(r["group"], r)
         lines.append(
             f"  {r['topic']:<20} {r['group']:<20} {_fmt(r['consumer_lag']):>8} {_fmt(r['inflight']):>8} "
-            f"{_fmt(r['available']):>8} {_fmt(r['lag_seconds'], '.1f'):>7} {_pct(p['polling_hit_ratio']):>6} "
+            f"{_fmt(r['exact_lag']):>8} {_fmt(r['available']):>8} {_fmt(r['lag_seconds'], '.1f'):>7} "
+            f"{_pct(p['polling_hit_ratio']):>6} "
             f"{_pct(p['notify_share']):>8} {_pct(p['empty_rate']):>7} {_fmt(r['dlq_growth']):>5}"
         )
     lines += ["", "Over the whole span:"]

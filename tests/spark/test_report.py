@@ -52,7 +52,7 @@ def test_a_group_on_two_topics_has_its_receives_counted_once(
     assert sum(r["receives"] or 0 for r in parquet) == 32  # any reader's sum over rows is the total
     # the group's hit ratio is shown next to each of its topics
     table = [cells for cells in map(str.split, text.splitlines()) if cells and cells[0] in ("t1", "t2")]
-    assert sorted((cells[0], cells[1], cells[2], cells[6]) for cells in table) == [
+    assert sorted((cells[0], cells[1], cells[2], cells[7]) for cells in table) == [
         ("t1", "g1", "10", "35.3"),
         ("t1", "g2", "0", "-"),
         ("t2", "g1", "30", "35.3"),
