@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from broker.export import ExportSettings, MetricsExporter
@@ -107,6 +107,9 @@ async def start_metrics(
     --metrics-listen and snapshots exported to --export-dir, each only when set, both closed by `stack`. A flag
     the operator must fix (a port in use, an address that is not local, a directory that is a file) raises
     ``error(one line naming it)``."""
+    # No `<counter>_created` series: nothing reads them (the export leaves them out), and per-group counters and
+    # histograms made them 66 of a proxy's 225 sample lines (a review's scrape).
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     if flags.metrics_listen:
         server = MetricsServer(registry)
         try:

@@ -344,6 +344,7 @@ def test_health_metrics_and_clean_sigterm(make_broker: object) -> None:
         "popgate_broker_consumer_lag_messages",
     ):
         assert name in text
+    assert "_created" not in text  # no creation-time series beside every counter and histogram
     held = b.stub.Pop.future(pb.PopRequest(topic="m", group="g", max_messages=1, invisible_ms=1000, poll_ms=20000))
     assert wait_until(lambda: b.stub.Stats(pb.StatsRequest()).held_pops == 1, timeout=5)
     started = time.monotonic()

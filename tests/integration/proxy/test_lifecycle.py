@@ -61,6 +61,7 @@ def test_health_metrics_and_clean_sigterm_with_a_held_receive(make_cluster: Make
         assert 'popgate_proxy_receive_first_pop_hits_total{group="g"} 1.0' in text
         assert "popgate_proxy_receive_latency_seconds_count 1.0" in text
         assert re.search(r"# TYPE popgate_proxy_receive_first_pop_hits(_total)? counter", text)
+        assert "_created" not in text  # no creation-time series beside every counter and histogram
 
         # A receive held at the broker for up to 20 s is answered (empty) as soon as the proxy stops.
         result: list[tuple[v2.Status, float]] = []
