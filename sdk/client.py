@@ -327,7 +327,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         Transient failures (UNAVAILABLE, TOO_MANY_REQUESTS, broker failover, timeouts) are retried under
         the client's `RetryPolicy`. A re-sent ack answered with a stale handle counts as acked: the broker
         refuses a handle it already acked, so that answer means an earlier attempt whose reply was lost
-        did the ack.
+        did the ack. After a broker crash that answer may mean the opposite (the restarted broker lost the
+        ack, or the delivery itself): then a normal return is followed by one more delivery of the message
+        (at least once, docs/SDK.md "Errors and retries").
 
         Raises:
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked).

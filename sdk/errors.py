@@ -109,6 +109,7 @@ class AckError(PopgateError):
         super().__init__(
             f"{len(failures)} message(s) not acked; first: {first}",
             code=first.code,
+            code_name=first.code_name,
             retriable=all(e.retriable for _, e in failures),
         )
 

@@ -6,6 +6,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+MAX_BACKOFF_S = 7 * 24 * 3600.0  # as every other duration the SDK takes
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -29,8 +31,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
-        if not 0 < self.initial_backoff <= self.max_backoff:  # 0 would retry an iteration in a busy loop
-            raise ValueError("need 0 < initial_backoff <= max_backoff")
+        if not 0 < self.initial_backoff <= self.max_backoff <= MAX_BACKOFF_S:  # 0: a busy loop; NaN fails too
+            raise ValueError(f"need 0 < initial_backoff <= max_backoff <= {MAX_BACKOFF_S:.0f} s (7 days), finite")
         if self.multiplier < 1 or not 0 <= self.jitter <= 1:
             raise ValueError("need multiplier >= 1 and 0 <= jitter <= 1")
 

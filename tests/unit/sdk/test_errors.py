@@ -66,3 +66,8 @@ def test_ack_error_lists_failures_and_is_retriable_only_if_all_are() -> None:
     both = errors.AckError([("a", stale), ("b", down)])
     assert both.failures == [("a", stale), ("b", down)] and not both.retriable
     assert errors.AckError([("b", down)]).retriable
+    refused = errors.Unavailable("connection refused", code_name="UNAVAILABLE")  # a transport error: no v2 code
+    assert (errors.AckError([("c", refused)]).code, errors.AckError([("c", refused)]).code_name) == (
+        None,
+        "UNAVAILABLE",
+    )

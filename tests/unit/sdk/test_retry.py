@@ -28,7 +28,16 @@ def test_one_attempt_means_no_retry() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"max_attempts": 0}, {"initial_backoff": 3.0, "max_backoff": 1.0}, {"multiplier": 0.5}, {"jitter": 2}]
+    "kwargs",
+    [
+        {"max_attempts": 0},
+        {"initial_backoff": 3.0, "max_backoff": 1.0},
+        {"multiplier": 0.5},
+        {"jitter": 2},
+        {"max_backoff": float("inf")},  # as every other duration: finite, at most 7 days
+        {"max_backoff": 1e12},
+        {"initial_backoff": float("nan")},
+    ],
 )
 def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
