@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 MAX_GROUP = 512
 CHECKPOINT_INTERVAL_S = 0.5
+# The WAL file past which the writer itself checkpoints, between two commits, and starts the WAL over.
+WAL_RESTART_BYTES = 64 * 1024 * 1024
 
 # Version of the file layout below, kept in PRAGMA user_version.
 SCHEMA_VERSION = 2
@@ -164,6 +166,7 @@ class SqliteStore:
 
     def _open(self, data_dir: Path, flush: str, on_commit: CommitObserver | None, state_delay_s: float) -> None:
         self._path = data_dir / "broker.sqlite3"
+        self._wal_path = data_dir / "broker.sqlite3-wal"
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
         self._deferred: list[_Request] = []
@@ -218,6 +221,9 @@ class SqliteStore:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._sync}")
         conn.execute("PRAGMA busy_timeout=5000")
+        # When the WAL starts over its file is cut back to a quarter of the restart size: cut to the restart size
+        # itself it stayed there, and the writer checkpointed after every commit (wake p50 +0.6 ms, measured).
+        conn.execute(f"PRAGMA journal_size_limit={WAL_RESTART_BYTES // 4}")
         return conn
 
     def set_listener(self, listener: ArrivalListener) -> None:
@@ -333,6 +339,24 @@ class SqliteStore:
             self._loop.call_soon_threadsafe(self._deliver, batch)
             if stop:
                 return
+            self._bound_wal()
+
+    def _bound_wal(self) -> None:
+        """Between two commits, when the WAL file is past WAL_RESTART_BYTES: checkpoint it here and start it
+        over. The checkpointer's PASSIVE checkpoints copy the WAL into the database beside the writer, but
+        SQLite starts the WAL over only when a write begins after a checkpoint copied all of it, which never
+        happens while the writer commits without a pause: the WAL grew with everything written (705 MiB
+        beside a 494 MiB database after 45 s of sends, a review's probe), and stayed so until a clean stop.
+        Most of it is copied already, so this stalls the writer for the rest only."""
+        try:
+            if os.path.getsize(self._wal_path) < WAL_RESTART_BYTES:
+                return
+            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        except (OSError, sqlite3.Error) as exc:  # no WAL file yet, or a full disk: the next commit says so
+            log.debug("WAL restart skipped: %s", exc)
+            return
+        if busy:  # a reader held an old snapshot past busy_timeout: tried again after the next commit
+            log.debug("WAL restart postponed: a reader is busy")
 
     def _apply(self, batch: list[_Request]) -> None:
         """One transaction for the whole batch. Statements cannot conflict (offsets are assigned here,
