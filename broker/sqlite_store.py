@@ -111,6 +111,30 @@ _SQL = {
 }
 
 CommitObserver = Callable[[float], None]
+FAILURE_LOG_EVERY_S = 10.0
+
+
+class _Throttled:
+    """A failure that repeats is logged once, then at most every `every_s` with how many were left out: on a
+    full disk every refused commit logged a line (9,899 for 9,898 sends in a review's probe), a log growing
+    at the clients' retry rate on what may be the same full disk."""
+
+    def __init__(self, emit: Callable[..., None], every_s: float = FAILURE_LOG_EVERY_S) -> None:
+        self._emit = emit
+        self._every_s = every_s
+        self._next = 0.0
+        self._left_out = 0
+
+    def __call__(self, text: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._left_out += 1
+            return
+        if self._left_out:
+            text, args = text + " (and %d more since the last such line)", (*args, self._left_out)
+        self._emit(text, *args)
+        self._left_out = 0
+        self._next = now + self._every_s
 
 
 class _Request:
@@ -182,6 +206,8 @@ class SqliteStore:
         self._read_conn: sqlite3.Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._commit_failed = _Throttled(log.error)  # the writer's
+        self._checkpoint_failed = _Throttled(log.warning)  # the checkpointer's
         self._conn = self._connect()
         version = self._layout()
         self._conn.executescript(SCHEMA)
@@ -285,7 +311,7 @@ class SqliteStore:
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except sqlite3.Error as exc:
-                    log.warning("checkpoint failed: %s", exc)
+                    self._checkpoint_failed("checkpoint failed: %s", exc)
         finally:
             conn.close()
 
@@ -392,7 +418,7 @@ class SqliteStore:
                     conn.executemany(_SQL[kind], ops)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            log.error("store commit failed: %s", exc)
+            self._commit_failed("store commit failed: %s", exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._next_offset = saved
