@@ -76,7 +76,6 @@ class MemoryTrimmer:
     def __init__(self, *, interval_s: float = INTERVAL_S, policy: TrimPolicy | None = None) -> None:
         self.interval_s = interval_s
         self.policy = policy or TrimPolicy()
-        self.trims = 0
         self._trim = _malloc_trim()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="malloc-trim", daemon=True)
@@ -104,5 +103,4 @@ class MemoryTrimmer:
             except OSError:  # /proc gone (a container being torn down): nothing to do
                 return
             self.policy.trimmed(before, after, time.monotonic())
-            self.trims += 1
             log.info("returned %d MiB of freed memory to the system", max(0, before - after) >> 20)
