@@ -81,9 +81,18 @@ def channel_credentials(options: ClientOptions) -> grpc.ChannelCredentials | Non
     return grpc.ssl_channel_credentials(root_certificates=options.root_certificates)
 
 
-def convert(exc: grpc.RpcError) -> errors.PopgateError:
-    """A failed gRPC call as the SDK's typed error."""
+TLS_HINT = " (is the server using TLS? connect with tls=True, or tls=<its CA certificate file>)"
+
+
+def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
+    """A failed gRPC call as the SDK's typed error; `tls`: whether the channel uses TLS.
+
+    A TLS server closes a plaintext connection, which gRPC reports only as "failed to connect to all
+    addresses; ... Socket closed": a plaintext client's error then says the server may be using TLS. A
+    refused connection (nothing listening) gets no hint, nor does an UNAVAILABLE the server answered with."""
     code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
+    details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
     name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-    return errors.transport_error(name, details or "")
+    if not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
+        details += TLS_HINT
+    return errors.transport_error(name, details)

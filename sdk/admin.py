@@ -429,7 +429,7 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
                     idle.received()
                     total += len(done)
     except errors.PopgateError as exc:
-        _err(f"popgate dlq resend: {explain(exc, args)}")
+        _err(f"popgate dlq resend: {explain(exc)}")
         return 1
     except KeyboardInterrupt:  # the summary of what was re-sent so far, then 130
         code = 130

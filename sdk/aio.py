@@ -58,7 +58,7 @@ class _AsyncClient(ClientBase):
                 except grpc.RpcError as exc:
                     if self._closed:
                         raise errors.Unavailable("the client is closed", retriable=False) from None
-                    raise convert(exc) from None
+                    raise convert(exc, tls=self.options.tls) from None
                 except asyncio.CancelledError:
                     # Closing the channel cancels its calls; only a cancellation of *this* task propagates.
                     task = asyncio.current_task()

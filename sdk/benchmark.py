@@ -204,7 +204,7 @@ def bench_command(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             code = 130
         except errors.PopgateError as exc:
-            err.print(f"popgate bench: {explain(exc, args)}", style="red")
+            err.print(f"popgate bench: {explain(exc)}", style="red")
             code = 1
     print_table(summary(phases, args))
     if code:

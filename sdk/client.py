@@ -53,7 +53,7 @@ class _SyncClient(ClientBase):
                         raise errors.Unavailable("the client is closed", retriable=False) from None
                     if not isinstance(exc, grpc.RpcError):
                         raise
-                    raise convert(exc) from None
+                    raise convert(exc, tls=self.options.tls) from None
             except errors.PopgateError as exc:
                 delay = next(delays, None) if exc.retriable and not self._closed else None
                 if delay is None:

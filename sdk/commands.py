@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sdk import errors
-from sdk._transport import MAX_MESSAGE_BYTES
+from sdk._transport import MAX_MESSAGE_BYTES, TLS_HINT
 from sdk._wire import MAX_DURATION_S
 from sdk.client import Producer, SimpleConsumer
 from sdk.message import Message
@@ -94,17 +94,9 @@ def connection(args: argparse.Namespace) -> dict[str, Any]:
     return {"access_key": args.access_key, "secret_key": args.secret_key, "tls": tls}
 
 
-def explain(exc: errors.PopgateError, args: argparse.Namespace) -> str:
-    """The error for the user; when a plaintext client could not connect, a hint that the server may be TLS.
-
-    A TLS server closes a plaintext connection, which gRPC reports only as "failed to connect to all
-    addresses; ... Socket closed". A refused connection (nothing listening) gets no hint, nor does an
-    UNAVAILABLE the server answered with.
-    """
-    connect_failed = exc.code is None and "failed to connect to all addresses" in exc.message
-    if connect_failed and "Connection refused" not in exc.message and not (args.tls or args.tls_ca):
-        return f"{exc} (is the server using TLS? try --tls / --tls-ca)"
-    return str(exc)
+def explain(exc: errors.PopgateError) -> str:
+    """The error for the user; the SDK's hint that the server may be using TLS names the command's options."""
+    return str(exc).replace(TLS_HINT, " (is the server using TLS? try --tls / --tls-ca)")
 
 
 def progress(console: Console) -> Progress:
@@ -306,7 +298,7 @@ def send_command(args: argparse.Namespace) -> int:
                 elapsed = time.perf_counter() - started
                 bar.update(task, advance=n, rate=f"{sent / max(elapsed, 1e-9):,.0f} msg/s")
         except errors.PopgateError as exc:
-            err.print(f"popgate send: {explain(exc, args)} (after {sent} sent)", style="red")
+            err.print(f"popgate send: {explain(exc)} (after {sent} sent)", style="red")
             return 1
         except KeyboardInterrupt:
             code = 130
@@ -422,7 +414,7 @@ def receive_command(args: argparse.Namespace) -> int:
                 tally.got += len(batch)
                 _print_and_ack(consumer, batch, tally, fmt=args.format, ack=not args.no_ack)
     except errors.PopgateError as exc:
-        err.print(f"popgate receive: {explain(exc, args)} (after {tally.got} received)", style="red")
+        err.print(f"popgate receive: {explain(exc)} (after {tally.got} received)", style="red")
         return 1
     except KeyboardInterrupt:  # a printed but not yet acked batch comes back after --invisible
         code = 130

@@ -1,13 +1,15 @@
-"""A plaintext `popgate` command against a TLS proxy is told to try --tls."""
+"""A plaintext `popgate` command (or SDK client) against a TLS proxy is told to try --tls (tls=)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from sdk import Producer, RetryPolicy, Unavailable, aio
 from sdk.cli import main
 from sdk.cluster import Cluster
 
@@ -49,3 +51,27 @@ def test_dlq_resend_of_a_plaintext_client_is_told_to_try_tls(
     assert main(["dlq", "resend", "g", "--endpoint", address, "--wait", "0"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("popgate dlq resend: UNAVAILABLE: failed to connect to all addresses") and HINT in err, err
+
+
+@pytest.mark.parametrize("client", ["sync", "aio"])
+def test_a_plaintext_sdk_client_of_a_tls_proxy_is_told_to_try_tls(tls_proxy: tuple[str, Path], client: str) -> None:
+    """The SDK says it too, not only the command line: gRPC reports only "Socket closed"."""
+    address, cert = tls_proxy
+    fast = RetryPolicy(max_attempts=1)
+    if client == "sync":
+        with Producer(address, retry=fast) as producer, pytest.raises(Unavailable) as info:
+            producer.send("t", b"x")
+    else:
+
+        async def send() -> None:
+            async with aio.Producer(address, retry=fast) as producer:
+                await producer.send("t", b"x")
+
+        with pytest.raises(Unavailable) as info:
+            asyncio.run(send())
+    assert "is the server using TLS? connect with tls=True" in str(info.value), info.value
+    with Producer(address, tls=cert) as producer:
+        assert producer.send("t", b"x").message_id  # the hint was right
+    with Producer("127.0.0.1:1", retry=fast) as producer, pytest.raises(Unavailable) as info:
+        producer.send("t", b"x")  # nothing listening: TLS would not help
+    assert "TLS" not in str(info.value), info.value

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import re
 from pathlib import Path
 
+import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Message, RetryPolicy, errors
+from sdk import Message, RetryPolicy
+from sdk._transport import convert
 from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
 from sdk.commands import IdleWait, OnePass, error_console, explain
@@ -63,24 +64,40 @@ def test_help_shows_each_options_default_but_not_a_secret_from_the_environment(
     assert up["--flush"].startswith("{sync,async} ") and up["--brokers"].endswith("(default: 3)"), up
 
 
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+class RpcFailure(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
 @pytest.mark.parametrize(
-    ("error", "tls", "hinted"),
+    ("failure", "tls", "hinted"),
     [
-        (errors.Unavailable("failed to connect to all addresses; last error: ...: Socket closed"), False, True),
-        (errors.Unavailable("failed to connect to all addresses; last error: ...: Socket closed"), True, False),
+        (RpcFailure(UNAVAILABLE, "failed to connect to all addresses; last error: ...: Socket closed"), False, True),
+        (RpcFailure(UNAVAILABLE, "failed to connect to all addresses; last error: ...: Socket closed"), True, False),
         (
-            errors.Unavailable("failed to connect to all addresses; ...: connect: Connection refused (111)"),
+            RpcFailure(UNAVAILABLE, "failed to connect to all addresses; ...: connect: Connection refused (111)"),
             False,
             False,
         ),
-        (errors.Unavailable("no broker is available", code=50002), False, False),  # the server answered it
+        (RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), False, False),
     ],
 )
-def test_only_a_failed_plaintext_connection_gets_the_tls_hint(
-    error: errors.PopgateError, tls: bool, hinted: bool
+def test_only_a_failed_plaintext_connection_gets_the_tls_hint_named_in_the_commands_options(
+    failure: RpcFailure, tls: bool, hinted: bool
 ) -> None:
-    args = argparse.Namespace(tls=tls, tls_ca=None)
-    assert ("try --tls" in explain(error, args)) is hinted
+    error = convert(failure, tls=tls)
+    assert ("is the server using TLS? connect with tls=True" in str(error)) is hinted
+    assert ("try --tls / --tls-ca" in explain(error)) is hinted
+    assert "tls=True" not in explain(error)
 
 
 def test_a_look_without_acks_ends_at_the_first_message_shown_already() -> None:
