@@ -10,7 +10,8 @@ variable ``POPGATE_FOO_BAR`` and file key ``foo_bar`` (or ``foo-bar``), read as 
 type. A field's metadata may refine that:
 
 - ``help``: the flag's help (otherwise "<type>, default <value>");
-- ``negate``: for a bool, a flag that sets it false (``no-auto-create``);
+- ``negate``: for a bool, a flag that sets it false (``no-auto-create``), and its variable
+  (``POPGATE_NO_AUTO_CREATE=1``; the field's own variable wins when both are set);
 - ``option``: the flag, variable and file key when not the field's name (``broker``);
 - ``aliases``: more file keys for it; the first one present wins over ``option``;
 - ``parse``: a function reading the raw value (a string, a list of repeated flags or a TOML value);
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+PROGRAM_SECTIONS = frozenset(("broker", "proxy"))  # one file may hold a table for each program
 
 
 class SettingsError(ValueError):
@@ -86,7 +88,10 @@ def settings_parser(cls: type[Any], prog: str, *, description: str | None = None
             parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
             negate = f.metadata.get("negate")
             if negate:
-                parser.add_argument("--" + negate, dest=f.name, action="store_false", default=None)
+                variable = "POPGATE_" + negate.upper().replace("-", "_")
+                parser.add_argument(
+                    "--" + negate, dest=f.name, action="store_false", default=None, help=f"the opposite ({variable})"
+                )
         else:
             action = "append" if typing.get_origin(kind) is tuple else "store"
             metavar = _option(f).upper()
@@ -99,16 +104,22 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
     (how the file was given, by default ``--config PATH``).
 
     With a `section`, the settings are the ``[section]`` table when the file has one,
-    otherwise its top level.
+    otherwise its top level but for the other programs' tables (`PROGRAM_SECTIONS`).
     """
     where = where or f"--config {path}"
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{where}: {exc}") from None
-    table = document.get(section, document) if section else document
-    if not isinstance(table, dict):
-        raise SettingsError(f"{where}: [{section}] must be a table")
+    # The section's table when there is one (not the proxy's own key `broker`, a list); otherwise the top level
+    # without the other program's table (one file may serve both).
+    if section and isinstance(document.get(section), dict):
+        table = document[section]
+    elif section:
+        others = {key for key, value in document.items() if key in PROGRAM_SECTIONS and isinstance(value, dict)}
+        table = {key: value for key, value in document.items() if key not in others}
+    else:
+        table = document
     given = {str(key).replace("-", "_"): value for key, value in table.items()}
     values: dict[str, Any] = {}
     for f in _fields(cls):
@@ -169,6 +180,8 @@ def load(
             if raw is None:
                 origin = "POPGATE_" + _option(f).upper()
                 raw = environ.get(origin)
+            if raw is None and f.metadata.get("negate"):
+                raw, origin = _negated(f, environ)
         if raw is None:
             raw, origin = config.get(f.name), f"{file}: {_option(f)}"
         if raw is None:
@@ -184,6 +197,17 @@ def load(
         raise SettingsError(_attributed(str(exc), cls, origins)) from None
 
 
+def _negated(f: dataclasses.Field[Any], environ: Mapping[str, str]) -> tuple[bool | None, str]:
+    """The value a bool field's negating variable (``POPGATE_NO_AUTO_CREATE``) gives it, if set."""
+    variable = "POPGATE_" + str(f.metadata["negate"]).upper().replace("-", "_")
+    if variable not in environ:
+        return None, ""
+    try:
+        return not _convert(bool, environ[variable]), variable
+    except ValueError:
+        raise SettingsError(f"{variable} {environ[variable]!r}: expected bool") from None
+
+
 def _attributed(message: str, cls: type[Any], origins: Mapping[str, str]) -> str:
     """`message` with the setting it starts with (flag or field name) replaced by where its value came from."""
     for f in _fields(cls):
@@ -196,11 +220,16 @@ def _attributed(message: str, cls: type[Any], origins: Mapping[str, str]) -> str
 
 
 def load_settings(
-    cls: type[T], prog: str, argv: list[str] | None = None, environ: Mapping[str, str] | None = None
+    cls: type[T],
+    prog: str,
+    argv: list[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    section: str | None = None,
 ) -> T:
     """`load`; a refused setting is one line on stderr and exit status 2 (the usage would bury it)."""
     parser = settings_parser(cls, prog)
     try:
-        return load(cls, parser, argv, environ)
+        return load(cls, parser, argv, environ, section=section)
     except ValueError as exc:
         parser.exit(2, f"{prog}: {exc} (see {prog} --help)\n")

@@ -71,8 +71,8 @@ class SendPath:
     async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
         if not messages:
             raise BadRequest("send carries no message")
-        if len(messages) > self.settings.max_send_batch:
-            raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {self.settings.max_send_batch}")
+        if len(messages) > validation.MAX_SEND_MESSAGES:
+            raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {validation.MAX_SEND_MESSAGES}")
         now = now_ms()
         checked = [self.check(m, now) for m in messages]  # all or nothing: check every message first
         self.check_new_topics(messages)

@@ -84,7 +84,6 @@ class BrokerSettings:
     max_pop_bytes: int = field(
         default=8 * 1024 * 1024, metadata={"help": "largest Pop or ListMessages answer (bodies and overhead)"}
     )
-    max_send_batch: int = field(default=1024, metadata={"help": "most messages in one Send"})
     max_send_bytes: int = field(
         default=256 * 1024 * 1024,
         metadata={
@@ -124,7 +123,6 @@ class BrokerSettings:
             (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),
             (self.max_poll_ms >= 0, "max_poll_ms must be >= 0"),
             (re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", self.name) is not None, "name must match [a-zA-Z0-9_-]{1,64}"),
-            (self.max_send_batch >= 1, "max_send_batch must be >= 1"),
             (self.max_pop_bytes >= 1, "max_pop_bytes must be >= 1"),
             (self.max_send_bytes >= 1024, "max_send_bytes must be >= 1024"),
             (self.max_pop_answer_bytes >= 1024, "max_pop_answer_bytes must be >= 1024"),
@@ -172,4 +170,4 @@ class BrokerSettings:
 
 
 def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> BrokerSettings:
-    return load_settings(BrokerSettings, "popgate-broker", argv, environ)
+    return load_settings(BrokerSettings, "popgate-broker", argv, environ, section="broker")

@@ -21,6 +21,9 @@ MAX_PROPERTIES_BYTES = 16 * 1024
 # Receipt handles in one Ack or Renew: fixed, not --max-send-batch (a proxy's AckMessage carries up to 1,024, and
 # its renewals batch 1,024: a broker with a smaller send batch refused them whole, every time).
 MAX_HANDLES = 1024
+# Messages in one Send: fixed too, as a proxy sends a whole SendMessage (up to 1,024) to one broker in one Send; a
+# smaller setting refused legal requests (the bytes are bounded by --max-send-bytes).
+MAX_SEND_MESSAGES = 1024
 
 
 def check_name(kind: str, name: str, *, error: type[BrokerError], limit: int = MAX_NAME_LEN) -> str:

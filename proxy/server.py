@@ -153,7 +153,10 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
         ready(address)
         log.info(
-            "proxy serving on %s, brokers %s", address, ", ".join(f"{b.name}={b.target}" for b in settings.brokers)
+            "proxy serving on %s (receive mode %s), brokers %s",
+            address,
+            settings.receive_mode,
+            ", ".join(f"{b.name}={b.target}" for b in settings.brokers),
         )
         await stop.wait()
         log.info("stopping: answering held receives")

@@ -98,7 +98,8 @@ def batch_size(size: int, *, limit: int) -> int:
 
 def invisible(seconds: float, *, low: float, high: float, what: str = "invisible_duration") -> float:
     if not low <= seconds <= high:
-        raise errors.IllegalInvisibleTime(f"{what} {seconds:g} s is out of range: must be {low:g} s..{high:g} s")
+        # .15g: 9.999999999 s is not shown as the 10 s it is refused against
+        raise errors.IllegalInvisibleTime(f"{what} {seconds:.15g} s is out of range: must be {low:g} s..{high:g} s")
     return seconds
 
 

@@ -49,7 +49,10 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--listen", default="127.0.0.1:8081", help="proxy address (port 0 = any free port)")
     up.add_argument("--data-dir", type=Path, default="./data", help="brokers' data and children's logs")
     up.add_argument(
-        "--receive-mode", default="adaptive", choices=["adaptive", "notify", "longpoll"], help="proxy receive mode"
+        "--receive-mode",
+        default="",
+        choices=["adaptive", "notify", "longpoll"],
+        help="proxy receive mode (default: the proxy's, adaptive, or POPGATE_RECEIVE_MODE)",
     )
     up.add_argument("--export-dir", default="", help="every process's JSON-lines metric snapshots, in DIR/<name>")
     up.add_argument(

@@ -260,7 +260,7 @@ class ClusterConfig:
     brokers: int = 3
     listen: str = "127.0.0.1:8081"
     data_dir: Path = Path("./data")
-    receive_mode: str = "adaptive"
+    receive_mode: str = ""  # "" = the proxy's own (adaptive, or its POPGATE_RECEIVE_MODE)
     export_dir: str = ""
     flush: str = ""
     metrics: bool = False  # every child serves /metrics on a free port (see Child.metrics_url)
@@ -335,7 +335,9 @@ class Cluster:
         self, listen: str = "127.0.0.1:0", extra: Sequence[str] = (), *, stop: threading.Event | None = None
     ) -> str:
         """Start one more proxy over the same brokers; its address."""
-        argv = [self.python, "-m", "proxy", "--listen", listen, "--receive-mode", self.config.receive_mode]
+        argv = [self.python, "-m", "proxy", "--listen", listen]
+        if self.config.receive_mode:
+            argv += ["--receive-mode", self.config.receive_mode]
         for target in self.broker_targets():
             argv += ["--broker", target]
         if self.config.metrics:

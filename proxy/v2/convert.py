@@ -14,6 +14,7 @@ from proxy import errors, validate
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
 SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY))
+_ENCODINGS = frozenset((v2.ENCODING_UNSPECIFIED, v2.IDENTITY, v2.GZIP))  # unspecified: plain bytes
 GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
 
 
@@ -33,6 +34,9 @@ def seconds(duration: Duration, *, what: str, error: type[errors.ProxyError] = e
 def _body(message: v2.Message, limit: int, room: int | None) -> bytes:
     """The message's body, inflated when GZIP; `room`: inflated bytes its request may still grow by."""
     encoding = message.system_properties.body_encoding
+    if encoding not in _ENCODINGS:  # a newer client's encoding, stored as if it were plain bytes, reaches
+        # consumers as garbage: refused instead
+        raise errors.BadRequest(f"body_encoding {encoding} is not one the proxy reads (IDENTITY or GZIP)")
     if encoding != v2.GZIP:
         return validate.body(message.body, limit=limit)
     # Every member of the stream (RFC 1952 allows several, as gzip.decompress reads them), each to its end,
@@ -73,7 +77,8 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
     many bytes a GZIP body may inflate to within its request (None: up to the body limit)."""
     props = message.system_properties
     if props.message_type not in SERVED_TYPES:  # TRANSACTION, LITE, PRIORITY: not stored as if they were NORMAL
-        kind = v2.MessageType.Name(props.message_type) if props.message_type in v2.MessageType.values() else "this"
+        known = props.message_type in v2.MessageType.values()
+        kind = v2.MessageType.Name(props.message_type) if known else f"message_type {props.message_type}:"
         raise errors.Unsupported(f"{kind} messages are not supported by popgate (NORMAL, FIFO and DELAY are)")
     out = bpb.Message(
         topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
@@ -95,6 +100,11 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
         out.born_ms = born.seconds * 1000 + max(0, born.nanos) // 1_000_000
     if props.HasField("delivery_timestamp"):
         ts = props.delivery_timestamp
+        if not 0 <= ts.seconds <= _MAX_TIMESTAMP_S or not 0 <= ts.nanos < 1_000_000_000:
+            raise errors.IllegalDeliveryTime(
+                f"delivery_timestamp {ts.seconds} s {ts.nanos} ns is not a time (0..{_MAX_TIMESTAMP_S} s, nanos"
+                " 0..999999999)"
+            )
         at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
         out.deliver_at_ms = int(at * 1000)  # kept when already past (the broker stores it visible at once), as
         # RocketMQ keeps it: the consumer gets back the delivery_timestamp its producer set

@@ -39,7 +39,6 @@ def test_invalid_settings_are_refused() -> None:
     "setting",
     [
         {"sweep_interval_s": 0},  # a safety sweep on every loop turn: one core at 100 %
-        {"max_send_batch": 0},
         {"max_pop_bytes": 0},
         {"cache_bytes": -5},
         {"shutdown_grace_s": -1},

@@ -58,3 +58,29 @@ def test_a_bad_broker_variable_is_one_line_not_the_usage(
         broker_main.main([])
     assert exited.value.code == 2
     assert capsys.readouterr().err == f"popgate-broker: {error} (see popgate-broker --help)\n"
+
+
+def test_a_negating_flag_has_a_variable_too() -> None:
+    from broker.settings import parse as broker_settings
+
+    assert broker_settings([], {"POPGATE_NO_AUTO_CREATE": "1"}).auto_create is False
+    assert broker_settings([], {"POPGATE_NO_AUTO_CREATE": "false"}).auto_create is True
+    assert broker_settings([], {"POPGATE_NO_AUTO_CREATE": "1", "POPGATE_AUTO_CREATE": "yes"}).auto_create is True
+    assert broker_settings(["--auto-create"], {"POPGATE_NO_AUTO_CREATE": "1"}).auto_create is True
+    with pytest.raises(SystemExit):  # one line naming the variable, exit status 2
+        broker_settings([], {"POPGATE_NO_AUTO_CREATE": "maybe"})
+
+
+def test_one_config_file_serves_both_programs_each_reading_its_own_table(tmp_path: Path) -> None:
+    from broker.settings import parse as broker_settings
+
+    both = tmp_path / "popgate.toml"
+    both.write_text('[broker]\nqueues-per-topic = 2\n[proxy]\nreceive-mode = "notify"\n')
+    assert broker_settings([], {"POPGATE_CONFIG": str(both)}).queues_per_topic == 2
+    assert load(BROKER, {"POPGATE_CONFIG": str(both)}).receive_mode == "notify"
+    proxy_only = tmp_path / "proxy.toml"  # what `POPGATE_CONFIG=proxy.toml popgate up` hands every child
+    proxy_only.write_text('[proxy]\nreceive-mode = "longpoll"\n')
+    assert broker_settings([], {"POPGATE_CONFIG": str(proxy_only)}).queues_per_topic == 4
+    top_level = tmp_path / "broker.toml"  # a file without tables is still read from its top level
+    top_level.write_text("queues-per-topic = 3\n")
+    assert broker_settings([], {"POPGATE_CONFIG": str(top_level)}).queues_per_topic == 3

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Producer
+from sdk import MessageBodyTooLarge, Producer
 from tests.integration.sdk.popgate_up import POPGATE, Up, children_of
 
 # Children inherit the environment: a short shutdown grace keeps each stop well under a second.
@@ -90,3 +90,21 @@ def test_a_broker_that_exits_during_start_up_fails_it_with_its_last_output(tmp_p
     assert done.returncode == 1
     assert "popgate up: b2 exited with code" in done.stderr
     assert str(data / "b2") in done.stderr  # from the broker's own last words
+
+
+def test_the_environment_reaches_the_children_and_one_config_file_serves_them_all(tmp_path: Path) -> None:
+    config = tmp_path / "popgate.toml"  # a proxy table in the file every child is given
+    config.write_text("[proxy]\nmax-held-receives = 500\n[broker]\nmax-body-bytes = 100\n")
+    env = dict(ENV, POPGATE_RECEIVE_MODE="notify", POPGATE_CONFIG=str(config))
+    process = Up(tmp_path / "data", env=env)
+    try:
+        process.wait_ready(30)  # the broker did not refuse the proxy's table
+        with Producer(process.endpoint) as producer:
+            producer.send("up-env", b"x" * 100)
+            with pytest.raises(MessageBodyTooLarge, match="limit of 100"):  # the broker read its own table
+                producer.send("up-env", b"x" * 101)
+        log = (tmp_path / "data" / "proxy.log").read_text()
+        assert "(receive mode notify)" in log, log  # not overridden by a default of `up`'s own
+        assert process.stop(signal.SIGINT, timeout_s=20) == 0
+    finally:
+        process.kill_all()

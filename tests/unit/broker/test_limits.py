@@ -96,3 +96,16 @@ def test_a_pop_larger_or_longer_than_the_brokers_limits_is_served_within_them(tm
                 await core.pop("t", "g", "*", 1, 30_000, -1)
 
     asyncio.run(scenario())
+
+
+def test_a_send_of_a_whole_sendmessage_is_taken_and_one_message_more_is_refused_whole(tmp_path: Path) -> None:
+    # a proxy forwards one SendMessage (up to 1,024 messages) as one Send: no broker setting may refuse that
+    async def scenario() -> None:
+        async with broker(tmp_path / "data", queues_per_topic=1) as (core, _):
+            assert len(await core.send([pb.Message(topic="t", body=b"x")] * 1024)) == 1024
+            with pytest.raises(IllegalBatchSize, match="1025 messages, at most 1024"):
+                await core.send([pb.Message(topic="t", body=b"y")] * 1025)
+            await core.pop("t", "g", "*", 1, 30_000, 0)  # the group's lag rows exist once it has popped
+            assert [row.lag.max_offset for row in core.lags("t", "g")] == [1024]  # none of the 1,025 stored
+
+    asyncio.run(scenario())

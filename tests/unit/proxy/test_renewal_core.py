@@ -66,18 +66,3 @@ def test_two_failed_renewals_in_a_row_still_keep_the_message_invisible(tmp_path:
     outcomes, again = asyncio.run(main())
     assert outcomes[:3] == ["failed", "failed", "ok"], outcomes
     assert again == [], f"redelivered after {outcomes}"
-
-
-def test_renewals_of_1024_handles_pass_a_broker_with_a_small_send_batch(tmp_path: Path) -> None:
-    async def main() -> tuple[list[str], Any]:
-        async with broker(tmp_path, queues_per_topic=1, max_send_batch=8) as (core, _):
-            for _ in range(2):
-                await core.send([pb.Message(topic="t", body=b"x") for _ in range(8)])
-            popped = (await core.pop("t", "g", "*", 16, 3000, 0)).messages
-            client = CoreClient(core)
-            await renewed_for(core, client, [p.handle for p in popped], 3000)
-            return client.outcomes, (await core.pop("t", "g", "*", 16, 3000, 0)).messages
-
-    outcomes, again = asyncio.run(main())
-    assert outcomes and set(outcomes) == {"ok"}, outcomes
-    assert again == []

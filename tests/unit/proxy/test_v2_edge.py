@@ -11,7 +11,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors
+from proxy import errors, validate
 from proxy.attempts import GroupAttempts
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall
@@ -237,3 +237,27 @@ def test_settings_larger_than_the_limit_get_bad_request_and_the_stream_goes_on()
     refused, answered = asyncio.run(scenario())
     assert refused.status.code == v2.BAD_REQUEST and "at most 65536" in refused.status.message
     assert answered.status.code == v2.OK and answered.settings.publishing.max_body_size == 4 * 1024 * 1024
+
+
+@pytest.mark.parametrize(("seconds", "nanos"), [(-(2**62), 0), (-(10**16), 0), (-1, 0), (int(NOW), 2 * 10**9)])
+def test_a_delivery_timestamp_that_is_no_time_is_illegal_delivery_time_not_an_internal_error(
+    seconds: int, nanos: int
+) -> None:
+    message = client_message()
+    message.system_properties.delivery_timestamp.seconds = seconds
+    message.system_properties.delivery_timestamp.nanos = nanos
+    with pytest.raises(errors.IllegalDeliveryTime, match="is not a time"):
+        to_broker(message, LIMITS, now_s=NOW)
+
+
+def test_an_unknown_body_encoding_or_message_type_is_refused_by_its_number() -> None:
+    with pytest.raises(errors.BadRequest, match="body_encoding 99 is not one the proxy reads"):
+        to_broker(client_message(body_encoding=99), LIMITS, now_s=NOW)
+    assert to_broker(client_message(body_encoding=v2.ENCODING_UNSPECIFIED), LIMITS, now_s=NOW).body == b"payload"
+    with pytest.raises(errors.Unsupported, match="^message_type 77: messages are not supported"):
+        to_broker(client_message(message_type=77), LIMITS, now_s=NOW)
+
+
+def test_an_invisible_time_just_under_the_minimum_is_not_shown_as_the_minimum() -> None:
+    with pytest.raises(errors.IllegalInvisibleTime, match=r"9\.999999999 s is out of range: must be 10 s\.\."):
+        validate.invisible(9.999999999, low=10, high=43200)
