@@ -216,7 +216,8 @@ def stats_command(args: argparse.Namespace) -> int:
         _name_column(table, column)
     for column in ("lag", "ready", "inflight", "oldest un-acked", "brokers"):
         table.add_column(column, justify="right")
-    for (topic, group), row in sorted(lag_rows(responses).items()):
+    rows = lag_rows(responses)
+    for (topic, group), row in sorted(rows.items()):
         age = f"{lag_seconds(row.oldest_ms, now_ms):.1f} s" if row.oldest_ms else "-"
         table.add_row(topic, group, str(row.lag), str(row.ready), str(row.inflight), age, str(row.brokers))
     print_table(table)
@@ -224,6 +225,8 @@ def stats_command(args: argparse.Namespace) -> int:
     for response in responses.values():
         for q in response.queues:
             topics[q.topic] += q.max_offset - q.min_offset
+    if args.group:  # only the topics the group reads
+        topics = {topic: count for topic, count in topics.items() if any(t == topic for t, _ in rows)}
     summary = Table(title="stored messages")
     _name_column(summary, "topic")
     summary.add_column("messages", justify="right")

@@ -104,6 +104,12 @@ def test_stats_shows_lag_per_topic_and_group(cluster: Cluster, capsys: pytest.Ca
     assert cells[:5] == [topic, group, str(10 - acked), str(10 - acked), "0"]  # topic group lag ready inflight
     assert "lag per topic and group (2 of 2 brokers)" in out
     assert any(topic in line and "10" in line for line in out.splitlines() if group not in line)
+    other = name("cli-stats-other")
+    with Producer(cluster.endpoint) as producer:
+        producer.send(other, b"m")
+    assert main(["stats", *brokers(cluster), "--group", group]) == 0
+    out = capsys.readouterr().out
+    assert topic in out and other not in out, out  # the stored-messages table too keeps to the group's topics
 
 
 @pytest.mark.parametrize("separator", [",", " "])
