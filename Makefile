@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## make run: a local cluster of 3 brokers + a proxy, with a live view (Ctrl-C stops it).
+## Another address: make run LISTEN=127.0.0.1:9081 (port 0: any free one, printed).
+LISTEN ?= 127.0.0.1:8081
 run: $(STAMP)
-	$(BIN)/popgate up --brokers 3 --listen 127.0.0.1:8081 --data-dir ./data
+	$(BIN)/popgate up --brokers 3 --listen $(LISTEN) --data-dir ./data
 
 ## make test: install everything the tests need, then lint and run the whole suite.
 test: $(STAMP)

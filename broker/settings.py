@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from broker import validation
-from broker.config import load_settings
+from broker.config import load_settings, parse_host_port
 from broker.errors import BrokerError
 
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
@@ -133,12 +133,14 @@ class BrokerSettings:
             (self.export_interval_s > 0, "export_interval_s must be > 0"),
             (self.max_grpc_message_bytes >= 1024, "max_grpc_message_bytes must be >= 1024"),
             (self.shutdown_grace_s >= 0, "shutdown_grace_s must be >= 0"),
-            (":" in self.listen, "listen must be HOST:PORT"),
             ("://" not in self.export_dir, "export_dir must be a local directory, not a URI (docs/METRICS.md)"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        parse_host_port(self.listen, what="listen")
+        if self.metrics_listen:
+            parse_host_port(self.metrics_listen, what="metrics_listen")
         for topic in self.topics:
             try:
                 validation.check_topic(topic)  # a clear error at start, not at the first send

@@ -16,6 +16,7 @@ from typing import Any
 
 from broker.config import SettingsError as SettingsError
 from broker.config import load as load_config
+from broker.config import parse_host_port as parse_host_port
 from broker.config import settings_parser
 from proxy.auth import Account, accounts_from_config
 
@@ -36,13 +37,6 @@ class BrokerAddress:
             raise SettingsError(f"--broker {text!r}: expected NAME=HOST:PORT with NAME matching [a-zA-Z0-9_-]{{1,64}}")
         parse_host_port(target, what=f"--broker {name}")
         return cls(name, target)
-
-
-def parse_host_port(text: str, *, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"{what}: {text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 def _str_list(value: Any) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from broker.config import parse_host_port
 from sdk import errors
 from sdk._wire import CallMetadata, Credentials, duration, new_client_id
 from sdk.retry import RetryPolicy
@@ -53,8 +54,7 @@ def make_options(
     request_timeout: float,
     retry: RetryPolicy | None,
 ) -> ClientOptions:
-    if not endpoint or ":" not in endpoint:
-        raise ValueError(f"endpoint must be HOST:PORT, got {endpoint!r}")
+    parse_host_port(endpoint, what="endpoint")  # ValueError; a port past 65535 wrapped round to another one
     if (access_key is None) != (secret_key is None):
         raise ValueError("give access_key and secret_key together")
     # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
@@ -82,6 +82,7 @@ def channel_credentials(options: ClientOptions) -> grpc.ChannelCredentials | Non
 
 
 TLS_HINT = " (is the server using TLS? connect with tls=True, or tls=<its CA certificate file>)"
+NOT_GRPC_HINT = " (the server at this address does not speak gRPC: is it the popgate proxy's port?)"
 
 
 def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
@@ -89,10 +90,13 @@ def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
 
     A TLS server closes a plaintext connection, which gRPC reports only as "failed to connect to all
     addresses; ... Socket closed": a plaintext client's error then says the server may be using TLS. A
-    refused connection (nothing listening) gets no hint, nor does an UNAVAILABLE the server answered with."""
+    refused connection (nothing listening) gets no hint, nor does an UNAVAILABLE the server answered with;
+    a server that answers in something other than HTTP/2 (a web server) is said not to be a gRPC one."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
     name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
-    if not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
+    if "Failed parsing HTTP/2" in details:  # it answered, but not in HTTP/2: a web server, not a gRPC one
+        details += NOT_GRPC_HINT
+    elif not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
         details += TLS_HINT
     return errors.transport_error(name, details)

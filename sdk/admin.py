@@ -87,7 +87,7 @@ def add_parsers(sub: Sub) -> None:
     stats.set_defaults(handler=stats_command)
 
     dlq = sub.add_parser("dlq", help="dead-lettered messages of a group: list or resend")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="{list,resend}")
     listing = dlq_sub.add_parser(
         "list", help="list the letters of %%DLQ%%<group> not yet re-sent (asks the brokers; consumes nothing)"
     )
@@ -195,9 +195,18 @@ def _err(text: str) -> None:
     error_console().print(text)
 
 
+def _failure(code: grpc.StatusCode) -> str:
+    """A broker call's status code, said with what it usually means here."""
+    meaning = {
+        grpc.StatusCode.UNIMPLEMENTED: " (not a popgate broker: the proxy's address, perhaps?)",
+        grpc.StatusCode.UNAUTHENTICATED: " (the broker wants --broker-token)",
+    }
+    return str(code.name) + meaning.get(code, "")
+
+
 def _name_column(table: Table, name: str) -> None:
     """A column whose cells (ids, topics, groups) are never cut short: folded in a narrow terminal."""
-    table.add_column(name, no_wrap=True, overflow="fold")
+    table.add_column(name, overflow="fold")
 
 
 def stats_command(args: argparse.Namespace) -> int:
@@ -207,7 +216,7 @@ def stats_command(args: argparse.Namespace) -> int:
     responses = fetch_stats(brokers, request, args.timeout, failures=failures)
     for broker in brokers:
         if broker.name in failures:  # as `dlq list`: UNAVAILABLE did not answer, UNAUTHENTICATED refused, ...
-            _err(f"popgate stats: broker {broker.name} at {broker.target}: {failures[broker.name].name}")
+            _err(f"popgate stats: broker {broker.name} at {broker.target}: {_failure(failures[broker.name])}")
     if not responses:
         return 1
     now_ms = int(time.time() * 1000)
@@ -215,7 +224,7 @@ def stats_command(args: argparse.Namespace) -> int:
     for column in ("topic", "group"):
         _name_column(table, column)
     for column in ("lag", "ready", "inflight", "oldest un-acked", "brokers"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=True)  # kept whole: the names fold instead
     rows = lag_rows(responses)
     for (topic, group), row in sorted(rows.items()):
         age = f"{lag_seconds(row.oldest_ms, now_ms):.1f} s" if row.oldest_ms else "-"
@@ -229,7 +238,7 @@ def stats_command(args: argparse.Namespace) -> int:
         topics = {topic: count for topic, count in topics.items() if any(t == topic for t, _ in rows)}
     summary = Table(title="stored messages")
     _name_column(summary, "topic")
-    summary.add_column("messages", justify="right")
+    summary.add_column("messages", justify="right", no_wrap=True)
     for topic, count in sorted(topics.items()):
         summary.add_row(topic, str(count))
     print_table(summary)
@@ -313,7 +322,7 @@ def list_dead_letters(
                 _count_dead_letters(found, stats, topic, resend_group)
                 found.answered += 1
             except grpc.RpcError as exc:
-                _err(f"popgate dlq list: broker {broker.name} at {broker.target}: {exc.code().name}")
+                _err(f"popgate dlq list: broker {broker.name} at {broker.target}: {_failure(exc.code())}")
     return found
 
 
@@ -370,8 +379,10 @@ def dlq_list_command(args: argparse.Namespace) -> int:
         )
     for column in ("message id", "origin topic"):
         _name_column(table, column)
-    for column in ("attempts", "stored", "tag", "body"):
-        table.add_column(column)
+    for column in ("attempts", "stored"):
+        table.add_column(column, no_wrap=True)
+    for column in ("tag", "body"):
+        table.add_column(column, overflow="fold")
     for s in sorted(found.messages, key=lambda s: s.store_ms):
         m = s.message
         props = m.properties

@@ -73,7 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _up_parser(sub)
     _client_parsers(sub)
+    _name_parsers(parser)
     return parser
+
+
+def _name_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser as its namespace's ``parser``: a stray argument is told with its own usage."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(parser=child)
+                _name_parsers(child)
 
 
 def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -157,7 +167,13 @@ def _quiet_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code. Bad input is one line on stderr and code 2, Ctrl-C code 130."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "body", "") is None and extra and not extra[0].startswith("-"):
+        # `send TOPIC --tag T BODY`: argparse matched TOPIC and an empty BODY together, leaving BODY over
+        args.body = extra.pop(0)
+    if extra:
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "up":
         return up(args)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)

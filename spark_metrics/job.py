@@ -10,6 +10,7 @@ Output layout (``--output DIR``):
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,9 @@ def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSes
     from pyspark import SparkConf
     from pyspark.context import SparkContext
 
+    # Not under spark-submit, pyspark starts the JVM as "pyspark-shell", a shell, whose launcher turns the console
+    # progress bar on: that value is the launcher's, not the user's, unless PYSPARK_SUBMIT_ARGS names it.
+    own_launch = "PYSPARK_GATEWAY_PORT" not in os.environ
     SparkContext._ensure_initialized()  # reads spark-submit's --master/--conf, if any
     conf = SparkConf()
     if master or not conf.contains("spark.master"):
@@ -64,8 +68,11 @@ def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSes
         "spark.sql.shuffle.partitions": "8",  # small aggregates; state-store count in streaming
         "spark.ui.showConsoleProgress": "false",
     }
+    user_set = {key for key in defaults if conf.contains(key)}
+    if own_launch and "spark.ui.showConsoleProgress" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        user_set.discard("spark.ui.showConsoleProgress")
     for key, value in defaults.items():
-        if not conf.contains(key):
+        if key not in user_set:
             builder = builder.config(key, value)
     return builder.getOrCreate()
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +72,16 @@ def test_a_missing_input_on_another_file_system_is_checked_by_spark(spark: Spark
         read_records(spark, str(tmp_path / "batch"))
     read_records(spark, str(tmp_path / "streaming"), streaming=True)  # made, to be watched
     assert (tmp_path / "streaming").is_dir() and not (tmp_path / "batch").exists()
+
+
+def test_the_jobs_own_session_shows_no_console_progress_bar() -> None:
+    # In its own process: the launcher of a JVM that pyspark starts itself turns the bar on ("pyspark-shell")
+    script = (
+        "from spark_metrics.job import session\n"
+        "s = session('local[1]')\n"
+        "print(s.sparkContext.getConf().get('spark.ui.showConsoleProgress'))\n"
+        "s.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_SUBMIT_ARGS")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.strip().splitlines()[-1:] == ["false"], done.stderr[-2000:]

@@ -45,6 +45,8 @@ def test_invalid_settings_are_refused() -> None:
         {"export_interval_s": 0},
         {"name": "b 1"},  # no proxy could name it in --broker NAME=HOST:PORT
         {"name": "b1\n"},
+        {"listen": "127.0.0.1:70000"},  # would listen on port 4464 (70000 - 65536)
+        {"metrics_listen": "127.0.0.1:65536"},
     ],
     ids=lambda setting: next(iter(setting)),
 )

@@ -50,7 +50,12 @@ def test_send_from_argument_file_stdin_and_generated(
     assert main(["send", "--endpoint", endpoint, topic, "--file", str(body)]) == 0
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"from stdin")))
     assert main(["send", "--endpoint", endpoint, topic, "-"]) == 0
-    capsys.readouterr()
+    assert main(["send", topic, "--endpoint", endpoint, "--tag", "t", "after the options"]) == 0  # not refused
+    with pytest.raises(SystemExit):  # neither sent nor taken silently
+        main(["send", topic, "--endpoint", endpoint, "one", "two"])
+    assert "popgate send: error: unrecognized arguments: two" in capsys.readouterr().err  # send's usage
+    assert main(["send", "--endpoint", endpoint, topic, "body", "--file", str(body)]) == 2
+    assert "not both" in capsys.readouterr().err
     started = time.monotonic()
     assert main(["send", "--endpoint", endpoint, topic, "--count", "400", "--size", "64", "--rate", "4000"]) == 0
     took = time.monotonic() - started
@@ -62,9 +67,9 @@ def test_send_from_argument_file_stdin_and_generated(
     assert reported is not None, out
     assert float(reported[1]) >= 0.1 and int(reported[2].replace(",", "")) <= 4000, out
     with SimpleConsumer(endpoint, name("g"), topic) as consumer:
-        got = drain(consumer, 403)
+        got = drain(consumer, 404)
     bodies = [m.body for m in got]
-    assert {b"hello", b"from a file", b"from stdin"} <= set(bodies)
+    assert {b"hello", b"from a file", b"from stdin", b"after the options"} <= set(bodies)
     assert sum(len(b) == 64 for b in bodies) == 400
     hello = next(m for m in got if m.body == b"hello")
     assert (hello.message_id, hello.tag, tuple(hello.keys)) == (message_id, "greeting", ("k1",))
@@ -286,7 +291,7 @@ def test_stats_names_the_error_a_broker_answered_with(cluster: Cluster, capsys: 
     finally:
         other.stop(None)
     captured = capsys.readouterr()
-    assert f"popgate stats: broker x9 at 127.0.0.1:{port}: UNIMPLEMENTED" in captured.err
+    assert f"popgate stats: broker x9 at 127.0.0.1:{port}: UNIMPLEMENTED (not a popgate broker" in captured.err
     assert "popgate stats: broker x0 at 127.0.0.1:1: UNAVAILABLE" in captured.err
     assert "did not answer" not in captured.err and "(2 of 4 brokers)" in captured.out
 
@@ -403,3 +408,21 @@ def test_ctrl_c_during_bench_prints_the_phases_so_far(cluster: Cluster) -> None:
     assert "popgate bench: interrupted during produce" in err
     produce = table_rows(out)["produce"]
     assert 100 <= int(produce[0]) < 10_000_000 and float(produce[1]) > 0, out
+
+
+def test_stats_in_an_80_column_terminal_folds_the_names_and_keeps_the_numbers(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic, group = name("order-events-production-eu-west"), name("billing-service-consumers")
+    with Producer(cluster.endpoint) as producer, SimpleConsumer(cluster.endpoint, group, topic) as consumer:
+        producer.send_many(topic, [b"m"] * 12)
+        consumer.receive(max=1, wait=5)  # one in flight, not acked
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich's terminal, as a user's: 80 columns
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["stats", *brokers(cluster), "--group", group]) == 0
+    text = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    header = next(line for line in text.splitlines() if "lag" in line and "inflight" in line)
+    assert "oldest un-acked" in header, text
+    row = next(line for line in text.splitlines() if line.startswith("│ order-even"))
+    assert [c.strip() for c in row.strip("│ ").split("│")][2:5] == ["12", "11", "1"], repr(row)  # lag ready inflight

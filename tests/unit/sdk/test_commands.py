@@ -11,7 +11,7 @@ import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Message, RetryPolicy
+from sdk import Message, Producer, RetryPolicy
 from sdk._transport import convert
 from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from sdk.cli import main
@@ -89,6 +89,7 @@ class RpcFailure(grpc.RpcError):
             False,
         ),
         (RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), False, False),
+        (RpcFailure(UNAVAILABLE, "failed to connect to all addresses; ...: Failed parsing HTTP/2 (...)"), False, False),
     ],
 )
 def test_only_a_failed_plaintext_connection_gets_the_tls_hint_named_in_the_commands_options(
@@ -313,3 +314,24 @@ def test_into_a_file_receive_acks_a_batch_once_written(monkeypatch: pytest.Monke
         assert _receive_into(_Pipe(10, events, file.fileno()), events, monkeypatch) == 0
     ids = [f"m{i}" for i in range(10)]
     assert events == [f"out {i}" for i in ids] + ["flush", "ack " + ",".join(ids)]  # one flush, then one ack
+
+
+def test_a_server_that_is_not_grpc_is_said_to_be_so_not_to_want_tls() -> None:
+    failure = RpcFailure(
+        UNAVAILABLE, "failed to connect to all addresses; ...: Failed parsing HTTP/2 (got frame type 79)"
+    )
+    assert "does not speak gRPC" in str(convert(failure, tls=False))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "said"),
+    [
+        ("127.0.0.1:73617", "a port is 0..65535"),  # 8081 + 65536: it reached the proxy on 8081
+        ("127.0.0.1:70000", "a port is 0..65535"),
+        ("http://127.0.0.1:8081", "no scheme: drop http://"),
+        ("localhost", "is not HOST:PORT"),
+    ],
+)
+def test_an_endpoint_that_is_no_address_is_refused_before_any_call(endpoint: str, said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Producer(endpoint)
