@@ -473,6 +473,17 @@ class BrokerCore:
         outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
         return outcome is Outcome.SERVED, outcome is Outcome.FULL
 
+    def pass_on(self, topic: str, group: str) -> bool:
+        """A Notification answered ``has_message`` whose receive then took nothing here (it was answered from
+        another broker first, or ended): the wake it had is passed on to the group's oldest request held here
+        that something is ready for. An arrival wakes one held request per message, so without this a message
+        whose wake went to such a receive waited for the safety sweep (~1 s), or a whole long poll with the
+        sweep off, while another consumer's request was held here (a review's probe). Whether one was woken."""
+        state = self.groups.get((group, topic))
+        if state is None:
+            return False
+        return self.hold.wake_oldest_ready((topic, group), functools.partial(self.readiness.check, state))
+
     def sweep(self) -> None:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);
         retry writing consumer state the store refused (`StateCommits.retry`)."""

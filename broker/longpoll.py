@@ -170,6 +170,29 @@ class HoldService:
                     self._remove(key, waiter)
                     waiter.resolve(Outcome.SERVED)
 
+    def wake_oldest_ready(self, key: Key, ready_check: Callable[[int], Callable[[TagFilter], bool]]) -> bool:
+        """Wake the key's oldest held request whose own filter has something ready (a wake passed on); whether
+        one was woken. ``ready_check`` as for `wake_ready`."""
+        groups = self._waiters.get(key)
+        if not groups:
+            return False
+        has_ready = ready_check(len({tag_filter for _, tag_filter in groups}))
+        ready: dict[TagFilter, bool] = {}
+        oldest: _Waiter | None = None
+        for (_, tag_filter), group in groups.items():
+            first = next(iter(group), None)  # each group is in arrival order
+            if first is None or (oldest is not None and first.seq > oldest.seq):
+                continue
+            found = ready.get(tag_filter)
+            if found is None:
+                found = ready[tag_filter] = has_ready(tag_filter)
+            if found:
+                oldest = first
+        if oldest is None:
+            return False
+        self._remove(key, oldest)
+        return oldest.resolve(Outcome.SERVED)
+
     def close(self) -> None:
         """Answer every held request now (shutdown)."""
         self._closed = True

@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from popgate_pb import broker_pb2 as pb
@@ -34,7 +34,7 @@ SESSION_MAX_SHORT = 4096
 # Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
-SESSION_RECENT_POPS = 256  # answered Pops a late cancel frame can still release, per stream
+SESSION_RECENT_ANSWERS = 256  # answers a late cancel frame can still undo, per stream
 
 
 class Session:
@@ -52,9 +52,10 @@ class Session:
         self.outbox_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
-        # The last Pops answered with messages, (topic, group, handles) by id: a cancel frame that
-        # crossed the answer releases them (see `dispatch`). A cancel comes within a round trip.
-        self.answered_pops: OrderedDict[int, tuple[str, str, list[str]]] = OrderedDict()
+        # The last answers a caller may not use, with what undoes them, by id: a Pop's messages (released: ready
+        # again) and a Notification's has_message (its wake passed on). A cancel frame for an answered request
+        # (one that crossed the answer, or the caller's "not used") undoes it (see `dispatch`).
+        self.unused: OrderedDict[int, Callable[[], object]] = OrderedDict()
 
     def answer(self, response: pb.SessionResponse, size: int | None = None) -> None:
         """Queue an answer; `size`, when the caller knows it, saves encoding-size work on the hot path."""
@@ -92,14 +93,14 @@ class Session:
             task = self.pending.pop(request.id, None)
             if task is not None:
                 task.cancel()
-            elif (popped := self.answered_pops.pop(request.id, None)) is not None:
-                self.core.release(*popped)  # answered before the cancel was read: nobody got it
+            elif (undo := self.unused.pop(request.id, None)) is not None:
+                undo()  # answered before the cancel was read, or answered and not used: nobody got it
             return
         if kind is None or request.id in self.pending:
             why = "unknown request" if kind is None else f"request id {request.id} is already pending"
             self._error(request.id, errors.BadRequest(f"session: {why}"))
             return
-        self.answered_pops.pop(request.id, None)  # an id used again: a later cancel is about this request
+        self.unused.pop(request.id, None)  # an id used again: a later cancel is about this request
         held = kind in HELD_KINDS and getattr(request, kind).poll_ms > 0  # poll 0: answered at once
         if held and len(self.pending) - self.short >= self.max_pending:
             self._error(request.id, errors.TooManyRequests(f"session has {self.max_pending} pending long polls"))
@@ -135,11 +136,13 @@ class Session:
                 # sizes and handles from the core's own values, not the protobuf
                 self.answer(response, answer_bytes(result))
                 pop = request.pop
-                self.answered_pops[request.id] = (pop.topic, pop.group, [p.handle for p in result.messages])
-                if len(self.answered_pops) > SESSION_RECENT_POPS:
-                    self.answered_pops.popitem(last=False)
+                popped = [p.handle for p in result.messages]
+                self._undoable(request.id, functools.partial(core.release, pop.topic, pop.group, popped))
             else:
                 self.answer(response)
+                if kind == "notification" and response.notification.has_message:
+                    note = request.notification
+                    self._undoable(request.id, functools.partial(core.pass_on, note.topic, note.group))
         except errors.BrokerError as exc:
             code = status_of(exc)
             self._error(request.id, exc)
@@ -153,6 +156,11 @@ class Session:
         finally:
             self.pending.pop(request.id, None)
             self.metrics.rpc_duration.labels(f"Session.{kind}", code.name).observe(time.perf_counter() - started)
+
+    def _undoable(self, request_id: int, undo: Callable[[], object]) -> None:
+        self.unused[request_id] = undo
+        if len(self.unused) > SESSION_RECENT_ANSWERS:
+            self.unused.popitem(last=False)
 
     def _error(self, request_id: int, exc: errors.BrokerError) -> None:
         error = pb.SessionError(error=exc.name, message=exc.message, grpc_code=status_of(exc).value[0])

@@ -194,10 +194,14 @@ class GrpcBrokerClient:
 
     def _answered(self, method: str, field: str, result: BrokerCall, answer: Any) -> None:
         if result.done():
-            if method == "Pop" and not isinstance(answer, grpc.aio.AioRpcError) and answer.pop.messages:
+            if not isinstance(answer, grpc.aio.AioRpcError) and (
+                (method == "Pop" and answer.pop.messages)
+                or (method == "Notification" and answer.notification.has_message)
+            ):
                 # Cancelled (or timed out) as the answer came: `_settled` has not run yet, and once it does, the
                 # request is no longer pending, so it would send no cancel frame. Nobody will receive these
-                # messages: the broker makes them ready again (they stayed invisible for the whole invisible time).
+                # messages: the broker makes them ready again (they stayed invisible for the whole invisible time);
+                # nobody will follow this has_message: the broker passes its wake on to another held request.
                 self.release(result)
             return
         error = answer if isinstance(answer, grpc.aio.AioRpcError) else failure(answer)
@@ -260,8 +264,9 @@ class GrpcBrokerClient:
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return self.begin("Pop", request, timeout_s=timeout_s)
 
-    def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
-        """`call` (from `begin_pop`) answered with messages nobody will receive: the broker puts them back."""
+    def release(self, call: asyncio.Future[Any]) -> None:
+        """`call` answered and nobody will use the answer: a cancel frame for it after the fact. The broker puts a
+        Pop's messages back, and passes a Notification's has_message on to another request it holds."""
         session = getattr(call, "session", None)  # unset when the request was never submitted
         if session is not None:
             session.release(call.request_id)  # type: ignore[attr-defined]

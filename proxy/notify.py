@@ -11,7 +11,9 @@ One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
    the last look, so that a backlog on another broker is not answered empty;
 3. every ``has_message`` goes into a small per-request queue; one consume step at a time
    takes the next broker from it and Pops it with poll 0;
-4. messages: answer, cancel every other outstanding Notification;
+4. messages: answer, cancel every other outstanding Notification, and hand back every
+   ``has_message`` not followed by a Pop (the broker passes its wake on to another held
+   request: one arrival wakes one, so another consumer's would otherwise wait for it);
    empty (another consumer won the race): notify that broker again and continue;
    — unless the caller says the group is busy (the adaptive mode): then many receives of
    the group wait at every broker already, each arrival would wake this run for a race it
@@ -63,6 +65,14 @@ class Cancel:
 
 
 @dataclass(frozen=True, slots=True)
+class PassOn:
+    """`broker` answered has_message and this run will not Pop it: hand that answer back, so that the broker passes
+    its wake on to another request it holds (an arrival wakes one held request per message)."""
+
+    broker: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """Answer the client: messages, or empty (`outcome` says why), or an error to raise."""
 
@@ -86,7 +96,7 @@ class AwaitUp:
     broker: str
 
 
-Command = Pop | Notify | Cancel | Finish | Rewatch | AwaitUp
+Command = Pop | Notify | Cancel | PassOn | Finish | Rewatch | AwaitUp
 
 
 class Phase(Enum):
@@ -194,7 +204,7 @@ class NotifyRun:
 
     def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
         if self.phase is Phase.DONE or broker not in self.notifying:
-            return []
+            return [PassOn(broker)] if has_message else []  # came as the run ended or stopped watching it
         self.notifying.discard(broker)
         if has_message:
             self.stats.notified_has_message += 1
@@ -270,8 +280,7 @@ class NotifyRun:
             self.phase = Phase.DRAINING
             cancels: list[Command] = [Cancel(b) for b in sorted(self.notifying)]
             self.notifying.clear()
-            self.ready.clear()
-            return cancels
+            return [*cancels, *self._pass_on_ready()]
         return self._finish([], "empty")
 
     def deadline(self) -> list[Command]:
@@ -330,7 +339,7 @@ class NotifyRun:
         self.phase = Phase.LONGPOLL
         cancels: list[Command] = [Cancel(b) for b in sorted(self.notifying)]
         self.notifying.clear()
-        self.ready.clear()
+        cancels += self._pass_on_ready()
         self.popping = broker
         self.stats.pops += 1
         self.stats.handoff = True
@@ -353,6 +362,12 @@ class NotifyRun:
         self.stats.pops += 1
         return [Pop(broker)]
 
+    def _pass_on_ready(self) -> list[Command]:
+        """The brokers that announced a message this run will not Pop now: their wakes go to other requests."""
+        commands: list[Command] = [PassOn(b) for b in self.ready]
+        self.ready.clear()
+        return commands
+
     def _maybe_exhausted(self) -> list[Command]:
         """Nothing outstanding and nothing to pop: no broker can serve this receive any more."""
         if self.phase is Phase.DONE or self.notifying or self.popping is not None or self.ready:
@@ -368,7 +383,7 @@ class NotifyRun:
     ) -> list[Command]:
         cancels: list[Command] = [Cancel(b) for b in self.outstanding]
         self.notifying.clear()
-        self.ready.clear()
+        cancels += self._pass_on_ready()
         self.popping = None
         self.phase = Phase.DONE
         return [*cancels, Finish(messages, outcome, error)]

@@ -18,7 +18,7 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BrokerFailure, ProxyError
-from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
+from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Pop, Rewatch
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
@@ -46,6 +46,7 @@ class _Run:
         self.result: asyncio.Future[Finish] = self.loop.create_future()
         self.requests: dict[str, asyncio.Future[Any]] = {}  # the request outstanding at each broker
         self.answer: tuple[str, asyncio.Future[Any]] | None = None  # the Pop whose messages were taken
+        self.announced: dict[str, asyncio.Future[Any]] = {}  # has_message answers not yet followed by a Pop
         self.timers: list[asyncio.TimerHandle] = []  # Rewatch timers, cancelled with the run
         self.up_waits: list[tuple[asyncio.Future[None], Callable[[asyncio.Future[None]], None]]] = []  # AwaitUp
 
@@ -54,7 +55,12 @@ class _Run:
         answering = bool(commands) and isinstance(commands[-1], Finish) and bool(commands[-1].messages)
         for command in commands:
             if isinstance(command, Pop):
+                self.announced.pop(command.broker, None)  # the Pop uses that broker's wake
                 self._spawn(command.broker, self._pop(command.broker, command.poll_ms), "pop")
+            elif isinstance(command, PassOn):
+                announced = self.announced.pop(command.broker, None)
+                if announced is not None:
+                    self._client(command.broker).release(announced)
             elif isinstance(command, Notify):
                 self._spawn(command.broker, self._notify(command.broker, command.poll_ms), "notify")
             elif isinstance(command, Cancel):
@@ -137,6 +143,8 @@ class _Run:
         else:
             answer = call.result()
             assert isinstance(answer, bpb.NotificationResponse)
+            if answer.has_message:
+                self.announced[broker] = call
             self.apply(
                 self.machine.notified(broker, has_message=answer.has_message, polling_full=answer.polling_full, now=now)
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -49,8 +49,9 @@ class BrokerClient(Protocol):
     # request. A held receive waits on one per broker, so no task or coroutine per request.
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...
 
-    def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
-        """A `begin_pop` answered with messages nobody will receive: make them ready again at the broker."""
+    def release(self, call: asyncio.Future[Any]) -> None:
+        """An answer nobody will use: a `begin_pop`'s messages, ready again at the broker; a `begin_notification`'s
+        has_message, its wake passed on to another request held there."""
 
     def begin_notification(
         self, request: bpb.NotificationRequest, *, timeout_s: float

@@ -100,10 +100,9 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
         out.born_ms = born.seconds * 1000 + max(0, born.nanos) // 1_000_000
     if props.HasField("delivery_timestamp"):
         ts = props.delivery_timestamp
-        if not 0 <= ts.seconds <= _MAX_TIMESTAMP_S or not 0 <= ts.nanos < 1_000_000_000:
+        if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:  # too late is told below (with a ms hint)
             raise errors.IllegalDeliveryTime(
-                f"delivery_timestamp {ts.seconds} s {ts.nanos} ns is not a time (0..{_MAX_TIMESTAMP_S} s, nanos"
-                " 0..999999999)"
+                f"delivery_timestamp {ts.seconds} s {ts.nanos} ns is not a time (seconds from 0, nanos 0..999999999)"
             )
         at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
         out.deliver_at_ms = int(at * 1000)  # kept when already past (the broker stores it visible at once), as

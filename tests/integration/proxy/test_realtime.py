@@ -156,6 +156,32 @@ def test_two_consumers_race_for_one_message_the_other_gets_the_next(cluster: Clu
 
 
 @REALTIME_MODES
+def test_messages_arriving_together_on_two_brokers_reach_two_waiting_consumers_at_once(cluster: Cluster) -> None:
+    """Both receives watch every broker, the first one's Notifications held longest: each arrival wakes that one
+    (one wake per message, oldest first), and it takes one message. The other broker's wake, unused, is handed
+    back and passed on to the second consumer; it waited for the broker's 1 s sweep before, or (sweep off, as
+    here) its whole long poll while a message sat ready (a review's probe)."""
+    brokers = stubs(cluster)
+    first, second = V2Client(cluster.endpoint), V2Client(cluster.endpoint)
+    topic, group = f"pair-{uuid.uuid4().hex[:8]}", "g-pair"
+    with ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(receive, first, topic, group)]
+        wait_for(lambda: all(n >= 1 for n in held(brokers).values()), what="the first receive watching every broker")
+        calls.append(pool.submit(receive, second, topic, group))
+        wait_for(lambda: all(n >= 2 for n in held(brokers).values()), what="both receives watching every broker")
+        sent = time.monotonic()
+        for sending in [pool.submit(send_to, brokers[b], topic, b.encode()) for b in ("b1", "b2")]:
+            sending.result(timeout=5)
+        answers = [call.result(timeout=POLL_S + 5) for call in calls]
+        took = time.monotonic() - sent
+        bodies = sorted(m.body for status, messages in answers for m in messages)
+        assert bodies == [b"b1", b"b2"], answers
+        assert took < 1.0, f"the second message took {took:.3f} s"
+    first.close()
+    second.close()
+
+
+@REALTIME_MODES
 def test_a_fifo_message_waits_for_the_ack_of_the_one_before_and_the_ack_wakes_the_waiting_consumer(
     cluster: Cluster,
 ) -> None:

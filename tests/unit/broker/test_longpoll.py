@@ -167,3 +167,24 @@ def test_the_sweep_wakes_each_held_request_whose_own_filter_has_something_ready(
     outcomes, set_up_for = run(scenario())
     assert outcomes == [Outcome.TIMED_OUT, Outcome.SERVED, Outcome.SERVED, Outcome.TIMED_OUT]
     assert set_up_for == [3]
+
+
+def test_a_wake_passed_on_goes_to_the_oldest_request_something_is_ready_for() -> None:
+    async def scenario() -> list[bool]:
+        hold = HoldService(capacity=10)
+        key = ("t", "g")
+        red = asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, TagFilter.parse("red"), 5))
+        await asyncio.sleep(0)
+        blue = [
+            asyncio.ensure_future(hold.hold(key, kind, TagFilter.parse("blue"), 5)) for kind in (Kind.POP, Kind.POP)
+        ]
+        await asyncio.sleep(0)
+        only_blue = lambda n: lambda f: f == TagFilter.parse("blue")  # noqa: E731 (what is ready: one blue message)
+        assert hold.wake_oldest_ready(key, only_blue)  # not red's, older but with nothing ready
+        await asyncio.sleep(0)
+        woken = [blue[0].done(), blue[1].done(), red.done()]
+        assert not hold.wake_oldest_ready(("t", "other"), only_blue)  # nobody held there
+        hold.close()
+        return woken
+
+    assert run(scenario()) == [True, False, False]

@@ -95,6 +95,42 @@ def test_a_pop_answered_before_its_cancel_was_read_is_released(tmp_path: Path) -
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+def test_a_notification_answered_and_not_used_passes_its_wake_on_to_the_next_held_request(tmp_path: Path) -> None:
+    """One arrival wakes the oldest held request only. When that was a Notification whose receive then took its
+    message from another broker, its cancel frame after the answer hands the wake to the next one held here."""
+
+    async def scenario() -> None:
+        async with broker(tmp_path) as (core, _):
+            await core.send([pb.Message(topic="t", body=b"warm")])
+            await core.pop("t", "g", "*", 1, 60_000, 0)  # the group exists; nothing ready now
+            context = Records()
+            cancel = asyncio.Event()
+
+            async def requests() -> AsyncIterator[pb.SessionRequest]:
+                note = pb.NotificationRequest(topic="t", group="g", filter="*", poll_ms=10_000)
+                yield pb.SessionRequest(id=1, notification=note)
+                await cancel.wait()  # answered has_message; its receive was answered elsewhere
+                yield pb.SessionRequest(id=1, cancel=True)
+                await asyncio.Event().wait()
+
+            servicer = server.BrokerServicer(core, BrokerMetrics())
+            session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
+            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 1)
+            other = asyncio.create_task(core.notification("t", "g", "*", 10_000))  # another consumer's, held later
+            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 2)
+            await core.send([pb.Message(topic="t", body=b"one")])  # wakes the oldest only
+            await context.arrived.wait()
+            assert context.answers[0].notification.has_message
+            await asyncio.sleep(0.05)
+            assert not other.done()  # one wake for one message
+            cancel.set()
+            assert await asyncio.wait_for(other, 2) == (True, False)  # passed on: not the sweep, nor 10 s
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
 class FakeCall:
     """The client's side of a Session call: records what is written, answers nothing. `stalled`: the
     broker stopped reading, so the first write never completes."""

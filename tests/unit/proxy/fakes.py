@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -24,6 +25,7 @@ class FakeBroker:
         self.polling_full = False
         self.arrived = asyncio.Event()
         self.notifications: list[bpb.NotificationRequest] = []
+        self.passed_on = 0  # has_message answers handed back unused (the broker passes their wakes on)
         self.held = 0  # Pops and Notifications being held right now
         self.changed = asyncio.Event()  # set (and replaced) whenever `held` changes
         self.max_attempts: dict[str, int] = {}  # GroupConfig's answer by group (17 for the others)
@@ -107,9 +109,14 @@ class FakeBroker:
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         return asyncio.ensure_future(self.pop(request, timeout_s=timeout_s))
 
-    def release(self, call: asyncio.Future[bpb.PopResponse]) -> None:
-        """Messages popped that nobody received: ready again (as the broker does on a late cancel frame)."""
-        self.ready = [*call.result().messages, *self.ready]
+    def release(self, call: asyncio.Future[Any]) -> None:
+        """Messages popped that nobody received: ready again (as the broker does on a late cancel frame); a
+        has_message nobody used: counted (the broker passes its wake on)."""
+        answer = call.result()
+        if isinstance(answer, bpb.NotificationResponse):
+            self.passed_on += 1
+        else:
+            self.ready = [*answer.messages, *self.ready]
 
     def begin_notification(
         self, request: bpb.NotificationRequest, *, timeout_s: float

@@ -5,7 +5,7 @@ from __future__ import annotations
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BadRequest, BrokerUnavailable, TooManyRequests, TopicNotFound
-from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, Pop, Rewatch
+from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Pop, Rewatch
 from tests.unit.proxy.fakes import popped
 
 BROKERS = ("b1", "b2", "b3")
@@ -97,7 +97,9 @@ def test_end_of_poll_time_answers_empty_and_cancels_every_notification() -> None
     cmds = run.poll_over()
     assert cmds[:-1] == [Cancel(b) for b in BROKERS]
     assert finish(cmds).outcome == "empty" and finish(cmds).error is None
-    assert run.notified("b1", has_message=True, polling_full=False, now=10.0) == []  # late answers are ignored
+    # a late has_message is not followed (the run is over), but handed back: the broker passes its wake on
+    assert run.notified("b1", has_message=True, polling_full=False, now=10.0) == [PassOn("b1")]
+    assert run.notified("b2", has_message=False, polling_full=False, now=10.0) == []
 
 
 def test_end_of_poll_time_waits_for_a_pop_in_flight_so_its_messages_are_not_dropped() -> None:
@@ -259,7 +261,7 @@ def test_a_lost_race_in_a_busy_group_hands_off_to_a_long_poll_on_that_broker() -
     cmds = run.popped("b2", [], polling_full=False, now=2.0, busy=True)
     assert cmds == [Cancel("b1"), Cancel("b3"), Pop("b2", 8000)]
     assert run.stats.handoff and run.outstanding == ["b2"]
-    assert run.notified("b1", has_message=True, polling_full=False, now=2.0) == []  # cancelled: ignored
+    assert run.notified("b1", has_message=True, polling_full=False, now=2.0) == [PassOn("b1")]  # cancelled: unused
     assert finish(run.popped("b2", message("m7"), polling_full=False, now=3.0)).outcome == "messages"
 
 
@@ -312,3 +314,29 @@ def test_a_held_pop_that_fails_answers_its_error() -> None:
     run.popped("b1", [], polling_full=False, now=1.0)
     done = finish(run.failed_call("b1", TooManyRequests("session busy"), now=1.001))
     assert done.outcome == "error" and isinstance(done.error, TooManyRequests)
+
+
+def test_announced_messages_a_run_answered_without_are_handed_back_for_other_consumers() -> None:
+    """One arrival wakes one held request: b2's message woke this run's Notification, and the run was answered
+    from b1. Handed back, b2 wakes the next consumer held there (it waited for the 1 s sweep, or a whole poll)."""
+    run = notifying()
+    run.notified("b1", has_message=True, polling_full=False, now=1.0)  # popping b1
+    assert run.notified("b2", has_message=True, polling_full=False, now=1.0) == []  # queued: one Pop at a time
+    cmds = run.popped("b1", message("m1"), polling_full=False, now=1.001)
+    assert cmds[:-1] == [Cancel("b3"), PassOn("b2")]
+    assert finish(cmds).outcome == "messages"
+
+
+def test_announced_messages_are_handed_back_at_the_end_of_the_poll_and_on_a_handoff() -> None:
+    run = notifying()
+    run.notified("b1", has_message=True, polling_full=False, now=9.0)  # popping b1
+    run.notified("b2", has_message=True, polling_full=False, now=9.0)
+    assert run.poll_over() == [Cancel("b3"), PassOn("b2")]  # draining the Pop in flight; b2 not popped now
+    busy = notifying()
+    busy.notified("b1", has_message=True, polling_full=False, now=1.0)
+    busy.notified("b2", has_message=True, polling_full=False, now=1.0)
+    assert busy.popped("b1", [], polling_full=False, now=1.0, busy=True) == [
+        Cancel("b3"),
+        PassOn("b2"),
+        Pop("b1", 9000),
+    ]

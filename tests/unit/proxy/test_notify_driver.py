@@ -456,3 +456,19 @@ def test_a_receive_that_does_not_wait_gets_a_backlog_on_any_broker() -> None:
             got, then = run(scenario())
             assert ids(got) == ["waiting"], (mode, where)
             assert then.outcome == "empty" and held(brokers) == 0, (mode, where)
+
+
+def test_a_has_message_the_answered_receive_did_not_pop_is_handed_back_to_its_broker() -> None:
+    proxy, brokers = make()
+
+    async def scenario() -> ReceiveResult:
+        receive = asyncio.create_task(proxy.receive(request(5.0, batch=1)))
+        await held_becomes(brokers, 3)
+        brokers["b1"].put(popped("b1", "m1"))
+        brokers["b2"].put(popped("b2", "m2"))  # both announced in the same turn; one Pop at a time: b1's first
+        result = await receive
+        result.release()
+        return result
+
+    assert ids(run(scenario())) == ["m1"]
+    assert (brokers["b1"].passed_on, brokers["b2"].passed_on) == (0, 1)  # b2 wakes another consumer for m2
