@@ -1,10 +1,14 @@
 """Coupled long polling (DESIGN §3, `--receive-mode longpoll`): one Pop to one live broker, held for the
-client's long-polling time; the broker is the one where this proxy holds the fewest of the group's Pops."""
+client's long-polling time; the broker is the one where this proxy holds the fewest of the group's Pops.
+
+Covered (the adaptive mode's long polls): where none of a group's Pops is held, a Notification watches for the
+group, and when a message comes there one of its Pops held elsewhere moves there (`LongPollStrategy.cover`)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -13,6 +17,24 @@ from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import MIN_ATTEMPT_S, CloseWatch, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
+
+class _Held:
+    """A Pop held for a receive; `moved_to` once `_move` moved it (its call cancelled, to be made there)."""
+
+    __slots__ = ("call", "moved_to")
+
+    def __init__(self, call: asyncio.Future[bpb.PopResponse]) -> None:
+        self.call = call
+        self.moved_to: str | None = None
+
+
+class _Moved(Exception):
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+
+
+WATCH_S = 30.0  # a coverage watch's hold (the longest long poll); made again while still needed
+WATCH_MIN_S = 1.0  # a watch answered empty sooner was not held (a closing broker): not made again at once
 FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last for it this long
 MAX_FAILED_REMEMBERED = 10_000
 
@@ -24,17 +46,31 @@ class LongPollStrategy:
     (ties in turn): a group's long polls spread evenly over the brokers, so that with as many of them as brokers
     every broker has one and a message anywhere wakes one of them. A turn shared by all groups (as before)
     let one group's long polls pile up on some brokers while others had none: with 6 consumers of a group
-    on 3 brokers beside one other group, messages waited 12-21 s for a consumer (a review's probe)."""
+    on 3 brokers beside one other group, messages waited 12-21 s for a consumer (a review's probe).
+
+    With `cover` (the adaptive mode, whose promise is no false empty), a group's Pops cover every live broker:
+    even spread, a burst can bring a broker more messages than the group has Pops there, and once those are
+    answered nobody of the group waits there while its other Pops wait on empty brokers (3 and 3 messages on
+    two of three brokers, 2 Pops on each: 2 messages waited 11.9 s, and consumers got empty answers meanwhile,
+    in a review's probe). So where this proxy holds none of the group's Pops while it holds some elsewhere, a
+    Notification watches; when it has a message, the oldest Pop of the broker with the most moves there. Plain
+    `longpoll` mode stays one Pop to one broker: the baseline that shows the false empties."""
 
     mode = "longpoll"
 
-    def __init__(self, pool: BrokerPool, *, broker_timeout_s: float, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, pool: BrokerPool, *, broker_timeout_s: float, metrics: Metrics | None = None, cover: bool = False
+    ) -> None:
         self._pool = pool
+        self._cover_brokers = cover
+        # (topic, group) -> broker -> the Notification watching there (`cover`), and the group's filter
+        self._watches: dict[tuple[str, str], dict[str, asyncio.Future[bpb.NotificationResponse]]] = {}
+        self._filters: dict[tuple[str, str], str] = {}
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
         self._close_watch = CloseWatch()
-        # (topic, group) -> broker -> Pops of the group for the topic held there now
-        self._held: dict[tuple[str, str], dict[str, int]] = {}
+        # (topic, group) -> broker -> Pops of the group for the topic held there now, oldest first
+        self._held: dict[tuple[str, str], dict[str, dict[_Held, None]]] = {}
         # (topic, broker) -> loop time until which the broker is tried last for the topic: it just failed a Pop
         # at once (no such topic there under --no-auto-create, or down and not yet marked so). Holding no Pop,
         # it would otherwise sort first for every receive and cost each one a round trip.
@@ -52,7 +88,7 @@ class LongPollStrategy:
 
         candidates = self._pool.candidates(rotation="receive")
         # stable: keeps the turn among equals
-        return sorted(candidates, key=lambda c: (not c.healthy, recently_failed(c.name), held.get(c.name, 0)))
+        return sorted(candidates, key=lambda c: (not c.healthy, recently_failed(c.name), len(held.get(c.name, ()))))
 
     def _failed_now(self, topic: str, broker: str, now: float) -> None:
         if len(self._failed) >= MAX_FAILED_REMEMBERED:
@@ -68,7 +104,12 @@ class LongPollStrategy:
         answered = False  # some broker answered (empty)
         # A broker found down (or hung) during the call is skipped and the next is tried with the time left;
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
-        for attempt, client in enumerate(self._order(request, loop.time())):
+        # A held Pop moved by `surplus` is made again at its new broker with the time left.
+        order = self._order(request, loop.time())
+        attempt = -1
+        while order:
+            client = order.pop(0)
+            attempt += 1
             now = loop.time()
             remaining = request.deadline - now
             if remaining <= MIN_ATTEMPT_S:
@@ -79,8 +120,15 @@ class LongPollStrategy:
                 self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)
+            if self._cover_brokers:
+                self._filters[(request.topic, request.group)] = request.filter
             try:
                 response = await self._held_pop((request.topic, request.group), client.name, call, closing)
+            except _Moved as moved:
+                target = self._pool.get(moved.broker)
+                if target is not None:
+                    order = [target, *(c for c in order if c is not target)]
+                continue
             except (asyncio.CancelledError, ShuttingDown) as exc:
                 if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
                     client.release(call)  # answered as the client left or the proxy closed: nobody receives them
@@ -105,18 +153,85 @@ class LongPollStrategy:
             return ReceiveResult([], "empty")  # nothing anywhere, or the client's time is up: not an error
         raise last
 
+    def _cover(self, key: tuple[str, str]) -> None:
+        """Watch, with a Notification, each live broker where none of the group's Pops is held while some are held
+        elsewhere; end the watches no longer needed."""
+        held = self._held.get(key)
+        watches = self._watches.get(key, {})
+        for broker in list(watches):
+            if not held or held.get(broker):
+                watches.pop(broker).cancel()  # a has_message crossing the cancel is handed back (the client)
+        if held:
+            for client in self._pool.live():
+                if client.name not in held and client.name not in watches:
+                    request = bpb.NotificationRequest(
+                        topic=key[0], group=key[1], filter=self._filters.get(key, "*"), poll_ms=int(WATCH_S * 1000)
+                    )
+                    call = client.begin_notification(request, timeout_s=WATCH_S + self._timeout)
+                    started = asyncio.get_running_loop().time()
+                    call.add_done_callback(functools.partial(self._watched, key, client, started))
+                    watches[client.name] = call
+        if watches:
+            self._watches[key] = watches
+        else:
+            self._watches.pop(key, None)
+            if not held:
+                self._filters.pop(key, None)
+
+    def _watched(self, key: tuple[str, str], client: BrokerClient, started: float, call: asyncio.Future[Any]) -> None:
+        watches = self._watches.get(key)
+        if watches is None or watches.get(client.name) is not call:
+            return  # ended by `_cover`
+        del watches[client.name]
+        if not watches:
+            del self._watches[key]
+        if call.cancelled() or call.exception() is not None:
+            return  # the broker failed: watched again when the group's Pops change
+        answer = call.result()
+        if answer.has_message:
+            if not self._move(key, client.name):
+                client.release(call)  # no Pop to move: the broker passes the wake on to another request it holds
+        elif not answer.polling_full and asyncio.get_running_loop().time() - started >= WATCH_MIN_S:
+            self._cover(key)  # held to its end: watch on
+
+    def _move(self, key: tuple[str, str], broker: str) -> bool:
+        """Move the oldest of the group's Pops held where it holds the most to `broker`; whether one moved."""
+        held = self._held.get(key)
+        if not held or held.get(broker):
+            return False
+        for source in sorted(held, key=lambda name: len(held[name]), reverse=True):
+            # the oldest still waiting (one answered already, its broker having had something, stays)
+            entry = next((e for e in held[source] if not e.call.done() and e.moved_to is None), None)
+            if entry is not None:
+                entry.moved_to = broker
+                entry.call.cancel()  # its receive makes it again there; an answer crossing this is handed back
+                self._metrics.pop_moved(key[1])
+                return True
+        return False
+
     async def _held_pop(
         self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], closing: asyncio.Event
     ) -> bpb.PopResponse:
-        """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile."""
+        """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile; `_Moved` when
+        `surplus` moved it."""
+        entry = _Held(call)
         held = self._held.setdefault(key, {})
-        held[broker] = held.get(broker, 0) + 1
+        at = held.setdefault(broker, {})
+        at[entry] = None
+        if self._cover_brokers and len(at) == 1:  # the broker's first: its watch ends, or the group's first
+            self._cover(key)
         try:
             return await self._close_watch.run(call, closing)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if entry.moved_to is not None and call.cancelled() and task is not None and not task.cancelling():
+                raise _Moved(entry.moved_to) from None
+            raise
         finally:
-            if held[broker] > 1:
-                held[broker] -= 1
-            else:
+            del at[entry]
+            if not at:
                 del held[broker]
                 if not held:
                     del self._held[key]
+                if self._cover_brokers:
+                    self._cover(key)

@@ -68,6 +68,12 @@ class ProxyMetrics:
             ["group"],
             registry=self.registry,
         )
+        self._moved = Counter(
+            "popgate_proxy_long_polls_moved",
+            "Held long-poll Pops moved to a broker that had a message nobody of the group waited for there",
+            ["group"],
+            registry=self.registry,
+        )
         self._notify_runs = Counter(
             "popgate_proxy_notify_runs",
             "Receives served by pop with notify (their first Pop included)",
@@ -160,6 +166,9 @@ class ProxyMetrics:
 
     def long_poll(self, group: str) -> None:
         self._long_polls.labels(self._group(group)).inc()
+
+    def pop_moved(self, group: str) -> None:
+        self._moved.labels(self._group(group)).inc()
 
     def notify_run(self, group: str, stats: RunStats) -> None:
         group = self._group(group)

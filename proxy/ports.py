@@ -95,6 +95,9 @@ class Metrics(Protocol):
 
     def long_poll(self, group: str) -> None: ...
 
+    def pop_moved(self, group: str) -> None:
+        """A held long-poll Pop moved to a broker with a message nobody of the group waited for there."""
+
     def notify_run(self, group: str, stats: RunStats) -> None: ...
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None: ...
@@ -123,6 +126,9 @@ class NoMetrics:
         pass
 
     def long_poll(self, group: str) -> None:
+        pass
+
+    def pop_moved(self, group: str) -> None:
         pass
 
     def notify_run(self, group: str, stats: RunStats) -> None:

@@ -35,7 +35,9 @@ SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 
 
 def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> ReceiveStrategy:
-    longpoll = LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
+    # Adaptive long polls cover every broker (no false empty is its promise); plain longpoll is the baseline.
+    cover = settings.receive_mode == "adaptive"
+    longpoll = LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics, cover=cover)
     if settings.receive_mode == "longpoll":
         return longpoll
     if settings.receive_mode == "notify":

@@ -33,6 +33,7 @@ PROXY = {
     # Receive modes (issue 5, docs/RECEIVE.md)
     "popgate_proxy_receive_mode_latency_seconds": "histogram",
     "popgate_proxy_long_polling_receives_total": "counter",
+    "popgate_proxy_long_polls_moved_total": "counter",
     "popgate_proxy_notify_runs_total": "counter",
     "popgate_proxy_notifications_total": "counter",
     "popgate_proxy_notify_pops_total": "counter",
@@ -63,6 +64,7 @@ LABELS = {
     "popgate_proxy_receive_latency_seconds": set(),
     "popgate_proxy_receive_mode_latency_seconds": {"mode", "outcome"},
     "popgate_proxy_long_polling_receives_total": {"group"},
+    "popgate_proxy_long_polls_moved_total": {"group"},
     "popgate_proxy_notify_runs_total": {"group"},
     "popgate_proxy_notifications_total": {"group", "outcome"},
     "popgate_proxy_notify_pops_total": {"group", "kind"},

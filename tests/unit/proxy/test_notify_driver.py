@@ -259,6 +259,51 @@ def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_group
     run(scenario())
 
 
+def test_covered_long_polls_move_to_a_broker_where_a_message_has_no_taker() -> None:
+    """2 of the group's Pops on each broker, 3 messages on b1 and 3 on b2: the Pops on b3 waited on nothing
+    while a message on b1 and one on b2 had no taker (a review's probe: 11.9 s, and empty answers meanwhile).
+    Covered (adaptive), a broker where none of the group's Pops is held is watched, and one held elsewhere moves
+    there when a message comes."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    metrics = ProxyMetrics(CollectorRegistry())
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics, cover=True)
+    closing = asyncio.Event()
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        receives = []
+        for _ in range(6):
+            receive = ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, loop.time() + 5.5)
+            receives.append(asyncio.create_task(strategy.receive(receive, closing)))
+            n = len(receives)  # the Pops spread 1 per broker, then 2; a broker without one is watched meanwhile
+            await held_becomes(brokers, n + 3 - min(n, 3))
+        for name in ("b1", "b2"):
+            brokers[name].put(*(popped(name, f"{name}-{j}") for j in range(3)))
+        results = await asyncio.wait_for(asyncio.gather(*receives), 2)  # not the 5 s poll
+        return sorted(m for r in results for m in ids(r))
+
+    assert run(scenario()) == ["b1-0", "b1-1", "b1-2", "b2-0", "b2-1", "b2-2"]
+    moved = metrics.registry.get_sample_value("popgate_proxy_long_polls_moved_total", {"group": "g"})
+    assert moved == 2  # both from b3
+    assert held(brokers) == 0  # every watch ended with the last Pop
+
+
+def test_plain_longpoll_does_not_watch_or_move() -> None:
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
+    closing = asyncio.Event()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        receive = ReceiveRequest("t", "g", "*", 1, 30_000, 0.3, loop.time() + 0.8)
+        assert (await strategy.receive(receive, closing)).messages == []
+
+    run(scenario())
+    assert [len(b.notifications) for b in brokers.values()] == [0, 0, 0]
+
+
 def test_a_broker_whose_pop_just_failed_for_the_topic_is_tried_last() -> None:
     """b1 does not have the topic (--no-auto-create): holding none of the group's Pops, it would sort first for
     every long poll and cost each a round trip; after its first refusal the others go first."""
