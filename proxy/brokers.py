@@ -14,12 +14,14 @@ A broken session (broker restarted or unreachable) fails its pending requests wi
 UNAVAILABLE and is replaced on the next request. Cancelling a caller sends a cancel
 frame, so the broker drops the held request at once.
 
-Acks and invisibility changes can only go to the broker their receipt handle names. One
-that never left for it (its Session stream was lost or could not connect before the
-request was written: `BrokerNotReached`) waits, within its deadline and at most
-`RECONNECT_WAIT_S`, for the channel to that broker to connect again and is tried once
-more: a broker that has just restarted serves it instead of the client getting
-HA_NOT_AVAILABLE while the channel's reconnect back-off runs. One that may have reached
+Acks and invisibility changes can only go to the broker their receipt handle names. While
+that broker is connected but failing its health checks (hung), they are refused unsent
+(HA_NOT_AVAILABLE) instead of waiting out their deadline there. One that never left for it
+(its Session stream was lost or could not connect before the request was written:
+`BrokerNotReached`) waits, within its deadline and at most `RECONNECT_WAIT_S`, for the
+channel to that broker to connect again and is tried once more: a broker that has just
+restarted serves it instead of the client getting HA_NOT_AVAILABLE while the channel's
+reconnect back-off runs. One that may have reached
 the broker is not tried again: had it been applied, the retry would be answered "stale
 handle" for an operation that took effect.
 """
@@ -123,6 +125,10 @@ class GrpcBrokerClient:
     @property
     def healthy(self) -> bool:
         return self._status.up
+
+    @property
+    def recoveries(self) -> int:
+        return self._status.recoveries
 
     def when_up(self) -> asyncio.Future[None]:
         return self._status.when_up()
@@ -246,6 +252,16 @@ class GrpcBrokerClient:
         time (see the module docstring)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
+        session = self._session
+        if not self.healthy and session is not None and not session.broken:
+            # Connected, yet failing its health checks: hung (a stopped process keeps its sockets). Written, the
+            # request would wait out its whole deadline, every retry of it too (an SDK ack blocked 27 s in a
+            # review's probe); refused unsent instead: HA_NOT_AVAILABLE, safe to retry. (A restarted broker
+            # breaks the session: that path below waits for the channel to connect again.)
+            raise errors.BrokerNotReached(
+                f"broker {self.name} is not answering its health checks; this receipt handle can only be acked or "
+                "changed there: retry shortly"
+            )
         try:
             return await attempt(timeout_s)
         except errors.BrokerNotReached as exc:

@@ -61,6 +61,16 @@ def _outcome_ignored(call: asyncio.Future[Any]) -> None:
         call.exception()  # retrieved: a failed announcement is not an error of the receive
 
 
+class PartlyStored(Exception):
+    """A send whose message groups went to brokers apart, some stored and some not: `error` is the first
+    failure, `results` one per message (None: not stored, or not known to be)."""
+
+    def __init__(self, error: errors.ProxyError, results: list[bpb.SendResult | None]) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.results = results
+
+
 class Proxy:
     def __init__(
         self,
@@ -156,6 +166,8 @@ class Proxy:
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
+                if isinstance(outcome, errors.ProxyError) and any(r is not None for r in results):
+                    raise PartlyStored(outcome, results)
                 raise outcome
         return [r for r in results if r is not None]
 

@@ -73,8 +73,10 @@ class LongPollStrategy:
         self._held: dict[tuple[str, str], dict[str, dict[_Held, None]]] = {}
         # (topic, broker) -> loop time until which the broker is tried last for the topic: it just failed a Pop
         # at once (no such topic there under --no-auto-create, or down and not yet marked so). Holding no Pop,
-        # it would otherwise sort first for every receive and cost each one a round trip.
-        self._failed: dict[tuple[str, str], float] = {}
+        # it would otherwise sort first for every receive and cost each one a round trip. With the broker's
+        # `recoveries` then for a failure of the broker itself: forgotten once its health checks see it back
+        # (a resumed broker stayed last for 5 s, its backlog waiting, in a review's probe); None for the topic.
+        self._failed: dict[tuple[str, str], tuple[float, int | None]] = {}
 
     def _order(self, request: ReceiveRequest, now: float) -> list[BrokerClient]:
         """The brokers to try: live ones by how few of the group's Pops they hold (ties in turn), those that just
@@ -82,20 +84,20 @@ class LongPollStrategy:
         held = self._held.get((request.topic, request.group), {})
         failed = self._failed
 
-        def recently_failed(name: str) -> bool:
-            until = failed.get((request.topic, name))
-            return until is not None and until > now
+        def recently_failed(client: BrokerClient) -> bool:
+            until, recoveries = failed.get((request.topic, client.name), (0.0, None))
+            return until > now and (recoveries is None or recoveries == client.recoveries)
 
         candidates = self._pool.candidates(rotation="receive")
         # stable: keeps the turn among equals
-        return sorted(candidates, key=lambda c: (not c.healthy, recently_failed(c.name), len(held.get(c.name, ()))))
+        return sorted(candidates, key=lambda c: (not c.healthy, recently_failed(c), len(held.get(c.name, ()))))
 
-    def _failed_now(self, topic: str, broker: str, now: float) -> None:
+    def _failed_now(self, topic: str, client: BrokerClient, now: float, *, broker_failed: bool) -> None:
         if len(self._failed) >= MAX_FAILED_REMEMBERED:
-            self._failed = {k: t for k, t in self._failed.items() if t > now}
+            self._failed = {k: v for k, v in self._failed.items() if v[0] > now}
             if len(self._failed) >= MAX_FAILED_REMEMBERED:
                 self._failed.clear()
-        self._failed[(topic, broker)] = now + FAILED_LAST_S
+        self._failed[(topic, client.name)] = (now + FAILED_LAST_S, client.recoveries if broker_failed else None)
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
@@ -136,7 +138,7 @@ class LongPollStrategy:
                     return ReceiveResult([], "closing")
                 raise
             except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
-                self._failed_now(request.topic, client.name, loop.time())
+                self._failed_now(request.topic, client, loop.time(), broker_failed=not isinstance(exc, TopicNotFound))
                 last = exc
                 continue
             if response.polling_full and not response.messages:

@@ -26,6 +26,10 @@ class BrokerClient(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    @property
+    def recoveries(self) -> int:
+        """How many times the health checks saw the broker come back up (a count to compare, not a time)."""
+
     def when_up(self) -> asyncio.Future[None]:
         """Done once the broker's health checks see it up: at once if they do now (a notify run waits on it)."""
 
@@ -63,6 +67,7 @@ class Health:
 
     def __init__(self, up: bool = True) -> None:
         self.up = up
+        self.recoveries = 0  # down -> up changes seen
         self._when_up: asyncio.Future[None] | None = None  # done while up, pending while down (made on demand)
 
     def set(self, up: bool) -> bool:
@@ -70,6 +75,7 @@ class Health:
         if up == self.up:
             return False
         self.up = up
+        self.recoveries += up
         if up and self._when_up is not None and not self._when_up.done():
             self._when_up.set_result(None)
         elif not up:

@@ -33,7 +33,7 @@ def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
 
 
 def receipts_so_far(
-    requests: Sequence[pb.SendMessageRequest], results: Sequence[list[SendReceipt] | None]
+    requests: Sequence[pb.SendMessageRequest], results: Sequence[list[SendReceipt | None] | None]
 ) -> list[SendReceipt | None]:
     """One entry per message of `requests`: its receipt where its call's results are in, else None."""
     out: list[SendReceipt | None] = []

@@ -284,6 +284,20 @@ def check(status: v2.Status) -> None:
 
 
 def send_receipts(topic: str, request: pb.SendMessageRequest, response: pb.SendMessageResponse) -> list[SendReceipt]:
+    """The receipts of a SendMessage answer; its error otherwise. An error whose entries say some messages
+    were stored (a popgate proxy whose brokers stored some of the request's message groups) carries their
+    ``receipts`` and is not retriable: sent again whole, those would be stored twice."""
+    if response.status.code not in SUCCESS and len(response.entries) == len(request.messages):
+        stored: list[SendReceipt | None] = [
+            SendReceipt(entry.message_id or sent.system_properties.message_id, topic, entry.offset)
+            if entry.HasField("status") and entry.status.code == v2.OK
+            else None
+            for entry, sent in zip(response.entries, request.messages, strict=True)
+        ]
+        if any(stored):
+            error = errors.error_for(response.status.code, response.status.message)
+            error.receipts, error.retriable = stored, False
+            raise error
     check(response.status)
     if len(response.entries) != len(request.messages):
         raise errors.ServerError(f"SendMessage answered {len(response.entries)} entries for {len(request.messages)}")

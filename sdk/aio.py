@@ -148,13 +148,17 @@ class Producer(ProducerBase, _AsyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
         )
-        results: list[list[SendReceipt] | None] = [None] * len(requests)
+        results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
         window = asyncio.Semaphore(in_flight)
 
         async def one(index: int) -> None:
             async with window:
-                results[index] = await self._send(topic, requests[index])
+                try:
+                    results[index] = list(await self._send(topic, requests[index]))
+                except errors.PopgateError as exc:
+                    results[index] = exc.receipts  # those of a partly stored request, else None
+                    raise
 
         try:
             if len(requests) == 1 or in_flight == 1:  # one after another: a failed batch stops the rest
@@ -171,7 +175,7 @@ class Producer(ProducerBase, _AsyncClient):
         except errors.PopgateError as exc:
             exc.receipts = receipts_so_far(requests, results)
             raise
-        return [receipt for got in results for receipt in got or ()]
+        return [receipt for got in results for receipt in got or () if receipt is not None]
 
     async def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
         async def op() -> list[SendReceipt]:

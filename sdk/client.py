@@ -192,18 +192,24 @@ class Producer(ProducerBase, _SyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
         )
-        results: list[list[SendReceipt] | None] = [None] * len(requests)
+        results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
         window: deque[tuple[int, Any]] = deque()  # (index, its call's future)
+
+        def settle(done: int, future: Any) -> None:
+            try:
+                results[done] = list(self._send(topic, requests[done], future))
+            except errors.PopgateError as exc:
+                results[done] = exc.receipts  # those of a partly stored request, else None
+                raise
+
         try:
             for index, request in enumerate(requests):
                 window.append((index, self._begin_send(request) if len(requests) > 1 else None))
                 if len(window) >= in_flight:
-                    done, future = window.popleft()
-                    results[done] = self._send(topic, requests[done], future)
+                    settle(*window.popleft())
             while window:
-                done, future = window.popleft()
-                results[done] = self._send(topic, requests[done], future)
+                settle(*window.popleft())
         except BaseException as exc:  # the batches not sent yet are not sent; those on their way are cancelled
             for index, future in window:
                 if future is not None and not future.cancel():  # it has its answer already
@@ -211,7 +217,7 @@ class Producer(ProducerBase, _SyncClient):
             if isinstance(exc, errors.PopgateError):
                 exc.receipts = receipts_so_far(requests, results)
             raise
-        return [receipt for got in results for receipt in got or ()]
+        return [receipt for got in results for receipt in got or () if receipt is not None]
 
     def _begin_send(self, request: pb.SendMessageRequest) -> Any:
         try:
@@ -241,11 +247,13 @@ class Producer(ProducerBase, _SyncClient):
         return self._retrying(op)
 
 
-def _stored(topic: str, request: pb.SendMessageRequest, future: Any) -> list[SendReceipt] | None:
-    """The receipts of a finished SendMessage future; None when it failed."""
+def _stored(topic: str, request: pb.SendMessageRequest, future: Any) -> list[SendReceipt | None] | None:
+    """The receipts of a finished SendMessage future; None when it failed (those it stored when partly)."""
     try:
-        return _wire.send_receipts(topic, request, future.result())
-    except (grpc.RpcError, errors.PopgateError):
+        return list(_wire.send_receipts(topic, request, future.result()))
+    except errors.PopgateError as exc:
+        return exc.receipts
+    except grpc.RpcError:
         return None
 
 

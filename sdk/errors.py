@@ -32,7 +32,9 @@ class PopgateError(Exception):
         receipts: Set when ``send_many`` fails: one entry per message given, in order: its
             `SendReceipt` when the server acknowledged storing it, else None (not sent, refused, or not
             known: a call cancelled on its way may have been stored). Resend the None entries' messages
-            only; they may then be stored twice, as after any failed send. None on other errors.
+            only; they may then be stored twice, as after any failed send. Also set when a request
+            was partly stored (its messages' groups went to brokers apart and some failed): such an
+            error is not retried by the SDK. None on other errors.
     """
 
     retriable: bool = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -20,6 +20,8 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors
+from proxy.codes import code_of
+from proxy.core import PartlyStored
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, to_broker
 
@@ -80,10 +82,23 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
 
     gzipped = any(m.system_properties.body_encoding == v2.GZIP for m in request.messages)
     messages = await inflation.run(convert) if gzipped else convert()
-    results = await call.proxy.send(messages, deadline=call.deadline)
     ok = v2.Status(code=v2.OK, message="OK")
+    status = failed = ok
+    try:
+        results: Sequence[bpb.SendResult | None] = await call.proxy.send(messages, deadline=call.deadline)
+    except PartlyStored as partly:
+        # The top-level status is the failure (official clients read nothing else: they resend the whole request,
+        # at least once); the entries say which messages are stored, for a client that reads them (this SDK).
+        results, error = partly.results, partly.error
+        failed = v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+        stored = sum(r is not None for r in results)
+        status = v2.Status(
+            code=failed.code, message=f"{stored} of {len(results)} stored (see entries): {error.message}"
+        )
     entries = [
         pb.SendResultEntry(status=ok, message_id=r.message_id or m.message_id, offset=r.offset)
+        if r is not None
+        else pb.SendResultEntry(status=failed, message_id=m.message_id)
         for r, m in zip(results, messages, strict=True)
     ]
-    return pb.SendMessageResponse(status=ok, entries=entries)
+    return pb.SendMessageResponse(status=status, entries=entries)

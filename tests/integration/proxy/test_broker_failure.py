@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -201,3 +203,41 @@ def test_an_ack_whose_answer_was_lost_is_not_tried_again_and_called_stale(tmp_pa
         broker.stop()
     assert acked == 1  # the ack took effect
     assert type(error) is errors.BrokerUnavailable, error  # unknown outcome, retriable: not InvalidReceiptHandle
+
+
+def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_deadline(tmp_path: Path) -> None:
+    """A stopped broker (SIGSTOP) keeps its connection: written, an ack waited its whole deadline there, and every
+    SDK retry of it too (27 s in a review's probe). Marked down by its health checks, it is refused at once, unsent
+    (HA_NOT_AVAILABLE: safe to retry), and goes through again once the broker is back."""
+
+    async def scenario(proc: Any) -> tuple[float, errors.ProxyError]:
+        client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
+        try:
+            await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
+            pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+            [message] = (await client.begin_pop(pop, timeout_s=5)).messages
+            ack = bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                assert not await client.check_health(timeout_s=0.5)  # as the proxy's health monitor finds it
+                started = time.monotonic()
+                with pytest.raises(errors.ProxyError) as refused:
+                    await client.ack(ack, timeout_s=3)
+                took = time.monotonic() - started
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            assert await client.check_health(timeout_s=5)
+            assert all(r.ok for r in (await client.ack(ack, timeout_s=5)).results)  # back: acked
+            return took, refused.value
+        finally:
+            await client.close()
+
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "b1"))
+    broker.start()
+    try:
+        assert broker.proc is not None
+        took, error = asyncio.run(scenario(broker.proc))
+    finally:
+        broker.stop()
+    assert isinstance(error, errors.BrokerNotReached), error
+    assert took < 1.0, f"held {took:.2f} s"

@@ -34,6 +34,10 @@ class FakeBroker:
     def healthy(self) -> bool:
         return self._status.up
 
+    @property
+    def recoveries(self) -> int:
+        return self._status.recoveries
+
     @healthy.setter
     def healthy(self, healthy: bool) -> None:
         """What the health checks see; waiters on `when_up` wake when it turns True."""

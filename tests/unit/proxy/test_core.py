@@ -11,7 +11,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from proxy import errors
-from proxy.core import Proxy
+from proxy.core import PartlyStored, Proxy
 from proxy.longpoll import LongPollStrategy
 from proxy.receive import ReceiveRequest
 from proxy.routing import BrokerPool
@@ -148,9 +148,11 @@ def test_a_failed_send_answers_once_every_message_group_of_the_request_has_settl
     brokers["b2"].send = slow  # type: ignore[method-assign]
 
     async def scenario() -> None:
-        with pytest.raises(errors.MessageBodyTooLarge):
+        with pytest.raises(PartlyStored) as partly:
             await proxy.send([msg(1, on["b1"]), msg(2, on["b2"])])
         assert [m.message_id for m in brokers["b2"].sent] == ["m2"]  # settled before the answer
+        assert isinstance(partly.value.error, errors.MessageBodyTooLarge)  # the client is told this, and which
+        assert [r is not None for r in partly.value.results] == [False, True]  # is stored
 
     run(scenario())
     assert in_flight and in_flight[0] > 0 and proxy._send_bytes == 0

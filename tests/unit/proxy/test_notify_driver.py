@@ -337,6 +337,43 @@ def test_a_broker_whose_pop_just_failed_for_the_topic_is_tried_last() -> None:
     assert [len(b.pops) for b in brokers.values()] == [0, 6, 6]
 
 
+def test_a_broker_that_failed_is_tried_first_again_once_its_health_checks_see_it_back() -> None:
+    """Hung (a Pop timed out), it goes last; back up (its health checks pass again), it is no longer passed over
+    for the rest of the 5 s: a resumed broker's backlog waited for consumers held elsewhere (a review's probe)."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    brokers["b1"].fail = BrokerTimeout("broker b1 did not answer in time")
+    pool = BrokerPool(brokers, first_turn=0)
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
+    closing = asyncio.Event()
+
+    def request() -> ReceiveRequest:
+        return ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, asyncio.get_running_loop().time() + 5.5)
+
+    async def held_at() -> str:
+        """Where the next receive's Pop is held (the one broker whose Pops grew)."""
+        before = {name: len(b.pops) for name, b in brokers.items()}
+        receives.append(asyncio.create_task(strategy.receive(request(), closing)))
+        await held_becomes(brokers, len(receives))
+        return next(name for name, b in brokers.items() if len(b.pops) > before[name])
+
+    receives: list[asyncio.Task[ReceiveResult]] = []
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        await strategy.receive(ReceiveRequest("t", "g", "*", 1, 30_000, 0.0, loop.time() + 1.0), closing)  # b1 fails
+        brokers["b1"].fail = None
+        places = [await held_at() for _ in range(3)]  # b1, holding none, still comes after b2 and b3
+        brokers["b1"].healthy = False  # the health checks saw it down, then up again
+        brokers["b1"].healthy = True
+        places.append(await held_at())  # b1 holds the fewest of the group's Pops: its turn now
+        closing.set()
+        await asyncio.gather(*receives)
+        return places
+
+    places = run(scenario())
+    assert sorted(places[:2]) == ["b2", "b3"] and places[2] != "b1" and places[3] == "b1", places
+
+
 class AnswersAtTheDeadline(FakeBroker):
     """A consume Pop whose answer (with the message) lands in the loop turn of the receive's hard deadline."""
 

@@ -9,6 +9,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from prometheus_client import CollectorRegistry
 
+from proxy import errors
 from proxy.core import Proxy
 from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
@@ -235,3 +236,32 @@ def test_telemetry_answers_a_consumer_the_max_attempts_its_groups_brokers_have()
         return [r.settings.backoff_policy.max_attempts async for r in service.Telemetry(commands(), Context())]
 
     assert asyncio.run(scenario()) == [2, 4, 17]
+
+
+def test_a_send_partly_stored_answers_the_failure_and_says_in_its_entries_which_are_stored() -> None:
+    """Message groups go to brokers apart: one that timed out fails the request (official clients read only the
+    top-level status: they resend it all), and the entries tell a client that reads them which are stored."""
+
+    async def scenario() -> tuple[pb.SendMessageResponse, dict[str, int]]:
+        brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
+        brokers["b2"].fail = errors.BrokerTimeout("broker b2 did not answer in time")
+        pool = BrokerPool(brokers, first_turn=0)
+        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"), BrokerAddress("b2", "127.0.0.1:2")))
+        service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), ProxyMetrics(CollectorRegistry()))
+        request = pb.SendMessageRequest()
+        for i in range(12):
+            m = request.messages.add(body=b"x")
+            m.topic.name = "t"
+            m.system_properties.message_id = f"M{i:02d}"
+            m.system_properties.message_group = f"group-{i}"
+            m.system_properties.body_encoding = v2.IDENTITY
+        return await service.SendMessage(request, Context()), {n: len(b.sent) for n, b in brokers.items()}
+
+    response, stored = asyncio.run(scenario())
+    assert stored["b1"] and not stored["b2"]  # the groups spread over both; b2's timed out (no fail-over: unknown)
+    assert response.status.code == v2.PROXY_TIMEOUT
+    assert response.status.message.startswith(f"{stored['b1']} of 12 stored (see entries): broker b2 did not")
+    assert [e.message_id for e in response.entries] == [f"M{i:02d}" for i in range(12)]
+    assert sum(e.status.code == v2.OK for e in response.entries) == stored["b1"]
+    assert {e.status.code for e in response.entries if e.status.code != v2.OK} == {v2.PROXY_TIMEOUT}
