@@ -34,7 +34,8 @@ SESSION_MAX_SHORT = 4096
 # Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
-SESSION_RECENT_ANSWERS = 256  # answers a late cancel frame can still undo, per stream
+SESSION_RECENT_ANSWERS = 4096  # answers a late cancel frame can still undo, per stream (a hand-back may come a
+# consume step later; ~0.2 KB each)
 
 
 class Session:

@@ -34,7 +34,10 @@ class _Moved(Exception):
 
 
 WATCH_S = 30.0  # a coverage watch's hold (the longest long poll); made again while still needed
-WATCH_MIN_S = 1.0  # a watch answered empty sooner was not held (a closing broker): not made again at once
+WATCH_MIN_S = 1.0  # a watch answered empty sooner was not held (a closing broker): made again only after
+WATCH_RETRY_S = 1.0  # this long, as after a watch refused (polling_full) or failed while the broker looks up
+COVER_DELAY_S = 0.02  # a broker whose last Pop of the group just ended is watched this much later: the consumer's
+# next Pop usually lands there first (a watch at once was sent and cancelled for about every message)
 FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last for it this long
 MAX_FAILED_REMEMBERED = 10_000
 
@@ -66,6 +69,7 @@ class LongPollStrategy:
         # (topic, group) -> broker -> the Notification watching there (`cover`), and the group's filter
         self._watches: dict[tuple[str, str], dict[str, asyncio.Future[bpb.NotificationResponse]]] = {}
         self._filters: dict[tuple[str, str], str] = {}
+        self._awaiting: set[tuple[tuple[str, str], str]] = set()  # (key, broker) waiting for the broker to be up
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
         self._close_watch = CloseWatch()
@@ -157,22 +161,29 @@ class LongPollStrategy:
 
     def _cover(self, key: tuple[str, str]) -> None:
         """Watch, with a Notification, each live broker where none of the group's Pops is held while some are held
-        elsewhere; end the watches no longer needed."""
+        elsewhere (a down one once it is up); end the watches no longer needed."""
         held = self._held.get(key)
         watches = self._watches.get(key, {})
         for broker in list(watches):
             if not held or held.get(broker):
                 watches.pop(broker).cancel()  # a has_message crossing the cancel is handed back (the client)
         if held:
-            for client in self._pool.live():
-                if client.name not in held and client.name not in watches:
-                    request = bpb.NotificationRequest(
-                        topic=key[0], group=key[1], filter=self._filters.get(key, "*"), poll_ms=int(WATCH_S * 1000)
-                    )
-                    call = client.begin_notification(request, timeout_s=WATCH_S + self._timeout)
-                    started = asyncio.get_running_loop().time()
-                    call.add_done_callback(functools.partial(self._watched, key, client, started))
-                    watches[client.name] = call
+            for name in self._pool.names:
+                client = self._pool.get(name)
+                if client is None or name in held or name in watches:
+                    continue
+                if not client.healthy:  # watched once its health checks see it up (a restart)
+                    if (key, client.name) not in self._awaiting:
+                        self._awaiting.add((key, client.name))
+                        client.when_up().add_done_callback(functools.partial(self._came_up, key, client.name))
+                    continue
+                request = bpb.NotificationRequest(
+                    topic=key[0], group=key[1], filter=self._filters.get(key, "*"), poll_ms=int(WATCH_S * 1000)
+                )
+                call = client.begin_notification(request, timeout_s=WATCH_S + self._timeout)
+                started = asyncio.get_running_loop().time()
+                call.add_done_callback(functools.partial(self._watched, key, client, started))
+                watches[name] = call
         if watches:
             self._watches[key] = watches
         else:
@@ -187,14 +198,25 @@ class LongPollStrategy:
         del watches[client.name]
         if not watches:
             del self._watches[key]
-        if call.cancelled() or call.exception() is not None:
-            return  # the broker failed: watched again when the group's Pops change
-        answer = call.result()
-        if answer.has_message:
+        if call.cancelled():
+            return
+        loop = asyncio.get_running_loop()
+        error = call.exception()
+        if isinstance(error, TopicNotFound):
+            return  # not there under --no-auto-create: nothing to watch for (a restart does not change that)
+        if error is None and call.result().has_message:
             if not self._move(key, client.name):
                 client.release(call)  # no Pop to move: the broker passes the wake on to another request it holds
-        elif not answer.polling_full and asyncio.get_running_loop().time() - started >= WATCH_MIN_S:
+        elif error is not None or call.result().polling_full or loop.time() - started < WATCH_MIN_S:
+            # Failed (a restart: once up again, `_cover` hears of it), refused, or not held: again a moment later,
+            # so that a restarted broker's messages are not left to the end of every long poll (a review's probe).
+            loop.call_later(WATCH_RETRY_S, self._cover, key)
+        else:
             self._cover(key)  # held to its end: watch on
+
+    def _came_up(self, key: tuple[str, str], broker: str, _up: asyncio.Future[None]) -> None:
+        self._awaiting.discard((key, broker))
+        self._cover(key)
 
     def _move(self, key: tuple[str, str], broker: str) -> bool:
         """Move the oldest of the group's Pops held where it holds the most to `broker`; whether one moved."""
@@ -236,4 +258,4 @@ class LongPollStrategy:
                 if not held:
                     del self._held[key]
                 if self._cover_brokers:
-                    self._cover(key)
+                    asyncio.get_running_loop().call_later(COVER_DELAY_S, self._cover, key)

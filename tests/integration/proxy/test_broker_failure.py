@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +241,46 @@ def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_d
         broker.stop()
     assert isinstance(error, errors.BrokerNotReached), error
     assert took < 1.0, f"held {took:.2f} s"
+
+
+def test_a_broker_restarted_while_covered_long_polls_wait_is_watched_again(make_cluster: MakeCluster) -> None:
+    """Every receive a long poll (adaptive, rate criterion): 2 Pops over 3 brokers, the third watched. That broker
+    restarts: its watch fails, and it is watched again once back, so a message stored there reaches a waiting
+    consumer, not the end of both long polls (a review's probe: both answered empty after their 20 s)."""
+    args = ("--min-invisible-s", "1", "--adaptive-concurrency-per-broker", "0", "--adaptive-rate-threshold", "0.01")
+    cluster = make_cluster(brokers=3, proxy_args=("--receive-mode", "adaptive", *args))
+    brokers = {n: broker_pb2_grpc.BrokerStub(grpc.insecure_channel(c.address)) for n, c in cluster.brokers.items()}  # type: ignore[no-untyped-call]
+
+    def held() -> dict[str, tuple[int, int]]:
+        out = {}
+        for name, stub in brokers.items():
+            stats = stub.Stats(bpb.StatsRequest(), timeout=2)
+            out[name] = (stats.held_pops, stats.held_notifications)
+        return out
+
+    clients = [V2Client(cluster.endpoint) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(c.receive, TOPIC, GROUP, batch=1, invisible_s=30, poll_s=10) for c in clients]
+            deadline = time.monotonic() + 10
+            while sorted(held().values()) != [(0, 1), (1, 0), (1, 0)]:
+                assert time.monotonic() < deadline, held()
+                time.sleep(0.02)
+            watched = next(name for name, (pops, _) in held().items() if pops == 0)
+            cluster.brokers[watched].stop()
+            cluster.restart_broker(watched)
+            brokers[watched] = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.brokers[watched].address))  # type: ignore[no-untyped-call]
+            while held()[watched] != (0, 1):  # watched again once the proxy sees it up
+                assert time.monotonic() < deadline + 10, held()
+                time.sleep(0.02)
+            message = bpb.Message(topic=TOPIC, message_id="AFTER", body=b"after-restart")
+            brokers[watched].Send(bpb.SendRequest(messages=[message]), timeout=5)
+            sent = time.monotonic()
+            done, _ = wait(waiting, timeout=10, return_when=FIRST_COMPLETED)
+            assert done, "no consumer got it before its long poll ended"
+            status, messages = next(iter(done)).result()
+            assert status.code == v2.OK and [m.body for m in messages] == [b"after-restart"]
+            assert time.monotonic() - sent < 5
+    finally:
+        for client in clients:
+            client.close()
