@@ -147,6 +147,14 @@ class BrokerSession:
         return response
 
     async def _write(self) -> None:
+        try:
+            await self._write_all()
+        except asyncio.InvalidStateError:
+            # The call ended under a write (the broker closed the stream: it is stopping). `_read` fails what is
+            # pending; a request whose write did not return counts as never sent. Not an error of `close()`.
+            return
+
+    async def _write_all(self) -> None:
         while True:
             item = await self._outbox.get()
             if item is None:

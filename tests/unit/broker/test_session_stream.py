@@ -10,6 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from popgate_pb import broker_pb2 as pb
 
@@ -177,6 +178,35 @@ def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None:
         for _ in range(5):
             await asyncio.sleep(0)
         assert [(r.id, r.cancel) for r in call.written] == [(kept, False), (kept, True)]
+        await session.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error() -> None:
+    """A stopping broker ends its Session streams: grpc refuses a write still queued (InvalidStateError). That
+    request counts as never sent, and `close()` does not raise (it did, in one run of the suite)."""
+
+    class Ended(FakeCall):
+        ended = asyncio.Event()
+
+        async def write(self, request: pb.SessionRequest) -> None:
+            self.ended.set()
+            raise asyncio.InvalidStateError("RPC already finished.")
+
+        async def __anext__(self) -> pb.SessionResponse:
+            await self.ended.wait()
+            raise StopAsyncIteration  # the stream ended with OK
+
+    class Stub:
+        def Session(self) -> FakeCall:  # noqa: N802 - the gRPC method's name
+            return Ended()
+
+    async def scenario() -> None:
+        session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
+        with pytest.raises(grpc.aio.AioRpcError) as lost:
+            await session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")]))
+        assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
         await session.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
