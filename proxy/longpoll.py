@@ -2,7 +2,7 @@
 client's long-polling time; the broker is the one where this proxy holds the fewest of the group's Pops.
 
 Covered (the adaptive mode's long polls): where none of a group's Pops is held, a Notification watches for the
-group, and when a message comes there one of its Pops held elsewhere moves there (`LongPollStrategy.cover`)."""
+group, and when a message comes there one of its Pops held elsewhere moves there (`LongPollStrategy(cover=True)`)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class LongPollStrategy:
         answered = False  # some broker answered (empty)
         # A broker found down (or hung) during the call is skipped and the next is tried with the time left;
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
-        # A held Pop moved by `surplus` is made again at its new broker with the time left.
+        # A held Pop moved by `_move` is made again at its new broker with the time left.
         order = self._order(request, loop.time())
         attempt = -1
         while order:
@@ -237,7 +237,7 @@ class LongPollStrategy:
         self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], closing: asyncio.Event
     ) -> bpb.PopResponse:
         """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile; `_Moved` when
-        `surplus` moved it."""
+        `_move` moved it."""
         entry = _Held(call)
         held = self._held.setdefault(key, {})
         at = held.setdefault(broker, {})
