@@ -49,6 +49,22 @@ class _Waiter:
         return True
 
 
+def _ready_once(
+    groups: dict[tuple[Kind, TagFilter], dict[_Waiter, None]], ready_check: Callable[[int], Callable[[TagFilter], bool]]
+) -> Callable[[TagFilter], bool]:
+    """Whether something is ready for each filter held (`ready_check` set up for them all), each asked once."""
+    has_ready = ready_check(len({tag_filter for _, tag_filter in groups}))
+    ready: dict[TagFilter, bool] = {}
+
+    def check(tag_filter: TagFilter) -> bool:
+        found = ready.get(tag_filter)
+        if found is None:
+            found = ready[tag_filter] = has_ready(tag_filter)
+        return found
+
+    return check
+
+
 class HoldService:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -159,13 +175,9 @@ class HoldService:
         groups = self._waiters.get(key)
         if not groups:
             return
-        has_ready = ready_check(len({tag_filter for _, tag_filter in groups}))
-        ready: dict[TagFilter, bool] = {}
+        ready = _ready_once(groups, ready_check)
         for (_, tag_filter), group in list(groups.items()):
-            found = ready.get(tag_filter)
-            if found is None:
-                found = ready[tag_filter] = has_ready(tag_filter)
-            if found:
+            if ready(tag_filter):
                 for waiter in list(group):
                     self._remove(key, waiter)
                     waiter.resolve(Outcome.SERVED)
@@ -176,17 +188,11 @@ class HoldService:
         groups = self._waiters.get(key)
         if not groups:
             return False
-        has_ready = ready_check(len({tag_filter for _, tag_filter in groups}))
-        ready: dict[TagFilter, bool] = {}
+        ready = _ready_once(groups, ready_check)
         oldest: _Waiter | None = None
         for (_, tag_filter), group in groups.items():
             first = next(iter(group), None)  # each group is in arrival order
-            if first is None or (oldest is not None and first.seq > oldest.seq):
-                continue
-            found = ready.get(tag_filter)
-            if found is None:
-                found = ready[tag_filter] = has_ready(tag_filter)
-            if found:
+            if first is not None and (oldest is None or first.seq < oldest.seq) and ready(tag_filter):
                 oldest = first
         if oldest is None:
             return False

@@ -56,6 +56,11 @@ def code_of(error: BaseException) -> int:
     return Code.INTERNAL_SERVER_ERROR
 
 
+def status_of(error: errors.ProxyError) -> v2.Status:
+    """The v2 Status that tells a client of `error`: its code from the table, its own message."""
+    return v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+
+
 def name_of(code: int) -> str:
     """The Code's enum name, e.g. 'INVALID_RECEIPT_HANDLE' (the number as text when unknown)."""
     try:

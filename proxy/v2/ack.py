@@ -6,7 +6,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors, validate
-from proxy.codes import code_of
+from proxy.codes import status_of
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds
 
@@ -24,7 +24,7 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
     outcome = await call.proxy.ack(topic, group, handles, deadline=call.deadline)
     entries = []
     for entry, error in zip(request.entries, outcome, strict=True):
-        status = OK if error is None else v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+        status = OK if error is None else status_of(error)
         entries.append(
             pb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status)
         )

@@ -20,7 +20,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors
-from proxy.codes import code_of
+from proxy.codes import status_of
 from proxy.core import PartlyStored
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, to_broker
@@ -90,7 +90,7 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
         # The top-level status is the failure (official clients read nothing else: they resend the whole request,
         # at least once); the entries say which messages are stored, for a client that reads them (this SDK).
         results, error = partly.results, partly.error
-        failed = v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+        failed = status_of(error)
         stored = sum(r is not None for r in results)
         status = v2.Status(
             code=failed.code, message=f"{stored} of {len(results)} stored (see entries): {error.message}"

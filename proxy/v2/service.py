@@ -22,7 +22,7 @@ from broker.receipt import MAX_HANDLE_LEN
 from proxy import errors
 from proxy.attempts import LOOKUP_TIMEOUT_S, GroupAttempts
 from proxy.auth import Authenticator
-from proxy.codes import code_of, name_of
+from proxy.codes import name_of, status_of
 from proxy.core import Proxy
 from proxy.ports import Metrics
 from proxy.settings import Settings
@@ -37,7 +37,7 @@ _NO_DEADLINE = 1e8  # grpc reports "no deadline" as a huge remaining time
 
 def _status(error: BaseException) -> v2.Status:
     if isinstance(error, errors.ProxyError):
-        return v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
+        return status_of(error)
     log.exception("unexpected error serving a request", exc_info=error)
     return v2.Status(code=v2.INTERNAL_SERVER_ERROR, message=f"internal error: {type(error).__name__}")
 
