@@ -15,7 +15,7 @@ all over the same brokers), then for each mode, one after the other:
     after it ended.
 (b) dense: --consumers concurrent v2 consumers (batch 16, acking) on a steady stream of
     --dense-rate msg/s spread over the brokers: delivered msg/s, broker RPCs (Pop +
-    Notification, from the proxy's /metrics) per delivered message, proxy CPU.
+    Notification sent, cancelled ones included, from the proxy's /metrics) per delivered message, proxy CPU.
 
 Not a test: numbers depend on the machine. Starts and stops its own processes.
 """

@@ -144,6 +144,9 @@ class GrpcBrokerClient:
             response = await call(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise self._failed(method, exc) from None
+        except asyncio.CancelledError:
+            self._metrics.broker_rpc(self.name, method, "cancelled")
+            raise
         self._succeeded(method)
         return response
 
@@ -195,7 +198,7 @@ class GrpcBrokerClient:
             result.set_exception(self._failed(method, exc))
             return result
         timer = loop.call_later(timeout_s, self._expired, method, result)
-        result.add_done_callback(functools.partial(self._settled, session, request_id, timer))
+        result.add_done_callback(functools.partial(self._settled, method, session, request_id, timer))
         return result
 
     def _answered(self, method: str, field: str, result: BrokerCall, answer: Any) -> None:
@@ -224,11 +227,17 @@ class GrpcBrokerClient:
             )
             result.set_exception(self._failed(method, exc))
 
-    @staticmethod
     def _settled(
-        session: BrokerSession, request_id: int, timer: asyncio.TimerHandle, result: asyncio.Future[Any]
+        self,
+        method: str,
+        session: BrokerSession,
+        request_id: int,
+        timer: asyncio.TimerHandle,
+        result: asyncio.Future[Any],
     ) -> None:
         timer.cancel()
+        if result.cancelled():  # not answered (an answer arriving later is not counted again: `_answered`)
+            self._metrics.broker_rpc(self.name, method, "cancelled")
         session.cancel(request_id)  # a no-op once answered; otherwise the broker drops the request
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:

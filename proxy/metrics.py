@@ -29,7 +29,7 @@ class ProxyMetrics:
         )
         self._broker = Counter(
             "popgate_proxy_broker_rpcs",
-            "Calls to brokers, by outcome (ok or the error name)",
+            "Calls to brokers, by outcome (ok, the error name, or cancelled: unanswered when the proxy dropped it)",
             ["broker", "method", "outcome"],
             registry=self.registry,
         )
