@@ -112,18 +112,18 @@ class LongPollStrategy:
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
         # A held Pop moved by `_move` is made again at its new broker with the time left.
         order = self._order(request, loop.time())
-        attempt = -1
+        long_polled = False
         while order:
             client = order.pop(0)
-            attempt += 1
             now = loop.time()
             remaining = request.deadline - now
             if remaining <= MIN_ATTEMPT_S:
                 break
             poll_s = max(0.0, min(poll_end - now, remaining))
             pop = request.pop_request(round(poll_s * 1000))
-            if pop.poll_ms > 0 and attempt == 0:
-                self._metrics.long_poll(request.group)  # is_long_polling: the broker may hold this receive
+            if pop.poll_ms > 0 and not long_polled:  # is_long_polling: a broker may hold this receive (once
+                long_polled = True  # per receive, also when its first broker failed and the next one holds it)
+                self._metrics.long_poll(request.group)
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)
             if self._cover_brokers:

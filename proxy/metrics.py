@@ -64,7 +64,8 @@ class ProxyMetrics:
         self._long_polls = Counter(
             "popgate_proxy_long_polling_receives",
             "Receives that waited at brokers (is_long_polling): a coupled long-poll Pop with poll > 0, or a "
-            "pop-with-notify run whose first Pop was empty and that sent Notifications",
+            "pop-with-notify run whose first Pop was empty and that asked a broker to hold it (not only a poll-0 "
+            "last look)",
             ["group"],
             registry=self.registry,
         )
@@ -82,9 +83,9 @@ class ProxyMetrics:
         )
         self._notifications = Counter(
             "popgate_proxy_notifications",
-            "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (held until the "
-            "poll ended), full (broker polling_full), unanswered (cancelled: answered elsewhere, deadline, "
-            "client gone, or failed)",
+            "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (nothing for the "
+            "group: held until the poll ended, or a poll-0 last look answered so), full (broker polling_full), "
+            "unanswered (cancelled before the poll ended: answered elsewhere, deadline, client gone; or failed)",
             ["group", "outcome"],
             registry=self.registry,
         )
@@ -173,7 +174,7 @@ class ProxyMetrics:
     def notify_run(self, group: str, stats: RunStats) -> None:
         group = self._group(group)
         self._notify_runs.labels(group).inc()
-        if stats.notifications or stats.held_pop:
+        if stats.waited:
             self.long_poll(group)
         if stats.first_pop_hit:
             self._first_pop_hits.labels(group).inc()

@@ -120,6 +120,7 @@ class RunStats:
     lost_races: int = 0
     handoff: bool = False
     held_pop: bool = False  # one live broker: a held Pop instead of a Notification
+    waited: bool = False  # a broker was asked to hold this receive (is_long_polling): not only the poll-0 last look
 
 
 @dataclass(slots=True)
@@ -276,6 +277,7 @@ class NotifyRun:
         Not during the first Pop or the last look: a receive that does not wait still asks every broker once."""
         if self.phase in (Phase.DONE, Phase.FIRST_POP) or self.last_look:
             return []
+        self.stats.notified_empty += len(self.notifying)  # held until the poll ended, nothing came
         if self.popping is not None:
             self.phase = Phase.DRAINING
             cancels: list[Command] = [Cancel(b) for b in sorted(self.notifying)]
@@ -325,13 +327,14 @@ class NotifyRun:
             self.phase = Phase.LONGPOLL
             self.popping = watched[0]
             self.stats.pops += 1
-            self.stats.held_pop = True
+            self.stats.held_pop = self.stats.waited = True
             return [Pop(watched[0], poll_ms)]
         cmds: list[Command] = []
         for broker in watched:
             self.notifying.add(broker)
             self.sent_at[broker] = now
             self.stats.notifications += 1
+            self.stats.waited = self.stats.waited or not self.last_look
             cmds.append(Notify(broker, poll_ms))
         return cmds or self._maybe_exhausted()
 
@@ -342,7 +345,7 @@ class NotifyRun:
         cancels += self._pass_on_ready()
         self.popping = broker
         self.stats.pops += 1
-        self.stats.handoff = True
+        self.stats.handoff = self.stats.waited = True
         return [*cancels, Pop(broker, self._poll_ms(now))]
 
     def _renotify(self, broker: str, now: float) -> list[Command]:
@@ -351,6 +354,7 @@ class NotifyRun:
         self.notifying.add(broker)
         self.sent_at[broker] = now
         self.stats.notifications += 1
+        self.stats.waited = True
         return [Notify(broker, self._poll_ms(now))]
 
     def _next_pop(self) -> list[Command]:

@@ -15,7 +15,7 @@ from spark_metrics import names
 def test_export_carries_first_pop_hits_long_polls_notify_runs_and_empty_receives(tmp_path: Path) -> None:
     metrics = ProxyMetrics(CollectorRegistry())
     metrics.notify_run("g", RunStats(first_pop_hit=True, pops=1))
-    metrics.notify_run("g", RunStats(notifications=4, notified_has_message=1, pops=2))
+    metrics.notify_run("g", RunStats(notifications=4, notified_has_message=1, pops=2, waited=True))
     metrics.long_poll("g")
     metrics.receive("g", "adaptive", "empty", 0.5)
     metrics.mode_decision("g", "notify", "quiet")

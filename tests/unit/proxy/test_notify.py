@@ -97,6 +97,8 @@ def test_end_of_poll_time_answers_empty_and_cancels_every_notification() -> None
     cmds = run.poll_over()
     assert cmds[:-1] == [Cancel(b) for b in BROKERS]
     assert finish(cmds).outcome == "empty" and finish(cmds).error is None
+    # each Notification was held until the poll ended with nothing: empty, not unanswered; the run waited
+    assert (run.stats.notifications, run.stats.notified_empty, run.stats.waited) == (3, 3, True)
     # a late has_message is not followed (the run is over), but handed back: the broker passes its wake on
     assert run.notified("b1", has_message=True, polling_full=False, now=10.0) == [PassOn("b1")]
     assert run.notified("b2", has_message=False, polling_full=False, now=10.0) == []
@@ -106,6 +108,7 @@ def test_end_of_poll_time_waits_for_a_pop_in_flight_so_its_messages_are_not_drop
     run = notifying()
     run.notified("b3", has_message=True, polling_full=False, now=9.999)
     assert run.poll_over() == [Cancel("b1"), Cancel("b2")]
+    assert (run.stats.notified_has_message, run.stats.notified_empty) == (1, 2)
     assert finish(run.popped("b3", message("m5"), polling_full=False, now=10.001)).outcome == "messages"
 
 
@@ -134,6 +137,7 @@ def test_no_poll_time_left_after_the_first_pop_asks_every_other_broker_once() ->
     assert run.notified("b2", has_message=False, polling_full=False, now=1.001) == []
     assert run.notified("b3", has_message=True, polling_full=False, now=1.001) == [Pop("b3")]
     assert finish(run.popped("b3", message("m3"), polling_full=False, now=1.002)).outcome == "messages"
+    assert not run.stats.waited  # poll-0 looks only: no broker held this receive (not is_long_polling)
 
 
 def test_the_last_look_answers_empty_once_every_broker_said_nothing() -> None:

@@ -197,6 +197,24 @@ def test_notify_metrics_count_runs_notifications_and_first_pop_hits() -> None:
     assert value("popgate_proxy_receives_total", {"group": "g", "mode": "notify", "outcome": "messages"}) == 2
 
 
+def test_notify_metrics_tell_held_until_the_poll_ended_from_a_receive_that_did_not_wait() -> None:
+    """A receive held until its poll ended: its Notifications count as empty (not unanswered) and it long-polled;
+    one that does not wait (poll 0: a last look at every broker) did not long-poll."""
+    metrics = ProxyMetrics(CollectorRegistry())
+    proxy, _ = make(metrics=metrics)
+
+    async def scenario() -> None:
+        await proxy.receive(request(0.2))
+        await proxy.receive(request(0.0))
+
+    run(scenario())
+    value = metrics.registry.get_sample_value
+    assert value("popgate_proxy_notifications_total", {"group": "g", "outcome": "empty"}) == 3 + 2
+    assert value("popgate_proxy_notifications_total", {"group": "g", "outcome": "unanswered"}) is None
+    assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 1
+    assert value("popgate_proxy_receives_total", {"group": "g", "mode": "notify", "outcome": "empty"}) == 2
+
+
 def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
     metrics = ProxyMetrics(CollectorRegistry())
     brokers = {n: FakeBroker(n) for n in NAMES}
