@@ -19,7 +19,8 @@ that broker is connected but failing its health checks (hung), they are refused 
 (HA_NOT_AVAILABLE) instead of waiting out their deadline there. One that never left for it
 (its Session stream was lost or could not connect before the request was written:
 `BrokerNotReached`) waits, within its deadline and at most `RECONNECT_WAIT_S`, for the
-channel to that broker to connect again and is tried once more: a broker that has just
+channel to that broker to connect again and is tried once more, when something listens at its
+address (`_listening`: a dead broker's port refuses at once, and so is the request): a broker that has just
 restarted serves it instead of the client getting HA_NOT_AVAILABLE while the channel's
 reconnect back-off runs. One that may have reached
 the broker is not tried again: had it been applied, the retry would be answered "stale
@@ -40,6 +41,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from broker.auth import client_interceptors
+from broker.config import parse_host_port
 from broker.client import ERROR_KEY, BrokerSession, failure, unsent
 from proxy import errors
 from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
@@ -48,6 +50,7 @@ from proxy.settings import BrokerAddress
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 RECONNECT_WAIT_S = 2.0  # at most this long for a broker's channel to connect again (see the module docstring)
+PROBE_S = 0.2  # a TCP connect to a broker's address: it refuses at once when nothing listens there
 RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
 
 
@@ -275,9 +278,23 @@ class GrpcBrokerClient:
             return await attempt(timeout_s)
         except errors.BrokerNotReached as exc:
             wait_s = min(RECONNECT_WAIT_S, end - loop.time() - RETRY_MARGIN_S)
-            if wait_s <= 0 or not await self._reconnected(wait_s):
+            # Nothing listening at its address (a dead broker's port refuses at once): no reconnect to wait for.
+            # Every ack of a broker down for minutes waited the whole 2 s, and so did each of the SDK's retries
+            # of it (19 s an ack in a review's probe).
+            if wait_s <= 0 or not await self._listening(min(PROBE_S, wait_s)) or not await self._reconnected(wait_s):
                 raise exc from None
         return await attempt(max(RETRY_MARGIN_S, end - loop.time()))
+
+    async def _listening(self, within_s: float) -> bool:
+        """Whether something accepts a TCP connection at the broker's address now (closed at once). The
+        channel cannot say: while its reconnect back-off runs it fails calls without trying."""
+        host, port = parse_host_port(self._address.target, what=f"broker {self.name}")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), within_s)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return True
 
     async def _reconnected(self, within_s: float) -> bool:
         try:

@@ -243,6 +243,37 @@ def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_d
     assert took < 1.0, f"held {took:.2f} s"
 
 
+def test_an_ack_to_a_dead_broker_is_refused_at_once_not_after_a_reconnect_wait(tmp_path: Path) -> None:
+    """Nothing listens at a dead broker's address: an ack for it is refused unsent (HA_NOT_AVAILABLE) at once. It
+    waited 2 s for the channel to reconnect, every SDK retry of it too (19 s an ack in a review's probe)."""
+
+    async def scenario() -> list[float]:
+        client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
+        try:
+            await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
+            pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+            [message] = (await client.begin_pop(pop, timeout_s=5)).messages
+            ack = bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
+            broker.stop()
+            took = []
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(errors.BrokerNotReached):
+                    await client.ack(ack, timeout_s=5)
+                took.append(time.monotonic() - started)
+            return took
+        finally:
+            await client.close()
+
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "b1"))
+    broker.start()
+    try:
+        took = asyncio.run(scenario())
+    finally:
+        broker.stop()
+    assert max(took) < 1.0, f"refused after {took} s"
+
+
 def test_a_broker_restarted_while_covered_long_polls_wait_is_watched_again(make_cluster: MakeCluster) -> None:
     """Every receive a long poll (adaptive, rate criterion): 2 Pops over 3 brokers, the third watched. That broker
     restarts: its watch fails, and it is watched again once back, so a message stored there reaches a waiting
