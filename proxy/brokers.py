@@ -41,8 +41,8 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from broker.auth import client_interceptors
-from broker.config import parse_host_port
 from broker.client import ERROR_KEY, BrokerSession, failure, unsent
+from broker.config import parse_host_port
 from proxy import errors
 from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
