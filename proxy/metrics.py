@@ -114,8 +114,8 @@ class ProxyMetrics:
         )
         self._renewal_untracked = Counter(
             "popgate_proxy_renewal_untracked",
-            "auto_renew handles this proxy does not renew, by reason: no_telemetry (the client has no Telemetry "
-            "stream open here), client_limit, total_limit (over the bounds on handles tracked)",
+            "auto_renew handles this proxy does not renew, by reason: no_client_id (the receive named no client: "
+            "nobody to watch), client_limit, total_limit (over the bounds on handles tracked)",
             ["reason"],
             registry=self.registry,
         )

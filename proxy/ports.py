@@ -112,7 +112,7 @@ class Metrics(Protocol):
         """Handles sent to brokers for renewal, by outcome: ok, stale, failed."""
 
     def renewal_untracked(self, reason: str, count: int) -> None:
-        """auto_renew handles not renewed at all: no_telemetry, client_limit, total_limit."""
+        """auto_renew handles not renewed at all: no_client_id, client_limit, total_limit."""
 
     def renewal_ended(self, reason: str, count: int) -> None:
         """Handles no longer renewed: settled, stale, max_time, client_gone."""

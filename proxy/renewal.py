@@ -6,7 +6,8 @@ renews them at their broker with the broker's `Renew` (the same receipt handle s
 never learns of it), every quarter of the invisible time, to another whole invisible time.
 
 `RenewalBook` is the pure part, without clock or sockets: per client id, the handles it was given with
-their next renewal time, and which clients are alive (a Telemetry stream open on this proxy).
+their next renewal time, and which clients are alive (a Telemetry stream open on this proxy, or a Heartbeat or
+ReceiveMessage from it within `alive_s`, as RocketMQ's proxy counts a client alive while its heartbeats come).
 `Renewer` is its asyncio driver: a tick sends the due handles to their brokers in batches.
 
 Nothing here is needed for correctness, only to spare redeliveries: a proxy restart loses the book, and
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 MAX_RENEW_BATCH = validation.MAX_HANDLES  # handles per broker Renew (the broker's limit a call)
 MAX_TICK_S = 1.0
 RENEWALS_PER_INVISIBLE = 4  # renewed every quarter of the invisible time: a failed call has two more tries left
+MAX_HEARD = 100_000  # client ids remembered as heard from (ids are the client's own: bounded)
 
 
 def renewal_period_s(invisible_s: float) -> float:
@@ -49,6 +51,8 @@ class RenewalLimits:
     max_renew_s: float = 3 * 3600.0  # no renewal after this long since the receive (RocketMQ's renewMaxTimeMillis)
     max_per_client: int = 10_000  # handles tracked per client id; beyond: not renewed
     max_total: int = 200_000  # handles tracked in all; beyond: not renewed
+    alive_s: float = 30.0  # a client heard from (Heartbeat, ReceiveMessage) is alive this long: 3 of the official
+    # clients' heartbeats (every 10 s); RocketMQ's proxy drops a client's channel after 120 s without one
 
 
 @dataclass(slots=True)
@@ -79,6 +83,7 @@ class RenewalBook:
     def __init__(self, limits: RenewalLimits) -> None:
         self.limits = limits
         self._streams: dict[str, int] = {}  # client id -> Telemetry streams open on this proxy
+        self._heard: OrderedDict[str, float] = OrderedDict()  # client id -> when last heard from, oldest first
         self._clients: dict[str, dict[str, Tracked]] = {}  # client id -> its handles
         self._handles: dict[str, Tracked] = {}
         self._queue: deque[Tracked] = deque()  # due order; forgotten entries skipped lazily
@@ -87,16 +92,40 @@ class RenewalBook:
     def __len__(self) -> int:
         return len(self._handles)
 
-    def alive(self, client: str) -> bool:
-        return client in self._streams
+    def alive(self, client: str, now: float) -> bool:
+        """A Telemetry stream of the client is open here, or it was heard from within `alive_s`."""
+        if client in self._streams:
+            return True
+        at = self._heard.get(client)
+        return at is not None and now - at < self.limits.alive_s
+
+    @property
+    def heard_from(self) -> int:
+        """Client ids remembered as heard from (bounded by MAX_HEARD; the expired leave as others come)."""
+        return len(self._heard)
+
+    def heard(self, client: str, now: float) -> None:
+        """A Heartbeat or ReceiveMessage of this client came: alive for `alive_s` more. A proxy restarted under a
+        running PushConsumer learns of it so, not only when the client next rebuilds its Telemetry stream (the
+        official client does that only when a settings write fails: every 300 s)."""
+        if not client:
+            return
+        heard = self._heard
+        heard[client] = now
+        heard.move_to_end(client)
+        while heard:  # the expired and those over the bound leave from the oldest end
+            oldest, at = next(iter(heard.items()))
+            if now - at < self.limits.alive_s and len(heard) <= MAX_HEARD:
+                break
+            heard.popitem(last=False)
 
     def opened(self, client: str) -> None:
         """A Telemetry stream of this client opened: it is alive, its auto_renew receives are renewed."""
         self._streams[client] = self._streams.get(client, 0) + 1
 
     def closed(self, client: str) -> None:
-        """One of its Telemetry streams ended. Once none is open, its handles are dropped when they next come
-        due (`take_due`): a client rebuilding its stream (close, then open) keeps them."""
+        """One of its Telemetry streams ended. Once none is open and it is not heard from for `alive_s`, its
+        handles are dropped when they next come due (`take_due`): a client rebuilding its stream keeps them."""
         left = self._streams.get(client, 0) - 1
         if left > 0:
             self._streams[client] = left
@@ -105,17 +134,19 @@ class RenewalBook:
 
     def terminated(self, client: str) -> int:
         """NotifyClientTermination: drop its handles now (they time out at their broker); how many."""
+        self._heard.pop(client, None)
         handles = self._clients.pop(client, {})
         for tracked in handles.values():
             self._drop(tracked)
         return len(handles)
 
     def track(self, client: str, group: str, handles: Iterable[tuple[str, str]], now: float) -> Counter[str]:
-        """Renew these (broker, handle) pairs for `client`; how many are not renewed, by reason: no_telemetry (the
-        client has no Telemetry stream here), client_limit, total_limit."""
+        """Renew these (broker, handle) pairs for `client` (the receive itself is a sign of life); how many are not
+        renewed, by reason: no_client_id (the receive named no client: nobody to watch), client_limit, total_limit."""
         refused: Counter[str] = Counter()
-        if client not in self._streams:
-            refused["no_telemetry"] = sum(1 for _ in handles)
+        self.heard(client, now)
+        if not self.alive(client, now):
+            refused["no_client_id"] = sum(1 for _ in handles)
             return refused
         mine = self._clients.setdefault(client, {})
         limits = self.limits
@@ -170,7 +201,7 @@ class RenewalBook:
 
     def take_due(self, now: float) -> Due:
         """The handles due for renewal now, by (broker, group); each is due again `period_s` later. Handles past
-        their `max_renew_s`, or of a client with no Telemetry stream open, are dropped instead."""
+        their `max_renew_s`, or of a client no longer alive, are dropped instead."""
         out = Due({}, Counter())
         queue, period = self._queue, self.limits.period_s
         while queue and queue[0].due <= now:
@@ -178,7 +209,7 @@ class RenewalBook:
             if not tracked.live:
                 self._dead -= 1
                 continue
-            if tracked.until <= now or tracked.client not in self._streams:
+            if tracked.until <= now or not self.alive(tracked.client, now):
                 out.ended["max_time" if tracked.until <= now else "client_gone"] += 1
                 self._remove(tracked, queued=False)
                 continue
@@ -224,6 +255,11 @@ class Renewer(BackgroundTask):
     def closed(self, client: str) -> None:
         if client:
             self.book.closed(client)
+
+    def heard(self, client: str) -> None:
+        """A Heartbeat of this client came (`RenewalBook.heard`)."""
+        if self.book.limits.max_total:  # renewal on
+            self.book.heard(client, self._now())
 
     def terminated(self, client: str) -> None:
         if client:

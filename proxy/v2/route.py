@@ -64,6 +64,7 @@ async def query_assignment(call: Call, request: pb.QueryAssignmentRequest) -> pb
 async def heartbeat(call: Call, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
     if request.group.name:
         validate.group_in(request.group.resource_namespace, request.group.name)
+    call.proxy.renewer.heard(call.client_id)  # alive: its auto_renew receives here go on being renewed
     return pb.HeartbeatResponse(status=OK)
 
 

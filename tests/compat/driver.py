@@ -259,29 +259,54 @@ def push_backlog(endpoint: str, topic: str, group: str) -> dict[str, object]:
     """A PushConsumer started against a backlog it consumes slower than the invisible time: its client caches the
     whole backlog at once (auto_renew, no invisible duration), so without renewal the messages still cached after
     the invisible time come back with attempt 2 and their first handles fail to ack ("invalid receipt handle")."""
-    producer = started_producer(endpoint, topic)
-    try:
-        sent = {producer.send(message(topic, f"backlog-{i}".encode())).message_id for i in range(BACKLOG)}
-    finally:
-        producer.shutdown()
+    sent = send_backlog(endpoint, topic)
     listener = SlowCounter(BACKLOG_LISTENER_S)
-    consumer = PushConsumer(
-        config(endpoint),
-        group,
-        listener,
-        {topic: FilterExpression("*")},
-        consumption_thread_count=BACKLOG_THREADS,
-    )
+    consumer = backlog_consumer(endpoint, topic, group, listener)
     started = time.monotonic()
     try:
         consumer.startup()
-        end = started + 120
-        while time.monotonic() < end and len({m for m, _ in listener.deliveries}) < BACKLOG:
-            time.sleep(0.2)
-        took_s = time.monotonic() - started
-        time.sleep(3)  # acks of the last ones, and any redelivery already due, arrive
+        return backlog_consumed(listener, sent, started)
     finally:
         consumer.shutdown()
+
+
+def push_backlog_after_proxy_restart(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """push_backlog with the PushConsumer running first: it prints "started" and waits for a line on stdin while
+    the caller restarts the proxy under it; then the backlog comes. The new proxy has no Telemetry stream of the
+    client (the official client rebuilds it only when a settings write fails, every 300 s)."""
+    listener = SlowCounter(BACKLOG_LISTENER_S)
+    consumer = backlog_consumer(endpoint, topic, group, listener)
+    try:
+        consumer.startup()
+        print("started", flush=True)
+        sys.stdin.readline()
+        sent = send_backlog(endpoint, topic)
+        return backlog_consumed(listener, sent, time.monotonic())
+    finally:
+        consumer.shutdown()
+
+
+def send_backlog(endpoint: str, topic: str) -> set[str]:
+    producer = started_producer(endpoint, topic)
+    try:
+        return {producer.send(message(topic, f"backlog-{i}".encode())).message_id for i in range(BACKLOG)}
+    finally:
+        producer.shutdown()
+
+
+def backlog_consumer(endpoint: str, topic: str, group: str, listener: SlowCounter) -> PushConsumer:
+    return PushConsumer(
+        config(endpoint), group, listener, {topic: FilterExpression("*")}, consumption_thread_count=BACKLOG_THREADS
+    )
+
+
+def backlog_consumed(listener: SlowCounter, sent: set[str], started: float) -> dict[str, object]:
+    """Waits (up to 120 s) for every message of `sent`; what the listener and the client's log saw."""
+    end = started + 120
+    while time.monotonic() < end and len({m for m, _ in listener.deliveries}) < len(sent):
+        time.sleep(0.2)
+    took_s = time.monotonic() - started
+    time.sleep(3)  # acks of the last ones, and any redelivery already due, arrive
     log = Path.home() / "logs" / "rocketmq_python" / "rocketmq_client.log"
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     with listener.lock:
@@ -374,7 +399,20 @@ def fifo_push(endpoint: str, topic: str, group: str) -> dict[str, object]:
         producer.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (send_receive, redelivery, empty_poll, errors, push, fifo, fifo_push, push_backlog)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        send_receive,
+        redelivery,
+        empty_poll,
+        errors,
+        push,
+        fifo,
+        fifo_push,
+        push_backlog,
+        push_backlog_after_proxy_restart,
+    )
+}
 
 if __name__ == "__main__":
     scenario, endpoint, topic, group = sys.argv[1:5]

@@ -29,11 +29,32 @@ def pairs(*tokens: str, broker: str = "b1") -> list[tuple[str, str]]:
     return [(broker, handle(broker, token=t)) for t in tokens]
 
 
-def test_a_client_without_a_telemetry_stream_is_not_renewed() -> None:
+def test_a_receive_that_names_no_client_is_not_renewed() -> None:
     b = book()
-    assert b.track("c1", "g", pairs("a1", "a2"), now=0) == Counter(no_telemetry=2)
+    assert b.track("", "g", pairs("a1", "a2"), now=0) == Counter(no_client_id=2)
     assert len(b) == 0
     assert b.take_due(100).batches == {}
+
+
+def test_a_client_without_a_telemetry_stream_here_is_alive_while_it_is_heard_from() -> None:
+    """A proxy restarted under a running PushConsumer has no stream of it until the client rebuilds one (every
+    300 s at most): its receives and heartbeats keep it alive instead (30 s after the last)."""
+    b = book(alive_s=30)
+    assert not b.track("c1", "g", pairs("a1"), now=0)  # the receive itself is a sign of life
+    assert b.take_due(20).batches  # heard 20 s ago: renewed
+    b.heard("c1", now=35)  # a heartbeat
+    assert b.take_due(40).batches and b.alive("c1", now=64.9)
+    due = b.take_due(65)  # 30 s without a word: gone
+    assert due.batches == {} and due.ended == Counter(client_gone=1) and not b.alive("c1", now=65)
+
+
+def test_clients_heard_from_are_bounded_and_forgotten_once_expired() -> None:
+    b = book(alive_s=30)
+    for i in range(1000):
+        b.heard(f"c{i}", now=i / 100)
+    assert b.alive("c0", now=10) and b.alive("c999", now=10)
+    b.heard("late", now=40)  # every earlier one expired: forgotten as this one is recorded
+    assert b.heard_from == 1
 
 
 def test_handles_come_due_after_each_period_by_broker_and_group() -> None:
@@ -107,11 +128,11 @@ def test_a_client_whose_stream_closed_is_dropped_at_its_next_renewal_unless_it_r
     b.closed("back")
     b.opened("back")  # the official client rebuilds its stream: close, then open
     b.closed("twice")  # one of its two streams
-    due = b.take_due(20)
+    assert set(b.take_due(20).batches) == {("b1", "gone"), ("b1", "back"), ("b1", "twice")}  # heard 20 s ago
+    due = b.take_due(40)  # and not since: gone
     assert set(due.batches) == {("b1", "back"), ("b1", "twice")}
     assert due.ended == Counter(client_gone=1)
-    assert not b.alive("gone") and b.alive("twice")
-    assert b.track("gone", "g", pairs("a9"), now=21) == Counter(no_telemetry=1)
+    assert not b.alive("gone", now=40) and b.alive("twice", now=40)
 
 
 def test_termination_drops_the_clients_handles_at_once() -> None:
@@ -195,14 +216,14 @@ def test_untracked_and_settled_handles_are_counted() -> None:
     async def scenario() -> None:
         clock, metrics = [0.0], Recorder()
         r = renewer([FakeBroker("b1")], clock, metrics)
-        r.track("nobody", "g", [handle("b1", token="a1")])  # no Telemetry stream
+        r.track("", "g", [handle("b1", token="a1")])  # no client id
         r.opened("c1")
         r.track("c1", "g", [handle("b1", token="a2"), handle("b1", token="a3")])
         r.forget([handle("b1", token="a2")])
         r.terminated("c1")
         r.closed("c1")
         assert metrics.counts == Counter(
-            {("untracked", "no_telemetry"): 1, ("ended", "settled"): 1, ("ended", "client_gone"): 1}
+            {("untracked", "no_client_id"): 1, ("ended", "settled"): 1, ("ended", "client_gone"): 1}
         )
         assert metrics.tracked() == 0
 
