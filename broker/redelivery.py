@@ -120,15 +120,18 @@ class Redelivery:
         """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ); how many of them
         can be taken now (a FIFO message behind one still in flight cannot: its release wakes for it)."""
         ready = 0
+        fifo_queues: set[int] = set()  # an expiry there may also let an earlier FIFO redelivery go (`_turn_came`)
         max_attempts = self.max_attempts(state.group)
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
             if delivery.attempt >= max_attempts:
                 self.to_dlq(state, queue_id, offset, delivery)
             else:
                 state.ready.append((queue_id, offset, delivery.token))
-                if _turn_came(state, queue_id, offset):
+                if offset in state.queues[queue_id].fifo:
+                    fifo_queues.add(queue_id)
+                else:
                     ready += 1
-        return ready
+        return ready + sum(len(self.fifo_ready(state, q)) for q in fifo_queues)
 
     def schedule(self, state: GroupTopic) -> None:
         """(Re)arm the group's timer for its earliest deadline; an earlier armed timer stays."""
@@ -285,9 +288,21 @@ def _dead_letter_of(payload: bytes, state: GroupTopic, queue_id: int, offset: in
 
 
 def _turn_came(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:
-    """Whether a ready delivery may go: any but a FIFO message, which waits for every in-flight FIFO message
-    before it in its queue unless that one goes now too (`taking`)."""
-    fifo = state.queues[queue_id].fifo
-    if offset not in fifo:
+    """Whether a ready delivery may go: any but a FIFO message, which waits for every FIFO message before it in its
+    queue (in flight, ready again or being dead-lettered) unless that one goes now too (`taking`), and for every
+    FIFO message after it that a consumer still holds (in flight, its invisibility not passed). RocketMQ's orderly
+    pop blocks a queue while any message of a popped batch is invisible: a consumer that hands back the head of its
+    batch still holds the rest, and the head going to another consumer meanwhile would have two consumers on one
+    message group at once."""
+    queue = state.queues[queue_id]
+    if offset not in queue.fifo:
         return True
-    return all(o >= offset or (taking is not None and (queue_id, o) in taking) for o in fifo)
+    for o in queue.fifo:
+        if o < offset:
+            if taking is None or (queue_id, o) not in taking:
+                return False
+        elif o > offset:
+            held = queue.inflight.get(o)
+            if held is None or not held.expired:  # held by a consumer, or its dead letter being committed
+                return False
+    return True

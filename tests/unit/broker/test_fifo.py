@@ -110,6 +110,44 @@ def test_an_unacked_fifo_message_comes_back_before_the_next_one(tmp_path: Path) 
     run_core(tmp_path, scenario)
 
 
+def test_a_handed_back_fifo_message_waits_for_the_rest_of_its_batch_and_their_ack_wakes_it(tmp_path: Path) -> None:
+    """RocketMQ's orderly pop blocks a queue while any message of a popped batch is invisible: the consumer that
+    handed back the head of its batch still holds the rest, and the head must not go to another consumer meanwhile
+    (a review's probe got m4 again at once while m5 and m6 of its batch were in flight)."""
+
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2", b"m3"])
+        m1, m2, m3 = (await pop(core)).messages
+        await core.change_invisible("t", "g", m1.handle, 0)
+        waiting_pop = asyncio.ensure_future(pop(core, poll_ms=POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=0), 5)
+        await ack(core, PopResult([m2]))
+        done, _ = await asyncio.wait({waiting_pop}, timeout=REJECT_WINDOW_S)
+        assert not done, "m1 went out again while m3 of its batch was still in flight"
+        await ack(core, PopResult([m3]))
+        again = await asyncio.wait_for(waiting_pop, ANSWER_S)
+        assert bodies(again) == [b"m1"] and [m.attempt for m in again.messages] == [2]
+
+    run_core(tmp_path, scenario)
+
+
+def test_a_handed_back_fifo_head_comes_back_with_its_batch_once_the_rest_is_handed_back_too(tmp_path: Path) -> None:
+    async def scenario(core: BrokerCore) -> None:
+        await send(core, [b"m1", b"m2", b"m3"])
+        m1, m2, m3 = (await pop(core)).messages
+        await core.change_invisible("t", "g", m1.handle, 0)
+        await core.change_invisible("t", "g", m2.handle, 0)
+        waiting_pop = asyncio.ensure_future(pop(core, poll_ms=POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=0), 5)
+        done, _ = await asyncio.wait({waiting_pop}, timeout=REJECT_WINDOW_S)
+        assert not done, "m1 went out again while m3 of its batch was still in flight"
+        await core.change_invisible("t", "g", m3.handle, 0)  # its expiry lets m1 (and the rest after it) go
+        again = await asyncio.wait_for(waiting_pop, ANSWER_S)
+        assert bodies(again) == [b"m1", b"m2", b"m3"] and [m.attempt for m in again.messages] == [2, 2, 2]
+
+    run_core(tmp_path, scenario)
+
+
 def test_a_notification_counts_a_blocked_queue_as_empty_and_the_ack_wakes_it(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore) -> None:
         await send(core, [b"m1", b"m2"])

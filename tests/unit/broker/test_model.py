@@ -290,14 +290,21 @@ class BrokerModel(RuleBasedStateMachine):
         return answer
 
     def _redelivery_turn(self, g: GroupModel, m: Msg, taking: set[bytes]) -> bool:
-        """A FIFO redelivery waits for every in-flight FIFO message before it in its queue (unless taken with it)."""
+        """A FIFO redelivery waits for every in-flight FIFO message before it in its queue (unless taken with it),
+        and for every one after it that a consumer still holds (its invisibility not passed)."""
         if not m.fifo:
             return True
         assert m.offset is not None
         return all(
-            (f.offset or 0) >= m.offset or f.body in taking or f.body == m.body
+            f.body == m.body
+            or ((f.offset or 0) < m.offset and f.body in taking)
+            or ((f.offset or 0) > m.offset and not self._held(g, f.body))
             for f in self._fifo_in_flight(g, m.queue)
         )
+
+    def _held(self, g: GroupModel, body: bytes) -> bool:
+        """In flight to a consumer of the group, its invisibility not passed."""
+        return g.inflight[body].deadline_ms > self.now
 
     def _deliverable(self, g: GroupModel) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """(redeliveries ready, new messages certainly readable, new messages maybe readable) now."""
@@ -428,6 +435,10 @@ class BrokerModel(RuleBasedStateMachine):
                 if m.fifo:
                     waiting = {b for b in fifo_before[m.queue] if (self.msgs[b].offset or 0) < m.offset} - taking
                     assert not waiting, f"{where}: FIFO redelivery ahead of the in-flight {waiting} before it"
+                    held = {
+                        b for b in fifo_before[m.queue] if (self.msgs[b].offset or 0) > m.offset and self._held(g, b)
+                    }
+                    assert not held, f"{where}: FIFO redelivery while {held} after it is still held by a consumer"
             else:
                 raise AssertionError(f"{where}: delivered again although {status}")
         if any(self.msgs[b].fifo for b in taken):
