@@ -20,7 +20,7 @@ from proxy.groups import GroupsSeen
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.renewal import RenewalLimits, Renewer
-from proxy.routing import BrokerPool
+from proxy.routing import BrokerPool, TopicMisses
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class Proxy:
         self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
         self._groups_seen = GroupsSeen()
+        self._topic_misses = TopicMisses()
         self._max_send_bytes = max_send_bytes
         self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
         # Messages received and not yet written to their clients (a client that does not read keeps them):
@@ -175,11 +176,16 @@ class Proxy:
         self, key: str | None, messages: list[bpb.Message], deadline: float | None
     ) -> Sequence[bpb.SendResult]:
         last: errors.ProxyError = errors.BrokerUnavailable("no broker is configured")
-        for client in self.pool.candidates(key):
+        topics = {m.topic for m in messages}
+        topic = topics.pop() if len(topics) == 1 else None
+        candidates = self.pool.candidates(key)
+        for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             try:
                 return await client.send(messages, timeout_s=self._timeout_until(deadline))
             except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
+                if topic is not None and isinstance(exc, errors.TopicNotFound):
+                    self._topic_misses.missed(topic, client.name)
                 last = exc
         raise last
 

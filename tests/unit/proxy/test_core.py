@@ -203,6 +203,34 @@ def test_send_and_receive_go_on_to_a_broker_that_has_the_topic() -> None:
     assert len(brokers["b2"].sent) == 1
 
 
+class LacksTopic(FakeBroker):
+    """A broker with --no-auto-create that does not hold topic t: counts the sends it refused."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.refused = 0
+
+    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        self.refused += 1
+        raise errors.TopicNotFound(f"topic t does not exist on broker {self.name}")
+
+
+def test_a_broker_that_lacks_the_topic_is_tried_last_for_it() -> None:
+    brokers: dict[str, FakeBroker] = {"b1": LacksTopic("b1"), "b2": FakeBroker("b2"), "b3": FakeBroker("b3")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+
+    async def scenario() -> None:
+        for i in range(30):
+            await proxy.send([msg(i)])
+
+    run(scenario())
+    lacking = brokers["b1"]
+    assert isinstance(lacking, LacksTopic) and lacking.refused == 1  # once, not a third of the sends
+    assert len(brokers["b2"].sent) + len(brokers["b3"].sent) == 30
+    assert len(brokers["b2"].sent) >= 10 and len(brokers["b3"].sent) >= 10  # still spread over the others
+
+
 def test_a_topic_no_broker_has_is_topic_not_found() -> None:
     proxy, brokers = make("b1", "b2")
     for b in brokers.values():
