@@ -110,6 +110,9 @@ class Settings:
     broker_timeout_s: float = 3.0
     max_held_receives: int = 10_000  # receives in progress; more are TOO_MANY_REQUESTS
     max_answer_bytes: int = 256 * 1024 * 1024  # received messages not yet read by their clients; more: TOO_MANY
+    # An answer its client does not read within this long (nor within its invisible time) is cut off: its
+    # messages go back to their brokers and stop counting against max_answer_bytes / max_held_receives.
+    max_answer_write_s: float = 30.0
     max_telemetry_streams: int = 10_000  # Telemetry streams open at once; more are TOO_MANY_REQUESTS
     max_send_bytes: int = 256 * 1024 * 1024  # bytes of sends in flight to brokers; more are TOO_MANY_REQUESTS
     send_chunk_bytes: int = 8 * 1024 * 1024  # encoded bytes per broker Send (below the broker's gRPC limit)
@@ -176,6 +179,7 @@ class Settings:
             ("broker_timeout_s", self.broker_timeout_s > 0, "> 0"),
             ("max_held_receives", self.max_held_receives >= 1, ">= 1"),
             ("max_answer_bytes", self.max_answer_bytes >= 1024, ">= 1024"),
+            ("max_answer_write_s", self.max_answer_write_s > 0, "> 0"),
             ("max_telemetry_streams", self.max_telemetry_streams >= 1, ">= 1"),
             ("max_send_bytes", self.max_send_bytes >= 1024, ">= 1024"),
             ("send_chunk_bytes", self.send_chunk_bytes >= self.max_body_bytes, ">= max_body_bytes"),

@@ -8,8 +8,10 @@ single ``status`` with the error's code.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -19,6 +21,8 @@ from proxy.polltime import PollLimits, poll_seconds
 from proxy.receive import ReceiveRequest
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds, to_client
+
+log = logging.getLogger(__name__)
 
 
 def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveRequest:
@@ -57,6 +61,12 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline)
 
 
+def _cut_off(task: asyncio.Task[Any] | None) -> None:
+    if task is not None:
+        log.warning("a ReceiveMessage answer was not read by its client in time: cut off, its messages given back")
+        task.cancel()
+
+
 def _timestamp_frame() -> pb.ReceiveMessageResponse:
     frame = pb.ReceiveMessageResponse()
     frame.delivery_timestamp.FromNanoseconds(time.time_ns())
@@ -68,11 +78,18 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
     result = await call.proxy.receive(receive)
     renewed: list[str] = []  # auto_renew handles being renewed: until the whole answer is written
     complete = False  # the OK status frame was written: the client has the whole answer
+    cutoff: asyncio.TimerHandle | None = None
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
             yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
             return
+        # A client that does not read (HTTP/2 flow control stops the writes) would hold these messages, and their
+        # place in the proxy's bounds, for as long as it keeps its connection: cut off at the write deadline (the
+        # call's task is cancelled in grpc's write; `finally` gives them back). Past the invisible time the
+        # messages are redelivered anyway: what the client would read then is stale.
+        write_s = min(call.settings.max_answer_write_s, receive.invisible_ms / 1000)
+        cutoff = asyncio.get_running_loop().call_later(write_s, _cut_off, asyncio.current_task())
         if request.auto_renew:  # tracked before written, so that no ack can come first
             renewed = [m.receipt_handle for m in result.messages]
             call.proxy.renewer.track(call.client_id, receive.group, renewed)
@@ -88,6 +105,8 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
         complete = True
         renewed = []
     finally:
+        if cutoff is not None:
+            cutoff.cancel()
         if result.messages and not complete:
             # Cut off before its status (the client went away, the stream broke): the client has at most some of
             # the messages, and clients discard an answer without its status. Ready again at once at their broker.

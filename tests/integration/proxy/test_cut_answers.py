@@ -91,3 +91,31 @@ def test_receives_cancelled_at_any_moment_leave_no_message_invisible(make_cluste
     finally:
         other.close()
     assert len(ids) == total, f"{total - len(ids)} of {total} messages left invisible"
+
+
+def test_an_answer_its_client_does_not_read_is_cut_off_and_its_messages_go_to_another_consumer(
+    make_cluster: MakeCluster,
+) -> None:
+    """A client that opens a receive and never reads it (its connection alive) held the messages and their place in
+    the proxy's bounds for as long as it liked: a review's lazy clients kept 32 MiB of answers, and every other
+    consumer's large receive was TOO_MANY_REQUESTS, for minutes. The answer is cut off at its write deadline."""
+    cluster = make_cluster(brokers=1, proxy_args=("--max-answer-write-s", "1"))
+    lazy = V2Client(cluster.endpoint, options=[("grpc.http2.bdp_probe", 0)])  # a small window: the writes stall
+    other = V2Client(cluster.endpoint)
+    try:
+        sent = lazy.send("lazy", [bytes([65 + i]) * BODY for i in range(COUNT)], timeout_s=30)
+        assert [e.status.code for e in sent.entries] == [v2.OK] * COUNT
+        request = wire.receive_request("g", wire.Subscription("lazy"), max=32, invisible=INVISIBLE_S, wait=5)
+        call = lazy.stub.ReceiveMessage(request, timeout=60)  # opened, never read until the end
+        started = time.monotonic()
+        got: list[bytes] = []
+        while len(got) < COUNT and time.monotonic() - started < 20:
+            _, messages = other.receive("lazy", "g", invisible_s=INVISIBLE_S, poll_s=5)
+            got += [m.body[:1] for m in messages]
+        assert sorted(got) == [bytes([65 + i]) for i in range(COUNT)], got  # not after the 60 s invisible time
+        # (the lazy client's call itself stays open until its deadline: grpc.aio cannot end a call whose write is
+        # stalled, docs/PROXY.md "Limits")
+        call.cancel()
+    finally:
+        lazy.close()
+        other.close()
