@@ -110,7 +110,7 @@ def served(metrics: ProxyMetrics, group: str, how: str, outcome: str) -> None:
     if how == "hit":
         metrics.notify_run(group, RunStats(first_pop_hit=True, pops=1))
     elif how == "notified":
-        metrics.notify_run(group, RunStats(notifications=1, notified_has_message=1, pops=2))
+        metrics.notify_run(group, RunStats(notifications=1, notified_has_message=1, pops=2, waited=True))
     else:
         metrics.long_poll(group)
     metrics.receive(group, "adaptive", outcome, 0.01)

@@ -258,7 +258,8 @@ def test_an_ack_to_a_dead_broker_is_refused_at_once_not_after_a_reconnect_wait(t
             took = []
             for _ in range(3):
                 started = time.monotonic()
-                with pytest.raises(errors.BrokerNotReached):
+                # (the first may have been written as the session closed: outcome unknown, BrokerUnavailable)
+                with pytest.raises(errors.BrokerUnavailable):
                     await client.ack(ack, timeout_s=5)
                 took.append(time.monotonic() - started)
             return took
