@@ -77,6 +77,7 @@ class ClientBase:
 
     @property
     def closed(self) -> bool:
+        """True once `close` was called (or the context manager exited): every call then raises Unavailable."""
         return self._closed
 
 

@@ -54,7 +54,13 @@ def make_options(
     request_timeout: float,
     retry: RetryPolicy | None,
 ) -> ClientOptions:
-    parse_host_port(endpoint, what="endpoint")  # ValueError; a port past 65535 wrapped round to another one
+    host, port = parse_host_port(endpoint, what="endpoint")  # ValueError; a port past 65535 wrapped round
+    if ";" in endpoint or "," in endpoint:  # the official clients' list syntax: "host1:port;host2:port"
+        raise ValueError(
+            f"endpoint {endpoint!r}: one proxy address HOST:PORT (put a load balancer in front of several)"
+        )
+    if port == 0 or not host or any(c.isspace() for c in endpoint):
+        raise ValueError(f"endpoint {endpoint!r} is not HOST:PORT (a port is 1..65535, no spaces)")
     if (access_key is None) != (secret_key is None):
         raise ValueError("give access_key and secret_key together")
     # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
@@ -83,6 +89,7 @@ def channel_credentials(options: ClientOptions) -> grpc.ChannelCredentials | Non
 
 TLS_HINT = " (is the server using TLS? connect with tls=True, or tls=<its CA certificate file>)"
 NOT_GRPC_HINT = " (the server at this address does not speak gRPC: is it the popgate proxy's port?)"
+CERT_HINT = " (the server's certificate does not verify: pass tls=<the CA certificate file that signed it>)"
 
 
 def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
@@ -91,12 +98,15 @@ def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
     A TLS server closes a plaintext connection, which gRPC reports only as "failed to connect to all
     addresses; ... Socket closed": a plaintext client's error then says the server may be using TLS. A
     refused connection (nothing listening) gets no hint, nor does an UNAVAILABLE the server answered with;
-    a server that answers in something other than HTTP/2 (a web server) is said not to be a gRPC one."""
+    a server that answers in something other than HTTP/2 (a web server) is said not to be a gRPC one. A server
+    certificate that does not verify is not retriable: every retry would fail the same way for seconds."""
     code = exc.code() if hasattr(exc, "code") else None
     details = (exc.details() if hasattr(exc, "details") else str(exc)) or ""
     name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
     if "Failed parsing HTTP/2" in details:  # it answered, but not in HTTP/2: a web server, not a gRPC one
         details += NOT_GRPC_HINT
+    elif tls and "CERTIFICATE_VERIFY_FAILED" in details:  # the same certificate fails again: not retried
+        return errors.Unavailable(details + CERT_HINT, code_name=name, retriable=False)
     elif not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
         details += TLS_HINT
     return errors.transport_error(name, details)

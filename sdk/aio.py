@@ -20,7 +20,7 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _resend, _wire, errors
+from sdk import _resend, _wire, client, errors
 from sdk._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from sdk.message import Message, SendReceipt
@@ -33,10 +33,20 @@ T = TypeVar("T")
 
 class _AsyncClient(ClientBase):
     _channel: grpc.aio.Channel | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def _stub(self) -> Any:
         # The channel binds to the running loop, so it is made on first use inside it.
+        loop = asyncio.get_running_loop()
+        if self._channel is not None and self._loop is not None and self._loop is not loop:
+            if not self._loop.is_closed():
+                raise RuntimeError(
+                    "an sdk.aio client works in the event loop it was first used in, and that loop is still "
+                    "running: make one client per event loop"
+                )
+            # Its first loop is closed (asyncio.run again, a test per loop): that channel died with it.
+            self._channel = None
         if self._channel is None:
             if self._closed:
                 raise errors.Unavailable("the client is closed", retriable=False)
@@ -47,6 +57,7 @@ class _AsyncClient(ClientBase):
             else:
                 self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
             self._stub_ = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._loop = loop
         return self._stub_
 
     async def _retrying(self, op: Callable[[], Awaitable[T]], *, forever: bool = False) -> T:
@@ -83,12 +94,14 @@ class _AsyncClient(ClientBase):
         finally:
             if self._channel is not None:
                 channel, self._channel = self._channel, None
-                await channel.close()
+                if self._loop is None or not self._loop.is_closed():  # else it died with its loop
+                    await channel.close()
 
     async def _closing(self) -> None:
         """What to do between marking the client closed and closing its channel."""
 
     async def __aenter__(self) -> Self:
+        """The client itself; leaving the ``async with`` block closes it."""
         return self
 
     async def __aexit__(
@@ -215,6 +228,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         return _wire.received(frames)
 
     def __aiter__(self) -> AsyncIterator[Message]:
+        """Messages as they come, long-polling forever (``async for``); see `sdk.SimpleConsumer.__iter__`."""
         return self._messages()
 
     async def _messages(self) -> AsyncIterator[Message]:
@@ -345,3 +359,19 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             _resend.dead_lettered(response, resent=resent)
 
         await self._retrying(op)
+
+
+def _twin_docs() -> None:
+    """Each coroutine gets its blocking twin's whole docstring (Args, Returns, Raises) after its own first line:
+    ``help()`` on an asyncio method shows what the one in `sdk.client` does."""
+    for twin, blocking in ((Producer, client.Producer), (SimpleConsumer, client.SimpleConsumer)):
+        for name in ("send", "send_many", "receive", "ack", "ack_many", "nack", "forward_to_dlq", "close"):
+            method, original = getattr(twin, name, None), getattr(blocking, name, None)
+            if method is None or original is None or not method.__doc__ or not original.__doc__:
+                continue
+            first, _, _ = method.__doc__.partition("\n")
+            _, _, rest = original.__doc__.partition("\n")
+            method.__doc__ = first + "\n" + rest
+
+
+_twin_docs()

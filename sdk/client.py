@@ -89,6 +89,7 @@ class _SyncClient(ClientBase):
         """What to do between marking the client closed and closing its channel."""
 
     def __enter__(self) -> Self:
+        """The client itself; leaving the ``with`` block closes it."""
         return self
 
     def __exit__(
@@ -106,7 +107,8 @@ class Producer(ProducerBase, _SyncClient):
         secret_key: Secret key that signs each call (never sent).
         tls: False for plaintext, True for TLS with the system's roots, or a path to a PEM file of roots
             (ValueError when it holds no PEM certificate).
-        namespace: v2 resource namespace (empty for popgate).
+        namespace: v2 resource namespace: topics and groups of one namespace are apart from another's on
+            the same cluster (popgate keeps them apart as RocketMQ does; empty: none).
         request_timeout: Deadline of each call, seconds (at most 7 days, as every duration the SDK takes).
         retry: Back-off for retriable errors (overload, broker failover, proxy restarts).
 
@@ -172,6 +174,16 @@ class Producer(ProducerBase, _SyncClient):
 
         Options apply to every item that does not set them itself (items may be `Message` objects). One
         body or one `Message` given as ``messages`` is a TypeError (a str would be sent letter by letter): use `send`.
+
+        Args:
+            topic: The topic every message goes to.
+            messages: Bodies (bytes, or str sent as UTF-8) or `Message` objects.
+            tag: Tag of the items that set none.
+            keys: Keys of the items that set none.
+            properties: User properties of the items that set none.
+            delay: Deliver this many seconds after the send (not with ``message_group``).
+            deliver_at: Deliver at this Unix time, seconds (not with ``delay``).
+            message_group: FIFO message group: its messages are consumed in order.
 
         Returns:
             One receipt per message, in order.
@@ -296,6 +308,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         return _wire.received(self._stub.ReceiveMessage(request, timeout=timeout, metadata=self._metadata()))
 
     def __iter__(self) -> Iterator[Message]:
+        """Messages as they come, long-polling forever (transient failures retried without end); ends when the
+        client is closed. Messages received but not yet yielded when the loop ends are given back at once."""
         while not self._closed:
             try:
                 batch = self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
@@ -339,6 +353,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         ack, or the delivery itself): then a normal return is followed by one more delivery of the message
         (at least once, docs/SDK.md "Errors and retries").
 
+        Args:
+            message: A message this consumer received.
+
         Raises:
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked).
         """
@@ -350,6 +367,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         """Acknowledge many messages in as few AckMessage calls as possible (one per topic and 1024).
 
         Entries that fail with a retriable error are re-sent alone, as `ack` retries.
+
+        Args:
+            messages: Messages this consumer received.
 
         Raises:
             AckError: Some messages were not acked; ``failures`` lists them with their errors.
@@ -381,6 +401,13 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         The message's ``receipt_handle`` is replaced by the new one (also returned). Transient failures
         are retried as for `ack`.
 
+        Args:
+            message: A message this consumer received.
+            delay: Seconds until it is delivered again (0: at once).
+
+        Returns:
+            The same message, with its new receipt handle.
+
         Raises:
             InvalidReceiptHandle: The handle was stale at the first attempt.
             Timeout: Not retriable: the outcome is unknown. An attempt failed in a way that may have
@@ -404,6 +431,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         """Move a message to the group's dead-letter topic ``%DLQ%<group>`` now.
 
         Retried as `ack` is; a re-send answered with a stale handle counts as forwarded.
+
+        Args:
+            message: A message this consumer received.
         """
         request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
         attempts = itertools.count(1)

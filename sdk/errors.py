@@ -109,7 +109,7 @@ class AckError(PopgateError):
         self.failures = failures
         first = failures[0][1]
         super().__init__(
-            f"{len(failures)} message(s) not acked; first: {first}",
+            f"{len(failures)} message(s) not acked; first: {first.message}",
             code=first.code,
             code_name=first.code_name,
             retriable=all(e.retriable for _, e in failures),

@@ -48,7 +48,11 @@ class Message:
     offset: int = -1
 
     def text(self, encoding: str = "utf-8") -> str:
-        """The body decoded as text (invalid bytes replaced)."""
+        """The body decoded as text (invalid bytes replaced).
+
+        Args:
+            encoding: The body's text encoding.
+        """
         return self.body.decode(encoding, errors="replace")
 
 

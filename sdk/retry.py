@@ -37,7 +37,12 @@ class RetryPolicy:
             raise ValueError("need multiplier >= 1 and 0 <= jitter <= 1")
 
     def delays(self, rng: random.Random | None = None, *, forever: bool = False) -> Iterator[float]:
-        """The delay before each retry: ``max_attempts - 1`` of them, or endless when ``forever``."""
+        """The delay before each retry: ``max_attempts - 1`` of them, or endless when ``forever``.
+
+        Args:
+            rng: Where the jitter comes from (the `random` module when None).
+            forever: Never stop (the consumers' iteration retries without end).
+        """
         draw = (rng or random).uniform
         base = self.initial_backoff
         retries = 0

@@ -235,3 +235,27 @@ async def test_deliver_at_holds_the_message_back_until_that_time(endpoint: str) 
         assert early == [] or time.time() >= deliver_at, [m.body for m in early]
         [message] = await drain(consumer, 1, limit_s=20)  # polls past the due time
     assert message.body == b"at a time" and time.time() >= deliver_at - 0.05
+
+
+def test_a_client_carries_on_in_a_new_event_loop_once_its_first_loop_is_closed(endpoint: str) -> None:
+    """One client across asyncio.run calls (a module-level client with a loop per test): its channel died with the
+    first loop, so the next loop gets a new one (it failed with a raw 'Event loop is closed' RuntimeError)."""
+    topic = name("t")
+    producer = Producer(endpoint)
+
+    async def send() -> str:
+        return (await producer.send(topic, b"x")).message_id
+
+    first, second = asyncio.run(send()), asyncio.run(send())
+    assert first and second and first != second
+
+    async def from_another_running_loop() -> None:  # while the first loop still runs: refused, and said why
+        with pytest.raises(RuntimeError, match="one client per event loop"):
+            await send()
+
+    async def both() -> None:
+        await send()  # bound to this loop now
+        await asyncio.to_thread(asyncio.run, from_another_running_loop())
+        await producer.close()
+
+    asyncio.run(both())

@@ -323,6 +323,14 @@ def test_a_server_that_is_not_grpc_is_said_to_be_so_not_to_want_tls() -> None:
     assert "does not speak gRPC" in str(convert(failure, tls=False))
 
 
+def test_a_server_certificate_that_does_not_verify_is_not_retried() -> None:
+    failure = RpcFailure(
+        UNAVAILABLE, "failed to connect to all addresses; ...: Ssl handshake failed: CERTIFICATE_VERIFY_FAILED"
+    )
+    error = convert(failure, tls=True)
+    assert not error.retriable and "tls=<the CA certificate file" in str(error)
+
+
 @pytest.mark.parametrize(
     ("endpoint", "said"),
     [
@@ -330,6 +338,10 @@ def test_a_server_that_is_not_grpc_is_said_to_be_so_not_to_want_tls() -> None:
         ("127.0.0.1:70000", "a port is 0..65535"),
         ("http://127.0.0.1:8081", "no scheme: drop http://"),
         ("localhost", "is not HOST:PORT"),
+        # the official clients' list syntax, a port 0 and a stray space failed only after 4 s of retries
+        ("127.0.0.1:8081;127.0.0.1:8082", "one proxy address HOST:PORT"),
+        ("127.0.0.1:0", "a port is 1..65535"),
+        (" 127.0.0.1:8081", "no spaces"),
     ],
 )
 def test_an_endpoint_that_is_no_address_is_refused_before_any_call(endpoint: str, said: str) -> None:

@@ -65,6 +65,7 @@ def test_ack_error_lists_failures_and_is_retriable_only_if_all_are() -> None:
     down = errors.error_for(v2.HA_NOT_AVAILABLE, "down")
     both = errors.AckError([("a", stale), ("b", down)])
     assert both.failures == [("a", stale), ("b", down)] and not both.retriable
+    assert str(both) == "INVALID_RECEIPT_HANDLE: 2 message(s) not acked; first: stale"  # the code said once
     assert errors.AckError([("b", down)]).retriable
     refused = errors.Unavailable("connection refused", code_name="UNAVAILABLE")  # a transport error: no v2 code
     assert (errors.AckError([("c", refused)]).code, errors.AckError([("c", refused)]).code_name) == (
