@@ -245,7 +245,8 @@ class Proxy:
         """An answer with messages: it stays held, and its bytes count, until its caller releases it (written, or
         the client gone), so a client that does not read cannot make the proxy keep answers without bound. Past
         the limit its messages go back to their broker instead, and TooManyRequests (the receive still held)."""
-        size = sum(len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages)
+        sizes = [len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages]
+        size = sum(sizes)
         if self._answer_bytes and self._answer_bytes + size > self._max_answer_bytes:
             # Held before the limit was reached, answered after (one answer alone always fits). Checked only at
             # the start, 60 receives held by clients that did not read took 227 MB against a 16 MiB limit (a
@@ -265,7 +266,15 @@ class Proxy:
                 self._answer_bytes -= size
                 inner()
 
+        def keep_only(index: int) -> None:
+            nonlocal size
+            if not released:
+                kept = sizes[index] if 0 <= index < len(sizes) else 0
+                self._answer_bytes -= size - kept
+                size = kept
+
         result.release = release
+        result.keep_only = keep_only
 
     def _unread_answers(self) -> errors.TooManyRequests:
         return errors.TooManyRequests(

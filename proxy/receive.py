@@ -50,6 +50,10 @@ def _nothing() -> None:
     pass
 
 
+def _nothing_but(index: int) -> None:
+    pass
+
+
 @dataclass(slots=True)
 class ReceiveResult:
     """What a receive got. The caller calls ``release()`` once the answer is written to the client:
@@ -61,6 +65,9 @@ class ReceiveResult:
     outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
     release: Callable[[], None] = _nothing
     give_back: Callable[[], None] = _nothing
+    # Given back while the answer is still being written (its client does not read): only message `index`, in a
+    # stalled write, still takes memory until `release` (-1: none).
+    keep_only: Callable[[int], None] = _nothing_but
 
 
 class ReceiveStrategy(Protocol):

@@ -18,7 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from proxy import errors, validate
 from proxy.polltime import PollLimits, poll_seconds
-from proxy.receive import ReceiveRequest
+from proxy.receive import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds, to_client
 
@@ -61,56 +61,82 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline)
 
 
-def _cut_off(task: asyncio.Task[Any] | None) -> None:
-    if task is not None:
-        log.warning("a ReceiveMessage answer was not read by its client in time: cut off, its messages given back")
-        task.cancel()
-
-
 def _timestamp_frame() -> pb.ReceiveMessageResponse:
     frame = pb.ReceiveMessageResponse()
     frame.delivery_timestamp.FromNanoseconds(time.time_ns())
     return frame
 
 
+class _WriteDeadline:
+    """An answer's write deadline. A client that does not read (HTTP/2 flow control stalls the writes) would keep
+    the answer's messages, and its place in the proxy's bounds, for as long as it keeps its connection: at the
+    deadline the messages go back to their broker (ready at once) and only the frame grpc is stuck writing stays
+    counted in `max_answer_bytes` — that memory stays in grpc until the call ends (the client reads, goes away
+    or reaches its deadline: grpc.aio cannot end a call whose write is stalled). Should the client read on, it
+    gets an error status instead of the rest."""
+
+    def __init__(self, result: ReceiveResult, after_s: float, renewer: Any) -> None:
+        self.result = result
+        self.renewer = renewer
+        self.writing = -1  # index of the message whose frame grpc is writing (-1: none yet)
+        self.renewed: list[str] = []  # auto_renew handles being renewed until the answer is written
+        self.passed = False
+        self._timer = asyncio.get_running_loop().call_later(after_s, self._passed)
+
+    def _passed(self) -> None:
+        self.passed = True
+        log.warning("a ReceiveMessage answer was not read by its client in time: its messages were given back")
+        self.result.give_back()
+        self.result.keep_only(self.writing)
+        if self.renewed:
+            self.renewer.forget(self.renewed)
+            self.renewed = []
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> AsyncIterator[pb.ReceiveMessageResponse]:
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
-    renewed: list[str] = []  # auto_renew handles being renewed: until the whole answer is written
     complete = False  # the OK status frame was written: the client has the whole answer
-    cutoff: asyncio.TimerHandle | None = None
+    deadline: _WriteDeadline | None = None
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
             yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
             return
-        # A client that does not read (HTTP/2 flow control stops the writes) would hold these messages, and their
-        # place in the proxy's bounds, for as long as it keeps its connection: cut off at the write deadline (the
-        # call's task is cancelled in grpc's write; `finally` gives them back). Past the invisible time the
-        # messages are redelivered anyway: what the client would read then is stale.
+        # Past the invisible time the messages are redelivered anyway: what the client would read then is stale.
         write_s = min(call.settings.max_answer_write_s, receive.invisible_ms / 1000)
-        cutoff = asyncio.get_running_loop().call_later(write_s, _cut_off, asyncio.current_task())
+        deadline = _WriteDeadline(result, write_s, call.proxy.renewer)
         if request.auto_renew:  # tracked before written, so that no ack can come first
-            renewed = [m.receipt_handle for m in result.messages]
-            call.proxy.renewer.track(call.client_id, receive.group, renewed)
+            deadline.renewed = [m.receipt_handle for m in result.messages]
+            call.proxy.renewer.track(call.client_id, receive.group, deadline.renewed)
         yield _timestamp_frame()
         namespace = request.group.resource_namespace
-        for popped in result.messages:
+        for index, popped in enumerate(result.messages):
+            if deadline.passed:
+                break
             frame = pb.ReceiveMessageResponse()
             to_client(popped, namespace=namespace, out=frame.message)  # built in place, not copied in
+            deadline.writing = index
             yield frame
+        if deadline.passed:
+            text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
+            yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.PROXY_TIMEOUT, message=text))
+            return
         # grpc asks for the next frame only once the last one is written: resumed here, the status got through.
         # Closed here instead, its write failed (the client went away): the client's call failed too.
         yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
         complete = True
-        renewed = []
+        deadline.renewed = []
     finally:
-        if cutoff is not None:
-            cutoff.cancel()
-        if result.messages and not complete:
+        if deadline is not None:
+            deadline.cancel()
+        if result.messages and not complete and not (deadline is not None and deadline.passed):
             # Cut off before its status (the client went away, the stream broke): the client has at most some of
             # the messages, and clients discard an answer without its status. Ready again at once at their broker.
             result.give_back()
         result.release()  # also when the client goes away mid-answer (the generator is closed)
-        if renewed:  # the answer did not get through: given back above, or left to their invisible time
-            call.proxy.renewer.forget(renewed)
+        if deadline is not None and deadline.renewed:  # not written: given back above, or left to their time
+            call.proxy.renewer.forget(deadline.renewed)
