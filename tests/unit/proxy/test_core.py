@@ -392,6 +392,27 @@ def test_an_answer_its_client_has_not_read_still_counts_against_the_limits() -> 
     run(scenario())
 
 
+def test_an_answer_past_its_write_deadline_counts_only_the_frame_grpc_still_holds() -> None:
+    """Given back at its write deadline (its client does not read), an answer keeps counting only the message grpc
+    is stuck writing, until it is released when the call ends."""
+    brokers = {"b1": FakeBroker("b1")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_answer_bytes=3100)
+
+    async def scenario() -> None:
+        brokers["b1"].put(popped("b1", "m0"), popped("b1", "m1"))
+        lazy = await proxy.receive(request(poll_s=0.0))  # 2 x (a few bytes + 1 KiB)
+        brokers["b1"].put(popped("b1", "m2"), popped("b1", "m3"))
+        with pytest.raises(errors.TooManyRequests, match="not read"):
+            await proxy.receive(request(poll_s=0.0))  # given back to b1: m2 and m3 ready again
+        lazy.keep_only(0)  # the deadline passed while grpc wrote message 0
+        lazy.keep_only(0)  # (idempotent)
+        assert len((await proxy.receive(request(poll_s=0.0))).messages) == 2  # 1 + 2 messages fit now
+        lazy.release()
+
+    run(scenario())
+
+
 def test_a_receive_held_before_the_answer_limit_and_answered_after_it_gives_its_messages_back() -> None:
     brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
     pool = BrokerPool(brokers, first_turn=0)
