@@ -205,6 +205,14 @@ def test_an_ack_whose_answer_was_lost_is_not_tried_again_and_called_stale(tmp_pa
     assert type(error) is errors.BrokerUnavailable, error  # unknown outcome, retriable: not InvalidReceiptHandle
 
 
+async def ack_of_one_message(client: GrpcBrokerClient) -> bpb.AckRequest:
+    """Sends a message to the client's broker, pops it, and returns the request that would ack it."""
+    await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
+    pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+    [message] = (await client.begin_pop(pop, timeout_s=5)).messages
+    return bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
+
+
 def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_deadline(tmp_path: Path) -> None:
     """A stopped broker (SIGSTOP) keeps its connection: written, an ack waited its whole deadline there, and every
     SDK retry of it too (27 s in a review's probe). Marked down by its health checks, it is refused at once, unsent
@@ -213,10 +221,7 @@ def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_d
     async def scenario(proc: Any) -> tuple[float, errors.ProxyError]:
         client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
         try:
-            await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
-            pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
-            [message] = (await client.begin_pop(pop, timeout_s=5)).messages
-            ack = bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
+            ack = await ack_of_one_message(client)
             proc.send_signal(signal.SIGSTOP)
             try:
                 assert not await client.check_health(timeout_s=0.5)  # as the proxy's health monitor finds it
@@ -250,10 +255,7 @@ def test_an_ack_to_a_dead_broker_is_refused_at_once_not_after_a_reconnect_wait(t
     async def scenario() -> list[float]:
         client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
         try:
-            await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
-            pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
-            [message] = (await client.begin_pop(pop, timeout_s=5)).messages
-            ack = bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
+            ack = await ack_of_one_message(client)
             broker.stop()
             took = []
             for _ in range(3):
