@@ -50,7 +50,6 @@ from proxy.settings import BrokerAddress
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 RECONNECT_WAIT_S = 2.0  # at most this long for a broker's channel to connect again (see the module docstring)
-PROBE_S = 0.2  # a TCP connect to a broker's address: it refuses at once when nothing listens there
 RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
 
 
@@ -281,7 +280,11 @@ class GrpcBrokerClient:
             # Nothing listening at its address (a dead broker's port refuses at once): no reconnect to wait for.
             # Every ack of a broker down for minutes waited the whole 2 s, and so did each of the SDK's retries
             # of it (19 s an ack in a review's probe).
-            if wait_s <= 0 or not await self._listening(min(PROBE_S, wait_s)) or not await self._reconnected(wait_s):
+            # (The probe may take the whole wait: a far broker or a slow DNS answer is not taken for a dead one.)
+            if wait_s <= 0 or not await self._listening(wait_s):
+                raise exc from None
+            wait_s = min(wait_s, end - loop.time() - RETRY_MARGIN_S)
+            if wait_s <= 0 or not await self._reconnected(wait_s):
                 raise exc from None
         return await attempt(max(RETRY_MARGIN_S, end - loop.time()))
 
