@@ -23,6 +23,7 @@ from proxy.v2.context import Call
 from proxy.v2.convert import seconds, to_client
 
 log = logging.getLogger(__name__)
+LOG_EVERY_S = 10.0
 
 
 def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveRequest:
@@ -83,9 +84,20 @@ class _WriteDeadline:
         self.passed = False
         self._timer = asyncio.get_running_loop().call_later(after_s, self._passed)
 
+    _logged_at = float("-inf")  # one log line per LOG_EVERY_S at most: many lazy clients must not flood the log
+    _unlogged = 0
+
     def _passed(self) -> None:
         self.passed = True
-        log.warning("a ReceiveMessage answer was not read by its client in time: its messages were given back")
+        now = time.monotonic()
+        cls = _WriteDeadline
+        cls._unlogged += 1
+        if now - cls._logged_at >= LOG_EVERY_S:
+            log.warning(
+                "%d ReceiveMessage answer(s) not read by their clients in time: their messages were given back",
+                cls._unlogged,
+            )
+            cls._logged_at, cls._unlogged = now, 0
         self.result.give_back()
         self.result.keep_only(self.writing)
         if self.renewed:
