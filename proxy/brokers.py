@@ -119,6 +119,7 @@ class GrpcBrokerClient:
         self._status = Health()  # optimistic until the first check: a down broker fails fast anyway
         self._session: BrokerSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     @property
     def name(self) -> str:
@@ -154,6 +155,9 @@ class GrpcBrokerClient:
 
     def _failed(self, method: str, exc: grpc.aio.AioRpcError) -> errors.ProxyError:
         error = error_of(exc, self.name)
+        if self._closed:  # this proxy is stopping: its own calls end, the broker is not down (nor reported so)
+            self._metrics.broker_rpc(self.name, method, "cancelled")
+            return error
         if isinstance(error, errors.BrokerUnavailable):
             self._set_health(False, f"{method}: {exc.code().name}")
         self._metrics.broker_rpc(self.name, method, error.name)
@@ -342,6 +346,7 @@ class GrpcBrokerClient:
         return serving
 
     async def close(self) -> None:
+        self._closed = True  # what fails from here on failed because this proxy stops, not the broker
         if self._session is not None:
             await self._session.close()
             self._session = None

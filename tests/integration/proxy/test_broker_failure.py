@@ -318,3 +318,30 @@ def test_a_broker_restarted_while_covered_long_polls_wait_is_watched_again(make_
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_proxy_stopping_does_not_report_its_brokers_down(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Closing the proxy's broker clients ends their held requests: that is the proxy stopping, not the broker
+    failing (a Ctrl-C of `popgate up` in adaptive mode logged 'broker b2 ... is now down' for brokers serving)."""
+
+    async def scenario() -> tuple[bool, str]:
+        client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
+        stats = broker_pb2_grpc.BrokerStub(grpc.aio.insecure_channel(broker.address))  # type: ignore[no-untyped-call]
+        watch = bpb.NotificationRequest(topic="t", group="g", filter="*", poll_ms=10_000)
+        held = client.begin_notification(watch, timeout_s=15)
+        while (await stats.Stats(bpb.StatsRequest(), timeout=2)).held_notifications < 1:
+            await asyncio.sleep(0.01)  # held at the broker (another process: nothing to wait on)
+        await client.close()
+        with pytest.raises(errors.ProxyError) as ended:
+            await held
+        return client.healthy, ended.value.message
+
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "b1"))
+    broker.start()
+    try:
+        with caplog.at_level("WARNING", logger="proxy.brokers"):
+            healthy, why = asyncio.run(scenario())
+    finally:
+        broker.stop()
+    assert healthy, why
+    assert "is now down" not in caplog.text
