@@ -326,11 +326,11 @@ def test_a_proxy_stopping_does_not_report_its_brokers_down(tmp_path: Path, caplo
 
     async def scenario() -> tuple[bool, str]:
         client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
-        stats = broker_pb2_grpc.BrokerStub(grpc.aio.insecure_channel(broker.address))  # type: ignore[no-untyped-call]
+        stats = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(broker.address))  # type: ignore[no-untyped-call]
         watch = bpb.NotificationRequest(topic="t", group="g", filter="*", poll_ms=10_000)
         held = client.begin_notification(watch, timeout_s=15)
-        while (await stats.Stats(bpb.StatsRequest(), timeout=2)).held_notifications < 1:
-            await asyncio.sleep(0.01)  # held at the broker (another process: nothing to wait on)
+        held_there = lambda: stats.Stats(bpb.StatsRequest(), timeout=2).held_notifications >= 1  # noqa: E731
+        await asyncio.to_thread(wait_for, held_there, 5, "the Notification held at the broker")
         await client.close()
         with pytest.raises(errors.ProxyError) as ended:
             await held
