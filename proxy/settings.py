@@ -110,8 +110,8 @@ class Settings:
     broker_timeout_s: float = 3.0
     max_held_receives: int = 10_000  # receives in progress; more are TOO_MANY_REQUESTS
     max_answer_bytes: int = 256 * 1024 * 1024  # received messages not yet read by their clients; more: TOO_MANY
-    # An answer its client does not read within this long (nor within its invisible time) is cut off: its
-    # messages go back to their brokers and stop counting against max_answer_bytes / max_held_receives.
+    # An answer its client does not read within this long (nor within its invisible time) gives its messages back
+    # to their brokers; only the frame grpc is stuck writing stays counted in max_answer_bytes (docs/PROXY.md).
     max_answer_write_s: float = 30.0
     max_telemetry_streams: int = 10_000  # Telemetry streams open at once; more are TOO_MANY_REQUESTS
     max_send_bytes: int = 256 * 1024 * 1024  # bytes of sends in flight to brokers; more are TOO_MANY_REQUESTS

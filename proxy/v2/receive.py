@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -19,6 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from proxy import errors, validate
 from proxy.polltime import PollLimits, poll_seconds
 from proxy.receive import ReceiveRequest, ReceiveResult
+from proxy.renewal import Renewer
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds, to_client
 
@@ -76,7 +76,7 @@ class _WriteDeadline:
     or reaches its deadline: grpc.aio cannot end a call whose write is stalled). Should the client read on, it
     gets an error status instead of the rest."""
 
-    def __init__(self, result: ReceiveResult, after_s: float, renewer: Any) -> None:
+    def __init__(self, result: ReceiveResult, after_s: float, renewer: Renewer) -> None:
         self.result = result
         self.renewer = renewer
         self.writing = -1  # index of the message whose frame grpc is writing (-1: none yet)
@@ -133,6 +133,9 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
             to_client(popped, namespace=namespace, out=frame.message)  # built in place, not copied in
             deadline.writing = index
             yield frame
+        # Resumed after the last message's frame: grpc wrote it, the client has every message. The deadline may no
+        # longer give them back (an OK status after given-back messages would make their acks fail).
+        deadline.cancel()
         if deadline.passed:
             text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
             yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.PROXY_TIMEOUT, message=text))
