@@ -226,6 +226,10 @@ class Proxy:
                 self._held -= 1
             self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
 
+    def not_read(self, group: str) -> None:
+        """An answer of `group` was not read by its client within its write deadline (docs/PROXY.md)."""
+        self._metrics.answer_not_read(group)
+
     def refused(self, group: str, error: errors.ProxyError) -> None:
         """A receive of `group` refused for its poll time before it was served (`proxy.polltime`): counted, as
         `behind` when its deadline left no time to poll because the proxy is behind (TOO_MANY_REQUESTS), else as

@@ -75,6 +75,12 @@ class ProxyMetrics:
             ["group"],
             registry=self.registry,
         )
+        self._not_read = Counter(
+            "popgate_proxy_answers_not_read",
+            "Answers with messages their clients did not read within max_answer_write_s: the messages were given back",
+            ["group"],
+            registry=self.registry,
+        )
         self._notify_runs = Counter(
             "popgate_proxy_notify_runs",
             "Receives served by pop with notify (their first Pop included)",
@@ -170,6 +176,9 @@ class ProxyMetrics:
 
     def pop_moved(self, group: str) -> None:
         self._moved.labels(self._group(group)).inc()
+
+    def answer_not_read(self, group: str) -> None:
+        self._not_read.labels(self._group(group)).inc()
 
     def notify_run(self, group: str, stats: RunStats) -> None:
         group = self._group(group)

@@ -162,6 +162,10 @@ class _Run:
             broker, call = self.answer
             self.answer = None
             self._client(broker).release(call)
+            # Its messages no longer kept through the run (the receive's `release` holds the run until the call
+            # ends: an answer given back at its write deadline may wait long for that).
+            self.result = self.loop.create_future()
+            self.result.set_result(Finish([], "empty"))
 
     def cancel_all(self) -> None:
         for call in self.requests.values():

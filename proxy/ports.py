@@ -104,6 +104,9 @@ class Metrics(Protocol):
     def pop_moved(self, group: str) -> None:
         """A held long-poll Pop moved to a broker with a message nobody of the group waited for there."""
 
+    def answer_not_read(self, group: str) -> None:
+        """An answer's client did not read it within max_answer_write_s: its messages were given back."""
+
     def notify_run(self, group: str, stats: RunStats) -> None: ...
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None: ...
@@ -135,6 +138,9 @@ class NoMetrics:
         pass
 
     def pop_moved(self, group: str) -> None:
+        pass
+
+    def answer_not_read(self, group: str) -> None:
         pass
 
     def notify_run(self, group: str, stats: RunStats) -> None:

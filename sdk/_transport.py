@@ -90,6 +90,7 @@ def channel_credentials(options: ClientOptions) -> grpc.ChannelCredentials | Non
 TLS_HINT = " (is the server using TLS? connect with tls=True, or tls=<its CA certificate file>)"
 NOT_GRPC_HINT = " (the server at this address does not speak gRPC: is it the popgate proxy's port?)"
 CERT_HINT = " (the server's certificate does not verify: pass tls=<the CA certificate file that signed it>)"
+HOSTNAME_HINT = " (the server's certificate is for another name: connect with a host name it names)"
 
 
 def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
@@ -107,6 +108,8 @@ def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
         details += NOT_GRPC_HINT
     elif tls and "CERTIFICATE_VERIFY_FAILED" in details:  # the same certificate fails again: not retried
         return errors.Unavailable(details + CERT_HINT, code_name=name, retriable=False)
+    elif tls and "Hostname Verification Check failed" in details:  # the certificate is for another name
+        return errors.Unavailable(details + HOSTNAME_HINT, code_name=name, retriable=False)
     elif not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
         details += TLS_HINT
     return errors.transport_error(name, details)

@@ -42,8 +42,8 @@ class _AsyncClient(ClientBase):
         if self._channel is not None and self._loop is not None and self._loop is not loop:
             if not self._loop.is_closed():
                 raise RuntimeError(
-                    "an sdk.aio client works in the event loop it was first used in, and that loop is still "
-                    "running: make one client per event loop"
+                    "an sdk.aio client works in the event loop it was first used in, and that loop is not "
+                    "closed: make one client per event loop"
                 )
             # Its first loop is closed (asyncio.run again, a test per loop): that channel died with it.
             self._channel = None
@@ -369,9 +369,9 @@ def _twin_docs() -> None:
             method, original = getattr(twin, name, None), getattr(blocking, name, None)
             if method is None or original is None or not method.__doc__ or not original.__doc__:
                 continue
-            first, _, _ = method.__doc__.partition("\n")
-            _, _, rest = original.__doc__.partition("\n")
-            method.__doc__ = first + "\n" + rest
+            first, _, _ = method.__doc__.partition("\n\n")  # each one's first paragraph (its summary)
+            _, _, rest = original.__doc__.partition("\n\n")
+            method.__doc__ = first + ("\n\n" + rest if rest else "")
 
 
 _twin_docs()

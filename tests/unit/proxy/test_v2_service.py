@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy import errors
 from proxy.core import Proxy
+from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy
 from proxy.routing import BrokerPool
@@ -265,3 +266,35 @@ def test_a_send_partly_stored_answers_the_failure_and_says_in_its_entries_which_
     assert [e.message_id for e in response.entries] == [f"M{i:02d}" for i in range(12)]
     assert sum(e.status.code == v2.OK for e in response.entries) == stored["b1"]
     assert {e.status.code for e in response.entries if e.status.code != v2.OK} == {v2.PROXY_TIMEOUT}
+
+
+def test_an_answer_not_read_by_its_deadline_gives_its_messages_back_and_ends_with_proxy_timeout() -> None:
+    """A client that stops reading mid-answer (grpc does not ask for the next frame): at the write deadline the
+    messages are ready again at their broker, counted as not read; should the client read on, PROXY_TIMEOUT."""
+
+    async def scenario() -> tuple[list[str], float | None, list[str]]:
+        metrics = ProxyMetrics(CollectorRegistry())
+        broker = FakeBroker("b1")
+        pool = BrokerPool({"b1": broker}, first_turn=0)
+        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), metrics=metrics)
+        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_answer_write_s=0.05)
+        service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics)
+        broker.put(popped("b1", "m1"), popped("b1", "m2"))
+        request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=2)
+        request.message_queue.topic.name = "t"
+        request.invisible_duration.seconds = 30
+        frames = service.ReceiveMessage(request, ClientContext("c1"))
+        kinds = [(await anext(frames)).WhichOneof("content"), (await anext(frames)).WhichOneof("content")]
+        await asyncio.sleep(0.2)  # the client reads no further: its write deadline passes
+        ready_again = [m.stored.message.message_id for m in broker.ready]
+        kinds += [f.WhichOneof("content") + ":" + v2.Code.Name(f.status.code) async for f in frames]
+        return (
+            kinds,
+            metrics.registry.get_sample_value("popgate_proxy_answers_not_read_total", {"group": "g"}),
+            ready_again,
+        )
+
+    kinds, not_read, ready_again = asyncio.run(scenario())
+    assert kinds == ["delivery_timestamp", "message", "status:PROXY_TIMEOUT"]  # not m2, not OK
+    assert not_read == 1
+    assert sorted(ready_again) == ["m1", "m2"]

@@ -329,6 +329,8 @@ def test_a_server_certificate_that_does_not_verify_is_not_retried() -> None:
     )
     error = convert(failure, tls=True)
     assert not error.retriable and "tls=<the CA certificate file" in str(error)
+    other_name = RpcFailure(UNAVAILABLE, "failed to connect to all addresses; ...: Hostname Verification Check failed.")
+    assert not convert(other_name, tls=True).retriable
 
 
 @pytest.mark.parametrize(
