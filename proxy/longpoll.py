@@ -121,8 +121,8 @@ class LongPollStrategy:
                 break
             poll_s = max(0.0, min(poll_end - now, remaining))
             pop = request.pop_request(round(poll_s * 1000))
-            if pop.poll_ms > 0 and not long_polled:  # is_long_polling: a broker may hold this receive (once
-                long_polled = True  # per receive, also when its first broker failed and the next one holds it)
+            if pop.poll_ms > 0 and not long_polled:  # is_long_polling: a broker may hold it (once a receive)
+                long_polled = True
                 self._metrics.long_poll(request.group)
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)

@@ -65,9 +65,17 @@ class ReceiveResult:
     outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
     release: Callable[[], None] = _nothing
     give_back: Callable[[], None] = _nothing
-    # Given back while the answer is still being written (its client does not read): only message `index`, in a
-    # stalled write, still takes memory until `release` (-1: none).
+    # Only message `index`, in a stalled write, still takes memory until `release` (-1: none): see `hand_back_unread`.
     keep_only: Callable[[int], None] = _nothing_but
+
+    def hand_back_unread(self, writing: int) -> None:
+        """The client stopped reading the answer: its messages go back to their broker now and nothing here keeps
+        them alive (with upb one PoppedMessage keeps its whole Pop answer: 40 lazy 30-message answers held 347 MiB
+        against a 16 MiB budget); only message `writing`, in grpc's stalled write, stays counted until `release`."""
+        self.give_back()
+        self.give_back = _nothing  # it held the Pop call, and so its answer
+        self.keep_only(writing)
+        self.messages.clear()
 
 
 class ReceiveStrategy(Protocol):
