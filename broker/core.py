@@ -209,18 +209,21 @@ class BrokerCore:
         state = self.consumers.reader(group, topic, tag_filter, ops)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + poll_ms / 1000
+        held = False
         while True:
             if state is not None:
                 popped = await self._pop_once(state, max_messages, invisible_ms, ops)
                 if popped:
-                    return PopResult(popped)
+                    return PopResult(popped, held=held)
                 if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
                     ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
                     continue
             ops = []
-            outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, deadline - loop.time())
+            wait_s = deadline - loop.time()
+            outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, wait_s)
+            held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT))
             if outcome is not Outcome.SERVED:
-                return PopResult([], polling_full=outcome is Outcome.FULL)
+                return PopResult([], polling_full=outcome is Outcome.FULL, held=held)
             # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
             # group may have replaced meanwhile (reading with that one would skip the message for the group).
             state = self.consumers.reader(group, topic, tag_filter, ops)

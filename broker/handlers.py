@@ -59,6 +59,7 @@ async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> 
         stored.offset = p.offset
         stored.store_ms = p.store_ms
     out.polling_full = result.polling_full
+    out.held = result.held
     return result
 
 

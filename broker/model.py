@@ -51,6 +51,7 @@ class Sent:
 class PopResult:
     messages: list[Popped]
     polling_full: bool = False
+    held: bool = False  # parked in the hold before this answer (is_long_polling)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,31 @@ FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last 
 MAX_FAILED_REMEMBERED = 10_000
 
 
+class _Counted:
+    """A receive's polling metrics, each counted once: `is_long_polling` when a broker held one of its Pops
+    (RocketMQ's "suspended": the broker says so in `held`), `is_short_polling_hit` when the first Pop a broker
+    answered had messages without holding it (a longpoll receive on a backlog, as notify's first poll-0 Pop)."""
+
+    __slots__ = ("_metrics", "_group", "_answers", "_long_polled")
+
+    def __init__(self, metrics: Metrics, group: str) -> None:
+        self._metrics, self._group = metrics, group
+        self._answers = 0
+        self._long_polled = False
+
+    def answer(self, response: bpb.PopResponse) -> None:
+        self._answers += 1
+        if response.held:
+            self.long_poll()
+        elif self._answers == 1 and response.messages:
+            self._metrics.first_pop_hit(self._group)
+
+    def long_poll(self) -> None:
+        if not self._long_polled:
+            self._long_polled = True
+            self._metrics.long_poll(self._group)
+
+
 class LongPollStrategy:
     """Coupled long polling: one Pop to one broker, held up to the client's long-polling time.
 
@@ -112,7 +137,7 @@ class LongPollStrategy:
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
         # A held Pop moved by `_move` is made again at its new broker with the time left.
         order = self._order(request, loop.time())
-        long_polled = False
+        counted = _Counted(self._metrics, request.group)
         while order:
             client = order.pop(0)
             now = loop.time()
@@ -121,9 +146,6 @@ class LongPollStrategy:
                 break
             poll_s = max(0.0, min(poll_end - now, remaining))
             pop = request.pop_request(round(poll_s * 1000))
-            if pop.poll_ms > 0 and not long_polled:  # is_long_polling: a broker may hold it (once a receive)
-                long_polled = True
-                self._metrics.long_poll(request.group)
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)
             if self._cover_brokers:
@@ -131,6 +153,7 @@ class LongPollStrategy:
             try:
                 response = await self._held_pop((request.topic, request.group), client.name, call, closing)
             except _Moved as moved:
+                counted.long_poll()  # only a held Pop is moved
                 target = self._pool.get(moved.broker)
                 if target is not None:
                     order = [target, *(c for c in order if c is not target)]
@@ -138,6 +161,8 @@ class LongPollStrategy:
             except (asyncio.CancelledError, ShuttingDown) as exc:
                 if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
                     client.release(call)  # answered as the client left or the proxy closed: nobody receives them
+                elif not call.done() and pop.poll_ms > 0:
+                    counted.long_poll()  # left while a broker held it
                 if isinstance(exc, ShuttingDown):
                     return ReceiveResult([], "closing")
                 raise
@@ -148,6 +173,7 @@ class LongPollStrategy:
             if response.polling_full and not response.messages:
                 raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
             messages = list(response.messages)
+            counted.answer(response)
             if not messages and pop.poll_ms == 0:
                 answered = True
                 continue

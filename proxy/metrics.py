@@ -42,8 +42,8 @@ class ProxyMetrics:
         )
         self._first_pop_hits = Counter(
             "popgate_proxy_receive_first_pop_hits",
-            "Receives whose first Pop (poll 0) found messages, no notify round needed (is_short_polling_hit); "
-            "the longpoll mode makes no poll-0 Pop and never counts here",
+            "Receives whose first Pop found messages at once, without a broker holding it (is_short_polling_hit): "
+            "pop with notify's poll-0 first Pop, no notify round needed, or a long-poll Pop answered at once",
             ["group"],
             registry=self.registry,
         )
@@ -63,9 +63,9 @@ class ProxyMetrics:
         )
         self._long_polls = Counter(
             "popgate_proxy_long_polling_receives",
-            "Receives that waited at brokers (is_long_polling): a coupled long-poll Pop with poll > 0, or a "
-            "pop-with-notify run whose first Pop was empty and that asked a broker to hold it (not only a poll-0 "
-            "last look)",
+            "Receives that waited at brokers (is_long_polling): a long-poll Pop a broker held (RocketMQ's "
+            "suspended request), or a pop-with-notify run whose first Pop was empty and that asked a broker to hold "
+            "it (not only a poll-0 last look)",
             ["group"],
             registry=self.registry,
         )
@@ -174,6 +174,9 @@ class ProxyMetrics:
     def long_poll(self, group: str) -> None:
         self._long_polls.labels(self._group(group)).inc()
 
+    def first_pop_hit(self, group: str) -> None:
+        self._first_pop_hits.labels(self._group(group)).inc()
+
     def pop_moved(self, group: str) -> None:
         self._moved.labels(self._group(group)).inc()
 
@@ -186,7 +189,7 @@ class ProxyMetrics:
         if stats.waited:
             self.long_poll(group)
         if stats.first_pop_hit:
-            self._first_pop_hits.labels(group).inc()
+            self.first_pop_hit(group)
         answered = stats.notified_has_message + stats.notified_empty + stats.notified_full
         for outcome, count in (
             ("has_message", stats.notified_has_message),

@@ -99,7 +99,11 @@ class Metrics(Protocol):
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None: ...
 
-    def long_poll(self, group: str) -> None: ...
+    def long_poll(self, group: str) -> None:
+        """A receive a broker held (is_long_polling); once a receive."""
+
+    def first_pop_hit(self, group: str) -> None:
+        """A receive whose first Pop found messages without being held (is_short_polling_hit)."""
 
     def pop_moved(self, group: str) -> None:
         """A held long-poll Pop moved to a broker with a message nobody of the group waited for there."""
@@ -135,6 +139,9 @@ class NoMetrics:
         pass
 
     def long_poll(self, group: str) -> None:
+        pass
+
+    def first_pop_hit(self, group: str) -> None:
         pass
 
     def pop_moved(self, group: str) -> None:

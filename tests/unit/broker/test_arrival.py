@@ -68,7 +68,7 @@ def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Pat
         done, _ = await asyncio.wait({pop, note}, timeout=ANSWER_S)
         assert pop in done, "the arrival did not wake the held Pop"
         assert note in done, "the arrival did not wake the held Notification"
-        assert bodies(pop.result()) == [b"hello"]
+        assert bodies(pop.result()) == [b"hello"] and pop.result().held  # it waited for the message
         assert note.result() == (True, False)  # has_message, not polling_full
         assert core.hold.total_held == 0
         assert not sweeping()
@@ -91,5 +91,21 @@ def test_an_arrival_the_tag_filter_rejects_answers_no_held_request(tmp_path: Pat
         assert bodies(pop.result()) == [b"for us"]
         assert note.result() == (True, False)
         assert not sweeping()
+
+    run_core(tmp_path, scenario)
+
+
+def test_a_pop_says_whether_the_broker_held_it(tmp_path: Path) -> None:
+    """`held` (RocketMQ's "suspended", the proxy's is_long_polling): not for a Pop answered at once, with messages
+    or with poll 0; yes for one held until its poll time ended."""
+
+    async def scenario(core: BrokerCore) -> None:
+        await core.send([pb.Message(topic="t", body=b"waiting")])
+        at_once = await core.pop("t", "g", "*", 32, INVISIBLE_MS, POLL_MS)
+        assert bodies(at_once) == [b"waiting"] and not at_once.held
+        nothing_now = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)
+        assert nothing_now.messages == [] and not nothing_now.held
+        timed_out = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 50)
+        assert timed_out.messages == [] and timed_out.held
 
     run_core(tmp_path, scenario)

@@ -81,10 +81,11 @@ class FakeBroker:
     async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
         self._check()
         self.pops.append(request)
-        if not self.ready and request.poll_ms > 0 and not self.polling_full:
+        held = not self.ready and request.poll_ms > 0 and not self.polling_full
+        if held:
             await self._hold(request.poll_ms)
         taken, self.ready = self.ready[: request.max_messages], self.ready[request.max_messages :]
-        return bpb.PopResponse(messages=taken, polling_full=self.polling_full)
+        return bpb.PopResponse(messages=taken, polling_full=self.polling_full, held=held)
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
         self._check()

@@ -215,6 +215,32 @@ def test_notify_metrics_tell_held_until_the_poll_ended_from_a_receive_that_did_n
     assert value("popgate_proxy_receives_total", {"group": "g", "mode": "notify", "outcome": "empty"}) == 2
 
 
+def test_long_poll_metrics_count_a_receive_answered_at_once_as_a_hit_and_only_a_held_one_as_long_polling() -> None:
+    """is_long_polling is RocketMQ's "suspended": a Pop the broker held. A long-poll receive on a backlog is
+    answered at once: a first-Pop hit, as notify's would be (it counted as long polling, and never as a hit, so the
+    hit ratio fell whenever adaptive switched to long polling — a review's probe)."""
+    metrics = ProxyMetrics(CollectorRegistry())
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+
+    async def scenario() -> None:
+        for b in brokers.values():
+            b.ready.append(popped(b.name, "backlog-" + b.name))
+        for _ in brokers:
+            assert ids(await proxy.receive(request(5.0, batch=1))), "a message was waiting at every broker"
+        assert ids(await proxy.receive(request(0.2))) == []  # held until its poll time ended
+        receive = asyncio.create_task(proxy.receive(request(5.0)))
+        await held_becomes(brokers, 1)
+        next(b for b in brokers.values() if b.held).put(popped("b1", "later"))
+        assert ids(await receive) == ["later"]  # held, then answered
+
+    run(scenario())
+    value = metrics.registry.get_sample_value
+    assert value("popgate_proxy_receive_first_pop_hits_total", {"group": "g"}) == len(brokers)
+    assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 2
+
+
 def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
     metrics = ProxyMetrics(CollectorRegistry())
     brokers = {n: FakeBroker(n) for n in NAMES}
