@@ -26,20 +26,24 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 5.0
 SPACING_S = 15.0
 GROW_BYTES = 64 * 1024 * 1024
+RETRY_S = 60.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class TrimPolicy:
     """When to trim, from samples of the resident size: when it is `grow_bytes` above the floor (the least
     seen: at rest), at most once per `spacing_s`. A trim that gave back little (the memory is in use: held
-    receives, a backlog being served) is not tried again until the size grew by `grow_bytes` more. A trim
-    during a burst gives back only part of it; the next one, after the burst, the rest."""
+    receives, a backlog being served) is not tried again until the size grew by `grow_bytes` more, or for
+    `retry_s`: a trim during a burst gives back only part of it, and the next one, after the burst, the rest
+    (held for good, a burst whose memory stayed in use for a while — unread answers, 30 s of heartbeats — left
+    the process at its high-water mark: 231 MiB that one trim took to 52, a review's probe)."""
 
-    def __init__(self, grow_bytes: int = GROW_BYTES, spacing_s: float = SPACING_S) -> None:
+    def __init__(self, grow_bytes: int = GROW_BYTES, spacing_s: float = SPACING_S, retry_s: float = RETRY_S) -> None:
         self.grow_bytes = grow_bytes
         self.spacing_s = spacing_s
+        self.retry_s = retry_s
         self.floor: int | None = None
-        self._hold_until: int = 0  # no trim below this size (after one that gave back little)
+        self._hold_until: int = 0  # no trim below this size (after one that gave back little), until retry_s
         self._last_s: float | None = None
 
     def due(self, resident: int, now_s: float) -> bool:
@@ -47,7 +51,8 @@ class TrimPolicy:
             self.floor = resident
         if self._last_s is not None and now_s - self._last_s < self.spacing_s:
             return False
-        return resident >= max(self.floor + self.grow_bytes, self._hold_until)
+        held = self._last_s is not None and now_s - self._last_s < self.retry_s
+        return resident >= max(self.floor + self.grow_bytes, self._hold_until if held else 0)
 
     def trimmed(self, before: int, after: int, now_s: float) -> None:
         self._last_s = now_s

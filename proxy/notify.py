@@ -162,6 +162,7 @@ class NotifyRun:
     rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
     last_look: bool = False  # no poll time was left after the first Pop: every broker asked once, poll 0
     last_error: ProxyError | None = None
+    refused: dict[str, TooManyRequests] = field(default_factory=dict)  # brokers refusing the group (--max-groups)
 
     # -- events ----------------------------------------------------------------
 
@@ -180,6 +181,7 @@ class NotifyRun:
         if self.phase is Phase.DONE or broker != self.popping:
             return []
         self.popping = None
+        self.refused.pop(broker, None)
         if messages:
             if self.stats.pops == 1 and not self.stats.notifications:
                 self.stats.first_pop_hit = True  # also when the poll time ended while it was in flight
@@ -207,6 +209,7 @@ class NotifyRun:
         if self.phase is Phase.DONE or broker not in self.notifying:
             return [PassOn(broker)] if has_message else []  # came as the run ended or stopped watching it
         self.notifying.discard(broker)
+        self.refused.pop(broker, None)
         if has_message:
             self.stats.notified_has_message += 1
             if broker not in self.ready and broker != self.popping:
@@ -239,6 +242,8 @@ class NotifyRun:
         # A broker without the topic (created on some brokers only, auto-create off) has nothing for this
         # receive; the others may. TOPIC_NOT_FOUND only when no broker has it.
         self.last_error = error
+        if isinstance(error, TooManyRequests):
+            self.refused[broker] = error  # what it holds for the group is out of reach: said if nothing else comes
         self.failed.add(broker)
         if self.phase is Phase.FIRST_POP:
             cmds = self._notify_all(now)
@@ -385,6 +390,10 @@ class NotifyRun:
     def _finish(
         self, messages: Sequence[bpb.PoppedMessage], outcome: str, error: ProxyError | None = None
     ) -> list[Command]:
+        if outcome == "empty" and self.refused:
+            # Empty here while a broker refuses the group: its messages are out of reach, and the client is
+            # told so (the longpoll mode passes the refusal on too) rather than "no new message" for good.
+            outcome, error = "error", next(iter(self.refused.values()))
         cancels: list[Command] = [Cancel(b) for b in self.outstanding]
         self.notifying.clear()
         cancels += self._pass_on_ready()

@@ -14,7 +14,7 @@ from typing import Any
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import validate
+from proxy import errors, validate
 from proxy.auth import Authenticator, authorize
 
 _CONSUME = (
@@ -32,13 +32,20 @@ def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
 
 
 CLIENT_ID = "x-mq-client-id"
+# The official clients' ids are a host name and a few numbers (~40 characters; a DNS name is at most 253). The proxy
+# remembers the ids it hears from (proxy.renewal): an unbounded id let one client hold 0.8 GB there (a review's probe).
+MAX_CLIENT_ID_CHARS = 512
 
 
 def client_id_of(invocation_metadata: Iterable[Any] | None) -> str:
-    """The client's id (the official clients send it on every call and once on the Telemetry stream), else ""."""
+    """The client's id (the official clients send it on every call and once on the Telemetry stream), else "";
+    BadRequest when it is longer than MAX_CLIENT_ID_CHARS."""
     for key, value in invocation_metadata or ():
         if key == CLIENT_ID:  # grpc gives metadata keys lower-cased
-            return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            if len(text) > MAX_CLIENT_ID_CHARS:
+                raise errors.BadRequest(f"{CLIENT_ID} is {len(text)} characters long; at most {MAX_CLIENT_ID_CHARS}")
+            return text
     return ""
 
 

@@ -33,6 +33,8 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     expression = request.filter_expression
     filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
     batch = validate.batch_size(request.batch_size, limit=s.max_batch)
+    if request.auto_renew:
+        _ = call.client_id  # whose handles to renew once answered: a bad id is refused before anything is popped
     if request.auto_renew or not request.HasField("invisible_duration"):
         # auto_renew: renewed while the client is alive (proxy.renewal, docs/PROXY.md "auto_renew").
         invisible_s = s.default_invisible_s

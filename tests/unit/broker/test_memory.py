@@ -24,8 +24,21 @@ def test_memory_in_use_is_not_trimmed_again_until_it_grows_by_as_much_again() ->
     policy.due(45 * MiB, 0)
     assert policy.due(300 * MiB, 5)  # e.g. 10,000 held receives
     policy.trimmed(300 * MiB, 296 * MiB, 5)  # little to give back: it is in use
-    assert not policy.due(300 * MiB, 60) and not policy.due(340 * MiB, 120)
-    assert policy.due(360 * MiB, 180)
+    assert not policy.due(300 * MiB, 30) and not policy.due(340 * MiB, 60)
+    assert policy.due(360 * MiB, 30)
+
+
+def test_a_burst_whose_memory_stayed_in_use_a_while_is_given_back_once_it_is_over() -> None:
+    """Trims during the burst gave back little; after it the memory is free: tried again `retry_s` later (it was
+    held until the size grew by 64 MiB more, which never came: 231 MiB kept where a trim gave back 179)."""
+    policy = TrimPolicy(grow_bytes=64 * MiB, spacing_s=15, retry_s=60)
+    policy.due(45 * MiB, 0)
+    assert policy.due(150 * MiB, 5)
+    policy.trimmed(150 * MiB, 150 * MiB, 5)  # mid-burst: in use
+    assert policy.due(232 * MiB, 20)  # grew by 64 MiB more
+    policy.trimmed(232 * MiB, 231 * MiB, 20)  # the burst ends right after
+    assert not any(policy.due(231 * MiB, t) for t in range(25, 80, 5))  # held: the memory may still be in use
+    assert policy.due(231 * MiB, 80)  # a minute later: tried again
 
 
 def test_a_steady_process_never_trims() -> None:

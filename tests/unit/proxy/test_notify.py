@@ -344,3 +344,27 @@ def test_announced_messages_are_handed_back_at_the_end_of_the_poll_and_on_a_hand
         PassOn("b2"),
         Pop("b1", 9000),
     ]
+
+
+def test_a_broker_refusing_the_group_makes_a_run_that_finds_nothing_too_many_requests() -> None:
+    """A broker at its --max-groups refuses a new group: its messages are out of reach for that group. The run
+    ended "empty" — "no new message" for good, no error anywhere (a review's probe) — where longpoll passes the
+    refusal on. A message from another broker still answers; the refusal is forgotten once that broker answers."""
+    refused = TooManyRequests("broker b2 keeps state for 3 consumer groups and topics")
+    run = notifying()
+    run.failed_call("b2", refused, now=1.0)
+    run.notified("b1", has_message=False, polling_full=False, now=10.0)
+    done = finish(run.notified("b3", has_message=False, polling_full=False, now=10.0))
+    assert done.outcome == "error" and done.error is refused
+
+    run = notifying()
+    run.failed_call("b2", refused, now=1.0)
+    run.notified("b1", has_message=True, polling_full=False, now=2.0)
+    assert finish(run.popped("b1", message("m1"), polling_full=False, now=2.001)).outcome == "messages"
+
+    run = notifying()
+    [rewatch] = [c for c in run.failed_call("b2", refused, now=1.0) if isinstance(c, Rewatch)]
+    assert run.rewatch("b2", healthy=True, now=rewatch.at) == [Notify("b2", 8000)]
+    run.notified("b2", has_message=False, polling_full=False, now=10.0)
+    run.notified("b1", has_message=False, polling_full=False, now=10.0)
+    assert finish(run.notified("b3", has_message=False, polling_full=False, now=10.0)).outcome == "empty"
