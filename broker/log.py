@@ -57,8 +57,13 @@ class QueueLog:
         self.topic = topic
         self.queue_id = queue_id
         self.min_offset = index.min_offset if index else 0
-        self.store_ms = array("q", index.store_ms if index else ())
-        self.tags: list[str | None] = [None if t is None else sys.intern(t) for t in index.tags] if index else []
+        self.store_ms: array[int] = array("q")
+        self.tags: list[str | None] = []
+        if index is not None and isinstance(index.store_ms, array):  # as the store loads it: compact, interned
+            self.store_ms, self.tags = index.store_ms, index.tags  # taken, not copied: no second index at start
+        elif index is not None:
+            self.store_ms = array("q", index.store_ms)
+            self.tags = [None if t is None else sys.intern(t) for t in index.tags]
         self.payloads: dict[int, bytes] = {}
         # One byte a message, 1 for a FIFO one (sent with a message group); None while the queue has none.
         self.fifo: bytearray | None = None

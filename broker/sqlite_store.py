@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -169,6 +170,10 @@ def _lock(data_dir: Path) -> int:
     return fd
 
 
+def _interned(tag: str | None) -> str | None:
+    return None if tag is None else sys.intern(tag)
+
+
 class SqliteStore:
     def __init__(
         self,
@@ -258,6 +263,8 @@ class SqliteStore:
     # -- start ---------------------------------------------------------------
 
     def load(self) -> Snapshot:
+        """Read the hot state. Each batch's index is decoded on its own and copied into compact arrays, so the
+        peak is about what the core keeps (~16 bytes a message), not several times it."""
         snap = Snapshot()
         for topic, queue_id in self._conn.execute("SELECT topic, queue FROM queues"):
             snap.queues[(topic, queue_id)] = QueueIndex()
@@ -283,7 +290,7 @@ class SqliteStore:
                 index.store_ms.append(store_ms[0])
                 index.tags.append(None)
             index.store_ms.extend(store_ms)
-            index.tags.extend(tags)
+            index.tags.extend(map(_interned, tags))  # one string per tag text, not one per message
             index.fifo.extend(fifo_offsets(first_offset, lists))
         for key, index in snap.queues.items():
             self._next_offset[key] = index.min_offset + len(index.store_ms)
