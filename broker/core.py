@@ -417,13 +417,14 @@ class BrokerCore:
         return new, deadline
 
     async def renew(
-        self, group: str, handles: Sequence[str], invisible_ms: int
+        self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False
     ) -> tuple[list[BrokerError | None], int]:
         """Extend the invisibility of in-flight deliveries to `invisible_ms` from now, keeping each delivery (its
         receipt handle stays valid: the proxy renews handles its client holds); per handle None or the error, and the
         new deadline. Stale handles, and deliveries whose invisibility already passed (queued to be delivered again:
         a handle acks until then, but renewing it now would race that redelivery), are InvalidReceiptHandle. A
-        deadline already later stays. Durable as the other in-flight changes (a PutInflight)."""
+        deadline already later stays, unless `bring_forward` (a client gone: visible again soon). Durable as the
+        other in-flight changes (a PutInflight)."""
         _check_handles("renew", group, handles)
         self._check_invisible(invisible_ms)
         deadline = now_ms() + invisible_ms
@@ -438,7 +439,7 @@ class BrokerCore:
             except BrokerError as exc:
                 results.append(exc)
                 continue
-            if delivery.deadline_ms < deadline:
+            if delivery.deadline_ms < deadline or (bring_forward and delivery.deadline_ms != deadline):
                 state.extend(handle.queue_id, handle.offset, delivery, deadline, ops)
                 touched[(state.group, state.topic)] = state
             results.append(None)

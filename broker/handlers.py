@@ -97,7 +97,9 @@ async def change_invisible(
 
 async def renew(core: BrokerCore, request: pb.RenewRequest, out: pb.RenewResponse) -> None:
     handles = request.receipt_handles
-    outcome, out.invisible_until_ms = await core.renew(request.group, handles, request.invisible_ms)
+    outcome, out.invisible_until_ms = await core.renew(
+        request.group, handles, request.invisible_ms, bring_forward=request.bring_forward
+    )
     _results(out.results, handles, outcome)
 
 

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MAX_RENEW_BATCH = validation.MAX_HANDLES  # handles per broker Renew (the broker's limit a call)
 MAX_TICK_S = 1.0
 RENEWALS_PER_INVISIBLE = 4  # renewed every quarter of the invisible time: a failed call has two more tries left
+CLEAR_INVISIBLE_MS = 1000  # a terminated client's handles: visible again this soon (invisibleTimeMillisWhenClear)
 MAX_HEARD = 100_000  # client ids remembered as heard from (ids are the client's own: bounded)
 
 
@@ -132,13 +133,13 @@ class RenewalBook:
         else:
             self._streams.pop(client, None)
 
-    def terminated(self, client: str) -> int:
-        """NotifyClientTermination: drop its handles now (they time out at their broker); how many."""
+    def terminated(self, client: str) -> list[Tracked]:
+        """NotifyClientTermination: drop its handles now; the dropped ones (to be made visible again soon)."""
         self._heard.pop(client, None)
         handles = self._clients.pop(client, {})
         for tracked in handles.values():
             self._drop(tracked)
-        return len(handles)
+        return list(handles.values())
 
     def track(self, client: str, group: str, handles: Iterable[tuple[str, str]], now: float) -> Counter[str]:
         """Renew these (broker, handle) pairs for `client` (the receive itself is a sign of life); how many are not
@@ -261,9 +262,39 @@ class Renewer(BackgroundTask):
         if self.book.limits.max_total:  # renewal on
             self.book.heard(client, self._now())
 
-    def terminated(self, client: str) -> None:
-        if client:
-            self._ended("client_gone", self.book.terminated(client))
+    async def terminated(self, client: str) -> None:
+        """NotifyClientTermination: the client's auto_renew handles are renewed to `CLEAR_INVISIBLE_MS` (RocketMQ's
+        proxy sets them to 1 s when a client goes): what it held and did not settle is delivered again in a
+        second, not at the end of its invisible time (a PushConsumer shut down with messages its pool would not
+        take left them ~60 s; a FIFO message group waited as long behind one)."""
+        if not client:
+            return
+        dropped = self.book.terminated(client)
+        self._ended("client_gone", len(dropped))
+        batches: dict[tuple[str, str], list[str]] = {}
+        for tracked in dropped:
+            batches.setdefault((tracked.broker, tracked.group), []).append(tracked.handle)
+        calls = [
+            self._clear(broker, group, handles[start : start + MAX_RENEW_BATCH])
+            for (broker, group), handles in batches.items()
+            for start in range(0, len(handles), MAX_RENEW_BATCH)
+        ]
+        if calls:
+            await asyncio.gather(*calls)
+
+    async def _clear(self, broker: str, group: str, handles: list[str]) -> None:
+        client = self._pool.get(broker)
+        if client is None:
+            return
+        request = bpb.RenewRequest(
+            group=group, receipt_handles=handles, invisible_ms=CLEAR_INVISIBLE_MS, bring_forward=True
+        )
+        try:
+            await client.renew(request, timeout_s=self._timeout)
+        except errors.ProxyError as exc:  # they come back at the end of their invisible time instead
+            log.info(
+                "giving back %d handle(s) of a terminated client at broker %s failed: %s", len(handles), broker, exc
+            )
 
     def track(self, client: str, group: str, handles: Sequence[str]) -> None:
         """Renew these handles of an auto_renew receive while `client` is alive (called before they are written

@@ -164,14 +164,16 @@ class ChangeInvisibleTimeResponse(_message.Message):
     def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
-    __slots__ = ("group", "receipt_handles", "invisible_ms")
+    __slots__ = ("group", "receipt_handles", "invisible_ms", "bring_forward")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    BRING_FORWARD_FIELD_NUMBER: _ClassVar[int]
     group: str
     receipt_handles: _containers.RepeatedScalarFieldContainer[str]
     invisible_ms: int
-    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+    bring_forward: bool
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., invisible_ms: _Optional[int] = ..., bring_forward: _Optional[bool] = ...) -> None: ...
 
 class RenewResponse(_message.Message):
     __slots__ = ("results", "invisible_until_ms")

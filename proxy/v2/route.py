@@ -74,5 +74,5 @@ async def notify_client_termination(
     # Its auto_renew handles are no longer renewed (un-acked messages time out at their brokers).
     if request.group.name:
         validate.group_in(request.group.resource_namespace, request.group.name)
-    call.proxy.renewer.terminated(call.client_id)
+    await call.proxy.renewer.terminated(call.client_id)
     return pb.NotifyClientTerminationResponse(status=OK)

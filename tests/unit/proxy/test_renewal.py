@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from typing import TypeVar
 
 from proxy import errors
-from proxy.renewal import MAX_RENEW_BATCH, RenewalBook, RenewalLimits, Renewer
+from proxy.renewal import CLEAR_INVISIBLE_MS, MAX_RENEW_BATCH, RenewalBook, RenewalLimits, Renewer
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, handle
 
@@ -141,7 +141,7 @@ def test_termination_drops_the_clients_handles_at_once() -> None:
     b.opened("c2")
     b.track("c1", "g", pairs("a1", "a2"), now=0)
     b.track("c2", "g", pairs("b1"), now=0)
-    assert b.terminated("c1") == 2
+    assert sorted(t.handle for t in b.terminated("c1")) == sorted(h for _, h in pairs("a1", "a2"))
     assert len(b) == 1
     assert b.take_due(20).batches == {("b1", "g"): [handle("b1", token="b1")]}
 
@@ -220,7 +220,7 @@ def test_untracked_and_settled_handles_are_counted() -> None:
         r.opened("c1")
         r.track("c1", "g", [handle("b1", token="a2"), handle("b1", token="a3")])
         r.forget([handle("b1", token="a2")])
-        r.terminated("c1")
+        await r.terminated("c1")
         r.closed("c1")
         assert metrics.counts == Counter(
             {("untracked", "no_client_id"): 1, ("ended", "settled"): 1, ("ended", "client_gone"): 1}
@@ -269,5 +269,26 @@ def test_renewal_off_tracks_nothing_and_runs_no_task() -> None:
             r.track("c1", "g", [handle("b1")])
             assert metrics.tracked() == 0 and r._task is None
             assert not metrics.counts  # not counted as refused by a bound: off
+
+    run(scenario())
+
+
+def test_a_terminated_clients_handles_are_made_visible_again_in_a_second() -> None:
+    """RocketMQ's proxy sets a departing client's handles to 1 s: what it held unsettled (a PushConsumer shut down
+    with messages its stopped pool would not take) comes back at once, not ~60 s later; another client's stay."""
+
+    async def scenario() -> None:
+        b1, b2 = FakeBroker("b1"), FakeBroker("b2")
+        r = renewer([b1, b2], [0.0], Recorder())
+        r.opened("c1")
+        r.opened("c2")
+        r.track("c1", "g", [handle("b1", token="a1"), handle("b1", token="a2"), handle("b2", token="a3")])
+        r.track("c2", "g", [handle("b1", token="c2")])
+        await r.terminated("c1")
+        assert [(list(q.receipt_handles), q.invisible_ms, q.bring_forward) for q in b1.renews] == [
+            ([handle("b1", token="a1"), handle("b1", token="a2")], CLEAR_INVISIBLE_MS, True)
+        ]
+        assert [list(q.receipt_handles) for q in b2.renews] == [[handle("b2", token="a3")]]
+        assert len(r.book) == 1
 
     run(scenario())
