@@ -16,6 +16,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import settings as settings_mod
 from broker.auth import TokenInterceptor
+from broker.config import cannot_listen
 from broker.core import BrokerCore
 from broker.errors import StoreUnavailable
 from broker.memory import MemoryTrimmer
@@ -85,6 +86,8 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
         maximum_concurrent_rpcs=settings.max_held + UNARY_CALLS,
     )
     pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    if not settings.listen.endswith(":0") and (why := cannot_listen(settings.listen)) is not None:
+        raise StartError(f"--listen {settings.listen}: cannot listen there ({why})")
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's "Failed to bind": the port is in use or the address is not local

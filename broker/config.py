@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import os
 import re
+import socket
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +52,25 @@ def parse_host_port(text: str, *, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise SettingsError(f"{what}: {text!r} is not HOST:PORT (a port is 0..65535)")
     return host.strip("[]"), int(port)
+
+
+def cannot_listen(address: str) -> str | None:
+    """Why a server could not listen on `address` (HOST:PORT, port not 0), in the system's words ("Address
+    already in use"), or None when it can. grpc's own failure says only "Failed to bind ... set
+    GRPC_VERBOSITY=debug", after a raw log line of its own: asked first, the cause is told in one line."""
+    host, port = parse_host_port(address, what="address")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"{host}: {exc.strerror}"
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds: a TIME_WAIT port is free
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def _fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:

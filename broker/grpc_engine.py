@@ -24,3 +24,7 @@ POLLER_IO = (
 def prefer_poller_io() -> None:
     if "grpc" not in sys.modules:
         os.environ.setdefault("GRPC_EXPERIMENTS", POLLER_IO)
+        # grpc core's own INFO lines (a failed TLS handshake, a port in use: eight raw lines before the one the
+        # command prints) reach stderr unless this is set before grpc loads; errors still do. An operator's or
+        # a user's own GRPC_VERBOSITY wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")

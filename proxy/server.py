@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
+from broker.config import cannot_listen
 from broker.export import default_proxy_name
 from broker.memory import MemoryTrimmer
 from broker.metrics_http import start_metrics
@@ -87,6 +88,8 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
         ],
         maximum_concurrent_rpcs=max_calls(settings),
     )
+    if not settings.listen.endswith(":0") and (why := cannot_listen(settings.listen)) is not None:
+        raise SettingsError(f"--listen {settings.listen}: cannot listen there ({why})")
     try:
         if settings.tls_cert:
             chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()

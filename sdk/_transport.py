@@ -54,7 +54,10 @@ def make_options(
     request_timeout: float,
     retry: RetryPolicy | None,
 ) -> ClientOptions:
-    host, port = parse_host_port(endpoint, what="endpoint")  # ValueError; a port past 65535 wrapped round
+    try:
+        host, port = parse_host_port(endpoint, what="endpoint")  # a port past 65535 would wrap round
+    except ValueError as exc:  # the servers' parser allows port 0 (listen anywhere): a client's endpoint does not
+        raise ValueError(str(exc).replace("a port is 0..65535", "a port is 1..65535")) from None
     if ";" in endpoint or "," in endpoint:  # the official clients' list syntax: "host1:port;host2:port"
         raise ValueError(
             f"endpoint {endpoint!r}: one proxy address HOST:PORT (put a load balancer in front of several)"
@@ -91,6 +94,7 @@ TLS_HINT = " (is the server using TLS? connect with tls=True, or tls=<its CA cer
 NOT_GRPC_HINT = " (the server at this address does not speak gRPC: is it the popgate proxy's port?)"
 CERT_HINT = " (the server's certificate does not verify: pass tls=<the CA certificate file that signed it>)"
 HOSTNAME_HINT = " (the server's certificate is for another name: connect with a host name it names)"
+PLAINTEXT_HINT = " (the server does not use TLS: connect without tls)"
 
 
 def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
@@ -110,6 +114,8 @@ def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
         return errors.Unavailable(details + CERT_HINT, code_name=name, retriable=False)
     elif tls and "Hostname Verification Check failed" in details:  # the certificate is for another name
         return errors.Unavailable(details + HOSTNAME_HINT, code_name=name, retriable=False)
+    elif tls and "WRONG_VERSION_NUMBER" in details:  # a TLS client at a plaintext server: again and again
+        return errors.Unavailable(details + PLAINTEXT_HINT, code_name=name, retriable=False)
     elif not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
         details += TLS_HINT
     return errors.transport_error(name, details)

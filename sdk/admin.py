@@ -23,8 +23,9 @@ from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
 from broker.auth import TOKEN_KEY
+from broker.errors import BrokerError
 from broker.lag import lag_seconds
-from broker.validation import DLQ_PREFIX
+from broker.validation import DLQ_PREFIX, check_group
 from broker.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 from sdk import errors
 from sdk.client import Producer, SimpleConsumer
@@ -92,7 +93,7 @@ def add_parsers(sub: Sub) -> None:
         "list", help="list the letters of %%DLQ%%<group> not yet re-sent (asks the brokers; consumes nothing)"
     )
     _broker_option(listing)
-    listing.add_argument("group")
+    listing.add_argument("group", type=_group_name, help="consumer group whose dead letters to list")
     listing.add_argument(
         "--limit", type=LIST_LIMIT, default=100, help="at most this many messages (1..1000, a broker's ListMessages)"
     )
@@ -104,7 +105,7 @@ def add_parsers(sub: Sub) -> None:
     listing.set_defaults(handler=dlq_list_command)
     resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
     client_options(resend)
-    resend.add_argument("group")
+    resend.add_argument("group", type=_group_name, help="consumer group whose dead letters to re-send")
     resend.add_argument("--count", type=NON_NEGATIVE_INT, default=0, help="at most this many (0 = all)")
     resend.add_argument("--wait", type=DURATION, default=2.0, help="stop when none came for this many seconds")
     resend.add_argument("--resend-group", default=RESEND_GROUP, help="consumer group that reads the DLQ")
@@ -363,6 +364,15 @@ def _list_queue(
     return out
 
 
+def _group_name(text: str) -> str:
+    """A consumer group name as brokers take it: a bad one is a usage error for both `dlq` commands (`list`
+    showed an empty table for it, `resend` the server's ILLEGAL_TOPIC)."""
+    try:
+        return check_group(text)
+    except BrokerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def dlq_list_command(args: argparse.Namespace) -> int:
     brokers = brokers_of(args)
     found = list_dead_letters(
@@ -448,7 +458,7 @@ def dlq_resend_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # the summary of what was re-sent so far, then 130
         code = 130
     where = ", ".join(f"{n} to {t}" for t, n in sorted(counts.items())) or "nothing to resend"
-    print(f"resent {sum(counts.values())} message(s) from {topic}: {where}{' (interrupted)' if code else ''}")
+    _err(f"resent {sum(counts.values())} message(s) from {topic}: {where}{' (interrupted)' if code else ''}")
     if skipped:
         ids = ", ".join(skipped)
         _err(f"popgate dlq resend: {len(skipped)} dead letter(s) without ORIGIN_TOPIC left in {topic}: {ids}")

@@ -169,8 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code. Bad input is one line on stderr and code 2, Ctrl-C code 130."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if getattr(args, "body", "") is None and extra and not extra[0].startswith("-"):
-        # `send TOPIC --tag T BODY`: argparse matched TOPIC and an empty BODY together, leaving BODY over
+    if getattr(args, "body", "") is None and extra and (extra[0] == "-" or not extra[0].startswith("-")):
+        # `send TOPIC --tag T BODY` (or `-`, stdin): argparse matched TOPIC and an empty BODY together, leaving
+        # BODY over
         args.body = extra.pop(0)
     if extra:
         getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")

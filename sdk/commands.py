@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sdk import errors
-from sdk._transport import MAX_MESSAGE_BYTES, TLS_HINT
+from sdk._transport import CERT_HINT, MAX_MESSAGE_BYTES, PLAINTEXT_HINT, TLS_HINT
 from sdk._wire import MAX_DURATION_S
 from sdk.client import Producer, SimpleConsumer
 from sdk.message import Message
@@ -61,7 +61,8 @@ NON_NEGATIVE_INT = number(int, low=0)
 # Durations as the SDK takes them (at most MAX_DURATION_S, 7 days): a larger value is a usage error, not the SDK's.
 DURATION = number(float, low=0.0, high=MAX_DURATION_S)
 POSITIVE_DURATION = number(float, above=0.0, high=MAX_DURATION_S)
-BODY_SIZE = number(int, low=1, high=MAX_MESSAGE_BYTES)  # more could never be sent: refused before it is built
+# More could never be sent (the request's envelope counts against the gRPC message limit too): refused before built.
+BODY_SIZE = number(int, low=1, high=MAX_MESSAGE_BYTES - 64 * 1024)
 
 
 IN_MEMORY_BYTES = 1024 * 1024 * 1024  # message bodies a command builds at once (send_many copies each into its request)
@@ -96,9 +97,20 @@ def connection(args: argparse.Namespace) -> dict[str, Any]:
     return {"access_key": args.access_key, "secret_key": args.secret_key, "tls": tls}
 
 
+# The SDK's hints name its arguments; a command's user is told its options.
+_CLI_HINTS = {
+    TLS_HINT: " (is the server using TLS? try --tls / --tls-ca)",
+    CERT_HINT: " (the server's certificate does not verify: pass --tls-ca <the CA certificate file that signed it>)",
+    PLAINTEXT_HINT: " (the server does not use TLS: drop --tls / --tls-ca)",
+}
+
+
 def explain(exc: errors.PopgateError) -> str:
-    """The error for the user; the SDK's hint that the server may be using TLS names the command's options."""
-    return str(exc).replace(TLS_HINT, " (is the server using TLS? try --tls / --tls-ca)")
+    """The error for the user, the SDK's hints naming the command's options."""
+    text = str(exc)
+    for sdk_hint, cli_hint in _CLI_HINTS.items():
+        text = text.replace(sdk_hint, cli_hint)
+    return text
 
 
 def progress(console: Console) -> Progress:
@@ -122,11 +134,20 @@ def print_table(table: Table) -> None:
     row, so every id, topic and group stays whole on its line (rich would otherwise assume
     80 columns).
     """
-    console = Console(highlight=False, markup=False, emoji=False)
+    console = _Stdout(highlight=False, markup=False, emoji=False)
     if not console.is_terminal:
         needed = Measurement.get(console, console.options.update_width(100_000), table).maximum
-        console = Console(highlight=False, markup=False, emoji=False, width=max(needed, 80))
+        console = _Stdout(highlight=False, markup=False, emoji=False, width=max(needed, 80))
     console.print(table)
+
+
+class _Stdout(Console):
+    """A console whose reader going away (`popgate stats | head -1`) is a BrokenPipeError, which `popgate` exits
+    141 for as every command does; rich exits 1 itself, the code `stats` keeps for "no broker answered"."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def add_parsers(sub: Sub) -> None:
@@ -139,11 +160,13 @@ def add_parsers(sub: Sub) -> None:
     send.add_argument("--size", type=BODY_SIZE, default=256, help="generated body size when no body is given")
     send.add_argument("--rate", type=_rate, default=0.0, help="at most this many msg/s (0 = no limit, else 0.001..1e7)")
     send.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per call (1..1024)")
-    send.add_argument("--tag")
+    send.add_argument("--tag", help="message tag (consumers filter on it: receive --filter)")
     send.add_argument("--key", action="append", default=[], help="business key (repeatable)")
     send.add_argument("--property", action="append", default=[], help="KEY=VALUE user property (repeatable)")
     send.add_argument("--delay", type=DURATION, help="deliver this many seconds later")
-    send.add_argument("--group", dest="message_group", help="FIFO message group")
+    send.add_argument(
+        "--group", dest="message_group", metavar="MESSAGE_GROUP", help="FIFO message group (not a consumer group)"
+    )
     send.add_argument("--ids", action="store_true", help="print every message id")
     send.set_defaults(handler=send_command)
 
@@ -278,6 +301,8 @@ def _plural(n: int, word: str = "message") -> str:
 
 
 def send_command(args: argparse.Namespace) -> int:
+    if args.message_group and args.delay:  # the SDK would name its own arguments
+        raise ValueError("--group (a FIFO message group) and --delay cannot be used together")
     err = error_console()
     body = _body(args)
     generated = args.body is None and not args.file

@@ -50,6 +50,8 @@ def test_send_from_argument_file_stdin_and_generated(
     assert main(["send", "--endpoint", endpoint, topic, "--file", str(body)]) == 0
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"from stdin")))
     assert main(["send", "--endpoint", endpoint, topic, "-"]) == 0
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"stdin after the options")))
+    assert main(["send", topic, "--endpoint", endpoint, "--tag", "t", "-"]) == 0  # was "unrecognized arguments: -"
     assert main(["send", topic, "--endpoint", endpoint, "--tag", "t", "after the options"]) == 0  # not refused
     with pytest.raises(SystemExit):  # neither sent nor taken silently
         main(["send", topic, "--endpoint", endpoint, "one", "two"])
@@ -67,9 +69,9 @@ def test_send_from_argument_file_stdin_and_generated(
     assert reported is not None, out
     assert float(reported[1]) >= 0.1 and int(reported[2].replace(",", "")) <= 4000, out
     with SimpleConsumer(endpoint, name("g"), topic) as consumer:
-        got = drain(consumer, 404)
+        got = drain(consumer, 405)
     bodies = [m.body for m in got]
-    assert {b"hello", b"from a file", b"from stdin", b"after the options"} <= set(bodies)
+    assert {b"hello", b"from a file", b"from stdin", b"stdin after the options", b"after the options"} <= set(bodies)
     assert sum(len(b) == 64 for b in bodies) == 400
     hello = next(m for m in got if m.body == b"hello")
     assert (hello.message_id, hello.tag, tuple(hello.keys)) == (message_id, "greeting", ("k1",))
@@ -150,7 +152,7 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
     assert f"%DLQ%{group}: 1 message(s) not yet re-sent (1 stored)" in out
     assert receipt.message_id in out and topic in out and "poison pill" in out
     assert main(["dlq", "resend", group, "--endpoint", endpoint, "--wait", "2"]) == 0
-    assert f"resent 1 message(s) from %DLQ%{group}: 1 to {topic}" in capsys.readouterr().out
+    assert f"resent 1 message(s) from %DLQ%{group}: 1 to {topic}" in capsys.readouterr().err
     # re-sent: no longer listed (nor counted by popgate_broker_dlq_messages), but still stored
     assert main(["dlq", "list", group, *brokers(cluster)]) == 0
     out = capsys.readouterr().out
@@ -162,7 +164,7 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
         [back] = drain(consumer, 1)
     assert (back.body, back.tag, dict(back.properties)) == (b"poison pill", "bad", {"p": "v"})
     assert main(["dlq", "resend", group, "--endpoint", endpoint, "--wait", "0.5"]) == 0
-    assert "resent 0 message(s)" in capsys.readouterr().out  # each dead letter is re-sent once
+    assert "resent 0 message(s)" in capsys.readouterr().err  # each dead letter is re-sent once
 
 
 def test_dlq_list_shows_dead_letters_larger_than_grpcs_default_message_limit(
@@ -426,3 +428,12 @@ def test_stats_in_an_80_column_terminal_folds_the_names_and_keeps_the_numbers(
     assert "oldest un-acked" in header, text
     row = next(line for line in text.splitlines() if line.startswith("│ order-even"))
     assert [c.strip() for c in row.strip("│ ").split("│")][2:5] == ["12", "11", "1"], repr(row)  # lag ready inflight
+
+
+def test_stats_into_a_closed_pipe_exits_141_not_1_which_means_no_broker_answered(cluster: Cluster) -> None:
+    """`popgate stats | head -1` exited 1 (rich's own exit on EPIPE): under `set -o pipefail`, "no broker answered"."""
+    proc = subprocess.Popen([POPGATE, "stats", *brokers(cluster)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before the table is written
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141, err

@@ -218,8 +218,8 @@ def test_a_body_size_over_the_grpc_message_limit_is_a_usage_error(
 @pytest.mark.parametrize(
     ("argv", "advice"),
     [
-        # 100 bodies of 64 MiB per call; `send` has no --concurrency to lower
-        (["send", "t", "--size", str(64 * 1024 * 1024), "--count", "100"], "lower --size or --batch\n"),
+        # 100 bodies of 60 MiB per call; `send` has no --concurrency to lower
+        (["send", "t", "--size", str(60 * 1024 * 1024), "--count", "100"], "lower --size or --batch\n"),
         (["bench", "--size", str(4 * 1024 * 1024)], "lower --size, --batch or --concurrency\n"),  # 8 x 256 x 4 MiB
     ],
 )
@@ -336,8 +336,8 @@ def test_a_server_certificate_that_does_not_verify_is_not_retried() -> None:
 @pytest.mark.parametrize(
     ("endpoint", "said"),
     [
-        ("127.0.0.1:73617", "a port is 0..65535"),  # 8081 + 65536: it reached the proxy on 8081
-        ("127.0.0.1:70000", "a port is 0..65535"),
+        ("127.0.0.1:73617", "a port is 1..65535"),  # 8081 + 65536: it reached the proxy on 8081
+        ("127.0.0.1:70000", "a port is 1..65535"),
         ("http://127.0.0.1:8081", "no scheme: drop http://"),
         ("localhost", "is not HOST:PORT"),
         # the official clients' list syntax, a port 0 and a stray space failed only after 4 s of retries
@@ -349,3 +349,28 @@ def test_a_server_certificate_that_does_not_verify_is_not_retried() -> None:
 def test_an_endpoint_that_is_no_address_is_refused_before_any_call(endpoint: str, said: str) -> None:
     with pytest.raises(ValueError, match=re.escape(said)):
         Producer(endpoint)
+
+
+@pytest.mark.parametrize(
+    ("details", "hint"),
+    [
+        ("...: CERTIFICATE_VERIFY_FAILED: self signed certificate", "pass --tls-ca <the CA certificate file"),
+        ("...: WRONG_VERSION_NUMBER: Invalid certificate verification context", "does not use TLS: drop --tls"),
+    ],
+)
+def test_tls_failures_are_not_retried_and_their_hints_name_the_commands_options(details: str, hint: str) -> None:
+    """A CLI user was told the SDK's `tls=<...>`, and a TLS client at a plaintext proxy got no hint (and 8 retries)."""
+    error = convert(RpcFailure(UNAVAILABLE, "failed to connect to all addresses; last error: " + details), tls=True)
+    assert not error.retriable and hint in explain(error) and "tls=" not in explain(error)
+
+
+def test_usage_mistakes_name_the_commands_own_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """A FIFO message with a delay was refused in the SDK's words (message_group, deliver_at); a bad group name
+    made `dlq list` show an empty table and exit 0 (and `dlq resend` answer the server's ILLEGAL_TOPIC)."""
+    assert main(["send", "t", "x", "--delay", "5", "--group", "fifo-1", "--endpoint", "127.0.0.1:1"]) == 2
+    assert "--group (a FIFO message group) and --delay cannot be used together" in capsys.readouterr().err
+    for command in (["dlq", "list", "--broker", "b1=127.0.0.1:1", "bad group"], ["dlq", "resend", "bad group"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(command)
+        assert exit_.value.code == 2
+        assert "consumer group" in capsys.readouterr().err
