@@ -179,14 +179,20 @@ class Proxy:
         topics = {m.topic for m in messages}
         topic = topics.pop() if len(topics) == 1 else None
         candidates = self.pool.candidates(key)
+        tried = missing = 0
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
+            tried += 1
             try:
                 return await client.send(messages, timeout_s=self._timeout_until(deadline))
             except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
-                if topic is not None and isinstance(exc, errors.TopicNotFound):
-                    self._topic_misses.missed(topic, client.name)
+                if isinstance(exc, errors.TopicNotFound):
+                    missing += 1
+                    if topic is not None:
+                        self._topic_misses.missed(topic, client.name)
                 last = exc
+        if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
+            raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last
 
     def _announce(self, request: ReceiveRequest) -> None:
