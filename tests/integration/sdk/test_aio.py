@@ -214,7 +214,10 @@ async def test_a_receive_cancelled_mid_answer_gives_back_the_messages_it_had_rea
             await receive
         consumer._stub_ = consumer._stub_.stub
         [back] = await drain(consumer, 1)  # 15 s at most
-    assert (back.message_id, back.attempt) == (sent.message_id, 2)
+    # Given back by whichever comes first: the SDK's nack (attempt 2), or the proxy, which gives back an answer
+    # its client left before the end (attempt unchanged; the SDK's nack then finds the handle stale). This
+    # assertion said 2 only, and failed when the proxy was first (1 run in ~10 of the suite).
+    assert back.message_id == sent.message_id and back.attempt in (1, 2)
 
 
 @run_async
