@@ -99,12 +99,20 @@ class _CoreCollector(Collector):
         msg_out = CounterMetricFamily("popgate_broker_messages_out", "Messages delivered (pops)", labels=tg)
         for (topic_name, group), count in core.messages_out.items():
             msg_out.add_metric([topic_name, group], count)
+        retained = CounterMetricFamily(
+            "popgate_broker_retention_deleted_messages",
+            "Messages deleted by retention (older than --retention-s), consumed or not",
+            labels=["topic"],
+        )
+        for topic_name, count in core.retention.deleted.items():
+            retained.add_metric([topic_name], count)
         yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dlq_stored, dead, held, msg_in, msg_out)
+        yield retained
         yield from _schedule_metrics(core)
 
 
 def _dlq_metrics(core: BrokerCore, lags: dict[tuple[str, str], int]) -> tuple[Metric, Metric]:
-    """Per %DLQ%<group>: the dead letters not yet re-sent, and all it stores (it has no retention).
+    """Per %DLQ%<group>: the dead letters not yet re-sent, and all it stores (retention deletes them as any message).
 
     Not yet re-sent = the backlog (ready + in flight) of `popgate dlq resend`'s group on the DLQ once that
     group has read it, else every stored letter: `lags` holds (topic, group) -> lag of the groups with state.
