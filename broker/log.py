@@ -21,7 +21,7 @@ from array import array
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Iterator
-from itertools import compress, count, islice
+from itertools import compress, count, islice, takewhile
 
 from broker.filters import TagFilter
 from broker.store import QueueIndex, Record
@@ -55,10 +55,9 @@ class PayloadCache:
         are cached in offset order, so they are the first of its dict; their entries in the eviction order
         stay until they come up (and count nothing then)."""
         payloads = queue.payloads
-        while payloads:
-            offset = next(iter(payloads))
-            if offset >= below:
-                return
+        # One look along the dict: popping its first key again and again made each look skip every key popped
+        # before it (16.7 s for the 200,000 payloads of a full 64 MiB cache, bench/retention_bench.py).
+        for offset in list(takewhile(below.__gt__, payloads)):
             self.bytes -= len(payloads.pop(offset)) + 64
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 # Messages of one queue a step trims at most: what the event loop scans and moves at once (~5 ms measured, see
 # docs/BROKER.md "Retention"); a pass takes as many steps as the backlog needs.
-STEP_MESSAGES = 1 << 18
+STEP_MESSAGES = 1 << 16
 
 
 class Retention:
