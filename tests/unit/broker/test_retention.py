@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as pb
+from prometheus_client import generate_latest
 
 from broker import retention, sqlite_store
 from broker.core import BrokerCore
+from broker.metrics import BrokerMetrics
 from broker.sqlite_store import SqliteStore
 from tests.unit.broker.cores import broker
 
@@ -83,6 +85,11 @@ def test_rows_older_than_the_retention_are_deleted_and_newer_ones_kept(tmp_path:
             assert (queue.min_offset, queue.max_offset) == (6, 8)
             assert rows(tmp_path) == [6]
             assert core.retention.deleted == {"t": 6}
+            metrics = BrokerMetrics()
+            metrics.watch(core)
+            text = generate_latest(metrics.registry).decode()
+            assert 'popgate_broker_retention_deleted_messages_total{topic="t"} 6.0' in text
+            assert 'popgate_broker_min_offset{queue="0",topic="t"} 6.0' in text
             listed = await core.list_messages("t", 0, 0, 100)  # from the first message kept
             assert [r.offset for r in listed] == [6, 7]
             assert await core.retention.run(T0 + HOUR_MS + 1) == 0  # nothing more
