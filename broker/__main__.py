@@ -120,6 +120,8 @@ async def serve(settings: BrokerSettings) -> None:
         stack.enter_context(MemoryTrimmer())
         sweeper = loop.create_task(sweep_forever(core, settings.sweep_interval_s))
         stack.push_async_callback(_cancel, sweeper)  # once the server has stopped
+        retention = loop.create_task(core.retention.run_forever())
+        stack.push_async_callback(_cancel, retention)
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
         for name in ("", "popgate.broker.v1.Broker"):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -51,6 +51,7 @@ from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms
 from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
 from broker.receipt import ReceiptHandle, encode_handle
 from broker.redelivery import Redelivery
+from broker.retention import Retention
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import (
@@ -91,6 +92,14 @@ class BrokerCore:
         self.readiness = Readiness(topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch)
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
+        self.retention = Retention(
+            settings=settings,
+            store=store,
+            topics=self.topics,
+            groups=self.groups,
+            commits=self.commits,
+            cache=self.cache,
+        )
 
     # -- start ---------------------------------------------------------------
 
@@ -105,7 +114,10 @@ class BrokerCore:
             self.topics[topic] = TopicLog(topic, [known.get(q) or QueueLog(topic, q) for q in range(count)])
             if len(known) < count:
                 self.sends.unsaved(topic)
-        self.consumers.restore(snap)
+        ops: list[Op] = []
+        self.consumers.restore(snap, ops)
+        if ops:  # consumer state below a queue's first message (retention): corrected, stored
+            self.commits.commit(ops)
         for state in self.groups.values():
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
@@ -529,6 +541,9 @@ class BrokerCore:
             raise IllegalBatchSize("limit must be in 1..1000")
         if not 0 <= queue_id < 2**31 or not 0 <= from_offset < 2**62:
             raise BadRequest(f"queue id {queue_id} / offset {from_offset} out of range (0..2^31, 0..2^62)")
+        queues = self.topics[topic].queues
+        if queue_id < len(queues):  # not below the first retained message (its row may not be deleted yet)
+            from_offset = max(from_offset, queues[queue_id].min_offset)
         return await self.store.read_range(topic, queue_id, from_offset, limit, max_bytes=self.settings.max_pop_bytes)
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ from broker.filters import TagFilter
 from broker.inflight import Delivery, GroupQueue, GroupTopic
 from broker.log import QueueLog, TopicLog
 from broker.settings import BrokerSettings
-from broker.store import Op, SetGroupFilter, SetPullOffset, Snapshot
+from broker.store import DeleteInflight, Op, SetGroupFilter, SetPullOffset, Snapshot
 
 log = logging.getLogger(__name__)
 MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered (see `reader`)
@@ -36,18 +36,33 @@ class ConsumerGroups:
         self._looked_early: OrderedDict[tuple[str, str], TagFilter] = OrderedDict()  # see `reader`
         self._early_topics: Counter[str] = Counter()  # topics in _looked_early, how many groups each
 
-    def restore(self, snap: Snapshot) -> None:
-        """The stored filters, pull offsets and in-flight deliveries (after the topics: FIFO marks need them)."""
+    def restore(self, snap: Snapshot, ops: list[Op]) -> None:
+        """The stored filters, pull offsets and in-flight deliveries (after the topics: FIFO marks need them).
+        State below a queue's first message (retention deleted it, and a crash came before the state's commit)
+        is corrected as retention does: a pull offset moves up to it, a delivery of a deleted message is
+        dropped; the ops storing that are appended to `ops`."""
         for f in snap.filters:
             self._restore_filter(f.group, f.topic, f.expression)
         for p in snap.pull_offsets:
-            self._state(p.group, p.topic).queue(p.queue_id, p.pull_offset).pull_offset = p.pull_offset
+            pull = max(p.pull_offset, self._min_offset(p.topic, p.queue_id))
+            self._state(p.group, p.topic).queue(p.queue_id, pull).pull_offset = pull
+            if pull != p.pull_offset:
+                ops.append(SetPullOffset(p.group, p.topic, p.queue_id, pull))
         for i in snap.inflight:
+            if i.offset < self._min_offset(i.topic, i.queue_id):
+                ops.append(DeleteInflight(i.group, i.topic, i.queue_id, i.offset))
+                continue
             state = self._state(i.group, i.topic)
             state.queue(i.queue_id, i.offset + 1)
             topic_log = self.topics.get(i.topic)
             fifo = topic_log is not None and topic_log.queues[i.queue_id].is_fifo(i.offset)
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms), fifo=fifo)
+
+    def _min_offset(self, topic: str, queue_id: int) -> int:
+        topic_log = self.topics.get(topic)
+        if topic_log is None or queue_id >= len(topic_log.queues):
+            return 0
+        return topic_log.queues[queue_id].min_offset
 
     def _restore_filter(self, group: str, topic: str, expression: str) -> None:
         # One unreadable row (written by another version) costs that group its lag filter until its next Pop sets

@@ -59,7 +59,9 @@ def _ready(log: QueueLog, state: GroupQueue | None, pull: int, tag_filter: TagFi
     if tag_filter.tags is None or state is None:
         return log.count_matching(pull, end, tag_filter)
     last = state.counted
-    if last is not None and last[0] == tag_filter and last[1] <= pull <= last[2] <= end:
+    # (A count from before retention trimmed the queue is not reused: what it counted below the queue's first
+    # message is gone.)
+    if last is not None and last[0] == tag_filter and log.min_offset <= last[1] <= pull <= last[2] <= end:
         count = last[3] - log.count_matching(last[1], pull, tag_filter) + log.count_matching(last[2], end, tag_filter)
     else:
         count = log.count_matching(pull, end, tag_filter)

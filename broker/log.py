@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import sys
 from array import array
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Iterator
-from itertools import islice
+from itertools import compress, count, islice, takewhile
 
 from broker.filters import TagFilter
 from broker.store import QueueIndex, Record
@@ -46,8 +47,18 @@ class PayloadCache:
         self.bytes += size
         while self.bytes > self.max_bytes and self._order:
             old_queue, old_offset, old_size = self._order.popleft()
-            old_queue.payloads.pop(old_offset, None)
-            self.bytes -= old_size
+            if old_queue.payloads.pop(old_offset, None) is not None:  # not dropped by `drop` already
+                self.bytes -= old_size
+
+    def drop(self, queue: QueueLog, below: int) -> None:
+        """Forget the queue's cached payloads below offset `below` (deleted by retention). A queue's payloads
+        are cached in offset order, so they are the first of its dict; their entries in the eviction order
+        stay until they come up (and count nothing then)."""
+        payloads = queue.payloads
+        # One look along the dict: popping its first key again and again made each look skip every key popped
+        # before it (16.7 s for the 200,000 payloads of a full 64 MiB cache, bench/retention_bench.py).
+        for offset in list(takewhile(below.__gt__, payloads)):
+            self.bytes -= len(payloads.pop(offset)) + 64
 
 
 class QueueLog:
@@ -126,6 +137,39 @@ class QueueLog:
 
     def store_ms_at(self, offset: int) -> int:
         return self.store_ms[offset - self.min_offset]
+
+    def stored_before(self, cut_ms: int, end: int) -> int:
+        """The first offset in [min_offset, end) whose message was stored at or after `cut_ms`, or end: every
+        message before it is older. Store times rise with offsets but for a clock set back, so a binary search
+        is checked, and a plain scan (in C) done when it was misled; both look at no more than [min, end)."""
+        window = self.store_ms[: max(0, end - self.min_offset)]
+        i = bisect_left(window, cut_ms)
+        if i and max(window[:i]) >= cut_ms:  # not sorted there: the first newer message lies before i
+            i = next(compress(count(), map(cut_ms.__le__, window)))
+        return self.min_offset + i
+
+    def trim(self, new_min: int) -> None:
+        """Forget the messages below `new_min` (deleted by retention): store times, tags, FIFO marks and the tag
+        summaries of whole blocks before `new_min`'s block. That block's summary is counted again from what
+        stays of it, so the index is the one a start on the trimmed store loads. The payload cache is the
+        caller's (`PayloadCache.drop`)."""
+        n = new_min - self.min_offset
+        if n <= 0:
+            return
+        if n >= len(self.store_ms):
+            raise AssertionError(f"{self.topic}/{self.queue_id}: trim to {new_min} would empty the queue")
+        del self.store_ms[:n]
+        del self.tags[:n]
+        if self.fifo is not None:
+            del self.fifo[:n]
+            if self.fifo.find(1) < 0:
+                self.fifo = None
+        old_block, new_block = self.min_offset >> BLOCK_BITS, new_min >> BLOCK_BITS
+        del self._blocks[: new_block - old_block]
+        self.min_offset = new_min
+        hi = min((new_min | (BLOCK - 1)) + 1, self.max_offset)
+        counts = dict(Counter(self.tags[: hi - new_min]))
+        self._blocks[0] = counts if len(counts) <= MAX_BLOCK_TAGS else None
 
     def first_match(self, start: int, tag_filter: TagFilter, end: int | None = None) -> int:
         """The first offset in [start, end) whose tag matches, or end (default max_offset) when none."""

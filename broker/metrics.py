@@ -57,9 +57,13 @@ class _CoreCollector(Collector):
         tgq = ["topic", "group", "queue"]
         tg = ["topic", "group"]
         max_offset = GaugeMetricFamily("popgate_broker_max_offset", "Next offset of each queue", labels=tq)
+        min_offset = GaugeMetricFamily(
+            "popgate_broker_min_offset", "First offset each queue keeps (retention deletes below)", labels=tq
+        )
         for topic in core.topics.values():
             for q in topic.queues:
                 max_offset.add_metric([topic.name, str(q.queue_id)], q.max_offset)
+                min_offset.add_metric([topic.name, str(q.queue_id)], q.min_offset)
         consumer = GaugeMetricFamily("popgate_broker_consumer_offset", "All below is acked", labels=tgq)
         pull = GaugeMetricFamily("popgate_broker_pull_offset", "Next message never popped", labels=tgq)
         lag = GaugeMetricFamily("popgate_broker_consumer_lag_messages", "Ready plus in-flight messages", labels=tg)
@@ -99,12 +103,21 @@ class _CoreCollector(Collector):
         msg_out = CounterMetricFamily("popgate_broker_messages_out", "Messages delivered (pops)", labels=tg)
         for (topic_name, group), count in core.messages_out.items():
             msg_out.add_metric([topic_name, group], count)
+        retained = CounterMetricFamily(
+            "popgate_broker_retention_deleted_messages",
+            "Messages deleted by retention (older than --retention-s), consumed or not",
+            labels=["topic"],
+        )
+        for topic_name, count in core.retention.deleted.items():
+            retained.add_metric([topic_name], count)
         yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dlq_stored, dead, held, msg_in, msg_out)
+        yield min_offset
+        yield retained
         yield from _schedule_metrics(core)
 
 
 def _dlq_metrics(core: BrokerCore, lags: dict[tuple[str, str], int]) -> tuple[Metric, Metric]:
-    """Per %DLQ%<group>: the dead letters not yet re-sent, and all it stores (it has no retention).
+    """Per %DLQ%<group>: the dead letters not yet re-sent, and all it stores (retention deletes them as any message).
 
     Not yet re-sent = the backlog (ready + in flight) of `popgate dlq resend`'s group on the DLQ once that
     group has read it, else every stored letter: `lags` holds (topic, group) -> lag of the groups with state.

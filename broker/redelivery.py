@@ -190,8 +190,13 @@ class Redelivery:
             self._due_again(state, queue_id, offset, delivery)
 
     def _due_again(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
-        """The delivery stays in flight with its attempt count and comes due again in a second."""
-        fifo = self.topics[state.topic].queues[queue_id].is_fifo(offset)
+        """The delivery stays in flight with its attempt count and comes due again in a second (unless retention
+        deleted its message meanwhile: there is nothing left to deliver)."""
+        queue = self.topics[state.topic].queues[queue_id]
+        if offset < queue.min_offset:
+            state.remove(queue_id, offset)
+            return
+        fifo = queue.is_fifo(offset)
         state.start_delivery(queue_id, offset, delivery.attempt, now_ms() + 1000, None, fifo=fifo)
         self.schedule(state)
 

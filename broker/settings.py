@@ -103,6 +103,13 @@ class BrokerSettings:
     schedule_max_in_flight: int = field(default=2000, metadata={"help": "scheduled messages delivered at once"})
     cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})
     sweep_interval_s: float = field(default=1.0, metadata={"help": "safety sweep of held requests"})
+    retention_s: float = field(
+        default=72 * 3600.0,
+        metadata={
+            "help": "seconds a message is kept, consumed or not (RocketMQ's fileReservedTime, 72 h); 0 = for ever"
+        },
+    )
+    retention_check_s: float = field(default=60.0, metadata={"help": "seconds between retention passes"})
     max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})
     shutdown_grace_s: float = field(default=5.0, metadata={"help": "time to finish RPCs on SIGTERM"})
     auth_token: str = field(
@@ -130,6 +137,8 @@ class BrokerSettings:
             (self.schedule_max_in_flight >= 1, "schedule_max_in_flight must be >= 1"),
             (self.max_delay_ms >= 0, "max_delay_ms must be >= 0"),
             (self.sweep_interval_s > 0, "sweep_interval_s must be > 0"),
+            (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),
+            (0 < self.retention_check_s <= 86400, "retention_check_s must be in (0, 86400]"),
             (self.export_interval_s > 0, "export_interval_s must be > 0"),
             (self.max_grpc_message_bytes >= 1024, "max_grpc_message_bytes must be >= 1024"),
             (self.shutdown_grace_s >= 0, "shutdown_grace_s must be >= 0"),

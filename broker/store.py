@@ -142,4 +142,14 @@ class Store(Protocol):
 
     async def read_scheduled(self, schedule_ids: Sequence[int]) -> list[PutScheduled]: ...
 
+    async def retained_from(self, targets: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+        """For each (topic, queue, offset): the queue's first offset once what lies wholly below the offset is
+        deleted (a store deletes whole units: the unit holding the offset stays, and the queue's last one)."""
+        ...
+
+    async def delete_before(self, cuts: Sequence[tuple[str, int, int]]) -> int:
+        """Delete what lies wholly below each (topic, queue, offset) (`retained_from` gave the offset), in
+        bounded transactions between other commits."""
+        ...
+
     async def close(self) -> None: ...

@@ -189,3 +189,59 @@ def test_blocks_with_many_distinct_tags_are_still_counted_exactly() -> None:
     wanted = TagFilter.parse("id-5 || id-2000 || id-9999")
     assert q.count_matching(0, q.max_offset, wanted) == 2
     assert q.first_match(6, wanted) == 2000
+
+
+@settings(deadline=None)
+@given(
+    min_offset=st.integers(0, 3 * BLOCK),
+    loaded=runs,
+    appended=runs,
+    cut=st.integers(1, 8 * 1500),
+    f=filters,
+    fifo=st.lists(st.integers(0, 8 * 1500), max_size=5),
+)
+@example(min_offset=0, loaded=[(DISTINCT, 3 * BLOCK)], appended=[], cut=BLOCK + 7, f=MATCH_ALL, fifo=[])
+def test_a_trimmed_log_is_the_log_a_start_loads_from_what_stays(
+    min_offset: int, loaded: list[Run], appended: list[Run], cut: int, f: TagFilter, fifo: list[int]
+) -> None:
+    """Retention trims the index (`QueueLog.trim`): store times, tags, FIFO marks and block summaries are then
+    the ones a broker loads from the trimmed store, and counts and searches still equal linear scans."""
+    tags = expand(loaded) + expand(appended)
+    if len(tags) < 2:
+        return
+    new_min = min_offset + min(cut, len(tags) - 1)  # never the whole queue (its last row stays)
+    index = QueueIndex(min_offset, [1000 + min_offset + i for i in range(len(tags))], list(tags))
+    index.fifo = sorted({min_offset + i for i in fifo if i < len(tags)})
+    q = QueueLog("t", 0, index)
+    q.trim(new_min)
+    kept = tags[new_min - min_offset :]
+    fresh = QueueLog(
+        "t",
+        0,
+        QueueIndex(
+            new_min,
+            [1000 + new_min + i for i in range(len(kept))],
+            list(kept),
+            [o for o in index.fifo if o >= new_min],
+        ),
+    )
+    assert (q.min_offset, q.max_offset, list(q.store_ms), q.tags) == (
+        fresh.min_offset,
+        fresh.max_offset,
+        list(fresh.store_ms),
+        fresh.tags,
+    )
+    assert q.fifo == fresh.fifo and q._blocks == fresh._blocks  # noqa: SLF001 - white-box: the summaries
+    for start in probes(new_min, len(kept)):
+        assert q.first_match(start, f) == linear_first(kept, new_min, start, f)
+        assert q.count_matching(start, q.max_offset, f) == linear_count(kept, new_min, start, q.max_offset, f)
+
+
+def test_stored_before_finds_the_first_newer_message_also_when_the_clock_went_back() -> None:
+    q = QueueLog("t", 0, QueueIndex(10, [100, 200, 300, 400, 500], [None] * 5))
+    assert q.stored_before(300, 15) == 12  # offsets 10, 11 are older than 300
+    assert q.stored_before(50, 15) == 10
+    assert q.stored_before(1000, 15) == 15
+    assert q.stored_before(1000, 13) == 13  # looks no further than asked
+    back = QueueLog("t", 0, QueueIndex(0, [100, 900, 200, 300, 400], [None] * 5))  # the clock set back at 2
+    assert back.stored_before(350, 5) == 1  # 900 is newer: what follows it is kept too

@@ -1,7 +1,7 @@
 """A model-based (stateful) test of the broker core: hypothesis drives a `BrokerCore` on a real SQLite store
-with sends (normal, tagged, delayed, FIFO), pops, acks, ChangeInvisibleTime, Renew, Notifications, time passing
-and restarts, beside a plain-Python model of what DESIGN.md §2 and docs/BROKER.md promise, and compares them
-after every step.
+with sends (normal, tagged, delayed, FIFO), pops, acks, ChangeInvisibleTime, Renew, Notifications, time passing,
+retention passes and restarts, beside a plain-Python model of what DESIGN.md §2 and docs/BROKER.md promise, and
+compares them after every step.
 
 The clock is driven, not waited for: every module's `now_ms` (and the scheduler's clock) reads the model's
 time. Invisibility timers are armed by the broker with `call_later` on the real loop; when the model's time
@@ -51,6 +51,7 @@ TAGS = [None, "a", "b", "c"]
 MESSAGE_GROUPS = ["o1", "o3", "o4"]  # o1 and o3 share a queue of 2, o4 has the other
 INVISIBLE_MS = [100, 1_000, 5_000, 30_000]
 START_MS = 1_800_000_000_000
+RETENTION_MS = 30_000  # --retention-s: short, so that passes (rule `retain`) delete within a few steps
 T = TypeVar("T")
 
 
@@ -90,6 +91,7 @@ class GroupModel:
     inflight: dict[bytes, Flight] = field(default_factory=dict)  # popped, not acked (deadline passed or not)
     acked: set[bytes] = field(default_factory=set)
     dlq: dict[bytes, int] = field(default_factory=dict)  # body -> attempts when dead-lettered
+    dlq_deleted: set[bytes] = field(default_factory=set)  # dead letters retention deleted since
     handles: list[str] = field(default_factory=list)  # every handle handed out, stale ones included
     delivered_once: set[bytes] = field(default_factory=set)  # ever popped
 
@@ -120,6 +122,7 @@ class BrokerModel(RuleBasedStateMachine):
         self.queues: list[list[bytes]] = [[] for _ in range(QUEUES)]  # appended bodies in offset order
         self.groups = {name: GroupModel(name) for name in GROUPS}
         self.topic_exists = False
+        self.first = [0] * QUEUES  # each queue's first kept offset (retention deletes below)
         self.counter = 0
         self.since_drain = 0
         self.stack: AsyncExitStack | None = None
@@ -154,6 +157,7 @@ class BrokerModel(RuleBasedStateMachine):
                     consume_from=self.consume_from,
                     max_delivery_attempts=MAX_ATTEMPTS,
                     queues_per_topic=QUEUES,
+                    retention_s=RETENTION_MS / 1000,
                 )
             )
             core.scheduler._clock_ms = self.clock
@@ -254,7 +258,10 @@ class BrokerModel(RuleBasedStateMachine):
             g.looked_early = True
 
     def _relevant(self, g: GroupModel, m: Msg) -> bool:
-        """The group reads the message: its filter matches and it is not before where the group started."""
+        """The group reads the message: its filter matches, it is not before where the group started, and
+        retention did not delete it before the group received it."""
+        if m.offset is not None and m.offset < self.first[m.queue] and g.status(m.body) == "new":
+            return False
         return filter_matches(g.name, m.tag) and (m.offset is None or m.offset >= g.start[m.queue])
 
     def _new_body(self) -> bytes:
@@ -281,7 +288,7 @@ class BrokerModel(RuleBasedStateMachine):
         for b in self.queues[m.queue][: m.offset + 1]:
             f = self.msgs[b]
             if f.fifo and g.status(b) == "new":
-                if (f.offset or 0) < g.start[m.queue]:
+                if (f.offset or 0) < max(g.start[m.queue], self.first[m.queue]):
                     continue
                 if filter_matches(g.name, f.tag):
                     return "yes"
@@ -623,6 +630,43 @@ class BrokerModel(RuleBasedStateMachine):
         self.now += ms
         self._settle()
 
+    @rule()
+    def retain(self) -> None:
+        """A retention pass (--retention-s 30): whole batch rows of messages older than 30 s go, never a queue's
+        last one nor one holding a message in flight; a group loses the messages it had not received."""
+        cut = self.now - RETENTION_MS
+        letters = {g.name: self._letters(g.name) for g in self.groups.values()}
+        self.run(self.core.retention.run(self.now))
+        for q in range(QUEUES):
+            new = self.core.topics[TOPIC].queues[q].min_offset if self.topic_exists else 0
+            bodies = self.queues[q]
+            assert self.first[q] <= new <= max(0, len(bodies) - 1), f"queue {q}: first offset {new} of {len(bodies)}"
+            for b in bodies[self.first[q] : new]:
+                assert (self.msgs[b].store_ms or 0) < cut, f"{b!r} deleted, stored at {self.msgs[b].store_ms} >= {cut}"
+                for g in self.groups.values():
+                    assert g.status(b) != "inflight", f"{b!r} deleted while in flight to {g.name}"
+                    if g.status(b) == "new" and self._relevant(g, self.msgs[b]):
+                        event("retention deleted a message a group never received")
+            if new > self.first[q]:
+                event("retention deleted messages")
+            self.first[q] = new
+        for g in self.groups.values():
+            dlq = f"%DLQ%{g.name}"
+            if dlq in self.core.topics:
+                first = self.core.topics[dlq].queues[0].min_offset
+                gone = {body for offset, body in letters[g.name].items() if offset < first}
+                if gone - g.dlq_deleted:
+                    event("retention deleted dead letters")
+                g.dlq_deleted |= gone
+        self._settle()
+
+    def _letters(self, group: str) -> dict[int, bytes]:
+        try:
+            records = self.run(self.core.list_messages(f"%DLQ%{group}", 0, 0, 1000))
+        except TopicNotFound:
+            return {}
+        return {r.offset: pb.Message.FromString(r.payload).body for r in records}
+
     @rule(down_ms=st.sampled_from([0, 1_000, 60_000]), crash=st.booleans())
     def restart(self, down_ms: int, crash: bool) -> None:
         """Close the broker and start it again on its store. `crash` (under --flush sync only): start from a copy
@@ -657,6 +701,8 @@ class BrokerModel(RuleBasedStateMachine):
         for g in self.groups.values():
             g.looked_early = False  # remembered in memory only (docs/BROKER.md, "New groups")
         self._open()
+        if self.topic_exists:  # a start derives a queue's first offset from the rows retention left
+            assert [q.min_offset for q in self.core.topics[TOPIC].queues] == self.first
 
     @precondition(lambda self: self.since_drain >= 6)
     @rule()
@@ -722,7 +768,8 @@ class BrokerModel(RuleBasedStateMachine):
                 msg = self.msgs[m.body]
                 assert (props["ORIGIN_QUEUE_ID"], props["ORIGIN_OFFSET"]) == (str(msg.queue), str(msg.offset))
                 letters[m.body] = int(props["DELIVERY_ATTEMPTS"])
-            assert letters == g.dlq, f"%DLQ%{g.name} holds {letters}, model {g.dlq}"
+            kept = {body: n for body, n in g.dlq.items() if body not in g.dlq_deleted}
+            assert letters == kept, f"%DLQ%{g.name} holds {letters}, model {kept}"
 
 
 BrokerModel.TestCase.settings = settings(

@@ -1,0 +1,150 @@
+"""Retention: messages older than ``--retention-s`` are deleted, consumed or not (RocketMQ deletes commit-log
+files past ``fileReservedTime``, 72 h; SQS deletes past its retention period).
+
+A pass (every ``--retention-check-s``) takes each queue's oldest messages in steps: where the messages stored
+before the cut end (in the in-memory index), held back by the lowest offset any group has in flight there (its
+redelivery or dead letter must still read it); the store says where the queue then starts (it deletes whole
+batch rows, and never a queue's last row: a start derives the queue's offsets from its rows). The index is
+trimmed and the pull offsets of the groups that had not read that far are moved up (stored) first, on the event
+loop with no await in between, so nothing reads below the new start any more; then the store deletes the rows,
+in short transactions between other commits. A crash between the two leaves the rows to the next pass, and a
+start clamps pull offsets below a queue's first message (``ConsumerGroups.restore``).
+
+Owned by the core; it reads the topics and group states and knows nothing of the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+from broker.commits import StateCommits
+from broker.errors import StoreUnavailable
+from broker.inflight import GroupTopic
+from broker.log import PayloadCache, QueueLog, TopicLog
+from broker.model import now_ms
+from broker.settings import BrokerSettings
+from broker.store import Op, SetPullOffset, Store
+
+log = logging.getLogger(__name__)
+
+# Messages of one queue a step trims at most: what the event loop scans and moves at once (~5 ms measured, see
+# docs/BROKER.md "Retention"); a pass takes as many steps as the backlog needs.
+STEP_MESSAGES = 1 << 16
+
+
+class Retention:
+    def __init__(
+        self,
+        *,
+        settings: BrokerSettings,
+        store: Store,
+        topics: dict[str, TopicLog],
+        groups: dict[tuple[str, str], GroupTopic],
+        commits: StateCommits,
+        cache: PayloadCache,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.topics = topics
+        self.groups = groups  # (group, topic) -> its state, as the core keeps it
+        self.commits = commits
+        self.cache = cache
+        self.deleted: Counter[str] = Counter()  # messages deleted, by topic (a metric)
+
+    async def run_forever(self) -> None:
+        """A pass every ``--retention-check-s`` (none when ``--retention-s 0``)."""
+        while self.settings.retention_s > 0:
+            await asyncio.sleep(self.settings.retention_check_s)
+            try:
+                await self.run()
+            except StoreUnavailable as exc:  # a full disk: the rows stay until a pass succeeds
+                log.warning("retention pass failed, tried again at the next one: %s", exc)
+
+    async def run(self, now: int | None = None) -> int:
+        """One pass at time `now` (default: the clock): the messages it deleted."""
+        if self.settings.retention_s <= 0:
+            return 0
+        started = time.perf_counter()
+        cut = (now_ms() if now is None else now) - round(self.settings.retention_s * 1000)
+        deleted: Counter[str] = Counter()
+        rows = 0
+        queues = [queue for topic in self.topics.values() for queue in topic.queues]
+        while queues:
+            full: set[tuple[str, int]] = set()  # queues whose step was cut at STEP_MESSAGES: another step
+            targets = []
+            states = self._states_by_topic()
+            for queue in queues:
+                end = min(queue.max_offset, queue.min_offset + STEP_MESSAGES)
+                target = min(queue.stored_before(cut, end), _in_flight_floor(queue, states.get(queue.topic, ())))
+                if target > queue.min_offset:
+                    targets.append((queue.topic, queue.queue_id, target))
+                    if target == end < queue.max_offset:
+                        full.add((queue.topic, queue.queue_id))
+            if not targets:
+                break
+            starts = await self.store.retained_from(targets)
+            states = self._states_by_topic()  # a group may have come, or popped, meanwhile
+            ops: list[Op] = []
+            cuts = []
+            for topic, queue_id, _ in targets:
+                queue = self.topics[topic].queues[queue_id]
+                new_min = starts.get((topic, queue_id), queue.min_offset)
+                topic_states = states.get(topic, ())
+                if new_min <= queue.min_offset or _in_flight_floor(queue, topic_states) < new_min:
+                    full.discard((topic, queue_id))  # nothing to delete, or popped meanwhile: the next pass
+                    continue
+                deleted[topic] += new_min - queue.min_offset
+                self._trim(queue, new_min, topic_states, ops)
+                cuts.append((topic, queue_id, new_min))
+            if ops:
+                self.commits.commit(ops)  # before the deletion (`delete_before` submits after what is deferred)
+            if cuts:
+                rows += await self.store.delete_before(cuts)
+            queues = [self.topics[topic].queues[queue_id] for topic, queue_id in full]
+        if deleted:
+            self.deleted.update(deleted)
+            log.info(
+                "retention deleted %d messages (%d batch rows) stored before %s from %d topics in %.3f s",
+                deleted.total(),
+                rows,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(cut / 1000)),
+                len(deleted),
+                time.perf_counter() - started,
+            )
+        return deleted.total()
+
+    def _states_by_topic(self) -> dict[str, list[GroupTopic]]:
+        states: dict[str, list[GroupTopic]] = {}
+        for (_, topic), state in self.groups.items():
+            states.setdefault(topic, []).append(state)
+        return states
+
+    def _trim(self, queue: QueueLog, new_min: int, states: Iterable[GroupTopic], ops: list[Op]) -> None:
+        """The queue starts at `new_min` from now on: its index and cache trimmed, and the groups that had not
+        read that far lose what they never received (RocketMQ: a consumer offset below the minimum offset is
+        corrected to it) — their pull offsets move up, stored."""
+        queue.trim(new_min)
+        self.cache.drop(queue, new_min)
+        for state in states:
+            gq = state.queues.get(queue.queue_id)
+            if gq is not None and gq.pull_offset < new_min:
+                gq.pull_offset = new_min
+                ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, new_min))
+
+
+def _in_flight_floor(queue: QueueLog, states: Iterable[GroupTopic]) -> int:
+    """The lowest offset of the queue some group has in flight (a FIFO one also while its dead letter is being
+    committed), or the queue's end."""
+    floor = queue.max_offset
+    for state in states:
+        gq = state.queues.get(queue.queue_id)
+        if gq is not None:
+            if gq.inflight:
+                floor = min(floor, min(gq.inflight))
+            if gq.fifo:
+                floor = min(floor, min(gq.fifo))
+    return floor
