@@ -252,7 +252,7 @@ class DeadLetters:
 
     messages: list[bpb.StoredMessage] = field(default_factory=list)
     answered: int = 0  # brokers
-    stored: int = 0  # every letter kept (a DLQ has no retention)
+    stored: int = 0  # every letter kept (until retention deletes it, --retention-s)
     pending: int = 0  # not yet re-sent: the resend group's backlog, or every letter before it first read
     resent_listed: int = 0  # of the listed range, letters the resend group acked out of order (not told which)
 
