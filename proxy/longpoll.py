@@ -13,7 +13,7 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BrokerTimeout, BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests, TopicNotFound
-from proxy.ports import BrokerClient, Metrics, NoMetrics
+from proxy.ports import BrokerClient, HeldPop, Metrics, NoMetrics
 from proxy.receive import MIN_ATTEMPT_S, CloseWatch, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
@@ -148,10 +148,8 @@ class LongPollStrategy:
             pop = request.pop_request(round(poll_s * 1000))
             timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
             call = client.begin_pop(pop, timeout_s=timeout)
-            if self._cover_brokers:
-                self._filters[(request.topic, request.group)] = request.filter
             try:
-                response = await self._held_pop((request.topic, request.group), client.name, call, closing)
+                response = await self._held_pop((request.topic, request.group), client.name, call, request, closing)
             except _Moved as moved:
                 counted.long_poll()  # only a held Pop is moved
                 target = self._pool.get(moved.broker)
@@ -259,17 +257,43 @@ class LongPollStrategy:
                 return True
         return False
 
-    async def _held_pop(
-        self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], closing: asyncio.Event
-    ) -> bpb.PopResponse:
-        """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile; `_Moved` when
-        `_move` moved it."""
+    def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], tag_filter: str) -> _Held:
+        """Count a held Pop of the (topic, group) at `broker` until `untrack`: the group's Pops made elsewhere
+        (a pop-with-notify run handed off to a long poll, `proxy.notify_driver`) are covered and moved as this
+        strategy's own are. Its `moved_to` is set when `_move` cancelled it for a broker with a message."""
         entry = _Held(call)
+        if self._cover_brokers:
+            self._filters[key] = tag_filter
         held = self._held.setdefault(key, {})
         at = held.setdefault(broker, {})
         at[entry] = None
         if self._cover_brokers and len(at) == 1:  # the broker's first: its watch ends, or the group's first
             self._cover(key)
+        return entry
+
+    def untrack(self, key: tuple[str, str], broker: str, entry: HeldPop) -> None:
+        held = self._held.get(key)
+        at = held.get(broker) if held is not None else None
+        if at is None or not isinstance(entry, _Held) or at.pop(entry, False) is False:
+            return
+        if not at:
+            del held[broker]  # type: ignore[union-attr]
+            if not held:
+                del self._held[key]
+            if self._cover_brokers:
+                asyncio.get_running_loop().call_later(COVER_DELAY_S, self._cover, key)
+
+    async def _held_pop(
+        self,
+        key: tuple[str, str],
+        broker: str,
+        call: asyncio.Future[bpb.PopResponse],
+        request: ReceiveRequest,
+        closing: asyncio.Event,
+    ) -> bpb.PopResponse:
+        """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile; `_Moved` when
+        `_move` moved it."""
+        entry = self.track(key, broker, call, request.filter)
         try:
             return await self._close_watch.run(call, closing)
         except asyncio.CancelledError:
@@ -278,10 +302,4 @@ class LongPollStrategy:
                 raise _Moved(entry.moved_to) from None
             raise
         finally:
-            del at[entry]
-            if not at:
-                del held[broker]
-                if not held:
-                    del self._held[key]
-                if self._cover_brokers:
-                    asyncio.get_running_loop().call_later(COVER_DELAY_S, self._cover, key)
+            self.untrack(key, broker, entry)

@@ -353,6 +353,16 @@ class NotifyRun:
         self.stats.handoff = self.stats.waited = True
         return [*cancels, Pop(broker, self._poll_ms(now))]
 
+    def moved(self, broker: str, to: str, *, now: float) -> list[Command]:
+        """The held Pop at `broker` (a hand-off) was cancelled to be made at `to`, where a message came that
+        nobody of the group waited for (the adaptive mode's covered long polls move the group's held Pops, a
+        handed-off run's among them): Pop there for the poll time left."""
+        if self.phase is not Phase.LONGPOLL or broker != self.popping:
+            return []
+        self.popping = to
+        self.stats.pops += 1
+        return [Pop(to, max(0, self._poll_ms(now)))]
+
     def _renotify(self, broker: str, now: float) -> list[Command]:
         if self.poll_end - now < self.min_notify_s or broker in self.notifying:
             return []

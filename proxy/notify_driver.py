@@ -18,8 +18,8 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from proxy.errors import BrokerFailure, ProxyError
-from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Pop, Rewatch
-from proxy.ports import BrokerClient, Metrics, NoMetrics
+from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Phase, Pop, Rewatch
+from proxy.ports import BrokerClient, HeldPop, HeldPops, Metrics, NoMetrics
 from proxy.receive import OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
@@ -36,9 +36,12 @@ class _Run:
         pool: BrokerPool,
         timeout_s: float,
         busy: Callable[[str], bool],
+        cover: HeldPops | None = None,
     ) -> None:
         self.machine = machine
         self.busy = busy
+        self.cover = cover
+        self.tracked: dict[asyncio.Future[Any], tuple[str, HeldPop]] = {}  # held Pops counted in `cover`
         self.request = request
         self.pool = pool
         self.timeout_s = timeout_s
@@ -56,7 +59,15 @@ class _Run:
         for command in commands:
             if isinstance(command, Pop):
                 self.announced.pop(command.broker, None)  # the Pop uses that broker's wake
-                self._spawn(command.broker, self._pop(command.broker, command.poll_ms), "pop")
+                pop = self._pop(command.broker, command.poll_ms)
+                self._spawn(command.broker, pop, "pop")
+                if self.cover is not None and command.poll_ms > 0 and self.machine.phase is Phase.LONGPOLL:
+                    # A hand-off's held Pop: counted with the group's long polls, so that the other brokers stay
+                    # watched and a message there moves it (alone, the run waited out its poll on an empty
+                    # broker while a message sat on another: 10.5 s and an empty answer, a review's probe).
+                    r = self.request
+                    entry = self.cover.track((r.topic, r.group), command.broker, pop, r.filter)
+                    self.tracked[pop] = (command.broker, entry)
             elif isinstance(command, PassOn):
                 announced = self.announced.pop(command.broker, None)
                 if announced is not None:
@@ -119,7 +130,12 @@ class _Run:
     def _done(self, broker: str, kind: str, call: asyncio.Future[Any]) -> None:
         if self.requests.get(broker) is call:
             del self.requests[broker]
+        tracked = self.tracked.pop(call, None)
+        if tracked is not None and self.cover is not None:
+            self.cover.untrack((self.request.topic, self.request.group), broker, tracked[1])
         if call.cancelled():
+            if tracked is not None and tracked[1].moved_to is not None:  # moved to a broker with a message
+                self.apply(self.machine.moved(broker, tracked[1].moved_to, now=self.loop.time()))
             return
         error = call.exception()  # retrieved even when the run is over: no "never retrieved" noise
         now = self.loop.time()
@@ -191,9 +207,12 @@ class NotifyStrategy:
         broker_timeout_s: float,
         metrics: Metrics | None = None,
         busy: Callable[[str], bool] | None = None,
+        cover: HeldPops | None = None,
     ) -> None:
-        """busy(group): whether a run that lost a race should hand off to long polling (adaptive mode)."""
+        """busy(group): whether a run that lost a race should hand off to long polling (adaptive mode);
+        cover: the adaptive mode's covered long polls, which count (and move) a hand-off's held Pop."""
         self._busy = busy or (lambda group: False)
+        self._cover = cover
         self._pool = pool
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
@@ -212,7 +231,7 @@ class NotifyStrategy:
         down = [c.name for c in candidates if not c.healthy] if live else []
         poll_end = min(now + request.poll_s, request.deadline)
         machine = NotifyRun(live or [c.name for c in candidates], poll_end, down=down)
-        run = _Run(machine, request, self._pool, self._timeout, self._busy)
+        run = _Run(machine, request, self._pool, self._timeout, self._busy, self._cover)
         self._closer.watch(closing)
         self._closer.registered.add(run)
         timers = [

@@ -90,6 +90,19 @@ class Health:
         return self._when_up
 
 
+class HeldPop(Protocol):
+    moved_to: str | None  # set when the Pop was cancelled to be made at this broker instead
+
+
+class HeldPops(Protocol):
+    """The adaptive mode's count of a group's held Pops per broker (`proxy.longpoll.LongPollStrategy` with
+    cover): a Pop tracked there is covered by watches at the other brokers and may be moved to one of them."""
+
+    def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[Any], tag_filter: str) -> HeldPop: ...
+
+    def untrack(self, key: tuple[str, str], broker: str, entry: HeldPop) -> None: ...
+
+
 class Metrics(Protocol):
     """Where the proxy reports what it did (Prometheus in production, nothing in unit tests)."""
 

@@ -57,7 +57,9 @@ def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None 
             now = asyncio.get_running_loop().time()
             return policy.busy(group, now=now, live_brokers=len(pool.live()))
 
-        notify = NotifyStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics, busy=busy)
+        notify = NotifyStrategy(
+            pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics, busy=busy, cover=longpoll
+        )
         return AdaptiveStrategy(pool, policy, notify, longpoll, metrics=metrics)
     raise SettingsError(f"receive mode {settings.receive_mode!r} is not implemented")
 

@@ -368,3 +368,12 @@ def test_a_broker_refusing_the_group_makes_a_run_that_finds_nothing_too_many_req
     run.notified("b2", has_message=False, polling_full=False, now=10.0)
     run.notified("b1", has_message=False, polling_full=False, now=10.0)
     assert finish(run.notified("b3", has_message=False, polling_full=False, now=10.0)).outcome == "empty"
+
+
+def test_a_handed_off_pop_moved_to_another_broker_pops_there_for_the_time_left() -> None:
+    run = notifying()
+    run.notified("b2", has_message=True, polling_full=False, now=1.0)
+    run.popped("b2", [], polling_full=False, now=2.0, busy=True)  # handed off: a held Pop at b2
+    assert run.moved("b2", "b3", now=4.0) == [Pop("b3", 6000)]
+    assert run.outstanding == ["b3"] and run.moved("b2", "b1", now=4.0) == []  # only the Pop in flight moves
+    assert finish(run.popped("b3", message("m9"), polling_full=False, now=4.1)).outcome == "messages"

@@ -598,3 +598,43 @@ def test_a_has_message_the_answered_receive_did_not_pop_is_handed_back_to_its_br
 
     assert ids(run(scenario())) == ["m1"]
     assert (brokers["b1"].passed_on, brokers["b2"].passed_on) == (0, 1)  # b2 wakes another consumer for m2
+
+
+class LosesTheNextRace(FakeBroker):
+    """A broker whose next Pop after a `has_message` finds nothing: another consumer took the message first."""
+
+    steal = False
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        if self.steal and request.poll_ms == 0:
+            self.steal = False
+            self.ready.clear()
+        return await super().pop(request, timeout_s=timeout_s)
+
+
+def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lands_on() -> None:
+    """Adaptive: a notify run that lost a race while its group was busy holds one Pop at that broker. Counted
+    with the group's covered long polls, the other brokers stay watched; a message at one of them moves the Pop
+    there. Alone it waited out its poll on the empty broker (10.5 s, then an empty answer: a review's probe)."""
+    brokers: dict[str, FakeBroker] = {"b1": LosesTheNextRace("b1"), "b2": FakeBroker("b2"), "b3": FakeBroker("b3")}
+    pool = BrokerPool(brokers, first_turn=0)
+    metrics = ProxyMetrics(CollectorRegistry())
+    covered = LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics, cover=True)
+    notify = NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics, busy=lambda group: True, cover=covered)
+
+    async def scenario() -> list[str]:
+        receive = asyncio.create_task(notify.receive(request(20.0), asyncio.Event()))
+        await held_becomes(brokers, 3)  # a Notification at each broker
+        first = brokers["b1"]
+        assert isinstance(first, LosesTheNextRace)
+        first.steal = True
+        first.put(popped("b1", "taken by another consumer"))
+        await held_becomes(brokers, 3)  # handed off: a Pop held at b1, the covered watches at b2 and b3
+        assert [b.held for b in brokers.values()] == [1, 1, 1]
+        brokers["b3"].put(popped("b3", "m3"))
+        return ids(await asyncio.wait_for(receive, 2.0))
+
+    assert run(scenario()) == ["m3"]
+    value = metrics.registry.get_sample_value
+    assert value("popgate_proxy_notify_pops_total", {"group": "g", "kind": "handoff"}) == 1
+    assert value("popgate_proxy_long_polls_moved_total", {"group": "g"}) == 1
