@@ -27,7 +27,7 @@ from broker.inflight import GroupTopic
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.model import now_ms
 from broker.settings import BrokerSettings
-from broker.store import Op, SetPullOffset, Store
+from broker.store import DeleteInflight, Op, SetPullOffset, Store
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ class Retention:
                 await self.run()
             except StoreUnavailable as exc:  # a full disk: the rows stay until a pass succeeds
                 log.warning("retention pass failed, tried again at the next one: %s", exc)
+            except Exception:  # a bug must not end retention for the process's life, unsaid
+                log.exception("retention pass failed, tried again at the next one")
 
     async def run(self, now: int | None = None) -> int:
         """One pass at time `now` (default: the clock): the messages it deleted."""
@@ -78,7 +80,9 @@ class Retention:
             targets = []
             states = self._states_by_topic()
             for queue in queues:
-                end = min(queue.max_offset, queue.min_offset + STEP_MESSAGES)
+                # Never past the queue's last message: its row is kept (and a row the writer committed but
+                # has not announced yet may start at max_offset: the store would name it as the new start).
+                end = min(queue.max_offset - 1, queue.min_offset + STEP_MESSAGES)
                 target = min(queue.stored_before(cut, end), _in_flight_floor(queue, states.get(queue.topic, ())))
                 if target > queue.min_offset:
                     targets.append((queue.topic, queue.queue_id, target))
@@ -90,16 +94,18 @@ class Retention:
             states = self._states_by_topic()  # a group may have come, or popped, meanwhile
             ops: list[Op] = []
             cuts = []
-            for topic, queue_id, _ in targets:
+            for topic, queue_id, _ in targets:  # every cut checked before any is applied: all or nothing
                 queue = self.topics[topic].queues[queue_id]
                 new_min = starts.get((topic, queue_id), queue.min_offset)
-                topic_states = states.get(topic, ())
-                if new_min <= queue.min_offset or _in_flight_floor(queue, topic_states) < new_min:
+                floor = _in_flight_floor(queue, states.get(topic, ()))
+                if not queue.min_offset < new_min < queue.max_offset or floor < new_min:
                     full.discard((topic, queue_id))  # nothing to delete, or popped meanwhile: the next pass
                     continue
-                deleted[topic] += new_min - queue.min_offset
-                self._trim(queue, new_min, topic_states, ops)
                 cuts.append((topic, queue_id, new_min))
+            for topic, queue_id, new_min in cuts:
+                queue = self.topics[topic].queues[queue_id]
+                deleted[topic] += new_min - queue.min_offset
+                self._trim(queue, new_min, states.get(topic, ()), ops)
             if ops:
                 self.commits.commit(ops)  # before the deletion (`delete_before` submits after what is deferred)
             if cuts:
@@ -131,20 +137,33 @@ class Retention:
         self.cache.drop(queue, new_min)
         for state in states:
             gq = state.queues.get(queue.queue_id)
-            if gq is not None and gq.pull_offset < new_min:
+            if gq is None:
+                continue
+            if gq.pull_offset < new_min:
                 gq.pull_offset = new_min
                 ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, new_min))
+            # Deliveries whose invisibility passed and that nobody popped again (the floor leaves them out):
+            # their messages are gone; the entries still queued for redelivery go stale with them.
+            for offset in [o for o, d in gq.inflight.items() if o < new_min and d.expired]:
+                state.remove(queue.queue_id, offset)
+                ops.append(DeleteInflight(state.group, state.topic, queue.queue_id, offset))
 
 
 def _in_flight_floor(queue: QueueLog, states: Iterable[GroupTopic]) -> int:
-    """The lowest offset of the queue some group has in flight (a FIFO one also while its dead letter is being
-    committed), or the queue's end."""
+    """The lowest offset of the queue some group holds invisible (popped, its invisibility not passed; a FIFO
+    message also while it waits or its dead letter is being committed), or the queue's end. A delivery whose
+    invisibility passed and that nobody popped again does not hold the queue back: a group that popped once
+    and left kept every later message for good (a review's probe); like a message never received, it is lost
+    to that group once past the retention, as in RocketMQ."""
     floor = queue.max_offset
     for state in states:
         gq = state.queues.get(queue.queue_id)
         if gq is not None:
-            if gq.inflight:
-                floor = min(floor, min(gq.inflight))
-            if gq.fifo:
-                floor = min(floor, min(gq.fifo))
+            for offset, delivery in gq.inflight.items():
+                if offset < floor and not delivery.expired:
+                    floor = offset
+            for offset in gq.fifo:  # in flight, or its dead letter being committed (no longer in `inflight`)
+                fifo = gq.inflight.get(offset)
+                if offset < floor and (fifo is None or not fifo.expired):
+                    floor = offset
     return floor

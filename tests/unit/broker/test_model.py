@@ -633,7 +633,8 @@ class BrokerModel(RuleBasedStateMachine):
     @rule()
     def retain(self) -> None:
         """A retention pass (--retention-s 30): whole batch rows of messages older than 30 s go, never a queue's
-        last one nor one holding a message in flight; a group loses the messages it had not received."""
+        last one nor one holding a message invisible; a group loses the messages it had not received, and those
+        whose invisibility passed and nobody popped again."""
         cut = self.now - RETENTION_MS
         letters = {g.name: self._letters(g.name) for g in self.groups.values()}
         self.run(self.core.retention.run(self.now))
@@ -644,8 +645,12 @@ class BrokerModel(RuleBasedStateMachine):
             for b in bodies[self.first[q] : new]:
                 assert (self.msgs[b].store_ms or 0) < cut, f"{b!r} deleted, stored at {self.msgs[b].store_ms} >= {cut}"
                 for g in self.groups.values():
-                    assert g.status(b) != "inflight", f"{b!r} deleted while in flight to {g.name}"
-                    if g.status(b) == "new" and self._relevant(g, self.msgs[b]):
+                    if g.status(b) == "inflight":  # only once its invisibility passed and nobody popped it again
+                        flight = g.inflight[b]
+                        assert flight.deadline_ms <= self.now, f"{b!r} deleted while in flight to {g.name}"
+                        del g.inflight[b]  # lost to the group, as a message it never received
+                        event("retention deleted a delivery whose invisibility passed")
+                    elif g.status(b) == "new" and self._relevant(g, self.msgs[b]):
                         event("retention deleted a message a group never received")
             if new > self.first[q]:
                 event("retention deleted messages")
