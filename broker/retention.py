@@ -82,11 +82,12 @@ class Retention:
             for queue in queues:
                 # Never past the queue's last message: its row is kept (and a row the writer committed but
                 # has not announced yet may start at max_offset: the store would name it as the new start).
-                end = min(queue.max_offset - 1, queue.min_offset + STEP_MESSAGES)
+                step_end = queue.min_offset + STEP_MESSAGES
+                end = min(queue.max_offset - 1, step_end)
                 target = min(queue.stored_before(cut, end), _in_flight_floor(queue, states.get(queue.topic, ())))
                 if target > queue.min_offset:
                     targets.append((queue.topic, queue.queue_id, target))
-                    if target == end < queue.max_offset:
+                    if target == step_end:  # cut by the step, not by the queue's end: another step
                         full.add((queue.topic, queue.queue_id))
             if not targets:
                 break

@@ -364,3 +364,28 @@ def test_the_caches_eviction_order_does_not_keep_what_retention_dropped() -> Non
             queue.trim(offset - 10)
             cache.drop(queue, offset - 10)
     assert cache.cached == 11 and len(cache._order) <= 2 * cache.cached + 1024
+
+
+def test_a_pass_ends_while_sends_go_on(tmp_path: Path, clock: Clock) -> None:
+    """A pass takes another step only when the step bound cut it, not when it reached the queue's end: a queue's
+    end moves with every Send, and a pass that chased it never ended (bench/retention_bench.py hung)."""
+
+    async def scenario() -> None:
+        async with broker(tmp_path, **settings()) as (core, _):
+            for _ in range(3):
+                await send(core, 2)
+            sending = True
+
+            async def sender() -> None:
+                while sending:
+                    await send(core, 2)
+
+            task = asyncio.create_task(sender())
+            try:
+                deleted = await asyncio.wait_for(core.retention.run(T0 + 10 * HOUR_MS), 10)
+            finally:
+                sending = False
+                await task
+            assert deleted >= 4  # everything is older than the cut: all but the last row, as far as it saw
+
+    run(scenario)
