@@ -31,8 +31,8 @@ from broker.store import DeleteInflight, Op, SetPullOffset, Store
 
 log = logging.getLogger(__name__)
 
-# Messages of one queue a step trims at most: what the event loop scans and moves at once (~5 ms measured, see
-# docs/BROKER.md "Retention"); a pass takes as many steps as the backlog needs.
+# Messages of one queue a step trims at most: what the event loop scans and moves at once (a whole pass's longest
+# loop stall 56 ms, docs/BROKER.md "Retention"); a pass takes as many steps as the backlog needs.
 STEP_MESSAGES = 1 << 16
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from popgate_pb import broker_pb2 as bpb
@@ -274,13 +274,7 @@ class Renewer(BackgroundTask):
         batches: dict[tuple[str, str], list[str]] = {}
         for tracked in dropped:
             batches.setdefault((tracked.broker, tracked.group), []).append(tracked.handle)
-        calls = [
-            self._clear(broker, group, handles[start : start + MAX_RENEW_BATCH])
-            for (broker, group), handles in batches.items()
-            for start in range(0, len(handles), MAX_RENEW_BATCH)
-        ]
-        if calls:
-            await asyncio.gather(*calls)
+        await _per_call(batches, self._clear)
 
     async def _clear(self, broker: str, group: str, handles: list[str]) -> None:
         client = self._pool.get(broker)
@@ -325,12 +319,7 @@ class Renewer(BackgroundTask):
         due = self.book.take_due(self._now())
         for reason, count in due.ended.items():
             self._ended(reason, count)
-        calls = []
-        for (broker, group), handles in due.batches.items():
-            for start in range(0, len(handles), MAX_RENEW_BATCH):
-                calls.append(self._renew(broker, group, handles[start : start + MAX_RENEW_BATCH]))
-        if calls:
-            await asyncio.gather(*calls)
+        await _per_call(due.batches, self._renew)
 
     async def _renew(self, broker: str, group: str, handles: list[str]) -> None:
         client = self._pool.get(broker)
@@ -376,3 +365,16 @@ class Renewer(BackgroundTask):
         tick_s = min(MAX_TICK_S, self.book.limits.period_s / 4)
         self._task = asyncio.get_running_loop().create_task(self._run(tick_s), name="renewal")
         return self
+
+
+async def _per_call(
+    batches: dict[tuple[str, str], list[str]], call: Callable[[str, str, list[str]], Awaitable[None]]
+) -> None:
+    """`call(broker, group, handles)` for every (broker, group) batch, MAX_RENEW_BATCH handles a call, all at once."""
+    calls = [
+        call(broker, group, handles[start : start + MAX_RENEW_BATCH])
+        for (broker, group), handles in batches.items()
+        for start in range(0, len(handles), MAX_RENEW_BATCH)
+    ]
+    if calls:
+        await asyncio.gather(*calls)
