@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint proto proto-check bench install clean fuzz
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml deploy/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,spark]'
+	$(BIN)/python -m pip install -q -c deploy/constraints.txt -e '.[dev,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,7 +34,8 @@ fuzz: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy broker proxy sdk spark_metrics
+	$(BIN)/mypy broker proxy sdk spark_metrics proto/popgate_contract proto/popgate_process
+	$(BIN)/lint-imports --no-cache
 
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py

@@ -1,1 +1,1 @@
-import broker  # noqa: F401  benchmark clients run on the I/O engine popgate's own clients use (broker/grpc_engine.py)
+import broker  # noqa: F401  benchmark clients run on the I/O engine popgate's processes use (popgate_process.grpc_engine)

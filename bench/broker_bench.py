@@ -24,7 +24,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import cpu_seconds, machine, rss_bytes, summary, table  # noqa: E402
-from broker.client import BrokerSession  # noqa: E402
+from popgate_contract.session_client import BrokerSession  # noqa: E402
 from tests.procs import ServerProcess, broker_args  # noqa: E402
 
 BODY = b"x" * 256

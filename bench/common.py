@@ -7,7 +7,7 @@ import platform
 import statistics
 from datetime import UTC, datetime
 
-from sdk.benchmark import percentile
+from popgate.cli.benchmark import percentile
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -28,8 +28,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from bench.common import cpu_seconds, machine, rss_bytes
-from sdk import _wire as wire
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import _wire as wire
+from popgate.cli.cluster import Cluster, ClusterConfig
 
 
 def request(topic: str, group: str) -> pb.ReceiveMessageRequest:

@@ -21,8 +21,8 @@ from typing import Any
 
 from qadapter import AdapterBase, Received  # type: ignore[import-not-found]
 
-from sdk import Message
-from sdk.aio import Producer, SimpleConsumer
+from popgate import Message
+from popgate.aio import Producer, SimpleConsumer
 
 
 class PopgateAdapter(AdapterBase):  # type: ignore[misc]
@@ -72,5 +72,5 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe() if hasattr(super(), "describe") else dict(self.config)
-        d["sdk"] = "sdk.aio"
+        d["sdk"] = "popgate.aio"
         return d

@@ -6,7 +6,7 @@
 
 Needs redis-server and nats-server on PATH (apt: redis-server nats-server) and the redis / nats-py
 packages in the venv (the harness imports the peers' adapters). Each system runs on a fresh server
-(popgate: `sdk.cluster`, brokers with --flush async, comparable to Redis appendfsync everysec and
+(popgate: `popgate.cli.cluster`, brokers with --flush async, comparable to Redis appendfsync everysec and
 JetStream's OS-buffered writes). Prints one markdown table per scenario; JSON results go to --out.
 shared/ is read-only: the harness is run from there, and writes nowhere there.
 """
@@ -79,7 +79,7 @@ def nats() -> Iterator[tuple[str, dict[str, Any]]]:
 def popgate(brokers: int, receive_mode: str) -> Callable[[], Any]:
     @contextmanager
     def run() -> Iterator[tuple[str, dict[str, Any]]]:
-        from sdk.cluster import Cluster, ClusterConfig
+        from popgate.cli.cluster import Cluster, ClusterConfig
 
         with tempfile.TemporaryDirectory(prefix="popgate-peers-") as data:
             config = ClusterConfig(

@@ -3,10 +3,10 @@
 
     .venv/bin/python -m bench.proxy_bench [--brokers 2] [--seconds 5] [--concurrency 8] [--size 256] [--batch 32]
 
-Starts its own brokers and proxy (sdk.cluster, loopback, temporary data dir), runs
+Starts its own brokers and proxy (popgate.cli.cluster, loopback, temporary data dir), runs
 each phase for --seconds, prints a table. Not a test: numbers depend on the machine.
 Run it as a module (`-m bench.proxy_bench`): its client then uses the gRPC I/O engine the SDK's
-clients use (bench/__init__.py, broker/grpc_engine.py).
+clients use (bench/__init__.py, proto/popgate_process/grpc_engine.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from bench.common import cpu_seconds
-from broker.client import BrokerSession
-from sdk import _wire as wire
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import _wire as wire
+from popgate.cli.cluster import Cluster, ClusterConfig
+from popgate_contract.session_client import BrokerSession
 
 
 @dataclass

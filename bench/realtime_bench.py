@@ -43,8 +43,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from bench.common import cpu_seconds, machine, summary
-from sdk import _wire as wire
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import _wire as wire
+from popgate.cli.cluster import Cluster, ClusterConfig
 
 MODES = ("notify", "adaptive", "longpoll")
 # Proxy flags per mode name; the adaptive-* variants keep one criterion only (docs/RECEIVE.md).

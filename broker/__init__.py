@@ -1,5 +1,9 @@
-"""popgate's broker. Importing any of popgate (broker, proxy, sdk) first picks grpc's I/O engine."""
+"""popgate's pop broker: store, index, in-flight bookkeeping, long polling and its gRPC edge.
 
-from broker.grpc_engine import prefer_poller_io
+A broker is a process of its own; importing the package picks grpc's I/O engine for it first
+(`popgate_process.grpc_engine`), before anything imports grpc.
+"""
+
+from popgate_process.grpc_engine import prefer_poller_io
 
 prefer_poller_io()

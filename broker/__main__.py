@@ -15,16 +15,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import settings as settings_mod
-from broker.auth import TokenInterceptor
-from broker.config import cannot_listen
 from broker.core import BrokerCore
-from broker.errors import StoreUnavailable
-from broker.memory import MemoryTrimmer
 from broker.metrics import BrokerMetrics
-from broker.metrics_http import start_metrics
 from broker.server import BrokerServicer
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
+from popgate_contract.broker_token import TokenInterceptor
+from popgate_contract.errors import StoreUnavailable
+from popgate_process.config import cannot_listen
+from popgate_process.memory import MemoryTrimmer
+from popgate_process.metrics_http import start_metrics
 
 log = logging.getLogger("broker")
 

@@ -8,7 +8,7 @@ being large, only for coming while others hold the budget.
 
 from __future__ import annotations
 
-from broker.errors import TooManyRequests
+from popgate_contract.errors import TooManyRequests
 
 
 class ByteBudget:

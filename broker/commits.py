@@ -16,10 +16,10 @@ import contextlib
 import functools
 import logging
 
-from broker.errors import StoreUnavailable
 from broker.inflight import GroupTopic
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, PutInflight, Record, SetGroupFilter, SetPullOffset, Store
+from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -29,18 +29,7 @@ from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
 
-from broker import validation
 from broker.commits import StateCommits
-from broker.errors import (
-    BadRequest,
-    BrokerError,
-    IllegalBatchSize,
-    IllegalInvisibleTime,
-    IllegalPollingTime,
-    InvalidReceiptHandle,
-    TooManyRequests,
-    TopicNotFound,
-)
 from broker.filters import MATCH_ALL, TagFilter
 from broker.groups import ConsumerGroups
 from broker.inflight import Delivery, GroupTopic
@@ -49,19 +38,23 @@ from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms
 from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
-from broker.receipt import ReceiptHandle, encode_handle
 from broker.redelivery import Redelivery
 from broker.retention import Retention
 from broker.send import SendPath
 from broker.settings import BrokerSettings
-from broker.store import (
-    DeleteInflight,
-    Op,
-    Record,
-    SetPullOffset,
-    Snapshot,
-    Store,
+from broker.store import DeleteInflight, Op, Record, SetPullOffset, Snapshot, Store
+from popgate_contract import validation
+from popgate_contract.errors import (
+    BadRequest,
+    DomainError,
+    IllegalBatchSize,
+    IllegalInvisibleTime,
+    IllegalPollingTime,
+    InvalidReceiptHandle,
+    TooManyRequests,
+    TopicNotFound,
 )
+from popgate_contract.receipt import ReceiptHandle, encode_handle
 
 
 class BrokerCore:
@@ -309,7 +302,7 @@ class BrokerCore:
         for text in handles:
             try:
                 state, handle, delivery = self._resolve(topic, group, text)
-            except BrokerError:
+            except DomainError:
                 continue
             undone.append((handle.queue_id, handle.offset, delivery))
         if state is not None and undone:
@@ -366,7 +359,7 @@ class BrokerCore:
             found = await self.store.read_payloads(topic.name, queue_id, offsets)
             for offset in offsets:
                 if offset not in found:
-                    raise BrokerError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
+                    raise DomainError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
                 out[(queue_id, offset)] = found[offset]
         return out
 
@@ -390,15 +383,15 @@ class BrokerCore:
             )
         return state, handle, delivery
 
-    async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[BrokerError | None]:
+    async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[DomainError | None]:
         _check_handles("ack", group, handles)
-        results: list[BrokerError | None] = []
+        results: list[DomainError | None] = []
         ops: list[Op] = []
         released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
         for text in handles:
             try:
                 state, handle, _ = self._resolve(topic, group, text)
-            except BrokerError as exc:
+            except DomainError as exc:
                 results.append(exc)
                 continue
             if state.remove(handle.queue_id, handle.offset):
@@ -430,7 +423,7 @@ class BrokerCore:
 
     async def renew(
         self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False
-    ) -> tuple[list[BrokerError | None], int]:
+    ) -> tuple[list[DomainError | None], int]:
         """Extend the invisibility of in-flight deliveries to `invisible_ms` from now, keeping each delivery (its
         receipt handle stays valid: the proxy renews handles its client holds); per handle None or the error, and the
         new deadline. Stale handles, and deliveries whose invisibility already passed (queued to be delivered again:
@@ -440,7 +433,7 @@ class BrokerCore:
         _check_handles("renew", group, handles)
         self._check_invisible(invisible_ms)
         deadline = now_ms() + invisible_ms
-        results: list[BrokerError | None] = []
+        results: list[DomainError | None] = []
         ops: list[Op] = []
         touched: dict[tuple[str, str], GroupTopic] = {}
         for text in handles:
@@ -448,7 +441,7 @@ class BrokerCore:
                 state, handle, delivery = self._resolve("", group, text)
                 if delivery.expired:
                     raise InvalidReceiptHandle("receipt handle is stale: its invisibility passed, redelivery is due")
-            except BrokerError as exc:
+            except DomainError as exc:
                 results.append(exc)
                 continue
             if delivery.deadline_ms < deadline or (bring_forward and delivery.deadline_ms != deadline):
@@ -471,7 +464,7 @@ class BrokerCore:
         fail every Pop it is in, and its healthy batch-mates would reach the DLQ with it)."""
         try:
             state, handle, delivery = self._resolve(topic, group, text)
-        except BrokerError:
+        except DomainError:
             return
         self.redelivery.to_dlq(state, handle.queue_id, handle.offset, delivery)
 

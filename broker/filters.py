@@ -5,26 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from broker.errors import IllegalFilter
-
-MAX_FILTER_LEN = 1024
-
-
-def split_tags(expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> list[str] | None:
-    """The tags of a filter expression, stripped, in their order (None: every message matches). `max_len`: the
-    longest expression a client may send; None for one the store kept (see `TagFilter.parse`)."""
-    text = expression.strip()
-    if text in ("", "*"):
-        return None
-    if max_len is not None and len(text) > max_len:
-        raise IllegalFilter(f"filter expression is {len(text)} characters long; the limit is {max_len}")
-    tags = [part.strip() for part in text.split("||")]
-    for tag in tags:
-        if not tag:
-            raise IllegalFilter(f"filter expression {expression!r} has an empty tag")
-        if tag == "*" or "|" in tag or not tag.isprintable():
-            raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
-    return tags
+from popgate_contract.validation import MAX_FILTER_LEN, split_tags
 
 
 @dataclass(frozen=True, slots=True)

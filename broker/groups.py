@@ -16,13 +16,13 @@ import contextlib
 import logging
 from collections import Counter, OrderedDict
 
-from broker import validation
-from broker.errors import IllegalFilter, TooManyRequests
 from broker.filters import TagFilter
 from broker.inflight import Delivery, GroupQueue, GroupTopic
 from broker.log import QueueLog, TopicLog
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetGroupFilter, SetPullOffset, Snapshot
+from popgate_contract import validation
+from popgate_contract.errors import IllegalFilter, TooManyRequests
 
 log = logging.getLogger(__name__)
 MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered (see `reader`)

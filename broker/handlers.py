@@ -1,35 +1,17 @@
 """The broker's requests as core calls, shared by the unary RPCs (`broker.server`) and the Session stream
-(`broker.session`), and the one table from domain errors to gRPC status."""
+(`broker.session`), answered in the same way on both."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
-from broker import errors, validation
 from broker.core import BrokerCore
 from broker.model import PopResult
-
-# Domain error → gRPC status code. The most specific class wins (checked via the MRO).
-STATUS_OF: dict[type[errors.BrokerError], grpc.StatusCode] = {
-    errors.BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    errors.TopicNotFound: grpc.StatusCode.NOT_FOUND,
-    errors.TooManyRequests: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    errors.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
-    errors.BrokerError: grpc.StatusCode.INTERNAL,
-}
-
-
-def status_of(exc: errors.BrokerError) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    return grpc.StatusCode.INTERNAL
-
+from popgate_contract import errors, validation
 
 # -- request → core call → response, shared by the unary RPCs and the Session stream ---------
 # Each fills in the response it is given: building a sub-message in place costs about half of
@@ -71,7 +53,7 @@ def answer_bytes(result: PopResult) -> int:
     return sum(len(p.payload) for p in result.messages) + POPPED_OVERHEAD * len(result.messages)
 
 
-def _results(out: Any, handles: Sequence[str], outcome: Sequence[errors.BrokerError | None]) -> None:
+def _results(out: Any, handles: Sequence[str], outcome: Sequence[errors.DomainError | None]) -> None:
     """Per handle, in request order: ok, or the error's name and text (Ack and Renew answers)."""
     add = out.add
     for handle, e in zip(handles, outcome, strict=True):

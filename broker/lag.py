@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from broker.filters import TagFilter
 from broker.inflight import GroupQueue
 from broker.log import QueueLog
+from popgate_contract.lag import lag_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +28,6 @@ class QueueLag:
 
     def lag_seconds(self, now_ms: int) -> float:
         return lag_seconds(self.oldest_unacked_store_ms, now_ms)
-
-
-def lag_seconds(oldest_unacked_store_ms: int, now_ms: int) -> float:
-    """Lag in time: seconds since the oldest un-acked message was stored; 0 when none is (store time 0), and
-    never below 0 (a store clock ahead of this one)."""
-    return max(0.0, (now_ms - oldest_unacked_store_ms) / 1000) if oldest_unacked_store_ms else 0.0
 
 
 def queue_lag(log: QueueLog, state: GroupQueue | None, tag_filter: TagFilter, start_offset: int) -> QueueLag:

@@ -10,10 +10,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from broker.core import BrokerCore
-from broker.lag import lag_seconds
 from broker.longpoll import Kind
 from broker.model import now_ms
-from broker.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
+from popgate_contract.lag import lag_seconds
+from popgate_contract.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

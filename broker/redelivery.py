@@ -19,14 +19,14 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
-from broker import validation
-from broker.errors import InvalidReceiptHandle
 from broker.inflight import Delivery, GroupTopic
 from broker.log import TopicLog
 from broker.longpoll import HoldService
 from broker.model import now_ms
 from broker.send import SendPath
 from broker.store import DeleteInflight, NewMessage, Op
+from popgate_contract import validation
+from popgate_contract.errors import InvalidReceiptHandle
 
 log = logging.getLogger(__name__)
 

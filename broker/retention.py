@@ -22,12 +22,12 @@ from collections import Counter
 from collections.abc import Iterable
 
 from broker.commits import StateCommits
-from broker.errors import StoreUnavailable
 from broker.inflight import GroupTopic
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.model import now_ms
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
+from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker.errors import IllegalDeliveryTime
+from popgate_contract.errors import IllegalDeliveryTime
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,7 @@ from collections.abc import Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
-from broker import validation
 from broker.budget import ByteBudget
-from broker.errors import (
-    BadRequest,
-    IllegalBatchSize,
-    IllegalMessage,
-    MessageBodyEmpty,
-    MessageBodyTooLarge,
-    TooManyRequests,
-    TopicNotFound,
-)
 from broker.log import QueueLog, TopicLog
 from broker.model import MessageIds, Sent, now_ms, stable_hash
 from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
@@ -37,6 +27,16 @@ from broker.store import (
     PutScheduled,
     Record,
     Store,
+)
+from popgate_contract import validation
+from popgate_contract.errors import (
+    BadRequest,
+    IllegalBatchSize,
+    IllegalMessage,
+    MessageBodyEmpty,
+    MessageBodyTooLarge,
+    TooManyRequests,
+    TopicNotFound,
 )
 
 

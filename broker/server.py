@@ -14,14 +14,15 @@ import grpc
 from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
-from broker import errors, session
+from broker import session
 from broker.budget import ByteBudget
-from broker.client import ERROR_KEY
 from broker.core import BrokerCore
-from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, renew, send, status_of
+from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, renew, send
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from broker.model import now_ms
+from popgate_contract import errors
+from popgate_contract.trailer import ERROR_KEY, status_of
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def rpc(method: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
             code = grpc.StatusCode.OK
             try:
                 return await fn(self, request, context)
-            except errors.BrokerError as exc:
+            except errors.DomainError as exc:
                 code = status_of(exc)
                 context.set_trailing_metadata(((ERROR_KEY, exc.name),))
                 await context.abort(code, exc.message)

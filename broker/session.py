@@ -1,7 +1,7 @@
 """The multiplexed Session stream: many requests on one gRPC call, a task per pending request, one writer.
 
 A held long poll costs the broker a few hundred bytes here instead of a whole gRPC call
-(`broker.client` is the other side).
+(`popgate_contract.session_client` is the other side).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from popgate_pb import broker_pb2 as pb
 
-from broker import errors
 from broker.core import BrokerCore
-from broker.handlers import SESSION_CALLS, answer_bytes, status_of
+from broker.handlers import SESSION_CALLS, answer_bytes
 from broker.metrics import BrokerMetrics
+from popgate_contract import errors
+from popgate_contract.trailer import status_of
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class Session:
                 if kind == "notification" and response.notification.has_message:
                     note = request.notification
                     self._undoable(request.id, functools.partial(core.pass_on, note.topic, note.group))
-        except errors.BrokerError as exc:
+        except errors.DomainError as exc:
             code = status_of(exc)
             self._error(request.id, exc)
         except asyncio.CancelledError:
@@ -153,7 +154,7 @@ class Session:
         except Exception as exc:
             code = grpc.StatusCode.INTERNAL
             log.exception("session %s failed", kind)
-            self._error(request.id, errors.BrokerError(f"internal error: {type(exc).__name__}"))
+            self._error(request.id, errors.DomainError(f"internal error: {type(exc).__name__}"))
         finally:
             self.pending.pop(request.id, None)
             self.metrics.rpc_duration.labels(f"Session.{kind}", code.name).observe(time.perf_counter() - started)
@@ -163,7 +164,7 @@ class Session:
         if len(self.unused) > SESSION_RECENT_ANSWERS:
             self.unused.popitem(last=False)
 
-    def _error(self, request_id: int, exc: errors.BrokerError) -> None:
+    def _error(self, request_id: int, exc: errors.DomainError) -> None:
         error = pb.SessionError(error=exc.name, message=exc.message, grpc_code=status_of(exc).value[0])
         self.answer(pb.SessionResponse(id=request_id, error=error))
 

@@ -8,9 +8,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from broker import validation
-from broker.config import load_settings, parse_host_port
-from broker.errors import BrokerError
+from popgate_contract import validation
+from popgate_contract.errors import DomainError
+from popgate_contract.validation import parse_host_port
+from popgate_process.config import load_settings
 
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
 
@@ -113,7 +114,7 @@ class BrokerSettings:
     max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})
     shutdown_grace_s: float = field(default=5.0, metadata={"help": "time to finish RPCs on SIGTERM"})
     auth_token: str = field(
-        default="", metadata={"help": "shared token proxies must send (x-popgate-token); empty = open (broker/auth.py)"}
+        default="", metadata={"help": "shared token proxies must send (x-popgate-token); empty = open (proto/popgate_contract/broker_token.py)"}
     )
 
     def __post_init__(self) -> None:
@@ -153,7 +154,7 @@ class BrokerSettings:
         for topic in self.topics:
             try:
                 validation.check_topic(topic)  # a clear error at start, not at the first send
-            except BrokerError as exc:
+            except DomainError as exc:
                 raise ValueError(f"--topic {topic!r}: {exc}") from None
         self._check_group_attempts()
 
@@ -162,7 +163,7 @@ class BrokerSettings:
         for group, attempts in self.group_max_attempts:
             try:
                 validation.check_group(group)
-            except BrokerError as exc:
+            except DomainError as exc:
                 raise ValueError(f"--group-max-attempts {group}={attempts}: {exc}") from None
             if not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
                 raise ValueError(f"--group-max-attempts {group}={attempts}: attempts must be in 1..2^31-1")

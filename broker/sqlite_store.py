@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TypeVar
 
 from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, unpack
-from broker.errors import StoreUnavailable
 from broker.store import (
     RECORD_OVERHEAD_BYTES,
     ArrivalListener,
@@ -44,6 +43,7 @@ from broker.store import (
     SetPullOffset,
     Snapshot,
 )
+from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

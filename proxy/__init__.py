@@ -1,3 +1,9 @@
-"""popgate's stateless gRPC proxy (apache.rocketmq.v2.MessagingService in front of the brokers)."""
+"""popgate's stateless gRPC proxy (apache.rocketmq.v2.MessagingService in front of the brokers).
 
-import broker  # noqa: F401  grpc's I/O engine is chosen before grpc loads: broker/grpc_engine.py
+The proxy is a process of its own; importing the package picks grpc's I/O engine for it first
+(`popgate_process.grpc_engine`), before anything imports grpc.
+"""
+
+from popgate_process.grpc_engine import prefer_poller_io
+
+prefer_poller_io()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.errors import Forbidden, Unauthorized
+from popgate_contract.errors import Forbidden, Unauthorized
 
 SCHEME = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"

@@ -7,7 +7,7 @@ errors become proxy errors here: the ``popgate-error`` trailer names the domain
 error, otherwise the gRPC code decides.
 
 Sends, Pops, Acks, invisibility changes, Notifications and GroupConfigs travel on one
-multiplexed ``Session`` stream per broker (`broker.client.BrokerSession`): a held
+multiplexed ``Session`` stream per broker (`popgate_contract.session_client.BrokerSession`): a held
 request there costs the broker ~3 KB instead of a whole gRPC call (~19 KB), the
 proxy one future instead of a call, and a request a quarter of a call's CPU.
 A broken session (broker restarted or unreachable) fails its pending requests with
@@ -40,10 +40,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
-from broker.auth import client_interceptors
-from broker.client import ERROR_KEY, BrokerSession, failure, unsent
-from broker.config import parse_host_port
-from proxy import errors
+from popgate_contract import errors
+from popgate_contract.broker_token import client_interceptors
+from popgate_contract.session_client import BrokerSession, failure
+from popgate_contract.trailer import error_of
+from popgate_contract.validation import parse_host_port
 from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
 
@@ -51,31 +52,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 RECONNECT_WAIT_S = 2.0  # at most this long for a broker's channel to connect again (see the module docstring)
 RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
-
-
-def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.ProxyError:
-    """The proxy error for a failed broker call."""
-    name = ""
-    for key, value in exc.trailing_metadata() or ():
-        if key == ERROR_KEY:
-            name = value if isinstance(value, str) else value.decode()
-    details = exc.details() or ""
-    if name:
-        return errors.from_broker(name, details, broker=broker)
-    code = exc.code()
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        if unsent(exc):
-            return errors.BrokerNotReached(f"broker {broker} is unavailable: {details}")
-        return errors.BrokerUnavailable(f"broker {broker} is unavailable: {details}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.BrokerTimeout(f"broker {broker} did not answer in time")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        if "larger than max" in details:
-            return errors.BrokerFailure(f"broker {broker}: a gRPC message exceeded the size limit: {details}")
-        return errors.TooManyRequests(f"broker {broker} is overloaded: {details}")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return errors.BadRequest(f"broker {broker} refused the request: {details}")
-    return errors.BrokerFailure(f"broker {broker} failed: {code.name}: {details}")
 
 
 # Broker methods carried on the Session stream: method name (for metrics) → the request's field.
@@ -153,7 +129,7 @@ class GrpcBrokerClient:
         self._succeeded(method)
         return response
 
-    def _failed(self, method: str, exc: grpc.aio.AioRpcError) -> errors.ProxyError:
+    def _failed(self, method: str, exc: grpc.aio.AioRpcError) -> errors.DomainError:
         error = error_of(exc, self.name)
         if self._closed:  # this proxy is stopping: its own calls end, the broker is not down (nor reported so)
             self._metrics.broker_rpc(self.name, method, "cancelled")
@@ -186,7 +162,7 @@ class GrpcBrokerClient:
         return session
 
     def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:
-        """Send a Session request now; a future of the method's response (or its ProxyError).
+        """Send a Session request now; a future of the method's response (or its DomainError).
 
         ``request``: the method's request, or a SessionRequest with it filled in. Cancelling the
         future cancels the broker request (a cancel frame). No task per request: a held receive

@@ -1,7 +1,7 @@
 """The protocol-neutral proxy: routing, fail-over and receive, over `BrokerClient`s. Imports no gRPC.
 
 Input arrives already validated and converted to the broker protocol's messages by
-the v2 edge (`proxy.v2`); errors leave as `proxy.errors.ProxyError`.
+the v2 edge (`proxy.v2`); errors leave as `popgate_contract.errors.DomainError`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy import errors
+from popgate_contract import errors, trailer
 from proxy.groups import GroupsSeen
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
@@ -65,7 +65,7 @@ class PartlyStored(Exception):
     """A send whose message groups went to brokers apart, some stored and some not: `error` is the first
     failure, `results` one per message (None: not stored, or not known to be)."""
 
-    def __init__(self, error: errors.ProxyError, results: list[bpb.SendResult | None]) -> None:
+    def __init__(self, error: errors.DomainError, results: list[bpb.SendResult | None]) -> None:
         super().__init__(error.message)
         self.error = error
         self.results = results
@@ -167,7 +167,7 @@ class Proxy:
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
-                if isinstance(outcome, errors.ProxyError) and any(r is not None for r in results):
+                if isinstance(outcome, errors.DomainError) and any(r is not None for r in results):
                     raise PartlyStored(outcome, results)
                 raise outcome
         return [r for r in results if r is not None]
@@ -175,7 +175,7 @@ class Proxy:
     async def _send_with_failover(
         self, key: str | None, messages: list[bpb.Message], deadline: float | None
     ) -> Sequence[bpb.SendResult]:
-        last: errors.ProxyError = errors.BrokerUnavailable("no broker is configured")
+        last: errors.DomainError = errors.BrokerUnavailable("no broker is configured")
         topics = {m.topic for m in messages}
         topic = topics.pop() if len(topics) == 1 else None
         candidates = self.pool.candidates(key)
@@ -236,7 +236,7 @@ class Proxy:
         """An answer of `group` was not read by its client within its write deadline (docs/PROXY.md)."""
         self._metrics.answer_not_read(group)
 
-    def refused(self, group: str, error: errors.ProxyError) -> None:
+    def refused(self, group: str, error: errors.DomainError) -> None:
         """A receive of `group` refused for its poll time before it was served (`proxy.polltime`): counted, as
         `behind` when its deadline left no time to poll because the proxy is behind (TOO_MANY_REQUESTS), else as
         `illegal_polling_time` (a negative poll time, or a request timeout too short to poll)."""
@@ -293,10 +293,10 @@ class Proxy:
 
     async def ack(
         self, topic: str, group: str, handles: Sequence[str], *, deadline: float | None = None
-    ) -> list[errors.ProxyError | None]:
+    ) -> list[errors.DomainError | None]:
         """Ack each handle at the broker it names; per handle None (acked) or the error."""
         self.renewer.forget(handles)
-        outcome: list[errors.ProxyError | None] = [None] * len(handles)
+        outcome: list[errors.DomainError | None] = [None] * len(handles)
         by_broker: dict[str, tuple[BrokerClient, list[int]]] = {}
         for index, handle in enumerate(handles):
             try:
@@ -310,13 +310,13 @@ class Proxy:
             request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])
             try:
                 response = await client.ack(request, timeout_s=self._timeout_until(deadline))
-            except errors.ProxyError as exc:
+            except errors.DomainError as exc:
                 for i in indexes:
                     outcome[i] = exc
                 return
             for i, result in zip(indexes, response.results, strict=False):
                 if not result.ok:
-                    outcome[i] = errors.from_broker(result.error, result.error_message, broker=client.name)
+                    outcome[i] = trailer.from_broker(result.error, result.error_message, broker=client.name)
             for i in indexes[len(response.results) :]:
                 outcome[i] = errors.BrokerFailure(f"broker {client.name} returned no result for this handle")
 

@@ -12,7 +12,14 @@ from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.errors import BrokerTimeout, BrokerUnavailable, ProxyError, ShuttingDown, TooManyRequests, TopicNotFound
+from popgate_contract.errors import (
+    BrokerTimeout,
+    BrokerUnavailable,
+    DomainError,
+    ShuttingDown,
+    TooManyRequests,
+    TopicNotFound,
+)
 from proxy.ports import BrokerClient, HeldPop, Metrics, NoMetrics
 from proxy.receive import MIN_ATTEMPT_S, CloseWatch, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
@@ -131,7 +138,7 @@ class LongPollStrategy:
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
         loop = asyncio.get_running_loop()
         poll_end = loop.time() + request.poll_s  # one long-polling time for the receive, not one per broker
-        last: ProxyError = BrokerUnavailable("no broker is configured")
+        last: DomainError = BrokerUnavailable("no broker is configured")
         answered = False  # some broker answered (empty)
         # A broker found down (or hung) during the call is skipped and the next is tried with the time left;
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).

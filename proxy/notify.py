@@ -38,7 +38,7 @@ from enum import Enum
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.errors import BrokerUnavailable, ProxyError, TooManyRequests, TopicNotFound
+from popgate_contract.errors import BrokerUnavailable, DomainError, TooManyRequests, TopicNotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class Finish:
 
     messages: Sequence[bpb.PoppedMessage]
     outcome: str  # "messages", "empty", "closing", "error"
-    error: ProxyError | None = None
+    error: DomainError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ class NotifyRun:
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
     rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
     last_look: bool = False  # no poll time was left after the first Pop: every broker asked once, poll 0
-    last_error: ProxyError | None = None
+    last_error: DomainError | None = None
     refused: dict[str, TooManyRequests] = field(default_factory=dict)  # brokers refusing the group (--max-groups)
 
     # -- events ----------------------------------------------------------------
@@ -227,7 +227,7 @@ class NotifyRun:
         cmds = self._renotify(broker, now)
         return cmds or self._maybe_exhausted()
 
-    def failed_call(self, broker: str, error: ProxyError, *, now: float) -> list[Command]:
+    def failed_call(self, broker: str, error: DomainError, *, now: float) -> list[Command]:
         """A Pop or Notification to `broker` failed with `error`."""
         if self.phase is Phase.DONE:
             return []
@@ -398,7 +398,7 @@ class NotifyRun:
         return self._finish([], "empty")
 
     def _finish(
-        self, messages: Sequence[bpb.PoppedMessage], outcome: str, error: ProxyError | None = None
+        self, messages: Sequence[bpb.PoppedMessage], outcome: str, error: DomainError | None = None
     ) -> list[Command]:
         if outcome == "empty" and self.refused:
             # Empty here while a broker refuses the group: its messages are out of reach, and the client is

@@ -17,7 +17,7 @@ from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.errors import BrokerFailure, ProxyError
+from popgate_contract.errors import BrokerFailure, DomainError
 from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Phase, Pop, Rewatch
 from proxy.ports import BrokerClient, HeldPop, HeldPops, Metrics, NoMetrics
 from proxy.receive import OnClose, ReceiveRequest, ReceiveResult
@@ -140,7 +140,7 @@ class _Run:
         error = call.exception()  # retrieved even when the run is over: no "never retrieved" noise
         now = self.loop.time()
         if error is not None:
-            proxy_error = error if isinstance(error, ProxyError) else BrokerFailure(f"broker {broker}: {error!r}")
+            proxy_error = error if isinstance(error, DomainError) else BrokerFailure(f"broker {broker}: {error!r}")
             self.apply(self.machine.failed_call(broker, proxy_error, now=now))
         elif kind == "pop":
             response = call.result()

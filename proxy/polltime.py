@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.errors import IllegalPollingTime, TooManyRequests
+from popgate_contract.errors import IllegalPollingTime, TooManyRequests
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class BrokerClient(Protocol):
-    """One broker. Methods raise proxy.errors.ProxyError subclasses (BrokerUnavailable when unreachable)."""
+    """One broker. Methods raise popgate_contract.errors.DomainError subclasses (BrokerUnavailable when unreachable)."""
 
     @property
     def name(self) -> str: ...

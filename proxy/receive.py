@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.errors import ShuttingDown
+from popgate_contract.errors import ShuttingDown
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 from popgate_pb import broker_pb2 as bpb
 
-from broker import validation
-from broker.receipt import broker_of
-from proxy import errors
+from popgate_contract import errors, validation
+from popgate_contract.receipt import broker_of
 from proxy.ports import BackgroundTask, Metrics, NoMetrics
 from proxy.routing import BrokerPool
 
@@ -285,7 +284,7 @@ class Renewer(BackgroundTask):
         )
         try:
             await client.renew(request, timeout_s=self._timeout)
-        except errors.ProxyError as exc:  # they come back at the end of their invisible time instead
+        except errors.DomainError as exc:  # they come back at the end of their invisible time instead
             log.info(
                 "giving back %d handle(s) of a terminated client at broker %s failed: %s", len(handles), broker, exc
             )
@@ -329,7 +328,7 @@ class Renewer(BackgroundTask):
         request = bpb.RenewRequest(group=group, receipt_handles=handles, invisible_ms=self._invisible_ms)
         try:
             response = await client.renew(request, timeout_s=self._timeout)
-        except errors.ProxyError as exc:
+        except errors.DomainError as exc:
             log.info(
                 "renewing %d handle(s) at broker %s failed (tried again next period): %s", len(handles), broker, exc
             )

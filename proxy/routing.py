@@ -15,8 +15,8 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from broker.receipt import broker_of
-from proxy.errors import InvalidReceiptHandle
+from popgate_contract.errors import InvalidReceiptHandle
+from popgate_contract.receipt import broker_of
 from proxy.ports import BrokerClient
 
 

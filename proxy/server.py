@@ -12,10 +12,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
-from broker.config import cannot_listen
-from broker.export import default_proxy_name
-from broker.memory import MemoryTrimmer
-from broker.metrics_http import start_metrics
+from popgate_process.config import cannot_listen
+from popgate_process.export import default_proxy_name
+from popgate_process.memory import MemoryTrimmer
+from popgate_process.metrics_http import start_metrics
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.adaptive_driver import AdaptiveStrategy
 from proxy.brokers import GrpcBrokerClient, HealthMonitor

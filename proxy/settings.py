@@ -1,6 +1,6 @@
 """The proxy's one settings object: flags > POPGATE_* environment > TOML config file > defaults.
 
-Every option is a field of `Settings`; `broker.config` (the broker's loader too)
+Every option is a field of `Settings`; `popgate_process.config` (the broker's loader too)
 reads the command line, the environment and the config file through those fields,
 then `Settings` validates the result. The file's keys may sit in a ``[proxy]``
 table; ``[[acl]]`` accounts come from the file only.
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.config import SettingsError as SettingsError
-from broker.config import load as load_config
-from broker.config import parse_host_port as parse_host_port
-from broker.config import settings_parser
+from popgate_contract.validation import parse_host_port as parse_host_port
+from popgate_process.config import SettingsError as SettingsError
+from popgate_process.config import load as load_config
+from popgate_process.config import settings_parser
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")

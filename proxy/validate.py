@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from broker.filters import split_tags
-from broker.validation import (
+from popgate_contract import errors
+from popgate_contract.validation import (
     DLQ_PREFIX,
     MAX_KEYS,
     MAX_PROPERTIES_BYTES,
@@ -18,8 +18,8 @@ from broker.validation import (
     check_message_id,
     check_tag,
     check_topic,
+    split_tags,
 )
-from proxy import errors
 
 # Limits only the proxy checks (the v2 protocol's; the broker accepts what the proxy let through).
 MAX_KEY_LEN = 256
@@ -52,7 +52,7 @@ def publish_topic(name: str) -> str:
 # names stay apart; a client sees its own names back (`outside`). Empty: the name as it is.
 
 
-def _in(check: Callable[[str], str], kind: str, error: type[errors.ProxyError], namespace: str, name: str) -> str:
+def _in(check: Callable[[str], str], kind: str, error: type[errors.DomainError], namespace: str, name: str) -> str:
     if not namespace:
         return check(name)
     check(name)  # the name alone first: its own message for an empty or malformed name

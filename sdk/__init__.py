@@ -1,29 +1,62 @@
 """popgate's Python SDK: a Producer and a SimpleConsumer over the apache.rocketmq.v2 protocol.
 
-Blocking classes are here; their asyncio twins are in `sdk.aio`. Errors are in `sdk.errors`.
-The SDK never configures logging: it logs to ``logging.getLogger("sdk....")``.
+Blocking classes are here; their asyncio twins are in `popgate.aio`. Errors are in `popgate.errors`.
+The SDK never configures logging (it logs to ``logging.getLogger("popgate....")``) and changes nothing
+process-wide when imported: the names below load their modules on first use, so a program (the
+`popgate` command, `popgate.cli`) can still choose grpc's settings before grpc loads
+(tests/integration/sdk/test_standalone.py).
 """
 
-import broker  # noqa: F401  grpc's I/O engine is chosen before grpc loads: broker/grpc_engine.py
-from sdk._wire import Credentials
-from sdk.client import Producer, SimpleConsumer
-from sdk.errors import (
-    AckError,
-    BadRequest,
-    InvalidReceiptHandle,
-    MessageBodyTooLarge,
-    NotFound,
-    PopgateError,
-    ServerError,
-    Timeout,
-    TooManyRequests,
-    Unauthorized,
-    Unavailable,
-    Unsupported,
-)
-from sdk.message import Message, SendReceipt
-from sdk.retry import RetryPolicy
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._wire import Credentials
+    from .client import Producer, SimpleConsumer
+    from .errors import (
+        AckError,
+        BadRequest,
+        InvalidReceiptHandle,
+        MessageBodyTooLarge,
+        NotFound,
+        PopgateError,
+        ServerError,
+        Timeout,
+        TooManyRequests,
+        Unauthorized,
+        Unavailable,
+        Unsupported,
+    )
+    from .message import Message, SendReceipt
+    from .retry import RetryPolicy
+
+_HOME = {
+    "Credentials": "_wire",
+    "Producer": "client",
+    "SimpleConsumer": "client",
+    "Message": "message",
+    "SendReceipt": "message",
+    "RetryPolicy": "retry",
+    **dict.fromkeys(
+        (
+            "AckError",
+            "BadRequest",
+            "InvalidReceiptHandle",
+            "MessageBodyTooLarge",
+            "NotFound",
+            "PopgateError",
+            "ServerError",
+            "Timeout",
+            "TooManyRequests",
+            "Unauthorized",
+            "Unavailable",
+            "Unsupported",
+        ),
+        "errors",
+    ),
+}
 __all__ = [
     "AckError",
     "BadRequest",
@@ -44,3 +77,16 @@ __all__ = [
     "Unavailable",
     "Unsupported",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'popgate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

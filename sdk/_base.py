@@ -11,10 +11,10 @@ from pathlib import Path
 
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import _wire
-from sdk._transport import make_options
-from sdk.message import Message, SendReceipt
-from sdk.retry import RetryPolicy
+from . import _wire
+from ._transport import make_options
+from .message import Message, SendReceipt
+from .retry import RetryPolicy
 
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
 # Iteration long-polls at least this long per receive: with wait=0 it would call ReceiveMessage in a busy loop

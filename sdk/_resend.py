@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import _wire, errors
+from . import _wire, errors
 
 Failures = list[tuple[str, errors.PopgateError]]
 

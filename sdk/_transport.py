@@ -8,10 +8,11 @@ from typing import Any
 
 import grpc
 
-from broker.config import parse_host_port
-from sdk import errors
-from sdk._wire import CallMetadata, Credentials, duration, new_client_id
-from sdk.retry import RetryPolicy
+from popgate_contract.validation import parse_host_port
+
+from . import errors
+from ._wire import CallMetadata, Credentials, duration, new_client_id
+from .retry import RetryPolicy
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways (a larger request: MessageBodyTooLarge)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import errors
-from sdk.message import Message, SendReceipt
+from . import errors
+from .message import Message, SendReceipt
 
 CLIENT_VERSION = "5.1.2-popgate"
 MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit

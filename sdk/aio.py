@@ -20,10 +20,10 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _resend, _wire, client, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
-from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
-from sdk.message import Message, SendReceipt
+from . import _resend, _wire, client, errors
+from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
+from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
+from .message import Message, SendReceipt
 
 __all__ = ["Producer", "SimpleConsumer"]
 
@@ -42,7 +42,7 @@ class _AsyncClient(ClientBase):
         if self._channel is not None and self._loop is not None and self._loop is not loop:
             if not self._loop.is_closed():
                 raise RuntimeError(
-                    "an sdk.aio client works in the event loop it was first used in, and that loop is not "
+                    "an popgate.aio client works in the event loop it was first used in, and that loop is not "
                     "closed: make one client per event loop"
                 )
             # Its first loop is closed (asyncio.run again, a test per loop): that channel died with it.
@@ -363,7 +363,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
 
 def _twin_docs() -> None:
     """Each coroutine gets its blocking twin's whole docstring (Args, Returns, Raises) after its own first line:
-    ``help()`` on an asyncio method shows what the one in `sdk.client` does."""
+    ``help()`` on an asyncio method shows what the one in `popgate.client` does."""
     for twin, blocking in ((Producer, client.Producer), (SimpleConsumer, client.SimpleConsumer)):
         for name in ("send", "send_many", "receive", "ack", "ack_many", "nack", "forward_to_dlq", "close"):
             method, original = getattr(twin, name, None), getattr(blocking, name, None)

@@ -1,4 +1,4 @@
-"""Blocking Producer and SimpleConsumer over the apache.rocketmq.v2 protocol (asyncio twins: `sdk.aio`)."""
+"""Blocking Producer and SimpleConsumer over the apache.rocketmq.v2 protocol (asyncio twins: `popgate.aio`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import grpc.experimental
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _resend, _wire, errors
-from sdk._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
-from sdk._transport import CHANNEL_OPTIONS, channel_credentials, convert
-from sdk.message import Message, SendReceipt
+from . import _resend, _wire, errors
+from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
+from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
+from .message import Message, SendReceipt
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,7 +63,7 @@ class _SyncClient(ClientBase):
 
     def _back_off(self, delay: float, exc: errors.PopgateError) -> None:
         """Wait ``delay`` seconds before a retry. After an Unavailable, a Heartbeat that waits for the channel
-        (up to the delay) keeps it polled meanwhile: on grpc's poller I/O (broker/grpc_engine.py) a sync
+        (up to the delay) keeps it polled meanwhile: on grpc's poller I/O (proto/popgate_process/grpc_engine.py) a sync
         channel's reconnect timers run only while a call polls it, and with plain sleeps between failing calls
         a producer reached a restarted proxy 6-10 s after it was back (0.3 s on grpc's EventEngine). The retry
         still waits out its delay."""

@@ -1,6 +1,6 @@
 """SDK errors: one base class, typed subclasses carrying the v2 ``code`` and a ``retriable`` flag.
 
-Which code means what comes from the proxy's one table (`proxy.codes.CODES`, domain
+Which code means what comes from the proxy's one table (`popgate_contract.codes.CODES`, domain
 error -> v2 Code), read here in reverse: a code names the proxy's domain error, whose
 class hierarchy picks the SDK class and whose ``retriable`` flag is kept. Codes that
 table does not use (a RocketMQ proxy may send them) fall back to their hundred range,
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from popgate_pb.v2 import definition_pb2 as v2
 
-from proxy import errors as domain
-from proxy.codes import CODES
+from popgate_contract import errors as domain
+from popgate_contract.codes import CODES
 
 if TYPE_CHECKING:
-    from sdk.message import SendReceipt
+    from .message import SendReceipt
 
 
 class PopgateError(Exception):
@@ -117,7 +117,7 @@ class AckError(PopgateError):
 
 
 # SDK class for a proxy domain error: the first class of its MRO listed here.
-_FAMILY: dict[type[domain.ProxyError], type[PopgateError]] = {
+_FAMILY: dict[type[domain.DomainError], type[PopgateError]] = {
     domain.InvalidReceiptHandle: InvalidReceiptHandle,
     domain.MessageBodyTooLarge: MessageBodyTooLarge,
     domain.BadRequest: BadRequest,
@@ -131,13 +131,13 @@ _FAMILY: dict[type[domain.ProxyError], type[PopgateError]] = {
     domain.StoreUnavailable: Unavailable,
     domain.NotImplementedRpc: Unsupported,
     domain.Unsupported: Unsupported,
-    domain.ProxyError: ServerError,
+    domain.DomainError: ServerError,
 }
 
 
-def _reverse(table: dict[type[domain.ProxyError], int]) -> dict[int, type[domain.ProxyError]]:
+def _reverse(table: dict[type[domain.DomainError], int]) -> dict[int, type[domain.DomainError]]:
     """code -> the most general domain error mapped to it (a parent wins over its subclasses)."""
-    out: dict[int, type[domain.ProxyError]] = {}
+    out: dict[int, type[domain.DomainError]] = {}
     for cls, code in table.items():
         current = out.get(code)
         if current is None or issubclass(current, cls):
@@ -145,7 +145,7 @@ def _reverse(table: dict[type[domain.ProxyError], int]) -> dict[int, type[domain
     return out
 
 
-BY_CODE: dict[int, type[domain.ProxyError]] = _reverse(CODES)
+BY_CODE: dict[int, type[domain.DomainError]] = _reverse(CODES)
 
 _RANGES: list[tuple[int, int, type[PopgateError]]] = [
     (40100, 40199, Unauthorized),

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-# The test process's own clients run on the gRPC I/O engine every popgate process and SDK user gets
-# (broker/grpc_engine.py), chosen before grpc is imported: before, the tests' SDK clients ran on grpc's
-# default engine, and a sync channel's slow reconnect on the poller engine went unseen.
+# The test process's own clients run on the gRPC I/O engine popgate's processes and command run on
+# (popgate_process/grpc_engine.py): importing the broker package chooses it before grpc is imported.
 import broker as _grpc_engine_chosen  # noqa: F401
 
 # isort: split

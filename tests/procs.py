@@ -1,4 +1,4 @@
-"""Start real server processes (broker, proxy) for tests: `sdk.cluster.Child`, output kept in memory."""
+"""Start real server processes (broker, proxy) for tests: `popgate.cli.cluster.Child`, output kept in memory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError
+from popgate.cli.cluster import Child, Cluster, ClusterConfig, ClusterError
 
 READY_TIMEOUT_S = 30.0
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from popgate_contract.errors import DomainError
 from proxy.adaptive import LONGPOLL, AdaptivePolicy, AdaptiveSettings
-from proxy.errors import ProxyError
 from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
 
 GROUP = "g"
@@ -597,4 +597,4 @@ def simulate(cfg: Config) -> Result:
     return Sim(cfg).run()
 
 
-__all__ = ["Config", "Latency", "Result", "Sim", "simulate", "ProxyError"]
+__all__ = ["Config", "Latency", "Result", "Sim", "simulate", "DomainError"]

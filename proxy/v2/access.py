@@ -14,7 +14,8 @@ from typing import Any
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors, validate
+from popgate_contract import errors
+from proxy import validate
 from proxy.auth import Authenticator, authorize
 
 _CONSUME = (

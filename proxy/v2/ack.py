@@ -5,8 +5,9 @@ from __future__ import annotations
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors, validate
-from proxy.codes import status_of
+from popgate_contract import errors
+from popgate_contract.codes import status_of
+from proxy import validate
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds
 

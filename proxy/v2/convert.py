@@ -9,7 +9,8 @@ from google.protobuf.duration_pb2 import Duration
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 
-from proxy import errors, validate
+from popgate_contract import errors
+from proxy import validate
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
@@ -24,7 +25,7 @@ class SendLimits:
     max_delay_s: float
 
 
-def seconds(duration: Duration, *, what: str, error: type[errors.ProxyError] = errors.BadRequest) -> float:
+def seconds(duration: Duration, *, what: str, error: type[errors.DomainError] = errors.BadRequest) -> float:
     """A protobuf Duration as float seconds; `error` when it is not a sane duration."""
     if abs(duration.seconds) > _MAX_SECONDS or abs(duration.nanos) >= 1_000_000_000:
         raise error(f"{what} is not a valid duration ({duration.seconds} s, {duration.nanos} ns)")

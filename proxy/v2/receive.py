@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors, validate
+from popgate_contract import errors
+from proxy import validate
 from proxy.core import Proxy
 from proxy.polltime import PollLimits, poll_seconds
 from proxy.receive import ReceiveRequest, ReceiveResult

@@ -5,7 +5,8 @@ from __future__ import annotations
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors, validate
+from popgate_contract import errors
+from proxy import validate
 from proxy.v2.context import Call
 
 OK = v2.Status(code=v2.OK, message="OK")

@@ -19,8 +19,8 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors
-from proxy.codes import status_of
+from popgate_contract import errors
+from popgate_contract.codes import status_of
 from proxy.core import PartlyStored
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, to_broker

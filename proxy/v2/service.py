@@ -18,11 +18,11 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from broker.receipt import MAX_HANDLE_LEN
-from proxy import errors
+from popgate_contract import errors
+from popgate_contract.codes import name_of, status_of
+from popgate_contract.receipt import MAX_HANDLE_LEN
 from proxy.attempts import LOOKUP_TIMEOUT_S, GroupAttempts
 from proxy.auth import Authenticator
-from proxy.codes import name_of, status_of
 from proxy.core import Proxy
 from proxy.ports import Metrics
 from proxy.settings import Settings
@@ -36,7 +36,7 @@ _NO_DEADLINE = 1e8  # grpc reports "no deadline" as a huge remaining time
 
 
 def _status(error: BaseException) -> v2.Status:
-    if isinstance(error, errors.ProxyError):
+    if isinstance(error, errors.DomainError):
         return status_of(error)
     log.exception("unexpected error serving a request", exc_info=error)
     return v2.Status(code=v2.INTERNAL_SERVER_ERROR, message=f"internal error: {type(error).__name__}")

@@ -16,7 +16,8 @@ from google.protobuf.duration_pb2 import Duration
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors, validate
+from popgate_contract import errors
+from proxy import validate
 from proxy.attempts import DEFAULT_MAX_ATTEMPTS, GroupAttempts
 from proxy.settings import Settings
 
@@ -81,7 +82,7 @@ def _group_name(group: v2.Resource) -> str | None:
     used (receive, ack), not in a settings reply."""
     try:
         return validate.group_in(group.resource_namespace, group.name)
-    except errors.ProxyError:
+    except errors.DomainError:
         return None
 
 

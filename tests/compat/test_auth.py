@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk.cluster import Cluster
+from popgate.cli.cluster import Cluster
 from tests.procs import secured_cluster
 
 if importlib.util.find_spec("rocketmq") is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk.cluster import Cluster, ClusterConfig
+from popgate.cli.cluster import Cluster, ClusterConfig
 
 Run = Callable[..., str]
 

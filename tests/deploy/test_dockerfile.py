@@ -36,12 +36,7 @@ def test_one_slim_python_image_running_as_the_manifests_user(rendered: dict[str,
 def test_manifest_commands_are_installed_entry_points(rendered: dict[str, list[dict[str, Any]]]) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     scripts = set(project["scripts"])
-    packages = {
-        p.rstrip("*")
-        for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
-            "include"
-        ]
-    }
+    packages = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     for workload in workloads(rendered["base"]):
         command = container(workload)["command"]
         if command[0] == "python":
@@ -53,11 +48,10 @@ def test_manifest_commands_are_installed_entry_points(rendered: dict[str, list[d
 def test_build_context_keeps_every_package() -> None:
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for root in pyproject["tool"]["setuptools"]["packages"]["find"]["where"]:
-        if root != ".":
-            assert root in allowed
-    for package in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]:
-        name = package.rstrip("*")
-        assert name in allowed or any((ROOT / r / name).exists() for r in allowed), name
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package in setuptools["packages"]:
+        top = package.split(".")[0]
+        folder = setuptools["package-dir"].get(top, top)
+        assert any(folder == entry or folder.startswith(entry + "/") for entry in allowed), package
     assert "pyproject.toml" in allowed
+    assert "deploy/constraints.txt" in allowed  # the Dockerfile installs with it

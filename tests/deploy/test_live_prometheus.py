@@ -1,6 +1,6 @@
 """LIVE: a real Prometheus scrapes a real `popgate up --brokers 2 --no-view`.
 
-Depends on the running system: the broker, the proxy and `popgate up` (sdk.cli).
+Depends on the running system: the broker, the proxy and `popgate up` (popgate.cli.main).
 Until `popgate up` exists this FAILS (it is not skipped): the dashboards and
 alert rules in deploy/ are only as good as the metrics the processes really
 export, and this is where that is checked.
@@ -127,17 +127,17 @@ class Cluster:
 
 def popgate_up_command() -> list[str]:
     try:
-        import sdk.cli  # noqa: F401
+        import popgate.cli.main  # noqa: F401
     except ImportError as exc:
         pytest.fail(
             f"`popgate up` is not importable ({exc}). This live test needs the local cluster of the proxy issue "
-            "(sdk.cli with `popgate up`); it fails instead of skipping so it cannot be forgotten.",
+            "(popgate.cli.main with `popgate up`); it fails instead of skipping so it cannot be forgotten.",
             pytrace=False,
         )
     script = Path(sys.executable).parent / "popgate"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from sdk.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from popgate.cli.main import main; sys.exit(main())"]
 
 
 @pytest.fixture(scope="module")

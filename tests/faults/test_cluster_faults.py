@@ -18,7 +18,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk.cluster import Child, Cluster, ClusterConfig
+from popgate.cli.cluster import Child, Cluster, ClusterConfig
 from tests.faults.load import GROUP, TOPIC, Load
 from tests.integration.proxy.client import V2Client
 from tests.procs import wait_until

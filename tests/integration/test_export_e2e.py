@@ -20,7 +20,7 @@ from popgate_pb import broker_pb2 as pb  # noqa: E402
 from popgate_pb import broker_pb2_grpc as pb_grpc  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from sdk.cluster import Cluster, ClusterConfig  # noqa: E402
+from popgate.cli.cluster import Cluster, ClusterConfig  # noqa: E402
 from spark_metrics.job import JobSettings, run_batch  # noqa: E402
 from tests.integration.proxy.client import V2Client  # noqa: E402
 from tests.spark import session  # noqa: E402

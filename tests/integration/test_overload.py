@@ -25,8 +25,8 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _wire as wire
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import _wire as wire
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.procs import wait_until
 
 MAX_HELD, BROKER_HELD, MAX_SEND_BYTES = 600, 200, 16 * 1024 * 1024

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from broker.export import ExportSettings, RunSnapshots
+from popgate_process.export import ExportSettings, RunSnapshots
 from proxy.metrics import ProxyMetrics
 from proxy.notify import RunStats
 

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pyspark.sql import SparkSession
 
-import broker.export
-from broker.export import ExportSettings, MetricsExporter
+import popgate_process.export
+from popgate_process.export import ExportSettings, MetricsExporter
 from spark_metrics.job import JobSettings, read_records, start_streaming
 from spark_metrics.transform import aggregate
 from tests.spark import scenario as S
@@ -22,7 +22,7 @@ from tests.spark.test_transform import Key, by_key, comparable
 
 
 class Clock:
-    """Stands in for the `time` module in broker.export: snapshots at chosen times, nothing else changes."""
+    """Stands in for the `time` module in popgate_process.export: snapshots at chosen times, nothing else changes."""
 
     strftime = staticmethod(time.strftime)
     gmtime = staticmethod(time.gmtime)
@@ -86,7 +86,7 @@ def export(directory: Path) -> None:
                 await p.snapshot()
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(broker.export, "time", clock)
+        mp.setattr(popgate_process.export, "time", clock)
         asyncio.run(run())
 
 

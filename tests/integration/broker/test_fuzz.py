@@ -21,7 +21,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 from tests.fuzzing import CASES, FUZZ, report, requests
 from tests.procs import ServerProcess, broker_args
 
-# The domain-error table of broker/handlers.py (INTERNAL: a BrokerError without a more specific class).
+# The domain-error table of broker/handlers.py (INTERNAL: a DomainError without a more specific class).
 MAPPED = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
@@ -64,7 +64,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
 def check_reject(exc: grpc.RpcError) -> None:
     code = exc.code()  # type: ignore[attr-defined]
     name = dict(exc.trailing_metadata() or ()).get("popgate-error", "")  # type: ignore[attr-defined]
-    assert code in MAPPED and name and name != "BrokerError", (code, name, exc.details())  # type: ignore[attr-defined]
+    assert code in MAPPED and name and name != "DomainError", (code, name, exc.details())  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("method", UNARY)
@@ -145,7 +145,7 @@ def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -
                 "error",
             ), answer
             if kind == "error":
-                assert answer.error.error not in ("", "BrokerError"), answer
+                assert answer.error.error not in ("", "DomainError"), answer
                 assert answer.error.grpc_code in MAPPED_NUMBERS, answer
 
     check()

@@ -9,7 +9,8 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
-from broker.client import BrokerSession, unsent
+from popgate_contract.session_client import BrokerSession
+from popgate_contract.trailer import unsent
 from tests.conftest import BrokerHandle
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from broker.__main__ import StartError, serve
-from broker.errors import StoreUnavailable
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from broker.store import NewMessage
+from popgate_contract.errors import StoreUnavailable
 
 
 async def _store_is_free(data: Path) -> None:

@@ -1,4 +1,4 @@
-"""Real broker and proxy processes (sdk.cluster) on free loopback ports; always torn down."""
+"""Real broker and proxy processes (popgate.cli.cluster) on free loopback ports; always torn down."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk.cluster import Cluster, ClusterConfig
+from popgate.cli.cluster import Cluster, ClusterConfig
 
 MakeCluster = Callable[..., Cluster]
 

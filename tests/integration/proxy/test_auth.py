@@ -14,11 +14,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
-from broker.auth import TOKEN_KEY
-from sdk import PopgateError, Producer, SimpleConsumer, Unauthorized, aio
-from sdk.cli import main
-from sdk.cluster import Cluster
-from sdk.live import LiveView
+from popgate import PopgateError, Producer, SimpleConsumer, Unauthorized, aio
+from popgate.cli.cluster import Cluster
+from popgate.cli.live import LiveView
+from popgate.cli.main import main
+from popgate_contract.broker_token import TOKEN_KEY
 from tests.integration.sdk.conftest import drain
 from tests.integration.sdk.test_aio import drain as drain_async
 from tests.procs import BROKER_TOKEN, secured_cluster

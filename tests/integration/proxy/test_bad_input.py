@@ -12,8 +12,8 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk.admin import Broker, fetch_stats
-from sdk.cluster import Cluster, ClusterConfig
+from popgate.cli.admin import Broker, fetch_stats
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 
 

@@ -17,7 +17,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 
-from proxy import errors
+from popgate_contract import errors
 from proxy.brokers import GrpcBrokerClient
 from proxy.settings import BrokerAddress
 from tests.forwarder import Forwarder
@@ -177,14 +177,14 @@ def test_an_ack_whose_answer_was_lost_is_not_tried_again_and_called_stale(tmp_pa
     unknown (HA_NOT_AVAILABLE, retriable), not "stale handle", which a retry would have got for an ack that took
     effect. (Only a request that never left is tried again.)"""
 
-    async def scenario(address: str, forwarder: Forwarder) -> tuple[errors.ProxyError, int]:
+    async def scenario(address: str, forwarder: Forwarder) -> tuple[errors.DomainError, int]:
         client = GrpcBrokerClient(BrokerAddress("b1", forwarder.address))
         try:
             await client.send([bpb.Message(topic="t", body=b"m")], timeout_s=5)
             pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
             [message] = (await client.begin_pop(pop, timeout_s=5)).messages
             forwarder.drop_answers(for_s=0.4)
-            with pytest.raises(errors.ProxyError) as failed:
+            with pytest.raises(errors.DomainError) as failed:
                 ack = bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])
                 await client.ack(ack, timeout_s=3)
         finally:
@@ -218,7 +218,7 @@ def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_d
     SDK retry of it too (27 s in a review's probe). Marked down by its health checks, it is refused at once, unsent
     (HA_NOT_AVAILABLE: safe to retry), and goes through again once the broker is back."""
 
-    async def scenario(proc: Any) -> tuple[float, errors.ProxyError]:
+    async def scenario(proc: Any) -> tuple[float, errors.DomainError]:
         client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
         try:
             ack = await ack_of_one_message(client)
@@ -226,7 +226,7 @@ def test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_d
             try:
                 assert not await client.check_health(timeout_s=0.5)  # as the proxy's health monitor finds it
                 started = time.monotonic()
-                with pytest.raises(errors.ProxyError) as refused:
+                with pytest.raises(errors.DomainError) as refused:
                     await client.ack(ack, timeout_s=3)
                 took = time.monotonic() - started
             finally:
@@ -332,7 +332,7 @@ def test_a_proxy_stopping_does_not_report_its_brokers_down(tmp_path: Path, caplo
         held_there = lambda: stats.Stats(bpb.StatsRequest(), timeout=2).held_notifications >= 1  # noqa: E731
         await asyncio.to_thread(wait_for, held_there, 5, "the Notification held at the broker")
         await client.close()
-        with pytest.raises(errors.ProxyError) as ended:
+        with pytest.raises(errors.DomainError) as ended:
             await held
         return client.healthy, ended.value.message
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from popgate_pb.v2 import definition_pb2 as v2
 
-from sdk.cluster import Cluster, ClusterConfig
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 
 

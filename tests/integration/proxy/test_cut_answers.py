@@ -11,7 +11,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import _wire as wire
+from popgate import _wire as wire
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 

@@ -13,7 +13,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk.cluster import Cluster, ClusterConfig
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.fuzzing import CASES, FUZZ, report, requests
 
 CODES = set(v2.Code.values())

@@ -15,7 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk.cluster import Cluster, ClusterConfig
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 
 BROKER_ARGS = ("--max-delivery-attempts", "3", "--group-max-attempts", "fast=1")

@@ -10,7 +10,7 @@ import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
-from sdk.admin import Broker, fetch_stats, lag_rows
+from popgate.cli.admin import Broker, fetch_stats, lag_rows
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 

@@ -21,7 +21,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk.cluster import Child
+from popgate.cli.cluster import Child
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 

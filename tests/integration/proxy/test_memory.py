@@ -1,11 +1,11 @@
-"""After a burst of large sends the proxy gives the memory back (broker/memory.py), not only keeps it for reuse."""
+"""After a burst of large sends the proxy gives the memory back (proto/popgate_process/memory.py), not only keeps it for reuse."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from sdk import Producer
+from popgate import Producer
 from tests.integration.proxy.conftest import MakeCluster
 
 MiB = 1024 * 1024

@@ -7,8 +7,8 @@ import uuid
 
 from popgate_pb.v2 import definition_pb2 as v2
 
-from sdk import Producer, SimpleConsumer
-from sdk.cluster import Cluster
+from popgate import Producer, SimpleConsumer
+from popgate.cli.cluster import Cluster
 from tests.integration.proxy.conftest import MakeCluster
 from tests.integration.sdk.conftest import drain
 

@@ -22,9 +22,9 @@ from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import Producer
-from sdk import _wire as wire
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import Producer
+from popgate import _wire as wire
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 from tests.procs import NO_SWEEP_ARGS
 

@@ -9,8 +9,8 @@ import time
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from popgate import _wire as wire
 from proxy.v2.access import CLIENT_ID
-from sdk import _wire as wire
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 

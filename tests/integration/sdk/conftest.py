@@ -1,4 +1,4 @@
-"""A real `popgate up`-style cluster (2 brokers + proxy, sdk.cluster) shared by this package; always torn down.
+"""A real `popgate up`-style cluster (2 brokers + proxy, popgate.cli.cluster) shared by this package; always torn down.
 
 Tests use fresh topic and group names, so they do not see each other's messages. The restart tests
 start their own cluster.
@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from sdk import Message, SendReceipt, SimpleConsumer, aio
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import Message, SendReceipt, SimpleConsumer, aio
+from popgate.cli.cluster import Cluster, ClusterConfig
 
 T = TypeVar("T")
 # Short polls keep drains quick whatever the proxy's receive mode (in longpoll mode a poll on a drained

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import AckError, BadRequest, InvalidReceiptHandle, Message, MessageBodyTooLarge
-from sdk.aio import Producer, SimpleConsumer
+from popgate import AckError, BadRequest, InvalidReceiptHandle, Message, MessageBodyTooLarge
+from popgate.aio import Producer, SimpleConsumer
 from tests.integration.sdk.conftest import LONG_INVISIBLE, given_back_attempts, record_batches
 
 # Short polls: in longpoll mode the proxy holds a receive on one broker (rotating), so a poll that lands on a

@@ -20,10 +20,10 @@ import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Producer, SimpleConsumer
-from sdk.admin import BODY_SHOWN, Broker, fetch_stats, lag_rows, list_dead_letters
-from sdk.cli import main
-from sdk.cluster import Cluster
+from popgate import Producer, SimpleConsumer
+from popgate.cli.admin import BODY_SHOWN, Broker, fetch_stats, lag_rows, list_dead_letters
+from popgate.cli.cluster import Cluster
+from popgate.cli.main import main
 from tests.integration.sdk.conftest import drain, eventually
 from tests.integration.sdk.popgate_up import POPGATE
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Producer, SimpleConsumer
-from sdk.admin import Broker, fetch_stats
-from sdk.cli import main
-from sdk.cluster import Cluster
+from popgate import Producer, SimpleConsumer
+from popgate.cli.admin import Broker, fetch_stats
+from popgate.cli.cluster import Cluster
+from popgate.cli.main import main
 from tests.integration.sdk.conftest import drain, start_cluster
 from tests.integration.sdk.test_cli import name
 

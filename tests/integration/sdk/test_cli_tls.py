@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Producer, RetryPolicy, Unavailable, aio
-from sdk.cli import main
-from sdk.cluster import Cluster
+from popgate import Producer, RetryPolicy, Unavailable, aio
+from popgate.cli.cluster import Cluster
+from popgate.cli.main import main
 
 HINT = "(is the server using TLS? try --tls / --tls-ca)"
 

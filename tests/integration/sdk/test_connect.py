@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Producer, RetryPolicy, SimpleConsumer
-from sdk.cluster import Cluster, ClusterConfig
+from popgate import Producer, RetryPolicy, SimpleConsumer
+from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.forwarder import Forwarder
 from tests.integration.sdk.conftest import drain
 from tests.procs import ServerProcess, broker_args

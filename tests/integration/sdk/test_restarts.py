@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Producer, RetryPolicy, SimpleConsumer, Unavailable
-from sdk.cluster import Child, Cluster
+from popgate import Producer, RetryPolicy, SimpleConsumer, Unavailable
+from popgate.cli.cluster import Child, Cluster
 from tests.integration.sdk.conftest import Collector, start_cluster
 
 # Producers in these tests keep retrying for up to ~30 s while a server is down.

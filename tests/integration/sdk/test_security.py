@@ -22,8 +22,8 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from sdk import Producer, SimpleConsumer, Unauthorized
-from sdk.cluster import Cluster
+from popgate import Producer, SimpleConsumer, Unauthorized
+from popgate.cli.cluster import Cluster
 from tests.integration.sdk.conftest import drain
 
 

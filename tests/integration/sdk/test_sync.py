@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from sdk import (
+from popgate import (
     AckError,
     BadRequest,
     InvalidReceiptHandle,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk import MessageBodyTooLarge, Producer
+from popgate import MessageBodyTooLarge, Producer
 from tests.integration.sdk.popgate_up import POPGATE, Up, children_of
 
 # Children inherit the environment: a short shutdown grace keeps each stop well under a second.

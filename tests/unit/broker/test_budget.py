@@ -10,11 +10,11 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.budget import ByteBudget
-from broker.errors import StoreUnavailable, TooManyRequests
 from broker.log import TopicLog
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import RECORD_OVERHEAD_BYTES, NewMessage, Op, Record
+from popgate_contract.errors import StoreUnavailable, TooManyRequests
 
 
 def test_a_budget_takes_what_fits_and_one_request_alone_always() -> None:

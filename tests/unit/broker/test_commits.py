@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Sequence
 
 from broker.commits import StateCommits
-from broker.errors import StoreUnavailable
 from broker.inflight import Delivery, GroupTopic
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
+from popgate_contract.errors import StoreUnavailable
 
 
 class Refusing:

@@ -13,9 +13,9 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.errors import StoreUnavailable, TopicNotFound
 from broker.model import now_ms
 from broker.sqlite_store import SqliteStore
+from popgate_contract.errors import StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import broker
 
 T = TypeVar("T")
@@ -278,7 +278,7 @@ def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_path: Pa
 
 
 def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_requests(tmp_path: Path) -> None:
-    from broker.errors import BadRequest, IllegalMessage
+    from popgate_contract.errors import BadRequest, IllegalMessage
 
     async def scenario() -> None:
         async with broker(tmp_path) as (core, _):

@@ -15,10 +15,10 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.errors import BadRequest, StoreUnavailable
 from broker.longpoll import Kind
 from broker.model import PopResult, now_ms, stable_hash
 from broker.store import NewMessage, Op, Record
+from popgate_contract.errors import BadRequest, StoreUnavailable
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_arrival import ANSWER_S, POLL_MS, REJECT_WINDOW_S, held
 

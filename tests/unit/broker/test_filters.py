@@ -1,7 +1,7 @@
 import pytest
 
-from broker.errors import IllegalFilter
 from broker.filters import MATCH_ALL, TagFilter
+from popgate_contract.errors import IllegalFilter
 
 
 def test_star_and_empty_match_everything() -> None:

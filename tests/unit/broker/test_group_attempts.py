@@ -12,7 +12,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker import handlers
 from broker.core import BrokerCore
-from broker.errors import IllegalGroup
+from popgate_contract.errors import IllegalGroup
 from tests.unit.broker.cores import broker
 
 T = TypeVar("T")

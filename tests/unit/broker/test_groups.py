@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from broker import groups as groups_module
-from broker.errors import TooManyRequests
 from broker.filters import MATCH_ALL, TagFilter
 from broker.groups import ConsumerGroups
 from broker.log import QueueLog, TopicLog
 from broker.settings import BrokerSettings
 from broker.store import Op, Record, SetGroupFilter, SetPullOffset
+from popgate_contract.errors import TooManyRequests
 
 
 def topic_with(name: str, messages: int, queues: int = 2) -> TopicLog:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.errors import IllegalBatchSize, IllegalPollingTime, TooManyRequests
 from broker.model import now_ms
+from popgate_contract.errors import IllegalBatchSize, IllegalPollingTime, TooManyRequests
 from tests.unit.broker.cores import broker
 
 

@@ -9,7 +9,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.metrics import BrokerMetrics
-from broker.validation import DLQ_RESEND_GROUP
+from popgate_contract.validation import DLQ_RESEND_GROUP
 from tests.unit.broker.cores import broker
 
 

@@ -35,8 +35,8 @@ import broker.readiness
 import broker.redelivery
 import broker.send
 from broker.core import BrokerCore
-from broker.errors import InvalidReceiptHandle, TopicNotFound
 from broker.model import PopResult, stable_hash
+from popgate_contract.errors import InvalidReceiptHandle, TopicNotFound
 from tests.unit.broker import cores
 
 EXAMPLES = int(os.environ.get("POPGATE_MODEL_EXAMPLES", "25"))

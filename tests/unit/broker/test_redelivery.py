@@ -11,7 +11,6 @@ from typing import TypeVar
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.errors import StoreUnavailable
 from broker.filters import MATCH_ALL
 from broker.inflight import Delivery, GroupTopic
 from broker.log import QueueLog, TopicLog
@@ -21,6 +20,7 @@ from broker.redelivery import MAX_DLQ_MOVES, Redelivery
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, NewMessage, Op, Record
+from popgate_contract.errors import StoreUnavailable
 
 MAX_ATTEMPTS = 3
 SETTINGS = BrokerSettings(max_delivery_attempts=MAX_ATTEMPTS, group_max_attempts=(("fast", 1),))

@@ -11,8 +11,8 @@ from typing import TypeVar
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.errors import IllegalInvisibleTime, InvalidReceiptHandle
 from broker.model import now_ms
+from popgate_contract.errors import IllegalInvisibleTime, InvalidReceiptHandle
 from tests.unit.broker.cores import broker
 
 T = TypeVar("T")

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.errors import IllegalDeliveryTime, StoreUnavailable
 from broker.model import now_ms
 from broker.schedule import DELAY_LEVELS_S, ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from broker.store import DeleteScheduled, NewMessage, Op, Record
+from popgate_contract.errors import IllegalDeliveryTime, StoreUnavailable
 
 DAY = 24 * 3600 * 1000
 

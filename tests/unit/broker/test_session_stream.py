@@ -16,10 +16,10 @@ from popgate_pb import broker_pb2 as pb
 
 from broker import server
 from broker import session as session_stream
-from broker.client import BrokerSession
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
+from popgate_contract.session_client import BrokerSession
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_schedule import until
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import StoreUnavailable
 from broker.sqlite_store import BATCH_MESSAGES, SqliteStore
 from broker.store import DeleteInflight, NewMessage, PutInflight, Record
+from popgate_contract.errors import StoreUnavailable
 
 N = BATCH_MESSAGES * 2 + 7  # more than one batch row per queue in one commit
 

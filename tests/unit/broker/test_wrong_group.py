@@ -9,7 +9,7 @@ from pathlib import Path
 
 from popgate_pb import broker_pb2 as pb
 
-from broker.errors import InvalidReceiptHandle
+from popgate_contract.errors import InvalidReceiptHandle
 from tests.unit.broker.cores import broker
 
 

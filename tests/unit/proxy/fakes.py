@@ -8,7 +8,7 @@ from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy import errors
+from popgate_contract import errors
 from proxy.ports import Health
 
 
@@ -16,7 +16,7 @@ class FakeBroker:
     def __init__(self, name: str, *, healthy: bool = True) -> None:
         self.name = name
         self._status = Health(healthy)
-        self.fail: errors.ProxyError | None = None
+        self.fail: errors.DomainError | None = None
         self.sent: list[bpb.Message] = []
         self.pops: list[bpb.PopRequest] = []
         self.acks: list[bpb.AckRequest] = []

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
-from proxy import errors
+from popgate_contract import errors
 from proxy.attempts import DEFAULT_MAX_ATTEMPTS, GroupAttempts
 
 T = TypeVar("T")

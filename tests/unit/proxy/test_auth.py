@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from broker.auth import TOKEN_KEY, token_ok
+from popgate_contract.broker_token import TOKEN_KEY, token_ok
+from popgate_contract.codes import code_of
+from popgate_contract.errors import Forbidden, Unauthorized
 from proxy import auth, settings
 from proxy.auth import Account, Authenticator
-from proxy.codes import code_of
-from proxy.errors import Forbidden, Unauthorized
 from proxy.v2 import access
 
 NOW = calendar.timegm((2026, 11, 21, 7, 0, 0, 0, 0, 0))  # 2026-11-21T07:00:00Z

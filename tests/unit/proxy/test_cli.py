@@ -10,9 +10,9 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
-from sdk.cli import build_parser
-from sdk.cluster import ended
-from sdk.live import Sample, render, summarize
+from popgate.cli.cluster import ended
+from popgate.cli.live import Sample, render, summarize
+from popgate.cli.main import build_parser
 
 
 def test_up_defaults_match_make_run() -> None:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from proxy import errors
+from popgate_contract import errors
 from proxy.core import PartlyStored, Proxy
 from proxy.longpoll import LongPollStrategy
 from proxy.receive import ReceiveRequest

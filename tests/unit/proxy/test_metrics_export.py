@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from broker.export import ExportSettings, records
+from popgate_process.export import ExportSettings, records
 from proxy.metrics import ProxyMetrics
 from proxy.notify import RunStats
 from spark_metrics import names

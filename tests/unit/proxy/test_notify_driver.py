@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 from popgate_pb import broker_pb2 as bpb
 from prometheus_client import CollectorRegistry
 
-from proxy import errors
+from popgate_contract import errors
+from popgate_contract.errors import BrokerTimeout
 from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.adaptive_driver import AdaptiveStrategy
 from proxy.core import Proxy
-from proxy.errors import BrokerTimeout
 from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
 from proxy.notify_driver import NotifyStrategy

@@ -13,8 +13,8 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors
-from proxy.codes import code_of
+from popgate_contract import errors
+from popgate_contract.codes import code_of
 from proxy.core import SEND_OVERHEAD, Proxy
 from proxy.longpoll import LongPollStrategy
 from proxy.routing import BrokerPool

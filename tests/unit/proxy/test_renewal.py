@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import TypeVar
 
-from proxy import errors
+from popgate_contract import errors
 from proxy.renewal import CLEAR_INVISIBLE_MS, MAX_RENEW_BATCH, RenewalBook, RenewalLimits, Renewer
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, handle

@@ -11,8 +11,8 @@ from typing import Any
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.errors import BrokerError
-from proxy import errors
+from popgate_contract import errors
+from popgate_contract.errors import DomainError
 from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
 from proxy.routing import BrokerPool
 from tests.unit.broker.cores import broker
@@ -35,7 +35,7 @@ class CoreClient(FakeBroker):
             raise errors.BrokerUnavailable("briefly away")
         try:
             results, until = await self.core.renew(request.group, list(request.receipt_handles), request.invisible_ms)
-        except BrokerError as exc:
+        except DomainError as exc:
             self.outcomes.append(exc.name)
             raise
         out = pb.RenewResponse(invisible_until_ms=until)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
-import broker.errors as broker_errors
-from proxy import errors, validate
-from proxy.codes import CODES, Code, code_of, name_of
+import broker
+from popgate_contract import errors, trailer
+from popgate_contract.codes import CODES, Code, code_of, name_of
+from proxy import validate
 from proxy.polltime import PollLimits, poll_seconds
 from proxy.settings import BrokerAddress, Settings, SettingsError, load
 
@@ -111,10 +113,10 @@ def test_message_fields_get_their_own_codes() -> None:
 
 
 def test_every_proxy_error_has_a_row_and_a_specific_code() -> None:
-    def subclasses(cls: type[errors.ProxyError]) -> list[type[errors.ProxyError]]:
+    def subclasses(cls: type[errors.DomainError]) -> list[type[errors.DomainError]]:
         return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
 
-    for cls in subclasses(errors.ProxyError):
+    for cls in subclasses(errors.DomainError):
         assert cls in CODES, f"{cls.__name__} has no row in the code table"
     assert name_of(code_of(errors.InvalidReceiptHandle("x"))) == "INVALID_RECEIPT_HANDLE"
     assert name_of(code_of(errors.MessageBodyTooLarge("x"))) == "MESSAGE_BODY_TOO_LARGE"
@@ -124,15 +126,24 @@ def test_every_proxy_error_has_a_row_and_a_specific_code() -> None:
 
 
 def test_every_broker_error_name_maps_to_the_same_named_proxy_error() -> None:
-    for name in dir(broker_errors):
-        cls = getattr(broker_errors, name)
-        if (
-            isinstance(cls, type)
-            and issubclass(cls, broker_errors.BrokerError)
-            and cls is not broker_errors.BrokerError
-        ):
-            assert type(errors.from_broker(name, "m", broker="b1")).__name__ == name
-    assert isinstance(errors.from_broker("Strange", "m", broker="b1"), errors.BrokerFailure)
+    for cls in errors.BROKER_ERRORS:
+        assert type(trailer.from_broker(cls.__name__, "m", broker="b1")) is cls
+    assert isinstance(trailer.from_broker("Strange", "m", broker="b1"), errors.BrokerFailure)
+    assert isinstance(trailer.from_broker("DomainError", "m", broker="b1"), errors.BrokerFailure)
+
+
+def test_every_error_a_broker_raises_is_one_its_trailer_may_name() -> None:
+    """A class outside BROKER_ERRORS raised by a broker would reach the client as a BrokerFailure."""
+    raised: set[str] = set()
+    for path in Path(broker.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                func = node.exc.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if isinstance(getattr(errors, name, None), type):
+                    raised.add(name)
+    assert raised, "no domain error raised in broker/: the check reads nothing"
+    assert raised - {"DomainError"} <= {cls.__name__ for cls in errors.BROKER_ERRORS}
 
 
 def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:

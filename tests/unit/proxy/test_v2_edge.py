@@ -11,7 +11,8 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from proxy import errors, validate
+from popgate_contract import errors
+from proxy import validate
 from proxy.attempts import GroupAttempts
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall

@@ -9,7 +9,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from prometheus_client import CollectorRegistry
 
-from proxy import errors
+from popgate_contract import errors
 from proxy.core import Proxy
 from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics

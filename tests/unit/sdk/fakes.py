@@ -19,7 +19,7 @@ import grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import Message
+from popgate import Message
 
 
 class FakeRpcError(grpc.RpcError):

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 
-from sdk import RetryPolicy, SimpleConsumer, aio, errors
+from popgate import RetryPolicy, SimpleConsumer, aio, errors
 from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeStub
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)

@@ -11,11 +11,11 @@ import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from sdk import Message, Producer, RetryPolicy
-from sdk._transport import convert
-from sdk.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
-from sdk.cli import main
-from sdk.commands import IdleWait, OnePass, error_console, explain
+from popgate import Message, Producer, RetryPolicy
+from popgate._transport import convert
+from popgate.cli.admin import DeadLetters, _count_dead_letters, _dlq_ranges, resent
+from popgate.cli.commands import IdleWait, OnePass, error_console, explain
+from popgate.cli.main import main
 
 
 def test_wait_zero_still_polls_once() -> None:
@@ -289,7 +289,7 @@ class _Consumer:
 
 def _receive_into(stdout: _Pipe, events: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     batch = [Message(b"x", message_id=f"m{i}", topic="t") for i in range(10)]
-    monkeypatch.setattr("sdk.commands.SimpleConsumer", lambda *_, **__: _Consumer(batch, events))
+    monkeypatch.setattr("popgate.cli.commands.SimpleConsumer", lambda *_, **__: _Consumer(batch, events))
     monkeypatch.setattr("sys.stdout", stdout)
     return main(["receive", "t", "--group", "g", "--endpoint", "127.0.0.1:1", "--count", "10", "--wait", "0"])
 

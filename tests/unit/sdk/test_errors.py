@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 
-from proxy import errors as domain
-from proxy.codes import CODES
-from sdk import errors
+from popgate import errors
+from popgate_contract import errors as domain
+from popgate_contract.codes import CODES
 
 
 @pytest.mark.parametrize("cls", sorted(CODES, key=lambda c: c.__name__), ids=lambda c: c.__name__)
-def test_every_code_the_proxy_sends_becomes_a_typed_error_with_its_retriable_flag(cls: type[domain.ProxyError]) -> None:
+def test_every_code_the_proxy_sends_becomes_a_typed_error_with_its_retriable_flag(
+    cls: type[domain.DomainError],
+) -> None:
     code = CODES[cls]
     error = errors.error_for(code, "the server's words")
     assert isinstance(error, errors.PopgateError)

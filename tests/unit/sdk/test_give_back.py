@@ -16,8 +16,8 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import Message, SimpleConsumer, aio
-from sdk._base import Unyielded
+from popgate import Message, SimpleConsumer, aio
+from popgate._base import Unyielded
 from tests.unit.sdk.fakes import FakeChannel, FakeStub
 
 IDS = ["m0", "m1", "m2", "m3"]
@@ -76,7 +76,7 @@ def test_break_gives_back_the_rest_of_the_batch_and_a_failed_give_back_is_only_l
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = FakeStub(call_faults=[("refused", grpc.StatusCode.UNAVAILABLE)])
-    caplog.set_level(logging.DEBUG, logger="sdk.client")
+    caplog.set_level(logging.DEBUG, logger="popgate.client")
     with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer:
         consumer._stub = SyncStub(fake, answer(fake, IDS))
         yielded = [message.message_id for message in itertools.islice(consumer, 1)]  # then the generator closes

@@ -10,8 +10,8 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import SimpleConsumer, aio
-from sdk._base import ITERATION_MIN_WAIT_S
+from popgate import SimpleConsumer, aio
+from popgate._base import ITERATION_MIN_WAIT_S
 from tests.unit.sdk.fakes import FakeChannel
 
 EMPTY = [pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message"))]

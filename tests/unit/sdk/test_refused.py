@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sdk import Message, Producer, SimpleConsumer, _wire, aio
-from sdk.cli import main
+from popgate import Message, Producer, SimpleConsumer, _wire, aio
+from popgate.cli.main import main
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a refused argument must fail before any call is tried
 TOO_LONG = [_wire.MAX_DURATION_S + 1, 1e10, 1e20]  # 1e10 s overflows a gRPC deadline; 1e20 no protobuf can carry

@@ -1,4 +1,4 @@
-"""The sans-IO bookkeeping of an AckMessage through its attempts (`sdk._resend`)."""
+"""The sans-IO bookkeeping of an AckMessage through its attempts (`popgate._resend`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import _resend, errors
+from popgate import _resend, errors
 
 
 def test_resent_entries_are_found_by_message_id_when_the_answer_does_not_echo_handles() -> None:

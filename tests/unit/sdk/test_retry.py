@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from sdk.retry import RetryPolicy
+from popgate.retry import RetryPolicy
 
 
 def test_delays_grow_are_jittered_and_bounded() -> None:

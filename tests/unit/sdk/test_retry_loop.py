@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sdk import Producer, RetryPolicy, TooManyRequests, Unavailable, aio, errors
+from popgate import Producer, RetryPolicy, TooManyRequests, Unavailable, aio, errors
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
 

@@ -11,8 +11,8 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import Message, Producer, Unavailable, _wire, aio, errors
-from sdk.retry import RetryPolicy
+from popgate import Message, Producer, Unavailable, _wire, aio, errors
+from popgate.retry import RetryPolicy
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
 
 MANY = 1500  # two SendMessage calls (1024 messages each at most)

@@ -13,8 +13,8 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from sdk import _wire, errors
-from sdk.message import Message
+from popgate import _wire, errors
+from popgate.message import Message
 
 
 def test_authorization_header_is_the_official_mqv2_hmac_sha1() -> None:
@@ -46,7 +46,7 @@ def test_message_ids_have_the_official_format_and_are_unique() -> None:
 # A pre-forking server (gunicorn, multiprocessing "fork"): the generator made at import is shared by the workers.
 FORKED_WORKERS = """
 import os
-from sdk._base import ProducerBase
+from popgate._base import ProducerBase
 
 ProducerBase._ids()  # the parent sends before forking (or not: the children must differ either way)
 read, write = os.pipe()

@@ -1,6 +1,6 @@
 """The `popgate` command line: `up` (a local cluster in the foreground) and the client commands.
 
-Client commands (send, receive, stats, dlq, bench) live in sdk.commands, sdk.admin and sdk.benchmark.
+Client commands (send, receive, stats, dlq, bench) live in `commands`, `admin` and `benchmark` beside it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from sdk.cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted, ended
-from sdk.commands import number
+from .cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted, ended
+from .commands import number
 
 # A live view refresh polls every broker's Stats: 0 (or less) would poll them in a busy loop.
 INTERVAL = number(float, low=0.1, high=3600.0)
@@ -87,7 +87,7 @@ def _name_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from sdk import admin, benchmark, commands
+    from . import admin, benchmark, commands
 
     commands.add_parsers(sub)
     admin.add_parsers(sub)
@@ -145,7 +145,7 @@ def up(args: argparse.Namespace) -> int:
         if args.no_view:
             stop.wait()
         else:
-            from sdk.live import LiveView
+            from .live import LiveView
 
             addresses = {n: c.address for n, c in cluster.brokers.items()}
             token = os.environ.get("POPGATE_BROKER_TOKEN", "")  # the children's, when their token is on

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from broker.errors import InvalidReceiptHandle
+from popgate_contract.errors import InvalidReceiptHandle
 
 VERSION = "1"
 _SEP = "~"

@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sdk.admin import Broker, Lag, lag_rows
+from .admin import Broker, Lag, lag_rows
 
 
 @dataclass

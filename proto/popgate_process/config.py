@@ -36,22 +36,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from popgate_contract.validation import parse_host_port
+
 T = TypeVar("T")
 PROGRAM_SECTIONS = frozenset(("broker", "proxy"))  # one file may hold a table for each program
 
 
 class SettingsError(ValueError):
     """A setting is missing, unreadable or out of range; the message names it."""
-
-
-def parse_host_port(text: str, *, what: str) -> tuple[str, int]:
-    """(host, port) of a ``HOST:PORT`` address (``[::1]:80`` too); SettingsError naming `what` otherwise."""
-    host, sep, port = text.rpartition(":")
-    if "://" in text:
-        raise SettingsError(f"{what}: {text!r} is not HOST:PORT (no scheme: drop {text.partition('://')[0]}://)")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"{what}: {text!r} is not HOST:PORT (a port is 0..65535)")
-    return host.strip("[]"), int(port)
 
 
 def cannot_listen(address: str) -> str | None:

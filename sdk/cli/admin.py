@@ -22,14 +22,16 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
-from broker.auth import TOKEN_KEY
-from broker.errors import BrokerError
-from broker.lag import lag_seconds
-from broker.validation import DLQ_PREFIX, check_group
-from broker.validation import DLQ_RESEND_GROUP as RESEND_GROUP
-from sdk import errors
-from sdk.client import Producer, SimpleConsumer
-from sdk.commands import (
+from popgate_contract.broker_token import TOKEN_KEY
+from popgate_contract.errors import DomainError
+from popgate_contract.lag import lag_seconds
+from popgate_contract.validation import DLQ_PREFIX, check_group
+from popgate_contract.validation import DLQ_RESEND_GROUP as RESEND_GROUP
+
+from .. import errors
+from ..client import Producer, SimpleConsumer
+from ..message import Message
+from .commands import (
     DURATION,
     NON_NEGATIVE_INT,
     POSITIVE_DURATION,
@@ -42,7 +44,6 @@ from sdk.commands import (
     number,
     print_table,
 )
-from sdk.message import Message
 
 LIST_LIMIT = number(int, low=1, high=1000)
 
@@ -369,7 +370,7 @@ def _group_name(text: str) -> str:
     showed an empty table for it, `resend` the server's ILLEGAL_TOPIC)."""
     try:
         return check_group(text)
-    except BrokerError as exc:
+    except DomainError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

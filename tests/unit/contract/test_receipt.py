@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.errors import InvalidReceiptHandle
-from broker.receipt import ReceiptHandle, broker_of
+from popgate_contract.errors import InvalidReceiptHandle
+from popgate_contract.receipt import ReceiptHandle, broker_of
 
 names = st.from_regex(r"[%a-zA-Z0-9_-]{1,40}", fullmatch=True)
 handles = st.builds(

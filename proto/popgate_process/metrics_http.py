@@ -19,7 +19,7 @@ from typing import Protocol
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from broker.export import ExportSettings, MetricsExporter
+from popgate_process.export import ExportSettings, MetricsExporter
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from broker.errors import BrokerError, IllegalGroup, IllegalMessage, IllegalTopic
+from popgate_contract.errors import DomainError, IllegalFilter, IllegalGroup, IllegalMessage, IllegalTopic
 
 # The limits of DESIGN §5, checked by the broker and again, before any broker call, by the proxy
 # (proxy/validate.py imports them from here: one source for both).
@@ -26,7 +26,7 @@ MAX_HANDLES = 1024
 MAX_SEND_MESSAGES = 1024
 
 
-def check_name(kind: str, name: str, *, error: type[BrokerError], limit: int = MAX_NAME_LEN) -> str:
+def check_name(kind: str, name: str, *, error: type[DomainError], limit: int = MAX_NAME_LEN) -> str:
     """`name` if it is a valid `kind` name ("topic", "consumer group") of at most `limit` characters."""
     if not name:
         raise error(f"{kind} name is empty")
@@ -47,7 +47,7 @@ def check_group(group: str) -> str:
     return check_name("consumer group", group, error=IllegalGroup)
 
 
-def check_tag(tag: str, *, error: type[BrokerError] = IllegalMessage) -> str:
+def check_tag(tag: str, *, error: type[DomainError] = IllegalMessage) -> str:
     """`tag` if a message may carry it (`error`: the class to raise, the proxy's finer one for its v2 code)."""
     if not tag.strip():
         raise error("message tag is blank")
@@ -72,3 +72,37 @@ def check_text_field(what: str, value: str, *, limit: int) -> str:
     if not value.isprintable():
         raise IllegalMessage(f"{what} contains a control character")
     return value
+
+
+MAX_FILTER_LEN = 1024
+
+
+def split_tags(expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> list[str] | None:
+    """The tags of a filter expression, stripped, in their order (None: every message matches). `max_len`: the
+    longest expression a client may send; None for one the store kept (see `TagFilter.parse`)."""
+    text = expression.strip()
+    if text in ("", "*"):
+        return None
+    if max_len is not None and len(text) > max_len:
+        raise IllegalFilter(f"filter expression is {len(text)} characters long; the limit is {max_len}")
+    tags = [part.strip() for part in text.split("||")]
+    for tag in tags:
+        if not tag:
+            raise IllegalFilter(f"filter expression {expression!r} has an empty tag")
+        if tag == "*" or "|" in tag or not tag.isprintable():
+            raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
+    return tags
+
+
+class AddressError(ValueError):
+    """An address is not ``HOST:PORT``; the message names what it was given for."""
+
+
+def parse_host_port(text: str, *, what: str) -> tuple[str, int]:
+    """(host, port) of a ``HOST:PORT`` address (``[::1]:80`` too); AddressError naming `what` otherwise."""
+    host, sep, port = text.rpartition(":")
+    if "://" in text:
+        raise AddressError(f"{what}: {text!r} is not HOST:PORT (no scheme: drop {text.partition('://')[0]}://)")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise AddressError(f"{what}: {text!r} is not HOST:PORT (a port is 0..65535)")
+    return host.strip("[]"), int(port)

@@ -6,7 +6,7 @@ import asyncio
 
 from prometheus_client import CollectorRegistry, Counter
 
-from broker.metrics_http import MetricsServer
+from popgate_process.metrics_http import MetricsServer
 
 
 def exchange(request: bytes) -> tuple[str, dict[str, str], bytes]:

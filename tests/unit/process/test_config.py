@@ -1,10 +1,10 @@
-"""The servers' shared settings helpers (broker/config.py)."""
+"""The servers' shared settings helpers (proto/popgate_process/config.py)."""
 
 from __future__ import annotations
 
 import socket
 
-from broker.config import cannot_listen
+from popgate_process.config import cannot_listen
 
 
 def test_a_port_in_use_is_told_in_the_systems_words() -> None:

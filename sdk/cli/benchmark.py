@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from rich.progress import Progress
 from rich.table import Table
 
-from sdk import aio, errors
-from sdk._transport import MAX_MESSAGE_BYTES
-from sdk.commands import (
+from .. import aio, errors
+from .._transport import MAX_MESSAGE_BYTES
+from .commands import (
     NON_NEGATIVE_INT,
     POSITIVE,
     Sub,

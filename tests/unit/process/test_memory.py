@@ -1,8 +1,8 @@
-"""When a process gives freed heap memory back (broker/memory.py): decided from samples of its resident size."""
+"""When a process gives freed heap memory back (proto/popgate_process/memory.py): decided from samples of its resident size."""
 
 from __future__ import annotations
 
-from broker.memory import TrimPolicy
+from popgate_process.memory import TrimPolicy
 
 MiB = 1024 * 1024
 

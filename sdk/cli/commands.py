@@ -20,11 +20,11 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from sdk import errors
-from sdk._transport import CERT_HINT, MAX_MESSAGE_BYTES, PLAINTEXT_HINT, TLS_HINT
-from sdk._wire import MAX_DURATION_S
-from sdk.client import Producer, SimpleConsumer
-from sdk.message import Message
+from .. import errors
+from .._transport import CERT_HINT, MAX_MESSAGE_BYTES, PLAINTEXT_HINT, TLS_HINT
+from .._wire import MAX_DURATION_S
+from ..client import Producer, SimpleConsumer
+from ..message import Message
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from broker import export
-from broker.export import ExportSettings, MetricsExporter, RunSnapshots, _RollingFile, encode, records, salvage
+from popgate_process import export
+from popgate_process.export import ExportSettings, MetricsExporter, RunSnapshots, _RollingFile, encode, records, salvage
 
 
 def registry() -> CollectorRegistry:

@@ -23,24 +23,9 @@ import grpc
 from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
-ERROR_KEY = "popgate-error"
-UNSENT_KEY = "popgate-unsent"  # on a lost stream's error: this request was never written to it
+from popgate_contract.trailer import rpc_error, session_error
+
 log = logging.getLogger(__name__)
-
-
-def _rpc_error(code: grpc.StatusCode, details: str, error: str = "", *, unsent: bool = False) -> grpc.aio.AioRpcError:
-    pairs = [(ERROR_KEY, error)] if error else []
-    if unsent:
-        pairs.append((UNSENT_KEY, "1"))
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*pairs), details, None)
-
-
-def unsent(error: grpc.aio.AioRpcError) -> bool:
-    """Whether a Session request's error says it never left (safe to send again: it cannot apply twice)."""
-    return any(key == UNSENT_KEY for key, _ in error.trailing_metadata() or ())
-
-
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 Answer = Callable[[pb.SessionResponse | grpc.aio.AioRpcError], None]
@@ -100,7 +85,7 @@ class BrokerSession:
         included: see `failure`) or with the UNAVAILABLE error of a lost stream; never after
         `cancel`. No task per request: a held long poll costs a dict entry and the callback."""
         if self._broken is not None:
-            raise _rpc_error(self._broken.code(), self._broken.details() or "", unsent=True)
+            raise rpc_error(self._broken.code(), self._broken.details() or "", unsent=True)
         request_id = request.id = next(self._ids)
         self._pending[request_id] = answer
         self._unwritten[request_id] = request
@@ -176,20 +161,20 @@ class BrokerSession:
             self._unwritten.pop(item, None)
 
     async def _read(self) -> None:
-        error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")
+        error = rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")
         try:
             async for response in self._call:
                 answer = self._pending.pop(response.id, None)
                 if answer is not None:
                     _deliver(answer, response)
         except grpc.aio.AioRpcError as exc:
-            error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
         finally:
             self._broken = error
             never_sent = set(self._unwritten) - {self._writing}
             self._unwritten.clear()
             pending, self._pending = self._pending, {}
-            unsent_error = _rpc_error(error.code(), error.details() or "", unsent=True)
+            unsent_error = rpc_error(error.code(), error.details() or "", unsent=True)
             for request_id, answer in pending.items():
                 _deliver(answer, unsent_error if request_id in never_sent else error)
 
@@ -217,4 +202,4 @@ def failure(response: pb.SessionResponse) -> grpc.aio.AioRpcError | None:
     if response.WhichOneof("body") != "error":
         return None
     e = response.error
-    return _rpc_error(_CODES.get(e.grpc_code, grpc.StatusCode.UNKNOWN), e.message, e.error)
+    return session_error(e.error, e.message, e.grpc_code)

@@ -1,19 +1,19 @@
 """The one table: proxy domain error -> apache.rocketmq.v2 Code.
 
 Lookup walks the class hierarchy, so a subclass without its own row gets its
-parent's code. Anything that is not a ProxyError is an internal error.
+parent's code. Anything that is not a DomainError is an internal error.
 """
 
 from __future__ import annotations
 
 from popgate_pb.v2 import definition_pb2 as v2
 
-from proxy import errors
+from popgate_contract import errors
 
 Code = v2.Code
 
-CODES: dict[type[errors.ProxyError], int] = {
-    errors.ProxyError: Code.INTERNAL_SERVER_ERROR,
+CODES: dict[type[errors.DomainError], int] = {
+    errors.DomainError: Code.INTERNAL_SERVER_ERROR,
     errors.BadRequest: Code.BAD_REQUEST,
     errors.IllegalTopic: Code.ILLEGAL_TOPIC,
     errors.IllegalGroup: Code.ILLEGAL_CONSUMER_GROUP,
@@ -48,7 +48,7 @@ CODES: dict[type[errors.ProxyError], int] = {
 
 def code_of(error: BaseException) -> int:
     """The v2 Code for an error raised while serving a request."""
-    if isinstance(error, errors.ProxyError):
+    if isinstance(error, errors.DomainError):
         for cls in type(error).__mro__:
             code = CODES.get(cls)
             if code is not None:
@@ -56,7 +56,7 @@ def code_of(error: BaseException) -> int:
     return Code.INTERNAL_SERVER_ERROR
 
 
-def status_of(error: errors.ProxyError) -> v2.Status:
+def status_of(error: errors.DomainError) -> v2.Status:
     """The v2 Status that tells a client of `error`: its code from the table, its own message."""
     return v2.Status(code=code_of(error), message=error.message)  # type: ignore[arg-type]
 
