@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint proto proto-check bench install clean fuzz
+.PHONY: run test unit lint proto proto-check bench install clean fuzz
 
 $(STAMP): pyproject.toml deploy/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 	$(MAKE) lint
 	$(BIN)/python proto/generate.py --check
 	$(BIN)/python -m pytest tests
+
+## make unit: the fast inner loop: pure tests, no sockets (tests/unit/conftest.py refuses them), no processes.
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 ## make fuzz: hypothesis against every RPC of the broker and the proxy, 420 cases each (26 RPCs: >= 10,000).
 fuzz: $(STAMP)

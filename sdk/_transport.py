@@ -17,8 +17,8 @@ from .retry import RetryPolicy
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways (a larger request: MessageBodyTooLarge)
 
 # Reconnect quickly after a proxy restart (gRPC's default back-off grows to two minutes). Not
-# grpc.min_reconnect_backoff_ms: grpc core takes it as the minimum time a connection attempt gets
-# (default 20 s), and at 100 ms a server whose handshake takes over a second (TLS far away) was never reached.
+# grpc.min_reconnect_backoff_ms: grpc core takes it as the minimum time a connection attempt gets (default 20 s),
+# which a slow handshake needs (tests/integration/sdk/test_connect.py, the SDK reaching a slow proxy).
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),

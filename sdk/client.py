@@ -26,9 +26,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-# ReceiveMessage streams one frame per message. Read on the calling thread instead of handing every
-# frame over from grpc's channel thread: a sync consumer's CPU per received message 140 -> 92 us
-# (docs/SDK.md; grpc's experimental channel option, present since grpcio 1.34).
+# ReceiveMessage streams one frame per message: a sync client reads them on the calling thread instead of
+# having grpc's channel thread hand each over (grpc's experimental channel option; its cost is in docs/SDK.md).
 _SYNC_OPTIONS = [*CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
 
 
@@ -63,10 +62,10 @@ class _SyncClient(ClientBase):
 
     def _back_off(self, delay: float, exc: errors.PopgateError) -> None:
         """Wait ``delay`` seconds before a retry. After an Unavailable, a Heartbeat that waits for the channel
-        (up to the delay) keeps it polled meanwhile: on grpc's poller I/O (proto/popgate_process/grpc_engine.py) a sync
-        channel's reconnect timers run only while a call polls it, and with plain sleeps between failing calls
-        a producer reached a restarted proxy 6-10 s after it was back (0.3 s on grpc's EventEngine). The retry
-        still waits out its delay."""
+        (up to the delay) keeps it polled meanwhile: on grpc's poller I/O a sync channel's reconnect timers run
+        only while a call polls it, so a producer reaches a restarted proxy within its retries
+        (tests/integration/sdk/test_restarts.py::test_a_producer_reconnects_to_a_restarted_proxy_within_its_retries).
+        The retry still waits out its delay."""
         ends = time.monotonic() + delay
         if isinstance(exc, errors.Unavailable):
             with contextlib.suppress(grpc.RpcError, ValueError):  # not ready in time, or closed meanwhile

@@ -1,9 +1,8 @@
 """Client side of the broker's Session stream: many requests on one gRPC call.
 
-A held long poll then costs the broker a few hundred bytes instead of a whole
-gRPC call (about 19 KB in grpc core), and a Send, Ack or ChangeInvisibleTime a
-stream message instead of a call (about a quarter of the CPU). Errors are raised as the same
-``grpc.aio.AioRpcError`` the unary RPC would raise (status code, details and the
+A held long poll then costs the broker a stream message instead of a whole gRPC call, and a
+Send, Ack or ChangeInvisibleTime a frame instead of a call (the costs are in docs/BROKER.md).
+Errors are raised as the same ``grpc.aio.AioRpcError`` the unary RPC would raise (status code, details and the
 ``popgate-error`` trailer), so callers handle both paths alike. Cancelling a
 caller's await (or `cancel`) sends a cancel frame; losing the stream fails every pending call
 with UNAVAILABLE. `submit` takes a callback instead of returning an awaitable, so a caller

@@ -1,4 +1,4 @@
-"""Checks of names and message fields shared by every RPC (DESIGN §5)."""
+"""Checks of names and message fields shared by every RPC (docs/ARCHITECTURE.md §5)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 from popgate_contract.errors import DomainError, IllegalFilter, IllegalGroup, IllegalMessage, IllegalTopic
 
-# The limits of DESIGN §5, checked by the broker and again, before any broker call, by the proxy
+# The limits of docs/ARCHITECTURE.md §5, checked by the broker and again, before any broker call, by the proxy
 # (proxy/validate.py imports them from here: one source for both).
 NAME_RE = re.compile(r"[%a-zA-Z0-9_-]+")  # fullmatch: "$" would also match before a final newline
 MAX_NAME_LEN = 127
@@ -18,11 +18,11 @@ MAX_TAG_LEN = 256
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64
 MAX_PROPERTIES_BYTES = 16 * 1024
-# Receipt handles in one Ack or Renew: fixed, not --max-send-batch (a proxy's AckMessage carries up to 1,024, and
-# its renewals batch 1,024: a broker with a smaller send batch refused them whole, every time).
+# Receipt handles in one Ack or Renew: fixed, not --max-send-batch, as a proxy's AckMessage carries up to 1,024 and
+# its renewals batch as many: a broker with a smaller send batch takes them all.
 MAX_HANDLES = 1024
-# Messages in one Send: fixed too, as a proxy sends a whole SendMessage (up to 1,024) to one broker in one Send; a
-# smaller setting refused legal requests (the bytes are bounded by --max-send-bytes).
+# Messages in one Send: fixed too, as a proxy sends a whole SendMessage (up to 1,024) to one broker in one Send
+# (the bytes are bounded by --max-send-bytes).
 MAX_SEND_MESSAGES = 1024
 
 

@@ -1,10 +1,9 @@
 """Freed heap memory goes back to the system after a burst (glibc's `malloc_trim`), for the broker and the proxy.
 
-glibc keeps what a process freed for its next allocations: a proxy that took 24 concurrent SendMessage calls
-of 6 x 4 MiB stayed at 540 MiB afterwards, idle at 45 MiB before, and did not grow on later bursts (a
-high-water mark, not a leak). In Kubernetes that is memory the pod is charged for: its limit is reached
-sooner and a memory-based autoscaler never scales it back down. `malloc_trim(0)` after such a burst took it
-back to 54 MiB (measured; 27-77 ms of a worker thread for a heap of that size).
+glibc keeps what a process freed for its next allocations: after a burst of large sends a process stays at its
+high-water mark (not a leak). In Kubernetes that is memory the pod is charged for: its limit is reached sooner
+and a memory-based autoscaler never scales it back down. `malloc_trim(0)` after such a burst gives it back
+(tests/integration/proxy/test_memory.py; the sizes measured are in docs/PROXY.md).
 
 The decision is pure (`TrimPolicy`); `MemoryTrimmer` is a daemon thread that samples the resident size every
 few seconds and trims only when it is well above its size at rest: a steady process never trims. Without
@@ -34,9 +33,8 @@ class TrimPolicy:
     """When to trim, from samples of the resident size: when it is `grow_bytes` above the floor (the least
     seen: at rest), at most once per `spacing_s`. A trim that gave back little (the memory is in use: held
     receives, a backlog being served) is not tried again until the size grew by `grow_bytes` more, or for
-    `retry_s`: a trim during a burst gives back only part of it, and the next one, after the burst, the rest
-    (held for good, a burst whose memory stayed in use for a while — unread answers, 30 s of heartbeats — left
-    the process at its high-water mark: 231 MiB that one trim took to 52, a review's probe)."""
+    `retry_s`: a trim during a burst gives back only part of it, and the next one, after the burst, the rest;
+    memory that stayed in use a while is given back once it is free (tests/unit/process/test_memory.py)."""
 
     def __init__(self, grow_bytes: int = GROW_BYTES, spacing_s: float = SPACING_S, retry_s: float = RETRY_S) -> None:
         self.grow_bytes = grow_bytes

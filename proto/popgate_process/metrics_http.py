@@ -108,7 +108,7 @@ async def start_metrics(
     the operator must fix (a port in use, an address that is not local, a directory that is a file) raises
     ``error(one line naming it)``."""
     # No `<counter>_created` series: nothing reads them (the export leaves them out), and per-group counters and
-    # histograms made them 66 of a proxy's 225 sample lines (a review's scrape).
+    # histograms would add one per series.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     if flags.metrics_listen:
         server = MetricsServer(registry)
@@ -138,7 +138,7 @@ class _Collected:
 
 async def _exposition(registry: CollectorRegistry) -> bytes:
     """The registry's text exposition. Collectors read live state (not thread-safe): on the loop. The text
-    is formatted in a worker thread; with 10,000 topics and 10,000 groups it is an 11.9 MB text whose
-    formatting stalled the loop for seconds (docs/BROKER.md, "/metrics")."""
+    is formatted in a worker thread, so a large one (many topics and groups: docs/BROKER.md, "/metrics") never
+    stalls the loop."""
     families = list(registry.collect())
     return await asyncio.get_running_loop().run_in_executor(None, generate_latest, _Collected(families))

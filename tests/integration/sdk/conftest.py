@@ -20,7 +20,7 @@ from popgate.cli.cluster import Cluster, ClusterConfig
 
 T = TypeVar("T")
 # Short polls keep drains quick whatever the proxy's receive mode (in longpoll mode a poll on a drained
-# broker waits its whole time while the other broker still has messages: a "false empty", DESIGN §3).
+# broker waits its whole time while the other broker still has messages: a "false empty", docs/ARCHITECTURE.md §3).
 WAIT = 0.4
 PROXY_ARGS = ("--min-invisible-s", "1", "--shutdown-grace-s", "0.5")
 # Brokers wait their whole shutdown grace on SIGTERM even when idle (5 s by default): keep teardown short.

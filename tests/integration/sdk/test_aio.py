@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,18 +16,8 @@ from popgate.aio import Producer, SimpleConsumer
 from tests.integration.sdk.conftest import LONG_INVISIBLE, given_back_attempts, record_batches
 
 # Short polls: in longpoll mode the proxy holds a receive on one broker (rotating), so a poll that lands on a
-# drained broker while the other still has messages waits its whole time (a "false empty", DESIGN §3).
+# drained broker while the other still has messages waits its whole time (a "false empty", docs/ARCHITECTURE.md §3).
 WAIT = 0.4
-
-
-def run_async(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test body in a fresh event loop (the suite has no asyncio pytest plugin)."""
-
-    @functools.wraps(test)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return wrapper
 
 
 def name(prefix: str) -> str:
@@ -46,7 +35,6 @@ async def drain(consumer: SimpleConsumer, count: int, *, limit_s: float = 15.0, 
     return got
 
 
-@run_async
 async def test_send_receive_ack_and_fields(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, {topic: "*"}) as consumer:
@@ -62,7 +50,6 @@ async def test_send_receive_ack_and_fields(endpoint: str) -> None:
     assert m.attempt == 1 and m.stored_at > 0
 
 
-@run_async
 async def test_send_many_concurrently_and_ack_many(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     bodies = [f"a{i}".encode() for i in range(1100)]  # two SendMessage calls
@@ -73,7 +60,6 @@ async def test_send_many_concurrently_and_ack_many(endpoint: str) -> None:
     assert sorted(m.body for m in got) == sorted(bodies)
 
 
-@run_async
 async def test_a_failed_send_many_says_which_messages_are_stored(endpoint: str) -> None:
     """A message group: the calls go one after another, so the first (two 3 MiB bodies) is stored before the
     second (over the 4 MiB body limit) is refused; the error's receipts name the stored ones."""
@@ -96,7 +82,6 @@ async def test_a_failed_send_many_says_which_messages_are_stored(endpoint: str) 
     assert [m.message_id for m in got] == [first.message_id, second.message_id]
 
 
-@run_async
 async def test_ack_many_reports_a_refused_call_per_message_and_still_acks_the_other_topics(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
@@ -110,7 +95,6 @@ async def test_ack_many_reports_a_refused_call_per_message_and_still_acks_the_ot
             await consumer.ack(good)  # acked already by ack_many
 
 
-@run_async
 async def test_nack_stale_ack_and_dlq(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:
@@ -132,7 +116,6 @@ async def test_nack_stale_ack_and_dlq(endpoint: str) -> None:
     assert dead.body == b"dead" and dead.properties["ORIGIN_TOPIC"] == topic
 
 
-@run_async
 async def test_async_iteration_until_closed(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     consumer = SimpleConsumer(endpoint, group, topic, wait=2.0)
@@ -156,7 +139,6 @@ async def test_async_iteration_until_closed(endpoint: str) -> None:
 
 
 @pytest.mark.parametrize("close", [False, True], ids=["used-on", "closed-at-once"])
-@run_async
 async def test_leaving_async_for_gives_the_rest_of_the_batch_back_at_once(endpoint: str, close: bool) -> None:
     """`break`, then the consumer is used on (the loop closes the iteration in a task of its own), or closed at
     once by its `async with` as in docs/SDK.md. Before, the rest of the batch stayed invisible for 60 s."""
@@ -200,7 +182,6 @@ class CancelledAfterFirstMessage:
         return frames()
 
 
-@run_async
 async def test_a_receive_cancelled_mid_answer_gives_back_the_messages_it_had_read(endpoint: str) -> None:
     """Before, a message whose frame a cancelled receive had read stayed invisible for `invisible` (60 s here)."""
     topic, group = name("t"), name("g")
@@ -220,7 +201,6 @@ async def test_a_receive_cancelled_mid_answer_gives_back_the_messages_it_had_rea
     assert back.message_id == sent.message_id and back.attempt in (1, 2)
 
 
-@run_async
 async def test_bad_request_is_typed(endpoint: str) -> None:
     async with Producer(endpoint) as producer:
         with pytest.raises(BadRequest) as bad:
@@ -228,7 +208,6 @@ async def test_bad_request_is_typed(endpoint: str) -> None:
     assert bad.value.code_name == "ILLEGAL_TOPIC" and not bad.value.retriable
 
 
-@run_async
 async def test_deliver_at_holds_the_message_back_until_that_time(endpoint: str) -> None:
     topic, group = name("t"), name("g")
     async with Producer(endpoint) as producer, SimpleConsumer(endpoint, group, topic) as consumer:

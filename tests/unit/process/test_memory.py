@@ -1,4 +1,4 @@
-"""When a process gives freed heap memory back (proto/popgate_process/memory.py): decided from samples of its resident size."""
+"""When a process gives freed heap memory back (popgate_process.memory): decided from samples of its resident size."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def aio_producer_with(send: Any) -> aio.Producer:
     return producer
 
 
-def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None:
+async def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None:
     in_flight, most = 0, 0
 
     async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
@@ -104,11 +104,8 @@ def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -> None
         in_flight -= 1
         return answer(request)
 
-    async def main() -> None:
-        async with aio_producer_with(send) as producer:
-            await producer.send_many("t", [b"x"] * (4 * 1024 + 1), message_group="g")
-
-    asyncio.run(main())
+    async with aio_producer_with(send) as producer:
+        await producer.send_many("t", [b"x"] * (4 * 1024 + 1), message_group="g")
     assert most == 1
 
 
@@ -138,7 +135,7 @@ def test_a_fifo_message_cannot_also_be_scheduled(option: dict[str, float]) -> No
         producer.send("t", b"x", message_group="g", **option)
 
 
-def test_the_asyncio_producer_sends_nothing_after_a_groups_failed_batch() -> None:
+async def test_the_asyncio_producer_sends_nothing_after_a_groups_failed_batch() -> None:
     calls: list[int] = []
 
     async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
@@ -148,13 +145,10 @@ def test_the_asyncio_producer_sends_nothing_after_a_groups_failed_batch() -> Non
             return pb.SendMessageResponse(status=v2.Status(code=v2.BAD_REQUEST, message="refused"))
         return answer(request)
 
-    async def main() -> None:
-        async with aio_producer_with(send) as producer:
-            with pytest.raises(errors.BadRequest):
-                await producer.send_many("t", [b"x"] * (4 * 1024), message_group="g")
-            await asyncio.sleep(0.1)  # nothing goes on in the background either
-
-    asyncio.run(main())
+    async with aio_producer_with(send) as producer:
+        with pytest.raises(errors.BadRequest):
+            await producer.send_many("t", [b"x"] * (4 * 1024), message_group="g")
+        await asyncio.sleep(0.1)  # nothing goes on in the background either
     assert calls == [0]
 
 

@@ -1,4 +1,4 @@
-"""The servers' shared settings helpers (proto/popgate_process/config.py)."""
+"""Whether a server can listen on an address, asked of the system before grpc tries (popgate_process.config)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from popgate_process.config import cannot_listen
 
 
 def test_a_port_in_use_is_told_in_the_systems_words() -> None:
-    """grpc's own failure said only "Failed to bind ... set GRPC_VERBOSITY=debug", after a raw log line."""
+    """Told in one line, as the system says it, not as grpc's bind failure and its log line."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
