@@ -16,9 +16,9 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
-from proxy.groups import GroupsSeen
 from proxy.ports import BrokerClient, Metrics, NoMetrics
-from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
+from proxy.receive.announce import GroupsSeen
+from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.renewal import RenewalLimits, Renewer
 from proxy.routing import BrokerPool, TopicMisses
 
@@ -196,7 +196,7 @@ class Proxy:
         raise last
 
     def _announce(self, request: ReceiveRequest) -> None:
-        """A Notification with poll 0 to every live broker: each fixes the group's start there (proxy.groups).
+        """A Notification with poll 0 to every live broker: each fixes the group's start there (proxy.receive.announce).
         Not awaited: the receive does not wait for it, and a broker that fails it learns of the group at its
         first Pop or Notification, as before."""
         announce = bpb.NotificationRequest(topic=request.topic, group=request.group, filter=request.filter)
@@ -237,7 +237,7 @@ class Proxy:
         self._metrics.answer_not_read(group)
 
     def refused(self, group: str, error: errors.DomainError) -> None:
-        """A receive of `group` refused for its poll time before it was served (`proxy.polltime`): counted, as
+        """A receive of `group` refused for its poll time before it was served (`proxy.receive.polltime`): counted, as
         `behind` when its deadline left no time to poll because the proxy is behind (TOO_MANY_REQUESTS), else as
         `illegal_polling_time` (a negative poll time, or a request timeout too short to poll)."""
         outcome = "behind" if isinstance(error, errors.TooManyRequests) else "illegal_polling_time"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from proxy.notify import RunStats
+    from proxy.receive.notify import RunStats
 
 MAX_GROUP_LABELS = 1000  # consumer groups with their own label on this proxy; the others share OTHER_GROUPS
 OTHER_GROUPS = "_other"

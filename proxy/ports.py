@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from popgate_pb import broker_pb2 as bpb
 
 if TYPE_CHECKING:
-    from proxy.notify import RunStats
+    from proxy.receive.notify import RunStats
 
 
 class BrokerClient(Protocol):
@@ -95,7 +95,7 @@ class HeldPop(Protocol):
 
 
 class HeldPops(Protocol):
-    """The adaptive mode's count of a group's held Pops per broker (`proxy.longpoll.LongPollStrategy` with
+    """The adaptive mode's count of a group's held Pops per broker (`proxy.receive.coupled.LongPollStrategy` with
     cover): a Pop tracked there is covered by watches at the other brokers and may be moved to one of them."""
 
     def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[Any], tag_filter: str) -> HeldPop: ...

@@ -16,15 +16,11 @@ from popgate_process.config import cannot_listen
 from popgate_process.export import default_proxy_name
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import start_metrics
-from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
-from proxy.adaptive_driver import AdaptiveStrategy
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
-from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
-from proxy.notify_driver import NotifyStrategy
 from proxy.ports import Metrics
-from proxy.receive import ReceiveStrategy
+from proxy.receive.modes import make_strategy
 from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError
@@ -33,35 +29,6 @@ from proxy.v2.service import MessagingService
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
-
-
-def make_strategy(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> ReceiveStrategy:
-    # Adaptive long polls cover every broker (no false empty is its promise); plain longpoll is the baseline.
-    cover = settings.receive_mode == "adaptive"
-    longpoll = LongPollStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics, cover=cover)
-    if settings.receive_mode == "longpoll":
-        return longpoll
-    if settings.receive_mode == "notify":
-        return NotifyStrategy(pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
-    if settings.receive_mode == "adaptive":
-        policy = AdaptivePolicy(
-            AdaptiveSettings(
-                window_s=settings.adaptive_window_s,
-                rate_threshold=settings.adaptive_rate_threshold,
-                concurrency_per_broker=settings.adaptive_concurrency_per_broker,
-                proxies=settings.adaptive_proxies,
-            )
-        )
-
-        def busy(group: str) -> bool:
-            now = asyncio.get_running_loop().time()
-            return policy.busy(group, now=now, live_brokers=len(pool.live()))
-
-        notify = NotifyStrategy(
-            pool, broker_timeout_s=settings.broker_timeout_s, metrics=metrics, busy=busy, cover=longpoll
-        )
-        return AdaptiveStrategy(pool, policy, notify, longpoll, metrics=metrics)
-    raise SettingsError(f"receive mode {settings.receive_mode!r} is not implemented")
 
 
 UNARY_CALLS = 1024  # calls beyond the held receives and Telemetry streams the gRPC server takes at once

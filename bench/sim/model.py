@@ -1,7 +1,7 @@
 """Discrete-event model of popgate receive: N brokers, M proxies, C consumers, one topic and group.
 
-The proxies run the real sans-IO pieces — `proxy.notify.NotifyRun` (pop with notify) and
-`proxy.adaptive.AdaptivePolicy` (the adaptive switch) — fed with simulated time; only the I/O is
+The proxies run the real sans-IO pieces — `proxy.receive.notify.NotifyRun` (pop with notify) and
+`proxy.receive.adaptive.AdaptivePolicy` (the adaptive switch) — fed with simulated time; only the I/O is
 modelled: one-way hops with lognormal jitter, broker processing, held requests, the wake rule of
 `broker.longpoll` (one held request per new message, oldest first whatever its kind, plus the 1 s
 safety sweep), the per-broker held limit (`polling_full`), and the consumers' processing time.
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from popgate_contract.errors import DomainError
-from proxy.adaptive import LONGPOLL, AdaptivePolicy, AdaptiveSettings
-from proxy.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
+from proxy.receive.adaptive import LONGPOLL, AdaptivePolicy, AdaptiveSettings
+from proxy.receive.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
 
 GROUP = "g"
 
@@ -233,7 +233,7 @@ class Proxy:
         # broker instead (proxies started at different times drift apart anyway; in the model they start together).
         self.rotation = sim.rng.randrange(sim.cfg.brokers) if sim.cfg.random_rotation else 0
         settings = sim.cfg.adaptive
-        if sim.cfg.fleet_aware:  # the proposed setting, in proxy.adaptive itself
+        if sim.cfg.fleet_aware:  # the proposed setting, in proxy.receive.adaptive itself
             settings = dataclasses.replace(settings, proxies=sim.cfg.proxies)
         self.policy = AdaptivePolicy(settings)
         self.decisions = {"notify": 0, "longpoll": 0}

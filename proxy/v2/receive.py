@@ -18,8 +18,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from proxy import validate
 from proxy.core import Proxy
-from proxy.polltime import PollLimits, poll_seconds
-from proxy.receive import ReceiveRequest, ReceiveResult
+from proxy.receive.polltime import PollLimits, poll_seconds
+from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds, to_client
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from popgate_process.export import ExportSettings, RunSnapshots
 from proxy.metrics import ProxyMetrics
-from proxy.notify import RunStats
+from proxy.receive.notify import RunStats
 
 T0 = 1_800_000_000.0  # a multiple of 60: window k is [T0 + 60k, T0 + 60(k+1))
 OLD = T0 - 1000.0  # incarnations that began long before the data

@@ -1,4 +1,5 @@
-"""After a burst of large sends the proxy gives the memory back (proto/popgate_process/memory.py), not only keeps it for reuse."""
+"""After a burst of large sends the proxy gives the memory back (proto/popgate_process/memory.py), not only keeps
+it for reuse."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 from prometheus_client import CollectorRegistry
 
 from proxy.core import Proxy
-from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
+from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.context import endpoints_for

@@ -12,8 +12,8 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from proxy.core import PartlyStored, Proxy
-from proxy.longpoll import LongPollStrategy
-from proxy.receive import ReceiveRequest
+from proxy.receive.coupled import LongPollStrategy
+from proxy.receive.seam import ReceiveRequest
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, handle, popped
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from popgate_process.export import ExportSettings, records
 from proxy.metrics import ProxyMetrics
-from proxy.notify import RunStats
+from proxy.receive.notify import RunStats
 from spark_metrics import names
 
 

@@ -16,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import code_of
 from proxy.core import SEND_OVERHEAD, Proxy
-from proxy.longpoll import LongPollStrategy
+from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import send as send_v2

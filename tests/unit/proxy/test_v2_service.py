@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from popgate_contract import errors
 from proxy.core import Proxy
-from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
-from proxy.notify_driver import NotifyStrategy
+from proxy.receive.coupled import LongPollStrategy
+from proxy.receive.notify_driver import NotifyStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.context import endpoints_for

@@ -56,7 +56,7 @@ def test_fleet_aware_adaptive_long_polls_when_the_fleet_covers_every_broker() ->
 
 
 def test_adaptive_settings_proxies_divides_the_concurrency_threshold() -> None:
-    from proxy.adaptive import LONGPOLL, NOTIFY, AdaptivePolicy, AdaptiveSettings
+    from proxy.receive.adaptive import LONGPOLL, NOTIFY, AdaptivePolicy, AdaptiveSettings
 
     alone, fleet = AdaptivePolicy(), AdaptivePolicy(AdaptiveSettings(proxies=4))
     modes = [

@@ -11,13 +11,13 @@ from prometheus_client import CollectorRegistry
 
 from popgate_contract import errors
 from popgate_contract.errors import BrokerTimeout
-from proxy.adaptive import AdaptivePolicy, AdaptiveSettings
-from proxy.adaptive_driver import AdaptiveStrategy
 from proxy.core import Proxy
-from proxy.longpoll import LongPollStrategy
 from proxy.metrics import ProxyMetrics
-from proxy.notify_driver import NotifyStrategy
-from proxy.receive import ReceiveRequest, ReceiveResult
+from proxy.receive.adaptive import AdaptivePolicy, AdaptiveSettings
+from proxy.receive.adaptive_driver import AdaptiveStrategy
+from proxy.receive.coupled import LongPollStrategy
+from proxy.receive.notify_driver import NotifyStrategy
+from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
 
@@ -61,7 +61,7 @@ def ids(result: ReceiveResult) -> list[str]:
 
 
 def watches(broker: FakeBroker) -> list[bpb.NotificationRequest]:
-    """The Notifications a run sent `broker` (poll 0 ones are the group's announcement, proxy.groups)."""
+    """The Notifications a run sent `broker` (poll 0 ones are the group's announcement, proxy.receive.announce)."""
     return [n for n in broker.notifications if n.poll_ms > 0]
 
 

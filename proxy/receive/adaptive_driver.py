@@ -1,13 +1,15 @@
-"""The adaptive receive (DESIGN §3, `--receive-mode adaptive`, the default): per request, the pure
-`proxy.adaptive.AdaptivePolicy` chooses pop with notify or coupled long polling, and that strategy serves it."""
+"""The adaptive receive (docs/ARCHITECTURE.md §3, `--receive-mode adaptive`, the default): per request, the pure
+`proxy.receive.adaptive.AdaptivePolicy` chooses pop with notify or coupled long polling, and that strategy serves
+it; a notify run that loses a race while its group is busy hands off to long polling (`busy_groups`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
-from proxy.adaptive import AdaptivePolicy
 from proxy.ports import Metrics, NoMetrics
-from proxy.receive import ReceiveRequest, ReceiveResult, ReceiveStrategy
+from proxy.receive.adaptive import AdaptivePolicy
+from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.routing import BrokerPool
 
 
@@ -38,3 +40,14 @@ class AdaptiveStrategy:
             return await self._by_mode[decision.mode].receive(request, closing)
         finally:
             self._policy.end(request.group, now=loop.time())
+
+
+def busy_groups(policy: AdaptivePolicy, pool: BrokerPool) -> Callable[[str], bool]:
+    """`busy(group)` for `NotifyStrategy`: whether the policy sees the group busy now over the live brokers, so
+    that a run of it that lost a race hands off to long polling."""
+
+    def busy(group: str) -> bool:
+        now = asyncio.get_running_loop().time()
+        return policy.busy(group, now=now, live_brokers=len(pool.live()))
+
+    return busy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy import settings as proxy_settings
-from proxy.adaptive import LONGPOLL, NOTIFY, AdaptivePolicy, AdaptiveSettings
+from proxy.receive.adaptive import LONGPOLL, NOTIFY, AdaptivePolicy, AdaptiveSettings
 
 
 def policy(rate: float = 10.0, concurrency: float = 0.0, window: float = 1.0) -> AdaptivePolicy:

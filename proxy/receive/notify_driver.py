@@ -1,4 +1,4 @@
-"""The asyncio driver of pop with notify: runs `proxy.notify.NotifyRun` commands against brokers.
+"""The asyncio driver of pop with notify: runs `proxy.receive.notify.NotifyRun` commands against brokers.
 
 Thin on purpose: every decision is in the state machine. The driver turns commands
 into broker calls (one future per outstanding broker request, no task: cancelled on
@@ -18,9 +18,9 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract.errors import BrokerFailure, DomainError
-from proxy.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Phase, Pop, Rewatch
 from proxy.ports import BrokerClient, HeldPop, HeldPops, Metrics, NoMetrics
-from proxy.receive import OnClose, ReceiveRequest, ReceiveResult
+from proxy.receive.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Phase, Pop, Rewatch
+from proxy.receive.seam import OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
 IMMEDIATE_TIMEOUT_S = 0.5  # a Pop or Notification with poll 0 (the first Pop, one after has_message, the last look)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.groups import GroupsSeen
+from proxy.receive.announce import GroupsSeen
 
 
 def test_a_pair_is_new_once() -> None:

@@ -25,7 +25,7 @@ One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
 A broker down when the receive starts, or whose request fails during it, is watched again
 once it is back (a restart): a message stored there meanwhile is not answered empty.
 
-The driver (`proxy.notify_driver`) executes commands and feeds back events with the
+The driver (`proxy.receive.notify_driver`) executes commands and feeds back events with the
 current time; times are plain float seconds on the driver's clock.
 """
 

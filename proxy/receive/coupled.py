@@ -21,7 +21,7 @@ from popgate_contract.errors import (
     TopicNotFound,
 )
 from proxy.ports import BrokerClient, HeldPop, Metrics, NoMetrics
-from proxy.receive import MIN_ATTEMPT_S, CloseWatch, ReceiveRequest, ReceiveResult
+from proxy.receive.seam import MIN_ATTEMPT_S, CloseWatch, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
 
@@ -266,7 +266,7 @@ class LongPollStrategy:
 
     def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], tag_filter: str) -> _Held:
         """Count a held Pop of the (topic, group) at `broker` until `untrack`: the group's Pops made elsewhere
-        (a pop-with-notify run handed off to a long poll, `proxy.notify_driver`) are covered and moved as this
+        (a pop-with-notify run handed off to a long poll, `proxy.receive.notify_driver`) are covered and moved as this
         strategy's own are. Its `moved_to` is set when `_move` cancelled it for a broker with a message."""
         entry = _Held(call)
         if self._cover_brokers:

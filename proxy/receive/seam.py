@@ -1,10 +1,10 @@
 """The receive seam: how one client ReceiveMessage becomes broker calls is a `ReceiveStrategy`.
 
-The core calls `receive()` and does not care how it is served. Three implement it (DESIGN §3):
-`proxy.longpoll.LongPollStrategy` (coupled long polling: one Pop to one live broker, held for the
-client's long-polling time), `proxy.notify_driver.NotifyStrategy` (pop with notify) and
-`proxy.adaptive_driver.AdaptiveStrategy`, which asks `proxy.adaptive.AdaptivePolicy` which of the
-two serves each request. This module holds what they share: the request, the result, and the
+The core calls `receive()` and does not care how it is served. Three implement it (docs/ARCHITECTURE.md §3):
+`proxy.receive.coupled.LongPollStrategy` (coupled long polling: one Pop to one live broker, held for the
+client's long-polling time), `proxy.receive.notify_driver.NotifyStrategy` (pop with notify) and
+`proxy.receive.adaptive_driver.AdaptiveStrategy`, which asks `proxy.receive.adaptive.AdaptivePolicy` which of
+the two serves each request. This module holds what they share: the request, the result, and the
 watch that ends their broker calls when the proxy closes.
 """
 
