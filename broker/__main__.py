@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import settings as settings_mod
+from broker.clock import WallClock
 from broker.core import BrokerCore
 from broker.metrics import BrokerMetrics
 from broker.server import BrokerServicer
@@ -53,7 +54,7 @@ async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: A
         snapshot = await loop.run_in_executor(None, store.load)
     except sqlite3.Error as exc:  # damaged pages (a damaged row: StoreUnavailable, naming it)
         raise StartError(f"--data-dir {settings.data_dir}: the store cannot be read ({exc})") from None
-    core = BrokerCore(settings, store)
+    core = BrokerCore(settings, store, clock=WallClock())
     stack.push_async_callback(core.close)
     store.set_listener(core)
     store.start(loop)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from popgate_pb import broker_pb2 as pb
 
+from broker.clock import Clock
 from broker.commits import StateCommits
 from broker.filters import MATCH_ALL, TagFilter
 from broker.groups import ConsumerGroups
@@ -36,7 +37,7 @@ from broker.inflight import Delivery, GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
-from broker.model import GroupQueueLag, Popped, PopResult, Sent, now_ms
+from broker.model import GroupQueueLag, Popped, PopResult, Sent
 from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
 from broker.redelivery import Redelivery
 from broker.retention import Retention
@@ -58,10 +59,11 @@ from popgate_contract.receipt import ReceiptHandle, encode_handle
 
 
 class BrokerCore:
-    def __init__(self, settings: BrokerSettings, store: Store) -> None:
+    def __init__(self, settings: BrokerSettings, store: Store, *, clock: Clock) -> None:
         self.settings = settings
         self.name = settings.name
         self.store = store
+        self.clock = clock  # every time the broker reads: its parts get this one
         self.topics: dict[str, TopicLog] = {}
         self.consumers = ConsumerGroups(settings, self.topics)
         self.groups = self.consumers.groups  # (group, topic) -> its state
@@ -69,7 +71,7 @@ class BrokerCore:
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
-        self.sends = SendPath(settings, store, self.topics)
+        self.sends = SendPath(settings, store, self.topics, clock=clock)
         # Commits of the state of groups that looked at a topic before it existed, made when its first messages
         # arrived, by topic, until the Send that brought them waits for them (at most one per early-looked topic).
         self._adoptions: dict[str, asyncio.Future[list[Record]]] = {}
@@ -81,8 +83,11 @@ class BrokerCore:
             payloads=self._payloads,
             max_attempts=settings.max_attempts_of,
             released=self._fifo_released,
+            clock=clock,
         )
-        self.readiness = Readiness(topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch)
+        self.readiness = Readiness(
+            topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch, clock=clock
+        )
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
         self.retention = Retention(
@@ -92,6 +97,7 @@ class BrokerCore:
             groups=self.groups,
             commits=self.commits,
             cache=self.cache,
+            clock=clock,
         )
 
     # -- start ---------------------------------------------------------------
@@ -234,7 +240,7 @@ class BrokerCore:
             state = self.consumers.reader(group, topic, tag_filter, ops)
 
     async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
-        now = now_ms()
+        now = self.clock.now_ms()
         picks = self.redelivery.take(state, now, want)
         topic = self.topics.get(state.topic)
         if topic is not None and len(picks) < want:
@@ -285,7 +291,7 @@ class BrokerCore:
 
     def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
         """Deliveries nobody received: ready again at once, with the attempt count they had before."""
-        now = now_ms()
+        now = self.clock.now_ms()
         ops: list[Op] = []
         for queue_id, offset, d in deliveries:
             state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
@@ -411,7 +417,7 @@ class BrokerCore:
                 f"invisible time {invisible_ms} ms is outside 0..{self.settings.max_invisible_ms} ms"
             )
         state, handle, old = self._resolve(topic, group, text)
-        deadline = now_ms() + invisible_ms
+        deadline = self.clock.now_ms() + invisible_ms
         ops: list[Op] = []
         delivery = state.start_delivery(handle.queue_id, handle.offset, old.attempt, deadline, ops)
         self.redelivery.schedule(state)
@@ -432,7 +438,7 @@ class BrokerCore:
         other in-flight changes (a PutInflight)."""
         _check_handles("renew", group, handles)
         self._check_invisible(invisible_ms)
-        deadline = now_ms() + invisible_ms
+        deadline = self.clock.now_ms() + invisible_ms
         results: list[DomainError | None] = []
         ops: list[Op] = []
         touched: dict[tuple[str, str], GroupTopic] = {}

@@ -11,7 +11,6 @@ from prometheus_client.registry import Collector
 
 from broker.core import BrokerCore
 from broker.longpoll import Kind
-from broker.model import now_ms
 from popgate_contract.lag import lag_seconds
 from popgate_contract.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
 
@@ -73,7 +72,7 @@ class _CoreCollector(Collector):
             "popgate_broker_oldest_unacked_age_seconds", "Age of the oldest un-acked message", labels=tg
         )
         totals: dict[tuple[str, str], list[int]] = {}
-        now = now_ms()
+        now = core.clock.now_ms()
         for row in core.lags():
             labels = [row.topic, row.group, str(row.queue_id)]
             consumer.add_metric(labels, row.lag.consumer_offset)

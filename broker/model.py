@@ -1,4 +1,4 @@
-"""Values the broker core hands out: pop results, send results, ids, and the clock."""
+"""Values the broker core hands out: pop results, send results and ids."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ import zlib
 from dataclasses import dataclass
 
 from broker.lag import QueueLag
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class MessageIds:

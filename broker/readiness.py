@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from broker.clock import Clock
 from broker.filters import TagFilter
 from broker.inflight import GroupQueue, GroupTopic
 from broker.log import QueueLog, TopicLog
-from broker.model import now_ms
 from broker.redelivery import Redelivery
 from broker.store import Record
 
@@ -56,8 +56,11 @@ def readable_arrivals(by_queue: Arrivals, ends: dict[int, int]) -> list[str | No
 
 
 class Readiness:
-    def __init__(self, *, topics: dict[str, TopicLog], redelivery: Redelivery, max_pop_batch: int) -> None:
+    def __init__(
+        self, *, topics: dict[str, TopicLog], redelivery: Redelivery, max_pop_batch: int, clock: Clock
+    ) -> None:
         self.topics = topics
+        self.clock = clock
         self.redelivery = redelivery
         self.max_pop_batch = max_pop_batch
 
@@ -70,7 +73,7 @@ class Readiness:
         out once. For several (`filters` > 1: the sweep over held requests), a filter none of whose tags the
         readable ranges' block summaries hold is answered without a search: 20,000 held Pops of distinct
         filters beside a backlog of other tags held the loop 0.14-0.48 s a sweep (a review's probe)."""
-        self.redelivery.expire(state, now_ms())
+        self.redelivery.expire(state, self.clock.now_ms())
         if self.redelivery.has_ready(state):
             return lambda tag_filter: True
         topic = self.topics.get(state.topic)

@@ -19,10 +19,10 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
+from broker.clock import Clock
 from broker.inflight import Delivery, GroupTopic
 from broker.log import TopicLog
 from broker.longpoll import HoldService
-from broker.model import now_ms
 from broker.send import SendPath
 from broker.store import DeleteInflight, NewMessage, Op
 from popgate_contract import validation
@@ -51,6 +51,7 @@ class Redelivery:
         payloads: PayloadReader,
         max_attempts: Callable[[str], int],
         released: Callable[[GroupTopic, int], None],
+        clock: Clock,
     ) -> None:
         self.topics = topics
         self.sends = sends
@@ -58,6 +59,7 @@ class Redelivery:
         self.payloads = payloads
         self.max_attempts = max_attempts  # a consumer group's deliveries of a message before its DLQ
         self.released = released  # a FIFO message left the group's flight (dead-lettered): (state, queue id)
+        self.clock = clock
         self._timers: dict[tuple[str, str], tuple[int, asyncio.TimerHandle]] = {}
         self._tasks: set[asyncio.Task[object]] = set()
         self._to_dlq: deque[tuple[GroupTopic, int, int, Delivery]] = deque()  # out of attempts, not yet moved
@@ -145,13 +147,13 @@ class Redelivery:
             del self._timers[key]
         if deadline is None:
             return
-        delay = max(0.0, (deadline - now_ms()) / 1000)
+        delay = max(0.0, (deadline - self.clock.now_ms()) / 1000)
         handle = asyncio.get_running_loop().call_later(delay, self._on_deadline, state)
         self._timers[key] = (deadline, handle)
 
     def _on_deadline(self, state: GroupTopic) -> None:
         self._timers.pop((state.group, state.topic), None)
-        count = self.expire(state, now_ms())
+        count = self.expire(state, self.clock.now_ms())
         if count:
             self.hold.wake((state.topic, state.group), count)
         self.schedule(state)
@@ -197,7 +199,7 @@ class Redelivery:
             state.remove(queue_id, offset)
             return
         fifo = queue.is_fifo(offset)
-        state.start_delivery(queue_id, offset, delivery.attempt, now_ms() + 1000, None, fifo=fifo)
+        state.start_delivery(queue_id, offset, delivery.attempt, self.clock.now_ms() + 1000, None, fifo=fifo)
         self.schedule(state)
 
     async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
@@ -213,7 +215,9 @@ class Redelivery:
         ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
-        committed = self.sends.submit([NewMessage(dlq.topic, 0, now_ms(), tag, dlq.SerializeToString())], ops)
+        committed = self.sends.submit(
+            [NewMessage(dlq.topic, 0, self.clock.now_ms(), tag, dlq.SerializeToString())], ops
+        )
         # What the commit did is settled by the commit, also when this caller is cancelled meanwhile.
         committed.add_done_callback(functools.partial(self._dead_lettered, state, queue_id, offset, delivery, fifo))
         [record] = await asyncio.shield(committed)

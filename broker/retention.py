@@ -21,10 +21,10 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
+from broker.clock import Clock
 from broker.commits import StateCommits
 from broker.inflight import GroupTopic
 from broker.log import PayloadCache, QueueLog, TopicLog
-from broker.model import now_ms
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
 from popgate_contract.errors import StoreUnavailable
@@ -46,6 +46,7 @@ class Retention:
         groups: dict[tuple[str, str], GroupTopic],
         commits: StateCommits,
         cache: PayloadCache,
+        clock: Clock,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -53,6 +54,7 @@ class Retention:
         self.groups = groups  # (group, topic) -> its state, as the core keeps it
         self.commits = commits
         self.cache = cache
+        self.clock = clock
         self.deleted: Counter[str] = Counter()  # messages deleted, by topic (a metric)
 
     async def run_forever(self) -> None:
@@ -71,7 +73,7 @@ class Retention:
         if self.settings.retention_s <= 0:
             return 0
         started = time.perf_counter()
-        cut = (now_ms() if now is None else now) - round(self.settings.retention_s * 1000)
+        cut = (self.clock.now_ms() if now is None else now) - round(self.settings.retention_s * 1000)
         deleted: Counter[str] = Counter()
         rows = 0
         queues = [queue for topic in self.topics.values() for queue in topic.queues]

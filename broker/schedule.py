@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from broker.clock import Clock
 from popgate_contract.errors import IllegalDeliveryTime
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,10 @@ class ScheduledDelivery:
         index: ScheduleIndex,
         deliver: Deliver,
         *,
+        clock: Clock,
         max_in_flight: int = 2000,
         batch: int = 256,
         backoff_s: tuple[float, ...] = (0.05, 0.2, 1.0),
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self.index = index
         self._deliver = deliver
@@ -127,7 +128,7 @@ class ScheduledDelivery:
         self.batch = batch
         self.backoff_s = backoff_s
         self.max_retries = len(backoff_s)
-        self._clock_ms = clock_ms
+        self.clock = clock
         self.in_flight = 0
         self._blocking = 0  # batches failing past their retries: delivery waits while any does
         self._blocked_since = 0.0
@@ -149,12 +150,12 @@ class ScheduledDelivery:
         self._wake.set()
 
     def due_pending(self) -> int:
-        return self.index.count_due(self._clock_ms()) + self.in_flight
+        return self.index.count_due(self.clock.now_ms()) + self.in_flight
 
     async def run(self) -> None:
         while True:
             await self._wait_for_work()
-            entries = self.index.take_due(self._clock_ms(), min(self.batch, self.max_in_flight - self.in_flight))
+            entries = self.index.take_due(self.clock.now_ms(), min(self.batch, self.max_in_flight - self.in_flight))
             if not entries:
                 continue
             self.in_flight += len(entries)
@@ -168,7 +169,7 @@ class ScheduledDelivery:
             self._wake.clear()
             next_due = self.index.next_due()
             if not self.blocked and self.in_flight < self.max_in_flight and next_due is not None:
-                delay = (next_due - self._clock_ms()) / 1000
+                delay = (next_due - self.clock.now_ms()) / 1000
                 if delay <= 0:
                     return
             else:

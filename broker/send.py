@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from popgate_pb import broker_pb2 as pb
 
 from broker.budget import ByteBudget
+from broker.clock import Clock
 from broker.log import QueueLog, TopicLog
-from broker.model import MessageIds, Sent, now_ms, stable_hash
+from broker.model import MessageIds, Sent, stable_hash
 from broker.schedule import ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.store import (
@@ -41,8 +42,9 @@ from popgate_contract.errors import (
 
 
 class SendPath:
-    def __init__(self, settings: BrokerSettings, store: Store, topics: dict[str, TopicLog]) -> None:
+    def __init__(self, settings: BrokerSettings, store: Store, topics: dict[str, TopicLog], *, clock: Clock) -> None:
         self.settings = settings
+        self.clock = clock
         self.name = settings.name
         self.store = store
         self.topics = topics
@@ -54,7 +56,7 @@ class SendPath:
         self._next_schedule_id = 0
         self._unsaved_topics: set[str] = set()  # created in memory, their queue rows not yet committed
         self.scheduler = ScheduledDelivery(
-            self.schedule, self.deliver_scheduled, max_in_flight=settings.schedule_max_in_flight
+            self.schedule, self.deliver_scheduled, clock=clock, max_in_flight=settings.schedule_max_in_flight
         )
         self.on_lateness: Callable[[float], None] | None = None
         # Sends taken and not yet committed (docs/BROKER.md, "Limits"): their bodies are held by grpc's request,
@@ -73,7 +75,7 @@ class SendPath:
             raise BadRequest("send carries no message")
         if len(messages) > validation.MAX_SEND_MESSAGES:
             raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {validation.MAX_SEND_MESSAGES}")
-        now = now_ms()
+        now = self.clock.now_ms()
         checked = [self.check(m, now) for m in messages]  # all or nothing: check every message first
         self.check_new_topics(messages)
         # Before anything is created, copied or stored (a refused Send stores none of its messages); after the
@@ -240,12 +242,12 @@ class SendPath:
         appends = []
         for r in rows:
             self.topic_for_send(r.topic, ops, force=True)
-            appends.append(NewMessage(r.topic, r.queue_id, now_ms(), r.tag, r.payload))
+            appends.append(NewMessage(r.topic, r.queue_id, self.clock.now_ms(), r.tag, r.payload))
         await self.submit(appends, ops)
         for r in rows:
             if self._scheduled_rows.pop(r.schedule_id, None) is not None:
                 self._scheduled_bytes -= len(r.payload)
         if self.on_lateness is not None:
-            now = now_ms()
+            now = self.clock.now_ms()
             for r in rows:
                 self.on_lateness((now - r.due_ms) / 1000)

@@ -20,7 +20,6 @@ from broker.core import BrokerCore
 from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, renew, send
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
-from broker.model import now_ms
 from popgate_contract import errors
 from popgate_contract.trailer import ERROR_KEY, status_of
 
@@ -138,7 +137,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             broker=core.name,
             held_pops=core.hold.held[Kind.POP],
             held_notifications=core.hold.held[Kind.NOTIFICATION],
-            now_ms=now_ms(),
+            now_ms=core.clock.now_ms(),
         )
         for name, topic in sorted(core.topics.items()):
             if request.topic and name != request.topic:

@@ -114,7 +114,11 @@ class BrokerSettings:
     max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})
     shutdown_grace_s: float = field(default=5.0, metadata={"help": "time to finish RPCs on SIGTERM"})
     auth_token: str = field(
-        default="", metadata={"help": "shared token proxies must send (x-popgate-token); empty = open (proto/popgate_contract/broker_token.py)"}
+        default="",
+        metadata={
+            "help": "shared token proxies must send (x-popgate-token); empty = open "
+            "(proto/popgate_contract/broker_token.py)"
+        },
     )
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""A BrokerCore over a real SqliteStore in the test's own loop, for unit tests without sockets."""
+"""A BrokerCore over a real SqliteStore in the test's own loop, for unit tests without sockets, and a clock
+tests set."""
 
 from __future__ import annotations
 
@@ -8,17 +9,31 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from broker.clock import Clock, WallClock
 from broker.core import BrokerCore
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 
 
+class ManualClock:
+    """A `broker.clock.Clock` that stands still until the test moves it (`now`, milliseconds)."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def now_ms(self) -> int:
+        return self.now
+
+
 @asynccontextmanager
-async def broker(data: Path, **settings: Any) -> AsyncIterator[tuple[BrokerCore, SqliteStore]]:
+async def broker(
+    data: Path, *, clock: Clock | None = None, **settings: Any
+) -> AsyncIterator[tuple[BrokerCore, SqliteStore]]:
     """A broker core on `data`, started and restored as broker/__main__.py does, but with no sweep task:
-    only arrivals and timers wake held requests. Closed (core, then store) on the way out."""
+    only arrivals and timers wake held requests. Its clock is `clock` (default: the wall clock). Closed (core,
+    then store) on the way out."""
     store = SqliteStore(data, flush=settings.get("flush", "async"))
-    core = BrokerCore(BrokerSettings(name="b1", data_dir=data, **settings), store)
+    core = BrokerCore(BrokerSettings(name="b1", data_dir=data, **settings), store, clock=clock or WallClock())
     store.set_listener(core)
     store.start(asyncio.get_running_loop())
     core.restore(store.load())

@@ -10,6 +10,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.budget import ByteBudget
+from broker.clock import WallClock
 from broker.log import TopicLog
 from broker.send import SendPath
 from broker.settings import BrokerSettings
@@ -55,7 +56,9 @@ def test_send_bytes_are_held_until_the_commit_settles_whatever_becomes_of_the_ca
     async def scenario() -> None:
         store = PendingStore()
         topics: dict[str, TopicLog] = {}
-        sends = SendPath(BrokerSettings(max_send_bytes=1024 + 2 * RECORD_OVERHEAD_BYTES), store, topics)  # type: ignore[arg-type]
+        sends = SendPath(
+            BrokerSettings(max_send_bytes=1024 + 2 * RECORD_OVERHEAD_BYTES), store, topics, clock=WallClock()
+        )  # type: ignore[arg-type]
         message = pb.Message(topic="t", body=b"x" * 1000)
         first = asyncio.ensure_future(sends.send([message]))
         await asyncio.sleep(0)

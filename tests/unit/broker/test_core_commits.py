@@ -13,7 +13,6 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.model import now_ms
 from broker.sqlite_store import SqliteStore
 from popgate_contract.errors import StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import broker
@@ -65,14 +64,14 @@ def test_a_topic_whose_first_send_failed_is_whole_after_a_restart(tmp_path: Path
 def test_a_delayed_send_cancelled_during_its_commit_is_still_delivered(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with broker(tmp_path) as (core, _):
-            due = now_ms() + 200
+            due = core.clock.now_ms() + 200
             send = asyncio.create_task(core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=due)]))
             await asyncio.sleep(0)  # the Send now waits for its commit
             send.cancel()  # as when the proxy's timeout or a lost session cancels it
             await asyncio.gather(send, return_exceptions=True)
             popped = await core.pop("t", "g", "*", 32, 30_000, 5_000)  # woken by the delivery, not a sweep
             assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"later"]
-            assert now_ms() >= due
+            assert core.clock.now_ms() >= due
 
     run(scenario)
 

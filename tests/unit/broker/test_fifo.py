@@ -16,7 +16,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
 from broker.longpoll import Kind
-from broker.model import PopResult, now_ms, stable_hash
+from broker.model import PopResult, stable_hash
 from broker.store import NewMessage, Op, Record
 from popgate_contract.errors import BadRequest, StoreUnavailable
 from tests.unit.broker.cores import broker
@@ -200,7 +200,7 @@ def test_the_order_survives_a_restart(tmp_path: Path) -> None:
 
 def test_a_fifo_message_cannot_be_delayed(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore) -> None:
-        late = pb.Message(topic="t", body=b"x", message_group="orders-1", deliver_at_ms=now_ms() + 60_000)
+        late = pb.Message(topic="t", body=b"x", message_group="orders-1", deliver_at_ms=core.clock.now_ms() + 60_000)
         with pytest.raises(BadRequest, match="message group"):
             await core.send([pb.Message(topic="t", body=b"fine"), late])
         assert bodies(await pop(core)) == [], "part of a refused send was stored"

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.model import now_ms
 from popgate_contract.errors import IllegalBatchSize, IllegalPollingTime, TooManyRequests
 from tests.unit.broker.cores import broker
 
@@ -45,7 +44,9 @@ def test_a_send_that_would_create_topics_beyond_the_limit_is_refused_whole(tmp_p
             assert sum(q.max_offset for q in core.topics["t1"].queues) == 1
             await core.send([pb.Message(topic=name, body=b"z") for name in ("t2", "t3", "t1")])
             with pytest.raises(TooManyRequests, match="--max-topics"):
-                await core.send([pb.Message(topic="t4", body=b"z", deliver_at_ms=now_ms() + 60_000)])  # delayed too
+                await core.send(
+                    [pb.Message(topic="t4", body=b"z", deliver_at_ms=core.clock.now_ms() + 60_000)]
+                )  # delayed too
             await core.send([pb.Message(topic="t3", body=b"z")])  # existing topics take messages as before
             # a dead-letter topic is the broker's own: created at the limit, and counted
             [m] = (await core.pop("t2", "g", "*", 1, 30_000, 0)).messages

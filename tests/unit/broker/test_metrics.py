@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.metrics import BrokerMetrics
 from popgate_contract.validation import DLQ_RESEND_GROUP
-from tests.unit.broker.cores import broker
+from tests.unit.broker.cores import ManualClock, broker
 
 
 def samples(metrics: BrokerMetrics, name: str) -> dict[str, float]:
@@ -71,11 +70,11 @@ def test_held_long_polls_are_counted_by_kind(tmp_path: Path) -> None:
     assert asyncio.run(asyncio.wait_for(scenario(), 10)) == {"pop": 2, "notification": 1}
 
 
-def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_was_stored(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_was_stored(tmp_path: Path) -> None:
+    clock = ManualClock(1_800_000_000_000)
+
     async def scenario() -> dict[str, float]:
-        async with broker(tmp_path) as (core, _):
+        async with broker(tmp_path, clock=clock) as (core, _):
             metrics = BrokerMetrics()
             metrics.watch(core)
             await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x") for i in range(2)])
@@ -83,7 +82,7 @@ def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_was_sto
             audited = (await core.pop("orders", "audit", "*", 2, 30_000, 0)).messages
             await core.ack("orders", "audit", [m.handle for m in audited])  # nothing un-acked
             stored = popped[0].store_ms
-            monkeypatch.setattr("broker.metrics.now_ms", lambda: stored + 7_500)
+            clock.now = stored + 7_500
             return samples(metrics, "popgate_broker_oldest_unacked_age_seconds")
 
     ages = asyncio.run(asyncio.wait_for(scenario(), 10))

@@ -1,13 +1,13 @@
 """A model-based (stateful) test of the broker core: hypothesis drives a `BrokerCore` on a real SQLite store
 with sends (normal, tagged, delayed, FIFO), pops, acks, ChangeInvisibleTime, Renew, Notifications, time passing,
-retention passes and restarts, beside a plain-Python model of what DESIGN.md §2 and docs/BROKER.md promise, and
-compares them after every step.
+retention passes and restarts, beside a plain-Python model of what docs/ARCHITECTURE.md §2 and docs/BROKER.md
+promise, and compares them after every step.
 
-The clock is driven, not waited for: every module's `now_ms` (and the scheduler's clock) reads the model's
-time. Invisibility timers are armed by the broker with `call_later` on the real loop; when the model's time
-passes, the armed timers whose deadline has come are fired at once (`_fire_due_timers`), as the loop would have
-done in real time, so a timer the broker forgot to arm shows as a difference. `POPGATE_MODEL_EXAMPLES` sets the
-number of cases (default 25; e.g. 2000 to hunt).
+The clock is driven, not waited for: the broker's clock is a `ManualClock` at the model's time. Invisibility
+timers are armed by the broker with `call_later` on the real loop; when the model's time passes, the armed timers
+whose deadline has come are fired at once (`_fire_due_timers`), as the loop would have done in real time, so a
+timer the broker forgot to arm shows as a difference. `POPGATE_MODEL_EXAMPLES` sets the number of cases (default
+25; e.g. 2000 to hunt).
 """
 
 from __future__ import annotations
@@ -18,22 +18,16 @@ import shutil
 import sqlite3
 import tempfile
 from collections.abc import Coroutine
-from contextlib import AsyncExitStack, ExitStack
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from unittest import mock
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from popgate_pb import broker_pb2 as pb
 
-import broker.core
-import broker.metrics
-import broker.readiness
-import broker.redelivery
-import broker.send
 from broker.core import BrokerCore
 from broker.model import PopResult, stable_hash
 from popgate_contract.errors import InvalidReceiptHandle, TopicNotFound
@@ -112,12 +106,9 @@ def run_with(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T
 class BrokerModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.now = START_MS
+        self.clock = cores.ManualClock(START_MS)  # the broker's: the model's time
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="popgate-model-"))
-        self.patches = ExitStack()
-        for module in (broker.core, broker.redelivery, broker.readiness, broker.send, broker.metrics):
-            self.patches.enter_context(mock.patch.object(module, "now_ms", self.clock))
         self.msgs: dict[bytes, Msg] = {}
         self.queues: list[list[bytes]] = [[] for _ in range(QUEUES)]  # appended bodies in offset order
         self.groups = {name: GroupModel(name) for name in GROUPS}
@@ -141,8 +132,13 @@ class BrokerModel(RuleBasedStateMachine):
 
     # -- plumbing --------------------------------------------------------------
 
-    def clock(self) -> int:
-        return self.now
+    @property
+    def now(self) -> int:
+        return self.clock.now
+
+    @now.setter
+    def now(self, ms: int) -> None:
+        self.clock.now = ms
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return run_with(self.loop, coro)
@@ -158,9 +154,9 @@ class BrokerModel(RuleBasedStateMachine):
                     max_delivery_attempts=MAX_ATTEMPTS,
                     queues_per_topic=QUEUES,
                     retention_s=RETENTION_MS / 1000,
+                    clock=self.clock,
                 )
             )
-            core.scheduler._clock_ms = self.clock
             return core
 
         core = self.run(open_())
@@ -177,7 +173,6 @@ class BrokerModel(RuleBasedStateMachine):
         try:
             self._close()
         finally:
-            self.patches.close()
             self.loop.close()
             shutil.rmtree(self.dir, ignore_errors=True)
 

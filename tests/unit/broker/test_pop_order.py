@@ -11,7 +11,7 @@ from pathlib import Path
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.model import PopResult, now_ms
+from broker.model import PopResult
 from tests.unit.broker.test_fifo import INVISIBLE_MS, QUEUES, bodies, run_core
 from tests.unit.broker.test_schedule import until
 
@@ -32,7 +32,9 @@ def test_a_redelivery_comes_before_new_messages(tmp_path: Path) -> None:
         first = await pop(core, 1, invisible_ms=core.settings.min_invisible_ms)
         assert bodies(first) == [b"old"]
         deadline = first.messages[0].invisible_until_ms
-        await asyncio.wait_for(until(lambda: now_ms() > deadline), 5)  # its invisibility has passed, not acked
+        await asyncio.wait_for(
+            until(lambda: core.clock.now_ms() > deadline), 5
+        )  # its invisibility has passed, not acked
         await core.send(
             [pb.Message(topic="t", body=b"new-%d" % i, queue_id=q) for q in range(QUEUES) for i in range(2)]
         )

@@ -11,11 +11,11 @@ from typing import TypeVar
 import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker.clock import WallClock
 from broker.filters import MATCH_ALL
 from broker.inflight import Delivery, GroupTopic
 from broker.log import QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
-from broker.model import now_ms
 from broker.redelivery import MAX_DLQ_MOVES, Redelivery
 from broker.send import SendPath
 from broker.settings import BrokerSettings
@@ -62,7 +62,8 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
             (q, o): pb.Message(topic=topic.name, message_id=f"m{o}", body=b"x").SerializeToString() for q, o in picks
         }
 
-    sends = SendPath(BrokerSettings(), store, topics)  # type: ignore[arg-type]
+    clock = WallClock()
+    sends = SendPath(BrokerSettings(), store, topics, clock=clock)  # type: ignore[arg-type]
     redelivery = Redelivery(
         topics=topics,
         sends=sends,
@@ -70,6 +71,7 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
         payloads=payloads,
         max_attempts=SETTINGS.max_attempts_of,
         released=lambda state: None,
+        clock=clock,
     )
     state = GroupTopic("g", "t")
     state.queue(0, 0).pull_offset = 2
@@ -132,7 +134,7 @@ def test_refused_dead_letter_keeps_the_message_in_flight() -> None:
         assert redelivery.expire(state, now=200) == 0
         await redelivery.close()
         deadline = state.next_deadline()
-        assert deadline is not None and deadline > now_ms()  # comes due again, same attempt count
+        assert deadline is not None and deadline > redelivery.clock.now_ms()  # comes due again, same attempt count
         assert state.dead_lettered == 0
 
     run(scenario())
@@ -148,7 +150,7 @@ def test_a_failed_payload_read_while_dead_lettering_keeps_the_message_in_flight(
         redelivery.expire(state, now=200)  # out of attempts: to the DLQ, but its payload cannot be read
         await redelivery.close()
         deadline = state.next_deadline()
-        assert deadline is not None and deadline > now_ms()  # in flight, due again (not stranded)
+        assert deadline is not None and deadline > redelivery.clock.now_ms()  # in flight, due again (not stranded)
         redelivery.expire(state, now=deadline)  # the read works this time
         await redelivery.close()
         return state.dead_lettered, len(store.commits), state.inflight_count
@@ -159,10 +161,10 @@ def test_a_failed_payload_read_while_dead_lettering_keeps_the_message_in_flight(
 def test_deadline_timer_wakes_a_held_pop() -> None:
     async def scenario() -> Outcome:
         redelivery, state, hold = make(CommitLog())
-        state.deliver(0, 0, Delivery(1, 11, now_ms() + 50))
+        state.deliver(0, 0, Delivery(1, 11, redelivery.clock.now_ms() + 50))
         redelivery.schedule(state)
         outcome = await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5.0)
-        assert redelivery.take(state, now=now_ms(), want=1) == [(0, 0, 2)]
+        assert redelivery.take(state, now=redelivery.clock.now_ms(), want=1) == [(0, 0, 2)]
         await redelivery.close()
         return outcome
 
@@ -189,7 +191,7 @@ def test_a_dead_letter_cancelled_while_its_commit_fails_keeps_the_message_in_fli
 
     async def scenario() -> None:
         redelivery, state, _ = make(store)
-        delivery = Delivery(2, 12, now_ms() + 60_000)
+        delivery = Delivery(2, 12, redelivery.clock.now_ms() + 60_000)
         state.deliver(0, 1, delivery)
         call = asyncio.create_task(redelivery.dead_letter(state, 0, 1, delivery))  # the DeadLetter RPC
         await store.submitted.wait()

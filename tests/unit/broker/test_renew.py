@@ -11,7 +11,6 @@ from typing import TypeVar
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker.model import now_ms
 from popgate_contract.errors import IllegalInvisibleTime, InvalidReceiptHandle
 from tests.unit.broker.cores import broker
 
@@ -29,7 +28,7 @@ def test_renew_keeps_the_handle_and_moves_the_deadline(tmp_path: Path) -> None:
             [m] = (await core.pop("t", "g", "*", 1, 300, 0)).messages
             outcome, until = await core.renew("g", [m.handle], 1500)
             assert outcome == [None]
-            assert until >= now_ms() + 1400
+            assert until >= core.clock.now_ms() + 1400
             await asyncio.sleep(0.6)  # past the first deadline
             assert (await core.pop("t", "g", "*", 1, 300, 0)).messages == []  # still invisible
             assert await core.ack("t", "g", [m.handle]) == [None]  # the handle the client holds acks

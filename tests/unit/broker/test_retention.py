@@ -1,7 +1,7 @@
 """Retention (`broker/retention.py`): messages older than --retention-s are deleted as whole batch rows, never a
 queue's last row nor a message in flight; groups that had not read them lose them (pull offsets moved up,
 stored); the index, lag and a restart agree with what the store keeps. Real SQLite, no sockets; the time of a
-pass is given, the store time of a send is the patched clock's."""
+pass is given; the broker's clock (store times of sends, deadlines) is a `ManualClock` the test sets."""
 
 from __future__ import annotations
 
@@ -21,27 +21,16 @@ from broker.log import PayloadCache, QueueLog
 from broker.metrics import BrokerMetrics
 from broker.sqlite_store import SqliteStore
 from broker.store import Record
-from tests.unit.broker.cores import broker
+from tests.unit.broker.cores import ManualClock, broker
 
 HOUR_MS = 3600 * 1000
 T0 = 1_800_000_000_000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    """The store time of what is sent (and the core's deadlines) read this clock."""
-    c = Clock()
-    monkeypatch.setattr("broker.send.now_ms", c)
-    monkeypatch.setattr("broker.core.now_ms", c)
-    return c
+def clock() -> ManualClock:
+    """The broker's clock: the store time of what is sent, the core's deadlines."""
+    return ManualClock(T0)
 
 
 def run(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -75,9 +64,9 @@ def settings(**extra: Any) -> dict[str, Any]:
     return {"queues_per_topic": 1, "retention_s": 3600.0, "flush": "sync", **extra}
 
 
-def test_rows_older_than_the_retention_are_deleted_and_newer_ones_kept(tmp_path: Path, clock: Clock) -> None:
+def test_rows_older_than_the_retention_are_deleted_and_newer_ones_kept(tmp_path: Path, clock: ManualClock) -> None:
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             for _ in range(3):
                 await send(core, 2)  # offsets 0..5, three rows stored at T0
             clock.now = T0 + 2 * HOUR_MS
@@ -99,16 +88,19 @@ def test_rows_older_than_the_retention_are_deleted_and_newer_ones_kept(tmp_path:
     run(scenario)
 
 
-def test_a_queue_keeps_its_last_row_and_its_offsets_go_on(tmp_path: Path, clock: Clock) -> None:
+def test_a_queue_keeps_its_last_row_and_its_offsets_go_on(tmp_path: Path, clock: ManualClock) -> None:
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             await send(core, 3)
             await send(core, 2)  # 3, 4: the last row
             assert await core.retention.run(T0 + 10 * HOUR_MS) == 3
             assert rows(tmp_path) == [3]
             await send(core, 1)
             assert core.topics["t"].queues[0].max_offset == 6
-        async with broker(tmp_path, **settings()) as (core, _):  # a start derives the offsets from the rows
+        async with broker(tmp_path, clock=clock, **settings()) as (
+            core,
+            _,
+        ):  # a start derives the offsets from the rows
             queue = core.topics["t"].queues[0]
             assert (queue.min_offset, queue.max_offset) == (3, 6)
             [sent] = await core.send([pb.Message(topic="t", body=b"next")])
@@ -117,9 +109,9 @@ def test_a_queue_keeps_its_last_row_and_its_offsets_go_on(tmp_path: Path, clock:
     run(scenario)
 
 
-def test_a_message_in_flight_holds_back_its_row_and_the_rows_after_it(tmp_path: Path, clock: Clock) -> None:
+def test_a_message_in_flight_holds_back_its_row_and_the_rows_after_it(tmp_path: Path, clock: ManualClock) -> None:
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             for _ in range(4):
                 await send(core, 2)  # rows 0, 2, 4, 6
             first = await core.pop("t", "g", "*", 3, 30_000, 0)  # 0, 1, 2 in flight
@@ -138,9 +130,11 @@ def test_a_message_in_flight_holds_back_its_row_and_the_rows_after_it(tmp_path: 
     run(scenario)
 
 
-def test_groups_lose_what_they_never_received_and_their_pull_offsets_are_stored(tmp_path: Path, clock: Clock) -> None:
+def test_groups_lose_what_they_never_received_and_their_pull_offsets_are_stored(
+    tmp_path: Path, clock: ManualClock
+) -> None:
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             await core.notification("t", "idle", "*", 0)  # looks before the topic exists
             await send(core, 4, tag="a")
             await send(core, 4, tag="b")
@@ -158,12 +152,12 @@ def test_groups_lose_what_they_never_received_and_their_pull_offsets_are_stored(
     run(scenario)
 
 
-def test_a_filtered_groups_lag_counts_only_what_stays(tmp_path: Path, clock: Clock) -> None:
+def test_a_filtered_groups_lag_counts_only_what_stays(tmp_path: Path, clock: ManualClock) -> None:
     """A filtered group's lag reuses its last count (broker.lag); one made before retention counted deleted
     messages."""
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             await send(core, 5, tag="a")
             await send(core, 5, tag="b")
             clock.now = T0 + 2 * HOUR_MS
@@ -177,7 +171,7 @@ def test_a_filtered_groups_lag_counts_only_what_stays(tmp_path: Path, clock: Clo
 
 
 def test_a_restart_after_retention_gives_the_same_offsets_lag_and_index(
-    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Many rows over several tag blocks, tags and FIFO messages, a filtered group, messages in flight; a pass of
     several steps and deletion transactions (made small here)."""
@@ -190,7 +184,7 @@ def test_a_restart_after_retention_gives_the_same_offsets_lag_and_index(
         return index, sorted((x.group, x.lag) for x in core.lags("t"))
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             for i in range(30):  # 30 rows of 100 (offsets 0..2999) stored a minute apart
                 clock.now = T0 + i * 60_000
                 await send(core, 100, tag="abc"[i % 3], group="o1" if i % 7 == 3 else None)
@@ -205,7 +199,7 @@ def test_a_restart_after_retention_gives_the_same_offsets_lag_and_index(
             await core.ack("t", "all", [popped.messages[0].handle])
             assert await core.retention.run(T0 + HOUR_MS + 25 * 60_000) == 0  # 1701 in flight holds row 1700
             before = snapshot(core)
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             assert snapshot(core) == before
             [sent] = await core.send([pb.Message(topic="t", body=b"next")])
             assert sent.offset == 3000
@@ -214,14 +208,14 @@ def test_a_restart_after_retention_gives_the_same_offsets_lag_and_index(
 
 
 def test_big_deletions_go_in_short_transactions_and_steps(
-    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sqlite_store, "DELETE_ROWS", 3)
     monkeypatch.setattr(retention, "STEP_MESSAGES", 7)
     commits: list[float] = []
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, store):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, store):
             for _ in range(20):
                 await send(core, 2)
             store._on_commit = commits.append  # noqa: SLF001 - count the transactions
@@ -232,9 +226,9 @@ def test_big_deletions_go_in_short_transactions_and_steps(
     run(scenario)
 
 
-def test_retention_0_keeps_everything(tmp_path: Path, clock: Clock) -> None:
+def test_retention_0_keeps_everything(tmp_path: Path, clock: ManualClock) -> None:
     async def scenario() -> None:
-        async with broker(tmp_path, **settings(retention_s=0.0)) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings(retention_s=0.0)) as (core, _):
             await send(core, 2)
             await send(core, 2)
             assert await core.retention.run(T0 + 1000 * HOUR_MS) == 0
@@ -243,18 +237,18 @@ def test_retention_0_keeps_everything(tmp_path: Path, clock: Clock) -> None:
     run(scenario)
 
 
-def test_a_start_corrects_state_below_a_queues_first_message(tmp_path: Path, clock: Clock) -> None:
+def test_a_start_corrects_state_below_a_queues_first_message(tmp_path: Path, clock: ManualClock) -> None:
     """A crash between the deletion and the commit of what it changed (pull offsets, an ack): the start moves the
     pull offset up and drops the delivery of a deleted message, and stores that."""
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             await send(core, 2)
             await send(core, 2)
             await core.pop("t", "g", "*", 1, 30_000, 0)
         with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:  # as a crash may leave it
             conn.execute("DELETE FROM batches WHERE first_offset = 0")
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             [row] = core.lags("t", "g")
             assert (row.lag.pull_offset, row.lag.inflight, row.lag.lag) == (2, 0, 2)
             await core.store.submit([], [])  # what the start stored is committed
@@ -265,9 +259,9 @@ def test_a_start_corrects_state_below_a_queues_first_message(tmp_path: Path, clo
     run(scenario)
 
 
-def test_the_cache_forgets_deleted_payloads(tmp_path: Path, clock: Clock) -> None:
+def test_the_cache_forgets_deleted_payloads(tmp_path: Path, clock: ManualClock) -> None:
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             await send(core, 3)
             await send(core, 1)
             cached = core.cache.bytes
@@ -309,12 +303,12 @@ def test_store_deletes_nothing_it_was_not_asked_to(tmp_path: Path) -> None:
     run(scenario)
 
 
-def test_a_group_that_popped_and_left_does_not_hold_the_queue_back(tmp_path: Path, clock: Clock) -> None:
+def test_a_group_that_popped_and_left_does_not_hold_the_queue_back(tmp_path: Path, clock: ManualClock) -> None:
     """A delivery whose invisibility passed and that nobody popped again held back its row, and every row after
     it, for good (a consumer gone, a group deleted: the disk grew without bound, a review's probe)."""
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             for _ in range(3):
                 await send(core, 2)  # rows 0, 2, 4
             await core.pop("t", "gone", "*", 1, 1_000, 0)  # offset 0, invisible 1 s, never acked
@@ -330,14 +324,14 @@ def test_a_group_that_popped_and_left_does_not_hold_the_queue_back(tmp_path: Pat
 
 
 def test_a_row_the_writer_committed_but_not_announced_is_not_taken_for_the_queues_start(
-    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The store's reader can see a row before the index does: with every message expired it named that new
     row's start (the index's end) as the queue's start; the trim raised, and the retention task died unsaid,
     leaving other queues trimmed in memory only (a review's probe, 5 runs of 6)."""
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             for _ in range(3):
                 await send(core, 2)
             queue = core.topics["t"].queues[0]
@@ -366,12 +360,12 @@ def test_the_caches_eviction_order_does_not_keep_what_retention_dropped() -> Non
     assert cache.cached == 11 and len(cache._order) <= 2 * cache.cached + 1024
 
 
-def test_a_pass_ends_while_sends_go_on(tmp_path: Path, clock: Clock) -> None:
+def test_a_pass_ends_while_sends_go_on(tmp_path: Path, clock: ManualClock) -> None:
     """A pass takes another step only when the step bound cut it, not when it reached the queue's end: a queue's
     end moves with every Send, and a pass that chased it never ended (bench/retention_bench.py hung)."""
 
     async def scenario() -> None:
-        async with broker(tmp_path, **settings()) as (core, _):
+        async with broker(tmp_path, clock=clock, **settings()) as (core, _):
             for _ in range(3):
                 await send(core, 2)
             sending = True

@@ -15,13 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from popgate_pb import broker_pb2 as pb
 
+from broker.clock import WallClock
 from broker.core import BrokerCore
-from broker.model import now_ms
 from broker.schedule import DELAY_LEVELS_S, ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from broker.store import DeleteScheduled, NewMessage, Op, Record
 from popgate_contract.errors import IllegalDeliveryTime, StoreUnavailable
+from tests.unit.broker.cores import ManualClock
 
 DAY = 24 * 3600 * 1000
 
@@ -117,7 +118,7 @@ def run_core(tmp_path: Path, scenario: Callable[[BrokerCore, FlakyStore], Awaita
     async def main() -> None:
         inner = SqliteStore(tmp_path / "data")
         store = FlakyStore(inner)
-        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data", **settings), store)  # type: ignore[arg-type]
+        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data", **settings), store, clock=WallClock())  # type: ignore[arg-type]
         inner.set_listener(core)
         inner.start(asyncio.get_running_loop())
         core.restore(inner.load())
@@ -149,7 +150,7 @@ async def until(predicate: Callable[[], bool]) -> None:
 def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore, store: FlakyStore) -> None:
         store.failures_left = 2
-        await core.send([delayed("t", b"x", now_ms() + 50)])
+        await core.send([delayed("t", b"x", core.clock.now_ms() + 50)])
         assert visible(core, "t") == 0
         await until(lambda: visible(core, "t") == 1)
         assert store.delivery_attempts == 3
@@ -161,10 +162,10 @@ def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
 def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore, store: FlakyStore) -> None:
         store.failures_left = 10**6
-        await core.send([delayed("t", b"first", now_ms() + 20)])
+        await core.send([delayed("t", b"first", core.clock.now_ms() + 20)])
         await until(lambda: core.scheduler.blocked)
         assert store.delivery_attempts == 4  # the first try and three retries
-        await core.send([delayed("t", b"second", now_ms() + 10)])
+        await core.send([delayed("t", b"second", core.clock.now_ms() + 10)])
         await asyncio.sleep(0.2)
         assert visible(core, "t") == 0 and len(core.schedule) == 1  # blocked: the second waits, nothing skipped
         store.failures_left = 0
@@ -177,7 +178,7 @@ def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: 
 def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
     async def scenario(core: BrokerCore, store: FlakyStore) -> None:
         store.gate = asyncio.Event()
-        due = now_ms()
+        due = core.clock.now_ms()
         await core.send([delayed("t", b"%d" % i, due + 10) for i in range(50)])
         await until(lambda: core.scheduler.in_flight == 10)
         await asyncio.sleep(0.1)
@@ -193,7 +194,7 @@ def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
     """Batches 1 and 2 both fail past their retries, 1 first (it blocks delivery); then 1 succeeds while 2
     still fails: nothing due later may go out before 2 (DESIGN §2: after repeated failure the level blocks,
     not skips)."""
-    now = [0]
+    clock = ManualClock(0)
     failing = {1, 2}  # schedule ids whose delivery fails
     attempts: dict[int, int] = {}
     delivered: list[int] = []
@@ -210,17 +211,17 @@ def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
 
     async def scenario() -> list[int]:
         index = ScheduleIndex()
-        sched = ScheduledDelivery(index, deliver, batch=1, backoff_s=(0.001, 0.001, 0.01), clock_ms=lambda: now[0])
+        sched = ScheduledDelivery(index, deliver, batch=1, backoff_s=(0.001, 0.001, 0.01), clock=clock)
         sched.start()
         index.add(10, 1)
         index.add(20, 2)
-        now[0] = 30
+        clock.now = 30
         sched.added(10)
         await until(lambda: sched.blocked and sched.in_flight == 2)  # both taken, 1 past its retries
         first_blocked.set()
         await until(lambda: attempts[2] > 4)  # 2 past its retries too
         index.add(40, 3)
-        now[0] = 50
+        clock.now = 50
         sched.added(40)
         failing.discard(1)  # 1 recovers, 2 does not
         await until(lambda: delivered == [1])
