@@ -3,8 +3,8 @@
 Both sides live here. A broker answers a `DomainError` with `status_of` its class and `trailer` (or, on the Session
 stream, a ``SessionError`` with the same name and code); a proxy turns the failed call back into the very class
 the broker raised with `error_of` (`from_broker` for a name), and a failure without a name into the proxy's own
-errors by its gRPC code. Guarded by tests/unit/contract/test_trailer.py and the fuzz tests' check that every broker error
-carries a name.
+errors by its gRPC code. Guarded by tests/unit/contract/test_trailer.py and by the fuzz tests' check that every
+broker error carries a name.
 """
 
 from __future__ import annotations
