@@ -82,8 +82,8 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
             ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
         ],
         interceptors=[TokenInterceptor(settings.auth_token)] if settings.auth_token else None,
-        # Held unary Pops and Notifications are calls; a call whose request never comes is held by grpc
-        # (~21 KB) without reaching a handler: beyond this many, RESOURCE_EXHAUSTED before any handler.
+        # Held unary Pops and Notifications are calls; a call whose request never comes is held by grpc, with
+        # its buffers, without reaching a handler: beyond this many, RESOURCE_EXHAUSTED before any handler.
         maximum_concurrent_rpcs=settings.max_held + UNARY_CALLS,
     )
     pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

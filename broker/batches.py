@@ -1,10 +1,9 @@
 """Messages as batch rows, commit-log style: one row holds up to BATCH_MESSAGES consecutive messages
 of one queue (those one group commit appends), their store times, tags and sizes as JSON (`meta`,
 with a fourth list, the positions of FIFO messages, when the batch has any) and their payloads
-concatenated. A row per message cost the store's writer ~10 us of CPU a message
-(a B-tree insert of a 300 B row and its parameter binding, the GIL given up and retaken per row);
-a batch row is one insert for all of them. Pure encoding, no I/O: the SQLite store writes and reads
-the rows.
+concatenated. A row per message would cost the store's writer a B-tree insert and a parameter
+binding per message, the GIL given up and retaken per row; a batch row is one insert for all of
+them. Pure encoding, no I/O: the SQLite store writes and reads the rows.
 """
 
 from __future__ import annotations

@@ -101,11 +101,12 @@ class StateCommits:
         if self.settings.flush == "sync":
             with contextlib.suppress(StoreUnavailable):
                 await asyncio.shield(committed)
-                # The first commit to succeed after the store refused writes went without the rows it lost (a
-                # pull offset among them); those follow in a commit of their own (`_recorded`). Answered before
-                # that one, a kill -9 in between left the pull offset stored without the deliveries below it,
-                # and those messages counted as acked after the restart (tests/faults/test_disk_full.py, about
-                # 1 run in 6): wait for it too.
+                # The first commit to succeed after the store refused writes goes without the rows it lost (a
+                # pull offset among them); those follow in a commit of their own (`_recorded`). The answer waits
+                # for that one too, so a kill -9 right after it never leaves a pull offset stored without the
+                # deliveries below it (which would count those messages as acked after the restart) —
+                # tests/faults/test_disk_full.py::
+                # test_messages_popped_while_the_disk_was_full_come_back_after_a_restart.
                 catch_up = self._catch_up
                 if catch_up is not None and not catch_up.done():
                     await asyncio.shield(catch_up)

@@ -380,8 +380,9 @@ class BrokerCore:
         state = self.groups.get((group, handle.topic))
         delivery = state.current(handle.queue_id, handle.offset, handle.token) if state else None
         if state is None or delivery is None or delivery.attempt != handle.attempt:
-            # Not "stale" alone: a handle acked with another group's name lands here too, and that word sent its
-            # user looking for a double delivery.
+            # Not "stale" alone: a handle acked with another group's name lands here too, and the message names
+            # both causes — tests/unit/broker/test_wrong_group.py::
+            # test_an_ack_under_another_groups_name_says_that_group_has_no_such_delivery.
             raise InvalidReceiptHandle(
                 f"consumer group {group} has no in-flight delivery of message {handle.topic}/{handle.queue_id}/"
                 f"{handle.offset} with this receipt handle: the handle is another group's, or the message was acked "
@@ -492,8 +493,10 @@ class BrokerCore:
         """A Notification answered ``has_message`` whose receive then took nothing here (it was answered from
         another broker first, or ended): the wake it had is passed on to the group's oldest request held here
         that something is ready for. An arrival wakes one held request per message, so without this a message
-        whose wake went to such a receive waited for the safety sweep (~1 s), or a whole long poll with the
-        sweep off, while another consumer's request was held here (a review's probe). Whether one was woken."""
+        whose wake went to such a receive would wait for the safety sweep, or a whole long poll with the sweep
+        off, while another consumer's request was held here — tests/unit/broker/test_session_stream.py::
+        test_a_notification_answered_and_not_used_passes_its_wake_on_to_the_next_held_request. Whether one was
+        woken."""
         state = self.groups.get((group, topic))
         if state is None:
             return False
@@ -531,8 +534,9 @@ class BrokerCore:
 
     async def list_messages(self, topic: str, queue_id: int, from_offset: int, limit: int) -> list[Record]:
         """Up to `limit` stored messages from `from_offset` on, cut at `--max-pop-bytes` (at least one): the caller
-        goes on from the offset after the last. Uncut, 1,000 messages of 4 MiB could be asked for at once; six
-        were already past the gRPC message limit (RESOURCE_EXHAUSTED, a review's probe)."""
+        goes on from the offset after the last, and an answer stays under the gRPC message limit whatever the
+        messages' sizes — tests/unit/broker/test_limits.py::
+        test_listing_stored_messages_is_cut_at_the_byte_budget_and_goes_on_from_the_next_offset."""
         validation.check_topic(topic)
         if topic not in self.topics:
             raise TopicNotFound(f"topic {topic} does not exist on broker {self.name}")

@@ -98,7 +98,8 @@ class ConsumerGroups:
         new = (group, topic) not in self.groups
         if new and len(self.groups) >= self.settings.max_groups:
             # Each costs memory and a dozen metric series for good: any client could otherwise make a broker keep
-            # state for every name it makes up (20,000 made-up groups: +39 MiB and a 19 MB /metrics, a review's probe).
+            # state for every name it makes up — tests/unit/broker/test_groups.py::
+            # test_a_new_group_past_max_groups_is_refused_and_known_ones_go_on.
             raise TooManyRequests(
                 f"broker {self.settings.name} keeps state for {len(self.groups)} consumer groups and topics, its"
                 " limit (--max-groups): a new group is refused"

@@ -14,8 +14,8 @@ from broker.model import PopResult
 from popgate_contract import errors, validation
 
 # -- request → core call → response, shared by the unary RPCs and the Session stream ---------
-# Each fills in the response it is given: building a sub-message in place costs about half of
-# building it apart and copying it into its parent (a Pop answer's payloads would be copied twice).
+# Each fills in the response it is given: a sub-message is built in place, not built apart and copied
+# into its parent (a Pop answer's payloads would be copied twice).
 
 
 async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) -> None:

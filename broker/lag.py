@@ -48,8 +48,9 @@ def queue_lag(log: QueueLog, state: GroupQueue | None, tag_filter: TagFilter, st
 def _ready(log: QueueLog, state: GroupQueue | None, pull: int, tag_filter: TagFilter) -> int:
     """Matching messages in [pull, MaxOffset). With a filter, the group's last count is kept and the next one only
     counts what changed since (the messages consumed and the messages arrived): blocks with too many distinct
-    tags keep no summary, and 20 filtered groups over 300,000 messages with unique tags made every Stats call
-    and scrape hold the loop ~0.5 s (a review's probe)."""
+    tags keep no summary, so a full count would read every tag of the backlog on each Stats call and scrape.
+    The reused count must not drift — tests/unit/broker/test_log.py::test_lag_equals_linear_scans_while_the_queue_grows.
+    """
     end = log.max_offset
     if tag_filter.tags is None or state is None:
         return log.count_matching(pull, end, tag_filter)

@@ -58,14 +58,15 @@ class PayloadCache:
         are cached in offset order, so they are the first of its dict; their entries in the eviction order
         stay until they come up (and count nothing then)."""
         payloads = queue.payloads
-        # One look along the dict: popping its first key again and again made each look skip every key popped
-        # before it (16.7 s for the 200,000 payloads of a full 64 MiB cache, bench/retention_bench.py).
+        # One look along the dict, not its first key popped again and again: each such pop skips every key popped
+        # before it, quadratic in the payloads dropped.
         for offset in list(takewhile(below.__gt__, payloads)):
             self.bytes -= len(payloads.pop(offset)) + 64
             self.cached -= 1
         # Their entries in the eviction order leave when they come up, which is never while the cache is not
-        # full (a retention window smaller than the cache): one entry a message sent, for good, grew the broker
-        # by ~100 B a message (a review's probe). Rebuilt once they are most of it.
+        # full (a retention window smaller than the cache): rebuilt once they are most of it, so the order holds
+        # no more than about twice the cached entries — tests/unit/broker/test_retention.py::
+        # test_the_caches_eviction_order_does_not_keep_what_retention_dropped.
         if len(self._order) > 2 * self.cached + 1024:
             self._order = deque(entry for entry in self._order if entry[1] in entry[0].payloads)
 

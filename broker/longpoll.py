@@ -69,8 +69,7 @@ class HoldService:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         # Per key, per (kind, filter), in arrival order: an arrival costs one look per filter and one
-        # step per request it wakes, however many are held (20,000 held Notifications on one key
-        # took ~3 ms per arrival when every arrival scanned them all).
+        # step per request it wakes, however many are held (it never scans every held request).
         self._waiters: dict[Key, dict[tuple[Kind, TagFilter], dict[_Waiter, None]]] = {}
         self._by_topic: dict[str, set[str]] = {}
         self.held = {Kind.POP: 0, Kind.NOTIFICATION: 0}
@@ -147,8 +146,9 @@ class HoldService:
         woke it, a Notification's answer leads to one Pop. Waking every Notification for one message would make
         all but one of their Pops lose the race (RocketMQ wakes one too); a message nobody took is caught by the
         safety sweep. Not Pops first: a consumer whose receives hold Notifications (a quiet group's, adaptive
-        mode) then got nothing while another's held Pops took every message (a second official PushConsumer of
-        a group idled for a whole long-polling time in a review's probe)."""
+        mode) would get nothing for a whole long poll while another's held Pops took every message —
+        tests/unit/broker/test_longpoll.py::test_arrival_wakes_one_request_per_message_oldest_first_whatever_its_kind.
+        """
         groups = self._waiters.get(key)
         if not groups:
             return 0

@@ -31,8 +31,9 @@ from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-# Messages of one queue a step trims at most: what the event loop scans and moves at once (a whole pass's longest
-# loop stall 56 ms, docs/BROKER.md "Retention"); a pass takes as many steps as the backlog needs.
+# Messages of one queue a step trims at most: what the event loop scans and moves at once, which bounds how long
+# a pass holds the loop (docs/BROKER.md "Retention"); a pass takes as many steps as the backlog needs —
+# tests/unit/broker/test_retention.py::test_big_deletions_go_in_short_transactions_and_steps.
 STEP_MESSAGES = 1 << 16
 
 
@@ -155,9 +156,10 @@ class Retention:
 def _in_flight_floor(queue: QueueLog, states: Iterable[GroupTopic]) -> int:
     """The lowest offset of the queue some group holds invisible (popped, its invisibility not passed; a FIFO
     message also while it waits or its dead letter is being committed), or the queue's end. A delivery whose
-    invisibility passed and that nobody popped again does not hold the queue back: a group that popped once
-    and left kept every later message for good (a review's probe); like a message never received, it is lost
-    to that group once past the retention, as in RocketMQ."""
+    invisibility passed and that nobody popped again does not hold the queue back, so a group that popped once
+    and left cannot keep every later message for good; like a message never received, it is lost to that group
+    once past the retention, as in RocketMQ — tests/unit/broker/test_retention.py::
+    test_a_group_that_popped_and_left_does_not_hold_the_queue_back."""
     floor = queue.max_offset
     for state in states:
         gq = state.queues.get(queue.queue_id)

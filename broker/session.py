@@ -36,7 +36,7 @@ SESSION_MAX_SHORT = 4096
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 SESSION_RECENT_ANSWERS = 4096  # answers a late cancel frame can still undo, per stream (a hand-back may come a
-# consume step later; ~0.2 KB each)
+# consume step later; each kept as one small undo callable)
 
 
 class Session:

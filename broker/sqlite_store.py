@@ -97,16 +97,15 @@ SELECT_ROWS_BELOW = (
     " ORDER BY first_offset LIMIT ?"
 )
 DELETE_ROWS_BELOW = "DELETE FROM batches WHERE topic = ? AND queue = ? AND first_offset < ?"
-# What one deletion transaction takes at most: rows, and payload bytes (freeing their pages is most of its time:
-# 256 rows of 64 KiB took 66-159 ms, bench/retention_bench.py). A pass deletes in as many as it needs, other
-# commits between them.
+# What one deletion transaction takes at most: rows, and payload bytes (freeing their pages is most of its time).
+# A pass deletes in as many as it needs, other commits between them —
+# tests/unit/broker/test_retention.py::test_big_deletions_go_in_short_transactions_and_steps.
 DELETE_ROWS = 256
 DELETE_BYTES = 4 * 1024 * 1024
 
-# Many small rows go in as one JSON array per statement, unpacked by SQLite's json_each:
-# executemany binds and steps row by row, giving up and retaking the GIL for every row, which
-# starves the event loop (measured: 11 us of writer CPU a row and ~30k rows/s beside a busy loop,
-# against 4.4 us and 160k).
+# Many small rows go in as one JSON array per statement, unpacked by SQLite's json_each: the writer thread
+# takes the GIL once per statement, not once per row as executemany's row-by-row binding does, so a big
+# commit does not starve the event loop.
 PUT_INFLIGHT = (
     "INSERT OR REPLACE INTO inflight"
     " SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6 FROM json_each(?)"
@@ -132,9 +131,8 @@ FAILURE_LOG_EVERY_S = 10.0
 
 
 class _Throttled:
-    """A failure that repeats is logged once, then at most every `every_s` with how many were left out: on a
-    full disk every refused commit logged a line (9,899 for 9,898 sends in a review's probe), a log growing
-    at the clients' retry rate on what may be the same full disk."""
+    """A failure that repeats is logged once, then at most every `every_s` with how many were left out: the
+    log grows with time, not with the clients' retry rate, on what may be the same full disk."""
 
     def __init__(self, emit: Callable[..., None], every_s: float = FAILURE_LOG_EVERY_S) -> None:
         self._emit = emit
@@ -292,8 +290,8 @@ class SqliteStore:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._sync}")
         conn.execute("PRAGMA busy_timeout=5000")
-        # When the WAL starts over its file is cut back to a quarter of the restart size: cut to the restart size
-        # itself it stayed there, and the writer checkpointed after every commit (wake p50 +0.6 ms, measured).
+        # When the WAL starts over its file is cut back to a quarter of the restart size, not to the restart size
+        # itself: a WAL kept at the restart size would be past it again at once, and every commit would checkpoint.
         conn.execute(f"PRAGMA journal_size_limit={WAL_RESTART_BYTES // 4}")
         return conn
 
@@ -343,7 +341,7 @@ class SqliteStore:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         # Checkpoints move the WAL into the database file. Run by the writer (SQLite's default,
-        # every 1000 pages) they stall a commit for tens of ms; a checkpointer thread on its own
+        # every 1000 pages) they stall the commit that triggers them; a checkpointer thread on its own
         # connection does them PASSIVE, beside the writer.
         self._conn.execute("PRAGMA wal_autocheckpoint=0")
         self._writer = threading.Thread(target=self._run_writer, name="store-writer", daemon=True)
@@ -376,8 +374,8 @@ class SqliteStore:
             self._requests.put(_Request(appends, ops, future))
         else:
             # Consumer state under --flush async (nobody waits for it): hand it to the writer a moment
-            # later, in order. Woken at once, the writer thread takes the GIL for its Python part of
-            # the commit while this loop is still writing the Pop's or Ack's reply (~0.1 ms measured).
+            # later, in order, so the writer thread does not take the GIL for its Python part of the
+            # commit while this loop is still writing the Pop's or Ack's reply.
             self._deferred.append(_Request(appends, ops, future))
             if self._deferred_timer is None:
                 self._deferred_timer = self._loop.call_later(self._state_delay_s, self._flush_deferred)
@@ -428,9 +426,9 @@ class SqliteStore:
         """Between two commits, when the WAL file is past WAL_RESTART_BYTES: checkpoint it here and start it
         over. The checkpointer's PASSIVE checkpoints copy the WAL into the database beside the writer, but
         SQLite starts the WAL over only when a write begins after a checkpoint copied all of it, which never
-        happens while the writer commits without a pause: the WAL grew with everything written (705 MiB
-        beside a 494 MiB database after 45 s of sends, a review's probe), and stayed so until a clean stop.
-        Most of it is copied already, so this stalls the writer for the rest only."""
+        happens while the writer commits without a pause: without this the WAL would grow with everything
+        written until a clean stop. Most of it is copied already, so this stalls the writer for the rest only —
+        tests/unit/broker/test_sqlite_store.py::test_the_wal_stays_bounded_while_the_writer_never_pauses."""
         try:
             if os.path.getsize(self._wal_path) < WAL_RESTART_BYTES:
                 return
@@ -523,9 +521,9 @@ class SqliteStore:
     async def delete_before(self, cuts: Sequence[Cut]) -> int:
         """Delete, for each (topic, queue, offset), the batch rows wholly below the offset (retention); how many
         rows went. In transactions of at most DELETE_ROWS rows and about DELETE_BYTES, each followed by a pause
-        as long, so a big deletion never holds sends back for long and most do not wait for it at all (Send p50
-        0.3 -> 0.5 ms during a pass deleting 1.1 M messages, bench/retention_bench.py). Submitted after the
-        consumer state deferred so far (pull offsets moved up past what it deletes are stored first)."""
+        as long, so a big deletion never holds sends back for long and most do not wait for it at all —
+        tests/unit/broker/test_retention.py::test_big_deletions_go_in_short_transactions_and_steps. Submitted
+        after the consumer state deferred so far (pull offsets moved up past what it deletes are stored first)."""
         if self._loop is None or self._closed:
             raise StoreUnavailable("store is not started" if self._loop is None else "store is closed")
         left, rows = list(cuts), 0

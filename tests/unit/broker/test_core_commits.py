@@ -328,8 +328,9 @@ def test_a_group_that_looked_before_its_topic_existed_has_lag_here_from_the_topi
 
 
 def test_the_sweep_delivers_a_message_whose_wake_was_lost(tmp_path: Path) -> None:
-    """DESIGN §2: waiters are woken on arrival, "plus a slow periodic sweep as a safety net". Here the arrival's
-    wake is lost (as in the race docs/RECEIVE.md step 4 describes); the sweep is what hands the message over."""
+    """docs/ARCHITECTURE.md §2: waiters are woken on arrival, "plus a slow periodic sweep as a safety net". Here
+    the arrival's wake is lost (as in the race docs/RECEIVE.md step 4 describes); the sweep is what hands the
+    message over."""
 
     async def scenario() -> None:
         async with broker(tmp_path) as (core, _):

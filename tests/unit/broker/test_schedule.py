@@ -33,7 +33,8 @@ def test_due_time_from_level_timestamp_or_now() -> None:
     assert due_time_ms(1000, deliver_at_ms=5000, delay_level=0, max_delay_ms=DAY) == 5000
     assert due_time_ms(1000, deliver_at_ms=0, delay_level=1, max_delay_ms=DAY) == 2000
     assert due_time_ms(0, deliver_at_ms=0, delay_level=18, max_delay_ms=DAY) == 7200 * 1000
-    # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h" (DESIGN §8)
+    # RocketMQ's messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    # (docs/ARCHITECTURE.md §8)
     minutes = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 30]
     assert list(DELAY_LEVELS_S) == [1, 5, 10, 30] + [60 * m for m in minutes] + [3600, 7200]
 
@@ -192,8 +193,8 @@ def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
 
 def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
     """Batches 1 and 2 both fail past their retries, 1 first (it blocks delivery); then 1 succeeds while 2
-    still fails: nothing due later may go out before 2 (DESIGN §2: after repeated failure the level blocks,
-    not skips)."""
+    still fails: nothing due later may go out before 2 (docs/ARCHITECTURE.md §2: after repeated failure the
+    level blocks, not skips)."""
     clock = ManualClock(0)
     failing = {1, 2}  # schedule ids whose delivery fails
     attempts: dict[int, int] = {}
