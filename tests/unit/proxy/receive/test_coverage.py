@@ -1,0 +1,174 @@
+"""Covered long polls alone: where a group's Pops are held, which brokers a Notification watches, which Pop moves.
+Events in, commands out; no sockets, no event loop."""
+
+from __future__ import annotations
+
+from proxy.receive.coverage import (
+    COVER_DELAY_S,
+    WATCH_MIN_S,
+    WATCH_RETRY_S,
+    Answer,
+    AwaitUp,
+    Command,
+    Coverage,
+    CoverLater,
+    Held,
+    Move,
+    PassOn,
+    Unwatch,
+    Watch,
+)
+
+KEY = ("t", "g")
+BROKERS = ("b1", "b2", "b3")
+
+
+class Call:
+    """A held Pop's call: answered (`done`) or still waiting."""
+
+    def __init__(self) -> None:
+        self.answered = False
+
+    def done(self) -> bool:
+        return self.answered
+
+    def cancel(self) -> bool:
+        return not self.answered
+
+
+def coverage(*, cover: bool = True, health: dict[str, bool] | None = None) -> Coverage:
+    """Over BROKERS, each up unless `health` says otherwise (read at each event, as the pool's)."""
+    seen = health if health is not None else {}
+    return Coverage(lambda: ((name, seen.get(name, True)) for name in BROKERS), cover=cover)
+
+
+def watches(commands: list[Command]) -> dict[str, Watch]:
+    return {c.broker: c for c in commands if isinstance(c, Watch)}
+
+
+def track(
+    cov: Coverage, broker: str, *, now: float = 0.0, tag_filter: str = "a||b", call: Call | None = None
+) -> tuple[Held, list[Command]]:
+    return cov.track(KEY, broker, call or Call(), tag_filter, now=now)
+
+
+def test_held_pops_are_counted_per_broker_oldest_first_and_plain_long_polls_send_no_command() -> None:
+    cov = coverage(cover=False)
+    first, cmds = track(cov, "b1")
+    second, more = track(cov, "b1")
+    third, other = track(cov, "b2")
+    assert cmds == more == other == []
+    assert {b: list(entries) for b, entries in cov.held(KEY).items()} == {"b1": [first, second], "b2": [third]}
+    assert cov.untrack(KEY, "b1", first) == [] and cov.untrack(KEY, "b2", third) == []
+    assert list(cov.held(KEY)) == ["b1"]
+    assert cov.untrack(KEY, "b1", first) == []  # not tracked any more: ignored
+    assert cov.untrack(KEY, "b1", object()) == []
+    cov.untrack(KEY, "b1", second)
+    assert cov.held(KEY) == {}
+
+
+def test_the_groups_first_held_pop_watches_every_other_live_broker_with_its_filter() -> None:
+    cov = coverage()
+    _, cmds = track(cov, "b1", now=5.0)
+    assert [(w.key, w.broker, w.filter, w.started) for w in cmds if isinstance(w, Watch)] == [
+        (KEY, "b2", "a||b", 5.0),
+        (KEY, "b3", "a||b", 5.0),
+    ]
+    assert len(cmds) == 2
+    assert track(cov, "b1")[1] == []  # not the broker's first: nothing changes
+
+
+def test_a_pop_held_at_a_watched_broker_ends_its_watch() -> None:
+    cov = coverage()
+    _, cmds = track(cov, "b1")
+    b2 = watches(cmds)["b2"]
+    assert track(cov, "b2")[1] == [Unwatch(b2)]
+    assert not cov.watching(b2) and cov.watching(watches(cmds)["b3"])
+    assert cov.watched(b2, Answer.CANCELLED, now=1.0) == []  # the cancelled watch's end changes nothing
+
+
+def test_a_broker_whose_last_pop_ended_is_watched_after_a_delay() -> None:
+    cov = coverage()
+    held, cmds = track(cov, "b1")
+    other, _ = track(cov, "b2")
+    b3 = watches(cmds)["b3"]
+    assert cov.untrack(KEY, "b2", other) == [CoverLater(KEY, COVER_DELAY_S)]
+    again = cov.cover(KEY, now=1.0)
+    assert list(watches(again)) == ["b2"] and len(again) == 1
+    b2 = watches(again)["b2"]
+    assert cov.untrack(KEY, "b1", held) == [CoverLater(KEY, COVER_DELAY_S)]
+    assert set(cov.cover(KEY, now=1.1)) == {Unwatch(b2), Unwatch(b3)}
+    _, anew = track(cov, "b1", tag_filter="x")  # the group's first again: watched with its filter now
+    assert [(w.broker, w.filter) for w in watches(anew).values()] == [("b2", "x"), ("b3", "x")]
+
+
+def test_a_message_at_a_watched_broker_moves_the_oldest_waiting_pop_of_the_broker_holding_the_most() -> None:
+    cov = coverage()
+    lone, cmds = track(cov, "b1")
+    call = Call()
+    answered, _ = track(cov, "b2", call=call)
+    waiting, _ = track(cov, "b2")
+    b3 = watches(cmds)["b3"]
+    call.answered = True  # its broker had something: it stays
+    assert cov.watched(b3, Answer.HAS_MESSAGE, now=1.0) == [Move(KEY, waiting)]
+    assert waiting.moved_to == "b3" and lone.moved_to is None and answered.moved_to is None
+    assert not cov.watching(b3)
+
+
+def test_a_pop_already_moved_is_not_moved_again() -> None:
+    cov = coverage()
+    first, cmds = track(cov, "b1")
+    second, _ = track(cov, "b1")
+    b2, b3 = watches(cmds)["b2"], watches(cmds)["b3"]
+    assert cov.watched(b2, Answer.HAS_MESSAGE, now=1.0) == [Move(KEY, first)]
+    assert cov.watched(b3, Answer.HAS_MESSAGE, now=1.0) == [Move(KEY, second)]
+    assert (first.moved_to, second.moved_to) == ("b2", "b3")
+
+
+def test_a_message_no_pop_can_move_to_is_passed_on_to_the_brokers_other_requests() -> None:
+    cov = coverage()
+    call = Call()
+    held, cmds = track(cov, "b1", call=call)
+    call.answered = True
+    b2 = watches(cmds)["b2"]
+    assert cov.watched(b2, Answer.HAS_MESSAGE, now=1.0) == [PassOn(b2)]
+    assert held.moved_to is None
+
+
+def test_a_watch_held_to_its_end_is_made_again_and_one_answered_at_once_only_after_a_pause() -> None:
+    cov = coverage()
+    _, cmds = track(cov, "b1", now=0.0)
+    b2, b3 = watches(cmds)["b2"], watches(cmds)["b3"]
+    again = cov.watched(b2, Answer.EMPTY, now=30.0)
+    assert list(watches(again)) == ["b2"] and watches(again)["b2"] is not b2 and len(again) == 1
+    assert cov.watched(b3, Answer.EMPTY, now=WATCH_MIN_S / 2) == [CoverLater(KEY, WATCH_RETRY_S)]  # not held
+
+
+def test_a_failed_or_refused_watch_is_made_again_after_a_pause() -> None:
+    for answer in (Answer.FAILED, Answer.FULL):
+        cov = coverage()
+        _, cmds = track(cov, "b1")
+        assert cov.watched(watches(cmds)["b2"], answer, now=10.0) == [CoverLater(KEY, WATCH_RETRY_S)], answer
+    cov = coverage()
+    _, cmds = track(cov, "b1")
+    assert cov.watched(watches(cmds)["b2"], Answer.NO_TOPIC, now=10.0) == []
+
+
+def test_a_down_broker_is_watched_once_its_health_checks_see_it_up() -> None:
+    health = {"b3": False}
+    cov = coverage(health=health)
+    _, cmds = track(cov, "b1")
+    assert cmds[-1] == AwaitUp(KEY, "b3") and list(watches(cmds)) == ["b2"]
+    assert cov.cover(KEY, now=1.0) == []  # already awaited: asked once
+    health["b3"] = True
+    up = cov.came_up(KEY, "b3", now=2.0)
+    assert list(watches(up)) == ["b3"] and len(up) == 1
+
+
+def test_a_stale_watch_answer_changes_nothing() -> None:
+    cov = coverage()
+    held, cmds = track(cov, "b1")
+    b2 = watches(cmds)["b2"]
+    cov.untrack(KEY, "b1", held)
+    assert cov.cover(KEY, now=1.0) == [Unwatch(b2), Unwatch(watches(cmds)["b3"])]
+    assert cov.watched(b2, Answer.HAS_MESSAGE, now=1.0) == []
