@@ -18,9 +18,9 @@ M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 def return_large_buffers_to_the_os(threshold: int = 128 * 1024) -> bool:
     """Keep glibc's mmap threshold fixed, so message buffers above it (bodies up to 4 MiB) are mapped
     on their own and unmapped when freed. By default glibc raises the threshold after the first such
-    free, and later bursts of large sends leave their buffers in the heap: the proxy's RSS after a flood
-    of 1 MiB sends then stayed ~75 MiB above the previous one's (tests/integration/test_overload.py
-    failed 1 run in 4 with another process busy). No-op where there is no glibc."""
+    free, and later bursts of large sends would leave their buffers in the heap, the proxy's RSS growing with
+    each flood — tests/integration/test_overload.py::
+    test_a_flood_beyond_the_bounds_is_refused_with_42900_and_memory_stays_bounded. No-op where there is no glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))

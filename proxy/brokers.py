@@ -8,8 +8,8 @@ error, otherwise the gRPC code decides.
 
 Sends, Pops, Acks, invisibility changes, Notifications and GroupConfigs travel on one
 multiplexed ``Session`` stream per broker (`popgate_contract.session_client.BrokerSession`): a held
-request there costs the broker ~3 KB instead of a whole gRPC call (~19 KB), the
-proxy one future instead of a call, and a request a quarter of a call's CPU.
+request there costs the broker a small record instead of a whole gRPC call, the proxy one future
+instead of a call, and a request a fraction of a call's CPU.
 A broken session (broker restarted or unreachable) fails its pending requests with
 UNAVAILABLE and is replaced on the next request. Cancelling a caller sends a cancel
 frame, so the broker drops the held request at once.
@@ -246,9 +246,10 @@ class GrpcBrokerClient:
         session = self._session
         if not self.healthy and session is not None and not session.broken:
             # Connected, yet failing its health checks: hung (a stopped process keeps its sockets). Written, the
-            # request would wait out its whole deadline, every retry of it too (an SDK ack blocked 27 s in a
-            # review's probe); refused unsent instead: HA_NOT_AVAILABLE, safe to retry. (A restarted broker
-            # breaks the session: that path below waits for the channel to connect again.)
+            # request would wait out its whole deadline, every retry of it too; refused unsent instead:
+            # HA_NOT_AVAILABLE, safe to retry — tests/integration/proxy/test_broker_failure.py::
+            # test_an_ack_to_a_hung_broker_marked_down_is_refused_unsent_not_held_to_its_deadline. (A restarted
+            # broker breaks the session: that path below waits for the channel to connect again.)
             raise errors.BrokerNotReached(
                 f"broker {self.name} is not answering its health checks; this receipt handle can only be acked or "
                 "changed there: retry shortly"
@@ -257,9 +258,9 @@ class GrpcBrokerClient:
             return await attempt(timeout_s)
         except errors.BrokerNotReached as exc:
             wait_s = min(RECONNECT_WAIT_S, end - loop.time() - RETRY_MARGIN_S)
-            # Nothing listening at its address (a dead broker's port refuses at once): no reconnect to wait for.
-            # Every ack of a broker down for minutes waited the whole 2 s, and so did each of the SDK's retries
-            # of it (19 s an ack in a review's probe).
+            # Nothing listening at its address (a dead broker's port refuses at once): no reconnect to wait for, so
+            # an ack for a broker that is down fails at once, each retry of it too — test_broker_failure.py::
+            # test_an_ack_to_a_dead_broker_is_refused_at_once_not_after_a_reconnect_wait.
             # (The probe may take the whole wait: a far broker or a slow DNS answer is not taken for a dead one.)
             if wait_s <= 0 or not await self._listening(wait_s):
                 raise exc from None

@@ -36,7 +36,8 @@ def chunks(indexes: list[int], messages: Sequence[bpb.Message], budget: int) -> 
 
     A broker's gRPC message size limit is finite, and one frame over it resets the whole Session
     stream (every request on it fails): a client batch of many large messages must not exceed it in
-    one call. Encoded sizes, not bodies: 1024 messages with 16 KiB of properties each are 17 MB.
+    one call. Encoded sizes, not bodies: properties count too —
+    tests/unit/proxy/test_core.py::test_the_budget_counts_properties_not_only_bodies.
     """
     out: list[list[int]] = [[]]
     size = 0
@@ -198,7 +199,7 @@ class Proxy:
     def _announce(self, request: ReceiveRequest) -> None:
         """A Notification with poll 0 to every live broker: each fixes the group's start there (proxy.receive.announce).
         Not awaited: the receive does not wait for it, and a broker that fails it learns of the group at its
-        first Pop or Notification, as before."""
+        first Pop or Notification there instead."""
         announce = bpb.NotificationRequest(topic=request.topic, group=request.group, filter=request.filter)
         for client in self.pool.live():
             call = client.begin_notification(announce, timeout_s=self._timeout)
@@ -258,9 +259,9 @@ class Proxy:
         sizes = [len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages]
         size = sum(sizes)
         if self._answer_bytes and self._answer_bytes + size > self._max_answer_bytes:
-            # Held before the limit was reached, answered after (one answer alone always fits). Checked only at
-            # the start, 60 receives held by clients that did not read took 227 MB against a 16 MiB limit (a
-            # review's probe).
+            # Held before the limit was reached, answered after (one answer alone always fits): the limit holds for
+            # the answers of receives already held too, not only at admission — tests/unit/proxy/test_core.py::
+            # test_a_receive_held_before_the_answer_limit_and_answered_after_it_gives_its_messages_back
             result.give_back()
             result.release()
             raise self._unread_answers()

@@ -11,7 +11,7 @@ ReceiveMessage from it within `alive_s`, as RocketMQ's proxy counts a client ali
 `Renewer` is its asyncio driver: a tick sends the due handles to their brokers in batches.
 
 Nothing here is needed for correctness, only to spare redeliveries: a proxy restart loses the book, and
-the messages then time out and are redelivered as before (docs/PROXY.md "auto_renew").
+the messages then time out and are redelivered at the end of their invisible time (docs/PROXY.md "auto_renew").
 """
 
 from __future__ import annotations
@@ -264,8 +264,9 @@ class Renewer(BackgroundTask):
     async def terminated(self, client: str) -> None:
         """NotifyClientTermination: the client's auto_renew handles are renewed to `CLEAR_INVISIBLE_MS` (RocketMQ's
         proxy sets them to 1 s when a client goes): what it held and did not settle is delivered again in a
-        second, not at the end of its invisible time (a PushConsumer shut down with messages its pool would not
-        take left them ~60 s; a FIFO message group waited as long behind one)."""
+        second, not at the end of its invisible time, and a FIFO message group behind one does not wait for that —
+        tests/unit/proxy/test_renewal.py::test_a_terminated_clients_handles_are_made_visible_again_in_a_second,
+        tests/integration/proxy/test_termination.py."""
         if not client:
             return
         dropped = self.book.terminated(client)

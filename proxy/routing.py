@@ -25,8 +25,9 @@ class BrokerPool:
         self._clients = dict(clients)
         self._names = sorted(self._clients)
         self._next: dict[str, int] = {}
-        # Each proxy starts its rotations at a random broker: proxies started together would otherwise all
-        # long-poll broker 0 first (bench/sim measured p99 839 ms instead of 2.5 ms at 100 brokers x 100 proxies).
+        # Each proxy starts its rotations at a random broker, so that proxies started together do not all long-poll
+        # the same broker first (docs/SCALE.md) —
+        # tests/unit/proxy/test_core.py::test_each_pool_starts_its_rotation_at_a_random_broker.
         self._first_turn = random.randrange(1 << 16) if first_turn is None else first_turn
 
     @property
@@ -68,8 +69,8 @@ class BrokerPool:
 class TopicMisses:
     """Brokers that just answered TOPIC_NOT_FOUND for a topic (brokers with --no-auto-create holding it on some
     brokers only): tried last for that topic for `last_s`, so a send does not spend a round trip there first each
-    time (a third of the sends did over 3 brokers with one lacking the topic). Bounded: past `limit` entries the
-    oldest are forgotten."""
+    time — tests/unit/proxy/test_core.py::test_a_broker_that_lacks_the_topic_is_tried_last_for_it. Bounded: past
+    `limit` entries the oldest are forgotten."""
 
     def __init__(self, *, last_s: float = 5.0, limit: int = 10_000, clock: Callable[[], float] = time.monotonic):
         self._last_s = last_s
@@ -96,6 +97,9 @@ class TopicMisses:
 
 
 def _weight(broker: str, key: str) -> int:
-    """A broker's rendezvous weight for a key: a well-mixed hash (CRC32 is linear: for names of one length
-    the XOR of two brokers' CRCs is the same for every key, and b1..b3 got 25 / 42 / 33 % of the groups)."""
+    """A broker's rendezvous weight for a key: a well-mixed hash, so that message groups spread evenly over the
+    brokers (a linear one such as CRC32 does not: for names of one length the XOR of two brokers' CRCs is the same
+    for every key) —
+    tests/unit/proxy/test_core.py::test_message_groups_spread_evenly_and_a_lost_brokers_groups_spread_over_the_others.
+    """
     return int.from_bytes(hashlib.blake2b(f"{broker}\0{key}".encode(), digest_size=8).digest(), "big")

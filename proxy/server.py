@@ -38,8 +38,8 @@ def max_calls(settings: Settings) -> int:
     """Calls the gRPC server takes at once; beyond, grpc answers RESOURCE_EXHAUSTED before any handler.
 
     The handlers' own bounds (max_held_receives, max_telemetry_streams) count calls a handler runs; a call
-    whose request message never comes never reaches one, and grpc holds ~21 KB for it: 40,000 of them took a
-    proxy from 50 to 882 MiB (a review's probe). This bound holds those too."""
+    whose request message never comes never reaches one, yet grpc holds memory for it. This bound holds those
+    too — tests/integration/proxy/test_call_bound.py."""
     return settings.max_held_receives + settings.max_telemetry_streams + UNARY_CALLS
 
 

@@ -1,4 +1,4 @@
-"""Checks of DESIGN §5 on client input, before anything reaches a broker. Pure functions.
+"""Checks of docs/ARCHITECTURE.md §5 on client input, before anything reaches a broker. Pure functions.
 
 Each raises the proxy error whose v2 code matches the violation, with a message
 that names the field, the value and the rule.

@@ -1,6 +1,6 @@
 """The adaptive receive policy: pop with notify while a group is quiet, coupled long polling when busy. Pure.
 
-Why switch at all (DESIGN §3): pop with notify costs a first Pop plus a Notification
+Why switch at all (docs/ARCHITECTURE.md §3): pop with notify costs a first Pop plus a Notification
 to every live broker per receive that has to wait, which is what removes false empty
 responses when few consumers face many brokers. With many receives of a group in
 flight every broker already has a waiter of that group, coupled long polling has no
@@ -13,8 +13,9 @@ Two criteria, per consumer group on this proxy (either can be switched off with 
   `concurrency_per_broker` × live brokers → longpoll; with `proxies` > 1 (the size of the
   proxy fleet the group's consumers are spread over) this proxy's count stands for
   `proxies` times as many receives fleet-wide, so the threshold is divided by `proxies`
-  (bench/sim scale model, docs/SCALE.md: with 10 proxies per broker or more, every proxy
-  otherwise stays in notify mode and each message costs 30-300 broker calls).
+  (docs/SCALE.md: otherwise, with many proxies per broker, each proxy sees too few receives of
+  the group to switch and the whole fleet stays in notify mode) —
+  tests/unit/sim/test_sim.py::test_adaptive_settings_proxies_divides_the_concurrency_threshold.
 The numbers behind the defaults are in docs/RECEIVE.md.
 """
 

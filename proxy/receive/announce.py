@@ -1,12 +1,13 @@
 """Every live broker learns of a consumer group from the group's first receive of a topic through this proxy.
 
 A broker keeps a group's state on a topic (where it starts, what it has acked, so its lag) from the
-group's first Pop or Notification there. A receive answered by its first Pop asks one broker only, so
-without this a group with a backlog on another broker had no state there, and its messages there were
-missing from every lag figure (broker /metrics, `popgate stats`, the Spark job); under `latest` the
-group's start on that broker was the moment a receive first reached it, not the moment the group came.
+group's first Pop or Notification there, and a receive answered by its first Pop asks one broker only.
 So the first receive of (topic, group) on a proxy also sends a Notification with poll 0 to every live
-broker: it consumes nothing and is answered at once, and the broker fixes the group's start there.
+broker: it consumes nothing and is answered at once, and the broker fixes the group's start there. A
+group's backlog on any live broker then counts in every lag figure (broker /metrics, `popgate stats`, the
+Spark job), and under `latest` its start on each broker is the moment the group came, not the moment a
+receive first reached that broker — tests/unit/proxy/receive/test_notify_driver.py::
+test_a_groups_first_receive_announces_it_to_every_live_broker_once.
 
 Per proxy and bounded (the most recent `capacity` pairs): a proxy restarted, or a pair forgotten, only
 announces again, which changes nothing at a broker that knows the group.

@@ -212,7 +212,9 @@ class Coverage:
         if answer in (Answer.FAILED, Answer.FULL) or now - watch.started < WATCH_MIN_S:
             # Failed (a restart: once up again, `cover` hears of it), refused, or not held: watched again a
             # moment later, so that a restarted broker's messages do not wait for the end of every long poll —
-            # test_coverage.py::test_a_failed_or_refused_watch_is_made_again_after_a_pause
+            # test_coverage.py::test_a_failed_or_refused_watch_is_made_again_after_a_pause, and
+            # tests/integration/proxy/test_broker_failure.py::
+            # test_a_broker_restarted_while_covered_long_polls_wait_is_watched_again
             return [CoverLater(watch.key, WATCH_RETRY_S)]
         return self.cover(watch.key, now=now)  # held to its end: watch on
 

@@ -1,6 +1,6 @@
 """Pop with notify as a sans-IO state machine: events in, commands out. No asyncio, no clocks.
 
-One `NotifyRun` serves one client ReceiveMessage (DESIGN §3, way 2):
+One `NotifyRun` serves one client ReceiveMessage (docs/ARCHITECTURE.md §3, way 2):
 
 1. a first Pop with poll 0 to one broker (backlog is served at once);
 2. if it is empty and poll time remains: a Notification to every live broker at once,

@@ -70,8 +70,9 @@ class ReceiveResult:
 
     def hand_back_unread(self, writing: int) -> None:
         """The client stopped reading the answer: its messages go back to their broker now and nothing here keeps
-        them alive (with upb one PoppedMessage keeps its whole Pop answer: 40 lazy 30-message answers held 347 MiB
-        against a 16 MiB budget); only message `writing`, in grpc's stalled write, stays counted until `release`."""
+        them alive (with upb one PoppedMessage keeps its whole Pop answer alive, so neither the list nor the Pop call
+        is kept); only message `writing`, in grpc's stalled write, stays counted until `release` —
+        tests/unit/proxy/test_core.py::test_an_answer_past_its_write_deadline_counts_only_the_frame_grpc_still_holds."""
         self.give_back()
         self.give_back = _nothing  # it held the Pop call, and so its answer
         self.keep_only(writing)

@@ -34,7 +34,8 @@ def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
 
 CLIENT_ID = "x-mq-client-id"
 # The official clients' ids are a host name and a few numbers (~40 characters; a DNS name is at most 253). The proxy
-# remembers the ids it hears from (proxy.renewal): an unbounded id let one client hold 0.8 GB there (a review's probe).
+# remembers the ids it hears from (proxy.renewal), so an id is bounded and a longer one refused before anything is
+# popped for it — tests/integration/proxy/test_client_ids.py.
 MAX_CLIENT_ID_CHARS = 512
 
 

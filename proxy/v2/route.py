@@ -19,8 +19,9 @@ MAX_HOST_LEN = 255  # a DNS name's limit
 
 def _endpoints(call: Call, requested: v2.Endpoints) -> v2.Endpoints:
     """Clients send every later RPC to the endpoints in the route: echo the address they used for us. Echoed
-    into every queue, they are held to what an address list can be: 200,000 long hosts in one QueryRoute made a
-    503 MB answer (a review's probe)."""
+    into every queue, they are held to what an address list can be (MAX_ENDPOINT_ADDRESSES, MAX_HOST_LEN), so a
+    route answer's size is bounded whatever the request —
+    tests/unit/proxy/test_v2_service.py::test_a_route_echoes_sane_endpoints_and_refuses_an_endless_list."""
     addresses = requested.addresses
     if not addresses:
         return call.endpoints

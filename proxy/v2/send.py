@@ -1,9 +1,9 @@
 """SendMessage: one or many messages, each checked, then stored by the core.
 
-A request with GZIP bodies is converted on a worker thread (`Inflation`): inflating costs ~4 ms of CPU a
-MiB (210 ms for one request of 14 x 4 MiB), and on the event loop two clients sending such 62 KB requests
-held every other RPC of the proxy at ~0.5 s (a review's probe). zlib lets go of the GIL while it inflates,
-so the loop goes on meanwhile.
+A request with GZIP bodies is converted on a worker thread (`Inflation`): inflating costs CPU in proportion to
+the inflated size, and on the event loop it would hold every other RPC of the proxy meanwhile. zlib lets go of
+the GIL while it inflates, so the loop goes on —
+tests/integration/proxy/test_gzip.py::test_other_calls_go_on_while_two_clients_send_gzip_bodies_that_inflate_to_56_mib_a_request.
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
     now = time.time()
 
     def convert() -> list[bpb.Message]:
-        # Inflated GZIP bodies may fill no more than the largest request taken as sent: a 4 KB gzip of 4 MiB of
-        # zeros per message made one 1.2 MB request cost the proxy 1.2 GB and its loop seconds (a review's probe).
+        # Inflated GZIP bodies may fill no more than the largest request taken as sent (max_message_bytes), so a
+        # small request of highly compressed bodies cannot make the proxy hold or inflate more than that —
+        # tests/unit/proxy/test_overload.py::
+        # test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_request_and_nothing_is_stored
         room = call.settings.max_message_bytes
         messages = []
         for m in request.messages:

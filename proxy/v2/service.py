@@ -125,7 +125,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         if not response.receipt_handle and len(request.receipt_handle) <= MAX_HANDLE_LEN:
             # The official client stores the answer's handle in the message before it checks the status:
             # a failed change must leave the message its handle, which is still valid. One too long to be a
-            # handle is not echoed: 10 MB of it made the answer too large for the client to read its status.
+            # handle is not echoed, so the answer stays small enough for the client to read its status —
+            # test_bad_input.py::test_a_handle_too_long_to_be_one_is_not_echoed_so_the_client_can_read_why
             response.receipt_handle = request.receipt_handle
         return response
 

@@ -33,8 +33,9 @@ def settings_reply(
     """The answer to a client's settings; `max_attempts`: its consumer group's max delivery attempts.
 
     An echo of the client's settings with the server's limits, without the lists no client reads back (its
-    publishing topics, its subscription entries) or its user agent: a client that does not read its replies
-    kept each one queued, 40 streams of 8 MB Settings held ~1 GB of proxy memory (a review's probe)."""
+    publishing topics, its subscription entries) or its user agent: a client that does not read its replies keeps
+    each one queued at the proxy, so a reply's size does not grow with what the client sent —
+    tests/unit/proxy/test_v2_edge.py::test_settings_reply_does_not_echo_the_clients_lists_or_user_agent."""
     reply = v2.Settings()
     reply.CopyFrom(client)
     reply.ClearField("user_agent")
@@ -54,7 +55,7 @@ def settings_reply(
             wanted = settings.default_long_polling_s
         wanted = min(max(wanted, settings.min_long_polling_s), settings.max_long_polling_s)
         # Whole seconds, at least 1: the official PushConsumer reads only `seconds`, and 0 turns its long polling
-        # off (a busy loop of 3 s receives); a client asking 1 ns was answered 0 s and 1 ns.
+        # off (a busy loop of receives); so a client asking less than a second is answered 1 s.
         seconds = min(math.ceil(wanted), math.floor(settings.max_long_polling_s))  # up, but not past the most
         sub.long_polling_timeout.CopyFrom(Duration(seconds=max(1, seconds)))
         sub.receive_batch_size = settings.max_batch
