@@ -9,7 +9,6 @@ only thing that can answer a held request before its poll time ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from popgate_pb import broker_pb2 as pb
@@ -24,14 +23,6 @@ POLL_MS = 20_000  # how long a request is held: without a wake it is still held 
 ANSWER_S = 1.0  # generous bound on "at once" (the wake itself takes a few loop turns)
 REJECT_WINDOW_S = 0.3  # how long a request woken by mistake is given to show up as answered
 INVISIBLE_MS = 30_000
-
-
-def run_core(tmp_path: Path, scenario: Callable[[BrokerCore], Awaitable[None]]) -> None:
-    async def main() -> None:
-        async with broker(tmp_path / "data") as (core, _):
-            await asyncio.wait_for(scenario(core), 20)
-
-    asyncio.run(main())
 
 
 def sweeping() -> bool:
@@ -60,8 +51,8 @@ def bodies(result: PopResult) -> list[bytes]:
     return [pb.Message.FromString(m.payload).body for m in result.messages]
 
 
-def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         pop, note = await hold_pop_and_notification(core, "*")
 
         await core.send([pb.Message(topic="t", body=b"hello")])
@@ -73,11 +64,9 @@ def test_a_send_answers_a_held_pop_and_a_held_notification_at_once(tmp_path: Pat
         assert core.hold.total_held == 0
         assert not sweeping()
 
-    run_core(tmp_path, scenario)
 
-
-def test_an_arrival_the_tag_filter_rejects_answers_no_held_request(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_an_arrival_the_tag_filter_rejects_answers_no_held_request(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         pop, note = await hold_pop_and_notification(core, "a")
 
         await core.send([pb.Message(topic="t", body=b"not for us", tag="b")])
@@ -92,14 +81,11 @@ def test_an_arrival_the_tag_filter_rejects_answers_no_held_request(tmp_path: Pat
         assert note.result() == (True, False)
         assert not sweeping()
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_pop_says_whether_the_broker_held_it(tmp_path: Path) -> None:
+async def test_a_pop_says_whether_the_broker_held_it(tmp_path: Path) -> None:
     """`held` (RocketMQ's "suspended", the proxy's is_long_polling): not for a Pop answered at once, with messages
     or with poll 0; yes for one held until its poll time ended."""
-
-    async def scenario(core: BrokerCore) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await core.send([pb.Message(topic="t", body=b"waiting")])
         at_once = await core.pop("t", "g", "*", 32, INVISIBLE_MS, POLL_MS)
         assert bodies(at_once) == [b"waiting"] and not at_once.held
@@ -107,5 +93,3 @@ def test_a_pop_says_whether_the_broker_held_it(tmp_path: Path) -> None:
         assert nothing_now.messages == [] and not nothing_now.held
         timed_out = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 50)
         assert timed_out.messages == [] and timed_out.held
-
-    run_core(tmp_path, scenario)

@@ -50,33 +50,28 @@ class PendingStore:
             )
 
 
-def test_send_bytes_are_held_until_the_commit_settles_whatever_becomes_of_the_caller() -> None:
+async def test_send_bytes_are_held_until_the_commit_settles_whatever_becomes_of_the_caller() -> None:
     cost = 1000 + RECORD_OVERHEAD_BYTES
 
-    async def scenario() -> None:
-        store = PendingStore()
-        topics: dict[str, TopicLog] = {}
-        sends = SendPath(
-            BrokerSettings(max_send_bytes=1024 + 2 * RECORD_OVERHEAD_BYTES), store, topics, clock=WallClock()
-        )  # type: ignore[arg-type]
-        message = pb.Message(topic="t", body=b"x" * 1000)
-        first = asyncio.ensure_future(sends.send([message]))
-        await asyncio.sleep(0)
-        assert sends.in_flight.used == cost
-        with pytest.raises(TooManyRequests, match="--max-send-bytes"):
-            await sends.send([pb.Message(topic="new", body=b"y" * 1000)])
-        assert len(store.commits) == 1 and "new" not in topics  # refused whole: nothing created nor submitted
-        first.cancel()  # the caller goes away: its commit is still under way, its bytes still held
-        await asyncio.sleep(0)
-        assert first.cancelled() and sends.in_flight.used == cost
-        store.settle(0)
-        await asyncio.sleep(0)
-        assert sends.in_flight.used == 0
-        second = asyncio.ensure_future(sends.send([message]))
-        await asyncio.sleep(0)
-        store.settle(1, StoreUnavailable("disk full"))  # a failed commit gives its bytes back too
-        with pytest.raises(StoreUnavailable):
-            await second
-        assert sends.in_flight.used == 0
-
-    asyncio.run(asyncio.wait_for(scenario(), 10))
+    store = PendingStore()
+    topics: dict[str, TopicLog] = {}
+    sends = SendPath(BrokerSettings(max_send_bytes=1024 + 2 * RECORD_OVERHEAD_BYTES), store, topics, clock=WallClock())  # type: ignore[arg-type]
+    message = pb.Message(topic="t", body=b"x" * 1000)
+    first = asyncio.ensure_future(sends.send([message]))
+    await asyncio.sleep(0)
+    assert sends.in_flight.used == cost
+    with pytest.raises(TooManyRequests, match="--max-send-bytes"):
+        await sends.send([pb.Message(topic="new", body=b"y" * 1000)])
+    assert len(store.commits) == 1 and "new" not in topics  # refused whole: nothing created nor submitted
+    first.cancel()  # the caller goes away: its commit is still under way, its bytes still held
+    await asyncio.sleep(0)
+    assert first.cancelled() and sends.in_flight.used == cost
+    store.settle(0)
+    await asyncio.sleep(0)
+    assert sends.in_flight.used == 0
+    second = asyncio.ensure_future(sends.send([message]))
+    await asyncio.sleep(0)
+    store.settle(1, StoreUnavailable("disk full"))  # a failed commit gives its bytes back too
+    with pytest.raises(StoreUnavailable):
+        await second
+    assert sends.in_flight.used == 0

@@ -30,29 +30,26 @@ class Refusing:
         return future
 
 
-def test_rows_a_refused_commit_lost_are_written_as_memory_has_them_once_the_store_takes_writes() -> None:
-    async def scenario() -> list[list[Op]]:
-        store = Refusing()
-        state = GroupTopic("g", "t")
-        gq = state.queue(0, 0)
-        commits = StateCommits(BrokerSettings(), store, {("g", "t"): state})  # type: ignore[arg-type]
-        store.refuse = True
-        gq.pull_offset = 2
-        state.deliver(0, 0, Delivery(1, 7, 10_000))
-        await commits.write([SetPullOffset("g", "t", 0, 2), PutInflight("g", "t", 0, 0, 1, 7, 10_000)])
-        await asyncio.sleep(0)  # the refusal is seen
-        gq.pull_offset = 3  # a later Pop, its commit refused too: not carrying the backlog
-        await commits.write([SetPullOffset("g", "t", 0, 3)])
-        await asyncio.sleep(0)
-        state.remove(0, 0)  # acked meanwhile
-        commits.retry()  # the sweep, still refused
-        await asyncio.sleep(0)
-        assert store.written == []
-        store.refuse = False
-        await commits.write([])  # the first commit to succeed goes alone; the lost rows follow at once
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        return store.written
-
-    written = asyncio.run(asyncio.wait_for(scenario(), 5))
+async def test_rows_a_refused_commit_lost_are_written_as_memory_has_them_once_the_store_takes_writes() -> None:
+    store = Refusing()
+    state = GroupTopic("g", "t")
+    gq = state.queue(0, 0)
+    commits = StateCommits(BrokerSettings(), store, {("g", "t"): state})  # type: ignore[arg-type]
+    store.refuse = True
+    gq.pull_offset = 2
+    state.deliver(0, 0, Delivery(1, 7, 10_000))
+    await commits.write([SetPullOffset("g", "t", 0, 2), PutInflight("g", "t", 0, 0, 1, 7, 10_000)])
+    await asyncio.sleep(0)  # the refusal is seen
+    gq.pull_offset = 3  # a later Pop, its commit refused too: not carrying the backlog
+    await commits.write([SetPullOffset("g", "t", 0, 3)])
+    await asyncio.sleep(0)
+    state.remove(0, 0)  # acked meanwhile
+    commits.retry()  # the sweep, still refused
+    await asyncio.sleep(0)
+    assert store.written == []
+    store.refuse = False
+    await commits.write([])  # the first commit to succeed goes alone; the lost rows follow at once
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    written = store.written
     assert written == [[], [SetPullOffset("g", "t", 0, 3), DeleteInflight("g", "t", 0, 0)]]

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as pb
@@ -16,12 +15,6 @@ from broker.core import BrokerCore
 from broker.sqlite_store import SqliteStore
 from popgate_contract.errors import StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import broker
-
-T = TypeVar("T")
-
-
-def run(coro: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(asyncio.wait_for(coro(), timeout=20))
 
 
 def fail_next_commit(store: SqliteStore) -> None:
@@ -43,305 +36,252 @@ async def until_held(core: BrokerCore, count: int, within_s: float = 5.0) -> Non
             await asyncio.sleep(0.001)
 
 
-def test_a_topic_whose_first_send_failed_is_whole_after_a_restart(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path, queues_per_topic=4) as (core, store):
-            fail_next_commit(store)
-            with pytest.raises(StoreUnavailable):
-                await core.send([pb.Message(topic="t", body=b"refused")])
-            for body in (b"a", b"b", b"c"):
-                await core.send([pb.Message(topic="t", body=body)])
-        async with broker(tmp_path, queues_per_topic=4) as (core, _):
-            assert [q.queue_id for q in core.topics["t"].queues] == [0, 1, 2, 3]
-            popped = await core.pop("t", "g", "*", 32, 30_000, 0)
-            assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [b"a", b"b", b"c"]
-            sent = await asyncio.wait_for(core.send([pb.Message(topic="t", body=b"d")]), 5)
-            assert sent[0].offset >= 0
-
-    run(scenario)
+async def test_a_topic_whose_first_send_failed_is_whole_after_a_restart(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=4) as (core, store):
+        fail_next_commit(store)
+        with pytest.raises(StoreUnavailable):
+            await core.send([pb.Message(topic="t", body=b"refused")])
+        for body in (b"a", b"b", b"c"):
+            await core.send([pb.Message(topic="t", body=body)])
+    async with broker(tmp_path, queues_per_topic=4) as (core, _):
+        assert [q.queue_id for q in core.topics["t"].queues] == [0, 1, 2, 3]
+        popped = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [b"a", b"b", b"c"]
+        sent = await asyncio.wait_for(core.send([pb.Message(topic="t", body=b"d")]), 5)
+        assert sent[0].offset >= 0
 
 
-def test_a_delayed_send_cancelled_during_its_commit_is_still_delivered(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            due = core.clock.now_ms() + 200
-            send = asyncio.create_task(core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=due)]))
-            await asyncio.sleep(0)  # the Send now waits for its commit
-            send.cancel()  # as when the proxy's timeout or a lost session cancels it
-            await asyncio.gather(send, return_exceptions=True)
-            popped = await core.pop("t", "g", "*", 32, 30_000, 5_000)  # woken by the delivery, not a sweep
-            assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"later"]
-            assert core.clock.now_ms() >= due
-
-    run(scenario)
+async def test_a_delayed_send_cancelled_during_its_commit_is_still_delivered(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        due = core.clock.now_ms() + 200
+        send = asyncio.create_task(core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=due)]))
+        await asyncio.sleep(0)  # the Send now waits for its commit
+        send.cancel()  # as when the proxy's timeout or a lost session cancels it
+        await asyncio.gather(send, return_exceptions=True)
+        popped = await core.pop("t", "g", "*", 32, 30_000, 5_000)  # woken by the delivery, not a sweep
+        assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"later"]
+        assert core.clock.now_ms() >= due
 
 
-def test_a_latest_group_gets_the_message_that_ended_its_notification(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path, consume_from="latest") as (core, _):
-            await core.send([pb.Message(topic="t", body=b"before the group")])
-            waiting = asyncio.create_task(core.notification("t", "g", "*", 5_000))
-            await until_held(core, 1)
-            await core.send([pb.Message(topic="t", body=b"after")])
-            has_message, _ = await waiting
-            assert has_message
-            popped = await core.pop("t", "g", "*", 32, 30_000, 0)
-            assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"after"]
-
-    run(scenario)
+async def test_a_latest_group_gets_the_message_that_ended_its_notification(tmp_path: Path) -> None:
+    async with broker(tmp_path, consume_from="latest") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"before the group")])
+        waiting = asyncio.create_task(core.notification("t", "g", "*", 5_000))
+        await until_held(core, 1)
+        await core.send([pb.Message(topic="t", body=b"after")])
+        has_message, _ = await waiting
+        assert has_message
+        popped = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"after"]
 
 
-def test_under_latest_a_dead_letter_topic_is_still_read_from_its_first_letter(tmp_path: Path) -> None:
+async def test_under_latest_a_dead_letter_topic_is_still_read_from_its_first_letter(tmp_path: Path) -> None:
     # `popgate dlq resend` reads %DLQ%<group> as a group of its own, after the letters are there.
-    async def scenario() -> list[bytes]:
-        async with broker(tmp_path, consume_from="latest") as (core, _):
-            await core.pop("orders", "billing", "*", 1, 10_000, 0)  # the group looks first: it starts here
-            await core.send([pb.Message(topic="orders", body=b"order-42")])
-            [m] = (await core.pop("orders", "billing", "*", 1, 10_000, 0)).messages
-            await core.dead_letter("orders", "billing", m.handle)
-            got = await core.pop("%DLQ%billing", "popgate-dlq-resend", "*", 32, 30_000, 0)
-            return [pb.Message.FromString(p.payload).body for p in got.messages]
-
-    assert run(scenario) == [b"order-42"]
+    async with broker(tmp_path, consume_from="latest") as (core, _):
+        await core.pop("orders", "billing", "*", 1, 10_000, 0)  # the group looks first: it starts here
+        await core.send([pb.Message(topic="orders", body=b"order-42")])
+        [m] = (await core.pop("orders", "billing", "*", 1, 10_000, 0)).messages
+        await core.dead_letter("orders", "billing", m.handle)
+        got = await core.pop("%DLQ%billing", "popgate-dlq-resend", "*", 32, 30_000, 0)
+    assert [pb.Message.FromString(p.payload).body for p in got.messages] == [b"order-42"]
 
 
-def test_a_latest_group_keeps_its_unread_messages_across_a_restart(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path, consume_from="latest") as (core, _):
-            await core.send([pb.Message(topic="t", body=b"before the group")])
-            assert (await core.pop("t", "g", "*", 32, 30_000, 0)).messages == []  # the group starts here
-            await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(4)])
-        async with broker(tmp_path, consume_from="latest") as (core, _):
-            popped = await core.pop("t", "g", "*", 32, 30_000, 0)
-            assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [
-                b"m0",
-                b"m1",
-                b"m2",
-                b"m3",
-            ]
-        rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM pull_offsets").fetchone()
-        assert rows[0] >= 1
-
-    run(scenario)
+async def test_a_latest_group_keeps_its_unread_messages_across_a_restart(tmp_path: Path) -> None:
+    async with broker(tmp_path, consume_from="latest") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"before the group")])
+        assert (await core.pop("t", "g", "*", 32, 30_000, 0)).messages == []  # the group starts here
+        await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(4)])
+    async with broker(tmp_path, consume_from="latest") as (core, _):
+        popped = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [
+            b"m0",
+            b"m1",
+            b"m2",
+            b"m3",
+        ]
+    rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM pull_offsets").fetchone()
+    assert rows[0] >= 1
 
 
-def test_with_sync_flush_a_held_pop_sees_a_message_sent_during_its_first_commit(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path, flush="sync") as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x", tag="other")])
-            # Filter "a": the first pass stores the filter and moves the pull offset past "other",
-            # and with sync flush it waits for that commit before it is held.
-            pop = asyncio.create_task(core.pop("t", "g", "a", 1, 30_000, 10_000))
-            await asyncio.sleep(0)
-            await core.send([pb.Message(topic="t", body=b"wanted", tag="a")])
-            popped = await asyncio.wait_for(pop, 5)  # well before the 10 s poll ends
-            assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"wanted"]
-
-    run(scenario)
+async def test_with_sync_flush_a_held_pop_sees_a_message_sent_during_its_first_commit(tmp_path: Path) -> None:
+    async with broker(tmp_path, flush="sync") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x", tag="other")])
+        # Filter "a": the first pass stores the filter and moves the pull offset past "other",
+        # and with sync flush it waits for that commit before it is held.
+        pop = asyncio.create_task(core.pop("t", "g", "a", 1, 30_000, 10_000))
+        await asyncio.sleep(0)
+        await core.send([pb.Message(topic="t", body=b"wanted", tag="a")])
+        popped = await asyncio.wait_for(pop, 5)  # well before the 10 s poll ends
+        assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"wanted"]
 
 
-def test_declared_topics_are_the_only_ones_with_auto_create_off(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path, auto_create=False, queues_per_topic=2) as (core, _):
-            assert await core.create_topics(["orders", "orders"]) == ["orders"]
-            with pytest.raises(TopicNotFound):
-                await core.send([pb.Message(topic="other", body=b"x")])
-            await core.send([pb.Message(topic="orders", body=b"x")])
-        async with broker(tmp_path, auto_create=False, queues_per_topic=2) as (core, _):
-            assert await core.create_topics(["orders"]) == []  # already there after the restart
-            assert len(core.topics["orders"].queues) == 2
-            popped = await core.pop("orders", "g", "*", 32, 30_000, 0)
-            assert len(popped.messages) == 1
-
-    run(scenario)
+async def test_declared_topics_are_the_only_ones_with_auto_create_off(tmp_path: Path) -> None:
+    async with broker(tmp_path, auto_create=False, queues_per_topic=2) as (core, _):
+        assert await core.create_topics(["orders", "orders"]) == ["orders"]
+        with pytest.raises(TopicNotFound):
+            await core.send([pb.Message(topic="other", body=b"x")])
+        await core.send([pb.Message(topic="orders", body=b"x")])
+    async with broker(tmp_path, auto_create=False, queues_per_topic=2) as (core, _):
+        assert await core.create_topics(["orders"]) == []  # already there after the restart
+        assert len(core.topics["orders"].queues) == 2
+        popped = await core.pop("orders", "g", "*", 32, 30_000, 0)
+        assert len(popped.messages) == 1
 
 
-def test_the_sweep_wakes_a_held_request_only_for_what_its_own_filter_takes(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            waiting = asyncio.create_task(core.notification("t", "n", "a", 20_000))
-            await until_held(core, 1)
-            await core.send([pb.Message(topic="t", body=b"not for n", tag="b")])
-            core.sweep()
-            await asyncio.sleep(0.05)  # time for a wrong wake to show (a negative: nothing to wait on)
-            assert not waiting.done()  # its own filter ("a") decides, not the group's (match-all)
-            await core.send([pb.Message(topic="t", body=b"for n", tag="a")])
-            assert await asyncio.wait_for(waiting, 5) == (True, False)
-
-    run(scenario)
+async def test_the_sweep_wakes_a_held_request_only_for_what_its_own_filter_takes(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        waiting = asyncio.create_task(core.notification("t", "n", "a", 20_000))
+        await until_held(core, 1)
+        await core.send([pb.Message(topic="t", body=b"not for n", tag="b")])
+        core.sweep()
+        await asyncio.sleep(0.05)  # time for a wrong wake to show (a negative: nothing to wait on)
+        assert not waiting.done()  # its own filter ("a") decides, not the group's (match-all)
+        await core.send([pb.Message(topic="t", body=b"for n", tag="a")])
+        assert await asyncio.wait_for(waiting, 5) == (True, False)
 
 
-def test_polling_topics_that_do_not_exist_keeps_no_group_state(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            for i in range(50):
-                assert (await core.pop(f"nosuch{i}", "g", "tagA", 32, 30_000, 0)).messages == []
-                assert await core.notification(f"nosuch{i}", "g", "tagA", 0) == (False, False)
-            assert core.groups == {}
-        rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM group_filters").fetchone()
-        assert rows[0] == 0
-
-    run(scenario)
+async def test_polling_topics_that_do_not_exist_keeps_no_group_state(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        for i in range(50):
+            assert (await core.pop(f"nosuch{i}", "g", "tagA", 32, 30_000, 0)).messages == []
+            assert await core.notification(f"nosuch{i}", "g", "tagA", 0) == (False, False)
+        assert core.groups == {}
+    rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM group_filters").fetchone()
+    assert rows[0] == 0
 
 
-def test_a_latest_group_waiting_before_its_topic_exists_gets_the_first_message(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path, consume_from="latest") as (core, _):
-            held = asyncio.create_task(core.pop("fresh", "g1", "*", 32, 30_000, 5_000))
-            waiting = asyncio.create_task(core.notification("fresh", "g2", "*", 5_000))
-            await until_held(core, 2)
-            await core.send([pb.Message(topic="fresh", body=b"first")])
-            popped = await asyncio.wait_for(held, 5)
-            assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"first"]
-            assert await asyncio.wait_for(waiting, 5) == (True, False)
-            after = await core.pop("fresh", "g2", "*", 32, 30_000, 0)  # the Pop a notify run makes next
-            assert [pb.Message.FromString(p.payload).body for p in after.messages] == [b"first"]
-
-    run(scenario)
+async def test_a_latest_group_waiting_before_its_topic_exists_gets_the_first_message(tmp_path: Path) -> None:
+    async with broker(tmp_path, consume_from="latest") as (core, _):
+        held = asyncio.create_task(core.pop("fresh", "g1", "*", 32, 30_000, 5_000))
+        waiting = asyncio.create_task(core.notification("fresh", "g2", "*", 5_000))
+        await until_held(core, 2)
+        await core.send([pb.Message(topic="fresh", body=b"first")])
+        popped = await asyncio.wait_for(held, 5)
+        assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"first"]
+        assert await asyncio.wait_for(waiting, 5) == (True, False)
+        after = await core.pop("fresh", "g2", "*", 32, 30_000, 0)  # the Pop a notify run makes next
+        assert [pb.Message.FromString(p.payload).body for p in after.messages] == [b"first"]
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
-def test_a_pop_cancelled_while_it_reads_its_messages_leaves_them_ready(tmp_path: Path, flush: str) -> None:
+async def test_a_pop_cancelled_while_it_reads_its_messages_leaves_them_ready(tmp_path: Path, flush: str) -> None:
     """Reserved messages are put back (same attempt count) when the Pop is cancelled before it answers,
     not hidden for their invisible time and pushed towards the dead-letter queue."""
-
-    async def scenario() -> None:
-        async with broker(tmp_path, flush=flush, cache_bytes=1) as (core, _):  # payloads come from the store
-            await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(4)])
-            for _ in range(5):
-                pop = asyncio.ensure_future(core.pop("t", "g", "*", 4, 60_000, 0))
-                await asyncio.sleep(0)  # it has reserved its messages and waits for their payloads
-                pop.cancel()
-                await asyncio.gather(pop, return_exceptions=True)
-            popped = await core.pop("t", "g", "*", 32, 60_000, 0)
-            assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [b"0", b"1", b"2", b"3"]
-            assert {p.attempt for p in popped.messages} == {1}
-
-    run(scenario)
+    async with broker(tmp_path, flush=flush, cache_bytes=1) as (core, _):  # payloads come from the store
+        await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(4)])
+        for _ in range(5):
+            pop = asyncio.ensure_future(core.pop("t", "g", "*", 4, 60_000, 0))
+            await asyncio.sleep(0)  # it has reserved its messages and waits for their payloads
+            pop.cancel()
+            await asyncio.gather(pop, return_exceptions=True)
+        popped = await core.pop("t", "g", "*", 32, 60_000, 0)
+        assert sorted(pb.Message.FromString(p.payload).body for p in popped.messages) == [b"0", b"1", b"2", b"3"]
+        assert {p.attempt for p in popped.messages} == {1}
 
 
-def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_backlog_each_time(tmp_path: Path) -> None:
+async def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_backlog_each_time(tmp_path: Path) -> None:
     """Rows the store refused are retried by the sweep (once a second) and written once it takes writes
     again, not carried by every Pop and Ack: that made each commit cost the whole backlog."""
 
-    async def scenario() -> tuple[int, int]:
-        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, store):  # commits awaited
-            for start in range(0, 3200, 800):
-                await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(start, start + 800)])
-            real = store._apply
-            submitted = 0
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, store):  # commits awaited
+        for start in range(0, 3200, 800):
+            await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(start, start + 800)])
+        real = store._apply
+        submitted = 0
 
-            def refuse(batch: list[Any]) -> None:
-                nonlocal submitted
-                for request in batch:
-                    submitted += len(request.ops)
-                    request.result = StoreUnavailable("disk full (injected)")
+        def refuse(batch: list[Any]) -> None:
+            nonlocal submitted
+            for request in batch:
+                submitted += len(request.ops)
+                request.result = StoreUnavailable("disk full (injected)")
 
-            store._apply = refuse  # type: ignore[method-assign]
-            for _ in range(100):
-                popped = await core.pop("t", "g", "*", 32, 60_000, 0)
-                await core.ack("t", "g", [p.handle for p in popped.messages])
-                await asyncio.sleep(0)  # each commit's outcome is known before the next Pop (its callback ran)
-            while_refused = submitted
-            store._apply = real  # type: ignore[method-assign]
-            core.sweep()  # the retry: everything lost is written now
-            await asyncio.sleep(0.2)
-        async with broker(tmp_path, queues_per_topic=1) as (core, _):
-            rest = await core.pop("t", "g", "*", 32, 60_000, 0)
-            return while_refused, len(rest.messages)
-
-    while_refused, redelivered = run(scenario)
+        store._apply = refuse  # type: ignore[method-assign]
+        for _ in range(100):
+            popped = await core.pop("t", "g", "*", 32, 60_000, 0)
+            await core.ack("t", "g", [p.handle for p in popped.messages])
+            await asyncio.sleep(0)  # each commit's outcome is known before the next Pop (its callback ran)
+        while_refused = submitted
+        store._apply = real  # type: ignore[method-assign]
+        core.sweep()  # the retry: everything lost is written now
+        await asyncio.sleep(0.2)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        rest = await core.pop("t", "g", "*", 32, 60_000, 0)
+        redelivered = len(rest.messages)
     assert while_refused < 20_000  # ~70 ops a Pop + Ack, not the backlog again with each (~350,000)
     assert redelivered == 0  # the retry stored every ack: nothing comes back after the restart
 
 
-def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_path: Path) -> None:
+async def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_path: Path) -> None:
     """Two Pops of one group held with different filters (the group changed its subscription): the one a
     message wakes reads with its own filter, not the other's, and the message is not skipped for the group."""
 
-    async def scenario() -> list[bytes]:
-        async with broker(tmp_path, queues_per_topic=1) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"first", tag="a")])
-            await core.pop("t", "g", "a", 1, 60_000, 0)  # the group exists; its start is fixed
-            wants_a = asyncio.ensure_future(core.pop("t", "g", "a", 1, 60_000, 3000))
-            await until_held(core, 1)
-            wants_b = asyncio.ensure_future(core.pop("t", "g", "b", 1, 60_000, 3000))
-            await until_held(core, 2)
-            await core.send([pb.Message(topic="t", body=b"for a", tag="a")])
-            got = await asyncio.wait_for(wants_a, 5)
-            wants_b.cancel()
-            await asyncio.gather(wants_b, return_exceptions=True)
-            return [pb.Message.FromString(p.payload).body for p in got.messages]
-
-    assert run(scenario) == [b"for a"]
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"first", tag="a")])
+        await core.pop("t", "g", "a", 1, 60_000, 0)  # the group exists; its start is fixed
+        wants_a = asyncio.ensure_future(core.pop("t", "g", "a", 1, 60_000, 3000))
+        await until_held(core, 1)
+        wants_b = asyncio.ensure_future(core.pop("t", "g", "b", 1, 60_000, 3000))
+        await until_held(core, 2)
+        await core.send([pb.Message(topic="t", body=b"for a", tag="a")])
+        got = await asyncio.wait_for(wants_a, 5)
+        wants_b.cancel()
+        await asyncio.gather(wants_b, return_exceptions=True)
+    assert [pb.Message.FromString(p.payload).body for p in got.messages] == [b"for a"]
 
 
-def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_requests(tmp_path: Path) -> None:
+async def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_requests(tmp_path: Path) -> None:
     from popgate_contract.errors import BadRequest, IllegalMessage
 
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x")])
-            with pytest.raises(BadRequest, match="out of range"):
-                await core.list_messages("t", 0, 2**63 - 1, 10)
-            with pytest.raises(IllegalMessage, match="whitespace"):
-                await core.send([pb.Message(topic="t", body=b"x", tag=" a ")])
-
-    run(scenario)
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        with pytest.raises(BadRequest, match="out of range"):
+            await core.list_messages("t", 0, 2**63 - 1, 10)
+        with pytest.raises(IllegalMessage, match="whitespace"):
+            await core.send([pb.Message(topic="t", body=b"x", tag=" a ")])
 
 
-def test_a_groups_first_look_by_notification_sets_the_filter_its_lag_counts_with(tmp_path: Path) -> None:
+async def test_a_groups_first_look_by_notification_sets_the_filter_its_lag_counts_with(tmp_path: Path) -> None:
     """A proxy announces a group to every broker with a Notification (proxy.groups): where the group has not
     popped yet, its lag counts the messages its filter takes, not every message."""
 
-    async def scenario() -> tuple[int, int]:
-        async with broker(tmp_path, queues_per_topic=1) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("a", "b", "b")])
-            assert await core.notification("t", "g", "a", 0) == (True, False)
-            [row] = core.lags("t", "g")
-            await core.notification("t", "g", "b", 0)  # a later look does not change it: Pops set the filter
-            [again] = core.lags("t", "g")
-            return row.lag.lag, again.lag.lag
-
-    assert run(scenario) == (1, 1)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("a", "b", "b")])
+        assert await core.notification("t", "g", "a", 0) == (True, False)
+        [row] = core.lags("t", "g")
+        await core.notification("t", "g", "b", 0)  # a later look does not change it: Pops set the filter
+        [again] = core.lags("t", "g")
+    assert (row.lag.lag, again.lag.lag) == (1, 1)
 
 
-def test_a_group_that_looked_before_its_topic_existed_has_lag_here_from_the_topics_first_messages(
+async def test_a_group_that_looked_before_its_topic_existed_has_lag_here_from_the_topics_first_messages(
     tmp_path: Path,
 ) -> None:
     """A proxy announces a group to every broker at its first receive; a broker where the topic appears only
     later (sends spread over brokers) counts the group's lag from then on, also after a restart — before, the
     group was in no lag figure there until it popped there (a review's `popgate stats`: lag 5 of 10)."""
 
-    async def scenario() -> tuple[list[int], list[int]]:
-        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
-            assert await core.notification("later", "g", "a", 0) == (False, False)  # the announcement
-            await core.send([pb.Message(topic="later", body=b"x", tag=tag) for tag in ("a", "b", "a")])
-            before = [row.lag.lag for row in core.lags("later", "g")]
-        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
-            after = [row.lag.lag for row in core.lags("later", "g")]
-            popped = await core.pop("later", "g", "a", 32, 30_000, 0)
-            assert len(popped.messages) == 2, "the group does not start at the topic's first message"
-        return before, after
-
-    assert run(scenario) == ([2], [2])
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+        assert await core.notification("later", "g", "a", 0) == (False, False)  # the announcement
+        await core.send([pb.Message(topic="later", body=b"x", tag=tag) for tag in ("a", "b", "a")])
+        before = [row.lag.lag for row in core.lags("later", "g")]
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+        after = [row.lag.lag for row in core.lags("later", "g")]
+        popped = await core.pop("later", "g", "a", 32, 30_000, 0)
+        assert len(popped.messages) == 2, "the group does not start at the topic's first message"
+    assert (before, after) == ([2], [2])
 
 
-def test_the_sweep_delivers_a_message_whose_wake_was_lost(tmp_path: Path) -> None:
+async def test_the_sweep_delivers_a_message_whose_wake_was_lost(tmp_path: Path) -> None:
     """docs/ARCHITECTURE.md §2: waiters are woken on arrival, "plus a slow periodic sweep as a safety net". Here
     the arrival's wake is lost (as in the race docs/RECEIVE.md step 4 describes); the sweep is what hands the
     message over."""
-
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            held = asyncio.create_task(core.pop("t", "g", "*", 32, 30_000, 20_000))
-            await until_held(core, 1)
-            core.hold.arrived = lambda *args, **kwargs: 0  # type: ignore[method-assign]  # the wake is lost
-            await core.send([pb.Message(topic="t", body=b"ready")])
-            await asyncio.sleep(0.05)  # time for a wake to show (a negative: nothing to wait on)
-            assert not held.done()
-            core.sweep()
-            popped = await asyncio.wait_for(held, 5)
-            assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"ready"]
-
-    run(scenario)
+    async with broker(tmp_path) as (core, _):
+        held = asyncio.create_task(core.pop("t", "g", "*", 32, 30_000, 20_000))
+        await until_held(core, 1)
+        core.hold.arrived = lambda *args, **kwargs: 0  # type: ignore[method-assign]  # the wake is lost
+        await core.send([pb.Message(topic="t", body=b"ready")])
+        await asyncio.sleep(0.05)  # time for a wake to show (a negative: nothing to wait on)
+        assert not held.done()
+        core.sweep()
+        popped = await asyncio.wait_for(held, 5)
+        assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"ready"]

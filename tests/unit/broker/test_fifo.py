@@ -7,9 +7,8 @@ dead letter) wakes whoever waits. Real SQLite store, no safety sweep: only arriv
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as pb
@@ -24,14 +23,6 @@ from tests.unit.broker.test_arrival import ANSWER_S, POLL_MS, REJECT_WINDOW_S, h
 
 INVISIBLE_MS = 30_000
 QUEUES = 4  # the default queues_per_topic
-
-
-def run_core(tmp_path: Path, scenario: Callable[[BrokerCore], Awaitable[None]], **settings: Any) -> None:
-    async def main() -> None:
-        async with broker(tmp_path / "data", **settings) as (core, _):
-            await asyncio.wait_for(scenario(core), 20)
-
-    asyncio.run(main())
 
 
 def groups_on_distinct_queues() -> tuple[str, str]:
@@ -59,8 +50,8 @@ async def ack(core: BrokerCore, result: PopResult, group: str = "g") -> None:
     assert await core.ack("t", group, [m.handle for m in result.messages]) == [None] * len(result.messages)
 
 
-def test_the_next_fifo_message_waits_for_the_ack_of_the_one_before(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_the_next_fifo_message_waits_for_the_ack_of_the_one_before(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2", b"m3"])
         first = await pop(core, want=1)
         assert bodies(first) == [b"m1"]
@@ -72,11 +63,9 @@ def test_the_next_fifo_message_waits_for_the_ack_of_the_one_before(tmp_path: Pat
         await ack(core, PopResult(second.messages[:1]))
         assert bodies(await pop(core)) == [], "m4 went out while m3 was in flight"
 
-    run_core(tmp_path, scenario)
 
-
-def test_other_groups_other_queues_and_normal_messages_before_it_are_not_held_back(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_other_groups_other_queues_and_normal_messages_before_it_are_not_held_back(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         mine, other = groups_on_distinct_queues()
         await send(core, [b"a1", b"a2"], group=mine)
         assert bodies(await pop(core, want=1)) == [b"a1"]
@@ -90,11 +79,9 @@ def test_other_groups_other_queues_and_normal_messages_before_it_are_not_held_ba
         assert sorted(theirs) == [b"a1", b"a2", b"b1"] + [b"n1"] * QUEUES
         assert theirs.index(b"a1") < theirs.index(b"a2")
 
-    run_core(tmp_path, scenario)
 
-
-def test_an_unacked_fifo_message_comes_back_before_the_next_one(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_an_unacked_fifo_message_comes_back_before_the_next_one(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2"])
         batch = await pop(core)
         m1, m2 = batch.messages
@@ -107,15 +94,14 @@ def test_an_unacked_fifo_message_comes_back_before_the_next_one(tmp_path: Path) 
         assert bodies(again) == [b"m1", b"m2"]
         assert [m.attempt for m in again.messages] == [2, 2]
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_handed_back_fifo_message_waits_for_the_rest_of_its_batch_and_their_ack_wakes_it(tmp_path: Path) -> None:
+async def test_a_handed_back_fifo_message_waits_for_the_rest_of_its_batch_and_their_ack_wakes_it(
+    tmp_path: Path,
+) -> None:
     """RocketMQ's orderly pop blocks a queue while any message of a popped batch is invisible: the consumer that
     handed back the head of its batch still holds the rest, and the head must not go to another consumer meanwhile
     (a review's probe got m4 again at once while m5 and m6 of its batch were in flight)."""
-
-    async def scenario(core: BrokerCore) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2", b"m3"])
         m1, m2, m3 = (await pop(core)).messages
         await core.change_invisible("t", "g", m1.handle, 0)
@@ -128,11 +114,11 @@ def test_a_handed_back_fifo_message_waits_for_the_rest_of_its_batch_and_their_ac
         again = await asyncio.wait_for(waiting_pop, ANSWER_S)
         assert bodies(again) == [b"m1"] and [m.attempt for m in again.messages] == [2]
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_handed_back_fifo_head_comes_back_with_its_batch_once_the_rest_is_handed_back_too(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_handed_back_fifo_head_comes_back_with_its_batch_once_the_rest_is_handed_back_too(
+    tmp_path: Path,
+) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2", b"m3"])
         m1, m2, m3 = (await pop(core)).messages
         await core.change_invisible("t", "g", m1.handle, 0)
@@ -145,11 +131,9 @@ def test_a_handed_back_fifo_head_comes_back_with_its_batch_once_the_rest_is_hand
         again = await asyncio.wait_for(waiting_pop, ANSWER_S)
         assert bodies(again) == [b"m1", b"m2", b"m3"] and [m.attempt for m in again.messages] == [2, 2, 2]
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_notification_counts_a_blocked_queue_as_empty_and_the_ack_wakes_it(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_notification_counts_a_blocked_queue_as_empty_and_the_ack_wakes_it(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2"])
         first = await pop(core, want=1)
         note = asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS))
@@ -164,11 +148,9 @@ def test_a_notification_counts_a_blocked_queue_as_empty_and_the_ack_wakes_it(tmp
         assert note.result() == (True, False)
         assert bodies(waiting_pop.result()) == [b"m2", b"m3", b"m4"]
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_dead_lettered_fifo_message_lets_the_next_one_go(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_dead_lettered_fifo_message_lets_the_next_one_go(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data", max_delivery_attempts=1) as (core, _):
         await send(core, [b"m1", b"m2"])
         first = await pop(core, want=1)
         waiting_pop = asyncio.ensure_future(pop(core, poll_ms=POLL_MS))
@@ -178,38 +160,27 @@ def test_a_dead_lettered_fifo_message_lets_the_next_one_go(tmp_path: Path) -> No
         letters = await core.pop("%DLQ%g", "dlq-reader", "*", 32, INVISIBLE_MS, 0)
         assert bodies(letters) == [b"m1"]
 
-    run_core(tmp_path, scenario, max_delivery_attempts=1)
 
-
-def test_the_order_survives_a_restart(tmp_path: Path) -> None:
+async def test_the_order_survives_a_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
-
-    async def before() -> None:
-        async with broker(data, flush="sync") as (core, _):
-            await send(core, [b"m1", b"m2"])
-            assert bodies(await pop(core, want=1)) == [b"m1"]
-
-    async def after() -> None:
-        async with broker(data, flush="sync") as (core, _):
-            assert bodies(await pop(core)) == [], "after a restart m2 went out while m1 was in flight"
-            assert bodies(await core.pop("t", "g2", "*", 32, INVISIBLE_MS, 0)) == [b"m1", b"m2"]
-
-    asyncio.run(before())
-    asyncio.run(after())
+    async with broker(data, flush="sync") as (core, _):
+        await send(core, [b"m1", b"m2"])
+        assert bodies(await pop(core, want=1)) == [b"m1"]
+    async with broker(data, flush="sync") as (core, _):
+        assert bodies(await pop(core)) == [], "after a restart m2 went out while m1 was in flight"
+        assert bodies(await core.pop("t", "g2", "*", 32, INVISIBLE_MS, 0)) == [b"m1", b"m2"]
 
 
-def test_a_fifo_message_cannot_be_delayed(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_fifo_message_cannot_be_delayed(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         late = pb.Message(topic="t", body=b"x", message_group="orders-1", deliver_at_ms=core.clock.now_ms() + 60_000)
         with pytest.raises(BadRequest, match="message group"):
             await core.send([pb.Message(topic="t", body=b"fine"), late])
         assert bodies(await pop(core)) == [], "part of a refused send was stored"
 
-    run_core(tmp_path, scenario)
 
-
-def test_an_ack_wakes_as_many_held_requests_as_it_makes_messages_ready_oldest_first(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_an_ack_wakes_as_many_held_requests_as_it_makes_messages_ready_oldest_first(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2"])
         first = await pop(core, want=1)
         pops = [asyncio.ensure_future(pop(core, poll_ms=POLL_MS)) for _ in range(5)]
@@ -223,11 +194,9 @@ def test_an_ack_wakes_as_many_held_requests_as_it_makes_messages_ready_oldest_fi
         for request in [*pops, *notes]:
             request.cancel()
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_redelivery_held_back_behind_an_earlier_fifo_message_wakes_no_notification(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_redelivery_held_back_behind_an_earlier_fifo_message_wakes_no_notification(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send(core, [b"m1", b"m2"])
         m1, m2 = (await pop(core)).messages
         note = asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS))
@@ -238,14 +207,11 @@ def test_a_redelivery_held_back_behind_an_earlier_fifo_message_wakes_no_notifica
         await ack(core, PopResult([m1]))
         assert await asyncio.wait_for(note, ANSWER_S) == (True, False)
 
-    run_core(tmp_path, scenario)
 
-
-def test_the_next_fifo_message_waits_for_the_dead_letters_commit(tmp_path: Path) -> None:
+async def test_the_next_fifo_message_waits_for_the_dead_letters_commit(tmp_path: Path) -> None:
     """A FIFO message out of attempts leaves the flight when its dead letter is committed, not before: should the
     commit fail (a full disk), it comes back ahead of the next one, which must not have gone meanwhile."""
-
-    async def scenario(core: BrokerCore) -> None:
+    async with broker(tmp_path / "data", max_delivery_attempts=1) as (core, _):
         await send(core, [b"m1", b"m2"])
         first = await pop(core, want=1)
         real_submit = core.sends.submit
@@ -269,5 +235,3 @@ def test_the_next_fifo_message_waits_for_the_dead_letters_commit(tmp_path: Path)
         assert bodies(await pop(core)) == [], "m2 went out after m1's dead letter failed"
         # m1 comes due again (in a second), is dead-lettered for good, and m2 goes.
         assert bodies(await asyncio.wait_for(pop(core, poll_ms=POLL_MS), 5)) == [b"m2"]
-
-    run_core(tmp_path, scenario, max_delivery_attempts=1)

@@ -3,10 +3,7 @@ that group's messages after its own number of deliveries, and GroupConfig tells 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import TypeVar
 
 from popgate_pb import broker_pb2 as pb
 
@@ -14,12 +11,6 @@ from broker import handlers
 from broker.core import BrokerCore
 from popgate_contract.errors import IllegalGroup
 from tests.unit.broker.cores import broker
-
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[object, object, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=20))
 
 
 async def deliveries(core: BrokerCore, group: str) -> list[int]:
@@ -32,32 +23,26 @@ async def deliveries(core: BrokerCore, group: str) -> list[int]:
     return attempts
 
 
-def test_a_group_is_dead_lettered_after_its_own_attempts_the_others_after_the_default(tmp_path: Path) -> None:
-    async def scenario() -> tuple[list[int], list[int], list[str]]:
-        async with broker(tmp_path, max_delivery_attempts=3, group_max_attempts=(("fast", 1),)) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"poison")])
-            fast, slow = await deliveries(core, "fast"), await deliveries(core, "slow")
-            dead = []
-            for group in ("fast", "slow"):
-                [m] = (await core.pop(f"%DLQ%{group}", "inspect", "*", 1, 10_000, 5000)).messages
-                dead.append(pb.Message.FromString(m.payload).properties["DELIVERY_ATTEMPTS"])
-            return fast, slow, dead
-
-    assert run(scenario()) == ([1], [1, 2, 3], ["1", "3"])
+async def test_a_group_is_dead_lettered_after_its_own_attempts_the_others_after_the_default(tmp_path: Path) -> None:
+    async with broker(tmp_path, max_delivery_attempts=3, group_max_attempts=(("fast", 1),)) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"poison")])
+        fast, slow = await deliveries(core, "fast"), await deliveries(core, "slow")
+        dead = []
+        for group in ("fast", "slow"):
+            [m] = (await core.pop(f"%DLQ%{group}", "inspect", "*", 1, 10_000, 5000)).messages
+            dead.append(pb.Message.FromString(m.payload).properties["DELIVERY_ATTEMPTS"])
+    assert (fast, slow, dead) == ([1], [1, 2, 3], ["1", "3"])
 
 
-def test_group_config_answers_the_groups_max_attempts(tmp_path: Path) -> None:
-    async def scenario() -> list[int]:
-        async with broker(tmp_path, max_delivery_attempts=5, group_max_attempts=(("fast", 2),)) as (core, _):
-            answers = []
-            for group in ("fast", "other"):
-                out = pb.GroupConfigResponse()
-                await handlers.group_config(core, pb.GroupConfigRequest(group=group), out)
-                answers.append(out.max_delivery_attempts)
-            try:
-                await handlers.group_config(core, pb.GroupConfigRequest(), pb.GroupConfigResponse())
-            except IllegalGroup:
-                answers.append(0)
-            return answers
-
-    assert run(scenario()) == [2, 5, 0]
+async def test_group_config_answers_the_groups_max_attempts(tmp_path: Path) -> None:
+    async with broker(tmp_path, max_delivery_attempts=5, group_max_attempts=(("fast", 2),)) as (core, _):
+        answers = []
+        for group in ("fast", "other"):
+            out = pb.GroupConfigResponse()
+            await handlers.group_config(core, pb.GroupConfigRequest(group=group), out)
+            answers.append(out.max_delivery_attempts)
+        try:
+            await handlers.group_config(core, pb.GroupConfigRequest(), pb.GroupConfigResponse())
+        except IllegalGroup:
+            answers.append(0)
+    assert answers == [2, 5, 0]

@@ -17,73 +17,63 @@ def samples(metrics: BrokerMetrics, name: str) -> dict[str, float]:
     return {s.labels["group"]: s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
 
 
-def test_a_drained_dlq_stops_counting_as_a_backlog(tmp_path: Path) -> None:
-    async def scenario() -> list[tuple[dict[str, float], dict[str, float]]]:
-        seen = []
-        async with broker(tmp_path) as (core, _):
-            metrics = BrokerMetrics()
-            metrics.watch(core)
+async def test_a_drained_dlq_stops_counting_as_a_backlog(tmp_path: Path) -> None:
+    seen = []
+    async with broker(tmp_path) as (core, _):
+        metrics = BrokerMetrics()
+        metrics.watch(core)
 
-            def look() -> None:
-                pending = samples(metrics, "popgate_broker_dlq_messages")
-                seen.append((pending, samples(metrics, "popgate_broker_dlq_stored_messages")))
+        def look() -> None:
+            pending = samples(metrics, "popgate_broker_dlq_messages")
+            seen.append((pending, samples(metrics, "popgate_broker_dlq_stored_messages")))
 
-            await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x") for i in range(4)])
-            for m in (await core.pop("orders", "billing", "*", 32, 30_000, 0)).messages:
-                await core.dead_letter("orders", "billing", m.handle)
-            look()  # 4 dead letters, nobody has re-sent any
-            resend = (await core.pop("%DLQ%billing", DLQ_RESEND_GROUP, "*", 3, 30_000, 0)).messages
-            look()  # 3 popped by `dlq resend`, not acked yet: still not re-sent
-            await core.ack("%DLQ%billing", DLQ_RESEND_GROUP, [m.handle for m in resend])
-            look()  # 3 re-sent
-            other = await core.pop("%DLQ%billing", "some-reader", "*", 32, 30_000, 0)
-            await core.ack("%DLQ%billing", "some-reader", [m.handle for m in other.messages])
-            look()  # another group reading the DLQ re-sends nothing
-        return seen
-
-    seen = asyncio.run(asyncio.wait_for(scenario(), 10))
+        await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x") for i in range(4)])
+        for m in (await core.pop("orders", "billing", "*", 32, 30_000, 0)).messages:
+            await core.dead_letter("orders", "billing", m.handle)
+        look()  # 4 dead letters, nobody has re-sent any
+        resend = (await core.pop("%DLQ%billing", DLQ_RESEND_GROUP, "*", 3, 30_000, 0)).messages
+        look()  # 3 popped by `dlq resend`, not acked yet: still not re-sent
+        await core.ack("%DLQ%billing", DLQ_RESEND_GROUP, [m.handle for m in resend])
+        look()  # 3 re-sent
+        other = await core.pop("%DLQ%billing", "some-reader", "*", 32, 30_000, 0)
+        await core.ack("%DLQ%billing", "some-reader", [m.handle for m in other.messages])
+        look()  # another group reading the DLQ re-sends nothing
     assert [pending["billing"] for pending, _ in seen] == [4, 4, 1, 1]
     assert [stored["billing"] for _, stored in seen] == [4, 4, 4, 4]
 
 
-def test_held_long_polls_are_counted_by_kind(tmp_path: Path) -> None:
-    async def scenario() -> dict[str, float]:
-        async with broker(tmp_path) as (core, _):
-            metrics = BrokerMetrics()
-            metrics.watch(core)
-            held = [asyncio.create_task(core.pop("t", f"g{i}", "*", 1, 30_000, 20_000)) for i in range(2)]
-            held.append(asyncio.create_task(core.notification("t", "n", "*", 20_000)))
-            async with asyncio.timeout(5):
-                while core.hold.total_held < 3:  # noqa: ASYNC110  # the hold has no event for "one more held"
-                    await asyncio.sleep(0.001)
-            found = {
-                s.labels["kind"]: s.value
-                for m in metrics.registry.collect()
-                for s in m.samples
-                if s.name == "popgate_broker_held_requests"
-            }
-            for task in held:
-                task.cancel()
-            await asyncio.gather(*held, return_exceptions=True)
-        return found
-
-    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == {"pop": 2, "notification": 1}
+async def test_held_long_polls_are_counted_by_kind(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        metrics = BrokerMetrics()
+        metrics.watch(core)
+        held = [asyncio.create_task(core.pop("t", f"g{i}", "*", 1, 30_000, 20_000)) for i in range(2)]
+        held.append(asyncio.create_task(core.notification("t", "n", "*", 20_000)))
+        async with asyncio.timeout(5):
+            while core.hold.total_held < 3:  # noqa: ASYNC110  # the hold has no event for "one more held"
+                await asyncio.sleep(0.001)
+        found = {
+            s.labels["kind"]: s.value
+            for m in metrics.registry.collect()
+            for s in m.samples
+            if s.name == "popgate_broker_held_requests"
+        }
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+    assert found == {"pop": 2, "notification": 1}
 
 
-def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_was_stored(tmp_path: Path) -> None:
+async def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_was_stored(tmp_path: Path) -> None:
     clock = ManualClock(1_800_000_000_000)
 
-    async def scenario() -> dict[str, float]:
-        async with broker(tmp_path, clock=clock) as (core, _):
-            metrics = BrokerMetrics()
-            metrics.watch(core)
-            await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x") for i in range(2)])
-            popped = (await core.pop("orders", "billing", "*", 1, 30_000, 0)).messages  # the other one stays ready
-            audited = (await core.pop("orders", "audit", "*", 2, 30_000, 0)).messages
-            await core.ack("orders", "audit", [m.handle for m in audited])  # nothing un-acked
-            stored = popped[0].store_ms
-            clock.now = stored + 7_500
-            return samples(metrics, "popgate_broker_oldest_unacked_age_seconds")
-
-    ages = asyncio.run(asyncio.wait_for(scenario(), 10))
+    async with broker(tmp_path, clock=clock) as (core, _):
+        metrics = BrokerMetrics()
+        metrics.watch(core)
+        await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x") for i in range(2)])
+        popped = (await core.pop("orders", "billing", "*", 1, 30_000, 0)).messages  # the other one stays ready
+        audited = (await core.pop("orders", "audit", "*", 2, 30_000, 0)).messages
+        await core.ack("orders", "audit", [m.handle for m in audited])  # nothing un-acked
+        stored = popped[0].store_ms
+        clock.now = stored + 7_500
+        ages = samples(metrics, "popgate_broker_oldest_unacked_age_seconds")
     assert ages == {"billing": 7.5, "audit": 0.0}  # billing's oldest (popped, not acked) was stored 7.5 s "ago"

@@ -781,26 +781,25 @@ BrokerModel.TestCase.settings = settings(
 TestBrokerModel = BrokerModel.TestCase
 
 
-def test_a_crash_right_after_the_first_send_keeps_the_start_of_a_group_that_looked_before(tmp_path: Path) -> None:
+async def test_a_crash_right_after_the_first_send_keeps_the_start_of_a_group_that_looked_before(
+    tmp_path: Path,
+) -> None:
     """Found by the model (crash restart, --flush sync, --consume-from latest): a group that polled a topic before
     it existed gets its state when the first messages arrive (docs/BROKER.md, "New groups": "stored ... across a
     restart"), but that state was committed after the Send's answer, so a kill -9 right after the answer lost it
     and the group then started after those messages: an acknowledged message it should get was never delivered
     (20 of 20 in a probe). Now the Send is answered once that state is committed too."""
-
-    async def main() -> int:
-        data, image = tmp_path / "data", tmp_path / "image"
-        image.mkdir()
-        async with cores.broker(data, flush="sync", consume_from="latest") as (core, _):
-            await core.pop(TOPIC, "g", "*", 1, 30_000, 0)  # before the topic exists
-            await core.send([pb.Message(topic=TOPIC, body=b"m1")])
-            source, target = sqlite3.connect(data / "broker.sqlite3"), sqlite3.connect(image / "broker.sqlite3")
-            try:
-                source.backup(target)  # what a kill -9 right after the Send's answer leaves
-            finally:
-                source.close()
-                target.close()
-        async with cores.broker(image, flush="sync", consume_from="latest") as (core, _):
-            return len((await core.pop(TOPIC, "g", "*", 32, 30_000, 0)).messages)
-
-    assert asyncio.run(main()) == 1
+    data, image = tmp_path / "data", tmp_path / "image"
+    image.mkdir()
+    async with cores.broker(data, flush="sync", consume_from="latest") as (core, _):
+        await core.pop(TOPIC, "g", "*", 1, 30_000, 0)  # before the topic exists
+        await core.send([pb.Message(topic=TOPIC, body=b"m1")])
+        source, target = sqlite3.connect(data / "broker.sqlite3"), sqlite3.connect(image / "broker.sqlite3")
+        try:
+            source.backup(target)  # what a kill -9 right after the Send's answer leaves
+        finally:
+            source.close()
+            target.close()
+    async with cores.broker(image, flush="sync", consume_from="latest") as (core, _):
+        popped = len((await core.pop(TOPIC, "g", "*", 32, 30_000, 0)).messages)
+    assert popped == 1

@@ -12,7 +12,8 @@ from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
 from broker.model import PopResult
-from tests.unit.broker.test_fifo import INVISIBLE_MS, QUEUES, bodies, run_core
+from tests.unit.broker.cores import broker
+from tests.unit.broker.test_fifo import INVISIBLE_MS, QUEUES, bodies
 from tests.unit.broker.test_schedule import until
 
 
@@ -26,8 +27,8 @@ async def pop(core: BrokerCore, want: int, invisible_ms: int = INVISIBLE_MS) -> 
     return await core.pop("t", "g", "*", want, invisible_ms, 0)
 
 
-def test_a_redelivery_comes_before_new_messages(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_redelivery_comes_before_new_messages(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await core.send([pb.Message(topic="t", body=b"old")])
         first = await pop(core, 1, invisible_ms=core.settings.min_invisible_ms)
         assert bodies(first) == [b"old"]
@@ -44,11 +45,9 @@ def test_a_redelivery_comes_before_new_messages(tmp_path: Path) -> None:
         assert sorted(bodies(rest)) == sorted(b"new-%d" % i for _ in range(QUEUES) for i in range(2))
         assert {m.attempt for m in rest.messages} == {1}
 
-    run_core(tmp_path, scenario)
 
-
-def test_a_batch_takes_a_fair_share_from_every_queue(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_a_batch_takes_a_fair_share_from_every_queue(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send_to_queues(core, 20)
         batch = await pop(core, 8)
         assert Counter(m.queue_id for m in batch.messages) == dict.fromkeys(range(QUEUES), 2)
@@ -56,22 +55,18 @@ def test_a_batch_takes_a_fair_share_from_every_queue(tmp_path: Path) -> None:
         for q in range(QUEUES):
             assert [b for b in bodies(batch) if b.startswith(b"q%d-" % q)] == [b"q%d-0" % q, b"q%d-1" % q]
 
-    run_core(tmp_path, scenario)
 
-
-def test_what_short_queues_leave_of_the_batch_comes_from_the_others(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_what_short_queues_leave_of_the_batch_comes_from_the_others(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await core.send([pb.Message(topic="t", body=b"q0-%d" % i, queue_id=0) for i in range(20)])
         await core.send([pb.Message(topic="t", body=b"q%d-0" % q, queue_id=q) for q in range(1, QUEUES)])
         batch = await pop(core, 8)
         # Shares of 2: queues 1-3 have one message each, queue 0 gives its 2 and then the 3 left over.
         assert Counter(m.queue_id for m in batch.messages) == {0: 5, 1: 1, 2: 1, 3: 1}
 
-    run_core(tmp_path, scenario)
 
-
-def test_small_pops_rotate_the_queue_they_start_from(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore) -> None:
+async def test_small_pops_rotate_the_queue_they_start_from(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data") as (core, _):
         await send_to_queues(core, 20)
         singles = [(await pop(core, 1)).messages[0].queue_id for _ in range(2 * QUEUES)]
         # One message a Pop, from the next queue each time: every queue in turn, twice over.
@@ -83,5 +78,3 @@ def test_small_pops_rotate_the_queue_they_start_from(tmp_path: Path) -> None:
         after = [m.queue_id for m in (await pop(core, 3)).messages]
         assert len(set(three)) == len(set(after)) == 3
         assert after[0] == (three[0] + 1) % QUEUES, (three, after)
-
-    run_core(tmp_path, scenario)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 import pytest
 from popgate_pb import broker_pb2 as pb
@@ -24,11 +23,6 @@ from popgate_contract.errors import StoreUnavailable
 
 MAX_ATTEMPTS = 3
 SETTINGS = BrokerSettings(max_delivery_attempts=MAX_ATTEMPTS, group_max_attempts=(("fast", 1),))
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[object, object, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
 class CommitLog:
@@ -78,19 +72,16 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
     return redelivery, state, hold
 
 
-def test_expired_delivery_is_ready_again_below_the_limit_and_dead_lettered_at_it() -> None:
+async def test_expired_delivery_is_ready_again_below_the_limit_and_dead_lettered_at_it() -> None:
     store = CommitLog()
 
-    async def scenario() -> list[tuple[int, int, int]]:
-        redelivery, state, _ = make(store)
-        state.deliver(0, 0, Delivery(MAX_ATTEMPTS - 1, 11, 100))
-        state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
-        picks = redelivery.take(state, now=200, want=10)
-        await redelivery.close()  # waits for the dead-lettering under way
-        assert state.current(0, 1, 12) is None and state.dead_lettered == 1
-        return picks
-
-    assert run(scenario()) == [(0, 0, MAX_ATTEMPTS)]
+    redelivery, state, _ = make(store)
+    state.deliver(0, 0, Delivery(MAX_ATTEMPTS - 1, 11, 100))
+    state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
+    picks = redelivery.take(state, now=200, want=10)
+    await redelivery.close()  # waits for the dead-lettering under way
+    assert state.current(0, 1, 12) is None and state.dead_lettered == 1
+    assert picks == [(0, 0, MAX_ATTEMPTS)]
     [(appends, ops)] = store.commits
     assert DeleteInflight("g", "t", 0, 1) in ops
     [dlq] = appends
@@ -106,69 +97,56 @@ def test_expired_delivery_is_ready_again_below_the_limit_and_dead_lettered_at_it
     }
 
 
-def test_a_group_with_its_own_max_attempts_is_dead_lettered_at_it_the_others_at_the_default() -> None:
+async def test_a_group_with_its_own_max_attempts_is_dead_lettered_at_it_the_others_at_the_default() -> None:
     store = CommitLog()
 
-    async def scenario() -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-        redelivery, state, _ = make(store)
-        fast = GroupTopic("fast", "t")
-        fast.queue(0, 0).pull_offset = 2
-        for group in (state, fast):
-            group.deliver(0, 0, Delivery(1, 11, 100))
-        picks = redelivery.take(state, now=200, want=10), redelivery.take(fast, now=200, want=10)
-        await redelivery.close()
-        return picks
-
-    assert run(scenario()) == ([(0, 0, 2)], [])  # "g" gets its second delivery; "fast" had its one
+    redelivery, state, _ = make(store)
+    fast = GroupTopic("fast", "t")
+    fast.queue(0, 0).pull_offset = 2
+    for group in (state, fast):
+        group.deliver(0, 0, Delivery(1, 11, 100))
+    picks = redelivery.take(state, now=200, want=10), redelivery.take(fast, now=200, want=10)
+    await redelivery.close()
+    assert picks == ([(0, 0, 2)], [])  # "g" gets its second delivery; "fast" had its one
     [(appends, _)] = store.commits
     assert [a.topic for a in appends] == ["%DLQ%fast"]
 
 
-def test_refused_dead_letter_keeps_the_message_in_flight() -> None:
+async def test_refused_dead_letter_keeps_the_message_in_flight() -> None:
     store = CommitLog()
     store.refuse = True
-
-    async def scenario() -> None:
-        redelivery, state, _ = make(store)
-        state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
-        assert redelivery.expire(state, now=200) == 0
-        await redelivery.close()
-        deadline = state.next_deadline()
-        assert deadline is not None and deadline > redelivery.clock.now_ms()  # comes due again, same attempt count
-        assert state.dead_lettered == 0
-
-    run(scenario())
+    redelivery, state, _ = make(store)
+    state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
+    assert redelivery.expire(state, now=200) == 0
+    await redelivery.close()
+    deadline = state.next_deadline()
+    assert deadline is not None and deadline > redelivery.clock.now_ms()  # comes due again, same attempt count
+    assert state.dead_lettered == 0
     assert store.commits == []
 
 
-def test_a_failed_payload_read_while_dead_lettering_keeps_the_message_in_flight() -> None:
+async def test_a_failed_payload_read_while_dead_lettering_keeps_the_message_in_flight() -> None:
     store = CommitLog()
 
-    async def scenario() -> tuple[int, int, int]:
-        redelivery, state, _ = make(store, failed_reads=1)
-        state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
-        redelivery.expire(state, now=200)  # out of attempts: to the DLQ, but its payload cannot be read
-        await redelivery.close()
-        deadline = state.next_deadline()
-        assert deadline is not None and deadline > redelivery.clock.now_ms()  # in flight, due again (not stranded)
-        redelivery.expire(state, now=deadline)  # the read works this time
-        await redelivery.close()
-        return state.dead_lettered, len(store.commits), state.inflight_count
-
-    assert run(scenario()) == (1, 1, 0)
+    redelivery, state, _ = make(store, failed_reads=1)
+    state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
+    redelivery.expire(state, now=200)  # out of attempts: to the DLQ, but its payload cannot be read
+    await redelivery.close()
+    deadline = state.next_deadline()
+    assert deadline is not None and deadline > redelivery.clock.now_ms()  # in flight, due again (not stranded)
+    redelivery.expire(state, now=deadline)  # the read works this time
+    await redelivery.close()
+    assert (state.dead_lettered, len(store.commits), state.inflight_count) == (1, 1, 0)
 
 
-def test_deadline_timer_wakes_a_held_pop() -> None:
-    async def scenario() -> Outcome:
-        redelivery, state, hold = make(CommitLog())
-        state.deliver(0, 0, Delivery(1, 11, redelivery.clock.now_ms() + 50))
-        redelivery.schedule(state)
-        outcome = await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5.0)
-        assert redelivery.take(state, now=redelivery.clock.now_ms(), want=1) == [(0, 0, 2)]
-        await redelivery.close()
-        return outcome
-
-    assert run(scenario()) is Outcome.SERVED
+async def test_deadline_timer_wakes_a_held_pop() -> None:
+    redelivery, state, hold = make(CommitLog())
+    state.deliver(0, 0, Delivery(1, 11, redelivery.clock.now_ms() + 50))
+    redelivery.schedule(state)
+    outcome = await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5.0)
+    assert redelivery.take(state, now=redelivery.clock.now_ms(), want=1) == [(0, 0, 2)]
+    await redelivery.close()
+    assert outcome is Outcome.SERVED
 
 
 class SlowCommit(CommitLog):
@@ -186,28 +164,27 @@ class SlowCommit(CommitLog):
         return future
 
 
-def test_a_dead_letter_cancelled_while_its_commit_fails_keeps_the_message_in_flight() -> None:
+async def test_a_dead_letter_cancelled_while_its_commit_fails_keeps_the_message_in_flight() -> None:
     store = SlowCommit()
 
-    async def scenario() -> None:
-        redelivery, state, _ = make(store)
-        delivery = Delivery(2, 12, redelivery.clock.now_ms() + 60_000)
-        state.deliver(0, 1, delivery)
-        call = asyncio.create_task(redelivery.dead_letter(state, 0, 1, delivery))  # the DeadLetter RPC
-        await store.submitted.wait()
-        call.cancel()  # the client's deadline passes while the commit is under way
-        await asyncio.gather(call, return_exceptions=True)
-        store.waiting[0].set_exception(StoreUnavailable("disk full"))  # and then the commit fails
-        await asyncio.sleep(0)
-        again = state.queues[0].inflight.get(1)
-        assert again is not None and again.attempt == 2  # in flight again, due in a second
-        assert state.dead_lettered == 0
-        await redelivery.close()
-
-    run(scenario())
+    redelivery, state, _ = make(store)
+    delivery = Delivery(2, 12, redelivery.clock.now_ms() + 60_000)
+    state.deliver(0, 1, delivery)
+    call = asyncio.create_task(redelivery.dead_letter(state, 0, 1, delivery))  # the DeadLetter RPC
+    await store.submitted.wait()
+    call.cancel()  # the client's deadline passes while the commit is under way
+    await asyncio.gather(call, return_exceptions=True)
+    store.waiting[0].set_exception(StoreUnavailable("disk full"))  # and then the commit fails
+    await asyncio.sleep(0)
+    again = state.queues[0].inflight.get(1)
+    assert again is not None and again.attempt == 2  # in flight again, due in a second
+    assert state.dead_lettered == 0
+    await redelivery.close()
 
 
-def test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time(caplog: pytest.LogCaptureFixture) -> None:
+async def test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """500 deliveries past their last attempt, expiring together: at most MAX_DLQ_MOVES moves (payload read and
     commit) are under way at once, each message still reaches the DLQ exactly once and leaves the flight, and the
     log says so in one line, not one a message."""
@@ -215,7 +192,7 @@ def test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time(capl
     count = 500
     reading = [0, 0]  # now, most at once
 
-    async def scenario() -> tuple[int, int, int]:
+    with caplog.at_level(logging.INFO, logger="broker.redelivery"):
         redelivery, state, _ = make(store)
         payloads = redelivery.payloads
 
@@ -234,10 +211,7 @@ def test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time(capl
         assert redelivery.expire(state, now=200) == 0
         tasks = len(redelivery._tasks)
         await redelivery.close()
-        return tasks, state.dead_lettered, state.inflight_count
-
-    with caplog.at_level(logging.INFO, logger="broker.redelivery"):
-        assert run(scenario()) == (MAX_DLQ_MOVES, count, 0)
+        assert (tasks, state.dead_lettered, state.inflight_count) == (MAX_DLQ_MOVES, count, 0)
     assert reading[1] == MAX_DLQ_MOVES
     moved = sorted(op.offset for _, ops in store.commits for op in ops if isinstance(op, DeleteInflight))
     assert moved == list(range(count))  # each exactly once

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 from pathlib import Path
@@ -15,29 +14,26 @@ from tests.unit.broker.cores import broker
 TWO_LETTER_TAGS = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"][:256]
 
 
-def test_a_group_with_the_longest_legal_filter_restarts_and_keeps_its_filter(tmp_path: Path) -> None:
+async def test_a_group_with_the_longest_legal_filter_restarts_and_keeps_its_filter(tmp_path: Path) -> None:
     """A review's broker exited at start with IllegalFilter after a Pop with a compact 1,022-character filter: it
     was stored as 1,532 characters (" || " between tags) and read back against the 1,024-character limit."""
     expression = "||".join(TWO_LETTER_TAGS)
     assert len(expression) == 1022
 
-    async def scenario() -> tuple[int, int]:
-        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("aa", "zz", "ab", "zz")])
-            popped = await core.pop("t", "g", expression, 1, 30_000, 0)
-            assert len(popped.messages) == 1
-        async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
-            [row] = core.lags("t", "g")  # with the stored filter: "aa" in flight and "ab", not the two "zz"
-            popped = await core.pop("t", "g", expression, 32, 30_000, 0)
-            return row.lag.lag, len(popped.messages)
-
-    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == (2, 1)
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("aa", "zz", "ab", "zz")])
+        popped = await core.pop("t", "g", expression, 1, 30_000, 0)
+        assert len(popped.messages) == 1
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+        [row] = core.lags("t", "g")  # with the stored filter: "aa" in flight and "ab", not the two "zz"
+        popped = await core.pop("t", "g", expression, 32, 30_000, 0)
+    assert (row.lag.lag, len(popped.messages)) == (2, 1)
 
 
-def test_a_stored_filter_that_cannot_be_parsed_is_skipped_with_a_warning(
+async def test_a_stored_filter_that_cannot_be_parsed_is_skipped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def scenario() -> int:
+    with caplog.at_level(logging.WARNING, logger="broker.core"):
         async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
             await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("a", "b")])
             await core.pop("t", "g", "a", 1, 30_000, 0)
@@ -45,8 +41,5 @@ def test_a_stored_filter_that_cannot_be_parsed_is_skipped_with_a_warning(
             conn.execute("UPDATE group_filters SET expression = 'a || | b'")
         async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
             [row] = core.lags("t", "g")  # the group is still there, reading as '*' until its next Pop
-            return row.lag.lag
-
-    with caplog.at_level(logging.WARNING, logger="broker.core"):
-        assert asyncio.run(asyncio.wait_for(scenario(), 20)) == 2  # the one in flight and "b"
+        assert row.lag.lag == 2  # the one in flight and "b"
     assert any("stored filter of group g on topic t skipped" in r.getMessage() for r in caplog.records)

@@ -7,7 +7,8 @@ Store interface (a wrapper that fails or stalls the commits that deliver schedul
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -115,23 +116,22 @@ class FlakyStore:
         return await self.inner.submit(appends, ops)
 
 
-def run_core(tmp_path: Path, scenario: Callable[[BrokerCore, FlakyStore], Awaitable[None]], **settings: object) -> None:
-    async def main() -> None:
-        inner = SqliteStore(tmp_path / "data")
-        store = FlakyStore(inner)
-        core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data", **settings), store, clock=WallClock())  # type: ignore[arg-type]
-        inner.set_listener(core)
-        inner.start(asyncio.get_running_loop())
-        core.restore(inner.load())
-        core.start()
-        core.scheduler.backoff_s = (0.01, 0.02, 0.05)
-        try:
-            await asyncio.wait_for(scenario(core, store), 20)
-        finally:
-            await core.close()
-            await inner.close()
-
-    asyncio.run(main())
+@asynccontextmanager
+async def flaky_core(tmp_path: Path, **settings: object) -> AsyncIterator[tuple[BrokerCore, FlakyStore]]:
+    """A started core over a FlakyStore (short back-off), closed on the way out."""
+    inner = SqliteStore(tmp_path / "data")
+    store = FlakyStore(inner)
+    core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data", **settings), store, clock=WallClock())  # type: ignore[arg-type]
+    inner.set_listener(core)
+    inner.start(asyncio.get_running_loop())
+    core.restore(inner.load())
+    core.start()
+    core.scheduler.backoff_s = (0.01, 0.02, 0.05)
+    try:
+        yield core, store
+    finally:
+        await core.close()
+        await inner.close()
 
 
 def delayed(topic: str, body: bytes, due_ms: int) -> pb.Message:
@@ -143,13 +143,14 @@ def visible(core: BrokerCore, topic: str) -> int:
     return sum(q.max_offset for q in log.queues) if log else 0
 
 
-async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():  # noqa: ASYNC110 - in-process state with no event to wait on; bounded by wait_for
-        await asyncio.sleep(0.005)
+async def until(predicate: Callable[[], bool], within_s: float = 20.0) -> None:
+    async with asyncio.timeout(within_s):
+        while not predicate():  # noqa: ASYNC110 - in-process state with no event to wait on; bounded
+            await asyncio.sleep(0.005)
 
 
-def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore, store: FlakyStore) -> None:
+async def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
+    async with flaky_core(tmp_path) as (core, store):
         store.failures_left = 2
         await core.send([delayed("t", b"x", core.clock.now_ms() + 50)])
         assert visible(core, "t") == 0
@@ -157,11 +158,9 @@ def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
         assert store.delivery_attempts == 3
         assert core.scheduler.stats.retries == 2 and not core.scheduler.blocked
 
-    run_core(tmp_path, scenario)
 
-
-def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore, store: FlakyStore) -> None:
+async def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: Path) -> None:
+    async with flaky_core(tmp_path) as (core, store):
         store.failures_left = 10**6
         await core.send([delayed("t", b"first", core.clock.now_ms() + 20)])
         await until(lambda: core.scheduler.blocked)
@@ -173,11 +172,9 @@ def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: 
         await until(lambda: visible(core, "t") == 2)
         assert not core.scheduler.blocked and core.scheduler.stats.blocked_s > 0
 
-    run_core(tmp_path, scenario)
 
-
-def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
-    async def scenario(core: BrokerCore, store: FlakyStore) -> None:
+async def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
+    async with flaky_core(tmp_path, schedule_max_in_flight=10) as (core, store):
         store.gate = asyncio.Event()
         due = core.clock.now_ms()
         await core.send([delayed("t", b"%d" % i, due + 10) for i in range(50)])
@@ -188,10 +185,8 @@ def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
         # The messages are visible from the commit's callback; the delivery task leaves flight when it resumes.
         await until(lambda: visible(core, "t") == 50 and core.scheduler.in_flight == 0)
 
-    run_core(tmp_path, scenario, schedule_max_in_flight=10)
 
-
-def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
+async def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
     """Batches 1 and 2 both fail past their retries, 1 first (it blocks delivery); then 1 succeeds while 2
     still fails: nothing due later may go out before 2 (docs/ARCHITECTURE.md §2: after repeated failure the
     level blocks, not skips)."""
@@ -210,28 +205,25 @@ def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> None:
             raise StoreUnavailable("injected")
         delivered.append(sid)
 
-    async def scenario() -> list[int]:
-        index = ScheduleIndex()
-        sched = ScheduledDelivery(index, deliver, batch=1, backoff_s=(0.001, 0.001, 0.01), clock=clock)
-        sched.start()
-        index.add(10, 1)
-        index.add(20, 2)
-        clock.now = 30
-        sched.added(10)
-        await until(lambda: sched.blocked and sched.in_flight == 2)  # both taken, 1 past its retries
-        first_blocked.set()
-        await until(lambda: attempts[2] > 4)  # 2 past its retries too
-        index.add(40, 3)
-        clock.now = 50
-        sched.added(40)
-        failing.discard(1)  # 1 recovers, 2 does not
-        await until(lambda: delivered == [1])
-        await asyncio.sleep(0.1)
-        assert sched.blocked and 3 not in delivered, delivered
-        failing.discard(2)
-        await until(lambda: delivered == [1, 2, 3])
-        await sched.close()
-        assert not sched.blocked and sched.stats.blocked_s > 0
-        return delivered
-
-    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == [1, 2, 3]
+    index = ScheduleIndex()
+    sched = ScheduledDelivery(index, deliver, batch=1, backoff_s=(0.001, 0.001, 0.01), clock=clock)
+    sched.start()
+    index.add(10, 1)
+    index.add(20, 2)
+    clock.now = 30
+    sched.added(10)
+    await until(lambda: sched.blocked and sched.in_flight == 2)  # both taken, 1 past its retries
+    first_blocked.set()
+    await until(lambda: attempts[2] > 4)  # 2 past its retries too
+    index.add(40, 3)
+    clock.now = 50
+    sched.added(40)
+    failing.discard(1)  # 1 recovers, 2 does not
+    await until(lambda: delivered == [1])
+    await asyncio.sleep(0.1)
+    assert sched.blocked and 3 not in delivered, delivered
+    failing.discard(2)
+    await until(lambda: delivered == [1, 2, 3])
+    await sched.close()
+    assert not sched.blocked and sched.stats.blocked_s > 0
+    assert delivered == [1, 2, 3]

@@ -31,7 +31,7 @@ class NeverReads:
         await asyncio.Event().wait()
 
 
-def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session_stream, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024)
     monkeypatch.setattr(session_stream, "WRITER_DRAIN_S", 0.1)  # the end of the stream does not wait for this reader
     asked = 0
@@ -45,18 +45,15 @@ def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monkeypatc
             yield pb.SessionRequest(id=i + 1, pop=pop)
         await asyncio.Event().wait()  # the stream stays open
 
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x" * 16_000) for _ in range(200)])
-            servicer = server.BrokerServicer(core, BrokerMetrics())
-            session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
-            await asyncio.sleep(1.0)
-            # 16 KB answers: past 64 KB not taken, reading stops (a few more may be in flight).
-            assert asked < 20
-            session.cancel()
-            await asyncio.gather(session, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(scenario(), 30))
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x" * 16_000) for _ in range(200)])
+        servicer = server.BrokerServicer(core, BrokerMetrics())
+        session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
+        await asyncio.sleep(1.0)
+        # 16 KB answers: past 64 KB not taken, reading stops (a few more may be in flight).
+        assert asked < 20
+        session.cancel()
+        await asyncio.gather(session, return_exceptions=True)
 
 
 class Records:
@@ -71,65 +68,58 @@ class Records:
         self.arrived.set()
 
 
-def test_a_pop_answered_before_its_cancel_was_read_is_released(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"only one")])
-            context = Records()
+async def test_a_pop_answered_before_its_cancel_was_read_is_released(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"only one")])
+        context = Records()
 
-            async def requests() -> AsyncIterator[pb.SessionRequest]:
-                pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
-                yield pb.SessionRequest(id=1, pop=pop)
-                await context.arrived.wait()  # the answer went out; the caller had given up meanwhile
-                yield pb.SessionRequest(id=1, cancel=True)
-                await asyncio.Event().wait()
+        async def requests() -> AsyncIterator[pb.SessionRequest]:
+            pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
+            yield pb.SessionRequest(id=1, pop=pop)
+            await context.arrived.wait()  # the answer went out; the caller had given up meanwhile
+            yield pb.SessionRequest(id=1, cancel=True)
+            await asyncio.Event().wait()
 
-            servicer = server.BrokerServicer(core, BrokerMetrics())
-            session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
-            await context.arrived.wait()
-            assert len(context.answers[0].pop.messages) == 1
-            again = await core.pop("t", "g", "*", 1, 60_000, 2_000)  # not hidden for the 60 s it was popped for
-            assert [(pb.Message.FromString(m.payload).body, m.attempt) for m in again.messages] == [(b"only one", 1)]
-            session.cancel()
-            await asyncio.gather(session, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(scenario(), 30))
+        servicer = server.BrokerServicer(core, BrokerMetrics())
+        session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
+        await context.arrived.wait()
+        assert len(context.answers[0].pop.messages) == 1
+        again = await core.pop("t", "g", "*", 1, 60_000, 2_000)  # not hidden for the 60 s it was popped for
+        assert [(pb.Message.FromString(m.payload).body, m.attempt) for m in again.messages] == [(b"only one", 1)]
+        session.cancel()
+        await asyncio.gather(session, return_exceptions=True)
 
 
-def test_a_notification_answered_and_not_used_passes_its_wake_on_to_the_next_held_request(tmp_path: Path) -> None:
+async def test_a_notification_answered_and_not_used_passes_its_wake_on_to_the_next_held_request(tmp_path: Path) -> None:
     """One arrival wakes the oldest held request only. When that was a Notification whose receive then took its
     message from another broker, its cancel frame after the answer hands the wake to the next one held here."""
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"warm")])
+        await core.pop("t", "g", "*", 1, 60_000, 0)  # the group exists; nothing ready now
+        context = Records()
+        cancel = asyncio.Event()
 
-    async def scenario() -> None:
-        async with broker(tmp_path) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"warm")])
-            await core.pop("t", "g", "*", 1, 60_000, 0)  # the group exists; nothing ready now
-            context = Records()
-            cancel = asyncio.Event()
+        async def requests() -> AsyncIterator[pb.SessionRequest]:
+            note = pb.NotificationRequest(topic="t", group="g", filter="*", poll_ms=10_000)
+            yield pb.SessionRequest(id=1, notification=note)
+            await cancel.wait()  # answered has_message; its receive was answered elsewhere
+            yield pb.SessionRequest(id=1, cancel=True)
+            await asyncio.Event().wait()
 
-            async def requests() -> AsyncIterator[pb.SessionRequest]:
-                note = pb.NotificationRequest(topic="t", group="g", filter="*", poll_ms=10_000)
-                yield pb.SessionRequest(id=1, notification=note)
-                await cancel.wait()  # answered has_message; its receive was answered elsewhere
-                yield pb.SessionRequest(id=1, cancel=True)
-                await asyncio.Event().wait()
-
-            servicer = server.BrokerServicer(core, BrokerMetrics())
-            session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
-            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 1)
-            other = asyncio.create_task(core.notification("t", "g", "*", 10_000))  # another consumer's, held later
-            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 2)
-            await core.send([pb.Message(topic="t", body=b"one")])  # wakes the oldest only
-            await context.arrived.wait()
-            assert context.answers[0].notification.has_message
-            await asyncio.sleep(0.05)
-            assert not other.done()  # one wake for one message
-            cancel.set()
-            assert await asyncio.wait_for(other, 2) == (True, False)  # passed on: not the sweep, nor 10 s
-            session.cancel()
-            await asyncio.gather(session, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(scenario(), 30))
+        servicer = server.BrokerServicer(core, BrokerMetrics())
+        session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
+        await until(lambda: core.hold.held[Kind.NOTIFICATION] == 1)
+        other = asyncio.create_task(core.notification("t", "g", "*", 10_000))  # another consumer's, held later
+        await until(lambda: core.hold.held[Kind.NOTIFICATION] == 2)
+        await core.send([pb.Message(topic="t", body=b"one")])  # wakes the oldest only
+        await context.arrived.wait()
+        assert context.answers[0].notification.has_message
+        await asyncio.sleep(0.05)
+        assert not other.done()  # one wake for one message
+        cancel.set()
+        assert await asyncio.wait_for(other, 2) == (True, False)  # passed on: not the sweep, nor 10 s
+        session.cancel()
+        await asyncio.gather(session, return_exceptions=True)
 
 
 class FakeCall:
@@ -159,31 +149,28 @@ class FakeCall:
         raise StopAsyncIteration
 
 
-def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None:
+async def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None:
     call = FakeCall()
 
     class Stub:
         def Session(self) -> FakeCall:  # noqa: N802 - the gRPC method's name
             return call
 
-    async def scenario() -> None:
-        session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
-        pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
-        dropped = session.submit(pb.SessionRequest(pop=pop), lambda _: None)
-        session.cancel(dropped)  # before the writer ran: neither the Pop nor a cancel frame goes out
-        kept = session.submit(pb.SessionRequest(pop=pop), lambda _: None)
-        for _ in range(5):
-            await asyncio.sleep(0)
-        session.cancel(kept)  # written already: the broker is told
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert [(r.id, r.cancel) for r in call.written] == [(kept, False), (kept, True)]
-        await session.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), 10))
+    session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
+    pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
+    dropped = session.submit(pb.SessionRequest(pop=pop), lambda _: None)
+    session.cancel(dropped)  # before the writer ran: neither the Pop nor a cancel frame goes out
+    kept = session.submit(pb.SessionRequest(pop=pop), lambda _: None)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    session.cancel(kept)  # written already: the broker is told
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [(r.id, r.cancel) for r in call.written] == [(kept, False), (kept, True)]
+    await session.close()
 
 
-def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error() -> None:
+async def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error() -> None:
     """A stopping broker ends its Session streams: grpc refuses a write still queued (InvalidStateError). That
     request counts as never sent, and `close()` does not raise (it did, in one run of the suite)."""
 
@@ -202,38 +189,31 @@ def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error() -> No
         def Session(self) -> FakeCall:  # noqa: N802 - the gRPC method's name
             return Ended()
 
-    async def scenario() -> None:
-        session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
-        with pytest.raises(grpc.aio.AioRpcError) as lost:
-            await session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")]))
-        assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
-        await session.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), 10))
+    session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as lost:
+        await session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")]))
+    assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+    await session.close()
 
 
-def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
+async def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
     """A stalled broker must not make the proxy keep every timed-out Send (and its bodies) until the writer
     reaches it: once cancelled, the session holds no reference to a request."""
-
-    async def scenario() -> tuple[list[int], int]:
-        call = FakeCall(stalled=True)
-        session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
-        session.open()
-        body = b"x" * (1 << 20)
-        first = session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
-        await asyncio.sleep(0.01)  # the writer is stuck in the first write
-        requests = [pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])) for _ in range(32)]
-        ids = [session.submit(request, print) for request in requests]
-        for request_id in [first, *ids]:
-            session.cancel(request_id)  # a Send that timed out: the proxy takes new ones in
-        gc.collect()
-        counts = [sys.getrefcount(request) for request in requests]
-        control = pb.SessionRequest()
-        await session.close()
-        return counts, sys.getrefcount(control)
-
-    counts, unshared = asyncio.run(scenario())
+    call = FakeCall(stalled=True)
+    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+    session.open()
+    body = b"x" * (1 << 20)
+    first = session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
+    await asyncio.sleep(0.01)  # the writer is stuck in the first write
+    requests = [pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])) for _ in range(32)]
+    ids = [session.submit(request, print) for request in requests]
+    for request_id in [first, *ids]:
+        session.cancel(request_id)  # a Send that timed out: the proxy takes new ones in
+    gc.collect()
+    counts = [sys.getrefcount(request) for request in requests]
+    control = pb.SessionRequest()
+    await session.close()
+    unshared = sys.getrefcount(control)
     assert set(counts) == {unshared + 1}  # the test's list and the call's argument: nobody else
 
 
@@ -253,24 +233,23 @@ class AnsweringCall(FakeCall):
         return await self.answers.get()
 
 
-def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() -> None:
-    async def scenario() -> list[tuple[int, bool]]:
-        call = AnsweringCall()
-        session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
-        session.open()
-        answered = asyncio.Event()
-        pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
-        request_id = session.submit(pb.SessionRequest(pop=pop), lambda _: answered.set())
-        await asyncio.wait_for(answered.wait(), 5)
-        session.cancel(request_id)  # answered: a no-op
-        session.release(request_id)  # the broker puts the Pop's messages back on this frame
-        for _ in range(5):
-            await asyncio.sleep(0)
-        await session.close()
-        return [(r.id, r.cancel) for r in call.written]
+async def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() -> None:
+    call = AnsweringCall()
+    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+    session.open()
+    answered = asyncio.Event()
+    pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
+    request_id = session.submit(pb.SessionRequest(pop=pop), lambda _: answered.set())
+    await asyncio.wait_for(answered.wait(), 5)
+    session.cancel(request_id)  # answered: a no-op
+    session.release(request_id)  # the broker puts the Pop's messages back on this frame
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await session.close()
+    written = [(r.id, r.cancel) for r in call.written]
 
     request_id = 1
-    assert asyncio.run(scenario()) == [(request_id, False), (request_id, True)]
+    assert written == [(request_id, False), (request_id, True)]
 
 
 async def session_answers(core: BrokerCore, frames: list[pb.SessionRequest], count: int) -> list[pb.SessionResponse]:
@@ -305,28 +284,23 @@ def pop_frame(request_id: int, poll_ms: int = 0) -> pb.SessionRequest:
     return pb.SessionRequest(id=request_id, pop=pop)
 
 
-def test_with_no_long_polls_allowed_a_pop_that_does_not_wait_is_still_served(tmp_path: Path) -> None:
-    async def scenario() -> list[str]:
-        async with broker(tmp_path, max_held=0) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x")])
-            [answer] = await session_answers(core, [pop_frame(1)], 1)
-            return [answer.WhichOneof("body") or "", answer.error.message]
-
-    assert asyncio.run(asyncio.wait_for(scenario(), 30))[0] == "pop"
+async def test_with_no_long_polls_allowed_a_pop_that_does_not_wait_is_still_served(tmp_path: Path) -> None:
+    async with broker(tmp_path, max_held=0) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        [answer] = await session_answers(core, [pop_frame(1)], 1)
+    assert answer.WhichOneof("body") == "pop", answer.error.message
 
 
-def test_a_cancel_for_a_reused_id_does_not_release_the_pop_answered_under_it_before(tmp_path: Path) -> None:
-    async def scenario() -> list[tuple[bytes, int]]:
-        async with broker(tmp_path) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"taken")])
-            send = pb.SessionRequest(id=1, send=pb.SendRequest(messages=[pb.Message(topic="t", body=b"other")]))
-            cancel = pb.SessionRequest(id=1, cancel=True)
-            popped, _ = await session_answers(core, [pop_frame(1), send, cancel], 2)
-            assert len(popped.pop.messages) == 1
-            left = await core.pop("t", "g", "*", 32, 60_000, 0)
-            return [(pb.Message.FromString(m.payload).body, m.attempt) for m in left.messages]
-
-    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [(b"other", 1)]  # "taken" stays taken
+async def test_a_cancel_for_a_reused_id_does_not_release_the_pop_answered_under_it_before(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"taken")])
+        send = pb.SessionRequest(id=1, send=pb.SendRequest(messages=[pb.Message(topic="t", body=b"other")]))
+        cancel = pb.SessionRequest(id=1, cancel=True)
+        popped, _ = await session_answers(core, [pop_frame(1), send, cancel], 2)
+        assert len(popped.pop.messages) == 1
+        left = await core.pop("t", "g", "*", 32, 60_000, 0)
+    left_over = [(pb.Message.FromString(m.payload).body, m.attempt) for m in left.messages]
+    assert left_over == [(b"other", 1)]  # "taken" stays taken
 
 
 def serving_pops() -> int:
@@ -335,7 +309,7 @@ def serving_pops() -> int:
     return sum(getattr(task.get_coro(), "cr_code", None) is serve for task in asyncio.all_tasks() if not task.done())
 
 
-def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_messages(
+async def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_messages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(session_stream, "SESSION_MAX_OUTBOX_BYTES", 64 * 1024)
@@ -348,22 +322,18 @@ def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_taking_me
             yield pb.SessionRequest(id=i + 1, pop=pop)
         await asyncio.Event().wait()
 
-    async def scenario() -> int:
-        async with broker(tmp_path) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"first")])
-            await core.pop("t", "g", "*", 1, 60_000, 0)  # the topic and the group exist; nothing is ready
-            servicer = server.BrokerServicer(core, BrokerMetrics())
-            session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
-            await asyncio.wait_for(until(lambda: core.hold.held[Kind.POP] == pops), 5)  # all 40 Pops read and held
-            for _ in range(pops):  # each 16 KB message wakes one held Pop, which takes it into the outbox
-                await core.send([pb.Message(topic="t", body=b"x" * 16_000)])
-            # Every Pop of the stream answered (with messages, or ended empty past the budget): what it took is final.
-            await asyncio.wait_for(until(lambda: serving_pops() == 0), 5)
-            taken = sum(lag.inflight for lag in (r.lag for r in core.lags("t", "g")))
-            assert core.hold.held[Kind.POP] == 0  # past the budget the rest ended (empty answers)
-            session.cancel()
-            await asyncio.gather(session, return_exceptions=True)
-            return taken
-
-    taken = asyncio.run(asyncio.wait_for(scenario(), 30))
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"first")])
+        await core.pop("t", "g", "*", 1, 60_000, 0)  # the topic and the group exist; nothing is ready
+        servicer = server.BrokerServicer(core, BrokerMetrics())
+        session = asyncio.create_task(servicer.Session(requests(), NeverReads()))  # type: ignore[arg-type]
+        await asyncio.wait_for(until(lambda: core.hold.held[Kind.POP] == pops), 5)  # all 40 Pops read and held
+        for _ in range(pops):  # each 16 KB message wakes one held Pop, which takes it into the outbox
+            await core.send([pb.Message(topic="t", body=b"x" * 16_000)])
+        # Every Pop of the stream answered (with messages, or ended empty past the budget): what it took is final.
+        await asyncio.wait_for(until(lambda: serving_pops() == 0), 5)
+        taken = sum(lag.inflight for lag in (r.lag for r in core.lags("t", "g")))
+        assert core.hold.held[Kind.POP] == 0  # past the budget the rest ended (empty answers)
+        session.cancel()
+        await asyncio.gather(session, return_exceptions=True)
     assert 1 <= taken <= 8  # ~64 KB of 16 KB answers (+ the first), not all 40

@@ -33,69 +33,62 @@ async def write(store: SqliteStore) -> list[Record]:
     return first + second + third
 
 
-def test_messages_come_back_by_offset_range_and_after_reopen(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        store = SqliteStore(tmp_path)
-        records = await write(store)
-        assert [r.offset for r in records[: N + 40]] == list(range(N + 40))
-        assert [r.offset for r in records[N + 40 :]] == list(range(5))
-        expected = {i: message(i).payload for i in range(N + 40)}
+async def test_messages_come_back_by_offset_range_and_after_reopen(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path)
+    records = await write(store)
+    assert [r.offset for r in records[: N + 40]] == list(range(N + 40))
+    assert [r.offset for r in records[N + 40 :]] == list(range(5))
+    expected = {i: message(i).payload for i in range(N + 40)}
 
-        # A contiguous span crossing batch boundaries, and a few offsets far apart.
-        span = list(range(BATCH_MESSAGES - 3, BATCH_MESSAGES * 2 + 2))
-        assert await store.read_payloads("t", 0, span) == {o: expected[o] for o in span}
-        sparse = [0, BATCH_MESSAGES, N + 39]
-        assert await store.read_payloads("t", 0, sparse) == {o: expected[o] for o in sparse}
-        assert await store.read_payloads("t", 0, [N + 40]) == {}
-        assert await store.read_payloads("t", 1, [4]) == {4: message(4, 1).payload}
+    # A contiguous span crossing batch boundaries, and a few offsets far apart.
+    span = list(range(BATCH_MESSAGES - 3, BATCH_MESSAGES * 2 + 2))
+    assert await store.read_payloads("t", 0, span) == {o: expected[o] for o in span}
+    sparse = [0, BATCH_MESSAGES, N + 39]
+    assert await store.read_payloads("t", 0, sparse) == {o: expected[o] for o in sparse}
+    assert await store.read_payloads("t", 0, [N + 40]) == {}
+    assert await store.read_payloads("t", 1, [4]) == {4: message(4, 1).payload}
 
-        listed = await store.read_range("t", 0, BATCH_MESSAGES - 1, 600)
-        assert [(r.offset, r.store_ms, r.tag, r.payload) for r in listed] == [
-            (o, 1_000 + o, message(o).tag, expected[o]) for o in range(BATCH_MESSAGES - 1, N + 40)
-        ]
-        assert [r.offset for r in await store.read_range("t", 0, 10, 3)] == [10, 11, 12]
-        assert await store.read_range("t", 0, N + 40, 10) == []
-        await store.close()
+    listed = await store.read_range("t", 0, BATCH_MESSAGES - 1, 600)
+    assert [(r.offset, r.store_ms, r.tag, r.payload) for r in listed] == [
+        (o, 1_000 + o, message(o).tag, expected[o]) for o in range(BATCH_MESSAGES - 1, N + 40)
+    ]
+    assert [r.offset for r in await store.read_range("t", 0, 10, 3)] == [10, 11, 12]
+    assert await store.read_range("t", 0, N + 40, 10) == []
+    await store.close()
 
-        reopened = SqliteStore(tmp_path)
-        snap = reopened.load()
-        index = snap.queues[("t", 0)]
-        assert index.min_offset == 0
-        assert list(index.store_ms) == [1_000 + i for i in range(N + 40)]
-        assert index.tags == [message(i).tag for i in range(N + 40)]
-        assert len(snap.queues[("t", 1)].tags) == 5
-        assert snap.inflight == [PutInflight("g", "t", 0, 3, 1, 2**47, 9)]
-        reopened.start(asyncio.get_running_loop())
-        more = await reopened.submit([message(0)], [])
-        assert more[0].offset == N + 40  # offsets carry on after the reopen
-        await reopened.close()
-
-    asyncio.run(scenario())
+    reopened = SqliteStore(tmp_path)
+    snap = reopened.load()
+    index = snap.queues[("t", 0)]
+    assert index.min_offset == 0
+    assert list(index.store_ms) == [1_000 + i for i in range(N + 40)]
+    assert index.tags == [message(i).tag for i in range(N + 40)]
+    assert len(snap.queues[("t", 1)].tags) == 5
+    assert snap.inflight == [PutInflight("g", "t", 0, 3, 1, 2**47, 9)]
+    reopened.start(asyncio.get_running_loop())
+    more = await reopened.submit([message(0)], [])
+    assert more[0].offset == N + 40  # offsets carry on after the reopen
+    await reopened.close()
 
 
-def test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flushed_at_close(tmp_path: Path) -> None:
+async def test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flushed_at_close(tmp_path: Path) -> None:
     put = PutInflight("g", "t", 0, 0, 1, 7, 9)
-
-    async def scenario() -> None:
-        store = SqliteStore(tmp_path, state_delay_s=60.0)  # the timer never fires in this test
-        store.start(asyncio.get_running_loop())
-        [record] = await store.submit([message(0)], [])
-        delivered = store.submit([], [put])  # deferred: nobody waits for consumer state under async
-        assert not delivered.done()
-        # A request with appends goes at once, and takes what was deferred before it along, in order:
-        # the delivery is written before it is deleted, so no in-flight row is left behind.
-        await store.submit([message(1)], [DeleteInflight("g", "t", 0, record.offset)])
-        assert delivered.done()
-        kept = store.submit([], [PutInflight("g", "t", 0, 1, 1, 8, 9)])
-        await store.close()
-        assert kept.done()
-
-    asyncio.run(scenario())
+    store = SqliteStore(tmp_path, state_delay_s=60.0)  # the timer never fires in this test
+    store.start(asyncio.get_running_loop())
+    [record] = await store.submit([message(0)], [])
+    delivered = store.submit([], [put])  # deferred: nobody waits for consumer state under async
+    assert not delivered.done()
+    # A request with appends goes at once, and takes what was deferred before it along, in order:
+    # the delivery is written before it is deleted, so no in-flight row is left behind.
+    await store.submit([message(1)], [DeleteInflight("g", "t", 0, record.offset)])
+    assert delivered.done()
+    kept = store.submit([], [PutInflight("g", "t", 0, 1, 1, 8, 9)])
+    await store.close()
+    assert kept.done()
     reopened = SqliteStore(tmp_path)
     assert reopened.load().inflight == [PutInflight("g", "t", 0, 1, 1, 8, 9)]
 
 
-def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
+async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
         conn.execute(
             "CREATE TABLE messages (topic TEXT NOT NULL, queue INTEGER NOT NULL, offset INTEGER NOT NULL, store_ms"
@@ -105,19 +98,16 @@ def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> Non
         rows += [("t", 1, 0, 5, None, b"q1")]
         conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", rows)
 
-    async def scenario() -> None:
-        store = SqliteStore(tmp_path)
-        snap = store.load()
-        index = snap.queues[("t", 0)]
-        assert (index.min_offset, len(index.tags)) == (3, N - 3)
-        assert index.tags == [message(o).tag for o in range(3, N)]
-        store.start(asyncio.get_running_loop())
-        assert await store.read_payloads("t", 0, [3, N - 1]) == {3: message(3).payload, N - 1: message(N - 1).payload}
-        assert await store.read_payloads("t", 1, [0]) == {0: b"q1"}
-        assert (await store.submit([message(0)], []))[0].offset == N
-        await store.close()
-
-    asyncio.run(scenario())
+    store = SqliteStore(tmp_path)
+    snap = store.load()
+    index = snap.queues[("t", 0)]
+    assert (index.min_offset, len(index.tags)) == (3, N - 3)
+    assert index.tags == [message(o).tag for o in range(3, N)]
+    store.start(asyncio.get_running_loop())
+    assert await store.read_payloads("t", 0, [3, N - 1]) == {3: message(3).payload, N - 1: message(N - 1).payload}
+    assert await store.read_payloads("t", 1, [0]) == {0: b"q1"}
+    assert (await store.submit([message(0)], []))[0].offset == N
+    await store.close()
     with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert "messages" not in tables and conn.execute("PRAGMA user_version").fetchone() == (2,)
@@ -130,40 +120,35 @@ def test_a_data_directory_of_a_newer_layout_is_refused_with_a_clear_error(tmp_pa
         SqliteStore(tmp_path)
 
 
-def test_a_data_directory_in_use_by_another_broker_is_refused(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        first = SqliteStore(tmp_path)
-        first.start(asyncio.get_running_loop())
-        with pytest.raises(StoreUnavailable, match=f"in use by another broker \\(pid {os.getpid()}\\)"):
-            SqliteStore(tmp_path)
-        await first.close()
-        second = SqliteStore(tmp_path)  # free again once the first is closed
-        second.start(asyncio.get_running_loop())
-        await second.close()
-
-    asyncio.run(scenario())
+async def test_a_data_directory_in_use_by_another_broker_is_refused(tmp_path: Path) -> None:
+    first = SqliteStore(tmp_path)
+    first.start(asyncio.get_running_loop())
+    with pytest.raises(StoreUnavailable, match=f"in use by another broker \\(pid {os.getpid()}\\)"):
+        SqliteStore(tmp_path)
+    await first.close()
+    second = SqliteStore(tmp_path)  # free again once the first is closed
+    second.start(asyncio.get_running_loop())
+    await second.close()
 
 
 @pytest.mark.parametrize(("flush", "synchronous"), [("sync", 2), ("async", 1)])
-def test_flush_sets_how_sqlite_syncs_its_commits(tmp_path: Path, flush: str, synchronous: int) -> None:
+async def test_flush_sets_how_sqlite_syncs_its_commits(tmp_path: Path, flush: str, synchronous: int) -> None:
     """--flush sync: every commit is fsynced before it is acknowledged (synchronous=FULL, 2); async: WAL only,
     synced at checkpoints (NORMAL, 1). Asked of the connections the store writes and reads with."""
-
-    async def scenario() -> tuple[int, int]:
-        store = SqliteStore(tmp_path, flush=flush)
-        store.start(asyncio.get_running_loop())
-        await store.submit([message(0)], [])
-        assert await store.read_payloads("t", 0, [0]) == {0: message(0).payload}  # opens the reading connection
-        assert store._read_conn is not None
-        writing = store._conn.execute("PRAGMA synchronous").fetchone()[0]
-        reading = store._read_conn.execute("PRAGMA synchronous").fetchone()[0]
-        await store.close()
-        return writing, reading
-
-    assert asyncio.run(scenario()) == (synchronous, synchronous)
+    store = SqliteStore(tmp_path, flush=flush)
+    store.start(asyncio.get_running_loop())
+    await store.submit([message(0)], [])
+    assert await store.read_payloads("t", 0, [0]) == {0: message(0).payload}  # opens the reading connection
+    assert store._read_conn is not None
+    writing = store._conn.execute("PRAGMA synchronous").fetchone()[0]
+    reading = store._read_conn.execute("PRAGMA synchronous").fetchone()[0]
+    await store.close()
+    assert (writing, reading) == (synchronous, synchronous)
 
 
-def test_the_wal_stays_bounded_while_the_writer_never_pauses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_wal_stays_bounded_while_the_writer_never_pauses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Commits back to back, as under a steady stream of sends: SQLite starts the WAL over only when a write
     begins after a checkpoint copied all of it, which the checkpointer beside the writer never managed then,
     so the WAL grew with everything written (705 MiB after 45 s of sends in a review's probe)."""
@@ -171,41 +156,34 @@ def test_the_wal_stays_bounded_while_the_writer_never_pauses(tmp_path: Path, mon
     wal = tmp_path / "broker.sqlite3-wal"
     body = os.urandom(2048)
 
-    async def scenario() -> int:
-        store = SqliteStore(tmp_path)
-        store.start(asyncio.get_running_loop())
-        largest = 0
-        pending: list[asyncio.Future[list[Record]]] = []
-        for i in range(3000):  # 12 MiB of bodies, in commits of a few requests each: the writer never idle
-            pending.append(store.submit([NewMessage("t", i % 4, 1_000, None, body) for _ in range(2)], []))
-            if len(pending) >= 8:
-                await pending.pop(0)
-            largest = max(largest, wal.stat().st_size if wal.exists() else 0)
-        await asyncio.gather(*pending)
-        await store.close()
-        return largest
-
-    largest = asyncio.run(asyncio.wait_for(scenario(), 60))
+    store = SqliteStore(tmp_path)
+    store.start(asyncio.get_running_loop())
+    largest = 0
+    pending: list[asyncio.Future[list[Record]]] = []
+    for i in range(3000):  # 12 MiB of bodies, in commits of a few requests each: the writer never idle
+        pending.append(store.submit([NewMessage("t", i % 4, 1_000, None, body) for _ in range(2)], []))
+        if len(pending) >= 8:
+            await pending.pop(0)
+        largest = max(largest, wal.stat().st_size if wal.exists() else 0)
+    await asyncio.gather(*pending)
+    await store.close()
     assert largest < 4 << 20, f"the WAL reached {largest / 2**20:.1f} MiB (restarted past 1 MiB)"
 
 
-def test_loading_the_index_at_start_costs_about_what_is_kept(tmp_path: Path) -> None:
+async def test_loading_the_index_at_start_costs_about_what_is_kept(tmp_path: Path) -> None:
     """Every message's store time and tag is loaded at start. Decoded into lists of Python ints and a string per
     message, the peak was ~130 bytes a message (a broker that grew to 65 M messages could no longer start in its
     4 GiB: a review's probe); kept compact, ~16."""
     count = 200_000
 
-    async def fill() -> None:
-        store = SqliteStore(tmp_path)
-        store.start(asyncio.get_running_loop())
-        for start in range(0, count, 20_000):
-            await store.submit(
-                [NewMessage("t", 0, 1_700_000_000_000 + i, f"tag{i % 4}", b"") for i in range(start, start + 20_000)],
-                [],
-            )
-        await store.close()
-
-    asyncio.run(fill())
+    store = SqliteStore(tmp_path)
+    store.start(asyncio.get_running_loop())
+    for start in range(0, count, 20_000):
+        await store.submit(
+            [NewMessage("t", 0, 1_700_000_000_000 + i, f"tag{i % 4}", b"") for i in range(start, start + 20_000)],
+            [],
+        )
+    await store.close()
     tracemalloc.start()
     try:
         snap = SqliteStore(tmp_path).load()
