@@ -45,7 +45,7 @@ def error_name(exc: grpc.RpcError) -> str:
     return dict(exc.trailing_metadata() or ()).get("popgate-error", "")  # type: ignore[attr-defined]
 
 
-def test_ten_thousand_messages_four_poppers_exactly_once(broker: BrokerHandle) -> None:
+async def test_ten_thousand_messages_four_poppers_exactly_once(broker: BrokerHandle) -> None:
     total = 10_000
     for start in range(0, total, 500):
         send(broker.stub, "orders", [f"m{i}".encode() for i in range(start, start + 500)])
@@ -64,14 +64,10 @@ def test_ten_thousand_messages_four_poppers_exactly_once(broker: BrokerHandle) -
             )
             assert all(r.ok for r in acked.results)
 
-    async def run() -> list[bytes]:
-        seen: list[bytes] = []
-        async with grpc.aio.insecure_channel(broker.address) as channel:
-            stub = pb_grpc.BrokerStub(channel)
-            await asyncio.wait_for(asyncio.gather(*(popper(stub, seen) for _ in range(4))), timeout=90)
-        return seen
-
-    seen = asyncio.run(run())
+    seen: list[bytes] = []
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        await asyncio.wait_for(asyncio.gather(*(popper(stub, seen) for _ in range(4))), timeout=90)
     assert len(seen) == total
     assert sorted(seen) == sorted(f"m{i}".encode() for i in range(total))
     rows = lag_rows(broker.stub, "orders", "g")
