@@ -6,7 +6,7 @@ BROKER_HELD long polls. ROUNDS identical rounds of RECEIVES concurrent receives 
 SENDS concurrent 1 MiB sends: every answer is a v2 status (no gRPC error, no crash),
 the surplus is 42900, the proxy serves afterwards, and the proxy's RSS after the last
 round is close to the most any earlier round left (no growth per round). Prints a table;
-docs/BENCHMARKS.md "Overload".
+bench/results/sessions-log.md "Overload".
 Run with ``-s`` to see it.
 """
 
