@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -157,36 +156,31 @@ def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
 ALICE = {"access_key": "alice", "secret_key": "alice-secret"}
 
 
-def test_the_asyncio_clients_sign_every_call(cluster: Cluster) -> None:
+async def test_the_asyncio_clients_sign_every_call(cluster: Cluster) -> None:
     topic = f"auth-{uuid.uuid4().hex[:8]}"
-
-    async def scenario() -> None:
-        async with (
-            aio.Producer(cluster.endpoint, **ALICE) as producer,
-            aio.SimpleConsumer(cluster.endpoint, "billing", topic, **ALICE) as consumer,
-        ):
-            await producer.send_many(topic, [b"a0", b"a1", b"a2", b"a3"])
-            got = await drain_async(consumer, 4)  # acks each batch: AckError should an ack be refused
-            assert sorted(m.body for m in got) == [b"a0", b"a1", b"a2", b"a3"]
-        wrong = {"access_key": "alice", "secret_key": "wrong"}
-        async with aio.Producer(cluster.endpoint, **wrong) as producer:
-            with pytest.raises(Unauthorized) as caught:
-                await producer.send(topic, b"x")
-            assert caught.value.code == 40100
-        async with aio.SimpleConsumer(cluster.endpoint, "billing", topic, **wrong) as consumer:
-            with pytest.raises(Unauthorized) as caught:
-                await consumer.receive(max=1, wait=1)
-            assert caught.value.code == 40100
-
-    asyncio.run(scenario())
+    async with (
+        aio.Producer(cluster.endpoint, **ALICE) as producer,
+        aio.SimpleConsumer(cluster.endpoint, "billing", topic, **ALICE) as consumer,
+    ):
+        await producer.send_many(topic, [b"a0", b"a1", b"a2", b"a3"])
+        got = await drain_async(consumer, 4)  # acks each batch: AckError should an ack be refused
+        assert sorted(m.body for m in got) == [b"a0", b"a1", b"a2", b"a3"]
+    wrong = {"access_key": "alice", "secret_key": "wrong"}
+    async with aio.Producer(cluster.endpoint, **wrong) as producer:
+        with pytest.raises(Unauthorized) as caught:
+            await producer.send(topic, b"x")
+        assert caught.value.code == 40100
+    async with aio.SimpleConsumer(cluster.endpoint, "billing", topic, **wrong) as consumer:
+        with pytest.raises(Unauthorized) as caught:
+            await consumer.receive(max=1, wait=1)
+        assert caught.value.code == 40100
 
 
-def test_the_asyncio_clients_over_tls_with_a_custom_root_certificate(cluster: Cluster, tmp_path: Path) -> None:
+async def test_the_asyncio_clients_over_tls_with_a_custom_root_certificate(cluster: Cluster, tmp_path: Path) -> None:
     cert, key = self_signed_certificate(tmp_path)
     address = cluster.add_proxy(extra=("--tls-cert", str(cert), "--tls-key", str(key)))
     topic = f"auth-tls-{uuid.uuid4().hex[:8]}"
-
-    async def scenario() -> None:
+    try:
         async with (
             aio.Producer(address, tls=cert, **ALICE) as producer,
             aio.SimpleConsumer(address, "billing", topic, tls=cert, **ALICE) as consumer,
@@ -196,8 +190,5 @@ def test_the_asyncio_clients_over_tls_with_a_custom_root_certificate(cluster: Cl
         async with aio.Producer(address, tls=cert, access_key="alice", secret_key="wrong") as producer:
             with pytest.raises(Unauthorized):
                 await producer.send(topic, b"x")
-
-    try:
-        asyncio.run(scenario())
     finally:
         cluster.proxies.pop().stop()

@@ -5,19 +5,14 @@ broker answers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import TypeVar
 
+import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from proxy.attempts import DEFAULT_MAX_ATTEMPTS, GroupAttempts
 
-T = TypeVar("T")
-
-
-def run(coro: Coroutine[object, object, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+pytestmark = pytest.mark.timeout(10)  # a lookup that hangs fails here, not at the suite's per-test bound
 
 
 class Broker:
@@ -47,81 +42,61 @@ def attempts_of(*brokers: Broker, **kwargs: object) -> GroupAttempts:
     return GroupAttempts(lambda: list(brokers), **kwargs)  # type: ignore[arg-type]
 
 
-def test_the_groups_own_number_and_the_largest_when_brokers_disagree() -> None:
-    async def scenario() -> list[int]:
-        cache = attempts_of(Broker("b1", 3, fast=1), Broker("b2", 3, fast=2), Broker("b3", fail=True))
-        return [await cache.of("fast"), await cache.of("other")]
-
-    assert run(scenario()) == [2, 3]  # the brokers' own default for a group without an override
+async def test_the_groups_own_number_and_the_largest_when_brokers_disagree() -> None:
+    cache = attempts_of(Broker("b1", 3, fast=1), Broker("b2", 3, fast=2), Broker("b3", fail=True))
+    result = [await cache.of("fast"), await cache.of("other")]
+    assert result == [2, 3]  # the brokers' own default for a group without an override
 
 
-def test_an_answer_is_kept_for_the_ttl_then_asked_again() -> None:
+async def test_an_answer_is_kept_for_the_ttl_then_asked_again() -> None:
     now = [100.0]
     broker = Broker("b1", orders=5)
-
-    async def scenario() -> list[int]:
-        cache = attempts_of(broker, ttl_s=30.0, clock=lambda: now[0])
-        seen = [await cache.of("orders"), await cache.of("orders")]
-        broker.attempts["orders"] = 7  # the broker's flag changed
-        now[0] += 29.0
-        seen.append(await cache.of("orders"))
-        now[0] += 1.0
-        seen.append(await cache.of("orders"))
-        return seen
-
-    assert run(scenario()) == [5, 5, 5, 7]
+    cache = attempts_of(broker, ttl_s=30.0, clock=lambda: now[0])
+    seen = [await cache.of("orders"), await cache.of("orders")]
+    broker.attempts["orders"] = 7  # the broker's flag changed
+    now[0] += 29.0
+    seen.append(await cache.of("orders"))
+    now[0] += 1.0
+    seen.append(await cache.of("orders"))
+    assert seen == [5, 5, 5, 7]
     assert broker.asked == ["orders", "orders"]
 
 
-def test_at_most_max_groups_are_kept_the_oldest_goes_first() -> None:
+async def test_at_most_max_groups_are_kept_the_oldest_goes_first() -> None:
     broker = Broker("b1")
-
-    async def scenario() -> None:
-        cache = attempts_of(broker, max_groups=2)
-        for group in ("g1", "g2", "g3", "g3", "g2", "g1"):
-            await cache.of(group)
-
-    run(scenario())
+    cache = attempts_of(broker, max_groups=2)
+    for group in ("g1", "g2", "g3", "g3", "g2", "g1"):
+        await cache.of(group)
     assert broker.asked == ["g1", "g2", "g3", "g1"]  # g1 went when g3 came; g2 and g3 were still kept
 
 
-def test_concurrent_askers_share_one_lookup_and_one_that_goes_away_leaves_it_to_the_others() -> None:
+async def test_concurrent_askers_share_one_lookup_and_one_that_goes_away_leaves_it_to_the_others() -> None:
     broker = Broker("b1", orders=4)
     broker.answer.clear()
-
-    async def scenario() -> list[int]:
-        cache = attempts_of(broker)
-        first = asyncio.ensure_future(cache.of("orders"))
-        others = [asyncio.ensure_future(cache.of("orders")) for _ in range(9)]
-        await asyncio.sleep(0)
-        first.cancel()  # its Telemetry stream ended meanwhile
-        broker.answer.set()
-        return list(await asyncio.gather(*others))
-
-    assert run(scenario()) == [4] * 9
+    cache = attempts_of(broker)
+    first = asyncio.ensure_future(cache.of("orders"))
+    others = [asyncio.ensure_future(cache.of("orders")) for _ in range(9)]
+    await asyncio.sleep(0)
+    first.cancel()  # its Telemetry stream ended meanwhile
+    broker.answer.set()
+    result = list(await asyncio.gather(*others))
+    assert result == [4] * 9
     assert broker.asked == ["orders"]
 
 
-def test_with_no_answer_in_time_it_is_17_at_the_timeout_and_asked_again_next_time() -> None:
+async def test_with_no_answer_in_time_it_is_17_at_the_timeout_and_asked_again_next_time() -> None:
     silent, refusing = Broker("b1", hang=True), Broker("b2", fail=True)
-
-    async def scenario() -> tuple[int, float]:
-        cache = attempts_of(silent, refusing, timeout_s=0.2)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        answer = await cache.of("orders")
-        took = loop.time() - started
-        await cache.of("orders")
-        return answer, took
-
-    answer, took = run(scenario())
+    cache = attempts_of(silent, refusing, timeout_s=0.2)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answer = await cache.of("orders")
+    took = loop.time() - started
+    await cache.of("orders")
     assert answer == DEFAULT_MAX_ATTEMPTS
     assert 0.2 <= took < 2.0
     assert silent.asked == refusing.asked == ["orders", "orders"]
 
 
-def test_with_no_live_broker_it_is_17_at_once() -> None:
-    async def scenario() -> int:
-        return await attempts_of().of("orders")
-
-    assert run(scenario()) == DEFAULT_MAX_ATTEMPTS
+async def test_with_no_live_broker_it_is_17_at_once() -> None:
+    result = await attempts_of().of("orders")
+    assert result == DEFAULT_MAX_ATTEMPTS

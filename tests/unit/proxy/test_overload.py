@@ -43,35 +43,29 @@ def message(size: int) -> bpb.Message:
     return bpb.Message(topic="t", message_id=f"m{size}", body=b"x" * size)
 
 
-def test_sends_beyond_the_bytes_in_flight_are_too_many_requests_and_the_budget_comes_back() -> None:
-    async def scenario() -> None:
-        broker = SlowBroker("b1")
-        pool = BrokerPool({"b1": broker})
-        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
-        held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
-        async with asyncio.timeout(5):
-            await broker.all_waiting.wait()
-        with pytest.raises(errors.TooManyRequests, match="in flight") as caught:
-            await proxy.send([message(1)])
-        assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
-        broker.release.set()
-        assert all(len(r) == 1 for r in await asyncio.gather(*held))
-        assert len(await proxy.send([message(1000)] * 3)) == 3  # the budget was given back
-
-    asyncio.run(scenario())
+async def test_sends_beyond_the_bytes_in_flight_are_too_many_requests_and_the_budget_comes_back() -> None:
+    broker = SlowBroker("b1")
+    pool = BrokerPool({"b1": broker})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
+    held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
+    async with asyncio.timeout(5):
+        await broker.all_waiting.wait()
+    with pytest.raises(errors.TooManyRequests, match="in flight") as caught:
+        await proxy.send([message(1)])
+    assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
+    broker.release.set()
+    assert all(len(r) == 1 for r in await asyncio.gather(*held))
+    assert len(await proxy.send([message(1000)] * 3)) == 3  # the budget was given back
 
 
-def test_one_request_larger_than_the_bound_still_goes_through_alone() -> None:
-    async def scenario() -> None:
-        broker = FakeBroker("b1")
-        pool = BrokerPool({"b1": broker})
-        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1024)
-        assert len(await proxy.send([message(10_000)])) == 1
-
-    asyncio.run(scenario())
+async def test_one_request_larger_than_the_bound_still_goes_through_alone() -> None:
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1024)
+    assert len(await proxy.send([message(10_000)])) == 1
 
 
-def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(monkeypatch: pytest.MonkeyPatch) -> None:
     converted: list[int] = []
     real = send_v2.to_broker
 
@@ -80,24 +74,20 @@ def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(monkeyp
         return real(*args, **kwargs)
 
     monkeypatch.setattr(send_v2, "to_broker", counting)
-
-    async def scenario() -> None:
-        broker = SlowBroker("b1")
-        pool = BrokerPool({"b1": broker})
-        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
-        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
-        call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
-        held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
-        async with asyncio.timeout(5):
-            await broker.all_waiting.wait()
-        request = pb.SendMessageRequest(messages=[v2_message(1000) for _ in range(8)])
-        with pytest.raises(errors.TooManyRequests, match="in flight"):
-            await send_v2.send_message(call, request, inflation=send_v2.Inflation())
-        assert converted == []
-        broker.release.set()
-        await asyncio.gather(*held)
-
-    asyncio.run(scenario())
+    broker = SlowBroker("b1")
+    pool = BrokerPool({"b1": broker})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
+    held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
+    async with asyncio.timeout(5):
+        await broker.all_waiting.wait()
+    request = pb.SendMessageRequest(messages=[v2_message(1000) for _ in range(8)])
+    with pytest.raises(errors.TooManyRequests, match="in flight"):
+        await send_v2.send_message(call, request, inflation=send_v2.Inflation())
+    assert converted == []
+    broker.release.set()
+    await asyncio.gather(*held)
 
 
 def v2_message(size: int) -> v2.Message:
@@ -108,56 +98,48 @@ def v2_message(size: int) -> v2.Message:
     return m
 
 
-def test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_request_and_nothing_is_stored() -> None:
+async def test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_request_and_nothing_is_stored() -> None:
     """A 4 KB gzip of 4 MiB of zeros per message: 40 of them (160 KB sent) would be 160 MiB in the proxy."""
     bomb = gzip.compress(b"\0" * 4 * 1024 * 1024, 9)
-
-    async def scenario() -> None:
-        broker = FakeBroker("b1")
-        pool = BrokerPool({"b1": broker})
-        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
-        settings = Settings(
-            brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_body_bytes=5 * 1024 * 1024, max_message_bytes=16 << 20
-        )
-        call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
-        inflation = send_v2.Inflation()
-        messages = [v2_message(1) for _ in range(40)]
-        for m in messages:
-            m.body, m.system_properties.body_encoding = bomb, v2.GZIP
-        with pytest.raises(errors.MessageBodyTooLarge, match="inflate to more than the largest request") as caught:
-            await send_v2.send_message(call, pb.SendMessageRequest(messages=messages), inflation=inflation)
-        assert code_of(caught.value) == v2.MESSAGE_BODY_TOO_LARGE
-        assert broker.sent == []
-        # Within the bound they are taken: 3 x 4 MiB < 16 MiB.
-        reply = await send_v2.send_message(call, pb.SendMessageRequest(messages=messages[:3]), inflation=inflation)
-        assert reply.status.code == v2.OK and [len(m.body) for m in broker.sent] == [4 * 1024 * 1024] * 3
-
-    asyncio.run(scenario())
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+    settings = Settings(
+        brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_body_bytes=5 * 1024 * 1024, max_message_bytes=16 << 20
+    )
+    call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
+    inflation = send_v2.Inflation()
+    messages = [v2_message(1) for _ in range(40)]
+    for m in messages:
+        m.body, m.system_properties.body_encoding = bomb, v2.GZIP
+    with pytest.raises(errors.MessageBodyTooLarge, match="inflate to more than the largest request") as caught:
+        await send_v2.send_message(call, pb.SendMessageRequest(messages=messages), inflation=inflation)
+    assert code_of(caught.value) == v2.MESSAGE_BODY_TOO_LARGE
+    assert broker.sent == []
+    # Within the bound they are taken: 3 x 4 MiB < 16 MiB.
+    reply = await send_v2.send_message(call, pb.SendMessageRequest(messages=messages[:3]), inflation=inflation)
+    assert reply.status.code == v2.OK and [len(m.body) for m in broker.sent] == [4 * 1024 * 1024] * 3
 
 
-def test_gzip_conversions_past_the_bound_are_too_many_requests_until_their_threads_finish() -> None:
+async def test_gzip_conversions_past_the_bound_are_too_many_requests_until_their_threads_finish() -> None:
     """A conversion's slot comes back when its thread is done, not when its client gives up waiting."""
     release = threading.Event()
-
-    async def scenario() -> None:
-        inflation = send_v2.Inflation(threads=1, requests=2)
-        try:
-            first = asyncio.create_task(inflation.run(lambda: release.wait(10)))
-            queued = asyncio.create_task(inflation.run(lambda: "queued"))  # waits for the one thread
-            await asyncio.sleep(0)
-            with pytest.raises(errors.TooManyRequests, match="inflating 2 requests") as caught:
-                await inflation.run(lambda: "third")
-            assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
-            first.cancel()  # its client went away: the thread still inflates, its slot stays taken
-            with pytest.raises(asyncio.CancelledError):
-                await first
-            with pytest.raises(errors.TooManyRequests):
-                await inflation.run(lambda: "still refused")
-            release.set()
-            assert await queued == "queued"
-            assert await inflation.run(lambda: "again") == "again"
-        finally:
-            release.set()
-            inflation.close()
-
-    asyncio.run(scenario())
+    inflation = send_v2.Inflation(threads=1, requests=2)
+    try:
+        first = asyncio.create_task(inflation.run(lambda: release.wait(10)))
+        queued = asyncio.create_task(inflation.run(lambda: "queued"))  # waits for the one thread
+        await asyncio.sleep(0)
+        with pytest.raises(errors.TooManyRequests, match="inflating 2 requests") as caught:
+            await inflation.run(lambda: "third")
+        assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
+        first.cancel()  # its client went away: the thread still inflates, its slot stays taken
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        with pytest.raises(errors.TooManyRequests):
+            await inflation.run(lambda: "still refused")
+        release.set()
+        assert await queued == "queued"
+        assert await inflation.run(lambda: "again") == "again"
+    finally:
+        release.set()
+        inflation.close()

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Coroutine
-from typing import TypeVar
+from collections.abc import Callable
+
+import pytest
 
 from popgate_contract import errors
 from proxy.renewal import CLEAR_INVISIBLE_MS, MAX_RENEW_BATCH, RenewalBook, RenewalLimits, Renewer
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, handle
 
-T = TypeVar("T")
+pytestmark = pytest.mark.timeout(10)  # a driver test that hangs fails here, not at the suite's per-test bound
 PERIOD = 20.0
-
-
-def run(coro: Coroutine[object, object, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
 def book(**limits: float) -> RenewalBook:
@@ -170,125 +167,104 @@ def renewer(brokers: list[FakeBroker], clock: list[float], metrics: Recorder) ->
     return Renewer(pool, limits, invisible_ms=60_000, metrics=metrics, clock=lambda: clock[0])  # type: ignore[arg-type]
 
 
-def test_due_handles_go_to_their_brokers_in_batches_and_stale_ones_are_dropped() -> None:
-    async def scenario() -> None:
-        b1, b2 = FakeBroker("b1"), FakeBroker("b2")
-        clock, metrics = [0.0], Recorder()
-        r = renewer([b1, b2], clock, metrics)
-        r.opened("c1")
-        many = [handle("b1", token=f"{i + 1:x}") for i in range(MAX_RENEW_BATCH + 10)]
-        r.track("c1", "g", [*many, handle("b1", token="5a1e"), handle("b2")])
-        assert metrics.tracked() == MAX_RENEW_BATCH + 12
-        clock[0] = PERIOD
-        await r.renew_due()
-        assert [len(req.receipt_handles) for req in b1.renews] == [MAX_RENEW_BATCH, 11]
-        assert all(req.group == "g" and req.invisible_ms == 60_000 for req in b1.renews + b2.renews)
-        assert [list(req.receipt_handles) for req in b2.renews] == [[handle("b2")]]
-        assert metrics.counts[("renewals", "ok")] == MAX_RENEW_BATCH + 11
-        assert metrics.counts[("renewals", "stale")] == 1
-        assert metrics.counts[("ended", "stale")] == 1
-        assert metrics.tracked() == MAX_RENEW_BATCH + 11  # the stale one is no longer renewed
-
-    run(scenario())
+async def test_due_handles_go_to_their_brokers_in_batches_and_stale_ones_are_dropped() -> None:
+    b1, b2 = FakeBroker("b1"), FakeBroker("b2")
+    clock, metrics = [0.0], Recorder()
+    r = renewer([b1, b2], clock, metrics)
+    r.opened("c1")
+    many = [handle("b1", token=f"{i + 1:x}") for i in range(MAX_RENEW_BATCH + 10)]
+    r.track("c1", "g", [*many, handle("b1", token="5a1e"), handle("b2")])
+    assert metrics.tracked() == MAX_RENEW_BATCH + 12
+    clock[0] = PERIOD
+    await r.renew_due()
+    assert [len(req.receipt_handles) for req in b1.renews] == [MAX_RENEW_BATCH, 11]
+    assert all(req.group == "g" and req.invisible_ms == 60_000 for req in b1.renews + b2.renews)
+    assert [list(req.receipt_handles) for req in b2.renews] == [[handle("b2")]]
+    assert metrics.counts[("renewals", "ok")] == MAX_RENEW_BATCH + 11
+    assert metrics.counts[("renewals", "stale")] == 1
+    assert metrics.counts[("ended", "stale")] == 1
+    assert metrics.tracked() == MAX_RENEW_BATCH + 11  # the stale one is no longer renewed
 
 
-def test_a_failed_renewal_keeps_its_handles_for_the_next_period() -> None:
-    async def scenario() -> None:
-        b1 = FakeBroker("b1")
-        clock, metrics = [0.0], Recorder()
-        r = renewer([b1], clock, metrics)
+async def test_a_failed_renewal_keeps_its_handles_for_the_next_period() -> None:
+    b1 = FakeBroker("b1")
+    clock, metrics = [0.0], Recorder()
+    r = renewer([b1], clock, metrics)
+    r.opened("c1")
+    r.track("c1", "g", [handle("b1")])
+    b1.fail = errors.BrokerUnavailable("down")
+    clock[0] = PERIOD
+    await r.renew_due()
+    assert metrics.counts[("renewals", "failed")] == 1
+    b1.fail = None
+    clock[0] = 2 * PERIOD
+    await r.renew_due()
+    assert [list(req.receipt_handles) for req in b1.renews] == [[handle("b1")]]
+    assert metrics.counts[("renewals", "ok")] == 1
+
+
+async def test_untracked_and_settled_handles_are_counted() -> None:
+    clock, metrics = [0.0], Recorder()
+    r = renewer([FakeBroker("b1")], clock, metrics)
+    r.track("", "g", [handle("b1", token="a1")])  # no client id
+    r.opened("c1")
+    r.track("c1", "g", [handle("b1", token="a2"), handle("b1", token="a3")])
+    r.forget([handle("b1", token="a2")])
+    await r.terminated("c1")
+    r.closed("c1")
+    assert metrics.counts == Counter(
+        {("untracked", "no_client_id"): 1, ("ended", "settled"): 1, ("ended", "client_gone"): 1}
+    )
+    assert metrics.tracked() == 0
+
+
+async def test_the_driver_ticks_on_its_own_until_closed() -> None:
+    b1 = FakeBroker("b1")
+    pool = BrokerPool({"b1": b1})
+    async with Renewer(pool, RenewalLimits(period_s=0.08), invisible_ms=1000) as r:
         r.opened("c1")
         r.track("c1", "g", [handle("b1")])
-        b1.fail = errors.BrokerUnavailable("down")
-        clock[0] = PERIOD
-        await r.renew_due()
-        assert metrics.counts[("renewals", "failed")] == 1
-        b1.fail = None
-        clock[0] = 2 * PERIOD
-        await r.renew_due()
-        assert [list(req.receipt_handles) for req in b1.renews] == [[handle("b1")]]
-        assert metrics.counts[("renewals", "ok")] == 1
-
-    run(scenario())
+        for _ in range(100):
+            if len(b1.renews) >= 2:
+                break
+            await asyncio.sleep(0.02)
+    count = len(b1.renews)
+    assert count >= 2
+    await asyncio.sleep(0.2)
+    assert len(b1.renews) == count  # stopped
 
 
-def test_untracked_and_settled_handles_are_counted() -> None:
-    async def scenario() -> None:
-        clock, metrics = [0.0], Recorder()
-        r = renewer([FakeBroker("b1")], clock, metrics)
-        r.track("", "g", [handle("b1", token="a1")])  # no client id
+async def test_a_garbled_handle_is_skipped_not_raised() -> None:
+    clock, metrics = [0.0], Recorder()
+    r = renewer([FakeBroker("b1")], clock, metrics)
+    r.opened("c1")
+    r.track("c1", "g", ["garbage", handle("b1")])  # raising would fail the receive whose messages were popped
+    result = len(r.book)
+    assert result == 1
+
+
+async def test_renewal_off_tracks_nothing_and_runs_no_task() -> None:
+    b1, metrics = FakeBroker("b1"), Recorder()
+    limits = RenewalLimits(period_s=PERIOD, max_total=0)
+    async with Renewer(BrokerPool({"b1": b1}), limits, invisible_ms=60_000, metrics=metrics) as r:  # type: ignore[arg-type]
         r.opened("c1")
-        r.track("c1", "g", [handle("b1", token="a2"), handle("b1", token="a3")])
-        r.forget([handle("b1", token="a2")])
-        await r.terminated("c1")
-        r.closed("c1")
-        assert metrics.counts == Counter(
-            {("untracked", "no_client_id"): 1, ("ended", "settled"): 1, ("ended", "client_gone"): 1}
-        )
-        assert metrics.tracked() == 0
-
-    run(scenario())
+        r.track("c1", "g", [handle("b1")])
+        assert metrics.tracked() == 0 and r._task is None
+        assert not metrics.counts  # not counted as refused by a bound: off
 
 
-def test_the_driver_ticks_on_its_own_until_closed() -> None:
-    async def scenario() -> None:
-        b1 = FakeBroker("b1")
-        pool = BrokerPool({"b1": b1})
-        async with Renewer(pool, RenewalLimits(period_s=0.08), invisible_ms=1000) as r:
-            r.opened("c1")
-            r.track("c1", "g", [handle("b1")])
-            for _ in range(100):
-                if len(b1.renews) >= 2:
-                    break
-                await asyncio.sleep(0.02)
-        count = len(b1.renews)
-        assert count >= 2
-        await asyncio.sleep(0.2)
-        assert len(b1.renews) == count  # stopped
-
-    run(scenario())
-
-
-def test_a_garbled_handle_is_skipped_not_raised() -> None:
-    async def scenario() -> int:
-        clock, metrics = [0.0], Recorder()
-        r = renewer([FakeBroker("b1")], clock, metrics)
-        r.opened("c1")
-        r.track("c1", "g", ["garbage", handle("b1")])  # raising would fail the receive whose messages were popped
-        return len(r.book)
-
-    assert run(scenario()) == 1
-
-
-def test_renewal_off_tracks_nothing_and_runs_no_task() -> None:
-    async def scenario() -> None:
-        b1, metrics = FakeBroker("b1"), Recorder()
-        limits = RenewalLimits(period_s=PERIOD, max_total=0)
-        async with Renewer(BrokerPool({"b1": b1}), limits, invisible_ms=60_000, metrics=metrics) as r:  # type: ignore[arg-type]
-            r.opened("c1")
-            r.track("c1", "g", [handle("b1")])
-            assert metrics.tracked() == 0 and r._task is None
-            assert not metrics.counts  # not counted as refused by a bound: off
-
-    run(scenario())
-
-
-def test_a_terminated_clients_handles_are_made_visible_again_in_a_second() -> None:
+async def test_a_terminated_clients_handles_are_made_visible_again_in_a_second() -> None:
     """RocketMQ's proxy sets a departing client's handles to 1 s: what it held unsettled (a PushConsumer shut down
     with messages its stopped pool would not take) comes back at once, not ~60 s later; another client's stay."""
-
-    async def scenario() -> None:
-        b1, b2 = FakeBroker("b1"), FakeBroker("b2")
-        r = renewer([b1, b2], [0.0], Recorder())
-        r.opened("c1")
-        r.opened("c2")
-        r.track("c1", "g", [handle("b1", token="a1"), handle("b1", token="a2"), handle("b2", token="a3")])
-        r.track("c2", "g", [handle("b1", token="c2")])
-        await r.terminated("c1")
-        assert [(list(q.receipt_handles), q.invisible_ms, q.bring_forward) for q in b1.renews] == [
-            ([handle("b1", token="a1"), handle("b1", token="a2")], CLEAR_INVISIBLE_MS, True)
-        ]
-        assert [list(q.receipt_handles) for q in b2.renews] == [[handle("b2", token="a3")]]
-        assert len(r.book) == 1
-
-    run(scenario())
+    b1, b2 = FakeBroker("b1"), FakeBroker("b2")
+    r = renewer([b1, b2], [0.0], Recorder())
+    r.opened("c1")
+    r.opened("c2")
+    r.track("c1", "g", [handle("b1", token="a1"), handle("b1", token="a2"), handle("b2", token="a3")])
+    r.track("c2", "g", [handle("b1", token="c2")])
+    await r.terminated("c1")
+    assert [(list(q.receipt_handles), q.invisible_ms, q.bring_forward) for q in b1.renews] == [
+        ([handle("b1", token="a1"), handle("b1", token="a2")], CLEAR_INVISIBLE_MS, True)
+    ]
+    assert [list(q.receipt_handles) for q in b2.renews] == [[handle("b2", token="a3")]]
+    assert len(r.book) == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from popgate_pb import broker_pb2 as pb
 
@@ -54,15 +53,12 @@ async def renewed_for(core: BrokerCore, client: CoreClient, handles: list[str], 
         await asyncio.sleep(invisible_ms / 1000 * 1.6)
 
 
-def test_two_failed_renewals_in_a_row_still_keep_the_message_invisible(tmp_path: Path) -> None:
-    async def main() -> tuple[list[str], Any]:
-        async with broker(tmp_path, queues_per_topic=1) as (core, _):
-            await core.send([pb.Message(topic="t", body=b"x")])
-            [popped] = (await core.pop("t", "g", "*", 1, 3000, 0)).messages
-            client = CoreClient(core, fail=2)
-            await renewed_for(core, client, [popped.handle], 3000)
-            return client.outcomes, (await core.pop("t", "g", "*", 1, 3000, 0)).messages
-
-    outcomes, again = asyncio.run(main())
+async def test_two_failed_renewals_in_a_row_still_keep_the_message_invisible(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        [popped] = (await core.pop("t", "g", "*", 1, 3000, 0)).messages
+        client = CoreClient(core, fail=2)
+        await renewed_for(core, client, [popped.handle], 3000)
+        outcomes, again = client.outcomes, (await core.pop("t", "g", "*", 1, 3000, 0)).messages
     assert outcomes[:3] == ["failed", "failed", "ok"], outcomes
     assert again == [], f"redelivered after {outcomes}"

@@ -179,7 +179,7 @@ def test_a_gzip_body_of_thousands_of_members_is_refused_without_inflating_them_a
         to_broker(message, limits, now_s=NOW)
 
 
-def test_an_absurd_invisible_duration_is_illegal_invisible_time_not_bad_request() -> None:
+async def test_an_absurd_invisible_duration_is_illegal_invisible_time_not_bad_request() -> None:
     from google.protobuf.duration_pb2 import Duration
 
     from proxy.settings import BrokerAddress, Settings
@@ -191,12 +191,8 @@ def test_an_absurd_invisible_duration_is_illegal_invisible_time_not_bad_request(
         group=v2.Resource(name="g"), batch_size=1, invisible_duration=Duration(seconds=10**9)
     )
     request.message_queue.topic.name = "t"
-
-    async def build() -> None:
-        build_request(call, request)
-
     with pytest.raises(errors.IllegalInvisibleTime):
-        asyncio.run(build())
+        build_request(call, request)
 
 
 def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error() -> None:
@@ -221,21 +217,16 @@ def test_settings_reply_does_not_echo_the_clients_lists_or_user_agent() -> None:
         assert reply.WhichOneof("pub_sub") == client.WhichOneof("pub_sub") and reply.client_type == client.client_type
 
 
-def test_settings_larger_than_the_limit_get_bad_request_and_the_stream_goes_on() -> None:
-    async def scenario() -> list[pb.TelemetryCommand]:
-        huge = v2.Settings(
-            client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[v2.Resource(name="t" * 100)] * 1000)
-        )
-        small = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing())
+async def test_settings_larger_than_the_limit_get_bad_request_and_the_stream_goes_on() -> None:
+    huge = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[v2.Resource(name="t" * 100)] * 1000))
+    small = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing())
 
-        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
-            yield pb.TelemetryCommand(settings=huge)
-            yield pb.TelemetryCommand(settings=small)
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        yield pb.TelemetryCommand(settings=huge)
+        yield pb.TelemetryCommand(settings=small)
 
-        attempts = GroupAttempts(lambda: [], timeout_s=1.0)
-        return [reply async for reply in telemetry(commands(), SETTINGS, asyncio.Event(), attempts)]
-
-    refused, answered = asyncio.run(scenario())
+    attempts = GroupAttempts(lambda: [], timeout_s=1.0)
+    refused, answered = [reply async for reply in telemetry(commands(), SETTINGS, asyncio.Event(), attempts)]
     assert refused.status.code == v2.BAD_REQUEST and "at most 65536" in refused.status.message
     assert answered.status.code == v2.OK and answered.settings.publishing.max_body_size == 4 * 1024 * 1024
 

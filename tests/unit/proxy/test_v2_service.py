@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from prometheus_client import CollectorRegistry
@@ -31,34 +32,31 @@ class Context:
         return ()
 
 
-def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> None:
-    async def scenario() -> tuple[float | None, float | None]:
-        metrics = ProxyMetrics(CollectorRegistry())
-        pool = BrokerPool({n: FakeBroker(n) for n in ("b1", "b2")}, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
-        service = MessagingService(
-            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
-        )
-        request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
-        request.message_queue.topic.name = "t"
-        request.long_polling_timeout.seconds = 5
+async def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    pool = BrokerPool({n: FakeBroker(n) for n in ("b1", "b2")}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+    service = MessagingService(
+        proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+    )
+    request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
+    request.message_queue.topic.name = "t"
+    request.long_polling_timeout.seconds = 5
 
-        async def consume() -> None:
-            async for _ in service.ReceiveMessage(request, Context()):
-                pass
+    async def consume() -> None:
+        async for _ in service.ReceiveMessage(request, Context()):
+            pass
 
-        task = asyncio.create_task(consume())
-        await asyncio.sleep(0.1)  # held: nothing to receive
-        task.cancel()  # what grpc.aio does when the client goes away
-        await asyncio.gather(task, return_exceptions=True)
-        sample = metrics.registry.get_sample_value
-        name = "popgate_proxy_rpc_duration_seconds_count"
-        return (
-            sample(name, {"method": "ReceiveMessage", "code": "OK"}),
-            sample(name, {"method": "ReceiveMessage", "code": "CANCELLED"}),
-        )
-
-    ok, cancelled = asyncio.run(scenario())
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)  # held: nothing to receive
+    task.cancel()  # what grpc.aio does when the client goes away
+    await asyncio.gather(task, return_exceptions=True)
+    sample = metrics.registry.get_sample_value
+    name = "popgate_proxy_rpc_duration_seconds_count"
+    ok, cancelled = (
+        sample(name, {"method": "ReceiveMessage", "code": "OK"}),
+        sample(name, {"method": "ReceiveMessage", "code": "CANCELLED"}),
+    )
     assert (ok, cancelled) == (None, 1.0)
 
 
@@ -69,82 +67,73 @@ class LateContext(Context):
         return 0.2
 
 
-def test_a_receive_with_no_time_left_to_poll_is_refused_and_counted_by_why() -> None:
-    async def scenario() -> list[tuple[int, float | None]]:
-        metrics = ProxyMetrics(CollectorRegistry())
-        pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
-        service = MessagingService(
-            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
-        )
-        out = []
-        # 5 s asked, 0.2 s left: the time went before the proxy got to the call. 0 s asked: too short a timeout.
-        for poll_s, outcome in ((5, "behind"), (0, "illegal_polling_time")):
-            request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
-            request.message_queue.topic.name = "t"
-            request.long_polling_timeout.seconds = poll_s
-            [frame] = [f async for f in service.ReceiveMessage(request, LateContext())]
-            labels = {"group": "g", "mode": "notify", "outcome": outcome}
-            out.append((frame.status.code, metrics.registry.get_sample_value("popgate_proxy_receives_total", labels)))
-        return out
-
-    assert asyncio.run(scenario()) == [(v2.TOO_MANY_REQUESTS, 1.0), (v2.ILLEGAL_POLLING_TIME, 1.0)]
+async def test_a_receive_with_no_time_left_to_poll_is_refused_and_counted_by_why() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+    service = MessagingService(
+        proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+    )
+    out = []
+    # 5 s asked, 0.2 s left: the time went before the proxy got to the call. 0 s asked: too short a timeout.
+    for poll_s, outcome in ((5, "behind"), (0, "illegal_polling_time")):
+        request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
+        request.message_queue.topic.name = "t"
+        request.long_polling_timeout.seconds = poll_s
+        [frame] = [f async for f in service.ReceiveMessage(request, LateContext())]
+        labels = {"group": "g", "mode": "notify", "outcome": outcome}
+        out.append((frame.status.code, metrics.registry.get_sample_value("popgate_proxy_receives_total", labels)))
+    assert out == [(v2.TOO_MANY_REQUESTS, 1.0), (v2.ILLEGAL_POLLING_TIME, 1.0)]
 
 
-def test_telemetry_streams_beyond_the_limit_get_too_many_requests() -> None:
-    async def scenario() -> list[int]:
-        metrics = ProxyMetrics(CollectorRegistry())
-        pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
-        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_telemetry_streams=2)
-        service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics)
-        silent = asyncio.Event()
+async def test_telemetry_streams_beyond_the_limit_get_too_many_requests() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_telemetry_streams=2)
+    service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics)
+    silent = asyncio.Event()
 
-        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
-            await silent.wait()  # an idle client: the stream stays open
-            yield pb.TelemetryCommand()
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        await silent.wait()  # an idle client: the stream stays open
+        yield pb.TelemetryCommand()
 
-        async def first_reply() -> int:
-            async for reply in service.Telemetry(commands(), Context()):
-                return reply.status.code
-            return -1
+    async def first_reply() -> int:
+        async for reply in service.Telemetry(commands(), Context()):
+            return reply.status.code
+        return -1
 
-        open_streams = [asyncio.ensure_future(first_reply()) for _ in range(2)]
-        await asyncio.sleep(0.05)
-        third = await asyncio.wait_for(first_reply(), 2)
-        for stream in open_streams:
-            stream.cancel()
-        await asyncio.gather(*open_streams, return_exceptions=True)
-        fourth = asyncio.ensure_future(first_reply())  # the cancelled ones gave their places back
-        await asyncio.sleep(0.05)
-        assert not fourth.done()
-        fourth.cancel()
-        await asyncio.gather(fourth, return_exceptions=True)
-        return [third]
-
-    assert asyncio.run(scenario()) == [v2.TOO_MANY_REQUESTS]
+    open_streams = [asyncio.ensure_future(first_reply()) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    third = await asyncio.wait_for(first_reply(), 2)
+    for stream in open_streams:
+        stream.cancel()
+    await asyncio.gather(*open_streams, return_exceptions=True)
+    fourth = asyncio.ensure_future(first_reply())  # the cancelled ones gave their places back
+    await asyncio.sleep(0.05)
+    assert not fourth.done()
+    fourth.cancel()
+    await asyncio.gather(fourth, return_exceptions=True)
+    result = [third]
+    assert result == [v2.TOO_MANY_REQUESTS]
 
 
-def test_a_route_echoes_sane_endpoints_and_refuses_an_endless_list() -> None:
-    async def scenario() -> tuple[pb.QueryRouteResponse, pb.QueryRouteResponse, pb.QueryRouteResponse]:
-        pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
-        metrics = ProxyMetrics(CollectorRegistry())
-        service = MessagingService(
-            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
-        )
+async def test_a_route_echoes_sane_endpoints_and_refuses_an_endless_list() -> None:
+    pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+    metrics = ProxyMetrics(CollectorRegistry())
+    service = MessagingService(
+        proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+    )
 
-        def route(*addresses: tuple[str, int]) -> pb.QueryRouteRequest:
-            request = pb.QueryRouteRequest(topic=v2.Resource(name="t"))
-            request.endpoints.addresses.extend(v2.Address(host=h, port=p) for h, p in addresses)
-            return request
+    def route(*addresses: tuple[str, int]) -> pb.QueryRouteRequest:
+        request = pb.QueryRouteRequest(topic=v2.Resource(name="t"))
+        request.endpoints.addresses.extend(v2.Address(host=h, port=p) for h, p in addresses)
+        return request
 
-        echoed = await service.QueryRoute(route(("proxy.example", 8081)), Context())
-        endless = await service.QueryRoute(route(*[("h" * 200, 1)] * 1000), Context())
-        no_port = await service.QueryRoute(route(("proxy.example", 0)), Context())
-        return echoed, endless, no_port
-
-    echoed, endless, no_port = asyncio.run(scenario())
+    echoed = await service.QueryRoute(route(("proxy.example", 8081)), Context())
+    endless = await service.QueryRoute(route(*[("h" * 200, 1)] * 1000), Context())
+    no_port = await service.QueryRoute(route(("proxy.example", 0)), Context())
     assert echoed.status.code == v2.OK
     assert {q.broker.endpoints.addresses[0].host for q in echoed.message_queues} == {"proxy.example"}
     assert (endless.status.code, list(endless.message_queues)) == (v2.BAD_REQUEST, [])
@@ -160,106 +149,98 @@ class ClientContext(Context):
         return (("x-mq-language", "PYTHON"), ("x-mq-client-id", self.client_id))
 
 
-def test_auto_renew_receives_are_renewed_while_the_clients_telemetry_stream_is_open() -> None:
-    async def scenario() -> list[int]:
-        metrics = ProxyMetrics(CollectorRegistry())
-        broker = FakeBroker("b1")
-        pool = BrokerPool({"b1": broker}, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
-        service = MessagingService(
-            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+@pytest.mark.timeout(10)
+async def test_auto_renew_receives_are_renewed_while_the_clients_telemetry_stream_is_open() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+    service = MessagingService(
+        proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+    )
+    tracked = [len(proxy.renewer.book)]
+
+    async def receive(client: str) -> list[str]:
+        broker.put(popped("b1", "m1", token=f"{len(broker.pops) + 10:x}"))
+        request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1, auto_renew=True)
+        request.message_queue.topic.name = "t"
+        return [
+            f.message.system_properties.receipt_handle
+            async for f in service.ReceiveMessage(request, ClientContext(client))
+            if f.HasField("message")
+        ]
+
+    await receive("")  # names no client: not renewed
+    tracked.append(len(proxy.renewer.book))
+    stop = asyncio.Event()
+
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        yield pb.TelemetryCommand(settings=v2.Settings())
+        await stop.wait()
+
+    async def telemetry() -> None:
+        async for _ in service.Telemetry(commands(), ClientContext("c1")):
+            pass
+
+    stream = asyncio.create_task(telemetry())
+    await asyncio.sleep(0.05)
+    [first] = await receive("c1")
+    [second] = await receive("c1")
+    tracked.append(len(proxy.renewer.book))
+    ack = pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="t"))
+    ack.entries.add(message_id="m1", receipt_handle=first)
+    await service.AckMessage(ack, ClientContext("c1"))
+    tracked.append(len(proxy.renewer.book))
+    await service.NotifyClientTermination(pb.NotifyClientTerminationRequest(), ClientContext("c1"))
+    tracked.append(len(proxy.renewer.book))
+    stop.set()
+    await stream
+    assert not proxy.renewer.book.alive("c1", asyncio.get_running_loop().time()) and second
+    assert tracked == [0, 0, 2, 1, 0]
+
+
+async def test_telemetry_answers_a_consumer_the_max_attempts_its_groups_brokers_have() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
+    for broker in brokers.values():
+        broker.max_attempts.update({"fast": 2, "tenant%billing": 4})
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+    service = MessagingService(
+        proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
+    )
+
+    def consumer(name: str, namespace: str = "") -> pb.TelemetryCommand:
+        group = v2.Resource(name=name, resource_namespace=namespace)
+        return pb.TelemetryCommand(
+            settings=v2.Settings(client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=group))
         )
-        tracked = [len(proxy.renewer.book)]
 
-        async def receive(client: str) -> list[str]:
-            broker.put(popped("b1", "m1", token=f"{len(broker.pops) + 10:x}"))
-            request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1, auto_renew=True)
-            request.message_queue.topic.name = "t"
-            return [
-                f.message.system_properties.receipt_handle
-                async for f in service.ReceiveMessage(request, ClientContext(client))
-                if f.HasField("message")
-            ]
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        for command in (consumer("fast"), consumer("billing", "tenant"), consumer("other")):
+            yield command
 
-        await receive("")  # names no client: not renewed
-        tracked.append(len(proxy.renewer.book))
-        stop = asyncio.Event()
-
-        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
-            yield pb.TelemetryCommand(settings=v2.Settings())
-            await stop.wait()
-
-        async def telemetry() -> None:
-            async for _ in service.Telemetry(commands(), ClientContext("c1")):
-                pass
-
-        stream = asyncio.create_task(telemetry())
-        await asyncio.sleep(0.05)
-        [first] = await receive("c1")
-        [second] = await receive("c1")
-        tracked.append(len(proxy.renewer.book))
-        ack = pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="t"))
-        ack.entries.add(message_id="m1", receipt_handle=first)
-        await service.AckMessage(ack, ClientContext("c1"))
-        tracked.append(len(proxy.renewer.book))
-        await service.NotifyClientTermination(pb.NotifyClientTerminationRequest(), ClientContext("c1"))
-        tracked.append(len(proxy.renewer.book))
-        stop.set()
-        await stream
-        assert not proxy.renewer.book.alive("c1", asyncio.get_running_loop().time()) and second
-        return tracked
-
-    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == [0, 0, 2, 1, 0]
+    result = [r.settings.backoff_policy.max_attempts async for r in service.Telemetry(commands(), Context())]
+    assert result == [2, 4, 17]
 
 
-def test_telemetry_answers_a_consumer_the_max_attempts_its_groups_brokers_have() -> None:
-    async def scenario() -> list[int]:
-        metrics = ProxyMetrics(CollectorRegistry())
-        brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
-        for broker in brokers.values():
-            broker.max_attempts.update({"fast": 2, "tenant%billing": 4})
-        pool = BrokerPool(brokers, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
-        service = MessagingService(
-            proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), metrics
-        )
-
-        def consumer(name: str, namespace: str = "") -> pb.TelemetryCommand:
-            group = v2.Resource(name=name, resource_namespace=namespace)
-            return pb.TelemetryCommand(
-                settings=v2.Settings(client_type=v2.PUSH_CONSUMER, subscription=v2.Subscription(group=group))
-            )
-
-        async def commands() -> AsyncIterator[pb.TelemetryCommand]:
-            for command in (consumer("fast"), consumer("billing", "tenant"), consumer("other")):
-                yield command
-
-        return [r.settings.backoff_policy.max_attempts async for r in service.Telemetry(commands(), Context())]
-
-    assert asyncio.run(scenario()) == [2, 4, 17]
-
-
-def test_a_send_partly_stored_answers_the_failure_and_says_in_its_entries_which_are_stored() -> None:
+async def test_a_send_partly_stored_answers_the_failure_and_says_in_its_entries_which_are_stored() -> None:
     """Message groups go to brokers apart: one that timed out fails the request (official clients read only the
     top-level status: they resend it all), and the entries tell a client that reads them which are stored."""
-
-    async def scenario() -> tuple[pb.SendMessageResponse, dict[str, int]]:
-        brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
-        brokers["b2"].fail = errors.BrokerTimeout("broker b2 did not answer in time")
-        pool = BrokerPool(brokers, first_turn=0)
-        proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
-        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"), BrokerAddress("b2", "127.0.0.1:2")))
-        service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), ProxyMetrics(CollectorRegistry()))
-        request = pb.SendMessageRequest()
-        for i in range(12):
-            m = request.messages.add(body=b"x")
-            m.topic.name = "t"
-            m.system_properties.message_id = f"M{i:02d}"
-            m.system_properties.message_group = f"group-{i}"
-            m.system_properties.body_encoding = v2.IDENTITY
-        return await service.SendMessage(request, Context()), {n: len(b.sent) for n, b in brokers.items()}
-
-    response, stored = asyncio.run(scenario())
+    brokers = {n: FakeBroker(n) for n in ("b1", "b2")}
+    brokers["b2"].fail = errors.BrokerTimeout("broker b2 did not answer in time")
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"), BrokerAddress("b2", "127.0.0.1:2")))
+    service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), ProxyMetrics(CollectorRegistry()))
+    request = pb.SendMessageRequest()
+    for i in range(12):
+        m = request.messages.add(body=b"x")
+        m.topic.name = "t"
+        m.system_properties.message_id = f"M{i:02d}"
+        m.system_properties.message_group = f"group-{i}"
+        m.system_properties.body_encoding = v2.IDENTITY
+    response, stored = await service.SendMessage(request, Context()), {n: len(b.sent) for n, b in brokers.items()}
     assert stored["b1"] and not stored["b2"]  # the groups spread over both; b2's timed out (no fail-over: unknown)
     assert response.status.code == v2.PROXY_TIMEOUT
     assert response.status.message.startswith(f"{stored['b1']} of 12 stored (see entries): broker b2 did not")
@@ -268,33 +249,25 @@ def test_a_send_partly_stored_answers_the_failure_and_says_in_its_entries_which_
     assert {e.status.code for e in response.entries if e.status.code != v2.OK} == {v2.PROXY_TIMEOUT}
 
 
-def test_an_answer_not_read_by_its_deadline_gives_its_messages_back_and_ends_with_proxy_timeout() -> None:
+async def test_an_answer_not_read_by_its_deadline_gives_its_messages_back_and_ends_with_proxy_timeout() -> None:
     """A client that stops reading mid-answer (grpc does not ask for the next frame): at the write deadline the
     messages are ready again at their broker, counted as not read; should the client read on, PROXY_TIMEOUT."""
-
-    async def scenario() -> tuple[list[str], float | None, list[str]]:
-        metrics = ProxyMetrics(CollectorRegistry())
-        broker = FakeBroker("b1")
-        pool = BrokerPool({"b1": broker}, first_turn=0)
-        proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), metrics=metrics)
-        settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_answer_write_s=0.05)
-        service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics)
-        broker.put(popped("b1", "m1"), popped("b1", "m2"))
-        request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=2)
-        request.message_queue.topic.name = "t"
-        request.invisible_duration.seconds = 30
-        frames = service.ReceiveMessage(request, ClientContext("c1"))
-        kinds = [(await anext(frames)).WhichOneof("content"), (await anext(frames)).WhichOneof("content")]
-        await asyncio.sleep(0.2)  # the client reads no further: its write deadline passes
-        ready_again = [m.stored.message.message_id for m in broker.ready]
-        kinds += [f.WhichOneof("content") + ":" + v2.Code.Name(f.status.code) async for f in frames]
-        return (
-            kinds,
-            metrics.registry.get_sample_value("popgate_proxy_answers_not_read_total", {"group": "g"}),
-            ready_again,
-        )
-
-    kinds, not_read, ready_again = asyncio.run(scenario())
+    metrics = ProxyMetrics(CollectorRegistry())
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), metrics=metrics)
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_answer_write_s=0.05)
+    service = MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics)
+    broker.put(popped("b1", "m1"), popped("b1", "m2"))
+    request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=2)
+    request.message_queue.topic.name = "t"
+    request.invisible_duration.seconds = 30
+    frames = service.ReceiveMessage(request, ClientContext("c1"))
+    kinds = [(await anext(frames)).WhichOneof("content"), (await anext(frames)).WhichOneof("content")]
+    await asyncio.sleep(0.2)  # the client reads no further: its write deadline passes
+    ready_again = [m.stored.message.message_id for m in broker.ready]
+    kinds += [f.WhichOneof("content") + ":" + v2.Code.Name(f.status.code) async for f in frames]
+    not_read = metrics.registry.get_sample_value("popgate_proxy_answers_not_read_total", {"group": "g"})
     assert kinds == ["delivery_timestamp", "message", "status:PROXY_TIMEOUT"]  # not m2, not OK
     assert not_read == 1
     assert sorted(ready_again) == ["m1", "m2"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -15,12 +13,7 @@ from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker
 
-T = TypeVar("T")
 NAMES = ("b1", "b2", "b3")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 def request(poll_s: float, *, batch: int = 32) -> ReceiveRequest:

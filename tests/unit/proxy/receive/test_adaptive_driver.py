@@ -13,13 +13,12 @@ from proxy.receive.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.receive.adaptive_driver import AdaptiveStrategy
 from proxy.receive.coupled import LongPollStrategy
 from proxy.receive.notify_driver import NotifyStrategy
-from proxy.receive.seam import ReceiveResult
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
-from tests.unit.proxy.receive.support import NAMES, held, held_becomes, ids, request, run
+from tests.unit.proxy.receive.support import NAMES, held, held_becomes, ids, request
 
 
-def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
+async def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
     metrics = ProxyMetrics(CollectorRegistry())
     brokers = {n: FakeBroker(n) for n in NAMES}
     pool = BrokerPool(brokers, first_turn=0)
@@ -32,18 +31,14 @@ def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
         metrics=metrics,
     )
     proxy = Proxy(pool, strategy, metrics=metrics)
-
-    async def scenario() -> None:
-        receives = [asyncio.create_task(proxy.receive(request(5.0, batch=1))) for _ in range(4)]
-        # The first three see fewer than 1 receive per live broker in progress: notify (3 holds each);
-        # the fourth sees 3 in progress: long polling (1 hold).
-        await held_becomes(brokers, 3 * 3 + 1)
-        for i, b in enumerate(brokers.values()):
-            b.put(*(popped(b.name, f"m{i}{j}") for j in range(4)))
-        await asyncio.wait_for(asyncio.gather(*receives), 2)
-        assert policy.in_progress("g") == 0
-
-    run(scenario())
+    receives = [asyncio.create_task(proxy.receive(request(5.0, batch=1))) for _ in range(4)]
+    # The first three see fewer than 1 receive per live broker in progress: notify (3 holds each);
+    # the fourth sees 3 in progress: long polling (1 hold).
+    await held_becomes(brokers, 3 * 3 + 1)
+    for i, b in enumerate(brokers.values()):
+        b.put(*(popped(b.name, f"m{i}{j}") for j in range(4)))
+    await asyncio.wait_for(asyncio.gather(*receives), 2)
+    assert policy.in_progress("g") == 0
     value = metrics.registry.get_sample_value
     assert value("popgate_proxy_receive_mode_decisions_total", {"group": "g", "mode": "notify", "reason": "quiet"}) == 3
     assert (
@@ -53,7 +48,7 @@ def test_adaptive_notifies_while_quiet_and_long_polls_when_busy() -> None:
     assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 4  # 3 notify runs + 1 long poll
 
 
-def test_a_receive_that_does_not_wait_gets_a_backlog_on_any_broker() -> None:
+async def test_a_receive_that_does_not_wait_gets_a_backlog_on_any_broker() -> None:
     """poll 0 (`popgate receive --wait 0`, a drain loop): every broker is asked once, in every mode."""
     for mode in ("notify", "adaptive", "longpoll"):
         for where in NAMES:
@@ -63,11 +58,7 @@ def test_a_receive_that_does_not_wait_gets_a_backlog_on_any_broker() -> None:
             adaptive = AdaptiveStrategy(pool, AdaptivePolicy(AdaptiveSettings()), notify, longpoll)
             proxy = Proxy(pool, {"notify": notify, "longpoll": longpoll, "adaptive": adaptive}[mode])
             brokers[where].put(popped(where, "waiting"))
-
-            async def scenario(proxy: Proxy = proxy) -> tuple[ReceiveResult, ReceiveResult]:
-                return await proxy.receive(request(poll_s=0.0)), await proxy.receive(request(poll_s=0.0))
-
-            got, then = run(scenario())
+            got, then = await proxy.receive(request(poll_s=0.0)), await proxy.receive(request(poll_s=0.0))
             assert ids(got) == ["waiting"], (mode, where)
             assert then.outcome == "empty" and held(brokers) == 0, (mode, where)
 
@@ -84,7 +75,7 @@ class LosesTheNextRace(FakeBroker):
         return await super().pop(request, timeout_s=timeout_s)
 
 
-def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lands_on() -> None:
+async def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lands_on() -> None:
     """Adaptive: a notify run that lost a race while its group was busy holds one Pop at that broker. Counted
     with the group's covered long polls, the other brokers stay watched; a message at one of them moves the Pop
     there. Alone it waited out its poll on the empty broker (10.5 s, then an empty answer: a review's probe)."""
@@ -93,20 +84,17 @@ def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lands_on(
     metrics = ProxyMetrics(CollectorRegistry())
     covered = LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics, cover=True)
     notify = NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics, busy=lambda group: True, cover=covered)
-
-    async def scenario() -> list[str]:
-        receive = asyncio.create_task(notify.receive(request(20.0), asyncio.Event()))
-        await held_becomes(brokers, 3)  # a Notification at each broker
-        first = brokers["b1"]
-        assert isinstance(first, LosesTheNextRace)
-        first.steal = True
-        first.put(popped("b1", "taken by another consumer"))
-        await held_becomes(brokers, 3)  # handed off: a Pop held at b1, the covered watches at b2 and b3
-        assert [b.held for b in brokers.values()] == [1, 1, 1]
-        brokers["b3"].put(popped("b3", "m3"))
-        return ids(await asyncio.wait_for(receive, 2.0))
-
-    assert run(scenario()) == ["m3"]
+    receive = asyncio.create_task(notify.receive(request(20.0), asyncio.Event()))
+    await held_becomes(brokers, 3)  # a Notification at each broker
+    first = brokers["b1"]
+    assert isinstance(first, LosesTheNextRace)
+    first.steal = True
+    first.put(popped("b1", "taken by another consumer"))
+    await held_becomes(brokers, 3)  # handed off: a Pop held at b1, the covered watches at b2 and b3
+    assert [b.held for b in brokers.values()] == [1, 1, 1]
+    brokers["b3"].put(popped("b3", "m3"))
+    result = ids(await asyncio.wait_for(receive, 2.0))
+    assert result == ["m3"]
     value = metrics.registry.get_sample_value
     assert value("popgate_proxy_notify_pops_total", {"group": "g", "kind": "handoff"}) == 1
     assert value("popgate_proxy_long_polls_moved_total", {"group": "g"}) == 1

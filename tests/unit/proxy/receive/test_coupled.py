@@ -15,10 +15,12 @@ from proxy.receive.coupled import LongPollStrategy
 from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
-from tests.unit.proxy.receive.support import NAMES, answered_as_the_client_leaves, held, held_becomes, ids, request, run
+from tests.unit.proxy.receive.support import NAMES, answered_as_the_client_leaves, held, held_becomes, ids, request
 
 
-def test_long_poll_metrics_count_a_receive_answered_at_once_as_a_hit_and_only_a_held_one_as_long_polling() -> None:
+async def test_long_poll_metrics_count_a_receive_answered_at_once_as_a_hit_and_only_a_held_one_as_long_polling() -> (
+    None
+):
     """is_long_polling is RocketMQ's "suspended": a Pop the broker held. A long-poll receive on a backlog is
     answered at once: a first-Pop hit, as notify's would be (it counted as long polling, and never as a hit, so the
     hit ratio fell whenever adaptive switched to long polling — a review's probe)."""
@@ -26,25 +28,21 @@ def test_long_poll_metrics_count_a_receive_answered_at_once_as_a_hit_and_only_a_
     brokers = {n: FakeBroker(n) for n in NAMES}
     pool = BrokerPool(brokers, first_turn=0)
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
-
-    async def scenario() -> None:
-        for b in brokers.values():
-            b.ready.append(popped(b.name, "backlog-" + b.name))
-        for _ in brokers:
-            assert ids(await proxy.receive(request(5.0, batch=1))), "a message was waiting at every broker"
-        assert ids(await proxy.receive(request(0.2))) == []  # held until its poll time ended
-        receive = asyncio.create_task(proxy.receive(request(5.0)))
-        await held_becomes(brokers, 1)
-        next(b for b in brokers.values() if b.held).put(popped("b1", "later"))
-        assert ids(await receive) == ["later"]  # held, then answered
-
-    run(scenario())
+    for b in brokers.values():
+        b.ready.append(popped(b.name, "backlog-" + b.name))
+    for _ in brokers:
+        assert ids(await proxy.receive(request(5.0, batch=1))), "a message was waiting at every broker"
+    assert ids(await proxy.receive(request(0.2))) == []  # held until its poll time ended
+    receive = asyncio.create_task(proxy.receive(request(5.0)))
+    await held_becomes(brokers, 1)
+    next(b for b in brokers.values() if b.held).put(popped("b1", "later"))
+    assert ids(await receive) == ["later"]  # held, then answered
     value = metrics.registry.get_sample_value
     assert value("popgate_proxy_receive_first_pop_hits_total", {"group": "g"}) == len(brokers)
     assert value("popgate_proxy_long_polling_receives_total", {"group": "g"}) == 2
 
 
-def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_groups_do() -> None:
+async def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_groups_do() -> None:
     """Each long poll of a group goes where the group has the fewest held: 6 receives of g on 3 brokers are 2
     on each, also when two receives of another group come between each (a turn shared by all groups put
     every receive of g on one broker: a message on the others waited for a consumer)."""
@@ -56,20 +54,17 @@ def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_group
     def mine(broker: FakeBroker) -> int:
         return sum(p.group == "g" for p in broker.pops)
 
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        receives = []
-        for group in ["g", "x", "x"] * 6:
-            held_before = held(brokers)
-            receive = ReceiveRequest("t", group, "*", 1, 30_000, 5.0, loop.time() + 5.5)
-            receives.append(asyncio.create_task(strategy.receive(receive, closing)))
-            await held_becomes(brokers, held_before + 1)
-        assert [mine(b) for b in brokers.values()] == [2, 2, 2]
-        for b in brokers.values():
-            b.put(*(popped(b.name, f"{b.name}-{j}") for j in range(6)))
-        await asyncio.wait_for(asyncio.gather(*receives), 2)
-
-    run(scenario())
+    loop = asyncio.get_running_loop()
+    receives = []
+    for group in ["g", "x", "x"] * 6:
+        held_before = held(brokers)
+        receive = ReceiveRequest("t", group, "*", 1, 30_000, 5.0, loop.time() + 5.5)
+        receives.append(asyncio.create_task(strategy.receive(receive, closing)))
+        await held_becomes(brokers, held_before + 1)
+    assert [mine(b) for b in brokers.values()] == [2, 2, 2]
+    for b in brokers.values():
+        b.put(*(popped(b.name, f"{b.name}-{j}") for j in range(6)))
+    await asyncio.wait_for(asyncio.gather(*receives), 2)
 
 
 def test_covered_long_polls_move_to_a_broker_where_a_message_has_no_taker() -> None:
@@ -96,28 +91,24 @@ def test_covered_long_polls_move_to_a_broker_where_a_message_has_no_taker() -> N
         results = await asyncio.wait_for(asyncio.gather(*receives), 2)  # not the 5 s poll
         return sorted(m for r in results for m in ids(r))
 
-    assert run(scenario()) == ["b1-0", "b1-1", "b1-2", "b2-0", "b2-1", "b2-2"]
+    assert asyncio.run(scenario()) == ["b1-0", "b1-1", "b1-2", "b2-0", "b2-1", "b2-2"]
     moved = metrics.registry.get_sample_value("popgate_proxy_long_polls_moved_total", {"group": "g"})
     assert moved == 2  # both from b3
     assert held(brokers) == 0  # every watch ended with the last Pop
 
 
-def test_plain_longpoll_does_not_watch_or_move() -> None:
+async def test_plain_longpoll_does_not_watch_or_move() -> None:
     brokers = {n: FakeBroker(n) for n in NAMES}
     pool = BrokerPool(brokers, first_turn=0)
     strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
     closing = asyncio.Event()
-
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        receive = ReceiveRequest("t", "g", "*", 1, 30_000, 0.3, loop.time() + 0.8)
-        assert (await strategy.receive(receive, closing)).messages == []
-
-    run(scenario())
+    loop = asyncio.get_running_loop()
+    receive = ReceiveRequest("t", "g", "*", 1, 30_000, 0.3, loop.time() + 0.8)
+    assert (await strategy.receive(receive, closing)).messages == []
     assert [len(b.notifications) for b in brokers.values()] == [0, 0, 0]
 
 
-def test_a_broker_whose_pop_just_failed_for_the_topic_is_tried_last() -> None:
+async def test_a_broker_whose_pop_just_failed_for_the_topic_is_tried_last() -> None:
     """b1 does not have the topic (--no-auto-create): holding none of the group's Pops, it would sort first for
     every long poll and cost each a round trip; after its first refusal the others go first."""
     brokers = {n: FakeBroker(n) for n in NAMES}
@@ -133,24 +124,20 @@ def test_a_broker_whose_pop_just_failed_for_the_topic_is_tried_last() -> None:
     pool = BrokerPool(brokers, first_turn=0)
     strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
     closing = asyncio.Event()
-
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        receives = []
-        for _ in range(12):
-            held_before = held(brokers)
-            receive = ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, loop.time() + 5.5)
-            receives.append(asyncio.create_task(strategy.receive(receive, closing)))
-            await held_becomes(brokers, held_before + 1)
-        closing.set()
-        await asyncio.gather(*receives)
-
-    run(scenario())
+    loop = asyncio.get_running_loop()
+    receives = []
+    for _ in range(12):
+        held_before = held(brokers)
+        receive = ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, loop.time() + 5.5)
+        receives.append(asyncio.create_task(strategy.receive(receive, closing)))
+        await held_becomes(brokers, held_before + 1)
+    closing.set()
+    await asyncio.gather(*receives)
     assert len(tried) == 1
     assert [len(b.pops) for b in brokers.values()] == [0, 6, 6]
 
 
-def test_a_broker_that_failed_is_tried_first_again_once_its_health_checks_see_it_back() -> None:
+async def test_a_broker_that_failed_is_tried_first_again_once_its_health_checks_see_it_back() -> None:
     """Hung (a Pop timed out), it goes last; back up (its health checks pass again), it is no longer passed over
     for the rest of the 5 s: a resumed broker's backlog waited for consumers held elsewhere (a review's probe)."""
     brokers = {n: FakeBroker(n) for n in NAMES}
@@ -170,23 +157,18 @@ def test_a_broker_that_failed_is_tried_first_again_once_its_health_checks_see_it
         return next(name for name, b in brokers.items() if len(b.pops) > before[name])
 
     receives: list[asyncio.Task[ReceiveResult]] = []
-
-    async def scenario() -> list[str]:
-        loop = asyncio.get_running_loop()
-        await strategy.receive(ReceiveRequest("t", "g", "*", 1, 30_000, 0.0, loop.time() + 1.0), closing)  # b1 fails
-        brokers["b1"].fail = None
-        places = [await held_at() for _ in range(3)]  # b1, holding none, still comes after b2 and b3
-        brokers["b1"].healthy = False  # the health checks saw it down, then up again
-        brokers["b1"].healthy = True
-        places.append(await held_at())  # b1 holds the fewest of the group's Pops: its turn now
-        closing.set()
-        await asyncio.gather(*receives)
-        return places
-
-    places = run(scenario())
+    loop = asyncio.get_running_loop()
+    await strategy.receive(ReceiveRequest("t", "g", "*", 1, 30_000, 0.0, loop.time() + 1.0), closing)  # b1 fails
+    brokers["b1"].fail = None
+    places = [await held_at() for _ in range(3)]  # b1, holding none, still comes after b2 and b3
+    brokers["b1"].healthy = False  # the health checks saw it down, then up again
+    brokers["b1"].healthy = True
+    places.append(await held_at())  # b1 holds the fewest of the group's Pops: its turn now
+    closing.set()
+    await asyncio.gather(*receives)
     assert sorted(places[:2]) == ["b2", "b3"] and places[2] != "b1" and places[3] == "b1", places
 
 
-def test_a_long_poll_answered_as_its_client_leaves_gives_the_messages_back() -> None:
+async def test_a_long_poll_answered_as_its_client_leaves_gives_the_messages_back() -> None:
     m1 = bpb.PopResponse(messages=[popped("b1", "m1")])
-    assert run(answered_as_the_client_leaves(LongPollStrategy, m1)) == ["m1"]
+    assert await answered_as_the_client_leaves(LongPollStrategy, m1) == ["m1"]
