@@ -166,7 +166,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any
     ) -> AsyncIterator[pb.TelemetryCommand]:
-        if self._telemetry_streams >= self._settings.max_telemetry_streams:  # bounded memory (~29 KB a stream)
+        if self._telemetry_streams >= self._settings.max_telemetry_streams:  # each held stream costs memory: bounded
             busy = errors.TooManyRequests(f"the proxy already has {self._telemetry_streams} Telemetry streams open")
             yield pb.TelemetryCommand(status=_status(busy))
             return

@@ -241,7 +241,7 @@ async def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_reques
 
 
 async def test_a_groups_first_look_by_notification_sets_the_filter_its_lag_counts_with(tmp_path: Path) -> None:
-    """A proxy announces a group to every broker with a Notification (proxy.groups): where the group has not
+    """A proxy announces a group to every broker with a Notification (proxy.receive.announce): where the group has not
     popped yet, its lag counts the messages its filter takes, not every message."""
 
     async with broker(tmp_path, queues_per_topic=1) as (core, _):
