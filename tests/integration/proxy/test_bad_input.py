@@ -1,4 +1,4 @@
-"""Every DESIGN §5 check through a real proxy: the matching v2 code, a message saying what was wrong, nothing stored."""
+"""Every check of docs/ARCHITECTURE.md §5 through a real proxy: the v2 code, a message saying what, nothing stored."""
 
 from __future__ import annotations
 

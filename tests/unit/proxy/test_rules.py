@@ -172,7 +172,7 @@ def test_ordinary_topics_may_be_sent_to() -> None:
 
 
 def test_the_proxys_default_limits_are_designs_and_their_bounds_are_inclusive() -> None:
-    """DESIGN §5: body ≤ 4 MiB, receive batch 1..32, invisible 10 s..12 h, long polling 0..30 s."""
+    """docs/ARCHITECTURE.md §5: body ≤ 4 MiB, receive batch 1..32, invisible 10 s..12 h, long polling 0..30 s."""
     s = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
     assert (s.max_body_bytes, s.max_batch) == (4 * 1024 * 1024, 32)
     assert (s.min_invisible_s, s.max_invisible_s) == (10, 12 * 3600)
