@@ -277,10 +277,10 @@ class Proxy:
                 self._answer_bytes -= size
                 inner()
 
-        def keep_only(index: int) -> None:
+        def keep_only(frame: range) -> None:
             nonlocal size
             if not released:
-                kept = sizes[index] if 0 <= index < len(sizes) else 0
+                kept = sum(sizes[i] for i in frame if 0 <= i < len(sizes))
                 self._answer_bytes -= size - kept
                 size = kept
 

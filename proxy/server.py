@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
 from popgate_process.config import cannot_listen
@@ -25,7 +26,7 @@ from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError
 from proxy.v2.context import endpoints_for
-from proxy.v2.service import MessagingService
+from proxy.v2.service import ExtMessaging, MessagingService
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
@@ -114,6 +115,8 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         stack.callback(servicer.close)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        if settings.batch_receive:
+            ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), server)  # type: ignore[no-untyped-call]
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()

@@ -81,6 +81,14 @@ class Settings:
     # Proxies a group's consumers are spread over: the concurrency threshold is divided by it, so each proxy
     # judges the fleet-wide load from its own share (bench/sim, docs/SCALE.md). 1 = this proxy alone.
     adaptive_proxies: int = 1
+    batch_receive: bool = field(
+        default=True,
+        metadata={
+            "help": "serve popgate.ext.v1 ReceiveMessages (many messages per frame) beside v2; popgate's SDK falls"
+            " back to v2 ReceiveMessage without it (docs/PROXY.md 'Batch receive')",
+            "negate": "no-batch-receive",
+        },
+    )
     max_body_bytes: int = 4 * 1024 * 1024
     max_batch: int = 32
     queues_per_broker: int = 4

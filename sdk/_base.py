@@ -9,12 +9,15 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire
 from ._transport import make_options
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
+
+log = logging.getLogger(__name__)
 
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
 # Iteration long-polls at least this long per receive: with wait=0 it would call ReceiveMessage in a busy loop
@@ -215,6 +218,19 @@ class ConsumerBase(ClientBase):
         self.wait = _wire.duration("wait", wait)
         self._rotation = itertools.cycle(self.subscriptions)
         self._unyielded = Unyielded()
+        # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive
+        # tells; False once a server answered UNIMPLEMENTED (a RocketMQ proxy): v2's ReceiveMessage from then on.
+        self._batch_receive: bool | None = None
+
+    def _batch_unimplemented(self, exc: grpc.RpcError) -> bool:
+        """Whether a failed ReceiveMessages says the server has no such RPC: then v2 serves this receive and the
+        next ones (tests/unit/sdk/test_batch_receive.py)."""
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        if self._batch_receive is not False:
+            log.info("%s serves no batch receive: using ReceiveMessage", self.options.endpoint)
+        self._batch_receive = False
+        return True
 
     def _receive_plan(
         self, max: int | None, invisible: float | None, wait: float | None

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -360,14 +361,17 @@ def receive_request(
     return request
 
 
-def received(frames: Iterable[pb.ReceiveMessageResponse]) -> list[Message]:
-    """The messages of a ReceiveMessage stream; raises for an error status (MESSAGE_NOT_FOUND is empty)."""
+def received(frames: Iterable[pb.ReceiveMessageResponse | ext.ReceiveMessagesResponse]) -> list[Message]:
+    """The messages of a ReceiveMessage stream (a frame per message) or a ReceiveMessages one (many per frame);
+    raises for an error status (MESSAGE_NOT_FOUND is empty)."""
     messages: list[Message] = []
     status: v2.Status | None = None
     for frame in frames:
         kind = frame.WhichOneof("content")
-        if kind == "message":
-            messages.append(from_v2(frame.message))
+        if kind == "messages":
+            messages += map(from_v2, frame.messages.messages)  # type: ignore[union-attr]
+        elif kind == "message":
+            messages.append(from_v2(frame.message))  # type: ignore[union-attr]
         elif kind == "status":
             status = frame.status
     if status is not None and status.code != v2.MESSAGE_NOT_FOUND:

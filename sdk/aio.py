@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import grpc
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
@@ -57,8 +58,15 @@ class _AsyncClient(ClientBase):
             else:
                 self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
             self._stub_ = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._ext_stub_ = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
             self._loop = loop
         return self._stub_
+
+    @property
+    def _ext_stub(self) -> Any:
+        """popgate's extensions (proto/ext/messaging.proto), on the same channel."""
+        _ = self._stub  # the channel, made in this loop
+        return self._ext_stub_
 
     async def _retrying(self, op: Callable[[], Awaitable[T]], *, forever: bool = False) -> T:
         delays = self.options.retry.delays(forever=forever)
@@ -215,15 +223,28 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
 
     async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
         request, timeout = self._receive_plan(max, invisible, wait)
-        call = self._stub.ReceiveMessage(request, timeout=timeout, metadata=self._metadata())
-        frames: list[pb.ReceiveMessageResponse] = []
+        metadata = self._metadata()
+        if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
+            try:
+                messages = await self._read(self._ext_stub.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+            except grpc.RpcError as exc:
+                if not self._batch_unimplemented(exc):
+                    raise
+            else:
+                self._batch_receive = True
+                return messages
+        return await self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+
+    async def _read(self, call: AsyncIterator[Any]) -> list[Message]:
+        """The messages of a receive's answer (either framing)."""
+        frames: list[Any] = []
         try:
             async for frame in call:
                 frames.append(frame)
         except asyncio.CancelledError:
             # Cancelled mid-answer: the messages read so far reach no one; give them back in the background (this
             # task is being cancelled) rather than leave them invisible for `invisible`.
-            await self._give_back_later(_wire.received(f for f in frames if f.WhichOneof("content") == "message"))
+            await self._give_back_later(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
             raise
         return _wire.received(frames)
 

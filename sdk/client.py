@@ -14,6 +14,7 @@ from typing import Any, Self, TypeVar
 
 import grpc
 import grpc.experimental
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
@@ -40,6 +41,7 @@ class _SyncClient(ClientBase):
         else:
             self._channel = grpc.secure_channel(target, creds, options=_SYNC_OPTIONS)
         self._stub = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._ext = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
 
     def _retrying(self, op: Callable[[], T], *, forever: bool = False) -> T:
         delays = self.options.retry.delays(forever=forever)
@@ -304,7 +306,17 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
     def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
         request, timeout = self._receive_plan(max, invisible, wait)
-        return _wire.received(self._stub.ReceiveMessage(request, timeout=timeout, metadata=self._metadata()))
+        metadata = self._metadata()
+        if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
+            try:
+                messages = _wire.received(self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+            except grpc.RpcError as exc:
+                if not self._batch_unimplemented(exc):
+                    raise
+            else:
+                self._batch_receive = True
+                return messages
+        return _wire.received(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
 
     def __iter__(self) -> Iterator[Message]:
         """Messages as they come, long-polling forever (transient failures retried without end); ends when the

@@ -50,7 +50,7 @@ def _nothing() -> None:
     pass
 
 
-def _nothing_but(index: int) -> None:
+def _nothing_but(frame: range) -> None:
     pass
 
 
@@ -65,13 +65,13 @@ class ReceiveResult:
     outcome: str  # "messages", "empty" (poll timed out), "closing" (proxy shutting down)
     release: Callable[[], None] = _nothing
     give_back: Callable[[], None] = _nothing
-    # Only message `index`, in a stalled write, still takes memory until `release` (-1: none): see `hand_back_unread`.
-    keep_only: Callable[[int], None] = _nothing_but
+    # Only the messages of `frame`, in a stalled write, still take memory until `release`: see `hand_back_unread`.
+    keep_only: Callable[[range], None] = _nothing_but
 
-    def hand_back_unread(self, writing: int) -> None:
+    def hand_back_unread(self, writing: range) -> None:
         """The client stopped reading the answer: its messages go back to their broker now and nothing here keeps
         them alive (with upb one PoppedMessage keeps its whole Pop answer alive, so neither the list nor the Pop call
-        is kept); only message `writing`, in grpc's stalled write, stays counted until `release` —
+        is kept); only the messages `writing` (the frame in grpc's stalled write) stay counted until `release` —
         tests/unit/proxy/test_core.py::test_an_answer_past_its_write_deadline_counts_only_the_frame_grpc_still_holds."""
         self.give_back()
         self.give_back = _nothing  # it held the Pop call, and so its answer

@@ -1,8 +1,11 @@
 """ReceiveMessage: check the request, compute the poll time, let the core's strategy serve it, stream the answer.
 
-Stream: a ``delivery_timestamp`` frame (now), one ``message`` frame per message, then
-``status`` OK; an empty poll is a single ``status`` MESSAGE_NOT_FOUND; an error is a
-single ``status`` with the error's code.
+Two framings of one answer (`Framing`), the same receive behind both:
+- v2 ``ReceiveMessage``: a ``delivery_timestamp`` frame (now), one ``message`` frame per message, then ``status``
+  OK;
+- popgate's ``ReceiveMessages`` (proto/ext/messaging.proto): ``messages`` frames of up to `BATCH_FRAME_BYTES` of
+  messages each (the first with the delivery timestamp), then ``status`` OK.
+An empty poll is a single ``status`` MESSAGE_NOT_FOUND; an error is a single ``status`` with the error's code.
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -25,6 +31,7 @@ from proxy.v2.convert import seconds, to_client
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0
+BATCH_FRAME_BYTES = 1024 * 1024  # a ReceiveMessages frame holds messages up to this size (one larger alone)
 
 
 def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveRequest:
@@ -65,10 +72,83 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveReque
     return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline)
 
 
-def _timestamp_frame() -> pb.ReceiveMessageResponse:
-    frame = pb.ReceiveMessageResponse()
-    frame.delivery_timestamp.FromNanoseconds(time.time_ns())
-    return frame
+class Framing(Protocol):
+    """How an answer's messages and status become the frames of one RPC's stream."""
+
+    def status(self, status: v2.Status) -> Any: ...
+
+    def opening(self) -> Any | None:
+        """The frame before the messages, if any."""
+
+    def frames(self, messages: Sequence[bpb.PoppedMessage]) -> list[range]:
+        """The messages of each frame, in order (computed at once: nothing refers to a message meanwhile)."""
+
+    def frame(self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> Any:
+        """The frame of `messages[indexes]`, built in place (no copy of a message after)."""
+
+
+class V2Framing:
+    """apache.rocketmq.v2 ReceiveMessage: one frame per message, after a delivery_timestamp frame."""
+
+    def status(self, status: v2.Status) -> pb.ReceiveMessageResponse:
+        return pb.ReceiveMessageResponse(status=status)
+
+    def opening(self) -> pb.ReceiveMessageResponse:
+        frame = pb.ReceiveMessageResponse()
+        frame.delivery_timestamp.FromNanoseconds(time.time_ns())
+        return frame
+
+    def frames(self, messages: Sequence[bpb.PoppedMessage]) -> list[range]:
+        return [range(i, i + 1) for i in range(len(messages))]
+
+    def frame(
+        self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
+    ) -> pb.ReceiveMessageResponse:
+        frame = pb.ReceiveMessageResponse()
+        to_client(messages[indexes.start], namespace=namespace, out=frame.message)
+        return frame
+
+
+class BatchFraming:
+    """popgate.ext.v1 ReceiveMessages: many messages per frame, up to `max_bytes` of bodies each (at least one) —
+    tests/unit/proxy/test_batch_framing.py::test_batch_frames_hold_messages_up_to_their_size_and_a_larger_one_alone."""
+
+    def __init__(self, max_bytes: int = BATCH_FRAME_BYTES) -> None:
+        self.max_bytes = max_bytes
+
+    def status(self, status: v2.Status) -> ext.ReceiveMessagesResponse:
+        return ext.ReceiveMessagesResponse(status=status)
+
+    def opening(self) -> None:
+        return None
+
+    def frames(self, messages: Sequence[bpb.PoppedMessage]) -> list[range]:
+        out: list[range] = []
+        start, size = 0, 0
+        for i, body in enumerate(len(popped.stored.message.body) for popped in messages):
+            if i > start and size + body > self.max_bytes:
+                out.append(range(start, i))
+                start, size = i, 0
+            size += body
+        if start < len(messages):
+            out.append(range(start, len(messages)))
+        return out
+
+    def frame(
+        self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
+    ) -> ext.ReceiveMessagesResponse:
+        frame = ext.ReceiveMessagesResponse()
+        batch = frame.messages
+        if first:
+            batch.delivery_timestamp.FromNanoseconds(time.time_ns())
+        add = batch.messages.add
+        for i in indexes:
+            to_client(messages[i], namespace=namespace, out=add())
+        return frame
+
+
+V2 = V2Framing()
+BATCH = BatchFraming()
 
 
 class _WriteDeadline:
@@ -83,7 +163,7 @@ class _WriteDeadline:
         self.result = result
         self.proxy = proxy
         self.group = group
-        self.writing = -1  # index of the message whose frame grpc is writing (-1: none yet)
+        self.writing = range(0)  # the messages of the frame grpc is writing (none yet)
         self.renewed: list[str] = []  # auto_renew handles being renewed until the answer is written
         self.passed = False
         self._timer = asyncio.get_running_loop().call_later(after_s, self._passed)
@@ -113,7 +193,8 @@ class _WriteDeadline:
         self._timer.cancel()
 
 
-async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> AsyncIterator[pb.ReceiveMessageResponse]:
+async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing: Framing = V2) -> AsyncIterator[Any]:
+    """The frames of one answer, in `framing`."""
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
     complete = False  # the OK status frame was written: the client has the whole answer
@@ -121,7 +202,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
-            yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
+            yield framing.status(v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
             return
         # Past the invisible time the messages are redelivered anyway: what the client would read then is stale.
         write_s = min(call.settings.max_answer_write_s, receive.invisible_ms / 1000)
@@ -129,25 +210,27 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest) -> Asyn
         if request.auto_renew:  # tracked before written, so that no ack can come first
             deadline.renewed = [m.receipt_handle for m in result.messages]
             call.proxy.renewer.track(call.client_id, receive.group, deadline.renewed)
-        yield _timestamp_frame()
+        opening = framing.opening()
+        if opening is not None:
+            yield opening
         namespace = request.group.resource_namespace
-        for index in range(len(result.messages)):  # no reference to a message kept across the yield
+        for indexes in framing.frames(result.messages):  # no reference to a message kept across the yield
             if deadline.passed:
                 break
-            frame = pb.ReceiveMessageResponse()
-            to_client(result.messages[index], namespace=namespace, out=frame.message)  # built in place, not copied
-            deadline.writing = index
+            frame = framing.frame(result.messages, indexes, indexes.start == 0, namespace)
+            deadline.writing = indexes
             yield frame
+            del frame
         # Resumed after the last message's frame: grpc wrote it, the client has every message. The deadline may no
         # longer give them back (an OK status after given-back messages would make their acks fail).
         deadline.cancel()
         if deadline.passed:
             text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
-            yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.PROXY_TIMEOUT, message=text))
+            yield framing.status(v2.Status(code=v2.PROXY_TIMEOUT, message=text))
             return
         # grpc asks for the next frame only once the last one is written: resumed here, the status got through.
         # Closed here instead, its write failed (the client went away): the client's call failed too.
-        yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
+        yield framing.status(v2.Status(code=v2.OK, message="OK"))
         complete = True
         deadline.renewed = []
     finally:

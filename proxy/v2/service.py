@@ -7,13 +7,15 @@ crashed call or process. RPCs popgate does not serve answer NOT_IMPLEMENTED.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
@@ -142,14 +144,20 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         )
 
     async def ReceiveMessage(
-        self, request: pb.ReceiveMessageRequest, context: Any
-    ) -> AsyncIterator[pb.ReceiveMessageResponse]:
+        self,
+        request: pb.ReceiveMessageRequest,
+        context: Any,
+        *,
+        framing: receive.Framing = receive.V2,
+        method: str = "ReceiveMessage",
+    ) -> AsyncGenerator[Any, None]:
+        """A receive answered in `framing`: v2's frames, or popgate's ReceiveMessages (`ExtMessaging`)."""
         started = time.perf_counter()
         code: int = v2.OK
         outcome = ""  # set when the call ends without a status of ours
         try:
             access.check(self._auth, context.invocation_metadata(), request)
-            async for frame in receive.receive_message(self._call(context), request):
+            async for frame in receive.receive_message(self._call(context), request, framing):
                 if frame.HasField("status"):
                     code = frame.status.code
                 yield frame
@@ -159,9 +167,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         except Exception as exc:
             status = _status(exc)
             code = status.code
-            yield pb.ReceiveMessageResponse(status=status)
+            yield framing.status(status)
         finally:
-            self._metrics.rpc("ReceiveMessage", outcome or name_of(code), time.perf_counter() - started)
+            self._metrics.rpc(method, outcome or name_of(code), time.perf_counter() - started)
 
     async def Telemetry(
         self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any
@@ -213,3 +221,18 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> pb.SyncLiteSubscriptionResponse:
         return await self._unsupported("SyncLiteSubscription", pb.SyncLiteSubscriptionResponse)
+
+
+class ExtMessaging(ext_grpc.MessagingServicer):
+    """popgate.ext.v1.Messaging (proto/ext/messaging.proto), served beside v2 on the same port: the same
+    receive as v2's ReceiveMessage, many messages per frame."""
+
+    def __init__(self, messaging: MessagingService) -> None:
+        self._messaging = messaging
+
+    async def ReceiveMessages(self, request: pb.ReceiveMessageRequest, context: Any) -> AsyncIterator[Any]:
+        # Closed with this generator (the client went away): the answer's clean-up runs at once, not when collected.
+        frames = self._messaging.ReceiveMessage(request, context, framing=receive.BATCH, method="ReceiveMessages")
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                yield frame

@@ -79,6 +79,7 @@ def test_break_gives_back_the_rest_of_the_batch_and_a_failed_give_back_is_only_l
     caplog.set_level(logging.DEBUG, logger="popgate.client")
     with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer:
         consumer._stub = SyncStub(fake, answer(fake, IDS))
+        consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
         yielded = [message.message_id for message in itertools.islice(consumer, 1)]  # then the generator closes
     assert yielded == ["m0"]
     assert given_back(fake) == ["m1", "m2", "m3"]
@@ -117,6 +118,7 @@ def run_unclosed(stub: AsyncStub, body: Any) -> None:
         consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
         consumer._channel = FakeChannel()  # type: ignore[assignment]
         consumer._stub_ = stub
+        consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
         await body(consumer)
 
     asyncio.run(main())

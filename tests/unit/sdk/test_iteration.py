@@ -42,6 +42,7 @@ def test_iteration_long_polls_even_when_wait_is_zero(wait: float) -> None:
         return EMPTY
 
     consumer._stub = type("Stub", (), {"ReceiveMessage": staticmethod(receive)})()
+    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
     assert list(consumer) == []
     assert receives.waits == [ITERATION_MIN_WAIT_S] * POLLS  # not a busy loop of ReceiveMessage calls
 
@@ -61,6 +62,7 @@ def test_asyncio_iteration_long_polls_even_when_wait_is_zero() -> None:
 
         consumer._channel = FakeChannel()  # type: ignore[assignment]
         consumer._stub_ = type("Stub", (), {"ReceiveMessage": staticmethod(receive)})()
+        consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
         async with consumer:
             assert [m async for m in consumer] == []
         return receives.waits

@@ -1,0 +1,65 @@
+"""The SDK's two ways to receive, through real proxies over the same brokers: popgate's ReceiveMessages (many
+messages per frame) where the proxy serves it, v2's ReceiveMessage where it does not (--no-batch-receive, as a
+RocketMQ proxy): the same messages, fields, acks and redeliveries either way."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from popgate import Message, Producer, SimpleConsumer, aio
+from popgate.cli.cluster import Cluster
+from tests.integration.sdk.conftest import drain
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def v2_only(cluster: Cluster) -> Iterator[str]:
+    """A second proxy over the package's brokers that serves v2 alone."""
+    endpoint = cluster.add_proxy(extra=("--no-batch-receive",))
+    yield endpoint
+    proxy = cluster.proxies.pop()
+    proxy.stop()
+
+
+@pytest.mark.parametrize("path", ["batch", "v2"])
+def test_both_paths_deliver_the_same_messages_and_take_their_acks(path: str, endpoint: str, v2_only: str) -> None:
+    target = endpoint if path == "batch" else v2_only
+    topic, group = name("t"), name("g")
+    with SimpleConsumer(target, group, {topic: "keep"}) as consumer, Producer(endpoint) as producer:
+        consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+        sent = producer.send_many(topic, [f"m{i}".encode() for i in range(70)], tag="keep", keys=["k"])
+        producer.send(topic, b"filtered out", tag="other")
+        got = drain(consumer, len(sent))
+        assert consumer._batch_receive is (path == "batch")
+        assert sorted(m.message_id for m in got) == sorted(r.message_id for r in sent)
+        assert {(m.tag, m.keys, m.attempt, m.topic) for m in got} == {("keep", ("k",), 1, topic)}
+        assert consumer.receive(max=32, wait=0.3) == []  # all acked, the other tag never came
+
+
+async def first_of(consumer: aio.SimpleConsumer) -> Message:
+    for _ in range(40):  # 20 s at most
+        batch = await consumer.receive(max=1, wait=0.5)
+        if batch:
+            return batch[0]
+    raise AssertionError("no message within 20 s")
+
+
+@pytest.mark.parametrize("path", ["batch", "v2"])
+async def test_a_nacked_message_comes_back_with_its_next_attempt(path: str, endpoint: str, v2_only: str) -> None:
+    target = endpoint if path == "batch" else v2_only
+    topic, group = name("t"), name("g")
+    async with aio.SimpleConsumer(target, group, topic) as consumer, aio.Producer(endpoint) as producer:
+        await consumer.receive(max=1, wait=0.2)
+        await producer.send(topic, b"again")
+        first = await first_of(consumer)
+        await consumer.nack(first)
+        again = await first_of(consumer)
+        await consumer.ack(again)
+        assert consumer._batch_receive is (path == "batch")
+    assert (again.message_id, first.attempt, again.attempt) == (first.message_id, 1, 2)

@@ -1,0 +1,138 @@
+"""The SDK receives with popgate's ReceiveMessages (many messages per frame) where the proxy serves it, and with
+v2's ReceiveMessage from the first UNIMPLEMENTED on (a RocketMQ proxy). Fake stubs, no sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import RetryPolicy, SimpleConsumer, Unavailable, aio
+from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
+
+ONE_TRY = RetryPolicy(max_attempts=1)
+
+
+def v2_message(message_id: str) -> v2.Message:
+    props = v2.SystemProperties(message_id=message_id, receipt_handle=f"h-{message_id}", delivery_attempt=1)
+    return v2.Message(topic=v2.Resource(name="t"), body=message_id.encode(), system_properties=props)
+
+
+def batch_answer(*ids: str) -> list[ext.ReceiveMessagesResponse]:
+    """Two frames of messages, then the status: the proxy splits a large answer so."""
+    half = len(ids) // 2
+    return [
+        ext.ReceiveMessagesResponse(messages=ext.Messages(messages=[v2_message(i) for i in ids[:half]])),
+        ext.ReceiveMessagesResponse(messages=ext.Messages(messages=[v2_message(i) for i in ids[half:]])),
+        ext.ReceiveMessagesResponse(status=v2.Status(code=v2.OK)),
+    ]
+
+
+def v2_answer(*ids: str) -> list[pb.ReceiveMessageResponse]:
+    frames = [pb.ReceiveMessageResponse(message=v2_message(i)) for i in ids]
+    return [*frames, pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK))]
+
+
+class Stubs:
+    """The two RPCs' stubs: each call answers the next scripted answer (a list of frames, or a code to fail with)."""
+
+    def __init__(self, batch: list[Any], plain: list[Any]) -> None:
+        self.batch, self.plain = batch, plain
+        self.calls: list[str] = []
+
+    def frames(self, script: list[Any], method: str) -> Iterator[Any]:
+        self.calls.append(method)
+        answer = script.pop(0)
+        if isinstance(answer, grpc.StatusCode):
+            raise FakeRpcError(answer)
+        yield from answer
+
+    def ext(self) -> Any:
+        return type("Ext", (), {"ReceiveMessages": lambda _, request, **kw: self.frames(self.batch, "batch")})()
+
+    def v2(self) -> Any:
+        return type("V2", (), {"ReceiveMessage": lambda _, request, **kw: self.frames(self.plain, "v2")})()
+
+
+def sync_consumer(stubs: Stubs) -> SimpleConsumer:
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=ONE_TRY)
+    consumer._ext, consumer._stub = stubs.ext(), stubs.v2()
+    return consumer
+
+
+def test_a_proxy_that_serves_batches_is_read_many_messages_a_frame() -> None:
+    stubs = Stubs(batch=[batch_answer("a", "b", "c"), batch_answer("d", "e")], plain=[])
+    with sync_consumer(stubs) as consumer:
+        assert [m.message_id for m in consumer.receive()] == ["a", "b", "c"]
+        assert [m.receipt_handle for m in consumer.receive()] == ["h-d", "h-e"]
+        assert consumer._batch_receive is True
+    assert stubs.calls == ["batch", "batch"]
+
+
+def test_unimplemented_falls_back_to_v2_for_this_receive_and_the_next() -> None:
+    stubs = Stubs(batch=[grpc.StatusCode.UNIMPLEMENTED], plain=[v2_answer("a"), v2_answer("b", "c")])
+    with sync_consumer(stubs) as consumer:
+        assert [m.message_id for m in consumer.receive()] == ["a"]
+        assert [m.message_id for m in consumer.receive()] == ["b", "c"]
+        assert consumer._batch_receive is False
+    assert stubs.calls == ["batch", "v2", "v2"]
+
+
+def test_a_proxy_that_stops_serving_batches_is_read_with_v2_at_once() -> None:
+    """Behind a balancer, one proxy of several may not serve it: that receive is not lost to the switch."""
+    stubs = Stubs(batch=[batch_answer("a"), grpc.StatusCode.UNIMPLEMENTED], plain=[v2_answer("b")])
+    with sync_consumer(stubs) as consumer:
+        assert [m.message_id for m in consumer.receive()] == ["a"]
+        assert [m.message_id for m in consumer.receive()] == ["b"]
+    assert stubs.calls == ["batch", "batch", "v2"]
+
+
+def test_other_failures_of_a_batch_receive_are_the_receives_own() -> None:
+    stubs = Stubs(batch=[grpc.StatusCode.UNAVAILABLE], plain=[v2_answer("a")])
+    with sync_consumer(stubs) as consumer, pytest.raises(Unavailable):
+        consumer.receive()
+    assert stubs.calls == ["batch"] and consumer._batch_receive is None
+
+
+async def test_the_asyncio_consumer_falls_back_the_same_way() -> None:
+    stubs = Stubs(batch=[grpc.StatusCode.UNIMPLEMENTED], plain=[v2_answer("a"), v2_answer("b")])
+
+    def async_frames(frames: Iterator[Any]) -> AsyncIterator[Any]:
+        async def read() -> AsyncIterator[Any]:
+            for frame in frames:  # raises as a grpc.aio call does, while it is read
+                yield frame
+
+        return read()
+
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=ONE_TRY)
+    consumer._channel = FakeChannel()  # type: ignore[assignment]
+    sync_ext, sync_v2 = stubs.ext(), stubs.v2()
+    ext_call = lambda _, r, **kw: async_frames(sync_ext.ReceiveMessages(r))  # noqa: E731
+    v2_call = lambda _, r, **kw: async_frames(sync_v2.ReceiveMessage(r))  # noqa: E731
+    consumer._ext_stub_ = type("Ext", (), {"ReceiveMessages": ext_call})()
+    consumer._stub_ = type("V2", (), {"ReceiveMessage": v2_call})()
+    async with consumer:
+        assert [m.message_id for m in await consumer.receive()] == ["a"]
+        assert [m.message_id for m in await consumer.receive()] == ["b"]
+    assert stubs.calls == ["batch", "v2", "v2"] and consumer._batch_receive is False
+
+
+async def test_the_asyncio_consumer_reads_batches() -> None:
+    stubs = Stubs(batch=[batch_answer("a", "b")], plain=[])
+
+    async def frames(request: Any, **_: Any) -> AsyncIterator[Any]:
+        for frame in stubs.frames(stubs.batch, "batch"):
+            yield frame
+
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=ONE_TRY)
+    consumer._channel = FakeChannel()  # type: ignore[assignment]
+    consumer._ext_stub_ = type("Ext", (), {"ReceiveMessages": staticmethod(frames)})()
+    consumer._stub_ = object()
+    async with consumer:
+        assert [m.body for m in await consumer.receive()] == [b"a", b"b"]
+    assert consumer._batch_receive is True
