@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from dataclasses import dataclass
 
@@ -118,23 +119,31 @@ def _set_ms(target: object, ms: int) -> None:
     target.nanos *= 1_000_000  # type: ignore[attr-defined]
 
 
+def body_digest(body: bytes) -> str:
+    """The body's MD5 as upper-case hex: what RocketMQ's proxy sends and every official client checks alike
+    (their CRC32 texts differ: Java unpadded hex, Node.js decimal, Python padded hex). A checksum, not security:
+    `usedforsecurity=False` keeps it working where OpenSSL refuses MD5 otherwise (FIPS mode)."""
+    return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
+
+
 def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message | None = None) -> v2.Message:
-    """A popped broker message as the official clients read it (IDENTITY encoding, CRC32 digest).
+    """A popped broker message as the official clients read it (IDENTITY encoding, MD5 digest).
 
     ``out``: an empty message to fill in place (a response frame's field: no copy of the message after)."""
     stored = popped.stored
     source = stored.message
     if out is None:
         out = v2.Message()
-    out.body = source.body
+    body = source.body  # each read of a bytes field is a copy
+    out.body = body
     out.topic.name = validate.outside(namespace, source.topic)
     out.topic.resource_namespace = namespace
     if source.properties:
         out.user_properties.update(source.properties)
     props = out.system_properties
     props.message_id = source.message_id
-    props.body_digest.type = v2.CRC32
-    props.body_digest.checksum = format(zlib.crc32(source.body), "08X")
+    props.body_digest.type = v2.MD5
+    props.body_digest.checksum = body_digest(body)
     props.body_encoding = v2.IDENTITY
     props.keys.extend(source.keys)
     if source.HasField("tag"):

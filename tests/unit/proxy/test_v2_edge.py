@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import zlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -107,12 +106,13 @@ def test_transactional_lite_and_priority_messages_are_unsupported_not_stored_as_
         assert to_broker(client_message(message_type=kind), LIMITS, now_s=NOW).body == b"payload"
 
 
-def test_popped_message_has_handle_attempt_identity_encoding_and_crc32_digest() -> None:
+def test_popped_message_has_handle_attempt_identity_encoding_and_md5_digest() -> None:
     out = to_client(popped("b1", "id-1", body=b"hello", attempt=2))
     props = out.system_properties
     assert props.receipt_handle.startswith("1~b1~") and props.delivery_attempt == 2
     assert props.body_encoding == v2.IDENTITY
-    assert (props.body_digest.type, props.body_digest.checksum) == (v2.CRC32, format(zlib.crc32(b"hello"), "08X"))
+    # upper-case hex, as RocketMQ's proxy sends it and every official client compares it
+    assert (props.body_digest.type, props.body_digest.checksum) == (v2.MD5, "5D41402ABC4B2A76B9719D911017C592")
     assert props.store_timestamp.seconds == 1_700_000_000 and props.store_timestamp.nanos == 123_000_000
     assert props.message_type == v2.NORMAL and out.body == b"hello"
 
