@@ -5,6 +5,10 @@
 #     the package's service is stopped and disabled: tests start their own.
 #   - kubectl must already be on PATH (it is on this machine's image); a missing
 #     one is reported, not fetched: no registry here ships it.
+#   - the official Node.js client for tests/compat/test_node_client.py: `npm ci`
+#     into tests/compat/node/node_modules, exactly as package-lock.json pins it,
+#     again only when the lock file changed. Node.js (>= 20) and npm must be on
+#     PATH (they are on this machine's image); a missing one is reported.
 # Usage: deploy/install-test-deps.sh [VENV]   (default: .venv at the repo root)
 set -euo pipefail
 
@@ -41,4 +45,17 @@ fi
 if ! command -v kubectl >/dev/null 2>&1; then
     echo "install-test-deps: kubectl is not on PATH; tests/deploy needs it (kubectl kustomize)" >&2
     exit 1
+fi
+
+node_dir="$root/tests/compat/node"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "install-test-deps: node and npm are not on PATH; tests/compat/test_node_client.py needs them" >&2
+    exit 1
+fi
+# npm ci starts from an empty node_modules every time: run it only when what is installed is not this lock's.
+lock_sum="$(sha256sum "$node_dir/package-lock.json" | cut -d' ' -f1)"
+installed="$node_dir/node_modules/.popgate-lock-sha256"
+if [ "$(cat "$installed" 2>/dev/null)" != "$lock_sum" ]; then
+    (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    echo "$lock_sum" >"$installed"
 fi
