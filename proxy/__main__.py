@@ -1,14 +1,14 @@
-"""popgate-proxy: read settings, configure logging, serve until SIGTERM / SIGINT."""
+"""popgate-proxy: read settings, configure logging (text or JSON lines on stderr), serve until SIGTERM / SIGINT."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import logging
 import signal
 import sys
 from collections.abc import Sequence
 
+from popgate_process.config import configure_logging
 from proxy.server import serve
 from proxy.settings import SettingsError, load
 
@@ -30,9 +30,7 @@ def return_large_buffers_to_the_os(threshold: int = 128 * 1024) -> bool:
 
 async def _run(argv: Sequence[str] | None) -> None:
     settings = load(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(settings.log_level, settings.log_format)  # --log-level, --log-format text|json
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from popgate_contract.validation import parse_host_port as parse_host_port
+from popgate_process.config import LOG_FORMATS, LOG_LEVELS, settings_parser
 from popgate_process.config import SettingsError as SettingsError
 from popgate_process.config import load as load_config
-from popgate_process.config import settings_parser
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
@@ -51,6 +50,11 @@ def _brokers(value: Any) -> tuple[BrokerAddress, ...]:
     return tuple(BrokerAddress.parse(item) for item in _str_list(value))
 
 
+def _setting(text: str, *, default: Any, **metadata: Any) -> Any:
+    """A field with its --help words (popgate_process.config adds its default, in its units) and more metadata."""
+    return field(default=default, metadata={"help": text, **metadata})
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     brokers: tuple[BrokerAddress, ...] = field(
@@ -62,25 +66,30 @@ class Settings:
             "help": "NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list)",
         },
     )
-    listen: str = "127.0.0.1:8081"
-    advertise: str = ""  # host:port clients should use when a request names no endpoints
-    metrics_listen: str = ""
-    export_dir: str = ""  # JSON-lines metric snapshots for the Spark job (docs/METRICS.md); empty = off
-    export_interval_s: float = 10.0
-    tls_cert: str = ""  # PEM certificate chain file; with tls_key: serve TLS instead of plaintext
-    tls_key: str = ""  # PEM private key file
-    receive_mode: str = field(
-        default="adaptive",
-        metadata={"help": f"one of {', '.join(RECEIVE_MODES)}, default adaptive (docs/RECEIVE.md)"},
+    listen: str = _setting("gRPC HOST:PORT clients connect to (port 0 = any free port)", default="127.0.0.1:8081")
+    advertise: str = _setting(
+        "HOST:PORT routes name when a request names no endpoints (default: the bound one)", default=""
     )
+    metrics_listen: str = _setting("HOST:PORT for Prometheus /metrics (empty = off)", default="")
+    export_dir: str = _setting(
+        "directory of JSON-lines metric snapshots for the Spark job (docs/METRICS.md)", default=""
+    )
+    export_interval_s: float = _setting("time between metric snapshots", default=10.0)
+    tls_cert: str = _setting("PEM certificate chain file; with --tls-key: serve TLS instead of plaintext", default="")
+    tls_key: str = _setting("PEM private key file of --tls-cert", default="")
+    receive_mode: str = _setting("how a receive waits (docs/RECEIVE.md)", default="adaptive", choices=RECEIVE_MODES)
     # adaptive: longpoll when a group's receive rate (over the window) or its receives in progress per live broker
     # reach these; 0 switches a criterion off. Defaults from bench/realtime_bench.py, see docs/RECEIVE.md.
-    adaptive_window_s: float = 1.0
-    adaptive_rate_threshold: float = 0.0
-    adaptive_concurrency_per_broker: float = 1.0
+    adaptive_window_s: float = _setting("adaptive: window of a group's receive rate", default=1.0)
+    adaptive_rate_threshold: float = _setting(
+        "adaptive: long-poll at this many receives/s of a group (0 = off)", default=0.0
+    )
+    adaptive_concurrency_per_broker: float = _setting(
+        "adaptive: long-poll at this many receives of a group in progress per live broker (0 = off)", default=1.0
+    )
     # Proxies a group's consumers are spread over: the concurrency threshold is divided by it, so each proxy
     # judges the fleet-wide load from its own share (bench/sim, docs/SCALE.md). 1 = this proxy alone.
-    adaptive_proxies: int = 1
+    adaptive_proxies: int = _setting("adaptive: proxies a group's consumers are spread over", default=1)
     batch_receive: bool = field(
         default=True,
         metadata={
@@ -89,12 +98,14 @@ class Settings:
             "negate": "no-batch-receive",
         },
     )
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_batch: int = 32
-    queues_per_broker: int = 4
-    min_invisible_s: float = 10.0
-    max_invisible_s: float = 12 * 3600.0
-    default_invisible_s: float = 60.0  # auto_renew / no invisible_duration (PushConsumer)
+    max_body_bytes: int = _setting("largest message body (MESSAGE_BODY_TOO_LARGE)", default=4 * 1024 * 1024)
+    max_batch: int = _setting("largest receive batch_size (1..32)", default=32)
+    queues_per_broker: int = _setting("queues per broker listed in routes", default=4)
+    min_invisible_s: float = _setting("shortest invisible time a receive may ask", default=10.0)
+    max_invisible_s: float = _setting("longest invisible time a receive may ask", default=12 * 3600.0)
+    default_invisible_s: float = _setting(
+        "invisible time of auto_renew receives and of those that ask none (PushConsumer)", default=60.0
+    )
     # Consumer groups whose PushConsumers consume in order (Telemetry answers fifo=true: RocketMQ's orderly group).
     fifo_groups: tuple[str, ...] = field(
         default=(),
@@ -107,34 +118,41 @@ class Settings:
     )
     # Renewal of auto_renew receives (docs/PROXY.md "auto_renew"): every default_invisible_s / 4, for at most
     # renew_max_s after the receive, at most this many handles per client id and in all (0 = no renewal).
-    renew_max_s: float = 3 * 3600.0
-    renew_max_per_client: int = 10_000
-    renew_max_handles: int = 200_000
-    min_long_polling_s: float = 0.0
-    max_long_polling_s: float = 30.0
-    default_long_polling_s: float = 20.0
-    poll_reserve_s: float = 0.3
-    max_delay_s: float = 24 * 3600.0
-    broker_timeout_s: float = 3.0
-    max_held_receives: int = 10_000  # receives in progress; more are TOO_MANY_REQUESTS
-    max_answer_bytes: int = 256 * 1024 * 1024  # received messages not yet read by their clients; more: TOO_MANY
+    renew_max_s: float = _setting("auto_renew: no renewal after this long since the receive", default=3 * 3600.0)
+    renew_max_per_client: int = _setting("auto_renew: handles renewed per client id", default=10_000)
+    renew_max_handles: int = _setting("auto_renew: handles renewed in all (0 = no renewal)", default=200_000)
+    min_long_polling_s: float = _setting("shortest long-polling time (a client's is clamped)", default=0.0)
+    max_long_polling_s: float = _setting("longest long-polling time (a client's is clamped)", default=30.0)
+    default_long_polling_s: float = _setting("long-polling time of a request that asks none", default=20.0)
+    poll_reserve_s: float = _setting("how much earlier than the client's deadline a receive is answered", default=0.3)
+    max_delay_s: float = _setting("longest delivery delay (ILLEGAL_DELIVERY_TIME beyond)", default=24 * 3600.0)
+    broker_timeout_s: float = _setting("deadline of unary broker calls (a Pop: its poll time and this)", default=3.0)
+    max_held_receives: int = _setting("receives in progress; more are TOO_MANY_REQUESTS", default=10_000)
+    max_answer_bytes: int = _setting(
+        "received messages not yet read by their clients; more are TOO_MANY_REQUESTS", default=256 * 1024 * 1024
+    )
     # An answer its client does not read within this long (nor within its invisible time) gives its messages back
     # to their brokers; only the frame grpc is stuck writing stays counted in max_answer_bytes (docs/PROXY.md).
-    max_answer_write_s: float = 30.0
-    max_telemetry_streams: int = 10_000  # Telemetry streams open at once; more are TOO_MANY_REQUESTS
-    max_send_bytes: int = 256 * 1024 * 1024  # bytes of sends in flight to brokers; more are TOO_MANY_REQUESTS
-    send_chunk_bytes: int = 8 * 1024 * 1024  # encoded bytes per broker Send (below the broker's gRPC limit)
-    health_interval_s: float = 1.0
-    health_timeout_s: float = 0.5
-    shutdown_grace_s: float = 5.0
-    max_message_bytes: int = 64 * 1024 * 1024  # gRPC max receive size, > max_body_bytes
-    log_level: str = "INFO"
+    max_answer_write_s: float = _setting("an answer not read within this long gives its messages back", default=30.0)
+    max_telemetry_streams: int = _setting("Telemetry streams open at once; more are TOO_MANY_REQUESTS", default=10_000)
+    max_send_bytes: int = _setting(
+        "bytes of sends in flight to brokers; more are TOO_MANY_REQUESTS", default=256 * 1024 * 1024
+    )
+    send_chunk_bytes: int = _setting(
+        "encoded bytes per broker Send (below the broker's gRPC limit)", default=8 * 1024 * 1024
+    )
+    health_interval_s: float = _setting("time between health checks of every broker", default=1.0)
+    health_timeout_s: float = _setting("deadline of a broker health check", default=0.5)
+    shutdown_grace_s: float = _setting("time in-flight RPCs get on SIGTERM", default=5.0)
+    max_message_bytes: int = _setting("gRPC max receive size, > max_body_bytes", default=64 * 1024 * 1024)
+    log_level: str = _setting("least severe log records written (any case)", default="INFO", choices=LOG_LEVELS)
+    log_format: str = _setting("log lines as text or as one JSON object each", default="text", choices=LOG_FORMATS)
     # Authentication (docs/PROXY.md "Authentication"): [[acl]] accounts from the config file; none = open.
     accounts: tuple[Account, ...] = field(
         default=(), metadata={"option": "acl", "file_only": True, "parse": accounts_from_config}
     )
-    auth_skew_s: float = 300.0  # clock skew allowed around any time-zone offset of x-mq-date-time
-    broker_token: str = ""  # shared secret sent to brokers started with the same --auth-token
+    auth_skew_s: float = _setting("clock skew allowed around any time-zone offset of x-mq-date-time", default=300.0)
+    broker_token: str = _setting("shared secret sent to brokers started with the same --auth-token", default="")
 
     def __post_init__(self) -> None:
         if not self.brokers:
@@ -201,7 +219,8 @@ class Settings:
             ("adaptive_concurrency_per_broker", self.adaptive_concurrency_per_broker >= 0, ">= 0 (0 = criterion off)"),
             ("adaptive_proxies", self.adaptive_proxies >= 1, ">= 1"),
             ("export_dir", "://" not in self.export_dir, "a local directory, not a URI (docs/METRICS.md)"),
-            ("log_level", self.log_level.upper() in _LOG_LEVELS, "one of " + ", ".join(_LOG_LEVELS)),
+            ("log_level", self.log_level.upper() in LOG_LEVELS, "one of " + ", ".join(LOG_LEVELS)),
+            ("log_format", self.log_format in LOG_FORMATS, "one of " + ", ".join(LOG_FORMATS)),
         ]
         for name, ok, rule in checks:
             if not ok:

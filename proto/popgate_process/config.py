@@ -16,7 +16,13 @@ type. A field's metadata may refine that:
 - ``aliases``: more file keys for it; the first one present wins over ``option``;
 - ``parse``: a function reading the raw value (a string, a list of repeated flags or a TOML value);
 - ``file_only``: no flag nor variable; with a `section`, the key may also sit at the top level,
-  beside the section's table, and wins there (``[[acl]]``).
+  beside the section's table, and wins there (``[[acl]]``);
+- ``choices``: the values taken, shown in ``--help`` (the dataclass still checks them, so an error names
+  where the value came from).
+
+Units by name: a float field ending ``_s`` is a duration in seconds and also takes ``500ms``, ``30s``,
+``2m``, ``1h30m``, ``7d`` (`parse_duration`); an int field ending ``_bytes`` is a size and also takes
+``4KiB``, ``64MiB`` (`parse_size`). ``--help`` shows every default in those units.
 
 An error about a setting starts with its flag or field name (``--receive-mode 'x': ...``,
 ``max_held must be >= 0``); the loader puts where the value came from in its place: the flag,
@@ -27,14 +33,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import importlib.metadata
+import json
+import logging
+import math
 import os
 import re
 import socket
+import sys
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from popgate_contract.validation import parse_host_port
 
@@ -44,6 +57,90 @@ PROGRAM_SECTIONS = frozenset(("broker", "proxy"))  # one file may hold a table f
 
 class SettingsError(ValueError):
     """A setting is missing, unreadable or out of range; the message names it."""
+
+
+# Durations: seconds, or numbers with units, summed (``1h30m``). Sizes: bytes, or a number with a 1024-based unit.
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)"
+_DURATION = re.compile(f"(?:{_DURATION_PART})+")
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_DECIMAL_UNITS = {"k": "KiB", "kb": "KiB", "m": "MiB", "mb": "MiB", "g": "GiB", "gb": "GiB", "t": "TiB", "tb": "TiB"}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)")
+DURATION_FORMS = "seconds (2.5) or with a unit: 500ms, 30s, 2m, 1h30m, 7d"
+SIZE_FORMS = "bytes (4096) or with a unit: 4KiB, 64MiB, 1GiB"
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number (seconds) or a text such as ``2.5``, ``500ms``, ``30s``, ``2m``, ``1h30m``, ``7d``;
+    ValueError naming the forms taken otherwise (tests/unit/test_settings_units.py)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration: give {DURATION_FORMS}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            if not _DURATION.fullmatch(text):
+                raise ValueError(f"{text!r} is not a duration: give {DURATION_FORMS}") from None
+            seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in re.findall(_DURATION_PART, text))
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a finite duration")
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an integer or a text such as ``4096``, ``4KiB``, ``64MiB``, ``1.5GiB`` (units are 1024-based);
+    ValueError otherwise. ``64MB``, ``64M`` are refused with the 1024-based spelling to use instead: ``MB`` is
+    10^6 bytes to some and 2^20 to others (tests/unit/test_settings_units.py)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    match = _SIZE.fullmatch(text)
+    if match is None or isinstance(value, bool):
+        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}")
+    number, unit = match[1], match[2].lower()
+    if unit in _DECIMAL_UNITS:
+        raise ValueError(f"{text!r}: sizes are 1024-based, write {number}{_DECIMAL_UNITS[unit]} (or the bytes)")
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}")
+    try:
+        exact = Decimal(number) * _SIZE_UNITS[unit]
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}") from None
+    if exact != exact.to_integral_value():
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(exact)
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` as `parse_duration` reads it back: ``12h``, ``5m``, ``10s``, ``300ms``, ``2.5s``."""
+    for unit in ("d", "h", "m", "s"):
+        whole = seconds / _DURATION_UNITS[unit]
+        if seconds >= _DURATION_UNITS[unit] and whole == int(whole):
+            return f"{int(whole)}{unit}"
+    millis = round(seconds * 1000, 6)
+    if 0 < seconds < 1 and millis == int(millis):
+        return f"{int(millis)}ms"
+    return f"{seconds:g}s"
+
+
+def format_size(size: int) -> str:
+    """`size` as `parse_size` reads it back: ``4MiB``, ``256KiB``, ``1000B``."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        scale = _SIZE_UNITS[unit.lower()]
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
+
+
+def distribution_version(name: str = "popgate") -> str:
+    """The installed version of the distribution `name` (what ``--version`` prints), "unknown" when not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def cannot_listen(address: str) -> str | None:
@@ -93,21 +190,70 @@ def _convert(kind: Any, value: Any) -> Any:
     return kind(value)
 
 
+SETTINGS_EPILOG = (
+    "Every flag --foo-bar is also the variable POPGATE_FOO_BAR and the key foo_bar of the --config file; a flag wins "
+    f"over the environment, which wins over the file. Durations: {DURATION_FORMS}. Sizes: {SIZE_FORMS}."
+)
+
+
+def _unit_parser(f: dataclasses.Field[Any], kind: Any) -> Callable[[object], Any] | None:
+    """The unit-aware reader a field's name and type call for (module docstring, "Units by name"), or None."""
+    if kind is float and f.name.endswith("_s"):
+        return parse_duration
+    if kind is int and f.name.endswith("_bytes"):
+        return parse_size
+    return None
+
+
+def _shown_default(f: dataclasses.Field[Any], kind: Any) -> str:
+    """The field's default as --help shows it, in its units; "" for none (an empty string, list or path)."""
+    default = f.default
+    if default is dataclasses.MISSING or default in ("", (), None):
+        return ""
+    if kind is bool:
+        return "on" if default else "off"
+    unit = _unit_parser(f, kind)
+    if unit is parse_duration:
+        return format_duration(default)
+    if unit is parse_size:
+        return format_size(default)
+    return str(default)
+
+
+def _help(f: dataclasses.Field[Any], kind: Any) -> str:
+    """A flag's help: the field's own words (else its kind), then its default; `%` escaped for argparse."""
+    unit = _unit_parser(f, kind)
+    text = f.metadata.get("help") or ("duration" if unit is parse_duration else "size" if unit else _type_name(kind))
+    default = _shown_default(f, kind)
+    return (f"{text} (default: {default})" if default else text).replace("%", "%%")
+
+
+def _metavar(f: dataclasses.Field[Any], kind: Any) -> str:
+    choices = f.metadata.get("choices")
+    if choices:
+        return "{" + ",".join(choices) + "}"
+    unit = _unit_parser(f, kind)
+    return "DURATION" if unit is parse_duration else "SIZE" if unit else _option(f).upper()
+
+
 def settings_parser(cls: type[Any], prog: str, *, description: str | None = None) -> argparse.ArgumentParser:
-    """The command line of `cls`: ``--config`` and a flag per field that is not ``file_only``."""
+    """The command line of `cls`: ``--version``, ``--config`` and a flag per field that is not ``file_only``, each
+    with its default and, where a field has them, its choices (tests/unit/test_settings_units.py)."""
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=SETTINGS_EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {distribution_version()}")
     parser.add_argument(
-        "--config", help="TOML file of settings, keys as the long flags with '-' or '_' (POPGATE_CONFIG)"
+        "--config",
+        metavar="FILE",
+        help="TOML file of settings, keys as the long flags with '-' or '_' (env POPGATE_CONFIG)",
     )
     for f in _fields(cls):
         if f.metadata.get("file_only"):
             continue
         flag = "--" + _option(f).replace("_", "-")
         kind = hints[f.name]
-        help_text = f.metadata.get("help") or f"{_type_name(kind)}, default {f.default!r}"
         if kind is bool:
-            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=_help(f, kind))
             negate = f.metadata.get("negate")
             if negate:
                 variable = "POPGATE_" + negate.upper().replace("-", "_")
@@ -116,8 +262,8 @@ def settings_parser(cls: type[Any], prog: str, *, description: str | None = None
                 )
         else:
             action = "append" if typing.get_origin(kind) is tuple else "store"
-            metavar = _option(f).upper()
-            parser.add_argument(flag, dest=f.name, action=action, default=None, metavar=metavar, help=help_text)
+            metavar = _metavar(f, kind)
+            parser.add_argument(flag, dest=f.name, action=action, default=None, metavar=metavar, help=_help(f, kind))
     return parser
 
 
@@ -160,6 +306,12 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
 
 def _read(f: dataclasses.Field[Any], kind: Any, value: Any, config: str) -> Any:
     parse: Callable[[Any], Any] | None = f.metadata.get("parse")
+    unit = _unit_parser(f, kind)
+    if parse is None and unit is not None:
+        try:
+            return unit(value)
+        except ValueError as exc:  # its words start with the value: "--max-body-bytes '4MB': sizes are ..."
+            raise SettingsError(f"{f.name} {exc}") from None
     if parse is None:
         try:
             return _convert(kind, value)
@@ -255,3 +407,40 @@ def load_settings(
         return load(cls, parser, argv, environ, section=section)
     except ValueError as exc:
         parser.exit(2, f"{prog}: {exc} (see {prog} --help)\n")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+TEXT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (UTC, ISO 8601, ms), ``level``, ``logger``, ``message``, and
+    ``exception`` / ``stack`` when the record has them; newlines inside stay escaped
+    (tests/unit/test_settings_units.py)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        at = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        entry = {
+            "time": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str, log_format: str = "text", stream: IO[str] | None = None) -> None:
+    """The process's logging, for an entry point: one handler on `stream` (stderr), `level` (any case),
+    lines as text or as JSON objects (`JsonLogFormatter`); handlers set before are replaced."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if log_format == "json" else logging.Formatter(TEXT_LOG_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
