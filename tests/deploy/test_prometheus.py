@@ -194,3 +194,94 @@ def test_file_sd_groups_carry_the_job(discover: ModuleType) -> None:
         {"targets": ["127.0.0.1:9101"], "labels": {"job": "popgate-broker", "process": "b0"}}
     ]
     assert re.fullmatch(r"popgate-(broker|proxy)", processes[1].job)
+
+
+# --- PopgateTargetDown against the label sets each scrape method gives the prod overlay's pods ----------
+
+
+def _label_name(key: str) -> str:
+    """A Kubernetes label key as Prometheus names it (service discovery replaces invalid characters by `_`)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def scrape_label_sets(objs: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The labels of a down target of every broker and proxy pod, once per scrape method:
+
+    - ServiceMonitor (Prometheus Operator): job = the Service's name (or its `jobLabel` label), plus namespace,
+      service, pod, endpoint, instance and the pod labels listed in `podTargetLabels`;
+    - annotations (prometheus.io/scrape) with the conventional `kubernetes-pods` job: any job name, and every pod
+      label by `labelmap` of __meta_kubernetes_pod_label_(.+), plus namespace, pod and instance.
+    """
+    from .manifests import find, one, selects
+
+    (monitor,) = find(objs, "ServiceMonitor")
+    sets = []
+    for kind, workload_name in (("StatefulSet", "popgate-broker"), ("Deployment", "popgate-proxy")):
+        workload = one(objs, kind, workload_name)
+        template = workload["spec"]["template"]["metadata"]
+        namespace = workload["metadata"]["namespace"]
+        pod = f"{workload_name}-0"
+        assert template["annotations"]["prometheus.io/scrape"] == "true"
+        annotated = {_label_name(k): v for k, v in template["labels"].items()}
+        sets.append({**annotated, "job": "kubernetes-pods", "namespace": namespace, "pod": pod, "instance": "ip:9100"})
+        (service,) = [
+            s
+            for s in find(objs, "Service")
+            if selects(monitor["spec"]["selector"], s["metadata"]["labels"])
+            and selects({"matchLabels": s["spec"]["selector"]}, template["labels"])
+        ]
+        job_label = monitor["spec"].get("jobLabel")
+        job = service["metadata"]["labels"][job_label] if job_label else service["metadata"]["name"]
+        pod_labels = {_label_name(k): template["labels"][k] for k in monitor["spec"].get("podTargetLabels", [])}
+        sets.append(
+            {
+                **pod_labels,
+                "job": job,
+                "namespace": namespace,
+                "service": service["metadata"]["name"],
+                "pod": pod,
+                "endpoint": monitor["spec"]["endpoints"][0]["port"],
+                "instance": "ip:9100",
+            }
+        )
+    return sets
+
+
+def test_target_down_fires_for_every_pod_by_either_scrape_method(
+    rendered: dict[str, list[dict[str, Any]]], yaml_module: Any, tmp_path: Path
+) -> None:
+    label_sets = scrape_label_sets(rendered["prod"])
+    other = {"job": "kubernetes-pods", "app_kubernetes_io_name": "shop", "pod": "shop-0", "instance": "ip:8080"}
+
+    def series(labels: dict[str, str]) -> str:
+        return "up{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+    def expected(labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "exp_labels": {**labels, "severity": "critical"},
+            "exp_annotations": {
+                "summary": f"popgate target {labels['instance']} ({labels['job']}) is down",
+                "description": f"Prometheus cannot scrape {labels['instance']}; the process is down or unreachable.",
+            },
+        }
+
+    # Each set down alone, its own instance: one alert each (sets of one pod differ only in how it is scraped).
+    cases = [{**labels, "instance": f"ip-{i}:9100"} for i, labels in enumerate(label_sets)]
+    test = {
+        "rule_files": [str(PROMETHEUS / "rules.yml")],
+        "evaluation_interval": "30s",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series(s), "values": "1 1 0x10"} for s in [*cases, other]],
+                "alert_rule_test": [
+                    {"eval_time": "6m", "alertname": "PopgateTargetDown", "exp_alerts": [expected(s) for s in cases]}
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "target-down.test.yml"
+    path.write_text(yaml_module.safe_dump(test))
+    assert len(cases) == 4
+    output = run([tool("promtool"), "test", "rules", str(path)])
+    assert "SUCCESS" in output, output
