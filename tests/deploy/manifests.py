@@ -33,6 +33,47 @@ def container(obj: Obj) -> Obj:
     return only
 
 
+def all_containers(obj: Obj) -> list[Obj]:
+    """Init containers (native sidecars among them) and containers."""
+    spec = pod_spec(obj)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def sidecar(obj: Obj, name: str) -> Obj:
+    """A native sidecar: an init container that keeps running beside the containers."""
+    (found,) = [c for c in pod_spec(obj).get("initContainers", []) if c["name"] == name]
+    assert found.get("restartPolicy") == "Always", f"{name} is not a sidecar"
+    return found
+
+
+def flag(command: list[str], name: str) -> str:
+    """The value after `name` in an argument list."""
+    return command[command.index(name) + 1]
+
+
+def secret_ref(c: Obj, variable: str) -> tuple[str, str]:
+    """(Secret name, key) a container's environment variable comes from."""
+    (item,) = [e for e in c.get("env", []) if e["name"] == variable]
+    ref = item["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+def volumes(workload: Obj) -> dict[str, Obj]:
+    """A pod's volumes by name; a StatefulSet's claim templates as {"name", "claimTemplate"}."""
+    found = {v["name"]: v for v in pod_spec(workload).get("volumes", [])}
+    for claim in workload["spec"].get("volumeClaimTemplates", []):
+        found[claim["metadata"]["name"]] = {"name": claim["metadata"]["name"], "claimTemplate": claim}
+    return found
+
+
+def mount_of(workload: Obj, c: Obj, path: str) -> tuple[Obj, Obj]:
+    """(volume, mount) of a container under which `path` lies (the deepest mount wins)."""
+    mounts = [m for m in c.get("volumeMounts", []) if path == m["mountPath"] or path.startswith(m["mountPath"] + "/")]
+    assert mounts, f"{path} is on no volume of {c['name']}"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    return volumes(workload)[mount["name"]], mount
+
+
 def port(c: Obj, name: str) -> int:
     (number,) = [p["containerPort"] for p in c["ports"] if p["name"] == name]
     return int(number)

@@ -6,11 +6,12 @@ which these tests count as a failure. So CRD objects are taken out before
 kubernetes-validate runs, and the ServiceMonitor is checked here instead, against
 a strict JSON schema of the fields it uses (servicemonitor.schema.json, written
 from the operator's monitoring.coreos.com/v1 API) and against the Services it must
-select.
+select; cert-manager's objects likewise (test_posture.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,10 +23,26 @@ from typing import Any
 import pytest
 
 from .conftest import INSTALL_HINT, KUSTOMIZATIONS, OVERLAYS, PROMETHEUS
-from .manifests import Obj, container, env_from_configmap, find, one, pod_spec, port, selects, workloads
+from .manifests import (
+    Obj,
+    all_containers,
+    container,
+    env_from_configmap,
+    find,
+    flag,
+    mount_of,
+    one,
+    pod_spec,
+    port,
+    selects,
+    sidecar,
+    workloads,
+)
+from .server_env import server_env
 
 ALL = tuple(KUSTOMIZATIONS)
-CRD_GROUPS = ("monitoring.coreos.com/",)
+CRD_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
+CLUSTER_SCOPED = ("Namespace", "PriorityClass")
 SERVERS = {"broker": ("StatefulSet", "popgate-broker"), "proxy": ("Deployment", "popgate-proxy")}
 
 
@@ -61,7 +78,7 @@ def test_kustomize_renders_every_kind(rendered: dict[str, list[Obj]], name: str)
     assert expected <= kinds
     if name != "base":
         (namespace,) = find(rendered[name], "Namespace")
-        namespaces = {o["metadata"].get("namespace") for o in rendered[name] if o["kind"] != "Namespace"}
+        namespaces = {o["metadata"].get("namespace") for o in rendered[name] if o["kind"] not in CLUSTER_SCOPED}
         assert namespaces == {namespace["metadata"]["name"]}
 
 
@@ -138,13 +155,14 @@ def test_pods_run_unprivileged_with_limits(rendered: dict[str, list[Obj]], name:
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
         assert spec["automountServiceAccountToken"] is False
-        for c in spec["containers"]:
+        for c in all_containers(workload):
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True
             assert sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"]["drop"] == ["ALL"]
             for bound in ("requests", "limits"):
-                assert {"cpu", "memory"} <= set(c["resources"][bound]), (workload["metadata"]["name"], bound)
+                assert {"cpu", "memory"} <= set(c["resources"][bound]), (workload["metadata"]["name"], c["name"], bound)
+        for c in spec["containers"]:
             # The read-only root leaves /tmp writable through an emptyDir.
             assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
 
@@ -160,7 +178,11 @@ def test_servers_probe_grpc_health_drain_and_are_scraped(
     # Held long polls last at most 30 s and are answered on SIGTERM.
     assert spec["terminationGracePeriodSeconds"] >= 45
     for probe in ("readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == port(c, "grpc"), probe
+        if "grpc" in c[probe]:
+            assert c[probe]["grpc"]["port"] == port(c, "grpc"), probe
+        else:  # TLS: kubelet's grpc probe cannot speak it (test_posture.py checks the TLS options)
+            command = c[probe]["exec"]["command"]
+            assert command[0] == "popgate-grpc-health" and command[-1] == f"127.0.0.1:{port(c, 'grpc')}", probe
     annotations = workload["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == port(c, "metrics")
@@ -176,6 +198,9 @@ def test_only_proxies_reach_the_brokers_grpc_port(rendered: dict[str, list[Obj]]
     broker_labels = brokers["spec"]["template"]["metadata"]["labels"]
     proxy_labels = one(objs, "Deployment", "popgate-proxy")["spec"]["template"]["metadata"]["labels"]
     grpc, metrics = port(container(brokers), "grpc"), port(container(brokers), "metrics")
+    export = {p["name"]: p["containerPort"] for p in sidecar(brokers, "export-relay")["ports"]}["export"]
+    (cronjob,) = find(objs, "CronJob")
+    collector_labels = cronjob["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
     policies = [p for p in find(objs, "NetworkPolicy") if selects(p["spec"]["podSelector"], broker_labels)]
     assert policies and all("Ingress" in p["spec"]["policyTypes"] for p in policies)
     for policy in policies:
@@ -188,6 +213,10 @@ def test_only_proxies_reach_the_brokers_grpc_port(rendered: dict[str, list[Obj]]
                 if grpc in ports:
                     assert "namespaceSelector" not in peer
                     assert selects(peer["podSelector"], proxy_labels)
+                elif export in ports:  # finished metric exports: the Spark CronJob's collector only
+                    assert ports == {export} and "namespaceSelector" not in peer
+                    assert selects(peer["podSelector"], collector_labels)
+                    assert not selects(peer["podSelector"], proxy_labels)
                 else:
                     assert ports == {metrics}
                     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "prometheus"
@@ -218,22 +247,46 @@ def test_brokers_keep_their_data_on_their_own_volume(rendered: dict[str, list[Ob
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_spark_cronjob_reads_what_the_servers_export(rendered: dict[str, list[Obj]], name: str) -> None:
+def test_spark_cronjob_collects_what_every_server_pod_exports(rendered: dict[str, list[Obj]], name: str) -> None:
+    """No shared volume between the data plane and the job: each server pod's export-relay sidecar serves the
+    directory its server exports to; the CronJob's collector reaches every such pod through one headless Service
+    and copies into the directory the job reads."""
     objs = rendered[name]
     (cronjob,) = find(objs, "CronJob")
     job = container(cronjob)
     assert job["command"][-2:] == ["-m", "spark_metrics"]
-    args = job["args"]
-    input_dir = args[args.index("--input") + 1]
-    volumes = {v["name"]: v for v in pod_spec(cronjob)["volumes"]}
-    (mount,) = [m for m in job["volumeMounts"] if input_dir.startswith(m["mountPath"] + "/")]
-    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
-    one(objs, "PersistentVolumeClaim", claim)
+    input_dir = flag(job["args"], "--input")
+    (collect,) = [c for c in pod_spec(cronjob)["initContainers"] if c["name"] == "collect-exports"]
+    assert collect["command"][:2] == ["popgate-export-relay", "collect"]
+    assert flag(collect["command"], "--into") == input_dir
+    into_volume, _ = mount_of(cronjob, collect, input_dir)
+    job_volume, _ = mount_of(cronjob, job, input_dir)
+    assert into_volume == job_volume and "persistentVolumeClaim" in job_volume
+    one(objs, "PersistentVolumeClaim", job_volume["persistentVolumeClaim"]["claimName"])
+    service = one(objs, "Service", flag(collect["command"], "--service"))
+    assert service["spec"]["clusterIP"] == "None", "one address per pod"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    relay_port = int(flag(collect["command"], "--port"))
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [relay_port]
     for kind, workload_name in SERVERS.values():
         server = one(objs, kind, workload_name)
-        assert env_from_configmap(objs, server)["POPGATE_EXPORT_DIR"] == input_dir
-        volume = {v["name"]: v for v in pod_spec(server)["volumes"]}[mount["name"]]
-        assert volume["persistentVolumeClaim"]["claimName"] == claim
+        assert selects({"matchLabels": service["spec"]["selector"]}, server["spec"]["template"]["metadata"]["labels"])
+        relay = sidecar(server, "export-relay")
+        assert relay["command"][:2] == ["popgate-export-relay", "serve"]
+        assert flag(relay["command"], "--listen").endswith(f":{relay_port}")
+        assert {p["name"]: p["containerPort"] for p in relay["ports"]}["export"] == relay_port
+        export_dir = env_from_configmap(objs, server)["POPGATE_EXPORT_DIR"]
+        assert flag(relay["command"], "--dir") == export_dir
+        # The same volume under the same path in the server and its relay.
+        served, served_mount = mount_of(server, relay, export_dir)
+        written, written_mount = mount_of(server, container(server), export_dir)
+        assert served == written and served_mount["mountPath"] == written_mount["mountPath"]
+        # A file the CronJob pruned must not be collected again: the pods forget theirs first.
+        (prune,) = [c for c in pod_spec(cronjob)["initContainers"] if c["name"] == "prune-snapshots"]
+        retention = float({e["name"]: e["value"] for e in prune["env"]}["RETENTION_S"])
+        assert float(flag(relay["command"], "--keep-s")) < retention
+    names = [c["name"] for c in pod_spec(cronjob)["initContainers"]]
+    assert names.index("prune-snapshots") < names.index("collect-exports")
 
 
 def test_overlays_differ_where_they_should(rendered: dict[str, list[Obj]]) -> None:
@@ -257,30 +310,34 @@ def test_servicemonitor_schema_rejects_a_typo(rendered: dict[str, list[Obj]]) ->
         jsonschema.Draft202012Validator(schema).validate(broken)
 
 
-def container_env(objs: list[Obj], workload: Obj, field_refs: dict[str, str]) -> dict[str, str]:
-    """The POPGATE_* environment a container starts with (fieldRefs resolved from `field_refs`)."""
-    env = env_from_configmap(objs, workload)
-    for item in container(workload).get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        else:
-            env[item["name"]] = field_refs[item["valueFrom"]["fieldRef"]["fieldPath"]]
-    return env
-
-
 @pytest.mark.parametrize("name", ALL)
-def test_the_real_settings_loaders_accept_the_manifests(rendered: dict[str, list[Obj]], name: str) -> None:
+def test_the_real_settings_loaders_accept_the_manifests(
+    rendered: dict[str, list[Obj]], name: str, tmp_path: Path
+) -> None:
+    """Secrets and mounted files included: the token reaches both sides under the names the loaders read (an
+    unknown POPGATE_* variable is ignored, so a renamed setting would leave the brokers open without this)."""
     from broker.settings import parse as broker_settings
     from proxy.settings import load as proxy_settings
 
     objs = rendered[name]
     brokers = one(objs, "StatefulSet", "popgate-broker")
     pods = [f"popgate-broker-{i}" for i in range(brokers["spec"]["replicas"])]
+    env = {}
     for pod in pods:
-        settings = broker_settings([], container_env(objs, brokers, {"metadata.name": pod}))
+        env = server_env(objs, brokers, tmp_path, pod=pod)
+        settings = broker_settings([], env)
         assert settings.name == pod
-    proxy = proxy_settings([], container_env(objs, one(objs, "Deployment", "popgate-proxy"), {}))
+    token = env["POPGATE_AUTH_TOKEN"]
+    assert token in setting_values(settings), "the broker does not read its token"
+    proxy = proxy_settings([], server_env(objs, one(objs, "Deployment", "popgate-proxy"), tmp_path))
     assert [b.name for b in proxy.brokers] == pods
+    assert proxy.broker_token == token
+    if name == "prod":  # accounts and TLS (test_posture.py checks where they come from)
+        assert proxy.accounts and proxy.tls_cert and proxy.tls_key
+
+
+def setting_values(settings: Any) -> list[Any]:
+    return [getattr(settings, f.name) for f in dataclasses.fields(settings)]
 
 
 MIB = 1024 * 1024
@@ -293,7 +350,9 @@ def memory_limit(workload: Obj) -> int:
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_memory_limits_cover_what_the_servers_budgets_let_them_hold(rendered: dict[str, list[Obj]], name: str) -> None:
+def test_memory_limits_cover_what_the_servers_budgets_let_them_hold(
+    rendered: dict[str, list[Obj]], name: str, tmp_path: Path
+) -> None:
     """Twice the bytes a process lets in flight (a request is held about twice while handled: measured 1.7-2.4x)
     plus 128 MiB for the interpreter: the dev overlay's 512Mi under default budgets (448 MiB at a broker) was
     OOM-killed by sends it accepted (a review's probe)."""
@@ -302,11 +361,11 @@ def test_memory_limits_cover_what_the_servers_budgets_let_them_hold(rendered: di
 
     objs = rendered[name]
     brokers = one(objs, "StatefulSet", "popgate-broker")
-    b = broker_settings([], container_env(objs, brokers, {"metadata.name": "popgate-broker-0"}))
+    b = broker_settings([], server_env(objs, brokers, tmp_path, pod="popgate-broker-0"))
     broker_need = 2 * (b.max_send_bytes + b.max_pop_answer_bytes) + b.cache_bytes + 128 * MIB
     assert broker_need <= memory_limit(brokers), f"broker: {broker_need / MIB:.0f} MiB"
     proxy = one(objs, "Deployment", "popgate-proxy")
-    p = proxy_settings([], container_env(objs, proxy, {}))
+    p = proxy_settings([], server_env(objs, proxy, tmp_path))
     proxy_need = 2 * (p.max_send_bytes + p.max_answer_bytes) + 128 * MIB
     assert proxy_need <= memory_limit(proxy), f"proxy: {proxy_need / MIB:.0f} MiB"
 
