@@ -10,25 +10,27 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.progress import Progress
 from rich.table import Table
 
 from .. import aio, errors
 from .._transport import MAX_MESSAGE_BYTES
-from .commands import (
+from .commands import check_in_memory
+from .options import (
     NON_NEGATIVE_INT,
     POSITIVE,
+    Size,
     Sub,
-    check_in_memory,
+    check_listening,
     client_options,
     connection,
-    error_console,
-    explain,
+    json_option,
     number,
-    print_table,
-    progress,
+    quiet_option,
 )
+from .output import error_console, explain, print_json, print_table, progress
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
 # One consumer group for every run: a run on a reused --topic goes on where the last one stopped instead of
@@ -40,20 +42,25 @@ def add_parsers(sub: Sub) -> None:
     bench = sub.add_parser("bench", help="measure produce, consume+ack and idle-wake latency through the proxy")
     client_options(bench)
     bench.add_argument(
+        "-t",
         "--topic",
         default="",
         help="topic to reuse, and <topic>-idle (default: a fresh bench-<id> per run, left behind)",
     )
-    bench.add_argument("--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
+    bench.add_argument("-n", "--count", type=POSITIVE, default=20_000, help="messages to produce and consume")
     bench.add_argument(
         "--size",
-        type=number(int, low=STAMP.size, high=MAX_MESSAGE_BYTES),
+        type=Size(low=STAMP.size, high=MAX_MESSAGE_BYTES),
         default=256,
-        help=f"body bytes (>= {STAMP.size}: a send time)",
+        help=f"body size, bytes or with a unit: 4KiB (>= {STAMP.size}: a send time)",
     )
-    bench.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per SendMessage call")
+    bench.add_argument(
+        "-b", "--batch", type=number(int, low=1, high=1024), default=256, help="messages per SendMessage call"
+    )
     bench.add_argument("--concurrency", type=POSITIVE, default=8, help="calls in flight (producers and consumers each)")
     bench.add_argument("--samples", type=NON_NEGATIVE_INT, default=50, help="idle-wake latency samples (0 = skip)")
+    json_option(bench)
+    quiet_option(bench)
     bench.set_defaults(handler=bench_command)
 
 
@@ -147,7 +154,9 @@ async def consume(
             raise result
 
 
-async def idle_wake(args: argparse.Namespace, topic: str, group: str, phase: Phase) -> None:
+async def idle_wake(
+    args: argparse.Namespace, topic: str, group: str, phase: Phase, advance: Callable[[int], None]
+) -> None:
     """Send one message at a time to an idle, long-polling consumer; send-to-receive latency."""
     options = connection(args)
     async with (
@@ -163,6 +172,7 @@ async def idle_wake(args: argparse.Namespace, topic: str, group: str, phase: Pha
                 phase.latencies_ms.append((time.monotonic_ns() - sent) / 1e6)
                 phase.messages += 1
                 await consumer.ack(message)
+            advance(1)
 
 
 async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> None:
@@ -176,7 +186,8 @@ async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> N
     await consume(args, topic, group, phases[-1], lambda n: bar.advance(task, n))
     if args.samples > 0:
         phases.append(Phase("idle wake", timed=False))
-        await idle_wake(args, topic + "-idle", group, phases[-1])
+        task = bar.add_task("idle wake", total=args.samples, rate="")
+        await idle_wake(args, topic + "-idle", group, phases[-1], lambda n: bar.advance(task, n))
 
 
 def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
@@ -192,13 +203,43 @@ def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
     return table
 
 
+def document(phases: list[Phase], args: argparse.Namespace, *, interrupted: bool) -> dict[str, Any]:
+    """`bench --json`: the summary table as one document; a latency phase has no seconds or rate (None)."""
+
+    def latency(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        p50, p99 = (round(percentile(values, q), 3) for q in (50, 99))
+        return {"p50": p50, "p99": p99, "max": round(max(values), 3), "mean": round(statistics.fmean(values), 3)}
+
+    return {
+        "endpoint": args.endpoint,
+        "count": args.count,
+        "size": args.size,
+        "batch": args.batch,
+        "concurrency": args.concurrency,
+        "interrupted": interrupted,
+        "phases": [
+            {
+                "phase": p.name,
+                "messages": p.messages,
+                "seconds": round(p.seconds, 4) if p.timed else None,
+                "msg_per_s": round(p.rate, 1) if p.timed else None,
+                "latency_ms": latency(p.latencies_ms),
+            }
+            for p in phases
+        ],
+    }
+
+
 def bench_command(args: argparse.Namespace) -> int:
     # each producer's send_many at once
     check_in_memory(args.size, min(args.batch * args.concurrency, args.count), lower="--size, --batch or --concurrency")
     err = error_console()
+    check_listening(args.endpoint)
     phases: list[Phase] = []
     code = 0
-    with progress(err) as bar:
+    with progress(err, quiet=args.quiet) as bar:
         try:
             asyncio.run(run(args, bar, phases))
         except KeyboardInterrupt:
@@ -206,13 +247,16 @@ def bench_command(args: argparse.Namespace) -> int:
         except errors.PopgateError as exc:
             err.print(f"popgate bench: {explain(exc)}", style="red")
             code = 1
-    print_table(summary(phases, args))
+    if args.json:
+        print_json(document(phases, args, interrupted=code == 130))
+    else:
+        print_table(summary(phases, args))
     if code:
         if code == 130:
             err.print(f"popgate bench: interrupted during {phases[-1].name if phases else 'start-up'}")
         return code
     if phases[1].messages < args.count:
-        print(f"consumed {phases[1].messages} of {args.count} within the time limit")
-    if len(phases) > 2 and phases[2].latencies_ms:
+        err.print(f"consumed {phases[1].messages} of {args.count} within the time limit")
+    if len(phases) > 2 and phases[2].latencies_ms and not args.json:
         print(f"idle wake mean {statistics.fmean(phases[2].latencies_ms):.2f} ms")
     return 0

@@ -1,11 +1,10 @@
-"""`popgate send` and `popgate receive`, plus the options every client command shares."""
+"""`popgate send` and `popgate receive`."""
 
 from __future__ import annotations
 
 import argparse
 import base64
 import json
-import math
 import os
 import stat
 import sys
@@ -13,57 +12,28 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from rich.console import Console
-from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from .. import errors
-from .._transport import CERT_HINT, MAX_MESSAGE_BYTES, PLAINTEXT_HINT, TLS_HINT
-from .._wire import MAX_DURATION_S
 from ..client import Producer, SimpleConsumer
 from ..message import Message
-
-if TYPE_CHECKING:
-    Sub = argparse._SubParsersAction[argparse.ArgumentParser]
-else:
-    Sub = argparse._SubParsersAction
-
-T = TypeVar("T", int, float)
-
-
-def number(
-    kind: Callable[[str], T], *, low: T | None = None, high: T | None = None, above: T | None = None
-) -> Callable[[str], T]:
-    """An argparse type: `kind` within low..high (inclusive) or above `above`; argparse reports the rest."""
-
-    def parse(text: str) -> T:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if isinstance(value, float) and not math.isfinite(value):  # nan, inf
-            raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-        if above is not None and not value > above:
-            raise argparse.ArgumentTypeError(f"must be > {above}, got {text}")
-        if (low is not None and value < low) or (high is not None and value > high):
-            bounds = f">= {low}" if high is None else f"<= {high}" if low is None else f"{low}..{high}"
-            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
-        return value
-
-    return parse
-
-
-POSITIVE = number(int, low=1)
-NON_NEGATIVE_INT = number(int, low=0)
-# Durations as the SDK takes them (at most MAX_DURATION_S, 7 days): a larger value is a usage error, not the SDK's.
-DURATION = number(float, low=0.0, high=MAX_DURATION_S)
-POSITIVE_DURATION = number(float, above=0.0, high=MAX_DURATION_S)
-# More could never be sent (the request's envelope counts against the gRPC message limit too): refused before built.
-BODY_SIZE = number(int, low=1, high=MAX_MESSAGE_BYTES - 64 * 1024)
-
+from .options import (
+    BODY_SIZE,
+    DURATION,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_DURATION,
+    SDK_BATCH,
+    SDK_INVISIBLE_S,
+    SDK_WAIT_S,
+    Renamed,
+    Sub,
+    check_listening,
+    client_options,
+    connection,
+    number,
+    quiet_option,
+)
+from .output import error_console, explain, msg_rate, plural, progress, stdout_is_a_terminal
 
 IN_MEMORY_BYTES = 1024 * 1024 * 1024  # message bodies a command builds at once (send_many copies each into its request)
 
@@ -77,110 +47,61 @@ def check_in_memory(size: int, messages: int, *, lower: str) -> None:
         )
 
 
-def client_options(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument(
-        "--endpoint",
-        default=env("POPGATE_ENDPOINT", "127.0.0.1:8081"),
-        help="proxy HOST:PORT (env POPGATE_ENDPOINT, else 127.0.0.1:8081)",
-    )
-    parser.add_argument("--access-key", default=env("POPGATE_ACCESS_KEY"), help="v2 credentials (env too)")
-    parser.add_argument("--secret-key", default=env("POPGATE_SECRET_KEY"), help="v2 credentials (env too)")
-    parser.add_argument("--tls", action="store_true", help="TLS with the system's root certificates")
-    parser.add_argument("--tls-ca", type=Path, help="TLS with these PEM root certificates")
-
-
-def connection(args: argparse.Namespace) -> dict[str, Any]:
-    tls: bool | Path = args.tls_ca if args.tls_ca else bool(args.tls)
-    if (args.access_key is None) != (args.secret_key is None):  # told as the options, not the SDK's arguments
-        raise ValueError("give --access-key and --secret-key together (or POPGATE_ACCESS_KEY and POPGATE_SECRET_KEY)")
-    return {"access_key": args.access_key, "secret_key": args.secret_key, "tls": tls}
-
-
-# The SDK's hints name its arguments; a command's user is told its options.
-_CLI_HINTS = {
-    TLS_HINT: " (is the server using TLS? try --tls / --tls-ca)",
-    CERT_HINT: " (the server's certificate does not verify: pass --tls-ca <the CA certificate file that signed it>)",
-    PLAINTEXT_HINT: " (the server does not use TLS: drop --tls / --tls-ca)",
-}
-
-
-def explain(exc: errors.PopgateError) -> str:
-    """The error for the user, the SDK's hints naming the command's options."""
-    text = str(exc)
-    for sdk_hint, cli_hint in _CLI_HINTS.items():
-        text = text.replace(sdk_hint, cli_hint)
-    return text
-
-
-def progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
-
-
-def print_table(table: Table) -> None:
-    """A rich table on stdout, cells as given (no markup or emoji codes).
-
-    In a terminal it fits the window: name columns (`overflow="fold"`) fold onto more lines, every character
-    shown, so that number columns (`no_wrap=True`) stay whole. Into a pipe or file it is as wide as its widest
-    row, so every id, topic and group stays whole on its line (rich would otherwise assume
-    80 columns).
-    """
-    console = _Stdout(highlight=False, markup=False, emoji=False)
-    if not console.is_terminal:
-        needed = Measurement.get(console, console.options.update_width(100_000), table).maximum
-        console = _Stdout(highlight=False, markup=False, emoji=False, width=max(needed, 80))
-    console.print(table)
-
-
-class _Stdout(Console):
-    """A console whose reader going away (`popgate stats | head -1`) is a BrokenPipeError, which `popgate` exits
-    141 for as every command does; rich exits 1 itself, the code `stats` keeps for "no broker answered"."""
-
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
-
-
 def add_parsers(sub: Sub) -> None:
+    _send_parser(sub)
+    _receive_parser(sub)
+
+
+def _send_parser(sub: Sub) -> None:
     send = sub.add_parser("send", help="send messages to a topic")
     client_options(send)
     send.add_argument("topic")
-    send.add_argument("body", nargs="?", help="message body ('-' = stdin; else --file, else --size generated bytes)")
+    send.add_argument("body", nargs="?", help="message body ('-' = stdin); or give --file or --random-size")
     send.add_argument("--file", help="read the body from this file ('-' = stdin)")
-    send.add_argument("--count", type=POSITIVE, default=1, help="messages to send")
-    send.add_argument("--size", type=BODY_SIZE, default=256, help="generated body size when no body is given")
+    send.add_argument(
+        "--random-size", type=BODY_SIZE, metavar="SIZE", help="send SIZE generated bytes as the body (256, 4KiB, ...)"
+    )
+    send.add_argument("-n", "--count", type=POSITIVE, default=1, help="messages to send")
     send.add_argument("--rate", type=_rate, default=0.0, help="at most this many msg/s (0 = no limit, else 0.001..1e7)")
-    send.add_argument("--batch", type=number(int, low=1, high=1024), default=256, help="messages per call (1..1024)")
+    send.add_argument(
+        "-b", "--batch", type=number(int, low=1, high=1024), default=256, help="messages per call (1..1024)"
+    )
     send.add_argument("--tag", help="message tag (consumers filter on it: receive --filter)")
     send.add_argument("--key", action="append", default=[], help="business key (repeatable)")
     send.add_argument("--property", action="append", default=[], help="KEY=VALUE user property (repeatable)")
-    send.add_argument("--delay", type=DURATION, help="deliver this many seconds later")
-    send.add_argument(
-        "--group", dest="message_group", metavar="MESSAGE_GROUP", help="FIFO message group (not a consumer group)"
-    )
+    send.add_argument("--delay", type=DURATION, help="deliver this much later (seconds, or 500ms, 2m, 1h)")
+    send.add_argument("--message-group", help="FIFO message group: stored and consumed in order within it")
     send.add_argument("--ids", action="store_true", help="print every message id")
+    quiet_option(send)
+    # Old spellings, refused with the new one (tests/unit/sdk/test_cli_conventions.py)
+    send.add_argument(
+        "-g",
+        "--group",
+        action=Renamed,
+        now="--message-group (a FIFO message group; -g/--group is a consumer group, as in receive and stats)",
+    )
+    send.add_argument("--size", action=Renamed, now="--random-size SIZE (generated bytes are sent only when asked for)")
     send.set_defaults(handler=send_command)
 
+
+def _receive_parser(sub: Sub) -> None:
     receive = sub.add_parser("receive", help="receive (and ack) messages of a consumer group")
     client_options(receive)
     receive.add_argument("topic")
-    receive.add_argument("--group", required=True, help="consumer group")
+    receive.add_argument("-g", "--group", required=True, help="consumer group")
     receive.add_argument("--filter", default="*", help="tag filter: '*' or 'a || b'")
-    receive.add_argument("--count", type=NON_NEGATIVE_INT, default=0, help="stop after this many (0 = until idle)")
-    receive.add_argument("--wait", type=DURATION, default=5.0, help="stop when none came for this many seconds")
     receive.add_argument(
-        "--invisible", type=POSITIVE_DURATION, default=30.0, help="invisibility of received messages, s"
+        "-n", "--count", type=NON_NEGATIVE_INT, default=0, help="stop after this many (0 = until idle)"
     )
-    receive.add_argument("--batch", type=number(int, low=1, high=32), default=32, help="messages per call (1..32)")
+    receive.add_argument(
+        "-w", "--wait", type=DURATION, default=SDK_WAIT_S, help="stop when none came for this long (0 = one poll)"
+    )
+    receive.add_argument(
+        "--invisible", type=POSITIVE_DURATION, default=SDK_INVISIBLE_S, help="invisibility of received messages"
+    )
+    receive.add_argument(
+        "-b", "--batch", type=number(int, low=1, high=32), default=SDK_BATCH, help="messages per call (1..32)"
+    )
     receive.add_argument(
         "--format",
         choices=["text", "json", "body"],
@@ -193,21 +114,30 @@ def add_parsers(sub: Sub) -> None:
         help="look without consuming: each message once, stopping at the first one shown already; each look "
         "uses one delivery attempt of every message shown, and hides it for --invisible",
     )
+    quiet_option(receive)
     receive.set_defaults(handler=receive_command)
 
 
 def _body(args: argparse.Namespace) -> bytes:
-    """The body argument, else --file, ('-' = stdin for either), else --size generated bytes."""
-    if args.body is not None and args.file:
-        raise ValueError(f"give the body as an argument ({args.body[:20]!r}) or with --file, not both")
+    """The body argument, --file ('-' = stdin for either) or --random-size generated bytes: exactly one of them."""
+    given = [
+        name
+        for name, value in (("a body argument", args.body), ("--file", args.file), ("--random-size", args.random_size))
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(f"give the body one way, not both {given[0]} and {given[1]}")
+    if not given:
+        raise ValueError("no body: give it as an argument, '-' (stdin), --file FILE, or --random-size SIZE")
     source = args.body if args.body is not None else args.file
     if source == "-":
         return sys.stdin.buffer.read()
     if args.body is not None:
         return str(args.body).encode()
-    if args.file:
+    if args.file is not None:
         return Path(args.file).read_bytes()  # OSError: one line and code 2 (cli.main)
-    return os.urandom(args.size // 2 + 1).hex()[: args.size].encode()
+    size: int = args.random_size
+    return os.urandom(size // 2 + 1).hex()[:size].encode()
 
 
 def _properties(pairs: list[str]) -> dict[str, str]:
@@ -243,11 +173,6 @@ def paced(total: int, batch: int, rate: float) -> Iterator[int]:
                 time.sleep(ahead)  # pacing, not synchronisation
         yield n
         sent += n
-
-
-def error_console() -> Console:
-    """stderr for the commands: plain text, never wrapped (an error is one line, also in a pipe or a log)."""
-    return Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)
 
 
 class IdleWait:
@@ -296,17 +221,15 @@ class OnePass:
         return fresh
 
 
-def _plural(n: int, word: str = "message") -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
 def send_command(args: argparse.Namespace) -> int:
     if args.message_group and args.delay:  # the SDK would name its own arguments
-        raise ValueError("--group (a FIFO message group) and --delay cannot be used together")
+        raise ValueError("--message-group (a FIFO message group) and --delay cannot be used together")
     err = error_console()
     body = _body(args)
-    generated = args.body is None and not args.file
-    check_in_memory(len(body), min(args.batch, args.count), lower="--size or --batch" if generated else "--batch")
+    generated = args.random_size is not None
+    check_in_memory(
+        len(body), min(args.batch, args.count), lower="--random-size or --batch" if generated else "--batch"
+    )
     options = {
         "tag": args.tag,
         "keys": args.key,
@@ -314,30 +237,32 @@ def send_command(args: argparse.Namespace) -> int:
         "delay": args.delay,
         "message_group": args.message_group,
     }
-    started = time.perf_counter()
     sent, code = 0, 0
-    with Producer(args.endpoint, **connection(args)) as producer, progress(err) as bar:
-        task = bar.add_task(f"send {args.topic}", total=args.count, rate="")
-        try:
-            for n in paced(args.count, args.batch, args.rate):
-                receipts = producer.send_many(args.topic, [body] * n, **options)
-                sent += n
-                if args.ids or args.count == 1:
-                    print("\n".join(r.message_id for r in receipts), flush=True)
-                elapsed = time.perf_counter() - started
-                bar.update(task, advance=n, rate=f"{sent / max(elapsed, 1e-9):,.0f} msg/s")
-        except errors.PopgateError as exc:
-            err.print(f"popgate send: {explain(exc)} (after {sent} sent)", style="red")
-            return 1
-        except KeyboardInterrupt:
-            code = 130
+    with Producer(args.endpoint, **connection(args)) as producer:
+        check_listening(args.endpoint)
+        started = time.perf_counter()
+        with progress(err, quiet=args.quiet) as bar:
+            task = bar.add_task(f"send {args.topic}", total=args.count, rate="")
+            try:
+                for n in paced(args.count, args.batch, args.rate):
+                    receipts = producer.send_many(args.topic, [body] * n, **options)
+                    sent += n
+                    if args.ids or args.count == 1:
+                        print("\n".join(r.message_id for r in receipts), flush=True)
+                    bar.update(task, advance=n, rate=msg_rate(sent, time.perf_counter() - started))
+            except errors.PopgateError as exc:
+                err.print(f"popgate send: {explain(exc)} (after {sent} sent)", style="red")
+                return 1
+            except KeyboardInterrupt:
+                code = 130
     elapsed = time.perf_counter() - started
     each = " each" if sent != 1 else ""
     # The summary on stderr, as `receive`'s: stdout holds only the ids (`id=$(popgate send t hello)`).
-    err.print(
-        f"sent {_plural(sent)} ({len(body)} B{each}) to {args.topic} "
-        f"in {elapsed:.2f} s ({sent / max(elapsed, 1e-9):,.0f} msg/s){' (interrupted)' if code else ''}"
-    )
+    if not args.quiet:
+        err.print(
+            f"sent {plural(sent)} ({len(body)} B{each}) to {args.topic} "
+            f"in {elapsed:.2f} s ({msg_rate(sent, elapsed)}){' (interrupted)' if code else ''}"
+        )
     return code
 
 
@@ -429,33 +354,57 @@ def receive_command(args: argparse.Namespace) -> int:
         **connection(args),
     )
     tally, code, look = _Tally(), 0, OnePass()
+    # Progress only when stdout is not the terminal: there the messages themselves show it.
+    shown = progress(err, quiet=args.quiet or stdout_is_a_terminal(), redirect_stdout=False)
     try:
         with consumer:
-            idle = IdleWait(args.wait)
-            while (args.count == 0 or tally.got < args.count) and not look.over and (wait := idle.next()) is not None:
-                want = args.batch if args.count == 0 else min(args.batch, args.count - tally.got)
-                batch = consumer.receive(max=want, wait=wait)
-                if not batch:
-                    continue
-                idle.received()
-                if args.no_ack:
-                    batch = look.new(batch)
-                tally.got += len(batch)
-                _print_and_ack(consumer, batch, tally, fmt=args.format, ack=not args.no_ack)
+            check_listening(args.endpoint)
+            with shown as bar:
+                task = bar.add_task(f"receive {args.topic}", total=args.count or None, rate="")
+                started = time.perf_counter()
+
+                def advance(n: int) -> None:
+                    bar.update(task, advance=n, rate=msg_rate(tally.got, time.perf_counter() - started))
+
+                _receive(consumer, args, tally, look, advance)
     except errors.PopgateError as exc:
         err.print(f"popgate receive: {explain(exc)} (after {tally.got} received)", style="red")
         return 1
     except KeyboardInterrupt:  # a printed but not yet acked batch comes back after --invisible
         code = 130
+    if not args.quiet:
+        err.print(_received(args, tally, look, interrupted=code != 0))
+    return code
+
+
+def _receive(
+    consumer: SimpleConsumer, args: argparse.Namespace, tally: _Tally, look: OnePass, advance: Callable[[int], None]
+) -> None:
+    """Receive, print and ack (unless --no-ack) until --count, idle for --wait, or a look came round again."""
+    idle = IdleWait(args.wait)
+    while (args.count == 0 or tally.got < args.count) and not look.over and (wait := idle.next()) is not None:
+        want = args.batch if args.count == 0 else min(args.batch, args.count - tally.got)
+        batch = consumer.receive(max=want, wait=wait)
+        if not batch:
+            continue
+        idle.received()
+        if args.no_ack:
+            batch = look.new(batch)
+        tally.got += len(batch)
+        _print_and_ack(consumer, batch, tally, fmt=args.format, ack=not args.no_ack)
+        advance(len(batch))
+
+
+def _received(args: argparse.Namespace, tally: _Tally, look: OnePass, *, interrupted: bool) -> str:
+    """The summary line of a receive."""
     got, acked = tally.got, tally.acked
     if args.no_ack:
-        summary = f"received {_plural(got)}"
+        summary = f"received {plural(got)}"
     elif acked == got:
-        summary = f"received and acked {_plural(got)}"
+        summary = f"received and acked {plural(got)}"
     else:
-        summary = f"received {_plural(got)} ({acked} acked)"
-    stopped = " (interrupted)" if code else ""
+        summary = f"received {plural(got)} ({acked} acked)"
+    stopped = " (interrupted)" if interrupted else ""
     if look.over:
         stopped += "; stopped at the first message shown already (--no-ack looks once)"
-    err.print(f"{summary} from {args.topic} (group {args.group}){stopped}")
-    return code
+    return f"{summary} from {args.topic} (group {args.group}){stopped}"

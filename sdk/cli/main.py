@@ -1,6 +1,7 @@
 """The `popgate` command line: `up` (a local cluster in the foreground) and the client commands.
 
-Client commands (send, receive, stats, dlq, bench) live in `commands`, `admin` and `benchmark` beside it.
+Client commands (send, receive, stats, dlq, bench) live in `commands`, `admin`, `dlq` and `benchmark` beside it;
+the options they share in `options`, what they print in `output`.
 """
 
 from __future__ import annotations
@@ -15,16 +16,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from popgate_process.config import DURATION_FORMS, SIZE_FORMS, distribution_version
+
 from .cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted, ended
-from .commands import number
+from .options import NOTHING_LISTENS, Duration, NothingListens
 
 # A live view refresh polls every broker's Stats: 0 (or less) would poll them in a busy loop.
-INTERVAL = number(float, low=0.1, high=3600.0)
+INTERVAL = Duration(low=0.1, high=3600.0)
+
+EPILOG = (
+    f"Durations: {DURATION_FORMS}. Sizes: {SIZE_FORMS}. Short flags mean the same in every command: -e endpoint, "
+    "-g consumer group, -n count, -w wait, -b batch, -t topic, -q quiet. Exit codes: 0 done, 1 a server error "
+    f"(or no broker answered), 2 bad input, {NOTHING_LISTENS} nothing listens at --endpoint, 130 interrupted, "
+    "141 stdout's reader went away."
+)
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Each option's help ends with its default, unless the help tells it already (says "default") or the
-    default comes from the environment (the help says "env": it may be a secret, such as a key)."""
+    """Each option's help ends with its default, in its units (``20s``, ``4KiB``), unless the help tells it
+    already (says "default") or the default comes from the environment (the help says "env": it may be a secret,
+    such as a key); tests/unit/sdk/test_cli_conventions.py."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -32,14 +43,18 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         no_default = action.default in (None, "", [], argparse.SUPPRESS) or action.nargs == 0  # a flag: off
         if told or no_default or not action.option_strings:
             return action.help
-        return f"{text} (default: %(default)s)"
+        show = getattr(action.type, "show", None)
+        shown = "%(default)s" if show is None else str(show(action.default)).replace("%", "%%")
+        return f"{text} (default: {shown})"
 
 
 class Parser(argparse.ArgumentParser):
-    """The `popgate` parser; its subcommands' parsers are of this class too, so all show their defaults."""
+    """The `popgate` parser; its subcommands' parsers are of this class too, so all show their defaults and how
+    durations and sizes are written."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        kwargs.setdefault("epilog", f"Durations: {DURATION_FORMS}. Sizes: {SIZE_FORMS}.")
         super().__init__(*args, **kwargs)
 
 
@@ -61,12 +76,13 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
     up.add_argument(
-        "--interval", type=INTERVAL, default=1.0, help="live view refresh, seconds (0.1..3600: each asks every broker)"
+        "--interval", type=INTERVAL, default=1.0, help="live view refresh (100ms..1h: each asks every broker)"
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="popgate", description="popgate command line")
+    parser = Parser(prog="popgate", description="popgate command line", epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"popgate {distribution_version()}")
     # Subcommands' parsers are Parsers too (argparse makes them of the parent's class); typed as the plain kind
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True)
@@ -87,10 +103,11 @@ def _name_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import admin, benchmark, commands
+    from . import admin, benchmark, commands, dlq
 
     commands.add_parsers(sub)
     admin.add_parsers(sub)
+    dlq.add_parsers(sub)
     benchmark.add_parsers(sub)
 
 
@@ -180,16 +197,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         return 2
+    command = getattr(args, "parser", parser).prog  # "popgate dlq resend"
     try:
         return handler(args)
     except BrokenPipeError:  # `popgate receive ... | head`: the reader is gone, nothing to report to
         _quiet_stdout()
         return 141
+    except NothingListens as exc:  # told at once, not after the SDK's seconds of retries
+        print(f"{command}: {exc}", file=sys.stderr)
+        return NOTHING_LISTENS
     except (OSError, ValueError) as exc:  # a file that cannot be read, a value the SDK refuses
-        print(f"popgate {args.command}: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # commands with a summary print it themselves and return 130
-        print(f"popgate {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         return 130
 
 

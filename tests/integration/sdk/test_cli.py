@@ -21,8 +21,9 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate import Producer, SimpleConsumer
-from popgate.cli.admin import BODY_SHOWN, Broker, fetch_stats, lag_rows, list_dead_letters
+from popgate.cli.admin import Broker, fetch_stats, lag_rows
 from popgate.cli.cluster import Cluster
+from popgate.cli.dlq import BODY_SHOWN, list_dead_letters
 from popgate.cli.main import main
 from tests.integration.sdk.conftest import drain, eventually
 from tests.integration.sdk.popgate_up import POPGATE
@@ -36,7 +37,7 @@ def brokers(cluster: Cluster) -> list[str]:
     return [arg for target in cluster.broker_targets() for arg in ("--broker", target)]
 
 
-def test_send_from_argument_file_stdin_and_generated(
+def test_send_from_argument_file_stdin_and_generated_when_asked(
     endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = name("cli")
@@ -59,7 +60,7 @@ def test_send_from_argument_file_stdin_and_generated(
     assert main(["send", "--endpoint", endpoint, topic, "body", "--file", str(body)]) == 2
     assert "not both" in capsys.readouterr().err
     started = time.monotonic()
-    assert main(["send", "--endpoint", endpoint, topic, "--count", "400", "--size", "64", "--rate", "4000"]) == 0
+    assert main(["send", "--endpoint", endpoint, topic, "--count", "400", "--random-size", "64", "--rate", "4000"]) == 0
     took = time.monotonic() - started
     out = capsys.readouterr().err
     assert f"sent 400 messages (64 B each) to {topic}" in out
@@ -267,11 +268,11 @@ def test_bad_input_is_one_line_and_code_2(
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["send", "t", "x", "--delay", "-5"], "argument --delay: must be 0.0..604800.0, got -5"),
-        (["send", "t", "x", "--count", "0"], "argument --count: must be >= 1, got 0"),
+        (["send", "t", "x", "--delay", "-5"], "argument --delay: must be 0s..7d, got -5"),
+        (["send", "t", "x", "--count", "0"], "argument -n/--count: must be >= 1, got 0"),
         (["send", "t", "x", "--rate", "nan"], "argument --rate: not a finite number: 'nan'"),
-        (["receive", "t", "--group", "g", "--batch", "100"], "argument --batch: must be 1..32, got 100"),
-        (["receive", "t", "--group", "g", "--invisible", "0"], "argument --invisible: must be > 0.0, got 0"),
+        (["receive", "t", "--group", "g", "--batch", "100"], "argument -b/--batch: must be 1..32, got 100"),
+        (["receive", "t", "--group", "g", "--invisible", "0"], "argument --invisible: must be > 0s, got 0"),
         (["bench", "--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
     ],
 )

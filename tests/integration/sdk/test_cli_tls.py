@@ -12,6 +12,7 @@ import pytest
 from popgate import Producer, RetryPolicy, Unavailable, aio
 from popgate.cli.cluster import Cluster
 from popgate.cli.main import main
+from popgate.cli.options import NOTHING_LISTENS
 
 HINT = "(is the server using TLS? try --tls / --tls-ca)"
 
@@ -39,9 +40,9 @@ def test_a_plaintext_client_of_a_tls_proxy_is_told_to_try_tls(
     err = capsys.readouterr().err
     assert err.startswith("popgate send: UNAVAILABLE: failed to connect to all addresses") and HINT in err, err
     assert main(["send", "--endpoint", address, "t", "x", "--tls-ca", str(cert)]) == 0  # the hint was right
-    assert main(["send", "--endpoint", "127.0.0.1:1", "t", "x"]) == 1  # nothing listening: TLS would not help
+    assert main(["send", "--endpoint", "127.0.0.1:1", "t", "x"]) == NOTHING_LISTENS  # TLS would not help
     err = capsys.readouterr().err
-    assert "Connection refused" in err and HINT not in err, err
+    assert "nothing listens at 127.0.0.1:1 (connection refused)" in err and HINT not in err, err
 
 
 def test_dlq_resend_of_a_plaintext_client_is_told_to_try_tls(
