@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+import shlex
 import socket
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
+from broker.settings import BrokerSettings
 from popgate import SimpleConsumer
 from popgate.cli import benchmark, options
 from popgate.cli.dlq import DeadLetters
 from popgate.cli.main import build_parser, main
 from popgate.cli.options import NOTHING_LISTENS, NothingListens, check_listening
 from popgate.cli.output import print_json
+from popgate_process.config import settings_parser
+from proxy.settings import Settings
 
 NOWHERE = ["--endpoint", "127.0.0.1:1"]
 
@@ -274,3 +280,33 @@ def test_through_an_http_proxy_the_direct_check_is_not_made(monkeypatch: pytest.
     with pytest.raises(NothingListens):  # excepted from the proxy: checked directly
         check_listening("mq.internal:8081")
     assert tried == [("mq.internal", 8081)]
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _documented_commands() -> list[list[str]]:
+    """Each `popgate ...` line of the ```sh blocks in README.md and docs/SDK.md, as argv (comments and pipes cut)."""
+    lines = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "SDK.md"):
+        for block in re.findall(r"```sh\n(.*?)```", doc.read_text(), flags=re.S):
+            for line in block.splitlines():
+                argv = shlex.split(line.split("|")[0], comments=True)
+                if argv and Path(argv[0]).name.startswith("popgate"):
+                    lines.append([Path(argv[0]).name, *argv[1:]])
+    return lines
+
+
+@pytest.mark.parametrize("argv", _documented_commands(), ids=" ".join)
+def test_every_documented_command_line_parses(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The examples of README.md and docs/SDK.md use only flags that exist, spelled as they are now."""
+    program, *args = argv
+    if program == "popgate":
+        try:
+            build_parser().parse_args(args)
+        except SystemExit as exited:  # --help
+            assert exited.code == 0 and args[-1] == "--help", capsys.readouterr().err
+        return
+    assert program in ("popgate-broker", "popgate-proxy"), program
+    cls = BrokerSettings if program == "popgate-broker" else Settings
+    settings_parser(cls, program).parse_args(args)
