@@ -18,7 +18,9 @@ type. A field's metadata may refine that:
 - ``file_only``: no flag nor variable; with a `section`, the key may also sit at the top level,
   beside the section's table, and wins there (``[[acl]]``);
 - ``choices``: the values taken, shown in ``--help`` (the dataclass still checks them, so an error names
-  where the value came from).
+  where the value came from);
+- ``replaces``: old names of the setting (``("auth_token",)``); their flag, variable or file key is refused
+  with the name to use instead (``--auth-token is now --broker-token``).
 
 Units by name: a float field ending ``_s`` is a duration in seconds and also takes ``500ms``, ``30s``,
 ``2m``, ``1h30m``, ``7d`` (`parse_duration`); an int field ending ``_bytes`` is a size and also takes
@@ -196,6 +198,24 @@ SETTINGS_EPILOG = (
 )
 
 
+class Replaced(argparse.Action):
+    """An old spelling of an option: a usage error (exit code 2) naming the one to write instead ("--size is now
+    --random-size SIZE"); hidden from --help. Its value, if any, goes with it, so the hint is the only error."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, now: str, **kwargs: Any) -> None:
+        kwargs.update(nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.now = now
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        parser.error(f"{option} is now {self.now}")
+
+
+def _replaced(cls: type[Any]) -> dict[str, str]:
+    """Each old name of a setting (``replaces``) -> the setting's option name, both with '_'."""
+    return {old: _option(f) for f in _fields(cls) for old in f.metadata.get("replaces", ())}
+
+
 def _unit_parser(f: dataclasses.Field[Any], kind: Any) -> Callable[[object], Any] | None:
     """The unit-aware reader a field's name and type call for (module docstring, "Units by name"), or None."""
     if kind is float and f.name.endswith("_s"):
@@ -264,6 +284,8 @@ def settings_parser(cls: type[Any], prog: str, *, description: str | None = None
             action = "append" if typing.get_origin(kind) is tuple else "store"
             metavar = _metavar(f, kind)
             parser.add_argument(flag, dest=f.name, action=action, default=None, metavar=metavar, help=_help(f, kind))
+    for old, new in _replaced(cls).items():
+        parser.add_argument("--" + old.replace("_", "-"), action=Replaced, now="--" + new.replace("_", "-"))
     return parser
 
 
@@ -299,6 +321,9 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
             values[f.name] = given[present[0]]
         for key in present:
             del given[key]
+    for old, new in _replaced(cls).items():
+        if old in given:
+            raise SettingsError(f"{where}: {old} is now {new}")
     if given:
         raise SettingsError(f"{where}: unknown keys {sorted(given)}")
     return values
@@ -341,6 +366,9 @@ def load(
     """
     args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
+    for old, new in _replaced(cls).items():
+        if "POPGATE_" + old.upper() in environ:
+            raise SettingsError(f"POPGATE_{old.upper()} is now POPGATE_{new.upper()}")
     config_path = args.config or environ.get("POPGATE_CONFIG")
     file = f"{'--config' if args.config else 'POPGATE_CONFIG'} {config_path}"  # how the file was given
     config = read_config(cls, Path(config_path), section=section, where=file) if config_path else {}

@@ -13,7 +13,7 @@ import inspect
 import math
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -113,21 +113,6 @@ DURATION = Duration()
 POSITIVE_DURATION = Duration(low=None, above=0.0)
 # More could never be sent (the request's envelope counts against the gRPC message limit too): refused before built.
 BODY_SIZE = Size(low=1, high=MAX_MESSAGE_BYTES - 64 * 1024)
-
-
-class Renamed(argparse.Action):
-    """An old spelling: a usage error (exit code 2) naming what to write instead, "--size is now --random-size
-    SIZE (...)"; never listed in --help. Its value, if any, is taken with it, so the hint is the one error."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, *, now: str, **kwargs: Any) -> None:
-        kwargs.update(nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        super().__init__(option_strings, dest, **kwargs)
-        self.now = now
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
-    ) -> None:
-        parser.error(f"{option} is now {self.now}")
 
 
 def client_options(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from popgate_process.config import (
     parse_size,
     settings_parser,
 )
+from popgate_process.config import load as load_config
 from proxy import __main__ as proxy_main
 from proxy.settings import Settings, SettingsError, load
 
@@ -180,3 +182,26 @@ def test_the_proxy_configures_json_logs_on_stderr(monkeypatch: pytest.MonkeyPatc
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
     assert proxy_main.configure_logging is configure_logging  # what the entry point calls with --log-format
+
+
+@dataclass(frozen=True)
+class _Renamed:
+    broker_token: str = field(default="", metadata={"replaces": ("auth_token",)})
+    poll_s: float = field(default=1.0, metadata={"replaces": ("poll_ms",)})
+
+
+def test_an_old_name_of_a_setting_is_refused_with_the_new_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = settings_parser(_Renamed, "prog")
+    with pytest.raises(SystemExit) as exited:
+        load_config(_Renamed, parser, ["--poll-ms", "500"], {})
+    assert exited.value.code == 2 and "prog: error: --poll-ms is now --poll-s" in capsys.readouterr().err
+    with pytest.raises(SettingsError, match="^POPGATE_AUTH_TOKEN is now POPGATE_BROKER_TOKEN$"):
+        load_config(_Renamed, parser, [], {"POPGATE_AUTH_TOKEN": "s3cret"})
+    config = tmp_path / "old.toml"
+    config.write_text('auth-token = "s3cret"\n')
+    with pytest.raises(SettingsError, match=f"^--config {config}: auth_token is now broker_token$"):
+        load_config(_Renamed, parser, ["--config", str(config)], {})
+    assert "--auth-token" not in parser.format_help()
+    assert load_config(_Renamed, parser, ["--poll-s", "250ms"], {}).poll_s == 0.25
