@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.sqlite_store import BATCH_MESSAGES, SqliteStore
-from broker.store import DeleteInflight, NewMessage, PutInflight, Record
+from broker.sqlite_store import BATCH_MESSAGES, KIND_ORDER, SqliteStore, coalesce
+from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
 from popgate_contract.errors import StoreUnavailable
 
 N = BATCH_MESSAGES * 2 + 7  # more than one batch row per queue in one commit
@@ -86,6 +86,40 @@ async def test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flus
     assert kept.done()
     reopened = SqliteStore(tmp_path)
     assert reopened.load().inflight == [PutInflight("g", "t", 0, 1, 1, 8, 9)]
+
+
+def test_a_commit_writes_each_row_once_as_its_last_op_leaves_it() -> None:
+    popped_and_acked = PutInflight("g", "t", 0, 1, 1, 9, 9)
+    by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
+    by_kind[PutInflight] += [
+        PutInflight("g", "t", 0, 0, 1, 7, 9),
+        popped_and_acked,
+        PutInflight("g", "t", 0, 0, 2, 8, 10),
+    ]
+    by_kind[SetPullOffset] += [
+        SetPullOffset("g", "t", 0, 1),
+        SetPullOffset("g", "t", 1, 2),
+        SetPullOffset("g", "t", 0, 3),
+    ]
+    # Offset 5 was stored by an earlier commit: its delete still runs.
+    by_kind[DeleteInflight] += [DeleteInflight("g", "t", 0, 1), DeleteInflight("g", "t", 0, 5)]
+    coalesce(by_kind)
+    assert by_kind[PutInflight] == [PutInflight("g", "t", 0, 0, 2, 8, 10)]
+    assert by_kind[SetPullOffset] == [SetPullOffset("g", "t", 0, 3), SetPullOffset("g", "t", 1, 2)]
+    assert by_kind[DeleteInflight] == [DeleteInflight("g", "t", 0, 1), DeleteInflight("g", "t", 0, 5)]
+
+
+async def test_consumer_state_deferred_together_ends_as_its_last_ops_leave_it(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path, state_delay_s=60.0)  # the timer never fires in this test
+    store.start(asyncio.get_running_loop())
+    await store.submit([message(0)], [PutInflight("g", "t", 0, 5, 1, 1, 9), SetPullOffset("g", "t", 0, 6)])
+    store.submit([], [PutInflight("g", "t", 0, 6, 1, 7, 9), SetPullOffset("g", "t", 0, 7)])  # popped
+    store.submit([], [PutInflight("g", "t", 0, 6, 2, 8, 10), PutInflight("g", "t", 0, 7, 1, 9, 9)])  # redelivered
+    store.submit([], [DeleteInflight("g", "t", 0, 7), DeleteInflight("g", "t", 0, 5), SetPullOffset("g", "t", 0, 8)])
+    await store.close()
+    snap = SqliteStore(tmp_path).load()
+    assert snap.inflight == [PutInflight("g", "t", 0, 6, 2, 8, 10)]
+    assert snap.pull_offsets == [SetPullOffset("g", "t", 0, 8)]
 
 
 async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
