@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from popgate_process.config import configure_logging
+from popgate_process.logs import configure_logging
 from proxy.server import serve
 from proxy.settings import SettingsError, load
 

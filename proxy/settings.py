@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from popgate_contract.validation import parse_host_port as parse_host_port
-from popgate_process.config import LOG_FORMATS, LOG_LEVELS, settings_parser
 from popgate_process.config import SettingsError as SettingsError
 from popgate_process.config import load as load_config
+from popgate_process.config import settings_parser
+from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")

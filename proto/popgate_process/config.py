@@ -35,23 +35,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import importlib.metadata
-import json
-import logging
-import math
 import os
 import re
 import socket
-import sys
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from popgate_contract.validation import parse_host_port
+from popgate_process.units import DURATION_FORMS, SIZE_FORMS, format_duration, format_size, parse_duration, parse_size
 
 T = TypeVar("T")
 PROGRAM_SECTIONS = frozenset(("broker", "proxy"))  # one file may hold a table for each program
@@ -59,82 +54,6 @@ PROGRAM_SECTIONS = frozenset(("broker", "proxy"))  # one file may hold a table f
 
 class SettingsError(ValueError):
     """A setting is missing, unreadable or out of range; the message names it."""
-
-
-# Durations: seconds, or numbers with units, summed (``1h30m``). Sizes: bytes, or a number with a 1024-based unit.
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)"
-_DURATION = re.compile(f"(?:{_DURATION_PART})+")
-_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_DECIMAL_UNITS = {"k": "KiB", "kb": "KiB", "m": "MiB", "mb": "MiB", "g": "GiB", "gb": "GiB", "t": "TiB", "tb": "TiB"}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-zA-Z]*)")
-DURATION_FORMS = "seconds (2.5) or with a unit: 500ms, 30s, 2m, 1h30m, 7d"
-SIZE_FORMS = "bytes (4096) or with a unit: 4KiB, 64MiB, 1GiB"
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from a number (seconds) or a text such as ``2.5``, ``500ms``, ``30s``, ``2m``, ``1h30m``, ``7d``;
-    ValueError naming the forms taken otherwise (tests/unit/test_settings_units.py)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration: give {DURATION_FORMS}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = str(value).strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            if not _DURATION.fullmatch(text):
-                raise ValueError(f"{text!r} is not a duration: give {DURATION_FORMS}") from None
-            seconds = sum(float(n) * _DURATION_UNITS[unit] for n, unit in re.findall(_DURATION_PART, text))
-    if not math.isfinite(seconds):
-        raise ValueError(f"{value!r} is not a finite duration")
-    return seconds
-
-
-def parse_size(value: object) -> int:
-    """Bytes from an integer or a text such as ``4096``, ``4KiB``, ``64MiB``, ``1.5GiB`` (units are 1024-based);
-    ValueError otherwise. ``64MB``, ``64M`` are refused with the 1024-based spelling to use instead: ``MB`` is
-    10^6 bytes to some and 2^20 to others (tests/unit/test_settings_units.py)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value).strip()
-    match = _SIZE.fullmatch(text)
-    if match is None or isinstance(value, bool):
-        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}")
-    number, unit = match[1], match[2].lower()
-    if unit in _DECIMAL_UNITS:
-        raise ValueError(f"{text!r}: sizes are 1024-based, write {number}{_DECIMAL_UNITS[unit]} (or the bytes)")
-    if unit not in _SIZE_UNITS:
-        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}")
-    try:
-        exact = Decimal(number) * _SIZE_UNITS[unit]
-    except InvalidOperation:
-        raise ValueError(f"{text!r} is not a size: give {SIZE_FORMS}") from None
-    if exact != exact.to_integral_value():
-        raise ValueError(f"{text!r} is not a whole number of bytes")
-    return int(exact)
-
-
-def format_duration(seconds: float) -> str:
-    """`seconds` as `parse_duration` reads it back: ``12h``, ``5m``, ``10s``, ``300ms``, ``2.5s``."""
-    for unit in ("d", "h", "m", "s"):
-        whole = seconds / _DURATION_UNITS[unit]
-        if seconds >= _DURATION_UNITS[unit] and whole == int(whole):
-            return f"{int(whole)}{unit}"
-    millis = round(seconds * 1000, 6)
-    if 0 < seconds < 1 and millis == int(millis):
-        return f"{int(millis)}ms"
-    return f"{seconds:g}s"
-
-
-def format_size(size: int) -> str:
-    """`size` as `parse_size` reads it back: ``4MiB``, ``256KiB``, ``1000B``."""
-    for unit in ("TiB", "GiB", "MiB", "KiB"):
-        scale = _SIZE_UNITS[unit.lower()]
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return f"{size}B"
 
 
 def distribution_version(name: str = "popgate") -> str:
@@ -435,40 +354,3 @@ def load_settings(
         return load(cls, parser, argv, environ, section=section)
     except ValueError as exc:
         parser.exit(2, f"{prog}: {exc} (see {prog} --help)\n")
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-LOG_FORMATS = ("text", "json")
-TEXT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: ``time`` (UTC, ISO 8601, ms), ``level``, ``logger``, ``message``, and
-    ``exception`` / ``stack`` when the record has them; newlines inside stay escaped
-    (tests/unit/test_settings_units.py)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        at = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
-        entry = {
-            "time": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        if record.stack_info:
-            entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
-
-
-def configure_logging(level: str, log_format: str = "text", stream: IO[str] | None = None) -> None:
-    """The process's logging, for an entry point: one handler on `stream` (stderr), `level` (any case),
-    lines as text or as JSON objects (`JsonLogFormatter`); handlers set before are replaced."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonLogFormatter() if log_format == "json" else logging.Formatter(TEXT_LOG_FORMAT))
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level.upper())

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from popgate_process.config import DURATION_FORMS, SIZE_FORMS, distribution_version
+from popgate_process.config import distribution_version
+from popgate_process.units import DURATION_FORMS, SIZE_FORMS
 
 from .cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted, ended
 from .options import NOTHING_LISTENS, Duration, NothingListens

@@ -13,16 +13,10 @@ import pytest
 
 from broker.settings import BrokerSettings
 from broker.settings import parse as broker_settings
-from popgate_process.config import (
-    JsonLogFormatter,
-    configure_logging,
-    format_duration,
-    format_size,
-    parse_duration,
-    parse_size,
-    settings_parser,
-)
 from popgate_process.config import load as load_config
+from popgate_process.config import settings_parser
+from popgate_process.logs import JsonLogFormatter, configure_logging
+from popgate_process.units import format_duration, format_size, parse_duration, parse_size
 from proxy import __main__ as proxy_main
 from proxy.settings import Settings, SettingsError, load
 
