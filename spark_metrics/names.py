@@ -51,6 +51,7 @@ MAX_OFFSET = "popgate_broker_max_offset"
 CONSUMER_OFFSET = "popgate_broker_consumer_offset"
 PULL_OFFSET = "popgate_broker_pull_offset"
 LAG_MESSAGES = "popgate_broker_consumer_lag_messages"
+READY = "popgate_broker_ready_messages"
 OLDEST_AGE = "popgate_broker_oldest_unacked_age_seconds"
 DLQ_MESSAGES = "popgate_broker_dlq_messages"
 # Broker counters
@@ -62,9 +63,16 @@ RECEIVES = "popgate_proxy_receives_total"  # labels mode, outcome
 FIRST_POP_HITS = "popgate_proxy_receive_first_pop_hits_total"
 LONG_POLLING = "popgate_proxy_long_polling_receives_total"
 NOTIFY_RUNS = "popgate_proxy_notify_runs_total"
+NOTIFY_POPS = "popgate_proxy_notify_pops_total"  # label kind; a "lost" Pop is also counted as a "consume" one
+NOTIFICATIONS = "popgate_proxy_notifications_total"  # label outcome: every Notification sent, answered or not
+LONG_POLLS_MOVED = "popgate_proxy_long_polls_moved_total"  # each move is one more Pop
 # An empty response is a receive with this outcome
 OUTCOME_LABEL = "outcome"
 EMPTY_OUTCOME = "empty"
+# Receives refused before a strategy ran (docs/METRICS.md §4): they made no broker call
+REFUSED_OUTCOMES = ("behind", "illegal_polling_time")
+KIND_LABEL = "kind"
+LOST_KIND = "lost"
 
 # Every metric a figure uses; the job drops the rest before aggregating.
 USED = (
@@ -72,6 +80,7 @@ USED = (
     CONSUMER_OFFSET,
     PULL_OFFSET,
     LAG_MESSAGES,
+    READY,
     OLDEST_AGE,
     DLQ_MESSAGES,
     MESSAGES_IN,
@@ -81,4 +90,7 @@ USED = (
     FIRST_POP_HITS,
     LONG_POLLING,
     NOTIFY_RUNS,
+    NOTIFY_POPS,
+    NOTIFICATIONS,
+    LONG_POLLS_MOVED,
 )

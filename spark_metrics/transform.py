@@ -9,10 +9,13 @@ Two steps, so the same code runs in batch and in Structured Streaming:
    last - baseline within one run (a restarted process is a new run whose counters start at 0).
    Every aggregate is a max/min/max_by, so a duplicate record changes nothing, and records may
    arrive in any order (up to the watermark, in streaming).
-2. `group_metrics` (plain batch, run on complete windows: the whole input in batch, each
+2. `per_process` (plain batch, run on complete windows: the whole input in batch, each
    micro-batch of finalized windows in streaming): one aggregation per window, process, topic and
-   group; per process the topic's max offsets against the group's consumer and pull offsets give
-   the three lags; sums over processes, proxy ratios, rank of the most lagging groups.
+   group. From it, `windows_from`: per process the topic's max offsets against the group's consumer
+   and pull offsets give the three lags; sums over processes, proxy ratios, rank of the most lagging
+   groups; and `processes_from`: the same figures per process (which brokers exported each window,
+   each broker's lag, each proxy's receives and broker calls), which the report needs for missing
+   brokers, per-broker skew and the adaptive recommendation.
 """
 
 from __future__ import annotations
@@ -51,6 +54,28 @@ OUTPUT_COLUMNS = (
     "notify_share",
     "empty_rate",
     "lag_rank",
+    "date",
+)
+# One row per window and process: topic and group null (the process exported in this window), a topic/group pair
+# (a broker's figures for it), or a group alone (a proxy's figures for it). docs/SPARK.md "Output".
+PROCESS_COLUMNS = (
+    "window_start",
+    "window_end",
+    "process",
+    "kind",
+    "topic",
+    "group",
+    "consumer_lag",
+    "exact_lag",
+    "ready",
+    "lag_seconds",
+    "consumer_offset",
+    "messages_in",
+    "messages_out",
+    "receives",
+    "notify_runs",
+    "lost_races",
+    "broker_calls",
     "date",
 )
 
@@ -132,7 +157,7 @@ def _sum_if(cond: Column, col: str = "increase") -> Column:
     return F.sum(F.when(cond, F.col(col)))
 
 
-def _per_process(series: DataFrame) -> DataFrame:
+def per_process(series: DataFrame) -> DataFrame:
     """One pass over the series: every figure per window, process, topic and group (either may be null).
 
     Rows with a topic and no group carry the topic's figures (max offsets, messages in); rows with a
@@ -141,11 +166,14 @@ def _per_process(series: DataFrame) -> DataFrame:
     m, gauge = F.col("metric"), F.col("value")
     lbl = F.map_from_entries("labels")
     receives = m == N.RECEIVES
+    notify_pops, lost = m == N.NOTIFY_POPS, lbl[N.KIND_LABEL] == N.LOST_KIND
     return series.groupBy(*WINDOW_KEYS, "process", "topic", "group").agg(
+        F.max(F.when(m.startswith("popgate_broker_"), "broker").otherwise("proxy")).alias("kind"),
         _sum_if(m == N.MAX_OFFSET, "value").alias("max_sum"),
         _sum_if(m == N.CONSUMER_OFFSET, "value").alias("consumer_sum"),
         _sum_if(m == N.PULL_OFFSET, "value").alias("pull_sum"),
         _sum_if(m == N.LAG_MESSAGES, "value").alias("exact_lag"),
+        _sum_if(m == N.READY, "value").alias("ready"),
         F.max(F.when(m == N.OLDEST_AGE, gauge)).alias("lag_seconds"),
         _sum_if(m == N.DLQ_MESSAGES, "value").alias("dlq_messages"),
         _sum_if(m == N.MESSAGES_IN).alias("messages_in"),
@@ -156,6 +184,11 @@ def _per_process(series: DataFrame) -> DataFrame:
         _sum_if(m == N.LONG_POLLING).alias("long_polling_receives"),
         _sum_if(m == N.NOTIFY_RUNS).alias("notify_runs"),
         _sum_if(receives & (lbl[N.OUTCOME_LABEL] == N.EMPTY_OUTCOME)).alias("empty_responses"),
+        _sum_if(receives & lbl[N.OUTCOME_LABEL].isin(*N.REFUSED_OUTCOMES)).alias("refused"),
+        _sum_if(notify_pops & ~lost).alias("notify_pops"),  # a lost Pop is one of the consume Pops
+        _sum_if(notify_pops & lost).alias("lost_races"),
+        _sum_if(m == N.NOTIFICATIONS).alias("notifications"),
+        _sum_if(m == N.LONG_POLLS_MOVED).alias("moved"),
     )
 
 
@@ -208,12 +241,16 @@ def _ratio(num: str, den: str) -> Column:
 
 
 def group_metrics(series: DataFrame, window_s: float) -> DataFrame:
-    """Step 2: per window and topic/group, every figure of docs/METRICS.md ("Job output").
+    """Step 2: per window and topic/group, every figure of docs/METRICS.md ("Job output")."""
+    return windows_from(per_process(series), window_s)
+
+
+def windows_from(pp: DataFrame, window_s: float) -> DataFrame:
+    """Step 2 from `per_process`: the windows output (transform.OUTPUT_COLUMNS).
 
     A group's figures that know no topic (the proxies' counts, the DLQ size) are on one row of their own,
     topic "", never repeated on each of the group's topics: a sum over rows is a true total.
     """
-    pp = _per_process(series)
     group_level = _group_level(pp).withColumn("topic", F.lit(""))
     out = _broker_groups(pp).unionByName(group_level, allowMissingColumns=True)
     rank = Window.partitionBy("window_start").orderBy(F.col("consumer_lag").desc_nulls_last(), "topic", "group")
@@ -228,6 +265,58 @@ def group_metrics(series: DataFrame, window_s: float) -> DataFrame:
         F.to_date("window_start").alias("date"),
     )
     return out.select(*OUTPUT_COLUMNS)
+
+
+def _coalesce0(name: str) -> Column:
+    return F.coalesce(F.col(name), F.lit(0.0))
+
+
+def processes_from(pp: DataFrame) -> DataFrame:
+    """Step 2 from `per_process`: the per-process output (transform.PROCESS_COLUMNS).
+
+    Every process that exported a figure in a window has a presence row (topic and group null), so a broker
+    absent from a window is one with no such row. A broker's pair rows carry its own lag (its topic's max
+    offsets against the group's consumer offsets on that broker); a proxy's group rows its receives and the
+    broker calls they made: every notify Pop and Notification, one Pop per receive not served by pop with notify
+    (less those refused before any strategy ran), one more per long poll moved.
+    """
+    topics = pp.where(F.col("group").isNull() & F.col("topic").isNotNull())
+    topics = topics.select(*WINDOW_KEYS, "process", "topic", "max_sum", "messages_in")
+    pairs = pp.where(F.col("group").isNotNull() & F.col("topic").isNotNull()).drop("max_sum", "messages_in")
+    pairs = pairs.join(topics, [*WINDOW_KEYS, "process", "topic"], "left").select(
+        *WINDOW_KEYS,
+        "process",
+        "kind",
+        "topic",
+        "group",
+        (F.col("max_sum") - F.col("consumer_sum")).alias("consumer_lag"),
+        "exact_lag",
+        "ready",
+        "lag_seconds",
+        F.col("consumer_sum").alias("consumer_offset"),
+        "messages_in",
+        "messages_out",
+    )
+    calls = (
+        _coalesce0("notify_pops")
+        + _coalesce0("notifications")
+        + F.greatest(F.col("receives") - _coalesce0("notify_runs") - _coalesce0("refused"), F.lit(0.0))
+        + _coalesce0("moved")
+    )
+    proxies = pp.where(F.col("topic").isNull() & F.col("group").isNotNull() & (F.col("kind") == "proxy")).select(
+        *WINDOW_KEYS,
+        "process",
+        "kind",
+        "topic",
+        "group",
+        "receives",
+        _coalesce0("notify_runs").alias("notify_runs"),
+        _coalesce0("lost_races").alias("lost_races"),
+        F.when(F.col("receives").isNotNull(), calls).alias("broker_calls"),
+    )
+    present = pp.groupBy(*WINDOW_KEYS, "process").agg(F.max("kind").alias("kind"))
+    out = pairs.unionByName(proxies, allowMissingColumns=True).unionByName(present, allowMissingColumns=True)
+    return out.withColumn("date", F.to_date("window_start")).select(*PROCESS_COLUMNS)
 
 
 def aggregate(records: DataFrame, window_s: float) -> DataFrame:
