@@ -7,8 +7,9 @@ import logging
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from spark_metrics.job import JobError, JobSettings, run
+from spark_metrics.job import JobError, JobSettings, default_spark_log, run
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -31,14 +32,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lateness", type=duration, default=180.0, help="streaming watermark delay (default 180s)")
     p.add_argument("--trigger", type=duration, default=10.0, help="streaming micro-batch interval (default 10s)")
     p.add_argument("--top", type=int, default=5, help="lagging groups listed in the report")
+    p.add_argument(
+        "--report-span", type=duration, default=86400.0, help="the report covers this much before its last window"
+    )
     p.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the report")
+    p.add_argument("-v", "--verbose", action="store_true", help="Spark's own log on stderr (default: in a file)")
+    p.add_argument("--spark-log", type=Path, default=None, help="keep Spark's own log in this file")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    level = logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(asctime)s spark_metrics: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr
+    )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Spark's own log goes to a file unless asked for; a temporary one is deleted after a run that succeeded
+    spark_log = None if args.verbose else (args.spark_log or default_spark_log())
     settings = JobSettings(
         input=args.input,
         output=args.output,
@@ -48,13 +60,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         once=args.once,
         trigger_s=args.trigger,
         top=args.top,
+        report_span_s=args.report_span,
     )
     try:
-        run(settings, master=args.master)
+        run(settings, master=args.master, spark_log=spark_log)
     except JobError as exc:
         print(f"spark_metrics: {exc}", file=sys.stderr)
+        _drop(spark_log, keep=args.spark_log)
         return 2
+    except BaseException:
+        if spark_log is not None:
+            print(f"spark_metrics: failed; Spark's own log is in {spark_log}", file=sys.stderr)
+        raise
+    _drop(spark_log, keep=args.spark_log)
     return 0
+
+
+def _drop(spark_log: Path | None, *, keep: Path | None) -> None:
+    if spark_log is not None and spark_log != keep:
+        spark_log.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 """Batch and Structured Streaming runs over an export directory, writing Parquet, a report and a chart.
 
 Output layout (``--output DIR``):
-  DIR/windows/date=YYYY-MM-DD/*.parquet   one row per window and topic/group (transform.OUTPUT_COLUMNS)
-  DIR/report.txt                          the short text report
-  DIR/lag.png                             consumer lag over time, one line per group
-  DIR/_checkpoint/                        streaming only: the query's progress and state
+  DIR/windows/date=YYYY-MM-DD/*.parquet     one row per window and topic/group (transform.OUTPUT_COLUMNS)
+  DIR/processes/date=YYYY-MM-DD/*.parquet   one row per window, process and topic/group (transform.PROCESS_COLUMNS)
+  DIR/report.txt, DIR/*.png, DIR/adaptive.toml   the report, its charts and the proxy settings it recommends
+  DIR/_checkpoint/                          streaming only: the query's progress and state
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
@@ -20,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_metrics import report
 from spark_metrics.names import RECORD_SCHEMA
 from spark_metrics.paths import hadoop_fs, join, local_path
-from spark_metrics.transform import group_metrics, series_windows
+from spark_metrics.transform import per_process, processes_from, series_windows, windows_from
 
 log = logging.getLogger(__name__)
 
@@ -37,29 +40,55 @@ class JobSettings:
     once: bool = False  # streaming: process what is there now, then stop (Trigger.AvailableNow)
     trigger_s: float = 10.0
     top: int = 5
+    report_span_s: float = 24 * 3600.0  # the report, charts and recommendation cover this much before the last window
 
     def __post_init__(self) -> None:
-        if self.window_s <= 0 or self.lateness_s < 0 or self.trigger_s <= 0:
-            raise ValueError("window and trigger must be > 0, lateness >= 0")
+        if self.window_s <= 0 or self.lateness_s < 0 or self.trigger_s <= 0 or self.report_span_s <= 0:
+            raise ValueError("window, trigger and report span must be > 0, lateness >= 0")
 
     @property
     def windows_path(self) -> str:
         return join(self.output, "windows")
 
+    @property
+    def processes_path(self) -> str:
+        return join(self.output, "processes")
 
-def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSession:
-    """A session for the job: ``master`` if given, else whatever spark-submit set, else local[*]."""
+
+class Progress:
+    """Progress lines on the `spark_metrics` logger (INFO), each with the time since the run began."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+
+    def __call__(self, message: str, *args: object) -> None:
+        log.info("[%5.1f s] " + message, time.monotonic() - self._start, *args)
+
+
+def session(master: str | None = None, app: str = "popgate-metrics", *, spark_log: Path | None = None) -> SparkSession:
+    """A session for the job: ``master`` if given, else whatever spark-submit set, else local[*].
+
+    With ``spark_log``, a JVM this process starts writes its console (Spark's own log lines, the JVM's warnings)
+    to that file instead of stderr, and Spark logs errors only — tests/spark/test_cli.py::
+    test_a_run_prints_progress_and_no_spark_log_lines. Under spark-submit the JVM is already running: its log4j
+    configuration is the submitter's, and only the level is set.
+    """
     builder = SparkSession.builder.appName(app)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     from pyspark import SparkConf
     from pyspark.context import SparkContext
+    from pyspark.java_gateway import launch_gateway
 
     # Not under spark-submit, pyspark starts the JVM as "pyspark-shell", a shell, whose launcher turns the console
     # progress bar on: that value is the launcher's, not the user's, unless PYSPARK_SUBMIT_ARGS names it.
     own_launch = "PYSPARK_GATEWAY_PORT" not in os.environ
-    SparkContext._ensure_initialized()  # reads spark-submit's --master/--conf, if any
+    gateway = None
+    if own_launch and spark_log is not None and SparkContext._gateway is None:
+        with spark_log.open("ab") as console:
+            gateway = launch_gateway(popen_kwargs={"stdout": console, "stderr": console})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway)  # reads spark-submit's --master/--conf, if any
     conf = SparkConf()
     if master or not conf.contains("spark.master"):
         builder = builder.master(master or "local[*]")
@@ -74,7 +103,10 @@ def session(master: str | None = None, app: str = "popgate-metrics") -> SparkSes
     for key, value in defaults.items():
         if key not in user_set:
             builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if spark_log is not None:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 class JobError(Exception):
@@ -131,37 +163,48 @@ def write_windows(df: DataFrame, path: str, *, append: bool) -> None:
         writer.mode("overwrite").option("partitionOverwriteMode", "dynamic").parquet(path)
 
 
-def _write_report(spark: SparkSession, settings: JobSettings) -> str:
-    return report.write(spark, settings.windows_path, output=settings.output, top=settings.top)
+def _write_report(spark: SparkSession, settings: JobSettings, progress: Progress) -> str:
+    return report.write(spark, settings.output, top=settings.top, span_s=settings.report_span_s, progress=progress)
 
 
-def run_batch(spark: SparkSession, settings: JobSettings) -> str:
+def write_outputs(series: DataFrame, settings: JobSettings, *, append: bool) -> None:
+    """Step 2 over complete windows: the windows and the per-process outputs, from one aggregation."""
+    # both outputs read the per-process figures in several branches: keep them rather than aggregate again
+    pp = per_process(series).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        write_windows(windows_from(pp, settings.window_s), settings.windows_path, append=append)
+        write_windows(processes_from(pp), settings.processes_path, append=append)
+    finally:
+        pp.unpersist()
+
+
+def run_batch(spark: SparkSession, settings: JobSettings, progress: Progress | None = None) -> str:
     """Aggregate everything under the input; rewrite the output's date partitions it covers.
 
     Returns the report (also saved next to the output when that is a local path).
     """
-    series = series_windows(read_records(spark, settings.input), settings.window_s)
-    # step 2 reads step 1 in several branches: keep it rather than parse the JSON once per branch
-    series = series.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        write_windows(group_metrics(series, settings.window_s), settings.windows_path, append=False)
-    finally:
-        series.unpersist()
-    return _write_report(spark, settings)
+    progress = progress or Progress()
+    progress("reading %s, aggregating %g s windows", settings.input, settings.window_s)
+    write_outputs(series_windows(read_records(spark, settings.input), settings.window_s), settings, append=False)
+    progress("windows written to %s", settings.output)
+    return _write_report(spark, settings, progress)
 
 
-def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
+def start_streaming(spark: SparkSession, settings: JobSettings, progress: Progress | None = None) -> Any:
     """Start the streaming query; each micro-batch appends the windows the watermark closed."""
+    progress = progress or Progress()
     records = read_records(spark, settings.input, streaming=True)
     series = series_windows(records, settings.window_s, lateness_s=settings.lateness_s)
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:
-        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)  # step 2 reads it in several branches
+        batch = batch.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             if not batch.isEmpty():
-                write_windows(group_metrics(batch, settings.window_s), settings.windows_path, append=True)
-                _write_report(spark, settings)
-                log.info("batch %d: windows written", batch_id)
+                write_outputs(batch, settings, append=True)
+                progress("micro-batch %d: final windows written", batch_id)
+                _write_report(spark, settings, progress)
+            else:
+                progress("micro-batch %d: no window final yet", batch_id)
         finally:
             batch.unpersist()
 
@@ -178,17 +221,31 @@ def start_streaming(spark: SparkSession, settings: JobSettings) -> Any:
     return writer.start()
 
 
-def run(settings: JobSettings, *, master: str | None = None) -> None:
-    """Run the job, then print the report (whatever the output's file system). JobError: nothing was run."""
+def run(settings: JobSettings, *, master: str | None = None, spark_log: Path | None = None) -> None:
+    """Run the job, then print the report (whatever the output's file system). JobError: nothing was run.
+
+    ``spark_log``: where a JVM this run starts writes its own log (session()); None leaves it on stderr.
+    """
     check_input(settings)
-    spark = session(master)
+    progress = Progress()
+    progress("starting Spark%s", f" (its own log: {spark_log})" if spark_log else "")
+    spark = session(master, spark_log=spark_log)
+    progress("Spark %s on %s", spark.version, spark.sparkContext.master)
     if settings.streaming:
-        query = start_streaming(spark, settings)
+        query = start_streaming(spark, settings, progress)
         try:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
-        text = _write_report(spark, settings)  # from everything written so far, this run or earlier ones
+        text = _write_report(spark, settings, progress)  # from everything written so far, this run or earlier ones
     else:
-        text = run_batch(spark, settings)
+        text = run_batch(spark, settings, progress)
+    progress("done")
     print(text, end="")
+
+
+def default_spark_log() -> Path:
+    """A new file for the JVM's own log (the command line deletes it after a run that succeeded)."""
+    fd, name = tempfile.mkstemp(prefix="spark_metrics-", suffix=".log")
+    os.close(fd)
+    return Path(name)

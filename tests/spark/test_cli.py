@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from spark_metrics.__main__ import build_parser, duration, main
 from spark_metrics.job import InputNotFound, read_records
 from spark_metrics.paths import local_path
 from spark_metrics.report import render
+from tests.spark import scenario as S
+from tests.spark.test_transform import write_jsonl
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("60s", 60), ("2m", 120), ("500ms", 0.5), ("1h", 3600), ("90", 90)])
@@ -74,14 +77,29 @@ def test_a_missing_input_on_another_file_system_is_checked_by_spark(spark: Spark
     assert (tmp_path / "streaming").is_dir() and not (tmp_path / "batch").exists()
 
 
-def test_the_jobs_own_session_shows_no_console_progress_bar() -> None:
-    # In its own process: the launcher of a JVM that pyspark starts itself turns the bar on ("pyspark-shell")
+def test_a_run_prints_progress_and_no_spark_log_lines(tmp_path: Path) -> None:
+    """In a process of its own, whose JVM the job starts: stderr holds only the job's progress lines (Spark's own
+    log and the JVM's warnings go to a file, deleted after a run that succeeded), and the console progress bar,
+    which the launcher of a JVM pyspark starts itself ("pyspark-shell") turns on, is off."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", S.all_rows())
+    (tmp_path / "tmp").mkdir()
+    argv = ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--master", "local[1]"]
     script = (
-        "from spark_metrics.job import session\n"
-        "s = session('local[1]')\n"
-        "print(s.sparkContext.getConf().get('spark.ui.showConsoleProgress'))\n"
-        "s.stop()\n"
+        "import sys\n"
+        "from pyspark.sql import SparkSession\n"
+        "from spark_metrics.__main__ import main\n"
+        f"code = main({argv!r})\n"
+        "conf = SparkSession.getActiveSession().sparkContext.getConf()\n"
+        "print('progress bar:', conf.get('spark.ui.showConsoleProgress'))\n"
+        "sys.exit(code)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_SUBMIT_ARGS")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
-    assert done.stdout.strip().splitlines()[-1:] == ["false"], done.stderr[-2000:]
+    env["TMPDIR"] = str(tmp_path / "tmp")  # where the Spark log file is made
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert lines and all(re.match(r"\d\d:\d\d:\d\d spark_metrics: \[", line) for line in lines), done.stderr[-3000:]
+    assert any("windows written" in line for line in lines) and "done" in lines[-1]
+    assert done.stdout.splitlines()[-1] == "progress bar: false"
+    assert "popgate metrics: 3 windows" in done.stdout
+    assert not list((tmp_path / "tmp").glob("spark_metrics-*.log"))

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_metrics.job import JobSettings, read_records, run_batch, start_streaming
-from spark_metrics.transform import OUTPUT_COLUMNS, aggregate
+from spark_metrics.transform import OUTPUT_COLUMNS, PROCESS_COLUMNS, aggregate
 from tests.spark import scenario as S
 
 Key = tuple[int, str, str]
@@ -32,6 +32,16 @@ def by_key(df: DataFrame) -> dict[Key, dict[str, Any]]:
         window = int((r["window_start"].timestamp() - S.T0) // S.WINDOW_S)
         out[(window, r["topic"], r["group"])] = r
     return out
+
+
+def per_process(spark: SparkSession, output: Path) -> list[str]:
+    """The per-process output, rows as comparable text, sorted."""
+
+    def norm(v: Any) -> Any:
+        return round(v, 9) if isinstance(v, float) else v
+
+    rows = spark.read.parquet(str(output / "processes")).collect()
+    return sorted(repr(tuple(norm(r[c]) for c in PROCESS_COLUMNS)) for r in rows)
 
 
 def comparable(rows: dict[Key, dict[str, Any]]) -> dict[Key, tuple[Any, ...]]:
@@ -158,6 +168,8 @@ def test_streaming_gives_the_batch_answer_with_late_and_duplicate_records(
     batch_out = tmp_path / "batch"
     run_batch(spark, JobSettings(input=str(src), output=str(batch_out), window_s=S.WINDOW_S))
     assert comparable(by_key(spark.read.parquet(str(batch_out / "windows")))) == comparable(result)
+    # the per-process output too, but for the window of the closing record alone (final in batch only)
+    assert per_process(spark, out) == [r for r in per_process(spark, batch_out) if "2027, 1, 15, 8, 16" not in r]
     assert (batch_out / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
