@@ -5,11 +5,11 @@ and by coupled long polling once it is busy; `adaptive_rate_threshold` makes "bu
 one proxy. Each window of a group with receives is judged by what it cost and what it missed
 (docs/SPARK.md, "The adaptive switch"):
 
-- herd: served mostly by notify (notify share >= 50 %) and more broker calls per delivered message than one
-  lone notify receive costs (a first Pop, a Notification per live broker, a consume Pop: brokers + 2) —
-  several notify receives raced for the same messages; long polling would have served them at about one
-  call per receive. The group should have long-polled at this rate.
-- notify-ok: served mostly by notify, at most that cost: notify was right at this rate.
+- herd: served mostly by notify (notify share >= 50 %), notify receives of the group lost races to each other
+  (several waited at once), and more broker calls per delivered message than one lone notify receive costs (a
+  first Pop, a Notification per live broker, a consume Pop: brokers + 2); long polling would have served them
+  at about one call per receive. The group should have long-polled at this rate.
+- notify-ok: served mostly by notify without that: notify was right at this rate.
 - false-empty: served mostly by long polling and answered empty while messages were ready at both ends of the
   window: notify would have found them. The group should have stayed in notify at this rate.
 
@@ -44,13 +44,16 @@ class Evidence:
     notify_share: float
     false_empties: float
     brokers: int  # brokers that exported in the window
+    lost_races: float = 0.0  # notify receives of the group that lost a race to another one
 
     @property
     def verdict(self) -> str | None:
         if self.notify_share >= NOTIFY_MAJORITY:
             if self.calls_per_message is None:
                 return None
-            return HERD if self.calls_per_message > self.brokers + 2 else NOTIFY_OK
+            costly = self.calls_per_message > self.brokers + 2
+            # a lone receive also pays more per message when many of its receives end empty: only races are a herd
+            return HERD if costly and self.lost_races > 0 else NOTIFY_OK
         return FALSE_EMPTY if self.false_empties > 0 else None
 
 
@@ -93,6 +96,7 @@ def evidence(t: Timeline, group: str) -> list[Evidence]:
                 notify_share=g.notify_share[i] or 0.0,
                 false_empties=g.false_empties[i],
                 brokers=max(1, t.brokers_present[i]),
+                lost_races=g.lost_races[i],
             )
         )
     return out
@@ -125,7 +129,10 @@ def for_group(group: str, windows: list[Evidence]) -> GroupAdvice:
     elif at_least is not None:
         threshold, why = 0.0, f"notify was right up to {at_least}/s and never herded: any threshold above keeps it"
     else:
-        threshold, why = 0.0, "no window to judge (no delivery in notify, no false empty in long polling)"
+        threshold, why = (
+            0.0,
+            "no window said either way (long polling without a false empty, or notify that delivered nothing)",
+        )
     rates = [w.rate for w in windows]
     known = [w for w in windows if w.calls_per_message is not None]
     return GroupAdvice(

@@ -48,6 +48,7 @@ class GroupSeries:
     empty: list[float | None]
     proxies: list[int]  # proxies with receives of the group
     broker_calls: list[float | None]  # receive-path broker calls (transform.processes_from)
+    lost_races: list[float]  # notify consume Pops that found nothing: another notify receive of the group won
     delivered: list[float | None]  # deliveries over the group's topics
     ready: list[float | None]  # messages ready for the group at the window's end, over the brokers present
     false_empties: list[float]
@@ -241,6 +242,7 @@ def _groups(
             empty=[_get(r, "empty_responses") for r in rows],
             proxies=[0] * count,
             broker_calls=[None] * count,
+            lost_races=[0.0] * count,
             delivered=_sum_over(own, name, "messages_out", count),
             ready=[None] * count,
             false_empties=[0.0] * count,
@@ -251,6 +253,7 @@ def _groups(
             i = at(r)
             g.proxies[i] += 1
             g.broker_calls[i] = (g.broker_calls[i] or 0.0) + (r["broker_calls"] or 0.0)
+            g.lost_races[i] += r["lost_races"] or 0.0
     for (_, name), brokers in broker_rows.items():
         ready = out[name].ready
         for rows in brokers.values():

@@ -25,7 +25,8 @@ def _pct(ratio: float | None) -> str:
 
 
 def _span(t: Timeline, first: int, last: int) -> str:
-    return f"{t.starts[first]:%H:%M}-{t.ends[last]:%H:%M}"
+    clock = "%H:%M" if t.window_s % 60 == 0 else "%H:%M:%S"
+    return f"{t.starts[first]:{clock}}-{t.ends[last]:{clock}}"
 
 
 def render(windows: list[Row], t: Timeline | None, advice: Advice | None, *, top: int = 5) -> str:

@@ -23,7 +23,7 @@ from tests.spark.test_health import START
 
 def busy(rate: float, windows: int = 10) -> list[Evidence]:
     """Notify with 12 broker calls per delivered message over 3 brokers: a herd."""
-    return [Evidence(rate, 12.0, 1.0, 0.0, 3) for _ in range(windows)]
+    return [Evidence(rate, 12.0, 1.0, 0.0, 3, lost_races=rate * 60) for _ in range(windows)]
 
 
 def sparse(rate: float, windows: int = 10) -> list[Evidence]:
@@ -32,8 +32,10 @@ def sparse(rate: float, windows: int = 10) -> list[Evidence]:
 
 
 def test_verdicts() -> None:
-    assert Evidence(40, 12.0, 0.9, 0, 3).verdict == HERD
-    assert Evidence(40, 5.0, 0.9, 0, 3).verdict == NOTIFY_OK  # a lone notify receive costs brokers + 2
+    assert Evidence(40, 12.0, 0.9, 0, 3, lost_races=100).verdict == HERD
+    assert Evidence(40, 5.0, 0.9, 0, 3, lost_races=100).verdict == NOTIFY_OK  # a lone notify receive: brokers + 2
+    # a lone consumer whose receives often end empty pays more per message, but races nobody: not a herd
+    assert Evidence(0.2, 7.5, 1.0, 0, 3, lost_races=0).verdict == NOTIFY_OK
     assert Evidence(1, 1.0, 0.1, 4, 3).verdict == FALSE_EMPTY
     assert Evidence(1, 1.0, 0.1, 0, 3).verdict is None  # long polling that missed nothing says nothing
     assert Evidence(1, None, 0.9, 0, 3).verdict is None  # nothing delivered: no cost per message
