@@ -21,7 +21,8 @@ Pair = tuple[str, str]  # (topic, group)
 @dataclass(slots=True)
 class PairSeries:
     """One topic/group pair. ``lag`` sums every broker's lag: its own in the windows it exported, its last one
-    carried forward in the windows it is missing from (``carried``), so a missing broker makes no dip."""
+    carried forward in the windows it is missing from (``carried``), so a missing broker makes no dip —
+    tests/spark/test_health.py::test_a_missing_brokers_lag_is_carried_forward_and_the_windows_are_marked."""
 
     lag: list[float | None]
     lag_seconds: list[float | None]
@@ -210,7 +211,8 @@ def _acked(t: Timeline, brokers: dict[str, list[Row | None]]) -> list[float | No
 
 
 def _stopped(s: PairSeries, acks_known: bool) -> list[bool]:
-    """Windows in which the pair's lag grew while nothing was delivered or acked (where acks are known)."""
+    """Windows in which the pair's lag grew while nothing was delivered or acked (where acks are known) —
+    tests/spark/test_health.py::test_consumers_that_stop_are_flagged_while_lag_grows_with_nothing_delivered_or_acked."""
     out = [False]
     for i in range(1, len(s.lag)):
         now, before = s.lag[i], s.lag[i - 1]

@@ -45,7 +45,7 @@ def _header(windows: list[Row], t: Timeline) -> list[str]:
     return [
         f"popgate metrics: {len(t.starts)} windows of {t.window_s:g} s from {t.starts[0]:%Y-%m-%d %H:%M:%S} to "
         f"{t.ends[-1]:%Y-%m-%d %H:%M:%S} UTC, {len(pairs)} topic/group pairs, {len({r['group'] for r in windows})} "
-        f"groups; brokers {', '.join(t.brokers) or '-'}; up to {proxies} proxies exporting"
+        f"groups; brokers {', '.join(t.brokers) or '-'}; proxies exporting: up to {proxies}"
     ]
 
 

@@ -275,10 +275,12 @@ def processes_from(pp: DataFrame) -> DataFrame:
     """Step 2 from `per_process`: the per-process output (transform.PROCESS_COLUMNS).
 
     Every process that exported a figure in a window has a presence row (topic and group null), so a broker
-    absent from a window is one with no such row. A broker's pair rows carry its own lag (its topic's max
-    offsets against the group's consumer offsets on that broker); a proxy's group rows its receives and the
-    broker calls they made: every notify Pop and Notification, one Pop per receive not served by pop with notify
-    (less those refused before any strategy ran), one more per long poll moved.
+    absent from a window is one with no such row —
+    tests/spark/test_history.py::test_per_process_rows_say_which_broker_exported_each_window.
+    A broker's pair rows carry its own lag (its topic's max offsets against the group's consumer offsets on that
+    broker); a proxy's group rows its receives and the broker calls they made: every notify Pop and Notification,
+    one Pop per receive not served by pop with notify (less those refused before any strategy ran), one more per
+    long poll moved.
     """
     topics = pp.where(F.col("group").isNull() & F.col("topic").isNotNull())
     topics = topics.select(*WINDOW_KEYS, "process", "topic", "max_sum", "messages_in")
