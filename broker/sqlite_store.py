@@ -177,6 +177,11 @@ class _Deletion:
         self.result: tuple[list[Cut], int] | BaseException = ([], 0)
 
 
+# A commit made on the event loop's thread (`SqliteStore._commit_here`) holds at most this much.
+INLINE_MAX_MESSAGES = 64
+INLINE_MAX_OPS = 256
+INLINE_MAX_BYTES = 256 * 1024
+
 # How long consumer-state writes (deliveries, acks, pull offsets) wait under --flush async before they go to the
 # writer thread, all of them then in one commit: a broker that is not saturated still commits them in batches, and
 # a Pop acked within this time never writes its delivery (`coalesce`). Nobody waits for them (a Send that comes
@@ -258,6 +263,9 @@ class SqliteStore:
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
         self._deferred: list[_Request] = []
+        self._commit_inline = flush == "async"
+        self._outstanding = 0  # requests handed to the writer or committed here whose callers are not answered yet
+        self._writing = threading.Lock()  # held by whoever uses the writing connection
         self._deferred_timer: asyncio.TimerHandle | None = None
         self._on_commit = on_commit
         self._listener: ArrivalListener | None = None
@@ -390,9 +398,11 @@ class SqliteStore:
         if self._closed:
             future.set_exception(StoreUnavailable("store is closed"))
         elif appends or not self._state_delay_s:
-            if self._deferred:
-                self._flush_deferred()  # requests reach the writer in the order they were submitted
-            self._requests.put(_Request(appends, ops, future))
+            request = _Request(appends, ops, future)
+            if not self._commit_here(request):
+                if self._deferred:
+                    self._flush_deferred()  # requests reach the writer in the order they were submitted
+                self._to_writer(request)
         else:
             # Consumer state under --flush async (nobody waits for it): hand it to the writer a moment
             # later, in order, so the writer thread does not take the GIL for its Python part of the
@@ -402,13 +412,51 @@ class SqliteStore:
                 self._deferred_timer = self._loop.call_later(self._state_delay_s, self._flush_deferred)
         return future
 
+    def _commit_here(self, request: _Request) -> bool:
+        """Commit `request` on the event loop's thread now, with the consumer state deferred before it, when
+        nothing else is being committed or waits for it (an idle broker's Send: no hand-off to the writer thread
+        and back, each a thread wake-up); False to leave it to the writer. Only under --flush async (a commit is
+        a WAL write, no fsync) and for small commits, so the loop is held for a short write only; a broker
+        with requests in flight hands them all to the writer, which commits them in groups —
+        tests/unit/broker/test_sqlite_store.py::test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups.
+        """
+        if not self._commit_inline or self._outstanding:
+            return False
+        if len(request.appends) > INLINE_MAX_MESSAGES:  # deferred requests hold consumer state only
+            return False
+        if sum(len(m.payload) for m in request.appends) > INLINE_MAX_BYTES:
+            return False
+        if len(request.ops) + sum(len(r.ops) for r in self._deferred) > INLINE_MAX_OPS:
+            return False
+        if not self._writing.acquire(blocking=False):  # the writer is bounding the WAL
+            return False
+        try:
+            if self._deferred_timer is not None:
+                self._deferred_timer.cancel()
+                self._deferred_timer = None
+            batch, self._deferred = [*self._deferred, request], []
+            self._apply(batch)
+            wal_full = self._wal_bytes() >= WAL_RESTART_BYTES
+        finally:
+            self._writing.release()
+        assert self._loop is not None
+        self._outstanding += 1
+        self._loop.call_soon(self._delivered, batch)
+        if wal_full:  # the writer thread bounds it, off the loop, after an empty commit
+            self._to_writer(_Request([], [], self._loop.create_future()))
+        return True
+
+    def _to_writer(self, request: _Request | _Deletion) -> None:
+        self._outstanding += 1
+        self._requests.put(request)
+
     def _flush_deferred(self) -> None:
         if self._deferred_timer is not None:
             self._deferred_timer.cancel()
             self._deferred_timer = None
         deferred, self._deferred = self._deferred, []
         for request in deferred:
-            self._requests.put(request)
+            self._to_writer(request)
 
     def _run_writer(self) -> None:
         taken: _Request | _Deletion | None = None  # a deletion met while gathering a batch: it goes next
@@ -419,8 +467,9 @@ class SqliteStore:
                 return
             assert self._loop is not None
             if isinstance(first, _Deletion):
-                self._delete_rows(first)
-                self._loop.call_soon_threadsafe(_settle, first.future, first.result)
+                with self._writing:
+                    self._delete_rows(first)
+                self._loop.call_soon_threadsafe(self._settled, first)
                 self._bound_wal()
                 continue
             batch = [first]
@@ -437,11 +486,26 @@ class SqliteStore:
                     taken = nxt
                     break
                 batch.append(nxt)
-            self._apply(batch)
-            self._loop.call_soon_threadsafe(self._deliver, batch)
+            with self._writing:
+                self._apply(batch)
+            self._loop.call_soon_threadsafe(self._delivered, batch)
             if stop:
                 return
             self._bound_wal()
+
+    def _delivered(self, batch: list[_Request]) -> None:
+        self._outstanding -= len(batch)
+        self._deliver(batch)
+
+    def _settled(self, deletion: _Deletion) -> None:
+        self._outstanding -= 1
+        _settle(deletion.future, deletion.result)
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self._wal_path)
+        except OSError:
+            return 0
 
     def _bound_wal(self) -> None:
         """Between two commits, when the WAL file is past WAL_RESTART_BYTES: checkpoint it here and start it
@@ -450,10 +514,11 @@ class SqliteStore:
         happens while the writer commits without a pause: without this the WAL would grow with everything
         written until a clean stop. Most of it is copied already, so this stalls the writer for the rest only —
         tests/unit/broker/test_sqlite_store.py::test_the_wal_stays_bounded_while_the_writer_never_pauses."""
+        if self._wal_bytes() < WAL_RESTART_BYTES:
+            return
         try:
-            if os.path.getsize(self._wal_path) < WAL_RESTART_BYTES:
-                return
-            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            with self._writing:
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
         except (OSError, sqlite3.Error) as exc:  # no WAL file yet, or a full disk: the next commit says so
             log.debug("WAL restart skipped: %s", exc)
             return
@@ -553,7 +618,7 @@ class SqliteStore:
             future: asyncio.Future[tuple[list[Cut], int]] = self._loop.create_future()
             self._flush_deferred()
             started = time.perf_counter()
-            self._requests.put(_Deletion(left, future))
+            self._to_writer(_Deletion(left, future))
             left, deleted = await future
             rows += deleted
             if left:  # the writer as long idle as it was deleting: most commits then find it free

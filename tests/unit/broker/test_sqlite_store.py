@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -120,6 +121,29 @@ async def test_consumer_state_deferred_together_ends_as_its_last_ops_leave_it(tm
     snap = SqliteStore(tmp_path).load()
     assert snap.inflight == [PutInflight("g", "t", 0, 6, 2, 8, 10)]
     assert snap.pull_offsets == [SetPullOffset("g", "t", 0, 8)]
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(tmp_path: Path, flush: str) -> None:
+    """Under --flush async a Send to a store with nothing in flight is committed on the event loop's thread, with
+    no hand-off to the writer thread and back; Sends that come while one is in flight go to the writer and share
+    its commits; offsets and answers keep the order of submission either way. --flush sync: always the writer."""
+    threads: list[int] = []
+    store = SqliteStore(tmp_path, flush=flush, on_commit=lambda _: threads.append(threading.get_ident()))
+    store.start(asyncio.get_running_loop())
+    here = threading.get_ident()
+    [first] = await store.submit([message(0)], [])
+    assert threads == [here] if flush == "async" else threads[0] != here
+    threads.clear()
+    pending = [store.submit([message(i)], []) for i in range(1, 6)]  # one after another, none awaited yet
+    answers = await asyncio.gather(*pending)
+    assert [r.offset for [r] in answers] == [1, 2, 3, 4, 5]
+    if flush == "async":
+        assert threads.pop(0) == here  # the first found the store idle
+    to_writer = len(pending) - (flush == "async")
+    assert threads and here not in threads
+    assert len(threads) < to_writer  # they shared commits
+    await store.close()
 
 
 async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
