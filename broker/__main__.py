@@ -24,6 +24,7 @@ from broker.sqlite_store import SqliteStore
 from popgate_contract.broker_token import TokenInterceptor
 from popgate_contract.errors import StoreUnavailable
 from popgate_process.config import cannot_listen
+from popgate_process.logs import configure_logging
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import start_metrics
 
@@ -81,7 +82,7 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
             ("grpc.server.max_pending_requests", 1 << 20),
             ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
         ],
-        interceptors=[TokenInterceptor(settings.auth_token)] if settings.auth_token else None,
+        interceptors=[TokenInterceptor(settings.broker_token)] if settings.broker_token else None,
         # Held unary Pops and Notifications are calls; a call whose request never comes is held by grpc, with
         # its buffers, without reaching a handler: beyond this many, RESOURCE_EXHAUSTED before any handler.
         maximum_concurrent_rpcs=settings.max_held + UNARY_CALLS,
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     # Past a file-size limit (RLIMIT_FSIZE) the kernel sends SIGXFSZ, whose default action kills the process.
     # A daemon should get EFBIG instead: SQLite then fails the commit and the broker refuses writes, still serving.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)  # --log-level, --log-format text|json
     try:
         asyncio.run(serve(settings))
     except (StoreUnavailable, StartError) as exc:  # data directory in use or unusable, a port taken, ...

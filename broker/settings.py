@@ -12,8 +12,15 @@ from popgate_contract import validation
 from popgate_contract.errors import DomainError
 from popgate_contract.validation import parse_host_port
 from popgate_process.config import load_settings
+from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
+FLUSH_MODES = ("sync", "async")
+CONSUME_FROM = ("earliest", "latest")
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 def _names(value: object) -> tuple[str, ...]:
@@ -48,7 +55,10 @@ class BrokerSettings:
     metrics_listen: str = field(default="", metadata={"help": "HOST:PORT for Prometheus /metrics (empty = off)"})
     export_dir: str = field(default="", metadata={"help": "directory for JSON-lines metric snapshots (empty = off)"})
     export_interval_s: float = field(default=10.0, metadata={"help": "seconds between metric snapshots"})
-    flush: str = field(default="async", metadata={"help": "sync: fsync before acknowledging; async: WAL only"})
+    flush: str = field(
+        default="async",
+        metadata={"help": "sync: fsync before acknowledging; async: WAL only", "choices": FLUSH_MODES},
+    )
     queues_per_topic: int = field(default=4, metadata={"help": "queues of an auto-created topic"})
     auto_create: bool = field(
         default=True, metadata={"help": "create topics on first send", "negate": "no-auto-create"}
@@ -63,7 +73,9 @@ class BrokerSettings:
             "with --no-auto-create these are the broker's topics",
         },
     )
-    consume_from: str = field(default="earliest", metadata={"help": "where a new group starts: earliest|latest"})
+    consume_from: str = field(
+        default="earliest", metadata={"help": "where a new group starts", "choices": CONSUME_FROM}
+    )
     max_delivery_attempts: int = field(default=17, metadata={"help": "deliveries before dead-lettering"})
     group_max_attempts: tuple[tuple[str, int], ...] = field(
         default=(),
@@ -95,12 +107,19 @@ class BrokerSettings:
         default=128 * 1024 * 1024,
         metadata={"help": "bytes of unary Pop answers not yet taken by their callers; more is TOO_MANY_REQUESTS"},
     )
-    min_invisible_ms: int = field(default=100, metadata={"help": "shortest Pop invisibility"})
-    max_invisible_ms: int = field(default=12 * 3600 * 1000, metadata={"help": "longest invisibility"})
-    max_poll_ms: int = field(
-        default=30000, metadata={"help": "longest long-polling time (a longer one is cut to this)"}
+    min_invisible_s: float = field(
+        default=0.1, metadata={"help": "shortest Pop invisibility", "replaces": ("min_invisible_ms",)}
     )
-    max_delay_ms: int = field(default=3 * 24 * 3600 * 1000, metadata={"help": "longest delivery delay"})
+    max_invisible_s: float = field(
+        default=12 * 3600.0, metadata={"help": "longest invisibility", "replaces": ("max_invisible_ms",)}
+    )
+    max_poll_s: float = field(
+        default=30.0,
+        metadata={"help": "longest long-polling time (a longer one is cut to this)", "replaces": ("max_poll_ms",)},
+    )
+    max_delay_s: float = field(
+        default=3 * 24 * 3600.0, metadata={"help": "longest delivery delay", "replaces": ("max_delay_ms",)}
+    )
     schedule_max_in_flight: int = field(default=2000, metadata={"help": "scheduled messages delivered at once"})
     cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})
     sweep_interval_s: float = field(default=1.0, metadata={"help": "safety sweep of held requests"})
@@ -113,34 +132,46 @@ class BrokerSettings:
     retention_check_s: float = field(default=60.0, metadata={"help": "seconds between retention passes"})
     max_grpc_message_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "largest gRPC message"})
     shutdown_grace_s: float = field(default=5.0, metadata={"help": "time to finish RPCs on SIGTERM"})
-    auth_token: str = field(
+    broker_token: str = field(
         default="",
         metadata={
-            "help": "shared token proxies must send (x-popgate-token); empty = open "
-            "(proto/popgate_contract/broker_token.py)"
+            "help": "shared token proxies must send (x-popgate-token, their --broker-token); empty = open "
+            "(proto/popgate_contract/broker_token.py)",
+            "replaces": ("auth_token",),
         },
+    )
+    log_level: str = field(
+        default="INFO", metadata={"help": "least severe log records written (any case)", "choices": LOG_LEVELS}
+    )
+    log_format: str = field(
+        default="text", metadata={"help": "log lines as text or as one JSON object each", "choices": LOG_FORMATS}
     )
 
     def __post_init__(self) -> None:
         checks = [
-            (self.flush in ("sync", "async"), "flush must be sync or async"),
-            (self.consume_from in ("earliest", "latest"), "consume_from must be earliest or latest"),
+            (self.flush in FLUSH_MODES, "flush must be sync or async"),
+            (self.consume_from in CONSUME_FROM, "consume_from must be earliest or latest"),
+            (self.log_level.upper() in LOG_LEVELS, "log_level must be one of " + ", ".join(LOG_LEVELS)),
+            (self.log_format in LOG_FORMATS, "log_format must be text or json"),
             (self.queues_per_topic >= 1, "queues_per_topic must be >= 1"),
             (1 <= self.max_delivery_attempts <= MAX_ATTEMPTS_LIMIT, "max_delivery_attempts must be in 1..2^31-1"),
             (self.max_held >= 0, "max_held must be >= 0"),
             (self.max_groups >= 1, "max_groups must be >= 1"),
             (self.max_topics >= 1, "max_topics must be >= 1"),
-            (0 < self.min_invisible_ms <= self.max_invisible_ms, "need 0 < min_invisible_ms <= max_invisible_ms"),
+            (
+                0 < self.min_invisible_ms <= self.max_invisible_ms,
+                "min_invisible_s must be >= 1 ms and <= max_invisible_s",
+            ),
             (1 <= self.max_pop_batch <= 1024, "max_pop_batch must be in 1..1024"),
             (self.max_body_bytes >= 1, "max_body_bytes must be >= 1"),
-            (self.max_poll_ms >= 0, "max_poll_ms must be >= 0"),
+            (self.max_poll_s >= 0, "max_poll_s must be >= 0"),
             (re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", self.name) is not None, "name must match [a-zA-Z0-9_-]{1,64}"),
             (self.max_pop_bytes >= 1, "max_pop_bytes must be >= 1"),
             (self.max_send_bytes >= 1024, "max_send_bytes must be >= 1024"),
             (self.max_pop_answer_bytes >= 1024, "max_pop_answer_bytes must be >= 1024"),
             (self.cache_bytes >= 0, "cache_bytes must be >= 0"),
             (self.schedule_max_in_flight >= 1, "schedule_max_in_flight must be >= 1"),
-            (self.max_delay_ms >= 0, "max_delay_ms must be >= 0"),
+            (self.max_delay_s >= 0, "max_delay_s must be >= 0"),
             (self.sweep_interval_s > 0, "sweep_interval_s must be > 0"),
             (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),
             (0 < self.retention_check_s <= 86400, "retention_check_s must be in (0, 86400]"),
@@ -174,6 +205,23 @@ class BrokerSettings:
             if group in seen:
                 raise ValueError(f"--group-max-attempts: consumer group {group} is given twice")
             seen.add(group)
+
+    # The broker's arithmetic is in whole milliseconds (the wire's units); the settings are seconds.
+    @property
+    def min_invisible_ms(self) -> int:
+        return _ms(self.min_invisible_s)
+
+    @property
+    def max_invisible_ms(self) -> int:
+        return _ms(self.max_invisible_s)
+
+    @property
+    def max_poll_ms(self) -> int:
+        return _ms(self.max_poll_s)
+
+    @property
+    def max_delay_ms(self) -> int:
+        return _ms(self.max_delay_s)
 
     @cached_property
     def _attempts_by_group(self) -> dict[str, int]:

@@ -153,7 +153,7 @@ class Settings:
         default=(), metadata={"option": "acl", "file_only": True, "parse": accounts_from_config}
     )
     auth_skew_s: float = _setting("clock skew allowed around any time-zone offset of x-mq-date-time", default=300.0)
-    broker_token: str = _setting("shared secret sent to brokers started with the same --auth-token", default="")
+    broker_token: str = _setting("shared secret sent to brokers started with the same --broker-token", default="")
 
     def __post_init__(self) -> None:
         if not self.brokers:

@@ -94,7 +94,7 @@ def secured_cluster(data: Path, proxy_toml: str) -> Iterator[Cluster]:
         brokers=2,
         listen="127.0.0.1:0",
         data_dir=data,
-        broker_args=("--auth-token", BROKER_TOKEN),
+        broker_args=("--broker-token", BROKER_TOKEN),
         proxy_args=("--config", str(data / "proxy.toml")),
     )
     with Cluster(config) as started:

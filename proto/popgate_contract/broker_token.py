@@ -1,4 +1,4 @@
-"""Proxy↔broker authentication with a shared token (``--auth-token`` on the broker, ``--broker-token`` on the proxy).
+"""Proxy↔broker authentication with a shared token (``--broker-token`` on both sides).
 
 The proxy sends ``x-popgate-token: <token>`` on every broker call (a channel
 interceptor); a broker with a token configured answers any other call with

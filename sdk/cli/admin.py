@@ -69,7 +69,7 @@ def add_parsers(sub: Sub) -> None:
 class Broker:
     name: str
     target: str
-    token: str = ""  # the brokers' shared token (their --auth-token), sent as the proxy sends it
+    token: str = ""  # the brokers' shared token (their --broker-token), sent as the proxy sends it
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -84,7 +84,7 @@ def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
 
 class LiveView:
     def __init__(self, endpoint: str, brokers: Mapping[str, str], *, token: str = "") -> None:
-        """token: the brokers' shared token when they require one (their --auth-token)."""
+        """token: the brokers' shared token when they require one (their --broker-token)."""
         self._endpoint = endpoint
         self._brokers = [Broker(name, target, token) for name, target in brokers.items()]
         self._channels = {b.name: grpc.insecure_channel(b.target) for b in self._brokers}

@@ -327,7 +327,7 @@ def test_the_real_settings_loaders_accept_the_manifests(
         env = server_env(objs, brokers, tmp_path, pod=pod)
         settings = broker_settings([], env)
         assert settings.name == pod
-    token = env["POPGATE_AUTH_TOKEN"]
+    token = env["POPGATE_BROKER_TOKEN"]
     assert token in setting_values(settings), "the broker does not read its token"
     proxy = proxy_settings([], server_env(objs, one(objs, "Deployment", "popgate-proxy"), tmp_path))
     assert [b.name for b in proxy.brokers] == pods

@@ -149,7 +149,7 @@ def test_prod_secrets_are_referenced_and_none_is_shipped(rendered: dict[str, lis
     brokers = one(objs, "StatefulSet", "popgate-broker")
     proxies = one(objs, "Deployment", "popgate-proxy")
     # One Secret, one key, both sides of the proxy→broker token.
-    token = secret_ref(container(brokers), "POPGATE_AUTH_TOKEN")
+    token = secret_ref(container(brokers), "POPGATE_BROKER_TOKEN")
     assert secret_ref(container(proxies), "POPGATE_BROKER_TOKEN") == token
     # The accounts: a Secret mounted where POPGATE_CONFIG points.
     config = env_from_configmap(objs, proxies)["POPGATE_CONFIG"]
@@ -179,7 +179,7 @@ def test_the_accounts_example_holds_placeholders_only() -> None:
 
 def test_dev_generates_a_placeholder_token_both_sides_use(rendered: dict[str, list[Obj]]) -> None:
     objs = rendered["dev"]
-    refs = {secret_ref(container(one(objs, *DATA_PLANE[0])), "POPGATE_AUTH_TOKEN")}
+    refs = {secret_ref(container(one(objs, *DATA_PLANE[0])), "POPGATE_BROKER_TOKEN")}
     refs.add(secret_ref(container(one(objs, *DATA_PLANE[1])), "POPGATE_BROKER_TOKEN"))
     ((secret_name, key),) = refs
     secret = one(objs, "Secret", secret_name)

@@ -45,7 +45,7 @@ class Target:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     # Short holds so generated long polls answer quickly; 1 queue so handles like 1~b1~fuzz~0~... can match.
-    extra = ("--max-poll-ms", "300", "--queues-per-topic", "1")
+    extra = ("--max-poll-s", "300ms", "--queues-per-topic", "1")
     proc = ServerProcess("broker", broker_args("b1", tmp_path_factory.mktemp("bfz") / "b1", *extra)).start()
     target = Target(proc)
     try:
@@ -115,7 +115,7 @@ def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -
 
         answers: list[pb.SessionResponse] = []
         call = broker.stub.Session(outgoing(), timeout=10)
-        # Holds last at most 300 ms (--max-poll-ms): what has not come by then was cancelled.
+        # Holds last at most 300 ms (--max-poll-s): what has not come by then was cancelled.
         timer = threading.Timer(0.6, call.cancel)
         timer.start()
         try:

@@ -19,7 +19,7 @@ def test_a_receive_beyond_a_brokers_limits_is_served_within_them(tmp_path: Path)
         listen="127.0.0.1:0",
         data_dir=tmp_path / "c",
         receive_mode="longpoll",
-        broker_args=("--max-pop-batch", "4", "--max-poll-ms", "300"),
+        broker_args=("--max-pop-batch", "4", "--max-poll-s", "300ms"),
     )
     topic, group = f"limits-{uuid.uuid4().hex[:8]}", "g"
     with Cluster(config) as cluster:

@@ -71,7 +71,7 @@ async def test_listing_stored_messages_is_cut_at_the_byte_budget_and_goes_on_fro
 async def test_a_pop_larger_or_longer_than_the_brokers_limits_is_served_within_them(tmp_path: Path) -> None:
     """A proxy's batch and long-polling ranges are its own settings: a broker with smaller ones serves what it can
     (fewer messages, a shorter hold) instead of refusing every such receive. Nothing below 1 message or 0 ms."""
-    async with broker(tmp_path / "data", max_pop_batch=4, max_poll_ms=200) as (core, _):
+    async with broker(tmp_path / "data", max_pop_batch=4, max_poll_s=0.2) as (core, _):
         await core.send([pb.Message(topic="t", body=b"x%d" % i) for i in range(6)])
         assert len((await core.pop("t", "g", "*", 32, 30_000, 0)).messages) == 4
         assert len((await core.pop("t", "g", "*", 32, 30_000, 0)).messages) == 2
