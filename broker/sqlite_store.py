@@ -177,7 +177,10 @@ class _Deletion:
         self.result: tuple[list[Cut], int] | BaseException = ([], 0)
 
 
-# A commit made on the event loop's thread (`SqliteStore._commit_here`) holds at most this much.
+# A commit made on the event loop's thread (`SqliteStore._commit_here`): only while that thread is busy less than
+# this share of the time (measured over LOAD_WINDOW_S), and holding at most this much.
+INLINE_MAX_LOOP_BUSY = 0.5
+LOAD_WINDOW_S = 0.05
 INLINE_MAX_MESSAGES = 64
 INLINE_MAX_OPS = 256
 INLINE_MAX_BYTES = 256 * 1024
@@ -190,6 +193,24 @@ INLINE_MAX_BYTES = 256 * 1024
 # test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flushed_at_close. RocketMQ's pop buffer keeps
 # checkpoints up to 10 s.
 STATE_DELAY_S = 0.05
+
+
+class LoopLoad:
+    """The share of wall time the calling thread (the event loop's) spent on a CPU, over the last window of at
+    least LOAD_WINDOW_S: near 1 when the loop never waits for I/O (a saturated broker)."""
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+        self._cpu = time.thread_time()
+        self._busy = 0.0
+
+    def busy(self) -> float:
+        now = time.monotonic()
+        if now - self._since >= LOAD_WINDOW_S:
+            cpu = time.thread_time()
+            self._busy = (cpu - self._cpu) / (now - self._since)
+            self._since, self._cpu = now, cpu
+        return self._busy
 
 
 def _lock(data_dir: Path) -> int:
@@ -266,6 +287,7 @@ class SqliteStore:
         self._commit_inline = flush == "async"
         self._outstanding = 0  # requests handed to the writer or committed here whose callers are not answered yet
         self._writing = threading.Lock()  # held by whoever uses the writing connection
+        self._loop_load = LoopLoad()
         self._deferred_timer: asyncio.TimerHandle | None = None
         self._on_commit = on_commit
         self._listener: ArrivalListener | None = None
@@ -413,14 +435,15 @@ class SqliteStore:
         return future
 
     def _commit_here(self, request: _Request) -> bool:
-        """Commit `request` on the event loop's thread now, with the consumer state deferred before it, when
-        nothing else is being committed or waits for it (an idle broker's Send: no hand-off to the writer thread
-        and back, each a thread wake-up); False to leave it to the writer. Only under --flush async (a commit is
-        a WAL write, no fsync) and for small commits, so the loop is held for a short write only; a broker
-        with requests in flight hands them all to the writer, which commits them in groups —
+        """Commit `request` on the event loop's thread now, with the consumer state deferred before it, when the
+        store is idle: nothing else being committed or waiting for it, and the loop busy less than
+        INLINE_MAX_LOOP_BUSY of the time (an idle broker's Send: no hand-off to the writer thread and back, each a
+        thread wake-up). False leaves it to the writer: a saturated broker's commits run beside its loop there and
+        take every request that came meanwhile along (group commit). Only under --flush async (a commit is a WAL
+        write, no fsync) and for small commits, so the loop is held for a short write only —
         tests/unit/broker/test_sqlite_store.py::test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups.
         """
-        if not self._commit_inline or self._outstanding:
+        if not self._commit_inline or self._outstanding or self._loop_load.busy() >= INLINE_MAX_LOOP_BUSY:
             return False
         if len(request.appends) > INLINE_MAX_MESSAGES:  # deferred requests hold consumer state only
             return False

@@ -6,12 +6,13 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from broker.sqlite_store import BATCH_MESSAGES, KIND_ORDER, SqliteStore, coalesce
+from broker.sqlite_store import BATCH_MESSAGES, INLINE_MAX_LOOP_BUSY, KIND_ORDER, LoopLoad, SqliteStore, coalesce
 from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
 from popgate_contract.errors import StoreUnavailable
 
@@ -124,10 +125,16 @@ async def test_consumer_state_deferred_together_ends_as_its_last_ops_leave_it(tm
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
-async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(tmp_path: Path, flush: str) -> None:
-    """Under --flush async a Send to a store with nothing in flight is committed on the event loop's thread, with
-    no hand-off to the writer thread and back; Sends that come while one is in flight go to the writer and share
-    its commits; offsets and answers keep the order of submission either way. --flush sync: always the writer."""
+async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(
+    tmp_path: Path, flush: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --flush async a Send to a store with nothing in flight, on an event loop with time to spare, is
+    committed on the loop's thread, with no hand-off to the writer thread and back; Sends that come while one is
+    in flight go to the writer and share its commits; offsets and answers keep the order of submission either
+    way. --flush sync: always the writer. A loop busy most of the time (a saturated broker) hands even a lone
+    Send to the writer, whose SQL then runs beside the loop."""
+    loop_busy = 0.0
+    monkeypatch.setattr(LoopLoad, "busy", lambda _: loop_busy)
     threads: list[int] = []
     store = SqliteStore(tmp_path, flush=flush, on_commit=lambda _: threads.append(threading.get_ident()))
     store.start(asyncio.get_running_loop())
@@ -143,7 +150,22 @@ async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(tmp
     to_writer = len(pending) - (flush == "async")
     assert threads and here not in threads
     assert len(threads) < to_writer  # they shared commits
+    threads.clear()
+    loop_busy = INLINE_MAX_LOOP_BUSY
+    [last] = await store.submit([message(6)], [])
+    assert last.offset == 6 and len(threads) == 1 and here not in threads
     await store.close()
+
+
+def test_loop_load_is_the_share_of_wall_time_its_thread_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("broker.sqlite_store.LOAD_WINDOW_S", 0.02)
+    load = LoopLoad()
+    time.sleep(0.05)
+    idle = load.busy()
+    end = time.monotonic() + 0.05
+    while time.monotonic() < end:  # on a CPU the whole window (as far as the host lets it)
+        pass
+    assert idle < 0.2 and load.busy() > idle
 
 
 async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
