@@ -1,6 +1,7 @@
 """Messages as batch rows, commit-log style: one row holds up to BATCH_MESSAGES consecutive messages
 of one queue (those one group commit appends), their store times, tags and sizes as JSON (`meta`,
-with a fourth list, the positions of FIFO messages, when the batch has any) and their payloads
+with a fourth list, the positions of FIFO messages, when the batch has any, and a fifth, [position,
+priority] of its priority messages, when it has any) and their payloads
 concatenated. A row per message would cost the store's writer a B-tree insert and a parameter
 binding per message, the GIL given up and retaken per row; a batch row is one insert for all of
 them. Pure encoding, no I/O: the SQLite store writes and reads the rows.
@@ -22,7 +23,7 @@ Row = tuple[str, int, int, str, bytes]  # topic, queue, first offset, meta, payl
 class Batch:
     """Consecutive new messages of one queue, becoming one `batches` row."""
 
-    __slots__ = ("first_offset", "store_ms", "tags", "sizes", "payloads", "fifo")
+    __slots__ = ("first_offset", "store_ms", "tags", "sizes", "payloads", "fifo", "priority")
 
     def __init__(self, first_offset: int) -> None:
         self.first_offset = first_offset
@@ -31,11 +32,14 @@ class Batch:
         self.sizes: list[int] = []
         self.payloads: list[bytes] = []
         self.fifo: list[int] = []  # positions in the batch of the messages sent with a message group
+        self.priority: list[list[int]] = []  # [position, priority] of its priority messages
 
     def row(self, topic: str, queue_id: int) -> Row:
         lists = [self.store_ms, self.tags, self.sizes]
-        if self.fifo:
+        if self.fifo or self.priority:
             lists.append(self.fifo)
+        if self.priority:
+            lists.append(self.priority)
         return topic, queue_id, self.first_offset, json.dumps(lists), b"".join(self.payloads)
 
 
@@ -57,6 +61,8 @@ class Batches:
             batch = self.open[key] = Batch(offset)
         if m.fifo:
             batch.fifo.append(len(batch.sizes))
+        if m.priority:
+            batch.priority.append([len(batch.sizes), m.priority])
         batch.store_ms.append(m.store_ms)
         batch.tags.append(m.tag)
         batch.sizes.append(len(m.payload))
@@ -69,6 +75,11 @@ class Batches:
 def fifo_offsets(first_offset: int, meta: list[list[Any]]) -> list[int]:
     """The offsets of a row's FIFO messages, from its decoded `meta` (rows written before FIFO order have none)."""
     return [first_offset + i for i in meta[3]] if len(meta) > 3 else []
+
+
+def priority_marks(first_offset: int, meta: list[list[Any]]) -> list[tuple[int, int]]:
+    """(offset, priority) of a row's priority messages, from its decoded `meta` (older rows have none)."""
+    return [(first_offset + i, p) for i, p in meta[4]] if len(meta) > 4 else []
 
 
 def unpack(

@@ -38,6 +38,7 @@ from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent
+from broker.priority import take_prioritized
 from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
 from broker.redelivery import Redelivery
 from broker.retention import Retention
@@ -340,14 +341,17 @@ class BrokerCore:
                 gq = self.consumers.group_queue(state, queue, ops)
                 before = gq.pull_offset
                 end = readable_end(gq, queue)
-                offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
-                gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
-                gq.pull_offset = max(gq.pull_offset, before)
+                if queue.priority is not None:
+                    offsets = take_prioritized(queue, gq, state.filter, min(share, want), end)
+                else:
+                    offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
+                    gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
+                    gq.pull_offset = max(gq.pull_offset, before)
                 if gq.pull_offset != before:
                     ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
                 picks.extend((queue.queue_id, o) for o in offsets)
                 want -= len(offsets)
-                if gq.pull_offset < end:
+                if gq.pull_offset < end and offsets:
                     still.append(queue)
             active = still
         return picks

@@ -53,7 +53,9 @@ class ConsumerGroups:
                 ops.append(DeleteInflight(i.group, i.topic, i.queue_id, i.offset))
                 continue
             state = self._state(i.group, i.topic)
-            state.queue(i.queue_id, i.offset + 1)
+            gq = state.queue(i.queue_id, i.offset + 1)
+            if i.offset >= gq.pull_offset:  # taken ahead of its pull offset (broker.priority)
+                gq.ahead = (gq.ahead or set()) | {i.offset}
             topic_log = self.topics.get(i.topic)
             fifo = topic_log is not None and topic_log.queues[i.queue_id].is_fifo(i.offset)
             state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms), fifo=fifo)

@@ -34,7 +34,7 @@ class Delivery:
 
 
 class GroupQueue:
-    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo", "counted")
+    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo", "counted", "ahead")
 
     def __init__(self, queue_id: int, pull_offset: int) -> None:
         self.queue_id = queue_id
@@ -43,6 +43,8 @@ class GroupQueue:
         self.fifo: set[int] = set()  # offsets of FIFO messages in flight, or being dead-lettered (not yet committed)
         # The group's last count of matching messages here, (filter, start, end, count): broker.lag's memo.
         self.counted: tuple[TagFilter, int, int, int] | None = None
+        # Offsets at or past the pull offset already taken out of order (broker.priority); None when none.
+        self.ahead: set[int] | None = None
 
     @property
     def consumer_offset(self) -> int:

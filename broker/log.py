@@ -72,7 +72,7 @@ class PayloadCache:
 
 
 class QueueLog:
-    __slots__ = ("topic", "queue_id", "min_offset", "store_ms", "tags", "payloads", "_blocks", "fifo")
+    __slots__ = ("topic", "queue_id", "min_offset", "store_ms", "tags", "payloads", "_blocks", "fifo", "priority")
 
     def __init__(self, topic: str, queue_id: int, index: QueueIndex | None = None) -> None:
         self.topic = topic
@@ -90,6 +90,9 @@ class QueueLog:
         self.fifo: bytearray | None = None
         for offset in index.fifo if index else ():
             self._mark_fifo(offset)
+        # Offset -> priority of the queue's priority messages (broker.priority); None while it has none. Trimmed
+        # with the queue, so it holds no more than the messages retention keeps.
+        self.priority: dict[int, int] | None = dict(index.priority) if index and index.priority else None
         # _blocks[i] summarises block (min_offset >> BLOCK_BITS) + i, only the offsets present in it.
         self._blocks: list[BlockSummary] = []
         lo = base = self.min_offset
@@ -115,6 +118,10 @@ class QueueLog:
         self.tags.append(tag)
         if record.fifo:
             self._mark_fifo(offset)
+        if record.priority:
+            if self.priority is None:
+                self.priority = {}
+            self.priority[offset] = record.priority
         blocks = self._blocks
         if not offset & (BLOCK - 1) or not blocks:  # the first offset of a block
             blocks.append({tag: 1})
@@ -174,6 +181,8 @@ class QueueLog:
             del self.fifo[:n]
             if self.fifo.find(1) < 0:
                 self.fifo = None
+        if self.priority is not None:
+            self.priority = {o: p for o, p in self.priority.items() if o >= new_min} or None
         old_block, new_block = self.min_offset >> BLOCK_BITS, new_min >> BLOCK_BITS
         del self._blocks[: new_block - old_block]
         self.min_offset = new_min

@@ -175,6 +175,10 @@ class SendPath:
         )
         if due is not None and m.message_group:  # as RocketMQ's clients: a FIFO message is never delayed
             raise BadRequest("a message with a message group cannot also have a delivery time or delay")
+        if m.priority < 0:
+            raise BadRequest(f"priority {m.priority} is negative")
+        if m.priority and (m.message_group or due is not None):  # as RocketMQ's clients
+            raise BadRequest("a priority message cannot also have a message group, a delivery time or a delay")
         if m.HasField("queue_id") and m.queue_id >= 0:
             topic = self.topics.get(m.topic)
             count = len(topic.queues) if topic else self.settings.queues_per_topic
@@ -213,7 +217,8 @@ class SendPath:
             m.message_id = self.ids.next()
         if not m.born_ms:
             m.born_ms = now
-        return NewMessage(m.topic, queue_id, now, tag, m.SerializeToString(), fifo=bool(m.message_group))
+        payload = m.SerializeToString()
+        return NewMessage(m.topic, queue_id, now, tag, payload, fifo=bool(m.message_group), priority=m.priority)
 
     def unsaved(self, topic: str) -> None:
         """The topic's queue rows may be missing from the store: its next write stores them."""

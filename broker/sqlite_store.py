@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, unpack
+from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, priority_marks, unpack
 from broker.store import (
     RECORD_OVERHEAD_BYTES,
     ArrivalListener,
@@ -381,6 +381,7 @@ class SqliteStore:
             index.store_ms.extend(store_ms)
             index.tags.extend(map(_interned, tags))  # one string per tag text, not one per message
             index.fifo.extend(fifo_offsets(first_offset, lists))
+            index.priority.extend(priority_marks(first_offset, lists))
         for key, index in snap.queues.items():
             self._next_offset[key] = index.min_offset + len(index.store_ms)
         snap.pull_offsets = [SetPullOffset(*row) for row in self._conn.execute("SELECT * FROM pull_offsets")]
@@ -671,7 +672,7 @@ class SqliteStore:
             key = (m.topic, m.queue_id)
             offset = next_offset.get(key, 0)
             next_offset[key] = offset + 1
-            records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload, m.fifo))
+            records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload, m.fifo, m.priority))
             batches.add(m, offset)
         return records
 

@@ -28,6 +28,7 @@ class NewMessage:
     tag: str | None
     payload: bytes  # serialized popgate.broker.v1.Message
     fifo: bool = False  # sent with a message group: consumed in order (broker.core, "FIFO")
+    priority: int = 0  # > 0: taken before lower ones among a queue's ready messages (broker.priority)
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class Record:
     tag: str | None
     payload: bytes
     fifo: bool = False  # as NewMessage.fifo; only what a commit appends carries it (reads leave it False)
+    priority: int = 0  # as NewMessage.priority, as `fifo`
 
 
 class CreateQueue(NamedTuple):
@@ -103,6 +105,7 @@ class QueueIndex:
     store_ms: array[int] | list[int] = field(default_factory=lambda: array("q"))
     tags: list[str | None] = field(default_factory=list)  # interned (sys.intern)
     fifo: list[int] = field(default_factory=list)  # offsets of the messages sent with a message group
+    priority: list[tuple[int, int]] = field(default_factory=list)  # (offset, priority) of priority messages
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Message(_message.Message):
-    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host")
+    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host", "priority", "transactional")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class Message(_message.Message):
     DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_GROUP_FIELD_NUMBER: _ClassVar[int]
     BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     message_id: str
@@ -39,7 +41,9 @@ class Message(_message.Message):
     delay_level: int
     message_group: str
     born_host: str
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ...) -> None: ...
+    priority: int
+    transactional: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ..., priority: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("message", "queue_id", "offset", "store_ms")
@@ -60,16 +64,20 @@ class SendRequest(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("message_id", "topic", "queue_id", "offset")
+    __slots__ = ("message_id", "topic", "queue_id", "offset", "recall_handle", "transaction_id")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECALL_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     topic: str
     queue_id: int
     offset: int
-    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    recall_handle: str
+    transaction_id: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., recall_handle: _Optional[str] = ..., transaction_id: _Optional[str] = ...) -> None: ...
 
 class SendResponse(_message.Message):
     __slots__ = ("results",)
@@ -310,6 +318,64 @@ class ListMessagesResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[StoredMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[StoredMessage, _Mapping]]] = ...) -> None: ...
+
+class RecallRequest(_message.Message):
+    __slots__ = ("topic", "recall_handle")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECALL_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    recall_handle: str
+    def __init__(self, topic: _Optional[str] = ..., recall_handle: _Optional[str] = ...) -> None: ...
+
+class RecallResponse(_message.Message):
+    __slots__ = ("message_id",)
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    def __init__(self, message_id: _Optional[str] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("topic", "message_id", "transaction_id", "commit", "from_check")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHECK_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_id: str
+    transaction_id: str
+    commit: bool
+    from_check: bool
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., commit: _Optional[bool] = ..., from_check: _Optional[bool] = ...) -> None: ...
+
+class EndTransactionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TransactionChecksRequest(_message.Message):
+    __slots__ = ("topics", "max_checks")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    max_checks: int
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., max_checks: _Optional[int] = ...) -> None: ...
+
+class TransactionCheck(_message.Message):
+    __slots__ = ("message", "transaction_id", "check")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    message: StoredMessage
+    transaction_id: str
+    check: int
+    def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ..., transaction_id: _Optional[str] = ..., check: _Optional[int] = ...) -> None: ...
+
+class TransactionChecksResponse(_message.Message):
+    __slots__ = ("checks", "next_due_ms")
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    checks: _containers.RepeatedCompositeFieldContainer[TransactionCheck]
+    next_due_ms: int
+    def __init__(self, checks: _Optional[_Iterable[_Union[TransactionCheck, _Mapping]]] = ..., next_due_ms: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config")

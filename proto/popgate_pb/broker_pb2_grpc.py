@@ -79,6 +79,21 @@ class BrokerStub:
                 request_serializer=popgate__pb_dot_broker__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_broker__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.Recall = channel.unary_unary(
+                '/popgate.broker.v1.Broker/Recall',
+                request_serializer=popgate__pb_dot_broker__pb2.RecallRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.RecallResponse.FromString,
+                _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/popgate.broker.v1.Broker/EndTransaction',
+                request_serializer=popgate__pb_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.TransactionChecks = channel.unary_unary(
+                '/popgate.broker.v1.Broker/TransactionChecks',
+                request_serializer=popgate__pb_dot_broker__pb2.TransactionChecksRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.TransactionChecksResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/popgate.broker.v1.Broker/Session',
                 request_serializer=popgate__pb_dot_broker__pb2.SessionRequest.SerializeToString,
@@ -143,6 +158,24 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Recall(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransactionChecks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -196,6 +229,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=popgate__pb_dot_broker__pb2.ListMessagesRequest.FromString,
                     response_serializer=popgate__pb_dot_broker__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'Recall': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recall,
+                    request_deserializer=popgate__pb_dot_broker__pb2.RecallRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.RecallResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=popgate__pb_dot_broker__pb2.EndTransactionRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'TransactionChecks': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransactionChecks,
+                    request_deserializer=popgate__pb_dot_broker__pb2.TransactionChecksRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.TransactionChecksResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -446,6 +494,87 @@ class Broker:
             '/popgate.broker.v1.Broker/ListMessages',
             popgate__pb_dot_broker__pb2.ListMessagesRequest.SerializeToString,
             popgate__pb_dot_broker__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/Recall',
+            popgate__pb_dot_broker__pb2.RecallRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.RecallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/EndTransaction',
+            popgate__pb_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransactionChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/TransactionChecks',
+            popgate__pb_dot_broker__pb2.TransactionChecksRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.TransactionChecksResponse.FromString,
             options,
             channel_credentials,
             insecure,

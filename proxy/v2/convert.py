@@ -15,7 +15,7 @@ from proxy import validate
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
-SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY))
+SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.PRIORITY))
 _ENCODINGS = frozenset((v2.ENCODING_UNSPECIFIED, v2.IDENTITY, v2.GZIP))  # unspecified: plain bytes
 GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
 
@@ -78,10 +78,10 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
     """A client's message as the broker stores it; raises the §5 error for the first violation. `room`: how
     many bytes a GZIP body may inflate to within its request (None: up to the body limit)."""
     props = message.system_properties
-    if props.message_type not in SERVED_TYPES:  # TRANSACTION, LITE, PRIORITY: not stored as if they were NORMAL
+    if props.message_type not in SERVED_TYPES:  # TRANSACTION, LITE: not stored as if NORMAL
         known = props.message_type in v2.MessageType.values()
         kind = v2.MessageType.Name(props.message_type) if known else f"message_type {props.message_type}:"
-        raise errors.Unsupported(f"{kind} messages are not supported by popgate (NORMAL, FIFO and DELAY are)")
+        raise errors.Unsupported(f"{kind} messages are not supported by popgate (NORMAL, FIFO, DELAY and PRIORITY are)")
     out = bpb.Message(
         topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
         message_id=validate.message_id(props.message_id),
@@ -111,7 +111,23 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
         # RocketMQ keeps it: the consumer gets back the delivery_timestamp its producer set
         if out.message_group and at > now_s:  # checked here too: a request's groups go to brokers apart
             raise errors.BadRequest("a FIFO message (message_group) cannot also have a future delivery_timestamp")
+    _kind(out, props)
     return out
+
+
+def _kind(out: bpb.Message, props: v2.SystemProperties) -> None:
+    """Priority and transaction, checked against the rest as RocketMQ's clients check them (the broker checks
+    again: a request's messages may go to brokers apart)."""
+    if props.HasField("priority"):
+        if props.priority < 0:
+            raise errors.BadRequest(f"priority {props.priority} is negative")
+        out.priority = props.priority
+    transactional = props.message_type == v2.TRANSACTION
+    if transactional and (out.message_group or out.deliver_at_ms or out.priority):
+        raise errors.BadRequest("a TRANSACTION message cannot also have a message group, delivery time or priority")
+    if out.priority and (out.message_group or out.deliver_at_ms):
+        raise errors.BadRequest("a PRIORITY message cannot also have a message group or a delivery time")
+    out.transactional = transactional
 
 
 def _set_ms(target: object, ms: int) -> None:
@@ -148,7 +164,12 @@ def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message
     props.keys.extend(source.keys)
     if source.HasField("tag"):
         props.tag = source.tag
-    if source.message_group:
+    if source.priority:
+        props.priority = source.priority
+        props.message_type = v2.PRIORITY
+    elif source.transactional:
+        props.message_type = v2.TRANSACTION
+    elif source.message_group:
         props.message_group = source.message_group
         props.message_type = v2.FIFO
     elif source.deliver_at_ms:

@@ -98,12 +98,25 @@ def test_gzip_bodies_must_be_whole_and_may_have_several_members() -> None:
         to_broker(message, LIMITS, now_s=NOW)
 
 
-def test_transactional_lite_and_priority_messages_are_unsupported_not_stored_as_normal_ones() -> None:
-    for kind in ("TRANSACTION", "LITE", "PRIORITY"):
+def test_transactional_and_lite_messages_are_unsupported_not_stored_as_normal_ones() -> None:
+    for kind in ("TRANSACTION", "LITE"):
         with pytest.raises(errors.Unsupported, match=kind):
             to_broker(client_message(message_type=v2.MessageType.Value(kind)), LIMITS, now_s=NOW)
-    for kind in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY):
+    for kind in (v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.PRIORITY):
         assert to_broker(client_message(message_type=kind), LIMITS, now_s=NOW).body == b"payload"
+
+
+def test_a_priority_goes_to_the_broker_and_back_and_a_negative_or_mixed_one_is_refused() -> None:
+    message = client_message(message_type=v2.PRIORITY)
+    message.system_properties.priority = 7
+    assert to_broker(message, LIMITS, now_s=NOW).priority == 7
+    message.system_properties.priority = -1
+    with pytest.raises(errors.BadRequest, match="negative"):
+        to_broker(message, LIMITS, now_s=NOW)
+    message.system_properties.priority = 3
+    message.system_properties.message_group = "g"
+    with pytest.raises(errors.BadRequest, match="PRIORITY"):
+        to_broker(message, LIMITS, now_s=NOW)
 
 
 def test_popped_message_has_handle_attempt_identity_encoding_and_md5_digest() -> None:
