@@ -2,7 +2,11 @@
 
 Lag and stored messages are broker facts the v2 protocol does not carry, so `stats` and `dlq list` (`dlq.py`)
 ask the brokers themselves (broker.proto ``Stats`` and ``ListMessages``) at the ``--broker NAME=HOST:PORT``
-addresses (what `popgate up` prints; env POPGATE_BROKERS, else the proxy's POPGATE_BROKER).
+addresses (what `popgate up` prints; env POPGATE_BROKERS, else the proxy's POPGATE_BROKER). Given
+``--endpoint``, `stats` also asks the proxy which brokers it routes to (v2 QueryRoute, the one RPC that names
+them), so a broker left out of the list is named too. Figures summed over brokers are never silently partial:
+a broker that did not answer, or that the proxy routes to but was not asked, is named on stderr and the exit
+code is BROKERS_MISSING (`Coverage`, tests/unit/sdk/test_coverage.py).
 """
 
 from __future__ import annotations
@@ -11,23 +15,30 @@ import argparse
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as v2pb
+from popgate_pb.v2 import service_pb2_grpc as v2grpc
 from rich.table import Table
 
 from popgate_contract.broker_token import TOKEN_KEY
 from popgate_contract.lag import lag_seconds
 
-from .options import POSITIVE_DURATION, Sub, json_option
+from .._transport import CHANNEL_OPTIONS, channel_credentials, make_options
+from .options import POSITIVE_DURATION, Sub, check_listening, client_options, connection, json_option
 from .output import error_console, print_json, print_table
 
 # Where `--broker` comes from when not given: POPGATE_BROKERS, else the proxy's own POPGATE_BROKER (set in every
 # proxy pod, where docs/DEPLOY.md runs `popgate stats`). Both are lists read as the proxy reads its variable.
 BROKER_VARIABLES = ("POPGATE_BROKERS", "POPGATE_BROKER")
+# The exit code of `stats` when its figures do not cover every broker (sysexits.h EX_TEMPFAIL: try again later;
+# 69, EX_UNAVAILABLE, already means that nothing listens at --endpoint). docs/SDK.md, "Exit codes".
+BROKERS_MISSING = 75
 
 
 def env_brokers() -> list[str]:
@@ -55,9 +66,20 @@ def broker_options(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(default_brokers=env_brokers())
 
 
+def proxy_options(parser: argparse.ArgumentParser) -> None:
+    """-e/--endpoint and the v2 credentials and TLS options, to ask a proxy which brokers it routes to; no proxy is
+    asked when neither the flag nor POPGATE_ENDPOINT is given."""
+    client_options(parser)
+    for action in parser._actions:
+        if action.dest == "endpoint":
+            action.default = os.environ.get("POPGATE_ENDPOINT", "")
+            action.help = "proxy HOST:PORT to ask which brokers exist (env POPGATE_ENDPOINT; default: none asked)"
+
+
 def add_parsers(sub: Sub) -> None:
     stats = sub.add_parser("stats", help="lag per topic and consumer group (asks the brokers)")
     broker_options(stats)
+    proxy_options(stats)
     stats.add_argument("-t", "--topic", default="", help="only this topic")
     stats.add_argument("-g", "--group", default="", help="only this consumer group")
     stats.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="per-broker deadline")
@@ -145,6 +167,69 @@ def lag_rows(responses: dict[str, bpb.StatsResponse]) -> dict[tuple[str, str], L
     return dict(rows)
 
 
+def proxy_brokers(args: argparse.Namespace, topic: str, timeout: float) -> set[str]:
+    """The names of the brokers the proxy at ``args.endpoint`` routes `topic` to: those it sees live (v2
+    QueryRoute). NothingListens when no proxy is there; ValueError, in one line, when it does not answer."""
+    check_listening(args.endpoint)
+    options = make_options(args.endpoint, namespace="", request_timeout=timeout, retry=None, **connection(args))
+    creds = channel_credentials(options)
+    target = options.endpoint
+    with (
+        grpc.secure_channel(target, creds, CHANNEL_OPTIONS)
+        if creds is not None
+        else grpc.insecure_channel(target, CHANNEL_OPTIONS)
+    ) as channel:
+        stub = v2grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        request = v2pb.QueryRouteRequest(topic=v2.Resource(name=topic))
+        try:
+            reply = stub.QueryRoute(request, timeout=timeout, metadata=options.metadata()())
+        except grpc.RpcError as exc:
+            raise ValueError(f"the proxy at {args.endpoint} did not list its brokers: {exc.code().name}") from None
+    if reply.status.code != v2.OK:
+        name = v2.Code.Name(reply.status.code) if reply.status.code in v2.Code.values() else str(reply.status.code)
+        raise ValueError(f"the proxy at {args.endpoint} did not list its brokers: {name} {reply.status.message}")
+    return {q.broker.name for q in reply.message_queues}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which brokers a sum over brokers covers: those asked that answered, and the missing ones."""
+
+    asked: list[str]
+    failed: dict[str, str] = field(default_factory=dict)  # asked, did not answer: name -> why (a status code)
+    not_asked: list[str] = field(default_factory=list)  # the proxy routes to them; no address was given
+
+    @classmethod
+    def of(cls, asked: list[str], failed: dict[str, str], routed: set[str] | None) -> Coverage:
+        """routed: the brokers the proxy routes to (None: no proxy was asked)."""
+        return cls(list(asked), dict(failed), sorted((routed or set()) - set(asked)))
+
+    @property
+    def answered(self) -> int:
+        return len(self.asked) - len(self.failed)
+
+    @property
+    def known(self) -> int:
+        return len(self.asked) + len(self.not_asked)
+
+    @property
+    def missing(self) -> list[str]:
+        return sorted({*self.failed, *self.not_asked})
+
+    def explain(self) -> list[str]:
+        """What to print on stderr, one line each, naming every missing broker."""
+        lines = [
+            f"broker {name}: the proxy routes to it, but its address was not given (--broker {name}=HOST:PORT)"
+            for name in self.not_asked
+        ]
+        if self.missing:
+            lines.append(
+                f"{len(self.missing)} of {self.known} brokers missing: {', '.join(self.missing)}; the figures leave"
+                f" them out (exit code {BROKERS_MISSING})"
+            )
+        return lines
+
+
 def err(text: str) -> None:
     error_console().print(text)
 
@@ -163,23 +248,60 @@ def name_column(table: Table, name: str) -> None:
     table.add_column(name, overflow="fold")
 
 
+def given_brokers(args: argparse.Namespace) -> list[Broker]:
+    """The brokers to ask; with none given, a ValueError that names those the proxy at --endpoint routes to."""
+    try:
+        return brokers_of(args)
+    except ValueError:
+        if not args.endpoint:
+            raise
+        routed = ", ".join(sorted(proxy_brokers(args, args.topic or PROBE_TOPIC, args.timeout)))
+        raise ValueError(
+            f"the proxy at {args.endpoint} routes to {routed or 'no broker'}: give their addresses with"
+            " --broker NAME=HOST:PORT (or POPGATE_BROKERS)"
+        ) from None
+
+
+PROBE_TOPIC = "popgate-stats"  # asked the route of when no topic is known to exist
+
+
+def routed_brokers(args: argparse.Namespace, responses: dict[str, bpb.StatsResponse]) -> set[str] | None:
+    """The brokers the proxy at --endpoint routes to (None: none asked), for a topic that exists when one does,
+    so a proxy that refuses unknown topics answers too. A proxy that does not tell is said on stderr and its
+    answer taken as empty: `stats` then cannot vouch that no broker is missing (its exit code says so)."""
+    if not args.endpoint:
+        return None
+    known = sorted(q.topic for r in responses.values() for q in r.queues if not q.topic.startswith("%"))
+    try:
+        return proxy_brokers(args, args.topic or (known[0] if known else PROBE_TOPIC), args.timeout)
+    except ValueError as exc:
+        err(f"popgate stats: {exc}")
+        return None
+
+
 def stats_command(args: argparse.Namespace) -> int:
-    brokers = brokers_of(args)
+    brokers = given_brokers(args)
     failures: dict[str, grpc.StatusCode] = {}
     request = bpb.StatsRequest(topic=args.topic, group=args.group)
     responses = fetch_stats(brokers, request, args.timeout, failures=failures)
+    routed = routed_brokers(args, responses)
     for broker in brokers:
         if broker.name in failures:  # as `dlq list`: UNAVAILABLE did not answer, UNAUTHENTICATED refused, ...
             err(f"popgate stats: broker {broker.name} at {broker.target}: {failure(failures[broker.name])}")
-    if not responses:
-        return 1
+    coverage = Coverage.of([b.name for b in brokers], {n: c.name for n, c in failures.items()}, routed)
+    for line in coverage.explain():
+        err(f"popgate stats: {line}")
+    unverified = bool(args.endpoint) and routed is None
+    code = BROKERS_MISSING if coverage.missing or unverified else 0
     rows = lag_rows(responses)
     topics = stored_messages(responses, rows if args.group else None)
     now_ms = int(time.time() * 1000)
     if args.json:
-        print_json(_stats_document(rows, topics, brokers, failures, now_ms))
-        return 0
-    table = Table(title=f"lag per topic and group ({len(responses)} of {len(brokers)} brokers)")
+        print_json(_stats_document(rows, topics, coverage, now_ms))
+        return code
+    if not responses:
+        return code
+    table = Table(title=f"lag per topic and group ({coverage.answered} of {coverage.known} brokers)")
     for column in ("topic", "group"):
         name_column(table, column)
     for column in ("lag", "ready", "inflight", "oldest un-acked", "brokers"):
@@ -194,7 +316,7 @@ def stats_command(args: argparse.Namespace) -> int:
     for topic, count in sorted(topics.items()):
         summary.add_row(topic, str(count))
     print_table(summary)
-    return 0
+    return code
 
 
 def stored_messages(
@@ -213,8 +335,7 @@ def stored_messages(
 def _stats_document(
     rows: dict[tuple[str, str], Lag],
     topics: dict[str, int],
-    brokers: list[Broker],
-    failures: dict[str, grpc.StatusCode],
+    coverage: Coverage,
     now_ms: int,
 ) -> dict[str, Any]:
     """`stats --json`: the two tables and which brokers answered, as one document (docs/SDK.md)."""
@@ -232,9 +353,11 @@ def _stats_document(
     ]
     return {
         "brokers": {
-            "asked": len(brokers),
-            "answered": len(brokers) - len(failures),
-            "failed": {name: code.name for name, code in failures.items()},
+            "asked": len(coverage.asked),
+            "answered": coverage.answered,
+            "failed": coverage.failed,
+            "not_asked": coverage.not_asked,
+            "missing": coverage.missing,
         },
         "groups": groups,
         "topics": [{"topic": topic, "messages": count} for topic, count in sorted(topics.items())],

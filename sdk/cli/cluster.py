@@ -73,6 +73,7 @@ class Child:
     log_path: Path | None
     process: subprocess.Popen[bytes] | None = None
     address: str = ""
+    metrics_address: str = ""  # HOST:PORT of its /metrics, from the line it logs before ready ('' when none)
     keep_lines: int = 20
     own_session: bool = True
     die_with_parent: bool = False
@@ -87,6 +88,7 @@ class Child:
         self._ready = threading.Event()
         self._terminated = False
         self.address = ""
+        self.metrics_address = ""
         log_file = self._open_log()
         try:
             # Own session: a terminal's Ctrl-C reaches only `popgate up`, which then stops the children
@@ -130,6 +132,8 @@ class Child:
                     line = raw.decode(errors="replace").rstrip()
                     # A new list, not an append: readers in other threads iterate over the old one safely.
                     self._tail = [*self._tail, line][-self.keep_lines :]
+                    if not ready.is_set() and not self.metrics_address and "metrics on http://" in line:
+                        self.metrics_address = line[line.index("http://") :].split()[0].split("/")[2]
                     if not ready.is_set() and line.startswith("ready "):
                         self.address = line.split(" ", 1)[1].strip()
                         ready.set()
@@ -166,10 +170,7 @@ class Child:
     @property
     def metrics_url(self) -> str:
         """The /metrics URL the child logged before its ready line ('' when it serves none)."""
-        for line in self._tail:
-            if "metrics on http://" in line:
-                return line[line.index("http://") :].split()[0]
-        return ""
+        return f"http://{self.metrics_address}/metrics" if self.metrics_address else ""
 
     @property
     def running(self) -> bool:
@@ -244,6 +245,20 @@ def wait_all_ready(children: Sequence[Child], timeout_s: float, stop: threading.
         if left <= 0:
             raise pending[0]._failure(timeout_s)
         time.sleep(min(0.05, left))  # several children, each with its own event: poll them
+
+
+def pinned(argv: Sequence[str], flag: str, value: str) -> list[str]:
+    """`argv` with `flag`'s value set to `value`: its last ``--flag VALUE`` or ``--flag=VALUE`` replaced, or
+    ``--flag VALUE`` appended (a flag wins over the inherited environment) — tests/unit/sdk/test_supervisor.py."""
+    out = list(argv)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i] == flag and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if out[i].startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    return [*out, flag, value]
 
 
 def ended(code: int) -> str:
@@ -356,18 +371,37 @@ class Cluster:
 
     def restart_broker(self, name: str) -> str:
         """Start a stopped or killed broker again on its old address and data directory."""
-        child = self.brokers[name]
+        return self.restart_child(name)
+
+    def children(self) -> list[Child]:
+        return [*self.brokers.values(), *self.proxies]
+
+    def child(self, name: str) -> Child:
+        found = [c for c in self.children() if c.name == name]
+        if not found:
+            raise KeyError(name)
+        return found[0]
+
+    def restart_child(self, name: str, *, stop: threading.Event | None = None) -> str:
+        """Start a broker or proxy that ended again with its old argv, on the gRPC and metrics addresses it
+        had (so clients, `--broker` lists and Prometheus targets stay right) and, for a broker, its data
+        directory; its address once ready. ClusterError when it does not become ready (it may still run then)."""
+        child = self.child(name)
         if child.running:
             raise ClusterError(f"{name} is still running")
-        old = child.address
-        child.argv = self._broker_argv(name, old)
-        child.start(self._env)
-        child.wait_ready(self.config.ready_timeout_s)
-        return child.address
+        argv = pinned(child.argv, "--listen", child.address) if child.address else child.argv
+        if child.metrics_address:
+            argv = pinned(argv, "--metrics-listen", child.metrics_address)
+        child.argv = argv
+        try:
+            child.start(self._env)
+        except OSError as exc:
+            raise ClusterError(f"cannot start {name}: {exc}") from exc
+        return child.wait_ready(self.config.ready_timeout_s, stop)
 
     def on_exit(self, died: Callable[[Child, int], None]) -> None:
         """`Child.on_exit` for every child started so far: ``died`` hears of one that ends on its own."""
-        for child in [*self.brokers.values(), *self.proxies]:
+        for child in self.children():
             child.on_exit(died)
 
     def stop(self, timeout_s: float = 10.0) -> None:

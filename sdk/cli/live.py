@@ -1,14 +1,18 @@
-"""The one-screen live view of `popgate up`: messages in/out per second, lag per group, held polls.
+"""The one-screen live view of `popgate up` and `popgate top`: messages in/out per second, lag per group, held
+polls, the state of `popgate up`'s children, and which brokers are missing.
 
 Numbers come from every broker's Stats RPC: "in" is the growth of the queues' max
-offsets, "out" the growth of the groups' consumer (acked) offsets.
+offsets, "out" the growth of the groups' consumer (acked) offsets. A topic no group reads yet shows as a row
+of its own, with its stored messages (tests/unit/sdk/test_live.py).
 """
 
 from __future__ import annotations
 
+import argparse
+import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -20,7 +24,22 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .admin import Broker, Lag, lag_rows
+from .admin import (
+    Broker,
+    Lag,
+    broker_options,
+    fetch_stats,
+    given_brokers,
+    lag_rows,
+    proxy_options,
+    routed_brokers,
+    stored_messages,
+)
+from .options import POSITIVE_DURATION, Duration, Sub
+from .supervisor import State, Status, describe
+
+# A refresh asks every broker's Stats: 0 (or less) would ask them in a busy loop.
+INTERVAL = Duration(low=0.1, high=3600.0)
 
 
 @dataclass
@@ -31,11 +50,13 @@ class Sample:
     groups: dict[tuple[str, str], Lag] = field(default_factory=dict)  # (topic, group): summed over brokers
     held: dict[str, int] = field(default_factory=dict)
     down: list[str] = field(default_factory=list)
+    stored: dict[str, int] = field(default_factory=dict)  # topic -> messages stored, over the brokers that answered
 
 
 def summarize(stats: Mapping[str, bpb.StatsResponse | None], at: float) -> Sample:
     answered = {broker: reply for broker, reply in stats.items() if reply is not None}
     sample = Sample(at, groups=lag_rows(answered), down=[broker for broker in stats if broker not in answered])
+    sample.stored = stored_messages(answered)
     for broker, reply in answered.items():
         sample.produced[broker] = sum(q.max_offset for q in reply.queues if not q.topic.startswith("%"))
         sample.acked[broker] = sum(g.consumer_offset for g in reply.groups)
@@ -56,36 +77,78 @@ def rates(now: Sample, before: Sample | None) -> tuple[float, float]:
     return rate_in, rate_out
 
 
-def render(endpoint: str, now: Sample, before: Sample | None) -> Group:
+@dataclass(frozen=True)
+class Frame:
+    """What a live view shows besides the brokers' figures."""
+
+    endpoint: str
+    quit_hint: str = "Ctrl-C stops everything"
+    unknown: Sequence[str] = ()  # brokers the proxy routes to whose address was not given (`top`)
+    processes: Sequence[Status] = ()  # `popgate up`'s children
+
+
+def rows(now: Sample) -> list[tuple[str, str, str, str, str]]:
+    """(topic, group, lag, inflight, stored) rows: the 15 groups with most lag, then topics no group reads
+    (group "-"), most stored first; `%` topics (dead letters) only when a group reads them."""
+    ranked = sorted(now.groups.items(), key=lambda kv: -kv[1].lag)[:15]
+    out = [(t, g, str(r.lag), str(r.inflight), str(now.stored.get(t, 0))) for (t, g), r in ranked]
+    read = {topic for topic, _ in now.groups}
+    unread = sorted(((n, t) for t, n in now.stored.items() if t not in read and not t.startswith("%")), reverse=True)
+    out += [(t, "-", "-", "-", str(n)) for n, t in unread[: max(0, 20 - len(out))]]
+    return out
+
+
+def render(frame: Frame | str, now: Sample, before: Sample | None) -> Group:
+    if isinstance(frame, str):
+        frame = Frame(frame)
     rate_in, rate_out = rates(now, before)
     lines: list[RenderableType] = [
-        Text(f"popgate  proxy {endpoint}   {time.strftime('%H:%M:%S')}   (Ctrl-C stops everything)", style="bold"),
+        Text(f"popgate  proxy {frame.endpoint}   {time.strftime('%H:%M:%S')}   ({frame.quit_hint})", style="bold"),
         Text(""),
         Text(f"messages in/s {rate_in:10.1f}     acked out/s {rate_out:10.1f}"),
         Text("held polls    " + "  ".join(f"{b}={n}" for b, n in sorted(now.held.items()))),
     ]
+    if frame.processes:
+        healthy = all(p.state is State.UP for p in frame.processes)
+        lines.append(Text("processes     " + describe(frame.processes, now.at), style="" if healthy else "bold yellow"))
     if now.down:
         lines.append(Text("DOWN          " + " ".join(sorted(now.down)), style="bold red"))
+    if frame.unknown:
+        missing = " ".join(sorted(frame.unknown))
+        lines.append(Text(f"NOT ASKED     {missing} (the proxy routes to them: give --broker NAME=HOST:PORT)", "red"))
     lines.append(Text(""))
-    ranked = sorted(now.groups.items(), key=lambda kv: -kv[1].lag)[:15]
-    if not ranked:
-        lines.append(Text("(no consumer groups yet)"))
+    table_rows = rows(now)
+    if not table_rows:
+        lines.append(Text("(no topics yet)"))
         return Group(*lines)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("topic", overflow="fold")
     table.add_column("group", overflow="fold")
-    table.add_column("lag", justify="right")
-    table.add_column("inflight", justify="right")
-    for (topic, group), row in ranked:
-        table.add_row(topic, group, str(row.lag), str(row.inflight))
+    for column in ("lag", "inflight", "stored"):
+        table.add_column(column, justify="right")
+    for row in table_rows:
+        table.add_row(*row)
     lines.append(table)
     return Group(*lines)
 
 
 class LiveView:
-    def __init__(self, endpoint: str, brokers: Mapping[str, str], *, token: str = "") -> None:
-        """token: the brokers' shared token when they require one (their --broker-token)."""
+    def __init__(
+        self,
+        endpoint: str,
+        brokers: Mapping[str, str],
+        *,
+        token: str = "",
+        processes: Callable[[], Sequence[Status]] = tuple,
+        unknown: Sequence[str] = (),
+        quit_hint: str = "Ctrl-C stops everything",
+    ) -> None:
+        """token: the brokers' shared token when they require one (their --broker-token); processes: the
+        supervised children's states (`popgate up`); unknown: brokers the proxy routes to but not asked."""
         self._endpoint = endpoint
+        self._processes = processes
+        self._unknown = unknown
+        self._quit_hint = quit_hint
         self._brokers = [Broker(name, target, token) for name, target in brokers.items()]
         self._channels = {b.name: grpc.insecure_channel(b.target) for b in self._brokers}
         self._stubs = {name: broker_pb2_grpc.BrokerStub(ch) for name, ch in self._channels.items()}  # type: ignore[no-untyped-call]
@@ -107,7 +170,8 @@ class LiveView:
             with Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as live:
                 while not stop.is_set():
                     now = self.poll()
-                    live.update(render(self._endpoint, now, before), refresh=True)
+                    frame = Frame(self._endpoint, self._quit_hint, self._unknown, self._processes())
+                    live.update(render(frame, now, before), refresh=True)
                     before = now
                     stop.wait(interval_s)
         except OSError:  # the terminal is gone (EIO after a hang-up): stop, as SIGHUP does
@@ -115,3 +179,32 @@ class LiveView:
         finally:
             for channel in self._channels.values():
                 channel.close()
+
+
+def add_parsers(sub: Sub) -> None:
+    top = sub.add_parser("top", help="the live view of `popgate up`, on any running cluster (asks the brokers)")
+    broker_options(top)
+    proxy_options(top)
+    top.add_argument("--interval", type=INTERVAL, default=1.0, help="refresh (100ms..1h: each asks every broker)")
+    top.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="deadline of the proxy's route answer")
+    top.set_defaults(handler=top_command, topic="")
+
+
+def top_command(args: argparse.Namespace) -> int:
+    """Until Ctrl-C (exit 0). The brokers are those given; with --endpoint, those the proxy routes to but that
+    were not given are shown as not asked."""
+    brokers = given_brokers(args)
+    responses = fetch_stats(brokers, bpb.StatsRequest(), args.timeout)
+    unknown = sorted((routed_brokers(args, responses) or set()) - {b.name for b in brokers})
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    view = LiveView(
+        args.endpoint or "-",
+        {b.name: b.target for b in brokers},
+        token=args.broker_token,
+        unknown=unknown,
+        quit_hint="Ctrl-C quits",
+    )
+    view.run(stop, args.interval)
+    return 0

@@ -19,11 +19,11 @@ from typing import Any, cast
 from popgate_process.config import distribution_version
 from popgate_process.units import DURATION_FORMS, SIZE_FORMS
 
-from .cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted, ended
-from .options import NOTHING_LISTENS, Duration, NothingListens
-
-# A live view refresh polls every broker's Stats: 0 (or less) would poll them in a busy loop.
-INTERVAL = Duration(low=0.1, high=3600.0)
+from .cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterrupted
+from .live import INTERVAL
+from .options import NOTHING_LISTENS, NothingListens
+from .supervisor import Backoff, Supervisor
+from .targets import Target, write_file_sd
 
 EPILOG = (
     f"Durations: {DURATION_FORMS}. Sizes: {SIZE_FORMS}. Short flags mean the same in every command: -e endpoint, "
@@ -77,6 +77,18 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
     up.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="a child that dies stops the whole cluster (default: it is restarted on its port and data directory)",
+    )
+    up.add_argument(
+        "--prometheus-sd",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write Prometheus file_sd targets of every child's /metrics to FILE, kept current (implies --metrics)",
+    )
+    up.add_argument(
         "--interval", type=INTERVAL, default=1.0, help="live view refresh (100ms..1h: each asks every broker)"
     )
 
@@ -104,11 +116,12 @@ def _name_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import admin, benchmark, commands, dlq
+    from . import admin, benchmark, commands, dlq, live
 
     commands.add_parsers(sub)
     admin.add_parsers(sub)
     dlq.add_parsers(sub)
+    live.add_parsers(sub)
     benchmark.add_parsers(sub)
 
 
@@ -129,7 +142,7 @@ def up(args: argparse.Namespace) -> int:
         receive_mode=args.receive_mode,
         export_dir=args.export_dir,
         flush=args.flush,
-        metrics=args.metrics,
+        metrics=args.metrics or args.prometheus_sd is not None,
         die_with_parent=True,  # a SIGKILLed `popgate up` leaves no brokers or proxy behind
     )
     stop = threading.Event()
@@ -147,18 +160,22 @@ def up(args: argparse.Namespace) -> int:
         return 1
     died: list[str] = []
 
-    def child_died(child: Child, code: int) -> None:  # a crash or a kill: say so, and stop the rest
-        tail = "\n  ".join(child.lines[-5:])
-        died.append(f"popgate up: {child.name} {ended(code)}; last output:\n  {tail}")
+    def give_up(child: Child, report: str) -> None:  # say so, and stop the rest
+        died.append(f"popgate up: {report}")
         stop.set()
 
-    cluster.on_exit(child_died)
+    def restarted(child: Child) -> None:
+        _say(f"popgate: {child.name} restarted at {child.address}", err=True)
+        _write_targets(args.prometheus_sd, cluster)
+
+    # --no-restart: the first death gives the child up, which stops the cluster.
+    backoff = Backoff(max_failures=0) if args.no_restart else Backoff()
+    supervisor = Supervisor(cluster, backoff=backoff, on_restart=restarted, on_give_up=give_up)
+    supervisor.start()
     try:
-        brokers = ", ".join(f"{n}={c.address}" for n, c in cluster.brokers.items())
-        _say(f"popgate: proxy endpoint {endpoint}  (brokers {brokers}; logs in {args.data_dir})")
-        for child in [*cluster.brokers.values(), *cluster.proxies]:
-            if child.metrics_url:
-                _say(f"popgate: {child.name} metrics {child.metrics_url}")
+        _announce(cluster, endpoint, args)
+        if args.prometheus_sd is not None and not _write_targets(args.prometheus_sd, cluster):
+            return 1
         _say(f"ready {endpoint}", err=True)
         if args.no_view:
             stop.wait()
@@ -167,13 +184,39 @@ def up(args: argparse.Namespace) -> int:
 
             addresses = {n: c.address for n, c in cluster.brokers.items()}
             token = os.environ.get("POPGATE_BROKER_TOKEN", "")  # the children's, when their token is on
-            LiveView(endpoint, addresses, token=token).run(stop, args.interval)
+            view = LiveView(endpoint, addresses, token=token, processes=supervisor.statuses)
+            view.run(stop, args.interval)
     finally:
+        supervisor.close()
         for report in died:
             _say(report, err=True)
         _say("popgate: stopping", err=True)
         cluster.stop()
+        supervisor.release()
     return 1 if died else 0
+
+
+def _announce(cluster: Cluster, endpoint: str, args: argparse.Namespace) -> None:
+    brokers = ", ".join(f"{n}={c.address}" for n, c in cluster.brokers.items())
+    _say(f"popgate: proxy endpoint {endpoint}  (brokers {brokers}; logs in {args.data_dir})")
+    listed = ",".join(cluster.broker_targets())
+    _say(f"popgate: for stats, dlq list and top: export POPGATE_BROKERS={listed} POPGATE_ENDPOINT={endpoint}")
+    for child in cluster.children():
+        if child.metrics_url:
+            _say(f"popgate: {child.name} metrics {child.metrics_url}")
+
+
+def _write_targets(path: Path | None, cluster: Cluster) -> bool:
+    """Write the file_sd targets to `path` (None: not asked); False, said on stderr, when it cannot be written."""
+    if path is None:
+        return True
+    kinds = [("broker", c) for c in cluster.brokers.values()] + [("proxy", c) for c in cluster.proxies]
+    try:
+        write_file_sd(path, [Target(kind, c.name, c.metrics_address) for kind, c in kinds])
+    except OSError as exc:
+        _say(f"popgate up: cannot write --prometheus-sd {path}: {exc.strerror or exc}", err=True)
+        return False
+    return True
 
 
 def _quiet_stdout() -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,18 +51,22 @@ def children_of(pid: int) -> list[Proc]:
 class Up:
     """`popgate up --no-view` with its stderr read in a thread; `children` once it is ready."""
 
-    def __init__(self, data_dir: Path, *, brokers: int = 1, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, brokers: int = 1, env: dict[str, str] | None = None, extra: Sequence[str] = ()
+    ) -> None:
         argv = [POPGATE, "up", "--brokers", str(brokers), "--no-view", "--listen", "127.0.0.1:0"]
-        argv += ["--data-dir", str(data_dir)]
+        argv += ["--data-dir", str(data_dir), *extra]
+        self.stdout_path = data_dir.parent / f"{data_dir.name}.stdout"  # what `up` prints: endpoint, brokers
         # Own session: signals in these tests go to `up` alone, as a terminal's would.
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        with self.stdout_path.open("wb") as stdout:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
         self.endpoint = ""
         self.lines: list[str] = []
         self.children: list[Proc] = []
@@ -96,6 +101,22 @@ class Up:
             raise
         finally:
             self._reader.join(10)
+
+    def brokers(self) -> dict[str, str]:
+        """name -> address, from the line `up` printed once ready: "popgate: proxy endpoint E  (brokers b1=A, ...;"."""
+        line = next(x for x in self.stdout_path.read_text().splitlines() if x.startswith("popgate: proxy endpoint"))
+        listed = line.split("(brokers ", 1)[1].split(";", 1)[0]
+        return dict(entry.split("=", 1) for entry in listed.split(", "))
+
+    def wait_for_line(self, prefix: str, timeout_s: float) -> str:
+        """The first stderr line starting with `prefix`, polled until `timeout_s`; AssertionError if none."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [line for line in list(self.lines) if line.startswith(prefix)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no line {prefix!r} within {timeout_s} s:\n" + "\n".join(self.lines[-20:]))
 
     def wait(self, timeout_s: float) -> int:
         """Wait for `up` to exit on its own; its exit code, with all its output read."""

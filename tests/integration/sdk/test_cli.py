@@ -21,7 +21,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate import Producer, SimpleConsumer
-from popgate.cli.admin import Broker, fetch_stats, lag_rows
+from popgate.cli.admin import BROKERS_MISSING, Broker, fetch_stats, lag_rows
 from popgate.cli.cluster import Cluster
 from popgate.cli.dlq import BODY_SHOWN, list_dead_letters
 from popgate.cli.main import main
@@ -137,8 +137,9 @@ def test_stats_and_dlq_list_find_the_brokers_in_the_proxys_variable(
     assert main(["dlq", "list", group]) == 0
     assert f"%DLQ%{group}: 1 message(s) not yet re-sent (1 stored)" in capsys.readouterr().out
     monkeypatch.setenv("POPGATE_BROKERS", "b9=127.0.0.1:1")  # the SDK's own variable comes first
-    assert main(["stats", "--topic", topic, "--timeout", "0.5"]) == 1
-    assert "popgate stats: broker b9 at 127.0.0.1:1: UNAVAILABLE" in capsys.readouterr().err
+    assert main(["stats", "--topic", topic, "--timeout", "0.5"]) == BROKERS_MISSING  # none answered
+    err = capsys.readouterr().err
+    assert "popgate stats: broker b9 at 127.0.0.1:1: UNAVAILABLE" in err and "1 of 1 brokers missing: b9" in err
 
 
 def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -290,7 +291,7 @@ def test_stats_names_the_error_a_broker_answered_with(cluster: Cluster, capsys: 
     other.start()
     try:
         argv = ["stats", *brokers(cluster), "--broker", f"x9=127.0.0.1:{port}", "--broker", "x0=127.0.0.1:1"]
-        assert main([*argv, "--timeout", "2"]) == 0
+        assert main([*argv, "--timeout", "2"]) == BROKERS_MISSING
     finally:
         other.stop(None)
     captured = capsys.readouterr()

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from popgate import MessageBodyTooLarge, Producer
+from popgate import MessageBodyTooLarge, Producer, SimpleConsumer
+from popgate.cli.main import main
+from tests.integration.sdk.conftest import drain, eventually
 from tests.integration.sdk.popgate_up import POPGATE, Up, children_of
 
 # Children inherit the environment: a short shutdown grace keeps each stop well under a second.
@@ -46,14 +48,42 @@ def test_children_die_with_a_sigkilled_up(up: Up) -> None:
     assert up.left_behind(15) == [], "brokers or proxy outlived `popgate up`"
 
 
-def test_a_child_killed_while_up_runs_stops_up_with_its_name_and_the_signal(up: Up) -> None:
-    victim = up.children[0]
-    os.kill(victim.pid, signal.SIGKILL)  # as the OOM killer would
-    assert up.wait(20) == 1  # `up` noticed by itself: nobody signalled it
-    said = "was killed by signal 9 (SIGKILL); last output:"  # not "exited with code -9"
-    died = [line for line in up.lines if line.startswith("popgate up: ") and line.endswith(said)]
-    assert len(died) == 1, up.lines
-    assert up.left_behind(10) == [], "the other child was left running"
+def test_with_no_restart_a_killed_child_stops_up_with_its_name_and_the_signal(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", env=ENV, extra=["--no-restart"])
+    try:
+        up.wait_ready(30)
+        os.kill(up.children[0].pid, signal.SIGKILL)  # as the OOM killer would
+        assert up.wait(20) == 1  # `up` noticed by itself: nobody signalled it
+        said = "was killed by signal 9 (SIGKILL); last output:"  # not "exited with code -9"
+        died = [line for line in up.lines if line.startswith("popgate up: ") and line.endswith(said)]
+        assert len(died) == 1, up.lines
+        assert up.left_behind(10) == [], "the other child was left running"
+    finally:
+        up.kill_all()
+
+
+def is_broker(pid: int) -> bool:
+    return b"broker" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+def test_a_killed_broker_is_restarted_on_its_port_with_its_messages(up: Up, capsys: pytest.CaptureFixture[str]) -> None:
+    """popgate.cli.supervisor: kill -9 of a broker under `popgate up` brings it back; the cluster serves on."""
+    address = up.brokers()["b1"]
+    with Producer(up.endpoint) as producer:
+        sent = {producer.send("up-restart", f"m{i}".encode()).message_id for i in range(5)}
+    victim = next(child for child in up.children if is_broker(child.pid))
+    os.kill(victim.pid, signal.SIGKILL)
+    assert up.wait_for_line("popgate: b1 restarted at ", 20) == f"popgate: b1 restarted at {address}"  # its port
+    up.children = children_of(up.proc.pid)  # the new broker's pid
+    stats = ["stats", "--broker", f"b1={address}", "--endpoint", up.endpoint, "-t", "up-restart", "--timeout", "1"]
+    # `stats` shows it return: complete (exit 0) once the proxy too routes to it again (its health checks, 1 s)
+    eventually(lambda: main(stats) == 0 or None, timeout=10, what="popgate stats exiting 0")
+    assert "(1 of 1 brokers)" in capsys.readouterr().out
+    with SimpleConsumer(up.endpoint, "up-restart-group", "up-restart") as consumer:
+        got = {m.message_id for m in drain(consumer, len(sent), timeout=20)}
+    assert got == sent  # what was sent before the kill is still there (its data directory)
+    assert up.stop(signal.SIGINT, timeout_s=20) == 0  # the restarted broker stops in order too
+    assert up.left_behind(0) == []
 
 
 def test_ctrl_c_while_starting_stops_at_once_without_claiming_ready(tmp_path: Path) -> None:

@@ -166,10 +166,17 @@ def test_stats_json_is_one_document_of_both_tables(
         return {"b1": _stats("b1")}
 
     monkeypatch.setattr("popgate.cli.admin.fetch_stats", fetch)
-    assert main(["stats", "--broker", "b1=h:1", "--broker", "b2=h:2", "--json"]) == 0
+    # 75: a broker is missing from the figures (docs/SDK.md, "Exit codes")
+    assert main(["stats", "--broker", "b1=h:1", "--broker", "b2=h:2", "--json"]) == 75
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {
-        "brokers": {"asked": 2, "answered": 1, "failed": {"b2": "UNAVAILABLE"}},
+        "brokers": {
+            "asked": 2,
+            "answered": 1,
+            "failed": {"b2": "UNAVAILABLE"},
+            "not_asked": [],
+            "missing": ["b2"],
+        },
         "groups": [
             {
                 "topic": "orders",
