@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -91,7 +92,11 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
     if not settings.listen.endswith(":0") and (why := cannot_listen(settings.listen)) is not None:
         raise StartError(f"--listen {settings.listen}: cannot listen there ({why})")
     try:
-        port = server.add_insecure_port(settings.listen)
+        if settings.tls_cert:
+            chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()
+            port = server.add_secure_port(settings.listen, grpc.ssl_server_credentials([(key, chain)]))
+        else:
+            port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's "Failed to bind": the port is in use or the address is not local
         raise StartError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
     return server, port

@@ -140,6 +140,10 @@ class BrokerSettings:
             "replaces": ("auth_token",),
         },
     )
+    tls_cert: str = field(
+        default="", metadata={"help": "PEM certificate chain file; with --tls-key: serve TLS instead of plaintext"}
+    )
+    tls_key: str = field(default="", metadata={"help": "PEM private key file of --tls-cert"})
     log_level: str = field(
         default="INFO", metadata={"help": "least severe log records written (any case)", "choices": LOG_LEVELS}
     )
@@ -184,6 +188,11 @@ class BrokerSettings:
             if not ok:
                 raise ValueError(message)
         parse_host_port(self.listen, what="listen")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together: give both for TLS, neither for plaintext")
+        for option in (self.tls_cert, self.tls_key):
+            if option and not Path(option).is_file():
+                raise ValueError(f"{option}: no such file (--tls-cert / --tls-key)")
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, what="metrics_listen")
         for topic in self.topics:

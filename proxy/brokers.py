@@ -76,10 +76,14 @@ class BrokerCall(asyncio.Future):  # type: ignore[type-arg]
 
 
 class GrpcBrokerClient:
-    def __init__(self, address: BrokerAddress, *, metrics: Metrics | None = None, token: str = "") -> None:
+    def __init__(
+        self, address: BrokerAddress, *, metrics: Metrics | None = None, token: str = "", tls_ca: bytes | None = None
+    ) -> None:
+        """`tls_ca`: PEM CA bundle: the channel is TLS and the broker's certificate must name `address.host_name`
+        (or the target's host) — tests/integration/proxy/test_broker_tls.py."""
         self._address = address
         self._metrics = metrics or NoMetrics()
-        options = [
+        options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
             # Reconnect quickly to a restarted broker (the default back-off grows to minutes). Not
@@ -87,15 +91,23 @@ class GrpcBrokerClient:
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
-        self._channel = grpc.aio.insecure_channel(
-            address.target, options=options, interceptors=client_interceptors(token) or None
-        )
+        interceptors = client_interceptors(token) or None
+        if tls_ca is None:
+            self._channel = grpc.aio.insecure_channel(address.target, options=options, interceptors=interceptors)
+        else:
+            if address.host_name:
+                options.append(("grpc.ssl_target_name_override", address.host_name))
+            credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca)
+            self._channel = grpc.aio.secure_channel(
+                address.target, credentials, options=options, interceptors=interceptors
+            )
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._status = Health()  # optimistic until the first check: a down broker fails fast anyway
         self._session: BrokerSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._gone = False  # retired by discovery: down for good (`retire`)
 
     @property
     def name(self) -> str:
@@ -112,8 +124,18 @@ class GrpcBrokerClient:
     def when_up(self) -> asyncio.Future[None]:
         return self._status.when_up()
 
+    @property
+    def address(self) -> BrokerAddress:
+        return self._address
+
+    def retire(self) -> None:
+        """Gone from discovery: down from now on, whatever a health check would say; calls still go to its
+        address (a receipt handle of it is answered as a down broker's)."""
+        self._gone = True
+        self._set_health(False, "gone from broker discovery")
+
     def _set_health(self, healthy: bool, why: str) -> None:
-        if self._status.set(healthy):
+        if self._status.set(healthy and not self._gone):
             log.warning(
                 "broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why
             )
@@ -313,6 +335,8 @@ class GrpcBrokerClient:
 
     async def check_health(self, *, timeout_s: float) -> bool:
         """One grpc.health.v1 check with a deadline; updates and returns the health flag."""
+        if self._gone:
+            return False
         try:
             reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -334,13 +358,13 @@ class GrpcBrokerClient:
 class HealthMonitor(BackgroundTask):
     """Checks every broker every `interval` seconds (each check bounded by `timeout`) until closed."""
 
-    def __init__(self, clients: Iterable[GrpcBrokerClient], *, interval: float, timeout: float) -> None:
-        self._clients = list(clients)
+    def __init__(self, clients: Callable[[], Iterable[GrpcBrokerClient]], *, interval: float, timeout: float) -> None:
+        self._clients = clients  # read at every round: brokers discovery adds are checked from the next one
         self._interval = interval
         self._timeout = timeout
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(c.check_health(timeout_s=self._timeout) for c in self._clients))
+        await asyncio.gather(*(c.check_health(timeout_s=self._timeout) for c in self._clients()))
 
     async def _run(self) -> None:
         while True:

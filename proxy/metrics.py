@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from proxy.receive.notify import RunStats
@@ -150,6 +152,11 @@ class ProxyMetrics:
     def watch_renewals(self, tracked: Callable[[], int]) -> None:
         self._renewal_handles.set_function(tracked)
 
+    def watch_brokers(self, brokers: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        """`popgate_proxy_broker_up{broker}`: 1 while this proxy's health checks see the broker up, 0 while down,
+        for every broker it routes to (discovery's too; a retired one is absent)."""
+        self.registry.register(_BrokerHealth(brokers))
+
     def rpc(self, method: str, code: str, seconds: float) -> None:
         self._rpc.labels(method, code).observe(seconds)
 
@@ -213,3 +220,18 @@ class ProxyMetrics:
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
         self._decisions.labels(self._group(group), mode, reason).inc()
+
+
+class _BrokerHealth(Collector):
+    def __init__(self, brokers: Callable[[], Iterable[tuple[str, bool]]]) -> None:
+        self._brokers = brokers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "popgate_proxy_broker_up",
+            "1 while this proxy's health checks see the broker up, 0 while down",
+            labels=["broker"],
+        )
+        for name, up in self._brokers():
+            family.add_metric([name], 1.0 if up else 0.0)
+        yield family

@@ -57,6 +57,26 @@ class BrokerPool:
     def get(self, name: str) -> BrokerClient | None:
         return self._clients.get(name)
 
+    def put(self, client: BrokerClient) -> BrokerClient | None:
+        """Add a broker (broker discovery), or replace the client of its name; returns the client replaced.
+
+        Runs that name the broker find the new client from their next call on."""
+        replaced = self._clients.get(client.name)
+        self._clients[client.name] = client
+        self._names = sorted({*self._names, client.name})
+        return replaced
+
+    def retire(self, name: str) -> BrokerClient | None:
+        """Take a broker out of routing (gone from discovery); `get` and `for_handle` still find its client, which
+        stays down, so runs and receipt handles naming it end as for a down broker —
+        tests/unit/proxy/test_discovery.py::test_a_retired_broker_leaves_routing_but_its_handles_still_resolve."""
+        self._names = [n for n in self._names if n != name]
+        return self._clients.get(name)
+
+    def clients(self) -> list[BrokerClient]:
+        """Every client, retired ones too."""
+        return list(self._clients.values())
+
     def for_handle(self, handle: str) -> BrokerClient:
         """The broker a receipt handle belongs to; InvalidReceiptHandle when garbled or unknown."""
         name = broker_of(handle)  # raises InvalidReceiptHandle: the broker's class is the proxy's

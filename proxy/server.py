@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -19,12 +19,13 @@ from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import start_metrics
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
+from proxy.discovery import Discovery, PoolEdits, SrvLookup
 from proxy.metrics import ProxyMetrics
 from proxy.ports import Metrics
 from proxy.receive.modes import make_strategy
 from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
 from proxy.routing import BrokerPool
-from proxy.settings import Settings, SettingsError
+from proxy.settings import BrokerAddress, Settings, SettingsError
 from proxy.v2.context import endpoints_for
 from proxy.v2.service import ExtMessaging, MessagingService
 
@@ -83,8 +84,53 @@ def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = 
     return Renewer(pool, limits, invisible_ms=invisible_ms, broker_timeout_s=settings.broker_timeout_s, metrics=metrics)
 
 
-def _proxy(settings: Settings, clients: Mapping[str, GrpcBrokerClient], metrics: ProxyMetrics) -> Proxy:
-    pool = BrokerPool(clients)
+class BrokerClients:
+    """The proxy's broker clients by name — the listed brokers, or those discovery finds — and every client it
+    made, closed when the proxy stops (those discovery replaced or retired too)."""
+
+    def __init__(self, settings: Settings, metrics: ProxyMetrics) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._tls_ca = Path(settings.broker_tls_ca).read_bytes() if settings.broker_tls_ca else None
+        self.current: dict[str, GrpcBrokerClient] = {}
+        self._made: list[GrpcBrokerClient] = []
+        self.pool = BrokerPool({})
+        for address in settings.brokers:
+            self.add(address)
+
+    def add(self, address: BrokerAddress) -> None:
+        client = GrpcBrokerClient(
+            address, metrics=self._metrics, token=self._settings.broker_token, tls_ca=self._tls_ca
+        )
+        self._made.append(client)
+        self.current[address.name] = client
+        replaced = self.pool.put(client)
+        if isinstance(replaced, GrpcBrokerClient):
+            replaced.retire()  # its calls fail over to the new client; closed with the others when the proxy stops
+
+    def retire(self, name: str) -> None:
+        self.pool.retire(name)
+        client = self.current.pop(name, None)
+        if client is not None:
+            client.retire()
+
+    def health(self) -> list[tuple[str, bool]]:
+        return [(name, client.healthy) for name, client in sorted(self.current.items())]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.close() for client in self._made), return_exceptions=True)
+
+
+async def _discovery(settings: Settings, brokers: BrokerClients, stack: AsyncExitStack) -> None:
+    if not settings.broker_srv:
+        return
+    lookup = SrvLookup(settings.broker_srv, server=settings.broker_dns_server, timeout_s=settings.health_timeout_s * 4)
+    edits = PoolEdits(add=brokers.add, retire=brokers.retire)
+    interval, forget = settings.broker_dns_interval_s, settings.broker_forget_s
+    await stack.enter_async_context(Discovery(lookup, edits, interval_s=interval, forget_s=forget))
+
+
+def _proxy(settings: Settings, pool: BrokerPool, metrics: ProxyMetrics) -> Proxy:
     return Proxy(
         pool,
         make_strategy(settings, pool, metrics),
@@ -103,13 +149,16 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
     """Serve until `stop` is set, then shut down gracefully (held receives answered)."""
     async with AsyncExitStack() as stack:
         metrics = ProxyMetrics()
-        clients = {b.name: GrpcBrokerClient(b, metrics=metrics, token=settings.broker_token) for b in settings.brokers}
-        for client in clients.values():
-            stack.push_async_callback(client.close)
+        brokers = BrokerClients(settings, metrics)
+        stack.push_async_callback(brokers.close)
+        await _discovery(settings, brokers, stack)
         await stack.enter_async_context(
-            HealthMonitor(clients.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s)
+            HealthMonitor(
+                lambda: brokers.current.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s
+            )
         )
-        proxy = _proxy(settings, clients, metrics)
+        metrics.watch_brokers(brokers.health)
+        proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)
         server, address = _grpc_server(settings)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
@@ -133,7 +182,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             "proxy serving on %s (receive mode %s), brokers %s",
             address,
             settings.receive_mode,
-            ", ".join(f"{b.name}={b.target}" for b in settings.brokers),
+            ", ".join(f"{c.name}={c.address.target}" for c in brokers.current.values()) or "(none found yet)",
         )
         await stop.wait()
         log.info("stopping: answering held receives")

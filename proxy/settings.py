@@ -29,6 +29,7 @@ _BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 class BrokerAddress:
     name: str
     target: str  # host:port; host may be a DNS name
+    host_name: str = ""  # the name TLS verifies in the broker's certificate, when not the target's host
 
     @classmethod
     def parse(cls, text: str) -> BrokerAddress:
@@ -64,8 +65,19 @@ class Settings:
             "option": "broker",
             "aliases": ("brokers",),
             "parse": _brokers,
-            "help": "NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list)",
+            "help": "NAME=HOST:PORT, repeated (env POPGATE_BROKER: comma list); or --broker-srv",
         },
+    )
+    broker_srv: str = _setting(
+        "DNS SRV name listing the brokers (a headless Service: _grpc._tcp.popgate-broker), followed as brokers "
+        "come and go; instead of --broker",
+        default="",
+    )
+    broker_dns_server: str = _setting("HOST:PORT of the DNS server for --broker-srv (empty = the system's)", default="")
+    broker_dns_interval_s: float = _setting("time between lookups of --broker-srv", default=5.0)
+    broker_forget_s: float = _setting("a broker missing from --broker-srv this long is dropped", default=300.0)
+    broker_tls_ca: str = _setting(
+        "PEM CA bundle: reach brokers over TLS, verified against it (empty = plaintext)", default=""
     )
     listen: str = _setting("gRPC HOST:PORT clients connect to (port 0 = any free port)", default="127.0.0.1:8081")
     advertise: str = _setting(
@@ -156,11 +168,17 @@ class Settings:
     broker_token: str = _setting("shared secret sent to brokers started with the same --broker-token", default="")
 
     def __post_init__(self) -> None:
-        if not self.brokers:
+        if not self.brokers and not self.broker_srv:
             raise SettingsError(
                 "at least one --broker NAME=HOST:PORT is required (or POPGATE_BROKER=NAME=HOST:PORT,... in the "
-                "environment: singular, as the flag; or brokers = [...] in the config file)"
+                "environment: singular, as the flag; or brokers = [...] in the config file), or --broker-srv NAME"
             )
+        if self.brokers and self.broker_srv:
+            raise SettingsError("--broker and --broker-srv exclude each other: list the brokers or name them in DNS")
+        if self.broker_dns_server:
+            parse_host_port(self.broker_dns_server, what="--broker-dns-server")
+        if self.broker_tls_ca and not Path(self.broker_tls_ca).is_file():
+            raise SettingsError(f"--broker-tls-ca {self.broker_tls_ca}: no such file")
         names = [b.name for b in self.brokers]
         if len(set(names)) != len(names):
             raise SettingsError(f"--broker names must be unique, got {names}")
@@ -211,6 +229,8 @@ class Settings:
             ("max_send_bytes", self.max_send_bytes >= 1024, ">= 1024"),
             ("send_chunk_bytes", self.send_chunk_bytes >= self.max_body_bytes, ">= max_body_bytes"),
             ("health_interval_s", self.health_interval_s > 0, "> 0"),
+            ("broker_dns_interval_s", self.broker_dns_interval_s > 0, "> 0"),
+            ("broker_forget_s", self.broker_forget_s >= 0, ">= 0"),
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
             ("export_interval_s", self.export_interval_s > 0, "> 0"),

@@ -1,0 +1,36 @@
+"""A throwaway CA and server certificates signed by it (openssl in a subprocess), for TLS tests."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+_EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+
+@dataclass(frozen=True)
+class Issued:
+    ca: Path  # the CA's certificate: what a client trusts
+    cert: Path
+    key: Path
+
+
+def issue(folder: Path, *, names: tuple[str, ...], ca_name: str = "popgate-test-ca") -> Issued:
+    """A new CA, and a server certificate for `names` (DNS names; an IP address as `IP:...`) signed by it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = folder / "ca.crt", folder / "ca.key"
+    _openssl("req", "-x509", *_EC, "-days", "1", "-subj", f"/CN={ca_name}", "-keyout", str(ca_key), "-out", str(ca))
+    key, csr, cert = folder / "tls.key", folder / "tls.csr", folder / "tls.crt"
+    _openssl("req", *_EC, "-subj", f"/CN={names[0]}", "-keyout", str(key), "-out", str(csr))
+    sans = ",".join(name if name.startswith("IP:") else f"DNS:{name}" for name in names)
+    (folder / "san.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
+    _openssl(
+        "x509", "-req", "-days", "1", "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-extfile", str(folder / "san.ext"), "-in", str(csr), "-out", str(cert),
+    )  # fmt: skip
+    return Issued(ca, cert, key)

@@ -1,0 +1,84 @@
+"""Broker discovery without DNS: what successive lookups change, and what the pool does with it."""
+
+from __future__ import annotations
+
+from popgate_contract.receipt import encode_handle
+from proxy.discovery import Changes, Discovery, LookupFailed, Membership, PoolEdits
+from proxy.routing import BrokerPool
+from proxy.settings import BrokerAddress
+from tests.unit.proxy.fakes import FakeBroker
+
+
+def at(name: str, ip: str = "10.0.0.1", port: int = 9001) -> BrokerAddress:
+    return BrokerAddress(name, f"{ip}:{port}", host_name=f"{name}.popgate-broker.ns.svc.cluster.local")
+
+
+def test_new_names_are_added_and_a_known_name_at_a_new_address_is_moved() -> None:
+    members = Membership(forget_s=60)
+    first = members.update([at("b0"), at("b1", "10.0.0.2")], now=0)
+    assert [a.name for a in first.added] == ["b0", "b1"] and not first.moved and not first.retired
+    assert not members.update([at("b0"), at("b1", "10.0.0.2")], now=5)  # the same answer changes nothing
+    second = members.update([at("b0"), at("b1", "10.0.0.9"), at("b2", "10.0.0.3")], now=10)
+    assert second.added == [at("b2", "10.0.0.3")] and second.moved == [at("b1", "10.0.0.9")]
+    assert [a.name for a in members.known] == ["b0", "b1", "b2"]
+
+
+def test_a_missing_broker_is_kept_until_it_has_been_missing_forget_s() -> None:
+    members = Membership(forget_s=60)
+    members.update([at("b0"), at("b1")], now=0)
+    assert not members.update([at("b0")], now=10)  # a pod restarting, a DNS hiccup: nothing changes yet
+    assert not members.update([at("b0")], now=69)
+    assert members.update([at("b0")], now=70).retired == ["b1"]
+    assert [a.name for a in members.known] == ["b0"]
+    assert members.update([at("b0"), at("b1")], now=80).added == [at("b1")]  # scaled up again: a new broker
+
+
+def test_a_broker_back_within_forget_s_starts_its_count_again() -> None:
+    members = Membership(forget_s=60)
+    members.update([at("b0"), at("b1")], now=0)
+    members.update([at("b0")], now=10)
+    assert not members.update([at("b0"), at("b1")], now=50)
+    assert not members.update([at("b0")], now=100)  # missing since 100, not since 10
+    assert members.update([at("b0")], now=160).retired == ["b1"]
+
+
+def test_a_retired_broker_leaves_routing_but_its_handles_still_resolve() -> None:
+    b0, b1 = FakeBroker("b0"), FakeBroker("b1")
+    pool = BrokerPool({"b0": b0, "b1": b1})
+    assert pool.retire("b1") is b1
+    assert pool.names == ["b0"] and pool.live() == [b0]
+    assert [c.name for c in pool.candidates("a-group")] == ["b0"]
+    handle = encode_handle("b1", "t", queue_id=0, offset=7, attempt=1, token=1, until_ms=1)
+    assert pool.for_handle(handle) is b1  # answered as a down broker's, not as a garbled handle
+    b1_again = FakeBroker("b1")
+    assert pool.put(b1_again) is b1 and pool.names == ["b0", "b1"] and pool.get("b1") is b1_again
+
+
+async def test_discovery_applies_each_lookup_and_a_failed_lookup_changes_nothing() -> None:
+    answers: list[list[BrokerAddress] | Exception] = [
+        [at("b0"), at("b1")],
+        LookupFailed("timeout"),
+        [at("b0")],
+        [at("b0")],
+    ]
+    added: list[BrokerAddress] = []
+    retired: list[str] = []
+
+    async def lookup() -> list[BrokerAddress]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    now = [0.0]
+    discovery = Discovery(
+        lookup, PoolEdits(add=added.append, retire=retired.append), interval_s=1, forget_s=5, clock=lambda: now[0]
+    )
+    assert (await discovery.refresh()).added == [at("b0"), at("b1")]
+    now[0] = 10
+    assert await discovery.refresh() == Changes()  # DNS did not answer: b1 is not missing
+    now[0] = 11
+    assert not await discovery.refresh()
+    now[0] = 16
+    assert (await discovery.refresh()).retired == ["b1"]
+    assert added == [at("b0"), at("b1")] and retired == ["b1"]
