@@ -5,11 +5,12 @@ Until `popgate up` exists this FAILS (it is not skipped): the dashboards and
 alert rules in deploy/ are only as good as the metrics the processes really
 export, and this is where that is checked.
 
-What it does: starts `popgate up` on a free 127.0.0.1 port, finds its brokers and
-proxy and their metrics addresses from the process tree (deploy/prometheus/
-discover_targets.py), sends a little traffic, starts Debian's `prometheus` on a
-free port with deploy/prometheus/rules.yml and a temporary data dir, and asks
-its HTTP API for the broker and proxy series. Every /metrics is also linted
+What it does: starts `popgate up --prometheus-sd FILE` on a free 127.0.0.1 port,
+reads its brokers and proxy and their metrics addresses from the file_sd targets it
+writes, sends a little traffic, starts Debian's `prometheus` on a free port with
+deploy/prometheus/rules.yml, a temporary data dir and that targets file (as
+deploy/prometheus/prometheus-file-sd.yml reads it), and asks its HTTP API for the
+broker and proxy series. Every /metrics is also linted
 with `promtool check metrics`. Everything started is stopped in teardown; every
 wait has a deadline.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.client
-import importlib.util
 import json
 import os
 import signal
@@ -34,7 +34,6 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
@@ -76,15 +75,6 @@ def http_get(url: str, timeout: float = 2.0) -> str | None:
         return None
 
 
-def load_discover() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("discover_targets", PROMETHEUS / "discover_targets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def health_serving(address: str) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -98,7 +88,8 @@ def health_serving(address: str) -> bool:
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], extra_pids: list[int]) -> None:
-    """SIGTERM what we started, wait (held long polls drain within 30 s), then SIGKILL leftovers."""
+    """SIGTERM what we started, wait (held long polls drain within 30 s), then SIGKILL leftovers (`popgate up`'s
+    children get SIGTERM from the kernel when it dies: PR_SET_PDEATHSIG)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
@@ -114,15 +105,52 @@ def stop_process_group(proc: subprocess.Popen[bytes], extra_pids: list[int]) -> 
         proc.wait(timeout=10)
 
 
+@dataclass(frozen=True)
+class Process:
+    """A broker or proxy of `popgate up`, as its file_sd targets and its printed broker list tell."""
+
+    kind: str  # "broker" | "proxy"
+    name: str  # the `process` label
+    metrics: str  # HOST:PORT of /metrics
+    listen: str | None  # gRPC address (brokers)
+
+
 @dataclass
 class Cluster:
     proxy_endpoint: str
-    brokers: list[Any]  # discover_targets.Process
-    proxies: list[Any]
+    brokers: list[Process]
+    proxies: list[Process]
+    targets: Path  # the file_sd file `popgate up` writes
 
     @property
-    def processes(self) -> list[Any]:
+    def processes(self) -> list[Process]:
         return self.brokers + self.proxies
+
+
+def read_targets(path: Path, grpc_addresses: dict[str, str]) -> list[Process]:
+    """The processes in a file_sd targets file (empty while it is not written yet)."""
+    try:
+        groups = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [
+        Process(
+            kind=group["labels"]["job"].removeprefix("popgate-"),
+            name=group["labels"]["process"],
+            metrics=group["targets"][0],
+            listen=grpc_addresses.get(group["labels"]["process"]),
+        )
+        for group in groups
+    ]
+
+
+def printed_brokers(log: Path) -> dict[str, str]:
+    """name -> gRPC address, from `popgate up`'s line "popgate: proxy endpoint E  (brokers b1=A, b2=B; logs ...)"."""
+    for line in log.read_text().splitlines():
+        if line.startswith("popgate: proxy endpoint") and "(brokers " in line:
+            listed = line.split("(brokers ", 1)[1].split(";", 1)[0]
+            return dict(entry.split("=", 1) for entry in listed.split(", "))
+    return {}
 
 
 def popgate_up_command() -> list[str]:
@@ -143,25 +171,23 @@ def popgate_up_command() -> list[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     command = popgate_up_command()
-    discover = load_discover()
     work = tmp_path_factory.mktemp("popgate-up")
     port = free_port()
     log = work / "popgate-up.log"
+    targets = work / "targets" / "popgate.json"
     args = ["up", "--brokers", "2", "--listen", f"127.0.0.1:{port}", "--data-dir", str(work / "data"), "--no-view"]
-    # Children inherit the environment: every broker and the proxy serve /metrics on
-    # a free port, which discover_targets finds from their listening sockets.
-    env = dict(os.environ, POPGATE_METRICS_LISTEN="127.0.0.1:0")
+    # Every broker and the proxy serve /metrics on a free port; `popgate up` writes them as file_sd targets.
+    args += ["--prometheus-sd", str(targets)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             command + args,
-            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=ROOT,
             start_new_session=True,
         )
-    found: list[Any] = []
+    found: list[Process] = []
     try:
 
         def ready() -> bool:
@@ -171,24 +197,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
         wait_for("`popgate up` to serve gRPC health on its proxy port", ready, 45, log=log)
 
-        def all_found() -> list[Any] | None:
-            found[:] = discover.discover(proc.pid)
+        def all_found() -> list[Process] | None:
+            found[:] = read_targets(targets, printed_brokers(log))
             kinds = [p.kind for p in found]
             return found if kinds.count("broker") == 2 and kinds.count("proxy") >= 1 else None
 
-        wait_for("2 brokers and a proxy under `popgate up`", all_found, 10, log=log)
-        silent = [p.name for p in found if not p.metrics]
-        assert not silent, (
-            f"no /metrics found for {silent}: `popgate up` children must serve metrics, from "
-            "--metrics-listen HOST:PORT or the inherited POPGATE_METRICS_LISTEN"
-        )
+        wait_for("2 brokers and a proxy in the targets `popgate up` writes", all_found, 10, log=log)
         yield Cluster(
             proxy_endpoint=f"127.0.0.1:{port}",
             brokers=[p for p in found if p.kind == "broker"],
             proxies=[p for p in found if p.kind == "proxy"],
+            targets=targets,
         )
     finally:
-        stop_process_group(proc, [p.pid for p in found])
+        stop_process_group(proc, [])
 
 
 def send_traffic(cluster: Cluster) -> None:
@@ -264,15 +286,8 @@ def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
         "rule_files": [str(work / "rules.yml")],
-        "scrape_configs": [
-            {
-                "job_name": f"popgate-{kind}",
-                "static_configs": [
-                    {"targets": [p.metrics], "labels": {"process": p.name}} for p in cluster.processes if p.kind == kind
-                ],
-            }
-            for kind in ("broker", "proxy")
-        ],
+        # As prometheus-file-sd.yml: one job whose target groups carry their own `job` label.
+        "scrape_configs": [{"job_name": "popgate", "file_sd_configs": [{"files": [str(cluster.targets)]}]}],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     run([tool("promtool"), "check", "config", str(work / "prometheus.yml")])

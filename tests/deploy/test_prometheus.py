@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -54,7 +48,7 @@ def grafana_to_promql(expr: str) -> str:
 @pytest.mark.parametrize("config", CONFIGS)
 def test_promtool_check_config(tmp_path: Path, config: str) -> None:
     promtool = tool("promtool")
-    # A copy with one file_sd target file, as it is after discover_targets.py ran.
+    # A copy with one file_sd target file, as it is once `popgate up --prometheus-sd` wrote it.
     work = tmp_path / "prometheus"
     shutil.copytree(PROMETHEUS, work, ignore=shutil.ignore_patterns("*.json", "__pycache__"))
     shutil.copy(PROMETHEUS / "targets" / "example.json.sample", work / "targets" / "popgate.json")
@@ -108,92 +102,6 @@ def test_dashboard_shows_lag_throughput_latency_and_hit_ratio() -> None:
     assert "popgate_proxy_receives_total" in by_title["Polling hit ratio"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
-
-
-# --- discover_targets.py: how the file_sd variant and the live test find the ports -----
-
-
-@pytest.fixture(scope="module")
-def discover() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("discover_targets", PROMETHEUS / "discover_targets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize(
-    ("argv", "kind"),
-    [
-        (["/v/bin/python", "-m", "broker", "--name", "b0"], "broker"),
-        (["/v/bin/python3", "-u", "-m", "proxy.__main__", "--broker", "b0=h:1"], "proxy"),
-        (["/v/bin/popgate-broker", "--name", "b1"], "broker"),
-        (["python", "/v/bin/popgate-proxy", "--broker", "b0=h:1"], "proxy"),
-        (["/v/bin/popgate", "up", "--brokers", "2"], None),
-        (["python", "-c", "import broker"], None),
-    ],
-)
-def test_discover_tells_brokers_from_proxies(discover: ModuleType, argv: list[str], kind: str | None) -> None:
-    assert discover._kind(argv) == kind
-
-
-def test_discover_reads_flags_env_and_config(discover: ModuleType, tmp_path: Path) -> None:
-    config = tmp_path / "b.toml"
-    config.write_text('name = "b7"\nmetrics_listen = "0.0.0.0:9107"\n')
-    assert discover._setting(["x", "--metrics-listen", "127.0.0.1:1"], {}, "metrics-listen") == "127.0.0.1:1"
-    assert discover._setting(["x", "--metrics-listen=127.0.0.1:2"], {}, "metrics-listen") == "127.0.0.1:2"
-    env = {"POPGATE_METRICS_LISTEN": "127.0.0.1:3"}
-    assert discover._setting(["x"], env, "metrics-listen") == "127.0.0.1:3"
-    assert discover._setting(["x", "--config", str(config)], {}, "metrics-listen") == "0.0.0.0:9107"
-    assert discover.reachable("0.0.0.0:9107") == "127.0.0.1:9107"
-    assert discover.reachable("[::]:9107") == "[::1]:9107"
-
-
-def test_discover_walks_the_process_tree(discover: ModuleType) -> None:
-    # A child that starts a grandchild, reports its pid and waits: both are found under us.
-    code = "import subprocess, sys; print(subprocess.Popen(['sleep', '60']).pid, flush=True); sys.stdin.read()"
-    with subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as child:
-        assert child.stdin is not None and child.stdout is not None
-        grandchild = 0
-        try:
-            grandchild = int(child.stdout.readline())
-            assert {child.pid, grandchild} <= set(discover.descendants(os.getpid()))
-            assert discover.inspect(grandchild) is None  # `sleep` is no popgate server
-        finally:
-            if grandchild:
-                os.kill(grandchild, signal.SIGKILL)
-            child.stdin.close()
-            child.wait(timeout=10)
-
-
-def test_discover_out_makes_its_directory_or_says_in_one_line_why_not(
-    discover: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with subprocess.Popen(["sleep", "60"]) as lone:  # a pid with no popgate process under it
-        try:
-            out = tmp_path / "targets" / "new" / "popgate.json"
-            assert discover.main(["--pid", str(lone.pid), "--out", str(out)]) == 1  # 1: nothing found
-            assert json.loads(out.read_text()) == []
-            (tmp_path / "file").write_text("")
-            assert discover.main(["--pid", str(lone.pid), "--out", str(tmp_path / "file" / "x.json")]) == 2
-        finally:
-            lone.kill()
-    err = capsys.readouterr().err
-    assert err.startswith(f"discover_targets: cannot write --out {tmp_path}/file/x.json: ") and err.count("\n") == 1
-
-
-def test_file_sd_groups_carry_the_job(discover: ModuleType) -> None:
-    processes = [
-        discover.Process(pid=1, kind="broker", name="b0", listen="127.0.0.1:9001", metrics="127.0.0.1:9101"),
-        discover.Process(pid=2, kind="proxy", name="proxy-2", listen="127.0.0.1:8081", metrics=None),
-    ]
-    assert discover.file_sd(processes) == [
-        {"targets": ["127.0.0.1:9101"], "labels": {"job": "popgate-broker", "process": "b0"}}
-    ]
-    assert re.fullmatch(r"popgate-(broker|proxy)", processes[1].job)
 
 
 # --- PopgateTargetDown against the label sets each scrape method gives the prod overlay's pods ----------
