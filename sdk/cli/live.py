@@ -177,8 +177,11 @@ class LiveView:
         except OSError:  # the terminal is gone (EIO after a hang-up): stop, as SIGHUP does
             return
         finally:
-            for channel in self._channels.values():
-                channel.close()
+            self.close()
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
 
 
 def add_parsers(sub: Sub) -> None:
