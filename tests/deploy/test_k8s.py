@@ -133,17 +133,20 @@ def test_servicemonitor_only_in_prod_and_selects_the_metrics_ports(rendered: dic
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_proxies_know_every_broker_by_its_pod_dns_name(rendered: dict[str, list[Obj]], name: str) -> None:
+def test_proxies_find_every_broker_in_dns_by_its_pod_name(rendered: dict[str, list[Obj]], name: str) -> None:
+    """No hand-kept broker list: the proxies follow the SRV record of the headless Service's grpc port, whose
+    targets are the pods' names (tests/integration/proxy/test_discovery.py shows the proxy following it)."""
     objs = rendered[name]
     brokers = one(objs, "StatefulSet", "popgate-broker")
     service = one(objs, "Service", brokers["spec"]["serviceName"])
     assert service["spec"]["clusterIP"] == "None"
     grpc = port(container(brokers), "grpc")
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["grpc"] == grpc
-    listed = env_from_configmap(objs, one(objs, "Deployment", "popgate-proxy"))["POPGATE_BROKER"].split(",")
-    pods = [f"popgate-broker-{i}" for i in range(brokers["spec"]["replicas"])]
-    # The key is the broker's --name (= pod name): receipt handles carry it.
-    assert listed == [f"{pod}={pod}.{service['metadata']['name']}:{grpc}" for pod in pods]
+    (grpc_port,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert grpc_port["port"] == grpc and grpc_port.get("protocol", "TCP") == "TCP"
+    env = env_from_configmap(objs, one(objs, "Deployment", "popgate-proxy"))
+    assert "POPGATE_BROKER" not in env
+    assert env["POPGATE_BROKER_SRV"] == f"_grpc._tcp.{service['metadata']['name']}"
+    # The key is the broker's --name (= pod name, the SRV target's first label): receipt handles carry it.
     (name_env,) = [e for e in container(brokers)["env"] if e["name"] == "POPGATE_NAME"]
     assert name_env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
@@ -330,10 +333,11 @@ def test_the_real_settings_loaders_accept_the_manifests(
     token = env["POPGATE_BROKER_TOKEN"]
     assert token in setting_values(settings), "the broker does not read its token"
     proxy = proxy_settings([], server_env(objs, one(objs, "Deployment", "popgate-proxy"), tmp_path))
-    assert [b.name for b in proxy.brokers] == pods
+    assert proxy.broker_srv and not proxy.brokers
     assert proxy.broker_token == token
-    if name == "prod":  # accounts and TLS (test_posture.py checks where they come from)
-        assert proxy.accounts and proxy.tls_cert and proxy.tls_key
+    if name == "prod":  # accounts and TLS both ways (test_posture.py checks where they come from)
+        assert proxy.accounts and proxy.tls_cert and proxy.tls_key and proxy.broker_tls_ca
+        assert settings.tls_cert and settings.tls_key
 
 
 def setting_values(settings: Any) -> list[Any]:

@@ -234,6 +234,43 @@ def test_prod_proxies_serve_tls_from_a_cert_manager_certificate(rendered: dict[s
         assert command[-1] == f"127.0.0.1:{port(container(proxies), 'grpc')}"
 
 
+def dns_name_matches(pattern: str, name: str) -> bool:
+    """A certificate's DNS name against a host name, as TLS clients match them (a wildcard: one left label)."""
+    if pattern.startswith("*."):
+        label, _, rest = name.partition(".")
+        return bool(label) and rest == pattern[2:]
+    return pattern == name
+
+
+def test_prod_proxies_reach_brokers_over_tls_verified_by_their_discovered_names(rendered: dict[str, list[Obj]]) -> None:
+    objs = rendered["prod"]
+    brokers, proxies = one(objs, "StatefulSet", "popgate-broker"), one(objs, "Deployment", "popgate-proxy")
+    broker_env, proxy_env = env_from_configmap(objs, brokers), env_from_configmap(objs, proxies)
+    tls_volume, tls_mount = mount_of(brokers, container(brokers), broker_env["POPGATE_TLS_CERT"])
+    assert broker_env["POPGATE_TLS_KEY"] == tls_mount["mountPath"] + "/tls.key"
+    (certificate,) = [
+        c for c in find(objs, "Certificate") if c["spec"]["secretName"] == tls_volume["secret"]["secretName"]
+    ]
+    spec = certificate["spec"]
+    assert "server auth" in spec["usages"] and not spec.get("isCA")
+    # The name the proxy verifies is the SRV target discovery finds: <pod>.<service>.<namespace>.svc.cluster.local.
+    service, namespace = brokers["spec"]["serviceName"], brokers["metadata"]["namespace"]
+    for i in range(brokers["spec"]["replicas"] + 5):  # and the pods scaling up adds
+        pod_name = f"popgate-broker-{i}.{service}.{namespace}.svc.cluster.local"
+        assert any(dns_name_matches(pattern, pod_name) for pattern in spec["dnsNames"]), pod_name
+    # The proxy trusts the CA that issued it (the same Issuer as its own certificate's, whose ca.crt it mounts).
+    _, proxy_mount = mount_of(proxies, container(proxies), proxy_env["POPGATE_BROKER_TLS_CA"])
+    assert proxy_env["POPGATE_BROKER_TLS_CA"] == proxy_mount["mountPath"] + "/ca.crt"
+    proxy_certificate = [c for c in find(objs, "Certificate") if c["metadata"]["name"] == "popgate-proxy-tls"]
+    assert [c["spec"]["issuerRef"] for c in proxy_certificate] == [spec["issuerRef"]]
+    # Kubelet's grpc probe cannot speak TLS: the broker's probes verify it as a proxy would.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = container(brokers)[probe]["exec"]["command"]
+        assert flag(command, "--tls-ca") == tls_mount["mountPath"] + "/ca.crt"
+        assert any(dns_name_matches(p, flag(command, "--server-name")) for p in spec["dnsNames"])
+        assert command[-1] == f"127.0.0.1:{port(container(brokers), 'grpc')}"
+
+
 def test_cert_manager_schema_rejects_a_typo(rendered: dict[str, list[Obj]]) -> None:
     import jsonschema
 
