@@ -40,6 +40,7 @@ from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, Popped, PopResult, Sent
 from broker.priority import take_prioritized
 from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
+from broker.recall import recall
 from broker.redelivery import Redelivery
 from broker.retention import Retention
 from broker.send import SendPath
@@ -145,6 +146,10 @@ class BrokerCore:
                 if (adopted := self._adoptions.pop(topic, None)) is not None:
                     await self.commits.record(adopted)
         return sent
+
+    async def recall(self, topic: str, handle: str) -> str:
+        """Withdraw a scheduled message before it is due (broker.recall); its message id."""
+        return await recall(self.sends, topic, handle)
 
     def arrived(self, records: Sequence[Record]) -> None:
         """ArrivalListener: committed messages become visible, and wake whoever can consume them."""

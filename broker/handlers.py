@@ -21,7 +21,14 @@ from popgate_contract import errors, validation
 async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) -> None:
     add = out.results.add
     for s in await core.send(request.messages):
-        add(message_id=s.message_id, topic=s.topic, queue_id=s.queue_id, offset=s.offset)
+        add(
+            message_id=s.message_id,
+            topic=s.topic,
+            queue_id=s.queue_id,
+            offset=s.offset,
+            recall_handle=s.recall_handle,
+            transaction_id=s.transaction_id,
+        )
 
 
 async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:
@@ -93,6 +100,10 @@ async def notification(core: BrokerCore, request: pb.NotificationRequest, out: p
 
 async def group_config(core: BrokerCore, request: pb.GroupConfigRequest, out: pb.GroupConfigResponse) -> None:
     out.max_delivery_attempts = core.settings.max_attempts_of(validation.check_group(request.group))
+
+
+async def recall(core: BrokerCore, request: pb.RecallRequest, out: pb.RecallResponse) -> None:
+    out.message_id = await core.recall(request.topic, request.recall_handle)
 
 
 # What a Session request of each kind runs; its response goes in the field of the same name.

@@ -39,8 +39,10 @@ class Sent:
     message_id: str
     topic: str
     queue_id: int
-    offset: int  # -1 while scheduled
+    offset: int  # -1 while scheduled, or a half message
     due_ms: int | None = None
+    recall_handle: str = ""  # a scheduled message's (broker.recall)
+    transaction_id: str = ""  # a half message's (broker.transactions)
 
 
 @dataclass(slots=True)

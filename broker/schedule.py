@@ -50,33 +50,54 @@ def due_time_ms(now_ms: int, *, deliver_at_ms: int, delay_level: int, max_delay_
 
 
 class ScheduleIndex:
-    """Due times of scheduled messages, earliest first (pure)."""
+    """Due times of scheduled messages, earliest first (pure). A message recalled (`remove`) leaves at once; its
+    heap entry is dropped when it comes to the top."""
 
     def __init__(self) -> None:
         self._heap: list[Entry] = []
+        self._waiting: set[int] = set()  # schedule ids in the heap, neither taken nor removed
         # The largest due time in the heap. Entries leave only from the minimum, so it stays exact:
         # when the maximum itself leaves, every entry left has that same due time.
         self._max_due = 0
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._waiting)
 
     def add(self, due_ms: int, schedule_id: int) -> None:
         self._max_due = max(self._max_due, due_ms) if self._heap else due_ms
         heapq.heappush(self._heap, (due_ms, schedule_id))
+        self._waiting.add(schedule_id)
+
+    def waiting(self, schedule_id: int) -> bool:
+        """Whether the message still waits for its time: not taken for delivery, not removed."""
+        return schedule_id in self._waiting
+
+    def remove(self, schedule_id: int) -> None:
+        self._waiting.discard(schedule_id)
+
+    def _drop_removed(self) -> None:
+        heap = self._heap
+        while heap and heap[0][1] not in self._waiting:
+            heapq.heappop(heap)
 
     def next_due(self) -> int | None:
+        self._drop_removed()
         return self._heap[0][0] if self._heap else None
 
     def take_due(self, now_ms: int, limit: int) -> list[Entry]:
         out: list[Entry] = []
         heap = self._heap
+        self._drop_removed()
         while heap and heap[0][0] <= now_ms and len(out) < limit:
-            out.append(heapq.heappop(heap))
+            entry = heapq.heappop(heap)
+            self._waiting.discard(entry[1])
+            out.append(entry)
+            self._drop_removed()
         return out
 
     def count_due(self, now_ms: int) -> int:
-        """Entries due at ``now_ms``, visiting only those (O(due)), not the whole schedule.
+        """Entries due at ``now_ms``, visiting only those (O(due)), not the whole schedule (a removed entry counts
+        until it reaches the top).
 
         A heap entry is never due earlier than its parent, so the due entries form a subtree at the
         root: walk it, descending only into due children. When everything is due, the answer is O(1).

@@ -39,6 +39,7 @@ from popgate_contract.errors import (
     TooManyRequests,
     TopicNotFound,
 )
+from popgate_contract.handles import RecallHandle
 
 
 class SendPath:
@@ -114,7 +115,8 @@ class SendPath:
                 self._next_schedule_id += 1
                 put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
                 scheduled.append(put)
-                out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due))
+                recall = RecallHandle(self.name, m.topic, put.schedule_id, m.message_id).encode()
+                out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due, recall))
         return appends, [*ops, *scheduled], out
 
     def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
@@ -238,11 +240,21 @@ class SendPath:
         self._unsaved_topics.add(name)
         return topic
 
+    async def scheduled_rows(self, schedule_ids: Sequence[int]) -> list[PutScheduled]:
+        """The stored rows of these scheduled messages (those the cache has, the rest from the store)."""
+        rows = [r for sid in schedule_ids if (r := self._scheduled_rows.get(sid)) is not None]
+        if len(rows) < len(schedule_ids):
+            rows += await self.store.read_scheduled([sid for sid in schedule_ids if sid not in self._scheduled_rows])
+        return rows
+
+    def forget_scheduled(self, schedule_id: int) -> None:
+        """A scheduled message left the schedule (delivered or recalled): its cached row goes."""
+        if (row := self._scheduled_rows.pop(schedule_id, None)) is not None:
+            self._scheduled_bytes -= len(row.payload)
+
     async def deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
         """Move due scheduled messages into their topics: append and delete in one transaction."""
-        rows = [r for _, sid in entries if (r := self._scheduled_rows.get(sid)) is not None]
-        if len(rows) < len(entries):
-            rows += await self.store.read_scheduled([sid for _, sid in entries if sid not in self._scheduled_rows])
+        rows = await self.scheduled_rows([sid for _, sid in entries])
         ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
         appends = []
         for r in rows:
@@ -250,8 +262,7 @@ class SendPath:
             appends.append(NewMessage(r.topic, r.queue_id, self.clock.now_ms(), r.tag, r.payload))
         await self.submit(appends, ops)
         for r in rows:
-            if self._scheduled_rows.pop(r.schedule_id, None) is not None:
-                self._scheduled_bytes -= len(r.payload)
+            self.forget_scheduled(r.schedule_id)
         if self.on_lateness is not None:
             now = self.clock.now_ms()
             for r in rows:

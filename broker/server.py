@@ -17,7 +17,7 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 from broker import session
 from broker.budget import ByteBudget
 from broker.core import BrokerCore
-from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, renew, send
+from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, recall, renew, send
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
@@ -159,6 +159,12 @@ class BrokerServicer(pb_grpc.BrokerServicer):
                 oldest_unacked_store_ms=lag.oldest_unacked_store_ms,
             )
         return response
+
+    @rpc("Recall")
+    async def Recall(self, request: pb.RecallRequest, context: grpc.aio.ServicerContext) -> pb.RecallResponse:
+        out = pb.RecallResponse()
+        await recall(self.core, request, out)
+        return out
 
     @rpc("ListMessages")
     async def ListMessages(

@@ -31,6 +31,9 @@ CODES: dict[type[errors.DomainError], int] = {
     errors.MessageBodyEmpty: Code.MESSAGE_BODY_EMPTY,
     errors.MessageBodyTooLarge: Code.MESSAGE_BODY_TOO_LARGE,
     errors.InvalidReceiptHandle: Code.INVALID_RECEIPT_HANDLE,
+    errors.InvalidRecallHandle: Code.BAD_REQUEST,
+    errors.InvalidTransactionId: Code.INVALID_TRANSACTION_ID,
+    errors.NotScheduled: Code.NOT_FOUND,  # not MESSAGE_NOT_FOUND: official clients take that for success
     errors.TopicNotFound: Code.TOPIC_NOT_FOUND,
     errors.TooManyRequests: Code.TOO_MANY_REQUESTS,
     errors.Unauthorized: Code.UNAUTHORIZED,

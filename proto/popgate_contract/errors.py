@@ -71,6 +71,19 @@ class InvalidReceiptHandle(BadRequest):
     """Garbled, forged, stale (redelivered since) or already acked handle, or one naming an unknown broker."""
 
 
+class InvalidRecallHandle(BadRequest):
+    """A recall handle that is not one, or names another broker or topic, or another message."""
+
+
+class InvalidTransactionId(BadRequest):
+    """A transaction id that is not one, or names no half message waiting for its resolution (forged, or
+    already committed, rolled back or checked out)."""
+
+
+class NotScheduled(BadRequest):
+    """A recall of a message that no longer waits for its time: delivered (or being delivered), or recalled."""
+
+
 class TopicNotFound(DomainError):
     pass
 
@@ -165,6 +178,9 @@ BROKER_ERRORS: tuple[type[DomainError], ...] = (
     MessageBodyEmpty,
     MessageBodyTooLarge,
     InvalidReceiptHandle,
+    InvalidRecallHandle,
+    InvalidTransactionId,
+    NotScheduled,
     TopicNotFound,
     TooManyRequests,
     StoreUnavailable,

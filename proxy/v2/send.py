@@ -98,7 +98,13 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
             code=failed.code, message=f"{stored} of {len(results)} stored (see entries): {error.message}"
         )
     entries = [
-        pb.SendResultEntry(status=ok, message_id=r.message_id or m.message_id, offset=r.offset)
+        pb.SendResultEntry(
+            status=ok,
+            message_id=r.message_id or m.message_id,
+            offset=r.offset,
+            recall_handle=r.recall_handle,
+            transaction_id=r.transaction_id,
+        )
         if r is not None
         else pb.SendResultEntry(status=failed, message_id=m.message_id)
         for r, m in zip(results, messages, strict=True)

@@ -27,8 +27,10 @@ from proxy.attempts import LOOKUP_TIMEOUT_S, GroupAttempts
 from proxy.auth import Authenticator
 from proxy.core import Proxy
 from proxy.ports import Metrics
+from proxy.producer import ProducerFeatures
+from proxy.producer_brokers import StubCalls
 from proxy.settings import Settings
-from proxy.v2 import access, ack, receive, route, send, telemetry
+from proxy.v2 import access, ack, producer, receive, route, send, telemetry
 from proxy.v2.context import Call
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._attempts = GroupAttempts(proxy.pool.live, timeout_s=min(LOOKUP_TIMEOUT_S, settings.broker_timeout_s))
         self._inflation = send.Inflation()
         self._send = functools.partial(send.send_message, inflation=self._inflation)
+        self._producer = ProducerFeatures(proxy.pool, StubCalls)
+        self._recall = functools.partial(producer.recall_message, self._producer)
+        self._end_transaction = functools.partial(producer.end_transaction, self._producer)
 
     def close(self) -> None:
         """Stop the GZIP inflation threads (a conversion already running finishes; none waits for it)."""
@@ -110,6 +115,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
         return await self._unary("SendMessage", self._send, request, context, pb.SendMessageResponse)
+
+    async def RecallMessage(self, request: pb.RecallMessageRequest, context: Any) -> pb.RecallMessageResponse:
+        return await self._unary("RecallMessage", self._recall, request, context, pb.RecallMessageResponse)
+
+    async def EndTransaction(self, request: pb.EndTransactionRequest, context: Any) -> pb.EndTransactionResponse:
+        return await self._unary("EndTransaction", self._end_transaction, request, context, pb.EndTransactionResponse)
 
     async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
         return await self._unary("AckMessage", ack.ack_message, request, context, pb.AckMessageResponse)
@@ -212,12 +223,6 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     async def QueryOffset(self, request: Any, context: Any) -> pb.QueryOffsetResponse:
         return await self._unsupported("QueryOffset", pb.QueryOffsetResponse)
-
-    async def EndTransaction(self, request: Any, context: Any) -> pb.EndTransactionResponse:
-        return await self._unsupported("EndTransaction", pb.EndTransactionResponse)
-
-    async def RecallMessage(self, request: Any, context: Any) -> pb.RecallMessageResponse:
-        return await self._unsupported("RecallMessage", pb.RecallMessageResponse)
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> pb.SyncLiteSubscriptionResponse:
         return await self._unsupported("SyncLiteSubscription", pb.SyncLiteSubscriptionResponse)

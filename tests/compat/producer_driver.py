@@ -44,5 +44,44 @@ def priority(endpoint: str, topic: str, group: str) -> dict[str, object]:
     return {"received": len(got), "queues": len(by_queue)}
 
 
-SCENARIOS = {f.__name__: f for f in (priority,)}
-_ = (config, time)
+def _code(call: object) -> object:
+    try:
+        call()  # type: ignore[operator]
+    except Exception as exc:
+        return getattr(exc, "code", type(exc).__name__)
+    return "no error"
+
+
+def recall(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """A delay message recalled before its time is never delivered; its neighbour is. Recalling it again, or with a
+    garbage handle, is an error with a clear code."""
+    producer = started_producer(endpoint, topic)
+    consumer = started_consumer(endpoint, topic, group)
+    try:
+        due = int(time.time()) + 3  # the client sends whole seconds
+        receipts = {}
+        for name in ("recalled", "kept"):
+            msg = message(topic, name.encode())
+            msg.delivery_timestamp = due
+            receipts[name] = producer.send(msg)
+        assert receipts["recalled"].recall_handle, "a delay message's receipt has a recall handle"
+        recalled_id = producer.recall_message(topic, receipts["recalled"].recall_handle)
+        assert recalled_id == receipts["recalled"].message_id
+        again = _code(lambda: producer.recall_message(topic, receipts["recalled"].recall_handle))
+        garbage = _code(lambda: producer.recall_message(topic, "garbage-handle"))
+        got = receive_until(consumer, lambda g: any(m.body == b"kept" for m in g), limit_s=20)
+        until = time.monotonic() + 2  # past the due time: the recalled one would have come by now
+        while time.monotonic() < until:
+            got += consumer.receive(32, 20)
+        for m in got:
+            consumer.ack(m)
+        assert [m.body for m in got] == [b"kept"], [m.body for m in got]
+        late = _code(lambda: producer.recall_message(topic, receipts["kept"].recall_handle))
+        return {"recall_again": again, "garbage": garbage, "delivered": late}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (priority, recall)}
+_ = config
