@@ -7,15 +7,21 @@ holds its connections and answers nothing, as a hung broker does).
 
 from __future__ import annotations
 
+import io
 import json
 import signal
+import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from popgate_pb import broker_pb2 as bpb
+from rich.console import Console
 
 from popgate import Producer
-from popgate.cli.admin import BROKERS_MISSING
+from popgate.cli import live
+from popgate.cli.admin import BROKERS_MISSING, Broker, fetch_stats, stored_messages
 from popgate.cli.cluster import Cluster
 from popgate.cli.main import main
 from tests.integration.sdk.conftest import start_cluster
@@ -58,3 +64,39 @@ def test_stats_names_the_brokers_its_figures_leave_out(three: Cluster, capsys: p
     assert document["brokers"]["missing"] == ["b3"] and document["brokers"]["answered"] == 2
     assert f"popgate stats: broker b3 at {three.brokers['b3'].address}: DEADLINE_EXCEEDED" in captured.err
     assert "1 of 3 brokers missing: b3;" in captured.err
+
+
+def test_top_attaches_to_a_running_cluster_and_shows_unread_topics_and_unasked_brokers(
+    three: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`popgate top -e E --broker b1 --broker b2`: one refresh of the view it would show until Ctrl-C."""
+    screens: list[str] = []
+
+    class OneRefresh(live.LiveView):
+        def run(self, stop: threading.Event, interval_s: float) -> None:
+            console = Console(file=io.StringIO(), width=120, color_system=None)
+            try:
+                console.print(
+                    live.render(live.Frame(self._endpoint, self._quit_hint, self._unknown), self.poll(), None)
+                )
+            finally:
+                self.close()
+            screens.append(console.file.getvalue())  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(live, "LiveView", OneRefresh)
+    topic = f"top-unread-{uuid.uuid4().hex[:8]}"
+    with Producer(three.endpoint) as producer:
+        for _ in range(6):  # one send a broker, round robin: some on b1 and b2
+            producer.send(topic, b"m")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        assert main(["top", "-e", three.endpoint, *brokers(three, "b1", "b2"), "--interval", "0.1"]) == 0
+    finally:
+        for sig, handler in handlers.items():  # `top` set its own
+            signal.signal(sig, handler)
+    screen = screens[0]
+    assert "NOT ASKED     b3 (the proxy routes to them" in screen and "(Ctrl-C quits)" in screen
+    row = next(line for line in screen.splitlines() if topic in line)
+    given = [Broker(name, three.brokers[name].address) for name in ("b1", "b2")]
+    stored = stored_messages(fetch_stats(given, bpb.StatsRequest(topic=topic), 5.0))[topic]
+    assert row.split()[1:5] == ["-", "-", "-", str(stored)]  # no group reads it yet; its messages on b1, b2
