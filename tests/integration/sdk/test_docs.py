@@ -1,4 +1,5 @@
-"""Every ```python block of docs/SDK.md runs as written against a real cluster (endpoint substituted)."""
+"""Every ```python block of docs/SDK.md and README.md runs as written against a real cluster (endpoint
+substituted)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "SDK.md").read_text(), flags=re.S)
+BLOCKS = [
+    block
+    for page in (ROOT / "README.md", ROOT / "docs" / "SDK.md")
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+]
 
 
-def test_the_page_has_examples() -> None:
-    assert len(BLOCKS) >= 5
+def test_the_pages_have_examples() -> None:
+    assert len(BLOCKS) >= 6
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
