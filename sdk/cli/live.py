@@ -38,6 +38,13 @@ from .admin import (
 from .options import POSITIVE_DURATION, Duration, Sub
 from .supervisor import State, Status, describe
 
+# A broker that comes back (restarted by `popgate up`) is asked again within a second, not after grpc's
+# reconnect backoff (up to 2 minutes); a Stats answer grows with topics, and the broker bounds it.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", -1),
+]
 # A refresh asks every broker's Stats: 0 (or less) would ask them in a busy loop.
 INTERVAL = Duration(low=0.1, high=3600.0)
 
@@ -150,7 +157,7 @@ class LiveView:
         self._unknown = unknown
         self._quit_hint = quit_hint
         self._brokers = [Broker(name, target, token) for name, target in brokers.items()]
-        self._channels = {b.name: grpc.insecure_channel(b.target) for b in self._brokers}
+        self._channels = {b.name: grpc.insecure_channel(b.target, CHANNEL_OPTIONS) for b in self._brokers}
         self._stubs = {name: broker_pb2_grpc.BrokerStub(ch) for name, ch in self._channels.items()}  # type: ignore[no-untyped-call]
 
     def poll(self) -> Sample:
