@@ -35,7 +35,8 @@ MAX_ZONE_S = 14 * 3600
 
 @dataclass(frozen=True, slots=True)
 class Account:
-    """One access key: what it may publish to, which topics it may consume, as which consumer groups.
+    """One access key: what it may publish to, which topics it may consume, as which consumer groups, and
+    whether it may use the admin service (`proxy/admin.py`).
 
     Patterns: an exact name, ``prefix*`` (names starting with prefix) or ``*`` (all).
     """
@@ -45,9 +46,13 @@ class Account:
     publish: tuple[str, ...] = ()  # topics
     subscribe: tuple[str, ...] = ()  # topics
     groups: tuple[str, ...] = ()  # consumer groups
+    admin: bool = False
 
     def __repr__(self) -> str:  # never print the secret
-        return f"Account({self.access_key!r}, publish={self.publish}, subscribe={self.subscribe}, groups={self.groups})"
+        return (
+            f"Account({self.access_key!r}, publish={self.publish}, subscribe={self.subscribe}, groups={self.groups}, "
+            f"admin={self.admin})"
+        )
 
 
 def matches(patterns: Iterable[str], name: str) -> bool:
@@ -167,7 +172,7 @@ def accounts_from_config(entries: Any) -> tuple[Account, ...]:
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ValueError(f"acl[{i}]: expected a table")
-        unknown = sorted(set(entry) - {"access_key", "secret_key", "publish", "subscribe", "groups"})
+        unknown = sorted(set(entry) - {"access_key", "secret_key", "publish", "subscribe", "groups", "admin"})
         ak, sk = entry.get("access_key"), entry.get("secret_key")
         if unknown:
             raise ValueError(f"acl[{i}]: unknown keys {unknown}")
@@ -176,5 +181,8 @@ def accounts_from_config(entries: Any) -> tuple[Account, ...]:
         if any(a.access_key == ak for a in accounts):
             raise ValueError(f"acl[{i}]: access_key {ak} appears twice")
         lists = {k: _names(entry.get(k, []), f"acl[{i}].{k}") for k in ("publish", "subscribe", "groups")}
-        accounts.append(Account(ak, sk, **lists))
+        admin = entry.get("admin", False)
+        if not isinstance(admin, bool):
+            raise ValueError(f"acl[{i}].admin: expected true or false")
+        accounts.append(Account(ak, sk, **lists, admin=admin))
     return tuple(accounts)

@@ -333,6 +333,9 @@ class GrpcBrokerClient:
     async def stats(self, request: bpb.StatsRequest, *, timeout_s: float) -> bpb.StatsResponse:
         return await self._call("Stats", self._stub.Stats, request, timeout_s)
 
+    async def list_messages(self, request: bpb.ListMessagesRequest, *, timeout_s: float) -> bpb.ListMessagesResponse:
+        return await self._call("ListMessages", self._stub.ListMessages, request, timeout_s)
+
     async def check_health(self, *, timeout_s: float) -> bool:
         """One grpc.health.v1 check with a deadline; updates and returns the health flag."""
         if self._gone:

@@ -49,6 +49,12 @@ class BrokerClient(Protocol):
     async def group_config(self, group: str, *, timeout_s: float) -> bpb.GroupConfigResponse:
         """The consumer group's settings at this broker: its max delivery attempts (proxy.attempts)."""
 
+    async def stats(self, request: bpb.StatsRequest, *, timeout_s: float) -> bpb.StatsResponse:
+        """Lag and stored counts (the admin service, proxy.admin)."""
+
+    async def list_messages(self, request: bpb.ListMessagesRequest, *, timeout_s: float) -> bpb.ListMessagesResponse:
+        """A page of a queue's stored messages (the admin service, proxy.admin)."""
+
     # Pop and Notification are started at once and return futures: cancelling one cancels the broker
     # request. A held receive waits on one per broker, so no task or coroutine per request.
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from popgate_pb.ext import admin_pb2_grpc
 from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
@@ -17,6 +18,8 @@ from popgate_process.config import cannot_listen
 from popgate_process.export import default_proxy_name
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import start_metrics
+from proxy.admin import AdminService, BrokerView
+from proxy.auth import Authenticator
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
 from proxy.core import Proxy
 from proxy.discovery import Discovery, PoolEdits, SrvLookup
@@ -117,6 +120,9 @@ class BrokerClients:
     def health(self) -> list[tuple[str, bool]]:
         return [(name, client.healthy) for name, client in sorted(self.current.items())]
 
+    def views(self) -> list[BrokerView]:
+        return [BrokerView(n, c.address.target, c.healthy) for n, c in sorted(self.current.items())]
+
     async def close(self) -> None:
         await asyncio.gather(*(client.close() for client in self._made), return_exceptions=True)
 
@@ -166,6 +172,13 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         if settings.batch_receive:
             ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), server)  # type: ignore[no-untyped-call]
+        admin = AdminService(
+            brokers.pool,
+            brokers.views,
+            Authenticator(settings.accounts, skew_s=settings.auth_skew_s),
+            timeout_s=settings.broker_timeout_s,
+        )
+        admin_pb2_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()

@@ -22,6 +22,11 @@ STATUS_OF: dict[type[errors.DomainError], grpc.StatusCode] = {
     errors.TopicNotFound: grpc.StatusCode.NOT_FOUND,
     errors.TooManyRequests: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    # The proxy's admin service (proxy/admin.py) answers with this table too.
+    errors.Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    errors.Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+    errors.BrokerUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.BrokerTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.DomainError: grpc.StatusCode.INTERNAL,
 }
 _BY_NAME: dict[str, type[errors.DomainError]] = {cls.__name__: cls for cls in errors.BROKER_ERRORS}

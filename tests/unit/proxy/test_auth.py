@@ -196,10 +196,12 @@ access_key = "ops"
 secret_key = "t0ken"
 subscribe = ["*"]
 groups = "*"
+admin = true
 """
     )
     loaded = settings.load(["--config", str(config)], env={})
-    assert loaded.accounts == (ALICE, Account("ops", "t0ken", subscribe=("*",), groups=("*",)))
+    assert loaded.accounts == (ALICE, Account("ops", "t0ken", subscribe=("*",), groups=("*",), admin=True))
+    assert not ALICE.admin
     assert loaded.auth_skew_s == 120
     assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
 
@@ -211,6 +213,7 @@ groups = "*"
         '[[acl]]\naccess_key = "a"\nsecret_key = "s"\npublish = [1]\n',
         '[[acl]]\naccess_key = "a"\nsecret_key = "s"\npublsh = ["t"]\n',
         '[[acl]]\naccess_key = "a"\nsecret_key = "s"\n[[acl]]\naccess_key = "a"\nsecret_key = "t"\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\nadmin = "yes"\n',
     ],
 )
 def test_bad_acl_tables_are_settings_errors(tmp_path: Path, acl: str) -> None:
