@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -10,18 +10,32 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from popgate_pb import broker_pb2 as bpb
+
+    from popgate_contract.errors import DomainError
     from proxy.receive.notify import RunStats
 
 MAX_GROUP_LABELS = 1000  # consumer groups with their own label on this proxy; the others share OTHER_GROUPS
+MAX_TOPIC_GROUP_LABELS = 1000  # (topic, group) pairs with their own labels; the others' topic is OTHER_GROUPS
 OTHER_GROUPS = "_other"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30)
+# Stored (or due) -> delivered: from a consumer keeping up (milliseconds) to a backlog hours old.
+DELIVERY_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
 class ProxyMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None, *, max_groups: int = MAX_GROUP_LABELS) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_groups: int = MAX_GROUP_LABELS,
+        max_topic_groups: int = MAX_TOPIC_GROUP_LABELS,
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         self._max_groups = max_groups
         self._groups: set[str] = set()
+        self._max_pairs = max_topic_groups
+        self._pairs: set[tuple[str, str]] = set()
         self._rpc = Histogram(
             "popgate_proxy_rpc_duration_seconds",
             "Client RPCs served, by method and v2 status code",
@@ -113,6 +127,7 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self._deliveries = _DeliveryMetrics(self.registry)
         self._renewals = Counter(
             "popgate_proxy_renewals",
             "auto_renew handles sent to their broker for renewal, by outcome: ok, stale (acked elsewhere or "
@@ -220,6 +235,90 @@ class ProxyMetrics:
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
         self._decisions.labels(self._group(group), mode, reason).inc()
+
+    def _topic_group(self, topic: str, group: str) -> tuple[str, str]:
+        """Labels of a (topic, group) pair: the group's label (`_group`) and the topic's name for the first
+        `max_topic_groups` pairs, OTHER_GROUPS after that — a client names both — tests/unit/proxy/
+        test_delivery_metrics.py::test_pairs_beyond_the_label_limit_share_the_other_topic."""
+        pair = (topic, self._group(group))
+        if pair in self._pairs:
+            return pair
+        if len(self._pairs) < self._max_pairs:
+            self._pairs.add(pair)
+            return pair
+        return OTHER_GROUPS, pair[1]
+
+    def delivered(self, topic: str, group: str, messages: Sequence[bpb.PoppedMessage], now_ms: int) -> None:
+        """`messages` of one answer, all written to their client (its OK status too) at `now_ms` (wall clock)."""
+        self._deliveries.count(*self._topic_group(topic, group), messages, now_ms)
+
+    def acked(self, topic: str, group: str, outcome: Sequence[DomainError | None]) -> None:
+        """One AckMessage's entries, each acked (None) or refused with its error."""
+        labels = self._topic_group(topic, group)
+        acked = sum(1 for error in outcome if error is None)
+        if acked:
+            self._deliveries.acks.labels(*labels, "ok").inc(acked)
+        for error in outcome:
+            if error is not None:
+                self._deliveries.acks.labels(*labels, error.name).inc()
+
+
+class _DeliveryMetrics:
+    """What clients got: messages and bytes written to them per topic and group, first deliveries apart from
+    redeliveries, how long a message waited from its store to its first delivery, and the acks."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.messages = Counter(
+            "popgate_proxy_messages_delivered",
+            "Messages written to consumers in answers they read whole, by delivery: first (delivery attempt 1) "
+            "or redelivery (attempt > 1)",
+            ["topic", "group", "delivery"],
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "popgate_proxy_delivered_bytes",
+            "Message body bytes written to consumers in answers they read whole",
+            ["topic", "group"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "popgate_proxy_first_delivery_latency_seconds",
+            "From a message's store at its broker (its delivery time, for a delayed message) to its first delivery "
+            "to a consumer (broker and proxy clocks; < 0 counts as 0)",
+            ["topic", "group"],
+            buckets=DELIVERY_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.acks = Counter(
+            "popgate_proxy_acks",
+            "AckMessage entries through this proxy, by outcome: ok, or the error's name (InvalidReceiptHandle, ...)",
+            ["topic", "group", "outcome"],
+            registry=registry,
+        )
+
+    def count(self, topic: str, group: str, messages: Sequence[bpb.PoppedMessage], now_ms: int) -> None:
+        first = size = 0
+        latency = self.latency.labels(topic, group)
+        for popped in messages:
+            stored = popped.stored
+            message = stored.message
+            size += len(message.body)
+            if popped.delivery_attempt <= 1:
+                first += 1
+                since_ms = max(stored.store_ms, message.deliver_at_ms)
+                latency.observe(max(0, now_ms - since_ms) / 1000)
+        if first:
+            self.messages.labels(topic, group, "first").inc(first)
+        if len(messages) > first:
+            self.messages.labels(topic, group, "redelivery").inc(len(messages) - first)
+        self.bytes.labels(topic, group).inc(size)
+
+
+def counting(proxy: object) -> ProxyMetrics | None:
+    """The ProxyMetrics a proxy core counts into (None when it counts into anything else, as tests' NoMetrics): the
+    v2 edge counts deliveries and acks in it. The core keeps its sink in `_metrics`."""
+    sink = getattr(proxy, "_metrics", None)
+    return sink if isinstance(sink, ProxyMetrics) else None
 
 
 class _BrokerHealth(Collector):

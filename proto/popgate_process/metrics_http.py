@@ -10,20 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
+import platform
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, disable_created_metrics, generate_latest
+import grpc
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from popgate_process.export import ExportSettings, MetricsExporter
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 8192
+BUILD_INFO_HELP = "Always 1: the popgate, Python and grpcio versions this process runs"
 
 
 class MetricsServer:
@@ -110,6 +124,7 @@ async def start_metrics(
     # No `<counter>_created` series: nothing reads them (the export leaves them out), and per-group counters and
     # histograms would add one per series.
     disable_created_metrics()  # type: ignore[no-untyped-call]
+    register_process_metrics(registry)
     if flags.metrics_listen:
         server = MetricsServer(registry)
         try:
@@ -124,6 +139,42 @@ async def start_metrics(
             await stack.enter_async_context(MetricsExporter(registry, export))
         except OSError as exc:
             raise error(f"--export-dir {flags.export_dir}: {exc.strerror or exc}") from None
+
+
+def build_labels() -> dict[str, str]:
+    """`popgate_build_info`'s labels: popgate's version as installed, the Python and grpcio versions."""
+    try:
+        version = importlib.metadata.version("popgate")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = "unknown"
+    return {"version": version, "python": platform.python_version(), "grpc": grpc.__version__}
+
+
+class _BuildInfo(Collector):
+    def __init__(self) -> None:
+        self._labels = build_labels()
+
+    def describe(self) -> Iterator[Metric]:  # its name known to the registry: a second registration is refused
+        yield GaugeMetricFamily("popgate_build_info", "", labels=list(self._labels))
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("popgate_build_info", BUILD_INFO_HELP, labels=list(self._labels))
+        family.add_metric(list(self._labels.values()), 1.0)
+        yield family
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """The client library's default collectors in `registry` — `process_*` (CPU, memory, file descriptors, start
+    time), `python_info`, `python_gc_*` — and `popgate_build_info`, as every popgate server exports them beside its
+    own metrics. Idempotent: a registry that has them keeps them —
+    tests/unit/process/test_process_metrics.py."""
+    try:
+        registry.register(_BuildInfo())
+    except ValueError:  # registered before, with the others
+        return
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
 
 
 class _Collected:

@@ -8,6 +8,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import status_of
 from proxy import validate
+from proxy.metrics import counting
 from proxy.v2.context import Call
 from proxy.v2.convert import seconds
 
@@ -23,6 +24,9 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
         raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
     handles = [e.receipt_handle for e in request.entries]
     outcome = await call.proxy.ack(topic, group, handles, deadline=call.deadline)
+    metrics = counting(call.proxy)
+    if metrics is not None:
+        metrics.acked(topic, group, outcome)
     entries = []
     for entry, error in zip(request.entries, outcome, strict=True):
         status = OK if error is None else status_of(error)

@@ -24,6 +24,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from proxy import validate
 from proxy.core import Proxy
+from proxy.metrics import counting
 from proxy.receive.polltime import PollLimits, poll_seconds
 from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
@@ -233,6 +234,9 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
         yield framing.status(v2.Status(code=v2.OK, message="OK"))
         complete = True
         deadline.renewed = []
+        metrics = counting(call.proxy)
+        if metrics is not None:
+            metrics.delivered(receive.topic, receive.group, result.messages, time.time_ns() // 1_000_000)
     finally:
         if deadline is not None:
             deadline.cancel()
