@@ -160,6 +160,11 @@ def up(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         _say(f"popgate up: {exc}", err=True)
         return 1
+    return _supervise(cluster, endpoint, args, stop)
+
+
+def _supervise(cluster: Cluster, endpoint: str, args: argparse.Namespace, stop: threading.Event) -> int:
+    """Serve until `stop` (a signal) or a child is given up, restarting children that die; then stop them all."""
     died: list[str] = []
 
     def give_up(child: Child, report: str) -> None:  # say so, and stop the rest
@@ -176,7 +181,7 @@ def up(args: argparse.Namespace) -> int:
     supervisor.start()
     try:
         _announce(cluster, endpoint, args)
-        if args.prometheus_sd is not None and not _write_targets(args.prometheus_sd, cluster):
+        if not _write_targets(args.prometheus_sd, cluster):
             return 1
         _say(f"ready {endpoint}", err=True)
         if args.no_view:
@@ -186,8 +191,7 @@ def up(args: argparse.Namespace) -> int:
 
             addresses = {n: c.address for n, c in cluster.brokers.items()}
             token = os.environ.get("POPGATE_BROKER_TOKEN", "")  # the children's, when their token is on
-            view = LiveView(endpoint, addresses, token=token, processes=supervisor.statuses)
-            view.run(stop, args.interval)
+            LiveView(endpoint, addresses, token=token, processes=supervisor.statuses).run(stop, args.interval)
     finally:
         supervisor.close()
         for report in died:
