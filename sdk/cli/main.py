@@ -171,13 +171,19 @@ def _supervise(cluster: Cluster, endpoint: str, args: argparse.Namespace, stop: 
         died.append(f"popgate up: {report}")
         stop.set()
 
+    # Said on stderr without the view; the view's processes line shows them instead of lines drawn over it.
+    def dead(child: Child, how: str, delay: float) -> None:
+        if args.no_view:
+            _say(f"popgate: {child.name} {how}; restarting it in {delay:g} s", err=True)
+
     def restarted(child: Child) -> None:
-        _say(f"popgate: {child.name} restarted at {child.address}", err=True)
+        if args.no_view:
+            _say(f"popgate: {child.name} restarted at {child.address}", err=True)
         _write_targets(args.prometheus_sd, cluster)
 
     # --no-restart: the first death gives the child up, which stops the cluster.
     backoff = Backoff(max_failures=0) if args.no_restart else Backoff()
-    supervisor = Supervisor(cluster, backoff=backoff, on_restart=restarted, on_give_up=give_up)
+    supervisor = Supervisor(cluster, backoff=backoff, on_death=dead, on_restart=restarted, on_give_up=give_up)
     supervisor.start()
     try:
         _announce(cluster, endpoint, args)

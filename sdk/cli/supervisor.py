@@ -123,11 +123,13 @@ class Supervisor:
         cluster: Cluster,
         *,
         backoff: Backoff | None = None,
+        on_death: Callable[[Child, str, float], None] = lambda child, how, delay: None,
         on_restart: Callable[[Child], None] = lambda child: None,
         on_give_up: Callable[[Child, str], None] = lambda child, why: None,
     ) -> None:
-        """on_restart: a child is ready again (its addresses may be read); on_give_up: a child is given up, with
-        what to report. Both are called from the supervisor's thread."""
+        """on_death: a child ended (how, and the seconds until its restart); on_restart: it is ready again (its
+        addresses may be read); on_give_up: it is given up, with what to report. All are called from the
+        supervisor's thread."""
         self._cluster = cluster
         self._policy = Supervision(backoff or Backoff())
         self._lock = threading.Lock()  # the policy is read by the live view's thread
@@ -135,6 +137,7 @@ class Supervisor:
         self._closing = threading.Event()
         self._idle = threading.Event()  # the thread restarts nothing more
         self._released = threading.Event()
+        self._on_death = on_death
         self._on_restart = on_restart
         self._on_give_up = on_give_up
         self._thread = threading.Thread(target=self._run, name="popgate-supervisor", daemon=True)
@@ -195,7 +198,8 @@ class Supervisor:
         if delay is None:
             self._give_up(child, how)
         else:
-            log.warning("%s %s; restarting it in %.1f s", child.name, how, delay)
+            log.info("%s %s; restarting it in %.1f s", child.name, how, delay)
+            self._on_death(child, how, delay)
 
     def _restart_due(self) -> None:
         with self._lock:

@@ -74,6 +74,7 @@ def test_a_killed_broker_is_restarted_on_its_port_with_its_messages(up: Up, caps
     victim = next(child for child in up.children if is_broker(child.pid))
     os.kill(victim.pid, signal.SIGKILL)
     assert up.wait_for_line("popgate: b1 restarted at ", 20) == f"popgate: b1 restarted at {address}"  # its port
+    assert "popgate: b1 was killed by signal 9 (SIGKILL); restarting it in 0.5 s" in up.lines
     up.children = children_of(up.proc.pid)  # the new broker's pid
     stats = ["stats", "--broker", f"b1={address}", "--endpoint", up.endpoint, "-t", "up-restart", "--timeout", "1"]
     # `stats` shows it return: complete (exit 0) once the proxy too routes to it again (its health checks, 1 s)
