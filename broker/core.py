@@ -46,6 +46,7 @@ from broker.retention import Retention
 from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, Record, SetPullOffset, Snapshot, Store
+from broker.transactions import Transactions
 from popgate_contract import validation
 from popgate_contract.errors import (
     BadRequest,
@@ -90,6 +91,7 @@ class BrokerCore:
         self.readiness = Readiness(
             topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch, clock=clock
         )
+        self.transactions = self.sends.transactions = Transactions(settings, self.sends, clock=clock)
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
         self.retention = Retention(
@@ -122,6 +124,7 @@ class BrokerCore:
         for state in self.groups.values():
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
+        self.transactions.restore(snap.halves)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -515,6 +518,7 @@ class BrokerCore:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);
         retry writing consumer state the store refused (`StateCommits.retry`)."""
         self.commits.retry()
+        self.transactions.expire()
         for topic, group in self.hold.keys():
             state = self.groups.get((group, topic))
             if state is None and topic in self.topics:  # held since before the topic existed
@@ -560,6 +564,7 @@ class BrokerCore:
 
     async def close(self) -> None:
         await self.scheduler.close()
+        await self.transactions.close()
         self.hold.close()
         await self.redelivery.close()
 

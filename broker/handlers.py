@@ -106,6 +106,25 @@ async def recall(core: BrokerCore, request: pb.RecallRequest, out: pb.RecallResp
     out.message_id = await core.recall(request.topic, request.recall_handle)
 
 
+async def end_transaction(core: BrokerCore, request: pb.EndTransactionRequest, out: pb.EndTransactionResponse) -> None:
+    await core.transactions.end(request.topic, request.transaction_id, commit=request.commit)
+
+
+async def transaction_checks(
+    core: BrokerCore, request: pb.TransactionChecksRequest, out: pb.TransactionChecksResponse
+) -> None:
+    for topic in request.topics:
+        validation.check_topic(topic)
+    checks, out.next_due_ms = await core.transactions.checks(request.topics, request.max_checks)
+    for c in checks:
+        added = out.checks.add(transaction_id=c.transaction_id, check=c.check)
+        stored = added.message
+        stored.message.MergeFromString(c.row.payload)
+        stored.queue_id = c.row.queue_id
+        stored.offset = -1
+        stored.store_ms = c.row.store_ms
+
+
 # What a Session request of each kind runs; its response goes in the field of the same name.
 SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "pop": pop,

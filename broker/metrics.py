@@ -140,6 +140,22 @@ def _dlq_metrics(core: BrokerCore, lags: dict[tuple[str, str], int]) -> tuple[Me
 
 def _schedule_metrics(core: BrokerCore) -> Iterator[Metric]:
     scheduler = core.scheduler
+    stats = core.transactions.stats
+    yield GaugeMetricFamily(
+        "popgate_broker_half_messages",
+        "Half messages waiting for their transaction's resolution",
+        value=len(core.transactions.schedule),
+    )
+    resolved = CounterMetricFamily(
+        "popgate_broker_transactions_resolved", "Half messages resolved, by outcome", labels=["outcome"]
+    )
+    resolved.add_metric(["committed"], stats.committed)
+    resolved.add_metric(["rolled_back"], stats.rolled_back)
+    resolved.add_metric(["expired"], stats.expired)  # rolled back by the broker after the last check
+    yield resolved
+    yield CounterMetricFamily(
+        "popgate_broker_transaction_checks", "Checks of half messages handed to proxies", value=stats.checks
+    )
     yield GaugeMetricFamily(
         "popgate_broker_scheduled_messages", "Messages waiting for their delivery time", value=len(core.schedule)
     )

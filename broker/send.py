@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from popgate_pb import broker_pb2 as pb
 
@@ -41,6 +42,9 @@ from popgate_contract.errors import (
 )
 from popgate_contract.handles import RecallHandle
 
+if TYPE_CHECKING:
+    from broker.transactions import Transactions
+
 
 class SendPath:
     def __init__(self, settings: BrokerSettings, store: Store, topics: dict[str, TopicLog], *, clock: Clock) -> None:
@@ -60,6 +64,7 @@ class SendPath:
             self.schedule, self.deliver_scheduled, clock=clock, max_in_flight=settings.schedule_max_in_flight
         )
         self.on_lateness: Callable[[float], None] | None = None
+        self.transactions: Transactions | None = None  # set by the core (it needs this send path)
         # Sends taken and not yet committed (docs/BROKER.md, "Limits"): their bodies are held by grpc's request,
         # the serialized payloads and the writer's queue until the commit settles.
         self.in_flight = ByteBudget(
@@ -94,7 +99,7 @@ class SendPath:
         records = await asyncio.shield(committed)
         offsets = iter(records)
         for sent in out:
-            if sent.due_ms is None:
+            if sent.due_ms is None and not sent.transaction_id:  # appended to its topic now
                 sent.offset = next(offsets).offset
         return out
 
@@ -105,10 +110,14 @@ class SendPath:
         ops: list[Op] = []
         appends: list[NewMessage] = []
         out: list[Sent] = []
-        scheduled: list[PutScheduled] = []
+        scheduled: list[Op] = []
         for m, (tag, due) in zip(messages, checked, strict=True):
             new = self.place(m, tag, now, ops)
-            if due is None:
+            if m.transactional and self.transactions is not None:
+                half, transaction_id = self.transactions.half(m, new, now)
+                scheduled.append(half)  # a Put of its own table, like a scheduled message's
+                out.append(Sent(m.message_id, m.topic, new.queue_id, -1, transaction_id=transaction_id))
+            elif due is None:
                 appends.append(new)
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1))
             else:
@@ -131,6 +140,8 @@ class SendPath:
     def _committed(self, ops: Sequence[Op], future: asyncio.Future[list[Record]]) -> None:
         if future.cancelled() or future.exception() is not None:  # also retrieves a failure nobody awaits
             return
+        if self.transactions is not None:
+            self.transactions.committed(ops)
         for op in ops:
             if isinstance(op, CreateQueue):
                 self._unsaved_topics.discard(op.topic)
@@ -181,6 +192,8 @@ class SendPath:
             raise BadRequest(f"priority {m.priority} is negative")
         if m.priority and (m.message_group or due is not None):  # as RocketMQ's clients
             raise BadRequest("a priority message cannot also have a message group, a delivery time or a delay")
+        if m.transactional and (m.message_group or due is not None or m.priority):  # as RocketMQ's clients
+            raise BadRequest("a transactional message cannot also have a message group, a delivery time or a priority")
         if m.HasField("queue_id") and m.queue_id >= 0:
             topic = self.topics.get(m.topic)
             count = len(topic.queues) if topic else self.settings.queues_per_topic

@@ -17,7 +17,18 @@ from popgate_pb import broker_pb2_grpc as pb_grpc
 from broker import session
 from broker.budget import ByteBudget
 from broker.core import BrokerCore
-from broker.handlers import ack, answer_bytes, change_invisible, notification, pop, recall, renew, send
+from broker.handlers import (
+    ack,
+    answer_bytes,
+    change_invisible,
+    end_transaction,
+    notification,
+    pop,
+    recall,
+    renew,
+    send,
+    transaction_checks,
+)
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
@@ -164,6 +175,22 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def Recall(self, request: pb.RecallRequest, context: grpc.aio.ServicerContext) -> pb.RecallResponse:
         out = pb.RecallResponse()
         await recall(self.core, request, out)
+        return out
+
+    @rpc("EndTransaction")
+    async def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndTransactionResponse:
+        out = pb.EndTransactionResponse()
+        await end_transaction(self.core, request, out)
+        return out
+
+    @rpc("TransactionChecks")
+    async def TransactionChecks(
+        self, request: pb.TransactionChecksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TransactionChecksResponse:
+        out = pb.TransactionChecksResponse()
+        await transaction_checks(self.core, request, out)
         return out
 
     @rpc("ListMessages")

@@ -121,6 +121,15 @@ class BrokerSettings:
         default=3 * 24 * 3600.0, metadata={"help": "longest delivery delay", "replaces": ("max_delay_ms",)}
     )
     schedule_max_in_flight: int = field(default=2000, metadata={"help": "scheduled messages delivered at once"})
+    transaction_immunity_s: float = field(
+        default=6.0, metadata={"help": "a half message's first check comes this long after its send (RocketMQ 6 s)"}
+    )
+    transaction_check_interval_s: float = field(
+        default=30.0, metadata={"help": "time between two checks of a half message (RocketMQ 30 s)"}
+    )
+    transaction_max_checks: int = field(
+        default=15, metadata={"help": "checks of a half message before it is rolled back (RocketMQ 15)"}
+    )
     cache_bytes: int = field(default=64 * 1024 * 1024, metadata={"help": "payload cache size"})
     sweep_interval_s: float = field(default=1.0, metadata={"help": "safety sweep of held requests"})
     retention_s: float = field(
@@ -175,6 +184,9 @@ class BrokerSettings:
             (self.max_pop_answer_bytes >= 1024, "max_pop_answer_bytes must be >= 1024"),
             (self.cache_bytes >= 0, "cache_bytes must be >= 0"),
             (self.schedule_max_in_flight >= 1, "schedule_max_in_flight must be >= 1"),
+            (self.transaction_immunity_s >= 0, "transaction_immunity_s must be >= 0"),
+            (self.transaction_check_interval_s > 0, "transaction_check_interval_s must be > 0"),
+            (self.transaction_max_checks >= 1, "transaction_max_checks must be >= 1"),
             (self.max_delay_s >= 0, "max_delay_s must be >= 0"),
             (self.sweep_interval_s > 0, "sweep_interval_s must be > 0"),
             (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),

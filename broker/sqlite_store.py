@@ -31,15 +31,18 @@ from broker.store import (
     RECORD_OVERHEAD_BYTES,
     ArrivalListener,
     CreateQueue,
+    DeleteHalf,
     DeleteInflight,
     DeleteScheduled,
     NewMessage,
     Op,
+    PutHalf,
     PutInflight,
     PutScheduled,
     QueueIndex,
     Record,
     SetGroupFilter,
+    SetHalfCheck,
     SetPullOffset,
     Snapshot,
 )
@@ -72,6 +75,9 @@ CREATE TABLE IF NOT EXISTS inflight (
 CREATE TABLE IF NOT EXISTS scheduled (
     id INTEGER PRIMARY KEY, due_ms INTEGER NOT NULL, topic TEXT NOT NULL, queue INTEGER NOT NULL,
     tag TEXT, payload BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS half_messages (
+    id INTEGER PRIMARY KEY, token INTEGER NOT NULL, topic TEXT NOT NULL, queue INTEGER NOT NULL, tag TEXT,
+    payload BLOB NOT NULL, store_ms INTEGER NOT NULL, checks INTEGER NOT NULL, next_check_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS group_filters (
     grp TEXT NOT NULL, topic TEXT NOT NULL, expression TEXT NOT NULL,
     PRIMARY KEY (grp, topic)) WITHOUT ROWID;
@@ -116,7 +122,18 @@ DELETE_INFLIGHT = (
 )
 
 # The order op kinds run in within one group commit (see SqliteStore._apply).
-KIND_ORDER = (CreateQueue, SetGroupFilter, SetPullOffset, PutScheduled, PutInflight, DeleteInflight, DeleteScheduled)
+KIND_ORDER = (
+    CreateQueue,
+    SetGroupFilter,
+    SetPullOffset,
+    PutScheduled,
+    PutInflight,
+    DeleteInflight,
+    DeleteScheduled,
+    PutHalf,
+    SetHalfCheck,
+    DeleteHalf,
+)
 
 _SQL = {
     CreateQueue: "INSERT OR IGNORE INTO queues VALUES (?, ?)",
@@ -124,6 +141,9 @@ _SQL = {
     SetGroupFilter: "INSERT OR REPLACE INTO group_filters VALUES (?, ?, ?)",
     PutScheduled: "INSERT INTO scheduled VALUES (?, ?, ?, ?, ?, ?)",
     DeleteScheduled: "DELETE FROM scheduled WHERE id = ?",
+    PutHalf: "INSERT INTO half_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    SetHalfCheck: "UPDATE half_messages SET checks = ?2, next_check_ms = ?3 WHERE id = ?1",
+    DeleteHalf: "DELETE FROM half_messages WHERE id = ?",
 }
 
 CommitObserver = Callable[[float], None]
@@ -388,6 +408,10 @@ class SqliteStore:
         snap.inflight = [PutInflight(*row) for row in self._conn.execute("SELECT * FROM inflight")]
         snap.filters = [SetGroupFilter(*row) for row in self._conn.execute("SELECT * FROM group_filters")]
         snap.scheduled = [(due, sid) for sid, due in self._conn.execute("SELECT id, due_ms FROM scheduled")]
+        halves = self._conn.execute(
+            "SELECT id, token, topic, queue, tag, x'', store_ms, checks, next_check_ms FROM half_messages"
+        )
+        snap.halves = [PutHalf(*row) for row in halves]
         return snap
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -764,6 +788,16 @@ class SqliteStore:
                 rows = conn.execute(f"SELECT * FROM scheduled WHERE id IN ({marks})", chunk)
                 out.extend(PutScheduled(*row) for row in rows)
             return out
+
+        return await asyncio.get_running_loop().run_in_executor(self._reader, read)
+
+    async def read_halves(self, half_ids: Sequence[int]) -> list[PutHalf]:
+        def read() -> list[PutHalf]:
+            conn = self._reader_conn()
+            marks = ",".join("?" * len(half_ids))
+            return [
+                PutHalf(*row) for row in conn.execute(f"SELECT * FROM half_messages WHERE id IN ({marks})", half_ids)
+            ]
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, read)
 

@@ -91,7 +91,42 @@ class DeleteScheduled(NamedTuple):
     schedule_id: int
 
 
-Op = CreateQueue | SetPullOffset | PutInflight | DeleteInflight | SetGroupFilter | PutScheduled | DeleteScheduled
+class PutHalf(NamedTuple):
+    """A transaction's half message (broker.transactions), kept apart from its topic until resolved."""
+
+    half_id: int
+    token: int
+    topic: str
+    queue_id: int
+    tag: str | None
+    payload: bytes
+    store_ms: int
+    checks: int
+    next_check_ms: int
+
+
+class SetHalfCheck(NamedTuple):
+    half_id: int
+    checks: int
+    next_check_ms: int
+
+
+class DeleteHalf(NamedTuple):
+    half_id: int
+
+
+Op = (
+    CreateQueue
+    | SetPullOffset
+    | PutInflight
+    | DeleteInflight
+    | SetGroupFilter
+    | PutScheduled
+    | DeleteScheduled
+    | PutHalf
+    | SetHalfCheck
+    | DeleteHalf
+)
 
 
 @dataclass(slots=True)
@@ -117,6 +152,7 @@ class Snapshot:
     inflight: list[PutInflight] = field(default_factory=list)
     filters: list[SetGroupFilter] = field(default_factory=list)
     scheduled: list[tuple[int, int]] = field(default_factory=list)  # (due_ms, schedule id)
+    halves: list[PutHalf] = field(default_factory=list)  # half messages, their payloads left out (b"")
 
 
 class ArrivalListener(Protocol):
@@ -145,6 +181,8 @@ class Store(Protocol):
         ...
 
     async def read_scheduled(self, schedule_ids: Sequence[int]) -> list[PutScheduled]: ...
+
+    async def read_halves(self, half_ids: Sequence[int]) -> list[PutHalf]: ...
 
     async def retained_from(self, targets: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
         """For each (topic, queue, offset): the queue's first offset once what lies wholly below the offset is

@@ -15,7 +15,7 @@ from proxy import validate
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
-SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.PRIORITY))
+SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION, v2.PRIORITY))
 _ENCODINGS = frozenset((v2.ENCODING_UNSPECIFIED, v2.IDENTITY, v2.GZIP))  # unspecified: plain bytes
 GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
 
@@ -78,10 +78,12 @@ def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: in
     """A client's message as the broker stores it; raises the §5 error for the first violation. `room`: how
     many bytes a GZIP body may inflate to within its request (None: up to the body limit)."""
     props = message.system_properties
-    if props.message_type not in SERVED_TYPES:  # TRANSACTION, LITE: not stored as if NORMAL
+    if props.message_type not in SERVED_TYPES:  # LITE: not stored as if it were NORMAL
         known = props.message_type in v2.MessageType.values()
         kind = v2.MessageType.Name(props.message_type) if known else f"message_type {props.message_type}:"
-        raise errors.Unsupported(f"{kind} messages are not supported by popgate (NORMAL, FIFO, DELAY and PRIORITY are)")
+        raise errors.Unsupported(
+            f"{kind} messages are not supported by popgate (NORMAL, FIFO, DELAY, TRANSACTION and PRIORITY are)"
+        )
     out = bpb.Message(
         topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
         message_id=validate.message_id(props.message_id),

@@ -36,10 +36,12 @@ async def end_transaction(
     features: ProducerFeatures, call: Call, request: pb.EndTransactionRequest
 ) -> pb.EndTransactionResponse:
     topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
-    if request.resolution not in (v2.COMMIT, v2.ROLLBACK):
-        raise errors.BadRequest("EndTransaction needs a resolution, COMMIT or ROLLBACK")
     if not request.transaction_id:
         raise errors.InvalidTransactionId("transaction id is empty")
+    if request.resolution not in (v2.COMMIT, v2.ROLLBACK):
+        if request.resolution == v2.TRANSACTION_RESOLUTION_UNSPECIFIED:
+            return pb.EndTransactionResponse(status=OK)  # RocketMQ's UNKNOWN: nothing changes, checked again later
+        raise errors.BadRequest(f"EndTransaction resolution {request.resolution} is not COMMIT or ROLLBACK")
     await features.end_transaction(
         topic,
         validate.message_id(request.message_id),

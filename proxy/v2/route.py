@@ -10,7 +10,7 @@ from proxy import validate
 from proxy.v2.context import Call
 
 OK = v2.Status(code=v2.OK, message="OK")
-ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.PRIORITY)
+ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION, v2.PRIORITY)
 
 
 MAX_ENDPOINT_ADDRESSES = 16

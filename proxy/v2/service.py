@@ -30,6 +30,7 @@ from proxy.ports import Metrics
 from proxy.producer import ProducerFeatures
 from proxy.producer_brokers import StubCalls
 from proxy.settings import Settings
+from proxy.txchecks import CheckPoller, ProducerStreams
 from proxy.v2 import access, ack, producer, receive, route, send, telemetry
 from proxy.v2.context import Call
 
@@ -58,12 +59,18 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._inflation = send.Inflation()
         self._send = functools.partial(send.send_message, inflation=self._inflation)
         self._producer = ProducerFeatures(proxy.pool, StubCalls)
+        self._producers = ProducerStreams()
+        self._checks = CheckPoller(
+            proxy.pool, StubCalls, self._producers, telemetry.recover_command, timeout_s=settings.broker_timeout_s
+        )
         self._recall = functools.partial(producer.recall_message, self._producer)
         self._end_transaction = functools.partial(producer.end_transaction, self._producer)
 
     def close(self) -> None:
-        """Stop the GZIP inflation threads (a conversion already running finishes; none waits for it)."""
+        """Stop the GZIP inflation threads (a conversion already running finishes; none waits for it) and the
+        transaction checks."""
         self._inflation.close()
+        self._checks.close()
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()
@@ -195,8 +202,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             access.check(self._auth, context.invocation_metadata(), None)
             client_id = access.client_id_of(context.invocation_metadata())
             self._proxy.renewer.opened(client_id)
+            self._checks.start()
             async for reply in telemetry.telemetry(
-                request_iterator, self._settings, self._proxy.closing, self._attempts
+                request_iterator, self._settings, self._proxy.closing, self._attempts, self._producers
             ):
                 yield reply
         except Exception as exc:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator
+from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
+from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -20,6 +22,8 @@ from popgate_contract import errors
 from proxy import validate
 from proxy.attempts import DEFAULT_MAX_ATTEMPTS, GroupAttempts
 from proxy.settings import Settings
+from proxy.txchecks import Outbox, ProducerStreams
+from proxy.v2.convert import to_client
 
 # RocketMQ's default consumer retry delays (1s 5s 10s 30s 1m ... 2h) for attempts 1..17 (the last for any after).
 RETRY_DELAYS_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
@@ -98,33 +102,67 @@ async def _max_attempts(client: v2.Settings, attempts: GroupAttempts) -> int:
     return DEFAULT_MAX_ATTEMPTS if group is None else await attempts.of(group)
 
 
+def _published(client: v2.Settings) -> list[str]:
+    """The topics (as stored) a producer's settings publish to; bad names are left out (refused where sent)."""
+    out = []
+    for topic in client.publishing.topics if client.HasField("publishing") else ():
+        try:
+            out.append(validate.topic_in(topic.resource_namespace, topic.name))
+        except errors.DomainError:
+            continue
+    return out
+
+
 async def telemetry(
-    commands: AsyncIterator[pb.TelemetryCommand], settings: Settings, closing: asyncio.Event, attempts: GroupAttempts
+    commands: AsyncIterator[pb.TelemetryCommand],
+    settings: Settings,
+    closing: asyncio.Event,
+    attempts: GroupAttempts,
+    producers: ProducerStreams | None = None,
 ) -> AsyncIterator[pb.TelemetryCommand]:
-    """Reply to every Settings command until the client closes the stream or the proxy shuts down."""
+    """Reply to every Settings command until the client closes the stream or the proxy shuts down; meanwhile
+    pass on the commands `producers` queue for this stream (transaction checks, proxy.txchecks)."""
     closed = asyncio.ensure_future(closing.wait())
     next_command: asyncio.Future[pb.TelemetryCommand] | None = None
+    outgoing: asyncio.Future[pb.TelemetryCommand] | None = None
+    outbox = Outbox()
     try:
         while True:
-            next_command = asyncio.ensure_future(anext(commands))
-            await asyncio.wait({next_command, closed}, return_when=asyncio.FIRST_COMPLETED)
-            if not next_command.done():
+            if next_command is None:
+                next_command = asyncio.ensure_future(anext(commands))
+            if outgoing is None:
+                outgoing = asyncio.ensure_future(outbox.commands.get())
+            waits: set[asyncio.Future[Any]] = {next_command, closed, outgoing}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if outgoing.done():
+                yield outgoing.result()
+                outgoing = None
+            if closed.done():
                 return
+            if not next_command.done():
+                continue
             try:
                 command = next_command.result()
             except StopAsyncIteration:
                 return
+            next_command = None
             if command.HasField("settings"):
                 size = command.settings.ByteSize()
                 if size > MAX_SETTINGS_BYTES:
                     text = f"Settings of {size} bytes: at most {MAX_SETTINGS_BYTES} (topics, subscriptions, endpoints)"
                     yield pb.TelemetryCommand(status=v2.Status(code=v2.BAD_REQUEST, message=text))
                     continue
+                if producers is not None and (topics := _published(command.settings)):
+                    producers.register(outbox, topics)
                 max_attempts = await _max_attempts(command.settings, attempts)
                 yield settings_reply(command.settings, settings, max_attempts=max_attempts)
             # Other commands (thread stack traces, verify results) answer requests this proxy never makes.
     finally:
         closed.cancel()
+        if producers is not None:
+            producers.unregister(outbox)
+        if outgoing is not None:
+            outgoing.cancel()
         if next_command is not None:
             # Also when the client cancels the stream: the read ends (StopAsyncIteration, an RPC error)
             # after this generator, and its outcome is read here, not logged as never retrieved.
@@ -135,3 +173,14 @@ async def telemetry(
 def _ignore_outcome(future: asyncio.Future[pb.TelemetryCommand]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def recover_command(check: bpb.TransactionCheck, outbox: Outbox) -> pb.TelemetryCommand:
+    """A check of a half message as the official producers read it: a RecoverOrphanedTransactionCommand."""
+    command = pb.TelemetryCommand()
+    recover = command.recover_orphaned_transaction_command
+    recover.transaction_id = check.transaction_id
+    popped = bpb.PoppedMessage(stored=check.message, delivery_attempt=1)
+    to_client(popped, namespace=outbox.namespace, out=recover.message)
+    recover.message.system_properties.ClearField("receipt_handle")
+    return command

@@ -418,6 +418,6 @@ if __name__ == "__main__":
     from producer_driver import SCENARIOS as PRODUCER_SCENARIOS  # its scenarios import this module's helpers
 
     SCENARIOS.update(PRODUCER_SCENARIOS)
-    scenario, endpoint, topic, group = sys.argv[1:5]
+    scenario, endpoint, topic, group = sys.argv[1:5]  # a scenario may read more
     result = SCENARIOS[scenario](endpoint, topic, group)
     print(json.dumps(result), flush=True)

@@ -3,11 +3,14 @@ driver.py (same rules: its own process, exit 0 = the scenario held, one JSON lin
 
 from __future__ import annotations
 
+import json
 import random
+import sys
+import threading
 import time
 
 from driver import config, message, receive_until, started_consumer, started_producer
-from rocketmq import Message
+from rocketmq import Message, Producer, SimpleConsumer, TransactionChecker, TransactionResolution
 
 
 def _queue_of(m: Message) -> tuple[str, str]:
@@ -83,5 +86,97 @@ def recall(endpoint: str, topic: str, group: str) -> dict[str, object]:
         producer.shutdown()
 
 
-SCENARIOS = {f.__name__: f for f in (priority, recall)}
-_ = config
+class Checker(TransactionChecker):
+    """Answers every check with `answer` and records what it was asked about."""
+
+    def __init__(self, answer: int = TransactionResolution.COMMIT) -> None:
+        self.answer = answer
+        self.asked: list[str] = []
+        self.event = threading.Event()
+
+    def check(self, message: Message) -> int:
+        self.asked.append(message.message_id)
+        self.event.set()
+        return self.answer
+
+
+def transactional_producer(endpoint: str, topic: str, checker: TransactionChecker) -> Producer:
+    producer = Producer(config(endpoint), (topic,), checker)
+    producer.startup()
+    return producer
+
+
+def half(producer: Producer, topic: str, body: bytes) -> tuple[object, str]:
+    transaction = producer.begin_transaction()
+    receipt = producer.send(message(topic, body), transaction)
+    assert receipt.transaction_id, "a half message's receipt has a transaction id"
+    return transaction, receipt.message_id
+
+
+def first_and_any_more(consumer: SimpleConsumer) -> list[Message]:
+    """What comes until the first message and 2 s more (long enough for a second copy to show), acked."""
+    got = receive_until(consumer, lambda g: len(g) >= 1, limit_s=20)
+    until = time.monotonic() + 2
+    while time.monotonic() < until:
+        got += consumer.receive(32, 20)
+    for m in got:
+        consumer.ack(m)
+    return got
+
+
+def transactions(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """A committed half message is delivered once, a rolled-back one never; neither before its resolution. A
+    forged or stale transaction id is INVALID_TRANSACTION_ID and changes nothing."""
+    checker = Checker(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)  # "unknown": checks change nothing
+    producer = transactional_producer(endpoint, topic, checker)
+    consumer = started_consumer(endpoint, topic, group)
+    try:
+        committed, committed_id = half(producer, topic, b"commit-me")
+        rolled_back, _ = half(producer, topic, b"roll-me-back")
+        early = consumer.receive(32, 20)  # a long poll of AWAIT_S: half messages are invisible
+        assert early == [], [m.body for m in early]
+        committed.commit()  # type: ignore[attr-defined]
+        rolled_back.rollback()  # type: ignore[attr-defined]
+        stale = _code(committed.commit)  # type: ignore[attr-defined]
+        endpoints = producer.client_configuration.rpc_endpoints
+        forged_msg = message(topic, b"x")
+        forged_msg.message_id = committed_id
+        response = producer.end_transaction(endpoints, forged_msg, "forged-id", TransactionResolution.COMMIT, 1)
+        forged = response.status.code  # this low-level call returns the answer unchecked
+        got = first_and_any_more(consumer)
+        assert [m.body for m in got] == [b"commit-me"], [m.body for m in got]
+        return {"stale": stale, "forged": forged, "checked": len(checker.asked)}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def orphan_half(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """Send a half message and exit without resolving it (the next scenario's producer is checked for it)."""
+    producer = transactional_producer(endpoint, topic, Checker())
+    try:
+        _, message_id = half(producer, topic, b"orphan")
+        return {"message_id": message_id}
+    finally:
+        producer.shutdown()
+
+
+def orphan_check(endpoint: str, topic: str, group: str) -> dict[str, object]:
+    """Another producer of the topic, on `endpoint` (another proxy), is asked about the orphan and commits it: the
+    consumer gets it once. The orphan's id comes as the fifth argument."""
+    orphan_id = sys.argv[5]
+    checker = Checker(TransactionResolution.COMMIT)
+    producer = transactional_producer(endpoint, topic, checker)
+    consumer = started_consumer(endpoint, topic, group)
+    try:
+        assert checker.event.wait(30), "no check came"
+        got = first_and_any_more(consumer)
+        assert [m.message_id for m in got] == [orphan_id], [m.message_id for m in got]
+        return {"asked": checker.asked[:1] == [orphan_id]}
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+SCENARIOS = {f.__name__: f for f in (priority, recall, transactions, orphan_half, orphan_check)}
+_ = json

@@ -1,0 +1,182 @@
+"""Transactions: half messages kept apart until their producer resolves them (RocketMQ 5's TRANSACTION type).
+
+- A Send of a transactional message stores it in `half_messages`, not in its topic, and answers a transaction
+  id (`popgate_contract.handles.TransactionId`: this broker, the row and a random token). No consumer sees it.
+- EndTransaction COMMIT appends it to its topic and deletes its row in one commit, ROLLBACK deletes the row: a
+  half message is resolved once, also across a kill -9 (its row and the append are one transaction). A
+  transaction id that is not one, names another broker or topic, has the wrong token (forged) or names a half
+  message resolved already (stale) is refused with InvalidTransactionId and changes nothing.
+- Checks (`CheckSchedule`): a proxy asks for the due checks of the topics its producers publish to
+  (`TransactionChecks`) and sends each to one of those producers (a RecoverOrphanedTransactionCommand); each
+  check handed out is stored (count, next time) before it is answered, so a restart neither forgets a check
+  nor hands one out twice within the interval. After the last check, or past its time, the broker rolls the
+  half message back itself (from the sweep, at most `sweep_interval_s` late).
+
+tests/unit/broker/test_transactions.py, tests/integration/broker/test_transactions.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.clock import Clock
+from broker.inflight import tokens
+from broker.send import SendPath
+from broker.settings import BrokerSettings
+from broker.store import DeleteHalf, NewMessage, Op, PutHalf, SetHalfCheck
+from broker.txcheck import CheckSchedule, Half
+from popgate_contract.errors import InvalidTransactionId
+from popgate_contract.handles import TransactionId
+
+log = logging.getLogger(__name__)
+MAX_CHECKS_PER_CALL = 256
+
+
+@dataclass(slots=True)
+class TransactionStats:
+    committed: int = 0
+    rolled_back: int = 0  # by their producer (or its checker)
+    expired: int = 0  # rolled back by the broker after the last check
+    checks: int = 0
+
+
+@dataclass(slots=True)
+class Check:
+    row: PutHalf
+    transaction_id: str
+    check: int
+
+
+class Transactions:
+    def __init__(self, settings: BrokerSettings, sends: SendPath, *, clock: Clock) -> None:
+        self.name = settings.name
+        self.sends = sends
+        self.clock = clock
+        self.schedule = CheckSchedule(
+            immunity_ms=round(settings.transaction_immunity_s * 1000),
+            interval_ms=round(settings.transaction_check_interval_s * 1000),
+            max_checks=settings.transaction_max_checks,
+        )
+        self.stats = TransactionStats()
+        self._next_id = 0
+        self._expiring: set[asyncio.Task[None]] = set()
+
+    def restore(self, halves: Sequence[PutHalf]) -> None:
+        for row in halves:
+            self._added(row)
+            self._next_id = max(self._next_id, row.half_id)
+
+    def half(self, m: pb.Message, new: NewMessage, now_ms: int) -> tuple[PutHalf, str]:
+        """The row of a new half message (stored by the Send's commit) and its transaction id."""
+        self._next_id += 1
+        token = tokens.getrandbits(48)
+        first = self.schedule.first_check_ms(now_ms)
+        row = PutHalf(self._next_id, token, m.topic, new.queue_id, new.tag, new.payload, now_ms, 0, first)
+        return row, TransactionId(self.name, row.half_id, token).encode()
+
+    def committed(self, ops: Sequence[Op]) -> None:
+        """A Send's commit stored these half messages: they wait for their resolution from now on."""
+        for op in ops:
+            if isinstance(op, PutHalf):
+                self._added(op)
+
+    def _added(self, row: PutHalf) -> None:
+        r = row
+        self.schedule.add(Half(r.half_id, r.token, r.topic, r.queue_id, r.tag, r.store_ms, r.checks, r.next_check_ms))
+
+    def _waiting(self, topic: str, text: str) -> Half:
+        tid = TransactionId.decode(text)
+        half = self.schedule.get(tid.half_id) if tid.broker == self.name else None
+        if half is None or half.token != tid.token or (topic and half.topic != topic):
+            raise InvalidTransactionId(
+                "transaction id names no half message waiting for its resolution here (made up, or committed or"
+                " rolled back already)"
+            )
+        if half.busy:
+            raise InvalidTransactionId("the half message is being committed or rolled back already")
+        return half
+
+    async def end(self, topic: str, text: str, *, commit: bool) -> None:
+        """Commit or roll back the half message `text` names."""
+        half = self._waiting(topic, text)
+        half.busy = True  # from here no other resolution, check or expiry takes it
+        try:
+            if commit:
+                rows = await self.sends.store.read_halves([half.half_id])
+                ops: list[Op] = []
+                self.sends.topic_for_send(half.topic, ops, force=True)
+                append = NewMessage(half.topic, half.queue_id, self.clock.now_ms(), half.tag, rows[0].payload)
+                await self.sends.submit([append], [*ops, DeleteHalf(half.half_id)])
+            else:
+                await self.sends.submit([], [DeleteHalf(half.half_id)])
+        except BaseException:
+            half.busy = False  # not resolved: it waits as before
+            raise
+        self.schedule.remove(half.half_id)
+        if commit:
+            self.stats.committed += 1
+        else:
+            self.stats.rolled_back += 1
+
+    async def checks(self, topics: Sequence[str], limit: int) -> tuple[list[Check], int]:
+        """The due checks of these topics, each recorded (durably) before it is handed out; and when the next one
+        of these topics falls due (0: none)."""
+        now = self.clock.now_ms()
+        halves = self.schedule.due(topics, now, min(max(limit, 1), MAX_CHECKS_PER_CALL))
+        if not halves:
+            return [], self.schedule.next_due_ms(topics)
+        for half in halves:
+            half.checking = True
+        try:
+            states = [self.schedule.check_state(h, now) for h in halves]
+            rows = {r.half_id: r for r in await self.sends.store.read_halves([h.half_id for h in halves])}
+            await self.sends.submit([], [SetHalfCheck(h.half_id, *s) for h, s in zip(halves, states, strict=True)])
+        finally:
+            for half in halves:
+                half.checking = False
+        out = []
+        for half, (count, next_ms) in zip(halves, states, strict=True):
+            self.schedule.checked(half, count, next_ms)
+            if half.half_id in rows and self.schedule.get(half.half_id) is not None:
+                tid = TransactionId(self.name, half.half_id, half.token).encode()
+                out.append(Check(rows[half.half_id], tid, count))
+        self.stats.checks += len(out)
+        return out, self.schedule.next_due_ms(topics)
+
+    def expire(self) -> asyncio.Task[None] | None:
+        """Roll back the half messages past their last check (the sweep calls this); the task doing it."""
+        halves = self.schedule.expired(self.clock.now_ms())
+        if not halves:
+            return None
+        for half in halves:
+            half.busy = True
+        task = asyncio.get_running_loop().create_task(self._roll_back(halves))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
+        return task
+
+    async def _roll_back(self, halves: list[Half]) -> None:
+        try:
+            await self.sends.submit([], [DeleteHalf(h.half_id) for h in halves])
+        except BaseException as exc:  # tried again at the next sweep (or the next start)
+            log.warning("rolling back %d unresolved half messages failed: %r", len(halves), exc)
+            for half in halves:
+                half.busy = False
+                self.schedule.add(half)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for half in halves:
+            self.schedule.remove(half.half_id)
+        self.stats.expired += len(halves)
+        log.info("rolled back %d half messages unresolved after their last check", len(halves))
+
+    async def close(self) -> None:
+        for task in list(self._expiring):
+            task.cancel()
+        await asyncio.gather(*self._expiring, return_exceptions=True)

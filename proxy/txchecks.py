@@ -1,0 +1,141 @@
+"""Transaction checks: brokers keep each half message's check state; a proxy with producers online asks the
+brokers for the due checks of those producers' topics and hands each to one producer of the topic, on that
+producer's Telemetry stream (a RecoverOrphanedTransactionCommand); the producer answers with EndTransaction.
+
+Stateless across proxies: a broker hands a check to whichever proxy asks first and records it before answering,
+so no other proxy gets it again within the check interval; a check lost with a stream or a proxy is handed out
+again at the next interval (docs/BROKER.md, "Transactions"). A v2 producer's check group is its topic, as in
+RocketMQ's proxy. Protocol-neutral: the v2 edge turns a check into its command (`to_command`) and owns the
+streams' writers — tests/unit/proxy/test_txchecks.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from popgate_pb import broker_pb2 as bpb
+
+from popgate_contract import errors
+from proxy.producer import CallsFor
+from proxy.routing import BrokerPool
+
+log = logging.getLogger(__name__)
+CHECK_POLL_S = 1.0  # a proxy with producers online asks every live broker this often (sooner when one is due)
+MAX_CHECKS_PER_CALL = 64
+OUTBOX_COMMANDS = 64  # commands a producer's stream may have waiting; past that a check goes to another or waits
+
+
+class Outbox:
+    """Commands for one producer's Telemetry stream, and the topics (as stored) it publishes to."""
+
+    def __init__(self, namespace: str = "") -> None:
+        self.namespace = namespace
+        self.topics: frozenset[str] = frozenset()
+        self.commands: asyncio.Queue[Any] = asyncio.Queue(OUTBOX_COMMANDS)
+
+
+class ProducerStreams:
+    def __init__(self) -> None:
+        self._by_topic: dict[str, list[Outbox]] = {}
+        self._turn = 0
+        self.changed = asyncio.Event()  # a topic gained its first producer here
+
+    def register(self, outbox: Outbox, topics: Iterable[str]) -> None:
+        self.unregister(outbox)
+        outbox.topics = frozenset(topics)
+        for topic in outbox.topics:
+            self._by_topic.setdefault(topic, []).append(outbox)
+        if outbox.topics:
+            self.changed.set()
+
+    def unregister(self, outbox: Outbox) -> None:
+        for topic in outbox.topics:
+            streams = self._by_topic.get(topic, [])
+            if outbox in streams:
+                streams.remove(outbox)
+            if not streams:
+                self._by_topic.pop(topic, None)
+        outbox.topics = frozenset()
+
+    def topics(self) -> list[str]:
+        return sorted(self._by_topic)
+
+    def deliver(self, topic: str, command: Callable[[Outbox], Any]) -> bool:
+        """Queue `command(outbox)` for one of the topic's producers (round robin); False when none has room."""
+        streams = self._by_topic.get(topic, [])
+        for i in range(len(streams)):
+            outbox = streams[(self._turn + i) % len(streams)]
+            if not outbox.commands.full():
+                self._turn += 1
+                outbox.commands.put_nowait(command(outbox))
+                return True
+        return False
+
+
+ToCommand = Callable[[bpb.TransactionCheck, Outbox], Any]
+
+
+class CheckPoller:
+    """Asks the live brokers for due checks while this proxy has producers online; started on the first one."""
+
+    def __init__(
+        self,
+        pool: BrokerPool,
+        calls_for: CallsFor,
+        streams: ProducerStreams,
+        to_command: ToCommand,
+        *,
+        timeout_s: float,
+    ) -> None:
+        self.pool = pool
+        self.calls_for = calls_for
+        self.streams = streams
+        self.to_command = to_command
+        self.timeout_s = timeout_s
+        self.poll_s = CHECK_POLL_S
+        self.handed = 0  # checks queued for a producer
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            topics = self.streams.topics()
+            wait_s = self.poll_s
+            if topics:
+                next_due_ms = await self.poll_once(topics)
+                if next_due_ms:
+                    wait_s = min(wait_s, max(0.0, next_due_ms / 1000 - time.time()))
+            self.streams.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.streams.changed.wait(), None if not topics else wait_s)
+
+    async def poll_once(self, topics: list[str]) -> int:
+        """One round over the live brokers; the earliest next due time they told (0: none)."""
+        next_due = 0
+        for client in self.pool.live():
+            request = bpb.TransactionChecksRequest(topics=topics, max_checks=MAX_CHECKS_PER_CALL)
+            try:
+                response = await self.calls_for(client).transaction_checks(request, timeout_s=self.timeout_s)
+            except errors.DomainError as exc:
+                log.debug("transaction checks of broker %s failed: %s", client.name, exc)
+                continue
+            for check in response.checks:
+                if self.streams.deliver(check.message.message.topic, functools.partial(self.to_command, check)):
+                    self.handed += 1
+            if response.next_due_ms:
+                next_due = min(next_due or response.next_due_ms, response.next_due_ms)
+        return next_due

@@ -1,0 +1,132 @@
+"""Transactions in the broker (broker.transactions, broker.txcheck), no sockets: a half message is invisible
+until committed, delivered once after its commit, never after its rollback, also across a restart; forged and
+stale transaction ids change nothing; checks come after the immunity time, once per interval, are recorded before
+they are handed out, and after the last one the half message is rolled back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from popgate_pb import broker_pb2 as pb
+
+from broker.core import BrokerCore
+from broker.txcheck import CheckSchedule, Half
+from popgate_contract.errors import BadRequest, InvalidTransactionId
+from popgate_contract.handles import TransactionId
+from tests.unit.broker.cores import ManualClock, broker
+
+NOW = 1_800_000_000_000
+INVISIBLE_MS = 30_000
+SETTINGS = {"transaction_immunity_s": 1.0, "transaction_check_interval_s": 2.0, "transaction_max_checks": 3}
+
+
+def test_checks_start_after_the_immunity_come_once_per_interval_and_expire_after_the_last() -> None:
+    schedule = CheckSchedule(immunity_ms=1000, interval_ms=2000, max_checks=2)
+    schedule.add(Half(1, 7, "t", 0, None, NOW, 0, NOW + 1000))
+    assert schedule.due(["t"], NOW + 999, 10) == []
+    assert schedule.next_due_ms(["t"]) == NOW + 1000
+    (half,) = schedule.due(["t"], NOW + 1000, 10)
+    assert schedule.due(["other"], NOW + 1000, 10) == []
+    schedule.checked(half, *schedule.check_state(half, NOW + 1000))
+    assert schedule.due(["t"], NOW + 2999, 10) == [] and schedule.expired(NOW + 2999) == []
+    (half,) = schedule.due(["t"], NOW + 3000, 10)
+    schedule.checked(half, *schedule.check_state(half, NOW + 3000))  # its last check
+    assert schedule.due(["t"], NOW + 10_000, 10) == []
+    assert schedule.expired(NOW + 4999) == []
+    assert schedule.expired(NOW + 5000) == [half]
+
+
+def test_a_half_message_nobody_checks_expires_when_its_checks_would_have_ended() -> None:
+    schedule = CheckSchedule(immunity_ms=1000, interval_ms=2000, max_checks=3)
+    schedule.add(Half(1, 7, "t", 0, None, NOW, 0, NOW + 1000))
+    assert schedule.expired(NOW + 6999) == []
+    assert [h.half_id for h in schedule.expired(NOW + 7000)] == [1]
+
+
+async def half(core: BrokerCore, body: bytes, topic: str = "t") -> str:
+    (sent,) = await core.send([pb.Message(topic=topic, body=body, transactional=True)])
+    assert sent.transaction_id and sent.offset == -1
+    return sent.transaction_id
+
+
+async def bodies(core: BrokerCore, group: str = "g") -> list[bytes]:
+    result = await core.pop("t", group, "*", 32, INVISIBLE_MS, 0)
+    return [pb.Message.FromString(m.payload).body for m in result.messages]
+
+
+async def test_commit_delivers_once_rollback_never_also_across_a_restart(tmp_path: Path) -> None:
+    async with broker(tmp_path, **SETTINGS) as (core, _):
+        committed, rolled_back, pending = await half(core, b"c"), await half(core, b"r"), await half(core, b"p")
+        assert await bodies(core) == []  # half messages are invisible
+        await core.transactions.end("t", committed, commit=True)
+        await core.transactions.end("t", rolled_back, commit=False)
+        assert await bodies(core) == [b"c"]
+        for stale in (committed, rolled_back):  # resolved already: refused, nothing changes
+            with pytest.raises(InvalidTransactionId):
+                await core.transactions.end("t", stale, commit=True)
+    async with broker(tmp_path, **SETTINGS) as (core, _):
+        assert len(core.transactions.schedule) == 1
+        assert await bodies(core, "g2") == [b"c"]
+        await core.transactions.end("t", pending, commit=True)
+        assert await bodies(core, "g2") == [b"p"]
+        stats = core.transactions.stats
+        assert (stats.committed, stats.rolled_back) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda t: "garbage",
+        lambda t: TransactionId("b2", t.half_id, t.token).encode(),  # another broker's
+        lambda t: TransactionId("b1", t.half_id, t.token + 1).encode(),  # the wrong token
+        lambda t: TransactionId("b1", t.half_id + 1, t.token).encode(),  # no such half message
+    ],
+)
+async def test_a_forged_transaction_id_is_refused_and_nothing_changes(tmp_path: Path, forge: object) -> None:
+    async with broker(tmp_path, **SETTINGS) as (core, _):
+        real = await half(core, b"x")
+        with pytest.raises(InvalidTransactionId):
+            await core.transactions.end("t", forge(TransactionId.decode(real)), commit=True)  # type: ignore[operator]
+        with pytest.raises(InvalidTransactionId):  # another topic's id
+            await core.transactions.end("other", real, commit=True)
+        assert await bodies(core) == [] and len(core.transactions.schedule) == 1
+        await core.transactions.end("t", real, commit=True)
+        assert await bodies(core) == [b"x"]
+
+
+async def test_a_transactional_message_with_a_group_delay_or_priority_is_refused_whole(tmp_path: Path) -> None:
+    async with broker(tmp_path, **SETTINGS) as (core, _):
+        for extra in ({"message_group": "g"}, {"delay_level": 1}, {"priority": 2}):
+            with pytest.raises(BadRequest):
+                await core.send(
+                    [pb.Message(topic="t", body=b"ok"), pb.Message(topic="t", body=b"x", transactional=True, **extra)]
+                )  # type: ignore[arg-type]
+        assert len(core.transactions.schedule) == 0
+
+
+async def test_checks_are_recorded_before_they_are_handed_out_and_the_last_one_rolls_back(tmp_path: Path) -> None:
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        tid = await half(core, b"h")
+        assert await core.transactions.checks(["t"], 10) == ([], NOW + 1000)
+        clock.now = NOW + 1000
+        (check,), next_due = await core.transactions.checks(["t"], 10)
+        assert (check.transaction_id, check.check, next_due) == (tid, 1, NOW + 3000)
+        assert pb.Message.FromString(check.row.payload).body == b"h"
+        assert (await core.transactions.checks(["t"], 10))[0] == []  # not again within the interval
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):  # the check count survived the restart
+        clock.now = NOW + 3000
+        (check,), _ = await core.transactions.checks(["t"], 10)
+        assert check.check == 2
+        clock.now = NOW + 5000
+        (check,), _ = await core.transactions.checks(["t"], 10)
+        assert check.check == 3  # the last
+        clock.now = NOW + 7000
+        rolling_back = core.transactions.expire()
+        assert rolling_back is not None
+        await rolling_back
+        assert len(core.transactions.schedule) == 0 and core.transactions.stats.expired == 1
+        with pytest.raises(InvalidTransactionId):
+            await core.transactions.end("t", tid, commit=True)
+        assert await bodies(core) == []

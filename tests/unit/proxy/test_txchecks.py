@@ -1,0 +1,56 @@
+"""Transaction checks at the proxy (proxy.txchecks), no sockets: a check goes to one producer stream of its topic,
+round robin, none when no producer of the topic is online or every one's outbox is full; the poller asks every
+live broker for the topics its producers publish to."""
+
+from __future__ import annotations
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.routing import BrokerPool
+from proxy.txchecks import OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
+
+
+def test_checks_go_round_robin_to_the_topics_producers_and_nowhere_else() -> None:
+    streams = ProducerStreams()
+    a, b, other = Outbox(), Outbox(), Outbox()
+    streams.register(a, ["t"])
+    streams.register(b, ["t", "u"])
+    streams.register(other, ["v"])
+    assert streams.topics() == ["t", "u", "v"]
+    for i in range(4):
+        assert streams.deliver("t", lambda o, i=i: i)
+    assert (a.commands.qsize(), b.commands.qsize(), other.commands.qsize()) == (2, 2, 0)
+    assert not streams.deliver("nobody", lambda o: 0)
+    streams.unregister(b)
+    assert streams.topics() == ["t", "v"]
+    for _ in range(OUTBOX_COMMANDS - 2):
+        assert streams.deliver("t", lambda o: 0)
+    assert not streams.deliver("t", lambda o: 0)  # full: the broker hands the check out again later
+
+
+class FakeBroker:
+    def __init__(self, name: str, checks: list[bpb.TransactionCheck], next_due_ms: int) -> None:
+        self.name = name
+        self.healthy = True
+        self.asked: list[list[str]] = []
+        self.answer = bpb.TransactionChecksResponse(checks=checks, next_due_ms=next_due_ms)
+
+    async def transaction_checks(
+        self, request: bpb.TransactionChecksRequest, *, timeout_s: float
+    ) -> bpb.TransactionChecksResponse:
+        self.asked.append(list(request.topics))
+        return self.answer
+
+
+async def test_the_poller_asks_every_live_broker_for_its_producers_topics() -> None:
+    check = bpb.TransactionCheck(transaction_id="tid", check=1)
+    check.message.message.topic = "t"
+    b1, b2 = FakeBroker("b1", [check], 5000), FakeBroker("b2", [], 3000)
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, ["t"])
+    pool = BrokerPool({"b1": b1, "b2": b2})  # type: ignore[dict-item]
+    poller = CheckPoller(pool, lambda c: c, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
+    assert await poller.poll_once(["t"]) == 3000
+    assert b1.asked == [["t"]] and b2.asked == [["t"]]
+    assert outbox.commands.get_nowait() == "tid" and poller.handed == 1
