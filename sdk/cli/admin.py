@@ -1,12 +1,13 @@
 """`popgate stats`, and what the commands that ask brokers share (their addresses, token and channels).
 
-Lag and stored messages are broker facts the v2 protocol does not carry, so `stats` and `dlq list` (`dlq.py`)
-ask the brokers themselves (broker.proto ``Stats`` and ``ListMessages``) at the ``--broker NAME=HOST:PORT``
-addresses (what `popgate up` prints; env POPGATE_BROKERS, else the proxy's POPGATE_BROKER). Given
-``--endpoint``, `stats` also asks the proxy which brokers it routes to (v2 QueryRoute, the one RPC that names
-them), so a broker left out of the list is named too. Figures summed over brokers are never silently partial:
-a broker that did not answer, or that the proxy routes to but was not asked, is named on stderr and the exit
-code is BROKERS_MISSING (`Coverage`, tests/unit/sdk/test_coverage.py).
+Lag and stored messages are broker facts the v2 protocol does not carry. `stats` gets them through the proxy's
+admin service (``-e/--endpoint``, `proxy_admin.py`), which asks every broker it routes to, or from the brokers
+themselves (broker.proto ``Stats``) at the ``--broker NAME=HOST:PORT`` addresses (what `popgate up` prints; env
+POPGATE_BROKERS, else the proxy's POPGATE_BROKER) — for a proxy-less emergency. Given both, it asks the brokers
+and the proxy which brokers exist, so a broker left out of the list is named too. `dlq list` (`dlq.py`) asks the
+brokers. Figures summed over brokers are never silently partial: a broker that did not answer, or that the
+proxy routes to but was not asked, is named on stderr and the exit code is BROKERS_MISSING (`Coverage`,
+tests/unit/sdk/test_coverage.py).
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ from typing import Any
 import grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
-from popgate_pb.v2 import definition_pb2 as v2
-from popgate_pb.v2 import service_pb2 as v2pb
-from popgate_pb.v2 import service_pb2_grpc as v2grpc
 from rich.table import Table
 
 from popgate_contract.broker_token import TOKEN_KEY
 from popgate_contract.lag import lag_seconds
 
-from .._transport import CHANNEL_OPTIONS, channel_credentials, make_options
-from .options import POSITIVE_DURATION, Sub, check_listening, client_options, connection, json_option
+from .options import POSITIVE_DURATION, Sub, client_options, json_option
 from .output import error_console, print_json, print_table
+from .proxy_admin import PROBE_TOPIC, ProxyAdmin, ProxyAdminError
 
 # Where `--broker` comes from when not given: POPGATE_BROKERS, else the proxy's own POPGATE_BROKER (set in every
 # proxy pod, where docs/DEPLOY.md runs `popgate stats`). Both are lists read as the proxy reads its variable.
@@ -67,13 +65,16 @@ def broker_options(parser: argparse.ArgumentParser) -> None:
 
 
 def proxy_options(parser: argparse.ArgumentParser) -> None:
-    """-e/--endpoint and the v2 credentials and TLS options, to ask a proxy which brokers it routes to; no proxy is
-    asked when neither the flag nor POPGATE_ENDPOINT is given."""
+    """-e/--endpoint and the v2 credentials and TLS options, to ask a proxy's admin service; no proxy is asked when
+    neither the flag nor POPGATE_ENDPOINT is given."""
     client_options(parser)
     for action in parser._actions:
         if action.dest == "endpoint":
             action.default = os.environ.get("POPGATE_ENDPOINT", "")
-            action.help = "proxy HOST:PORT to ask which brokers exist (env POPGATE_ENDPOINT; default: none asked)"
+            action.help = (
+                "proxy HOST:PORT: without --broker the figures come through it, with --broker it is asked which"
+                " brokers exist (env POPGATE_ENDPOINT; default: none)"
+            )
 
 
 def add_parsers(sub: Sub) -> None:
@@ -167,30 +168,6 @@ def lag_rows(responses: dict[str, bpb.StatsResponse]) -> dict[tuple[str, str], L
     return dict(rows)
 
 
-def proxy_brokers(args: argparse.Namespace, topic: str, timeout: float) -> set[str]:
-    """The names of the brokers the proxy at ``args.endpoint`` routes `topic` to: those it sees live (v2
-    QueryRoute). NothingListens when no proxy is there; ValueError, in one line, when it does not answer."""
-    check_listening(args.endpoint)
-    options = make_options(args.endpoint, namespace="", request_timeout=timeout, retry=None, **connection(args))
-    creds = channel_credentials(options)
-    target = options.endpoint
-    with (
-        grpc.secure_channel(target, creds, CHANNEL_OPTIONS)
-        if creds is not None
-        else grpc.insecure_channel(target, CHANNEL_OPTIONS)
-    ) as channel:
-        stub = v2grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
-        request = v2pb.QueryRouteRequest(topic=v2.Resource(name=topic))
-        try:
-            reply = stub.QueryRoute(request, timeout=timeout, metadata=options.metadata()())
-        except grpc.RpcError as exc:
-            raise ValueError(f"the proxy at {args.endpoint} did not list its brokers: {exc.code().name}") from None
-    if reply.status.code != v2.OK:
-        name = v2.Code.Name(reply.status.code) if reply.status.code in v2.Code.values() else str(reply.status.code)
-        raise ValueError(f"the proxy at {args.endpoint} did not list its brokers: {name} {reply.status.message}")
-    return {q.broker.name for q in reply.message_queues}
-
-
 @dataclass(frozen=True)
 class Coverage:
     """Which brokers a sum over brokers covers: those asked that answered, and the missing ones."""
@@ -249,49 +226,72 @@ def name_column(table: Table, name: str) -> None:
 
 
 def given_brokers(args: argparse.Namespace) -> list[Broker]:
-    """The brokers to ask; with none given, a ValueError that names those the proxy at --endpoint routes to."""
-    try:
-        return brokers_of(args)
-    except ValueError:
-        if not args.endpoint:
-            raise
-        routed = ", ".join(sorted(proxy_brokers(args, args.topic or PROBE_TOPIC, args.timeout)))
+    """The brokers given (--broker, else the environment); none when --endpoint is given instead, ValueError when
+    neither is."""
+    if not args.endpoint and not (args.broker or args.default_brokers):
         raise ValueError(
-            f"the proxy at {args.endpoint} routes to {routed or 'no broker'}: give their addresses with"
-            " --broker NAME=HOST:PORT (or POPGATE_BROKERS)"
-        ) from None
-
-
-PROBE_TOPIC = "popgate-stats"  # asked the route of when no topic is known to exist
+            "give -e/--endpoint (the proxy asks its brokers), or each --broker NAME=HOST:PORT (as printed by"
+            " `popgate up`; or POPGATE_BROKERS)"
+        )
+    return brokers_of(args) if args.broker or args.default_brokers else []
 
 
 def routed_brokers(args: argparse.Namespace, responses: dict[str, bpb.StatsResponse]) -> set[str] | None:
-    """The brokers the proxy at --endpoint routes to (None: none asked), for a topic that exists when one does,
-    so a proxy that refuses unknown topics answers too. A proxy that does not tell is said on stderr and its
-    answer taken as empty: `stats` then cannot vouch that no broker is missing (its exit code says so)."""
+    """The brokers the proxy at --endpoint routes to (None: none asked). On a proxy without the admin service, for
+    a topic that exists when one does (QueryRoute). A proxy that does not tell is said on stderr and None
+    returned: `stats` then cannot vouch that no broker is missing (its exit code says so)."""
     if not args.endpoint:
         return None
     known = sorted(q.topic for r in responses.values() for q in r.queues if not q.topic.startswith("%"))
     try:
-        return proxy_brokers(args, args.topic or (known[0] if known else PROBE_TOPIC), args.timeout)
-    except ValueError as exc:
-        err(f"popgate stats: {exc}")
+        with ProxyAdmin(args, args.timeout) as proxy:
+            return proxy.broker_names(args.topic or (known[0] if known else PROBE_TOPIC))
+    except ProxyAdminError as exc:
+        err(f"popgate {args.parser.prog.split()[-1]}: {exc}")
         return None
+
+
+def _from_brokers(
+    args: argparse.Namespace, brokers: list[Broker], request: bpb.StatsRequest
+) -> tuple[dict[str, bpb.StatsResponse], Coverage, bool]:
+    """Each given broker's Stats, the coverage (with the proxy's list given --endpoint), and whether the proxy
+    failed to tell which brokers exist."""
+    failures: dict[str, grpc.StatusCode] = {}
+    responses = fetch_stats(brokers, request, args.timeout, failures=failures)
+    for broker in brokers:
+        if broker.name in failures:  # as `dlq list`: UNAVAILABLE did not answer, UNAUTHENTICATED refused, ...
+            err(f"popgate stats: broker {broker.name} at {broker.target}: {failure(failures[broker.name])}")
+    routed = routed_brokers(args, responses)
+    coverage = Coverage.of([b.name for b in brokers], {n: c.name for n, c in failures.items()}, routed)
+    return responses, coverage, bool(args.endpoint) and routed is None
+
+
+def _through_proxy(
+    args: argparse.Namespace, request: bpb.StatsRequest
+) -> tuple[dict[str, bpb.StatsResponse], Coverage]:
+    """Every broker's Stats through the proxy's admin service; ProxyAdminError when the proxy fails."""
+    with ProxyAdmin(args, args.timeout) as proxy:
+        gathered = proxy.stats(request)
+    for name, code in sorted(gathered.failures.items()):
+        err(f"popgate stats: broker {name} (asked by the proxy at {args.endpoint}): {code}")
+    asked = sorted({*gathered.answers, *gathered.failures})
+    return gathered.answers, Coverage.of(asked, gathered.failures, None)
 
 
 def stats_command(args: argparse.Namespace) -> int:
     brokers = given_brokers(args)
-    failures: dict[str, grpc.StatusCode] = {}
     request = bpb.StatsRequest(topic=args.topic, group=args.group)
-    responses = fetch_stats(brokers, request, args.timeout, failures=failures)
-    routed = routed_brokers(args, responses)
-    for broker in brokers:
-        if broker.name in failures:  # as `dlq list`: UNAVAILABLE did not answer, UNAUTHENTICATED refused, ...
-            err(f"popgate stats: broker {broker.name} at {broker.target}: {failure(failures[broker.name])}")
-    coverage = Coverage.of([b.name for b in brokers], {n: c.name for n, c in failures.items()}, routed)
+    unverified = False
+    if brokers:
+        responses, coverage, unverified = _from_brokers(args, brokers, request)
+    else:
+        try:
+            responses, coverage = _through_proxy(args, request)
+        except ProxyAdminError as exc:
+            err(f"popgate stats: {exc}")
+            return 1
     for line in coverage.explain():
         err(f"popgate stats: {line}")
-    unverified = bool(args.endpoint) and routed is None
     code = BROKERS_MISSING if coverage.missing or unverified else 0
     rows = lag_rows(responses)
     topics = stored_messages(responses, rows if args.group else None)

@@ -36,6 +36,7 @@ from .admin import (
     stored_messages,
 )
 from .options import POSITIVE_DURATION, Duration, Sub
+from .proxy_admin import ProxyAdmin, ProxyAdminError
 from .supervisor import State, Status, describe
 
 # A broker that comes back (restarted by `popgate up`) is asked again within a second, not after grpc's
@@ -149,10 +150,14 @@ class LiveView:
         processes: Callable[[], Sequence[Status]] = tuple,
         unknown: Sequence[str] = (),
         quit_hint: str = "Ctrl-C stops everything",
+        proxy: ProxyAdmin | None = None,
     ) -> None:
         """token: the brokers' shared token when they require one (their --broker-token); processes: the
-        supervised children's states (`popgate up`); unknown: brokers the proxy routes to but not asked."""
+        supervised children's states (`popgate up`); unknown: brokers the proxy routes to but not asked; proxy:
+        ask every broker through the proxy's admin service instead of `brokers` (closed with the view)."""
         self._endpoint = endpoint
+        self._proxy = proxy
+        self._seen: set[str] = set()  # brokers the proxy named: all down when the proxy does not answer
         self._processes = processes
         self._unknown = unknown
         self._quit_hint = quit_hint
@@ -161,6 +166,8 @@ class LiveView:
         self._stubs = {name: broker_pb2_grpc.BrokerStub(ch) for name, ch in self._channels.items()}  # type: ignore[no-untyped-call]
 
     def poll(self) -> Sample:
+        if self._proxy is not None:
+            return summarize(self._through_proxy(self._proxy), time.monotonic())
         replies: dict[str, bpb.StatsResponse | None] = {}
         for broker in self._brokers:
             stub = self._stubs[broker.name]
@@ -169,6 +176,15 @@ class LiveView:
             except grpc.RpcError:
                 replies[broker.name] = None
         return summarize(replies, time.monotonic())
+
+    def _through_proxy(self, proxy: ProxyAdmin) -> dict[str, bpb.StatsResponse | None]:
+        try:
+            gathered = proxy.stats(bpb.StatsRequest())
+        except ProxyAdminError:
+            return dict.fromkeys(self._seen)
+        replies: dict[str, bpb.StatsResponse | None] = {**gathered.answers, **dict.fromkeys(gathered.failures)}
+        self._seen |= replies.keys()
+        return replies
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
         console = Console(highlight=False, markup=False, emoji=False)
@@ -189,32 +205,36 @@ class LiveView:
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
+        if self._proxy is not None:
+            self._proxy.close()
 
 
 def add_parsers(sub: Sub) -> None:
-    top = sub.add_parser("top", help="the live view of `popgate up`, on any running cluster (asks the brokers)")
+    top = sub.add_parser("top", help="the live view of `popgate up`, on any running cluster")
     broker_options(top)
     proxy_options(top)
     top.add_argument("--interval", type=INTERVAL, default=1.0, help="refresh (100ms..1h: each asks every broker)")
-    top.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="deadline of the proxy's route answer")
+    top.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="deadline of the proxy's answers")
     top.set_defaults(handler=top_command, topic="")
 
 
 def top_command(args: argparse.Namespace) -> int:
-    """Until Ctrl-C (exit 0). The brokers are those given; with --endpoint, those the proxy routes to but that
-    were not given are shown as not asked."""
+    """Until Ctrl-C (exit 0). Through the proxy's admin service given only --endpoint; else the brokers given,
+    and with --endpoint too those the proxy routes to but that were not given are shown as not asked."""
     brokers = given_brokers(args)
-    responses = fetch_stats(brokers, bpb.StatsRequest(), args.timeout)
-    unknown = sorted((routed_brokers(args, responses) or set()) - {b.name for b in brokers})
+    unknown: list[str] = []
+    proxy = None
+    if brokers:
+        responses = fetch_stats(brokers, bpb.StatsRequest(), args.timeout)
+        unknown = sorted((routed_brokers(args, responses) or set()) - {b.name for b in brokers})
+    else:
+        proxy = ProxyAdmin(args, args.timeout)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    targets = {b.name: b.target for b in brokers}
     view = LiveView(
-        args.endpoint or "-",
-        {b.name: b.target for b in brokers},
-        token=args.broker_token,
-        unknown=unknown,
-        quit_hint="Ctrl-C quits",
+        args.endpoint or "-", targets, token=args.broker_token, unknown=unknown, quit_hint="Ctrl-C quits", proxy=proxy
     )
     view.run(stop, args.interval)
     return 0

@@ -69,7 +69,8 @@ def test_stats_names_the_brokers_its_figures_leave_out(three: Cluster, capsys: p
 def test_top_attaches_to_a_running_cluster_and_shows_unread_topics_and_unasked_brokers(
     three: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`popgate top -e E --broker b1 --broker b2`: one refresh of the view it would show until Ctrl-C."""
+    """`popgate top -e E --broker b1 --broker b2`, then `popgate top -e E`: one refresh of the view each would show
+    until Ctrl-C."""
     screens: list[str] = []
 
     class OneRefresh(live.LiveView):
@@ -88,15 +89,44 @@ def test_top_attaches_to_a_running_cluster_and_shows_unread_topics_and_unasked_b
     with Producer(three.endpoint) as producer:
         for _ in range(6):  # one send a broker, round robin: some on b1 and b2
             producer.send(topic, b"m")
+    for variable in ("POPGATE_BROKERS", "POPGATE_BROKER"):
+        monkeypatch.delenv(variable, raising=False)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         assert main(["top", "-e", three.endpoint, *brokers(three, "b1", "b2"), "--interval", "0.1"]) == 0
+        assert main(["top", "-e", three.endpoint, "--interval", "0.1"]) == 0  # every broker, through the proxy
     finally:
         for sig, handler in handlers.items():  # `top` set its own
             signal.signal(sig, handler)
+    through = screens[1]
+    assert "NOT ASKED" not in through and "DOWN" not in through
+    assert next(line for line in through.splitlines() if topic in line).split()[1:5] == ["-", "-", "-", "6"]
     screen = screens[0]
     assert "NOT ASKED     b3 (the proxy routes to them" in screen and "(Ctrl-C quits)" in screen
     row = next(line for line in screen.splitlines() if topic in line)
     given = [Broker(name, three.brokers[name].address) for name in ("b1", "b2")]
     stored = stored_messages(fetch_stats(given, bpb.StatsRequest(topic=topic), 5.0))[topic]
     assert row.split()[1:5] == ["-", "-", "-", str(stored)]  # no group reads it yet; its messages on b1, b2
+
+
+def test_through_the_proxy_alone_stats_names_a_stopped_broker(
+    three: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`popgate stats --endpoint E` and nothing else: the proxy's admin service asks every broker it routes to."""
+    for variable in ("POPGATE_BROKERS", "POPGATE_BROKER"):
+        monkeypatch.delenv(variable, raising=False)
+    with Producer(three.endpoint) as producer:
+        for _ in range(6):
+            producer.send(TOPIC, b"m")
+    through = ["stats", "--endpoint", three.endpoint, "-t", TOPIC, "--json"]
+    assert main(through) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["brokers"]["answered"] == 3 and document["topics"] == [{"topic": TOPIC, "messages": 6}]
+
+    three.brokers["b3"].signal(signal.SIGSTOP)
+    assert main(through) == BROKERS_MISSING
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["brokers"]["missing"] == ["b3"] and document["brokers"]["answered"] == 2
+    assert f"popgate stats: broker b3 (asked by the proxy at {three.endpoint}): " in captured.err
+    assert "1 of 3 brokers missing: b3;" in captured.err
