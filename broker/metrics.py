@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -113,6 +114,7 @@ class _CoreCollector(Collector):
         yield min_offset
         yield retained
         yield from _schedule_metrics(core)
+        yield from _store_metrics(core)
 
 
 def _dlq_metrics(core: BrokerCore, lags: dict[tuple[str, str], int]) -> tuple[Metric, Metric]:
@@ -173,4 +175,30 @@ def _schedule_metrics(core: BrokerCore) -> Iterator[Metric]:
         "popgate_broker_scheduled_blocked_seconds",
         "Time scheduled delivery spent blocked on a failing batch",
         value=scheduler.stats.blocked_s,
+    )
+
+
+def _store_metrics(core: BrokerCore) -> Iterator[Metric]:
+    """The data directory's files and the room left on their file system, read at each scrape (a few stat calls)."""
+    data_dir = core.settings.data_dir
+    try:
+        with os.scandir(data_dir) as entries:
+            size = sum(e.stat().st_size for e in entries if e.is_file(follow_symlinks=False))
+        disk = os.statvfs(data_dir)
+    except OSError:  # the directory went away under a running broker: no value rather than a wrong one
+        return
+    yield GaugeMetricFamily(
+        "popgate_broker_store_size_bytes",
+        "Bytes of the files in the broker's data directory (store and WAL)",
+        value=size,
+    )
+    yield GaugeMetricFamily(
+        "popgate_broker_disk_free_bytes",
+        "Bytes free for the broker on the file system of its data directory",
+        value=disk.f_bavail * disk.f_frsize,
+    )
+    yield GaugeMetricFamily(
+        "popgate_broker_disk_size_bytes",
+        "Size of the file system of the broker's data directory",
+        value=disk.f_blocks * disk.f_frsize,
     )

@@ -23,6 +23,12 @@ BROKER = {
     "popgate_broker_messages_out_total": "counter",
     "popgate_broker_rpc_duration_seconds": "histogram",
     "popgate_broker_store_commit_duration_seconds": "histogram",
+    "popgate_broker_min_offset": "gauge",
+    # Storage (issue 30)
+    "popgate_broker_store_size_bytes": "gauge",
+    "popgate_broker_disk_free_bytes": "gauge",
+    "popgate_broker_disk_size_bytes": "gauge",
+    "popgate_build_info": "gauge",
 }
 PROXY = {
     "popgate_proxy_rpc_duration_seconds": "histogram",
@@ -39,6 +45,13 @@ PROXY = {
     "popgate_proxy_notifications_total": "counter",
     "popgate_proxy_notify_pops_total": "counter",
     "popgate_proxy_receive_mode_decisions_total": "counter",
+    # On-call (issue 30): broker health as the proxy sees it, what consumers got
+    "popgate_proxy_broker_up": "gauge",
+    "popgate_proxy_messages_delivered_total": "counter",
+    "popgate_proxy_delivered_bytes_total": "counter",
+    "popgate_proxy_first_delivery_latency_seconds": "histogram",
+    "popgate_proxy_acks_total": "counter",
+    "popgate_build_info": "gauge",
 }
 KNOWN = BROKER | PROXY
 
@@ -58,6 +71,11 @@ LABELS = {
     "popgate_broker_messages_out_total": {"topic", "group"},
     "popgate_broker_rpc_duration_seconds": {"method", "code"},
     "popgate_broker_store_commit_duration_seconds": set(),
+    "popgate_broker_min_offset": {"topic", "queue"},
+    "popgate_broker_store_size_bytes": set(),
+    "popgate_broker_disk_free_bytes": set(),
+    "popgate_broker_disk_size_bytes": set(),
+    "popgate_build_info": {"version", "python", "grpc"},
     "popgate_proxy_rpc_duration_seconds": {"method", "code"},
     "popgate_proxy_broker_rpcs_total": {"broker", "method", "outcome"},
     "popgate_proxy_receives_total": {"group", "mode", "outcome"},
@@ -71,6 +89,17 @@ LABELS = {
     "popgate_proxy_notifications_total": {"group", "outcome"},
     "popgate_proxy_notify_pops_total": {"group", "kind"},
     "popgate_proxy_receive_mode_decisions_total": {"group", "mode", "reason"},
+    "popgate_proxy_broker_up": {"broker"},
+    "popgate_proxy_messages_delivered_total": {"topic", "group", "delivery"},
+    "popgate_proxy_delivered_bytes_total": {"topic", "group"},
+    "popgate_proxy_first_delivery_latency_seconds": {"topic", "group"},
+    "popgate_proxy_acks_total": {"topic", "group", "outcome"},
+}
+# What every server exports besides its own metrics (prometheus-client's default collectors), read by the dashboard.
+PROCESS = {
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "popgate_build_info": "gauge",
 }
 
 _NAME = re.compile(r"\bpopgate_[a-z0-9_]+")
@@ -123,6 +152,6 @@ def missing_labels(text: str, expected: dict[str, str]) -> dict[str, set[str]]:
     for name, kind in expected.items():
         sample = name + "_count" if kind == "histogram" else name
         for labels in samples.get(sample, []):
-            if LABELS[name] - labels:
+            if LABELS.get(name, set()) - labels:
                 missing[name] = LABELS[name] - labels
     return missing

@@ -11,9 +11,10 @@ import asyncio
 import re
 from pathlib import Path
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from broker.metrics import BrokerMetrics
+from popgate_process.metrics_http import register_process_metrics
 from proxy.metrics import ProxyMetrics
 from tests.deploy.conftest import ROOT
 from tests.deploy.metrics_contract import exposition_types
@@ -34,8 +35,12 @@ def documented_broker_metrics() -> dict[str, str]:
 
 
 def documented_proxy_metrics() -> set[str]:
-    paragraph = _section().split("Proxy (`proxy/metrics.py`", 1)[1]
+    paragraph = _section().split("Proxy (`proxy/metrics.py`", 1)[1].split("### Every process", 1)[0]
     return set(_NAME.findall(paragraph))
+
+
+def documented_process_metrics() -> str:
+    return _section().split("### Every process", 1)[1]
 
 
 def exposed(text: str) -> dict[str, str]:
@@ -57,4 +62,15 @@ def test_the_broker_table_is_what_a_broker_exports(tmp_path: Path) -> None:
 
 
 def test_the_proxy_paragraph_names_what_a_proxy_exports() -> None:
-    assert documented_proxy_metrics() == set(exposed(generate_latest(ProxyMetrics().registry).decode()))
+    metrics = ProxyMetrics()
+    metrics.watch_brokers(lambda: [("b1", True)])  # registered by the proxy's entry point
+    assert documented_proxy_metrics() == set(exposed(generate_latest(metrics.registry).decode()))
+
+
+def test_the_process_section_names_what_every_process_adds() -> None:
+    registry = CollectorRegistry()
+    register_process_metrics(registry)
+    text = documented_process_metrics()
+    for name in exposed(generate_latest(registry).decode()):
+        prefix = next((p for p in ("process_", "python_gc_") if name.startswith(p)), name)  # documented as `x_*`
+        assert f"`{prefix}" in text, f"{name} is not named in docs/METRICS.md, 'Every process'"

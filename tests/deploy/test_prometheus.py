@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import GRAFANA, PROMETHEUS, run, tool
-from .metrics_contract import KNOWN, metric_names
+from .conftest import GRAFANA, PROMETHEUS, ROOT, run, tool
+from .metrics_contract import KNOWN, LABELS, metric_names
 
 CONFIGS = ("prometheus.yml", "prometheus-file-sd.yml")
 DASHBOARD = GRAFANA / "popgate-dashboard.json"
@@ -91,17 +91,56 @@ def test_dashboard_queries_are_valid_promql(yaml_module: Any, tmp_path: Path) ->
     assert f"SUCCESS: {len(rules)} rules found" in output, output
 
 
-def test_dashboard_shows_lag_throughput_latency_and_hit_ratio() -> None:
+def test_every_alert_has_a_runbook_section_in_docs(yaml_module: Any) -> None:
+    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    headings = {line.removeprefix("## ").strip() for line in runbook.splitlines() if line.startswith("## ")}
+    for rule in alert_rules(yaml_module):
+        if "alert" in rule:
+            name = rule["alert"]
+            assert rule["annotations"].get("runbook_url") == f"docs/RUNBOOK.md#{name.lower()}", name
+            assert name in headings, f"docs/RUNBOOK.md has no section {name}"
+
+
+def test_dashboard_shows_health_lag_throughput_latency_errors_and_storage() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["schemaVersion"] >= 36
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows[0] == "Health" and {"Lag", "Throughput", "Latency", "Errors", "Storage"} <= set(rows)
     titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
-    for topic in ("lag", "messages in", "messages out", "receive latency", "polling hit ratio"):
+    for topic in ("lag", "messages in", "delivered", "acked", "delivery latency", "polling hit ratio", "disk"):
         assert topic in titles
     by_title = dict(dashboard_exprs())
     assert "popgate_proxy_receive_first_pop_hits_total" in by_title["Polling hit ratio"]
     assert "popgate_proxy_receives_total" in by_title["Polling hit ratio"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+_SELECTOR = re.compile(r"\b(popgate[_:][a-zA-Z0-9_:]+)(\{[^}]*\})?")
+
+
+def record_labels(yaml_module: Any) -> dict[str, set[str]]:
+    """The labels each recording rule keeps: those of its outermost `by (...)`."""
+    labels = {}
+    for rule in alert_rules(yaml_module):
+        if "record" in rule:
+            by = re.search(r"\bby \(([^)]*)\)", rule["expr"])
+            labels[rule["record"]] = {label.strip() for label in by[1].split(",")} if by else set()
+    return labels
+
+
+def test_every_panel_filters_by_the_topic_and_group_its_metrics_have(yaml_module: Any) -> None:
+    """Each selector of a metric (or record) with a topic or group label is filtered by `$topic` / `$group`: the
+    variables narrow every panel that can be narrowed; the others (health, RPCs, storage) are cluster-wide."""
+    known = {**LABELS, **record_labels(yaml_module)}
+    unfiltered = []
+    for title, expr in dashboard_exprs():
+        for name, matchers in _SELECTOR.findall(expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", name) if name not in known else name
+            for label in {"topic", "group"} & known.get(base, set()):
+                if f'{label}=~"${label}"' not in matchers:
+                    unfiltered.append(f"{title}: {name} without {label}")
+    assert unfiltered == []
 
 
 # --- PopgateTargetDown against the label sets each scrape method gives the prod overlay's pods ----------
@@ -170,6 +209,7 @@ def test_target_down_fires_for_every_pod_by_either_scrape_method(
             "exp_annotations": {
                 "summary": f"popgate target {labels['instance']} ({labels['job']}) is down",
                 "description": f"Prometheus cannot scrape {labels['instance']}; the process is down or unreachable.",
+                "runbook_url": "docs/RUNBOOK.md#popgatetargetdown",
             },
         }
 
