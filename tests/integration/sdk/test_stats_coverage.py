@@ -25,6 +25,7 @@ from popgate.cli.admin import BROKERS_MISSING, Broker, fetch_stats, stored_messa
 from popgate.cli.cluster import Cluster
 from popgate.cli.main import main
 from tests.integration.sdk.conftest import start_cluster
+from tests.procs import BROKER_TOKEN, secured_cluster
 
 TOPIC = "stats-coverage"
 
@@ -130,3 +131,33 @@ def test_through_the_proxy_alone_stats_names_a_stopped_broker(
     assert document["brokers"]["missing"] == ["b3"] and document["brokers"]["answered"] == 2
     assert f"popgate stats: broker b3 (asked by the proxy at {three.endpoint}): " in captured.err
     assert "1 of 3 brokers missing: b3;" in captured.err
+
+
+ACCOUNTS = f"""broker_token = "{BROKER_TOKEN}"
+[[acl]]
+access_key = "ops"
+secret_key = "ops-secret"
+admin = true
+[[acl]]
+access_key = "app"
+secret_key = "app-secret"
+publish = ["*"]
+subscribe = ["*"]
+groups = ["*"]
+"""
+
+
+def test_through_a_proxy_with_accounts_stats_needs_an_admin_account(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The brokers want a token the command is not given: the proxy has it; the caller signs as v2 clients do."""
+    for variable in ("POPGATE_BROKERS", "POPGATE_BROKER", "POPGATE_BROKER_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    with secured_cluster(tmp_path, ACCOUNTS) as cluster:
+        through = ["stats", "-e", cluster.endpoint, "--json"]
+        assert main([*through, "--access-key", "ops", "--secret-key", "ops-secret"]) == 0
+        assert json.loads(capsys.readouterr().out)["brokers"]["answered"] == 2
+        assert main([*through, "--access-key", "app", "--secret-key", "app-secret"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"popgate stats: the proxy at {cluster.endpoint} did not gather its brokers' stats: ")
+        assert "PERMISSION_DENIED" in err and err.count("\n") == 1
