@@ -1,6 +1,7 @@
 """`popgate dlq list|resend`: the dead letters of a consumer group, listed or sent back to their topics.
 
-`dlq list` asks the brokers (as `stats` does, `admin.py`) and consumes nothing. `dlq resend` needs no broker
+`dlq list` asks the brokers, through the proxy's admin service given only ``-e/--endpoint`` or directly at the
+``--broker`` addresses (as `stats` does, `admin.py`), and consumes nothing. `dlq resend` needs no broker
 address: it consumes ``%DLQ%<group>`` through the proxy with its own consumer group (so each dead letter is
 re-sent once) and sends every message back to its ORIGIN_TOPIC.
 """
@@ -27,7 +28,7 @@ from popgate_contract.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 from .. import errors
 from ..client import Producer, SimpleConsumer
 from ..message import Message
-from .admin import Broker, broker_channel, broker_options, brokers_of, err, failure, name_column
+from .admin import Broker, broker_channel, broker_options, err, failure, given_brokers, name_column, proxy_options
 from .commands import IdleWait
 from .options import (
     DURATION,
@@ -42,6 +43,7 @@ from .options import (
     quiet_option,
 )
 from .output import error_console, explain, msg_rate, print_json, print_table, progress
+from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 LIST_LIMIT = number(int, low=1, high=1000)
 
@@ -51,10 +53,9 @@ DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_Q
 def add_parsers(sub: Sub) -> None:
     dlq = sub.add_parser("dlq", help="dead-lettered messages of a group: list or resend")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="{list,resend}")
-    listing = dlq_sub.add_parser(
-        "list", help="list the letters of %%DLQ%%<group> not yet re-sent (asks the brokers; consumes nothing)"
-    )
+    listing = dlq_sub.add_parser("list", help="list the letters of %%DLQ%%<group> not yet re-sent (consumes nothing)")
     broker_options(listing)
+    proxy_options(listing)
     listing.add_argument("group", type=_group_name, help="consumer group whose dead letters to list")
     listing.add_argument(
         "--limit", type=LIST_LIMIT, default=100, help="at most this many messages (1..1000, a broker's ListMessages)"
@@ -143,19 +144,58 @@ def list_dead_letters(
     for broker in brokers:
         with broker_channel(broker) as channel:
             stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+
+            def page(request: bpb.ListMessagesRequest, stub: Any = stub, broker: Broker = broker) -> Any:
+                return stub.ListMessages(request, timeout=timeout, metadata=broker.metadata)
+
             try:
                 stats = stub.Stats(bpb.StatsRequest(topic=topic), timeout=timeout, metadata=broker.metadata)
-                for queue_id, start, end in _dlq_ranges(stats, topic, resend_group, everything=everything):
-                    if len(found.messages) >= limit:
-                        break
-                    found.messages += _list_queue(
-                        stub, broker, topic, queue_id, start, end, limit=limit - len(found.messages), timeout=timeout
-                    )
-                _count_dead_letters(found, stats, topic, resend_group)
-                found.answered += 1
+                _gather(found, stats, page, topic, resend_group, limit=limit, everything=everything)
             except grpc.RpcError as exc:
                 err(f"popgate dlq list: broker {broker.name} at {broker.target}: {failure(exc.code())}")
     return found
+
+
+def list_dead_letters_via_proxy(
+    args: argparse.Namespace, *, limit: int, timeout: float, resend_group: str, everything: bool
+) -> tuple[DeadLetters, int]:
+    """`list_dead_letters` through the proxy's admin service: the letters, and how many brokers the proxy asked.
+    ProxyAdminError when the proxy itself fails."""
+    topic = DLQ_PREFIX + args.group
+    found = DeadLetters()
+    with ProxyAdmin(args, timeout) as proxy:
+        gathered = proxy.stats(bpb.StatsRequest(topic=topic))
+        for name, code in sorted(gathered.failures.items()):
+            err(f"popgate dlq list: broker {name} (asked by the proxy at {args.endpoint}): {code}")
+        for name, stats in sorted(gathered.answers.items()):
+
+            def page(request: bpb.ListMessagesRequest, name: str = name) -> bpb.ListMessagesResponse:
+                return proxy.list_messages(name, request)
+
+            try:
+                _gather(found, stats, page, topic, resend_group, limit=limit, everything=everything)
+            except ProxyAdminError as exc:
+                err(f"popgate dlq list: {exc}")
+    return found, len(gathered.answers) + len(gathered.failures)
+
+
+def _gather(
+    found: DeadLetters,
+    stats: bpb.StatsResponse,
+    page: Callable[[bpb.ListMessagesRequest], bpb.ListMessagesResponse],
+    topic: str,
+    resend_group: str,
+    *,
+    limit: int,
+    everything: bool,
+) -> None:
+    """One broker's letters and counts into `found`, its pages asked with `page`."""
+    for queue_id, start, end in _dlq_ranges(stats, topic, resend_group, everything=everything):
+        if len(found.messages) >= limit:
+            break
+        found.messages += _list_queue(page, topic, queue_id, start, end, limit=limit - len(found.messages))
+    _count_dead_letters(found, stats, topic, resend_group)
+    found.answered += 1
 
 
 def _dlq_title(args: argparse.Namespace, found: DeadLetters, brokers: int) -> str:
@@ -167,15 +207,13 @@ def _dlq_title(args: argparse.Namespace, found: DeadLetters, brokers: int) -> st
 
 
 def _list_queue(
-    stub: bpb_grpc.BrokerStub,
-    broker: Broker,
+    page: Callable[[bpb.ListMessagesRequest], bpb.ListMessagesResponse],
     topic: str,
     queue_id: int,
     start: int,
     end: int,
     *,
     limit: int,
-    timeout: float,
 ) -> list[bpb.StoredMessage]:
     """Up to `limit` messages of one queue from `start`, page by page: a broker cuts a page at its byte budget
     (always one message at least), so a short page is not the end; `end` (the queue's max offset) is."""
@@ -185,13 +223,13 @@ def _list_queue(
         request = bpb.ListMessagesRequest(
             topic=topic, queue_id=queue_id, from_offset=offset, limit=min(limit - len(out), 1000)
         )
-        page = stub.ListMessages(request, timeout=timeout, metadata=broker.metadata).messages
-        if not page:
+        messages = page(request).messages
+        if not messages:
             break
-        for stored in page:
+        for stored in messages:
             stored.message.body = stored.message.body[:BODY_SHOWN]
-        out += page
-        offset = page[-1].offset + 1
+        out += messages
+        offset = messages[-1].offset + 1
     return out
 
 
@@ -205,17 +243,23 @@ def _group_name(text: str) -> str:
 
 
 def dlq_list_command(args: argparse.Namespace) -> int:
-    brokers = brokers_of(args)
-    found = list_dead_letters(
-        brokers, args.group, limit=args.limit, timeout=args.timeout, resend_group=args.resend_group, everything=args.all
-    )
+    given = given_brokers(args)
+    options = {"limit": args.limit, "timeout": args.timeout, "resend_group": args.resend_group, "everything": args.all}
+    if given:
+        found, asked = list_dead_letters(given, args.group, **options), len(given)
+    else:
+        try:
+            found, asked = list_dead_letters_via_proxy(args, **options)
+        except ProxyAdminError as exc:
+            err(f"popgate dlq list: {exc}")
+            return 1
     if not found.answered:
         err(f"popgate dlq list: no broker answered; {DLQ_PREFIX}{args.group} not listed")
         return 1
     if args.json:
-        print_json(_dlq_document(args, found, len(brokers)))
+        print_json(_dlq_document(args, found, asked))
         return 0
-    table = Table(title=_dlq_title(args, found, len(brokers)))
+    table = Table(title=_dlq_title(args, found, asked))
     if found.resent_listed and not args.all:
         table.caption = (
             f"{found.resent_listed} listed letter(s) were already re-sent, behind one {args.resend_group} has not"

@@ -80,6 +80,14 @@ class ProxyAdmin:
         out.failures = {f.broker: f.code for f in reply.failures}
         return out
 
+    def list_messages(self, broker: str, request: bpb.ListMessagesRequest) -> bpb.ListMessagesResponse:
+        """One page of a queue of `broker`, as the broker's ListMessages; ProxyAdminError when it fails."""
+        wrapped = apb.ListMessagesRequest(broker=broker, request=request)
+        try:
+            return self._admin.ListMessages(wrapped, timeout=self._timeout, metadata=self._metadata())  # type: ignore[no-any-return]
+        except grpc.RpcError as exc:
+            raise self._failed(f"list {request.topic} of broker {broker}", exc) from None
+
     def broker_names(self, topic: str) -> set[str]:
         """The brokers the proxy routes to: all of them (ListBrokers), or on a proxy without the admin service the
         live ones (v2 QueryRoute of `topic`, which should exist). ProxyAdminError when it does not tell."""

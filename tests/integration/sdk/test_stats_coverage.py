@@ -19,12 +19,12 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
-from popgate import Producer
+from popgate import Producer, SimpleConsumer
 from popgate.cli import live
 from popgate.cli.admin import BROKERS_MISSING, Broker, fetch_stats, stored_messages
 from popgate.cli.cluster import Cluster
 from popgate.cli.main import main
-from tests.integration.sdk.conftest import start_cluster
+from tests.integration.sdk.conftest import drain, start_cluster
 from tests.procs import BROKER_TOKEN, secured_cluster
 
 TOPIC = "stats-coverage"
@@ -161,3 +161,39 @@ def test_through_a_proxy_with_accounts_stats_needs_an_admin_account(
         err = capsys.readouterr().err
         assert err.startswith(f"popgate stats: the proxy at {cluster.endpoint} did not gather its brokers' stats: ")
         assert "PERMISSION_DENIED" in err and err.count("\n") == 1
+
+
+def test_dlq_list_through_the_proxy_names_a_stopped_broker(
+    three: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("POPGATE_BROKERS", "POPGATE_BROKER"):
+        monkeypatch.delenv(variable, raising=False)
+    group = "coverage-dlq"
+    with Producer(three.endpoint) as producer, SimpleConsumer(three.endpoint, group, TOPIC) as consumer:
+        for i in range(3):
+            producer.send(TOPIC, f"poison {i}".encode())
+        for message in drain(consumer, 3, ack=False):
+            consumer.forward_to_dlq(message)
+    assert main(["dlq", "list", group, "-e", three.endpoint]) == 0
+    out = capsys.readouterr().out
+    assert f"%DLQ%{group}: 3 message(s) not yet re-sent (3 stored)" in out and "poison 2" in out
+
+    letters = {name: n for name, n in stored_on(three, f"%DLQ%{group}").items() if n}
+    stopped = sorted(letters)[-1]  # a broker holding letters
+    three.brokers[stopped].signal(signal.SIGSTOP)
+    try:
+        assert main(["dlq", "list", group, "-e", three.endpoint, "--json"]) == 0
+        captured = capsys.readouterr()
+    finally:
+        three.brokers[stopped].signal(signal.SIGCONT)
+    document = json.loads(captured.out)
+    assert document["brokers"] == {"asked": 3, "answered": 2} and document["stored"] == 3 - letters[stopped]
+    assert f"popgate dlq list: broker {stopped} (asked by the proxy at {three.endpoint}): " in captured.err
+
+
+def stored_on(cluster: Cluster, topic: str) -> dict[str, int]:
+    given = [Broker(name, child.address) for name, child in cluster.brokers.items()]
+    return {
+        name: stored_messages({name: reply}).get(topic, 0)
+        for name, reply in fetch_stats(given, bpb.StatsRequest(topic=topic), 5.0).items()
+    }
