@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     )
     from .message import Message, SendReceipt
     from .retry import RetryPolicy
+    from .transactions import Checker, Transaction
 
 _HOME = {
     "Credentials": "_wire",
@@ -39,6 +40,8 @@ _HOME = {
     "Message": "message",
     "SendReceipt": "message",
     "RetryPolicy": "retry",
+    "Checker": "transactions",
+    "Transaction": "transactions",
     **dict.fromkeys(
         (
             "AckError",
@@ -60,6 +63,7 @@ _HOME = {
 __all__ = [
     "AckError",
     "BadRequest",
+    "Checker",
     "Credentials",
     "InvalidReceiptHandle",
     "Message",
@@ -73,6 +77,7 @@ __all__ = [
     "SimpleConsumer",
     "Timeout",
     "TooManyRequests",
+    "Transaction",
     "Unauthorized",
     "Unavailable",
     "Unsupported",

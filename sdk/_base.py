@@ -8,6 +8,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
@@ -16,6 +17,9 @@ from . import _wire
 from ._transport import make_options
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .transactions import Checker
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,15 @@ class ClientBase:
 class ProducerBase(ClientBase):
     _ids = _wire.MessageIds()
 
+    def __init__(
+        self, endpoint: str, *, checker: Checker | None = None, topics: Sequence[str] = (), **options: Any
+    ) -> None:
+        if checker is not None and (isinstance(topics, str) or not topics):
+            raise ValueError("a checker needs the topics (a list) whose transactions it is asked about: topics=[...]")
+        self._checker = checker
+        self._topics = tuple(topics)
+        super().__init__(endpoint, **options)
+
     def _plan(
         self,
         topic: str,
@@ -98,6 +111,8 @@ class ProducerBase(ClientBase):
         delay: float | None,
         deliver_at: float | None,
         message_group: str | None,
+        priority: int | None = None,
+        transactional: bool = False,
     ) -> list[pb.SendMessageRequest]:
         if not topic:
             raise ValueError("topic must not be empty")
@@ -112,12 +127,14 @@ class ProducerBase(ClientBase):
                 delay=delay,
                 deliver_at=deliver_at,
                 message_group=message_group,
+                priority=priority,
             )
             for item in items
         ]
         if not messages:
             return []
-        return _wire.send_requests(topic, messages, self._ids, namespace=self.options.namespace)
+        namespace = self.options.namespace
+        return _wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional)
 
 
 def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> list[_wire.Subscription]:

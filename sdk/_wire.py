@@ -200,6 +200,7 @@ def outgoing(
     delay: float | None = None,
     deliver_at: float | None = None,
     message_group: str | None = None,
+    priority: int | None = None,
     now: float | None = None,
 ) -> Message:
     """A `Message` to send from a body or message plus options (options fill fields the message leaves unset)."""
@@ -217,6 +218,7 @@ def outgoing(
             properties=m.properties or (properties or {}),
             message_group=m.message_group if m.message_group is not None else message_group,
             deliver_at=m.deliver_at if m.deliver_at is not None else deliver_at,
+            priority=m.priority if m.priority is not None else priority,
         )
     else:
         out = Message(
@@ -226,7 +228,10 @@ def outgoing(
             properties=dict(properties or {}),
             message_group=message_group,
             deliver_at=deliver_at,
+            priority=priority,
         )
+    if out.priority is not None and (out.priority < 0 or out.message_group is not None or out.deliver_at is not None):
+        raise ValueError("priority must be >= 0, and a message with one cannot have a message_group or a delay")
     if out.message_group is not None and out.deliver_at is not None:
         # A v2 message is FIFO or DELAY, not both (RocketMQ's clients refuse it the same way).
         raise ValueError("a message with a message_group cannot also have a delay or deliver_at")
@@ -235,7 +240,9 @@ def outgoing(
     return out
 
 
-def to_v2(topic: str, message: Message, message_id: str, *, namespace: str = "", now: float) -> v2.Message:
+def to_v2(
+    topic: str, message: Message, message_id: str, *, namespace: str = "", now: float, transactional: bool = False
+) -> v2.Message:
     out = v2.Message(topic=v2.Resource(name=topic, resource_namespace=namespace), body=message.body)
     if message.properties:
         out.user_properties.update(message.properties)
@@ -248,7 +255,14 @@ def to_v2(topic: str, message: Message, message_id: str, *, namespace: str = "",
         props.tag = message.tag
     if message.keys:
         props.keys.extend(message.keys)
-    if message.message_group is not None:
+    if transactional:
+        if message.message_group is not None or message.deliver_at is not None or message.priority is not None:
+            raise ValueError("a transaction's message cannot have a message_group, a delay or a priority")
+        props.message_type = v2.TRANSACTION
+    elif message.priority is not None:
+        props.priority = message.priority
+        props.message_type = v2.PRIORITY
+    elif message.message_group is not None:
         props.message_group = message.message_group
         props.message_type = v2.FIFO
     elif message.deliver_at is not None:
@@ -260,7 +274,7 @@ def to_v2(topic: str, message: Message, message_id: str, *, namespace: str = "",
 
 
 def send_requests(
-    topic: str, messages: Sequence[Message], ids: MessageIds, *, namespace: str = ""
+    topic: str, messages: Sequence[Message], ids: MessageIds, *, namespace: str = "", transactional: bool = False
 ) -> list[pb.SendMessageRequest]:
     """SendMessage requests for a batch, split at MAX_SEND_BATCH messages or MAX_SEND_BYTES body bytes."""
     now = time.time()
@@ -271,7 +285,7 @@ def send_requests(
         if current and (len(current) >= MAX_SEND_BATCH or size + len(message.body) > MAX_SEND_BYTES):
             requests.append(pb.SendMessageRequest(messages=current))
             current, size = [], 0
-        current.append(to_v2(topic, message, ids(), namespace=namespace, now=now))
+        current.append(to_v2(topic, message, ids(), namespace=namespace, now=now, transactional=transactional))
         size += len(message.body)
     if current:
         requests.append(pb.SendMessageRequest(messages=current))
@@ -306,7 +320,8 @@ def send_receipts(topic: str, request: pb.SendMessageRequest, response: pb.SendM
     for entry, sent in zip(response.entries, request.messages, strict=True):
         if entry.HasField("status"):
             check(entry.status)
-        out.append(SendReceipt(entry.message_id or sent.system_properties.message_id, topic, entry.offset))
+        message_id = entry.message_id or sent.system_properties.message_id
+        out.append(SendReceipt(message_id, topic, entry.offset, entry.recall_handle, entry.transaction_id))
     return out
 
 
@@ -329,6 +344,7 @@ def from_v2(message: v2.Message) -> Message:
         properties=dict(message.user_properties),
         message_group=props.message_group if props.HasField("message_group") else None,
         deliver_at=_seconds(props.delivery_timestamp) if props.HasField("delivery_timestamp") else None,
+        priority=props.priority if props.HasField("priority") else None,
         message_id=props.message_id,
         attempt=props.delivery_attempt if props.HasField("delivery_attempt") else 1,
         born_at=_seconds(props.born_timestamp),
@@ -433,3 +449,34 @@ def group_by_topic(messages: Iterable[Message]) -> dict[str, list[Message]]:
     for m in messages:
         out.setdefault(m.topic, []).append(m)
     return out
+
+
+def recall_request(topic: str, recall_handle: str, *, namespace: str = "") -> pb.RecallMessageRequest:
+    if not recall_handle:
+        raise ValueError("recall_handle must not be empty (a scheduled message's SendReceipt.recall_handle)")
+    return pb.RecallMessageRequest(
+        topic=v2.Resource(name=topic, resource_namespace=namespace), recall_handle=recall_handle
+    )
+
+
+def end_transaction_request(
+    topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool, namespace: str = ""
+) -> pb.EndTransactionRequest:
+    """``commit``: True commits, False rolls back, None says "unknown yet" (a checker's answer: checked again)."""
+    resolution = v2.TRANSACTION_RESOLUTION_UNSPECIFIED if commit is None else v2.COMMIT if commit else v2.ROLLBACK
+    return pb.EndTransactionRequest(
+        topic=v2.Resource(name=topic, resource_namespace=namespace),
+        message_id=message_id,
+        transaction_id=transaction_id,
+        resolution=resolution,
+        source=v2.SOURCE_SERVER_CHECK if from_check else v2.SOURCE_CLIENT,
+    )
+
+
+def producer_settings(topics: Sequence[str], *, namespace: str = "") -> pb.TelemetryCommand:
+    """A producer's Telemetry settings: the topics it publishes to, so the proxy sends it their checks."""
+    command = pb.TelemetryCommand()
+    settings = command.settings
+    settings.client_type = v2.PRODUCER
+    settings.publishing.topics.extend(v2.Resource(name=t, resource_namespace=namespace) for t in topics)
+    return command

@@ -25,6 +25,7 @@ from . import _resend, _wire, client, errors
 from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from .message import Message, SendReceipt
+from .transactions import AsyncCheckStream, AsyncTransaction
 
 __all__ = ["Producer", "SimpleConsumer"]
 
@@ -132,6 +133,7 @@ class Producer(ProducerBase, _AsyncClient):
         delay: float | None = None,
         deliver_at: float | None = None,
         message_group: str | None = None,
+        priority: int | None = None,
     ) -> SendReceipt:
         """Send one message; see `sdk.Producer.send`."""
         receipts = await self.send_many(
@@ -143,6 +145,7 @@ class Producer(ProducerBase, _AsyncClient):
             delay=delay,
             deliver_at=deliver_at,
             message_group=message_group,
+            priority=priority,
         )
         return receipts[0]
 
@@ -157,6 +160,7 @@ class Producer(ProducerBase, _AsyncClient):
         delay: float | None = None,
         deliver_at: float | None = None,
         message_group: str | None = None,
+        priority: int | None = None,
     ) -> list[SendReceipt]:
         """Send many messages in batched calls, several in flight; see `sdk.Producer.send_many`."""
         requests = self._plan(
@@ -168,6 +172,7 @@ class Producer(ProducerBase, _AsyncClient):
             delay=delay,
             deliver_at=deliver_at,
             message_group=message_group,
+            priority=priority,
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
@@ -206,6 +211,52 @@ class Producer(ProducerBase, _AsyncClient):
             return _wire.send_receipts(topic, request, response)
 
         return await self._retrying(op)
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Withdraw a scheduled message before its delivery time; see `sdk.Producer.recall`."""
+        request = _wire.recall_request(topic, recall_handle, namespace=self.options.namespace)
+
+        async def op() -> str:
+            call = self._stub.RecallMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
+            response = await call
+            _wire.check(response.status)
+            return str(response.message_id)
+
+        return await self._retrying(op)
+
+    def transaction(self) -> AsyncTransaction:
+        """A transaction (``async with``): commits when the block ends, rolls back when it raises; see
+        `sdk.Producer.transaction`."""
+        return AsyncTransaction(self)
+
+    async def _send_half(self, topic: str, body: bytes | str | Message, **options: Any) -> SendReceipt:
+        plan = self._plan(topic, [body], delay=None, deliver_at=None, message_group=None, transactional=True, **options)
+        return (await self._send(topic, plan[0]))[0]
+
+    async def _end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool
+    ) -> None:
+        namespace = self.options.namespace
+        request = _wire.end_transaction_request(
+            topic, message_id, transaction_id, commit, from_check=from_check, namespace=namespace
+        )
+
+        async def op() -> None:
+            call = self._stub.EndTransaction(request, timeout=self.options.request_timeout, metadata=self._metadata())
+            _wire.check((await call).status)
+
+        await self._retrying(op)
+
+    async def __aenter__(self) -> Self:
+        """The producer; with a ``checker``, its check stream starts here (and stops at the end of the block)."""
+        if self._checker is not None and getattr(self, "_checks", None) is None:
+            self._checks = AsyncCheckStream(self, self._checker, self._topics)
+            self._checks.start()
+        return self
+
+    async def _closing(self) -> None:
+        if getattr(self, "_checks", None) is not None:
+            await self._checks.close()
 
 
 class SimpleConsumer(ConsumerBase, _AsyncClient):

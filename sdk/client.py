@@ -22,6 +22,7 @@ from . import _resend, _wire, errors
 from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from .message import Message, SendReceipt
+from .transactions import CheckStream, Transaction
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -112,6 +113,9 @@ class Producer(ProducerBase, _SyncClient):
             the same cluster (popgate keeps them apart as RocketMQ does; empty: none).
         request_timeout: Deadline of each call, seconds (at most 7 days, as every duration the SDK takes).
         retry: Back-off for retriable errors (overload, broker failover, proxy restarts).
+        checker: Asked about this producer's topics' transactions their producer left unresolved (see
+            `popgate.transactions`): True commits, False rolls back, None asks again later.
+        topics: The topics whose transactions ``checker`` is asked about (needed with it).
 
     Example:
         >>> with Producer("127.0.0.1:8081") as producer:  # doctest: +SKIP
@@ -129,6 +133,7 @@ class Producer(ProducerBase, _SyncClient):
         delay: float | None = None,
         deliver_at: float | None = None,
         message_group: str | None = None,
+        priority: int | None = None,
     ) -> SendReceipt:
         """Send one message and wait until a broker stored it.
 
@@ -141,9 +146,11 @@ class Producer(ProducerBase, _SyncClient):
             delay: Deliver this many seconds from now.
             deliver_at: Deliver at this time (seconds since the epoch); not with ``delay``.
             message_group: FIFO group: messages of one group go to one queue in order.
+            priority: Priority >= 0: among a queue's ready messages a higher one is delivered first (not with
+                ``message_group`` or a delay).
 
         Returns:
-            The receipt with the message id.
+            The receipt with the message id (and a scheduled message's ``recall_handle``).
 
         Raises:
             PopgateError: A typed subclass once retries are exhausted or the error is not retriable.
@@ -157,6 +164,7 @@ class Producer(ProducerBase, _SyncClient):
             delay=delay,
             deliver_at=deliver_at,
             message_group=message_group,
+            priority=priority,
         )[0]
 
     def send_many(
@@ -170,6 +178,7 @@ class Producer(ProducerBase, _SyncClient):
         delay: float | None = None,
         deliver_at: float | None = None,
         message_group: str | None = None,
+        priority: int | None = None,
     ) -> list[SendReceipt]:
         """Send many messages in batched SendMessage calls (up to 1024 per call, several calls in flight).
 
@@ -185,6 +194,7 @@ class Producer(ProducerBase, _SyncClient):
             delay: Deliver this many seconds after the send (not with ``message_group``).
             deliver_at: Deliver at this Unix time, seconds (not with ``delay``).
             message_group: FIFO message group: its messages are consumed in order.
+            priority: Priority of the items that set none (see `send`).
 
         Returns:
             One receipt per message, in order.
@@ -204,6 +214,7 @@ class Producer(ProducerBase, _SyncClient):
             delay=delay,
             deliver_at=deliver_at,
             message_group=message_group,
+            priority=priority,
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
@@ -231,6 +242,71 @@ class Producer(ProducerBase, _SyncClient):
                 exc.receipts = receipts_so_far(requests, results)
             raise
         return [receipt for got in results for receipt in got or () if receipt is not None]
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """Withdraw a scheduled message before its delivery time: it is never delivered.
+
+        Args:
+            topic: Its topic.
+            recall_handle: Its SendReceipt's ``recall_handle``.
+
+        Returns:
+            The recalled message's id.
+
+        Raises:
+            NotFound: It is not waiting any more (delivered, being delivered, or recalled already).
+            BadRequest: The handle is not one.
+        """
+        request = _wire.recall_request(topic, recall_handle, namespace=self.options.namespace)
+
+        def op() -> str:
+            response = self._stub.RecallMessage(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _wire.check(response.status)
+            return str(response.message_id)
+
+        return self._retrying(op)
+
+    def transaction(self) -> Transaction:
+        """A transaction: its ``send`` stores half messages no consumer sees until it commits.
+
+        Example:
+            >>> with producer.transaction() as tx:  # doctest: +SKIP
+            ...     tx.send("orders", b"created")
+            ...     save_order()  # raises: the message is rolled back; returns: it is committed
+        """
+        return Transaction(self)
+
+    def _send_half(self, topic: str, body: bytes | str | Message, **options: Any) -> SendReceipt:
+        plan = self._plan(topic, [body], delay=None, deliver_at=None, message_group=None, transactional=True, **options)
+        return self._send(topic, plan[0])[0]
+
+    def _end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool
+    ) -> None:
+        namespace = self.options.namespace
+        request = _wire.end_transaction_request(
+            topic, message_id, transaction_id, commit, from_check=from_check, namespace=namespace
+        )
+
+        def op() -> None:
+            response = self._stub.EndTransaction(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _wire.check(response.status)
+
+        self._retrying(op)
+
+    def _open(self) -> None:
+        super()._open()
+        self._checks = CheckStream(self, self._checker, self._topics) if self._checker is not None else None
+        if self._checks is not None:
+            self._checks.start()
+
+    def _closing(self) -> None:
+        if self._checks is not None:
+            self._checks.close()
 
     def _begin_send(self, request: pb.SendMessageRequest) -> Any:
         try:

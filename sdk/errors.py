@@ -122,6 +122,7 @@ _FAMILY: dict[type[domain.DomainError], type[PopgateError]] = {
     domain.MessageBodyTooLarge: MessageBodyTooLarge,
     domain.BadRequest: BadRequest,
     domain.TopicNotFound: NotFound,
+    domain.NotScheduled: NotFound,  # a recall of a message no longer waiting: v2 NOT_FOUND
     domain.Unauthorized: Unauthorized,
     domain.Forbidden: Unauthorized,
     domain.TooManyRequests: TooManyRequests,

@@ -11,7 +11,7 @@ class Message:
     """A message, to send or as received.
 
     To send, give ``body`` and any of ``tag``, ``keys``, ``properties``, ``message_group``,
-    ``deliver_at`` (see `Producer.send_many`). A received message also carries the fields
+    ``deliver_at``, ``priority`` (see `Producer.send_many`). A received message also carries the fields
     the server filled in; ``receipt_handle`` is what `SimpleConsumer.ack` needs, and it
     changes when the message is nacked.
 
@@ -23,6 +23,7 @@ class Message:
         properties: User properties (string to string).
         message_group: FIFO message group, if any.
         deliver_at: Scheduled delivery time, seconds since the epoch, if any.
+        priority: Priority (>= 0; higher is delivered first among a queue's ready messages), if any.
         message_id: Id given by the producer.
         attempt: Delivery attempt, 1 on first delivery.
         born_at: When the producer created it, seconds since the epoch.
@@ -39,6 +40,7 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     message_group: str | None = None
     deliver_at: float | None = None
+    priority: int | None = None
     message_id: str = ""
     attempt: int = 0
     born_at: float = 0.0
@@ -64,9 +66,13 @@ class SendReceipt:
         message_id: The message's id (consumers see the same id).
         topic: The topic it was stored in.
         offset: Its offset in the queue that stored it; -1 for a scheduled message (delay / deliver_at),
-            whose offset is assigned when it comes due.
+            whose offset is assigned when it comes due, and for a transaction's message.
+        recall_handle: A scheduled message's handle for `Producer.recall`; empty for any other.
+        transaction_id: A transaction's message's id (`Producer.transaction`); empty for any other.
     """
 
     message_id: str
     topic: str
     offset: int
+    recall_handle: str = ""
+    transaction_id: str = ""

@@ -18,6 +18,7 @@ from popgate_process.config import Replaced
 from .. import errors
 from ..client import Producer, SimpleConsumer
 from ..message import Message
+from . import producing
 from .options import (
     BODY_SIZE,
     DURATION,
@@ -51,6 +52,7 @@ def check_in_memory(size: int, messages: int, *, lower: str) -> None:
 def add_parsers(sub: Sub) -> None:
     _send_parser(sub)
     _receive_parser(sub)
+    producing.add_parsers(sub)
 
 
 def _send_parser(sub: Sub) -> None:
@@ -72,7 +74,15 @@ def _send_parser(sub: Sub) -> None:
     send.add_argument("--property", action="append", default=[], help="KEY=VALUE user property (repeatable)")
     send.add_argument("--delay", type=DURATION, help="deliver this much later (seconds, or 500ms, 2m, 1h)")
     send.add_argument("--message-group", help="FIFO message group: stored and consumed in order within it")
-    send.add_argument("--ids", action="store_true", help="print every message id")
+    send.add_argument(
+        "--priority", type=NON_NEGATIVE_INT, help="higher is delivered first among a queue's ready messages"
+    )
+    send.add_argument(
+        "--transaction",
+        choices=("commit", "rollback"),
+        help="send as one transaction's messages (at most one --batch), then commit or roll it back",
+    )
+    send.add_argument("--ids", action="store_true", help="print every message id (and a delayed one's recall handle)")
     quiet_option(send)
     # Old spellings, refused with the new one (tests/unit/sdk/test_cli_conventions.py)
     send.add_argument(
@@ -239,7 +249,12 @@ def send_command(args: argparse.Namespace) -> int:
         "properties": _properties(args.property),
         "delay": args.delay,
         "message_group": args.message_group,
+        "priority": args.priority,
     }
+    if args.transaction and args.count > args.batch:
+        raise ValueError("--transaction sends one transaction: at most --batch messages (-n)")
+    if args.transaction and (args.delay or args.message_group or args.priority is not None):
+        raise ValueError("--transaction messages cannot have --delay, --message-group or --priority")
     sent, code = 0, 0
     with Producer(args.endpoint, **connection(args)) as producer:
         check_listening(args.endpoint)
@@ -248,10 +263,14 @@ def send_command(args: argparse.Namespace) -> int:
             task = bar.add_task(f"send {args.topic}", total=args.count, rate="")
             try:
                 for n in paced(args.count, args.batch, args.rate):
-                    receipts = producer.send_many(args.topic, [body] * n, **options)
+                    if args.transaction:
+                        commit = args.transaction == "commit"
+                        receipts = producing.send_transaction(producer, args.topic, [body] * n, options, commit=commit)
+                    else:
+                        receipts = producer.send_many(args.topic, [body] * n, **options)
                     sent += n
                     if args.ids or args.count == 1:
-                        print("\n".join(r.message_id for r in receipts), flush=True)
+                        print("\n".join(map(producing.receipt_line, receipts)), flush=True)
                     bar.update(task, advance=n, rate=msg_rate(sent, time.perf_counter() - started))
             except errors.PopgateError as exc:
                 err.print(f"popgate send: {explain(exc)} (after {sent} sent)", style="red")

@@ -1,0 +1,266 @@
+"""Transactions and their checker, for `Producer.transaction` (blocking) and `popgate.aio.Producer.transaction`.
+
+A transaction's messages are stored as half messages no consumer sees until the transaction commits; a rollback
+discards them. Leaving a ``with`` block commits, leaving it with an exception rolls back. A producer that dies
+before either leaves its half messages to the **checker**: the broker asks a producer of the same topic (any
+instance, through any proxy) whether to commit, and after 15 unanswered checks rolls back.
+
+    >>> def checker(message: Message) -> bool | None:  # doctest: +SKIP
+    ...     return orders.exists(message.keys[0])  # True: commit, False: roll back, None: ask again later
+    >>> with Producer(endpoint, checker=checker, topics=["orders"]) as producer:  # doctest: +SKIP
+    ...     with producer.transaction() as tx:
+    ...         tx.send("orders", b"created", keys=["o-1"])
+    ...         orders.insert("o-1")  # an exception here rolls the message back
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import grpc
+from popgate_pb.v2 import service_pb2 as pb
+
+from . import _wire, errors
+from .message import Message, SendReceipt
+
+if TYPE_CHECKING:
+    from .aio import Producer as AsyncProducer
+    from .client import Producer
+
+log = logging.getLogger(__name__)
+
+Checker = Callable[[Message], "bool | None | Awaitable[bool | None]"]
+"""Asked about a half message its producer left unresolved: True commits, False rolls back, None (or an
+exception) leaves it to a later check. The asyncio producer also takes a coroutine function."""
+
+RECONNECT_S = 1.0  # a check stream that broke is opened again after this long
+Half = tuple[str, str, str]  # topic, message id, transaction id
+
+
+class _Halves:
+    """What a transaction sent, and whether it ended (shared by the blocking and the asyncio transaction)."""
+
+    def __init__(self) -> None:
+        self._halves: list[Half] = []
+        self._ended = False
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise RuntimeError("the transaction is committed or rolled back already")
+
+    def _sent(self, topic: str, receipt: SendReceipt) -> SendReceipt:
+        self._halves.append((topic, receipt.message_id, receipt.transaction_id))
+        return receipt
+
+    def _finish(self) -> list[Half]:
+        self._check_open()
+        self._ended = True
+        return self._halves
+
+
+class Transaction(_Halves):
+    """Half messages sent together, committed or rolled back together (`Producer.transaction`).
+
+    Use as a context manager: it commits when the block ends normally and rolls back when it raises. A commit or
+    rollback that fails raises; the half messages it could not resolve are left to the checker.
+    """
+
+    def __init__(self, producer: Producer) -> None:
+        super().__init__()
+        self._producer = producer
+
+    def send(
+        self,
+        topic: str,
+        body: bytes | str | Message,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+    ) -> SendReceipt:
+        """Send a half message of this transaction (no message group, delay or priority).
+
+        Returns:
+            Its receipt, with the ``transaction_id``.
+        """
+        self._check_open()
+        return self._sent(topic, self._producer._send_half(topic, body, tag=tag, keys=keys, properties=properties))
+
+    def commit(self) -> None:
+        """Make the transaction's messages visible to consumers (each once)."""
+        self._end(True)
+
+    def rollback(self) -> None:
+        """Discard the transaction's messages."""
+        self._end(False)
+
+    def _end(self, commit: bool) -> None:
+        for topic, message_id, transaction_id in self._finish():
+            self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._ended:
+            self._end(exc_type is None)
+
+
+class AsyncTransaction(_Halves):
+    """The asyncio twin of `Transaction` (`popgate.aio.Producer.transaction`)."""
+
+    def __init__(self, producer: AsyncProducer) -> None:
+        super().__init__()
+        self._producer = producer
+
+    async def send(
+        self,
+        topic: str,
+        body: bytes | str | Message,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+    ) -> SendReceipt:
+        """Send a half message of this transaction; see `Transaction.send`."""
+        self._check_open()
+        return self._sent(
+            topic, await self._producer._send_half(topic, body, tag=tag, keys=keys, properties=properties)
+        )
+
+    async def commit(self) -> None:
+        await self._end(True)
+
+    async def rollback(self) -> None:
+        await self._end(False)
+
+    async def _end(self, commit: bool) -> None:
+        for topic, message_id, transaction_id in self._finish():
+            await self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._ended:
+            await self._end(exc_type is None)
+
+
+def checks_of(command: pb.TelemetryCommand) -> tuple[Message, str] | None:
+    """The half message and transaction id a Telemetry command asks about, if it is a check."""
+    if not command.HasField("recover_orphaned_transaction_command"):
+        return None
+    recover = command.recover_orphaned_transaction_command
+    return _wire.from_v2(recover.message), recover.transaction_id
+
+
+class CheckStream:
+    """A blocking producer's Telemetry stream on a thread of its own: it tells the proxy the topics, answers each
+    check with the checker's resolution, and opens again after a break until closed."""
+
+    def __init__(self, producer: Producer, checker: Checker, topics: Sequence[str]) -> None:
+        self._producer = producer
+        self._checker = checker
+        self._settings = _wire.producer_settings(topics, namespace=producer.options.namespace)
+        self._stop = threading.Event()
+        self._call: Any = None
+        self._thread = threading.Thread(target=self._run, name="popgate-transaction-checks", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _requests(self) -> Any:
+        yield self._settings
+        self._stop.wait()  # the stream stays open until the producer closes
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._call = self._producer._stub.Telemetry(self._requests(), metadata=self._producer._metadata())
+                for command in self._call:
+                    check = checks_of(command)
+                    if check is not None:
+                        self._answer(*check)
+            except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel closed under it
+                if not self._stop.is_set():
+                    log.debug("transaction check stream broke (%s); opening it again", exc)
+            self._stop.wait(RECONNECT_S)
+
+    def _answer(self, message: Message, transaction_id: str) -> None:
+        try:
+            resolution = self._checker(message)
+            if inspect.isawaitable(resolution):
+                raise TypeError("the blocking Producer's checker must return True, False or None, not an awaitable")
+            self._producer._end_transaction(
+                message.topic, message.message_id, transaction_id, resolution, from_check=True
+            )
+        except Exception:
+            log.exception("transaction check of message %s failed; it is checked again later", message.message_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(timeout=5)
+
+
+class AsyncCheckStream:
+    """The asyncio producer's check stream: a task in the producer's loop."""
+
+    def __init__(self, producer: AsyncProducer, checker: Checker, topics: Sequence[str]) -> None:
+        self._producer = producer
+        self._checker = checker
+        self._settings = _wire.producer_settings(topics, namespace=producer.options.namespace)
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _requests(self) -> Any:
+        yield self._settings
+        await self._stop.wait()
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                call = self._producer._stub.Telemetry(self._requests(), metadata=self._producer._metadata())
+                async for command in call:
+                    check = checks_of(command)
+                    if check is not None:
+                        await self._answer(*check)
+            except (grpc.RpcError, errors.PopgateError) as exc:
+                log.debug("transaction check stream broke (%s); opening it again", exc)
+            try:
+                await asyncio.wait_for(self._stop.wait(), RECONNECT_S)
+            except TimeoutError:
+                pass
+
+    async def _answer(self, message: Message, transaction_id: str) -> None:
+        try:
+            resolution = self._checker(message)
+            if inspect.isawaitable(resolution):
+                resolution = await resolution
+            await self._producer._end_transaction(
+                message.topic, message.message_id, transaction_id, resolution, from_check=True
+            )
+        except Exception:
+            log.exception("transaction check of message %s failed; it is checked again later", message.message_id)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

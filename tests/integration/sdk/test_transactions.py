@@ -1,0 +1,128 @@
+"""popgate's SDK, blocking and asyncio, against a real cluster: transactions (a ``with`` block commits, an
+exception rolls back, a checker resolves what a producer left), recall of a delay message, priority."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from popgate import Message, NotFound, Producer, SimpleConsumer, aio
+from popgate.cli.cluster import Cluster
+from popgate.cli.main import main
+from tests.integration.sdk.conftest import WAIT, drain, start_cluster
+
+# The brokers check an unresolved half message soon, so the checker test needs no long wait.
+CHECK_ARGS = ("--transaction-immunity-s", "0.5", "--transaction-check-interval-s", "1")
+
+
+@pytest.fixture(scope="module")
+def tx_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = start_cluster(tmp_path_factory.mktemp("tx"), broker_args=CHECK_ARGS)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def nothing_more(consumer: SimpleConsumer, seconds: float = 1.5) -> list[Message]:
+    got: list[Message] = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        got += consumer.receive(max=32, wait=WAIT)
+    return got
+
+
+def test_a_with_block_commits_and_an_exception_rolls_back(tx_cluster: Cluster) -> None:
+    with Producer(tx_cluster.endpoint) as producer, SimpleConsumer(tx_cluster.endpoint, "g_sdk_tx", "sdk_tx") as c:
+        with producer.transaction() as tx:
+            receipt = tx.send("sdk_tx", b"committed", keys=["o-1"])
+            assert receipt.transaction_id and nothing_more(c, 0.5) == []  # invisible until the block ends
+        with pytest.raises(RuntimeError), producer.transaction() as tx:
+            tx.send("sdk_tx", b"rolled back")
+            raise RuntimeError("the local transaction failed")
+        assert [m.body for m in drain(c, 1)] == [b"committed"]
+        assert nothing_more(c) == []
+
+
+def test_a_checker_commits_what_a_producer_left_unresolved(tx_cluster: Cluster) -> None:
+    asked: list[str] = []
+
+    def checker(message: Message) -> bool:
+        asked.append(message.message_id)
+        return message.keys == ("commit",)
+
+    with Producer(tx_cluster.endpoint) as gone:  # leaves its transaction open: as if it died
+        kept = gone.transaction().send("sdk_orphans", b"kept", keys=["commit"])
+        gone.transaction().send("sdk_orphans", b"dropped", keys=["drop"])
+    with (
+        Producer(tx_cluster.endpoint, checker=checker, topics=["sdk_orphans"]),
+        SimpleConsumer(tx_cluster.endpoint, "g_sdk_orphans", "sdk_orphans") as consumer,
+    ):
+        got = drain(consumer, 1, timeout=20)
+        assert [m.message_id for m in got] == [kept.message_id]
+        assert nothing_more(consumer, 2.5) == []  # the other was rolled back by its check
+    assert kept.message_id in asked and len(set(asked)) == 2
+
+
+def test_recall_and_priority(tx_cluster: Cluster) -> None:
+    with Producer(tx_cluster.endpoint) as producer, SimpleConsumer(tx_cluster.endpoint, "g_sdk_rc", "sdk_rc") as c:
+        recalled = producer.send("sdk_rc", b"recalled", delay=1.0)
+        producer.send("sdk_rc", b"kept", delay=1.0)
+        assert producer.recall("sdk_rc", recalled.recall_handle) == recalled.message_id
+        with pytest.raises(NotFound):
+            producer.recall("sdk_rc", recalled.recall_handle)
+        assert [m.body for m in drain(c, 1)] == [b"kept"]
+        assert nothing_more(c, 1.0) == []
+        for p in (1, 5, 3):
+            producer.send("sdk_prio", f"p{p}", priority=p)
+    with SimpleConsumer(tx_cluster.endpoint, "g_sdk_prio", "sdk_prio") as consumer:
+        got = drain(consumer, 3)
+        assert sorted(m.priority or 0 for m in got) == [1, 3, 5]
+        by_queue: dict[tuple[str, int], list[int]] = {}
+        for m in got:
+            by_queue.setdefault((m.receipt_handle.split("~")[1], m.queue_id), []).append(m.priority or 0)
+        assert all(order == sorted(order, reverse=True) for order in by_queue.values()), by_queue
+
+
+async def test_the_asyncio_producer_commits_rolls_back_and_recalls(tx_cluster: Cluster, tmp_path: Path) -> None:
+    async with aio.Producer(tx_cluster.endpoint) as producer:
+        async with producer.transaction() as tx:
+            await tx.send("sdk_aio_tx", b"committed")
+        with pytest.raises(ValueError):
+            async with producer.transaction() as tx:
+                await tx.send("sdk_aio_tx", b"rolled back")
+                raise ValueError("no")
+        receipt = await producer.send("sdk_aio_tx", b"recalled", delay=5.0)
+        assert await producer.recall("sdk_aio_tx", receipt.recall_handle) == receipt.message_id
+    async with aio.SimpleConsumer(tx_cluster.endpoint, "g_sdk_aio_tx", "sdk_aio_tx") as consumer:
+        got: list[Message] = []
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            batch = await consumer.receive(max=32, wait=WAIT)
+            for m in batch:
+                await consumer.ack(m)
+            got += batch
+            await asyncio.sleep(0)
+        assert [m.body for m in got] == [b"committed"]
+
+
+def test_the_popgate_command_sends_priorities_transactions_and_recalls(
+    tx_cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = ("-e", tx_cluster.endpoint, "-q")
+    assert main(["send", *e, "cli_tx", "kept", "--transaction", "commit"]) == 0
+    assert main(["send", *e, "cli_tx", "dropped", "--transaction", "rollback"]) == 0
+    assert main(["send", *e, "cli_tx", "urgent", "--priority", "9"]) == 0
+    assert main(["send", *e, "cli_tx", "later", "--delay", "5s", "--ids"]) == 0
+    message_id, handle = capsys.readouterr().out.splitlines()[-1].split()
+    assert main(["recall", *e, "cli_tx", handle]) == 0
+    assert capsys.readouterr().out.split() == [message_id]
+    assert main(["recall", *e, "cli_tx", handle]) == 1  # not scheduled any more: said on stderr
+    with SimpleConsumer(tx_cluster.endpoint, "g_cli_tx", "cli_tx") as consumer:
+        got = drain(consumer, 2)
+        assert sorted(m.text() for m in got) == ["kept", "urgent"]
+        assert nothing_more(consumer, 1.0) == []
