@@ -27,7 +27,7 @@ from rich.table import Table
 from popgate_contract.broker_token import TOKEN_KEY
 from popgate_contract.lag import lag_seconds
 
-from .options import POSITIVE_DURATION, Sub, client_options, json_option
+from .options import POSITIVE_DURATION, NothingListens, Sub, client_options, json_option
 from .output import error_console, print_json, print_table
 from .proxy_admin import PROBE_TOPIC, ProxyAdmin, ProxyAdminError
 
@@ -246,7 +246,7 @@ def routed_brokers(args: argparse.Namespace, responses: dict[str, bpb.StatsRespo
     try:
         with ProxyAdmin(args, args.timeout) as proxy:
             return proxy.broker_names(args.topic or (known[0] if known else PROBE_TOPIC))
-    except ProxyAdminError as exc:
+    except (ProxyAdminError, NothingListens) as exc:  # the brokers answered: their figures are still shown
         err(f"popgate {args.parser.prog.split()[-1]}: {exc}")
         return None
 

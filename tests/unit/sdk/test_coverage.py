@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+
 from popgate.cli.admin import BROKERS_MISSING, Coverage
+from popgate.cli.main import main
+from popgate.cli.options import NothingListens
 
 
 def test_every_broker_answered_and_the_proxy_knows_no_other() -> None:
@@ -32,3 +40,24 @@ def test_a_given_broker_the_proxy_sees_down_is_missing_only_if_it_did_not_answer
     # The proxy routes only to live brokers: b2 down there, but it answered us, so its figures are in.
     assert Coverage.of(["b1", "b2"], {}, {"b1"}).missing == []
     assert BROKERS_MISSING == 75  # sysexits EX_TEMPFAIL, documented in docs/SDK.md
+
+
+def test_brokers_that_answered_are_shown_when_the_proxy_to_check_against_is_gone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """POPGATE_ENDPOINT set for the other commands, its proxy stopped: `stats --broker` still prints the figures,
+    says it could not check the list, and exits 75 rather than 69."""
+
+    def fetch(brokers: Any, request: Any, timeout: float, *, failures: dict[str, Any]) -> Any:
+        return {"b1": bpb.StatsResponse(broker="b1", queues=[bpb.QueueStats(topic="t", max_offset=2)])}
+
+    def nothing_there(endpoint: str, timeout_s: float = 3.0) -> None:
+        raise NothingListens(f"nothing listens at {endpoint} (connection refused)")
+
+    monkeypatch.setattr("popgate.cli.admin.fetch_stats", fetch)
+    monkeypatch.setattr("popgate.cli.proxy_admin.check_listening", nothing_there)
+    monkeypatch.setenv("POPGATE_ENDPOINT", "127.0.0.1:9")
+    assert main(["stats", "--broker", "b1=h:1", "--json"]) == BROKERS_MISSING
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["topics"] == [{"topic": "t", "messages": 2}]
+    assert "popgate stats: nothing listens at 127.0.0.1:9 (connection refused)" in captured.err
