@@ -153,6 +153,7 @@ async def telemetry(
                     yield pb.TelemetryCommand(status=v2.Status(code=v2.BAD_REQUEST, message=text))
                     continue
                 if producers is not None and (topics := _published(command.settings)):
+                    outbox.namespace = command.settings.publishing.topics[0].resource_namespace  # one per client
                     producers.register(outbox, topics)
                 max_attempts = await _max_attempts(command.settings, attempts)
                 yield settings_reply(command.settings, settings, max_attempts=max_attempts)

@@ -30,7 +30,8 @@ MAPPED = {
     grpc.StatusCode.INTERNAL,
 }
 MAPPED_NUMBERS = {code.value[0] for code in MAPPED}
-UNARY = ["Send", "Pop", "Ack", "ChangeInvisibleTime", "Renew", "Notification", "DeadLetter", "Stats", "ListMessages"]
+UNARY = ["Send", "Pop", "Ack", "ChangeInvisibleTime", "Renew", "Notification", "DeadLetter", "Stats", "ListMessages",
+         "Recall", "EndTransaction", "TransactionChecks"]  # fmt: skip
 
 
 class Target:

@@ -4,10 +4,17 @@ live broker for the topics its producers publish to."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from popgate_pb import broker_pb2 as bpb
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
 
 from proxy.routing import BrokerPool
+from proxy.settings import BrokerAddress, Settings
 from proxy.txchecks import OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
+from proxy.v2.telemetry import recover_command, telemetry
 
 
 def test_checks_go_round_robin_to_the_topics_producers_and_nowhere_else() -> None:
@@ -54,3 +61,32 @@ async def test_the_poller_asks_every_live_broker_for_its_producers_topics() -> N
     assert await poller.poll_once(["t"]) == 3000
     assert b1.asked == [["t"]] and b2.asked == [["t"]]
     assert outbox.commands.get_nowait() == "tid" and poller.handed == 1
+
+
+async def test_a_producers_telemetry_stream_registers_its_topics_and_carries_its_checks() -> None:
+    done = asyncio.Event()
+
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        settings = v2.Settings(client_type=v2.PRODUCER)
+        settings.publishing.topics.add(name="orders", resource_namespace="shop")
+        yield pb.TelemetryCommand(settings=settings)
+        await done.wait()  # the client keeps its stream open
+
+    streams = ProducerStreams()
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    replies = telemetry(commands(), settings, asyncio.Event(), None, streams)  # type: ignore[arg-type]
+    first = await anext(replies)
+    assert first.status.code == v2.OK and streams.topics() == ["shop%orders"]
+    check = bpb.TransactionCheck(transaction_id="tid", check=1)
+    check.message.message.topic = "shop%orders"
+    check.message.message.message_id = "m1"
+    check.message.message.body = b"half"
+    check.message.message.transactional = True
+    assert streams.deliver("shop%orders", lambda outbox: recover_command(check, outbox))
+    command = (await anext(replies)).recover_orphaned_transaction_command
+    assert (command.transaction_id, command.message.system_properties.message_id) == ("tid", "m1")
+    assert command.message.body == b"half" and command.message.system_properties.message_type == v2.TRANSACTION
+    assert (command.message.topic.name, command.message.topic.resource_namespace) == ("orders", "shop")
+    done.set()
+    await replies.aclose()
+    assert streams.topics() == []  # gone with its stream
