@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
@@ -47,6 +47,17 @@ def receipts_so_far(
     for request, got in zip(requests, results, strict=True):
         out += got if got is not None else [None] * len(request.messages)
     return out
+
+
+class Options(TypedDict, total=False):
+    """`ClientBase`'s keyword arguments, for the clients that add their own."""
+
+    access_key: str | None
+    secret_key: str | None
+    tls: bool | str | Path
+    namespace: str
+    request_timeout: float
+    retry: RetryPolicy | None
 
 
 class ClientBase:
@@ -92,7 +103,7 @@ class ProducerBase(ClientBase):
     _ids = _wire.MessageIds()
 
     def __init__(
-        self, endpoint: str, *, checker: Checker | None = None, topics: Sequence[str] = (), **options: Any
+        self, endpoint: str, *, checker: Checker | None = None, topics: Sequence[str] = (), **options: Unpack[Options]
     ) -> None:
         if checker is not None and (isinstance(topics, str) or not topics):
             raise ValueError("a checker needs the topics (a list) whose transactions it is asked about: topics=[...]")

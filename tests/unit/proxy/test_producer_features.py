@@ -1,0 +1,77 @@
+"""Recall and EndTransaction at the proxy (proxy.producer, proxy.v2.producer), no sockets: each goes to the
+broker its handle or transaction id names; one that names no known broker, or is no handle at all, is refused with
+the client's code before any broker is asked; an UNSPECIFIED resolution changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate_contract import errors
+from popgate_contract.handles import RecallHandle, TransactionId
+from proxy.producer import ProducerFeatures
+from proxy.routing import BrokerPool
+from proxy.settings import BrokerAddress, Settings
+from proxy.v2.context import Call
+from proxy.v2.producer import end_transaction, recall_message
+
+
+class FakeBroker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.healthy = True
+        self.calls: list[object] = []
+
+    async def recall(self, request: bpb.RecallRequest, *, timeout_s: float) -> bpb.RecallResponse:
+        self.calls.append(request)
+        return bpb.RecallResponse(message_id="m1")
+
+    async def end_transaction(
+        self, request: bpb.EndTransactionRequest, *, timeout_s: float
+    ) -> bpb.EndTransactionResponse:
+        self.calls.append(request)
+        return bpb.EndTransactionResponse()
+
+
+def setup() -> tuple[ProducerFeatures, FakeBroker, Call]:
+    broker = FakeBroker("b1")
+    features = ProducerFeatures(BrokerPool({"b1": broker}), lambda client: client)  # type: ignore[dict-item, arg-type, return-value]
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    return features, broker, Call(None, settings, v2.Endpoints(), None)  # type: ignore[arg-type]
+
+
+async def test_recall_and_end_transaction_go_to_the_broker_they_name() -> None:
+    features, broker, call = setup()
+    handle = RecallHandle("b1", "ns%t", 1, "m1").encode()
+    topic = v2.Resource(name="t", resource_namespace="ns")
+    answer = await recall_message(features, call, pb.RecallMessageRequest(topic=topic, recall_handle=handle))
+    assert answer.message_id == "m1" and broker.calls[-1].topic == "ns%t"  # type: ignore[attr-defined]
+    tid = TransactionId("b1", 3, 9).encode()
+    request = pb.EndTransactionRequest(topic=topic, message_id="m1", transaction_id=tid, resolution=v2.ROLLBACK)
+    assert (await end_transaction(features, call, request)).status.code == v2.OK
+    sent = broker.calls[-1]
+    assert (sent.transaction_id, sent.commit, sent.from_check) == (tid, False, False)  # type: ignore[attr-defined]
+    request.resolution = v2.TRANSACTION_RESOLUTION_UNSPECIFIED  # a checker's "unknown": nothing is asked
+    assert (await end_transaction(features, call, request)).status.code == v2.OK and len(broker.calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("handle", "tid"),
+    [
+        ("garbage", "garbage"),
+        (RecallHandle("b9", "t", 1, "m").encode(), TransactionId("b9", 1, 2).encode()),  # an unknown broker's
+    ],
+)
+async def test_a_handle_or_id_naming_no_known_broker_is_refused_before_any_broker_is_asked(
+    handle: str, tid: str
+) -> None:
+    features, broker, call = setup()
+    topic = v2.Resource(name="t")
+    with pytest.raises(errors.InvalidRecallHandle):
+        await recall_message(features, call, pb.RecallMessageRequest(topic=topic, recall_handle=handle))
+    request = pb.EndTransactionRequest(topic=topic, message_id="m", transaction_id=tid, resolution=v2.COMMIT)
+    with pytest.raises(errors.InvalidTransactionId):
+        await end_transaction(features, call, request)
+    assert broker.calls == []
