@@ -52,6 +52,7 @@ async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> 
     return result
 
 
+MAX_CHECK_TOPICS = 1024  # topics of one TransactionChecks (a proxy asks in chunks: proxy.txchecks)
 POPPED_OVERHEAD = 128  # bytes of a popped message's answer beyond its payload (handle, ids, offsets)
 
 
@@ -113,6 +114,8 @@ async def end_transaction(core: BrokerCore, request: pb.EndTransactionRequest, o
 async def transaction_checks(
     core: BrokerCore, request: pb.TransactionChecksRequest, out: pb.TransactionChecksResponse
 ) -> None:
+    if len(request.topics) > MAX_CHECK_TOPICS:
+        raise errors.BadRequest(f"TransactionChecks names {len(request.topics)} topics, at most {MAX_CHECK_TOPICS}")
     for topic in request.topics:
         validation.check_topic(topic)
     checks, out.next_due_ms = await core.transactions.checks(request.topics, request.max_checks)

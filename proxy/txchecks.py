@@ -22,12 +22,14 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
+from proxy.ports import BrokerClient
 from proxy.producer import CallsFor
 from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)
 CHECK_POLL_S = 1.0  # a proxy with producers online asks every live broker this often (sooner when one is due)
 MAX_CHECKS_PER_CALL = 64
+TOPICS_PER_CALL = 512  # a broker takes up to 1,024 topics a call
 OUTBOX_COMMANDS = 64  # commands a producer's stream may have waiting; past that a check goes to another or waits
 
 
@@ -124,18 +126,24 @@ class CheckPoller:
                 await asyncio.wait_for(self.streams.changed.wait(), None if not topics else wait_s)
 
     async def poll_once(self, topics: list[str]) -> int:
-        """One round over the live brokers; the earliest next due time they told (0: none)."""
+        """One round over the live brokers (topics in chunks a broker takes); the earliest next due time they
+        told (0: none)."""
         next_due = 0
         for client in self.pool.live():
-            request = bpb.TransactionChecksRequest(topics=topics, max_checks=MAX_CHECKS_PER_CALL)
-            try:
-                response = await self.calls_for(client).transaction_checks(request, timeout_s=self.timeout_s)
-            except errors.DomainError as exc:
-                log.debug("transaction checks of broker %s failed: %s", client.name, exc)
-                continue
-            for check in response.checks:
-                if self.streams.deliver(check.message.message.topic, functools.partial(self.to_command, check)):
-                    self.handed += 1
-            if response.next_due_ms:
-                next_due = min(next_due or response.next_due_ms, response.next_due_ms)
+            for start in range(0, len(topics), TOPICS_PER_CALL):
+                due = await self._ask(client, topics[start : start + TOPICS_PER_CALL])
+                if due:
+                    next_due = min(next_due or due, due)
         return next_due
+
+    async def _ask(self, client: BrokerClient, topics: list[str]) -> int:
+        request = bpb.TransactionChecksRequest(topics=topics, max_checks=MAX_CHECKS_PER_CALL)
+        try:
+            response = await self.calls_for(client).transaction_checks(request, timeout_s=self.timeout_s)
+        except errors.DomainError as exc:
+            log.debug("transaction checks of broker %s failed: %s", client.name, exc)
+            return 0
+        for check in response.checks:
+            if self.streams.deliver(check.message.message.topic, functools.partial(self.to_command, check)):
+                self.handed += 1
+        return response.next_due_ms
