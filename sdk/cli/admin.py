@@ -17,6 +17,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -61,6 +62,12 @@ def broker_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("POPGATE_BROKER_TOKEN", ""),
         help="the brokers' shared token, when they require one (env POPGATE_BROKER_TOKEN, as the proxy's)",
     )
+    parser.add_argument(
+        "--broker-tls-ca",
+        default=os.environ.get("POPGATE_BROKER_TLS_CA", ""),
+        help="PEM CA bundle of brokers serving TLS, verified by each --broker HOST (env POPGATE_BROKER_TLS_CA, as"
+        " the proxy's)",
+    )
     parser.set_defaults(default_brokers=env_brokers())
 
 
@@ -93,6 +100,7 @@ class Broker:
     name: str
     target: str
     token: str = ""  # the brokers' shared token (their --broker-token), sent as the proxy sends it
+    tls_ca: bytes | None = None  # PEM roots: the broker serves TLS (its --tls-cert), verified by the target's host
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -101,11 +109,15 @@ class Broker:
 
 def brokers_of(args: argparse.Namespace) -> list[Broker]:
     out = []
+    try:
+        tls_ca = Path(args.broker_tls_ca).read_bytes() if args.broker_tls_ca else None
+    except OSError as exc:
+        raise ValueError(f"--broker-tls-ca {args.broker_tls_ca}: {exc.strerror}") from None
     for text in args.broker or args.default_brokers:
         name, sep, target = text.partition("=")
         if not sep or ":" not in target:
             raise ValueError(f"--broker {text!r}: expected NAME=HOST:PORT")
-        out.append(Broker(name, target, args.broker_token))
+        out.append(Broker(name, target, args.broker_token, tls_ca))
     if not out:
         raise ValueError(
             "give at least one --broker NAME=HOST:PORT (as printed by `popgate up`), or set POPGATE_BROKERS"
@@ -117,7 +129,11 @@ def broker_channel(broker: Broker) -> grpc.Channel:
     # grpc's default 4 MiB receive limit is below what a broker may answer: a ListMessages page is cut at the
     # broker's --max-pop-bytes (8 MiB) but always holds one message, itself up to 4 MiB of body; a Stats answer
     # grows with topics. The broker bounds its answers, so this client takes whatever it is sent.
-    return grpc.insecure_channel(broker.target, options=[("grpc.max_receive_message_length", -1)])
+    options = [("grpc.max_receive_message_length", -1)]
+    if broker.tls_ca is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=broker.tls_ca)
+        return grpc.secure_channel(broker.target, credentials, options=options)
+    return grpc.insecure_channel(broker.target, options=options)
 
 
 def fetch_stats(

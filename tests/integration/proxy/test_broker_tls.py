@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from popgate.cli.admin import BROKERS_MISSING
+from popgate.cli.main import main
 from tests.integration.proxy.client import V2Client
 from tests.pki import Issued, issue
 from tests.procs import ServerProcess, broker_args, wait_until
@@ -57,3 +59,13 @@ def test_a_proxy_that_cannot_verify_the_broker_sends_it_nothing(
     finally:
         client.close()
         proxy.stop()
+
+
+def test_popgate_stats_reaches_a_tls_broker_directly_with_its_ca(
+    tls_broker: ServerProcess, pki: Issued, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The proxy-less emergency path (`popgate stats --broker`) speaks TLS to brokers as the proxy does."""
+    broker = ["stats", "--broker", f"b1=localhost:{tls_broker.port}", "--json", "--endpoint", ""]
+    assert main([*broker, "--broker-tls-ca", str(pki.ca)]) == 0
+    assert main(broker) == BROKERS_MISSING  # plaintext against TLS: b1 does not answer, and is named
+    assert "b1" in capsys.readouterr().err
