@@ -118,7 +118,11 @@ class CheckPoller:
             topics = self.streams.topics()
             wait_s = self.poll_s
             if topics:
-                next_due_ms = await self.poll_once(topics)
+                try:
+                    next_due_ms = await self.poll_once(topics)
+                except Exception:  # a bug must not end the checks for good: logged, tried again next round
+                    log.exception("asking the brokers for transaction checks failed")
+                    next_due_ms = 0
                 if next_due_ms:
                     wait_s = min(wait_s, max(0.0, next_due_ms / 1000 - time.time()))
             self.streams.changed.clear()
