@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -74,6 +74,12 @@ class BrokerCore:
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
+        # For the on-call metrics (broker/metrics.py): bytes stored per topic, first deliveries and acks per (topic,
+        # group), and each ack's time since its message was stored, observed by `on_acked` when set.
+        self.bytes_in: dict[str, int] = {}
+        self.first_out: dict[tuple[str, str], int] = {}
+        self.messages_acked: dict[tuple[str, str], int] = {}
+        self.on_acked: Callable[[str, str, float], None] | None = None
         self.sends = SendPath(settings, store, self.topics, clock=clock)
         # Commits of the state of groups that looked at a topic before it existed, made when its first messages
         # arrived, by topic, until the Send that brought them waits for them (at most one per early-looked topic).
@@ -163,6 +169,7 @@ class BrokerCore:
             queue.append(record)
             self.cache.add(queue, record.offset, record.payload)
             by_topic.setdefault(record.topic, []).append(record.tag)
+            self.bytes_in[record.topic] = self.bytes_in.get(record.topic, 0) + len(record.payload)
             if queue.fifo is not None:
                 fifo_topics.add(record.topic)
         for topic in by_topic:
@@ -278,6 +285,7 @@ class BrokerCore:
         deliveries = self._fit(state, deliveries, payloads)
         key = (state.topic, state.group)
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
+        self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
         return [self._popped(topic, q, o, d, payloads) for q, o, d in deliveries]
 
     def _fit(
@@ -407,6 +415,7 @@ class BrokerCore:
         results: list[DomainError | None] = []
         ops: list[Op] = []
         released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
+        acked: list[ReceiptHandle] = []
         for text in handles:
             try:
                 state, handle, _ = self._resolve(topic, group, text)
@@ -416,12 +425,23 @@ class BrokerCore:
             if state.remove(handle.queue_id, handle.offset):
                 released[(state.topic, handle.queue_id)] = state
             ops.append(DeleteInflight(group, handle.topic, handle.queue_id, handle.offset))
+            acked.append(handle)
             results.append(None)
         for (_, queue_id), state in released.items():
             self._fifo_released(state, queue_id)
         if ops:
             await self.commits.write(ops)
+        self._count_acks(group, acked)
         return results
+
+    def _count_acks(self, group: str, acked: Sequence[ReceiptHandle]) -> None:
+        now = self.clock.now_ms()
+        for handle in acked:
+            key = (handle.topic, group)
+            self.messages_acked[key] = self.messages_acked.get(key, 0) + 1
+            queue = self.topics[handle.topic].queues[handle.queue_id]
+            if self.on_acked is not None and handle.offset >= queue.min_offset:  # retention may have passed it
+                self.on_acked(handle.topic, group, max(0, now - queue.store_ms_at(handle.offset)) / 1000)
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
         validation.check_group(group)

@@ -16,6 +16,10 @@ from popgate_contract.lag import lag_seconds
 from popgate_contract.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Stored -> acked spans consumer processing and queueing: seconds to hours.
+ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
+MAX_LATENCY_PAIRS = 1000  # (topic, group) pairs with their own ack latency series; the others share OTHER
+OTHER = "_other"
 
 
 class BrokerMetrics:
@@ -42,8 +46,29 @@ class BrokerMetrics:
             registry=self.registry,
         )
 
+        self.ack_latency = Histogram(
+            "popgate_broker_ack_latency_seconds",
+            f"Time from a message's store to its ack, per topic and group (beyond {MAX_LATENCY_PAIRS} pairs: "
+            f"topic and group {OTHER})",
+            ["topic", "group"],
+            buckets=ACK_BUCKETS,
+            registry=self.registry,
+        )
+        self._latency_pairs: set[tuple[str, str]] = set()
+
+    def acked(self, topic: str, group: str, seconds: float) -> None:
+        """One ack, `seconds` after its message was stored — tests/unit/broker/test_metrics.py."""
+        pair = (topic, group)
+        if pair not in self._latency_pairs:
+            if len(self._latency_pairs) >= MAX_LATENCY_PAIRS:
+                pair = (OTHER, OTHER)
+            else:
+                self._latency_pairs.add(pair)
+        self.ack_latency.labels(*pair).observe(seconds)
+
     def watch(self, core: BrokerCore) -> None:
         core.sends.on_lateness = self.lateness.observe
+        core.on_acked = self.acked
         self.registry.register(_CoreCollector(core))
 
 
@@ -103,6 +128,7 @@ class _CoreCollector(Collector):
         msg_out = CounterMetricFamily("popgate_broker_messages_out", "Messages delivered (pops)", labels=tg)
         for (topic_name, group), count in core.messages_out.items():
             msg_out.add_metric([topic_name, group], count)
+        yield from _flow_metrics(core)
         retained = CounterMetricFamily(
             "popgate_broker_retention_deleted_messages",
             "Messages deleted by retention (older than --retention-s), consumed or not",
@@ -202,3 +228,20 @@ def _store_metrics(core: BrokerCore) -> Iterator[Metric]:
         "Size of the file system of the broker's data directory",
         value=disk.f_blocks * disk.f_frsize,
     )
+
+
+def _flow_metrics(core: BrokerCore) -> Iterator[Metric]:
+    """What on-call asks beside lag: bytes stored, first deliveries (redeliveries apart) and acks."""
+    tg = ["topic", "group"]
+    bytes_in = CounterMetricFamily("popgate_broker_bytes_in", "Bytes stored (encoded messages)", labels=["topic"])
+    for topic_name, count in core.bytes_in.items():
+        bytes_in.add_metric([topic_name], count)
+    first = CounterMetricFamily(
+        "popgate_broker_messages_first_delivered", "Messages delivered for the first time (attempt 1)", labels=tg
+    )
+    for (topic_name, group), count in core.first_out.items():
+        first.add_metric([topic_name, group], count)
+    acked = CounterMetricFamily("popgate_broker_messages_acked", "Messages acked", labels=tg)
+    for (topic_name, group), count in core.messages_acked.items():
+        acked.add_metric([topic_name, group], count)
+    yield from (bytes_in, first, acked)

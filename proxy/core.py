@@ -94,7 +94,7 @@ class Proxy:
         self.closing = asyncio.Event()
         self._queues = queues_per_broker
         self._timeout = broker_timeout_s
-        self._metrics = metrics or NoMetrics()
+        self.metrics = metrics or NoMetrics()
         self._max_held = max_held_receives
         self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
@@ -231,18 +231,18 @@ class Proxy:
         finally:
             if held:
                 self._held -= 1
-            self._metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
+            self.metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
 
     def not_read(self, group: str) -> None:
         """An answer of `group` was not read by its client within its write deadline (docs/PROXY.md)."""
-        self._metrics.answer_not_read(group)
+        self.metrics.answer_not_read(group)
 
     def refused(self, group: str, error: errors.DomainError) -> None:
         """A receive of `group` refused for its poll time before it was served (`proxy.receive.polltime`): counted, as
         `behind` when its deadline left no time to poll because the proxy is behind (TOO_MANY_REQUESTS), else as
         `illegal_polling_time` (a negative poll time, or a request timeout too short to poll)."""
         outcome = "behind" if isinstance(error, errors.TooManyRequests) else "illegal_polling_time"
-        self._metrics.receive(group, self.strategy.mode, outcome, 0.0)
+        self.metrics.receive(group, self.strategy.mode, outcome, 0.0)
 
     def _admit(self) -> None:
         """Count one more receive in `_held`, or TooManyRequests: too many held, or too many bytes unread."""

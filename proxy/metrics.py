@@ -314,11 +314,10 @@ class _DeliveryMetrics:
         self.bytes.labels(topic, group).inc(size)
 
 
-def counting(proxy: object) -> ProxyMetrics | None:
-    """The ProxyMetrics a proxy core counts into (None when it counts into anything else, as tests' NoMetrics): the
-    v2 edge counts deliveries and acks in it. The core keeps its sink in `_metrics`."""
-    sink = getattr(proxy, "_metrics", None)
-    return sink if isinstance(sink, ProxyMetrics) else None
+def counting(metrics: object) -> ProxyMetrics | None:
+    """`metrics` when it is a ProxyMetrics (None for anything else, as tests' NoMetrics): the v2 edge counts
+    deliveries and acks in the proxy core's `metrics`."""
+    return metrics if isinstance(metrics, ProxyMetrics) else None
 
 
 class _BrokerHealth(Collector):

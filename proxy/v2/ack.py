@@ -24,7 +24,7 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
         raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
     handles = [e.receipt_handle for e in request.entries]
     outcome = await call.proxy.ack(topic, group, handles, deadline=call.deadline)
-    metrics = counting(call.proxy)
+    metrics = counting(call.proxy.metrics)
     if metrics is not None:
         metrics.acked(topic, group, outcome)
     entries = []

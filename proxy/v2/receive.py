@@ -234,7 +234,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
         yield framing.status(v2.Status(code=v2.OK, message="OK"))
         complete = True
         deadline.renewed = []
-        metrics = counting(call.proxy)
+        metrics = counting(call.proxy.metrics)
         if metrics is not None:
             metrics.delivered(receive.topic, receive.group, result.messages, time.time_ns() // 1_000_000)
     finally:

@@ -77,3 +77,39 @@ async def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_w
         clock.now = stored + 7_500
         ages = samples(metrics, "popgate_broker_oldest_unacked_age_seconds")
     assert ages == {"billing": 7.5, "audit": 0.0}  # billing's oldest (popped, not acked) was stored 7.5 s "ago"
+
+
+def counted(metrics: BrokerMetrics, name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s.labels.values()): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name
+    }
+
+
+async def test_first_deliveries_acks_bytes_and_ack_latency(tmp_path: Path) -> None:
+    """Redeliveries are not first deliveries; an ack counts once and observes the time since its message's store."""
+    clock = ManualClock(1_000_000)
+    async with broker(tmp_path, clock=clock) as (core, _):
+        metrics = BrokerMetrics()
+        metrics.watch(core)
+        await core.send([pb.Message(topic="orders", message_id=f"m{i}", body=b"x" * 100) for i in range(3)])
+        first = (await core.pop("orders", "billing", "*", 32, 30_000, 0)).messages
+        clock.now += 10
+        await core.change_invisible("orders", "billing", first[0].handle, 0)  # back at once: a redelivery
+        again = (await core.pop("orders", "billing", "*", 32, 30_000, 0)).messages
+        clock.now += 2_500
+        await core.ack("orders", "billing", [m.handle for m in again] + [m.handle for m in first[1:]])
+        await core.ack("orders", "billing", [first[1].handle])  # stale: not counted again
+    assert counted(metrics, "popgate_broker_messages_first_delivered_total") == {("orders", "billing"): 3}
+    assert counted(metrics, "popgate_broker_messages_out_total") == {("orders", "billing"): 4}
+    assert counted(metrics, "popgate_broker_messages_acked_total") == {("orders", "billing"): 3}
+    assert counted(metrics, "popgate_broker_bytes_in_total")[("orders",)] >= 300
+    latency = counted(metrics, "popgate_broker_ack_latency_seconds_sum")
+    assert latency == {("orders", "billing"): 3 * 2.51}
+
+
+def test_ack_latency_labels_are_bounded() -> None:
+    metrics = BrokerMetrics()
+    for i in range(1005):
+        metrics.acked("t", f"g{i}", 1.0)
+    groups = {labels[1] for labels in counted(metrics, "popgate_broker_ack_latency_seconds_count")}
+    assert len(groups) == 1001 and "_other" in groups
