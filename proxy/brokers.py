@@ -336,6 +336,19 @@ class GrpcBrokerClient:
     async def list_messages(self, request: bpb.ListMessagesRequest, *, timeout_s: float) -> bpb.ListMessagesResponse:
         return await self._call("ListMessages", self._stub.ListMessages, request, timeout_s)
 
+    async def recall(self, request: bpb.RecallRequest, *, timeout_s: float) -> bpb.RecallResponse:
+        return await self._call("Recall", self._stub.Recall, request, timeout_s)
+
+    async def end_transaction(
+        self, request: bpb.EndTransactionRequest, *, timeout_s: float
+    ) -> bpb.EndTransactionResponse:
+        return await self._call("EndTransaction", self._stub.EndTransaction, request, timeout_s)
+
+    async def transaction_checks(
+        self, request: bpb.TransactionChecksRequest, *, timeout_s: float
+    ) -> bpb.TransactionChecksResponse:
+        return await self._call("TransactionChecks", self._stub.TransactionChecks, request, timeout_s)
+
     async def check_health(self, *, timeout_s: float) -> bool:
         """One grpc.health.v1 check with a deadline; updates and returns the health flag."""
         if self._gone:

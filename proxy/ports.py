@@ -55,6 +55,19 @@ class BrokerClient(Protocol):
     async def list_messages(self, request: bpb.ListMessagesRequest, *, timeout_s: float) -> bpb.ListMessagesResponse:
         """A page of a queue's stored messages (the admin service, proxy.admin)."""
 
+    async def recall(self, request: bpb.RecallRequest, *, timeout_s: float) -> bpb.RecallResponse:
+        """Withdraw a scheduled message (proxy.producer)."""
+
+    async def end_transaction(
+        self, request: bpb.EndTransactionRequest, *, timeout_s: float
+    ) -> bpb.EndTransactionResponse:
+        """Commit or roll back a half message (proxy.producer)."""
+
+    async def transaction_checks(
+        self, request: bpb.TransactionChecksRequest, *, timeout_s: float
+    ) -> bpb.TransactionChecksResponse:
+        """The half messages due for a check back (proxy.txchecks)."""
+
     # Pop and Notification are started at once and return futures: cancelling one cancels the broker
     # request. A held receive waits on one per broker, so no task or coroutine per request.
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]: ...

@@ -1,35 +1,28 @@
 """The producer features beyond Send, protocol-neutral: recall of scheduled messages and the resolution of
 transactions, each routed to the broker its handle or transaction id names (any proxy serves any of them).
 
-Calls reach brokers through `ProducerCalls` (proxy.producer_brokers) made for a pool's client, so unit tests
-give fakes.
+Calls reach brokers through the pool's clients (`proxy.ports.BrokerClient`), so unit tests give fakes.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from popgate_contract.handles import RecallHandle, TransactionId
 from proxy.ports import BrokerClient
-from proxy.producer_brokers import ProducerCalls
 from proxy.routing import BrokerPool
-
-CallsFor = Callable[[BrokerClient], ProducerCalls]
 
 
 class ProducerFeatures:
-    def __init__(self, pool: BrokerPool, calls_for: CallsFor) -> None:
+    def __init__(self, pool: BrokerPool) -> None:
         self.pool = pool
-        self.calls_for = calls_for
 
-    def _calls(self, broker: str, error: type[errors.DomainError], what: str) -> ProducerCalls:
+    def _calls(self, broker: str, error: type[errors.DomainError], what: str) -> BrokerClient:
         client = self.pool.get(broker)
         if client is None:
             raise error(f"{what} names broker {broker}, which this proxy does not know")
-        return self.calls_for(client)
+        return client
 
     async def recall(self, topic: str, handle: str, *, timeout_s: float) -> str:
         """Withdraw a scheduled message; its message id."""

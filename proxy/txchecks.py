@@ -23,7 +23,6 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from proxy.ports import BrokerClient
-from proxy.producer import CallsFor
 from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)
@@ -89,14 +88,12 @@ class CheckPoller:
     def __init__(
         self,
         pool: BrokerPool,
-        calls_for: CallsFor,
         streams: ProducerStreams,
         to_command: ToCommand,
         *,
         timeout_s: float,
     ) -> None:
         self.pool = pool
-        self.calls_for = calls_for
         self.streams = streams
         self.to_command = to_command
         self.timeout_s = timeout_s
@@ -143,7 +140,7 @@ class CheckPoller:
     async def _ask(self, client: BrokerClient, topics: list[str]) -> int:
         request = bpb.TransactionChecksRequest(topics=topics, max_checks=MAX_CHECKS_PER_CALL)
         try:
-            response = await self.calls_for(client).transaction_checks(request, timeout_s=self.timeout_s)
+            response = await client.transaction_checks(request, timeout_s=self.timeout_s)
         except errors.DomainError as exc:
             log.debug("transaction checks of broker %s failed: %s", client.name, exc)
             return 0

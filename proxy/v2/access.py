@@ -1,6 +1,7 @@
 """Which permissions each v2 request needs, checked before its handler runs (proxy/auth.py does the checking).
 
-SendMessage: publish to every message's topic. ReceiveMessage, AckMessage,
+SendMessage: publish to every message's topic; EndTransaction and RecallMessage: publish to
+the topic (the broker refuses a transaction id or recall handle of another topic). ReceiveMessage, AckMessage,
 ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue: subscribe to the topic
 and consume as the group. Everything else (route, heartbeat, assignment,
 telemetry, termination): a valid key is enough.
@@ -71,3 +72,5 @@ def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, reques
         authorize(account, subscribe=[_topic(request.message_queue.topic)], group=_group(request.group))
     elif isinstance(request, _CONSUME):
         authorize(account, subscribe=[_topic(request.topic)], group=_group(request.group))
+    elif isinstance(request, pb.EndTransactionRequest | pb.RecallMessageRequest):
+        authorize(account, publish=[_topic(request.topic)])

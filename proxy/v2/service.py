@@ -28,7 +28,6 @@ from proxy.auth import Authenticator
 from proxy.core import Proxy
 from proxy.ports import Metrics
 from proxy.producer import ProducerFeatures
-from proxy.producer_brokers import StubCalls
 from proxy.settings import Settings
 from proxy.txchecks import CheckPoller, ProducerStreams
 from proxy.v2 import access, ack, producer, receive, route, send, telemetry
@@ -58,10 +57,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._attempts = GroupAttempts(proxy.pool.live, timeout_s=min(LOOKUP_TIMEOUT_S, settings.broker_timeout_s))
         self._inflation = send.Inflation()
         self._send = functools.partial(send.send_message, inflation=self._inflation)
-        self._producer = ProducerFeatures(proxy.pool, StubCalls)
+        self._producer = ProducerFeatures(proxy.pool)
         self._producers = ProducerStreams()
         self._checks = CheckPoller(
-            proxy.pool, StubCalls, self._producers, telemetry.recover_command, timeout_s=settings.broker_timeout_s
+            proxy.pool, self._producers, telemetry.recover_command, timeout_s=settings.broker_timeout_s
         )
         self._recall = functools.partial(producer.recall_message, self._producer)
         self._end_transaction = functools.partial(producer.end_transaction, self._producer)

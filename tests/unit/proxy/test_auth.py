@@ -137,6 +137,8 @@ def receive(topic: str, group: str) -> pb.ReceiveMessageRequest:
         receive("orders", "billing"),
         pb.AckMessageRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="orders")),
         pb.ChangeInvisibleDurationRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="orders")),
+        pb.EndTransactionRequest(topic=v2.Resource(name="orders")),
+        pb.RecallMessageRequest(topic=v2.Resource(name="log-x")),
         pb.QueryRouteRequest(topic=v2.Resource(name="anything")),  # route: a valid key is enough
         pb.HeartbeatRequest(),
         None,  # Telemetry
@@ -155,6 +157,8 @@ def test_permitted_requests_pass(request_: object) -> None:
         receive("orders", "other-group"),
         pb.AckMessageRequest(group=v2.Resource(name="other"), topic=v2.Resource(name="orders")),
         pb.ForwardMessageToDeadLetterQueueRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="x")),
+        pb.EndTransactionRequest(topic=v2.Resource(name="payments")),  # commits and recalls need publish
+        pb.RecallMessageRequest(topic=v2.Resource(name="payments")),
     ],
 )
 def test_requests_beyond_the_accounts_permissions_are_forbidden(request_: object) -> None:

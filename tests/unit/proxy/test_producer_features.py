@@ -37,7 +37,7 @@ class FakeBroker:
 
 def setup() -> tuple[ProducerFeatures, FakeBroker, Call]:
     broker = FakeBroker("b1")
-    features = ProducerFeatures(BrokerPool({"b1": broker}), lambda client: client)  # type: ignore[dict-item, arg-type, return-value]
+    features = ProducerFeatures(BrokerPool({"b1": broker}))  # type: ignore[dict-item, arg-type, return-value]
     settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
     return features, broker, Call(None, settings, v2.Endpoints(), None)  # type: ignore[arg-type]
 

@@ -57,7 +57,7 @@ async def test_the_poller_asks_every_live_broker_for_its_producers_topics() -> N
     outbox = Outbox()
     streams.register(outbox, ["t"])
     pool = BrokerPool({"b1": b1, "b2": b2})  # type: ignore[dict-item]
-    poller = CheckPoller(pool, lambda c: c, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
+    poller = CheckPoller(pool, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
     assert await poller.poll_once(["t"]) == 3000
     assert b1.asked == [["t"]] and b2.asked == [["t"]]
     assert outbox.commands.get_nowait() == "tid" and poller.handed == 1
