@@ -31,6 +31,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker.clock import Clock
 from broker.commits import StateCommits
+from broker.consumers import ConsumerRegistry
 from broker.filters import MATCH_ALL, TagFilter
 from broker.groups import ConsumerGroups
 from broker.inflight import Delivery, GroupTopic
@@ -81,6 +82,7 @@ class BrokerCore:
         self.messages_acked: dict[tuple[str, str], int] = {}
         self.on_acked: Callable[[str, str, float], None] | None = None
         self.sends = SendPath(settings, store, self.topics, clock=clock)
+        self.consumers_seen = ConsumerRegistry()  # the live consumers proxies report (broker.admin)
         # Commits of the state of groups that looked at a topic before it existed, made when its first messages
         # arrived, by topic, until the Send that brought them waits for them (at most one per early-looked topic).
         self._adoptions: dict[str, asyncio.Future[list[Record]]] = {}
@@ -165,7 +167,10 @@ class BrokerCore:
         by_topic: dict[str, list[str | None]] = {}
         fifo_topics: set[str] = set()  # topics with an arrival in a queue holding FIFO messages
         for record in records:
-            queue = self.topics[record.topic].queues[record.queue_id]
+            topic_log = self.topics.get(record.topic)
+            if topic_log is None:  # deleted while its Send was being committed (broker.admin.delete_topic)
+                continue
+            queue = topic_log.queues[record.queue_id]
             queue.append(record)
             self.cache.add(queue, record.offset, record.payload)
             by_topic.setdefault(record.topic, []).append(record.tag)

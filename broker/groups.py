@@ -146,6 +146,16 @@ class ConsumerGroups:
                 self.reader(group, topic, topic_filter, ops, pop_filter=False)
             self._forget_early(group, topic)
 
+    def forget_early(self, group: str, topic: str = "") -> None:
+        """Drop the group's early looks (at `topic`, or at every topic): the group was deleted."""
+        for g, t in [k for k in self._looked_early if k[0] == group and (not topic or k[1] == topic)]:
+            self._forget_early(g, t)
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop every group's early look at the topic: it was deleted."""
+        for g, t in [k for k in self._looked_early if k[1] == topic]:
+            self._forget_early(g, t)
+
     def _forget_early(self, group: str, topic: str) -> bool:
         """Drop the group's early look at the topic; whether it had one."""
         if self._looked_early.pop((group, topic), None) is None:

@@ -199,6 +199,19 @@ class HoldService:
         self._remove(key, oldest)
         return oldest.resolve(Outcome.SERVED)
 
+    def end(self, key: Key) -> int:
+        """Answer the key's held requests now, empty (its group or topic was deleted); how many."""
+        ended = 0
+        for group in list(self._waiters.get(key, {}).values()):
+            for waiter in list(group):
+                self._remove(key, waiter)
+                ended += waiter.resolve(Outcome.CLOSED)
+        return ended
+
+    def end_topic(self, topic: str) -> int:
+        """`end` for every group's held requests of the topic; how many."""
+        return sum(self.end((topic, group)) for group in self.groups_waiting(topic))
+
     def close(self) -> None:
         """Answer every held request now (shutdown)."""
         self._closed = True

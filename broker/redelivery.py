@@ -152,6 +152,12 @@ class Redelivery:
         handle = asyncio.get_running_loop().call_later(delay, self._on_deadline, state)
         self._timers[key] = (deadline, handle)
 
+    def forget(self, state: GroupTopic) -> None:
+        """The group's state on the topic was deleted (broker.admin): its timer goes."""
+        timer = self._timers.pop((state.group, state.topic), None)
+        if timer is not None:
+            timer[1].cancel()
+
     def _on_deadline(self, state: GroupTopic) -> None:
         self._timers.pop((state.group, state.topic), None)
         count = self.expire(state, self.clock.now_ms())

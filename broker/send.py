@@ -60,6 +60,7 @@ class SendPath:
         self._scheduled_bytes = 0
         self._next_schedule_id = 0
         self._unsaved_topics: set[str] = set()  # created in memory, their queue rows not yet committed
+        self.deleting: set[str] = set()  # topics being deleted (broker.admin): Sends to them are refused
         self.scheduler = ScheduledDelivery(
             self.schedule, self.deliver_scheduled, clock=clock, max_in_flight=settings.schedule_max_in_flight
         )
@@ -199,6 +200,8 @@ class SendPath:
             count = len(topic.queues) if topic else self.settings.queues_per_topic
             if m.queue_id >= count:
                 raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
+        if m.topic in self.deleting:
+            raise TopicNotFound(f"topic {m.topic} is being deleted on broker {self.name}")
         if not self.settings.auto_create and m.topic not in self.topics:
             raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
         return tag, due
@@ -234,6 +237,10 @@ class SendPath:
             m.born_ms = now
         payload = m.SerializeToString()
         return NewMessage(m.topic, queue_id, now, tag, payload, fifo=bool(m.message_group), priority=m.priority)
+
+    def forget(self, topic: str) -> None:
+        """The topic was deleted (broker.admin)."""
+        self._unsaved_topics.discard(topic)
 
     def unsaved(self, topic: str) -> None:
         """The topic's queue rows may be missing from the store: its next write stores them."""

@@ -14,7 +14,7 @@ import grpc
 from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
-from broker import session
+from broker import admin, session
 from broker.budget import ByteBudget
 from broker.core import BrokerCore
 from broker.handlers import (
@@ -68,6 +68,19 @@ def rpc(method: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
         return call
 
     return wrap
+
+
+def _filled(
+    method: str, fill: Callable[[BrokerCore, Any, Any], Awaitable[None]], response: Callable[[], Resp]
+) -> Handler[Any, Resp]:
+    """A unary RPC whose handler fills in a new `response` from the request (`rpc` around it)."""
+
+    async def call(self: BrokerServicer, request: Any, context: grpc.aio.ServicerContext) -> Resp:
+        out = response()
+        await fill(self.core, request, out)
+        return out
+
+    return rpc(method)(call)
 
 
 class BrokerServicer(pb_grpc.BrokerServicer):
@@ -192,6 +205,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         out = pb.TransactionChecksResponse()
         await transaction_checks(self.core, request, out)
         return out
+
+    # The admin operations (broker.admin): each fills in its response as the handlers do.
+    ResetOffset = _filled("ResetOffset", admin.reset_offset, pb.ResetOffsetResponse)
+    DeleteGroup = _filled("DeleteGroup", admin.delete_group, pb.DeleteGroupResponse)
+    CreateTopic = _filled("CreateTopic", admin.create_topic, pb.CreateTopicResponse)
+    DeleteTopic = _filled("DeleteTopic", admin.delete_topic, pb.DeleteTopicResponse)
+    QueryMessages = _filled("QueryMessages", admin.query_messages, pb.QueryMessagesResponse)
+    ReportConsumers = _filled("ReportConsumers", admin.report_consumers, pb.ReportConsumersResponse)
+    ListConsumers = _filled("ListConsumers", admin.list_consumers, pb.ListConsumersResponse)
 
     @rpc("ListMessages")
     async def ListMessages(

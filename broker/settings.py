@@ -61,7 +61,13 @@ class BrokerSettings:
     )
     queues_per_topic: int = field(default=4, metadata={"help": "queues of an auto-created topic"})
     auto_create: bool = field(
-        default=True, metadata={"help": "create topics on first send", "negate": "no-auto-create"}
+        default=False,
+        metadata={
+            "help": "create a topic on its first send (RocketMQ's autoCreateTopicEnable; `popgate up` turns it on);"
+            " off, a send or receive of an unknown topic is TOPIC_NOT_FOUND and topics come from --topic or"
+            " `popgate topic create`",
+            "negate": "no-auto-create",
+        },
     )
     topics: tuple[str, ...] = field(
         default=(),
@@ -70,7 +76,7 @@ class BrokerSettings:
             "aliases": ("topics",),
             "parse": lambda value: _names(value),
             "help": "topic to create at start when missing, repeated (env POPGATE_TOPIC: comma list); "
-            "with --no-auto-create these are the broker's topics",
+            "without --auto-create these and those created by `popgate topic create` are the broker's topics",
         },
     )
     consume_from: str = field(

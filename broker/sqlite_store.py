@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, priority_marks, unpack
 from broker.store import (
+    PURGES,
     RECORD_OVERHEAD_BYTES,
     ArrivalListener,
     CreateQueue,
@@ -36,6 +37,8 @@ from broker.store import (
     DeleteScheduled,
     NewMessage,
     Op,
+    PurgeGroup,
+    PurgeTopic,
     PutHalf,
     PutInflight,
     PutScheduled,
@@ -145,6 +148,15 @@ _SQL = {
     SetHalfCheck: "UPDATE half_messages SET checks = ?2, next_check_ms = ?3 WHERE id = ?1",
     DeleteHalf: "DELETE FROM half_messages WHERE id = ?",
 }
+
+# What a purge deletes (broker.admin): a group's state on a topic; a topic with every group's state on it.
+PURGE_GROUP = [
+    f"DELETE FROM {table} WHERE grp = ? AND topic = ?" for table in ("pull_offsets", "inflight", "group_filters")
+]
+PURGE_TOPIC = [
+    f"DELETE FROM {table} WHERE topic = ?"
+    for table in ("batches", "queues", "pull_offsets", "inflight", "group_filters")
+]
 
 CommitObserver = Callable[[float], None]
 FAILURE_LOG_EVERY_S = 10.0
@@ -578,7 +590,10 @@ class SqliteStore:
         state writes are upserts), so a failure is the database's (disk full, read-only): it fails
         every request of the batch and rolls the offsets back.
 
-        Ops run grouped by kind, each kind in request order, the kinds in KIND_ORDER. Two ops of
+        A request with a purge (PurgeGroup, PurgeTopic: broker.admin) splits the batch: the requests before it are
+        written, then its purges run, then it and the rest are written — a purge never deletes what a later request
+        wrote, nor leaves what an earlier one did. Within each part ops run grouped by kind, each kind in request
+        order, the kinds in KIND_ORDER. Two ops of
         different kinds on one row can share a batch (a Pop is answered before its commit under
         --flush async, so its ack may follow at once), and then only in that order: a delivery is put
         before it is deleted, a schedule entry written before it is delivered; nothing puts a row
@@ -588,24 +603,15 @@ class SqliteStore:
         saved = dict(self._next_offset)
         try:
             conn.execute("BEGIN")
-            batches = Batches()
-            by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
+            segment: list[_Request] = []
             for request in batch:
-                request.result = self._assign(request.appends, batches)
-                for op in request.ops:
-                    by_kind[type(op)].append(op)
-            if batches.open:
-                conn.executemany(INSERT_BATCH, batches.all_rows())
-            coalesce(by_kind)
-            for kind, ops in by_kind.items():
-                if not ops:
-                    continue
-                if kind is PutInflight:
-                    conn.execute(PUT_INFLIGHT, (json.dumps(ops),))
-                elif kind is DeleteInflight:
-                    self._delete_inflight(ops)
-                else:
-                    conn.executemany(_SQL[kind], ops)
+                purges = [op for op in request.ops if isinstance(op, PURGES)]
+                if purges:  # what came before it is written first, then the purge, then the rest
+                    self._write(segment)
+                    self._purge(purges)
+                    segment = []
+                segment.append(request)
+            self._write(segment)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self._commit_failed("store commit failed: %s", exc)
@@ -616,6 +622,40 @@ class SqliteStore:
                 request.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
+
+    def _write(self, batch: list[_Request]) -> None:
+        """The appends and ops of `batch`, ops grouped by kind in KIND_ORDER (see `_apply`)."""
+        conn = self._conn
+        batches = Batches()
+        by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
+        for request in batch:
+            request.result = self._assign(request.appends, batches)
+            for op in request.ops:
+                if not isinstance(op, PURGES):  # applied before (`_apply`)
+                    by_kind[type(op)].append(op)
+        if batches.open:
+            conn.executemany(INSERT_BATCH, batches.all_rows())
+        coalesce(by_kind)
+        for kind, ops in by_kind.items():
+            if not ops:
+                continue
+            if kind is PutInflight:
+                conn.execute(PUT_INFLIGHT, (json.dumps(ops),))
+            elif kind is DeleteInflight:
+                self._delete_inflight(ops)
+            else:
+                conn.executemany(_SQL[kind], ops)
+
+    def _purge(self, purges: Sequence[Op]) -> None:
+        for op in purges:
+            if isinstance(op, PurgeGroup):
+                for sql in PURGE_GROUP:
+                    self._conn.execute(sql, (op.group, op.topic))
+            elif isinstance(op, PurgeTopic):
+                for sql in PURGE_TOPIC:
+                    self._conn.execute(sql, (op.topic,))
+                for key in [k for k in self._next_offset if k[0] == op.topic]:
+                    del self._next_offset[key]
 
     def _delete_rows(self, deletion: _Deletion) -> None:
         """Delete the rows wholly below each cut, at most DELETE_ROWS rows and about DELETE_BYTES of payloads, in

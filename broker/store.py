@@ -115,6 +115,23 @@ class DeleteHalf(NamedTuple):
     half_id: int
 
 
+class PurgeGroup(NamedTuple):
+    """Every stored row of a group's state on a topic (pull offsets, deliveries, filter): a deleted group
+    (broker.admin). Applied in its request's turn: the ops of requests before it first, of those after it after."""
+
+    group: str
+    topic: str
+
+
+class PurgeTopic(NamedTuple):
+    """A topic's messages, queues and every group's state on it: a deleted topic (broker.admin). Applied in its
+    request's turn, as PurgeGroup; the topic's offsets start again at 0 should it be created again."""
+
+    topic: str
+
+
+PURGES = (PurgeGroup, PurgeTopic)
+
 Op = (
     CreateQueue
     | SetPullOffset
@@ -126,6 +143,8 @@ Op = (
     | PutHalf
     | SetHalfCheck
     | DeleteHalf
+    | PurgeGroup
+    | PurgeTopic
 )
 
 

@@ -69,7 +69,9 @@ NO_SWEEP_ARGS = ("--sweep-interval-s", "3600")
 
 
 def broker_args(name: str, data_dir: Path, *extra: str, listen: str = "127.0.0.1:0") -> list[str]:
-    return ["--name", name, "--listen", listen, "--data-dir", str(data_dir), *extra]
+    """A test broker's arguments: topics auto-created as under `popgate up` (its dev mode) unless `extra` says
+    --no-auto-create, which comes later and wins."""
+    return ["--name", name, "--listen", listen, "--data-dir", str(data_dir), "--auto-create", *extra]
 
 
 def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.02) -> bool:

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -376,6 +377,182 @@ class TransactionChecksResponse(_message.Message):
     checks: _containers.RepeatedCompositeFieldContainer[TransactionCheck]
     next_due_ms: int
     def __init__(self, checks: _Optional[_Iterable[_Union[TransactionCheck, _Mapping]]] = ..., next_due_ms: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetRequest(_message.Message):
+    __slots__ = ("topic", "group", "to", "timestamp_ms")
+    class To(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TO_UNSPECIFIED: _ClassVar[ResetOffsetRequest.To]
+        EARLIEST: _ClassVar[ResetOffsetRequest.To]
+        LATEST: _ClassVar[ResetOffsetRequest.To]
+        TIMESTAMP: _ClassVar[ResetOffsetRequest.To]
+    TO_UNSPECIFIED: ResetOffsetRequest.To
+    EARLIEST: ResetOffsetRequest.To
+    LATEST: ResetOffsetRequest.To
+    TIMESTAMP: ResetOffsetRequest.To
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    to: ResetOffsetRequest.To
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., to: _Optional[_Union[ResetOffsetRequest.To, str]] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class QueueReset(_message.Message):
+    __slots__ = ("queue_id", "offset", "dropped_inflight")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    offset: int
+    dropped_inflight: int
+    def __init__(self, queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., dropped_inflight: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetResponse(_message.Message):
+    __slots__ = ("broker", "queues")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    queues: _containers.RepeatedCompositeFieldContainer[QueueReset]
+    def __init__(self, broker: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueReset, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupRequest(_message.Message):
+    __slots__ = ("group", "topic", "delete_dlq")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DELETE_DLQ_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    delete_dlq: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., delete_dlq: _Optional[bool] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ("broker", "topics", "dlq_deleted")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    DLQ_DELETED_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    dlq_deleted: bool
+    def __init__(self, broker: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., dlq_deleted: _Optional[bool] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic", "queues")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queues: int
+    def __init__(self, topic: _Optional[str] = ..., queues: _Optional[int] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("broker", "created", "queues")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    created: bool
+    queues: int
+    def __init__(self, broker: _Optional[str] = ..., created: _Optional[bool] = ..., queues: _Optional[int] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("broker", "existed", "messages", "groups", "held_ended")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    HELD_ENDED_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    existed: bool
+    messages: int
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    held_ended: int
+    def __init__(self, broker: _Optional[str] = ..., existed: _Optional[bool] = ..., messages: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., held_ended: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesRequest(_message.Message):
+    __slots__ = ("topic", "message_id", "key", "max_messages", "with_body", "max_scan")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    WITH_BODY_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCAN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    message_id: str
+    key: str
+    max_messages: int
+    with_body: bool
+    max_scan: int
+    def __init__(self, topic: _Optional[str] = ..., message_id: _Optional[str] = ..., key: _Optional[str] = ..., max_messages: _Optional[int] = ..., with_body: _Optional[bool] = ..., max_scan: _Optional[int] = ...) -> None: ...
+
+class FoundMessage(_message.Message):
+    __slots__ = ("stored", "body_size", "broker")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    BODY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    stored: StoredMessage
+    body_size: int
+    broker: str
+    def __init__(self, stored: _Optional[_Union[StoredMessage, _Mapping]] = ..., body_size: _Optional[int] = ..., broker: _Optional[str] = ...) -> None: ...
+
+class QueryMessagesResponse(_message.Message):
+    __slots__ = ("broker", "messages", "scanned", "scan_cut")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_FIELD_NUMBER: _ClassVar[int]
+    SCAN_CUT_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    messages: _containers.RepeatedCompositeFieldContainer[FoundMessage]
+    scanned: int
+    scan_cut: bool
+    def __init__(self, broker: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[FoundMessage, _Mapping]]] = ..., scanned: _Optional[int] = ..., scan_cut: _Optional[bool] = ...) -> None: ...
+
+class Consumer(_message.Message):
+    __slots__ = ("group", "client_id", "proxy", "last_seen_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROXY_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    client_id: str
+    proxy: str
+    last_seen_ms: int
+    def __init__(self, group: _Optional[str] = ..., client_id: _Optional[str] = ..., proxy: _Optional[str] = ..., last_seen_ms: _Optional[int] = ...) -> None: ...
+
+class ReportConsumersRequest(_message.Message):
+    __slots__ = ("proxy", "consumers", "ttl_ms")
+    PROXY_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    proxy: str
+    consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
+    ttl_ms: int
+    def __init__(self, proxy: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class ReportConsumersResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListConsumersRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class ListConsumersResponse(_message.Message):
+    __slots__ = ("broker", "consumers")
+    BROKER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    broker: str
+    consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
+    def __init__(self, broker: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config")

@@ -94,6 +94,41 @@ class BrokerStub:
                 request_serializer=popgate__pb_dot_broker__pb2.TransactionChecksRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_broker__pb2.TransactionChecksResponse.FromString,
                 _registered_method=True)
+        self.ResetOffset = channel.unary_unary(
+                '/popgate.broker.v1.Broker/ResetOffset',
+                request_serializer=popgate__pb_dot_broker__pb2.ResetOffsetRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.ResetOffsetResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/popgate.broker.v1.Broker/DeleteGroup',
+                request_serializer=popgate__pb_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
+        self.CreateTopic = channel.unary_unary(
+                '/popgate.broker.v1.Broker/CreateTopic',
+                request_serializer=popgate__pb_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.CreateTopicResponse.FromString,
+                _registered_method=True)
+        self.DeleteTopic = channel.unary_unary(
+                '/popgate.broker.v1.Broker/DeleteTopic',
+                request_serializer=popgate__pb_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.DeleteTopicResponse.FromString,
+                _registered_method=True)
+        self.QueryMessages = channel.unary_unary(
+                '/popgate.broker.v1.Broker/QueryMessages',
+                request_serializer=popgate__pb_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.QueryMessagesResponse.FromString,
+                _registered_method=True)
+        self.ReportConsumers = channel.unary_unary(
+                '/popgate.broker.v1.Broker/ReportConsumers',
+                request_serializer=popgate__pb_dot_broker__pb2.ReportConsumersRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.ReportConsumersResponse.FromString,
+                _registered_method=True)
+        self.ListConsumers = channel.unary_unary(
+                '/popgate.broker.v1.Broker/ListConsumers',
+                request_serializer=popgate__pb_dot_broker__pb2.ListConsumersRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.ListConsumersResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/popgate.broker.v1.Broker/Session',
                 request_serializer=popgate__pb_dot_broker__pb2.SessionRequest.SerializeToString,
@@ -176,6 +211,48 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetOffset(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryMessages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportConsumers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -244,6 +321,41 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.TransactionChecks,
                     request_deserializer=popgate__pb_dot_broker__pb2.TransactionChecksRequest.FromString,
                     response_serializer=popgate__pb_dot_broker__pb2.TransactionChecksResponse.SerializeToString,
+            ),
+            'ResetOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffset,
+                    request_deserializer=popgate__pb_dot_broker__pb2.ResetOffsetRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.ResetOffsetResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=popgate__pb_dot_broker__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'CreateTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTopic,
+                    request_deserializer=popgate__pb_dot_broker__pb2.CreateTopicRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.CreateTopicResponse.SerializeToString,
+            ),
+            'DeleteTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopic,
+                    request_deserializer=popgate__pb_dot_broker__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'QueryMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryMessages,
+                    request_deserializer=popgate__pb_dot_broker__pb2.QueryMessagesRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.QueryMessagesResponse.SerializeToString,
+            ),
+            'ReportConsumers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportConsumers,
+                    request_deserializer=popgate__pb_dot_broker__pb2.ReportConsumersRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.ReportConsumersResponse.SerializeToString,
+            ),
+            'ListConsumers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumers,
+                    request_deserializer=popgate__pb_dot_broker__pb2.ListConsumersRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.ListConsumersResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -575,6 +687,195 @@ class Broker:
             '/popgate.broker.v1.Broker/TransactionChecks',
             popgate__pb_dot_broker__pb2.TransactionChecksRequest.SerializeToString,
             popgate__pb_dot_broker__pb2.TransactionChecksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/ResetOffset',
+            popgate__pb_dot_broker__pb2.ResetOffsetRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.ResetOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/DeleteGroup',
+            popgate__pb_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/CreateTopic',
+            popgate__pb_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.CreateTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/DeleteTopic',
+            popgate__pb_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/QueryMessages',
+            popgate__pb_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.QueryMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportConsumers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/ReportConsumers',
+            popgate__pb_dot_broker__pb2.ReportConsumersRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.ReportConsumersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/ListConsumers',
+            popgate__pb_dot_broker__pb2.ListConsumersRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.ListConsumersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -281,6 +281,9 @@ class ClusterConfig:
     metrics: bool = False  # every child serves /metrics on a free port (see Child.metrics_url)
     proxy_args: Sequence[str] = ()
     broker_args: Sequence[str] = ()
+    # Brokers create topics on their first send: `popgate up`'s dev mode (a broker's own default is off). Given
+    # before broker_args, so a --no-auto-create there wins.
+    auto_create: bool = True
     ready_timeout_s: float = 30.0
     die_with_parent: bool = False  # children get SIGTERM when the starting thread dies (Child.die_with_parent)
 
@@ -312,6 +315,8 @@ class Cluster:
             argv += ["--flush", c.flush]
         if c.metrics:
             argv += ["--metrics-listen", "127.0.0.1:0"]
+        if c.auto_create:
+            argv.append("--auto-create")
         return argv + list(c.broker_args)
 
     def start(self, stop: threading.Event | None = None) -> str:

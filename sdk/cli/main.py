@@ -77,6 +77,12 @@ def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--flush", default="", choices=["sync", "async"], help="broker flush policy (default: the broker's, async)"
     )
     up.add_argument("--metrics", action="store_true", help="every process serves /metrics on a free port (printed)")
+    up.add_argument(
+        "--no-auto-create",
+        action="store_true",
+        help="brokers refuse unknown topics as a production broker does (default: dev mode, every broker is started"
+        " with --auto-create and creates a topic on its first send)",
+    )
     up.add_argument("--no-view", action="store_true", help="no live view: print the endpoint and wait (for scripts)")
     up.add_argument(
         "--no-restart",
@@ -145,6 +151,7 @@ def up(args: argparse.Namespace) -> int:
         export_dir=args.export_dir,
         flush=args.flush,
         metrics=args.metrics or args.prometheus_sd is not None,
+        auto_create=not args.no_auto_create,
         die_with_parent=True,  # a SIGKILLed `popgate up` leaves no brokers or proxy behind
     )
     stop = threading.Event()

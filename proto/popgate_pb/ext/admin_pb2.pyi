@@ -52,3 +52,55 @@ class ListMessagesRequest(_message.Message):
     broker: str
     request: _broker_pb2.ListMessagesRequest
     def __init__(self, broker: _Optional[str] = ..., request: _Optional[_Union[_broker_pb2.ListMessagesRequest, _Mapping]] = ...) -> None: ...
+
+class ResetOffsetResponse(_message.Message):
+    __slots__ = ("answers", "failures")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.ResetOffsetResponse]
+    failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
+    def __init__(self, answers: _Optional[_Iterable[_Union[_broker_pb2.ResetOffsetResponse, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupResponse(_message.Message):
+    __slots__ = ("answers", "failures")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.DeleteGroupResponse]
+    failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
+    def __init__(self, answers: _Optional[_Iterable[_Union[_broker_pb2.DeleteGroupResponse, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("answers", "failures")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.CreateTopicResponse]
+    failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
+    def __init__(self, answers: _Optional[_Iterable[_Union[_broker_pb2.CreateTopicResponse, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ("answers", "failures")
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.DeleteTopicResponse]
+    failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
+    def __init__(self, answers: _Optional[_Iterable[_Union[_broker_pb2.DeleteTopicResponse, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ...) -> None: ...
+
+class QueryMessagesResponse(_message.Message):
+    __slots__ = ("messages", "failures", "scanned", "scan_cut")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_FIELD_NUMBER: _ClassVar[int]
+    SCAN_CUT_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_broker_pb2.FoundMessage]
+    failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
+    scanned: int
+    scan_cut: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[_broker_pb2.FoundMessage, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ..., scanned: _Optional[int] = ..., scan_cut: _Optional[bool] = ...) -> None: ...
+
+class ListConsumersResponse(_message.Message):
+    __slots__ = ("consumers", "failures")
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    consumers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.Consumer]
+    failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
+    def __init__(self, consumers: _Optional[_Iterable[_Union[_broker_pb2.Consumer, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ...) -> None: ...

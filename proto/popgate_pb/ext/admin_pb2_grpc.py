@@ -50,6 +50,36 @@ class AdminStub:
                 request_serializer=popgate__pb_dot_ext_dot_admin__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_broker__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.ResetOffset = channel.unary_unary(
+                '/popgate.admin.v1.Admin/ResetOffset',
+                request_serializer=popgate__pb_dot_broker__pb2.ResetOffsetRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_admin__pb2.ResetOffsetResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/popgate.admin.v1.Admin/DeleteGroup',
+                request_serializer=popgate__pb_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_admin__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
+        self.CreateTopic = channel.unary_unary(
+                '/popgate.admin.v1.Admin/CreateTopic',
+                request_serializer=popgate__pb_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_admin__pb2.CreateTopicResponse.FromString,
+                _registered_method=True)
+        self.DeleteTopic = channel.unary_unary(
+                '/popgate.admin.v1.Admin/DeleteTopic',
+                request_serializer=popgate__pb_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_admin__pb2.DeleteTopicResponse.FromString,
+                _registered_method=True)
+        self.QueryMessages = channel.unary_unary(
+                '/popgate.admin.v1.Admin/QueryMessages',
+                request_serializer=popgate__pb_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_admin__pb2.QueryMessagesResponse.FromString,
+                _registered_method=True)
+        self.ListConsumers = channel.unary_unary(
+                '/popgate.admin.v1.Admin/ListConsumers',
+                request_serializer=popgate__pb_dot_broker__pb2.ListConsumersRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_admin__pb2.ListConsumersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -77,6 +107,47 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetOffset(self, request, context):
+        """The operations below go to every broker; each answer lists the brokers that answered and names each that
+        did not (`failures`). A reset or delete with failures took effect on the answering brokers only: run it
+        again once the others are back (each is safe to repeat).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryMessages(self, request, context):
+        """Every broker's matches merged, newest first, at most max_messages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumers(self, request, context):
+        """The live consumers every proxy reported to the brokers, the same from any proxy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +165,36 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=popgate__pb_dot_ext_dot_admin__pb2.ListMessagesRequest.FromString,
                     response_serializer=popgate__pb_dot_broker__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'ResetOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffset,
+                    request_deserializer=popgate__pb_dot_broker__pb2.ResetOffsetRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_admin__pb2.ResetOffsetResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=popgate__pb_dot_broker__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_admin__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'CreateTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTopic,
+                    request_deserializer=popgate__pb_dot_broker__pb2.CreateTopicRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_admin__pb2.CreateTopicResponse.SerializeToString,
+            ),
+            'DeleteTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopic,
+                    request_deserializer=popgate__pb_dot_broker__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_admin__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'QueryMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryMessages,
+                    request_deserializer=popgate__pb_dot_broker__pb2.QueryMessagesRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_admin__pb2.QueryMessagesResponse.SerializeToString,
+            ),
+            'ListConsumers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumers,
+                    request_deserializer=popgate__pb_dot_broker__pb2.ListConsumersRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_admin__pb2.ListConsumersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +278,168 @@ class Admin:
             '/popgate.admin.v1.Admin/ListMessages',
             popgate__pb_dot_ext_dot_admin__pb2.ListMessagesRequest.SerializeToString,
             popgate__pb_dot_broker__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.admin.v1.Admin/ResetOffset',
+            popgate__pb_dot_broker__pb2.ResetOffsetRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_admin__pb2.ResetOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.admin.v1.Admin/DeleteGroup',
+            popgate__pb_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_admin__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.admin.v1.Admin/CreateTopic',
+            popgate__pb_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_admin__pb2.CreateTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.admin.v1.Admin/DeleteTopic',
+            popgate__pb_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_admin__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.admin.v1.Admin/QueryMessages',
+            popgate__pb_dot_broker__pb2.QueryMessagesRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_admin__pb2.QueryMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.admin.v1.Admin/ListConsumers',
+            popgate__pb_dot_broker__pb2.ListConsumersRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_admin__pb2.ListConsumersResponse.FromString,
             options,
             channel_credentials,
             insecure,

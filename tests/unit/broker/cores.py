@@ -30,8 +30,10 @@ async def broker(
     data: Path, *, clock: Clock | None = None, **settings: Any
 ) -> AsyncIterator[tuple[BrokerCore, SqliteStore]]:
     """A broker core on `data`, started and restored as broker/__main__.py does, but with no sweep task:
-    only arrivals and timers wake held requests. Its clock is `clock` (default: the wall clock). Closed (core,
-    then store) on the way out."""
+    only arrivals and timers wake held requests. Its clock is `clock` (default: the wall clock). Topics are
+    auto-created unless the test says ``auto_create=False`` (the tests predate the broker's default turning
+    off). Closed (core, then store) on the way out."""
+    settings.setdefault("auto_create", True)
     store = SqliteStore(data, flush=settings.get("flush", "async"))
     core = BrokerCore(BrokerSettings(name="b1", data_dir=data, **settings), store, clock=clock or WallClock())
     store.set_listener(core)

@@ -55,7 +55,8 @@ async def test_send_bytes_are_held_until_the_commit_settles_whatever_becomes_of_
 
     store = PendingStore()
     topics: dict[str, TopicLog] = {}
-    sends = SendPath(BrokerSettings(max_send_bytes=1024 + 2 * RECORD_OVERHEAD_BYTES), store, topics, clock=WallClock())  # type: ignore[arg-type]
+    settings = BrokerSettings(max_send_bytes=1024 + 2 * RECORD_OVERHEAD_BYTES, auto_create=True)
+    sends = SendPath(settings, store, topics, clock=WallClock())  # type: ignore[arg-type]
     message = pb.Message(topic="t", body=b"x" * 1000)
     first = asyncio.ensure_future(sends.send([message]))
     await asyncio.sleep(0)

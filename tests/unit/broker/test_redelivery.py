@@ -57,7 +57,7 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
         }
 
     clock = WallClock()
-    sends = SendPath(BrokerSettings(), store, topics, clock=clock)  # type: ignore[arg-type]
+    sends = SendPath(BrokerSettings(auto_create=True), store, topics, clock=clock)  # type: ignore[arg-type]
     redelivery = Redelivery(
         topics=topics,
         sends=sends,

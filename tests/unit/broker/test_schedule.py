@@ -121,7 +121,11 @@ async def flaky_core(tmp_path: Path, **settings: object) -> AsyncIterator[tuple[
     """A started core over a FlakyStore (short back-off), closed on the way out."""
     inner = SqliteStore(tmp_path / "data")
     store = FlakyStore(inner)
-    core = BrokerCore(BrokerSettings(name="b1", data_dir=tmp_path / "data", **settings), store, clock=WallClock())  # type: ignore[arg-type]
+    core = BrokerCore(
+        BrokerSettings(name="b1", data_dir=tmp_path / "data", **{"auto_create": True, **settings}),
+        store,
+        clock=WallClock(),
+    )  # type: ignore[arg-type]
     inner.set_listener(core)
     inner.start(asyncio.get_running_loop())
     core.restore(inner.load())

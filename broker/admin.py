@@ -1,0 +1,176 @@
+"""Admin operations on the broker core: offset reset, group and topic deletion, topic creation, message queries
+and the consumers proxies report. The proxy's admin service fans each out to every broker (docs/BROKER.md,
+"Admin operations").
+
+Each changes memory first, on the event loop with no await in between, then waits for the commit of its store ops
+whatever ``--flush`` says: once answered, a kill -9 keeps it. A failed commit answers the store's error; memory
+keeps the change and the rows are written again as consumer state is (broker.commits), and the operation is safe to
+repeat (tests/integration/proxy/test_admin_ops.py). Bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.consumers import Seen
+from broker.filters import MATCH_ALL
+from broker.lookup import query
+from broker.reset import check_target, reset_queue, target_offset
+from broker.store import Op, PurgeGroup, PurgeTopic
+from popgate_contract import validation
+from popgate_contract.errors import BadRequest, TooManyRequests
+
+if TYPE_CHECKING:
+    from broker.core import BrokerCore
+
+MAX_QUEUES = 256  # queues a created topic may have on one broker
+
+
+async def _committed(core: BrokerCore, ops: list[Op]) -> None:
+    """Commit and wait for it, whatever --flush says (StoreUnavailable when the store refuses it)."""
+    await asyncio.shield(core.commits.commit(ops))
+
+
+async def reset_offset(core: BrokerCore, request: pb.ResetOffsetRequest, out: pb.ResetOffsetResponse) -> None:
+    """RocketMQ's resetOffsetByTime on every queue of the topic here (broker.reset); a topic this broker does not
+    have answers no queue. Held requests of the group are woken to read from the new offsets."""
+    topic, group = validation.check_topic(request.topic), validation.check_group(request.group)
+    check_target(request.to, request.timestamp_ms)
+    out.broker = core.name
+    log_ = core.topics.get(topic)
+    if log_ is None:
+        return
+    ops: list[Op] = []
+    state = core.consumers.reader(group, topic, MATCH_ALL, ops, pop_filter=False)
+    assert state is not None  # the topic exists
+    for queue in log_.queues:
+        offset = target_offset(queue, request.to, request.timestamp_ms)
+        dropped = reset_queue(state, queue, offset, ops)
+        out.queues.add(queue_id=queue.queue_id, offset=offset, dropped_inflight=dropped)
+    core.redelivery.schedule(state)
+    core.hold.wake_ready((topic, group), functools.partial(core.readiness.check, state))
+    await _committed(core, ops)
+
+
+async def delete_group(core: BrokerCore, request: pb.DeleteGroupRequest, out: pb.DeleteGroupResponse) -> None:
+    """Forget the group's state on its topics here (or on `topic`); its held requests are answered empty. A
+    consumer that polls again starts as a new group. Its DLQ topic goes only when asked."""
+    group = validation.check_group(request.group)
+    topic = validation.check_topic(request.topic) if request.topic else ""
+    out.broker = core.name
+    ops: list[Op] = []
+    for t in sorted(t for g, t in core.groups if g == group and (not topic or t == topic)):
+        forget_group(core, group, t)
+        ops.append(PurgeGroup(group, t))
+        out.topics.append(t)
+    if topic and not out.topics:
+        ops.append(PurgeGroup(group, topic))  # a repeat after a failed commit: the rows go whatever memory says
+    core.consumers.forget_early(group, topic)
+    if ops:
+        await _committed(core, ops)
+    if request.delete_dlq:
+        dlq = pb.DeleteTopicResponse()
+        await delete_topic(core, pb.DeleteTopicRequest(topic=validation.DLQ_PREFIX + group), dlq)
+        out.dlq_deleted = dlq.existed
+
+
+async def delete_topic(core: BrokerCore, request: pb.DeleteTopicRequest, out: pb.DeleteTopicResponse) -> None:
+    """Delete the topic's messages and every group's state on it here. Sends to it are refused while it goes
+    (TOPIC_NOT_FOUND); held Pops and Notifications of it are answered empty, not left waiting on a topic that is
+    gone. Scheduled and half messages of the topic stay and are delivered into it when due (creating it again),
+    as RocketMQ's deleteTopic leaves its timer messages."""
+    topic = validation.check_topic(request.topic)
+    out.broker = core.name
+    if topic in core.sends.deleting:
+        raise TooManyRequests(f"topic {topic} is being deleted on broker {core.name} already")
+    core.sends.deleting.add(topic)
+    try:
+        if topic in core.topics:
+            await core.store.submit([], [])  # Sends submitted before the mark are committed and announced first
+        log_ = core.topics.get(topic)
+        if log_ is not None:
+            out.existed = True
+            out.messages = sum(q.max_offset - q.min_offset for q in log_.queues)
+            out.groups.extend(sorted(g for g, t in core.groups if t == topic))
+            out.held_ended = forget_topic(core, topic)
+        await _committed(core, [PurgeTopic(topic)])  # also when gone from memory: a repeat after a failed commit
+    finally:
+        core.sends.deleting.discard(topic)
+
+
+def forget_group(core: BrokerCore, group: str, topic: str) -> int:
+    """Drop the group's state on the topic from memory: its timer, held requests (answered empty, how many) and
+    counters."""
+    state = core.groups.pop((group, topic), None)
+    if state is not None:
+        core.redelivery.forget(state)
+    for counts in (core.messages_out, core.first_out, core.messages_acked):
+        counts.pop((topic, group), None)
+    return core.hold.end((topic, group))
+
+
+def forget_topic(core: BrokerCore, topic: str) -> int:
+    """Drop the topic and every group's state on it from memory; the held requests answered empty (how many)."""
+    ended = sum(forget_group(core, g, topic) for g in [g for g, t in core.groups if t == topic])
+    ended += core.hold.end_topic(topic)
+    log_ = core.topics.pop(topic)
+    for queue in log_.queues:
+        core.cache.drop(queue, queue.max_offset)
+    core.sends.forget(topic)
+    core.consumers.forget_topic(topic)
+    core.messages_in.pop(topic, None)
+    core.bytes_in.pop(topic, None)
+    return ended
+
+
+async def create_topic(core: BrokerCore, request: pb.CreateTopicRequest, out: pb.CreateTopicResponse) -> None:
+    """Create the topic with `queues` queues (the broker's --queues-per-topic for 0), durably; an existing topic
+    keeps its queues (answered `created = false`), also with auto-create off."""
+    topic = validation.check_topic(request.topic)
+    if not 0 <= request.queues <= MAX_QUEUES:
+        raise BadRequest(f"a topic has 1..{MAX_QUEUES} queues on a broker, not {request.queues}")
+    out.broker = core.name
+    existing = core.topics.get(topic)
+    if existing is None:
+        if len(core.topics) >= core.settings.max_topics:
+            raise TooManyRequests(
+                f"broker {core.name} has {len(core.topics)} topics, its limit (--max-topics {core.settings.max_topics})"
+            )
+        ops: list[Op] = []
+        existing = core.sends.topic_for_send(topic, ops, force=True, queues=request.queues)
+        await core.sends.submit([], ops)
+        out.created = True
+    out.queues = len(existing.queues)
+
+
+async def query_messages(core: BrokerCore, request: pb.QueryMessagesRequest, out: pb.QueryMessagesResponse) -> None:
+    out.broker = core.name
+    log_ = core.topics.get(validation.check_topic(request.topic))
+    queues = log_.queues if log_ is not None else []
+    matches, out.scanned, out.scan_cut = await query(core.store, queues, request, max_bytes=core.settings.max_pop_bytes)
+    bodies = 0
+    for record, message in matches:
+        found = out.messages.add(broker=core.name, body_size=len(message.body))
+        stored = found.stored
+        stored.message.CopyFrom(message)
+        bodies += len(message.body)
+        if not request.with_body or bodies > core.settings.max_pop_bytes:  # an answer stays under the gRPC limit
+            stored.message.ClearField("body")
+        stored.queue_id, stored.offset, stored.store_ms = record.queue_id, record.offset, record.store_ms
+
+
+async def report_consumers(
+    core: BrokerCore, request: pb.ReportConsumersRequest, out: pb.ReportConsumersResponse
+) -> None:
+    seen = [Seen(c.group, c.client_id, request.proxy, c.last_seen_ms) for c in request.consumers]
+    core.consumers_seen.report(request.proxy, seen, request.ttl_ms, core.clock.now_ms())
+
+
+async def list_consumers(core: BrokerCore, request: pb.ListConsumersRequest, out: pb.ListConsumersResponse) -> None:
+    out.broker = core.name
+    for s in core.consumers_seen.of_group(request.group, core.clock.now_ms()):
+        out.consumers.add(group=s.group, client_id=s.client_id, proxy=s.proxy, last_seen_ms=s.last_seen_ms)

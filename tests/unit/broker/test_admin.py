@@ -1,0 +1,175 @@
+"""The broker's admin operations (broker.admin) over a real store without sockets: an offset reset puts a group
+where it was asked, drops its deliveries and wakes its held polls, and lasts across a restart; deleting a group or a
+topic forgets it durably and answers the requests it held; a message query finds ids and keys newest first within
+its bound; reported consumers expire with their proxy's report."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from popgate_pb import broker_pb2 as pb
+
+from broker import admin
+from broker.consumers import ConsumerRegistry, Seen
+from broker.core import BrokerCore
+from popgate_contract.errors import BadRequest, InvalidReceiptHandle, TopicNotFound
+from tests.unit.broker.cores import ManualClock, broker
+
+To = pb.ResetOffsetRequest.To
+
+
+async def send_at(core: BrokerCore, clock: ManualClock, ms: int, *bodies: bytes, topic: str = "t") -> None:
+    clock.now = ms
+    for body in bodies:
+        await core.send([pb.Message(topic=topic, body=body, keys=[body.decode()])])
+
+
+def bodies(popped: list[object]) -> list[bytes]:
+    return sorted(pb.Message.FromString(p.payload).body for p in popped)  # type: ignore[attr-defined]
+
+
+async def reset(core: BrokerCore, to: int, timestamp_ms: int = 0, *, group: str = "g") -> pb.ResetOffsetResponse:
+    out = pb.ResetOffsetResponse()
+    await admin.reset_offset(core, pb.ResetOffsetRequest(topic="t", group=group, to=to, timestamp_ms=timestamp_ms), out)
+    return out
+
+
+async def test_a_reset_to_a_time_delivers_exactly_what_was_stored_from_then_and_lasts_a_restart(tmp_path: Path) -> None:
+    clock = ManualClock(1_000)
+    async with broker(tmp_path, clock=clock, queues_per_topic=2) as (core, _):
+        await send_at(core, clock, 1_000, b"old1", b"old2")
+        await send_at(core, clock, 2_000, b"new1", b"new2", b"new3")
+        popped = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert len(popped.messages) == 5  # all in flight
+        out = await reset(core, To.TIMESTAMP, 2_000)
+        assert sum(q.dropped_inflight for q in out.queues) == 5 and out.broker == "b1"
+        with pytest.raises(InvalidReceiptHandle):  # a dropped delivery's handle is stale
+            await core.change_invisible("t", "g", popped.messages[0].handle, 0)
+        assert (await core.ack("t", "g", [popped.messages[0].handle]))[0] is not None
+    async with broker(tmp_path, clock=clock, queues_per_topic=2) as (core, _):  # kill -9 keeps it: committed
+        again = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert bodies(again.messages) == [b"new1", b"new2", b"new3"]
+        await reset(core, To.LATEST)
+        assert (await core.pop("t", "g", "*", 32, 30_000, 0)).messages == []
+        await reset(core, To.EARLIEST)
+        assert len((await core.pop("t", "g", "*", 32, 30_000, 0)).messages) == 5
+
+
+async def test_a_reset_wakes_the_groups_held_pop(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"a")])
+        assert len((await core.pop("t", "g", "*", 32, 30_000, 0)).messages) == 1
+        held = asyncio.create_task(core.pop("t", "g", "*", 32, 30_000, 20_000))
+        async with asyncio.timeout(5):
+            while core.hold.total_held < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+        await reset(core, To.EARLIEST)
+        got = await asyncio.wait_for(held, 2)  # not after its 20 s: the reset woke it
+        assert bodies(got.messages) == [b"a"]
+
+
+async def test_bad_resets_change_nothing(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"a")])
+        with pytest.raises(BadRequest):
+            await reset(core, To.TO_UNSPECIFIED)
+        with pytest.raises(BadRequest):
+            await reset(core, To.TIMESTAMP, -1)
+        assert not core.groups
+        out = pb.ResetOffsetResponse()
+        await admin.reset_offset(core, pb.ResetOffsetRequest(topic="other", group="g", to=To.LATEST), out)
+        assert not out.queues and not core.groups  # a topic this broker lacks: nothing to reset here
+
+
+async def test_deleting_a_group_forgets_it_durably_and_keeps_its_dlq_unless_asked(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"a"), pb.Message(topic="u", body=b"b")])
+        for topic in ("t", "u"):
+            assert (await core.pop(topic, "g", "*", 32, 30_000, 0)).messages
+        await core.send([pb.Message(topic="%DLQ%g", body=b"letter")])
+        held = asyncio.create_task(core.pop("t", "g", "*", 32, 30_000, 20_000))
+        async with asyncio.timeout(5):
+            while core.hold.total_held < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+        out = pb.DeleteGroupResponse()
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="g"), out)
+        assert list(out.topics) == ["t", "u"] and not out.dlq_deleted
+        assert (await asyncio.wait_for(held, 2)).messages == []  # answered empty at once
+        assert not [k for k in core.groups if k[0] == "g"] and "%DLQ%g" in core.topics
+    async with broker(tmp_path) as (core, _):
+        assert not [k for k in core.groups if k[0] == "g"]
+        again = await core.pop("t", "g", "*", 32, 30_000, 0)  # a new group: from the first message
+        assert bodies(again.messages) == [b"a"]
+        await core.pop("u", "g", "*", 32, 30_000, 0)
+        out = pb.DeleteGroupResponse()
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="g", topic="t", delete_dlq=True), out)
+        assert list(out.topics) == ["t"] and out.dlq_deleted and "%DLQ%g" not in core.topics
+        assert ("g", "u") in core.groups
+
+
+async def test_deleting_a_topic_ends_its_held_polls_and_its_data_for_good(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=2) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"a"), pb.Message(topic="t", body=b"b")])
+        await core.pop("t", "g1", "*", 32, 30_000, 0)
+        held = asyncio.create_task(core.notification("t", "g1", "*", 20_000))
+        async with asyncio.timeout(5):
+            while core.hold.total_held < 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+        out = pb.DeleteTopicResponse()
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out)
+        assert out.existed and out.messages == 2 and list(out.groups) == ["g1"] and out.held_ended == 1
+        assert await asyncio.wait_for(held, 2) == (False, False)
+        assert "t" not in core.topics and not core.groups
+        again = pb.DeleteTopicResponse()
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), again)  # a repeat is harmless
+        assert not again.existed
+    async with broker(tmp_path, queues_per_topic=2) as (core, _):
+        assert "t" not in core.topics and not core.groups
+        sent = await core.send([pb.Message(topic="t", body=b"new")])  # auto-create: a new topic from offset 0
+        assert sent[0].offset == 0
+    async with broker(tmp_path, auto_create=False) as (core, _):
+        created = pb.CreateTopicResponse()
+        await admin.create_topic(core, pb.CreateTopicRequest(topic="fresh", queues=3), created)
+        assert created.created and created.queues == 3
+        existing = pb.CreateTopicResponse()
+        await admin.create_topic(core, pb.CreateTopicRequest(topic="fresh", queues=5), existing)
+        assert not existing.created and existing.queues == 3  # an existing topic keeps its queues
+        with pytest.raises(TopicNotFound):
+            await core.send([pb.Message(topic="other", body=b"x")])
+
+
+async def test_a_query_finds_ids_and_keys_newest_first_within_its_bound(tmp_path: Path) -> None:
+    clock = ManualClock(1_000)
+    async with broker(tmp_path, clock=clock, queues_per_topic=2) as (core, _):
+        for i in range(10):
+            clock.now = 1_000 + i
+            await core.send([pb.Message(topic="t", body=f"b{i}".encode(), keys=["k", f"k{i}"], message_id=f"id{i}")])
+
+        async def query(**fields: object) -> pb.QueryMessagesResponse:
+            out = pb.QueryMessagesResponse()
+            await admin.query_messages(core, pb.QueryMessagesRequest(topic="t", **fields), out)  # type: ignore[arg-type]
+            return out
+
+        found = await query(key="k", max_messages=3)
+        assert [m.stored.message.message_id for m in found.messages] == ["id9", "id8", "id7"]
+        assert all(m.stored.message.body == b"" and m.body_size == 2 for m in found.messages)
+        (one,) = (await query(message_id="id4", max_messages=5, with_body=True)).messages
+        assert one.stored.message.body == b"b4" and one.stored.store_ms == 1_004 and one.broker == "b1"
+        assert not (await query(key="k4x", max_messages=5)).messages
+        bounded = await query(key="k0", max_messages=5, max_scan=2)
+        assert not bounded.messages and bounded.scan_cut  # the bound stopped it before the oldest messages
+        with pytest.raises(BadRequest):
+            await query(key="k", message_id="id1", max_messages=1)
+
+
+def test_reported_consumers_expire_with_their_proxys_report() -> None:
+    registry = ConsumerRegistry()
+    registry.report("p1", [Seen("g", "c1", "", 900), Seen("h", "c2", "", 950)], 10_000, 1_000)
+    registry.report("p2", [Seen("g", "c3", "", 990)], 2_000, 1_000)
+    assert [(s.client_id, s.proxy) for s in registry.of_group("g", 2_000)] == [("c1", "p1"), ("c3", "p2")]
+    registry.report("p1", [Seen("g", "c1", "", 2_500)], 10_000, 2_500)  # a new report replaces the last
+    assert [s.client_id for s in registry.of_group("", 3_500)] == ["c1"]  # p2's report is past its time
+    with pytest.raises(BadRequest):
+        registry.report("p3", [], 10, 4_000)
