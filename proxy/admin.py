@@ -1,5 +1,6 @@
 """The admin service (`popgate.admin.v1.Admin`, proto/ext/admin.proto) on the proxy's client port: operators'
-questions fanned out to every broker the proxy routes to, so the `popgate` command needs only `--endpoint`.
+questions and operations (stats, offset reset, group and topic deletion and creation, message queries, live
+consumers) fanned out to every broker the proxy routes to, so the `popgate` command needs only `--endpoint`.
 
 Every call authenticates as v2 calls do and, when the proxy has accounts, needs one with ``admin = true``
 (UNAUTHENTICATED / PERMISSION_DENIED otherwise) — tests/integration/proxy/test_admin.py. A broker that does not
@@ -12,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
@@ -76,23 +77,87 @@ class AdminService(apb_grpc.AdminServicer):
         views = [apb.Broker(name=b.name, address=b.address, up=b.up) for b in self._brokers()]
         return apb.ListBrokersResponse(brokers=views)
 
-    async def Stats(self, request: bpb.StatsRequest, context: grpc.aio.ServicerContext) -> apb.StatsResponse:
-        return await self._serve(context, self._stats(request))
-
-    async def _stats(self, request: bpb.StatsRequest) -> apb.StatsResponse:
-        names = self._pool.names
-        clients = [self._pool.get(name) for name in names]
-        calls = [c.stats(request, timeout_s=self._timeout_s) for c in clients if c is not None]
+    async def _fan_out(self, method: str, request: Any) -> tuple[list[Any], list[apb.BrokerFailure]]:
+        """`method` at every broker this proxy routes to (down ones too: they are named, not skipped): the answers,
+        and each broker that did not answer with its status. When every broker refused the request as bad input,
+        that refusal is the call's (nothing was done anywhere)."""
+        clients = [c for c in map(self._pool.get, self._pool.names) if c is not None]
+        calls = [c.admin(method, request, timeout_s=self._timeout_s) for c in clients]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        out = apb.StatsResponse()
-        for name, result in zip(names, results, strict=True):
-            if isinstance(result, bpb.StatsResponse):
-                out.answers.append(result)
-            elif isinstance(result, errors.DomainError):
-                out.failures.append(apb.BrokerFailure(broker=name, code=status_of(result).name, message=result.message))
-            else:
+        answers: list[Any] = []
+        failures: list[apb.BrokerFailure] = []
+        refusals: list[errors.BadRequest] = []
+        for client, result in zip(clients, results, strict=True):
+            if isinstance(result, errors.DomainError):
+                code = status_of(result).name
+                failures.append(apb.BrokerFailure(broker=client.name, code=code, message=result.message))
+                if isinstance(result, errors.BadRequest):
+                    refusals.append(result)
+            elif isinstance(result, BaseException):
                 raise result
-        return out
+            else:
+                answers.append(result)
+        if refusals and len(refusals) == len(results):
+            raise refusals[0]
+        return answers, failures
+
+    async def Stats(self, request: bpb.StatsRequest, context: grpc.aio.ServicerContext) -> apb.StatsResponse:
+        return await self._serve(context, self._answer("Stats", request, apb.StatsResponse))
+
+    async def _answer(self, method: str, request: Any, response: Callable[..., R]) -> R:
+        answers, failures = await self._fan_out(method, request)
+        return response(answers=answers, failures=failures)
+
+    async def ResetOffset(
+        self, request: bpb.ResetOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ResetOffsetResponse:
+        return await self._serve(context, self._answer("ResetOffset", request, apb.ResetOffsetResponse))
+
+    async def DeleteGroup(
+        self, request: bpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
+    ) -> apb.DeleteGroupResponse:
+        return await self._serve(context, self._answer("DeleteGroup", request, apb.DeleteGroupResponse))
+
+    async def CreateTopic(
+        self, request: bpb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> apb.CreateTopicResponse:
+        return await self._serve(context, self._answer("CreateTopic", request, apb.CreateTopicResponse))
+
+    async def DeleteTopic(
+        self, request: bpb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> apb.DeleteTopicResponse:
+        return await self._serve(context, self._answer("DeleteTopic", request, apb.DeleteTopicResponse))
+
+    async def QueryMessages(
+        self, request: bpb.QueryMessagesRequest, context: grpc.aio.ServicerContext
+    ) -> apb.QueryMessagesResponse:
+        return await self._serve(context, self._query(request))
+
+    async def _query(self, request: bpb.QueryMessagesRequest) -> apb.QueryMessagesResponse:
+        answers, failures = await self._fan_out("QueryMessages", request)
+        found = [m for a in answers for m in a.messages]
+        found.sort(key=lambda m: (m.stored.store_ms, m.broker, m.stored.queue_id, m.stored.offset), reverse=True)
+        return apb.QueryMessagesResponse(
+            messages=found[: request.max_messages],
+            failures=failures,
+            scanned=sum(a.scanned for a in answers),
+            scan_cut=any(a.scan_cut for a in answers),
+        )
+
+    async def ListConsumers(
+        self, request: bpb.ListConsumersRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListConsumersResponse:
+        return await self._serve(context, self._consumers(request))
+
+    async def _consumers(self, request: bpb.ListConsumersRequest) -> apb.ListConsumersResponse:
+        """Every broker holds every proxy's report: the latest of each (group, client, proxy) over the answers."""
+        answers, failures = await self._fan_out("ListConsumers", request)
+        latest: dict[tuple[str, str, str], bpb.Consumer] = {}
+        for consumer in (c for a in answers for c in a.consumers):
+            key = (consumer.group, consumer.client_id, consumer.proxy)
+            if key not in latest or latest[key].last_seen_ms < consumer.last_seen_ms:
+                latest[key] = consumer
+        return apb.ListConsumersResponse(consumers=[latest[k] for k in sorted(latest)], failures=failures)
 
     async def ListMessages(
         self, request: apb.ListMessagesRequest, context: grpc.aio.ServicerContext

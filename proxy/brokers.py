@@ -336,6 +336,9 @@ class GrpcBrokerClient:
     async def list_messages(self, request: bpb.ListMessagesRequest, *, timeout_s: float) -> bpb.ListMessagesResponse:
         return await self._call("ListMessages", self._stub.ListMessages, request, timeout_s)
 
+    async def admin(self, method: str, request: Any, *, timeout_s: float) -> Any:
+        return await self._call(method, getattr(self._stub, method), request, timeout_s)
+
     async def recall(self, request: bpb.RecallRequest, *, timeout_s: float) -> bpb.RecallResponse:
         return await self._call("Recall", self._stub.Recall, request, timeout_s)
 

@@ -16,6 +16,7 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
+from proxy.consumers import ConsumerBook
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive.announce import GroupsSeen
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
@@ -100,6 +101,7 @@ class Proxy:
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
         self._groups_seen = GroupsSeen()
         self._topic_misses = TopicMisses()
+        self.consumers = ConsumerBook()  # live consumers, reported to every broker (proxy.consumers)
         self._max_send_bytes = max_send_bytes
         self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
         # Messages received and not yet written to their clients (a client that does not read keeps them):

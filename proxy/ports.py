@@ -55,6 +55,9 @@ class BrokerClient(Protocol):
     async def list_messages(self, request: bpb.ListMessagesRequest, *, timeout_s: float) -> bpb.ListMessagesResponse:
         """A page of a queue's stored messages (the admin service, proxy.admin)."""
 
+    async def admin(self, method: str, request: Any, *, timeout_s: float) -> Any:
+        """One of the broker's unary admin RPCs by name (ResetOffset, DeleteGroup, ...: proxy.admin)."""
+
     async def recall(self, request: bpb.RecallRequest, *, timeout_s: float) -> bpb.RecallResponse:
         """Withdraw a scheduled message (proxy.producer)."""
 

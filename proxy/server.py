@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -21,6 +22,7 @@ from popgate_process.metrics_http import start_metrics
 from proxy.admin import AdminService, BrokerView
 from proxy.auth import Authenticator
 from proxy.brokers import GrpcBrokerClient, HealthMonitor
+from proxy.consumers import ConsumerReporter
 from proxy.core import Proxy
 from proxy.discovery import Discovery, PoolEdits, SrvLookup
 from proxy.metrics import ProxyMetrics
@@ -73,6 +75,15 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
     except RuntimeError as exc:  # grpc's "Failed to bind": port in use or address not local
         raise SettingsError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
     return server, f"{settings.listen.rpartition(':')[0]}:{port}"
+
+
+def proxy_name(address: str) -> str:
+    """How this proxy names itself in its consumer reports: its address, with the host's name for an address that
+    names none (0.0.0.0, [::]: every pod would say the same)."""
+    host, _, port = address.rpartition(":")
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        return f"{socket.gethostname()}:{port}"
+    return address
 
 
 def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> Renewer:
@@ -167,6 +178,9 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)
         server, address = _grpc_server(settings)
+        name = proxy_name(settings.advertise or address)
+        reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
+        await stack.enter_async_context(reporter)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         stack.callback(servicer.close)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

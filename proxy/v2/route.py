@@ -7,6 +7,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from proxy import validate
+from proxy.consumers import wall_ms
 from proxy.v2.context import Call
 
 OK = v2.Status(code=v2.OK, message="OK")
@@ -65,7 +66,8 @@ async def query_assignment(call: Call, request: pb.QueryAssignmentRequest) -> pb
 
 async def heartbeat(call: Call, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
     if request.group.name:
-        validate.group_in(request.group.resource_namespace, request.group.name)
+        group = validate.group_in(request.group.resource_namespace, request.group.name)
+        call.proxy.consumers.seen(call.client_id, group, wall_ms())  # a live consumer (proxy.consumers)
     call.proxy.renewer.heard(call.client_id)  # alive: its auto_renew receives here go on being renewed
     return pb.HeartbeatResponse(status=OK)
 
@@ -77,4 +79,5 @@ async def notify_client_termination(
     if request.group.name:
         validate.group_in(request.group.resource_namespace, request.group.name)
     await call.proxy.renewer.terminated(call.client_id)
+    call.proxy.consumers.gone(call.client_id)
     return pb.NotifyClientTerminationResponse(status=OK)

@@ -23,8 +23,10 @@ from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 from popgate_contract import errors
 from popgate_contract.codes import name_of, status_of
 from popgate_contract.receipt import MAX_HANDLE_LEN
+from proxy import validate
 from proxy.attempts import LOOKUP_TIMEOUT_S, GroupAttempts
 from proxy.auth import Authenticator
+from proxy.consumers import wall_ms
 from proxy.core import Proxy
 from proxy.ports import Metrics
 from proxy.producer import ProducerFeatures
@@ -174,6 +176,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         outcome = ""  # set when the call ends without a status of ours
         try:
             access.check(self._auth, context.invocation_metadata(), request)
+            self._consumer_seen(request, context)
             async for frame in receive.receive_message(self._call(context), request, framing):
                 if frame.HasField("status"):
                     code = frame.status.code
@@ -187,6 +190,14 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             yield framing.status(status)
         finally:
             self._metrics.rpc(method, outcome or name_of(code), time.perf_counter() - started)
+
+    def _consumer_seen(self, request: pb.ReceiveMessageRequest, context: Any) -> None:
+        """A receive is a sign of life of its consumer (proxy.consumers); a bad group is the receive's to refuse."""
+        client_id = access.client_id_of(context.invocation_metadata())
+        if client_id and request.group.name:
+            with contextlib.suppress(errors.DomainError):
+                group = validate.group_in(request.group.resource_namespace, request.group.name)
+                self._proxy.consumers.seen(client_id, group, wall_ms())
 
     async def Telemetry(
         self, request_iterator: AsyncIterator[pb.TelemetryCommand], context: Any
