@@ -124,11 +124,12 @@ def _name_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from . import admin, benchmark, commands, dlq, live
+    from . import admin, benchmark, commands, dlq, live, operate
 
     commands.add_parsers(sub)
     admin.add_parsers(sub)
     dlq.add_parsers(sub)
+    operate.add_parsers(sub)
     live.add_parsers(sub)
     benchmark.add_parsers(sub)
 

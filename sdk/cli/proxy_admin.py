@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
@@ -79,6 +80,16 @@ class ProxyAdmin:
         out = ProxyStats({a.broker: a for a in reply.answers})
         out.failures = {f.broker: f.code for f in reply.failures}
         return out
+
+    def call(self, method: str, request: Any, what: str) -> Any:
+        """One of the admin service's fanned-out calls by name (ResetOffset, DeleteGroup, ...: `operate.py`), with
+        the proxy's own time for its brokers on top of --timeout; ProxyAdminError when the proxy fails it."""
+        try:
+            return getattr(self._admin, method)(
+                request, timeout=self._timeout + PROXY_FAN_OUT_S, metadata=self._metadata()
+            )
+        except grpc.RpcError as exc:
+            raise self._failed(what, exc) from None
 
     def list_messages(self, broker: str, request: bpb.ListMessagesRequest) -> bpb.ListMessagesResponse:
         """One page of a queue of `broker`, as the broker's ListMessages; ProxyAdminError when it fails."""

@@ -1,0 +1,328 @@
+"""`popgate group reset|delete|consumers`, `popgate topic create|delete` and `popgate lookup`: operating a
+cluster through the proxy's admin service (`-e/--endpoint`, proxy_admin.py), which asks every broker, or — for a
+proxy-less emergency — each broker given with `--broker NAME=HOST:PORT` directly.
+
+Every operation goes to every broker. One that did not answer is named on stderr, and the exit code is
+BROKERS_MISSING (75): a reset or a delete then took effect on the brokers that answered only, and is safe to run
+again once the others are back (docs/SDK.md, "Operating a cluster"). Resets and deletes ask for confirmation on a
+terminal; `--yes` answers it for scripts, and without a terminal and without `--yes` they refuse with
+NOT_CONFIRMED (77) — tests/integration/sdk/test_operate.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb import broker_pb2_grpc as bpb_grpc
+
+from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
+from .options import DURATION, POSITIVE_DURATION, Sub, client_options, json_option, number
+from .proxy_admin import ProxyAdmin, ProxyAdminError
+
+NOT_CONFIRMED = 77  # sysexits.h EX_NOPERM: a reset or delete the user did not confirm (docs/SDK.md, "Exit codes")
+To = bpb.ResetOffsetRequest.To
+
+
+class NotConfirmed(Exception):
+    """A dangerous operation was not confirmed: declined, or no terminal to ask on and no --yes."""
+
+
+@dataclass
+class Fanned:
+    """What every broker answered to one operation, and the ones that did not (name -> code and message)."""
+
+    answers: list[Any] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def _common(parser: argparse.ArgumentParser, *, dangerous: bool = False) -> None:
+    client_options(parser)
+    broker_options(parser)
+    for action in parser._actions:
+        if action.dest == "broker":  # only given on the command line: POPGATE_BROKERS does not bypass the proxy
+            action.help = "NAME=HOST:PORT of a broker to ask directly instead of the proxy (repeatable; every broker)"
+    parser.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="per-broker deadline")
+    json_option(parser)
+    if dangerous:
+        parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (for scripts)")
+
+
+def add_parsers(sub: Sub) -> None:
+    group = sub.add_parser("group", help="operate a consumer group: reset its offsets, delete it, list its consumers")
+    gsub = group.add_subparsers(dest="group_command", required=True, metavar="{reset,delete,consumers}")
+    reset = gsub.add_parser("reset", help="move a group's offsets on a topic to earliest, latest or a time")
+    reset.add_argument("group", help="consumer group")
+    reset.add_argument("-t", "--topic", required=True, help="the topic whose offsets move")
+    where = reset.add_mutually_exclusive_group(required=True)
+    where.add_argument("--earliest", action="store_true", help="the first message kept")
+    where.add_argument("--latest", action="store_true", help="after the last message: only new ones")
+    where.add_argument("--to-time", metavar="TIME", help="the first message stored at or after TIME (ISO 8601)")
+    where.add_argument("--ago", type=DURATION, metavar="DURATION", help="the first message stored DURATION ago")
+    _common(reset, dangerous=True)
+    reset.set_defaults(handler=reset_command)
+    delete = gsub.add_parser("delete", help="forget a group's offsets and deliveries on every broker")
+    delete.add_argument("group", help="consumer group")
+    delete.add_argument("-t", "--topic", default="", help="only its state on this topic (default: every topic)")
+    delete.add_argument("--dlq", action="store_true", help="also delete its dead-letter topic %%DLQ%%<group>")
+    _common(delete, dangerous=True)
+    delete.set_defaults(handler=delete_group_command)
+    consumers = gsub.add_parser("consumers", help="the group's live consumers: client ids, proxy, last seen")
+    consumers.add_argument("group", help="consumer group")
+    _common(consumers)
+    consumers.set_defaults(handler=consumers_command)
+
+    topic = sub.add_parser("topic", help="create or delete a topic on every broker")
+    tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="{create,delete}")
+    create = tsub.add_parser("create", help="create a topic on every broker (needed when brokers do not auto-create)")
+    create.add_argument("topic", help="topic name")
+    create.add_argument(
+        "--queues",
+        type=number(int, low=1, high=256),
+        default=None,
+        help="queues on each broker (default: each broker's --queues-per-topic)",
+    )
+    _common(create)
+    create.set_defaults(handler=create_topic_command)
+    drop = tsub.add_parser("delete", help="delete a topic's messages and every group's state on it")
+    drop.add_argument("topic", help="topic name")
+    _common(drop, dangerous=True)
+    drop.set_defaults(handler=delete_topic_command)
+
+    lookup = sub.add_parser("lookup", help="messages of a topic by message id or key, newest first")
+    lookup.add_argument("topic", help="topic name")
+    what = lookup.add_mutually_exclusive_group(required=True)
+    what.add_argument("--id", dest="message_id", help="message id")
+    what.add_argument("--key", help="message key")
+    lookup.add_argument("-n", "--count", type=number(int, low=1, high=1000), default=10, help="at most this many")
+    lookup.add_argument("--body", action="store_true", help="print bodies too")
+    lookup.add_argument(
+        "--max-scan",
+        type=number(int, low=1),
+        default=None,
+        help="newest messages each broker looks at (default and most: 100000)",
+    )
+    _common(lookup)
+    lookup.set_defaults(handler=lookup_command)
+
+
+def fan_out(args: argparse.Namespace, method: str, request: Any, what: str) -> Fanned:
+    """`method` at every broker: through the proxy, or at each --broker given directly."""
+    out = Fanned()
+    if args.broker:
+        for broker in brokers_of(args):
+            with broker_channel(broker) as channel:
+                stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+                try:
+                    out.answers.append(getattr(stub, method)(request, timeout=args.timeout, metadata=broker.metadata))
+                except grpc.RpcError as exc:
+                    out.failures[broker.name] = f"{exc.code().name}: {exc.details()}"
+        return out
+    with ProxyAdmin(args, args.timeout) as admin:
+        reply = admin.call(method, request, what)
+    out.answers = list(reply.answers) if hasattr(reply, "answers") else [reply]
+    out.failures = {f.broker: f"{f.code}: {f.message}" for f in reply.failures}
+    return out
+
+
+def confirm(args: argparse.Namespace, question: str) -> None:
+    """NotConfirmed unless --yes, or the user answers yes on the terminal."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise NotConfirmed(f"{question}: not confirmed (no terminal to ask on): give --yes to run it from a script")
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise NotConfirmed(f"{question}: not confirmed")
+
+
+def _finish(
+    args: argparse.Namespace, fanned: Fanned, document: dict[str, Any], lines: list[str], *, change: bool
+) -> int:
+    """Print the outcome; the exit code: 0, BROKERS_MISSING when some broker did not answer, 1 when none did."""
+    if args.json:
+        document["failures"] = fanned.failures
+        print(json.dumps(document, indent=2))
+    else:
+        for line in lines:
+            print(line)
+    for name, why in sorted(fanned.failures.items()):
+        print(f"{args.parser.prog}: broker {name} did not answer: {why}", file=sys.stderr)
+    if not fanned.failures:
+        return 0
+    if change and fanned.answers:
+        done = ", ".join(sorted(a.broker for a in fanned.answers))
+        print(
+            f"{args.parser.prog}: applied on {done} only, NOT on {', '.join(sorted(fanned.failures))}: run the"
+            f" same command again once they are back (it is safe to repeat); exit code {BROKERS_MISSING}",
+            file=sys.stderr,
+        )
+    return BROKERS_MISSING if fanned.answers else 1
+
+
+def _run(args: argparse.Namespace, body: Any) -> int:
+    try:
+        return int(body())
+    except NotConfirmed as exc:
+        print(f"{args.parser.prog}: {exc}", file=sys.stderr)
+        return NOT_CONFIRMED
+    except ProxyAdminError as exc:
+        print(f"{args.parser.prog}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _reset_target(args: argparse.Namespace) -> tuple[bpb.ResetOffsetRequest.To, int, str]:
+    if args.earliest:
+        return To.EARLIEST, 0, "the earliest message"
+    if args.latest:
+        return To.LATEST, 0, "the latest (only new messages)"
+    if args.ago is not None:
+        ms = int((time.time() - args.ago) * 1000)
+    else:
+        try:
+            moment = datetime.fromisoformat(args.to_time)
+        except ValueError:
+            raise ValueError(f"--to-time {args.to_time!r}: expected ISO 8601, such as 2026-11-28T12:00:00Z") from None
+        ms = int(moment.astimezone().timestamp() * 1000)  # a time without a zone is local time
+    shown = datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    return To.TIMESTAMP, ms, f"messages stored from {shown}"
+
+
+def reset_command(args: argparse.Namespace) -> int:
+    to, ms, said = _reset_target(args)
+    request = bpb.ResetOffsetRequest(topic=args.topic, group=args.group, to=to, timestamp_ms=ms)
+
+    def body() -> int:
+        confirm(args, f"reset group {args.group} on topic {args.topic} to {said}, on every broker?")
+        fanned = fan_out(args, "ResetOffset", request, f"reset {args.group}")
+        if fanned.answers and not any(a.queues for a in fanned.answers):
+            print(f"{args.parser.prog}: topic {args.topic} exists on no broker that answered", file=sys.stderr)
+            return 1
+        lines = [
+            f"{a.broker}: {len(a.queues)} queue(s) at offsets {', '.join(str(q.offset) for q in a.queues)};"
+            f" {sum(q.dropped_inflight for q in a.queues)} in-flight deliveries dropped"
+            for a in sorted(fanned.answers, key=lambda a: a.broker)
+        ]
+        document = {"timestamp_ms": ms, "answers": [json_format.MessageToDict(a) for a in fanned.answers]}
+        return _finish(args, fanned, document, lines, change=True)
+
+    return _run(args, body)
+
+
+def delete_group_command(args: argparse.Namespace) -> int:
+    request = bpb.DeleteGroupRequest(group=args.group, topic=args.topic, delete_dlq=args.dlq)
+    scope = f" on topic {args.topic}" if args.topic else ""
+    dlq = " and its dead-letter topic" if args.dlq else ""
+
+    def body() -> int:
+        confirm(args, f"delete consumer group {args.group}{scope}{dlq} on every broker?")
+        fanned = fan_out(args, "DeleteGroup", request, f"delete group {args.group}")
+        lines = [
+            f"{a.broker}: {'state on ' + ', '.join(a.topics) + ' deleted' if a.topics else 'had no state of it'}"
+            + ("; dead-letter topic deleted" if a.dlq_deleted else "")
+            for a in sorted(fanned.answers, key=lambda a: a.broker)
+        ]
+        return _finish(
+            args, fanned, {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}, lines, change=True
+        )
+
+    return _run(args, body)
+
+
+def create_topic_command(args: argparse.Namespace) -> int:
+    request = bpb.CreateTopicRequest(topic=args.topic, queues=args.queues or 0)
+
+    def body() -> int:
+        fanned = fan_out(args, "CreateTopic", request, f"create topic {args.topic}")
+        lines = [
+            f"{a.broker}: {'created' if a.created else 'exists'} with {a.queues} queue(s)"
+            for a in sorted(fanned.answers, key=lambda a: a.broker)
+        ]
+        return _finish(
+            args, fanned, {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}, lines, change=True
+        )
+
+    return _run(args, body)
+
+
+def delete_topic_command(args: argparse.Namespace) -> int:
+    request = bpb.DeleteTopicRequest(topic=args.topic)
+
+    def body() -> int:
+        confirm(args, f"delete topic {args.topic}, its messages and every group's state on it, on every broker?")
+        fanned = fan_out(args, "DeleteTopic", request, f"delete topic {args.topic}")
+        lines = [
+            f"{a.broker}: deleted {a.messages} message(s), groups {', '.join(a.groups) or '-'};"
+            f" {a.held_ended} held receive(s) answered"
+            if a.existed
+            else f"{a.broker}: had no such topic"
+            for a in sorted(fanned.answers, key=lambda a: a.broker)
+        ]
+        return _finish(
+            args, fanned, {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}, lines, change=True
+        )
+
+    return _run(args, body)
+
+
+def consumers_command(args: argparse.Namespace) -> int:
+    request = bpb.ListConsumersRequest(group=args.group)
+
+    def body() -> int:
+        fanned = fan_out(args, "ListConsumers", request, f"list the consumers of {args.group}")
+        latest: dict[tuple[str, str, str], bpb.Consumer] = {}
+        for c in (c for a in fanned.answers for c in a.consumers):
+            key = (c.group, c.client_id, c.proxy)
+            if key not in latest or latest[key].last_seen_ms < c.last_seen_ms:
+                latest[key] = c
+        rows = [latest[k] for k in sorted(latest)]
+        now = time.time()
+        lines = [f"{c.client_id}  via {c.proxy}  last seen {now - c.last_seen_ms / 1000:.1f}s ago" for c in rows]
+        lines.append(f"{len(rows)} live consumer(s) of {args.group}")
+        document = {"group": args.group, "consumers": [json_format.MessageToDict(c) for c in rows]}
+        return _finish(args, fanned, document, lines, change=False)
+
+    return _run(args, body)
+
+
+def lookup_command(args: argparse.Namespace) -> int:
+    request = bpb.QueryMessagesRequest(
+        topic=args.topic,
+        message_id=args.message_id or "",
+        key=args.key or "",
+        max_messages=args.count,
+        with_body=args.body,
+        max_scan=args.max_scan or 0,
+    )
+
+    def body() -> int:
+        fanned = fan_out(args, "QueryMessages", request, f"look up messages of {args.topic}")
+        found = [m for a in fanned.answers for m in a.messages]
+        found.sort(key=lambda m: (m.stored.store_ms, m.broker, m.stored.queue_id, m.stored.offset), reverse=True)
+        found = found[: args.count]
+        lines = [_found_line(m, args.body) for m in found]
+        cut = any(a.scan_cut for a in fanned.answers)
+        lines.append(f"{len(found)} message(s)" + (" (older messages were not looked at: --max-scan)" if cut else ""))
+        document = {"messages": [json_format.MessageToDict(m) for m in found], "scan_cut": cut}
+        return _finish(args, fanned, document, lines, change=False)
+
+    return _run(args, body)
+
+
+def _found_line(m: bpb.FoundMessage, with_body: bool) -> str:
+    s = m.stored
+    stored = datetime.fromtimestamp(s.store_ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    props = " ".join(f"{k}={v}" for k, v in sorted(s.message.properties.items()))
+    line = (
+        f"{s.message.message_id}  {m.broker}/{s.message.topic}/{s.queue_id}/{s.offset}  stored {stored}"
+        f"  {m.body_size} B  keys={','.join(s.message.keys) or '-'}  tag={s.message.tag or '-'}  {props}"
+    ).rstrip()
+    return f"{line}\n  body: {s.message.body!r}" if with_body else line
