@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import struct
 import time
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from popgate_pb import broker_pb2 as bpb
 from rich.progress import Progress
 from rich.table import Table
 
@@ -31,6 +33,7 @@ from .options import (
     quiet_option,
 )
 from .output import error_console, explain, print_json, print_table, progress
+from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
 # One consumer group for every run: a run on a reused --topic goes on where the last one stopped instead of
@@ -175,9 +178,19 @@ async def idle_wake(
             advance(1)
 
 
+def create_topics(args: argparse.Namespace, *topics: str) -> None:
+    """Brokers that do not auto-create topics (their default outside `popgate up`) need them made first: asked of
+    the proxy's admin service. A proxy that refuses (an account without `admin = true`, an older proxy) leaves it to
+    the sends, which then fail with TOPIC_NOT_FOUND on such brokers."""
+    with contextlib.suppress(ProxyAdminError), ProxyAdmin(args, 3.0) as admin:
+        for topic in topics:
+            admin.call("CreateTopic", bpb.CreateTopicRequest(topic=topic), f"create topic {topic}")
+
+
 async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> None:
     """Each phase in turn, appended to `phases` as it starts (an interrupted run still has its numbers)."""
     topic, group = args.topic or f"bench-{uuid.uuid4().hex[:8]}", GROUP
+    await asyncio.to_thread(create_topics, args, topic, topic + "-idle")
     phases.append(Phase("produce"))
     task = bar.add_task("produce", total=args.count, rate="")
     await produce(args, topic, phases[-1], lambda n: bar.advance(task, n))
