@@ -3,9 +3,11 @@
     .venv/bin/python -m bench.grpc_call_floor [--calls 10000] [--channels 20] [--python-share]
 
 A child process serves MessagingService.ReceiveMessage with a handler that only sleeps
-(the server options the proxy uses); this process opens --calls calls over --channels
-connections and reads the child's RSS growth per call. Whatever popgate's proxy costs
-per held receive above this number is its own; this number is grpc's. Not a test.
+(the server options and call bound the proxy uses); this process opens --calls calls (the
+request of a held receive, as bench.idle_receives sends) over --channels connections and
+reads the child's RSS growth per call. Whatever popgate's proxy costs per held receive above
+this number is its own; this number is grpc's. bench.idle_receives measures it beside the
+proxy in the same run. Not a test.
 
 --python-share: the child traces Python's allocations (tracemalloc) and reports how much
 of a held call is Python objects (grpc.aio's per-RPC objects, the handler's task and
@@ -30,12 +32,19 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
 from bench.common import machine, rss_bytes
+from popgate import _wire as wire
 
 OPTIONS = [
     ("grpc.server.max_pending_requests", 1 << 20),
     ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
     ("grpc.max_concurrent_streams", 1 << 20),
 ]
+MAX_CALLS = 1 << 20
+
+
+def held_request() -> pb.ReceiveMessageRequest:
+    """The request of a held receive (bench.idle_receives sends the same): the server parses and keeps it."""
+    return wire.receive_request("g-idle", wire.Subscription("idle"), max=16, invisible=60, wait=30)
 
 
 class Idle(service_pb2_grpc.MessagingServiceServicer):
@@ -46,7 +55,8 @@ class Idle(service_pb2_grpc.MessagingServiceServicer):
 
 async def run_server(servicer: Any, ports: Any, hold_s: float) -> None:
     """A bare grpc.aio server with the proxy's options serving `servicer`; its port goes to `ports`."""
-    server = grpc.aio.server(options=OPTIONS)
+    # The proxy bounds its calls (proxy.server.max_calls): grpc's limiter then adds to every call, so here too.
+    server = grpc.aio.server(options=OPTIONS, maximum_concurrent_rpcs=MAX_CALLS)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -84,7 +94,8 @@ async def measure(port: int, pid: int, traced: Connection | None, args: argparse
     await asyncio.gather(*(call.read() for call in warm), return_exceptions=True)
     await asyncio.sleep(1)
     base = _sample(pid, traced)
-    calls = [stubs[i % len(stubs)].ReceiveMessage(pb.ReceiveMessageRequest(), timeout=60) for i in range(args.calls)]
+    request = held_request()
+    calls = [stubs[i % len(stubs)].ReceiveMessage(request, timeout=60) for i in range(args.calls)]
     readers = [asyncio.ensure_future(call.read()) for call in calls]
     await asyncio.sleep(args.settle_s)
     held = sum(not reader.done() for reader in readers)  # a call grpc refused would make the number look small

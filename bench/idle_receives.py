@@ -1,20 +1,25 @@
-"""Idle receives held through one proxy over 4 brokers: memory per receive and idle CPU.
+"""Idle receives held through one proxy over 4 brokers: memory per receive and idle CPU, beside grpc's floor.
 
     .venv/bin/python -m bench.idle_receives [--receives 10000] [--mode adaptive] [--hold-s 10] [--channels 20]
 
-Starts 4 brokers and one proxy (`--receive-mode MODE`), opens --receives ReceiveMessage
-calls (long polling 30 s, nothing to receive) from this process over --channels
-separate HTTP/2 connections, waits until the brokers hold them (Stats: held Pops +
-Notifications), then over --hold-s reads the RSS growth of the proxy and of the
-brokers (against their RSS after a warm-up) and the CPU they use while idle. Finally it
-cancels every call and checks the brokers drop every held request. The client's own
-memory is not counted (it is this process). Not a test.
+Starts 4 brokers and one proxy (`--receive-mode MODE`, adaptive by default as the proxy's), opens --receives
+ReceiveMessage calls (long polling 30 s, nothing to receive) from this process over --channels separate HTTP/2
+connections, waits until the brokers hold them (Stats: held Pops + Notifications), then over --hold-s reads the
+RSS growth of the proxy and of the brokers (against their RSS after a warm-up) and the CPU they use while idle.
+
+In the same run, beside the proxy, a bare grpc.aio server (`bench.grpc_call_floor`: the proxy's server options, a
+handler that only sleeps) holds as many server-streaming calls over as many connections, opened at the same time
+and read over the same hold: grpc-python's own cost of a held call. The last lines print the proxy's bytes per
+receive above it (issue 28's target: at most 5 KB) and the idle CPU of the two side by side (a ratio: the host's
+other load moves both). Finally it cancels every call and checks the brokers drop every held request. The client's
+own memory is not counted (it is this process). Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -27,13 +32,14 @@ from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
+from bench import grpc_call_floor
 from bench.common import cpu_seconds, machine, rss_bytes
 from popgate import _wire as wire
 from popgate.cli.cluster import Cluster, ClusterConfig
 
 
 def request(topic: str, group: str) -> pb.ReceiveMessageRequest:
-    return wire.receive_request(group, wire.Subscription(topic), max=16, invisible=60, wait=30)
+    return wire.receive_request(group, wire.Subscription(topic), max=16, invisible=60, wait=30)  # as held_request
 
 
 async def held(stubs: list[broker_pb2_grpc.BrokerStub]) -> int:
@@ -67,7 +73,7 @@ async def open_receives(
     proxy_stubs: list[service_pb2_grpc.MessagingServiceStub], stubs: list[broker_pb2_grpc.BrokerStub], n: int
 ) -> tuple[list[Any], list[asyncio.Future[Any]]]:
     opened = time.monotonic()
-    calls = [proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(request("idle", "g-idle"), timeout=40) for i in range(n)]
+    calls = [proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(request("idle", "g-idle"), timeout=60) for i in range(n)]
     # Start the calls (grpc sends a server-streaming request when its first message is awaited).
     readers = [asyncio.ensure_future(call.read()) for call in calls]
     held_now = await wait_held(stubs, ">=", n, 25)
@@ -92,18 +98,54 @@ async def profile(pid: int, path: str) -> asyncio.subprocess.Process:
 
 def report(args: argparse.Namespace, rss: dict[str, int], cpu: dict[str, float], still: int, left: int) -> None:
     n = args.receives
-    print(f"\n{machine()}; mode {args.mode}, {n} idle receives, {args.channels} client connections")
+    print(f"\n{machine()}; grpcio {grpc.__version__}; mode {args.mode}, {n} idle receives, {args.channels} connections")
     print("| process | RSS growth MiB | per receive KB | idle CPU % |")
     print("|---|---:|---:|---:|")
-    for name in rss:
+    for name in [name for name in rss if name != FLOOR]:
         print(f"| {name} | {rss[name] / 2**20:.1f} | {rss[name] / n / 1024:.2f} | {cpu[name]:.1f} |")
-    total = sum(rss.values())
-    print(f"| **total** | {total / 2**20:.1f} | {total / n / 1024:.2f} | {sum(cpu.values()):.1f} |")
+    total = sum(v for name, v in rss.items() if name != FLOOR)
+    total_cpu = sum(v for name, v in cpu.items() if name != FLOOR)
+    print(f"| **total** | {total / 2**20:.1f} | {total / n / 1024:.2f} | {total_cpu:.1f} |")
+    print(f"| {FLOOR} (same run) | {rss[FLOOR] / 2**20:.1f} | {rss[FLOOR] / n / 1024:.2f} | {cpu[FLOOR]:.1f} |")
+    above = (rss["proxy"] - rss[FLOOR]) / n / 1024
+    print(
+        f"proxy above the bare grpc.aio server: {above:.2f} KB per receive (target <= 5); with the brokers' share "
+        f"{(total - rss[FLOOR]) / n / 1024:.2f} KB"
+    )
+    ratio = cpu["proxy"] / cpu[FLOOR] if cpu[FLOOR] > 0 else float("inf")
+    print(
+        f"idle CPU: proxy {cpu['proxy']:.2f} % against the bare server's {cpu[FLOOR]:.2f} % ({ratio:.1f}x); "
+        f"proxy + brokers {total_cpu:.2f} % (target <= 2)"
+    )
     print(f"held at the brokers during the hold: {still}; after cancelling every call: {left}")
 
 
-async def run(cluster: Cluster, args: argparse.Namespace) -> None:
+FLOOR = "bare grpc.aio"
+
+
+def open_floor_calls(port: int, n: int, connections: int) -> tuple[list[grpc.aio.Channel], list[Any], list[Any]]:
+    """`n` held server-streaming calls on the bare server (the proxy's request), over `connections` connections."""
+    channels = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.channel_id", i)]) for i in range(connections)
+    ]
+    stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
+    held = grpc_call_floor.held_request()
+    calls = [stubs[i % len(stubs)].ReceiveMessage(held, timeout=300) for i in range(n)]
+    readers = [asyncio.ensure_future(call.read()) for call in calls]
+    return channels, calls, readers
+
+
+async def close_floor_calls(channels: list[grpc.aio.Channel], calls: list[Any], readers: list[Any]) -> None:
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    for ch in channels:
+        await ch.close()
+
+
+async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace) -> None:
     pids = {name: c.process.pid for name, c in [("proxy", cluster.proxies[0]), *cluster.brokers.items()] if c.process}
+    floor_port, pids[FLOOR] = floor
     broker_channels = [grpc.aio.insecure_channel(c.address) for c in cluster.brokers.values()]
     stubs = [broker_pb2_grpc.BrokerStub(ch) for ch in broker_channels]  # type: ignore[no-untyped-call]
     # Separate connections: grpc shares one per target unless the channel arguments differ.
@@ -112,8 +154,13 @@ async def run(cluster: Cluster, args: argparse.Namespace) -> None:
     ]
     proxy_stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
     await warm_up(proxy_stubs)
+    await close_floor_calls(*open_floor_calls(floor_port, args.channels, args.channels))  # its connections exist
+    await asyncio.sleep(1)
     base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
+    floor_channels, floor_calls, floor_readers = open_floor_calls(floor_port, args.receives, args.channels)
     calls, readers = await open_receives(proxy_stubs, stubs, args.receives)
+    if (refused := sum(reader.done() for reader in floor_readers)) > 0:
+        print(f"the bare server did not hold {refused} of its calls: its figure is too small")
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     spy = await profile(pids["proxy"], args.profile) if args.profile else None
     await asyncio.sleep(args.hold_s)
@@ -125,6 +172,7 @@ async def run(cluster: Cluster, args: argparse.Namespace) -> None:
     for call in calls:
         call.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
+    await close_floor_calls(floor_channels, floor_calls, floor_readers)
     report(args, rss, cpu, still, await wait_held(stubs, "<=", 0, 10))
     for ch in [*channels, *broker_channels]:
         await ch.close()
@@ -139,6 +187,9 @@ def main() -> None:
     parser.add_argument("--proxy-arg", action="append", default=[])
     parser.add_argument("--profile", default="", help="py-spy raw profile of the proxy during the hold")
     args = parser.parse_args()
+    ports: multiprocessing.Queue[int] = multiprocessing.Queue()
+    bare = multiprocessing.Process(target=grpc_call_floor.serve, args=(ports, None), daemon=True)
+    bare.start()
     with tempfile.TemporaryDirectory(prefix="idle-receives-") as tmp:
         config = ClusterConfig(
             brokers=4,
@@ -147,8 +198,14 @@ def main() -> None:
             receive_mode=args.mode,
             proxy_args=("--max-held-receives", str(args.receives + 100), *args.proxy_arg),
         )
-        with Cluster(config) as cluster:
-            asyncio.run(run(cluster, args))
+        try:
+            assert bare.pid is not None
+            floor = (ports.get(timeout=30), bare.pid)
+            with Cluster(config) as cluster:
+                asyncio.run(run(cluster, floor, args))
+        finally:
+            bare.kill()
+            bare.join(10)
 
 
 if __name__ == "__main__":
