@@ -1,0 +1,104 @@
+"""The `popgate` commands that operate a cluster (issue 30, points 2 and 4), on brokers that do not auto-create
+topics (the brokers' default outside `popgate up`): `topic create` makes a topic on every broker, a send or
+receive of another is TOPIC_NOT_FOUND and leaves no group state; `lookup` finds keys newest first; resets and
+deletes refuse without a terminal or --yes (exit 77) and say where they were not applied when a broker is down
+(exit 75), safe to run again; `--broker` asks the brokers directly."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+
+from popgate import NotFound, Producer, SimpleConsumer
+from popgate.cli.admin import BROKERS_MISSING, Broker, fetch_stats
+from popgate.cli.cluster import Cluster, ClusterConfig
+from popgate.cli.main import main
+from popgate.cli.operate import NOT_CONFIRMED
+from tests.integration.sdk.conftest import drain
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    config = ClusterConfig(
+        brokers=2,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path_factory.mktemp("strict"),
+        proxy_args=("--min-invisible-s", "1", "--broker-timeout-s", "1"),
+        auto_create=False,
+    )
+    with Cluster(config) as started:
+        yield started
+
+
+def groups_on_brokers(cluster: Cluster, topic: str) -> set[str]:
+    brokers = [Broker(name, child.address) for name, child in cluster.brokers.items()]
+    answers = fetch_stats(brokers, bpb.StatsRequest(topic=topic), 3.0)
+    return {g.group for a in answers.values() for g in a.groups}
+
+
+def test_topics_are_created_explicitly_and_unknown_ones_are_not_found(
+    strict: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    e = strict.endpoint
+    assert main(["topic", "create", "orders", "-e", e, "--queues", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["b1: created with 2 queue(s)", "b2: created with 2 queue(s)"]
+    assert main(["topic", "create", "orders", "-e", e]) == 0  # again: it exists, its queues kept
+    assert "b1: exists with 2 queue(s)" in capsys.readouterr().out
+    with Producer(e) as producer, SimpleConsumer(e, "billing", "orders") as consumer:
+        producer.send("orders", b"paid")
+        assert [m.body for m in drain(consumer, 1)] == [b"paid"]
+        with pytest.raises(NotFound):
+            producer.send("ordres", b"typo")
+    with SimpleConsumer(e, "typo-group", "ordres") as typo, pytest.raises(NotFound):
+        typo.receive(max=1, wait=1)  # not [] for ever
+    assert not groups_on_brokers(strict, "ordres")  # and no group state made for it
+
+
+def test_lookup_prints_matches_newest_first(strict: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    e = strict.endpoint
+    assert main(["topic", "create", "lookups", "-e", e]) == 0
+    with Producer(e) as producer:
+        ids = [producer.send("lookups", f"v{i}".encode(), keys=["k"]).message_id for i in range(3)]
+    capsys.readouterr()
+    assert main(["lookup", "lookups", "--key", "k", "-n", "2", "-e", e, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [m["stored"]["message"]["messageId"] for m in document["messages"]] == ids[::-1][:2]
+    assert main(["lookup", "lookups", "--id", ids[0], "--body", "-e", e]) == 0
+    out = capsys.readouterr().out
+    assert ids[0] in out and "body: b'v0'" in out and "1 message(s)" in out
+
+
+def test_dangerous_operations_need_confirmation_and_name_a_broker_down(
+    strict: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = strict.endpoint
+    assert main(["topic", "create", "risky", "-e", e]) == 0
+    with Producer(e) as producer, SimpleConsumer(e, "g", "risky") as consumer:
+        for _ in range(4):
+            producer.send("risky", b"m")
+        drain(consumer, 4)
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert main(["group", "reset", "g", "-t", "risky", "--earliest", "-e", e]) == NOT_CONFIRMED
+    assert "give --yes" in capsys.readouterr().err
+    assert main(["topic", "delete", "risky", "-e", e]) == NOT_CONFIRMED
+
+    strict.brokers["b2"].signal(signal.SIGSTOP)
+    try:
+        assert main(["group", "reset", "g", "-t", "risky", "--earliest", "--yes", "-e", e]) == BROKERS_MISSING
+        err = capsys.readouterr().err
+        assert "broker b2 did not answer" in err and "applied on b1 only, NOT on b2" in err and "safe to repeat" in err
+    finally:
+        strict.brokers["b2"].signal(signal.SIGCONT)
+    assert main(["group", "reset", "g", "-t", "risky", "--earliest", "--yes", "-e", e, "--timeout", "5"]) == 0
+    assert "b2: 4 queue(s) at offsets 0, 0, 0, 0" in capsys.readouterr().out  # b2 too, this time
+    direct = [arg for name, c in strict.brokers.items() for arg in ("--broker", f"{name}={c.address}")]
+    assert main(["group", "delete", "g", "--yes", *direct]) == 0  # a proxy-less emergency: each broker asked
+    assert capsys.readouterr().out.splitlines() == ["b1: state on risky deleted", "b2: state on risky deleted"]
+    assert main(["topic", "delete", "risky", "--yes", "-e", e]) == 0
+    assert "b1: deleted" in capsys.readouterr().out
