@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
