@@ -58,11 +58,12 @@ class AdminService(apb_grpc.AdminServicer):
         self._auth = authenticator
         self._timeout_s = timeout_s
 
-    async def _serve(self, context: grpc.aio.ServicerContext, answer: Awaitable[R]) -> R:
-        """`answer` after the admin check, a domain error as its status code and the popgate-error trailer."""
+    async def _serve(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[R]]) -> R:
+        """`answer()` after the admin check (not started when it fails), a domain error as its status code and the
+        popgate-error trailer."""
         try:
             check_admin(self._auth, metadata_of(context.invocation_metadata()))
-            return await answer
+            return await answer()
         except errors.DomainError as exc:
             context.set_trailing_metadata(((ERROR_KEY, exc.name),))
             await context.abort(status_of(exc), exc.message)
@@ -71,7 +72,7 @@ class AdminService(apb_grpc.AdminServicer):
     async def ListBrokers(
         self, request: apb.ListBrokersRequest, context: grpc.aio.ServicerContext
     ) -> apb.ListBrokersResponse:
-        return await self._serve(context, self._list_brokers())
+        return await self._serve(context, self._list_brokers)
 
     async def _list_brokers(self) -> apb.ListBrokersResponse:
         views = [apb.Broker(name=b.name, address=b.address, up=b.up) for b in self._brokers()]
@@ -102,7 +103,7 @@ class AdminService(apb_grpc.AdminServicer):
         return answers, failures
 
     async def Stats(self, request: bpb.StatsRequest, context: grpc.aio.ServicerContext) -> apb.StatsResponse:
-        return await self._serve(context, self._answer("Stats", request, apb.StatsResponse))
+        return await self._serve(context, lambda: self._answer("Stats", request, apb.StatsResponse))
 
     async def _answer(self, method: str, request: Any, response: Callable[..., R]) -> R:
         answers, failures = await self._fan_out(method, request)
@@ -111,27 +112,27 @@ class AdminService(apb_grpc.AdminServicer):
     async def ResetOffset(
         self, request: bpb.ResetOffsetRequest, context: grpc.aio.ServicerContext
     ) -> apb.ResetOffsetResponse:
-        return await self._serve(context, self._answer("ResetOffset", request, apb.ResetOffsetResponse))
+        return await self._serve(context, lambda: self._answer("ResetOffset", request, apb.ResetOffsetResponse))
 
     async def DeleteGroup(
         self, request: bpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
     ) -> apb.DeleteGroupResponse:
-        return await self._serve(context, self._answer("DeleteGroup", request, apb.DeleteGroupResponse))
+        return await self._serve(context, lambda: self._answer("DeleteGroup", request, apb.DeleteGroupResponse))
 
     async def CreateTopic(
         self, request: bpb.CreateTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.CreateTopicResponse:
-        return await self._serve(context, self._answer("CreateTopic", request, apb.CreateTopicResponse))
+        return await self._serve(context, lambda: self._answer("CreateTopic", request, apb.CreateTopicResponse))
 
     async def DeleteTopic(
         self, request: bpb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.DeleteTopicResponse:
-        return await self._serve(context, self._answer("DeleteTopic", request, apb.DeleteTopicResponse))
+        return await self._serve(context, lambda: self._answer("DeleteTopic", request, apb.DeleteTopicResponse))
 
     async def QueryMessages(
         self, request: bpb.QueryMessagesRequest, context: grpc.aio.ServicerContext
     ) -> apb.QueryMessagesResponse:
-        return await self._serve(context, self._query(request))
+        return await self._serve(context, lambda: self._query(request))
 
     async def _query(self, request: bpb.QueryMessagesRequest) -> apb.QueryMessagesResponse:
         answers, failures = await self._fan_out("QueryMessages", request)
@@ -147,7 +148,7 @@ class AdminService(apb_grpc.AdminServicer):
     async def ListConsumers(
         self, request: bpb.ListConsumersRequest, context: grpc.aio.ServicerContext
     ) -> apb.ListConsumersResponse:
-        return await self._serve(context, self._consumers(request))
+        return await self._serve(context, lambda: self._consumers(request))
 
     async def _consumers(self, request: bpb.ListConsumersRequest) -> apb.ListConsumersResponse:
         """Every broker holds every proxy's report: the latest of each (group, client, proxy) over the answers."""
@@ -162,7 +163,7 @@ class AdminService(apb_grpc.AdminServicer):
     async def ListMessages(
         self, request: apb.ListMessagesRequest, context: grpc.aio.ServicerContext
     ) -> bpb.ListMessagesResponse:
-        return await self._serve(context, self._list_messages(request))
+        return await self._serve(context, lambda: self._list_messages(request))
 
     async def _list_messages(self, request: apb.ListMessagesRequest) -> bpb.ListMessagesResponse:
         client = self._pool.get(request.broker) if request.broker in self._pool.names else None

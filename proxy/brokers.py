@@ -128,6 +128,10 @@ class GrpcBrokerClient:
     def address(self) -> BrokerAddress:
         return self._address
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def retire(self) -> None:
         """Gone from discovery: down from now on, whatever a health check would say; calls still go to its
         address (a receipt handle of it is answered as a down broker's)."""

@@ -26,7 +26,7 @@ import dns.resolver
 
 from popgate_contract.validation import parse_host_port
 from proxy.ports import BackgroundTask
-from proxy.settings import BrokerAddress
+from proxy.settings import BROKER_NAME, BrokerAddress
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,10 @@ class SrvLookup:
             host = target.to_text(omit_final_dot=True)
             name = target.labels[0].decode("ascii", "replace") if target.labels else ""
             addresses = sorted(record.address for record in records)
-            if not name or not addresses:
-                continue  # a target without an address yet (a pod being scheduled): found by a later lookup
+            if not BROKER_NAME.fullmatch(name) or not addresses:
+                # not a broker name (as --broker NAME requires), or no address yet (a pod being scheduled: found
+                # by a later lookup)
+                continue
             found.setdefault(name, BrokerAddress(name, f"{addresses[0]}:{port}", host_name=host))
         return list(found.values())
 
@@ -162,7 +164,10 @@ class Discovery(BackgroundTask):
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:  # a bug must not end discovery for good: logged, tried again next interval
+                log.exception("broker discovery: lookup round failed")
 
     async def __aenter__(self) -> Discovery:
         await self.refresh()

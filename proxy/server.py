@@ -100,14 +100,17 @@ def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = 
 
 class BrokerClients:
     """The proxy's broker clients by name — the listed brokers, or those discovery finds — and every client it
-    made, closed when the proxy stops (those discovery replaced or retired too)."""
+    made, closed when the proxy stops. A client discovery replaced (its broker moved) is closed once the calls it
+    had could have ended (`replaced_grace_s`); a retired one stays, down, so handles naming it resolve."""
 
     def __init__(self, settings: Settings, metrics: ProxyMetrics) -> None:
         self._settings = settings
         self._metrics = metrics
         self._tls_ca = Path(settings.broker_tls_ca).read_bytes() if settings.broker_tls_ca else None
         self.current: dict[str, GrpcBrokerClient] = {}
-        self._made: list[GrpcBrokerClient] = []
+        self._made: set[GrpcBrokerClient] = set()
+        self._closing: set[asyncio.Task[None]] = set()
+        self.replaced_grace_s = settings.broker_timeout_s + settings.max_long_polling_s
         self.pool = BrokerPool({})
         for address in settings.brokers:
             self.add(address)
@@ -116,11 +119,19 @@ class BrokerClients:
         client = GrpcBrokerClient(
             address, metrics=self._metrics, token=self._settings.broker_token, tls_ca=self._tls_ca
         )
-        self._made.append(client)
+        self._made.add(client)
         self.current[address.name] = client
         replaced = self.pool.put(client)
         if isinstance(replaced, GrpcBrokerClient):
-            replaced.retire()  # its calls fail over to the new client; closed with the others when the proxy stops
+            replaced.retire()  # its calls fail over to the new client
+            asyncio.get_running_loop().call_later(self.replaced_grace_s, self._close, replaced)
+
+    def _close(self, client: GrpcBrokerClient) -> None:
+        if client in self._made:
+            self._made.discard(client)
+            task = asyncio.get_running_loop().create_task(client.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def retire(self, name: str) -> None:
         self.pool.retire(name)
@@ -135,7 +146,7 @@ class BrokerClients:
         return [BrokerView(n, c.address.target, c.healthy) for n, c in sorted(self.current.items())]
 
     async def close(self) -> None:
-        await asyncio.gather(*(client.close() for client in self._made), return_exceptions=True)
+        await asyncio.gather(*self._closing, *(client.close() for client in self._made), return_exceptions=True)
 
 
 async def _discovery(settings: Settings, brokers: BrokerClients, stack: AsyncExitStack) -> None:

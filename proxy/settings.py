@@ -22,7 +22,7 @@ from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
-_BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class BrokerAddress:
     @classmethod
     def parse(cls, text: str) -> BrokerAddress:
         name, sep, target = text.strip().partition("=")
-        if not sep or not _BROKER_NAME.fullmatch(name):
+        if not sep or not BROKER_NAME.fullmatch(name):
             raise SettingsError(f"--broker {text!r}: expected NAME=HOST:PORT with NAME matching [a-zA-Z0-9_-]{{1,64}}")
         parse_host_port(target, what=f"--broker {name}")
         return cls(name, target)

@@ -47,7 +47,7 @@ class RecallHandle(NamedTuple):
     @classmethod
     def decode(cls, text: str) -> RecallHandle:
         fields = _decode(text, 5, "R1")
-        if fields is None or not fields[3].isdigit():
+        if fields is None or not (fields[3].isascii() and fields[3].isdigit()):  # "²".isdigit(), int("²") fails
             raise InvalidRecallHandle("recall handle is malformed (not one a popgate Send returned)")
         return cls(fields[1], fields[2], int(fields[3]), fields[4])
 

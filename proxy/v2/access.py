@@ -9,7 +9,7 @@ telemetry, termination): a valid key is enough.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from popgate_pb.v2 import definition_pb2 as v2
@@ -17,7 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from proxy import validate
-from proxy.auth import Authenticator, authorize
+from proxy.auth import Authenticator, authorize, matches
 
 _CONSUME = (
     pb.AckMessageRequest,
@@ -59,6 +59,16 @@ def _topic(resource: v2.Resource) -> str:
 
 def _group(resource: v2.Resource) -> str:
     return validate.group_in(resource.resource_namespace, resource.name)
+
+
+def publishable(auth: Authenticator, invocation_metadata: Iterable[Any] | None) -> Callable[[str], bool]:
+    """Whether the caller may publish to a topic (as stored): what a Telemetry stream's producer is checked
+    against before it is handed transaction checks of a topic (proxy.txchecks) —
+    tests/unit/proxy/test_auth.py::test_a_producer_gets_checks_only_of_topics_it_may_publish_to."""
+    if not auth.enabled:
+        return lambda topic: True
+    account = auth.authenticate(metadata_of(invocation_metadata))
+    return lambda topic: account is None or matches(account.publish, topic)
 
 
 def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, request: Any) -> None:

@@ -210,11 +210,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         client_id = ""  # alive while this stream is open: its auto_renew receives are renewed (proxy.renewal)
         try:
             access.check(self._auth, context.invocation_metadata(), None)
+            publishable = access.publishable(self._auth, context.invocation_metadata())
             client_id = access.client_id_of(context.invocation_metadata())
             self._proxy.renewer.opened(client_id)
             self._checks.start()
             async for reply in telemetry.telemetry(
-                request_iterator, self._settings, self._proxy.closing, self._attempts, self._producers
+                request_iterator, self._settings, self._proxy.closing, self._attempts, self._producers, publishable
             ):
                 yield reply
         except Exception as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -102,14 +102,18 @@ async def _max_attempts(client: v2.Settings, attempts: GroupAttempts) -> int:
     return DEFAULT_MAX_ATTEMPTS if group is None else await attempts.of(group)
 
 
-def _published(client: v2.Settings) -> list[str]:
-    """The topics (as stored) a producer's settings publish to; bad names are left out (refused where sent)."""
+def _published(client: v2.Settings, publishable: Callable[[str], bool]) -> list[str]:
+    """The topics (as stored) a producer's settings publish to and its account may publish to; bad names are left
+    out (refused where sent), and so are topics the account may not publish to: their transaction checks carry
+    the half messages' bodies."""
     out = []
     for topic in client.publishing.topics if client.HasField("publishing") else ():
         try:
-            out.append(validate.topic_in(topic.resource_namespace, topic.name))
+            name = validate.topic_in(topic.resource_namespace, topic.name)
         except errors.DomainError:
             continue
+        if publishable(name):
+            out.append(name)
     return out
 
 
@@ -119,6 +123,7 @@ async def telemetry(
     closing: asyncio.Event,
     attempts: GroupAttempts,
     producers: ProducerStreams | None = None,
+    publishable: Callable[[str], bool] = lambda topic: True,
 ) -> AsyncIterator[pb.TelemetryCommand]:
     """Reply to every Settings command until the client closes the stream or the proxy shuts down; meanwhile
     pass on the commands `producers` queue for this stream (transaction checks, proxy.txchecks)."""
@@ -152,7 +157,7 @@ async def telemetry(
                     text = f"Settings of {size} bytes: at most {MAX_SETTINGS_BYTES} (topics, subscriptions, endpoints)"
                     yield pb.TelemetryCommand(status=v2.Status(code=v2.BAD_REQUEST, message=text))
                     continue
-                if producers is not None and (topics := _published(command.settings)):
+                if producers is not None and (topics := _published(command.settings, publishable)):
                     outbox.namespace = command.settings.publishing.topics[0].resource_namespace  # one per client
                     producers.register(outbox, topics)
                 max_attempts = await _max_attempts(command.settings, attempts)

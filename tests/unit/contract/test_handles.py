@@ -27,6 +27,7 @@ def test_handles_round_trip_also_with_a_tilde_in_the_message_id() -> None:
         "!!!",
         "x" * 2000,
         base64.urlsafe_b64encode(b"R1~b1~t~x~id").decode(),
+        base64.urlsafe_b64encode("R1~b1~t~²~id".encode()).decode(),  # a digit to str.isdigit, not to int()
         TransactionId("b", 1, 2).encode(),
     ],
 )

@@ -245,3 +245,19 @@ def test_any_header_and_date_is_an_account_or_unauthorized_never_a_crash(header:
             checker().authenticate(meta)
         except Unauthorized:
             pass
+
+
+def test_a_producer_gets_checks_only_of_topics_it_may_publish_to() -> None:
+    """Transaction checks carry half messages' bodies: a Telemetry producer registers only for topics its account
+    may publish to (proxy.v2.telemetry._published)."""
+    from proxy.v2.telemetry import _published
+
+    settings = v2.Settings(
+        publishing=v2.Publishing(topics=[v2.Resource(name=t) for t in ("orders", "payments", "log-1")])
+    )
+    may = access.publishable(checker(), list(headers().items()))
+    assert _published(settings, may) == ["orders", "log-1"]
+    anyone = access.publishable(Authenticator([]), [])
+    assert _published(settings, anyone) == ["orders", "payments", "log-1"]
+    with pytest.raises(Unauthorized):
+        access.publishable(checker(), [])

@@ -82,3 +82,24 @@ async def test_discovery_applies_each_lookup_and_a_failed_lookup_changes_nothing
     now[0] = 16
     assert (await discovery.refresh()).retired == ["b1"]
     assert added == [at("b0"), at("b1")] and retired == ["b1"]
+
+
+async def test_a_client_replaced_by_a_move_is_closed_after_its_grace() -> None:
+    """A broker pod rescheduled to a new address: its old channel goes once the calls it had could have ended, so
+    a long-lived proxy does not gather channels (proxy.server.BrokerClients)."""
+    import asyncio
+
+    from proxy.metrics import ProxyMetrics
+    from proxy.server import BrokerClients
+    from proxy.settings import Settings
+
+    clients = BrokerClients(Settings(broker_srv="_grpc._tcp.b"), ProxyMetrics())
+    clients.replaced_grace_s = 0.01
+    clients.add(at("b0", "10.0.0.1"))
+    old = clients.current["b0"]
+    clients.add(at("b0", "10.0.0.2"))
+    assert clients.pool.get("b0") is clients.current["b0"] is not old and not old.healthy
+    async with asyncio.timeout(5):
+        while not old.closed:  # noqa: ASYNC110  # closing is a task of its own, polled here
+            await asyncio.sleep(0.01)
+    await clients.close()
