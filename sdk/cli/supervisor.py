@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -185,9 +186,12 @@ class Supervisor:
                     event = None
                 if event is _CLOSE:
                     break
-                if isinstance(event, tuple):
-                    self._record_death(*event)
-                self._restart_due()
+                try:
+                    if isinstance(event, tuple):
+                        self._record_death(*event)
+                    self._restart_due()
+                except Exception:  # a bug must not end supervision unseen: logged, and the loop goes on
+                    log.exception("supervising the cluster's children failed")
         finally:
             self._idle.set()
             self._released.wait()
@@ -216,7 +220,7 @@ class Supervisor:
             self._cluster.restart_child(child.name, stop=self._closing)
         except ClusterInterrupted:
             return
-        except (ClusterError, OSError) as exc:
+        except (ClusterError, OSError, subprocess.SubprocessError) as exc:
             child.kill()  # a child that stayed silent is not left running beside its next try
             with self._lock:
                 delay = self._policy.start_failed(child.name, time.monotonic(), str(exc).splitlines()[0])
