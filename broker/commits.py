@@ -87,7 +87,7 @@ class StateCommits:
                 return SetPullOffset(op.group, op.topic, op.queue_id, queue.pull_offset)
             d = queue.inflight.get(op.offset)
             if d is None:
-                return DeleteInflight(op.group, op.topic, op.queue_id, op.offset)
+                return state.done_op(op.queue_id, op.offset)
             return PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)
         return op  # the others are idempotent as they are
 

@@ -363,7 +363,9 @@ class BrokerCore:
                 before = gq.pull_offset
                 end = readable_end(gq, queue)
                 if queue.priority is not None:
-                    offsets = take_prioritized(queue, gq, state.filter, min(share, want), end)
+                    passed: list[int] = []
+                    offsets = take_prioritized(queue, gq, state.filter, min(share, want), end, passed)
+                    ops.extend(DeleteInflight(state.group, state.topic, queue.queue_id, o) for o in passed)
                 else:
                     offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
                     gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
@@ -429,7 +431,7 @@ class BrokerCore:
                 continue
             if state.remove(handle.queue_id, handle.offset):
                 released[(state.topic, handle.queue_id)] = state
-            ops.append(DeleteInflight(group, handle.topic, handle.queue_id, handle.offset))
+            ops.append(state.done_op(handle.queue_id, handle.offset))
             acked.append(handle)
             results.append(None)
         for (_, queue_id), state in released.items():

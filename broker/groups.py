@@ -17,7 +17,7 @@ import logging
 from collections import Counter, OrderedDict
 
 from broker.filters import TagFilter
-from broker.inflight import Delivery, GroupQueue, GroupTopic
+from broker.inflight import ACKED_AHEAD, Delivery, GroupQueue, GroupTopic
 from broker.log import QueueLog, TopicLog
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetGroupFilter, SetPullOffset, Snapshot
@@ -51,6 +51,15 @@ class ConsumerGroups:
         for i in snap.inflight:
             if i.offset < self._min_offset(i.topic, i.queue_id):
                 ops.append(DeleteInflight(i.group, i.topic, i.queue_id, i.offset))
+                continue
+            if i.attempt == ACKED_AHEAD:  # done, taken ahead of the pull offset: taken still, until it passes
+                marked = self.groups.get((i.group, i.topic))
+                marked_gq = marked.queues.get(i.queue_id) if marked is not None else None
+                if marked_gq is None or i.offset < marked_gq.pull_offset:
+                    ops.append(DeleteInflight(i.group, i.topic, i.queue_id, i.offset))
+                else:
+                    marked_gq.ahead = marked_gq.ahead or set()
+                    marked_gq.ahead.add(i.offset)
                 continue
             state = self._state(i.group, i.topic)
             gq = state.queue(i.queue_id, i.offset + 1)

@@ -18,11 +18,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from broker.filters import MATCH_ALL, TagFilter
-from broker.store import Op, PutInflight
+from broker.store import DeleteInflight, Op, PutInflight
 
 # Delivery tokens only have to be unguessable by a client that never saw the handle,
 # not cryptographically strong: a seeded PRNG avoids a syscall per message.
 tokens = random.Random(os.urandom(16))
+
+# The attempt of a stored in-flight row that is no delivery but a mark: the message was taken ahead of the pull
+# offset (broker.priority) and is acked or dead-lettered. It keeps the message taken across a restart until the
+# pull offset passes it, and then goes (`GroupTopic.done_op`, broker.priority.take_prioritized).
+ACKED_AHEAD = -1
 
 
 @dataclass(slots=True)
@@ -125,6 +130,16 @@ class GroupTopic:
         if not keep_fifo:
             state.fifo.discard(offset)
         return True
+
+    def done_op(self, queue_id: int, offset: int) -> Op:
+        """The store op for a message no longer in flight to the group (acked, dead-lettered): its row goes, unless
+        the message was taken ahead of the pull offset — then the row becomes an ACKED_AHEAD mark, for the pull offset
+        alone would let a restart deliver it again (tests/unit/broker/test_priority.py::
+        test_an_ack_of_a_message_taken_ahead_holds_across_a_restart)."""
+        queue = self.queues.get(queue_id)
+        if queue is not None and queue.ahead is not None and offset in queue.ahead and offset not in queue.inflight:
+            return PutInflight(self.group, self.topic, queue_id, offset, ACKED_AHEAD, 0, 0)
+        return DeleteInflight(self.group, self.topic, queue_id, offset)
 
     def _valid(self, entry: tuple[int, int, int, int]) -> bool:
         deadline, queue_id, offset, token = entry

@@ -19,10 +19,15 @@ from broker.log import QueueLog
 WINDOW = 1024  # matching messages past a group's pull offset that a priority Pop chooses among
 
 
-def take_prioritized(queue: QueueLog, gq: GroupQueue, tag_filter: TagFilter, want: int, end: int) -> list[int]:
+def take_prioritized(
+    queue: QueueLog, gq: GroupQueue, tag_filter: TagFilter, want: int, end: int, passed: list[int] | None = None
+) -> list[int]:
     """Up to `want` offsets in [pull offset, end) the group has not taken, highest priority first; they are
-    recorded as taken and the pull offset moves past every taken one at its front."""
-    ahead = gq.ahead if gq.ahead is not None else set()
+    recorded as taken and the pull offset moves past every taken one at its front. The offsets taken ahead earlier
+    and done (acked, dead-lettered: their stored rows are ACKED_AHEAD marks, broker.inflight) that the pull offset
+    now passes are appended to `passed`: their marks can go."""
+    before = gq.ahead if gq.ahead is not None else set()
+    ahead = set(before)
     priority = queue.priority or {}
     window = [o for o in queue.matching(gq.pull_offset, tag_filter, WINDOW, end) if o not in ahead]
     chosen = heapq.nsmallest(want, window, key=lambda o: (-priority.get(o, 0), o))
@@ -33,6 +38,8 @@ def take_prioritized(queue: QueueLog, gq: GroupQueue, tag_filter: TagFilter, wan
             new_pull = offset
             break
     gq.pull_offset = max(gq.pull_offset, new_pull)
+    if passed is not None:  # not the ones chosen now: their deliveries are not recorded yet
+        passed.extend(o for o in before if o < gq.pull_offset and o not in gq.inflight)
     ahead = {o for o in ahead if o >= gq.pull_offset}
     gq.ahead = ahead or None
     return sorted(chosen, key=lambda o: (-priority.get(o, 0), o))

@@ -24,7 +24,7 @@ from broker.inflight import Delivery, GroupTopic
 from broker.log import TopicLog
 from broker.longpoll import HoldService
 from broker.send import SendPath
-from broker.store import DeleteInflight, NewMessage, Op
+from broker.store import NewMessage, Op
 from popgate_contract import validation
 from popgate_contract.errors import InvalidReceiptHandle
 
@@ -219,7 +219,7 @@ class Redelivery:
             dlq.message_id = self.sends.ids.next()
         fifo = offset in state.queues[queue_id].fifo
         state.remove(queue_id, offset, keep_fifo=True)  # its queue stays held back until the commit (`_dead_lettered`)
-        ops: list[Op] = [DeleteInflight(state.group, state.topic, queue_id, offset)]
+        ops: list[Op] = [state.done_op(queue_id, offset)]
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
         committed = self.sends.submit(

@@ -4,11 +4,14 @@ stays bounded and survives a restart; bad priorities are refused with nothing st
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 
 import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.core import BrokerCore
 from broker.filters import MATCH_ALL
 from broker.inflight import GroupQueue
@@ -84,3 +87,43 @@ async def test_a_bad_priority_is_refused_and_nothing_is_stored(tmp_path: Path, m
         with pytest.raises(BadRequest):
             await core.send([pb.Message(topic="t", body=b"ok"), message])
         assert "t" not in core.topics or all(q.max_offset == 0 for q in core.topics["t"].queues)
+
+
+def stored_inflight(data: Path) -> list[tuple[int, int, int]]:
+    """(queue, offset, attempt) of every stored in-flight row, the broker closed."""
+    with contextlib.closing(sqlite3.connect(data / "broker.sqlite3")) as conn:
+        return sorted(conn.execute("SELECT queue, offset, attempt FROM inflight"))
+
+
+async def test_an_ack_of_a_message_taken_ahead_holds_across_a_restart(tmp_path: Path) -> None:
+    async with broker(tmp_path, flush="sync") as (core, _):
+        await send(core, [0, 7])
+        first = await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)
+        assert bodies(first) == ["p7-1"]
+        assert await core.ack("t", "g", [m.handle for m in first.messages]) == [None]
+    async with broker(tmp_path, flush="sync") as (core, _):
+        rest = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)
+        assert bodies(rest) == ["p0-0"]  # the acked p7 is not delivered again
+        assert await core.ack("t", "g", [m.handle for m in rest.messages]) == [None]
+    assert stored_inflight(tmp_path) == []  # the pull offset passed it: nothing of it is kept
+
+
+async def test_a_dead_letter_of_a_message_taken_ahead_holds_across_a_restart(tmp_path: Path) -> None:
+    async with broker(tmp_path, flush="sync") as (core, _):
+        await send(core, [0, 7])
+        first = await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)
+        await core.dead_letter("t", "g", first.messages[0].handle)
+    async with broker(tmp_path, flush="sync") as (core, _):
+        assert bodies(await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)) == ["p0-0"]
+
+
+async def test_a_reset_forgets_what_was_taken_ahead_also_after_a_restart(tmp_path: Path) -> None:
+    async with broker(tmp_path, flush="sync") as (core, _):
+        await send(core, [0, 7])
+        first = await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)
+        await core.ack("t", "g", [m.handle for m in first.messages])
+        request = pb.ResetOffsetRequest(topic="t", group="g", to=pb.ResetOffsetRequest.To.EARLIEST)
+        await admin.reset_offset(core, request, pb.ResetOffsetResponse())
+    assert stored_inflight(tmp_path) == []
+    async with broker(tmp_path, flush="sync") as (core, _):
+        assert bodies(await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)) == ["p7-1", "p0-0"]
