@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from proxy.ports import Metrics, NoMetrics
 from proxy.receive.adaptive import AdaptivePolicy
-from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
+from proxy.receive.seam import ReceiveRequest, ReceiveResult, ServesForPolicy
 from proxy.routing import BrokerPool
 
 
@@ -22,8 +22,8 @@ class AdaptiveStrategy:
         self,
         pool: BrokerPool,
         policy: AdaptivePolicy,
-        notify: ReceiveStrategy,
-        longpoll: ReceiveStrategy,
+        notify: ServesForPolicy,
+        longpoll: ServesForPolicy,
         *,
         metrics: Metrics | None = None,
     ) -> None:
@@ -33,13 +33,11 @@ class AdaptiveStrategy:
         self._metrics = metrics or NoMetrics()
 
     async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
-        loop = asyncio.get_running_loop()
-        decision = self._policy.start(request.group, now=loop.time(), live_brokers=len(self._pool.live()))
+        """The chosen strategy's receive, which tells the policy when it ends."""
+        now = asyncio.get_running_loop().time()
+        decision = self._policy.start(request.group, now=now, live_brokers=len(self._pool.live()))
         self._metrics.mode_decision(request.group, decision.mode, decision.reason)
-        try:
-            return await self._by_mode[decision.mode].receive(request, closing)
-        finally:
-            self._policy.end(request.group, now=loop.time())
+        return await self._by_mode[decision.mode].receive(request, closing, policy=self._policy)
 
 
 def busy_groups(policy: AdaptivePolicy, pool: BrokerPool) -> Callable[[str], bool]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -18,7 +19,6 @@ from popgate_contract.errors import (
     BrokerTimeout,
     BrokerUnavailable,
     DomainError,
-    ShuttingDown,
     TooManyRequests,
     TopicNotFound,
 )
@@ -36,14 +36,8 @@ from proxy.receive.coverage import (
     Unwatch,
     Watch,
 )
-from proxy.receive.seam import MIN_ATTEMPT_S, CloseWatch, ReceiveRequest, ReceiveResult
+from proxy.receive.seam import MIN_ATTEMPT_S, EndsReceives, OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
-
-
-class _Moved(Exception):
-    def __init__(self, broker: str) -> None:
-        self.broker = broker
-
 
 FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last for it this long
 MAX_FAILED_REMEMBERED = 10_000
@@ -99,7 +93,10 @@ class LongPollStrategy:
         self._watch_calls: dict[Watch, asyncio.Future[bpb.NotificationResponse]] = {}  # until each call ends
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
-        self._close_watch = CloseWatch()
+        # One waiter on the proxy's closing event for every held receive (`OnClose`): on close each receive's task
+        # is cancelled (which cancels its broker call) and answers "closing".
+        self._closer: OnClose[asyncio.Task[Any]] = OnClose(self._close, "longpoll-closing")
+        self._closed: set[asyncio.Task[Any]] = set()
         # (topic, broker) -> loop time until which the broker is tried last for the topic: it just failed a Pop
         # at once (no such topic there under --no-auto-create, or down and not yet marked so). Holding no Pop,
         # it would otherwise sort first for every receive and cost each one a round trip. With the broker's
@@ -129,60 +126,103 @@ class LongPollStrategy:
                 self._failed.clear()
         self._failed[(topic, client.name)] = (now + FAILED_LAST_S, client.recoveries if broker_failed else None)
 
-    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
+    async def receive(
+        self, request: ReceiveRequest, closing: asyncio.Event, *, policy: EndsReceives | None = None
+    ) -> ReceiveResult:
+        """`policy`: told when the receive ends (the adaptive mode's, which chose this strategy for it).
+
+        One coroutine for the whole receive, its broker calls futures: a held receive is the proxy's unit of memory,
+        so no frame per attempt or per awaited call (`_attempt` computes each attempt's times and returns)."""
         loop = asyncio.get_running_loop()
         poll_end = loop.time() + request.poll_s  # one long-polling time for the receive, not one per broker
-        last: DomainError = BrokerUnavailable("no broker is configured")
+        last: DomainError | None = None
         answered = False  # some broker answered (empty)
+        task = asyncio.current_task()
+        assert task is not None
         # A broker found down (or hung) during the call is skipped and the next is tried with the time left;
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
-        # A held Pop coverage moved (`_Moved`) is made again at its new broker with the time left.
+        # A held Pop coverage moved is made again at its new broker with the time left.
         order = self._order(request, loop.time())
         counted = _Counted(self._metrics, request.group)
-        while order:
-            client = order.pop(0)
-            now = loop.time()
-            remaining = request.deadline - now
-            if remaining <= MIN_ATTEMPT_S:
-                break
-            poll_s = max(0.0, min(poll_end - now, remaining))
-            pop = request.pop_request(round(poll_s * 1000))
-            timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
-            call = client.begin_pop(pop, timeout_s=timeout)
-            try:
-                response = await self._held_pop((request.topic, request.group), client.name, call, request, closing)
-            except _Moved as moved:
-                counted.long_poll()  # only a held Pop is moved
-                target = self._pool.get(moved.broker)
-                if target is not None:
-                    order = [target, *(c for c in order if c is not target)]
-                continue
-            except (asyncio.CancelledError, ShuttingDown) as exc:
-                if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
-                    client.release(call)  # answered as the client left or the proxy closed: nobody receives them
-                elif not call.done() and pop.poll_ms > 0:
-                    counted.long_poll()  # left while a broker held it
-                if isinstance(exc, ShuttingDown):
+        try:
+            while order:
+                client = order.pop(0)
+                attempt = self._attempt(client, request, poll_end, loop.time())
+                if attempt is None:
+                    break
+                call, poll_ms = attempt
+                if closing.is_set():
+                    call.cancel()
                     return ReceiveResult([], "closing")
-                raise
-            except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
-                self._failed_now(request.topic, client, loop.time(), broker_failed=not isinstance(exc, TopicNotFound))
-                last = exc
-                continue
-            if response.polling_full and not response.messages:
-                raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
-            messages = list(response.messages)
-            counted.answer(response)
-            if not messages and pop.poll_ms == 0:
-                answered = True
-                continue
-            result = ReceiveResult(messages, "messages" if messages else "empty")
-            if messages:
-                result.give_back = functools.partial(client.release, call)
-            return result
-        if answered or request.deadline - loop.time() <= MIN_ATTEMPT_S:
-            return ReceiveResult([], "empty")  # nothing anywhere, or the client's time is up: not an error
-        raise last
+                entry = self.track((request.topic, request.group), client.name, call, request.filter)
+                self._closer.watch(closing)
+                self._closer.registered.add(task)
+                try:
+                    response = await call
+                except asyncio.CancelledError:
+                    shut = task in self._closed
+                    if not shut and entry.moved_to is not None and call.cancelled() and not task.cancelling():
+                        counted.long_poll()  # only a held Pop is moved: made again at its new broker
+                        target = self._pool.get(entry.moved_to)
+                        if target is not None:
+                            order = [target, *(c for c in order if c is not target)]
+                        continue
+                    if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
+                        client.release(call)  # answered as the client left or the proxy closed: nobody receives them
+                    elif not call.done() and poll_ms > 0:
+                        counted.long_poll()  # left while a broker held it
+                    if shut:
+                        task.uncancel()
+                        return ReceiveResult([], "closing")
+                    raise
+                except (BrokerUnavailable, BrokerTimeout, TopicNotFound) as exc:  # down, hung, or without this topic
+                    failed = not isinstance(exc, TopicNotFound)
+                    self._failed_now(request.topic, client, loop.time(), broker_failed=failed)
+                    last = exc
+                    continue
+                finally:
+                    self._closer.registered.discard(task)
+                    self._closed.discard(task)
+                    self.untrack((request.topic, request.group), client.name, entry)
+                if response.polling_full and not response.messages:
+                    raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
+                counted.answer(response)
+                if not response.messages and poll_ms == 0:
+                    answered = True
+                    continue
+                return self._result(client, call, response)
+            if answered or request.deadline - loop.time() <= MIN_ATTEMPT_S:
+                return ReceiveResult([], "empty")  # nothing anywhere, or the client's time is up: not an error
+            raise last or BrokerUnavailable("no broker is configured")
+        finally:
+            if policy is not None:
+                policy.end(request.group, now=loop.time())
+
+    def _attempt(
+        self, client: BrokerClient, request: ReceiveRequest, poll_end: float, now: float
+    ) -> tuple[asyncio.Future[bpb.PopResponse], int] | None:
+        """A Pop of `client` with the receive's time left, and its poll time in ms; None when no time is left."""
+        remaining = request.deadline - now
+        if remaining <= MIN_ATTEMPT_S:
+            return None
+        poll_s = max(0.0, min(poll_end - now, remaining))
+        poll_ms = round(poll_s * 1000)
+        timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
+        return client.begin_pop(request.pop_request(poll_ms), timeout_s=timeout), poll_ms
+
+    @staticmethod
+    def _result(
+        client: BrokerClient, call: asyncio.Future[bpb.PopResponse], response: bpb.PopResponse
+    ) -> ReceiveResult:
+        messages = list(response.messages)
+        result = ReceiveResult(messages, "messages" if messages else "empty")
+        if messages:
+            result.give_back = functools.partial(client.release, call)
+        return result
+
+    def _close(self, task: asyncio.Task[Any]) -> None:
+        self._closed.add(task)
+        task.cancel()
 
     def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], tag_filter: str) -> Held:
         """Count a held Pop of the (topic, group) at `broker` until `untrack`: the group's Pops made elsewhere
@@ -242,27 +282,6 @@ class LongPollStrategy:
 
     def _came_up(self, key: tuple[str, str], broker: str, _up: asyncio.Future[None]) -> None:
         self._apply(self._coverage.came_up(key, broker, now=asyncio.get_running_loop().time()))
-
-    async def _held_pop(
-        self,
-        key: tuple[str, str],
-        broker: str,
-        call: asyncio.Future[bpb.PopResponse],
-        request: ReceiveRequest,
-        closing: asyncio.Event,
-    ) -> bpb.PopResponse:
-        """Await a Pop, counted among the (topic, group)'s Pops held at that broker meanwhile; `_Moved` when
-        coverage moved it."""
-        entry = self.track(key, broker, call, request.filter)
-        try:
-            return await self._close_watch.run(call, closing)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if entry.moved_to is not None and call.cancelled() and task is not None and not task.cancelling():
-                raise _Moved(entry.moved_to) from None
-            raise
-        finally:
-            self.untrack(key, broker, entry)
 
 
 def _answer(call: asyncio.Future[bpb.NotificationResponse]) -> Answer:

@@ -20,7 +20,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_contract.errors import BrokerFailure, DomainError
 from proxy.ports import BrokerClient, HeldPop, HeldPops, Metrics, NoMetrics
 from proxy.receive.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Phase, Pop, Rewatch
-from proxy.receive.seam import OnClose, ReceiveRequest, ReceiveResult
+from proxy.receive.seam import EndsReceives, OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
 IMMEDIATE_TIMEOUT_S = 0.5  # a Pop or Notification with poll 0 (the first Pop, one after has_message, the last look)
@@ -220,44 +220,51 @@ class NotifyStrategy:
         # One waiter on the proxy's closing event for all runs (not one task per receive).
         self._closer: OnClose[_Run] = OnClose(_Run.close, "notify-closing")
 
-    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
-        if closing.is_set():
-            return ReceiveResult([], "closing")
+    async def receive(
+        self, request: ReceiveRequest, closing: asyncio.Event, *, policy: EndsReceives | None = None
+    ) -> ReceiveResult:
+        """`policy`: told when the receive ends (the adaptive mode's, which chose this strategy for it)."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        candidates = self._pool.candidates(rotation="receive")
-        live = [c.name for c in candidates if c.healthy]
-        # Those down are watched once they are back. Every broker when none passed its last health check:
-        # the checks may be stale, the calls will tell.
-        down = [c.name for c in candidates if not c.healthy] if live else []
-        poll_end = min(now + request.poll_s, request.deadline)
-        machine = NotifyRun(live or [c.name for c in candidates], poll_end, down=down)
-        run = _Run(machine, request, self._pool, self._timeout, self._busy, self._cover)
-        self._closer.watch(closing)
-        self._closer.registered.add(run)
-        timers = [
-            loop.call_at(poll_end, lambda: run.apply(run.machine.poll_over())),
-            loop.call_at(request.deadline, lambda: run.apply(run.machine.deadline())),
-        ]
         try:
-            run.apply(run.machine.start())
-            finish = await run.result
-        except BaseException:  # the client went away: nothing may stay held for it
-            run.abandon()
-            raise
+            if closing.is_set():
+                return ReceiveResult([], "closing")
+            now = loop.time()
+            candidates = self._pool.candidates(rotation="receive")
+            live = [c.name for c in candidates if c.healthy]
+            # Those down are watched once they are back. Every broker when none passed its last health check:
+            # the checks may be stale, the calls will tell.
+            down = [c.name for c in candidates if not c.healthy] if live else []
+            poll_end = min(now + request.poll_s, request.deadline)
+            machine = NotifyRun(live or [c.name for c in candidates], poll_end, down=down)
+            run = _Run(machine, request, self._pool, self._timeout, self._busy, self._cover)
+            self._closer.watch(closing)
+            self._closer.registered.add(run)
+            timers = [
+                loop.call_at(poll_end, lambda: run.apply(run.machine.poll_over())),
+                loop.call_at(request.deadline, lambda: run.apply(run.machine.deadline())),
+            ]
+            try:
+                run.apply(run.machine.start())
+                finish = await run.result
+            except BaseException:  # the client went away: nothing may stay held for it
+                run.abandon()
+                raise
+            finally:
+                for timer in timers:
+                    timer.cancel()
+                self._closer.registered.discard(run)
+                self._metrics.notify_run(request.group, run.machine.stats)
+            result = ReceiveResult(list(finish.messages), finish.outcome)
+            if finish.messages:
+                # The other brokers' Notifications end after the answer is written: cancel frames sent now would
+                # go out on this event loop ahead of the answer's frames.
+                result.release = run.cancel_all
+                result.give_back = run.hand_back
+            else:
+                run.cancel_all()
+            if finish.error is not None:
+                raise finish.error
+            return result
         finally:
-            for timer in timers:
-                timer.cancel()
-            self._closer.registered.discard(run)
-            self._metrics.notify_run(request.group, run.machine.stats)
-        result = ReceiveResult(list(finish.messages), finish.outcome)
-        if finish.messages:
-            # The other brokers' Notifications end after the answer is written: cancel frames sent now would
-            # go out on this event loop ahead of the answer's frames.
-            result.release = run.cancel_all
-            result.give_back = run.hand_back
-        else:
-            run.cancel_all()
-        if finish.error is not None:
-            raise finish.error
-        return result
+            if policy is not None:
+                policy.end(request.group, now=loop.time())

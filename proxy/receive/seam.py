@@ -5,21 +5,18 @@ The core calls `receive()` and does not care how it is served. Three implement i
 client's long-polling time), `proxy.receive.notify_driver.NotifyStrategy` (pop with notify) and
 `proxy.receive.adaptive_driver.AdaptiveStrategy`, which asks `proxy.receive.adaptive.AdaptivePolicy` which of
 the two serves each request. This module holds what they share: the request, the result, and the
-watch that ends their broker calls when the proxy closes.
+one waiter that ends their broker calls when the proxy closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 
-from popgate_contract.errors import ShuttingDown
-
-T = TypeVar("T")
 R = TypeVar("R")
 MIN_ATTEMPT_S = 0.05  # less time than this left: no further broker attempt, and a broker call gets at least this
 
@@ -82,7 +79,23 @@ class ReceiveResult:
 class ReceiveStrategy(Protocol):
     mode: str
 
-    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult: ...
+    def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> Awaitable[ReceiveResult]: ...
+
+
+class EndsReceives(Protocol):
+    """Told when each receive it chose a strategy for ends (`proxy.receive.adaptive.AdaptivePolicy`)."""
+
+    def end(self, group: str, *, now: float) -> None: ...
+
+
+class ServesForPolicy(Protocol):
+    """A strategy the adaptive mode picks per request: it tells `policy` when the receive ends."""
+
+    mode: str
+
+    def receive(
+        self, request: ReceiveRequest, closing: asyncio.Event, *, policy: EndsReceives | None = None
+    ) -> Awaitable[ReceiveResult]: ...
 
 
 class OnClose(Generic[R]):
@@ -105,37 +118,3 @@ class OnClose(Generic[R]):
         await closing.wait()
         for item in list(self.registered):
             self._act(item)
-
-
-class CloseWatch:
-    """Ends awaits with ShuttingDown when the proxy closes, with one waiter task for all of them (`OnClose`):
-    the awaiting task registers itself; on close it is cancelled (which cancels the broker request it awaits)
-    and the cancellation becomes ShuttingDown."""
-
-    def __init__(self) -> None:
-        self._waiting: OnClose[asyncio.Task[Any]] = OnClose(self._close, "receive-closing")
-        self._closed: set[asyncio.Task[Any]] = set()
-
-    def _close(self, task: asyncio.Task[Any]) -> None:
-        self._closed.add(task)
-        task.cancel()
-
-    async def run(self, call: asyncio.Future[T], closing: asyncio.Event) -> T:
-        """Await a started broker call (cancelled if the proxy closes first)."""
-        if closing.is_set():
-            call.cancel()
-            raise ShuttingDown("the proxy is shutting down")
-        task = asyncio.current_task()
-        assert task is not None
-        self._waiting.watch(closing)
-        self._waiting.registered.add(task)
-        try:
-            return await call
-        except asyncio.CancelledError:
-            if task not in self._closed:
-                raise  # the client went away
-            task.uncancel()
-            raise ShuttingDown("the proxy is shutting down") from None
-        finally:
-            self._waiting.registered.discard(task)
-            self._closed.discard(task)
