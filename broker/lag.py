@@ -1,6 +1,7 @@
 """Lag arithmetic per consumer group and queue (RocketMQ's pop-mode definitions, exact with filters).
 
-- Available (ready) = matching messages in [PullOffset, MaxOffset)
+- Available (ready) = matching messages in [PullOffset, MaxOffset) the group has not taken ahead of its pull offset
+  (broker.priority: those are in flight, counted there, or done)
 - Inflight = deliveries popped and not acked
 - ConsumerLag = Available + Inflight
 - Lag in time = now - store time of the oldest un-acked matching message
@@ -36,13 +37,23 @@ def queue_lag(log: QueueLog, state: GroupQueue | None, tag_filter: TagFilter, st
     pull = max(pull, log.min_offset)
     inflight = len(state.inflight) if state else 0
     consumer = state.consumer_offset if state else pull
-    ready = _ready(log, state, pull, tag_filter)
+    ready = _ready(log, state, pull, tag_filter) - _taken_ahead(log, state, pull, tag_filter)
     if state and state.inflight:
         oldest_offset = min(state.inflight)
     else:  # nothing ready: no search (with unsummarised blocks it reads every tag after the pull offset)
         oldest_offset = log.first_match(pull, tag_filter) if ready else log.max_offset
     oldest = log.store_ms_at(oldest_offset) if log.min_offset <= oldest_offset < log.max_offset else 0
     return QueueLag(log.max_offset, consumer, pull, ready, inflight, ready + inflight, oldest)
+
+
+def _taken_ahead(log: QueueLog, state: GroupQueue | None, pull: int, tag_filter: TagFilter) -> int:
+    """Matching messages in [pull, MaxOffset) the group took ahead of its pull offset (fewer than
+    broker.priority.WINDOW) — tests/unit/broker/test_priority.py::
+    test_lag_counts_a_message_taken_ahead_once_and_an_acked_one_not_at_all."""
+    if state is None or not state.ahead:
+        return 0
+    tags, base, end = log.tags, log.min_offset, log.max_offset
+    return sum(1 for o in state.ahead if pull <= o < end and tag_filter.matches(tags[o - base]))
 
 
 def _ready(log: QueueLog, state: GroupQueue | None, pull: int, tag_filter: TagFilter) -> int:

@@ -127,3 +127,15 @@ async def test_a_reset_forgets_what_was_taken_ahead_also_after_a_restart(tmp_pat
     assert stored_inflight(tmp_path) == []
     async with broker(tmp_path, flush="sync") as (core, _):
         assert bodies(await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)) == ["p7-1", "p0-0"]
+
+
+async def test_lag_counts_a_message_taken_ahead_once_and_an_acked_one_not_at_all(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        await send(core, [0, 7, 7, 7])
+        taken = await core.pop("t", "g", "*", 3, INVISIBLE_MS, 0)
+        assert bodies(taken) == ["p7-1", "p7-2", "p7-3"]
+        [row] = [r.lag for r in core.lags("t", "g") if r.queue_id == 0]
+        assert (row.ready, row.inflight, row.lag) == (1, 3, 4)
+        await core.ack("t", "g", [m.handle for m in taken.messages])
+        [row] = [r.lag for r in core.lags("t", "g") if r.queue_id == 0]
+        assert (row.ready, row.inflight, row.lag) == (1, 0, 1)
