@@ -5,7 +5,7 @@ it; a notify run that loses a race while its group is busy hands off to long pol
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from proxy.ports import Metrics, NoMetrics
 from proxy.receive.adaptive import AdaptivePolicy
@@ -32,12 +32,13 @@ class AdaptiveStrategy:
         self._by_mode = {"notify": notify, "longpoll": longpoll}
         self._metrics = metrics or NoMetrics()
 
-    async def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> ReceiveResult:
-        """The chosen strategy's receive, which tells the policy when it ends."""
+    def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> Awaitable[ReceiveResult]:
+        """The chosen strategy's receive, which tells the policy when it ends: no coroutine of this one stays in a
+        held receive."""
         now = asyncio.get_running_loop().time()
         decision = self._policy.start(request.group, now=now, live_brokers=len(self._pool.live()))
         self._metrics.mode_decision(request.group, decision.mode, decision.reason)
-        return await self._by_mode[decision.mode].receive(request, closing, policy=self._policy)
+        return self._by_mode[decision.mode].receive(request, closing, policy=self._policy)
 
 
 def busy_groups(policy: AdaptivePolicy, pool: BrokerPool) -> Callable[[str], bool]:
