@@ -11,6 +11,7 @@ one waiter that ends their broker calls when the proxy closes.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -30,6 +31,11 @@ class ReceiveRequest:
     invisible_ms: int
     poll_s: float  # how long a broker may hold the request (already clamped and cut to the deadline)
     deadline: float  # loop.time() by which the answer must be on its way
+
+    def __post_init__(self) -> None:
+        # Every held receive keeps its request: a group's many receives share one string of each name.
+        object.__setattr__(self, "topic", sys.intern(self.topic))
+        object.__setattr__(self, "group", sys.intern(self.group))
 
     def pop_request(self, poll_ms: int) -> bpb.PopRequest:
         """The broker Pop for this receive, held at most `poll_ms` there."""
