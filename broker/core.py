@@ -444,10 +444,20 @@ class BrokerCore:
     def _count_acks(self, group: str, acked: Sequence[ReceiptHandle]) -> None:
         now = self.clock.now_ms()
         for handle in acked:
+            topic_log = self.topics.get(handle.topic)
+            if (
+                topic_log is None
+                or (group, handle.topic) not in self.groups
+                or handle.queue_id >= len(topic_log.queues)
+            ):
+                # Its topic or group was deleted while the acks were committed (broker.admin): the acks stand and
+                # are answered OK, nothing is counted for what is gone — tests/unit/broker/test_core_commits.py::
+                # test_acks_applied_while_their_topic_is_deleted_are_answered_ok.
+                continue
             key = (handle.topic, group)
             self.messages_acked[key] = self.messages_acked.get(key, 0) + 1
-            queue = self.topics[handle.topic].queues[handle.queue_id]
-            if self.on_acked is not None and handle.offset >= queue.min_offset:  # retention may have passed it
+            queue = topic_log.queues[handle.queue_id]
+            if self.on_acked is not None and queue.min_offset <= handle.offset < queue.max_offset:  # retention
                 self.on_acked(handle.topic, group, max(0, now - queue.store_ms_at(handle.offset)) / 1000)
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.core import BrokerCore
 from broker.sqlite_store import SqliteStore
 from popgate_contract.errors import StoreUnavailable, TopicNotFound
@@ -285,3 +286,14 @@ async def test_the_sweep_delivers_a_message_whose_wake_was_lost(tmp_path: Path) 
         core.sweep()
         popped = await asyncio.wait_for(held, 5)
         assert [pb.Message.FromString(p.payload).body for p in popped.messages] == [b"ready"]
+
+
+async def test_acks_applied_while_their_topic_is_deleted_are_answered_ok(tmp_path: Path) -> None:
+    async with broker(tmp_path, flush="sync") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        popped = await core.pop("t", "g", "*", 1, 30_000, 0)
+        acking = asyncio.create_task(core.ack("t", "g", [m.handle for m in popped.messages]))
+        await asyncio.sleep(0)  # the ack is applied and waits for its commit
+        admin.forget_topic(core, "t")  # an admin DeleteTopic meanwhile
+        assert await acking == [None]
+        assert ("t", "g") not in core.messages_acked  # no counter comes back for the deleted topic
