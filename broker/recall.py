@@ -3,17 +3,20 @@
 The Send of a scheduled message answers a recall handle (`popgate_contract.handles.RecallHandle`: this broker,
 the topic, the schedule row and the message id). A recall that names a message still waiting for its time takes
 it out of the schedule index at once (the deliverer can no longer take it) and deletes its row in one commit: it
-is never delivered, also after a kill -9. A message already taken for delivery, delivered or recalled is refused
-with NotScheduled; a handle that is not one, or names another broker, topic or message, with
-InvalidRecallHandle; either way nothing changes — tests/unit/broker/test_recall.py.
+is never delivered, also after a kill -9 or when the caller goes away during the commit. A message already taken
+for delivery, delivered or recalled is refused with NotScheduled; a handle that is not one, or names another
+broker, topic or message, with InvalidRecallHandle; either way nothing changes — tests/unit/broker/test_recall.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+
 from popgate_pb import broker_pb2 as pb
 
 from broker.send import SendPath
-from broker.store import DeleteScheduled, PutScheduled
+from broker.store import DeleteScheduled, PutScheduled, Record
 from popgate_contract.errors import InvalidRecallHandle, NotScheduled
 from popgate_contract.handles import RecallHandle
 
@@ -31,14 +34,20 @@ async def recall(sends: SendPath, topic: str, text: str) -> str:
     if not sends.schedule.waiting(handle.schedule_id):  # taken for delivery while the row was read
         raise _not_scheduled(handle)
     sends.schedule.remove(handle.schedule_id)
-    try:
-        await sends.submit([], [DeleteScheduled(handle.schedule_id)])
-    except BaseException:
-        sends.schedule.add(row.due_ms, handle.schedule_id)  # not deleted: it waits for its time again
-        sends.scheduler.added(row.due_ms)
-        raise
-    sends.forget_scheduled(handle.schedule_id)
+    committed = sends.submit([], [DeleteScheduled(handle.schedule_id)])
+    # What the commit did is settled by the commit, also when the caller is cancelled meanwhile —
+    # tests/unit/broker/test_recall.py::test_a_recall_cancelled_during_its_commit_still_takes_effect.
+    committed.add_done_callback(functools.partial(_recalled, sends, row))
+    await asyncio.shield(committed)
     return handle.message_id
+
+
+def _recalled(sends: SendPath, row: PutScheduled, committed: asyncio.Future[list[Record]]) -> None:
+    if committed.cancelled() or committed.exception() is not None:
+        sends.schedule.add(row.due_ms, row.schedule_id)  # not deleted: it waits for its time again
+        sends.scheduler.added(row.due_ms)
+    else:
+        sends.forget_scheduled(row.schedule_id)
 
 
 async def _row(sends: SendPath, handle: RecallHandle) -> PutScheduled:

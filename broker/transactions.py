@@ -3,9 +3,13 @@
 - A Send of a transactional message stores it in `half_messages`, not in its topic, and answers a transaction
   id (`popgate_contract.handles.TransactionId`: this broker, the row and a random token). No consumer sees it.
 - EndTransaction COMMIT appends it to its topic and deletes its row in one commit, ROLLBACK deletes the row: a
-  half message is resolved once, also across a kill -9 (its row and the append are one transaction). A
-  transaction id that is not one, names another broker or topic, has the wrong token (forged) or names a half
-  message resolved already (stale) is refused with InvalidTransactionId and changes nothing.
+  half message is resolved once, also across a kill -9 (its row and the append are one transaction), and also
+  when its caller goes away meanwhile (the commit and what it changes in memory are not cancelled with it). A
+  transaction id that is not one, names another broker or topic, or has the wrong token (forged) is refused with
+  InvalidTransactionId and changes nothing. The same resolution sent again (a client whose answer was lost) is
+  answered as the first: it waits for the first one under way, and is OK once it is done, as long as it is among
+  the last `RESOLVED_KEPT` resolutions (in memory, not across a restart; a roll-back after the last check counts
+  as a ROLLBACK); the other resolution is refused (InvalidTransactionId).
 - Checks (`CheckSchedule`): a proxy asks for the due checks of the topics its producers publish to
   (`TransactionChecks`) and sends each to one of those producers (a RecoverOrphanedTransactionCommand); each
   check handed out is stored (count, next time) before it is answered, so a restart neither forgets a check
@@ -18,7 +22,9 @@ tests/unit/broker/test_transactions.py, tests/integration/broker/test_transactio
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +41,7 @@ from popgate_contract.handles import TransactionId
 
 log = logging.getLogger(__name__)
 MAX_CHECKS_PER_CALL = 256
+RESOLVED_KEPT = 4096  # resolutions remembered so that the same one sent again is answered OK (`end`)
 
 
 @dataclass(slots=True)
@@ -65,6 +72,10 @@ class Transactions:
         self.stats = TransactionStats()
         self._next_id = 0
         self._expiring: set[asyncio.Task[None]] = set()
+        # Resolutions under way: half id -> (commit, the task committing it), which a caller's cancel does not stop.
+        self._ending: dict[int, tuple[bool, asyncio.Task[None]]] = {}
+        # The last RESOLVED_KEPT resolutions: half id -> (token, topic, committed).
+        self._resolved: OrderedDict[int, tuple[int, str, bool]] = OrderedDict()
 
     def restore(self, halves: Sequence[PutHalf]) -> None:
         for row in halves:
@@ -89,39 +100,81 @@ class Transactions:
         r = row
         self.schedule.add(Half(r.half_id, r.token, r.topic, r.queue_id, r.tag, r.store_ms, r.checks, r.next_check_ms))
 
-    def _waiting(self, topic: str, text: str) -> Half:
-        tid = TransactionId.decode(text)
+    def _waiting(self, topic: str, tid: TransactionId, commit: bool) -> Half | None:
+        """The half message `tid` names, waiting for its resolution; None when it was resolved as `commit` says
+        already (recently: `_resolved`)."""
         half = self.schedule.get(tid.half_id) if tid.broker == self.name else None
         if half is None or half.token != tid.token or (topic and half.topic != topic):
+            resolved = self._resolved.get(tid.half_id) if half is None and tid.broker == self.name else None
+            if resolved is not None and resolved[0] == tid.token and (not topic or resolved[1] == topic):
+                if resolved[2] == commit:
+                    return None
+                raise InvalidTransactionId(
+                    f"the half message was {'committed' if resolved[2] else 'rolled back'} already"
+                )
             raise InvalidTransactionId(
                 "transaction id names no half message waiting for its resolution here (made up, or committed or"
                 " rolled back already)"
             )
-        if half.busy:
-            raise InvalidTransactionId("the half message is being committed or rolled back already")
         return half
 
     async def end(self, topic: str, text: str, *, commit: bool) -> None:
-        """Commit or roll back the half message `text` names."""
-        half = self._waiting(topic, text)
+        """Commit or roll back the half message `text` names. The resolution goes on when the caller is cancelled;
+        the same resolution sent again waits for it, or is OK once done — tests/unit/broker/test_transactions.py::
+        test_an_end_cancelled_during_its_commit_takes_effect_and_a_resend_is_answered_ok."""
+        half = self._waiting(topic, TransactionId.decode(text), commit)
+        if half is None:
+            return
+        ending = self._ending.get(half.half_id)
+        if ending is not None and ending[0] == commit:
+            await asyncio.shield(ending[1])
+            return
+        if half.busy:
+            raise InvalidTransactionId("the half message is being committed or rolled back already")
         half.busy = True  # from here no other resolution, check or expiry takes it
+        task = asyncio.get_running_loop().create_task(self._end(half, commit))
+        self._ending[half.half_id] = (commit, task)
+        task.add_done_callback(functools.partial(self._end_done, half.half_id))
+        await asyncio.shield(task)
+
+    def _end_done(self, half_id: int, task: asyncio.Task[None]) -> None:
+        if (ending := self._ending.get(half_id)) is not None and ending[1] is task:  # not a later one's
+            del self._ending[half_id]
+
+    async def _end(self, half: Half, commit: bool) -> None:
         try:
             if commit:
                 rows = await self.sends.store.read_halves([half.half_id])
+                if not rows:
+                    raise InvalidTransactionId("the half message is not stored any more")
                 ops: list[Op] = []
                 self.sends.topic_for_send(half.topic, ops, force=True)
                 append = NewMessage(half.topic, half.queue_id, self.clock.now_ms(), half.tag, rows[0].payload)
-                await self.sends.submit([append], [*ops, DeleteHalf(half.half_id)])
+                committed = self.sends.submit([append], [*ops, DeleteHalf(half.half_id)])
             else:
-                await self.sends.submit([], [DeleteHalf(half.half_id)])
+                committed = self.sends.submit([], [DeleteHalf(half.half_id)])
         except BaseException:
-            half.busy = False  # not resolved: it waits as before
+            half.busy = False  # nothing submitted: it waits as before
             raise
+        # What the commit did is settled by the commit, also when this task is cancelled meanwhile (at close).
+        committed.add_done_callback(functools.partial(self._ended, half, commit))
+        await asyncio.shield(committed)
+
+    def _ended(self, half: Half, commit: bool, committed: asyncio.Future[object]) -> None:
+        if committed.cancelled() or committed.exception() is not None:
+            half.busy = False  # not resolved: it waits as before
+            return
         self.schedule.remove(half.half_id)
+        self._remember(half, commit)
         if commit:
             self.stats.committed += 1
         else:
             self.stats.rolled_back += 1
+
+    def _remember(self, half: Half, committed: bool) -> None:
+        self._resolved[half.half_id] = (half.token, half.topic, committed)
+        if len(self._resolved) > RESOLVED_KEPT:
+            self._resolved.popitem(last=False)
 
     async def checks(self, topics: Sequence[str], limit: int) -> tuple[list[Check], int]:
         """The due checks of these topics, each recorded (durably) before it is handed out; and when the next one
@@ -173,10 +226,12 @@ class Transactions:
             return
         for half in halves:
             self.schedule.remove(half.half_id)
+            self._remember(half, False)
         self.stats.expired += len(halves)
         log.info("rolled back %d half messages unresolved after their last check", len(halves))
 
     async def close(self) -> None:
-        for task in list(self._expiring):
+        tasks = [*self._expiring, *(task for _, task in self._ending.values())]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._expiring, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -45,3 +45,18 @@ async def broker(
     finally:
         await core.close()
         await store.close()
+
+
+def submitted_event(core: BrokerCore) -> asyncio.Event:
+    """An event set once the core's send path has submitted a commit to the store (that commit under way): a test
+    cancels a caller there."""
+    event = asyncio.Event()
+    real = core.sends.submit
+
+    def submit(*args: Any) -> Any:
+        committed = real(*args)
+        event.set()
+        return committed
+
+    core.sends.submit = submit  # type: ignore[method-assign]
+    return event

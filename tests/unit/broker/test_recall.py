@@ -4,6 +4,7 @@ clear errors that change nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from popgate_pb import broker_pb2 as pb
 from broker.core import BrokerCore
 from popgate_contract.errors import InvalidRecallHandle, NotScheduled
 from popgate_contract.handles import RecallHandle
-from tests.unit.broker.cores import ManualClock, broker
+from tests.unit.broker.cores import ManualClock, broker, submitted_event
 
 NOW = 1_800_000_000_000
 INVISIBLE_MS = 30_000
@@ -80,3 +81,18 @@ async def test_an_unknown_schedule_row_is_not_scheduled(tmp_path: Path) -> None:
     async with broker(tmp_path) as (core, _):
         with pytest.raises(NotScheduled):
             await core.recall("t", RecallHandle("b1", "t", 99, "id").encode())
+
+
+async def test_a_recall_cancelled_during_its_commit_still_takes_effect(tmp_path: Path) -> None:
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock) as (core, _):
+        handle = await schedule(core, b"recalled", NOW + 60_000)
+        submitted = submitted_event(core)
+        recalling = asyncio.create_task(core.recall("t", handle))
+        await submitted.wait()
+        recalling.cancel()  # the caller went away while the commit was under way
+        with pytest.raises(asyncio.CancelledError):
+            await recalling
+        with pytest.raises(NotScheduled):
+            await core.recall("t", handle)
+        assert await deliver_due(core, clock, NOW + 61_000) == []

@@ -5,6 +5,7 @@ they are handed out, and after the last one the half message is rolled back."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from broker.core import BrokerCore
 from broker.txcheck import CheckSchedule, Half
 from popgate_contract.errors import BadRequest, InvalidTransactionId
 from popgate_contract.handles import TransactionId
-from tests.unit.broker.cores import ManualClock, broker
+from tests.unit.broker.cores import ManualClock, broker, submitted_event
 
 NOW = 1_800_000_000_000
 INVISIBLE_MS = 30_000
@@ -62,9 +63,10 @@ async def test_commit_delivers_once_rollback_never_also_across_a_restart(tmp_pat
         await core.transactions.end("t", committed, commit=True)
         await core.transactions.end("t", rolled_back, commit=False)
         assert await bodies(core) == [b"c"]
-        for stale in (committed, rolled_back):  # resolved already: refused, nothing changes
-            with pytest.raises(InvalidTransactionId):
-                await core.transactions.end("t", stale, commit=True)
+        # Resolved already: the other outcome is refused, nothing changes.
+        for stale, commit in ((committed, False), (rolled_back, True)):
+            with pytest.raises(InvalidTransactionId, match="already"):
+                await core.transactions.end("t", stale, commit=commit)
     async with broker(tmp_path, **SETTINGS) as (core, _):
         assert len(core.transactions.schedule) == 1
         assert await bodies(core, "g2") == [b"c"]
@@ -130,3 +132,37 @@ async def test_checks_are_recorded_before_they_are_handed_out_and_the_last_one_r
         with pytest.raises(InvalidTransactionId):
             await core.transactions.end("t", tid, commit=True)
         assert await bodies(core) == []
+
+
+@pytest.mark.parametrize("commit", [True, False])
+async def test_an_end_cancelled_during_its_commit_takes_effect_and_a_resend_is_answered_ok(
+    tmp_path: Path, commit: bool
+) -> None:
+    async with broker(tmp_path, **SETTINGS) as (core, _):
+        tid = await half(core, b"c")
+        submitted = submitted_event(core)
+        ending = asyncio.create_task(core.transactions.end("t", tid, commit=commit))
+        await submitted.wait()
+        ending.cancel()  # the caller went away (a proxy timeout) while the commit was under way
+        with pytest.raises(asyncio.CancelledError):
+            await ending
+        await core.transactions.end("t", tid, commit=commit)  # the resend after a lost answer: OK
+        assert len(core.transactions.schedule) == 0
+        with pytest.raises(InvalidTransactionId, match="already"):  # the other outcome: refused
+            await core.transactions.end("t", tid, commit=not commit)
+        assert await bodies(core) == ([b"c"] if commit else [])
+        stats = core.transactions.stats
+        assert (stats.committed, stats.rolled_back) == ((1, 0) if commit else (0, 1))
+
+
+async def test_a_resend_while_the_first_end_commits_waits_for_it(tmp_path: Path) -> None:
+    async with broker(tmp_path, **SETTINGS) as (core, _):
+        tid = await half(core, b"c")
+        submitted = submitted_event(core)
+        first = asyncio.create_task(core.transactions.end("t", tid, commit=True))
+        await submitted.wait()
+        with pytest.raises(InvalidTransactionId, match="being committed"):
+            await core.transactions.end("t", tid, commit=False)
+        await core.transactions.end("t", tid, commit=True)
+        await first
+        assert await bodies(core) == [b"c"]
