@@ -125,8 +125,9 @@ def first_and_any_more(consumer: SimpleConsumer) -> list[Message]:
 
 
 def transactions(endpoint: str, topic: str, group: str) -> dict[str, object]:
-    """A committed half message is delivered once, a rolled-back one never; neither before its resolution. A
-    forged or stale transaction id is INVALID_TRANSACTION_ID and changes nothing."""
+    """A committed half message is delivered once, a rolled-back one never; neither before its resolution. The same
+    resolution sent again is OK; the other one, or a forged transaction id, is INVALID_TRANSACTION_ID and changes
+    nothing."""
     checker = Checker(TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)  # "unknown": checks change nothing
     producer = transactional_producer(endpoint, topic, checker)
     consumer = started_consumer(endpoint, topic, group)
@@ -137,7 +138,8 @@ def transactions(endpoint: str, topic: str, group: str) -> dict[str, object]:
         assert early == [], [m.body for m in early]
         committed.commit()  # type: ignore[attr-defined]
         rolled_back.rollback()  # type: ignore[attr-defined]
-        stale = _code(committed.commit)  # type: ignore[attr-defined]
+        resent = _code(committed.commit)  # type: ignore[attr-defined]
+        stale = _code(committed.rollback)  # type: ignore[attr-defined]
         endpoints = producer.client_configuration.rpc_endpoints
         forged_msg = message(topic, b"x")
         forged_msg.message_id = committed_id
@@ -145,7 +147,7 @@ def transactions(endpoint: str, topic: str, group: str) -> dict[str, object]:
         forged = response.status.code  # this low-level call returns the answer unchecked
         got = first_and_any_more(consumer)
         assert [m.body for m in got] == [b"commit-me"], [m.body for m in got]
-        return {"stale": stale, "forged": forged, "checked": len(checker.asked)}
+        return {"resent": resent, "stale": stale, "forged": forged, "checked": len(checker.asked)}
     finally:
         consumer.shutdown()
         producer.shutdown()

@@ -66,6 +66,7 @@ def test_a_recalled_delay_message_is_never_delivered_and_bad_recalls_are_clear_e
 
 def test_commit_is_delivered_once_rollback_never_and_bad_ids_are_invalid_transaction_id(run_driver: Run) -> None:
     result = json.loads(run_driver("transactions", "compat_tx", "g_tx"))
+    assert result["resent"] == "no error"  # the same COMMIT again: answered as the first
     assert result["stale"] == 40008 and result["forged"] == 40008  # INVALID_TRANSACTION_ID
 
 
