@@ -2,12 +2,15 @@
 topics (the brokers' default outside `popgate up`): `topic create` makes a topic on every broker, a send or
 receive of another is TOPIC_NOT_FOUND and leaves no group state; `lookup` finds keys newest first; resets and
 deletes refuse without a terminal or --yes (exit 77) and say where they were not applied when a broker is down
-(exit 75), safe to run again; `--broker` asks the brokers directly."""
+(exit 75), safe to run again; a receive waiting on a deleted topic is told TOPIC_NOT_FOUND at once; `--broker`
+asks the brokers directly."""
 
 from __future__ import annotations
 
 import json
 import signal
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -99,5 +102,23 @@ def test_dangerous_operations_need_confirmation_and_name_a_broker_down(
     direct = [arg for name, c in strict.brokers.items() for arg in ("--broker", f"{name}={c.address}")]
     assert main(["group", "delete", "g", "--yes", *direct]) == 0  # a proxy-less emergency: each broker asked
     assert capsys.readouterr().out.splitlines() == ["b1: state on risky deleted", "b2: state on risky deleted"]
+    waiting: list[BaseException] = []
+
+    waiter = SimpleConsumer(e, "waiter", "risky")
+    drain(waiter, 4)  # what the topic holds: its next receive waits
+
+    def receive() -> None:
+        try:
+            waiter.receive(max=1, wait=15)
+        except NotFound as exc:
+            waiting.append(exc)
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    time.sleep(1)  # its receive is held at the brokers
+    started = time.monotonic()
     assert main(["topic", "delete", "risky", "--yes", "-e", e]) == 0
     assert "b1: deleted" in capsys.readouterr().out
+    receiver.join(20)
+    waiter.close()
+    assert waiting and time.monotonic() - started < 5  # told TOPIC_NOT_FOUND at once, not left waiting 15 s
