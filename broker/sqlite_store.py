@@ -592,7 +592,8 @@ class SqliteStore:
 
         A request with a purge (PurgeGroup, PurgeTopic: broker.admin) splits the batch: the requests before it are
         written, then its purges run, then it and the rest are written — a purge never deletes what a later request
-        wrote, nor leaves what an earlier one did. Within each part ops run grouped by kind, each kind in request
+        wrote, nor leaves what an earlier one did (tests/unit/broker/test_admin.py::
+        test_a_purge_splits_its_group_commit_so_it_never_deletes_a_later_write). Within each part ops run grouped by kind, each kind in request
         order, the kinds in KIND_ORDER. Two ops of
         different kinds on one row can share a batch (a Pop is answered before its commit under
         --flush async, so its ack may follow at once), and then only in that order: a delivery is put

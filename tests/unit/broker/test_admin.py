@@ -14,6 +14,7 @@ from popgate_pb import broker_pb2 as pb
 from broker import admin
 from broker.consumers import ConsumerRegistry, Seen
 from broker.core import BrokerCore
+from broker.store import PurgeGroup, SetGroupFilter, SetPullOffset
 from popgate_contract.errors import BadRequest, InvalidReceiptHandle, TopicNotFound
 from tests.unit.broker.cores import ManualClock, broker
 
@@ -173,3 +174,16 @@ def test_reported_consumers_expire_with_their_proxys_report() -> None:
     assert [s.client_id for s in registry.of_group("", 3_500)] == ["c1"]  # p2's report is past its time
     with pytest.raises(BadRequest):
         registry.report("p3", [], 10, 4_000)
+
+
+async def test_a_purge_splits_its_group_commit_so_it_never_deletes_a_later_write(tmp_path: Path) -> None:
+    # Three consumer-state requests deferred together into one commit (--flush async): the purge deletes what the
+    # request before it wrote, not what the one after it did.
+    async with broker(tmp_path) as (_, store):
+        before = store.submit([], [SetPullOffset("g", "t", 0, 5), SetGroupFilter("g", "t", "a")])
+        purge = store.submit([], [PurgeGroup("g", "t")])
+        after = store.submit([], [SetPullOffset("g", "t", 1, 7)])
+        await asyncio.gather(before, purge, after)
+    async with broker(tmp_path) as (_, store):
+        snap = store.load()
+        assert snap.pull_offsets == [SetPullOffset("g", "t", 1, 7)] and not snap.filters
