@@ -79,7 +79,10 @@ def add_parsers(sub: Sub) -> None:
     consumers.add_argument("group", help="consumer group")
     _common(consumers)
     consumers.set_defaults(handler=consumers_command)
+    _topic_parsers(sub)
 
+
+def _topic_parsers(sub: Sub) -> None:
     topic = sub.add_parser("topic", help="create or delete a topic on every broker")
     tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="{create,delete}")
     create = tsub.add_parser("create", help="create a topic on every broker (needed when brokers do not auto-create)")
