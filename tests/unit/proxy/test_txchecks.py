@@ -90,3 +90,36 @@ async def test_a_producers_telemetry_stream_registers_its_topics_and_carries_its
     done.set()
     await replies.aclose()
     assert streams.topics() == []  # gone with its stream
+
+
+class RecordingBroker(FakeBroker):
+    """Answers as many due checks of topic "t" as it is asked for, and records how many that was."""
+
+    def __init__(self) -> None:
+        super().__init__("b1", [], 0)
+        self.max_checks: list[int] = []
+
+    async def transaction_checks(
+        self, request: bpb.TransactionChecksRequest, *, timeout_s: float
+    ) -> bpb.TransactionChecksResponse:
+        self.asked.append(list(request.topics))
+        self.max_checks.append(request.max_checks)
+        checks = [bpb.TransactionCheck(transaction_id=f"tid{i}", check=1) for i in range(request.max_checks)]
+        for check in checks:
+            check.message.message.topic = "t"
+        return bpb.TransactionChecksResponse(checks=checks)
+
+
+async def test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_take() -> None:
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, ["t"])
+    for _ in range(OUTBOX_COMMANDS - 3):
+        assert streams.deliver("t", lambda o: "earlier")
+    broker = RecordingBroker()
+    pool = BrokerPool({"b1": broker})  # type: ignore[dict-item]
+    poller = CheckPoller(pool, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
+    await poller.poll_once(["t"])
+    assert broker.max_checks == [3] and poller.handed == 3  # every check the broker recorded reached a producer
+    await poller.poll_once(["t"])
+    assert broker.max_checks == [3]  # no room: the broker is not asked (its checks would burn unseen)
