@@ -193,7 +193,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
-        stack.callback(servicer.close)
+        stack.push_async_callback(servicer.close)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         if settings.batch_receive:
             ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), server)  # type: ignore[no-untyped-call]

@@ -109,10 +109,13 @@ class CheckPoller:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+    async def close(self) -> None:
+        """Stop asking: the polling task is cancelled and has ended when this returns (a round under way ends
+        with it; its checks the brokers recorded are handed out again at their next interval)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:

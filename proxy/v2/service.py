@@ -67,11 +67,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._recall = functools.partial(producer.recall_message, self._producer)
         self._end_transaction = functools.partial(producer.end_transaction, self._producer)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Stop the GZIP inflation threads (a conversion already running finishes; none waits for it) and the
-        transaction checks."""
+        transaction checks (their task has ended when this returns)."""
         self._inflation.close()
-        self._checks.close()
+        await self._checks.close()
 
     def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
         remaining = context.time_remaining()

@@ -123,3 +123,15 @@ async def test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_ta
     assert broker.max_checks == [3] and poller.handed == 3  # every check the broker recorded reached a producer
     await poller.poll_once(["t"])
     assert broker.max_checks == [3]  # no room: the broker is not asked (its checks would burn unseen)
+
+
+async def test_closing_the_poller_ends_its_task_before_it_returns() -> None:
+    streams = ProducerStreams()
+    streams.register(Outbox(), ["t"])
+    pool = BrokerPool({"b1": FakeBroker("b1", [], 0)})  # type: ignore[dict-item]
+    poller = CheckPoller(pool, streams, lambda c, o: None, timeout_s=1)
+    poller.start()
+    task = poller._task
+    await asyncio.sleep(0)  # it runs: a round, then its wait
+    await poller.close()
+    assert task is not None and task.done()
