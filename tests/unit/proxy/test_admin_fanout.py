@@ -1,0 +1,82 @@
+"""The admin service's fan-out without sockets (proxy.admin): every broker asked, one that failed named, a
+request every broker refused as bad input refused as the call's, matches merged newest first and cut, a consumer
+seen through several brokers listed once with its latest sighting; the consumer reporter asks live brokers only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+
+from popgate_contract import errors
+from proxy.admin import AdminService
+from proxy.auth import Authenticator
+from proxy.consumers import ConsumerBook, ConsumerReporter
+from proxy.routing import BrokerPool
+
+
+class AdminBroker:
+    def __init__(self, name: str, answer: Any = None, *, fail: errors.DomainError | None = None) -> None:
+        self.name = name
+        self.healthy = fail is None or not isinstance(fail, errors.BrokerUnavailable)
+        self.answer = answer
+        self.fail = fail
+        self.asked: list[tuple[str, Any]] = []
+
+    async def admin(self, method: str, request: Any, *, timeout_s: float) -> Any:
+        self.asked.append((method, request))
+        if self.fail is not None:
+            raise self.fail
+        return self.answer
+
+
+def service(*brokers: AdminBroker) -> AdminService:
+    pool = BrokerPool({b.name: b for b in brokers})  # type: ignore[misc]
+    return AdminService(pool, list, Authenticator((), skew_s=300), timeout_s=1.0)
+
+
+def found(broker: str, store_ms: int, message_id: str) -> bpb.FoundMessage:
+    stored = bpb.StoredMessage(message=bpb.Message(message_id=message_id), store_ms=store_ms)
+    return bpb.FoundMessage(stored=stored, broker=broker)
+
+
+async def test_matches_are_merged_newest_first_and_a_failed_broker_is_named() -> None:
+    b1 = AdminBroker(
+        "b1", bpb.QueryMessagesResponse(broker="b1", messages=[found("b1", 30, "c"), found("b1", 10, "a")])
+    )
+    b2 = AdminBroker("b2", bpb.QueryMessagesResponse(broker="b2", messages=[found("b2", 20, "b")], scan_cut=True))
+    b3 = AdminBroker("b3", fail=errors.BrokerUnavailable("b3 is down"))
+    answer = await service(b1, b2, b3)._query(bpb.QueryMessagesRequest(topic="t", key="k", max_messages=2))
+    assert [m.stored.message.message_id for m in answer.messages] == ["c", "b"] and answer.scan_cut
+    assert [(f.broker, f.code) for f in answer.failures] == [("b3", "UNAVAILABLE")]
+    assert all(b.asked for b in (b1, b2, b3))  # a down broker is asked too: named, never skipped
+
+
+async def test_a_request_every_broker_refused_is_refused_and_one_partly_refused_is_answered() -> None:
+    bad = errors.IllegalTopic("bad topic")
+    with pytest.raises(errors.IllegalTopic):
+        await service(AdminBroker("b1", fail=bad), AdminBroker("b2", fail=bad))._fan_out("DeleteTopic", None)
+    answers, failures = await service(AdminBroker("b1", "ok"), AdminBroker("b2", fail=bad))._fan_out("X", None)
+    assert answers == ["ok"] and [f.broker for f in failures] == ["b2"]
+
+
+async def test_a_consumer_reported_to_every_broker_is_listed_once_with_its_latest_sighting() -> None:
+    def seen(last: int) -> bpb.Consumer:
+        return bpb.Consumer(group="g", client_id="c1", proxy="p1", last_seen_ms=last)
+
+    b1 = AdminBroker("b1", bpb.ListConsumersResponse(consumers=[seen(100)]))
+    b2 = AdminBroker("b2", bpb.ListConsumersResponse(consumers=[seen(200), bpb.Consumer(group="g", client_id="c0")]))
+    answer = await service(b1, b2)._consumers(bpb.ListConsumersRequest(group="g"))
+    assert [(c.client_id, c.last_seen_ms) for c in answer.consumers] == [("c0", 0), ("c1", 200)]
+
+
+async def test_the_reporter_sends_the_whole_book_to_live_brokers() -> None:
+    up, down = AdminBroker("b1", bpb.ReportConsumersResponse()), AdminBroker("b2", fail=errors.BrokerUnavailable("x"))
+    book = ConsumerBook()
+    book.seen("c1", "g", 1_000)
+    reporter = ConsumerReporter(book, BrokerPool({"b1": up, "b2": down}), "p1:8081", timeout_s=1, clock=lambda: 2_000)  # type: ignore[dict-item]
+    await reporter.report()
+    ((method, request),) = up.asked
+    assert method == "ReportConsumers" and request.proxy == "p1:8081" and request.ttl_ms == 15_000
+    assert [c.client_id for c in request.consumers] == ["c1"] and not down.asked and not book.changed
