@@ -593,12 +593,11 @@ class SqliteStore:
         A request with a purge (PurgeGroup, PurgeTopic: broker.admin) splits the batch: the requests before it are
         written, then its purges run, then it and the rest are written — a purge never deletes what a later request
         wrote, nor leaves what an earlier one did (tests/unit/broker/test_admin.py::
-        test_a_purge_splits_its_group_commit_so_it_never_deletes_a_later_write). Within each part ops run grouped by kind, each kind in request
-        order, the kinds in KIND_ORDER. Two ops of
-        different kinds on one row can share a batch (a Pop is answered before its commit under
-        --flush async, so its ack may follow at once), and then only in that order: a delivery is put
-        before it is deleted, a schedule entry written before it is delivered; nothing puts a row
-        again after its delete (an acked message has no delivery left to change)."""
+        test_a_purge_splits_its_group_commit_so_it_never_deletes_a_later_write). Within each part ops run grouped
+        by kind, each kind in request order, the kinds in KIND_ORDER. Two ops of different kinds on one row can
+        share a batch (a Pop is answered before its commit under --flush async, so its ack may follow at once), and
+        then only in that order: a delivery is put before it is deleted, a schedule entry written before it is
+        delivered; nothing puts a row again after its delete (an acked message has no delivery left to change)."""
         started = time.perf_counter()
         conn = self._conn
         saved = dict(self._next_offset)
