@@ -60,8 +60,9 @@ async def wait_held(stubs: list[broker_pb2_grpc.BrokerStub], condition: str, tar
 
 
 async def warm_up(proxy_stubs: list[service_pb2_grpc.MessagingServiceStub]) -> None:
-    """A few short receives, so buffers, sessions and caches exist before the baseline."""
-    for stub in proxy_stubs[:5]:
+    """A short receive on every connection, so connections, buffers, sessions and caches exist before the baseline
+    (a connection's own memory is not a receive's)."""
+    for stub in proxy_stubs:
         r = request("idle", "g-idle")
         r.long_polling_timeout.seconds = 0
         async for _ in stub.ReceiveMessage(r, timeout=5):
@@ -123,24 +124,25 @@ def report(args: argparse.Namespace, rss: dict[str, int], cpu: dict[str, float],
 FLOOR = "bare grpc.aio"
 
 
-def open_floor_calls(port: int, n: int, connections: int) -> tuple[list[grpc.aio.Channel], list[Any], list[Any]]:
-    """`n` held server-streaming calls on the bare server (the proxy's request), over `connections` connections."""
+def floor_stubs(port: int, connections: int) -> tuple[list[grpc.aio.Channel], list[Any]]:
     channels = [
         grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.channel_id", i)]) for i in range(connections)
     ]
-    stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
+    return channels, [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
+
+
+async def warm_up_floor(stubs: list[Any]) -> None:
+    """A call on every connection of the bare server, ended by its deadline there, as `warm_up` does on the
+    proxy's: the connections exist before the baseline."""
+    calls = [stub.ReceiveMessage(grpc_call_floor.held_request(), timeout=0.5) for stub in stubs]
+    await asyncio.gather(*(call.read() for call in calls), return_exceptions=True)
+
+
+def open_floor_calls(stubs: list[Any], n: int) -> tuple[list[Any], list[asyncio.Future[Any]]]:
+    """`n` held server-streaming calls on the bare server (the proxy's request), over its connections in turn."""
     held = grpc_call_floor.held_request()
     calls = [stubs[i % len(stubs)].ReceiveMessage(held, timeout=300) for i in range(n)]
-    readers = [asyncio.ensure_future(call.read()) for call in calls]
-    return channels, calls, readers
-
-
-async def close_floor_calls(channels: list[grpc.aio.Channel], calls: list[Any], readers: list[Any]) -> None:
-    for call in calls:
-        call.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-    for ch in channels:
-        await ch.close()
+    return calls, [asyncio.ensure_future(call.read()) for call in calls]
 
 
 async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace) -> None:
@@ -154,10 +156,11 @@ async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace
     ]
     proxy_stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
     await warm_up(proxy_stubs)
-    await close_floor_calls(*open_floor_calls(floor_port, args.channels, args.channels))  # its connections exist
+    floor_channels, floor = floor_stubs(floor_port, args.channels)
+    await warm_up_floor(floor)
     await asyncio.sleep(1)
     base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
-    floor_channels, floor_calls, floor_readers = open_floor_calls(floor_port, args.receives, args.channels)
+    floor_calls, floor_readers = open_floor_calls(floor, args.receives)
     calls, readers = await open_receives(proxy_stubs, stubs, args.receives)
     if (refused := sum(reader.done() for reader in floor_readers)) > 0:
         print(f"the bare server did not hold {refused} of its calls: its figure is too small")
@@ -169,12 +172,11 @@ async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace
     cpu = {name: (cpu_seconds(pid) - cpu0[name]) / args.hold_s * 100 for name, pid in pids.items()}
     rss = {name: rss_bytes(pid) - base_rss[name] for name, pid in pids.items()}
     still = await held(stubs)
-    for call in calls:
+    for call in [*calls, *floor_calls]:
         call.cancel()
-    await asyncio.gather(*readers, return_exceptions=True)
-    await close_floor_calls(floor_channels, floor_calls, floor_readers)
+    await asyncio.gather(*readers, *floor_readers, return_exceptions=True)
     report(args, rss, cpu, still, await wait_held(stubs, "<=", 0, 10))
-    for ch in [*channels, *broker_channels]:
+    for ch in [*channels, *floor_channels, *broker_channels]:
         await ch.close()
 
 
