@@ -116,6 +116,26 @@ class AckError(PopgateError):
         )
 
 
+class TransactionError(PopgateError):
+    """Some half messages of a transaction were not committed (or rolled back); the others were. The transaction
+    is over: what failed is left to the checker (docs/SDK.md, "Transactions, recall and priority").
+
+    Attributes:
+        failures: ``(message_id, error)`` for every half message whose commit or rollback failed.
+    """
+
+    def __init__(self, failures: list[tuple[str, PopgateError]], *, commit: bool) -> None:
+        self.failures = failures
+        first = failures[0][1]
+        named = "; ".join(f"{message_id}: {error.message}" for message_id, error in failures)
+        super().__init__(
+            f"{len(failures)} message(s) of the transaction not {'committed' if commit else 'rolled back'}: {named}",
+            code=first.code,
+            code_name=first.code_name,
+            retriable=False,
+        )
+
+
 # SDK class for a proxy domain error: the first class of its MRO listed here.
 _FAMILY: dict[type[domain.DomainError], type[PopgateError]] = {
     domain.InvalidReceiptHandle: InvalidReceiptHandle,

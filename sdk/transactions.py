@@ -64,11 +64,26 @@ class _Halves:
         return self._halves
 
 
+def _raise_failures(failures: list[tuple[str, errors.PopgateError]], commit: bool) -> None:
+    """Every half message was tried: one error naming each that failed, if any did."""
+    if failures:
+        raise errors.TransactionError(failures, commit=commit)
+
+
+def _rollback_failed(exc: BaseException, rollback: Exception) -> None:
+    """The block raised `exc` and rolling back failed too: `exc` goes on (it is the cause), carrying a note of
+    the rollback's failure, which is also logged."""
+    log.warning("rolling back a transaction after %s failed: %s", type(exc).__name__, rollback)
+    exc.add_note(f"rolling the transaction back failed too: {rollback}")
+
+
 class Transaction(_Halves):
     """Half messages sent together, committed or rolled back together (`Producer.transaction`).
 
     Use as a context manager: it commits when the block ends normally and rolls back when it raises. A commit or
-    rollback that fails raises; the half messages it could not resolve are left to the checker.
+    rollback tries every half message and raises `popgate.errors.TransactionError` naming each that failed; those
+    are left to the checker. A rollback that fails as the block raises does not replace the block's exception: it
+    is added to it as a note, and logged.
     """
 
     def __init__(self, producer: Producer) -> None:
@@ -101,8 +116,13 @@ class Transaction(_Halves):
         self._end(False)
 
     def _end(self, commit: bool) -> None:
+        failures: list[tuple[str, errors.PopgateError]] = []
         for topic, message_id, transaction_id in self._finish():
-            self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+            try:
+                self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+            except errors.PopgateError as failed:
+                failures.append((message_id, failed))
+        _raise_failures(failures, commit)
 
     def __enter__(self) -> Self:
         return self
@@ -110,8 +130,15 @@ class Transaction(_Halves):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not self._ended:
-            self._end(exc_type is None)
+        if self._ended:
+            return
+        if exc is None:
+            self._end(True)
+            return
+        try:
+            self._end(False)
+        except Exception as rollback:
+            _rollback_failed(exc, rollback)
 
 
 class AsyncTransaction(_Halves):
@@ -143,8 +170,13 @@ class AsyncTransaction(_Halves):
         await self._end(False)
 
     async def _end(self, commit: bool) -> None:
+        failures: list[tuple[str, errors.PopgateError]] = []
         for topic, message_id, transaction_id in self._finish():
-            await self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+            try:
+                await self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+            except errors.PopgateError as failed:
+                failures.append((message_id, failed))
+        _raise_failures(failures, commit)
 
     async def __aenter__(self) -> Self:
         return self
@@ -152,8 +184,15 @@ class AsyncTransaction(_Halves):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not self._ended:
-            await self._end(exc_type is None)
+        if self._ended:
+            return
+        if exc is None:
+            await self._end(True)
+            return
+        try:
+            await self._end(False)
+        except Exception as rollback:
+            _rollback_failed(exc, rollback)
 
 
 def checks_of(command: pb.TelemetryCommand) -> tuple[Message, str] | None:
@@ -162,6 +201,16 @@ def checks_of(command: pb.TelemetryCommand) -> tuple[Message, str] | None:
         return None
     recover = command.recover_orphaned_transaction_command
     return _wire.from_v2(recover.message), recover.transaction_id
+
+
+def _readable_check(command: pb.TelemetryCommand) -> tuple[Message, str] | None:
+    """`checks_of`, None for a check that cannot be read (logged): it is asked again at its next check, and the
+    stream goes on with the next command."""
+    try:
+        return checks_of(command)
+    except Exception:
+        log.exception("a transaction check from the server could not be read; it is checked again later")
+        return None
 
 
 class CheckStream:
@@ -188,12 +237,14 @@ class CheckStream:
             try:
                 self._call = self._producer._stub.Telemetry(self._requests(), metadata=self._producer._metadata())
                 for command in self._call:
-                    check = checks_of(command)
+                    check = _readable_check(command)
                     if check is not None:
                         self._answer(*check)
             except (grpc.RpcError, ValueError) as exc:  # ValueError: the channel closed under it
                 if not self._stop.is_set():
                     log.debug("transaction check stream broke (%s); opening it again", exc)
+            except Exception:  # the thread must not end: checks of this producer's topics would stop for good
+                log.exception("transaction check stream failed; opening it again")
             self._stop.wait(RECONNECT_S)
 
     def _answer(self, message: Message, transaction_id: str) -> None:
@@ -237,11 +288,13 @@ class AsyncCheckStream:
             try:
                 call = self._producer._stub.Telemetry(self._requests(), metadata=self._producer._metadata())
                 async for command in call:
-                    check = checks_of(command)
+                    check = _readable_check(command)
                     if check is not None:
                         await self._answer(*check)
             except (grpc.RpcError, errors.PopgateError) as exc:
                 log.debug("transaction check stream broke (%s); opening it again", exc)
+            except Exception:  # the task must not end: checks of this producer's topics would stop for good
+                log.exception("transaction check stream failed; opening it again")
             try:
                 await asyncio.wait_for(self._stop.wait(), RECONNECT_S)
             except TimeoutError:

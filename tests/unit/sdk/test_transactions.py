@@ -1,0 +1,183 @@
+"""The SDK's transactions (popgate.transactions), no sockets: a commit or rollback tries every half message and
+names each one that failed; a failing rollback does not hide the exception that caused it; a check stream
+survives a check it cannot read or an unexpected failure of its stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import Message, SendReceipt, errors
+from popgate import transactions as tx_module
+from popgate.transactions import AsyncCheckStream, AsyncTransaction, CheckStream, Transaction
+
+
+class FakeProducer:
+    """What a transaction and a check stream use of a producer; `failing`: message ids whose resolution fails."""
+
+    def __init__(self, failing: dict[str, errors.PopgateError] | None = None) -> None:
+        self.failing = failing or {}
+        self.ended: list[tuple[str, bool | None]] = []
+        self.options = type("Options", (), {"namespace": ""})()
+        self._stub: Any = None
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        return []
+
+    def _end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool
+    ) -> None:
+        if message_id in self.failing:
+            raise self.failing[message_id]
+        self.ended.append((message_id, commit))
+
+
+class AsyncFakeProducer(FakeProducer):
+    async def _end_transaction(  # type: ignore[override]
+        self, topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool
+    ) -> None:
+        super()._end_transaction(topic, message_id, transaction_id, commit, from_check=from_check)
+
+
+def halves(tx: Transaction | AsyncTransaction, ids: list[str]) -> None:
+    for message_id in ids:
+        tx._sent("t", SendReceipt(message_id, "t", -1, transaction_id=f"tid-{message_id}"))
+
+
+def test_a_commit_tries_every_half_message_and_names_each_that_failed() -> None:
+    producer = FakeProducer({"m1": errors.Unavailable("proxy gone"), "m3": errors.ServerError("disk full")})
+    tx = Transaction(producer)  # type: ignore[arg-type]
+    halves(tx, ["m1", "m2", "m3", "m4"])
+    with pytest.raises(errors.TransactionError) as caught:
+        tx.commit()
+    assert producer.ended == [("m2", True), ("m4", True)]  # the others were still committed
+    assert [(m, type(e)) for m, e in caught.value.failures] == [("m1", errors.Unavailable), ("m3", errors.ServerError)]
+    assert "m1" in str(caught.value) and "m3" in str(caught.value) and "disk full" in str(caught.value)
+    assert not caught.value.retriable  # the transaction is over: what failed is left to the checker
+
+
+def test_a_failing_rollback_does_not_hide_the_exception_that_caused_it(caplog: pytest.LogCaptureFixture) -> None:
+    producer = FakeProducer({"m1": errors.Unavailable("proxy gone")})
+    with pytest.raises(KeyError) as caught, caplog.at_level(logging.WARNING, "popgate.transactions"):
+        with Transaction(producer) as tx:  # type: ignore[arg-type]
+            halves(tx, ["m1", "m2"])
+            raise KeyError("the order could not be saved")
+    assert producer.ended == [("m2", False)]
+    assert any("m1" in note for note in caught.value.__notes__)  # the rollback's failure rides along
+    assert "rolling back" in caplog.text
+
+
+async def test_the_asyncio_transaction_does_the_same() -> None:
+    producer = AsyncFakeProducer({"m1": errors.Unavailable("proxy gone")})
+    tx = AsyncTransaction(producer)  # type: ignore[arg-type]
+    halves(tx, ["m1", "m2"])
+    with pytest.raises(errors.TransactionError) as failed:
+        await tx.commit()
+    assert producer.ended == [("m2", True)] and [m for m, _ in failed.value.failures] == ["m1"]
+    with pytest.raises(KeyError) as caught:
+        async with AsyncTransaction(producer) as tx:  # type: ignore[arg-type]
+            halves(tx, ["m1", "m3"])
+            raise KeyError("the order could not be saved")
+    assert producer.ended[-1] == ("m3", False) and caught.value.__notes__
+
+
+def check_command(message_id: str) -> pb.TelemetryCommand:
+    command = pb.TelemetryCommand()
+    recover = command.recover_orphaned_transaction_command
+    recover.transaction_id = f"tid-{message_id}"
+    recover.message.topic.name = "t"
+    recover.message.system_properties.message_id = message_id
+    recover.message.body = b"half"
+    return command
+
+
+def unreadable_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`checks_of` fails on the command for message "bad", as on a message the SDK cannot read."""
+    real = tx_module.checks_of
+
+    def checks_of(command: pb.TelemetryCommand) -> tuple[Message, str] | None:
+        if command.recover_orphaned_transaction_command.message.system_properties.message_id == "bad":
+            raise ValueError("unreadable message")
+        return real(command)
+
+    monkeypatch.setattr(tx_module, "checks_of", checks_of)
+
+
+def test_a_check_stream_goes_on_after_a_check_it_cannot_read_or_a_failing_stream(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    unreadable_first(monkeypatch)
+    monkeypatch.setattr(tx_module, "RECONNECT_S", 0.01)
+    producer = FakeProducer()
+    answered = threading.Event()
+    opened: list[int] = []
+
+    class Call:
+        def __init__(self, commands: list[pb.TelemetryCommand]) -> None:
+            self._commands = commands
+
+        def __iter__(self) -> Iterator[pb.TelemetryCommand]:
+            yield from self._commands
+            answered.wait(5)  # the stream stays open until the test is done
+
+        def cancel(self) -> None:
+            answered.set()
+
+    def telemetry(requests: Any, metadata: Any) -> Call:
+        opened.append(1)
+        if len(opened) == 1:
+            raise RuntimeError("unexpected")  # not a gRPC error: the stream is opened again all the same
+        return Call([check_command("bad"), check_command("good")])
+
+    producer._stub = type("Stub", (), {"Telemetry": staticmethod(telemetry)})()
+    original = producer._end_transaction
+
+    def end(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        answered.set()
+
+    producer._end_transaction = end  # type: ignore[method-assign]
+    stream = CheckStream(producer, lambda m: True, ["t"])  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, "popgate.transactions"):
+        stream.start()
+        assert answered.wait(5)
+        stream.close()
+    assert producer.ended == [("good", True)]
+    assert "unexpected" in caplog.text and "unreadable message" in caplog.text
+
+
+async def test_an_asyncio_check_stream_goes_on_after_a_check_it_cannot_read_or_a_failing_stream(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    unreadable_first(monkeypatch)
+    monkeypatch.setattr(tx_module, "RECONNECT_S", 0.01)
+    producer = AsyncFakeProducer()
+    opened: list[int] = []
+
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        for command in (check_command("bad"), check_command("good")):
+            yield command
+        await asyncio.Event().wait()  # the stream stays open
+
+    def telemetry(requests: Any, metadata: Any) -> AsyncIterator[pb.TelemetryCommand]:
+        opened.append(1)
+        if len(opened) == 1:
+            raise RuntimeError("unexpected")
+        return commands()
+
+    producer._stub = type("Stub", (), {"Telemetry": staticmethod(telemetry)})()
+    stream = AsyncCheckStream(producer, lambda m: True, ["t"])  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, "popgate.transactions"):
+        stream.start()
+        async with asyncio.timeout(5):
+            while not producer.ended:  # noqa: ASYNC110  # the stream has no event for "answered"
+                await asyncio.sleep(0.01)
+        await stream.close()
+    assert producer.ended == [("good", True)]
+    assert "unexpected" in caplog.text and "unreadable message" in caplog.text
