@@ -143,14 +143,15 @@ class LongPollStrategy:
         # so is one that had nothing for a Pop that did not wait (a receive that does not wait asks every broker).
         # A held Pop coverage moved is made again at its new broker with the time left.
         order = self._order(request, loop.time())
-        counted = _Counted(self._metrics, request.group)
+        counted: _Counted | None = None  # made at the first event it counts: none while the first Pop is held
         try:
             while order:
                 client = order.pop(0)
                 attempt = self._attempt(client, request, poll_end, loop.time())
                 if attempt is None:
                     break
-                call, poll_ms = attempt
+                call, waits = attempt  # of the Pop, only whether it waits stays in this frame while it is held
+                del attempt
                 if closing.is_set():
                     call.cancel()
                     return ReceiveResult([], "closing")
@@ -162,6 +163,7 @@ class LongPollStrategy:
                 except asyncio.CancelledError:
                     shut = task in self._closed
                     if not shut and entry.moved_to is not None and call.cancelled() and not task.cancelling():
+                        counted = counted or _Counted(self._metrics, request.group)
                         counted.long_poll()  # only a held Pop is moved: made again at its new broker
                         target = self._pool.get(entry.moved_to)
                         if target is not None:
@@ -169,7 +171,8 @@ class LongPollStrategy:
                         continue
                     if call.done() and not call.cancelled() and call.exception() is None and call.result().messages:
                         client.release(call)  # answered as the client left or the proxy closed: nobody receives them
-                    elif not call.done() and poll_ms > 0:
+                    elif not call.done() and waits:
+                        counted = counted or _Counted(self._metrics, request.group)
                         counted.long_poll()  # left while a broker held it
                     if shut:
                         task.uncancel()
@@ -186,8 +189,9 @@ class LongPollStrategy:
                     self.untrack((request.topic, request.group), client.name, entry)
                 if response.polling_full and not response.messages:
                     raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
+                counted = counted or _Counted(self._metrics, request.group)
                 counted.answer(response)
-                if not response.messages and poll_ms == 0:
+                if not response.messages and not waits:
                     answered = True
                     continue
                 return self._result(client, call, response)
@@ -200,15 +204,15 @@ class LongPollStrategy:
 
     def _attempt(
         self, client: BrokerClient, request: ReceiveRequest, poll_end: float, now: float
-    ) -> tuple[asyncio.Future[bpb.PopResponse], int] | None:
-        """A Pop of `client` with the receive's time left, and its poll time in ms; None when no time is left."""
+    ) -> tuple[asyncio.Future[bpb.PopResponse], bool] | None:
+        """A Pop of `client` with the receive's time left, and whether it waits there; None when no time is left."""
         remaining = request.deadline - now
         if remaining <= MIN_ATTEMPT_S:
             return None
         poll_s = max(0.0, min(poll_end - now, remaining))
         poll_ms = round(poll_s * 1000)
         timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
-        return client.begin_pop(request.pop_request(poll_ms), timeout_s=timeout), poll_ms
+        return client.begin_pop(request.pop_request(poll_ms), timeout_s=timeout), poll_ms > 0
 
     @staticmethod
     def _result(
