@@ -103,13 +103,15 @@ async def delete_topic(core: BrokerCore, request: pb.DeleteTopicRequest, out: pb
 
 
 def forget_group(core: BrokerCore, group: str, topic: str) -> int:
-    """Drop the group's state on the topic from memory: its timer, held requests (answered empty, how many) and
-    counters."""
+    """Drop the group's state on the topic from memory: its timer, held requests (answered empty, how many),
+    counters and metric series (`core.on_forgotten`)."""
     state = core.groups.pop((group, topic), None)
     if state is not None:
         core.redelivery.forget(state)
     for counts in (core.messages_out, core.first_out, core.messages_acked):
         counts.pop((topic, group), None)
+    if core.on_forgotten is not None:
+        core.on_forgotten(topic, group)
     return core.hold.end((topic, group))
 
 

@@ -76,11 +76,13 @@ class BrokerCore:
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
         # For the on-call metrics (broker/metrics.py): bytes stored per topic, first deliveries and acks per (topic,
-        # group), and each ack's time since its message was stored, observed by `on_acked` when set.
+        # group), and each ack's time since its message was stored, observed by `on_acked` when set; `on_forgotten`
+        # (topic, group) is told when a group's state on a topic is dropped (broker.admin), to drop its series.
         self.bytes_in: dict[str, int] = {}
         self.first_out: dict[tuple[str, str], int] = {}
         self.messages_acked: dict[tuple[str, str], int] = {}
         self.on_acked: Callable[[str, str, float], None] | None = None
+        self.on_forgotten: Callable[[str, str], None] | None = None
         self.sends = SendPath(settings, store, self.topics, clock=clock)
         self.consumers_seen = ConsumerRegistry()  # the live consumers proxies report (broker.admin)
         # Commits of the state of groups that looked at a topic before it existed, made when its first messages

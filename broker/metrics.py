@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -20,6 +25,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
 MAX_LATENCY_PAIRS = 1000  # (topic, group) pairs with their own ack latency series; the others share OTHER
 OTHER = "_other"
+STORE_READ_EVERY_S = 5.0  # the data directory's size and its disk's room are read at most this often
 
 
 class BrokerMetrics:
@@ -55,6 +61,7 @@ class BrokerMetrics:
             registry=self.registry,
         )
         self._latency_pairs: set[tuple[str, str]] = set()
+        self.store: StoreReadings | None = None  # made by `watch`
 
     def acked(self, topic: str, group: str, seconds: float) -> None:
         """One ack, `seconds` after its message was stored — tests/unit/broker/test_metrics.py."""
@@ -66,15 +73,75 @@ class BrokerMetrics:
                 self._latency_pairs.add(pair)
         self.ack_latency.labels(*pair).observe(seconds)
 
+    def forget(self, topic: str, group: str) -> None:
+        """The broker forgot the group's state on the topic (deleted, broker.admin): its ack latency series go,
+        and its place among the MAX_LATENCY_PAIRS — tests/unit/broker/test_metrics.py::
+        test_a_deleted_group_or_topic_loses_its_ack_latency_series."""
+        if (topic, group) in self._latency_pairs:
+            self._latency_pairs.discard((topic, group))
+            with contextlib.suppress(KeyError):
+                self.ack_latency.remove(topic, group)
+
     def watch(self, core: BrokerCore) -> None:
         core.sends.on_lateness = self.lateness.observe
         core.on_acked = self.acked
-        self.registry.register(_CoreCollector(core))
+        core.on_forgotten = self.forget
+        self.store = StoreReadings(core.settings.data_dir)
+        self.registry.register(_CoreCollector(core, self.store))
+
+
+class StoreFigures(NamedTuple):
+    size: int  # bytes of the data directory's files
+    free: int  # bytes free for the broker on their file system
+    total: int  # that file system's size
+
+
+def read_store(data_dir: Path) -> StoreFigures | None:
+    """A few stat calls (blocking); None when the directory went away under a running broker."""
+    try:
+        with os.scandir(data_dir) as entries:
+            size = sum(e.stat().st_size for e in entries if e.is_file(follow_symlinks=False))
+        disk = os.statvfs(data_dir)
+    except OSError:
+        return None
+    return StoreFigures(size, disk.f_bavail * disk.f_frsize, disk.f_blocks * disk.f_frsize)
+
+
+class StoreReadings:
+    """The data directory's figures, read off the event loop: a scrape gets the last reading and, when it is older
+    than `every_s`, starts the next one on a worker thread (one at a time), so a stalled disk holds that thread,
+    never the broker — tests/unit/broker/test_metrics.py::test_the_store_figures_are_read_off_the_event_loop.
+    The first reading is made at start, before the broker serves."""
+
+    def __init__(self, data_dir: Path, every_s: float = STORE_READ_EVERY_S) -> None:
+        self.data_dir = data_dir
+        self.every_s = every_s
+        self.last = read_store(data_dir)
+        self._read_at = time.monotonic()
+        self._reading: asyncio.Future[StoreFigures | None] | None = None
+
+    def get(self) -> StoreFigures | None:
+        if self._reading is None and time.monotonic() - self._read_at >= self.every_s:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a scrape outside the broker's loop (a test): read here
+                self.last, self._read_at = read_store(self.data_dir), time.monotonic()
+                return self.last
+            self._reading = loop.run_in_executor(None, read_store, self.data_dir)
+            self._reading.add_done_callback(self._read)
+        return self.last
+
+    def _read(self, reading: asyncio.Future[StoreFigures | None]) -> None:
+        self._reading = None
+        self._read_at = time.monotonic()
+        if not reading.cancelled():
+            self.last = None if reading.exception() is not None else reading.result()
 
 
 class _CoreCollector(Collector):
-    def __init__(self, core: BrokerCore) -> None:
+    def __init__(self, core: BrokerCore, store: StoreReadings) -> None:
         self.core = core
+        self.store = store
 
     def collect(self) -> Iterator[Metric]:
         core = self.core
@@ -140,7 +207,7 @@ class _CoreCollector(Collector):
         yield min_offset
         yield retained
         yield from _schedule_metrics(core)
-        yield from _store_metrics(core)
+        yield from _store_metrics(self.store.get())
 
 
 def _dlq_metrics(core: BrokerCore, lags: dict[tuple[str, str], int]) -> tuple[Metric, Metric]:
@@ -204,29 +271,24 @@ def _schedule_metrics(core: BrokerCore) -> Iterator[Metric]:
     )
 
 
-def _store_metrics(core: BrokerCore) -> Iterator[Metric]:
-    """The data directory's files and the room left on their file system, read at each scrape (a few stat calls)."""
-    data_dir = core.settings.data_dir
-    try:
-        with os.scandir(data_dir) as entries:
-            size = sum(e.stat().st_size for e in entries if e.is_file(follow_symlinks=False))
-        disk = os.statvfs(data_dir)
-    except OSError:  # the directory went away under a running broker: no value rather than a wrong one
+def _store_metrics(figures: StoreFigures | None) -> Iterator[Metric]:
+    """The data directory's files and the room left on their file system (`StoreReadings`)."""
+    if figures is None:  # the directory went away under a running broker: no value rather than a wrong one
         return
     yield GaugeMetricFamily(
         "popgate_broker_store_size_bytes",
         "Bytes of the files in the broker's data directory (store and WAL)",
-        value=size,
+        value=figures.size,
     )
     yield GaugeMetricFamily(
         "popgate_broker_disk_free_bytes",
         "Bytes free for the broker on the file system of its data directory",
-        value=disk.f_bavail * disk.f_frsize,
+        value=figures.free,
     )
     yield GaugeMetricFamily(
         "popgate_broker_disk_size_bytes",
         "Size of the file system of the broker's data directory",
-        value=disk.f_blocks * disk.f_frsize,
+        value=figures.total,
     )
 
 

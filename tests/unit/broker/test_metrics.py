@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.metrics import BrokerMetrics
 from popgate_contract.validation import DLQ_RESEND_GROUP
 from tests.unit.broker.cores import ManualClock, broker
@@ -80,9 +86,7 @@ async def test_oldest_unacked_age_is_seconds_since_the_oldest_un_acked_message_w
 
 
 def counted(metrics: BrokerMetrics, name: str) -> dict[tuple[str, ...], float]:
-    return {
-        tuple(s.labels.values()): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name
-    }
+    return {tuple(s.labels.values()): s.value for m in metrics.registry.collect() for s in m.samples if s.name == name}
 
 
 async def test_first_deliveries_acks_bytes_and_ack_latency(tmp_path: Path) -> None:
@@ -113,3 +117,42 @@ def test_ack_latency_labels_are_bounded() -> None:
         metrics.acked("t", f"g{i}", 1.0)
     groups = {labels[1] for labels in counted(metrics, "popgate_broker_ack_latency_seconds_count")}
     assert len(groups) == 1001 and "_other" in groups
+
+
+async def test_the_store_figures_are_read_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loop_thread = threading.current_thread()
+    async with broker(tmp_path) as (core, _):
+        metrics = BrokerMetrics()
+        metrics.watch(core)
+        readers: list[threading.Thread] = []  # the threads that read the data directory or its file system
+
+        def on_thread(real: Callable[..., Any]) -> Callable[..., Any]:
+            def read(*args: Any) -> Any:
+                readers.append(threading.current_thread())
+                return real(*args)
+
+            return read
+
+        monkeypatch.setattr(os, "statvfs", on_thread(os.statvfs))
+        monkeypatch.setattr(os, "scandir", on_thread(os.scandir))
+        metrics.store.every_s = 0  # each scrape wants a new reading
+        assert counted(metrics, "popgate_broker_disk_free_bytes")[()] > 0  # the last reading, at once
+        async with asyncio.timeout(5):
+            while len(readers) < 2:  # noqa: ASYNC110  # the reading has no event of its own
+                await asyncio.sleep(0.01)
+        assert loop_thread not in readers
+
+
+async def test_a_deleted_group_or_topic_loses_its_ack_latency_series(tmp_path: Path) -> None:
+    async with broker(tmp_path) as (core, _):
+        metrics = BrokerMetrics()
+        metrics.watch(core)
+        for topic in ("a", "b"):
+            await core.send([pb.Message(topic=topic, body=b"x", queue_id=0)])
+            for group in ("g1", "g2"):
+                popped = await core.pop(topic, group, "*", 32, 30_000, 0)
+                await core.ack(topic, group, [m.handle for m in popped.messages])
+        assert len(counted(metrics, "popgate_broker_ack_latency_seconds_count")) == 4
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="g1"), pb.DeleteGroupResponse())
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="b"), pb.DeleteTopicResponse())
+        assert set(counted(metrics, "popgate_broker_ack_latency_seconds_count")) == {("a", "g2")}
