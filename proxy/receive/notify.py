@@ -31,7 +31,6 @@ current time; times are plain float seconds on the driver's clock.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -152,7 +151,7 @@ class NotifyRun:
     phase: Phase = Phase.FIRST_POP
     stats: RunStats = field(default_factory=RunStats)
     notifying: set[str] = field(default_factory=set)
-    ready: deque[str] = field(default_factory=deque)
+    ready: list[str] = field(default_factory=list)  # at most one per broker: a list is small, a deque is not
     popping: str | None = None
     failed: set[str] = field(default_factory=set)
     full: set[str] = field(default_factory=set)
@@ -376,7 +375,7 @@ class NotifyRun:
         """One consume step at a time: Pop the next broker that announced a message."""
         if self.popping is not None or not self.ready or self.phase is not Phase.NOTIFYING:
             return []
-        broker = self.ready.popleft()
+        broker = self.ready.pop(0)
         self.popping = broker
         self.stats.pops += 1
         return [Pop(broker)]
