@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from popgate import _wire as wire
 from popgate.cli.cluster import Child, Cluster, ClusterConfig, ClusterError
 
 READY_TIMEOUT_S = 30.0
@@ -85,6 +86,26 @@ def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.02)
 
 
 BROKER_TOKEN = "broker-secret"
+
+# A proxy's configuration with two accounts: `ops` may use the admin service, `app` may publish and consume
+# everything but not administer (for `secured_cluster`).
+ACCOUNTS = f"""broker_token = "{BROKER_TOKEN}"
+[[acl]]
+access_key = "ops"
+secret_key = "ops-secret"
+admin = true
+[[acl]]
+access_key = "app"
+secret_key = "app-secret"
+publish = ["*"]
+subscribe = ["*"]
+groups = ["*"]
+"""
+
+
+def signed(access_key: str, secret_key: str) -> tuple[tuple[str, str], ...]:
+    """The v2 metadata of a call signed with this account's key."""
+    return wire.CallMetadata(client_id="admin-test", credentials=wire.Credentials(access_key, secret_key))()
 
 
 @contextlib.contextmanager

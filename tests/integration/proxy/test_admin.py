@@ -12,11 +12,10 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb.ext import admin_pb2 as apb
 from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 
-from popgate import _wire as wire
 from popgate.cli.cluster import Cluster
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
-from tests.procs import BROKER_TOKEN, secured_cluster
+from tests.procs import ACCOUNTS, secured_cluster, signed
 
 TOPIC = "admin-topic"
 
@@ -67,24 +66,8 @@ def test_stats_of_every_broker_and_the_one_that_does_not_answer_is_named(make_cl
 
 
 def test_only_admin_accounts_may_use_it(tmp_path: Path) -> None:
-    toml = f"""broker_token = "{BROKER_TOKEN}"
-[[acl]]
-access_key = "ops"
-secret_key = "ops-secret"
-admin = true
-[[acl]]
-access_key = "app"
-secret_key = "app-secret"
-publish = ["*"]
-subscribe = ["*"]
-groups = ["*"]
-"""
-    with secured_cluster(tmp_path, toml) as cluster:
+    with secured_cluster(tmp_path, ACCOUNTS) as cluster:
         stub = admin(cluster.endpoint)
-
-        def signed(access_key: str, secret_key: str) -> tuple[tuple[str, str], ...]:
-            credentials = wire.Credentials(access_key, secret_key)
-            return wire.CallMetadata(client_id="admin-test", credentials=credentials)()
 
         assert len(stub.ListBrokers(apb.ListBrokersRequest(), metadata=signed("ops", "ops-secret")).brokers) == 2
         with pytest.raises(grpc.RpcError) as denied:

@@ -20,10 +20,9 @@ from popgate_pb.ext import admin_pb2 as apb
 from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 
 from popgate import Producer, SimpleConsumer
-from popgate import _wire as wire
 from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.sdk.conftest import drain, eventually
-from tests.procs import BROKER_TOKEN, secured_cluster
+from tests.procs import ACCOUNTS, secured_cluster, signed
 
 To = bpb.ResetOffsetRequest.To
 
@@ -183,23 +182,7 @@ def test_a_broker_down_is_named_and_a_reset_without_it_is_safe_to_repeat(cluster
 
 
 def test_only_admin_accounts_may_operate(tmp_path: Path) -> None:
-    toml = f"""broker_token = "{BROKER_TOKEN}"
-[[acl]]
-access_key = "ops"
-secret_key = "ops-secret"
-admin = true
-[[acl]]
-access_key = "app"
-secret_key = "app-secret"
-publish = ["*"]
-subscribe = ["*"]
-groups = ["*"]
-"""
-
-    def signed(access_key: str, secret_key: str) -> tuple[tuple[str, str], ...]:
-        return wire.CallMetadata(client_id="ops-test", credentials=wire.Credentials(access_key, secret_key))()
-
-    with secured_cluster(tmp_path, toml) as secured:
+    with secured_cluster(tmp_path, ACCOUNTS) as secured:
         stub = admin(secured.endpoint)
         created = stub.CreateTopic(bpb.CreateTopicRequest(topic="t"), metadata=signed("ops", "ops-secret"))
         assert sorted(a.broker for a in created.answers) == ["b1", "b2"]

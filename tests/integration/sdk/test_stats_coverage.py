@@ -25,7 +25,7 @@ from popgate.cli.admin import BROKERS_MISSING, Broker, fetch_stats, stored_messa
 from popgate.cli.cluster import Cluster
 from popgate.cli.main import main
 from tests.integration.sdk.conftest import drain, start_cluster
-from tests.procs import BROKER_TOKEN, secured_cluster
+from tests.procs import ACCOUNTS, secured_cluster
 
 TOPIC = "stats-coverage"
 
@@ -131,20 +131,6 @@ def test_through_the_proxy_alone_stats_names_a_stopped_broker(
     assert document["brokers"]["missing"] == ["b3"] and document["brokers"]["answered"] == 2
     assert f"popgate stats: broker b3 (asked by the proxy at {three.endpoint}): " in captured.err
     assert "1 of 3 brokers missing: b3;" in captured.err
-
-
-ACCOUNTS = f"""broker_token = "{BROKER_TOKEN}"
-[[acl]]
-access_key = "ops"
-secret_key = "ops-secret"
-admin = true
-[[acl]]
-access_key = "app"
-secret_key = "app-secret"
-publish = ["*"]
-subscribe = ["*"]
-groups = ["*"]
-"""
 
 
 def test_through_a_proxy_with_accounts_stats_needs_an_admin_account(
