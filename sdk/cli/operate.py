@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -220,60 +221,55 @@ def reset_command(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def _everywhere(
+    args: argparse.Namespace, method: str, request: Any, what: str, line: Callable[[Any], str], question: str = ""
+) -> int:
+    """A change at every broker (after `question` is confirmed, when there is one): a line per broker's answer."""
+
+    def body() -> int:
+        if question:
+            confirm(args, question)
+        fanned = fan_out(args, method, request, what)
+        lines = [line(a) for a in sorted(fanned.answers, key=lambda a: a.broker)]
+        document = {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}
+        return _finish(args, fanned, document, lines, change=True)
+
+    return _run(args, body)
+
+
 def delete_group_command(args: argparse.Namespace) -> int:
     request = bpb.DeleteGroupRequest(group=args.group, topic=args.topic, delete_dlq=args.dlq)
     scope = f" on topic {args.topic}" if args.topic else ""
     dlq = " and its dead-letter topic" if args.dlq else ""
 
-    def body() -> int:
-        confirm(args, f"delete consumer group {args.group}{scope}{dlq} on every broker?")
-        fanned = fan_out(args, "DeleteGroup", request, f"delete group {args.group}")
-        lines = [
-            f"{a.broker}: {'state on ' + ', '.join(a.topics) + ' deleted' if a.topics else 'had no state of it'}"
-            + ("; dead-letter topic deleted" if a.dlq_deleted else "")
-            for a in sorted(fanned.answers, key=lambda a: a.broker)
-        ]
-        return _finish(
-            args, fanned, {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}, lines, change=True
-        )
+    def line(a: bpb.DeleteGroupResponse) -> str:
+        done = f"state on {', '.join(a.topics)} deleted" if a.topics else "had no state of it"
+        return f"{a.broker}: {done}" + ("; dead-letter topic deleted" if a.dlq_deleted else "")
 
-    return _run(args, body)
+    question = f"delete consumer group {args.group}{scope}{dlq} on every broker?"
+    return _everywhere(args, "DeleteGroup", request, f"delete group {args.group}", line, question)
 
 
 def create_topic_command(args: argparse.Namespace) -> int:
     request = bpb.CreateTopicRequest(topic=args.topic, queues=args.queues or 0)
 
-    def body() -> int:
-        fanned = fan_out(args, "CreateTopic", request, f"create topic {args.topic}")
-        lines = [
-            f"{a.broker}: {'created' if a.created else 'exists'} with {a.queues} queue(s)"
-            for a in sorted(fanned.answers, key=lambda a: a.broker)
-        ]
-        return _finish(
-            args, fanned, {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}, lines, change=True
-        )
+    def line(a: bpb.CreateTopicResponse) -> str:
+        return f"{a.broker}: {'created' if a.created else 'exists'} with {a.queues} queue(s)"
 
-    return _run(args, body)
+    return _everywhere(args, "CreateTopic", request, f"create topic {args.topic}", line)
 
 
 def delete_topic_command(args: argparse.Namespace) -> int:
     request = bpb.DeleteTopicRequest(topic=args.topic)
 
-    def body() -> int:
-        confirm(args, f"delete topic {args.topic}, its messages and every group's state on it, on every broker?")
-        fanned = fan_out(args, "DeleteTopic", request, f"delete topic {args.topic}")
-        lines = [
-            f"{a.broker}: deleted {a.messages} message(s), groups {', '.join(a.groups) or '-'};"
-            f" {a.held_ended} held receive(s) answered"
-            if a.existed
-            else f"{a.broker}: had no such topic"
-            for a in sorted(fanned.answers, key=lambda a: a.broker)
-        ]
-        return _finish(
-            args, fanned, {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}, lines, change=True
-        )
+    def line(a: bpb.DeleteTopicResponse) -> str:
+        if not a.existed:
+            return f"{a.broker}: had no such topic"
+        groups = ", ".join(a.groups) or "-"
+        return f"{a.broker}: deleted {a.messages} message(s), groups {groups}; {a.held_ended} held receive(s) answered"
 
-    return _run(args, body)
+    question = f"delete topic {args.topic}, its messages and every group's state on it, on every broker?"
+    return _everywhere(args, "DeleteTopic", request, f"delete topic {args.topic}", line, question)
 
 
 def consumers_command(args: argparse.Namespace) -> int:
