@@ -22,11 +22,18 @@ _CLI_HINTS = {
 }
 
 
+# Brokers create topics on first send only with --auto-create (popgate up's dev mode): a user told TOPIC_NOT_FOUND
+# is told how to make the topic, or that the name may be misspelled.
+TOPIC_HINT = " (brokers create topics on first send only with --auto-create: `popgate topic create NAME`, or a typo?)"
+
+
 def explain(exc: errors.PopgateError) -> str:
     """The error for the user, the SDK's hints naming the command's options."""
     text = str(exc)
     for sdk_hint, cli_hint in _CLI_HINTS.items():
         text = text.replace(sdk_hint, cli_hint)
+    if isinstance(exc, errors.NotFound) and ("does not exist on broker" in text or "exists on none of" in text):
+        text += TOPIC_HINT
     return text
 
 

@@ -56,6 +56,9 @@ def test_topics_are_created_explicitly_and_unknown_ones_are_not_found(
         assert [m.body for m in drain(consumer, 1)] == [b"paid"]
         with pytest.raises(NotFound):
             producer.send("ordres", b"typo")
+    capsys.readouterr()
+    assert main(["send", "ordres", "typo", "-e", e]) == 1
+    assert "`popgate topic create NAME`, or a typo?" in capsys.readouterr().err
     with SimpleConsumer(e, "typo-group", "ordres") as typo, pytest.raises(NotFound):
         typo.receive(max=1, wait=1)  # not [] for ever
     assert not groups_on_brokers(strict, "ordres")  # and no group state made for it
