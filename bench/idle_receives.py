@@ -161,11 +161,11 @@ async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace
     ]
     proxy_stubs = [service_pb2_grpc.MessagingServiceStub(ch) for ch in channels]  # type: ignore[no-untyped-call]
     await warm_up(proxy_stubs)
-    floor_channels, floor = floor_stubs(floor_port, args.channels)
-    await warm_up_floor(floor)
+    floor_channels, bare = floor_stubs(floor_port, args.channels)
+    await warm_up_floor(bare)
     await asyncio.sleep(1)
     base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
-    floor_calls, floor_readers = open_floor_calls(floor, args.receives)
+    floor_calls, floor_readers = open_floor_calls(bare, args.receives)
     calls, readers = await open_receives(proxy_stubs, stubs, args.receives)
     if (refused := sum(reader.done() for reader in floor_readers)) > 0:
         print(f"the bare server did not hold {refused} of its calls: its figure is too small")
