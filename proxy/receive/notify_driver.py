@@ -29,6 +29,23 @@ IMMEDIATE_TIMEOUT_S = 0.5  # a Pop or Notification with poll 0 (the first Pop, o
 class _Run:
     """One receive in flight: the machine, its broker requests and timers."""
 
+    __slots__ = (
+        "machine",
+        "busy",
+        "cover",
+        "tracked",
+        "request",
+        "pool",
+        "timeout_s",
+        "loop",
+        "result",
+        "requests",
+        "answer",
+        "announced",
+        "timers",
+        "up_waits",
+    )
+
     def __init__(
         self,
         machine: NotifyRun,
@@ -95,6 +112,12 @@ class _Run:
     def close(self) -> None:
         """The proxy is closing: the machine decides what the run answers."""
         self.apply(self.machine.closing())
+
+    def poll_over(self) -> None:
+        self.apply(self.machine.poll_over())
+
+    def deadline(self) -> None:
+        self.apply(self.machine.deadline())
 
     def _rewatch(self, broker: str) -> None:
         client = self.pool.get(broker)
@@ -240,8 +263,8 @@ class NotifyStrategy:
             self._closer.watch(closing)
             self._closer.registered.add(run)
             timers = [
-                loop.call_at(poll_end, lambda: run.apply(run.machine.poll_over())),
-                loop.call_at(request.deadline, lambda: run.apply(run.machine.deadline())),
+                loop.call_at(poll_end, run.poll_over),
+                loop.call_at(request.deadline, run.deadline),
             ]
             try:
                 run.apply(run.machine.start())
