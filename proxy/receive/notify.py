@@ -153,9 +153,11 @@ class NotifyRun:
     notifying: set[str] = field(default_factory=set)
     ready: list[str] = field(default_factory=list)  # at most one per broker: a list is small, a deque is not
     popping: str | None = None
-    failed: set[str] = field(default_factory=set)
-    full: set[str] = field(default_factory=set)
-    dropped: set[str] = field(default_factory=set)  # no longer watched in this run
+    # failed, full, dropped: usually empty all run long; frozen, so that every run shares the class's empty defaults
+    # instead of making three sets
+    failed: frozenset[str] = frozenset()
+    full: frozenset[str] = frozenset()
+    dropped: frozenset[str] = frozenset()  # no longer watched in this run
     sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
     rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
@@ -170,7 +172,8 @@ class NotifyRun:
             return self._finish([], "error", BrokerUnavailable("no broker is live"))
         self.popping = self.brokers[0]
         self.stats.pops += 1
-        self.failed.update(self.down)
+        if self.down:  # else the shared empty default stays
+            self.failed |= frozenset(self.down)
         return [Pop(self.brokers[0]), *(AwaitUp(broker) for broker in self.down)]
 
     def popped(
@@ -186,7 +189,7 @@ class NotifyRun:
                 self.stats.first_pop_hit = True  # also when the poll time ended while it was in flight
             return self._finish(messages, "messages")
         if polling_full:
-            self.full.add(broker)
+            self.full |= {broker}
         if self.phase is Phase.FIRST_POP:
             return self._notify_all(now)
         if self.phase is Phase.LONGPOLL and polling_full:  # not held: an empty answer would make the client spin
@@ -200,7 +203,7 @@ class NotifyRun:
             return self._handoff(broker, now)
         self.lost[broker] = self.lost.get(broker, 0) + 1
         if self.lost[broker] >= self.max_lost_per_broker:
-            self.dropped.add(broker)
+            self.dropped |= {broker}
             return [*self._next_pop(), *self._maybe_exhausted()]
         return [*self._renotify(broker, now), *self._next_pop()] or self._maybe_exhausted()  # no time left: done
 
@@ -216,11 +219,11 @@ class NotifyRun:
             return self._next_pop()
         if polling_full:
             self.stats.notified_full += 1
-            self.full.add(broker)
+            self.full |= {broker}
             return self._maybe_exhausted()
         self.stats.notified_empty += 1
         if now - self.sent_at.get(broker, now) < self.min_hold_s:
-            self.dropped.add(broker)  # answered without holding: closing, do not spin on it
+            self.dropped |= {broker}  # answered without holding: closing, do not spin on it
             return self._maybe_exhausted()
         # The broker's hold ended without a message (its clock ran ahead of ours): watch on if time is left.
         cmds = self._renotify(broker, now)
@@ -243,7 +246,7 @@ class NotifyRun:
         self.last_error = error
         if isinstance(error, TooManyRequests):
             self.refused[broker] = error  # what it holds for the group is out of reach: said if nothing else comes
-        self.failed.add(broker)
+        self.failed |= {broker}
         if self.phase is Phase.FIRST_POP:
             cmds = self._notify_all(now)
         elif self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
@@ -262,7 +265,7 @@ class NotifyRun:
             return []
         if not healthy:
             return [AwaitUp(broker)]  # down: notified again when the health checks see it up
-        self.failed.discard(broker)
+        self.failed -= {broker}
         if self.phase is Phase.FIRST_POP:
             return []  # notified with the others if the first Pop finds nothing
         return self._renotify(broker, now)
