@@ -34,7 +34,8 @@ class AdaptiveStrategy:
 
     def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> Awaitable[ReceiveResult]:
         """The chosen strategy's receive, which tells the policy when it ends: no coroutine of this one stays in a
-        held receive."""
+        held receive — tests/unit/proxy/receive/test_adaptive_driver.py::
+        test_a_held_adaptive_long_poll_is_one_strategy_coroutine_and_every_receive_ends_at_the_policy."""
         now = asyncio.get_running_loop().time()
         decision = self._policy.start(request.group, now=now, live_brokers=len(self._pool.live()))
         self._metrics.mode_decision(request.group, decision.mode, decision.reason)

@@ -132,7 +132,9 @@ class LongPollStrategy:
         """`policy`: told when the receive ends (the adaptive mode's, which chose this strategy for it).
 
         One coroutine for the whole receive, its broker calls futures: a held receive is the proxy's unit of memory,
-        so no frame per attempt or per awaited call (`_attempt` computes each attempt's times and returns)."""
+        so no frame per attempt or per awaited call (`_attempt` computes each attempt's times and returns) —
+        tests/unit/proxy/receive/test_adaptive_driver.py::
+        test_a_held_adaptive_long_poll_is_one_strategy_coroutine_and_every_receive_ends_at_the_policy."""
         loop = asyncio.get_running_loop()
         poll_end = loop.time() + request.poll_s  # one long-polling time for the receive, not one per broker
         last: DomainError | None = None

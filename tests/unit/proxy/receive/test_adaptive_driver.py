@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 from popgate_pb import broker_pb2 as bpb
 from prometheus_client import CollectorRegistry
@@ -98,3 +99,35 @@ async def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lan
     value = metrics.registry.get_sample_value
     assert value("popgate_proxy_notify_pops_total", {"group": "g", "kind": "handoff"}) == 1
     assert value("popgate_proxy_long_polls_moved_total", {"group": "g"}) == 1
+
+
+async def test_a_held_adaptive_long_poll_is_one_strategy_coroutine_and_every_receive_ends_at_the_policy() -> None:
+    """A held receive is the proxy's unit of memory: an adaptive long poll holds one coroutine of the strategy,
+    which awaits its Pop's future itself (no adaptive coroutine, no frame per attempt or awaited call); and the
+    policy hears of the end of every receive, whichever strategy served it and however it ended: answered,
+    cancelled (the client left) or closed (the proxy stops)."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    policy = AdaptivePolicy(AdaptiveSettings(window_s=1.0, rate_threshold=0, concurrency_per_broker=1))
+    notify, longpoll = NotifyStrategy(pool, broker_timeout_s=1.0), LongPollStrategy(pool, broker_timeout_s=1.0)
+    proxy = Proxy(pool, AdaptiveStrategy(pool, policy, notify, longpoll))
+    receives = [asyncio.create_task(proxy.receive(request(5.0, batch=1))) for _ in range(5)]
+    await held_becomes(brokers, 3 * 3 + 2)  # 3 notify runs, then 2 long polls
+    chain, awaited = [], receives[-1].get_coro()
+    while inspect.iscoroutine(awaited):
+        chain.append(awaited.cr_code.co_qualname)
+        awaited = awaited.cr_await
+    assert chain == ["Proxy.receive", "LongPollStrategy.receive"]  # then its Pop's future
+    brokers["b1"].put(popped("b1", "m"))
+    answered = await asyncio.wait_for(asyncio.wait(receives, return_when=asyncio.FIRST_COMPLETED), 2)
+    assert [ids(task.result()) for task in answered[0]] == [["m"]]
+    left = [task for task in receives if not task.done()]
+    gone = [left.pop(0), left.pop()]  # a notify run's client and a long poll's go away
+    for task in gone:
+        task.cancel()
+    assert all(isinstance(e, asyncio.CancelledError) for e in await asyncio.gather(*gone, return_exceptions=True))
+    proxy.close()
+    ended = await asyncio.wait_for(asyncio.gather(*left), 2)
+    assert [result.outcome for result in ended] == ["closing", "closing"]
+    assert policy.in_progress("g") == 0
+    await held_becomes(brokers, 0)
