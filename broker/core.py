@@ -71,7 +71,7 @@ class BrokerCore:
         self.topics: dict[str, TopicLog] = {}
         self.consumers = ConsumerGroups(settings, self.topics)
         self.groups = self.consumers.groups  # (group, topic) -> its state
-        self.hold = HoldService(settings.max_held)
+        self.hold = HoldService(settings.max_held, unused_wake=self._pass_on_unused)
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
@@ -552,6 +552,10 @@ class BrokerCore:
         if state is None:
             return False
         return self.hold.wake_oldest_ready((topic, group), functools.partial(self.readiness.check, state))
+
+    def _pass_on_unused(self, key: tuple[str, str]) -> None:
+        """A held request of (topic, group) woken and cancelled before it was answered: as `pass_on`."""
+        self.pass_on(*key)
 
     def sweep(self) -> None:
         """Safety net: wake held requests whose group has something ready (normally woken on arrival);

@@ -4,8 +4,9 @@ Requests are held per (topic, group) key in arrival order. The broker core calls
 ``arrived`` when messages a group can consume appear (an append, a redelivery
 coming due); it wakes as many held requests as there are new matching messages,
 oldest first whatever their kind. Each hold ends with an explicit outcome. A
-caller that goes away (task cancelled) is removed at once. Capacity is bounded:
-past it ``hold`` returns FULL immediately.
+caller that goes away (task cancelled) is removed at once; one woken that goes away
+before it is answered hands its wake to ``unused_wake``. Capacity is bounded: past
+it ``hold`` returns FULL immediately.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class _Waiter:
         self.future.set_result(outcome)
         return True
 
+    @property
+    def served(self) -> bool:
+        """Woken for something ready (its future is cancelled when its caller is cancelled before a wake)."""
+        return self.future.done() and not self.future.cancelled() and self.future.result() is Outcome.SERVED
+
 
 def _ready_once(
     groups: dict[tuple[Kind, TagFilter], dict[_Waiter, None]], ready_check: Callable[[int], Callable[[TagFilter], bool]]
@@ -66,8 +72,11 @@ def _ready_once(
 
 
 class HoldService:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, unused_wake: Callable[[Key], object] | None = None) -> None:
+        """unused_wake(key): a request woken for the key was cancelled before its caller was answered (the owner
+        passes the wake on to another held request, as for an answer handed back)."""
         self.capacity = capacity
+        self._unused_wake = unused_wake
         # Per key, per (kind, filter), in arrival order: an arrival costs one look per filter and one
         # step per request it wakes, however many are held (it never scans every held request).
         self._waiters: dict[Key, dict[tuple[Kind, TagFilter], dict[_Waiter, None]]] = {}
@@ -96,6 +105,14 @@ class HoldService:
         timer = loop.call_later(timeout_s, waiter.resolve, Outcome.TIMED_OUT)
         try:
             return await waiter.future
+        except asyncio.CancelledError:
+            if waiter.served and self._unused_wake is not None:
+                # Woken, then cancelled before this task ran again (a cancel frame read in the wake's turn): its
+                # caller never sees the wake, which an arrival gives to one request per message, so another held
+                # request gets it (the woken one is no longer held) — tests/unit/broker/test_arrival.py::
+                # test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wake_on
+                self._unused_wake(key)
+            raise
         finally:
             timer.cancel()
             self._remove(key, waiter)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker.__main__ import sweep_forever
@@ -93,3 +94,36 @@ async def test_a_pop_says_whether_the_broker_held_it(tmp_path: Path) -> None:
         assert nothing_now.messages == [] and not nothing_now.held
         timed_out = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 50)
         assert timed_out.messages == [] and timed_out.held
+
+
+@pytest.mark.parametrize("kind", [Kind.NOTIFICATION, Kind.POP])
+async def test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wake_on(
+    tmp_path: Path, kind: Kind
+) -> None:
+    """One arrival wakes the oldest held request only. When its caller cancels it in the turn the wake came, before
+    it is answered (a notify receive answered from another broker cancels its other Notifications, and that cancel
+    frame can cross the wake), the next request held here gets the wake: the message is not left waiting for the
+    sweep or a whole long poll while another consumer waits here."""
+    async with broker(tmp_path / "data") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"warm")])
+        await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)  # the group exists; nothing ready now
+        if kind is Kind.POP:
+            first: asyncio.Future[object] = asyncio.ensure_future(core.pop("t", "g", "*", 1, INVISIBLE_MS, POLL_MS))
+        else:
+            first = asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS))
+        await asyncio.wait_for(held(core, pops=int(kind is Kind.POP), notifications=int(kind is Kind.NOTIFICATION)), 5)
+        second = asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS))  # another consumer's, held later
+        await asyncio.wait_for(
+            held(core, pops=int(kind is Kind.POP), notifications=1 + int(kind is Kind.NOTIFICATION)), 5
+        )
+        wake = core.hold.arrived
+
+        def woken_then_cancelled(*args: object) -> int:
+            woken = wake(*args)  # type: ignore[arg-type]
+            first.cancel()  # its cancel read in the same turn as the wake: the woken task has not run yet
+            return woken
+
+        core.hold.arrived = woken_then_cancelled  # type: ignore[method-assign]
+        await core.send([pb.Message(topic="t", body=b"one")])  # wakes the oldest only
+        assert await asyncio.wait_for(second, ANSWER_S) == (True, False)  # passed on: not the sweep, nor 20 s
+        assert first.cancelled() and not sweeping()
