@@ -93,12 +93,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             core.settings.max_pop_answer_bytes, what="bytes of Pop answers not taken", setting="--max-pop-answer-bytes"
         )
 
-    @rpc("Send")
-    async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
-        out = pb.SendResponse()
-        await send(self.core, request, out)
-        return out
-
     @rpc("Pop")
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
         if self.pop_answers.full():
@@ -118,34 +112,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request_iterator: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
     ) -> None:
         await session.serve(self.core, self.metrics, self.stopping, request_iterator, context)
-
-    @rpc("Ack")
-    async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
-        out = pb.AckResponse()
-        await ack(self.core, request, out)
-        return out
-
-    @rpc("ChangeInvisibleTime")
-    async def ChangeInvisibleTime(
-        self, request: pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ChangeInvisibleTimeResponse:
-        out = pb.ChangeInvisibleTimeResponse()
-        await change_invisible(self.core, request, out)
-        return out
-
-    @rpc("Renew")
-    async def Renew(self, request: pb.RenewRequest, context: grpc.aio.ServicerContext) -> pb.RenewResponse:
-        out = pb.RenewResponse()
-        await renew(self.core, request, out)
-        return out
-
-    @rpc("Notification")
-    async def Notification(
-        self, request: pb.NotificationRequest, context: grpc.aio.ServicerContext
-    ) -> pb.NotificationResponse:
-        out = pb.NotificationResponse()
-        await notification(self.core, request, out)
-        return out
 
     @rpc("DeadLetter")
     async def DeadLetter(
@@ -184,29 +150,15 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             )
         return response
 
-    @rpc("Recall")
-    async def Recall(self, request: pb.RecallRequest, context: grpc.aio.ServicerContext) -> pb.RecallResponse:
-        out = pb.RecallResponse()
-        await recall(self.core, request, out)
-        return out
-
-    @rpc("EndTransaction")
-    async def EndTransaction(
-        self, request: pb.EndTransactionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EndTransactionResponse:
-        out = pb.EndTransactionResponse()
-        await end_transaction(self.core, request, out)
-        return out
-
-    @rpc("TransactionChecks")
-    async def TransactionChecks(
-        self, request: pb.TransactionChecksRequest, context: grpc.aio.ServicerContext
-    ) -> pb.TransactionChecksResponse:
-        out = pb.TransactionChecksResponse()
-        await transaction_checks(self.core, request, out)
-        return out
-
-    # The admin operations (broker.admin): each fills in its response as the handlers do.
+    # Each fills in a new response from its request (broker.handlers, broker.admin).
+    Send = _filled("Send", send, pb.SendResponse)
+    Ack = _filled("Ack", ack, pb.AckResponse)
+    ChangeInvisibleTime = _filled("ChangeInvisibleTime", change_invisible, pb.ChangeInvisibleTimeResponse)
+    Renew = _filled("Renew", renew, pb.RenewResponse)
+    Notification = _filled("Notification", notification, pb.NotificationResponse)
+    Recall = _filled("Recall", recall, pb.RecallResponse)
+    EndTransaction = _filled("EndTransaction", end_transaction, pb.EndTransactionResponse)
+    TransactionChecks = _filled("TransactionChecks", transaction_checks, pb.TransactionChecksResponse)
     ResetOffset = _filled("ResetOffset", admin.reset_offset, pb.ResetOffsetResponse)
     DeleteGroup = _filled("DeleteGroup", admin.delete_group, pb.DeleteGroupResponse)
     CreateTopic = _filled("CreateTopic", admin.create_topic, pb.CreateTopicResponse)
