@@ -139,9 +139,6 @@ class BrokerClients:
         if client is not None:
             client.retire()
 
-    def health(self) -> list[tuple[str, bool]]:
-        return [(name, client.healthy) for name, client in sorted(self.current.items())]
-
     def views(self) -> list[BrokerView]:
         return [BrokerView(n, c.address.target, c.healthy) for n, c in sorted(self.current.items())]
 
@@ -185,7 +182,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
                 lambda: brokers.current.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s
             )
         )
-        metrics.watch_brokers(brokers.health)
+        metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
         proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)
         server, address = _grpc_server(settings)
