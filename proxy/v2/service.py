@@ -178,7 +178,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             access.check(self._auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
             async for frame in receive.receive_message(self._call(context), request, framing):
-                if frame.HasField("status"):
+                if not isinstance(frame, bytes) and frame.HasField("status"):  # message frames may be pre-encoded
                     code = frame.status.code
                 yield frame
         except (asyncio.CancelledError, GeneratorExit):  # the client went away (or its deadline passed)
