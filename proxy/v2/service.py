@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -32,7 +33,7 @@ from proxy.ports import Metrics
 from proxy.producer import ProducerFeatures
 from proxy.settings import Settings
 from proxy.txchecks import CheckPoller, ProducerStreams
-from proxy.v2 import access, ack, producer, receive, route, send, telemetry
+from proxy.v2 import access, ack, producer, receive, route, send, session, telemetry
 from proxy.v2.context import Call
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._settings = settings
         self._endpoints = endpoints
         self._metrics = metrics
-        self._auth = Authenticator(settings.accounts, skew_s=settings.auth_skew_s)
+        self.auth = self._auth = Authenticator(settings.accounts, skew_s=settings.auth_skew_s)
         self._telemetry_streams = 0
         self._attempts = GroupAttempts(proxy.pool.live, timeout_s=min(LOOKUP_TIMEOUT_S, settings.broker_timeout_s))
         self._inflation = send.Inflation()
@@ -87,10 +88,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         request: Req,
         context: grpc.aio.ServicerContext[Any, Any],
         response_type: Callable[..., Resp],
+        auth: Authenticator | None = None,
     ) -> Resp:
+        """`handler`'s answer, authorized by `auth` (a Session stream's account) or the call's own metadata."""
         started = time.perf_counter()
         try:
-            access.check(self._auth, context.invocation_metadata(), request)
+            access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             response = await handler(self._call(context), request)
             code = response.status.code  # type: ignore[attr-defined]
         except Exception as exc:  # every error becomes a v2 status, the call never fails
@@ -121,8 +124,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             pb.NotifyClientTerminationResponse,
         )
 
-    async def SendMessage(self, request: pb.SendMessageRequest, context: Any) -> pb.SendMessageResponse:
-        return await self._unary("SendMessage", self._send, request, context, pb.SendMessageResponse)
+    async def SendMessage(
+        self, request: pb.SendMessageRequest, context: Any, auth: Authenticator | None = None
+    ) -> pb.SendMessageResponse:
+        return await self._unary("SendMessage", self._send, request, context, pb.SendMessageResponse, auth)
 
     async def RecallMessage(self, request: pb.RecallMessageRequest, context: Any) -> pb.RecallMessageResponse:
         return await self._unary("RecallMessage", self._recall, request, context, pb.RecallMessageResponse)
@@ -130,11 +135,13 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def EndTransaction(self, request: pb.EndTransactionRequest, context: Any) -> pb.EndTransactionResponse:
         return await self._unary("EndTransaction", self._end_transaction, request, context, pb.EndTransactionResponse)
 
-    async def AckMessage(self, request: pb.AckMessageRequest, context: Any) -> pb.AckMessageResponse:
-        return await self._unary("AckMessage", ack.ack_message, request, context, pb.AckMessageResponse)
+    async def AckMessage(
+        self, request: pb.AckMessageRequest, context: Any, auth: Authenticator | None = None
+    ) -> pb.AckMessageResponse:
+        return await self._unary("AckMessage", ack.ack_message, request, context, pb.AckMessageResponse, auth)
 
     async def ChangeInvisibleDuration(
-        self, request: pb.ChangeInvisibleDurationRequest, context: Any
+        self, request: pb.ChangeInvisibleDurationRequest, context: Any, auth: Authenticator | None = None
     ) -> pb.ChangeInvisibleDurationResponse:
         response = await self._unary(
             "ChangeInvisibleDuration",
@@ -142,6 +149,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             request,
             context,
             pb.ChangeInvisibleDurationResponse,
+            auth,
         )
         if not response.receipt_handle and len(request.receipt_handle) <= MAX_HANDLE_LEN:
             # The official client stores the answer's handle in the message before it checks the status:
@@ -169,13 +177,15 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         *,
         framing: receive.Framing = receive.V2,
         method: str = "ReceiveMessage",
+        auth: Authenticator | None = None,
     ) -> AsyncGenerator[Any, None]:
-        """A receive answered in `framing`: v2's frames, or popgate's ReceiveMessages (`ExtMessaging`)."""
+        """A receive answered in `framing`: v2's frames, or popgate's ReceiveMessages (`ExtMessaging`, also on its
+        Session stream, whose account is `auth`)."""
         started = time.perf_counter()
         code: int = v2.OK
         outcome = ""  # set when the call ends without a status of ours
         try:
-            access.check(self._auth, context.invocation_metadata(), request)
+            access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
             async for frame in receive.receive_message(self._call(context), request, framing):
                 if not isinstance(frame, bytes) and frame.HasField("status"):  # message frames may be pre-encoded
@@ -249,7 +259,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
 class ExtMessaging(ext_grpc.MessagingServicer):
     """popgate.ext.v1.Messaging (proto/ext/messaging.proto), served beside v2 on the same port: the same
-    receive as v2's ReceiveMessage, many messages per frame."""
+    receive as v2's ReceiveMessage, many messages per frame; the Session stream (proxy/v2/session.py)."""
 
     def __init__(self, messaging: MessagingService) -> None:
         self._messaging = messaging
@@ -260,3 +270,6 @@ class ExtMessaging(ext_grpc.MessagingServicer):
         async with contextlib.aclosing(frames):
             async for frame in frames:
                 yield frame
+
+    async def Session(self, request_iterator: AsyncIterator[ext.SessionRequest], context: Any) -> None:
+        await session.serve(self._messaging, request_iterator, context)

@@ -40,6 +40,11 @@ class MessagingStub:
                 request_serializer=popgate__pb_dot_v2_dot_service__pb2.ReceiveMessageRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.ReceiveMessagesResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/popgate.ext.v1.Messaging/Session',
+                request_serializer=popgate__pb_dot_ext_dot_messaging__pb2.SessionRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class MessagingServicer:
@@ -56,6 +61,19 @@ class MessagingServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Many requests on one stream, each answered on it by id, in any order: a request costs a frame each way
+        instead of a whole gRPC call. The stream's metadata is authenticated once, when it opens (a refused
+        signature ends the stream with UNAUTHENTICATED); every request is then authorized, validated and served as
+        its v2 RPC is, and every error is a v2 status in that request's answer (the stream serves the others on).
+        A send, ack or change_invisible has one answer; a receive has ReceiveMessages' frames, `messages` frames
+        then one `status` frame that ends it. Closing the stream cancels everything pending on it; messages of a
+        receive not answered whole (cancelled, or the stream lost, before its status) go back to their broker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessagingServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +81,11 @@ def add_MessagingServicer_to_server(servicer, server):
                     servicer.ReceiveMessages,
                     request_deserializer=popgate__pb_dot_v2_dot_service__pb2.ReceiveMessageRequest.FromString,
                     response_serializer=popgate__pb_dot_ext_dot_messaging__pb2.ReceiveMessagesResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.SessionRequest.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_messaging__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -92,6 +115,33 @@ class Messaging:
             '/popgate.ext.v1.Messaging/ReceiveMessages',
             popgate__pb_dot_v2_dot_service__pb2.ReceiveMessageRequest.SerializeToString,
             popgate__pb_dot_ext_dot_messaging__pb2.ReceiveMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/popgate.ext.v1.Messaging/Session',
+            popgate__pb_dot_ext_dot_messaging__pb2.SessionRequest.SerializeToString,
+            popgate__pb_dot_ext_dot_messaging__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,235 @@
+"""popgate.ext.v1 Messaging.Session: many v2 requests on one stream, each answered by id (proto/ext/messaging.proto).
+
+A request costs a stream frame each way instead of a gRPC call. Each request is served by the handler of its
+unary RPC (or the receive of ReceiveMessages), with the same validation, permissions and metrics names; its
+errors are v2 statuses in its answer. A task per pending request, one writer, everything cancelled when the
+stream ends (`sdk/_session.py` is the client side).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate_contract import errors
+from popgate_contract.codes import status_of
+from proxy.auth import Account, Authenticator
+from proxy.v2 import access, receive
+
+if TYPE_CHECKING:
+    from proxy.v2.service import MessagingService
+
+log = logging.getLogger(__name__)
+
+# Requests pending on one stream. A held receive also counts in the proxy's max_held_receives (TOO_MANY_REQUESTS
+# past either) — tests/integration/sdk/test_session.py::test_receives_past_the_proxys_bound_are_answered_too_many.
+MAX_PENDING = 4096
+# Answers queued and not yet taken by grpc (a client that does not read): past this the stream reads no more
+# requests until half of it is written (HTTP/2 flow control then holds the client back).
+MAX_OUTBOX_BYTES = 32 * 1024 * 1024
+WRITER_DRAIN_S = 5.0  # at the stream's end, the answers queued are written for this long at most
+
+
+class RequestContext:
+    """What the servicer reads of a call's context, for one request on a Session stream: the stream's metadata and
+    the request's own deadline."""
+
+    __slots__ = ("_deadline", "_metadata")
+
+    def __init__(self, metadata: tuple[Any, ...], deadline: float | None) -> None:
+        self._metadata = metadata
+        self._deadline = deadline
+
+    def invocation_metadata(self) -> tuple[Any, ...]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+
+
+class StreamAccount(Authenticator):
+    """The account a stream authenticated as when it opened: its requests are authorized as that account, the date
+    not checked again (a stream outlives the signature's clock-skew window)."""
+
+    def __init__(self, account: Account | None) -> None:
+        super().__init__(() if account is None else (account,))
+        self._account = account
+
+    def authenticate(self, metadata: Any) -> Account | None:
+        return self._account
+
+
+def _body(message: ext.SessionRequest | ext.SessionResponse, kind: str) -> Any:
+    return getattr(message, kind)
+
+
+def refusal(request_id: int, kind: str | None, error: errors.DomainError) -> ext.SessionResponse:
+    """The answer to a request refused before its handler: its kind's response with the v2 status of `error`,
+    or a bare ``status`` when its kind is unknown."""
+    response = ext.SessionResponse(id=request_id)
+    status = status_of(error)
+    if kind is None:
+        response.status.CopyFrom(status)
+    else:
+        _body(response, kind).status.CopyFrom(status)
+    return response
+
+
+class Session:
+    """One stream: `dispatch` starts a task per request; answers go through `outbox` to the one writer."""
+
+    def __init__(self, service: MessagingService, metadata: tuple[Any, ...], account: Account | None) -> None:
+        self.service = service
+        self.metadata = metadata
+        self.account = StreamAccount(account)
+        # The servicer's RPCs serve the unary kinds: the same handlers, metrics names and answers.
+        self.unary: dict[str, Callable[[Any, RequestContext, Authenticator], Awaitable[Any]]] = {
+            "send": service.SendMessage,
+            "ack": service.AckMessage,
+            "change_invisible": service.ChangeInvisibleDuration,
+        }
+        self.pending: dict[int, asyncio.Task[None]] = {}
+        # Answers with their size and, for a receive's frames, the future the writer resolves once grpc took it.
+        self.outbox: asyncio.Queue[tuple[ext.SessionResponse, int, asyncio.Future[None] | None] | None]
+        self.outbox = asyncio.Queue()
+        self.outbox_bytes = 0
+        self.room = asyncio.Event()
+        self.room.set()
+        self._loop = asyncio.get_running_loop()
+
+    def answer(self, response: ext.SessionResponse, written: asyncio.Future[None] | None = None) -> None:
+        size = response.ByteSize()
+        self.outbox_bytes += size
+        self.outbox.put_nowait((response, size, written))
+        if self.outbox_bytes > MAX_OUTBOX_BYTES:
+            self.room.clear()
+
+    def written(self, size: int) -> None:
+        self.outbox_bytes -= size
+        if self.outbox_bytes <= MAX_OUTBOX_BYTES // 2:
+            self.room.set()
+
+    def dispatch(self, request: ext.SessionRequest) -> None:
+        kind = request.WhichOneof("body")
+        request_id = request.id
+        if kind == "cancel":
+            task = self.pending.pop(request_id, None)
+            if task is not None:
+                task.cancel()  # a receive cut off gives its messages back (receive.receive_message)
+            return
+        if kind is None or request_id in self.pending:
+            why = "a request without a body" if kind is None else f"request id {request_id} is already pending"
+            self.answer(refusal(request_id, None, errors.BadRequest(f"session: {why}")))
+            return
+        if len(self.pending) >= MAX_PENDING:
+            busy = errors.TooManyRequests(f"the session has {MAX_PENDING} requests pending; retry shortly")
+            self.answer(refusal(request_id, kind, busy))
+            return
+        deadline = self._loop.time() + request.timeout_ms / 1000 if request.timeout_ms else None
+        context = RequestContext(self.metadata, deadline)
+        if kind == "receive":
+            work = self._receive(request_id, request.receive, context)
+        else:
+            work = self._unary(request_id, kind, _body(request, kind), context)
+        task = self._loop.create_task(work)
+        self.pending[request_id] = task
+        task.add_done_callback(functools.partial(self._done, request_id))
+
+    def _done(self, request_id: int, task: asyncio.Task[None]) -> None:
+        if self.pending.get(request_id) is task:  # not a later request that reused the id after a cancel
+            del self.pending[request_id]
+
+    async def _unary(self, request_id: int, kind: str, request: Any, context: RequestContext) -> None:
+        answer = await self.unary[kind](request, context, self.account)
+        response = ext.SessionResponse(id=request_id)
+        _body(response, kind).CopyFrom(answer)
+        self.answer(response)
+
+    async def _receive(self, request_id: int, request: pb.ReceiveMessageRequest, context: RequestContext) -> None:
+        frames = self.service.ReceiveMessage(
+            request, context, framing=receive.BATCH, method="ReceiveMessages", auth=self.account
+        )
+        # Each frame is awaited until grpc took it, as grpc's own stream does before asking for the next: the OK
+        # status only follows written messages, and a receive cancelled or cut off before its status (the stream
+        # lost) closes `frames` there, which gives its messages back —
+        # tests/integration/sdk/test_session.py::test_a_stream_closed_mid_receive_gives_its_messages_back.
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                response = ext.SessionResponse(id=request_id)
+                if isinstance(frame, bytes):
+                    response.receive.MergeFromString(frame)
+                else:
+                    response.receive.CopyFrom(frame)
+                written = self._loop.create_future()
+                self.answer(response, written)
+                await written
+
+    async def close(self) -> None:
+        tasks = list(self.pending.values())
+        self.pending.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _write(session: Session, context: Any) -> None:
+    while (item := await session.outbox.get()) is not None:
+        response, size, written = item
+        if written is not None and written.cancelled():  # its receive was cancelled: it gave the messages back
+            session.written(size)
+            continue
+        await context.write(response)
+        session.written(size)
+        if written is not None and not written.done():
+            written.set_result(None)
+
+
+async def _read(session: Session, requests: AsyncIterator[ext.SessionRequest]) -> None:
+    async for request in requests:
+        session.dispatch(request)
+        if session.outbox_bytes > MAX_OUTBOX_BYTES:
+            # The client reads its answers slower than it asks: read none of its requests until they fit again.
+            await session.room.wait()
+
+
+async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRequest], context: Any) -> None:
+    """Serve one Session stream until the client ends it or goes away; a refused signature ends it at once."""
+    metadata = tuple(context.invocation_metadata() or ())
+    try:
+        account = service.auth.authenticate(access.metadata_of(metadata))
+        access.client_id_of(metadata)  # a bad id is refused before anything is served for it
+    except errors.DomainError as exc:
+        code = (
+            grpc.StatusCode.UNAUTHENTICATED
+            if isinstance(exc, errors.Unauthorized)
+            else grpc.StatusCode.INVALID_ARGUMENT
+        )
+        await context.abort(code, exc.message)
+        return
+    session = Session(service, metadata, account)
+    loop = asyncio.get_running_loop()
+    writer = loop.create_task(_write(session, context))
+    reader = loop.create_task(_read(session, requests))
+    try:
+        # Ends when the client ends its side or goes away, or when a write fails (the stream is lost).
+        await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        reader.cancel()
+        # Nothing pending on a stream survives it: receives cut off give their messages back.
+        await session.close()
+        session.outbox.put_nowait(None)
+        # The writer is never cancelled mid-write (grpc would lose the stream's final status): it ends at the marker.
+        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
+            await asyncio.wait_for(writer, WRITER_DRAIN_S)
+        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+            await reader

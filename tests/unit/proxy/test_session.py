@@ -1,0 +1,146 @@
+"""The proxy's Session stream (proxy/v2/session.py) driven without a gRPC server: a real servicer over fake brokers,
+requests fed as the stream's iterator, answers taken from the context's writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+from prometheus_client import CollectorRegistry
+
+from proxy.auth import Account, authorization
+from proxy.core import Proxy
+from proxy.metrics import ProxyMetrics
+from proxy.receive.notify_driver import NotifyStrategy
+from proxy.routing import BrokerPool
+from proxy.settings import BrokerAddress, Settings
+from proxy.v2 import session
+from proxy.v2.context import endpoints_for
+from proxy.v2.service import MessagingService
+from tests.unit.proxy.fakes import FakeBroker, popped
+
+
+class Aborted(Exception):
+    pass
+
+
+class StreamContext:
+    """What the Session reads of a grpc.aio context, and what it writes to it."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.metadata = metadata
+        self.written: list[ext.SessionResponse] = []
+        self.aborted: Any = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    async def write(self, response: ext.SessionResponse) -> None:
+        self.written.append(response)
+
+    async def abort(self, code: Any, details: str) -> None:
+        self.aborted = (code, details)
+        raise Aborted(details)
+
+
+def service_over(broker: FakeBroker, settings: Settings | None = None) -> tuple[MessagingService, ProxyMetrics]:
+    metrics = ProxyMetrics(CollectorRegistry())
+    pool = BrokerPool({broker.name: broker}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics), metrics=metrics)
+    settings = settings or Settings(brokers=(BrokerAddress(broker.name, "127.0.0.1:1"),))
+    return MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), metrics), metrics
+
+
+def receive_request(poll_s: int = 0) -> pb.ReceiveMessageRequest:
+    request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=8)
+    request.message_queue.topic.name = "t"
+    request.long_polling_timeout.seconds = poll_s
+    return request
+
+
+def send_request() -> pb.SendMessageRequest:
+    message = v2.Message(topic=v2.Resource(name="t"), body=b"x")
+    message.system_properties.message_id = "01AB"
+    message.system_properties.message_type = v2.NORMAL
+    return pb.SendMessageRequest(messages=[message])
+
+
+async def stream(*requests: ext.SessionRequest, until: asyncio.Event) -> AsyncIterator[ext.SessionRequest]:
+    for request in requests:
+        yield request
+    await until.wait()  # the client keeps its side open until told
+
+
+async def serve_until(
+    context: StreamContext, service: MessagingService, requests: list[ext.SessionRequest], answers: int
+) -> None:
+    """Serve a stream of `requests` until `answers` frames were written (bounded), then end it."""
+    done = asyncio.Event()
+    task = asyncio.ensure_future(session.serve(service, stream(*requests, until=done), context))
+    for _ in range(200):
+        if len(context.written) >= answers:
+            break
+        await asyncio.sleep(0.01)
+    done.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_request_without_a_body_is_answered_with_a_status_and_the_stream_serves_the_others() -> None:
+    service, metrics = service_over(FakeBroker("b1"))
+    context = StreamContext()
+    requests = [ext.SessionRequest(id=1), ext.SessionRequest(id=2, timeout_ms=3000, send=send_request())]
+    await serve_until(context, service, requests, answers=2)
+    by_id = {r.id: r for r in context.written}
+    assert by_id[1].status.code == v2.BAD_REQUEST
+    assert (by_id[2].WhichOneof("body"), by_id[2].send.status.code) == ("send", v2.OK)
+    labels = {"method": "SendMessage", "code": "OK"}  # the unary RPC's metric
+    assert metrics.registry.get_sample_value("popgate_proxy_rpc_duration_seconds_count", labels) == 1.0
+
+
+async def test_a_receive_is_answered_with_its_messages_then_its_status() -> None:
+    broker = FakeBroker("b1")
+    broker.ready = [popped("b1", "m1"), popped("b1", "m2")]
+    service, _ = service_over(broker)
+    context = StreamContext()
+    await serve_until(context, service, [ext.SessionRequest(id=7, timeout_ms=3000, receive=receive_request())], 2)
+    kinds = [(r.id, r.receive.WhichOneof("content")) for r in context.written]
+    assert kinds == [(7, "messages"), (7, "status")]
+    assert [m.system_properties.message_id for m in context.written[0].receive.messages.messages] == ["m1", "m2"]
+    assert context.written[1].receive.status.code == v2.OK
+
+
+async def test_a_bad_receive_is_answered_with_its_v2_status() -> None:
+    service, _ = service_over(FakeBroker("b1"))
+    context = StreamContext()
+    bad = receive_request()
+    bad.batch_size = 0
+    await serve_until(context, service, [ext.SessionRequest(id=3, receive=bad)], 1)
+    [answer] = context.written
+    assert (answer.id, answer.receive.status.code) == (3, v2.BAD_REQUEST)
+
+
+async def test_a_wrong_signature_refuses_the_stream_before_any_request() -> None:
+    account = Account("ak", "sk", publish=("*",))
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), accounts=(account,))
+    service, _ = service_over(FakeBroker("b1"), settings)
+    date = "20261129T020000Z"
+    context = StreamContext((("x-mq-date-time", date), ("authorization", authorization("ak", "wrong", date))))
+    try:
+        await serve_until(context, service, [ext.SessionRequest(id=1, send=send_request())], 1)
+    except Aborted:
+        pass
+    assert context.aborted is not None and context.aborted[0].name == "UNAUTHENTICATED"
+    assert context.written == []
+
+
+def test_a_refusal_is_its_kinds_answer_or_a_bare_status() -> None:
+    from popgate_contract import errors
+
+    busy = session.refusal(4, "ack", errors.TooManyRequests("full"))
+    unknown = session.refusal(5, None, errors.BadRequest("what"))
+    assert (busy.id, busy.ack.status.code) == (4, v2.TOO_MANY_REQUESTS)
+    assert (unknown.id, unknown.status.code) == (5, v2.BAD_REQUEST)
