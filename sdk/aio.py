@@ -10,6 +10,7 @@ async with SimpleConsumer("127.0.0.1:8081", "billing", {"orders": "*"}) as consu
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -21,7 +22,7 @@ from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from . import _resend, _wire, client, errors
+from . import _resend, _session, _wire, client, errors
 from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from .message import Message, SendReceipt
@@ -36,6 +37,10 @@ T = TypeVar("T")
 class _AsyncClient(ClientBase):
     _channel: grpc.aio.Channel | None = None
     _loop: asyncio.AbstractEventLoop | None = None
+    # The proxy's Session stream (sdk/_session.py), opened on first use; whether the proxy serves one: None until
+    # a request tells, False once it answered UNIMPLEMENTED (then the unary RPCs serve every request).
+    _session: _session.Session | None = None
+    _session_served: bool | None = None
 
     @property
     def _stub(self) -> Any:
@@ -48,7 +53,7 @@ class _AsyncClient(ClientBase):
                     "closed: make one client per event loop"
                 )
             # Its first loop is closed (asyncio.run again, a test per loop): that channel died with it.
-            self._channel = None
+            self._channel = self._session = None
         if self._channel is None:
             if self._closed:
                 raise errors.Unavailable("the client is closed", retriable=False)
@@ -62,6 +67,30 @@ class _AsyncClient(ClientBase):
             self._ext_stub_ = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
             self._loop = loop
         return self._stub_
+
+    def _orphaned(self, messages: list[Any]) -> None:
+        """Messages of a receive's answer nobody waits for any more (the consumer gives them back)."""
+
+    async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
+        """The answer to `request` over the Session stream (a receive's: its frames); None when the proxy serves
+        no Session (the caller then makes its unary call: nothing was served). A lost stream raises a retriable
+        Unavailable and the next request opens a new one — tests/integration/sdk/test_session.py."""
+        if self._session_served is False:
+            return None
+        _ = self._stub  # the channel, made in this loop (Unavailable once the client is closed)
+        session = self._session
+        if session is None or session.broken is not None:
+            assert self._channel is not None
+            convert_ = functools.partial(convert, tls=self.options.tls)
+            session = self._session = _session.Session(self._channel, self._metadata(), convert_, self._orphaned)
+        try:
+            answer = await session.request(kind, request, within_s)
+        except _session.Unimplemented:
+            log.info("%s serves no Session stream: using the unary RPCs", self.options.endpoint)
+            self._session_served = False
+            return None
+        self._session_served = True
+        return answer
 
     @property
     def _ext_stub(self) -> Any:
@@ -101,6 +130,9 @@ class _AsyncClient(ClientBase):
                 if self._channel is not None:
                     await self._closing()
         finally:
+            if self._session is not None:
+                session, self._session = self._session, None
+                await session.close()
             if self._channel is not None:
                 channel, self._channel = self._channel, None
                 if self._loop is None or not self._loop.is_closed():  # else it died with its loop
@@ -205,9 +237,10 @@ class Producer(ProducerBase, _AsyncClient):
 
     async def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
         async def op() -> list[SendReceipt]:
-            response = await self._stub.SendMessage(
-                request, timeout=self.options.request_timeout, metadata=self._metadata()
-            )
+            timeout = self.options.request_timeout
+            response = await self._over_session("send", request, timeout)
+            if response is None:
+                response = await self._stub.SendMessage(request, timeout=timeout, metadata=self._metadata())
             return _wire.send_receipts(topic, request, response)
 
         return await self._retrying(op)
@@ -274,6 +307,12 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
 
     async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
         request, timeout = self._receive_plan(max, invisible, wait)
+        # Cancelled while its answer comes in, a receive on the Session stream gives back what it had read and what
+        # still comes (`_orphaned`); on the RPCs, `_read` does.
+        frames = await self._over_session("receive", request, timeout)
+        if frames is not None:
+            self._batch_receive = True
+            return _wire.received(frames)
         metadata = self._metadata()
         if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
             try:
@@ -360,18 +399,27 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         """Make received messages that nobody will handle ready again at once; see `sdk.SimpleConsumer._give_back`."""
         if not messages:
             return
-        timeout = self._give_back_timeout
-        try:
-            stub = self._stub
-        except errors.PopgateError:  # closed
+        if self._channel is None:  # closed, or never connected
             return
-        calls = [
-            stub.ChangeInvisibleDuration(request, timeout=timeout, metadata=self._metadata())
-            for request in self._give_back_plan(messages)
-        ]
+        timeout = self._give_back_timeout
+        calls = [self._change_invisible(request, timeout) for request in self._give_back_plan(messages)]
         # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure too.
         answers = await asyncio.gather(*calls, return_exceptions=True)
         log_give_back_failures(log, answers)
+
+    def _orphaned(self, messages: list[Any]) -> None:
+        if not self._closed:  # once closed, the proxy gives back what the closed stream left unanswered
+            task = asyncio.ensure_future(self._give_back_later([_wire.from_v2(m) for m in messages]))
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
+
+    async def _change_invisible(
+        self, request: pb.ChangeInvisibleDurationRequest, within_s: float
+    ) -> pb.ChangeInvisibleDurationResponse:
+        response = await self._over_session("change_invisible", request, within_s)
+        if response is None:
+            response = await self._stub.ChangeInvisibleDuration(request, timeout=within_s, metadata=self._metadata())
+        return response  # type: ignore[no-any-return]
 
     async def ack(self, message: Message) -> None:
         """Acknowledge one message; see `sdk.SimpleConsumer.ack`."""
@@ -393,9 +441,10 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
     async def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
         async def op() -> list[tuple[str, errors.PopgateError]]:
             request = pending.next_request()
-            response = await self._stub.AckMessage(
-                request, timeout=self.options.request_timeout, metadata=self._metadata()
-            )
+            timeout = self.options.request_timeout
+            response = await self._over_session("ack", request, timeout)
+            if response is None:
+                response = await self._stub.AckMessage(request, timeout=timeout, metadata=self._metadata())
             return pending.read(response)
 
         try:
@@ -410,9 +459,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
 
         async def op() -> str:
             resent = next(attempts) > 1
-            response = await self._stub.ChangeInvisibleDuration(
-                request, timeout=self.options.request_timeout, metadata=self._metadata()
-            )
+            response = await self._change_invisible(request, self.options.request_timeout)
             return _resend.new_handle(response, resent=resent)
 
         message.receipt_handle = await self._retrying(op)

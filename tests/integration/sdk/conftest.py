@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -143,3 +144,17 @@ class Collector:
         self.consumer.close()
         self.thread.join(10)
         assert not self.thread.is_alive(), "the iterator did not end after close()"
+
+
+def name(prefix: str) -> str:
+    """A fresh topic or group name."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def v2_only(cluster: Cluster) -> Iterator[str]:
+    """A second proxy over the package's brokers that serves v2 alone (no popgate extension: as a RocketMQ proxy)."""
+    endpoint = cluster.add_proxy(extra=("--no-batch-receive",))
+    yield endpoint
+    proxy = cluster.proxies.pop()
+    proxy.stop()

@@ -187,21 +187,61 @@ class CancelledAfterFirstMessage:
         return self._cancelling(self.stub.ReceiveMessages(*args, **kwargs))
 
 
-@pytest.mark.parametrize("path", ["batch", "v2"])
+class CancellingChannel:
+    """A channel whose Session streams cancel the receiving task once they have read a frame with messages: a
+    receive on the Session stream cancelled while its answer comes in."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.channel, name)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        start = self.channel.stream_stream(*args, **kwargs)
+        return lambda **options: CancellingCall(start(**options))
+
+
+class CancellingCall:
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.receiving: asyncio.Task[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.call, name)
+
+    async def read(self) -> Any:
+        response = await self.call.read()
+        if self.receiving is not None and response.receive.WhichOneof("content") == "messages":
+            self.receiving.cancel()
+            self.receiving = None
+        return response
+
+
+@pytest.mark.parametrize("path", ["session", "batch", "v2"])
 async def test_a_receive_cancelled_mid_answer_gives_back_the_messages_it_had_read(endpoint: str, path: str) -> None:
     """A message whose frame a cancelled receive had read does not stay invisible for `invisible` (60 s here)."""
     topic, group = name("t"), name("g")
-    async with Producer(endpoint) as producer:
-        sent = await producer.send(topic, b"read, then cancelled")
     async with SimpleConsumer(endpoint, group, topic, invisible=LONG_INVISIBLE) as consumer:
-        consumer._batch_receive = path == "batch"
-        stub, attribute = (consumer._ext_stub, "_ext_stub_") if path == "batch" else (consumer._stub, "_stub_")
-        setattr(consumer, attribute, CancelledAfterFirstMessage(stub))
+        if path == "session":
+            _ = consumer._stub
+            consumer._channel = CancellingChannel(consumer._channel)  # type: ignore[assignment]
+            await consumer.receive(max=1, wait=0)  # the stream opens
+            stream = consumer._session._call  # type: ignore[union-attr]
+        else:
+            consumer._session_served, consumer._batch_receive = False, path == "batch"
+            stub, attribute = (consumer._ext_stub, "_ext_stub_") if path == "batch" else (consumer._stub, "_stub_")
+            setattr(consumer, attribute, CancelledAfterFirstMessage(stub))
+        async with Producer(endpoint) as producer:
+            sent = await producer.send(topic, b"read, then cancelled")
         # The message is there already: a long wait only keeps a slow machine from answering empty first.
         receive = asyncio.create_task(consumer.receive(wait=10.0))
+        if path == "session":
+            stream.receiving = receive
         with pytest.raises(asyncio.CancelledError):
             await receive
-        setattr(consumer, attribute, stub)
+        if path != "session":
+            setattr(consumer, attribute, stub)
         [back] = await drain(consumer, 1)  # 15 s at most
     # Given back by whichever comes first: the SDK's nack (attempt 2), or the proxy, which gives back an answer
     # its client left before the end (attempt unchanged; the SDK's nack then finds the handle stale).

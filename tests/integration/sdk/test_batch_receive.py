@@ -4,27 +4,10 @@ RocketMQ proxy): the same messages, fields, acks and redeliveries either way."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
 
 from popgate import Message, Producer, SimpleConsumer, aio
-from popgate.cli.cluster import Cluster
-from tests.integration.sdk.conftest import drain
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(scope="module")
-def v2_only(cluster: Cluster) -> Iterator[str]:
-    """A second proxy over the package's brokers that serves v2 alone."""
-    endpoint = cluster.add_proxy(extra=("--no-batch-receive",))
-    yield endpoint
-    proxy = cluster.proxies.pop()
-    proxy.stop()
+from tests.integration.sdk.conftest import drain, name
 
 
 @pytest.mark.parametrize("path", ["batch", "v2"])

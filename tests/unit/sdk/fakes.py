@@ -137,6 +137,28 @@ class AsyncStub:
         return call
 
 
+class _UnimplementedCall(grpc.aio.AioRpcError):
+    """A stream call to a server that has no such method: every read fails with UNIMPLEMENTED."""
+
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no such method")
+
+    async def read(self) -> Any:
+        raise self
+
+    async def write(self, request: Any) -> None:
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+
 class FakeChannel:
+    """A channel to a proxy that serves no Session stream (a RocketMQ proxy): the SDK's unary calls go to the fake
+    stubs a test puts in place."""
+
+    def stream_stream(self, method: str, **_: Any) -> Any:
+        return lambda **__: _UnimplementedCall()
+
     async def close(self) -> None:
         return None

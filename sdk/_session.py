@@ -1,0 +1,238 @@
+"""Client side of the proxy's Session stream (popgate.ext.v1 Messaging.Session, proto/ext/messaging.proto).
+
+Many requests on one gRPC stream, each a frame each way instead of a call. `Waiting` (ids, answers, frame
+encoding) is sans-IO; `Session` does the stream's I/O around it. A lost stream fails its pending requests with a
+retriable `Unavailable` (the client's retry policy sends them again, on a new stream); a proxy that serves no
+Session fails them with `Unimplemented` (the client then uses the unary RPCs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from . import errors
+
+log = logging.getLogger(__name__)
+
+METHOD = "/popgate.ext.v1.Messaging/Session"
+# SessionRequest's fields (proto/ext/messaging.proto): a request is encoded by hand around its serialized body.
+ID, TIMEOUT_MS, CANCEL = 1, 2, 3
+KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7}
+RESPONSES: dict[str, Callable[..., Any]] = {
+    "send": pb.SendMessageResponse,
+    "receive": ext.ReceiveMessagesResponse,
+    "ack": pb.AckMessageResponse,
+    "change_invisible": pb.ChangeInvisibleDurationResponse,
+}
+# The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
+# v2 code that call's answer would carry; anything else ends a stream that was lost.
+REFUSED = {
+    grpc.StatusCode.UNAUTHENTICATED: v2.UNAUTHORIZED,
+    grpc.StatusCode.PERMISSION_DENIED: v2.FORBIDDEN,
+    grpc.StatusCode.INVALID_ARGUMENT: v2.BAD_REQUEST,
+}
+
+
+class Unimplemented(errors.PopgateError):
+    """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0) -> bytes:
+    """A SessionRequest carrying the serialized v2 request `body` as `kind` —
+    tests/unit/sdk/test_session.py::test_a_hand_encoded_request_reads_as_the_generated_message."""
+    head = b"\x08" + varint(request_id)
+    if timeout_ms:
+        head += b"\x10" + varint(timeout_ms)
+    return head + varint(KINDS[kind] << 3 | 2) + varint(len(body)) + body
+
+
+def encode_cancel(request_id: int) -> bytes:
+    return b"\x08" + varint(request_id) + b"\x18\x01"
+
+
+class Waiting:
+    """The requests of one stream waiting for their answers, by id (sans-IO).
+
+    A receive's answer is its frames up to the status frame that ends it. Messages of an answer nobody waits for
+    any more (cancelled, timed out, the stream lost before its status) go to `orphaned`, which gives them back.
+    """
+
+    def __init__(self, orphaned: Callable[[list[v2.Message]], None] | None = None) -> None:
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[str, asyncio.Future[Any], list[ext.ReceiveMessagesResponse]]] = {}
+        self._orphaned = orphaned
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, kind: str, future: asyncio.Future[Any]) -> int:
+        request_id = next(self._ids)
+        self._waiting[request_id] = (kind, future, [])
+        return request_id
+
+    def answer(self, response: ext.SessionResponse) -> None:
+        """Route one frame of the stream: the answer (or the next frame of the answer) of its request."""
+        body = response.WhichOneof("body")
+        entry = self._waiting.get(response.id)
+        if entry is None:
+            if body == "receive" and response.receive.WhichOneof("content") == "messages":
+                self._orphan([response.receive])
+            return
+        kind, future, frames = entry
+        if body == "status":  # refused before the proxy knew its kind: the kind's answer with that status
+            answer = RESPONSES[kind](status=response.status)
+        else:
+            answer = getattr(response, body) if body is not None else RESPONSES[kind]()
+        if kind == "receive":
+            frames.append(answer)
+            if answer.WhichOneof("content") != "status":
+                return
+            answer = frames
+        del self._waiting[response.id]
+        if not future.done():
+            future.set_result(answer)
+        elif kind == "receive":  # its caller was cancelled before it could drop it: nobody gets these messages
+            self._orphan(frames)
+
+    def drop(self, request_id: int) -> bool:
+        """Stop waiting for a request (cancelled, timed out); its frames so far are orphaned. Whether it waited."""
+        entry = self._waiting.pop(request_id, None)
+        if entry is None:
+            return False
+        self._orphan(entry[2])
+        return True
+
+    def fail_all(self, error: BaseException) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for _, future, frames in waiting.values():
+            self._orphan(frames)
+            if not future.done():
+                future.set_exception(error)
+
+    def _orphan(self, frames: list[ext.ReceiveMessagesResponse]) -> None:
+        messages = [m for frame in frames if frame.WhichOneof("content") == "messages" for m in frame.messages.messages]
+        if messages and self._orphaned is not None:
+            try:
+                self._orphaned(messages)
+            except Exception:  # a give-back's failure must not end the stream for the other requests
+                log.exception("giving back the messages of an answer nobody waits for failed")
+
+
+def stream_error(
+    exc: grpc.aio.AioRpcError | None, convert: Callable[[grpc.RpcError], errors.PopgateError]
+) -> Exception:
+    """What a stream's pending requests fail with when it ends (`exc`: how, None when the proxy ended it cleanly):
+    `convert`'s error for a unary call that failed so (its hints, a certificate that does not verify not retried),
+    retriable unless it is such an Unavailable."""
+    if exc is None:
+        return errors.Unavailable("the proxy ended the session stream", retriable=True)
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return Unimplemented(exc.details() or "no Session")
+    if exc.code() in REFUSED:
+        return errors.error_for(REFUSED[exc.code()], exc.details() or exc.code().name)
+    error = convert(exc)
+    if isinstance(error, errors.Unavailable):
+        return error
+    return errors.Unavailable(f"session stream lost: {error}", code_name=exc.code().name, retriable=True)
+
+
+class Session:
+    """One open Session stream (made inside the running loop): `request` sends and awaits the answer."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        metadata: tuple[tuple[str, str], ...],
+        convert: Callable[[grpc.RpcError], errors.PopgateError],
+        orphaned: Callable[[list[v2.Message]], None] | None = None,
+    ) -> None:
+        self._waiting = Waiting(orphaned)
+        self._convert = convert
+        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
+            metadata=metadata
+        )
+        self.broken: Exception | None = None
+        loop = asyncio.get_running_loop()
+        self._tasks = (loop.create_task(self._read()), loop.create_task(self._write()))
+
+    async def request(self, kind: str, body: Any, within_s: float) -> Any:
+        """The answer to one request (a receive's: its frames), waiting at most `within_s` seconds.
+
+        Raises:
+            Timeout: No answer in time (retriable; the proxy is told to drop the request).
+            Unavailable: The stream was lost (retriable) or closed.
+            Unimplemented: The proxy serves no Session.
+        """
+        if self.broken is not None:
+            raise self.broken
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        request_id = self._waiting.add(kind, future)
+        self._outbox.put_nowait(encode(request_id, kind, body.SerializeToString(), int(within_s * 1000)))
+        timer = loop.call_later(within_s, self._timed_out, request_id, future, within_s)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._drop(request_id)  # messages it had read are given back
+            raise
+        finally:
+            timer.cancel()
+
+    def _timed_out(self, request_id: int, future: asyncio.Future[Any], timeout: float) -> None:
+        if self._drop(request_id) and not future.done():
+            future.set_exception(errors.Timeout(f"no answer within {timeout:g} s", code_name="DEADLINE_EXCEEDED"))
+
+    def _drop(self, request_id: int) -> bool:
+        dropped = self._waiting.drop(request_id)
+        if dropped and self.broken is None:
+            self._outbox.put_nowait(encode_cancel(request_id))
+        return dropped
+
+    async def _write(self) -> None:
+        with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
+            while (frame := await self._outbox.get()) is not None:
+                await self._call.write(frame)
+
+    async def _read(self) -> None:
+        ended: grpc.aio.AioRpcError | None = None
+        try:
+            while (response := await self._call.read()) is not grpc.aio.EOF:
+                self._waiting.answer(response)
+        except grpc.aio.AioRpcError as exc:
+            ended = exc
+        finally:
+            self._end(stream_error(ended, self._convert))
+
+    def _end(self, error: Exception) -> None:
+        if self.broken is None:
+            self.broken = error
+        self._waiting.fail_all(self.broken)
+        self._outbox.put_nowait(None)
+
+    async def close(self) -> None:
+        """End the stream; requests still pending fail with a non-retriable Unavailable."""
+        self._end(errors.Unavailable("the client is closed", retriable=False))
+        self._call.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                await task

@@ -1,0 +1,182 @@
+"""The Session stream between popgate.aio and real proxies (proto/ext/messaging.proto, proxy/v2/session.py): the
+SDK's requests ride one stream where the proxy serves it and its unary calls where it does not (--no-batch-receive,
+as a RocketMQ proxy); the stream answers each request with its v2 status, gives back what a closed stream cut off,
+and keeps the proxy's bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import Message, Unauthorized, aio
+from popgate._session import METHOD
+from popgate.cli.cluster import Cluster
+from tests.integration.sdk.conftest import name
+from tests.procs import secured_cluster
+
+
+async def drain(consumer: aio.SimpleConsumer, count: int, *, within_s: float = 15.0) -> list[Message]:
+    got: list[Message] = []
+    async with asyncio.timeout(within_s):
+        while len(got) < count:
+            batch = await consumer.receive(max=32, wait=0.4)
+            await consumer.ack_many(batch)
+            got += batch
+    return got
+
+
+@pytest.mark.parametrize("path", ["session", "unary"])
+async def test_sends_receives_acks_and_nacks_take_the_stream_or_the_unary_calls(
+    path: str, endpoint: str, v2_only: str
+) -> None:
+    target = endpoint if path == "session" else v2_only
+    topic, group = name("t"), name("g")
+    async with aio.Producer(target) as producer, aio.SimpleConsumer(target, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+        sent = await producer.send_many(topic, [f"m{i}".encode() for i in range(70)])
+        nacked = (await producer.send(topic, b"again")).message_id
+        got = await drain(consumer, 70)  # the nacked one too, acked below once it comes back
+        first = next(m for m in got if m.message_id == nacked)
+        assert sorted(m.message_id for m in got) == sorted([r.message_id for r in sent] + [nacked])
+        await producer.send(topic, b"late")
+        async with asyncio.timeout(15):
+            while not (late := await consumer.receive(max=1, wait=0.4)):
+                pass
+        await consumer.nack(late[0])
+        async with asyncio.timeout(15):
+            while not (again := await consumer.receive(max=1, wait=0.4)):
+                pass
+        await consumer.ack(again[0])
+        served = (producer._session_served, consumer._session_served)
+    assert served == ((True, True) if path == "session" else (False, False))
+    assert (first.attempt, again[0].message_id, again[0].attempt) == (1, late[0].message_id, 2)
+
+
+def session_call(target: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[grpc.aio.Channel, object]:
+    channel = grpc.aio.insecure_channel(target)
+    stream = channel.stream_stream(
+        METHOD,
+        request_serializer=ext.SessionRequest.SerializeToString,
+        response_deserializer=ext.SessionResponse.FromString,
+    )
+    return channel, stream(metadata=metadata)
+
+
+def receive(
+    topic: str, group: str, *, batch: int = 32, invisible_s: int = 60, poll_s: int = 0
+) -> pb.ReceiveMessageRequest:
+    request = pb.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=batch,
+    )
+    request.invisible_duration.seconds = invisible_s
+    request.long_polling_timeout.seconds = poll_s
+    return request
+
+
+async def answers(call: object, count: int) -> AsyncIterator[ext.SessionResponse]:
+    async with asyncio.timeout(15):
+        for _ in range(count):
+            yield await call.read()  # type: ignore[attr-defined]
+
+
+async def test_bad_input_on_one_request_is_its_v2_status_while_the_stream_serves_the_others(endpoint: str) -> None:
+    topic = name("t")
+    message = v2.Message(topic=v2.Resource(name=topic), body=b"x")
+    message.system_properties.message_id = "01" + uuid.uuid4().hex.upper()
+    channel, call = session_call(endpoint)
+    async with channel:
+        await call.write(ext.SessionRequest(id=1, timeout_ms=5000, ack=pb.AckMessageRequest()))  # no group, no topic
+        await call.write(ext.SessionRequest(id=2))  # no body
+        await call.write(ext.SessionRequest(id=3, timeout_ms=5000, send=pb.SendMessageRequest(messages=[message])))
+        got = {a.id: a async for a in answers(call, 3)}
+    assert got[1].ack.status.code == v2.ILLEGAL_CONSUMER_GROUP  # as AckMessage answers it
+    assert got[2].status.code == v2.BAD_REQUEST
+    assert got[3].send.status.code == v2.OK
+
+
+async def test_a_stream_closed_mid_receive_gives_its_messages_back(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as other:
+        await other.receive(max=1, wait=0.2)
+        # Large enough an answer that HTTP/2 flow control holds it while the client reads no further than its first
+        # frame: the stream closes before the answer's status could be written.
+        sent = [(await producer.send(topic, bytes(512 * 1024))).message_id for _ in range(24)]
+        channel, call = session_call(endpoint)
+        async with channel:
+            await call.write(ext.SessionRequest(id=1, timeout_ms=10_000, receive=receive(topic, group, poll_s=1)))
+            first = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
+            assert first.receive.WhichOneof("content") == "messages"
+            call.cancel()  # type: ignore[attr-defined]
+        # Invisible for 60 s had they not been given back: received again at once by the other consumer.
+        got = await drain(other, len(sent), within_s=20)
+    assert sorted(m.message_id for m in got) == sorted(sent)
+
+
+async def test_receives_past_the_proxys_bound_are_answered_too_many(cluster: Cluster) -> None:
+    target = cluster.add_proxy(extra=("--max-held-receives", "2"))
+    try:
+        topic, group = name("t"), name("g")
+        channel, call = session_call(target)
+        async with channel:
+            for request_id in (1, 2, 3):  # held: nothing to receive
+                request = ext.SessionRequest(id=request_id, timeout_ms=20_000, receive=receive(topic, group, poll_s=10))
+                await call.write(request)
+            [third] = [a async for a in answers(call, 1)]
+            assert (third.id, third.receive.status.code) == (3, v2.TOO_MANY_REQUESTS)
+            await call.write(ext.SessionRequest(id=1, cancel=True))  # a held one cancelled: its place is free again
+            await call.write(ext.SessionRequest(id=4, timeout_ms=5000, receive=receive(topic, group, poll_s=0)))
+            [fourth] = [a async for a in answers(call, 1)]
+            assert (fourth.id, fourth.receive.status.code) == (4, v2.MESSAGE_NOT_FOUND)
+    finally:
+        cluster.proxies.pop().stop()
+
+
+ACL = """
+broker_token = "broker-secret"
+min_invisible_s = 1
+
+[[acl]]
+access_key = "alice"
+secret_key = "alice-secret"
+publish = ["auth-*"]
+subscribe = ["auth-*"]
+groups = ["billing"]
+"""
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with secured_cluster(tmp_path_factory.mktemp("session-auth"), ACL) as started:
+        yield started.endpoint
+
+
+async def test_a_wrong_signature_refuses_the_stream(secured: str) -> None:
+    async with aio.Producer(secured, access_key="alice", secret_key="wrong") as producer:
+        with pytest.raises(Unauthorized) as caught:
+            await producer.send("auth-x", b"x")
+    assert caught.value.code == v2.UNAUTHORIZED  # as the unary call answers it
+
+
+async def test_an_account_is_authorized_per_request_on_its_stream(secured: str) -> None:
+    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    topic = name("auth")
+    async with aio.Producer(secured, **alice) as producer, aio.SimpleConsumer(secured, "billing", topic, **alice) as c:
+        await c.receive(max=1, wait=0.2)
+        await producer.send(topic, b"allowed")
+        with pytest.raises(Unauthorized) as caught:
+            await producer.send(name("other"), b"not allowed")
+        await producer.send(topic, b"allowed too")  # the same stream serves on
+        got = await drain(c, 2)
+        served = (producer._session_served, c._session_served)
+    assert (caught.value.code, served) == (v2.FORBIDDEN, (True, True))
+    assert sorted(m.body for m in got) == [b"allowed", b"allowed too"]

@@ -1,0 +1,114 @@
+"""The SDK's Session bookkeeping and framing (sdk/_session.py), without a stream: ids, answers, orphans, encoding."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import Unauthorized, Unavailable, _session
+from popgate._transport import convert
+
+
+def test_a_hand_encoded_request_reads_as_the_generated_message() -> None:
+    ack = pb.AckMessageRequest(group=v2.Resource(name="g"), entries=[pb.AckMessageEntry(message_id="m")])
+    for request_id, timeout_ms in ((1, 0), (300, 3000), (2**40, 2**31)):
+        decoded = ext.SessionRequest.FromString(_session.encode(request_id, "ack", ack.SerializeToString(), timeout_ms))
+        assert decoded == ext.SessionRequest(id=request_id, timeout_ms=timeout_ms, ack=ack)
+    cancel = ext.SessionRequest.FromString(_session.encode_cancel(129))
+    assert cancel == ext.SessionRequest(id=129, cancel=True)
+    empty = ext.SessionRequest.FromString(_session.encode(5, "receive", b""))
+    assert empty.WhichOneof("body") == "receive"  # an empty body is still a request of its kind
+
+
+def messages_frame(*ids: str) -> ext.SessionResponse:
+    messages = [v2.Message(system_properties=v2.SystemProperties(message_id=i)) for i in ids]
+    return ext.SessionResponse(receive=ext.ReceiveMessagesResponse(messages=ext.Messages(messages=messages)))
+
+
+def with_id(response: ext.SessionResponse, request_id: int) -> ext.SessionResponse:
+    response.id = request_id
+    return response
+
+
+async def test_answers_reach_their_requests_by_id_and_a_receive_ends_at_its_status() -> None:
+    loop = asyncio.get_running_loop()
+    waiting = _session.Waiting()
+    receive, ack = loop.create_future(), loop.create_future()
+    receive_id, ack_id = waiting.add("receive", receive), waiting.add("ack", ack)
+    waiting.answer(with_id(messages_frame("a", "b"), receive_id))
+    waiting.answer(ext.SessionResponse(id=ack_id, ack=pb.AckMessageResponse(status=v2.Status(code=v2.OK))))
+    assert ack.done() and not receive.done()
+    waiting.answer(ext.SessionResponse(id=receive_id, receive=ext.ReceiveMessagesResponse(status=v2.Status(code=0))))
+    frames = receive.result()
+    assert [f.WhichOneof("content") for f in frames] == ["messages", "status"]
+    assert ack.result().status.code == v2.OK and len(waiting) == 0
+
+
+async def test_a_bare_status_answers_as_the_requests_own_kind() -> None:
+    loop = asyncio.get_running_loop()
+    waiting = _session.Waiting()
+    send, receive = loop.create_future(), loop.create_future()
+    send_id, receive_id = waiting.add("send", send), waiting.add("receive", receive)
+    for request_id in (send_id, receive_id):
+        waiting.answer(ext.SessionResponse(id=request_id, status=v2.Status(code=v2.TOO_MANY_REQUESTS)))
+    assert isinstance(send.result(), pb.SendMessageResponse)
+    assert send.result().status.code == v2.TOO_MANY_REQUESTS
+    [frame] = receive.result()
+    assert frame.status.code == v2.TOO_MANY_REQUESTS
+
+
+async def test_messages_nobody_waits_for_are_handed_to_be_given_back() -> None:
+    orphans: list[str] = []
+    waiting = _session.Waiting(lambda messages: orphans.extend(m.system_properties.message_id for m in messages))
+    loop = asyncio.get_running_loop()
+    dropped, lost = loop.create_future(), loop.create_future()
+    dropped_id, lost_id = waiting.add("receive", dropped), waiting.add("receive", lost)
+    waiting.answer(with_id(messages_frame("a"), dropped_id))
+    waiting.answer(with_id(messages_frame("b"), lost_id))
+    assert waiting.drop(dropped_id)  # cancelled: what it read so far
+    waiting.answer(with_id(messages_frame("c"), dropped_id))  # frames already on their way
+    waiting.fail_all(Unavailable("lost"))  # the stream lost before its status
+    assert orphans == ["a", "c", "b"]
+    assert not dropped.done() and isinstance(lost.exception(), Unavailable)
+    assert not waiting.drop(dropped_id)
+
+
+async def test_an_answer_completed_after_its_caller_was_cancelled_is_given_back() -> None:
+    orphans: list[str] = []
+    waiting = _session.Waiting(lambda messages: orphans.extend(m.system_properties.message_id for m in messages))
+    future = asyncio.get_running_loop().create_future()
+    request_id = waiting.add("receive", future)
+    waiting.answer(with_id(messages_frame("a"), request_id))
+    future.cancel()  # the caller's task was cancelled; the stream's reader runs before its handler drops it
+    waiting.answer(ext.SessionResponse(id=request_id, receive=ext.ReceiveMessagesResponse(status=v2.Status(code=0))))
+    assert (orphans, waiting.drop(request_id)) == (["a"], False)
+
+
+class StreamEnd(grpc.aio.AioRpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), f"ended {code.name}")
+
+
+@pytest.mark.parametrize(
+    ("code", "expected", "retriable"),
+    [
+        (None, Unavailable, True),
+        (grpc.StatusCode.UNAVAILABLE, Unavailable, True),
+        (grpc.StatusCode.CANCELLED, Unavailable, True),  # a proxy shutting down
+        (grpc.StatusCode.INTERNAL, Unavailable, True),
+        (grpc.StatusCode.UNAUTHENTICATED, Unauthorized, False),
+        (grpc.StatusCode.UNIMPLEMENTED, _session.Unimplemented, False),
+    ],
+)
+def test_how_a_stream_ended_is_what_its_requests_fail_with(code: Any, expected: type, retriable: bool) -> None:
+    error = _session.stream_error(None if code is None else StreamEnd(code), lambda e: convert(e, tls=False))
+    assert isinstance(error, expected)
+    assert getattr(error, "retriable", None) is retriable
+    if expected is Unauthorized:  # as the unary call's v2 answer would say
+        assert getattr(error, "code", None) == v2.UNAUTHORIZED
