@@ -35,15 +35,19 @@ async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> 
     r = request
     result = await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
     add = out.messages.add
+    v2 = r.v2
     for p in result.messages:
         popped = add(receipt_handle=p.handle, delivery_attempt=p.attempt, invisible_until_ms=p.invisible_until_ms)
         stored = popped.stored
+        message = stored.message
         try:
-            stored.message.MergeFromString(p.payload)
+            message.MergeFromString(p.payload)
         except DecodeError:  # damaged on disk: the others are answered, this one goes to the DLQ as it is
             del out.messages[-1]
             core.unreadable(r.topic, r.group, p.handle)
             continue
+        if not v2:  # the proxy's byte path reads it; a Pop without `v2` is answered as before
+            message.ClearField("v2_system")
         stored.queue_id = p.queue_id
         stored.offset = p.offset
         stored.store_ms = p.store_ms

@@ -41,6 +41,7 @@ from popgate_contract.errors import (
     TopicNotFound,
 )
 from popgate_contract.handles import RecallHandle
+from popgate_contract.v2wire import static_system
 
 if TYPE_CHECKING:
     from broker.transactions import Transactions
@@ -235,6 +236,7 @@ class SendPath:
             m.message_id = self.ids.next()
         if not m.born_ms:
             m.born_ms = now
+        m.v2_system = static_system(m)  # after the last change to the message: what it is stored as
         payload = m.SerializeToString()
         return NewMessage(m.topic, queue_id, now, tag, payload, fifo=bool(m.message_group), priority=m.priority)
 

@@ -50,6 +50,49 @@ def max_calls(settings: Settings) -> int:
     return settings.max_held_receives + settings.max_telemetry_streams + UNARY_CALLS
 
 
+class PassBytes:
+    """The grpc server as the generated ``add_*_to_server`` functions see it: every method they register writes a
+    ``bytes`` response as it is and serializes any other, so a handler may hand grpc frames it encoded itself (the
+    receive byte path) beside message objects — tests/unit/proxy/test_splice.py::
+    test_registered_methods_write_bytes_as_they_are_and_serialize_objects."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_PassingHandler(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._server.add_registered_method_handlers(service, {name: _passing(h) for name, h in handlers.items()})
+
+
+def _passing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    serialize = handler.response_serializer
+    if serialize is None:
+        return handler
+
+    def serializer(response: object) -> bytes:
+        return response if response.__class__ is bytes else serialize(response)
+
+    return handler._replace(response_serializer=serializer)
+
+
+class _PassingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has no types
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+        self._methods: dict[str, grpc.RpcMethodHandler] = {}  # the inner's handlers, passing (one per method)
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method: str = details.method
+        handler = self._methods.get(method)
+        if handler is None:
+            inner = self._inner.service(details)
+            if inner is None:
+                return None
+            handler = self._methods[method] = _passing(inner)
+        return handler
+
+
 def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server(
         options=[
@@ -191,9 +234,10 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         await stack.enter_async_context(reporter)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         stack.push_async_callback(servicer.close)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        passing = PassBytes(server)  # receive frames may be pre-encoded (proxy/v2/receive.py's byte path)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, passing)  # type: ignore[no-untyped-call]
         if settings.batch_receive:
-            ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), server)  # type: ignore[no-untyped-call]
+            ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), passing)  # type: ignore[no-untyped-call]
         admin = AdminService(
             brokers.pool,
             brokers.views,

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Message(_message.Message):
-    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host", "priority", "transactional")
+    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host", "priority", "transactional", "v2_system")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class Message(_message.Message):
     BORN_HOST_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
+    V2_SYSTEM_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     message_id: str
@@ -44,7 +45,8 @@ class Message(_message.Message):
     born_host: str
     priority: int
     transactional: bool
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ..., priority: _Optional[int] = ..., transactional: _Optional[bool] = ...) -> None: ...
+    v2_system: bytes
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ..., priority: _Optional[int] = ..., transactional: _Optional[bool] = ..., v2_system: _Optional[bytes] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("message", "queue_id", "offset", "store_ms")
@@ -87,20 +89,22 @@ class SendResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("topic", "group", "filter", "max_messages", "invisible_ms", "poll_ms")
+    __slots__ = ("topic", "group", "filter", "max_messages", "invisible_ms", "poll_ms", "v2")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
     POLL_MS_FIELD_NUMBER: _ClassVar[int]
+    V2_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     filter: str
     max_messages: int
     invisible_ms: int
     poll_ms: int
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., poll_ms: _Optional[int] = ...) -> None: ...
+    v2: bool
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., poll_ms: _Optional[int] = ..., v2: _Optional[bool] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
     __slots__ = ("stored", "receipt_handle", "delivery_attempt", "invisible_until_ms")

@@ -10,7 +10,8 @@ from google.protobuf.duration_pb2 import Duration
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 
-from popgate_contract import errors
+from popgate_contract import errors, v2wire
+from popgate_contract.wire import SMALL, timestamp, varint
 from proxy import validate
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
@@ -187,3 +188,49 @@ def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message
     props.queue_offset = stored.offset
     props.delivery_attempt = max(1, popped.delivery_attempt)
     return out
+
+
+# -- the byte path: a delivery spliced into the v2 encoding its broker stored (Message.v2_system) -------------
+# The Message is topic, user_properties, system_properties, body, each once: system_properties is the stored
+# bytes followed by what is per store and per delivery (store_timestamp, queue_offset, queue_id, receipt_handle,
+# delivery_attempt) under one tag and length — a single occurrence of the field, which every protobuf parser
+# reads alike (google-protobuf for JavaScript replaces a repeated embedded message where others merge it).
+# tests/unit/proxy/test_splice.py checks the bytes parse to `to_client`'s message.
+
+
+def client_parts(popped: bpb.PoppedMessage, namespace: str) -> tuple[list[bytes], int]:
+    """The v2 Message of one delivery as byte parts to join, and their total size: what `to_client` makes of
+    `popped`. Its stored system properties are computed here for a message stored without them."""
+    stored = popped.stored
+    source = stored.message
+    body = source.body
+    system = source.v2_system or v2wire.static_system(source)
+    head = v2wire.topic_field(validate.outside(namespace, source.topic) if namespace else source.topic, namespace)
+    if source.properties:
+        head += v2wire.user_properties(source.properties)
+    handle = popped.receipt_handle.encode()
+    attempt = popped.delivery_attempt
+    queue_id = stored.queue_id
+    tail = b"".join(
+        (
+            timestamp(v2wire.STORED, stored.store_ms),
+            v2wire.QUEUE_OFFSET,
+            varint(stored.offset),
+            v2wire.QUEUE_ID + varint(queue_id) if queue_id else b"",
+            v2wire.RECEIPT_HANDLE,
+            varint(len(handle)),
+            handle,
+            v2wire.DELIVERY_ATTEMPT,
+            SMALL[attempt] if 0 < attempt < 0x80 else varint(max(1, attempt)),
+        )
+    )
+    inner = len(system) + len(tail)
+    system_head = v2wire.SYSTEM + varint(inner)
+    body_head = v2wire.BODY + varint(len(body))
+    size = len(head) + len(system_head) + inner + len(body_head) + len(body)
+    return [head, system_head, system, tail, body_head, body], size
+
+
+def client_bytes(popped: bpb.PoppedMessage, namespace: str = "") -> bytes:
+    """One delivery's v2 Message encoding, by the byte path."""
+    return b"".join(client_parts(popped, namespace)[0])

@@ -22,17 +22,21 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
+from popgate_contract.wire import timestamp_ns, varint
 from proxy import validate
 from proxy.core import Proxy
 from proxy.metrics import counting
 from proxy.receive.polltime import PollLimits, poll_seconds
 from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
-from proxy.v2.convert import seconds, to_client
+from proxy.v2.convert import client_parts, seconds, to_client
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0
 BATCH_FRAME_BYTES = 1024 * 1024  # a ReceiveMessages frame holds messages up to this size (one larger alone)
+# Tags of the byte path's frames: ReceiveMessageResponse.message (2), ReceiveMessagesResponse.messages (2),
+# Messages.messages (1) and Messages.delivery_timestamp (2).
+_MESSAGE, _MESSAGES, _MESSAGES_ITEM, _MESSAGES_TIMESTAMP = b"\x12", b"\x12", b"\x0a", b"\x12"
 
 
 def build_request(call: Call, request: pb.ReceiveMessageRequest) -> ReceiveRequest:
@@ -104,9 +108,13 @@ class V2Framing:
 
     def frame(
         self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
-    ) -> pb.ReceiveMessageResponse:
+    ) -> pb.ReceiveMessageResponse | bytes:
+        popped = messages[indexes.start]
+        if popped.stored.message.v2_system:  # the byte path (a broker that stores v2_system): bytes
+            parts, size = client_parts(popped, namespace)
+            return b"".join((_MESSAGE, varint(size), *parts))
         frame = pb.ReceiveMessageResponse()
-        to_client(messages[indexes.start], namespace=namespace, out=frame.message)
+        to_client(popped, namespace=namespace, out=frame.message)
         return frame
 
 
@@ -137,7 +145,9 @@ class BatchFraming:
 
     def frame(
         self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
-    ) -> ext.ReceiveMessagesResponse:
+    ) -> ext.ReceiveMessagesResponse | bytes:
+        if messages[indexes.start].stored.message.v2_system:  # the byte path
+            return self._frame_bytes(messages, indexes, first, namespace)
         frame = ext.ReceiveMessagesResponse()
         batch = frame.messages
         if first:
@@ -146,6 +156,23 @@ class BatchFraming:
         for i in indexes:
             to_client(messages[i], namespace=namespace, out=add())
         return frame
+
+    @staticmethod
+    def _frame_bytes(messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> bytes:
+        """The byte path: ReceiveMessagesResponse{messages: Messages{messages..., delivery_timestamp}} as bytes."""
+        parts: list[bytes] = []
+        size = 0
+        for i in indexes:
+            message, length = client_parts(messages[i], namespace)
+            head = _MESSAGES_ITEM + varint(length)
+            parts.append(head)
+            parts.extend(message)
+            size += len(head) + length
+        if first:
+            stamp = timestamp_ns(_MESSAGES_TIMESTAMP, time.time_ns())
+            parts.append(stamp)
+            size += len(stamp)
+        return b"".join((_MESSAGES, varint(size), *parts))
 
 
 V2 = V2Framing()
