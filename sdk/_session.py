@@ -26,7 +26,10 @@ log = logging.getLogger(__name__)
 
 METHOD = "/popgate.ext.v1.Messaging/Session"
 # SessionRequest's fields (proto/ext/messaging.proto): a request is encoded by hand around its serialized body.
-ID, TIMEOUT_MS, CANCEL = 1, 2, 3
+ID, TIMEOUT_MS, CANCEL, MORE = 1, 2, 3, 15
+# The writer sends the requests queued when it gets to them as one stream message (`more`), up to this many bytes:
+# grpc costs tens of µs a message on each side, whatever its size.
+MAX_WRITE_BYTES = 1024 * 1024
 KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7}
 RESPONSES: dict[str, Callable[..., Any]] = {
     "send": pb.SendMessageResponse,
@@ -67,6 +70,13 @@ def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0) -> byte
 
 def encode_cancel(request_id: int) -> bytes:
     return b"\x08" + varint(request_id) + b"\x18\x01"
+
+
+def join(first: bytes, more: list[bytes]) -> bytes:
+    """One SessionRequest carrying `first` and then `more` (each an encoded request) —
+    tests/unit/sdk/test_session.py::test_requests_joined_in_one_message_read_as_each_in_order."""
+    tag = varint(MORE << 3 | 2)
+    return first + b"".join(tag + varint(len(request)) + request for request in more)
 
 
 class Waiting:
@@ -211,13 +221,24 @@ class Session:
     async def _write(self) -> None:
         with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
             while (frame := await self._outbox.get()) is not None:
-                await self._call.write(frame)
+                more: list[bytes] = []
+                size = len(frame)
+                while size < MAX_WRITE_BYTES and not self._outbox.empty():
+                    queued = self._outbox.get_nowait()
+                    if queued is None:
+                        self._outbox.put_nowait(None)  # the end, seen again after this write
+                        break
+                    more.append(queued)
+                    size += len(queued)
+                await self._call.write(join(frame, more) if more else frame)
 
     async def _read(self) -> None:
         ended: grpc.aio.AioRpcError | None = None
         try:
             while (response := await self._call.read()) is not grpc.aio.EOF:
                 self._waiting.answer(response)
+                for more in response.more:
+                    self._waiting.answer(more)
         except grpc.aio.AioRpcError as exc:
             ended = exc
         finally:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -36,6 +37,9 @@ MAX_PENDING = 4096
 # requests until half of it is written (HTTP/2 flow control then holds the client back).
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 WRITER_DRAIN_S = 5.0  # at the stream's end, the answers queued are written for this long at most
+# The writer sends the answers queued when it gets to them as one stream message (`more`), up to this many bytes:
+# grpc costs tens of µs a message on each side, whatever its size.
+MAX_WRITE_BYTES = 1024 * 1024
 
 
 class RequestContext:
@@ -182,21 +186,58 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _gather(session: Session, first: tuple[ext.SessionResponse, int, asyncio.Future[None] | None]) -> _Write:
+    """`first` and the answers queued behind it, up to MAX_WRITE_BYTES, as one stream message;
+    answers of receives cancelled meanwhile are dropped (their receive gave the messages back)."""
+    out: ext.SessionResponse | None = None
+    size = 0
+    written: list[asyncio.Future[None]] = []
+    item: tuple[ext.SessionResponse, int, asyncio.Future[None] | None] | None = first
+    while item is not None:
+        response, item_size, future = item
+        size += item_size
+        if future is None or not future.cancelled():
+            if out is None:
+                out = response
+            else:
+                out.more.append(response)
+            if future is not None:
+                written.append(future)
+        if size >= MAX_WRITE_BYTES or session.outbox.empty():
+            break
+        item = session.outbox.get_nowait()
+        if item is None:
+            session.outbox.put_nowait(None)  # the end marker, seen again after this write
+            break
+    return _Write(out, size, written)
+
+
+@dataclass(slots=True)
+class _Write:
+    response: ext.SessionResponse | None  # None: every answer gathered was dropped
+    size: int
+    written: list[asyncio.Future[None]]
+
+
 async def _write(session: Session, context: Any) -> None:
     while (item := await session.outbox.get()) is not None:
-        response, size, written = item
-        if written is not None and written.cancelled():  # its receive was cancelled: it gave the messages back
-            session.written(size)
-            continue
-        await context.write(response)
-        session.written(size)
-        if written is not None and not written.done():
-            written.set_result(None)
+        batch = _gather(session, item)
+        if batch.response is not None:
+            await context.write(batch.response)
+        session.written(batch.size)
+        for future in batch.written:
+            if not future.done():
+                future.set_result(None)
 
 
 async def _read(session: Session, requests: AsyncIterator[ext.SessionRequest]) -> None:
     async for request in requests:
         session.dispatch(request)
+        for more in request.more:
+            if more.more:  # one level: a client that nests them is refused, its nested requests unanswered
+                session.answer(refusal(more.id, None, errors.BadRequest("session: `more` inside `more`")))
+            else:
+                session.dispatch(more)
         if session.outbox_bytes > MAX_OUTBOX_BYTES:
             # The client reads its answers slower than it asks: read none of its requests until they fit again.
             await session.room.wait()

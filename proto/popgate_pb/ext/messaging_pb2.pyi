@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible")
+    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class SessionRequest(_message.Message):
     RECEIVE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     timeout_ms: int
     cancel: bool
@@ -27,23 +28,26 @@ class SessionRequest(_message.Message):
     receive: _service_pb2.ReceiveMessageRequest
     ack: _service_pb2.AckMessageRequest
     change_invisible: _service_pb2.ChangeInvisibleDurationRequest
-    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[SessionRequest]
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("id", "status", "send", "receive", "ack", "change_invisible")
+    __slots__ = ("id", "status", "send", "receive", "ack", "change_invisible", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: _definition_pb2.Status
     send: _service_pb2.SendMessageResponse
     receive: ReceiveMessagesResponse
     ack: _service_pb2.AckMessageResponse
     change_invisible: _service_pb2.ChangeInvisibleDurationResponse
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., send: _Optional[_Union[_service_pb2.SendMessageResponse, _Mapping]] = ..., receive: _Optional[_Union[ReceiveMessagesResponse, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationResponse, _Mapping]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[SessionResponse]
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., send: _Optional[_Union[_service_pb2.SendMessageResponse, _Mapping]] = ..., receive: _Optional[_Union[ReceiveMessagesResponse, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...
 
 class ReceiveMessagesResponse(_message.Message):
     __slots__ = ("status", "messages")

@@ -39,6 +39,11 @@ class StreamContext:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.metadata
 
+    @property
+    def answers(self) -> list[ext.SessionResponse]:
+        """Every answer written, in order: several may share one stream message (`more`)."""
+        return [answer for message in self.written for answer in (message, *message.more)]
+
     async def write(self, response: ext.SessionResponse) -> None:
         self.written.append(response)
 
@@ -82,7 +87,7 @@ async def serve_until(
     done = asyncio.Event()
     task = asyncio.ensure_future(session.serve(service, stream(*requests, until=done), context))
     for _ in range(200):
-        if len(context.written) >= answers:
+        if len(context.answers) >= answers:
             break
         await asyncio.sleep(0.01)
     done.set()
@@ -94,7 +99,7 @@ async def test_a_request_without_a_body_is_answered_with_a_status_and_the_stream
     context = StreamContext()
     requests = [ext.SessionRequest(id=1), ext.SessionRequest(id=2, timeout_ms=3000, send=send_request())]
     await serve_until(context, service, requests, answers=2)
-    by_id = {r.id: r for r in context.written}
+    by_id = {r.id: r for r in context.answers}
     assert by_id[1].status.code == v2.BAD_REQUEST
     assert (by_id[2].WhichOneof("body"), by_id[2].send.status.code) == ("send", v2.OK)
     labels = {"method": "SendMessage", "code": "OK"}  # the unary RPC's metric
@@ -107,10 +112,10 @@ async def test_a_receive_is_answered_with_its_messages_then_its_status() -> None
     service, _ = service_over(broker)
     context = StreamContext()
     await serve_until(context, service, [ext.SessionRequest(id=7, timeout_ms=3000, receive=receive_request())], 2)
-    kinds = [(r.id, r.receive.WhichOneof("content")) for r in context.written]
+    kinds = [(r.id, r.receive.WhichOneof("content")) for r in context.answers]
     assert kinds == [(7, "messages"), (7, "status")]
-    assert [m.system_properties.message_id for m in context.written[0].receive.messages.messages] == ["m1", "m2"]
-    assert context.written[1].receive.status.code == v2.OK
+    assert [m.system_properties.message_id for m in context.answers[0].receive.messages.messages] == ["m1", "m2"]
+    assert context.answers[1].receive.status.code == v2.OK
 
 
 async def test_a_bad_receive_is_answered_with_its_v2_status() -> None:
@@ -119,7 +124,7 @@ async def test_a_bad_receive_is_answered_with_its_v2_status() -> None:
     bad = receive_request()
     bad.batch_size = 0
     await serve_until(context, service, [ext.SessionRequest(id=3, receive=bad)], 1)
-    [answer] = context.written
+    [answer] = context.answers
     assert (answer.id, answer.receive.status.code) == (3, v2.BAD_REQUEST)
 
 
@@ -144,3 +149,16 @@ def test_a_refusal_is_its_kinds_answer_or_a_bare_status() -> None:
     unknown = session.refusal(5, None, errors.BadRequest("what"))
     assert (busy.id, busy.ack.status.code) == (4, v2.TOO_MANY_REQUESTS)
     assert (unknown.id, unknown.status.code) == (5, v2.BAD_REQUEST)
+
+
+async def test_requests_in_one_message_are_each_answered_and_answers_queued_together_share_one() -> None:
+    service, _ = service_over(FakeBroker("b1"))
+    context = StreamContext()
+    first = ext.SessionRequest(id=1, timeout_ms=3000, send=send_request())
+    first.more.extend([ext.SessionRequest(id=2), ext.SessionRequest(id=3, timeout_ms=3000, send=send_request())])
+    nested = first.more.add(id=4)
+    nested.more.add(id=5)
+    await serve_until(context, service, [first], answers=4)
+    assert sorted(a.id for a in context.answers) == [1, 2, 3, 4]
+    assert {a.id: a.WhichOneof("body") for a in context.answers} == {1: "send", 2: "status", 3: "send", 4: "status"}
+    assert len(context.written) < len(context.answers)  # the refusals, queued at once, went out in one message

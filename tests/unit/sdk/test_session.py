@@ -26,6 +26,15 @@ def test_a_hand_encoded_request_reads_as_the_generated_message() -> None:
     assert empty.WhichOneof("body") == "receive"  # an empty body is still a request of its kind
 
 
+def test_requests_joined_in_one_message_read_as_each_in_order() -> None:
+    ack = pb.AckMessageRequest(group=v2.Resource(name="g"))
+    encoded = [_session.encode(7, "ack", ack.SerializeToString(), 100), _session.encode_cancel(3)]
+    encoded.append(_session.encode(8, "receive", b""))
+    joined = ext.SessionRequest.FromString(_session.join(encoded[0], encoded[1:]))
+    assert [(r.id, r.WhichOneof("body")) for r in (joined, *joined.more)] == [(7, "ack"), (3, "cancel"), (8, "receive")]
+    assert joined.ack == ack and not joined.more[0].more
+
+
 def messages_frame(*ids: str) -> ext.SessionResponse:
     messages = [v2.Message(system_properties=v2.SystemProperties(message_id=i)) for i in ids]
     return ext.SessionResponse(receive=ext.ReceiveMessagesResponse(messages=ext.Messages(messages=messages)))
