@@ -20,6 +20,8 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from popgate_contract.wire import varint
+
 from . import errors
 
 log = logging.getLogger(__name__)
@@ -48,15 +50,6 @@ REFUSED = {
 
 class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0) -> bytes:

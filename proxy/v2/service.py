@@ -68,6 +68,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._recall = functools.partial(producer.recall_message, self._producer)
         self._end_transaction = functools.partial(producer.end_transaction, self._producer)
 
+    @property
+    def closing(self) -> asyncio.Event:
+        """Set when the proxy stops: held receives answer at once, streams end."""
+        return self._proxy.closing
+
     async def close(self) -> None:
         """Stop the GZIP inflation threads (a conversion already running finishes; none waits for it) and the
         transaction checks (their task has ended when this returns)."""

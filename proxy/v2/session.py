@@ -22,6 +22,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from popgate_contract.codes import status_of
+from popgate_contract.wire import field, varint
 from proxy.auth import Account, Authenticator
 from proxy.v2 import access, receive
 
@@ -37,6 +38,7 @@ MAX_PENDING = 4096
 # requests until half of it is written (HTTP/2 flow control then holds the client back).
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 WRITER_DRAIN_S = 5.0  # at the stream's end, the answers queued are written for this long at most
+SETTLE_S = 5.0  # a stopping proxy waits this long at most for a stream's requests in progress
 # The writer sends the answers queued when it gets to them as one stream message (`more`), up to this many bytes:
 # grpc costs tens of µs a message on each side, whatever its size.
 MAX_WRITE_BYTES = 1024 * 1024
@@ -73,20 +75,41 @@ class StreamAccount(Authenticator):
         return self._account
 
 
-def _body(message: ext.SessionRequest | ext.SessionResponse, kind: str) -> Any:
+# SessionResponse's fields (proto/ext/messaging.proto): answers are encoded by hand around their serialized body,
+# which a receive's message frames already are (grpc writes bytes as they are: proxy/server.py's PassBytes).
+_ID = b"\x08"
+_BODY = {"status": b"\x12", "send": b"\x22", "receive": b"\x2a", "ack": b"\x32", "change_invisible": b"\x3a"}
+_MORE = b"\x7a"
+_RESPONSES: dict[str, Callable[..., Any]] = {
+    "send": pb.SendMessageResponse,
+    "receive": ext.ReceiveMessagesResponse,
+    "ack": pb.AckMessageResponse,
+    "change_invisible": pb.ChangeInvisibleDurationResponse,
+}
+
+
+def _body(message: ext.SessionRequest, kind: str) -> Any:
     return getattr(message, kind)
 
 
-def refusal(request_id: int, kind: str | None, error: errors.DomainError) -> ext.SessionResponse:
+def encoded(request_id: int, kind: str, body: bytes) -> bytes:
+    """The SessionResponse answering `request_id` with `body` (a serialized answer of `kind`) —
+    tests/unit/proxy/test_session.py::test_hand_encoded_answers_read_as_the_generated_message."""
+    return _ID + varint(request_id) + field(_BODY[kind], body)
+
+
+def joined(first: bytes, more: list[bytes]) -> bytes:
+    """One stream message: the answer `first`, then `more` (each an encoded answer) in its ``more`` field."""
+    return first + b"".join(field(_MORE, answer) for answer in more)
+
+
+def refusal(request_id: int, kind: str | None, error: errors.DomainError) -> bytes:
     """The answer to a request refused before its handler: its kind's response with the v2 status of `error`,
     or a bare ``status`` when its kind is unknown."""
-    response = ext.SessionResponse(id=request_id)
     status = status_of(error)
     if kind is None:
-        response.status.CopyFrom(status)
-    else:
-        _body(response, kind).status.CopyFrom(status)
-    return response
+        return encoded(request_id, "status", status.SerializeToString())
+    return encoded(request_id, kind, _RESPONSES[kind](status=status).SerializeToString())
 
 
 class Session:
@@ -104,17 +127,16 @@ class Session:
         }
         self.pending: dict[int, asyncio.Task[None]] = {}
         # Answers with their size and, for a receive's frames, the future the writer resolves once grpc took it.
-        self.outbox: asyncio.Queue[tuple[ext.SessionResponse, int, asyncio.Future[None] | None] | None]
+        self.outbox: asyncio.Queue[tuple[bytes, asyncio.Future[None] | None] | None]
         self.outbox = asyncio.Queue()
         self.outbox_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
         self._loop = asyncio.get_running_loop()
 
-    def answer(self, response: ext.SessionResponse, written: asyncio.Future[None] | None = None) -> None:
-        size = response.ByteSize()
-        self.outbox_bytes += size
-        self.outbox.put_nowait((response, size, written))
+    def answer(self, response: bytes, written: asyncio.Future[None] | None = None) -> None:
+        self.outbox_bytes += len(response)
+        self.outbox.put_nowait((response, written))
         if self.outbox_bytes > MAX_OUTBOX_BYTES:
             self.room.clear()
 
@@ -155,9 +177,7 @@ class Session:
 
     async def _unary(self, request_id: int, kind: str, request: Any, context: RequestContext) -> None:
         answer = await self.unary[kind](request, context, self.account)
-        response = ext.SessionResponse(id=request_id)
-        _body(response, kind).CopyFrom(answer)
-        self.answer(response)
+        self.answer(encoded(request_id, kind, answer.SerializeToString()))
 
     async def _receive(self, request_id: int, request: pb.ReceiveMessageRequest, context: RequestContext) -> None:
         frames = self.service.ReceiveMessage(
@@ -169,13 +189,9 @@ class Session:
         # tests/integration/sdk/test_session.py::test_a_stream_closed_mid_receive_gives_its_messages_back.
         async with contextlib.aclosing(frames):
             async for frame in frames:
-                response = ext.SessionResponse(id=request_id)
-                if isinstance(frame, bytes):
-                    response.receive.MergeFromString(frame)
-                else:
-                    response.receive.CopyFrom(frame)
+                body = frame if isinstance(frame, bytes) else frame.SerializeToString()
                 written = self._loop.create_future()
-                self.answer(response, written)
+                self.answer(encoded(request_id, "receive", body), written)
                 await written
 
     async def close(self) -> None:
@@ -186,21 +202,18 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _gather(session: Session, first: tuple[ext.SessionResponse, int, asyncio.Future[None] | None]) -> _Write:
-    """`first` and the answers queued behind it, up to MAX_WRITE_BYTES, as one stream message;
-    answers of receives cancelled meanwhile are dropped (their receive gave the messages back)."""
-    out: ext.SessionResponse | None = None
+def _gather(session: Session, first: tuple[bytes, asyncio.Future[None] | None]) -> _Write:
+    """`first` and the answers queued behind it, up to MAX_WRITE_BYTES, as one stream message; answers of receives
+    cancelled meanwhile are dropped (their receive gave the messages back)."""
+    answers: list[bytes] = []
     size = 0
     written: list[asyncio.Future[None]] = []
-    item: tuple[ext.SessionResponse, int, asyncio.Future[None] | None] | None = first
+    item: tuple[bytes, asyncio.Future[None] | None] | None = first
     while item is not None:
-        response, item_size, future = item
-        size += item_size
+        response, future = item
+        size += len(response)
         if future is None or not future.cancelled():
-            if out is None:
-                out = response
-            else:
-                out.more.append(response)
+            answers.append(response)
             if future is not None:
                 written.append(future)
         if size >= MAX_WRITE_BYTES or session.outbox.empty():
@@ -209,12 +222,13 @@ def _gather(session: Session, first: tuple[ext.SessionResponse, int, asyncio.Fut
         if item is None:
             session.outbox.put_nowait(None)  # the end marker, seen again after this write
             break
-    return _Write(out, size, written)
+    message = joined(answers[0], answers[1:]) if answers else None
+    return _Write(message, size, written)
 
 
 @dataclass(slots=True)
 class _Write:
-    response: ext.SessionResponse | None  # None: every answer gathered was dropped
+    message: bytes | None  # None: every answer gathered was dropped
     size: int
     written: list[asyncio.Future[None]]
 
@@ -222,8 +236,8 @@ class _Write:
 async def _write(session: Session, context: Any) -> None:
     while (item := await session.outbox.get()) is not None:
         batch = _gather(session, item)
-        if batch.response is not None:
-            await context.write(batch.response)
+        if batch.message is not None:
+            await context.write(batch.message)
         session.written(batch.size)
         for future in batch.written:
             if not future.done():
@@ -261,10 +275,19 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
     loop = asyncio.get_running_loop()
     writer = loop.create_task(_write(session, context))
     reader = loop.create_task(_read(session, requests))
+    stopping = loop.create_task(service.closing.wait())
     try:
-        # Ends when the client ends its side or goes away, or when a write fails (the stream is lost).
-        await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
+        # Ends when the client ends its side or goes away, when a write fails (the stream is lost), or when the
+        # proxy stops: then it reads no more requests (the client's next ones go to a new stream, refused here or
+        # served elsewhere, rather than to a proxy answering every receive empty at once) and ends once those it
+        # took are answered (held receives answer at once) — test_session.py::test_a_stopping_proxy_ends_its_streams.
+        await asyncio.wait((reader, writer, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done() and not reader.done():
+            reader.cancel()
+            if session.pending:
+                await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
     finally:
+        stopping.cancel()
         reader.cancel()
         # Nothing pending on a stream survives it: receives cut off give their messages back.
         await session.close()

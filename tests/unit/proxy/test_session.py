@@ -44,8 +44,9 @@ class StreamContext:
         """Every answer written, in order: several may share one stream message (`more`)."""
         return [answer for message in self.written for answer in (message, *message.more)]
 
-    async def write(self, response: ext.SessionResponse) -> None:
-        self.written.append(response)
+    async def write(self, message: bytes) -> None:
+        """As grpc writes it: bytes as they are (proxy/server.py's PassBytes)."""
+        self.written.append(ext.SessionResponse.FromString(message))
 
     async def abort(self, code: Any, details: str) -> None:
         self.aborted = (code, details)
@@ -142,11 +143,20 @@ async def test_a_wrong_signature_refuses_the_stream_before_any_request() -> None
     assert context.written == []
 
 
+def test_hand_encoded_answers_read_as_the_generated_message() -> None:
+    frames = ext.ReceiveMessagesResponse(messages=ext.Messages(messages=[v2.Message(body=b"x" * 300)]))
+    first = session.encoded(2**33, "receive", frames.SerializeToString())
+    message = ext.SessionResponse.FromString(session.joined(first, [session.encoded(0, "send", b""), first]))
+    assert message.id == 2**33 and message.receive == frames
+    assert [(a.id, a.WhichOneof("body")) for a in message.more] == [(0, "send"), (2**33, "receive")]
+    assert message.more[0].send == pb.SendMessageResponse()  # an empty answer is still one of its kind
+
+
 def test_a_refusal_is_its_kinds_answer_or_a_bare_status() -> None:
     from popgate_contract import errors
 
-    busy = session.refusal(4, "ack", errors.TooManyRequests("full"))
-    unknown = session.refusal(5, None, errors.BadRequest("what"))
+    busy = ext.SessionResponse.FromString(session.refusal(4, "ack", errors.TooManyRequests("full")))
+    unknown = ext.SessionResponse.FromString(session.refusal(5, None, errors.BadRequest("what")))
     assert (busy.id, busy.ack.status.code) == (4, v2.TOO_MANY_REQUESTS)
     assert (unknown.id, unknown.status.code) == (5, v2.BAD_REQUEST)
 
@@ -162,3 +172,21 @@ async def test_requests_in_one_message_are_each_answered_and_answers_queued_toge
     assert sorted(a.id for a in context.answers) == [1, 2, 3, 4]
     assert {a.id: a.WhichOneof("body") for a in context.answers} == {1: "send", 2: "status", 3: "send", 4: "status"}
     assert len(context.written) < len(context.answers)  # the refusals, queued at once, went out in one message
+
+
+async def test_a_stopping_proxy_ends_its_streams() -> None:
+    """Its held receives answered (empty) first; the client's next requests go to a new stream."""
+    broker = FakeBroker("b1")
+    service, _ = service_over(broker)
+    context = StreamContext()
+    never = asyncio.Event()
+    held = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
+    stream_task = asyncio.ensure_future(session.serve(service, stream(held, until=never), context))
+    async with asyncio.timeout(5):
+        while not broker.held:  # held: nothing to receive
+            await broker.changed.wait()
+    assert not stream_task.done()
+    service.closing.set()  # what Proxy.close() does
+    await asyncio.wait_for(stream_task, 5)
+    [answer] = context.answers
+    assert (answer.id, answer.receive.status.code) == (1, v2.MESSAGE_NOT_FOUND)
