@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -190,3 +191,14 @@ async def test_a_stopping_proxy_ends_its_streams() -> None:
     await asyncio.wait_for(stream_task, 5)
     [answer] = context.answers
     assert (answer.id, answer.receive.status.code) == (1, v2.MESSAGE_NOT_FOUND)
+
+
+async def test_requests_past_the_streams_bound_are_answered_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session, "MAX_PENDING", 1)
+    service, _ = service_over(FakeBroker("b1"))
+    context = StreamContext()
+    held = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
+    over = ext.SessionRequest(id=2, timeout_ms=3000, send=send_request())
+    await serve_until(context, service, [held, over], answers=1)
+    [answer] = context.answers  # the held receive ended with the stream, unanswered
+    assert (answer.id, answer.send.status.code) == (2, v2.TOO_MANY_REQUESTS)
