@@ -103,8 +103,13 @@ class Waiting:
         kind, future, frames = entry
         if body == "status":  # refused before the proxy knew its kind: the kind's answer with that status
             answer = RESPONSES[kind](status=response.status)
-        else:
-            answer = getattr(response, body) if body is not None else RESPONSES[kind]()
+        elif body == kind:
+            answer = getattr(response, body)
+        else:  # an answer of another kind (or none): the proxy's mistake, this request's error alone
+            self.drop(response.id)
+            if not future.done():
+                future.set_exception(errors.ServerError(f"session: a {body} answer to a {kind} request"))
+            return
         if kind == "receive":
             frames.append(answer)
             if answer.WhichOneof("content") != "status":

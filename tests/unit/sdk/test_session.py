@@ -11,7 +11,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Unauthorized, Unavailable, _session
+from popgate import ServerError, Unauthorized, Unavailable, _session
 from popgate._transport import convert
 
 
@@ -70,6 +70,17 @@ async def test_a_bare_status_answers_as_the_requests_own_kind() -> None:
     assert send.result().status.code == v2.TOO_MANY_REQUESTS
     [frame] = receive.result()
     assert frame.status.code == v2.TOO_MANY_REQUESTS
+
+
+async def test_an_answer_of_another_kind_fails_its_request_alone() -> None:
+    loop = asyncio.get_running_loop()
+    waiting = _session.Waiting()
+    receive, ack = loop.create_future(), loop.create_future()
+    receive_id, ack_id = waiting.add("receive", receive), waiting.add("ack", ack)
+    waiting.answer(ext.SessionResponse(id=receive_id, send=pb.SendMessageResponse()))
+    waiting.answer(ext.SessionResponse(id=ack_id))  # no body at all
+    assert isinstance(receive.exception(), ServerError) and isinstance(ack.exception(), ServerError)
+    assert len(waiting) == 0
 
 
 async def test_messages_nobody_waits_for_are_handed_to_be_given_back() -> None:
