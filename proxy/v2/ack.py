@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -27,16 +29,19 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
     metrics = counting(call.proxy.metrics)
     if metrics is not None:
         metrics.acked(topic, group, outcome)
-    entries = []
+    response = pb.AckMessageResponse()
+    add = response.entries.add  # built in place: an entry built apart is copied into the response
     for entry, error in zip(request.entries, outcome, strict=True):
-        status = OK if error is None else status_of(error)
-        entries.append(
-            pb.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status)
-        )
-    return pb.AckMessageResponse(status=_overall(entries), entries=entries)
+        status = add(message_id=entry.message_id, receipt_handle=entry.receipt_handle).status
+        if error is None:
+            status.code, status.message = v2.OK, "OK"  # cheaper than copying OK into each entry
+        else:
+            status.CopyFrom(status_of(error))
+    response.status.CopyFrom(OK if all(error is None for error in outcome) else _overall(response.entries))
+    return response
 
 
-def _overall(entries: list[pb.AckMessageResultEntry]) -> v2.Status:
+def _overall(entries: Sequence[pb.AckMessageResultEntry]) -> v2.Status:
     """OK when all acked; the shared error when all failed alike; else MULTIPLE_RESULTS.
 
     Never MESSAGE_NOT_FOUND: the official client takes that for success.
