@@ -90,9 +90,11 @@ async def scan_queue(
 
 def _decoded(payload: bytes) -> pb.Message | None:
     try:
-        return pb.Message.FromString(payload)
+        message = pb.Message.FromString(payload)
     except DecodeError:  # damaged on disk: not a match
         return None
+    message.ClearField("v2_system")  # the proxy's byte path's alone: not in admin answers (test_v2_system.py)
+    return message
 
 
 async def query(
