@@ -6,6 +6,8 @@ Two framings of one answer (`Framing`), the same receive behind both:
 - popgate's ``ReceiveMessages`` (proto/ext/messaging.proto): ``messages`` frames of up to `BATCH_FRAME_BYTES` of
   messages each (the first with the delivery timestamp), then ``status`` OK.
 An empty poll is a single ``status`` MESSAGE_NOT_FOUND; an error is a single ``status`` with the error's code.
+Message frames are bytes, spliced from what the broker stored (docs/BROKER.md, "Pop answers for the v2 byte path");
+the other frames are objects (proxy/server.py's PassBytes writes both).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class Framing(Protocol):
         """The messages of each frame, in order (computed at once: nothing refers to a message meanwhile)."""
 
     def frame(self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> Any:
-        """The frame of `messages[indexes]`, built in place (no copy of a message after)."""
+        """The frame of `messages[indexes]`: its bytes when its broker stored the v2 system properties (the byte
+        path, proxy.v2.convert.client_parts), else an object built in place (no copy of a message after)."""
 
 
 class V2Framing:
@@ -110,7 +113,7 @@ class V2Framing:
         self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
     ) -> pb.ReceiveMessageResponse | bytes:
         popped = messages[indexes.start]
-        if popped.stored.message.v2_system:  # the byte path (a broker that stores v2_system): bytes
+        if popped.stored.message.v2_system:  # the byte path
             parts, size = client_parts(popped, namespace)
             return b"".join((_MESSAGE, varint(size), *parts))
         frame = pb.ReceiveMessageResponse()
