@@ -23,6 +23,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract.wire import varint
 
 from . import errors
+from ._transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,36 @@ def join(first: bytes, more: list[bytes]) -> bytes:
     tests/unit/sdk/test_session.py::test_requests_joined_in_one_message_read_as_each_in_order."""
     tag = varint(MORE << 3 | 2)
     return first + b"".join(tag + varint(len(request)) + request for request in more)
+
+
+def with_queued(first: bytes, outbox: Any) -> tuple[bytes, bytes | None]:
+    """`first` and the requests queued behind it in `outbox` as one message of at most MAX_WRITE_BYTES (or `first`
+    alone), and the request taken that did not fit (to go first in the next message); the end marker (None), if
+    met, is queued again to be seen after this message."""
+    more: list[bytes] = []
+    size = len(first)
+    while not outbox.empty():
+        queued = outbox.get_nowait()
+        if queued is None:
+            outbox.put_nowait(None)
+            break
+        if size + len(queued) + 16 > MAX_WRITE_BYTES:
+            return (join(first, more) if more else first), queued
+        more.append(queued)
+        size += len(queued) + 16
+    return (join(first, more) if more else first), None
+
+
+def encoded(request_id: int, kind: str, body: Any, within_s: float) -> bytes:
+    """The SessionRequest for `body`; MessageBodyTooLarge (not retried, nothing sent) past gRPC's message limit,
+    as the unary call fails: sent, it would end the stream for every request on it."""
+    data = encode(request_id, kind, body.SerializeToString(), int(within_s * 1000))
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise errors.MessageBodyTooLarge(
+            f"a {kind} request of {len(data)} bytes is larger than the gRPC message limit ({MAX_MESSAGE_BYTES})",
+            code_name="RESOURCE_EXHAUSTED",
+        )
+    return data
 
 
 class Waiting:
@@ -196,7 +227,12 @@ class Session:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         request_id = self._waiting.add(kind, future)
-        self._outbox.put_nowait(encode(request_id, kind, body.SerializeToString(), int(within_s * 1000)))
+        try:
+            data = encoded(request_id, kind, body, within_s)
+        except errors.PopgateError:
+            self._waiting.drop(request_id)
+            raise
+        self._outbox.put_nowait(data)
         timer = loop.call_later(within_s, self._timed_out, request_id, future, within_s)
         try:
             return await future
@@ -218,17 +254,11 @@ class Session:
 
     async def _write(self) -> None:
         with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
-            while (frame := await self._outbox.get()) is not None:
-                more: list[bytes] = []
-                size = len(frame)
-                while size < MAX_WRITE_BYTES and not self._outbox.empty():
-                    queued = self._outbox.get_nowait()
-                    if queued is None:
-                        self._outbox.put_nowait(None)  # the end, seen again after this write
-                        break
-                    more.append(queued)
-                    size += len(queued)
-                await self._call.write(join(frame, more) if more else frame)
+            frame = await self._outbox.get()
+            while frame is not None:
+                message, carried = with_queued(frame, self._outbox)
+                await self._call.write(message)
+                frame = carried if carried is not None else await self._outbox.get()
 
     async def _read(self) -> None:
         ended: grpc.aio.AioRpcError | None = None

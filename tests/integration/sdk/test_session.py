@@ -15,7 +15,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, Unauthorized, aio
+from popgate import Message, MessageBodyTooLarge, Unauthorized, aio
 from popgate._session import METHOD
 from popgate.cli.cluster import Cluster
 from tests.integration.sdk.conftest import name
@@ -57,6 +57,17 @@ async def test_sends_receives_acks_and_nacks_take_the_stream_or_the_unary_calls(
         served = (producer._session_served, consumer._session_served)
     assert served == ((True, True) if path == "session" else (False, False))
     assert (first.attempt, again[0].message_id, again[0].attempt) == (1, late[0].message_id, 2)
+
+
+async def test_a_body_over_the_grpc_limit_is_too_large_and_the_stream_serves_on(endpoint: str) -> None:
+    topic = name("t")
+    async with aio.Producer(endpoint) as producer:
+        await producer.send(topic, b"first")  # the stream is open
+        with pytest.raises(MessageBodyTooLarge) as caught:
+            await producer.send(topic, b"x" * (64 * 1024 * 1024 + 1))  # as the unary call is refused by gRPC
+        await producer.send(topic, b"after")
+        served = producer._session_served
+    assert (caught.value.code_name, caught.value.retriable, served) == ("RESOURCE_EXHAUSTED", False, True)
 
 
 def session_call(target: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[grpc.aio.Channel, object]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 from typing import Any
 
 import grpc
@@ -11,7 +12,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import ServerError, Unauthorized, Unavailable, _session
+from popgate import MessageBodyTooLarge, ServerError, Unauthorized, Unavailable, _session
 from popgate._transport import convert
 
 
@@ -132,3 +133,21 @@ def test_how_a_stream_ended_is_what_its_requests_fail_with(code: Any, expected: 
     assert getattr(error, "retriable", None) is retriable
     if expected is Unauthorized:  # as the unary call's v2 answer would say
         assert getattr(error, "code", None) == v2.UNAUTHORIZED
+
+
+def test_requests_queued_together_are_joined_up_to_the_write_limit() -> None:
+    outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    big = b"x" * (_session.MAX_WRITE_BYTES // 2)
+    for item in (b"small", big, None):
+        outbox.put(item)
+    first, carried = _session.with_queued(big, outbox)
+    assert (first, carried) == (_session.join(big, [b"small"]), big)  # the second big one did not fit
+    second, carried = _session.with_queued(carried, outbox)
+    assert (second, carried, outbox.get()) == (big, None, None)  # the end marker queued again
+
+
+def test_a_request_over_the_grpc_limit_is_too_large_and_never_sent() -> None:
+    huge = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (64 * 1024 * 1024))])
+    with pytest.raises(MessageBodyTooLarge) as caught:
+        _session.encoded(1, "send", huge, 3.0)
+    assert not caught.value.retriable
