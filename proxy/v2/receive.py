@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from popgate_pb import broker_pb2 as bpb
@@ -123,10 +124,14 @@ class V2Framing:
 
 class BatchFraming:
     """popgate.ext.v1 ReceiveMessages: many messages per frame, up to `max_bytes` of bodies each (at least one) —
-    tests/unit/proxy/test_batch_framing.py::test_batch_frames_hold_messages_up_to_their_size_and_a_larger_one_alone."""
+    tests/unit/proxy/test_batch_framing.py::test_batch_frames_hold_messages_up_to_their_size_and_a_larger_one_alone.
 
-    def __init__(self, max_bytes: int = BATCH_FRAME_BYTES) -> None:
+    `joins_status`: the last messages frame and the OK status come as one `Joined` item, for a writer that sends
+    them in one stream message (the Session's `more`), so the client gets both or neither."""
+
+    def __init__(self, max_bytes: int = BATCH_FRAME_BYTES, *, joins_status: bool = False) -> None:
         self.max_bytes = max_bytes
+        self.joins_status = joins_status
 
     def status(self, status: v2.Status) -> ext.ReceiveMessagesResponse:
         return ext.ReceiveMessagesResponse(status=status)
@@ -178,8 +183,18 @@ class BatchFraming:
         return b"".join((_MESSAGES, varint(size), *parts))
 
 
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The last messages frame and the answer's status, to be written as one stream message: resumed after it, the
+    writer took both."""
+
+    frame: Any
+    status: Any
+
+
 V2 = V2Framing()
 BATCH = BatchFraming()
+SESSION_BATCH = BatchFraming(joins_status=True)
 
 
 class _WriteDeadline:
@@ -245,13 +260,26 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
         if opening is not None:
             yield opening
         namespace = request.group.resource_namespace
-        for indexes in framing.frames(result.messages):  # no reference to a message kept across the yield
+        ranges = framing.frames(result.messages)
+        last = ranges[-1] if getattr(framing, "joins_status", False) else None
+        for indexes in ranges:  # no reference to a message kept across the yield
             if deadline.passed:
                 break
             frame = framing.frame(result.messages, indexes, indexes.start == 0, namespace)
             deadline.writing = indexes
+            if indexes is last:
+                # Written with its OK status in one stream message: resumed, the client has both. Should the deadline
+                # pass during that write, the messages went back and the client's acks fail: at least once still —
+                # tests/integration/sdk/test_session.py::test_a_receive_answer_and_its_status_come_in_one_message.
+                yield Joined(frame, framing.status(v2.Status(code=v2.OK, message="OK")))
+                complete = True
+                break
             yield frame
             del frame
+        if complete:
+            deadline.renewed = []
+            _count_delivered(call, receive, result)
+            return
         # Resumed after the last message's frame: grpc wrote it, the client has every message. The deadline may no
         # longer give them back (an OK status after given-back messages would make their acks fail).
         deadline.cancel()
@@ -264,9 +292,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
         yield framing.status(v2.Status(code=v2.OK, message="OK"))
         complete = True
         deadline.renewed = []
-        metrics = counting(call.proxy.metrics)
-        if metrics is not None:
-            metrics.delivered(receive.topic, receive.group, result.messages, time.time_ns() // 1_000_000)
+        _count_delivered(call, receive, result)
     finally:
         if deadline is not None:
             deadline.cancel()
@@ -277,3 +303,9 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
         result.release()  # also when the client goes away mid-answer (the generator is closed)
         if deadline is not None and deadline.renewed:  # not written: given back above, or left to their time
             call.proxy.renewer.forget(deadline.renewed)
+
+
+def _count_delivered(call: Call, receive: ReceiveRequest, result: ReceiveResult) -> None:
+    metrics = counting(call.proxy.metrics)
+    if metrics is not None:
+        metrics.delivered(receive.topic, receive.group, result.messages, time.time_ns() // 1_000_000)

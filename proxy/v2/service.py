@@ -193,7 +193,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
             async for frame in receive.receive_message(self._call(context), request, framing):
-                if not isinstance(frame, bytes) and frame.HasField("status"):  # message frames may be pre-encoded
+                if isinstance(frame, receive.Joined):  # the last messages and the status (a Session's receive)
+                    code = frame.status.status.code
+                elif not isinstance(frame, bytes) and frame.HasField("status"):  # message frames may be pre-encoded
                     code = frame.status.code
                 yield frame
         except (asyncio.CancelledError, GeneratorExit):  # the client went away (or its deadline passed)

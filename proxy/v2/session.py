@@ -92,6 +92,10 @@ def _body(message: ext.SessionRequest, kind: str) -> Any:
     return getattr(message, kind)
 
 
+def _serialized(frame: Any) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.SerializeToString()
+
+
 def encoded(request_id: int, kind: str, body: bytes) -> bytes:
     """The SessionResponse answering `request_id` with `body` (a serialized answer of `kind`) —
     tests/unit/proxy/test_session.py::test_hand_encoded_answers_read_as_the_generated_message."""
@@ -181,7 +185,7 @@ class Session:
 
     async def _receive(self, request_id: int, request: pb.ReceiveMessageRequest, context: RequestContext) -> None:
         frames = self.service.ReceiveMessage(
-            request, context, framing=receive.BATCH, method="ReceiveMessages", auth=self.account
+            request, context, framing=receive.SESSION_BATCH, method="ReceiveMessages", auth=self.account
         )
         # Each frame is awaited until grpc took it, as grpc's own stream does before asking for the next: the OK
         # status only follows written messages, and a receive cancelled or cut off before its status (the stream
@@ -189,9 +193,13 @@ class Session:
         # tests/integration/sdk/test_session.py::test_a_stream_closed_mid_receive_gives_its_messages_back.
         async with contextlib.aclosing(frames):
             async for frame in frames:
-                body = frame if isinstance(frame, bytes) else frame.SerializeToString()
+                if isinstance(frame, receive.Joined):
+                    # Queued together, so the writer sends both in one stream message (up to MAX_WRITE_BYTES: a larger
+                    # last frame goes first and the status after it): the status is written once the messages are.
+                    self.answer(encoded(request_id, "receive", _serialized(frame.frame)))
+                    frame = frame.status
                 written = self._loop.create_future()
-                self.answer(encoded(request_id, "receive", body), written)
+                self.answer(encoded(request_id, "receive", _serialized(frame)), written)
                 await written
 
     async def close(self) -> None:

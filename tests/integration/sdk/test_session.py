@@ -133,6 +133,23 @@ async def test_a_stream_closed_mid_receive_gives_its_messages_back(endpoint: str
     assert sorted(m.message_id for m in got) == sorted(sent)
 
 
+async def test_a_receive_answer_and_its_status_come_in_one_message(endpoint: str) -> None:
+    # One read gets the whole answer: the messages and their OK status are one stream message (`more`), not two
+    # writes one after the other, and the stream's other answers are not in between.
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)
+        sent = [r.message_id for r in await producer.send_many(topic, [f"m{i}".encode() for i in range(5)])]
+    channel, call = session_call(endpoint)
+    async with channel:
+        await call.write(ext.SessionRequest(id=7, timeout_ms=10_000, receive=receive(topic, group, poll_s=1)))
+        got = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
+    entries = [got, *got.more]
+    assert [(e.id, e.receive.WhichOneof("content")) for e in entries] == [(7, "messages"), (7, "status")]
+    assert sorted(m.system_properties.message_id for m in got.receive.messages.messages) == sorted(sent)
+    assert got.more[0].receive.status.code == v2.OK
+
+
 async def test_receives_past_the_proxys_bound_are_answered_too_many(cluster: Cluster) -> None:
     target = cluster.add_proxy(extra=("--max-held-receives", "2"))
     try:
