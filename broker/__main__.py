@@ -13,13 +13,12 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from broker import settings as settings_mod
 from broker.clock import WallClock
 from broker.core import BrokerCore
 from broker.metrics import BrokerMetrics
-from broker.server import BrokerServicer
+from broker.server import BrokerServicer, add_to_server
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from popgate_contract.broker_token import TokenInterceptor
@@ -88,7 +87,7 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
         # its buffers, without reaching a handler: beyond this many, RESOURCE_EXHAUSTED before any handler.
         maximum_concurrent_rpcs=settings.max_held + UNARY_CALLS,
     )
-    pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    add_to_server(servicer, server)
     if not settings.listen.endswith(":0") and (why := cannot_listen(settings.listen)) is not None:
         raise StartError(f"--listen {settings.listen}: cannot listen there ({why})")
     try:

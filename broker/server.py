@@ -83,6 +83,17 @@ def _filled(
     return rpc(method)(call)
 
 
+def add_to_server(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
+    """The Broker service on `server`; its Session stream writes the answers `broker.session` encodes (bytes, no
+    serializer), joined for a caller that reads them so."""
+    pb_grpc.add_BrokerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    encoded = grpc.stream_stream_rpc_method_handler(
+        servicer.Session, request_deserializer=pb.SessionRequest.FromString, response_serializer=None
+    )
+    # A registered method's handler is the one used: this replaces the generated one (which encodes messages).
+    server.add_registered_method_handlers("popgate.broker.v1.Broker", {"Session": encoded})
+
+
 class BrokerServicer(pb_grpc.BrokerServicer):
     def __init__(self, core: BrokerCore, metrics: BrokerMetrics) -> None:
         self.core = core

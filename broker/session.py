@@ -18,9 +18,10 @@ import grpc
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.handlers import SESSION_CALLS, answer_bytes
+from broker.handlers import SESSION_CALLS
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
+from popgate_contract.session_client import MORE_KEY, join
 from popgate_contract.trailer import status_of
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ SESSION_MAX_SHORT = 4096
 # Answers written to the stream's outbox and not yet taken by grpc (a slow reader): past this, the
 # session stops reading requests. One Pop answer may be up to --max-pop-bytes (8 MiB) on its own.
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
+# The writer sends the answers queued when it gets to them as one stream message (`more`) to a caller that said it
+# reads them (MORE_KEY), of at most this many bytes unless one answer alone is larger (so joining never makes a
+# message the caller's size limit refuses): grpc costs tens of µs a message on each side, whatever its size.
+MAX_WRITE_BYTES = 1024 * 1024
 SESSION_RECENT_ANSWERS = 4096  # answers a late cancel frame can still undo, per stream (a hand-back may come a
 # consume step later; each kept as one small undo callable)
 
@@ -49,8 +54,9 @@ class Session:
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.short = 0  # pending requests not of HELD_KINDS
         self.held: dict[int, str] = {}  # pending long polls (HELD_KINDS with a poll time): their kind by id
-        # Answers with their encoded size, bounded in bytes by the reader pausing (see `serve`).
-        self.outbox: asyncio.Queue[tuple[pb.SessionResponse, int] | None] = asyncio.Queue()
+        # Answers, encoded when queued (so no answer is encoded twice: once to size it, once to write it), bounded
+        # in bytes by the reader pausing (see `serve`).
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.outbox_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
@@ -59,12 +65,11 @@ class Session:
         # (one that crossed the answer, or the caller's "not used") undoes it (see `dispatch`).
         self.unused: OrderedDict[int, Callable[[], object]] = OrderedDict()
 
-    def answer(self, response: pb.SessionResponse, size: int | None = None) -> None:
-        """Queue an answer; `size`, when the caller knows it, saves encoding-size work on the hot path."""
-        if size is None:
-            size = response.ByteSize()
-        self.outbox_bytes += size
-        self.outbox.put_nowait((response, size))
+    def answer(self, response: pb.SessionResponse) -> None:
+        """Queue an answer (encoded now: the writer sends bytes, joined or alone)."""
+        data = response.SerializeToString()
+        self.outbox_bytes += len(data)
+        self.outbox.put_nowait(data)
         if self.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
             self.room.clear()
             self._end_long_polls()
@@ -89,7 +94,23 @@ class Session:
         if self.outbox_bytes <= SESSION_MAX_OUTBOX_BYTES // 2:
             self.room.set()
 
-    def dispatch(self, request: pb.SessionRequest) -> None:
+    def take(self, request: pb.SessionRequest) -> None:
+        """One stream message: its request, then each of its `more` in order, as if each came alone
+        (tests/unit/broker/test_session_more.py). One level: an entry with `more` of its own is refused, and the
+        requests nested in it are not served. A long poll from a joined message is served from a copy of its own,
+        so that holding it does not hold the whole message (up to a MiB of Sends) for its poll time."""
+        more = request.more
+        if not more:
+            self.dispatch(request)
+            return
+        self.dispatch(request, detach=True)
+        for entry in more:
+            if entry.more:
+                self._error(entry.id, errors.BadRequest("session: `more` inside `more`"))
+            else:
+                self.dispatch(entry, detach=True)
+
+    def dispatch(self, request: pb.SessionRequest, *, detach: bool = False) -> None:
         kind = request.WhichOneof("body")
         if kind == "cancel":
             task = self.pending.pop(request.id, None)
@@ -110,6 +131,8 @@ class Session:
         if not held and self.short >= SESSION_MAX_SHORT:
             self._error(request.id, errors.TooManyRequests(f"session has {SESSION_MAX_SHORT} pending {kind} requests"))
             return
+        if held and detach:
+            request = _detached(request, kind)
         task = asyncio.get_running_loop().create_task(self._serve(request, kind))
         self.pending[request.id] = task
         if held:
@@ -134,17 +157,14 @@ class Session:
             body = getattr(response, kind)
             body.SetInParent()  # an answer with no field set is still an answer of this kind
             result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
+            self.answer(response)
             if kind == "pop" and result.messages:
-                # sizes and handles from the core's own values, not the protobuf
-                self.answer(response, answer_bytes(result))
-                pop = request.pop
+                pop = request.pop  # handles from the core's own values, not the protobuf
                 popped = [p.handle for p in result.messages]
                 self._undoable(request.id, functools.partial(core.release, pop.topic, pop.group, popped))
-            else:
-                self.answer(response)
-                if kind == "notification" and response.notification.has_message:
-                    note = request.notification
-                    self._undoable(request.id, functools.partial(core.pass_on, note.topic, note.group))
+            elif kind == "notification" and response.notification.has_message:
+                note = request.notification
+                self._undoable(request.id, functools.partial(core.pass_on, note.topic, note.group))
         except errors.DomainError as exc:
             code = status_of(exc)
             self._error(request.id, exc)
@@ -181,6 +201,40 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _detached(request: pb.SessionRequest, kind: str) -> pb.SessionRequest:
+    """`request` (an entry of a joined stream message) as a message of its own."""
+    alone = pb.SessionRequest(id=request.id)
+    getattr(alone, kind).CopyFrom(getattr(request, kind))
+    return alone
+
+
+def gather(outbox: asyncio.Queue[bytes | None], first: bytes, *, joined: bool) -> tuple[bytes, int, bytes | None]:
+    """The stream message to write: `first` and, when `joined`, the answers queued behind it, in order, up to
+    MAX_WRITE_BYTES; the bytes of answers it carries (for `Session.written`); the answer taken that did not fit
+    (first in the next message). The end marker stays queued (tests/unit/broker/test_session_more.py)."""
+    if not joined or outbox.empty():
+        return first, len(first), None
+    more: list[bytes] = []
+    size = len(first)
+    carry = None
+    while size < MAX_WRITE_BYTES and not outbox.empty():
+        queued = outbox.get_nowait()
+        if queued is None:
+            outbox.put_nowait(None)  # nothing is queued behind the end marker
+            break
+        if size + len(queued) > MAX_WRITE_BYTES:
+            carry = queued
+            break
+        more.append(queued)
+        size += len(queued)
+    return (join(first, more) if more else first), size, carry
+
+
+def said_more(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the caller reads joined answers (it said so in its call metadata)."""
+    return any(key == MORE_KEY and value == "1" for key, value in context.invocation_metadata() or ())
+
+
 async def serve(
     core: BrokerCore,
     metrics: BrokerMetrics,
@@ -190,16 +244,22 @@ async def serve(
 ) -> None:
     """Serve one Session stream until the caller ends it or `stopping` is set (the broker is stopping)."""
     session = Session(core, metrics, core.settings.max_held)
+    joined = said_more(context)
+    # Told when the stream opens, before any answer: this broker serves joined requests (`Session.take`). A caller
+    # that has not seen it sends each request alone (an older broker would drop the `more` it does not know).
+    await context.send_initial_metadata(((MORE_KEY, "1"),))
 
     async def write() -> None:
-        while (item := await session.outbox.get()) is not None:
-            response, size = item
-            await context.write(response)
+        outbox = session.outbox
+        carry: bytes | None = None
+        while (first := carry if carry is not None else await outbox.get()) is not None:
+            message, size, carry = gather(outbox, first, joined=joined)
+            await context.write(message)
             session.written(size)
 
     async def read() -> None:
         async for request in request_iterator:
-            session.dispatch(request)
+            session.take(request)
             if session.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
                 # The caller reads its answers slower than it asks: stop reading its requests (HTTP/2
                 # flow control then holds it back) until the answers it has not taken fit again.

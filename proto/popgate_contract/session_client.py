@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -23,26 +23,57 @@ from popgate_pb import broker_pb2 as pb
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from popgate_contract.trailer import rpc_error, session_error
+from popgate_contract.wire import varint
 
 log = logging.getLogger(__name__)
+
+METHOD = "/popgate.broker.v1.Broker/Session"
+# Said by each side of a Session stream that reads joined stream messages (`more`): the caller in its call
+# metadata, the broker in its initial metadata when the stream opens. Each side joins only towards one that said it.
+MORE_KEY = "popgate-session-more"
+_MORE_TAG = varint(15 << 3 | 2)  # SessionRequest.more and SessionResponse.more: field 15, length-delimited
+# The writer sends the requests queued when it gets to them as one stream message, of at most this many bytes unless
+# one request alone is larger (so joining never makes a message the broker's size limit refuses).
+MAX_WRITE_BYTES = 1024 * 1024
+
+
+def join(first: bytes, more: Sequence[bytes]) -> bytes:
+    """One encoded SessionRequest (or SessionResponse) carrying `first` and then `more`, each an encoded one: a
+    repeated field's entries may follow the other fields (protobuf merges them), so no entry is decoded or copied
+    but once, here (tests/unit/broker/test_session_more.py)."""
+    return b"".join([first, *(_MORE_TAG + varint(len(entry)) + entry for entry in more)])
+
+
+def encode_cancel(request_id: int) -> bytes:
+    """The cancel frame of a request: SessionRequest(id=request_id, cancel=True), encoded."""
+    return b"\x08" + varint(request_id) + b"\x20\x01"
 
 
 Answer = Callable[[pb.SessionResponse | grpc.aio.AioRpcError], None]
 
 
 class BrokerSession:
-    def __init__(self, stub: pb_grpc.BrokerStub) -> None:
+    """``channel``: the stream writes requests as bytes, joined when the broker reads them joined (the proxy's
+    way). Without it, the stream is ``stub.Session`` and writes messages (a joined one decoded again first)."""
+
+    def __init__(self, stub: pb_grpc.BrokerStub | None = None, *, channel: grpc.aio.Channel | None = None) -> None:
+        if stub is None and channel is None:
+            raise TypeError("BrokerSession needs a stub or a channel")
         self._stub = stub
+        self._channel = channel
         self._ids = itertools.count(1)
         self._pending: dict[int, Answer] = {}
         # Ids of requests to write (their bodies wait in `_unwritten`, so that a cancel frees a body at once,
-        # even while a stalled broker keeps the writer from reaching it), cancel frames, None to end.
-        self._outbox: asyncio.Queue[int | pb.SessionRequest | None] = asyncio.Queue()
+        # even while a stalled broker keeps the writer from reaching it), encoded cancel frames, None to end.
+        self._outbox: asyncio.Queue[int | bytes | None] = asyncio.Queue()
         self._unwritten: dict[int, pb.SessionRequest] = {}
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._broken: grpc.aio.AioRpcError | None = None
-        self._writing: int | None = None  # the request id being written now (it may or may not have left)
+        # The request ids of the stream message being written now (they may or may not have left).
+        self._writing: frozenset[int] = frozenset()
+        self._joined = False  # the broker said it reads joined requests (MORE_KEY in its initial metadata)
+        self._carry: int | bytes | None = None  # taken from the outbox, first in the next message (it did not fit)
 
     @property
     def pending(self) -> int:
@@ -50,7 +81,13 @@ class BrokerSession:
 
     def open(self) -> BrokerSession:
         """Start the stream (inside a running event loop); returns self."""
-        self._call = self._stub.Session()
+        metadata = ((MORE_KEY, "1"),)
+        if self._channel is not None:  # requests are written as bytes: no serializer
+            stream = self._channel.stream_stream(METHOD, response_deserializer=pb.SessionResponse.FromString)
+            self._call = stream(metadata=metadata)
+        else:
+            assert self._stub is not None
+            self._call = self._stub.Session(metadata=metadata)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._write())]
         return self
@@ -97,14 +134,14 @@ class BrokerSession:
         if self._pending.pop(request_id, None) is None or self._broken is not None:
             return
         # Not written yet: `_write` skips its id. Written, or being written: the broker is told.
-        if self._unwritten.pop(request_id, None) is None or request_id == self._writing:
-            self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
+        if self._unwritten.pop(request_id, None) is None or request_id in self._writing:
+            self._outbox.put_nowait(encode_cancel(request_id))
 
     def release(self, request_id: int) -> None:
         """A Pop answered whose messages nobody will receive (the answer crossed the receive's end): a cancel
         frame all the same, on which the broker makes them ready again (attempt count unchanged)."""
         if self._broken is None and request_id not in self._pending:
-            self._outbox.put_nowait(pb.SessionRequest(id=request_id, cancel=True))
+            self._outbox.put_nowait(encode_cancel(request_id))
 
     async def call(self, request: pb.SessionRequest) -> pb.SessionResponse:
         """`submit` and await the answer; an ``error`` body is raised as the unary RPC's error.
@@ -140,42 +177,86 @@ class BrokerSession:
 
     async def _write_all(self) -> None:
         while True:
-            item = await self._outbox.get()
-            if item is None:
-                await self._call.done_writing()
-                return
-            if not isinstance(item, int):  # a cancel frame
-                await self._call.write(item)
+            item, self._carry = self._carry, None
+            if item is None and (item := await self._outbox.get()) is None:
+                break
+            frames, ids = self._gather(item)
+            if not frames:  # cancelled before they were written
                 continue
-            request = self._unwritten.get(item)
-            if request is None:  # cancelled before it was written
-                continue
-            # Kept in `_unwritten` until the write returns: if the stream is lost first, the request is known
-            # never to have left (`_read` says so in its error, and the caller may send it again safely).
-            self._writing = item
+            # Kept in `_unwritten` until the write returns: if the stream is lost first, the requests are known
+            # never to have left (`_read` says so in their error, and the caller may send them again safely).
+            self._writing = frozenset(ids)
             try:
-                await self._call.write(request)
+                await self._call.write(self._message(frames, ids))
             finally:
-                self._writing = None
-            self._unwritten.pop(item, None)
+                self._writing = frozenset()
+            for request_id in ids:
+                self._unwritten.pop(request_id, None)
+        await self._call.done_writing()
+
+    def _gather(self, item: int | bytes) -> tuple[list[bytes], list[int]]:
+        """`item` and, once the broker said it reads them joined, the frames queued behind it, in order, up to
+        MAX_WRITE_BYTES (the first one that does not fit is carried to the next message): encoded frames, and the
+        ids of the requests among them. The end marker stays queued (tests/unit/broker/test_session_more.py)."""
+        frames: list[bytes] = []
+        ids: list[int] = []
+        size = 0
+        while True:
+            if isinstance(item, bytes):  # a cancel frame
+                data: bytes | None = item
+            elif (request := self._unwritten.get(item)) is not None:
+                data = request.SerializeToString()
+            else:  # cancelled before it was written
+                data = None
+            if data is not None:
+                if frames and size + len(data) > MAX_WRITE_BYTES:
+                    self._carry = item  # encoded again then: rare, a message is full
+                    return frames, ids
+                frames.append(data)
+                size += len(data)
+                if not isinstance(item, bytes):
+                    ids.append(item)
+            if not self._joined or size >= MAX_WRITE_BYTES or self._outbox.empty():
+                return frames, ids
+            queued = self._outbox.get_nowait()
+            if queued is None:
+                self._outbox.put_nowait(None)  # nothing is queued behind the end marker
+                return frames, ids
+            item = queued
+
+    def _message(self, frames: list[bytes], ids: list[int]) -> Any:
+        """The stream message carrying `frames`: bytes on a channel's stream, else a SessionRequest."""
+        if self._channel is not None:
+            return join(frames[0], frames[1:]) if len(frames) > 1 else frames[0]
+        if len(frames) == 1 and ids:
+            return self._unwritten[ids[0]]
+        return pb.SessionRequest.FromString(join(frames[0], frames[1:]))
 
     async def _read(self) -> None:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")
         try:
+            # Sent by a broker that reads joined requests when the stream opens; an older one sends its initial
+            # metadata with its first answer (there is nothing to read before that anyway).
+            self._joined = any(key == MORE_KEY and value == "1" for key, value in await self._call.initial_metadata())
             async for response in self._call:
-                answer = self._pending.pop(response.id, None)
-                if answer is not None:
-                    _deliver(answer, response)
+                self._answer(response)
+                for more in response.more:  # one level: `more` inside `more` is not read
+                    self._answer(more)
         except grpc.aio.AioRpcError as exc:
             error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
         finally:
             self._broken = error
-            never_sent = set(self._unwritten) - {self._writing}
+            never_sent = set(self._unwritten) - self._writing
             self._unwritten.clear()
             pending, self._pending = self._pending, {}
             unsent_error = rpc_error(error.code(), error.details() or "", unsent=True)
             for request_id, answer in pending.items():
                 _deliver(answer, unsent_error if request_id in never_sent else error)
+
+    def _answer(self, response: pb.SessionResponse) -> None:
+        answer = self._pending.pop(response.id, None)
+        if answer is not None:
+            _deliver(answer, response)
 
     async def close(self) -> None:
         if self._call is None:

@@ -19,15 +19,30 @@ from broker import session as session_stream
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
-from popgate_contract.session_client import BrokerSession
+from popgate_contract.session_client import MORE_KEY, BrokerSession
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_schedule import until
 
 
-class NeverReads:
+class ServerContext:
+    """What a Session stream asks of its grpc context besides writes: the call's metadata (a caller that reads
+    joined answers when `joined`) and the initial metadata it sends."""
+
+    def __init__(self, *, joined: bool = False) -> None:
+        self.metadata = ((MORE_KEY, "1"),) if joined else ()
+        self.sent: tuple[tuple[str, str], ...] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    async def send_initial_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.sent = metadata
+
+
+class NeverReads(ServerContext):
     """A Session context whose writes never complete: the caller takes no answer."""
 
-    async def write(self, response: pb.SessionResponse) -> None:
+    async def write(self, response: bytes) -> None:
         await asyncio.Event().wait()
 
 
@@ -56,15 +71,20 @@ async def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monk
         await asyncio.gather(session, return_exceptions=True)
 
 
-class Records:
-    """A Session context that takes every answer at once."""
+class Records(ServerContext):
+    """A Session context that takes every answer at once: `messages` as written, `answers` one by one."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, joined: bool = False) -> None:
+        super().__init__(joined=joined)
+        self.messages: list[pb.SessionResponse] = []
         self.answers: list[pb.SessionResponse] = []
         self.arrived = asyncio.Event()
 
-    async def write(self, response: pb.SessionResponse) -> None:
-        self.answers.append(response)
+    async def write(self, response: bytes) -> None:
+        message = pb.SessionResponse.FromString(response)
+        self.messages.append(message)
+        self.answers.append(message)
+        self.answers.extend(message.more)
         self.arrived.set()
 
 
@@ -126,9 +146,14 @@ class FakeCall:
     """The client's side of a Session call: records what is written, answers nothing. `stalled`: the
     broker stopped reading, so the first write never completes."""
 
-    def __init__(self, *, stalled: bool = False) -> None:
+    def __init__(self, *, stalled: bool = False, joins: bool = False) -> None:
         self.written: list[pb.SessionRequest] = []
         self.stalled = stalled
+        self.joins = joins  # the broker says it reads joined requests
+        self.metadata: tuple[tuple[str, str], ...] = ()
+
+    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((MORE_KEY, "1"),) if self.joins else ()
 
     async def write(self, request: pb.SessionRequest) -> None:
         self.written.append(request)
@@ -153,7 +178,7 @@ async def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None
     call = FakeCall()
 
     class Stub:
-        def Session(self) -> FakeCall:  # noqa: N802 - the gRPC method's name
+        def Session(self, metadata: object = ()) -> FakeCall:  # noqa: N802 - the gRPC method's name
             return call
 
     session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
@@ -186,7 +211,7 @@ async def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error()
             raise StopAsyncIteration  # the stream ended with OK
 
     class Stub:
-        def Session(self) -> FakeCall:  # noqa: N802 - the gRPC method's name
+        def Session(self, metadata: object = ()) -> FakeCall:  # noqa: N802 - the gRPC method's name
             return Ended()
 
     session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
@@ -200,7 +225,7 @@ async def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
     """A stalled broker must not make the proxy keep every timed-out Send (and its bodies) until the writer
     reaches it: once cancelled, the session holds no reference to a request."""
     call = FakeCall(stalled=True)
-    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda metadata=(): call)})())  # type: ignore[arg-type]
     session.open()
     body = b"x" * (1 << 20)
     first = session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
@@ -235,7 +260,7 @@ class AnsweringCall(FakeCall):
 
 async def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() -> None:
     call = AnsweringCall()
-    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda: call)})())  # type: ignore[arg-type]
+    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda metadata=(): call)})())  # type: ignore[arg-type]
     session.open()
     answered = asyncio.Event()
     pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
