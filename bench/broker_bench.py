@@ -107,7 +107,7 @@ async def held_phase(address: str, pid: int, count: int, *, session: bool) -> tu
     """Hold ``count`` Pops (on 8 Session streams, or one unary call each); broker RSS per held Pop and idle CPU."""
     channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(8)]
     stubs = [pb_grpc.BrokerStub(c) for c in channels]
-    sessions = [BrokerSession(stub).open() for stub in stubs] if session else []
+    sessions = [BrokerSession(channel=c).open() for c in channels] if session else []
     await stubs[0].Stats(pb.StatsRequest())
     await asyncio.sleep(1)
     before = rss_bytes(pid)
@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace, address: str, pid: int) -> list[tuple[st
     channels = [grpc.aio.insecure_channel(address) for _ in range(args.channels)]
     stubs = [pb_grpc.BrokerStub(c) for c in channels]
     await stubs[0].Stats(pb.StatsRequest())
-    sessions = [BrokerSession(stub).open() for stub in stubs]
+    sessions = [BrokerSession(channel=c).open() for c in channels]
     rates = {}
     kinds: list[tuple[str, list[Caller]]] = [
         ("Session", [Session(s) for s in sessions]),

@@ -106,7 +106,7 @@ async def sends(cluster: Cluster, n: int) -> list[tuple[str, list[float]]]:
     results = []
     async with grpc.aio.insecure_channel(broker) as channel:
         stub = broker_pb2_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
-        session = BrokerSession(stub).open()
+        session = BrokerSession(channel=channel).open()
         request = bpb.SendRequest(messages=[bpb.Message(topic=TOPIC, body=BODY)])
         results.append(("broker session", await timed(n, lambda: session.send(request), "broker session")))
         await session.close()

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
-from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
@@ -108,7 +107,7 @@ async def direct_phases(addresses: list[str], pids: list[int], args: argparse.Na
     body = b"x" * args.size
     # The proxy's own transport to the brokers: one Session stream per broker.
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
-    sessions = [BrokerSession(broker_pb2_grpc.BrokerStub(c)).open() for c in channels]  # type: ignore[no-untyped-call]
+    sessions = [BrokerSession(channel=c).open() for c in channels]
     turn = [0]
 
     def next_session() -> BrokerSession:

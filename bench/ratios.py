@@ -43,7 +43,6 @@ from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
-from popgate_pb import broker_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
@@ -221,7 +220,7 @@ async def direct_client(addresses: list[str], args: argparse.Namespace) -> Async
         sessions = []
         for address in addresses:
             channel = await stack.enter_async_context(grpc.aio.insecure_channel(address))
-            session = BrokerSession(broker_pb2_grpc.BrokerStub(channel)).open()  # type: ignore[no-untyped-call]
+            session = BrokerSession(channel=channel).open()
             stack.push_async_callback(session.close)
             sessions.append(session)
         yield Direct(sessions, args)
