@@ -151,3 +151,53 @@ def test_a_request_over_the_grpc_limit_is_too_large_and_never_sent() -> None:
     with pytest.raises(MessageBodyTooLarge) as caught:
         _session.encoded(1, "send", huge, 3.0)
     assert not caught.value.retriable
+
+
+class FakeCall:
+    """A Session call whose answers the test hands in (`answers`), and whose writes it sees (`written`)."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.written: list[bytes] = []
+
+    async def write(self, message: bytes) -> None:
+        self.written.append(message)
+
+    async def read(self) -> Any:
+        return await self.answers.get()
+
+    def cancel(self) -> None:
+        self.answers.put_nowait(grpc.aio.EOF)
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.call = FakeCall()
+
+    def stream_stream(self, method: str, **_: Any) -> Any:
+        return lambda metadata: self.call
+
+
+async def test_a_receive_cancelled_after_its_answer_gives_the_messages_back() -> None:
+    # The answer completes the request's future, then the caller's task is cancelled before it resumes: nobody
+    # gets those messages, so they are handed to be given back rather than left invisible.
+    orphans: list[str] = []
+    channel = FakeChannel()
+    session = _session.Session(
+        channel,  # type: ignore[arg-type]
+        (),
+        convert,  # type: ignore[arg-type]
+        lambda messages: orphans.extend(m.system_properties.message_id for m in messages),
+    )
+    caller = asyncio.ensure_future(session.request("receive", pb.ReceiveMessageRequest(), 5.0))
+    await asyncio.sleep(0)  # the request is queued and its id taken (the first: 1)
+    channel.call.answers.put_nowait(with_id(messages_frame("a", "b"), 1))
+    status = ext.SessionResponse(id=1, receive=ext.ReceiveMessagesResponse(status=v2.Status(code=v2.OK)))
+    channel.call.answers.put_nowait(status)
+    await asyncio.sleep(0)  # the reader takes both answers: the caller's future is resolved, the caller not resumed
+    assert not session._waiting and not caller.done()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await session.close()
+    assert orphans == ["a", "b"]
