@@ -42,6 +42,10 @@ SETTLE_S = 5.0  # a stopping proxy waits this long at most for a stream's reques
 # The writer sends the answers queued when it gets to them as one stream message (`more`), up to this many bytes:
 # grpc costs tens of µs a message on each side, whatever its size.
 MAX_WRITE_BYTES = 1024 * 1024
+# What a queued answer costs beyond its bytes (the bytes object, the outbox entry), counted in MAX_OUTBOX_BYTES so
+# that many tiny answers (refusals of a message of thousands of requests) are bounded by the memory they take —
+# tests/unit/proxy/test_session.py::test_a_message_of_many_refused_requests_stops_the_reading_at_the_outbox_bound.
+ANSWER_OVERHEAD = 160
 
 
 class RequestContext:
@@ -130,17 +134,18 @@ class Session:
             "change_invisible": service.ChangeInvisibleDuration,
         }
         self.pending: dict[int, asyncio.Task[None]] = {}
-        # Answers with their size and, for a receive's frames, the future the writer resolves once grpc took it.
-        self.outbox: asyncio.Queue[tuple[bytes, asyncio.Future[None] | None] | None]
+        # Answers with, for a receive's frames, the future the writer resolves once grpc took it, and whether the
+        # next answer goes in the same stream message (a receive's last frame and its status).
+        self.outbox: asyncio.Queue[tuple[bytes, asyncio.Future[None] | None, bool] | None]
         self.outbox = asyncio.Queue()
         self.outbox_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
         self._loop = asyncio.get_running_loop()
 
-    def answer(self, response: bytes, written: asyncio.Future[None] | None = None) -> None:
-        self.outbox_bytes += len(response)
-        self.outbox.put_nowait((response, written))
+    def answer(self, response: bytes, written: asyncio.Future[None] | None = None, *, glued: bool = False) -> None:
+        self.outbox_bytes += len(response) + ANSWER_OVERHEAD
+        self.outbox.put_nowait((response, written, glued))
         if self.outbox_bytes > MAX_OUTBOX_BYTES:
             self.room.clear()
 
@@ -194,9 +199,9 @@ class Session:
         async with contextlib.aclosing(frames):
             async for frame in frames:
                 if isinstance(frame, receive.Joined):
-                    # Queued together, so the writer sends both in one stream message (up to MAX_WRITE_BYTES: a larger
-                    # last frame goes first and the status after it): the status is written once the messages are.
-                    self.answer(encoded(request_id, "receive", _serialized(frame.frame)))
+                    # Glued: the writer sends both in one stream message, whatever their size — the client gets both
+                    # or neither (test_session.py::test_a_receive_answer_and_its_status_come_in_one_message).
+                    self.answer(encoded(request_id, "receive", _serialized(frame.frame)), glued=True)
                     frame = frame.status
                 written = self._loop.create_future()
                 self.answer(encoded(request_id, "receive", _serialized(frame)), written)
@@ -210,34 +215,36 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _gather(session: Session, first: tuple[bytes, asyncio.Future[None] | None]) -> _Write:
-    """`first` and the answers queued behind it, up to MAX_WRITE_BYTES, as one stream message; answers of receives
-    cancelled meanwhile are dropped (their receive gave the messages back)."""
+def _gather(session: Session, first: tuple[bytes, asyncio.Future[None] | None, bool]) -> _Write:
+    """`first` and the answers queued behind it, up to MAX_WRITE_BYTES (an answer glued to the next is never split
+    from it), as one stream message; answers of receives cancelled meanwhile are dropped (their receive gave the
+    messages back)."""
     answers: list[bytes] = []
-    size = 0
+    size = taken = 0
     written: list[asyncio.Future[None]] = []
-    item: tuple[bytes, asyncio.Future[None] | None] | None = first
+    item: tuple[bytes, asyncio.Future[None] | None, bool] | None = first
     while item is not None:
-        response, future = item
+        response, future, glued = item
         size += len(response)
+        taken += 1
         if future is None or not future.cancelled():
             answers.append(response)
             if future is not None:
                 written.append(future)
-        if size >= MAX_WRITE_BYTES or session.outbox.empty():
+        if (size >= MAX_WRITE_BYTES and not glued) or session.outbox.empty():
             break
         item = session.outbox.get_nowait()
         if item is None:
             session.outbox.put_nowait(None)  # the end marker, seen again after this write
             break
     message = joined(answers[0], answers[1:]) if answers else None
-    return _Write(message, size, written)
+    return _Write(message, size + taken * ANSWER_OVERHEAD, written)
 
 
 @dataclass(slots=True)
 class _Write:
     message: bytes | None  # None: every answer gathered was dropped
-    size: int
+    size: int  # as counted in the outbox bytes
     written: list[asyncio.Future[None]]
 
 
@@ -256,6 +263,8 @@ async def _read(session: Session, requests: AsyncIterator[ext.SessionRequest]) -
     async for request in requests:
         session.dispatch(request)
         for more in request.more:
+            if session.outbox_bytes > MAX_OUTBOX_BYTES:  # one message may hold thousands of requests
+                await session.room.wait()
             if more.more:  # one level: a client that nests them is refused, its nested requests unanswered
                 session.answer(refusal(more.id, None, errors.BadRequest("session: `more` inside `more`")))
             else:
@@ -290,18 +299,30 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
         # served elsewhere, rather than to a proxy answering every receive empty at once) and ends once those it
         # took are answered (held receives answer at once) — test_session.py::test_a_stopping_proxy_ends_its_streams.
         await asyncio.wait((reader, writer, stopping), return_when=asyncio.FIRST_COMPLETED)
-        if stopping.done() and not reader.done():
+        if reader.done() and not reader.cancelled() and reader.exception() is None and session.pending:
+            # The client ended its side (done writing) and waits for its answers: each request it sent is answered
+            # (test_session.py::test_a_client_that_ends_its_side_still_gets_its_answers), unless the stream is lost
+            # or the proxy stops meanwhile.
+            answered = asyncio.gather(*session.pending.values(), return_exceptions=True)
+            await asyncio.wait((answered, writer, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done() and session.pending:
             reader.cancel()
-            if session.pending:
-                await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
+            await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
     finally:
         stopping.cancel()
         reader.cancel()
         # Nothing pending on a stream survives it: receives cut off give their messages back.
         await session.close()
         session.outbox.put_nowait(None)
-        # The writer is never cancelled mid-write (grpc would lose the stream's final status): it ends at the marker.
-        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
-            await asyncio.wait_for(writer, WRITER_DRAIN_S)
+        # The writer is never cancelled mid-write (grpc would lose the stream's final status): it ends at the marker,
+        # or, stuck on a client that does not read, with the call once this handler returns.
+        await asyncio.wait((writer,), timeout=WRITER_DRAIN_S)
+        writer.add_done_callback(_consumed)
         with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
             await reader
+
+
+def _consumed(task: asyncio.Task[None]) -> None:
+    """A writer that ended with the call: its error is the call's, already answered."""
+    if not task.cancelled():
+        task.exception()

@@ -208,3 +208,17 @@ async def test_an_account_is_authorized_per_request_on_its_stream(secured: str) 
         served = (producer._session_served, c._session_served)
     assert (caught.value.code, served) == (v2.FORBIDDEN, (True, True))
     assert sorted(m.body for m in got) == [b"allowed", b"allowed too"]
+
+
+async def test_a_client_that_ends_its_side_still_gets_its_answers(endpoint: str) -> None:
+    # done_writing() is a half-close: the requests sent before it are served and answered, then the stream ends.
+    topic = name("t")
+    message = v2.Message(topic=v2.Resource(name=topic), body=b"x")
+    message.system_properties.message_id = "01" + uuid.uuid4().hex.upper()
+    channel, call = session_call(endpoint)
+    async with channel:
+        await call.write(ext.SessionRequest(id=1, timeout_ms=5000, send=pb.SendMessageRequest(messages=[message])))
+        await call.done_writing()  # type: ignore[attr-defined]
+        answer = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
+        end = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
+    assert (answer.id, answer.send.status.code, end) == (1, v2.OK, grpc.aio.EOF)

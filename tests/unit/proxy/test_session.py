@@ -199,6 +199,49 @@ async def test_requests_past_the_streams_bound_are_answered_too_many(monkeypatch
     context = StreamContext()
     held = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
     over = ext.SessionRequest(id=2, timeout_ms=3000, send=send_request())
-    await serve_until(context, service, [held, over], answers=1)
+    task = asyncio.ensure_future(session.serve(service, stream(held, over, until=asyncio.Event()), context))
+    for _ in range(500):  # the refusal is answered at once (bounded wait, as serve_until)
+        if context.answers:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()  # the client goes away
+    with pytest.raises(asyncio.CancelledError):
+        await task
     [answer] = context.answers  # the held receive ended with the stream, unanswered
     assert (answer.id, answer.send.status.code) == (2, v2.TOO_MANY_REQUESTS)
+
+
+class StalledContext(StreamContext):
+    """A client that does not read: the first write never completes."""
+
+    async def write(self, message: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_message_of_many_refused_requests_stops_the_reading_at_the_outbox_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(session, "MAX_OUTBOX_BYTES", 20_000)
+    made: list[session.Session] = []
+
+    class Recorded(session.Session):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(session, "Session", Recorded)
+    service, _ = service_over(FakeBroker("b1"))
+    flood = ext.SessionRequest(id=1)
+    flood.more.extend(ext.SessionRequest(id=i) for i in range(2, 5002))  # 5,000 requests without a body
+    done = asyncio.Event()
+    task = asyncio.ensure_future(session.serve(service, stream(flood, until=done), StalledContext()))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    [stream_session] = made
+    held = stream_session.outbox_bytes  # answers queued or being written, with their overhead
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Each refusal is ~20 bytes and counted with its overhead: the reading stopped at the bound (5,000 refusals
+    # would count ~900 KB).
+    assert 20_000 < held <= 20_000 + 2 * session.ANSWER_OVERHEAD
