@@ -67,8 +67,9 @@ class MessagingServicer:
         signature ends the stream with UNAUTHENTICATED); every request is then authorized, validated and served as
         its v2 RPC is, and every error is a v2 status in that request's answer (the stream serves the others on).
         A send, ack or change_invisible has one answer; a receive has ReceiveMessages' frames, `messages` frames
-        then one `status` frame that ends it. Closing the stream cancels everything pending on it; messages of a
-        receive not answered whole (cancelled, or the stream lost, before its status) go back to their broker.
+        then one `status` frame that ends it. Cancelling the call (or losing it) cancels everything pending on it;
+        a client that ends its side (half-close) gets the answers to what it sent, then the stream ends. Messages of
+        a receive not answered whole (cancelled, or the stream lost, before its status) go back to their broker.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
