@@ -70,8 +70,10 @@ async def test_a_body_over_the_grpc_limit_is_too_large_and_the_stream_serves_on(
     assert (caught.value.code_name, caught.value.retriable, served) == ("RESOURCE_EXHAUSTED", False, True)
 
 
-def session_call(target: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[grpc.aio.Channel, object]:
-    channel = grpc.aio.insecure_channel(target)
+def session_call(
+    target: str, metadata: tuple[tuple[str, str], ...] = (), options: tuple[tuple[str, int], ...] = ()
+) -> tuple[grpc.aio.Channel, object]:
+    channel = grpc.aio.insecure_channel(target, options=options)
     stream = channel.stream_stream(
         METHOD,
         request_serializer=ext.SessionRequest.SerializeToString,
@@ -120,9 +122,11 @@ async def test_a_stream_closed_mid_receive_gives_its_messages_back(endpoint: str
     async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as other:
         await other.receive(max=1, wait=0.2)
         # Large enough an answer that HTTP/2 flow control holds it while the client reads no further than its first
-        # frame: the stream closes before the answer's status could be written.
+        # frame: the stream closes before the answer's status could be written. The client's stream window stays
+        # at 64 KiB (no BDP probing), whatever the machine's load lets grpc grow it to otherwise.
         sent = [(await producer.send(topic, bytes(512 * 1024))).message_id for _ in range(24)]
-        channel, call = session_call(endpoint)
+        small_window = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 64 * 1024))
+        channel, call = session_call(endpoint, options=small_window)
         async with channel:
             await call.write(ext.SessionRequest(id=1, timeout_ms=10_000, receive=receive(topic, group, poll_s=1)))
             first = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
