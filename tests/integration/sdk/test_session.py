@@ -102,15 +102,19 @@ async def answers(call: object, count: int) -> AsyncIterator[ext.SessionResponse
             yield await call.read()  # type: ignore[attr-defined]
 
 
-async def test_bad_input_on_one_request_is_its_v2_status_while_the_stream_serves_the_others(endpoint: str) -> None:
-    topic = name("t")
+def send_of_one(topic: str) -> pb.SendMessageRequest:
     message = v2.Message(topic=v2.Resource(name=topic), body=b"x")
     message.system_properties.message_id = "01" + uuid.uuid4().hex.upper()
+    return pb.SendMessageRequest(messages=[message])
+
+
+async def test_bad_input_on_one_request_is_its_v2_status_while_the_stream_serves_the_others(endpoint: str) -> None:
+    send = send_of_one(name("t"))
     channel, call = session_call(endpoint)
     async with channel:
         await call.write(ext.SessionRequest(id=1, timeout_ms=5000, ack=pb.AckMessageRequest()))  # no group, no topic
         await call.write(ext.SessionRequest(id=2))  # no body
-        await call.write(ext.SessionRequest(id=3, timeout_ms=5000, send=pb.SendMessageRequest(messages=[message])))
+        await call.write(ext.SessionRequest(id=3, timeout_ms=5000, send=send))
         got = {a.id: a async for a in answers(call, 3)}
     assert got[1].ack.status.code == v2.ILLEGAL_CONSUMER_GROUP  # as AckMessage answers it
     assert got[2].status.code == v2.BAD_REQUEST
@@ -216,12 +220,9 @@ async def test_an_account_is_authorized_per_request_on_its_stream(secured: str) 
 
 async def test_a_client_that_ends_its_side_still_gets_its_answers(endpoint: str) -> None:
     # done_writing() is a half-close: the requests sent before it are served and answered, then the stream ends.
-    topic = name("t")
-    message = v2.Message(topic=v2.Resource(name=topic), body=b"x")
-    message.system_properties.message_id = "01" + uuid.uuid4().hex.upper()
     channel, call = session_call(endpoint)
     async with channel:
-        await call.write(ext.SessionRequest(id=1, timeout_ms=5000, send=pb.SendMessageRequest(messages=[message])))
+        await call.write(ext.SessionRequest(id=1, timeout_ms=5000, send=send_of_one(name("t"))))
         await call.done_writing()  # type: ignore[attr-defined]
         answer = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
         end = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
