@@ -34,7 +34,7 @@ async def test_many_held_requests_on_one_stream_are_woken_and_cancelled(broker_w
 
     async with grpc.aio.insecure_channel(broker.address) as channel:
         stub = pb_grpc.BrokerStub(channel)
-        session = BrokerSession(stub).open()
+        session = BrokerSession(channel=channel).open()
         pops = [
             asyncio.ensure_future(
                 session.pop(pb.PopRequest(topic="s", group="g", max_messages=1, invisible_ms=5000, poll_ms=20000))
@@ -63,7 +63,7 @@ async def test_many_held_requests_on_one_stream_are_woken_and_cancelled(broker_w
 
 async def test_session_errors_look_like_unary_errors(broker: BrokerHandle) -> None:
     async with grpc.aio.insecure_channel(broker.address) as channel:
-        session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
+        session = BrokerSession(channel=channel).open()
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await session.pop(pb.PopRequest(topic="s", group="g", max_messages=0, invisible_ms=5000))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -76,7 +76,7 @@ async def test_session_errors_look_like_unary_errors(broker: BrokerHandle) -> No
 async def test_send_ack_and_change_invisible_on_the_stream_do_what_the_unary_calls_do(broker: BrokerHandle) -> None:
     async with grpc.aio.insecure_channel(broker.address) as channel:
         stub = pb_grpc.BrokerStub(channel)
-        session = BrokerSession(stub).open()
+        session = BrokerSession(channel=channel).open()
         # Tags SQLite's JSON must carry faithfully: quotes, escapes, non-BMP characters.
         tags = ["plain", 'q"uote\\', "naïve 😀"]
         sent = await asyncio.gather(
@@ -125,7 +125,7 @@ async def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(m
     broker: BrokerHandle = make_broker("b1", "--shutdown-grace-s", "30")  # type: ignore[operator]
 
     async with grpc.aio.insecure_channel(broker.address) as channel:
-        session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
+        session = BrokerSession(channel=channel).open()
         await session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"kept")]))
         held_pop = asyncio.ensure_future(
             session.pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000))
@@ -154,12 +154,12 @@ async def test_a_lost_stream_says_which_requests_never_left(make_broker: object)
     broker: BrokerHandle = make_broker("b1")  # type: ignore[operator]
 
     async with grpc.aio.insecure_channel("127.0.0.1:1") as nowhere:  # nothing listens: never connects
-        session = BrokerSession(pb_grpc.BrokerStub(nowhere)).open()
+        session = BrokerSession(channel=nowhere).open()
         with pytest.raises(grpc.aio.AioRpcError) as never_left:
             await session.ack(pb.AckRequest(topic="t", group="g", receipt_handles=["h"]))
         await session.close()
     async with grpc.aio.insecure_channel(broker.address) as channel:
-        session = BrokerSession(pb_grpc.BrokerStub(channel)).open()
+        session = BrokerSession(channel=channel).open()
         held_pop = asyncio.ensure_future(
             session.pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000))
         )
