@@ -20,7 +20,6 @@ from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as pb
-from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from popgate_contract.trailer import rpc_error, session_error
 from popgate_contract.wire import varint
@@ -53,13 +52,9 @@ Answer = Callable[[pb.SessionResponse | grpc.aio.AioRpcError], None]
 
 
 class BrokerSession:
-    """``channel``: the stream writes requests as bytes, joined when the broker reads them joined (the proxy's
-    way). Without it, the stream is ``stub.Session`` and writes messages (a joined one decoded again first)."""
+    """The Session stream on `channel`: requests written as bytes, joined when the broker reads them joined."""
 
-    def __init__(self, stub: pb_grpc.BrokerStub | None = None, *, channel: grpc.aio.Channel | None = None) -> None:
-        if stub is None and channel is None:
-            raise TypeError("BrokerSession needs a stub or a channel")
-        self._stub = stub
+    def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
         self._ids = itertools.count(1)
         self._pending: dict[int, Answer] = {}
@@ -82,12 +77,9 @@ class BrokerSession:
     def open(self) -> BrokerSession:
         """Start the stream (inside a running event loop); returns self."""
         metadata = ((MORE_KEY, "1"),)
-        if self._channel is not None:  # requests are written as bytes: no serializer
-            stream = self._channel.stream_stream(METHOD, response_deserializer=pb.SessionResponse.FromString)
-            self._call = stream(metadata=metadata)
-        else:
-            assert self._stub is not None
-            self._call = self._stub.Session(metadata=metadata)
+        # Requests are written as bytes: no serializer.
+        stream = self._channel.stream_stream(METHOD, response_deserializer=pb.SessionResponse.FromString)
+        self._call = stream(metadata=metadata)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._write())]
         return self
@@ -187,7 +179,7 @@ class BrokerSession:
             # never to have left (`_read` says so in their error, and the caller may send them again safely).
             self._writing = frozenset(ids)
             try:
-                await self._call.write(self._message(frames, ids))
+                await self._call.write(self._message(frames))
             finally:
                 self._writing = frozenset()
             for request_id in ids:
@@ -224,13 +216,9 @@ class BrokerSession:
                 return frames, ids
             item = queued
 
-    def _message(self, frames: list[bytes], ids: list[int]) -> Any:
-        """The stream message carrying `frames`: bytes on a channel's stream, else a SessionRequest."""
-        if self._channel is not None:
-            return join(frames[0], frames[1:]) if len(frames) > 1 else frames[0]
-        if len(frames) == 1 and ids:
-            return self._unwritten[ids[0]]
-        return pb.SessionRequest.FromString(join(frames[0], frames[1:]))
+    def _message(self, frames: list[bytes]) -> bytes:
+        """The stream message carrying `frames`."""
+        return join(frames[0], frames[1:]) if len(frames) > 1 else frames[0]
 
     async def _read(self) -> None:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, "broker session closed")

@@ -20,7 +20,7 @@ from popgate_contract import session_client
 from popgate_contract.session_client import MORE_KEY, BrokerSession, encode_cancel, join
 from popgate_contract.trailer import unsent as is_unsent
 from tests.unit.broker.cores import broker
-from tests.unit.broker.test_session_stream import FakeCall, Records
+from tests.unit.broker.test_session_stream import Channel, FakeCall, Records
 
 
 def send_frame(request_id: int, body: bytes = b"x") -> pb.SessionRequest:
@@ -149,18 +149,6 @@ class Call(FakeCall):
         return await self.answers.get()
 
 
-class Channel:
-    def __init__(self, call: Call) -> None:
-        self.call = call
-
-    def stream_stream(self, method: str, *, response_deserializer: Any) -> Any:
-        def open_call(metadata: Any) -> Call:
-            self.call.metadata = metadata
-            return self.call
-
-        return open_call
-
-
 def ack(request_id: int = 0) -> pb.SessionRequest:
     return pb.SessionRequest(ack=pb.AckRequest(topic="t", group="g"))
 
@@ -182,14 +170,9 @@ async def test_the_client_joins_requests_within_its_bound_and_sends_a_larger_one
 
 
 @pytest.mark.parametrize("broker_joins", [False, True])
-@pytest.mark.parametrize("as_bytes", [False, True])
-async def test_the_client_joins_requests_only_once_the_broker_said_it_reads_them(
-    broker_joins: bool, as_bytes: bool
-) -> None:
+async def test_the_client_joins_requests_only_once_the_broker_said_it_reads_them(broker_joins: bool) -> None:
     call = Call(joins=broker_joins)
-    stub = type("Stub", (), {"Session": staticmethod(lambda metadata: setattr(call, "metadata", metadata) or call)})
-    session = BrokerSession(channel=Channel(call)) if as_bytes else BrokerSession(stub())  # type: ignore[arg-type]
-    session.open()
+    session = BrokerSession(channel=Channel(call)).open()  # type: ignore[arg-type]
     await session.ack(ack().ack)  # the reader has seen the broker's initial metadata
     answers = await asyncio.gather(*(session.ack(ack().ack) for _ in range(20)))
     assert len(answers) == 20

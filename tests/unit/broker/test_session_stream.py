@@ -9,6 +9,7 @@ import gc
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -155,8 +156,9 @@ class FakeCall:
     async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((MORE_KEY, "1"),) if self.joins else ()
 
-    async def write(self, request: pb.SessionRequest) -> None:
-        self.written.append(request)
+    async def write(self, message: bytes) -> None:
+        """As the proxy's session writes: serialized, joined requests in one message's `more`."""
+        self.written.append(pb.SessionRequest.FromString(message))
         if self.stalled:
             await asyncio.Event().wait()
 
@@ -174,14 +176,27 @@ class FakeCall:
         raise StopAsyncIteration
 
 
+class Channel:
+    """A channel whose Session stream is `call` (opened with the caller's metadata)."""
+
+    def __init__(self, call: FakeCall) -> None:
+        self.call = call
+
+    def stream_stream(self, method: str, *, response_deserializer: Any) -> Any:
+        def open_call(metadata: Any) -> FakeCall:
+            self.call.metadata = metadata
+            return self.call
+
+        return open_call
+
+
+def session_on(call: FakeCall) -> BrokerSession:
+    return BrokerSession(channel=Channel(call))  # type: ignore[arg-type]
+
+
 async def test_a_request_cancelled_before_it_was_written_is_never_sent() -> None:
     call = FakeCall()
-
-    class Stub:
-        def Session(self, metadata: object = ()) -> FakeCall:  # noqa: N802 - the gRPC method's name
-            return call
-
-    session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
+    session = session_on(call).open()
     pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=0)
     dropped = session.submit(pb.SessionRequest(pop=pop), lambda _: None)
     session.cancel(dropped)  # before the writer ran: neither the Pop nor a cancel frame goes out
@@ -202,7 +217,7 @@ async def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error()
     class Ended(FakeCall):
         ended = asyncio.Event()
 
-        async def write(self, request: pb.SessionRequest) -> None:
+        async def write(self, message: bytes) -> None:
             self.ended.set()
             raise asyncio.InvalidStateError("RPC already finished.")
 
@@ -210,11 +225,7 @@ async def test_a_stream_the_broker_ended_under_a_write_closes_without_an_error()
             await self.ended.wait()
             raise StopAsyncIteration  # the stream ended with OK
 
-    class Stub:
-        def Session(self, metadata: object = ()) -> FakeCall:  # noqa: N802 - the gRPC method's name
-            return Ended()
-
-    session = BrokerSession(Stub()).open()  # type: ignore[arg-type]
+    session = session_on(Ended()).open()
     with pytest.raises(grpc.aio.AioRpcError) as lost:
         await session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")]))
     assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -225,7 +236,7 @@ async def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
     """A stalled broker must not make the proxy keep every timed-out Send (and its bodies) until the writer
     reaches it: once cancelled, the session holds no reference to a request."""
     call = FakeCall(stalled=True)
-    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda metadata=(): call)})())  # type: ignore[arg-type]
+    session = session_on(call)
     session.open()
     body = b"x" * (1 << 20)
     first = session.submit(pb.SessionRequest(send=pb.SendRequest(messages=[pb.Message(body=body)])), print)
@@ -249,7 +260,8 @@ class AnsweringCall(FakeCall):
         super().__init__()
         self.answers: asyncio.Queue[pb.SessionResponse] = asyncio.Queue()
 
-    async def write(self, request: pb.SessionRequest) -> None:
+    async def write(self, message: bytes) -> None:
+        request = pb.SessionRequest.FromString(message)
         self.written.append(request)
         if not request.cancel:
             self.answers.put_nowait(pb.SessionResponse(id=request.id))
@@ -260,7 +272,7 @@ class AnsweringCall(FakeCall):
 
 async def test_an_answered_pop_nobody_received_is_handed_back_with_a_cancel_frame() -> None:
     call = AnsweringCall()
-    session = BrokerSession(type("Stub", (), {"Session": staticmethod(lambda metadata=(): call)})())  # type: ignore[arg-type]
+    session = session_on(call)
     session.open()
     answered = asyncio.Event()
     pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
