@@ -76,12 +76,13 @@ class BrokerCore:
         self.messages_in: dict[str, int] = {}
         self.messages_out: dict[tuple[str, str], int] = {}
         # For the on-call metrics (broker/metrics.py): bytes stored per topic, first deliveries and acks per (topic,
-        # group), and each ack's time since its message was stored, observed by `on_acked` when set; `on_forgotten`
-        # (topic, group) is told when a group's state on a topic is dropped (broker.admin), to drop its series.
+        # group), and each ack's time since its message was stored, handed to `on_acked` when set (one call per Ack and
+        # topic, with the seconds of each of its acks); `on_forgotten` (topic, group) is told when a group's state on a
+        # topic is dropped (broker.admin), to drop its series.
         self.bytes_in: dict[str, int] = {}
         self.first_out: dict[tuple[str, str], int] = {}
         self.messages_acked: dict[tuple[str, str], int] = {}
-        self.on_acked: Callable[[str, str, float], None] | None = None
+        self.on_acked: Callable[[str, str, Sequence[float]], None] | None = None
         self.on_forgotten: Callable[[str, str], None] | None = None
         self.sends = SendPath(settings, store, self.topics, clock=clock)
         self.consumers_seen = ConsumerRegistry()  # the live consumers proxies report (broker.admin)
@@ -424,7 +425,7 @@ class BrokerCore:
         results: list[DomainError | None] = []
         ops: list[Op] = []
         released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
-        acked: list[ReceiptHandle] = []
+        acked: dict[str, list[tuple[int, int]]] = {}  # topic -> (queue, offset) acked, in request order
         for text in handles:
             try:
                 state, handle, _ = self._resolve(topic, group, text)
@@ -434,7 +435,7 @@ class BrokerCore:
             if state.remove(handle.queue_id, handle.offset):
                 released[(state.topic, handle.queue_id)] = state
             ops.append(state.done_op(handle.queue_id, handle.offset))
-            acked.append(handle)
+            acked.setdefault(handle.topic, []).append((handle.queue_id, handle.offset))
             results.append(None)
         for (_, queue_id), state in released.items():
             self._fifo_released(state, queue_id)
@@ -443,24 +444,33 @@ class BrokerCore:
         self._count_acks(group, acked)
         return results
 
-    def _count_acks(self, group: str, acked: Sequence[ReceiptHandle]) -> None:
+    def _count_acks(self, group: str, acked: dict[str, list[tuple[int, int]]]) -> None:
+        """Count the acks per (topic, group) and hand their latencies to `on_acked`, one call per topic with
+        at least one."""
         now = self.clock.now_ms()
-        for handle in acked:
-            topic_log = self.topics.get(handle.topic)
-            if (
-                topic_log is None
-                or (group, handle.topic) not in self.groups
-                or handle.queue_id >= len(topic_log.queues)
-            ):
+        on_acked = self.on_acked
+        for topic, messages in acked.items():
+            topic_log = self.topics.get(topic)
+            if topic_log is None or (group, topic) not in self.groups:
                 # Its topic or group was deleted while the acks were committed (broker.admin): the acks stand and
                 # are answered OK, nothing is counted for what is gone — tests/unit/broker/test_core_commits.py::
                 # test_acks_applied_while_their_topic_is_deleted_are_answered_ok.
                 continue
-            key = (handle.topic, group)
-            self.messages_acked[key] = self.messages_acked.get(key, 0) + 1
-            queue = topic_log.queues[handle.queue_id]
-            if self.on_acked is not None and queue.min_offset <= handle.offset < queue.max_offset:  # retention
-                self.on_acked(handle.topic, group, max(0, now - queue.store_ms_at(handle.offset)) / 1000)
+            queues = topic_log.queues
+            counted = 0
+            seconds: list[float] = []
+            for queue_id, offset in messages:
+                if queue_id >= len(queues):
+                    continue
+                counted += 1
+                queue = queues[queue_id]
+                if on_acked is not None and queue.min_offset <= offset < queue.max_offset:  # retention
+                    seconds.append(max(0, now - queue.store_ms_at(offset)) / 1000)
+            if counted:
+                key = (topic, group)
+                self.messages_acked[key] = self.messages_acked.get(key, 0) + counted
+            if seconds and on_acked is not None:
+                on_acked(topic, group, seconds)
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
         validation.check_group(group)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -63,15 +63,18 @@ class BrokerMetrics:
         self._latency_pairs: set[tuple[str, str]] = set()
         self.store: StoreReadings | None = None  # made by `watch`
 
-    def acked(self, topic: str, group: str, seconds: float) -> None:
-        """One ack, `seconds` after its message was stored — tests/unit/broker/test_metrics.py."""
+    def acked(self, topic: str, group: str, seconds: Sequence[float]) -> None:
+        """Acks of the group on the topic, each observed apart, `seconds` after its message was stored; their series
+        is looked up once for them all — tests/unit/broker/test_metrics.py. The core calls it with at least one."""
         pair = (topic, group)
         if pair not in self._latency_pairs:
             if len(self._latency_pairs) >= MAX_LATENCY_PAIRS:
                 pair = (OTHER, OTHER)
             else:
                 self._latency_pairs.add(pair)
-        self.ack_latency.labels(*pair).observe(seconds)
+        observe = self.ack_latency.labels(*pair).observe
+        for s in seconds:
+            observe(s)
 
     def forget(self, topic: str, group: str) -> None:
         """The broker forgot the group's state on the topic (deleted, broker.admin): its ack latency series go,
