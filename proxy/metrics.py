@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -21,6 +22,25 @@ OTHER_GROUPS = "_other"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30)
 # Stored (or due) -> delivered: from a consumer keeping up (milliseconds) to a backlog hours old.
 DELIVERY_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class _Children(Generic[M]):
+    """A labelled metric's children by their label values, each looked up with `labels()` once, when first used
+    (so a series appears when it did before: at its first count). They live as long as the metric, which removes
+    none, so a kept child is the one `labels()` would return."""
+
+    __slots__ = ("_metric", "_children")
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class ProxyMetrics:
@@ -36,32 +56,40 @@ class ProxyMetrics:
         self._groups: set[str] = set()
         self._max_pairs = max_topic_groups
         self._pairs: set[tuple[str, str]] = set()
-        self._rpc = Histogram(
-            "popgate_proxy_rpc_duration_seconds",
-            "Client RPCs served, by method and v2 status code",
-            ["method", "code"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+        self._rpc = _Children(
+            Histogram(
+                "popgate_proxy_rpc_duration_seconds",
+                "Client RPCs served, by method and v2 status code",
+                ["method", "code"],
+                buckets=_LATENCY_BUCKETS,
+                registry=self.registry,
+            )
         )
-        self._broker = Counter(
-            "popgate_proxy_broker_rpcs",
-            "Calls to brokers, by outcome (ok, the error name, or cancelled: unanswered when the proxy dropped it)",
-            ["broker", "method", "outcome"],
-            registry=self.registry,
+        self._broker = _Children(
+            Counter(
+                "popgate_proxy_broker_rpcs",
+                "Calls to brokers, by outcome (ok, the error name, or cancelled: unanswered when the proxy dropped it)",
+                ["broker", "method", "outcome"],
+                registry=self.registry,
+            )
         )
-        self._receives = Counter(
-            "popgate_proxy_receives",
-            "ReceiveMessage outcomes: messages, empty, full (overload), behind (no time left to poll: the proxy is "
-            "behind), illegal_polling_time, closing (shutdown), cancelled (client gone), error",
-            ["group", "mode", "outcome"],
-            registry=self.registry,
+        self._receives = _Children(
+            Counter(
+                "popgate_proxy_receives",
+                "ReceiveMessage outcomes: messages, empty, full (overload), behind (no time left to poll: the proxy is "
+                "behind), illegal_polling_time, closing (shutdown), cancelled (client gone), error",
+                ["group", "mode", "outcome"],
+                registry=self.registry,
+            )
         )
-        self._first_pop_hits = Counter(
-            "popgate_proxy_receive_first_pop_hits",
-            "Receives whose first Pop found messages at once, without a broker holding it (is_short_polling_hit): "
-            "pop with notify's poll-0 first Pop, no notify round needed, or a long-poll Pop answered at once",
-            ["group"],
-            registry=self.registry,
+        self._first_pop_hits = _Children(
+            Counter(
+                "popgate_proxy_receive_first_pop_hits",
+                "Receives whose first Pop found messages at once, without a broker holding it (is_short_polling_hit): "
+                "pop with notify's poll-0 first Pop, no notify round needed, or a long-poll Pop answered at once",
+                ["group"],
+                registry=self.registry,
+            )
         )
         self._receive_latency = Histogram(
             "popgate_proxy_receive_latency_seconds",
@@ -70,84 +98,107 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
-        self._mode_latency = Histogram(
-            "popgate_proxy_receive_mode_latency_seconds",
-            "Time from a ReceiveMessage request to its answer, by strategy and outcome (messages / empty / ...)",
-            ["mode", "outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+        self._mode_latency = _Children(
+            Histogram(
+                "popgate_proxy_receive_mode_latency_seconds",
+                "Time from a ReceiveMessage request to its answer, by strategy and outcome (messages / empty / ...)",
+                ["mode", "outcome"],
+                buckets=_LATENCY_BUCKETS,
+                registry=self.registry,
+            )
         )
-        self._long_polls = Counter(
-            "popgate_proxy_long_polling_receives",
-            "Receives that waited at brokers (is_long_polling): a long-poll Pop a broker held (RocketMQ's "
-            "suspended request), or a pop-with-notify run whose first Pop was empty and that asked a broker to hold "
-            "it (not only a poll-0 last look)",
-            ["group"],
-            registry=self.registry,
+        self._long_polls = _Children(
+            Counter(
+                "popgate_proxy_long_polling_receives",
+                "Receives that waited at brokers (is_long_polling): a long-poll Pop a broker held (RocketMQ's "
+                "suspended request), or a pop-with-notify run whose first Pop was empty and that asked a broker to "
+                "hold it (not only a poll-0 last look)",
+                ["group"],
+                registry=self.registry,
+            )
         )
-        self._moved = Counter(
-            "popgate_proxy_long_polls_moved",
-            "Held long-poll Pops moved to a broker that had a message nobody of the group waited for there",
-            ["group"],
-            registry=self.registry,
+        self._moved = _Children(
+            Counter(
+                "popgate_proxy_long_polls_moved",
+                "Held long-poll Pops moved to a broker that had a message nobody of the group waited for there",
+                ["group"],
+                registry=self.registry,
+            )
         )
-        self._not_read = Counter(
-            "popgate_proxy_answers_not_read",
-            "Answers with messages their clients did not read within max_answer_write_s: the messages were given back",
-            ["group"],
-            registry=self.registry,
+        self._not_read = _Children(
+            Counter(
+                "popgate_proxy_answers_not_read",
+                "Answers with messages their clients did not read within max_answer_write_s: the messages were "
+                "given back",
+                ["group"],
+                registry=self.registry,
+            )
         )
-        self._notify_runs = Counter(
-            "popgate_proxy_notify_runs",
-            "Receives served by pop with notify (their first Pop included)",
-            ["group"],
-            registry=self.registry,
+        self._notify_runs = _Children(
+            Counter(
+                "popgate_proxy_notify_runs",
+                "Receives served by pop with notify (their first Pop included)",
+                ["group"],
+                registry=self.registry,
+            )
         )
-        self._notifications = Counter(
-            "popgate_proxy_notifications",
-            "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (nothing for the "
-            "group: held until the poll ended, or a poll-0 last look answered so), full (broker polling_full), "
-            "unanswered (cancelled before the poll ended: answered elsewhere, deadline, client gone; or failed)",
-            ["group", "outcome"],
-            registry=self.registry,
+        self._notifications = _Children(
+            Counter(
+                "popgate_proxy_notifications",
+                "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (nothing for the "
+                "group: held until the poll ended, or a poll-0 last look answered so), full (broker polling_full), "
+                "unanswered (cancelled before the poll ended: answered elsewhere, deadline, client gone; or failed)",
+                ["group", "outcome"],
+                registry=self.registry,
+            )
         )
-        self._notify_pops = Counter(
-            "popgate_proxy_notify_pops",
-            "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
-            "lost (a consume Pop found nothing: another consumer won the race), handoff (adaptive: after a lost "
-            "race in a busy group, the rest of the wait is a coupled long poll), held (one live broker: a Pop "
-            "held by it instead of a Notification)",
-            ["group", "kind"],
-            registry=self.registry,
+        self._notify_pops = _Children(
+            Counter(
+                "popgate_proxy_notify_pops",
+                "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
+                "lost (a consume Pop found nothing: another consumer won the race), handoff (adaptive: after a lost "
+                "race in a busy group, the rest of the wait is a coupled long poll), held (one live broker: a Pop "
+                "held by it instead of a Notification)",
+                ["group", "kind"],
+                registry=self.registry,
+            )
         )
-        self._decisions = Counter(
-            "popgate_proxy_receive_mode_decisions",
-            "Adaptive mode: the strategy chosen per receive and why (quiet, rate, concurrency)",
-            ["group", "mode", "reason"],
-            registry=self.registry,
+        self._decisions = _Children(
+            Counter(
+                "popgate_proxy_receive_mode_decisions",
+                "Adaptive mode: the strategy chosen per receive and why (quiet, rate, concurrency)",
+                ["group", "mode", "reason"],
+                registry=self.registry,
+            )
         )
 
         self._deliveries = _DeliveryMetrics(self.registry)
-        self._renewals = Counter(
-            "popgate_proxy_renewals",
-            "auto_renew handles sent to their broker for renewal, by outcome: ok, stale (acked elsewhere or "
-            "redelivered: no longer renewed), failed (the broker call failed: tried again a period later)",
-            ["outcome"],
-            registry=self.registry,
+        self._renewals = _Children(
+            Counter(
+                "popgate_proxy_renewals",
+                "auto_renew handles sent to their broker for renewal, by outcome: ok, stale (acked elsewhere or "
+                "redelivered: no longer renewed), failed (the broker call failed: tried again a period later)",
+                ["outcome"],
+                registry=self.registry,
+            )
         )
-        self._renewal_untracked = Counter(
-            "popgate_proxy_renewal_untracked",
-            "auto_renew handles this proxy does not renew, by reason: no_client_id (the receive named no client: "
-            "nobody to watch), client_limit, total_limit (over the bounds on handles tracked)",
-            ["reason"],
-            registry=self.registry,
+        self._renewal_untracked = _Children(
+            Counter(
+                "popgate_proxy_renewal_untracked",
+                "auto_renew handles this proxy does not renew, by reason: no_client_id (the receive named no client: "
+                "nobody to watch), client_limit, total_limit (over the bounds on handles tracked)",
+                ["reason"],
+                registry=self.registry,
+            )
         )
-        self._renewal_ended = Counter(
-            "popgate_proxy_renewal_ended",
-            "auto_renew handles no longer renewed, by reason: settled (acked, changed or dead-lettered through this "
-            "proxy), stale, max_time (renewed for renew_max_s), client_gone",
-            ["reason"],
-            registry=self.registry,
+        self._renewal_ended = _Children(
+            Counter(
+                "popgate_proxy_renewal_ended",
+                "auto_renew handles no longer renewed, by reason: settled (acked, changed or dead-lettered through "
+                "this proxy), stale, max_time (renewed for renew_max_s), client_gone",
+                ["reason"],
+                registry=self.registry,
+            )
         )
         self._renewal_handles = Gauge(
             "popgate_proxy_renewal_handles",
@@ -156,13 +207,13 @@ class ProxyMetrics:
         )
 
     def renewals(self, outcome: str, count: int) -> None:
-        self._renewals.labels(outcome).inc(count)
+        self._renewals(outcome).inc(count)
 
     def renewal_untracked(self, reason: str, count: int) -> None:
-        self._renewal_untracked.labels(reason).inc(count)
+        self._renewal_untracked(reason).inc(count)
 
     def renewal_ended(self, reason: str, count: int) -> None:
-        self._renewal_ended.labels(reason).inc(count)
+        self._renewal_ended(reason).inc(count)
 
     def watch_renewals(self, tracked: Callable[[], int]) -> None:
         self._renewal_handles.set_function(tracked)
@@ -173,10 +224,10 @@ class ProxyMetrics:
         self.registry.register(_BrokerHealth(brokers))
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
-        self._rpc.labels(method, code).observe(seconds)
+        self._rpc(method, code).observe(seconds)
 
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
-        self._broker.labels(broker, method, outcome).inc()
+        self._broker(broker, method, outcome).inc()
 
     def _group(self, group: str) -> str:
         """The group's label: its name for the first `max_groups` groups seen, OTHER_GROUPS after that —
@@ -189,25 +240,25 @@ class ProxyMetrics:
         return OTHER_GROUPS
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
-        self._receives.labels(self._group(group), mode, outcome).inc()
+        self._receives(self._group(group), mode, outcome).inc()
         self._receive_latency.observe(seconds)
-        self._mode_latency.labels(mode, outcome).observe(seconds)
+        self._mode_latency(mode, outcome).observe(seconds)
 
     def long_poll(self, group: str) -> None:
-        self._long_polls.labels(self._group(group)).inc()
+        self._long_polls(self._group(group)).inc()
 
     def first_pop_hit(self, group: str) -> None:
-        self._first_pop_hits.labels(self._group(group)).inc()
+        self._first_pop_hits(self._group(group)).inc()
 
     def pop_moved(self, group: str) -> None:
-        self._moved.labels(self._group(group)).inc()
+        self._moved(self._group(group)).inc()
 
     def answer_not_read(self, group: str) -> None:
-        self._not_read.labels(self._group(group)).inc()
+        self._not_read(self._group(group)).inc()
 
     def notify_run(self, group: str, stats: RunStats) -> None:
         group = self._group(group)
-        self._notify_runs.labels(group).inc()
+        self._notify_runs(group).inc()
         if stats.waited:
             self.long_poll(group)
         if stats.first_pop_hit:
@@ -220,7 +271,7 @@ class ProxyMetrics:
             ("unanswered", stats.notifications - answered),
         ):
             if count:
-                self._notifications.labels(group, outcome).inc(count)
+                self._notifications(group, outcome).inc(count)
         consume = stats.pops - 1 if stats.pops else 0
         kinds = (
             ("first", min(stats.pops, 1)),
@@ -231,10 +282,10 @@ class ProxyMetrics:
         )
         for kind, count in kinds:
             if count:
-                self._notify_pops.labels(group, kind).inc(count)
+                self._notify_pops(group, kind).inc(count)
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
-        self._decisions.labels(self._group(group), mode, reason).inc()
+        self._decisions(self._group(group), mode, reason).inc()
 
     def _topic_group(self, topic: str, group: str) -> tuple[str, str]:
         """Labels of a (topic, group) pair: the group's label (`_group`) and the topic's name for the first
@@ -257,10 +308,10 @@ class ProxyMetrics:
         labels = self._topic_group(topic, group)
         acked = sum(1 for error in outcome if error is None)
         if acked:
-            self._deliveries.acks.labels(*labels, "ok").inc(acked)
+            self._deliveries.acks(*labels, "ok").inc(acked)
         for error in outcome:
             if error is not None:
-                self._deliveries.acks.labels(*labels, error.name).inc()
+                self._deliveries.acks(*labels, error.name).inc()
 
 
 class _DeliveryMetrics:
@@ -268,50 +319,63 @@ class _DeliveryMetrics:
     redeliveries, how long a message waited from its store to its first delivery, and the acks."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.messages = Counter(
-            "popgate_proxy_messages_delivered",
-            "Messages written to consumers in answers they read whole, by delivery: first (delivery attempt 1) "
-            "or redelivery (attempt > 1)",
-            ["topic", "group", "delivery"],
-            registry=registry,
+        self.messages = _Children(
+            Counter(
+                "popgate_proxy_messages_delivered",
+                "Messages written to consumers in answers they read whole, by delivery: first (delivery attempt 1) "
+                "or redelivery (attempt > 1)",
+                ["topic", "group", "delivery"],
+                registry=registry,
+            )
         )
-        self.bytes = Counter(
-            "popgate_proxy_delivered_bytes",
-            "Message body bytes written to consumers in answers they read whole",
-            ["topic", "group"],
-            registry=registry,
+        self.bytes = _Children(
+            Counter(
+                "popgate_proxy_delivered_bytes",
+                "Message body bytes written to consumers in answers they read whole",
+                ["topic", "group"],
+                registry=registry,
+            )
         )
-        self.latency = Histogram(
-            "popgate_proxy_first_delivery_latency_seconds",
-            "From a message's store at its broker (its delivery time, for a delayed message) to its first delivery "
-            "to a consumer (broker and proxy clocks; < 0 counts as 0)",
-            ["topic", "group"],
-            buckets=DELIVERY_LATENCY_BUCKETS,
-            registry=registry,
+        self.latency = _Children(
+            Histogram(
+                "popgate_proxy_first_delivery_latency_seconds",
+                "From a message's store at its broker (its delivery time, for a delayed message) to its first delivery "
+                "to a consumer (broker and proxy clocks; < 0 counts as 0)",
+                ["topic", "group"],
+                buckets=DELIVERY_LATENCY_BUCKETS,
+                registry=registry,
+            )
         )
-        self.acks = Counter(
-            "popgate_proxy_acks",
-            "AckMessage entries through this proxy, by outcome: ok, or the error's name (InvalidReceiptHandle, ...)",
-            ["topic", "group", "outcome"],
-            registry=registry,
+        self.acks = _Children(
+            Counter(
+                "popgate_proxy_acks",
+                "AckMessage entries through this proxy, by outcome: ok, or the error's name "
+                "(InvalidReceiptHandle, ...)",
+                ["topic", "group", "outcome"],
+                registry=registry,
+            )
         )
 
     def count(self, topic: str, group: str, messages: Sequence[bpb.PoppedMessage], now_ms: int) -> None:
         first = size = 0
-        latency = self.latency.labels(topic, group)
+        observe = self.latency(topic, group).observe
         for popped in messages:
             stored = popped.stored
             message = stored.message
             size += len(message.body)
             if popped.delivery_attempt <= 1:
                 first += 1
-                since_ms = max(stored.store_ms, message.deliver_at_ms)
-                latency.observe(max(0, now_ms - since_ms) / 1000)
+                since_ms = stored.store_ms
+                deliver_at_ms = message.deliver_at_ms
+                if deliver_at_ms > since_ms:
+                    since_ms = deliver_at_ms
+                waited_ms = now_ms - since_ms
+                observe(waited_ms / 1000 if waited_ms > 0 else 0.0)
         if first:
-            self.messages.labels(topic, group, "first").inc(first)
+            self.messages(topic, group, "first").inc(first)
         if len(messages) > first:
-            self.messages.labels(topic, group, "redelivery").inc(len(messages) - first)
-        self.bytes.labels(topic, group).inc(size)
+            self.messages(topic, group, "redelivery").inc(len(messages) - first)
+        self.bytes(topic, group).inc(size)
 
 
 def counting(metrics: object) -> ProxyMetrics | None:
