@@ -345,7 +345,10 @@ def _seconds(ts: object) -> float:
 
 
 def from_v2(message: v2.Message) -> Message:
-    """A received v2 message as the SDK's `Message` (a consumer's main cost per message: each field read once)."""
+    """A received v2 message as the SDK's `Message` (a consumer's main cost per message: each field read once).
+
+    Every attribute keeps its value and type whatever the v2 fields set —
+    tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type."""
     props = message.system_properties
     body = message.body
     if props.body_encoding == v2.GZIP:
@@ -355,22 +358,30 @@ def from_v2(message: v2.Message) -> Message:
     has = props.HasField
     born, stored = props.born_timestamp, props.store_timestamp
     user = message.user_properties
-    return Message(
+    keys = props.keys
+    # Nonzero, an optional scalar is present: HasField only tells an unset one from one set to 0.
+    attempt = props.delivery_attempt
+    if not attempt and not has("delivery_attempt"):
+        attempt = 1
+    offset = props.queue_offset
+    if not offset and not has("queue_offset"):
+        offset = -1
+    return Message(  # positionally, in its fields' order
         body,
-        topic=message.topic.name,
-        tag=props.tag if has("tag") else None,
-        keys=tuple(props.keys),
-        properties={key: user[key] for key in user} if user else {},  # dict(map) goes the slow Mapping way
-        message_group=props.message_group if has("message_group") else None,
-        deliver_at=_seconds(props.delivery_timestamp) if has("delivery_timestamp") else None,
-        priority=props.priority if has("priority") else None,
-        message_id=props.message_id,
-        attempt=props.delivery_attempt if has("delivery_attempt") else 1,
-        born_at=born.seconds + born.nanos / 1e9,
-        stored_at=stored.seconds + stored.nanos / 1e9,
-        receipt_handle=props.receipt_handle,
-        queue_id=props.queue_id,
-        offset=props.queue_offset if has("queue_offset") else -1,
+        message.topic.name,
+        props.tag if has("tag") else None,
+        tuple(keys) if keys else (),
+        {key: user[key] for key in user} if user else {},  # dict(map) goes the slow Mapping way
+        props.message_group if has("message_group") else None,
+        _seconds(props.delivery_timestamp) if has("delivery_timestamp") else None,
+        props.priority if has("priority") else None,
+        props.message_id,
+        attempt,
+        born.seconds + born.nanos / 1e9,
+        stored.seconds + stored.nanos / 1e9,
+        props.receipt_handle,
+        props.queue_id,
+        offset,
     )
 
 

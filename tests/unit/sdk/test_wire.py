@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import hmac
 import re
@@ -138,6 +139,75 @@ def test_receive_stream_is_read_whatever_the_frame_order() -> None:
     [m] = _wire.received([status, _frame_message("h", 2), stamp])
     assert (m.body, m.topic, m.tag, tuple(m.keys), dict(m.properties)) == (b"b", "t", "tg", ("k",), {"p": "q"})
     assert (m.message_id, m.receipt_handle, m.attempt, m.born_at, m.stored_at) == ("M", "h", 2, 10.0, 20.0)
+
+
+def _fields(m: Message) -> dict[str, tuple[type, object]]:
+    return {name: (type(getattr(m, name)), getattr(m, name)) for name in Message.__dataclass_fields__}
+
+
+def test_a_received_message_carries_each_v2_field_with_its_value_and_type() -> None:
+    full = v2.Message(topic=v2.Resource(name="t"), body=b"b", user_properties={"p": "q", "r": "s"})
+    s = full.system_properties
+    s.tag, s.message_group, s.priority, s.message_id, s.receipt_handle = "tg", "g", 3, "M", "h"
+    s.keys.extend(["k1", "k2"])
+    s.delivery_timestamp.seconds, s.delivery_timestamp.nanos = 30, 500_000_000
+    s.born_timestamp.seconds, s.born_timestamp.nanos = 10, 250_000_000
+    s.store_timestamp.seconds = 20
+    s.queue_id, s.queue_offset, s.delivery_attempt = 4, 9, 2
+    assert _fields(_wire.from_v2(full)) == {
+        "body": (bytes, b"b"),
+        "topic": (str, "t"),
+        "tag": (str, "tg"),
+        "keys": (tuple, ("k1", "k2")),
+        "properties": (dict, {"p": "q", "r": "s"}),
+        "message_group": (str, "g"),
+        "deliver_at": (float, 30.5),
+        "priority": (int, 3),
+        "message_id": (str, "M"),
+        "attempt": (int, 2),
+        "born_at": (float, 10.25),
+        "stored_at": (float, 20.0),
+        "receipt_handle": (str, "h"),
+        "queue_id": (int, 4),
+        "offset": (int, 9),
+    }
+    # Set to their zero values, the optional fields are present: empty or 0, not None, 1 or -1.
+    zeros = v2.Message()
+    z = zeros.system_properties
+    z.tag, z.message_group, z.priority, z.delivery_attempt, z.queue_offset = "", "", 0, 0, 0
+    z.delivery_timestamp.seconds = 0
+    got = _fields(_wire.from_v2(zeros))
+    assert {k: got[k] for k in ("tag", "message_group", "deliver_at", "priority", "attempt", "offset")} == {
+        "tag": (str, ""),
+        "message_group": (str, ""),
+        "deliver_at": (float, 0.0),
+        "priority": (int, 0),
+        "attempt": (int, 0),
+        "offset": (int, 0),
+    }
+    assert _fields(_wire.from_v2(v2.Message())) == {
+        "body": (bytes, b""),
+        "topic": (str, ""),
+        "tag": (type(None), None),
+        "keys": (tuple, ()),
+        "properties": (dict, {}),
+        "message_group": (type(None), None),
+        "deliver_at": (type(None), None),
+        "priority": (type(None), None),
+        "message_id": (str, ""),
+        "attempt": (int, 1),
+        "born_at": (float, 0.0),
+        "stored_at": (float, 0.0),
+        "receipt_handle": (str, ""),
+        "queue_id": (int, 0),
+        "offset": (int, -1),
+    }
+
+
+def test_a_gzip_body_is_received_inflated() -> None:
+    m = v2.Message(body=gzip.compress(b"hello"))
+    m.system_properties.body_encoding = v2.GZIP
+    assert _wire.from_v2(m).body == b"hello"
 
 
 def test_empty_receive_is_not_an_error_but_other_statuses_are() -> None:
