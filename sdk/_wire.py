@@ -134,6 +134,14 @@ class MessageIds:
         seconds = (int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF
         return f"{prefix}{seconds:08X}{n:08X}"
 
+    def many(self, count: int) -> list[str]:
+        """`count` ids, as `count` calls in a row would make them (in the same second)."""
+        with self._lock:
+            counts = list(itertools.islice(self._counter, count))
+            prefix = self._prefix
+        head = f"{prefix}{(int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF:08X}"
+        return [f"{head}{n & 0xFFFFFFFF:08X}" for n in counts]
+
 
 _live_ids: weakref.WeakSet[MessageIds] = weakref.WeakSet()
 
@@ -240,6 +248,22 @@ def outgoing(
     return out
 
 
+def send_template(topic: str, *, namespace: str = "", now: float) -> v2.Message:
+    """What every message of one SendMessage request carries alike (topic, born time and host, encoding, the
+    NORMAL type the others replace), copied into each before `_fill` sets its own fields —
+    tests/unit/sdk/test_wire.py::test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own."""
+    out = v2.Message()
+    out.topic.name = topic
+    if namespace:
+        out.topic.resource_namespace = namespace
+    props = out.system_properties
+    props.body_encoding = v2.IDENTITY
+    props.born_host = "127.0.0.1"
+    _set_seconds(props.born_timestamp, now)
+    props.message_type = v2.NORMAL
+    return out
+
+
 def to_v2(
     topic: str,
     message: Message,
@@ -253,17 +277,17 @@ def to_v2(
     """The v2 message to send; filled into `out` (an empty message, e.g. a request's new entry) when given."""
     if out is None:
         out = v2.Message()
-    out.topic.name = topic
-    if namespace:
-        out.topic.resource_namespace = namespace
+    out.CopyFrom(send_template(topic, namespace=namespace, now=now))
+    return _fill(out, message, message_id, transactional=transactional)
+
+
+def _fill(out: v2.Message, message: Message, message_id: str, *, transactional: bool) -> v2.Message:
+    """`out`, a copy of `send_template`'s message, made `to_v2`'s (the fields each message has of its own)."""
     out.body = message.body
     if message.properties:
         out.user_properties.update(message.properties)
     props = out.system_properties
     props.message_id = message_id
-    props.body_encoding = v2.IDENTITY
-    props.born_host = "127.0.0.1"
-    _set_seconds(props.born_timestamp, now)
     if message.tag is not None:
         props.tag = message.tag
     if message.keys:
@@ -281,8 +305,6 @@ def to_v2(
     elif message.deliver_at is not None:
         _set_seconds(props.delivery_timestamp, message.deliver_at)
         props.message_type = v2.DELAY
-    else:
-        props.message_type = v2.NORMAL
     return out
 
 
@@ -290,18 +312,22 @@ def send_requests(
     topic: str, messages: Sequence[Message], ids: MessageIds, *, namespace: str = "", transactional: bool = False
 ) -> list[pb.SendMessageRequest]:
     """SendMessage requests for a batch, split at MAX_SEND_BATCH messages or MAX_SEND_BYTES body bytes."""
-    now = time.time()
+    template = send_template(topic, namespace=namespace, now=time.time())
     requests: list[pb.SendMessageRequest] = []
     current = pb.SendMessageRequest()
+    add = current.messages.add
     count = size = 0
-    for message in messages:
-        if count and (count >= MAX_SEND_BATCH or size + len(message.body) > MAX_SEND_BYTES):
+    for message, message_id in zip(messages, ids.many(len(messages)), strict=True):
+        length = len(message.body)
+        if count and (count >= MAX_SEND_BATCH or size + length > MAX_SEND_BYTES):
             requests.append(current)
             current, count, size = pb.SendMessageRequest(), 0, 0
-        out = current.messages.add()  # built in place: no message copied into the request
-        to_v2(topic, message, ids(), namespace=namespace, now=now, transactional=transactional, out=out)
+            add = current.messages.add
+        out = add()  # built in place: no message copied into the request
+        out.CopyFrom(template)
+        _fill(out, message, message_id, transactional=transactional)
         count += 1
-        size += len(message.body)
+        size += length
     if count:
         requests.append(current)
     return requests

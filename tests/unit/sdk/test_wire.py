@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import hmac
+import itertools
 import re
 import subprocess
 import sys
@@ -110,6 +111,43 @@ def test_send_batches_split_by_count_and_bytes() -> None:
     assert [len(r.messages) for r in _wire.send_requests("t", small, ids)] == [1024, 1024, 452]
     big = [_wire.outgoing(b"x" * (3 * 1024 * 1024)) for _ in range(5)]
     assert [len(r.messages) for r in _wire.send_requests("t", big, ids)] == [2, 2, 1]
+
+
+def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own() -> None:
+    messages = [
+        _wire.outgoing(b"plain"),
+        _wire.outgoing(b"own", tag="t", keys=["k"], properties={"p": "q"}, message_group="g"),
+        _wire.outgoing(b"later", deliver_at=1000.5, now=1000.0),
+        _wire.outgoing(b"high", priority=3),
+        _wire.outgoing(b"plain again"),
+    ]
+    ids = _wire.MessageIds()
+    [request] = _wire.send_requests("orders", messages, ids, namespace="ns")
+    sent = list(request.messages)
+    for m in sent:
+        assert (m.topic.name, m.topic.resource_namespace, m.system_properties.born_host) == (
+            "orders",
+            "ns",
+            "127.0.0.1",
+        )
+        assert m.system_properties.body_encoding == v2.IDENTITY
+        assert m.system_properties.born_timestamp == sent[0].system_properties.born_timestamp
+    types = [m.system_properties.message_type for m in sent]
+    assert types == [v2.NORMAL, v2.FIFO, v2.DELAY, v2.PRIORITY, v2.NORMAL]
+    own = sent[1]
+    assert (own.system_properties.tag, list(own.system_properties.keys), dict(own.user_properties)) == (
+        "t",
+        ["k"],
+        {"p": "q"},
+    )
+    assert sent[2].system_properties.delivery_timestamp.nanos == 500_000_000 and sent[3].system_properties.priority == 3
+    last = sent[4].system_properties
+    assert not any(last.HasField(f) for f in ("tag", "message_group", "delivery_timestamp", "priority"))
+    assert not last.keys and not sent[4].user_properties
+    # Ids made for a request continue the generator's sequence, as made one by one.
+    counters = [int(m.system_properties.message_id[-8:], 16) for m in sent] + [int(ids()[-8:], 16)]
+    assert [(b - a) % 2**32 for a, b in itertools.pairwise(counters)] == [1] * 5
+    assert len({m.system_properties.message_id for m in sent}) == 5
 
 
 def test_send_receipts_and_errors() -> None:
