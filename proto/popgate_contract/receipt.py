@@ -20,6 +20,7 @@ from popgate_contract.errors import InvalidReceiptHandle
 VERSION = "1"
 _SEP = "~"
 MAX_HANDLE_LEN = 1024
+_new_tuple = tuple.__new__
 
 
 def encode_handle(broker: str, topic: str, queue_id: int, offset: int, attempt: int, token: int, until_ms: int) -> str:
@@ -57,7 +58,9 @@ class ReceiptHandle(NamedTuple):
             raise InvalidReceiptHandle("receipt handle is malformed (bad number)") from None
         if queue_id < 0 or at < 0 or tok < 0 or until_ms < 0 or n < 1:
             raise InvalidReceiptHandle("receipt handle is malformed (negative field)")
-        return cls(broker, topic, queue_id, at, n, tok, until_ms)
+        # The tuple made as the generated `__new__` makes it, without its extra call (the broker decodes every
+        # handle of every Ack).
+        return _new_tuple(cls, (broker, topic, queue_id, at, n, tok, until_ms))
 
 
 def broker_of(text: str) -> str:
