@@ -214,8 +214,8 @@ def outgoing(
     """A `Message` to send from a body or message plus options (options fill fields the message leaves unset)."""
     if delay is not None and deliver_at is not None:
         raise ValueError("give delay or deliver_at, not both")
-    now = time.time() if now is None else now
     if delay is not None:
+        now = time.time() if now is None else now
         deliver_at = now + duration("delay", delay)
     if isinstance(body, Message):
         m = body
@@ -229,14 +229,15 @@ def outgoing(
             priority=m.priority if m.priority is not None else priority,
         )
     else:
-        out = Message(
-            _as_bytes(body),
-            tag=tag,
-            keys=_as_keys(keys),
-            properties=dict(properties or {}),
-            message_group=message_group,
-            deliver_at=deliver_at,
-            priority=priority,
+        out = Message(  # positionally, in its fields' order (test_outgoing_message_fields)
+            body if type(body) is bytes else _as_bytes(body),  # bytes(body) is body
+            "",
+            tag,
+            (keys,) if isinstance(keys, str) else tuple(keys),  # _as_keys
+            dict(properties) if properties else {},
+            message_group,
+            deliver_at,
+            priority,
         )
     if out.priority is not None and (out.priority < 0 or out.message_group is not None or out.deliver_at is not None):
         raise ValueError("priority must be >= 0, and a message with one cannot have a message_group or a delay")
@@ -244,7 +245,7 @@ def outgoing(
         # A v2 message is FIFO or DELAY, not both (RocketMQ's clients refuse it the same way).
         raise ValueError("a message with a message_group cannot also have a delay or deliver_at")
     if out.deliver_at is not None:
-        _deliver_at(out.deliver_at, now)
+        _deliver_at(out.deliver_at, time.time() if now is None else now)
     return out
 
 

@@ -100,6 +100,18 @@ def test_outgoing_message_fields() -> None:
         _wire.outgoing(b"x", delay=1, deliver_at=2)
 
 
+def test_an_outgoing_body_takes_the_call_options_as_its_fields() -> None:
+    props = {"a": "b"}
+    m = _wire.outgoing(bytearray(b"ab"), tag="t", keys="order-1", properties=props, priority=2)
+    assert m == Message(b"ab", tag="t", keys=("order-1",), properties={"a": "b"}, priority=2)
+    assert type(m.body) is bytes and m.properties is not props  # a copy: the caller's dict stays the caller's
+    later = _wire.outgoing(memoryview(b"cd"), keys=["k1", "k2"], message_group=None, deliver_at=1000.5, now=1000.0)
+    assert later == Message(b"cd", keys=("k1", "k2"), deliver_at=1000.5)
+    assert _wire.outgoing("é", message_group="g") == Message("é".encode(), message_group="g")
+    with pytest.raises(TypeError, match="bytes or str, not int"):
+        _wire.outgoing(5)  # type: ignore[arg-type]
+
+
 def test_a_message_object_keeps_its_own_fields_over_the_call_options() -> None:
     m = _wire.outgoing(Message(b"x", tag="own"), tag="default", keys=["k"])
     assert m.tag == "own" and list(m.keys) == ["k"]
