@@ -301,13 +301,18 @@ class Proxy:
         self.renewer.forget(handles)
         outcome: list[errors.DomainError | None] = [None] * len(handles)
         by_broker: dict[str, tuple[BrokerClient, list[int]]] = {}
+        for_handle = self.pool.for_handle
         for index, handle in enumerate(handles):
             try:
-                client = self.pool.for_handle(handle)
+                client = for_handle(handle)
             except errors.InvalidReceiptHandle as exc:
                 outcome[index] = exc
                 continue
-            by_broker.setdefault(client.name, (client, []))[1].append(index)
+            known = by_broker.get(client.name)
+            if known is None:
+                by_broker[client.name] = (client, [index])
+            else:
+                known[1].append(index)
 
         async def one(client: BrokerClient, indexes: list[int]) -> None:
             request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])
@@ -323,7 +328,11 @@ class Proxy:
             for i in indexes[len(response.results) :]:
                 outcome[i] = errors.BrokerFailure(f"broker {client.name} returned no result for this handle")
 
-        await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
+        if len(by_broker) == 1:  # awaited in place: a task per call only where brokers are asked at once
+            [(client, indexes)] = by_broker.values()
+            await one(client, indexes)
+        else:
+            await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
         return outcome
 
     async def change_invisible(
