@@ -18,7 +18,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
@@ -229,7 +229,8 @@ def outgoing(
             priority=m.priority if m.priority is not None else priority,
         )
     else:
-        out = Message(  # positionally, in its fields' order (test_outgoing_message_fields)
+        # Positionally, in its fields' order — test_wire.py::test_an_outgoing_body_takes_the_call_options_as_its_fields.
+        out = Message(
             body if type(body) is bytes else _as_bytes(body),  # bytes(body) is body
             "",
             tag,
@@ -340,6 +341,25 @@ def check(status: v2.Status) -> None:
         raise errors.error_for(status.code, status.message)
 
 
+# A frozen dataclass's __init__ sets each field through object.__setattr__; `_receipt` sets the slots directly.
+# Unpacked by name, so a field added to SendReceipt fails here, at import, until `_receipt` sets it too.
+_SET_ID, _SET_TOPIC, _SET_OFFSET, _SET_RECALL, _SET_TRANSACTION = (
+    getattr(SendReceipt, f.name).__set__ for f in fields(SendReceipt)
+)
+
+
+def _receipt(message_id: str, topic: str, offset: int, recall_handle: str, transaction_id: str) -> SendReceipt:
+    """``SendReceipt(message_id, topic, offset, recall_handle, transaction_id)``, built faster —
+    tests/unit/sdk/test_wire.py::test_send_receipts_and_errors."""
+    out = object.__new__(SendReceipt)
+    _SET_ID(out, message_id)
+    _SET_TOPIC(out, topic)
+    _SET_OFFSET(out, offset)
+    _SET_RECALL(out, recall_handle)
+    _SET_TRANSACTION(out, transaction_id)
+    return out
+
+
 def send_receipts(topic: str, request: pb.SendMessageRequest, response: pb.SendMessageResponse) -> list[SendReceipt]:
     """The receipts of a SendMessage answer; its error otherwise. An error whose entries say some messages
     were stored (a popgate proxy whose brokers stored some of the request's message groups) carries their
@@ -359,11 +379,14 @@ def send_receipts(topic: str, request: pb.SendMessageRequest, response: pb.SendM
     if len(response.entries) != len(request.messages):
         raise errors.ServerError(f"SendMessage answered {len(response.entries)} entries for {len(request.messages)}")
     out = []
-    for entry, sent in zip(response.entries, request.messages, strict=True):
+    sent = request.messages  # an entry's id, when it echoes none
+    for i, entry in enumerate(response.entries):
         if entry.HasField("status"):
-            check(entry.status)
-        message_id = entry.message_id or sent.system_properties.message_id
-        out.append(SendReceipt(message_id, topic, entry.offset, entry.recall_handle, entry.transaction_id))
+            status = entry.status
+            if status.code not in SUCCESS:
+                raise errors.error_for(status.code, status.message)  # check(status)
+        message_id = entry.message_id or sent[i].system_properties.message_id
+        out.append(_receipt(message_id, topic, entry.offset, entry.recall_handle, entry.transaction_id))
     return out
 
 

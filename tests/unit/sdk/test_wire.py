@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import hmac
@@ -16,7 +17,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import _wire, errors
-from popgate.message import Message
+from popgate.message import Message, SendReceipt
 
 
 def test_authorization_header_is_the_official_mqv2_hmac_sha1() -> None:
@@ -168,6 +169,15 @@ def test_send_receipts_and_errors() -> None:
     response = pb.SendMessageResponse(status=ok, entries=[pb.SendResultEntry(status=ok, message_id="M", offset=7)])
     [receipt] = _wire.send_receipts("t", request, response)
     assert (receipt.message_id, receipt.topic, receipt.offset) == ("M", "t", 7)
+    scheduled = pb.SendResultEntry(status=ok, offset=-1, recall_handle="R", transaction_id="X")
+    [later] = _wire.send_receipts("t", request, pb.SendMessageResponse(status=ok, entries=[scheduled]))
+    own_id = request.messages[0].system_properties.message_id  # the entry echoed none
+    assert later == SendReceipt(own_id, "t", -1, "R", "X") and hash(later) == hash(
+        SendReceipt(own_id, "t", -1, "R", "X")
+    )
+    assert repr(later) == repr(SendReceipt(own_id, "t", -1, "R", "X"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        later.offset = 0  # type: ignore[misc]
     refused = pb.SendMessageResponse(status=v2.Status(code=v2.MESSAGE_BODY_TOO_LARGE, message="4 MiB max"))
     with pytest.raises(errors.MessageBodyTooLarge, match="4 MiB max"):
         _wire.send_receipts("t", request, refused)
