@@ -446,12 +446,15 @@ def receive_request(
 ) -> pb.ReceiveMessageRequest:
     if not 1 <= max <= 32:
         raise ValueError(f"max must be 1..32, got {max}")
-    request = pb.ReceiveMessageRequest(
-        group=v2.Resource(name=group, resource_namespace=namespace),
-        message_queue=v2.MessageQueue(topic=v2.Resource(name=sub.topic, resource_namespace=namespace)),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression=sub.expression),
-        batch_size=max,
-    )
+    request = pb.ReceiveMessageRequest(batch_size=max)  # its parts set in place: no Resource built and copied in
+    request.group.name = group
+    topic = request.message_queue.topic
+    topic.name = sub.topic
+    if namespace:
+        request.group.resource_namespace = topic.resource_namespace = namespace
+    filter_expression = request.filter_expression
+    filter_expression.type = v2.TAG
+    filter_expression.expression = sub.expression
     _set_seconds(request.invisible_duration, duration("invisible", invisible, positive=True))
     _set_seconds(request.long_polling_timeout, duration("wait", wait))
     return request

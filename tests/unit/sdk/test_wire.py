@@ -283,6 +283,9 @@ def test_receive_request_durations_are_float_seconds() -> None:
     assert (r.invisible_duration.seconds, r.invisible_duration.nanos) == (12, 500_000_000)
     assert (r.long_polling_timeout.seconds, r.long_polling_timeout.nanos) == (0, 250_000_000)
     assert r.filter_expression.expression == "a || b" and r.batch_size == 5
+    assert (r.group.name, r.message_queue.topic.name, r.filter_expression.type) == ("g", "t", v2.TAG)
+    spaced = _wire.receive_request("g", _wire.Subscription("t"), max=1, invisible=1, wait=0, namespace="ns")
+    assert (spaced.group.resource_namespace, spaced.message_queue.topic.resource_namespace) == ("ns", "ns")
     with pytest.raises(ValueError):
         _wire.receive_request("g", _wire.Subscription("t"), max=33, invisible=1, wait=0)
 
