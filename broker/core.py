@@ -268,7 +268,7 @@ class BrokerCore:
         picks = self.redelivery.take(state, now, want)
         topic = self.topics.get(state.topic)
         if topic is not None and len(picks) < want:
-            picks.extend((q, o, 1) for q, o in self._take_new(state, topic, want - len(picks), ops))
+            self._take_new(state, topic, want - len(picks), ops, picks)
         if not picks:
             if ops:
                 await self.commits.write(ops)
@@ -294,7 +294,7 @@ class BrokerCore:
         key = (state.topic, state.group)
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
         self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
-        return [self._popped(topic, q, o, d, payloads) for q, o, d in deliveries]
+        return self._popped(topic, deliveries, payloads)
 
     def _fit(
         self,
@@ -341,21 +341,33 @@ class BrokerCore:
         return len(undone)
 
     def _popped(
-        self, topic: TopicLog, queue_id: int, offset: int, d: Delivery, payloads: dict[tuple[int, int], bytes]
-    ) -> Popped:
-        handle = encode_handle(self.name, topic.name, queue_id, offset, d.attempt, d.token, d.deadline_ms)
-        store_ms = topic.queues[queue_id].store_ms_at(offset)
-        return Popped(
-            topic.name, queue_id, offset, store_ms, payloads[(queue_id, offset)], d.attempt, handle, d.deadline_ms
-        )
+        self, topic: TopicLog, deliveries: list[tuple[int, int, Delivery]], payloads: dict[tuple[int, int], bytes]
+    ) -> list[Popped]:
+        """The answer's messages, in the order of `deliveries`, each with its receipt handle."""
+        broker, name, queues = self.name, topic.name, topic.queues
+        return [
+            Popped(
+                name,
+                q,
+                o,
+                queues[q].store_ms_at(o),
+                payloads[(q, o)],
+                d.attempt,
+                encode_handle(broker, name, q, o, d.attempt, d.token, d.deadline_ms),
+                d.deadline_ms,
+            )
+            for q, o, d in deliveries
+        ]
 
-    def _take_new(self, state: GroupTopic, topic: TopicLog, want: int, ops: list[Op]) -> list[tuple[int, int]]:
-        """New messages from the pull offsets, spread fairly over the queues (rotating start)."""
+    def _take_new(
+        self, state: GroupTopic, topic: TopicLog, want: int, ops: list[Op], picks: list[tuple[int, int, int]]
+    ) -> None:
+        """New messages from the pull offsets, spread fairly over the queues (rotating start), appended to `picks`
+        as (queue id, offset, attempt 1)."""
         n = len(topic.queues)
         start = state.next_queue
         state.next_queue = (start + 1) % n
         active = [topic.queues[(start + i) % n] for i in range(n)]
-        picks: list[tuple[int, int]] = []
         while want > 0 and active:
             share = max(1, want // len(active))
             still: list[QueueLog] = []
@@ -375,12 +387,12 @@ class BrokerCore:
                     gq.pull_offset = max(gq.pull_offset, before)
                 if gq.pull_offset != before:
                     ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
-                picks.extend((queue.queue_id, o) for o in offsets)
+                queue_id = queue.queue_id
+                picks.extend((queue_id, o, 1) for o in offsets)
                 want -= len(offsets)
                 if gq.pull_offset < end and offsets:
                     still.append(queue)
             active = still
-        return picks
 
     async def _payloads(self, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         out: dict[tuple[int, int], bytes] = {}
