@@ -475,9 +475,12 @@ class BrokerCore:
                 if queue_id >= len(queues):
                     continue
                 counted += 1
-                queue = queues[queue_id]
-                if on_acked is not None and queue.min_offset <= offset < queue.max_offset:  # retention
-                    seconds.append(max(0, now - queue.store_ms_at(offset)) / 1000)
+                if on_acked is not None:
+                    queue = queues[queue_id]
+                    stored = queue.store_ms
+                    i = offset - queue.min_offset
+                    if 0 <= i < len(stored):  # min_offset <= offset < max_offset: not deleted by retention
+                        seconds.append(max(0, now - stored[i]) / 1000)
             if counted:
                 key = (topic, group)
                 self.messages_acked[key] = self.messages_acked.get(key, 0) + counted
