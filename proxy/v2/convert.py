@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.duration_pb2 import Duration
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 
-from popgate_contract import errors, v2wire
+from popgate_contract import errors
+from popgate_contract.v2wire import (
+    BODY,
+    DELIVERY_ATTEMPT,
+    QUEUE_ID,
+    QUEUE_OFFSET,
+    RECEIPT_HANDLE,
+    STORED,
+    SYSTEM,
+    static_system,
+    topic_field,
+    user_properties,
+)
 from popgate_contract.wire import SMALL, timestamp, varint
 from proxy import validate
+from proxy.validate import outside
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
@@ -204,29 +218,29 @@ def client_parts(popped: bpb.PoppedMessage, namespace: str) -> tuple[list[bytes]
     stored = popped.stored
     source = stored.message
     body = source.body
-    system = source.v2_system or v2wire.static_system(source)
-    head = v2wire.topic_field(validate.outside(namespace, source.topic) if namespace else source.topic, namespace)
+    system = source.v2_system or static_system(source)
+    head = topic_field(outside(namespace, source.topic) if namespace else source.topic, namespace)
     if source.properties:
-        head += v2wire.user_properties(source.properties)
+        head += user_properties(source.properties)
     handle = popped.receipt_handle.encode()
     attempt = popped.delivery_attempt
     queue_id = stored.queue_id
     tail = b"".join(
         (
-            timestamp(v2wire.STORED, stored.store_ms),
-            v2wire.QUEUE_OFFSET,
+            timestamp(STORED, stored.store_ms),
+            QUEUE_OFFSET,
             varint(stored.offset),
-            v2wire.QUEUE_ID + varint(queue_id) if queue_id else b"",
-            v2wire.RECEIPT_HANDLE,
+            QUEUE_ID + varint(queue_id) if queue_id else b"",
+            RECEIPT_HANDLE,
             varint(len(handle)),
             handle,
-            v2wire.DELIVERY_ATTEMPT,
+            DELIVERY_ATTEMPT,
             SMALL[attempt] if 0 < attempt < 0x80 else varint(max(1, attempt)),
         )
     )
     inner = len(system) + len(tail)
-    system_head = v2wire.SYSTEM + varint(inner)
-    body_head = v2wire.BODY + varint(len(body))
+    system_head = SYSTEM + varint(inner)
+    body_head = BODY + varint(len(body))
     size = len(head) + len(system_head) + inner + len(body_head) + len(body)
     return [head, system_head, system, tail, body_head, body], size
 
@@ -234,3 +248,58 @@ def client_parts(popped: bpb.PoppedMessage, namespace: str) -> tuple[list[bytes]
 def client_bytes(popped: bpb.PoppedMessage, namespace: str = "") -> bytes:
     """One delivery's v2 Message encoding, by the byte path."""
     return b"".join(client_parts(popped, namespace)[0])
+
+
+def client_items(
+    messages: Sequence[bpb.PoppedMessage], indexes: range, namespace: str, tag: bytes | None = None
+) -> tuple[list[bytes], int]:
+    """`messages[indexes]` as byte parts to join, and their total size: each delivery's v2 Message, the bytes
+    `client_parts` gives, inside a field `tag` unless None. What deliveries of one answer share (their topic, most
+    often their store time) is encoded once for them all —
+    tests/unit/proxy/test_splice.py::test_an_answers_messages_read_as_each_spliced_alone."""
+    parts: list[bytes] = []
+    total = 0
+    topic = store_ms = None
+    topic_head = stamp = b""
+    for i in indexes:
+        popped = messages[i]
+        stored = popped.stored
+        source = stored.message
+        body = source.body
+        system = source.v2_system or static_system(source)
+        name = source.topic
+        if name != topic:
+            topic = name
+            topic_head = topic_field(outside(namespace, name) if namespace else name, namespace)
+        head = topic_head + user_properties(source.properties) if source.properties else topic_head
+        ms = stored.store_ms
+        if ms != store_ms:
+            store_ms = ms
+            stamp = timestamp(STORED, ms)
+        handle = popped.receipt_handle.encode()
+        attempt = popped.delivery_attempt
+        queue_id = stored.queue_id
+        tail = b"".join(
+            (
+                stamp,
+                QUEUE_OFFSET,
+                varint(stored.offset),
+                QUEUE_ID + varint(queue_id) if queue_id else b"",
+                RECEIPT_HANDLE,
+                SMALL[len(handle)] if len(handle) < 0x80 else varint(len(handle)),
+                handle,
+                DELIVERY_ATTEMPT,
+                SMALL[attempt] if 0 < attempt < 0x80 else varint(max(1, attempt)),
+            )
+        )
+        inner = len(system) + len(tail)
+        system_head = SYSTEM + varint(inner)
+        body_head = BODY + varint(len(body))
+        size = len(head) + len(system_head) + inner + len(body_head) + len(body)
+        if tag is not None:
+            item_head = tag + varint(size)
+            parts.append(item_head)
+            total += len(item_head)
+        parts += (head, system_head, system, tail, body_head, body)
+        total += size
+    return parts, total

@@ -32,7 +32,7 @@ from proxy.metrics import counting
 from proxy.receive.polltime import PollLimits, poll_seconds
 from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
-from proxy.v2.convert import client_parts, seconds, to_client
+from proxy.v2.convert import client_items, client_parts, seconds, to_client
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0
@@ -168,14 +168,7 @@ class BatchFraming:
     @staticmethod
     def _frame_bytes(messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> bytes:
         """The byte path: ReceiveMessagesResponse{messages: Messages{messages..., delivery_timestamp}} as bytes."""
-        parts: list[bytes] = []
-        size = 0
-        for i in indexes:
-            message, length = client_parts(messages[i], namespace)
-            head = _MESSAGES_ITEM + varint(length)
-            parts.append(head)
-            parts.extend(message)
-            size += len(head) + length
+        parts, size = client_items(messages, indexes, namespace, _MESSAGES_ITEM)
         if first:
             stamp = timestamp_ns(_MESSAGES_TIMESTAMP, time.time_ns())
             parts.append(stamp)

@@ -16,8 +16,9 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import v2wire
+from popgate_contract.wire import varint
 from proxy.server import PassBytes
-from proxy.v2.convert import body_digest, client_bytes, to_client
+from proxy.v2.convert import body_digest, client_bytes, client_items, to_client
 from proxy.v2.receive import V2, BatchFraming
 
 text = st.text(max_size=40)
@@ -103,6 +104,30 @@ def test_the_system_properties_are_one_field_as_a_merging_parser_or_a_replacing_
     data = client_bytes(popped, delivery[5])
     fields = _top_level_fields(data)
     assert [f for f in fields if f != 2] == [1, 3, 4] and fields.count(2) == len(m.properties)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(stored_messages(), deliveries, st.booleans()), min_size=1, max_size=6),
+    st.sampled_from(["", "ns"]),
+    st.data(),
+)
+def test_an_answers_messages_read_as_each_spliced_alone(answer: list[Any], namespace: str, data: Any) -> None:
+    # What an answer's deliveries share is encoded once for them all: topics and store times alike or not.
+    popped = []
+    for m, delivery, sent in answer:
+        if data.draw(st.booleans()):  # the previous delivery's topic and store time
+            m.topic = answer[0][0].topic
+            delivery = (*delivery[:2], answer[0][1][2], *delivery[3:])
+        popped.append(both(m, (*delivery[:5], namespace), sent=sent)[0])
+    alone = [client_bytes(p, namespace) for p in popped]
+    parts, size = client_items(popped, range(len(popped)), namespace, b"\x0a")
+    assert b"".join(parts) == b"".join(b"\x0a" + varint(len(one)) + one for one in alone) and size == len(
+        b"".join(parts)
+    )
+    start = len(popped) // 2
+    parts, size = client_items(popped, range(start, len(popped)), namespace)
+    assert b"".join(parts) == b"".join(alone[start:]) and size == sum(map(len, alone[start:]))
 
 
 def _top_level_fields(data: bytes) -> list[int]:
