@@ -24,17 +24,19 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
     count = len(request.entries)
     if not 1 <= count <= MAX_ENTRIES:
         raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
-    handles = [e.receipt_handle for e in request.entries]
+    entries = [(e.message_id, e.receipt_handle) for e in request.entries]  # each entry's fields read once
+    handles = [handle for _, handle in entries]
     outcome = await call.proxy.ack(topic, group, handles, deadline=call.deadline)
     metrics = counting(call.proxy.metrics)
     if metrics is not None:
         metrics.acked(topic, group, outcome)
     response = pb.AckMessageResponse()
     add = response.entries.add  # built in place: an entry built apart is copied into the response
-    for entry, error in zip(request.entries, outcome, strict=True):
-        status = add(message_id=entry.message_id, receipt_handle=entry.receipt_handle).status
+    ok = v2.OK
+    for (message_id, handle), error in zip(entries, outcome, strict=True):
+        status = add(message_id=message_id, receipt_handle=handle).status
         if error is None:
-            status.code, status.message = v2.OK, "OK"  # cheaper than copying OK into each entry
+            status.code, status.message = ok, "OK"  # cheaper than copying OK into each entry
         else:
             status.CopyFrom(status_of(error))
     response.status.CopyFrom(OK if all(error is None for error in outcome) else _overall(response.entries))
