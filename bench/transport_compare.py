@@ -52,6 +52,12 @@ def frames(n: int) -> list[pb.ReceiveMessageResponse]:
     return out
 
 
+def long_polls(request: pb.ReceiveMessageRequest) -> bool:
+    """Whether a receive is the held one (`grpc_call_floor.held_request`, a long poll) rather than the stream phase's
+    (batch 32, no long-polling time), which is answered at once."""
+    return request.HasField("long_polling_timeout")
+
+
 def sent(request: pb.SendMessageRequest) -> pb.SendMessageResponse:
     entries = [pb.SendResultEntry(message_id=m.system_properties.message_id) for m in request.messages]
     return pb.SendMessageResponse(status=v2.Status(code=v2.OK), entries=entries)
@@ -62,7 +68,7 @@ def serve_aio(ports: Any) -> None:
 
     class Servicer(service_pb2_grpc.MessagingServiceServicer):
         async def ReceiveMessage(self, request: Any, context: Any) -> Any:  # type: ignore[override]
-            if request.batch_size == 0:
+            if long_polls(request):
                 await asyncio.sleep(300)
             for frame in answer:
                 yield frame
@@ -96,7 +102,7 @@ def serve_grpclib(ports: Any) -> None:
     class Servicer:
         async def receive(self, stream: Any) -> None:
             request = await stream.recv_message()
-            if request.batch_size == 0:
+            if long_polls(request):
                 await asyncio.sleep(300)
             for frame in answer:
                 await stream.send_message(frame)
