@@ -3,10 +3,12 @@
     send        = Producer.send (one SendMessage, returns after a broker stored it)
     send_batch  = Producer.send_many (SendMessage calls of <= 1024 messages, 4 in flight)
     receive     = SimpleConsumer.receive(max, invisible, wait): one ReceiveMessage long poll
-    ack(_batch) = SimpleConsumer.ack / ack_many (one AckMessage per topic)
+    ack(_batch) = SimpleConsumer.ack / ack_many (one AckMessage per topic) with wait=False: returns at once, the
+                  ack goes with the next receive (the NATS adapter's default, nats-py's fire-and-forget msg.ack());
+                  config ack_wait=true waits for each ack's answer (as NATS's ack_sync=true)
 
 Config (JSON): endpoint, topic, group, server_pids (proxy + brokers), channels (gRPC connections the
-receives are spread over; many concurrent long polls share each one as HTTP/2 streams).
+receives are spread over; many concurrent long polls share each one as HTTP/2 streams), ack_wait.
 Run it with `bench/peers_run.py`, or by hand from shared/peers:
 
     PYTHONPATH=/work/main:/work/main/bench .venv/bin/python bench.py --adapter peers_adapter:PopgateAdapter \
@@ -33,12 +35,19 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
         group: str = "g",
         channels: int = 8,
         server_pids: Sequence[int] = (),
+        ack_wait: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__(
-            endpoint=endpoint, topic=topic, group=group, channels=channels, server_pids=list(server_pids), **kw
+            endpoint=endpoint,
+            topic=topic,
+            group=group,
+            channels=channels,
+            server_pids=list(server_pids),
+            ack_wait=ack_wait,
+            **kw,
         )
-        self.topic, self.group = topic, group
+        self.topic, self.group, self.ack_wait = topic, group, ack_wait
         self._producer = Producer(endpoint)
         # A consumer per connection; receives rotate over them (SimpleConsumer is safe for concurrent calls).
         self._consumers = [SimpleConsumer(endpoint, group, topic) for _ in range(max(1, channels))]
@@ -64,11 +73,11 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
         return [Received(m.body, m, m.attempt) for m in messages]
 
     async def ack(self, handle: Message) -> None:
-        await self._consumers[0].ack(handle)
+        await self._consumers[0].ack(handle, wait=self.ack_wait)
 
     async def ack_batch(self, handles: Sequence[Message]) -> None:
         if handles:
-            await self._consumers[0].ack_many(handles)
+            await self._consumers[0].ack_many(handles, wait=self.ack_wait)
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe() if hasattr(super(), "describe") else dict(self.config)

@@ -1,13 +1,15 @@
 """popgate beside Redis Streams and NATS JetStream in one run of the peers' harness (shared/peers/bench.py).
 
     .venv/bin/python bench/peers_run.py [--scenarios latency,throughput,idle] [--systems redis,nats,popgate]
-                                        [--popgate-brokers 1] [--receive-mode adaptive]
+                                        [--popgate-brokers 1] [--receive-mode adaptive] [--ack-wait]
                                         [--n-throughput 50000] [--out DIR]
 
 Needs redis-server and nats-server on PATH (apt: redis-server nats-server) and the redis / nats-py
 packages in the venv (the harness imports the peers' adapters). Each system runs on a fresh server
 (popgate: `popgate.cli.cluster`, brokers with --flush async, comparable to Redis appendfsync everysec and
-JetStream's OS-buffered writes). Prints one markdown table per scenario; JSON results go to --out.
+JetStream's OS-buffered writes). popgate's acks are not waited for (`ack_many(wait=False)`), as the NATS
+adapter's default `msg.ack()`; --ack-wait waits for each (as NATS's `ack_sync()`). Prints one markdown table per
+scenario; JSON results go to --out.
 shared/ is read-only: the harness is run from there, and writes nowhere there.
 """
 
@@ -76,7 +78,7 @@ def nats() -> Iterator[tuple[str, dict[str, Any]]]:
         srv.stop()
 
 
-def popgate(brokers: int, receive_mode: str) -> Callable[[], Any]:
+def popgate(brokers: int, receive_mode: str, ack_wait: bool) -> Callable[[], Any]:
     @contextmanager
     def run() -> Iterator[tuple[str, dict[str, Any]]]:
         from popgate.cli.cluster import Cluster, ClusterConfig
@@ -87,7 +89,8 @@ def popgate(brokers: int, receive_mode: str) -> Callable[[], Any]:
             )
             with Cluster(config) as cluster:
                 pids = [c.process.pid for c in [*cluster.proxies, *cluster.brokers.values()] if c.process]
-                yield "peers_adapter:PopgateAdapter", {"endpoint": cluster.endpoint, "server_pids": pids}
+                adapter = {"endpoint": cluster.endpoint, "server_pids": pids, "ack_wait": ack_wait}
+                yield "peers_adapter:PopgateAdapter", adapter
 
     return run
 
@@ -119,6 +122,7 @@ def main() -> int:
     parser.add_argument("--systems", default="redis,nats,popgate")
     parser.add_argument("--popgate-brokers", default="1", help="comma-separated broker counts, one column each")
     parser.add_argument("--receive-mode", default="adaptive", help="popgate proxy receive mode")
+    parser.add_argument("--ack-wait", action="store_true", help="popgate waits for each ack's answer")
     parser.add_argument("--n-throughput", type=int, default=50_000)
     parser.add_argument("--n-idle", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "popgate-peers")
@@ -128,8 +132,9 @@ def main() -> int:
     for name in args.systems.split(","):
         if name == "popgate":
             for b in args.popgate_brokers.split(","):
-                label = f"popgate ({b} broker{'s' if b != '1' else ''}, {args.receive_mode})"
-                systems[label] = popgate(int(b), args.receive_mode)
+                acks = ", acks waited for" if args.ack_wait else ""
+                label = f"popgate ({b} broker{'s' if b != '1' else ''}, {args.receive_mode}{acks})"
+                systems[label] = popgate(int(b), args.receive_mode, args.ack_wait)
         else:
             systems[name] = {"redis": redis, "nats": nats}[name]
     results: dict[str, dict[str, dict[str, Any]]] = {}
