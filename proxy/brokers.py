@@ -314,7 +314,7 @@ class GrpcBrokerClient:
         return True
 
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
-        request.v2 = True  # each message with its stored v2 system properties: proxy.v2.convert.client_parts
+        request.v2 = True  # each message with its stored v2 system properties: proxy.v2.convert.client_items
         return self.begin("Pop", request, timeout_s=timeout_s)
 
     def release(self, call: asyncio.Future[Any]) -> None:

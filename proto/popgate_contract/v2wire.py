@@ -1,6 +1,6 @@
 """apache.rocketmq.v2 wire bytes of a stored message, built by hand (no v2 protobuf objects): the system
 properties that never change once a message is sent, encoded once by the broker's send path (`Message.v2_system`),
-and the few pieces the proxy's byte path adds per delivery (proxy/v2/convert.py `client_parts`; docs/BROKER.md,
+and the few pieces the proxy's byte path adds per delivery (proxy/v2/convert.py `client_items`; docs/BROKER.md,
 "Pop answers for the v2 byte path"). Together they read as what `proxy.v2.convert.to_client` builds —
 tests/unit/proxy/test_splice.py, with hypothesis. The field numbers are apache.rocketmq.v2's
 (proto/v2/definition.proto)."""

@@ -212,49 +212,17 @@ def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message
 # tests/unit/proxy/test_splice.py checks the bytes parse to `to_client`'s message.
 
 
-def client_parts(popped: bpb.PoppedMessage, namespace: str) -> tuple[list[bytes], int]:
-    """The v2 Message of one delivery as byte parts to join, and their total size: what `to_client` makes of
-    `popped`. Its stored system properties are computed here for a message stored without them."""
-    stored = popped.stored
-    source = stored.message
-    body = source.body
-    system = source.v2_system or static_system(source)
-    head = topic_field(outside(namespace, source.topic) if namespace else source.topic, namespace)
-    if source.properties:
-        head += user_properties(source.properties)
-    handle = popped.receipt_handle.encode()
-    attempt = popped.delivery_attempt
-    queue_id = stored.queue_id
-    tail = b"".join(
-        (
-            timestamp(STORED, stored.store_ms),
-            QUEUE_OFFSET,
-            varint(stored.offset),
-            QUEUE_ID + varint(queue_id) if queue_id else b"",
-            RECEIPT_HANDLE,
-            varint(len(handle)),
-            handle,
-            DELIVERY_ATTEMPT,
-            SMALL[attempt] if 0 < attempt < 0x80 else varint(max(1, attempt)),
-        )
-    )
-    inner = len(system) + len(tail)
-    system_head = SYSTEM + varint(inner)
-    body_head = BODY + varint(len(body))
-    size = len(head) + len(system_head) + inner + len(body_head) + len(body)
-    return [head, system_head, system, tail, body_head, body], size
-
-
 def client_bytes(popped: bpb.PoppedMessage, namespace: str = "") -> bytes:
     """One delivery's v2 Message encoding, by the byte path."""
-    return b"".join(client_parts(popped, namespace)[0])
+    return b"".join(client_items([popped], range(1), namespace)[0])
 
 
 def client_items(
     messages: Sequence[bpb.PoppedMessage], indexes: range, namespace: str, tag: bytes | None = None
 ) -> tuple[list[bytes], int]:
-    """`messages[indexes]` as byte parts to join, and their total size: each delivery's v2 Message, the bytes
-    `client_parts` gives, inside a field `tag` unless None. What deliveries of one answer share (their topic, most
+    """`messages[indexes]` as byte parts to join, and their total size: each delivery's v2 Message (what `to_client`
+    makes of it; its stored system properties computed here for a message stored without them), inside a field
+    `tag` unless None. What deliveries of one answer share (their topic, most
     often their store time) is encoded once for them all —
     tests/unit/proxy/test_splice.py::test_an_answers_messages_read_as_each_spliced_alone."""
     parts: list[bytes] = []

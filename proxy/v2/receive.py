@@ -32,7 +32,7 @@ from proxy.metrics import counting
 from proxy.receive.polltime import PollLimits, poll_seconds
 from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
-from proxy.v2.convert import client_items, client_parts, seconds, to_client
+from proxy.v2.convert import client_items, seconds, to_client
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0
@@ -93,7 +93,7 @@ class Framing(Protocol):
 
     def frame(self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> Any:
         """The frame of `messages[indexes]`: its bytes when its broker stored the v2 system properties (the byte
-        path, proxy.v2.convert.client_parts), else an object built in place (no copy of a message after)."""
+        path, proxy.v2.convert.client_items), else an object built in place (no copy of a message after)."""
 
 
 class V2Framing:
@@ -115,8 +115,7 @@ class V2Framing:
     ) -> pb.ReceiveMessageResponse | bytes:
         popped = messages[indexes.start]
         if popped.stored.message.v2_system:  # the byte path
-            parts, size = client_parts(popped, namespace)
-            return b"".join((_MESSAGE, varint(size), *parts))
+            return b"".join(client_items(messages, indexes, namespace, _MESSAGE)[0])
         frame = pb.ReceiveMessageResponse()
         to_client(popped, namespace=namespace, out=frame.message)
         return frame
