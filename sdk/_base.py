@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _wire, errors
+from . import _wire
 from ._transport import make_options
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
@@ -158,28 +158,6 @@ def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> 
     if not subs:
         raise ValueError("subscribe to at least one topic")
     return subs
-
-
-# Ack calls a consumer has on their way for `ack` / `ack_many` with ``wait=False``; one more waits for one of them
-# to end (tests/unit/sdk/test_ack_nowait.py).
-MAX_UNWAITED_ACKS = 64
-
-
-def log_unwaited_ack_failures(
-    log: logging.Logger, failures: Sequence[tuple[str, errors.PopgateError]], total: int
-) -> None:
-    """Log at WARNING the acks asked for with ``wait=False`` that failed: nobody else hears of them (those messages
-    are delivered again after their invisible time, as if never acked)."""
-    if failures:
-        message_id, error = failures[0]
-        log.warning(
-            "%d of %d message(s) acked without waiting were not acked (delivered again after their invisible time); "
-            "first: %s: %s",
-            len(failures),
-            total,
-            message_id,
-            error,
-        )
 
 
 def log_give_back_failures(

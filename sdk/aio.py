@@ -23,16 +23,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from . import _resend, _session, _wire, client, errors
-from ._base import (
-    MAX_UNWAITED_ACKS,
-    ClientBase,
-    ConsumerBase,
-    ProducerBase,
-    log_give_back_failures,
-    log_unwaited_ack_failures,
-    receipts_so_far,
-    send_window,
-)
+from ._acks import AsyncAcks
+from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from .message import Message, SendReceipt
 from .transactions import AsyncCheckStream, AsyncTransaction
@@ -376,14 +368,16 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         # No connection yet (made on first use, inside the loop): only the give-backs and the acks not waited for
         # running in the background.
         self._giving_back: set[asyncio.Future[None]] = set()
-        self._acking: set[asyncio.Future[None]] = set()
+        self._unwaited = AsyncAcks(log)
         self._shutdown_guard: AsyncGenerator[None, None] | None = None
 
     async def close(self) -> None:
-        """Close the connection, once the acks asked for without waiting have ended; see `_AsyncClient.close`."""
-        if not self._closed and self._acking:
-            await asyncio.wait(self._acking)
-        await super().close()
+        """Close the connection, once the acks not waited for have ended (at most 10 s); see `_AsyncClient.close`."""
+        try:
+            if not self._closed:
+                await self._unwaited.stop()
+        finally:
+            await super().close()
 
     async def _give_back_later(self, messages: list[Message]) -> None:
         """`_give_back` in a task of its own (the caller is being cancelled), held until done and awaited by
@@ -441,41 +435,28 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
     async def ack(self, message: Message, *, wait: bool = True) -> None:
         """Acknowledge one message; see `sdk.SimpleConsumer.ack`."""
         if not wait:
-            await self._ack_unwaited([message])
+            await self.ack_many([message], wait=False)
             return
-        failures = await self._ack([message])
+        failures = await self._ack(self._ack_plan([message]))
         if failures:
             raise failures[0][1]
 
     async def ack_many(self, messages: Iterable[Message], *, wait: bool = True) -> None:
         """Acknowledge many messages in batched calls; see `sdk.SimpleConsumer.ack_many`."""
+        plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not
         if not wait:
-            await self._ack_unwaited(list(messages))
+            await self._unwaited.start(lambda: self._ack(plan), sum(len(r.entries) for r in plan))
             return
-        failures = await self._ack(messages)
+        failures = await self._ack(plan)
         if failures:
             raise errors.AckError(failures)
 
-    async def _ack(self, messages: Iterable[Message]) -> list[tuple[str, errors.PopgateError]]:
-        plan = [_resend.PendingAck(request) for request in self._ack_plan(messages)]
-        if len(plan) == 1:  # no task for the one call of most acks
-            return await self._ack_request(plan[0])
-        results = await asyncio.gather(*(self._ack_request(pending) for pending in plan))
+    async def _ack(self, plan: list[pb.AckMessageRequest]) -> list[tuple[str, errors.PopgateError]]:
+        pending = [_resend.PendingAck(request) for request in plan]
+        if len(pending) == 1:  # no task for the one call of most acks
+            return await self._ack_request(pending[0])
+        results = await asyncio.gather(*(self._ack_request(one) for one in pending))
         return [failure for chunk in results for failure in chunk]
-
-    async def _ack_unwaited(self, messages: list[Message]) -> None:
-        """`_ack` in a task of its own, its failures logged; returns once it is started, or, with MAX_UNWAITED_ACKS
-        of them under way, once one of those has ended. `close` waits for them."""
-        if self._closed:
-            raise errors.Unavailable("the client is closed", retriable=False)
-        while len(self._acking) >= MAX_UNWAITED_ACKS:
-            await asyncio.wait(self._acking, return_when=asyncio.FIRST_COMPLETED)
-        task = asyncio.ensure_future(self._ack_logged(messages))
-        self._acking.add(task)
-        task.add_done_callback(self._acking.discard)
-
-    async def _ack_logged(self, messages: list[Message]) -> None:
-        log_unwaited_ack_failures(log, await self._ack(messages), len(messages))
 
     async def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
         async def op() -> list[tuple[str, errors.PopgateError]]:

@@ -6,11 +6,9 @@ import contextlib
 import itertools
 import logging
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -21,16 +19,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from . import _resend, _wire, errors
-from ._base import (
-    MAX_UNWAITED_ACKS,
-    ClientBase,
-    ConsumerBase,
-    ProducerBase,
-    log_give_back_failures,
-    log_unwaited_ack_failures,
-    receipts_so_far,
-    send_window,
-)
+from ._acks import ThreadAcks
+from ._base import ClientBase, ConsumerBase, ProducerBase, log_give_back_failures, receipts_so_far, send_window
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 from .message import Message, SendReceipt
 from .transactions import CheckStream, Transaction
@@ -424,18 +414,18 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
     def _open(self) -> None:
         super()._open()
-        # The acks asked for without waiting: one thread sends them in turn (made at the first), at most
-        # MAX_UNWAITED_ACKS queued or under way.
-        self._acks: ThreadPoolExecutor | None = None
-        self._acks_lock = threading.Lock()
-        self._unwaited = threading.BoundedSemaphore(MAX_UNWAITED_ACKS)
+        self._unwaited = ThreadAcks(log)
+
+    def close(self) -> None:
+        """Close the connection, once the acks not waited for have ended (at most 10 s); see `_SyncClient.close`."""
+        try:
+            if not self._closed:
+                self._unwaited.stop()
+        finally:
+            super().close()
 
     def _closing(self) -> None:
         self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
-        with self._acks_lock:
-            acks, self._acks = self._acks, None
-        if acks is not None:  # the acks asked for without waiting end first, on the open channel
-            acks.shutdown(wait=True)
 
     def _give_back(self, messages: list[Message]) -> None:
         """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than
@@ -466,17 +456,18 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         Args:
             message: A message this consumer received.
             wait: False: return at once and let the ack go on in the background, as NATS's ``msg.ack()`` or
-                RocketMQ's ``ackAsync`` (docs/SDK.md "Acks without waiting"): a failure is logged at WARNING
-                and the message comes again after its invisible time. At most 64 such ack calls are under way
-                per consumer (one more waits for one of them); `close` waits for them.
+                RocketMQ's ``ackAsync`` (docs/SDK.md "Consume"): a failure is logged at WARNING and the message
+                comes again after its invisible time. At most 64 such ack calls are queued or under way per
+                consumer (one more waits for one of them); `close` waits for them, at most 10 s.
 
         Raises:
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked); only when waiting.
+            Unavailable: With ``wait=False``, the consumer is closed (or closing).
         """
         if not wait:
-            self._ack_unwaited([message])
+            self.ack_many([message], wait=False)
             return
-        failures = self._ack(messages=[message])
+        failures = self._ack(self._ack_plan([message]))
         if failures:
             raise failures[0][1]
 
@@ -491,40 +482,19 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
         Raises:
             AckError: Some messages were not acked; ``failures`` lists them with their errors. Only when waiting.
+            Unavailable: With ``wait=False``, the consumer is closed (or closing).
         """
+        plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not
         if not wait:
-            self._ack_unwaited(list(messages))
+            self._unwaited.start(lambda: self._ack(plan), sum(len(r.entries) for r in plan))
             return
-        failures = self._ack(messages)
+        failures = self._ack(plan)
         if failures:
             raise errors.AckError(failures)
 
-    def _ack_unwaited(self, messages: list[Message]) -> None:
-        """`_ack` on the consumer's ack thread, its failures logged; returns once it is queued, or, with
-        MAX_UNWAITED_ACKS of them queued or under way, once one of those has ended. `close` waits for them."""
-        if self._closed:
-            raise errors.Unavailable("the client is closed", retriable=False)
-        self._unwaited.acquire()  # released when that ack has ended
-        with self._acks_lock:
-            if self._acks is None:
-                self._acks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="popgate-ack")
-            try:
-                self._acks.submit(self._ack_logged, messages)
-            except BaseException:
-                self._unwaited.release()
-                raise
-
-    def _ack_logged(self, messages: list[Message]) -> None:
-        try:
-            log_unwaited_ack_failures(log, self._ack(messages), len(messages))
-        except Exception:  # a bug, not a failed ack: still logged, never lost in the thread
-            log.exception("acking %d message(s) without waiting failed", len(messages))
-        finally:
-            self._unwaited.release()
-
-    def _ack(self, messages: Iterable[Message]) -> list[tuple[str, errors.PopgateError]]:
+    def _ack(self, plan: list[pb.AckMessageRequest]) -> list[tuple[str, errors.PopgateError]]:
         failures: list[tuple[str, errors.PopgateError]] = []
-        for request in self._ack_plan(messages):
+        for request in plan:
             failures += self._ack_request(_resend.PendingAck(request))
         return failures
 

@@ -1,61 +1,177 @@
-"""Acks not waited for (``wait=False``) are bounded per consumer: with MAX_UNWAITED_ACKS under way, one more waits
-until one of them ends (no sockets: each ack is held on an event the test sets)."""
+"""Acks not waited for (``wait=False``, sdk/_acks.py), both clients, without sockets: bounded per consumer, waited
+for by close (retries included, at most CLOSE_WAIT_S), refused once closing, their failures logged."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from typing import Any
+from collections.abc import Iterator
 
-from popgate import Message, SimpleConsumer, aio, errors
-from popgate._base import MAX_UNWAITED_ACKS
+import grpc
+import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import Message, RetryPolicy, SimpleConsumer, _acks, aio, errors
+from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeStub
+
+FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
+Failures = list[tuple[str, errors.PopgateError]]
 
 
 def message(i: int) -> Message:
     return Message(body=b"x", topic="t", message_id=f"id{i}", receipt_handle=f"rh{i}")
 
 
-async def test_acks_not_waited_for_are_bounded_in_the_asyncio_client() -> None:
+def ids(plan: list[pb.AckMessageRequest]) -> list[str]:
+    return [e.message_id for request in plan for e in request.entries]
+
+
+@pytest.fixture
+def fake() -> FakeStub:
+    return FakeStub()
+
+
+@pytest.fixture
+def consumer(fake: FakeStub) -> Iterator[SimpleConsumer]:
+    with SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST) as c:
+        c._stub = fake
+        yield c
+
+
+def asyncio_consumer(fake: FakeStub) -> aio.SimpleConsumer:
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST)
+    consumer._channel = FakeChannel()  # type: ignore[assignment]
+    consumer._stub_ = AsyncStub(fake)
+    consumer._session_served = False  # the fake serves the unary calls only
+    return consumer
+
+
+async def test_the_asyncio_client_bounds_them_and_close_waits_for_them() -> None:
     release = asyncio.Event()
     acked: list[str] = []
 
-    async def held_ack(messages: Any) -> list[tuple[str, errors.PopgateError]]:
+    async def held_ack(plan: list[pb.AckMessageRequest]) -> Failures:
         await release.wait()
-        acked.extend(m.message_id for m in messages)
+        acked.extend(ids(plan))
         return []
 
     consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
     consumer._ack = held_ack  # type: ignore[method-assign]
-    for i in range(MAX_UNWAITED_ACKS):
+    for i in range(_acks.MAX_UNWAITED_ACKS):
         await asyncio.wait_for(consumer.ack(message(i), wait=False), 1)  # each returns at once
-    one_more = asyncio.ensure_future(consumer.ack(message(MAX_UNWAITED_ACKS), wait=False))
+    one_more = asyncio.ensure_future(consumer.ack(message(_acks.MAX_UNWAITED_ACKS), wait=False))
     await asyncio.sleep(0.05)
     assert not one_more.done()  # waits for a slot
     release.set()
     await asyncio.wait_for(one_more, 1)
-    await consumer.close()  # waits for every ack under way
-    assert sorted(acked) == sorted(f"id{i}" for i in range(MAX_UNWAITED_ACKS + 1))
+    release.clear()
+    await consumer.ack(message(100), wait=False)
+    closing = asyncio.ensure_future(consumer.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # waits for the ack under way
+    with pytest.raises(errors.Unavailable):
+        await consumer.ack(message(101), wait=False)  # closing: refused
+    release.set()
+    await asyncio.wait_for(closing, 1)
+    assert sorted(acked) == sorted([f"id{i}" for i in range(_acks.MAX_UNWAITED_ACKS + 1)] + ["id100"])
 
 
-def test_acks_not_waited_for_are_bounded_in_the_blocking_client() -> None:
+def test_the_blocking_client_bounds_them_and_close_waits_for_them() -> None:
     release = threading.Event()
     acked: list[str] = []
 
-    def held_ack(messages: Any) -> list[tuple[str, errors.PopgateError]]:
+    def held_ack(plan: list[pb.AckMessageRequest]) -> Failures:
         release.wait(10)
-        acked.extend(m.message_id for m in messages)
+        acked.extend(ids(plan))
         return []
 
     consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
     consumer._ack = held_ack  # type: ignore[method-assign]
-    for i in range(MAX_UNWAITED_ACKS):
+    for i in range(_acks.MAX_UNWAITED_ACKS):
         consumer.ack(message(i), wait=False)  # queued or under way: returns at once
-    one_more = threading.Thread(target=consumer.ack, args=(message(MAX_UNWAITED_ACKS),), kwargs={"wait": False})
+    outcome: list[str] = []
+
+    def ack_one_more() -> None:
+        try:
+            consumer.ack(message(_acks.MAX_UNWAITED_ACKS), wait=False)
+            outcome.append("queued")
+        except errors.Unavailable:
+            outcome.append("refused")
+
+    one_more = threading.Thread(target=ack_one_more)
     one_more.start()
     one_more.join(0.05)
     assert one_more.is_alive()  # waits for a slot
+    closing = threading.Thread(target=consumer.close)
+    closing.start()
+    closing.join(0.05)
+    assert closing.is_alive()  # waits for what is queued or under way
     release.set()
     one_more.join(5)
-    assert not one_more.is_alive()
-    consumer.close()  # waits for every ack queued or under way
-    assert sorted(acked) == sorted(f"id{i}" for i in range(MAX_UNWAITED_ACKS + 1))
+    closing.join(5)
+    assert not closing.is_alive()
+    # The one that waited for a slot got it before the close refused new ones (and was sent), or was refused.
+    assert len(acked) == _acks.MAX_UNWAITED_ACKS + (outcome == ["queued"])
+    with pytest.raises(errors.Unavailable):
+        consumer.ack(message(200), wait=False)  # closed: refused
+    assert not [t for t in threading.enumerate() if t.name.startswith("popgate-ack")]  # nothing left running
+
+
+def test_a_blocking_ack_not_waited_for_is_retried_while_the_consumer_closes(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    m = fake.message("a")
+    fake.entry_faults[m.receipt_handle] = [v2.HA_NOT_AVAILABLE]  # its broker fails over: retried
+    consumer.ack(m, wait=False)
+    consumer.close()
+    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
+
+
+def test_an_asyncio_ack_not_waited_for_is_retried_while_the_consumer_closes(fake: FakeStub) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("refused", grpc.StatusCode.UNAVAILABLE)]  # the proxy restarts: retried
+
+    async def main() -> None:
+        consumer = asyncio_consumer(fake)
+        await consumer.ack(m, wait=False)
+        await consumer.close()
+
+    asyncio.run(main())
+    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
+
+
+def test_a_failed_ack_not_waited_for_is_logged(
+    fake: FakeStub, consumer: SimpleConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    m = fake.message("a")
+    fake.live.discard(m.receipt_handle)  # stale: refused, not retried
+    with caplog.at_level(logging.WARNING, logger="popgate.client"):
+        consumer.ack(m, wait=False)
+        consumer.close()
+    assert "1 of 1 message(s) acked without waiting were not acked" in caplog.text
+    assert "first: a: INVALID_RECEIPT_HANDLE" in caplog.text
+
+
+def test_a_bad_argument_raises_to_the_caller_waiting_or_not(consumer: SimpleConsumer) -> None:
+    with pytest.raises((TypeError, AttributeError)):
+        consumer.ack_many([object()], wait=False)  # type: ignore[list-item]
+
+
+async def test_close_waits_at_most_close_wait_s_then_cancels(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_acks, "CLOSE_WAIT_S", 0.05)
+    never = asyncio.Event()
+
+    async def hung_ack(plan: list[pb.AckMessageRequest]) -> Failures:
+        await never.wait()
+        return []
+
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = hung_ack  # type: ignore[method-assign]
+    await consumer.ack(message(1), wait=False)
+    with caplog.at_level(logging.WARNING, logger="popgate.aio"):
+        await asyncio.wait_for(consumer.close(), 2)
+    assert "1 ack call(s) not waited for were still under way" in caplog.text

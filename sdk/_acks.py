@@ -1,0 +1,141 @@
+"""Acks the application does not wait for (`ack` / `ack_many` with ``wait=False``, docs/SDK.md "Consume"): sent in
+the background, at most MAX_UNWAITED_ACKS ack calls per consumer (one more waits for one of them to end), each
+failure logged at WARNING (nobody else hears of it: that message comes again after its invisible time). Closing
+the consumer refuses new ones and waits for those under way, at most CLOSE_WAIT_S, before the connection closes,
+so their retries still run; what is left then is cancelled and counted in a WARNING —
+tests/unit/sdk/test_ack_nowait.py. `AsyncAcks` serves the asyncio consumer (a task each), `ThreadAcks` the blocking
+one (one thread sends them in turn)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+
+from . import errors
+
+MAX_UNWAITED_ACKS = 64
+CLOSE_WAIT_S = 10.0
+
+Failures = list[tuple[str, errors.PopgateError]]
+
+
+def _closed() -> errors.Unavailable:
+    return errors.Unavailable("the client is closed", retriable=False)
+
+
+def _log_failures(log: logging.Logger, failures: Sequence[tuple[str, errors.PopgateError]], total: int) -> None:
+    if failures:
+        message_id, error = failures[0]
+        log.warning(
+            "%d of %d message(s) acked without waiting were not acked (delivered again after their invisible time); "
+            "first: %s: %s",
+            len(failures),
+            total,
+            message_id,
+            error,
+        )
+
+
+def _log_left(log: logging.Logger, left: int) -> None:
+    if left:
+        log.warning(
+            "%d ack call(s) not waited for were still under way after %g s of close(): cancelled, their messages "
+            "come again after their invisible time",
+            left,
+            CLOSE_WAIT_S,
+        )
+
+
+class AsyncAcks:
+    """The asyncio consumer's acks not waited for: a task each."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._stopped = False
+
+    async def start(self, send: Callable[[], Awaitable[Failures]], total: int) -> None:
+        """Run `send` (the ack calls of `total` messages) in a task; returns once it is started, after one of those
+        under way ended when MAX_UNWAITED_ACKS are. Unavailable once `stop` began."""
+        if self._stopped:
+            raise _closed()
+        while len(self._tasks) >= MAX_UNWAITED_ACKS:
+            await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self._stopped:
+                raise _closed()
+        task = asyncio.ensure_future(self._logged(send, total))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _logged(self, send: Callable[[], Awaitable[Failures]], total: int) -> None:
+        try:
+            failures = await send()
+        except Exception:  # a bug, not a failed ack (those are answers): logged, never an unretrieved task error
+            self._log.exception("acking %d message(s) without waiting failed", total)
+            return
+        _log_failures(self._log, failures, total)
+
+    async def stop(self) -> None:
+        """Refuse new ones; wait for those under way, at most CLOSE_WAIT_S, then cancel the rest."""
+        self._stopped = True
+        if not self._tasks:
+            return
+        _, left = await asyncio.wait(list(self._tasks), timeout=CLOSE_WAIT_S)
+        _log_left(self._log, len(left))
+        for task in left:
+            task.cancel()
+
+
+class ThreadAcks:
+    """The blocking consumer's acks not waited for: one thread (made at the first) sends them in turn."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_UNWAITED_ACKS)  # queued or under way
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._futures: set[concurrent.futures.Future[None]] = set()
+        self._stopped = False
+
+    def start(self, send: Callable[[], Failures], total: int) -> None:
+        """Queue `send` (the ack calls of `total` messages); returns once queued, after one of those queued or under
+        way ended when MAX_UNWAITED_ACKS are. Unavailable once `stop` began."""
+        self._slots.acquire()  # given back when that ack ends or is cancelled (`_ended`)
+        with self._lock:
+            if self._stopped:
+                self._slots.release()
+                raise _closed()
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="popgate-ack")
+            future = self._pool.submit(self._logged, send, total)
+            self._futures.add(future)
+        future.add_done_callback(self._ended)
+
+    def _ended(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._futures.discard(future)
+        self._slots.release()
+
+    def _logged(self, send: Callable[[], Failures], total: int) -> None:
+        try:
+            failures = send()
+        except Exception:  # a bug, not a failed ack: logged, never lost in the thread
+            self._log.exception("acking %d message(s) without waiting failed", total)
+            return
+        _log_failures(self._log, failures, total)
+
+    def stop(self) -> None:
+        """Refuse new ones; wait for those queued or under way, at most CLOSE_WAIT_S, then cancel the queued rest
+        (the one under way ends within its deadline, on its own)."""
+        with self._lock:
+            self._stopped = True
+            pool, self._pool = self._pool, None
+            futures = list(self._futures)
+        if pool is None:
+            return
+        _, left = concurrent.futures.wait(futures, timeout=CLOSE_WAIT_S)
+        _log_left(self._log, len(left))
+        pool.shutdown(wait=not left, cancel_futures=True)  # its thread ends now, or after the call under way
