@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from popgate_contract.errors import InvalidReceiptHandle
-from popgate_contract.receipt import MAX_HANDLE_LEN, broker_of
+from popgate_contract.receipt import broker_of
 from proxy.ports import BrokerClient
 
 
@@ -80,24 +79,11 @@ class BrokerPool:
 
     def for_handle(self, handle: str) -> BrokerClient:
         """The broker a receipt handle belongs to; InvalidReceiptHandle when garbled or unknown."""
-        name = broker_name(handle)  # raises InvalidReceiptHandle: the broker's class is the proxy's
+        name = broker_of(handle)  # raises InvalidReceiptHandle: the broker's class is the proxy's
         client = self._clients.get(name)
         if client is None:
             raise InvalidReceiptHandle(f"receipt handle names broker {name!r}, which this proxy does not know")
         return client
-
-
-# A receipt handle every field of which `ReceiptHandle.decode` accepts, in the plainest spelling (ASCII digits,
-# attempt >= 1): popgate_contract.receipt's format, read for its broker only.
-_PLAIN_HANDLE = re.compile(r"1~([^~]+)~[^~]+~[0-9]+~[0-9]+~0*[1-9][0-9]*~[0-9a-fA-F]+~[0-9]+")
-
-
-def broker_name(handle: str) -> str:
-    """`receipt.broker_of(handle)`, without decoding the whole handle when it is spelt as brokers write them: the
-    same broker, or the same InvalidReceiptHandle (any other text is left to `broker_of`) —
-    tests/unit/proxy/test_handle_broker.py."""
-    plain = _PLAIN_HANDLE.fullmatch(handle) if len(handle) <= MAX_HANDLE_LEN else None
-    return plain[1] if plain is not None else broker_of(handle)
 
 
 class TopicMisses:
