@@ -341,11 +341,14 @@ def check(status: v2.Status) -> None:
         raise errors.error_for(status.code, status.message)
 
 
-# A frozen dataclass's __init__ sets each field through object.__setattr__; `_receipt` sets the slots directly.
-# Unpacked by name, so a field added to SendReceipt fails here, at import, until `_receipt` sets it too.
+# A frozen dataclass's __init__ sets each field through object.__setattr__; `_receipt` sets the slots directly, each
+# by its name: a field renamed fails here, at import, and a field added too, until `_receipt` sets it.
+_RECEIPT_SETTERS = {f.name: getattr(SendReceipt, f.name).__set__ for f in fields(SendReceipt)}
 _SET_ID, _SET_TOPIC, _SET_OFFSET, _SET_RECALL, _SET_TRANSACTION = (
-    getattr(SendReceipt, f.name).__set__ for f in fields(SendReceipt)
+    _RECEIPT_SETTERS.pop(name) for name in ("message_id", "topic", "offset", "recall_handle", "transaction_id")
 )
+if _RECEIPT_SETTERS:
+    raise ImportError(f"popgate._wire._receipt does not set SendReceipt's {sorted(_RECEIPT_SETTERS)}")
 
 
 def _receipt(message_id: str, topic: str, offset: int, recall_handle: str, transaction_id: str) -> SendReceipt:
