@@ -1,22 +1,18 @@
 """Acks not waited for (``wait=False``, sdk/_acks.py), both clients, without sockets: bounded per consumer, waited
-for by close (retries included, at most CLOSE_WAIT_S), refused once closing, their failures logged."""
+for by close (at most CLOSE_WAIT_S), refused once closing. Their retries and logged failures against a fake stub:
+test_acks.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator
 
-import grpc
 import pytest
-from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, RetryPolicy, SimpleConsumer, _acks, aio, errors
-from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeStub
+from popgate import Message, SimpleConsumer, _acks, aio, errors
 
-FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
 Failures = list[tuple[str, errors.PopgateError]]
 
 
@@ -26,26 +22,6 @@ def message(i: int) -> Message:
 
 def ids(plan: list[pb.AckMessageRequest]) -> list[str]:
     return [e.message_id for request in plan for e in request.entries]
-
-
-@pytest.fixture
-def fake() -> FakeStub:
-    return FakeStub()
-
-
-@pytest.fixture
-def consumer(fake: FakeStub) -> Iterator[SimpleConsumer]:
-    with SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST) as c:
-        c._stub = fake
-        yield c
-
-
-def asyncio_consumer(fake: FakeStub) -> aio.SimpleConsumer:
-    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST)
-    consumer._channel = FakeChannel()  # type: ignore[assignment]
-    consumer._stub_ = AsyncStub(fake)
-    consumer._session_served = False  # the fake serves the unary calls only
-    return consumer
 
 
 async def test_the_asyncio_client_bounds_them_and_close_waits_for_them() -> None:
@@ -119,43 +95,8 @@ def test_the_blocking_client_bounds_them_and_close_waits_for_them() -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("popgate-ack")]  # nothing left running
 
 
-def test_a_blocking_ack_not_waited_for_is_retried_while_the_consumer_closes(
-    fake: FakeStub, consumer: SimpleConsumer
-) -> None:
-    m = fake.message("a")
-    fake.entry_faults[m.receipt_handle] = [v2.HA_NOT_AVAILABLE]  # its broker fails over: retried
-    consumer.ack(m, wait=False)
-    consumer.close()
-    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
-
-
-def test_an_asyncio_ack_not_waited_for_is_retried_while_the_consumer_closes(fake: FakeStub) -> None:
-    m = fake.message("a")
-    fake.call_faults = [("refused", grpc.StatusCode.UNAVAILABLE)]  # the proxy restarts: retried
-
-    async def main() -> None:
-        consumer = asyncio_consumer(fake)
-        await consumer.ack(m, wait=False)
-        await consumer.close()
-
-    asyncio.run(main())
-    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
-
-
-def test_a_failed_ack_not_waited_for_is_logged(
-    fake: FakeStub, consumer: SimpleConsumer, caplog: pytest.LogCaptureFixture
-) -> None:
-    m = fake.message("a")
-    fake.live.discard(m.receipt_handle)  # stale: refused, not retried
-    with caplog.at_level(logging.WARNING, logger="popgate.client"):
-        consumer.ack(m, wait=False)
-        consumer.close()
-    assert "1 of 1 message(s) acked without waiting were not acked" in caplog.text
-    assert "first: a: INVALID_RECEIPT_HANDLE" in caplog.text
-
-
-def test_a_bad_argument_raises_to_the_caller_waiting_or_not(consumer: SimpleConsumer) -> None:
-    with pytest.raises((TypeError, AttributeError)):
+def test_a_bad_argument_raises_to_the_caller_waiting_or_not() -> None:
+    with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer, pytest.raises((TypeError, AttributeError)):
         consumer.ack_many([object()], wait=False)  # type: ignore[list-item]
 
 

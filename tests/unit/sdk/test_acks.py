@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -169,3 +170,40 @@ def test_asyncio_lost_answers_read_as_the_sync_client_reads_them(fake: FakeStub)
     error = run_aio(fake, calls)
     assert fake.acked == ["a"]
     assert error.retriable is False and not isinstance(error, errors.InvalidReceiptHandle)
+
+
+# -- acks not waited for (wait=False): retried and logged in the background ---------------------------------
+
+
+def test_a_blocking_ack_not_waited_for_is_retried_while_the_consumer_closes(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    m = fake.message("a")
+    fake.entry_faults[m.receipt_handle] = [v2.HA_NOT_AVAILABLE]  # its broker fails over: retried
+    consumer.ack(m, wait=False)
+    consumer.close()
+    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
+
+
+def test_an_asyncio_ack_not_waited_for_is_retried_while_the_consumer_closes(fake: FakeStub) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("refused", grpc.StatusCode.UNAVAILABLE)]  # the proxy restarts: retried
+
+    async def ack_and_close(consumer: aio.SimpleConsumer) -> None:
+        await consumer.ack(m, wait=False)
+        await consumer.close()
+
+    run_aio(fake, ack_and_close)
+    assert fake.acked == ["a"] and len(fake.sent("AckMessage")) == 2
+
+
+def test_a_failed_ack_not_waited_for_is_logged(
+    fake: FakeStub, consumer: SimpleConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    m = fake.message("a")
+    fake.live.discard(m.receipt_handle)  # stale: refused, not retried
+    with caplog.at_level(logging.WARNING, logger="popgate.client"):
+        consumer.ack(m, wait=False)
+        consumer.close()
+    assert "1 of 1 message(s) acked without waiting were not acked" in caplog.text
+    assert "first: a: INVALID_RECEIPT_HANDLE" in caplog.text
