@@ -128,14 +128,10 @@ class MessageIds:
         self._restart()
 
     def __call__(self) -> str:
-        with self._lock:
-            n = next(self._counter) & 0xFFFFFFFF
-            prefix = self._prefix
-        seconds = (int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF
-        return f"{prefix}{seconds:08X}{n:08X}"
+        return self.many(1)[0]
 
     def many(self, count: int) -> list[str]:
-        """`count` ids, as `count` calls in a row would make them (in the same second)."""
+        """`count` new ids, made in the same second."""
         with self._lock:
             counts = list(itertools.islice(self._counter, count))
             prefix = self._prefix
@@ -162,6 +158,8 @@ def _set_seconds(target: object, seconds: float) -> None:
 
 
 def _as_bytes(body: bytes | str) -> bytes:
+    if type(body) is bytes:  # the common case, as is (bytes(body) would be body)
+        return body
     if isinstance(body, str):
         return body.encode()
     if not isinstance(body, bytes | bytearray | memoryview):  # bytes(5) would be five zero bytes
@@ -231,10 +229,10 @@ def outgoing(
     else:
         # Positionally, in its fields' order — test_wire.py::test_an_outgoing_body_takes_the_call_options_as_its_fields.
         out = Message(
-            body if type(body) is bytes else _as_bytes(body),  # bytes(body) is body
+            _as_bytes(body),
             "",
             tag,
-            (keys,) if isinstance(keys, str) else tuple(keys),  # _as_keys
+            _as_keys(keys),
             dict(properties) if properties else {},
             message_group,
             deliver_at,
@@ -266,25 +264,8 @@ def send_template(topic: str, *, namespace: str = "", now: float) -> v2.Message:
     return out
 
 
-def to_v2(
-    topic: str,
-    message: Message,
-    message_id: str,
-    *,
-    namespace: str = "",
-    now: float,
-    transactional: bool = False,
-    out: v2.Message | None = None,
-) -> v2.Message:
-    """The v2 message to send; filled into `out` (an empty message, e.g. a request's new entry) when given."""
-    if out is None:
-        out = v2.Message()
-    out.CopyFrom(send_template(topic, namespace=namespace, now=now))
-    return _fill(out, message, message_id, transactional=transactional)
-
-
 def _fill(out: v2.Message, message: Message, message_id: str, *, transactional: bool) -> v2.Message:
-    """`out`, a copy of `send_template`'s message, made `to_v2`'s (the fields each message has of its own)."""
+    """`out`, a copy of `send_template`'s message, given the fields `message` has of its own."""
     out.body = message.body
     if message.properties:
         out.user_properties.update(message.properties)

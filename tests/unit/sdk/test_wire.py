@@ -87,15 +87,31 @@ def test_generators_whose_pids_share_the_low_16_bits_start_apart() -> None:
     assert {first() for _ in range(100)}.isdisjoint(second() for _ in range(100))
 
 
+class OneId:
+    """Ids for a test's send request: each one `message_id`."""
+
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+
+    def many(self, count: int) -> list[str]:
+        return [self.message_id] * count
+
+
+def sent_alone(topic: str, message: Message, message_id: str) -> v2.Message:
+    """`message` as `send_requests` puts it in a SendMessage request of its own."""
+    [request] = _wire.send_requests(topic, [message], OneId(message_id))  # type: ignore[arg-type]
+    return request.messages[0]
+
+
 def test_outgoing_message_fields() -> None:
     m = _wire.outgoing("héllo", tag="t", keys=["k1"], properties={"a": "b"}, delay=10, now=1000.0)
-    sent = _wire.to_v2("orders", m, "ID", now=1000.0)
+    sent = sent_alone("orders", m, "ID")
     props = sent.system_properties
     assert sent.body == "héllo".encode() and sent.topic.name == "orders"
     assert props.tag == "t" and list(props.keys) == ["k1"] and dict(sent.user_properties) == {"a": "b"}
     assert props.message_type == v2.DELAY and props.delivery_timestamp.seconds == 1010
     assert props.body_encoding == v2.IDENTITY and props.message_id == "ID"
-    fifo = _wire.to_v2("orders", _wire.outgoing(b"x", message_group="g"), "ID2", now=1000.0)
+    fifo = sent_alone("orders", _wire.outgoing(b"x", message_group="g"), "ID2")
     assert fifo.system_properties.message_type == v2.FIFO and fifo.system_properties.message_group == "g"
     with pytest.raises(ValueError):
         _wire.outgoing(b"x", delay=1, deliver_at=2)
