@@ -30,9 +30,13 @@ log = logging.getLogger(__name__)
 METHOD = "/popgate.ext.v1.Messaging/Session"
 # SessionRequest's fields (proto/ext/messaging.proto): a request is encoded by hand around its serialized body.
 ID, TIMEOUT_MS, CANCEL, MORE = 1, 2, 3, 15
-# The writer sends the requests queued when it gets to them as one stream message (`more`), up to this many bytes:
-# grpc costs tens of µs a message on each side, whatever its size.
-MAX_WRITE_BYTES = 1024 * 1024
+# The writer sends the requests queued when it gets to them as one stream message (`more`: grpc costs tens of µs a
+# message on each side, whatever its size), up to this many bytes (a larger request goes alone); the rest follows
+# in the next message, once grpc took this one. Many requests queued at once (sends of many tasks) so reach the
+# proxy in parts and the proxy starts on the first while the next is written, rather than SDK, proxy and broker
+# each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
+# tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
+MAX_WRITE_BYTES = 48 * 1024
 KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7}
 RESPONSES: dict[str, Callable[..., Any]] = {
     "send": pb.SendMessageResponse,

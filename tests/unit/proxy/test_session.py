@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from popgate_pb.ext import messaging_pb2 as ext
@@ -173,6 +174,20 @@ async def test_requests_in_one_message_are_each_answered_and_answers_queued_toge
     assert sorted(a.id for a in context.answers) == [1, 2, 3, 4]
     assert {a.id: a.WhichOneof("body") for a in context.answers} == {1: "send", 2: "status", 3: "send", 4: "status"}
     assert len(context.written) < len(context.answers)  # the refusals, queued at once, went out in one message
+
+
+def test_answers_queued_together_share_a_message_up_to_the_write_limit() -> None:
+    """What is queued goes in one message up to MAX_WRITE_BYTES, the rest in the next; an answer glued to the next
+    (a receive's last messages and its status) is never split from it, whatever the size."""
+    outbox: asyncio.Queue[Any] = asyncio.Queue()
+    half = b"x" * (session.MAX_WRITE_BYTES // 2)
+    for item in ((half, None, False), (half, None, True), (b"status", None, False), (b"next", None, False), None):
+        outbox.put_nowait(item)
+    stream = cast(Any, SimpleNamespace(outbox=outbox))
+    first = session._gather(stream, outbox.get_nowait())
+    assert first.message == session.joined(half, [half, b"status"])  # past the limit only to keep the glued pair
+    second = session._gather(stream, outbox.get_nowait())
+    assert (second.message, outbox.get_nowait()) == (b"next", None)  # the end marker queued again
 
 
 async def test_a_stopping_proxy_ends_its_streams() -> None:
