@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, enable_created_metrics
 
 from popgate_contract import errors
 from proxy.core import Proxy
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import DELIVERY_LATENCY_BUCKETS, ProxyMetrics
 from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
@@ -64,6 +70,91 @@ def test_pairs_beyond_the_label_limit_share_the_other_topic() -> None:
         if s.name == first
     }
     assert counted == {("t1", "a"): 1, ("t2", "a"): 1, ("_other", "a"): 1, ("_other", "b"): 1, ("_other", "_other"): 1}
+
+
+LATENCY = "popgate_proxy_first_delivery_latency_seconds"
+BOUNDS_MS = [round(bound * 1000) for bound in DELIVERY_LATENCY_BUCKETS]
+latencies_ms = st.one_of(
+    st.sampled_from(BOUNDS_MS), st.sampled_from([ms + 1 for ms in BOUNDS_MS]), st.integers(-2_000, 5_000_000)
+)
+# (latency from its store, latency from its delivery time if delayed, delivery attempt) of each message of an answer
+answers = st.lists(
+    st.tuples(
+        st.sampled_from([("t", "g"), ("t", "h"), ("u", "g")]),
+        st.lists(st.tuples(latencies_ms, st.none() | latencies_ms, st.sampled_from([1, 1, 2])), max_size=40),
+    ),
+    max_size=12,
+)
+
+
+@contextmanager
+def created_series(on: bool) -> Iterator[None]:
+    """prometheus_client's `_created` series on or off (process-wide), as before afterwards."""
+    was_on = any(s.name.endswith("_created") for m in Counter("probe", "", registry=None).collect() for s in m.samples)
+    (enable_created_metrics if on else disable_created_metrics)()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        (enable_created_metrics if was_on else disable_created_metrics)()  # type: ignore[no-untyped-call]
+
+
+def latency_samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float | None]]:
+    """The histogram's samples in scrape order; a `_created` value (a time) as None."""
+    return [
+        (s.name, s.labels, None if s.name.endswith("_created") else s.value)
+        for family in registry.collect()
+        if family.name == LATENCY
+        for s in family.samples
+    ]
+
+
+@pytest.mark.parametrize("created", [True, False])
+@given(answers=answers)
+def test_the_latency_histogram_exports_what_a_prometheus_histogram_does(
+    created: bool, answers: list[tuple[tuple[str, str], list[tuple[int, int | None, int]]]]
+) -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    reference = CollectorRegistry()
+    histogram = Histogram(LATENCY, "", ["topic", "group"], buckets=DELIVERY_LATENCY_BUCKETS, registry=reference)
+    for (topic, group), messages in answers:
+        answer, child = [], histogram.labels(topic, group)
+        for i, (stored_ms, due_ms, attempt) in enumerate(messages):
+            message = popped("b1", f"m{i}", attempt=attempt)
+            message.stored.store_ms = NOW_MS - stored_ms
+            if due_ms is not None:
+                message.stored.message.deliver_at_ms = NOW_MS - due_ms
+            answer.append(message)
+            if attempt == 1:
+                child.observe(max(min(stored_ms, stored_ms if due_ms is None else due_ms), 0) / 1000)
+        metrics.delivered(topic, group, answer, NOW_MS)
+    with created_series(created):
+        exported = latency_samples(metrics.registry)
+        assert exported == latency_samples(reference)
+    assert any(name.endswith("_created") for name, _, _ in exported) == (created and bool(answers))
+
+
+def test_a_scrape_sees_whole_answers_counted() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    answer = [popped("b1", f"m{i}") for i in range(32)]  # 2 s each since their store
+    done = threading.Event()
+    scraped: list[dict[str, float]] = []
+
+    def scrape() -> None:
+        while not done.is_set():
+            scraped.append({name: value for name, _, value in latency_samples(metrics.registry) if value is not None})
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for _ in range(2_000):
+            metrics.delivered("t", "g", answer, NOW_MS)
+    finally:
+        done.set()
+        scraper.join(timeout=10)
+    assert scraped and not scraper.is_alive()
+    for seen in scraped:
+        count = seen.get(f"{LATENCY}_count", 0)
+        assert count % 32 == 0 and seen.get(f"{LATENCY}_sum", 0) == 2 * count
 
 
 def test_acks_are_counted_by_outcome() -> None:
