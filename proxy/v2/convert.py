@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 
@@ -48,9 +49,9 @@ def seconds(duration: Duration, *, what: str, error: type[errors.DomainError] = 
     return duration.seconds + duration.nanos / 1e9
 
 
-def _body(message: v2.Message, limit: int, room: int | None) -> bytes:
-    """The message's body, inflated when GZIP; `room`: inflated bytes its request may still grow by."""
-    encoding = message.system_properties.body_encoding
+def _body(message: v2.Message, encoding: int, limit: int, room: int | None) -> bytes:
+    """The message's body (`encoding`: its body_encoding), inflated when GZIP; `room`: inflated bytes its request
+    may still grow by."""
     if encoding not in _ENCODINGS:  # a newer client's encoding, stored as if it were plain bytes, reaches
         # consumers as garbage: refused instead
         raise errors.BadRequest(f"body_encoding {encoding} is not one the proxy reads (IDENTITY or GZIP)")
@@ -89,62 +90,99 @@ def _body(message: v2.Message, limit: int, room: int | None) -> bytes:
     return validate.body(b"".join(parts), limit=limit)
 
 
-def to_broker(message: v2.Message, limits: SendLimits, *, now_s: float, room: int | None = None) -> bpb.Message:
+def to_broker(
+    message: v2.Message,
+    limits: SendLimits,
+    *,
+    now_s: float,
+    room: int | None = None,
+    topics: dict[tuple[str, str], str] | None = None,
+) -> bpb.Message:
     """A client's message as the broker stores it; raises the §5 error for the first violation. `room`: how
-    many bytes a GZIP body may inflate to within its request (None: up to the body limit)."""
+    many bytes a GZIP body may inflate to within its request (None: up to the body limit). `topics`: the stored
+    names of the (namespace, topic) pairs already checked, shared by the messages of one request (each pair is
+    checked once; a refused one is checked again, so it fails each message alike)."""
     props = message.system_properties
-    if props.message_type not in SERVED_TYPES:  # LITE: not stored as if it were NORMAL
-        known = props.message_type in v2.MessageType.values()
-        kind = v2.MessageType.Name(props.message_type) if known else f"message_type {props.message_type}:"
+    message_type = props.message_type
+    if message_type not in SERVED_TYPES:  # LITE: not stored as if it were NORMAL
+        known = message_type in v2.MessageType.values()
+        kind = v2.MessageType.Name(message_type) if known else f"message_type {message_type}:"
         raise errors.Unsupported(
             f"{kind} messages are not supported by popgate (NORMAL, FIFO, DELAY, TRANSACTION and PRIORITY are)"
         )
-    out = bpb.Message(
-        topic=validate.publish_topic(validate.topic_in(message.topic.resource_namespace, message.topic.name)),
-        message_id=validate.message_id(props.message_id),
-        body=_body(message, limits.max_body_bytes, room),
-        keys=validate.keys(props.keys),
-        born_host=props.born_host[:256],
-    )
-    if props.HasField("tag"):
+    resource = message.topic
+    key = (resource.resource_namespace, resource.name)
+    topic = None if topics is None else topics.get(key)
+    if topic is None:
+        topic = validate.publish_topic(validate.topic_in(*key))
+        if topics is not None:
+            topics[key] = topic
+    # Fields set one by one, and only when not their default: what a constructor of the same fields stores —
+    # tests/unit/proxy/test_v2_edge.py::test_empty_tag_or_group_is_refused_other_defaults_store_as_unset.
+    out = bpb.Message()
+    out.topic = topic
+    out.message_id = validate.message_id(props.message_id)
+    out.body = _body(message, props.body_encoding, limits.max_body_bytes, room)
+    keys = props.keys
+    if keys:
+        out.keys.extend(validate.keys(keys[:]))  # a slice: a repeated field's quickest copy to a list
+    born_host = props.born_host
+    if born_host:
+        out.born_host = born_host[:256]
+    if props.HasField("tag"):  # set to "" is refused, unset is not
         out.tag = validate.tag(props.tag)
-    if message.user_properties:
-        out.properties.update(validate.properties(message.user_properties))
-    if props.HasField("message_group"):
-        out.message_group = validate.message_group(props.message_group)
-    if props.HasField("born_timestamp"):
-        born = props.born_timestamp
-        if not 0 <= born.seconds <= _MAX_TIMESTAMP_S:
-            raise errors.BadRequest(f"born_timestamp {born.seconds} s is not a time (0..{_MAX_TIMESTAMP_S} s)")
-        out.born_ms = born.seconds * 1000 + max(0, born.nanos) // 1_000_000
-    if props.HasField("delivery_timestamp"):
-        ts = props.delivery_timestamp
-        if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:  # too late is told below (with a ms hint)
-            raise errors.IllegalDeliveryTime(
-                f"delivery_timestamp {ts.seconds} s {ts.nanos} ns is not a time (seconds from 0, nanos 0..999999999)"
-            )
-        at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
-        out.deliver_at_ms = int(at * 1000)  # kept when already past (the broker stores it visible at once), as
-        # RocketMQ keeps it: the consumer gets back the delivery_timestamp its producer set
-        if out.message_group and at > now_s:  # checked here too: a request's groups go to brokers apart
-            raise errors.BadRequest("a FIFO message (message_group) cannot also have a future delivery_timestamp")
-    _kind(out, props)
+    user_properties = message.user_properties
+    if user_properties:
+        out.properties.update(validate.properties(user_properties))
+    group = validate.message_group(props.message_group) if props.HasField("message_group") else ""
+    if group:
+        out.message_group = group
+    born_ms = _born_ms(props.born_timestamp)
+    if born_ms:
+        out.born_ms = born_ms
+    deliver_at_ms = _deliver_at_ms(props, group, limits, now_s) if props.HasField("delivery_timestamp") else 0
+    if deliver_at_ms:
+        out.deliver_at_ms = deliver_at_ms
+    _kind(out, message_type, props.priority, group, deliver_at_ms)
     return out
 
 
-def _kind(out: bpb.Message, props: v2.SystemProperties) -> None:
+def _born_ms(born: Timestamp) -> int:
+    """Unset, a born_timestamp reads as 0 s: a time, and born_ms 0, what the broker takes for an unset one —
+    tests/unit/proxy/test_v2_edge.py::test_empty_tag_or_group_is_refused_other_defaults_store_as_unset."""
+    born_s, born_ns = born.seconds, born.nanos
+    if not 0 <= born_s <= _MAX_TIMESTAMP_S:
+        raise errors.BadRequest(f"born_timestamp {born_s} s is not a time (0..{_MAX_TIMESTAMP_S} s)")
+    return born_s * 1000 + born_ns // 1_000_000 if born_ns > 0 else born_s * 1000
+
+
+def _deliver_at_ms(props: v2.SystemProperties, group: str, limits: SendLimits, now_s: float) -> int:
+    ts = props.delivery_timestamp
+    if ts.seconds < 0 or not 0 <= ts.nanos < 1_000_000_000:  # too late is told below (with a ms hint)
+        raise errors.IllegalDeliveryTime(
+            f"delivery_timestamp {ts.seconds} s {ts.nanos} ns is not a time (seconds from 0, nanos 0..999999999)"
+        )
+    at = validate.delivery_time(ts.seconds + ts.nanos / 1e9, now_s=now_s, max_delay_s=limits.max_delay_s)
+    if group and at > now_s:  # checked here too: a request's groups go to brokers apart
+        raise errors.BadRequest("a FIFO message (message_group) cannot also have a future delivery_timestamp")
+    # Kept when already past (the broker stores it visible at once), as RocketMQ keeps it: the consumer gets back
+    # the delivery_timestamp its producer set.
+    return int(at * 1000)
+
+
+def _kind(out: bpb.Message, message_type: int, priority: int, group: str, deliver_at_ms: int) -> None:
     """Priority and transaction, checked against the rest as RocketMQ's clients check them (the broker checks
-    again: a request's messages may go to brokers apart)."""
-    if props.HasField("priority"):
-        if props.priority < 0:
-            raise errors.BadRequest(f"priority {props.priority} is negative")
-        out.priority = props.priority
-    transactional = props.message_type == v2.TRANSACTION
-    if transactional and (out.message_group or out.deliver_at_ms or out.priority):
-        raise errors.BadRequest("a TRANSACTION message cannot also have a message group, delivery time or priority")
-    if out.priority and (out.message_group or out.deliver_at_ms):
+    again: a request's messages may go to brokers apart). `priority`: 0 when unset, as when set to 0."""
+    if priority:
+        if priority < 0:
+            raise errors.BadRequest(f"priority {priority} is negative")
+        out.priority = priority
+    if message_type == v2.TRANSACTION:
+        if group or deliver_at_ms or priority:
+            raise errors.BadRequest("a TRANSACTION message cannot also have a message group, delivery time or priority")
+        out.transactional = True
+    elif priority and (group or deliver_at_ms):
         raise errors.BadRequest("a PRIORITY message cannot also have a message group or a delivery time")
-    out.transactional = transactional
 
 
 def _set_ms(target: object, ms: int) -> None:

@@ -61,28 +61,33 @@ class Inflation:
 
 
 async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation: Inflation) -> pb.SendMessageResponse:
-    count = len(request.messages)
+    sent = list(request.messages)  # each message's Python object made once, for the three passes below
+    count = len(sent)
     if not 1 <= count <= MAX_MESSAGES:
         raise errors.BadRequest(f"SendMessage carries {count} messages: must be 1..{MAX_MESSAGES}")
     # Before the bodies are copied into broker messages (a GZIP body counts at its compressed size here).
-    call.proxy.check_send_room(request.messages)
+    call.proxy.check_send_room(sent)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()
 
+    gzipped = any(m.system_properties.body_encoding == v2.GZIP for m in sent)
+    topics: dict[tuple[str, str], str] = {}
+
     def convert() -> list[bpb.Message]:
+        if not gzipped:  # `room` bounds inflated bodies only
+            return [to_broker(m, limits, now_s=now, topics=topics) for m in sent]
         # Inflated GZIP bodies may fill no more than the largest request taken as sent (max_message_bytes), so a
         # small request of highly compressed bodies cannot make the proxy hold or inflate more than that —
         # tests/unit/proxy/test_overload.py::
         # test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_request_and_nothing_is_stored
         room = call.settings.max_message_bytes
         messages = []
-        for m in request.messages:
-            message = to_broker(m, limits, now_s=now, room=room)
+        for m in sent:
+            message = to_broker(m, limits, now_s=now, room=room, topics=topics)
             room -= len(message.body)
             messages.append(message)
         return messages
 
-    gzipped = any(m.system_properties.body_encoding == v2.GZIP for m in request.messages)
     messages = await inflation.run(convert) if gzipped else convert()
     ok = v2.Status(code=v2.OK, message="OK")
     status = failed = ok
@@ -97,16 +102,33 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
         status = v2.Status(
             code=failed.code, message=f"{stored} of {len(results)} stored (see entries): {error.message}"
         )
-    entries = [
-        pb.SendResultEntry(
-            status=ok,
-            message_id=r.message_id or m.message_id,
-            offset=r.offset,
-            recall_handle=r.recall_handle,
-            transaction_id=r.transaction_id,
-        )
-        if r is not None
-        else pb.SendResultEntry(status=failed, message_id=m.message_id)
-        for r, m in zip(results, messages, strict=True)
-    ]
-    return pb.SendMessageResponse(status=status, entries=entries)
+    return _response(status, failed, results, messages)
+
+
+# One entry of status OK, encoded in a SendMessageResponse: `_response` parses it once per message, which makes the
+# entries and their statuses in one call, and fills in the rest of each.
+_OK_ENTRY = pb.SendMessageResponse(
+    entries=[pb.SendResultEntry(status=v2.Status(code=v2.OK, message="OK"))]
+).SerializeToString()
+
+
+def _response(
+    status: v2.Status, failed: v2.Status, results: Sequence[bpb.SendResult | None], messages: Sequence[bpb.Message]
+) -> pb.SendMessageResponse:
+    """An entry per message: OK with the broker's result when stored, `failed` and the message's id when not —
+    tests/unit/proxy/test_v2_edge.py::test_send_entries_are_each_messages_result_or_its_failure."""
+    response = pb.SendMessageResponse(status=status)
+    response.MergeFromString(_OK_ENTRY * len(results))
+    for entry, r, m in zip(response.entries, results, messages, strict=True):
+        if r is None:
+            entry.status.CopyFrom(failed)
+            entry.message_id = m.message_id
+            continue
+        entry.message_id = r.message_id or m.message_id
+        entry.offset = r.offset
+        recall_handle, transaction_id = r.recall_handle, r.transaction_id
+        if recall_handle:
+            entry.recall_handle = recall_handle
+        if transaction_id:
+            entry.transaction_id = transaction_id
+    return response

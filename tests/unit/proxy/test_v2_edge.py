@@ -7,6 +7,7 @@ import gzip
 from collections.abc import AsyncIterator
 
 import pytest
+from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -16,6 +17,7 @@ from proxy.attempts import GroupAttempts
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall
 from proxy.v2.convert import GZIP_MAX_MEMBERS, SendLimits, seconds, to_broker, to_client
+from proxy.v2.send import _response
 from proxy.v2.telemetry import settings_reply, telemetry
 from tests.unit.proxy.fakes import popped
 
@@ -266,3 +268,75 @@ def test_an_unknown_body_encoding_or_message_type_is_refused_by_its_number() -> 
 def test_an_invisible_time_just_under_the_minimum_is_not_shown_as_the_minimum() -> None:
     with pytest.raises(errors.IllegalInvisibleTime, match=r"9\.999999999 s is out of range: must be 10 s\.\."):
         validate.invisible(9.999999999, low=10, high=43200)
+
+
+def test_empty_tag_or_group_is_refused_other_defaults_store_as_unset() -> None:
+    """Set to "", a tag or a message group is refused where unset is not; a born or delivery time of 0 s, a
+    priority of 0 and no keys store what leaving them out stores."""
+    plain = to_broker(client_message(), LIMITS, now_s=NOW)
+    assert plain == bpb.Message(topic="t", message_id="01ABC", body=b"payload", properties={"a": "1"})
+    assert not plain.HasField("tag")
+    for field, error in (("tag", errors.IllegalMessageTag), ("message_group", errors.IllegalMessageGroup)):
+        with pytest.raises(error):
+            to_broker(client_message(**{field: ""}), LIMITS, now_s=NOW)
+    defaults = client_message(priority=0)
+    defaults.system_properties.born_timestamp.SetInParent()
+    defaults.system_properties.delivery_timestamp.SetInParent()
+    assert to_broker(defaults, LIMITS, now_s=NOW) == plain
+    fifo = client_message(message_group="g", born_host="h" * 300)
+    fifo.system_properties.delivery_timestamp.SetInParent()  # 0 s: due at once, not a delay
+    fifo.system_properties.born_timestamp.nanos = -5  # before the second: born on it
+    fifo.system_properties.born_timestamp.seconds = 7
+    assert to_broker(fifo, LIMITS, now_s=NOW) == bpb.Message(
+        topic="t",
+        message_id="01ABC",
+        body=b"payload",
+        properties={"a": "1"},
+        message_group="g",
+        born_host="h" * 256,
+        born_ms=7000,
+    )
+
+
+def test_a_requests_messages_share_their_topic_checks_and_a_refused_topic_fails_each_message_alike() -> None:
+    topics: dict[tuple[str, str], str] = {}
+    first, second = client_message(), client_message()
+    for message in (first, second):
+        message.topic.resource_namespace = "tenant"
+    assert [to_broker(m, LIMITS, now_s=NOW, topics=topics).topic for m in (first, second)] == ["tenant%t"] * 2
+    bare = client_message()
+    assert to_broker(bare, LIMITS, now_s=NOW, topics=topics).topic == "t"
+    system = client_message()
+    system.topic.name = "TBW102"
+    refusals = []
+    for _ in range(2):
+        with pytest.raises(errors.IllegalTopic) as caught:
+            to_broker(system, LIMITS, now_s=NOW, topics=topics)
+        refusals.append(caught.value.message)
+    assert refusals == ["topic 'TBW102' is a system topic: messages cannot be sent to it"] * 2
+    assert topics == {("tenant", "t"): "tenant%t", ("", "t"): "t"}
+
+
+def test_send_entries_are_each_messages_result_or_its_failure() -> None:
+    """Stored: OK with what the broker answered (the message's own id when the broker gave none); not stored: the
+    failure's status and the message's id. The same bytes as entries built one by one."""
+    ok = v2.Status(code=v2.OK, message="OK")
+    failed = v2.Status(code=v2.PROXY_TIMEOUT, message="broker b2 did not answer in time")
+    status = v2.Status(code=v2.PROXY_TIMEOUT, message="2 of 3 stored (see entries): broker b2 did not answer in time")
+    messages = [bpb.Message(message_id=f"M{i}") for i in range(3)]
+    results = [
+        bpb.SendResult(message_id="B0", offset=4, recall_handle="r0", transaction_id="x0"),
+        None,
+        bpb.SendResult(offset=0),
+    ]
+    response = _response(status, failed, results, messages)
+    expected = pb.SendMessageResponse(
+        status=status,
+        entries=[
+            pb.SendResultEntry(status=ok, message_id="B0", offset=4, recall_handle="r0", transaction_id="x0"),
+            pb.SendResultEntry(status=failed, message_id="M1"),
+            pb.SendResultEntry(status=ok, message_id="M2"),
+        ],
+    )
+    assert response == expected
+    assert response.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
