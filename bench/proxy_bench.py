@@ -4,7 +4,12 @@
     .venv/bin/python -m bench.proxy_bench [--brokers 2] [--seconds 5] [--concurrency 8] [--size 256] [--batch 32]
 
 Starts its own brokers and proxy (popgate.cli.cluster, loopback, temporary data dir), runs
-each phase for --seconds, prints a table. Not a test: numbers depend on the machine.
+each phase for --seconds, prints a table. The proxy phases are a v2 client's (as an official
+client calls it: SendMessage of --batch; ReceiveMessage of up to --batch, one frame a message,
+then AckMessage of them). Then, in the same run, a bare grpc.aio server with trivial handlers
+(bench.transport_compare's) streams the same v2 frames and takes the same SendMessage calls, and
+the last table gives issue 28's official-client ratio: the proxy's CPU per message over the bare
+server's. Not a test: numbers depend on the machine.
 Run it as a module (`-m bench.proxy_bench`): its client then uses the gRPC I/O engine the SDK's
 clients use (bench/__init__.py, proto/popgate_process/grpc_engine.py).
 """
@@ -28,6 +33,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc
 
+from bench import transport_compare
 from bench.common import cpu_seconds
 from popgate import _wire as wire
 from popgate.cli.cluster import Cluster, ClusterConfig
@@ -169,6 +175,18 @@ def main() -> None:
         ratio = p.rate / d.rate if d.rate else 0.0
         cap = 1e6 / p.cpu_us if p.cpu_us else 0.0
         print(f"{name:<14}{d.rate:>14.0f}{d.cpu_us:>19.1f}{p.rate:>13.0f}{p.cpu_us:>18.1f}{ratio:>13.0%}{cap:>12.0f}")
+    process, port = transport_compare.start("grpc.aio")
+    try:
+        bare = asyncio.run(transport_compare.throughput(port, process.pid or 0, args.seconds))
+    finally:
+        process.terminate()
+        process.join(10)
+    print("official-client path, same run: the proxy's CPU per message over a bare grpc.aio server's (trivial")
+    print("handlers: ReceiveMessage streaming 32 prebuilt frames, SendMessage of 32) — issue 28's target <= 1.3x")
+    print(f"{'phase':<14}{'proxy cpu us/msg':>18}{'bare cpu us/msg':>17}{'ratio':>8}")
+    for name, p, kind in (("produce", proxied[0], "unary32"), ("consume+ack", proxied[1], "stream")):
+        floor = bare[kind][1]
+        print(f"{name:<14}{p.cpu_us:>18.1f}{floor:>17.1f}{p.cpu_us / floor if floor else 0.0:>7.2f}x")
 
 
 if __name__ == "__main__":
