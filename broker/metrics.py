@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -19,6 +18,7 @@ from broker.core import BrokerCore
 from broker.longpoll import Kind
 from popgate_contract.lag import lag_seconds
 from popgate_contract.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
+from popgate_process.histogram import BatchHistogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Stored -> acked spans consumer processing and queueing: seconds to hours.
@@ -52,29 +52,30 @@ class BrokerMetrics:
             registry=self.registry,
         )
 
-        self.ack_latency = Histogram(
+        # Exported as a prometheus_client Histogram of these names, labels and buckets would be, counted one
+        # update per Ack and topic (popgate_process.histogram) — tests/unit/broker/test_ack_latency.py.
+        self.ack_latency = BatchHistogram(
             "popgate_broker_ack_latency_seconds",
             f"Time from a message's store to its ack, per topic and group (beyond {MAX_LATENCY_PAIRS} pairs: "
             f"topic and group {OTHER})",
-            ["topic", "group"],
-            buckets=ACK_BUCKETS,
-            registry=self.registry,
+            ("topic", "group"),
+            ACK_BUCKETS,
         )
+        self.registry.register(self.ack_latency)
         self._latency_pairs: set[tuple[str, str]] = set()
         self.store: StoreReadings | None = None  # made by `watch`
 
     def acked(self, topic: str, group: str, seconds: Sequence[float]) -> None:
-        """Acks of the group on the topic, each observed apart, `seconds` after its message was stored; their series
-        is looked up once for them all — tests/unit/broker/test_metrics.py. The core calls it with at least one."""
+        """Acks of the group on the topic, `seconds` after each one's message was stored, counted at once (a
+        scrape sees all or none of them) — tests/unit/broker/test_metrics.py. The core calls it with at least
+        one."""
         pair = (topic, group)
         if pair not in self._latency_pairs:
             if len(self._latency_pairs) >= MAX_LATENCY_PAIRS:
                 pair = (OTHER, OTHER)
             else:
                 self._latency_pairs.add(pair)
-        observe = self.ack_latency.labels(*pair).observe
-        for s in seconds:
-            observe(s)
+        self.ack_latency.observe(pair, seconds)
 
     def forget(self, topic: str, group: str) -> None:
         """The broker forgot the group's state on the topic (deleted, broker.admin): its ack latency series go,
@@ -82,8 +83,7 @@ class BrokerMetrics:
         test_a_deleted_group_or_topic_loses_its_ack_latency_series."""
         if (topic, group) in self._latency_pairs:
             self._latency_pairs.discard((topic, group))
-            with contextlib.suppress(KeyError):
-                self.ack_latency.remove(topic, group)
+            self.ack_latency.remove((topic, group))
 
     def watch(self, core: BrokerCore) -> None:
         core.sends.on_lateness = self.lateness.observe

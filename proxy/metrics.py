@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from proxy.histogram import BatchHistogram
+from popgate_process.histogram import BatchHistogram
 
 if TYPE_CHECKING:
     from popgate_pb import broker_pb2 as bpb

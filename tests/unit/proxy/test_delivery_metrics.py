@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, enable_created_metrics
+from prometheus_client import CollectorRegistry, Histogram
 
 from popgate_contract import errors
 from proxy.core import Proxy
@@ -23,6 +21,7 @@ from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import ack_message
 from proxy.v2.context import Call, endpoints_for
 from proxy.v2.receive import receive_message
+from tests.unit.process.exposition import created_series, family_samples
 from tests.unit.proxy.fakes import FakeBroker, handle, popped
 
 NOW_MS = 1_700_000_000_123 + 2_000  # two seconds after the fakes' store time
@@ -87,25 +86,8 @@ answers = st.lists(
 )
 
 
-@contextmanager
-def created_series(on: bool) -> Iterator[None]:
-    """prometheus_client's `_created` series on or off (process-wide), as before afterwards."""
-    was_on = any(s.name.endswith("_created") for m in Counter("probe", "", registry=None).collect() for s in m.samples)
-    (enable_created_metrics if on else disable_created_metrics)()  # type: ignore[no-untyped-call]
-    try:
-        yield
-    finally:
-        (enable_created_metrics if was_on else disable_created_metrics)()  # type: ignore[no-untyped-call]
-
-
 def latency_samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float | None]]:
-    """The histogram's samples in scrape order; a `_created` value (a time) as None."""
-    return [
-        (s.name, s.labels, None if s.name.endswith("_created") else s.value)
-        for family in registry.collect()
-        if family.name == LATENCY
-        for s in family.samples
-    ]
+    return family_samples(registry, LATENCY)
 
 
 @pytest.mark.parametrize("created", [True, False])

@@ -1,5 +1,5 @@
-"""A labelled histogram counted many amounts at a time (the proxy's first-delivery latency: one update per receive
-answer, not one per message), exported as prometheus_client's `Histogram` would be."""
+"""A labelled histogram counted many amounts at a time (one update per answer or request, not one per message: the
+proxy's first-delivery latency, the broker's ack latency), exported as prometheus_client's `Histogram` would be."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ from prometheus_client.utils import floatToGoString
 
 class BatchHistogram(Collector):
     """A labelled histogram that exports what prometheus_client's `Histogram` would after the same `observe`s, in
-    the same order: a series from its first `observe` (even of no amounts), its cumulative `_bucket`s, `_count`,
-    `_sum` (the amounts added one by one, so the same float), and `_created` unless prometheus_client exports none
-    — tests/unit/proxy/test_delivery_metrics.py::test_the_latency_histogram_exports_what_a_prometheus_histogram_does.
-    One lock, taken once per `observe` of many amounts and by a scrape to copy the counts: a scrape (from
-    another thread) sees each `observe` whole or not at all — ::test_a_scrape_sees_whole_answers_counted there."""
+    the same order: a series from its first `observe` (even of no amounts) until its `remove`, its cumulative
+    `_bucket`s, `_count`, `_sum` (the amounts added one by one, so the same float), and `_created` unless
+    prometheus_client exports none — tests/unit/process/test_histogram.py::
+    test_a_batch_histogram_exports_what_a_prometheus_histogram_does, and for each use
+    tests/unit/proxy/test_delivery_metrics.py::test_the_latency_histogram_exports_what_a_prometheus_histogram_does,
+    tests/unit/broker/test_ack_latency.py. One lock, taken once per `observe` of many amounts and by a scrape to
+    copy the counts: a scrape (from another thread) sees each `observe` whole or not at all —
+    tests/unit/proxy/test_delivery_metrics.py::test_a_scrape_sees_whole_answers_counted."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
         self._name = name
@@ -50,6 +53,12 @@ class BatchHistogram(Collector):
                 counts[bisect_left(bounds, amount)] += 1
                 total += amount
             series.sum = total
+
+    def remove(self, labels: tuple[str, ...]) -> None:
+        """The series of these label values goes (as `Histogram.remove`); a later `observe` starts it anew, with
+        a new `_created`. None to remove is no error."""
+        with self._lock:
+            self._series.pop(labels, None)
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         yield HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
