@@ -10,7 +10,8 @@ them. Pure encoding, no I/O: the SQLite store writes and reads the rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Sequence
+from itertools import accumulate
 from typing import Any
 
 from broker.store import NewMessage
@@ -94,6 +95,43 @@ def unpack(
         if wanted is None or first_offset + i in wanted:
             out.append((first_offset + i, store_ms[i], tags[i], payloads[start:end]))
     return out
+
+
+class PayloadEnds:
+    """Where each payload of a batch row ends in its concatenated payloads, by the row's `meta`, for the last
+    `max_rows` metas seen: a row's meta names every size, so the same meta text means the same ends, whatever row
+    it came from (a deleted and re-created topic's rows included) — tests/unit/broker/test_batches.py::
+    test_payloads_picked_from_a_row_are_those_unpack_gives. Not thread-safe: one reading thread uses it."""
+
+    def __init__(self, max_rows: int = 64) -> None:
+        self.max_rows = max_rows
+        self._ends: dict[str, list[int]] = {}
+
+    def pick(
+        self,
+        first_offset: int,
+        meta: str,
+        payloads: bytes,
+        offsets: Iterable[int],
+        queue_id: int,
+        out: dict[Any, bytes],
+    ) -> None:
+        """The payloads of those `offsets` the row holds, into `out` by (queue_id, offset)."""
+        ends = self._ends.get(meta)
+        if ends is None:
+            ends = self._remember(meta)
+        n = len(ends)
+        for offset in offsets:
+            i = offset - first_offset
+            if 0 <= i < n:
+                out[(queue_id, offset)] = payloads[ends[i - 1] if i else 0 : ends[i]]
+
+    def _remember(self, meta: str) -> list[int]:
+        sizes: Sequence[int] = json.loads(meta)[2]
+        ends = self._ends[meta] = list(accumulate(sizes))
+        if len(self._ends) > self.max_rows:
+            del self._ends[next(iter(self._ends))]  # the oldest seen
+        return ends
 
 
 def batch_rows(messages: Iterable[tuple[str, int, int, int, str | None, bytes]]) -> Iterator[list[Row]]:

@@ -403,12 +403,14 @@ class BrokerCore:
                 missing.setdefault(queue_id, []).append(offset)
             else:
                 out[(queue_id, offset)] = payload
-        for queue_id, offsets in missing.items():
-            found = await self.store.read_payloads(topic.name, queue_id, offsets)
-            for offset in offsets:
-                if offset not in found:
-                    raise DomainError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
-                out[(queue_id, offset)] = found[offset]
+        if missing:  # one read of the store's for all the queues: one hop to its reading thread a Pop
+            found = await self.store.read_payloads(topic.name, missing)
+            for queue_id, offsets in missing.items():
+                for offset in offsets:
+                    payload = found.get((queue_id, offset))
+                    if payload is None:
+                        raise DomainError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
+                    out[(queue_id, offset)] = payload
         return out
 
     # -- ack and invisibility ------------------------------------------------

@@ -21,12 +21,12 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from broker.batches import BATCH_MESSAGES, Batches, batch_rows, fifo_offsets, priority_marks, unpack
+from broker.batches import BATCH_MESSAGES, Batches, PayloadEnds, batch_rows, fifo_offsets, priority_marks, unpack
 from broker.store import (
     PURGES,
     RECORD_OVERHEAD_BYTES,
@@ -291,6 +291,26 @@ def _interned(tag: str | None) -> str | None:
     return None if tag is None else sys.intern(tag)
 
 
+def _read_queue(
+    conn: sqlite3.Connection,
+    ends: PayloadEnds,
+    topic: str,
+    queue_id: int,
+    offsets: Sequence[int],
+    out: dict[tuple[int, int], bytes],
+) -> None:
+    """The stored payloads of these offsets of one queue, into `out` by (queue, offset); absent ones are left out."""
+    wanted = set(offsets)
+    lo, hi = min(offsets), max(offsets)
+    if hi - lo < 4 * len(offsets) + BATCH_MESSAGES:
+        rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo, hi)).fetchall()
+    else:  # a few offsets far apart: the batch holding each
+        found = {conn.execute(SELECT_BATCH_AT, (topic, queue_id, o)).fetchone() for o in sorted(wanted)}
+        rows = [row for row in found if row is not None]
+    for first_offset, meta, payloads in rows:
+        ends.pick(first_offset, meta, payloads, wanted, queue_id, out)
+
+
 class SqliteStore:
     def __init__(
         self,
@@ -330,6 +350,7 @@ class SqliteStore:
         self._stop_checkpoints = threading.Event()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-reader")
         self._read_conn: sqlite3.Connection | None = None
+        self._payload_ends = PayloadEnds()  # the reading thread's (`read_payloads`)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._commit_failed = _Throttled(log.error)  # the writer's
@@ -771,23 +792,16 @@ class SqliteStore:
             self._read_conn = self._connect()
         return self._read_conn
 
-    async def read_payloads(self, topic: str, queue_id: int, offsets: Sequence[int]) -> dict[int, bytes]:
-        if not offsets:
+    async def read_payloads(self, topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:
+        if not any(wanted.values()):
             return {}
 
-        def read() -> dict[int, bytes]:
+        def read() -> dict[tuple[int, int], bytes]:
             conn = self._reader_conn()
-            wanted = set(offsets)
-            lo, hi = min(offsets), max(offsets)
-            if hi - lo < 4 * len(offsets) + BATCH_MESSAGES:
-                rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo, hi)).fetchall()
-            else:  # a few offsets far apart: the batch holding each
-                found = {conn.execute(SELECT_BATCH_AT, (topic, queue_id, o)).fetchone() for o in sorted(wanted)}
-                rows = [row for row in found if row is not None]
-            out: dict[int, bytes] = {}
-            for first_offset, meta, payloads in rows:
-                for offset, _, _, payload in unpack(first_offset, meta, payloads, wanted):
-                    out[offset] = payload
+            out: dict[tuple[int, int], bytes] = {}
+            for queue_id, offsets in wanted.items():
+                if offsets:
+                    _read_queue(conn, self._payload_ends, topic, queue_id, offsets, out)
             return out
 
         return await asyncio.get_running_loop().run_in_executor(self._reader, read)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -190,7 +190,10 @@ class Store(Protocol):
         appended records with their offsets. Must be called on the event loop."""
         ...
 
-    async def read_payloads(self, topic: str, queue_id: int, offsets: Sequence[int]) -> dict[int, bytes]: ...
+    async def read_payloads(self, topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:
+        """The stored payloads of the topic's messages `wanted` (queue -> offsets), by (queue, offset), read in one
+        call to the reading thread whatever the queues; messages not stored (deleted) are left out."""
+        ...
 
     async def read_range(
         self, topic: str, queue_id: int, from_offset: int, limit: int, *, max_bytes: int | None = None

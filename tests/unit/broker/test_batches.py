@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.batches import BATCH_MESSAGES, Batches, batch_rows, unpack
+from broker.batches import BATCH_MESSAGES, Batches, PayloadEnds, batch_rows, unpack
 from broker.store import NewMessage
 
 
@@ -29,3 +29,16 @@ def test_rows_of_the_first_layout_are_batched_with_gaps_kept() -> None:
     assert rows[0][2] == 0 and rows[1][2] == 150  # the gap 100..149 starts a new row
     back = [(o, ms, payload) for r in rows for o, ms, _, payload in unpack(*r[2:])]
     assert back == [(o, ms, p) for _, _, o, ms, _, p in old]
+
+
+def test_payloads_picked_from_a_row_are_those_unpack_gives() -> None:
+    """Rows of the same sizes share their remembered ends; a row whose meta differs (other sizes) gets its own."""
+    ends = PayloadEnds(max_rows=2)
+    for sizes in ([3, 1, 4, 1, 5], [2, 7, 1, 8, 2], [3, 1, 4, 1, 5], [9], [2, 7, 1, 8, 2]):
+        batches = Batches()
+        for i, size in enumerate(sizes):
+            batches.add(NewMessage("t", 0, 7, None, bytes([65 + i]) * size), 10 + i)
+        (row,) = batches.all_rows()
+        out: dict[tuple[int, int], bytes] = {}
+        ends.pick(row[2], row[3], row[4], [9, 10, 12, 14, 15], 3, out)
+        assert out == {(3, o): payload for o, _, _, payload in unpack(*row[2:], wanted={9, 10, 12, 14, 15})}

@@ -24,6 +24,13 @@ def message(i: int, queue_id: int = 0) -> NewMessage:
     return NewMessage("t", queue_id, 1_000 + i, tag, b"p%d" % i * (1 + i % 7))
 
 
+async def payloads(store: SqliteStore, queue_id: int, offsets: list[int]) -> dict[int, bytes]:
+    """The stored payloads of one queue's offsets, by offset."""
+    found = await store.read_payloads("t", {queue_id: offsets})
+    assert {q for q, _ in found} <= {queue_id}
+    return {offset: payload for (_, offset), payload in found.items()}
+
+
 async def write(store: SqliteStore) -> list[Record]:
     store.start(asyncio.get_running_loop())
     first = await store.submit([message(i) for i in range(N)], [])
@@ -44,11 +51,14 @@ async def test_messages_come_back_by_offset_range_and_after_reopen(tmp_path: Pat
 
     # A contiguous span crossing batch boundaries, and a few offsets far apart.
     span = list(range(BATCH_MESSAGES - 3, BATCH_MESSAGES * 2 + 2))
-    assert await store.read_payloads("t", 0, span) == {o: expected[o] for o in span}
+    assert await payloads(store, 0, span) == {o: expected[o] for o in span}
     sparse = [0, BATCH_MESSAGES, N + 39]
-    assert await store.read_payloads("t", 0, sparse) == {o: expected[o] for o in sparse}
-    assert await store.read_payloads("t", 0, [N + 40]) == {}
-    assert await store.read_payloads("t", 1, [4]) == {4: message(4, 1).payload}
+    assert await payloads(store, 0, sparse) == {o: expected[o] for o in sparse}
+    assert await payloads(store, 0, [N + 40]) == {}
+    assert await payloads(store, 1, [4]) == {4: message(4, 1).payload}
+    # Several queues in one read, each as alone.
+    both = await store.read_payloads("t", {0: sparse, 1: [0, 4], 2: [1]})
+    assert both == {(0, o): expected[o] for o in sparse} | {(1, o): message(o, 1).payload for o in (0, 4)}
 
     listed = await store.read_range("t", 0, BATCH_MESSAGES - 1, 600)
     assert [(r.offset, r.store_ms, r.tag, r.payload) for r in listed] == [
@@ -184,8 +194,8 @@ async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) 
     assert (index.min_offset, len(index.tags)) == (3, N - 3)
     assert index.tags == [message(o).tag for o in range(3, N)]
     store.start(asyncio.get_running_loop())
-    assert await store.read_payloads("t", 0, [3, N - 1]) == {3: message(3).payload, N - 1: message(N - 1).payload}
-    assert await store.read_payloads("t", 1, [0]) == {0: b"q1"}
+    assert await payloads(store, 0, [3, N - 1]) == {3: message(3).payload, N - 1: message(N - 1).payload}
+    assert await payloads(store, 1, [0]) == {0: b"q1"}
     assert (await store.submit([message(0)], []))[0].offset == N
     await store.close()
     with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
@@ -218,7 +228,7 @@ async def test_flush_sets_how_sqlite_syncs_its_commits(tmp_path: Path, flush: st
     store = SqliteStore(tmp_path, flush=flush)
     store.start(asyncio.get_running_loop())
     await store.submit([message(0)], [])
-    assert await store.read_payloads("t", 0, [0]) == {0: message(0).payload}  # opens the reading connection
+    assert await payloads(store, 0, [0]) == {0: message(0).payload}  # opens the reading connection
     assert store._read_conn is not None
     writing = store._conn.execute("PRAGMA synchronous").fetchone()[0]
     reading = store._read_conn.execute("PRAGMA synchronous").fetchone()[0]
