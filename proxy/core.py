@@ -258,8 +258,8 @@ class Proxy:
         """An answer with messages: it stays held, and its bytes count, until its caller releases it (written, or
         the client gone), so a client that does not read cannot make the proxy keep answers without bound. Past
         the limit its messages go back to their broker instead, and TooManyRequests (the receive still held)."""
-        sizes = [len(m.stored.message.body) + ANSWER_OVERHEAD for m in result.messages]
-        size = sum(sizes)
+        sizes = result.body_sizes()
+        size = sum(sizes) + ANSWER_OVERHEAD * len(sizes)
         if self._answer_bytes and self._answer_bytes + size > self._max_answer_bytes:
             # Held before the limit was reached, answered after (one answer alone always fits): the limit holds for
             # the answers of receives already held too, not only at admission — tests/unit/proxy/test_core.py::
@@ -282,7 +282,7 @@ class Proxy:
         def keep_only(frame: range) -> None:
             nonlocal size
             if not released:
-                kept = sum(sizes[i] for i in frame if 0 <= i < len(sizes))
+                kept = sum(sizes[i] + ANSWER_OVERHEAD for i in frame if 0 <= i < len(sizes))
                 self._answer_bytes -= size - kept
                 size = kept
 

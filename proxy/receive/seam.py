@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from popgate_pb import broker_pb2 as bpb
@@ -70,6 +70,15 @@ class ReceiveResult:
     give_back: Callable[[], None] = _nothing
     # Only the messages of `frame`, in a stalled write, still take memory until `release`: see `hand_back_unread`.
     keep_only: Callable[[range], None] = _nothing_but
+    _body_sizes: list[int] | None = field(default=None, init=False, repr=False)
+
+    def body_sizes(self) -> list[int]:
+        """Each message's body size in bytes, read from the messages once for all that need it (the proxy's
+        accounting of the answer, its frames)."""
+        sizes = self._body_sizes
+        if sizes is None or len(sizes) != len(self.messages):
+            sizes = self._body_sizes = [len(popped.stored.message.body) for popped in self.messages]
+        return sizes
 
     def hand_back_unread(self, writing: range) -> None:
         """The client stopped reading the answer: its messages go back to their broker now and nothing here keeps

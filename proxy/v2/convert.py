@@ -250,6 +250,11 @@ def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message
 # tests/unit/proxy/test_splice.py checks the bytes parse to `to_client`'s message.
 
 
+_TABLED = 1 << 12  # sizes below this have their varint in _VARINTS
+_VARINTS = [varint(n) for n in range(_TABLED)]
+_ATTEMPTS = [DELIVERY_ATTEMPT + SMALL[max(1, n)] for n in range(0x80)]  # delivery_attempt fields (0 or less: 1)
+
+
 def client_bytes(popped: bpb.PoppedMessage, namespace: str = "") -> bytes:
     """One delivery's v2 Message encoding, by the byte path."""
     return b"".join(client_items([popped], range(1), namespace)[0])
@@ -267,6 +272,7 @@ def client_items(
     total = 0
     topic = store_ms = None
     topic_head = stamp = b""
+    sizes = _VARINTS  # the varints of the sizes most answers have, looked up instead of encoded
     for i in indexes:
         popped = messages[i]
         stored = popped.stored
@@ -277,33 +283,35 @@ def client_items(
         if name != topic:
             topic = name
             topic_head = topic_field(outside(namespace, name) if namespace else name, namespace)
-        head = topic_head + user_properties(source.properties) if source.properties else topic_head
+        properties = source.properties
+        head = topic_head + user_properties(properties) if properties else topic_head
         ms = stored.store_ms
         if ms != store_ms:
             store_ms = ms
-            stamp = timestamp(STORED, ms)
+            stamp = timestamp(STORED, ms) + QUEUE_OFFSET
         handle = popped.receipt_handle.encode()
+        length = len(handle)
         attempt = popped.delivery_attempt
+        offset = stored.offset
         queue_id = stored.queue_id
         tail = b"".join(
             (
                 stamp,
-                QUEUE_OFFSET,
-                varint(stored.offset),
+                sizes[offset] if 0 <= offset < _TABLED else varint(offset),
                 QUEUE_ID + varint(queue_id) if queue_id else b"",
                 RECEIPT_HANDLE,
-                SMALL[len(handle)] if len(handle) < 0x80 else varint(len(handle)),
+                sizes[length] if length < _TABLED else varint(length),
                 handle,
-                DELIVERY_ATTEMPT,
-                SMALL[attempt] if 0 < attempt < 0x80 else varint(max(1, attempt)),
+                _ATTEMPTS[attempt] if 0 <= attempt < 0x80 else DELIVERY_ATTEMPT + varint(max(1, attempt)),
             )
         )
         inner = len(system) + len(tail)
-        system_head = SYSTEM + varint(inner)
-        body_head = BODY + varint(len(body))
-        size = len(head) + len(system_head) + inner + len(body_head) + len(body)
+        system_head = SYSTEM + (sizes[inner] if inner < _TABLED else varint(inner))
+        size = len(body)
+        body_head = BODY + (sizes[size] if size < _TABLED else varint(size))
+        size += len(head) + len(system_head) + inner + len(body_head)
         if tag is not None:
-            item_head = tag + varint(size)
+            item_head = tag + (sizes[size] if size < _TABLED else varint(size))
             parts.append(item_head)
             total += len(item_head)
         parts += (head, system_head, system, tail, body_head, body)

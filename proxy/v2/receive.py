@@ -88,8 +88,9 @@ class Framing(Protocol):
     def opening(self) -> Any | None:
         """The frame before the messages, if any."""
 
-    def frames(self, messages: Sequence[bpb.PoppedMessage]) -> list[range]:
-        """The messages of each frame, in order (computed at once: nothing refers to a message meanwhile)."""
+    def frames(self, sizes: Sequence[int]) -> list[range]:
+        """The messages of each frame, in order, given each message's body size (computed at once: nothing refers
+        to a message meanwhile)."""
 
     def frame(self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> Any:
         """The frame of `messages[indexes]`: its bytes when its broker stored the v2 system properties (the byte
@@ -107,8 +108,8 @@ class V2Framing:
         frame.delivery_timestamp.FromNanoseconds(time.time_ns())
         return frame
 
-    def frames(self, messages: Sequence[bpb.PoppedMessage]) -> list[range]:
-        return [range(i, i + 1) for i in range(len(messages))]
+    def frames(self, sizes: Sequence[int]) -> list[range]:
+        return [range(i, i + 1) for i in range(len(sizes))]
 
     def frame(
         self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
@@ -138,16 +139,18 @@ class BatchFraming:
     def opening(self) -> None:
         return None
 
-    def frames(self, messages: Sequence[bpb.PoppedMessage]) -> list[range]:
+    def frames(self, sizes: Sequence[int]) -> list[range]:
+        if sum(sizes) <= self.max_bytes:
+            return [range(len(sizes))] if sizes else []
         out: list[range] = []
         start, size = 0, 0
-        for i, body in enumerate(len(popped.stored.message.body) for popped in messages):
+        for i, body in enumerate(sizes):
             if i > start and size + body > self.max_bytes:
                 out.append(range(start, i))
                 start, size = i, 0
             size += body
-        if start < len(messages):
-            out.append(range(start, len(messages)))
+        if start < len(sizes):
+            out.append(range(start, len(sizes)))
         return out
 
     def frame(
@@ -252,7 +255,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
         if opening is not None:
             yield opening
         namespace = request.group.resource_namespace
-        ranges = framing.frames(result.messages)
+        ranges = framing.frames(result.body_sizes())
         last = ranges[-1] if getattr(framing, "joins_status", False) else None
         for indexes in ranges:  # no reference to a message kept across the yield
             if deadline.passed:

@@ -13,7 +13,7 @@ def test_batch_frames_hold_messages_up_to_their_size_and_a_larger_one_alone() ->
     framing = BatchFraming(max_bytes=100)
     sizes = [40, 40, 40, 250, 10, 100, 1]
     messages = [popped("b1", f"m{i}", body=b"x" * n) for i, n in enumerate(sizes)]
-    frames = framing.frames(messages)
+    frames = framing.frames(sizes)
     assert frames == [range(0, 2), range(2, 3), range(3, 4), range(4, 5), range(5, 6), range(6, 7)]
     assert [i for frame in frames for i in frame] == list(range(len(messages)))  # each once, in order
     assert framing.frames([]) == []
@@ -32,7 +32,7 @@ def test_a_batch_frame_carries_each_message_as_the_v2_frame_does() -> None:
 
 def test_v2_frames_one_message_each_after_a_timestamp() -> None:
     messages = [popped("b1", f"m{i}") for i in range(3)]
-    assert V2.frames(messages) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert V2.frames([len(m.stored.message.body) for m in messages]) == [range(0, 1), range(1, 2), range(2, 3)]
     assert V2.opening().HasField("delivery_timestamp")
     assert BatchFraming().opening() is None
     status = v2.Status(code=v2.OK)
