@@ -30,6 +30,8 @@ ITERATION_MIN_WAIT_S = 1.0
 # A give-back (received messages nobody will handle, made ready again at once) waits at most this long, or
 # request_timeout when shorter: best effort, one attempt, so that closing an iteration or a consumer stays quick.
 GIVE_BACK_TIMEOUT_S = 1.0
+# Receive requests a consumer keeps to send again (one per subscription and receive arguments; all dropped past it).
+RECEIVE_REQUESTS_KEPT = 64
 
 
 def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
@@ -249,6 +251,7 @@ class ConsumerBase(ClientBase):
         # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive
         # tells; False once a server answered UNIMPLEMENTED (a RocketMQ proxy): v2's ReceiveMessage from then on.
         self._batch_receive: bool | None = None
+        self._receive_requests: dict[tuple[object, ...], pb.ReceiveMessageRequest] = {}
 
     def _batch_unimplemented(self, exc: grpc.RpcError) -> bool:
         """Whether a failed ReceiveMessages says the server has no such RPC: then v2 serves this receive and the
@@ -265,14 +268,21 @@ class ConsumerBase(ClientBase):
     ) -> tuple[pb.ReceiveMessageRequest, float]:
         """The next topic's ReceiveMessage request and its deadline (request_timeout + long polling)."""
         wait = self.wait if wait is None else wait
-        request = _wire.receive_request(
-            self.group,
-            next(self._rotation),
-            max=self.batch if max is None else max,
-            invisible=self.invisible if invisible is None else invisible,
-            wait=wait,
-            namespace=self.options.namespace,
-        )
+        sub = next(self._rotation)
+        max = self.batch if max is None else max
+        invisible = self.invisible if invisible is None else invisible
+        # The same arguments make the same request, which nothing changes once made: built once and sent again. The
+        # types are part of the key, so an argument that fails (max=1.0) fails every time —
+        # tests/unit/sdk/test_wire.py::test_receive_plans_with_the_same_arguments_share_one_request.
+        key = (self.group, sub, max, invisible, wait, type(max), type(invisible), type(wait))
+        request = self._receive_requests.get(key)
+        if request is None:
+            request = _wire.receive_request(
+                self.group, sub, max=max, invisible=invisible, wait=wait, namespace=self.options.namespace
+            )
+            if len(self._receive_requests) >= RECEIVE_REQUESTS_KEPT:
+                self._receive_requests.clear()
+            self._receive_requests[key] = request
         return request, self.options.request_timeout + wait
 
     @property

@@ -378,45 +378,57 @@ def _seconds(ts: object) -> float:
     return ts.seconds + ts.nanos / 1e9  # type: ignore[attr-defined, no-any-return]
 
 
+# `from_v2` makes a Message without its __init__ and sets each slot by name; a field added to Message fails here, at
+# import, until `from_v2` sets it too (and a message missing one fails
+# tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type).
+_RECEIVED_FIELDS = (
+    *("body", "topic", "tag", "keys", "properties", "message_group", "deliver_at", "priority", "message_id"),
+    *("attempt", "born_at", "stored_at", "receipt_handle", "queue_id", "offset"),
+)
+if tuple(f.name for f in fields(Message)) != _RECEIVED_FIELDS:
+    raise ImportError(
+        f"popgate._wire.from_v2 sets Message's {_RECEIVED_FIELDS}, not {[f.name for f in fields(Message)]}"
+    )
+_new = object.__new__
+_has = v2.SystemProperties.HasField  # unbound: no bound method made per message
+_GZIP = v2.GZIP
+
+
 def from_v2(message: v2.Message) -> Message:
     """A received v2 message as the SDK's `Message` (a consumer's main cost per message: each field read once).
 
     Every attribute keeps its value and type whatever the v2 fields set —
     tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type."""
     props = message.system_properties
+    out: Message = _new(Message)
     body = message.body
-    if props.body_encoding == v2.GZIP:
+    if props.body_encoding == _GZIP:
         import gzip
 
         body = gzip.decompress(body)
-    has = props.HasField
-    born, stored = props.born_timestamp, props.store_timestamp
-    user = message.user_properties
+    out.body = body
+    out.topic = message.topic.name
+    out.tag = props.tag if _has(props, "tag") else None
     keys = props.keys
+    out.keys = tuple(keys) if keys else ()
+    user = message.user_properties
+    out.properties = {key: user[key] for key in user} if user else {}  # dict(map) goes the slow Mapping way
+    out.message_group = props.message_group if _has(props, "message_group") else None
+    out.deliver_at = _seconds(props.delivery_timestamp) if _has(props, "delivery_timestamp") else None
+    out.priority = props.priority if _has(props, "priority") else None
+    out.message_id = props.message_id
     # Nonzero, an optional scalar is present: HasField only tells an unset one from one set to 0.
     attempt = props.delivery_attempt
-    if not attempt and not has("delivery_attempt"):
-        attempt = 1
+    out.attempt = attempt if attempt or _has(props, "delivery_attempt") else 1
+    stamp = props.born_timestamp
+    out.born_at = stamp.seconds + stamp.nanos / 1e9
+    stamp = props.store_timestamp
+    out.stored_at = stamp.seconds + stamp.nanos / 1e9
+    out.receipt_handle = props.receipt_handle
+    out.queue_id = props.queue_id
     offset = props.queue_offset
-    if not offset and not has("queue_offset"):
-        offset = -1
-    return Message(  # positionally, in its fields' order
-        body,
-        message.topic.name,
-        props.tag if has("tag") else None,
-        tuple(keys) if keys else (),
-        {key: user[key] for key in user} if user else {},  # dict(map) goes the slow Mapping way
-        props.message_group if has("message_group") else None,
-        _seconds(props.delivery_timestamp) if has("delivery_timestamp") else None,
-        props.priority if has("priority") else None,
-        props.message_id,
-        attempt,
-        born.seconds + born.nanos / 1e9,
-        stored.seconds + stored.nanos / 1e9,
-        props.receipt_handle,
-        props.queue_id,
-        offset,
-    )
+    out.offset = offset if offset or _has(props, "queue_offset") else -1
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,13 +475,18 @@ def received(frames: Iterable[pb.ReceiveMessageResponse | ext.ReceiveMessagesRes
 
 
 def ack_request(group: str, topic: str, messages: Sequence[Message], *, namespace: str = "") -> pb.AckMessageRequest:
-    request = pb.AckMessageRequest(
-        group=v2.Resource(name=group, resource_namespace=namespace),
-        topic=v2.Resource(name=topic, resource_namespace=namespace),
-    )
-    add = request.entries.add  # built in place: no entry object copied in
+    """An AckMessage of `messages`, each entry its message's id and receipt handle, in order —
+    tests/unit/sdk/test_wire.py::test_an_ack_plan_has_a_request_per_topic_and_batch_with_each_message_in_order."""
+    request = pb.AckMessageRequest()  # its parts set in place: no Resource or entry built and copied in
+    request.group.name = group
+    request.topic.name = topic
+    if namespace:
+        request.group.resource_namespace = request.topic.resource_namespace = namespace
+    add = request.entries.add
     for m in messages:
-        add(message_id=m.message_id, receipt_handle=m.receipt_handle)
+        entry = add()  # fields set one by one: cheaper than add(**fields)
+        entry.message_id = m.message_id
+        entry.receipt_handle = m.receipt_handle
     return request
 
 
@@ -514,8 +531,13 @@ def dlq_request(
 
 
 def group_by_topic(messages: Iterable[Message]) -> dict[str, list[Message]]:
+    """The messages of each topic, in the order given, topics in the order they first come —
+    tests/unit/sdk/test_wire.py::test_an_ack_plan_has_a_request_per_topic_and_batch_with_each_message_in_order."""
+    listed = list(messages)
+    if len({m.topic for m in listed}) == 1:  # a receive's messages: one topic, one set built instead of a dict
+        return {listed[0].topic: listed}
     out: dict[str, list[Message]] = {}
-    for m in messages:
+    for m in listed:
         out.setdefault(m.topic, []).append(m)
     return out
 

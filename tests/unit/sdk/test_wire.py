@@ -17,6 +17,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import _wire, errors
+from popgate._base import ConsumerBase
 from popgate.message import Message, SendReceipt
 
 
@@ -306,6 +307,26 @@ def test_receive_request_durations_are_float_seconds() -> None:
         _wire.receive_request("g", _wire.Subscription("t"), max=33, invisible=1, wait=0)
 
 
+def test_receive_plans_with_the_same_arguments_share_one_request() -> None:
+    consumer = ConsumerBase("127.0.0.1:1", "g", {"a": "*", "b": "x || y"}, batch=8, invisible=15.0, wait=2.0)
+    first, timeout = consumer._receive_plan(None, None, None)
+    other, _ = consumer._receive_plan(None, None, None)  # the next topic
+    assert (first.message_queue.topic.name, other.message_queue.topic.name, timeout) == ("a", "b", 5.0)
+    assert other.filter_expression.expression == "x || y"
+    again, _ = consumer._receive_plan(None, None, None)
+    assert again is first
+    assert again == _wire.receive_request("g", _wire.Subscription("a"), max=8, invisible=15.0, wait=2.0)
+    changed, timeout = consumer._receive_plan(32, 12.5, 0)
+    assert (changed.batch_size, changed.invisible_duration.nanos, changed.long_polling_timeout.seconds) == (32, 5e8, 0)
+    assert timeout == 3.0
+    for _ in range(2):  # a bad argument fails every time, also after an equal valid one was planned
+        consumer._receive_plan(1, None, None)
+        with pytest.raises(TypeError):
+            consumer._receive_plan(1.0, None, None)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            consumer._receive_plan(33, None, None)
+
+
 def test_ack_failures_per_entry() -> None:
     ok = v2.Status(code=v2.OK)
     stale = v2.Status(code=v2.INVALID_RECEIPT_HANDLE, message="stale")
@@ -321,3 +342,40 @@ def test_ack_failures_per_entry() -> None:
     assert _wire.ack_failures(pb.AckMessageResponse(status=ok)) == []
     with pytest.raises(errors.BadRequest):
         _wire.ack_failures(pb.AckMessageResponse(status=v2.Status(code=v2.ILLEGAL_CONSUMER_GROUP, message="bad")))
+
+
+def test_an_ack_plan_has_a_request_per_topic_and_batch_with_each_message_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_wire, "MAX_SEND_BATCH", 2)
+    consumer = ConsumerBase("127.0.0.1:1", "g", "a", namespace="ns")
+
+    def received(topic: str, n: int) -> Message:
+        return Message(b"", topic, message_id=f"{topic}{n}", receipt_handle=f"handle-{topic}{n}")
+
+    def entries(plan: list[pb.AckMessageRequest]) -> list[list[tuple[str, str]]]:
+        return [[(e.message_id, e.receipt_handle) for e in request.entries] for request in plan]
+
+    mixed = [received("a", 1), received("b", 1), received("a", 2), received("a", 3), received("b", 2)]
+    plan = consumer._ack_plan(iter(mixed))  # any iterable
+    assert [(r.group.name, r.group.resource_namespace, r.topic.name, r.topic.resource_namespace) for r in plan] == [
+        ("g", "ns", "a", "ns"),
+        ("g", "ns", "a", "ns"),
+        ("g", "ns", "b", "ns"),
+    ]
+    assert entries(plan) == [
+        [("a1", "handle-a1"), ("a2", "handle-a2")],
+        [("a3", "handle-a3")],
+        [("b1", "handle-b1"), ("b2", "handle-b2")],
+    ]
+    one_topic = [received("b", n) for n in range(3)]  # a receive's messages
+    plan = consumer._ack_plan(one_topic)
+    assert [r.topic.name for r in plan] == ["b", "b"]
+    assert entries(plan) == [[("b0", "handle-b0"), ("b1", "handle-b1")], [("b2", "handle-b2")]]
+    assert consumer._ack_plan([]) == []
+    plain = _wire.ack_request("g", "t", one_topic[:1])
+    assert plain == pb.AckMessageRequest(
+        group=v2.Resource(name="g"),
+        topic=v2.Resource(name="t"),
+        entries=[pb.AckMessageEntry(message_id="b0", receipt_handle="handle-b0")],
+    )
