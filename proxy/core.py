@@ -300,19 +300,9 @@ class Proxy:
         """Ack each handle at the broker it names; per handle None (acked) or the error."""
         self.renewer.forget(handles)
         outcome: list[errors.DomainError | None] = [None] * len(handles)
-        by_broker: dict[str, tuple[BrokerClient, list[int]]] = {}
-        for_handle = self.pool.for_handle
-        for index, handle in enumerate(handles):
-            try:
-                client = for_handle(handle)
-            except errors.InvalidReceiptHandle as exc:
-                outcome[index] = exc
-                continue
-            known = by_broker.get(client.name)
-            if known is None:
-                by_broker[client.name] = (client, [index])
-            else:
-                known[1].append(index)
+        by_broker, refused = self.pool.by_broker(handles)
+        for index, error in refused:
+            outcome[index] = error
 
         async def one(client: BrokerClient, indexes: list[int]) -> None:
             request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])

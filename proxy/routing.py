@@ -82,8 +82,40 @@ class BrokerPool:
         name = broker_of(handle)  # raises InvalidReceiptHandle: the broker's class is the proxy's
         client = self._clients.get(name)
         if client is None:
-            raise InvalidReceiptHandle(f"receipt handle names broker {name!r}, which this proxy does not know")
+            raise self._unknown(name)
         return client
+
+    def by_broker(
+        self, handles: Sequence[str]
+    ) -> tuple[dict[str, tuple[BrokerClient, list[int]]], list[tuple[int, InvalidReceiptHandle]]]:
+        """The indexes of `handles` by the broker each belongs to (brokers in the order of their first handle), and
+        the index and error of each handle `for_handle` refuses, with the error it raises —
+        tests/unit/proxy/test_core.py::test_ack_routes_each_handle_to_its_broker_and_reports_per_handle."""
+        by_name: dict[str, list[int]] = {}
+        refused: list[tuple[int, InvalidReceiptHandle]] = []
+        for index, handle in enumerate(handles):
+            try:
+                name = broker_of(handle)  # one read of each handle; the broker's client once per broker
+            except InvalidReceiptHandle as exc:
+                refused.append((index, exc))
+                continue
+            indexes = by_name.get(name)
+            if indexes is None:
+                by_name[name] = [index]
+            else:
+                indexes.append(index)
+        groups: dict[str, tuple[BrokerClient, list[int]]] = {}
+        for name, indexes in by_name.items():
+            client = self._clients.get(name)
+            if client is None:
+                refused += ((i, self._unknown(name)) for i in indexes)
+            else:
+                groups[name] = (client, indexes)
+        return groups, refused
+
+    @staticmethod
+    def _unknown(name: str) -> InvalidReceiptHandle:
+        return InvalidReceiptHandle(f"receipt handle names broker {name!r}, which this proxy does not know")
 
 
 class TopicMisses:
