@@ -162,6 +162,8 @@ def test_v2_and_batch_frames_of_the_byte_path_read_as_the_object_frames() -> Non
         assert isinstance(frame, bytes)
         assert pb.ReceiveMessageResponse.FromString(frame) == V2.frame(plain, range(i, i + 1), False, "ns")
     framing = BatchFraming(max_bytes=25)
+    # Framed by their body sizes (ReceiveResult.body_sizes): a spliced message's are the plain one's.
+    assert [len(m.stored.message.body) for m in spliced] == [len(m.stored.message.body) for m in plain]
     for first in (True, False):
         data = framing.frame(spliced, range(1, 4), first, "ns")
         assert isinstance(data, bytes)
