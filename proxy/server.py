@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -15,8 +16,10 @@ from popgate_pb.ext import admin_pb2_grpc
 from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
+from popgate_contract.validation import parse_host_port
 from popgate_process.config import cannot_listen
 from popgate_process.export import default_proxy_name
+from popgate_process.h2grpc import H2Server
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import start_metrics
 from proxy.admin import AdminService, BrokerView
@@ -91,6 +94,39 @@ class _PassingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has
                 return None
             handler = self._methods[method] = _passing(inner)
         return handler
+
+
+class _H2:
+    """popgate's own server (popgate_process.h2grpc) behind grpc.aio.Server's start/stop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.server = H2Server(max_calls=max_calls(settings), max_receive_bytes=settings.max_message_bytes)
+        self._settings = settings
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.server.add_registered_method_handlers(service, handlers)
+
+    async def bind(self) -> str:
+        host, port = parse_host_port(self._settings.listen, what="--listen")
+        tls = None
+        if self._settings.tls_cert:
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(self._settings.tls_cert, self._settings.tls_key)
+            tls.set_alpn_protocols(["h2"])
+        try:
+            port = await self.server.bind(host, port, tls)
+        except OSError as exc:
+            raise SettingsError(f"--listen {self._settings.listen}: cannot listen there ({exc.strerror})") from None
+        return f"{self._settings.listen.rpartition(':')[0]}:{port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        await self.server.stop(grace)
 
 
 def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
@@ -228,7 +264,12 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
         proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)
-        server, address = _grpc_server(settings)
+        server: grpc.aio.Server | _H2
+        if settings.server == "h2":
+            server = _H2(settings)
+            address = await server.bind()
+        else:
+            server, address = _grpc_server(settings)
         name = proxy_name(settings.advertise or address)
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)

@@ -22,6 +22,7 @@ from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
+SERVERS = ("h2", "grpcio")
 BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
@@ -90,6 +91,12 @@ class Settings:
     export_interval_s: float = _setting("time between metric snapshots", default=10.0)
     tls_cert: str = _setting("PEM certificate chain file; with --tls-key: serve TLS instead of plaintext", default="")
     tls_key: str = _setting("PEM private key file of --tls-cert", default="")
+    server: str = _setting(
+        "the clients' gRPC server: h2 (popgate's, a receive's messages in one write) or grpcio (grpc's own);"
+        " docs/PROXY.md 'Server'",
+        default="grpcio",
+        choices=SERVERS,
+    )
     receive_mode: str = _setting("how a receive waits (docs/RECEIVE.md)", default="adaptive", choices=RECEIVE_MODES)
     # adaptive: longpoll when a group's receive rate (over the window) or its receives in progress per live broker
     # reach these; 0 switches a criterion off. Defaults from bench/realtime_bench.py, see docs/RECEIVE.md.
@@ -188,6 +195,8 @@ class Settings:
                 parse_host_port(getattr(self, name), what=f"--{name.replace('_', '-')}")
         if self.receive_mode not in RECEIVE_MODES:
             raise SettingsError(f"--receive-mode {self.receive_mode!r}: choose one of {', '.join(RECEIVE_MODES)}")
+        if self.server not in SERVERS:
+            raise SettingsError(f"--server {self.server!r}: choose one of {', '.join(SERVERS)}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("--tls-cert and --tls-key go together: give both for TLS, neither for plaintext")
         for name in ("tls_cert", "tls_key"):

@@ -1,0 +1,130 @@
+"""One gRPC call on popgate's HTTP/2 server: what its handler sees (a grpc.aio ServicerContext's methods that
+popgate's services use) and how the handler is run to a status.
+
+A handler is a grpc.RpcMethodHandler, as the generated `add_*_to_server` functions register it: its request is
+deserialized, its responses serialized (bytes pass as they are), and it ends with a status the way grpc.aio's
+own server ends it — a value or stream returned is OK, `abort` is its code, another exception UNKNOWN, a client
+that goes away or a deadline passed cancels it. Guarded by tests/integration/process/test_h2grpc.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+if TYPE_CHECKING:
+    from popgate_process.h2grpc.server import Stream
+
+log = logging.getLogger(__name__)
+
+OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED = 0, 1, 2, 4
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+class Context:
+    """The handler's view of its call (grpc.aio.ServicerContext's surface that popgate's services use)."""
+
+    def __init__(self, stream: Stream, metadata: tuple[tuple[str, str | bytes], ...], deadline: float | None) -> None:
+        self._stream = stream
+        self._metadata = metadata
+        self._deadline = deadline
+        self._loop = asyncio.get_running_loop()
+        self.code: int | None = None
+        self.details = ""
+        self.trailing: Metadata = ()
+        self.serialize: Callable[[Any], bytes] | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
+
+    def peer(self) -> str:
+        return self._stream.peer
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code.value[0]
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+    def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
+        self.trailing = tuple(trailing_metadata)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Metadata = ()) -> None:
+        self.code, self.details = code.value[0], details
+        if trailing_metadata:
+            self.trailing = tuple(trailing_metadata)
+        raise grpc.aio.AbortError()
+
+    async def write(self, response: Any) -> None:
+        await self._stream.send(_encoded(response, self.serialize))
+
+    async def read(self) -> Any:
+        """The next request of a streaming call, or grpc.aio.EOF once the client ended its side."""
+        return await self._stream.read()
+
+    def cancelled(self) -> bool:
+        return self._stream.reset
+
+    def done(self) -> bool:
+        return self._stream.finished
+
+
+def _encoded(response: Any, serialize: Callable[[Any], bytes] | None) -> bytes:
+    if response.__class__ is bytes or serialize is None:
+        return response  # type: ignore[no-any-return]
+    return serialize(response)
+
+
+async def requests(stream: Stream, deserialize: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
+    """A streaming call's requests, as they arrive, until the client ends its side."""
+    while (message := await stream.read_bytes()) is not None:
+        yield message if deserialize is None else deserialize(message)
+
+
+async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, first: bytes | None) -> None:
+    """Run `handler` for the call and end the call with its status (not when the call was cancelled: the client
+    went away, or its deadline passed and the server answered that)."""
+    serialize = context.serialize = handler.response_serializer
+    deserialize = handler.request_deserializer
+    try:
+        if handler.request_streaming:
+            request: Any = requests(stream, deserialize)
+        else:
+            request = first if deserialize is None else deserialize(first)
+        if handler.response_streaming:
+            method = handler.stream_stream if handler.request_streaming else handler.unary_stream
+            result = method(request, context)
+            if inspect.isasyncgen(result):
+                try:
+                    async for response in result:
+                        await stream.send(_encoded(response, serialize))
+                finally:
+                    await result.aclose()
+            elif inspect.isawaitable(result):
+                await result
+        else:
+            method = handler.stream_unary if handler.request_streaming else handler.unary_unary
+            response = await method(request, context)
+            if response is not None and context.code in (None, OK):
+                await stream.send(_encoded(response, serialize))
+    except asyncio.CancelledError:
+        if stream.finished or stream.reset:
+            return  # the client went away, or the deadline's answer is sent already
+        raise
+    except grpc.aio.AbortError:
+        pass
+    except Exception as exc:
+        log.exception("a %s handler failed", stream.path)
+        context.code, context.details = UNKNOWN, f"Unexpected {type(exc)}: {exc}"
+    except BaseException:
+        stream.finish(UNKNOWN, "the handler stopped", ())
+        raise
+    stream.finish(OK if context.code is None else context.code, context.details, context.trailing)

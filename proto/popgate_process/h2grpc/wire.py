@@ -1,0 +1,142 @@
+"""gRPC over HTTP/2, the parts without sockets: message framing, deadlines, metadata and status trailers.
+
+What the protocol says (grpc's PROTOCOL-HTTP2.md): each message is a 1-byte compressed flag, a 4-byte big-endian
+length and the bytes; a deadline is `grpc-timeout` (up to 8 digits and a unit); metadata keys ending in `-bin`
+carry base64; a status is the `grpc-status` and percent-encoded `grpc-message` trailers. Guarded by
+tests/unit/process/test_h2grpc_wire.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import zlib
+from collections.abc import Iterable, Sequence
+from urllib.parse import quote, unquote
+
+Header = tuple[bytes, bytes]
+
+_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+# Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
+_RESERVED = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+
+
+class WireError(Exception):
+    """A request the protocol cannot carry: answered with `code` (a grpc status number) and `message`."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+RESOURCE_EXHAUSTED = 8
+UNIMPLEMENTED = 12
+INTERNAL = 13
+
+
+def frame(message: bytes) -> bytes:
+    """One uncompressed gRPC message as it goes on the wire."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+class Deframer:
+    """Cuts a request stream's DATA into messages, however the bytes were split into frames.
+
+    A message longer than `max_bytes` is refused before its bytes are kept; a compressed one is inflated
+    (gzip or deflate, as `grpc-encoding` names) up to the same bound."""
+
+    __slots__ = ("_buffer", "_encoding", "_max")
+
+    def __init__(self, max_bytes: int, encoding: bytes = b"identity") -> None:
+        self._buffer = bytearray()
+        self._max = max_bytes
+        self._encoding = encoding
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        out: list[bytes] = []
+        start = 0
+        while len(buffer) - start >= 5:
+            length = int.from_bytes(buffer[start + 1 : start + 5], "big")
+            if length > self._max:
+                raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. {self._max})")
+            end = start + 5 + length
+            if len(buffer) < end:
+                break
+            message = bytes(buffer[start + 5 : end])
+            out.append(self._inflate(message) if buffer[start] else message)
+            start = end
+        if start:
+            del buffer[:start]
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a message not yet complete."""
+        return len(self._buffer)
+
+    def _inflate(self, message: bytes) -> bytes:
+        try:
+            if self._encoding == b"gzip":
+                out = gzip.decompress(message)
+            elif self._encoding == b"deflate":
+                out = zlib.decompress(message)
+            else:
+                raise WireError(UNIMPLEMENTED, f"a compressed message in encoding {self._encoding.decode()!r}")
+        except (OSError, zlib.error, EOFError) as exc:
+            raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
+        if len(out) > self._max:
+            raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max ({len(out)} vs. {self._max})")
+        return out
+
+
+def timeout_s(value: bytes) -> float:
+    """The seconds a `grpc-timeout` header gives; WireError if it is not one."""
+    digits, unit = value[:-1], value[-1:]
+    if not 0 < len(digits) <= 8 or not digits.isdigit() or unit not in _UNITS:
+        raise WireError(INTERNAL, f"a grpc-timeout of {value.decode(errors='replace')!r}")
+    return int(digits) * _UNITS[unit]
+
+
+def metadata(headers: Iterable[Header]) -> tuple[tuple[str, str | bytes], ...]:
+    """The caller's metadata as grpc.aio's `invocation_metadata()` gives it: text values as str, `-bin` ones
+    decoded to bytes, HTTP/2's and gRPC's own headers left out."""
+    out: list[tuple[str, str | bytes]] = []
+    for key, value in headers:
+        if key[:1] == b":" or key in _RESERVED:
+            continue
+        name = key.decode("ascii", errors="replace")
+        if key.endswith(b"-bin"):
+            out.append((name, base64.b64decode(value + b"=" * (-len(value) % 4))))
+        else:
+            out.append((name, value.decode("latin-1")))
+    return tuple(out)
+
+
+def encode_metadata(pairs: Sequence[tuple[str, str | bytes]] | None) -> list[Header]:
+    """Metadata as headers: `-bin` values base64 without padding, as grpc writes them."""
+    out: list[Header] = []
+    for key, value in pairs or ():
+        name = key.lower().encode("ascii")
+        if name.endswith(b"-bin"):
+            raw = value if isinstance(value, bytes) else value.encode()
+            out.append((name, base64.b64encode(raw).rstrip(b"=")))
+        else:
+            out.append((name, value.encode("latin-1") if isinstance(value, str) else value))
+    return out
+
+
+def status(code: int, message: str = "", trailing: Sequence[tuple[str, str | bytes]] | None = None) -> list[Header]:
+    """A call's status as trailers: `grpc-message` percent-encoded (grpc's unreserved characters kept)."""
+    out = [(b"grpc-status", str(code).encode())]
+    if message:
+        out.append((b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode("ascii")))
+    out += encode_metadata(trailing)
+    return out
+
+
+def status_message(value: bytes) -> str:
+    """A `grpc-message` trailer read back."""
+    return unquote(value.decode("ascii", errors="replace"))

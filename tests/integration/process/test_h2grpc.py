@@ -1,0 +1,276 @@
+"""popgate's own HTTP/2 gRPC server against grpc's own client (grpc.aio): calls of every shape, statuses,
+deadlines, cancellation, bounds and a graceful stop, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from popgate_process.h2grpc import H2Server
+from tests.pki import issue
+
+pytestmark = pytest.mark.asyncio
+
+
+class Handlers:
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.sent = 0
+        self.release = asyncio.Event()
+
+    async def echo(self, request: bytes, context: Any) -> bytes:
+        metadata = dict(context.invocation_metadata())
+        return request + metadata.get("x-suffix", "").encode()
+
+    async def refuse(self, request: bytes, context: Any) -> bytes:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad 'name' ä%", (("popgate-error", "BadRequest"),))
+        raise AssertionError("abort returns not")
+
+    async def fail(self, request: bytes, context: Any) -> bytes:
+        raise ValueError("boom")
+
+    async def slow(self, request: bytes, context: Any) -> bytes:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b""
+
+    async def held(self, request: bytes, context: Any) -> bytes:
+        await self.release.wait()
+        return b"released"
+
+    async def count(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        for i in range(int(request)):
+            yield str(i).encode()
+
+    async def flood(self, request: bytes, context: Any) -> None:
+        while True:  # the client reads none: `write` must stop taking them
+            await context.write(b"x" * 65536)
+            self.sent += 1
+
+    async def chat(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for request in requests:
+            yield request.upper()
+        yield b"end"
+
+
+def served(handlers: Handlers) -> grpc.GenericRpcHandler:
+    unary = {name: grpc.unary_unary_rpc_method_handler(getattr(handlers, name))
+             for name in ("echo", "refuse", "fail", "slow", "held")}  # fmt: skip
+    return grpc.method_handlers_generic_handler(
+        "t.S",
+        {
+            **unary,
+            "count": grpc.unary_stream_rpc_method_handler(handlers.count),
+            "flood": grpc.unary_stream_rpc_method_handler(handlers.flood),
+            "chat": grpc.stream_stream_rpc_method_handler(handlers.chat),
+        },
+    )
+
+
+async def started(max_calls: int) -> tuple[H2Server, Handlers, str]:
+    handlers = Handlers()
+    server = H2Server(max_calls=max_calls, max_receive_bytes=1024)
+    server.add_generic_rpc_handlers((served(handlers),))
+    port = await server.bind("127.0.0.1", 0)
+    await server.start()
+    return server, handlers, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[H2Server, Handlers, str]]:
+    served = await started(max_calls=256)
+    yield served
+    await served[0].stop(None)
+
+
+async def test_unary_calls_answer_with_the_callers_metadata(server: tuple[H2Server, Handlers, str]) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        echo = channel.unary_unary("/t.S/echo")
+        assert await echo(b"hi", metadata=(("x-suffix", "!"),), timeout=5) == b"hi!"
+        answers = await asyncio.gather(*(echo(str(i).encode(), timeout=5) for i in range(200)))
+        assert answers == [str(i).encode() for i in range(200)]
+
+
+async def test_abort_reaches_the_client_with_its_code_details_and_trailers(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary("/t.S/refuse")(b"", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == "bad 'name' ä%"
+        assert ("popgate-error", "BadRequest") in tuple(refused.value.trailing_metadata())
+
+
+async def test_a_failing_handler_is_unknown_and_the_server_goes_on(server: tuple[H2Server, Handlers, str]) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await channel.unary_unary("/t.S/fail")(b"", timeout=5)
+        assert failed.value.code() == grpc.StatusCode.UNKNOWN
+        assert "boom" in (failed.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await channel.unary_unary("/t.S/nothing")(b"", timeout=5)
+        assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert await channel.unary_unary("/t.S/echo")(b"still", timeout=5) == b"still"
+
+
+async def test_a_request_over_the_bound_is_resource_exhausted(server: tuple[H2Server, Handlers, str]) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary("/t.S/echo")(b"x" * 2000, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert await channel.unary_unary("/t.S/echo")(b"ok", timeout=5) == b"ok"
+
+
+async def test_server_streams_arrive_whole_and_in_order(server: tuple[H2Server, Handlers, str]) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        got = [m async for m in channel.unary_stream("/t.S/count")(b"5000", timeout=10)]
+        assert got == [str(i).encode() for i in range(5000)]
+
+
+async def test_a_bidirectional_stream_reads_until_the_client_ends_its_side(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.stream_stream("/t.S/chat")()
+        for word in (b"a", b"b" * 1000, b"c"):
+            await call.write(word)
+            assert await call.read() == word.upper()
+        await call.done_writing()
+        assert await call.read() == b"end"
+        assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_passed_deadline_answers_deadline_exceeded_and_cancels_the_handler(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    _, handlers, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await channel.unary_unary("/t.S/slow")(b"", timeout=0.3)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.wait_for(handlers.cancelled.wait(), 5)
+
+
+async def test_a_client_that_goes_away_cancels_the_handler(server: tuple[H2Server, Handlers, str]) -> None:
+    srv, handlers, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary("/t.S/slow")(b"")
+        await asyncio.sleep(0.2)
+        call.cancel()
+        await asyncio.wait_for(handlers.cancelled.wait(), 5)
+    await asyncio.sleep(0.1)
+    assert srv.calls == 0
+
+
+async def test_calls_beyond_the_bound_are_resource_exhausted() -> None:
+    server, handlers, target = await started(max_calls=4)
+    async with grpc.aio.insecure_channel(target) as channel:
+        held = [channel.unary_unary("/t.S/held")(b"", timeout=10) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary("/t.S/echo")(b"", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        handlers.release.set()
+        assert await asyncio.gather(*held) == [b"released"] * 4
+        assert await channel.unary_unary("/t.S/echo")(b"again", timeout=5) == b"again"
+    await server.stop(None)
+
+
+async def test_a_client_that_reads_nothing_stops_the_handlers_writes(server: tuple[H2Server, Handlers, str]) -> None:
+    _, handlers, target = server
+    options = [("grpc.http2.lookahead_bytes", 65536), ("grpc.http2.bdp_probe", 0)]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        call = channel.unary_stream("/t.S/flood")(b"")
+        await call.initial_metadata()
+        await asyncio.sleep(1.0)
+        stalled = handlers.sent
+        await asyncio.sleep(0.5)
+        assert handlers.sent == stalled  # not growing: bounded by flow control and the send buffer
+        assert stalled * 65536 < 8 << 20
+        call.cancel()
+
+
+async def test_a_graceful_stop_lets_running_calls_end() -> None:
+    server, handlers, target = await started(max_calls=10)
+    async with grpc.aio.insecure_channel(target) as channel:
+        held = asyncio.ensure_future(channel.unary_unary("/t.S/held")(b"", timeout=10))
+        await asyncio.sleep(0.3)
+        stopping = asyncio.ensure_future(server.stop(5))
+        await asyncio.sleep(0.3)
+        handlers.release.set()
+        assert await held == b"released"
+        await asyncio.wait_for(stopping, 5)
+
+
+async def test_tls_with_alpn_serves_grpcs_clients(tmp_path: Any) -> None:
+    import ssl
+
+    pki = issue(tmp_path, names=("popgate.test",))
+    handlers = Handlers()
+    server = H2Server(max_calls=10, max_receive_bytes=1024)
+    server.add_generic_rpc_handlers((served(handlers),))
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(str(pki.cert), str(pki.key))
+    tls.set_alpn_protocols(["h2"])
+    port = await server.bind("127.0.0.1", 0, tls)
+    await server.start()
+    try:
+        credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+        options = [("grpc.ssl_target_name_override", "popgate.test")]
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options=options) as channel:
+            assert await channel.unary_unary("/t.S/echo")(b"tls", timeout=5) == b"tls"
+    finally:
+        await server.stop(None)
+
+
+async def test_a_client_going_away_still_gets_its_running_calls_answered(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """A client's GOAWAY (Node.js's grpc-js sends one as it closes) ends no call it had started."""
+    import h2.config
+    import h2.connection
+    import hpack
+    import hyperframe.frame
+
+    _, handlers, target = server
+    host, port = target.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/held"), (b":authority", b"t"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+    client.send_headers(1, headers)
+    client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+    client.close_connection()  # GOAWAY; h2's client state machine then takes frames for stream 1 no more
+    writer.write(client.data_to_send())
+    await asyncio.sleep(0.2)
+    handlers.release.set()
+    data = b""
+    while chunk := await asyncio.wait_for(reader.read(65536), 5):  # the server closes once the call is answered
+        data += chunk
+    writer.close()
+    decoder, body, trailers = hpack.Decoder(), b"", {}
+    while data:
+        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
+        frame.parse_body(memoryview(data[9 : 9 + length]))
+        data = data[9 + length :]
+        if frame.stream_id == 1 and isinstance(frame, hyperframe.frame.DataFrame):
+            body += frame.data
+        elif frame.stream_id == 1 and isinstance(frame, hyperframe.frame.HeadersFrame):
+            trailers.update(decoder.decode(frame.data, raw=True))
+    assert body == b"\x00\x00\x00\x00\x08released"
+    assert trailers[b"grpc-status"] == b"0"

@@ -1,0 +1,88 @@
+"""gRPC's wire pieces of popgate's HTTP/2 server, without sockets (popgate_process.h2grpc.wire)."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from popgate_process.h2grpc import wire
+
+
+@given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(1, 97), min_size=1, max_size=20))
+def test_messages_come_out_whole_however_the_bytes_are_split(messages: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(wire.frame(m) for m in messages)
+    deframer = wire.Deframer(1 << 20)
+    out: list[bytes] = []
+    start = 0
+    for cut in cuts * (len(data) // sum(cuts) + 1):
+        if start >= len(data):
+            break
+        out += deframer.feed(data[start : start + cut])
+        start += cut
+    assert out == messages
+    assert deframer.pending == 0
+
+
+def test_a_message_over_the_bound_is_refused_before_its_bytes_arrive() -> None:
+    deframer = wire.Deframer(100)
+    with pytest.raises(wire.WireError) as refused:
+        deframer.feed(b"\x00" + (101).to_bytes(4, "big"))
+    assert refused.value.code == wire.RESOURCE_EXHAUSTED
+    assert "101 vs. 100" in refused.value.message
+
+
+def test_a_gzip_message_is_inflated_and_bounded_inflated() -> None:
+    packed = gzip.compress(b"a" * 50)
+    assert wire.Deframer(100, b"gzip").feed(b"\x01" + len(packed).to_bytes(4, "big") + packed) == [b"a" * 50]
+    bomb = gzip.compress(b"a" * 1000)
+    with pytest.raises(wire.WireError) as refused:
+        wire.Deframer(100, b"gzip").feed(b"\x01" + len(bomb).to_bytes(4, "big") + bomb)
+    assert refused.value.code == wire.RESOURCE_EXHAUSTED
+
+
+def test_a_compressed_message_in_an_unknown_encoding_is_unimplemented() -> None:
+    with pytest.raises(wire.WireError) as refused:
+        wire.Deframer(100, b"snappy").feed(b"\x01\x00\x00\x00\x01x")
+    assert refused.value.code == wire.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [(b"1H", 3600.0), (b"2M", 120.0), (b"3S", 3.0), (b"250m", 0.25), (b"7u", 7e-6), (b"99999999n", 0.099999999)],
+)
+def test_grpc_timeouts_read_in_every_unit(header: bytes, seconds: float) -> None:
+    assert wire.timeout_s(header) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("header", [b"", b"S", b"123456789S", b"10x", b"-1S", b"1.5S"])
+def test_a_bad_grpc_timeout_is_refused(header: bytes) -> None:
+    with pytest.raises(wire.WireError):
+        wire.timeout_s(header)
+
+
+def test_metadata_leaves_out_the_protocol_headers_and_decodes_binary_values() -> None:
+    headers = [
+        (b":path", b"/s/m"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        (b"grpc-timeout", b"1S"),
+        (b"authorization", b"MQv2-HMAC-SHA1 Credential=ak"),
+        (b"x-trace-bin", b"AAEC"),  # base64 of 00 01 02, padding dropped as grpc writes it
+    ]
+    assert wire.metadata(headers) == (
+        ("authorization", "MQv2-HMAC-SHA1 Credential=ak"),
+        ("x-trace-bin", b"\x00\x01\x02"),
+    )
+
+
+def test_a_status_message_round_trips_through_its_percent_encoding() -> None:
+    message = "bad topic 'ä%' at\r\n100%"
+    trailers = dict(wire.status(3, message, [("popgate-error", "BadRequest"), ("k-bin", b"\xff")]))
+    assert trailers[b"grpc-status"] == b"3"
+    assert all(32 <= c < 127 for c in trailers[b"grpc-message"])
+    assert wire.status_message(trailers[b"grpc-message"]) == message
+    assert trailers[b"popgate-error"] == b"BadRequest"
+    assert trailers[b"k-bin"] == b"/w"
