@@ -115,7 +115,7 @@ class Stream:
             self.headers_sent = True
             self._connection.h2.send_headers(self.id, _RESPONSE_HEADERS)
         self.pending += wire.frame(message)
-        self._connection.pump(self)
+        self._connection.later(self)
         while (len(self.pending) > SEND_BUFFER or self._connection.paused) and not self.reset:
             if self._room is None:
                 self._room = asyncio.Event()
@@ -137,7 +137,7 @@ class Stream:
             self.trailers = _RESPONSE_HEADERS + trailers  # trailers-only
         else:
             self.trailers = trailers
-        self._connection.pump(self)
+        self._connection.later(self)
 
     def wake(self) -> None:
         if self._room is not None:
@@ -203,6 +203,7 @@ class Connection(asyncio.Protocol):
         self.peer = ""
         self._transport: asyncio.Transport | None = None
         self._flush_handle: asyncio.Handle | None = None
+        self._dirty: set[Stream] = set()  # streams with output to pump when the loop next turns
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -343,12 +344,23 @@ class Connection(asyncio.Protocol):
             self.waiting.discard(stream)
             self.pump(stream)
 
+    def later(self, stream: Stream) -> None:
+        """Pump the stream when the loop next turns: what its handler sends meanwhile goes as one DATA frame."""
+        self._dirty.add(stream)
+        self.flush_soon()
+
     def flush_soon(self) -> None:
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._flush_handle = None
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            for stream in dirty:
+                self.pump(stream)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         data = self.h2.data_to_send()
         if data and self._transport is not None:
             self._transport.write(data)
