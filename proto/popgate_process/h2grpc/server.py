@@ -72,8 +72,8 @@ class Stream:
 
     # -- requests
     def received(self, data: bytes, flow_length: int) -> None:
-        messages = self.deframer.feed(data)
         self._unacked += flow_length
+        messages = self.deframer.feed(data)
         if not self.streaming_requests:
             self._acknowledge()
         self.inbox.extend(messages)
@@ -101,6 +101,11 @@ class Stream:
     async def read(self) -> Any:
         message = await self.read_bytes()
         return grpc.aio.EOF if message is None else message
+
+    def release_unread(self) -> None:
+        if self._unacked:
+            self._connection.acknowledge(self.id, self._unacked)
+            self._unacked = 0
 
     def _acknowledge(self) -> None:
         if self._unacked and not self.reset:
@@ -295,6 +300,9 @@ class Connection(asyncio.Protocol):
         self.waiting.discard(stream)
         if self.streams.pop(stream.id, None) is not None:
             self._server.calls -= 1
+            # Bytes of requests its handler never read: the connection's window must not shrink by them
+            # (test_h2grpc.py::test_requests_a_handler_left_unread_do_not_close_the_connections_window).
+            stream.release_unread()
 
     def acknowledge(self, stream_id: int, length: int) -> None:
         try:

@@ -54,6 +54,10 @@ class Handlers:
             await context.write(b"x" * 65536)
             self.sent += 1
 
+    async def ignore(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        await asyncio.sleep(0.05)  # the requests arrive meanwhile, and are never read
+        return b"ignored"
+
     async def chat(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         async for request in requests:
             yield request.upper()
@@ -70,6 +74,7 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
             "count": grpc.unary_stream_rpc_method_handler(handlers.count),
             "flood": grpc.unary_stream_rpc_method_handler(handlers.flood),
             "chat": grpc.stream_stream_rpc_method_handler(handlers.chat),
+            "ignore": grpc.stream_unary_rpc_method_handler(handlers.ignore),
         },
     )
 
@@ -152,6 +157,20 @@ async def test_a_bidirectional_stream_reads_until_the_client_ends_its_side(
         await call.done_writing()
         assert await call.read() == b"end"
         assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_requests_a_handler_left_unread_do_not_close_the_connections_window(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """Calls whose handlers read none of their requests, ~40 MB sent over one connection (about half of it arrives
+    before the handlers end): its 16 MiB window must not run out."""
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        ignore = channel.stream_unary("/t.S/ignore")
+        for _ in range(16):
+            calls = [ignore(iter([b"x" * 1000] * 50), timeout=10) for _ in range(50)]
+            assert await asyncio.gather(*calls) == [b"ignored"] * 50
+        assert await channel.unary_unary("/t.S/echo")(b"after", timeout=5) == b"after"
 
 
 async def test_a_passed_deadline_answers_deadline_exceeded_and_cancels_the_handler(
