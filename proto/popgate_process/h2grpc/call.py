@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from popgate_process.h2grpc import wire
+
 if TYPE_CHECKING:
-    from popgate_process.h2grpc.server import Stream
+    from popgate_process.h2grpc.stream import Stream
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class Context:
         self.details = ""
         self.trailing: Metadata = ()
         self.serialize: Callable[[Any], bytes] | None = None
+        self._done: list[Callable[[Context], None]] = []
 
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata
@@ -62,6 +65,21 @@ class Context:
         if trailing_metadata:
             self.trailing = tuple(trailing_metadata)
         raise grpc.aio.AbortError()
+
+    async def send_initial_metadata(self, initial_metadata: Metadata) -> None:
+        self._stream.send_headers(wire.encode_metadata(initial_metadata))
+
+    def add_done_callback(self, callback: Callable[[Context], None]) -> None:
+        """`callback(self)` once the call has ended, however it ended."""
+        self._done.append(callback)
+
+    def ended(self) -> None:
+        callbacks, self._done = self._done, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a done callback of %s failed", self._stream.path)
 
     async def write(self, response: Any) -> None:
         await self._stream.send(_encoded(response, self.serialize))

@@ -1,0 +1,250 @@
+"""One client connection of popgate's gRPC server: HTTP/2 by h2 on an asyncio protocol, every call's output
+handed to h2 when the loop next turns and written to the socket at once. Guarded by
+tests/integration/process/test_h2grpc.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import hyperframe.frame
+from h2.errors import ErrorCodes
+
+from popgate_process.h2grpc import wire
+from popgate_process.h2grpc.stream import SEND_BUFFER, Stream
+
+if TYPE_CHECKING:
+    from popgate_process.h2grpc.server import H2Server
+
+log = logging.getLogger(__name__)
+
+STREAM_WINDOW = 1 << 20  # what a client may send on a stream before its bytes are acknowledged
+CONNECTION_WINDOW = 16 << 20
+MAX_FRAME = 1 << 20  # the largest DATA frame a client may send us
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """h2's connection, except that a client's GOAWAY ends no call it had started: HTTP/2 lets the streams up to
+    its last id finish (RFC 9113 6.8), while h2 would close the whole connection and drop what was queued for them
+    (test_h2grpc.py::test_a_client_going_away_still_gets_its_running_calls_answered)."""
+
+    def _receive_goaway_frame(self, frame: hyperframe.frame.GoAwayFrame) -> tuple[list[Any], list[Any]]:
+        event = h2.events.ConnectionTerminated()
+        event.error_code = h2.errors._error_code_from_int(frame.error_code)
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: HTTP/2 by h2, every call's output written once per loop turn."""
+
+    def __init__(self, server: H2Server) -> None:
+        self._server = server
+        config = h2.config.H2Configuration(
+            client_side=False, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+        )
+        self.h2 = _H2Connection(config)
+        self.h2.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1 << 20,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME,
+            },
+        )
+        self.h2.max_inbound_frame_size = MAX_FRAME  # h2 takes it from settings it changed itself, not these
+        self.streams: dict[int, Stream] = {}
+        self.waiting: set[Stream] = set()  # streams whose output waits for flow control or the socket
+        self.paused = False
+        self.going_away = False
+        self.peer = ""
+        self._transport: asyncio.Transport | None = None
+        self._flush_handle: asyncio.Handle | None = None
+        self._dirty: set[Stream] = set()  # streams with output to pump when the loop next turns
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        transport.set_write_buffer_limits(high=SEND_BUFFER)
+        address = transport.get_extra_info("peername")
+        self.peer = f"ipv4:{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+        self.h2.initiate_connection()
+        self.h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self._server.connections.add(self)
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._transport = None
+        for stream in list(self.streams.values()):
+            self.remove(stream)
+            stream.gone()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._wake_waiting()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.info("HTTP/2 protocol error from %s, connection closed: %s", self.peer, exc)
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
+            return
+        for event in events:
+            self._event(event)
+        self._flush()
+
+    def _event(self, event: Any) -> None:  # dispatched on its exact class: h2.events are final
+        kind = type(event)
+        if kind is h2.events.DataReceived:
+            stream = self.streams.get(event.stream_id)
+            if stream is None:
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                return
+            try:
+                stream.received(event.data, event.flow_controlled_length)
+            except wire.WireError as exc:
+                self._refuse(stream, exc)
+                return
+            if event.stream_ended is not None:
+                self._requests_ended(stream)
+        elif kind is h2.events.RequestReceived:
+            self._server.begin(self, event.stream_id, event.headers, ended=event.stream_ended is not None)
+        elif kind is h2.events.StreamEnded:
+            stream = self.streams.get(event.stream_id)
+            if stream is not None and not stream.ended:
+                self._requests_ended(stream)
+        elif kind is h2.events.StreamReset:
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                self.remove(stream)
+                stream.gone()
+        elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+            self._wake_waiting()
+        elif kind is h2.events.ConnectionTerminated:
+            # The client starts no more calls here; those it started go on unless it says something went wrong.
+            self.going_away = True
+            if event.error_code != ErrorCodes.NO_ERROR or not self.streams:
+                self.close()
+
+    def _requests_ended(self, stream: Stream) -> None:
+        stream.end_of_requests()
+        if stream.task is None:  # a unary request complete: its handler starts now
+            self._server.run(stream)
+
+    def _refuse(self, stream: Stream, exc: wire.WireError) -> None:
+        stream.finish(exc.code, exc.message, ())
+        if stream.task is not None:
+            stream.task.cancel()
+
+    def register(self, stream: Stream) -> None:
+        self.streams[stream.id] = stream
+        self._server.calls += 1
+
+    def remove(self, stream: Stream) -> None:
+        self.waiting.discard(stream)
+        if self.streams.pop(stream.id, None) is not None:
+            self._server.calls -= 1
+            # Bytes of requests its handler never read: the connection's window must not shrink by them
+            # (test_h2grpc.py::test_requests_a_handler_left_unread_do_not_close_the_connections_window).
+            stream.release_unread()
+            if stream.context is not None:
+                stream.context.ended()
+
+    def acknowledge(self, stream_id: int, length: int) -> None:
+        try:
+            self.h2.acknowledge_received_data(length, stream_id)
+        except h2.exceptions.ProtocolError:  # the stream closed meanwhile: h2 keeps the connection's window
+            return
+        self.flush_soon()
+
+    def pump(self, stream: Stream) -> None:
+        """Give the stream's pending bytes to HTTP/2 as far as flow control allows, then its trailers."""
+        if stream.reset:
+            return
+        h2c = self.h2
+        pending = stream.pending
+        if pending:
+            window = h2c.local_flow_control_window(stream.id)
+            limit = h2c.max_outbound_frame_size
+            while pending and window > 0:
+                size = min(window, limit, len(pending))
+                h2c.send_data(stream.id, bytes(pending[:size]))
+                del pending[:size]
+                window -= size
+            if pending:
+                self.waiting.add(stream)
+        if not pending and stream.trailers is not None:
+            h2c.send_headers(stream.id, stream.trailers, end_stream=True)
+            stream.trailers = None
+            self._closed(stream)
+        if len(pending) <= SEND_BUFFER and not self.paused:
+            stream.wake()
+        self.flush_soon()
+
+    def _closed(self, stream: Stream) -> None:
+        """The status is sent: the stream is done here; a client still sending is told to stop."""
+        self.remove(stream)
+        if not stream.ended:
+            try:
+                self.h2.reset_stream(stream.id, ErrorCodes.NO_ERROR)
+            except h2.exceptions.ProtocolError:
+                pass
+        if self.going_away and not self.streams:
+            self._flush()
+            self.close()
+
+    def _wake_waiting(self) -> None:
+        for stream in list(self.waiting):
+            self.waiting.discard(stream)
+            self.pump(stream)
+
+    def later(self, stream: Stream) -> None:
+        """Pump the stream when the loop next turns: what its handler sends meanwhile goes as one DATA frame."""
+        self._dirty.add(stream)
+        self.flush_soon()
+
+    def flush_soon(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            for stream in dirty:
+                self.pump(stream)
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        data = self.h2.data_to_send()
+        if data and self._transport is not None:
+            self._transport.write(data)
+
+    def go_away(self) -> None:
+        """No new calls on this connection (GOAWAY; later streams are refused, which clients retry elsewhere);
+        the calls running go on. Written past h2, whose own GOAWAY would close the connection for them too."""
+        self.going_away = True
+        frame = hyperframe.frame.GoAwayFrame(0)
+        frame.last_stream_id = self.h2.highest_inbound_stream_id
+        self._flush()
+        if self._transport is not None:
+            self._transport.write(frame.serialize())
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()

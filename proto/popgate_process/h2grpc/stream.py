@@ -1,0 +1,154 @@
+"""One call's HTTP/2 stream on popgate's gRPC server: its requests in (deframed, flow-controlled by reading),
+its responses and status out (pending until the connection pumps them). Guarded by
+tests/integration/process/test_h2grpc.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from popgate_process.h2grpc import call, wire
+
+if TYPE_CHECKING:
+    from popgate_process.h2grpc.connection import Connection
+
+SEND_BUFFER = 1 << 20  # a call's unsent response bytes before its `send` waits
+_EOF = object()
+Headers = list[tuple[bytes, bytes]]
+RESPONSE_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+
+class Stream:
+    """One call's HTTP/2 stream: its requests in, its responses and status out."""
+
+    def __init__(self, connection: Connection, stream_id: int, path: str, max_bytes: int, encoding: bytes) -> None:
+        self._connection = connection
+        self.id = stream_id
+        self.path = path
+        self.peer = connection.peer
+        self.deframer = wire.Deframer(max_bytes, encoding)
+        self.inbox: deque[bytes | object] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._unacked = 0  # flow-controlled bytes received and not yet acknowledged
+        self.streaming_requests = False
+        self.headers_sent = False
+        self.pending = bytearray()  # response bytes not yet given to HTTP/2 (flow control)
+        self.trailers: Headers | None = None
+        self._room: asyncio.Event | None = None
+        self.finished = False  # a status is decided (sent or queued)
+        self.reset = False  # the client went away, or the stream is gone
+        self.ended = False  # the client ended its side
+        self.handler: grpc.RpcMethodHandler | None = None
+        self.context: Any = None
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- requests
+    def received(self, data: bytes, flow_length: int) -> None:
+        self._unacked += flow_length
+        messages = self.deframer.feed(data)
+        if not self.streaming_requests:
+            self._acknowledge()
+        self.inbox.extend(messages)
+        if messages and self._arrived is not None:
+            self._arrived.set()
+
+    def end_of_requests(self) -> None:
+        self.ended = True
+        self.inbox.append(_EOF)
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def read_bytes(self) -> bytes | None:
+        while not self.inbox:
+            if self.reset:
+                raise asyncio.CancelledError()
+            if self._arrived is None:
+                self._arrived = asyncio.Event()
+            self._arrived.clear()
+            await self._arrived.wait()
+        item = self.inbox.popleft()
+        self._acknowledge()
+        return None if item is _EOF else item  # type: ignore[return-value]
+
+    async def read(self) -> Any:
+        message = await self.read_bytes()
+        return grpc.aio.EOF if message is None else message
+
+    def release_unread(self) -> None:
+        if self._unacked:
+            self._connection.acknowledge(self.id, self._unacked)
+            self._unacked = 0
+
+    def _acknowledge(self) -> None:
+        if self._unacked and not self.reset:
+            self._connection.acknowledge(self.id, self._unacked)
+            self._unacked = 0
+
+    # -- responses
+    async def send(self, message: bytes) -> None:
+        if self.finished or self.reset:
+            raise asyncio.CancelledError()  # grpc.aio's writes after the call ended fail too
+        if not self.headers_sent:
+            self.send_headers()
+        self.pending += wire.frame(message)
+        self._connection.later(self)
+        while (len(self.pending) > SEND_BUFFER or self._connection.paused) and not self.reset:
+            if self._room is None:
+                self._room = asyncio.Event()
+            self._room.clear()
+            self._connection.waiting.add(self)
+            await self._room.wait()
+        if self.reset:
+            raise asyncio.CancelledError()
+
+    def send_headers(self, metadata: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """The response's headers (once; none after a status): grpc's, and `metadata` of the handler's."""
+        if self.headers_sent or self.finished or self.reset:
+            return
+        self.headers_sent = True
+        self._connection.h2.send_headers(self.id, RESPONSE_HEADERS + list(metadata) if metadata else RESPONSE_HEADERS)
+        self._connection.flush_soon()
+
+    def finish(self, code: int, message: str, trailing: Sequence[tuple[str, str | bytes]]) -> None:
+        if self.finished or self.reset:
+            return
+        self.finished = True
+        if self.timer is not None:
+            self.timer.cancel()
+        trailers = wire.status(code, message, trailing)
+        if not self.headers_sent and not self.pending:
+            self.headers_sent = True
+            self.trailers = RESPONSE_HEADERS + trailers  # trailers-only
+        else:
+            self.trailers = trailers
+        self._connection.later(self)
+
+    def wake(self) -> None:
+        if self._room is not None:
+            self._room.set()
+
+    def gone(self) -> None:
+        """The stream is reset or its connection lost: the handler is cancelled, nothing more is sent."""
+        self.reset = True
+        self.pending.clear()
+        self.wake()
+        if self._arrived is not None:
+            self._arrived.set()
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def expire(self) -> None:
+        """The deadline passed: DEADLINE_EXCEEDED now, and the handler is cancelled."""
+        if self.finished or self.reset:
+            return
+        self.pending.clear()
+        self.finish(call.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
