@@ -21,10 +21,16 @@ class Handlers:
         self.cancelled = asyncio.Event()
         self.sent = 0
         self.release = asyncio.Event()
+        self.done: list[bytes] = []
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         metadata = dict(context.invocation_metadata())
         return request + metadata.get("x-suffix", "").encode()
+
+    async def told(self, request: bytes, context: Any) -> bytes:
+        await context.send_initial_metadata((("x-told", "early"),))
+        context.add_done_callback(lambda _: self.done.append(request))
+        return b"told"
 
     async def refuse(self, request: bytes, context: Any) -> bytes:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad 'name' ä%", (("popgate-error", "BadRequest"),))
@@ -66,7 +72,7 @@ class Handlers:
 
 def served(handlers: Handlers) -> grpc.GenericRpcHandler:
     unary = {name: grpc.unary_unary_rpc_method_handler(getattr(handlers, name))
-             for name in ("echo", "refuse", "fail", "slow", "held")}  # fmt: skip
+             for name in ("echo", "told", "refuse", "fail", "slow", "held")}  # fmt: skip
     return grpc.method_handlers_generic_handler(
         "t.S",
         {
@@ -79,9 +85,9 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
     )
 
 
-async def started(max_calls: int) -> tuple[H2Server, Handlers, str]:
+async def started(max_calls: int, interceptors: tuple[Any, ...] = ()) -> tuple[H2Server, Handlers, str]:
     handlers = Handlers()
-    server = H2Server(max_calls=max_calls, max_receive_bytes=1024)
+    server = H2Server(max_calls=max_calls, max_receive_bytes=1024, interceptors=interceptors)
     server.add_generic_rpc_handlers((served(handlers),))
     port = await server.bind("127.0.0.1", 0)
     await server.start()
@@ -293,3 +299,33 @@ async def test_a_client_going_away_still_gets_its_running_calls_answered(
             trailers.update(decoder.decode(frame.data, raw=True))
     assert body == b"\x00\x00\x00\x00\x08released"
     assert trailers[b"grpc-status"] == b"0"
+
+
+async def test_initial_metadata_and_done_callbacks_reach_as_grpc_aio_gives_them(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    _, handlers, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary("/t.S/told")(b"one", timeout=5)
+        assert ("x-told", "early") in tuple(await call.initial_metadata())
+        assert await call == b"told"
+    assert handlers.done == [b"one"]
+
+
+async def test_interceptors_choose_each_calls_handler_from_its_metadata() -> None:
+    from popgate_contract.broker_token import TOKEN_KEY, TokenInterceptor
+
+    server, _, target = await started(max_calls=10, interceptors=(TokenInterceptor("s3cret"),))
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            echo = channel.unary_unary("/t.S/echo")
+            assert await echo(b"in", metadata=((TOKEN_KEY, "s3cret"),), timeout=5) == b"in"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await echo(b"out", metadata=((TOKEN_KEY, "wrong"),), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            chat = channel.stream_stream("/t.S/chat")(metadata=((TOKEN_KEY, "wrong"),))
+            with pytest.raises(grpc.aio.AioRpcError) as refused_stream:
+                await chat.read()
+            assert refused_stream.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await server.stop(None)
