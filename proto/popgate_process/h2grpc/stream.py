@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from popgate_process.h2grpc.connection import Connection
 
 SEND_BUFFER = 1 << 20  # a call's unsent response bytes before its `send` waits
+UNREAD_BOUND = 1 << 20  # a streaming call's whole requests unread before its client is made to wait
 _EOF = object()
 Headers = list[tuple[bytes, bytes]]
 RESPONSE_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
@@ -34,6 +35,7 @@ class Stream:
         self.inbox: deque[bytes | object] = deque()
         self._arrived: asyncio.Event | None = None
         self._unacked = 0  # flow-controlled bytes received and not yet acknowledged
+        self._unread = 0  # bytes of whole requests in the inbox
         self.streaming_requests = False
         self.headers_sent = False
         self.pending = bytearray()  # response bytes not yet given to HTTP/2 (flow control)
@@ -49,11 +51,17 @@ class Stream:
 
     # -- requests
     def received(self, data: bytes, flow_length: int) -> None:
+        """Request bytes arrived. They are acknowledged (the client may send more) at once while the handler has
+        less than UNREAD_BOUND of whole requests not yet read — a request larger than the stream's window completes
+        so — and otherwise as it reads them (test_h2grpc.py::test_a_request_larger_than_the_window_arrives,
+        test_a_handler_that_reads_nothing_stops_its_client)."""
         self._unacked += flow_length
         messages = self.deframer.feed(data)
-        if not self.streaming_requests:
-            self._acknowledge()
+        for message in messages:
+            self._unread += len(message)
         self.inbox.extend(messages)
+        if self._unread < UNREAD_BOUND or not self.streaming_requests:
+            self._acknowledge()
         if messages and self._arrived is not None:
             self._arrived.set()
 
@@ -72,8 +80,12 @@ class Stream:
             self._arrived.clear()
             await self._arrived.wait()
         item = self.inbox.popleft()
-        self._acknowledge()
-        return None if item is _EOF else item  # type: ignore[return-value]
+        if item is _EOF:
+            return None
+        self._unread -= len(item)  # type: ignore[arg-type]
+        if self._unread < UNREAD_BOUND:
+            self._acknowledge()
+        return item  # type: ignore[return-value]
 
     async def read(self) -> Any:
         message = await self.read_bytes()

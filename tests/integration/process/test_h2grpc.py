@@ -64,6 +64,10 @@ class Handlers:
         await asyncio.sleep(0.05)  # the requests arrive meanwhile, and are never read
         return b"ignored"
 
+    async def stall(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        await self.release.wait()  # reads none of its requests
+        return b"stalled"
+
     async def chat(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         async for request in requests:
             yield request.upper()
@@ -81,13 +85,16 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
             "flood": grpc.unary_stream_rpc_method_handler(handlers.flood),
             "chat": grpc.stream_stream_rpc_method_handler(handlers.chat),
             "ignore": grpc.stream_unary_rpc_method_handler(handlers.ignore),
+            "stall": grpc.stream_unary_rpc_method_handler(handlers.stall),
         },
     )
 
 
-async def started(max_calls: int, interceptors: tuple[Any, ...] = ()) -> tuple[H2Server, Handlers, str]:
+async def started(
+    max_calls: int, interceptors: tuple[Any, ...] = (), max_receive_bytes: int = 1024
+) -> tuple[H2Server, Handlers, str]:
     handlers = Handlers()
-    server = H2Server(max_calls=max_calls, max_receive_bytes=1024, interceptors=interceptors)
+    server = H2Server(max_calls=max_calls, max_receive_bytes=max_receive_bytes, interceptors=interceptors)
     server.add_generic_rpc_handlers((served(handlers),))
     port = await server.bind("127.0.0.1", 0)
     await server.start()
@@ -327,5 +334,46 @@ async def test_interceptors_choose_each_calls_handler_from_its_metadata() -> Non
             with pytest.raises(grpc.aio.AioRpcError) as refused_stream:
                 await chat.read()
             assert refused_stream.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await server.stop(None)
+
+
+async def test_a_request_larger_than_the_window_arrives() -> None:
+    """A streaming request of 3 MiB, over a 1 MiB stream window: its bytes are acknowledged before it is whole."""
+    server, _, target = await started(max_calls=10, max_receive_bytes=8 << 20)
+    try:
+        options = [("grpc.max_receive_message_length", 16 << 20)]
+        async with grpc.aio.insecure_channel(target, options=options) as channel:
+            call = channel.stream_stream("/t.S/chat")()
+            await call.write(b"x" * (3 << 20))
+            assert await asyncio.wait_for(call.read(), 10) == b"X" * (3 << 20)
+            await call.done_writing()
+            assert await call.read() == b"end"
+    finally:
+        await server.stop(None)
+
+
+async def test_a_handler_that_reads_nothing_stops_its_client() -> None:
+    """The client's writes wait once about a megabyte of its requests is unread (plus HTTP/2's windows)."""
+    server, handlers, target = await started(max_calls=10, max_receive_bytes=8 << 20)
+    written = [0]
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = channel.stream_unary("/t.S/stall")()
+
+            async def flood() -> None:
+                while True:
+                    await call.write(b"x" * 65536)
+                    written[0] += 1
+
+            writer = asyncio.ensure_future(flood())
+            await asyncio.sleep(1.0)
+            stalled = written[0]
+            await asyncio.sleep(0.5)
+            assert written[0] == stalled
+            assert stalled * 65536 < 8 << 20
+            handlers.release.set()
+            writer.cancel()
+            call.cancel()
     finally:
         await server.stop(None)
