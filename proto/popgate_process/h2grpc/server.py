@@ -123,6 +123,7 @@ class H2Server:
                     wire.INTERNAL, f"a unary call carries one request message, not {len(messages)}", ()
                 )
             first = messages[0]
+            stream.inbox.clear()  # the request lives as long as its handler needs it, no longer
         if self._interceptors:
             running = self._intercepted(stream, stream.handler, first)
         else:
