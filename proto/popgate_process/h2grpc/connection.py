@@ -95,6 +95,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         self._wake_waiting()
+        self.flush_soon()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -113,8 +114,8 @@ class Connection(asyncio.Protocol):
         kind = type(event)
         if kind is h2.events.DataReceived:
             stream = self.streams.get(event.stream_id)
-            if stream is None:
-                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if stream is None:  # a call that ended: its bytes still count in the connection's window
+                self.acknowledge(event.stream_id, event.flow_controlled_length)
                 return
             try:
                 stream.received(event.data, event.flow_controlled_length)
@@ -196,7 +197,15 @@ class Connection(asyncio.Protocol):
             self._closed(stream)
         if len(pending) <= SEND_BUFFER and not self.paused:
             stream.wake()
-        self.flush_soon()
+
+    def _pump_or_drop(self, stream: Stream) -> None:
+        """`pump`, and a stream h2 will no longer send on (a state it did not tell of) ends like a reset one."""
+        try:
+            self.pump(stream)
+        except h2.exceptions.ProtocolError as exc:
+            log.info("call %s on %s ended: HTTP/2 refused its output (%s)", stream.path, self.peer, exc)
+            self.remove(stream)
+            stream.gone()
 
     def _closed(self, stream: Stream) -> None:
         """The status is sent: the stream is done here; a client still sending is told to stop."""
@@ -213,7 +222,7 @@ class Connection(asyncio.Protocol):
     def _wake_waiting(self) -> None:
         for stream in list(self.waiting):
             self.waiting.discard(stream)
-            self.pump(stream)
+            self._pump_or_drop(stream)
 
     def later(self, stream: Stream) -> None:
         """Pump the stream when the loop next turns: what its handler sends meanwhile goes as one DATA frame."""
@@ -225,13 +234,14 @@ class Connection(asyncio.Protocol):
             self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        if self._dirty:
-            dirty, self._dirty = self._dirty, set()
-            for stream in dirty:
-                self.pump(stream)
+        """Pump the streams with output, then write everything h2 has for the socket at once."""
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            for stream in dirty:
+                self._pump_or_drop(stream)
         data = self.h2.data_to_send()
         if data and self._transport is not None:
             self._transport.write(data)
