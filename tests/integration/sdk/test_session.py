@@ -97,9 +97,13 @@ def receive(
 
 
 async def answers(call: object, count: int) -> AsyncIterator[ext.SessionResponse]:
+    """The next `count` answers, each alone: answers queued together may share a stream message (`more`)."""
     async with asyncio.timeout(15):
-        for _ in range(count):
-            yield await call.read()  # type: ignore[attr-defined]
+        while count > 0:
+            message = await call.read()  # type: ignore[attr-defined]
+            for answer in (message, *message.more):
+                count -= 1
+                yield answer
 
 
 def send_of_one(topic: str) -> pb.SendMessageRequest:
