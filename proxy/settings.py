@@ -94,7 +94,7 @@ class Settings:
     server: str = _setting(
         "the clients' gRPC server: h2 (popgate's, a receive's messages in one write) or grpcio (grpc's own);"
         " docs/PROXY.md 'Server'",
-        default="grpcio",
+        default="h2",
         choices=SERVERS,
     )
     receive_mode: str = _setting("how a receive waits (docs/RECEIVE.md)", default="adaptive", choices=RECEIVE_MODES)
