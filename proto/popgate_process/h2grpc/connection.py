@@ -257,5 +257,8 @@ class Connection(asyncio.Protocol):
             self._transport.write(frame.serialize())
 
     def close(self) -> None:
+        """Close once what is queued is written (the last statuses of a graceful stop included)."""
         if self._transport is not None:
-            self._transport.close()
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
