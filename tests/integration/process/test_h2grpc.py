@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import wrappers_pb2
 
 from popgate_process.h2grpc import H2Server
 from tests.pki import issue
@@ -81,6 +82,9 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
         "t.S",
         {
             **unary,
+            "typed": grpc.unary_unary_rpc_method_handler(
+                handlers.echo, request_deserializer=wrappers_pb2.BytesValue.FromString
+            ),
             "count": grpc.unary_stream_rpc_method_handler(handlers.count),
             "flood": grpc.unary_stream_rpc_method_handler(handlers.flood),
             "chat": grpc.stream_stream_rpc_method_handler(handlers.chat),
@@ -140,6 +144,18 @@ async def test_a_failing_handler_is_unknown_and_the_server_goes_on(server: tuple
             await channel.unary_unary("/t.S/nothing")(b"", timeout=5)
         assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert await channel.unary_unary("/t.S/echo")(b"still", timeout=5) == b"still"
+
+
+async def test_a_request_that_does_not_parse_is_unknown_as_grpc_aio_answers_it(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary("/t.S/typed")(b"\xff\xff\xff", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNKNOWN
+        assert "DecodeError" in (refused.value.details() or "")
+        assert await channel.unary_unary("/t.S/echo")(b"on", timeout=5) == b"on"
 
 
 async def test_a_request_over_the_bound_is_resource_exhausted(server: tuple[H2Server, Handlers, str]) -> None:
