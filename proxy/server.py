@@ -96,37 +96,20 @@ class _PassingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has
         return handler
 
 
-class _H2:
-    """popgate's own server (popgate_process.h2grpc) behind grpc.aio.Server's start/stop."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.server = H2Server(max_calls=max_calls(settings), max_receive_bytes=settings.max_message_bytes)
-        self._settings = settings
-
-    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
-        self.server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.server.add_registered_method_handlers(service, handlers)
-
-    async def bind(self) -> str:
-        host, port = parse_host_port(self._settings.listen, what="--listen")
-        tls = None
-        if self._settings.tls_cert:
-            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            tls.load_cert_chain(self._settings.tls_cert, self._settings.tls_key)
-            tls.set_alpn_protocols(["h2"])
-        try:
-            port = await self.server.bind(host, port, tls)
-        except OSError as exc:
-            raise SettingsError(f"--listen {self._settings.listen}: cannot listen there ({exc.strerror})") from None
-        return f"{self._settings.listen.rpartition(':')[0]}:{port}"
-
-    async def start(self) -> None:
-        await self.server.start()
-
-    async def stop(self, grace: float | None) -> None:
-        await self.server.stop(grace)
+async def _h2_server(settings: Settings) -> tuple[H2Server, str]:
+    """popgate's own server (docs/PROXY.md "Server"), bound to --listen (not started): its address."""
+    server = H2Server(max_calls=max_calls(settings), max_receive_bytes=settings.max_message_bytes)
+    host, port = parse_host_port(settings.listen, what="--listen")
+    tls = None
+    if settings.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(settings.tls_cert, settings.tls_key)
+        tls.set_alpn_protocols(["h2"])
+    try:
+        port = await server.bind(host, port, tls)
+    except OSError as exc:
+        raise SettingsError(f"--listen {settings.listen}: cannot listen there ({exc.strerror})") from None
+    return server, f"{settings.listen.rpartition(':')[0]}:{port}"
 
 
 def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
@@ -264,18 +247,15 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
         proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)
-        server: grpc.aio.Server | _H2
-        if settings.server == "h2":
-            server = _H2(settings)
-            address = await server.bind()
-        else:
-            server, address = _grpc_server(settings)
+        server: grpc.aio.Server | H2Server
+        server, address = await _h2_server(settings) if settings.server == "h2" else _grpc_server(settings)
         name = proxy_name(settings.advertise or address)
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         stack.push_async_callback(servicer.close)
-        passing = PassBytes(server)  # receive frames may be pre-encoded (proxy/v2/receive.py's byte path)
+        # Receive frames may be pre-encoded (proxy/v2/receive.py's byte path): h2grpc writes bytes as they are.
+        passing = server if isinstance(server, H2Server) else PassBytes(server)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, passing)  # type: ignore[no-untyped-call]
         if settings.batch_receive:
             ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), passing)  # type: ignore[no-untyped-call]

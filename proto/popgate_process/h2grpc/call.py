@@ -48,15 +48,6 @@ class Context:
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
 
-    def peer(self) -> str:
-        return self._stream.peer
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self.code = code.value[0]
-
-    def set_details(self, details: str) -> None:
-        self.details = details
-
     def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
         self.trailing = tuple(trailing_metadata)
 
@@ -87,12 +78,6 @@ class Context:
     async def read(self) -> Any:
         """The next request of a streaming call, or grpc.aio.EOF once the client ended its side."""
         return await self._stream.read()
-
-    def cancelled(self) -> bool:
-        return self._stream.reset
-
-    def done(self) -> bool:
-        return self._stream.finished
 
 
 def _encoded(response: Any, serialize: Callable[[Any], bytes] | None) -> bytes:

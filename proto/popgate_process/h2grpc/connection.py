@@ -163,7 +163,7 @@ class Connection(asyncio.Protocol):
             self._server.calls -= 1
             # Bytes of requests its handler never read: the connection's window must not shrink by them
             # (test_h2grpc.py::test_requests_a_handler_left_unread_do_not_close_the_connections_window).
-            stream.release_unread()
+            stream.acknowledge()
             stream.drop_buffers()  # a stream lingers in reference cycles (its context, its task) until the next GC
             if stream.context is not None:
                 stream.context.ended()

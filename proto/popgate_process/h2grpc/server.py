@@ -107,7 +107,6 @@ class H2Server:
             stream.timer = asyncio.get_running_loop().call_at(deadline, stream.expire)
         stream.handler = handler
         stream.context = call.Context(stream, wire.metadata(headers), deadline)
-        stream.streaming_requests = handler.request_streaming
         if handler.request_streaming or ended:
             self.run(stream)
 

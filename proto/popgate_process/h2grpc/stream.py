@@ -30,13 +30,11 @@ class Stream:
         self._connection = connection
         self.id = stream_id
         self.path = path
-        self.peer = connection.peer
         self.deframer = wire.Deframer(max_bytes, encoding)
         self.inbox: deque[bytes | object] = deque()
         self._arrived: asyncio.Event | None = None
         self._unacked = 0  # flow-controlled bytes received and not yet acknowledged
         self._unread = 0  # bytes of whole requests in the inbox
-        self.streaming_requests = False
         self.headers_sent = False
         self.pending = bytearray()  # response bytes not yet given to HTTP/2 (flow control)
         self.trailers: Headers | None = None
@@ -60,8 +58,8 @@ class Stream:
         for message in messages:
             self._unread += len(message)
         self.inbox.extend(messages)
-        if self._unread < UNREAD_BOUND or not self.streaming_requests:
-            self._acknowledge()
+        if self._unread < UNREAD_BOUND or self.handler is None or not self.handler.request_streaming:
+            self.acknowledge()
         if messages and self._arrived is not None:
             self._arrived.set()
 
@@ -84,17 +82,12 @@ class Stream:
             return None
         self._unread -= len(item)  # type: ignore[arg-type]
         if self._unread < UNREAD_BOUND:
-            self._acknowledge()
+            self.acknowledge()
         return item  # type: ignore[return-value]
 
     async def read(self) -> Any:
         message = await self.read_bytes()
         return grpc.aio.EOF if message is None else message
-
-    def release_unread(self) -> None:
-        if self._unacked:
-            self._connection.acknowledge(self.id, self._unacked)
-            self._unacked = 0
 
     def drop_buffers(self) -> None:
         """The stream is done: the bytes it holds go now (test_memory.py, a burst of 4 MiB sends)."""
@@ -102,8 +95,9 @@ class Stream:
         self.pending = bytearray()
         self.deframer = wire.Deframer(0)
 
-    def _acknowledge(self) -> None:
-        if self._unacked and not self.reset:
+    def acknowledge(self) -> None:
+        """Every request byte received so far counts as read: the client may send as many more."""
+        if self._unacked:
             self._connection.acknowledge(self.id, self._unacked)
             self._unacked = 0
 

@@ -12,7 +12,7 @@ import base64
 import gzip
 import zlib
 from collections.abc import Iterable, Sequence
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 Header = tuple[bytes, bytes]
 
@@ -135,8 +135,3 @@ def status(code: int, message: str = "", trailing: Sequence[tuple[str, str | byt
         out.append((b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode("ascii")))
     out += encode_metadata(trailing)
     return out
-
-
-def status_message(value: bytes) -> str:
-    """A `grpc-message` trailer read back."""
-    return unquote(value.decode("ascii", errors="replace"))

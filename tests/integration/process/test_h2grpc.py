@@ -94,6 +94,14 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
     )
 
 
+async def refusal(call: Any, code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    """The error `call` fails with, after checking its status code."""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call
+    assert refused.value.code() == code, refused.value
+    return refused.value
+
+
 async def started(
     max_calls: int, interceptors: tuple[Any, ...] = (), max_receive_bytes: int = 1024
 ) -> tuple[H2Server, Handlers, str]:
@@ -126,23 +134,17 @@ async def test_abort_reaches_the_client_with_its_code_details_and_trailers(
 ) -> None:
     _, _, target = server
     async with grpc.aio.insecure_channel(target) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await channel.unary_unary("/t.S/refuse")(b"", timeout=5)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details() == "bad 'name' ä%"
-        assert ("popgate-error", "BadRequest") in tuple(refused.value.trailing_metadata())
+        refused = await refusal(channel.unary_unary("/t.S/refuse")(b"", timeout=5), grpc.StatusCode.INVALID_ARGUMENT)
+        assert refused.details() == "bad 'name' ä%"
+        assert ("popgate-error", "BadRequest") in tuple(refused.trailing_metadata())
 
 
 async def test_a_failing_handler_is_unknown_and_the_server_goes_on(server: tuple[H2Server, Handlers, str]) -> None:
     _, _, target = server
     async with grpc.aio.insecure_channel(target) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as failed:
-            await channel.unary_unary("/t.S/fail")(b"", timeout=5)
-        assert failed.value.code() == grpc.StatusCode.UNKNOWN
-        assert "boom" in (failed.value.details() or "")
-        with pytest.raises(grpc.aio.AioRpcError) as missing:
-            await channel.unary_unary("/t.S/nothing")(b"", timeout=5)
-        assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        failed = await refusal(channel.unary_unary("/t.S/fail")(b"", timeout=5), grpc.StatusCode.UNKNOWN)
+        assert "boom" in (failed.details() or "")
+        await refusal(channel.unary_unary("/t.S/nothing")(b"", timeout=5), grpc.StatusCode.UNIMPLEMENTED)
         assert await channel.unary_unary("/t.S/echo")(b"still", timeout=5) == b"still"
 
 
@@ -151,19 +153,15 @@ async def test_a_request_that_does_not_parse_is_unknown_as_grpc_aio_answers_it(
 ) -> None:
     _, _, target = server
     async with grpc.aio.insecure_channel(target) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await channel.unary_unary("/t.S/typed")(b"\xff\xff\xff", timeout=5)
-        assert refused.value.code() == grpc.StatusCode.UNKNOWN
-        assert "DecodeError" in (refused.value.details() or "")
+        refused = await refusal(channel.unary_unary("/t.S/typed")(b"\xff\xff\xff", timeout=5), grpc.StatusCode.UNKNOWN)
+        assert "DecodeError" in (refused.details() or "")
         assert await channel.unary_unary("/t.S/echo")(b"on", timeout=5) == b"on"
 
 
 async def test_a_request_over_the_bound_is_resource_exhausted(server: tuple[H2Server, Handlers, str]) -> None:
     _, _, target = server
     async with grpc.aio.insecure_channel(target) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await channel.unary_unary("/t.S/echo")(b"x" * 2000, timeout=5)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await refusal(channel.unary_unary("/t.S/echo")(b"x" * 2000, timeout=5), grpc.StatusCode.RESOURCE_EXHAUSTED)
         assert await channel.unary_unary("/t.S/echo")(b"ok", timeout=5) == b"ok"
 
 
@@ -207,9 +205,7 @@ async def test_a_passed_deadline_answers_deadline_exceeded_and_cancels_the_handl
 ) -> None:
     _, handlers, target = server
     async with grpc.aio.insecure_channel(target) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as late:
-            await channel.unary_unary("/t.S/slow")(b"", timeout=0.3)
-        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await refusal(channel.unary_unary("/t.S/slow")(b"", timeout=0.3), grpc.StatusCode.DEADLINE_EXCEEDED)
         await asyncio.wait_for(handlers.cancelled.wait(), 5)
 
 
@@ -229,9 +225,7 @@ async def test_calls_beyond_the_bound_are_resource_exhausted() -> None:
     async with grpc.aio.insecure_channel(target) as channel:
         held = [channel.unary_unary("/t.S/held")(b"", timeout=10) for _ in range(4)]
         await asyncio.sleep(0.3)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await channel.unary_unary("/t.S/echo")(b"", timeout=5)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await refusal(channel.unary_unary("/t.S/echo")(b"", timeout=5), grpc.StatusCode.RESOURCE_EXHAUSTED)
         handlers.release.set()
         assert await asyncio.gather(*held) == [b"released"] * 4
         assert await channel.unary_unary("/t.S/echo")(b"again", timeout=5) == b"again"
@@ -343,13 +337,9 @@ async def test_interceptors_choose_each_calls_handler_from_its_metadata() -> Non
         async with grpc.aio.insecure_channel(target) as channel:
             echo = channel.unary_unary("/t.S/echo")
             assert await echo(b"in", metadata=((TOKEN_KEY, "s3cret"),), timeout=5) == b"in"
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await echo(b"out", metadata=((TOKEN_KEY, "wrong"),), timeout=5)
-            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            await refusal(echo(b"out", metadata=((TOKEN_KEY, "wrong"),), timeout=5), grpc.StatusCode.UNAUTHENTICATED)
             chat = channel.stream_stream("/t.S/chat")(metadata=((TOKEN_KEY, "wrong"),))
-            with pytest.raises(grpc.aio.AioRpcError) as refused_stream:
-                await chat.read()
-            assert refused_stream.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            await refusal(chat.read(), grpc.StatusCode.UNAUTHENTICATED)
     finally:
         await server.stop(None)
 

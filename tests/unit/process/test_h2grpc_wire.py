@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+from urllib.parse import unquote
 
 import pytest
 from hypothesis import given
@@ -83,6 +84,6 @@ def test_a_status_message_round_trips_through_its_percent_encoding() -> None:
     trailers = dict(wire.status(3, message, [("popgate-error", "BadRequest"), ("k-bin", b"\xff")]))
     assert trailers[b"grpc-status"] == b"3"
     assert all(32 <= c < 127 for c in trailers[b"grpc-message"])
-    assert wire.status_message(trailers[b"grpc-message"]) == message
+    assert unquote(trailers[b"grpc-message"].decode()) == message
     assert trailers[b"popgate-error"] == b"BadRequest"
     assert trailers[b"k-bin"] == b"/w"
