@@ -1,6 +1,6 @@
 """One client connection of popgate's gRPC server: HTTP/2 by h2 on an asyncio protocol, every call's output
 handed to h2 when the loop next turns and written to the socket at once. Guarded by
-tests/integration/process/test_h2grpc.py."""
+tests/integration/process/test_h2grpc.py and test_h2grpc_raw.py."""
 
 from __future__ import annotations
 
@@ -28,12 +28,15 @@ log = logging.getLogger(__name__)
 STREAM_WINDOW = 1 << 20  # what a client may send on a stream before its bytes are acknowledged
 CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # the largest DATA frame a client may send us
+# Calls a client may cancel while they run (RST_STREAM), at once and then a second: a "rapid reset" flood (open a
+# call, cancel it, again) costs the server a handler start each and is not served (nghttp2's defaults).
+RESET_BURST, RESET_RATE = 1000, 33
 
 
 class _H2Connection(h2.connection.H2Connection):
     """h2's connection, except that a client's GOAWAY ends no call it had started: HTTP/2 lets the streams up to
     its last id finish (RFC 9113 6.8), while h2 would close the whole connection and drop what was queued for them
-    (test_h2grpc.py::test_a_client_going_away_still_gets_its_running_calls_answered)."""
+    (test_h2grpc_raw.py::test_a_client_going_away_still_gets_its_running_calls_answered)."""
 
     def _receive_goaway_frame(self, frame: hyperframe.frame.GoAwayFrame) -> tuple[list[Any], list[Any]]:
         event = h2.events.ConnectionTerminated()
@@ -70,6 +73,8 @@ class Connection(asyncio.Protocol):
         self._flush_handle: asyncio.Handle | None = None
         self._dirty: set[Stream] = set()  # streams with output to pump when the loop next turns
         self._loop = asyncio.get_running_loop()
+        self._resets = wire.ResetAllowance(RESET_BURST, RESET_RATE)
+        self.calmed = False  # closed for cancelling too many calls: its further frames are not read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -98,6 +103,8 @@ class Connection(asyncio.Protocol):
         self.flush_soon()
 
     def data_received(self, data: bytes) -> None:
+        if self.calmed:
+            return
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -107,6 +114,8 @@ class Connection(asyncio.Protocol):
                 self._transport.close()
             return
         for event in events:
+            if self.calmed:
+                return
             self._event(event)
         self._flush()
 
@@ -135,6 +144,8 @@ class Connection(asyncio.Protocol):
             if stream is not None:
                 self.remove(stream)
                 stream.gone()
+                if not stream.finished and not self._resets.spend(self._loop.time()):
+                    self._calm()
         elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
             self._wake_waiting()
         elif kind is h2.events.ConnectionTerminated:
@@ -142,6 +153,16 @@ class Connection(asyncio.Protocol):
             self.going_away = True
             if event.error_code != ErrorCodes.NO_ERROR or not self.streams:
                 self.close()
+
+    def _calm(self) -> None:
+        """The client cancels calls faster than its allowance: GOAWAY (ENHANCE_YOUR_CALM) and the connection closes,
+        its running calls cancelled (test_h2grpc_raw.py::test_a_client_that_floods_resets_loses_its_connection)."""
+        log.warning(
+            "%s cancelled calls faster than %s a second (rapid reset?): connection closed", self.peer, RESET_RATE
+        )
+        self.calmed = True
+        self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM, last_stream_id=self.h2.highest_inbound_stream_id)
+        self.close()
 
     def _requests_ended(self, stream: Stream) -> None:
         stream.end_of_requests()

@@ -135,3 +135,27 @@ def status(code: int, message: str = "", trailing: Sequence[tuple[str, str | byt
         out.append((b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode("ascii")))
     out += encode_metadata(trailing)
     return out
+
+
+class ResetAllowance:
+    """How many calls a client may cancel (RST_STREAM on a call still running) before its connection is closed:
+    `burst` at once, and `per_s` more each second after, up to `burst` again
+    (tests/unit/process/test_h2grpc_wire.py::test_resets_past_the_burst_are_refused_until_time_refills_them)."""
+
+    __slots__ = ("_burst", "_per_s", "_left", "_at")
+
+    def __init__(self, burst: float, per_s: float) -> None:
+        self._burst = burst
+        self._per_s = per_s
+        self._left = burst
+        self._at: float | None = None
+
+    def spend(self, now: float) -> bool:
+        """One cancelled call at `now` (seconds, any monotonic clock): False once the allowance is spent."""
+        if self._at is not None:
+            self._left = min(self._burst, self._left + (now - self._at) * self._per_s)
+        self._at = now
+        if self._left < 1:
+            return False
+        self._left -= 1
+        return True

@@ -279,45 +279,6 @@ async def test_tls_with_alpn_serves_grpcs_clients(tmp_path: Any) -> None:
         await server.stop(None)
 
 
-async def test_a_client_going_away_still_gets_its_running_calls_answered(
-    server: tuple[H2Server, Handlers, str],
-) -> None:
-    """A client's GOAWAY (Node.js's grpc-js sends one as it closes) ends no call it had started."""
-    import h2.config
-    import h2.connection
-    import hpack
-    import hyperframe.frame
-
-    _, handlers, target = server
-    host, port = target.split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-    client.initiate_connection()
-    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/held"), (b":authority", b"t"),
-               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
-    client.send_headers(1, headers)
-    client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
-    client.close_connection()  # GOAWAY; h2's client state machine then takes frames for stream 1 no more
-    writer.write(client.data_to_send())
-    await asyncio.sleep(0.2)
-    handlers.release.set()
-    data = b""
-    while chunk := await asyncio.wait_for(reader.read(65536), 5):  # the server closes once the call is answered
-        data += chunk
-    writer.close()
-    decoder, body, trailers = hpack.Decoder(), b"", {}
-    while data:
-        frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
-        frame.parse_body(memoryview(data[9 : 9 + length]))
-        data = data[9 + length :]
-        if frame.stream_id == 1 and isinstance(frame, hyperframe.frame.DataFrame):
-            body += frame.data
-        elif frame.stream_id == 1 and isinstance(frame, hyperframe.frame.HeadersFrame):
-            trailers.update(decoder.decode(frame.data, raw=True))
-    assert body == b"\x00\x00\x00\x00\x08released"
-    assert trailers[b"grpc-status"] == b"0"
-
-
 async def test_initial_metadata_and_done_callbacks_reach_as_grpc_aio_gives_them(
     server: tuple[H2Server, Handlers, str],
 ) -> None:

@@ -87,3 +87,12 @@ def test_a_status_message_round_trips_through_its_percent_encoding() -> None:
     assert unquote(trailers[b"grpc-message"].decode()) == message
     assert trailers[b"popgate-error"] == b"BadRequest"
     assert trailers[b"k-bin"] == b"/w"
+
+
+def test_resets_past_the_burst_are_refused_until_time_refills_them() -> None:
+    allowance = wire.ResetAllowance(burst=3, per_s=2)
+    assert [allowance.spend(10.0) for _ in range(4)] == [True, True, True, False]
+    assert not allowance.spend(10.2)  # 0.4 of a reset regained: not one yet
+    assert allowance.spend(10.5)  # a whole one after half a second
+    assert not allowance.spend(10.5)
+    assert [allowance.spend(100.0) for _ in range(4)] == [True, True, True, False]  # never more than the burst
