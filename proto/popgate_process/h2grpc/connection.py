@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 STREAM_WINDOW = 1 << 20  # what a client may send on a stream before its bytes are acknowledged
 CONNECTION_WINDOW = 16 << 20
 MAX_FRAME = 1 << 20  # the largest DATA frame a client may send us
-# Calls a client may cancel while they run (RST_STREAM), at once and then a second: a "rapid reset" flood (open a
-# call, cancel it, again) costs the server a handler start each and is not served (nghttp2's defaults).
+# Calls a client may cancel while they run (RST_STREAM), at once and then a second (nghttp2's defaults): a "rapid
+# reset" flood (open a call, cancel it, again) costs the server a handler start each and is not served. The burst
+# is never below the server's call bound, so a client may always cancel every call it holds at once.
 RESET_BURST, RESET_RATE = 1000, 33
 
 
@@ -73,7 +74,7 @@ class Connection(asyncio.Protocol):
         self._flush_handle: asyncio.Handle | None = None
         self._dirty: set[Stream] = set()  # streams with output to pump when the loop next turns
         self._loop = asyncio.get_running_loop()
-        self._resets = wire.ResetAllowance(RESET_BURST, RESET_RATE)
+        self._resets = wire.ResetAllowance(max(RESET_BURST, server.max_calls), RESET_RATE)
         self.calmed = False  # closed for cancelling too many calls: its further frames are not read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -42,7 +42,7 @@ class H2Server:
         self._interceptors = tuple(interceptors)
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
-        self._max_calls = max_calls
+        self.max_calls = max_calls
         self._max_receive = max_receive_bytes
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
@@ -93,7 +93,7 @@ class H2Server:
             return
         if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
             return stream.finish(UNKNOWN_CONTENT, "not a gRPC request (content-type)", ())
-        if self.calls > self._max_calls:
+        if self.calls > self.max_calls:
             return stream.finish(wire.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!", ())
         handler = self._handler(path)
         if handler is None:
