@@ -1,5 +1,5 @@
 """popgate's gRPC server (proto/popgate_process/h2grpc) driven frame by frame, for what grpc's own client never
-sends: a GOAWAY before its call is answered, a flood of calls cancelled as they open."""
+sends: a GOAWAY before its call is answered, a flood of calls cancelled as they open, frames on a call that ended."""
 
 from __future__ import annotations
 
@@ -27,29 +27,39 @@ def headers(path: bytes) -> list[tuple[bytes, bytes]]:
             (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
 
 
-async def connected(target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, h2.connection.H2Connection]:
+class Peer:
+    """A client connection written and read frame by frame: `client` encodes what is sent, `frames` keeps every
+    frame the server sent, in order (one HPACK decoder reads their header blocks in turn)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.client.initiate_connection()
+        self.frames: Frames = []
+        self._data = b""
+
+    def send(self) -> None:
+        self.writer.write(self.client.data_to_send())
+
+    async def read(self, answered: int = 0) -> Frames:
+        """The server's frames until it closes the connection, or until it ends stream `answered`."""
+        while chunk := await asyncio.wait_for(self.reader.read(65536), 10):
+            self._data += chunk
+            while len(self._data) >= 9:
+                frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(self._data[:9]))
+                if len(self._data) < 9 + length:
+                    break
+                frame.parse_body(memoryview(self._data[9 : 9 + length]))
+                self._data = self._data[9 + length :]
+                self.frames.append(frame)
+                if answered and frame.stream_id == answered and "END_STREAM" in frame.flags:
+                    return self.frames
+        return self.frames
+
+
+async def connected(target: str) -> Peer:
     host, port = target.split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
-    client.initiate_connection()
-    return reader, writer, client
-
-
-async def frames_until_closed(reader: asyncio.StreamReader, answered: int = 0) -> Frames:
-    """The frames the server sends until it closes the connection, or until it ends stream `answered`."""
-    data, frames = b"", []
-    while chunk := await asyncio.wait_for(reader.read(65536), 10):
-        data += chunk
-        while len(data) >= 9:
-            frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(data[:9]))
-            if len(data) < 9 + length:
-                break
-            frame.parse_body(memoryview(data[9 : 9 + length]))
-            data = data[9 + length :]
-            frames.append(frame)
-            if answered and frame.stream_id == answered and "END_STREAM" in frame.flags:
-                return frames
-    return frames
+    return Peer(*await asyncio.open_connection(host, int(port)))
 
 
 def answer(frames: Frames, stream_id: int) -> tuple[bytes, dict[bytes, bytes]]:
@@ -70,15 +80,15 @@ async def test_a_client_going_away_still_gets_its_running_calls_answered(
 ) -> None:
     """A client's GOAWAY (Node.js's grpc-js sends one as it closes) ends no call it had started."""
     _, handlers, target = server
-    reader, writer, client = await connected(target)
-    client.send_headers(1, headers(b"/t.S/held"))
-    client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
-    client.close_connection()  # GOAWAY; h2's client state machine then takes frames for stream 1 no more
-    writer.write(client.data_to_send())
+    peer = await connected(target)
+    peer.client.send_headers(1, headers(b"/t.S/held"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+    peer.client.close_connection()  # GOAWAY; h2's client state machine then takes frames for stream 1 no more
+    peer.send()
     await asyncio.sleep(0.2)
     handlers.release.set()
-    frames = await frames_until_closed(reader)  # the server closes once the call is answered
-    writer.close()
+    frames = await peer.read()  # the server closes once the call is answered
+    peer.writer.close()
     body, trailers = answer(frames, 1)
     assert body == b"\x00\x00\x00\x00\x08released"
     assert trailers[b"grpc-status"] == b"0"
@@ -98,11 +108,11 @@ async def test_a_client_that_floods_resets_loses_its_connection(
     """A "rapid reset" flood (open a call, cancel it, again, CVE-2023-44487): past the allowance the server says
     ENHANCE_YOUR_CALM and closes the connection. Other clients are served."""
     _, _, target = server
-    reader, writer, client = await connected(target)
-    await cancel_calls(client, RESET_BURST + 500)
-    writer.write(client.data_to_send())  # in one write: the allowance regains nothing meanwhile
-    frames = await frames_until_closed(reader)
-    writer.close()
+    peer = await connected(target)
+    await cancel_calls(peer.client, RESET_BURST + 500)
+    peer.send()  # in one write: the allowance regains nothing meanwhile
+    frames = await peer.read()
+    peer.writer.close()
     goaway = [frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)]
     assert goaway and goaway[-1].error_code == ErrorCodes.ENHANCE_YOUR_CALM
     async with grpc.aio.insecure_channel(target) as channel:
@@ -114,14 +124,38 @@ async def test_a_client_cancelling_calls_within_the_allowance_keeps_its_connecti
 ) -> None:
     """Cancelling many held calls at once, as a client closing with its receives held does, is no flood."""
     _, _, target = server
-    reader, writer, client = await connected(target)
-    echo = await cancel_calls(client, RESET_BURST // 2)
-    client.send_headers(echo, headers(b"/t.S/echo"))
-    client.send_data(echo, b"\x00\x00\x00\x00\x02ok", end_stream=True)
-    writer.write(client.data_to_send())
-    frames = await frames_until_closed(reader, answered=echo)
-    writer.close()
+    peer = await connected(target)
+    echo = await cancel_calls(peer.client, RESET_BURST // 2)
+    peer.client.send_headers(echo, headers(b"/t.S/echo"))
+    peer.client.send_data(echo, b"\x00\x00\x00\x00\x02ok", end_stream=True)
+    peer.send()
+    frames = await peer.read(answered=echo)
+    peer.writer.close()
     body, trailers = answer(frames, echo)
     assert body == b"\x00\x00\x00\x00\x02ok"
     assert trailers[b"grpc-status"] == b"0"
     assert not any(isinstance(frame, hyperframe.frame.GoAwayFrame) for frame in frames)
+
+
+async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_call(
+    server: tuple[H2Server, Handlers, str],  # noqa: F811
+) -> None:
+    """The server answered and reset a call its client was still sending on; the client's late trailers on it get
+    a RST_STREAM (STREAM_CLOSED, as h2 answers them) and the connection serves its next call."""
+    _, _, target = server
+    peer = await connected(target)
+    peer.client.send_headers(1, headers(b"/t.S/ignore"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x01x")
+    peer.send()
+    await peer.read(answered=1)  # "ignored", and the stream reset: the server reads no more of it
+    peer.client.send_headers(1, [(b"x-late", b"1")], end_stream=True)
+    peer.client.send_headers(3, headers(b"/t.S/echo"))
+    peer.client.send_data(3, b"\x00\x00\x00\x00\x02ok", end_stream=True)
+    peer.send()
+    frames = await peer.read(answered=3)
+    peer.writer.close()
+    body, trailers = answer(frames, 3)
+    assert body == b"\x00\x00\x00\x00\x02ok"
+    assert trailers[b"grpc-status"] == b"0"
+    resets = [frame for frame in frames if isinstance(frame, hyperframe.frame.RstStreamFrame) and frame.stream_id == 1]
+    assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
