@@ -103,6 +103,9 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._resets = wire.ResetAllowance(max(RESET_BURST, server.max_calls), RESET_RATE)
         self.calmed = False  # closed for cancelling too many calls: its further frames are not read
+        self._heard = True  # the client sent something since the last keepalive check
+        self._pinged = False  # a keepalive PING is out, unanswered
+        self._keepalive: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -114,10 +117,13 @@ class Connection(asyncio.Protocol):
         self.h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._server.connections.add(self)
         self._flush()
+        self._keepalive = self._loop.call_later(self._server.keepalive_s, self._check_alive)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self._transport = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         for stream in list(self.streams.values()):
             self.remove(stream)
             stream.gone()
@@ -131,6 +137,7 @@ class Connection(asyncio.Protocol):
         self.flush_soon()
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         if self.calmed:
             return
         try:
@@ -181,6 +188,27 @@ class Connection(asyncio.Protocol):
             self.going_away = True
             if event.error_code != ErrorCodes.NO_ERROR or not self.streams:
                 self.close()
+
+    def _check_alive(self) -> None:
+        """Every `keepalive_s`: a client silent since the last check is sent a PING; one silent since the PING, for
+        `keepalive_timeout_s`, is gone (test_h2grpc_raw.py::test_a_client_that_answers_no_ping_loses_its_connection)."""
+        if self._transport is None:
+            return
+        server = self._server
+        if self._heard:
+            self._heard = self._pinged = False
+            self._keepalive = self._loop.call_later(server.keepalive_s, self._check_alive)
+        elif not self._pinged:
+            self._pinged = True
+            try:
+                self.h2.ping(b"popgate!")
+            except h2.exceptions.ProtocolError:  # the connection is closing already
+                return
+            self._flush()
+            self._keepalive = self._loop.call_later(server.keepalive_timeout_s, self._check_alive)
+        else:
+            log.info("%s answered no keepalive PING in %s s: connection closed", self.peer, server.keepalive_timeout_s)
+            self._transport.abort()
 
     def _calm(self) -> None:
         """The client cancels calls faster than its allowance: GOAWAY (ENHANCE_YOUR_CALM) and the connection closes,

@@ -30,6 +30,7 @@ from popgate_process.h2grpc.stream import Stream
 log = logging.getLogger(__name__)
 
 UNKNOWN_CONTENT = 2  # grpc's UNKNOWN, for a request that is not gRPC's
+KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 7200.0, 20.0  # grpc-core's server defaults (keepalive_time, keepalive_timeout)
 
 
 class H2Server:
@@ -37,8 +38,18 @@ class H2Server:
     grpc.aio.Server they call), served by `Connection`s."""
 
     def __init__(
-        self, *, max_calls: int, max_receive_bytes: int, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+        self,
+        *,
+        max_calls: int,
+        max_receive_bytes: int,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        keepalive_s: float = KEEPALIVE_S,
+        keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
     ) -> None:
+        """`keepalive_s`: a connection silent this long is sent a PING, and closed if nothing comes back within
+        `keepalive_timeout_s` (a client gone without closing: its calls and buffers go with it)."""
+        self.keepalive_s = keepalive_s
+        self.keepalive_timeout_s = keepalive_timeout_s
         self._interceptors = tuple(interceptors)
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []

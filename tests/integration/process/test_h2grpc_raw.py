@@ -1,5 +1,6 @@
 """popgate's gRPC server (proto/popgate_process/h2grpc) driven frame by frame, for what grpc's own client never
-sends: a GOAWAY before its call is answered, a flood of calls cancelled as they open, frames on a call that ended."""
+sends: a GOAWAY before its call is answered, a flood of calls cancelled as they open, frames on a call that
+ended, silence where a PING is due."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import H2Server
 from popgate_process.h2grpc.connection import RESET_BURST
-from tests.integration.process.test_h2grpc import Handlers, server  # noqa: F401  (the fixture)
+from tests.integration.process.test_h2grpc import Handlers, served, server  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.asyncio
 
@@ -43,7 +44,7 @@ class Peer:
 
     async def read(self, answered: int = 0) -> Frames:
         """The server's frames until it closes the connection, or until it ends stream `answered`."""
-        while chunk := await asyncio.wait_for(self.reader.read(65536), 10):
+        while chunk := await asyncio.wait_for(self._chunk(), 10):
             self._data += chunk
             while len(self._data) >= 9:
                 frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(self._data[:9]))
@@ -55,6 +56,12 @@ class Peer:
                 if answered and frame.stream_id == answered and "END_STREAM" in frame.flags:
                     return self.frames
         return self.frames
+
+    async def _chunk(self) -> bytes:
+        try:
+            return await self.reader.read(65536)
+        except ConnectionResetError:  # closed with data unread: as closed
+            return b""
 
 
 async def connected(target: str) -> Peer:
@@ -159,3 +166,41 @@ async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_c
     assert trailers[b"grpc-status"] == b"0"
     resets = [frame for frame in frames if isinstance(frame, hyperframe.frame.RstStreamFrame) and frame.stream_id == 1]
     assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
+
+
+async def keepalive_server(handlers: Handlers) -> tuple[H2Server, str]:
+    h2server = H2Server(max_calls=10, max_receive_bytes=1024, keepalive_s=0.1, keepalive_timeout_s=0.3)
+    h2server.add_generic_rpc_handlers((served(handlers),))
+    port = await h2server.bind("127.0.0.1", 0)
+    await h2server.start()
+    return h2server, f"127.0.0.1:{port}"
+
+
+async def test_a_client_that_answers_no_ping_loses_its_connection() -> None:
+    """A client gone without closing (its host down, its process stopped) answers nothing: after a silent
+    keepalive period and an unanswered PING the server closes the connection, and its calls go with it."""
+    h2server, target = await keepalive_server(Handlers())
+    try:
+        peer = await connected(target)
+        peer.client.send_headers(1, headers(b"/t.S/held"))
+        peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+        peer.send()  # then nothing, not even the ACKs of the server's SETTINGS and PING
+        frames = await peer.read()  # until the server closes
+        peer.writer.close()
+        assert any(isinstance(frame, hyperframe.frame.PingFrame) for frame in frames)
+        assert not h2server.connections and h2server.calls == 0
+    finally:
+        await h2server.stop(None)
+
+
+async def test_a_client_answering_pings_keeps_its_connection_and_its_held_call() -> None:
+    handlers = Handlers()
+    h2server, target = await keepalive_server(handlers)
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = channel.unary_unary("/t.S/held")(b"", timeout=30)
+            await asyncio.sleep(1.5)  # many keepalive periods, each with a PING the client answers
+            handlers.release.set()
+            assert await call == b"released"
+    finally:
+        await h2server.stop(None)
