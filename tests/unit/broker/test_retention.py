@@ -14,7 +14,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 from prometheus_client import generate_latest
 
-from broker import retention, sqlite_store
+from broker import retention, store_writes
 from broker.core import BrokerCore
 from broker.log import PayloadCache, QueueLog
 from broker.metrics import BrokerMetrics
@@ -156,7 +156,7 @@ async def test_a_restart_after_retention_gives_the_same_offsets_lag_and_index(
 ) -> None:
     """Many rows over several tag blocks, tags and FIFO messages, a filtered group, messages in flight; a pass of
     several steps and deletion transactions (made small here)."""
-    monkeypatch.setattr(sqlite_store, "DELETE_ROWS", 4)
+    monkeypatch.setattr(store_writes, "DELETE_ROWS", 4)
     monkeypatch.setattr(retention, "STEP_MESSAGES", 500)
 
     def snapshot(core: BrokerCore) -> Any:
@@ -188,7 +188,7 @@ async def test_a_restart_after_retention_gives_the_same_offsets_lag_and_index(
 async def test_big_deletions_go_in_short_transactions_and_steps(
     tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_store, "DELETE_ROWS", 3)
+    monkeypatch.setattr(store_writes, "DELETE_ROWS", 3)
     monkeypatch.setattr(retention, "STEP_MESSAGES", 7)
     commits: list[float] = []
 

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.sqlite_store import BATCH_MESSAGES, INLINE_MAX_LOOP_BUSY, KIND_ORDER, LoopLoad, SqliteStore, coalesce
+from broker.batches import BATCH_MESSAGES
+from broker.sqlite_store import SqliteStore
 from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
+from broker.store_pacing import INLINE_MAX_LOOP_BUSY, LoopLoad
+from broker.store_writes import KIND_ORDER, coalesce
 from popgate_contract.errors import StoreUnavailable
 
 N = BATCH_MESSAGES * 2 + 7  # more than one batch row per queue in one commit
@@ -168,7 +171,7 @@ async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(
 
 
 def test_loop_load_is_the_share_of_wall_time_its_thread_ran(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("broker.sqlite_store.LOAD_WINDOW_S", 0.02)
+    monkeypatch.setattr("broker.store_pacing.LOAD_WINDOW_S", 0.02)
     load = LoopLoad()
     time.sleep(0.05)
     idle = load.busy()
@@ -242,7 +245,7 @@ async def test_the_wal_stays_bounded_while_the_writer_never_pauses(
     """Commits back to back, as under a steady stream of sends: SQLite starts the WAL over only when a write
     begins after a checkpoint copied all of it, which the checkpointer beside the writer never managed then,
     so the WAL grew with everything written (705 MiB after 45 s of sends in a review's probe)."""
-    monkeypatch.setattr("broker.sqlite_store.WAL_RESTART_BYTES", 1 << 20)
+    monkeypatch.setattr("broker.store_wal.WAL_RESTART_BYTES", 1 << 20)
     wal = tmp_path / "broker.sqlite3-wal"
     body = os.urandom(2048)
 

@@ -1,0 +1,76 @@
+"""The SQLite store's write-ahead log stays bounded while the writer commits without a pause: connections run in
+WAL mode with the file cut back when the WAL starts over (`connect`), a checkpointer thread copies the WAL into
+the database beside the writer (`run_checkpointer`), and between two commits the writer starts it over once it
+is past WAL_RESTART_BYTES (`bound_wal`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_INTERVAL_S = 0.5
+# The WAL file past which the writer itself checkpoints, between two commits, and starts the WAL over.
+WAL_RESTART_BYTES = 64 * 1024 * 1024
+
+
+def connect(path: Path, sync: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={sync}")
+    conn.execute("PRAGMA busy_timeout=5000")
+    # When the WAL starts over its file is cut back to a quarter of the restart size, not to the restart size
+    # itself: a WAL kept at the restart size would be past it again at once, and every commit would checkpoint.
+    conn.execute(f"PRAGMA journal_size_limit={WAL_RESTART_BYTES // 4}")
+    return conn
+
+
+def run_checkpointer(
+    connect: Callable[[], sqlite3.Connection], stop: threading.Event, failed: Callable[..., None]
+) -> None:
+    """Until `stop` is set: a PASSIVE checkpoint every CHECKPOINT_INTERVAL_S, on a connection of its own."""
+    conn = connect()
+    try:
+        while not stop.wait(CHECKPOINT_INTERVAL_S):
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:
+                failed("checkpoint failed: %s", exc)
+    finally:
+        conn.close()
+
+
+def wal_bytes(wal_path: Path) -> int:
+    try:
+        return os.path.getsize(wal_path)
+    except OSError:
+        return 0
+
+
+def wal_full(wal_path: Path) -> bool:
+    return wal_bytes(wal_path) >= WAL_RESTART_BYTES
+
+
+def bound_wal(conn: sqlite3.Connection, writing: threading.Lock, wal_path: Path) -> None:
+    """Between two commits, when the WAL file is past WAL_RESTART_BYTES: checkpoint it here and start it
+    over. The checkpointer's PASSIVE checkpoints copy the WAL into the database beside the writer, but
+    SQLite starts the WAL over only when a write begins after a checkpoint copied all of it, which never
+    happens while the writer commits without a pause: without this the WAL would grow with everything
+    written until a clean stop. Most of it is copied already, so this stalls the writer for the rest only —
+    tests/unit/broker/test_sqlite_store.py::test_the_wal_stays_bounded_while_the_writer_never_pauses."""
+    if not wal_full(wal_path):
+        return
+    try:
+        with writing:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+    except (OSError, sqlite3.Error) as exc:  # no WAL file yet, or a full disk: the next commit says so
+        log.debug("WAL restart skipped: %s", exc)
+        return
+    if busy:  # a reader held an old snapshot past busy_timeout: tried again after the next commit
+        log.debug("WAL restart postponed: a reader is busy")

@@ -1,0 +1,214 @@
+"""How a group commit's requests become SQL on the writing connection, inside the transaction the store opens:
+offsets assigned in submission order, ops coalesced and run grouped by kind in KIND_ORDER, purges, and
+retention's deletions of whole batch rows in bounded transactions. Nothing here commits on its own account
+but `delete_rows`; the caller owns the transaction and its failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from broker.batches import Batches
+from broker.store import (
+    PURGES,
+    CreateQueue,
+    DeleteHalf,
+    DeleteInflight,
+    DeleteScheduled,
+    NewMessage,
+    Op,
+    PurgeGroup,
+    PurgeTopic,
+    PutHalf,
+    PutInflight,
+    PutScheduled,
+    Record,
+    SetGroupFilter,
+    SetHalfCheck,
+    SetPullOffset,
+)
+from broker.store_layout import INSERT_BATCH
+
+# Retention: the first offsets of the rows a deletion takes (on the unique index: no row is read).
+SELECT_ROWS_BELOW = (
+    "SELECT first_offset, length(payloads) FROM batches WHERE topic = ? AND queue = ? AND first_offset < ?"
+    " ORDER BY first_offset LIMIT ?"
+)
+DELETE_ROWS_BELOW = "DELETE FROM batches WHERE topic = ? AND queue = ? AND first_offset < ?"
+# What one deletion transaction takes at most: rows, and payload bytes (freeing their pages is most of its time).
+# A pass deletes in as many as it needs, other commits between them —
+# tests/unit/broker/test_retention.py::test_big_deletions_go_in_short_transactions_and_steps.
+DELETE_ROWS = 256
+DELETE_BYTES = 4 * 1024 * 1024
+
+# Many small rows go in as one JSON array per statement, unpacked by SQLite's json_each: the writer thread
+# takes the GIL once per statement, not once per row as executemany's row-by-row binding does, so a big
+# commit does not starve the event loop.
+PUT_INFLIGHT = (
+    "INSERT OR REPLACE INTO inflight"
+    " SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6 FROM json_each(?)"
+)
+# Grouped by (group, topic, queue) so the delete searches the whole primary key.
+DELETE_INFLIGHT = (
+    "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ? AND offset IN (SELECT value FROM json_each(?))"
+)
+
+# The order op kinds run in within one group commit (see SqliteStore._apply).
+KIND_ORDER = (
+    CreateQueue,
+    SetGroupFilter,
+    SetPullOffset,
+    PutScheduled,
+    PutInflight,
+    DeleteInflight,
+    DeleteScheduled,
+    PutHalf,
+    SetHalfCheck,
+    DeleteHalf,
+)
+
+_SQL = {
+    CreateQueue: "INSERT OR IGNORE INTO queues VALUES (?, ?)",
+    SetPullOffset: "INSERT OR REPLACE INTO pull_offsets VALUES (?, ?, ?, ?)",
+    SetGroupFilter: "INSERT OR REPLACE INTO group_filters VALUES (?, ?, ?)",
+    PutScheduled: "INSERT INTO scheduled VALUES (?, ?, ?, ?, ?, ?)",
+    DeleteScheduled: "DELETE FROM scheduled WHERE id = ?",
+    PutHalf: "INSERT INTO half_messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    SetHalfCheck: "UPDATE half_messages SET checks = ?2, next_check_ms = ?3 WHERE id = ?1",
+    DeleteHalf: "DELETE FROM half_messages WHERE id = ?",
+}
+
+# What a purge deletes (broker.admin): a group's state on a topic; a topic with every group's state on it.
+PURGE_GROUP = [
+    f"DELETE FROM {table} WHERE grp = ? AND topic = ?" for table in ("pull_offsets", "inflight", "group_filters")
+]
+PURGE_TOPIC = [
+    f"DELETE FROM {table} WHERE topic = ?"
+    for table in ("batches", "queues", "pull_offsets", "inflight", "group_filters")
+]
+
+
+class Request:
+    __slots__ = ("appends", "ops", "future", "result")
+
+    def __init__(self, appends: Sequence[NewMessage], ops: Sequence[Op], future: asyncio.Future[list[Record]]) -> None:
+        self.appends = appends
+        self.ops = ops
+        self.future = future
+        self.result: list[Record] | BaseException = []
+
+
+Cut = tuple[str, int, int]  # (topic, queue, offset): the rows of the queue wholly below the offset
+
+
+class Deletion:
+    """Rows of whole batches to delete (retention), in a transaction of their own of at most DELETE_ROWS rows;
+    the result is the cuts not finished and how many rows went."""
+
+    __slots__ = ("cuts", "future", "result")
+
+    def __init__(self, cuts: list[Cut], future: asyncio.Future[tuple[list[Cut], int]]) -> None:
+        self.cuts = cuts
+        self.future = future
+        self.result: tuple[list[Cut], int] | BaseException = ([], 0)
+
+
+def coalesce(by_kind: dict[type, list[Op]]) -> None:
+    """Of the ops one commit runs on a row, only those that decide what it holds: the last pull offset of a
+    queue, the last put of a delivery, and no put of a delivery the commit also deletes (a Pop acked before its
+    state was committed, the usual case under --flush async; the delete still runs, as an earlier commit may
+    have stored the row). The rows end as running every op in KIND_ORDER leaves them, since nothing puts a row
+    after deleting it (see `SqliteStore._apply`) —
+    tests/unit/broker/test_sqlite_store.py::test_a_commit_writes_each_row_once_as_its_last_op_leaves_it."""
+    pulls = by_kind[SetPullOffset]
+    if len(pulls) > 1:
+        by_kind[SetPullOffset] = list({op[:3]: op for op in pulls}.values())
+    puts = by_kind[PutInflight]
+    if puts:
+        deleted = set(by_kind[DeleteInflight])
+        by_kind[PutInflight] = [op for row, op in {op[:4]: op for op in puts}.items() if row not in deleted]
+
+
+def write(conn: sqlite3.Connection, next_offset: dict[tuple[str, int], int], batch: list[Request]) -> None:
+    """The appends and ops of `batch`, ops grouped by kind in KIND_ORDER (see `SqliteStore._apply`)."""
+    batches = Batches()
+    by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
+    for request in batch:
+        request.result = assign(next_offset, request.appends, batches)
+        for op in request.ops:
+            if not isinstance(op, PURGES):  # applied before (`SqliteStore._apply`)
+                by_kind[type(op)].append(op)
+    if batches.open:
+        conn.executemany(INSERT_BATCH, batches.all_rows())
+    coalesce(by_kind)
+    for kind, ops in by_kind.items():
+        if not ops:
+            continue
+        if kind is PutInflight:
+            conn.execute(PUT_INFLIGHT, (json.dumps(ops),))
+        elif kind is DeleteInflight:
+            delete_inflight(conn, ops)
+        else:
+            conn.executemany(_SQL[kind], ops)
+
+
+def purge(conn: sqlite3.Connection, next_offset: dict[tuple[str, int], int], purges: Sequence[Op]) -> None:
+    for op in purges:
+        if isinstance(op, PurgeGroup):
+            for sql in PURGE_GROUP:
+                conn.execute(sql, (op.group, op.topic))
+        elif isinstance(op, PurgeTopic):
+            for sql in PURGE_TOPIC:
+                conn.execute(sql, (op.topic,))
+            for key in [k for k in next_offset if k[0] == op.topic]:
+                del next_offset[key]
+
+
+def delete_rows(conn: sqlite3.Connection, cuts: list[Cut]) -> tuple[list[Cut], int]:
+    """Delete the rows wholly below each cut, at most DELETE_ROWS rows and about DELETE_BYTES of payloads, in
+    one transaction: the cuts not finished, and how many rows went."""
+    budget = DELETE_ROWS
+    size = 0  # payload bytes taken
+    left: list[Cut] = []
+    conn.execute("BEGIN")
+    for i, (topic, queue_id, below) in enumerate(cuts):
+        if budget <= 0 or size >= DELETE_BYTES:
+            left = cuts[i:]
+            break
+        starts = conn.execute(SELECT_ROWS_BELOW, (topic, queue_id, below, budget + 1)).fetchall()
+        take = 0  # rows of this queue taken: up to the budget of rows and bytes, at least one
+        while take < min(len(starts), budget) and (not take or size < DELETE_BYTES):
+            size += starts[take][1]
+            take += 1
+        upto = below
+        if take < len(starts):  # more than this transaction takes: the rest next time
+            upto = starts[take][0]
+            left = [(topic, queue_id, below), *cuts[i + 1 :]]
+        budget -= conn.execute(DELETE_ROWS_BELOW, (topic, queue_id, upto)).rowcount
+        if left:
+            break
+    conn.execute("COMMIT")
+    return left, DELETE_ROWS - budget
+
+
+def assign(next_offset: dict[tuple[str, int], int], appends: Sequence[NewMessage], batches: Batches) -> list[Record]:
+    records: list[Record] = []
+    for m in appends:
+        key = (m.topic, m.queue_id)
+        offset = next_offset.get(key, 0)
+        next_offset[key] = offset + 1
+        records.append(Record(m.topic, m.queue_id, offset, m.store_ms, m.tag, m.payload, m.fifo, m.priority))
+        batches.add(m, offset)
+    return records
+
+
+def delete_inflight(conn: sqlite3.Connection, ops: list[Op]) -> None:
+    offsets: dict[tuple[str, str, int], list[int]] = {}
+    for op in ops:
+        assert isinstance(op, DeleteInflight)
+        offsets.setdefault((op.group, op.topic, op.queue_id), []).append(op.offset)
+    for (group, topic, queue_id), chunk in offsets.items():
+        conn.execute(DELETE_INFLIGHT, (group, topic, queue_id, json.dumps(chunk)))
