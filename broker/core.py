@@ -10,6 +10,8 @@ it owns, none of which knows the core:
 - ``Readiness`` (broker.readiness): what a group can read now, behind FIFO messages too;
 - ``Redelivery`` (broker.redelivery): invisibility timers and dead letters;
 - ``StateCommits`` (broker.commits): consumer-state changes on their way to the store;
+- ``Pops`` (broker.pop): taking, reserving and answering messages, held while none is ready;
+- ``Acks`` (broker.acks): acks, invisibility changes and dead letters, by receipt handle;
 - ``HoldService`` (broker.longpoll): held Pops and Notifications, woken by the core.
 
 FIFO order (RocketMQ's orderly pop, SQS FIFO): a message sent with a message group
@@ -29,37 +31,35 @@ from collections.abc import Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
+from broker.acks import Acks
 from broker.clock import Clock
 from broker.commits import StateCommits
 from broker.consumers import ConsumerRegistry
 from broker.filters import MATCH_ALL, TagFilter
 from broker.groups import ConsumerGroups
-from broker.inflight import Delivery, GroupTopic
+from broker.inflight import GroupTopic
 from broker.lag import queue_lag
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
-from broker.model import GroupQueueLag, Popped, PopResult, Sent
-from broker.priority import take_prioritized
-from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals, readable_end
+from broker.model import GroupQueueLag, PopResult, Sent
+from broker.pop import Pops, read_payloads
+from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals
 from broker.recall import recall
 from broker.redelivery import Redelivery
 from broker.retention import Retention
 from broker.send import SendPath
 from broker.settings import BrokerSettings
-from broker.store import DeleteInflight, Op, Record, SetPullOffset, Snapshot, Store
+from broker.store import Op, Record, Snapshot, Store
 from broker.transactions import Transactions
 from popgate_contract import validation
 from popgate_contract.errors import (
     BadRequest,
     DomainError,
     IllegalBatchSize,
-    IllegalInvisibleTime,
     IllegalPollingTime,
-    InvalidReceiptHandle,
     TooManyRequests,
     TopicNotFound,
 )
-from popgate_contract.receipt import ReceiptHandle, encode_handle
 
 
 class BrokerCore:
@@ -74,13 +74,11 @@ class BrokerCore:
         self.hold = HoldService(settings.max_held, unused_wake=self._pass_on_unused)
         self.cache = PayloadCache(settings.cache_bytes)
         self.messages_in: dict[str, int] = {}
-        self.messages_out: dict[tuple[str, str], int] = {}
         # For the on-call metrics (broker/metrics.py): bytes stored per topic, first deliveries and acks per (topic,
         # group), and each ack's time since its message was stored, handed to `on_acked` when set (one call per Ack and
         # topic, with the seconds of each of its acks); `on_forgotten` (topic, group) is told when a group's state on a
         # topic is dropped (broker.admin), to drop its series.
         self.bytes_in: dict[str, int] = {}
-        self.first_out: dict[tuple[str, str], int] = {}
         self.messages_acked: dict[tuple[str, str], int] = {}
         self.on_acked: Callable[[str, str, Sequence[float]], None] | None = None
         self.on_forgotten: Callable[[str, str], None] | None = None
@@ -94,7 +92,7 @@ class BrokerCore:
             topics=self.topics,
             sends=self.sends,
             hold=self.hold,
-            payloads=self._payloads,
+            payloads=functools.partial(read_payloads, store),
             max_attempts=settings.max_attempts_of,
             released=self._fifo_released,
             clock=clock,
@@ -102,6 +100,29 @@ class BrokerCore:
         self.readiness = Readiness(
             topics=self.topics, redelivery=self.redelivery, max_pop_batch=settings.max_pop_batch, clock=clock
         )
+        self.acks = Acks(
+            name=self.name,
+            settings=settings,
+            groups=self.groups,
+            commits=self.commits,
+            redelivery=self.redelivery,
+            fifo_released=self._fifo_released,
+            counted=self._count_acks,
+            clock=clock,
+        )
+        self.pops = Pops(
+            settings=settings,
+            topics=self.topics,
+            consumers=self.consumers,
+            readiness=self.readiness,
+            hold=self.hold,
+            redelivery=self.redelivery,
+            commits=self.commits,
+            payloads=functools.partial(read_payloads, store),
+            resolve=self.acks.resolve,
+            clock=clock,
+        )
+        self.messages_out, self.first_out = self.pops.messages_out, self.pops.first_out  # counted by the Pops
         self.transactions = self.sends.transactions = Transactions(settings, self.sends, clock=clock)
         self.schedule = self.sends.schedule
         self.scheduler = self.sends.scheduler
@@ -211,7 +232,7 @@ class BrokerCore:
         if tags:
             self.hold.arrived((state.topic, state.group), tags)
 
-    # -- pop -----------------------------------------------------------------
+    # -- pop (broker.pop) ------------------------------------------------------
 
     def _check_read(self, topic: str, group: str, expression: str, poll_ms: int) -> tuple[TagFilter, int]:
         """The request's filter and its poll time, cut to this broker's longest: a long poll may always end
@@ -225,238 +246,19 @@ class BrokerCore:
             raise TopicNotFound(f"topic {topic} does not exist on broker {self.name}")
         return TagFilter.parse(expression), min(poll_ms, self.settings.max_poll_ms)
 
-    def _check_invisible(self, invisible_ms: int) -> None:
-        s = self.settings
-        if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
-            raise IllegalInvisibleTime(
-                f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
-            )
-
     async def pop(
         self, topic: str, group: str, expression: str, max_messages: int, invisible_ms: int, poll_ms: int
     ) -> PopResult:
         tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
-        if max_messages < 1:
-            raise IllegalBatchSize(f"max messages {max_messages} is less than 1")
-        max_messages = min(max_messages, self.settings.max_pop_batch)  # fewer than asked is always an answer
-        self._check_invisible(invisible_ms)
-        ops: list[Op] = []
-        state = self.consumers.reader(group, topic, tag_filter, ops)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + poll_ms / 1000
-        held = False
-        while True:
-            if state is not None:
-                popped = await self._pop_once(state, max_messages, invisible_ms, ops)
-                if popped:
-                    return PopResult(popped, held=held)
-                if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
-                    ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
-                    continue
-            ops = []
-            wait_s = deadline - loop.time()
-            outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, wait_s)
-            held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT))
-            if outcome is not Outcome.SERVED:
-                return PopResult([], polling_full=outcome is Outcome.FULL, held=held)
-            # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
-            # group may have replaced meanwhile (reading with that one would skip the message for the group).
-            state = self.consumers.reader(group, topic, tag_filter, ops)
-
-    async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
-        now = self.clock.now_ms()
-        picks = self.redelivery.take(state, now, want)
-        topic = self.topics.get(state.topic)
-        if topic is not None and len(picks) < want:
-            self._take_new(state, topic, want - len(picks), ops, picks)
-        if not picks:
-            if ops:
-                await self.commits.write(ops)
-            return []
-        assert topic is not None
-        deliveries = []
-        deadline = now + invisible_ms
-        for queue_id, offset, attempt in picks:
-            queue = topic.queues[queue_id]
-            fifo = queue.fifo is not None and queue.is_fifo(offset)
-            deliveries.append(
-                (queue_id, offset, state.start_delivery(queue_id, offset, attempt, deadline, ops, fifo=fifo))
-            )
-        self.redelivery.schedule(state)
-        committed = self.commits.commit(ops)
-        try:
-            payloads = await self._payloads(topic, [(q, o) for q, o, _ in picks])
-            await self.commits.record(committed)
-        except asyncio.CancelledError:  # the caller went away: nobody receives them
-            self._undo(state, deliveries)
-            raise
-        deliveries = self._fit(state, deliveries, payloads)
-        key = (state.topic, state.group)
-        self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
-        self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
-        return self._popped(topic, deliveries, payloads)
-
-    def _fit(
-        self,
-        state: GroupTopic,
-        deliveries: list[tuple[int, int, Delivery]],
-        payloads: dict[tuple[int, int], bytes],
-    ) -> list[tuple[int, int, Delivery]]:
-        """Keep the answer under the response size limit; what does not fit is ready again at once, its
-        delivery undone (same attempt count next time)."""
-        total = 0
-        for i, (queue_id, offset, _) in enumerate(deliveries):
-            total += len(payloads[(queue_id, offset)]) + 256
-            if total > self.settings.max_pop_bytes and i > 0:
-                break
-        else:
-            return deliveries
-        self._undo(state, deliveries[i:])
-        return deliveries[:i]
-
-    def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
-        """Deliveries nobody received: ready again at once, with the attempt count they had before."""
-        now = self.clock.now_ms()
-        ops: list[Op] = []
-        for queue_id, offset, d in deliveries:
-            state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
-        self.commits.commit(ops)
-        self.redelivery.schedule(state)
+        return await self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
-        """A Pop answered after its caller had cancelled it (the cancel crossed the answer): its
-        messages were never received, so they are ready again at once, attempt count unchanged — not
-        hidden for their whole invisible time. Handles no longer current are skipped; how many were
-        released."""
-        undone: list[tuple[int, int, Delivery]] = []
-        state = None
-        for text in handles:
-            try:
-                state, handle, delivery = self._resolve(topic, group, text)
-            except DomainError:
-                continue
-            undone.append((handle.queue_id, handle.offset, delivery))
-        if state is not None and undone:
-            self._undo(state, undone)
-        return len(undone)
+        return self.pops.release(topic, group, handles)
 
-    def _popped(
-        self, topic: TopicLog, deliveries: list[tuple[int, int, Delivery]], payloads: dict[tuple[int, int], bytes]
-    ) -> list[Popped]:
-        """The answer's messages, in the order of `deliveries`, each with its receipt handle."""
-        broker, name, queues = self.name, topic.name, topic.queues
-        return [
-            Popped(
-                name,
-                q,
-                o,
-                queues[q].store_ms_at(o),
-                payloads[(q, o)],
-                d.attempt,
-                encode_handle(broker, name, q, o, d.attempt, d.token, d.deadline_ms),
-                d.deadline_ms,
-            )
-            for q, o, d in deliveries
-        ]
-
-    def _take_new(
-        self, state: GroupTopic, topic: TopicLog, want: int, ops: list[Op], picks: list[tuple[int, int, int]]
-    ) -> None:
-        """New messages from the pull offsets, spread fairly over the queues (rotating start), appended to `picks`
-        as (queue id, offset, attempt 1)."""
-        n = len(topic.queues)
-        start = state.next_queue
-        state.next_queue = (start + 1) % n
-        active = [topic.queues[(start + i) % n] for i in range(n)]
-        while want > 0 and active:
-            share = max(1, want // len(active))
-            still: list[QueueLog] = []
-            for queue in active:
-                if want <= 0:
-                    break
-                gq = self.consumers.group_queue(state, queue, ops)
-                before = gq.pull_offset
-                end = readable_end(gq, queue)
-                if queue.priority is not None:
-                    passed: list[int] = []
-                    offsets = take_prioritized(queue, gq, state.filter, min(share, want), end, passed)
-                    ops.extend(DeleteInflight(state.group, state.topic, queue.queue_id, o) for o in passed)
-                else:
-                    offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
-                    gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
-                    gq.pull_offset = max(gq.pull_offset, before)
-                if gq.pull_offset != before:
-                    ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
-                queue_id = queue.queue_id
-                picks.extend((queue_id, o, 1) for o in offsets)
-                want -= len(offsets)
-                if gq.pull_offset < end and offsets:
-                    still.append(queue)
-            active = still
-
-    async def _payloads(self, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        out: dict[tuple[int, int], bytes] = {}
-        missing: dict[int, list[int]] = {}
-        for queue_id, offset in picks:
-            payload = topic.queues[queue_id].payloads.get(offset)
-            if payload is None:
-                missing.setdefault(queue_id, []).append(offset)
-            else:
-                out[(queue_id, offset)] = payload
-        if missing:  # one read of the store's for all the queues: one hop to its reading thread a Pop
-            found = await self.store.read_payloads(topic.name, missing)
-            for queue_id, offsets in missing.items():
-                for offset in offsets:
-                    payload = found.get((queue_id, offset))
-                    if payload is None:
-                        raise DomainError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
-                    out[(queue_id, offset)] = payload
-        return out
-
-    # -- ack and invisibility ------------------------------------------------
-
-    def _resolve(self, topic: str, group: str, text: str) -> tuple[GroupTopic, ReceiptHandle, Delivery]:
-        handle = ReceiptHandle.decode(text)
-        if handle.broker != self.name:
-            raise InvalidReceiptHandle(f"receipt handle belongs to broker {handle.broker}, not {self.name}")
-        if topic and handle.topic != topic:
-            raise InvalidReceiptHandle(f"receipt handle is for topic {handle.topic}, not {topic}")
-        state = self.groups.get((group, handle.topic))
-        delivery = state.current(handle.queue_id, handle.offset, handle.token) if state else None
-        if state is None or delivery is None or delivery.attempt != handle.attempt:
-            # Not "stale" alone: a handle acked with another group's name lands here too, and the message names
-            # both causes — tests/unit/broker/test_wrong_group.py::
-            # test_an_ack_under_another_groups_name_says_that_group_has_no_such_delivery.
-            raise InvalidReceiptHandle(
-                f"consumer group {group} has no in-flight delivery of message {handle.topic}/{handle.queue_id}/"
-                f"{handle.offset} with this receipt handle: the handle is another group's, or the message was acked "
-                "or redelivered since"
-            )
-        return state, handle, delivery
+    # -- ack and invisibility (broker.acks) ----------------------------------
 
     async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[DomainError | None]:
-        _check_handles("ack", group, handles)
-        results: list[DomainError | None] = []
-        ops: list[Op] = []
-        released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
-        acked: dict[str, list[tuple[int, int]]] = {}  # topic -> (queue, offset) acked, in request order
-        for text in handles:
-            try:
-                state, handle, _ = self._resolve(topic, group, text)
-            except DomainError as exc:
-                results.append(exc)
-                continue
-            if state.remove(handle.queue_id, handle.offset):
-                released[(state.topic, handle.queue_id)] = state
-            ops.append(state.done_op(handle.queue_id, handle.offset))
-            acked.setdefault(handle.topic, []).append((handle.queue_id, handle.offset))
-            results.append(None)
-        for (_, queue_id), state in released.items():
-            self._fifo_released(state, queue_id)
-        if ops:
-            await self.commits.write(ops)
-        self._count_acks(group, acked)
-        return results
+        return await self.acks.ack(topic, group, handles)
 
     def _count_acks(self, group: str, acked: dict[str, list[tuple[int, int]]]) -> None:
         """Count the acks per (topic, group) and hand their latencies to `on_acked`, one call per topic with
@@ -490,68 +292,18 @@ class BrokerCore:
                 on_acked(topic, group, seconds)
 
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
-        validation.check_group(group)
-        if not 0 <= invisible_ms <= self.settings.max_invisible_ms:
-            raise IllegalInvisibleTime(
-                f"invisible time {invisible_ms} ms is outside 0..{self.settings.max_invisible_ms} ms"
-            )
-        state, handle, old = self._resolve(topic, group, text)
-        deadline = self.clock.now_ms() + invisible_ms
-        ops: list[Op] = []
-        delivery = state.start_delivery(handle.queue_id, handle.offset, old.attempt, deadline, ops)
-        self.redelivery.schedule(state)
-        await self.commits.write(ops)
-        new = encode_handle(
-            self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
-        )
-        return new, deadline
+        return await self.acks.change_invisible(topic, group, text, invisible_ms)
 
     async def renew(
         self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False
     ) -> tuple[list[DomainError | None], int]:
-        """Extend the invisibility of in-flight deliveries to `invisible_ms` from now, keeping each delivery (its
-        receipt handle stays valid: the proxy renews handles its client holds); per handle None or the error, and the
-        new deadline. Stale handles, and deliveries whose invisibility already passed (queued to be delivered again:
-        a handle acks until then, but renewing it now would race that redelivery), are InvalidReceiptHandle. A
-        deadline already later stays, unless `bring_forward` (a client gone: visible again soon). Durable as the
-        other in-flight changes (a PutInflight)."""
-        _check_handles("renew", group, handles)
-        self._check_invisible(invisible_ms)
-        deadline = self.clock.now_ms() + invisible_ms
-        results: list[DomainError | None] = []
-        ops: list[Op] = []
-        touched: dict[tuple[str, str], GroupTopic] = {}
-        for text in handles:
-            try:
-                state, handle, delivery = self._resolve("", group, text)
-                if delivery.expired:
-                    raise InvalidReceiptHandle("receipt handle is stale: its invisibility passed, redelivery is due")
-            except DomainError as exc:
-                results.append(exc)
-                continue
-            if delivery.deadline_ms < deadline or (bring_forward and delivery.deadline_ms != deadline):
-                state.extend(handle.queue_id, handle.offset, delivery, deadline, ops)
-                touched[(state.group, state.topic)] = state
-            results.append(None)
-        for state in touched.values():
-            self.redelivery.schedule(state)
-        if ops:
-            await self.commits.write(ops)
-        return results, deadline
+        return await self.acks.renew(group, handles, invisible_ms, bring_forward=bring_forward)
 
     async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
-        validation.check_group(group)
-        state, handle, delivery = self._resolve(topic, group, text)
-        return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
+        return await self.acks.dead_letter(topic, group, text)
 
     def unreadable(self, topic: str, group: str, text: str) -> None:
-        """A popped message whose stored payload does not parse: dead-lettered as it is, not answered (it would
-        fail every Pop it is in, and its healthy batch-mates would reach the DLQ with it)."""
-        try:
-            state, handle, delivery = self._resolve(topic, group, text)
-        except DomainError:
-            return
-        self.redelivery.to_dlq(state, handle.queue_id, handle.offset, delivery)
+        self.acks.unreadable(topic, group, text)
 
     # -- notification ----------------------------------------------------------
 
@@ -637,12 +389,3 @@ class BrokerCore:
         await self.transactions.close()
         self.hold.close()
         await self.redelivery.close()
-
-
-def _check_handles(kind: str, group: str, handles: Sequence[str]) -> None:
-    """An Ack's or a Renew's group and its 1..MAX_HANDLES receipt handles."""
-    validation.check_group(group)
-    if not handles:
-        raise BadRequest(f"{kind} carries no receipt handle")
-    if len(handles) > validation.MAX_HANDLES:
-        raise IllegalBatchSize(f"{kind} carries {len(handles)} handles, at most {validation.MAX_HANDLES}")

@@ -1,0 +1,178 @@
+"""What a consumer does with a delivery it holds, by the receipt handle it was given: ack it, change or renew its
+invisibility, dead-letter it. A handle acts only on the delivery it names while that is still its group's
+current one (`Acks.resolve`): another group's handle, or one acked or redelivered since, is InvalidReceiptHandle
+and changes nothing.
+
+Owned by the core, which hands Acks, ChangeInvisibleDuration, Renew and dead-letter requests here; it knows
+nothing of the core: a FIFO message leaving the group's flight and the acks to count go back through the
+callbacks it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from popgate_pb import broker_pb2 as pb
+
+from broker.clock import Clock
+from broker.commits import StateCommits
+from broker.inflight import Delivery, GroupTopic
+from broker.redelivery import Redelivery
+from broker.settings import BrokerSettings
+from broker.store import Op
+from popgate_contract import validation
+from popgate_contract.errors import (
+    BadRequest,
+    DomainError,
+    IllegalBatchSize,
+    IllegalInvisibleTime,
+    InvalidReceiptHandle,
+)
+from popgate_contract.receipt import ReceiptHandle, encode_handle
+
+
+class Acks:
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: BrokerSettings,
+        groups: dict[tuple[str, str], GroupTopic],
+        commits: StateCommits,
+        redelivery: Redelivery,
+        fifo_released: Callable[[GroupTopic, int], None],
+        counted: Callable[[str, dict[str, list[tuple[int, int]]]], None],
+        clock: Clock,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.groups = groups
+        self.commits = commits
+        self.redelivery = redelivery
+        self.fifo_released = fifo_released  # a FIFO message left the group's flight (acked): (state, queue id)
+        self.counted = counted  # the acks of one Ack: (group, topic -> (queue, offset) acked)
+        self.clock = clock
+
+    def resolve(self, topic: str, group: str, text: str) -> tuple[GroupTopic, ReceiptHandle, Delivery]:
+        handle = ReceiptHandle.decode(text)
+        if handle.broker != self.name:
+            raise InvalidReceiptHandle(f"receipt handle belongs to broker {handle.broker}, not {self.name}")
+        if topic and handle.topic != topic:
+            raise InvalidReceiptHandle(f"receipt handle is for topic {handle.topic}, not {topic}")
+        state = self.groups.get((group, handle.topic))
+        delivery = state.current(handle.queue_id, handle.offset, handle.token) if state else None
+        if state is None or delivery is None or delivery.attempt != handle.attempt:
+            # Not "stale" alone: a handle acked with another group's name lands here too, and the message names
+            # both causes — tests/unit/broker/test_wrong_group.py::
+            # test_an_ack_under_another_groups_name_says_that_group_has_no_such_delivery.
+            raise InvalidReceiptHandle(
+                f"consumer group {group} has no in-flight delivery of message {handle.topic}/{handle.queue_id}/"
+                f"{handle.offset} with this receipt handle: the handle is another group's, or the message was acked "
+                "or redelivered since"
+            )
+        return state, handle, delivery
+
+    async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[DomainError | None]:
+        check_handles("ack", group, handles)
+        results: list[DomainError | None] = []
+        ops: list[Op] = []
+        released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
+        acked: dict[str, list[tuple[int, int]]] = {}  # topic -> (queue, offset) acked, in request order
+        for text in handles:
+            try:
+                state, handle, _ = self.resolve(topic, group, text)
+            except DomainError as exc:
+                results.append(exc)
+                continue
+            if state.remove(handle.queue_id, handle.offset):
+                released[(state.topic, handle.queue_id)] = state
+            ops.append(state.done_op(handle.queue_id, handle.offset))
+            acked.setdefault(handle.topic, []).append((handle.queue_id, handle.offset))
+            results.append(None)
+        for (_, queue_id), state in released.items():
+            self.fifo_released(state, queue_id)
+        if ops:
+            await self.commits.write(ops)
+        self.counted(group, acked)
+        return results
+
+    async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
+        validation.check_group(group)
+        if not 0 <= invisible_ms <= self.settings.max_invisible_ms:
+            raise IllegalInvisibleTime(
+                f"invisible time {invisible_ms} ms is outside 0..{self.settings.max_invisible_ms} ms"
+            )
+        state, handle, old = self.resolve(topic, group, text)
+        deadline = self.clock.now_ms() + invisible_ms
+        ops: list[Op] = []
+        delivery = state.start_delivery(handle.queue_id, handle.offset, old.attempt, deadline, ops)
+        self.redelivery.schedule(state)
+        await self.commits.write(ops)
+        new = encode_handle(
+            self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
+        )
+        return new, deadline
+
+    async def renew(
+        self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False
+    ) -> tuple[list[DomainError | None], int]:
+        """Extend the invisibility of in-flight deliveries to `invisible_ms` from now, keeping each delivery (its
+        receipt handle stays valid: the proxy renews handles its client holds); per handle None or the error, and the
+        new deadline. Stale handles, and deliveries whose invisibility already passed (queued to be delivered again:
+        a handle acks until then, but renewing it now would race that redelivery), are InvalidReceiptHandle. A
+        deadline already later stays, unless `bring_forward` (a client gone: visible again soon). Durable as the
+        other in-flight changes (a PutInflight)."""
+        check_handles("renew", group, handles)
+        check_invisible(self.settings, invisible_ms)
+        deadline = self.clock.now_ms() + invisible_ms
+        results: list[DomainError | None] = []
+        ops: list[Op] = []
+        touched: dict[tuple[str, str], GroupTopic] = {}
+        for text in handles:
+            try:
+                state, handle, delivery = self.resolve("", group, text)
+                if delivery.expired:
+                    raise InvalidReceiptHandle("receipt handle is stale: its invisibility passed, redelivery is due")
+            except DomainError as exc:
+                results.append(exc)
+                continue
+            if delivery.deadline_ms < deadline or (bring_forward and delivery.deadline_ms != deadline):
+                state.extend(handle.queue_id, handle.offset, delivery, deadline, ops)
+                touched[(state.group, state.topic)] = state
+            results.append(None)
+        for state in touched.values():
+            self.redelivery.schedule(state)
+        if ops:
+            await self.commits.write(ops)
+        return results, deadline
+
+    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
+        validation.check_group(group)
+        state, handle, delivery = self.resolve(topic, group, text)
+        return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
+
+    def unreadable(self, topic: str, group: str, text: str) -> None:
+        """A popped message whose stored payload does not parse: dead-lettered as it is, not answered (it would
+        fail every Pop it is in, and its healthy batch-mates would reach the DLQ with it)."""
+        try:
+            state, handle, delivery = self.resolve(topic, group, text)
+        except DomainError:
+            return
+        self.redelivery.to_dlq(state, handle.queue_id, handle.offset, delivery)
+
+
+def check_invisible(settings: BrokerSettings, invisible_ms: int) -> None:
+    s = settings
+    if not s.min_invisible_ms <= invisible_ms <= s.max_invisible_ms:
+        raise IllegalInvisibleTime(
+            f"invisible time {invisible_ms} ms is outside {s.min_invisible_ms}..{s.max_invisible_ms} ms"
+        )
+
+
+def check_handles(kind: str, group: str, handles: Sequence[str]) -> None:
+    """An Ack's or a Renew's group and its 1..MAX_HANDLES receipt handles."""
+    validation.check_group(group)
+    if not handles:
+        raise BadRequest(f"{kind} carries no receipt handle")
+    if len(handles) > validation.MAX_HANDLES:
+        raise IllegalBatchSize(f"{kind} carries {len(handles)} handles, at most {validation.MAX_HANDLES}")

@@ -1,0 +1,251 @@
+"""The Pop: a group takes the messages ready for it — redeliveries that are due first, then new messages from its
+pull offsets, spread fairly over the queues, behind FIFO and priority rules (`take_new`). Each is reserved as a
+delivery before anything is awaited, so concurrent Pops never share a message; the answer stays under the
+response size limit, and deliveries its caller never received are ready again at once, attempt count unchanged
+(`Pops.release`). With nothing ready a Pop is held (broker.longpoll) until a message it can take arrives or its
+poll time ends.
+
+Owned by the core, which checks the request's topic, group, filter and poll time first; it knows nothing of the
+core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from broker.acks import check_invisible
+from broker.clock import Clock
+from broker.commits import StateCommits
+from broker.filters import TagFilter
+from broker.groups import ConsumerGroups
+from broker.inflight import Delivery, GroupTopic
+from broker.log import QueueLog, TopicLog
+from broker.longpoll import HoldService, Kind, Outcome
+from broker.model import Popped, PopResult
+from broker.priority import take_prioritized
+from broker.readiness import Readiness, readable_end
+from broker.redelivery import PayloadReader, Redelivery
+from broker.settings import BrokerSettings
+from broker.store import DeleteInflight, Op, SetPullOffset, Store
+from popgate_contract.errors import DomainError, IllegalBatchSize
+from popgate_contract.receipt import ReceiptHandle, encode_handle
+
+
+class Pops:
+    def __init__(
+        self,
+        *,
+        settings: BrokerSettings,
+        topics: dict[str, TopicLog],
+        consumers: ConsumerGroups,
+        readiness: Readiness,
+        hold: HoldService,
+        redelivery: Redelivery,
+        commits: StateCommits,
+        payloads: PayloadReader,
+        resolve: Callable[[str, str, str], tuple[GroupTopic, ReceiptHandle, Delivery]],
+        clock: Clock,
+    ) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.topics = topics
+        self.consumers = consumers
+        self.readiness = readiness
+        self.hold = hold
+        self.redelivery = redelivery
+        self.commits = commits
+        self.payloads = payloads
+        self.resolve = resolve  # a receipt handle to the delivery it names (broker.acks)
+        self.clock = clock
+        self.messages_out: dict[tuple[str, str], int] = {}  # per (topic, group): messages delivered
+        self.first_out: dict[tuple[str, str], int] = {}  # per (topic, group): first deliveries (broker/metrics.py)
+
+    async def pop(
+        self, topic: str, group: str, tag_filter: TagFilter, max_messages: int, invisible_ms: int, poll_ms: int
+    ) -> PopResult:
+        """A Pop whose topic, group, filter and poll time the core checked (`BrokerCore._check_read`)."""
+        if max_messages < 1:
+            raise IllegalBatchSize(f"max messages {max_messages} is less than 1")
+        max_messages = min(max_messages, self.settings.max_pop_batch)  # fewer than asked is always an answer
+        check_invisible(self.settings, invisible_ms)
+        ops: list[Op] = []
+        state = self.consumers.reader(group, topic, tag_filter, ops)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + poll_ms / 1000
+        held = False
+        while True:
+            if state is not None:
+                popped = await self._pop_once(state, max_messages, invisible_ms, ops)
+                if popped:
+                    return PopResult(popped, held=held)
+                if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
+                    ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
+                    continue
+            ops = []
+            wait_s = deadline - loop.time()
+            outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, wait_s)
+            held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT))
+            if outcome is not Outcome.SERVED:
+                return PopResult([], polling_full=outcome is Outcome.FULL, held=held)
+            # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
+            # group may have replaced meanwhile (reading with that one would skip the message for the group).
+            state = self.consumers.reader(group, topic, tag_filter, ops)
+
+    async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
+        now = self.clock.now_ms()
+        picks = self.redelivery.take(state, now, want)
+        topic = self.topics.get(state.topic)
+        if topic is not None and len(picks) < want:
+            take_new(self.consumers, state, topic, want - len(picks), ops, picks)
+        if not picks:
+            if ops:
+                await self.commits.write(ops)
+            return []
+        assert topic is not None
+        deliveries = []
+        deadline = now + invisible_ms
+        for queue_id, offset, attempt in picks:
+            queue = topic.queues[queue_id]
+            fifo = queue.fifo is not None and queue.is_fifo(offset)
+            deliveries.append(
+                (queue_id, offset, state.start_delivery(queue_id, offset, attempt, deadline, ops, fifo=fifo))
+            )
+        self.redelivery.schedule(state)
+        committed = self.commits.commit(ops)
+        try:
+            payloads = await self.payloads(topic, [(q, o) for q, o, _ in picks])
+            await self.commits.record(committed)
+        except asyncio.CancelledError:  # the caller went away: nobody receives them
+            self._undo(state, deliveries)
+            raise
+        deliveries = self._fit(state, deliveries, payloads)
+        key = (state.topic, state.group)
+        self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
+        self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
+        return popped_messages(self.name, topic, deliveries, payloads)
+
+    def _fit(
+        self,
+        state: GroupTopic,
+        deliveries: list[tuple[int, int, Delivery]],
+        payloads: dict[tuple[int, int], bytes],
+    ) -> list[tuple[int, int, Delivery]]:
+        """Keep the answer under the response size limit; what does not fit is ready again at once, its
+        delivery undone (same attempt count next time)."""
+        total = 0
+        for i, (queue_id, offset, _) in enumerate(deliveries):
+            total += len(payloads[(queue_id, offset)]) + 256
+            if total > self.settings.max_pop_bytes and i > 0:
+                break
+        else:
+            return deliveries
+        self._undo(state, deliveries[i:])
+        return deliveries[:i]
+
+    def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
+        """Deliveries nobody received: ready again at once, with the attempt count they had before."""
+        now = self.clock.now_ms()
+        ops: list[Op] = []
+        for queue_id, offset, d in deliveries:
+            state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
+        self.commits.commit(ops)
+        self.redelivery.schedule(state)
+
+    def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
+        """A Pop answered after its caller had cancelled it (the cancel crossed the answer): its
+        messages were never received, so they are ready again at once, attempt count unchanged — not
+        hidden for their whole invisible time. Handles no longer current are skipped; how many were
+        released."""
+        undone: list[tuple[int, int, Delivery]] = []
+        state = None
+        for text in handles:
+            try:
+                state, handle, delivery = self.resolve(topic, group, text)
+            except DomainError:
+                continue
+            undone.append((handle.queue_id, handle.offset, delivery))
+        if state is not None and undone:
+            self._undo(state, undone)
+        return len(undone)
+
+
+def take_new(
+    consumers: ConsumerGroups,
+    state: GroupTopic,
+    topic: TopicLog,
+    want: int,
+    ops: list[Op],
+    picks: list[tuple[int, int, int]],
+) -> None:
+    """New messages from the pull offsets, spread fairly over the queues (rotating start), appended to `picks`
+    as (queue id, offset, attempt 1)."""
+    n = len(topic.queues)
+    start = state.next_queue
+    state.next_queue = (start + 1) % n
+    active = [topic.queues[(start + i) % n] for i in range(n)]
+    while want > 0 and active:
+        share = max(1, want // len(active))
+        still: list[QueueLog] = []
+        for queue in active:
+            if want <= 0:
+                break
+            gq = consumers.group_queue(state, queue, ops)
+            before = gq.pull_offset
+            end = readable_end(gq, queue)
+            if queue.priority is not None:
+                passed: list[int] = []
+                offsets = take_prioritized(queue, gq, state.filter, min(share, want), end, passed)
+                ops.extend(DeleteInflight(state.group, state.topic, queue.queue_id, o) for o in passed)
+            else:
+                offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
+                gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
+                gq.pull_offset = max(gq.pull_offset, before)
+            if gq.pull_offset != before:
+                ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
+            queue_id = queue.queue_id
+            picks.extend((queue_id, o, 1) for o in offsets)
+            want -= len(offsets)
+            if gq.pull_offset < end and offsets:
+                still.append(queue)
+        active = still
+
+
+async def read_payloads(store: Store, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+    out: dict[tuple[int, int], bytes] = {}
+    missing: dict[int, list[int]] = {}
+    for queue_id, offset in picks:
+        payload = topic.queues[queue_id].payloads.get(offset)
+        if payload is None:
+            missing.setdefault(queue_id, []).append(offset)
+        else:
+            out[(queue_id, offset)] = payload
+    if missing:  # one read of the store's for all the queues: one hop to its reading thread a Pop
+        found = await store.read_payloads(topic.name, missing)
+        for queue_id, offsets in missing.items():
+            for offset in offsets:
+                payload = found.get((queue_id, offset))
+                if payload is None:
+                    raise DomainError(f"message {topic.name}/{queue_id}/{offset} is missing from the store")
+                out[(queue_id, offset)] = payload
+    return out
+
+
+def popped_messages(
+    broker: str, topic: TopicLog, deliveries: list[tuple[int, int, Delivery]], payloads: dict[tuple[int, int], bytes]
+) -> list[Popped]:
+    """The answer's messages, in the order of `deliveries`, each with its receipt handle."""
+    name, queues = topic.name, topic.queues
+    return [
+        Popped(
+            name,
+            q,
+            o,
+            queues[q].store_ms_at(o),
+            payloads[(q, o)],
+            d.attempt,
+            encode_handle(broker, name, q, o, d.attempt, d.token, d.deadline_ms),
+            d.deadline_ms,
+        )
+        for q, o, d in deliveries
+    ]
