@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._wire import Credentials
+    from ._metadata import Credentials
     from .client import Producer, SimpleConsumer
     from .errors import (
         AckError,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .transactions import Checker, Transaction
 
 _HOME = {
-    "Credentials": "_wire",
+    "Credentials": "_metadata",
     "Producer": "client",
     "SimpleConsumer": "client",
     "Message": "message",

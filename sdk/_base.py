@@ -14,6 +14,8 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire
+from ._durations import duration
+from ._ids import MessageIds
 from ._transport import make_options
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
@@ -102,7 +104,7 @@ class ClientBase:
 
 
 class ProducerBase(ClientBase):
-    _ids = _wire.MessageIds()
+    _ids = MessageIds()
 
     def __init__(
         self, endpoint: str, *, checker: Checker | None = None, topics: Sequence[str] = (), **options: Unpack[Options]
@@ -244,8 +246,8 @@ class ConsumerBase(ClientBase):
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)
         self.batch = batch
-        self.invisible = _wire.duration("invisible", invisible, positive=True)
-        self.wait = _wire.duration("wait", wait)
+        self.invisible = duration("invisible", invisible, positive=True)
+        self.wait = duration("wait", wait)
         self._rotation = itertools.cycle(self.subscriptions)
         self._unyielded = Unyielded()
         # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive

@@ -11,7 +11,9 @@ import grpc
 from popgate_contract.validation import parse_host_port
 
 from . import errors
-from ._wire import CallMetadata, Credentials, duration, new_client_id
+from ._durations import duration
+from ._ids import new_client_id
+from ._metadata import CallMetadata, Credentials
 from .retry import RetryPolicy
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the gRPC message limit, both ways (a larger request: MessageBodyTooLarge)

@@ -1,4 +1,7 @@
-"""Sans-IO v2 protocol: request building, response reading, call metadata. No sockets, no grpc.
+"""Sans-IO v2 protocol: request building, response reading. No sockets, no grpc.
+
+The headers every call carries are in `_metadata`, client and message ids in `_ids`, duration checks in
+`_durations`.
 
 The sync and asyncio clients both do their I/O around these functions, so everything
 that decides *what* goes on the wire is tested once, without a server.
@@ -6,17 +9,7 @@ that decides *what* goes on the wire is tested once, without a server.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import itertools
-import math
-import os
-import secrets
-import socket
-import threading
 import time
-import uuid
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
@@ -25,136 +18,13 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from . import errors
+from ._durations import _deliver_at, _set_seconds, duration
+from ._ids import MessageIds
 from .message import Message, SendReceipt
 
-CLIENT_VERSION = "5.1.2-popgate"
 MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit
 MAX_SEND_BYTES = 8 * 1024 * 1024  # body bytes per SendMessage request
 SUCCESS = frozenset({v2.OK, v2.MULTIPLE_RESULTS})
-# The longest duration the SDK sends (delay, invisible, wait, request_timeout; deliver_at at most this far ahead).
-# Above every default server limit (popgate's and RocketMQ's proxies: delay 1 day, invisible 12 h, long polling
-# 20-30 s, clamped), with room for a server configured higher; far below what a protobuf Duration or a gRPC
-# deadline can carry (a timeout of ~1e10 s overflows grpc's deadline and fails at once with DEADLINE_EXCEEDED).
-MAX_DURATION_S = 7 * 24 * 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    """An access key / secret key pair for the v2 ``authorization`` header (MQv2-HMAC-SHA1).
-
-    Attributes:
-        access_key: Sent in clear as ``Credential=``.
-        secret_key: Never sent; keys the HMAC-SHA1 of the ``x-mq-date-time`` header.
-    """
-
-    access_key: str
-    secret_key: str
-
-    def __repr__(self) -> str:
-        return f"Credentials(access_key={self.access_key!r}, secret_key=***)"
-
-
-def signature(secret_key: str, date_time: str) -> str:
-    """Lower-case hex HMAC-SHA1 of the date header keyed with the secret (the official clients' algorithm)."""
-    return hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
-
-
-def authorization(credentials: Credentials, date_time: str) -> str:
-    sig = signature(credentials.secret_key, date_time)
-    return f"MQv2-HMAC-SHA1 Credential={credentials.access_key}, SignedHeaders=x-mq-date-time, Signature={sig}"
-
-
-_client_index = itertools.count()
-
-
-def new_client_id() -> str:
-    """``hostname@pid@index@base36(time_ns)`` as the official clients build it."""
-    n, digits = time.time_ns(), ""
-    while n:
-        n, r = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + digits
-    return f"{socket.gethostname()}@{os.getpid()}@{next(_client_index)}@{digits}"
-
-
-class CallMetadata:
-    """The headers every v2 call carries; the date (and so the signature) is recomputed once a second."""
-
-    def __init__(self, *, client_id: str, namespace: str = "", credentials: Credentials | None = None) -> None:
-        self._fixed = (
-            ("x-mq-language", "PYTHON"),
-            ("x-mq-protocol", "GRPC_V2"),
-            ("x-mq-client-version", CLIENT_VERSION),
-            ("x-mq-client-id", client_id),
-            ("x-mq-namespace", namespace),
-        )
-        self._credentials = credentials
-        self._second = -1
-        self._dated: tuple[tuple[str, str], ...] = ()
-
-    def __call__(self, now: float | None = None) -> tuple[tuple[str, str], ...]:
-        now = time.time() if now is None else now
-        second = int(now)
-        if second != self._second:
-            date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
-            dated: tuple[tuple[str, str], ...] = (("x-mq-date-time", date),)
-            if self._credentials is not None:
-                dated += (("authorization", authorization(self._credentials, date)),)
-            self._dated, self._second = dated, second
-        return (*self._fixed, *self._dated, ("x-mq-request-id", str(uuid.uuid4())))
-
-
-class MessageIds:
-    """Ids in the official clients' format: 01 + MAC + pid + seconds since 2021 + counter (34 hex).
-
-    The counter starts at a random value, and a forked child draws a new one (and takes its own pid):
-    a generator made at import time is shared by every worker a pre-forking server (gunicorn,
-    multiprocessing) forks, and those workers must not repeat each other's ids, since consumers
-    de-duplicate by id.
-    """
-
-    _EPOCH_2021 = 1609459200
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._restart()
-        _live_ids.add(self)
-
-    def _restart(self) -> None:
-        self._prefix = f"01{uuid.getnode():012X}{os.getpid() & 0xFFFF:04X}"
-        self._counter = itertools.count(secrets.randbits(32))
-
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()  # another thread of the parent may have held it at the fork
-        self._restart()
-
-    def __call__(self) -> str:
-        return self.many(1)[0]
-
-    def many(self, count: int) -> list[str]:
-        """`count` new ids, made in the same second."""
-        with self._lock:
-            counts = list(itertools.islice(self._counter, count))
-            prefix = self._prefix
-        head = f"{prefix}{(int(time.time()) - self._EPOCH_2021) & 0xFFFFFFFF:08X}"
-        return [f"{head}{n & 0xFFFFFFFF:08X}" for n in counts]
-
-
-_live_ids: weakref.WeakSet[MessageIds] = weakref.WeakSet()
-
-
-def _restart_ids_after_fork() -> None:
-    for ids in list(_live_ids):
-        ids._after_fork()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_restart_ids_after_fork)
-
-
-def _set_seconds(target: object, seconds: float) -> None:
-    _finite("a duration", seconds)
-    whole = int(seconds)
-    target.seconds, target.nanos = whole, int(round((seconds - whole) * 1e9))  # type: ignore[attr-defined]
 
 
 def _as_bytes(body: bytes | str) -> bytes:
@@ -170,31 +40,6 @@ def _as_bytes(body: bytes | str) -> bytes:
 def _as_keys(keys: Sequence[str] | str) -> tuple[str, ...]:
     """A str is one key (tuple("order-1") would be seven one-letter keys)."""
     return (keys,) if isinstance(keys, str) else tuple(keys)
-
-
-def _finite(name: str, value: float | None) -> None:
-    if value is not None and not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value}")
-
-
-def duration(name: str, seconds: float, *, positive: bool = False) -> float:
-    """`seconds` when the SDK can send it as the argument `name`: finite, >= 0 (> 0 if `positive`),
-    at most MAX_DURATION_S; else ValueError naming the argument."""
-    low_ok = seconds > 0 if positive else seconds >= 0
-    if not (low_ok and seconds <= MAX_DURATION_S):  # NaN fails both
-        low = "> 0" if positive else ">= 0"
-        raise ValueError(
-            f"{name} must be a finite number of seconds, {low} and <= {MAX_DURATION_S:.0f} (7 days), got {seconds}"
-        )
-    return seconds
-
-
-def _deliver_at(deliver_at: float, now: float) -> None:
-    if not 0 <= deliver_at <= now + MAX_DURATION_S:  # also refuses NaN
-        raise ValueError(
-            f"deliver_at must be a finite time in epoch seconds, at most 7 days ahead "
-            f"(<= {now + MAX_DURATION_S:.0f}), got {deliver_at}"
-        )
 
 
 def outgoing(

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from popgate import _wire as wire
+from popgate._metadata import CallMetadata, Credentials
 from popgate.cli.cluster import Child, Cluster, ClusterConfig, ClusterError
 
 READY_TIMEOUT_S = 30.0
@@ -105,7 +105,7 @@ groups = ["*"]
 
 def signed(access_key: str, secret_key: str) -> tuple[tuple[str, str], ...]:
     """The v2 metadata of a call signed with this account's key."""
-    return wire.CallMetadata(client_id="admin-test", credentials=wire.Credentials(access_key, secret_key))()
+    return CallMetadata(client_id="admin-test", credentials=Credentials(access_key, secret_key))()
 
 
 @contextlib.contextmanager

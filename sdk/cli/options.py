@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from popgate_contract.validation import parse_host_port
 from popgate_process.units import format_duration, format_size, parse_duration, parse_size
 
+from .._durations import MAX_DURATION_S
 from .._transport import MAX_MESSAGE_BYTES
-from .._wire import MAX_DURATION_S
 from ..client import SimpleConsumer
 
 if TYPE_CHECKING:

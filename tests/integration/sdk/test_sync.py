@@ -17,7 +17,7 @@ from popgate import (
     RetryPolicy,
     SimpleConsumer,
     Unavailable,
-    _wire,
+    _durations,
 )
 from tests.integration.sdk.conftest import LONG_INVISIBLE, Collector, drain, given_back_attempts, record_batches
 
@@ -86,7 +86,7 @@ def test_durations_must_be_finite(endpoint: str, bad: float) -> None:
 
 def test_the_longest_durations_reach_the_proxy_which_answers_its_own_limits(endpoint: str) -> None:
     topic, group = name("t"), name("g")
-    longest = _wire.MAX_DURATION_S  # a gRPC timeout of 7 days (+ wait): far from grpc's deadline overflow
+    longest = _durations.MAX_DURATION_S  # a gRPC timeout of 7 days (+ wait): far from grpc's deadline overflow
     with (
         Producer(endpoint, request_timeout=longest) as producer,
         SimpleConsumer(endpoint, group, topic, request_timeout=longest) as consumer,

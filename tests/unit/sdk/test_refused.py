@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from popgate import Message, Producer, SimpleConsumer, _wire, aio
+from popgate import Message, Producer, SimpleConsumer, _durations, _wire, aio
 from popgate.cli.main import main
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a refused argument must fail before any call is tried
-TOO_LONG = [_wire.MAX_DURATION_S + 1, 1e10, 1e20]  # 1e10 s overflows a gRPC deadline; 1e20 no protobuf can carry
+TOO_LONG = [_durations.MAX_DURATION_S + 1, 1e10, 1e20]  # 1e10 s overflows a gRPC deadline; 1e20 no protobuf can carry
 
 
 def received() -> Message:
@@ -46,7 +46,7 @@ def test_a_duration_too_long_to_send_is_refused_naming_the_argument(
 
 
 def test_the_longest_durations_are_accepted() -> None:
-    longest = _wire.MAX_DURATION_S
+    longest = _durations.MAX_DURATION_S
     consumer = SimpleConsumer(NOWHERE, "g", "t", wait=longest, invisible=longest, request_timeout=longest)
     request, timeout = consumer._receive_plan(None, None, None)
     assert request.long_polling_timeout.seconds == request.invisible_duration.seconds == int(longest)

@@ -16,13 +16,15 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import _wire, errors
+from popgate import _ids, _metadata, _wire, errors
 from popgate._base import ConsumerBase
 from popgate.message import Message, SendReceipt
 
 
 def test_authorization_header_is_the_official_mqv2_hmac_sha1() -> None:
-    meta = dict(_wire.CallMetadata(client_id="c", credentials=_wire.Credentials("AK", "SK"))(now=1_700_000_000.5))
+    meta = dict(
+        _metadata.CallMetadata(client_id="c", credentials=_metadata.Credentials("AK", "SK"))(now=1_700_000_000.5)
+    )
     assert meta["x-mq-date-time"] == "20231114T221320Z"
     expected = hmac.new(b"SK", b"20231114T221320Z", hashlib.sha1).hexdigest()
     assert meta["authorization"] == (
@@ -33,15 +35,15 @@ def test_authorization_header_is_the_official_mqv2_hmac_sha1() -> None:
 
 
 def test_no_credentials_no_authorization_header_and_request_ids_differ() -> None:
-    metadata = _wire.CallMetadata(client_id="c")
+    metadata = _metadata.CallMetadata(client_id="c")
     first, second = dict(metadata()), dict(metadata())
     assert "authorization" not in first
     assert first["x-mq-request-id"] != second["x-mq-request-id"]
-    assert "SK" not in repr(_wire.Credentials("AK", "SK"))
+    assert "SK" not in repr(_metadata.Credentials("AK", "SK"))
 
 
 def test_message_ids_have_the_official_format_and_are_unique() -> None:
-    ids = _wire.MessageIds()
+    ids = _ids.MessageIds()
     made = [ids() for _ in range(1000)]
     assert len(set(made)) == 1000
     assert all(re.fullmatch(r"01[0-9A-F]{32}", i) for i in made)
@@ -83,7 +85,7 @@ def test_generators_whose_pids_share_the_low_16_bits_start_apart() -> None:
     # Two processes whose pids differ by a multiple of 65536 (pid_max is 4194304 on current Linux) have
     # the same id prefix; the counter's random start keeps their ids apart. Two generators in one
     # process stand for them.
-    first, second = _wire.MessageIds(), _wire.MessageIds()
+    first, second = _ids.MessageIds(), _ids.MessageIds()
     assert first()[:18] == second()[:18]
     assert {first() for _ in range(100)}.isdisjoint(second() for _ in range(100))
 
@@ -136,7 +138,7 @@ def test_a_message_object_keeps_its_own_fields_over_the_call_options() -> None:
 
 
 def test_send_batches_split_by_count_and_bytes() -> None:
-    ids = _wire.MessageIds()
+    ids = _ids.MessageIds()
     small = [_wire.outgoing(b"x") for _ in range(2500)]
     assert [len(r.messages) for r in _wire.send_requests("t", small, ids)] == [1024, 1024, 452]
     big = [_wire.outgoing(b"x" * (3 * 1024 * 1024)) for _ in range(5)]
@@ -151,7 +153,7 @@ def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own()
         _wire.outgoing(b"high", priority=3),
         _wire.outgoing(b"plain again"),
     ]
-    ids = _wire.MessageIds()
+    ids = _ids.MessageIds()
     [request] = _wire.send_requests("orders", messages, ids, namespace="ns")
     sent = list(request.messages)
     for m in sent:
@@ -181,7 +183,7 @@ def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own()
 
 
 def test_send_receipts_and_errors() -> None:
-    request = _wire.send_requests("t", [_wire.outgoing(b"x")], _wire.MessageIds())[0]
+    request = _wire.send_requests("t", [_wire.outgoing(b"x")], _ids.MessageIds())[0]
     ok = v2.Status(code=v2.OK)
     response = pb.SendMessageResponse(status=ok, entries=[pb.SendResultEntry(status=ok, message_id="M", offset=7)])
     [receipt] = _wire.send_receipts("t", request, response)
