@@ -1,0 +1,98 @@
+"""The blocking clients' connection: their grpc channel, calls retried under the client's RetryPolicy with
+back-off, and close (a `with` block closes the client). `popgate.client.Producer` and `SimpleConsumer` build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self, TypeVar
+
+import grpc
+import grpc.experimental
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
+from popgate_pb.v2 import service_pb2 as pb
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
+
+from . import errors
+from ._base import ClientBase
+from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
+
+# The blocking clients log as `popgate.client`, the module they are imported from (tests/unit/sdk/test_acks.py).
+log = logging.getLogger("popgate.client")
+T = TypeVar("T")
+
+
+# ReceiveMessage streams one frame per message: a sync client reads them on the calling thread instead of
+# having grpc's channel thread hand each over (grpc's experimental channel option; its cost is in docs/SDK.md).
+_SYNC_OPTIONS = [*CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
+
+
+class _SyncClient(ClientBase):
+    def _open(self) -> None:
+        creds = channel_credentials(self.options)
+        target = self.options.endpoint
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, options=_SYNC_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(target, creds, options=_SYNC_OPTIONS)
+        self._stub = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._ext = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _retrying(self, op: Callable[[], T], *, forever: bool = False) -> T:
+        delays = self.options.retry.delays(forever=forever)
+        while True:
+            try:
+                try:
+                    return op()
+                except (grpc.RpcError, ValueError) as exc:  # ValueError: a call on a channel closed meanwhile
+                    if self._closed:
+                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                    if not isinstance(exc, grpc.RpcError):
+                        raise
+                    raise convert(exc, tls=self.options.tls) from None
+            except errors.PopgateError as exc:
+                delay = next(delays, None) if exc.retriable and not self._closed else None
+                if delay is None:
+                    raise
+                log.debug("retrying in %.3f s after %s", delay, exc)
+                self._back_off(delay, exc)
+
+    def _back_off(self, delay: float, exc: errors.PopgateError) -> None:
+        """Wait ``delay`` seconds before a retry. After an Unavailable, a Heartbeat that waits for the channel
+        (up to the delay) keeps it polled meanwhile: on grpc's poller I/O a sync channel's reconnect timers run
+        only while a call polls it, so a producer reaches a restarted proxy within its retries
+        (tests/integration/sdk/test_restarts.py::test_a_producer_reconnects_to_a_restarted_proxy_within_its_retries).
+        The retry still waits out its delay."""
+        ends = time.monotonic() + delay
+        if isinstance(exc, errors.Unavailable):
+            with contextlib.suppress(grpc.RpcError, ValueError):  # not ready in time, or closed meanwhile
+                self._stub.Heartbeat(
+                    pb.HeartbeatRequest(), timeout=delay, metadata=self._metadata(), wait_for_ready=True
+                )
+        time.sleep(max(0.0, ends - time.monotonic()))
+
+    def close(self) -> None:
+        """Close the connection; calls in progress end with an error (a consumer's iteration just stops, after
+        giving back the messages it had not yielded yet)."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self._closing()
+            finally:
+                self._channel.close()
+
+    def _closing(self) -> None:
+        """What to do between marking the client closed and closing its channel."""
+
+    def __enter__(self) -> Self:
+        """The client itself; leaving the ``with`` block closes it."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,237 @@
+"""The blocking SimpleConsumer (users import it from `popgate` or `popgate.client`): receive and iterate, ack
+(waited for or in the background), nack, forward to the DLQ, and give back what an iteration did not yield.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+
+import grpc
+from popgate_pb.v2 import service_pb2 as pb
+
+from . import _resend, _wire, errors
+from ._acks import ThreadAcks
+from ._base import ConsumerBase, log_give_back_failures
+from ._sync_client import _SyncClient
+from .message import Message
+
+# The blocking clients log as `popgate.client`, the module they are imported from (tests/unit/sdk/test_acks.py).
+log = logging.getLogger("popgate.client")
+
+
+class SimpleConsumer(ConsumerBase, _SyncClient):
+    """Receives messages of a consumer group; you ack each one (or nack it, or forward it to the DLQ).
+
+    A received message stays invisible to the group for ``invisible`` seconds; unless acked
+    by then it is delivered again with ``attempt + 1``. Iterating (``for msg in consumer``)
+    long-polls forever, retrying transient failures (proxy or broker restarts) with back-off;
+    it ends when the consumer is closed. An iteration left early (``break``, an error in the loop's
+    body, the consumer closed) gives back the messages of its batch it had not yielded yet: ready
+    again at once, with ``attempt + 1`` (a nack with delay 0; best effort, at most 1 s).
+
+    Args:
+        endpoint: The proxy's ``HOST:PORT``.
+        group: Consumer group name.
+        subscriptions: ``{topic: filter}`` where filter is ``"*"`` or tags ``"a || b"``; or topic names.
+            Several topics are polled in turn, one per receive.
+        batch: Default ``max`` for `receive` and for iteration (1..32).
+        invisible: Default invisibility, seconds (a popgate or RocketMQ proxy accepts 10 s .. 12 h).
+        wait: Default long-polling time, seconds. Iteration long-polls at least 1 s per receive (``wait=0``
+            would make it a busy loop); a held receive still answers as soon as a message comes.
+        access_key, secret_key, tls, namespace, request_timeout, retry: As for `Producer`.
+    """
+
+    def receive(
+        self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
+    ) -> list[Message]:
+        """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; ``[]`` when none came.
+
+        Args:
+            max: At most this many messages (1..32).
+            invisible: Seconds the messages stay invisible to the group unless acked.
+            wait: Long-polling time, seconds (0: answer at once).
+        """
+        return self._retrying(lambda: self._receive_once(max, invisible, wait))
+
+    def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+        request, timeout = self._receive_plan(max, invisible, wait)
+        metadata = self._metadata()
+        if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
+            try:
+                messages = _wire.received(self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+            except grpc.RpcError as exc:
+                if not self._batch_unimplemented(exc):
+                    raise
+            else:
+                self._batch_receive = True
+                return messages
+        return _wire.received(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages as they come, long-polling forever (transient failures retried without end); ends when the
+        client is closed. Messages received but not yet yielded when the loop ends are given back at once."""
+        while not self._closed:
+            try:
+                batch = self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
+            except errors.PopgateError:
+                if self._closed:
+                    return
+                raise
+            key = self._unyielded.start(batch)
+            try:
+                while not self._closed and (message := self._unyielded.next(key)) is not None:
+                    yield message
+            finally:  # also at `break` (the generator closed), an error in the loop's body, or close()
+                self._give_back(self._unyielded.end(key))
+
+    def _open(self) -> None:
+        super()._open()
+        self._unwaited = ThreadAcks(log)
+
+    def close(self) -> None:
+        """Close the connection, once the acks not waited for have ended (at most 10 s); see `_SyncClient.close`."""
+        try:
+            if not self._closed:
+                self._unwaited.stop()
+        finally:
+            super().close()
+
+    def _closing(self) -> None:
+        self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+
+    def _give_back(self, messages: list[Message]) -> None:
+        """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than
+        invisible for ``invisible`` seconds. Best effort: one attempt each, all at once, at most
+        GIVE_BACK_TIMEOUT_S; a failure is logged at DEBUG (that message comes back after ``invisible``)."""
+        if not messages or sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
+            return
+        timeout = self._give_back_timeout
+        try:
+            calls = [
+                self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
+                for request in self._give_back_plan(messages)
+            ]
+        except ValueError:  # grpc's "channel closed": close() from another thread
+            return
+        log_give_back_failures(log, [call.exception() or call.result() for call in calls])
+
+    def ack(self, message: Message, *, wait: bool = True) -> None:
+        """Acknowledge one message: it is consumed and never delivered again.
+
+        Transient failures (UNAVAILABLE, TOO_MANY_REQUESTS, broker failover, timeouts) are retried under
+        the client's `RetryPolicy`. A re-sent ack answered with a stale handle counts as acked: the broker
+        refuses a handle it already acked, so that answer means an earlier attempt whose reply was lost
+        did the ack. After a broker crash that answer may mean the opposite (the restarted broker lost the
+        ack, or the delivery itself): then a normal return is followed by one more delivery of the message
+        (at least once, docs/SDK.md "Errors and retries").
+
+        Args:
+            message: A message this consumer received.
+            wait: False: return at once and let the ack go on in the background, as NATS's ``msg.ack()`` or
+                RocketMQ's ``ackAsync`` (docs/SDK.md "Consume"): a failure is logged at WARNING and the message
+                comes again after its invisible time. At most 64 such ack calls are queued or under way per
+                consumer (one more waits for one of them); `close` waits for them, at most 10 s.
+
+        Raises:
+            InvalidReceiptHandle: The handle is stale (redelivered since, or already acked); only when waiting.
+            Unavailable: With ``wait=False``, the consumer is closed (or closing).
+        """
+        if not wait:
+            self.ack_many([message], wait=False)
+            return
+        failures = self._ack(self._ack_plan([message]))
+        if failures:
+            raise failures[0][1]
+
+    def ack_many(self, messages: Iterable[Message], *, wait: bool = True) -> None:
+        """Acknowledge many messages in as few AckMessage calls as possible (one per topic and 1024).
+
+        Entries that fail with a retriable error are re-sent alone, as `ack` retries.
+
+        Args:
+            messages: Messages this consumer received.
+            wait: False: return at once and let the acks go on in the background, as `ack` says.
+
+        Raises:
+            AckError: Some messages were not acked; ``failures`` lists them with their errors. Only when waiting.
+            Unavailable: With ``wait=False``, the consumer is closed (or closing).
+        """
+        plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not
+        if not wait:
+            self._unwaited.start(lambda: self._ack(plan), sum(len(r.entries) for r in plan))
+            return
+        failures = self._ack(plan)
+        if failures:
+            raise errors.AckError(failures)
+
+    def _ack(self, plan: list[pb.AckMessageRequest]) -> list[tuple[str, errors.PopgateError]]:
+        failures: list[tuple[str, errors.PopgateError]] = []
+        for request in plan:
+            failures += self._ack_request(_resend.PendingAck(request))
+        return failures
+
+    def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
+        def op() -> list[tuple[str, errors.PopgateError]]:
+            request = pending.next_request()
+            response = self._stub.AckMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
+            return pending.read(response)
+
+        try:
+            return self._retrying(op)
+        except errors.PopgateError as exc:
+            return pending.given_up(exc)
+
+    def nack(self, message: Message, delay: float = 0.0) -> Message:
+        """Give a message back: it is delivered again after ``delay`` seconds (ChangeInvisibleDuration).
+
+        The message's ``receipt_handle`` is replaced by the new one (also returned). Transient failures
+        are retried as for `ack`.
+
+        Args:
+            message: A message this consumer received.
+            delay: Seconds until it is delivered again (0: at once).
+
+        Returns:
+            The same message, with its new receipt handle.
+
+        Raises:
+            InvalidReceiptHandle: The handle was stale at the first attempt.
+            Timeout: Not retriable: the outcome is unknown. An attempt failed in a way that may have
+                reached the broker, and the retry found the handle already replaced, most likely by that
+                attempt; the message will be delivered again after ``delay``, but the new handle was lost.
+        """
+        request = _wire.change_invisible_request(self.group, message, delay, namespace=self.options.namespace)
+        attempts = itertools.count(1)
+
+        def op() -> str:
+            resent = next(attempts) > 1
+            response = self._stub.ChangeInvisibleDuration(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            return _resend.new_handle(response, resent=resent)
+
+        message.receipt_handle = self._retrying(op)
+        return message
+
+    def forward_to_dlq(self, message: Message) -> None:
+        """Move a message to the group's dead-letter topic ``%DLQ%<group>`` now.
+
+        Retried as `ack` is; a re-send answered with a stale handle counts as forwarded.
+
+        Args:
+            message: A message this consumer received.
+        """
+        request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
+        attempts = itertools.count(1)
+
+        def op() -> None:
+            resent = next(attempts) > 1
+            response = self._stub.ForwardMessageToDeadLetterQueue(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _resend.dead_lettered(response, resent=resent)
+
+        self._retrying(op)
