@@ -1,0 +1,142 @@
+"""The asyncio clients' connection: their grpc channel, made in the event loop of first use, the proxy's
+Session stream where it serves one, calls retried under the client's RetryPolicy, and close (an `async with`
+block closes the client). `popgate.aio.Producer` and `SimpleConsumer` build on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
+from popgate_pb.v2 import service_pb2_grpc as pb_grpc
+
+from . import _session, errors
+from ._base import ClientBase
+from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
+
+# The asyncio clients log as `popgate.aio`, the module they are imported from (tests/unit/sdk/test_ack_nowait.py).
+log = logging.getLogger("popgate.aio")
+T = TypeVar("T")
+
+
+class _AsyncClient(ClientBase):
+    _channel: grpc.aio.Channel | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    # The proxy's Session stream (sdk/_session.py), opened on first use; whether the proxy serves one: None until
+    # a request tells, False once it answered UNIMPLEMENTED (then the unary RPCs serve every request).
+    _session: _session.Session | None = None
+    _session_served: bool | None = None
+
+    @property
+    def _stub(self) -> Any:
+        # The channel binds to the running loop, so it is made on first use inside it.
+        loop = asyncio.get_running_loop()
+        if self._channel is not None and self._loop is not None and self._loop is not loop:
+            if not self._loop.is_closed():
+                raise RuntimeError(
+                    "an popgate.aio client works in the event loop it was first used in, and that loop is not "
+                    "closed: make one client per event loop"
+                )
+            # Its first loop is closed (asyncio.run again, a test per loop): that channel died with it.
+            self._channel = self._session = None
+        if self._channel is None:
+            if self._closed:
+                raise errors.Unavailable("the client is closed", retriable=False)
+            creds = channel_credentials(self.options)
+            target = self.options.endpoint
+            if creds is None:
+                self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+            self._stub_ = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._ext_stub_ = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
+            self._loop = loop
+        return self._stub_
+
+    def _orphaned(self, messages: list[Any]) -> None:
+        """Messages of a receive's answer nobody waits for any more (the consumer gives them back)."""
+
+    async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
+        """The answer to `request` over the Session stream (a receive's: its frames); None when the proxy serves
+        no Session (the caller then makes its unary call: nothing was served). A lost stream raises a retriable
+        Unavailable and the next request opens a new one — tests/integration/sdk/test_session.py."""
+        if self._session_served is False:
+            return None
+        _ = self._stub  # the channel, made in this loop (Unavailable once the client is closed)
+        session = self._session
+        if session is None or session.broken is not None:
+            assert self._channel is not None
+            convert_ = functools.partial(convert, tls=self.options.tls)
+            session = self._session = _session.Session(self._channel, self._metadata(), convert_, self._orphaned)
+        try:
+            answer = await session.request(kind, request, within_s)
+        except _session.Unimplemented:
+            log.info("%s serves no Session stream: using the unary RPCs", self.options.endpoint)
+            self._session_served = False
+            return None
+        self._session_served = True
+        return answer
+
+    @property
+    def _ext_stub(self) -> Any:
+        """popgate's extensions (proto/ext/messaging.proto), on the same channel."""
+        _ = self._stub  # the channel, made in this loop
+        return self._ext_stub_
+
+    async def _retrying(self, op: Callable[[], Awaitable[T]], *, forever: bool = False) -> T:
+        delays = self.options.retry.delays(forever=forever)
+        while True:
+            try:
+                try:
+                    return await op()
+                except grpc.RpcError as exc:
+                    if self._closed:
+                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                    raise convert(exc, tls=self.options.tls) from None
+                except asyncio.CancelledError:
+                    # Closing the channel cancels its calls; only a cancellation of *this* task propagates.
+                    task = asyncio.current_task()
+                    if self._closed and task is not None and not task.cancelling():
+                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                    raise
+            except errors.PopgateError as exc:
+                delay = next(delays, None) if exc.retriable and not self._closed else None
+                if delay is None:
+                    raise
+                log.debug("retrying in %.3f s after %s", delay, exc)
+                await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        """Close the connection; calls in progress are cancelled (a consumer's iteration just stops, after giving
+        back the messages it had not yielded yet, and give-backs of cancelled receives end first)."""
+        try:
+            if not self._closed:
+                self._closed = True
+                if self._channel is not None:
+                    await self._closing()
+        finally:
+            if self._session is not None:
+                session, self._session = self._session, None
+                await session.close()
+            if self._channel is not None:
+                channel, self._channel = self._channel, None
+                if self._loop is None or not self._loop.is_closed():  # else it died with its loop
+                    await channel.close()
+
+    async def _closing(self) -> None:
+        """What to do between marking the client closed and closing its channel."""
+
+    async def __aenter__(self) -> Self:
+        """The client itself; leaving the ``async with`` block closes it."""
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

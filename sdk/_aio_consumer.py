@@ -1,0 +1,231 @@
+"""The asyncio SimpleConsumer (users import it from `popgate.aio`): receive and iterate (``async for``), ack
+(waited for or in the background), nack, forward to the DLQ, and give back what an iteration did not yield or a
+cancelled receive had read, in tasks that `close` and the loop's shutdown wait for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Any
+
+import grpc
+from popgate_pb.v2 import service_pb2 as pb
+
+from . import _resend, _wire, errors
+from ._acks import AsyncAcks
+from ._aio_client import _AsyncClient
+from ._base import ConsumerBase, log_give_back_failures
+from .message import Message
+
+# The asyncio clients log as `popgate.aio`, the module they are imported from (tests/unit/sdk/test_ack_nowait.py).
+log = logging.getLogger("popgate.aio")
+
+
+class SimpleConsumer(ConsumerBase, _AsyncClient):
+    """asyncio SimpleConsumer; arguments and behaviour as `sdk.SimpleConsumer` (``async for`` iterates).
+
+    A `receive` cancelled while its answer comes in gives back the messages it had read, in a task of its
+    own that `close` (and the end of `asyncio.run`) waits for.
+    """
+
+    async def receive(
+        self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
+    ) -> list[Message]:
+        """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; see `sdk.SimpleConsumer.receive`."""
+        return await self._retrying(lambda: self._receive_once(max, invisible, wait))
+
+    async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+        request, timeout = self._receive_plan(max, invisible, wait)
+        # Cancelled while its answer comes in, a receive on the Session stream gives back what it had read and what
+        # still comes (`_orphaned`); on the RPCs, `_read` does.
+        frames = await self._over_session("receive", request, timeout)
+        if frames is not None:
+            self._batch_receive = True
+            return _wire.received(frames)
+        metadata = self._metadata()
+        if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
+            try:
+                messages = await self._read(self._ext_stub.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+            except grpc.RpcError as exc:
+                if not self._batch_unimplemented(exc):
+                    raise
+            else:
+                self._batch_receive = True
+                return messages
+        return await self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+
+    async def _read(self, call: AsyncIterator[Any]) -> list[Message]:
+        """The messages of a receive's answer (either framing)."""
+        frames: list[Any] = []
+        try:
+            async for frame in call:
+                frames.append(frame)
+        except asyncio.CancelledError:
+            # Cancelled mid-answer: the messages read so far reach no one; give them back in the background (this
+            # task is being cancelled) rather than leave them invisible for `invisible`.
+            await self._give_back_later(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
+            raise
+        return _wire.received(frames)
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        """Messages as they come, long-polling forever (``async for``); see `sdk.SimpleConsumer.__iter__`."""
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Message]:
+        while not self._closed:
+            try:
+                batch = await self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
+            except errors.PopgateError:
+                if self._closed:
+                    return
+                raise
+            key = self._unyielded.start(batch)
+            try:
+                while not self._closed and (message := self._unyielded.next(key)) is not None:
+                    yield message
+            finally:  # also at `break` (the generator is closed: aclose()), an error in the loop's body, or close()
+                await self._give_back(self._unyielded.end(key))
+
+    async def _closing(self) -> None:
+        await self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+        await self._given_back()
+        if self._shutdown_guard is not None:
+            await self._shutdown_guard.aclose()
+
+    def _open(self) -> None:
+        # No connection yet (made on first use, inside the loop): only the give-backs and the acks not waited for
+        # running in the background.
+        self._giving_back: set[asyncio.Future[None]] = set()
+        self._unwaited = AsyncAcks(log)
+        self._shutdown_guard: AsyncGenerator[None, None] | None = None
+
+    async def close(self) -> None:
+        """Close the connection, once the acks not waited for have ended (at most 10 s); see `_AsyncClient.close`."""
+        try:
+            if not self._closed:
+                await self._unwaited.stop()
+        finally:
+            await super().close()
+
+    async def _give_back_later(self, messages: list[Message]) -> None:
+        """`_give_back` in a task of its own (the caller is being cancelled), held until done and awaited by
+        `close` and by the loop's shutdown."""
+        if not messages or self._closed:
+            return
+        task = asyncio.ensure_future(self._give_back(messages))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+        if self._shutdown_guard is None:
+            self._shutdown_guard = self._awaited_at_shutdown()
+            await anext(self._shutdown_guard)  # runs to its `yield` at once: no suspension in a cancelled task
+
+    async def _awaited_at_shutdown(self) -> AsyncGenerator[None, None]:
+        # asyncio.run cancels the loop's tasks, then closes every open async generator (loop.shutdown_asyncgens),
+        # then closes the loop. A give-back started by a task it cancelled is not among those tasks, and a closed
+        # loop would destroy it pending ("Task was destroyed but it is pending!"); this generator, open from the
+        # first give-back on, has the shutdown wait for them.
+        try:
+            yield
+        finally:
+            await self._given_back()
+
+    async def _given_back(self) -> None:
+        """Wait for the give-backs running in the background (each ends within its deadline)."""
+        if self._giving_back:
+            await asyncio.wait(self._giving_back)
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Make received messages that nobody will handle ready again at once; see `sdk.SimpleConsumer._give_back`."""
+        if not messages:
+            return
+        if self._channel is None:  # closed, or never connected
+            return
+        timeout = self._give_back_timeout
+        calls = [self._change_invisible(request, timeout) for request in self._give_back_plan(messages)]
+        # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure too.
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        log_give_back_failures(log, answers)
+
+    def _orphaned(self, messages: list[Any]) -> None:
+        if not self._closed:  # once closed, the proxy gives back what the closed stream left unanswered
+            task = asyncio.ensure_future(self._give_back_later([_wire.from_v2(m) for m in messages]))
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
+
+    async def _change_invisible(
+        self, request: pb.ChangeInvisibleDurationRequest, within_s: float
+    ) -> pb.ChangeInvisibleDurationResponse:
+        response = await self._over_session("change_invisible", request, within_s)
+        if response is None:
+            response = await self._stub.ChangeInvisibleDuration(request, timeout=within_s, metadata=self._metadata())
+        return response  # type: ignore[no-any-return]
+
+    async def ack(self, message: Message, *, wait: bool = True) -> None:
+        """Acknowledge one message; see `sdk.SimpleConsumer.ack`."""
+        if not wait:
+            await self.ack_many([message], wait=False)
+            return
+        failures = await self._ack(self._ack_plan([message]))
+        if failures:
+            raise failures[0][1]
+
+    async def ack_many(self, messages: Iterable[Message], *, wait: bool = True) -> None:
+        """Acknowledge many messages in batched calls; see `sdk.SimpleConsumer.ack_many`."""
+        plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not
+        if not wait:
+            await self._unwaited.start(lambda: self._ack(plan), sum(len(r.entries) for r in plan))
+            return
+        failures = await self._ack(plan)
+        if failures:
+            raise errors.AckError(failures)
+
+    async def _ack(self, plan: list[pb.AckMessageRequest]) -> list[tuple[str, errors.PopgateError]]:
+        pending = [_resend.PendingAck(request) for request in plan]
+        if len(pending) == 1:  # no task for the one call of most acks
+            return await self._ack_request(pending[0])
+        results = await asyncio.gather(*(self._ack_request(one) for one in pending))
+        return [failure for chunk in results for failure in chunk]
+
+    async def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
+        async def op() -> list[tuple[str, errors.PopgateError]]:
+            request = pending.next_request()
+            timeout = self.options.request_timeout
+            response = await self._over_session("ack", request, timeout)
+            if response is None:
+                response = await self._stub.AckMessage(request, timeout=timeout, metadata=self._metadata())
+            return pending.read(response)
+
+        try:
+            return await self._retrying(op)
+        except errors.PopgateError as exc:
+            return pending.given_up(exc)
+
+    async def nack(self, message: Message, delay: float = 0.0) -> Message:
+        """Deliver the message again after ``delay`` seconds, replacing its handle; see `sdk.SimpleConsumer.nack`."""
+        request = _wire.change_invisible_request(self.group, message, delay, namespace=self.options.namespace)
+        attempts = itertools.count(1)
+
+        async def op() -> str:
+            resent = next(attempts) > 1
+            response = await self._change_invisible(request, self.options.request_timeout)
+            return _resend.new_handle(response, resent=resent)
+
+        message.receipt_handle = await self._retrying(op)
+        return message
+
+    async def forward_to_dlq(self, message: Message) -> None:
+        """Move the message to ``%DLQ%<group>`` now; see `sdk.SimpleConsumer.forward_to_dlq`."""
+        request = _wire.dlq_request(self.group, message, namespace=self.options.namespace)
+        attempts = itertools.count(1)
+
+        async def op() -> None:
+            resent = next(attempts) > 1
+            response = await self._stub.ForwardMessageToDeadLetterQueue(
+                request, timeout=self.options.request_timeout, metadata=self._metadata()
+            )
+            _resend.dead_lettered(response, resent=resent)
+
+        await self._retrying(op)
