@@ -41,8 +41,9 @@ class _H2Connection(h2.connection.H2Connection):
 
     def _receive_frame(self, frame: hyperframe.frame.Frame) -> list[Any]:
         """h2's own, less its trace log, for which h2 builds every frame's repr even when nothing logs: the hex of a
-        whole DATA frame's bytes, then cut to 20 characters (60 % of the time h2 takes to receive a 16 KB frame).
-        A frame on a stream that is closed is answered as h2 answers it (RST_STREAM, or a connection error)."""
+        whole DATA frame's bytes, then cut to 20 characters. A frame on a stream that is closed is answered as h2
+        answers it, RST_STREAM or a connection error
+        (test_h2grpc_raw.py::test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_call)."""
         try:
             frames, events = self._frame_dispatch_table[frame.__class__](frame)
         except h2.exceptions.StreamClosedError as exc:
