@@ -16,7 +16,7 @@ from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import H2Server
 from popgate_process.h2grpc.connection import RESET_BURST
-from tests.integration.process.test_h2grpc import Handlers, served, server  # noqa: F401  (the fixture)
+from tests.integration.process.h2grpc_served import Handlers, started
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,7 +83,7 @@ def answer(frames: Frames, stream_id: int) -> tuple[bytes, dict[bytes, bytes]]:
 
 
 async def test_a_client_going_away_still_gets_its_running_calls_answered(
-    server: tuple[H2Server, Handlers, str],  # noqa: F811
+    server: tuple[H2Server, Handlers, str],
 ) -> None:
     """A client's GOAWAY (Node.js's grpc-js sends one as it closes) ends no call it had started."""
     _, handlers, target = server
@@ -110,7 +110,7 @@ async def cancel_calls(client: h2.connection.H2Connection, n: int) -> int:
 
 
 async def test_a_client_that_floods_resets_loses_its_connection(
-    server: tuple[H2Server, Handlers, str],  # noqa: F811
+    server: tuple[H2Server, Handlers, str],
 ) -> None:
     """A "rapid reset" flood (open a call, cancel it, again, CVE-2023-44487): past the allowance the server says
     ENHANCE_YOUR_CALM and closes the connection. Other clients are served."""
@@ -127,7 +127,7 @@ async def test_a_client_that_floods_resets_loses_its_connection(
 
 
 async def test_a_client_cancelling_calls_within_the_allowance_keeps_its_connection(
-    server: tuple[H2Server, Handlers, str],  # noqa: F811
+    server: tuple[H2Server, Handlers, str],
 ) -> None:
     """Cancelling many held calls at once, as a client closing with its receives held does, is no flood."""
     _, _, target = server
@@ -145,7 +145,7 @@ async def test_a_client_cancelling_calls_within_the_allowance_keeps_its_connecti
 
 
 async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_call(
-    server: tuple[H2Server, Handlers, str],  # noqa: F811
+    server: tuple[H2Server, Handlers, str],
 ) -> None:
     """The server answered and reset a call its client was still sending on; the client's late trailers on it get
     a RST_STREAM (STREAM_CLOSED, as h2 answers them) and the connection serves its next call."""
@@ -168,18 +168,10 @@ async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_c
     assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
 
 
-async def keepalive_server(handlers: Handlers) -> tuple[H2Server, str]:
-    h2server = H2Server(max_calls=10, max_receive_bytes=1024, keepalive_s=0.1, keepalive_timeout_s=0.3)
-    h2server.add_generic_rpc_handlers((served(handlers),))
-    port = await h2server.bind("127.0.0.1", 0)
-    await h2server.start()
-    return h2server, f"127.0.0.1:{port}"
-
-
 async def test_a_client_that_answers_no_ping_loses_its_connection() -> None:
     """A client gone without closing (its host down, its process stopped) answers nothing: after a silent
     keepalive period and an unanswered PING the server closes the connection, and its calls go with it."""
-    h2server, target = await keepalive_server(Handlers())
+    h2server, _, target = await started(max_calls=10, keepalive_s=0.1, keepalive_timeout_s=0.3)
     try:
         peer = await connected(target)
         peer.client.send_headers(1, headers(b"/t.S/held"))
@@ -194,8 +186,7 @@ async def test_a_client_that_answers_no_ping_loses_its_connection() -> None:
 
 
 async def test_a_client_answering_pings_keeps_its_connection_and_its_held_call() -> None:
-    handlers = Handlers()
-    h2server, target = await keepalive_server(handlers)
+    h2server, handlers, target = await started(max_calls=10, keepalive_s=0.1, keepalive_timeout_s=0.3)
     try:
         async with grpc.aio.insecure_channel(target) as channel:
             call = channel.unary_unary("/t.S/held")(b"", timeout=30)
