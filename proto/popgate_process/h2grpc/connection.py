@@ -107,6 +107,7 @@ class Connection(asyncio.Protocol):
         self._heard = True  # the client sent something since the last keepalive check
         self._pinged = False  # a keepalive PING is out, unanswered
         self._keepalive: asyncio.TimerHandle | None = None
+        self.lost: asyncio.Future[None] = self._loop.create_future()  # done once the connection is closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -123,6 +124,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
         self._transport = None
+        if not self.lost.done():
+            self.lost.set_result(None)
         if self._keepalive is not None:
             self._keepalive.cancel()
         for stream in list(self.streams.values()):
@@ -333,6 +336,11 @@ class Connection(asyncio.Protocol):
         self._flush()
         if self._transport is not None:
             self._transport.write(frame.serialize())
+
+    def abort(self) -> None:
+        """Close now, dropping what is queued."""
+        if self._transport is not None:
+            self._transport.abort()
 
     def close(self) -> None:
         """Close once what is queued is written (the last statuses of a graceful stop included)."""

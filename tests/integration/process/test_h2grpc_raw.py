@@ -9,6 +9,7 @@ import asyncio
 import grpc
 import h2.config
 import h2.connection
+import h2.settings
 import hpack
 import hyperframe.frame
 import pytest
@@ -195,3 +196,26 @@ async def test_a_client_answering_pings_keeps_its_connection_and_its_held_call()
             assert await call == b"released"
     finally:
         await h2server.stop(None)
+
+
+async def test_a_stopped_server_has_closed_every_connection_even_one_that_reads_nothing() -> None:
+    """`stop` returns once every connection is closed: an idle one at once, one whose client reads none of what
+    is queued for it after a bound (aborted). Nothing is left for the loop's end to find open."""
+    h2server, handlers, target = await started(max_calls=10)
+    idle = await connected(target)
+    idle.send()
+    stuck = await connected(target)
+    stuck.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    stuck.client.increment_flow_control_window(2**31 - 1 - 65535)
+    stuck.client.send_headers(1, headers(b"/t.S/flood"))
+    stuck.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+    stuck.send()  # then reads nothing: the server's socket and write buffer fill
+    sent = -1
+    while handlers.sent != sent:
+        sent = handlers.sent
+        await asyncio.sleep(0.3)
+    await h2server.stop(None)
+    assert not h2server.connections
+    await idle.read()  # to the end: closed
+    idle.writer.close()
+    stuck.writer.close()
