@@ -29,6 +29,7 @@ from popgate_process.h2grpc.stream import Stream
 
 log = logging.getLogger(__name__)
 
+RECEIVE_BUFFER = 256 << 10  # the most one read takes from a connection's socket, as asyncio's own reads
 UNKNOWN_CONTENT = 2  # grpc's UNKNOWN, for a request that is not gRPC's
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 7200.0, 20.0  # grpc-core's server defaults (keepalive_time, keepalive_timeout)
 
@@ -59,6 +60,8 @@ class H2Server:
         self.connections: set[Connection] = set()
         self.calls = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        # every connection's reads land here and are copied out at once: one loop, one read at a time
+        self.inbox = memoryview(bytearray(RECEIVE_BUFFER))
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         self._generic.extend(handlers)
