@@ -19,7 +19,6 @@ from rich.table import Table
 
 from .. import aio, errors
 from .._transport import MAX_MESSAGE_BYTES
-from .commands import check_in_memory
 from .options import (
     NON_NEGATIVE_INT,
     POSITIVE,
@@ -34,6 +33,7 @@ from .options import (
 )
 from .output import error_console, explain, print_json, print_table, progress
 from .proxy_admin import ProxyAdmin, ProxyAdminError
+from .sending import check_in_memory
 
 STAMP = struct.Struct("<Q")  # send time (time.monotonic_ns) in the first 8 body bytes
 # One consumer group for every run: a run on a reused --topic goes on where the last one stopped instead of

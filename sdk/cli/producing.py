@@ -1,4 +1,4 @@
-"""`popgate recall` and the transactions of `popgate send --transaction` (beside `commands`)."""
+"""`popgate recall` and the transactions of `popgate send --transaction` (beside `sending`)."""
 
 from __future__ import annotations
 
