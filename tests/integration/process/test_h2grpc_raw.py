@@ -43,6 +43,14 @@ class Peer:
     def send(self) -> None:
         self.writer.write(self.client.data_to_send())
 
+    async def close(self) -> None:
+        """Closed before the test's loop ends (a transport the loop's end finds open is a ResourceWarning)."""
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except ConnectionError:  # the server reset it first
+            pass
+
     async def read(self, answered: int = 0) -> Frames:
         """The server's frames until it closes the connection, or until it ends stream `answered`."""
         while chunk := await asyncio.wait_for(self._chunk(), 10):
@@ -96,7 +104,7 @@ async def test_a_client_going_away_still_gets_its_running_calls_answered(
     await asyncio.sleep(0.2)
     handlers.release.set()
     frames = await peer.read()  # the server closes once the call is answered
-    peer.writer.close()
+    await peer.close()
     body, trailers = answer(frames, 1)
     assert body == b"\x00\x00\x00\x00\x08released"
     assert trailers[b"grpc-status"] == b"0"
@@ -120,7 +128,7 @@ async def test_a_client_that_floods_resets_loses_its_connection(
     await cancel_calls(peer.client, RESET_BURST + 500)
     peer.send()  # in one write: the allowance regains nothing meanwhile
     frames = await peer.read()
-    peer.writer.close()
+    await peer.close()
     goaway = [frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)]
     assert goaway and goaway[-1].error_code == ErrorCodes.ENHANCE_YOUR_CALM
     async with grpc.aio.insecure_channel(target) as channel:
@@ -138,7 +146,7 @@ async def test_a_client_cancelling_calls_within_the_allowance_keeps_its_connecti
     peer.client.send_data(echo, b"\x00\x00\x00\x00\x02ok", end_stream=True)
     peer.send()
     frames = await peer.read(answered=echo)
-    peer.writer.close()
+    await peer.close()
     body, trailers = answer(frames, echo)
     assert body == b"\x00\x00\x00\x00\x02ok"
     assert trailers[b"grpc-status"] == b"0"
@@ -161,7 +169,7 @@ async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_c
     peer.client.send_data(3, b"\x00\x00\x00\x00\x02ok", end_stream=True)
     peer.send()
     frames = await peer.read(answered=3)
-    peer.writer.close()
+    await peer.close()
     body, trailers = answer(frames, 3)
     assert body == b"\x00\x00\x00\x00\x02ok"
     assert trailers[b"grpc-status"] == b"0"
@@ -179,7 +187,7 @@ async def test_a_client_that_answers_no_ping_loses_its_connection() -> None:
         peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
         peer.send()  # then nothing, not even the ACKs of the server's SETTINGS and PING
         frames = await peer.read()  # until the server closes
-        peer.writer.close()
+        await peer.close()
         assert any(isinstance(frame, hyperframe.frame.PingFrame) for frame in frames)
         assert not h2server.connections and h2server.calls == 0
     finally:
@@ -217,5 +225,5 @@ async def test_a_stopped_server_has_closed_every_connection_even_one_that_reads_
     await h2server.stop(None)
     assert not h2server.connections
     await idle.read()  # to the end: closed
-    idle.writer.close()
-    stuck.writer.close()
+    await idle.close()
+    await stuck.close()
