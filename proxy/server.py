@@ -98,7 +98,12 @@ class _PassingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has
 
 async def _h2_server(settings: Settings) -> tuple[H2Server, str]:
     """popgate's own server (docs/PROXY.md "Server"), bound to --listen (not started): its address."""
-    server = H2Server(max_calls=max_calls(settings), max_receive_bytes=settings.max_message_bytes)
+    server = H2Server(
+        max_calls=max_calls(settings),
+        max_receive_bytes=settings.max_message_bytes,
+        max_connection_age_s=settings.max_connection_age_s,
+        max_connection_age_grace_s=settings.max_connection_age_grace_s,
+    )
     host, port = parse_host_port(settings.listen, what="--listen")
     tls = None
     if settings.tls_cert:
@@ -123,6 +128,7 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
             ("grpc.server.max_pending_requests", 1 << 20),
             ("grpc.server.max_pending_requests_hard_limit", 1 << 20),
             ("grpc.max_concurrent_streams", 1 << 20),
+            *_age_options(settings),
         ],
         maximum_concurrent_rpcs=max_calls(settings),
     )
@@ -137,6 +143,16 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
     except RuntimeError as exc:  # grpc's "Failed to bind": port in use or address not local
         raise SettingsError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
     return server, f"{settings.listen.rpartition(':')[0]}:{port}"
+
+
+def _age_options(settings: Settings) -> list[tuple[str, int]]:
+    """grpc-core's own maximum connection age, as `H2Server`'s (off when 0)."""
+    if settings.max_connection_age_s <= 0:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(settings.max_connection_age_grace_s * 1000)),
+    ]
 
 
 def proxy_name(address: str) -> str:

@@ -164,6 +164,14 @@ class Settings:
     health_interval_s: float = _setting("time between health checks of every broker", default=1.0)
     health_timeout_s: float = _setting("deadline of a broker health check", default=0.5)
     shutdown_grace_s: float = _setting("time in-flight RPCs get on SIGTERM", default=5.0)
+    # A client connection this old is told to reconnect (GOAWAY), so that clients spread over proxies added later
+    # (docs/PROXY.md "Server").
+    max_connection_age_s: float = _setting(
+        "client connections older than this are asked to reconnect (0 = never)", default=0.0
+    )
+    max_connection_age_grace_s: float = _setting(
+        "calls running on a connection asked to reconnect may end within this long", default=60.0
+    )
     max_message_bytes: int = _setting("gRPC max receive size, > max_body_bytes", default=64 * 1024 * 1024)
     log_level: str = _setting("least severe log records written (any case)", default="INFO", choices=LOG_LEVELS)
     log_format: str = _setting("log lines as text or as one JSON object each", default="text", choices=LOG_FORMATS)
@@ -242,6 +250,8 @@ class Settings:
             ("broker_forget_s", self.broker_forget_s >= 0, ">= 0"),
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
+            ("max_connection_age_s", self.max_connection_age_s >= 0, ">= 0 (0 = never)"),
+            ("max_connection_age_grace_s", self.max_connection_age_grace_s >= 0, ">= 0"),
             ("export_interval_s", self.export_interval_s > 0, "> 0"),
             ("auth_skew_s", 0 < self.auth_skew_s <= 3600, "0 < it <= 3600"),
             ("adaptive_window_s", 0 < self.adaptive_window_s <= 3600, "0 < it <= 3600"),

@@ -137,6 +137,7 @@ class Session:
             "change_invisible": service.ChangeInvisibleDuration,
         }
         self.pending: dict[int, asyncio.Task[None]] = {}
+        self.receives: set[int] = set()  # the ids in `pending` that are receives
         # Answers with, for a receive's frames, the future the writer resolves once grpc took it, and whether the
         # next answer goes in the same stream message (a receive's last frame and its status).
         self.outbox: asyncio.Queue[tuple[bytes, asyncio.Future[None] | None, bool] | None]
@@ -177,6 +178,7 @@ class Session:
         context = RequestContext(self.metadata, deadline)
         if kind == "receive":
             work = self._receive(request_id, request.receive, context)
+            self.receives.add(request_id)
         else:
             work = self._unary(request_id, kind, _body(request, kind), context)
         task = self._loop.create_task(work)
@@ -186,6 +188,7 @@ class Session:
     def _done(self, request_id: int, task: asyncio.Task[None]) -> None:
         if self.pending.get(request_id) is task:  # not a later request that reused the id after a cancel
             del self.pending[request_id]
+            self.receives.discard(request_id)
 
     async def _unary(self, request_id: int, kind: str, request: Any, context: RequestContext) -> None:
         answer = await self.unary[kind](request, context, self.account)
@@ -209,6 +212,14 @@ class Session:
                 written = self._loop.create_future()
                 self.answer(encoded(request_id, "receive", _serialized(frame)), written)
                 await written
+
+    def cut_receives(self) -> None:
+        """Cancel the receives in progress: each gives its messages back, and its client, told nothing, sends it
+        again on its next stream."""
+        for request_id in list(self.receives):
+            task = self.pending.get(request_id)
+            if task is not None:
+                task.cancel()
 
     async def close(self) -> None:
         tasks = list(self.pending.values())
@@ -296,13 +307,23 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
     writer = loop.create_task(_write(session, context))
     reader = loop.create_task(_read(session, requests))
     stopping = loop.create_task(service.closing.wait())
+    # popgate's server tells when the stream's connection is told to go away (its age): the stream then drains as
+    # for a stopping proxy, its receives cut and sent again by the client on its next stream, on a new connection
+    # (test_session.py::test_a_client_follows_its_sessions_to_new_connections_as_they_age).
+    draining = getattr(context, "draining", None)
+    drained = loop.create_task((draining() if draining is not None else asyncio.Event()).wait())
     try:
         # Ends when the client ends its side or goes away, when a write fails (the stream is lost), or when the
         # proxy stops: then it reads no more requests (the client's next ones go to a new stream, refused here or
         # served elsewhere, rather than to a proxy answering every receive empty at once) and ends once those it
         # took are answered (held receives answer at once) — test_session.py::test_a_stopping_proxy_ends_its_streams.
-        await asyncio.wait((reader, writer, stopping), return_when=asyncio.FIRST_COMPLETED)
-        if reader.done() and not reader.cancelled() and reader.exception() is None and session.pending:
+        await asyncio.wait((reader, writer, stopping, drained), return_when=asyncio.FIRST_COMPLETED)
+        if drained.done() and not stopping.done():
+            reader.cancel()
+            session.cut_receives()
+            if session.pending:
+                await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
+        elif reader.done() and not reader.cancelled() and reader.exception() is None and session.pending:
             # The client ended its side (done writing) and waits for its answers: each request it sent is answered
             # (test_session.py::test_a_client_that_ends_its_side_still_gets_its_answers), unless the stream is lost
             # or the proxy stops meanwhile.
@@ -313,6 +334,7 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
             await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
     finally:
         stopping.cancel()
+        drained.cancel()
         reader.cancel()
         # Nothing pending on a stream survives it: receives cut off give their messages back.
         await session.close()

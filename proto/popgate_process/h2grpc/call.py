@@ -48,6 +48,11 @@ class Context:
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
 
+    def draining(self) -> asyncio.Event:
+        """popgate's own, not grpc.aio's: set once the call's connection is told to go away (its age, a stopping
+        server). A long-lived call should end soon; the client's next calls go to a new connection."""
+        return self._stream.draining()
+
     def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
         self.trailing = tuple(trailing_metadata)
 

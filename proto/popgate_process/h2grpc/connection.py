@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from typing import TYPE_CHECKING, Any
 
 import h2.config
@@ -110,6 +111,8 @@ class Connection(asyncio.BufferedProtocol):
         self._pinged = False  # a keepalive PING is out, unanswered
         self._keepalive: asyncio.TimerHandle | None = None
         self.lost: asyncio.Future[None] = self._loop.create_future()  # done once the connection is closed
+        self.draining = asyncio.Event()  # set once the client is told to take new calls elsewhere (GOAWAY)
+        self._aging: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -122,6 +125,8 @@ class Connection(asyncio.BufferedProtocol):
         self._server.connections.add(self)
         self._flush()
         self._keepalive = self._loop.call_later(self._server.keepalive_s, self._check_alive)
+        if (age := self._server.max_connection_age_s) > 0:  # spread ±10 %, so connections made together age apart
+            self._aging = self._loop.call_later(age * random.uniform(0.9, 1.1), self._aged)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
@@ -130,6 +135,8 @@ class Connection(asyncio.BufferedProtocol):
             self.lost.set_result(None)
         if self._keepalive is not None:
             self._keepalive.cancel()
+        if self._aging is not None:
+            self._aging.cancel()
         for stream in list(self.streams.values()):
             self.remove(stream)
             stream.gone()
@@ -220,6 +227,25 @@ class Connection(asyncio.BufferedProtocol):
             self._keepalive = self._loop.call_later(server.keepalive_timeout_s, self._check_alive)
         else:
             log.info("%s answered no keepalive PING in %s s: connection closed", self.peer, server.keepalive_timeout_s)
+            self._transport.abort()
+
+    def _aged(self) -> None:
+        """`max_connection_age_s` passed: GOAWAY, so the client makes its next calls on a new connection (to any
+        proxy behind the same address); the calls running may end within `max_connection_age_grace_s`, then the
+        connection closes with them
+        (test_h2grpc_raw.py::test_an_aged_connection_is_told_to_go_away_and_closes_after_its_calls)."""
+        if self._transport is None or self.going_away:
+            return
+        self.go_away()
+        if not self.streams:
+            self.close()
+            return
+        self._aging = self._loop.call_later(self._server.max_connection_age_grace_s, self._grace_over)
+
+    def _grace_over(self) -> None:
+        if self._transport is not None:
+            running = len(self.streams)
+            log.info("%s: %d calls still running past the connection's age and grace: closed", self.peer, running)
             self._transport.abort()
 
     def _calm(self) -> None:
@@ -339,6 +365,7 @@ class Connection(asyncio.BufferedProtocol):
         """No new calls on this connection (GOAWAY; later streams are refused, which clients retry elsewhere);
         the calls running go on. Written past h2, whose own GOAWAY would close the connection for them too."""
         self.going_away = True
+        self.draining.set()
         frame = hyperframe.frame.GoAwayFrame(0)
         frame.last_stream_id = self.h2.highest_inbound_stream_id
         self._flush()

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 RECEIVE_BUFFER = 256 << 10  # the most one read takes from a connection's socket, as asyncio's own reads
 UNKNOWN_CONTENT = 2  # grpc's UNKNOWN, for a request that is not gRPC's
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 7200.0, 20.0  # grpc-core's server defaults (keepalive_time, keepalive_timeout)
+MAX_CONNECTION_AGE_GRACE_S = 60.0  # past the longest long poll (30 s)
 
 
 class H2Server:
@@ -46,11 +47,17 @@ class H2Server:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         keepalive_s: float = KEEPALIVE_S,
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        max_connection_age_s: float = 0.0,
+        max_connection_age_grace_s: float = MAX_CONNECTION_AGE_GRACE_S,
     ) -> None:
         """`keepalive_s`: a connection silent this long is sent a PING, and closed if nothing comes back within
-        `keepalive_timeout_s` (a client gone without closing: its calls and buffers go with it)."""
+        `keepalive_timeout_s` (a client gone without closing: its calls and buffers go with it).
+        `max_connection_age_s` (0: never): a connection this old is told to go away (GOAWAY) and closes once its
+        calls end, or after `max_connection_age_grace_s` with them, as grpc-core's `grpc.max_connection_age_ms`."""
         self.keepalive_s = keepalive_s
         self.keepalive_timeout_s = keepalive_timeout_s
+        self.max_connection_age_s = max_connection_age_s
+        self.max_connection_age_grace_s = max_connection_age_grace_s
         self._interceptors = tuple(interceptors)
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []

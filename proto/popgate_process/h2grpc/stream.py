@@ -47,6 +47,10 @@ class Stream:
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
 
+    def draining(self) -> asyncio.Event:
+        """Set once the stream's connection is told to go away (GOAWAY)."""
+        return self._connection.draining
+
     # -- requests
     def received(self, data: bytes, flow_length: int) -> None:
         """Request bytes arrived. They are acknowledged (the client may send more) at once while the handler has

@@ -227,3 +227,58 @@ async def test_a_stopped_server_has_closed_every_connection_even_one_that_reads_
     await idle.read()  # to the end: closed
     await idle.close()
     await stuck.close()
+
+
+async def test_an_aged_connection_is_told_to_go_away_and_closes_after_its_calls() -> None:
+    """Past `max_connection_age_s` the client gets GOAWAY (NO_ERROR, its last call included): the call running is
+    answered, and then the connection closes."""
+    h2server, handlers, target = await started(max_calls=10, max_connection_age_s=0.2, max_connection_age_grace_s=30)
+    try:
+        peer = await connected(target)
+        peer.client.send_headers(1, headers(b"/t.S/held"))
+        peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+        peer.send()
+        connection = next(iter(h2server.connections))
+        await asyncio.wait_for(connection.draining.wait(), 5)
+        handlers.release.set()
+        frames = await peer.read()  # until the server closes
+        await peer.close()
+        goaway = [frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+        assert goaway and goaway[0].error_code == ErrorCodes.NO_ERROR and goaway[0].last_stream_id == 1
+        body, trailers = answer(frames, 1)
+        assert body == b"\x00\x00\x00\x00\x08released"
+        assert trailers[b"grpc-status"] == b"0"
+    finally:
+        await h2server.stop(None)
+
+
+async def test_calls_running_past_an_aged_connections_grace_end_with_it() -> None:
+    h2server, _, target = await started(max_calls=10, max_connection_age_s=0.1, max_connection_age_grace_s=0.3)
+    try:
+        peer = await connected(target)
+        peer.client.send_headers(1, headers(b"/t.S/held"))
+        peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+        peer.send()  # never released: still running when the grace is over
+        frames = await peer.read()  # until the server closes
+        await peer.close()
+        assert any(isinstance(frame, hyperframe.frame.GoAwayFrame) for frame in frames)
+        assert b"grpc-status" not in answer(frames, 1)[1]
+        await asyncio.sleep(0.1)  # the handler's cancellation runs
+        assert not h2server.connections and h2server.calls == 0
+    finally:
+        await h2server.stop(None)
+
+
+async def test_a_grpc_client_moves_to_a_new_connection_as_each_ages() -> None:
+    h2server, _, target = await started(max_calls=10, max_connection_age_s=0.2)
+    peers = set()
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            echo = channel.unary_unary("/t.S/echo")
+            for i in range(20):
+                assert await echo(b"%d" % i, timeout=5) == b"%d" % i
+                peers |= {connection.peer for connection in h2server.connections}
+                await asyncio.sleep(0.05)
+    finally:
+        await h2server.stop(None)
+    assert len(peers) >= 3  # 1 s of calls over connections that last ~0.2 s each
