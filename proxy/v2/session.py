@@ -163,6 +163,7 @@ class Session:
         request_id = request.id
         if kind == "cancel":
             task = self.pending.pop(request_id, None)
+            self.receives.discard(request_id)
             if task is not None:
                 task.cancel()  # a receive cut off gives its messages back (receive.receive_message)
             return
@@ -307,10 +308,7 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
     writer = loop.create_task(_write(session, context))
     reader = loop.create_task(_read(session, requests))
     stopping = loop.create_task(service.closing.wait())
-    # popgate's server tells when the stream's connection is told to go away (its age): the stream then drains as
-    # for a stopping proxy, its receives cut and sent again by the client on its next stream, on a new connection
-    # (test_session.py::test_a_client_follows_its_sessions_to_new_connections_as_they_age).
-    draining = getattr(context, "draining", None)
+    draining = getattr(context, "draining", None)  # popgate's server tells when the connection is to go away
     drained = loop.create_task((draining() if draining is not None else asyncio.Event()).wait())
     try:
         # Ends when the client ends its side or goes away, when a write fails (the stream is lost), or when the
@@ -319,10 +317,7 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
         # took are answered (held receives answer at once) — test_session.py::test_a_stopping_proxy_ends_its_streams.
         await asyncio.wait((reader, writer, stopping, drained), return_when=asyncio.FIRST_COMPLETED)
         if drained.done() and not stopping.done():
-            reader.cancel()
-            session.cut_receives()
-            if session.pending:
-                await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
+            await _drain(session, reader)
         elif reader.done() and not reader.cancelled() and reader.exception() is None and session.pending:
             # The client ended its side (done writing) and waits for its answers: each request it sent is answered
             # (test_session.py::test_a_client_that_ends_its_side_still_gets_its_answers), unless the stream is lost
@@ -345,6 +340,17 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
         writer.add_done_callback(_consumed)
         with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
             await reader
+
+
+async def _drain(session: Session, reader: asyncio.Task[None]) -> None:
+    """The stream's connection is told to go away (its age): as for a stopping proxy, no more requests are read,
+    but receives in progress are cut at once (their messages go back; the client sends them again on its next
+    stream, on a new connection) so that sends and acks need not wait behind a long poll —
+    tests/integration/sdk/test_connection_age.py."""
+    reader.cancel()
+    session.cut_receives()
+    if session.pending:
+        await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
 
 
 def _consumed(task: asyncio.Task[None]) -> None:
