@@ -208,6 +208,35 @@ async def test_a_stopping_proxy_ends_its_streams() -> None:
     assert (answer.id, answer.receive.status.code) == (1, v2.MESSAGE_NOT_FOUND)
 
 
+class DrainingContext(StreamContext):
+    """As popgate's own server gives it: the connection's draining event (its age)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = asyncio.Event()
+
+    def draining(self) -> asyncio.Event:
+        return self.event
+
+
+async def test_a_stream_whose_connection_drains_cuts_its_receives_and_ends() -> None:
+    """A held receive is cut, not answered (the client sends it again on its next stream), and its broker's Pop
+    ends with it; the stream then ends, as the client's next requests go to a new connection."""
+    broker = FakeBroker("b1")
+    service, _ = service_over(broker)
+    context = DrainingContext()
+    never = asyncio.Event()
+    held = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
+    stream_task = asyncio.ensure_future(session.serve(service, stream(held, until=never), context))
+    async with asyncio.timeout(5):
+        while not broker.held:  # held: nothing to receive
+            await broker.changed.wait()
+    context.event.set()
+    await asyncio.wait_for(stream_task, 5)
+    assert context.answers == []
+    assert not broker.held
+
+
 async def test_requests_past_the_streams_bound_are_answered_too_many(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session, "MAX_PENDING", 1)
     service, _ = service_over(FakeBroker("b1"))
