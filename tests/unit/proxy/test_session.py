@@ -190,17 +190,24 @@ def test_answers_queued_together_share_a_message_up_to_the_write_limit() -> None
     assert (second.message, outbox.get_nowait()) == (b"next", None)  # the end marker queued again
 
 
-async def test_a_stopping_proxy_ends_its_streams() -> None:
-    """Its held receives answered (empty) first; the client's next requests go to a new stream."""
+async def holding(
+    context: StreamContext,
+) -> tuple[FakeBroker, MessagingService, asyncio.Future[None]]:
+    """A stream serving one receive (id 1), held at its broker (nothing to receive); the client keeps its side open."""
     broker = FakeBroker("b1")
     service, _ = service_over(broker)
-    context = StreamContext()
-    never = asyncio.Event()
     held = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
-    stream_task = asyncio.ensure_future(session.serve(service, stream(held, until=never), context))
+    stream_task = asyncio.ensure_future(session.serve(service, stream(held, until=asyncio.Event()), context))
     async with asyncio.timeout(5):
-        while not broker.held:  # held: nothing to receive
+        while not broker.held:
             await broker.changed.wait()
+    return broker, service, stream_task
+
+
+async def test_a_stopping_proxy_ends_its_streams() -> None:
+    """Its held receives answered (empty) first; the client's next requests go to a new stream."""
+    context = StreamContext()
+    _, service, stream_task = await holding(context)
     assert not stream_task.done()
     service.closing.set()  # what Proxy.close() does
     await asyncio.wait_for(stream_task, 5)
@@ -222,15 +229,8 @@ class DrainingContext(StreamContext):
 async def test_a_stream_whose_connection_drains_cuts_its_receives_and_ends() -> None:
     """A held receive is cut, not answered (the client sends it again on its next stream), and its broker's Pop
     ends with it; the stream then ends, as the client's next requests go to a new connection."""
-    broker = FakeBroker("b1")
-    service, _ = service_over(broker)
     context = DrainingContext()
-    never = asyncio.Event()
-    held = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
-    stream_task = asyncio.ensure_future(session.serve(service, stream(held, until=never), context))
-    async with asyncio.timeout(5):
-        while not broker.held:  # held: nothing to receive
-            await broker.changed.wait()
+    broker, _, stream_task = await holding(context)
     context.event.set()
     await asyncio.wait_for(stream_task, 5)
     assert context.answers == []
