@@ -253,17 +253,17 @@ async def test_an_aged_connection_is_told_to_go_away_and_closes_after_its_calls(
 
 
 async def test_calls_running_past_an_aged_connections_grace_end_with_it() -> None:
-    h2server, _, target = await started(max_calls=10, max_connection_age_s=0.1, max_connection_age_grace_s=0.3)
+    h2server, handlers, target = await started(max_calls=10, max_connection_age_s=0.1, max_connection_age_grace_s=0.3)
     try:
         peer = await connected(target)
-        peer.client.send_headers(1, headers(b"/t.S/held"))
+        peer.client.send_headers(1, headers(b"/t.S/slow"))
         peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
-        peer.send()  # never released: still running when the grace is over
+        peer.send()  # a 30 s call: still running when the grace is over
         frames = await peer.read()  # until the server closes
         await peer.close()
         assert any(isinstance(frame, hyperframe.frame.GoAwayFrame) for frame in frames)
         assert b"grpc-status" not in answer(frames, 1)[1]
-        await asyncio.sleep(0.1)  # the handler's cancellation runs
+        await asyncio.wait_for(handlers.cancelled.wait(), 5)
         assert not h2server.connections and h2server.calls == 0
     finally:
         await h2server.stop(None)
