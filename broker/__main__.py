@@ -7,9 +7,9 @@ import contextlib
 import logging
 import signal
 import sqlite3
+import ssl
 import sys
 from contextlib import AsyncExitStack
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,6 +23,7 @@ from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from popgate_contract.broker_token import TokenInterceptor
 from popgate_contract.errors import StoreUnavailable
+from popgate_process import certs
 from popgate_process.config import cannot_listen
 from popgate_process.logs import configure_logging
 from popgate_process.memory import MemoryTrimmer
@@ -70,8 +71,11 @@ async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: A
 UNARY_CALLS = 1024  # calls beyond the held long polls the gRPC server takes at once (Session streams included)
 
 
-def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[grpc.aio.Server, int]:
-    """The gRPC server with the broker's and the health services, bound to --listen (not started): its port."""
+def _grpc_server(
+    settings: BrokerSettings, servicer: BrokerServicer
+) -> tuple[grpc.aio.Server, int, certs.ServingCredentials | None]:
+    """The gRPC server with the broker's and the health services, bound to --listen (not started): its port, and
+    its certificate's holder when it serves TLS."""
     limit = settings.max_grpc_message_bytes
     server = grpc.aio.server(
         options=[
@@ -90,15 +94,20 @@ def _grpc_server(settings: BrokerSettings, servicer: BrokerServicer) -> tuple[gr
     add_to_server(servicer, server)
     if not settings.listen.endswith(":0") and (why := cannot_listen(settings.listen)) is not None:
         raise StartError(f"--listen {settings.listen}: cannot listen there ({why})")
+    tls = None
+    if settings.tls_cert:
+        try:
+            tls = certs.ServingCredentials(certs.load(settings.tls_cert, settings.tls_key))
+        except (OSError, ssl.SSLError, certs.Changed) as exc:
+            raise StartError(f"--tls-cert {settings.tls_cert} and --tls-key {settings.tls_key}: {exc}") from None
     try:
-        if settings.tls_cert:
-            chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()
-            port = server.add_secure_port(settings.listen, grpc.ssl_server_credentials([(key, chain)]))
+        if tls is not None:
+            port = server.add_secure_port(settings.listen, tls.credentials)
         else:
             port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's "Failed to bind": the port is in use or the address is not local
         raise StartError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
-    return server, port
+    return server, port, tls
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -119,7 +128,12 @@ async def serve(settings: BrokerSettings) -> None:
         # (the stack unwinds in reverse): the last snapshot comes after the last RPC.
         await start_metrics(stack, metrics.registry, settings, kind="broker", process=settings.name, error=StartError)
         servicer = BrokerServicer(core, metrics)
-        server, port = _grpc_server(settings, servicer)
+        server, port, tls = _grpc_server(settings, servicer)
+        if tls is not None:
+            watch = certs.CertificateWatch(
+                settings.tls_cert, settings.tls_key, tls, interval_s=settings.tls_reload_s, counted=metrics.tls_reloaded
+            )
+            await stack.enter_async_context(watch)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()

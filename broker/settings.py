@@ -159,6 +159,12 @@ class BrokerSettings:
         default="", metadata={"help": "PEM certificate chain file; with --tls-key: serve TLS instead of plaintext"}
     )
     tls_key: str = field(default="", metadata={"help": "PEM private key file of --tls-cert"})
+    tls_reload_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "time between reads of --tls-cert and --tls-key: a renewed pair serves new connections (0 = never)"
+        },
+    )
     log_level: str = field(
         default="INFO", metadata={"help": "least severe log records written (any case)", "choices": LOG_LEVELS}
     )
@@ -200,6 +206,7 @@ class BrokerSettings:
             (self.export_interval_s > 0, "export_interval_s must be > 0"),
             (self.max_grpc_message_bytes >= 1024, "max_grpc_message_bytes must be >= 1024"),
             (self.shutdown_grace_s >= 0, "shutdown_grace_s must be >= 0"),
+            (self.tls_reload_s >= 0, "tls_reload_s must be >= 0 (0 = never)"),
             ("://" not in self.export_dir, "export_dir must be a local directory, not a URI (docs/METRICS.md)"),
         ]
         for ok, message in checks:

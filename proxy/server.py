@@ -17,6 +17,7 @@ from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
 from popgate_contract.validation import parse_host_port
+from popgate_process import certs
 from popgate_process.config import cannot_listen
 from popgate_process.export import default_proxy_name
 from popgate_process.h2grpc import H2Server
@@ -96,8 +97,16 @@ class _PassingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has
         return handler
 
 
-async def _h2_server(settings: Settings) -> tuple[H2Server, str]:
-    """popgate's own server (docs/PROXY.md "Server"), bound to --listen (not started): its address."""
+def _certificate(settings: Settings) -> certs.Loaded:
+    try:
+        return certs.load(settings.tls_cert, settings.tls_key, alpn=("h2",))
+    except (OSError, ssl.SSLError, certs.Changed) as exc:
+        raise SettingsError(f"--tls-cert {settings.tls_cert} and --tls-key {settings.tls_key}: {exc}") from None
+
+
+async def _h2_server(settings: Settings) -> tuple[H2Server, str, certs.Serving | None]:
+    """popgate's own server (docs/PROXY.md "Server"), bound to --listen (not started): its address, and its
+    certificate's holder when it serves TLS."""
     server = H2Server(
         max_calls=max_calls(settings),
         max_receive_bytes=settings.max_message_bytes,
@@ -105,19 +114,15 @@ async def _h2_server(settings: Settings) -> tuple[H2Server, str]:
         max_connection_age_grace_s=settings.max_connection_age_grace_s,
     )
     host, port = parse_host_port(settings.listen, what="--listen")
-    tls = None
-    if settings.tls_cert:
-        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        tls.load_cert_chain(settings.tls_cert, settings.tls_key)
-        tls.set_alpn_protocols(["h2"])
+    tls = certs.ServingContext(_certificate(settings)) if settings.tls_cert else None
     try:
-        port = await server.bind(host, port, tls)
+        port = await server.bind(host, port, tls.context if tls is not None else None)
     except OSError as exc:
         raise SettingsError(f"--listen {settings.listen}: cannot listen there ({exc.strerror})") from None
-    return server, f"{settings.listen.rpartition(':')[0]}:{port}"
+    return server, f"{settings.listen.rpartition(':')[0]}:{port}", tls
 
 
-def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
+def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str, certs.Serving | None]:
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -134,15 +139,15 @@ def _grpc_server(settings: Settings) -> tuple[grpc.aio.Server, str]:
     )
     if not settings.listen.endswith(":0") and (why := cannot_listen(settings.listen)) is not None:
         raise SettingsError(f"--listen {settings.listen}: cannot listen there ({why})")
+    tls = certs.ServingCredentials(_certificate(settings)) if settings.tls_cert else None
     try:
-        if settings.tls_cert:
-            chain, key = Path(settings.tls_cert).read_bytes(), Path(settings.tls_key).read_bytes()
-            port = server.add_secure_port(settings.listen, grpc.ssl_server_credentials([(key, chain)]))
+        if tls is not None:
+            port = server.add_secure_port(settings.listen, tls.credentials)
         else:
             port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's "Failed to bind": port in use or address not local
         raise SettingsError(f"--listen {settings.listen}: cannot listen there ({exc})") from None
-    return server, f"{settings.listen.rpartition(':')[0]}:{port}"
+    return server, f"{settings.listen.rpartition(':')[0]}:{port}", tls
 
 
 def _age_options(settings: Settings) -> list[tuple[str, int]]:
@@ -264,7 +269,17 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)
         server: grpc.aio.Server | H2Server
-        server, address = await _h2_server(settings) if settings.server == "h2" else _grpc_server(settings)
+        server, address, tls = await _h2_server(settings) if settings.server == "h2" else _grpc_server(settings)
+        if tls is not None:
+            watch = certs.CertificateWatch(
+                settings.tls_cert,
+                settings.tls_key,
+                tls,
+                interval_s=settings.tls_reload_s,
+                alpn=("h2",),
+                counted=metrics.tls_reloaded,
+            )
+            await stack.enter_async_context(watch)
         name = proxy_name(settings.advertise or address)
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)

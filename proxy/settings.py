@@ -91,6 +91,10 @@ class Settings:
     export_interval_s: float = _setting("time between metric snapshots", default=10.0)
     tls_cert: str = _setting("PEM certificate chain file; with --tls-key: serve TLS instead of plaintext", default="")
     tls_key: str = _setting("PEM private key file of --tls-cert", default="")
+    tls_reload_s: float = _setting(
+        "time between reads of --tls-cert and --tls-key: a renewed pair serves new connections (0 = never)",
+        default=60.0,
+    )
     server: str = _setting(
         "the clients' gRPC server: h2 (popgate's, a receive's messages in one write) or grpcio (grpc's own);"
         " docs/PROXY.md 'Server'",
@@ -252,6 +256,7 @@ class Settings:
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
             ("max_connection_age_s", self.max_connection_age_s >= 0, ">= 0 (0 = never)"),
             ("max_connection_age_grace_s", self.max_connection_age_grace_s >= 0, ">= 0"),
+            ("tls_reload_s", self.tls_reload_s >= 0, ">= 0 (0 = never)"),
             ("export_interval_s", self.export_interval_s > 0, "> 0"),
             ("auth_skew_s", 0 < self.auth_skew_s <= 3600, "0 < it <= 3600"),
             ("adaptive_window_s", 0 < self.adaptive_window_s <= 3600, "0 < it <= 3600"),

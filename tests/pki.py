@@ -25,7 +25,17 @@ def issue(folder: Path, *, names: tuple[str, ...], ca_name: str = "popgate-test-
     folder.mkdir(parents=True, exist_ok=True)
     ca, ca_key = folder / "ca.crt", folder / "ca.key"
     _openssl("req", "-x509", *_EC, "-days", "1", "-subj", f"/CN={ca_name}", "-keyout", str(ca_key), "-out", str(ca))
-    key, csr, cert = folder / "tls.key", folder / "tls.csr", folder / "tls.crt"
+    return _server_certificate(folder, ca, names, "tls")
+
+
+def renew(issued: Issued, *, names: tuple[str, ...]) -> Issued:
+    """A new key and certificate for `names` from `issued`'s CA (its folder), as a renewal by the same issuer."""
+    return _server_certificate(issued.ca.parent, issued.ca, names, "renewed")
+
+
+def _server_certificate(folder: Path, ca: Path, names: tuple[str, ...], stem: str) -> Issued:
+    ca_key = folder / "ca.key"
+    key, csr, cert = folder / f"{stem}.key", folder / f"{stem}.csr", folder / f"{stem}.crt"
     _openssl("req", *_EC, "-subj", f"/CN={names[0]}", "-keyout", str(key), "-out", str(csr))
     sans = ",".join(name if name.startswith("IP:") else f"DNS:{name}" for name in names)
     (folder / "san.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")

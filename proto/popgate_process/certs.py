@@ -1,0 +1,206 @@
+"""A server's TLS certificate, read again from its files while the server runs (docs/DEPLOY.md, "TLS").
+
+A renewed certificate (cert-manager rewrites the Secret's files in the pod) is served to new connections within
+`--tls-reload-s`, with no restart. Connections made before keep the certificate they were made with. Files that
+do not load as a pair (a key that does not match its certificate, as in the middle of a rewrite) are logged and
+skipped: the server goes on with the certificate it loaded last, and tries the files again once they change —
+tests/integration/proxy/test_tls_reload.py.
+
+The decision is pure (`Attempts`); `CertificateWatch` is the task that reads the files every interval, off the
+event loop. `ServingContext` (an `ssl` server, popgate's h2 server) and `ServingCredentials` (a grpcio server)
+hand the last certificate loaded to each new handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Pem:
+    chain: bytes
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A certificate chain and its key that load as a pair, and a server context made of them."""
+
+    pem: Pem
+    context: ssl.SSLContext
+
+
+class Changed(Exception):
+    """The files changed while they were loaded: the context may hold neither the old pair nor the new."""
+
+
+def read(cert: str, key: str) -> Pem:
+    return Pem(Path(cert).read_bytes(), Path(key).read_bytes())
+
+
+def load(cert: str, key: str, *, alpn: Sequence[str] = ()) -> Loaded:
+    """The files as a server context; `ssl.SSLError` or `OSError` when they do not load as a pair, `Changed`
+    when they changed meanwhile. Blocking (file reads): off the event loop once it serves."""
+    before = read(cert, key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)  # checks that the key is the certificate's
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
+    if read(cert, key) != before:
+        raise Changed(f"{cert} or {key} changed while it was loaded")
+    return Loaded(before, context)
+
+
+class Attempts:
+    """Which contents of the files to try: each once, whether it loaded or not, so that files that do not load are
+    reported once and tried again only when they change —
+    tests/unit/process/test_certs.py::test_files_are_tried_once_per_content."""
+
+    def __init__(self, loaded: Pem) -> None:
+        self._tried = loaded
+
+    def worth_trying(self, pem: Pem) -> bool:
+        return pem != self._tried
+
+    def tried(self, pem: Pem) -> None:
+        self._tried = pem
+
+
+class Serving(Protocol):
+    pem: Pem  # what new connections are served with
+
+    def serve(self, loaded: Loaded) -> None: ...
+
+
+class ServingContext:
+    """The context an `ssl` server is made with. Each handshake it starts goes on with the context loaded last
+    (switched to in the server-name callback, which OpenSSL calls whether or not the client names a server)."""
+
+    def __init__(self, loaded: Loaded) -> None:
+        self.pem = loaded.pem
+        self.context = loaded.context
+        self._current = loaded.context
+        self.context.sni_callback = self._pick
+
+    def serve(self, loaded: Loaded) -> None:
+        self.pem, self._current = loaded.pem, loaded.context
+
+    def _pick(self, connection: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> None:
+        if self._current is not context:
+            connection.context = self._current
+
+
+class ServingCredentials:
+    """A grpcio server's credentials: grpc asks for the certificate at each new connection, and gets the one
+    loaded last when it changed since."""
+
+    def __init__(self, loaded: Loaded) -> None:
+        self.pem = loaded.pem
+        self._next: Any = None
+        self.credentials = grpc.dynamic_ssl_server_credentials(_configuration(loaded.pem), self._fetch)
+
+    def serve(self, loaded: Loaded) -> None:
+        self.pem, self._next = loaded.pem, _configuration(loaded.pem)
+
+    def _fetch(self) -> Any:  # on one of grpc's threads: one swap, no lock needed under the GIL
+        configuration, self._next = self._next, None
+        return configuration
+
+
+def _configuration(pem: Pem) -> Any:
+    return grpc.ssl_server_certificate_configuration([(pem.key, pem.chain)])
+
+
+def reload_counter(registry: CollectorRegistry, kind: str) -> Callable[[str], None]:
+    """`popgate_<kind>_tls_reloads_total{outcome}`, counted by `CertificateWatch`; its `inc(outcome)`."""
+    counter = Counter(
+        f"popgate_{kind}_tls_reloads",
+        "Reads of --tls-cert and --tls-key that found them changed: reloaded (new connections get the new pair) or "
+        "failed (unreadable, or not a pair: the certificate loaded before is still served)",
+        ["outcome"],
+        registry=registry,
+    )
+    return lambda outcome: counter.labels(outcome).inc()
+
+
+class CertificateWatch:
+    """Every `interval_s` (0: never), reads `cert` and `key`; files that changed and load as a pair are served to new
+    connections. `counted(outcome)`: "reloaded" or "failed", for a metric."""
+
+    def __init__(
+        self,
+        cert: str,
+        key: str,
+        serving: Serving,
+        *,
+        interval_s: float,
+        alpn: Sequence[str] = (),
+        counted: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cert, self.key, self.interval_s, self.alpn = cert, key, interval_s, tuple(alpn)
+        self._serving = serving
+        self._counted = counted
+        self._attempts = Attempts(serving.pem)
+        self._unreadable = False  # told once, until the files can be read again
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> CertificateWatch:
+        if self.interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tls-reload")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    async def check(self) -> str:
+        """One look at the files: "unchanged", "reloaded", "failed" or "changing" (tried again next time)."""
+        try:
+            pem = await asyncio.to_thread(read, self.cert, self.key)
+        except OSError as exc:  # between a rewrite's steps, or gone: what is served stays
+            if self._unreadable:
+                return "failed"
+            self._unreadable = True
+            return self._failed(None, f"cannot be read ({exc})")
+        self._unreadable = False
+        if not self._attempts.worth_trying(pem):
+            return "unchanged"
+        try:
+            loaded = await asyncio.to_thread(load, self.cert, self.key, alpn=self.alpn)
+        except Changed:
+            return "changing"
+        except (OSError, ssl.SSLError) as exc:
+            return self._failed(pem, f"do not load as a pair ({exc})")
+        self._attempts.tried(loaded.pem)
+        self._serving.serve(loaded)
+        log.info("TLS certificate reloaded from %s: new connections are served with it", self.cert)
+        if self._counted is not None:
+            self._counted("reloaded")
+        return "reloaded"
+
+    def _failed(self, pem: Pem | None, why: str) -> str:
+        if pem is not None:
+            self._attempts.tried(pem)
+        log.warning("TLS files %s and %s %s: still serving the certificate loaded before", self.cert, self.key, why)
+        if self._counted is not None:
+            self._counted("failed")
+        return "failed"

@@ -1,0 +1,121 @@
+"""A server's certificate read again from its files (popgate_process.certs): real TLS handshakes over a Unix socket,
+one server context whose new handshakes get the certificate loaded last."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+from pathlib import Path
+
+import pytest
+
+from popgate_process import certs
+from tests.pki import Issued, issue
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Issued, Issued]:
+    """Two certificates for 127.0.0.1, each signed by a CA of its own."""
+    folder = tmp_path_factory.mktemp("pki")
+    return (
+        issue(folder / "a", names=("localhost", "IP:127.0.0.1"), ca_name="ca-a"),
+        issue(folder / "b", names=("localhost", "IP:127.0.0.1"), ca_name="ca-b"),
+    )
+
+
+def install(pair: Issued, folder: Path) -> tuple[str, str]:
+    """`pair`'s certificate and key copied to the two files a server reads (as a Secret's volume has them)."""
+    cert, key = folder / "tls.crt", folder / "tls.key"
+    shutil.copyfile(pair.cert, cert)
+    shutil.copyfile(pair.key, key)
+    return str(cert), str(key)
+
+
+async def handshake(path: str, ca: Path) -> bool:
+    """Whether a client trusting only `ca` completes a TLS handshake with the server. It sends no server name, as a
+    client of an IP address does not (the certificate's chain is what is checked, not its names)."""
+    client = ssl.create_default_context(cafile=str(ca))
+    client.check_hostname = False
+    client.set_alpn_protocols(["h2"])
+    try:
+        _, writer = await asyncio.open_unix_connection(path, ssl=client, server_hostname="")
+    except ssl.SSLCertVerificationError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
+
+
+async def serve(context: ssl.SSLContext, path: str) -> asyncio.Server:
+    async def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    return await asyncio.start_unix_server(hang_up, path, ssl=context)
+
+
+async def test_a_renewed_certificate_serves_new_connections_and_files_that_do_not_load_change_nothing(
+    pairs: tuple[Issued, Issued], tmp_path: Path
+) -> None:
+    a, b = pairs
+    cert, key = install(a, tmp_path)
+    serving = certs.ServingContext(certs.load(cert, key, alpn=("h2",)))
+    counted: list[str] = []
+    watch = certs.CertificateWatch(cert, key, serving, interval_s=0, alpn=("h2",), counted=counted.append)
+    path = str(tmp_path / "server.sock")
+    server = await serve(serving.context, path)
+    try:
+        assert await handshake(path, a.ca) and not await handshake(path, b.ca)
+        assert await watch.check() == "unchanged"
+
+        shutil.copyfile(b.cert, cert)  # half-way through a rewrite: the new certificate, the old key
+        assert await watch.check() == "failed"
+        assert await handshake(path, a.ca), "the pair loaded before is still served"
+        assert await watch.check() == "unchanged", "the same files are not tried (nor reported) again"
+
+        shutil.copyfile(b.key, key)
+        assert await watch.check() == "reloaded"
+        assert await handshake(path, b.ca) and not await handshake(path, a.ca)
+        assert counted == ["failed", "reloaded"]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_files_that_cannot_be_read_are_reported_once_and_the_certificate_stays(
+    pairs: tuple[Issued, Issued], tmp_path: Path
+) -> None:
+    a, _ = pairs
+    cert, key = install(a, tmp_path)
+    serving = certs.ServingContext(certs.load(cert, key))
+    counted: list[str] = []
+    watch = certs.CertificateWatch(cert, key, serving, interval_s=0, counted=counted.append)
+    await asyncio.to_thread(Path(key).unlink)
+    assert [await watch.check(), await watch.check()] == ["failed", "failed"]
+    assert counted == ["failed"]
+    install(a, tmp_path)
+    assert await watch.check() == "unchanged"  # the same pair as served: nothing to load
+
+
+def test_files_are_tried_once_per_content() -> None:
+    first, second = certs.Pem(b"chain", b"key"), certs.Pem(b"chain 2", b"key")
+    attempts = certs.Attempts(first)
+    assert not attempts.worth_trying(first)
+    assert attempts.worth_trying(second)
+    attempts.tried(second)
+    assert not attempts.worth_trying(second) and attempts.worth_trying(first)
+
+
+def test_a_pair_that_changes_while_it_loads_is_not_served(pairs: tuple[Issued, Issued], tmp_path: Path) -> None:
+    a, b = pairs
+    cert, key = install(a, tmp_path)
+    real = ssl.SSLContext.load_cert_chain
+
+    def rewritten_meanwhile(context: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        real(context, *args, **kwargs)  # type: ignore[arg-type]
+        install(b, tmp_path)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ssl.SSLContext, "load_cert_chain", rewritten_meanwhile)
+        with pytest.raises(certs.Changed):
+            certs.load(cert, key)
