@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from bench.sim.brokers import Msg, Req
 from proxy.receive.adaptive import LONGPOLL, AdaptivePolicy
-from proxy.receive.notify import Cancel, Command, Finish, Notify, NotifyRun, Pop
+from proxy.receive.notify import NotifyRun
+from proxy.receive.notify_commands import Cancel, Command, Finish, Notify, Pop
 
 if TYPE_CHECKING:
     from bench.sim.model import Sim

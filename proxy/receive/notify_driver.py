@@ -19,7 +19,8 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract.errors import BrokerFailure, DomainError
 from proxy.ports import BrokerClient, HeldPop, HeldPops, Metrics, NoMetrics
-from proxy.receive.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Phase, Pop, Rewatch
+from proxy.receive.notify import NotifyRun, Phase
+from proxy.receive.notify_commands import AwaitUp, Cancel, Command, Finish, Notify, PassOn, Pop, Rewatch
 from proxy.receive.seam import EndsReceives, OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 

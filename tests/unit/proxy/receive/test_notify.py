@@ -5,7 +5,8 @@ from __future__ import annotations
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract.errors import BadRequest, BrokerUnavailable, TooManyRequests, TopicNotFound
-from proxy.receive.notify import AwaitUp, Cancel, Command, Finish, Notify, NotifyRun, PassOn, Pop, Rewatch
+from proxy.receive.notify import NotifyRun
+from proxy.receive.notify_commands import AwaitUp, Cancel, Command, Finish, Notify, PassOn, Pop, Rewatch
 from tests.unit.proxy.fakes import popped
 
 BROKERS = ("b1", "b2", "b3")
