@@ -1,0 +1,152 @@
+"""Sans-IO v2 protocol, the sending side: a message to send from a body and options, checked, and the SendMessage
+requests a batch of them goes in. Reading the answer is `_wire.send_receipts`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from ._durations import _deliver_at, _set_seconds, duration
+from ._ids import MessageIds
+from .message import Message
+
+MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit
+MAX_SEND_BYTES = 8 * 1024 * 1024  # body bytes per SendMessage request
+
+
+def _as_bytes(body: bytes | str) -> bytes:
+    if type(body) is bytes:  # the common case, as is (bytes(body) would be body)
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    if not isinstance(body, bytes | bytearray | memoryview):  # bytes(5) would be five zero bytes
+        raise TypeError(f"a message body is bytes or str, not {type(body).__name__}")
+    return bytes(body)
+
+
+def _as_keys(keys: Sequence[str] | str) -> tuple[str, ...]:
+    """A str is one key (tuple("order-1") would be seven one-letter keys)."""
+    return (keys,) if isinstance(keys, str) else tuple(keys)
+
+
+def outgoing(
+    body: bytes | str | Message,
+    *,
+    tag: str | None = None,
+    keys: Sequence[str] = (),
+    properties: Mapping[str, str] | None = None,
+    delay: float | None = None,
+    deliver_at: float | None = None,
+    message_group: str | None = None,
+    priority: int | None = None,
+    now: float | None = None,
+) -> Message:
+    """A `Message` to send from a body or message plus options (options fill fields the message leaves unset)."""
+    if delay is not None and deliver_at is not None:
+        raise ValueError("give delay or deliver_at, not both")
+    if delay is not None:
+        now = time.time() if now is None else now
+        deliver_at = now + duration("delay", delay)
+    if isinstance(body, Message):
+        m = body
+        out = Message(
+            _as_bytes(m.body),
+            tag=m.tag if m.tag is not None else tag,
+            keys=_as_keys(m.keys or keys),
+            properties=m.properties or (properties or {}),
+            message_group=m.message_group if m.message_group is not None else message_group,
+            deliver_at=m.deliver_at if m.deliver_at is not None else deliver_at,
+            priority=m.priority if m.priority is not None else priority,
+        )
+    else:
+        # Positionally, in its fields' order — test_wire.py::test_an_outgoing_body_takes_the_call_options_as_its_fields.
+        out = Message(
+            _as_bytes(body),
+            "",
+            tag,
+            _as_keys(keys),
+            dict(properties) if properties else {},
+            message_group,
+            deliver_at,
+            priority,
+        )
+    if out.priority is not None and (out.priority < 0 or out.message_group is not None or out.deliver_at is not None):
+        raise ValueError("priority must be >= 0, and a message with one cannot have a message_group or a delay")
+    if out.message_group is not None and out.deliver_at is not None:
+        # A v2 message is FIFO or DELAY, not both (RocketMQ's clients refuse it the same way).
+        raise ValueError("a message with a message_group cannot also have a delay or deliver_at")
+    if out.deliver_at is not None:
+        _deliver_at(out.deliver_at, time.time() if now is None else now)
+    return out
+
+
+def send_template(topic: str, *, namespace: str = "", now: float) -> v2.Message:
+    """What every message of one SendMessage request carries alike (topic, born time and host, encoding, the
+    NORMAL type the others replace), copied into each before `_fill` sets its own fields —
+    tests/unit/sdk/test_wire.py::test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own."""
+    out = v2.Message()
+    out.topic.name = topic
+    if namespace:
+        out.topic.resource_namespace = namespace
+    props = out.system_properties
+    props.body_encoding = v2.IDENTITY
+    props.born_host = "127.0.0.1"
+    _set_seconds(props.born_timestamp, now)
+    props.message_type = v2.NORMAL
+    return out
+
+
+def _fill(out: v2.Message, message: Message, message_id: str, *, transactional: bool) -> v2.Message:
+    """`out`, a copy of `send_template`'s message, given the fields `message` has of its own."""
+    out.body = message.body
+    if message.properties:
+        out.user_properties.update(message.properties)
+    props = out.system_properties
+    props.message_id = message_id
+    if message.tag is not None:
+        props.tag = message.tag
+    if message.keys:
+        props.keys.extend(message.keys)
+    if transactional:
+        if message.message_group is not None or message.deliver_at is not None or message.priority is not None:
+            raise ValueError("a transaction's message cannot have a message_group, a delay or a priority")
+        props.message_type = v2.TRANSACTION
+    elif message.priority is not None:
+        props.priority = message.priority
+        props.message_type = v2.PRIORITY
+    elif message.message_group is not None:
+        props.message_group = message.message_group
+        props.message_type = v2.FIFO
+    elif message.deliver_at is not None:
+        _set_seconds(props.delivery_timestamp, message.deliver_at)
+        props.message_type = v2.DELAY
+    return out
+
+
+def send_requests(
+    topic: str, messages: Sequence[Message], ids: MessageIds, *, namespace: str = "", transactional: bool = False
+) -> list[pb.SendMessageRequest]:
+    """SendMessage requests for a batch, split at MAX_SEND_BATCH messages or MAX_SEND_BYTES body bytes."""
+    template = send_template(topic, namespace=namespace, now=time.time())
+    requests: list[pb.SendMessageRequest] = []
+    current = pb.SendMessageRequest()
+    add = current.messages.add
+    count = size = 0
+    for message, message_id in zip(messages, ids.many(len(messages)), strict=True):
+        length = len(message.body)
+        if count and (count >= MAX_SEND_BATCH or size + length > MAX_SEND_BYTES):
+            requests.append(current)
+            current, count, size = pb.SendMessageRequest(), 0, 0
+            add = current.messages.add
+        out = add()  # built in place: no message copied into the request
+        out.CopyFrom(template)
+        _fill(out, message, message_id, transactional=transactional)
+        count += 1
+        size += length
+    if count:
+        requests.append(current)
+    return requests
