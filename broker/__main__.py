@@ -131,7 +131,7 @@ async def serve(settings: BrokerSettings) -> None:
         server, port, tls = _grpc_server(settings, servicer)
         if tls is not None:
             watch = certs.CertificateWatch(
-                settings.tls_cert, settings.tls_key, tls, interval_s=settings.tls_reload_s, counted=metrics.tls_reloaded
+                settings.tls_cert, settings.tls_key, tls, interval_s=settings.tls_reload_s, metrics=metrics.tls
             )
             await stack.enter_async_context(watch)
         health_servicer = health.aio.HealthServicer()

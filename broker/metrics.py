@@ -18,7 +18,7 @@ from broker.core import BrokerCore
 from broker.longpoll import Kind
 from popgate_contract.lag import lag_seconds
 from popgate_contract.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
-from popgate_process.certs import reload_counter
+from popgate_process.certs import CertificateMetrics
 from popgate_process.histogram import BatchHistogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -32,7 +32,7 @@ STORE_READ_EVERY_S = 5.0  # the data directory's size and its disk's room are re
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.tls_reloaded = reload_counter(self.registry, "broker")
+        self.tls = CertificateMetrics(self.registry, "broker")
         self.rpc_duration = Histogram(
             "popgate_broker_rpc_duration_seconds",
             "Broker RPC latency by method and gRPC status code",

@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from popgate_process.certs import reload_counter
+from popgate_process.certs import CertificateMetrics
 from popgate_process.histogram import BatchHistogram
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class ProxyMetrics:
         self._groups: set[str] = set()
         self._max_pairs = max_topic_groups
         self._pairs: set[tuple[str, str]] = set()
-        self.tls_reloaded = reload_counter(self.registry, "proxy")
+        self.tls = CertificateMetrics(self.registry, "proxy")
         self._rpc = _Children(
             Histogram(
                 "popgate_proxy_rpc_duration_seconds",

@@ -277,7 +277,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
                 tls,
                 interval_s=settings.tls_reload_s,
                 alpn=("h2",),
-                counted=metrics.tls_reloaded,
+                metrics=metrics.tls,
             )
             await stack.enter_async_context(watch)
         name = proxy_name(settings.advertise or address)

@@ -14,16 +14,18 @@ hand the last certificate loaded to each new handshake.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger(__name__)
 
@@ -123,21 +125,70 @@ def _configuration(pem: Pem) -> Any:
     return grpc.ssl_server_certificate_configuration([(pem.key, pem.chain)])
 
 
-def reload_counter(registry: CollectorRegistry, kind: str) -> Callable[[str], None]:
-    """`popgate_<kind>_tls_reloads_total{outcome}`, counted by `CertificateWatch`; its `inc(outcome)`."""
-    counter = Counter(
-        f"popgate_{kind}_tls_reloads",
-        "Reads of --tls-cert and --tls-key that found them changed: reloaded (new connections get the new pair) or "
-        "failed (unreadable, or not a pair: the certificate loaded before is still served)",
-        ["outcome"],
-        registry=registry,
-    )
-    return lambda outcome: counter.labels(outcome).inc()
+class CertificateMetrics:
+    """`popgate_<kind>_tls_reloads_total{outcome}` and `popgate_<kind>_tls_certificate_expiry_timestamp_seconds
+    {certificate}`: the reads that found the files changed, and when the certificate served expires."""
+
+    def __init__(self, registry: CollectorRegistry, kind: str) -> None:
+        self._reloads = Counter(
+            f"popgate_{kind}_tls_reloads",
+            "Reads of --tls-cert and --tls-key that found them changed: reloaded (new connections get the new pair) "
+            "or failed (unreadable, or not a pair: the certificate loaded before is still served)",
+            ["outcome"],
+            registry=registry,
+        )
+        self._expiry = Gauge(
+            f"popgate_{kind}_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate served to new connections expires (its notAfter), by --tls-cert file",
+            ["certificate"],
+            registry=registry,
+        )
+
+    def reloaded(self, outcome: str) -> None:
+        self._reloads.labels(outcome).inc()
+
+    def serving(self, cert: str, pem: Pem) -> None:
+        self._expiry.labels(cert).set(expiry(pem.chain))
+
+
+def expiry(chain: bytes) -> float:
+    """When the first certificate of a PEM chain (the server's own) expires, as a Unix time: its notAfter (RFC 5280
+    §4.1.2.5), read from its DER encoding — tests/unit/process/test_certs.py::test_expiry_is_the_certificates_not_after."""
+    text = chain.decode("ascii", errors="replace")
+    start = text.index("-----BEGIN CERTIFICATE-----")
+    end = text.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
+    der = ssl.PEM_cert_to_DER_cert(text[start:end])
+    _, certificate, _ = _element(der, 0)
+    _, tbs, _ = _element(der, certificate)
+    at = tbs
+    if der[at] == 0xA0:  # [0] version: present from v2 on
+        at = _element(der, at)[2]
+    for _ in range(3):  # serialNumber, signature, issuer
+        at = _element(der, at)[2]
+    _, validity, _ = _element(der, at)
+    tag, value, value_end = _element(der, _element(der, validity)[2])  # notBefore, then notAfter
+    digits = der[value:value_end].decode("ascii").removesuffix("Z")
+    if tag == 0x17:  # UTCTime, YYMMDDHHMMSS: years 1950..2049
+        year = int(digits[:2])
+        digits = str(2000 + year if year < 50 else 1900 + year) + digits[2:]
+    moment = time.strptime(digits, "%Y%m%d%H%M%S")
+    return float(calendar.timegm(moment))
+
+
+def _element(der: bytes, at: int) -> tuple[int, int, int]:
+    """The DER element at `at`: its tag, where its content starts and where it ends."""
+    tag, length = der[at], der[at + 1]
+    start = at + 2
+    if length & 0x80:  # long form: the length in the next (length & 0x7F) bytes
+        size = length & 0x7F
+        length = int.from_bytes(der[start : start + size], "big")
+        start += size
+    return tag, start, start + length
 
 
 class CertificateWatch:
     """Every `interval_s` (0: never), reads `cert` and `key`; files that changed and load as a pair are served to new
-    connections. `counted(outcome)`: "reloaded" or "failed", for a metric."""
+    connections."""
 
     def __init__(
         self,
@@ -147,11 +198,13 @@ class CertificateWatch:
         *,
         interval_s: float,
         alpn: Sequence[str] = (),
-        counted: Callable[[str], None] | None = None,
+        metrics: CertificateMetrics | None = None,
     ) -> None:
         self.cert, self.key, self.interval_s, self.alpn = cert, key, interval_s, tuple(alpn)
         self._serving = serving
-        self._counted = counted
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.serving(cert, serving.pem)
         self._attempts = Attempts(serving.pem)
         self._unreadable = False  # told once, until the files can be read again
         self._task: asyncio.Task[None] | None = None
@@ -193,14 +246,15 @@ class CertificateWatch:
         self._attempts.tried(loaded.pem)
         self._serving.serve(loaded)
         log.info("TLS certificate reloaded from %s: new connections are served with it", self.cert)
-        if self._counted is not None:
-            self._counted("reloaded")
+        if self._metrics is not None:
+            self._metrics.reloaded("reloaded")
+            self._metrics.serving(self.cert, loaded.pem)
         return "reloaded"
 
     def _failed(self, pem: Pem | None, why: str) -> str:
         if pem is not None:
             self._attempts.tried(pem)
         log.warning("TLS files %s and %s %s: still serving the certificate loaded before", self.cert, self.key, why)
-        if self._counted is not None:
-            self._counted("failed")
+        if self._metrics is not None:
+            self._metrics.reloaded("failed")
         return "failed"

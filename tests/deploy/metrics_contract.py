@@ -28,6 +28,7 @@ BROKER = {
     "popgate_broker_store_size_bytes": "gauge",
     "popgate_broker_disk_free_bytes": "gauge",
     "popgate_broker_disk_size_bytes": "gauge",
+    "popgate_broker_tls_certificate_expiry_timestamp_seconds": "gauge",  # no series without TLS
     "popgate_build_info": "gauge",
 }
 PROXY = {
@@ -51,6 +52,7 @@ PROXY = {
     "popgate_proxy_delivered_bytes_total": "counter",
     "popgate_proxy_first_delivery_latency_seconds": "histogram",
     "popgate_proxy_acks_total": "counter",
+    "popgate_proxy_tls_certificate_expiry_timestamp_seconds": "gauge",  # no series without TLS
     "popgate_build_info": "gauge",
 }
 KNOWN = BROKER | PROXY
@@ -94,6 +96,8 @@ LABELS = {
     "popgate_proxy_delivered_bytes_total": {"topic", "group"},
     "popgate_proxy_first_delivery_latency_seconds": {"topic", "group"},
     "popgate_proxy_acks_total": {"topic", "group", "outcome"},
+    "popgate_proxy_tls_certificate_expiry_timestamp_seconds": {"certificate"},
+    "popgate_broker_tls_certificate_expiry_timestamp_seconds": {"certificate"},
 }
 # What every server exports besides its own metrics (prometheus-client's default collectors), read by the dashboard.
 PROCESS = {

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from popgate_process import certs
 from tests.pki import Issued, issue
@@ -47,6 +49,19 @@ async def handshake(path: str, ca: Path) -> bool:
     return True
 
 
+def reloads(registry: CollectorRegistry) -> dict[str, float]:
+    values = {
+        o: registry.get_sample_value("popgate_test_tls_reloads_total", {"outcome": o}) for o in ("reloaded", "failed")
+    }
+    return {outcome: value for outcome, value in values.items() if value}
+
+
+def not_after(cert: Path) -> float:
+    """The certificate's notAfter as openssl prints it, as a Unix time."""
+    out = subprocess.run(["openssl", "x509", "-enddate", "-noout", "-in", str(cert)], capture_output=True, check=True)
+    return ssl.cert_time_to_seconds(out.stdout.decode().strip().removeprefix("notAfter="))
+
+
 async def serve(context: ssl.SSLContext, path: str) -> asyncio.Server:
     async def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
@@ -60,8 +75,10 @@ async def test_a_renewed_certificate_serves_new_connections_and_files_that_do_no
     a, b = pairs
     cert, key = install(a, tmp_path)
     serving = certs.ServingContext(certs.load(cert, key, alpn=("h2",)))
-    counted: list[str] = []
-    watch = certs.CertificateWatch(cert, key, serving, interval_s=0, alpn=("h2",), counted=counted.append)
+    registry = CollectorRegistry()
+    watch = certs.CertificateWatch(
+        cert, key, serving, interval_s=0, alpn=("h2",), metrics=certs.CertificateMetrics(registry, "test")
+    )
     path = str(tmp_path / "server.sock")
     server = await serve(serving.context, path)
     try:
@@ -76,7 +93,7 @@ async def test_a_renewed_certificate_serves_new_connections_and_files_that_do_no
         shutil.copyfile(b.key, key)
         assert await watch.check() == "reloaded"
         assert await handshake(path, b.ca) and not await handshake(path, a.ca)
-        assert counted == ["failed", "reloaded"]
+        assert reloads(registry) == {"failed": 1, "reloaded": 1}
     finally:
         server.close()
         await server.wait_closed()
@@ -88,11 +105,11 @@ async def test_files_that_cannot_be_read_are_reported_once_and_the_certificate_s
     a, _ = pairs
     cert, key = install(a, tmp_path)
     serving = certs.ServingContext(certs.load(cert, key))
-    counted: list[str] = []
-    watch = certs.CertificateWatch(cert, key, serving, interval_s=0, counted=counted.append)
+    registry = CollectorRegistry()
+    watch = certs.CertificateWatch(cert, key, serving, interval_s=0, metrics=certs.CertificateMetrics(registry, "test"))
     await asyncio.to_thread(Path(key).unlink)
     assert [await watch.check(), await watch.check()] == ["failed", "failed"]
-    assert counted == ["failed"]
+    assert reloads(registry) == {"failed": 1}
     install(a, tmp_path)
     assert await watch.check() == "unchanged"  # the same pair as served: nothing to load
 
@@ -119,3 +136,15 @@ def test_a_pair_that_changes_while_it_loads_is_not_served(pairs: tuple[Issued, I
         patch.setattr(ssl.SSLContext, "load_cert_chain", rewritten_meanwhile)
         with pytest.raises(certs.Changed):
             certs.load(cert, key)
+
+
+def test_expiry_is_the_certificates_not_after(pairs: tuple[Issued, Issued], tmp_path: Path) -> None:
+    a, b = pairs
+    chain = a.cert.read_bytes() + a.ca.read_bytes()  # the server's certificate first, then its issuer's
+    assert certs.expiry(chain) == not_after(a.cert)
+    cert, key = install(a, tmp_path)
+    registry = CollectorRegistry()
+    metrics = certs.CertificateMetrics(registry, "test")
+    certs.CertificateWatch(cert, key, certs.ServingContext(certs.load(cert, key)), interval_s=0, metrics=metrics)
+    gauge = "popgate_test_tls_certificate_expiry_timestamp_seconds"
+    assert registry.get_sample_value(gauge, {"certificate": cert}) == not_after(a.cert)
