@@ -19,7 +19,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -153,7 +153,8 @@ class CertificateMetrics:
 
 def expiry(chain: bytes) -> float:
     """When the first certificate of a PEM chain (the server's own) expires, as a Unix time: its notAfter (RFC 5280
-    §4.1.2.5), read from its DER encoding — tests/unit/process/test_certs.py::test_expiry_is_the_certificates_not_after."""
+    §4.1.2.5), read from its DER encoding —
+    tests/unit/process/test_certs.py::test_expiry_is_the_certificates_not_after."""
     text = chain.decode("ascii", errors="replace")
     start = text.index("-----BEGIN CERTIFICATE-----")
     end = text.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
