@@ -1,7 +1,7 @@
 """Sans-IO v2 protocol: request building, response reading. No sockets, no grpc.
 
 The headers every call carries are in `_metadata`, client and message ids in `_ids`, duration checks in
-`_durations`.
+`_durations`, the building of sends in `_wire_send`.
 
 The sync and asyncio clients both do their I/O around these functions, so everything
 that decides *what* goes on the wire is tested once, without a server.
