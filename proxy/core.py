@@ -262,7 +262,8 @@ class Proxy:
         size = sum(sizes) + ANSWER_OVERHEAD * len(sizes)
         if self._answer_bytes and self._answer_bytes + size > self._max_answer_bytes:
             # Held before the limit was reached, answered after (one answer alone always fits): the limit holds for
-            # the answers of receives already held too, not only at admission — tests/unit/proxy/test_core.py::
+            # the answers of receives already held too, not only at admission —
+            # tests/unit/proxy/test_core_receive.py::
             # test_a_receive_held_before_the_answer_limit_and_answered_after_it_gives_its_messages_back
             result.give_back()
             result.release()

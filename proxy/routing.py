@@ -90,7 +90,7 @@ class BrokerPool:
     ) -> tuple[dict[str, tuple[BrokerClient, list[int]]], list[tuple[int, InvalidReceiptHandle]]]:
         """The indexes of `handles` by the broker each belongs to (brokers in the order of their first handle), and
         the index and error of each handle `for_handle` refuses, with the error it raises —
-        tests/unit/proxy/test_core.py::test_ack_routes_each_handle_to_its_broker_and_reports_per_handle."""
+        tests/unit/proxy/test_core_receive.py::test_ack_routes_each_handle_to_its_broker_and_reports_per_handle."""
         by_name: dict[str, list[int]] = {}
         refused: list[tuple[int, InvalidReceiptHandle]] = []
         for index, handle in enumerate(handles):

@@ -84,7 +84,7 @@ class ReceiveResult:
         """The client stopped reading the answer: its messages go back to their broker now and nothing here keeps
         them alive (with upb one PoppedMessage keeps its whole Pop answer alive, so neither the list nor the Pop call
         is kept); only the messages `writing` (the frame in grpc's stalled write) stay counted until `release` —
-        tests/unit/proxy/test_core.py::test_an_answer_past_its_write_deadline_counts_only_the_frame_grpc_still_holds."""
+        tests/unit/proxy/test_core_receive.py::test_an_answer_past_its_write_deadline_counts_only_the_frame_grpc_still_holds."""
         self.give_back()
         self.give_back = _nothing  # it held the Pop call, and so its answer
         self.keep_only(writing)
