@@ -132,11 +132,11 @@ class GrpcBrokerClient:
     def closed(self) -> bool:
         return self._closed
 
-    def retire(self) -> None:
-        """Gone from discovery: down from now on, whatever a health check would say; calls still go to its
-        address (a receipt handle of it is answered as a down broker's)."""
+    def retire(self, why: str = "gone from broker discovery") -> None:
+        """Gone from discovery, or replaced: down from now on, whatever a health check would say; calls still go to
+        its address (a receipt handle of it is answered as a down broker's)."""
         self._gone = True
-        self._set_health(False, "gone from broker discovery")
+        self._set_health(False, why)
 
     def _set_health(self, healthy: bool, why: str) -> None:
         if self._status.set(healthy and not self._gone):

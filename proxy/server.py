@@ -97,6 +97,13 @@ class _PassingHandler(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc has
         return handler
 
 
+def _broker_ca(settings: Settings) -> bytes:
+    try:
+        return certs.trusted(Path(settings.broker_tls_ca).read_bytes())
+    except (OSError, ssl.SSLError) as exc:
+        raise SettingsError(f"--broker-tls-ca {settings.broker_tls_ca}: {exc}") from None
+
+
 def _certificate(settings: Settings) -> certs.Loaded:
     try:
         return certs.load(settings.tls_cert, settings.tls_key, alpn=("h2",))
@@ -189,7 +196,7 @@ class BrokerClients:
     def __init__(self, settings: Settings, metrics: ProxyMetrics) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._tls_ca = Path(settings.broker_tls_ca).read_bytes() if settings.broker_tls_ca else None
+        self.tls_ca = _broker_ca(settings) if settings.broker_tls_ca else None
         self.current: dict[str, GrpcBrokerClient] = {}
         self._made: set[GrpcBrokerClient] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -198,16 +205,21 @@ class BrokerClients:
         for address in settings.brokers:
             self.add(address)
 
-    def add(self, address: BrokerAddress) -> None:
-        client = GrpcBrokerClient(
-            address, metrics=self._metrics, token=self._settings.broker_token, tls_ca=self._tls_ca
-        )
+    def add(self, address: BrokerAddress, why: str = "gone from broker discovery") -> None:
+        client = GrpcBrokerClient(address, metrics=self._metrics, token=self._settings.broker_token, tls_ca=self.tls_ca)
         self._made.add(client)
         self.current[address.name] = client
         replaced = self.pool.put(client)
         if isinstance(replaced, GrpcBrokerClient):
-            replaced.retire()  # its calls fail over to the new client
+            replaced.retire(why)  # its calls fail over to the new client
             asyncio.get_running_loop().call_later(self.replaced_grace_s, self._close, replaced)
+
+    def trust(self, ca: bytes) -> None:
+        """Verify brokers against `ca` from now on: every broker's client is made again with it (new connections), and
+        the one before ends as when discovery moves a broker."""
+        self.tls_ca = ca
+        for client in list(self.current.values()):
+            self.add(client.address, why="replaced: the broker CA bundle changed")
 
     def _close(self, client: GrpcBrokerClient) -> None:
         if client in self._made:
@@ -259,6 +271,15 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         metrics = ProxyMetrics()
         brokers = BrokerClients(settings, metrics)
         stack.push_async_callback(brokers.close)
+        if brokers.tls_ca is not None:
+            trust = certs.TrustWatch(
+                settings.broker_tls_ca,
+                brokers.tls_ca,
+                brokers.trust,
+                interval_s=settings.tls_reload_s,
+                metrics=metrics.tls,
+            )
+            await stack.enter_async_context(trust)
         await _discovery(settings, brokers, stack)
         await stack.enter_async_context(
             HealthMonitor(

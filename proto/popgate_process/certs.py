@@ -19,7 +19,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -132,9 +132,10 @@ class CertificateMetrics:
     def __init__(self, registry: CollectorRegistry, kind: str) -> None:
         self._reloads = Counter(
             f"popgate_{kind}_tls_reloads",
-            "Reads of --tls-cert and --tls-key that found them changed: reloaded (new connections get the new pair) "
-            "or failed (unreadable, or not a pair: the certificate loaded before is still served)",
-            ["outcome"],
+            "Reads of TLS files that found them changed, by files (certificate: --tls-cert and --tls-key; broker_ca: "
+            "--broker-tls-ca) and outcome: reloaded (new connections use them) or failed (unreadable, or not a "
+            "certificate and its key, or no CA certificate: what was loaded before is still used)",
+            ["files", "outcome"],
             registry=registry,
         )
         self._expiry = Gauge(
@@ -144,8 +145,8 @@ class CertificateMetrics:
             registry=registry,
         )
 
-    def reloaded(self, outcome: str) -> None:
-        self._reloads.labels(outcome).inc()
+    def reloaded(self, outcome: str, files: str = "certificate") -> None:
+        self._reloads.labels(files, outcome).inc()
 
     def serving(self, cert: str, pem: Pem) -> None:
         self._expiry.labels(cert).set(expiry(pem.chain))
@@ -187,7 +188,33 @@ def _element(der: bytes, at: int) -> tuple[int, int, int]:
     return tag, start, start + length
 
 
-class CertificateWatch:
+class _Every:
+    """`check()` every `interval_s` (0: never) while entered."""
+
+    interval_s: float
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Every:
+        if self.interval_s > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tls-reload")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    async def check(self) -> str:
+        raise NotImplementedError
+
+
+class CertificateWatch(_Every):
     """Every `interval_s` (0: never), reads `cert` and `key`; files that changed and load as a pair are served to new
     connections."""
 
@@ -208,23 +235,6 @@ class CertificateWatch:
             metrics.serving(cert, serving.pem)
         self._attempts = Attempts(serving.pem)
         self._unreadable = False  # told once, until the files can be read again
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> CertificateWatch:
-        if self.interval_s > 0:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="tls-reload")
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.check()
 
     async def check(self) -> str:
         """One look at the files: "unchanged", "reloaded", "failed" or "changing" (tried again next time)."""
@@ -248,7 +258,7 @@ class CertificateWatch:
         self._serving.serve(loaded)
         log.info("TLS certificate reloaded from %s: new connections are served with it", self.cert)
         if self._metrics is not None:
-            self._metrics.reloaded("reloaded")
+            self._metrics.reloaded("reloaded", "certificate")
             self._metrics.serving(self.cert, loaded.pem)
         return "reloaded"
 
@@ -257,5 +267,60 @@ class CertificateWatch:
             self._attempts.tried(pem)
         log.warning("TLS files %s and %s %s: still serving the certificate loaded before", self.cert, self.key, why)
         if self._metrics is not None:
-            self._metrics.reloaded("failed")
+            self._metrics.reloaded("failed", "certificate")
+        return "failed"
+
+
+def trusted(bundle: bytes) -> bytes:
+    """`bundle`, when it holds a CA certificate a client can verify servers against; `ssl.SSLError` otherwise."""
+    ssl.create_default_context(cadata=bundle.decode("ascii", errors="replace"))
+    return bundle
+
+
+class TrustWatch(_Every):
+    """Every `interval_s` (0: never), reads the CA bundle `path`; a changed bundle that holds a CA certificate goes
+    to `trust` (the proxy then verifies brokers against it on new connections). One that does not is reported
+    once and changes nothing — tests/integration/proxy/test_tls_reload.py."""
+
+    def __init__(
+        self,
+        path: str,
+        current: bytes,
+        trust: Callable[[bytes], None],
+        *,
+        interval_s: float,
+        metrics: CertificateMetrics | None = None,
+    ) -> None:
+        self.path, self.interval_s = path, interval_s
+        self._tried = current
+        self._trust = trust
+        self._metrics = metrics
+        self._unreadable = False
+
+    async def check(self) -> str:
+        try:
+            bundle = await asyncio.to_thread(Path(self.path).read_bytes)
+        except OSError as exc:
+            if self._unreadable:
+                return "failed"
+            self._unreadable = True
+            return self._failed(f"cannot be read ({exc})")
+        self._unreadable = False
+        if bundle == self._tried:
+            return "unchanged"
+        self._tried = bundle
+        try:
+            trusted(bundle)
+        except ssl.SSLError as exc:
+            return self._failed(f"holds no CA certificate ({exc})")
+        self._trust(bundle)
+        log.info("CA bundle %s reloaded: new connections to brokers are verified against it", self.path)
+        if self._metrics is not None:
+            self._metrics.reloaded("reloaded", "broker_ca")
+        return "reloaded"
+
+    def _failed(self, why: str) -> str:
+        log.warning("CA bundle %s %s: brokers are still verified against the one loaded before", self.path, why)
+        if self._metrics is not None:
+            self._metrics.reloaded("failed", "broker_ca")
         return "failed"

@@ -131,3 +131,33 @@ def test_a_broker_serves_its_renewed_certificate_to_new_connections(pki: Issued,
         for proxy in proxies:
             proxy.stop()
         broker.stop()
+
+
+def test_a_proxy_verifies_brokers_against_its_reloaded_ca_bundle(pki: Issued, tmp_path: Path) -> None:
+    """A broker's certificate now comes from a new CA, and the proxy's --broker-tls-ca file is rewritten with it:
+    once the broker restarts (every connection to it new), the proxy reaches it with the CA it reloaded."""
+    cert, key = install(pki, tmp_path)
+    tls = ("--tls-cert", cert, "--tls-key", key, *RELOAD)
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "data", *tls)).start()
+    ca = tmp_path / "broker-ca.crt"
+    shutil.copyfile(pki.ca, ca)
+    args = ["--broker", f"b1=localhost:{broker.port}", "--listen", "127.0.0.1:0", "--broker-tls-ca", str(ca)]
+    proxy = ServerProcess("proxy", [*args, "--health-interval-s", "0.2", *RELOAD]).start()
+    client = V2Client(proxy.address)
+    try:
+        assert client.send("rotated-ca", [b"before"]).status.code == 20000
+        rotated = issue(tmp_path / "rotated", names=NAMES, ca_name="popgate-test-ca-2")
+        install(rotated, tmp_path)
+        assert wait_until(lambda: served(broker.port, rotated.ca) == der(rotated), timeout=10)
+        shutil.copyfile(rotated.ca, ca)
+        assert wait_until(lambda: any("CA bundle" in line and "reloaded" in line for line in proxy.lines), timeout=10)
+        port = broker.port
+        broker.stop()
+        listen = f"127.0.0.1:{port}"
+        broker = ServerProcess("broker", broker_args("b1", tmp_path / "data", *tls, listen=listen)).start()
+        assert wait_until(lambda: client.send("rotated-ca", [b"after"]).status.code == 20000, timeout=10)
+        assert proxy.alive()
+    finally:
+        client.close()
+        proxy.stop()
+        broker.stop()

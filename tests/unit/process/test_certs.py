@@ -49,10 +49,9 @@ async def handshake(path: str, ca: Path) -> bool:
     return True
 
 
-def reloads(registry: CollectorRegistry) -> dict[str, float]:
-    values = {
-        o: registry.get_sample_value("popgate_test_tls_reloads_total", {"outcome": o}) for o in ("reloaded", "failed")
-    }
+def reloads(registry: CollectorRegistry, files: str = "certificate") -> dict[str, float]:
+    name = "popgate_test_tls_reloads_total"
+    values = {o: registry.get_sample_value(name, {"files": files, "outcome": o}) for o in ("reloaded", "failed")}
     return {outcome: value for outcome, value in values.items() if value}
 
 
@@ -148,3 +147,24 @@ def test_expiry_is_the_certificates_not_after(pairs: tuple[Issued, Issued], tmp_
     certs.CertificateWatch(cert, key, certs.ServingContext(certs.load(cert, key)), interval_s=0, metrics=metrics)
     gauge = "popgate_test_tls_certificate_expiry_timestamp_seconds"
     assert registry.get_sample_value(gauge, {"certificate": cert}) == not_after(a.cert)
+
+
+async def test_a_changed_ca_bundle_is_trusted_once_it_holds_a_certificate(
+    pairs: tuple[Issued, Issued], tmp_path: Path
+) -> None:
+    a, b = pairs
+    path = tmp_path / "ca.crt"
+    await asyncio.to_thread(shutil.copyfile, a.ca, path)
+    trusted: list[bytes] = []
+    registry = CollectorRegistry()
+    metrics = certs.CertificateMetrics(registry, "test")
+    watch = certs.TrustWatch(str(path), a.ca.read_bytes(), trusted.append, interval_s=0, metrics=metrics)
+    assert await watch.check() == "unchanged"
+    await asyncio.to_thread(path.write_bytes, b"not a certificate\n")
+    assert [await watch.check(), await watch.check()] == ["failed", "unchanged"]
+    assert trusted == [], "a bundle without a CA certificate is not trusted"
+    bundle = a.ca.read_bytes() + b.ca.read_bytes()  # both CAs while the brokers' certificates change issuer
+    await asyncio.to_thread(path.write_bytes, bundle)
+    assert await watch.check() == "reloaded"
+    assert trusted == [bundle]
+    assert reloads(registry, "broker_ca") == {"failed": 1, "reloaded": 1}
