@@ -8,7 +8,8 @@ tests/integration/proxy/test_tls_reload.py.
 
 The decision is pure (`Attempts`); `CertificateWatch` is the task that reads the files every interval, off the
 event loop. `ServingContext` (an `ssl` server, popgate's h2 server) and `ServingCredentials` (a grpcio server)
-hand the last certificate loaded to each new handshake.
+hand the last certificate loaded to each new handshake. `TrustWatch` reads a CA bundle again the same way (the
+proxy's for brokers). `CertificateMetrics` counts the reloads and shows when the certificate served expires.
 """
 
 from __future__ import annotations
