@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -246,11 +246,12 @@ class BrokerCore:
             raise TopicNotFound(f"topic {topic} does not exist on broker {self.name}")
         return TagFilter.parse(expression), min(poll_ms, self.settings.max_poll_ms)
 
-    async def pop(
+    def pop(
         self, topic: str, group: str, expression: str, max_messages: int, invisible_ms: int, poll_ms: int
-    ) -> PopResult:
+    ) -> Awaitable[PopResult]:
+        """The Pop path's coroutine itself (no frame of this one while a Pop is held); a bad read raises here."""
         tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
-        return await self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms)
+        return self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
         return self.pops.release(topic, group, handles)

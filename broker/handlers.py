@@ -31,9 +31,18 @@ async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) 
         )
 
 
-async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:
+def popping(core: BrokerCore, request: pb.PopRequest) -> Awaitable[PopResult]:
     r = request
-    result = await core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
+    return core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
+
+
+async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:
+    return fill_pop(core, request, await popping(core, request), out)
+
+
+def fill_pop(core: BrokerCore, request: pb.PopRequest, result: PopResult, out: pb.PopResponse) -> PopResult:
+    """`out`: the answer of a Pop that got `result`."""
+    r = request
     add = out.messages.add
     v2 = r.v2
     for p in result.messages:
@@ -97,10 +106,18 @@ async def renew(core: BrokerCore, request: pb.RenewRequest, out: pb.RenewRespons
     _results(out.results, handles, outcome)
 
 
+def noticing(core: BrokerCore, request: pb.NotificationRequest) -> Awaitable[tuple[bool, bool]]:
+    return core.notification(request.topic, request.group, request.filter, request.poll_ms)
+
+
 async def notification(core: BrokerCore, request: pb.NotificationRequest, out: pb.NotificationResponse) -> None:
-    out.has_message, out.polling_full = await core.notification(
-        request.topic, request.group, request.filter, request.poll_ms
-    )
+    fill_notification(core, request, await noticing(core, request), out)
+
+
+def fill_notification(
+    core: BrokerCore, request: pb.NotificationRequest, result: tuple[bool, bool], out: pb.NotificationResponse
+) -> None:
+    out.has_message, out.polling_full = result
 
 
 async def group_config(core: BrokerCore, request: pb.GroupConfigRequest, out: pb.GroupConfigResponse) -> None:
@@ -131,6 +148,15 @@ async def transaction_checks(
         stored.offset = -1
         stored.store_ms = c.row.store_ms
 
+
+# The kinds a broker may hold (long polls): the core's call, then what fills the answer from its result. The Session
+# stream makes the answer only once the result is there, so a held request holds no answer —
+# tests/unit/broker/test_session_more.py::test_a_held_pop_or_notification_holds_no_answer.
+Held = tuple[Callable[[BrokerCore, Any], Awaitable[Any]], Callable[[BrokerCore, Any, Any, Any], Any]]
+HELD_CALLS: dict[str, Held] = {
+    "pop": (popping, fill_pop),
+    "notification": (noticing, fill_notification),
+}
 
 # What a Session request of each kind runs; its response goes in the field of the same name.
 SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {

@@ -18,7 +18,7 @@ import grpc
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.handlers import SESSION_CALLS
+from broker.handlers import HELD_CALLS, SESSION_CALLS
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
 from popgate_contract.session_client import MORE_KEY, join
@@ -153,10 +153,17 @@ class Session:
         code = grpc.StatusCode.OK
         core = self.core
         try:
+            held = HELD_CALLS.get(kind)
+            if held is not None:  # the answer is made once there is a result: a held request holds none
+                call, fill = held
+                result = await call(core, getattr(request, kind))
             response = pb.SessionResponse(id=request.id)
             body = getattr(response, kind)
             body.SetInParent()  # an answer with no field set is still an answer of this kind
-            result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
+            if held is not None:
+                fill(core, getattr(request, kind), result, body)
+            else:
+                result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
             self.answer(response)
             if kind == "pop" and result.messages:
                 pop = request.pop  # handles from the core's own values, not the protobuf

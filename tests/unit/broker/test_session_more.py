@@ -5,6 +5,7 @@ old proxies during a rolling upgrade see no `more`)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ from popgate_pb import broker_pb2 as pb
 
 from broker import server
 from broker import session as session_stream
+from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from popgate_contract import session_client
 from popgate_contract.session_client import MORE_KEY, BrokerSession, encode_cancel, join
 from popgate_contract.trailer import unsent as is_unsent
 from tests.unit.broker.cores import broker
+from tests.unit.broker.test_schedule import until
 from tests.unit.broker.test_session_stream import Channel, FakeCall, Records
 
 
@@ -241,3 +244,37 @@ async def test_a_lost_stream_fails_requests_behind_the_message_being_written_as_
     unsent = [i for i, r in results.items() if is_unsent(r)]
     assert unsent == [2]
     await session.close()
+
+
+def awaiting(task: asyncio.Task[None]) -> list[str]:
+    """The coroutines a task is suspended in, outermost first."""
+    chain, awaited = [], task.get_coro()
+    while inspect.iscoroutine(awaited):
+        chain.append(awaited.cr_code.co_qualname)
+        awaited = awaited.cr_await
+    return chain
+
+
+async def test_a_held_pop_or_notification_holds_no_answer(tmp_path: Path) -> None:
+    """A held long poll is the broker's unit of memory: while held, its task is the Session's coroutine, the one of
+    the Pop path (or the core's Notification) and the hold's, and its answer (each one a protobuf arena of its own)
+    is not made yet. Once there is something, the answers are as before."""
+    async with broker(tmp_path) as (core, _):
+        session = session_stream.Session(core, BrokerMetrics(), max_pending=10)
+        pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000, poll_ms=5_000)
+        session.dispatch(pb.SessionRequest(id=1, pop=pop))
+        note = pb.NotificationRequest(topic="t", group="g2", filter="*", poll_ms=5_000)
+        session.dispatch(pb.SessionRequest(id=2, notification=note))
+        await until(lambda: core.hold.held[Kind.POP] == 1 and core.hold.held[Kind.NOTIFICATION] == 1)
+        assert awaiting(session.pending[1]) == ["Session._serve", "Pops.pop", "HoldService.hold"]
+        assert awaiting(session.pending[2]) == ["Session._serve", "BrokerCore.notification", "HoldService.hold"]
+        for request_id in (1, 2):
+            assert "response" not in session.pending[request_id].get_coro().cr_frame.f_locals
+        await core.send([pb.Message(topic="t", body=b"m")])
+        answers = {}
+        for _ in range(2):
+            answer = pb.SessionResponse.FromString(await asyncio.wait_for(session.outbox.get(), 5))
+            answers[answer.id] = answer
+        assert [m.stored.message.body for m in answers[1].pop.messages] == [b"m"]
+        assert answers[2].notification.has_message
+        await session.close()
