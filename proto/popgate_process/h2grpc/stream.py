@@ -5,7 +5,6 @@ tests/integration/process/test_h2grpc.py."""
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
 SEND_BUFFER = 1 << 20  # a call's unsent response bytes before its `send` waits
 UNREAD_BOUND = 1 << 20  # a streaming call's whole requests unread before its client is made to wait
 _EOF = object()
+COMPACT_AFTER = 1024  # requests read from the front of a stream's inbox before they are deleted from it
 Headers = list[tuple[bytes, bytes]]
 RESPONSE_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
@@ -31,7 +31,11 @@ class Stream:
         self.id = stream_id
         self.path = path
         self.deframer = wire.Deframer(max_bytes, encoding)
-        self.inbox: deque[bytes | object] = deque()
+        # Requests not yet read, from `_head` on: a list, emptied when all are read, rather than a deque, which keeps a
+        # block of its own while empty for as long as a held call lives (order and compaction:
+        # tests/unit/process/test_h2grpc_stream.py::test_requests_come_out_in_order_and_the_read_ones_are_let_go).
+        self.inbox: list[bytes | object] = []
+        self._head = 0
         self._arrived: asyncio.Event | None = None
         self._unacked = 0  # flow-controlled bytes received and not yet acknowledged
         self._unread = 0  # bytes of whole requests in the inbox
@@ -74,14 +78,22 @@ class Stream:
             self._arrived.set()
 
     async def read_bytes(self) -> bytes | None:
-        while not self.inbox:
+        inbox = self.inbox
+        while self._head >= len(inbox):
             if self.reset:
                 raise asyncio.CancelledError()
             if self._arrived is None:
                 self._arrived = asyncio.Event()
             self._arrived.clear()
             await self._arrived.wait()
-        item = self.inbox.popleft()
+        item = inbox[self._head]
+        self._head += 1
+        if self._head == len(inbox):  # all read: the list gives its items' room back
+            inbox.clear()
+            self._head = 0
+        elif self._head >= COMPACT_AFTER:
+            del inbox[: self._head]
+            self._head = 0
         if item is _EOF:
             return None
         self._unread -= len(item)  # type: ignore[arg-type]
@@ -96,6 +108,7 @@ class Stream:
     def drop_buffers(self) -> None:
         """The stream is done: the bytes it holds go now (test_memory.py, a burst of 4 MiB sends)."""
         self.inbox.clear()
+        self._head = 0
         self.pending = bytearray()
         self.deframer = wire.Deframer(0)
 

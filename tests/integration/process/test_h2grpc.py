@@ -90,6 +90,25 @@ async def test_a_bidirectional_stream_reads_until_the_client_ends_its_side(
         assert await call.code() == grpc.StatusCode.OK
 
 
+async def test_requests_sent_ahead_are_read_in_order_however_many(server: tuple[H2Server, Handlers, str]) -> None:
+    """A client that writes thousands of requests before reading an answer gets each answered, in order."""
+    _, _, target = server
+    words = [str(i).encode() + b"x" for i in range(3000)]
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.stream_stream("/t.S/chat")()
+
+        async def write() -> None:
+            for word in words:
+                await call.write(word)
+            await call.done_writing()
+
+        writing = asyncio.ensure_future(write())
+        answers = [await call.read() for _ in words]
+        await writing
+        assert answers == [word.upper() for word in words]
+        assert await call.read() == b"end"
+
+
 async def test_requests_a_handler_left_unread_do_not_close_the_connections_window(
     server: tuple[H2Server, Handlers, str],
 ) -> None:
