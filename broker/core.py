@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -248,7 +248,7 @@ class BrokerCore:
 
     def pop(
         self, topic: str, group: str, expression: str, max_messages: int, invisible_ms: int, poll_ms: int
-    ) -> Awaitable[PopResult]:
+    ) -> Coroutine[object, object, PopResult]:
         """The Pop path's coroutine itself (no frame of this one while a Pop is held); a bad read raises here."""
         tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
         return self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms)
