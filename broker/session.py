@@ -153,17 +153,18 @@ class Session:
         code = grpc.StatusCode.OK
         core = self.core
         try:
+            asked = getattr(request, kind)
             held = HELD_CALLS.get(kind)
             if held is not None:  # the answer is made once there is a result: a held request holds none
                 call, fill = held
-                result = await call(core, getattr(request, kind))
+                result = await call(core, asked)
             response = pb.SessionResponse(id=request.id)
             body = getattr(response, kind)
             body.SetInParent()  # an answer with no field set is still an answer of this kind
             if held is not None:
-                fill(core, getattr(request, kind), result, body)
+                fill(core, asked, result, body)
             else:
-                result = await SESSION_CALLS[kind](core, getattr(request, kind), body)
+                result = await SESSION_CALLS[kind](core, asked, body)
             self.answer(response)
             if kind == "pop" and result.messages:
                 pop = request.pop  # handles from the core's own values, not the protobuf

@@ -23,12 +23,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +72,14 @@ class Attempts:
     reported once and tried again only when they change —
     tests/unit/process/test_certs.py::test_files_are_tried_once_per_content."""
 
-    def __init__(self, loaded: Pem) -> None:
+    def __init__(self, loaded: object) -> None:
         self._tried = loaded
 
-    def worth_trying(self, pem: Pem) -> bool:
-        return pem != self._tried
+    def worth_trying(self, contents: object) -> bool:
+        return contents != self._tried
 
-    def tried(self, pem: Pem) -> None:
-        self._tried = pem
+    def tried(self, contents: object) -> None:
+        self._tried = contents
 
 
 class Serving(Protocol):
@@ -190,10 +191,12 @@ def _element(der: bytes, at: int) -> tuple[int, int, int]:
 
 
 class _Every:
-    """`check()` every `interval_s` (0: never) while entered."""
+    """`check()` every `interval_s` (0: never) while entered; `_read` reports files it cannot read once, until it can
+    read them again."""
 
     interval_s: float
     _task: asyncio.Task[None] | None = None
+    _unreadable = False
 
     async def __aenter__(self) -> _Every:
         if self.interval_s > 0:
@@ -213,6 +216,21 @@ class _Every:
 
     async def check(self) -> str:
         raise NotImplementedError
+
+    def _failed(self, why: str) -> str:
+        raise NotImplementedError
+
+    async def _read(self, read: Callable[[], T]) -> T | None:
+        """`read()` off the event loop; None when it fails (told once: `_failed` on the first failure of a run)."""
+        try:
+            contents = await asyncio.to_thread(read)
+        except OSError as exc:  # between a rewrite's steps, or gone: what is used stays
+            if not self._unreadable:
+                self._unreadable = True
+                self._failed(f"cannot be read ({exc})")
+            return None
+        self._unreadable = False
+        return contents
 
 
 class CertificateWatch(_Every):
@@ -235,18 +253,12 @@ class CertificateWatch(_Every):
         if metrics is not None:
             metrics.serving(cert, serving.pem)
         self._attempts = Attempts(serving.pem)
-        self._unreadable = False  # told once, until the files can be read again
 
     async def check(self) -> str:
         """One look at the files: "unchanged", "reloaded", "failed" or "changing" (tried again next time)."""
-        try:
-            pem = await asyncio.to_thread(read, self.cert, self.key)
-        except OSError as exc:  # between a rewrite's steps, or gone: what is served stays
-            if self._unreadable:
-                return "failed"
-            self._unreadable = True
-            return self._failed(None, f"cannot be read ({exc})")
-        self._unreadable = False
+        pem = await self._read(lambda: read(self.cert, self.key))
+        if pem is None:
+            return "failed"
         if not self._attempts.worth_trying(pem):
             return "unchanged"
         try:
@@ -254,7 +266,8 @@ class CertificateWatch(_Every):
         except Changed:
             return "changing"
         except (OSError, ssl.SSLError) as exc:
-            return self._failed(pem, f"do not load as a pair ({exc})")
+            self._attempts.tried(pem)
+            return self._failed(f"do not load as a pair ({exc})")
         self._attempts.tried(loaded.pem)
         self._serving.serve(loaded)
         log.info("TLS certificate reloaded from %s: new connections are served with it", self.cert)
@@ -263,9 +276,7 @@ class CertificateWatch(_Every):
             self._metrics.serving(self.cert, loaded.pem)
         return "reloaded"
 
-    def _failed(self, pem: Pem | None, why: str) -> str:
-        if pem is not None:
-            self._attempts.tried(pem)
+    def _failed(self, why: str) -> str:
         log.warning("TLS files %s and %s %s: still serving the certificate loaded before", self.cert, self.key, why)
         if self._metrics is not None:
             self._metrics.reloaded("failed", "certificate")
@@ -293,23 +304,18 @@ class TrustWatch(_Every):
         metrics: CertificateMetrics | None = None,
     ) -> None:
         self.path, self.interval_s = path, interval_s
-        self._tried = current
+        self._attempts = Attempts(current)
         self._trust = trust
         self._metrics = metrics
-        self._unreadable = False
 
     async def check(self) -> str:
-        try:
-            bundle = await asyncio.to_thread(Path(self.path).read_bytes)
-        except OSError as exc:
-            if self._unreadable:
-                return "failed"
-            self._unreadable = True
-            return self._failed(f"cannot be read ({exc})")
-        self._unreadable = False
-        if bundle == self._tried:
+        """One look at the bundle: "unchanged", "reloaded" or "failed"."""
+        bundle = await self._read(Path(self.path).read_bytes)
+        if bundle is None:
+            return "failed"
+        if not self._attempts.worth_trying(bundle):
             return "unchanged"
-        self._tried = bundle
+        self._attempts.tried(bundle)
         try:
             trusted(bundle)
         except ssl.SSLError as exc:
