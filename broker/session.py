@@ -115,6 +115,7 @@ class Session:
         if kind == "cancel":
             task = self.pending.pop(request.id, None)
             if task is not None:
+                self.held.pop(request.id, None)
                 task.cancel()
             elif (undo := self.unused.pop(request.id, None)) is not None:
                 undo()  # answered before the cancel was read, or answered and not used: nobody got it
@@ -136,14 +137,12 @@ class Session:
         task = asyncio.get_running_loop().create_task(self._serve(request, kind))
         self.pending[request.id] = task
         if held:
+            # Forgotten by `_serve` as it ends, or where it is cancelled (a task cancelled before it starts never
+            # runs): no done callback, whose context and partial a held Pop would keep for its whole poll time.
             self.held[request.id] = kind
-            task.add_done_callback(functools.partial(self._held_done, request.id))
         else:
             self.short += 1
             task.add_done_callback(self._short_done)
-
-    def _held_done(self, request_id: int, _: asyncio.Task[None]) -> None:
-        self.held.pop(request_id, None)
 
     def _short_done(self, _: asyncio.Task[None]) -> None:
         self.short -= 1
@@ -184,7 +183,9 @@ class Session:
             log.exception("session %s failed", kind)
             self._error(request.id, errors.DomainError(f"internal error: {type(exc).__name__}"))
         finally:
-            self.pending.pop(request.id, None)
+            if self.pending.get(request.id) is asyncio.current_task():  # not a later request that reused the id
+                del self.pending[request.id]
+                self.held.pop(request.id, None)
             self.metrics.rpc_duration.labels(f"Session.{kind}", code.name).observe(time.perf_counter() - started)
 
     def _undoable(self, request_id: int, undo: Callable[[], object]) -> None:

@@ -30,7 +30,6 @@ handle" for an operation that took effect.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -67,12 +66,44 @@ SESSION_FIELDS = {
 
 
 class BrokerCall(asyncio.Future):  # type: ignore[type-arg]
-    """The future `GrpcBrokerClient.begin` returns. It names its Session request, so that an answer nobody
-    used can be handed back to the broker (`GrpcBrokerClient.release`)."""
+    """The future `GrpcBrokerClient.begin` returns: one Session request, settled by its answer, its timeout or its
+    cancel (which cancels the broker request: a cancel frame). It names its request, so that an answer nobody used
+    can be handed back to the broker (`GrpcBrokerClient.release`).
 
-    __slots__ = ("session", "request_id")  # set once submitted (no __init__: made as fast as a plain future)
+    A held receive keeps one per broker it waits on, so it is one object with its timer: it is the session's
+    answer callback itself and settles where it is settled, with no done callback (whose context, partial and
+    list a held call would keep) — tests/integration/proxy/test_broker_call.py."""
+
+    __slots__ = ("client", "method", "session", "request_id", "timer")  # set by `begin` (no __init__: made as a
+    client: GrpcBrokerClient  # plain future is)
+    method: str
     session: BrokerSession
     request_id: int
+    timer: asyncio.TimerHandle
+
+    def __call__(self, answer: Any) -> None:
+        """The broker's answer (a SessionResponse), or the stream's error."""
+        self.client._answered(self, answer)
+
+    def expire(self) -> None:
+        if not self.done():
+            exc = grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "deadline", None
+            )
+            self.set_exception(self.client._failed(self.method, exc))
+            self.settle()
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self.client._metrics.broker_rpc(self.client.name, self.method, "cancelled")
+        self.settle()
+        return True
+
+    def settle(self) -> None:
+        """Once done: no timer left, and the broker drops the request unless it answered it."""
+        self.timer.cancel()
+        self.session.cancel(self.request_id)  # a no-op once answered
 
 
 class GrpcBrokerClient:
@@ -192,61 +223,33 @@ class GrpcBrokerClient:
 
         ``request``: the method's request, or a SessionRequest with it filled in. Cancelling the
         future cancels the broker request (a cancel frame). No task per request: a held receive
-        over N brokers costs N of these, so they are a future, a timer and a callback each."""
+        over N brokers costs N of these, so each is a `BrokerCall` and its timer."""
         loop = asyncio.get_running_loop()
         result = BrokerCall(loop=loop)
-        field = SESSION_FIELDS[method]
+        result.client, result.method = self, method
         if not isinstance(request, bpb.SessionRequest):
-            request = bpb.SessionRequest(**{field: request})
+            request = bpb.SessionRequest(**{SESSION_FIELDS[method]: request})
         try:
             session = self._live_session()
-            request_id = session.submit(request, functools.partial(self._answered, method, field, result))
-            result.session, result.request_id = session, request_id
+            result.request_id = session.submit(request, result)
         except grpc.aio.AioRpcError as exc:
             result.set_exception(self._failed(method, exc))
             return result
-        timer = loop.call_later(timeout_s, self._expired, method, result)
-        result.add_done_callback(functools.partial(self._settled, method, session, request_id, timer))
+        result.session = session
+        result.timer = loop.call_later(timeout_s, result.expire)
         return result
 
-    def _answered(self, method: str, field: str, result: BrokerCall, answer: Any) -> None:
-        if result.done():
-            if not isinstance(answer, grpc.aio.AioRpcError) and (
-                (method == "Pop" and answer.pop.messages)
-                or (method == "Notification" and answer.notification.has_message)
-            ):
-                # Cancelled (or timed out) as the answer came: `_settled` has not run yet, and once it does, the
-                # request is no longer pending, so it would send no cancel frame. Nobody will receive these
-                # messages: the broker makes them ready again (they stayed invisible for the whole invisible time);
-                # nobody will follow this has_message: the broker passes its wake on to another held request.
-                self.release(result)
+    def _answered(self, result: BrokerCall, answer: Any) -> None:
+        method = result.method
+        if result.done():  # settled already: the session forgot it then, so no answer comes (a guard)
             return
         error = answer if isinstance(answer, grpc.aio.AioRpcError) else failure(answer)
         if error is not None:
             result.set_exception(self._failed(method, error))
         else:
             self._succeeded(method)
-            result.set_result(getattr(answer, field))
-
-    def _expired(self, method: str, result: asyncio.Future[Any]) -> None:
-        if not result.done():
-            exc = grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "deadline", None
-            )
-            result.set_exception(self._failed(method, exc))
-
-    def _settled(
-        self,
-        method: str,
-        session: BrokerSession,
-        request_id: int,
-        timer: asyncio.TimerHandle,
-        result: asyncio.Future[Any],
-    ) -> None:
-        timer.cancel()
-        if result.cancelled():  # not answered (an answer arriving later is not counted again: `_answered`)
-            self._metrics.broker_rpc(self.name, method, "cancelled")
-        session.cancel(request_id)  # a no-op once answered; otherwise the broker drops the request
+            result.set_result(getattr(answer, SESSION_FIELDS[method]))
+        result.settle()
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
         return await self._to_this_broker(lambda t: self.begin("Ack", request, timeout_s=t), timeout_s)

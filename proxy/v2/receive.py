@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -234,8 +234,13 @@ class _WriteDeadline:
         self._timer.cancel()
 
 
-async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing: Framing = V2) -> AsyncIterator[Any]:
-    """The frames of one answer, in `framing`."""
+Write = Callable[[Any], Awaitable[None]]
+
+
+async def receive_message(call: Call, request: pb.ReceiveMessageRequest, write: Write, framing: Framing = V2) -> int:
+    """Answer one receive: its frames in `framing`, each through `write`, which returns once the frame is written
+    (as grpc's `context.write`); the code of the status written last. A coroutine, not a generator: a held receive
+    keeps no async generator (nor its entry in the loop's set of them) while it waits."""
     receive = build_request(call, request)
     result = await call.proxy.receive(receive)
     complete = False  # the OK status frame was written: the client has the whole answer
@@ -243,8 +248,8 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
     try:
         if not result.messages:
             text = "the proxy is shutting down" if result.outcome == "closing" else "no new message"
-            yield framing.status(v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text))
-            return
+            await write(framing.status(v2.Status(code=v2.MESSAGE_NOT_FOUND, message=text)))
+            return v2.MESSAGE_NOT_FOUND
         # Past the invisible time the messages are redelivered anyway: what the client would read then is stale.
         write_s = min(call.settings.max_answer_write_s, receive.invisible_ms / 1000)
         deadline = _WriteDeadline(result, write_s, call.proxy, receive.group)
@@ -253,41 +258,39 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
             call.proxy.renewer.track(call.client_id, receive.group, deadline.renewed)
         opening = framing.opening()
         if opening is not None:
-            yield opening
+            await write(opening)
         namespace = request.group.resource_namespace
         ranges = framing.frames(result.body_sizes())
         last = ranges[-1] if getattr(framing, "joins_status", False) else None
-        for indexes in ranges:  # no reference to a message kept across the yield
+        for indexes in ranges:  # no reference to a message kept across the write
             if deadline.passed:
                 break
             frame = framing.frame(result.messages, indexes, indexes.start == 0, namespace)
             deadline.writing = indexes
             if indexes is last:
-                # Written with its OK status in one stream message: resumed, the client has both. Should the deadline
-                # pass during that write, the messages went back and the client's acks fail: at least once still —
+                # Written with its OK status in one stream message: once written, the client has both. Should the
+                # deadline pass during that write, the messages went back and the client's acks fail: at least
+                # once still —
                 # tests/integration/sdk/test_session.py::test_a_receive_answer_and_its_status_come_in_one_message.
-                yield Joined(frame, framing.status(v2.Status(code=v2.OK, message="OK")))
+                await write(Joined(frame, framing.status(v2.Status(code=v2.OK, message="OK"))))
                 complete = True
                 break
-            yield frame
+            await write(frame)
             del frame
-        if complete:
-            deadline.renewed = []
-            _count_delivered(call, receive, result)
-            return
-        # Resumed after the last message's frame: grpc wrote it, the client has every message. The deadline may no
-        # longer give them back (an OK status after given-back messages would make their acks fail).
-        deadline.cancel()
-        if deadline.passed:
-            text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
-            yield framing.status(v2.Status(code=v2.PROXY_TIMEOUT, message=text))
-            return
-        # grpc asks for the next frame only once the last one is written: resumed here, the status got through.
-        # Closed here instead, its write failed (the client went away): the client's call failed too.
-        yield framing.status(v2.Status(code=v2.OK, message="OK"))
-        complete = True
+        if not complete:
+            # After the last message's frame is written the client has every message. The deadline may no longer
+            # give them back (an OK status after given-back messages would make their acks fail).
+            deadline.cancel()
+            if deadline.passed:
+                text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
+                await write(framing.status(v2.Status(code=v2.PROXY_TIMEOUT, message=text)))
+                return v2.PROXY_TIMEOUT
+            # Written, the status got through; a write that fails instead (the client went away) fails its call too.
+            await write(framing.status(v2.Status(code=v2.OK, message="OK")))
+            complete = True
         deadline.renewed = []
         _count_delivered(call, receive, result)
+        return v2.OK
     finally:
         if deadline is not None:
             deadline.cancel()
@@ -295,7 +298,7 @@ async def receive_message(call: Call, request: pb.ReceiveMessageRequest, framing
             # Cut off before its status (the client went away, the stream broke): the client has at most some of
             # the messages, and clients discard an answer without its status. Ready again at once at their broker.
             result.give_back()
-        result.release()  # also when the client goes away mid-answer (the generator is closed)
+        result.release()  # also when the client goes away mid-answer (the write is cancelled)
         if deadline is not None and deadline.renewed:  # not written: given back above, or left to their time
             call.proxy.renewer.forget(deadline.renewed)
 

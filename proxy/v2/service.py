@@ -11,7 +11,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -183,28 +183,24 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         framing: receive.Framing = receive.V2,
         method: str = "ReceiveMessage",
         auth: Authenticator | None = None,
-    ) -> AsyncGenerator[Any, None]:
-        """A receive answered in `framing`: v2's frames, or popgate's ReceiveMessages (`ExtMessaging`, also on its
-        Session stream, whose account is `auth`)."""
+    ) -> None:
+        """A receive answered in `framing` through `context.write`: v2's frames, or popgate's ReceiveMessages
+        (`ExtMessaging`, also on its Session stream, whose account is `auth`). A coroutine writing its frames,
+        which both servers take for a server-streaming handler as grpc.aio does."""
         started = time.perf_counter()
         code: int = v2.OK
         outcome = ""  # set when the call ends without a status of ours
         try:
             access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
-            async for frame in receive.receive_message(self._call(context), request, framing):
-                if isinstance(frame, receive.Joined):  # the last messages and the status (a Session's receive)
-                    code = frame.status.status.code
-                elif not isinstance(frame, bytes) and frame.HasField("status"):  # message frames may be pre-encoded
-                    code = frame.status.code
-                yield frame
-        except (asyncio.CancelledError, GeneratorExit):  # the client went away (or its deadline passed)
+            code = await receive.receive_message(self._call(context), request, context.write, framing)
+        except asyncio.CancelledError:  # the client went away (or its deadline passed)
             outcome = "CANCELLED"
             raise
         except Exception as exc:
             status = _status(exc)
             code = status.code
-            yield framing.status(status)
+            await context.write(framing.status(status))
         finally:
             self._metrics.rpc(method, outcome or name_of(code), time.perf_counter() - started)
 
@@ -271,12 +267,8 @@ class ExtMessaging(ext_grpc.MessagingServicer):
     def __init__(self, messaging: MessagingService) -> None:
         self._messaging = messaging
 
-    async def ReceiveMessages(self, request: pb.ReceiveMessageRequest, context: Any) -> AsyncIterator[Any]:
-        # Closed with this generator (the client went away): the answer's clean-up runs at once, not when collected.
-        frames = self._messaging.ReceiveMessage(request, context, framing=receive.BATCH, method="ReceiveMessages")
-        async with contextlib.aclosing(frames):
-            async for frame in frames:
-                yield frame
+    async def ReceiveMessages(self, request: pb.ReceiveMessageRequest, context: Any) -> None:
+        await self._messaging.ReceiveMessage(request, context, framing=receive.BATCH, method="ReceiveMessages")
 
     async def Session(self, request_iterator: AsyncIterator[ext.SessionRequest], context: Any) -> None:
         await session.serve(self._messaging, request_iterator, context)

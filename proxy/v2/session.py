@@ -52,13 +52,15 @@ ANSWER_OVERHEAD = 160
 
 
 class RequestContext:
-    """What the servicer reads of a call's context, for one request on a Session stream: the stream's metadata and
-    the request's own deadline."""
+    """What the servicer reads of a call's context, for one request on a Session stream: the stream's metadata,
+    the request's own deadline and, for a receive, `write` of its frames as answers to it."""
 
-    __slots__ = ("_deadline", "_metadata")
+    __slots__ = ("_deadline", "_id", "_metadata", "_session")
 
-    def __init__(self, metadata: tuple[Any, ...], deadline: float | None) -> None:
-        self._metadata = metadata
+    def __init__(self, session: Session, request_id: int, deadline: float | None) -> None:
+        self._session = session
+        self._id = request_id
+        self._metadata = session.metadata
         self._deadline = deadline
 
     def invocation_metadata(self) -> tuple[Any, ...]:
@@ -68,6 +70,21 @@ class RequestContext:
         if self._deadline is None:
             return None
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
+
+    async def write(self, frame: Any) -> None:
+        """A frame of the receive's answer, returned from once the writer gave it to grpc, as grpc's own stream
+        resumes a handler: the OK status only follows written messages, and a receive cancelled or cut off before its
+        status (the stream lost) is cancelled here, which gives its messages back —
+        tests/integration/sdk/test_session.py::test_a_stream_closed_mid_receive_gives_its_messages_back."""
+        session = self._session
+        if isinstance(frame, receive.Joined):
+            # Glued: the writer sends both in one stream message, whatever their size — the client gets both or
+            # neither (test_session.py::test_a_receive_answer_and_its_status_come_in_one_message).
+            session.answer(encoded(self._id, "receive", _serialized(frame.frame)), glued=True)
+            frame = frame.status
+        written = session._loop.create_future()
+        session.answer(encoded(self._id, "receive", _serialized(frame)), written)
+        await written
 
 
 class StreamAccount(Authenticator):
@@ -176,9 +193,11 @@ class Session:
             self.answer(refusal(request_id, kind, busy))
             return
         deadline = self._loop.time() + request.timeout_ms / 1000 if request.timeout_ms else None
-        context = RequestContext(self.metadata, deadline)
+        context = RequestContext(self, request_id, deadline)
         if kind == "receive":
-            work = self._receive(request_id, request.receive, context)
+            work = self.service.ReceiveMessage(  # no coroutine of this stream's around it while it is held
+                request.receive, context, framing=receive.SESSION_BATCH, method="ReceiveMessages", auth=self.account
+            )
             self.receives.add(request_id)
         else:
             work = self._unary(request_id, kind, _body(request, kind), context)
@@ -194,25 +213,6 @@ class Session:
     async def _unary(self, request_id: int, kind: str, request: Any, context: RequestContext) -> None:
         answer = await self.unary[kind](request, context, self.account)
         self.answer(encoded(request_id, kind, answer.SerializeToString()))
-
-    async def _receive(self, request_id: int, request: pb.ReceiveMessageRequest, context: RequestContext) -> None:
-        frames = self.service.ReceiveMessage(
-            request, context, framing=receive.SESSION_BATCH, method="ReceiveMessages", auth=self.account
-        )
-        # Each frame is awaited until grpc took it, as grpc's own stream does before asking for the next: the OK
-        # status only follows written messages, and a receive cancelled or cut off before its status (the stream
-        # lost) closes `frames` there, which gives its messages back —
-        # tests/integration/sdk/test_session.py::test_a_stream_closed_mid_receive_gives_its_messages_back.
-        async with contextlib.aclosing(frames):
-            async for frame in frames:
-                if isinstance(frame, receive.Joined):
-                    # Glued: the writer sends both in one stream message, whatever their size — the client gets both
-                    # or neither (test_session.py::test_a_receive_answer_and_its_status_come_in_one_message).
-                    self.answer(encoded(request_id, "receive", _serialized(frame.frame)), glued=True)
-                    frame = frame.status
-                written = self._loop.create_future()
-                self.answer(encoded(request_id, "receive", _serialized(frame)), written)
-                await written
 
     def cut_receives(self) -> None:
         """Cancel the receives in progress: each gives its messages back, and its client, told nothing, sends it

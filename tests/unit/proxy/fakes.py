@@ -163,3 +163,21 @@ def popped(
         store_ms=1_700_000_000_123,
     )
     return bpb.PoppedMessage(stored=stored, receipt_handle=handle(broker, token=token), delivery_attempt=attempt)
+
+
+class Frames:
+    """A call context's `write`, as grpc gives it to a server-streaming handler: the frames written, in order. With
+    `stall_at`, the write of that frame (0-based) and every later one returns only once `resume` is set: a client
+    that stops reading (`stalled` is set then)."""
+
+    def __init__(self, stall_at: int | None = None) -> None:
+        self.frames: list[Any] = []
+        self.stall_at = stall_at
+        self.stalled = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def write(self, frame: Any) -> None:
+        self.frames.append(frame)
+        if self.stall_at is not None and len(self.frames) > self.stall_at:
+            self.stalled.set()
+            await self.resume.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -22,7 +23,7 @@ from proxy.v2.ack import ack_message
 from proxy.v2.context import Call, endpoints_for
 from proxy.v2.receive import receive_message
 from tests.unit.process.exposition import created_series, family_samples
-from tests.unit.proxy.fakes import FakeBroker, handle, popped
+from tests.unit.proxy.fakes import FakeBroker, Frames, handle, popped
 
 NOW_MS = 1_700_000_000_123 + 2_000  # two seconds after the fakes' store time
 
@@ -165,8 +166,9 @@ async def test_an_answer_read_whole_is_counted_one_cut_off_before_its_status_is_
     metrics = ProxyMetrics(CollectorRegistry())
     call, broker = edge(metrics)
     broker.put(popped("b1", "m1", body=b"abc"), popped("b1", "m2", body=b"de", attempt=2))
-    frames = [frame async for frame in receive_message(call, receive_request())]
-    assert frames[-1].status.code == v2.OK
+    written = Frames()
+    assert await receive_message(call, receive_request(), written.write) == v2.OK
+    assert written.frames[-1].status.code == v2.OK
     delivered = "popgate_proxy_messages_delivered_total"
     assert sample(metrics, delivered, topic="t", group="g", delivery="first") == 1
     assert sample(metrics, delivered, topic="t", group="g", delivery="redelivery") == 1
@@ -175,10 +177,11 @@ async def test_an_answer_read_whole_is_counted_one_cut_off_before_its_status_is_
     assert seconds is not None and seconds >= time.time() - 1_700_000_001  # from the fakes' store time
 
     broker.put(popped("b1", "m3"))
-    answer = receive_message(call, receive_request())
-    await anext(answer)  # the delivery_timestamp frame
-    await anext(answer)  # the message, then the client goes away before the status
-    await answer.aclose()
+    stalled = Frames(stall_at=1)  # the delivery_timestamp frame, then the client goes away during the message's
+    answer = asyncio.create_task(receive_message(call, receive_request(), stalled.write))
+    await stalled.stalled.wait()
+    answer.cancel()
+    await asyncio.gather(answer, return_exceptions=True)
     assert sample(metrics, delivered, topic="t", group="g", delivery="first") == 1
 
 

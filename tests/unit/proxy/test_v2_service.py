@@ -19,11 +19,11 @@ from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.context import endpoints_for
 from proxy.v2.service import MessagingService
-from tests.unit.proxy.fakes import FakeBroker, popped
+from tests.unit.proxy.fakes import FakeBroker, Frames, popped
 
 
-class Context:
-    """What the servicer reads of a grpc.aio context."""
+class Context(Frames):
+    """What the servicer reads of a grpc.aio context, and its `write` (`Frames`)."""
 
     def time_remaining(self) -> float:
         return 10.0
@@ -43,11 +43,7 @@ async def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> No
     request.message_queue.topic.name = "t"
     request.long_polling_timeout.seconds = 5
 
-    async def consume() -> None:
-        async for _ in service.ReceiveMessage(request, Context()):
-            pass
-
-    task = asyncio.create_task(consume())
+    task = asyncio.create_task(service.ReceiveMessage(request, Context()))
     await asyncio.sleep(0.1)  # held: nothing to receive
     task.cancel()  # what grpc.aio does when the client goes away
     await asyncio.gather(task, return_exceptions=True)
@@ -80,7 +76,9 @@ async def test_a_receive_with_no_time_left_to_poll_is_refused_and_counted_by_why
         request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
         request.message_queue.topic.name = "t"
         request.long_polling_timeout.seconds = poll_s
-        [frame] = [f async for f in service.ReceiveMessage(request, LateContext())]
+        context = LateContext()
+        await service.ReceiveMessage(request, context)
+        [frame] = context.frames
         labels = {"group": "g", "mode": "notify", "outcome": outcome}
         out.append((frame.status.code, metrics.registry.get_sample_value("popgate_proxy_receives_total", labels)))
     assert out == [(v2.TOO_MANY_REQUESTS, 1.0), (v2.ILLEGAL_POLLING_TIME, 1.0)]
@@ -142,7 +140,8 @@ async def test_a_route_echoes_sane_endpoints_and_refuses_an_endless_list() -> No
 
 
 class ClientContext(Context):
-    def __init__(self, client_id: str) -> None:
+    def __init__(self, client_id: str, *, stall_at: int | None = None) -> None:
+        super().__init__(stall_at)
         self.client_id = client_id
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
@@ -164,11 +163,9 @@ async def test_auto_renew_receives_are_renewed_while_the_clients_telemetry_strea
         broker.put(popped("b1", "m1", token=f"{len(broker.pops) + 10:x}"))
         request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1, auto_renew=True)
         request.message_queue.topic.name = "t"
-        return [
-            f.message.system_properties.receipt_handle
-            async for f in service.ReceiveMessage(request, ClientContext(client))
-            if f.HasField("message")
-        ]
+        context = ClientContext(client)
+        await service.ReceiveMessage(request, context)
+        return [f.message.system_properties.receipt_handle for f in context.frames if f.HasField("message")]
 
     await receive("")  # names no client: not renewed
     tracked.append(len(proxy.renewer.book))
@@ -262,11 +259,14 @@ async def test_an_answer_not_read_by_its_deadline_gives_its_messages_back_and_en
     request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=2)
     request.message_queue.topic.name = "t"
     request.invisible_duration.seconds = 30
-    frames = service.ReceiveMessage(request, ClientContext("c1"))
-    kinds = [(await anext(frames)).WhichOneof("content"), (await anext(frames)).WhichOneof("content")]
-    await asyncio.sleep(0.2)  # the client reads no further: its write deadline passes
+    context = ClientContext("c1", stall_at=1)  # the message's write does not return: the client reads no further
+    answer = asyncio.create_task(service.ReceiveMessage(request, context))
+    await asyncio.sleep(0.2)  # its write deadline passes
     ready_again = [m.stored.message.message_id for m in broker.ready]
-    kinds += [f.WhichOneof("content") + ":" + v2.Code.Name(f.status.code) async for f in frames]
+    context.resume.set()  # the client reads on
+    await answer
+    kinds = [f.WhichOneof("content") for f in context.frames[:2]]
+    kinds += [f.WhichOneof("content") + ":" + v2.Code.Name(f.status.code) for f in context.frames[2:]]
     not_read = metrics.registry.get_sample_value("popgate_proxy_answers_not_read_total", {"group": "g"})
     assert kinds == ["delivery_timestamp", "message", "status:PROXY_TIMEOUT"]  # not m2, not OK
     assert not_read == 1
