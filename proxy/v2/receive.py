@@ -237,12 +237,21 @@ class _WriteDeadline:
 Write = Callable[[Any], Awaitable[None]]
 
 
-async def receive_message(call: Call, request: pb.ReceiveMessageRequest, write: Write, framing: Framing = V2) -> int:
-    """Answer one receive: its frames in `framing`, each through `write`, which returns once the frame is written
-    (as grpc's `context.write`); the code of the status written last. A coroutine, not a generator: a held receive
-    keeps no async generator (nor its entry in the loop's set of them) while it waits."""
-    receive = build_request(call, request)
-    result = await call.proxy.receive(receive)
+async def answer(
+    call: Call,
+    request: pb.ReceiveMessageRequest,
+    receive: ReceiveRequest,
+    result: ReceiveResult,
+    write: Write,
+    framing: Framing = V2,
+) -> int:
+    """Answer `receive` (`build_request` of the client's `request`) with what the core's receive gave: its frames in
+    `framing`, each through `write`, which returns once the frame is written (as grpc's `context.write`); the code
+    of the status written last. Awaited as soon as the result is there (it gives the messages back if cut off).
+
+    A coroutine made once the receive is answered, not one around its wait: a held receive keeps no frame of this
+    one, nor an async generator (and its entry in the loop's set of them) —
+    tests/unit/proxy/test_v2_service.py::test_a_held_receive_is_three_coroutines_and_no_generator."""
     complete = False  # the OK status frame was written: the client has the whole answer
     deadline: _WriteDeadline | None = None
     try:

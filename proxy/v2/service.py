@@ -193,7 +193,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         try:
             access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
-            code = await receive.receive_message(self._call(context), request, context.write, framing)
+            call = self._call(context)
+            asked = receive.build_request(call, request)
+            code = await receive.answer(call, request, asked, await call.proxy.receive(asked), context.write, framing)
         except asyncio.CancelledError:  # the client went away (or its deadline passed)
             outcome = "CANCELLED"
             raise

@@ -19,9 +19,9 @@ from proxy.metrics import DELIVERY_LATENCY_BUCKETS, ProxyMetrics
 from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
+from proxy.v2 import receive
 from proxy.v2.ack import ack_message
 from proxy.v2.context import Call, endpoints_for
-from proxy.v2.receive import receive_message
 from tests.unit.process.exposition import created_series, family_samples
 from tests.unit.proxy.fakes import FakeBroker, Frames, handle, popped
 
@@ -153,6 +153,12 @@ def edge(metrics: ProxyMetrics) -> tuple[Call, FakeBroker]:
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), metrics=metrics)
     settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
     return Call(proxy, settings, endpoints_for("127.0.0.1:1"), None), broker
+
+
+async def receive_message(call: Call, request: pb.ReceiveMessageRequest, write: receive.Write) -> int:
+    """One receive answered, as the servicer's ReceiveMessage does it."""
+    asked = receive.build_request(call, request)
+    return await receive.answer(call, request, asked, await call.proxy.receive(asked), write)
 
 
 def receive_request() -> pb.ReceiveMessageRequest:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from popgate_contract import errors
 from proxy.core import Proxy
 from proxy.metrics import ProxyMetrics
+from proxy.ports import NoMetrics
 from proxy.receive.coupled import LongPollStrategy
 from proxy.receive.notify_driver import NotifyStrategy
 from proxy.routing import BrokerPool
@@ -54,6 +56,29 @@ async def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> No
         sample(name, {"method": "ReceiveMessage", "code": "CANCELLED"}),
     )
     assert (ok, cancelled) == (None, 1.0)
+
+
+async def test_a_held_receive_is_three_coroutines_and_no_generator() -> None:
+    """A held receive is the proxy's unit of memory: while it waits, its task holds the servicer's coroutine, the
+    core's and the strategy's, which awaits its broker call itself; the answer's coroutine is made once there is
+    one (`proxy.v2.receive.answer`), and no async generator is held."""
+    pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+    service = MessagingService(
+        proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:8081"), NoMetrics()
+    )
+    request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=1)
+    request.message_queue.topic.name = "t"
+    request.long_polling_timeout.seconds = 5
+    task = asyncio.create_task(service.ReceiveMessage(request, Context()))
+    await asyncio.sleep(0.05)  # held: nothing to receive
+    chain, awaited = [], task.get_coro()
+    while inspect.iscoroutine(awaited):
+        chain.append(awaited.cr_code.co_qualname)
+        awaited = awaited.cr_await
+    assert chain == ["MessagingService.ReceiveMessage", "Proxy.receive", "LongPollStrategy.receive"]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 class LateContext(Context):
