@@ -320,8 +320,16 @@ class BrokerCore:
             await self.commits.write(ops)
         if state is not None and self.readiness.has_ready(state, tag_filter):
             return True, False
-        outcome = await self.hold.hold((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
-        return outcome is Outcome.SERVED, outcome is Outcome.FULL
+        waiter = self.hold.enter((topic, group), Kind.NOTIFICATION, tag_filter, poll_ms / 1000)
+        if isinstance(waiter, Outcome):
+            return False, waiter is Outcome.FULL
+        try:  # awaited here, as a held Pop's: a held Notification is this frame and a waiter
+            outcome = await waiter.future
+        except asyncio.CancelledError:
+            self.hold.leave((topic, group), waiter, cancelled=True)
+            raise
+        self.hold.leave((topic, group), waiter)
+        return outcome is Outcome.SERVED, False
 
     def pass_on(self, topic: str, group: str) -> bool:
         """A Notification answered ``has_message`` whose receive then took nothing here (it was answered from

@@ -151,7 +151,7 @@ async def transaction_checks(
 
 # The kinds a broker may hold (long polls): the core's call, then what fills the answer from its result. The Session
 # stream makes the answer only once the result is there, so a held request holds no answer —
-# tests/unit/broker/test_session_more.py::test_a_held_pop_or_notification_holds_no_answer.
+# tests/unit/broker/test_session_more.py::test_a_held_pop_or_notification_is_two_coroutines_and_holds_no_answer.
 Held = tuple[Callable[[BrokerCore, Any], Awaitable[Any]], Callable[[BrokerCore, Any, Any, Any], Any]]
 HELD_CALLS: dict[str, Held] = {
     "pop": (popping, fill_pop),

@@ -6,7 +6,7 @@ coming due); it wakes as many held requests as there are new matching messages,
 oldest first whatever their kind. Each hold ends with an explicit outcome. A
 caller that goes away (task cancelled) is removed at once; one woken that goes away
 before it is answered hands its wake to ``unused_wake``. Capacity is bounded: past
-it ``hold`` returns FULL immediately.
+it ``enter`` (and ``hold``) returns FULL immediately.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ class Kind(enum.Enum):
     NOTIFICATION = "notification"
 
 
-class _Waiter:
-    __slots__ = ("kind", "filter", "future", "seq")
+class Waiter:
+    """A held request: its caller awaits `future` (the outcome), then gives it to `HoldService.leave`."""
+
+    __slots__ = ("kind", "filter", "future", "seq", "timer")
 
     def __init__(self, kind: Kind, tag_filter: TagFilter, future: asyncio.Future[Outcome], seq: int) -> None:
         self.kind = kind
         self.filter = tag_filter
         self.future = future
         self.seq = seq  # arrival order across kinds
+        self.timer: asyncio.TimerHandle | None = None
 
     def resolve(self, outcome: Outcome) -> bool:
         if self.future.done():
@@ -56,7 +59,7 @@ class _Waiter:
 
 
 def _ready_once(
-    groups: dict[tuple[Kind, TagFilter], dict[_Waiter, None]], ready_check: Callable[[int], Callable[[TagFilter], bool]]
+    groups: dict[tuple[Kind, TagFilter], dict[Waiter, None]], ready_check: Callable[[int], Callable[[TagFilter], bool]]
 ) -> Callable[[TagFilter], bool]:
     """Whether something is ready for each filter held (`ready_check` set up for them all), each asked once."""
     has_ready = ready_check(len({tag_filter for _, tag_filter in groups}))
@@ -79,7 +82,7 @@ class HoldService:
         self._unused_wake = unused_wake
         # Per key, per (kind, filter), in arrival order: an arrival costs one look per filter and one
         # step per request it wakes, however many are held (it never scans every held request).
-        self._waiters: dict[Key, dict[tuple[Kind, TagFilter], dict[_Waiter, None]]] = {}
+        self._waiters: dict[Key, dict[tuple[Kind, TagFilter], dict[Waiter, None]]] = {}
         self._by_topic: dict[str, set[str]] = {}
         self.held = {Kind.POP: 0, Kind.NOTIFICATION: 0}
         self._closed = False
@@ -92,7 +95,11 @@ class HoldService:
     def keys(self) -> list[Key]:
         return list(self._waiters)
 
-    async def hold(self, key: Key, kind: Kind, tag_filter: TagFilter, timeout_s: float) -> Outcome:
+    def enter(self, key: Key, kind: Kind, tag_filter: TagFilter, timeout_s: float) -> Waiter | Outcome:
+        """Hold a request for at most `timeout_s`: its waiter, or the outcome at once when it is not held (closed,
+        no time, full). The caller awaits the waiter's future itself and then calls `leave`: a held Pop or
+        Notification keeps no coroutine of this service — tests/unit/broker/test_session_more.py::
+        test_a_held_pop_or_notification_is_two_coroutines_and_holds_no_answer."""
         if self._closed:
             return Outcome.CLOSED
         if timeout_s <= 0:
@@ -100,29 +107,42 @@ class HoldService:
         if self.total_held >= self.capacity:
             return Outcome.FULL
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(kind, tag_filter, loop.create_future(), next(self._arrivals))
+        waiter = Waiter(kind, tag_filter, loop.create_future(), next(self._arrivals))
         self._add(key, waiter)
-        timer = loop.call_later(timeout_s, waiter.resolve, Outcome.TIMED_OUT)
-        try:
-            return await waiter.future
-        except asyncio.CancelledError:
-            if waiter.served and self._unused_wake is not None:
-                # Woken, then cancelled before this task ran again (a cancel frame read in the wake's turn): its
-                # caller never sees the wake, which an arrival gives to one request per message, so another held
-                # request gets it (the woken one is no longer held) — tests/unit/broker/test_arrival.py::
-                # test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wake_on
-                self._unused_wake(key)
-            raise
-        finally:
-            timer.cancel()
-            self._remove(key, waiter)
+        waiter.timer = loop.call_later(timeout_s, waiter.resolve, Outcome.TIMED_OUT)
+        return waiter
 
-    def _add(self, key: Key, waiter: _Waiter) -> None:
+    def leave(self, key: Key, waiter: Waiter, *, cancelled: bool = False) -> None:
+        """The caller is done with `waiter` (answered, or `cancelled`: its task was cancelled while it waited)."""
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        self._remove(key, waiter)
+        if cancelled and waiter.served and self._unused_wake is not None:
+            # Woken, then cancelled before its task ran again (a cancel frame read in the wake's turn): its caller
+            # never sees the wake, which an arrival gives to one request per message, so another held request gets
+            # it (the woken one is no longer held) — tests/unit/broker/test_arrival.py::
+            # test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wake_on
+            self._unused_wake(key)
+
+    async def hold(self, key: Key, kind: Kind, tag_filter: TagFilter, timeout_s: float) -> Outcome:
+        """`enter`, the wait and `leave` in one coroutine, for a caller that may keep one more frame."""
+        waiter = self.enter(key, kind, tag_filter, timeout_s)
+        if isinstance(waiter, Outcome):
+            return waiter
+        try:
+            outcome = await waiter.future
+        except asyncio.CancelledError:
+            self.leave(key, waiter, cancelled=True)
+            raise
+        self.leave(key, waiter)
+        return outcome
+
+    def _add(self, key: Key, waiter: Waiter) -> None:
         self._waiters.setdefault(key, {}).setdefault((waiter.kind, waiter.filter), {})[waiter] = None
         self._by_topic.setdefault(key[0], set()).add(key[1])
         self.held[waiter.kind] += 1
 
-    def _remove(self, key: Key, waiter: _Waiter) -> None:
+    def _remove(self, key: Key, waiter: Waiter) -> None:
         """Forget a held request (once: woken requests are removed when woken, and again on return)."""
         groups = self._waiters.get(key)
         group = groups.get((waiter.kind, waiter.filter)) if groups is not None else None
@@ -170,7 +190,7 @@ class HoldService:
         if not groups:
             return 0
         woken = 0
-        empty: dict[_Waiter, None] = {}
+        empty: dict[Waiter, None] = {}
         for tag_filter in {f for _, f in groups}:
             budget = matching(tag_filter)
             pops = groups.get((Kind.POP, tag_filter), empty)  # emptied in place as they are woken
@@ -206,7 +226,7 @@ class HoldService:
         if not groups:
             return False
         ready = _ready_once(groups, ready_check)
-        oldest: _Waiter | None = None
+        oldest: Waiter | None = None
         for (_, tag_filter), group in groups.items():
             first = next(iter(group), None)  # each group is in arrival order
             if first is not None and (oldest is None or first.seq < oldest.seq) and ready(tag_filter):

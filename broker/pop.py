@@ -84,7 +84,17 @@ class Pops:
                     continue
             ops = []
             wait_s = deadline - loop.time()
-            outcome = await self.hold.hold((topic, group), Kind.POP, tag_filter, wait_s)
+            waiter = self.hold.enter((topic, group), Kind.POP, tag_filter, wait_s)
+            if isinstance(waiter, Outcome):
+                outcome = waiter
+            else:  # awaited here, not in a coroutine of the hold's: a held Pop is one frame and a waiter
+                try:
+                    outcome = await waiter.future
+                except asyncio.CancelledError:
+                    self.hold.leave((topic, group), waiter, cancelled=True)
+                    raise
+                self.hold.leave((topic, group), waiter)
+                del waiter
             held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT))
             if outcome is not Outcome.SERVED:
                 return PopResult([], polling_full=outcome is Outcome.FULL, held=held)
