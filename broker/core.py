@@ -28,7 +28,6 @@ import asyncio
 import functools
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from sys import intern
 
 from popgate_pb import broker_pb2 as pb
 
@@ -252,8 +251,7 @@ class BrokerCore:
     ) -> Coroutine[object, object, PopResult]:
         """The Pop path's coroutine itself (no frame of this one while a Pop is held); a bad read raises here."""
         tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
-        # Interned: the held Pops of a group share one string of each name, not two copies each.
-        return self.pops.pop(intern(topic), intern(group), tag_filter, max_messages, invisible_ms, poll_ms)
+        return self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
         return self.pops.release(topic, group, handles)
@@ -313,7 +311,6 @@ class BrokerCore:
     async def notification(self, topic: str, group: str, expression: str, poll_ms: int) -> tuple[bool, bool]:
         """(has_message, polling_full); consumes nothing."""
         tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
-        topic, group = intern(topic), intern(group)  # held ones share one string of each name (as Pops)
         ops: list[Op] = []
         state = self.consumers.reader(group, topic, tag_filter, ops, pop_filter=False)
         if ops:

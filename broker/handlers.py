@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from sys import intern
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
@@ -31,20 +32,30 @@ async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) 
         )
 
 
-def popping(core: BrokerCore, request: pb.PopRequest) -> Awaitable[PopResult]:
+class Asked(NamedTuple):
+    """What the answer to a request that may be held (and its undo) needs of the request, read before it is held:
+    a held request keeps no protobuf (a message's arena, or the whole stream message it came in)."""
+
+    topic: str
+    group: str
+    v2: bool = False
+
+
+def popping(core: BrokerCore, request: pb.PopRequest) -> tuple[Awaitable[PopResult], Asked]:
     r = request
-    return core.pop(r.topic, r.group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms)
+    topic, group = intern(r.topic), intern(r.group)  # the group's held requests share one string of each
+    return core.pop(topic, group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms), Asked(topic, group, r.v2)
 
 
 async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:
-    return fill_pop(core, request, await popping(core, request), out)
+    waiting, asked = popping(core, request)
+    return fill_pop(core, asked, await waiting, out)
 
 
-def fill_pop(core: BrokerCore, request: pb.PopRequest, result: PopResult, out: pb.PopResponse) -> PopResult:
+def fill_pop(core: BrokerCore, asked: Asked, result: PopResult, out: pb.PopResponse) -> PopResult:
     """`out`: the answer of a Pop that got `result`."""
-    r = request
     add = out.messages.add
-    v2 = r.v2
+    v2 = asked.v2
     for p in result.messages:
         popped = add(receipt_handle=p.handle, delivery_attempt=p.attempt, invisible_until_ms=p.invisible_until_ms)
         stored = popped.stored
@@ -53,7 +64,7 @@ def fill_pop(core: BrokerCore, request: pb.PopRequest, result: PopResult, out: p
             message.MergeFromString(p.payload)
         except DecodeError:  # damaged on disk: the others are answered, this one goes to the DLQ as it is
             del out.messages[-1]
-            core.unreadable(r.topic, r.group, p.handle)
+            core.unreadable(asked.topic, asked.group, p.handle)
             continue
         if not v2:  # the proxy's byte path reads it; a Pop without `v2` is answered as before
             message.ClearField("v2_system")
@@ -106,17 +117,17 @@ async def renew(core: BrokerCore, request: pb.RenewRequest, out: pb.RenewRespons
     _results(out.results, handles, outcome)
 
 
-def noticing(core: BrokerCore, request: pb.NotificationRequest) -> Awaitable[tuple[bool, bool]]:
-    return core.notification(request.topic, request.group, request.filter, request.poll_ms)
+def noticing(core: BrokerCore, request: pb.NotificationRequest) -> tuple[Awaitable[tuple[bool, bool]], Asked]:
+    topic, group = intern(request.topic), intern(request.group)
+    return core.notification(topic, group, request.filter, request.poll_ms), Asked(topic, group)
 
 
 async def notification(core: BrokerCore, request: pb.NotificationRequest, out: pb.NotificationResponse) -> None:
-    fill_notification(core, request, await noticing(core, request), out)
+    waiting, asked = noticing(core, request)
+    fill_notification(core, asked, await waiting, out)
 
 
-def fill_notification(
-    core: BrokerCore, request: pb.NotificationRequest, result: tuple[bool, bool], out: pb.NotificationResponse
-) -> None:
+def fill_notification(core: BrokerCore, asked: Asked, result: tuple[bool, bool], out: pb.NotificationResponse) -> None:
     out.has_message, out.polling_full = result
 
 
@@ -149,10 +160,11 @@ async def transaction_checks(
         stored.store_ms = c.row.store_ms
 
 
-# The kinds a broker may hold (long polls): the core's call, then what fills the answer from its result. The Session
-# stream makes the answer only once the result is there, so a held request holds no answer —
-# tests/unit/broker/test_session_more.py::test_a_held_pop_or_notification_is_two_coroutines_and_holds_no_answer.
-Held = tuple[Callable[[BrokerCore, Any], Awaitable[Any]], Callable[[BrokerCore, Any, Any, Any], Any]]
+# The kinds a broker may hold (long polls): the core's call (what to await, and what the answer needs of the request),
+# then what fills the answer from its result. The Session stream drops the request before it awaits and makes the
+# answer only once the result is there, so a held request holds neither —
+# tests/unit/broker/test_session_more.py::test_a_held_pop_or_notification_is_two_coroutines_and_holds_no_protobuf.
+Held = tuple[Callable[[BrokerCore, Any], tuple[Awaitable[Any], Asked]], Callable[[BrokerCore, Asked, Any, Any], Any]]
 HELD_CALLS: dict[str, Held] = {
     "pop": (popping, fill_pop),
     "notification": (noticing, fill_notification),

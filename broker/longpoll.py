@@ -99,7 +99,7 @@ class HoldService:
         """Hold a request for at most `timeout_s`: its waiter, or the outcome at once when it is not held (closed,
         no time, full). The caller awaits the waiter's future itself and then calls `leave`: a held Pop or
         Notification keeps no coroutine of this service — tests/unit/broker/test_session_more.py::
-        test_a_held_pop_or_notification_is_two_coroutines_and_holds_no_answer."""
+        test_a_held_pop_or_notification_is_two_coroutines_and_holds_no_protobuf."""
         if self._closed:
             return Outcome.CLOSED
         if timeout_s <= 0:

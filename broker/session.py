@@ -13,12 +13,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as pb
 
 from broker.core import BrokerCore
-from broker.handlers import HELD_CALLS, SESSION_CALLS
+from broker.handlers import HELD_CALLS, SESSION_CALLS, Asked
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
 from popgate_contract.session_client import MORE_KEY, join
@@ -97,20 +98,16 @@ class Session:
     def take(self, request: pb.SessionRequest) -> None:
         """One stream message: its request, then each of its `more` in order, as if each came alone
         (tests/unit/broker/test_session_more.py). One level: an entry with `more` of its own is refused, and the
-        requests nested in it are not served. A long poll from a joined message is served from a copy of its own,
-        so that holding it does not hold the whole message (up to a MiB of Sends) for its poll time."""
-        more = request.more
-        if not more:
-            self.dispatch(request)
-            return
-        self.dispatch(request, detach=True)
-        for entry in more:
+        requests nested in it are not served. A long poll held keeps nothing of the message (up to a MiB of Sends):
+        see `_serve`."""
+        self.dispatch(request)
+        for entry in request.more:
             if entry.more:
                 self._error(entry.id, errors.BadRequest("session: `more` inside `more`"))
             else:
-                self.dispatch(entry, detach=True)
+                self.dispatch(entry)
 
-    def dispatch(self, request: pb.SessionRequest, *, detach: bool = False) -> None:
+    def dispatch(self, request: pb.SessionRequest) -> None:
         kind = request.WhichOneof("body")
         if kind == "cancel":
             task = self.pending.pop(request.id, None)
@@ -132,8 +129,6 @@ class Session:
         if not held and self.short >= SESSION_MAX_SHORT:
             self._error(request.id, errors.TooManyRequests(f"session has {SESSION_MAX_SHORT} pending {kind} requests"))
             return
-        if held and detach:
-            request = _detached(request, kind)
         task = asyncio.get_running_loop().create_task(self._serve(request, kind))
         self.pending[request.id] = task
         if held:
@@ -150,43 +145,48 @@ class Session:
     async def _serve(self, request: pb.SessionRequest, kind: str) -> None:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
-        core = self.core
+        request_id = request.id
         try:
-            asked = getattr(request, kind)
             held = HELD_CALLS.get(kind)
-            if held is not None:  # the answer is made once there is a result: a held request holds none
-                call, fill = held
-                result = await call(core, asked)
-            response = pb.SessionResponse(id=request.id)
-            body = getattr(response, kind)
-            body.SetInParent()  # an answer with no field set is still an answer of this kind
-            if held is not None:
-                fill(core, asked, result, body)
+            if held is None:
+                response = pb.SessionResponse(id=request_id)
+                body = getattr(response, kind)
+                body.SetInParent()  # an answer with no field set is still an answer of this kind
+                await SESSION_CALLS[kind](self.core, getattr(request, kind), body)
+                self.answer(response)
             else:
-                result = await SESSION_CALLS[kind](core, asked, body)
-            self.answer(response)
-            if kind == "pop" and result.messages:
-                pop = request.pop  # handles from the core's own values, not the protobuf
-                popped = [p.handle for p in result.messages]
-                self._undoable(request.id, functools.partial(core.release, pop.topic, pop.group, popped))
-            elif kind == "notification" and response.notification.has_message:
-                note = request.notification
-                self._undoable(request.id, functools.partial(core.pass_on, note.topic, note.group))
+                waiting, asked = held[0](self.core, getattr(request, kind))
+                del request  # held with no protobuf: not its own arena, nor that of a joined stream message
+                self._answer_held(request_id, kind, asked, await waiting, held[1])
         except errors.DomainError as exc:
             code = status_of(exc)
-            self._error(request.id, exc)
+            self._error(request_id, exc)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
         except Exception as exc:
             code = grpc.StatusCode.INTERNAL
             log.exception("session %s failed", kind)
-            self._error(request.id, errors.DomainError(f"internal error: {type(exc).__name__}"))
+            self._error(request_id, errors.DomainError(f"internal error: {type(exc).__name__}"))
         finally:
-            if self.pending.get(request.id) is asyncio.current_task():  # not a later request that reused the id
-                del self.pending[request.id]
-                self.held.pop(request.id, None)
+            if self.pending.get(request_id) is asyncio.current_task():  # not a later request that reused the id
+                del self.pending[request_id]
+                self.held.pop(request_id, None)
             self.metrics.rpc_duration.labels(f"Session.{kind}", code.name).observe(time.perf_counter() - started)
+
+    def _answer_held(self, request_id: int, kind: str, asked: Asked, result: Any, fill: Callable[..., Any]) -> None:
+        """The answer to a request that may have been held, made now that there is a `result`: a held request holds
+        no answer. One a caller may not use can be undone (see `unused`)."""
+        response = pb.SessionResponse(id=request_id)
+        body = getattr(response, kind)
+        body.SetInParent()
+        fill(self.core, asked, result, body)
+        self.answer(response)
+        if kind == "pop" and result.messages:
+            popped = [p.handle for p in result.messages]  # handles from the core's own values, not the protobuf
+            self._undoable(request_id, functools.partial(self.core.release, asked.topic, asked.group, popped))
+        elif kind == "notification" and body.has_message:
+            self._undoable(request_id, functools.partial(self.core.pass_on, asked.topic, asked.group))
 
     def _undoable(self, request_id: int, undo: Callable[[], object]) -> None:
         self.unused[request_id] = undo
@@ -208,13 +208,6 @@ class Session:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _detached(request: pb.SessionRequest, kind: str) -> pb.SessionRequest:
-    """`request` (an entry of a joined stream message) as a message of its own."""
-    alone = pb.SessionRequest(id=request.id)
-    getattr(alone, kind).CopyFrom(getattr(request, kind))
-    return alone
 
 
 def gather(outbox: asyncio.Queue[bytes | None], first: bytes, *, joined: bool) -> tuple[bytes, int, bytes | None]:
@@ -269,6 +262,7 @@ async def serve(
     async def read() -> None:
         async for request in request_iterator:
             session.take(request)
+            del request  # a stream waiting for its next message keeps nothing of the last (nor do held requests)
             if session.outbox_bytes > SESSION_MAX_OUTBOX_BYTES:
                 # The caller reads its answers slower than it asks: stop reading its requests (HTTP/2
                 # flow control then holds it back) until the answers it has not taken fit again.

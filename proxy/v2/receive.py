@@ -239,19 +239,22 @@ Write = Callable[[Any], Awaitable[None]]
 
 async def answer(
     call: Call,
-    request: pb.ReceiveMessageRequest,
     receive: ReceiveRequest,
     result: ReceiveResult,
     write: Write,
     framing: Framing = V2,
+    *,
+    namespace: str = "",
+    auto_renew: bool = False,
 ) -> int:
-    """Answer `receive` (`build_request` of the client's `request`) with what the core's receive gave: its frames in
-    `framing`, each through `write`, which returns once the frame is written (as grpc's `context.write`); the code
-    of the status written last. Awaited as soon as the result is there (it gives the messages back if cut off).
+    """Answer `receive` (`build_request` of the client's request, whose resource namespace and auto_renew are given)
+    with what the core's receive gave: its frames in `framing`, each through `write`, which returns once the frame is
+    written (as grpc's `context.write`); the code of the status written last. Awaited as soon as the result is there
+    (it gives the messages back if cut off).
 
     A coroutine made once the receive is answered, not one around its wait: a held receive keeps no frame of this
     one, nor an async generator (and its entry in the loop's set of them) —
-    tests/unit/proxy/test_v2_service.py::test_a_held_receive_is_three_coroutines_and_no_generator."""
+    tests/unit/proxy/test_v2_service.py::test_a_held_receive_is_three_coroutines_and_no_generator_or_protobuf."""
     complete = False  # the OK status frame was written: the client has the whole answer
     deadline: _WriteDeadline | None = None
     try:
@@ -262,13 +265,12 @@ async def answer(
         # Past the invisible time the messages are redelivered anyway: what the client would read then is stale.
         write_s = min(call.settings.max_answer_write_s, receive.invisible_ms / 1000)
         deadline = _WriteDeadline(result, write_s, call.proxy, receive.group)
-        if request.auto_renew:  # tracked before written, so that no ack can come first
+        if auto_renew:  # tracked before written, so that no ack can come first
             deadline.renewed = [m.receipt_handle for m in result.messages]
             call.proxy.renewer.track(call.client_id, receive.group, deadline.renewed)
         opening = framing.opening()
         if opening is not None:
             await write(opening)
-        namespace = request.group.resource_namespace
         ranges = framing.frames(result.body_sizes())
         last = ranges[-1] if getattr(framing, "joins_status", False) else None
         for indexes in ranges:  # no reference to a message kept across the write

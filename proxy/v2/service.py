@@ -195,7 +195,15 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             self._consumer_seen(request, context)
             call = self._call(context)
             asked = receive.build_request(call, request)
-            code = await receive.answer(call, request, asked, await call.proxy.receive(asked), context.write, framing)
+            namespace, auto_renew = request.group.resource_namespace, request.auto_renew
+            # Held with no protobuf: a parsed request keeps an arena of its own or, from a Session stream, the whole
+            # stream message it came in — test_v2_service.py::
+            # test_a_held_receive_is_three_coroutines_and_no_generator_or_protobuf.
+            del request
+            result = await call.proxy.receive(asked)
+            code = await receive.answer(
+                call, asked, result, context.write, framing, namespace=namespace, auto_renew=auto_renew
+            )
         except asyncio.CancelledError:  # the client went away (or its deadline passed)
             outcome = "CANCELLED"
             raise

@@ -276,17 +276,23 @@ async def _write(session: Session, context: Any) -> None:
 
 async def _read(session: Session, requests: AsyncIterator[ext.SessionRequest]) -> None:
     async for request in requests:
-        session.dispatch(request)
-        for more in request.more:
-            if session.outbox_bytes > MAX_OUTBOX_BYTES:  # one message may hold thousands of requests
-                await session.room.wait()
-            if more.more:  # one level: a client that nests them is refused, its nested requests unanswered
-                session.answer(refusal(more.id, None, errors.BadRequest("session: `more` inside `more`")))
-            else:
-                session.dispatch(more)
+        await _take(session, request)
+        del request  # a stream waiting for its next message keeps nothing of the last (nor do its held receives)
         if session.outbox_bytes > MAX_OUTBOX_BYTES:
             # The client reads its answers slower than it asks: read none of its requests until they fit again.
             await session.room.wait()
+
+
+async def _take(session: Session, request: ext.SessionRequest) -> None:
+    """One stream message: its request, then each of its `more` in order."""
+    session.dispatch(request)
+    for more in request.more:
+        if session.outbox_bytes > MAX_OUTBOX_BYTES:  # one message may hold thousands of requests
+            await session.room.wait()
+        if more.more:  # one level: a client that nests them is refused, its nested requests unanswered
+            session.answer(refusal(more.id, None, errors.BadRequest("session: `more` inside `more`")))
+        else:
+            session.dispatch(more)
 
 
 async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRequest], context: Any) -> None:

@@ -92,9 +92,13 @@ def _encoded(response: Any, serialize: Callable[[Any], bytes] | None) -> bytes:
 
 
 async def requests(stream: Stream, deserialize: Callable[[bytes], Any] | None) -> AsyncIterator[Any]:
-    """A streaming call's requests, as they arrive, until the client ends its side."""
+    """A streaming call's requests, as they arrive, until the client ends its side. Waiting for the next one, it
+    keeps nothing of the last (a stream idle for a long poll's time)."""
     while (message := await stream.read_bytes()) is not None:
-        yield message if deserialize is None else deserialize(message)
+        request = message if deserialize is None else deserialize(message)
+        del message
+        yield request
+        del request
 
 
 async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, first: bytes | None) -> None:
@@ -107,9 +111,11 @@ async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, 
             request: Any = requests(stream, deserialize)
         else:
             request = first if deserialize is None else deserialize(first)
+            first = None  # only the request is kept, and by the handler alone (below)
         if handler.response_streaming:
             method = handler.stream_stream if handler.request_streaming else handler.unary_stream
             result = method(request, context)
+            del request  # the handler's alone: one that drops it keeps no protobuf while the call lasts (a long poll)
             if inspect.isasyncgen(result):
                 try:
                     async for response in result:

@@ -158,7 +158,7 @@ def edge(metrics: ProxyMetrics) -> tuple[Call, FakeBroker]:
 async def receive_message(call: Call, request: pb.ReceiveMessageRequest, write: receive.Write) -> int:
     """One receive answered, as the servicer's ReceiveMessage does it."""
     asked = receive.build_request(call, request)
-    return await receive.answer(call, request, asked, await call.proxy.receive(asked), write)
+    return await receive.answer(call, asked, await call.proxy.receive(asked), write)
 
 
 def receive_request() -> pb.ReceiveMessageRequest:

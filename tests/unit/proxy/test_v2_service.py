@@ -7,6 +7,7 @@ import inspect
 from collections.abc import AsyncIterator
 
 import pytest
+from google.protobuf.message import Message
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from prometheus_client import CollectorRegistry
@@ -58,10 +59,11 @@ async def test_a_receive_its_client_abandons_is_counted_cancelled_not_ok() -> No
     assert (ok, cancelled) == (None, 1.0)
 
 
-async def test_a_held_receive_is_three_coroutines_and_no_generator() -> None:
+async def test_a_held_receive_is_three_coroutines_and_no_generator_or_protobuf() -> None:
     """A held receive is the proxy's unit of memory: while it waits, its task holds the servicer's coroutine, the
     core's and the strategy's, which awaits its broker call itself; the answer's coroutine is made once there is
-    one (`proxy.v2.receive.answer`), and no async generator is held."""
+    one (`proxy.v2.receive.answer`); no async generator is held, and no protobuf (each one an arena of its own):
+    not the client's request, nor the broker's."""
     pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
     service = MessagingService(
@@ -72,11 +74,13 @@ async def test_a_held_receive_is_three_coroutines_and_no_generator() -> None:
     request.long_polling_timeout.seconds = 5
     task = asyncio.create_task(service.ReceiveMessage(request, Context()))
     await asyncio.sleep(0.05)  # held: nothing to receive
-    chain, awaited = [], task.get_coro()
+    chain, kept, awaited = [], [], task.get_coro()
     while inspect.iscoroutine(awaited):
         chain.append(awaited.cr_code.co_qualname)
+        kept += [name for name, value in awaited.cr_frame.f_locals.items() if isinstance(value, Message)]
         awaited = awaited.cr_await
     assert chain == ["MessagingService.ReceiveMessage", "Proxy.receive", "LongPollStrategy.receive"]
+    assert kept == []
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
