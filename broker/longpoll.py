@@ -6,7 +6,7 @@ coming due); it wakes as many held requests as there are new matching messages,
 oldest first whatever their kind. Each hold ends with an explicit outcome. A
 caller that goes away (task cancelled) is removed at once; one woken that goes away
 before it is answered hands its wake to ``unused_wake``. Capacity is bounded: past
-it ``enter`` (and ``hold``) returns FULL immediately.
+it ``enter`` returns FULL immediately.
 """
 
 from __future__ import annotations
@@ -123,19 +123,6 @@ class HoldService:
             # it (the woken one is no longer held) — tests/unit/broker/test_arrival.py::
             # test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wake_on
             self._unused_wake(key)
-
-    async def hold(self, key: Key, kind: Kind, tag_filter: TagFilter, timeout_s: float) -> Outcome:
-        """`enter`, the wait and `leave` in one coroutine, for a caller that may keep one more frame."""
-        waiter = self.enter(key, kind, tag_filter, timeout_s)
-        if isinstance(waiter, Outcome):
-            return waiter
-        try:
-            outcome = await waiter.future
-        except asyncio.CancelledError:
-            self.leave(key, waiter, cancelled=True)
-            raise
-        self.leave(key, waiter)
-        return outcome
 
     def _add(self, key: Key, waiter: Waiter) -> None:
         self._waiters.setdefault(key, {}).setdefault((waiter.kind, waiter.filter), {})[waiter] = None

@@ -1,7 +1,21 @@
 import asyncio
 
 from broker.filters import MATCH_ALL, TagFilter
-from broker.longpoll import HoldService, Kind, Outcome
+from broker.longpoll import HoldService, Key, Kind, Outcome
+
+
+async def holding(service: HoldService, key: Key, kind: Kind, tag_filter: TagFilter, timeout_s: float) -> Outcome:
+    """A request held as the broker's callers hold one: `enter`, await the waiter, `leave`."""
+    waiter = service.enter(key, kind, tag_filter, timeout_s)
+    if isinstance(waiter, Outcome):
+        return waiter
+    try:
+        outcome = await waiter.future
+    except asyncio.CancelledError:
+        service.leave(key, waiter, cancelled=True)
+        raise
+    service.leave(key, waiter)
+    return outcome
 
 
 async def test_arrival_wakes_one_request_per_message_oldest_first_whatever_its_kind() -> None:
@@ -11,7 +25,7 @@ async def test_arrival_wakes_one_request_per_message_oldest_first_whatever_its_k
     key = ("t", "g")
     held = []
     for kind in (Kind.NOTIFICATION, Kind.POP, Kind.NOTIFICATION, Kind.POP, Kind.NOTIFICATION):
-        held.append(asyncio.ensure_future(hold.hold(key, kind, MATCH_ALL, 5)))
+        held.append(asyncio.ensure_future(holding(hold, key, kind, MATCH_ALL, 5)))
         await asyncio.sleep(0)  # held in this order
     assert hold.total_held == 5
     assert hold.arrived(key, ["x", "y", "z"]) == 3  # the three oldest
@@ -25,8 +39,8 @@ async def test_arrival_wakes_one_request_per_message_oldest_first_whatever_its_k
 async def test_filter_decides_who_is_woken() -> None:
     hold = HoldService(capacity=10)
     key = ("t", "g")
-    red = asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse("red"), 0.2))
-    blue = asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse("blue"), 5))
+    red = asyncio.ensure_future(holding(hold, key, Kind.POP, TagFilter.parse("red"), 0.2))
+    blue = asyncio.ensure_future(holding(hold, key, Kind.POP, TagFilter.parse("blue"), 5))
     await asyncio.sleep(0)
     hold.arrived(key, ["blue", None])
     assert (await red, await blue) == (Outcome.TIMED_OUT, Outcome.SERVED)
@@ -34,7 +48,7 @@ async def test_filter_decides_who_is_woken() -> None:
 
 async def test_redelivery_wake_ignores_tags() -> None:
     hold = HoldService(capacity=10)
-    task = asyncio.ensure_future(hold.hold(("t", "g"), Kind.POP, TagFilter.parse("red"), 5))
+    task = asyncio.ensure_future(holding(hold, ("t", "g"), Kind.POP, TagFilter.parse("red"), 5))
     await asyncio.sleep(0)
     assert hold.wake(("t", "g"), 1) == 1
     assert await task is Outcome.SERVED
@@ -42,13 +56,13 @@ async def test_redelivery_wake_ignores_tags() -> None:
 
 async def test_capacity_and_cancellation() -> None:
     hold = HoldService(capacity=1)
-    first = asyncio.ensure_future(hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5))
+    first = asyncio.ensure_future(holding(hold, ("t", "g"), Kind.POP, MATCH_ALL, 5))
     await asyncio.sleep(0)
-    assert await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5) is Outcome.FULL
+    assert await holding(hold, ("t", "g"), Kind.POP, MATCH_ALL, 5) is Outcome.FULL
     first.cancel()
     await asyncio.sleep(0)
     assert hold.total_held == 0 and hold.keys() == []
-    assert await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 0.01) is Outcome.TIMED_OUT
+    assert await holding(hold, ("t", "g"), Kind.POP, MATCH_ALL, 0.01) is Outcome.TIMED_OUT
 
 
 async def test_a_woken_request_leaves_the_held_count_at_once_and_a_filter_is_matched_once() -> None:
@@ -61,7 +75,7 @@ async def test_a_woken_request_leaves_the_held_count_at_once_and_a_filter_is_mat
 
     hold = HoldService(capacity=5000)
     key = ("t", "g")
-    held = [asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, MATCH_ALL, 5)) for _ in range(4000)]
+    held = [asyncio.ensure_future(holding(hold, key, Kind.NOTIFICATION, MATCH_ALL, 5)) for _ in range(4000)]
     await asyncio.sleep(0)
     assert hold._wake(key, counting) == 1  # one message: the oldest is woken
     assert calls == 1  # the filter was looked at once, not once per held request
@@ -85,7 +99,7 @@ async def test_an_arrival_reads_its_tags_once_however_many_distinct_filters_are_
     every filter read every arrived tag. Now the tags are counted once and each filter looks up its own."""
     hold = HoldService(capacity=1000)
     key = ("t", "g")
-    held = [asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse(f"tag{i}"), 5)) for i in range(500)]
+    held = [asyncio.ensure_future(holding(hold, key, Kind.POP, TagFilter.parse(f"tag{i}"), 5)) for i in range(500)]
     await asyncio.sleep(0)
     tags = _CountingTags(["tag7"] * 3 + ["other"] * 1021)
     woken = hold.arrived(key, tags)
@@ -103,8 +117,8 @@ async def test_each_filter_is_woken_for_the_arrivals_it_matches_oldest_first() -
     held: dict[str, list[asyncio.Future[Outcome]]] = {}
     for expression in ("a", "a || b", "*", "c", "b || zz"):
         tag_filter = TagFilter.parse(expression)
-        notes = [asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, tag_filter, 5)) for _ in range(2)]
-        pops = [asyncio.ensure_future(hold.hold(key, Kind.POP, tag_filter, 5)) for _ in range(2)]
+        notes = [asyncio.ensure_future(holding(hold, key, Kind.NOTIFICATION, tag_filter, 5)) for _ in range(2)]
+        pops = [asyncio.ensure_future(holding(hold, key, Kind.POP, tag_filter, 5)) for _ in range(2)]
         held[expression] = pops + notes
     await asyncio.sleep(0)
     # a: 2, a || b: 3, *: 4, c: 0, b || zz: 1
@@ -124,7 +138,7 @@ async def test_each_filter_is_woken_for_the_arrivals_it_matches_oldest_first() -
 async def test_the_sweep_wakes_each_held_request_whose_own_filter_has_something_ready() -> None:
     hold = HoldService(capacity=10)
     key = ("t", "g")
-    held = [asyncio.ensure_future(hold.hold(key, Kind.POP, TagFilter.parse(t), 0.3)) for t in ("a", "b", "b", "c")]
+    held = [asyncio.ensure_future(holding(hold, key, Kind.POP, TagFilter.parse(t), 0.3)) for t in ("a", "b", "b", "c")]
     await asyncio.sleep(0)
     set_up_for: list[int] = []
 
@@ -142,9 +156,11 @@ async def test_the_sweep_wakes_each_held_request_whose_own_filter_has_something_
 async def test_a_wake_passed_on_goes_to_the_oldest_request_something_is_ready_for() -> None:
     hold = HoldService(capacity=10)
     key = ("t", "g")
-    red = asyncio.ensure_future(hold.hold(key, Kind.NOTIFICATION, TagFilter.parse("red"), 5))
+    red = asyncio.ensure_future(holding(hold, key, Kind.NOTIFICATION, TagFilter.parse("red"), 5))
     await asyncio.sleep(0)
-    blue = [asyncio.ensure_future(hold.hold(key, kind, TagFilter.parse("blue"), 5)) for kind in (Kind.POP, Kind.POP)]
+    blue = [
+        asyncio.ensure_future(holding(hold, key, kind, TagFilter.parse("blue"), 5)) for kind in (Kind.POP, Kind.POP)
+    ]
     await asyncio.sleep(0)
     only_blue = lambda n: lambda f: f == TagFilter.parse("blue")  # noqa: E731 (what is ready: one blue message)
     assert hold.wake_oldest_ready(key, only_blue)  # not red's, older but with nothing ready

@@ -20,6 +20,7 @@ from broker.send import SendPath
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, NewMessage, Op, Record
 from popgate_contract.errors import StoreUnavailable
+from tests.unit.broker.test_longpoll import holding
 
 MAX_ATTEMPTS = 3
 SETTINGS = BrokerSettings(max_delivery_attempts=MAX_ATTEMPTS, group_max_attempts=(("fast", 1),))
@@ -143,7 +144,7 @@ async def test_deadline_timer_wakes_a_held_pop() -> None:
     redelivery, state, hold = make(CommitLog())
     state.deliver(0, 0, Delivery(1, 11, redelivery.clock.now_ms() + 50))
     redelivery.schedule(state)
-    outcome = await hold.hold(("t", "g"), Kind.POP, MATCH_ALL, 5.0)
+    outcome = await holding(hold, ("t", "g"), Kind.POP, MATCH_ALL, 5.0)
     assert redelivery.take(state, now=redelivery.clock.now_ms(), want=1) == [(0, 0, 2)]
     await redelivery.close()
     assert outcome is Outcome.SERVED
