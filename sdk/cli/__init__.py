@@ -13,6 +13,7 @@ from popgate_process.grpc_engine import prefer_poller_io
 # own error lines would land among them (one at exit after Ctrl-C interrupts a held receive, on some runs) —
 # tests/integration/sdk/test_cli.py::test_ctrl_c_during_receive_prints_the_summary. GRPC_VERBOSITY=ERROR (or
 # any level an operator sets) brings them back. Only before grpc loads, as the engine choice.
+OPERATOR_GRPC_VERBOSITY = os.environ.get("GRPC_VERBOSITY")  # set before the command ran: grpc's lines are wanted
 if "grpc" not in sys.modules:
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 prefer_poller_io()

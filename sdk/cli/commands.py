@@ -30,7 +30,7 @@ from .options import (
     number,
     quiet_option,
 )
-from .output import error_console, explain, msg_rate, plural, progress, stdout_is_a_terminal
+from .output import closed_at_end, error_console, explain, msg_rate, plural, progress, stdout_is_a_terminal
 
 
 def add_parsers(sub: Sub) -> None:
@@ -210,7 +210,7 @@ def receive_command(args: argparse.Namespace) -> int:
     # Progress only when stdout is not the terminal: there the messages themselves show it.
     shown = progress(err, quiet=args.quiet or stdout_is_a_terminal(), redirect_stdout=False)
     try:
-        with consumer:
+        with closed_at_end(consumer):
             check_listening(args.endpoint)
             with shown as bar:
                 task = bar.add_task(f"receive {args.topic}", total=args.count or None, rate="")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -13,6 +16,12 @@ from rich.table import Table
 
 from .. import errors
 from .._transport import CERT_HINT, PLAINTEXT_HINT, TLS_HINT
+from . import OPERATOR_GRPC_VERBOSITY
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
 
 # The SDK's hints name its arguments; a command's user is told its options.
 _CLI_HINTS = {
@@ -35,6 +44,41 @@ def explain(exc: errors.PopgateError) -> str:
     if isinstance(exc, errors.NotFound) and ("does not exist on broker" in text or "exists on none of" in text):
         text += TOPIC_HINT
     return text
+
+
+@contextlib.contextmanager
+def closed_at_end(client: Closable) -> Iterator[None]:
+    """`client` closed when the block ends. After Ctrl-C it is closed with grpc core's own lines dropped: grpc
+    writes them to fd 2 itself, and one (an epoll error of its poller as the interrupted channel closes, on some
+    runs) gets past GRPC_VERBOSITY=NONE, ahead of the command's summary —
+    tests/integration/sdk/test_cli.py::test_ctrl_c_during_receive_prints_the_summary. Not when the operator set
+    GRPC_VERBOSITY: then grpc's lines are wanted."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        with contextlib.nullcontext() if OPERATOR_GRPC_VERBOSITY else _fd2_dropped():
+            client.close()
+        raise
+    finally:
+        client.close()  # once: a second close does nothing
+
+
+@contextlib.contextmanager
+def _fd2_dropped() -> Iterator[None]:
+    """fd 2 points at /dev/null while the block runs (what Python itself wrote to stderr before is flushed)."""
+    sys.stderr.flush()
+    try:
+        kept = os.dup(2)
+    except OSError:  # no stderr at all: nothing to keep clean
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(kept, 2)
+        os.close(kept)
 
 
 def error_console() -> Console:

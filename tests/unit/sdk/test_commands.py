@@ -13,6 +13,7 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate import Message, Producer, RetryPolicy
 from popgate._transport import convert
+from popgate.cli import output
 from popgate.cli.commands import IdleWait, OnePass
 from popgate.cli.dlq import DeadLetters, _count_dead_letters, _dlq_ranges, resent
 from popgate.cli.main import main
@@ -276,6 +277,9 @@ class _Consumer:
     def __exit__(self, *_: object) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def receive(self, *, max: int, wait: float) -> list[Message]:
         batch, self.batch = self.batch[:max], self.batch[max:]
         return batch
@@ -375,3 +379,26 @@ def test_usage_mistakes_name_the_commands_own_flags(capsys: pytest.CaptureFixtur
             main(command)
         assert exit_.value.code == 2
         assert "consumer group" in capsys.readouterr().err
+
+
+class _WritesAtClose:
+    """A client whose close writes a line to fd 2 itself, as grpc core logs one; closed once, as the SDK's."""
+
+    closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.write(2, b"E grpc core's own line\n")
+
+
+@pytest.mark.parametrize("operator_set", [None, "ERROR"])
+def test_a_client_closed_after_ctrl_c_keeps_grpcs_own_lines_off_stderr_unless_asked(
+    operator_set: str | None, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "OPERATOR_GRPC_VERBOSITY", operator_set)
+    with pytest.raises(KeyboardInterrupt), output.closed_at_end(_WritesAtClose()):
+        raise KeyboardInterrupt
+    os.write(2, b"the summary\n")  # fd 2 is back
+    lines = capfd.readouterr().err.splitlines()
+    assert lines == (["the summary"] if operator_set is None else ["E grpc core's own line", "the summary"])
