@@ -68,21 +68,20 @@ def test_a_held_call_keeps_no_done_callback_and_its_cancel_ends_the_brokers_hold
 
 
 def test_a_call_past_its_timeout_fails_and_the_broker_drops_the_request(broker: ServerProcess) -> None:
-    async def scenario() -> tuple[BaseException | None, int]:
+    """The Pop would be held 30 s: nothing held well before then means the broker dropped it at the timeout."""
+
+    async def scenario() -> BaseException | None:
         client = GrpcBrokerClient(BrokerAddress("b1", broker.address))
         try:
-            call = client.begin_pop(held_pop("empty"), timeout_s=0.5)
-            await until_held(client, 1)
+            call = client.begin_pop(held_pop("empty"), timeout_s=1.0)
             error = None
             try:
                 await call
             except errors.DomainError as exc:
                 error = exc
             await until_held(client, 0)
-            return error, await held_at(client)
+            return error
         finally:
             await client.close()
 
-    error, held = asyncio.run(scenario())
-    assert isinstance(error, errors.BrokerTimeout), error
-    assert held == 0
+    assert isinstance(asyncio.run(scenario()), errors.BrokerTimeout)
