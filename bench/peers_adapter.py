@@ -2,10 +2,14 @@
 
     send        = Producer.send (one SendMessage, returns after a broker stored it)
     send_batch  = Producer.send_many (SendMessage calls of <= 1024 messages, 4 in flight)
-    receive     = SimpleConsumer.receive(max, invisible, wait): one ReceiveMessage long poll
-    ack(_batch) = SimpleConsumer.ack / ack_many (one AckMessage per topic) with wait=False: returns at once, the
-                  ack goes with the next receive (the NATS adapter's default, nats-py's fire-and-forget msg.ack());
-                  config ack_wait=true waits for each ack's answer (as NATS's ack_sync=true)
+    receive     = SimpleConsumer.receive(max, invisible, wait): one ReceiveMessage long poll, on the first of the
+                  consumers with the fewest receives under way (one receiving loop uses one consumer; concurrent
+                  long polls spread over all)
+    ack(_batch) = SimpleConsumer.ack / ack_many (one AckMessage per topic) on the consumer that received the
+                  messages, with wait=False: returns at once, and the ack goes in the same stream message as that
+                  consumer's next receive (the NATS adapter's default, nats-py's fire-and-forget msg.ack() on the
+                  connection the message came in on); config ack_wait=true waits for each ack's answer (as NATS's
+                  ack_sync=true)
 
 Config (JSON): endpoint, topic, group, server_pids (proxy + brokers), channels (gRPC connections the
 receives are spread over; many concurrent long polls share each one as HTTP/2 streams), ack_wait.
@@ -17,7 +21,6 @@ Run it with `bench/peers_run.py`, or by hand from shared/peers:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,9 +52,9 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
         )
         self.topic, self.group, self.ack_wait = topic, group, ack_wait
         self._producer = Producer(endpoint)
-        # A consumer per connection; receives rotate over them (SimpleConsumer is safe for concurrent calls).
+        # A consumer per connection (SimpleConsumer is safe for concurrent calls), and its receives under way.
         self._consumers = [SimpleConsumer(endpoint, group, topic) for _ in range(max(1, channels))]
-        self._next = itertools.cycle(self._consumers)
+        self._receiving = [0] * len(self._consumers)
 
     async def setup(self) -> None:
         pass  # topics are created on first send, groups on first receive
@@ -68,16 +71,25 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
         await self._producer.send_many(self.topic, bodies)
 
     async def receive(self, max_n: int, visibility_s: float, wait_s: float) -> list[Received]:
-        consumer = next(self._next)
-        messages = await consumer.receive(max=min(max_n, 32), invisible=visibility_s, wait=wait_s)
-        return [Received(m.body, m, m.attempt) for m in messages]
+        index = self._receiving.index(min(self._receiving))
+        consumer = self._consumers[index]
+        self._receiving[index] += 1
+        try:
+            messages = await consumer.receive(max=min(max_n, 32), invisible=visibility_s, wait=wait_s)
+        finally:
+            self._receiving[index] -= 1
+        return [Received(m.body, (consumer, m), m.attempt) for m in messages]
 
-    async def ack(self, handle: Message) -> None:
-        await self._consumers[0].ack(handle, wait=self.ack_wait)
+    async def ack(self, handle: tuple[SimpleConsumer, Message]) -> None:
+        consumer, message = handle
+        await consumer.ack(message, wait=self.ack_wait)
 
-    async def ack_batch(self, handles: Sequence[Message]) -> None:
-        if handles:
-            await self._consumers[0].ack_many(handles, wait=self.ack_wait)
+    async def ack_batch(self, handles: Sequence[tuple[SimpleConsumer, Message]]) -> None:
+        by_consumer: dict[SimpleConsumer, list[Message]] = {}
+        for consumer, message in handles:
+            by_consumer.setdefault(consumer, []).append(message)
+        for consumer, messages in by_consumer.items():
+            await consumer.ack_many(messages, wait=self.ack_wait)
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe() if hasattr(super(), "describe") else dict(self.config)
