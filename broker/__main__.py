@@ -24,6 +24,7 @@ from broker.sqlite_store import SqliteStore
 from popgate_contract.broker_token import TokenInterceptor
 from popgate_contract.errors import StoreUnavailable
 from popgate_process import certs
+from popgate_process.collector import collect_less_often
 from popgate_process.config import cannot_listen
 from popgate_process.logs import configure_logging
 from popgate_process.memory import MemoryTrimmer
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     # A daemon should get EFBIG instead: SQLite then fails the commit and the broker refuses writes, still serving.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     configure_logging(settings.log_level, settings.log_format)  # --log-level, --log-format text|json
+    collect_less_often()
     try:
         asyncio.run(serve(settings))
     except (StoreUnavailable, StartError) as exc:  # data directory in use or unusable, a port taken, ...

@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from popgate_process.collector import collect_less_often
 from popgate_process.logs import configure_logging
 from proxy.server import serve
 from proxy.settings import SettingsError, load
@@ -40,6 +41,7 @@ async def _run(argv: Sequence[str] | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return_large_buffers_to_the_os()
+    collect_less_often()
     try:
         asyncio.run(_run(argv))
     except SettingsError as exc:
