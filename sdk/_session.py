@@ -1,9 +1,10 @@
 """Client side of the proxy's Session stream (popgate.ext.v1 Messaging.Session, proto/ext/messaging.proto).
 
-Many requests on one gRPC stream, each a frame each way instead of a call. `Waiting` (ids, answers, frame
-encoding) is sans-IO; `Session` does the stream's I/O around it. A lost stream fails its pending requests with a
-retriable `Unavailable` (the client's retry policy sends them again, on a new stream); a proxy that serves no
-Session fails them with `Unimplemented` (the client then uses the unary RPCs).
+Many requests on one gRPC stream, each a frame each way instead of a call; sends, and acks of one topic and group,
+queued together go as one request (`sdk/_joining.py`). `Waiting` (ids, answers, frame encoding) is sans-IO;
+`Session` does the stream's I/O around it. A lost stream fails its pending requests with a retriable `Unavailable`
+(the client's retry policy sends them again, on a new stream); a proxy that serves no Session fails them with
+`Unimplemented` (the client then uses the unary RPCs).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract.wire import varint
 
-from . import errors
+from . import _joining, errors
+from ._joining import Part
 from ._transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -77,34 +79,65 @@ def join(first: bytes, more: list[bytes]) -> bytes:
     return first + b"".join(tag + varint(len(request)) + request for request in more)
 
 
-def with_queued(first: bytes, outbox: Any) -> tuple[bytes, bytes | None]:
+Queued = bytes | Part  # an encoded request (or cancel), or a request that may be joined with others (sdk/_joining.py)
+
+
+def _size(item: Queued) -> int:
+    return len(item) if isinstance(item, bytes) else len(item.body) + 16
+
+
+def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | None, Queued | None]:
     """`first` and the requests queued behind it in `outbox` as one message of at most MAX_WRITE_BYTES (or `first`
     alone), and the request taken that did not fit (to go first in the next message); the end marker (None), if
-    met, is queued again to be seen after this message."""
-    more: list[bytes] = []
-    size = len(first)
+    met, is queued again to be seen after this message. Sends queued together go as one request, and so do acks of
+    one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is not sent
+    (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
+    items = [first]
+    size = _size(first)
+    carried: Queued | None = None
     while not outbox.empty():
         queued = outbox.get_nowait()
         if queued is None:
             outbox.put_nowait(None)
             break
-        if size + len(queued) + 16 > MAX_WRITE_BYTES:
-            return (join(first, more) if more else first), queued
-        more.append(queued)
-        size += len(queued) + 16
-    return (join(first, more) if more else first), None
+        if size + _size(queued) + 16 > MAX_WRITE_BYTES:
+            carried = queued
+            break
+        items.append(queued)
+        size += _size(queued) + 16
+    requests = [r for group in _joining.groups(items) if (r := _encoded_group(group, waiting)) is not None]
+    if not requests:
+        return None, carried
+    return (join(requests[0], requests[1:]) if len(requests) > 1 else requests[0]), carried
 
 
-def encoded(request_id: int, kind: str, body: Any, within_s: float) -> bytes:
-    """The SessionRequest for `body`; MessageBodyTooLarge (not retried, nothing sent) past gRPC's message limit,
-    as the unary call fails: sent, it would end the stream for every request on it."""
-    data = encode(request_id, kind, body.SerializeToString(), int(within_s * 1000))
-    if len(data) > MAX_MESSAGE_BYTES:
+def _encoded_group(group: bytes | list[Part], waiting: Waiting) -> bytes | None:
+    if isinstance(group, bytes):
+        return group
+    parts = [p for p in group if p.request_id in waiting]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        one = parts[0]
+        return encode(one.request_id, one.kind, one.body, one.timeout_ms)
+    timeout_ms = max(p.timeout_ms for p in parts)
+    return encode(waiting.join(parts), parts[0].kind, b"".join(p.body for p in parts), timeout_ms)
+
+
+def encoded(request_id: int, kind: str, body: Any, within_s: float) -> Queued:
+    """The SessionRequest for `body` (a send's or an ack's: a Part, encoded when written, maybe joined with others);
+    MessageBodyTooLarge (not retried, nothing sent) past gRPC's message limit, as the unary call fails: sent, it
+    would end the stream for every request on it."""
+    data = body.SerializeToString()
+    timeout_ms = int(within_s * 1000)
+    if len(encode(request_id, kind, b"", timeout_ms)) + len(varint(len(data))) + len(data) > MAX_MESSAGE_BYTES:
         raise errors.MessageBodyTooLarge(
             f"a {kind} request of {len(data)} bytes is larger than the gRPC message limit ({MAX_MESSAGE_BYTES})",
             code_name="RESOURCE_EXHAUSTED",
         )
-    return data
+    if kind in _joining.JOINED_KINDS:
+        return _joining.part(request_id, kind, body, data, timeout_ms)
+    return encode(request_id, kind, data, timeout_ms)
 
 
 class Waiting:
@@ -118,23 +151,52 @@ class Waiting:
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[str, asyncio.Future[Any], list[ext.ReceiveMessagesResponse]]] = {}
         self._orphaned = orphaned
+        self._joined: dict[int, list[Part]] = {}  # a joined request's id: its parts, each waiting under its own id
+        self._part_of: dict[int, int] = {}  # a part's id: the joined request it went in
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self._waiting
+
+    def join(self, parts: list[Part]) -> int:
+        """The id of a request joining `parts` (each still answered under its own id)."""
+        joined_id = next(self._ids)
+        self._joined[joined_id] = parts
+        for p in parts:
+            self._part_of[p.request_id] = joined_id
+        return joined_id
+
+    def to_cancel(self, request_id: int) -> int | None:
+        """The request to cancel at the proxy now that `request_id` is dropped: itself, or the joined request it
+        went in once none of that request's parts is waiting any more (None until then)."""
+        joined_id = self._part_of.pop(request_id, None)
+        if joined_id is None:
+            return request_id
+        parts = self._joined.get(joined_id, ())
+        if any(p.request_id in self._waiting for p in parts):
+            return None
+        self._joined.pop(joined_id, None)
+        return joined_id
 
     def add(self, kind: str, future: asyncio.Future[Any]) -> int:
         request_id = next(self._ids)
         self._waiting[request_id] = (kind, future, [])
         return request_id
 
-    def answer(self, response: ext.SessionResponse) -> None:
-        """Route one frame of the stream: the answer (or the next frame of the answer) of its request."""
+    def answer(self, response: ext.SessionResponse) -> list[Part]:
+        """Route one frame of the stream: the answer (or the next frame of the answer) of its request. Returns the
+        parts of a joined request refused as a whole, to send again one by one (`_joining.refused_whole`)."""
         body = response.WhichOneof("body")
+        parts = self._joined.pop(response.id, None)
+        if parts is not None:
+            return self._answer_joined(response, body, parts)
         entry = self._waiting.get(response.id)
         if entry is None:
             if body == "receive" and response.receive.WhichOneof("content") == "messages":
                 self._orphan([response.receive])
-            return
+            return []
         kind, future, frames = entry
         if body == "status":  # refused before the proxy knew its kind: the kind's answer with that status
             answer = RESPONSES[kind](status=response.status)
@@ -144,17 +206,46 @@ class Waiting:
             self.drop(response.id)
             if not future.done():
                 future.set_exception(errors.ServerError(f"session: a {body} answer to a {kind} request"))
-            return
+            return []
         if kind == "receive":
             frames.append(answer)
             if answer.WhichOneof("content") != "status":
-                return
+                return []
             answer = frames
         del self._waiting[response.id]
         if not future.done():
             future.set_result(answer)
         elif kind == "receive":  # its caller was cancelled before it could drop it: nobody gets these messages
             self._orphan(frames)
+        return []
+
+    def _answer_joined(self, response: ext.SessionResponse, body: str | None, parts: list[Part]) -> list[Part]:
+        kind = parts[0].kind
+        for p in parts:
+            self._part_of.pop(p.request_id, None)
+        live = [p for p in parts if p.request_id in self._waiting]
+        if body == "status":
+            answer = RESPONSES[kind](status=response.status)
+        elif body == kind:
+            answer = getattr(response, body)
+        else:  # an answer of another kind (or none): the proxy's mistake, this request's error
+            error = errors.ServerError(f"session: a {body} answer to a {kind} request")
+            for p in live:
+                future = self._waiting.pop(p.request_id)[1]
+                if not future.done():
+                    future.set_exception(error)
+            return []
+        if _joining.refused_whole(answer, parts):
+            return live
+        answers = _joining.split(answer, [p.count for p in parts])
+        return self._resolve(parts, answers)
+
+    def _resolve(self, parts: list[Part], answers: list[Any]) -> list[Part]:
+        for p, answer in zip(parts, answers, strict=True):
+            entry = self._waiting.pop(p.request_id, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(answer)
+        return []
 
     def drop(self, request_id: int) -> bool:
         """Stop waiting for a request (cancelled, timed out); its frames so far are orphaned. Whether it waited."""
@@ -165,6 +256,8 @@ class Waiting:
         return True
 
     def fail_all(self, error: BaseException) -> None:
+        self._joined.clear()
+        self._part_of.clear()
         waiting, self._waiting = self._waiting, {}
         for _, future, frames in waiting.values():
             self._orphan(frames)
@@ -210,7 +303,7 @@ class Session:
     ) -> None:
         self._waiting = Waiting(orphaned)
         self._convert = convert
-        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Queued | None] = asyncio.Queue()
         self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
             metadata=metadata
         )
@@ -256,25 +349,28 @@ class Session:
 
     def _drop(self, request_id: int) -> bool:
         dropped = self._waiting.drop(request_id)
-        if dropped and self.broken is None:
-            self._outbox.put_nowait(encode_cancel(request_id))
+        if dropped and self.broken is None and (cancel := self._waiting.to_cancel(request_id)) is not None:
+            self._outbox.put_nowait(encode_cancel(cancel))
         return dropped
 
     async def _write(self) -> None:
         with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
             frame = await self._outbox.get()
             while frame is not None:
-                message, carried = with_queued(frame, self._outbox)
-                await self._call.write(message)
+                message, carried = with_queued(frame, self._outbox, self._waiting)
+                if message is not None:
+                    await self._call.write(message)
                 frame = carried if carried is not None else await self._outbox.get()
 
     async def _read(self) -> None:
         ended: grpc.aio.AioRpcError | None = None
         try:
             while (response := await self._call.read()) is not grpc.aio.EOF:
-                self._waiting.answer(response)
+                again = self._waiting.answer(response)
                 for more in response.more:
-                    self._waiting.answer(more)
+                    again += self._waiting.answer(more)
+                for p in again:  # refused joined: each part alone (not joined again), answered under its own id
+                    self._outbox.put_nowait(encode(p.request_id, p.kind, p.body, p.timeout_ms))
         except grpc.aio.AioRpcError as exc:
             ended = exc
         finally:

@@ -6,6 +6,7 @@ and keeps the proxy's bounds."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,7 +16,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, MessageBodyTooLarge, Unauthorized, aio
+from popgate import BadRequest, Message, MessageBodyTooLarge, Unauthorized, aio
 from popgate._session import METHOD
 from popgate.cli.cluster import Cluster
 from tests.integration.sdk.conftest import name
@@ -231,3 +232,21 @@ async def test_a_client_that_ends_its_side_still_gets_its_answers(endpoint: str)
         answer = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
         end = await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
     assert (answer.id, answer.send.status.code, end) == (1, v2.OK, grpc.aio.EOF)
+
+
+async def test_concurrent_sends_each_get_their_own_outcome_when_one_is_refused(endpoint: str) -> None:
+    # Sends queued together go as one request (sdk/_joining.py): a message the proxy refuses fails its own send only.
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+        too_late = time.time() + 2 * 86400  # the SDK allows 7 days; the proxy's default --max-delay-s is a day
+        outcomes = await asyncio.gather(
+            producer.send(topic, b"refused", deliver_at=too_late),
+            *(producer.send_many(topic, [f"{i}-{j}".encode() for j in range(3)]) for i in range(4)),
+            return_exceptions=True,
+        )
+        got = await drain(consumer, 12)
+    refused, *sent = outcomes
+    assert isinstance(refused, BadRequest) and "longest delay" in str(refused)
+    assert all(isinstance(receipts, list) and len(receipts) == 3 for receipts in sent)
+    assert sorted(m.body for m in got) == sorted(f"{i}-{j}".encode() for i in range(4) for j in range(3))

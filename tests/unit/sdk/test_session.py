@@ -140,9 +140,9 @@ def test_requests_queued_together_are_joined_up_to_the_write_limit() -> None:
     big = b"x" * (_session.MAX_WRITE_BYTES // 2)
     for item in (b"small", big, None):
         outbox.put(item)
-    first, carried = _session.with_queued(big, outbox)
+    first, carried = _session.with_queued(big, outbox, _session.Waiting())
     assert (first, carried) == (_session.join(big, [b"small"]), big)  # the second big one did not fit
-    second, carried = _session.with_queued(carried, outbox)
+    second, carried = _session.with_queued(carried, outbox, _session.Waiting())
     assert (second, carried, outbox.get()) == (big, None, None)  # the end marker queued again
 
 

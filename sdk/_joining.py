@@ -1,0 +1,99 @@
+"""Requests of concurrent callers joined into one (sans-IO): what the Session writer finds queued together.
+
+Sends queued together become one SendMessage, and acks of one topic and group one AckMessage; each caller gets
+its own part of the answer, as if its request had gone alone. A serialized protobuf message followed by another
+reads as one message whose repeated fields hold both (SendMessageRequest's `messages`, AckMessageRequest's
+`entries`; the group and topic of joined acks are the same), so joining is a concatenation of bodies.
+
+The proxy answers a joined request per message or entry, so each part's answer is its slice, with the status of its
+first failed entry (OK when none failed) — tests/unit/sdk/test_joining.py. A joined request refused as a whole
+(no entries; say a message the proxy refuses) is sent again part by part when the refusal is not retriable, so that
+each caller gets the answer to its own request and no caller fails for another's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from . import _wire, errors
+
+JOINED_KINDS = frozenset({"send", "ack"})
+# The proxy's bound on a SendMessage's messages and on an AckMessage's entries (proxy/v2/send.py, proxy/v2/ack.py).
+MAX_ENTRIES = 1024
+_OK = v2.Status(code=v2.OK, message="OK")
+
+
+@dataclass(slots=True)
+class Part:
+    """One caller's request, serialized, waiting in the writer's queue to go alone or joined."""
+
+    request_id: int
+    kind: str
+    key: tuple[str, ...]  # parts of one key may be joined
+    body: bytes
+    count: int  # its messages or entries
+    timeout_ms: int
+
+
+def part(request_id: int, kind: str, request: Any, body: bytes, timeout_ms: int) -> Part:
+    if kind == "send":
+        return Part(request_id, kind, ("send",), body, len(request.messages), timeout_ms)
+    group, topic = request.group, request.topic
+    key = ("ack", group.resource_namespace, group.name, topic.resource_namespace, topic.name)
+    return Part(request_id, kind, key, body, len(request.entries), timeout_ms)
+
+
+def groups(items: Sequence[bytes | Part]) -> list[bytes | list[Part]]:
+    """`items` in their order, the parts of one key gathered at the place of the first (up to MAX_ENTRIES entries a
+    group; the rest starts another)."""
+    out: list[bytes | list[Part]] = []
+    open_groups: dict[tuple[str, ...], list[Part]] = {}
+    for item in items:
+        if isinstance(item, bytes):
+            out.append(item)
+            continue
+        group = open_groups.get(item.key)
+        if group is None or sum(p.count for p in group) + item.count > MAX_ENTRIES:
+            group = open_groups[item.key] = []
+            out.append(group)
+        group.append(item)
+    return out
+
+
+def refused_whole(answer: Any, parts: Sequence[Part]) -> bool:
+    """Whether a joined request's answer refuses it as a whole for a reason that is not retriable: its parts are
+    then sent again one by one (each caller gets its own request's answer)."""
+    status = answer.status
+    if status.code in _wire.SUCCESS or len(answer.entries) == sum(p.count for p in parts):
+        return False
+    return not errors.error_for(status.code, status.message).retriable
+
+
+def split(answer: Any, counts: Sequence[int]) -> list[Any]:
+    """Each part's answer: its slice of the entries, OK unless one of them failed (then that entry's status).
+    Without entries (the whole request failed, retriably), every part gets the same answer; so does every part of
+    an ack answered OK, whose entries nobody reads."""
+    entries = answer.entries
+    if len(entries) != sum(counts) or (answer.status.code == v2.OK and isinstance(answer, pb.AckMessageResponse)):
+        return [answer] * len(counts)
+    kind = type(answer)
+    all_ok = answer.status.code == v2.OK
+    out = []
+    start = 0
+    for count in counts:
+        mine = entries[start : start + count]
+        start += count
+        failed = None if all_ok else next((e.status for e in mine if _failed(e)), None)
+        response = kind(status=_OK if failed is None else failed)
+        response.entries.extend(mine)
+        out.append(response)
+    return out
+
+
+def _failed(entry: Any) -> bool:
+    return bool(entry.HasField("status") and entry.status.code not in _wire.SUCCESS)

@@ -1,0 +1,127 @@
+"""Requests of concurrent callers joined into one on the SDK's Session stream (sdk/_joining.py, sdk/_session.py),
+without a stream: what the writer sends for what is queued, and how each caller's part of the answer reaches it."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import Any
+
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import _joining, _session
+
+OK = v2.Status(code=v2.OK, message="OK")
+
+
+def send(*bodies: bytes) -> pb.SendMessageRequest:
+    return pb.SendMessageRequest(messages=[v2.Message(topic=v2.Resource(name="t"), body=b) for b in bodies])
+
+
+def ack(group: str, *handles: str) -> pb.AckMessageRequest:
+    entries = [pb.AckMessageEntry(message_id=f"id-{h}", receipt_handle=h) for h in handles]
+    return pb.AckMessageRequest(group=v2.Resource(name=group), topic=v2.Resource(name="t"), entries=entries)
+
+
+class Callers:
+    """Requests queued as the Session queues them, each with the future its caller awaits."""
+
+    def __init__(self) -> None:
+        self.waiting = _session.Waiting()
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+
+    def request(self, kind: str, body: Any) -> int:
+        future = asyncio.get_running_loop().create_future()
+        request_id = self.waiting.add(kind, future)
+        self.futures[request_id] = future
+        self.outbox.put(_session.encoded(request_id, kind, body, 3.0))
+        return request_id
+
+    def written(self) -> list[ext.SessionRequest]:
+        """The requests of the next stream message the writer sends."""
+        message, carried = _session.with_queued(self.outbox.get(), self.outbox, self.waiting)
+        assert carried is None and message is not None
+        first = ext.SessionRequest.FromString(message)
+        return [first, *first.more]
+
+
+async def test_sends_queued_together_go_as_one_request_and_each_caller_gets_its_own_receipts() -> None:
+    callers = Callers()
+    a, b = callers.request("send", send(b"a1", b"a2")), callers.request("send", send(b"b1"))
+    (joined,) = callers.written()
+    assert joined.id not in (a, b) and [m.body for m in joined.send.messages] == [b"a1", b"a2", b"b1"]
+    entries = [pb.SendResultEntry(status=OK, message_id=f"m{i}", offset=i) for i in range(3)]
+    callers.waiting.answer(ext.SessionResponse(id=joined.id, send=pb.SendMessageResponse(status=OK, entries=entries)))
+    got_a, got_b = callers.futures[a].result(), callers.futures[b].result()
+    assert [e.message_id for e in got_a.entries] == ["m0", "m1"] and got_a.status.code == v2.OK
+    assert [e.message_id for e in got_b.entries] == ["m2"] and len(callers.waiting) == 0
+
+
+async def test_acks_are_joined_per_topic_and_group_and_other_requests_keep_their_place() -> None:
+    callers = Callers()
+    g1 = callers.request("ack", ack("g1", "h1"))
+    other = callers.request("change_invisible", pb.ChangeInvisibleDurationRequest(receipt_handle="h9"))
+    g2 = callers.request("ack", ack("g2", "h2"))
+    g1_again = callers.request("ack", ack("g1", "h3"))
+    written = callers.written()
+    assert [r.WhichOneof("body") for r in written] == ["ack", "change_invisible", "ack"]
+    assert [e.receipt_handle for e in written[0].ack.entries] == ["h1", "h3"] and written[0].ack.group.name == "g1"
+    assert (written[1].id, written[2].id) == (other, g2)
+    callers.waiting.answer(ext.SessionResponse(id=written[0].id, ack=pb.AckMessageResponse(status=OK)))
+    assert callers.futures[g1].result().status.code == callers.futures[g1_again].result().status.code == v2.OK
+
+
+async def test_a_failed_entry_fails_only_the_caller_whose_message_it_is() -> None:
+    callers = Callers()
+    a, b = callers.request("send", send(b"a")), callers.request("send", send(b"b"))
+    (joined,) = callers.written()
+    busy = v2.Status(code=v2.TOO_MANY_REQUESTS, message="broker b2 is busy")
+    entries = [pb.SendResultEntry(status=OK, message_id="m0"), pb.SendResultEntry(status=busy)]
+    response = pb.SendMessageResponse(status=busy, entries=entries)
+    callers.waiting.answer(ext.SessionResponse(id=joined.id, send=response))
+    assert callers.futures[a].result().status.code == v2.OK
+    assert callers.futures[b].result().status == busy
+
+
+async def test_a_joined_request_refused_whole_is_sent_again_part_by_part() -> None:
+    callers = Callers()
+    a, b = callers.request("send", send(b"a")), callers.request("send", send(b"b"))
+    (joined,) = callers.written()
+    refused = pb.SendMessageResponse(status=v2.Status(code=v2.ILLEGAL_DELIVERY_TIME, message="too late"))
+    again = callers.waiting.answer(ext.SessionResponse(id=joined.id, send=refused))
+    assert [p.request_id for p in again] == [a, b] and not any(f.done() for f in callers.futures.values())
+    resent = [ext.SessionRequest.FromString(_session.encode(p.request_id, p.kind, p.body, p.timeout_ms)) for p in again]
+    assert [(r.id, [m.body for m in r.send.messages]) for r in resent] == [(a, [b"a"]), (b, [b"b"])]
+
+
+async def test_a_joined_request_failed_whole_retriably_answers_each_caller_alike() -> None:
+    callers = Callers()
+    a, b = callers.request("ack", ack("g", "h1")), callers.request("ack", ack("g", "h2"))
+    (joined,) = callers.written()
+    busy = pb.AckMessageResponse(status=v2.Status(code=v2.TOO_MANY_REQUESTS, message="busy"))
+    assert callers.waiting.answer(ext.SessionResponse(id=joined.id, ack=busy)) == []
+    assert callers.futures[a].result() == callers.futures[b].result() == busy
+
+
+async def test_a_part_dropped_unwritten_is_not_sent_and_a_joined_request_is_cancelled_with_its_last_part() -> None:
+    callers = Callers()
+    gone = callers.request("send", send(b"gone"))
+    callers.waiting.drop(gone)
+    assert callers.waiting.to_cancel(gone) == gone
+    a, b = callers.request("send", send(b"a")), callers.request("send", send(b"b"))
+    assert [[m.body for m in r.send.messages] for r in callers.written()] == [[b"a", b"b"]]
+    callers.waiting.drop(a)
+    assert callers.waiting.to_cancel(a) is None  # b still waits for the joined request's answer
+    callers.waiting.drop(b)
+    assert callers.waiting.to_cancel(b) not in (None, a, b)  # the joined request's own id
+
+
+async def test_a_joined_request_holds_at_most_the_proxys_entries_per_request() -> None:
+    callers = Callers()
+    for _ in range(3):
+        callers.request("ack", ack("g", *(f"h{i}" for i in range(400))))
+    assert [len(r.ack.entries) for r in callers.written()] == [800, 400]
+    assert _joining.MAX_ENTRIES == 1024
