@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack, cast
 
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
@@ -133,6 +133,23 @@ class ProducerBase(ClientBase):
             raise ValueError("topic must not be empty")
         if isinstance(items, str | bytes | bytearray | memoryview | Message):  # iterating one would send its parts
             raise TypeError("send_many takes an iterable of bodies or Messages; use send() for one")
+        namespace = self.options.namespace
+        bodies = items if isinstance(items, list) else list(items)
+        if bodies and all(type(item) is bytes for item in bodies):  # send_many of plain bodies: options checked once
+            plain = cast(list[bytes], bodies)
+            shared = _wire.outgoing(
+                b"",
+                tag=tag,
+                keys=keys,
+                properties=properties,
+                delay=delay,
+                deliver_at=deliver_at,
+                message_group=message_group,
+                priority=priority,
+            )
+            return _wire.shared_requests(
+                topic, plain, shared, self._ids, namespace=namespace, transactional=transactional
+            )
         messages = [
             _wire.outgoing(
                 item,
@@ -144,11 +161,10 @@ class ProducerBase(ClientBase):
                 message_group=message_group,
                 priority=priority,
             )
-            for item in items
+            for item in bodies
         ]
         if not messages:
             return []
-        namespace = self.options.namespace
         return _wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional)
 
 

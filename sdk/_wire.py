@@ -21,6 +21,7 @@ from ._durations import _set_seconds, duration
 from ._wire_send import MAX_SEND_BATCH as MAX_SEND_BATCH
 from ._wire_send import outgoing as outgoing
 from ._wire_send import send_requests as send_requests
+from ._wire_send import shared_requests as shared_requests
 from .message import Message, SendReceipt
 
 SUCCESS = frozenset({v2.OK, v2.MULTIPLE_RESULTS})

@@ -5,7 +5,7 @@ requests a batch of them goes in. Reading the answer is `_wire.send_receipts`.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -132,19 +132,52 @@ def send_requests(
 ) -> list[pb.SendMessageRequest]:
     """SendMessage requests for a batch, split at MAX_SEND_BATCH messages or MAX_SEND_BYTES body bytes."""
     template = send_template(topic, namespace=namespace, now=time.time())
+
+    def fill(out: v2.Message, index: int, message_id: str) -> None:
+        _fill(out, messages[index], message_id, transactional=transactional)
+
+    return _batched(template, [m.body for m in messages], ids, fill)
+
+
+def shared_requests(
+    topic: str,
+    bodies: Sequence[bytes],
+    shared: Message,
+    ids: MessageIds,
+    *,
+    namespace: str = "",
+    transactional: bool = False,
+) -> list[pb.SendMessageRequest]:
+    """`send_requests` for plain bodies that all have the options of `shared` (`outgoing` of an empty body): the
+    options are set once, in the template each message copies — the requests `send_requests` makes of each body's
+    own `outgoing` message —
+    tests/unit/sdk/test_wire.py::test_bodies_sharing_their_options_are_sent_as_their_messages_would_be."""
+    template = send_template(topic, namespace=namespace, now=time.time())
+    _fill(template, shared, "", transactional=transactional)
+
+    def fill(out: v2.Message, index: int, message_id: str) -> None:
+        out.body = bodies[index]
+        out.system_properties.message_id = message_id
+
+    return _batched(template, bodies, ids, fill)
+
+
+def _batched(
+    template: v2.Message, bodies: Sequence[bytes], ids: MessageIds, fill: Callable[[v2.Message, int, str], None]
+) -> list[pb.SendMessageRequest]:
     requests: list[pb.SendMessageRequest] = []
     current = pb.SendMessageRequest()
     add = current.messages.add
     count = size = 0
-    for message, message_id in zip(messages, ids.many(len(messages)), strict=True):
-        length = len(message.body)
+    for index, message_id in enumerate(ids.many(len(bodies))):
+        length = len(bodies[index])
         if count and (count >= MAX_SEND_BATCH or size + length > MAX_SEND_BYTES):
             requests.append(current)
             current, count, size = pb.SendMessageRequest(), 0, 0
             add = current.messages.add
         out = add()  # built in place: no message copied into the request
         out.CopyFrom(template)
-        _fill(out, message, message_id, transactional=transactional)
+        fill(out, index, message_id)
         count += 1
         size += length
     if count:

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
@@ -102,7 +103,7 @@ class OneId:
 
 def sent_alone(topic: str, message: Message, message_id: str) -> v2.Message:
     """`message` as `send_requests` puts it in a SendMessage request of its own."""
-    [request] = _wire.send_requests(topic, [message], OneId(message_id))  # type: ignore[arg-type]
+    [request] = _wire.send_requests(topic, [message], OneId(message_id))
     return request.messages[0]
 
 
@@ -129,7 +130,7 @@ def test_an_outgoing_body_takes_the_call_options_as_its_fields() -> None:
     assert later == Message(b"cd", keys=("k1", "k2"), deliver_at=1000.5)
     assert _wire.outgoing("é", message_group="g") == Message("é".encode(), message_group="g")
     with pytest.raises(TypeError, match="bytes or str, not int"):
-        _wire.outgoing(5)  # type: ignore[arg-type]
+        _wire.outgoing(5)
 
 
 def test_a_message_object_keeps_its_own_fields_over_the_call_options() -> None:
@@ -143,6 +144,45 @@ def test_send_batches_split_by_count_and_bytes() -> None:
     assert [len(r.messages) for r in _wire.send_requests("t", small, ids)] == [1024, 1024, 452]
     big = [_wire.outgoing(b"x" * (3 * 1024 * 1024)) for _ in range(5)]
     assert [len(r.messages) for r in _wire.send_requests("t", big, ids)] == [2, 2, 1]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"tag": "t", "keys": ["k1", "k2"], "properties": {"p": "q"}},
+        {"message_group": "g"},
+        {"deliver_at": 1000.5, "now": 1000.0},
+        {"priority": 3},
+    ],
+)
+@pytest.mark.parametrize("transactional", [False, True])
+def test_bodies_sharing_their_options_are_sent_as_their_messages_would_be(
+    options: dict[str, Any], transactional: bool
+) -> None:
+    bodies = [b"a", b"", b"x" * 300]
+    try:
+        expected = _wire.send_requests(
+            "orders",
+            [_wire.outgoing(b, **options) for b in bodies],
+            _ids.MessageIds(),
+            namespace="ns",
+            transactional=transactional,
+        )
+    except ValueError as refused:  # a transaction's message with a group, delay or priority
+        with pytest.raises(ValueError, match=re.escape(str(refused))):
+            _wire.shared_requests(
+                "orders", bodies, _wire.outgoing(b"", **options), _ids.MessageIds(), transactional=True
+            )
+        return
+    shared = _wire.shared_requests(
+        "orders", bodies, _wire.outgoing(b"", **options), _ids.MessageIds(), namespace="ns", transactional=transactional
+    )
+    for requests in (expected, shared):  # each call stamps its own born time and ids
+        for m in requests[0].messages:
+            m.system_properties.ClearField("born_timestamp")
+            m.system_properties.ClearField("message_id")
+    assert shared == expected
 
 
 def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own() -> None:
@@ -324,7 +364,7 @@ def test_receive_plans_with_the_same_arguments_share_one_request() -> None:
     for _ in range(2):  # a bad argument fails every time, also after an equal valid one was planned
         consumer._receive_plan(1, None, None)
         with pytest.raises(TypeError):
-            consumer._receive_plan(1.0, None, None)  # type: ignore[arg-type]
+            consumer._receive_plan(1.0, None, None)
         with pytest.raises(ValueError):
             consumer._receive_plan(33, None, None)
 
