@@ -18,18 +18,29 @@ MAX_ENTRIES = 1024
 OK = v2.Status(code=v2.OK, message="OK")
 
 
-async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessageResponse:
+async def ack_message(call: Call, request: pb.AckMessageRequest, *, brief: bool = False) -> pb.AckMessageResponse:
+    """`brief`: an answer that acks every entry is its OK status alone, without the entries (a Session stream's: the
+    SDK reads entries only from a failed answer) —
+    tests/unit/proxy/test_session.py::test_an_ack_on_the_stream_answers_ok_without_its_entries_and_a_failure_with_them."""
     group = validate.group_in(request.group.resource_namespace, request.group.name)
     topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
     count = len(request.entries)
     if not 1 <= count <= MAX_ENTRIES:
         raise errors.BadRequest(f"AckMessage carries {count} entries: must be 1..{MAX_ENTRIES}")
-    entries = [(e.message_id, e.receipt_handle) for e in request.entries]  # each entry's fields read once
-    handles = [handle for _, handle in entries]
+    entries = None if brief else [(e.message_id, e.receipt_handle) for e in request.entries]  # each read once
+    handles = [e.receipt_handle for e in request.entries] if entries is None else [h for _, h in entries]
     outcome = await call.proxy.ack(topic, group, handles, deadline=call.deadline)
     metrics = counting(call.proxy.metrics)
     if metrics is not None:
         metrics.acked(topic, group, outcome)
+    if all(error is None for error in outcome):
+        if entries is None:
+            return pb.AckMessageResponse(status=OK)
+        failed = False
+    else:
+        failed = True
+        if entries is None:
+            entries = [(e.message_id, e.receipt_handle) for e in request.entries]
     response = pb.AckMessageResponse()
     add = response.entries.add  # built in place: an entry built apart is copied into the response
     ok = v2.OK
@@ -39,7 +50,7 @@ async def ack_message(call: Call, request: pb.AckMessageRequest) -> pb.AckMessag
             status.code, status.message = ok, "OK"  # cheaper than copying OK into each entry
         else:
             status.CopyFrom(status_of(error))
-    response.status.CopyFrom(OK if all(error is None for error in outcome) else _overall(response.entries))
+    response.status.CopyFrom(_overall(response.entries) if failed else OK)
     return response
 
 

@@ -49,6 +49,9 @@ def _status(error: BaseException) -> v2.Status:
     return v2.Status(code=v2.INTERNAL_SERVER_ERROR, message=f"internal error: {type(error).__name__}")
 
 
+_BRIEF_ACK = functools.partial(ack.ack_message, brief=True)
+
+
 class MessagingService(pb_grpc.MessagingServiceServicer):
     def __init__(self, proxy: Proxy, settings: Settings, endpoints: v2.Endpoints, metrics: Metrics) -> None:
         self._proxy = proxy
@@ -141,9 +144,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         return await self._unary("EndTransaction", self._end_transaction, request, context, pb.EndTransactionResponse)
 
     async def AckMessage(
-        self, request: pb.AckMessageRequest, context: Any, auth: Authenticator | None = None
+        self, request: pb.AckMessageRequest, context: Any, auth: Authenticator | None = None, *, brief: bool = False
     ) -> pb.AckMessageResponse:
-        return await self._unary("AckMessage", ack.ack_message, request, context, pb.AckMessageResponse, auth)
+        """`brief`: a Session stream's ack, answered OK without its entries when every entry is acked
+        (ack.ack_message)."""
+        handler = _BRIEF_ACK if brief else ack.ack_message
+        return await self._unary("AckMessage", handler, request, context, pb.AckMessageResponse, auth)
 
     async def ChangeInvisibleDuration(
         self, request: pb.ChangeInvisibleDurationRequest, context: Any, auth: Authenticator | None = None

@@ -150,7 +150,7 @@ class Session:
         # The servicer's RPCs serve the unary kinds: the same handlers, metrics names and answers.
         self.unary: dict[str, Callable[[Any, RequestContext, Authenticator], Awaitable[Any]]] = {
             "send": service.SendMessage,
-            "ack": service.AckMessage,
+            "ack": functools.partial(service.AckMessage, brief=True),
             "change_invisible": service.ChangeInvisibleDuration,
         }
         self.pending: dict[int, asyncio.Task[None]] = {}

@@ -23,7 +23,7 @@ from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import session
 from proxy.v2.context import endpoints_for
 from proxy.v2.service import MessagingService
-from tests.unit.proxy.fakes import FakeBroker, popped
+from tests.unit.proxy.fakes import FakeBroker, handle, popped
 
 
 class Aborted(Exception):
@@ -129,6 +129,33 @@ async def test_a_bad_receive_is_answered_with_its_v2_status() -> None:
     await serve_until(context, service, [ext.SessionRequest(id=3, receive=bad)], 1)
     [answer] = context.answers
     assert (answer.id, answer.receive.status.code) == (3, v2.BAD_REQUEST)
+
+
+def ack_request(*tokens: str) -> pb.AckMessageRequest:
+    entries = [pb.AckMessageEntry(message_id=f"m-{t}", receipt_handle=handle("b1", token=t)) for t in tokens]
+    return pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="t"), entries=entries)
+
+
+async def test_an_ack_on_the_stream_answers_ok_without_its_entries_and_a_failure_with_them() -> None:
+    # The SDK reads an ack answer's entries only when its status is not OK (popgate._wire.ack_failures); the v2
+    # AckMessage call keeps them always, as the official clients read them.
+    broker = FakeBroker("b1")
+    service, _ = service_over(broker)
+    context = StreamContext()
+    acked = ext.SessionRequest(id=1, timeout_ms=3000, ack=ack_request("ab", "cd"))
+    partly = ext.SessionRequest(id=2, timeout_ms=3000, ack=ack_request("ef", "5a1e"))  # 5a1e: a stale handle
+    await serve_until(context, service, [acked, partly], 2)
+    by_id = {r.id: r.ack for r in context.answers}
+    assert by_id[1] == pb.AckMessageResponse(status=v2.Status(code=v2.OK, message="OK"))
+    assert by_id[2].status.code == v2.MULTIPLE_RESULTS
+    assert [(e.message_id, e.status.code) for e in by_id[2].entries] == [
+        ("m-ef", v2.OK),
+        ("m-5a1e", v2.INVALID_RECEIPT_HANDLE),
+    ]
+    call = SimpleNamespace(invocation_metadata=lambda: (), time_remaining=lambda: 3.0)  # a unary call's context
+    unary = await service.AckMessage(ack_request("12"), call)
+    assert [(e.message_id, e.status.code) for e in unary.entries] == [("m-12", v2.OK)]
+    assert [len(r.receipt_handles) for r in broker.acks] == [2, 2, 1]
 
 
 async def test_a_wrong_signature_refuses_the_stream_before_any_request() -> None:
