@@ -74,21 +74,38 @@ def refused_whole(answer: Any, parts: Sequence[Part]) -> bool:
     return not errors.error_for(status.code, status.message).retriable
 
 
+@dataclass(slots=True)
+class PartAnswer:
+    """One caller's part of a send answered OK: the status and its slice of the entries (read by
+    `_wire.send_receipts` as the answer itself)."""
+
+    status: v2.Status
+    entries: Sequence[pb.SendResultEntry]
+
+
 def split(answer: Any, counts: Sequence[int]) -> list[Any]:
     """Each part's answer: its slice of the entries, OK unless one of them failed (then that entry's status).
     Without entries (the whole request failed, retriably), every part gets the same answer; so does every part of
     an ack answered OK, whose entries nobody reads."""
     entries = answer.entries
-    if len(entries) != sum(counts) or (answer.status.code == v2.OK and isinstance(answer, pb.AckMessageResponse)):
-        return [answer] * len(counts)
-    kind = type(answer)
     all_ok = answer.status.code == v2.OK
+    if len(entries) != sum(counts) or (all_ok and isinstance(answer, pb.AckMessageResponse)):
+        return [answer] * len(counts)
+    if all_ok:  # a send: each part its slice, no entry copied
+        taken = entries[:]
+        parts: list[Any] = []
+        start = 0
+        for count in counts:
+            parts.append(PartAnswer(answer.status, taken[start : start + count]))
+            start += count
+        return parts
+    kind = type(answer)
     out = []
     start = 0
     for count in counts:
         mine = entries[start : start + count]
         start += count
-        failed = None if all_ok else next((e.status for e in mine if _failed(e)), None)
+        failed = next((e.status for e in mine if _failed(e)), None)
         response = kind(status=_OK if failed is None else failed)
         response.entries.extend(mine)
         out.append(response)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
@@ -55,7 +56,18 @@ def _receipt(message_id: str, topic: str, offset: int, recall_handle: str, trans
     return out
 
 
-def send_receipts(topic: str, request: pb.SendMessageRequest, response: pb.SendMessageResponse) -> list[SendReceipt]:
+class SendAnswer(Protocol):
+    """What `send_receipts` reads of a SendMessage answer: the answer itself, or one caller's part of a joined
+    one (`_joining.PartAnswer`)."""
+
+    @property
+    def status(self) -> v2.Status: ...
+
+    @property
+    def entries(self) -> Sequence[pb.SendResultEntry]: ...
+
+
+def send_receipts(topic: str, request: pb.SendMessageRequest, response: SendAnswer) -> list[SendReceipt]:
     """The receipts of a SendMessage answer; its error otherwise. An error whose entries say some messages
     were stored (a popgate proxy whose brokers stored some of the request's message groups) carries their
     ``receipts`` and is not retriable: sent again whole, those would be stored twice."""
