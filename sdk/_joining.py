@@ -1,14 +1,14 @@
 """Requests of concurrent callers joined into one (sans-IO): what the Session writer finds queued together.
 
-Sends queued together become one SendMessage, and acks of one topic and group one AckMessage; each caller gets
+Sends to one topic queued together become one SendMessage, and acks of one topic and group one AckMessage; each caller gets
 its own part of the answer, as if its request had gone alone. A serialized protobuf message followed by another
 reads as one message whose repeated fields hold both (SendMessageRequest's `messages`, AckMessageRequest's
 `entries`; the group and topic of joined acks are the same), so joining is a concatenation of bodies.
 
 The proxy answers a joined request per message or entry, so each part's answer is its slice, with the status of its
-first failed entry (OK when none failed) — tests/unit/sdk/test_joining.py. A joined request refused as a whole
-(no entries; say a message the proxy refuses) is sent again part by part when the refusal is not retriable, so that
-each caller gets the answer to its own request and no caller fails for another's message.
+first failed entry (OK when none failed) — tests/unit/sdk/test_joining.py. A joined request refused as a whole as
+a bad request (no entries, a 4xx that is not retriable: say a message the proxy refuses) is sent again part by
+part, so that each caller gets the answer to its own request and no caller fails for another's message.
 """
 
 from __future__ import annotations
@@ -41,8 +41,12 @@ class Part:
 
 
 def part(request_id: int, kind: str, request: Any, body: bytes, timeout_ms: int) -> Part:
-    if kind == "send":
-        return Part(request_id, kind, ("send",), body, len(request.messages), timeout_ms)
+    if kind == "send":  # a send_many's requests name one topic: joined with sends to the same topic only, so that
+        # the proxy's per-topic routing (a topic missing on a broker) serves a joined request as each alone
+        messages = request.messages
+        topic = messages[0].topic if messages else None
+        key: tuple[str, ...] = ("send",) if topic is None else ("send", topic.resource_namespace, topic.name)
+        return Part(request_id, kind, key, body, len(messages), timeout_ms)
     group, topic = request.group, request.topic
     key = ("ack", group.resource_namespace, group.name, topic.resource_namespace, topic.name)
     return Part(request_id, kind, key, body, len(request.entries), timeout_ms)
@@ -66,12 +70,14 @@ def groups(items: Sequence[bytes | Part]) -> list[bytes | list[Part]]:
 
 
 def refused_whole(answer: Any, parts: Sequence[Part]) -> bool:
-    """Whether a joined request's answer refuses it as a whole for a reason that is not retriable: its parts are
-    then sent again one by one (each caller gets its own request's answer)."""
+    """Whether a joined request's answer refuses it as a whole, as a bad request (a v2 4xx code that is not
+    retriable: refused before anything was stored, since a request stored in part is answered per entry): its parts
+    are then sent again one by one, and each caller gets its own request's answer. A server's failure (5xx) is
+    every caller's answer, as it would be had each request gone alone."""
     status = answer.status
     if status.code in _wire.SUCCESS or len(answer.entries) == sum(p.count for p in parts):
         return False
-    return not errors.error_for(status.code, status.message).retriable
+    return 40000 <= status.code < 50000 and not errors.error_for(status.code, status.message).retriable
 
 
 @dataclass(slots=True)

@@ -97,6 +97,26 @@ async def test_a_joined_request_refused_whole_is_sent_again_part_by_part() -> No
     assert [(r.id, [m.body for m in r.send.messages]) for r in resent] == [(a, [b"a"]), (b, [b"b"])]
 
 
+async def test_sends_to_other_topics_are_not_joined() -> None:
+    callers = Callers()
+    other = pb.SendMessageRequest(messages=[v2.Message(topic=v2.Resource(name="u"), body=b"u")])
+    a, b, c = callers.request("send", send(b"t1")), callers.request("send", other), callers.request("send", send(b"t2"))
+    written = callers.written()
+    assert [[m.body for m in r.send.messages] for r in written] == [[b"t1", b"t2"], [b"u"]]
+    assert written[1].id == b and written[0].id not in (a, c)
+
+
+async def test_a_joined_request_failed_by_the_server_answers_each_caller_alike() -> None:
+    # A 5xx without entries is each caller's answer, as it would be alone: it is not sent again part by part (some
+    # of it may be stored).
+    callers = Callers()
+    a, b = callers.request("send", send(b"a")), callers.request("send", send(b"b"))
+    (joined,) = callers.written()
+    failed = pb.SendMessageResponse(status=v2.Status(code=v2.INTERNAL_SERVER_ERROR, message="internal error"))
+    assert callers.waiting.answer(ext.SessionResponse(id=joined.id, send=failed)) == []
+    assert callers.futures[a].result() == callers.futures[b].result() == failed
+
+
 async def test_a_joined_request_failed_whole_retriably_answers_each_caller_alike() -> None:
     callers = Callers()
     a, b = callers.request("ack", ack("g", "h1")), callers.request("ack", ack("g", "h2"))
