@@ -1,8 +1,8 @@
 """Requests of concurrent callers joined into one (sans-IO): what the Session writer finds queued together.
 
-Sends to one topic queued together become one SendMessage, and acks of one topic and group one AckMessage; each caller gets
-its own part of the answer, as if its request had gone alone. A serialized protobuf message followed by another
-reads as one message whose repeated fields hold both (SendMessageRequest's `messages`, AckMessageRequest's
+Sends to one topic queued together become one SendMessage, and acks of one topic and group one AckMessage; each
+caller gets its own part of the answer, as if its request had gone alone. A serialized protobuf message followed by
+another reads as one message whose repeated fields hold both (SendMessageRequest's `messages`, AckMessageRequest's
 `entries`; the group and topic of joined acks are the same), so joining is a concatenation of bodies.
 
 The proxy answers a joined request per message or entry, so each part's answer is its slice, with the status of its
