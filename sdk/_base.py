@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -134,35 +135,23 @@ class ProducerBase(ClientBase):
         if isinstance(items, str | bytes | bytearray | memoryview | Message):  # iterating one would send its parts
             raise TypeError("send_many takes an iterable of bodies or Messages; use send() for one")
         namespace = self.options.namespace
+        outgoing = functools.partial(
+            _wire.outgoing,
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            delay=delay,
+            deliver_at=deliver_at,
+            message_group=message_group,
+            priority=priority,
+        )
         bodies = items if isinstance(items, list) else list(items)
         if bodies and all(type(item) is bytes for item in bodies):  # send_many of plain bodies: options checked once
             plain = cast(list[bytes], bodies)
-            shared = _wire.outgoing(
-                b"",
-                tag=tag,
-                keys=keys,
-                properties=properties,
-                delay=delay,
-                deliver_at=deliver_at,
-                message_group=message_group,
-                priority=priority,
-            )
             return _wire.shared_requests(
-                topic, plain, shared, self._ids, namespace=namespace, transactional=transactional
+                topic, plain, outgoing(b""), self._ids, namespace=namespace, transactional=transactional
             )
-        messages = [
-            _wire.outgoing(
-                item,
-                tag=tag,
-                keys=keys,
-                properties=properties,
-                delay=delay,
-                deliver_at=deliver_at,
-                message_group=message_group,
-                priority=priority,
-            )
-            for item in bodies
-        ]
+        messages = [outgoing(item) for item in bodies]
         if not messages:
             return []
         return _wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional)
