@@ -1,10 +1,10 @@
 """Client side of the proxy's Session stream (popgate.ext.v1 Messaging.Session, proto/ext/messaging.proto).
 
-Many requests on one gRPC stream, each a frame each way instead of a call; sends, and acks of one topic and group,
-queued together go as one request (`sdk/_joining.py`). `Waiting` (ids, answers, frame encoding) is sans-IO;
-`Session` does the stream's I/O around it. A lost stream fails its pending requests with a retriable `Unavailable`
-(the client's retry policy sends them again, on a new stream); a proxy that serves no Session fails them with
-`Unimplemented` (the client then uses the unary RPCs).
+Many requests on one gRPC stream, each a frame each way instead of a call; sends to one topic, and acks of one topic
+and group, queued together go as one request (`sdk/_joining.py`). `Waiting` (ids, answers, frame encoding) is
+sans-IO; `Session` does the stream's I/O around it. A lost stream fails its pending requests with a retriable
+`Unavailable` (the client's retry policy sends them again, on a new stream); a proxy that serves no Session fails
+them with `Unimplemented` (the client then uses the unary RPCs).
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def _size(item: Queued) -> int:
 def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | None, Queued | None]:
     """`first` and the requests queued behind it in `outbox` as one message of at most MAX_WRITE_BYTES (or `first`
     alone), and the request taken that did not fit (to go first in the next message); the end marker (None), if
-    met, is queued again to be seen after this message. Sends queued together go as one request, and so do acks of
-    one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is not sent
+    met, is queued again to be seen after this message. Sends to one topic queued together go as one request, and so
+    do acks of one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is not sent
     (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
     items = [first]
     size = _size(first)
@@ -237,14 +237,10 @@ class Waiting:
             return []
         if _joining.refused_whole(answer, parts):
             return live
-        answers = _joining.split(answer, [p.count for p in parts])
-        return self._resolve(parts, answers)
-
-    def _resolve(self, parts: list[Part], answers: list[Any]) -> list[Part]:
-        for p, answer in zip(parts, answers, strict=True):
+        for p, mine in zip(parts, _joining.split(answer, [p.count for p in parts]), strict=True):
             entry = self._waiting.pop(p.request_id, None)
             if entry is not None and not entry[1].done():
-                entry[1].set_result(answer)
+                entry[1].set_result(mine)
         return []
 
     def drop(self, request_id: int) -> bool:
