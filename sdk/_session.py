@@ -90,8 +90,8 @@ def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | N
     """`first` and the requests queued behind it in `outbox` as one message of at most MAX_WRITE_BYTES (or `first`
     alone), and the request taken that did not fit (to go first in the next message); the end marker (None), if
     met, is queued again to be seen after this message. Sends to one topic queued together go as one request, and so
-    do acks of one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is not sent
-    (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
+    do acks of one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is
+    not sent (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
     items = [first]
     size = _size(first)
     carried: Queued | None = None
