@@ -91,8 +91,8 @@ class PartAnswer:
 
 def split(answer: Any, counts: Sequence[int]) -> list[Any]:
     """Each part's answer: its slice of the entries, OK unless one of them failed (then that entry's status).
-    Without entries (the whole request failed, retriably), every part gets the same answer; so does every part of
-    an ack answered OK, whose entries nobody reads."""
+    Without entries (the whole request failed, not as a bad request: `refused_whole`), every part gets the same
+    answer; so does every part of an ack answered OK, whose entries nobody reads."""
     entries = answer.entries
     all_ok = answer.status.code == v2.OK
     if len(entries) != sum(counts) or (all_ok and isinstance(answer, pb.AckMessageResponse)):
