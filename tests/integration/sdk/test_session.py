@@ -16,7 +16,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import BadRequest, Message, MessageBodyTooLarge, Unauthorized, aio
+from popgate import AckError, BadRequest, Message, MessageBodyTooLarge, Unauthorized, aio
 from popgate._session import METHOD
 from popgate.cli.cluster import Cluster
 from tests.integration.sdk.conftest import name
@@ -250,3 +250,29 @@ async def test_concurrent_sends_each_get_their_own_outcome_when_one_is_refused(e
     assert isinstance(refused, BadRequest) and "longest delay" in str(refused)
     assert all(isinstance(receipts, list) and len(receipts) == 3 for receipts in sent)
     assert sorted(m.body for m in got) == sorted(f"{i}-{j}".encode() for i in range(4) for j in range(3))
+
+
+async def test_concurrent_acks_each_get_their_own_outcome(endpoint: str) -> None:
+    # Acks of one topic and group queued together go as one request (sdk/_joining.py): a stale handle fails its own
+    # ack_many only, and every other message is acked (not delivered again once its invisible time is over).
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+        await producer.send_many(topic, [f"m{i}".encode() for i in range(7)])
+        got: list[Message] = []
+        async with asyncio.timeout(15):
+            while len(got) < 7:
+                got += await consumer.receive(max=32, invisible=1.0, wait=0.4)
+        stale = got[0]
+        await consumer.ack(stale)  # its handle is stale from now on
+        outcomes = await asyncio.gather(
+            consumer.ack_many([stale]),
+            *(consumer.ack_many(got[i : i + 2]) for i in range(1, 7, 2)),
+            return_exceptions=True,
+        )
+        await asyncio.sleep(1.5)  # past the invisible time: what was not acked would come again
+        again = await consumer.receive(max=32, wait=0.5)
+    failed, *acked = outcomes
+    assert isinstance(failed, AckError) and [m for m, _ in failed.failures] == [stale.message_id]
+    assert acked == [None, None, None]
+    assert again == []
