@@ -5,8 +5,8 @@ the rare cycle. Its default runs a young collection every 700 container objects 
 in a server that is mostly the state that grows under load (deliveries in flight, cached payloads, queued answers):
 hundreds of collections per 100k messages, each going over what grew, and every tenth young collection over the
 middle generation too. At `YOUNG_THRESHOLD` the collector runs a small fraction as often; a garbage cycle waits
-longer for it, until that many container objects were made after it (the processes' memory tests,
-tests/integration/proxy/test_memory.py and tests/integration/test_overload.py, pass with it).
+longer for it, until that many container objects were made after it; the memory trimmer collects before it gives
+memory back after a burst (popgate_process.memory), so a cycle never keeps a burst's memory from it.
 
 `gc.freeze()` first moves what start-up made (modules, classes, settings) to the permanent generation: a full
 collection no longer goes over it. docs/BENCHMARKS.md ("What bounds the figures") has what it measured.
