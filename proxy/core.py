@@ -144,7 +144,11 @@ class Proxy:
         """The cost of sending ``messages`` (anything with a ``body``: bodies + SEND_OVERHEAD each);
         TooManyRequests when it would pass max_send_bytes (one request alone always fits). The edge asks
         before it converts a request, so a refused one costs no copy of its bodies."""
-        cost = sum(len(m.body) for m in messages) + SEND_OVERHEAD * len(messages)
+        return self.check_send_bytes(sum(len(m.body) for m in messages), len(messages))
+
+    def check_send_bytes(self, body_bytes: int, count: int) -> int:
+        """`check_send_room` of `count` messages whose bodies take `body_bytes`."""
+        cost = body_bytes + SEND_OVERHEAD * count
         if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:
             raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
         return cost

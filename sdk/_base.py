@@ -18,6 +18,7 @@ from . import _wire
 from ._durations import duration
 from ._ids import MessageIds
 from ._transport import make_options
+from ._wire_send import SendPlan, SharedSend, in_a_group, sent_count
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
 
@@ -37,20 +38,25 @@ GIVE_BACK_TIMEOUT_S = 1.0
 RECEIVE_REQUESTS_KEPT = 64
 
 
-def send_window(requests: Sequence[pb.SendMessageRequest]) -> int:
+def send_window(requests: Sequence[SendPlan]) -> int:
     """SendMessage calls one send_many keeps in flight: one at a time when any message has a message
     group, so that a group's batches are stored in the order given (FIFO within a group)."""
-    fifo = any(m.system_properties.message_group for r in requests for m in r.messages)
+    fifo = any(in_a_group(r) for r in requests)
     return 1 if fifo else SEND_WINDOW
 
 
+def v2_plan(plan: Sequence[SendPlan]) -> list[pb.SendMessageRequest]:
+    """`plan`'s requests as v2 SendMessages (for the unary RPC)."""
+    return [r.as_v2() if isinstance(r, SharedSend) else r for r in plan]
+
+
 def receipts_so_far(
-    requests: Sequence[pb.SendMessageRequest], results: Sequence[list[SendReceipt | None] | None]
+    requests: Sequence[SendPlan], results: Sequence[list[SendReceipt | None] | None]
 ) -> list[SendReceipt | None]:
     """One entry per message of `requests`: its receipt where its call's results are in, else None."""
     out: list[SendReceipt | None] = []
     for request, got in zip(requests, results, strict=True):
-        out += got if got is not None else [None] * len(request.messages)
+        out += got if got is not None else [None] * sent_count(request)
     return out
 
 
@@ -129,7 +135,9 @@ class ProducerBase(ClientBase):
         message_group: str | None,
         priority: int | None = None,
         transactional: bool = False,
-    ) -> list[pb.SendMessageRequest]:
+        shared: bool = False,
+    ) -> list[SendPlan]:
+        """The requests of one send_many; `shared`: plain bodies go as SharedSends (for a Session stream)."""
         if not topic:
             raise ValueError("topic must not be empty")
         if isinstance(items, str | bytes | bytearray | memoryview | Message):  # iterating one would send its parts
@@ -148,13 +156,17 @@ class ProducerBase(ClientBase):
         bodies = items if isinstance(items, list) else list(items)
         if bodies and all(type(item) is bytes for item in bodies):  # send_many of plain bodies: options checked once
             plain = cast(list[bytes], bodies)
-            return _wire.shared_requests(
-                topic, plain, outgoing(b""), self._ids, namespace=namespace, transactional=transactional
+            if shared and not transactional:
+                return list(_wire.shared_sends(topic, plain, outgoing(b""), self._ids, namespace=namespace))
+            return list(
+                _wire.shared_requests(
+                    topic, plain, outgoing(b""), self._ids, namespace=namespace, transactional=transactional
+                )
             )
         messages = [outgoing(item) for item in bodies]
         if not messages:
             return []
-        return _wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional)
+        return list(_wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional))
 
 
 def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> list[_wire.Subscription]:

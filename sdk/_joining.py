@@ -1,9 +1,10 @@
 """Requests of concurrent callers joined into one (sans-IO): what the Session writer finds queued together.
 
-Sends to one topic queued together become one SendMessage, and acks of one topic and group one AckMessage; each
-caller gets its own part of the answer, as if its request had gone alone. A serialized protobuf message followed by
-another reads as one message whose repeated fields hold both (SendMessageRequest's `messages`, AckMessageRequest's
-`entries`; the group and topic of joined acks are the same), so joining is a concatenation of bodies.
+Sends to one topic queued together become one SendMessage (or one SendShared of their runs), and acks of one
+topic and group one AckMessage; each caller gets its own part of the answer, as if its request had gone alone. A
+serialized protobuf message followed by another reads as one message whose repeated fields hold both
+(SendMessageRequest's `messages`, SendShared's `runs`, AckMessageRequest's `entries`; the group and topic of joined
+acks are the same), so joining is a concatenation of bodies.
 
 The proxy answers a joined request per message or entry, so each part's answer is its slice, with the status of its
 first failed entry (OK when none failed) — tests/unit/sdk/test_joining.py. A joined request refused as a whole as
@@ -22,7 +23,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire, errors
 
-JOINED_KINDS = frozenset({"send", "ack"})
+JOINED_KINDS = frozenset({"send", "send_shared", "ack"})
 # The proxy's bound on a SendMessage's messages and on an AckMessage's entries (proxy/v2/send.py, proxy/v2/ack.py).
 MAX_ENTRIES = 1024
 _OK = v2.Status(code=v2.OK, message="OK")
@@ -41,11 +42,15 @@ class Part:
 
 
 def part(request_id: int, kind: str, request: Any, body: bytes, timeout_ms: int) -> Part:
+    if kind == "send_shared":  # as a send: with those to the same topic only
+        topic = request.shared.topic
+        key: tuple[str, ...] = (kind, topic.resource_namespace, topic.name)
+        return Part(request_id, kind, key, body, len(request.message_ids), timeout_ms)
     if kind == "send":  # a send_many's requests name one topic: joined with sends to the same topic only, so that
         # the proxy's per-topic routing (a topic missing on a broker) serves a joined request as each alone
         messages = request.messages
         topic = messages[0].topic if messages else None
-        key: tuple[str, ...] = ("send",) if topic is None else ("send", topic.resource_namespace, topic.name)
+        key = ("send",) if topic is None else ("send", topic.resource_namespace, topic.name)
         return Part(request_id, kind, key, body, len(messages), timeout_ms)
     group, topic = request.group, request.topic
     key = ("ack", group.resource_namespace, group.name, topic.resource_namespace, topic.name)

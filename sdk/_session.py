@@ -39,9 +39,10 @@ ID, TIMEOUT_MS, CANCEL, MORE = 1, 2, 3, 15
 # each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
 # tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
 MAX_WRITE_BYTES = 48 * 1024
-KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7}
+KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7, "send_shared": 8}
 RESPONSES: dict[str, Callable[..., Any]] = {
     "send": pb.SendMessageResponse,
+    "send_shared": pb.SendMessageResponse,
     "receive": ext.ReceiveMessagesResponse,
     "ack": pb.AckMessageResponse,
     "change_invisible": pb.ChangeInvisibleDurationResponse,
@@ -55,8 +56,15 @@ REFUSED = {
 }
 
 
+ANSWERS = {"send_shared": "send"}  # a kind answered in another kind's field (SessionResponse's `body`)
+
+
 class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
+
+
+class KindUnknown(errors.PopgateError):
+    """The proxy's Session does not know this request's kind (a proxy older than it): nothing was served."""
 
 
 def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0) -> bytes:
@@ -118,10 +126,14 @@ def _encoded_group(group: bytes | list[Part], waiting: Waiting) -> bytes | None:
     if not parts:
         return None
     if len(parts) == 1:
-        one = parts[0]
-        return encode(one.request_id, one.kind, one.body, one.timeout_ms)
+        return alone(parts[0])
     timeout_ms = max(p.timeout_ms for p in parts)
     return encode(waiting.join(parts), parts[0].kind, b"".join(p.body for p in parts), timeout_ms)
+
+
+def alone(part: Part) -> bytes:
+    """The SessionRequest of `part` alone, under its own id."""
+    return encode(part.request_id, part.kind, part.body, part.timeout_ms)
 
 
 def encoded(request_id: int, kind: str, body: Any, within_s: float) -> Queued:
@@ -198,9 +210,16 @@ class Waiting:
                 self._orphan([response.receive])
             return []
         kind, future, frames = entry
+        if body == "status" and kind in ANSWERS and response.status.code == v2.BAD_REQUEST:
+            # Refused as a request without a body: a proxy that does not know the kind (popgate's own answer any
+            # request of a kind it knows in its kind's field) — the caller sends it again as the v2 request.
+            del self._waiting[response.id]
+            if not future.done():
+                future.set_exception(KindUnknown(f"session: {response.status.message}"))
+            return []
         if body == "status":  # refused before the proxy knew its kind: the kind's answer with that status
             answer = RESPONSES[kind](status=response.status)
-        elif body == kind:
+        elif body == ANSWERS.get(kind, kind):
             answer = getattr(response, body)
         else:  # an answer of another kind (or none): the proxy's mistake, this request's error alone
             self.drop(response.id)
@@ -226,7 +245,7 @@ class Waiting:
         live = [p for p in parts if p.request_id in self._waiting]
         if body == "status":
             answer = RESPONSES[kind](status=response.status)
-        elif body == kind:
+        elif body == ANSWERS.get(kind, kind):
             answer = getattr(response, body)
         else:  # an answer of another kind (or none): the proxy's mistake, this request's error
             error = errors.ServerError(f"session: a {body} answer to a {kind} request")
@@ -366,7 +385,7 @@ class Session:
                 for more in response.more:
                     again += self._waiting.answer(more)
                 for p in again:  # refused joined: each part alone (not joined again), answered under its own id
-                    self._outbox.put_nowait(encode(p.request_id, p.kind, p.body, p.timeout_ms))
+                    self._outbox.put_nowait(alone(p))
         except grpc.aio.AioRpcError as exc:
             ended = exc
         finally:

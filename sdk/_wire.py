@@ -20,9 +20,13 @@ from popgate_pb.v2 import service_pb2 as pb
 from . import errors
 from ._durations import _set_seconds, duration
 from ._wire_send import MAX_SEND_BATCH as MAX_SEND_BATCH
+from ._wire_send import SendPlan as SendPlan
+from ._wire_send import SharedSend as SharedSend
 from ._wire_send import outgoing as outgoing
 from ._wire_send import send_requests as send_requests
+from ._wire_send import sent_count, sent_id
 from ._wire_send import shared_requests as shared_requests
+from ._wire_send import shared_sends as shared_sends
 from .message import Message, SendReceipt
 
 SUCCESS = frozenset({v2.OK, v2.MULTIPLE_RESULTS})
@@ -67,32 +71,32 @@ class SendAnswer(Protocol):
     def entries(self) -> Sequence[pb.SendResultEntry]: ...
 
 
-def send_receipts(topic: str, request: pb.SendMessageRequest, response: SendAnswer) -> list[SendReceipt]:
+def send_receipts(topic: str, request: SendPlan, response: SendAnswer) -> list[SendReceipt]:
     """The receipts of a SendMessage answer; its error otherwise. An error whose entries say some messages
     were stored (a popgate proxy whose brokers stored some of the request's message groups) carries their
     ``receipts`` and is not retriable: sent again whole, those would be stored twice."""
-    if response.status.code not in SUCCESS and len(response.entries) == len(request.messages):
+    count = sent_count(request)
+    if response.status.code not in SUCCESS and len(response.entries) == count:
         stored: list[SendReceipt | None] = [
-            SendReceipt(entry.message_id or sent.system_properties.message_id, topic, entry.offset)
+            SendReceipt(entry.message_id or sent_id(request, i), topic, entry.offset)
             if entry.HasField("status") and entry.status.code == v2.OK
             else None
-            for entry, sent in zip(response.entries, request.messages, strict=True)
+            for i, entry in enumerate(response.entries)
         ]
         if any(stored):
             error = errors.error_for(response.status.code, response.status.message)
             error.receipts, error.retriable = stored, False
             raise error
     check(response.status)
-    if len(response.entries) != len(request.messages):
-        raise errors.ServerError(f"SendMessage answered {len(response.entries)} entries for {len(request.messages)}")
+    if len(response.entries) != count:
+        raise errors.ServerError(f"SendMessage answered {len(response.entries)} entries for {count}")
     out = []
-    sent = request.messages  # an entry's id, when it echoes none
     for i, entry in enumerate(response.entries):
         if entry.HasField("status"):
             status = entry.status
             if status.code not in SUCCESS:
                 raise errors.error_for(status.code, status.message)  # check(status)
-        message_id = entry.message_id or sent[i].system_properties.message_id
+        message_id = entry.message_id or sent_id(request, i)  # an entry's id, when it echoes none
         out.append(_receipt(message_id, topic, entry.offset, entry.recall_handle, entry.transaction_id))
     return out
 

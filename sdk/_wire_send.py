@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
+
+from popgate_contract.wire import field
 
 from ._durations import _deliver_at, _set_seconds, duration
 from ._ids import MessageIds
@@ -136,7 +140,7 @@ def send_requests(
     def fill(out: v2.Message, index: int, message_id: str) -> None:
         _fill(out, messages[index], message_id, transactional=transactional)
 
-    return _batched(template, [m.body for m in messages], ids, fill)
+    return _batched(template, [m.body for m in messages], ids.many(len(messages)), fill)
 
 
 def shared_requests(
@@ -154,22 +158,84 @@ def shared_requests(
     tests/unit/sdk/test_wire.py::test_bodies_sharing_their_options_are_sent_as_their_messages_would_be."""
     template = send_template(topic, namespace=namespace, now=time.time())
     _fill(template, shared, "", transactional=transactional)
+    return _batched(template, bodies, ids.many(len(bodies)), _body_and_id(bodies))
 
+
+def _body_and_id(bodies: Sequence[bytes]) -> Callable[[v2.Message, int, str], None]:
     def fill(out: v2.Message, index: int, message_id: str) -> None:
         out.body = bodies[index]
         out.system_properties.message_id = message_id
 
-    return _batched(template, bodies, ids, fill)
+    return fill
+
+
+@dataclass(slots=True)
+class SharedSend:
+    """Messages alike but for their bodies and ids: a Session stream's SendShared of one run
+    (proto/ext/messaging.proto), or `as_v2` the SendMessage of the same messages, for the unary RPC."""
+
+    shared: v2.Message  # what every message carries: no body, no message id
+    bodies: list[bytes]
+    message_ids: list[str]
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (as the protobuf messages the Session serializes)
+        """The SendShared of these messages: one run."""
+        run = ext.SharedMessages(bodies=self.bodies, message_ids=self.message_ids)
+        return field(b"\x0a", field(b"\x0a", self.shared.SerializeToString()) + run.SerializeToString())
+
+    def as_v2(self) -> pb.SendMessageRequest:
+        return _batched(self.shared, self.bodies, self.message_ids, _body_and_id(self.bodies))[0]
+
+
+SendPlan = pb.SendMessageRequest | SharedSend  # what one send call carries
+
+
+def sent_count(request: SendPlan) -> int:
+    return len(request.message_ids) if isinstance(request, SharedSend) else len(request.messages)
+
+
+def sent_id(request: SendPlan, index: int) -> str:
+    """The message id the producer gave message `index` of `request`."""
+    if isinstance(request, SharedSend):
+        return request.message_ids[index]
+    return str(request.messages[index].system_properties.message_id)
+
+
+def in_a_group(request: SendPlan) -> bool:
+    """Whether a message of `request` has a message group (FIFO)."""
+    if isinstance(request, SharedSend):
+        return bool(request.shared.system_properties.message_group)
+    return any(m.system_properties.message_group for m in request.messages)
+
+
+def shared_sends(
+    topic: str, bodies: Sequence[bytes], shared: Message, ids: MessageIds, *, namespace: str = ""
+) -> list[SharedSend]:
+    """The SharedSends of plain bodies that all have the options of `shared` (`outgoing` of an empty body), split
+    where `send_requests` splits — tests/unit/sdk/test_wire.py::test_a_shared_send_is_the_send_of_its_messages."""
+    template = send_template(topic, namespace=namespace, now=time.time())
+    _fill(template, shared, "", transactional=False)
+    message_ids = ids.many(len(bodies))
+    out: list[SharedSend] = []
+    start = size = 0
+    for index, body in enumerate(bodies):
+        if index > start and (index - start >= MAX_SEND_BATCH or size + len(body) > MAX_SEND_BYTES):
+            out.append(SharedSend(template, list(bodies[start:index]), message_ids[start:index]))
+            start, size = index, 0
+        size += len(body)
+    if start < len(bodies):
+        out.append(SharedSend(template, list(bodies[start:]), message_ids[start:]))
+    return out
 
 
 def _batched(
-    template: v2.Message, bodies: Sequence[bytes], ids: MessageIds, fill: Callable[[v2.Message, int, str], None]
+    template: v2.Message, bodies: Sequence[bytes], ids: Sequence[str], fill: Callable[[v2.Message, int, str], None]
 ) -> list[pb.SendMessageRequest]:
     requests: list[pb.SendMessageRequest] = []
     current = pb.SendMessageRequest()
     add = current.messages.add
     count = size = 0
-    for index, message_id in enumerate(ids.many(len(bodies))):
+    for index, message_id in enumerate(ids):
         length = len(bodies[index])
         if count and (count >= MAX_SEND_BATCH or size + length > MAX_SEND_BYTES):
             requests.append(current)

@@ -13,12 +13,11 @@ The Producer is here; the SimpleConsumer is in `_aio_consumer`, their connection
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self
 
-from popgate_pb.v2 import service_pb2 as pb
-
-from . import _wire, client, errors
+from . import _session, _wire, client, errors
 from ._aio_client import _AsyncClient
 from ._aio_consumer import SimpleConsumer
 from ._base import ProducerBase, receipts_so_far, send_window
@@ -26,6 +25,8 @@ from .message import Message, SendReceipt
 from .transactions import AsyncCheckStream, AsyncTransaction
 
 __all__ = ["Producer", "SimpleConsumer"]
+
+log = logging.getLogger(__name__)
 
 
 class Producer(ProducerBase, _AsyncClient):
@@ -82,6 +83,7 @@ class Producer(ProducerBase, _AsyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
             priority=priority,
+            shared=self._shared_served is not False,
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
@@ -112,12 +114,24 @@ class Producer(ProducerBase, _AsyncClient):
             raise
         return [receipt for got in results for receipt in got or () if receipt is not None]
 
-    async def _send(self, topic: str, request: pb.SendMessageRequest) -> list[SendReceipt]:
+    # Whether the proxy's Session takes SharedSends (None: not known yet; False: a proxy older than them).
+    _shared_served: bool | None = None
+
+    async def _send(self, topic: str, request: _wire.SendPlan) -> list[SendReceipt]:
         async def op() -> list[SendReceipt]:
             timeout = self.options.request_timeout
-            response = await self._over_session("send", request, timeout)
+            response = None
+            if isinstance(request, _wire.SharedSend) and self._shared_served is not False:
+                try:
+                    response = await self._over_session("send_shared", request, timeout)
+                except _session.KindUnknown:
+                    log.info("%s's Session takes no SendShared: sending SendMessage", self.options.endpoint)
+                    self._shared_served = False
             if response is None:
-                response = await self._stub.SendMessage(request, timeout=timeout, metadata=self._metadata())
+                v2_request = request.as_v2() if isinstance(request, _wire.SharedSend) else request
+                response = await self._over_session("send", v2_request, timeout)
+                if response is None:
+                    response = await self._stub.SendMessage(v2_request, timeout=timeout, metadata=self._metadata())
             return _wire.send_receipts(topic, request, response)
 
         return await self._retrying(op)

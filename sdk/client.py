@@ -13,7 +13,7 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire, errors
-from ._base import ProducerBase, receipts_so_far, send_window
+from ._base import ProducerBase, receipts_so_far, send_window, v2_plan
 from ._sync_client import _SyncClient
 from ._sync_consumer import SimpleConsumer as SimpleConsumer
 from .message import Message, SendReceipt
@@ -125,16 +125,18 @@ class Producer(ProducerBase, _SyncClient):
                 per message, its receipt or None (not sent, refused, or not known: a call cancelled on its
                 way may have been stored). Resend only the None entries' messages.
         """
-        requests = self._plan(
-            topic,
-            messages,
-            tag=tag,
-            keys=keys,
-            properties=properties,
-            delay=delay,
-            deliver_at=deliver_at,
-            message_group=message_group,
-            priority=priority,
+        requests = v2_plan(
+            self._plan(
+                topic,
+                messages,
+                tag=tag,
+                keys=keys,
+                properties=properties,
+                delay=delay,
+                deliver_at=deliver_at,
+                message_group=message_group,
+                priority=priority,
+            )
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
@@ -200,7 +202,7 @@ class Producer(ProducerBase, _SyncClient):
 
     def _send_half(self, topic: str, body: bytes | str | Message, **options: Any) -> SendReceipt:
         plan = self._plan(topic, [body], delay=None, deliver_at=None, message_group=None, transactional=True, **options)
-        return self._send(topic, plan[0])[0]
+        return self._send(topic, v2_plan(plan)[0])[0]
 
     def _end_transaction(
         self, topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool

@@ -1,10 +1,10 @@
 """Which permissions each v2 request needs, checked before its handler runs (proxy/auth.py does the checking).
 
-SendMessage: publish to every message's topic; EndTransaction and RecallMessage: publish to
-the topic (the broker refuses a transaction id or recall handle of another topic). ReceiveMessage, AckMessage,
-ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue: subscribe to the topic
-and consume as the group. Everything else (route, heartbeat, assignment,
-telemetry, termination): a valid key is enough.
+SendMessage: publish to every message's topic (popgate.ext.v1 SendShared: every run's);
+EndTransaction and RecallMessage: publish to the topic (the broker refuses a transaction id or recall handle of
+another topic). ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue: subscribe to
+the topic and consume as the group. Everything else (route, heartbeat, assignment, telemetry, termination): a valid
+key is enough.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -78,6 +79,8 @@ def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, reques
     account = auth.authenticate(metadata_of(invocation_metadata))
     if isinstance(request, pb.SendMessageRequest):
         authorize(account, publish=sorted({_topic(m.topic) for m in request.messages}))
+    elif isinstance(request, ext.SendShared):
+        authorize(account, publish=sorted({_topic(run.shared.topic) for run in request.runs}))
     elif isinstance(request, pb.ReceiveMessageRequest):
         authorize(account, subscribe=[_topic(request.message_queue.topic)], group=_group(request.group))
     elif isinstance(request, _CONSUME):

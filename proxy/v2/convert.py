@@ -49,22 +49,22 @@ def seconds(duration: Duration, *, what: str, error: type[errors.DomainError] = 
     return duration.seconds + duration.nanos / 1e9
 
 
-def _body(message: v2.Message, encoding: int, limit: int, room: int | None) -> bytes:
-    """The message's body (`encoding`: its body_encoding), inflated when GZIP; `room`: inflated bytes its request
-    may still grow by."""
+def body_of(body: bytes, encoding: int, limit: int, room: int | None) -> bytes:
+    """A message's `body` as stored (`encoding`: its body_encoding), inflated when GZIP; `room`: inflated bytes its
+    request may still grow by."""
     if encoding not in _ENCODINGS:  # a newer client's encoding, stored as if it were plain bytes, reaches
         # consumers as garbage: refused instead
         raise errors.BadRequest(f"body_encoding {encoding} is not one the proxy reads (IDENTITY or GZIP)")
     if encoding != v2.GZIP:
-        return validate.body(message.body, limit=limit)
+        return validate.body(body, limit=limit)
     # Every member of the stream (RFC 1952 allows several, as gzip.decompress reads them), each to its end,
     # inflating at most one byte past the limit. The compressed body is held to the limit too, and the
     # members to GZIP_MAX_MEMBERS: each member's inflater copies the input left after it, so a body of
     # thousands of empty members would cost the event loop seconds (quadratic) for nothing.
-    validate.body(message.body, limit=limit)
+    validate.body(body, limit=limit)
     cap = limit if room is None else max(0, min(limit, room))
     parts: list[bytes] = []
-    size, rest = 0, message.body
+    size, rest = 0, body
     try:
         for _ in range(GZIP_MAX_MEMBERS):
             inflater = zlib.decompressobj(wbits=31)
@@ -122,7 +122,7 @@ def to_broker(
     out = bpb.Message()
     out.topic = topic
     out.message_id = validate.message_id(props.message_id)
-    out.body = _body(message, props.body_encoding, limits.max_body_bytes, room)
+    out.body = body_of(message.body, props.body_encoding, limits.max_body_bytes, room)
     keys = props.keys
     if keys:
         out.keys.extend(validate.keys(keys[:]))  # a slice: a repeated field's quickest copy to a list

@@ -16,14 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from popgate_pb import broker_pb2 as bpb
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from popgate_contract.codes import status_of
+from proxy import validate
 from proxy.core import PartlyStored
 from proxy.v2.context import Call
-from proxy.v2.convert import SendLimits, to_broker
+from proxy.v2.convert import SendLimits, body_of, to_broker
 
 MAX_MESSAGES = 1024
 INFLATE_THREADS = 2  # this machine's cores: more threads would only queue for them
@@ -88,7 +90,65 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
             messages.append(message)
         return messages
 
-    messages = await inflation.run(convert) if gzipped else convert()
+    return await _stored(call, await inflation.run(convert) if gzipped else convert())
+
+
+async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflation) -> pb.SendMessageResponse:
+    """popgate.ext.v1 SendShared: the SendMessage of its runs' messages, answered as that SendMessage would be; what
+    the messages of a run share is converted and checked once —
+    tests/unit/proxy/test_send_shared.py::test_a_shared_send_stores_and_answers_as_the_send_of_its_messages."""
+    runs = [_run(run) for run in request.runs]
+    count = sum(len(bodies) for _, bodies, _ in runs)
+    if not 1 <= count <= MAX_MESSAGES:
+        raise errors.BadRequest(f"SendShared carries {count} messages: must be 1..{MAX_MESSAGES}")
+    call.proxy.check_send_bytes(sum(len(body) for _, bodies, _ in runs for body in bodies), count)
+    limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
+    now = time.time()
+    gzipped = any(first.system_properties.body_encoding == v2.GZIP for first, _, _ in runs)
+    topics: dict[tuple[str, str], str] = {}
+
+    def convert() -> list[bpb.Message]:
+        # Each run's first message is checked whole (an error names the violation its SendMessage would name
+        # first); the others are copies of it with their own body and id. GZIP bodies share the request's `room`
+        # as in send_message.
+        room = call.settings.max_message_bytes if gzipped else None
+        messages: list[bpb.Message] = []
+        for first, bodies, ids in runs:
+            encoding = first.system_properties.body_encoding
+            template = to_broker(first, limits, now_s=now, room=room, topics=topics)
+            messages.append(template)
+            for body, message_id in zip(bodies[1:], ids[1:], strict=True):
+                if room is not None:
+                    room -= len(messages[-1].body)
+                message = bpb.Message()
+                message.CopyFrom(template)
+                message.message_id = validate.message_id(message_id)
+                message.body = body_of(body, encoding, limits.max_body_bytes, room)
+                messages.append(message)
+            if room is not None:
+                room -= len(messages[-1].body)
+        return messages
+
+    return await _stored(call, await inflation.run(convert) if gzipped else convert())
+
+
+def _run(run: ext.SharedMessages) -> tuple[v2.Message, list[bytes], list[str]]:
+    """A run as its first message (shared, with its own body and id), its bodies and its ids; BadRequest when its
+    bodies and ids do not pair up or `shared` has a body or id of its own."""
+    bodies, ids = list(run.bodies), list(run.message_ids)
+    if not bodies or len(ids) != len(bodies):
+        raise errors.BadRequest(f"a SendShared run carries {len(bodies)} bodies and {len(ids)} message ids: one each")
+    shared = run.shared
+    if shared.body or shared.system_properties.message_id:
+        raise errors.BadRequest("a SendShared run's shared message has a body or a message id of its own")
+    first = v2.Message()
+    first.CopyFrom(shared)
+    first.body, first.system_properties.message_id = bodies[0], ids[0]
+    return first, bodies, ids
+
+
+async def _stored(call: Call, messages: list[bpb.Message]) -> pb.SendMessageResponse:
+    """Store converted messages; the answer, an entry per message."""
     ok = v2.Status(code=v2.OK, message="OK")
     status = failed = ok
     try:

@@ -63,6 +63,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._attempts = GroupAttempts(proxy.pool.live, timeout_s=min(LOOKUP_TIMEOUT_S, settings.broker_timeout_s))
         self._inflation = send.Inflation()
         self._send = functools.partial(send.send_message, inflation=self._inflation)
+        self._send_shared = functools.partial(send.send_shared, inflation=self._inflation)
         self._producer = ProducerFeatures(proxy.pool)
         self._producers = ProducerStreams()
         self._checks = CheckPoller(
@@ -136,6 +137,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self, request: pb.SendMessageRequest, context: Any, auth: Authenticator | None = None
     ) -> pb.SendMessageResponse:
         return await self._unary("SendMessage", self._send, request, context, pb.SendMessageResponse, auth)
+
+    async def SendShared(
+        self, request: ext.SendShared, context: Any, auth: Authenticator | None = None
+    ) -> pb.SendMessageResponse:
+        """A Session stream's SendShared (send.send_shared), counted as the SendMessage it stands for."""
+        return await self._unary("SendMessage", self._send_shared, request, context, pb.SendMessageResponse, auth)
 
     async def RecallMessage(self, request: pb.RecallMessageRequest, context: Any) -> pb.RecallMessageResponse:
         return await self._unary("RecallMessage", self._recall, request, context, pb.RecallMessageResponse)

@@ -103,9 +103,11 @@ class StreamAccount(Authenticator):
 # which a receive's message frames already are (grpc writes bytes as they are: proxy/server.py's PassBytes).
 _ID = b"\x08"
 _BODY = {"status": b"\x12", "send": b"\x22", "receive": b"\x2a", "ack": b"\x32", "change_invisible": b"\x3a"}
+_BODY["send_shared"] = _BODY["send"]  # answered as the SendMessage it stands for
 _MORE = b"\x7a"
 _RESPONSES: dict[str, Callable[..., Any]] = {
     "send": pb.SendMessageResponse,
+    "send_shared": pb.SendMessageResponse,
     "receive": ext.ReceiveMessagesResponse,
     "ack": pb.AckMessageResponse,
     "change_invisible": pb.ChangeInvisibleDurationResponse,
@@ -150,6 +152,7 @@ class Session:
         # The servicer's RPCs serve the unary kinds: the same handlers, metrics names and answers.
         self.unary: dict[str, Callable[[Any, RequestContext, Authenticator], Awaitable[Any]]] = {
             "send": service.SendMessage,
+            "send_shared": service.SendShared,
             "ack": functools.partial(service.AckMessage, brief=True),
             "change_invisible": service.ChangeInvisibleDuration,
         }

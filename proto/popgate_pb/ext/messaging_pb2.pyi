@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "more")
+    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "send_shared", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class SessionRequest(_message.Message):
     RECEIVE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
+    SEND_SHARED_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     timeout_ms: int
@@ -28,8 +29,25 @@ class SessionRequest(_message.Message):
     receive: _service_pb2.ReceiveMessageRequest
     ack: _service_pb2.AckMessageRequest
     change_invisible: _service_pb2.ChangeInvisibleDurationRequest
+    send_shared: SendShared
     more: _containers.RepeatedCompositeFieldContainer[SessionRequest]
-    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., send_shared: _Optional[_Union[SendShared, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+
+class SendShared(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[SharedMessages]
+    def __init__(self, runs: _Optional[_Iterable[_Union[SharedMessages, _Mapping]]] = ...) -> None: ...
+
+class SharedMessages(_message.Message):
+    __slots__ = ("shared", "bodies", "message_ids")
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    BODIES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    shared: _definition_pb2.Message
+    bodies: _containers.RepeatedScalarFieldContainer[bytes]
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shared: _Optional[_Union[_definition_pb2.Message, _Mapping]] = ..., bodies: _Optional[_Iterable[bytes]] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
     __slots__ = ("id", "status", "send", "receive", "ack", "change_invisible", "more")

@@ -7,11 +7,12 @@ import asyncio
 import queue
 from typing import Any
 
+import pytest
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import _joining, _session
+from popgate import _ids, _joining, _session, _wire
 
 OK = v2.Status(code=v2.OK, message="OK")
 
@@ -145,3 +146,39 @@ async def test_a_joined_request_holds_at_most_the_proxys_entries_per_request() -
         callers.request("ack", ack("g", *(f"h{i}" for i in range(400))))
     assert [len(r.ack.entries) for r in callers.written()] == [800, 400]
     assert _joining.MAX_ENTRIES == 1024
+
+
+def shared_send(topic: str, *bodies: bytes, tag: str | None = None) -> _wire.SharedSend:
+    return _wire.shared_sends(topic, list(bodies), _wire.outgoing(b"", tag=tag), _ids.MessageIds())[0]
+
+
+async def test_shared_sends_to_one_topic_go_as_one_request_of_their_runs() -> None:
+    """Runs of different options (a tag, another born time) join as runs of one SendShared; another topic's and a v2
+    send do not join them. Each caller gets its own entries, answered in the `send` field."""
+    callers = Callers()
+    first, tagged = shared_send("t", b"a1", b"a2"), shared_send("t", b"b1", tag="x")
+    a, b = callers.request("send_shared", first), callers.request("send_shared", tagged)
+    other, plain = callers.request("send_shared", shared_send("u", b"c1")), callers.request("send", send(b"d1"))
+    joined, alone, v2_send = callers.written()
+    assert [(r.shared, list(r.bodies)) for r in joined.send_shared.runs] == [
+        (first.shared, [b"a1", b"a2"]),
+        (tagged.shared, [b"b1"]),
+    ]
+    assert (alone.id, [r.shared.topic.name for r in alone.send_shared.runs], v2_send.id) == (other, ["u"], plain)
+    entries = [pb.SendResultEntry(status=OK, message_id=f"m{i}", offset=i) for i in range(3)]
+    callers.waiting.answer(ext.SessionResponse(id=joined.id, send=pb.SendMessageResponse(status=OK, entries=entries)))
+    assert [_wire.send_receipts("t", first, callers.futures[a].result())[i].offset for i in (0, 1)] == [0, 1]
+    assert [r.message_id for r in _wire.send_receipts("t", tagged, callers.futures[b].result())] == ["m2"]
+
+
+async def test_a_shared_send_a_proxy_does_not_know_fails_as_kind_unknown() -> None:
+    """A proxy older than SendShared refuses it as a request without a body (a bare BAD_REQUEST status): the caller
+    gets KindUnknown, and the Producer sends its messages again as a SendMessage."""
+    callers = Callers()
+    request_id = callers.request("send_shared", shared_send("t", b"a"))
+    callers.written()
+    status = v2.Status(code=v2.BAD_REQUEST, message="session: a request without a body")
+    callers.waiting.answer(ext.SessionResponse(id=request_id, status=status))
+    with pytest.raises(_session.KindUnknown):
+        callers.futures[request_id].result()
+    assert len(callers.waiting) == 0

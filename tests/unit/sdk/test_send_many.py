@@ -11,7 +11,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, Producer, Unavailable, _wire, aio, errors
+from popgate import Message, Producer, Unavailable, _session, _wire, aio, errors
 from popgate.retry import RetryPolicy
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
 
@@ -107,6 +107,27 @@ async def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -
     async with aio_producer_with(send) as producer:
         await producer.send_many("t", [b"x"] * (4 * 1024 + 1), message_group="g")
     assert most == 1
+
+
+async def test_the_asyncio_producer_sends_as_send_message_once_its_proxy_does_not_know_shared_sends() -> None:
+    """A proxy older than SendShared (KindUnknown): the send goes again as the SendMessage of the same messages
+    (their ids too), and so does every later one."""
+    kinds: list[str] = []
+
+    class BeforeSharedSends(aio.Producer):
+        async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
+            kinds.append(kind)
+            if kind == "send_shared":
+                raise _session.KindUnknown("session: a request without a body")
+            return answer(request)
+
+    producer = BeforeSharedSends("127.0.0.1:1")
+    producer._channel = FakeChannel()  # type: ignore[assignment]
+    async with producer:
+        first = await producer.send_many("t", [b"a", b"b"])
+        later = await producer.send("t", b"c")
+    assert kinds == ["send_shared", "send", "send"]
+    assert len({r.message_id for r in [*first, later]}) == 3
 
 
 @pytest.mark.parametrize("one", ["hello", b"abc", bytearray(b"abc"), memoryview(b"abc"), Message(b"abc")])

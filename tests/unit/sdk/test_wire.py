@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import _ids, _metadata, _wire, errors
+from popgate import _ids, _metadata, _wire, _wire_send, errors
 from popgate._base import ConsumerBase
 from popgate.message import Message, SendReceipt
 
@@ -183,6 +184,37 @@ def test_bodies_sharing_their_options_are_sent_as_their_messages_would_be(
             m.system_properties.ClearField("born_timestamp")
             m.system_properties.ClearField("message_id")
     assert shared == expected
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"tag": "t", "keys": ["k1"], "properties": {"p": "q"}}, {"message_group": "g"}, {"priority": 3}]
+)
+def test_a_shared_send_is_the_send_of_its_messages(options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SharedSend serialized is a SendShared of one run whose messages are those `shared_requests` sends (its
+    `as_v2`), split where they are split."""
+    monkeypatch.setattr(_wire_send, "MAX_SEND_BATCH", 2)
+    bodies = [b"a", b"b", b"x" * 300]
+    sends = _wire.shared_sends("orders", bodies, _wire.outgoing(b"", **options), _ids.MessageIds(), namespace="ns")
+    assert [s.bodies for s in sends] == [[b"a", b"b"], [b"x" * 300]]
+    for send in sends:
+        (run,) = ext.SendShared.FromString(send.SerializeToString()).runs
+        assert (run.shared, run.bodies, run.message_ids) == (send.shared, send.bodies, send.message_ids)
+        assert not run.shared.body and not run.shared.system_properties.message_id
+        expected = pb.SendMessageRequest()
+        for body, message_id in zip(run.bodies, run.message_ids, strict=True):
+            m = expected.messages.add()
+            m.CopyFrom(run.shared)
+            m.body, m.system_properties.message_id = body, message_id
+        assert send.as_v2() == expected
+        assert [_wire_send.sent_id(send, i) for i in range(len(send.bodies))] == send.message_ids
+        assert _wire_send.in_a_group(send) == ("message_group" in options)
+    alone = _wire.shared_requests("orders", bodies, _wire.outgoing(b"", **options), _ids.MessageIds(), namespace="ns")
+    converted = [s.as_v2() for s in sends]
+    for request in [*alone, *converted]:
+        for m in request.messages:
+            m.system_properties.ClearField("born_timestamp")
+            m.system_properties.ClearField("message_id")
+    assert [m for r in converted for m in r.messages] == [m for r in alone for m in r.messages]
 
 
 def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own() -> None:
