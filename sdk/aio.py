@@ -83,7 +83,7 @@ class Producer(ProducerBase, _AsyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
             priority=priority,
-            shared=self._shared_served is not False,
+            shared=self._shared_served is not False and self._session_served is not False,
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)

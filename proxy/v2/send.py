@@ -97,10 +97,13 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
     """popgate.ext.v1 SendShared: the SendMessage of its runs' messages, answered as that SendMessage would be; what
     the messages of a run share is converted and checked once —
     tests/unit/proxy/test_send_shared.py::test_a_shared_send_stores_and_answers_as_the_send_of_its_messages."""
-    runs = [_run(run) for run in request.runs]
-    count = sum(len(bodies) for _, bodies, _ in runs)
+    given = request.runs
+    # Counted before anything is made of a run: a request of many tiny runs is refused at its count's cost —
+    # tests/unit/proxy/test_send_shared.py::test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read.
+    count = sum(len(run.bodies) for run in given) if len(given) <= MAX_MESSAGES else len(given)
     if not 1 <= count <= MAX_MESSAGES:
         raise errors.BadRequest(f"SendShared carries {count} messages: must be 1..{MAX_MESSAGES}")
+    runs = [_run(run) for run in given]
     call.proxy.check_send_bytes(sum(len(body) for _, bodies, _ in runs for body in bodies), count)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()

@@ -14,7 +14,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from proxy.auth import Account
-from proxy.v2 import access
+from proxy.v2 import access, send
 from proxy.v2.session import StreamAccount
 from tests.unit.proxy.fakes import FakeBroker
 from tests.unit.proxy.test_session import service_over
@@ -85,7 +85,7 @@ async def test_a_shared_send_stores_and_answers_as_the_send_of_its_messages() ->
     [
         ([], v2.BAD_REQUEST, "SendShared carries 0 messages: must be 1..1024"),
         ([run(shared("t"), [b"a", b"b"], ["I1"])], v2.BAD_REQUEST, "2 bodies and 1 message ids"),
-        ([run(shared("t"), [], [])], v2.BAD_REQUEST, "0 bodies and 0 message ids"),
+        ([RUNS[1], run(shared("t"), [], [])], v2.BAD_REQUEST, "0 bodies and 0 message ids"),
         ([run(v2.Message(topic=v2.Resource(name="t"), body=b"mine"), [b"a"], ["I1"])], v2.BAD_REQUEST, "of its own"),
         ([run(shared("t", message_id="mine"), [b"a"], ["I1"])], v2.BAD_REQUEST, "of its own"),
         ([RUNS[1], run(shared("t", tag=""), [b"a"], ["I1"])], v2.ILLEGAL_MESSAGE_TAG, ""),
@@ -101,6 +101,23 @@ async def test_a_shared_send_refused_stores_nothing_and_says_why(
     broker = FakeBroker("b1")
     answer = await service_over(broker)[0].SendShared(ext.SendShared(runs=runs), CALL)
     assert (v2.Code.Name(answer.status.code), text in answer.status.message) == (v2.Code.Name(code), True)
+    assert broker.sent == []
+
+
+async def test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of one tiny message each: refused by their count, as a SendMessage of as many messages is, before any
+    run is read (a request the size of max_message_bytes would otherwise hold the event loop and memory per run)."""
+
+    def read(_: ext.SharedMessages) -> None:
+        raise AssertionError("a run was read")
+
+    monkeypatch.setattr(send, "_run", read)
+    broker = FakeBroker("b1")
+    request = ext.SendShared()
+    request.runs.extend([run(v2.Message(), [b"a"], ["I"])] * 200_000)
+    answer = await service_over(broker)[0].SendShared(request, CALL)
+    assert answer.status.code == v2.BAD_REQUEST
+    assert answer.status.message == "SendShared carries 200000 messages: must be 1..1024"
     assert broker.sent == []
 
 
