@@ -136,7 +136,7 @@ class ProducerBase(ClientBase):
         priority: int | None = None,
         transactional: bool = False,
         shared: bool = False,
-    ) -> list[SendPlan]:
+    ) -> Sequence[SendPlan]:
         """The requests of one send_many; `shared`: plain bodies go as SharedSends (for a Session stream)."""
         if not topic:
             raise ValueError("topic must not be empty")
@@ -157,16 +157,14 @@ class ProducerBase(ClientBase):
         if bodies and all(type(item) is bytes for item in bodies):  # send_many of plain bodies: options checked once
             plain = cast(list[bytes], bodies)
             if shared and not transactional:
-                return list(_wire.shared_sends(topic, plain, outgoing(b""), self._ids, namespace=namespace))
-            return list(
-                _wire.shared_requests(
-                    topic, plain, outgoing(b""), self._ids, namespace=namespace, transactional=transactional
-                )
+                return _wire.shared_sends(topic, plain, outgoing(b""), self._ids, namespace=namespace)
+            return _wire.shared_requests(
+                topic, plain, outgoing(b""), self._ids, namespace=namespace, transactional=transactional
             )
         messages = [outgoing(item) for item in bodies]
         if not messages:
             return []
-        return list(_wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional))
+        return _wire.send_requests(topic, messages, self._ids, namespace=namespace, transactional=transactional)
 
 
 def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> list[_wire.Subscription]:

@@ -100,7 +100,9 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
     given = request.runs
     # Counted before anything is made of a run: a request of many tiny runs is refused at its count's cost —
     # tests/unit/proxy/test_send_shared.py::test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read.
-    count = sum(len(run.bodies) for run in given) if len(given) <= MAX_MESSAGES else len(given)
+    if len(given) > MAX_MESSAGES:
+        raise errors.BadRequest(f"SendShared carries {len(given)} runs: at most {MAX_MESSAGES}, as many as messages")
+    count = sum(len(run.bodies) for run in given)
     if not 1 <= count <= MAX_MESSAGES:
         raise errors.BadRequest(f"SendShared carries {count} messages: must be 1..{MAX_MESSAGES}")
     runs = [_run(run) for run in given]

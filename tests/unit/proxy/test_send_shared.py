@@ -117,7 +117,7 @@ async def test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read(mo
     request.runs.extend([run(v2.Message(), [b"a"], ["I"])] * 200_000)
     answer = await service_over(broker)[0].SendShared(request, CALL)
     assert answer.status.code == v2.BAD_REQUEST
-    assert answer.status.message == "SendShared carries 200000 messages: must be 1..1024"
+    assert answer.status.message == "SendShared carries 200000 runs: at most 1024, as many as messages"
     assert broker.sent == []
 
 
