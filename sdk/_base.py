@@ -18,7 +18,7 @@ from . import _wire
 from ._durations import duration
 from ._ids import MessageIds
 from ._transport import make_options
-from ._wire_send import SendPlan, SharedSend, in_a_group, sent_count
+from ._wire_send import SendPlan, in_a_group, sent_count
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
 
@@ -43,11 +43,6 @@ def send_window(requests: Sequence[SendPlan]) -> int:
     group, so that a group's batches are stored in the order given (FIFO within a group)."""
     fifo = any(in_a_group(r) for r in requests)
     return 1 if fifo else SEND_WINDOW
-
-
-def v2_plan(plan: Sequence[SendPlan]) -> list[pb.SendMessageRequest]:
-    """`plan`'s requests as v2 SendMessages (for the unary RPC)."""
-    return [r.as_v2() if isinstance(r, SharedSend) else r for r in plan]
 
 
 def receipts_so_far(
@@ -121,6 +116,10 @@ class ProducerBase(ClientBase):
         self._checker = checker
         self._topics = tuple(topics)
         super().__init__(endpoint, **options)
+
+    # Whether the proxy takes SharedSends: True once it took one; None, not known yet; False, a proxy older than
+    # them or one without popgate's extension, every send then going as SendMessage.
+    _shared_served: bool | None = None
 
     def _plan(
         self,

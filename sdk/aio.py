@@ -114,9 +114,6 @@ class Producer(ProducerBase, _AsyncClient):
             raise
         return [receipt for got in results for receipt in got or () if receipt is not None]
 
-    # Whether the proxy's Session takes SharedSends (None: not known yet; False: a proxy older than them).
-    _shared_served: bool | None = None
-
     async def _send(self, topic: str, request: _wire.SendPlan) -> list[SendReceipt]:
         async def op() -> list[SendReceipt]:
             timeout = self.options.request_timeout
@@ -124,6 +121,8 @@ class Producer(ProducerBase, _AsyncClient):
             if isinstance(request, _wire.SharedSend) and self._shared_served is not False:
                 try:
                     response = await self._over_session("send_shared", request, timeout)
+                    if response is not None:
+                        self._shared_served = True
                 except _session.KindUnknown:
                     log.info("%s's Session takes no SendShared: sending SendMessage", self.options.endpoint)
                     self._shared_served = False

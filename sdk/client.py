@@ -13,11 +13,13 @@ import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire, errors
-from ._base import ProducerBase, receipts_so_far, send_window, v2_plan
-from ._sync_client import _SyncClient
+from ._base import ProducerBase, receipts_so_far, send_window
+from ._sync_client import _SyncClient, log
 from ._sync_consumer import SimpleConsumer as SimpleConsumer
 from .message import Message, SendReceipt
 from .transactions import CheckStream, Transaction
+
+SEND_SHARED = "/popgate.ext.v1.Messaging/SendShared"
 
 
 class Producer(ProducerBase, _SyncClient):
@@ -125,18 +127,17 @@ class Producer(ProducerBase, _SyncClient):
                 per message, its receipt or None (not sent, refused, or not known: a call cancelled on its
                 way may have been stored). Resend only the None entries' messages.
         """
-        requests = v2_plan(
-            self._plan(
-                topic,
-                messages,
-                tag=tag,
-                keys=keys,
-                properties=properties,
-                delay=delay,
-                deliver_at=deliver_at,
-                message_group=message_group,
-                priority=priority,
-            )
+        requests = self._plan(
+            topic,
+            messages,
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            delay=delay,
+            deliver_at=deliver_at,
+            message_group=message_group,
+            priority=priority,
+            shared=self._shared_served is not False,
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
@@ -202,7 +203,7 @@ class Producer(ProducerBase, _SyncClient):
 
     def _send_half(self, topic: str, body: bytes | str | Message, **options: Any) -> SendReceipt:
         plan = self._plan(topic, [body], delay=None, deliver_at=None, message_group=None, transactional=True, **options)
-        return self._send(topic, v2_plan(plan)[0])[0]
+        return self._send(topic, plan[0])[0]
 
     def _end_transaction(
         self, topic: str, message_id: str, transaction_id: str, commit: bool | None, *, from_check: bool
@@ -222,6 +223,10 @@ class Producer(ProducerBase, _SyncClient):
 
     def _open(self) -> None:
         super()._open()
+        # popgate.ext.v1 SendShared as a unary call, with the SharedSend serializing itself.
+        self._send_shared = self._channel.unary_unary(
+            SEND_SHARED, request_serializer=_serialized, response_deserializer=pb.SendMessageResponse.FromString
+        )
         self._checks = CheckStream(self, self._checker, self._topics) if self._checker is not None else None
         if self._checks is not None:
             self._checks.start()
@@ -230,35 +235,68 @@ class Producer(ProducerBase, _SyncClient):
         if self._checks is not None:
             self._checks.close()
 
-    def _begin_send(self, request: pb.SendMessageRequest) -> Any:
+    def _call(self, request: _wire.SendPlan) -> tuple[Any, Any]:
+        """The call that sends `request`, and what it is given: SendShared where the proxy serves it (not known
+        yet, or known to), else SendMessage."""
+        if not isinstance(request, _wire.SharedSend):
+            return self._stub.SendMessage, request
+        if self._shared_served is not False:
+            return self._send_shared, request
+        return self._stub.SendMessage, request.as_v2()
+
+    def _begin_send(self, request: _wire.SendPlan) -> Any:
+        call, given = self._call(request)
         try:
-            return self._stub.SendMessage.future(
-                request, timeout=self.options.request_timeout, metadata=self._metadata()
-            )
+            return call.future(given, timeout=self.options.request_timeout, metadata=self._metadata())
         except ValueError:  # grpc's "channel closed": close() from another thread
             if self._closed:
                 raise errors.Unavailable("the client is closed", retriable=False) from None
             raise
 
-    def _send(self, topic: str, request: pb.SendMessageRequest, sent: Any = None) -> list[SendReceipt]:
+    def _send(self, topic: str, request: _wire.SendPlan, sent: Any = None) -> list[SendReceipt]:
         """One SendMessage with the retry policy. ``sent``: the call's future when it is already on its way;
-        its outcome is the first attempt. A retry re-sends the same message ids: consumers can de-duplicate."""
+        its outcome is the first attempt. A retry re-sends the same message ids: consumers can de-duplicate. A
+        SendShared the proxy has no RPC for (UNIMPLEMENTED: nothing was served) goes again as SendMessage, and so
+        do the later ones — tests/unit/sdk/test_send_many.py::
+        test_the_producer_sends_as_send_message_to_a_proxy_without_shared_sends."""
 
         def op() -> list[SendReceipt]:
             nonlocal sent
-            if sent is None:
+            try:
+                if sent is None:
+                    call, given = self._call(request)
+                    response = call(given, timeout=self.options.request_timeout, metadata=self._metadata())
+                else:
+                    future, sent = sent, None
+                    response = future.result()
+                if isinstance(request, _wire.SharedSend) and self._shared_served is None:
+                    self._shared_served = True
+            except grpc.RpcError as exc:
+                if not (isinstance(request, _wire.SharedSend) and self._shared_unimplemented(exc)):
+                    raise
                 response = self._stub.SendMessage(
-                    request, timeout=self.options.request_timeout, metadata=self._metadata()
+                    request.as_v2(), timeout=self.options.request_timeout, metadata=self._metadata()
                 )
-            else:
-                future, sent = sent, None
-                response = future.result()
             return _wire.send_receipts(topic, request, response)
 
         return self._retrying(op)
 
+    def _shared_unimplemented(self, exc: grpc.RpcError) -> bool:
+        """Whether a failed SendShared says the proxy has no such RPC: SendMessage then serves this send and the
+        next ones."""
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        if self._shared_served is not False:
+            log.info("%s serves no SendShared: sending SendMessage", self.options.endpoint)
+        self._shared_served = False
+        return True
 
-def _stored(topic: str, request: pb.SendMessageRequest, future: Any) -> list[SendReceipt | None] | None:
+
+def _serialized(request: _wire.SharedSend) -> bytes:
+    return request.SerializeToString()
+
+
+def _stored(topic: str, request: _wire.SendPlan, future: Any) -> list[SendReceipt | None] | None:
     """The receipts of a finished SendMessage future; None when it failed (those it stored when partly)."""
     try:
         return list(_wire.send_receipts(topic, request, future.result()))

@@ -285,13 +285,16 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
 class ExtMessaging(ext_grpc.MessagingServicer):
     """popgate.ext.v1.Messaging (proto/ext/messaging.proto), served beside v2 on the same port: the same
-    receive as v2's ReceiveMessage, many messages per frame; the Session stream (proxy/v2/session.py)."""
+    receive as v2's ReceiveMessage, many messages per frame; SendShared; the Session stream (proxy/v2/session.py)."""
 
     def __init__(self, messaging: MessagingService) -> None:
         self._messaging = messaging
 
     async def ReceiveMessages(self, request: pb.ReceiveMessageRequest, context: Any) -> None:
         await self._messaging.ReceiveMessage(request, context, framing=receive.BATCH, method="ReceiveMessages")
+
+    async def SendShared(self, request: ext.SendShared, context: Any) -> pb.SendMessageResponse:
+        return await self._messaging.SendShared(request, context)
 
     async def Session(self, request_iterator: AsyncIterator[ext.SessionRequest], context: Any) -> None:
         await session.serve(self._messaging, request_iterator, context)

@@ -40,6 +40,11 @@ class MessagingStub:
                 request_serializer=popgate__pb_dot_v2_dot_service__pb2.ReceiveMessageRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.ReceiveMessagesResponse.FromString,
                 _registered_method=True)
+        self.SendShared = channel.unary_unary(
+                '/popgate.ext.v1.Messaging/SendShared',
+                request_serializer=popgate__pb_dot_ext_dot_messaging__pb2.SendShared.SerializeToString,
+                response_deserializer=popgate__pb_dot_v2_dot_service__pb2.SendMessageResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/popgate.ext.v1.Messaging/Session',
                 request_serializer=popgate__pb_dot_ext_dot_messaging__pb2.SessionRequest.SerializeToString,
@@ -56,6 +61,14 @@ class MessagingServicer:
         only the framing differs. The answer is one or more `messages` frames, then one `status` frame (OK);
         an empty poll or an error is a single `status` frame (MESSAGE_NOT_FOUND, or the error's code). A
         client must discard messages whose answer ended without a status, as with v2.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendShared(self, request, context):
+        """The SendMessage of a SendShared's messages, answered as that SendMessage would be (the Session's
+        `send_shared` as a unary call, for a client without the Session stream).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,6 +95,11 @@ def add_MessagingServicer_to_server(servicer, server):
                     servicer.ReceiveMessages,
                     request_deserializer=popgate__pb_dot_v2_dot_service__pb2.ReceiveMessageRequest.FromString,
                     response_serializer=popgate__pb_dot_ext_dot_messaging__pb2.ReceiveMessagesResponse.SerializeToString,
+            ),
+            'SendShared': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendShared,
+                    request_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.SendShared.FromString,
+                    response_serializer=popgate__pb_dot_v2_dot_service__pb2.SendMessageResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -116,6 +134,33 @@ class Messaging:
             '/popgate.ext.v1.Messaging/ReceiveMessages',
             popgate__pb_dot_v2_dot_service__pb2.ReceiveMessageRequest.SerializeToString,
             popgate__pb_dot_ext_dot_messaging__pb2.ReceiveMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendShared(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.ext.v1.Messaging/SendShared',
+            popgate__pb_dot_ext_dot_messaging__pb2.SendShared.SerializeToString,
+            popgate__pb_dot_v2_dot_service__pb2.SendMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

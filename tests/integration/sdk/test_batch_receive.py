@@ -46,3 +46,30 @@ async def test_a_nacked_message_comes_back_with_its_next_attempt(path: str, endp
         await consumer.ack(again)
         assert consumer._batch_receive is (path == "batch")
     assert (again.message_id, first.attempt, again.attempt) == (first.message_id, 1, 2)
+
+
+@pytest.mark.parametrize("path", ["shared", "v2"])
+async def test_both_clients_send_plain_bodies_alike_with_or_without_shared_sends(
+    path: str, endpoint: str, v2_only: str
+) -> None:
+    """A send_many of plain bodies goes as popgate's SendShared where the proxy serves it (a unary call from the
+    blocking Producer, a Session request from the asyncio one) and as v2's SendMessage where it does not
+    (--no-batch-receive, as a RocketMQ proxy): the same messages are stored, with their options, either way."""
+    target = endpoint if path == "shared" else v2_only
+    topic, group = name("t"), name("g")
+    with SimpleConsumer(endpoint, group, {topic: "*"}) as consumer:
+        consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+        with Producer(target) as producer:
+            sent = producer.send_many(topic, [f"s{i}".encode() for i in range(40)], tag="a", properties={"p": "1"})
+            assert producer._shared_served is (path == "shared")
+        async with aio.Producer(target) as producer_aio:
+            sent += await producer_aio.send_many(topic, [f"a{i}".encode() for i in range(40)], tag="a", keys=["k"])
+            assert producer_aio._shared_served is (True if path == "shared" else None)  # v2: no Session at all
+        got = drain(consumer, len(sent))
+    assert sorted(m.message_id for m in got) == sorted(r.message_id for r in sent)
+    assert sorted(m.body for m in got) == sorted(
+        [f"s{i}".encode() for i in range(40)] + [f"a{i}".encode() for i in range(40)]
+    )
+    assert {(m.tag, m.topic) for m in got} == {("a", topic)}
+    assert {m.properties.get("p") for m in got if m.body.startswith(b"s")} == {"1"}
+    assert {m.keys for m in got if m.body.startswith(b"a")} == {("k",)}

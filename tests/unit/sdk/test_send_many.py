@@ -19,14 +19,13 @@ MANY = 1500  # two SendMessage calls (1024 messages each at most)
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
-def answer(request: pb.SendMessageRequest) -> pb.SendMessageResponse:
-    return pb.SendMessageResponse(
-        status=v2.Status(code=v2.OK),
-        entries=[
-            pb.SendResultEntry(status=v2.Status(code=v2.OK), message_id=m.system_properties.message_id)
-            for m in request.messages
-        ],
-    )
+def answer(request: pb.SendMessageRequest | _wire.SharedSend) -> pb.SendMessageResponse:
+    if isinstance(request, _wire.SharedSend):
+        ids = request.message_ids
+    else:
+        ids = [m.system_properties.message_id for m in request.messages]
+    ok = v2.Status(code=v2.OK)
+    return pb.SendMessageResponse(status=ok, entries=[pb.SendResultEntry(status=ok, message_id=i) for i in ids])
 
 
 class SendStub:
@@ -57,10 +56,38 @@ class SendStub:
         return Call()
 
 
-def producer_with(stub: SendStub, **kw: Any) -> Producer:
+def producer_with(stub: SendStub, shared: SendStub | None = None, **kw: Any) -> Producer:
+    """A Producer whose SendMessage is `stub` and whose SendShared is `shared` (`stub` too unless given)."""
     producer = Producer("127.0.0.1:1", **kw)
     producer._stub = type("Stub", (), {"SendMessage": stub})()  # type: ignore[assignment]
+    producer._send_shared = stub if shared is None else shared
     return producer
+
+
+class Unimplemented(SendStub):
+    """A proxy without popgate's SendShared RPC."""
+
+    def __call__(self, request: Any, **_: Any) -> pb.SendMessageResponse:
+        self.events.append("call")
+        raise FakeRpcError(grpc.StatusCode.UNIMPLEMENTED)
+
+    def future(self, request: Any, **_: Any) -> Any:
+        self.events.append("sent")
+        call: Future[Any] = Future()
+        call.set_exception(FakeRpcError(grpc.StatusCode.UNIMPLEMENTED))
+        return call
+
+
+def test_the_producer_sends_as_send_message_to_a_proxy_without_shared_sends() -> None:
+    """SendShared answered UNIMPLEMENTED (nothing served): that send goes again as the SendMessage of the same
+    messages (their ids too), and every later one goes as SendMessage from the start."""
+    stub, shared = SendStub(), Unimplemented()
+    with producer_with(stub, shared) as producer:
+        first = producer.send_many("t", [b"a", b"b"])
+        later = producer.send_many("t", [b"x"] * MANY)
+    assert shared.events == ["call"]
+    assert stub.events == ["call", "sent 0", "sent 1", "read 0", "read 1"]
+    assert len(first) == 2 and len(later) == MANY and len({r.message_id for r in [*first, *later]}) == MANY + 2
 
 
 def test_a_message_groups_batches_are_sent_one_after_another() -> None:
@@ -173,14 +200,15 @@ async def test_the_asyncio_producer_sends_nothing_after_a_groups_failed_batch() 
     assert calls == [0]
 
 
-def partly(request: pb.SendMessageRequest) -> pb.SendMessageResponse:
+def partly(request: pb.SendMessageRequest | _wire.SharedSend) -> pb.SendMessageResponse:
     """A popgate proxy's answer when the brokers stored the even messages and one timed out on the others."""
     timeout = v2.Status(code=v2.PROXY_TIMEOUT, message="broker b2 did not answer in time")
+    ids = [e.message_id for e in answer(request).entries]
     entries = [
-        pb.SendResultEntry(status=v2.Status(code=v2.OK), message_id=m.system_properties.message_id, offset=i)
+        pb.SendResultEntry(status=v2.Status(code=v2.OK), message_id=message_id, offset=i)
         if i % 2 == 0
-        else pb.SendResultEntry(status=timeout, message_id=m.system_properties.message_id)
-        for i, m in enumerate(request.messages)
+        else pb.SendResultEntry(status=timeout, message_id=message_id)
+        for i, message_id in enumerate(ids)
     ]
     summary = f"{(len(entries) + 1) // 2} of {len(entries)} stored (see entries): {timeout.message}"
     return pb.SendMessageResponse(status=v2.Status(code=v2.PROXY_TIMEOUT, message=summary), entries=entries)
