@@ -104,6 +104,16 @@ class ClientBase:
         """True once `close` was called (or the context manager exited): every call then raises Unavailable."""
         return self._closed
 
+    def _unimplemented(self, exc: grpc.RpcError, served: str, what: str) -> bool:
+        """Whether a failed call of popgate's extension says the server has no such RPC (UNIMPLEMENTED: nothing was
+        served): the flag named `served` turns False, and v2 serves this call and the next ones."""
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        if getattr(self, served) is not False:
+            log.info("%s serves no %s: using v2", self.options.endpoint, what)
+        setattr(self, served, False)
+        return True
+
 
 class ProducerBase(ClientBase):
     _ids = MessageIds()
@@ -272,12 +282,7 @@ class ConsumerBase(ClientBase):
     def _batch_unimplemented(self, exc: grpc.RpcError) -> bool:
         """Whether a failed ReceiveMessages says the server has no such RPC: then v2 serves this receive and the
         next ones (tests/unit/sdk/test_batch_receive.py)."""
-        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-            return False
-        if self._batch_receive is not False:
-            log.info("%s serves no batch receive: using ReceiveMessage", self.options.endpoint)
-        self._batch_receive = False
-        return True
+        return self._unimplemented(exc, "_batch_receive", "batch receive")
 
     def _receive_plan(
         self, max: int | None, invisible: float | None, wait: float | None

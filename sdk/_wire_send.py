@@ -171,8 +171,8 @@ def _body_and_id(bodies: Sequence[bytes]) -> Callable[[v2.Message, int, str], No
 
 @dataclass(slots=True)
 class SharedSend:
-    """Messages alike but for their bodies and ids: a Session stream's SendShared of one run
-    (proto/ext/messaging.proto), or `as_v2` the SendMessage of the same messages, for the unary RPC."""
+    """Messages alike but for their bodies and ids: popgate's SendShared of one run (proto/ext/messaging.proto), or
+    `as_v2` the v2 SendMessage of the same messages, for a proxy without SendShared."""
 
     shared: v2.Message  # what every message carries: no body, no message id
     bodies: list[bytes]

@@ -14,7 +14,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire, errors
 from ._base import ProducerBase, receipts_so_far, send_window
-from ._sync_client import _SyncClient, log
+from ._sync_client import _SyncClient
 from ._sync_consumer import SimpleConsumer as SimpleConsumer
 from .message import Message, SendReceipt
 from .transactions import CheckStream, Transaction
@@ -272,7 +272,9 @@ class Producer(ProducerBase, _SyncClient):
                 if isinstance(request, _wire.SharedSend) and self._shared_served is None:
                     self._shared_served = True
             except grpc.RpcError as exc:
-                if not (isinstance(request, _wire.SharedSend) and self._shared_unimplemented(exc)):
+                if not (
+                    isinstance(request, _wire.SharedSend) and self._unimplemented(exc, "_shared_served", "SendShared")
+                ):
                     raise
                 response = self._stub.SendMessage(
                     request.as_v2(), timeout=self.options.request_timeout, metadata=self._metadata()
@@ -280,16 +282,6 @@ class Producer(ProducerBase, _SyncClient):
             return _wire.send_receipts(topic, request, response)
 
         return self._retrying(op)
-
-    def _shared_unimplemented(self, exc: grpc.RpcError) -> bool:
-        """Whether a failed SendShared says the proxy has no such RPC: SendMessage then serves this send and the
-        next ones."""
-        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-            return False
-        if self._shared_served is not False:
-            log.info("%s serves no SendShared: sending SendMessage", self.options.endpoint)
-        self._shared_served = False
-        return True
 
 
 def _serialized(request: _wire.SharedSend) -> bytes:
