@@ -99,7 +99,7 @@ class BrokerSettings:
         default=10000, metadata={"help": "topics kept; a Send that would create one beyond is TOO_MANY_REQUESTS"}
     )
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "largest message body"})
-    max_pop_batch: int = field(default=32, metadata={"help": "largest Pop batch (a larger one is served up to this)"})
+    max_pop_batch: int = field(default=128, metadata={"help": "largest Pop batch (a larger one is served up to this)"})
     max_pop_bytes: int = field(
         default=8 * 1024 * 1024, metadata={"help": "largest Pop or ListMessages answer (bodies and overhead)"}
     )

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _resend, _wire, errors
+from . import _joining, _resend, _wire, errors
 from ._acks import AsyncAcks
 from ._aio_client import _AsyncClient
 from ._base import ConsumerBase, log_give_back_failures
@@ -38,10 +38,21 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         return await self._retrying(lambda: self._receive_once(max, invisible, wait))
 
     async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         request, timeout = self._receive_plan(max, invisible, wait)
         # Cancelled while its answer comes in, a receive on the Session stream gives back what it had read and what
         # still comes (`_orphaned`); on the RPCs, `_read` does.
         frames = await self._over_session("receive", request, timeout)
+        while frames is _joining.CUT_SHORT:
+            # Joined with other receives that took every message that came: received again for the rest of its
+            # wait, so that it answers empty only once its wait is over —
+            # tests/unit/sdk/test_joined_receives.py::test_a_receive_cut_short_waits_out_the_rest_of_its_wait.
+            rest = (self.wait if wait is None else wait) - (loop.time() - started)
+            if rest <= 0:
+                return []
+            request, timeout = self._receive_plan(max, invisible, rest)
+            frames = await self._over_session("receive", request, timeout)
         if frames is not None:
             self._batch_receive = True
             return _wire.received(frames)

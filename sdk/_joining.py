@@ -6,6 +6,12 @@ serialized protobuf message followed by another reads as one message whose repea
 (SendMessageRequest's `messages`, SendShared's `runs`, AckMessageRequest's `entries`; the group and topic of joined
 acks are the same), so joining is a concatenation of bodies.
 
+Receives alike in every field (the same bytes: group, topic, filter, batch, invisible and polling time) queued
+together become one receive of their batches added up, where the proxy said it takes such (its Session's
+`popgate-receive-batch` header), up to `MAX_JOINED_RECEIVE` messages: one request, one broker Pop, one answer for
+them all. Its messages are shared out evenly in the parts' order (`split_received`); a part left without any,
+fewer messages having come than parts, is `CUT_SHORT` and its caller receives again for the rest of its wait.
+
 The proxy answers a joined request per message or entry, so each part's answer is its slice, with the status of its
 first failed entry (OK when none failed) — tests/unit/sdk/test_joining.py. A joined request refused as a whole as
 a bad request (no entries, a 4xx that is not retriable: say a message the proxy refuses) is sent again part by
@@ -21,12 +27,18 @@ from typing import Any
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
+from popgate_contract.wire import varint
+
 from . import _wire, errors
 
-JOINED_KINDS = frozenset({"send", "send_shared", "ack"})
+JOINED_KINDS = frozenset({"send", "send_shared", "ack", "receive"})
 # The proxy's bound on a SendMessage's messages and on an AckMessage's entries (proxy/v2/send.py, proxy/v2/ack.py).
 MAX_ENTRIES = 1024
+# The most messages one joined receive asks: two receives of 32. Larger lots leave client, proxy and broker waiting
+# on each other in turn (docs/BENCHMARKS.md, "What bounds the figures").
+MAX_JOINED_RECEIVE = 64
 _OK = v2.Status(code=v2.OK, message="OK")
+_BATCH_SIZE = b"\x20"  # ReceiveMessageRequest.batch_size (4, varint): appended, it replaces the one before
 
 
 @dataclass(slots=True)
@@ -35,13 +47,19 @@ class Part:
 
     request_id: int
     kind: str
-    key: tuple[str, ...]  # parts of one key may be joined
+    key: tuple[str | bytes, ...]  # parts of one key may be joined
     body: bytes
-    count: int  # its messages or entries
+    count: int  # its messages or entries (a receive's: its batch)
     timeout_ms: int
+    most: int = MAX_ENTRIES  # the most messages or entries of a request joining parts of this key
 
 
-def part(request_id: int, kind: str, request: Any, body: bytes, timeout_ms: int) -> Part:
+def part(request_id: int, kind: str, request: Any, body: bytes, timeout_ms: int, receive_batch: int = 0) -> Part:
+    """`request` (serialized: `body`) as a part to join; a receive's joined request asks `receive_batch` messages at
+    most (the proxy's word: 0 joins none)."""
+    if kind == "receive":
+        most = min(receive_batch, MAX_JOINED_RECEIVE)
+        return Part(request_id, kind, (kind, body), body, request.batch_size, timeout_ms, most)
     if kind == "send_shared":  # as a send: with those to the same topic only
         topic = request.shared.topic
         key: tuple[str, ...] = (kind, topic.resource_namespace, topic.name)
@@ -61,17 +79,71 @@ def groups(items: Sequence[bytes | Part]) -> list[bytes | list[Part]]:
     """`items` in their order, the parts of one key gathered at the place of the first (up to MAX_ENTRIES entries a
     group; the rest starts another)."""
     out: list[bytes | list[Part]] = []
-    open_groups: dict[tuple[str, ...], list[Part]] = {}
+    open_groups: dict[tuple[str | bytes, ...], list[Part]] = {}
     for item in items:
         if isinstance(item, bytes):
             out.append(item)
             continue
         group = open_groups.get(item.key)
-        if group is None or sum(p.count for p in group) + item.count > MAX_ENTRIES:
+        if group is None or sum(p.count for p in group) + item.count > item.most:
             group = open_groups[item.key] = []
             out.append(group)
         group.append(item)
     return out
+
+
+def joined_body(parts: Sequence[Part]) -> bytes:
+    """The body of the request joining `parts`: their bodies one after another, or for receives (alike but for
+    nothing) the first with the batches added up."""
+    if parts[0].kind == "receive":
+        return parts[0].body + _BATCH_SIZE + varint(sum(p.count for p in parts))
+    return b"".join(p.body for p in parts)
+
+
+class _CutShort(tuple[()]):
+    """The answer of a joined receive's part that got none of its messages (fewer came than parts)."""
+
+
+CUT_SHORT = _CutShort()
+
+
+@dataclass(frozen=True, slots=True)
+class _Messages:
+    messages: Sequence[v2.Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A part's messages of a joined receive, read as a ReceiveMessagesResponse's messages frame is (by
+    `_wire.received`, and by a give-back of messages nobody waits for), without copying them into one."""
+
+    messages: _Messages
+
+    @classmethod
+    def of(cls, messages: Sequence[v2.Message]) -> Share:
+        return cls(_Messages(messages))
+
+    def WhichOneof(self, _oneof: str) -> str:  # noqa: N802 (protobuf's name, read in its place)
+        return "messages"
+
+
+def split_received(frames: Sequence[Any], counts: Sequence[int]) -> tuple[list[Any], list[v2.Message]]:
+    """Each part's answer to a joined receive answered with `frames` (its messages frames, then its status), the
+    parts asking `counts` messages each, and the messages left over (parts that stopped waiting: to give back).
+    The messages are shared out evenly in order, a part getting at most its count; with none at all (an empty poll,
+    an error) each part gets `frames` — tests/unit/sdk/test_joining.py."""
+    messages = [m for f in frames[:-1] if f.WhichOneof("content") == "messages" for m in f.messages.messages]
+    if not messages:
+        return [frames] * len(counts), []
+    status = frames[-1]
+    out: list[Any] = []
+    start, parts = 0, len(counts)
+    for i, count in enumerate(counts):
+        left = len(messages) - start
+        take = min(count, -(-left // (parts - i)))  # an even share of what is left, rounded up
+        out.append([Share.of(messages[start : start + take]), status] if take else CUT_SHORT)
+        start += take
+    return out, messages[start:]
 
 
 def refused_whole(answer: Any, parts: Sequence[Part]) -> bool:

@@ -1,17 +1,16 @@
 """Client side of the proxy's Session stream (popgate.ext.v1 Messaging.Session, proto/ext/messaging.proto).
 
-Many requests on one gRPC stream, each a frame each way instead of a call; sends to one topic, and acks of one topic
-and group, queued together go as one request (`sdk/_joining.py`). `Waiting` (ids, answers, frame encoding) is
-sans-IO; `Session` does the stream's I/O around it. A lost stream fails its pending requests with a retriable
-`Unavailable` (the client's retry policy sends them again, on a new stream); a proxy that serves no Session fails
-them with `Unimplemented` (the client then uses the unary RPCs).
+Many requests on one gRPC stream, each a frame each way instead of a call; sends to one topic, acks of one topic
+and group, and receives alike, queued together go as one request (`sdk/_joining.py`). The frame encoding here and
+`Waiting` (`sdk/_waiting.py`: ids, answers) are sans-IO; `Session` does the stream's I/O around them. A lost stream
+fails its pending requests with a retriable `Unavailable` (the client's retry policy sends them again, on a new
+stream); a proxy that serves no Session fails them with `Unimplemented` (the client then uses the unary RPCs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,13 +18,13 @@ from typing import Any
 import grpc
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
-from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract.wire import varint
 
 from . import _joining, errors
 from ._joining import Part
 from ._transport import MAX_MESSAGE_BYTES
+from ._waiting import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +39,6 @@ ID, TIMEOUT_MS, CANCEL, MORE = 1, 2, 3, 15
 # tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
 MAX_WRITE_BYTES = 48 * 1024
 KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7, "send_shared": 8}
-RESPONSES: dict[str, Callable[..., Any]] = {
-    "send": pb.SendMessageResponse,
-    "send_shared": pb.SendMessageResponse,
-    "receive": ext.ReceiveMessagesResponse,
-    "ack": pb.AckMessageResponse,
-    "change_invisible": pb.ChangeInvisibleDurationResponse,
-}
 # The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
 # v2 code that call's answer would carry; anything else ends a stream that was lost.
 REFUSED = {
@@ -56,15 +48,21 @@ REFUSED = {
 }
 
 
-ANSWERS = {"send_shared": "send"}  # a kind answered in another kind's field (SessionResponse's `body`)
+# The stream's header by which a proxy says how many messages one receive may ask: receives joined (sdk/_joining.py).
+RECEIVE_BATCH_HEADER = "popgate-receive-batch"
+
+
+def receive_batch_of(metadata: Any) -> int:
+    """The largest joined receive the proxy takes, from the stream's headers (0: it joins none)."""
+    for key, value in metadata or ():
+        if key == RECEIVE_BATCH_HEADER:
+            text = value.decode() if isinstance(value, bytes) else value
+            return int(text) if text.isdigit() else 0
+    return 0
 
 
 class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
-
-
-class KindUnknown(errors.PopgateError):
-    """The proxy's Session does not know this request's kind (a proxy older than it): nothing was served."""
 
 
 def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0) -> bytes:
@@ -128,7 +126,7 @@ def _encoded_group(group: bytes | list[Part], waiting: Waiting) -> bytes | None:
     if len(parts) == 1:
         return alone(parts[0])
     timeout_ms = max(p.timeout_ms for p in parts)
-    return encode(waiting.join(parts), parts[0].kind, b"".join(p.body for p in parts), timeout_ms)
+    return encode(waiting.join(parts), parts[0].kind, _joining.joined_body(parts), timeout_ms)
 
 
 def alone(part: Part) -> bytes:
@@ -136,10 +134,11 @@ def alone(part: Part) -> bytes:
     return encode(part.request_id, part.kind, part.body, part.timeout_ms)
 
 
-def encoded(request_id: int, kind: str, body: Any, within_s: float) -> Queued:
-    """The SessionRequest for `body` (a send's or an ack's: a Part, encoded when written, maybe joined with others);
-    MessageBodyTooLarge (not retried, nothing sent) past gRPC's message limit, as the unary call fails: sent, it
-    would end the stream for every request on it."""
+def encoded(request_id: int, kind: str, body: Any, within_s: float, receive_batch: int = 0) -> Queued:
+    """The SessionRequest for `body` (a send's or an ack's, or a receive's where the proxy takes joined receives of
+    `receive_batch` messages: a Part, encoded when written, maybe joined with others); MessageBodyTooLarge (not
+    retried, nothing sent) past gRPC's message limit, as the unary call fails: sent, it would end the stream for
+    every request on it."""
     data = body.SerializeToString()
     timeout_ms = int(within_s * 1000)
     if len(encode(request_id, kind, b"", timeout_ms)) + len(varint(len(data))) + len(data) > MAX_MESSAGE_BYTES:
@@ -147,145 +146,9 @@ def encoded(request_id: int, kind: str, body: Any, within_s: float) -> Queued:
             f"a {kind} request of {len(data)} bytes is larger than the gRPC message limit ({MAX_MESSAGE_BYTES})",
             code_name="RESOURCE_EXHAUSTED",
         )
-    if kind in _joining.JOINED_KINDS:
-        return _joining.part(request_id, kind, body, data, timeout_ms)
+    if kind in _joining.JOINED_KINDS and (receive_batch or kind != "receive"):
+        return _joining.part(request_id, kind, body, data, timeout_ms, receive_batch)
     return encode(request_id, kind, data, timeout_ms)
-
-
-class Waiting:
-    """The requests of one stream waiting for their answers, by id (sans-IO).
-
-    A receive's answer is its frames up to the status frame that ends it. Messages of an answer nobody waits for
-    any more (cancelled, timed out, the stream lost before its status) go to `orphaned`, which gives them back.
-    """
-
-    def __init__(self, orphaned: Callable[[list[v2.Message]], None] | None = None) -> None:
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, tuple[str, asyncio.Future[Any], list[ext.ReceiveMessagesResponse]]] = {}
-        self._orphaned = orphaned
-        self._joined: dict[int, list[Part]] = {}  # a joined request's id: its parts, each waiting under its own id
-        self._part_of: dict[int, int] = {}  # a part's id: the joined request it went in
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    def __contains__(self, request_id: int) -> bool:
-        return request_id in self._waiting
-
-    def join(self, parts: list[Part]) -> int:
-        """The id of a request joining `parts` (each still answered under its own id)."""
-        joined_id = next(self._ids)
-        self._joined[joined_id] = parts
-        for p in parts:
-            self._part_of[p.request_id] = joined_id
-        return joined_id
-
-    def to_cancel(self, request_id: int) -> int | None:
-        """The request to cancel at the proxy now that `request_id` is dropped: itself, or the joined request it
-        went in once none of that request's parts is waiting any more (None until then)."""
-        joined_id = self._part_of.pop(request_id, None)
-        if joined_id is None:
-            return request_id
-        parts = self._joined.get(joined_id, ())
-        if any(p.request_id in self._waiting for p in parts):
-            return None
-        self._joined.pop(joined_id, None)
-        return joined_id
-
-    def add(self, kind: str, future: asyncio.Future[Any]) -> int:
-        request_id = next(self._ids)
-        self._waiting[request_id] = (kind, future, [])
-        return request_id
-
-    def answer(self, response: ext.SessionResponse) -> list[Part]:
-        """Route one frame of the stream: the answer (or the next frame of the answer) of its request. Returns the
-        parts of a joined request refused as a whole, to send again one by one (`_joining.refused_whole`)."""
-        body = response.WhichOneof("body")
-        parts = self._joined.pop(response.id, None)
-        if parts is not None:
-            return self._answer_joined(response, body, parts)
-        entry = self._waiting.get(response.id)
-        if entry is None:
-            if body == "receive" and response.receive.WhichOneof("content") == "messages":
-                self._orphan([response.receive])
-            return []
-        kind, future, frames = entry
-        if body == "status" and kind in ANSWERS and response.status.code == v2.BAD_REQUEST:
-            # Refused as a request without a body: a proxy that does not know the kind (popgate's own answer any
-            # request of a kind it knows in its kind's field) — the caller sends it again as the v2 request.
-            del self._waiting[response.id]
-            if not future.done():
-                future.set_exception(KindUnknown(f"session: {response.status.message}"))
-            return []
-        if body == "status":  # refused before the proxy knew its kind: the kind's answer with that status
-            answer = RESPONSES[kind](status=response.status)
-        elif body == ANSWERS.get(kind, kind):
-            answer = getattr(response, body)
-        else:  # an answer of another kind (or none): the proxy's mistake, this request's error alone
-            self.drop(response.id)
-            if not future.done():
-                future.set_exception(errors.ServerError(f"session: a {body} answer to a {kind} request"))
-            return []
-        if kind == "receive":
-            frames.append(answer)
-            if answer.WhichOneof("content") != "status":
-                return []
-            answer = frames
-        del self._waiting[response.id]
-        if not future.done():
-            future.set_result(answer)
-        elif kind == "receive":  # its caller was cancelled before it could drop it: nobody gets these messages
-            self._orphan(frames)
-        return []
-
-    def _answer_joined(self, response: ext.SessionResponse, body: str | None, parts: list[Part]) -> list[Part]:
-        kind = parts[0].kind
-        for p in parts:
-            self._part_of.pop(p.request_id, None)
-        live = [p for p in parts if p.request_id in self._waiting]
-        if body == "status":
-            answer = RESPONSES[kind](status=response.status)
-        elif body == ANSWERS.get(kind, kind):
-            answer = getattr(response, body)
-        else:  # an answer of another kind (or none): the proxy's mistake, this request's error
-            error = errors.ServerError(f"session: a {body} answer to a {kind} request")
-            for p in live:
-                future = self._waiting.pop(p.request_id)[1]
-                if not future.done():
-                    future.set_exception(error)
-            return []
-        if _joining.refused_whole(answer, parts):
-            return live
-        for p, mine in zip(parts, _joining.split(answer, [p.count for p in parts]), strict=True):
-            entry = self._waiting.pop(p.request_id, None)
-            if entry is not None and not entry[1].done():
-                entry[1].set_result(mine)
-        return []
-
-    def drop(self, request_id: int) -> bool:
-        """Stop waiting for a request (cancelled, timed out); its frames so far are orphaned. Whether it waited."""
-        entry = self._waiting.pop(request_id, None)
-        if entry is None:
-            return False
-        self._orphan(entry[2])
-        return True
-
-    def fail_all(self, error: BaseException) -> None:
-        self._joined.clear()
-        self._part_of.clear()
-        waiting, self._waiting = self._waiting, {}
-        for _, future, frames in waiting.values():
-            self._orphan(frames)
-            if not future.done():
-                future.set_exception(error)
-
-    def _orphan(self, frames: list[ext.ReceiveMessagesResponse]) -> None:
-        messages = [m for frame in frames if frame.WhichOneof("content") == "messages" for m in frame.messages.messages]
-        if messages and self._orphaned is not None:
-            try:
-                self._orphaned(messages)
-            except Exception:  # a give-back's failure must not end the stream for the other requests
-                log.exception("giving back the messages of an answer nobody waits for failed")
 
 
 def stream_error(
@@ -323,6 +186,7 @@ class Session:
             metadata=metadata
         )
         self.broken: Exception | None = None
+        self.receive_batch = 0  # the largest joined receive the proxy takes, once its headers came (0: none)
         loop = asyncio.get_running_loop()
         self._tasks = (loop.create_task(self._read()), loop.create_task(self._write()))
 
@@ -340,7 +204,7 @@ class Session:
         future: asyncio.Future[Any] = loop.create_future()
         request_id = self._waiting.add(kind, future)
         try:
-            data = encoded(request_id, kind, body, within_s)
+            data = encoded(request_id, kind, body, within_s, self.receive_batch)
         except errors.PopgateError:
             self._waiting.drop(request_id)
             raise
@@ -380,6 +244,7 @@ class Session:
     async def _read(self) -> None:
         ended: grpc.aio.AioRpcError | None = None
         try:
+            self.receive_batch = receive_batch_of(await self._call.initial_metadata())
             while (response := await self._call.read()) is not grpc.aio.EOF:
                 again = self._waiting.answer(response)
                 for more in response.more:

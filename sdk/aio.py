@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self
 
-from . import _session, _wire, client, errors
+from . import _waiting, _wire, client, errors
 from ._aio_client import _AsyncClient
 from ._aio_consumer import SimpleConsumer
 from ._base import ProducerBase, receipts_so_far, send_window
@@ -123,7 +123,7 @@ class Producer(ProducerBase, _AsyncClient):
                     response = await self._over_session("send_shared", request, timeout)
                     if response is not None:
                         self._shared_served = True
-                except _session.KindUnknown:
+                except _waiting.KindUnknown:
                     log.info("%s's Session takes no SendShared: sending SendMessage", self.options.endpoint)
                     self._shared_served = False
             if response is None:

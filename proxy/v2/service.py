@@ -196,10 +196,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         framing: receive.Framing = receive.V2,
         method: str = "ReceiveMessage",
         auth: Authenticator | None = None,
+        joined: int = 1,
     ) -> None:
         """A receive answered in `framing` through `context.write`: v2's frames, or popgate's ReceiveMessages
-        (`ExtMessaging`, also on its Session stream, whose account is `auth`). A coroutine writing its frames,
-        which both servers take for a server-streaming handler as grpc.aio does."""
+        (`ExtMessaging`, also on its Session stream, whose account is `auth` and whose receives may stand for
+        `joined` receives of the client's). A coroutine writing its frames, which both servers take for a
+        server-streaming handler as grpc.aio does."""
         started = time.perf_counter()
         code: int = v2.OK
         outcome = ""  # set when the call ends without a status of ours
@@ -207,7 +209,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
             call = self._call(context)
-            asked = receive.build_request(call, request)
+            asked = receive.build_request(call, request, joined=joined)
             namespace, auto_renew = request.group.resource_namespace, request.auto_renew
             # Held with no protobuf: a parsed request keeps an arena of its own or, from a Session stream, the whole
             # stream message it came in — test_v2_service.py::
@@ -226,6 +228,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             await context.write(framing.status(status))
         finally:
             self._metrics.rpc(method, outcome or name_of(code), time.perf_counter() - started)
+
+    @property
+    def session_receive_batch(self) -> int:
+        """The largest batch_size of a receive on a Session stream: `JOINED_RECEIVES` receives joined."""
+        return self._settings.max_batch * receive.JOINED_RECEIVES
 
     def _consumer_seen(self, request: pb.ReceiveMessageRequest, context: Any) -> None:
         """A receive is a sign of life of its consumer (proxy.consumers); a bad group is the receive's to refuse."""

@@ -49,6 +49,9 @@ MAX_WRITE_BYTES = 48 * 1024
 # that many tiny answers (refusals of a message of thousands of requests) are bounded by the memory they take —
 # tests/unit/proxy/test_session.py::test_a_message_of_many_refused_requests_stops_the_reading_at_the_outbox_bound.
 ANSWER_OVERHEAD = 160
+# Sent in the stream's headers: the largest batch_size of a receive on it (the client may join its concurrent
+# receives into one up to that many messages, sdk/_joining.py). A proxy without it takes receives of `max_batch`.
+RECEIVE_BATCH_HEADER = "popgate-receive-batch"
 
 
 class RequestContext:
@@ -199,7 +202,12 @@ class Session:
         context = RequestContext(self, request_id, deadline)
         if kind == "receive":
             work = self.service.ReceiveMessage(  # no coroutine of this stream's around it while it is held
-                request.receive, context, framing=receive.SESSION_BATCH, method="ReceiveMessages", auth=self.account
+                request.receive,
+                context,
+                framing=receive.SESSION_BATCH,
+                method="ReceiveMessages",
+                auth=self.account,
+                joined=receive.JOINED_RECEIVES,
             )
             self.receives.add(request_id)
         else:
@@ -312,6 +320,7 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
         )
         await context.abort(code, exc.message)
         return
+    await context.send_initial_metadata(((RECEIVE_BATCH_HEADER, str(service.session_receive_batch)),))
     session = Session(service, metadata, account)
     loop = asyncio.get_running_loop()
     writer = loop.create_task(_write(session, context))

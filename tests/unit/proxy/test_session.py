@@ -37,9 +37,13 @@ class StreamContext:
         self.metadata = metadata
         self.written: list[ext.SessionResponse] = []
         self.aborted: Any = None
+        self.headers: tuple[tuple[str, str], ...] | None = None
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.metadata
+
+    async def send_initial_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.headers = metadata
 
     @property
     def answers(self) -> list[ext.SessionResponse]:

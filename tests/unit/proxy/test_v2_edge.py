@@ -210,6 +210,24 @@ async def test_an_absurd_invisible_duration_is_illegal_invisible_time_not_bad_re
         build_request(call, request)
 
 
+async def test_a_session_receive_may_ask_for_joined_receives_and_a_v2_one_for_max_batch() -> None:
+    from proxy.settings import BrokerAddress, Settings
+    from proxy.v2.context import Call, endpoints_for
+    from proxy.v2.receive import JOINED_RECEIVES, build_request
+
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    call = Call(None, settings, endpoints_for("127.0.0.1:1"), None)  # type: ignore[arg-type]
+    request = pb.ReceiveMessageRequest(group=v2.Resource(name="g"), batch_size=settings.max_batch + 1)
+    request.message_queue.topic.name = "t"
+    with pytest.raises(errors.IllegalBatchSize, match=f"1..{settings.max_batch}"):
+        build_request(call, request)
+    request.batch_size = settings.max_batch * JOINED_RECEIVES
+    assert build_request(call, request, joined=JOINED_RECEIVES).batch == request.batch_size
+    request.batch_size += 1
+    with pytest.raises(errors.IllegalBatchSize):
+        build_request(call, request, joined=JOINED_RECEIVES)
+
+
 def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error() -> None:
     message = client_message()
     message.system_properties.born_timestamp.seconds = 2**62

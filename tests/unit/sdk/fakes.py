@@ -12,14 +12,18 @@ handle with INVALID_RECEIPT_HANDLE, as a broker does. Faults are scripted per ca
 
 from __future__ import annotations
 
+import asyncio
+import queue
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message
+from popgate import Message, _session, _waiting
 
 
 class FakeRpcError(grpc.RpcError):
@@ -143,6 +147,9 @@ class _UnimplementedCall(grpc.aio.AioRpcError):
     def __init__(self) -> None:
         super().__init__(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no such method")
 
+    async def initial_metadata(self) -> grpc.aio.Metadata:  # type: ignore[override]  # a call's, not an error's
+        return grpc.aio.Metadata()
+
     async def read(self) -> Any:
         raise self
 
@@ -162,3 +169,28 @@ class FakeChannel:
 
     async def close(self) -> None:
         return None
+
+
+class Callers:
+    """Requests queued as the Session queues them, each with the future its caller awaits (no stream): the proxy
+    said it takes receives of `receive_batch` messages; messages nobody waits for go to `orphaned`."""
+
+    def __init__(self, receive_batch: int = 0, orphaned: Callable[[list[v2.Message]], None] | None = None) -> None:
+        self.waiting = _waiting.Waiting(orphaned)
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.receive_batch = receive_batch
+
+    def request(self, kind: str, body: Any) -> int:
+        future = asyncio.get_running_loop().create_future()
+        request_id = self.waiting.add(kind, future)
+        self.futures[request_id] = future
+        self.outbox.put(_session.encoded(request_id, kind, body, 3.0, self.receive_batch))
+        return request_id
+
+    def written(self) -> list[ext.SessionRequest]:
+        """The requests of the next stream message the writer sends."""
+        message, carried = _session.with_queued(self.outbox.get(), self.outbox, self.waiting)
+        assert carried is None and message is not None
+        first = ext.SessionRequest.FromString(message)
+        return [first, *first.more]

@@ -3,16 +3,13 @@ without a stream: what the writer sends for what is queued, and how each caller'
 
 from __future__ import annotations
 
-import asyncio
-import queue
-from typing import Any
-
 import pytest
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import _ids, _joining, _session, _wire
+from popgate import _ids, _joining, _session, _waiting, _wire
+from tests.unit.sdk.fakes import Callers
 
 OK = v2.Status(code=v2.OK, message="OK")
 
@@ -24,29 +21,6 @@ def send(*bodies: bytes) -> pb.SendMessageRequest:
 def ack(group: str, *handles: str) -> pb.AckMessageRequest:
     entries = [pb.AckMessageEntry(message_id=f"id-{h}", receipt_handle=h) for h in handles]
     return pb.AckMessageRequest(group=v2.Resource(name=group), topic=v2.Resource(name="t"), entries=entries)
-
-
-class Callers:
-    """Requests queued as the Session queues them, each with the future its caller awaits."""
-
-    def __init__(self) -> None:
-        self.waiting = _session.Waiting()
-        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.futures: dict[int, asyncio.Future[Any]] = {}
-
-    def request(self, kind: str, body: Any) -> int:
-        future = asyncio.get_running_loop().create_future()
-        request_id = self.waiting.add(kind, future)
-        self.futures[request_id] = future
-        self.outbox.put(_session.encoded(request_id, kind, body, 3.0))
-        return request_id
-
-    def written(self) -> list[ext.SessionRequest]:
-        """The requests of the next stream message the writer sends."""
-        message, carried = _session.with_queued(self.outbox.get(), self.outbox, self.waiting)
-        assert carried is None and message is not None
-        first = ext.SessionRequest.FromString(message)
-        return [first, *first.more]
 
 
 async def test_sends_queued_together_go_as_one_request_and_each_caller_gets_its_own_receipts() -> None:
@@ -179,6 +153,6 @@ async def test_a_shared_send_a_proxy_does_not_know_fails_as_kind_unknown() -> No
     callers.written()
     status = v2.Status(code=v2.BAD_REQUEST, message="session: a request without a body")
     callers.waiting.answer(ext.SessionResponse(id=request_id, status=status))
-    with pytest.raises(_session.KindUnknown):
+    with pytest.raises(_waiting.KindUnknown):
         callers.futures[request_id].result()
     assert len(callers.waiting) == 0

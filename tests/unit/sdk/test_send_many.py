@@ -11,7 +11,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, Producer, Unavailable, _session, _wire, aio, errors
+from popgate import Message, Producer, Unavailable, _waiting, _wire, aio, errors
 from popgate.retry import RetryPolicy
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
 
@@ -145,7 +145,7 @@ async def test_the_asyncio_producer_sends_as_send_message_once_its_proxy_does_no
         async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
             kinds.append(kind)
             if kind == "send_shared":
-                raise _session.KindUnknown("session: a request without a body")
+                raise _waiting.KindUnknown("session: a request without a body")
             return answer(request)
 
     producer = BeforeSharedSends("127.0.0.1:1")

@@ -12,7 +12,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import MessageBodyTooLarge, ServerError, Unauthorized, Unavailable, _session
+from popgate import MessageBodyTooLarge, ServerError, Unauthorized, Unavailable, _session, _waiting
 from popgate._transport import convert
 
 
@@ -48,7 +48,7 @@ def with_id(response: ext.SessionResponse, request_id: int) -> ext.SessionRespon
 
 async def test_answers_reach_their_requests_by_id_and_a_receive_ends_at_its_status() -> None:
     loop = asyncio.get_running_loop()
-    waiting = _session.Waiting()
+    waiting = _waiting.Waiting()
     receive, ack = loop.create_future(), loop.create_future()
     receive_id, ack_id = waiting.add("receive", receive), waiting.add("ack", ack)
     waiting.answer(with_id(messages_frame("a", "b"), receive_id))
@@ -62,7 +62,7 @@ async def test_answers_reach_their_requests_by_id_and_a_receive_ends_at_its_stat
 
 async def test_a_bare_status_answers_as_the_requests_own_kind() -> None:
     loop = asyncio.get_running_loop()
-    waiting = _session.Waiting()
+    waiting = _waiting.Waiting()
     send, receive = loop.create_future(), loop.create_future()
     send_id, receive_id = waiting.add("send", send), waiting.add("receive", receive)
     for request_id in (send_id, receive_id):
@@ -75,7 +75,7 @@ async def test_a_bare_status_answers_as_the_requests_own_kind() -> None:
 
 async def test_an_answer_of_another_kind_fails_its_request_alone() -> None:
     loop = asyncio.get_running_loop()
-    waiting = _session.Waiting()
+    waiting = _waiting.Waiting()
     receive, ack = loop.create_future(), loop.create_future()
     receive_id, ack_id = waiting.add("receive", receive), waiting.add("ack", ack)
     waiting.answer(ext.SessionResponse(id=receive_id, send=pb.SendMessageResponse()))
@@ -86,7 +86,7 @@ async def test_an_answer_of_another_kind_fails_its_request_alone() -> None:
 
 async def test_messages_nobody_waits_for_are_handed_to_be_given_back() -> None:
     orphans: list[str] = []
-    waiting = _session.Waiting(lambda messages: orphans.extend(m.system_properties.message_id for m in messages))
+    waiting = _waiting.Waiting(lambda messages: orphans.extend(m.system_properties.message_id for m in messages))
     loop = asyncio.get_running_loop()
     dropped, lost = loop.create_future(), loop.create_future()
     dropped_id, lost_id = waiting.add("receive", dropped), waiting.add("receive", lost)
@@ -102,7 +102,7 @@ async def test_messages_nobody_waits_for_are_handed_to_be_given_back() -> None:
 
 async def test_an_answer_completed_after_its_caller_was_cancelled_is_given_back() -> None:
     orphans: list[str] = []
-    waiting = _session.Waiting(lambda messages: orphans.extend(m.system_properties.message_id for m in messages))
+    waiting = _waiting.Waiting(lambda messages: orphans.extend(m.system_properties.message_id for m in messages))
     future = asyncio.get_running_loop().create_future()
     request_id = waiting.add("receive", future)
     waiting.answer(with_id(messages_frame("a"), request_id))
@@ -140,9 +140,9 @@ def test_requests_queued_together_are_joined_up_to_the_write_limit() -> None:
     big = b"x" * (_session.MAX_WRITE_BYTES // 2)
     for item in (b"small", big, None):
         outbox.put(item)
-    first, carried = _session.with_queued(big, outbox, _session.Waiting())
+    first, carried = _session.with_queued(big, outbox, _waiting.Waiting())
     assert (first, carried) == (_session.join(big, [b"small"]), big)  # the second big one did not fit
-    second, carried = _session.with_queued(carried, outbox, _session.Waiting())
+    second, carried = _session.with_queued(carried, outbox, _waiting.Waiting())
     assert (second, carried, outbox.get()) == (big, None, None)  # the end marker queued again
 
 
@@ -162,6 +162,9 @@ class FakeCall:
 
     async def write(self, message: bytes) -> None:
         self.written.append(message)
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        return grpc.aio.Metadata()
 
     async def read(self) -> Any:
         return await self.answers.get()

@@ -1,0 +1,206 @@
+"""The requests of one Session stream waiting for their answers (sans-IO): ids, answers routed to their callers,
+joined requests' answers shared out among their parts (sdk/_joining.py), and messages nobody waits for any more
+handed to be given back. `sdk/_session.py` does the stream's I/O around it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from . import _joining, errors
+from ._joining import Part
+
+log = logging.getLogger(__name__)
+
+RESPONSES: dict[str, Callable[..., Any]] = {
+    "send": pb.SendMessageResponse,
+    "send_shared": pb.SendMessageResponse,
+    "receive": ext.ReceiveMessagesResponse,
+    "ack": pb.AckMessageResponse,
+    "change_invisible": pb.ChangeInvisibleDurationResponse,
+}
+ANSWERS = {"send_shared": "send"}  # a kind answered in another kind's field (SessionResponse's `body`)
+
+
+class KindUnknown(errors.PopgateError):
+    """The proxy's Session does not know this request's kind (a proxy older than it): nothing was served."""
+
+
+class Waiting:
+    """The requests of one stream waiting for their answers, by id (sans-IO).
+
+    A receive's answer is its frames up to the status frame that ends it. Messages of an answer nobody waits for
+    any more (cancelled, timed out, the stream lost before its status) go to `orphaned`, which gives them back.
+    """
+
+    def __init__(self, orphaned: Callable[[list[v2.Message]], None] | None = None) -> None:
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[str, asyncio.Future[Any], list[ext.ReceiveMessagesResponse]]] = {}
+        self._orphaned = orphaned
+        self._joined: dict[int, list[Part]] = {}  # a joined request's id: its parts, each waiting under its own id
+        self._part_of: dict[int, int] = {}  # a part's id: the joined request it went in
+        self._joined_frames: dict[int, list[Any]] = {}  # a joined receive's id: its frames so far
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self._waiting
+
+    def join(self, parts: list[Part]) -> int:
+        """The id of a request joining `parts` (each still answered under its own id)."""
+        joined_id = next(self._ids)
+        self._joined[joined_id] = parts
+        for p in parts:
+            self._part_of[p.request_id] = joined_id
+        return joined_id
+
+    def to_cancel(self, request_id: int) -> int | None:
+        """The request to cancel at the proxy now that `request_id` is dropped: itself, or the joined request it
+        went in once none of that request's parts is waiting any more (None until then)."""
+        joined_id = self._part_of.pop(request_id, None)
+        if joined_id is None:
+            return request_id
+        parts = self._joined.get(joined_id, ())
+        if any(p.request_id in self._waiting for p in parts):
+            return None
+        self._joined.pop(joined_id, None)
+        self._orphan(self._joined_frames.pop(joined_id, []))
+        return joined_id
+
+    def add(self, kind: str, future: asyncio.Future[Any]) -> int:
+        request_id = next(self._ids)
+        self._waiting[request_id] = (kind, future, [])
+        return request_id
+
+    def answer(self, response: ext.SessionResponse) -> list[Part]:
+        """Route one frame of the stream: the answer (or the next frame of the answer) of its request. Returns the
+        parts of a joined request refused as a whole, to send again one by one (`_joining.refused_whole`)."""
+        body = response.WhichOneof("body")
+        parts = self._joined.pop(response.id, None)
+        if parts is not None:
+            if parts[0].kind == "receive":
+                self._answer_joined_receive(response, body, parts)
+                return []
+            return self._answer_joined(response, body, parts)
+        entry = self._waiting.get(response.id)
+        if entry is None:
+            if body == "receive" and response.receive.WhichOneof("content") == "messages":
+                self._orphan([response.receive])
+            return []
+        kind, future, frames = entry
+        if body == "status" and kind in ANSWERS and response.status.code == v2.BAD_REQUEST:
+            # Refused as a request without a body: a proxy that does not know the kind (popgate's own answer any
+            # request of a kind it knows in its kind's field) — the caller sends it again as the v2 request.
+            del self._waiting[response.id]
+            if not future.done():
+                future.set_exception(KindUnknown(f"session: {response.status.message}"))
+            return []
+        if body == "status":  # refused before the proxy knew its kind: the kind's answer with that status
+            answer = RESPONSES[kind](status=response.status)
+        elif body == ANSWERS.get(kind, kind):
+            answer = getattr(response, body)
+        else:  # an answer of another kind (or none): the proxy's mistake, this request's error alone
+            self.drop(response.id)
+            if not future.done():
+                future.set_exception(errors.ServerError(f"session: a {body} answer to a {kind} request"))
+            return []
+        if kind == "receive":
+            frames.append(answer)
+            if answer.WhichOneof("content") != "status":
+                return []
+            answer = frames
+        del self._waiting[response.id]
+        if not future.done():
+            future.set_result(answer)
+        elif kind == "receive":  # its caller was cancelled before it could drop it: nobody gets these messages
+            self._orphan(frames)
+        return []
+
+    def _answer_joined(self, response: ext.SessionResponse, body: str | None, parts: list[Part]) -> list[Part]:
+        kind = parts[0].kind
+        for p in parts:
+            self._part_of.pop(p.request_id, None)
+        live = [p for p in parts if p.request_id in self._waiting]
+        if body == "status":
+            answer = RESPONSES[kind](status=response.status)
+        elif body == ANSWERS.get(kind, kind):
+            answer = getattr(response, body)
+        else:  # an answer of another kind (or none): the proxy's mistake, this request's error
+            error = errors.ServerError(f"session: a {body} answer to a {kind} request")
+            for p in live:
+                future = self._waiting.pop(p.request_id)[1]
+                if not future.done():
+                    future.set_exception(error)
+            return []
+        if _joining.refused_whole(answer, parts):
+            return live
+        for p, mine in zip(parts, _joining.split(answer, [p.count for p in parts]), strict=True):
+            entry = self._waiting.pop(p.request_id, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(mine)
+        return []
+
+    def _answer_joined_receive(self, response: ext.SessionResponse, body: str | None, parts: list[Part]) -> None:
+        """One frame of a joined receive's answer; at its status, each part waiting gets its share
+        (`_joining.split_received`) and what no part waits for is given back."""
+        if body == "receive":
+            frame = response.receive
+        elif body == "status":
+            frame = ext.ReceiveMessagesResponse(status=response.status)
+        else:
+            frame = ext.ReceiveMessagesResponse(
+                status=v2.Status(code=v2.INTERNAL_SERVER_ERROR, message=f"session: a {body} answer to a receive")
+            )
+        frames = self._joined_frames.setdefault(response.id, [])
+        frames.append(frame)
+        if frame.WhichOneof("content") != "status":
+            self._joined[response.id] = parts  # more frames to come
+            return
+        del self._joined_frames[response.id]
+        for p in parts:
+            self._part_of.pop(p.request_id, None)
+        live = [p for p in parts if p.request_id in self._waiting]
+        answers, left = _joining.split_received(frames, [p.count for p in live])
+        self._orphan([_joining.Share.of(left)] if left else [])
+        for p, mine in zip(live, answers, strict=True):
+            future = self._waiting.pop(p.request_id)[1]
+            if future.done():
+                self._orphan(mine)
+            else:
+                future.set_result(mine)
+
+    def drop(self, request_id: int) -> bool:
+        """Stop waiting for a request (cancelled, timed out); its frames so far are orphaned. Whether it waited."""
+        entry = self._waiting.pop(request_id, None)
+        if entry is None:
+            return False
+        self._orphan(entry[2])
+        return True
+
+    def fail_all(self, error: BaseException) -> None:
+        self._joined.clear()
+        self._part_of.clear()
+        joined, self._joined_frames = self._joined_frames, {}
+        for received in joined.values():
+            self._orphan(received)
+        waiting, self._waiting = self._waiting, {}
+        for _, future, frames in waiting.values():
+            self._orphan(frames)
+            if not future.done():
+                future.set_exception(error)
+
+    def _orphan(self, frames: Sequence[Any]) -> None:
+        messages = [m for frame in frames if frame.WhichOneof("content") == "messages" for m in frame.messages.messages]
+        if messages and self._orphaned is not None:
+            try:
+                self._orphaned(messages)
+            except Exception:  # a give-back's failure must not end the stream for the other requests
+                log.exception("giving back the messages of an answer nobody waits for failed")

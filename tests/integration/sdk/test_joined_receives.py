@@ -1,0 +1,43 @@
+"""Receives of concurrent tasks on one popgate.aio SimpleConsumer, joined into one on the Session stream through a
+real proxy (sdk/_joining.py): each task gets its share, and none answers empty while its wait lasts."""
+
+from __future__ import annotations
+
+import asyncio
+
+from popgate import aio
+from tests.integration.sdk.conftest import name
+
+
+async def test_concurrent_receives_join_and_each_gets_a_share_of_the_messages(endpoint: str) -> None:
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end; the stream has the header
+        assert consumer._session is not None and consumer._session.receive_batch > 32  # the proxy takes joined ones
+        sent = {r.message_id for r in await producer.send_many(topic, [f"m{i}".encode() for i in range(40)])}
+        got: list[str] = []
+        async with asyncio.timeout(15):
+            while len(got) < len(sent):
+                a, b = await asyncio.gather(consumer.receive(max=32, wait=2), consumer.receive(max=32, wait=2))
+                assert len(a) <= 32 and len(b) <= 32
+                await consumer.ack_many([*a, *b])
+                got += [m.message_id for m in (*a, *b)]
+    assert sorted(got) == sorted(sent)
+
+
+async def test_a_receive_cut_short_waits_out_the_rest_of_its_wait(endpoint: str) -> None:
+    """Two receives joined, one message: the receive that got none of it waits on for the next, not answers empty."""
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)
+
+        async def send_two() -> list[str]:
+            await asyncio.sleep(0.3)
+            first = await producer.send(topic, b"first")
+            await asyncio.sleep(0.5)
+            return [first.message_id, (await producer.send(topic, b"second")).message_id]
+
+        a, b, sent = await asyncio.gather(
+            consumer.receive(max=32, wait=10), consumer.receive(max=32, wait=10), send_two()
+        )
+    assert sorted(m.message_id for m in (*a, *b)) == sorted(sent) and len(a) == len(b) == 1
