@@ -247,11 +247,18 @@ class BrokerCore:
         return TagFilter.parse(expression), min(poll_ms, self.settings.max_poll_ms)
 
     def pop(
-        self, topic: str, group: str, expression: str, max_messages: int, invisible_ms: int, poll_ms: int
+        self,
+        topic: str,
+        group: str,
+        expression: str,
+        max_messages: int,
+        invisible_ms: int,
+        poll_ms: int,
+        max_fifo: int = 0,
     ) -> Coroutine[object, object, PopResult]:
         """The Pop path's coroutine itself (no frame of this one while a Pop is held); a bad read raises here."""
         tag_filter, poll_ms = self._check_read(topic, group, expression, poll_ms)
-        return self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms)
+        return self.pops.pop(topic, group, tag_filter, max_messages, invisible_ms, poll_ms, max_fifo)
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
         return self.pops.release(topic, group, handles)

@@ -44,7 +44,8 @@ class Asked(NamedTuple):
 def popping(core: BrokerCore, request: pb.PopRequest) -> tuple[Awaitable[PopResult], Asked]:
     r = request
     topic, group = intern(r.topic), intern(r.group)  # the group's held requests share one string of each
-    return core.pop(topic, group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms), Asked(topic, group, r.v2)
+    waiting = core.pop(topic, group, r.filter, r.max_messages, r.invisible_ms, r.poll_ms, r.max_fifo)
+    return waiting, Asked(topic, group, r.v2)
 
 
 async def pop(core: BrokerCore, request: pb.PopRequest, out: pb.PopResponse) -> PopResult:

@@ -62,9 +62,17 @@ class Pops:
         self.first_out: dict[tuple[str, str], int] = {}  # per (topic, group): first deliveries (broker/metrics.py)
 
     async def pop(
-        self, topic: str, group: str, tag_filter: TagFilter, max_messages: int, invisible_ms: int, poll_ms: int
+        self,
+        topic: str,
+        group: str,
+        tag_filter: TagFilter,
+        max_messages: int,
+        invisible_ms: int,
+        poll_ms: int,
+        max_fifo: int = 0,
     ) -> PopResult:
-        """A Pop whose topic, group, filter and poll time the core checked (`BrokerCore._check_read`)."""
+        """A Pop whose topic, group, filter and poll time the core checked (`BrokerCore._check_read`), with at most
+        `max_fifo` FIFO messages when > 0 (`_cap_fifo`)."""
         if max_messages < 1:
             raise IllegalBatchSize(f"max messages {max_messages} is less than 1")
         max_messages = min(max_messages, self.settings.max_pop_batch)  # fewer than asked is always an answer
@@ -76,7 +84,7 @@ class Pops:
         held = False
         while True:
             if state is not None:
-                popped = await self._pop_once(state, max_messages, invisible_ms, ops)
+                popped = await self._pop_once(state, max_messages, invisible_ms, ops, max_fifo)
                 if popped:
                     return PopResult(popped, held=held)
                 if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
@@ -102,7 +110,9 @@ class Pops:
             # group may have replaced meanwhile (reading with that one would skip the message for the group).
             state = self.consumers.reader(group, topic, tag_filter, ops)
 
-    async def _pop_once(self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op]) -> list[Popped]:
+    async def _pop_once(
+        self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op], max_fifo: int = 0
+    ) -> list[Popped]:
         now = self.clock.now_ms()
         picks = self.redelivery.take(state, now, want)
         topic = self.topics.get(state.topic)
@@ -130,6 +140,8 @@ class Pops:
             self._undo(state, deliveries)
             raise
         deliveries = self._fit(state, deliveries, payloads)
+        if max_fifo > 0:
+            deliveries = self._cap_fifo(state, topic, deliveries, max_fifo)
         key = (state.topic, state.group)
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
         self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
@@ -152,6 +164,27 @@ class Pops:
             return deliveries
         self._undo(state, deliveries[i:])
         return deliveries[:i]
+
+    def _cap_fifo(
+        self, state: GroupTopic, topic: TopicLog, deliveries: list[tuple[int, int, Delivery]], most: int
+    ) -> list[tuple[int, int, Delivery]]:
+        """At most `most` FIFO messages: past them, the rest of each such message's queue is undone as `_fit` undoes
+        (ready again at once, same attempt count; a FIFO message then waits its turn, and nothing after it in its
+        queue goes before it) — tests/unit/broker/test_fifo.py::test_a_pop_takes_at_most_max_fifo_fifo_messages."""
+        kept: list[tuple[int, int, Delivery]] = []
+        undone: list[tuple[int, int, Delivery]] = []
+        cut: set[int] = set()  # queues whose rest waits
+        fifo = 0
+        for delivery in deliveries:
+            queue_id, offset, _ = delivery
+            if queue_id not in cut and topic.queues[queue_id].is_fifo(offset):
+                fifo += 1
+                if fifo > most:
+                    cut.add(queue_id)
+            (undone if queue_id in cut else kept).append(delivery)
+        if undone:
+            self._undo(state, undone)
+        return kept
 
     def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
         """Deliveries nobody received: ready again at once, with the attempt count they had before."""

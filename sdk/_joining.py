@@ -92,6 +92,12 @@ def groups(items: Sequence[bytes | Part]) -> list[bytes | list[Part]]:
     return out
 
 
+def joined_max_fifo(parts: Sequence[Part]) -> int:
+    """What a request joining `parts` asks of FIFO messages at most: one receive's worth (`split_received` gives
+    them all to one caller); 0 for other kinds."""
+    return parts[0].count if parts[0].kind == "receive" else 0
+
+
 def joined_body(parts: Sequence[Part]) -> bytes:
     """The body of the request joining `parts`: their bodies one after another, or for receives (alike but for
     nothing) the first with the batches added up."""
@@ -129,21 +135,30 @@ class Share:
 
 def split_received(frames: Sequence[Any], counts: Sequence[int]) -> tuple[list[Any], list[v2.Message]]:
     """Each part's answer to a joined receive answered with `frames` (its messages frames, then its status), the
-    parts asking `counts` messages each, and the messages left over (parts that stopped waiting: to give back).
-    The messages are shared out evenly in order, a part getting at most its count; with none at all (an empty poll,
-    an error) each part gets `frames` — tests/unit/sdk/test_joining.py."""
+    parts asking `counts` messages each, and the messages left over (for parts that stopped waiting: to give back).
+    Every FIFO message (one with a message group) goes to the first part, in order, so that no message group's run
+    is split between callers: the joined receive asked the proxy for at most one receive's worth of them
+    (`max_fifo`). The others are shared out evenly in order, a part getting at most its count. With no message
+    at all (an empty poll, an error) each part gets `frames` — tests/unit/sdk/test_joined_receives.py."""
     messages = [m for f in frames[:-1] if f.WhichOneof("content") == "messages" for m in f.messages.messages]
-    if not messages:
-        return [frames] * len(counts), []
+    if not messages or not counts:
+        return [frames] * len(counts), messages
     status = frames[-1]
-    out: list[Any] = []
-    start, parts = 0, len(counts)
+    shares: list[list[v2.Message]] = [[] for _ in counts]
+    fifo = [m for m in messages if m.system_properties.message_group]
+    plain = [m for m in messages if not m.system_properties.message_group] if fifo else messages
+    shares[0] += fifo[: counts[0]]
+    left = fifo[counts[0] :]  # more than one receive's worth: a broker that does not bound them
+    start, parts, placed = 0, len(counts), 0  # placed: the messages of the parts before this one
+    unplaced = len(plain) + len(shares[0])
     for i, count in enumerate(counts):
-        left = len(messages) - start
-        take = min(count, -(-left // (parts - i)))  # an even share of what is left, rounded up
-        out.append([Share.of(messages[start : start + take]), status] if take else CUT_SHORT)
+        fair = -(-(unplaced - placed) // (parts - i))  # an even share of what the parts before left, rounded up
+        take = max(0, min(count, fair) - len(shares[i]))
+        shares[i] += plain[start : start + take]
         start += take
-    return out, messages[start:]
+        placed += len(shares[i])
+    answers = [[Share.of(share), status] if share else CUT_SHORT for share in shares]
+    return answers, left + plain[start:]
 
 
 def refused_whole(answer: Any, parts: Sequence[Part]) -> bool:

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 METHOD = "/popgate.ext.v1.Messaging/Session"
 # SessionRequest's fields (proto/ext/messaging.proto): a request is encoded by hand around its serialized body.
 ID, TIMEOUT_MS, CANCEL, MORE = 1, 2, 3, 15
+MAX_FIFO = b"\x48"  # SessionRequest.max_fifo (9, varint)
 # The writer sends the requests queued when it gets to them as one stream message (`more`: grpc costs tens of µs a
 # message on each side, whatever its size), up to this many bytes (a larger request goes alone); the rest follows
 # in the next message, once grpc took this one. Many requests queued at once (sends of many tasks) so reach the
@@ -65,13 +66,14 @@ class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
 
 
-def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0) -> bytes:
-    """A SessionRequest carrying the serialized v2 request `body` as `kind` —
-    tests/unit/sdk/test_session.py::test_a_hand_encoded_request_reads_as_the_generated_message."""
+def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0, max_fifo: int = 0) -> bytes:
+    """A SessionRequest carrying the serialized v2 request `body` as `kind` (a receive with at most `max_fifo` FIFO
+    messages when > 0) — tests/unit/sdk/test_session.py::test_a_hand_encoded_request_reads_as_the_generated_message."""
     head = b"\x08" + varint(request_id)
     if timeout_ms:
         head += b"\x10" + varint(timeout_ms)
-    return head + varint(KINDS[kind] << 3 | 2) + varint(len(body)) + body
+    tail = MAX_FIFO + varint(max_fifo) if max_fifo else b""
+    return head + varint(KINDS[kind] << 3 | 2) + varint(len(body)) + body + tail
 
 
 def encode_cancel(request_id: int) -> bytes:
@@ -126,7 +128,8 @@ def _encoded_group(group: bytes | list[Part], waiting: Waiting) -> bytes | None:
     if len(parts) == 1:
         return alone(parts[0])
     timeout_ms = max(p.timeout_ms for p in parts)
-    return encode(waiting.join(parts), parts[0].kind, _joining.joined_body(parts), timeout_ms)
+    body = _joining.joined_body(parts)
+    return encode(waiting.join(parts), parts[0].kind, body, timeout_ms, _joining.joined_max_fifo(parts))
 
 
 def alone(part: Part) -> bytes:

@@ -89,7 +89,7 @@ class SendResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("topic", "group", "filter", "max_messages", "invisible_ms", "poll_ms", "v2")
+    __slots__ = ("topic", "group", "filter", "max_messages", "invisible_ms", "poll_ms", "v2", "max_fifo")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class PopRequest(_message.Message):
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
     POLL_MS_FIELD_NUMBER: _ClassVar[int]
     V2_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIFO_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     filter: str
@@ -104,7 +105,8 @@ class PopRequest(_message.Message):
     invisible_ms: int
     poll_ms: int
     v2: bool
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., poll_ms: _Optional[int] = ..., v2: _Optional[bool] = ...) -> None: ...
+    max_fifo: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., poll_ms: _Optional[int] = ..., v2: _Optional[bool] = ..., max_fifo: _Optional[int] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
     __slots__ = ("stored", "receipt_handle", "delivery_attempt", "invisible_until_ms")

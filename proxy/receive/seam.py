@@ -31,6 +31,7 @@ class ReceiveRequest:
     invisible_ms: int
     poll_s: float  # how long a broker may hold the request (already clamped and cut to the deadline)
     deadline: float  # loop.time() by which the answer must be on its way
+    max_fifo: int = 0  # > 0: at most this many FIFO messages (a receive joining a client's several: each one's share)
 
     def __post_init__(self) -> None:
         # Every held receive keeps its request: a group's many receives share one string of each name.
@@ -46,6 +47,7 @@ class ReceiveRequest:
             max_messages=self.batch,
             invisible_ms=self.invisible_ms,
             poll_ms=poll_ms,
+            max_fifo=self.max_fifo,
         )
 
 

@@ -46,8 +46,11 @@ _MESSAGE, _MESSAGES, _MESSAGES_ITEM, _MESSAGES_TIMESTAMP = b"\x12", b"\x12", b"\
 JOINED_RECEIVES = 4
 
 
-def build_request(call: Call, request: pb.ReceiveMessageRequest, *, joined: int = 1) -> ReceiveRequest:
-    """The core's receive of a client's `request`, which may stand for `joined` receives of `max_batch` each —
+def build_request(
+    call: Call, request: pb.ReceiveMessageRequest, *, joined: int = 1, max_fifo: int = 0
+) -> ReceiveRequest:
+    """The core's receive of a client's `request`, which may stand for `joined` receives of `max_batch` each, and
+    whose answer holds at most `max_fifo` FIFO messages when > 0 (each joined receive's share) —
     tests/unit/proxy/test_v2_edge.py."""
     s = call.settings
     group = validate.group_in(request.group.resource_namespace, request.group.name)
@@ -83,7 +86,7 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest, *, joined: int 
         deadline = now + poll_s + s.broker_timeout_s
     else:
         deadline = call.deadline - s.poll_reserve_s / 2
-    return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline)
+    return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline, max_fifo)
 
 
 class Framing(Protocol):

@@ -208,6 +208,7 @@ class Session:
                 method="ReceiveMessages",
                 auth=self.account,
                 joined=receive.JOINED_RECEIVES,
+                max_fifo=request.max_fifo,
             )
             self.receives.add(request_id)
         else:

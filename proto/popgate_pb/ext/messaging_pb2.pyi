@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "send_shared", "more")
+    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "send_shared", "max_fifo", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class SessionRequest(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
     SEND_SHARED_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIFO_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     timeout_ms: int
@@ -30,8 +31,9 @@ class SessionRequest(_message.Message):
     ack: _service_pb2.AckMessageRequest
     change_invisible: _service_pb2.ChangeInvisibleDurationRequest
     send_shared: SendShared
+    max_fifo: int
     more: _containers.RepeatedCompositeFieldContainer[SessionRequest]
-    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., send_shared: _Optional[_Union[SendShared, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., send_shared: _Optional[_Union[SendShared, _Mapping]] = ..., max_fifo: _Optional[int] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
 
 class SendShared(_message.Message):
     __slots__ = ("runs",)

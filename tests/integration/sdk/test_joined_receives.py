@@ -41,3 +41,22 @@ async def test_a_receive_cut_short_waits_out_the_rest_of_its_wait(endpoint: str)
             consumer.receive(max=32, wait=10), consumer.receive(max=32, wait=10), send_two()
         )
     assert sorted(m.message_id for m in (*a, *b)) == sorted(sent) and len(a) == len(b) == 1
+
+
+async def test_joined_receives_never_share_out_one_message_groups_run(endpoint: str) -> None:
+    """FIFO order: while one caller holds messages of a message group, no other caller gets any of that group's."""
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)
+        sent = [
+            r.message_id
+            for r in await producer.send_many(topic, [f"m{i}".encode() for i in range(40)], message_group="order-1")
+        ]
+        got: list[str] = []
+        async with asyncio.timeout(30):
+            while len(got) < len(sent):
+                a, b = await asyncio.gather(consumer.receive(max=32, wait=1), consumer.receive(max=32, wait=1))
+                assert not (a and b), "two callers held one message group's messages at once"
+                await consumer.ack_many([*a, *b])
+                got += [m.message_id for m in (*a, *b)]
+    assert got == sent

@@ -64,6 +64,25 @@ async def test_the_next_fifo_message_waits_for_the_ack_of_the_one_before(tmp_pat
         assert bodies(await pop(core)) == [], "m4 went out while m3 was in flight"
 
 
+async def test_a_pop_takes_at_most_max_fifo_fifo_messages(tmp_path: Path) -> None:
+    """A proxy's receive standing for several of a client's asks at most one receive's worth of FIFO messages: the
+    rest of the run waits for the ack of those in flight and then comes in order, its attempt count unchanged."""
+    async with broker(tmp_path / "data") as (core, _):
+        mine, other = groups_on_distinct_queues()
+        await send(core, [b"a1", b"a2", b"a3", b"a4"], group=mine)
+        await send(core, [b"b1"], group=other)
+        first = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0, max_fifo=3)
+        got = bodies(first)
+        assert len(got) == 3 and [b for b in got if b[:1] == b"a"] == [b"a1", b"a2", b"a3"][: len(got) - (b"b1" in got)]
+        during = bodies(await pop(core))
+        assert not [b for b in during if b[:1] == b"a"], "the run went on while its head was in flight"
+        await ack(core, first)
+        rest = await pop(core)
+        assert [b for b in bodies(rest) if b[:1] == b"a"] == [b"a1", b"a2", b"a3", b"a4"][len(got) - (b"b1" in got) :]
+        assert [m.attempt for m in rest.messages] == [1] * len(rest.messages)
+        assert sorted(got + during + bodies(rest)) == sorted([b"a1", b"a2", b"a3", b"a4", b"b1"])
+
+
 async def test_other_groups_other_queues_and_normal_messages_before_it_are_not_held_back(tmp_path: Path) -> None:
     async with broker(tmp_path / "data") as (core, _):
         mine, other = groups_on_distinct_queues()

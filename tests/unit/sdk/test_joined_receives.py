@@ -45,7 +45,13 @@ class Receivers(Callers):
 
 
 def messages(*ids: str) -> ext.ReceiveMessagesResponse:
-    batch = [v2.Message(system_properties=v2.SystemProperties(message_id=i)) for i in ids]
+    """A messages frame; an id "g:..." is a FIFO message of message group g."""
+    batch = [
+        v2.Message(
+            system_properties=v2.SystemProperties(message_id=i, message_group=i.split(":")[0] if ":" in i else None)
+        )
+        for i in ids
+    ]
     return ext.ReceiveMessagesResponse(messages=ext.Messages(messages=batch))
 
 
@@ -64,6 +70,7 @@ async def test_receives_alike_queued_together_go_as_one_asking_their_batches_add
     assert joined.id not in (a, b) and joined.WhichOneof("body") == "receive"
     expected = receive(batch=64)
     assert joined.receive == expected  # the same request, but for its batch
+    assert joined.max_fifo == 32  # one receive's worth of FIFO messages, for one caller to take whole
 
 
 async def test_receives_that_differ_or_a_proxy_that_said_nothing_go_alone() -> None:
@@ -94,6 +101,23 @@ async def test_a_joined_answer_is_shared_out_evenly_in_order_once_its_status_cam
     receivers.answer(joined.id, messages("m4", "m5"), status())
     assert ids(receivers.received(a)) == ["m1", "m2", "m3"] and ids(receivers.received(b)) == ["m4", "m5"]
     assert receivers.given_back == []
+
+
+async def test_a_message_groups_run_goes_to_one_caller_whole_and_in_order() -> None:
+    """Two callers must never hold messages of one message group at once (FIFO order): every FIFO message of a joined
+    answer goes to the first caller, the others are shared."""
+    receivers = Receivers()
+    a, b = receivers.receive(receive()), receivers.receive(receive())
+    (joined,) = receivers.written()
+    receivers.answer(joined.id, messages("g:1", "n1", "g:2", "h:1", "n2", "g:3", "n3", "n4"), status())
+    assert ids(receivers.received(a)) == ["g:1", "g:2", "h:1", "g:3"]
+    assert ids(receivers.received(b)) == ["n1", "n2", "n3", "n4"]
+    c, d = receivers.receive(receive(batch=2)), receivers.receive(receive(batch=2))
+    (joined,) = receivers.written()
+    # More FIFO messages than one receive's worth (a broker that does not bound them): the rest goes back.
+    receivers.answer(joined.id, messages("g:1", "g:2", "g:3", "n1"), status())
+    assert ids(receivers.received(c)) == ["g:1", "g:2"] and ids(receivers.received(d)) == ["n1"]
+    assert receivers.given_back == ["g:3"]
 
 
 async def test_a_part_that_got_none_is_cut_short_and_an_empty_poll_is_every_parts_answer() -> None:

@@ -25,6 +25,9 @@ def test_a_hand_encoded_request_reads_as_the_generated_message() -> None:
     assert cancel == ext.SessionRequest(id=129, cancel=True)
     empty = ext.SessionRequest.FromString(_session.encode(5, "receive", b""))
     assert empty.WhichOneof("body") == "receive"  # an empty body is still a request of its kind
+    receive = pb.ReceiveMessageRequest(batch_size=64)
+    bounded = ext.SessionRequest.FromString(_session.encode(6, "receive", receive.SerializeToString(), 5, max_fifo=32))
+    assert bounded == ext.SessionRequest(id=6, timeout_ms=5, receive=receive, max_fifo=32)
 
 
 def test_requests_joined_in_one_message_read_as_each_in_order() -> None:
