@@ -51,7 +51,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             rest = (self.wait if wait is None else wait) - (loop.time() - started)
             if rest <= 0:
                 return []
-            request, timeout = self._receive_plan(max, invisible, rest)
+            request, timeout = self._receive_plan(max, invisible, rest, keep=False)
             frames = await self._over_session("receive", request, timeout)
         if frames is not None:
             self._batch_receive = True

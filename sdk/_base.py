@@ -285,9 +285,10 @@ class ConsumerBase(ClientBase):
         return self._unimplemented(exc, "_batch_receive", "batch receive")
 
     def _receive_plan(
-        self, max: int | None, invisible: float | None, wait: float | None
+        self, max: int | None, invisible: float | None, wait: float | None, *, keep: bool = True
     ) -> tuple[pb.ReceiveMessageRequest, float]:
-        """The next topic's ReceiveMessage request and its deadline (request_timeout + long polling)."""
+        """The next topic's ReceiveMessage request and its deadline (request_timeout + long polling); kept for the
+        next receive with the same arguments unless not `keep` (a wait that is what was left of another)."""
         wait = self.wait if wait is None else wait
         sub = next(self._rotation)
         max = self.batch if max is None else max
@@ -301,6 +302,8 @@ class ConsumerBase(ClientBase):
             request = _wire.receive_request(
                 self.group, sub, max=max, invisible=invisible, wait=wait, namespace=self.options.namespace
             )
+            if not keep:
+                return request, self.options.request_timeout + wait
             if len(self._receive_requests) >= RECEIVE_REQUESTS_KEPT:
                 self._receive_requests.clear()
             self._receive_requests[key] = request

@@ -167,15 +167,12 @@ class Waiting:
         del self._joined_frames[response.id]
         for p in parts:
             self._part_of.pop(p.request_id, None)
-        live = [p for p in parts if p.request_id in self._waiting]
+        # A caller cancelled whose future is already done gets nothing: its share goes to those still waiting.
+        live = [p for p in parts if p.request_id in self._waiting and not self._waiting[p.request_id][1].done()]
         answers, left = _joining.split_received(frames, [p.count for p in live])
         self._orphan([_joining.Share.of(left)] if left else [])
         for p, mine in zip(live, answers, strict=True):
-            future = self._waiting.pop(p.request_id)[1]
-            if future.done():
-                self._orphan(mine)
-            else:
-                future.set_result(mine)
+            self._waiting.pop(p.request_id)[1].set_result(mine)
 
     def drop(self, request_id: int) -> bool:
         """Stop waiting for a request (cancelled, timed out); its frames so far are orphaned. Whether it waited."""

@@ -41,8 +41,9 @@ BATCH_FRAME_BYTES = 1024 * 1024  # a ReceiveMessages frame holds messages up to 
 # Messages.messages (1) and Messages.delivery_timestamp (2).
 _MESSAGE, _MESSAGES, _MESSAGES_ITEM, _MESSAGES_TIMESTAMP = b"\x12", b"\x12", b"\x0a", b"\x12"
 # A Session receive may stand for up to this many receives of the client's, joined (sdk/_joining.py): its batch_size
-# up to this many times `max_batch`. The proxy says how many messages that is when a stream opens
-# (proxy/v2/session.py's RECEIVE_BATCH_HEADER), and a client joins receives only where it was told.
+# up to this many times `max_batch`, when it says one receive's batch (its `max_fifo`, 1..max_batch). The proxy says
+# how many messages that is when a stream opens (proxy/v2/session.py's RECEIVE_BATCH_HEADER), and a client joins
+# receives only where it was told.
 JOINED_RECEIVES = 4
 
 
@@ -57,7 +58,8 @@ def build_request(
     topic = validate.topic_in(request.message_queue.topic.resource_namespace, request.message_queue.topic.name)
     expression = request.filter_expression
     filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
-    batch = validate.batch_size(request.batch_size, limit=s.max_batch * joined)
+    joins = joined if 0 < max_fifo <= s.max_batch else 1  # a receive standing for several says one's batch
+    batch = validate.batch_size(request.batch_size, limit=s.max_batch * joins)
     if request.auto_renew:
         _ = call.client_id  # whose handles to renew once answered: a bad id is refused before anything is popped
     if request.auto_renew or not request.HasField("invisible_duration"):

@@ -143,6 +143,15 @@ async def test_a_part_no_longer_waiting_leaves_its_share_to_the_others_and_the_r
     assert receivers.given_back == [f"m{i}" for i in range(32, 40)]
 
 
+async def test_a_caller_cancelled_as_the_answer_comes_leaves_its_share_to_those_waiting() -> None:
+    receivers = Receivers()
+    a, b = receivers.receive(receive()), receivers.receive(receive())
+    (joined,) = receivers.written()
+    receivers.futures[a].cancel()  # its task is being cancelled: it has not dropped its request yet
+    receivers.answer(joined.id, messages(*(f"m{i}" for i in range(10))), status())
+    assert ids(receivers.received(b)) == [f"m{i}" for i in range(10)] and receivers.given_back == []
+
+
 async def test_a_joined_receive_nobody_waits_for_gives_back_what_came_and_what_comes() -> None:
     receivers = Receivers()
     a, b = receivers.receive(receive()), receivers.receive(receive())
