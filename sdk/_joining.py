@@ -9,8 +9,9 @@ acks are the same), so joining is a concatenation of bodies.
 Receives alike in every field (the same bytes: group, topic, filter, batch, invisible and polling time) queued
 together become one receive of their batches added up, where the proxy said it takes such (its Session's
 `popgate-receive-batch` header), up to `MAX_JOINED_RECEIVE` messages: one request, one broker Pop, one answer for
-them all. Its messages are shared out evenly in the parts' order (`split_received`); a part left without any,
-fewer messages having come than parts, is `CUT_SHORT` and its caller receives again for the rest of its wait.
+them all. Its FIFO messages all go to one part, the others are shared out evenly in the parts' order
+(`split_received`); a part left without any (fewer messages came than parts, or only FIFO messages came) is
+`CUT_SHORT` and its caller receives again for the rest of its wait.
 
 The proxy answers a joined request per message or entry, so each part's answer is its slice, with the status of its
 first failed entry (OK when none failed) — tests/unit/sdk/test_joining.py. A joined request refused as a whole as

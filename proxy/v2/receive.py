@@ -58,7 +58,9 @@ def build_request(
     topic = validate.topic_in(request.message_queue.topic.resource_namespace, request.message_queue.topic.name)
     expression = request.filter_expression
     filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
-    joins = joined if 0 < max_fifo <= s.max_batch else 1  # a receive standing for several says one's batch
+    if not 0 <= max_fifo <= s.max_batch:
+        raise errors.BadRequest(f"max_fifo {max_fifo} is out of range: must be 0..{s.max_batch}")
+    joins = joined if max_fifo else 1  # a receive standing for several says one's batch
     batch = validate.batch_size(request.batch_size, limit=s.max_batch * joins)
     if request.auto_renew:
         _ = call.client_id  # whose handles to renew once answered: a bad id is refused before anything is popped

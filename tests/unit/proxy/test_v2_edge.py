@@ -229,6 +229,10 @@ async def test_a_session_receive_may_ask_for_joined_receives_and_a_v2_one_for_ma
     request.batch_size += 1
     with pytest.raises(errors.IllegalBatchSize):
         build_request(call, request, joined=JOINED_RECEIVES, max_fifo=settings.max_batch)
+    request.batch_size = 1
+    for max_fifo in (settings.max_batch + 1, 2**32 - 1):  # a uint32 the broker's int32 would not hold: refused here
+        with pytest.raises(errors.BadRequest, match="max_fifo"):
+            build_request(call, request, joined=JOINED_RECEIVES, max_fifo=max_fifo)
 
 
 def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error() -> None:
