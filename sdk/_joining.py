@@ -108,7 +108,8 @@ def joined_body(parts: Sequence[Part]) -> bytes:
 
 
 class _CutShort(tuple[()]):
-    """The answer of a joined receive's part that got none of its messages (fewer came than parts)."""
+    """The answer of a joined receive's part that got none of its messages (fewer came than parts, or only FIFO
+    ones, all given to another part)."""
 
 
 CUT_SHORT = _CutShort()
