@@ -19,6 +19,7 @@ import grpc
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 
+from popgate_contract.session_headers import receive_batch_of
 from popgate_contract.wire import varint
 
 from . import _joining, errors
@@ -47,19 +48,6 @@ REFUSED = {
     grpc.StatusCode.PERMISSION_DENIED: v2.FORBIDDEN,
     grpc.StatusCode.INVALID_ARGUMENT: v2.BAD_REQUEST,
 }
-
-
-# The stream's header by which a proxy says how many messages one receive may ask: receives joined (sdk/_joining.py).
-RECEIVE_BATCH_HEADER = "popgate-receive-batch"
-
-
-def receive_batch_of(metadata: Any) -> int:
-    """The largest joined receive the proxy takes, from the stream's headers (0: it joins none)."""
-    for key, value in metadata or ():
-        if key == RECEIVE_BATCH_HEADER:
-            text = value.decode() if isinstance(value, bytes) else value
-            return int(text) if text.isdigit() else 0
-    return 0
 
 
 class Unimplemented(errors.PopgateError):

@@ -41,17 +41,15 @@ BATCH_FRAME_BYTES = 1024 * 1024  # a ReceiveMessages frame holds messages up to 
 # Messages.messages (1) and Messages.delivery_timestamp (2).
 _MESSAGE, _MESSAGES, _MESSAGES_ITEM, _MESSAGES_TIMESTAMP = b"\x12", b"\x12", b"\x0a", b"\x12"
 # A Session receive may stand for up to this many receives of the client's, joined (sdk/_joining.py): its batch_size
-# up to this many times `max_batch`, when it says one receive's batch (its `max_fifo`, 1..max_batch). The proxy says
-# how many messages that is when a stream opens (proxy/v2/session.py's RECEIVE_BATCH_HEADER), and a client joins
-# receives only where it was told.
+# up to this many times `max_batch`, when it says one receive's batch (its `max_fifo`, 1..max_batch; only a Session
+# request carries one). The proxy says how many messages that is when a stream opens
+# (popgate_contract.session_headers), and a client joins receives only where it was told.
 JOINED_RECEIVES = 4
 
 
-def build_request(
-    call: Call, request: pb.ReceiveMessageRequest, *, joined: int = 1, max_fifo: int = 0
-) -> ReceiveRequest:
-    """The core's receive of a client's `request`, which may stand for `joined` receives of `max_batch` each, and
-    whose answer holds at most `max_fifo` FIFO messages when > 0 (each joined receive's share) —
+def build_request(call: Call, request: pb.ReceiveMessageRequest, *, max_fifo: int = 0) -> ReceiveRequest:
+    """The core's receive of a client's `request`; with `max_fifo` > 0 (one receive's batch) it may stand for
+    `JOINED_RECEIVES` receives, and its answer holds at most `max_fifo` FIFO messages —
     tests/unit/proxy/test_v2_edge.py."""
     s = call.settings
     group = validate.group_in(request.group.resource_namespace, request.group.name)
@@ -60,7 +58,7 @@ def build_request(
     filter_text = validate.tag_filter(expression.expression, is_sql=expression.type == v2.SQL)
     if not 0 <= max_fifo <= s.max_batch:
         raise errors.BadRequest(f"max_fifo {max_fifo} is out of range: must be 0..{s.max_batch}")
-    joins = joined if max_fifo else 1  # a receive standing for several says one's batch
+    joins = JOINED_RECEIVES if max_fifo else 1  # a receive standing for several says one's batch
     batch = validate.batch_size(request.batch_size, limit=s.max_batch * joins)
     if request.auto_renew:
         _ = call.client_id  # whose handles to renew once answered: a bad id is refused before anything is popped

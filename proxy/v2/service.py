@@ -196,12 +196,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         framing: receive.Framing = receive.V2,
         method: str = "ReceiveMessage",
         auth: Authenticator | None = None,
-        joined: int = 1,
         max_fifo: int = 0,
     ) -> None:
         """A receive answered in `framing` through `context.write`: v2's frames, or popgate's ReceiveMessages
-        (`ExtMessaging`, also on its Session stream, whose account is `auth` and whose receives may stand for
-        `joined` receives of the client's, at most `max_fifo` FIFO messages each when > 0). A coroutine writing its
+        (`ExtMessaging`, also on its Session stream, whose account is `auth` and whose receives may stand for several
+        of the client's when they say one's batch, `max_fifo`: `receive.build_request`). A coroutine writing its
         frames, which both servers take for a server-streaming handler as grpc.aio does."""
         started = time.perf_counter()
         code: int = v2.OK
@@ -210,7 +209,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
             call = self._call(context)
-            asked = receive.build_request(call, request, joined=joined, max_fifo=max_fifo)
+            asked = receive.build_request(call, request, max_fifo=max_fifo)
             namespace, auto_renew = request.group.resource_namespace, request.auto_renew
             # Held with no protobuf: a parsed request keeps an arena of its own or, from a Session stream, the whole
             # stream message it came in — test_v2_service.py::

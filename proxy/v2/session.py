@@ -22,6 +22,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from popgate_contract.codes import status_of
+from popgate_contract.session_headers import RECEIVE_BATCH_HEADER
 from popgate_contract.wire import field, varint
 from proxy.auth import Account, Authenticator
 from proxy.v2 import access, receive
@@ -49,9 +50,6 @@ MAX_WRITE_BYTES = 48 * 1024
 # that many tiny answers (refusals of a message of thousands of requests) are bounded by the memory they take —
 # tests/unit/proxy/test_session.py::test_a_message_of_many_refused_requests_stops_the_reading_at_the_outbox_bound.
 ANSWER_OVERHEAD = 160
-# Sent in the stream's headers: the largest batch_size of a receive on it (the client may join its concurrent
-# receives into one up to that many messages, sdk/_joining.py). A proxy without it takes receives of `max_batch`.
-RECEIVE_BATCH_HEADER = "popgate-receive-batch"
 
 
 class RequestContext:
@@ -207,7 +205,6 @@ class Session:
                 framing=receive.SESSION_BATCH,
                 method="ReceiveMessages",
                 auth=self.account,
-                joined=receive.JOINED_RECEIVES,
                 max_fifo=request.max_fifo,
             )
             self.receives.add(request_id)

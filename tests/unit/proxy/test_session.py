@@ -14,6 +14,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from prometheus_client import CollectorRegistry
 
+from popgate_contract.session_headers import receive_batch_of
 from proxy.auth import Account, authorization
 from proxy.core import Proxy
 from proxy.metrics import ProxyMetrics
@@ -22,6 +23,7 @@ from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import session
 from proxy.v2.context import endpoints_for
+from proxy.v2.receive import JOINED_RECEIVES
 from proxy.v2.service import MessagingService
 from tests.unit.proxy.fakes import FakeBroker, handle, popped
 
@@ -123,6 +125,21 @@ async def test_a_receive_is_answered_with_its_messages_then_its_status() -> None
     assert kinds == [(7, "messages"), (7, "status")]
     assert [m.system_properties.message_id for m in context.answers[0].receive.messages.messages] == ["m1", "m2"]
     assert context.answers[1].receive.status.code == v2.OK
+
+
+async def test_a_receive_standing_for_several_asks_its_broker_one_receives_worth_of_fifo_messages() -> None:
+    """The stream's headers say how many messages a joined receive may ask; one saying one receive's batch
+    (`max_fifo`) may ask that many, and its broker's Pop takes at most `max_fifo` FIFO messages."""
+    broker = FakeBroker("b1")
+    broker.ready = [popped("b1", "m1")]
+    service, _ = service_over(broker)
+    context = StreamContext()
+    joined = receive_request()
+    joined.batch_size = 64
+    await serve_until(context, service, [ext.SessionRequest(id=4, timeout_ms=3000, receive=joined, max_fifo=32)], 2)
+    assert receive_batch_of(context.headers) == 32 * JOINED_RECEIVES
+    assert context.answers[-1].receive.status.code == v2.OK
+    assert [(p.max_messages, p.max_fifo) for p in broker.pops] == [(64, 32)]
 
 
 async def test_a_bad_receive_is_answered_with_its_v2_status() -> None:

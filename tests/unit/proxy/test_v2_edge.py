@@ -222,17 +222,17 @@ async def test_a_session_receive_may_ask_for_joined_receives_and_a_v2_one_for_ma
     with pytest.raises(errors.IllegalBatchSize, match=f"1..{settings.max_batch}"):
         build_request(call, request)
     request.batch_size = settings.max_batch * JOINED_RECEIVES
-    asked = build_request(call, request, joined=JOINED_RECEIVES, max_fifo=settings.max_batch)
+    asked = build_request(call, request, max_fifo=settings.max_batch)
     assert (asked.batch, asked.pop_request(0).max_fifo) == (request.batch_size, settings.max_batch)
     with pytest.raises(errors.IllegalBatchSize):  # one that does not say one receive's batch stands for one
-        build_request(call, request, joined=JOINED_RECEIVES)
+        build_request(call, request)
     request.batch_size += 1
     with pytest.raises(errors.IllegalBatchSize):
-        build_request(call, request, joined=JOINED_RECEIVES, max_fifo=settings.max_batch)
+        build_request(call, request, max_fifo=settings.max_batch)
     request.batch_size = 1
     for max_fifo in (settings.max_batch + 1, 2**32 - 1):  # a uint32 the broker's int32 would not hold: refused here
         with pytest.raises(errors.BadRequest, match="max_fifo"):
-            build_request(call, request, joined=JOINED_RECEIVES, max_fifo=max_fifo)
+            build_request(call, request, max_fifo=max_fifo)
 
 
 def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error() -> None:

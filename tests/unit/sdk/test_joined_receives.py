@@ -9,8 +9,9 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import _joining, _session, _wire
+from popgate import _joining, _wire
 from popgate.message import Message
+from popgate_contract.session_headers import receive_batch_of
 from tests.unit.sdk.fakes import Callers
 
 OK = v2.Status(code=v2.OK, message="OK")
@@ -177,7 +178,7 @@ async def test_a_lost_stream_gives_back_a_joined_receives_messages_so_far() -> N
 
 
 def test_the_proxys_header_says_how_many_messages_a_receive_may_ask() -> None:
-    assert _session.receive_batch_of((("popgate-receive-batch", "128"), ("other", "x"))) == 128
-    assert _session.receive_batch_of((("popgate-receive-batch", b"64"),)) == 64
-    assert _session.receive_batch_of((("popgate-receive-batch", "lots"),)) == 0
-    assert _session.receive_batch_of(()) == 0 and _session.receive_batch_of(None) == 0
+    assert receive_batch_of((("popgate-receive-batch", "128"), ("other", "x"))) == 128
+    assert receive_batch_of((("popgate-receive-batch", b"64"),)) == 64
+    assert receive_batch_of((("popgate-receive-batch", "lots"),)) == 0
+    assert receive_batch_of(()) == 0 and receive_batch_of(None) == 0
