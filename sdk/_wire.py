@@ -9,9 +9,9 @@ that decides *what* goes on the wire is tested once, without a server.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Any, Protocol
 
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
@@ -105,21 +105,82 @@ def _seconds(ts: object) -> float:
     return ts.seconds + ts.nanos / 1e9  # type: ignore[attr-defined, no-any-return]
 
 
-# `from_v2` makes a Message without its __init__ and sets each slot by name: a field added to Message and not set
-# there is missing from every received message, which
-# tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type fails on.
-_new = object.__new__
 _has = v2.SystemProperties.HasField  # unbound: no bound method made per message
 _GZIP = v2.GZIP
 
 
-def from_v2(message: v2.Message) -> Message:
-    """A received v2 message as the SDK's `Message` (a consumer's main cost per message: each field read once).
+def _optional(name: str) -> Callable[[v2.Message], Any]:
+    """An optional system property's reader: its value, None when unset."""
+    return lambda m: getattr(m.system_properties, name) if _has(m.system_properties, name) else None
 
-    Every attribute keeps its value and type whatever the v2 fields set —
-    tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type."""
+
+def _present(name: str, absent: int) -> Callable[[v2.Message], int]:
+    """An optional scalar's reader: its value, `absent` when unset (nonzero, it is set: HasField only tells an
+    unset one from one set to 0)."""
+
+    def read(m: v2.Message) -> int:
+        value: int = getattr(m.system_properties, name)
+        return value if value or _has(m.system_properties, name) else absent
+
+    return read
+
+
+def _deliver_at(m: v2.Message) -> float | None:
+    props = m.system_properties
+    return _seconds(props.delivery_timestamp) if _has(props, "delivery_timestamp") else None
+
+
+# How each field of a received message is read from its v2 message, but those `from_v2` reads at once.
+_LATER: dict[str, Callable[[v2.Message], Any]] = {
+    "tag": _optional("tag"),
+    "keys": lambda m: tuple(m.system_properties.keys),
+    "properties": lambda m: {key: m.user_properties[key] for key in m.user_properties},  # dict(map): the slow way
+    "message_group": _optional("message_group"),
+    "deliver_at": _deliver_at,
+    "priority": _optional("priority"),
+    "attempt": _present("delivery_attempt", 1),
+    "born_at": lambda m: _seconds(m.system_properties.born_timestamp),
+    "stored_at": lambda m: _seconds(m.system_properties.store_timestamp),
+    "queue_id": lambda m: m.system_properties.queue_id,
+    "offset": _present("queue_offset", -1),
+}
+_AT_ONCE = frozenset({"body", "topic", "message_id", "receipt_handle"})  # set by `from_v2`
+# A field added to Message and read neither at once nor later would be missing from every received message: fails
+# here, at import.
+if _unread := {f.name for f in fields(Message)} ^ (_AT_ONCE | _LATER.keys()):
+    raise ImportError(f"popgate._wire reads no received message's {sorted(_unread)}")
+
+
+class ReceivedMessage(Message):
+    """A received `Message`. What consuming and acking read (body, topic, message_id, receipt_handle) is read from
+    its v2 message at once; each other field the first time it is asked, then kept (most consumers never read
+    them). Set, a field keeps what was set. It keeps its v2 message, and with it the answer frame that message came
+    in, for as long as it lives.
+
+    Each field has its value and type whatever the v2 fields set —
+    tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type; it reads,
+    copies, pickles and compares as a Message —
+    tests/unit/sdk/test_wire.py::test_a_received_message_reads_as_a_message_whatever_its_fields_were_read_or_set."""
+
+    __slots__ = ("_v2",)
+    _v2: v2.Message
+
+    def __getattr__(self, name: str) -> Any:  # only for a field not read yet (a slot not set)
+        read = _LATER.get(name)
+        if read is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = read(self._v2)
+        setattr(self, name, value)
+        return value
+
+
+_new = object.__new__
+
+
+def from_v2(message: v2.Message) -> ReceivedMessage:
+    """A received v2 message as the SDK's `Message` (a consumer's main cost per message: see `ReceivedMessage`)."""
     props = message.system_properties
-    out: Message = _new(Message)
+    out: ReceivedMessage = _new(ReceivedMessage)
     body = message.body
     if props.body_encoding == _GZIP:
         import gzip
@@ -127,26 +188,9 @@ def from_v2(message: v2.Message) -> Message:
         body = gzip.decompress(body)
     out.body = body
     out.topic = message.topic.name
-    out.tag = props.tag if _has(props, "tag") else None
-    keys = props.keys
-    out.keys = tuple(keys) if keys else ()
-    user = message.user_properties
-    out.properties = {key: user[key] for key in user} if user else {}  # dict(map) goes the slow Mapping way
-    out.message_group = props.message_group if _has(props, "message_group") else None
-    out.deliver_at = _seconds(props.delivery_timestamp) if _has(props, "delivery_timestamp") else None
-    out.priority = props.priority if _has(props, "priority") else None
     out.message_id = props.message_id
-    # Nonzero, an optional scalar is present: HasField only tells an unset one from one set to 0.
-    attempt = props.delivery_attempt
-    out.attempt = attempt if attempt or _has(props, "delivery_attempt") else 1
-    stamp = props.born_timestamp
-    out.born_at = stamp.seconds + stamp.nanos / 1e9
-    stamp = props.store_timestamp
-    out.stored_at = stamp.seconds + stamp.nanos / 1e9
     out.receipt_handle = props.receipt_handle
-    out.queue_id = props.queue_id
-    offset = props.queue_offset
-    out.offset = offset if offset or _has(props, "queue_offset") else -1
+    out._v2 = message
     return out
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gzip
 import hashlib
 import hmac
 import itertools
+import pickle
 import re
 import subprocess
 import sys
@@ -353,6 +355,23 @@ def test_a_received_message_carries_each_v2_field_with_its_value_and_type() -> N
         "queue_id": (int, 0),
         "offset": (int, -1),
     }
+
+
+def test_a_received_message_reads_as_a_message_whatever_its_fields_were_read_or_set() -> None:
+    source = v2.Message(topic=v2.Resource(name="t"), body=b"b", user_properties={"p": "q"})
+    s = source.system_properties
+    s.tag, s.message_id, s.receipt_handle, s.queue_offset, s.delivery_attempt = "tg", "M", "h", 5, 3
+    m = _wire.from_v2(source)
+    assert isinstance(m, Message)
+    m.tag = "set"  # a field set keeps what was set, read or not
+    assert (m.tag, m.attempt, m.offset) == ("set", 3, 5)
+    again = pickle.loads(pickle.dumps(m))
+    assert again == m and again.tag == "set"
+    assert copy.copy(_wire.from_v2(source)) == _wire.from_v2(source)
+    assert dataclasses.replace(_wire.from_v2(source), body=b"z").properties == {"p": "q"}
+    assert dataclasses.asdict(m)["properties"] == {"p": "q"}
+    with pytest.raises(AttributeError):
+        _ = m.no_such_field  # type: ignore[attr-defined]
 
 
 def test_a_gzip_body_is_received_inflated() -> None:
