@@ -303,9 +303,23 @@ class ProxyMetrics:
             return pair
         return OTHER_GROUPS, pair[1]
 
-    def delivered(self, topic: str, group: str, messages: Sequence[bpb.PoppedMessage], now_ms: int) -> None:
-        """`messages` of one answer, all written to their client (its OK status too) at `now_ms` (wall clock)."""
-        self._deliveries.count(*self._topic_group(topic, group), messages, now_ms)
+    def delivered(
+        self,
+        topic: str,
+        group: str,
+        messages: Sequence[bpb.PoppedMessage],
+        now_ms: int,
+        *,
+        firsts: Sequence[int] | None = None,
+        body_bytes: int | None = None,
+    ) -> None:
+        """`messages` of one answer, all written to their client (its OK status too) at `now_ms` (wall clock); their
+        `first_since_ms` and body bytes, when the caller read them already (proxy.v2.receive, as it made frames)."""
+        if firsts is None:
+            firsts = first_since_ms(messages)
+        if body_bytes is None:
+            body_bytes = sum(len(popped.stored.message.body) for popped in messages)
+        self._deliveries.count(*self._topic_group(topic, group), len(messages), body_bytes, firsts, now_ms)
 
     def acked(self, topic: str, group: str, outcome: Sequence[DomainError | None]) -> None:
         """One AckMessage's entries, each acked (None) or refused with its error."""
@@ -358,27 +372,30 @@ class _DeliveryMetrics:
             )
         )
 
-    def count(self, topic: str, group: str, messages: Sequence[bpb.PoppedMessage], now_ms: int) -> None:
-        size = 0
-        waited_s: list[float] = []
-        for popped in messages:
-            stored = popped.stored
-            message = stored.message
-            size += len(message.body)
-            if popped.delivery_attempt <= 1:
-                since_ms = stored.store_ms
-                deliver_at_ms = message.deliver_at_ms
-                if deliver_at_ms > since_ms:
-                    since_ms = deliver_at_ms
-                waited_ms = now_ms - since_ms
-                waited_s.append(waited_ms / 1000 if waited_ms > 0 else 0.0)
-        self.latency.observe((topic, group), waited_s)
-        first = len(waited_s)
+    def count(self, topic: str, group: str, messages: int, size: int, firsts: Sequence[int], now_ms: int) -> None:
+        """An answer of `messages` messages of `size` body bytes, the first deliveries among them waiting since
+        `firsts` (`first_since_ms`)."""
+        self.latency.observe((topic, group), [(now_ms - since) / 1000 if now_ms > since else 0.0 for since in firsts])
+        first = len(firsts)
         if first:
             self.messages(topic, group, "first").inc(first)
-        if len(messages) > first:
-            self.messages(topic, group, "redelivery").inc(len(messages) - first)
+        if messages > first:
+            self.messages(topic, group, "redelivery").inc(messages - first)
         self.bytes(topic, group).inc(size)
+
+
+def first_since_ms(messages: Iterable[bpb.PoppedMessage]) -> list[int]:
+    """Since when each first delivery (attempt 1) among `messages` waited for it, in order: its store time, or its
+    delivery time for a delayed message (ms since the epoch). proxy.v2.convert.client_items gathers the same while
+    splicing — tests/unit/proxy/test_splice.py::
+    test_the_byte_path_and_the_object_path_gather_the_same_first_deliveries."""
+    out = []
+    for popped in messages:
+        if popped.delivery_attempt <= 1:
+            stored = popped.stored
+            since, due = stored.store_ms, stored.message.deliver_at_ms
+            out.append(due if due > since else since)
+    return out
 
 
 def counting(metrics: object) -> ProxyMetrics | None:

@@ -261,13 +261,18 @@ def client_bytes(popped: bpb.PoppedMessage, namespace: str = "") -> bytes:
 
 
 def client_items(
-    messages: Sequence[bpb.PoppedMessage], indexes: range, namespace: str, tag: bytes | None = None
+    messages: Sequence[bpb.PoppedMessage],
+    indexes: range,
+    namespace: str,
+    tag: bytes | None = None,
+    firsts: list[int] | None = None,
 ) -> tuple[list[bytes], int]:
     """`messages[indexes]` as byte parts to join, and their total size: each delivery's v2 Message (what `to_client`
     makes of it; its stored system properties computed here for a message stored without them), inside a field
     `tag` unless None. What deliveries of one answer share (their topic, most
     often their store time) is encoded once for them all —
-    tests/unit/proxy/test_splice.py::test_an_answers_messages_read_as_each_spliced_alone."""
+    tests/unit/proxy/test_splice.py::test_an_answers_messages_read_as_each_spliced_alone. Each first delivery's
+    `first_since_ms` is added to `firsts`, if given, from the values read here (the proxy's delivery metrics)."""
     parts: list[bytes] = []
     total = 0
     topic = store_ms = None
@@ -292,6 +297,9 @@ def client_items(
         handle = popped.receipt_handle.encode()
         length = len(handle)
         attempt = popped.delivery_attempt
+        if firsts is not None and attempt <= 1:
+            due = source.deliver_at_ms
+            firsts.append(due if due > ms else ms)
         offset = stored.offset
         queue_id = stored.queue_id
         tail = b"".join(

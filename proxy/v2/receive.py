@@ -28,7 +28,7 @@ from popgate_contract import errors
 from popgate_contract.wire import timestamp_ns, varint
 from proxy import validate
 from proxy.core import Proxy
-from proxy.metrics import counting
+from proxy.metrics import counting, first_since_ms
 from proxy.receive.polltime import PollLimits, poll_seconds
 from proxy.receive.seam import ReceiveRequest, ReceiveResult
 from proxy.v2.context import Call
@@ -103,9 +103,17 @@ class Framing(Protocol):
         """The messages of each frame, in order, given each message's body size (computed at once: nothing refers
         to a message meanwhile)."""
 
-    def frame(self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> Any:
+    def frame(
+        self,
+        messages: Sequence[bpb.PoppedMessage],
+        indexes: range,
+        first: bool,
+        namespace: str,
+        firsts: list[int] | None = None,
+    ) -> Any:
         """The frame of `messages[indexes]`: its bytes when its broker stored the v2 system properties (the byte
-        path, proxy.v2.convert.client_items), else an object built in place (no copy of a message after)."""
+        path, proxy.v2.convert.client_items), else an object built in place (no copy of a message after). Each
+        first delivery's `proxy.metrics.first_since_ms` is added to `firsts`, if given, in order."""
 
 
 class V2Framing:
@@ -123,13 +131,20 @@ class V2Framing:
         return [range(i, i + 1) for i in range(len(sizes))]
 
     def frame(
-        self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
+        self,
+        messages: Sequence[bpb.PoppedMessage],
+        indexes: range,
+        first: bool,
+        namespace: str,
+        firsts: list[int] | None = None,
     ) -> pb.ReceiveMessageResponse | bytes:
         popped = messages[indexes.start]
         if popped.stored.message.v2_system:  # the byte path
-            return b"".join(client_items(messages, indexes, namespace, _MESSAGE)[0])
+            return b"".join(client_items(messages, indexes, namespace, _MESSAGE, firsts)[0])
         frame = pb.ReceiveMessageResponse()
         to_client(popped, namespace=namespace, out=frame.message)
+        if firsts is not None:
+            firsts += first_since_ms([popped])
         return frame
 
 
@@ -165,10 +180,17 @@ class BatchFraming:
         return out
 
     def frame(
-        self, messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str
+        self,
+        messages: Sequence[bpb.PoppedMessage],
+        indexes: range,
+        first: bool,
+        namespace: str,
+        firsts: list[int] | None = None,
     ) -> ext.ReceiveMessagesResponse | bytes:
         if messages[indexes.start].stored.message.v2_system:  # the byte path
-            return self._frame_bytes(messages, indexes, first, namespace)
+            return self._frame_bytes(messages, indexes, first, namespace, firsts)
+        if firsts is not None:
+            firsts += first_since_ms(messages[i] for i in indexes)
         frame = ext.ReceiveMessagesResponse()
         batch = frame.messages
         if first:
@@ -179,9 +201,11 @@ class BatchFraming:
         return frame
 
     @staticmethod
-    def _frame_bytes(messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str) -> bytes:
+    def _frame_bytes(
+        messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str, firsts: list[int] | None
+    ) -> bytes:
         """The byte path: ReceiveMessagesResponse{messages: Messages{messages..., delivery_timestamp}} as bytes."""
-        parts, size = client_items(messages, indexes, namespace, _MESSAGES_ITEM)
+        parts, size = client_items(messages, indexes, namespace, _MESSAGES_ITEM, firsts)
         if first:
             stamp = timestamp_ns(_MESSAGES_TIMESTAMP, time.time_ns())
             parts.append(stamp)
@@ -284,10 +308,11 @@ async def answer(
             await write(opening)
         ranges = framing.frames(result.body_sizes())
         last = ranges[-1] if getattr(framing, "joins_status", False) else None
+        firsts: list[int] = []  # the delivery metrics' (proxy.metrics.first_since_ms), read as frames are made
         for indexes in ranges:  # no reference to a message kept across the write
             if deadline.passed:
                 break
-            frame = framing.frame(result.messages, indexes, indexes.start == 0, namespace)
+            frame = framing.frame(result.messages, indexes, indexes.start == 0, namespace, firsts)
             deadline.writing = indexes
             if indexes is last:
                 # Written with its OK status in one stream message: once written, the client has both. Should the
@@ -311,7 +336,7 @@ async def answer(
             await write(framing.status(v2.Status(code=v2.OK, message="OK")))
             complete = True
         deadline.renewed = []
-        _count_delivered(call, receive, result)
+        _count_delivered(call, receive, result, firsts)
         return v2.OK
     finally:
         if deadline is not None:
@@ -325,7 +350,9 @@ async def answer(
             call.proxy.renewer.forget(deadline.renewed)
 
 
-def _count_delivered(call: Call, receive: ReceiveRequest, result: ReceiveResult) -> None:
+def _count_delivered(call: Call, receive: ReceiveRequest, result: ReceiveResult, firsts: list[int]) -> None:
     metrics = counting(call.proxy.metrics)
     if metrics is not None:
-        metrics.delivered(receive.topic, receive.group, result.messages, time.time_ns() // 1_000_000)
+        now_ms = time.time_ns() // 1_000_000
+        size = sum(result.body_sizes())
+        metrics.delivered(receive.topic, receive.group, result.messages, now_ms, firsts=firsts, body_bytes=size)

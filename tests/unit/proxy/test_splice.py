@@ -17,6 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import v2wire
 from popgate_contract.wire import varint
+from proxy.metrics import first_since_ms
 from proxy.server import PassBytes
 from proxy.v2.convert import body_digest, client_bytes, client_items, to_client
 from proxy.v2.receive import V2, BatchFraming
@@ -153,6 +154,23 @@ def _popped_pair(n: int) -> tuple[list[bpb.PoppedMessage], list[bpb.PoppedMessag
         for i in range(n)
     ]
     return [p for p, _ in pairs], [q for _, q in pairs]
+
+
+def test_the_byte_path_and_the_object_path_gather_the_same_first_deliveries() -> None:
+    spliced, plain = _popped_pair(5)  # attempts 1, 2, 1, 2, 1
+    for messages in (spliced, plain):
+        messages[4].stored.message.deliver_at_ms = messages[4].stored.store_ms + 5_000  # delayed: since it was due
+    want = first_since_ms(plain)
+    assert want == [1_764_000_000_456, 1_764_000_000_456, 1_764_000_005_456]
+    for messages in (spliced, plain):
+        firsts: list[int] = []
+        for i in range(5):
+            V2.frame(messages, range(i, i + 1), False, "ns", firsts)
+        assert firsts == want
+        firsts = []
+        BatchFraming(max_bytes=25).frame(messages, range(0, 3), True, "ns", firsts)
+        BatchFraming(max_bytes=25).frame(messages, range(3, 5), False, "ns", firsts)
+        assert firsts == want
 
 
 def test_v2_and_batch_frames_of_the_byte_path_read_as_the_object_frames() -> None:
