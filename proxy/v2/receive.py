@@ -91,6 +91,10 @@ def build_request(call: Call, request: pb.ReceiveMessageRequest, *, max_fifo: in
     return ReceiveRequest(topic, group, filter_text, batch, int(invisible_s * 1000), poll_s, deadline, max_fifo)
 
 
+Popped = Sequence[bpb.PoppedMessage]
+Firsts = list[int] | None  # where a frame adds its first deliveries' since-times (proxy.metrics.first_since_ms)
+
+
 class Framing(Protocol):
     """How an answer's messages and status become the frames of one RPC's stream."""
 
@@ -103,14 +107,7 @@ class Framing(Protocol):
         """The messages of each frame, in order, given each message's body size (computed at once: nothing refers
         to a message meanwhile)."""
 
-    def frame(
-        self,
-        messages: Sequence[bpb.PoppedMessage],
-        indexes: range,
-        first: bool,
-        namespace: str,
-        firsts: list[int] | None = None,
-    ) -> Any:
+    def frame(self, messages: Popped, indexes: range, first: bool, namespace: str, firsts: Firsts = None) -> Any:
         """The frame of `messages[indexes]`: its bytes when its broker stored the v2 system properties (the byte
         path, proxy.v2.convert.client_items), else an object built in place (no copy of a message after). Each
         first delivery's `proxy.metrics.first_since_ms` is added to `firsts`, if given, in order."""
@@ -131,12 +128,7 @@ class V2Framing:
         return [range(i, i + 1) for i in range(len(sizes))]
 
     def frame(
-        self,
-        messages: Sequence[bpb.PoppedMessage],
-        indexes: range,
-        first: bool,
-        namespace: str,
-        firsts: list[int] | None = None,
+        self, messages: Popped, indexes: range, first: bool, namespace: str, firsts: Firsts = None
     ) -> pb.ReceiveMessageResponse | bytes:
         popped = messages[indexes.start]
         if popped.stored.message.v2_system:  # the byte path
@@ -180,12 +172,7 @@ class BatchFraming:
         return out
 
     def frame(
-        self,
-        messages: Sequence[bpb.PoppedMessage],
-        indexes: range,
-        first: bool,
-        namespace: str,
-        firsts: list[int] | None = None,
+        self, messages: Popped, indexes: range, first: bool, namespace: str, firsts: Firsts = None
     ) -> ext.ReceiveMessagesResponse | bytes:
         if messages[indexes.start].stored.message.v2_system:  # the byte path
             return self._frame_bytes(messages, indexes, first, namespace, firsts)
