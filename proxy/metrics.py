@@ -385,7 +385,7 @@ class _DeliveryMetrics:
 
 
 def first_since_ms(messages: Iterable[bpb.PoppedMessage]) -> list[int]:
-    """Since when each first delivery (attempt 1) among `messages` waited for it, in order: its store time, or its
+    """Since when each first delivery (attempt <= 1) among `messages` waited for it, in order: its store time, or its
     delivery time for a delayed message (ms since the epoch). proxy.v2.convert.client_items gathers the same while
     splicing — tests/unit/proxy/test_splice.py::
     test_the_byte_path_and_the_object_path_gather_the_same_first_deliveries."""

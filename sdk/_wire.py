@@ -109,69 +109,74 @@ _has = v2.SystemProperties.HasField  # unbound: no bound method made per message
 _GZIP = v2.GZIP
 
 
-def _optional(name: str) -> Callable[[v2.Message], Any]:
-    """An optional system property's reader: its value, None when unset."""
-    return lambda m: getattr(m.system_properties, name) if _has(m.system_properties, name) else None
+def _optional(props: v2.SystemProperties, name: str) -> Any:
+    """An optional system property's value; None when unset."""
+    return getattr(props, name) if _has(props, name) else None
 
 
-def _present(name: str, absent: int) -> Callable[[v2.Message], int]:
-    """An optional scalar's reader: its value, `absent` when unset (nonzero, it is set: HasField only tells an
-    unset one from one set to 0)."""
-
-    def read(m: v2.Message) -> int:
-        value: int = getattr(m.system_properties, name)
-        return value if value or _has(m.system_properties, name) else absent
-
-    return read
+def _present(props: v2.SystemProperties, name: str, absent: int) -> int:
+    """An optional scalar's value; `absent` when unset (nonzero, it is set: HasField only tells an unset one from
+    one set to 0)."""
+    value: int = getattr(props, name)
+    return value if value or _has(props, name) else absent
 
 
-def _deliver_at(m: v2.Message) -> float | None:
-    props = m.system_properties
-    return _seconds(props.delivery_timestamp) if _has(props, "delivery_timestamp") else None
-
-
-# How each field of a received message is read from its v2 message, but those `from_v2` reads at once.
-_LATER: dict[str, Callable[[v2.Message], Any]] = {
-    "tag": _optional("tag"),
-    "keys": lambda m: tuple(m.system_properties.keys),
-    "properties": lambda m: {key: m.user_properties[key] for key in m.user_properties},  # dict(map): the slow way
-    "message_group": _optional("message_group"),
-    "deliver_at": _deliver_at,
-    "priority": _optional("priority"),
-    "attempt": _present("delivery_attempt", 1),
-    "born_at": lambda m: _seconds(m.system_properties.born_timestamp),
-    "stored_at": lambda m: _seconds(m.system_properties.store_timestamp),
-    "queue_id": lambda m: m.system_properties.queue_id,
-    "offset": _present("queue_offset", -1),
+# Each field of a received message read from its system properties when first asked (`ReceivedMessage`).
+_LATER: dict[str, Callable[[v2.SystemProperties], Any]] = {
+    "tag": lambda p: _optional(p, "tag"),
+    "keys": lambda p: tuple(p.keys),
+    "message_group": lambda p: _optional(p, "message_group"),
+    "deliver_at": lambda p: _seconds(p.delivery_timestamp) if _has(p, "delivery_timestamp") else None,
+    "priority": lambda p: _optional(p, "priority"),
+    "born_at": lambda p: _seconds(p.born_timestamp),
+    "stored_at": lambda p: _seconds(p.store_timestamp),
+    "queue_id": lambda p: p.queue_id,
+    "offset": lambda p: _present(p, "queue_offset", -1),
 }
-_AT_ONCE = frozenset({"body", "topic", "message_id", "receipt_handle"})  # set by `from_v2`
+_AT_ONCE = frozenset({"body", "topic", "properties", "message_id", "receipt_handle", "attempt"})  # by `from_v2`
 # A field added to Message and read neither at once nor later would be missing from every received message: fails
 # here, at import.
 if _unread := {f.name for f in fields(Message)} ^ (_AT_ONCE | _LATER.keys()):
     raise ImportError(f"popgate._wire reads no received message's {sorted(_unread)}")
+_FIELDS = tuple(f.name for f in fields(Message))
 
 
 class ReceivedMessage(Message):
-    """A received `Message`. What consuming and acking read (body, topic, message_id, receipt_handle) is read from
-    its v2 message at once; each other field the first time it is asked, then kept (most consumers never read
-    them). Set, a field keeps what was set. It keeps its v2 message, and with it the answer frame that message came
-    in, for as long as it lives.
+    """A received `Message`. What consuming and acking read (body, topic, properties, message_id, receipt_handle,
+    attempt) is read at once; each other field from its system properties, kept serialized (nothing of the answer
+    it came in), the first time it is asked (most consumers never read them). Set, a field keeps what was set. It
+    compares equal to a `Message` with the same fields, and copies and pickles as one.
 
     Each field has its value and type whatever the v2 fields set —
-    tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type; it reads,
-    copies, pickles and compares as a Message —
+    tests/unit/sdk/test_wire.py::test_a_received_message_carries_each_v2_field_with_its_value_and_type, and
     tests/unit/sdk/test_wire.py::test_a_received_message_reads_as_a_message_whatever_its_fields_were_read_or_set."""
 
-    __slots__ = ("_v2",)
-    _v2: v2.Message
+    __slots__ = ("_system",)
+    _system: bytes | v2.SystemProperties  # serialized, then parsed once a field is read from it
 
-    def __getattr__(self, name: str) -> Any:  # only for a field not read yet (a slot not set)
+    def __getattr__(self, name: str) -> Any:  # only for a field not set (its slot empty)
         read = _LATER.get(name)
         if read is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        value = read(self._v2)
+        try:
+            system = self._system
+        except AttributeError:  # made whole (as by dataclasses.replace), then the field deleted
+            raise AttributeError(f"{name!r} of this received message was deleted") from None
+        if isinstance(system, bytes):
+            system = self._system = v2.SystemProperties.FromString(system)
+        value = read(system)
         setattr(self, name, value)
         return value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # as Message's: mutable
+
+    def __reduce__(self) -> tuple[type[Message], tuple[Any, ...]]:
+        return Message, tuple(getattr(self, name) for name in _FIELDS)
 
 
 _new = object.__new__
@@ -188,9 +193,13 @@ def from_v2(message: v2.Message) -> ReceivedMessage:
         body = gzip.decompress(body)
     out.body = body
     out.topic = message.topic.name
+    user = message.user_properties
+    out.properties = {key: user[key] for key in user} if user else {}  # dict(map) goes the slow Mapping way
     out.message_id = props.message_id
     out.receipt_handle = props.receipt_handle
-    out._v2 = message
+    attempt = props.delivery_attempt
+    out.attempt = attempt if attempt or _has(props, "delivery_attempt") else 1
+    out._system = props.SerializeToString()
     return out
 
 

@@ -323,7 +323,8 @@ async def answer(
             await write(framing.status(v2.Status(code=v2.OK, message="OK")))
             complete = True
         deadline.renewed = []
-        _count_delivered(call, receive, result, firsts)
+        # Passed during the last (joined) write, the deadline gave the messages back: none counted as delivered.
+        _count_delivered(call, receive, result, [] if deadline.passed else firsts)
         return v2.OK
     finally:
         if deadline is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -189,6 +190,24 @@ async def test_an_answer_read_whole_is_counted_one_cut_off_before_its_status_is_
     answer.cancel()
     await asyncio.gather(answer, return_exceptions=True)
     assert sample(metrics, delivered, topic="t", group="g", delivery="first") == 1
+
+
+async def test_an_answer_given_back_during_its_last_joined_write_counts_no_delivery() -> None:
+    metrics = ProxyMetrics(CollectorRegistry())
+    call, broker = edge(metrics)
+    call = dataclasses.replace(call, settings=dataclasses.replace(call.settings, max_answer_write_s=0.05))
+    broker.put(popped("b1", "m1"), popped("b1", "m2", attempt=2))
+
+    async def slow_last(frame: object) -> None:  # a client that reads the last frame after the write deadline
+        if isinstance(frame, receive.Joined):
+            await asyncio.sleep(0.2)
+
+    asked = receive.build_request(call, receive_request())
+    await receive.answer(call, asked, await call.proxy.receive(asked), slow_last, receive.SESSION_BATCH)
+    delivered = "popgate_proxy_messages_delivered_total"
+    assert sample(metrics, delivered, topic="t", group="g", delivery="first") is None
+    assert sample(metrics, delivered, topic="t", group="g", delivery="redelivery") is None
+    assert not sample(metrics, f"{LATENCY}_count", topic="t", group="g")
 
 
 async def test_the_ack_edge_counts_each_entry() -> None:
