@@ -188,9 +188,7 @@ class BatchFraming:
         return frame
 
     @staticmethod
-    def _frame_bytes(
-        messages: Sequence[bpb.PoppedMessage], indexes: range, first: bool, namespace: str, firsts: list[int] | None
-    ) -> bytes:
+    def _frame_bytes(messages: Popped, indexes: range, first: bool, namespace: str, firsts: Firsts) -> bytes:
         """The byte path: ReceiveMessagesResponse{messages: Messages{messages..., delivery_timestamp}} as bytes."""
         parts, size = client_items(messages, indexes, namespace, _MESSAGES_ITEM, firsts)
         if first:
