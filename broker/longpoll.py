@@ -208,14 +208,16 @@ class HoldService:
 
     def wake_oldest_ready(self, key: Key, ready_check: Callable[[int], Callable[[TagFilter], bool]]) -> bool:
         """Wake the key's oldest held request whose own filter has something ready (a wake passed on); whether
-        one was woken. ``ready_check`` as for `wake_ready`."""
+        one was woken. ``ready_check`` as for `wake_ready`. A request whose caller was cancelled, still listed until
+        its task runs, is passed over: the wake goes to the next one —
+        tests/unit/broker/test_arrival.py::test_a_wake_passed_on_goes_past_a_request_cancelled_in_the_same_turn."""
         groups = self._waiters.get(key)
         if not groups:
             return False
         ready = _ready_once(groups, ready_check)
         oldest: Waiter | None = None
         for (_, tag_filter), group in groups.items():
-            first = next(iter(group), None)  # each group is in arrival order
+            first = next((w for w in group if not w.future.done()), None)  # each group is in arrival order
             if first is not None and (oldest is None or first.seq < oldest.seq) and ready(tag_filter):
                 oldest = first
         if oldest is None:

@@ -96,6 +96,27 @@ async def test_a_pop_says_whether_the_broker_held_it(tmp_path: Path) -> None:
         assert timed_out.messages == [] and timed_out.held
 
 
+async def test_a_wake_passed_on_goes_past_a_request_cancelled_in_the_same_turn(tmp_path: Path) -> None:
+    """Three consumers' Notifications held in turn; one arrival wakes the first. That one's receive takes a message
+    elsewhere and passes its wake on, in the same turn as the second's receive ends and cancels its Notification
+    (the proxy joins both frames in one stream message): the third gets the wake, not the cancelled second, whose
+    task has not run yet to leave the list. Lost, it would leave the message waiting a whole long poll while the
+    third consumer waits here (a false empty)."""
+    async with broker(tmp_path / "data") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"warm")])
+        await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)  # the group exists; nothing ready now
+        waiting = []
+        for n in (1, 2, 3):
+            waiting.append(asyncio.ensure_future(core.notification("t", "g", "*", POLL_MS)))
+            await asyncio.wait_for(held(core, pops=0, notifications=n), 5)
+        first, second, third = waiting
+        await core.send([pb.Message(topic="t", body=b"one")])  # wakes the first only
+        assert await asyncio.wait_for(first, 5) == (True, False)
+        second.cancel()
+        core.pass_on("t", "g")
+        assert await asyncio.wait_for(third, 5) == (True, False)
+
+
 @pytest.mark.parametrize("kind", [Kind.NOTIFICATION, Kind.POP])
 async def test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wake_on(
     tmp_path: Path, kind: Kind

@@ -374,3 +374,40 @@ async def test_held_pops_of_a_caller_that_does_not_read_end_empty_instead_of_tak
         session.cancel()
         await asyncio.gather(session, return_exceptions=True)
     assert 1 <= taken <= 8  # ~64 KB of 16 KB answers (+ the first), not all 40
+
+
+async def test_a_cancel_and_a_release_joined_in_one_message_pass_the_wake_on(tmp_path: Path) -> None:
+    """The proxy's writer joins the frames queued together: one receive's cancel of its Notification, then another
+    receive's release of a has_message it did not use. The wake goes to the request held after them, not to the
+    one cancelled in the same message."""
+    async with broker(tmp_path) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"warm")])
+        await core.pop("t", "g", "*", 1, 60_000, 0)
+        context = Records(joined=True)
+        joined_sent = asyncio.Event()
+
+        async def requests() -> AsyncIterator[pb.SessionRequest]:
+            note = pb.NotificationRequest(topic="t", group="g", filter="*", poll_ms=10_000)
+            yield pb.SessionRequest(id=1, notification=note)
+            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 1)
+            yield pb.SessionRequest(id=2, notification=note)
+            await joined_sent.wait()
+            joined = pb.SessionRequest(id=2, cancel=True)
+            joined.more.append(pb.SessionRequest(id=1, cancel=True))  # 1 was answered has_message: a release
+            yield joined
+            await asyncio.Event().wait()
+
+        servicer = server.BrokerServicer(core, BrokerMetrics())
+        session = asyncio.create_task(servicer.Session(requests(), context))  # type: ignore[arg-type]
+        try:
+            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 2)
+            third = asyncio.create_task(core.notification("t", "g", "*", 10_000))  # held last
+            await until(lambda: core.hold.held[Kind.NOTIFICATION] == 3)
+            await core.send([pb.Message(topic="t", body=b"one")])  # wakes request 1 only
+            await context.arrived.wait()
+            assert context.answers[0].id == 1 and context.answers[0].notification.has_message
+            joined_sent.set()
+            assert await asyncio.wait_for(third, 5) == (True, False)
+        finally:
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
