@@ -43,6 +43,7 @@ class _Run:
         "requests",
         "answer",
         "announced",
+        "following",
         "timers",
         "up_waits",
     )
@@ -68,6 +69,7 @@ class _Run:
         self.requests: dict[str, asyncio.Future[Any]] = {}  # the request outstanding at each broker
         self.answer: tuple[str, asyncio.Future[Any]] | None = None  # the Pop whose messages were taken
         self.announced: dict[str, asyncio.Future[Any]] = {}  # has_message answers not yet followed by a Pop
+        self.following: dict[asyncio.Future[Any], asyncio.Future[Any]] = {}  # a Pop in flight: the has_message it uses
         self.timers: list[asyncio.TimerHandle] = []  # Rewatch timers, cancelled with the run
         self.up_waits: list[tuple[asyncio.Future[None], Callable[[asyncio.Future[None]], None]]] = []  # AwaitUp
 
@@ -76,8 +78,10 @@ class _Run:
         answering = bool(commands) and isinstance(commands[-1], Finish) and bool(commands[-1].messages)
         for command in commands:
             if isinstance(command, Pop):
-                self.announced.pop(command.broker, None)  # the Pop uses that broker's wake
+                announced = self.announced.pop(command.broker, None)  # the Pop uses that broker's wake
                 pop = self._pop(command.broker, command.poll_ms)
+                if announced is not None:
+                    self.following[pop] = announced
                 self._spawn(command.broker, pop, "pop")
                 if self.cover is not None and command.poll_ms > 0 and self.machine.phase is Phase.LONGPOLL:
                     # A hand-off's held Pop: counted with the group's long polls, so that the other brokers stay
@@ -157,6 +161,13 @@ class _Run:
         tracked = self.tracked.pop(call, None)
         if tracked is not None and self.cover is not None:
             self.cover.untrack((self.request.topic, self.request.group), broker, tracked[1])
+        announced = self.following.pop(call, None)
+        if announced is not None and (call.cancelled() or call.exception() is not None):
+            # A Pop after has_message that ended unanswered (timed out, cancelled with the run) may never have run
+            # at the broker: its wake is handed back, or the message would wait for the safety sweep while another
+            # consumer's request is held there — tests/unit/proxy/receive/test_notify_driver.py::
+            # test_a_has_message_whose_pop_ends_unanswered_is_handed_back_to_its_broker
+            self._client(broker).release(announced)
         if call.cancelled():
             if tracked is not None and tracked[1].moved_to is not None:  # moved to a broker with a message
                 self.apply(self.machine.moved(broker, tracked[1].moved_to, now=self.loop.time()))

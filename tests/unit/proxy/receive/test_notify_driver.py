@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from popgate_pb import broker_pb2 as bpb
 from prometheus_client import CollectorRegistry
 
@@ -252,3 +253,39 @@ async def test_a_has_message_the_answered_receive_did_not_pop_is_handed_back_to_
     result.release()
     assert ids(result) == ["m1"]
     assert (brokers["b1"].passed_on, brokers["b2"].passed_on) == (0, 1)  # b2 wakes another consumer for m2
+
+
+class HangsOnceWatched(FakeBroker):
+    """Answers Notifications, and never answers a Pop once it has answered one (a stall): the Pop ends at its
+    timeout (BrokerTimeout) or with its receive, and the broker may never have run it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.stalled = asyncio.Event()  # set when a Pop is left unanswered
+
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        if not self.notifications:
+            return super().begin_pop(request, timeout_s=timeout_s)
+        self.stalled.set()
+        future: asyncio.Future[bpb.PopResponse] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(
+            timeout_s, lambda: future.done() or future.set_exception(BrokerTimeout(f"{self.name}: no answer"))
+        )
+        return future
+
+
+@pytest.mark.parametrize("ends", ["timed out", "client gone"])
+async def test_a_has_message_whose_pop_ends_unanswered_is_handed_back_to_its_broker(ends: str) -> None:
+    brokers: dict[str, FakeBroker] = {"b1": HangsOnceWatched("b1"), "b2": FakeBroker("b2")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=0.2))  # a poll-0 Pop times out after 0.2 s
+    receive = asyncio.create_task(proxy.receive(request(poll_s=0.8)))
+    await held_becomes(brokers, 2)
+    brokers["b1"].put(popped("b1", "m1"))  # has_message, then a Pop b1 never answers
+    stalled = brokers["b1"]
+    assert isinstance(stalled, HangsOnceWatched)
+    await asyncio.wait_for(stalled.stalled.wait(), 2)
+    if ends == "client gone":
+        receive.cancel()
+    await asyncio.gather(receive, return_exceptions=True)
+    assert brokers["b1"].passed_on == 1  # b1 wakes another consumer's request for m1
