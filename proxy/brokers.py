@@ -44,6 +44,7 @@ from popgate_contract.broker_token import client_interceptors
 from popgate_contract.session_client import BrokerSession, failure
 from popgate_contract.trailer import error_of
 from popgate_contract.validation import parse_host_port
+from proxy.outgoing import send_body
 from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
 
@@ -201,10 +202,8 @@ class GrpcBrokerClient:
         if not self._status.up:
             self._set_health(True, f"{method} succeeded")
 
-    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        request = bpb.SessionRequest()
-        request.send.messages.extend(messages)  # built in place: one copy of the bodies, not two
-        response: bpb.SendResponse = await self.begin("Send", request, timeout_s=timeout_s)
+    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        response: bpb.SendResponse = await self.begin("Send", send_body(encoded), timeout_s=timeout_s)
         results: Sequence[bpb.SendResult] = response.results
         return results
 
@@ -221,13 +220,14 @@ class GrpcBrokerClient:
     def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:
         """Send a Session request now; a future of the method's response (or its DomainError).
 
-        ``request``: the method's request, or a SessionRequest with it filled in. Cancelling the
+        ``request``: the method's request, or a SessionRequest with it filled in, or that SessionRequest encoded
+        without its id (`BrokerSession.submit`). Cancelling the
         future cancels the broker request (a cancel frame). No task per request: a held receive
         over N brokers costs N of these, so each is a `BrokerCall` and its timer."""
         loop = asyncio.get_running_loop()
         result = BrokerCall(loop=loop)
         result.client, result.method = self, method
-        if not isinstance(request, bpb.SessionRequest):
+        if not isinstance(request, bpb.SessionRequest | bytes):
             request = bpb.SessionRequest(**{SESSION_FIELDS[method]: request})
         try:
             session = self._live_session()

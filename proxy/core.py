@@ -17,6 +17,7 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
 from proxy.consumers import ConsumerBook
+from proxy.outgoing import FIELD_OVERHEAD, Run, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive.announce import GroupsSeen
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
@@ -32,23 +33,46 @@ class QueueRoute:
     queue_id: int
 
 
-def chunks(indexes: list[int], messages: Sequence[bpb.Message], budget: int) -> list[list[int]]:
-    """Split a batch into broker Sends of at most `budget` encoded bytes (at least one message each).
+@dataclass(slots=True)
+class Chunk:
+    """One broker Send of a batch: its encoded messages, their places in the request, their topic (None: several)."""
+
+    encoded: list[bytes]
+    places: list[int]
+    topic: str | None
+
+
+def chunks(placed: list[tuple[int, Run]], budget: int) -> list[Chunk]:
+    """Split a batch (runs, each with the request's place of its first message) into broker Sends of at most
+    `budget` encoded bytes (at least one message each).
 
     A broker's gRPC message size limit is finite, and one frame over it resets the whole Session
     stream (every request on it fails): a client batch of many large messages must not exceed it in
     one call. Encoded sizes, not bodies: properties count too —
     tests/unit/proxy/test_core.py::test_the_budget_counts_properties_not_only_bodies.
     """
-    out: list[list[int]] = [[]]
+    out = [Chunk([], [], placed[0][1].topic if placed else None)]
+    whole = sum(len(data) for _, run in placed for data in run.encoded)
+    if whole + FIELD_OVERHEAD * sum(len(run.encoded) for _, run in placed) <= budget:  # one Send, a run at a time
+        for start, run in placed:
+            out[0].encoded += run.encoded
+            out[0].places += range(start, start + len(run.encoded))
+            if out[0].topic != run.topic:
+                out[0].topic = None
+        return out
     size = 0
-    for i in indexes:
-        encoded = messages[i].ByteSize() + 8  # + the field's tag and length in the SendRequest
-        if out[-1] and size + encoded > budget:
-            out.append([])
-            size = 0
-        out[-1].append(i)
-        size += encoded
+    for start, run in placed:
+        for i, data in enumerate(run.encoded):
+            encoded = len(data) + FIELD_OVERHEAD
+            if out[-1].encoded and size + encoded > budget:
+                out.append(Chunk([], [], run.topic))
+                size = 0
+            chunk = out[-1]
+            chunk.encoded.append(data)
+            chunk.places.append(start + i)
+            if chunk.topic != run.topic:
+                chunk.topic = None
+            size += encoded
     return out
 
 
@@ -129,14 +153,18 @@ class Proxy:
         return max(MIN_BROKER_CALL_S, min(self._timeout, left))
 
     async def send(self, messages: Sequence[bpb.Message], *, deadline: float | None = None) -> list[bpb.SendResult]:
-        """Store messages; results in request order. Messages of one message group go to one broker.
+        """`send_runs` of broker messages."""
+        return await self.send_runs(runs_of(messages), deadline=deadline)
+
+    async def send_runs(self, runs: Sequence[Run], *, deadline: float | None = None) -> list[bpb.SendResult]:
+        """Store the runs' messages; results in request order. Messages of one message group go to one broker.
         `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
-        cost = self.check_send_room(messages)
+        cost = self.check_send_bytes(sum(r.body_bytes for r in runs), sum(len(r.encoded) for r in runs))
         self._send_bytes += cost
         try:
-            return await self._send(messages, deadline)
+            return await self._send(runs, deadline)
         finally:
             self._send_bytes -= cost
 
@@ -153,25 +181,25 @@ class Proxy:
             raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
         return cost
 
-    async def _send(self, messages: Sequence[bpb.Message], deadline: float | None) -> list[bpb.SendResult]:
-        batches: dict[str | None, list[int]] = {}
-        for index, message in enumerate(messages):
-            batches.setdefault(message.message_group or None, []).append(index)
-        results: list[bpb.SendResult | None] = [None] * len(messages)
+    async def _send(self, runs: Sequence[Run], deadline: float | None) -> list[bpb.SendResult]:
+        batches: dict[str | None, list[tuple[int, Run]]] = {}
+        count = 0
+        for run in runs:
+            batches.setdefault(run.group or None, []).append((count, run))
+            count += len(run.encoded)
+        results: list[bpb.SendResult | None] = [None] * count
 
-        async def one(key: str | None, indexes: list[int]) -> None:
-            for chunk in chunks(indexes, messages, self._send_chunk_bytes):
-                stored = await self._send_with_failover(key, [messages[i] for i in chunk], deadline)
-                if len(stored) != len(chunk):
-                    raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(chunk)} messages")
-                for i, result in zip(chunk, stored, strict=True):
+        async def one(key: str | None, placed: list[tuple[int, Run]]) -> None:
+            for chunk in chunks(placed, self._send_chunk_bytes):
+                stored = await self._send_with_failover(key, chunk, deadline)
+                if len(stored) != len(chunk.places):
+                    raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(chunk.places)} messages")
+                for i, result in zip(chunk.places, stored, strict=True):
                     results[i] = result
 
         # Every group settles before the answer (a client retrying must not race a store still in flight, and
         # the request's bytes stay counted until then); the first error reaches the client as itself.
-        outcomes = await asyncio.gather(
-            *(one(key, indexes) for key, indexes in batches.items()), return_exceptions=True
-        )
+        outcomes = await asyncio.gather(*(one(key, placed) for key, placed in batches.items()), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, errors.DomainError) and any(r is not None for r in results):
@@ -180,17 +208,16 @@ class Proxy:
         return [r for r in results if r is not None]
 
     async def _send_with_failover(
-        self, key: str | None, messages: list[bpb.Message], deadline: float | None
+        self, key: str | None, chunk: Chunk, deadline: float | None
     ) -> Sequence[bpb.SendResult]:
         last: errors.DomainError = errors.BrokerUnavailable("no broker is configured")
-        topics = {m.topic for m in messages}
-        topic = topics.pop() if len(topics) == 1 else None
+        topic = chunk.topic
         candidates = self.pool.candidates(key)
         tried = missing = 0
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1
             try:
-                return await client.send(messages, timeout_s=self._timeout_until(deadline))
+                return await client.send(chunk.encoded, timeout_s=self._timeout_until(deadline))
             except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
                 if isinstance(exc, errors.TopicNotFound):

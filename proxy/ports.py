@@ -33,7 +33,8 @@ class BrokerClient(Protocol):
     def when_up(self) -> asyncio.Future[None]:
         """Done once the broker's health checks see it up: at once if they do now (a notify run waits on it)."""
 
-    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]: ...
+    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        """Store messages, each an encoded broker `Message` (proxy.outgoing): their results, in order."""
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse: ...
 

@@ -30,6 +30,7 @@ METHOD = "/popgate.broker.v1.Broker/Session"
 # Said by each side of a Session stream that reads joined stream messages (`more`): the caller in its call
 # metadata, the broker in its initial metadata when the stream opens. Each side joins only towards one that said it.
 MORE_KEY = "popgate-session-more"
+_ID = b"\x08"  # SessionRequest.id: field 1, a varint
 _MORE_TAG = varint(15 << 3 | 2)  # SessionRequest.more and SessionResponse.more: field 15, length-delimited
 # The writer sends the requests queued when it gets to them as one stream message, of at most this many bytes unless
 # one request alone is larger (so joining never makes a message the broker's size limit refuses).
@@ -45,7 +46,7 @@ def join(first: bytes, more: Sequence[bytes]) -> bytes:
 
 def encode_cancel(request_id: int) -> bytes:
     """The cancel frame of a request: SessionRequest(id=request_id, cancel=True), encoded."""
-    return b"\x08" + varint(request_id) + b"\x20\x01"
+    return _ID + varint(request_id) + b"\x20\x01"
 
 
 Answer = Callable[[pb.SessionResponse | grpc.aio.AioRpcError], None]
@@ -61,7 +62,7 @@ class BrokerSession:
         # Ids of requests to write (their bodies wait in `_unwritten`, so that a cancel frees a body at once,
         # even while a stalled broker keeps the writer from reaching it), encoded cancel frames, None to end.
         self._outbox: asyncio.Queue[int | bytes | None] = asyncio.Queue()
-        self._unwritten: dict[int, pb.SessionRequest] = {}
+        self._unwritten: dict[int, pb.SessionRequest | bytes] = {}  # a request, or it encoded with its id
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._broken: grpc.aio.AioRpcError | None = None
@@ -106,17 +107,21 @@ class BrokerSession:
     async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse:
         return (await self.call(pb.SessionRequest(renew=request))).renew
 
-    def submit(self, request: pb.SessionRequest, answer: Answer) -> int:
-        """Send ``request`` (its body filled in; the id is set here); its id.
+    def submit(self, request: pb.SessionRequest | bytes, answer: Answer) -> int:
+        """Send ``request`` (its body filled in; the id is set here), or such a request encoded without its id; its id.
 
         ``answer`` is called once, from the stream's reader, with the response (an ``error`` body
         included: see `failure`) or with the UNAVAILABLE error of a lost stream; never after
         `cancel`. No task per request: a held long poll costs a dict entry and the callback."""
         if self._broken is not None:
             raise rpc_error(self._broken.code(), self._broken.details() or "", unsent=True)
-        request_id = request.id = next(self._ids)
+        request_id = next(self._ids)
+        if isinstance(request, bytes):
+            self._unwritten[request_id] = _ID + varint(request_id) + request  # fields are read in any order
+        else:
+            request.id = request_id
+            self._unwritten[request_id] = request
         self._pending[request_id] = answer
-        self._unwritten[request_id] = request
         self._outbox.put_nowait(request_id)
         return request_id
 
@@ -197,7 +202,7 @@ class BrokerSession:
             if isinstance(item, bytes):  # a cancel frame
                 data: bytes | None = item
             elif (request := self._unwritten.get(item)) is not None:
-                data = request.SerializeToString()
+                data = request if isinstance(request, bytes) else request.SerializeToString()
             else:  # cancelled before it was written
                 data = None
             if data is not None:

@@ -24,6 +24,7 @@ from popgate_contract import errors
 from popgate_contract.codes import status_of
 from proxy import validate
 from proxy.core import PartlyStored
+from proxy.outgoing import Run, runs_of, shared_run
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, body_of, to_broker
 
@@ -75,9 +76,9 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
     gzipped = any(m.system_properties.body_encoding == v2.GZIP for m in sent)
     topics: dict[tuple[str, str], str] = {}
 
-    def convert() -> list[bpb.Message]:
+    def convert() -> list[Run]:
         if not gzipped:  # `room` bounds inflated bodies only
-            return [to_broker(m, limits, now_s=now, topics=topics) for m in sent]
+            return runs_of([to_broker(m, limits, now_s=now, topics=topics) for m in sent])
         # Inflated GZIP bodies may fill no more than the largest request taken as sent (max_message_bytes), so a
         # small request of highly compressed bodies cannot make the proxy hold or inflate more than that —
         # tests/unit/proxy/test_overload.py::
@@ -88,7 +89,7 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
             message = to_broker(m, limits, now_s=now, room=room, topics=topics)
             room -= len(message.body)
             messages.append(message)
-        return messages
+        return runs_of(messages)
 
     return await _stored(call, await inflation.run(convert) if gzipped else convert())
 
@@ -112,27 +113,33 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
     gzipped = any(first.system_properties.body_encoding == v2.GZIP for first, _, _ in runs)
     topics: dict[tuple[str, str], str] = {}
 
-    def convert() -> list[bpb.Message]:
+    def convert() -> list[Run]:
         # Each run's first message is checked whole (an error names the violation its SendMessage would name
-        # first); the others are copies of it with their own body and id. GZIP bodies share the request's `room`
-        # as in send_message.
+        # first); the others are it with their own body and id, checked as its SendMessage would check them.
+        # Plain bodies go to the broker as they came, the run's shared part encoded once; GZIP bodies share the
+        # request's `room` as in send_message.
         room = call.settings.max_message_bytes if gzipped else None
-        messages: list[bpb.Message] = []
+        out: list[Run] = []
         for first, bodies, ids in runs:
             encoding = first.system_properties.body_encoding
             template = to_broker(first, limits, now_s=now, room=room, topics=topics)
-            messages.append(template)
+            if room is None:
+                for body, message_id in zip(bodies[1:], ids[1:], strict=True):
+                    validate.message_id(message_id)
+                    validate.body(body, limit=limits.max_body_bytes)
+                out.append(shared_run(template, bodies, ids))
+                continue
+            messages = [template]
             for body, message_id in zip(bodies[1:], ids[1:], strict=True):
-                if room is not None:
-                    room -= len(messages[-1].body)
+                room -= len(messages[-1].body)
                 message = bpb.Message()
                 message.CopyFrom(template)
                 message.message_id = validate.message_id(message_id)
                 message.body = body_of(body, encoding, limits.max_body_bytes, room)
                 messages.append(message)
-            if room is not None:
-                room -= len(messages[-1].body)
-        return messages
+            room -= len(messages[-1].body)
+            out.extend(runs_of(messages))
+        return out
 
     return await _stored(call, await inflation.run(convert) if gzipped else convert())
 
@@ -152,12 +159,12 @@ def _run(run: ext.SharedMessages) -> tuple[v2.Message, list[bytes], list[str]]:
     return first, bodies, ids
 
 
-async def _stored(call: Call, messages: list[bpb.Message]) -> pb.SendMessageResponse:
+async def _stored(call: Call, runs: list[Run]) -> pb.SendMessageResponse:
     """Store converted messages; the answer, an entry per message."""
     ok = v2.Status(code=v2.OK, message="OK")
     status = failed = ok
     try:
-        results: Sequence[bpb.SendResult | None] = await call.proxy.send(messages, deadline=call.deadline)
+        results: Sequence[bpb.SendResult | None] = await call.proxy.send_runs(runs, deadline=call.deadline)
     except PartlyStored as partly:
         # The top-level status is the failure (official clients read nothing else: they resend the whole request,
         # at least once); the entries say which messages are stored, for a client that reads them (this SDK).
@@ -167,7 +174,7 @@ async def _stored(call: Call, messages: list[bpb.Message]) -> pb.SendMessageResp
         status = v2.Status(
             code=failed.code, message=f"{stored} of {len(results)} stored (see entries): {error.message}"
         )
-    return _response(status, failed, results, messages)
+    return _response(status, failed, results, [message_id for run in runs for message_id in run.ids])
 
 
 # One entry of status OK, encoded in a SendMessageResponse: `_response` parses it once per message, which makes the
@@ -178,18 +185,18 @@ _OK_ENTRY = pb.SendMessageResponse(
 
 
 def _response(
-    status: v2.Status, failed: v2.Status, results: Sequence[bpb.SendResult | None], messages: Sequence[bpb.Message]
+    status: v2.Status, failed: v2.Status, results: Sequence[bpb.SendResult | None], ids: Sequence[str]
 ) -> pb.SendMessageResponse:
     """An entry per message: OK with the broker's result when stored, `failed` and the message's id when not —
     tests/unit/proxy/test_v2_edge.py::test_send_entries_are_each_messages_result_or_its_failure."""
     response = pb.SendMessageResponse(status=status)
     response.MergeFromString(_OK_ENTRY * len(results))
-    for entry, r, m in zip(response.entries, results, messages, strict=True):
+    for entry, r, message_id in zip(response.entries, results, ids, strict=True):
         if r is None:
             entry.status.CopyFrom(failed)
-            entry.message_id = m.message_id
+            entry.message_id = message_id
             continue
-        entry.message_id = r.message_id or m.message_id
+        entry.message_id = r.message_id or message_id
         entry.offset = r.offset
         recall_handle, transaction_id = r.recall_handle, r.transaction_id
         if recall_handle:

@@ -70,8 +70,10 @@ class FakeBroker:
         if self.fail is not None:
             raise self.fail
 
-    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        """Kept as the broker reads them (`sent`): the encoded messages parsed."""
         self._check()
+        messages = [bpb.Message.FromString(data) for data in encoded]
         start = len(self.sent)
         self.sent.extend(messages)
         return [

@@ -180,7 +180,7 @@ class LacksTopic(FakeBroker):
         super().__init__(name)
         self.refused = 0
 
-    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
         self.refused += 1
         raise errors.TopicNotFound(f"topic t does not exist on broker {self.name}")
 

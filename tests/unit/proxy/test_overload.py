@@ -31,12 +31,12 @@ class SlowBroker(FakeBroker):
         self.waiting = 0
         self.all_waiting = asyncio.Event()
 
-    async def send(self, messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
         self.waiting += 1
         if self.waiting == 3:
             self.all_waiting.set()
         await self.release.wait()
-        return await super().send(messages, timeout_s=timeout_s)
+        return await super().send(encoded, timeout_s=timeout_s)
 
 
 def message(size: int) -> bpb.Message:

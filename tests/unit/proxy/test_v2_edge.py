@@ -348,13 +348,12 @@ def test_send_entries_are_each_messages_result_or_its_failure() -> None:
     ok = v2.Status(code=v2.OK, message="OK")
     failed = v2.Status(code=v2.PROXY_TIMEOUT, message="broker b2 did not answer in time")
     status = v2.Status(code=v2.PROXY_TIMEOUT, message="2 of 3 stored (see entries): broker b2 did not answer in time")
-    messages = [bpb.Message(message_id=f"M{i}") for i in range(3)]
     results = [
         bpb.SendResult(message_id="B0", offset=4, recall_handle="r0", transaction_id="x0"),
         None,
         bpb.SendResult(offset=0),
     ]
-    response = _response(status, failed, results, messages)
+    response = _response(status, failed, results, [f"M{i}" for i in range(3)])
     expected = pb.SendMessageResponse(
         status=status,
         entries=[

@@ -1,0 +1,73 @@
+"""Messages encoded once on their way to a broker (proxy/outgoing.py): they read, at the broker, as the messages
+they stand for."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.core import chunks
+from proxy.outgoing import FIELD_OVERHEAD, Run, runs_of, send_body, shared_run
+
+TEMPLATE = bpb.Message(
+    topic="orders",
+    message_id="first-id",
+    body=b"first body",
+    tag="paid",
+    keys=["k1", "k2"],
+    properties={"a": "1", "b": "2"},
+    born_ms=1_764_000_000_123,
+    born_host="10.0.0.1",
+    message_group="g",
+    deliver_at_ms=0,
+    priority=0,
+)
+
+
+@given(
+    st.lists(
+        st.tuples(st.binary(min_size=1, max_size=20_000), st.text(min_size=1, max_size=128)), min_size=1, max_size=8
+    )
+)
+def test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for(messages: list[tuple[bytes, str]]) -> None:
+    bodies = [body for body, _ in messages]
+    ids = [message_id for _, message_id in messages]
+    run = shared_run(TEMPLATE, bodies, ids)
+    expected = []
+    for body, message_id in messages:
+        m = bpb.Message()
+        m.CopyFrom(TEMPLATE)
+        m.body, m.message_id = body, message_id
+        expected.append(m)
+    assert [bpb.Message.FromString(data) for data in run.encoded] == expected
+    assert (run.topic, run.group, run.ids, run.body_bytes) == ("orders", "g", ids, sum(map(len, bodies)))
+    request = bpb.SessionRequest.FromString(b"\x08\x07" + send_body(run.encoded))  # the session adds the id
+    assert request.id == 7 and list(request.send.messages) == expected
+
+
+def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
+    messages = [
+        bpb.Message(topic="a", message_id="1", body=b"x"),
+        bpb.Message(topic="a", message_id="2", body=b"yy"),
+        bpb.Message(topic="a", message_id="3", body=b"z", message_group="g"),
+        bpb.Message(topic="b", message_id="4", body=b"w"),
+        bpb.Message(topic="a", message_id="5", body=b"v"),
+    ]
+    runs = runs_of(messages)
+    assert [(r.topic, r.group, r.ids, r.body_bytes) for r in runs] == [
+        ("a", "", ["1", "2"], 3),
+        ("a", "g", ["3"], 1),
+        ("b", "", ["4"], 1),
+        ("a", "", ["5"], 1),
+    ]
+    assert [bpb.Message.FromString(data) for r in runs for data in r.encoded] == messages
+
+
+def test_a_send_is_cut_into_chunks_within_the_budget_that_name_their_topic_when_they_have_one() -> None:
+    one = Run("a", "", [b"x" * 100] * 3, ["1", "2", "3"], 300)
+    other = Run("b", "", [b"y" * 100] * 2, ["4", "5"], 200)
+    cut = chunks([(0, one), (3, other)], budget=2 * (100 + FIELD_OVERHEAD))
+    assert [(c.places, c.topic) for c in cut] == [([0, 1], "a"), ([2, 3], None), ([4], "b")]
+    alone = chunks([(0, Run("a", "", [b"z" * 1000], ["1"], 1000))], budget=10)  # larger than the budget: alone
+    assert [(c.places, c.topic) for c in alone] == [([0], "a")]
