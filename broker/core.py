@@ -174,10 +174,10 @@ class BrokerCore:
             await self.sends.submit([], ops)
         return created
 
-    async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
-        sent = await self.sends.send(messages)
+    async def send(self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = ()) -> list[Sent]:
+        sent = await self.sends.send(messages, runs)
         if self._adoptions:  # this Send created topics that groups had looked at: answered once their state is
-            for topic in {m.topic for m in messages}:  # recorded too (with --flush sync: committed), see `arrived`
+            for topic in {s.topic for s in sent}:  # recorded too (with --flush sync: committed), see `arrived`
                 if (adopted := self._adoptions.pop(topic, None)) is not None:
                     await self.commits.record(adopted)
         return sent

@@ -21,7 +21,7 @@ from popgate_contract import errors, validation
 
 async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) -> None:
     add = out.results.add
-    for s in await core.send(request.messages):
+    for s in await core.send(request.messages, request.runs):
         add(
             message_id=s.message_id,
             topic=s.topic,

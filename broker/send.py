@@ -41,10 +41,22 @@ from popgate_contract.errors import (
     TopicNotFound,
 )
 from popgate_contract.handles import RecallHandle
-from popgate_contract.v2wire import static_system
+from popgate_contract.v2wire import body_digest, message_id_field, static_parts, static_system
+from popgate_contract.wire import field
 
 if TYPE_CHECKING:
     from broker.transactions import Transactions
+
+Built = tuple[list[NewMessage], list[Op], list[Sent]]  # a Send's appends, ops and answers, in the making
+_MESSAGE_ID, _BODY, _V2 = b"\x1a", b"\x22", b"\x7a"  # Message.message_id (3), body (4), v2_system (15)
+
+
+def _expand(shared: pb.Message, body: bytes, message_id: str) -> pb.Message:
+    """A run's message as a Message of its own."""
+    m = pb.Message()
+    m.CopyFrom(shared)
+    m.body, m.message_id = body, message_id
+    return m
 
 
 class SendPath:
@@ -78,19 +90,32 @@ class SendPath:
             self.schedule.add(due, schedule_id)
             self._next_schedule_id = max(self._next_schedule_id, schedule_id)
 
-    async def send(self, messages: Sequence[pb.Message]) -> list[Sent]:
-        if not messages:
+    async def send(self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = ()) -> list[Sent]:
+        """Store `messages`, then each run's messages, in order; their results in that order."""
+        count = len(messages) + sum(len(r.bodies) for r in runs)
+        if not count:
             raise BadRequest("send carries no message")
-        if len(messages) > validation.MAX_SEND_MESSAGES:
-            raise IllegalBatchSize(f"send carries {len(messages)} messages, at most {validation.MAX_SEND_MESSAGES}")
+        if count > validation.MAX_SEND_MESSAGES:
+            raise IllegalBatchSize(f"send carries {count} messages, at most {validation.MAX_SEND_MESSAGES}")
         now = self.clock.now_ms()
         checked = [self.check(m, now) for m in messages]  # all or nothing: check every message first
-        self.check_new_topics(messages)
+        shared = [self.check_run(r, now) for r in runs]
+        self.check_new_topics([*messages, *(r.shared for r in runs)])
         # Before anything is created, copied or stored (a refused Send stores none of its messages); after the
         # checks (a bad Send is refused as such). Nothing below awaits before the commit is submitted.
-        cost = self.in_flight.take(sum(len(m.body) for m in messages) + RECORD_OVERHEAD_BYTES * len(messages))
+        body_bytes = sum(len(m.body) for m in messages) + sum(len(b) for r in runs for b in r.bodies)
+        cost = self.in_flight.take(body_bytes + RECORD_OVERHEAD_BYTES * count)
+        appends: list[NewMessage] = []
+        ops: list[Op] = []
+        out: list[Sent] = []
         try:
-            appends, ops, out = self._build(messages, checked, now)
+            self._build(messages, checked, now, (appends, ops, out))
+            for run, (tag, due) in zip(runs, shared, strict=True):
+                if due is None and not run.shared.transactional:
+                    self._build_run(run, tag, now, (appends, ops, out))
+                else:  # scheduled or a transaction's: a message at a time, as if sent so
+                    expanded = [_expand(run.shared, b, i) for b, i in zip(run.bodies, run.message_ids, strict=True)]
+                    self._build(expanded, [(tag, due)] * len(expanded), now, (appends, ops, out))
             committed = self.submit(appends, ops)
         except BaseException:  # nothing was submitted: the bytes were never held
             self.in_flight.give(cost)
@@ -105,19 +130,41 @@ class SendPath:
                 sent.offset = next(offsets).offset
         return out
 
+    def _build_run(self, run: pb.SharedRun, tag: str | None, now: int, into: Built) -> None:
+        """A checked run's appends and answers, as `place` would make them for each of its messages: what they
+        share is encoded once, each adds its id, body and the v2 system properties that differ (id, digest) —
+        tests/unit/broker/test_send_runs.py::test_a_runs_messages_are_stored_as_the_same_messages_sent_one_by_one."""
+        appends, ops, out = into
+        shared = pb.Message()
+        shared.CopyFrom(run.shared)
+        shared.ClearField("v2_system")
+        if not shared.born_ms:
+            shared.born_ms = now
+        topic = self.topic_for_send(shared.topic, ops)
+        name, group, priority = shared.topic, shared.message_group, shared.priority
+        if group:
+            fixed: int | None = stable_hash(group) % len(topic.queues)
+        else:
+            fixed = shared.queue_id if shared.HasField("queue_id") and shared.queue_id >= 0 else None
+        head, (before, after) = shared.SerializeToString(), static_parts(shared)
+        for body, message_id in zip(run.bodies, run.message_ids, strict=True):
+            message_id = message_id or self.ids.next()
+            system = before + message_id_field(message_id) + body_digest(body) + after
+            payload = b"".join((head, field(_MESSAGE_ID, message_id.encode()), field(_BODY, body), field(_V2, system)))
+            queue_id = topic.pick_queue() if fixed is None else fixed
+            appends.append(NewMessage(name, queue_id, now, tag, payload, fifo=bool(group), priority=priority))
+            out.append(Sent(message_id, name, queue_id, -1))
+
     def _build(
-        self, messages: Sequence[pb.Message], checked: list[tuple[str | None, int | None]], now: int
-    ) -> tuple[list[NewMessage], list[Op], list[Sent]]:
-        """The appends and ops of a checked Send (scheduled messages go to the schedule), and its answers."""
-        ops: list[Op] = []
-        appends: list[NewMessage] = []
-        out: list[Sent] = []
-        scheduled: list[Op] = []
+        self, messages: Sequence[pb.Message], checked: list[tuple[str | None, int | None]], now: int, into: Built
+    ) -> None:
+        """The appends, ops and answers of checked messages (scheduled messages go to the schedule), added to `into`."""
+        appends, ops, out = into
         for m, (tag, due) in zip(messages, checked, strict=True):
             new = self.place(m, tag, now, ops)
             if m.transactional and self.transactions is not None:
                 half, transaction_id = self.transactions.half(m, new, now)
-                scheduled.append(half)  # a Put of its own table, like a scheduled message's
+                ops.append(half)  # a Put of its own table, like a scheduled message's
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, transaction_id=transaction_id))
             elif due is None:
                 appends.append(new)
@@ -125,10 +172,9 @@ class SendPath:
             else:
                 self._next_schedule_id += 1
                 put = PutScheduled(self._next_schedule_id, due, m.topic, new.queue_id, tag, new.payload)
-                scheduled.append(put)
+                ops.append(put)
                 recall = RecallHandle(self.name, m.topic, put.schedule_id, m.message_id).encode()
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due, recall))
-        return appends, [*ops, *scheduled], out
 
     def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
         """`Store.submit` for every write of the send path. What a commit stores takes effect from the
@@ -156,17 +202,38 @@ class SendPath:
 
     def check(self, m: pb.Message, now: int) -> tuple[str | None, int | None]:
         """Validate one message; returns its tag and due time (None when none)."""
-        if m.topic not in self._valid_topics:
-            validation.check_topic(m.topic)
-            if len(self._valid_topics) < 100_000:
-                self._valid_topics.add(m.topic)
-        size = len(m.body)
+        self._check_body(m.body)
+        return self._check_fields(m, now)
+
+    def check_run(self, run: pb.SharedRun, now: int) -> tuple[str | None, int | None]:
+        """Validate a run: what its messages share once, then each one's body and id; their tag and due time."""
+        bodies, ids, shared = run.bodies, run.message_ids, run.shared
+        if not bodies or len(ids) != len(bodies):
+            raise BadRequest(f"a run carries {len(bodies)} bodies and {len(ids)} message ids: one each")
+        if shared.body or shared.message_id:
+            raise BadRequest("a run's shared message has a body or a message id of its own")
+        for body in bodies:
+            self._check_body(body)
+        for message_id in ids:
+            if message_id:
+                validation.check_message_id(message_id)
+        return self._check_fields(shared, now)
+
+    def _check_body(self, body: bytes) -> None:
+        size = len(body)
         if not size:
             raise MessageBodyEmpty("message body is empty")
         if size > self.settings.max_body_bytes:
             raise MessageBodyTooLarge(
                 f"message body is {size} bytes, larger than the limit of {self.settings.max_body_bytes}"
             )
+
+    def _check_fields(self, m: pb.Message, now: int) -> tuple[str | None, int | None]:
+        """`check` of all but the body."""
+        if m.topic not in self._valid_topics:
+            validation.check_topic(m.topic)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(m.topic)
         tag = m.tag if m.HasField("tag") else None
         if tag is not None:
             validation.check_tag(tag)

@@ -44,7 +44,7 @@ from popgate_contract.broker_token import client_interceptors
 from popgate_contract.session_client import BrokerSession, failure
 from popgate_contract.trailer import error_of
 from popgate_contract.validation import parse_host_port
-from proxy.outgoing import send_body
+from proxy.outgoing import Chunk
 from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
 
@@ -202,8 +202,8 @@ class GrpcBrokerClient:
         if not self._status.up:
             self._set_health(True, f"{method} succeeded")
 
-    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        response: bpb.SendResponse = await self.begin("Send", send_body(encoded), timeout_s=timeout_s)
+    async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        response: bpb.SendResponse = await self.begin("Send", chunk.request(), timeout_s=timeout_s)
         results: Sequence[bpb.SendResult] = response.results
         return results
 

@@ -17,7 +17,7 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
 from proxy.consumers import ConsumerBook
-from proxy.outgoing import FIELD_OVERHEAD, Run, runs_of
+from proxy.outgoing import Chunk, Run, chunks, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive.announce import GroupsSeen
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
@@ -31,49 +31,6 @@ log = logging.getLogger(__name__)
 class QueueRoute:
     broker: str
     queue_id: int
-
-
-@dataclass(slots=True)
-class Chunk:
-    """One broker Send of a batch: its encoded messages, their places in the request, their topic (None: several)."""
-
-    encoded: list[bytes]
-    places: list[int]
-    topic: str | None
-
-
-def chunks(placed: list[tuple[int, Run]], budget: int) -> list[Chunk]:
-    """Split a batch (runs, each with the request's place of its first message) into broker Sends of at most
-    `budget` encoded bytes (at least one message each).
-
-    A broker's gRPC message size limit is finite, and one frame over it resets the whole Session
-    stream (every request on it fails): a client batch of many large messages must not exceed it in
-    one call. Encoded sizes, not bodies: properties count too —
-    tests/unit/proxy/test_core.py::test_the_budget_counts_properties_not_only_bodies.
-    """
-    out = [Chunk([], [], placed[0][1].topic if placed else None)]
-    whole = sum(len(data) for _, run in placed for data in run.encoded)
-    if whole + FIELD_OVERHEAD * sum(len(run.encoded) for _, run in placed) <= budget:  # one Send, a run at a time
-        for start, run in placed:
-            out[0].encoded += run.encoded
-            out[0].places += range(start, start + len(run.encoded))
-            if out[0].topic != run.topic:
-                out[0].topic = None
-        return out
-    size = 0
-    for start, run in placed:
-        for i, data in enumerate(run.encoded):
-            encoded = len(data) + FIELD_OVERHEAD
-            if out[-1].encoded and size + encoded > budget:
-                out.append(Chunk([], [], run.topic))
-                size = 0
-            chunk = out[-1]
-            chunk.encoded.append(data)
-            chunk.places.append(start + i)
-            if chunk.topic != run.topic:
-                chunk.topic = None
-            size += encoded
-    return out
 
 
 REPLY_RESERVE_S = 0.1  # a unary answer's time to reach the client before its deadline
@@ -161,7 +118,7 @@ class Proxy:
         `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
-        cost = self.check_send_bytes(sum(r.body_bytes for r in runs), sum(len(r.encoded) for r in runs))
+        cost = self.check_send_bytes(sum(r.body_bytes for r in runs), sum(len(r.ids) for r in runs))
         self._send_bytes += cost
         try:
             return await self._send(runs, deadline)
@@ -186,7 +143,7 @@ class Proxy:
         count = 0
         for run in runs:
             batches.setdefault(run.group or None, []).append((count, run))
-            count += len(run.encoded)
+            count += len(run.ids)
         results: list[bpb.SendResult | None] = [None] * count
 
         async def one(key: str | None, placed: list[tuple[int, Run]]) -> None:
@@ -217,7 +174,7 @@ class Proxy:
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1
             try:
-                return await client.send(chunk.encoded, timeout_s=self._timeout_until(deadline))
+                return await client.send(chunk, timeout_s=self._timeout_until(deadline))
             except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
                 if isinstance(exc, errors.TopicNotFound):

@@ -1,8 +1,9 @@
-"""Messages on their way to a broker, each encoded once as the broker's `Message` (proto/broker.proto): what
-`Proxy.send` routes and a broker Send carries, with no protobuf object made per message on the way.
+"""Messages on their way to a broker, encoded once as the broker reads them (proto/broker.proto): what
+`Proxy.send_runs` routes and a broker Send carries, with no protobuf object made per message on the way.
 
-A `Run` holds messages of one topic and one message group; a SendShared run's messages are its shared part,
-encoded once, followed by each message's own id and body (protobuf reads fields in any order) —
+A `Run` holds messages of one topic and one message group: either each encoded whole as a broker `Message` (a
+SendMessage's), or a SendShared run's, whose shared part is encoded once and sent with the bodies and ids as a
+`SharedRun`, which the broker checks and encodes once too —
 tests/unit/proxy/test_outgoing.py::test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for.
 """
 
@@ -13,62 +14,134 @@ from dataclasses import dataclass
 
 from popgate_pb import broker_pb2 as bpb
 
-from popgate_contract.wire import varint
+from popgate_contract.wire import field, varint
 
-_MESSAGE_ID = b"\x1a"  # Message.message_id (3), length-delimited
-_BODY = b"\x22"  # Message.body (4)
-_MESSAGES = b"\x0a"  # SendRequest.messages (1)
+_MESSAGES, _RUNS = b"\x0a", b"\x12"  # SendRequest.messages (1), runs (2)
+_SHARED, _BODIES, _IDS = b"\x0a", b"\x12", b"\x1a"  # SharedRun.shared (1), bodies (2), message_ids (3)
 _SEND = b"\x2a"  # SessionRequest.send (5)
-FIELD_OVERHEAD = 8  # at most a SendRequest entry's tag and length, counted with its size against a Send's budget
+FIELD_OVERHEAD = 8  # at most a message's field tags and lengths in a Send, counted with its size against a budget
 
 
 @dataclass(slots=True)
 class Run:
-    """Messages to store that share a topic and a message group ("": none), in order: each an encoded broker
-    `Message`, and its message id (named in the answer when that message is not stored); `body_bytes`: their
-    bodies' size, what a send counts against the proxy's bytes in flight."""
+    """Messages to store that share a topic and a message group ("": none), in order, with their message ids
+    (named in the answer of a message that was not stored) and their bodies' size (what a send counts against
+    the proxy's bytes in flight). Either `encoded`, each message whole, or `shared` (their broker `Message`
+    without body and id, encoded) with each message's body in `bodies`."""
 
     topic: str
     group: str
-    encoded: list[bytes]
     ids: list[str]
-    body_bytes: int = 0
+    body_bytes: int
+    encoded: list[bytes] | None = None
+    shared: bytes = b""
+    bodies: list[bytes] | None = None
+
+    def sizes(self) -> list[int]:
+        """Each message's bytes in a Send, as if it were encoded whole (a budget counts them so)."""
+        if self.encoded is not None:
+            return [len(data) + FIELD_OVERHEAD for data in self.encoded]
+        assert self.bodies is not None
+        head = len(self.shared) + FIELD_OVERHEAD
+        return [head + len(body) + len(message_id) for body, message_id in zip(self.bodies, self.ids, strict=True)]
+
+    def part(self, start: int, stop: int) -> Run:
+        """Its messages start..stop as a run of their own."""
+        encoded, bodies = self.encoded, self.bodies
+        return Run(
+            self.topic,
+            self.group,
+            self.ids[start:stop],
+            0,
+            None if encoded is None else encoded[start:stop],
+            self.shared,
+            None if bodies is None else bodies[start:stop],
+        )
 
 
 def runs_of(messages: Iterable[bpb.Message]) -> list[Run]:
-    """`messages` as runs, in order: consecutive messages of one topic and message group share one."""
+    """`messages` as runs of messages encoded whole, in order: consecutive messages of one topic and message
+    group share one."""
     runs: list[Run] = []
     last: Run | None = None
     for m in messages:
         topic, group = m.topic, m.message_group
-        if last is None or last.topic != topic or last.group != group:
-            last = Run(topic, group, [], [])
+        if last is None or last.topic != topic or last.group != group or last.encoded is None:
+            last = Run(topic, group, [], 0, [])
             runs.append(last)
+        assert last.encoded is not None
         last.encoded.append(m.SerializeToString())
         last.ids.append(m.message_id)
         last.body_bytes += len(m.body)
     return runs
 
 
-def shared_run(template: bpb.Message, bodies: Sequence[bytes], ids: Sequence[str]) -> Run:
-    """Messages that are `template` but for their bodies and ids (`template`'s own are not used; both checked
-    already): its other fields are encoded once and each message adds its id and body."""
+def shared_run(template: bpb.Message, bodies: list[bytes], ids: list[str]) -> Run:
+    """Messages that are `template` but for their bodies and ids (`template`'s own are not used; all checked
+    already)."""
     shared = bpb.Message()
     shared.CopyFrom(template)
     shared.ClearField("message_id")
     shared.ClearField("body")
-    head = shared.SerializeToString()
-    encoded = []
-    body_bytes = 0
-    for body, message_id in zip(bodies, ids, strict=True):
-        body_bytes += len(body)
-        data = message_id.encode()
-        encoded.append(b"".join((head, _MESSAGE_ID, varint(len(data)), data, _BODY, varint(len(body)), body)))
-    return Run(template.topic, template.message_group, encoded, list(ids), body_bytes)
+    body_bytes = sum(len(body) for body in bodies)
+    return Run(
+        template.topic, template.message_group, ids, body_bytes, shared=shared.SerializeToString(), bodies=bodies
+    )
 
 
-def send_body(encoded: Sequence[bytes]) -> bytes:
-    """The SessionRequest field `send` of a SendRequest carrying `encoded` messages (the request's id is added
-    by the session)."""
-    request = b"".join([b for data in encoded for b in (_MESSAGES, varint(len(data)), data)])
-    return _SEND + varint(len(request)) + request
+@dataclass(slots=True)
+class Chunk:
+    """One broker Send: `runs`' messages, and for each the place in the client's request of its first message;
+    `places`: each message's place in the order the broker answers them (the whole ones first, then each shared
+    run's); `topic`: theirs, None when they have several."""
+
+    runs: list[tuple[int, Run]]
+    places: list[int]
+    topic: str | None
+
+    def request(self) -> bytes:
+        """The SessionRequest field `send` of this Send (the session adds the request's id)."""
+        parts: list[bytes] = []
+        for _, run in self.runs:
+            if run.encoded is not None:
+                for data in run.encoded:
+                    parts += (_MESSAGES, varint(len(data)), data)
+        for _, run in self.runs:
+            if run.encoded is None:
+                assert run.bodies is not None
+                entries = [field(_SHARED, run.shared), *(field(_BODIES, body) for body in run.bodies)]
+                entries += (field(_IDS, message_id.encode()) for message_id in run.ids)
+                parts.append(field(_RUNS, b"".join(entries)))
+        request = b"".join(parts)
+        return _SEND + varint(len(request)) + request
+
+
+def chunks(placed: Sequence[tuple[int, Run]], budget: int) -> list[Chunk]:
+    """Split a batch (runs, each with the request's place of its first message) into broker Sends of at most
+    `budget` encoded bytes (at least one message each).
+
+    A broker's gRPC message size limit is finite, and one frame over it resets the whole Session
+    stream (every request on it fails): a client batch of many large messages must not exceed it in
+    one call. Encoded sizes, not bodies: properties count too —
+    tests/unit/proxy/test_core.py::test_the_budget_counts_properties_not_only_bodies.
+    """
+    parts: list[list[tuple[int, Run]]] = [[]]
+    size = 0
+    for start, run in placed:
+        first = 0
+        for i, n in enumerate(run.sizes()):
+            if size + n > budget and (parts[-1] or i > first):
+                if i > first:
+                    parts[-1].append((start + first, run.part(first, i)))
+                parts.append([])
+                size, first = 0, i
+            size += n
+        parts[-1].append((start + first, run if first == 0 else run.part(first, len(run.ids))))
+    return [_chunk(part) for part in parts]
+
+
+def _chunk(runs: list[tuple[int, Run]]) -> Chunk:
+    whole = [p for start, run in runs if run.encoded is not None for p in range(start, start + len(run.ids))]
+    shared = [p for start, run in runs if run.encoded is None for p in range(start, start + len(run.ids))]
+    topics = {run.topic for _, run in runs}
+    return Chunk(runs, whole + shared, topics.pop() if len(topics) == 1 else None)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from popgate_pb import broker_pb2 as bpb
 
 if TYPE_CHECKING:
+    from proxy.outgoing import Chunk
     from proxy.receive.notify import RunStats
 
 
@@ -33,8 +34,8 @@ class BrokerClient(Protocol):
     def when_up(self) -> asyncio.Future[None]:
         """Done once the broker's health checks see it up: at once if they do now (a notify run waits on it)."""
 
-    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        """Store messages, each an encoded broker `Message` (proxy.outgoing): their results, in order."""
+    async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        """Store a chunk's messages (proxy.outgoing): their results, in the chunk's answer order."""
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse: ...
 

@@ -49,24 +49,38 @@ def static_system(m: pb.Message) -> bytes:
     """The SystemProperties of `m` that do not depend on its store or delivery (no store_timestamp, queue_id,
     queue_offset, receipt_handle, delivery_attempt), in field order: computed once, on send (broker.send), kept
     in `m.v2_system`."""
-    out = _string(_TAG, m.tag) if m.HasField("tag") else b""
+    before, after = static_parts(m)
+    return before + message_id_field(m.message_id) + body_digest(m.body) + after
+
+
+def static_parts(m: pb.Message) -> tuple[bytes, bytes]:
+    """`static_system` of `m` but for its message id and body digest: what comes before them and after them (the
+    same for every message of a run that differ only in their ids and bodies)."""
+    before = _string(_TAG, m.tag) if m.HasField("tag") else b""
     for key in m.keys:
-        out += _string(_KEY, key)
-    if m.message_id:
-        out += _string(_MESSAGE_ID, m.message_id)
+        before += _string(_KEY, key)
     deliver_at_ms = m.deliver_at_ms
     kind, group, delivery = _kind(m, deliver_at_ms)
-    digest = b16encode(hashlib.md5(m.body, usedforsecurity=False).digest())
-    out += _DIGEST_HEAD + digest + _IDENTITY + kind + timestamp(_BORN, m.born_ms)
+    after = _IDENTITY + kind + timestamp(_BORN, m.born_ms)
     if m.born_host:
-        out += _string(_BORN_HOST, m.born_host)
+        after += _string(_BORN_HOST, m.born_host)
     if delivery:
-        out += timestamp(_DELIVERY, deliver_at_ms)
+        after += timestamp(_DELIVERY, deliver_at_ms)
     if group:
-        out += _string(_MESSAGE_GROUP, group)
+        after += _string(_MESSAGE_GROUP, group)
     if m.priority:
-        out += _PRIORITY + varint(m.priority)
-    return out
+        after += _PRIORITY + varint(m.priority)
+    return before, after
+
+
+def message_id_field(message_id: str) -> bytes:
+    """SystemProperties.message_id (nothing for an empty id), as `static_system` puts it between its parts."""
+    return _string(_MESSAGE_ID, message_id) if message_id else b""
+
+
+def body_digest(body: bytes) -> bytes:
+    """SystemProperties.body_digest of `body` (MD5, 32 hex digits)."""
+    return _DIGEST_HEAD + b16encode(hashlib.md5(body, usedforsecurity=False).digest())
 
 
 def _string(tag: bytes, text: str) -> bytes:

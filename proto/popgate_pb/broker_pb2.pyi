@@ -61,10 +61,22 @@ class StoredMessage(_message.Message):
     def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., store_ms: _Optional[int] = ...) -> None: ...
 
 class SendRequest(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "runs")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[SharedRun]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[SharedRun, _Mapping]]] = ...) -> None: ...
+
+class SharedRun(_message.Message):
+    __slots__ = ("shared", "bodies", "message_ids")
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    BODIES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    shared: Message
+    bodies: _containers.RepeatedScalarFieldContainer[bytes]
+    message_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, shared: _Optional[_Union[Message, _Mapping]] = ..., bodies: _Optional[_Iterable[bytes]] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SendResult(_message.Message):
     __slots__ = ("message_id", "topic", "queue_id", "offset", "recall_handle", "transaction_id")

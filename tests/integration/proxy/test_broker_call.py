@@ -15,6 +15,7 @@ from proxy.brokers import GrpcBrokerClient
 from proxy.ports import NoMetrics
 from proxy.settings import BrokerAddress
 from tests.procs import ServerProcess, broker_args
+from tests.unit.proxy.fakes import one_send
 
 
 class Outcomes(NoMetrics):
@@ -52,7 +53,7 @@ def test_a_held_call_keeps_no_done_callback_and_its_cancel_ends_the_brokers_hold
         metrics = Outcomes()
         client = GrpcBrokerClient(BrokerAddress("b1", broker.address), metrics=metrics)
         try:
-            await client.send([bpb.Message(topic="t", body=b"create").SerializeToString()], timeout_s=5)
+            await client.send(one_send(bpb.Message(topic="t", body=b"create")), timeout_s=5)
             call = client.begin_pop(held_pop("empty"), timeout_s=60)
             await until_held(client, 1)
             assert not call.done()

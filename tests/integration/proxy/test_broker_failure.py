@@ -24,6 +24,7 @@ from tests.forwarder import Forwarder
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 from tests.procs import ServerProcess, broker_args
+from tests.unit.proxy.fakes import one_send
 
 TOPIC, GROUP = "chaos", "g"
 
@@ -180,7 +181,7 @@ def test_an_ack_whose_answer_was_lost_is_not_tried_again_and_called_stale(tmp_pa
     async def scenario(address: str, forwarder: Forwarder) -> tuple[errors.DomainError, int]:
         client = GrpcBrokerClient(BrokerAddress("b1", forwarder.address))
         try:
-            await client.send([bpb.Message(topic="t", body=b"m").SerializeToString()], timeout_s=5)
+            await client.send(one_send(bpb.Message(topic="t", body=b"m")), timeout_s=5)
             pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
             [message] = (await client.begin_pop(pop, timeout_s=5)).messages
             forwarder.drop_answers(for_s=0.4)
@@ -207,7 +208,7 @@ def test_an_ack_whose_answer_was_lost_is_not_tried_again_and_called_stale(tmp_pa
 
 async def ack_of_one_message(client: GrpcBrokerClient) -> bpb.AckRequest:
     """Sends a message to the client's broker, pops it, and returns the request that would ack it."""
-    await client.send([bpb.Message(topic="t", body=b"m").SerializeToString()], timeout_s=5)
+    await client.send(one_send(bpb.Message(topic="t", body=b"m")), timeout_s=5)
     pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=1, invisible_ms=60_000)
     [message] = (await client.begin_pop(pop, timeout_s=5)).messages
     return bpb.AckRequest(topic="t", group="g", receipt_handles=[message.receipt_handle])

@@ -9,6 +9,7 @@ from typing import Any
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
+from proxy.outgoing import Chunk, chunks, runs_of
 from proxy.ports import Health
 
 
@@ -70,10 +71,10 @@ class FakeBroker:
         if self.fail is not None:
             raise self.fail
 
-    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        """Kept as the broker reads them (`sent`): the encoded messages parsed."""
+    async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        """Kept as the broker reads them (`sent`): the Send parsed, each run's messages made whole."""
         self._check()
-        messages = [bpb.Message.FromString(data) for data in encoded]
+        messages = sent_messages(bpb.SessionRequest.FromString(chunk.request()).send)
         start = len(self.sent)
         self.sent.extend(messages)
         return [
@@ -138,6 +139,28 @@ class FakeBroker:
         if not self.ready and request.poll_ms > 0:
             await self._hold(request.poll_ms)
         return bpb.NotificationResponse(has_message=bool(self.ready))
+
+
+def sent_messages(request: bpb.SendRequest) -> list[bpb.Message]:
+    """The messages a Send stores, in its answer's order: its messages, then each run's."""
+    out = list(request.messages)
+    for run in request.runs:
+        for body, message_id in zip(run.bodies, run.message_ids, strict=True):
+            m = bpb.Message()
+            m.CopyFrom(run.shared)
+            m.body, m.message_id = body, message_id
+            out.append(m)
+    return out
+
+
+def one_send(*messages: bpb.Message) -> Chunk:
+    """A broker Send of `messages`, as the proxy makes one."""
+    placed, start = [], 0
+    for run in runs_of(messages):
+        placed.append((start, run))
+        start += len(run.ids)
+    [chunk] = chunks(placed, budget=1 << 30)
+    return chunk
 
 
 def _results(handles: Sequence[str]) -> list[bpb.AckResult]:

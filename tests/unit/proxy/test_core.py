@@ -11,6 +11,7 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from proxy.core import PartlyStored, Proxy
+from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
 from proxy.receive.seam import ReceiveRequest
 from proxy.routing import BrokerPool
@@ -117,10 +118,10 @@ async def test_a_failed_send_answers_once_every_message_group_of_the_request_has
     slow_send = brokers["b2"].send
     in_flight: list[int] = []
 
-    async def slow(messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def slow(chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         in_flight.append(proxy._send_bytes)
         await asyncio.sleep(0.05)
-        return await slow_send(messages, timeout_s=timeout_s)
+        return await slow_send(chunk, timeout_s=timeout_s)
 
     brokers["b2"].send = slow  # type: ignore[method-assign]
     with pytest.raises(PartlyStored) as partly:
@@ -139,9 +140,9 @@ async def broker_sends(batch: list[bpb.Message], budget: int) -> list[int]:
     sent_calls: list[int] = []
     original = brokers["b1"].send
 
-    async def counting(messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        sent_calls.append(len(messages))
-        return await original(messages, timeout_s=timeout_s)
+    async def counting(chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
+        sent_calls.append(len(chunk.places))
+        return await original(chunk, timeout_s=timeout_s)
 
     brokers["b1"].send = counting  # type: ignore[method-assign]
     results = await proxy.send(batch)

@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from popgate_pb import broker_pb2 as bpb
 
-from proxy.core import chunks
-from proxy.outgoing import FIELD_OVERHEAD, Run, runs_of, send_body, shared_run
+from proxy.outgoing import FIELD_OVERHEAD, Run, chunks, runs_of, shared_run
 
 TEMPLATE = bpb.Message(
     topic="orders",
@@ -34,16 +33,17 @@ def test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for(messa
     bodies = [body for body, _ in messages]
     ids = [message_id for _, message_id in messages]
     run = shared_run(TEMPLATE, bodies, ids)
-    expected = []
-    for body, message_id in messages:
-        m = bpb.Message()
-        m.CopyFrom(TEMPLATE)
-        m.body, m.message_id = body, message_id
-        expected.append(m)
-    assert [bpb.Message.FromString(data) for data in run.encoded] == expected
     assert (run.topic, run.group, run.ids, run.body_bytes) == ("orders", "g", ids, sum(map(len, bodies)))
-    request = bpb.SessionRequest.FromString(b"\x08\x07" + send_body(run.encoded))  # the session adds the id
-    assert request.id == 7 and list(request.send.messages) == expected
+    [chunk] = chunks([(0, run)], budget=1 << 30)
+    request = bpb.SessionRequest.FromString(b"\x08\x07" + chunk.request())  # the session adds the id
+    shared = bpb.Message()
+    shared.CopyFrom(TEMPLATE)
+    shared.ClearField("body")
+    shared.ClearField("message_id")
+    assert request.id == 7 and request.send == bpb.SendRequest(
+        runs=[bpb.SharedRun(shared=shared, bodies=bodies, message_ids=ids)]
+    )
+    assert chunk.places == list(range(len(ids)))
 
 
 def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
@@ -61,13 +61,21 @@ def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
         ("b", "", ["4"], 1),
         ("a", "", ["5"], 1),
     ]
-    assert [bpb.Message.FromString(data) for r in runs for data in r.encoded] == messages
+    assert [bpb.Message.FromString(data) for r in runs for data in r.encoded or ()] == messages
 
 
-def test_a_send_is_cut_into_chunks_within_the_budget_that_name_their_topic_when_they_have_one() -> None:
-    one = Run("a", "", [b"x" * 100] * 3, ["1", "2", "3"], 300)
-    other = Run("b", "", [b"y" * 100] * 2, ["4", "5"], 200)
-    cut = chunks([(0, one), (3, other)], budget=2 * (100 + FIELD_OVERHEAD))
-    assert [(c.places, c.topic) for c in cut] == [([0, 1], "a"), ([2, 3], None), ([4], "b")]
-    alone = chunks([(0, Run("a", "", [b"z" * 1000], ["1"], 1000))], budget=10)  # larger than the budget: alone
+def test_a_send_is_cut_into_chunks_within_the_budget_each_answered_whole_messages_first() -> None:
+    whole = Run("a", "", ["1", "2", "3"], 300, encoded=[b"x" * 100] * 3)
+    shared = shared_run(bpb.Message(topic="b"), [b"y" * 100] * 3, ["4", "5", "6"])
+    size = shared.sizes()[0]
+    cut = chunks([(0, shared), (3, whole)], budget=2 * size)
+    assert [(c.places, c.topic) for c in cut] == [([0, 1], "b"), ([3, 2], None), ([4, 5], "a")]
+    sent = [bpb.SessionRequest.FromString(c.request()).send for c in cut]
+    assert [len(s.messages) for s in sent] == [0, 1, 2] and [[list(r.message_ids) for r in s.runs] for s in sent] == [
+        [["4", "5"]],
+        [["6"]],
+        [],
+    ]
+    alone = chunks([(0, Run("a", "", ["1"], 1000, encoded=[b"z" * 1000]))], budget=10)  # over the budget: alone
     assert [(c.places, c.topic) for c in alone] == [([0], "a")]
+    assert whole.sizes() == [100 + FIELD_OVERHEAD] * 3
