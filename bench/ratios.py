@@ -1,7 +1,7 @@
 """Issue 28's ratios in one run: our SDK through the proxy against the same brokers called directly.
 
     .venv/bin/python -m bench.ratios [--brokers 1] [--messages 100000] [--concurrency 8] [--receive-mode MODE]
-                                     [--wait 1] [--send-chunk 32] [--warmup 5000] [--json]
+                                     [--wait 1] [--send-chunk 32] [--warmup 5000] [--direct-runs] [--json]
 
 Starts brokers (--flush async) and one proxy (its default receive mode unless --receive-mode) as real
 processes (popgate.cli.cluster, loopback, a temporary data dir), then runs four rounds one after another:
@@ -9,8 +9,9 @@ direct, sdk, direct, sdk. Each round produces --warmup + --messages messages (25
 consumes and acks them all; each measured phase (produce, consume+ack) follows a warm-up of its own kind:
 
 - direct: the brokers' Session streams (popgate_contract.session_client.BrokerSession, one per broker, as the
-  proxy calls them): Send of --batch messages; Pop of up to --batch (no poll time; the client itself goes round
-  the brokers) + Ack, from --concurrency concurrent workers.
+  proxy calls them): Send of --batch messages (--direct-runs: one SharedRun of --batch bodies, as the proxy sends
+  an SDK's send_many); Pop of up to --batch (no poll time; the client itself goes round the brokers) + Ack, from
+  --concurrency concurrent workers.
 - sdk: `popgate.aio` through the proxy: Producer.send_many of --send-chunk messages; SimpleConsumer.receive(
   max=--batch, wait=--wait) + ack_many, from --concurrency concurrent workers on one Producer / SimpleConsumer.
 
@@ -135,9 +136,17 @@ class Direct:
         return self.sessions[self.turn % len(self.sessions)]
 
     def produce(self, topic: str, claims: Claims) -> Step:
+        runs = self.args.direct_runs
+
         async def step() -> int:
             n = claims.take(self.args.batch)
-            if n:
+            if n and runs:
+                shared = bpb.Message(topic=topic)
+                request = bpb.SendRequest(
+                    runs=[bpb.SharedRun(shared=shared, bodies=[self.body] * n, message_ids=[""] * n)]
+                )
+                await self._next().send(request)
+            elif n:
                 request = bpb.SendRequest(messages=[bpb.Message(topic=topic, body=self.body) for _ in range(n)])
                 await self._next().send(request)
             return n
@@ -246,6 +255,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="body bytes")
     parser.add_argument("--wait", type=float, default=1.0, help="SDK receive's long-polling seconds")
     parser.add_argument("--receive-mode", default="", help="the proxy's --receive-mode (default: its own)")
+    parser.add_argument(
+        "--direct-runs", action="store_true", help="direct Sends as one SharedRun each (as the proxy sends send_many)"
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()
     default_mode = next(f.default for f in dataclasses.fields(Settings) if f.name == "receive_mode")

@@ -141,6 +141,7 @@ def report(rounds: list[list[Phase]], brokers: list[str], args: argparse.Namespa
         "dirty": dirty,
         "sdk": "popgate.aio",
         **{k: getattr(args, k) for k in ("brokers", "messages", "batch", "send_chunk", "size", "concurrency", "wait")},
+        "direct_sends": "runs" if args.direct_runs else "messages",
         **{k: round(v, 3 if "ratio" in k else 2 if abs(v) < 100 else 0) for k, v in values.items()},
     }
     if not args.json:
@@ -150,7 +151,8 @@ def report(rounds: list[list[Phase]], brokers: list[str], args: argparse.Namespa
         console.print(f"ratios on {machine()}; commit {head}{' + uncommitted changes' if dirty else ''}")
         mode = run_info["receive_mode"]
         title = (f"{args.brokers} broker(s), receive mode {mode}, {args.messages:,} x {args.size} B per phase,"
-                 f" batch {args.batch}, sdk send_many of {args.send_chunk}, concurrency {args.concurrency}; "
+                 f" batch {args.batch}{' (direct Sends as runs)' if args.direct_runs else ''},"
+                 f" sdk send_many of {args.send_chunk}, concurrency {args.concurrency}; "
                  "medians of 2 rounds per side")  # fmt: skip
         console.print(ratio_table(values, title))
         console.print(process_table(rounds, ["client", "proxy", *brokers]))
