@@ -206,18 +206,20 @@ class SendPath:
         return self._check_fields(m, now)
 
     def check_run(self, run: pb.SharedRun, now: int) -> tuple[str | None, int | None]:
-        """Validate a run: what its messages share once, then each one's body and id; their tag and due time."""
+        """Validate a run as its messages one by one: the first whole, then each other's body and id (all else they
+        share), so that a bad run is refused with the error its first bad message would get; their tag and due
+        time — tests/unit/broker/test_send_runs.py::test_a_bad_run_is_refused_as_its_messages_sent_one_by_one."""
         bodies, ids, shared = run.bodies, run.message_ids, run.shared
         if not bodies or len(ids) != len(bodies):
             raise BadRequest(f"a run carries {len(bodies)} bodies and {len(ids)} message ids: one each")
         if shared.body or shared.message_id:
             raise BadRequest("a run's shared message has a body or a message id of its own")
-        for body in bodies:
+        checked = self.check(_expand(shared, bodies[0], ids[0]), now)
+        for body, message_id in zip(bodies[1:], ids[1:], strict=True):
             self._check_body(body)
-        for message_id in ids:
             if message_id:
                 validation.check_message_id(message_id)
-        return self._check_fields(shared, now)
+        return checked
 
     def _check_body(self, body: bytes) -> None:
         size = len(body)

@@ -22,7 +22,7 @@ from broker.core import BrokerCore
 from broker.handlers import HELD_CALLS, SESSION_CALLS, Asked
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
-from popgate_contract.session_client import MORE_KEY, join
+from popgate_contract.session_client import MORE_KEY, RUNS_KEY, join
 from popgate_contract.trailer import status_of
 
 log = logging.getLogger(__name__)
@@ -247,9 +247,10 @@ async def serve(
     """Serve one Session stream until the caller ends it or `stopping` is set (the broker is stopping)."""
     session = Session(core, metrics, core.settings.max_held)
     joined = said_more(context)
-    # Told when the stream opens, before any answer: this broker serves joined requests (`Session.take`). A caller
-    # that has not seen it sends each request alone (an older broker would drop the `more` it does not know).
-    await context.send_initial_metadata(((MORE_KEY, "1"),))
+    # Told when the stream opens, before any answer: this broker serves joined requests (`Session.take`) and a Send's
+    # runs (broker.send). A caller that has not seen it sends each request alone and each run's messages whole (an
+    # older broker would drop the `more` and the runs it does not know).
+    await context.send_initial_metadata(((MORE_KEY, "1"), (RUNS_KEY, "1")))
 
     async def write() -> None:
         outbox = session.outbox

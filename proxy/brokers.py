@@ -203,7 +203,9 @@ class GrpcBrokerClient:
             self._set_health(True, f"{method} succeeded")
 
     async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        response: bpb.SendResponse = await self.begin("Send", chunk.request(), timeout_s=timeout_s)
+        session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
+        request = chunk.request(runs=session is not None and not session.broken and session.reads_runs)
+        response: bpb.SendResponse = await self.begin("Send", request, timeout_s=timeout_s)
         results: Sequence[bpb.SendResult] = response.results
         return results
 
@@ -221,13 +223,13 @@ class GrpcBrokerClient:
         """Send a Session request now; a future of the method's response (or its DomainError).
 
         ``request``: the method's request, or a SessionRequest with it filled in, or that SessionRequest encoded
-        without its id (`BrokerSession.submit`). Cancelling the
+        without its id, in parts (`BrokerSession.submit`). Cancelling the
         future cancels the broker request (a cancel frame). No task per request: a held receive
         over N brokers costs N of these, so each is a `BrokerCall` and its timer."""
         loop = asyncio.get_running_loop()
         result = BrokerCall(loop=loop)
         result.client, result.method = self, method
-        if not isinstance(request, bpb.SessionRequest | bytes):
+        if not isinstance(request, bpb.SessionRequest | list):
             request = bpb.SessionRequest(**{SESSION_FIELDS[method]: request})
         try:
             session = self._live_session()

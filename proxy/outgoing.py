@@ -18,6 +18,7 @@ from popgate_contract.wire import field, varint
 
 _MESSAGES, _RUNS = b"\x0a", b"\x12"  # SendRequest.messages (1), runs (2)
 _SHARED, _BODIES, _IDS = b"\x0a", b"\x12", b"\x1a"  # SharedRun.shared (1), bodies (2), message_ids (3)
+_MESSAGE_ID, _BODY = b"\x1a", b"\x22"  # Message.message_id (3), body (4)
 _SEND = b"\x2a"  # SessionRequest.send (5)
 FIELD_OVERHEAD = 8  # at most a message's field tags and lengths in a Send, counted with its size against a budget
 
@@ -46,7 +47,8 @@ class Run:
         return [head + len(body) + len(message_id) for body, message_id in zip(self.bodies, self.ids, strict=True)]
 
     def part(self, start: int, stop: int) -> Run:
-        """Its messages start..stop as a run of their own."""
+        """Its messages start..stop as a run of their own (`body_bytes` 0: a send counts its runs before it cuts
+        them into Sends, not again)."""
         encoded, bodies = self.encoded, self.bodies
         return Run(
             self.topic,
@@ -91,43 +93,53 @@ def shared_run(template: bpb.Message, bodies: list[bytes], ids: list[str]) -> Ru
 
 @dataclass(slots=True)
 class Chunk:
-    """One broker Send: `runs`' messages, and for each the place in the client's request of its first message;
-    `places`: each message's place in the order the broker answers them (the whole ones first, then each shared
-    run's); `topic`: theirs, None when they have several."""
+    """One broker Send: `runs`, all of one kind (messages whole, or shared), each with the place in the client's
+    request of its first message; `places`: each message's place, in order; `topic`: theirs, None when several."""
 
     runs: list[tuple[int, Run]]
     places: list[int]
     topic: str | None
 
-    def request(self) -> bytes:
-        """The SessionRequest field `send` of this Send (the session adds the request's id)."""
+    def request(self, *, runs: bool) -> list[bytes]:
+        """The SessionRequest field `send` of this Send, in parts to join (the session adds the request's id).
+        `runs`: the broker stores a Send's runs (it said so when its stream opened); else each shared run's
+        messages go whole, as a broker that does not know runs reads them."""
         parts: list[bytes] = []
         for _, run in self.runs:
             if run.encoded is not None:
                 for data in run.encoded:
                     parts += (_MESSAGES, varint(len(data)), data)
-        for _, run in self.runs:
-            if run.encoded is None:
-                assert run.bodies is not None
+                continue
+            assert run.bodies is not None
+            if runs:
                 entries = [field(_SHARED, run.shared), *(field(_BODIES, body) for body in run.bodies)]
                 entries += (field(_IDS, message_id.encode()) for message_id in run.ids)
-                parts.append(field(_RUNS, b"".join(entries)))
-        request = b"".join(parts)
-        return _SEND + varint(len(request)) + request
+                parts += (_RUNS, varint(sum(map(len, entries))), *entries)
+                continue
+            for body, message_id in zip(run.bodies, run.ids, strict=True):
+                data = message_id.encode()
+                whole = (run.shared, _MESSAGE_ID, varint(len(data)), data, _BODY, varint(len(body)), body)
+                parts += (_MESSAGES, varint(sum(map(len, whole))), *whole)
+        return [_SEND, varint(sum(map(len, parts))), *parts]
 
 
 def chunks(placed: Sequence[tuple[int, Run]], budget: int) -> list[Chunk]:
-    """Split a batch (runs, each with the request's place of its first message) into broker Sends of at most
-    `budget` encoded bytes (at least one message each).
+    """Split a batch (runs, each with the request's place of its first message) into broker Sends, in order, of at
+    most `budget` encoded bytes (at least one message each), each of runs of one kind: a broker stores a Send's
+    whole messages before its runs, so a Send of both kinds would store them out of the request's order.
 
     A broker's gRPC message size limit is finite, and one frame over it resets the whole Session
     stream (every request on it fails): a client batch of many large messages must not exceed it in
     one call. Encoded sizes, not bodies: properties count too —
-    tests/unit/proxy/test_core.py::test_the_budget_counts_properties_not_only_bodies.
+    tests/unit/proxy/test_core.py::test_the_budget_counts_properties_not_only_bodies. A shared run's messages
+    count as if whole, which is what they are at a broker that does not read runs.
     """
     parts: list[list[tuple[int, Run]]] = [[]]
     size = 0
     for start, run in placed:
+        if parts[-1] and (parts[-1][-1][1].encoded is None) != (run.encoded is None):
+            parts.append([])
+            size = 0
         first = 0
         for i, n in enumerate(run.sizes()):
             if size + n > budget and (parts[-1] or i > first):
@@ -141,7 +153,6 @@ def chunks(placed: Sequence[tuple[int, Run]], budget: int) -> list[Chunk]:
 
 
 def _chunk(runs: list[tuple[int, Run]]) -> Chunk:
-    whole = [p for start, run in runs if run.encoded is not None for p in range(start, start + len(run.ids))]
-    shared = [p for start, run in runs if run.encoded is None for p in range(start, start + len(run.ids))]
     topics = {run.topic for _, run in runs}
-    return Chunk(runs, whole + shared, topics.pop() if len(topics) == 1 else None)
+    places = [p for start, run in runs for p in range(start, start + len(run.ids))]
+    return Chunk(runs, places, topics.pop() if len(topics) == 1 else None)

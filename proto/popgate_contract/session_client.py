@@ -30,6 +30,9 @@ METHOD = "/popgate.broker.v1.Broker/Session"
 # Said by each side of a Session stream that reads joined stream messages (`more`): the caller in its call
 # metadata, the broker in its initial metadata when the stream opens. Each side joins only towards one that said it.
 MORE_KEY = "popgate-session-more"
+# Said by a broker that stores a Send's `runs` (SharedRun), in its initial metadata when the stream opens: a caller
+# that has not seen it sends each run's messages whole (an older broker would drop the runs it does not know).
+RUNS_KEY = "popgate-session-runs"
 _ID = b"\x08"  # SessionRequest.id: field 1, a varint
 _MORE_TAG = varint(15 << 3 | 2)  # SessionRequest.more and SessionResponse.more: field 15, length-delimited
 # The writer sends the requests queued when it gets to them as one stream message, of at most this many bytes unless
@@ -69,6 +72,7 @@ class BrokerSession:
         # The request ids of the stream message being written now (they may or may not have left).
         self._writing: frozenset[int] = frozenset()
         self._joined = False  # the broker said it reads joined requests (MORE_KEY in its initial metadata)
+        self.reads_runs = False  # the broker said it stores a Send's runs (RUNS_KEY in its initial metadata)
         self._carry: int | bytes | None = None  # taken from the outbox, first in the next message (it did not fit)
 
     @property
@@ -107,8 +111,9 @@ class BrokerSession:
     async def renew(self, request: pb.RenewRequest) -> pb.RenewResponse:
         return (await self.call(pb.SessionRequest(renew=request))).renew
 
-    def submit(self, request: pb.SessionRequest | bytes, answer: Answer) -> int:
-        """Send ``request`` (its body filled in; the id is set here), or such a request encoded without its id; its id.
+    def submit(self, request: pb.SessionRequest | list[bytes], answer: Answer) -> int:
+        """Send ``request`` (its body filled in; the id is set here), or such a request encoded without its id, in
+        parts (joined once, after the id); its id.
 
         ``answer`` is called once, from the stream's reader, with the response (an ``error`` body
         included: see `failure`) or with the UNAVAILABLE error of a lost stream; never after
@@ -116,8 +121,8 @@ class BrokerSession:
         if self._broken is not None:
             raise rpc_error(self._broken.code(), self._broken.details() or "", unsent=True)
         request_id = next(self._ids)
-        if isinstance(request, bytes):
-            self._unwritten[request_id] = _ID + varint(request_id) + request  # fields are read in any order
+        if isinstance(request, list):
+            self._unwritten[request_id] = b"".join([_ID, varint(request_id), *request])  # fields: read in any order
         else:
             request.id = request_id
             self._unwritten[request_id] = request
@@ -230,7 +235,8 @@ class BrokerSession:
         try:
             # Sent by a broker that reads joined requests when the stream opens; an older one sends its initial
             # metadata with its first answer (there is nothing to read before that anyway).
-            self._joined = any(key == MORE_KEY and value == "1" for key, value in await self._call.initial_metadata())
+            said = {key for key, value in await self._call.initial_metadata() if value == "1"}
+            self._joined, self.reads_runs = MORE_KEY in said, RUNS_KEY in said
             async for response in self._call:
                 self._answer(response)
                 for more in response.more:  # one level: `more` inside `more` is not read

@@ -100,3 +100,36 @@ async def test_a_send_with_a_bad_run_is_refused_whole(tmp_path: Path, run: pb.Sh
                 core, pb.SendRequest(messages=[pb.Message(topic="t", body=b"m")], runs=[fine, run]), pb.SendResponse()
             )
         assert await stored(core, "t") == []
+
+
+async def refusal(data: Path, request: pb.SendRequest) -> type:
+    """The error a fresh broker refuses `request` with (nothing of it stored)."""
+    async with broker(data, clock=ManualClock(NOW)) as (core, _):
+        with pytest.raises(errors.DomainError) as refused:
+            await handlers.send(core, request, pb.SendResponse())
+        assert await stored(core, "t") == []
+    return type(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("shared", "bodies", "ids"),
+    [
+        (pb.Message(topic="bad topic"), [b"a", b"b"], ["\x02", "b"]),
+        (pb.Message(topic="t", message_group="g\x01"), [b"a", b"b", b""], ["a", "b", "c"]),
+        (pb.Message(topic="t", queue_id=99), [b"a"], ["\x02"]),
+        (pb.Message(topic="t", tag="x"), [b"a", b"", b"c"], ["a", "b", "\x02"]),
+    ],
+)
+async def test_a_bad_run_is_refused_as_its_messages_sent_one_by_one(
+    tmp_path: Path, shared: pb.Message, bodies: list[bytes], ids: list[str]
+) -> None:
+    """Two violations: the error the first bad message gets, whichever way its messages come."""
+    one_by_one = []
+    for body, message_id in zip(bodies, ids, strict=True):
+        m = pb.Message()
+        m.CopyFrom(shared)
+        m.body, m.message_id = body, message_id
+        one_by_one.append(m)
+    run = pb.SharedRun(shared=shared, bodies=bodies, message_ids=ids)
+    alone = await refusal(tmp_path / "messages", pb.SendRequest(messages=one_by_one))
+    assert await refusal(tmp_path / "run", pb.SendRequest(runs=[run])) is alone

@@ -20,7 +20,7 @@ from broker import session as session_stream
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from popgate_contract import session_client
-from popgate_contract.session_client import MORE_KEY, BrokerSession, encode_cancel, join
+from popgate_contract.session_client import MORE_KEY, RUNS_KEY, BrokerSession, encode_cancel, join
 from popgate_contract.trailer import unsent as is_unsent
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_schedule import until
@@ -77,7 +77,7 @@ async def test_a_joined_request_message_is_served_entry_by_entry_and_answered_as
     nested.more.append(send_frame(42))  # one level only: refused, and 42 is not served
     context = Records(joined=caller_joins)
     await serve(tmp_path, [joined([*frames, nested])], context, 41)
-    assert context.sent == ((MORE_KEY, "1"),)
+    assert context.sent == ((MORE_KEY, "1"), (RUNS_KEY, "1"))  # and that it stores a Send's runs
     answers = sorted(context.answers, key=lambda a: a.id)  # each answered when done, not in order
     assert [a.id for a in answers] == list(range(1, 42))
     assert all(a.WhichOneof("body") == "send" and len(a.send.results) == 1 for a in answers[:40])

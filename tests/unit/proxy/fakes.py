@@ -74,7 +74,7 @@ class FakeBroker:
     async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         """Kept as the broker reads them (`sent`): the Send parsed, each run's messages made whole."""
         self._check()
-        messages = sent_messages(bpb.SessionRequest.FromString(chunk.request()).send)
+        messages = sent_messages(bpb.SessionRequest.FromString(b"".join(chunk.request(runs=True))).send)
         start = len(self.sent)
         self.sent.extend(messages)
         return [

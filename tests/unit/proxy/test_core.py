@@ -181,7 +181,7 @@ class LacksTopic(FakeBroker):
         super().__init__(name)
         self.refused = 0
 
-    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         self.refused += 1
         raise errors.TopicNotFound(f"topic t does not exist on broker {self.name}")
 
@@ -234,9 +234,9 @@ async def test_broker_calls_end_before_the_clients_deadline() -> None:
         timeouts.append(timeout_s)
         return await original_ack(request, timeout_s=timeout_s)
 
-    async def send(messages: Sequence[bpb.Message], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def send(chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         timeouts.append(timeout_s)
-        return await original_send(messages, timeout_s=timeout_s)
+        return await original_send(chunk, timeout_s=timeout_s)
 
     brokers["b1"].ack, brokers["b1"].send = ack, send  # type: ignore[method-assign]
     now = asyncio.get_running_loop().time()

@@ -35,7 +35,7 @@ def test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for(messa
     run = shared_run(TEMPLATE, bodies, ids)
     assert (run.topic, run.group, run.ids, run.body_bytes) == ("orders", "g", ids, sum(map(len, bodies)))
     [chunk] = chunks([(0, run)], budget=1 << 30)
-    request = bpb.SessionRequest.FromString(b"\x08\x07" + chunk.request())  # the session adds the id
+    request = bpb.SessionRequest.FromString(b"".join([b"\x08\x07", *chunk.request(runs=True)]))  # id: the session's
     shared = bpb.Message()
     shared.CopyFrom(TEMPLATE)
     shared.ClearField("body")
@@ -44,6 +44,14 @@ def test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for(messa
         runs=[bpb.SharedRun(shared=shared, bodies=bodies, message_ids=ids)]
     )
     assert chunk.places == list(range(len(ids)))
+    expected = []  # what a broker that does not read runs is sent: each message whole
+    for body, message_id in messages:
+        m = bpb.Message()
+        m.CopyFrom(TEMPLATE)
+        m.body, m.message_id = body, message_id
+        expected.append(m)
+    whole = bpb.SessionRequest.FromString(b"".join(chunk.request(runs=False)))
+    assert list(whole.send.messages) == expected and not whole.send.runs
 
 
 def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
@@ -64,18 +72,17 @@ def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
     assert [bpb.Message.FromString(data) for r in runs for data in r.encoded or ()] == messages
 
 
-def test_a_send_is_cut_into_chunks_within_the_budget_each_answered_whole_messages_first() -> None:
-    whole = Run("a", "", ["1", "2", "3"], 300, encoded=[b"x" * 100] * 3)
-    shared = shared_run(bpb.Message(topic="b"), [b"y" * 100] * 3, ["4", "5", "6"])
+def test_a_send_is_cut_into_chunks_within_the_budget_each_of_one_kind_in_the_requests_order() -> None:
+    shared = shared_run(bpb.Message(topic="b"), [b"y" * 100] * 3, ["1", "2", "3"])
+    whole = Run("a", "", ["4", "5", "6"], 300, encoded=[b"x" * 100] * 3)
     size = shared.sizes()[0]
     cut = chunks([(0, shared), (3, whole)], budget=2 * size)
-    assert [(c.places, c.topic) for c in cut] == [([0, 1], "b"), ([3, 2], None), ([4, 5], "a")]
-    sent = [bpb.SessionRequest.FromString(c.request()).send for c in cut]
-    assert [len(s.messages) for s in sent] == [0, 1, 2] and [[list(r.message_ids) for r in s.runs] for s in sent] == [
-        [["4", "5"]],
-        [["6"]],
-        [],
-    ]
+    assert [(c.places, c.topic) for c in cut] == [([0, 1], "b"), ([2], "b"), ([3, 4], "a"), ([5], "a")]
+    sent = [bpb.SessionRequest.FromString(b"".join(c.request(runs=True))).send for c in cut]
+    assert [len(s.messages) for s in sent] == [0, 0, 2, 1]
+    assert [[list(r.message_ids) for r in s.runs] for s in sent] == [[["1", "2"]], [["3"]], [], []]
     alone = chunks([(0, Run("a", "", ["1"], 1000, encoded=[b"z" * 1000]))], budget=10)  # over the budget: alone
     assert [(c.places, c.topic) for c in alone] == [([0], "a")]
     assert whole.sizes() == [100 + FIELD_OVERHEAD] * 3
+    mixed = chunks([(0, Run("a", "", ["1"], 1, encoded=[b"z"])), (1, Run("b", "", ["2"], 1, encoded=[b"w"]))], 1 << 20)
+    assert [(c.places, c.topic) for c in mixed] == [([0, 1], None)]  # one kind, two topics: one Send

@@ -16,6 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import code_of
 from proxy.core import SEND_OVERHEAD, Proxy
+from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
@@ -31,12 +32,12 @@ class SlowBroker(FakeBroker):
         self.waiting = 0
         self.all_waiting = asyncio.Event()
 
-    async def send(self, encoded: Sequence[bytes], *, timeout_s: float) -> Sequence[bpb.SendResult]:
+    async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         self.waiting += 1
         if self.waiting == 3:
             self.all_waiting.set()
         await self.release.wait()
-        return await super().send(encoded, timeout_s=timeout_s)
+        return await super().send(chunk, timeout_s=timeout_s)
 
 
 def message(size: int) -> bpb.Message:
