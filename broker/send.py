@@ -92,6 +92,8 @@ class SendPath:
 
     async def send(self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = ()) -> list[Sent]:
         """Store `messages`, then each run's messages, in order; their results in that order."""
+        if len(runs) > validation.MAX_SEND_MESSAGES:  # refused at the cost of its count: each run has a message
+            raise IllegalBatchSize(f"send carries {len(runs)} runs, at most {validation.MAX_SEND_MESSAGES}")
         count = len(messages) + sum(len(r.bodies) for r in runs)
         if not count:
             raise BadRequest("send carries no message")

@@ -133,3 +133,11 @@ async def test_a_bad_run_is_refused_as_its_messages_sent_one_by_one(
     run = pb.SharedRun(shared=shared, bodies=bodies, message_ids=ids)
     alone = await refusal(tmp_path / "messages", pb.SendRequest(messages=one_by_one))
     assert await refusal(tmp_path / "run", pb.SendRequest(runs=[run])) is alone
+
+
+async def test_a_send_of_more_runs_than_messages_it_may_carry_is_refused_by_its_count(tmp_path: Path) -> None:
+    empty = pb.SharedRun(shared=pb.Message(topic="t"))
+    request = pb.SendRequest(runs=[empty] * 100_000)  # each run costs a few bytes: refused before any is read
+    async with broker(tmp_path) as (core, _):
+        with pytest.raises(errors.IllegalBatchSize, match="100000 runs"):
+            await handlers.send(core, request, pb.SendResponse())
