@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -217,8 +218,8 @@ class SendPath:
         if shared.body or shared.message_id:
             raise BadRequest("a run's shared message has a body or a message id of its own")
         checked = self.check(_expand(shared, bodies[0], ids[0]), now)
-        for body, message_id in zip(bodies[1:], ids[1:], strict=True):
-            self._check_body(body)
+        for body, message_id in zip(itertools.islice(bodies, 1, None), itertools.islice(ids, 1, None), strict=True):
+            self._check_body(body)  # each body read (copied) once, not the run's bodies all at once
             if message_id:
                 validation.check_message_id(message_id)
         return checked

@@ -20,7 +20,9 @@ _MESSAGES, _RUNS = b"\x0a", b"\x12"  # SendRequest.messages (1), runs (2)
 _SHARED, _BODIES, _IDS = b"\x0a", b"\x12", b"\x1a"  # SharedRun.shared (1), bodies (2), message_ids (3)
 _MESSAGE_ID, _BODY = b"\x1a", b"\x22"  # Message.message_id (3), body (4)
 _SEND = b"\x2a"  # SessionRequest.send (5)
-FIELD_OVERHEAD = 8  # at most a message's field tags and lengths in a Send, counted with its size against a budget
+FIELD_OVERHEAD = 8  # at most a whole message's field tag and length in a Send, counted with it against a budget
+# ... and a shared run's message sent whole: that, its id's and its body's tags and lengths (bodies < 2**28 bytes)
+SHARED_OVERHEAD = 16
 
 
 @dataclass(slots=True)
@@ -43,8 +45,8 @@ class Run:
         if self.encoded is not None:
             return [len(data) + FIELD_OVERHEAD for data in self.encoded]
         assert self.bodies is not None
-        head = len(self.shared) + FIELD_OVERHEAD
-        return [head + len(body) + len(message_id) for body, message_id in zip(self.bodies, self.ids, strict=True)]
+        head = len(self.shared) + SHARED_OVERHEAD
+        return [head + len(body) + len(i.encode()) for body, i in zip(self.bodies, self.ids, strict=True)]
 
     def part(self, start: int, stop: int) -> Run:
         """Its messages start..stop as a run of their own (`body_bytes` 0: a send counts its runs before it cuts

@@ -52,6 +52,8 @@ def test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for(messa
         expected.append(m)
     whole = bpb.SessionRequest.FromString(b"".join(chunk.request(runs=False)))
     assert list(whole.send.messages) == expected and not whole.send.runs
+    counted = sum(run.sizes()) + 6  # + the Send's own tag and length: what a budget bounds, sent either way
+    assert max(len(b"".join(chunk.request(runs=kind))) for kind in (True, False)) <= counted
 
 
 def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
