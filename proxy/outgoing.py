@@ -1,9 +1,9 @@
 """Messages on their way to a broker, encoded once as the broker reads them (proto/broker.proto): what
-`Proxy.send_runs` routes and a broker Send carries, with no protobuf object made per message on the way.
+`Proxy.send_runs` routes and a broker Send carries, as bytes.
 
 A `Run` holds messages of one topic and one message group: either each encoded whole as a broker `Message` (a
 SendMessage's), or a SendShared run's, whose shared part is encoded once and sent with the bodies and ids as a
-`SharedRun`, which the broker checks and encodes once too —
+`SharedRun` (no protobuf object made per message on the way), which the broker checks and encodes once too —
 tests/unit/proxy/test_outgoing.py::test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for.
 """
 
@@ -67,16 +67,15 @@ def runs_of(messages: Iterable[bpb.Message]) -> list[Run]:
     """`messages` as runs of messages encoded whole, in order: consecutive messages of one topic and message
     group share one."""
     runs: list[Run] = []
-    last: Run | None = None
+    encoded: list[bytes] = []
     for m in messages:
         topic, group = m.topic, m.message_group
-        if last is None or last.topic != topic or last.group != group or last.encoded is None:
-            last = Run(topic, group, [], 0, [])
-            runs.append(last)
-        assert last.encoded is not None
-        last.encoded.append(m.SerializeToString())
-        last.ids.append(m.message_id)
-        last.body_bytes += len(m.body)
+        if not runs or runs[-1].topic != topic or runs[-1].group != group:
+            encoded = []
+            runs.append(Run(topic, group, [], 0, encoded))
+        encoded.append(m.SerializeToString())
+        runs[-1].ids.append(m.message_id)
+        runs[-1].body_bytes += len(m.body)
     return runs
 
 
