@@ -34,7 +34,7 @@ test: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-## make fuzz: hypothesis against every RPC of the broker and the proxy, 420 cases each (26 RPCs: >= 10,000).
+## make fuzz: hypothesis against every RPC of the broker and the proxy, 420 cases each (30 RPCs and streams: >= 12,000).
 fuzz: $(STAMP)
 	POPGATE_FUZZ_EXAMPLES=420 $(BIN)/python -m pytest -s -q --timeout 900 tests/integration/broker/test_fuzz.py tests/integration/proxy/test_fuzz.py
 

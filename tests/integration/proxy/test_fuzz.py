@@ -9,6 +9,8 @@ import pytest
 from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
@@ -20,7 +22,8 @@ CODES = set(v2.Code.values())
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.MessagingServiceStub]:
+def channel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[grpc.Channel]:
+    """A channel to a proxy of one broker (stopped cleanly, with no traceback in its log, at the end)."""
     # Short long polls so generated receives answer quickly.
     args = ("--max-long-polling-s", "0.3", "--default-long-polling-s", "0.2", "--poll-reserve-s", "0.05")
     cluster = Cluster(
@@ -29,7 +32,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.Messagin
     cluster.start()
     channel = grpc.insecure_channel(cluster.endpoint, options=[("grpc.max_send_message_length", -1)])
     try:
-        yield pb_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        yield channel
     finally:
         channel.close()
         cluster.stop()
@@ -38,6 +41,11 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.Messagin
     assert proxy_child.process is not None and proxy_child.process.returncode == 0, "proxy did not stop cleanly"
     log = proxy_child.log_path.read_text()
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def proxy(channel: grpc.Channel) -> pb_grpc.MessagingServiceStub:
+    return pb_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
 UNARY = ["QueryRoute", "Heartbeat", "SendMessage", "QueryAssignment", "AckMessage", "ForwardMessageToDeadLetterQueue",
@@ -54,6 +62,20 @@ def test_unary_rpcs_answer_a_v2_status_for_any_request(proxy: pb_grpc.MessagingS
     def check(request: Message) -> None:
         CASES[f"proxy.{method}"] += 1
         response = getattr(proxy, method)(request, timeout=10)
+        assert response.status.code in CODES and response.status.code != v2.CODE_UNSPECIFIED, response.status
+
+    check()
+
+
+def test_shared_sends_answer_a_v2_status_for_any_request(channel: grpc.Channel) -> None:
+    """popgate.ext.v1's SendShared (what the SDK's send_many is), on the same port: answered as a SendMessage."""
+    shared = ext_grpc.MessagingStub(channel)  # type: ignore[no-untyped-call]
+
+    @FUZZ
+    @given(requests(ext.SendShared))
+    def check(request: Message) -> None:
+        CASES["proxy.SendShared"] += 1
+        response = shared.SendShared(request, timeout=10)
         assert response.status.code in CODES and response.status.code != v2.CODE_UNSPECIFIED, response.status
 
     check()
