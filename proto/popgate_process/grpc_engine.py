@@ -27,3 +27,8 @@ def prefer_poller_io() -> None:
         # program prints unless this is set before grpc loads; errors still do. An operator's own GRPC_VERBOSITY
         # wins.
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+        # popgate's programs fork only to exec (a cluster's children, a test run's Spark JVM). grpc's fork handlers
+        # start a poller thread in such a child, which can abort it before its exec when the child closes its
+        # descriptors (a preexec_fn makes Python fork and close them; grpc/grpc issue 43055) —
+        # tests/integration/process/test_fork_exec.py::test_children_forked_beside_live_grpc_channels_all_exec.
+        os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
