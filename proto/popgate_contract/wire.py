@@ -50,18 +50,6 @@ def timestamp(tag: bytes, ms: int) -> bytes:
     return tag + SMALL[len(inner)] + inner  # at most 1 + 10 + 1 + 5 bytes: a one-byte length
 
 
-def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """The varint at `buf[pos:]` and the position after it (unsigned; IndexError past the end)."""
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
 def timestamp_ns(tag: bytes, ns: int) -> bytes:
     """A google.protobuf.Timestamp field of `ns` nanoseconds since the epoch."""
     seconds, nanos = divmod(ns, 1_000_000_000)
