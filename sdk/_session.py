@@ -205,9 +205,11 @@ class Session:
             return await future
         except asyncio.CancelledError:
             self._drop(request_id)  # messages it had read are given back
-            if kind == "receive" and future.done() and not future.cancelled():
+            if kind == "receive" and future.done() and not future.cancelled() and future.exception() is None:
                 # Answered, then cancelled before it resumed: nobody gets these messages; given back at once —
                 # tests/unit/sdk/test_session.py::test_a_receive_cancelled_after_its_answer_gives_the_messages_back.
+                # Failed, then cancelled: the cancellation goes on, not the failure (which a retry would take up) —
+                # test_a_receive_cancelled_after_it_failed_stays_cancelled.
                 self._waiting._orphan(future.result())
             raise
         finally:

@@ -207,3 +207,20 @@ async def test_a_receive_cancelled_after_its_answer_gives_the_messages_back() ->
         await caller
     await session.close()
     assert orphans == ["a", "b"]
+
+
+async def test_a_receive_cancelled_after_it_failed_stays_cancelled() -> None:
+    # The stream is lost (the receive's future holds a retriable Unavailable), then the caller's task is cancelled
+    # before it resumes: the caller sees its cancellation, which a retry must not swallow, and nothing is orphaned.
+    orphans: list[object] = []
+    channel = FakeChannel()
+    session = _session.Session(channel, (), convert, orphans.extend)  # type: ignore[arg-type]
+    caller = asyncio.ensure_future(session.request("receive", pb.ReceiveMessageRequest(), 5.0))
+    await asyncio.sleep(0)
+    session._end(Unavailable("stream lost", retriable=True))
+    assert not caller.done()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await session.close()
+    assert orphans == []
