@@ -132,7 +132,14 @@ async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, 
     except asyncio.CancelledError:
         if stream.finished or stream.reset:
             return  # the client went away, or the deadline's answer is sent already
-        raise
+        # The handler's own cancellation (an await of something cancelled), or the server stopping: the client is
+        # told, and the call's place is given up —
+        # test_h2grpc.py::test_a_handler_that_raises_cancelled_answers_cancelled.
+        stream.finish(CANCELLED, "the call was cancelled", ())
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return
     except grpc.aio.AbortError:
         pass
     except Exception as exc:

@@ -14,6 +14,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.frame_buffer
 import h2.settings
 import hyperframe.frame
 from h2.errors import ErrorCodes
@@ -33,6 +34,20 @@ MAX_FRAME = 1 << 20  # the largest DATA frame a client may send us
 # reset" flood (open a call, cancel it, again) costs the server a handler start each and is not served. The burst
 # is never below the server's call bound, so a client may always cancel every call it holds at once.
 RESET_BURST, RESET_RATE = 1000, 33
+# A header block's bytes as sent (HEADERS and its CONTINUATION frames) before it ends: h2 keeps up to 64 frames of a
+# block unended, each up to MAX_FRAME, and bounds the header list only once the block is whole.
+MAX_HEADER_BLOCK = 1 << 16
+
+
+class _HeaderBoundBuffer(h2.frame_buffer.FrameBuffer):
+    """h2's frame buffer, refusing (a connection error) a header block past MAX_HEADER_BLOCK bytes while it is still
+    being sent — test_h2grpc_raw.py::test_a_header_block_that_never_ends_costs_at_most_its_bound."""
+
+    def _update_header_buffer(self, f: Any) -> Any:
+        out = super()._update_header_buffer(f)
+        if self._headers_buffer and sum(len(x.data) for x in self._headers_buffer) > MAX_HEADER_BLOCK:
+            raise h2.exceptions.ProtocolError(f"a header block of more than {MAX_HEADER_BLOCK} bytes")
+        return out
 
 
 class _H2Connection(h2.connection.H2Connection):
@@ -87,6 +102,7 @@ class Connection(asyncio.BufferedProtocol):
             client_side=False, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
         )
         self.h2 = _H2Connection(config)
+        self.h2.incoming_buffer = _HeaderBoundBuffer(server=True)
         self.h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -142,10 +158,17 @@ class Connection(asyncio.BufferedProtocol):
             stream.gone()
 
     def pause_writing(self) -> None:
+        """The socket's send buffer is full (the client reads slower than we write): read none of its frames until it
+        drains. Each would queue an answer of ours past the bound (a PING's, a SETTINGS ack, a RST_STREAM) —
+        test_h2grpc_raw.py::test_a_client_that_reads_nothing_cannot_grow_the_servers_output_with_pings."""
         self.paused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.paused = False
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
         self._wake_waiting()
         self.flush_soon()
 

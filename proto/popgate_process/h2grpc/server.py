@@ -119,6 +119,10 @@ class H2Server:
         handler = self._handler(path)
         if handler is None:
             return stream.finish(wire.UNIMPLEMENTED, "Method not found!", ())
+        try:
+            invocation_metadata = wire.metadata(headers)
+        except wire.WireError as exc:
+            return stream.finish(exc.code, exc.message, ())
         deadline = None
         if (timeout := fields.get(b"grpc-timeout")) is not None:
             try:
@@ -127,7 +131,7 @@ class H2Server:
                 return stream.finish(exc.code, exc.message, ())
             stream.timer = asyncio.get_running_loop().call_at(deadline, stream.expire)
         stream.handler = handler
-        stream.context = call.Context(stream, wire.metadata(headers), deadline)
+        stream.context = call.Context(stream, invocation_metadata, deadline)
         if handler.request_streaming or ended:
             self.run(stream)
 

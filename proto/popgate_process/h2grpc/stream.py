@@ -60,9 +60,18 @@ class Stream:
         """Request bytes arrived. They are acknowledged (the client may send more) at once while the handler has
         less than UNREAD_BOUND of whole requests not yet read — a request larger than the stream's window completes
         so — and otherwise as it reads them (test_h2grpc.py::test_a_request_larger_than_the_window_arrives,
-        test_a_handler_that_reads_nothing_stops_its_client)."""
+        test_a_handler_that_reads_nothing_stops_its_client). A call whose status is decided keeps none of them; a unary
+        call's second request is the call's error (INTERNAL), not kept either — test_h2grpc_raw.py::
+        test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_nothing)."""
         self._unacked += flow_length
+        if self.finished:
+            self.acknowledge()
+            return
         messages = self.deframer.feed(data)
+        handler = self.handler
+        if messages and handler is not None and not handler.request_streaming and len(self.inbox) + len(messages) > 1:
+            self.acknowledge()
+            raise wire.WireError(wire.INTERNAL, "a unary call carries one request message, not more")
         for message in messages:
             self._unread += len(message)
         self.inbox.extend(messages)

@@ -9,7 +9,7 @@ tests/unit/process/test_h2grpc_wire.py.
 from __future__ import annotations
 
 import base64
-import gzip
+import binascii
 import zlib
 from collections.abc import Iterable, Sequence
 from urllib.parse import quote
@@ -18,6 +18,8 @@ Header = tuple[bytes, bytes]
 
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 # Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
+# zlib's window bits for each `grpc-encoding` it inflates: gzip's header and trailer, or zlib's (deflate).
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 _RESERVED = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 
 
@@ -78,17 +80,21 @@ class Deframer:
         return len(self._buffer)
 
     def _inflate(self, message: bytes) -> bytes:
+        """`message` inflated, never past `max_bytes` + 1 bytes however far it would inflate (a "zip bomb" is
+        refused having cost that much memory) — test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound."""
+        wbits = _WBITS.get(self._encoding)
+        if wbits is None:
+            name = self._encoding.decode(errors="replace")
+            raise WireError(UNIMPLEMENTED, f"a compressed message in encoding {name!r}")
+        inflater = zlib.decompressobj(wbits)
         try:
-            if self._encoding == b"gzip":
-                out = gzip.decompress(message)
-            elif self._encoding == b"deflate":
-                out = zlib.decompress(message)
-            else:
-                raise WireError(UNIMPLEMENTED, f"a compressed message in encoding {self._encoding.decode()!r}")
-        except (OSError, zlib.error, EOFError) as exc:
+            out = inflater.decompress(message, self._max + 1)
+        except zlib.error as exc:
             raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
-        if len(out) > self._max:
-            raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max ({len(out)} vs. {self._max})")
+        if len(out) > self._max or inflater.unconsumed_tail:
+            raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {self._max})")
+        if not inflater.eof or inflater.unused_data:
+            raise WireError(INTERNAL, "a compressed message does not inflate: truncated or followed by other bytes")
         return out
 
 
@@ -102,14 +108,18 @@ def timeout_s(value: bytes) -> float:
 
 def metadata(headers: Iterable[Header]) -> tuple[tuple[str, str | bytes], ...]:
     """The caller's metadata as grpc.aio's `invocation_metadata()` gives it: text values as str, `-bin` ones
-    decoded to bytes, HTTP/2's and gRPC's own headers left out."""
+    decoded to bytes, HTTP/2's and gRPC's own headers left out. WireError (INTERNAL, the call's alone) for a `-bin`
+    value that is not base64 — test_h2grpc_wire.py::test_a_bin_value_that_is_not_base64_is_the_calls_error."""
     out: list[tuple[str, str | bytes]] = []
     for key, value in headers:
         if key[:1] == b":" or key in _RESERVED:
             continue
         name = key.decode("ascii", errors="replace")
         if key.endswith(b"-bin"):
-            out.append((name, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            try:
+                out.append((name, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            except binascii.Error:
+                raise WireError(INTERNAL, f"metadata {name!r} is not base64") from None
         else:
             out.append((name, value.decode("latin-1")))
     return tuple(out)

@@ -44,6 +44,12 @@ class Handlers:
             raise
         return b""
 
+    async def cancelled_within(self, request: bytes, context: Any) -> bytes:
+        """Raises CancelledError of its own (it awaits a future someone cancelled): its task was not cancelled."""
+        gone = asyncio.get_running_loop().create_future()
+        gone.cancel()
+        return await gone
+
     async def held(self, request: bytes, context: Any) -> bytes:
         await self.release.wait()
         return b"released"
@@ -73,7 +79,7 @@ class Handlers:
 
 def served(handlers: Handlers) -> grpc.GenericRpcHandler:
     unary = {name: grpc.unary_unary_rpc_method_handler(getattr(handlers, name))
-             for name in ("echo", "told", "refuse", "fail", "slow", "held")}  # fmt: skip
+             for name in ("echo", "told", "refuse", "fail", "slow", "held", "cancelled_within")}  # fmt: skip
     return grpc.method_handlers_generic_handler(
         "t.S",
         {

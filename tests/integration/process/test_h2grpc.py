@@ -52,6 +52,16 @@ async def test_a_failing_handler_is_unknown_and_the_server_goes_on(server: tuple
         assert await channel.unary_unary("/t.S/echo")(b"still", timeout=5) == b"still"
 
 
+async def test_a_handler_that_raises_cancelled_answers_cancelled(server: tuple[H2Server, Handlers, str]) -> None:
+    """A handler whose own await was cancelled (not its call): its client is told CANCELLED at once, not left waiting
+    for its deadline, and the call's place is given up."""
+    h2server, _, target = server
+    async with grpc.aio.insecure_channel(target) as channel:
+        await refusal(channel.unary_unary("/t.S/cancelled_within")(b"", timeout=30), grpc.StatusCode.CANCELLED)
+        assert await channel.unary_unary("/t.S/echo")(b"still", timeout=5) == b"still"
+    assert h2server.calls == 0
+
+
 async def test_a_request_that_does_not_parse_is_unknown_as_grpc_aio_answers_it(
     server: tuple[H2Server, Handlers, str],
 ) -> None:

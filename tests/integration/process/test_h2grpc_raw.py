@@ -5,6 +5,7 @@ ended, silence where a PING is due."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import grpc
 import h2.config
@@ -17,6 +18,7 @@ from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import H2Server
 from popgate_process.h2grpc.connection import RESET_BURST
+from popgate_process.h2grpc.stream import SEND_BUFFER
 from tests.integration.process.h2grpc_served import Handlers, started
 
 pytestmark = pytest.mark.asyncio
@@ -282,3 +284,94 @@ async def test_a_grpc_client_moves_to_a_new_connection_as_each_ages() -> None:
     finally:
         await h2server.stop(None)
     assert len(peers) >= 3  # 1 s of calls over connections that last ~0.2 s each
+
+
+async def test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_nothing(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """A unary call's second request message is the call's error (INTERNAL) at once, and what the client sends on it
+    after is not kept: a client that never ends its side cannot fill the server's memory."""
+    h2server, _, target = server
+    peer = await connected(target)
+    peer.client.send_headers(1, headers(b"/t.S/echo"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x02ok" * 2)
+    peer.send()
+    frames = await peer.read(answered=1)
+    assert answer(frames, 1)[1][b"grpc-status"] == b"13"
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x02ok" * 100)  # sent on: the stream may still be open our way
+    peer.client.send_headers(3, headers(b"/t.S/echo"))
+    peer.client.send_data(3, b"\x00\x00\x00\x00\x02ok", end_stream=True)
+    peer.send()
+    frames = await peer.read(answered=3)
+    assert all(not stream.inbox for connection in h2server.connections for stream in connection.streams.values())
+    await peer.close()
+    body, trailers = answer(frames, 3)
+    assert body == b"\x00\x00\x00\x00\x02ok"
+    assert trailers[b"grpc-status"] == b"0"
+
+
+async def test_metadata_that_does_not_decode_fails_its_call_alone(server: tuple[H2Server, Handlers, str]) -> None:
+    """A `-bin` value that is not base64 is its call's error (INTERNAL); the connection and its other calls go on."""
+    _, handlers, target = server
+    peer = await connected(target)
+    peer.client.send_headers(1, headers(b"/t.S/held"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+    peer.client.send_headers(3, [*headers(b"/t.S/echo"), (b"x-a-bin", b"a")])
+    peer.client.send_data(3, b"\x00\x00\x00\x00\x00", end_stream=True)
+    peer.send()
+    frames = await peer.read(answered=3)
+    assert answer(frames, 3)[1][b"grpc-status"] == b"13"
+    handlers.release.set()
+    frames = await peer.read(answered=1)
+    await peer.close()
+    body, trailers = answer(frames, 1)
+    assert body == b"\x00\x00\x00\x00\x08released"
+    assert trailers[b"grpc-status"] == b"0"
+
+
+async def test_a_header_block_that_never_ends_costs_at_most_its_bound(server: tuple[H2Server, Handlers, str]) -> None:
+    """HEADERS and CONTINUATION frames without END_HEADERS: past MAX_HEADER_BLOCK bytes the connection is refused
+    (a protocol error), not kept holding up to 64 frames of a MiB each."""
+    h2server, _, target = server
+    peer = await connected(target)
+    peer.send()  # the preface and SETTINGS
+    block = [
+        hyperframe.frame.HeadersFrame(1, data=bytes(40_000)),
+        hyperframe.frame.ContinuationFrame(1, data=bytes(40_000)),
+    ]
+    peer.writer.write(b"".join(frame.serialize() for frame in block))
+    frames = await peer.read()  # until the server closes the connection
+    await peer.close()
+    goaway = [frame for frame in frames if isinstance(frame, hyperframe.frame.GoAwayFrame)]
+    assert goaway and goaway[-1].error_code == ErrorCodes.PROTOCOL_ERROR
+    assert not h2server.connections
+
+
+async def test_a_client_that_reads_nothing_cannot_grow_the_servers_output_with_pings(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """Each PING is answered; a client that sends them and reads nothing fills the server's send buffer, and then
+    the server reads no more of its frames until it reads: the server's unsent output stays near its bound."""
+    h2server, _, target = server
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # little room in the kernel for what we never read
+    host, port = target.split(":")
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    peer = Peer(*await asyncio.open_connection(sock=sock))
+    peer.send()
+    ping = hyperframe.frame.PingFrame(0, opaque_data=b"12345678").serialize()
+    connection = next(iter(h2server.connections))
+    stalled = False
+    for _ in range(40):  # up to ~16 MiB of PINGs, ~0.2 s of h2 a MiB
+        peer.writer.write(ping * 24_000)
+        try:
+            await asyncio.wait_for(peer.writer.drain(), 2)
+        except TimeoutError:
+            stalled = True  # the server stopped reading us
+            break
+    assert stalled
+    assert connection.paused
+    assert connection._transport is not None
+    assert connection._transport.get_write_buffer_size() < SEND_BUFFER + (1 << 20)
+    peer.writer.transport.abort()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import tracemalloc
+import zlib
 from urllib.parse import unquote
 
 import pytest
@@ -48,6 +50,37 @@ def test_a_compressed_message_in_an_unknown_encoding_is_unimplemented() -> None:
     with pytest.raises(wire.WireError) as refused:
         wire.Deframer(100, b"snappy").feed(b"\x01\x00\x00\x00\x01x")
     assert refused.value.code == wire.UNIMPLEMENTED
+    with pytest.raises(wire.WireError) as refused:  # a name that is not text is named, not a crash
+        wire.Deframer(100, b"\xff").feed(b"\x01\x00\x00\x00\x01x")
+    assert refused.value.code == wire.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize(("encoding", "wbits"), [(b"gzip", 31), (b"deflate", 15)])
+def test_a_compressed_bomb_is_refused_at_the_bound(encoding: bytes, wbits: int) -> None:
+    """A message that would inflate to 64 MiB is refused having inflated ~its bound (1 MiB), not 64 MiB."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    bomb = b"".join(packer.compress(bytes(1 << 20)) for _ in range(64)) + packer.flush()
+    deframer = wire.Deframer(1 << 20, encoding)
+    tracemalloc.start()
+    try:
+        with pytest.raises(wire.WireError) as refused:
+            deframer.feed(b"\x01" + len(bomb).to_bytes(4, "big") + bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.value.code == wire.RESOURCE_EXHAUSTED
+    assert peak < 4 << 20
+
+
+@pytest.mark.parametrize(("encoding", "wbits"), [(b"gzip", 31), (b"deflate", 15)])
+def test_a_compressed_message_cut_short_or_followed_by_other_bytes_is_refused(encoding: bytes, wbits: int) -> None:
+    packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    packed = packer.compress(b"a" * 50) + packer.flush()
+    assert wire.Deframer(100, encoding).feed(b"\x01" + len(packed).to_bytes(4, "big") + packed) == [b"a" * 50]
+    for bad in (packed[:-3], packed + b"junk"):
+        with pytest.raises(wire.WireError) as refused:
+            wire.Deframer(100, encoding).feed(b"\x01" + len(bad).to_bytes(4, "big") + bad)
+        assert refused.value.code == wire.INTERNAL
 
 
 @pytest.mark.parametrize(
@@ -77,6 +110,13 @@ def test_metadata_leaves_out_the_protocol_headers_and_decodes_binary_values() ->
         ("authorization", "MQv2-HMAC-SHA1 Credential=ak"),
         ("x-trace-bin", b"\x00\x01\x02"),
     )
+
+
+def test_a_bin_value_that_is_not_base64_is_the_calls_error() -> None:
+    with pytest.raises(wire.WireError) as refused:
+        wire.metadata([(b"x-trace-bin", b"a")])  # one base64 character: no byte at all
+    assert refused.value.code == wire.INTERNAL
+    assert "x-trace-bin" in refused.value.message
 
 
 def test_a_status_message_round_trips_through_its_percent_encoding() -> None:
