@@ -156,7 +156,17 @@ class Proxy:
 
         # Every group settles before the answer (a client retrying must not race a store still in flight, and
         # the request's bytes stay counted until then); the first error reaches the client as itself.
-        outcomes = await asyncio.gather(*(one(key, placed) for key, placed in batches.items()), return_exceptions=True)
+        if len(batches) == 1:  # awaited in place: a task per group only where there are several
+            [(key, placed)] = batches.items()
+            try:
+                await one(key, placed)
+                outcomes: list[BaseException | None] = [None]
+            except Exception as exc:
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(
+                *(one(key, placed) for key, placed in batches.items()), return_exceptions=True
+            )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, errors.DomainError) and any(r is not None for r in results):

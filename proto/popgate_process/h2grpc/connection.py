@@ -311,7 +311,8 @@ class Connection(asyncio.BufferedProtocol):
             self.h2.acknowledge_received_data(length, stream_id)
         except h2.exceptions.ProtocolError:  # the stream closed meanwhile: h2 keeps the connection's window
             return
-        self.flush_soon()
+        if self.h2._data_to_send:  # h2 sends WINDOW_UPDATE once half a window is read, not per request
+            self.flush_soon()
 
     def pump(self, stream: Stream) -> None:
         """Give the stream's pending bytes to HTTP/2 as far as flow control allows, then its trailers."""
