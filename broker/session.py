@@ -176,7 +176,16 @@ class Session:
 
     def _answer_held(self, request_id: int, kind: str, asked: Asked, result: Any, fill: Callable[..., Any]) -> None:
         """The answer to a request that may have been held, made now that there is a `result`: a held request holds
-        no answer. One a caller may not use can be undone (see `unused`)."""
+        no answer. One a caller may not use can be undone (see `unused`). A Pop's messages answered while the stream
+        holds SESSION_MAX_OUTBOX_BYTES of answers its caller has not taken (Pops joined in one stream message are
+        all taken before any is answered) go back, ready at once with their attempt unchanged, and the Pop is
+        refused — tests/unit/broker/test_session_stream.py::test_pops_past_the_outbox_bound_are_refused_and_put_back.
+        """
+        if kind == "pop" and result.messages and self.outbox_bytes >= SESSION_MAX_OUTBOX_BYTES:
+            self.core.release(asked.topic, asked.group, [p.handle for p in result.messages])
+            why = f"session holds {self.outbox_bytes} bytes of answers not taken; Pop refused, its messages put back"
+            self._error(request_id, errors.TooManyRequests(why))
+            return
         response = pb.SessionResponse(id=request_id)
         body = getattr(response, kind)
         body.SetInParent()

@@ -141,3 +141,20 @@ async def test_a_send_of_more_runs_than_messages_it_may_carry_is_refused_by_its_
     async with broker(tmp_path) as (core, _):
         with pytest.raises(errors.IllegalBatchSize, match="100000 runs"):
             await handlers.send(core, request, pb.SendResponse())
+
+
+async def test_a_runs_shared_part_counts_once_a_message_against_the_budget(tmp_path: Path) -> None:
+    """A 37 KB request whose run shares 32 KB of keys and properties among 1,024 one-byte bodies becomes ~34 MB of
+    payloads: counted so, it is refused (TooManyRequests) past --max-send-bytes while another Send is in flight (a
+    Send alone always fits), and stores nothing."""
+    shared = pb.Message(topic="t", keys=["k" * 256] * 63)
+    shared.properties["p"] = "v" * 16_000
+    run = pb.SharedRun(shared=shared, bodies=[b"x"] * 1024, message_ids=[f"id{i}" for i in range(1024)])
+    request = pb.SendRequest(runs=[run])
+    assert request.ByteSize() < 64 * 1024
+    async with broker(tmp_path, max_send_bytes=8 << 20) as (core, _):
+        another = core.sends.in_flight.take(1024)  # a Send in flight meanwhile
+        with pytest.raises(errors.TooManyRequests):
+            await handlers.send(core, request, pb.SendResponse())
+        assert core.sends.in_flight.used == another
+        assert await stored(core, "t") == []

@@ -72,6 +72,37 @@ async def test_a_caller_that_does_not_read_stops_being_read(tmp_path: Path, monk
         await asyncio.gather(session, return_exceptions=True)
 
 
+async def test_pops_past_the_outbox_bound_are_refused_and_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pops joined in one stream message are all taken before any is answered: those answered once the caller holds
+    the outbox bound of answers it has not taken are refused (TooManyRequests) and their messages are ready again at
+    once, attempt unchanged — the outbox stays near its bound however many Pops came together."""
+    monkeypatch.setattr(session_stream, "SESSION_MAX_OUTBOX_BYTES", 1 << 20)
+    async with broker(tmp_path) as (core, _):
+        for _ in range(8):
+            await core.send([pb.Message(topic="t", body=b"x" * 64 * 1024) for _ in range(32)])
+        session = session_stream.Session(core, BrokerMetrics(), core.settings.max_held)
+        pop = pb.PopRequest(topic="t", group="g", filter="*", max_messages=16, invisible_ms=60_000, poll_ms=0)
+        first = pb.SessionRequest(id=1, pop=pop)
+        first.more.extend(pb.SessionRequest(id=i, pop=pop) for i in range(2, 17))
+        session.take(first)  # nothing reads the outbox
+        await asyncio.gather(*session.pending.values())
+        assert session.outbox_bytes < (1 << 20) + 16 * 64 * 1024 + 16 * 1024  # the bound, one answer, the refusals
+        answers = []
+        while not session.outbox.empty():
+            answers.append(pb.SessionResponse.FromString(session.outbox.get_nowait()))
+        refused = [a for a in answers if a.WhichOneof("body") == "error"]
+        answered = sum(len(a.pop.messages) for a in answers if a.WhichOneof("body") == "pop")
+        assert refused and all(a.error.error == "TooManyRequests" for a in refused)
+        assert answered + 16 * len(refused) == 16 * 16
+        again = []  # the refused Pops' messages, ready at their first attempt (a Pop takes up to --max-pop-bytes)
+        while popped := (await core.pop("t", "g", "*", 64, 60_000, 0)).messages:
+            again += popped
+        assert len(again) == 256 - answered and {m.attempt for m in again} == {1}
+        await session.close()
+
+
 class Records(ServerContext):
     """A Session context that takes every answer at once: `messages` as written, `answers` one by one."""
 
