@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import Message
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
@@ -118,22 +119,23 @@ class Proxy:
         `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
-        cost = self.check_send_bytes(sum(r.body_bytes for r in runs), sum(len(r.ids) for r in runs))
+        cost = self.check_send_bytes(sum(r.held_bytes for r in runs), sum(len(r.ids) for r in runs))
         self._send_bytes += cost
         try:
             return await self._send(runs, deadline)
         finally:
             self._send_bytes -= cost
 
-    def check_send_room(self, messages: Sequence[Any]) -> int:
-        """The cost of sending ``messages`` (anything with a ``body``: bodies + SEND_OVERHEAD each);
-        TooManyRequests when it would pass max_send_bytes (one request alone always fits). The edge asks
-        before it converts a request, so a refused one costs no copy of its bodies."""
-        return self.check_send_bytes(sum(len(m.body) for m in messages), len(messages))
+    def check_send_room(self, messages: Sequence[Message]) -> int:
+        """The cost of sending ``messages`` (protobuf messages: each encoded whole, keys and properties with its
+        body, + SEND_OVERHEAD); TooManyRequests when it would pass max_send_bytes (one request alone always fits).
+        The edge asks before it converts a request, so a refused one costs no copy of its bodies —
+        tests/unit/proxy/test_overload.py::test_sends_count_their_keys_and_properties_not_their_bodies_alone."""
+        return self.check_send_bytes(sum(m.ByteSize() for m in messages), len(messages))
 
-    def check_send_bytes(self, body_bytes: int, count: int) -> int:
-        """`check_send_room` of `count` messages whose bodies take `body_bytes`."""
-        cost = body_bytes + SEND_OVERHEAD * count
+    def check_send_bytes(self, held_bytes: int, count: int) -> int:
+        """`check_send_room` of `count` messages that take `held_bytes`."""
+        cost = held_bytes + SEND_OVERHEAD * count
         if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:
             raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
         return cost

@@ -28,14 +28,14 @@ SHARED_OVERHEAD = 16
 @dataclass(slots=True)
 class Run:
     """Messages to store that share a topic and a message group ("": none), in order, with their message ids
-    (named in the answer of a message that was not stored) and their bodies' size (what a send counts against
-    the proxy's bytes in flight). Either `encoded`, each message whole, or `shared` (their broker `Message`
-    without body and id, encoded) with each message's body in `bodies`."""
+    (named in the answer of a message that was not stored) and the bytes the proxy holds for them, keys and
+    properties too (what a send counts against the proxy's bytes in flight). Either `encoded`, each message whole,
+    or `shared` (their broker `Message` without body and id, encoded) with each message's body in `bodies`."""
 
     topic: str
     group: str
     ids: list[str]
-    body_bytes: int
+    held_bytes: int
     encoded: list[bytes] | None = None
     shared: bytes = b""
     bodies: list[bytes] | None = None
@@ -49,7 +49,7 @@ class Run:
         return [head + len(body) + len(i.encode()) for body, i in zip(self.bodies, self.ids, strict=True)]
 
     def part(self, start: int, stop: int) -> Run:
-        """Its messages start..stop as a run of their own (`body_bytes` 0: a send counts its runs before it cuts
+        """Its messages start..stop as a run of their own (`held_bytes` 0: a send counts its runs before it cuts
         them into Sends, not again)."""
         encoded, bodies = self.encoded, self.bodies
         return Run(
@@ -73,9 +73,10 @@ def runs_of(messages: Iterable[bpb.Message]) -> list[Run]:
         if not runs or runs[-1].topic != topic or runs[-1].group != group:
             encoded = []
             runs.append(Run(topic, group, [], 0, encoded))
-        encoded.append(m.SerializeToString())
+        data = m.SerializeToString()
+        encoded.append(data)
         runs[-1].ids.append(m.message_id)
-        runs[-1].body_bytes += len(m.body)
+        runs[-1].held_bytes += len(data)
     return runs
 
 
@@ -86,10 +87,9 @@ def shared_run(template: bpb.Message, bodies: list[bytes], ids: list[str]) -> Ru
     shared.CopyFrom(template)
     shared.ClearField("message_id")
     shared.ClearField("body")
-    body_bytes = sum(len(body) for body in bodies)
-    return Run(
-        template.topic, template.message_group, ids, body_bytes, shared=shared.SerializeToString(), bodies=bodies
-    )
+    data = shared.SerializeToString()
+    held = len(data) + sum(len(body) for body in bodies) + sum(len(i) for i in ids)
+    return Run(template.topic, template.message_group, ids, held, shared=data, bodies=bodies)
 
 
 @dataclass(slots=True)

@@ -107,7 +107,9 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
     if not 1 <= count <= MAX_MESSAGES:
         raise errors.BadRequest(f"SendShared carries {count} messages: must be 1..{MAX_MESSAGES}")
     runs = [_run(run) for run in given]
-    call.proxy.check_send_bytes(sum(len(body) for _, bodies, _ in runs for body in bodies), count)
+    # Each run's shared part (its first message but for the body) counted once, as the proxy holds it.
+    held = sum(first.ByteSize() - len(first.body) + sum(map(len, bodies)) for first, bodies, _ in runs)
+    call.proxy.check_send_bytes(held, count)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()
     gzipped = any(first.system_properties.body_encoding == v2.GZIP for first, _, _ in runs)

@@ -33,7 +33,8 @@ def test_a_shared_runs_messages_read_as_the_broker_messages_they_stand_for(messa
     bodies = [body for body, _ in messages]
     ids = [message_id for _, message_id in messages]
     run = shared_run(TEMPLATE, bodies, ids)
-    assert (run.topic, run.group, run.ids, run.body_bytes) == ("orders", "g", ids, sum(map(len, bodies)))
+    held = len(run.shared) + sum(map(len, bodies)) + sum(map(len, ids))
+    assert (run.topic, run.group, run.ids, run.held_bytes) == ("orders", "g", ids, held)
     [chunk] = chunks([(0, run)], budget=1 << 30)
     request = bpb.SessionRequest.FromString(b"".join([b"\x08\x07", *chunk.request(runs=True)]))  # id: the session's
     shared = bpb.Message()
@@ -65,11 +66,11 @@ def test_messages_go_as_runs_of_one_topic_and_group_in_their_order() -> None:
         bpb.Message(topic="a", message_id="5", body=b"v"),
     ]
     runs = runs_of(messages)
-    assert [(r.topic, r.group, r.ids, r.body_bytes) for r in runs] == [
-        ("a", "", ["1", "2"], 3),
-        ("a", "g", ["3"], 1),
-        ("b", "", ["4"], 1),
-        ("a", "", ["5"], 1),
+    assert [(r.topic, r.group, r.ids, r.held_bytes) for r in runs] == [
+        ("a", "", ["1", "2"], sum(m.ByteSize() for m in messages[:2])),
+        ("a", "g", ["3"], messages[2].ByteSize()),
+        ("b", "", ["4"], messages[3].ByteSize()),
+        ("a", "", ["5"], messages[4].ByteSize()),
     ]
     assert [bpb.Message.FromString(data) for r in runs for data in r.encoded or ()] == messages
 

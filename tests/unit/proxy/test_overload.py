@@ -31,9 +31,11 @@ class SlowBroker(FakeBroker):
         self.release = asyncio.Event()
         self.waiting = 0
         self.all_waiting = asyncio.Event()
+        self.one_waiting = asyncio.Event()
 
     async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         self.waiting += 1
+        self.one_waiting.set()
         if self.waiting == 3:
             self.all_waiting.set()
         await self.release.wait()
@@ -44,10 +46,13 @@ def message(size: int) -> bpb.Message:
     return bpb.Message(topic="t", message_id=f"m{size}", body=b"x" * size)
 
 
+HELD_1000 = message(1000).ByteSize() + SEND_OVERHEAD  # what a send of one `message(1000)` counts: encoded whole
+
+
 async def test_sends_beyond_the_bytes_in_flight_are_too_many_requests_and_the_budget_comes_back() -> None:
     broker = SlowBroker("b1")
     pool = BrokerPool({"b1": broker})
-    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * HELD_1000)
     held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
     async with asyncio.timeout(5):
         await broker.all_waiting.wait()
@@ -57,6 +62,28 @@ async def test_sends_beyond_the_bytes_in_flight_are_too_many_requests_and_the_bu
     broker.release.set()
     assert all(len(r) == 1 for r in await asyncio.gather(*held))
     assert len(await proxy.send([message(1000)] * 3)) == 3  # the budget was given back
+
+
+async def test_sends_count_their_keys_and_properties_not_their_bodies_alone() -> None:
+    """A message of a one-byte body with 64 keys of 256 characters and 16 KB of properties holds ~32 KB: sends of
+    them count so, and past the bound are refused (TooManyRequests) while others are in flight, at the edge (a v2
+    SendMessage) and once converted alike."""
+    broker = SlowBroker("b1")
+    pool = BrokerPool({"b1": broker})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1 << 20)
+    heavy = bpb.Message(topic="t", message_id="m", body=b"x", keys=["k" * 256] * 64, properties={"p": "v" * 16_000})
+    held = asyncio.create_task(proxy.send([heavy] * 16))  # ~0.5 MB held (its bodies: 16 bytes)
+    async with asyncio.timeout(5):
+        await broker.one_waiting.wait()
+    sent = v2.Message(topic=v2.Resource(name="t"), body=b"x", user_properties={"p": "v" * 16_000})
+    sent.system_properties.keys.extend(["k" * 256] * 64)
+    with pytest.raises(errors.TooManyRequests, match="in flight"):
+        proxy.check_send_room([sent] * 16)
+    with pytest.raises(errors.TooManyRequests, match="in flight"):
+        await proxy.send([heavy] * 16)
+    broker.release.set()
+    assert len(await held) == 16
+    assert len(await proxy.send([heavy] * 16)) == 16  # the budget was given back
 
 
 async def test_one_request_larger_than_the_bound_still_goes_through_alone() -> None:
@@ -77,7 +104,7 @@ async def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(m
     monkeypatch.setattr(send_v2, "to_broker", counting)
     broker = SlowBroker("b1")
     pool = BrokerPool({"b1": broker})
-    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * (1000 + SEND_OVERHEAD))
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=3 * HELD_1000)
     settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
     call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), None)
     held = [asyncio.create_task(proxy.send([message(1000)])) for _ in range(3)]
