@@ -301,8 +301,10 @@ class NotifyRun:
     def moved(self, broker: str, to: str, *, now: float) -> list[Command]:
         """The held Pop at `broker` (a hand-off) was cancelled to be made at `to`, where a message came that
         nobody of the group waited for (the adaptive mode's covered long polls move the group's held Pops, a
-        handed-off run's among them): Pop there for the poll time left."""
-        if self.phase is not Phase.LONGPOLL or broker != self.popping:
+        handed-off run's among them): Pop there for the poll time left — none once the poll is over and the run
+        drains its Pop, whose answer then ends it (test_notify.py::
+        test_a_handed_off_pop_moved_after_the_poll_ended_pops_there_at_once_and_ends_the_run)."""
+        if self.phase not in (Phase.LONGPOLL, Phase.DRAINING) or broker != self.popping:
             return []
         self.popping = to
         self.stats.pops += 1

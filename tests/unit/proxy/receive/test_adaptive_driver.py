@@ -76,6 +76,44 @@ class LosesTheNextRace(FakeBroker):
         return await super().pop(request, timeout_s=timeout_s)
 
 
+class AnswersLate(LosesTheNextRace):
+    """Ends a held Pop a moment past its poll time, as a broker's answer crosses the network."""
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        if request.poll_ms > 0 and not self.ready:
+            self._held(+1)
+            try:
+                await asyncio.sleep(request.poll_ms / 1000 + 0.05)
+            finally:
+                self._held(-1)
+            request = bpb.PopRequest(max_messages=request.max_messages)  # then answered with what is ready
+        return await super().pop(request, timeout_s=timeout_s)
+
+
+async def test_a_handed_off_pop_moved_as_its_run_drains_answers_with_the_message_it_moved_for() -> None:
+    """Adaptive: the poll ended while the handed-off Pop was still held at b1 (its broker ends it later), and a
+    message at b2 moved it there: the run Pops b2 at once and answers with that message. Before, the move found the
+    run draining and made no Pop: the run waited for its hard deadline and answered empty, b2's message left to the
+    broker's sweep (a review's probe)."""
+    brokers: dict[str, FakeBroker] = {"b1": AnswersLate("b1"), "b2": FakeBroker("b2")}
+    pool = BrokerPool(brokers, first_turn=0)
+    covered = LongPollStrategy(pool, broker_timeout_s=1.0, cover=True)
+    notify = NotifyStrategy(pool, broker_timeout_s=1.0, busy=lambda group: True, cover=covered)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    receive = asyncio.create_task(notify.receive(request(1.0), asyncio.Event()))
+    await held_becomes(brokers, 2)  # a Notification at each broker
+    first = brokers["b1"]
+    assert isinstance(first, AnswersLate)
+    first.steal = True
+    first.put(popped("b1", "taken by another consumer"))
+    await held_becomes(brokers, 2)  # handed off: a Pop held at b1, b2 watched
+    await asyncio.sleep(started + 1.02 - loop.time())  # the poll is over at the proxy; b1 still holds its Pop
+    brokers["b2"].put(popped("b2", "m2"))
+    result = await asyncio.wait_for(receive, 5)
+    assert (ids(result), result.outcome) == (["m2"], "messages")
+
+
 async def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lands_on() -> None:
     """Adaptive: a notify run that lost a race while its group was busy holds one Pop at that broker. Counted
     with the group's covered long polls, the other brokers stay watched; a message at one of them moves the Pop

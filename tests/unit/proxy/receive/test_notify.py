@@ -378,3 +378,16 @@ def test_a_handed_off_pop_moved_to_another_broker_pops_there_for_the_time_left()
     assert run.moved("b2", "b3", now=4.0) == [Pop("b3", 6000)]
     assert run.outstanding == ["b3"] and run.moved("b2", "b1", now=4.0) == []  # only the Pop in flight moves
     assert finish(run.popped("b3", message("m9"), polling_full=False, now=4.1)).outcome == "messages"
+
+
+def test_a_handed_off_pop_moved_after_the_poll_ended_pops_there_at_once_and_ends_the_run() -> None:
+    """The poll ended while the handed-off Pop was still held (the broker's clock ends it a moment later), then a
+    message elsewhere moved it: the run Pops there with no wait and answers with what that Pop finds, rather than
+    waiting for its hard deadline with the wake that moved it used up."""
+    run = notifying()
+    run.notified("b2", has_message=True, polling_full=False, now=1.0)
+    run.popped("b2", [], polling_full=False, now=2.0, busy=True)  # handed off: a held Pop at b2
+    assert run.poll_over() == []  # draining: the Pop in flight ends the run
+    assert run.moved("b2", "b3", now=10.01) == [Pop("b3", 0)]
+    assert run.outstanding == ["b3"]
+    assert finish(run.popped("b3", message("m9"), polling_full=False, now=10.02)).outcome == "messages"
