@@ -61,7 +61,7 @@ class Stream:
         less than UNREAD_BOUND of whole requests not yet read — a request larger than the stream's window completes
         so — and otherwise as it reads them (test_h2grpc.py::test_a_request_larger_than_the_window_arrives,
         test_a_handler_that_reads_nothing_stops_its_client). A call whose status is decided keeps none of them; a unary
-        call's second request is the call's error (INTERNAL), not kept either — test_h2grpc_raw.py::
+        call's second request is the call's error (INTERNAL), not kept either (test_h2grpc_raw.py::
         test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_nothing)."""
         self._unacked += flow_length
         if self.finished:

@@ -17,9 +17,9 @@ from urllib.parse import quote
 Header = tuple[bytes, bytes]
 
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-# Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
 # zlib's window bits for each `grpc-encoding` it inflates: gzip's header and trailer, or zlib's (deflate).
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+# Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
 _RESERVED = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 
 
