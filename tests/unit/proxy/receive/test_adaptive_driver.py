@@ -14,6 +14,7 @@ from proxy.receive.adaptive import AdaptivePolicy, AdaptiveSettings
 from proxy.receive.adaptive_driver import AdaptiveStrategy
 from proxy.receive.coupled import LongPollStrategy
 from proxy.receive.notify_driver import NotifyStrategy
+from proxy.receive.seam import ReceiveResult
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
 from tests.unit.proxy.receive.support import NAMES, held, held_becomes, ids, request
@@ -76,6 +77,25 @@ class LosesTheNextRace(FakeBroker):
         return await super().pop(request, timeout_s=timeout_s)
 
 
+async def handed_off(
+    brokers: dict[str, FakeBroker], *, poll_s: float, metrics: ProxyMetrics | None = None
+) -> asyncio.Task[ReceiveResult]:
+    """A receive of an adaptive proxy's busy group (covered long polls) whose notify run lost the race at b1 (a
+    `LosesTheNextRace`) and handed off: its Pop held at b1, the other brokers watched."""
+    pool = BrokerPool(brokers, first_turn=0)
+    metrics = metrics or ProxyMetrics(CollectorRegistry())
+    covered = LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics, cover=True)
+    notify = NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics, busy=lambda group: True, cover=covered)
+    receive = asyncio.create_task(notify.receive(request(poll_s), asyncio.Event()))
+    await held_becomes(brokers, len(brokers))  # a Notification at each broker
+    first = brokers["b1"]
+    assert isinstance(first, LosesTheNextRace)
+    first.steal = True
+    first.put(popped("b1", "taken by another consumer"))
+    await held_becomes(brokers, len(brokers))  # handed off
+    return receive
+
+
 class AnswersLate(LosesTheNextRace):
     """Ends a held Pop a moment past its poll time, as a broker's answer crosses the network."""
 
@@ -96,18 +116,9 @@ async def test_a_handed_off_pop_moved_as_its_run_drains_answers_with_the_message
     run draining and made no Pop: the run waited for its hard deadline and answered empty, b2's message left to the
     broker's sweep (a review's probe)."""
     brokers: dict[str, FakeBroker] = {"b1": AnswersLate("b1"), "b2": FakeBroker("b2")}
-    pool = BrokerPool(brokers, first_turn=0)
-    covered = LongPollStrategy(pool, broker_timeout_s=1.0, cover=True)
-    notify = NotifyStrategy(pool, broker_timeout_s=1.0, busy=lambda group: True, cover=covered)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    receive = asyncio.create_task(notify.receive(request(1.0), asyncio.Event()))
-    await held_becomes(brokers, 2)  # a Notification at each broker
-    first = brokers["b1"]
-    assert isinstance(first, AnswersLate)
-    first.steal = True
-    first.put(popped("b1", "taken by another consumer"))
-    await held_becomes(brokers, 2)  # handed off: a Pop held at b1, b2 watched
+    receive = await handed_off(brokers, poll_s=1.0)  # a Pop held at b1, b2 watched
     await asyncio.sleep(started + 1.02 - loop.time())  # the poll is over at the proxy; b1 still holds its Pop
     brokers["b2"].put(popped("b2", "m2"))
     result = await asyncio.wait_for(receive, 5)
@@ -119,17 +130,8 @@ async def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lan
     with the group's covered long polls, the other brokers stay watched; a message at one of them moves the Pop
     there. Alone it waited out its poll on the empty broker (10.5 s, then an empty answer: a review's probe)."""
     brokers: dict[str, FakeBroker] = {"b1": LosesTheNextRace("b1"), "b2": FakeBroker("b2"), "b3": FakeBroker("b3")}
-    pool = BrokerPool(brokers, first_turn=0)
     metrics = ProxyMetrics(CollectorRegistry())
-    covered = LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics, cover=True)
-    notify = NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics, busy=lambda group: True, cover=covered)
-    receive = asyncio.create_task(notify.receive(request(20.0), asyncio.Event()))
-    await held_becomes(brokers, 3)  # a Notification at each broker
-    first = brokers["b1"]
-    assert isinstance(first, LosesTheNextRace)
-    first.steal = True
-    first.put(popped("b1", "taken by another consumer"))
-    await held_becomes(brokers, 3)  # handed off: a Pop held at b1, the covered watches at b2 and b3
+    receive = await handed_off(brokers, poll_s=20.0, metrics=metrics)  # a Pop held at b1, watches at b2 and b3
     assert [b.held for b in brokers.values()] == [1, 1, 1]
     brokers["b3"].put(popped("b3", "m3"))
     result = ids(await asyncio.wait_for(receive, 2.0))
