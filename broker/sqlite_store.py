@@ -272,9 +272,10 @@ class SqliteStore:
         wrote, nor leaves what an earlier one did (tests/unit/broker/test_admin.py::
         test_a_purge_splits_its_group_commit_so_it_never_deletes_a_later_write). Within each part ops run grouped
         by kind, each kind in request order, the kinds in KIND_ORDER. Two ops of different kinds on one row can
-        share a batch (a Pop is answered before its commit under --flush async, so its ack may follow at once), and
-        then only in that order: a delivery is put before it is deleted, a schedule entry written before it is
-        delivered; nothing puts a row again after its delete (an acked message has no delivery left to change)."""
+        share a batch (a Pop is answered before its commit under --flush async, so its ack may follow at once): a
+        schedule entry is written before it is delivered, and a delivery's puts and deletes leave it as the last of
+        them in request order does (`store_writes.coalesce`: an offset reset deletes a delivery that a Pop may make
+        again before either is committed)."""
         started = time.perf_counter()
         conn = self._conn
         saved = dict(self._next_offset)

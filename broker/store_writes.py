@@ -116,34 +116,37 @@ class Deletion:
         self.result: tuple[list[Cut], int] | BaseException = ([], 0)
 
 
-def coalesce(by_kind: dict[type, list[Op]]) -> None:
+def coalesce(by_kind: dict[type, list[Op]], inflight: Sequence[Op]) -> None:
     """Of the ops one commit runs on a row, only those that decide what it holds: the last pull offset of a
-    queue, the last put of a delivery, and no put of a delivery the commit also deletes (a Pop acked before its
-    state was committed, the usual case under --flush async; the delete still runs, as an earlier commit may
-    have stored the row). The rows end as running every op in KIND_ORDER leaves them, since nothing puts a row
-    after deleting it (see `SqliteStore._apply`) —
+    queue, and of a delivery's puts and deletes (`inflight`, in the order they were submitted) the last — a put
+    (written whole) or a delete (run: an earlier commit may have stored the row). A Pop acked before its state was
+    committed, the usual case under --flush async, writes nothing; a delivery deleted then made again (an offset
+    reset, then a Pop of the same message) is written —
     tests/unit/broker/test_sqlite_store.py::test_a_commit_writes_each_row_once_as_its_last_op_leaves_it."""
     pulls = by_kind[SetPullOffset]
     if len(pulls) > 1:
         by_kind[SetPullOffset] = list({op[:3]: op for op in pulls}.values())
-    puts = by_kind[PutInflight]
-    if puts:
-        deleted = set(by_kind[DeleteInflight])
-        by_kind[PutInflight] = [op for row, op in {op[:4]: op for op in puts}.items() if row not in deleted]
+    last = {op[:4]: op for op in inflight}
+    by_kind[PutInflight] = [op for op in last.values() if type(op) is PutInflight]
+    by_kind[DeleteInflight] = [op for op in last.values() if type(op) is DeleteInflight]
 
 
 def write(conn: sqlite3.Connection, next_offset: dict[tuple[str, int], int], batch: list[Request]) -> None:
     """The appends and ops of `batch`, ops grouped by kind in KIND_ORDER (see `SqliteStore._apply`)."""
     batches = Batches()
     by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
+    inflight: list[Op] = []  # puts and deletes of deliveries, in the order submitted
     for request in batch:
         request.result = assign(next_offset, request.appends, batches)
         for op in request.ops:
-            if not isinstance(op, PURGES):  # applied before (`SqliteStore._apply`)
-                by_kind[type(op)].append(op)
+            kind = type(op)
+            if kind is PutInflight or kind is DeleteInflight:
+                inflight.append(op)
+            elif not isinstance(op, PURGES):  # applied before (`SqliteStore._apply`)
+                by_kind[kind].append(op)
     if batches.open:
         conn.executemany(INSERT_BATCH, batches.all_rows())
-    coalesce(by_kind)
+    coalesce(by_kind, inflight)
     for kind, ops in by_kind.items():
         if not ops:
             continue

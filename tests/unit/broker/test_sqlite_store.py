@@ -106,22 +106,37 @@ async def test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flus
 def test_a_commit_writes_each_row_once_as_its_last_op_leaves_it() -> None:
     popped_and_acked = PutInflight("g", "t", 0, 1, 1, 9, 9)
     by_kind: dict[type, list[Op]] = {kind: [] for kind in KIND_ORDER}
-    by_kind[PutInflight] += [
-        PutInflight("g", "t", 0, 0, 1, 7, 9),
-        popped_and_acked,
-        PutInflight("g", "t", 0, 0, 2, 8, 10),
-    ]
     by_kind[SetPullOffset] += [
         SetPullOffset("g", "t", 0, 1),
         SetPullOffset("g", "t", 1, 2),
         SetPullOffset("g", "t", 0, 3),
     ]
-    # Offset 5 was stored by an earlier commit: its delete still runs.
-    by_kind[DeleteInflight] += [DeleteInflight("g", "t", 0, 1), DeleteInflight("g", "t", 0, 5)]
-    coalesce(by_kind)
-    assert by_kind[PutInflight] == [PutInflight("g", "t", 0, 0, 2, 8, 10)]
+    inflight: list[Op] = [
+        PutInflight("g", "t", 0, 0, 1, 7, 9),
+        popped_and_acked,
+        PutInflight("g", "t", 0, 0, 2, 8, 10),
+        DeleteInflight("g", "t", 0, 1),
+        DeleteInflight("g", "t", 0, 5),  # stored by an earlier commit: its delete still runs
+        DeleteInflight("g", "t", 0, 6),  # an offset reset's, then the same message popped again: written
+        PutInflight("g", "t", 0, 6, 1, 11, 12),
+    ]
+    coalesce(by_kind, inflight)
+    assert by_kind[PutInflight] == [PutInflight("g", "t", 0, 0, 2, 8, 10), PutInflight("g", "t", 0, 6, 1, 11, 12)]
     assert by_kind[SetPullOffset] == [SetPullOffset("g", "t", 0, 3), SetPullOffset("g", "t", 1, 2)]
     assert by_kind[DeleteInflight] == [DeleteInflight("g", "t", 0, 1), DeleteInflight("g", "t", 0, 5)]
+
+
+async def test_a_delivery_deleted_then_made_again_in_one_commit_is_stored(tmp_path: Path) -> None:
+    """An offset reset deletes a message's delivery and a Pop makes it again before either is committed (one group
+    commit under --flush async): the delivery is stored, so the message comes back after a restart."""
+    store = SqliteStore(tmp_path, state_delay_s=60.0)  # deferred together, written by the close
+    store.start(asyncio.get_running_loop())
+    await store.submit([message(0)], [PutInflight("g", "t", 0, 0, 1, 1, 9), SetPullOffset("g", "t", 0, 1)])
+    store.submit([], [DeleteInflight("g", "t", 0, 0), SetPullOffset("g", "t", 0, 0)])  # reset to the earliest
+    store.submit([], [PutInflight("g", "t", 0, 0, 1, 2, 10), SetPullOffset("g", "t", 0, 1)])  # popped again
+    await store.close()
+    snap = SqliteStore(tmp_path).load()
+    assert snap.inflight == [PutInflight("g", "t", 0, 0, 1, 2, 10)]
 
 
 async def test_consumer_state_deferred_together_ends_as_its_last_ops_leave_it(tmp_path: Path) -> None:
