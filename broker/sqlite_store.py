@@ -25,7 +25,17 @@ from typing import TypeVar
 
 from broker import store_layout, store_reads, store_wal, store_writes
 from broker.batches import PayloadEnds
-from broker.store import PURGES, ArrivalListener, NewMessage, Op, PutHalf, PutScheduled, Record, Snapshot
+from broker.store import (
+    PURGES,
+    ArrivalListener,
+    NewMessage,
+    Op,
+    PurgeTopic,
+    PutHalf,
+    PutScheduled,
+    Record,
+    Snapshot,
+)
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, STATE_DELAY_S, LoopLoad, small_enough
 from broker.store_writes import Cut, Deletion, Request
 from popgate_contract.errors import StoreUnavailable
@@ -95,6 +105,7 @@ class SqliteStore:
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
         self._deferred: list[Request] = []
+        self._topic_purges: dict[str, int] = {}  # PurgeTopic ops applied per topic, under `_writing` (`Deletion`)
         self._commit_inline = flush == "async"
         self._outstanding = 0  # requests handed to the writer or committed here whose callers are not answered yet
         self._writing = threading.Lock()  # held by whoever uses the writing connection
@@ -288,6 +299,9 @@ class SqliteStore:
                     store_writes.write(conn, self._next_offset, segment)
                     store_writes.purge(conn, self._next_offset, purges)
                     segment = []
+                    for op in purges:
+                        if isinstance(op, PurgeTopic):  # counted also should the commit fail: cuts are only dropped
+                            self._topic_purges[op.topic] = self._topic_purges.get(op.topic, 0) + 1
                 segment.append(request)
             store_writes.write(conn, self._next_offset, segment)
             conn.execute("COMMIT")
@@ -306,8 +320,15 @@ class SqliteStore:
         one transaction (a failure deletes nothing: the pass tries again next time)."""
         started = time.perf_counter()
         conn = self._conn
+        purged, counts = deletion.purged, self._topic_purges
+        for topic, _, _ in deletion.cuts:  # each topic's count at the deletion's first step, kept for the others
+            purged.setdefault(topic, counts.get(topic, 0))
+        # A topic deleted since the first step (and maybe sent to again, its offsets from 0): its cut is not the
+        # new topic's — tests/unit/broker/test_retention.py::
+        # test_a_topic_deleted_during_a_deletion_keeps_its_new_messages.
+        cuts = [cut for cut in deletion.cuts if counts.get(cut[0], 0) == purged[cut[0]]]
         try:
-            deletion.result = store_writes.delete_rows(conn, deletion.cuts)
+            deletion.result = store_writes.delete_rows(conn, cuts) if cuts else ([], 0)
         except sqlite3.Error as exc:
             self._commit_failed("store deletion failed: %s", exc)
             if conn.in_transaction:
@@ -325,11 +346,12 @@ class SqliteStore:
         if self._loop is None or self._closed:
             raise StoreUnavailable("store is not started" if self._loop is None else "store is closed")
         left, rows = list(cuts), 0
+        purged: dict[str, int] = {}  # each topic's purge count at the first step (`Deletion`)
         while left:
             future: asyncio.Future[tuple[list[Cut], int]] = self._loop.create_future()
             self._flush_deferred()
             started = time.perf_counter()
-            self._to_writer(Deletion(left, future))
+            self._to_writer(Deletion(left, future, purged))
             left, deleted = await future
             rows += deleted
             if left:  # the writer as long idle as it was deleting: most commits then find it free

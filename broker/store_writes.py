@@ -106,14 +106,19 @@ Cut = tuple[str, int, int]  # (topic, queue, offset): the rows of the queue whol
 
 class Deletion:
     """Rows of whole batches to delete (retention), in a transaction of their own of at most DELETE_ROWS rows;
-    the result is the cuts not finished and how many rows went."""
+    the result is the cuts not finished and how many rows went. `purged`: each cut topic's purge count when the
+    deletion's first step ran (shared by its steps: a topic deleted since, then sent to again, starts its offsets
+    anew, and the cut is not its)."""
 
-    __slots__ = ("cuts", "future", "result")
+    __slots__ = ("cuts", "future", "result", "purged")
 
-    def __init__(self, cuts: list[Cut], future: asyncio.Future[tuple[list[Cut], int]]) -> None:
+    def __init__(
+        self, cuts: list[Cut], future: asyncio.Future[tuple[list[Cut], int]], purged: dict[str, int] | None = None
+    ) -> None:
         self.cuts = cuts
         self.future = future
         self.result: tuple[list[Cut], int] | BaseException = ([], 0)
+        self.purged = {} if purged is None else purged
 
 
 def coalesce(by_kind: dict[type, list[Op]], inflight: Sequence[Op]) -> None:

@@ -19,7 +19,7 @@ from broker.core import BrokerCore
 from broker.log import PayloadCache, QueueLog
 from broker.metrics import BrokerMetrics
 from broker.sqlite_store import SqliteStore
-from broker.store import Record
+from broker.store import CreateQueue, NewMessage, PurgeTopic, Record
 from tests.unit.broker.cores import ManualClock, broker
 
 HOUR_MS = 3600 * 1000
@@ -332,3 +332,34 @@ async def test_a_pass_ends_while_sends_go_on(tmp_path: Path, clock: ManualClock)
             sending = False
             await task
         assert deleted >= 4  # everything is older than the cut: all but the last row, as far as it saw
+
+
+async def test_a_topic_deleted_during_a_deletion_keeps_its_new_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion goes in steps with pauses between them. A topic deleted (admin) and sent to again meanwhile starts
+    its offsets anew: the later steps' cut, taken from the old topic, must not delete the new topic's messages."""
+    monkeypatch.setattr(store_writes, "DELETE_ROWS", 3)
+    store = SqliteStore(tmp_path, state_delay_s=0)  # the purge is committed at once, before the next step
+    store.load()
+    store.start(asyncio.get_running_loop())
+    await store.submit([], [CreateQueue("t", 0)])
+    for i in range(20):  # a row each, as an idle broker commits its sends
+        await store.submit([NewMessage("t", 0, i, None, b"old")], [])
+    recreated: list[Record] = []
+    settled = store._settled  # noqa: SLF001 - between a deletion's steps
+
+    def after_a_step(deletion: Any) -> None:
+        settled(deletion)
+        if not recreated:
+            asyncio.get_running_loop().create_task(recreate())
+
+    async def recreate() -> None:
+        await store.submit([], [PurgeTopic("t")])
+        recreated.extend(await store.submit([NewMessage("t", 0, 99, None, b"new")] * 3, [CreateQueue("t", 0)]))
+
+    store._settled = after_a_step  # type: ignore[method-assign]  # noqa: SLF001
+    await store.delete_before([("t", 0, 19)])  # retention's cut of the old topic
+    await store.close()
+    assert [r.offset for r in recreated] == [0, 1, 2]
+    assert rows(tmp_path) == [0]  # the new topic's one row, its three messages
