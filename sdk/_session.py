@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -190,7 +191,7 @@ class Session:
             Unimplemented: The proxy serves no Session.
         """
         if self.broken is not None:
-            raise self.broken
+            raise copy.copy(self.broken)  # each caller its own error (see `Waiting.fail_all`)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         request_id = self._waiting.add(kind, future)

@@ -5,6 +5,7 @@ handed to be given back. `sdk/_session.py` does the stream's I/O around it."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -138,7 +139,7 @@ class Waiting:
             for p in live:
                 future = self._waiting.pop(p.request_id)[1]
                 if not future.done():
-                    future.set_exception(error)
+                    future.set_exception(copy.copy(error))
             return []
         if _joining.refused_whole(answer, parts):
             return live
@@ -191,8 +192,8 @@ class Waiting:
         waiting, self._waiting = self._waiting, {}
         for _, future, frames in waiting.values():
             self._orphan(frames)
-            if not future.done():
-                future.set_exception(error)
+            if not future.done():  # each caller its own error: `send_many` sets its receipts on the one it gets
+                future.set_exception(copy.copy(error))
 
     def _orphan(self, frames: Sequence[Any]) -> None:
         messages = [m for frame in frames if frame.WhichOneof("content") == "messages" for m in frame.messages.messages]

@@ -224,3 +224,20 @@ async def test_a_receive_cancelled_after_it_failed_stays_cancelled() -> None:
         await caller
     await session.close()
     assert orphans == []
+
+
+async def test_requests_failed_by_a_lost_stream_each_get_their_own_error() -> None:
+    """Every request pending when the stream is lost fails, and with an error of its own: `send_many` sets the
+    receipts of its messages on the error it raises, so two sends failing together must not share one (the later
+    would overwrite the earlier's receipts, misaligned with its messages). So must requests made after the loss."""
+    session = _session.Session(FakeChannel(), (), convert)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 5.0))
+    second = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 5.0))
+    await asyncio.sleep(0)
+    session._end(Unavailable("stream lost", retriable=True))
+    errors_raised = [await asyncio.gather(call, return_exceptions=True) for call in (first, second)]
+    later = await asyncio.gather(session.request("send", pb.SendMessageRequest(), 5.0), return_exceptions=True)
+    raised = [e for [e] in [*errors_raised, later]]
+    assert all(isinstance(e, Unavailable) and e.retriable for e in raised)
+    assert len({id(e) for e in raised}) == 3
+    await session.close()
