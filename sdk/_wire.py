@@ -77,12 +77,13 @@ def send_receipts(topic: str, request: SendPlan, response: SendAnswer) -> list[S
     ``receipts`` and is not retriable: sent again whole, those would be stored twice."""
     count = sent_count(request)
     if response.status.code not in SUCCESS and len(response.entries) == count:
-        stored: list[SendReceipt | None] = [
-            SendReceipt(entry.message_id or sent_id(request, i), topic, entry.offset)
+        stored: list[SendReceipt | None] = [  # each whole, as a stored message's receipt is (recall, transaction)
+            _receipt(entry.message_id or sent_id(request, i), topic, entry.offset, entry.recall_handle,
+                     entry.transaction_id)
             if entry.HasField("status") and entry.status.code == v2.OK
             else None
             for i, entry in enumerate(response.entries)
-        ]
+        ]  # fmt: skip
         if any(stored):
             error = errors.error_for(response.status.code, response.status.message)
             error.receipts, error.retriable = stored, False

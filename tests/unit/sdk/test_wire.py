@@ -278,6 +278,24 @@ def test_send_receipts_and_errors() -> None:
         _wire.send_receipts("t", request, refused)
 
 
+def test_a_partly_stored_answer_gives_each_stored_message_its_whole_receipt() -> None:
+    """A request whose message groups went to brokers apart, one of which failed: the error's receipts are those
+    of the stored messages, each whole — a scheduled one's recall handle too, or it could not be recalled."""
+    request = _wire.send_requests("t", [_wire.outgoing(b"a"), _wire.outgoing(b"b")], _ids.MessageIds())[0]
+    ok, failed = v2.Status(code=v2.OK), v2.Status(code=v2.HA_NOT_AVAILABLE, message="b2 down")
+    response = pb.SendMessageResponse(
+        status=failed,
+        entries=[
+            pb.SendResultEntry(status=failed),
+            pb.SendResultEntry(status=ok, message_id="M2", offset=-1, recall_handle="RH", transaction_id="TX"),
+        ],
+    )
+    with pytest.raises(errors.PopgateError) as partly:
+        _wire.send_receipts("t", request, response)
+    assert partly.value.receipts == [None, SendReceipt("M2", "t", -1, "RH", "TX")]
+    assert not partly.value.retriable
+
+
 def _frame_message(handle: str, attempt: int = 1) -> pb.ReceiveMessageResponse:
     m = v2.Message(topic=v2.Resource(name="t"), body=b"b", user_properties={"p": "q"})
     s = m.system_properties
