@@ -215,6 +215,11 @@ TRANSPORT: dict[str, type[PopgateError]] = {
 
 
 def transport_error(status_name: str, details: str) -> PopgateError:
-    """The typed error for a gRPC call that failed below the v2 protocol."""
+    """The typed error for a gRPC call that failed below the v2 protocol. RESOURCE_EXHAUSTED is a message over
+    gRPC's limit only when grpc says so ("... message larger than max ..."); otherwise the server's bound on calls
+    at once ("Concurrent RPC limit exceeded!"), an overload to retry later —
+    tests/unit/sdk/test_errors.py::test_a_server_out_of_calls_is_too_many_requests_not_a_message_too_large."""
     cls = TRANSPORT.get(status_name, ServerError)
+    if cls is MessageBodyTooLarge and "larger than max" not in details:
+        cls = TooManyRequests
     return cls(details or status_name, code_name=status_name)

@@ -62,6 +62,16 @@ def test_a_request_over_the_grpc_message_limit_is_a_body_too_large() -> None:
     assert (too_large.code, too_large.code_name) == (None, "RESOURCE_EXHAUSTED")
 
 
+def test_a_server_out_of_calls_is_too_many_requests_not_a_message_too_large() -> None:
+    """A server past its bound on calls at once (grpc's `maximum_concurrent_rpcs`, the proxy's own server alike)
+    answers RESOURCE_EXHAUSTED too: an overload the SDK retries, not a message to make smaller."""
+    busy = errors.transport_error("RESOURCE_EXHAUSTED", "Concurrent RPC limit exceeded!")
+    assert isinstance(busy, errors.TooManyRequests) and busy.retriable
+    assert busy.code_name == "RESOURCE_EXHAUSTED"
+    received = errors.transport_error("RESOURCE_EXHAUSTED", "Received message larger than max (5 vs. 4)")
+    assert isinstance(received, errors.MessageBodyTooLarge) and not received.retriable
+
+
 def test_ack_error_lists_failures_and_is_retriable_only_if_all_are() -> None:
     stale = errors.error_for(v2.INVALID_RECEIPT_HANDLE, "stale")
     down = errors.error_for(v2.HA_NOT_AVAILABLE, "down")
