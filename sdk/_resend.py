@@ -1,4 +1,4 @@
-"""Re-sending ack, nack (ChangeInvisibleDuration) and DLQ forwards after a retriable failure (sans-IO).
+"""Re-sending ack, nack (ChangeInvisibleDuration), DLQ forwards and recalls after a retriable failure (sans-IO).
 
 Re-sending one of these never applies it twice: each makes the message's receipt handle stale, and
 the broker refuses a stale handle. So a re-send whose earlier attempt *did* apply (its answer lost to
@@ -10,6 +10,10 @@ there, the SDK reads that answer as "done by the earlier attempt":
   after an error, so this reading loses no message.
 * nack raises `Timeout` (not retriable, "outcome unknown"): its success needs the new handle, which
   only the lost answer carried. The message is delivered again after the delay; its old handle is dead.
+
+A recall re-sent likewise finds its scheduled message gone (NOT_FOUND) when the earlier attempt withdrew it, and
+also when it was delivered meanwhile: `Timeout` (not retriable, "outcome unknown"), not the NotFound that says it
+was delivered.
 
 An AckMessage answers per entry; entries that failed with a retriable error (broker failover,
 overload) are re-sent alone, under the same retry policy as the whole call.
@@ -51,6 +55,23 @@ def dead_lettered(response: pb.ForwardMessageToDeadLetterQueueResponse, *, resen
     """Check a ForwardMessageToDeadLetterQueue answer; a stale handle on a re-send means forwarded."""
     if not (resent and _stale(response.status)):
         _wire.check(response.status)
+
+
+RECALL_OUTCOME_UNKNOWN = (
+    "recall outcome unknown: an earlier attempt failed in a way that may have reached the broker, and the retry "
+    "found the scheduled message gone: withdrawn by that attempt, or delivered meanwhile"
+)
+
+
+def recalled(response: pb.RecallMessageResponse, *, resent: bool) -> str:
+    """The recalled message's id; see the module docstring for ``resent`` —
+    tests/unit/sdk/test_resend.py::test_a_recall_resent_after_a_lost_answer_is_outcome_unknown_not_not_found."""
+    if resent and response.status.code not in _wire.SUCCESS:
+        error = errors.error_for(response.status.code, response.status.message)
+        if isinstance(error, errors.NotFound):
+            raise errors.Timeout(RECALL_OUTCOME_UNKNOWN, retriable=False)
+    _wire.check(response.status)
+    return str(response.message_id)
 
 
 class ResendEntries(errors.PopgateError):

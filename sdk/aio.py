@@ -13,11 +13,12 @@ The Producer is here; the SimpleConsumer is in `_aio_consumer`, their connection
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self
 
-from . import _waiting, _wire, client, errors
+from . import _resend, _waiting, _wire, client, errors
 from ._aio_client import _AsyncClient
 from ._aio_consumer import SimpleConsumer
 from ._base import ProducerBase, receipts_so_far, send_window
@@ -138,12 +139,12 @@ class Producer(ProducerBase, _AsyncClient):
     async def recall(self, topic: str, recall_handle: str) -> str:
         """Withdraw a scheduled message before its delivery time; see `sdk.Producer.recall`."""
         request = _wire.recall_request(topic, recall_handle, namespace=self.options.namespace)
+        attempts = itertools.count(1)
 
         async def op() -> str:
+            resent = next(attempts) > 1
             call = self._stub.RecallMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
-            response = await call
-            _wire.check(response.status)
-            return str(response.message_id)
+            return _resend.recalled(await call, resent=resent)
 
         return await self._retrying(op)
 

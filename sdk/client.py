@@ -5,6 +5,7 @@ The Producer is here; the SimpleConsumer is in `_sync_consumer`, their connectio
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _wire, errors
+from . import _resend, _wire, errors
 from ._base import ProducerBase, receipts_so_far, send_window
 from ._sync_client import _SyncClient
 from ._sync_consumer import SimpleConsumer as SimpleConsumer
@@ -179,15 +180,18 @@ class Producer(ProducerBase, _SyncClient):
         Raises:
             NotFound: It is not waiting any more (delivered, being delivered, or recalled already).
             BadRequest: The handle is not one.
+            Timeout: Not retriable: a retry found it gone after an attempt whose answer was lost (withdrawn by
+                that attempt, or delivered meanwhile).
         """
         request = _wire.recall_request(topic, recall_handle, namespace=self.options.namespace)
+        attempts = itertools.count(1)
 
         def op() -> str:
+            resent = next(attempts) > 1
             response = self._stub.RecallMessage(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            _wire.check(response.status)
-            return str(response.message_id)
+            return _resend.recalled(response, resent=resent)
 
         return self._retrying(op)
 
