@@ -305,8 +305,11 @@ class SqliteStore:
                 segment.append(request)
             store_writes.write(conn, self._next_offset, segment)
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self._commit_failed("store commit failed: %s", exc)
+        except Exception as exc:  # also a bug's: the writer thread must not die, nor the transaction stay open
+            if isinstance(exc, sqlite3.Error):
+                self._commit_failed("store commit failed: %s", exc)
+            else:
+                log.exception("store commit failed")
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._next_offset = saved

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import store_writes
 from broker.batches import BATCH_MESSAGES
 from broker.sqlite_store import SqliteStore
 from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
@@ -300,3 +301,31 @@ async def test_loading_the_index_at_start_costs_about_what_is_kept(tmp_path: Pat
         tracemalloc.stop()
     assert len(snap.queues[("t", 0)].tags) == count
     assert peak / count < 40, f"{peak / count:.0f} bytes a message at the peak"
+
+
+@pytest.mark.parametrize(
+    "flush", ["async", "sync"]
+)  # async commits an idle store's Send on the loop, sync on the writer
+async def test_a_commit_that_fails_unexpectedly_fails_its_requests_and_the_store_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush: str
+) -> None:
+    """An error that is not SQLite's (a bug) in a commit fails its requests (StoreUnavailable), rolls it back and
+    leaves the store taking commits, on the writer thread and on the loop alike: the writer does not die with every
+    later request waiting forever, nor does the transaction stay open."""
+    real = store_writes.write
+    failing = [True]
+
+    def write(*args: object) -> None:
+        if failing and failing.pop():
+            raise OverflowError("an integer past what SQLite binds")
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_writes, "write", write)
+    store = SqliteStore(tmp_path, flush=flush)
+    store.load()
+    store.start(asyncio.get_running_loop())
+    with pytest.raises(StoreUnavailable):
+        await asyncio.wait_for(store.submit([message(0)], []), 5)
+    [record] = await asyncio.wait_for(store.submit([message(1)], []), 5)
+    assert record.offset == 0  # the failed commit's offset rolled back with it
+    await store.close()
