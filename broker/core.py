@@ -228,9 +228,13 @@ class BrokerCore:
         """A FIFO message of the queue was acked or dead-lettered: wake as many of the group's held requests as
         the queue now serves (`Readiness.released`), oldest first, as an arrival does; not every held request of
         the group."""
-        tags = self.readiness.released(state, queue_id)
+        tags, cut = self.readiness.released(state, queue_id)
+        key = (state.topic, state.group)
         if tags:
-            self.hold.arrived((state.topic, state.group), tags)
+            self.hold.arrived(key, tags)
+        if cut:  # more is readable than a Pop's batch: a held filter matching only past it is woken too —
+            # tests/unit/broker/test_arrival.py::test_a_fifo_release_wakes_a_filter_that_matches_only_past_a_pops_batch
+            self.hold.wake_oldest_ready(key, functools.partial(self.readiness.check, state))
 
     # -- pop (broker.pop) ------------------------------------------------------
 

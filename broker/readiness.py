@@ -106,17 +106,19 @@ class Readiness:
 
         return ready
 
-    def released(self, state: GroupTopic, queue_id: int) -> list[str | None]:
+    def released(self, state: GroupTopic, queue_id: int) -> tuple[list[str | None], bool]:
         """A FIFO message of the queue was acked or dead-lettered: the tags of what the queue now serves the
         group — its redeliveries whose turn came and, when it is no longer held back, its next messages (up to a
-        Pop's batch)."""
+        Pop's batch) — and whether more is readable past that batch (a held filter may match only there)."""
         topic = self.topics.get(state.topic)
         if topic is None:
-            return []
+            return [], False
         queue, gq = topic.queues[queue_id], state.queues[queue_id]
         base = queue.min_offset
         tags = [queue.tags[o - base] for o in self.redelivery.fifo_ready(state, queue_id)]
+        cut = False
         if not gq.fifo:
             end = min(queue.max_offset, gq.pull_offset + self.max_pop_batch)
             tags += queue.tags[gq.pull_offset - base : end - base]
-        return tags
+            cut = end < queue.max_offset
+        return tags, cut

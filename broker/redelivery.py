@@ -119,6 +119,10 @@ class Redelivery:
         """Whether `take` would take something now (after `expire`)."""
         return any(state.current(q, o, t) is not None and _turn_came(state, q, o) for q, o, t in state.ready)
 
+    def ready_count(self, state: GroupTopic) -> int:
+        """How many redeliveries `take` could take now (after `expire`)."""
+        return sum(1 for q, o, t in state.ready if state.current(q, o, t) is not None and _turn_came(state, q, o))
+
     def expire(self, state: GroupTopic, now: int) -> int:
         """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ); how many of them
         can be taken now (a FIFO message behind one still in flight cannot: its release wakes for it)."""
@@ -159,8 +163,12 @@ class Redelivery:
             timer[1].cancel()
 
     def _on_deadline(self, state: GroupTopic) -> None:
+        """The group's earliest deadline passed: wake a held request for each redelivery ready now, also those a
+        Pop or a Notification's check moved to ready before this ran (and took fewer of) —
+        tests/unit/broker/test_arrival.py::test_redeliveries_made_ready_by_a_pop_before_the_timer_still_wake."""
         self._timers.pop((state.group, state.topic), None)
-        count = self.expire(state, self.clock.now_ms())
+        self.expire(state, self.clock.now_ms())
+        count = self.ready_count(state)
         if count:
             self.hold.wake((state.topic, state.group), count)
         self.schedule(state)

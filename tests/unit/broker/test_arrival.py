@@ -18,7 +18,7 @@ from broker.__main__ import sweep_forever
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.model import PopResult
-from tests.unit.broker.cores import broker
+from tests.unit.broker.cores import ManualClock, broker
 
 POLL_MS = 20_000  # how long a request is held: without a wake it is still held long after ANSWER_S
 ANSWER_S = 1.0  # generous bound on "at once" (the wake itself takes a few loop turns)
@@ -148,3 +148,38 @@ async def test_a_request_woken_and_cancelled_before_it_is_answered_passes_its_wa
         await core.send([pb.Message(topic="t", body=b"one")])  # wakes the oldest only
         assert await asyncio.wait_for(second, ANSWER_S) == (True, False)  # passed on: not the sweep, nor 20 s
         assert first.cancelled() and not sweeping()
+
+
+async def test_redeliveries_made_ready_by_a_pop_before_the_timer_still_wake(tmp_path: Path) -> None:
+    """Two deliveries' invisibility ends; before the group's timer runs, another consumer's Pop moves both to ready
+    and takes one. The timer then wakes the held Pop for the one left (it counted only what it moved itself: none,
+    and the held Pop waited out its poll)."""
+    clock = ManualClock(1_000_000)
+    async with broker(tmp_path / "data", clock=clock, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"m1"), pb.Message(topic="t", body=b"m2")])
+        assert len((await core.pop("t", "g", "*", 2, 300, 0)).messages) == 2  # invisible for 300 ms
+        waiting = asyncio.ensure_future(core.pop("t", "g", "*", 1, INVISIBLE_MS, POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=0), 5)
+        clock.now += 300  # their time is up; the group's timer (0.3 s of the loop's clock) has not run yet
+        other = await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)
+        assert len(other.messages) == 1
+        result = await asyncio.wait_for(waiting, 0.3 + ANSWER_S)
+        assert len(bodies(result)) == 1 and bodies(result) != bodies(other)
+
+
+async def test_a_fifo_release_wakes_a_filter_that_matches_only_past_a_pops_batch(tmp_path: Path) -> None:
+    """A FIFO message acked: its queue serves the group again. A held Pop whose filter matches only a message past
+    the next Pop's batch of other tags is woken too (before, only the batch's tags were looked at)."""
+    async with broker(tmp_path / "data", queues_per_topic=1, max_pop_batch=2) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"m0", tag="b", message_group="o")])
+        first = await core.pop("t", "g", "b", 1, INVISIBLE_MS, 0)
+        assert bodies(first) == [b"m0"]
+        await core.send([
+            pb.Message(topic="t", body=b"m1", tag="a", message_group="o"),
+            pb.Message(topic="t", body=b"m2", tag="a"),
+            pb.Message(topic="t", body=b"m3", tag="b"),
+        ])  # fmt: skip
+        waiting = asyncio.ensure_future(core.pop("t", "g", "b", 1, INVISIBLE_MS, POLL_MS))
+        await asyncio.wait_for(held(core, pops=1, notifications=0), 5)
+        await core.ack("t", "g", [first.messages[0].handle])
+        assert bodies(await asyncio.wait_for(waiting, ANSWER_S)) == [b"m3"]
