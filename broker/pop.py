@@ -187,11 +187,17 @@ class Pops:
         return kept
 
     def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
-        """Deliveries nobody received: ready again at once, with the attempt count they had before."""
+        """Deliveries nobody received: ready again at once, with the attempt count they had before. Only those
+        still the group's current ones: a reset, a group deleted or another Pop's redelivery while this Pop read
+        its payloads owns the message now — tests/unit/broker/test_pop_order.py::
+        test_a_pop_cut_short_after_a_reset_during_its_read_does_not_bring_its_messages_back."""
+        if self.consumers.groups.get((state.group, state.topic)) is not state:
+            return
         now = self.clock.now_ms()
         ops: list[Op] = []
         for queue_id, offset, d in deliveries:
-            state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
+            if state.current(queue_id, offset, d.token) is d:
+                state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
         self.commits.commit(ops)
         self.redelivery.schedule(state)
 

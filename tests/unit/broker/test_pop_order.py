@@ -10,6 +10,7 @@ from pathlib import Path
 
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.core import BrokerCore
 from broker.model import PopResult
 from tests.unit.broker.cores import broker
@@ -78,3 +79,19 @@ async def test_small_pops_rotate_the_queue_they_start_from(tmp_path: Path) -> No
         after = [m.queue_id for m in (await pop(core, 3)).messages]
         assert len(set(three)) == len(set(after)) == 3
         assert after[0] == (three[0] + 1) % QUEUES, (three, after)
+
+
+async def test_a_pop_cut_short_after_a_reset_during_its_read_does_not_bring_its_messages_back(tmp_path: Path) -> None:
+    """A Pop took a FIFO run and, while it read their payloads (from the store: a restarted broker), the group was
+    reset to the latest offset. The Pop answers one receive's worth and puts the rest back — not any more: the
+    reset owns them, and a message below the new offset is not delivered to the group again."""
+    data = tmp_path / "d"
+    async with broker(data) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"a%d" % i, message_group="o") for i in range(1, 5)])
+    async with broker(data) as (core, _):  # restarted: the Pop reads its payloads from the store
+        popping = asyncio.create_task(core.pop("t", "g", "*", 32, 30_000, 0, max_fifo=1))
+        await asyncio.sleep(0)  # it has taken a1..a4 and waits for their payloads
+        latest = pb.ResetOffsetRequest(topic="t", group="g", to=pb.ResetOffsetRequest.To.LATEST)
+        await admin.reset_offset(core, latest, pb.ResetOffsetResponse())
+        await popping
+        assert (await core.pop("t", "g", "*", 32, 30_000, 0)).messages == []
