@@ -302,6 +302,17 @@ def test_overlays_differ_where_they_should(rendered: dict[str, list[Obj]]) -> No
     assert flush == {"dev": "async", "prod": "sync"}
 
 
+def test_grpc_ports_name_their_transport_as_the_servers_serve_it(rendered: dict[str, list[Obj]]) -> None:
+    """A mesh or a Gateway reading a port's appProtocol speaks what it says: cleartext HTTP/2 (h2c) where the servers
+    serve no TLS (dev), nothing where they serve TLS (prod: Kubernetes has no standard name for HTTP/2 over TLS)."""
+    for overlay in OVERLAYS:
+        tls = "POPGATE_TLS_CERT" in env_from_configmap(rendered[overlay], one(rendered[overlay], *SERVERS["proxy"]))
+        for service in ("popgate-proxy", "popgate-broker"):
+            [grpc] = [p for p in one(rendered[overlay], "Service", service)["spec"]["ports"] if p["name"] == "grpc"]
+            assert grpc.get("appProtocol") == (None if tls else "kubernetes.io/h2c"), (overlay, service)
+        assert tls == (overlay == "prod")
+
+
 def test_servicemonitor_schema_rejects_a_typo(rendered: dict[str, list[Obj]]) -> None:
     import jsonschema
 
