@@ -27,6 +27,7 @@ from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)
 CHECK_POLL_S = 1.0  # a proxy with producers online asks every live broker this often (sooner when one is due)
+IDLE_FLOOR_S = 0.1  # after a round that handed out no check, the least wait, whatever the brokers' next due time
 MAX_CHECKS_PER_CALL = 64
 TOPICS_PER_CALL = 512  # a broker takes up to 1,024 topics a call
 OUTBOX_COMMANDS = 64  # commands a producer's stream may have waiting; past that a check goes to another or waits
@@ -122,13 +123,19 @@ class CheckPoller:
             topics = self.streams.topics()
             wait_s = self.poll_s
             if topics:
+                handed = self.handed
                 try:
                     next_due_ms = await self.poll_once(topics)
                 except Exception:  # a bug must not end the checks for good: logged, tried again next round
                     log.exception("asking the brokers for transaction checks failed")
                     next_due_ms = 0
                 if next_due_ms:
-                    wait_s = min(wait_s, max(0.0, next_due_ms / 1000 - time.time()))
+                    # A check due but not handed out (its transaction being ended, or another proxy's check of it
+                    # being recorded) keeps the brokers' next due time in the past: after a round that handed out
+                    # nothing, asked again a moment later, not at once —
+                    # tests/unit/proxy/test_txchecks.py::test_a_due_check_not_handed_out_is_asked_for_a_moment_later.
+                    floor_s = 0.0 if self.handed > handed else IDLE_FLOOR_S
+                    wait_s = min(wait_s, max(floor_s, next_due_ms / 1000 - time.time()))
             self.streams.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.streams.changed.wait(), None if not topics else wait_s)

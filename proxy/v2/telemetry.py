@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -149,6 +150,10 @@ async def telemetry(
             try:
                 command = next_command.result()
             except StopAsyncIteration:
+                return
+            except DecodeError:  # the client's bytes, not the proxy's fault: its status, not an internal error
+                text = "a TelemetryCommand that does not decode"  # the stream's requests end with it
+                yield pb.TelemetryCommand(status=v2.Status(code=v2.BAD_REQUEST, message=text))
                 return
             next_command = None
             if command.HasField("settings"):

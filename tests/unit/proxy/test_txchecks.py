@@ -5,6 +5,7 @@ live broker for the topics its producers publish to."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 from popgate_pb import broker_pb2 as bpb
@@ -13,7 +14,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
-from proxy.txchecks import OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
+from proxy.txchecks import IDLE_FLOOR_S, OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
 from proxy.v2.telemetry import recover_command, telemetry
 
 
@@ -135,3 +136,31 @@ async def test_closing_the_poller_ends_its_task_before_it_returns() -> None:
     await asyncio.sleep(0)  # it runs: a round, then its wait
     await poller.close()
     assert task is not None and task.done()
+
+
+async def test_a_due_check_not_handed_out_is_asked_for_a_moment_later() -> None:
+    """A broker whose only due check is not handed out (its transaction being ended, or another proxy's check of it
+    being recorded) answers no check and a next due time already past: the poller asks again after a floor, not at
+    once (it made ~49,000 calls a second)."""
+    broker = FakeBroker("b1", [], int(time.time() * 1000) - 5)
+    streams = ProducerStreams()
+    streams.register(Outbox(), ["t"])
+    poller = CheckPoller(BrokerPool({"b1": broker}), streams, lambda c, o: None, timeout_s=1)  # type: ignore[arg-type, dict-item]
+    poller.start()
+    await asyncio.sleep(0.5)
+    await poller.close()
+    assert 1 <= len(broker.asked) <= 0.5 / IDLE_FLOOR_S + 1
+
+
+async def test_a_telemetry_command_that_does_not_decode_is_a_bad_request_not_an_internal_error() -> None:
+    """The client's bytes do not parse (grpc's request iterator raises DecodeError): its stream gets BAD_REQUEST and
+    ends, instead of an internal error and a traceback in the proxy's log."""
+
+    async def commands() -> AsyncIterator[pb.TelemetryCommand]:
+        yield pb.TelemetryCommand.FromString(b"\x12\xff\xff")  # as the server's deserializer meets the bytes
+
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    replies = [r async for r in telemetry(commands(), settings, asyncio.Event(), None, ProducerStreams())]  # type: ignore[arg-type]
+    assert [(r.status.code, r.status.message) for r in replies] == [
+        (v2.BAD_REQUEST, "a TelemetryCommand that does not decode")
+    ]
