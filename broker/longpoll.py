@@ -152,6 +152,10 @@ class HoldService:
     def groups_waiting(self, topic: str) -> list[str]:
         return list(self._by_topic.get(topic, ()))
 
+    def holding(self, key: Key) -> bool:
+        """Whether any request of the key is held."""
+        return key in self._waiters
+
     def arrived(self, key: Key, tags: Sequence[str | None], counts: Counter[str | None] | None = None) -> int:
         """New messages with these tags can be consumed by the key's group: wake who can be served.
         ``counts``: ``Counter(tags)`` when the caller has it (one arrival, several groups waiting)."""

@@ -168,9 +168,9 @@ class Redelivery:
         tests/unit/broker/test_arrival.py::test_redeliveries_made_ready_by_a_pop_before_the_timer_still_wake."""
         self._timers.pop((state.group, state.topic), None)
         self.expire(state, self.clock.now_ms())
-        count = self.ready_count(state)
-        if count:
-            self.hold.wake((state.topic, state.group), count)
+        key = (state.topic, state.group)
+        if self.hold.holding(key) and (count := self.ready_count(state)):  # counted only when someone waits
+            self.hold.wake(key, count)
         self.schedule(state)
 
     def to_dlq(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
