@@ -384,16 +384,19 @@ def _resend(
         want = 32 if args.count == 0 else min(32, args.count - total)
         batch = consumer.receive(max=want, wait=wait)
         done = []
-        for message in batch:
-            plan = resent(message)
-            if plan is None:  # left in the DLQ (not acked): it shows again in `dlq list`
-                skipped.setdefault(message.message_id)  # once, also when it comes back
-                continue
-            producer.send(*plan)
-            counts[plan[0]] += 1
-            done.append(message)
+        try:
+            for message in batch:
+                plan = resent(message)
+                if plan is None:  # left in the DLQ (not acked): it shows again in `dlq list`
+                    skipped.setdefault(message.message_id)  # once, also when it comes back
+                    continue
+                producer.send(*plan)
+                counts[plan[0]] += 1
+                done.append(message)
+        finally:  # those re-sent are acked also when a send fails or Ctrl-C stops the batch: not re-sent again
+            if done:
+                consumer.ack_many(done)
         if done:  # a batch of dead letters left before is not progress: the wait goes on
-            consumer.ack_many(done)
             idle.received()
             total += len(done)
             advance(len(done))

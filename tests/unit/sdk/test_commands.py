@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -15,7 +16,7 @@ from popgate import Message, Producer, RetryPolicy
 from popgate._transport import convert
 from popgate.cli import output
 from popgate.cli.commands import IdleWait, OnePass
-from popgate.cli.dlq import DeadLetters, _count_dead_letters, _dlq_ranges, resent
+from popgate.cli.dlq import DeadLetters, _count_dead_letters, _dlq_ranges, _resend, resent
 from popgate.cli.main import main
 from popgate.cli.output import error_console, explain
 
@@ -402,3 +403,34 @@ def test_a_client_closed_after_ctrl_c_keeps_grpcs_own_lines_off_stderr_unless_as
     os.write(2, b"the summary\n")  # fd 2 is back
     lines = capfd.readouterr().err.splitlines()
     assert lines == (["the summary"] if operator_set is None else ["E grpc core's own line", "the summary"])
+
+
+def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
+    """Ctrl-C (or a send that fails) in the middle of a batch of dead letters: the letters already re-sent are
+    acked on the way out, so a later `dlq resend` does not send them to their topic a second time."""
+    letters = [Message(f"m{i}".encode(), properties={"ORIGIN_TOPIC": "t"}) for i in range(3)]
+    for i, letter in enumerate(letters):
+        letter.message_id = f"id{i}"
+
+    class Consumer:
+        acked: list[str] = []
+
+        def receive(self, *, max: int, wait: float) -> list[Message]:
+            return letters
+
+        def ack_many(self, messages: list[Message]) -> None:
+            self.acked += [m.message_id for m in messages]
+
+    class Stopping:
+        sent = 0
+
+        def send(self, topic: str, message: Message) -> None:
+            self.sent += 1
+            if self.sent == 3:
+                raise KeyboardInterrupt
+
+    consumer = Consumer()
+    args = argparse.Namespace(wait=0.0, count=0)
+    with pytest.raises(KeyboardInterrupt):
+        _resend(consumer, Stopping(), args, "%DLQ%g", {"t": 0}, {}, lambda n: None)  # type: ignore[arg-type]
+    assert consumer.acked == ["id0", "id1"]
