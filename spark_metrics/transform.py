@@ -132,15 +132,18 @@ def series_windows(records: DataFrame, window_s: float, *, lateness_s: float | N
         # are the starting point of a later window's increase and never make a series-window (a row) alone
         F.max_by(mine("value", sample), mine("time", sample)).alias("value"),
         F.min_by(mine("value"), mine("time")).alias("first"),  # the value-0 record, if here, is the first
-        F.max(F.when(F.col("baseline"), F.col("value"))).alias("base"),
+        # The previous window's last value (not its largest: the counter may have been reset within it).
+        F.max_by(F.when(F.col("baseline"), F.col("value")), F.when(F.col("baseline"), F.col("time"))).alias("base"),
+        F.max(own & F.col("initial")).alias("restart"),  # a value-0 record here: the series (re)started at 0
     )
     start_s = F.unix_micros(F.col("window.start")) / 1e6
     last, first, base = F.col("value"), F.col("first"), F.col("base")
     fresh = F.col("run") >= start_s - window_s  # the run began after the previous window did
     increase = (
         F.when(F.col("run").isNull(), F.lit(None))  # a gauge
-        .when(base.isNull() & fresh, last)
-        .when(base.isNull(), last - first)
+        .when(F.col("restart") | (base.isNull() & fresh), last)
+        .when(base.isNull() & (last >= first), last - first)
+        .when(base.isNull(), last)  # reset within its first window: counted from 0
         .when(last >= base, last - base)
         .otherwise(last)  # it went down within one run: a reset, counted from 0 (as Prometheus does)
     )

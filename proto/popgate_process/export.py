@@ -131,8 +131,11 @@ class RunSnapshots:
         return zeros + batch
 
     def written(self, batch: Iterable[dict[str, Any]], now: float) -> None:
-        """Call once ``batch`` (from `take`) is written; a snapshot that failed to write is not remembered."""
-        self._counters.update(_series(r) for r in batch if r["type"] == "counter")
+        """Call once ``batch`` (from `take`) is written; a snapshot that failed to write is not remembered. The
+        counters it held are those the next snapshot compares with: a series gone from one snapshot (its topic or
+        group deleted) and back later (made again, from 0) gets its value-0 record too —
+        tests/spark/test_new_series.py::test_a_series_deleted_and_made_again_counts_from_0_again."""
+        self._counters = {_series(r) for r in batch if r["type"] == "counter"}
         self._previous = round(now, 3)
 
 

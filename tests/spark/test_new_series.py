@@ -137,3 +137,58 @@ def test_streaming_once_counts_it_too(
     check(streamed)
     assert {k[0] for k in streamed} == {0, 1}  # data up to T0+170, 20 s lateness: windows 0 and 1 are final
     assert comparable(streamed) == comparable({k: r for k, r in batch.items() if k[0] < 2})
+
+
+def export_remade(directory: Path) -> None:
+    """One broker, started long before T0, snapshotted every 10 s from T0+10 to T0+170. Topic "gone" (+20 a
+    snapshot from 100) is deleted after the T0+50 snapshot and made again at T0+125 with 500 messages, +20 a
+    snapshot after (580 by T0+170). Topic "remade" (60 at T0+10, +10 a snapshot) is deleted and made again between
+    the T0+40 and T0+50 snapshots with 5 messages, +20 a snapshot after (125 by T0+110): no snapshot misses it."""
+    registry = CollectorRegistry()
+    msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=registry)
+    max_offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=registry)
+    consumer = Gauge("popgate_broker_consumer_offset", "x", ["topic", "group", "queue"], registry=registry)
+
+    def made(name: str, messages: int) -> None:
+        msg_in.labels(name).inc(messages)
+        max_offset.labels(name, "0").set(messages)
+        consumer.labels(name, "g1", "0").set(0)
+
+    made("gone", 100)
+    made("remade", 50)
+    clock = Clock(S.T0)
+
+    async def run() -> None:
+        settings: dict[str, Any] = {"started": S.OLD, "interval_s": 3600}
+        async with MetricsExporter(registry, ExportSettings(directory, "b1", "broker", **settings)) as b:
+            for step in range(1, 18):
+                clock.now = S.T0 + 10 * step
+                if step <= 5 or step >= 13:
+                    msg_in.labels("gone").inc(20 if step != 13 else 0)
+                if step == 13:
+                    made("gone", 500)
+                if step == 5:
+                    msg_in.remove("remade")
+                    made("remade", 5)
+                else:
+                    msg_in.labels("remade").inc(10 if step < 5 else 20)
+                await b.snapshot()
+                if step == 5:
+                    msg_in.remove("gone")
+                    max_offset.remove("gone", "0")
+                    consumer.remove("gone", "g1", "0")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(popgate_process.export, "time", clock)
+        asyncio.run(run())
+
+
+def test_a_series_deleted_and_made_again_counts_from_0_again(spark: SparkSession, tmp_path: Path) -> None:
+    """A topic deleted and made again (its counters gone, then back from 0): the window it comes back in counts
+    what it holds, not that less its first value; one reset between two snapshots counts from the previous window's
+    last value, not its largest, and never goes negative."""
+    export_remade(tmp_path)
+    rows = by_key(aggregate(read_records(spark, str(tmp_path)), S.WINDOW_S))
+    assert rows[(2, "gone", "g1")]["messages_in"] == 580
+    assert rows[(1, "remade", "g1")]["messages_in"] == 120  # 125 at T0+110 less 5 at T0+50
+    assert rows[(0, "remade", "g1")]["messages_in"] >= 0
