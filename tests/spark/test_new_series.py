@@ -34,6 +34,21 @@ class Clock:
         return self.now
 
 
+class BrokerTopics:
+    """A broker's per-topic families as the tests export them: messages in, the queue's end, g1's offset."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=registry)
+        self.max_offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=registry)
+        self.consumer = Gauge("popgate_broker_consumer_offset", "x", ["topic", "group", "queue"], registry=registry)
+
+    def made(self, name: str, messages: int) -> None:
+        """The topic holds `messages` more, and group g1 its offset 0 there."""
+        self.msg_in.labels(name).inc(messages)
+        self.max_offset.labels(name, "0").set(messages)
+        self.consumer.labels(name, "g1", "0").set(0)
+
+
 def export(directory: Path) -> None:
     """One broker and one proxy, both started long before T0, snapshotted every 10 s from T0 to T0+170.
 
@@ -46,17 +61,14 @@ def export(directory: Path) -> None:
       g3 first receives 2 between T0+50 and T0+60 (its 0 at T0+50: window 0).
     """
     broker_reg, proxy_reg = CollectorRegistry(), CollectorRegistry()
-    msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=broker_reg)
-    max_offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=broker_reg)
-    consumer = Gauge("popgate_broker_consumer_offset", "x", ["topic", "group", "queue"], registry=broker_reg)
+    topics = BrokerTopics(broker_reg)
+    msg_in = topics.msg_in
     msg_out = Counter("popgate_broker_messages_out", "x", ["topic", "group"], registry=broker_reg)
     dead = Counter("popgate_broker_dead_lettered", "x", ["topic", "group"], registry=broker_reg)
     receives = Counter("popgate_proxy_receives", "x", ["group", "mode", "outcome"], registry=proxy_reg)
 
     def topic(name: str, messages: int) -> None:
-        msg_in.labels(name).inc(messages)
-        max_offset.labels(name, "0").set(messages)
-        consumer.labels(name, "g1", "0").set(0)
+        topics.made(name, messages)
         if name != "old":
             msg_out.labels(name, "g1").inc(10)
             dead.labels(name, "g1")  # exported at 0
@@ -145,15 +157,8 @@ def export_remade(directory: Path) -> None:
     snapshot after (580 by T0+170). Topic "remade" (60 at T0+10, +10 a snapshot) is deleted and made again between
     the T0+40 and T0+50 snapshots with 5 messages, +20 a snapshot after (125 by T0+110): no snapshot misses it."""
     registry = CollectorRegistry()
-    msg_in = Counter("popgate_broker_messages_in", "x", ["topic"], registry=registry)
-    max_offset = Gauge("popgate_broker_max_offset", "x", ["topic", "queue"], registry=registry)
-    consumer = Gauge("popgate_broker_consumer_offset", "x", ["topic", "group", "queue"], registry=registry)
-
-    def made(name: str, messages: int) -> None:
-        msg_in.labels(name).inc(messages)
-        max_offset.labels(name, "0").set(messages)
-        consumer.labels(name, "g1", "0").set(0)
-
+    topics = BrokerTopics(registry)
+    msg_in, made = topics.msg_in, topics.made
     made("gone", 100)
     made("remade", 50)
     clock = Clock(S.T0)
@@ -175,8 +180,8 @@ def export_remade(directory: Path) -> None:
                 await b.snapshot()
                 if step == 5:
                     msg_in.remove("gone")
-                    max_offset.remove("gone", "0")
-                    consumer.remove("gone", "g1", "0")
+                    topics.max_offset.remove("gone", "0")
+                    topics.consumer.remove("gone", "g1", "0")
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(popgate_process.export, "time", clock)
