@@ -101,6 +101,7 @@ class NotifyRun:
     failed: frozenset[str] = frozenset()
     full: frozenset[str] = frozenset()
     dropped: frozenset[str] = frozenset()  # no longer watched in this run
+    awaiting: frozenset[str] = frozenset()  # failed brokers with a Rewatch or an AwaitUp given and not yet come
     sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
     rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
@@ -117,6 +118,7 @@ class NotifyRun:
         self.stats.pops += 1
         if self.down:  # else the shared empty default stays
             self.failed |= frozenset(self.down)
+            self.awaiting |= frozenset(self.down)
         return [Pop(self.brokers[0]), *(AwaitUp(broker) for broker in self.down)]
 
     def popped(
@@ -147,8 +149,8 @@ class NotifyRun:
         self.lost[broker] = self.lost.get(broker, 0) + 1
         if self.lost[broker] >= self.max_lost_per_broker:
             self.dropped |= {broker}
-            return [*self._next_pop(), *self._maybe_exhausted()]
-        return [*self._renotify(broker, now), *self._next_pop()] or self._maybe_exhausted()  # no time left: done
+            return [*self._next_pop(), *self._maybe_exhausted(now)]
+        return [*self._renotify(broker, now), *self._next_pop()] or self._maybe_exhausted(now)  # no time left: done
 
     def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
         if self.phase is Phase.DONE or broker not in self.notifying:
@@ -163,14 +165,14 @@ class NotifyRun:
         if polling_full:
             self.stats.notified_full += 1
             self.full |= {broker}
-            return self._maybe_exhausted()
+            return self._maybe_exhausted(now)
         self.stats.notified_empty += 1
         if now - self.sent_at.get(broker, now) < self.min_hold_s:
             self.dropped |= {broker}  # answered without holding: closing, do not spin on it
-            return self._maybe_exhausted()
+            return self._maybe_exhausted(now)
         # The broker's hold ended without a message (its clock ran ahead of ours): watch on if time is left.
         cmds = self._renotify(broker, now)
-        return cmds or self._maybe_exhausted()
+        return cmds or self._maybe_exhausted(now)
 
     def failed_call(self, broker: str, error: DomainError, *, now: float) -> list[Command]:
         """A Pop or Notification to `broker` failed with `error`."""
@@ -190,36 +192,40 @@ class NotifyRun:
         if isinstance(error, TooManyRequests):
             self.refused[broker] = error  # what it holds for the group is out of reach: said if nothing else comes
         self.failed |= {broker}
+        if self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
+            return self._finish([], "error", error)
+        if self.phase is Phase.DRAINING:
+            return self._finish([], "empty")
+        # A broker without the topic is not a failure a restart undoes: not looked at again.
+        rewatch = [] if isinstance(error, TopicNotFound) else self._rewatch_later(broker, now)
         if self.phase is Phase.FIRST_POP:
             cmds = self._notify_all(now)
-        elif self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
-            return self._finish([], "error", error)
-        elif self.phase is Phase.DRAINING:
-            return self._finish([], "empty")
         else:
-            cmds = [*self._next_pop(), *self._maybe_exhausted()]
-        if isinstance(error, TopicNotFound):  # not a failure a restart undoes: not looked at again
-            return cmds
-        return self._with_rewatch(broker, now, cmds)
+            cmds = [*self._next_pop(), *self._maybe_exhausted(now)]
+        return cmds if self.done else [*cmds, *rewatch]
 
     def rewatch(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
         """The time a `Rewatch` named has come, or an `AwaitUp` broker is up: notify `broker` again if healthy."""
+        self.awaiting -= {broker}
         if self.phase not in (Phase.FIRST_POP, Phase.NOTIFYING) or broker not in self.failed or broker in self.dropped:
             return []
         if not healthy:
+            self.awaiting |= {broker}
             return [AwaitUp(broker)]  # down: notified again when the health checks see it up
         self.failed -= {broker}
         if self.phase is Phase.FIRST_POP:
             return []  # notified with the others if the first Pop finds nothing
-        return self._renotify(broker, now)
+        return self._renotify(broker, now) or self._maybe_exhausted(now)
 
-    def _with_rewatch(self, broker: str, now: float, cmds: list[Command]) -> list[Command]:
-        """`cmds`, plus a Rewatch of `broker` while the run goes on watching and it has rewatches left."""
+    def _rewatch_later(self, broker: str, now: float) -> list[Command]:
+        """A Rewatch of `broker`, if it has rewatches left and the poll time to use one; the run then waits for it
+        before answering empty (test_notify.py::test_a_run_waits_for_a_failed_broker_to_be_looked_at_again)."""
         count = self.rewatches.get(broker, 0)
-        if self.phase is not Phase.NOTIFYING or count >= self.max_rewatches or self.poll_end - now <= self.rewatch_s:
-            return cmds
+        if count >= self.max_rewatches or self.poll_end - now <= self.rewatch_s:
+            return []
         self.rewatches[broker] = count + 1
-        return [*cmds, Rewatch(broker, now + self.rewatch_s)]
+        self.awaiting |= {broker}
+        return [Rewatch(broker, now + self.rewatch_s)]
 
     def poll_over(self) -> list[Command]:
         """The client's long-polling time is over: answer empty, unless a Pop is in flight.
@@ -286,7 +292,7 @@ class NotifyRun:
             self.stats.notifications += 1
             self.stats.waited = self.stats.waited or not self.last_look
             cmds.append(Notify(broker, poll_ms))
-        return cmds or self._maybe_exhausted()
+        return cmds or self._maybe_exhausted(now)
 
     def _handoff(self, broker: str, now: float) -> list[Command]:
         self.phase = Phase.LONGPOLL
@@ -334,7 +340,7 @@ class NotifyRun:
         self.ready.clear()
         return commands
 
-    def _maybe_exhausted(self) -> list[Command]:
+    def _maybe_exhausted(self, now: float) -> list[Command]:
         """Nothing outstanding and nothing to pop: no broker can serve this receive any more."""
         if self.phase is Phase.DONE or self.notifying or self.popping is not None or self.ready:
             return []
@@ -342,6 +348,8 @@ class NotifyRun:
             return self._finish([], "error", TooManyRequests("every broker holds too many long polls; retry shortly"))
         if self.failed and not (set(self.brokers) - self.failed):
             return self._finish([], "error", self.last_error or BrokerUnavailable("no broker is reachable"))
+        if self.awaiting - self.dropped and self.phase is Phase.NOTIFYING and self.poll_end - now >= self.min_notify_s:
+            return []  # a failed broker is to be looked at again: wait for it, or for the poll's end
         return self._finish([], "empty")
 
     def _finish(

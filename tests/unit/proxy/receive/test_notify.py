@@ -391,3 +391,23 @@ def test_a_handed_off_pop_moved_after_the_poll_ended_pops_there_at_once_and_ends
     assert run.moved("b2", "b3", now=10.01) == [Pop("b3", 0)]
     assert run.outstanding == ["b3"]
     assert finish(run.popped("b3", message("m9"), polling_full=False, now=10.02)).outcome == "messages"
+
+
+def test_a_run_waits_for_a_failed_broker_to_be_looked_at_again() -> None:
+    """b2 and b3 closing answer their Notifications at once while b1, failed, is to be looked at again: the run
+    waits for b1 (restarted, with a message stored meanwhile) rather than answering empty with poll time left."""
+    run, _ = started()
+    run.popped("b1", [], polling_full=False, now=1.0)
+    assert run.failed_call("b1", BrokerUnavailable("b1 restarting"), now=1.0) == [Rewatch("b1", 2.0)]
+    run.notified("b2", has_message=False, polling_full=False, now=1.01)  # closing: answered without holding
+    assert run.notified("b3", has_message=False, polling_full=False, now=1.01) == []  # not empty: b1 is to come
+    assert run.rewatch("b1", healthy=False, now=2.0) == [AwaitUp("b1")]
+    assert run.rewatch("b1", healthy=True, now=3.0) == [Notify("b1", 7_000)]  # back, a message stored meanwhile
+    assert run.notified("b1", has_message=True, polling_full=False, now=3.5) == [Pop("b1")]
+    assert finish(run.popped("b1", message("m5"), polling_full=False, now=3.5)).outcome == "messages"
+    down, _ = started()
+    down.popped("b1", [], polling_full=False, now=1.0)
+    down.failed_call("b1", BrokerUnavailable("b1 restarting"), now=1.0)
+    down.notified("b2", has_message=False, polling_full=False, now=1.01)
+    down.notified("b3", has_message=False, polling_full=False, now=1.01)
+    assert finish(down.poll_over()).outcome == "empty"  # never back: empty at the poll's end, not before
