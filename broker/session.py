@@ -117,9 +117,14 @@ class Session:
             elif (undo := self.unused.pop(request.id, None)) is not None:
                 undo()  # answered before the cancel was read, or answered and not used: nobody got it
             return
-        if kind is None or request.id in self.pending:
-            why = "unknown request" if kind is None else f"request id {request.id} is already pending"
-            self._error(request.id, errors.BadRequest(f"session: {why}"))
+        if request.id in self.pending:
+            # Answers name their request by id alone: a reused one would be taken for the pending request's answer.
+            raise errors.BadRequest(
+                f"session: request id {request.id} is already pending (ids of pending requests "
+                "are unique on a stream): the stream ends"
+            )
+        if kind is None:
+            self._error(request.id, errors.BadRequest("session: unknown request"))
             return
         self.unused.pop(request.id, None)  # an id used again: a later cancel is about this request
         held = kind in HELD_KINDS and getattr(request, kind).poll_ms > 0  # poll 0: answered at once
@@ -282,6 +287,7 @@ async def serve(
     writer = loop.create_task(write())
     reader = loop.create_task(read())
     stopped = loop.create_task(stopping.wait())
+    violation: errors.BadRequest | None = None  # a request the stream cannot serve on: it ends with its status
     try:
         await asyncio.wait((reader, stopped), return_when=asyncio.FIRST_COMPLETED)
         if not reader.done():
@@ -292,7 +298,9 @@ async def serve(
             reader.cancel()
             await session.settle(SESSION_SETTLE_S)
         elif not reader.cancelled() and (exc := reader.exception()) is not None:
-            raise exc
+            if not isinstance(exc, errors.BadRequest):
+                raise exc
+            violation = exc
     finally:
         reader.cancel()
         stopped.cancel()
@@ -304,3 +312,5 @@ async def serve(
         session.room.set()
         with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
             await asyncio.wait_for(writer, WRITER_DRAIN_S)
+    if violation is not None:  # test_session_stream.py::test_a_request_reusing_a_pending_id_ends_the_stream
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, violation.message)

@@ -9,7 +9,6 @@ stream ends (`sdk/_session.py` is the client side).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -188,9 +187,14 @@ class Session:
             if task is not None:
                 task.cancel()  # a receive cut off gives its messages back (receive.receive_message)
             return
-        if kind is None or request_id in self.pending:
-            why = "a request without a body" if kind is None else f"request id {request_id} is already pending"
-            self.answer(refusal(request_id, None, errors.BadRequest(f"session: {why}")))
+        if request_id in self.pending:
+            # Answers name their request by id alone: a reused one would be taken for the pending request's answer.
+            raise errors.BadRequest(
+                f"session: request id {request_id} is already pending (ids of pending requests are unique on a "
+                "stream): the stream ends"
+            )
+        if kind is None:
+            self.answer(refusal(request_id, None, errors.BadRequest("session: a request without a body")))
             return
         if len(self.pending) >= MAX_PENDING:
             busy = errors.TooManyRequests(f"the session has {MAX_PENDING} requests pending; retry shortly")
@@ -354,8 +358,20 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
         # or, stuck on a client that does not read, with the call once this handler returns.
         await asyncio.wait((writer,), timeout=WRITER_DRAIN_S)
         writer.add_done_callback(_consumed)
-        with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
-            await reader
+        violation = await _reader_end(reader)
+    if violation is not None:  # test_session.py::test_a_request_reusing_a_pending_id_ends_the_stream (sdk)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, violation.message)
+
+
+async def _reader_end(reader: asyncio.Task[None]) -> errors.BadRequest | None:
+    """How the stream's reader ended: a request the stream cannot serve on (its status ends the stream), or None."""
+    try:
+        await reader
+    except errors.BadRequest as exc:
+        return exc
+    except (asyncio.CancelledError, grpc.RpcError):
+        pass
+    return None
 
 
 async def _drain(session: Session, reader: asyncio.Task[None]) -> None:

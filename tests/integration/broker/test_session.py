@@ -174,3 +174,23 @@ async def test_a_lost_stream_says_which_requests_never_left(make_broker: object)
             await asyncio.wait_for(held_pop, 10)
         await session.close()
     assert (unsent(never_left.value), unsent(lost.value)) == (True, False)
+
+
+async def test_a_request_reusing_a_pending_id_ends_the_stream(make_broker: object) -> None:
+    """Answers name their request by id alone, so a second request under the id of one still pending would be taken
+    for its answer: the broker ends the stream with INVALID_ARGUMENT instead, serving neither, keeping nothing."""
+    broker: BrokerHandle = make_broker("b1")  # type: ignore[operator]
+    held_pop = pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000)
+    send = pb.SendRequest(messages=[pb.Message(topic="t", body=b"under a reused id")])
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        call = stub.Session()
+        await call.write(pb.SessionRequest(id=7, pop=held_pop))
+        await wait_for(lambda: _eq(held(stub), 1))
+        await call.write(pb.SessionRequest(id=7, send=send))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(call.read(), 10)
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "request id 7 is already pending" in (ended.value.details() or "")
+        await wait_for(lambda: _eq(held(stub), 0))
+        assert (await stub.Pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000))).messages == []

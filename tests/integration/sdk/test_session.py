@@ -276,3 +276,20 @@ async def test_concurrent_acks_each_get_their_own_outcome(endpoint: str) -> None
     assert isinstance(failed, AckError) and [m for m, _ in failed.failures] == [stale.message_id]
     assert acked == [None, None, None]
     assert again == []
+
+
+async def test_a_request_reusing_a_pending_id_ends_the_stream(endpoint: str) -> None:
+    """Answers name their request by id alone: a second request under the id of a held receive would be taken for
+    its answer. The stream ends with INVALID_ARGUMENT instead, and the send under the reused id is not stored."""
+    topic, group = name("t"), name("g")
+    async with aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)
+        channel, call = session_call(endpoint)
+        async with channel:
+            await call.write(ext.SessionRequest(id=7, timeout_ms=30_000, receive=receive(topic, group, poll_s=20)))
+            await call.write(ext.SessionRequest(id=7, timeout_ms=5000, send=send_of_one(topic)))
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await asyncio.wait_for(call.read(), 15)  # type: ignore[attr-defined]
+        assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "request id 7 is already pending" in (ended.value.details() or "")
+        assert await consumer.receive(max=1, wait=0.5) == []
