@@ -28,7 +28,7 @@ from popgate_process.collector import collect_less_often
 from popgate_process.config import cannot_listen
 from popgate_process.logs import configure_logging
 from popgate_process.memory import MemoryTrimmer
-from popgate_process.metrics_http import start_metrics
+from popgate_process.metrics_http import export_metrics, serve_metrics
 
 log = logging.getLogger("broker")
 
@@ -123,11 +123,17 @@ async def serve(settings: BrokerSettings) -> None:
     loop = asyncio.get_running_loop()
     metrics = BrokerMetrics()
     async with AsyncExitStack() as stack:
-        core = await _open_store(settings, metrics, stack)
+        async with AsyncExitStack() as served:
+            # /metrics answers while the store is read (minutes for a large one): a scrape finds the broker up and
+            # starting, not down (test_start.py::test_metrics_are_served_while_the_store_is_read). Once the core is
+            # open, closed before it (the stack unwinds in reverse).
+            await serve_metrics(served, metrics.registry, settings, error=StartError)
+            core = await _open_store(settings, metrics, stack)
+            stack.push_async_callback(served.pop_all().aclose)
         metrics.watch(core)
         # Before the gRPC server starts: a failure here has nothing serving to stop yet. Closed after it stops
         # (the stack unwinds in reverse): the last snapshot comes after the last RPC.
-        await start_metrics(stack, metrics.registry, settings, kind="broker", process=settings.name, error=StartError)
+        await export_metrics(stack, metrics.registry, settings, kind="broker", process=settings.name, error=StartError)
         servicer = BrokerServicer(core, metrics)
         server, port, tls = _grpc_server(settings, servicer)
         if tls is not None:

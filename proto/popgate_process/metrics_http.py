@@ -121,6 +121,15 @@ async def start_metrics(
     --metrics-listen and snapshots exported to --export-dir, each only when set, both closed by `stack`. A flag
     the operator must fix (a port in use, an address that is not local, a directory that is a file) raises
     ``error(one line naming it)``."""
+    await serve_metrics(stack, registry, flags, error=error)
+    await export_metrics(stack, registry, flags, kind=kind, process=process, error=error)
+
+
+async def serve_metrics(
+    stack: AsyncExitStack, registry: CollectorRegistry, flags: MetricsFlags, *, error: Callable[[str], Exception]
+) -> None:
+    """The process's own families registered in `registry`, and /metrics served on --metrics-listen when set,
+    closed by `stack`: `start_metrics`' first half, which a broker does before reading its store."""
     # No `<counter>_created` series: nothing reads them (the export leaves them out), and per-group counters and
     # histograms would add one per series.
     disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -133,6 +142,20 @@ async def start_metrics(
             raise error(f"--metrics-listen {flags.metrics_listen}: cannot serve /metrics there ({exc})") from None
         stack.push_async_callback(server.close)
         log.info("metrics on http://%s/metrics", address)
+
+
+async def export_metrics(
+    stack: AsyncExitStack,
+    registry: CollectorRegistry,
+    flags: MetricsFlags,
+    *,
+    kind: str,
+    process: str,
+    error: Callable[[str], Exception],
+) -> None:
+    """Snapshots of `registry` exported to --export-dir when set, closed by `stack`: `start_metrics`' second half.
+    Its first snapshot is the run's baseline (`RunSnapshots`): taken once every family the process will have is
+    registered, so that a family registered later does not count its whole value as an increase."""
     if flags.export_dir:
         export = ExportSettings(Path(flags.export_dir), process, kind, flags.export_interval_s)
         try:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import socket
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +27,8 @@ async def _store_is_free(data: Path) -> None:
 
 @pytest.mark.parametrize("flag", ["listen", "metrics_listen"])
 async def test_a_start_failure_after_the_store_opened_closes_the_store(tmp_path: Path, flag: str) -> None:
-    """Past store.start, a port already in use (--listen, --metrics-listen) fails the start with one line; the
-    store is closed on the way out, so its data directory is free for the next broker (it was left locked)."""
+    """A port already in use (--listen past store.start, --metrics-listen before the store is read) fails the start
+    with one line; the store is closed on the way out, so its data directory is free for the next broker."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -60,3 +64,61 @@ async def test_a_damaged_index_row_fails_the_start_naming_it(tmp_path: Path) -> 
     with sqlite3.connect(data / "broker.sqlite3") as db:
         db.execute("UPDATE batches SET meta = 'not json'")
     await _start_fails(settings, StoreUnavailable, "the index of orders queue 0 from offset 0 is damaged")
+
+
+def _get(address: str, path: str) -> tuple[int, bytes]:
+    host, _, port = address.rpartition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+def _serves(address: str, family: bytes, within_s: float = 30.0) -> bool:
+    """Whether /metrics at `address` shows `family` within `within_s` (polled: the broker runs in this process)."""
+    deadline = time.monotonic() + within_s
+    while family not in _get(address, "/metrics")[1]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+async def test_metrics_are_served_while_the_store_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker reading a large store takes minutes before it serves: meanwhile its /metrics answers (the process's
+    own families, none of the store's yet), so a scrape finds it up and starting — PopgateTargetDown does not fire
+    for a broker that is only starting. The store's families follow once it is read."""
+    reading = threading.Event()
+    reads_on = threading.Event()
+    real_load = SqliteStore.load
+
+    def slow_load(store: SqliteStore) -> object:
+        reading.set()
+        reads_on.wait(30)
+        return real_load(store)
+
+    monkeypatch.setattr(SqliteStore, "load", slow_load)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    settings = BrokerSettings(
+        name="b1", data_dir=tmp_path / "b1", listen="127.0.0.1:0", metrics_listen=address, topics=("orders",)
+    )
+    loop = asyncio.get_running_loop()
+    broker = asyncio.create_task(serve(settings))
+    try:
+        assert await loop.run_in_executor(None, reading.wait, 30)
+        status, body = await loop.run_in_executor(None, _get, address, "/metrics")
+        assert status == 200 and b"popgate_build_info" in body and b"popgate_broker_max_offset" not in body
+    finally:
+        reads_on.set()  # the read goes on (a store is never closed under its own read)
+    assert await loop.run_in_executor(None, _serves, address, b"popgate_broker_max_offset")
+    broker.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await broker
+    with pytest.raises(ConnectionRefusedError):
+        await loop.run_in_executor(None, _get, address, "/metrics")
+    await _store_is_free(tmp_path / "b1")
