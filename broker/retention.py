@@ -81,6 +81,7 @@ class Retention:
         while queues:
             full: set[tuple[str, int]] = set()  # queues whose step was cut at STEP_MESSAGES: another step
             targets = []
+            logs: dict[tuple[str, int], QueueLog] = {}  # each target's queue, as it was when its cut was chosen
             states = self._states_by_topic()
             for queue in queues:
                 # Never past the queue's last message: its row is kept (and a row the writer committed but
@@ -90,6 +91,7 @@ class Retention:
                 target = min(queue.stored_before(cut, end), _in_flight_floor(queue, states.get(queue.topic, ())))
                 if target > queue.min_offset:
                     targets.append((queue.topic, queue.queue_id, target))
+                    logs[queue.topic, queue.queue_id] = queue
                     if target == step_end:  # cut by the step, not by the queue's end: another step
                         full.add((queue.topic, queue.queue_id))
             if not targets:
@@ -99,7 +101,10 @@ class Retention:
             ops: list[Op] = []
             cuts = []
             for topic, queue_id, _ in targets:  # every cut checked before any is applied: all or nothing
-                queue = self.topics[topic].queues[queue_id]
+                queue = logs[topic, queue_id]
+                if not self._current(queue):  # its topic deleted meanwhile (and maybe made again): not this cut's
+                    full.discard((topic, queue_id))
+                    continue
                 new_min = starts.get((topic, queue_id), queue.min_offset)
                 floor = _in_flight_floor(queue, states.get(topic, ()))
                 if not queue.min_offset < new_min < queue.max_offset or floor < new_min:
@@ -107,14 +112,14 @@ class Retention:
                     continue
                 cuts.append((topic, queue_id, new_min))
             for topic, queue_id, new_min in cuts:
-                queue = self.topics[topic].queues[queue_id]
+                queue = logs[topic, queue_id]
                 deleted[topic] += new_min - queue.min_offset
                 self._trim(queue, new_min, states.get(topic, ()), ops)
             if ops:
                 self.commits.commit(ops)  # before the deletion (`delete_before` submits after what is deferred)
             if cuts:
                 rows += await self.store.delete_before(cuts)
-            queues = [self.topics[topic].queues[queue_id] for topic, queue_id in full]
+            queues = [queue for key in full if self._current(queue := logs[key])]
         if deleted:
             self.deleted.update(deleted)
             log.info(
@@ -126,6 +131,12 @@ class Retention:
                 time.perf_counter() - started,
             )
         return deleted.total()
+
+    def _current(self, queue: QueueLog) -> bool:
+        """Whether `queue` is still its topic's (not of a topic deleted since, and maybe made again) —
+        test_retention.py::test_a_cut_chosen_before_its_topic_was_deleted_and_made_again_is_not_applied."""
+        log_ = self.topics.get(queue.topic)
+        return log_ is not None and queue.queue_id < len(log_.queues) and log_.queues[queue.queue_id] is queue
 
     def _states_by_topic(self) -> dict[str, list[GroupTopic]]:
         states: dict[str, list[GroupTopic]] = {}

@@ -14,7 +14,7 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 from prometheus_client import generate_latest
 
-from broker import retention, store_writes
+from broker import admin, retention, store_writes
 from broker.core import BrokerCore
 from broker.log import PayloadCache, QueueLog
 from broker.metrics import BrokerMetrics
@@ -363,3 +363,31 @@ async def test_a_topic_deleted_during_a_deletion_keeps_its_new_messages(
     await store.close()
     assert [r.offset for r in recreated] == [0, 1, 2]
     assert rows(tmp_path) == [0]  # the new topic's one row, its three messages
+
+
+async def test_a_cut_chosen_before_its_topic_was_deleted_and_made_again_is_not_applied(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A pass chooses its cuts, then asks the store where each may start (a read that can wait behind others). A
+    topic deleted and sent to again meanwhile is a new topic: the old one's cut is not applied to it, and its
+    messages stay, also after a restart."""
+    async with broker(tmp_path, clock=clock, **settings()) as (core, store):
+        for _ in range(3):
+            await send(core, 200)
+        clock.now = T0 + 2 * HOUR_MS
+        real = store.retained_from
+
+        async def retained_from(targets: Any) -> Any:
+            starts = await real(targets)
+            await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+            for _ in range(5):
+                await send(core, 200)
+            return starts
+
+        store.retained_from = retained_from  # type: ignore[method-assign]
+        assert await core.retention.run() == 0
+        queue = core.topics["t"].queues[0]
+        assert (queue.min_offset, queue.max_offset) == (0, 1000)
+    async with broker(tmp_path, clock=clock, **settings(retention_s=0.0)) as (core, _):
+        queue = core.topics["t"].queues[0]
+        assert (queue.min_offset, queue.max_offset) == (0, 1000)
