@@ -90,6 +90,7 @@ class BrokerCore:
         self.commits = StateCommits(settings, store, self.groups)
         self.redelivery = Redelivery(
             topics=self.topics,
+            groups=self.groups,
             sends=self.sends,
             hold=self.hold,
             payloads=functools.partial(read_payloads, store),

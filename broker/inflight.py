@@ -39,7 +39,7 @@ class Delivery:
 
 
 class GroupQueue:
-    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo", "counted", "ahead")
+    __slots__ = ("queue_id", "pull_offset", "inflight", "fifo", "counted", "ahead", "moving")
 
     def __init__(self, queue_id: int, pull_offset: int) -> None:
         self.queue_id = queue_id
@@ -50,6 +50,9 @@ class GroupQueue:
         self.counted: tuple[TagFilter, int, int, int] | None = None
         # Offsets at or past the pull offset already taken out of order (broker.priority); None when none.
         self.ahead: set[int] | None = None
+        # Offsets out of flight whose DLQ commit is on its way (broker.redelivery): a reset forgets them, so that a
+        # failed commit puts back only what is still the group's to put back. None when none.
+        self.moving: set[int] | None = None
 
     @property
     def consumer_offset(self) -> int:

@@ -47,6 +47,7 @@ class Redelivery:
         self,
         *,
         topics: dict[str, TopicLog],
+        groups: dict[tuple[str, str], GroupTopic],
         sends: SendPath,
         hold: HoldService,
         payloads: PayloadReader,
@@ -55,6 +56,7 @@ class Redelivery:
         clock: Clock,
     ) -> None:
         self.topics = topics
+        self.groups = groups  # (group, topic) -> its state, as the core keeps it
         self.sends = sends
         self.hold = hold
         self.payloads = payloads
@@ -206,9 +208,20 @@ class Redelivery:
             log.warning("dead-lettering %s/%s/%s failed, retried in 1 s: %s", state.topic, queue_id, offset, exc)
             self._due_again(state, queue_id, offset, delivery)
 
+    def _live(self, state: GroupTopic) -> bool:
+        """Whether `state` is still the group's on its topic: not deleted since (with its topic, or alone)."""
+        return self.groups.get((state.group, state.topic)) is state
+
     def _due_again(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> None:
         """The delivery stays in flight with its attempt count and comes due again in a second (unless retention
-        deleted its message meanwhile: there is nothing left to deliver)."""
+        deleted its message meanwhile: there is nothing left to deliver; or its group, its topic, or that offset's
+        place in the group's flight went to something else meanwhile — a delete, a reset, a new delivery)."""
+        gq = state.queues.get(queue_id)
+        if not self._live(state) or gq is None:
+            return
+        current = gq.inflight.get(offset)
+        if current is not None and current.token != delivery.token:
+            return
         queue = self.topics[state.topic].queues[queue_id]
         if offset < queue.min_offset:
             state.remove(queue_id, offset)
@@ -218,15 +231,25 @@ class Redelivery:
         self.schedule(state)
 
     async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
+        """Move the delivery's message to the group's DLQ; InvalidReceiptHandle when it is no longer the group's to
+        move (acked, redelivered, or its group or topic deleted — also while it waited for a mover, or while its
+        payload was read): test_dead_letter_races.py::
+        test_dead_letters_of_a_deleted_topic_do_not_take_its_new_messages."""
+        if not self._live(state):
+            raise InvalidReceiptHandle(f"consumer group {state.group} on topic {state.topic} was deleted meanwhile")
         topic = self.topics[state.topic]
         payloads = await self.payloads(topic, [(queue_id, offset)])
-        if state.current(queue_id, offset, delivery.token) is None:
+        if not self._live(state) or state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
         dlq = _dead_letter_of(payloads[(queue_id, offset)], state, queue_id, offset, delivery.attempt)
         if not dlq.message_id:
             dlq.message_id = self.sends.ids.next()
-        fifo = offset in state.queues[queue_id].fifo
+        gq = state.queues[queue_id]
+        fifo = offset in gq.fifo
         state.remove(queue_id, offset, keep_fifo=True)  # its queue stays held back until the commit (`_dead_lettered`)
+        if gq.moving is None:
+            gq.moving = set()
+        gq.moving.add(offset)
         ops: list[Op] = [state.done_op(queue_id, offset)]
         self.sends.topic_for_send(dlq.topic, ops, force=True, queues=1)
         tag = dlq.tag if dlq.HasField("tag") else None
@@ -247,8 +270,16 @@ class Redelivery:
         fifo: bool,
         committed: asyncio.Future[Any],
     ) -> None:
+        gq = state.queues[queue_id]
+        ours = gq.moving is not None and offset in gq.moving  # not reset meanwhile
+        if ours and gq.moving is not None:
+            gq.moving.discard(offset)
+            if not gq.moving:
+                gq.moving = None
         if committed.cancelled() or committed.exception() is not None:
-            self._due_again(state, queue_id, offset, delivery)  # the message must not vanish
+            if ours:  # the message must not vanish (test_dead_letter_races.py::
+                # test_a_failed_dead_letter_after_a_reset_does_not_take_the_new_delivery_back)
+                self._due_again(state, queue_id, offset, delivery)
             return
         state.dead_lettered += 1
         if fifo:

@@ -50,6 +50,7 @@ def reset_queue(state: GroupTopic, queue: QueueLog, offset: int, ops: list[Op]) 
     gq.inflight.clear()
     gq.fifo.clear()
     gq.ahead = None
+    gq.moving = None  # a dead letter on its way whose commit fails is not put back over the reset
     gq.counted = None
     gq.pull_offset = offset
     ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, offset))

@@ -59,8 +59,11 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
 
     clock = WallClock()
     sends = SendPath(BrokerSettings(auto_create=True), store, topics, clock=clock)  # type: ignore[arg-type]
+    state = GroupTopic("g", "t")
+    state.queue(0, 0).pull_offset = 2
     redelivery = Redelivery(
         topics=topics,
+        groups={("g", "t"): state},
         sends=sends,
         hold=hold,
         payloads=payloads,
@@ -68,8 +71,6 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
         released=lambda state: None,
         clock=clock,
     )
-    state = GroupTopic("g", "t")
-    state.queue(0, 0).pull_offset = 2
     return redelivery, state, hold
 
 
@@ -104,6 +105,7 @@ async def test_a_group_with_its_own_max_attempts_is_dead_lettered_at_it_the_othe
     redelivery, state, _ = make(store)
     fast = GroupTopic("fast", "t")
     fast.queue(0, 0).pull_offset = 2
+    redelivery.groups[("fast", "t")] = fast
     for group in (state, fast):
         group.deliver(0, 0, Delivery(1, 11, 100))
     picks = redelivery.take(state, now=200, want=10), redelivery.take(fast, now=200, want=10)
