@@ -93,6 +93,7 @@ class Frame:
     quit_hint: str = "Ctrl-C stops everything"
     unknown: Sequence[str] = ()  # brokers the proxy routes to whose address was not given (`top`)
     processes: Sequence[Status] = ()  # `popgate up`'s children
+    failed: str = ""  # why the proxy gave no figures at the last poll (`top` through the proxy): none when empty
 
 
 def rows(now: Sample) -> list[tuple[str, str, str, str, str]]:
@@ -119,6 +120,8 @@ def render(frame: Frame | str, now: Sample, before: Sample | None) -> Group:
     if frame.processes:
         healthy = all(p.state is State.UP for p in frame.processes)
         lines.append(Text("processes     " + describe(frame.processes, now.at), style="" if healthy else "bold yellow"))
+    if frame.failed:
+        lines.append(Text("PROXY         " + frame.failed, style="bold red"))
     if now.down:
         lines.append(Text("DOWN          " + " ".join(sorted(now.down)), style="bold red"))
     if frame.unknown:
@@ -158,6 +161,7 @@ class LiveView:
         self._endpoint = endpoint
         self._proxy = proxy
         self._seen: set[str] = set()  # brokers the proxy named: all down when the proxy does not answer
+        self._failed = ""  # the proxy's failure at the last poll, shown (one that is no proxy shows no cluster)
         self._processes = processes
         self._unknown = unknown
         self._quit_hint = quit_hint
@@ -180,11 +184,17 @@ class LiveView:
     def _through_proxy(self, proxy: ProxyAdmin) -> dict[str, bpb.StatsResponse | None]:
         try:
             gathered = proxy.stats(bpb.StatsRequest())
-        except ProxyAdminError:
+        except ProxyAdminError as exc:
+            self._failed = str(exc)
             return dict.fromkeys(self._seen)
+        self._failed = ""
         replies: dict[str, bpb.StatsResponse | None] = {**gathered.answers, **dict.fromkeys(gathered.failures)}
         self._seen |= replies.keys()
         return replies
+
+    def frame(self) -> Frame:
+        """What the view shows besides the figures of the last `poll`."""
+        return Frame(self._endpoint, self._quit_hint, self._unknown, self._processes(), self._failed)
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
         console = Console(highlight=False, markup=False, emoji=False)
@@ -193,8 +203,7 @@ class LiveView:
             with Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False) as live:
                 while not stop.is_set():
                     now = self.poll()
-                    frame = Frame(self._endpoint, self._quit_hint, self._unknown, self._processes())
-                    live.update(render(frame, now, before), refresh=True)
+                    live.update(render(self.frame(), now, before), refresh=True)
                     before = now
                     stop.wait(interval_s)
         except OSError:  # the terminal is gone (EIO after a hang-up): stop, as SIGHUP does

@@ -78,9 +78,8 @@ def test_top_attaches_to_a_running_cluster_and_shows_unread_topics_and_unasked_b
         def run(self, stop: threading.Event, interval_s: float) -> None:
             console = Console(file=io.StringIO(), width=120, color_system=None)
             try:
-                console.print(
-                    live.render(live.Frame(self._endpoint, self._quit_hint, self._unknown), self.poll(), None)
-                )
+                now = self.poll()
+                console.print(live.render(self.frame(), now, None))
             finally:
                 self.close()
             screens.append(console.file.getvalue())  # type: ignore[attr-defined]
@@ -96,10 +95,13 @@ def test_top_attaches_to_a_running_cluster_and_shows_unread_topics_and_unasked_b
     try:
         assert main(["top", "-e", three.endpoint, *brokers(three, "b1", "b2"), "--interval", "0.1"]) == 0
         assert main(["top", "-e", three.endpoint, "--interval", "0.1"]) == 0  # every broker, through the proxy
+        assert main(["top", "-e", three.brokers["b1"].address, "--interval", "0.1"]) == 0  # not a proxy
     finally:
         for sig, handler in handlers.items():  # `top` set its own
             signal.signal(sig, handler)
     through = screens[1]
+    # Pointed at something that is no proxy (a broker: no admin service), it says so, not "no topics yet".
+    assert f"PROXY         the proxy at {three.brokers['b1'].address} did not gather" in screens[2]
     assert "NOT ASKED" not in through and "DOWN" not in through
     assert next(line for line in through.splitlines() if topic in line).split()[1:5] == ["-", "-", "-", "6"]
     screen = screens[0]
