@@ -15,6 +15,9 @@ DLQ_PREFIX = "%DLQ%"
 # not yet re-sent, which is what the broker reports as a DLQ's size (broker/metrics.py, `popgate dlq list`).
 DLQ_RESEND_GROUP = "popgate-dlq-resend"
 MAX_TAG_LEN = 256
+# A client's id (x-mq-client-id): the proxy refuses a longer one (proxy/v2/access.py), and a broker refuses a
+# consumer report naming one (broker/consumers.py).
+MAX_CLIENT_ID_CHARS = 512
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64
 MAX_PROPERTIES_BYTES = 16 * 1024
