@@ -123,6 +123,11 @@ def _help(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     return " ".join(capsys.readouterr().out.split())
 
 
+def test_a_body_starting_with_a_dash_is_given_after_the_end_of_options() -> None:
+    args = build_parser().parse_args(["send", "orders", "--tag", "t", "--", "-1 is a body"])
+    assert (args.topic, args.body, args.tag) == ("orders", "-1 is a body", "t")
+
+
 def test_help_shows_defaults_in_their_units_choices_and_how_to_write_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
