@@ -248,16 +248,27 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`argv` parsed; a usage error (exit 2) for what no command takes."""
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "body", "") is None and extra:
+        # `send TOPIC --tag T BODY` (or `-`, stdin; or `-- -BODY`, a body starting with '-'): argparse matched TOPIC
+        # and an empty BODY together, leaving BODY over — test_cli_conventions.py::
+        # test_a_body_starting_with_a_dash_is_given_after_the_end_of_options
+        if extra[0] == "--" and len(extra) > 1:
+            del extra[0]
+            args.body = extra.pop(0)
+        elif extra[0] == "-" or not extra[0].startswith("-"):
+            args.body = extra.pop(0)
+    if extra:
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code. Bad input is one line on stderr and code 2, Ctrl-C code 130."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if getattr(args, "body", "") is None and extra and (extra[0] == "-" or not extra[0].startswith("-")):
-        # `send TOPIC --tag T BODY` (or `-`, stdin): argparse matched TOPIC and an empty BODY together, leaving
-        # BODY over
-        args.body = extra.pop(0)
-    if extra:
-        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parse(parser, argv)
     if args.command == "up":
         return up(args)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
