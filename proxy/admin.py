@@ -21,6 +21,7 @@ from popgate_pb.ext import admin_pb2 as apb
 from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 
 from popgate_contract import errors
+from popgate_contract.consumers import latest_consumers
 from popgate_contract.trailer import ERROR_KEY, status_of
 from proxy.auth import Authenticator
 from proxy.routing import BrokerPool
@@ -83,6 +84,9 @@ class AdminService(apb_grpc.AdminServicer):
         and each broker that did not answer with its status. When every broker refused the request as bad input,
         that refusal is the call's (nothing was done anywhere)."""
         clients = [c for c in map(self._pool.get, self._pool.names) if c is not None]
+        if not clients:  # nothing done anywhere: not an empty success (test_admin_fanout.py::
+            # test_a_proxy_that_routes_to_no_broker_says_so_and_does_nothing)
+            raise errors.BrokerUnavailable(f"this proxy routes to no broker: {method} was not done anywhere")
         calls = [c.admin(method, request, timeout_s=self._timeout_s) for c in clients]
         results = await asyncio.gather(*calls, return_exceptions=True)
         answers: list[Any] = []
@@ -151,14 +155,10 @@ class AdminService(apb_grpc.AdminServicer):
         return await self._serve(context, lambda: self._consumers(request))
 
     async def _consumers(self, request: bpb.ListConsumersRequest) -> apb.ListConsumersResponse:
-        """Every broker holds every proxy's report: the latest of each (group, client, proxy) over the answers."""
+        """Every broker holds every proxy's report: the latest sighting of each client of a group over the answers."""
         answers, failures = await self._fan_out("ListConsumers", request)
-        latest: dict[tuple[str, str, str], bpb.Consumer] = {}
-        for consumer in (c for a in answers for c in a.consumers):
-            key = (consumer.group, consumer.client_id, consumer.proxy)
-            if key not in latest or latest[key].last_seen_ms < consumer.last_seen_ms:
-                latest[key] = consumer
-        return apb.ListConsumersResponse(consumers=[latest[k] for k in sorted(latest)], failures=failures)
+        consumers = latest_consumers(c for a in answers for c in a.consumers)
+        return apb.ListConsumersResponse(consumers=consumers, failures=failures)
 
     async def ListMessages(
         self, request: apb.ListMessagesRequest, context: grpc.aio.ServicerContext

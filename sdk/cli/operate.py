@@ -25,6 +25,8 @@ from google.protobuf import json_format
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 
+from popgate_contract.consumers import latest_consumers
+
 from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
 from .options import DURATION, POSITIVE_DURATION, Sub, client_options, json_option, number
 from .proxy_admin import ProxyAdmin, ProxyAdminError
@@ -277,12 +279,7 @@ def consumers_command(args: argparse.Namespace) -> int:
 
     def body() -> int:
         fanned = fan_out(args, "ListConsumers", request, f"list the consumers of {args.group}")
-        latest: dict[tuple[str, str, str], bpb.Consumer] = {}
-        for c in (c for a in fanned.answers for c in a.consumers):
-            key = (c.group, c.client_id, c.proxy)
-            if key not in latest or latest[key].last_seen_ms < c.last_seen_ms:
-                latest[key] = c
-        rows = [latest[k] for k in sorted(latest)]
+        rows = latest_consumers(c for a in fanned.answers for c in a.consumers)
         now = time.time()
         lines = [f"{c.client_id}  via {c.proxy}  last seen {now - c.last_seen_ms / 1000:.1f}s ago" for c in rows]
         lines.append(f"{len(rows)} live consumer(s) of {args.group}")

@@ -71,6 +71,21 @@ async def test_a_consumer_reported_to_every_broker_is_listed_once_with_its_lates
     assert [(c.client_id, c.last_seen_ms) for c in answer.consumers] == [("c0", 0), ("c1", 200)]
 
 
+async def test_a_client_seen_by_two_proxies_is_one_consumer() -> None:
+    """A client that moved to another proxy (a reconnect) is in both proxies' reports for a while: one consumer,
+    shown via the proxy that saw it last."""
+    before = bpb.Consumer(group="g", client_id="c1", proxy="p1", last_seen_ms=100)
+    after = bpb.Consumer(group="g", client_id="c1", proxy="p2", last_seen_ms=200)
+    b1 = AdminBroker("b1", bpb.ListConsumersResponse(consumers=[before, after]))
+    answer = await service(b1)._consumers(bpb.ListConsumersRequest(group="g"))
+    assert [(c.client_id, c.proxy) for c in answer.consumers] == [("c1", "p2")]
+
+
+async def test_a_proxy_that_routes_to_no_broker_says_so_and_does_nothing() -> None:
+    with pytest.raises(errors.BrokerUnavailable, match="routes to no broker: DeleteTopic was not done anywhere"):
+        await service()._fan_out("DeleteTopic", bpb.DeleteTopicRequest(topic="t"))
+
+
 async def test_the_reporter_sends_the_whole_book_to_live_brokers() -> None:
     up, down = AdminBroker("b1", bpb.ReportConsumersResponse()), AdminBroker("b2", fail=errors.BrokerUnavailable("x"))
     book = ConsumerBook()
