@@ -187,7 +187,9 @@ class Proxy:
             tried += 1
             try:
                 return await client.send(chunk, timeout_s=self._timeout_until(deadline))
-            except (errors.BrokerUnavailable, errors.TopicNotFound) as exc:  # down, or without this topic
+            # Down, without this topic, or its store refusing writes (a full disk: the commit stored nothing) —
+            # test_core.py::test_send_fails_over_from_a_broker_whose_store_refuses_writes.
+            except (errors.BrokerUnavailable, errors.TopicNotFound, errors.StoreUnavailable) as exc:
                 log.info("send to broker %s failed over: %s", client.name, exc.message)
                 if isinstance(exc, errors.TopicNotFound):
                     missing += 1

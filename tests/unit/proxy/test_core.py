@@ -100,6 +100,18 @@ async def test_send_fails_over_when_a_broker_is_unavailable() -> None:
     assert len(brokers["b2"].sent) == 3
 
 
+async def test_send_fails_over_from_a_broker_whose_store_refuses_writes() -> None:
+    """A full or read-only disk: the broker's commit stored nothing (rolled back), and its health stays SERVING.
+    Its sends go to another broker, a FIFO group's too, rather than failing while other brokers are live."""
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.StoreUnavailable("store write failed (data directory full or read-only?)")
+    group = next(f"g{i}" for i in range(100) if proxy.pool.candidates(f"g{i}")[0].name == "b1")
+    for i in range(3):
+        await proxy.send([msg(i)])
+    await proxy.send([msg(3, group=group)])
+    assert len(brokers["b2"].sent) == 4
+
+
 async def test_send_does_not_fail_over_on_a_bad_request() -> None:
     proxy, brokers = make("b1", "b2")
     brokers["b1"].fail = errors.MessageBodyTooLarge("too big")
