@@ -20,7 +20,7 @@ from broker.consumers import Seen
 from broker.filters import MATCH_ALL
 from broker.lookup import query
 from broker.reset import check_target, reset_queue, target_offset
-from broker.store import Op, PurgeGroup, PurgeTopic
+from broker.store import Op, PurgeGroup
 from popgate_contract import validation
 from popgate_contract.errors import BadRequest, TooManyRequests
 
@@ -82,7 +82,8 @@ async def delete_topic(core: BrokerCore, request: pb.DeleteTopicRequest, out: pb
     """Delete the topic's messages and every group's state on it here. Sends to it are refused while it goes
     (TOPIC_NOT_FOUND); held Pops and Notifications of it are answered empty, not left waiting on a topic that is
     gone. Scheduled and half messages of the topic stay and are delivered into it when due (creating it again),
-    as RocketMQ's deleteTopic leaves its timer messages."""
+    as RocketMQ's deleteTopic leaves its timer messages. A refused commit leaves the topic gone from memory and not
+    made again until a purge of it commits (StateCommits.purging); a repeat is allowed."""
     topic = validation.check_topic(request.topic)
     out.broker = core.name
     if topic in core.sends.deleting:
@@ -97,7 +98,9 @@ async def delete_topic(core: BrokerCore, request: pb.DeleteTopicRequest, out: pb
             out.messages = sum(q.max_offset - q.min_offset for q in log_.queues)
             out.groups.extend(sorted(g for g, t in core.groups if t == topic))
             out.held_ended = forget_topic(core, topic)
-        await _committed(core, [PurgeTopic(topic)])  # also when gone from memory: a repeat after a failed commit
+        # Also when gone from memory: a repeat after a failed commit. Until a purge of it commits (this one, or this
+        # one written again with later commits) the topic is not made again (StateCommits.purging).
+        await asyncio.shield(core.commits.purge_topic(topic))
     finally:
         core.sends.deleting.discard(topic)
 

@@ -6,6 +6,9 @@ writes (disk full, read-only), consumption goes on from memory: the rows a faile
 kept (by row, the latest op winning) and written again, as memory has them then, with the first commits that
 succeed, and by the sweep's ``retry`` once a second while the store still refuses them.
 
+A topic deletion's purge goes through here too (`purge_topic`): until a purge of it commits, the topic is in
+``purging`` and is not made again (broker.send), for the store's offsets of it go on until then.
+
 Owned by the core; it reads the group states (to write a lost row as it is now) and knows nothing of the core.
 """
 
@@ -15,10 +18,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import Counter
 
 from broker.inflight import GroupTopic
 from broker.settings import BrokerSettings
-from broker.store import DeleteInflight, Op, PutInflight, Record, SetGroupFilter, SetPullOffset, Store
+from broker.store import DeleteInflight, Op, PurgeTopic, PutInflight, Record, SetGroupFilter, SetPullOffset, Store
 from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,10 @@ class StateCommits:
         self._unrecorded: dict[tuple[object, ...], Op] = {}  # rows a failed commit did not write, by row
         # The commit of those rows made when the store takes writes again (see `record`).
         self._catch_up: asyncio.Future[list[Record]] | None = None
+        # Deleted topics whose PurgeTopic has not committed (under way, or to be written again); the send path
+        # shares the set and refuses to make them again meanwhile.
+        self.purging: set[str] = set()
+        self._purges: Counter[str] = Counter()  # PurgeTopic ops submitted and not settled, by topic
 
     async def write(self, ops: list[Op]) -> None:
         """Commit the ops and wait for it as the flush policy says (`commit`, then `record`)."""
@@ -53,6 +61,12 @@ class StateCommits:
         """The sweep's retry of the rows the store refused, once a second (`commit`)."""
         if self._unrecorded:
             self.commit([], with_lost=True)
+
+    def purge_topic(self, topic: str) -> asyncio.Future[list[Record]]:
+        """Commit a deleted topic's purge (broker.admin). Refused, it is written again as the rows are (`commit`);
+        the topic stays in `purging` until one commits."""
+        self.purging.add(topic)
+        return self.commit([PurgeTopic(topic)])
 
     def commit(self, ops: list[Op], *, with_lost: bool = False) -> asyncio.Future[list[Record]]:
         """Submit consumer-state ops (deliveries, acks, offsets, filters).
@@ -69,7 +83,9 @@ class StateCommits:
             ops = [op for op in redo if op is not None] + ops
             self._unrecorded.clear()
         committed = self.store.submit([], ops)
-        committed.add_done_callback(functools.partial(self._recorded, ops))
+        purged = [op.topic for op in ops if isinstance(op, PurgeTopic)] if self.purging else []
+        self._purges.update(purged)
+        committed.add_done_callback(functools.partial(self._recorded, ops, purged))
         return committed
 
     def _as_now(self, op: Op) -> Op | None:
@@ -91,6 +107,19 @@ class StateCommits:
             return PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)
         return op  # the others are idempotent as they are
 
+    def _purged(self, topics: list[str], failed: bool) -> None:
+        """PurgeTopic ops of a commit settled. A committed one supersedes one left to write again (nothing of its topic
+        was written since: it was not made again). A topic is made again only once no purge of it is under way or
+        left to write: that one would delete the new topic's messages."""
+        self._purges.subtract(topics)
+        for topic in topics:
+            row = _row(PurgeTopic(topic))
+            if not failed:
+                self._unrecorded.pop(row, None)
+            if self._purges[topic] <= 0 and row not in self._unrecorded:
+                self._purges.pop(topic, None)
+                self.purging.discard(topic)
+
     async def record(self, committed: asyncio.Future[list[Record]]) -> None:
         """Wait for a consumer-state commit when ``--flush sync`` asks for it. With ``async`` the caller is
         answered at once and the commit follows (as RocketMQ's pop buffer does): a kill -9 in between
@@ -111,11 +140,14 @@ class StateCommits:
                 if catch_up is not None and not catch_up.done():
                     await asyncio.shield(catch_up)
 
-    def _recorded(self, ops: list[Op], committed: asyncio.Future[list[Record]]) -> None:
+    def _recorded(self, ops: list[Op], purged: list[str], committed: asyncio.Future[list[Record]]) -> None:
         exc = None if committed.cancelled() else committed.exception()
-        if committed.cancelled() or exc is not None:
+        failed = committed.cancelled() or exc is not None
+        if failed:
             for op in ops:
                 self._unrecorded[_row(op)] = op
+        if purged:
+            self._purged(purged, failed)
         if isinstance(exc, StoreUnavailable):
             if not self._degraded:
                 log.warning("store refuses writes, consumer state kept in memory only: %s", exc)

@@ -88,6 +88,7 @@ class BrokerCore:
         # arrived, by topic, until the Send that brought them waits for them (at most one per early-looked topic).
         self._adoptions: dict[str, asyncio.Future[list[Record]]] = {}
         self.commits = StateCommits(settings, store, self.groups)
+        self.sends.purging = self.commits.purging  # one set: a topic whose purge is not committed is not made again
         self.redelivery = Redelivery(
             topics=self.topics,
             groups=self.groups,

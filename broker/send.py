@@ -38,6 +38,7 @@ from popgate_contract.errors import (
     IllegalMessage,
     MessageBodyEmpty,
     MessageBodyTooLarge,
+    StoreUnavailable,
     TooManyRequests,
     TopicNotFound,
 )
@@ -75,6 +76,8 @@ class SendPath:
         self._next_schedule_id = 0
         self._unsaved_topics: set[str] = set()  # created in memory, their queue rows not yet committed
         self.deleting: set[str] = set()  # topics being deleted (broker.admin): Sends to them are refused
+        # Deleted topics whose purge has not committed (StateCommits.purging, set by the core): not made again.
+        self.purging: set[str] = set()
         self.scheduler = ScheduledDelivery(
             self.schedule, self.deliver_scheduled, clock=clock, max_in_flight=settings.schedule_max_in_flight
         )
@@ -187,9 +190,19 @@ class SendPath:
         commit, not from its caller's return (appends are announced by the store the same way): a new
         topic's queue rows count as stored (until then each write to the topic carries them again, see
         `topic_for_send`) and a scheduled message joins the schedule."""
-        committed = self.store.submit(appends, ops)
+        if self.purging and (refused := self._remade(ops)):
+            committed: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
+            committed.set_exception(
+                StoreUnavailable(f"topic {refused} is being deleted on broker {self.name}: made again once it is")
+            )
+        else:
+            committed = self.store.submit(appends, ops)
         committed.add_done_callback(functools.partial(self._committed, ops))
         return committed
+
+    def _remade(self, ops: Sequence[Op]) -> str | None:
+        """A deleted topic that these ops would make again before its purge committed (`topic_for_send`)."""
+        return next((op.topic for op in ops if isinstance(op, CreateQueue) and op.topic in self.purging), None)
 
     def _committed(self, ops: Sequence[Op], future: asyncio.Future[list[Record]]) -> None:
         if future.cancelled() or future.exception() is not None:  # also retrieves a failure nobody awaits
@@ -276,7 +289,7 @@ class SendPath:
             count = len(topic.queues) if topic else self.settings.queues_per_topic
             if m.queue_id >= count:
                 raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
-        if m.topic in self.deleting:
+        if m.topic in self.deleting or m.topic in self.purging:
             raise TopicNotFound(f"topic {m.topic} is being deleted on broker {self.name}")
         if not self.settings.auto_create and m.topic not in self.topics:
             raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
@@ -324,6 +337,13 @@ class SendPath:
         self._unsaved_topics.add(topic)
 
     def topic_for_send(self, name: str, ops: list[Op], *, force: bool = False, queues: int = 0) -> TopicLog:
+        """The topic a write goes to, made when it does not exist (the CreateQueue ops appended to `ops`).
+
+        A deleted topic whose purge has not committed is not made (the store's offsets of it go on until the purge
+        commits): a topic outside `topics` is returned and `submit` fails the write with StoreUnavailable, as a
+        refused commit, so that a scheduled delivery, a transaction's commit or a dead letter is retried by its own
+        path — tests/unit/broker/test_admin.py::
+        test_a_topic_whose_deletion_failed_is_not_made_again_before_its_purge_commits."""
         topic = self.topics.get(name)
         if topic is not None:
             if name in self._unsaved_topics:  # its first commit failed or is still on its way
@@ -332,9 +352,11 @@ class SendPath:
         if not (self.settings.auto_create or force):
             raise TopicNotFound(f"topic {name} does not exist on broker {self.name} and auto-create is off")
         count = queues or self.settings.queues_per_topic
-        topic = self.topics[name] = TopicLog(name, [QueueLog(name, q) for q in range(count)])
+        topic = TopicLog(name, [QueueLog(name, q) for q in range(count)])
         ops.extend(CreateQueue(name, q) for q in range(count))
-        self._unsaved_topics.add(name)
+        if name not in self.purging:
+            self.topics[name] = topic
+            self._unsaved_topics.add(name)
         return topic
 
     async def scheduled_rows(self, schedule_ids: Sequence[int]) -> list[PutScheduled]:

@@ -6,6 +6,8 @@ its bound; reported consumers expire with their proxy's report."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,9 @@ from popgate_pb import broker_pb2 as pb
 from broker import admin
 from broker.consumers import ConsumerRegistry, Seen
 from broker.core import BrokerCore
-from broker.store import PurgeGroup, SetGroupFilter, SetPullOffset
-from popgate_contract.errors import BadRequest, InvalidReceiptHandle, TopicNotFound
+from broker.sqlite_store import SqliteStore
+from broker.store import NewMessage, Op, PurgeGroup, PurgeTopic, Record, SetGroupFilter, SetPullOffset
+from popgate_contract.errors import BadRequest, InvalidReceiptHandle, StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import ManualClock, broker
 
 To = pb.ResetOffsetRequest.To
@@ -27,7 +30,7 @@ async def send_at(core: BrokerCore, clock: ManualClock, ms: int, *bodies: bytes,
         await core.send([pb.Message(topic=topic, body=body, keys=[body.decode()])])
 
 
-def bodies(popped: list[object]) -> list[bytes]:
+def bodies(popped: Sequence[object]) -> list[bytes]:
     return sorted(pb.Message.FromString(p.payload).body for p in popped)  # type: ignore[attr-defined]
 
 
@@ -187,3 +190,61 @@ async def test_a_purge_splits_its_group_commit_so_it_never_deletes_a_later_write
     async with broker(tmp_path) as (_, store):
         snap = store.load()
         assert snap.pull_offsets == [SetPullOffset("g", "t", 1, 7)] and not snap.filters
+
+
+def fail_next_commit_with(store: SqliteStore, kind: type) -> None:
+    """The store's next commit carrying an op of `kind` is refused (StoreUnavailable, as on a full disk)."""
+    real = store.submit
+    armed = [True]
+
+    def submit(appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+        if armed[0] and any(isinstance(op, kind) for op in ops):
+            armed[0] = False
+            refused: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
+            refused.set_exception(StoreUnavailable("disk full"))
+            return refused
+        return real(appends, ops)
+
+    store.submit = submit  # type: ignore[method-assign]
+
+
+async def test_a_topic_whose_deletion_failed_is_not_made_again_before_its_purge_commits(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"old%d" % i) for i in range(3)])
+        await core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=int(time.time() * 1000) + 300)])
+        fail_next_commit_with(store, PurgeTopic)
+        with pytest.raises(StoreUnavailable):
+            await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        with pytest.raises(TopicNotFound, match="being deleted"):
+            await core.send([pb.Message(topic="t", body=b"new")])
+        with pytest.raises(StoreUnavailable):
+            await admin.create_topic(core, pb.CreateTopicRequest(topic="t"), pb.CreateTopicResponse())
+        async with asyncio.timeout(5):
+            while not core.scheduler.stats.retries:  # noqa: ASYNC110 (came due: its delivery is refused)
+                await asyncio.sleep(0.01)
+        assert "t" not in core.topics
+        core.sweep()  # its once-a-second retry: the purge is written
+        async with asyncio.timeout(5):
+            while "t" not in core.topics:  # noqa: ASYNC110 (the scheduled message, refused meanwhile, delivered)
+                await asyncio.sleep(0.01)
+        sent = await core.send([pb.Message(topic="t", body=b"new")])
+        assert sent[0].offset == 1
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        after = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert bodies(after.messages) == [b"later", b"new"]
+
+
+async def test_a_failed_topic_deletion_may_be_repeated_and_then_holds(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"old")])
+        fail_next_commit_with(store, PurgeTopic)
+        with pytest.raises(StoreUnavailable):
+            await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())  # the operator's
+        sent = await core.send([pb.Message(topic="t", body=b"new")])
+        assert sent[0].offset == 0
+        await core.pop("u", "g", "*", 1, 30_000, 0)  # a later consumer-state commit: nothing left to write again
+        await asyncio.sleep(0.1)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        after = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert bodies(after.messages) == [b"new"]
