@@ -22,7 +22,17 @@ from collections import Counter
 
 from broker.inflight import GroupTopic
 from broker.settings import BrokerSettings
-from broker.store import DeleteInflight, Op, PurgeTopic, PutInflight, Record, SetGroupFilter, SetPullOffset, Store
+from broker.store import (
+    DeleteInflight,
+    Op,
+    PurgeGroup,
+    PurgeTopic,
+    PutInflight,
+    Record,
+    SetGroupFilter,
+    SetPullOffset,
+    Store,
+)
 from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -79,8 +89,7 @@ class StateCommits:
         write is theirs (they are its latest state)."""
         if self._unrecorded and (with_lost or not self._degraded):
             fresh = {_row(op) for op in ops}
-            redo = [self._as_now(op) for row, op in self._unrecorded.items() if row not in fresh]
-            ops = [op for op in redo if op is not None] + ops
+            ops = [now for row, op in self._unrecorded.items() if row not in fresh for now in self._as_now(op)] + ops
             self._unrecorded.clear()
         committed = self.store.submit([], ops)
         purged = [op.topic for op in ops if isinstance(op, PurgeTopic)] if self.purging else []
@@ -88,24 +97,32 @@ class StateCommits:
         committed.add_done_callback(functools.partial(self._recorded, ops, purged))
         return committed
 
-    def _as_now(self, op: Op) -> Op | None:
-        """The op that writes `op`'s row as memory has it now (None: nothing to write any more)."""
+    def _as_now(self, op: Op) -> list[Op]:
+        """The ops that write `op`'s row as memory has it now (none: nothing to write any more).
+
+        A group's purge written again after the group was made again (a consumer polled meanwhile) would delete
+        what its new state stored, while later commits keep only what changes: it is followed, in its commit, by
+        every row of that state — tests/unit/broker/test_admin.py::
+        test_a_group_deletion_written_again_after_the_group_came_back_keeps_its_new_state."""
+        if isinstance(op, PurgeGroup):
+            state = self.groups.get((op.group, op.topic))
+            return [op] if state is None else [op, *state.rows()]
         if isinstance(op, PutInflight | DeleteInflight | SetPullOffset | SetGroupFilter):
             state = self.groups.get((op.group, op.topic))
             if state is None:
-                return None
+                return []
             if isinstance(op, SetGroupFilter):
-                return SetGroupFilter(op.group, op.topic, str(state.filter))
+                return [SetGroupFilter(op.group, op.topic, str(state.filter))]
             queue = state.queues.get(op.queue_id)
             if queue is None:
-                return None
+                return []
             if isinstance(op, SetPullOffset):
-                return SetPullOffset(op.group, op.topic, op.queue_id, queue.pull_offset)
+                return [SetPullOffset(op.group, op.topic, op.queue_id, queue.pull_offset)]
             d = queue.inflight.get(op.offset)
             if d is None:
-                return state.done_op(op.queue_id, op.offset)
-            return PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)
-        return op  # the others are idempotent as they are
+                return [state.done_op(op.queue_id, op.offset)]
+            return [PutInflight(op.group, op.topic, op.queue_id, op.offset, d.attempt, d.token, d.deadline_ms)]
+        return [op]  # the others are idempotent as they are
 
     def _purged(self, topics: list[str], failed: bool) -> None:
         """PurgeTopic ops of a commit settled. A committed one supersedes one left to write again (nothing of its topic

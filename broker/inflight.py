@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from broker.filters import MATCH_ALL, TagFilter
-from broker.store import DeleteInflight, Op, PutInflight
+from broker.store import DeleteInflight, Op, PutInflight, SetGroupFilter, SetPullOffset
 
 # Delivery tokens only have to be unguessable by a client that never saw the handle,
 # not cryptographically strong: a seeded PRNG avoids a syscall per message.
@@ -143,6 +143,21 @@ class GroupTopic:
         if queue is not None and queue.ahead is not None and offset in queue.ahead and offset not in queue.inflight:
             return PutInflight(self.group, self.topic, queue_id, offset, ACKED_AHEAD, 0, 0)
         return DeleteInflight(self.group, self.topic, queue_id, offset)
+
+    def rows(self) -> list[Op]:
+        """The ops that store this state as it is: its filter, pull offsets, deliveries and ACKED_AHEAD marks."""
+        group, topic = self.group, self.topic
+        ops: list[Op] = [SetGroupFilter(group, topic, str(self.filter))]
+        for q in self.queues.values():
+            ops.append(SetPullOffset(group, topic, q.queue_id, q.pull_offset))
+            for offset, d in q.inflight.items():
+                ops.append(PutInflight(group, topic, q.queue_id, offset, d.attempt, d.token, d.deadline_ms))
+            ops.extend(
+                PutInflight(group, topic, q.queue_id, o, ACKED_AHEAD, 0, 0)
+                for o in q.ahead or ()
+                if o not in q.inflight
+            )
+        return ops
 
     def _valid(self, entry: tuple[int, int, int, int]) -> bool:
         deadline, queue_id, offset, token = entry

@@ -248,3 +248,23 @@ async def test_a_failed_topic_deletion_may_be_repeated_and_then_holds(tmp_path: 
     async with broker(tmp_path, queues_per_topic=1) as (core, _):
         after = await core.pop("t", "g", "*", 32, 30_000, 0)
         assert bodies(after.messages) == [b"new"]
+
+
+async def test_a_group_deletion_written_again_after_the_group_came_back_keeps_its_new_state(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(4)])
+        await core.pop("t", "g", "*", 1, 30_000, 0)
+        fail_next_commit_with(store, PurgeGroup)
+        with pytest.raises(StoreUnavailable):
+            await admin.delete_group(core, pb.DeleteGroupRequest(group="g"), pb.DeleteGroupResponse())
+        unacked = await core.pop("t", "g", "*", 2, 1_000, 0)  # a consumer goes on: the group is made again
+        assert bodies(unacked.messages) == [b"m0", b"m1"]
+        await core.commits.commit([])  # the Pop's commit has landed, and behind it the purge written again
+        await core.commits.commit([])
+        acked = await core.pop("t", "g", "*", 1, 1_000, 0)
+        await core.ack("t", "g", [p.handle for p in acked.messages])
+        await core.commits.commit([])
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await asyncio.sleep(1.1)  # the unacked ones' invisibility passes
+        again = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert bodies(again.messages) == [b"m0", b"m1", b"m3"]
