@@ -5,9 +5,11 @@ and consumes them at its own pace: the proxy keeps them invisible until the clie
 renews them at their broker with the broker's `Renew` (the same receipt handle stays valid: the client
 never learns of it), every quarter of the invisible time, to another whole invisible time.
 
-`RenewalBook` is the pure part, without clock or sockets: per client id, the handles it was given with
+`RenewalBook` is the pure part, without clock or sockets: per client, the handles it was given with
 their next renewal time, and which clients are alive (a Telemetry stream open on this proxy, or a Heartbeat or
 ReceiveMessage from it within `alive_s`, as RocketMQ's proxy counts a client alive while its heartbeats come).
+With accounts, a client is its id as used by one account (`owner`): another account sending the same id neither ends
+nor keeps alive what it holds.
 `Renewer` is its asyncio driver: a tick sends the due handles to their brokers in batches.
 
 Nothing here is needed for correctness, only to spare redeliveries: a proxy restart loses the book, and
@@ -36,6 +38,12 @@ MAX_TICK_S = 1.0
 RENEWALS_PER_INVISIBLE = 4  # renewed every quarter of the invisible time: a failed call has two more tries left
 CLEAR_INVISIBLE_MS = 1000  # a terminated client's handles: visible again this soon (invisibleTimeMillisWhenClear)
 MAX_HEARD = 100_000  # client ids remembered as heard from (ids are the client's own: bounded)
+
+
+def owner(client: str, account: str) -> str:
+    """Whom the book's entries belong to: the client id, qualified by the caller's access key when accounts are on.
+    gRPC metadata values hold no newline, so the key and the id are told apart whatever they are."""
+    return f"{account}\n{client}" if account and client else client
 
 
 def renewal_period_s(invisible_s: float) -> float:
@@ -132,13 +140,15 @@ class RenewalBook:
         else:
             self._streams.pop(client, None)
 
-    def terminated(self, client: str) -> list[Tracked]:
-        """NotifyClientTermination: drop its handles now; the dropped ones (to be made visible again soon)."""
+    def terminated(self, client: str, group: str = "") -> list[Tracked]:
+        """NotifyClientTermination: drop its handles (of `group` only, when given) now; the dropped ones (to be made
+        visible again soon)."""
         self._heard.pop(client, None)
-        handles = self._clients.pop(client, {})
-        for tracked in handles.values():
-            self._drop(tracked)
-        return list(handles.values())
+        handles = self._clients.get(client, {})
+        dropped = [t for t in handles.values() if not group or t.group == group]
+        for tracked in dropped:
+            self._remove(tracked)
+        return dropped
 
     def track(self, client: str, group: str, handles: Iterable[tuple[str, str]], now: float) -> Counter[str]:
         """Renew these (broker, handle) pairs for `client` (the receive itself is a sign of life); how many are not
@@ -248,28 +258,33 @@ class Renewer(BackgroundTask):
 
     # -- what the edge and the core report ---------------------------------------------------
 
-    def opened(self, client: str) -> None:
-        if client:
-            self.book.opened(client)
+    # `account`: the caller's access key ("" without accounts). An id is the client only as used by that account —
+    # tests/unit/proxy/test_renewal.py::test_a_client_id_under_another_account_neither_ends_nor_keeps_alive_its_handles,
+    # tests/integration/proxy/test_client_accounts.py.
 
-    def closed(self, client: str) -> None:
+    def opened(self, client: str, *, account: str = "") -> None:
         if client:
-            self.book.closed(client)
+            self.book.opened(owner(client, account))
 
-    def heard(self, client: str) -> None:
+    def closed(self, client: str, *, account: str = "") -> None:
+        if client:
+            self.book.closed(owner(client, account))
+
+    def heard(self, client: str, *, account: str = "") -> None:
         """A Heartbeat of this client came (`RenewalBook.heard`)."""
         if self.book.limits.max_total:  # renewal on
-            self.book.heard(client, self._now())
+            self.book.heard(owner(client, account), self._now())
 
-    async def terminated(self, client: str) -> None:
+    async def terminated(self, client: str, *, account: str = "", group: str = "") -> None:
         """NotifyClientTermination: the client's auto_renew handles are renewed to `CLEAR_INVISIBLE_MS` (RocketMQ's
         proxy sets them to 1 s when a client goes): what it held and did not settle is delivered again in a
         second, not at the end of its invisible time, and a FIFO message group behind one does not wait for that —
         tests/unit/proxy/test_renewal.py::test_a_terminated_clients_handles_are_made_visible_again_in_a_second,
-        tests/integration/proxy/test_termination.py."""
+        tests/integration/proxy/test_termination.py. With accounts, only the handles of `group` when one is named
+        (RocketMQ's proxy clears a client's handles by group); without, every handle of the id, as always."""
         if not client:
             return
-        dropped = self.book.terminated(client)
+        dropped = self.book.terminated(owner(client, account), group if account else "")
         self._ended("client_gone", len(dropped))
         batches: dict[tuple[str, str], list[str]] = {}
         for tracked in dropped:
@@ -290,7 +305,7 @@ class Renewer(BackgroundTask):
                 "giving back %d handle(s) of a terminated client at broker %s failed: %s", len(handles), broker, exc
             )
 
-    def track(self, client: str, group: str, handles: Sequence[str]) -> None:
+    def track(self, client: str, group: str, handles: Sequence[str], *, account: str = "") -> None:
         """Renew these handles of an auto_renew receive while `client` is alive (called before they are written
         to it, so an ack cannot come first)."""
         if not self.book.limits.max_total:  # renewal off (--renew-max-handles 0)
@@ -301,7 +316,7 @@ class Renewer(BackgroundTask):
                 pairs.append((broker_of(h), h))
             except errors.InvalidReceiptHandle:  # a broker's own handles are well-formed; never fail a receive
                 continue
-        for reason, count in self.book.track(client, group, pairs, self._now()).items():
+        for reason, count in self.book.track(owner(client, account), group, pairs, self._now()).items():
             self._metrics.renewal_untracked(reason, count)
 
     def forget(self, handles: Iterable[str]) -> None:

@@ -3,8 +3,9 @@
 SendMessage: publish to every message's topic (popgate.ext.v1 SendShared: every run's);
 EndTransaction and RecallMessage: publish to the topic (the broker refuses a transaction id or recall handle of
 another topic). ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue: subscribe to
-the topic and consume as the group. Everything else (route, heartbeat, assignment, telemetry, termination): a valid
-key is enough.
+the topic and consume as the group. Heartbeat and NotifyClientTermination naming a group: consume as the group (as
+RocketMQ's proxy asks SUB on it; a producer's name none). Everything else (route, assignment, telemetry, a producer's
+heartbeat and termination): a valid key is enough.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def publishable(auth: Authenticator, invocation_metadata: Iterable[Any] | None) 
     return lambda topic: account is None or matches(account.publish, topic)
 
 
-def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, request: Any) -> None:
-    """Unauthorized / Forbidden (proxy errors) unless the caller may make this request."""
+def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, request: Any) -> str:
+    """The caller's access key ("" without accounts: whose client ids its calls name, proxy.renewal.owner);
+    Unauthorized / Forbidden (proxy errors) unless the caller may make this request."""
     if not auth.enabled:
-        return
+        return ""
     account = auth.authenticate(metadata_of(invocation_metadata))
     if isinstance(request, pb.SendMessageRequest):
         authorize(account, publish=sorted({_topic(m.topic) for m in request.messages}))
@@ -87,3 +89,7 @@ def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, reques
         authorize(account, subscribe=[_topic(request.topic)], group=_group(request.group))
     elif isinstance(request, pb.EndTransactionRequest | pb.RecallMessageRequest):
         authorize(account, publish=[_topic(request.topic)])
+    elif isinstance(request, pb.HeartbeatRequest | pb.NotifyClientTerminationRequest) and request.group.name:
+        # tests/integration/proxy/test_client_accounts.py::test_heartbeat_and_termination_naming_a_group_need_its_rights
+        authorize(account, group=_group(request.group))
+    return "" if account is None else account.access_key

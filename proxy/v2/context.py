@@ -20,6 +20,7 @@ class Call:
     endpoints: v2.Endpoints  # the proxy's own address, for requests that name none
     deadline: float | None  # loop.time() of the client's deadline, None without one
     metadata: tuple[Any, ...] = ()  # the call's invocation metadata, as grpc gives it
+    account: str = ""  # the caller's access key ("" without accounts): its client ids are its own (proxy.renewal)
 
     @property
     def client_id(self) -> str:

@@ -287,7 +287,7 @@ async def answer(
         deadline = _WriteDeadline(result, write_s, call.proxy, receive.group)
         if auto_renew:  # tracked before written, so that no ack can come first
             deadline.renewed = [m.receipt_handle for m in result.messages]
-            call.proxy.renewer.track(call.client_id, receive.group, deadline.renewed)
+            call.proxy.renewer.track(call.client_id, receive.group, deadline.renewed, account=call.account)
         opening = framing.opening()
         if opening is not None:
             await write(opening)

@@ -68,16 +68,17 @@ async def heartbeat(call: Call, request: pb.HeartbeatRequest) -> pb.HeartbeatRes
     if request.group.name:
         group = validate.group_in(request.group.resource_namespace, request.group.name)
         call.proxy.consumers.seen(call.client_id, group, wall_ms())  # a live consumer (proxy.consumers)
-    call.proxy.renewer.heard(call.client_id)  # alive: its auto_renew receives here go on being renewed
+    # Alive: its auto_renew receives here (of this account's client of that id) go on being renewed.
+    call.proxy.renewer.heard(call.client_id, account=call.account)
     return pb.HeartbeatResponse(status=OK)
 
 
 async def notify_client_termination(
     call: Call, request: pb.NotifyClientTerminationRequest
 ) -> pb.NotifyClientTerminationResponse:
-    # Its auto_renew handles are no longer renewed (un-acked messages time out at their brokers).
-    if request.group.name:
-        validate.group_in(request.group.resource_namespace, request.group.name)
-    await call.proxy.renewer.terminated(call.client_id)
-    call.proxy.consumers.gone(call.client_id)
+    # Its auto_renew handles (of this account's client of that id, and group) are given back: Renewer.terminated.
+    group = validate.group_in(request.group.resource_namespace, request.group.name) if request.group.name else ""
+    await call.proxy.renewer.terminated(call.client_id, account=call.account, group=group)
+    if group or not call.account:  # with accounts, a consumer's own (it names its group, whose rights it has)
+        call.proxy.consumers.gone(call.client_id)
     return pb.NotifyClientTerminationResponse(status=OK)

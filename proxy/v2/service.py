@@ -83,12 +83,13 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._inflation.close()
         await self._checks.close()
 
-    def _call(self, context: grpc.aio.ServicerContext[Any, Any]) -> Call:
+    def _call(self, context: grpc.aio.ServicerContext[Any, Any], account: str) -> Call:
         remaining = context.time_remaining()
         deadline = None
         if remaining is not None and remaining < _NO_DEADLINE:
             deadline = asyncio.get_running_loop().time() + remaining
-        return Call(self._proxy, self._settings, self._endpoints, deadline, context.invocation_metadata() or ())
+        metadata = context.invocation_metadata() or ()
+        return Call(self._proxy, self._settings, self._endpoints, deadline, metadata, account)
 
     async def _unary(
         self,
@@ -102,8 +103,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         """`handler`'s answer, authorized by `auth` (a Session stream's account) or the call's own metadata."""
         started = time.perf_counter()
         try:
-            access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
-            response = await handler(self._call(context), request)
+            account = access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
+            response = await handler(self._call(context, account), request)
             code = response.status.code  # type: ignore[attr-defined]
         except Exception as exc:  # every error becomes a v2 status, the call never fails
             status = _status(exc)
@@ -206,9 +207,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         code: int = v2.OK
         outcome = ""  # set when the call ends without a status of ours
         try:
-            access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
+            account = access.check(self._auth if auth is None else auth, context.invocation_metadata(), request)
             self._consumer_seen(request, context)
-            call = self._call(context)
+            call = self._call(context, account)
             asked = receive.build_request(call, request, max_fifo=max_fifo)
             namespace, auto_renew = request.group.resource_namespace, request.auto_renew
             # Held with no protobuf: a parsed request keeps an arena of its own or, from a Session stream, the whole
@@ -250,12 +251,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             yield pb.TelemetryCommand(status=_status(busy))
             return
         self._telemetry_streams += 1
-        client_id = ""  # alive while this stream is open: its auto_renew receives are renewed (proxy.renewal)
+        client_id = account = ""  # alive while this stream is open: its auto_renew receives are renewed
         try:
-            access.check(self._auth, context.invocation_metadata(), None)
+            account = access.check(self._auth, context.invocation_metadata(), None)
             publishable = access.publishable(self._auth, context.invocation_metadata())
             client_id = access.client_id_of(context.invocation_metadata())
-            self._proxy.renewer.opened(client_id)
+            self._proxy.renewer.opened(client_id, account=account)
             self._checks.start()
             async for reply in telemetry.telemetry(
                 request_iterator, self._settings, self._proxy.closing, self._attempts, self._producers, publishable
@@ -265,7 +266,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             yield pb.TelemetryCommand(status=_status(exc))
         finally:
             self._telemetry_streams -= 1
-            self._proxy.renewer.closed(client_id)
+            self._proxy.renewer.closed(client_id, account=account)
 
     # RPCs popgate does not serve: a clear status, not a gRPC error.
     async def _unsupported(self, method: str, response_type: Callable[..., Resp]) -> Resp:

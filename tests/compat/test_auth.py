@@ -80,7 +80,12 @@ if scenario == "send_receive":
             for m in batch:
                 consumer.ack(m)
             got += batch
-        result = {"received": sorted(m.body.decode() for m in got)}
+        beats, end = [], time.monotonic() + 15  # its first heartbeat (it names the group) comes 1 s after start
+        while not beats and time.monotonic() < end:
+            beats = [line for line in logged if "heartbeat" in line and str(consumer) in line]
+            time.sleep(0.1)
+        result = {"received": sorted(m.body.decode() for m in got), "heartbeat_ok": bool(beats) and all(
+            line.endswith("success.") for line in beats)}
     finally:
         producer.shutdown(); consumer.shutdown()
 elif scenario == "send":
@@ -125,7 +130,7 @@ def drive(cluster: Cluster, tmp_path: Path, scenario: str, ak: str, sk: str, gro
 @pytest.mark.parametrize("tz", ["Asia/Kathmandu", "America/St_Johns"])  # UTC+5:45, UTC-3:30/-2:30
 def test_right_keys_work_from_a_client_whose_local_time_is_not_utc(cluster: Cluster, tmp_path: Path, tz: str) -> None:
     result = drive(cluster, tmp_path, "send_receive", "alice", "alice-secret", "billing", tz=tz)
-    assert result == {"received": ["m0", "m1", "m2"]}
+    assert result == {"received": ["m0", "m1", "m2"], "heartbeat_ok": True}  # the group's heartbeat: its rights
 
 
 @pytest.mark.parametrize(("ak", "sk"), [("alice", "wrong"), ("", "")])

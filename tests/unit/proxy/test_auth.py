@@ -116,7 +116,8 @@ def test_no_accounts_means_open_even_with_the_clients_empty_credentials_header()
     open_auth = Authenticator([])
     assert not open_auth.enabled
     assert open_auth.authenticate({}) is None
-    access.check(open_auth, [("authorization", "garbage")], pb.SendMessageRequest())
+    assert access.check(open_auth, [("authorization", "garbage")], pb.SendMessageRequest()) == ""
+    assert access.check(open_auth, [], pb.HeartbeatRequest(group=v2.Resource(name="any"))) == ""
 
 
 def send(*topics: str) -> pb.SendMessageRequest:
@@ -140,12 +141,15 @@ def receive(topic: str, group: str) -> pb.ReceiveMessageRequest:
         pb.EndTransactionRequest(topic=v2.Resource(name="orders")),
         pb.RecallMessageRequest(topic=v2.Resource(name="log-x")),
         pb.QueryRouteRequest(topic=v2.Resource(name="anything")),  # route: a valid key is enough
-        pb.HeartbeatRequest(),
+        pb.HeartbeatRequest(),  # a producer's: no group
+        pb.HeartbeatRequest(group=v2.Resource(name="billing")),
+        pb.NotifyClientTerminationRequest(),
+        pb.NotifyClientTerminationRequest(group=v2.Resource(name="billing")),
         None,  # Telemetry
     ],
 )
 def test_permitted_requests_pass(request_: object) -> None:
-    access.check(checker(), list(headers().items()), request_)
+    assert access.check(checker(), list(headers().items()), request_) == "alice"  # whose client ids it names
 
 
 @pytest.mark.parametrize(
@@ -159,6 +163,8 @@ def test_permitted_requests_pass(request_: object) -> None:
         pb.ForwardMessageToDeadLetterQueueRequest(group=v2.Resource(name="billing"), topic=v2.Resource(name="x")),
         pb.EndTransactionRequest(topic=v2.Resource(name="payments")),  # commits and recalls need publish
         pb.RecallMessageRequest(topic=v2.Resource(name="payments")),
+        pb.HeartbeatRequest(group=v2.Resource(name="other-group")),  # a consumer's heartbeat: the group's rights
+        pb.NotifyClientTerminationRequest(group=v2.Resource(name="other-group")),
     ],
 )
 def test_requests_beyond_the_accounts_permissions_are_forbidden(request_: object) -> None:

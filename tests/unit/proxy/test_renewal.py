@@ -268,3 +268,42 @@ async def test_a_terminated_clients_handles_are_made_visible_again_in_a_second()
     ]
     assert [list(q.receipt_handles) for q in b2.renews] == [[handle("b2", token="a3")]]
     assert len(r.book) == 1
+
+
+async def test_a_client_id_under_another_account_neither_ends_nor_keeps_alive_its_handles() -> None:
+    b1 = FakeBroker("b1")
+    clock, metrics = [0.0], Recorder()
+    r = renewer([b1], clock, metrics)
+    r.track("alice@1@0@x", "billing", [handle("b1", token="a1")], account="alice")  # heard: alive for alive_s
+    r.opened("alice@1@0@x", account="mallory")  # a Telemetry stream opened with her id by another key
+    await r.terminated("alice@1@0@x", account="mallory")
+    assert not b1.renews and metrics.tracked() == 1  # not given back: another account's id is another client
+    for second in range(0, 40, 5):  # alice is gone; mallory heartbeats with her id
+        clock[0] = second
+        r.heard("alice@1@0@x", account="mallory")
+        await r.renew_due()
+    clock[0] = 45.0
+    await r.renew_due()
+    assert metrics.tracked() == 0 and metrics.counts[("ended", "client_gone")] == 1
+
+
+async def test_a_termination_naming_a_group_gives_back_only_that_groups_handles() -> None:
+    b1 = FakeBroker("b1")
+    clock, metrics = [0.0], Recorder()
+    r = renewer([b1], clock, metrics)
+    r.opened("c1", account="alice")
+    r.track("c1", "billing", [handle("b1", token="a1")], account="alice")
+    r.track("c1", "audit", [handle("b1", token="a2")], account="alice")
+    await r.terminated("c1", account="alice", group="billing")
+    assert [(req.group, list(req.receipt_handles)) for req in b1.renews] == [("billing", [handle("b1", token="a1")])]
+    assert metrics.tracked() == 1
+
+
+async def test_without_accounts_a_client_id_is_the_client_whoever_sends_it() -> None:
+    b1 = FakeBroker("b1")
+    clock, metrics = [0.0], Recorder()
+    r = renewer([b1], clock, metrics)
+    r.track("c1", "g", [handle("b1", token="a1")])
+    r.track("c1", "h", [handle("b1", token="a2")])
+    await r.terminated("c1", group="g")  # every handle of the id, as before accounts were told apart
+    assert sorted(h for req in b1.renews for h in req.receipt_handles) == [handle("b1", token=t) for t in ("a1", "a2")]
