@@ -18,6 +18,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
+from popgate_contract.validation import MAX_CLIENT_ID_CHARS
 from proxy import validate
 from proxy.auth import Authenticator, authorize, matches
 
@@ -37,9 +38,9 @@ def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
 
 CLIENT_ID = "x-mq-client-id"
 # The official clients' ids are a host name and a few numbers (~40 characters; a DNS name is at most 253). The proxy
-# remembers the ids it hears from (proxy.renewal), so an id is bounded and a longer one refused before anything is
-# popped for it — tests/integration/proxy/test_client_ids.py.
-MAX_CLIENT_ID_CHARS = 512
+# remembers the ids it hears from (proxy.renewal), so an id is bounded (popgate_contract.validation, the brokers'
+# bound on the consumer reports too) and a longer one refused before anything is popped for it —
+# tests/integration/proxy/test_client_ids.py.
 
 
 def client_id_of(invocation_metadata: Iterable[Any] | None) -> str:
