@@ -33,6 +33,10 @@ MORE_KEY = "popgate-session-more"
 # Said by a broker that stores a Send's `runs` (SharedRun), in its initial metadata when the stream opens: a caller
 # that has not seen it sends each run's messages whole (an older broker would drop the runs it does not know).
 RUNS_KEY = "popgate-session-runs"
+# Said by a broker in its initial metadata: the largest stream message it takes (its --max-grpc-message-bytes). A
+# larger one would end the whole stream (every request on it failed, the broker taken for down): a request alone
+# past it is refused here, and joined messages stay well under it.
+MAX_BYTES_KEY = "popgate-session-max-bytes"
 _ID = b"\x08"  # SessionRequest.id: field 1, a varint
 _MORE_TAG = varint(15 << 3 | 2)  # SessionRequest.more and SessionResponse.more: field 15, length-delimited
 # The writer sends the requests queued when it gets to them as one stream message, of at most this many bytes unless
@@ -74,6 +78,8 @@ class BrokerSession:
         self._joined = False  # the broker said it reads joined requests (MORE_KEY in its initial metadata)
         self.reads_runs = False  # the broker said it stores a Send's runs (RUNS_KEY in its initial metadata)
         self._carry: int | bytes | None = None  # taken from the outbox, first in the next message (it did not fit)
+        self._max_bytes = 0  # the largest stream message the broker takes (MAX_BYTES_KEY); 0: not said
+        self._write_bytes = MAX_WRITE_BYTES  # joined messages up to this many bytes
 
     @property
     def pending(self) -> int:
@@ -210,21 +216,34 @@ class BrokerSession:
                 data = request if isinstance(request, bytes) else request.SerializeToString()
             else:  # cancelled before it was written
                 data = None
+            if data is not None and self._max_bytes and len(data) > self._max_bytes and isinstance(item, int):
+                self._too_large(item, len(data))
+                data = None
             if data is not None:
-                if frames and size + len(data) > MAX_WRITE_BYTES:
+                if frames and size + len(data) > self._write_bytes:
                     self._carry = item  # encoded again then: rare, a message is full
                     return frames, ids
                 frames.append(data)
                 size += len(data)
                 if not isinstance(item, bytes):
                     ids.append(item)
-            if not self._joined or size >= MAX_WRITE_BYTES or self._outbox.empty():
+            if not self._joined or size >= self._write_bytes or self._outbox.empty():
                 return frames, ids
             queued = self._outbox.get_nowait()
             if queued is None:
                 self._outbox.put_nowait(None)  # nothing is queued behind the end marker
                 return frames, ids
             item = queued
+
+    def _too_large(self, request_id: int, size: int) -> None:
+        """Refuse a request larger than the broker takes, alone, never written: as the unary call's refusal
+        (RESOURCE_EXHAUSTED, "larger than max") — tests/integration/broker/test_session.py::
+        test_a_request_larger_than_the_broker_takes_fails_alone."""
+        self._unwritten.pop(request_id, None)
+        answer = self._pending.pop(request_id, None)
+        if answer is not None:
+            details = f"the request ({size} bytes) is larger than max the broker takes ({self._max_bytes})"
+            _deliver(answer, rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, details))
 
     def _message(self, frames: list[bytes]) -> bytes:
         """The stream message carrying `frames`."""
@@ -235,8 +254,11 @@ class BrokerSession:
         try:
             # Sent by a broker that reads joined requests when the stream opens; an older one sends its initial
             # metadata with its first answer (there is nothing to read before that anyway).
-            said = {key for key, value in await self._call.initial_metadata() if value == "1"}
-            self._joined, self.reads_runs = MORE_KEY in said, RUNS_KEY in said
+            said = dict(await self._call.initial_metadata())
+            self._joined, self.reads_runs = said.get(MORE_KEY) == "1", said.get(RUNS_KEY) == "1"
+            if (limit := str(said.get(MAX_BYTES_KEY, ""))).isdigit():
+                self._max_bytes = int(limit)
+                self._write_bytes = max(1, min(MAX_WRITE_BYTES, self._max_bytes // 2))  # room for the joins' tags
             async for response in self._call:
                 self._answer(response)
                 for more in response.more:  # one level: `more` inside `more` is not read

@@ -194,3 +194,26 @@ async def test_a_request_reusing_a_pending_id_ends_the_stream(make_broker: objec
         assert "request id 7 is already pending" in (ended.value.details() or "")
         await wait_for(lambda: _eq(held(stub), 0))
         assert (await stub.Pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000))).messages == []
+
+
+async def test_a_request_larger_than_the_broker_takes_fails_alone(make_broker: object) -> None:
+    """A Send over the broker's --max-grpc-message-bytes (a proxy whose --max-body-bytes is above it) is refused
+    alone, as its unary call would be: the stream and the other requests on it go on (a stream message over the
+    limit would end the stream, every request on it failed and the broker taken for down)."""
+    broker: BrokerHandle = make_broker("b1", "--max-grpc-message-bytes", str(1024 * 1024))  # type: ignore[operator]
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        session = BrokerSession(channel=channel).open()
+        held_pop = asyncio.ensure_future(
+            session.pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000))
+        )
+        await wait_for(lambda: _eq(held(pb_grpc.BrokerStub(channel)), 1))
+        big = pb.SendRequest(messages=[pb.Message(topic="t", body=bytes(1_600_000))])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(session.send(big), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in (refused.value.details() or "")
+        assert not held_pop.done() and not session.broken
+        await session.send(pb.SendRequest(messages=[pb.Message(topic="t", body=b"small")]))
+        got = await asyncio.wait_for(held_pop, 10)
+        assert [m.stored.message.body for m in got.messages] == [b"small"]
+        await session.close()

@@ -77,7 +77,7 @@ async def test_a_joined_request_message_is_served_entry_by_entry_and_answered_as
     nested.more.append(send_frame(42))  # one level only: refused, and 42 is not served
     context = Records(joined=caller_joins)
     await serve(tmp_path, [joined([*frames, nested])], context, 41)
-    assert context.sent == ((MORE_KEY, "1"), (RUNS_KEY, "1"))  # and that it stores a Send's runs
+    assert context.sent is not None and context.sent[:2] == ((MORE_KEY, "1"), (RUNS_KEY, "1"))  # and Send's runs
     answers = sorted(context.answers, key=lambda a: a.id)  # each answered when done, not in order
     assert [a.id for a in answers] == list(range(1, 42))
     assert all(a.WhichOneof("body") == "send" and len(a.send.results) == 1 for a in answers[:40])
