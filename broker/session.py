@@ -23,7 +23,7 @@ from broker.handlers import HELD_CALLS, SESSION_CALLS, Asked
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
 from popgate_contract.session_client import MAX_BYTES_KEY, MORE_KEY, RUNS_KEY, join
-from popgate_contract.trailer import status_of
+from popgate_contract.trailer import ERROR_KEY, status_of
 
 log = logging.getLogger(__name__)
 
@@ -314,4 +314,5 @@ async def serve(
         with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
             await asyncio.wait_for(writer, WRITER_DRAIN_S)
     if violation is not None:  # test_session_stream.py::test_a_request_reusing_a_pending_id_ends_the_stream
+        context.set_trailing_metadata(((ERROR_KEY, violation.name),))  # named, as every refusal of the broker's
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, violation.message)
