@@ -166,9 +166,12 @@ class GrpcBrokerClient:
 
     def retire(self, why: str = "gone from broker discovery") -> None:
         """Gone from discovery, or replaced: down from now on, whatever a health check would say; calls still go to
-        its address (a receipt handle of it is answered as a down broker's)."""
+        its address (a receipt handle of it is answered as a down broker's). Whoever waits for it to be up is woken
+        to look at the pool again (`Health.wake`) —
+        tests/integration/proxy/test_discovery.py::test_a_broker_that_moves_while_down_is_watched_again_at_its_new_address."""
         self._gone = True
         self._set_health(False, why)
+        self._status.wake()
 
     def _set_health(self, healthy: bool, why: str) -> None:
         if self._status.set(healthy and not self._gone):

@@ -106,6 +106,13 @@ class Health:
             self._when_up = None  # the next when_up() waits for the broker to come back
         return True
 
+    def wake(self) -> None:
+        """Wake everyone waiting for the broker to be up, whatever it is now: its client was replaced or retired,
+        and they look at the pool's client of its name again. A later `when_up` waits afresh."""
+        if self._when_up is not None and not self._when_up.done():
+            self._when_up.set_result(None)
+            self._when_up = None
+
     def when_up(self) -> asyncio.Future[None]:
         if self._when_up is None:
             self._when_up = asyncio.get_running_loop().create_future()

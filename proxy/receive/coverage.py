@@ -185,6 +185,10 @@ class Coverage:
                         self._awaiting.add((key, name))
                         commands.append(AwaitUp(key, name))
                     continue
+                # Seen up, by whatever path (its client replaced: the wait may never answer): awaited again the
+                # next time it is down — test_coverage.py::
+                # test_a_down_broker_seen_up_without_its_await_answering_is_awaited_again_when_it_goes_down_again
+                self._awaiting.discard((key, name))
                 watch = Watch(key, name, self._filters.get(key, "*"), now)
                 watches[name] = watch
                 commands.append(watch)
@@ -219,7 +223,7 @@ class Coverage:
         return self.cover(watch.key, now=now)  # held to its end: watch on
 
     def came_up(self, key: Key, broker: str, *, now: float) -> list[Command]:
-        """An `AwaitUp` broker's health checks see it up."""
+        """An `AwaitUp` broker's health checks see it up, or its client was replaced (`cover` looks again)."""
         self._awaiting.discard((key, broker))
         return self.cover(key, now=now)
 

@@ -130,7 +130,8 @@ class _Run:
         self.apply(self.machine.rewatch(broker, healthy=healthy, now=self.loop.time()))
 
     def _came_up(self, broker: str, _up: asyncio.Future[None]) -> None:
-        self.apply(self.machine.rewatch(broker, healthy=True, now=self.loop.time()))
+        # Up, or its client replaced (moved while down): the pool's client of the name says which.
+        self._rewatch(broker)
 
     def _client(self, broker: str) -> BrokerClient:
         client = self.pool.get(broker)

@@ -47,6 +47,11 @@ class FakeBroker:
     def when_up(self) -> asyncio.Future[None]:
         return self._status.when_up()
 
+    def retire(self) -> None:
+        """Replaced or gone from discovery (as `GrpcBrokerClient.retire`): down for good, its waiters woken."""
+        self._status.set(False)
+        self._status.wake()
+
     def _held(self, delta: int) -> None:
         self.held += delta
         self.changed.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from popgate_contract.receipt import encode_handle
+from proxy.brokers import GrpcBrokerClient
 from proxy.discovery import Changes, Discovery, LookupFailed, Membership, PoolEdits
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress
@@ -52,6 +53,21 @@ def test_a_retired_broker_leaves_routing_but_its_handles_still_resolve() -> None
     assert pool.for_handle(handle) is b1  # answered as a down broker's, not as a garbled handle
     b1_again = FakeBroker("b1")
     assert pool.put(b1_again) is b1 and pool.names == ["b0", "b1"] and pool.get("b1") is b1_again
+
+
+async def test_a_replaced_or_retired_client_wakes_whoever_waits_for_it_to_be_up() -> None:
+    """Waiters for a broker to be up wait for it by name: when discovery replaces its client (moved) or retires it,
+    they are woken to look at the pool's client again, not left on one that will never be up."""
+    client = GrpcBrokerClient(BrokerAddress("b3", "127.0.0.1:1"))  # no call made: no socket
+    try:
+        client._set_health(False, "health check: UNAVAILABLE")
+        up = client.when_up()
+        assert not up.done()
+        client.retire("moved")
+        assert up.done() and not client.healthy
+        assert not client.when_up().done()  # a later wait waits (for good: it stays down)
+    finally:
+        await client.close()
 
 
 async def test_discovery_applies_each_lookup_and_a_failed_lookup_changes_nothing() -> None:

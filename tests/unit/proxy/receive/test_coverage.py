@@ -165,6 +165,20 @@ def test_a_down_broker_is_watched_once_its_health_checks_see_it_up() -> None:
     assert list(watches(up)) == ["b3"] and len(up) == 1
 
 
+def test_a_down_broker_seen_up_without_its_await_answering_is_awaited_again_when_it_goes_down_again() -> None:
+    """The broker moved while down: its new client is up, the old client's wait never answers. Watched again once
+    `cover` sees it up, and its next restart is awaited again, not left unwatched for the group for good."""
+    health = {"b3": False}
+    cov = coverage(health=health)
+    _, cmds = track(cov, "b1")
+    assert cmds[-1] == AwaitUp(KEY, "b3")
+    health["b3"] = True  # a new client at its new address: no came_up from the old one's wait
+    b3 = watches(cov.cover(KEY, now=1.0))["b3"]
+    health["b3"] = False  # restarted later: its watch fails
+    assert cov.watched(b3, Answer.FAILED, now=2.0) == [CoverLater(KEY, WATCH_RETRY_S)]
+    assert cov.cover(KEY, now=3.0) == [AwaitUp(KEY, "b3")]
+
+
 def test_a_stale_watch_answer_changes_nothing() -> None:
     cov = coverage()
     held, cmds = track(cov, "b1")

@@ -243,6 +243,26 @@ async def test_a_broker_down_when_the_receive_starts_is_watched_once_it_is_back(
     assert ids(result) == ["on-b1"]
 
 
+async def test_a_broker_that_moves_while_down_is_watched_at_its_new_client_once_that_is_up() -> None:
+    """Down as the receive starts, then found at another address (discovery replaced its client): the run waits
+    for the new client to be up, watches it, and a message stored there is delivered."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+    brokers["b1"].healthy = False
+    receive = asyncio.create_task(proxy.receive(request(poll_s=5.0)))
+    await held_becomes(brokers, 2)
+    moved = FakeBroker("b1", healthy=False)
+    pool.put(moved)
+    brokers["b1"].retire()
+    await asyncio.sleep(0.05)  # the old client's wait answered: the run looked at the new one
+    assert not moved.notifications  # down: not watched yet
+    moved.healthy = True
+    await held_becomes({**brokers, "b1": moved}, 3)
+    moved.put(popped("b1", "moved"))
+    assert ids(await receive) == ["moved"]
+
+
 async def test_a_has_message_the_answered_receive_did_not_pop_is_handed_back_to_its_broker() -> None:
     proxy, brokers = make()
     receive = asyncio.create_task(proxy.receive(request(5.0, batch=1)))
