@@ -166,8 +166,8 @@ class GrpcBrokerClient:
 
     def retire(self, why: str = "gone from broker discovery") -> None:
         """Gone from discovery, or replaced: down from now on, whatever a health check would say; calls still go to
-        its address (a receipt handle of it is answered as a down broker's). Whoever waits for it to be up is woken
-        to look at the pool again (`Health.wake`) —
+        its address until it is closed, then are refused (a receipt handle of it is answered as a down broker's).
+        Whoever waits for it to be up is woken to look at the pool again (`Health.wake`) —
         tests/integration/proxy/test_discovery.py::test_a_broker_that_moves_while_down_is_watched_again_at_its_new_address."""
         self._gone = True
         self._set_health(False, why)
@@ -179,7 +179,15 @@ class GrpcBrokerClient:
                 "broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why
             )
 
+    def _not_open(self) -> errors.BrokerNotReached:
+        """What a call to a closed client (retired, replaced, or this proxy stopping) is answered: a down broker."""
+        return errors.BrokerNotReached(
+            f"broker {self.name} at {self._address.target} is no longer reached by this proxy"
+        )
+
     async def _call(self, method: str, call: Callable[..., Awaitable[R]], request: Any, timeout_s: float) -> R:
+        if self._closed:
+            raise self._not_open()
         try:
             response = await call(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -232,6 +240,9 @@ class GrpcBrokerClient:
         loop = asyncio.get_running_loop()
         result = BrokerCall(loop=loop)
         result.client, result.method = self, method
+        if self._closed:
+            result.set_exception(self._not_open())
+            return result
         if not isinstance(request, bpb.SessionRequest | list):
             request = bpb.SessionRequest(**{SESSION_FIELDS[method]: request})
         try:
@@ -278,6 +289,8 @@ class GrpcBrokerClient:
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
         session = self._session
+        if self._closed:
+            raise self._not_open()
         if not self.healthy and session is not None and not session.broken:
             # Connected, yet failing its health checks: hung (a stopped process keeps its sockets). Written, the
             # request would wait out its whole deadline, every retry of it too; refused unsent instead:

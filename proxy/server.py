@@ -190,8 +190,10 @@ def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = 
 
 class BrokerClients:
     """The proxy's broker clients by name — the listed brokers, or those discovery finds — and every client it
-    made, closed when the proxy stops. A client discovery replaced (its broker moved) is closed once the calls it
-    had could have ended (`replaced_grace_s`); a retired one stays, down, so handles naming it resolve."""
+    made, closed when the proxy stops. A client discovery replaced (its broker moved) or retired is closed once the
+    calls it had could have ended (`replaced_grace_s`); a retired one stays in the pool, down and closed, so handles
+    naming it resolve and are answered as a down broker's — tests/unit/proxy/test_discovery.py::
+    test_a_retired_client_is_closed_after_its_grace_and_its_handles_are_still_answered_as_down."""
 
     def __init__(self, settings: Settings, metrics: ProxyMetrics) -> None:
         self._settings = settings
@@ -233,6 +235,7 @@ class BrokerClients:
         client = self.current.pop(name, None)
         if client is not None:
             client.retire()
+            asyncio.get_running_loop().call_later(self.replaced_grace_s, self._close, client)
 
     def views(self) -> list[BrokerView]:
         return [BrokerView(n, c.address.target, c.healthy) for n, c in sorted(self.current.items())]

@@ -119,3 +119,34 @@ async def test_a_client_replaced_by_a_move_is_closed_after_its_grace() -> None:
         while not old.closed:  # noqa: ASYNC110  # closing is a task of its own, polled here
             await asyncio.sleep(0.01)
     await clients.close()
+
+
+async def test_a_retired_client_is_closed_after_its_grace_and_its_handles_are_still_answered_as_down() -> None:
+    """A broker gone from DNS: its channel and Session stream go once the calls it had could have ended, and an ack
+    of one of its receipt handles is still answered as a down broker's (HA_NOT_AVAILABLE), at once."""
+    import asyncio
+
+    import pytest
+    from popgate_pb import broker_pb2 as bpb
+
+    from popgate_contract import errors
+    from proxy.metrics import ProxyMetrics
+    from proxy.server import BrokerClients
+    from proxy.settings import Settings
+
+    clients = BrokerClients(Settings(broker_srv="_grpc._tcp.b"), ProxyMetrics())
+    clients.replaced_grace_s = 0.01
+    clients.add(at("b1"))
+    retired = clients.current["b1"]
+    clients.retire("b1")
+    try:
+        async with asyncio.timeout(5):
+            while not retired.closed:  # noqa: ASYNC110  # closing is a task of its own, polled here
+                await asyncio.sleep(0.01)
+        handle = encode_handle("b1", "t", queue_id=0, offset=7, attempt=1, token=1, until_ms=1)
+        assert clients.pool.for_handle(handle) is retired
+        request = bpb.AckRequest(topic="t", group="g", receipt_handles=[handle])
+        with pytest.raises(errors.BrokerUnavailable):
+            await retired.ack(request, timeout_s=1)
+    finally:
+        await clients.close()
