@@ -109,10 +109,18 @@ class BrokerCall(asyncio.Future):  # type: ignore[type-arg]
 
 class GrpcBrokerClient:
     def __init__(
-        self, address: BrokerAddress, *, metrics: Metrics | None = None, token: str = "", tls_ca: bytes | None = None
+        self,
+        address: BrokerAddress,
+        *,
+        metrics: Metrics | None = None,
+        token: str = "",
+        tls_ca: bytes | None = None,
+        up: bool = True,
     ) -> None:
         """`tls_ca`: PEM CA bundle: the channel is TLS and the broker's certificate must name `address.host_name`
-        (or the target's host) — tests/integration/proxy/test_broker_tls.py."""
+        (or the target's host) — tests/integration/proxy/test_broker_tls.py. `up`: the health it has until its
+        first check (optimistic for a listed broker, checked before the proxy serves; down for one discovery adds
+        while serving)."""
         self._address = address
         self._metrics = metrics or NoMetrics()
         options: list[tuple[str, Any]] = [
@@ -135,7 +143,7 @@ class GrpcBrokerClient:
             )
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._status = Health()  # optimistic until the first check: a down broker fails fast anyway
+        self._status = Health(up)
         self._session: BrokerSession | None = None
         self._retired: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -404,12 +412,27 @@ class HealthMonitor(BackgroundTask):
     """Checks every broker every `interval` seconds (each check bounded by `timeout`) until closed."""
 
     def __init__(self, clients: Callable[[], Iterable[GrpcBrokerClient]], *, interval: float, timeout: float) -> None:
-        self._clients = clients  # read at every round: brokers discovery adds are checked from the next one
+        self._clients = clients  # read at every round (brokers discovery adds are also checked at once)
         self._interval = interval
         self._timeout = timeout
+        self._checks: set[asyncio.Task[bool]] = set()  # `check_now`'s
 
     async def check_all(self) -> None:
         await asyncio.gather(*(c.check_health(timeout_s=self._timeout) for c in self._clients()))
+
+    def check_now(self, client: GrpcBrokerClient) -> None:
+        """Check `client` at once (a broker discovery just added, down until a check passes), not at the next
+        round — tests/integration/proxy/test_discovery.py::
+        test_a_broker_discovery_adds_is_routed_only_once_its_health_check_passes."""
+        task = asyncio.get_running_loop().create_task(client.check_health(timeout_s=self._timeout))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._checks:
+            task.cancel()
+        await asyncio.gather(*self._checks, return_exceptions=True)
+        await super().__aexit__(*exc_info)
 
     async def _run(self) -> None:
         while True:

@@ -203,12 +203,21 @@ class BrokerClients:
         self._made: set[GrpcBrokerClient] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self.replaced_grace_s = settings.broker_timeout_s + settings.max_long_polling_s
+        self.added: Callable[[GrpcBrokerClient], None] | None = None  # told of each client `add` made down
         self.pool = BrokerPool({})
         for address in settings.brokers:
-            self.add(address)
+            self.add(address, up=True)  # listed: checked before the proxy serves
 
-    def add(self, address: BrokerAddress, why: str = "gone from broker discovery") -> None:
-        client = GrpcBrokerClient(address, metrics=self._metrics, token=self._settings.broker_token, tls_ca=self.tls_ca)
+    def add(self, address: BrokerAddress, why: str = "gone from broker discovery", *, up: bool = False) -> None:
+        """A client for `address` in place of its name's. Down (out of routing) until a health check passes, which
+        `added` runs at once, unless `up` — tests/unit/proxy/test_discovery.py::
+        test_a_broker_discovery_adds_is_routed_only_once_a_health_check_passed_which_runs_at_once."""
+        settings = self._settings
+        client = GrpcBrokerClient(
+            address, metrics=self._metrics, token=settings.broker_token, tls_ca=self.tls_ca, up=up
+        )
+        if not up and self.added is not None:
+            self.added(client)
         self._made.add(client)
         self.current[address.name] = client
         replaced = self.pool.put(client)
@@ -221,7 +230,7 @@ class BrokerClients:
         the one before ends as when discovery moves a broker."""
         self.tls_ca = ca
         for client in list(self.current.values()):
-            self.add(client.address, why="replaced: the broker CA bundle changed")
+            self.add(client.address, why="replaced: the broker CA bundle changed", up=client.healthy)
 
     def _close(self, client: GrpcBrokerClient) -> None:
         if client in self._made:
@@ -283,12 +292,12 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
                 metrics=metrics.tls,
             )
             await stack.enter_async_context(trust)
-        await _discovery(settings, brokers, stack)
-        await stack.enter_async_context(
-            HealthMonitor(
-                lambda: brokers.current.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s
-            )
+        monitor = HealthMonitor(
+            lambda: brokers.current.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s
         )
+        brokers.added = monitor.check_now
+        await _discovery(settings, brokers, stack)
+        await stack.enter_async_context(monitor)
         metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
         proxy = _proxy(settings, brokers.pool, metrics)
         await stack.enter_async_context(proxy.renewer)

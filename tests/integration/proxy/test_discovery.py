@@ -3,6 +3,7 @@ a restart, and reaches them over TLS by their DNS names (the prod overlay's set-
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -154,3 +155,36 @@ def test_a_broker_that_moves_while_down_is_watched_again_at_its_new_address(tmp_
             proxy.stop()
             for broker in brokers.values():
                 broker.stop()
+
+
+def test_a_broker_discovery_adds_is_routed_only_once_its_health_check_passes(
+    brokers: dict[str, ServerProcess], tmp_path: Path
+) -> None:
+    """A name DNS lists where nothing listens never appears in QueryRoute; a live one appears well within a health
+    interval of the lookup that found it."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead_port = unused.getsockname()[1]  # closed again: nothing listens there
+    with DnsServer() as dns:
+        b1, b2 = (("127.0.0.1", brokers[name].port) for name in ("b1", "b2"))
+        dns.publish(SRV, {target("b1"): b1})
+        args = ["--broker-srv", SRV, "--broker-dns-server", dns.address, "--broker-tls-ca", str(tmp_path / "ca.crt")]
+        args += ["--broker-dns-interval-s", "0.2", "--health-interval-s", "2", "--listen", "127.0.0.1:0"]
+        proxy = ServerProcess("proxy", args).start()
+        client = V2Client(proxy.address)
+        try:
+            assert routed(client) == {"b1"}
+            dns.publish(SRV, {target("b1"): b1, target("dead"): ("127.0.0.1", dead_port)})
+            seen: set[str] = set()
+            end = time.monotonic() + 2.5  # past a health round: the dead one was found and checked
+            while time.monotonic() < end:
+                seen |= routed(client)
+                time.sleep(0.02)
+            assert seen == {"b1"}
+            dns.publish(SRV, {target("b1"): b1, target("dead"): ("127.0.0.1", dead_port), target("b2"): b2})
+            found = time.monotonic()
+            assert wait_until(lambda: routed(client) == {"b1", "b2"}, timeout=5)
+            assert time.monotonic() - found < 1.5  # the DNS interval and one check, not the 2 s health interval
+        finally:
+            client.close()
+            proxy.stop()

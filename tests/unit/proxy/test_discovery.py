@@ -150,3 +150,22 @@ async def test_a_retired_client_is_closed_after_its_grace_and_its_handles_are_st
             await retired.ack(request, timeout_s=1)
     finally:
         await clients.close()
+
+
+async def test_a_broker_discovery_adds_is_routed_only_once_a_health_check_passed_which_runs_at_once() -> None:
+    """A new name (or a known one at a new address) starts down, out of QueryRoute's brokers, and is checked at
+    once (`added`: the health monitor's `check_now`), not at the next round."""
+    from proxy.metrics import ProxyMetrics
+    from proxy.server import BrokerClients
+    from proxy.settings import Settings
+
+    clients = BrokerClients(Settings(broker_srv="_grpc._tcp.b"), ProxyMetrics())
+    checked: list[str] = []
+    clients.added = lambda client: checked.append(client.address.target)
+    try:
+        clients.add(at("b1", "10.0.0.1"))
+        clients.add(at("b1", "10.0.0.2"))  # moved
+        assert clients.pool.live() == [] and not clients.current["b1"].healthy
+        assert checked == ["10.0.0.1:9001", "10.0.0.2:9001"]
+    finally:
+        await clients.close()
