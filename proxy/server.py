@@ -168,12 +168,11 @@ def _age_options(settings: Settings) -> list[tuple[str, int]]:
 
 
 def proxy_name(address: str) -> str:
-    """How this proxy names itself in its consumer reports: its address, with the host's name for an address that
-    names none (0.0.0.0, [::]: every pod would say the same)."""
-    host, _, port = address.rpartition(":")
-    if host in ("", "0.0.0.0", "[::]", "::"):
-        return f"{socket.gethostname()}:{port}"
-    return address
+    """How this proxy names itself in its consumer reports (a report replaces the last one of the same name): the
+    host's name and the port it listens on, one per process — not its advertised address, which every replica
+    behind one Service shares (tests/integration/proxy/test_admin_ops.py::
+    test_a_groups_live_consumers_are_the_same_from_any_proxy)."""
+    return f"{socket.gethostname()}:{address.rpartition(':')[2]}"
 
 
 def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = None) -> Renewer:
@@ -313,7 +312,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
                 metrics=metrics.tls,
             )
             await stack.enter_async_context(watch)
-        name = proxy_name(settings.advertise or address)
+        name = proxy_name(address)
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)

@@ -7,6 +7,7 @@ accounts only."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -139,8 +140,10 @@ def test_messages_are_found_by_id_and_key_newest_first(cluster: Cluster) -> None
 
 
 def test_a_groups_live_consumers_are_the_same_from_any_proxy(cluster: Cluster) -> None:
+    """Two replicas behind one Service advertise the same address: each reports its own consumers still (named by
+    host and port), so both are listed."""
     topic, group = names("live")
-    second = cluster.add_proxy()
+    second = cluster.add_proxy(extra=["--advertise", cluster.endpoint])
     with SimpleConsumer(cluster.endpoint, group, topic) as one, SimpleConsumer(second, group, topic) as two:
         one.receive(max=1, wait=0)
         two.receive(max=1, wait=0)
@@ -152,7 +155,8 @@ def test_a_groups_live_consumers_are_the_same_from_any_proxy(cluster: Cluster) -
 
         first = eventually(lambda: listed(cluster.endpoint), timeout=10, what="both consumers listed")
         assert eventually(lambda: listed(second), timeout=5) == first
-        assert sorted(p for p, _ in first) == sorted([cluster.endpoint, second])
+        ports = [endpoint.rpartition(":")[2] for endpoint in (cluster.endpoint, second)]
+        assert sorted(p for p, _ in first) == sorted(f"{socket.gethostname()}:{port}" for port in ports)
         assert len({c for _, c in first}) == 2
 
 
