@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
+# The admin calls that change brokers' state: one made while a broker is retired is not applied to it.
+CHANGES = frozenset({"CreateTopic", "DeleteTopic", "DeleteGroup", "ResetOffset"})
+NOT_ASKED = "retired (gone from broker discovery): not asked; if it comes back, run the change again"
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerView:
     name: str
@@ -81,8 +86,9 @@ class AdminService(apb_grpc.AdminServicer):
 
     async def _fan_out(self, method: str, request: Any) -> tuple[list[Any], list[apb.BrokerFailure]]:
         """`method` at every broker this proxy routes to (down ones too: they are named, not skipped): the answers,
-        and each broker that did not answer with its status. When every broker refused the request as bad input,
-        that refusal is the call's (nothing was done anywhere)."""
+        and each broker that did not answer with its status; a change also names the brokers discovery retired
+        (scaled down: one may come back with its store, without the change). When every broker refused the request
+        as bad input, that refusal is the call's (nothing was done anywhere)."""
         clients = [c for c in map(self._pool.get, self._pool.names) if c is not None]
         if not clients:  # nothing done anywhere: not an empty success (test_admin_fanout.py::
             # test_a_proxy_that_routes_to_no_broker_says_so_and_does_nothing)
@@ -104,6 +110,9 @@ class AdminService(apb_grpc.AdminServicer):
                 answers.append(result)
         if refusals and len(refusals) == len(results):
             raise refusals[0]
+        if method in CHANGES:  # test_admin_fanout.py::test_a_change_names_the_brokers_discovery_retired_as_not_asked
+            retired = sorted({c.name for c in self._pool.clients()} - set(self._pool.names))
+            failures += [apb.BrokerFailure(broker=name, code="UNAVAILABLE", message=NOT_ASKED) for name in retired]
         return answers, failures
 
     async def Stats(self, request: bpb.StatsRequest, context: grpc.aio.ServicerContext) -> apb.StatsResponse:

@@ -86,6 +86,22 @@ async def test_a_proxy_that_routes_to_no_broker_says_so_and_does_nothing() -> No
         await service()._fan_out("DeleteTopic", bpb.DeleteTopicRequest(topic="t"))
 
 
+async def test_a_change_names_the_brokers_discovery_retired_as_not_asked() -> None:
+    """A broker scaled down (retired by discovery) may come back with its store: a change made meanwhile is not
+    applied to it, so the change names it (the operator runs it again then); a read leaves it out."""
+    b1 = AdminBroker("b1", bpb.DeleteTopicResponse(broker="b1"))
+    b2 = AdminBroker("b2", bpb.DeleteTopicResponse(broker="b2"))
+    admin = service(b1, b2)
+    admin._pool.retire("b2")  # noqa: SLF001
+    answers, failures = await admin._fan_out("DeleteTopic", bpb.DeleteTopicRequest(topic="t"))
+    assert [a.broker for a in answers] == ["b1"] and not b2.asked
+    assert [(f.broker, f.code) for f in failures] == [("b2", "UNAVAILABLE")] and "run the change again" in failures[
+        0
+    ].message
+    _, failures = await admin._fan_out("Stats", bpb.StatsRequest())
+    assert failures == []
+
+
 async def test_the_reporter_sends_the_whole_book_to_live_brokers() -> None:
     up, down = AdminBroker("b1", bpb.ReportConsumersResponse()), AdminBroker("b2", fail=errors.BrokerUnavailable("x"))
     book = ConsumerBook()
