@@ -12,6 +12,8 @@ core.
 from __future__ import annotations
 
 import asyncio
+import heapq
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from broker.acks import check_invisible
@@ -23,7 +25,7 @@ from broker.inflight import Delivery, GroupTopic
 from broker.log import QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import Popped, PopResult
-from broker.priority import take_prioritized
+from broker.priority import best, take_prioritized
 from broker.readiness import Readiness, readable_end
 from broker.redelivery import PayloadReader, Redelivery
 from broker.settings import BrokerSettings
@@ -228,36 +230,78 @@ def take_new(
     picks: list[tuple[int, int, int]],
 ) -> None:
     """New messages from the pull offsets, spread fairly over the queues (rotating start), appended to `picks`
-    as (queue id, offset, attempt 1)."""
+    as (queue id, offset, attempt 1). A topic holding priority messages gives the highest priorities of all its
+    queues here first, as RocketMQ orders a topic's priorities within a broker (test_priority.py::
+    test_a_pop_takes_the_highest_priorities_of_every_queue_first)."""
     n = len(topic.queues)
     start = state.next_queue
     state.next_queue = (start + 1) % n
     active = [topic.queues[(start + i) % n] for i in range(n)]
+    if any(queue.priority is not None for queue in active):
+        first = len(picks)
+        for queue, count in _priority_shares(consumers, state, active, want, ops):
+            _take_from(consumers, state, queue, count, ops, picks)
+        picks[first:] = sorted(picks[first:], key=lambda pick: -_level(topic.queues[pick[0]], pick[1]))
+        return
     while want > 0 and active:
         share = max(1, want // len(active))
         still: list[QueueLog] = []
         for queue in active:
             if want <= 0:
                 break
-            gq = consumers.group_queue(state, queue, ops)
-            before = gq.pull_offset
-            end = readable_end(gq, queue)
-            if queue.priority is not None:
-                passed: list[int] = []
-                offsets = take_prioritized(queue, gq, state.filter, min(share, want), end, passed)
-                ops.extend(DeleteInflight(state.group, state.topic, queue.queue_id, o) for o in passed)
-            else:
-                offsets = list(queue.matching(gq.pull_offset, state.filter, min(share, want), end))
-                gq.pull_offset = offsets[-1] + 1 if len(offsets) == min(share, want) else end
-                gq.pull_offset = max(gq.pull_offset, before)
-            if gq.pull_offset != before:
-                ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
-            queue_id = queue.queue_id
-            picks.extend((queue_id, o, 1) for o in offsets)
-            want -= len(offsets)
-            if gq.pull_offset < end and offsets:
+            taken, more = _take_from(consumers, state, queue, min(share, want), ops, picks)
+            want -= taken
+            if more and taken:
                 still.append(queue)
         active = still
+
+
+def _take_from(
+    consumers: ConsumerGroups,
+    state: GroupTopic,
+    queue: QueueLog,
+    count: int,
+    ops: list[Op],
+    picks: list[tuple[int, int, int]],
+) -> tuple[int, bool]:
+    """Up to `count` new messages of one queue appended to `picks`: how many, and whether it has more to read."""
+    gq = consumers.group_queue(state, queue, ops)
+    before = gq.pull_offset
+    end = readable_end(gq, queue)
+    if queue.priority is not None:
+        passed: list[int] = []
+        offsets = take_prioritized(queue, gq, state.filter, count, end, passed)
+        ops.extend(DeleteInflight(state.group, state.topic, queue.queue_id, o) for o in passed)
+    else:
+        offsets = list(queue.matching(gq.pull_offset, state.filter, count, end))
+        gq.pull_offset = offsets[-1] + 1 if len(offsets) == count else end
+        gq.pull_offset = max(gq.pull_offset, before)
+    if gq.pull_offset != before:
+        ops.append(SetPullOffset(state.group, state.topic, queue.queue_id, gq.pull_offset))
+    picks.extend((queue.queue_id, o, 1) for o in offsets)
+    return len(offsets), gq.pull_offset < end
+
+
+def _level(queue: QueueLog, offset: int) -> int:
+    return queue.priority.get(offset, 0) if queue.priority is not None else 0
+
+
+def _priority_shares(
+    consumers: ConsumerGroups, state: GroupTopic, queues: list[QueueLog], want: int, ops: list[Op]
+) -> list[tuple[QueueLog, int]]:
+    """How many of the `want` best new messages over `queues` each queue gives: by priority, then each queue's own
+    order, equals taken from the queues in turn (their rotation, as plain Pops share)."""
+    ranked: list[tuple[int, int, int]] = []  # (-priority, place in its queue, queue's turn)
+    for turn, queue in enumerate(queues):
+        gq = consumers.group_queue(state, queue, ops)
+        end = readable_end(gq, queue)
+        if queue.priority is None:
+            offsets = list(queue.matching(gq.pull_offset, state.filter, want, end))
+        else:
+            offsets = best(queue, gq, state.filter, want, end)
+        ranked += [(-_level(queue, o), place, turn) for place, o in enumerate(offsets)]
+    counts = Counter(turn for _, _, turn in heapq.nsmallest(want, ranked))
+    return [(queues[turn], count) for turn, count in sorted(counts.items())]
 
 
 async def read_payloads(store: Store, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:

@@ -29,8 +29,7 @@ def take_prioritized(
     before = gq.ahead if gq.ahead is not None else set()
     ahead = set(before)
     priority = queue.priority or {}
-    window = [o for o in queue.matching(gq.pull_offset, tag_filter, WINDOW, end) if o not in ahead]
-    chosen = heapq.nsmallest(want, window, key=lambda o: (-priority.get(o, 0), o))
+    chosen = best(queue, gq, tag_filter, want, end)
     ahead.update(chosen)
     new_pull = end
     for offset in queue.matching(gq.pull_offset, tag_filter, len(ahead) + 1, end):
@@ -43,3 +42,12 @@ def take_prioritized(
     ahead = {o for o in ahead if o >= gq.pull_offset}
     gq.ahead = ahead or None
     return sorted(chosen, key=lambda o: (-priority.get(o, 0), o))
+
+
+def best(queue: QueueLog, gq: GroupQueue, tag_filter: TagFilter, want: int, end: int) -> list[int]:
+    """The `want` offsets in [pull offset, end) the group has not taken that `take_prioritized` would take, highest
+    priority first (nothing recorded: a Pop over several queues compares them first, broker.pop.take_new)."""
+    ahead = gq.ahead or ()
+    priority = queue.priority or {}
+    window = [o for o in queue.matching(gq.pull_offset, tag_filter, WINDOW, end) if o not in ahead]
+    return heapq.nsmallest(want, window, key=lambda o: (-priority.get(o, 0), o))

@@ -1,6 +1,6 @@
-"""Priority messages in the broker (broker.priority): within a queue a higher priority is delivered first among
-the messages a group may read now, the earliest first among equals; what a group took ahead of its pull offset
-stays bounded and survives a restart; bad priorities are refused with nothing stored."""
+"""Priority messages in the broker (broker.priority): a higher priority is delivered first among the messages a
+group may read now, over the topic's queues, the earliest first among equals in a queue; what a group took ahead
+of its pull offset stays bounded and survives a restart; bad priorities are refused with nothing stored."""
 
 from __future__ import annotations
 
@@ -72,6 +72,20 @@ async def test_a_pop_takes_higher_priorities_first_also_after_a_restart(tmp_path
         assert bodies(rest) == ["p3-3", "p1-2", "p0-0"]
         other = await core.pop("t", "g2", "*", 32, INVISIBLE_MS, 0)  # each group has its own order
         assert bodies(other) == ["p7-4", "p3-1", "p3-3", "p1-2", "p0-0"]
+
+
+async def test_a_pop_takes_the_highest_priorities_of_every_queue_first(tmp_path: Path) -> None:
+    """A topic's messages spread over its queues: a Pop compares the priorities of all of them, as RocketMQ orders
+    a topic's priorities within a broker, and answers them highest first; equals come from the queues in turn."""
+    async with broker(tmp_path, queues_per_topic=4) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"low%d" % i, priority=1) for i in range(5)])
+        await core.send([pb.Message(topic="t", body=b"HIGH", priority=9)])
+        one = await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)
+        assert bodies(one) == ["HIGH"]
+        rest = await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)
+        assert sorted(bodies(rest)) == [f"low{i}" for i in range(5)]
+        all_at_once = await core.pop("t", "g2", "*", 32, INVISIBLE_MS, 0)
+        assert bodies(all_at_once)[0] == "HIGH" and len(bodies(all_at_once)) == 6
 
 
 @pytest.mark.parametrize(
