@@ -1,4 +1,4 @@
-"""Broker clients over gRPC (popgate_pb.broker_pb2_grpc.BrokerStub) and their health checking.
+"""Broker clients over gRPC (popgate_pb.broker_pb2_grpc.BrokerStub), each with its health (`proxy.health` checks it).
 
 Each client keeps one channel and a health flag: a failed health check (standard
 grpc.health.v1, with a deadline) or a call failing with UNAVAILABLE marks the
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -45,7 +45,7 @@ from popgate_contract.session_client import BrokerSession, failure
 from popgate_contract.trailer import error_of
 from popgate_contract.validation import parse_host_port
 from proxy.outgoing import Chunk
-from proxy.ports import BackgroundTask, Health, Metrics, NoMetrics
+from proxy.ports import Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
 
 log = logging.getLogger(__name__)
@@ -406,40 +406,3 @@ class GrpcBrokerClient:
             self._session = None
         await asyncio.gather(*self._retired, return_exceptions=True)
         await self._channel.close()
-
-
-class HealthMonitor(BackgroundTask):
-    """Checks every broker every `interval` seconds (each check bounded by `timeout`) until closed."""
-
-    def __init__(self, clients: Callable[[], Iterable[GrpcBrokerClient]], *, interval: float, timeout: float) -> None:
-        self._clients = clients  # read at every round (brokers discovery adds are also checked at once)
-        self._interval = interval
-        self._timeout = timeout
-        self._checks: set[asyncio.Task[bool]] = set()  # `check_now`'s
-
-    async def check_all(self) -> None:
-        await asyncio.gather(*(c.check_health(timeout_s=self._timeout) for c in self._clients()))
-
-    def check_now(self, client: GrpcBrokerClient) -> None:
-        """Check `client` at once (a broker discovery just added, down until a check passes), not at the next
-        round — tests/integration/proxy/test_discovery.py::
-        test_a_broker_discovery_adds_is_routed_only_once_its_health_check_passes."""
-        task = asyncio.get_running_loop().create_task(client.check_health(timeout_s=self._timeout))
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        for task in self._checks:
-            task.cancel()
-        await asyncio.gather(*self._checks, return_exceptions=True)
-        await super().__aexit__(*exc_info)
-
-    async def _run(self) -> None:
-        while True:
-            await self.check_all()
-            await asyncio.sleep(self._interval)
-
-    async def __aenter__(self) -> HealthMonitor:
-        await self.check_all()
-        self._task = asyncio.create_task(self._run(), name="broker-health")
-        return self

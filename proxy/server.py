@@ -25,10 +25,11 @@ from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import start_metrics
 from proxy.admin import AdminService, BrokerView
 from proxy.auth import Authenticator
-from proxy.brokers import GrpcBrokerClient, HealthMonitor
+from proxy.brokers import GrpcBrokerClient
 from proxy.consumers import ConsumerReporter
 from proxy.core import Proxy
 from proxy.discovery import Discovery, PoolEdits, SrvLookup
+from proxy.health import HealthMonitor
 from proxy.metrics import ProxyMetrics
 from proxy.ports import Metrics
 from proxy.receive.modes import make_strategy
