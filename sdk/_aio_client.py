@@ -32,6 +32,7 @@ class _AsyncClient(ClientBase):
     # a request tells, False once it answered UNIMPLEMENTED (then the unary RPCs serve every request).
     _session: _session.Session | None = None
     _session_served: bool | None = None
+    _closed_future: asyncio.Future[None] | None = None  # set once closed: a second close() waits for the first's
 
     @property
     def _stub(self) -> Any:
@@ -71,6 +72,13 @@ class _AsyncClient(ClientBase):
         _ = self._stub  # the channel, made in this loop (Unavailable once the client is closed)
         session = self._session
         if session is None or session.broken is not None:
+            if self._closed:
+                # Closing opens no new stream on the channel it is about to close: a give-back takes the unary call,
+                # which close() waits for before the channel closes —
+                # tests/unit/sdk/test_give_back.py::test_a_batch_answered_as_close_begins_is_given_back_on_one_stream.
+                if kind == "receive":
+                    raise errors.Unavailable("the client is closed", retriable=False)
+                return None
             assert self._channel is not None
             convert_ = functools.partial(convert, tls=self.options.tls)
             session = self._session = _session.Session(self._channel, self._metadata(), convert_, self._orphaned)
@@ -115,9 +123,22 @@ class _AsyncClient(ClientBase):
     async def close(self) -> None:
         """Close the connection; calls in progress are cancelled (a consumer's iteration just stops, after giving
         back the messages it had not yielded yet, and give-backs of cancelled receives end first)."""
+        if self._closed_future is None:
+            self._closed_future = asyncio.get_running_loop().create_future()
+            try:
+                await self._close()
+            finally:
+                self._closed_future.set_result(None)
+        elif not self._closed_future.done():
+            await asyncio.shield(self._closed_future)
+
+    async def _close(self) -> None:
         try:
             if not self._closed:
-                self._closed = True
+                try:
+                    await self._stopping()
+                finally:
+                    self._closed = True
                 if self._channel is not None:
                     await self._closing()
         finally:
@@ -125,9 +146,17 @@ class _AsyncClient(ClientBase):
                 session, self._session = self._session, None
                 await session.close()
             if self._channel is not None:
+                await self._session_closed()
+            if self._channel is not None:
                 channel, self._channel = self._channel, None
                 if self._loop is None or not self._loop.is_closed():  # else it died with its loop
                     await channel.close()
+
+    async def _stopping(self) -> None:
+        """What to do before marking the client closed (its calls still served)."""
+
+    async def _session_closed(self) -> None:
+        """What to do between closing the Session stream and closing the channel (its unary calls still served)."""
 
     async def _closing(self) -> None:
         """What to do between marking the client closed and closing its channel."""

@@ -13,12 +13,13 @@ from typing import Any
 
 import grpc
 import pytest
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Message, SimpleConsumer, aio
 from popgate._base import Unyielded
-from tests.unit.sdk.fakes import FakeChannel, FakeStub
+from tests.unit.sdk.fakes import FakeChannel, FakeRpcError, FakeStub
 
 IDS = ["m0", "m1", "m2", "m3"]
 
@@ -154,3 +155,92 @@ def test_an_async_iteration_left_open_is_given_back_when_asyncio_run_ends(caplog
     run_unclosed(stub, body)  # asyncio.run closes the iteration (loop.shutdown_asyncgens)
     assert given_back(fake) == ["m1", "m2", "m3"]
     assert "Task was destroyed but it is pending" not in caplog.text
+
+
+class SessionChannel:
+    """A channel to a proxy serving the Session stream: the test answers its requests (`answers`); `on_status` runs
+    as the reader takes a receive's status, before the receive's caller resumes. Unary calls (`stub`) fail once the
+    channel closed, as grpc cancels them."""
+
+    def __init__(self, fake: FakeStub) -> None:
+        self.fake = fake
+        self.opened = 0
+        self.closed = False
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.written: list[ext.SessionRequest] = []
+        self.wrote = asyncio.Event()
+        self.on_status: Any = None
+
+    def stream_stream(self, method: str, **_: Any) -> Any:
+        self.opened += 1
+        return lambda metadata: self
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        return grpc.aio.Metadata()
+
+    async def write(self, message: bytes) -> None:
+        request = ext.SessionRequest.FromString(message)
+        self.written.extend([request, *request.more])
+        self.wrote.set()
+
+    async def read(self) -> Any:
+        response = await self.answers.get()
+        if response is not grpc.aio.EOF and response.receive.HasField("status") and self.on_status is not None:
+            self.on_status()
+        return response
+
+    def cancel(self) -> None:
+        self.answers.put_nowait(grpc.aio.EOF)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def ChangeInvisibleDuration(self, request: pb.ChangeInvisibleDurationRequest, **_: Any) -> Any:
+        await asyncio.sleep(0.05)  # as over a network: the channel may close meanwhile
+        if self.closed:
+            raise FakeRpcError(grpc.StatusCode.CANCELLED)
+        return self.fake.ChangeInvisibleDuration(request)
+
+
+def session_answer(fake: FakeStub, request_id: int, ids: list[str]) -> list[ext.SessionResponse]:
+    messages = [
+        v2.Message(
+            topic=v2.Resource(name="t"),
+            system_properties=v2.SystemProperties(
+                message_id=i, receipt_handle=fake.message(i).receipt_handle, delivery_attempt=1
+            ),
+        )
+        for i in ids
+    ]
+    return [
+        ext.SessionResponse(
+            id=request_id, receive=ext.ReceiveMessagesResponse(messages=ext.Messages(messages=messages))
+        ),
+        ext.SessionResponse(id=request_id, receive=ext.ReceiveMessagesResponse(status=v2.Status(code=v2.OK))),
+    ]
+
+
+async def test_a_batch_answered_as_close_begins_is_given_back_on_one_stream() -> None:
+    """close() (twice, at once) begins as an iteration's receive is answered, before the iteration resumes: the
+    iteration yields nothing and its batch is given back before the channel closes, with no second stream."""
+    fake = FakeStub()
+    channel = SessionChannel(fake)
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._channel = channel  # type: ignore[assignment]
+    consumer._stub_ = channel
+    closes: list[asyncio.Future[None]] = []
+    channel.on_status = lambda: closes.extend(asyncio.ensure_future(consumer.close()) for _ in range(2))
+    yielded: list[Message] = []
+
+    async def iterate() -> None:
+        async for message in consumer:
+            yielded.append(message)
+
+    iteration = asyncio.ensure_future(iterate())
+    await asyncio.wait_for(channel.wrote.wait(), 2)
+    for response in session_answer(fake, channel.written[0].id, IDS):
+        channel.answers.put_nowait(response)
+    await asyncio.wait_for(iteration, 2)
+    await asyncio.wait_for(asyncio.gather(*closes), 2)
+    assert yielded == [] and channel.opened == 1
+    assert given_back(fake) == IDS
