@@ -41,6 +41,10 @@ MAX_FIFO = b"\x48"  # SessionRequest.max_fifo (9, varint)
 # each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
 # tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
 MAX_WRITE_BYTES = 48 * 1024
+# The most bytes of requests waiting to be written (the proxy bounds its own outbox alike): past it a request
+# fails with a retriable TooManyRequests instead of queuing while the stream's write is stalled —
+# tests/unit/sdk/test_session.py::test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out.
+MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7, "send_shared": 8}
 # The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
 # v2 code that call's answer would carry; anything else ends a stream that was lost.
@@ -81,6 +85,46 @@ Queued = bytes | Part  # an encoded request (or cancel), or a request that may b
 
 def _size(item: Queued) -> int:
     return len(item) if isinstance(item, bytes) else len(item.body) + 16
+
+
+class Outbox(asyncio.Queue[Queued | None]):
+    """The requests waiting to be written: their bytes counted (`size`), and a request whose caller gave up taken
+    out (`discard`) rather than kept to be written."""
+
+    def _init(self, maxsize: int) -> None:
+        super()._init(maxsize)
+        self.size = 0
+        self._items: dict[int, Queued] = {}  # a request's id: its item, while queued
+        self._ids: dict[int, int] = {}  # id() of a queued request's item: its request's id
+
+    def put_request(self, request_id: int, item: Queued) -> None:
+        self._items[request_id], self._ids[id(item)] = item, request_id
+        self.put_nowait(item)
+
+    def discard(self, request_id: int) -> bool:
+        """Take the request out if it is still queued (then it was never written)."""
+        item = self._items.pop(request_id, None)
+        if item is None:
+            return False
+        del self._ids[id(item)]
+        for i, queued in enumerate(self._queue):  # type: ignore[attr-defined]
+            if queued is item:
+                del self._queue[i]  # type: ignore[attr-defined]
+                break
+        self.size -= _size(item)
+        return True
+
+    def _put(self, item: Queued | None) -> None:
+        self.size += 0 if item is None else _size(item)
+        super()._put(item)
+
+    def _get(self) -> Queued | None:
+        item = super()._get()
+        if item is not None:
+            self.size -= _size(item)
+            if (request_id := self._ids.pop(id(item), None)) is not None:
+                del self._items[request_id]
+        return item
 
 
 def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | None, Queued | None]:
@@ -173,7 +217,7 @@ class Session:
     ) -> None:
         self._waiting = Waiting(orphaned)
         self._convert = convert
-        self._outbox: asyncio.Queue[Queued | None] = asyncio.Queue()
+        self._outbox = Outbox()
         self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
             metadata=metadata
         )
@@ -186,7 +230,8 @@ class Session:
         """The answer to one request (a receive's: its frames), waiting at most `within_s` seconds.
 
         Raises:
-            Timeout: No answer in time (retriable; the proxy is told to drop the request).
+            Timeout: No answer in time (retriable; the proxy is told to drop the request, or it is never sent).
+            TooManyRequests: MAX_OUTBOX_BYTES of requests wait to be written (retriable; nothing was sent).
             Unavailable: The stream was lost (retriable) or closed.
             Unimplemented: The proxy serves no Session.
         """
@@ -200,7 +245,12 @@ class Session:
         except errors.PopgateError:
             self._waiting.drop(request_id)
             raise
-        self._outbox.put_nowait(data)
+        if self._outbox.size and self._outbox.size + _size(data) > MAX_OUTBOX_BYTES:
+            self._waiting.drop(request_id)
+            raise errors.TooManyRequests(
+                f"{self._outbox.size} bytes of requests wait to be written to the proxy", code_name="RESOURCE_EXHAUSTED"
+            )
+        self._outbox.put_request(request_id, data)
         timer = loop.call_later(within_s, self._timed_out, request_id, future, within_s)
         try:
             return await future
@@ -222,6 +272,8 @@ class Session:
 
     def _drop(self, request_id: int) -> bool:
         dropped = self._waiting.drop(request_id)
+        if dropped and self._outbox.discard(request_id):
+            return dropped  # never written: nothing for the proxy to drop
         if dropped and self.broken is None and (cancel := self._waiting.to_cancel(request_id)) is not None:
             self._outbox.put_nowait(encode_cancel(cancel))
         return dropped

@@ -12,7 +12,16 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import MessageBodyTooLarge, ServerError, Unauthorized, Unavailable, _session, _waiting
+from popgate import (
+    MessageBodyTooLarge,
+    ServerError,
+    Timeout,
+    TooManyRequests,
+    Unauthorized,
+    Unavailable,
+    _session,
+    _waiting,
+)
 from popgate._transport import convert
 
 
@@ -240,4 +249,41 @@ async def test_requests_failed_by_a_lost_stream_each_get_their_own_error() -> No
     raised = [e for [e] in [*errors_raised, later]]
     assert all(isinstance(e, Unavailable) and e.retriable for e in raised)
     assert len({id(e) for e in raised}) == 3
+    await session.close()
+
+
+class StalledCall(FakeCall):
+    """A Session call whose writes complete only as it is cancelled (a proxy that stopped reading: its socket
+    alive)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = asyncio.Event()
+
+    async def write(self, message: bytes) -> None:
+        self.written.append(message)
+        await self.cancelled.wait()
+        raise asyncio.InvalidStateError("the call was cancelled")
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        super().cancel()
+
+
+async def test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out() -> None:
+    """Sends of 1 MiB each while the stream's write is stalled: past MAX_OUTBOX_BYTES queued they fail at once with
+    a retriable TooManyRequests; those queued time out and are then no longer held, so later sends queue again."""
+    channel = FakeChannel()
+    channel.call = StalledCall()
+    session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
+    body = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])
+    sends = [asyncio.ensure_future(session.request("send", body, 0.2)) for _ in range(40)]  # 32 MiB the bound
+    results = await asyncio.gather(*sends, return_exceptions=True)
+    refused = [e for e in results if isinstance(e, TooManyRequests)]
+    assert refused and all(e.retriable for e in refused)
+    assert all(isinstance(e, (TooManyRequests, Timeout)) for e in results)
+    assert session._outbox.size < 1024  # the timed-out ones taken out (left: cancels of the two the writer took)
+    later = await asyncio.gather(session.request("send", body, 0.05), return_exceptions=True)
+    assert isinstance(later[0], Timeout)  # queued again, not refused
+    assert len(channel.call.written) == 1  # nothing queued behind the stalled write was written
     await session.close()
