@@ -9,8 +9,10 @@ one (one thread sends them in turn)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
+import queue
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -20,6 +22,7 @@ MAX_UNWAITED_ACKS = 64
 CLOSE_WAIT_S = 10.0
 
 Failures = list[tuple[str, errors.PopgateError]]
+_Queued = tuple[concurrent.futures.Future[None], Callable[[], Failures], int]  # an ack queued for the thread
 
 
 def _closed() -> errors.Unavailable:
@@ -90,13 +93,17 @@ class AsyncAcks:
 
 
 class ThreadAcks:
-    """The blocking consumer's acks not waited for: one thread (made at the first) sends them in turn."""
+    """The blocking consumer's acks not waited for: one daemon thread (made at the first) sends them in turn. A
+    consumer never closed stops them at interpreter exit as `close` would (at most CLOSE_WAIT_S), so they never
+    hold the exit up longer —
+    tests/unit/sdk/test_ack_nowait.py::test_an_unclosed_consumers_acks_hold_exit_up_at_most_the_close_wait."""
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_UNWAITED_ACKS)  # queued or under way
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self._futures: set[concurrent.futures.Future[None]] = set()
         self._stopped = False
 
@@ -108,16 +115,26 @@ class ThreadAcks:
             if self._stopped:
                 self._slots.release()
                 raise _closed()
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="popgate-ack")
-            future = self._pool.submit(self._logged, send, total)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="popgate-ack", daemon=True)
+                self._thread.start()
+                atexit.register(self.stop)
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._futures.add(future)
+            self._queue.put((future, send, total))
         future.add_done_callback(self._ended)
 
     def _ended(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.discard(future)
         self._slots.release()
+
+    def _run(self) -> None:
+        while (queued := self._queue.get()) is not None:
+            future, send, total = queued
+            if future.set_running_or_notify_cancel():  # False: cancelled by `stop` while queued
+                self._logged(send, total)
+                future.set_result(None)
 
     def _logged(self, send: Callable[[], Failures], total: int) -> None:
         try:
@@ -129,13 +146,18 @@ class ThreadAcks:
 
     def stop(self) -> None:
         """Refuse new ones; wait for those queued or under way, at most CLOSE_WAIT_S, then cancel the queued rest
-        (the one under way ends within its deadline, on its own)."""
+        (the one under way ends within its deadline, on its own, or with the interpreter)."""
         with self._lock:
             self._stopped = True
-            pool, self._pool = self._pool, None
+            thread, self._thread = self._thread, None
             futures = list(self._futures)
-        if pool is None:
+        if thread is None:
             return
+        atexit.unregister(self.stop)
         _, left = concurrent.futures.wait(futures, timeout=CLOSE_WAIT_S)
         _log_left(self._log, len(left))
-        pool.shutdown(wait=not left, cancel_futures=True)  # its thread ends now, or after the call under way
+        for future in left:
+            future.cancel()
+        self._queue.put(None)  # the thread ends after the one under way
+        if not left:
+            thread.join()

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from popgate_pb.v2 import service_pb2 as pb
@@ -116,3 +119,25 @@ async def test_close_waits_at_most_close_wait_s_then_cancels(
     with caplog.at_level(logging.WARNING, logger="popgate.aio"):
         await asyncio.wait_for(consumer.close(), 2)
     assert "1 ack call(s) not waited for were still under way" in caplog.text
+
+
+EXIT_SCRIPT = """
+import time
+from popgate import _acks
+import logging
+_acks.CLOSE_WAIT_S = 0.5
+acks = _acks.ThreadAcks(logging.getLogger("t"))
+for _ in range(3):
+    acks.start(lambda: time.sleep(30) or [], 1)  # each an ack retrying against a proxy gone
+print("queued", flush=True)
+"""
+
+
+def test_an_unclosed_consumers_acks_hold_exit_up_at_most_the_close_wait() -> None:
+    """A script that queued acks not waited for and ends without closing its consumer exits once they were waited
+    for as close() would (CLOSE_WAIT_S, here 0.5 s), not after every queued ack's retries."""
+    started = time.monotonic()
+    child = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=20)
+    assert (child.returncode, child.stdout) == (0, "queued\n")
+    assert time.monotonic() - started < 10
+    assert "3 ack call(s) not waited for were still under way" in child.stderr
