@@ -139,7 +139,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
     async def _give_back_later(self, messages: list[Message]) -> None:
         """`_give_back` in a task of its own (the caller is being cancelled), held until done and awaited by
         `close` and by the loop's shutdown."""
-        if not messages or self._closed:
+        if not messages or self._channel is None:  # closed (or never connected)
             return
         task = asyncio.ensure_future(self._give_back(messages))
         self._giving_back.add(task)
@@ -159,8 +159,9 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             await self._given_back()
 
     async def _given_back(self) -> None:
-        """Wait for the give-backs running in the background (each ends within its deadline)."""
-        if self._giving_back:
+        """Wait for the give-backs running in the background (each ends within its deadline), those started
+        meanwhile (messages of answers nobody waits for) included."""
+        while self._giving_back:
             await asyncio.wait(self._giving_back)
 
     async def _give_back(self, messages: list[Message]) -> None:
@@ -176,10 +177,10 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         log_give_back_failures(log, answers)
 
     def _orphaned(self, messages: list[Any]) -> None:
-        if not self._closed:  # once closed, the proxy gives back what the closed stream left unanswered
-            task = asyncio.ensure_future(self._give_back_later([_wire.from_v2(m) for m in messages]))
-            self._giving_back.add(task)
-            task.add_done_callback(self._giving_back.discard)
+        # Until the Session's close begins (it hands none after), close() included: close waits for these.
+        task = asyncio.ensure_future(self._give_back_later([_wire.from_v2(m) for m in messages]))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     async def _change_invisible(
         self, request: pb.ChangeInvisibleDurationRequest, within_s: float

@@ -215,7 +215,9 @@ class Session:
         convert: Callable[[grpc.RpcError], errors.PopgateError],
         orphaned: Callable[[list[v2.Message]], None] | None = None,
     ) -> None:
-        self._waiting = Waiting(orphaned)
+        self._orphaned = orphaned
+        self._waiting = Waiting(self._orphan if orphaned is not None else None)
+        self.closing = False  # once `close` began: the proxy gives back what the closed stream left unanswered
         self._convert = convert
         self._outbox = Outbox()
         self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
@@ -266,6 +268,12 @@ class Session:
         finally:
             timer.cancel()
 
+    def _orphan(self, messages: list[v2.Message]) -> None:
+        # Handed to be given back until the stream's close begins, the client's close() included —
+        # tests/unit/sdk/test_give_back.py::test_a_receive_answered_after_its_cancel_as_close_gives_back_is_given_back.
+        if not self.closing and self._orphaned is not None:
+            self._orphaned(messages)
+
     def _timed_out(self, request_id: int, future: asyncio.Future[Any], timeout: float) -> None:
         if self._drop(request_id) and not future.done():
             future.set_exception(errors.Timeout(f"no answer within {timeout:g} s", code_name="DEADLINE_EXCEEDED"))
@@ -310,6 +318,7 @@ class Session:
 
     async def close(self) -> None:
         """End the stream; requests still pending fail with a non-retriable Unavailable."""
+        self.closing = True
         self._end(errors.Unavailable("the client is closed", retriable=False))
         self._call.cancel()
         for task in self._tasks:

@@ -170,6 +170,8 @@ class SessionChannel:
         self.written: list[ext.SessionRequest] = []
         self.wrote = asyncio.Event()
         self.on_status: Any = None
+        self.release = asyncio.Event()  # held until set: the answers to give-backs over the stream
+        self.held: list[asyncio.Future[None]] = []
 
     def stream_stream(self, method: str, **_: Any) -> Any:
         self.opened += 1
@@ -182,6 +184,14 @@ class SessionChannel:
         request = ext.SessionRequest.FromString(message)
         self.written.extend([request, *request.more])
         self.wrote.set()
+        for one in (request, *request.more):
+            if one.WhichOneof("body") == "change_invisible":
+                self.held.append(asyncio.ensure_future(self._answer_give_back(one)))
+
+    async def _answer_give_back(self, request: ext.SessionRequest) -> None:
+        await self.release.wait()
+        answer = self.fake.ChangeInvisibleDuration(request.change_invisible)
+        self.answers.put_nowait(ext.SessionResponse(id=request.id, change_invisible=answer))
 
     async def read(self) -> Any:
         response = await self.answers.get()
@@ -244,3 +254,37 @@ async def test_a_batch_answered_as_close_begins_is_given_back_on_one_stream() ->
     await asyncio.wait_for(asyncio.gather(*closes), 2)
     assert yielded == [] and channel.opened == 1
     assert given_back(fake) == IDS
+
+
+async def test_a_receive_answered_after_its_cancel_as_close_gives_back_is_given_back() -> None:
+    """A receive is cancelled before its answer; close() begins, giving back what an iteration had not yielded over
+    the stream; the cancelled receive's answer comes meanwhile: its messages are given back too, before the close
+    ends."""
+    fake = FakeStub()
+    channel = SessionChannel(fake)
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._channel = channel  # type: ignore[assignment]
+    consumer._stub_ = channel
+    iteration = aiter(consumer)
+    first = asyncio.ensure_future(anext(iteration))
+    await asyncio.wait_for(channel.wrote.wait(), 2)
+    for response in session_answer(fake, channel.written[0].id, IDS):
+        channel.answers.put_nowait(response)
+    assert (await asyncio.wait_for(first, 2)).message_id == "m0"  # m1..m3 not yielded yet
+    channel.wrote.clear()
+    receive = asyncio.ensure_future(consumer.receive())
+    await asyncio.wait_for(channel.wrote.wait(), 2)
+    [receive_id] = [r.id for r in channel.written[1:] if r.WhichOneof("body") == "receive"]
+    receive.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await receive
+    closing = asyncio.ensure_future(consumer.close())
+    while len(channel.held) < 3:  # the iteration's rest, given back over the stream: answers held
+        await asyncio.wait_for(channel.wrote.wait(), 2)
+        channel.wrote.clear()
+    for response in session_answer(fake, receive_id, ["m4", "m5"]):  # the cancelled receive's answer
+        channel.answers.put_nowait(response)
+    channel.release.set()  # read after that answer
+    await asyncio.wait_for(closing, 2)
+    await iteration.aclose()
+    assert given_back(fake) == [*IDS[1:], "m4", "m5"]
