@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 
@@ -60,6 +61,8 @@ from popgate_contract.errors import (
     TooManyRequests,
     TopicNotFound,
 )
+
+log = logging.getLogger(__name__)
 
 
 class BrokerCore:
@@ -195,6 +198,13 @@ class BrokerCore:
         for record in records:
             topic_log = self.topics.get(record.topic)
             if topic_log is None:  # deleted while its Send was being committed (broker.admin.delete_topic)
+                continue
+            if record.queue_id >= len(topic_log.queues):  # the send path appends none (send.remembered_queue)
+                # Logged; the batch's other records are announced all the same — tests/unit/broker/test_arrival.py::
+                # test_a_record_of_a_queue_the_topic_lacks_hides_no_other_record_of_its_batch
+                log.error(
+                    "committed %s/%s/%s: the topic has no such queue", record.topic, record.queue_id, record.offset
+                )
                 continue
             queue = topic_log.queues[record.queue_id]
             queue.append(record)

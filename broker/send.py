@@ -61,6 +61,15 @@ def _expand(shared: pb.Message, body: bytes, message_id: str) -> pb.Message:
     return m
 
 
+def remembered_queue(topic: TopicLog, queue_id: int) -> int:
+    """The queue a message chosen for `queue_id` when it was sent (scheduled, or a transaction's half message) is
+    appended to now: that queue while the topic has it, else the topic's choice for a new message (the topic was
+    deleted and made again with fewer queues meanwhile) — tests/unit/broker/test_schedule.py::
+    test_a_message_due_in_a_topic_made_again_with_fewer_queues_goes_to_a_queue_it_has and
+    tests/unit/broker/test_transactions.py::test_a_half_committed_into_a_topic_made_again_with_fewer_queues_is_delivered."""
+    return queue_id if queue_id < len(topic.queues) else topic.pick_queue()
+
+
 class SendPath:
     def __init__(self, settings: BrokerSettings, store: Store, topics: dict[str, TopicLog], *, clock: Clock) -> None:
         self.settings = settings
@@ -377,8 +386,8 @@ class SendPath:
         ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
         appends = []
         for r in rows:
-            self.topic_for_send(r.topic, ops, force=True)
-            appends.append(NewMessage(r.topic, r.queue_id, self.clock.now_ms(), r.tag, r.payload))
+            queue_id = remembered_queue(self.topic_for_send(r.topic, ops, force=True), r.queue_id)
+            appends.append(NewMessage(r.topic, queue_id, self.clock.now_ms(), r.tag, r.payload))
         await self.submit(appends, ops)
         for r in rows:
             self.forget_scheduled(r.schedule_id)

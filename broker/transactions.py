@@ -32,7 +32,7 @@ from popgate_pb import broker_pb2 as pb
 
 from broker.clock import Clock
 from broker.inflight import tokens
-from broker.send import SendPath
+from broker.send import SendPath, remembered_queue
 from broker.settings import BrokerSettings
 from broker.store import DeleteHalf, NewMessage, Op, PutHalf, SetHalfCheck
 from broker.txcheck import CheckSchedule, Half
@@ -148,8 +148,8 @@ class Transactions:
                 if not rows:
                     raise InvalidTransactionId("the half message is not stored any more")
                 ops: list[Op] = []
-                self.sends.topic_for_send(half.topic, ops, force=True)
-                append = NewMessage(half.topic, half.queue_id, self.clock.now_ms(), half.tag, rows[0].payload)
+                queue_id = remembered_queue(self.sends.topic_for_send(half.topic, ops, force=True), half.queue_id)
+                append = NewMessage(half.topic, queue_id, self.clock.now_ms(), half.tag, rows[0].payload)
                 committed = self.sends.submit([append], [*ops, DeleteHalf(half.half_id)])
             else:
                 committed = self.sends.submit([], [DeleteHalf(half.half_id)])

@@ -18,6 +18,7 @@ from broker.__main__ import sweep_forever
 from broker.core import BrokerCore
 from broker.longpoll import Kind
 from broker.model import PopResult
+from broker.store import Record
 from tests.unit.broker.cores import ManualClock, broker
 
 POLL_MS = 20_000  # how long a request is held: without a wake it is still held long after ANSWER_S
@@ -183,3 +184,11 @@ async def test_a_fifo_release_wakes_a_filter_that_matches_only_past_a_pops_batch
         await asyncio.wait_for(held(core, pops=1, notifications=0), 5)
         await core.ack("t", "g", [first.messages[0].handle])
         assert bodies(await asyncio.wait_for(waiting, ANSWER_S)) == [b"m3"]
+
+
+async def test_a_record_of_a_queue_the_topic_lacks_hides_no_other_record_of_its_batch(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data", queues_per_topic=2) as (core, _):
+        await core.create_topics(["t"])
+        payload = pb.Message(topic="t", body=b"ok").SerializeToString()
+        core.arrived([Record("t", 7, 0, 0, None, b"lost"), Record("t", 1, 0, 0, None, payload)])
+        assert bodies(await core.pop("t", "g", "*", 32, INVISIBLE_MS, 0)) == [b"ok"]

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.clock import WallClock
 from broker.core import BrokerCore
 from broker.schedule import DELAY_LEVELS_S, ScheduledDelivery, ScheduleIndex, due_time_ms
@@ -23,9 +24,10 @@ from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from broker.store import DeleteScheduled, NewMessage, Op, Record
 from popgate_contract.errors import IllegalDeliveryTime, StoreUnavailable
-from tests.unit.broker.cores import ManualClock
+from tests.unit.broker.cores import ManualClock, broker
 
 DAY = 24 * 3600 * 1000
+NOW = 1_800_000_000_000
 
 
 def test_due_time_from_level_timestamp_or_now() -> None:
@@ -231,3 +233,28 @@ async def test_delivery_stays_blocked_while_any_batch_is_past_its_retries() -> N
     await sched.close()
     assert not sched.blocked and sched.stats.blocked_s > 0
     assert delivered == [1, 2, 3]
+
+
+async def test_a_message_due_in_a_topic_made_again_with_fewer_queues_goes_to_a_queue_it_has(tmp_path: Path) -> None:
+    """Scheduled into queue 7 of 8; the topic deleted before it is due and made again by the delivery with
+    --queues-per-topic (4) queues: it and the rest of its batch are consumable at once, and so are later Sends."""
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock, queues_per_topic=4) as (core, _):
+        await admin.create_topic(core, pb.CreateTopicRequest(topic="t", queues=8), pb.CreateTopicResponse())
+        await core.send([pb.Message(topic="t", body=b"late", deliver_at_ms=NOW + 1000, queue_id=7)])
+        await core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=NOW + 2000)])
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        clock.now = NOW + 5000
+        core.scheduler.added(NOW + 1000)
+        await until(lambda: len(core.schedule) == 0 and core.scheduler.in_flight == 0)
+        assert len(core.topics["t"].queues) == 4
+        assert sorted(await popped(core)) == [b"late", b"later"]
+        await core.send([pb.Message(topic="t", body=b"plain%d" % i) for i in range(4)])
+        assert sorted(await popped(core)) == [b"plain0", b"plain1", b"plain2", b"plain3"]
+    async with broker(tmp_path, clock=clock, queues_per_topic=4) as (core, _):
+        assert len(core.topics["t"].queues) == 4
+
+
+async def popped(core: BrokerCore, topic: str = "t") -> list[bytes]:
+    result = await core.pop(topic, "g", "*", 32, 30_000, 0)
+    return [pb.Message.FromString(m.payload).body for m in result.messages]

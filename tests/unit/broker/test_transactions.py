@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.core import BrokerCore
 from broker.txcheck import CheckSchedule, Half
 from popgate_contract.errors import BadRequest, InvalidTransactionId
@@ -166,3 +167,15 @@ async def test_a_resend_while_the_first_end_commits_waits_for_it(tmp_path: Path)
         await core.transactions.end("t", tid, commit=True)
         await first
         assert await bodies(core) == [b"c"]
+
+
+async def test_a_half_committed_into_a_topic_made_again_with_fewer_queues_is_delivered(tmp_path: Path) -> None:
+    """Sent to queue 7 of 8; the topic deleted before the commit, which makes it again with 4 queues."""
+    async with broker(tmp_path, queues_per_topic=4) as (core, _):
+        await admin.create_topic(core, pb.CreateTopicRequest(topic="t", queues=8), pb.CreateTopicResponse())
+        (sent,) = await core.send([pb.Message(topic="t", body=b"h", transactional=True, queue_id=7)])
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        await core.transactions.end("t", sent.transaction_id, commit=True)
+        assert len(core.topics["t"].queues) == 4 and await bodies(core) == [b"h"]
+        await core.send([pb.Message(topic="t", body=b"p%d" % i) for i in range(4)])
+        assert sorted(await bodies(core)) == [b"p0", b"p1", b"p2", b"p3"]
