@@ -51,13 +51,17 @@ def due_time_ms(now_ms: int, *, deliver_at_ms: int, delay_level: int, max_delay_
 
 class ScheduleIndex:
     """Due times of scheduled messages, earliest first (pure). A message recalled (`remove`) leaves at once; its
-    heap entry is dropped when it comes to the top."""
+    heap entry is dropped when it comes to the top, or when such entries are more than half of the heap (the heap
+    is rebuilt of the waiting ones, amortized O(1) a removal), so recalled messages do not stay in memory until
+    their due time — tests/unit/broker/test_schedule.py::
+    test_recalled_entries_do_not_stay_in_memory_until_their_due_time."""
 
     def __init__(self) -> None:
         self._heap: list[Entry] = []
         self._waiting: set[int] = set()  # schedule ids in the heap, neither taken nor removed
-        # The largest due time in the heap. Entries leave only from the minimum, so it stays exact:
-        # when the maximum itself leaves, every entry left has that same due time.
+        # The largest due time in the heap. Entries leave only from the minimum, or all but the waiting ones at
+        # once (`_compact`, which sets it again), so it stays exact: when the maximum itself leaves from the
+        # minimum, every entry left has that same due time.
         self._max_due = 0
 
     def __len__(self) -> int:
@@ -74,6 +78,15 @@ class ScheduleIndex:
 
     def remove(self, schedule_id: int) -> None:
         self._waiting.discard(schedule_id)
+        if 2 * len(self._waiting) < len(self._heap):  # removed entries are more than half of the heap
+            self._compact()
+
+    def _compact(self) -> None:
+        """The heap of the waiting entries only (once each: a message recalled and added back may have two)."""
+        live = {sid: due for due, sid in self._heap if sid in self._waiting}
+        self._heap = [(due, sid) for sid, due in live.items()]
+        heapq.heapify(self._heap)
+        self._max_due = max(live.values(), default=0)
 
     def _drop_removed(self) -> None:
         heap = self._heap
@@ -96,8 +109,7 @@ class ScheduleIndex:
         return out
 
     def count_due(self, now_ms: int) -> int:
-        """Entries due at ``now_ms``, visiting only those (O(due)), not the whole schedule (a removed entry counts
-        until it reaches the top).
+        """Waiting entries due at ``now_ms``, visiting only the due ones (O(due)), not the whole schedule.
 
         A heap entry is never due earlier than its parent, so the due entries form a subtree at the
         root: walk it, descending only into due children. When everything is due, the answer is O(1).
@@ -106,14 +118,15 @@ class ScheduleIndex:
         n = len(heap)
         if not n or heap[0][0] > now_ms:
             return 0
+        waiting = self._waiting
         if self._max_due <= now_ms:
-            return n
+            return len(waiting)
         count = 0
         stack = [0]
         pop, push = stack.pop, stack.append
         while stack:
             i = pop()
-            count += 1
+            count += heap[i][1] in waiting  # not a removed entry
             child = 2 * i + 1
             if child < n and heap[child][0] <= now_ms:
                 push(child)

@@ -7,6 +7,7 @@ Store interface (a wrapper that fails or stalls the commits that deliver schedul
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from tests.unit.broker.cores import ManualClock, broker
 
 DAY = 24 * 3600 * 1000
 NOW = 1_800_000_000_000
+HOUR = 3600 * 1000
 
 
 def test_due_time_from_level_timestamp_or_now() -> None:
@@ -58,11 +60,12 @@ def test_index_gives_due_entries_earliest_first() -> None:
     assert len(index) == 1 and index.count_due(39) == 0
 
 
-# An operation on the index: ("add", due) or ("take", now, limit).
+# An operation on the index: ("add", due), ("take", now, limit) or ("remove", which of the waiting entries).
 index_ops = st.lists(
     st.one_of(
         st.tuples(st.just("add"), st.integers(0, 200)),
         st.tuples(st.just("take"), st.integers(-5, 205), st.integers(1, 20)),
+        st.tuples(st.just("remove"), st.integers(0, 10_000)),
     ),
     max_size=300,
 )
@@ -73,17 +76,41 @@ def test_count_due_equals_a_scan_of_every_entry(
     ops: list[tuple[str, int] | tuple[str, int, int]], nows: list[int]
 ) -> None:
     index = ScheduleIndex()
-    model: list[int] = []  # due times of the entries still in the index
+    model: dict[int, int] = {}  # schedule id -> due time of the entries still waiting in the index
     for n, op in enumerate(ops):
         if op[0] == "add":
             index.add(op[1], n)
-            model.append(op[1])
-        else:
-            for due, _ in index.take_due(op[1], op[2]):
-                model.remove(due)
-        for now in [*nows, min(model, default=0), max(model, default=0)]:
-            assert index.count_due(now) == sum(1 for due in model if due <= now)
+            model[n] = op[1]
+        elif op[0] == "take":
+            for due, sid in index.take_due(op[1], op[2]):
+                assert model.pop(sid) == due
+        elif model:  # a recall
+            sid = sorted(model)[op[1] % len(model)]
+            index.remove(sid)
+            del model[sid]
+        dues = model.values()
+        for now in [*nows, min(dues, default=0), max(dues, default=0)]:
+            assert index.count_due(now) == sum(1 for due in dues if due <= now)
+        assert index.next_due() == min(dues, default=None)
     assert len(index) == len(model)
+
+
+def test_recalled_entries_do_not_stay_in_memory_until_their_due_time() -> None:
+    """The timeout pattern: each message scheduled an hour ahead and recalled when its work is done."""
+    index = ScheduleIndex()
+    index.add(HOUR - 1000, 0)  # one not recalled, due first
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for sid in range(1, 20_001):
+            index.add(HOUR + sid, sid)
+            index.remove(sid)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000, f"{grown / 20_000:.0f} B kept per recalled message"
+    assert index.count_due(HOUR + 30_000) == 1 and len(index) == 1
+    assert index.take_due(HOUR + 30_000, 10) == [(HOUR - 1000, 0)]
 
 
 class FlakyStore:
