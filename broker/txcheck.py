@@ -59,8 +59,25 @@ class CheckSchedule:
             heapq.heappush(self._due.setdefault(half.topic, []), (half.next_check_ms, half.half_id))
 
     def remove(self, half_id: int) -> None:
-        """Resolved (committed, rolled back): its heap entries are dropped when they come up."""
+        """Resolved (committed, rolled back): its heap entries are dropped when they come up, or all at once when
+        such entries are most of the heaps (rebuilt of the halves left, amortized O(1) a removal), so resolved
+        half messages do not stay in memory until their checks would have ended — test_transactions.py::
+        test_resolved_half_messages_leave_the_check_schedules_memory_early."""
         self._halves.pop(half_id, None)
+        if 2 * len(self._halves) < len(self._expiry):
+            self._compact()
+
+    def _compact(self) -> None:
+        """The heaps of the halves left only: each one's expiry and, before its last check, its next check."""
+        self._expiry = [(half.expire_ms, half_id) for half_id, half in self._halves.items()]
+        heapq.heapify(self._expiry)
+        due: dict[str, list[tuple[int, int]]] = {}
+        for half_id, half in self._halves.items():
+            if half.checks < self.max_checks:
+                due.setdefault(half.topic, []).append((half.next_check_ms, half_id))
+        for heap in due.values():
+            heapq.heapify(heap)
+        self._due = due
 
     def due(self, topics: Iterable[str], now_ms: int, limit: int) -> list[Half]:
         """Up to `limit` half messages of these topics whose check is due, earliest first; not busy, not past

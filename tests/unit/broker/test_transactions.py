@@ -39,6 +39,19 @@ def test_checks_start_after_the_immunity_come_once_per_interval_and_expire_after
     assert schedule.expired(NOW + 5000) == [half]
 
 
+def test_resolved_half_messages_leave_the_check_schedules_memory_early() -> None:
+    """Half messages committed within their immunity (the usual case) go from the schedule's heaps as they are
+    resolved, not when their checks would have ended (minutes later); the one left keeps its checks."""
+    schedule = CheckSchedule(immunity_ms=6000, interval_ms=30_000, max_checks=15)
+    for half_id in range(1, 10_001):
+        schedule.add(Half(half_id, 7, "t", 0, None, NOW, 0, NOW + 6000))
+    for half_id in range(2, 10_001):
+        schedule.remove(half_id)
+    assert len(schedule._expiry) < 10 and sum(map(len, schedule._due.values())) < 10  # noqa: SLF001
+    (half,) = schedule.due(["t"], NOW + 6000, 10)
+    assert half.half_id == 1 and schedule.expired(NOW + 456_000) == [half]
+
+
 def test_a_half_message_nobody_checks_expires_when_its_checks_would_have_ended() -> None:
     schedule = CheckSchedule(immunity_ms=1000, interval_ms=2000, max_checks=3)
     schedule.add(Half(1, 7, "t", 0, None, NOW, 0, NOW + 1000))
