@@ -151,9 +151,11 @@ def _born_ms(born: Timestamp) -> int:
     """Unset, a born_timestamp reads as 0 s: a time, and born_ms 0, what the broker takes for an unset one —
     tests/unit/proxy/test_v2_edge.py::test_empty_tag_or_group_is_refused_other_defaults_store_as_unset."""
     born_s, born_ns = born.seconds, born.nanos
-    if not 0 <= born_s <= _MAX_TIMESTAMP_S:
-        raise errors.BadRequest(f"born_timestamp {born_s} s is not a time (0..{_MAX_TIMESTAMP_S} s)")
-    return born_s * 1000 + born_ns // 1_000_000 if born_ns > 0 else born_s * 1000
+    if not 0 <= born_s <= _MAX_TIMESTAMP_S or not 0 <= born_ns < 1_000_000_000:
+        raise errors.BadRequest(
+            f"born_timestamp {born_s} s {born_ns} ns is not a time (0..{_MAX_TIMESTAMP_S} s, nanos 0..999999999)"
+        )
+    return born_s * 1000 + born_ns // 1_000_000
 
 
 def _deliver_at_ms(props: v2.SystemProperties, group: str, limits: SendLimits, now_s: float) -> int:

@@ -235,9 +235,13 @@ async def test_a_session_receive_may_ask_for_joined_receives_and_a_v2_one_for_ma
             build_request(call, request, max_fifo=max_fifo)
 
 
-def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error() -> None:
+@pytest.mark.parametrize(("seconds", "nanos"), [(2**62, 0), (253402300799, 1_000_000_000), (1_764_000_000, -5)])
+def test_a_born_timestamp_that_is_no_time_is_a_bad_request_not_an_internal_error(seconds: int, nanos: int) -> None:
+    """Out of range nanos too: added as whole seconds they stored a time 1 s past the last valid Timestamp, which a
+    consumer's protobuf refuses to read."""
     message = client_message()
-    message.system_properties.born_timestamp.seconds = 2**62
+    message.system_properties.born_timestamp.seconds = seconds
+    message.system_properties.born_timestamp.nanos = nanos
     with pytest.raises(errors.BadRequest, match="born_timestamp"):
         to_broker(message, LIMITS, now_s=NOW)
 
@@ -310,7 +314,7 @@ def test_empty_tag_or_group_is_refused_other_defaults_store_as_unset() -> None:
     assert to_broker(defaults, LIMITS, now_s=NOW) == plain
     fifo = client_message(message_group="g", born_host="h" * 300)
     fifo.system_properties.delivery_timestamp.SetInParent()  # 0 s: due at once, not a delay
-    fifo.system_properties.born_timestamp.nanos = -5  # before the second: born on it
+    fifo.system_properties.born_timestamp.nanos = 999_999  # under a millisecond: born on the second
     fifo.system_properties.born_timestamp.seconds = 7
     assert to_broker(fifo, LIMITS, now_s=NOW) == bpb.Message(
         topic="t",
