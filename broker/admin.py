@@ -129,6 +129,8 @@ def forget_topic(core: BrokerCore, topic: str) -> int:
     core.consumers.forget_topic(topic)
     core.messages_in.pop(topic, None)
     core.bytes_in.pop(topic, None)
+    core.retention.deleted.pop(topic, None)  # its series goes with the others (test_retention.py::
+    # test_a_deleted_topic_leaves_no_series_behind)
     return ended
 
 

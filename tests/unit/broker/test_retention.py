@@ -391,3 +391,19 @@ async def test_a_cut_chosen_before_its_topic_was_deleted_and_made_again_is_not_a
     async with broker(tmp_path, clock=clock, **settings(retention_s=0.0)) as (core, _):
         queue = core.topics["t"].queues[0]
         assert (queue.min_offset, queue.max_offset) == (0, 1000)
+
+
+async def test_a_deleted_topic_leaves_no_series_behind(tmp_path: Path, clock: ManualClock) -> None:
+    """A topic deleted takes its series with it, its retention count too (a topic made again counts from 0, as
+    every other family of it does)."""
+    async with broker(tmp_path, clock=clock, **settings()) as (core, _):
+        for _ in range(3):
+            await send(core, 2)
+        clock.now = T0 + 2 * HOUR_MS
+        await send(core, 2)
+        assert await core.retention.run(T0 + HOUR_MS + 1) == 6
+        metrics = BrokerMetrics()
+        metrics.watch(core)
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        left = [line for line in generate_latest(metrics.registry).decode().splitlines() if 'topic="t"' in line]
+    assert left == []
