@@ -37,6 +37,11 @@ from popgate_process.export import ExportSettings, MetricsExporter
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 8192
+# A scraper that does not read its page within this long is dropped (each connection holds its own copy of the
+# page, up to ~12 MB on a broker near its limits), and no more than MAX_CONNECTIONS are served at once: the ones
+# past it are closed unanswered — tests/integration/process/test_metrics_http.py.
+WRITE_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 32
 BUILD_INFO_HELP = "Always 1: the popgate, Python and grpcio versions this process runs"
 
 
@@ -46,6 +51,7 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
         self._rendering = asyncio.Lock()  # one exposition at a time: concurrent scrapes each held a copy
         self.address = ""
+        self.connections = 0  # being served now
 
     async def start(self, listen: str) -> str:
         host, _, port = listen.rpartition(":")
@@ -55,6 +61,16 @@ class MetricsServer:
         return self.address
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.connections >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self.connections += 1
+        try:
+            await self._answer(reader, writer)
+        finally:
+            self.connections -= 1
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
             if len(head) > MAX_REQUEST_BYTES:
@@ -75,8 +91,10 @@ class MetricsServer:
                 "Connection: close\r\n\r\n".encode()
                 + (b"" if method == "HEAD" else body)  # HEAD: the GET's headers, no body
             )
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, ConnectionError):
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+        except TimeoutError:
+            writer.transport.abort()  # what it did not read is dropped, not kept for a close that never flushes
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
             pass
         except Exception:  # a scrape must never take the process down
             log.exception("metrics request failed")
