@@ -36,7 +36,7 @@ from proxy.receive.coverage import (
     Unwatch,
     Watch,
 )
-from proxy.receive.seam import MIN_ATTEMPT_S, EndsReceives, OnClose, ReceiveRequest, ReceiveResult
+from proxy.receive.seam import IMMEDIATE_TIMEOUT_S, MIN_ATTEMPT_S, EndsReceives, OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
 
 FAILED_LAST_S = 5.0  # a broker whose Pop for a topic just failed is tried last for it this long
@@ -196,6 +196,13 @@ class LongPollStrategy:
                 if not response.messages and not waits:
                     answered = True
                     continue
+                if not response.messages and not response.held and poll_end - loop.time() > MIN_ATTEMPT_S:
+                    # Not held, with poll time left: the broker is stopping (it answers what it holds at once). The
+                    # next broker is asked for the time left, as when a broker is down — test_coupled.py::
+                    # test_a_long_poll_a_stopping_broker_ends_at_once_goes_on_at_the_next_broker
+                    self._failed_now(request.topic, client, loop.time(), broker_failed=True)
+                    answered = True
+                    continue
                 return self._result(client, call, response)
             if answered or request.deadline - loop.time() <= MIN_ATTEMPT_S:
                 return ReceiveResult([], "empty")  # nothing anywhere, or the client's time is up: not an error
@@ -213,7 +220,10 @@ class LongPollStrategy:
             return None
         poll_s = max(0.0, min(poll_end - now, remaining))
         poll_ms = round(poll_s * 1000)
-        timeout = max(MIN_ATTEMPT_S, min(poll_s + self._timeout, remaining))
+        # Poll 0 as in notify mode: a hung broker is passed over in IMMEDIATE_TIMEOUT_S, not the whole broker timeout
+        # (test_coupled.py::test_a_pop_that_does_not_wait_passes_a_hung_broker_over_in_its_short_timeout).
+        timeout = min(poll_s + self._timeout, remaining) if poll_ms > 0 else min(self._timeout, IMMEDIATE_TIMEOUT_S)
+        timeout = max(MIN_ATTEMPT_S, min(timeout, remaining))
         return client.begin_pop(request.pop_request(poll_ms), timeout_s=timeout), poll_ms > 0
 
     @staticmethod

@@ -21,10 +21,8 @@ from popgate_contract.errors import BrokerFailure, DomainError
 from proxy.ports import BrokerClient, HeldPop, HeldPops, Metrics, NoMetrics
 from proxy.receive.notify import NotifyRun, Phase
 from proxy.receive.notify_commands import AwaitUp, Cancel, Command, Finish, Notify, PassOn, Pop, Rewatch
-from proxy.receive.seam import EndsReceives, OnClose, ReceiveRequest, ReceiveResult
+from proxy.receive.seam import IMMEDIATE_TIMEOUT_S, EndsReceives, OnClose, ReceiveRequest, ReceiveResult
 from proxy.routing import BrokerPool
-
-IMMEDIATE_TIMEOUT_S = 0.5  # a Pop or Notification with poll 0 (the first Pop, one after has_message, the last look)
 
 
 class _Run:

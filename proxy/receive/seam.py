@@ -20,6 +20,9 @@ from popgate_pb import broker_pb2 as bpb
 
 R = TypeVar("R")
 MIN_ATTEMPT_S = 0.05  # less time than this left: no further broker attempt, and a broker call gets at least this
+# A broker call that does not wait (poll 0) gets at most this long (or the broker timeout if shorter): a broker hung
+# but not yet failed by its health checks then counts as failed and the receive asks the next one in its time.
+IMMEDIATE_TIMEOUT_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 from prometheus_client import CollectorRegistry
@@ -172,3 +173,55 @@ async def test_a_broker_that_failed_is_tried_first_again_once_its_health_checks_
 async def test_a_long_poll_answered_as_its_client_leaves_gives_the_messages_back() -> None:
     m1 = bpb.PopResponse(messages=[popped("b1", "m1")])
     assert await answered_as_the_client_leaves(LongPollStrategy, m1) == ["m1"]
+
+
+async def test_a_pop_that_does_not_wait_passes_a_hung_broker_over_in_its_short_timeout() -> None:
+    """A receive that does not wait asks the brokers in turn: one hung but not yet failed by its health checks
+    gets the short timeout of a call that does not wait, as in notify mode, not the whole broker timeout, so the
+    next broker's message still comes within the client's deadline."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    for name in ("b2", "b3"):
+        brokers[name].put(popped(name, f"m-{name}"))
+    asked: list[float] = []
+
+    def hung(request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        async def times_out() -> bpb.PopResponse:
+            await asyncio.sleep(timeout_s)
+            raise BrokerTimeout("broker b1 did not answer in time")
+
+        asked.append(timeout_s)
+        return asyncio.ensure_future(times_out())
+
+    brokers["b1"].begin_pop = hung  # type: ignore[method-assign]
+    strategy = LongPollStrategy(BrokerPool(brokers, first_turn=0), broker_timeout_s=3.0)
+    loop = asyncio.get_running_loop()
+    result = await strategy.receive(ReceiveRequest("t", "g", "*", 1, 30_000, 0.0, loop.time() + 3.0), asyncio.Event())
+    assert asked == [0.5] and ids(result) in (["m-b2"], ["m-b3"])
+
+
+async def test_a_long_poll_a_stopping_broker_ends_at_once_goes_on_at_the_next_broker() -> None:
+    """A broker stopping answers the Pops it holds at once, empty and not held: the receive goes on at the next
+    broker for its poll time left (a message sent there meanwhile is delivered), not an empty answer at once."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    stopping = {"b1"}
+    for name in NAMES:
+        real_pop = brokers[name].pop
+
+        async def pop(request: bpb.PopRequest, *, timeout_s: float, name: str = name, real: Any = real_pop) -> Any:
+            if name in stopping:
+                await asyncio.sleep(0.05)
+                return bpb.PopResponse(held=False)  # what a closing HoldService answers
+            return await real(request, timeout_s=timeout_s)
+
+        brokers[name].pop = pop  # type: ignore[method-assign]
+    strategy = LongPollStrategy(BrokerPool(brokers, first_turn=0), broker_timeout_s=1.0)
+    loop = asyncio.get_running_loop()
+    receive = asyncio.create_task(
+        strategy.receive(ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, loop.time() + 5.5), asyncio.Event())
+    )
+    await held_becomes(brokers, 1)  # held at the next broker
+    for broker in brokers.values():
+        if broker.held:
+            broker.put(popped(broker.name, "after"))
+    result = await asyncio.wait_for(receive, 5)
+    assert ids(result) == ["after"]
