@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
+from broker import arrival
 from broker.acks import Acks
 from broker.clock import Clock
 from broker.commits import StateCommits
@@ -44,7 +43,7 @@ from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.longpoll import HoldService, Kind, Outcome
 from broker.model import GroupQueueLag, PopResult, Sent
 from broker.pop import Pops, read_payloads
-from broker.readiness import Arrivals, Readiness, arrivals_by_queue, held_back, readable_arrivals
+from broker.readiness import Readiness
 from broker.recall import recall
 from broker.redelivery import Redelivery
 from broker.retention import Retention
@@ -61,8 +60,6 @@ from popgate_contract.errors import (
     TooManyRequests,
     TopicNotFound,
 )
-
-log = logging.getLogger(__name__)
 
 
 class BrokerCore:
@@ -89,7 +86,7 @@ class BrokerCore:
         self.consumers_seen = ConsumerRegistry()  # the live consumers proxies report (broker.admin)
         # Commits of the state of groups that looked at a topic before it existed, made when its first messages
         # arrived, by topic, until the Send that brought them waits for them (at most one per early-looked topic).
-        self._adoptions: dict[str, asyncio.Future[list[Record]]] = {}
+        self.adoptions: dict[str, asyncio.Future[list[Record]]] = {}
         self.commits = StateCommits(settings, store, self.groups)
         self.sends.purging = self.commits.purging  # one set: a topic whose purge is not committed is not made again
         self.redelivery = Redelivery(
@@ -181,9 +178,9 @@ class BrokerCore:
 
     async def send(self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = ()) -> list[Sent]:
         sent = await self.sends.send(messages, runs)
-        if self._adoptions:  # this Send created topics that groups had looked at: answered once their state is
+        if self.adoptions:  # this Send created topics that groups had looked at: answered once their state is
             for topic in {s.topic for s in sent}:  # recorded too (with --flush sync: committed), see `arrived`
-                if (adopted := self._adoptions.pop(topic, None)) is not None:
+                if (adopted := self.adoptions.pop(topic, None)) is not None:
                     await self.commits.record(adopted)
         return sent
 
@@ -192,49 +189,8 @@ class BrokerCore:
         return await recall(self.sends, topic, handle)
 
     def arrived(self, records: Sequence[Record]) -> None:
-        """ArrivalListener: committed messages become visible, and wake whoever can consume them."""
-        by_topic: dict[str, list[str | None]] = {}
-        fifo_topics: set[str] = set()  # topics with an arrival in a queue holding FIFO messages
-        for record in records:
-            topic_log = self.topics.get(record.topic)
-            if topic_log is None:  # deleted while its Send was being committed (broker.admin.delete_topic)
-                continue
-            if record.queue_id >= len(topic_log.queues):  # the send path appends none (send.remembered_queue)
-                # Logged; the batch's other records are announced all the same — tests/unit/broker/test_arrival.py::
-                # test_a_record_of_a_queue_the_topic_lacks_hides_no_other_record_of_its_batch
-                log.error(
-                    "committed %s/%s/%s: the topic has no such queue", record.topic, record.queue_id, record.offset
-                )
-                continue
-            queue = topic_log.queues[record.queue_id]
-            queue.append(record)
-            self.cache.add(queue, record.offset, record.payload)
-            by_topic.setdefault(record.topic, []).append(record.tag)
-            self.bytes_in[record.topic] = self.bytes_in.get(record.topic, 0) + len(record.payload)
-            if queue.fifo is not None:
-                fifo_topics.add(record.topic)
-        for topic in by_topic:
-            ops: list[Op] = []
-            self.consumers.adopt_early(topic, ops)
-            if ops:  # the Send that brought these waits for it (`send`): announced before that Send is answered
-                self._adoptions[topic] = self.commits.commit(ops)
-        for topic, tags in by_topic.items():
-            self.messages_in[topic] = self.messages_in.get(topic, 0) + len(tags)
-            log_ = self.topics[topic]
-            by_queue: Arrivals | None = None
-            counts: Counter[str | None] | None = None  # the arrival's tags, counted once for every group
-            for group in self.hold.groups_waiting(topic):
-                state = self.groups.get((group, topic))
-                ends = held_back(state, log_) if topic in fifo_topics and state is not None else None
-                if not ends:
-                    if counts is None:
-                        counts = Counter(tags)
-                    self.hold.arrived((topic, group), tags, counts)
-                    continue
-                # Held back by a FIFO message in flight: woken only for what it can read of the arrival.
-                if by_queue is None:
-                    by_queue = arrivals_by_queue(records, topic)
-                self.hold.arrived((topic, group), readable_arrivals(by_queue, ends))
+        """ArrivalListener: committed messages become visible, and wake whoever can consume them (broker.arrival)."""
+        arrival.announce(self, records)
 
     def _fifo_released(self, state: GroupTopic, queue_id: int) -> None:
         """A FIFO message of the queue was acked or dead-lettered: wake as many of the group's held requests as
