@@ -37,6 +37,7 @@ RUNS_KEY = "popgate-session-runs"
 # larger one would end the whole stream (every request on it failed, the broker taken for down): a request alone
 # past it is refused here, and joined messages stay well under it.
 MAX_BYTES_KEY = "popgate-session-max-bytes"
+SAID_WAIT_S = 1.0  # the longest a new stream's first write waits for the broker's initial metadata
 _ID = b"\x08"  # SessionRequest.id: field 1, a varint
 _MORE_TAG = varint(15 << 3 | 2)  # SessionRequest.more and SessionResponse.more: field 15, length-delimited
 # The writer sends the requests queued when it gets to them as one stream message, of at most this many bytes unless
@@ -79,6 +80,7 @@ class BrokerSession:
         self.reads_runs = False  # the broker said it stores a Send's runs (RUNS_KEY in its initial metadata)
         self._carry: int | bytes | None = None  # taken from the outbox, first in the next message (it did not fit)
         self._max_bytes = 0  # the largest stream message the broker takes (MAX_BYTES_KEY); 0: not said
+        self._said = asyncio.Event()  # the broker's initial metadata was read (or the stream ended first)
         self._write_bytes = MAX_WRITE_BYTES  # joined messages up to this many bytes
 
     @property
@@ -184,6 +186,12 @@ class BrokerSession:
             return
 
     async def _write_all(self) -> None:
+        # Nothing is written before the broker said what it takes (its size limit first: a message over it would end
+        # the stream) — tests/integration/broker/test_session.py::
+        # test_a_first_request_larger_than_the_broker_takes_fails_alone. A broker that says nothing when the stream
+        # opens (an older one: with its first answer) is written to after SAID_WAIT_S.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._said.wait(), SAID_WAIT_S)
         while True:
             item, self._carry = self._carry, None
             if item is None and (item := await self._outbox.get()) is None:
@@ -259,6 +267,7 @@ class BrokerSession:
             if (limit := str(said.get(MAX_BYTES_KEY, ""))).isdigit():
                 self._max_bytes = int(limit)
                 self._write_bytes = max(1, min(MAX_WRITE_BYTES, self._max_bytes // 2))  # room for the joins' tags
+            self._said.set()
             async for response in self._call:
                 self._answer(response)
                 for more in response.more:  # one level: `more` inside `more` is not read
@@ -266,6 +275,7 @@ class BrokerSession:
         except grpc.aio.AioRpcError as exc:
             error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
         finally:
+            self._said.set()
             self._broken = error
             never_sent = set(self._unwritten) - self._writing
             self._unwritten.clear()

@@ -217,3 +217,17 @@ async def test_a_request_larger_than_the_broker_takes_fails_alone(make_broker: o
         got = await asyncio.wait_for(held_pop, 10)
         assert [m.stored.message.body for m in got.messages] == [b"small"]
         await session.close()
+
+
+async def test_a_first_request_larger_than_the_broker_takes_fails_alone(make_broker: object) -> None:
+    """The broker's size limit comes with the stream's initial metadata: a new stream writes nothing before it,
+    so a first request over it is refused alone too, the stream going on for the next."""
+    broker: BrokerHandle = make_broker("b1", "--max-grpc-message-bytes", str(1024 * 1024))  # type: ignore[operator]
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        session = BrokerSession(channel=channel).open()
+        big = pb.SendRequest(messages=[pb.Message(topic="t", body=bytes(1_600_000))])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(session.send(big), 10)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not session.broken
+        await session.send(pb.SendRequest(messages=[pb.Message(topic="t", body=b"small")]))
+        await session.close()
