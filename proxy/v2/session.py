@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -49,6 +50,7 @@ MAX_WRITE_BYTES = 48 * 1024
 # that many tiny answers (refusals of a message of thousands of requests) are bounded by the memory they take —
 # tests/unit/proxy/test_session.py::test_a_message_of_many_refused_requests_stops_the_reading_at_the_outbox_bound.
 ANSWER_OVERHEAD = 160
+TAKE_TURN = 256  # a stream message's requests taken between two turns of the loop
 
 
 class RequestContext:
@@ -77,6 +79,7 @@ class RequestContext:
         status (the stream lost) is cancelled here, which gives its messages back —
         tests/integration/sdk/test_session.py::test_a_stream_closed_mid_receive_gives_its_messages_back."""
         session = self._session
+        final = isinstance(frame, receive.Joined)
         if isinstance(frame, receive.Joined):
             # Glued: the writer sends both in one stream message, whatever their size — the client gets both or
             # neither (test_session.py::test_a_receive_answer_and_its_status_come_in_one_message).
@@ -84,7 +87,28 @@ class RequestContext:
             frame = frame.status
         written = session._loop.create_future()
         session.answer(encoded(self._id, "receive", _serialized(frame)), written)
-        await written
+        if not final:
+            await written
+            return
+        try:
+            await asyncio.shield(written)
+        except asyncio.CancelledError:
+            await _written_anyway(written, session.writer_ended)
+
+
+async def _written_anyway(written: asyncio.Future[None], writer_ended: asyncio.Future[None]) -> None:
+    """A receive cut (the connection's age, the proxy stopping) once its last messages and OK status were queued: the
+    writer writes them all the same, the client reading the whole answer. So the cut waits for that write (as long
+    as the writer writes) and is undone when it went out: the messages are the client's, not given back as well —
+    tests/unit/proxy/test_session_cuts.py::test_a_receive_cut_as_its_answer_is_written_is_delivered_not_given_back."""
+    await asyncio.wait((written, writer_ended), timeout=WRITER_DRAIN_S, return_when=asyncio.FIRST_COMPLETED)
+    if written.done() and not written.cancelled():
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return
+    written.cancel()  # not written: dropped if still queued, and the receive gives its messages back
+    raise asyncio.CancelledError
 
 
 class StreamAccount(Authenticator):
@@ -157,6 +181,10 @@ class Session:
             "change_invisible": service.ChangeInvisibleDuration,
         }
         self.pending: dict[int, asyncio.Task[None]] = {}
+        # Requests cancelled (a cancel frame) whose task has not ended yet: they count against MAX_PENDING with the
+        # pending ones, so that "request, cancel" pairs cannot make tasks without bound —
+        # tests/unit/proxy/test_session_cuts.py::test_requests_cancelled_as_they_come_still_count_until_they_end.
+        self.cancelled: set[asyncio.Task[None]] = set()
         self.receives: set[int] = set()  # the ids in `pending` that are receives
         # Answers with, for a receive's frames, the future the writer resolves once grpc took it, and whether the
         # next answer goes in the same stream message (a receive's last frame and its status).
@@ -166,6 +194,7 @@ class Session:
         self.room = asyncio.Event()
         self.room.set()
         self._loop = asyncio.get_running_loop()
+        self.writer_ended: asyncio.Future[None] = self._loop.create_future()  # the stream's writer stopped
 
     def answer(self, response: bytes, written: asyncio.Future[None] | None = None, *, glued: bool = False) -> None:
         self.outbox_bytes += len(response) + ANSWER_OVERHEAD
@@ -186,6 +215,8 @@ class Session:
             self.receives.discard(request_id)
             if task is not None:
                 task.cancel()  # a receive cut off gives its messages back (receive.receive_message)
+                self.cancelled.add(task)
+                task.add_done_callback(self.cancelled.discard)
             return
         if request_id in self.pending:
             # Answers name their request by id alone: a reused one would be taken for the pending request's answer.
@@ -196,7 +227,7 @@ class Session:
         if kind is None:
             self.answer(refusal(request_id, None, errors.BadRequest("session: a request without a body")))
             return
-        if len(self.pending) >= MAX_PENDING:
+        if len(self.pending) + len(self.cancelled) >= MAX_PENDING:
             busy = errors.TooManyRequests(f"the session has {MAX_PENDING} requests pending; retry shortly")
             self.answer(refusal(request_id, kind, busy))
             return
@@ -236,7 +267,7 @@ class Session:
                 task.cancel()
 
     async def close(self) -> None:
-        tasks = list(self.pending.values())
+        tasks = [*self.pending.values(), *self.cancelled]
         self.pending.clear()
         for task in tasks:
             task.cancel()
@@ -299,10 +330,14 @@ async def _read(session: Session, requests: AsyncIterator[ext.SessionRequest]) -
 async def _take(session: Session, request: ext.SessionRequest) -> None:
     """One stream message: its request, then each of its `more` in order."""
     session.dispatch(request)
-    for more in request.more:
+    for i, more in enumerate(request.more, 1):
         if session.outbox_bytes > MAX_OUTBOX_BYTES:  # one message may hold thousands of requests
             await session.room.wait()
+        elif i % TAKE_TURN == 0:  # the loop's other streams and tasks (and the requests just made) get a turn
+            await asyncio.sleep(0)
         if more.more:  # one level: a client that nests them is refused, its nested requests unanswered
+            if more.id in session.pending:  # as for any request: its refusal would read as that one's answer
+                raise errors.BadRequest(f"session: request id {more.id} is already pending: the stream ends")
             session.answer(refusal(more.id, None, errors.BadRequest("session: `more` inside `more`")))
         else:
             session.dispatch(more)
@@ -326,6 +361,7 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
     session = Session(service, metadata, account)
     loop = asyncio.get_running_loop()
     writer = loop.create_task(_write(session, context))
+    writer.add_done_callback(functools.partial(_ended, session.writer_ended))
     reader = loop.create_task(_read(session, requests))
     stopping = loop.create_task(service.closing.wait())
     draining = getattr(context, "draining", None)  # popgate's server tells when the connection is to go away
@@ -369,6 +405,8 @@ async def _reader_end(reader: asyncio.Task[None]) -> errors.BadRequest | None:
         await reader
     except errors.BadRequest as exc:
         return exc
+    except DecodeError:  # the client's bytes: a bad request ending the stream, not an internal error
+        return errors.BadRequest("session: a stream message that does not decode")
     except (asyncio.CancelledError, grpc.RpcError):
         pass
     return None
@@ -383,6 +421,11 @@ async def _drain(session: Session, reader: asyncio.Task[None]) -> None:
     session.cut_receives()
     if session.pending:
         await asyncio.wait(list(session.pending.values()), timeout=SETTLE_S)
+
+
+def _ended(ended: asyncio.Future[None], _writer: asyncio.Task[None]) -> None:
+    if not ended.done():
+        ended.set_result(None)
 
 
 def _consumed(task: asyncio.Task[None]) -> None:

@@ -110,7 +110,12 @@ async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, 
         if handler.request_streaming:
             request: Any = requests(stream, deserialize)
         else:
-            request = first if deserialize is None else deserialize(first)
+            try:
+                request = first if deserialize is None else deserialize(first)
+            except Exception as exc:  # the client's bytes: grpc.aio's answer, not logged as a handler's failure
+                log.debug("a %s request did not deserialize: %s", stream.path, exc)
+                stream.finish(UNKNOWN, f"Unexpected {type(exc)}: {exc}", ())
+                return
             first = None  # only the request is kept, and by the handler alone (below)
         if handler.response_streaming:
             method = handler.stream_stream if handler.request_streaming else handler.unary_stream

@@ -1,0 +1,85 @@
+"""The proxy's Session stream against clients that push it: requests cancelled as they come, a stream message that
+does not decode, and receives cut (the connection's age) while their answer is being written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+
+from proxy.v2 import session
+from tests.unit.proxy.fakes import FakeBroker, popped
+from tests.unit.proxy.test_session import Aborted, StreamContext, receive_request, service_over, stream
+
+
+async def test_requests_cancelled_as_they_come_still_count_until_they_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "Receive, cancel" pairs in one stream message: each receive's task lives on until its cancellation ends it,
+    so they count against the stream's bound, and past it receives are refused, not made without end."""
+    monkeypatch.setattr(session, "MAX_PENDING", 100)
+    service, _ = service_over(FakeBroker("b1"))
+    context = StreamContext()
+    flood = ext.SessionRequest(id=1, timeout_ms=20_000, receive=receive_request(poll_s=10))
+    for i in range(1, 1001):
+        if i > 1:
+            flood.more.append(ext.SessionRequest(id=i, timeout_ms=20_000, receive=receive_request(poll_s=10)))
+        flood.more.append(ext.SessionRequest(id=i, cancel=True))
+    done = asyncio.Event()
+    task = asyncio.ensure_future(session.serve(service, stream(flood, until=done), context))
+    async with asyncio.timeout(10):
+        while not any(a.receive.status.code == v2.TOO_MANY_REQUESTS for a in context.answers):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the context's writes, bounded
+    done.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_stream_message_that_does_not_decode_ends_the_stream_as_a_bad_request() -> None:
+    async def undecodable() -> AsyncIterator[ext.SessionRequest]:
+        yield ext.SessionRequest(id=1, timeout_ms=3000, receive=receive_request())
+        raise DecodeError("Error parsing message")
+
+    service, _ = service_over(FakeBroker("b1"))
+    context = StreamContext()
+    with pytest.raises(Aborted):
+        await asyncio.wait_for(session.serve(service, undecodable(), context), 5)
+    code, details = context.aborted
+    assert code.name == "INVALID_ARGUMENT" and "does not decode" in details
+
+
+class SlowDrainingContext(StreamContext):
+    """grpc takes a while to take a message (a large answer under flow control); the connection ages meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = asyncio.Event()
+        self.writing = asyncio.Event()
+
+    def draining(self) -> asyncio.Event:
+        return self.event
+
+    async def write(self, message: bytes) -> None:
+        self.writing.set()
+        await asyncio.sleep(0.3)
+        self.written.append(ext.SessionResponse.FromString(message))  # the client got it whole
+
+
+async def test_a_receive_cut_as_its_answer_is_written_is_delivered_not_given_back() -> None:
+    """Its last messages and OK status taken by the writer, a receive cut by the connection's age is written all
+    the same: the client has the messages, so they are not also given back to their broker (received twice)."""
+    broker = FakeBroker("b1")
+    broker.ready = [popped("b1", "m1"), popped("b1", "m2")]
+    service, _ = service_over(broker)
+    context = SlowDrainingContext()
+    request = ext.SessionRequest(id=7, timeout_ms=3000, receive=receive_request())
+    task = asyncio.ensure_future(session.serve(service, stream(request, until=asyncio.Event()), context))
+    await asyncio.wait_for(context.writing.wait(), 5)
+    context.event.set()  # the connection reaches its age while the answer is being written
+    await asyncio.wait_for(task, 5)
+    answers: list[Any] = context.answers
+    got = [m.system_properties.message_id for a in answers for m in a.receive.messages.messages]
+    assert got == ["m1", "m2"] and answers[-1].receive.status.code == v2.OK
+    assert broker.ready == []  # not given back
