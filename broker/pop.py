@@ -87,6 +87,8 @@ class Pops:
         while True:
             if state is not None:
                 popped = await self._pop_once(state, max_messages, invisible_ms, ops, max_fifo)
+                if popped is None:  # its topic or group went while it read
+                    return PopResult([], held=held)
                 if popped:
                     return PopResult(popped, held=held)
                 if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
@@ -114,7 +116,11 @@ class Pops:
 
     async def _pop_once(
         self, state: GroupTopic, want: int, invisible_ms: int, ops: list[Op], max_fifo: int = 0
-    ) -> list[Popped]:
+    ) -> list[Popped] | None:
+        """What one pass takes and reads; None when the topic or the group's state it took from went while it read
+        the payloads (deleted, or deleted and made again): nothing is answered, and the messages stay the new
+        topic's or group's alone — tests/unit/broker/test_pop_order.py::
+        test_a_pop_whose_read_spans_a_delete_and_recreate_answers_none_of_the_new_topics."""
         now = self.clock.now_ms()
         picks = self.redelivery.take(state, now, want)
         topic = self.topics.get(state.topic)
@@ -141,6 +147,12 @@ class Pops:
         except asyncio.CancelledError:  # the caller went away: nobody receives them
             self._undo(state, deliveries)
             raise
+        except DomainError:  # payloads missing: the topic's rows purged under it, or a real fault
+            if self._still(state, topic):
+                raise
+        if not self._still(state, topic):
+            self._undo(state, deliveries)
+            return None
         deliveries = self._fit(state, deliveries, payloads)
         if max_fifo > 0:
             deliveries = self._cap_fifo(state, topic, deliveries, max_fifo)
@@ -148,6 +160,10 @@ class Pops:
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
         self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
         return popped_messages(self.name, topic, deliveries, payloads)
+
+    def _still(self, state: GroupTopic, topic: TopicLog) -> bool:
+        """Whether the topic and the group's state on it are those a Pop took its picks from."""
+        return self.topics.get(state.topic) is topic and self.consumers.groups.get((state.group, state.topic)) is state
 
     def _fit(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from popgate_pb import broker_pb2 as pb
@@ -13,6 +14,7 @@ from popgate_pb import broker_pb2 as pb
 from broker import admin
 from broker.core import BrokerCore
 from broker.model import PopResult
+from broker.sqlite_store import SqliteStore
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_fifo import INVISIBLE_MS, QUEUES, bodies
 from tests.unit.broker.test_schedule import until
@@ -95,3 +97,45 @@ async def test_a_pop_cut_short_after_a_reset_during_its_read_does_not_bring_its_
         await admin.reset_offset(core, latest, pb.ResetOffsetResponse())
         await popping
         assert (await core.pop("t", "g", "*", 32, 30_000, 0)).messages == []
+
+
+def _slow_reads(store: SqliteStore) -> tuple[asyncio.Event, asyncio.Event]:
+    """The store's payload reads wait, once entered (the first event), until the test sets the second."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    real = store.read_payloads
+
+    async def slow(topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:
+        entered.set()
+        await release.wait()
+        return await real(topic, wanted)
+
+    store.read_payloads = slow  # type: ignore[method-assign]
+    return entered, release
+
+
+async def test_a_pop_whose_read_spans_a_delete_and_recreate_answers_none_of_the_new_topics(tmp_path: Path) -> None:
+    """A Pop reading its payloads while its topic is deleted, made again and sent to answers empty: not the new
+    topic's messages, which a Pop of the same group on the new topic then receives, once each."""
+    async with broker(tmp_path, queues_per_topic=1, cache_bytes=0) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"old%d" % i) for i in range(3)])
+        entered, release = _slow_reads(store)
+        popping = asyncio.create_task(core.pop("t", "g", "*", 3, 60_000, 0))
+        await entered.wait()
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        await core.send([pb.Message(topic="t", body=b"new%d" % i) for i in range(3)])
+        release.set()
+        assert (await popping).messages == []
+        fresh = await core.pop("t", "g", "*", 3, 60_000, 0)
+        assert [pb.Message.FromString(m.payload).body for m in fresh.messages] == [b"new0", b"new1", b"new2"]
+
+
+async def test_a_pop_whose_read_spans_a_delete_answers_empty(tmp_path: Path) -> None:
+    """A Pop reading its payloads while its topic is deleted answers empty, not an error."""
+    async with broker(tmp_path, queues_per_topic=1, cache_bytes=0) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"old") for _ in range(3)])
+        entered, release = _slow_reads(store)
+        popping = asyncio.create_task(core.pop("t", "g", "*", 3, 60_000, 0))
+        await entered.wait()
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        release.set()
+        assert (await popping).messages == []
