@@ -158,16 +158,17 @@ async def query_messages(core: BrokerCore, request: pb.QueryMessagesRequest, out
     out.broker = core.name
     log_ = core.topics.get(validation.check_topic(request.topic))
     queues = log_.queues if log_ is not None else []
-    matches, out.scanned, out.scan_cut = await query(core.store, queues, request, max_bytes=core.settings.max_pop_bytes)
+    found = await query(core.store, queues, request, max_bytes=core.settings.max_pop_bytes)
+    out.scanned, out.scan_cut = found.scanned, found.cut
     bodies = 0
-    for record, message in matches:
-        found = out.messages.add(broker=core.name, body_size=len(message.body))
-        stored = found.stored
-        stored.message.CopyFrom(message)
-        bodies += len(message.body)
-        if not request.with_body or bodies > core.settings.max_pop_bytes:  # an answer stays under the gRPC limit
+    for match in found.newest_first():
+        one = out.messages.add(broker=core.name, body_size=match.body_size)
+        stored = one.stored
+        stored.message.CopyFrom(match.message)
+        bodies += match.body_size
+        if bodies > core.settings.max_pop_bytes:  # an answer stays under the gRPC limit
             stored.message.ClearField("body")
-        stored.queue_id, stored.offset, stored.store_ms = record.queue_id, record.offset, record.store_ms
+        stored.queue_id, stored.offset, stored.store_ms = match.queue_id, match.offset, match.store_ms
 
 
 async def report_consumers(
