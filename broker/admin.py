@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from broker.core import BrokerCore
 
 MAX_QUEUES = 256  # queues a created topic may have on one broker
+ANSWER_MARGIN = 1024  # a QueryMessages answer's bytes besides its messages (broker name, counts) are fewer
 
 
 async def _committed(core: BrokerCore, ops: list[Op]) -> None:
@@ -155,20 +156,29 @@ async def create_topic(core: BrokerCore, request: pb.CreateTopicRequest, out: pb
 
 
 async def query_messages(core: BrokerCore, request: pb.QueryMessagesRequest, out: pb.QueryMessagesResponse) -> None:
+    """The newest matches that fit the broker's gRPC message limit: bodies while they fit `--max-pop-bytes`, and
+    `scan_cut` when older matches were left out (tests/unit/broker/test_lookup.py::
+    test_an_answer_stays_under_the_grpc_limit_and_says_older_matches_were_left_out)."""
     out.broker = core.name
     log_ = core.topics.get(validation.check_topic(request.topic))
     queues = log_.queues if log_ is not None else []
     found = await query(core.store, queues, request, max_bytes=core.settings.max_pop_bytes)
     out.scanned, out.scan_cut = found.scanned, found.cut
+    room = core.settings.max_grpc_message_bytes - ANSWER_MARGIN
     bodies = 0
     for match in found.newest_first():
         one = out.messages.add(broker=core.name, body_size=match.body_size)
         stored = one.stored
         stored.message.CopyFrom(match.message)
         bodies += match.body_size
-        if bodies > core.settings.max_pop_bytes:  # an answer stays under the gRPC limit
+        if bodies > core.settings.max_pop_bytes:
             stored.message.ClearField("body")
         stored.queue_id, stored.offset, stored.store_ms = match.queue_id, match.offset, match.store_ms
+        room -= one.ByteSize() + 6  # its field's tag and length
+        if room < 0:
+            del out.messages[-1]
+            out.scan_cut = True
+            break
 
 
 async def report_consumers(

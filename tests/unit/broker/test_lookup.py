@@ -1,5 +1,6 @@
-"""A message query's bounds (broker.lookup, broker.admin.query_messages) over a real store without sockets: what it
-holds while it scans grows with the matches asked for, not with the topic's queues."""
+"""A message query's bounds (broker.lookup, broker.admin.query_messages) over a real store without sockets: its
+answer fits the broker's gRPC message limit, saying older matches were left out, and what it holds while it scans
+grows with the matches asked for, not with the topic's queues."""
 
 from __future__ import annotations
 
@@ -10,6 +11,22 @@ from popgate_pb import broker_pb2 as pb
 
 from broker import admin
 from tests.unit.broker.cores import broker
+
+LIMIT = 1 << 20
+
+
+async def test_an_answer_stays_under_the_grpc_limit_and_says_older_matches_were_left_out(tmp_path: Path) -> None:
+    """Messages with 64 keys and 16 KB of properties (32 KiB without a body): 100 of them do not fit 1 MiB."""
+    props = {f"p{i}": "v" * 1000 for i in range(16)}
+    keys = ["K"] + [f"{i:03d}" + "k" * 253 for i in range(63)]
+    async with broker(tmp_path, queues_per_topic=1, max_grpc_message_bytes=LIMIT) as (core, _):
+        for i in range(100):
+            await core.send([pb.Message(topic="t", body=b"x", keys=keys, properties=props, message_id=f"id{i}")])
+        out = pb.QueryMessagesResponse()
+        await admin.query_messages(core, pb.QueryMessagesRequest(topic="t", key="K", max_messages=1000), out)
+        assert 20 < len(out.messages) < 100 and out.ByteSize() <= LIMIT
+        assert out.scan_cut  # older matches were not answered
+        assert [m.stored.message.message_id for m in out.messages[:2]] == ["id99", "id98"]  # the newest
 
 
 async def test_a_querys_memory_grows_with_the_matches_asked_not_the_queues(tmp_path: Path) -> None:
