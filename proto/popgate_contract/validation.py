@@ -81,17 +81,19 @@ MAX_FILTER_LEN = 1024
 
 
 def split_tags(expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> list[str] | None:
-    """The tags of a filter expression, stripped, in their order (None: every message matches). `max_len`: the
-    longest expression a client may send; None for one the store kept (see `TagFilter.parse`)."""
+    """The tags of a filter expression, stripped, in their order (None: every message matches). Empty parts
+    (``a||``, ``a|| ||b``) are skipped, as RocketMQ's FilterAPI skips them; an expression of empty parts only would
+    select no message and is refused (tests/unit/broker/test_filters.py). `max_len`: the longest expression a
+    client may send; None for one the store kept (see `TagFilter.parse`)."""
     text = expression.strip()
     if text in ("", "*"):
         return None
     if max_len is not None and len(text) > max_len:
         raise IllegalFilter(f"filter expression is {len(text)} characters long; the limit is {max_len}")
-    tags = [part.strip() for part in text.split("||")]
+    tags = [tag for part in text.split("||") if (tag := part.strip())]
+    if not tags:
+        raise IllegalFilter(f"filter expression {expression!r} has no tag (use '*' for every message)")
     for tag in tags:
-        if not tag:
-            raise IllegalFilter(f"filter expression {expression!r} has an empty tag")
         if tag == "*" or "|" in tag or not tag.isprintable():
             raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
     return tags

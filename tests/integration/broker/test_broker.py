@@ -265,7 +265,7 @@ BAD = [
     ("Pop", pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=0), "IllegalInvisibleTime"),
     ("Pop", pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=10**12), "IllegalInvisibleTime"),
     ("Pop", pb.PopRequest(topic="t", group="g g", max_messages=1, invisible_ms=1000), "IllegalGroup"),
-    ("Pop", pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=1000, filter="a||"), "IllegalFilter"),
+    ("Pop", pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=1000, filter=" || "), "IllegalFilter"),
     (
         "Pop",
         pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=1000, poll_ms=-1),

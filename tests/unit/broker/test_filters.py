@@ -18,10 +18,18 @@ def test_tag_alternatives() -> None:
     assert TagFilter.parse(str(f)) == f
 
 
-@pytest.mark.parametrize("text", ["a ||", "|| a", "a || * ", "a | b", "a||\x00", "x" * 2000])
+@pytest.mark.parametrize("text", ["a || * ", "a | b", "a||\x00", "x" * 2000, "||", " || ", "|| ||"])
 def test_bad_expressions(text: str) -> None:
     with pytest.raises(IllegalFilter):
         TagFilter.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "tags"), [("a ||", {"a"}), ("|| a", {"a"}), ("a||||b", {"a", "b"}), ("a || || b", {"a", "b"})]
+)
+def test_empty_parts_are_skipped_as_rocketmqs_filter_api_skips_them(text: str, tags: set[str]) -> None:
+    """An expression with only empty parts is refused (test_bad_expressions): it would select no message."""
+    assert TagFilter.parse(text).tags == frozenset(tags)
 
 
 def test_the_stored_form_is_never_longer_than_the_expression_accepted() -> None:
