@@ -306,7 +306,10 @@ def lookup_command(args: argparse.Namespace) -> int:
         found = found[: args.count]
         lines = [_found_line(m, args.body) for m in found]
         cut = any(a.scan_cut for a in fanned.answers)
-        lines.append(f"{len(found)} message(s)" + (" (older messages were not looked at: --max-scan)" if cut else ""))
+        lines.append(
+            f"{len(found)} message(s)"
+            + (" (older messages left out: past --max-scan, or a broker's answer size limit)" if cut else "")
+        )
         document = {"messages": [json_format.MessageToDict(m) for m in found], "scan_cut": cut}
         return _finish(args, fanned, document, lines, change=False)
 
