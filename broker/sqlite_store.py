@@ -195,6 +195,8 @@ class SqliteStore:
         take every request that came meanwhile along (group commit). Only under --flush async (a commit is a WAL
         write, no fsync) and for small commits, so the loop is held for a short write only —
         tests/unit/broker/test_sqlite_store.py::test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups.
+        Every request of the batch counts in `_outstanding` until answered, so no later commit here overtakes one
+        handed to the writer — ::test_an_ack_taken_into_an_inline_commit_is_never_written_before_its_pop.
         """
         if not self._commit_inline or self._outstanding or self._loop_load.busy() >= INLINE_MAX_LOOP_BUSY:
             return False
@@ -212,7 +214,7 @@ class SqliteStore:
         finally:
             self._writing.release()
         assert self._loop is not None
-        self._outstanding += 1
+        self._outstanding += len(batch)  # `_delivered` answers them all: none may be overtaken meanwhile
         self._loop.call_soon(self._delivered, batch)
         if wal_full:  # the writer thread bounds it, off the loop, after an empty commit
             self._to_writer(Request([], [], self._loop.create_future()))

@@ -186,6 +186,28 @@ async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(
     await store.close()
 
 
+async def test_an_ack_taken_into_an_inline_commit_is_never_written_before_its_pop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inline commit that takes deferred consumer state along counts all of it as in flight until answered, so
+    a later one never runs while a request handed to the writer before it waits: an acked delivery stays acked
+    after a restart."""
+    monkeypatch.setattr(LoopLoad, "busy", lambda _: 0.0)
+    store = SqliteStore(tmp_path, state_delay_s=60.0)
+    store.start(asyncio.get_running_loop())
+    store.submit([], [SetPullOffset("g", "t", 0, 0)])  # deferred, then taken along by an idle Send
+    await store.submit([message(0)], [])
+    await asyncio.sleep(0.05)
+    store.submit([], [PutInflight("g", "t", 0, 0, 1, 7, 9), SetPullOffset("g", "t", 0, 1)])  # a Pop
+    store._flush_deferred()  # its timer fired: the Pop is handed to the writer
+    store.submit([], [DeleteInflight("g", "t", 0, 0)])  # its Ack, deferred, then an idle Send in the same turn
+    await store.submit([message(1)], [])
+    await store.close()
+    snap = SqliteStore(tmp_path).load()
+    assert snap.inflight == []
+    assert snap.pull_offsets == [SetPullOffset("g", "t", 0, 1)]
+
+
 def test_loop_load_is_the_share_of_wall_time_its_thread_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("broker.store_pacing.LOAD_WINDOW_S", 0.02)
     load = LoopLoad()
