@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from broker.store import PURGES
 from broker.store_writes import Request
 
 # A commit made on the event loop's thread (`SqliteStore._commit_here`): only while that thread is busy less than
@@ -47,11 +48,13 @@ class LoopLoad:
 
 def small_enough(request: Request, deferred: list[Request]) -> bool:
     """Whether `request`, with the consumer state `deferred` before it, is small enough to commit on the event
-    loop's thread (INLINE_MAX_MESSAGES, INLINE_MAX_BYTES, INLINE_MAX_OPS)."""
+    loop's thread (INLINE_MAX_MESSAGES, INLINE_MAX_BYTES, INLINE_MAX_OPS). Never with a purge, which deletes as many
+    rows as its topic or group has — tests/unit/broker/test_sqlite_store.py::
+    test_a_purge_is_never_committed_on_the_event_loop."""
     if len(request.appends) > INLINE_MAX_MESSAGES:  # deferred requests hold consumer state only
         return False
     if sum(len(m.payload) for m in request.appends) > INLINE_MAX_BYTES:
         return False
     if len(request.ops) + sum(len(r.ops) for r in deferred) > INLINE_MAX_OPS:
         return False
-    return True
+    return not any(isinstance(op, PURGES) for r in (*deferred, request) for op in r.ops)

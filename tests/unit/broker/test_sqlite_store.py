@@ -15,7 +15,7 @@ import pytest
 from broker import store_writes
 from broker.batches import BATCH_MESSAGES
 from broker.sqlite_store import SqliteStore
-from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
+from broker.store import DeleteInflight, NewMessage, Op, PurgeGroup, PurgeTopic, PutInflight, Record, SetPullOffset
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, LoopLoad
 from broker.store_writes import KIND_ORDER, coalesce
 from popgate_contract.errors import StoreUnavailable
@@ -206,6 +206,31 @@ async def test_an_ack_taken_into_an_inline_commit_is_never_written_before_its_po
     snap = SqliteStore(tmp_path).load()
     assert snap.inflight == []
     assert snap.pull_offsets == [SetPullOffset("g", "t", 0, 1)]
+
+
+@pytest.mark.parametrize("state_delay_s", [60.0, 0.0])
+async def test_a_purge_is_never_committed_on_the_event_loop(
+    tmp_path: Path, state_delay_s: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge deletes as many rows as its topic or group has: a commit holding one, deferred and taken along by an
+    idle Send or submitted alone, goes to the writer thread, so it never holds the loop for that long."""
+    monkeypatch.setattr(LoopLoad, "busy", lambda _: 0.0)
+    threads: list[int] = []
+    store = SqliteStore(
+        tmp_path, state_delay_s=state_delay_s, on_commit=lambda _: threads.append(threading.get_ident())
+    )
+    store.start(asyncio.get_running_loop())
+    here = threading.get_ident()
+    await store.submit([message(0)], [])
+    assert threads == [here]  # an idle Send: on the loop
+    for purge in (PurgeGroup("g", "t"), PurgeTopic("t")):
+        threads.clear()
+        purged = store.submit([], [purge])
+        await store.submit([NewMessage("u", 0, 1, None, b"u")], [])
+        await purged
+        assert threads and here not in threads
+    await store.close()
+    assert set(SqliteStore(tmp_path).load().queues) == {("u", 0)}
 
 
 def test_loop_load_is_the_share_of_wall_time_its_thread_ran(monkeypatch: pytest.MonkeyPatch) -> None:
