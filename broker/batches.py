@@ -136,13 +136,15 @@ class PayloadEnds:
 
 def batch_rows(messages: Iterable[tuple[str, int, int, int, str | None, bytes]]) -> Iterator[list[Row]]:
     """Messages, one (topic, queue, offset, store_ms, tag, payload) each in queue and offset order (the
-    first store layout's rows), as batch rows: a few dozen at a time, so memory stays bounded."""
+    first store layout's rows), as batch rows: a few dozen at a time, so memory stays bounded — one batch is open at
+    a time, closed by a gap or the next queue's first message (tests/unit/broker/test_batches.py::
+    test_migrating_rows_of_many_queues_holds_a_few_dozen_batches_at_a_time)."""
     batches = Batches()
     for topic, queue_id, offset, store_ms, tag, payload in messages:
         batch = batches.open.get((topic, queue_id))
-        if batch is not None and batch.first_offset + len(batch.sizes) != offset:  # not consecutive
-            batches.rows.append(batch.row(topic, queue_id))
-            del batches.open[(topic, queue_id)]
+        if batch is None or batch.first_offset + len(batch.sizes) != offset:  # another queue, or not consecutive
+            batches.rows += [open_batch.row(*key) for key, open_batch in batches.open.items()]
+            batches.open.clear()
         batches.add(NewMessage(topic, queue_id, store_ms, tag, payload), offset)
         if len(batches.rows) >= 64:
             yield batches.rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from broker.batches import BATCH_MESSAGES, Batches, PayloadEnds, batch_rows, unpack
 from broker.store import NewMessage
 
@@ -42,3 +44,24 @@ def test_payloads_picked_from_a_row_are_those_unpack_gives() -> None:
         out: dict[tuple[int, int], bytes] = {}
         ends.pick(row[2], row[3], row[4], [9, 10, 12, 14, 15], 3, out)
         assert out == {(3, o): payload for o, _, _, payload in unpack(*row[2:], wanted={9, 10, 12, 14, 15})}
+
+
+def test_migrating_rows_of_many_queues_holds_a_few_dozen_batches_at_a_time() -> None:
+    """Each queue's last batch is emitted once the next queue's rows begin: messages read but not yet in an emitted
+    row stay within the chunk's bound however many queues the store has."""
+    queues, per_queue = 3_000, 8
+    read = 0
+
+    def old_rows() -> Iterator[tuple[str, int, int, int, str | None, bytes]]:
+        nonlocal read
+        for q in range(queues):
+            for o in range(per_queue):
+                read += 1
+                yield f"t{q // 8}", q % 8, o, 1_000, None, b"x"
+
+    emitted, held = 0, 0
+    for chunk in batch_rows(old_rows()):
+        held = max(held, read - emitted)
+        emitted += sum(len(unpack(*r[2:])) for r in chunk)
+    assert emitted == queues * per_queue
+    assert held <= 65 * BATCH_MESSAGES
