@@ -34,23 +34,29 @@ MAX_BLOCK_TAGS = 64
 BlockSummary = dict[str | None, int] | None
 
 
+# What a cached payload costs beyond its length: the bytes object's header, its offset's int, its slots in its
+# queue's dict and in the eviction order with that entry's tuple, averaged over a full cache's evictions —
+# tests/unit/broker/test_log.py::test_the_payload_cache_holds_about_its_bound_in_memory.
+ENTRY_BYTES = 208
+
+
 class PayloadCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes = 0
+        self.bytes = 0  # each payload's length plus ENTRY_BYTES
         self.cached = 0  # payloads held (the eviction order may also hold entries `drop` emptied)
-        self._order: deque[tuple[QueueLog, int, int]] = deque()
+        self._order: deque[tuple[QueueLog, int]] = deque()
 
     def add(self, queue: QueueLog, offset: int, payload: bytes) -> None:
-        size = len(payload) + 64
         queue.payloads[offset] = payload
-        self._order.append((queue, offset, size))
-        self.bytes += size
+        self._order.append((queue, offset))
+        self.bytes += len(payload) + ENTRY_BYTES
         self.cached += 1
         while self.bytes > self.max_bytes and self._order:
-            old_queue, old_offset, old_size = self._order.popleft()
-            if old_queue.payloads.pop(old_offset, None) is not None:  # not dropped by `drop` already
-                self.bytes -= old_size
+            old_queue, old_offset = self._order.popleft()
+            old = old_queue.payloads.pop(old_offset, None)
+            if old is not None:  # not dropped by `drop` already
+                self.bytes -= len(old) + ENTRY_BYTES
                 self.cached -= 1
 
     def drop(self, queue: QueueLog, below: int) -> None:
@@ -61,7 +67,7 @@ class PayloadCache:
         # One look along the dict, not its first key popped again and again: each such pop skips every key popped
         # before it, quadratic in the payloads dropped.
         for offset in list(takewhile(below.__gt__, payloads)):
-            self.bytes -= len(payloads.pop(offset)) + 64
+            self.bytes -= len(payloads.pop(offset)) + ENTRY_BYTES
             self.cached -= 1
         # Their entries in the eviction order leave when they come up, which is never while the cache is not
         # full (a retention window smaller than the cache): rebuilt once they are most of it, so the order holds

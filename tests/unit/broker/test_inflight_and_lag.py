@@ -1,7 +1,7 @@
 from broker.filters import MATCH_ALL, TagFilter
 from broker.inflight import Delivery, GroupTopic
 from broker.lag import queue_lag
-from broker.log import PayloadCache, QueueLog
+from broker.log import ENTRY_BYTES, PayloadCache, QueueLog
 from broker.store import Record
 
 
@@ -98,7 +98,7 @@ def test_matching_scans_from_start() -> None:
 
 
 def test_payload_cache_evicts_oldest_by_bytes() -> None:
-    cache = PayloadCache(max_bytes=3 * (100 + 64))
+    cache = PayloadCache(max_bytes=3 * (100 + ENTRY_BYTES))
     q = QueueLog("t", 0)
     for i in range(5):
         cache.add(q, i, b"x" * 100)

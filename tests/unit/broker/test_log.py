@@ -7,13 +7,15 @@ have blocks with too many distinct tags to summarise.
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.filters import MATCH_ALL, TagFilter
 from broker.inflight import GroupQueue
 from broker.lag import queue_lag
-from broker.log import BLOCK, MAX_BLOCK_TAGS, QueueLog
+from broker.log import BLOCK, MAX_BLOCK_TAGS, PayloadCache, QueueLog
 from broker.store import QueueIndex, Record
 
 # The oracles: the linear versions the log used before it kept block summaries.
@@ -245,3 +247,21 @@ def test_stored_before_finds_the_first_newer_message_also_when_the_clock_went_ba
     assert q.stored_before(1000, 13) == 13  # looks no further than asked
     back = QueueLog("t", 0, QueueIndex(0, [100, 900, 200, 300, 400], [None] * 5))  # the clock set back at 2
     assert back.stored_before(350, 5) == 1  # 900 is newer: what follows it is kept too
+
+
+def test_the_payload_cache_holds_about_its_bound_in_memory() -> None:
+    """What a full cache holds (its payloads, their dicts' slots, its eviction order), as tracemalloc counts it, stays
+    within 10 % of its byte bound for small payloads as for large ones, all through its evictions."""
+    bound = 512 << 10
+    for size in (16, 100, 1_000):
+        queues = [QueueLog("t", q) for q in range(8)]
+        tracemalloc.start()
+        cache = PayloadCache(bound)
+        held: list[float] = []
+        adds = 3 * bound // size
+        for i in range(adds):
+            cache.add(queues[i % 8], i // 8, bytes(size - 1) + bytes([i % 251]))
+            if i > adds // 2 and i % 499 == 0:
+                held.append(tracemalloc.get_traced_memory()[0] / bound)
+        tracemalloc.stop()
+        assert 0.7 < min(held) and max(held) < 1.1, size
