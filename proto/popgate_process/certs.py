@@ -284,8 +284,16 @@ class CertificateWatch(_Every):
 
 
 def trusted(bundle: bytes) -> bytes:
-    """`bundle`, when it holds a CA certificate a client can verify servers against; `ssl.SSLError` otherwise."""
-    ssl.create_default_context(cadata=bundle.decode("ascii", errors="replace"))
+    """`bundle`, when it holds a certificate a client can verify servers against; `ssl.SSLError` otherwise, for an
+    empty file too (it would trust nothing, not the system's roots) —
+    tests/unit/process/test_certs.py::test_a_changed_ca_bundle_is_trusted_once_it_holds_a_certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no default roots: only what `bundle` holds is counted
+    try:
+        context.load_verify_locations(cadata=bundle.decode("ascii", errors="replace"))
+    except ValueError:  # empty
+        raise ssl.SSLError(ssl.SSL_ERROR_SSL, "empty: it holds no certificate") from None
+    if not context.cert_store_stats()["x509"]:
+        raise ssl.SSLError(ssl.SSL_ERROR_SSL, "it holds no certificate")
     return bundle
 
 

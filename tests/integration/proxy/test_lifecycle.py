@@ -156,6 +156,8 @@ def _start_failure(argv: list[str]) -> tuple[int, list[str]]:
 def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
+    empty = tmp_path / "empty.pem"
+    empty.write_bytes(b"")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -170,6 +172,7 @@ def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: 
             (proxy + ["--metrics-listen", busy], 2, f"popgate-proxy: --metrics-listen {busy}: cannot serve"),
             (proxy + ["--export-dir", str(a_file / "x")], 2, "popgate-proxy: --export-dir"),
             (proxy + ["--log-level", "verbose"], 2, "popgate-proxy: --log-level='verbose' out of range"),
+            (proxy + ["--broker-tls-ca", str(empty)], 2, f"popgate-proxy: --broker-tls-ca {empty}: empty"),
         ]
         for argv, code, says in cases:
             returncode, lines = _start_failure(argv)

@@ -162,9 +162,11 @@ async def test_a_changed_ca_bundle_is_trusted_once_it_holds_a_certificate(
     assert await watch.check() == "unchanged"
     await asyncio.to_thread(path.write_bytes, b"not a certificate\n")
     assert [await watch.check(), await watch.check()] == ["failed", "unchanged"]
+    await asyncio.to_thread(path.write_bytes, b"")  # the first step of a rewrite, or an empty Secret key
+    assert [await watch.check(), await watch.check()] == ["failed", "unchanged"]
     assert trusted == [], "a bundle without a CA certificate is not trusted"
     bundle = a.ca.read_bytes() + b.ca.read_bytes()  # both CAs while the brokers' certificates change issuer
     await asyncio.to_thread(path.write_bytes, bundle)
     assert await watch.check() == "reloaded"
     assert trusted == [bundle]
-    assert reloads(registry, "broker_ca") == {"failed": 1, "reloaded": 1}
+    assert reloads(registry, "broker_ca") == {"failed": 2, "reloaded": 1}
