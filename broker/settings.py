@@ -10,6 +10,7 @@ from typing import Any
 
 from popgate_contract import validation
 from popgate_contract.errors import DomainError
+from popgate_contract.session_client import MAX_WRITE_BYTES
 from popgate_contract.validation import parse_host_port
 from popgate_process.config import load_settings
 from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
@@ -17,6 +18,10 @@ from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
 FLUSH_MODES = ("sync", "async")
 CONSUME_FROM = ("earliest", "latest")
+# What a gRPC message holds beyond the bytes --max-pop-bytes, --max-body-bytes and a Session's joined write count: a
+# Pop answer's one message past the budget carries its properties (<= 16 KiB), keys, tag, ids and receipt handle
+# beside its body, and a Session frame wraps each answer (docs/BROKER.md, "Response size").
+GRPC_MESSAGE_MARGIN = 64 * 1024
 
 
 def _ms(seconds: float) -> int:
@@ -204,7 +209,11 @@ class BrokerSettings:
             (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),
             (0 < self.retention_check_s <= 86400, "retention_check_s must be in (0, 86400]"),
             (self.export_interval_s > 0, "export_interval_s must be > 0"),
-            (self.max_grpc_message_bytes >= 1024, "max_grpc_message_bytes must be >= 1024"),
+            (
+                self.max_grpc_message_bytes >= self.min_grpc_message_bytes,
+                f"max_grpc_message_bytes must be >= {self.min_grpc_message_bytes} (the largest of max_pop_bytes, "
+                f"max_body_bytes and a Session's {MAX_WRITE_BYTES} B write, plus {GRPC_MESSAGE_MARGIN} B)",
+            ),
             (self.shutdown_grace_s >= 0, "shutdown_grace_s must be >= 0"),
             (self.tls_reload_s >= 0, "tls_reload_s must be >= 0 (0 = never)"),
             ("://" not in self.export_dir, "export_dir must be a local directory, not a URI (docs/METRICS.md)"),
@@ -239,6 +248,13 @@ class BrokerSettings:
             if group in seen:
                 raise ValueError(f"--group-max-attempts: consumer group {group} is given twice")
             seen.add(group)
+
+    @property
+    def min_grpc_message_bytes(self) -> int:
+        """The smallest gRPC message limit every answer fits in: a Pop answer (up to --max-pop-bytes, or one message
+        of up to --max-body-bytes alone) and a Session's joined write, each with GRPC_MESSAGE_MARGIN —
+        tests/unit/test_settings_and_proto.py::test_the_grpc_message_limit_holds_every_answer."""
+        return max(self.max_pop_bytes, self.max_body_bytes, MAX_WRITE_BYTES) + GRPC_MESSAGE_MARGIN
 
     # The broker's arithmetic is in whole milliseconds (the wire's units); the settings are seconds.
     @property

@@ -55,6 +55,24 @@ def test_settings_out_of_range_are_refused(setting: dict[str, object]) -> None:
         BrokerSettings(**setting)  # type: ignore[arg-type]
 
 
+def test_the_grpc_message_limit_holds_every_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    """A limit below an answer the broker would send (a Pop of --max-pop-bytes, one message of --max-body-bytes, a
+    Session's 1 MiB joined write) is refused at start: each such answer would fail the caller's stream."""
+    with pytest.raises(SystemExit):
+        parse(["--max-grpc-message-bytes", "64KiB"], {})
+    assert "--max-grpc-message-bytes must be >= 8454144" in capsys.readouterr().err  # 8 MiB + 64 KiB
+
+    def small(limit: int) -> BrokerSettings:
+        return BrokerSettings(max_grpc_message_bytes=limit, max_pop_bytes=256 * 1024, max_body_bytes=256 * 1024)
+
+    with pytest.raises(ValueError, match="max_grpc_message_bytes must be >= 1114112"):  # 1 MiB write + 64 KiB
+        small(1024 * 1024)
+    with pytest.raises(ValueError, match="max_grpc_message_bytes"):
+        BrokerSettings(max_grpc_message_bytes=8 * 1024 * 1024, max_body_bytes=8 * 1024 * 1024)
+    assert small(1088 * 1024).max_grpc_message_bytes == 1088 * 1024
+    assert BrokerSettings().max_grpc_message_bytes == 16 * 1024 * 1024
+
+
 def test_group_max_attempts_from_flags_environment_and_file(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text('max-delivery-attempts = 5\n[group-max-attempts]\norders = 3\n"tenant%billing" = 9\n')

@@ -200,7 +200,8 @@ async def test_a_request_larger_than_the_broker_takes_fails_alone(make_broker: o
     """A Send over the broker's --max-grpc-message-bytes (a proxy whose --max-body-bytes is above it) is refused
     alone, as its unary call would be: the stream and the other requests on it go on (a stream message over the
     limit would end the stream, every request on it failed and the broker taken for down)."""
-    broker: BrokerHandle = make_broker("b1", "--max-grpc-message-bytes", str(1024 * 1024))  # type: ignore[operator]
+    limits = ("--max-grpc-message-bytes", "1088KiB", "--max-pop-bytes", "1MiB", "--max-body-bytes", "1MiB")
+    broker: BrokerHandle = make_broker("b1", *limits)  # type: ignore[operator]
     async with grpc.aio.insecure_channel(broker.address) as channel:
         session = BrokerSession(channel=channel).open()
         held_pop = asyncio.ensure_future(
