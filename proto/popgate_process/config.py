@@ -7,7 +7,8 @@ read through it; the dataclass validates the result when it is constructed.
 Precedence: command-line flag > environment > config file (``--config`` or
 POPGATE_CONFIG) > default. Every field ``foo_bar`` is flag ``--foo-bar``,
 variable ``POPGATE_FOO_BAR`` and file key ``foo_bar`` (or ``foo-bar``), read as its
-type. A field's metadata may refine that:
+type. One file may serve both programs: its top-level keys are both programs' settings, and a program's own table
+(``[broker]``, ``[proxy]``) adds to them and wins (`read_config`). A field's metadata may refine that:
 
 - ``help``: the flag's help (otherwise "<type>, default <value>");
 - ``negate``: for a bool, a flag that sets it false (``no-auto-create``), and its variable
@@ -15,8 +16,8 @@ type. A field's metadata may refine that:
 - ``option``: the flag, variable and file key when not the field's name (``broker``);
 - ``aliases``: more file keys for it; the first one present wins over ``option``;
 - ``parse``: a function reading the raw value (a string, a list of repeated flags or a TOML value);
-- ``file_only``: no flag nor variable; with a `section`, the key may also sit at the top level,
-  beside the section's table, and wins there (``[[acl]]``);
+- ``file_only``: no flag nor variable; with a `section`, the key at the top level wins over the section's
+  table's (``[[acl]]``);
 - ``choices``: the values taken, shown in ``--help`` (the dataclass still checks them, so an error names
   where the value came from);
 - ``replaces``: old names of the setting (``("auth_token",)``); their flag, variable or file key is refused
@@ -212,29 +213,37 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
     """The file's settings by field name; unknown keys are an error, which starts with `where`
     (how the file was given, by default ``--config PATH``).
 
-    With a `section`, the settings are the ``[section]`` table when the file has one,
-    otherwise its top level but for the other programs' tables (`PROGRAM_SECTIONS`).
+    With a `section`, the settings are the file's top level but for the programs' tables (`PROGRAM_SECTIONS`):
+    what both programs share; then the ``[section]`` table's, which win over those. A key of either layer is read
+    and checked alike — tests/unit/test_settings_sources.py::test_top_level_keys_are_shared_beside_a_table.
     """
     where = where or f"--config {path}"
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{where}: {exc}") from None
-    # The section's table when there is one (not the proxy's own key `broker`, a list); otherwise the top level
-    # without the other program's table (one file may serve both).
-    if section and isinstance(document.get(section), dict):
-        table = document[section]
-    elif section:
-        others = {key for key, value in document.items() if key in PROGRAM_SECTIONS and isinstance(value, dict)}
-        table = {key: value for key, value in document.items() if key not in others}
-    else:
-        table = document
+    if not section:
+        return _table_values(cls, document, where)
+    # A program's table is a table (the proxy's own key `broker` is a list, a setting).
+    shared = {
+        key: value for key, value in document.items() if not (key in PROGRAM_SECTIONS and isinstance(value, dict))
+    }
+    values = _table_values(cls, shared, where)
+    own = document.get(section)
+    if isinstance(own, dict):
+        values.update(_table_values(cls, own, where))
+        for f in _fields(cls):  # a file_only key at the top level wins over the table's (``[[acl]]``)
+            if f.metadata.get("file_only") and _option(f) in document:
+                values[f.name] = document[_option(f)]
+    return values
+
+
+def _table_values(cls: type[Any], table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The settings of one table by field name; an unknown or replaced key is an error starting with `where`."""
     given = {str(key).replace("-", "_"): value for key, value in table.items()}
     values: dict[str, Any] = {}
     for f in _fields(cls):
         keys = [*f.metadata.get("aliases", ()), _option(f)]
-        if f.metadata.get("file_only") and keys[-1] in document:
-            given[keys[-1]] = document[keys[-1]]
         present = [key for key in keys if key in given]
         if present:
             values[f.name] = given[present[0]]

@@ -84,3 +84,29 @@ def test_one_config_file_serves_both_programs_each_reading_its_own_table(tmp_pat
     top_level = tmp_path / "broker.toml"  # a file without tables is still read from its top level
     top_level.write_text("queues-per-topic = 3\n")
     assert broker_settings([], {"POPGATE_CONFIG": str(top_level)}).queues_per_topic == 3
+
+
+def test_top_level_keys_are_shared_beside_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file with both tables: its top-level keys serve both programs, checked as the tables' are, and a program's
+    own table wins over them."""
+    from broker.settings import parse as broker_settings
+
+    shared = tmp_path / "popgate.toml"
+    shared.write_text(
+        'broker_token = "s3cret"\ntls-reload-s = "30s"\n'
+        '[broker]\nname = "b1"\ntls_reload_s = 5\n[proxy]\nbrokers = ["b1=127.0.0.1:9001"]\n'
+    )
+    broker = broker_settings([], {"POPGATE_CONFIG": str(shared)})
+    proxy = load([], {"POPGATE_CONFIG": str(shared)})
+    assert (broker.broker_token, broker.tls_reload_s, broker.name) == ("s3cret", 5.0, "b1")
+    assert (proxy.broker_token, proxy.tls_reload_s) == ("s3cret", 30.0)
+    shared.write_text('tls_reload_s = "bogus"\nno_such_setting = 1\n[broker]\nname = "b1"\n[proxy]\nbroker = []\n')
+    with pytest.raises(SettingsError, match=r"unknown keys \['no_such_setting'\]"):
+        load(BROKER, {"POPGATE_CONFIG": str(shared)})
+    with pytest.raises(SystemExit):
+        broker_settings([], {"POPGATE_CONFIG": str(shared)})
+    assert "unknown keys ['no_such_setting']" in capsys.readouterr().err
+    shared.write_text('tls_reload_s = "bogus"\n[broker]\nname = "b1"\n')
+    with pytest.raises(SystemExit):
+        broker_settings([], {"POPGATE_CONFIG": str(shared)})
+    assert f"POPGATE_CONFIG {shared}: tls_reload_s 'bogus' is not" in capsys.readouterr().err
