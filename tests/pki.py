@@ -28,19 +28,20 @@ def issue(folder: Path, *, names: tuple[str, ...], ca_name: str = "popgate-test-
     return _server_certificate(folder, ca, names, "tls")
 
 
-def renew(issued: Issued, *, names: tuple[str, ...]) -> Issued:
-    """A new key and certificate for `names` from `issued`'s CA (its folder), as a renewal by the same issuer."""
-    return _server_certificate(issued.ca.parent, issued.ca, names, "renewed")
+def renew(issued: Issued, *, names: tuple[str, ...], days: int = 1) -> Issued:
+    """A new key and certificate for `names` from `issued`'s CA (its folder), as a renewal by the same issuer, valid
+    for `days` (-1: one that expired a day ago)."""
+    return _server_certificate(issued.ca.parent, issued.ca, names, "renewed" if days > 0 else "expired", days)
 
 
-def _server_certificate(folder: Path, ca: Path, names: tuple[str, ...], stem: str) -> Issued:
+def _server_certificate(folder: Path, ca: Path, names: tuple[str, ...], stem: str, days: int = 1) -> Issued:
     ca_key = folder / "ca.key"
     key, csr, cert = folder / f"{stem}.key", folder / f"{stem}.csr", folder / f"{stem}.crt"
     _openssl("req", *_EC, "-subj", f"/CN={names[0]}", "-keyout", str(key), "-out", str(csr))
     sans = ",".join(name if name.startswith("IP:") else f"DNS:{name}" for name in names)
     (folder / "san.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
     _openssl(
-        "x509", "-req", "-days", "1", "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "x509", "-req", "-days", str(days), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
         "-extfile", str(folder / "san.ext"), "-in", str(csr), "-out", str(cert),
     )  # fmt: skip
     return Issued(ca, cert, key)

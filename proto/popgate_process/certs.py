@@ -46,6 +46,11 @@ class Loaded:
     context: ssl.SSLContext
 
 
+class Expired(ssl.SSLError):
+    """The certificate's notAfter has passed: it is not served —
+    tests/unit/process/test_certs.py::test_an_expired_certificate_is_not_served."""
+
+
 class Changed(Exception):
     """The files changed while they were loaded: the context may hold neither the old pair nor the new."""
 
@@ -55,11 +60,16 @@ def read(cert: str, key: str) -> Pem:
 
 
 def load(cert: str, key: str, *, alpn: Sequence[str] = ()) -> Loaded:
-    """The files as a server context; `ssl.SSLError` or `OSError` when they do not load as a pair, `Changed`
-    when they changed meanwhile. Blocking (file reads): off the event loop once it serves."""
+    """The files as a server context; `ssl.SSLError` or `OSError` when they do not load as a pair, `Expired` when
+    the certificate has expired (every client would refuse it), `Changed` when they changed meanwhile. Blocking
+    (file reads): off the event loop once it serves."""
     before = read(cert, key)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)  # checks that the key is the certificate's
+    not_after = expiry(before.chain)
+    if not_after <= time.time():
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(not_after))
+        raise Expired(ssl.SSL_ERROR_SSL, f"the certificate in {cert} expired at {when}")
     if alpn:
         context.set_alpn_protocols(list(alpn))
     if read(cert, key) != before:
@@ -265,6 +275,9 @@ class CertificateWatch(_Every):
             loaded = await asyncio.to_thread(load, self.cert, self.key, alpn=self.alpn)
         except Changed:
             return "changing"
+        except Expired as exc:
+            self._attempts.tried(pem)
+            return self._failed(f"are not served: {exc}")
         except (OSError, ssl.SSLError) as exc:
             self._attempts.tried(pem)
             return self._failed(f"do not load as a pair ({exc})")

@@ -24,6 +24,7 @@ from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 from popgate.cli.cluster import Child
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
+from tests.pki import issue, renew
 
 
 def wait_for_log(read: Callable[[], str], pattern: str, limit_s: float) -> re.Match[str]:
@@ -158,6 +159,7 @@ def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: 
     a_file.write_text("not a directory")
     empty = tmp_path / "empty.pem"
     empty.write_bytes(b"")
+    expired = renew(issue(tmp_path / "pki", names=("localhost",)), names=("localhost",), days=-1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -173,6 +175,7 @@ def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: 
             (proxy + ["--export-dir", str(a_file / "x")], 2, "popgate-proxy: --export-dir"),
             (proxy + ["--log-level", "verbose"], 2, "popgate-proxy: --log-level='verbose' out of range"),
             (proxy + ["--broker-tls-ca", str(empty)], 2, f"popgate-proxy: --broker-tls-ca {empty}: empty"),
+            (proxy + ["--tls-cert", str(expired.cert), "--tls-key", str(expired.key)], 2, f"{expired.cert} expired at"),
         ]
         for argv, code, says in cases:
             returncode, lines = _start_failure(argv)

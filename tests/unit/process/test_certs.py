@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from popgate_process import certs
-from tests.pki import Issued, issue
+from tests.pki import Issued, issue, renew
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +135,29 @@ def test_a_pair_that_changes_while_it_loads_is_not_served(pairs: tuple[Issued, I
         patch.setattr(ssl.SSLContext, "load_cert_chain", rewritten_meanwhile)
         with pytest.raises(certs.Changed):
             certs.load(cert, key)
+
+
+async def test_an_expired_certificate_is_not_served(pairs: tuple[Issued, Issued], tmp_path: Path) -> None:
+    """A pair that loads but whose certificate has expired (every client refuses it) is a failed reload: the
+    certificate before stays served. At start it is the start's error."""
+    a, _ = pairs
+    expired = await asyncio.to_thread(renew, a, names=("localhost", "IP:127.0.0.1"), days=-1)
+    with pytest.raises(ssl.SSLError, match="expired"):
+        certs.load(str(expired.cert), str(expired.key))
+    cert, key = install(a, tmp_path)
+    serving = certs.ServingContext(certs.load(cert, key, alpn=("h2",)))
+    registry = CollectorRegistry()
+    watch = certs.CertificateWatch(cert, key, serving, interval_s=0, metrics=certs.CertificateMetrics(registry, "test"))
+    await asyncio.to_thread(install, expired, tmp_path)
+    assert [await watch.check(), await watch.check()] == ["failed", "unchanged"]
+    assert reloads(registry) == {"failed": 1}
+    path = str(tmp_path / "tls.sock")
+    server = await serve(serving.context, path)
+    try:
+        assert await handshake(path, a.ca), "the certificate loaded before is still served"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def test_expiry_is_the_certificates_not_after(pairs: tuple[Issued, Issued], tmp_path: Path) -> None:
