@@ -16,6 +16,8 @@ from popgate_process.config import load_settings
 from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
+MAX_GRPC_MESSAGE_LIMIT = 2**31 - 1  # grpc takes its message limits as an int32
+MAX_QUEUES_PER_TOPIC = 256  # as a topic CreateTopic makes (broker/admin.py MAX_QUEUES)
 FLUSH_MODES = ("sync", "async")
 CONSUME_FROM = ("earliest", "latest")
 # What a gRPC message holds beyond the bytes --max-pop-bytes, --max-body-bytes and a Session's joined write count: a
@@ -183,7 +185,10 @@ class BrokerSettings:
             (self.consume_from in CONSUME_FROM, "consume_from must be earliest or latest"),
             (self.log_level.upper() in LOG_LEVELS, "log_level must be one of " + ", ".join(LOG_LEVELS)),
             (self.log_format in LOG_FORMATS, "log_format must be text or json"),
-            (self.queues_per_topic >= 1, "queues_per_topic must be >= 1"),
+            (
+                1 <= self.queues_per_topic <= MAX_QUEUES_PER_TOPIC,
+                f"queues_per_topic must be in 1..{MAX_QUEUES_PER_TOPIC}",
+            ),
             (1 <= self.max_delivery_attempts <= MAX_ATTEMPTS_LIMIT, "max_delivery_attempts must be in 1..2^31-1"),
             (self.max_held >= 0, "max_held must be >= 0"),
             (self.max_groups >= 1, "max_groups must be >= 1"),
@@ -209,6 +214,10 @@ class BrokerSettings:
             (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),
             (0 < self.retention_check_s <= 86400, "retention_check_s must be in (0, 86400]"),
             (self.export_interval_s > 0, "export_interval_s must be > 0"),
+            (
+                self.max_grpc_message_bytes <= MAX_GRPC_MESSAGE_LIMIT,
+                f"max_grpc_message_bytes must be <= {MAX_GRPC_MESSAGE_LIMIT} (2 GiB - 1)",
+            ),
             (
                 self.max_grpc_message_bytes >= self.min_grpc_message_bytes,
                 f"max_grpc_message_bytes must be >= {self.min_grpc_message_bytes} (the largest of max_pop_bytes, "

@@ -24,6 +24,7 @@ from proxy.auth import Account, accounts_from_config
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
 SERVERS = ("h2", "grpcio")
 BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+MAX_MESSAGE_LIMIT = 2**31 - 1  # grpc and the h2 server take a message limit as an int32
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +220,7 @@ class Settings:
     def _check_ranges(self) -> None:
         checks = [
             ("max_body_bytes", 1 <= self.max_body_bytes < self.max_message_bytes, "1 <= it < max_message_bytes"),
+            ("max_message_bytes", self.max_message_bytes <= MAX_MESSAGE_LIMIT, f"<= {MAX_MESSAGE_LIMIT} (2 GiB - 1)"),
             ("max_batch", 1 <= self.max_batch <= 32, "1..32"),
             ("queues_per_broker", 1 <= self.queues_per_broker <= 1024, "1..1024"),
             ("min_invisible_s", 0 < self.min_invisible_s <= self.max_invisible_s, "0 < it <= max_invisible_s"),

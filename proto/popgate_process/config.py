@@ -219,9 +219,11 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
     """
     where = where or f"--config {path}"
     try:
-        document = tomllib.loads(path.read_text())
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"{where}: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise SettingsError(f"{where}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start]:#04x})") from None
     if not section:
         return _table_values(cls, document, where)
     # A program's table is a table (the proxy's own key `broker` is a list, a setting).

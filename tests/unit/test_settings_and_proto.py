@@ -47,6 +47,8 @@ def test_invalid_settings_are_refused() -> None:
         {"name": "b1\n"},
         {"listen": "127.0.0.1:70000"},  # would listen on port 4464 (70000 - 65536)
         {"metrics_listen": "127.0.0.1:65536"},
+        {"max_grpc_message_bytes": 2**31},  # grpc's limit is an int32: OverflowError at start
+        {"queues_per_topic": 257},  # CreateTopic's bound; 10^9 queues: MemoryError at start
     ],
     ids=lambda setting: next(iter(setting)),
 )
@@ -101,3 +103,11 @@ def test_bad_group_max_attempts_are_refused_by_name(value: str, error: str, caps
     with pytest.raises(SystemExit):
         parse([], {"POPGATE_GROUP_MAX_ATTEMPTS": value})
     assert error in capsys.readouterr().err
+
+
+def test_an_auto_created_topic_has_at_most_the_queues_create_topic_allows() -> None:
+    from broker.admin import MAX_QUEUES
+
+    assert BrokerSettings(queues_per_topic=MAX_QUEUES).queues_per_topic == MAX_QUEUES
+    with pytest.raises(ValueError, match=f"queues_per_topic must be in 1..{MAX_QUEUES}"):
+        BrokerSettings(queues_per_topic=MAX_QUEUES + 1)

@@ -110,3 +110,18 @@ def test_top_level_keys_are_shared_beside_a_table(tmp_path: Path, capsys: pytest
     with pytest.raises(SystemExit):
         broker_settings([], {"POPGATE_CONFIG": str(shared)})
     assert f"POPGATE_CONFIG {shared}: tls_reload_s 'bogus' is not" in capsys.readouterr().err
+
+
+def test_a_config_file_that_is_not_utf8_is_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.settings import parse as broker_settings
+
+    config = tmp_path / "popgate.toml"
+    config.write_bytes(b'listen = "127.0.0.1:0"\n\xff = 1\n')
+    with pytest.raises(SettingsError) as proxy:
+        load([*BROKER, "--config", str(config)], {})
+    assert str(proxy.value) == f"--config {config}: not UTF-8 text (byte 23: 0xff)"
+    with pytest.raises(SystemExit):
+        broker_settings([], {"POPGATE_CONFIG": str(config)})
+    assert f"POPGATE_CONFIG {config}: not UTF-8 text" in capsys.readouterr().err

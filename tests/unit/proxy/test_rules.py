@@ -127,6 +127,7 @@ def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:
         (["--broker", "b1=h:1", "--receive-mode", "fast"], "choose one of"),
         (["--broker", "b1=h:1", "--max-batch", "64"], "--max-batch=64 out of range"),
         (["--broker", "b1=h:1", "--max-batch", "many"], "expected int"),
+        (["--broker", "b1=h:1", "--max-message-bytes", "2GiB"], "--max-message-bytes=2147483648 out of range"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message_naming_them(argv: list[str], message: str) -> None:
