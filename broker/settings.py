@@ -12,7 +12,7 @@ from popgate_contract import validation
 from popgate_contract.errors import DomainError
 from popgate_contract.session_client import MAX_WRITE_BYTES
 from popgate_contract.validation import parse_host_port
-from popgate_process.config import load_settings
+from popgate_process.config import MIN_INTERVAL_S, load_settings
 from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # an attempt count is an int32 in both protocols
@@ -210,10 +210,10 @@ class BrokerSettings:
             (self.transaction_check_interval_s > 0, "transaction_check_interval_s must be > 0"),
             (self.transaction_max_checks >= 1, "transaction_max_checks must be >= 1"),
             (self.max_delay_s >= 0, "max_delay_s must be >= 0"),
-            (self.sweep_interval_s > 0, "sweep_interval_s must be > 0"),
+            (self.sweep_interval_s >= MIN_INTERVAL_S, f"sweep_interval_s must be >= {MIN_INTERVAL_S}"),
             (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),
             (0 < self.retention_check_s <= 86400, "retention_check_s must be in (0, 86400]"),
-            (self.export_interval_s > 0, "export_interval_s must be > 0"),
+            (self.export_interval_s >= MIN_INTERVAL_S, f"export_interval_s must be >= {MIN_INTERVAL_S}"),
             (
                 self.max_grpc_message_bytes <= MAX_GRPC_MESSAGE_LIMIT,
                 f"max_grpc_message_bytes must be <= {MAX_GRPC_MESSAGE_LIMIT} (2 GiB - 1)",
@@ -224,7 +224,10 @@ class BrokerSettings:
                 f"max_body_bytes and a Session's {MAX_WRITE_BYTES} B write, plus {GRPC_MESSAGE_MARGIN} B)",
             ),
             (self.shutdown_grace_s >= 0, "shutdown_grace_s must be >= 0"),
-            (self.tls_reload_s >= 0, "tls_reload_s must be >= 0 (0 = never)"),
+            (
+                self.tls_reload_s == 0 or self.tls_reload_s >= MIN_INTERVAL_S,
+                f"tls_reload_s must be 0 (never) or >= {MIN_INTERVAL_S}",
+            ),
             ("://" not in self.export_dir, "export_dir must be a local directory, not a URI (docs/METRICS.md)"),
         ]
         for ok, message in checks:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from popgate_contract.validation import parse_host_port as parse_host_port
+from popgate_process.config import MIN_INTERVAL_S, settings_parser
 from popgate_process.config import SettingsError as SettingsError
 from popgate_process.config import load as load_config
-from popgate_process.config import settings_parser
 from popgate_process.logs import LOG_FORMATS, LOG_LEVELS
 from proxy.auth import Account, accounts_from_config
 
@@ -251,15 +251,19 @@ class Settings:
             ("max_telemetry_streams", self.max_telemetry_streams >= 1, ">= 1"),
             ("max_send_bytes", self.max_send_bytes >= 1024, ">= 1024"),
             ("send_chunk_bytes", self.send_chunk_bytes >= self.max_body_bytes, ">= max_body_bytes"),
-            ("health_interval_s", self.health_interval_s > 0, "> 0"),
-            ("broker_dns_interval_s", self.broker_dns_interval_s > 0, "> 0"),
+            ("health_interval_s", self.health_interval_s >= MIN_INTERVAL_S, f">= {MIN_INTERVAL_S}"),
+            ("broker_dns_interval_s", self.broker_dns_interval_s >= MIN_INTERVAL_S, f">= {MIN_INTERVAL_S}"),
             ("broker_forget_s", self.broker_forget_s >= 0, ">= 0"),
             ("health_timeout_s", 0 < self.health_timeout_s, "> 0"),
             ("shutdown_grace_s", self.shutdown_grace_s >= 0, ">= 0"),
             ("max_connection_age_s", self.max_connection_age_s >= 0, ">= 0 (0 = never)"),
             ("max_connection_age_grace_s", self.max_connection_age_grace_s >= 0, ">= 0"),
-            ("tls_reload_s", self.tls_reload_s >= 0, ">= 0 (0 = never)"),
-            ("export_interval_s", self.export_interval_s > 0, "> 0"),
+            (
+                "tls_reload_s",
+                self.tls_reload_s == 0 or self.tls_reload_s >= MIN_INTERVAL_S,
+                f"0 (never) or >= {MIN_INTERVAL_S}",
+            ),
+            ("export_interval_s", self.export_interval_s >= MIN_INTERVAL_S, f">= {MIN_INTERVAL_S}"),
             ("auth_skew_s", 0 < self.auth_skew_s <= 3600, "0 < it <= 3600"),
             ("adaptive_window_s", 0 < self.adaptive_window_s <= 3600, "0 < it <= 3600"),
             ("adaptive_rate_threshold", self.adaptive_rate_threshold >= 0, ">= 0 (0 = criterion off)"),

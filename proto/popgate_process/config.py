@@ -51,6 +51,9 @@ from popgate_process.units import DURATION_FORMS, SIZE_FORMS, format_duration, f
 
 T = TypeVar("T")
 PROGRAM_SECTIONS = frozenset(("broker", "proxy"))  # one file may hold a table for each program
+# The shortest period of a background task (sweep, export, health check, DNS lookup, TLS reload): each costs a
+# wake-up and some work, which a smaller value turns into a busy core.
+MIN_INTERVAL_S = 0.1
 
 
 class SettingsError(ValueError):

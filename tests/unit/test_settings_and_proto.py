@@ -43,6 +43,9 @@ def test_invalid_settings_are_refused() -> None:
         {"cache_bytes": -5},
         {"shutdown_grace_s": -1},
         {"export_interval_s": 0},
+        {"sweep_interval_s": 1e-9},  # shorter than 0.1 s: a busy core, and megabytes of snapshots a second
+        {"export_interval_s": 0.01},
+        {"tls_reload_s": 0.01},
         {"name": "b 1"},  # no proxy could name it in --broker NAME=HOST:PORT
         {"name": "b1\n"},
         {"listen": "127.0.0.1:70000"},  # would listen on port 4464 (70000 - 65536)

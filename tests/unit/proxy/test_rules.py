@@ -128,6 +128,13 @@ def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:
         (["--broker", "b1=h:1", "--max-batch", "64"], "--max-batch=64 out of range"),
         (["--broker", "b1=h:1", "--max-batch", "many"], "expected int"),
         (["--broker", "b1=h:1", "--max-message-bytes", "2GiB"], "--max-message-bytes=2147483648 out of range"),
+        (
+            ["--broker", "b1=h:1", "--health-interval-s", "1e-9"],
+            "--health-interval-s=1e-09 out of range: must be >= 0.1",
+        ),
+        (["--broker-srv", "x", "--broker-dns-interval-s", "0.01"], "--broker-dns-interval-s=0.01 out of range"),
+        (["--broker", "b1=h:1", "--export-interval-s", "0.01"], "--export-interval-s=0.01 out of range"),
+        (["--broker", "b1=h:1", "--tls-reload-s", "0.01"], "--tls-reload-s=0.01 out of range: must be 0 \\(never\\)"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message_naming_them(argv: list[str], message: str) -> None:
