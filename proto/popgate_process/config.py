@@ -270,6 +270,8 @@ def _read(f: dataclasses.Field[Any], kind: Any, value: Any, config: str) -> Any:
             return unit(value)
         except ValueError as exc:  # its words start with the value: "--max-body-bytes '4MB': sizes are ..."
             raise SettingsError(f"{f.name} {exc}") from None
+    if kind is Path and not str(value).strip():  # Path("") is the working directory: never what was meant
+        raise SettingsError(f"{f.name} must not be empty")
     if parse is None:
         try:
             return _convert(kind, value)

@@ -125,3 +125,18 @@ def test_a_config_file_that_is_not_utf8_is_named_in_one_line(
     with pytest.raises(SystemExit):
         broker_settings([], {"POPGATE_CONFIG": str(config)})
     assert f"POPGATE_CONFIG {config}: not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "named"),
+    [([], {"POPGATE_DATA_DIR": ""}, "POPGATE_DATA_DIR"), (["--data-dir", " "], {}, "--data-dir")],
+)
+def test_an_empty_data_directory_is_refused(
+    argv: list[str], environ: dict[str, str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the working directory, where the store would go unnoticed."""
+    from broker.settings import parse as broker_settings
+
+    with pytest.raises(SystemExit):
+        broker_settings(argv, environ)
+    assert f"{named} must not be empty" in capsys.readouterr().err
