@@ -48,6 +48,8 @@ def _group_attempts(value: object) -> tuple[tuple[str, int], ...]:
     pairs = []
     for group, n in items:
         try:
+            if isinstance(n, bool | float):  # a TOML true or 1.9: not truncated to 1
+                raise ValueError(n)
             pairs.append((group.strip(), int(n)))
         except (TypeError, ValueError):
             raise ValueError(f"{group}={n}: expected GROUP=N, N a whole number") from None

@@ -112,6 +112,10 @@ def _convert(kind: Any, value: Any) -> Any:
     if typing.get_origin(kind) is tuple:
         items = value if isinstance(value, list | tuple) else [v for v in str(value).split(",") if v.strip()]
         return tuple(str(v).strip() for v in items)
+    if kind in (int, float) and isinstance(value, bool):  # a TOML `true` is no number (int(True) is 1)
+        raise ValueError(value)
+    if kind is int and isinstance(value, float):  # a TOML 1.9 is not truncated to 1: whole numbers only, as from text
+        raise ValueError(value)
     return kind(value)
 
 

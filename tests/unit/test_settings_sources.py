@@ -140,3 +140,27 @@ def test_an_empty_data_directory_is_refused(
     with pytest.raises(SystemExit):
         broker_settings(argv, environ)
     assert f"{named} must not be empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("max_held = 1.9", "max_held 1.9: expected int"),
+        ("queues_per_topic = true", "queues_per_topic True: expected int"),
+        ("group_max_attempts = { billing = 2.5 }", "billing=2.5: expected GROUP=N, N a whole number"),
+    ],
+)
+def test_a_whole_number_setting_takes_only_whole_numbers_from_the_file(
+    line: str, error: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the flag and the variable do: not truncated to 1."""
+    from broker.settings import parse as broker_settings
+
+    config = tmp_path / "broker.toml"
+    config.write_text(line + "\n")
+    with pytest.raises(SystemExit):
+        broker_settings(["--config", str(config)], {})
+    assert error in capsys.readouterr().err
+    with pytest.raises(SettingsError, match="expected float"):
+        config.write_text("adaptive_rate_threshold = true\n")
+        load([*BROKER, "--config", str(config)], {})
