@@ -72,6 +72,10 @@ def make_options(
     # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
     duration("request_timeout", request_timeout, positive=True)
     roots = None
+    if isinstance(tls, str) and not tls.strip():  # neither a path nor a yes or no: refused, whatever it was meant as
+        raise ValueError(
+            f"tls={tls!r}: give a CA certificate file, or True for the system's roots, False for plaintext"
+        )
     if isinstance(tls, str | Path):
         roots = Path(tls).read_bytes()
         if b"-----BEGIN CERTIFICATE-----" not in roots:  # else gRPC retries a failing handshake for seconds

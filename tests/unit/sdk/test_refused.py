@@ -67,6 +67,13 @@ def test_a_tls_file_without_a_pem_certificate_is_refused_at_construction(content
         aio.SimpleConsumer(NOWHERE, "g", "t", tls=str(path))
 
 
+@pytest.mark.parametrize("tls", ["", " "])
+def test_an_empty_tls_file_name_is_refused_naming_the_option(tls: str) -> None:
+    """Not a read of the working directory (IsADirectoryError), nor plaintext as bool("") would say."""
+    with pytest.raises(ValueError, match=f"tls={tls!r}: give a CA certificate file, or True"):
+        Producer(NOWHERE, tls=tls)
+
+
 def test_a_bad_tls_ca_is_one_line_and_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "hostname"
     path.write_text("not a certificate\n")
