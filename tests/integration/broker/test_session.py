@@ -223,7 +223,8 @@ async def test_a_request_larger_than_the_broker_takes_fails_alone(make_broker: o
 async def test_a_first_request_larger_than_the_broker_takes_fails_alone(make_broker: object) -> None:
     """The broker's size limit comes with the stream's initial metadata: a new stream writes nothing before it,
     so a first request over it is refused alone too, the stream going on for the next."""
-    broker: BrokerHandle = make_broker("b1", "--max-grpc-message-bytes", str(1024 * 1024))  # type: ignore[operator]
+    limits = ("--max-grpc-message-bytes", "1088KiB", "--max-pop-bytes", "1MiB", "--max-body-bytes", "1MiB")
+    broker: BrokerHandle = make_broker("b1", *limits)  # type: ignore[operator]
     async with grpc.aio.insecure_channel(broker.address) as channel:
         session = BrokerSession(channel=channel).open()
         big = pb.SendRequest(messages=[pb.Message(topic="t", body=bytes(1_600_000))])
