@@ -74,6 +74,7 @@ def fill_pop(core: BrokerCore, asked: Asked, result: PopResult, out: pb.PopRespo
         stored.store_ms = p.store_ms
     out.polling_full = result.polling_full
     out.held = result.held
+    out.closing = result.closing
     return result
 
 

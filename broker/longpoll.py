@@ -26,7 +26,8 @@ class Outcome(enum.Enum):
     SERVED = "served"
     TIMED_OUT = "timed_out"
     FULL = "full"
-    CLOSED = "closed"
+    CLOSED = "closed"  # the broker is stopping
+    ENDED = "ended"  # the key's group or topic was deleted
 
 
 class Kind(enum.Enum):
@@ -235,7 +236,7 @@ class HoldService:
         for group in list(self._waiters.get(key, {}).values()):
             for waiter in list(group):
                 self._remove(key, waiter)
-                ended += waiter.resolve(Outcome.CLOSED)
+                ended += waiter.resolve(Outcome.ENDED)
         return ended
 
     def end_topic(self, topic: str) -> int:

@@ -50,6 +50,7 @@ class PopResult:
     messages: list[Popped]
     polling_full: bool = False
     held: bool = False  # parked in the hold before this answer (is_long_polling)
+    closing: bool = False  # answered before its poll time because the broker is stopping
 
 
 @dataclass(frozen=True, slots=True)

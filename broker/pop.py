@@ -107,9 +107,10 @@ class Pops:
                     raise
                 self.hold.leave((topic, group), waiter)
                 del waiter
-            held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT))
+            held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT, Outcome.ENDED))
             if outcome is not Outcome.SERVED:
-                return PopResult([], polling_full=outcome is Outcome.FULL, held=held)
+                closing = outcome is Outcome.CLOSED and wait_s > 0  # its poll cut short by the broker stopping
+                return PopResult([], polling_full=outcome is Outcome.FULL, held=held, closing=closing)
             # Woken for a message this Pop's filter matches: read with that filter, which another Pop of the
             # group may have replaced meanwhile (reading with that one would skip the message for the group).
             state = self.consumers.reader(group, topic, tag_filter, ops)

@@ -133,14 +133,16 @@ class PoppedMessage(_message.Message):
     def __init__(self, stored: _Optional[_Union[StoredMessage, _Mapping]] = ..., receipt_handle: _Optional[str] = ..., delivery_attempt: _Optional[int] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
 class PopResponse(_message.Message):
-    __slots__ = ("messages", "polling_full", "held")
+    __slots__ = ("messages", "polling_full", "held", "closing")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     POLLING_FULL_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[PoppedMessage]
     polling_full: bool
     held: bool
-    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ..., polling_full: _Optional[bool] = ..., held: _Optional[bool] = ...) -> None: ...
+    closing: bool
+    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ..., polling_full: _Optional[bool] = ..., held: _Optional[bool] = ..., closing: _Optional[bool] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("topic", "group", "receipt_handles")

@@ -196,9 +196,9 @@ class LongPollStrategy:
                 if not response.messages and not waits:
                     answered = True
                     continue
-                if not response.messages and not response.held and poll_end - loop.time() > MIN_ATTEMPT_S:
-                    # Not held, with poll time left: the broker is stopping (it answers what it holds at once). The
-                    # next broker is asked for the time left, as when a broker is down — test_coupled.py::
+                if not response.messages and response.closing and poll_end - loop.time() > MIN_ATTEMPT_S:
+                    # The broker is stopping (it answers what it holds at once): the next broker is asked for the
+                    # time left, as when a broker is down — test_coupled.py::
                     # test_a_long_poll_a_stopping_broker_ends_at_once_goes_on_at_the_next_broker
                     self._failed_now(request.topic, client, loop.time(), broker_failed=True)
                     answered = True

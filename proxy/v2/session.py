@@ -99,13 +99,21 @@ class RequestContext:
 async def _written_anyway(written: asyncio.Future[None], writer_ended: asyncio.Future[None]) -> None:
     """A receive cut (the connection's age, the proxy stopping) once its last messages and OK status were queued: the
     writer writes them all the same, the client reading the whole answer. So the cut waits for that write (as long
-    as the writer writes) and is undone when it went out: the messages are the client's, not given back as well —
+    as the writer writes, at most SETTLE_S + WRITER_DRAIN_S: past a stopping stream's settling, whose close cuts it
+    again) and is undone when it went out: the messages are the client's, not given back as well —
     tests/unit/proxy/test_session_cuts.py::test_a_receive_cut_as_its_answer_is_written_is_delivered_not_given_back."""
-    await asyncio.wait((written, writer_ended), timeout=WRITER_DRAIN_S, return_when=asyncio.FIRST_COMPLETED)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + SETTLE_S + WRITER_DRAIN_S
+    cuts = 1
+    while not (written.done() or writer_ended.done()) and (left := end - loop.time()) > 0:
+        try:
+            await asyncio.wait((written, writer_ended), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cuts += 1  # cut again (the stream's close): the write's outcome still decides
     if written.done() and not written.cancelled():
         task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        for _ in range(cuts if task is not None else 0):
+            task.uncancel()  # type: ignore[union-attr]
         return
     written.cancel()  # not written: dropped if still queued, and the receive gives its messages back
     raise asyncio.CancelledError

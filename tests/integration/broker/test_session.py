@@ -139,7 +139,8 @@ async def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(m
         loop = asyncio.get_running_loop()
         started = loop.time()
         stopping = loop.run_in_executor(None, broker.proc.stop)
-        assert (await asyncio.wait_for(held_pop, 10)).messages == []  # answered, not cut off
+        answered = await asyncio.wait_for(held_pop, 10)
+        assert answered.messages == [] and answered.closing  # answered, not cut off, and said to be stopping
         with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ended: a new request is refused
             await asyncio.wait_for(session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")])), 10)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE

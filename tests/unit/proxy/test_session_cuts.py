@@ -83,3 +83,30 @@ async def test_a_receive_cut_as_its_answer_is_written_is_delivered_not_given_bac
     got = [m.system_properties.message_id for a in answers for m in a.receive.messages.messages]
     assert got == ["m1", "m2"] and answers[-1].receive.status.code == v2.OK
     assert broker.ready == []  # not given back
+
+
+async def test_a_receive_cut_again_by_the_streams_close_while_written_still_stands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write longer than the stream's settling: its close cuts the receive a second time while the write goes
+    on; the write's outcome still decides (written: delivered, not given back)."""
+    monkeypatch.setattr(session, "SETTLE_S", 0.2)
+    monkeypatch.setattr(session, "WRITER_DRAIN_S", 0.2)
+
+    class SlowerContext(SlowDrainingContext):
+        async def write(self, message: bytes) -> None:
+            self.writing.set()
+            await asyncio.sleep(0.3)  # longer than SETTLE_S
+            self.written.append(ext.SessionResponse.FromString(message))
+
+    broker = FakeBroker("b1")
+    broker.ready = [popped("b1", "m1"), popped("b1", "m2")]
+    service, _ = service_over(broker)
+    context = SlowerContext()
+    request = ext.SessionRequest(id=7, timeout_ms=30_000, receive=receive_request())
+    task = asyncio.ensure_future(session.serve(service, stream(request, until=asyncio.Event()), context))
+    await asyncio.wait_for(context.writing.wait(), 5)
+    context.event.set()
+    await asyncio.wait_for(task, 10)
+    got = [m.system_properties.message_id for a in context.answers for m in a.receive.messages.messages]
+    assert got == ["m1", "m2"] and broker.ready == []

@@ -210,7 +210,7 @@ async def test_a_long_poll_a_stopping_broker_ends_at_once_goes_on_at_the_next_br
         async def pop(request: bpb.PopRequest, *, timeout_s: float, name: str = name, real: Any = real_pop) -> Any:
             if name in stopping:
                 await asyncio.sleep(0.05)
-                return bpb.PopResponse(held=False)  # what a closing HoldService answers
+                return bpb.PopResponse(closing=True)  # what a stopping broker answers its held Pops
             return await real(request, timeout_s=timeout_s)
 
         brokers[name].pop = pop  # type: ignore[method-assign]
