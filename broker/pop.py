@@ -256,8 +256,8 @@ def take_new(
     active = [topic.queues[(start + i) % n] for i in range(n)]
     if any(queue.priority is not None for queue in active):
         first = len(picks)
-        for queue, count in _priority_shares(consumers, state, active, want, ops):
-            _take_from(consumers, state, queue, count, ops, picks)
+        for queue, chosen in _priority_shares(consumers, state, active, want, ops):
+            _take_from(consumers, state, queue, len(chosen), ops, picks, chosen)
         picks[first:] = sorted(picks[first:], key=lambda pick: -_level(topic.queues[pick[0]], pick[1]))
         return
     while want > 0 and active:
@@ -280,14 +280,16 @@ def _take_from(
     count: int,
     ops: list[Op],
     picks: list[tuple[int, int, int]],
+    chosen: list[int] | None = None,
 ) -> tuple[int, bool]:
-    """Up to `count` new messages of one queue appended to `picks`: how many, and whether it has more to read."""
+    """Up to `count` new messages of one queue appended to `picks` (`chosen`: those of a priority queue, found by
+    `_priority_shares`): how many, and whether it has more to read."""
     gq = consumers.group_queue(state, queue, ops)
     before = gq.pull_offset
     end = readable_end(gq, queue)
     if queue.priority is not None:
         passed: list[int] = []
-        offsets = take_prioritized(queue, gq, state.filter, count, end, passed)
+        offsets = take_prioritized(queue, gq, state.filter, count, end, passed, chosen)
         ops.extend(DeleteInflight(state.group, state.topic, queue.queue_id, o) for o in passed)
     else:
         offsets = list(queue.matching(gq.pull_offset, state.filter, count, end))
@@ -305,9 +307,10 @@ def _level(queue: QueueLog, offset: int) -> int:
 
 def _priority_shares(
     consumers: ConsumerGroups, state: GroupTopic, queues: list[QueueLog], want: int, ops: list[Op]
-) -> list[tuple[QueueLog, int]]:
-    """How many of the `want` best new messages over `queues` each queue gives: by priority, then each queue's own
-    order, equals taken from the queues in turn (their rotation, as plain Pops share)."""
+) -> list[tuple[QueueLog, list[int]]]:
+    """Which of the `want` best new messages over `queues` each queue gives (in its own order): by priority, then
+    each queue's own order, equals taken from the queues in turn (their rotation, as plain Pops share)."""
+    found: list[list[int]] = []
     ranked: list[tuple[int, int, int]] = []  # (-priority, place in its queue, queue's turn)
     for turn, queue in enumerate(queues):
         gq = consumers.group_queue(state, queue, ops)
@@ -316,9 +319,10 @@ def _priority_shares(
             offsets = list(queue.matching(gq.pull_offset, state.filter, want, end))
         else:
             offsets = best(queue, gq, state.filter, want, end)
+        found.append(offsets)
         ranked += [(-_level(queue, o), place, turn) for place, o in enumerate(offsets)]
     counts = Counter(turn for _, _, turn in heapq.nsmallest(want, ranked))
-    return [(queues[turn], count) for turn, count in sorted(counts.items())]
+    return [(queues[turn], found[turn][:count]) for turn, count in sorted(counts.items())]
 
 
 async def read_payloads(store: Store, topic: TopicLog, picks: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:

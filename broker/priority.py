@@ -20,16 +20,23 @@ WINDOW = 1024  # matching messages past a group's pull offset that a priority Po
 
 
 def take_prioritized(
-    queue: QueueLog, gq: GroupQueue, tag_filter: TagFilter, want: int, end: int, passed: list[int] | None = None
+    queue: QueueLog,
+    gq: GroupQueue,
+    tag_filter: TagFilter,
+    want: int,
+    end: int,
+    passed: list[int] | None = None,
+    chosen: list[int] | None = None,
 ) -> list[int]:
-    """Up to `want` offsets in [pull offset, end) the group has not taken, highest priority first; they are
-    recorded as taken and the pull offset moves past every taken one at its front. The offsets taken ahead earlier
-    and done (acked, dead-lettered: their stored rows are ACKED_AHEAD marks, broker.inflight) that the pull offset
-    now passes are appended to `passed`: their marks can go."""
+    """Up to `want` offsets in [pull offset, end) the group has not taken, highest priority first (`chosen`: `best`
+    of them, already found); they are recorded as taken and the pull offset moves past every taken one at its front.
+    The offsets taken ahead earlier and done (acked, dead-lettered: their stored rows are ACKED_AHEAD marks,
+    broker.inflight) that the pull offset now passes are appended to `passed`: their marks can go."""
     before = gq.ahead if gq.ahead is not None else set()
     ahead = set(before)
     priority = queue.priority or {}
-    chosen = best(queue, gq, tag_filter, want, end)
+    if chosen is None:
+        chosen = best(queue, gq, tag_filter, want, end)
     ahead.update(chosen)
     new_pull = end
     for offset in queue.matching(gq.pull_offset, tag_filter, len(ahead) + 1, end):
