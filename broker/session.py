@@ -313,6 +313,7 @@ async def serve(
         session.room.set()
         with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, TimeoutError):
             await asyncio.wait_for(writer, WRITER_DRAIN_S)
-    if violation is not None:  # test_session_stream.py::test_a_request_reusing_a_pending_id_ends_the_stream
+    # tests/integration/broker/test_session.py::test_a_request_reusing_a_pending_id_ends_the_stream
+    if violation is not None:
         context.set_trailing_metadata(((ERROR_KEY, violation.name),))  # named, as every refusal of the broker's
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, violation.message)

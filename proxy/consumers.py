@@ -51,9 +51,9 @@ class ConsumerBook:
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)
 
-    def gone(self, client_id: str) -> None:
-        """The client ended (NotifyClientTermination): not live any more."""
-        for key in [k for k in self._seen if k[1] == client_id]:
+    def gone(self, client_id: str, group: str = "") -> None:
+        """The client ended (NotifyClientTermination): not live any more, in `group` only when one is named."""
+        for key in [k for k in self._seen if k[1] == client_id and (not group or k[0] == group)]:
             del self._seen[key]
             self.changed = True
 

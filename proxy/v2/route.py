@@ -80,5 +80,7 @@ async def notify_client_termination(
     group = validate.group_in(request.group.resource_namespace, request.group.name) if request.group.name else ""
     await call.proxy.renewer.terminated(call.client_id, account=call.account, group=group)
     if group or not call.account:  # with accounts, a consumer's own (it names its group, whose rights it has)
-        call.proxy.consumers.gone(call.client_id)
+        # Only that group's sighting with accounts: another account's client of the same id stays listed —
+        # tests/unit/proxy/test_admin_fanout.py::test_a_termination_naming_a_group_ends_only_that_groups_sighting
+        call.proxy.consumers.gone(call.client_id, group if call.account else "")
     return pb.NotifyClientTerminationResponse(status=OK)

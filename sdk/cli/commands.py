@@ -260,7 +260,7 @@ def _received(args: argparse.Namespace, tally: _Tally, look: OnePass, *, interru
         summary = f"received {plural(got)}"
     elif acked == got:
         summary = f"received and acked {plural(got)}"
-    elif tally.acking:  # test_commands.py::test_receive_counts_an_ack_cut_short_by_ctrl_c_as_unknown
+    elif tally.acking:  # test_interrupted.py::test_receive_counts_an_ack_cut_short_by_ctrl_c_as_unknown
         summary = f"received {plural(got)} ({acked} acked, {tally.acking} in an ack cut short: acked, or back later)"
     else:
         summary = f"received {plural(got)} ({acked} acked)"

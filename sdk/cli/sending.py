@@ -198,7 +198,7 @@ def send_command(args: argparse.Namespace) -> int:
 
 def _interrupted(code: int, in_flight: int) -> str:
     """What the summary adds when Ctrl-C stopped the sends: a send cut short may have been stored, or not —
-    test_commands.py::test_send_counts_a_send_cut_short_by_ctrl_c_as_unknown."""
+    test_interrupted.py::test_send_counts_a_send_cut_short_by_ctrl_c_as_unknown."""
     if not code:
         return ""
     if not in_flight:

@@ -102,6 +102,16 @@ async def test_a_change_names_the_brokers_discovery_retired_as_not_asked() -> No
     assert failures == []
 
 
+def test_a_termination_naming_a_group_ends_only_that_groups_sighting() -> None:
+    book = ConsumerBook()
+    book.seen("host@1", "ga", 1_000)
+    book.seen("host@1", "gb", 1_000)
+    book.gone("host@1", "gb")
+    assert [(c.group, c.client_id) for c in book.live(2_000)] == [("ga", "host@1")]
+    book.gone("host@1")
+    assert book.live(2_000) == []
+
+
 async def test_the_reporter_sends_the_whole_book_to_live_brokers() -> None:
     up, down = AdminBroker("b1", bpb.ReportConsumersResponse()), AdminBroker("b2", fail=errors.BrokerUnavailable("x"))
     book = ConsumerBook()
