@@ -19,6 +19,8 @@ from popgate_contract.errors import InvalidReceiptHandle
 from popgate_contract.receipt import broker_of
 from proxy.ports import BrokerClient
 
+MAX_ROTATIONS = 10_000  # rotation names kept (a group's receives: one each), the longest unused dropped first
+
 
 class BrokerPool:
     def __init__(self, clients: Mapping[str, BrokerClient], *, first_turn: int | None = None) -> None:
@@ -40,7 +42,9 @@ class BrokerPool:
     def candidates(self, key: str | None = None, *, rotation: str = "send") -> list[BrokerClient]:
         """Every broker in the order to try: the choice first, then fail-over (live before down).
 
-        Without a key the choice rotates; each `rotation` name (send, receive) has its own turn.
+        Without a key the choice rotates; each `rotation` name has its own turn (sends one, each topic and group's
+        receives theirs: a group's receives interleaved with others' at a fixed ratio would otherwise always land on
+        the same brokers — test_coupled.py::test_a_groups_receives_rotate_over_the_brokers_whatever_others_do).
         """
         names = self._names
         if key is not None:  # the group's broker first, whichever brokers are live
@@ -48,8 +52,10 @@ class BrokerPool:
         live = [n for n in names if self._clients[n].healthy]
         down = [n for n in names if not self._clients[n].healthy]
         if live and key is None:
-            turn = self._next.get(rotation, self._first_turn)
-            self._next[rotation] = turn + 1
+            turn = self._next.pop(rotation, self._first_turn)
+            self._next[rotation] = turn + 1  # last used last: the rotations left unused longest go first
+            if len(self._next) > MAX_ROTATIONS:
+                del self._next[next(iter(self._next))]
             start = turn % len(live)
             live = live[start:] + live[:start]
         return [self._clients[n] for n in live + down]

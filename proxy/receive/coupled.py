@@ -115,7 +115,7 @@ class LongPollStrategy:
             until, recoveries = failed.get((request.topic, client.name), (0.0, None))
             return until > now and (recoveries is None or recoveries == client.recoveries)
 
-        candidates = self._pool.candidates(rotation="receive")
+        candidates = self._pool.candidates(rotation=f"receive\x00{request.topic}\x00{request.group}")
         # stable: keeps the turn among equals
         return sorted(candidates, key=lambda c: (not c.healthy, recently_failed(c), len(held.get(c.name, ()))))
 

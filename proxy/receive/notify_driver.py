@@ -263,7 +263,7 @@ class NotifyStrategy:
             if closing.is_set():
                 return ReceiveResult([], "closing")
             now = loop.time()
-            candidates = self._pool.candidates(rotation="receive")
+            candidates = self._pool.candidates(rotation=f"receive\x00{request.topic}\x00{request.group}")
             live = [c.name for c in candidates if c.healthy]
             # Those down are watched once they are back. Every broker when none passed its last health check:
             # the checks may be stale, the calls will tell.

@@ -225,3 +225,21 @@ async def test_a_long_poll_a_stopping_broker_ends_at_once_goes_on_at_the_next_br
             broker.put(popped(broker.name, "after"))
     result = await asyncio.wait_for(receive, 5)
     assert ids(result) == ["after"]
+
+
+async def test_a_groups_receives_rotate_over_the_brokers_whatever_others_do() -> None:
+    """Three brokers, a backlog on b1 only, and each receive of group a followed by two of group b: with one turn
+    for every receive of the proxy, a's receives would land on the same broker each time (never b1, here). Each
+    group's receives have their own turn, so a's reach b1 every third time."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    brokers["b1"].put(*(popped("b1", f"m{i}") for i in range(30)))
+    strategy = LongPollStrategy(BrokerPool(brokers, first_turn=1), broker_timeout_s=1.0)
+    loop = asyncio.get_running_loop()
+    got = 0
+    for _ in range(9):
+        a = ReceiveRequest("t", "a", "*", 1, 30_000, 0.01, loop.time() + 1.0)
+        got += bool((await strategy.receive(a, asyncio.Event())).messages)
+        for _ in range(2):
+            b = ReceiveRequest("other", "b", "*", 1, 30_000, 0.0, loop.time() + 1.0)
+            await strategy.receive(b, asyncio.Event())
+    assert got >= 3
