@@ -300,8 +300,9 @@ class Proxy:
     async def ack(
         self, topic: str, group: str, handles: Sequence[str], *, deadline: float | None = None
     ) -> list[errors.DomainError | None]:
-        """Ack each handle at the broker it names; per handle None (acked) or the error."""
-        self.renewer.forget(handles)
+        """Ack each handle at the broker it names; per handle None (acked) or the error. Renewal of a handle stops
+        once its ack is answered, unless it failed retriably (the client acks again: meanwhile the message stays
+        invisible) — test_core.py::test_a_handle_whose_ack_failed_retriably_goes_on_being_renewed."""
         outcome: list[errors.DomainError | None] = [None] * len(handles)
         by_broker, refused = self.pool.by_broker(handles)
         for index, error in refused:
@@ -321,11 +322,14 @@ class Proxy:
             for i in indexes[len(response.results) :]:
                 outcome[i] = errors.BrokerFailure(f"broker {client.name} returned no result for this handle")
 
-        if len(by_broker) == 1:  # awaited in place: a task per call only where brokers are asked at once
-            [(client, indexes)] = by_broker.values()
-            await one(client, indexes)
-        else:
-            await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
+        try:
+            if len(by_broker) == 1:  # awaited in place: a task per call only where brokers are asked at once
+                [(client, indexes)] = by_broker.values()
+                await one(client, indexes)
+            else:
+                await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
+        finally:
+            self.renewer.forget(h for h, error in zip(handles, outcome, strict=True) if not _retriable(error))
         return outcome
 
     async def change_invisible(
@@ -345,3 +349,7 @@ class Proxy:
         self.renewer.forget((handle,))
         request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle)
         await client.dead_letter(request, timeout_s=self._timeout_until(deadline))
+
+
+def _retriable(error: errors.DomainError | None) -> bool:
+    return error is not None and error.retriable

@@ -256,3 +256,16 @@ async def test_broker_calls_end_before_the_clients_deadline() -> None:
     await proxy.send([msg(1)], deadline=now + 0.5)
     await proxy.ack("t", "g", [handle("b1")])  # no client deadline: the broker timeout
     assert all(t <= 0.41 for t in timeouts[:2]) and timeouts[2] == 3.0  # the default broker_timeout_s
+
+
+async def test_a_handle_whose_ack_failed_retriably_goes_on_being_renewed() -> None:
+    """An auto_renew handle's renewal stops once its ack is answered, but not when the ack failed retriably (a
+    broker timing out): the client acks again later, and meanwhile the message must stay invisible."""
+    proxy, brokers = make("b1")
+    forgotten: list[str] = []
+    proxy.renewer.forget = forgotten.extend  # type: ignore[method-assign,assignment]
+    brokers["b1"].fail = errors.BrokerTimeout("broker b1 did not answer in time")
+    [failed] = await proxy.ack("t", "g", [handle("b1")])
+    assert isinstance(failed, errors.BrokerTimeout) and forgotten == []
+    brokers["b1"].fail = None
+    assert await proxy.ack("t", "g", [handle("b1")]) == [None] and forgotten == [handle("b1")]
