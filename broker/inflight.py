@@ -13,16 +13,34 @@ from __future__ import annotations
 
 import heapq
 import os
-import random
 from collections import deque
 from dataclasses import dataclass
 
 from broker.filters import MATCH_ALL, TagFilter
 from broker.store import DeleteInflight, Op, PutInflight, SetGroupFilter, SetPullOffset
 
-# Delivery tokens only have to be unguessable by a client that never saw the handle,
-# not cryptographically strong: a seeded PRNG avoids a syscall per message.
-tokens = random.Random(os.urandom(16))
+
+class _Tokens:
+    """Delivery and transaction tokens: random bits from the OS (a consumer seeing many handles cannot predict the
+    next ones, as it could a seeded PRNG's), read 1,024 tokens at a time so that a token costs no syscall —
+    tests/unit/broker/test_inflight_and_lag.py::test_tokens_are_48_random_bits_that_do_not_repeat."""
+
+    __slots__ = ("_buffer", "_at")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._at = 0
+
+    def getrandbits(self, bits: int) -> int:
+        size = (bits + 7) // 8
+        if self._at + size > len(self._buffer):
+            self._buffer, self._at = os.urandom(1024 * size), 0
+        token = int.from_bytes(self._buffer[self._at : self._at + size], "big") >> (8 * size - bits)
+        self._at += size
+        return token
+
+
+tokens = _Tokens()
 
 # The attempt of a stored in-flight row that is no delivery but a mark: the message was taken ahead of the pull
 # offset (broker.priority) and is acked or dead-lettered. It keeps the message taken across a restart until the

@@ -1,5 +1,5 @@
 from broker.filters import MATCH_ALL, TagFilter
-from broker.inflight import Delivery, GroupTopic
+from broker.inflight import Delivery, GroupTopic, tokens
 from broker.lag import queue_lag
 from broker.log import ENTRY_BYTES, PayloadCache, QueueLog
 from broker.store import Record
@@ -116,3 +116,9 @@ def test_compacting_the_deadline_heap_does_not_expire_a_delivery_twice() -> None
         state.deliver(0, offset, Delivery(1, offset + 1, 10_000))
         state.remove(0, offset)
     assert state.take_expired(200, 10) == []  # offset 0 was taken once already
+
+
+def test_tokens_are_48_random_bits_that_do_not_repeat() -> None:
+    drawn = [tokens.getrandbits(48) for _ in range(5000)]  # across several refills of the buffer
+    assert all(0 <= t < 1 << 48 for t in drawn) and len(set(drawn)) == len(drawn)
+    assert max(drawn).bit_length() > 40  # the high bits are drawn too
