@@ -125,6 +125,7 @@ class ProducerBase(ClientBase):
             raise ValueError("a checker needs the topics (a list) whose transactions it is asked about: topics=[...]")
         self._checker = checker
         self._topics = tuple(topics)
+        self._open_halves: set[str] = set()  # message ids of this producer's transactions not ended yet
         super().__init__(endpoint, **options)
 
     # Whether the proxy takes SharedSends: True once it took one; None, not known yet; False, a proxy older than

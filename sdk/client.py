@@ -36,8 +36,9 @@ class Producer(ProducerBase, _SyncClient):
             the same cluster (popgate keeps them apart as RocketMQ does; empty: none).
         request_timeout: Deadline of each call, seconds (at most 7 days, as every duration the SDK takes).
         retry: Back-off for retriable errors (overload, broker failover, proxy restarts).
-        checker: Asked about this producer's topics' transactions their producer left unresolved (see
-            `popgate.transactions`): True commits, False rolls back, None asks again later.
+        checker: Asked about this producer's topics' transactions still unresolved after the broker's immunity
+            (see `popgate.transactions`), from the local transaction's record: True commits, False rolls back,
+            None asks again later. Checks of this producer's own transactions not ended yet are answered None.
         topics: The topics whose transactions ``checker`` is asked about (needed with it).
 
     Example:

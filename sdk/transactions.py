@@ -1,12 +1,14 @@
 """Transactions and their checker, for `Producer.transaction` (blocking) and `popgate.aio.Producer.transaction`.
 
 A transaction's messages are stored as half messages no consumer sees until the transaction commits; a rollback
-discards them. Leaving a ``with`` block commits, leaving it with an exception rolls back. A producer that dies
-before either leaves its half messages to the **checker**: the broker asks a producer of the same topic (any
-instance, through any proxy) whether to commit, and after 15 unanswered checks rolls back.
+discards them. Leaving a ``with`` block commits, leaving it with an exception rolls back. A transaction still
+unresolved after the broker's immunity (its producer died, or its local work is slow) is left to the **checker**:
+the broker asks a producer of the same topic (any instance, through any proxy) whether to commit, and after 15
+unanswered checks rolls back. The checker answers from the local transaction's own record; a producer answers
+"unknown" for its own transactions not ended yet without asking it.
 
     >>> def checker(message: Message) -> bool | None:  # doctest: +SKIP
-    ...     return orders.exists(message.keys[0])  # True: commit, False: roll back, None: ask again later
+    ...     return orders.outcome(message.keys[0])  # True: committed, False: failed, None: no outcome yet
     >>> with Producer(endpoint, checker=checker, topics=["orders"]) as producer:  # doctest: +SKIP
     ...     with producer.transaction() as tx:
     ...         tx.send("orders", b"created", keys=["o-1"])
@@ -36,19 +38,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Checker = Callable[[Message], "bool | None | Awaitable[bool | None]"]
-"""Asked about a half message its producer left unresolved: True commits, False rolls back, None (or an
-exception) leaves it to a later check. The asyncio producer also takes a coroutine function."""
+"""Asked about a half message left unresolved: True commits, False rolls back, None (or an exception) leaves it
+to a later check. It answers from the local transaction's record: the transaction may still be under way in another
+instance. The asyncio producer also takes a coroutine function."""
 
 RECONNECT_S = 1.0  # a check stream that broke is opened again after this long
 Half = tuple[str, str, str]  # topic, message id, transaction id
 
 
 class _Halves:
-    """What a transaction sent, and whether it ended (shared by the blocking and the asyncio transaction)."""
+    """What a transaction sent, and whether it ended (shared by the blocking and the asyncio transaction).
 
-    def __init__(self) -> None:
+    Until its commit or rollback is over, the message ids of its halves are in the producer's ``_open_halves``:
+    a check of one is answered "unknown" without asking the checker (`_own_open`)."""
+
+    def __init__(self, open_halves: set[str]) -> None:
         self._halves: list[Half] = []
         self._ended = False
+        self._open_halves = open_halves
 
     def _check_open(self) -> None:
         if self._ended:
@@ -56,12 +63,26 @@ class _Halves:
 
     def _sent(self, topic: str, receipt: SendReceipt) -> SendReceipt:
         self._halves.append((topic, receipt.message_id, receipt.transaction_id))
+        self._open_halves.add(receipt.message_id)
         return receipt
 
     def _finish(self) -> list[Half]:
         self._check_open()
         self._ended = True
         return self._halves
+
+    def _forget(self) -> None:
+        """The commit or rollback is over (what failed of it is the checker's now)."""
+        for _, message_id, _ in self._halves:
+            self._open_halves.discard(message_id)
+
+
+def _own_open(producer: Producer | AsyncProducer, message: Message) -> bool:
+    """Whether a check asks about a half of this producer's own transaction still under way: the answer is
+    "unknown" (asked again later), as RocketMQ's producers answer for a local transaction in progress, never the
+    checker's, which cannot know the block's outcome — tests/unit/sdk/test_transactions.py::
+    test_a_check_of_the_producers_own_open_transaction_is_answered_unknown_without_the_checker."""
+    return message.message_id in producer._open_halves
 
 
 def _raise_failures(failures: list[tuple[str, errors.PopgateError]], commit: bool) -> None:
@@ -87,7 +108,7 @@ class Transaction(_Halves):
     """
 
     def __init__(self, producer: Producer) -> None:
-        super().__init__()
+        super().__init__(producer._open_halves)
         self._producer = producer
 
     def send(
@@ -117,11 +138,14 @@ class Transaction(_Halves):
 
     def _end(self, commit: bool) -> None:
         failures: list[tuple[str, errors.PopgateError]] = []
-        for topic, message_id, transaction_id in self._finish():
-            try:
-                self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
-            except errors.PopgateError as failed:
-                failures.append((message_id, failed))
+        try:
+            for topic, message_id, transaction_id in self._finish():
+                try:
+                    self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+                except errors.PopgateError as failed:
+                    failures.append((message_id, failed))
+        finally:
+            self._forget()
         _raise_failures(failures, commit)
 
     def __enter__(self) -> Self:
@@ -145,7 +169,7 @@ class AsyncTransaction(_Halves):
     """The asyncio twin of `Transaction` (`popgate.aio.Producer.transaction`)."""
 
     def __init__(self, producer: AsyncProducer) -> None:
-        super().__init__()
+        super().__init__(producer._open_halves)
         self._producer = producer
 
     async def send(
@@ -171,11 +195,14 @@ class AsyncTransaction(_Halves):
 
     async def _end(self, commit: bool) -> None:
         failures: list[tuple[str, errors.PopgateError]] = []
-        for topic, message_id, transaction_id in self._finish():
-            try:
-                await self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
-            except errors.PopgateError as failed:
-                failures.append((message_id, failed))
+        try:
+            for topic, message_id, transaction_id in self._finish():
+                try:
+                    await self._producer._end_transaction(topic, message_id, transaction_id, commit, from_check=False)
+                except errors.PopgateError as failed:
+                    failures.append((message_id, failed))
+        finally:
+            self._forget()
         _raise_failures(failures, commit)
 
     async def __aenter__(self) -> Self:
@@ -249,7 +276,7 @@ class CheckStream:
 
     def _answer(self, message: Message, transaction_id: str) -> None:
         try:
-            resolution = self._checker(message)
+            resolution = None if _own_open(self._producer, message) else self._checker(message)
             if inspect.isawaitable(resolution):
                 raise TypeError("the blocking Producer's checker must return True, False or None, not an awaitable")
             self._producer._end_transaction(
@@ -302,7 +329,7 @@ class AsyncCheckStream:
 
     async def _answer(self, message: Message, transaction_id: str) -> None:
         try:
-            resolution = self._checker(message)
+            resolution = None if _own_open(self._producer, message) else self._checker(message)
             if inspect.isawaitable(resolution):
                 resolution = await resolution
             await self._producer._end_transaction(

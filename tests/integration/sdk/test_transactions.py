@@ -68,6 +68,26 @@ def test_a_checker_commits_what_a_producer_left_unresolved(tx_cluster: Cluster) 
     assert kept.message_id in asked and len(set(asked)) == 2
 
 
+def test_a_rolled_back_transaction_checked_while_still_open_is_not_delivered(tx_cluster: Cluster) -> None:
+    asked: list[str] = []
+
+    def checker(message: Message) -> bool:  # the docs' kind of checker: it would commit this one
+        asked.append(message.message_id)
+        return "paid" in message.keys
+
+    with (
+        Producer(tx_cluster.endpoint, checker=checker, topics=["sdk_open_tx"]) as producer,
+        SimpleConsumer(tx_cluster.endpoint, "g_sdk_open_tx", "sdk_open_tx") as consumer,
+    ):
+        with pytest.raises(RuntimeError) as caught, producer.transaction() as tx:
+            receipt = tx.send("sdk_open_tx", b"10 EUR", keys=["paid"])
+            time.sleep(2.5)  # local work running past the broker's immunity: the broker checks the half
+            raise RuntimeError("the order could not be saved")
+        assert not getattr(caught.value, "__notes__", None)  # the rollback went through
+        assert receipt.message_id not in asked
+        assert nothing_more(consumer) == []
+
+
 def test_recall_and_priority(tx_cluster: Cluster) -> None:
     with Producer(tx_cluster.endpoint) as producer, SimpleConsumer(tx_cluster.endpoint, "g_sdk_rc", "sdk_rc") as c:
         recalled = producer.send("sdk_rc", b"recalled", delay=1.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ class FakeProducer:
     def __init__(self, failing: dict[str, errors.PopgateError] | None = None) -> None:
         self.failing = failing or {}
         self.ended: list[tuple[str, bool | None]] = []
+        self._open_halves: set[str] = set()
         self.options = type("Options", (), {"namespace": ""})()
         self._stub: Any = None
 
@@ -181,3 +182,37 @@ async def test_an_asyncio_check_stream_goes_on_after_a_check_it_cannot_read_or_a
         await stream.close()
     assert producer.ended == [("good", True)]
     assert "unexpected" in caplog.text and "unreadable message" in caplog.text
+
+
+def asking(asked: list[str]) -> Callable[[Message], bool]:
+    """A checker that commits everything, noting what it was asked about."""
+
+    def checker(message: Message) -> bool:
+        asked.append(message.message_id)
+        return True
+
+    return checker
+
+
+def test_a_check_of_the_producers_own_open_transaction_is_answered_unknown_without_the_checker() -> None:
+    producer = FakeProducer()
+    asked: list[str] = []
+    stream = CheckStream(producer, asking(asked), ["t"])  # type: ignore[arg-type]
+    tx = Transaction(producer)  # type: ignore[arg-type]
+    halves(tx, ["open"])
+    stream._answer(Message(b"half", topic="t", message_id="open"), "tid-open")
+    stream._answer(Message(b"half", topic="t", message_id="orphan"), "tid-orphan")  # not this producer's
+    assert asked == ["orphan"] and producer.ended == [("open", None), ("orphan", True)]
+    tx.rollback()  # ended: a later check of it is the checker's again
+    stream._answer(Message(b"half", topic="t", message_id="open"), "tid-open")
+    assert asked == ["orphan", "open"]
+
+
+async def test_an_asyncio_check_of_the_producers_own_open_transaction_is_answered_unknown() -> None:
+    producer = AsyncFakeProducer()
+    asked: list[str] = []
+    stream = AsyncCheckStream(producer, asking(asked), ["t"])  # type: ignore[arg-type]
+    async with AsyncTransaction(producer) as tx:  # type: ignore[arg-type]
+        halves(tx, ["open"])
+        await stream._answer(Message(b"half", topic="t", message_id="open"), "tid-open")
+    assert asked == [] and producer.ended == [("open", None), ("open", True)]
