@@ -13,9 +13,11 @@ The Producer is here; the SimpleConsumer is in `_aio_consumer`, their connection
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Self
 
 from . import _resend, _waiting, _wire, client, errors
@@ -28,6 +30,10 @@ from .transactions import AsyncCheckStream, AsyncTransaction
 __all__ = ["Producer", "SimpleConsumer"]
 
 log = logging.getLogger(__name__)
+
+_Attempt = Callable[[], AbstractContextManager[None]]  # wraps each attempt of one send_many call
+
+NOT_RESENT = "not sent again: another call of the same send_many failed"
 
 
 class Producer(ProducerBase, _AsyncClient):
@@ -89,13 +95,16 @@ class Producer(ProducerBase, _AsyncClient):
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
         window = asyncio.Semaphore(in_flight)
+        flight = _Flight()
 
         async def one(index: int) -> None:
             async with window:
                 try:
-                    results[index] = list(await self._send(topic, requests[index]))
-                except errors.PopgateError as exc:
-                    results[index] = exc.receipts  # those of a partly stored request, else None
+                    results[index] = list(await self._send(topic, requests[index], flight.attempt(index)))
+                except BaseException as exc:
+                    flight.stopped = True  # before the window lets the next call in
+                    if isinstance(exc, errors.PopgateError):
+                        results[index] = exc.receipts  # those of a partly stored request, else None
                     raise
 
         try:
@@ -106,7 +115,10 @@ class Producer(ProducerBase, _AsyncClient):
                 calls = [asyncio.ensure_future(one(i)) for i in range(len(requests))]
                 try:
                     await asyncio.gather(*calls)
-                except BaseException:  # one failed (or the caller gave up): the batches not sent yet are not sent
+                except Exception:  # one failed: the calls not on their way are not made, those on their way end
+                    await flight.settle(calls)
+                    raise
+                except BaseException:  # the caller gave up
                     for call in calls:
                         call.cancel()
                     raise
@@ -115,26 +127,32 @@ class Producer(ProducerBase, _AsyncClient):
             raise
         return [receipt for got in results for receipt in got or () if receipt is not None]
 
-    async def _send(self, topic: str, request: _wire.SendPlan) -> list[SendReceipt]:
+    async def _send(
+        self, topic: str, request: _wire.SendPlan, attempt: _Attempt = contextlib.nullcontext
+    ) -> list[SendReceipt]:
         async def op() -> list[SendReceipt]:
-            timeout = self.options.request_timeout
-            response = None
-            if isinstance(request, _wire.SharedSend) and self._shared_served is not False:
-                try:
-                    response = await self._over_session("send_shared", request, timeout)
-                    if response is not None:
-                        self._shared_served = True
-                except _waiting.KindUnknown:
-                    log.info("%s's Session takes no SendShared: sending SendMessage", self.options.endpoint)
-                    self._shared_served = False
-            if response is None:
-                v2_request = request.as_v2() if isinstance(request, _wire.SharedSend) else request
-                response = await self._over_session("send", v2_request, timeout)
-                if response is None:
-                    response = await self._stub.SendMessage(v2_request, timeout=timeout, metadata=self._metadata())
-            return _wire.send_receipts(topic, request, response)
+            with attempt():
+                return await self._send_once(topic, request)
 
         return await self._retrying(op)
+
+    async def _send_once(self, topic: str, request: _wire.SendPlan) -> list[SendReceipt]:
+        timeout = self.options.request_timeout
+        response = None
+        if isinstance(request, _wire.SharedSend) and self._shared_served is not False:
+            try:
+                response = await self._over_session("send_shared", request, timeout)
+                if response is not None:
+                    self._shared_served = True
+            except _waiting.KindUnknown:
+                log.info("%s's Session takes no SendShared: sending SendMessage", self.options.endpoint)
+                self._shared_served = False
+        if response is None:
+            v2_request = request.as_v2() if isinstance(request, _wire.SharedSend) else request
+            response = await self._over_session("send", v2_request, timeout)
+            if response is None:
+                response = await self._stub.SendMessage(v2_request, timeout=timeout, metadata=self._metadata())
+        return _wire.send_receipts(topic, request, response)
 
     async def recall(self, topic: str, recall_handle: str) -> str:
         """Withdraw a scheduled message before its delivery time; see `sdk.Producer.recall`."""
@@ -181,6 +199,40 @@ class Producer(ProducerBase, _AsyncClient):
     async def _closing(self) -> None:
         if getattr(self, "_checks", None) is not None:
             await self._checks.close()
+
+
+class _Flight:
+    """One send_many's calls: which have an attempt on its way, and whether a failure stopped the others.
+
+    Once a call failed, a call with no attempt on its way is not made (or not retried); one on its way is
+    awaited, so that what it stored is reported — tests/unit/sdk/test_send_many.py::
+    test_the_asyncio_producer_reports_what_its_calls_on_their_way_stored_after_one_is_refused."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._on_way: set[int] = set()
+
+    def attempt(self, index: int) -> _Attempt:
+        @contextlib.contextmanager
+        def attempting() -> Iterator[None]:
+            if self.stopped:
+                raise errors.Unavailable(NOT_RESENT, retriable=False)
+            self._on_way.add(index)
+            try:
+                yield
+            finally:
+                self._on_way.discard(index)
+
+        return attempting
+
+    async def settle(self, calls: Sequence[asyncio.Future[None]]) -> None:
+        """After a call failed: cancel the calls with nothing on its way, let the others end (each within its
+        request timeout, with no retry)."""
+        self.stopped = True
+        for index, call in enumerate(calls):
+            if index not in self._on_way:
+                call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
 
 
 def _twin_docs() -> None:

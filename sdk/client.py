@@ -124,10 +124,11 @@ class Producer(ProducerBase, _SyncClient):
             One receipt per message, in order.
 
         Raises:
-            PopgateError: A call failed (after its retries). The calls not yet made are not made, those on
-                their way are cancelled. The error's ``receipts`` say which messages are stored: one entry
-                per message, its receipt or None (not sent, refused, or not known: a call cancelled on its
-                way may have been stored). Resend only the None entries' messages.
+            PopgateError: A call failed (after its retries). The calls not yet made are not made; those on
+                their way are awaited (within ``request_timeout``, not retried). The error's ``receipts`` say
+                which messages are stored: one entry per message, its receipt or None (not sent, refused, or
+                not known: a call on its way that timed out may have been stored). Resend only the None
+                entries' messages.
         """
         requests = self._plan(
             topic,
@@ -159,9 +160,9 @@ class Producer(ProducerBase, _SyncClient):
                     settle(*window.popleft())
             while window:
                 settle(*window.popleft())
-        except BaseException as exc:  # the batches not sent yet are not sent; those on their way are cancelled
-            for index, future in window:
-                if future is not None and not future.cancel():  # it has its answer already
+        except BaseException as exc:  # the batches not sent yet are not sent
+            for index, future in window:  # those on their way end (within their timeout, no retry) and count
+                if future is not None and (isinstance(exc, Exception) or not future.cancel()):
                     results[index] = _stored(topic, requests[index], future)
             if isinstance(exc, errors.PopgateError):
                 exc.receipts = receipts_so_far(requests, results)
@@ -299,5 +300,5 @@ def _stored(topic: str, request: _wire.SendPlan, future: Any) -> list[SendReceip
         return list(_wire.send_receipts(topic, request, future.result()))
     except errors.PopgateError as exc:
         return exc.receipts
-    except grpc.RpcError:
+    except (grpc.RpcError, grpc.FutureCancelledError):  # failed, or cancelled by close()
         return None

@@ -247,3 +247,80 @@ def test_a_partly_stored_request_says_which_messages_are_stored_and_is_not_sent_
     calls = 0
     assert asyncio.run(main()) == [True, False, True, False]
     assert calls == 1
+
+
+def refused_or_stored(refused: set[int]) -> Any:
+    """A SendMessage answer per call: BAD_REQUEST for the calls numbered in `refused`, else every message stored."""
+    count = 0
+
+    def respond(request: pb.SendMessageRequest | _wire.SharedSend) -> pb.SendMessageResponse:
+        nonlocal count
+        count += 1
+        if count - 1 in refused:
+            return pb.SendMessageResponse(status=v2.Status(code=v2.BAD_REQUEST, message="a bad tag"))
+        return answer(request)
+
+    return respond
+
+
+def stored_per_call(receipts: list[Any] | None) -> list[int]:
+    assert receipts is not None
+    return [sum(r is not None for r in receipts[i : i + 1024]) for i in range(0, len(receipts), 1024)]
+
+
+def test_a_refused_call_leaves_the_calls_on_their_way_stored_and_reported() -> None:
+    """Cancelled, the calls on their way were reported not stored though the proxy stored them: resending the
+    None entries duplicated them."""
+    respond = refused_or_stored({0, 3})
+
+    class Stub(SendStub):
+        def future(self, request: pb.SendMessageRequest, **_: Any) -> Any:
+            self.events.append("sent")
+            call: Future[Any] = Future()  # still on its way: answered when read
+
+            def result(timeout: float | None = None) -> Any:
+                return respond(request)
+
+            call.result = result  # type: ignore[method-assign]
+            return call
+
+    stub = Stub()
+    with producer_with(stub, retry=NO_RETRY) as producer, pytest.raises(errors.BadRequest) as failed:
+        producer.send_many("t", [b"x"] * (6 * 1024))
+    assert stub.events == ["sent"] * 4  # the two calls not yet made are not made
+    assert stored_per_call(failed.value.receipts) == [0, 1024, 1024, 0, 0, 0]
+
+
+async def test_the_asyncio_producer_reports_what_its_calls_on_their_way_stored_after_one_is_refused() -> None:
+    sent: list[int] = []
+
+    async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
+        call = len(sent)
+        sent.append(call)
+        if call in (1, 3):  # bad input: refused at once, while the others are on their way
+            return pb.SendMessageResponse(status=v2.Status(code=v2.BAD_REQUEST, message="a bad tag"))
+        await asyncio.sleep(0.05)
+        return answer(request)
+
+    async with aio_producer_with(send) as producer:
+        with pytest.raises(errors.BadRequest) as failed:
+            await producer.send_many("t", [b"x"] * (6 * 1024))
+        await asyncio.sleep(0.1)  # nothing more goes on in the background
+    assert len(sent) == 4  # the two calls not yet made are not made
+    assert stored_per_call(failed.value.receipts) == [1024, 0, 1024, 0, 0, 0]
+
+
+async def test_the_asyncio_producer_does_not_retry_its_calls_on_their_way_after_one_is_refused() -> None:
+    sent: list[int] = []
+
+    async def send(request: pb.SendMessageRequest, **_: Any) -> pb.SendMessageResponse:
+        sent.append(len(sent))
+        if len(sent) == 1:
+            return pb.SendMessageResponse(status=v2.Status(code=v2.BAD_REQUEST, message="a bad tag"))
+        await asyncio.sleep(0.05)
+        return pb.SendMessageResponse(status=v2.Status(code=v2.INTERNAL_SERVER_ERROR, message="retriable"))
+
+    async with aio_producer_with(send) as producer:
+        with pytest.raises(errors.BadRequest) as failed:
+            await producer.send_many("t", [b"x"] * (4 * 1024))
+    assert len(sent) == 4 and stored_per_call(failed.value.receipts) == [0, 0, 0, 0]
