@@ -11,6 +11,9 @@ there, the SDK reads that answer as "done by the earlier attempt":
 * nack raises `Timeout` (not retriable, "outcome unknown"): its success needs the new handle, which
   only the lost answer carried. The message is delivered again after the delay; its old handle is dead.
 
+A commit or rollback re-sent is answered OK while the broker remembers the resolution; one it no longer remembers
+(restarted, or 4,096 resolutions since) is INVALID_TRANSACTION_ID: `Timeout` (not retriable, "outcome unknown").
+
 A recall re-sent likewise finds its scheduled message gone (NOT_FOUND) when the earlier attempt withdrew it, and
 also when it was delivered meanwhile: `Timeout` (not retriable, "outcome unknown"), not the NotFound that says it
 was delivered.
@@ -72,6 +75,25 @@ def recalled(response: pb.RecallMessageResponse, *, resent: bool) -> str:
             raise errors.Timeout(RECALL_OUTCOME_UNKNOWN, retriable=False)
     _wire.check(response.status)
     return str(response.message_id)
+
+
+TRANSACTION_OUTCOME_UNKNOWN = (
+    "{what} outcome unknown: an earlier attempt failed in a way that may have reached the broker, and the retry "
+    "found the transaction resolved already, by that attempt or by a check, the broker no longer knowing which way "
+    "({answer})"
+)
+
+
+def transaction_ended(response: pb.EndTransactionResponse, *, resent: bool, commit: bool | None) -> None:
+    """Check an EndTransaction answer. On a re-send, INVALID_TRANSACTION_ID (the broker has no such half message: it
+    answers the same resolution sent again OK only while it remembers it) is `Timeout`, not retriable, outcome
+    unknown: the earlier attempt may have applied it —
+    tests/unit/sdk/test_resend.py::test_a_commit_resent_after_a_lost_answer_and_refused_is_outcome_unknown_not_not_committed."""
+    if resent and response.status.code == v2.INVALID_TRANSACTION_ID:
+        what = "commit" if commit else "rollback" if commit is False else "check answer"
+        answer = response.status.message
+        raise errors.Timeout(TRANSACTION_OUTCOME_UNKNOWN.format(what=what, answer=answer), retriable=False)
+    _wire.check(response.status)
 
 
 class ResendEntries(errors.PopgateError):

@@ -183,9 +183,12 @@ class Producer(ProducerBase, _AsyncClient):
             topic, message_id, transaction_id, commit, from_check=from_check, namespace=namespace
         )
 
+        attempts = itertools.count(1)
+
         async def op() -> None:
+            resent = next(attempts) > 1
             call = self._stub.EndTransaction(request, timeout=self.options.request_timeout, metadata=self._metadata())
-            _wire.check((await call).status)
+            _resend.transaction_ended(await call, resent=resent, commit=commit)
 
         await self._retrying(op)
 

@@ -219,11 +219,14 @@ class Producer(ProducerBase, _SyncClient):
             topic, message_id, transaction_id, commit, from_check=from_check, namespace=namespace
         )
 
+        attempts = itertools.count(1)
+
         def op() -> None:
+            resent = next(attempts) > 1
             response = self._stub.EndTransaction(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
-            _wire.check(response.status)
+            _resend.transaction_ended(response, resent=resent, commit=commit)
 
         self._retrying(op)
 

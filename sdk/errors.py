@@ -118,7 +118,8 @@ class AckError(PopgateError):
 
 class TransactionError(PopgateError):
     """Some half messages of a transaction were not committed (or rolled back); the others were. The transaction
-    is over: what failed is left to the checker (docs/SDK.md, "Transactions, recall and priority").
+    is over: what failed is left to the checker (docs/SDK.md, "Transactions, recall and priority"). A failure that
+    is a `Timeout` has an unknown outcome: its commit or rollback may have been applied.
 
     Attributes:
         failures: ``(message_id, error)`` for every half message whose commit or rollback failed.
@@ -128,8 +129,16 @@ class TransactionError(PopgateError):
         self.failures = failures
         first = failures[0][1]
         named = "; ".join(f"{message_id}: {error.message}" for message_id, error in failures)
+        done = "committed" if commit else "rolled back"
+        unknown = sum(isinstance(error, Timeout) for _, error in failures)
+        if not unknown:
+            state = f"not {done}"
+        elif unknown == len(failures):
+            state = f"not known to be {done}"
+        else:
+            state = f"not {done} or not known to be"
         super().__init__(
-            f"{len(failures)} message(s) of the transaction not {'committed' if commit else 'rolled back'}: {named}",
+            f"{len(failures)} message(s) of the transaction {state}: {named}",
             code=first.code,
             code_name=first.code_name,
             retriable=False,
