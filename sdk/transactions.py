@@ -255,14 +255,17 @@ class CheckStream:
     def start(self) -> None:
         self._thread.start()
 
-    def _requests(self) -> Any:
+    def _requests(self, ended: threading.Event) -> Any:
         yield self._settings
-        self._stop.wait()  # the stream stays open until the producer closes
+        ended.wait()  # the stream stays open until it ends: gRPC's thread reading it ends with it
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # This stream's own: gRPC's thread reading its requests ends with it, not with the producer —
+            # tests/unit/sdk/test_transactions.py::test_a_broken_check_stream_leaves_no_thread_reading_its_requests
+            ended = threading.Event()
             try:
-                self._call = self._producer._stub.Telemetry(self._requests(), metadata=self._producer._metadata())
+                self._call = self._producer._stub.Telemetry(self._requests(ended), metadata=self._producer._metadata())
                 for command in self._call:
                     check = _readable_check(command)
                     if check is not None:
@@ -272,6 +275,8 @@ class CheckStream:
                     log.debug("transaction check stream broke (%s); opening it again", exc)
             except Exception:  # the thread must not end: checks of this producer's topics would stop for good
                 log.exception("transaction check stream failed; opening it again")
+            finally:
+                ended.set()
             self._stop.wait(RECONNECT_S)
 
     def _answer(self, message: Message, transaction_id: str) -> None:
@@ -306,14 +311,15 @@ class AsyncCheckStream:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _requests(self) -> Any:
+    async def _requests(self, ended: asyncio.Event) -> Any:
         yield self._settings
-        await self._stop.wait()
+        await ended.wait()  # grpc.aio's task reading the requests ends with the stream
 
     async def _run(self) -> None:
         while not self._stop.is_set():
+            ended = asyncio.Event()
             try:
-                call = self._producer._stub.Telemetry(self._requests(), metadata=self._producer._metadata())
+                call = self._producer._stub.Telemetry(self._requests(ended), metadata=self._producer._metadata())
                 async for command in call:
                     check = _readable_check(command)
                     if check is not None:
@@ -322,6 +328,8 @@ class AsyncCheckStream:
                 log.debug("transaction check stream broke (%s); opening it again", exc)
             except Exception:  # the task must not end: checks of this producer's topics would stop for good
                 log.exception("transaction check stream failed; opening it again")
+            finally:  # test_transactions.py::test_a_broken_asyncio_check_stream_ends_its_requests
+                ended.set()
             try:
                 await asyncio.wait_for(self._stop.wait(), RECONNECT_S)
             except TimeoutError:

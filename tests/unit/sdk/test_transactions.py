@@ -10,12 +10,14 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import grpc
 import pytest
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Message, SendReceipt, errors
 from popgate import transactions as tx_module
 from popgate.transactions import AsyncCheckStream, AsyncTransaction, CheckStream, Transaction
+from tests.unit.sdk.fakes import FakeRpcError
 
 
 class FakeProducer:
@@ -216,3 +218,78 @@ async def test_an_asyncio_check_of_the_producers_own_open_transaction_is_answere
         halves(tx, ["open"])
         await stream._answer(Message(b"half", topic="t", message_id="open"), "tid-open")
     assert asked == [] and producer.ended == [("open", None), ("open", True)]
+
+
+def test_a_broken_check_stream_leaves_no_thread_reading_its_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC reads a stream's requests on a thread of its own until they end: a stream that broke (a proxy's
+    connection age, a restart) must end them, or each break leaves a thread behind until the producer closes."""
+    monkeypatch.setattr(tx_module, "RECONNECT_S", 0.01)
+    readers: list[threading.Thread] = []
+    third_open = threading.Event()
+
+    class Call:
+        def __init__(self, breaks: bool) -> None:
+            self._breaks = breaks
+            self._cancelled = threading.Event()
+
+        def __iter__(self) -> Iterator[pb.TelemetryCommand]:
+            if self._breaks:
+                raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+            self._cancelled.wait(30)
+            yield from ()
+
+        def cancel(self) -> None:
+            self._cancelled.set()
+
+    def telemetry(requests: Iterator[pb.TelemetryCommand], metadata: Any) -> Call:
+        reader = threading.Thread(target=lambda: list(requests), daemon=True)  # as gRPC reads a request stream
+        reader.start()
+        readers.append(reader)
+        if len(readers) == 3:
+            third_open.set()
+        return Call(breaks=len(readers) < 3)
+
+    producer = FakeProducer()
+    producer._stub = type("Stub", (), {"Telemetry": staticmethod(telemetry)})()
+    stream = CheckStream(producer, lambda m: None, ["t"])  # type: ignore[arg-type]
+    stream.start()
+    try:
+        assert third_open.wait(5)
+        for reader in readers[:2]:
+            reader.join(5)
+        assert [reader.is_alive() for reader in readers[:3]] == [False, False, True]  # the open one still reads
+    finally:
+        stream.close()
+    readers[2].join(5)
+    assert not readers[2].is_alive()
+
+
+async def test_a_broken_asyncio_check_stream_ends_its_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tx_module, "RECONNECT_S", 0.01)
+    readers: list[asyncio.Task[Any]] = []
+
+    async def broken() -> AsyncIterator[pb.TelemetryCommand]:
+        raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+        yield  # pragma: no cover
+
+    async def read(requests: AsyncIterator[pb.TelemetryCommand]) -> None:
+        async for _ in requests:
+            pass
+
+    def telemetry(requests: AsyncIterator[pb.TelemetryCommand], metadata: Any) -> AsyncIterator[pb.TelemetryCommand]:
+        readers.append(asyncio.ensure_future(read(requests)))  # as grpc.aio reads a request stream
+        return broken()
+
+    producer = AsyncFakeProducer()
+    producer._stub = type("Stub", (), {"Telemetry": staticmethod(telemetry)})()
+    stream = AsyncCheckStream(producer, lambda m: None, ["t"])  # type: ignore[arg-type]
+    stream.start()
+    try:
+        async with asyncio.timeout(5):
+            while len(readers) < 3:  # noqa: ASYNC110  # the fake has no event for "opened again"
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*readers[:2])  # the broken streams' requests ended
+    finally:
+        await stream.close()
+    for reader in readers:
+        reader.cancel()
