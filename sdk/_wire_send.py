@@ -20,6 +20,7 @@ from .message import Message
 
 MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit
 MAX_SEND_BYTES = 8 * 1024 * 1024  # body bytes per SendMessage request
+PRIORITY_MAX = 2**31 - 1  # v2's priority is an int32
 
 
 def _as_bytes(body: bytes | str) -> bytes:
@@ -78,14 +79,30 @@ def outgoing(
             deliver_at,
             priority,
         )
-    if out.priority is not None and (out.priority < 0 or out.message_group is not None or out.deliver_at is not None):
-        raise ValueError("priority must be >= 0, and a message with one cannot have a message_group or a delay")
+    _check_fields(out)
+    if out.priority is not None and (out.message_group is not None or out.deliver_at is not None):
+        raise ValueError("a message with a priority cannot have a message_group or a delay")
     if out.message_group is not None and out.deliver_at is not None:
         # A v2 message is FIFO or DELAY, not both (RocketMQ's clients refuse it the same way).
         raise ValueError("a message with a message_group cannot also have a delay or deliver_at")
     if out.deliver_at is not None:
         _deliver_at(out.deliver_at, time.time() if now is None else now)
     return out
+
+
+def _check_fields(message: Message) -> None:
+    """Refuse, naming the argument, what protobuf would refuse with no name —
+    tests/unit/sdk/test_refused.py::test_a_bad_property_or_priority_is_refused_naming_the_argument."""
+    for key, value in message.properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"properties map str to str, got {key!r}: {value!r}")
+    priority = message.priority
+    if priority is None:
+        return
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if not 0 <= priority <= PRIORITY_MAX:
+        raise ValueError(f"priority must be >= 0 and <= {PRIORITY_MAX}, got {priority}")
 
 
 def send_template(topic: str, *, namespace: str = "", now: float) -> v2.Message:

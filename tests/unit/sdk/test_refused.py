@@ -81,3 +81,25 @@ def test_a_bad_tls_ca_is_one_line_and_code_2(tmp_path: Path, capsys: pytest.Capt
     assert (
         capsys.readouterr().err == f"popgate send: tls={path}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"properties": {"k": 1}}, TypeError, "properties"),
+        ({"properties": {1: "v"}}, TypeError, "properties"),
+        ({"priority": 2**31}, ValueError, "priority"),
+        ({"priority": -1}, ValueError, "priority"),
+        ({"priority": True}, TypeError, "priority"),
+        ({"priority": 1.5}, TypeError, "priority"),
+    ],
+)
+def test_a_bad_property_or_priority_is_refused_naming_the_argument(
+    options: dict[str, Any], error: type[Exception], named: str
+) -> None:
+    with Producer(NOWHERE) as producer:
+        with pytest.raises(error, match=named):
+            producer.send("t", b"x", **options)
+        with pytest.raises(error, match=named):
+            producer.send_many("t", [Message(b"x", **options)])
+    assert _wire.outgoing(b"x", properties={"k": "v"}, priority=2**31 - 1).priority == 2**31 - 1
