@@ -18,14 +18,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 from popgate_pb.ext import messaging_pb2 as ext
-from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
-from popgate_contract.codes import status_of
 from popgate_contract.session_headers import RECEIVE_BATCH_HEADER
-from popgate_contract.wire import field, varint
 from proxy.auth import Account, Authenticator
 from proxy.v2 import access, receive
+from proxy.v2.session_frames import encoded, joined, refusal, request_of, serialized
 
 if TYPE_CHECKING:
     from proxy.v2.service import MessagingService
@@ -83,10 +81,10 @@ class RequestContext:
         if isinstance(frame, receive.Joined):
             # Glued: the writer sends both in one stream message, whatever their size — the client gets both or
             # neither (test_session.py::test_a_receive_answer_and_its_status_come_in_one_message).
-            session.answer(encoded(self._id, "receive", _serialized(frame.frame)), glued=True)
+            session.answer(encoded(self._id, "receive", serialized(frame.frame)), glued=True)
             frame = frame.status
         written = session._loop.create_future()
-        session.answer(encoded(self._id, "receive", _serialized(frame)), written)
+        session.answer(encoded(self._id, "receive", serialized(frame)), written)
         if not final:
             await written
             return
@@ -129,49 +127,6 @@ class StreamAccount(Authenticator):
 
     def authenticate(self, metadata: Any) -> Account | None:
         return self._account
-
-
-# SessionResponse's fields (proto/ext/messaging.proto): answers are encoded by hand around their serialized body,
-# which a receive's message frames already are (grpc writes bytes as they are: proxy/server.py's PassBytes).
-_ID = b"\x08"
-_BODY = {"status": b"\x12", "send": b"\x22", "receive": b"\x2a", "ack": b"\x32", "change_invisible": b"\x3a"}
-_BODY["send_shared"] = _BODY["send"]  # answered as the SendMessage it stands for
-_MORE = b"\x7a"
-_RESPONSES: dict[str, Callable[..., Any]] = {
-    "send": pb.SendMessageResponse,
-    "send_shared": pb.SendMessageResponse,
-    "receive": ext.ReceiveMessagesResponse,
-    "ack": pb.AckMessageResponse,
-    "change_invisible": pb.ChangeInvisibleDurationResponse,
-}
-
-
-def _body(message: ext.SessionRequest, kind: str) -> Any:
-    return getattr(message, kind)
-
-
-def _serialized(frame: Any) -> bytes:
-    return frame if isinstance(frame, bytes) else frame.SerializeToString()
-
-
-def encoded(request_id: int, kind: str, body: bytes) -> bytes:
-    """The SessionResponse answering `request_id` with `body` (a serialized answer of `kind`) —
-    tests/unit/proxy/test_session.py::test_hand_encoded_answers_read_as_the_generated_message."""
-    return _ID + varint(request_id) + field(_BODY[kind], body)
-
-
-def joined(first: bytes, more: list[bytes]) -> bytes:
-    """One stream message: the answer `first`, then `more` (each an encoded answer) in its ``more`` field."""
-    return first + b"".join(field(_MORE, answer) for answer in more)
-
-
-def refusal(request_id: int, kind: str | None, error: errors.DomainError) -> bytes:
-    """The answer to a request refused before its handler: its kind's response with the v2 status of `error`,
-    or a bare ``status`` when its kind is unknown."""
-    status = status_of(error)
-    if kind is None:
-        return encoded(request_id, "status", status.SerializeToString())
-    return encoded(request_id, kind, _RESPONSES[kind](status=status).SerializeToString())
 
 
 class Session:
@@ -252,7 +207,7 @@ class Session:
             )
             self.receives.add(request_id)
         else:
-            work = self._unary(request_id, kind, _body(request, kind), context)
+            work = self._unary(request_id, kind, request_of(request, kind), context)
         task = self._loop.create_task(work)
         self.pending[request_id] = task
         task.add_done_callback(functools.partial(self._done, request_id))
