@@ -222,7 +222,8 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
 
     With a `section`, the settings are the file's top level but for the programs' tables (`PROGRAM_SECTIONS`):
     what both programs share; then the ``[section]`` table's, which win over those. A key of either layer is read
-    and checked alike — tests/unit/test_settings_sources.py::test_top_level_keys_are_shared_beside_a_table.
+    and checked alike, but for a top-level key this program does not know in a file with another program's table:
+    that one is left to the other — tests/unit/test_settings_sources.py::test_top_level_keys_are_shared_beside_a_table.
     """
     where = where or f"--config {path}"
     try:
@@ -237,7 +238,10 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
     shared = {
         key: value for key, value in document.items() if not (key in PROGRAM_SECTIONS and isinstance(value, dict))
     }
-    values = _table_values(cls, shared, where)
+    # Beside another program's table the file is shared: a top-level key this program does not know is taken for
+    # the other's (the proxy's [[acl]]) — test_settings_sources.py::test_top_level_keys_are_shared_beside_a_table.
+    others = any(isinstance(document.get(name), dict) for name in PROGRAM_SECTIONS - {section})
+    values = _table_values(cls, shared, where, unknown_ok=others)
     own = document.get(section)
     if isinstance(own, dict):
         values.update(_table_values(cls, own, where))
@@ -247,8 +251,9 @@ def read_config(cls: type[Any], path: Path, *, section: str | None = None, where
     return values
 
 
-def _table_values(cls: type[Any], table: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The settings of one table by field name; an unknown or replaced key is an error starting with `where`."""
+def _table_values(cls: type[Any], table: Mapping[str, Any], where: str, *, unknown_ok: bool = False) -> dict[str, Any]:
+    """The settings of one table by field name; a replaced key is an error starting with `where`, and so is an
+    unknown one unless `unknown_ok` (the shared top level of a file another program reads too)."""
     given = {str(key).replace("-", "_"): value for key, value in table.items()}
     values: dict[str, Any] = {}
     for f in _fields(cls):
@@ -261,7 +266,7 @@ def _table_values(cls: type[Any], table: Mapping[str, Any], where: str) -> dict[
     for old, new in _replaced(cls).items():
         if old in given:
             raise SettingsError(f"{where}: {old} is now {new}")
-    if given:
+    if given and not unknown_ok:
         raise SettingsError(f"{where}: unknown keys {sorted(given)}")
     return values
 

@@ -100,12 +100,15 @@ def test_top_level_keys_are_shared_beside_a_table(tmp_path: Path, capsys: pytest
     proxy = load([], {"POPGATE_CONFIG": str(shared)})
     assert (broker.broker_token, broker.tls_reload_s, broker.name) == ("s3cret", 5.0, "b1")
     assert (proxy.broker_token, proxy.tls_reload_s) == ("s3cret", 30.0)
-    shared.write_text('tls_reload_s = "bogus"\nno_such_setting = 1\n[broker]\nname = "b1"\n[proxy]\nbroker = []\n')
+    # The proxy's [[acl]] at the top level of a file both read: the broker leaves it to the proxy.
+    shared.write_text(
+        '[[acl]]\naccess_key = "ak"\nsecret_key = "sk"\n[broker]\nname = "b1"\n[proxy]\nbrokers = ["b1=127.0.0.1:9001"]\n'
+    )
+    assert broker_settings([], {"POPGATE_CONFIG": str(shared)}).name == "b1"
+    assert [a.access_key for a in load([], {"POPGATE_CONFIG": str(shared)}).accounts] == ["ak"]
+    shared.write_text("no_such_setting = 1\n[proxy]\nbroker = []\n")  # no other program's table: refused
     with pytest.raises(SettingsError, match=r"unknown keys \['no_such_setting'\]"):
-        load(BROKER, {"POPGATE_CONFIG": str(shared)})
-    with pytest.raises(SystemExit):
-        broker_settings([], {"POPGATE_CONFIG": str(shared)})
-    assert "unknown keys ['no_such_setting']" in capsys.readouterr().err
+        load([], {"POPGATE_CONFIG": str(shared)})
     shared.write_text('tls_reload_s = "bogus"\n[broker]\nname = "b1"\n')
     with pytest.raises(SystemExit):
         broker_settings([], {"POPGATE_CONFIG": str(shared)})
