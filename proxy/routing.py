@@ -31,6 +31,7 @@ class BrokerPool:
         # the same broker first (docs/SCALE.md) —
         # tests/unit/proxy/test_core.py::test_each_pool_starts_its_rotation_at_a_random_broker.
         self._first_turn = random.randrange(1 << 16) if first_turn is None else first_turn
+        self._random = first_turn is None  # new rotations start at random brokers (not when a test fixes it)
 
     @property
     def names(self) -> list[str]:
@@ -52,7 +53,10 @@ class BrokerPool:
         live = [n for n in names if self._clients[n].healthy]
         down = [n for n in names if not self._clients[n].healthy]
         if live and key is None:
-            turn = self._next.pop(rotation, self._first_turn)
+            turn = self._next.pop(rotation, None)
+            if turn is None:  # a new rotation, or one dropped as the longest unused: at a random broker (one that
+                # went on from a fixed start would meet the same broker each time the groups in turn are as many)
+                turn = random.randrange(1 << 16) if self._random else self._first_turn
             self._next[rotation] = turn + 1  # last used last: the rotations left unused longest go first
             if len(self._next) > MAX_ROTATIONS:
                 del self._next[next(iter(self._next))]

@@ -6,10 +6,11 @@ import functools
 import itertools
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
@@ -125,7 +126,8 @@ class ProducerBase(ClientBase):
             raise ValueError("a checker needs the topics (a list) whose transactions it is asked about: topics=[...]")
         self._checker = checker
         self._topics = tuple(topics)
-        self._open_halves: set[str] = set()  # message ids of this producer's transactions not ended yet
+        # Message ids of this producer's transactions not ended yet, each to its transaction (held weakly).
+        self._open_halves: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         super().__init__(endpoint, **options)
 
     # Whether the proxy takes SharedSends: True once it took one; None, not known yet; False, a proxy older than

@@ -161,9 +161,16 @@ class Producer(ProducerBase, _SyncClient):
             while window:
                 settle(*window.popleft())
         except BaseException as exc:  # the batches not sent yet are not sent
-            for index, future in window:  # those on their way end (within their timeout, no retry) and count
-                if future is not None and (isinstance(exc, Exception) or not future.cancel()):
-                    results[index] = _stored(topic, requests[index], future)
+            try:
+                while window:  # those on their way end (within their timeout, no retry) and count
+                    index, future = window.popleft()
+                    if future is not None and (isinstance(exc, Exception) or not future.cancel()):
+                        results[index] = _stored(topic, requests[index], future)
+            except BaseException:  # Ctrl-C while waiting for them: the rest are cancelled, as Ctrl-C cancels
+                for _, future in window:  # test_send_many.py::test_ctrl_c_while_waiting_cancels_the_calls_left
+                    if future is not None:
+                        future.cancel()
+                raise
             if isinstance(exc, errors.PopgateError):
                 exc.receipts = receipts_so_far(requests, results)
             raise

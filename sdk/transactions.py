@@ -21,6 +21,7 @@ import asyncio
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -50,9 +51,11 @@ class _Halves:
     """What a transaction sent, and whether it ended (shared by the blocking and the asyncio transaction).
 
     Until its commit or rollback is over, the message ids of its halves are in the producer's ``_open_halves``:
-    a check of one is answered "unknown" without asking the checker (`_own_open`)."""
+    a check of one is answered "unknown" without asking the checker (`_own_open`). Held there weakly: a transaction
+    the application dropped without ending it goes back to the checker —
+    tests/unit/sdk/test_transactions.py::test_a_transaction_dropped_without_its_end_is_the_checkers_again."""
 
-    def __init__(self, open_halves: set[str]) -> None:
+    def __init__(self, open_halves: weakref.WeakValueDictionary[str, _Halves]) -> None:
         self._halves: list[Half] = []
         self._ended = False
         self._open_halves = open_halves
@@ -63,7 +66,7 @@ class _Halves:
 
     def _sent(self, topic: str, receipt: SendReceipt) -> SendReceipt:
         self._halves.append((topic, receipt.message_id, receipt.transaction_id))
-        self._open_halves.add(receipt.message_id)
+        self._open_halves[receipt.message_id] = self
         return receipt
 
     def _finish(self) -> list[Half]:
@@ -74,7 +77,8 @@ class _Halves:
     def _forget(self) -> None:
         """The commit or rollback is over (what failed of it is the checker's now)."""
         for _, message_id, _ in self._halves:
-            self._open_halves.discard(message_id)
+            if self._open_halves.get(message_id) is self:
+                del self._open_halves[message_id]
 
 
 def _own_open(producer: Producer | AsyncProducer, message: Message) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
+from proxy import routing
 from proxy.core import PartlyStored, Proxy
 from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
@@ -269,3 +270,18 @@ async def test_a_handle_whose_ack_failed_retriably_goes_on_being_renewed() -> No
     assert isinstance(failed, errors.BrokerTimeout) and forgotten == []
     brokers["b1"].fail = None
     assert await proxy.ack("t", "g", [handle("b1")]) == [None] and forgotten == [handle("b1")]
+
+
+def test_rotations_dropped_as_the_longest_unused_start_again_at_a_random_broker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More groups receiving in turn than rotations kept: each rotation is dropped before its next use, and starts
+    again at a random broker, not at the pool's first broker each time (which would send every such group's
+    receives to one broker first, a backlog elsewhere never polled)."""
+    monkeypatch.setattr(routing, "MAX_ROTATIONS", 2)
+    pool = BrokerPool({n: FakeBroker(n) for n in ("b1", "b2", "b3")})
+    firsts: dict[str, set[str]] = {g: set() for g in "abc"}
+    for _ in range(40):
+        for group in "abc":
+            firsts[group].add(pool.candidates(rotation=group)[0].name)
+    assert all(len(brokers) > 1 for brokers in firsts.values())

@@ -324,3 +324,28 @@ async def test_the_asyncio_producer_does_not_retry_its_calls_on_their_way_after_
         with pytest.raises(errors.BadRequest) as failed:
             await producer.send_many("t", [b"x"] * (4 * 1024))
     assert len(sent) == 4 and stored_per_call(failed.value.receipts) == [0, 0, 0, 0]
+
+
+def test_ctrl_c_while_waiting_cancels_the_calls_left() -> None:
+    """One call refused, then Ctrl-C while send_many waits for a call on its way: the calls left are cancelled, as a
+    Ctrl-C cancels them, not left to store messages nobody gets receipts for."""
+    respond = refused_or_stored({0})
+    futures: list[Future[Any]] = []
+
+    class Stub(SendStub):
+        def future(self, request: Any, **_: Any) -> Any:
+            call: Future[Any] = Future()
+            n = len(futures)
+            futures.append(call)
+
+            def result(timeout: float | None = None) -> Any:
+                if n == 1:
+                    raise KeyboardInterrupt  # the user's Ctrl-C while send_many waits for this call
+                return respond(request)
+
+            call.result = result  # type: ignore[method-assign]
+            return call
+
+    with producer_with(Stub(), retry=NO_RETRY) as producer, pytest.raises(KeyboardInterrupt):
+        producer.send_many("t", [b"x"] * (6 * 1024))
+    assert all(f.cancelled() for f in futures[2:])

@@ -5,8 +5,10 @@ survives a check it cannot read or an unexpected failure of its stream."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -26,7 +28,7 @@ class FakeProducer:
     def __init__(self, failing: dict[str, errors.PopgateError] | None = None) -> None:
         self.failing = failing or {}
         self.ended: list[tuple[str, bool | None]] = []
-        self._open_halves: set[str] = set()
+        self._open_halves: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self.options = type("Options", (), {"namespace": ""})()
         self._stub: Any = None
 
@@ -208,6 +210,20 @@ def test_a_check_of_the_producers_own_open_transaction_is_answered_unknown_witho
     tx.rollback()  # ended: a later check of it is the checker's again
     stream._answer(Message(b"half", topic="t", message_id="open"), "tid-open")
     assert asked == ["orphan", "open"]
+
+
+def test_a_transaction_dropped_without_its_end_is_the_checkers_again() -> None:
+    """A transaction the application drops without ending it (an error between its send and its commit) goes
+    back to the checker: its checks are no longer answered "unknown" for good, which would roll it back."""
+    producer = FakeProducer()
+    asked: list[str] = []
+    stream = CheckStream(producer, asking(asked), ["t"])  # type: ignore[arg-type]
+    tx = Transaction(producer)  # type: ignore[arg-type]
+    halves(tx, ["dropped"])
+    del tx
+    gc.collect()
+    stream._answer(Message(b"half", topic="t", message_id="dropped"), "tid-dropped")
+    assert asked == ["dropped"] and len(producer._open_halves) == 0
 
 
 async def test_an_asyncio_check_of_the_producers_own_open_transaction_is_answered_unknown() -> None:
