@@ -112,6 +112,34 @@ async def test_a_client_going_away_still_gets_its_running_calls_answered(
     assert trailers[b"grpc-status"] == b"0"
 
 
+async def test_a_new_stream_reset_as_it_comes_on_a_connection_going_away_costs_only_itself(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """A connection going away (the client's GOAWAY, or the server's at a stop) refuses new streams; one whose HEADERS
+    and RST_STREAM come in one read is closed before it is refused, and the connection's running call is still
+    answered, not cut with the whole connection."""
+    _, handlers, target = server
+    peer = await connected(target)
+    peer.client.send_headers(1, headers(b"/t.S/held"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)
+    peer.client.close_connection()  # GOAWAY: the server's side of the connection is going away from here
+    peer.send()
+    await asyncio.sleep(0.2)
+    opened = hyperframe.frame.HeadersFrame(3)
+    opened.data = peer.client.encoder.encode(headers(b"/t.S/held"))
+    for flag in ("END_HEADERS", "END_STREAM"):
+        opened.flags.add(flag)
+    reset = hyperframe.frame.RstStreamFrame(3)
+    reset.error_code = ErrorCodes.CANCEL
+    peer.writer.write(opened.serialize() + reset.serialize())  # one write: one read at the server
+    await asyncio.sleep(0.2)
+    handlers.release.set()
+    frames = await peer.read()
+    await peer.close()
+    _, trailers = answer(frames, 1)
+    assert trailers.get(b"grpc-status") == b"0"
+
+
 async def cancel_calls(client: h2.connection.H2Connection, n: int) -> int:
     """Open `n` streaming calls and cancel each at once; the next stream id."""
     for i in range(n):
