@@ -22,7 +22,7 @@ from popgate_process.config import cannot_listen
 from popgate_process.export import default_proxy_name
 from popgate_process.h2grpc import H2Server
 from popgate_process.memory import MemoryTrimmer
-from popgate_process.metrics_http import start_metrics
+from popgate_process.metrics_http import export_metrics, serve_metrics
 from proxy.admin import AdminService, BrokerView
 from proxy.auth import Authenticator
 from proxy.brokers import GrpcBrokerClient
@@ -338,7 +338,8 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         process = default_proxy_name(int(address.rpartition(":")[2]))
-        await start_metrics(stack, metrics.registry, settings, kind="proxy", process=process, error=SettingsError)
+        await serve_metrics(stack, metrics.registry, settings, error=SettingsError)
+        await export_metrics(stack, metrics.registry, settings, kind="proxy", process=process, error=SettingsError)
         if settings.accounts and not settings.tls_cert:
             log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
         ready(address)

@@ -126,28 +126,12 @@ class MetricsFlags(Protocol):
     def export_interval_s(self) -> float: ...
 
 
-async def start_metrics(
-    stack: AsyncExitStack,
-    registry: CollectorRegistry,
-    flags: MetricsFlags,
-    *,
-    kind: str,
-    process: str,
-    error: Callable[[str], Exception],
-) -> None:
-    """The metrics of a broker or the proxy (`kind`, named `process` in exported snapshots): /metrics served on
-    --metrics-listen and snapshots exported to --export-dir, each only when set, both closed by `stack`. A flag
-    the operator must fix (a port in use, an address that is not local, a directory that is a file) raises
-    ``error(one line naming it)``."""
-    await serve_metrics(stack, registry, flags, error=error)
-    await export_metrics(stack, registry, flags, kind=kind, process=process, error=error)
-
-
 async def serve_metrics(
     stack: AsyncExitStack, registry: CollectorRegistry, flags: MetricsFlags, *, error: Callable[[str], Exception]
 ) -> None:
     """The process's own families registered in `registry`, and /metrics served on --metrics-listen when set,
-    closed by `stack`: `start_metrics`' first half, which a broker does before reading its store."""
+    closed by `stack` (a broker serves it before reading its store). A flag the operator must fix (a port in use, an
+    address that is not local) raises ``error(one line naming it)``; so does `export_metrics`'."""
     # No `<counter>_created` series: nothing reads them (the export leaves them out), and per-group counters and
     # histograms would add one per series.
     disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -171,7 +155,8 @@ async def export_metrics(
     process: str,
     error: Callable[[str], Exception],
 ) -> None:
-    """Snapshots of `registry` exported to --export-dir when set, closed by `stack`: `start_metrics`' second half.
+    """Snapshots of `registry` (a broker's or the proxy's: `kind`, named `process`) exported to --export-dir when set,
+    closed by `stack`, after `serve_metrics`.
     Its first snapshot is the run's baseline (`RunSnapshots`): taken once every family the process will have is
     registered, so that a family registered later does not count its whole value as an increase."""
     if flags.export_dir:

@@ -51,19 +51,20 @@ async def test_a_stream_message_that_does_not_decode_ends_the_stream_as_a_bad_re
 
 
 class SlowDrainingContext(StreamContext):
-    """grpc takes a while to take a message (a large answer under flow control); the connection ages meanwhile."""
+    """grpc takes `write_s` to take a message (a large answer under flow control); the connection ages meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, write_s: float = 0.3) -> None:
         super().__init__()
         self.event = asyncio.Event()
         self.writing = asyncio.Event()
+        self.write_s = write_s
 
     def draining(self) -> asyncio.Event:
         return self.event
 
     async def write(self, message: bytes) -> None:
         self.writing.set()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(self.write_s)
         self.written.append(ext.SessionResponse.FromString(message))  # the client got it whole
 
 
@@ -93,16 +94,10 @@ async def test_a_receive_cut_again_by_the_streams_close_while_written_still_stan
     monkeypatch.setattr(session, "SETTLE_S", 0.2)
     monkeypatch.setattr(session, "WRITER_DRAIN_S", 0.2)
 
-    class SlowerContext(SlowDrainingContext):
-        async def write(self, message: bytes) -> None:
-            self.writing.set()
-            await asyncio.sleep(0.3)  # longer than SETTLE_S
-            self.written.append(ext.SessionResponse.FromString(message))
-
     broker = FakeBroker("b1")
     broker.ready = [popped("b1", "m1"), popped("b1", "m2")]
     service, _ = service_over(broker)
-    context = SlowerContext()
+    context = SlowDrainingContext(write_s=0.3)  # longer than SETTLE_S
     request = ext.SessionRequest(id=7, timeout_ms=30_000, receive=receive_request())
     task = asyncio.ensure_future(session.serve(service, stream(request, until=asyncio.Event()), context))
     await asyncio.wait_for(context.writing.wait(), 5)
