@@ -56,8 +56,13 @@ class Account:
 
 
 def matches(patterns: Iterable[str], name: str) -> bool:
+    """Whether a stored name is one of `patterns`: a name, ``*`` (every name), or a prefix and ``*``, whose ``*`` does
+    not cross a namespace's ``%`` — ``orders-*`` is not tenant ``orders-eu``'s ``orders-eu%payments``; a tenant's are
+    ``eu%*`` — test_auth.py::test_a_prefix_pattern_stays_within_its_namespace."""
     for pattern in patterns:
-        if pattern == name or pattern == "*" or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+        if pattern == name or pattern == "*":
+            return True
+        if pattern.endswith("*") and name.startswith(prefix := pattern[:-1]) and "%" not in name[len(prefix) :]:
             return True
     return False
 

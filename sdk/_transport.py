@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ class ClientOptions:
         return CallMetadata(client_id=new_client_id(), namespace=self.namespace, credentials=self.credentials)
 
 
+_NAMESPACE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # as the proxy checks it (proxy.validate): refused here alike
+
+
 def make_options(
     endpoint: str,
     *,
@@ -69,6 +73,8 @@ def make_options(
         raise ValueError(f"endpoint {endpoint!r} is not HOST:PORT (a port is 1..65535, no spaces)")
     if (access_key is None) != (secret_key is None):
         raise ValueError("give access_key and secret_key together")
+    if namespace and not _NAMESPACE.fullmatch(namespace):  # a header value: else grpc's "Invalid metadata" at a call
+        raise ValueError(f"namespace {namespace!r}: 1..64 of a-z, A-Z, 0-9, '_' and '-' (or none)")
     # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
     duration("request_timeout", request_timeout, positive=True)
     roots = None

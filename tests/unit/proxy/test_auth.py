@@ -183,6 +183,15 @@ def test_patterns() -> None:
     assert not auth.matches(["a-*"], "a") and not auth.matches([], "a") and not auth.matches(["ab"], "a")
 
 
+def test_a_prefix_pattern_stays_within_its_namespace() -> None:
+    """Topics and groups of namespace ``eu`` are stored as ``eu%name``: another account's ``orders-*`` does not reach
+    tenant ``orders-eu``'s, and a tenant account is given its names and its groups' dead letters with ``%``."""
+    assert not auth.matches(["orders-*"], "orders-eu%payments") and auth.matches(["orders-*"], "orders-eu")
+    assert auth.matches(["eu%*"], "eu%payments") and not auth.matches(["eu%*"], "eu2%payments")
+    assert auth.matches(["%DLQ%eu%*"], "%DLQ%eu%billing") and not auth.matches(["%DLQ%*"], "%DLQ%eu%billing")
+    assert auth.matches(["*"], "eu%payments")
+
+
 def test_secret_never_in_repr() -> None:
     assert "s3cret" not in repr(ALICE)
 

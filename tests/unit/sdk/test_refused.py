@@ -74,6 +74,13 @@ def test_an_empty_tls_file_name_is_refused_naming_the_option(tls: str) -> None:
         Producer(NOWHERE, tls=tls)
 
 
+@pytest.mark.parametrize("namespace", ["tenänt", "bad ns", "a%b", "n" * 65])
+def test_a_namespace_the_proxy_would_refuse_is_refused_naming_it(namespace: str) -> None:
+    """Not grpc's "Invalid metadata" (an INTERNAL server error) at the first call for one that is no header value."""
+    with pytest.raises(ValueError, match="namespace"):
+        Producer(NOWHERE, namespace=namespace)
+
+
 def test_a_bad_tls_ca_is_one_line_and_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "hostname"
     path.write_text("not a certificate\n")
