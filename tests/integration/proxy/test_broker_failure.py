@@ -310,12 +310,7 @@ def test_a_broker_restarted_while_covered_long_polls_wait_is_watched_again(make_
                 time.sleep(0.02)
             message = bpb.Message(topic=TOPIC, message_id="AFTER", body=b"after-restart")
             brokers[watched].Send(bpb.SendRequest(messages=[message]), timeout=5)
-            sent = time.monotonic()
-            done, _ = wait(waiting, timeout=10, return_when=FIRST_COMPLETED)
-            assert done, "no consumer got it before its long poll ended"
-            status, messages = next(iter(done)).result()
-            assert status.code == v2.OK and [m.body for m in messages] == [b"after-restart"]
-            assert time.monotonic() - sent < 5
+            first_waiting_consumer_gets(waiting, b"after-restart", sent=time.monotonic())
     finally:
         for client in clients:
             client.close()
@@ -346,3 +341,13 @@ def test_a_proxy_stopping_does_not_report_its_brokers_down(tmp_path: Path, caplo
         broker.stop()
     assert healthy, why
     assert "is now down" not in caplog.text
+
+
+def first_waiting_consumer_gets(waiting: Any, body: bytes, *, sent: float) -> None:
+    """The first of the `waiting` receives (futures of (status, messages)) answers `body` within 5 s of `sent`, before
+    its long poll ends: the message was watched for, not found at the next poll."""
+    done, _ = wait(waiting, timeout=10, return_when=FIRST_COMPLETED)
+    assert done, "no consumer got it before its long poll ended"
+    status, messages = next(iter(done)).result()
+    assert status.code == v2.OK and [m.body for m in messages] == [body]
+    assert time.monotonic() - sent < 5
