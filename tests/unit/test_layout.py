@@ -21,8 +21,14 @@ def import_name(folder: Path) -> str:
 
 
 def package_folders() -> list[Path]:
+    """The source's package folders; what a build left in the checkout (`pip install ./sdk`: sdk/build/) is not."""
     tops = ["broker", "proxy", "sdk", "spark_metrics", "proto"]
-    return [p.parent for top in tops for p in (ROOT / top).rglob("__init__.py") if "__pycache__" not in p.parts]
+    found = [p.relative_to(ROOT) for top in tops for p in (ROOT / top).rglob("__init__.py")]
+    return [
+        ROOT / p.parent
+        for p in found
+        if not {"__pycache__", "build"} & set(p.parts) and not any(part.endswith(".egg-info") for part in p.parts)
+    ]
 
 
 def test_every_package_folder_is_installed() -> None:
