@@ -8,6 +8,7 @@ import itertools
 import logging
 import sys
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
@@ -61,14 +62,27 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         metadata = self._metadata()
         if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
             try:
-                messages = _wire.received(self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+                messages = self._read(self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata))
             except grpc.RpcError as exc:
                 if not self._batch_unimplemented(exc):
                     raise
             else:
                 self._batch_receive = True
                 return messages
-        return _wire.received(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+        return self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+
+    def _read(self, call: Iterable[Any]) -> list[Message]:
+        """The messages of a receive's answer (either framing). An answer that fails after some messages (a proxy
+        gone, a deadline) gives them back before the error goes on to the retry —
+        tests/unit/sdk/test_give_back.py::test_a_receive_failed_mid_answer_gives_back_what_it_read."""
+        frames: list[Any] = []
+        try:
+            for frame in call:
+                frames.append(frame)
+        except grpc.RpcError:
+            self._give_back(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
+            raise
+        return _wire.received(frames)
 
     def __iter__(self) -> Iterator[Message]:
         """Messages as they come, long-polling forever (transient failures retried without end); ends when the

@@ -7,7 +7,7 @@ import asyncio
 import gc
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -17,7 +17,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, SimpleConsumer, aio
+from popgate import Message, RetryPolicy, SimpleConsumer, Unavailable, aio
 from popgate._base import Unyielded
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError, FakeStub
 
@@ -53,15 +53,21 @@ def test_each_held_message_is_taken_once() -> None:
     assert held.next(key) is a and held.end(key) == [b] and held.next(key) is None
 
 
+def failing_after(frames: list[pb.ReceiveMessageResponse]) -> Iterator[pb.ReceiveMessageResponse]:
+    """A ReceiveMessage stream that fails with UNAVAILABLE after `frames` (a proxy gone mid-answer)."""
+    yield from frames
+    raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+
+
 class SyncStub:
     """ReceiveMessage answers `frames` once, then nothing; ChangeInvisibleDuration goes to `fake` as a future."""
 
-    def __init__(self, fake: FakeStub, frames: list[pb.ReceiveMessageResponse]) -> None:
+    def __init__(self, fake: FakeStub, frames: Iterable[pb.ReceiveMessageResponse]) -> None:
         self.fake = fake
         self.answers = [frames]
         self.ChangeInvisibleDuration = self
 
-    def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> list[pb.ReceiveMessageResponse]:
+    def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> Iterable[pb.ReceiveMessageResponse]:
         return self.answers.pop() if self.answers else [pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK))]
 
     def future(self, request: pb.ChangeInvisibleDurationRequest, **_: Any) -> Future[Any]:
@@ -87,14 +93,34 @@ def test_break_gives_back_the_rest_of_the_batch_and_a_failed_give_back_is_only_l
     assert "giving back 1 of 3 unhandled message(s) failed: UNAVAILABLE" in caplog.text
 
 
-class AsyncStub:
-    """ReceiveMessage streams `frames` (holding the stream open after them when `hold`); ChangeInvisibleDuration
-    goes to `fake` after a pause, as over a network."""
+def test_a_receive_failed_mid_answer_gives_back_what_it_read() -> None:
+    """The answer stream fails (a proxy gone, a deadline) after two message frames: the receive fails, and the two
+    messages it read are ready again at once rather than invisible for `invisible`."""
+    fake = FakeStub()
+    with SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1)) as consumer:
+        consumer._stub = SyncStub(fake, failing_after(answer(fake, IDS[:2])[:2]))
+        consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+        with pytest.raises(Unavailable):
+            consumer.receive()
+        assert given_back(fake) == IDS[:2]
 
-    def __init__(self, fake: FakeStub, frames: list[pb.ReceiveMessageResponse], *, hold: bool = False) -> None:
+
+class AsyncStub:
+    """ReceiveMessage streams `frames` (holding the stream open after them when `hold`, failing with `fail` when
+    set); ChangeInvisibleDuration goes to `fake` after a pause, as over a network."""
+
+    def __init__(
+        self,
+        fake: FakeStub,
+        frames: list[pb.ReceiveMessageResponse],
+        *,
+        hold: bool = False,
+        fail: grpc.StatusCode | None = None,
+    ) -> None:
         self.fake = fake
         self.frames = frames
         self.hold = hold
+        self.fail = fail
         self.streamed = asyncio.Event()
 
     def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> AsyncIterator[pb.ReceiveMessageResponse]:
@@ -102,6 +128,8 @@ class AsyncStub:
             for frame in self.frames:
                 yield frame
             self.streamed.set()
+            if self.fail is not None:
+                raise FakeRpcError(self.fail)
             if self.hold:
                 await asyncio.Event().wait()
 
@@ -141,6 +169,19 @@ def test_a_receive_that_asyncio_run_cancels_mid_answer_is_given_back_before_the_
     run_unclosed(stub, body)
     assert given_back(fake) == ["m0"]
     assert "Task was destroyed but it is pending" not in caplog.text
+
+
+async def test_an_async_receive_failed_mid_answer_gives_back_what_it_read() -> None:
+    """As for the blocking consumer: the messages read before the answer failed are given back, before close ends."""
+    fake = FakeStub()
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    consumer._channel = FakeChannel()  # type: ignore[assignment]
+    consumer._stub_ = AsyncStub(fake, answer(fake, IDS[:2])[:2], fail=grpc.StatusCode.UNAVAILABLE)
+    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+    with pytest.raises(Unavailable):
+        await consumer.receive()
+    await asyncio.wait_for(consumer.close(), 2)
+    assert given_back(fake) == IDS[:2]
 
 
 def test_an_async_iteration_left_open_is_given_back_when_asyncio_run_ends(caplog: pytest.LogCaptureFixture) -> None:
