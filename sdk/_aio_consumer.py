@@ -113,6 +113,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         self._giving_back: set[asyncio.Future[None]] = set()
         self._unwaited = AsyncAcks(log)
         self._shutdown_guard: AsyncGenerator[None, None] | None = None
+        self._guard_loop: asyncio.AbstractEventLoop | None = None  # the loop whose shutdown closes the guard
 
     async def close(self) -> None:
         """Close the connection, once the acks not waited for have ended (at most 10 s); see `_AsyncClient.close`."""
@@ -145,8 +146,12 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         task = asyncio.ensure_future(self._give_back(messages))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
-        if self._shutdown_guard is None:
-            self._shutdown_guard = self._awaited_at_shutdown()
+        # One guard per event loop: a consumer used again in a later loop (its first one closed) needs a guard
+        # that loop's shutdown closes —
+        # tests/unit/sdk/test_give_back.py::test_a_second_asyncio_run_gives_back_a_receive_cancelled_mid_answer.
+        loop = asyncio.get_running_loop()
+        if self._shutdown_guard is None or self._guard_loop is not loop:
+            self._shutdown_guard, self._guard_loop = self._awaited_at_shutdown(), loop
             await anext(self._shutdown_guard)  # runs to its `yield` at once: no suspension in a cancelled task
 
     async def _awaited_at_shutdown(self) -> AsyncGenerator[None, None]:

@@ -171,6 +171,28 @@ def test_a_receive_that_asyncio_run_cancels_mid_answer_is_given_back_before_the_
     assert "Task was destroyed but it is pending" not in caplog.text
 
 
+def test_a_second_asyncio_run_gives_back_a_receive_cancelled_mid_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One consumer used in two asyncio.run calls (its first loop closed, as docs/SDK.md allows), each ending with a
+    receive cancelled mid-answer: each run's give-back runs to its end before its loop closes."""
+    fake = FakeStub()
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+
+    async def main(stub: AsyncStub) -> None:
+        consumer._channel = FakeChannel()  # type: ignore[assignment]
+        consumer._stub_ = stub
+        consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+        asyncio.ensure_future(consumer.receive())
+        await stub.streamed.wait()  # the receive has read the frame and waits for more
+
+    for run in range(2):
+        asyncio.run(main(AsyncStub(fake, answer(fake, IDS[run : run + 1])[:1], hold=True)))
+        gc.collect()  # a task left pending would be destroyed now
+    assert given_back(fake) == IDS[:2]
+    assert "Task was destroyed but it is pending" not in caplog.text
+
+
 async def test_an_async_receive_failed_mid_answer_gives_back_what_it_read() -> None:
     """As for the blocking consumer: the messages read before the answer failed are given back, before close ends."""
     fake = FakeStub()
