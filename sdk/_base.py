@@ -19,7 +19,7 @@ from . import _wire
 from ._durations import duration
 from ._ids import MessageIds
 from ._transport import make_options
-from ._wire_send import SendPlan, in_a_group, sent_count
+from ._wire_send import SendPlan, an_int, in_a_group, sent_count
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
 
@@ -268,7 +268,7 @@ class ConsumerBase(ClientBase):
         )
         if not group:
             raise ValueError("group must not be empty")
-        if not 1 <= batch <= 32:
+        if not 1 <= an_int("batch", batch) <= 32:
             raise ValueError(f"batch must be 1..32, got {batch}")
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)

@@ -1,10 +1,11 @@
-"""The durations the SDK sends: float seconds checked against what it can send (finite, >= 0, at most
-MAX_DURATION_S, a ValueError naming the argument otherwise), set into protobuf Durations and Timestamps.
+"""The durations the SDK sends: float seconds checked against what it can send (a number, finite, >= 0, at most
+MAX_DURATION_S, a TypeError or ValueError naming the argument otherwise), set into protobuf Durations and Timestamps.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 # The longest duration the SDK sends (delay, invisible, wait, request_timeout; deliver_at at most this far ahead).
 # Above every default server limit (popgate's and RocketMQ's proxies: delay 1 day, invisible 12 h, long polling
@@ -25,8 +26,11 @@ def _finite(name: str, value: float | None) -> None:
 
 
 def duration(name: str, seconds: float, *, positive: bool = False) -> float:
-    """`seconds` when the SDK can send it as the argument `name`: finite, >= 0 (> 0 if `positive`),
-    at most MAX_DURATION_S; else ValueError naming the argument."""
+    """`seconds` when the SDK can send it as the argument `name`: a real number (a bool is not one), finite, >= 0
+    (> 0 if `positive`), at most MAX_DURATION_S; else TypeError or ValueError naming the argument —
+    tests/unit/sdk/test_refused.py::test_an_argument_of_the_wrong_type_is_refused_naming_it."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, got {seconds!r}")
     low_ok = seconds > 0 if positive else seconds >= 0
     if not (low_ok and seconds <= MAX_DURATION_S):  # NaN fails both
         low = "> 0" if positive else ">= 0"

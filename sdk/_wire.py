@@ -22,9 +22,9 @@ from ._durations import _set_seconds, duration
 from ._wire_send import MAX_SEND_BATCH as MAX_SEND_BATCH
 from ._wire_send import SendPlan as SendPlan
 from ._wire_send import SharedSend as SharedSend
+from ._wire_send import an_int, sent_count, sent_id
 from ._wire_send import outgoing as outgoing
 from ._wire_send import send_requests as send_requests
-from ._wire_send import sent_count, sent_id
 from ._wire_send import shared_requests as shared_requests
 from ._wire_send import shared_sends as shared_sends
 from .message import Message, SendReceipt
@@ -213,7 +213,7 @@ class Subscription:
 def receive_request(
     group: str, sub: Subscription, *, max: int, invisible: float, wait: float, namespace: str = ""
 ) -> pb.ReceiveMessageRequest:
-    if not 1 <= max <= 32:
+    if not 1 <= an_int("max", max) <= 32:
         raise ValueError(f"max must be 1..32, got {max}")
     request = pb.ReceiveMessageRequest(batch_size=max)  # its parts set in place: no Resource built and copied in
     request.group.name = group

@@ -90,6 +90,14 @@ def outgoing(
     return out
 
 
+def an_int(name: str, value: object) -> int:
+    """`value` when it is an int (a bool is not one), else a TypeError naming the argument `name` —
+    tests/unit/sdk/test_refused.py::test_an_argument_of_the_wrong_type_is_refused_naming_it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return value
+
+
 def _check_fields(message: Message) -> None:
     """Refuse, naming the argument, what protobuf would refuse with no name —
     tests/unit/sdk/test_refused.py::test_a_bad_property_or_priority_is_refused_naming_the_argument."""
@@ -99,9 +107,7 @@ def _check_fields(message: Message) -> None:
     priority = message.priority
     if priority is None:
         return
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be an int, got {priority!r}")
-    if not 0 <= priority <= PRIORITY_MAX:
+    if not 0 <= an_int("priority", priority) <= PRIORITY_MAX:
         raise ValueError(f"priority must be >= 0 and <= {PRIORITY_MAX}, got {priority}")
 
 

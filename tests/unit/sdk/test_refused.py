@@ -110,3 +110,38 @@ def test_a_bad_property_or_priority_is_refused_naming_the_argument(
         with pytest.raises(error, match=named):
             producer.send_many("t", [Message(b"x", **options)])
     assert _wire.outgoing(b"x", properties={"k": "v"}, priority=2**31 - 1).priority == 2**31 - 1
+
+
+def consumer(**options: Any) -> SimpleConsumer:
+    return SimpleConsumer(NOWHERE, "g", "t", **options)
+
+
+def bad(value: object) -> Any:
+    """An argument of the wrong type, as a caller without a type checker passes it."""
+    return value
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("batch", lambda: consumer(batch=1.5)),
+        ("batch", lambda: consumer(batch="8")),
+        ("batch", lambda: consumer(batch=True)),
+        ("invisible", lambda: consumer(invisible="30")),
+        ("wait", lambda: aio.SimpleConsumer(NOWHERE, "g", "t", wait=bad("1"))),
+        ("request_timeout", lambda: consumer(request_timeout="3")),
+        ("max", lambda: consumer().receive(max=bad(1.5))),
+        ("max", lambda: consumer().receive(max=bad("3"))),
+        ("max", lambda: consumer().receive(max=True)),
+        ("wait", lambda: consumer().receive(wait=bad("1"))),
+        ("invisible", lambda: consumer().receive(invisible=bad("30"))),
+        ("delay", lambda: consumer().nack(received(), bad("5"))),
+        ("max", lambda: asyncio.run(aio.SimpleConsumer(NOWHERE, "g", "t").receive(max=bad("3")))),
+        ("delay", lambda: asyncio.run(aio.SimpleConsumer(NOWHERE, "g", "t").nack(received(), bad("5")))),
+        ("delay", lambda: Producer(NOWHERE).send("t", b"x", delay=bad("5"))),
+    ],
+)
+def test_an_argument_of_the_wrong_type_is_refused_naming_it(name: str, call: Callable[[], Any]) -> None:
+    """A TypeError naming the argument, before any call; not an unnamed comparison or protobuf error at each receive."""
+    with pytest.raises(TypeError, match=rf"^{name} must be "):
+        call()
