@@ -127,11 +127,12 @@ class HeldPop(Protocol):
 
 class HeldPops(Protocol):
     """The adaptive mode's count of a group's held Pops per broker (`proxy.receive.coupled.LongPollStrategy` with
-    cover): a Pop tracked there is covered by watches at the other brokers and may be moved to one of them."""
+    cover), keyed by (topic, group, filter): a Pop tracked there is covered by watches at the other brokers and may
+    be moved to one of them."""
 
-    def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[Any], tag_filter: str) -> HeldPop: ...
+    def track(self, key: tuple[str, str, str], broker: str, call: asyncio.Future[Any]) -> HeldPop: ...
 
-    def untrack(self, key: tuple[str, str], broker: str, entry: HeldPop) -> None: ...
+    def untrack(self, key: tuple[str, str, str], broker: str, entry: HeldPop) -> None: ...
 
 
 class Metrics(Protocol):

@@ -1,5 +1,6 @@
 """Coupled long polling (docs/ARCHITECTURE.md §3, `--receive-mode longpoll`): one Pop to one live broker, held
-for the client's long-polling time; the broker is the one where this proxy holds the fewest of the group's Pops.
+for the client's long-polling time; the broker is the one where this proxy holds the fewest of the group's Pops
+with the request's filter.
 
 Covered (the adaptive mode's long polls, `LongPollStrategy(cover=True)`): where none of a group's Pops is held, a
 Notification watches for the group, and when a message comes there one of its Pops held elsewhere moves there.
@@ -31,6 +32,7 @@ from proxy.receive.coverage import (
     Coverage,
     CoverLater,
     Held,
+    Key,
     Move,
     PassOn,
     Unwatch,
@@ -71,9 +73,10 @@ class _Counted:
 class LongPollStrategy:
     """Coupled long polling: one Pop to one broker, held up to the client's long-polling time.
 
-    The broker is the live one where this proxy holds the fewest Pops of the request's group for its topic
-    (ties in turn), whatever other groups hold: a group's long polls spread evenly over the brokers, so that with
-    as many of them as brokers every broker has one and a message anywhere wakes one of them —
+    The broker is the live one where this proxy holds the fewest Pops of the request's group for its topic and
+    with its filter (ties in turn), whatever other groups hold: a group's long polls spread evenly over the
+    brokers, so that with as many of them as brokers every broker has one and a message anywhere wakes one of them
+    (each filter's alike: test_coupled.py::test_a_groups_long_polls_spread_over_the_brokers_per_filter) —
     tests/unit/proxy/receive/test_coupled.py::test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other_groups_do.
 
     With `cover` (the adaptive mode, whose promise is no false empty), a group's Pops cover every live broker
@@ -106,9 +109,9 @@ class LongPollStrategy:
         self._failed: dict[tuple[str, str], tuple[float, int | None]] = {}
 
     def _order(self, request: ReceiveRequest, now: float) -> list[BrokerClient]:
-        """The brokers to try: live ones by how few of the group's Pops they hold (ties in turn), those that just
-        failed for the topic after the others, then down ones."""
-        held = self._coverage.held((request.topic, request.group))
+        """The brokers to try: live ones by how few of the group's Pops with the filter they hold (ties in turn),
+        those that just failed for the topic after the others, then down ones."""
+        held = self._coverage.held((request.topic, request.group, request.filter))
         failed = self._failed
 
         def recently_failed(client: BrokerClient) -> bool:
@@ -157,7 +160,7 @@ class LongPollStrategy:
                 if closing.is_set():
                     call.cancel()
                     return ReceiveResult([], "closing")
-                entry = self.track((request.topic, request.group), client.name, call, request.filter)
+                entry = self.track((request.topic, request.group, request.filter), client.name, call)
                 self._closer.watch(closing)
                 self._closer.registered.add(task)
                 try:
@@ -188,7 +191,7 @@ class LongPollStrategy:
                 finally:
                     self._closer.registered.discard(task)
                     self._closed.discard(task)
-                    self.untrack((request.topic, request.group), client.name, entry)
+                    self.untrack((request.topic, request.group, request.filter), client.name, entry)
                 if response.polling_full and not response.messages:
                     raise TooManyRequests(f"broker {client.name} holds too many long polls; retry shortly")
                 counted = counted or _Counted(self._metrics, request.group)
@@ -240,15 +243,16 @@ class LongPollStrategy:
         self._closed.add(task)
         task.cancel()
 
-    def track(self, key: tuple[str, str], broker: str, call: asyncio.Future[bpb.PopResponse], tag_filter: str) -> Held:
-        """Count a held Pop of the (topic, group) at `broker` until `untrack`: the group's Pops made elsewhere
-        (a pop-with-notify run handed off to a long poll, `proxy.receive.notify_driver`) are covered and moved as
-        this strategy's own are. Its `moved_to` is set when coverage cancelled it for a broker with a message."""
-        entry, commands = self._coverage.track(key, broker, call, tag_filter, now=asyncio.get_running_loop().time())
+    def track(self, key: Key, broker: str, call: asyncio.Future[bpb.PopResponse]) -> Held:
+        """Count a held Pop of the (topic, group, filter) at `broker` until `untrack`: the group's Pops made
+        elsewhere (a pop-with-notify run handed off to a long poll, `proxy.receive.notify_driver`) are covered and
+        moved as this strategy's own are. Its `moved_to` is set when coverage cancelled it for a broker with a
+        message."""
+        entry, commands = self._coverage.track(key, broker, call, now=asyncio.get_running_loop().time())
         self._apply(commands)
         return entry
 
-    def untrack(self, key: tuple[str, str], broker: str, entry: HeldPop) -> None:
+    def untrack(self, key: Key, broker: str, entry: HeldPop) -> None:
         self._apply(self._coverage.untrack(key, broker, entry))
 
     def _broker_health(self) -> Iterator[tuple[str, bool]]:
@@ -266,7 +270,7 @@ class LongPollStrategy:
         for command in commands:
             if isinstance(command, Watch):
                 request = bpb.NotificationRequest(
-                    topic=command.key[0], group=command.key[1], filter=command.filter, poll_ms=int(WATCH_S * 1000)
+                    topic=command.key[0], group=command.key[1], filter=command.key[2], poll_ms=int(WATCH_S * 1000)
                 )
                 call = self._client(command.broker).begin_notification(request, timeout_s=WATCH_S + self._timeout)
                 self._watch_calls[command] = call
@@ -285,7 +289,7 @@ class LongPollStrategy:
             elif isinstance(command, CoverLater):
                 asyncio.get_running_loop().call_later(command.delay_s, self._cover, command.key)
 
-    def _cover(self, key: tuple[str, str]) -> None:
+    def _cover(self, key: Key) -> None:
         self._apply(self._coverage.cover(key, now=asyncio.get_running_loop().time()))
 
     def _watched(self, watch: Watch, call: asyncio.Future[bpb.NotificationResponse]) -> None:
@@ -296,7 +300,7 @@ class LongPollStrategy:
         finally:
             del self._watch_calls[watch]
 
-    def _came_up(self, key: tuple[str, str], broker: str, _up: asyncio.Future[None]) -> None:
+    def _came_up(self, key: Key, broker: str, _up: asyncio.Future[None]) -> None:
         self._apply(self._coverage.came_up(key, broker, now=asyncio.get_running_loop().time()))
 
 

@@ -1,14 +1,19 @@
 """Where a proxy holds each group's long polls, and the watches that cover the brokers holding none. Sans-IO:
 events in, commands out; no asyncio, no clock (times are plain float seconds on the driver's clock).
 
-Every held Pop of a (topic, group) is counted at its broker until its receive ends, oldest first; coupled long
-polling sends the next one where the group holds the fewest. Covered (the adaptive mode, whose promise is no
-false empty), a group's Pops also cover every live broker: where none of them is held while some are held
-elsewhere, a Notification watches for the group, and when it answers ``has_message`` the oldest Pop still
+Every held Pop of a (topic, group, filter) is counted at its broker until its receive ends, oldest first; coupled
+long polling sends the next one where the group holds the fewest with its filter. Covered (the adaptive mode, whose
+promise is no false empty), a group's Pops also cover every live broker: where none of them is held while some are
+held elsewhere, a Notification watches for the group, and when it answers ``has_message`` the oldest Pop still
 waiting at the broker holding the most moves there (`Move`: its receive makes it again at that broker) —
 tests/unit/proxy/receive/test_coupled.py::test_covered_long_polls_move_to_a_broker_where_a_message_has_no_taker.
 A ``has_message`` no Pop can move to is handed back (`PassOn`), so that the broker wakes another request it
 holds. A watch ends once a Pop of the group is held at its broker, or none is held anywhere.
+
+All of this is per filter: a Pop takes only what its filter accepts, so a broker holding Pops of the group with
+another filter is watched all the same, each watch with its own filter, and a ``has_message`` moves only a Pop
+with the watch's filter (consumers of a group with different filters: a subscription being changed) —
+tests/unit/proxy/receive/test_coverage.py::test_a_groups_pops_cover_the_brokers_for_their_own_filter_only.
 
 The driver (`proxy.receive.coupled.LongPollStrategy`) executes the commands and reports back: `watched` when a
 Notification ends, `came_up` when a broker that was down is up, `cover` when a `CoverLater` is due.
@@ -29,7 +34,7 @@ WATCH_RETRY_S = 1.0  # this long, as after a watch refused (polling_full) or fai
 # tests/unit/proxy/receive/test_coverage.py::test_a_broker_whose_last_pop_ended_is_watched_after_a_delay
 COVER_DELAY_S = 0.02
 
-Key = tuple[str, str]  # (topic, group)
+Key = tuple[str, str, str]  # (topic, group, filter)
 
 
 class Pending(Protocol):
@@ -63,13 +68,16 @@ class Answer(Enum):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Watch:
-    """Send `broker` a Notification for the group with `filter`, held WATCH_S; report `watched(this, ...)`.
+    """Send `broker` a Notification for the group with its filter, held WATCH_S; report `watched(this, ...)`.
     Compared by identity: a later watch of the same broker is another one."""
 
     key: Key
     broker: str
-    filter: str
     started: float
+
+    @property
+    def filter(self) -> str:
+        return self.key[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +123,8 @@ Command = Watch | Unwatch | AwaitUp | Move | PassOn | CoverLater
 
 
 class Coverage:
-    """The held Pops of each (topic, group) per broker and, with `cover`, the watches of the brokers holding none.
+    """The held Pops of each (topic, group, filter) per broker and, with `cover`, the watches of the brokers
+    holding none.
 
     brokers: the pool's brokers in order, each as (name, whether its health checks see it up), read when a group
     is covered.
@@ -124,15 +133,15 @@ class Coverage:
     def __init__(self, brokers: Callable[[], Iterable[tuple[str, bool]]], *, cover: bool) -> None:
         self._brokers = brokers
         self._cover = cover
-        # (topic, group) -> broker -> Pops of the group for the topic held there now, oldest first
+        # (topic, group, filter) -> broker -> Pops of the group for the topic with the filter held there now,
+        # oldest first
         self._held: dict[Key, dict[str, dict[Held, None]]] = {}
-        # (topic, group) -> broker -> the watch there (`cover`), and the group's filter
+        # (topic, group, filter) -> broker -> the watch there (`cover`)
         self._watches: dict[Key, dict[str, Watch]] = {}
-        self._filters: dict[Key, str] = {}
         self._awaiting: set[tuple[Key, str]] = set()  # (key, broker) waiting for the broker to be up
 
     def held(self, key: Key) -> Mapping[str, Mapping[Held, None]]:
-        """The group's held Pops by broker (brokers holding none are absent)."""
+        """The group's held Pops with the filter by broker (brokers holding none are absent)."""
         return self._held.get(key, {})
 
     def watching(self, watch: Watch) -> bool:
@@ -142,12 +151,10 @@ class Coverage:
 
     # -- events ----------------------------------------------------------------
 
-    def track(self, key: Key, broker: str, call: Pending, tag_filter: str, *, now: float) -> tuple[Held, list[Command]]:
-        """A Pop of the group is held at `broker` until `untrack`; the group's first there ends that broker's
-        watch (or, the group's first anywhere, watches the others)."""
+    def track(self, key: Key, broker: str, call: Pending, *, now: float) -> tuple[Held, list[Command]]:
+        """A Pop of the group with the filter is held at `broker` until `untrack`; the first there ends that
+        broker's watch (or, the first anywhere, watches the others)."""
         entry = Held(call)
-        if self._cover:
-            self._filters[key] = tag_filter
         at = self._held.setdefault(key, {}).setdefault(broker, {})
         at[entry] = None
         if self._cover and len(at) == 1:
@@ -189,15 +196,13 @@ class Coverage:
                 # next time it is down — test_coverage.py::
                 # test_a_down_broker_seen_up_without_its_await_answering_is_awaited_again_when_it_goes_down_again
                 self._awaiting.discard((key, name))
-                watch = Watch(key, name, self._filters.get(key, "*"), now)
+                watch = Watch(key, name, now)
                 watches[name] = watch
                 commands.append(watch)
         if watches:
             self._watches[key] = watches
         else:
             self._watches.pop(key, None)
-            if not held:
-                self._filters.pop(key, None)
         return commands
 
     def watched(self, watch: Watch, answer: Answer, *, now: float) -> list[Command]:

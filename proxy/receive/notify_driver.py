@@ -86,7 +86,7 @@ class _Run:
                     # watched and a message there moves it — tests/unit/proxy/receive/test_adaptive_driver.py::
                     # test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lands_on
                     r = self.request
-                    entry = self.cover.track((r.topic, r.group), command.broker, pop, r.filter)
+                    entry = self.cover.track((r.topic, r.group, r.filter), command.broker, pop)
                     self.tracked[pop] = (command.broker, entry)
             elif isinstance(command, PassOn):
                 announced = self.announced.pop(command.broker, None)
@@ -159,7 +159,8 @@ class _Run:
             del self.requests[broker]
         tracked = self.tracked.pop(call, None)
         if tracked is not None and self.cover is not None:
-            self.cover.untrack((self.request.topic, self.request.group), broker, tracked[1])
+            r = self.request
+            self.cover.untrack((r.topic, r.group, r.filter), broker, tracked[1])
         announced = self.following.pop(call, None)
         if announced is not None and (call.cancelled() or call.exception() is not None):
             # A Pop after has_message that ended unanswered (timed out, cancelled with the run) may never have run

@@ -68,6 +68,27 @@ async def test_a_groups_long_polls_spread_evenly_over_the_brokers_whatever_other
     await asyncio.wait_for(asyncio.gather(*receives), 2)
 
 
+async def test_a_groups_long_polls_spread_over_the_brokers_per_filter() -> None:
+    """A Pop takes only what its filter accepts: a group's long polls with filter a spread over the brokers
+    whatever its Pops with filter b do (consumers of a group with different filters: a subscription being
+    changed), so a second Pop with a does not join the first while a broker holds none with a."""
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0)
+    closing = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    receives = []
+    for tag_filter in ("a", "b", "b", "a"):
+        receive = ReceiveRequest("t", "g", tag_filter, 1, 30_000, 5.0, loop.time() + 5.5)
+        receives.append(asyncio.create_task(strategy.receive(receive, closing)))
+        await held_becomes(brokers, len(receives))
+    with_a = [name for name, b in brokers.items() for p in b.pops if p.filter == "a"]
+    assert len(set(with_a)) == 2, with_a
+    for b in brokers.values():
+        b.put(*(popped(b.name, f"{b.name}-{j}") for j in range(2)))
+    await asyncio.wait_for(asyncio.gather(*receives), 2)
+
+
 def test_covered_long_polls_move_to_a_broker_where_a_message_has_no_taker() -> None:
     """2 of the group's Pops on each broker, 3 messages on b1 and 3 on b2: the Pops on b3 waited on nothing
     while a message on b1 and one on b2 had no taker (a review's probe: 11.9 s, and empty answers meanwhile).

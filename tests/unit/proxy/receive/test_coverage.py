@@ -13,13 +13,14 @@ from proxy.receive.coverage import (
     Coverage,
     CoverLater,
     Held,
+    Key,
     Move,
     PassOn,
     Unwatch,
     Watch,
 )
 
-KEY = ("t", "g")
+KEY = ("t", "g", "a||b")  # (topic, group, filter)
 BROKERS = ("b1", "b2", "b3")
 
 
@@ -47,9 +48,9 @@ def watches(commands: list[Command]) -> dict[str, Watch]:
 
 
 def track(
-    cov: Coverage, broker: str, *, now: float = 0.0, tag_filter: str = "a||b", call: Call | None = None
+    cov: Coverage, broker: str, *, now: float = 0.0, key: Key = KEY, call: Call | None = None
 ) -> tuple[Held, list[Command]]:
-    return cov.track(KEY, broker, call or Call(), tag_filter, now=now)
+    return cov.track(key, broker, call or Call(), now=now)
 
 
 def test_held_pops_are_counted_per_broker_oldest_first_and_plain_long_polls_send_no_command() -> None:
@@ -98,8 +99,6 @@ def test_a_broker_whose_last_pop_ended_is_watched_after_a_delay() -> None:
     b2 = watches(again)["b2"]
     assert cov.untrack(KEY, "b1", held) == [CoverLater(KEY, COVER_DELAY_S)]
     assert set(cov.cover(KEY, now=1.1)) == {Unwatch(b2), Unwatch(b3)}
-    _, anew = track(cov, "b1", tag_filter="x")  # the group's first again: watched with its filter now
-    assert [(w.broker, w.filter) for w in watches(anew).values()] == [("b2", "x"), ("b3", "x")]
 
 
 def test_a_message_at_a_watched_broker_moves_the_oldest_waiting_pop_of_the_broker_holding_the_most() -> None:
@@ -186,3 +185,30 @@ def test_a_stale_watch_answer_changes_nothing() -> None:
     cov.untrack(KEY, "b1", held)
     assert cov.cover(KEY, now=1.0) == [Unwatch(b2), Unwatch(watches(cmds)["b3"])]
     assert cov.watched(b2, Answer.HAS_MESSAGE, now=1.0) == []
+
+
+def test_a_groups_pops_cover_the_brokers_for_their_own_filter_only() -> None:
+    """Consumers of one group with different filters (a subscription being changed): a broker holding only Pops
+    with filter a is still watched for b, and a message for b there moves a Pop with filter b, never one with a."""
+    cov = coverage()
+    for_a, for_b = ("t", "g", "a"), ("t", "g", "b")
+    pop_b, cmds_b = track(cov, "b3", key=for_b)
+    pop_a, cmds_a = track(cov, "b1", key=for_a)
+    assert [(w.broker, w.filter) for w in watches(cmds_b).values()] == [("b1", "b"), ("b2", "b")]
+    assert [(w.broker, w.filter) for w in watches(cmds_a).values()] == [("b2", "a"), ("b3", "a")]
+    assert len(cmds_a) == 2  # b's watch of b1 stays: a Pop with filter a does not take a message for b
+    assert cov.watched(watches(cmds_b)["b1"], Answer.HAS_MESSAGE, now=1.0) == [Move(for_b, pop_b)]
+    assert (pop_b.moved_to, pop_a.moved_to) == ("b1", None)
+
+
+def test_a_changed_filter_is_watched_with_its_first_pop_and_the_old_filters_watches_end_with_its_last() -> None:
+    """The group's subscription changes from a to b: the brokers are watched for b as soon as a Pop with b is
+    held, and the watches for a end with the last Pop with a, not at the end of their 30 s hold."""
+    cov = coverage()
+    old, new = ("t", "g", "a"), ("t", "g", "b")
+    last, before = track(cov, "b1", key=old)
+    assert cov.untrack(old, "b1", last) == [CoverLater(old, COVER_DELAY_S)]
+    _, after = track(cov, "b1", key=new)
+    assert [(w.broker, w.filter) for w in watches(after).values()] == [("b2", "b"), ("b3", "b")]
+    assert cov.cover(old, now=1.0) == [Unwatch(w) for w in watches(before).values()]
+    assert [w.filter for w in watches(after).values() if cov.watching(w)] == ["b", "b"]
