@@ -122,9 +122,17 @@ class NotifyRun:
         return [Pop(self.brokers[0]), *(AwaitUp(broker) for broker in self.down)]
 
     def popped(
-        self, broker: str, messages: Sequence[bpb.PoppedMessage], *, polling_full: bool, now: float, busy: bool = False
+        self,
+        broker: str,
+        messages: Sequence[bpb.PoppedMessage],
+        *,
+        polling_full: bool,
+        now: float,
+        busy: bool = False,
+        closing: bool = False,
     ) -> list[Command]:
-        """A Pop answered. `busy`: the group has many receives waiting (hand off after a lost race)."""
+        """A Pop answered. `busy`: the group has many receives waiting (hand off after a lost race). `closing`: the
+        broker is stopping (it answers what it holds at once)."""
         if self.phase is Phase.DONE or broker != self.popping:
             return []
         self.popping = None
@@ -140,6 +148,8 @@ class NotifyRun:
         if self.phase is Phase.LONGPOLL and polling_full:  # not held: an empty answer would make the client spin
             full = TooManyRequests(f"broker {broker} holds too many long polls; retry shortly")
             return self._finish([], "error", full)
+        if self.phase is Phase.LONGPOLL and closing and self.stats.handoff and self.poll_end - now >= self.min_notify_s:
+            return self._stopping(broker, now)
         if self.phase in (Phase.DRAINING, Phase.LONGPOLL):
             return self._finish([], "empty")
         # Lost the race for what the broker announced: watch that broker again (or hand off when busy).
@@ -274,6 +284,7 @@ class NotifyRun:
         self.phase = Phase.NOTIFYING
         poll_ms = self._poll_ms(now)
         watched = [b for b in (*self.brokers, *self.down) if b not in self.failed and b not in self.full]
+        watched = [b for b in watched if b not in self.dropped] if self.dropped else watched
         if self.poll_end - now < self.min_notify_s:
             # No time to wait: the last look. A Notification with poll 0 answers at once whether the broker
             # has a message for the group (empty ones end as brokers answering without holding: dropped).
@@ -303,6 +314,14 @@ class NotifyRun:
         self.stats.pops += 1
         self.stats.handoff = self.stats.waited = True
         return [*cancels, Pop(broker, self._poll_ms(now))]
+
+    def _stopping(self, broker: str, now: float) -> list[Command]:
+        """The handed-off Pop's broker is stopping with poll time left: the other brokers are watched for the time
+        left and it is looked at again later (a restart), as a long poll goes on at the next broker —
+        test_notify.py::test_a_handed_off_pop_whose_broker_is_stopping_watches_the_other_brokers_for_the_time_left."""
+        self.failed |= {broker}
+        cmds = self._notify_all(now)
+        return cmds if self.done else [*cmds, *self._rewatch_later(broker, now)]
 
     def moved(self, broker: str, to: str, *, now: float) -> list[Command]:
         """The held Pop at `broker` (a hand-off) was cancelled to be made at `to`, where a message came that

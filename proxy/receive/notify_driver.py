@@ -188,8 +188,9 @@ class _Run:
             if response.messages:
                 self.answer = (broker, call)
             busy = not response.messages and self.busy(self.request.group)
+            full, closing = response.polling_full, response.closing
             self.apply(
-                self.machine.popped(broker, response.messages, polling_full=response.polling_full, now=now, busy=busy)
+                self.machine.popped(broker, response.messages, polling_full=full, now=now, busy=busy, closing=closing)
             )
         else:
             answer = call.result()

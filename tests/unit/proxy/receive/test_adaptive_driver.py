@@ -141,6 +141,41 @@ async def test_a_handed_off_run_is_covered_and_moves_to_the_broker_a_message_lan
     assert value("popgate_proxy_long_polls_moved_total", {"group": "g"}) == 1
 
 
+class StopsWhileHolding(LosesTheNextRace):
+    """Once `stop` is set, answers the Pop it holds at once, empty, saying it is stopping (a broker's SIGTERM)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.stop = asyncio.Event()
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        if request.poll_ms == 0 or self.ready:
+            return await super().pop(request, timeout_s=timeout_s)
+        self.pops.append(request)
+        self._held(+1)
+        try:
+            await self.stop.wait()
+        finally:
+            self._held(-1)
+        return bpb.PopResponse(held=True, closing=True)
+
+
+async def test_a_handed_off_pop_whose_broker_stops_goes_on_watching_the_other_brokers() -> None:
+    """Adaptive: the broker holding a handed-off Pop is stopped and answers it at once, empty, saying it is
+    stopping: the run watches the other brokers for its time left and gets a message stored there, as a long poll
+    goes on at the next broker (it answered empty 0.3 s after the stop, most of its 10 s poll left: a review's
+    probe)."""
+    stopping = StopsWhileHolding("b1")
+    brokers: dict[str, FakeBroker] = {"b1": stopping, "b2": FakeBroker("b2"), "b3": FakeBroker("b3")}
+    receive = await handed_off(brokers, poll_s=20.0)  # a Pop held at b1, watches at b2 and b3
+    stopping.stop.set()
+    await held_becomes(brokers, 2)  # b2 and b3 watched by the run, the group's other watches ended
+    assert not receive.done()
+    brokers["b2"].put(popped("b2", "m2"))
+    result = await asyncio.wait_for(receive, 2.0)
+    assert (ids(result), result.outcome) == (["m2"], "messages")
+
+
 async def test_a_held_adaptive_long_poll_is_one_strategy_coroutine_and_every_receive_ends_at_the_policy() -> None:
     """A held receive is the proxy's unit of memory: an adaptive long poll holds one coroutine of the strategy,
     which awaits its Pop's future itself (no adaptive coroutine, no frame per attempt or awaited call); and the

@@ -278,6 +278,23 @@ def test_a_handed_off_long_poll_that_ends_empty_answers_empty() -> None:
     assert finish(run.popped("b2", [], polling_full=False, now=10.0)).outcome == "empty"
 
 
+def test_a_handed_off_pop_whose_broker_is_stopping_watches_the_other_brokers_for_the_time_left() -> None:
+    """The hand-off's broker is stopping (it answers what it holds at once, empty, saying `closing`) with poll time
+    left: the other brokers are watched for the time left and the stopping one looked at again later, as a long
+    poll goes on at the next broker; with no time left the run answers empty."""
+    run = notifying()
+    run.notified("b2", has_message=True, polling_full=False, now=1.0)
+    run.popped("b2", [], polling_full=False, now=2.0, busy=True)  # handed off: a held Pop at b2
+    cmds = run.popped("b2", [], polling_full=False, closing=True, now=2.5)
+    assert cmds == [Notify("b1", 7500), Notify("b3", 7500), Rewatch("b2", 3.5)]
+    assert run.notified("b3", has_message=True, polling_full=False, now=3.0) == [Pop("b3")]
+    assert finish(run.popped("b3", message("m1"), polling_full=False, now=3.0)).outcome == "messages"
+    late = notifying()
+    late.notified("b2", has_message=True, polling_full=False, now=1.0)
+    late.popped("b2", [], polling_full=False, now=2.0, busy=True)
+    assert finish(late.popped("b2", [], polling_full=False, closing=True, now=10.0)).outcome == "empty"
+
+
 def test_a_zero_poll_time_is_one_pop_whose_hit_still_counts_as_a_first_pop_hit() -> None:
     run = NotifyRun(BROKERS, 0.0)
     assert run.start() == [Pop("b1")]
