@@ -14,6 +14,7 @@ from popgate_contract.validation import (
     DLQ_PREFIX,
     MAX_KEYS,
     MAX_PROPERTIES_BYTES,
+    MAX_SEND_MESSAGES,
     check_group,
     check_message_id,
     check_tag,
@@ -88,6 +89,23 @@ def tag_filter(expression: str, *, is_sql: bool = False) -> str:
         raise errors.IllegalFilter("SQL92 filter expressions are not supported; use a TAG expression like 'a || b'")
     tags = split_tags(expression)
     return "*" if tags is None else "||".join(tags)
+
+
+def send_count(count: int, *, what: str = "SendMessage") -> int:
+    """A send's count of messages, taken from its length before any message is read (a SendShared's runs are counted
+    by `shared_runs` first) — tests/unit/proxy/test_overload.py::
+    test_a_send_of_too_many_messages_is_refused_by_its_count_before_they_are_read."""
+    if not 1 <= count <= MAX_SEND_MESSAGES:
+        raise errors.BadRequest(f"{what} carries {count} messages: must be 1..{MAX_SEND_MESSAGES}")
+    return count
+
+
+def shared_runs(count: int) -> int:
+    """A SendShared's count of runs, before any run is read — tests/unit/proxy/test_send_shared.py::
+    test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read."""
+    if count > MAX_SEND_MESSAGES:
+        raise errors.BadRequest(f"SendShared carries {count} runs: at most {MAX_SEND_MESSAGES}, as many as messages")
+    return count
 
 
 def batch_size(size: int, *, limit: int) -> int:

@@ -80,9 +80,12 @@ def check(auth: Authenticator, invocation_metadata: Iterable[Any] | None, reques
     if not auth.enabled:
         return ""
     account = auth.authenticate(metadata_of(invocation_metadata))
+    # A send's topics are read only once its count is one its handler takes (proxy/v2/send.py checks it again).
     if isinstance(request, pb.SendMessageRequest):
+        validate.send_count(len(request.messages))
         authorize(account, publish=sorted({_topic(m.topic) for m in request.messages}))
     elif isinstance(request, ext.SendShared):
+        validate.shared_runs(len(request.runs))
         authorize(account, publish=sorted({_topic(run.shared.topic) for run in request.runs}))
     elif isinstance(request, pb.ReceiveMessageRequest):
         authorize(account, subscribe=[_topic(request.message_queue.topic)], group=_group(request.group))

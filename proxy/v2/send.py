@@ -28,7 +28,6 @@ from proxy.outgoing import Run, runs_of, shared_run
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, body_of, to_broker
 
-MAX_MESSAGES = 1024
 INFLATE_THREADS = 2  # this machine's cores: more threads would only queue for them
 INFLATE_REQUESTS = 4  # GZIP requests converting or waiting to; each inflates to at most max_message_bytes
 T = TypeVar("T")
@@ -64,10 +63,8 @@ class Inflation:
 
 
 async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation: Inflation) -> pb.SendMessageResponse:
+    validate.send_count(len(request.messages))  # before a message is read
     sent = list(request.messages)  # each message's Python object made once, for the three passes below
-    count = len(sent)
-    if not 1 <= count <= MAX_MESSAGES:
-        raise errors.BadRequest(f"SendMessage carries {count} messages: must be 1..{MAX_MESSAGES}")
     # Before the bodies are copied into broker messages (a GZIP body counts at its compressed size here).
     call.proxy.check_send_room(sent)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
@@ -99,13 +96,8 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
     the messages of a run share is converted and checked once —
     tests/unit/proxy/test_send_shared.py::test_a_shared_send_stores_and_answers_as_the_send_of_its_messages."""
     given = request.runs
-    # Counted before anything is made of a run: a request of many tiny runs is refused at its count's cost —
-    # tests/unit/proxy/test_send_shared.py::test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read.
-    if len(given) > MAX_MESSAGES:
-        raise errors.BadRequest(f"SendShared carries {len(given)} runs: at most {MAX_MESSAGES}, as many as messages")
-    count = sum(len(run.bodies) for run in given)
-    if not 1 <= count <= MAX_MESSAGES:
-        raise errors.BadRequest(f"SendShared carries {count} messages: must be 1..{MAX_MESSAGES}")
+    validate.shared_runs(len(given))  # before anything is made of a run
+    count = validate.send_count(sum(len(run.bodies) for run in given), what="SendShared")
     runs = [_run(run) for run in given]
     # Each run's shared part (its first message but for the body) counted once, as the proxy holds it.
     held = sum(first.ByteSize() - len(first.body) + sum(map(len, bodies)) for first, bodies, _ in runs)

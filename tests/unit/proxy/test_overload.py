@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import threading
+import tracemalloc
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from popgate_contract.codes import code_of
+from proxy.auth import Account
 from proxy.core import SEND_OVERHEAD, Proxy
 from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
@@ -22,7 +25,9 @@ from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import send as send_v2
 from proxy.v2.context import Call, endpoints_for
+from proxy.v2.session import StreamAccount
 from tests.unit.proxy.fakes import FakeBroker
+from tests.unit.proxy.test_session import service_over
 
 
 class SlowBroker(FakeBroker):
@@ -116,6 +121,33 @@ async def test_a_send_refused_for_room_is_refused_before_its_bodies_are_copied(m
     assert converted == []
     broker.release.set()
     await asyncio.gather(*held)
+
+
+@pytest.mark.parametrize(
+    "account", [None, StreamAccount(Account("ak", "sk", publish=("*",)))], ids=["open", "accounts"]
+)
+async def test_a_send_of_too_many_messages_is_refused_by_its_count_before_they_are_read(
+    account: StreamAccount | None,
+) -> None:
+    """300,000 messages naming only a topic (a 2.1 MB request): refused without a Python object made per message
+    (with accounts, before their topics are read for permissions too)."""
+    one = pb.SendMessageRequest(messages=[v2.Message(topic=v2.Resource(name="t"))]).SerializeToString()
+    request = pb.SendMessageRequest.FromString(one * 300_000)  # parsed as the server parses it
+    broker = FakeBroker("b1")
+    service = service_over(broker)[0]
+    context = SimpleNamespace(invocation_metadata=lambda: (), time_remaining=lambda: 3.0)
+    tracemalloc.start()
+    try:
+        answer = await service.SendMessage(request, context, account)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (answer.status.code, answer.status.message) == (
+        v2.BAD_REQUEST,
+        "SendMessage carries 300000 messages: must be 1..1024",
+    )
+    assert peak < 1 << 20  # an object per message read would be tens of MB
+    assert broker.sent == []
 
 
 def v2_message(size: int) -> v2.Message:

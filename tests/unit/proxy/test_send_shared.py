@@ -104,18 +104,25 @@ async def test_a_shared_send_refused_stores_nothing_and_says_why(
     assert broker.sent == []
 
 
-async def test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "account", [None, StreamAccount(Account("ak", "sk", publish=("*",)))], ids=["open", "accounts"]
+)
+async def test_a_shared_send_of_too_many_runs_is_refused_before_they_are_read(
+    monkeypatch: pytest.MonkeyPatch, account: StreamAccount | None
+) -> None:
     """Runs of one tiny message each: refused by their count, as a SendMessage of as many messages is, before any
-    run is read (a request the size of max_message_bytes would otherwise hold the event loop and memory per run)."""
+    run is read (a request the size of max_message_bytes would otherwise hold the event loop and memory per run);
+    with accounts, before any run's topic is read for permissions."""
 
-    def read(_: ext.SharedMessages) -> None:
+    def read(_: object) -> None:
         raise AssertionError("a run was read")
 
     monkeypatch.setattr(send, "_run", read)
+    monkeypatch.setattr(access, "_topic", read)
     broker = FakeBroker("b1")
     request = ext.SendShared()
     request.runs.extend([run(v2.Message(), [b"a"], ["I"])] * 200_000)
-    answer = await service_over(broker)[0].SendShared(request, CALL)
+    answer = await service_over(broker)[0].SendShared(request, CALL, account)
     assert answer.status.code == v2.BAD_REQUEST
     assert answer.status.message == "SendShared carries 200000 runs: at most 1024, as many as messages"
     assert broker.sent == []
