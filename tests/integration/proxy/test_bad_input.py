@@ -173,6 +173,23 @@ def test_a_handle_too_long_to_be_one_is_not_echoed_so_the_client_can_read_why(cl
     assert response.receipt_handle == ""
 
 
+def test_an_ack_of_a_handle_too_long_to_be_one_does_not_echo_it_so_the_client_can_read_why(cluster: Cluster) -> None:
+    """As ChangeInvisibleDuration: each failed entry echoes its handle, but not one longer than a handle can be."""
+    client = V2Client(cluster.endpoint, options=[("grpc.max_send_message_length", 16 << 20)])
+    try:
+        request = pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="bad"))
+        request.entries.add(message_id="m1", receipt_handle="x" * 5_000_000)
+        request.entries.add(message_id="m2", receipt_handle="1~nobroker~bad~0~5~1~ab~1700000000000")
+        response = client.stub.AckMessage(request, timeout=10)
+    finally:
+        client.close()
+    assert response.status.code == v2.INVALID_RECEIPT_HANDLE
+    [long, short] = response.entries
+    assert (long.message_id, long.receipt_handle) == ("m1", "")
+    assert long.status.code == v2.INVALID_RECEIPT_HANDLE and "longer than 1024" in long.status.message
+    assert (short.message_id, short.receipt_handle) == ("m2", "1~nobroker~bad~0~5~1~ab~1700000000000")
+
+
 def receives_counted(cluster: Cluster, outcome: str) -> float:
     text = urllib.request.urlopen(cluster.proxies[0].metrics_url, timeout=5).read().decode()
     prefix = f'popgate_proxy_receives_total{{group="g",mode="adaptive",outcome="{outcome}"}} '
