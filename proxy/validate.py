@@ -19,6 +19,7 @@ from popgate_contract.validation import (
     check_message_id,
     check_tag,
     check_topic,
+    has_control,
     split_tags,
 )
 
@@ -138,16 +139,17 @@ def keys(values: Iterable[str]) -> list[str]:
     if len(out) > MAX_KEYS:
         raise errors.IllegalMessageKey(f"message has {len(out)} keys; the limit is {MAX_KEYS}")
     for key in out:
-        if not key.strip() or len(key) > MAX_KEY_LEN or not key.isprintable():
+        if not key.strip() or len(key) > MAX_KEY_LEN or has_control(key):
             raise errors.IllegalMessageKey(f"message key {key[:40]!r} is blank, too long or has a control character")
     return out
 
 
 def message_group(value: str) -> str:
     size = len(value.encode())
-    if not value.strip() or size > MAX_MESSAGE_GROUP_BYTES or not value.isprintable():
+    if not value.strip() or size > MAX_MESSAGE_GROUP_BYTES or has_control(value):
         raise errors.IllegalMessageGroup(
-            f"message group must be 1..{MAX_MESSAGE_GROUP_BYTES} bytes of printable text, got {size} bytes"
+            f"message group must be 1..{MAX_MESSAGE_GROUP_BYTES} bytes of text, not blank and with no control"
+            f" character, got {size} bytes"
         )
     return value
 
@@ -159,7 +161,7 @@ def properties(props: Mapping[str, str]) -> Mapping[str, str]:
         )
     size = 0
     for key, value in props.items():
-        if not key.strip() or not key.isprintable():
+        if not key.strip() or has_control(key):
             raise errors.IllegalPropertyKey(f"user property key {key[:40]!r} is blank or has a control character")
         size += len(key.encode()) + len(value.encode())
     if size > MAX_PROPERTIES_BYTES:

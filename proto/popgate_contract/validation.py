@@ -29,6 +29,16 @@ MAX_HANDLES = 1024
 MAX_SEND_MESSAGES = 1024
 
 
+# ISO control characters (C0, DEL, C1): all RocketMQ's proxy refuses by character in a tag, key, message group or
+# property key (GrpcValidator.containControlCharacter); other Unicode (NBSP, U+3000, ZWJ) is text — test_rules.py::
+# test_unicode_text_other_than_control_characters_is_a_tag_key_message_group_or_property_key.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def has_control(text: str) -> bool:
+    return _CONTROL_RE.search(text) is not None
+
+
 def check_name(kind: str, name: str, *, error: type[DomainError], limit: int = MAX_NAME_LEN) -> str:
     """`name` if it is a valid `kind` name ("topic", "consumer group") of at most `limit` characters."""
     if not name:
@@ -56,7 +66,7 @@ def check_tag(tag: str, *, error: type[DomainError] = IllegalMessage) -> str:
         raise error("message tag is blank")
     if len(tag) > MAX_TAG_LEN:
         raise error(f"message tag is {len(tag)} characters long; the limit is {MAX_TAG_LEN}")
-    if "|" in tag or not tag.isprintable():
+    if "|" in tag or has_control(tag):
         raise error(f"message tag {tag!r} contains '|' or a control character")
     if tag != tag.strip():  # filters strip their tags: such a message could never be selected by its tag
         raise error(f"message tag {tag!r} starts or ends with whitespace")
@@ -94,7 +104,7 @@ def split_tags(expression: str, *, max_len: int | None = MAX_FILTER_LEN) -> list
     if not tags:
         raise IllegalFilter(f"filter expression {expression!r} has no tag (use '*' for every message)")
     for tag in tags:
-        if tag == "*" or "|" in tag or not tag.isprintable():
+        if tag == "*" or "|" in tag or has_control(tag):
             raise IllegalFilter(f"filter expression {expression!r} has an invalid tag {tag!r}")
     return tags
 

@@ -71,6 +71,36 @@ def test_message_fields_get_their_own_codes() -> None:
         validate.properties({"": "v"})
 
 
+# Separators other than ' ' (NBSP, the ideographic space) and format characters (ZWJ) are ordinary text, as to
+# RocketMQ's proxy, which refuses only ISO control characters (C0, DEL, C1) in these fields.
+UNICODE_TEXT = ["a\u00a0b", "促销\u3000活动", "\U0001f468\u200d\U0001f469", "line\u2028two", "naïve"]
+CONTROLS = ["\x00", "\t", "\n", "\x1f", "\x7f", "\x85", "\x9f"]
+
+
+@pytest.mark.parametrize("text", UNICODE_TEXT)
+def test_unicode_text_other_than_control_characters_is_a_tag_key_message_group_or_property_key(text: str) -> None:
+    assert validate.tag(text) == text
+    assert validate.tag_filter(f"x || {text}") == f"x||{text}"  # a consumer can select it by its tag
+    assert validate.keys([text, f"注文{text}1"]) == [text, f"注文{text}1"]
+    assert validate.message_group(text) == text
+    assert validate.properties({text: "v"}) == {text: "v"}
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_control_characters_are_refused_in_a_tag_key_message_group_property_key_or_filter(control: str) -> None:
+    text = f"a{control}b"
+    with pytest.raises(errors.IllegalMessageTag, match="control character"):
+        validate.tag(text)
+    with pytest.raises(errors.IllegalFilter):
+        validate.tag_filter(f"x || {text}")
+    with pytest.raises(errors.IllegalMessageKey, match="control character"):
+        validate.keys([text])
+    with pytest.raises(errors.IllegalMessageGroup, match="control character"):
+        validate.message_group(text)
+    with pytest.raises(errors.IllegalPropertyKey, match="control character"):
+        validate.properties({text: "v"})
+
+
 def test_every_proxy_error_has_a_row_and_a_specific_code() -> None:
     def subclasses(cls: type[errors.DomainError]) -> list[type[errors.DomainError]]:
         return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
