@@ -188,14 +188,13 @@ def test_iteration_with_wait_zero_long_polls_instead_of_spinning(endpoint: str) 
         time.sleep(2.0)  # a measuring window, not synchronisation: an idle consumer's calls in 2 s
         idle_calls = len(calls)
         with Producer(endpoint) as producer:
-            sent_at = time.monotonic()
-            producer.send(topic, b"wakes the held receive")
-            assert collector.next_body(10) == b"wakes the held receive"
-        latency = time.monotonic() - sent_at
+            producer.send(topic, b"after the window")
+            assert collector.next_body(10) == b"after the window"
     finally:
         collector.stop()
-    assert idle_calls <= 3  # 1 s long polls (a busy loop made ~1,600 calls in 2 s)
-    assert latency < 0.9  # the held receive answered as the message came, not at the end of its 1 s poll
+    # 1 s long polls (a busy loop made ~1,600 calls in 2 s); that a held receive is answered as the message
+    # comes is test_realtime.py::test_a_long_poll_gets_a_message_from_any_broker_promptly's.
+    assert idle_calls <= 3
 
 
 def test_breaking_out_of_iteration_gives_the_rest_of_the_batch_back_at_once(endpoint: str) -> None:
