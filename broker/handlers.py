@@ -131,6 +131,7 @@ async def notification(core: BrokerCore, request: pb.NotificationRequest, out: p
 
 def fill_notification(core: BrokerCore, asked: Asked, result: tuple[bool, bool], out: pb.NotificationResponse) -> None:
     out.has_message, out.polling_full = result
+    out.closing = not out.has_message and core.hold.closed  # stopping: the proxy watches the other brokers
 
 
 async def group_config(core: BrokerCore, request: pb.GroupConfigRequest, out: pb.GroupConfigResponse) -> None:

@@ -90,6 +90,11 @@ class HoldService:
         self._arrivals = itertools.count()
 
     @property
+    def closed(self) -> bool:
+        """The broker is stopping: every request held was answered, and none is held any more."""
+        return self._closed
+
+    @property
     def total_held(self) -> int:
         return self.held[Kind.POP] + self.held[Kind.NOTIFICATION]
 

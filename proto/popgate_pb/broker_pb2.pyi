@@ -225,12 +225,14 @@ class NotificationRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., filter: _Optional[str] = ..., poll_ms: _Optional[int] = ...) -> None: ...
 
 class NotificationResponse(_message.Message):
-    __slots__ = ("has_message", "polling_full")
+    __slots__ = ("has_message", "polling_full", "closing")
     HAS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     POLLING_FULL_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
     has_message: bool
     polling_full: bool
-    def __init__(self, has_message: _Optional[bool] = ..., polling_full: _Optional[bool] = ...) -> None: ...
+    closing: bool
+    def __init__(self, has_message: _Optional[bool] = ..., polling_full: _Optional[bool] = ..., closing: _Optional[bool] = ...) -> None: ...
 
 class DeadLetterRequest(_message.Message):
     __slots__ = ("topic", "group", "receipt_handle")

@@ -73,8 +73,11 @@ class NotifyRun:
     down: names of the brokers down when the receive starts: notified once their health checks see them up.
     poll_end: when the client's long-polling time is over (answer empty then).
     min_notify_s: below this much poll time left, a broker is not notified again.
-    min_hold_s: a Notification answered empty sooner than this was not held (the broker is closing):
-        that broker is not notified again in this run, so a closing broker cannot make it spin.
+    min_hold_s: a Notification answered empty sooner than this was not held: saying `closing` (the broker is
+        stopping), or a second time in this run, that broker is not notified again in it, so it cannot make the
+        run spin; else (its hold ended by a deletion or a purge) it is notified once more, and a deleted topic's
+        TOPIC_NOT_FOUND comes (test_notify.py::
+        test_notifications_a_deletion_ends_at_once_are_made_again_so_the_receive_is_told_topic_not_found).
     max_lost_per_broker: after this many lost races at one broker it is no longer watched in this
         run (a `has_message` that no Pop can serve must not make it spin either).
     rewatch_s, max_rewatches: a broker whose request failed (unreachable, timed out) is looked at again
@@ -96,11 +99,12 @@ class NotifyRun:
     notifying: set[str] = field(default_factory=set)
     ready: list[str] = field(default_factory=list)  # at most one per broker: a list is small, a deque is not
     popping: str | None = None
-    # failed, full, dropped: usually empty all run long; frozen, so that every run shares the class's empty defaults
-    # instead of making three sets
+    # failed, full, dropped, early: usually empty all run long; frozen, so that every run shares the class's empty
+    # defaults instead of making four sets
     failed: frozenset[str] = frozenset()
     full: frozenset[str] = frozenset()
     dropped: frozenset[str] = frozenset()  # no longer watched in this run
+    early: frozenset[str] = frozenset()  # notified again after an empty answer sooner than min_hold_s
     awaiting: frozenset[str] = frozenset()  # failed brokers with a Rewatch or an AwaitUp given and not yet come
     sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
@@ -162,7 +166,10 @@ class NotifyRun:
             return [*self._next_pop(), *self._maybe_exhausted(now)]
         return [*self._renotify(broker, now), *self._next_pop()] or self._maybe_exhausted(now)  # no time left: done
 
-    def notified(self, broker: str, *, has_message: bool, polling_full: bool, now: float) -> list[Command]:
+    def notified(
+        self, broker: str, *, has_message: bool, polling_full: bool, now: float, closing: bool = False
+    ) -> list[Command]:
+        """A Notification answered. `closing`: the broker is stopping (it answers what it holds at once)."""
         if self.phase is Phase.DONE or broker not in self.notifying:
             return [PassOn(broker)] if has_message else []  # came as the run ended or stopped watching it
         self.notifying.discard(broker)
@@ -178,9 +185,11 @@ class NotifyRun:
             return self._maybe_exhausted(now)
         self.stats.notified_empty += 1
         if now - self.sent_at.get(broker, now) < self.min_hold_s:
-            self.dropped |= {broker}  # answered without holding: closing, do not spin on it
-            return self._maybe_exhausted(now)
-        # The broker's hold ended without a message (its clock ran ahead of ours): watch on if time is left.
+            if closing or broker in self.early:
+                self.dropped |= {broker}  # answered without holding again or stopping: do not spin on it
+                return self._maybe_exhausted(now)
+            self.early |= {broker}
+        # Its hold ended without a message (its clock ran ahead of ours, or a deletion or purge ended it): watch on.
         cmds = self._renotify(broker, now)
         return cmds or self._maybe_exhausted(now)
 

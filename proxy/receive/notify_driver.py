@@ -197,9 +197,8 @@ class _Run:
             assert isinstance(answer, bpb.NotificationResponse)
             if answer.has_message:
                 self.announced[broker] = call
-            self.apply(
-                self.machine.notified(broker, has_message=answer.has_message, polling_full=answer.polling_full, now=now)
-            )
+            has, full, closing = answer.has_message, answer.polling_full, answer.closing
+            self.apply(self.machine.notified(broker, has_message=has, polling_full=full, now=now, closing=closing))
 
     def abandon(self) -> None:
         """The receive is gone (the client left): end the run, cancel what is outstanding, and hand back

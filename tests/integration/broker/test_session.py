@@ -121,7 +121,8 @@ async def _eq(value: object, expected: int) -> bool:
 
 async def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(make_broker: object) -> None:
     """A proxy keeps its Session stream open for good: a stopping broker answers what is pending on it and ends
-    it, instead of waiting out the whole shutdown grace (30 s here) with the stream still taking requests."""
+    it, instead of waiting out the whole shutdown grace (30 s here) with the stream still taking requests. Its held
+    Pop and Notification say `closing`, so the proxy watches the other brokers rather than asking it again."""
     broker: BrokerHandle = make_broker("b1", "--shutdown-grace-s", "30")  # type: ignore[operator]
 
     async with grpc.aio.insecure_channel(broker.address) as channel:
@@ -130,10 +131,13 @@ async def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(m
         held_pop = asyncio.ensure_future(
             session.pop(pb.PopRequest(topic="t", group="g", max_messages=1, invisible_ms=5000, poll_ms=30000))
         )
+        held_note = asyncio.ensure_future(
+            session.notification(pb.NotificationRequest(topic="t", group="n", filter="*", poll_ms=30000))
+        )
         stub = pb_grpc.BrokerStub(channel)
 
         async def holding() -> bool:
-            return await held(stub) == 1
+            return await held(stub) == 2
 
         await wait_for(holding, within=5)
         loop = asyncio.get_running_loop()
@@ -141,6 +145,8 @@ async def test_sigterm_ends_an_open_session_at_once_with_its_held_pop_answered(m
         stopping = loop.run_in_executor(None, broker.proc.stop)
         answered = await asyncio.wait_for(held_pop, 10)
         assert answered.messages == [] and answered.closing  # answered, not cut off, and said to be stopping
+        noted = await asyncio.wait_for(held_note, 10)
+        assert not noted.has_message and noted.closing
         with pytest.raises(grpc.aio.AioRpcError) as info:  # the stream ended: a new request is refused
             await asyncio.wait_for(session.send(pb.SendRequest(messages=[pb.Message(topic="s", body=b"late")])), 10)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -22,6 +22,7 @@ from popgate.cli.cluster import Cluster, ClusterConfig
 from popgate.cli.main import main
 from popgate.cli.operate import NOT_CONFIRMED
 from tests.integration.sdk.conftest import drain
+from tests.procs import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +38,17 @@ def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield started
 
 
-def groups_on_brokers(cluster: Cluster, topic: str) -> set[str]:
+def topic_stats(cluster: Cluster, topic: str) -> list[bpb.StatsResponse]:
     brokers = [Broker(name, child.address) for name, child in cluster.brokers.items()]
-    answers = fetch_stats(brokers, bpb.StatsRequest(topic=topic), 3.0)
-    return {g.group for a in answers.values() for g in a.groups}
+    return list(fetch_stats(brokers, bpb.StatsRequest(topic=topic), 3.0).values())
+
+
+def groups_on_brokers(cluster: Cluster, topic: str) -> set[str]:
+    return {g.group for a in topic_stats(cluster, topic) for g in a.groups}
+
+
+def held_requests(cluster: Cluster, topic: str) -> int:
+    return sum(a.held_pops + a.held_notifications for a in topic_stats(cluster, topic))
 
 
 def test_topics_are_created_explicitly_and_unknown_ones_are_not_found(
@@ -112,16 +120,18 @@ def test_dangerous_operations_need_confirmation_and_name_a_broker_down(
 
     def receive() -> None:
         try:
-            waiter.receive(max=1, wait=15)
+            got = waiter.receive(max=1, wait=15)
+            waiting.append(RuntimeError(f"answered {got!r}"))
         except NotFound as exc:
             waiting.append(exc)
 
     receiver = threading.Thread(target=receive)
     receiver.start()
-    time.sleep(1)  # its receive is held at the brokers
+    assert wait_until(lambda: held_requests(strict, "risky") > 0)  # its receive is held at the brokers
     started = time.monotonic()
     assert main(["topic", "delete", "risky", "--yes", "-e", e]) == 0
     assert "b1: deleted" in capsys.readouterr().out
     receiver.join(20)
     waiter.close()
-    assert waiting and time.monotonic() - started < 5  # told TOPIC_NOT_FOUND at once, not left waiting 15 s
+    assert waiting and isinstance(waiting[0], NotFound), waiting
+    assert time.monotonic() - started < 5  # told TOPIC_NOT_FOUND at once, not left waiting 15 s

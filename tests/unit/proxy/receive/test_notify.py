@@ -305,11 +305,25 @@ def test_a_zero_poll_time_is_one_pop_whose_hit_still_counts_as_a_first_pop_hit()
 
 def test_a_closing_broker_that_answers_at_once_is_not_notified_in_a_loop() -> None:
     run = notifying(now=0.0)
-    assert run.notified("b1", has_message=False, polling_full=False, now=0.001) == []  # not held: dropped
+    assert run.notified("b1", has_message=False, polling_full=False, closing=True, now=0.001) == []  # dropped
     assert "b1" in run.dropped and run.outstanding == ["b2", "b3"]
-    run.notified("b2", has_message=False, polling_full=False, now=0.001)
-    done = finish(run.notified("b3", has_message=False, polling_full=False, now=0.001))
+    run.notified("b2", has_message=False, polling_full=False, closing=True, now=0.001)
+    done = finish(run.notified("b3", has_message=False, polling_full=False, closing=True, now=0.001))
     assert done.outcome == "empty" and done.error is None
+
+
+def test_notifications_a_deletion_ends_at_once_are_made_again_so_the_receive_is_told_topic_not_found() -> None:
+    """Answered empty at once without `closing` (the topic deleted): each broker is notified once more and the
+    run ends with its TOPIC_NOT_FOUND; a second early empty from a broker drops it, so nothing spins."""
+    run = notifying(now=0.0)
+    for broker in BROKERS:
+        assert run.notified(broker, has_message=False, polling_full=False, now=0.01) == [Notify(broker, 9_990)]
+    run.failed_call("b1", TopicNotFound("no topic t on b1"), now=0.02)
+    run.failed_call("b2", TopicNotFound("no topic t on b2"), now=0.02)
+    assert isinstance(finish(run.failed_call("b3", TopicNotFound("no topic t on b3"), now=0.02)).error, TopicNotFound)
+    again = notifying(now=0.0)
+    again.notified("b1", has_message=False, polling_full=False, now=0.01)
+    assert again.notified("b1", has_message=False, polling_full=False, now=0.02) == [] and "b1" in again.dropped
 
 
 def test_a_broker_whose_announcements_no_pop_can_serve_stops_being_watched() -> None:
@@ -416,8 +430,8 @@ def test_a_run_waits_for_a_failed_broker_to_be_looked_at_again() -> None:
     run, _ = started()
     run.popped("b1", [], polling_full=False, now=1.0)
     assert run.failed_call("b1", BrokerUnavailable("b1 restarting"), now=1.0) == [Rewatch("b1", 2.0)]
-    run.notified("b2", has_message=False, polling_full=False, now=1.01)  # closing: answered without holding
-    assert run.notified("b3", has_message=False, polling_full=False, now=1.01) == []  # not empty: b1 is to come
+    run.notified("b2", has_message=False, polling_full=False, closing=True, now=1.01)  # answered without holding
+    assert run.notified("b3", has_message=False, polling_full=False, closing=True, now=1.01) == []  # b1 is to come
     assert run.rewatch("b1", healthy=False, now=2.0) == [AwaitUp("b1")]
     assert run.rewatch("b1", healthy=True, now=3.0) == [Notify("b1", 7_000)]  # back, a message stored meanwhile
     assert run.notified("b1", has_message=True, polling_full=False, now=3.5) == [Pop("b1")]
@@ -425,6 +439,6 @@ def test_a_run_waits_for_a_failed_broker_to_be_looked_at_again() -> None:
     down, _ = started()
     down.popped("b1", [], polling_full=False, now=1.0)
     down.failed_call("b1", BrokerUnavailable("b1 restarting"), now=1.0)
-    down.notified("b2", has_message=False, polling_full=False, now=1.01)
-    down.notified("b3", has_message=False, polling_full=False, now=1.01)
+    down.notified("b2", has_message=False, polling_full=False, closing=True, now=1.01)
+    down.notified("b3", has_message=False, polling_full=False, closing=True, now=1.01)
     assert finish(down.poll_over()).outcome == "empty"  # never back: empty at the poll's end, not before
