@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from popgate_process.config import Replaced
 
@@ -97,13 +98,24 @@ def _body(args: argparse.Namespace) -> bytes:
         raise ValueError("no body: give it as an argument, '-' (stdin), --file FILE, or --random-size SIZE")
     source = args.body if args.body is not None else args.file
     if source == "-":
-        return sys.stdin.buffer.read()
+        return _read_body(sys.stdin.buffer, "stdin")
     if args.body is not None:
         return str(args.body).encode()
     if args.file is not None:
-        return Path(args.file).read_bytes()  # OSError: one line and code 2 (cli.main)
+        with Path(args.file).open("rb") as file:  # OSError: one line and code 2 (cli.main)
+            return _read_body(file, args.file)
     size: int = args.random_size
     return os.urandom(size // 2 + 1).hex()[:size].encode()
+
+
+def _read_body(stream: BinaryIO, name: str) -> bytes:
+    """At most a body's worth of `stream` and one byte more, which is bad input naming the limit: an endless input
+    (`yes | popgate send t -`) is refused once past it — test_commands.py::
+    test_a_body_from_stdin_larger_than_a_body_can_be_is_bad_input_read_no_further."""
+    body = stream.read(BODY_SIZE.high + 1)
+    if len(body) > BODY_SIZE.high:
+        raise ValueError(f"{name} is larger than a message body can be ({BODY_SIZE.show(BODY_SIZE.high)})")
+    return body
 
 
 def _properties(pairs: list[str]) -> dict[str, str]:

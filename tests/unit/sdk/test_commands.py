@@ -242,6 +242,40 @@ def test_a_body_from_a_file_too_large_for_its_batch_names_only_the_batch(
     assert capsys.readouterr().err.endswith("GiB in memory: lower --batch\n")
 
 
+class _Stdin(io.RawIOBase):
+    """A stdin of `size` zero bytes (`head -c 80M /dev/zero | popgate send t -`); counts the bytes read from it."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.read_bytes = size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(buffer), self.size - self.read_bytes)
+        buffer[:n] = bytes(n)
+        self.read_bytes += n
+        return n
+
+
+def test_a_body_from_stdin_larger_than_a_body_can_be_is_bad_input_read_no_further(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stdin = _Stdin(80 * 1024 * 1024)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BufferedReader(stdin)))
+    assert main(["send", "t", "-", "--endpoint", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == "popgate send: stdin is larger than a message body can be (65472KiB)\n"
+    assert stdin.read_bytes <= 64 * 1024 * 1024  # the limit and a byte, not the whole input
+
+
+def test_a_body_file_larger_than_a_body_can_be_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body = tmp_path / "body"
+    with body.open("wb") as sparse:
+        sparse.truncate(65 * 1024 * 1024)
+    assert main(["send", "t", "--file", str(body), "--endpoint", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == f"popgate send: {body} is larger than a message body can be (65472KiB)\n"
+
+
 def test_a_retry_policy_without_back_off_is_refused() -> None:
     with pytest.raises(ValueError, match="initial_backoff"):
         RetryPolicy(initial_backoff=0)  # iteration would retry in a busy loop
