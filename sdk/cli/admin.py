@@ -16,6 +16,7 @@ import argparse
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,11 +126,12 @@ def brokers_of(args: argparse.Namespace) -> list[Broker]:
     return out
 
 
-def broker_channel(broker: Broker) -> grpc.Channel:
+def broker_channel(broker: Broker, options: Sequence[tuple[str, int]] = ()) -> grpc.Channel:
+    """A channel to `broker`, over TLS when it has a CA; `options` are grpc channel options added."""
     # grpc's default 4 MiB receive limit is below what a broker may answer: a ListMessages page is cut at the
     # broker's --max-pop-bytes (8 MiB) but always holds one message, itself up to 4 MiB of body; a Stats answer
     # grows with topics. The broker bounds its answers, so this client takes whatever it is sent.
-    options = [("grpc.max_receive_message_length", -1)]
+    options = [("grpc.max_receive_message_length", -1), *options]
     if broker.tls_ca is not None:
         credentials = grpc.ssl_channel_credentials(root_certificates=broker.tls_ca)
         return grpc.secure_channel(broker.target, credentials, options=options)

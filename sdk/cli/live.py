@@ -27,6 +27,7 @@ from rich.text import Text
 from .admin import (
     Broker,
     Lag,
+    broker_channel,
     broker_options,
     fetch_stats,
     given_brokers,
@@ -40,12 +41,8 @@ from .proxy_admin import ProxyAdmin, ProxyAdminError
 from .supervisor import State, Status, describe
 
 # A broker that comes back (restarted by `popgate up`) is asked again within a second, not after grpc's
-# reconnect backoff (up to 2 minutes); a Stats answer grows with topics, and the broker bounds it.
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", -1),
-]
+# reconnect backoff (up to 2 minutes).
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 # A refresh asks every broker's Stats: 0 (or less) would ask them in a busy loop.
 INTERVAL = Duration(low=0.1, high=3600.0)
 
@@ -147,15 +144,14 @@ class LiveView:
     def __init__(
         self,
         endpoint: str,
-        brokers: Mapping[str, str],
+        brokers: Sequence[Broker],
         *,
-        token: str = "",
         processes: Callable[[], Sequence[Status]] = tuple,
         unknown: Sequence[str] = (),
         quit_hint: str = "Ctrl-C stops everything",
         proxy: ProxyAdmin | None = None,
     ) -> None:
-        """token: the brokers' shared token when they require one (their --broker-token); processes: the
+        """brokers: asked directly, with their token and TLS CA when they have one; processes: the
         supervised children's states (`popgate up`); unknown: brokers the proxy routes to but not asked; proxy:
         ask every broker through the proxy's admin service instead of `brokers` (closed with the view)."""
         self._endpoint = endpoint
@@ -165,8 +161,8 @@ class LiveView:
         self._processes = processes
         self._unknown = unknown
         self._quit_hint = quit_hint
-        self._brokers = [Broker(name, target, token) for name, target in brokers.items()]
-        self._channels = {b.name: grpc.insecure_channel(b.target, CHANNEL_OPTIONS) for b in self._brokers}
+        self._brokers = list(brokers)
+        self._channels = {b.name: broker_channel(b, CHANNEL_OPTIONS) for b in self._brokers}
         self._stubs = {name: broker_pb2_grpc.BrokerStub(ch) for name, ch in self._channels.items()}  # type: ignore[no-untyped-call]
 
     def poll(self) -> Sample:
@@ -241,9 +237,6 @@ def top_command(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    targets = {b.name: b.target for b in brokers}
-    view = LiveView(
-        args.endpoint or "-", targets, token=args.broker_token, unknown=unknown, quit_hint="Ctrl-C quits", proxy=proxy
-    )
+    view = LiveView(args.endpoint or "-", brokers, unknown=unknown, quit_hint="Ctrl-C quits", proxy=proxy)
     view.run(stop, args.interval)
     return 0

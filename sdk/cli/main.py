@@ -203,11 +203,12 @@ def _supervise(cluster: Cluster, endpoint: str, args: argparse.Namespace, stop: 
         if args.no_view:
             stop.wait()
         else:
+            from .admin import Broker
             from .live import LiveView
 
-            addresses = {n: c.address for n, c in cluster.brokers.items()}
             token = os.environ.get("POPGATE_BROKER_TOKEN", "")  # the children's, when their token is on
-            LiveView(endpoint, addresses, token=token, processes=supervisor.statuses).run(stop, args.interval)
+            brokers = [Broker(n, c.address, token) for n, c in cluster.brokers.items()]
+            LiveView(endpoint, brokers, processes=supervisor.statuses).run(stop, args.interval)
     finally:
         supervisor.close()
         for report in died:

@@ -14,6 +14,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from popgate import PopgateError, Producer, SimpleConsumer, Unauthorized, aio
+from popgate.cli.admin import Broker
 from popgate.cli.cluster import Cluster
 from popgate.cli.live import LiveView
 from popgate.cli.main import main
@@ -149,8 +150,8 @@ def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
     monkeypatch.setenv("POPGATE_BROKER_TOKEN", BROKER_TOKEN)  # as `popgate up` children get it
     assert main(["dlq", "list", "billing", *brokers]) == 0
     assert "%DLQ%billing: 0 message(s)" in capsys.readouterr().out
-    addresses = dict(target.split("=", 1) for target in cluster.broker_targets())
-    assert LiveView(cluster.endpoint, addresses, token=BROKER_TOKEN).poll().down == []
+    asked = [Broker(*target.split("=", 1), BROKER_TOKEN) for target in cluster.broker_targets()]
+    assert LiveView(cluster.endpoint, asked).poll().down == []
 
 
 ALICE = {"access_key": "alice", "secret_key": "alice-secret"}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from popgate.cli.admin import BROKERS_MISSING
+from popgate.cli.live import LiveView, Sample
 from popgate.cli.main import main
 from tests.integration.proxy.client import V2Client
 from tests.pki import Issued, issue
@@ -69,3 +71,16 @@ def test_popgate_stats_reaches_a_tls_broker_directly_with_its_ca(
     assert main([*broker, "--broker-tls-ca", str(pki.ca)]) == 0
     assert main(broker) == BROKERS_MISSING  # plaintext against TLS: b1 does not answer, and is named
     assert "b1" in capsys.readouterr().err
+
+
+def test_popgate_top_reaches_a_tls_broker_directly_with_its_ca(
+    tls_broker: ServerProcess, pki: Issued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`popgate top --broker` asks a TLS broker as `stats` does: it shows it answering, not DOWN."""
+    samples: list[Sample] = []
+    monkeypatch.setattr(LiveView, "run", lambda view, stop, interval: samples.append(view.poll()))  # one poll
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the test process keeps its own handlers
+    broker = ["top", "--broker", f"b1=localhost:{tls_broker.port}", "--endpoint", ""]
+    assert main([*broker, "--broker-tls-ca", str(pki.ca)]) == 0
+    assert main(broker) == 0
+    assert [sample.down for sample in samples] == [[], ["b1"]]  # plaintext against TLS: b1 does not answer

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from popgate import Producer
+from popgate.cli.admin import Broker
 from popgate.cli.live import Frame, LiveView, render
 from popgate.cli.supervisor import Backoff, State, Supervisor
 from tests.integration.sdk.conftest import eventually, start_cluster
@@ -38,7 +39,8 @@ def test_killed_broker_and_proxy_come_back_and_the_live_view_shows_it(tmp_path: 
         assert (cluster.brokers["b2"].address, cluster.endpoint) == (b2, endpoint)  # the same addresses
         with Producer(endpoint) as producer:  # the cluster serves again through the restarted proxy
             producer.send("supervised", b"back")
-        view = LiveView(endpoint, {n: c.address for n, c in cluster.brokers.items()}, processes=supervisor.statuses)
+        brokers = [Broker(n, c.address) for n, c in cluster.brokers.items()]
+        view = LiveView(endpoint, brokers, processes=supervisor.statuses)
         try:
             sample = eventually(lambda: s if not (s := view.poll()).down else None, what="both brokers answering")
         finally:
