@@ -216,8 +216,21 @@ def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
     return table
 
 
-def document(phases: list[Phase], args: argparse.Namespace, *, interrupted: bool) -> dict[str, Any]:
-    """`bench --json`: the summary table as one document; a latency phase has no seconds or rate (None)."""
+def shortfalls(phases: list[Phase], args: argparse.Namespace) -> list[str]:
+    """What a finished run got fewer of than asked, one line each: a run with any fails (exit code 1) —
+    test_cli_conventions.py::test_bench_that_got_fewer_messages_than_asked_fails."""
+    out = []
+    for p in phases:
+        if p.name == "consume+ack" and p.messages < args.count:
+            out.append(f"consumed {p.messages} of {args.count} within the time limit")
+        if p.name == "idle wake" and p.messages < args.samples:
+            out.append(f"idle wake got {p.messages} of {args.samples} samples (each waited 5 s for its message)")
+    return out
+
+
+def document(phases: list[Phase], args: argparse.Namespace, *, interrupted: bool, complete: bool) -> dict[str, Any]:
+    """`bench --json`: the summary table as one document; a latency phase has no seconds or rate (None);
+    `complete`: every phase ran and got every message asked for."""
 
     def latency(values: list[float]) -> dict[str, float] | None:
         if not values:
@@ -232,6 +245,7 @@ def document(phases: list[Phase], args: argparse.Namespace, *, interrupted: bool
         "batch": args.batch,
         "concurrency": args.concurrency,
         "interrupted": interrupted,
+        "complete": complete,
         "phases": [
             {
                 "phase": p.name,
@@ -260,16 +274,17 @@ def bench_command(args: argparse.Namespace) -> int:
         except errors.PopgateError as exc:
             err.print(f"popgate bench: {explain(exc)}", style="red")
             code = 1
+    short = shortfalls(phases, args) if not code else []
     if args.json:
-        print_json(document(phases, args, interrupted=code == 130))
+        print_json(document(phases, args, interrupted=code == 130, complete=not code and not short))
     else:
         print_table(summary(phases, args))
     if code:
         if code == 130:
             err.print(f"popgate bench: interrupted during {phases[-1].name if phases else 'start-up'}")
         return code
-    if phases[1].messages < args.count:
-        err.print(f"consumed {phases[1].messages} of {args.count} within the time limit")
+    for line in short:
+        err.print(f"popgate bench: {line}")
     if len(phases) > 2 and phases[2].latencies_ms and not args.json:
         print(f"idle wake mean {statistics.fmean(phases[2].latencies_ms):.2f} ms")
-    return 0
+    return 1 if short else 0

@@ -248,12 +248,45 @@ def test_bench_json_is_one_document_of_its_phases(capsys: pytest.CaptureFixture[
         benchmark.Phase("produce", messages=100, seconds=0.5),
         benchmark.Phase("idle wake", timed=False, messages=2, latencies_ms=[2.0, 4.0]),
     ]
-    print_json(benchmark.document(phases, args, interrupted=False))
+    print_json(benchmark.document(phases, args, interrupted=False, complete=True))
     document = json.loads(capsys.readouterr().out)
-    assert (document["count"], document["size"], document["interrupted"]) == (100, 256, False)
+    assert (document["count"], document["size"], document["interrupted"], document["complete"]) == (
+        100,
+        256,
+        False,
+        True,
+    )
     produce, idle = document["phases"]
     assert (produce["msg_per_s"], produce["seconds"], produce["latency_ms"]) == (200.0, 0.5, None)
     assert (idle["seconds"], idle["msg_per_s"], idle["latency_ms"]["max"]) == (None, None, 4.0)
+
+
+@pytest.mark.parametrize(
+    ("consumed", "woken", "code", "said"),
+    [
+        (100, 3, 0, ""),
+        (60, 3, 1, "popgate bench: consumed 60 of 100 within the time limit\n"),
+        (100, 1, 1, "popgate bench: idle wake got 1 of 3 samples (each waited 5 s for its message)\n"),
+    ],
+)
+def test_bench_that_got_fewer_messages_than_asked_fails(
+    consumed: int,
+    woken: int,
+    code: int,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async def run(args: Any, bar: Any, phases: list[benchmark.Phase]) -> None:
+        phases.append(benchmark.Phase("produce", messages=100, seconds=0.5))
+        phases.append(benchmark.Phase("consume+ack", messages=consumed, seconds=0.5))
+        phases.append(benchmark.Phase("idle wake", timed=False, messages=woken, latencies_ms=[2.0] * woken))
+
+    monkeypatch.setattr(benchmark, "check_listening", lambda endpoint: None)
+    monkeypatch.setattr(benchmark, "run", run)
+    assert main(["bench", *NOWHERE, "-n", "100", "--samples", "3", "--json", "--quiet"]) == code
+    out, err = capsys.readouterr()
+    assert json.loads(out)["complete"] is (code == 0) and err == said
 
 
 @pytest.mark.parametrize(
