@@ -135,3 +135,19 @@ def test_dangerous_operations_need_confirmation_and_name_a_broker_down(
     waiter.close()
     assert waiting and isinstance(waiting[0], NotFound), waiting
     assert time.monotonic() - started < 5  # told TOPIC_NOT_FOUND at once, not left waiting 15 s
+
+
+def test_a_reset_of_a_topic_only_a_broker_down_has_names_that_broker(
+    strict: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A topic on no broker that answered may be on one that did not: the reset says to run it again, exit 75."""
+    b1 = strict.brokers["b1"]
+    direct = ["--broker", f"b1={b1.address}", "--broker", "b2=127.0.0.1:1", "--timeout", "1"]  # b2 down
+    capsys.readouterr()
+    assert main(["group", "reset", "g", "-t", "only-on-b2", "--earliest", "--yes", *direct]) == BROKERS_MISSING
+    err = capsys.readouterr().err
+    assert "topic only-on-b2 exists on no broker that answered" in err and "broker b2 did not answer" in err, err
+    assert "NOT on b2: run the same command again" in err, err
+    assert main(["group", "reset", "g", "-t", "only-on-b2", "--earliest", "--yes", *direct, "--json"]) == 75
+    document = json.loads(capsys.readouterr().out)
+    assert list(document["failures"]) == ["b2"] and document["answers"] == [{"broker": "b1"}], document
