@@ -319,14 +319,20 @@ def _dlq_document(args: argparse.Namespace, found: DeadLetters, brokers: int) ->
 
 
 def resent(message: Message) -> tuple[str, Message] | None:
-    """The original topic and the message to send there (DLQ bookkeeping properties removed);
+    """The original topic and the message to send there (its tag, keys, message group and priority kept; DLQ
+    bookkeeping properties removed);
     None when the dead letter does not name its original topic (it cannot be re-sent)."""
     origin = message.properties.get("ORIGIN_TOPIC", "")
     if not origin:
         return None
     properties = {k: v for k, v in message.properties.items() if k not in DLQ_PROPS}
     return origin, Message(
-        message.body, tag=message.tag, keys=message.keys, properties=properties, message_group=message.message_group
+        message.body,
+        tag=message.tag,
+        keys=message.keys,
+        properties=properties,
+        message_group=message.message_group,
+        priority=message.priority,
     )
 
 

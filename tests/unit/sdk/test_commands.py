@@ -147,6 +147,12 @@ def test_a_resent_dead_letter_keeps_its_message_group_tag_and_keys() -> None:
     )
 
 
+def test_a_resent_dead_letter_keeps_its_priority() -> None:
+    dead = Message(b"urgent", properties={"ORIGIN_TOPIC": "orders"}, priority=9)
+    topic, copy = resent(dead) or ("", None)
+    assert topic == "orders" and copy is not None and copy.priority == 9
+
+
 def test_dlq_list_starts_where_the_resend_group_has_not_acked_and_counts_what_it_has() -> None:
     topic = "%DLQ%g"
     stats = bpb.StatsResponse(queues=[bpb.QueueStats(topic=topic, queue_id=0, min_offset=0, max_offset=10)])
