@@ -388,7 +388,15 @@ def _resend(
     total = 0
     while (args.count == 0 or total < args.count) and (wait := idle.next()) is not None:
         want = 32 if args.count == 0 else min(32, args.count - total)
-        batch = consumer.receive(max=want, wait=wait)
+        try:
+            batch = consumer.receive(max=want, wait=wait)
+        except errors.NotFound as exc:
+            # Brokers without --auto-create make %DLQ%<group> with its first letter: none yet is nothing to
+            # resend, as `dlq list` counts 0 — test_operate.py::
+            # test_dlq_resend_of_a_group_without_dead_letters_on_production_brokers_resends_nothing
+            if exc.code_name != "TOPIC_NOT_FOUND":
+                raise
+            return
         done = []
         try:
             for message in batch:

@@ -151,3 +151,23 @@ def test_a_reset_of_a_topic_only_a_broker_down_has_names_that_broker(
     assert main(["group", "reset", "g", "-t", "only-on-b2", "--earliest", "--yes", *direct, "--json"]) == 75
     document = json.loads(capsys.readouterr().out)
     assert list(document["failures"]) == ["b2"] and document["answers"] == [{"broker": "b1"}], document
+
+
+def test_dlq_resend_of_a_group_without_dead_letters_on_production_brokers_resends_nothing(
+    strict: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Brokers without --auto-create have no %DLQ%<group> before its first letter: nothing to resend, as `dlq list`
+    says 0 — but a letter's origin topic that is gone still fails the resend."""
+    capsys.readouterr()
+    assert main(["dlq", "resend", "no-letters-yet", "-e", strict.endpoint, "--wait", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "resent 0 message(s) from %DLQ%no-letters-yet: nothing to resend" in err and "topic create" not in err, err
+    e = strict.endpoint
+    assert main(["topic", "create", "gone", "-e", e]) == 0
+    with Producer(e) as producer, SimpleConsumer(e, "left", "gone") as consumer:
+        producer.send("gone", b"m")
+        consumer.forward_to_dlq(drain(consumer, 1, ack=False)[0])
+    assert main(["topic", "delete", "gone", "--yes", "-e", e]) == 0
+    capsys.readouterr()
+    assert main(["dlq", "resend", "left", "-e", e, "--wait", "0"]) == 1
+    assert "TOPIC_NOT_FOUND" in capsys.readouterr().err
