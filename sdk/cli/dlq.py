@@ -21,8 +21,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
-from popgate_contract.errors import DomainError
-from popgate_contract.validation import DLQ_PREFIX, check_group
+from popgate_contract.validation import DLQ_PREFIX
 from popgate_contract.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 
 from .. import errors
@@ -38,6 +37,7 @@ from .options import (
     check_listening,
     client_options,
     connection,
+    group_name,
     json_option,
     number,
     quiet_option,
@@ -56,7 +56,7 @@ def add_parsers(sub: Sub) -> None:
     listing = dlq_sub.add_parser("list", help="list the letters of %%DLQ%%<group> not yet re-sent (consumes nothing)")
     broker_options(listing)
     proxy_options(listing)
-    listing.add_argument("group", type=_group_name, help="consumer group whose dead letters to list")
+    listing.add_argument("group", type=group_name, help="consumer group whose dead letters to list")
     listing.add_argument(
         "--limit", type=LIST_LIMIT, default=100, help="at most this many messages (1..1000, a broker's ListMessages)"
     )
@@ -69,7 +69,7 @@ def add_parsers(sub: Sub) -> None:
     listing.set_defaults(handler=dlq_list_command)
     resend = dlq_sub.add_parser("resend", help="send dead letters back to their original topic (through the proxy)")
     client_options(resend)
-    resend.add_argument("group", type=_group_name, help="consumer group whose dead letters to re-send")
+    resend.add_argument("group", type=group_name, help="consumer group whose dead letters to re-send")
     resend.add_argument("-n", "--count", type=NON_NEGATIVE_INT, default=0, help="at most this many (0 = all)")
     # Shorter than receive's: a DLQ is a finite backlog, filled only as messages use up their attempts.
     resend.add_argument("-w", "--wait", type=DURATION, default=2.0, help="stop when none came for this long")
@@ -231,15 +231,6 @@ def _list_queue(
         out += messages
         offset = messages[-1].offset + 1
     return out
-
-
-def _group_name(text: str) -> str:
-    """A consumer group name as brokers take it: a bad one is a usage error for both `dlq` commands (`list`
-    showed an empty table for it, `resend` the server's ILLEGAL_TOPIC)."""
-    try:
-        return check_group(text)
-    except DomainError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def dlq_list_command(args: argparse.Namespace) -> int:

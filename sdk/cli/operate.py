@@ -28,7 +28,7 @@ from popgate_pb import broker_pb2_grpc as bpb_grpc
 from popgate_contract.consumers import latest_consumers
 
 from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
-from .options import DURATION, POSITIVE_DURATION, Sub, client_options, json_option, number
+from .options import DURATION, POSITIVE_DURATION, Sub, client_options, group_name, json_option, number
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 NOT_CONFIRMED = 77  # sysexits.h EX_NOPERM: a reset or delete the user did not confirm (docs/SDK.md, "Exit codes")
@@ -63,7 +63,7 @@ def add_parsers(sub: Sub) -> None:
     group = sub.add_parser("group", help="operate a consumer group: reset its offsets, delete it, list its consumers")
     gsub = group.add_subparsers(dest="group_command", required=True, metavar="{reset,delete,consumers}")
     reset = gsub.add_parser("reset", help="move a group's offsets on a topic to earliest, latest or a time")
-    reset.add_argument("group", help="consumer group")
+    reset.add_argument("group", type=group_name, help="consumer group")
     reset.add_argument("-t", "--topic", required=True, help="the topic whose offsets move")
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--earliest", action="store_true", help="the first message kept")
@@ -73,13 +73,13 @@ def add_parsers(sub: Sub) -> None:
     _common(reset, dangerous=True)
     reset.set_defaults(handler=reset_command)
     delete = gsub.add_parser("delete", help="forget a group's offsets and deliveries on every broker")
-    delete.add_argument("group", help="consumer group")
+    delete.add_argument("group", type=group_name, help="consumer group")
     delete.add_argument("-t", "--topic", default="", help="only its state on this topic (default: every topic)")
     delete.add_argument("--dlq", action="store_true", help="also delete its dead-letter topic %%DLQ%%<group>")
     _common(delete, dangerous=True)
     delete.set_defaults(handler=delete_group_command)
     consumers = gsub.add_parser("consumers", help="the group's live consumers: client ids, proxy, last seen")
-    consumers.add_argument("group", help="consumer group")
+    consumers.add_argument("group", type=group_name, help="consumer group")
     _common(consumers)
     consumers.set_defaults(handler=consumers_command)
     _topic_parsers(sub)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from popgate_contract.validation import parse_host_port
+from popgate_contract.errors import DomainError
+from popgate_contract.validation import check_group, parse_host_port
 from popgate_process.units import format_duration, format_size, parse_duration, parse_size
 
 from .._durations import MAX_DURATION_S
@@ -104,6 +105,15 @@ class Size:
     @staticmethod
     def show(value: int) -> str:
         return format_size(value)
+
+
+def group_name(text: str) -> str:
+    """An argparse type: a consumer group name as brokers take it. A bad one is a usage error: `dlq list` showed an
+    empty table for it, `group consumers ''` every group's consumers (tests/unit/sdk/test_commands.py)."""
+    try:
+        return check_group(text)
+    except DomainError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 POSITIVE = number(int, low=1)

@@ -422,6 +422,17 @@ def test_usage_mistakes_name_the_commands_own_flags(capsys: pytest.CaptureFixtur
         assert "consumer group" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["consumers"], ["reset", "-t", "t", "--earliest", "--yes"], ["delete", "--yes"]])
+@pytest.mark.parametrize("group", ["", "bad group"])
+def test_a_group_command_refuses_a_group_no_broker_takes(
+    command: list[str], group: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`group consumers ''` listed every group's consumers as those of ''."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["group", command[0], group, *command[1:], "--endpoint", "127.0.0.1:1"])
+    assert exit_.value.code == 2 and "error: argument group: consumer group name" in capsys.readouterr().err
+
+
 class _WritesAtClose:
     """A client whose close writes a line to fd 2 itself, as grpc core logs one; closed once, as the SDK's."""
 
