@@ -202,6 +202,8 @@ def _ack(consumer: SimpleConsumer, messages: list[Message], tally: _Tally) -> No
 
 
 def receive_command(args: argparse.Namespace) -> int:
+    if sys.stdout is None:  # started with stdout closed (`>&-`): said before a message is received, not after
+        raise ValueError("stdout is closed")
     err = error_console()
     consumer = SimpleConsumer(
         args.endpoint,

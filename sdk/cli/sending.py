@@ -98,6 +98,8 @@ def _body(args: argparse.Namespace) -> bytes:
         raise ValueError("no body: give it as an argument, '-' (stdin), --file FILE, or --random-size SIZE")
     source = args.body if args.body is not None else args.file
     if source == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise ValueError("stdin is closed")
         return _read_body(sys.stdin.buffer, "stdin")
     if args.body is not None:
         return str(args.body).encode()

@@ -433,6 +433,20 @@ def test_a_group_command_refuses_a_group_no_broker_takes(
     assert exit_.value.code == 2 and "error: argument group: consumer group name" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("stream", "argv"),
+    [("stdin", ["send", "t", "-"]), ("stdin", ["send", "t", "--file", "-"]), ("stdout", ["receive", "t", "-g", "g"])],
+)
+def test_a_closed_stdin_or_stdout_is_bad_input_said_in_one_line(
+    stream: str, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`popgate send t - <&-` and `popgate receive t -g g >&-` (Python's sys.stdin/stdout are None): before
+    anything is received, not a traceback after."""
+    monkeypatch.setattr(f"sys.{stream}", None)
+    assert main([*argv, "--endpoint", "127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == f"popgate {argv[0]}: {stream} is closed\n"
+
+
 class _WritesAtClose:
     """A client whose close writes a line to fd 2 itself, as grpc core logs one; closed once, as the SDK's."""
 
