@@ -30,7 +30,7 @@ from popgate_contract.broker_token import TOKEN_KEY
 from popgate_contract.lag import lag_seconds
 
 from .options import POSITIVE_DURATION, NothingListens, Sub, client_options, json_option
-from .output import error_console, print_json, print_table
+from .output import error_console, json_error, print_json, print_table
 from .proxy_admin import PROBE_TOPIC, ProxyAdmin, ProxyAdminError
 
 # Where `--broker` comes from when not given: POPGATE_BROKERS, else the proxy's own POPGATE_BROKER (set in every
@@ -307,6 +307,7 @@ def stats_command(args: argparse.Namespace) -> int:
             responses, coverage = _through_proxy(args, request)
         except ProxyAdminError as exc:
             err(f"popgate stats: {exc}")
+            json_error(args.json, f"popgate stats: {exc}")
             return 1
     for line in coverage.explain():
         err(f"popgate stats: {line}")

@@ -42,7 +42,7 @@ from .options import (
     number,
     quiet_option,
 )
-from .output import error_console, explain, msg_rate, print_json, print_table, progress
+from .output import error_console, explain, json_error, msg_rate, print_json, print_table, progress
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 LIST_LIMIT = number(int, low=1, high=1000)
@@ -243,9 +243,11 @@ def dlq_list_command(args: argparse.Namespace) -> int:
             found, asked = list_dead_letters_via_proxy(args, **options)
         except ProxyAdminError as exc:
             err(f"popgate dlq list: {exc}")
+            json_error(args.json, f"popgate dlq list: {exc}")
             return 1
     if not found.answered:
         err(f"popgate dlq list: no broker answered; {DLQ_PREFIX}{args.group} not listed")
+        json_error(args.json, f"popgate dlq list: no broker answered; {DLQ_PREFIX}{args.group} not listed")
         return 1
     if args.json:
         print_json(_dlq_document(args, found, asked))

@@ -24,6 +24,7 @@ from .cluster import Child, Cluster, ClusterConfig, ClusterError, ClusterInterru
 from .live import INTERVAL
 from .operate import NOT_CONFIRMED
 from .options import NOTHING_LISTENS, NothingListens
+from .output import json_error
 from .supervisor import Backoff, Supervisor
 from .targets import Target, write_file_sd
 
@@ -281,15 +282,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `popgate receive ... | head`: the reader is gone, nothing to report to
         _quiet_stdout()
         return 141
-    except NothingListens as exc:  # told at once, not after the SDK's seconds of retries
-        print(f"{command}: {exc}", file=sys.stderr)
-        return NOTHING_LISTENS
-    except (OSError, ValueError) as exc:  # a file that cannot be read, a value the SDK refuses
-        print(f"{command}: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:  # commands with a summary print it themselves and return 130
         print(f"{command}: interrupted", file=sys.stderr)
         return 130
+    except NothingListens as exc:  # told at once, not after the SDK's seconds of retries
+        code, line = NOTHING_LISTENS, f"{command}: {exc}"
+    except (OSError, ValueError) as exc:  # a file that cannot be read, a value the SDK refuses
+        code, line = 2, f"{command}: {exc}"
+    print(line, file=sys.stderr)
+    json_error(getattr(args, "json", False), line)
+    return code
 
 
 if __name__ == "__main__":

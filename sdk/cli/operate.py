@@ -29,6 +29,7 @@ from popgate_contract.consumers import latest_consumers
 
 from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
 from .options import DURATION, POSITIVE_DURATION, Sub, client_options, group_name, json_option, number
+from .output import json_error
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 NOT_CONFIRMED = 77  # sysexits.h EX_NOPERM: a reset or delete the user did not confirm (docs/SDK.md, "Exit codes")
@@ -178,11 +179,12 @@ def _run(args: argparse.Namespace, body: Any) -> int:
     try:
         return int(body())
     except NotConfirmed as exc:
-        print(f"{args.parser.prog}: {exc}", file=sys.stderr)
-        return NOT_CONFIRMED
+        code, line = NOT_CONFIRMED, f"{args.parser.prog}: {exc}"
     except ProxyAdminError as exc:
-        print(f"{args.parser.prog}: {exc}", file=sys.stderr)
-        return 1
+        code, line = 1, f"{args.parser.prog}: {exc}"
+    print(line, file=sys.stderr)
+    json_error(args.json, line)
+    return code
 
 
 def _reset_target(args: argparse.Namespace) -> tuple[bpb.ResetOffsetRequest.To, int, str]:
@@ -210,8 +212,10 @@ def reset_command(args: argparse.Namespace) -> int:
         confirm(args, f"reset group {args.group} on topic {args.topic} to {said}, on every broker?")
         fanned = fan_out(args, "ResetOffset", request, f"reset {args.group}")
         if fanned.answers and not any(a.queues for a in fanned.answers):
-            print(f"{args.parser.prog}: topic {args.topic} exists on no broker that answered", file=sys.stderr)
+            line = f"{args.parser.prog}: topic {args.topic} exists on no broker that answered"
+            print(line, file=sys.stderr)
             if not fanned.failures:
+                json_error(args.json, line)
                 return 1
             # It may be on one that did not: named, with "run again" and BROKERS_MISSING (_finish) —
             # test_operate.py::test_a_reset_of_a_topic_only_a_broker_down_has_names_that_broker

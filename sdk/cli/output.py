@@ -120,6 +120,14 @@ def print_json(document: Any) -> None:
     sys.stdout.flush()
 
 
+def json_error(json_asked: bool, line: str) -> None:
+    """With --json (`json_asked`), `{"error": line}` on stdout: a command that got no answer still prints one JSON
+    document, the line on stderr too —
+    tests/integration/sdk/test_cli_admin.py::test_json_is_one_document_with_the_error_when_nothing_answered."""
+    if json_asked:
+        print_json({"error": line})
+
+
 def print_table(table: Table) -> None:
     """A rich table on stdout, cells as given (no markup or emoji codes).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from concurrent import futures
@@ -14,6 +15,7 @@ from popgate.cli.admin import BROKERS_MISSING, Broker
 from popgate.cli.cluster import Cluster
 from popgate.cli.dlq import BODY_SHOWN, list_dead_letters
 from popgate.cli.main import main
+from popgate.cli.options import NOTHING_LISTENS
 from tests.integration.sdk.conftest import drain
 from tests.integration.sdk.popgate_up import POPGATE
 from tests.integration.sdk.test_cli import brokers, name
@@ -131,6 +133,28 @@ def test_dlq_list_fails_when_no_broker_answers(capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert "popgate dlq list: broker b1 at 127.0.0.1:1: UNAVAILABLE" in err
     assert "no broker answered" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["stats", "-e", "BROKER"], 1),  # a broker is no proxy: its admin service is not there
+        (["dlq", "list", "g", "-e", "BROKER"], 1),
+        (["dlq", "list", "g", "--broker", "b1=127.0.0.1:1", "--timeout", "0.5", "--endpoint", ""], 1),
+        (["topic", "create", "x", "-e", "BROKER"], 1),
+        (["group", "consumers", "g", "-e", "BROKER"], 1),
+        (["group", "reset", "g", "-t", "no-such-topic", "--earliest", "--yes", "-e", "PROXY"], 1),  # on no broker
+        (["stats", "-e", "127.0.0.1:1"], NOTHING_LISTENS),
+    ],
+)
+def test_json_is_one_document_with_the_error_when_nothing_answered(
+    argv: list[str], code: int, cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    addresses = {"BROKER": cluster.brokers["b1"].address, "PROXY": cluster.endpoint}
+    assert main([addresses.get(arg, arg) for arg in argv] + ["--json"]) == code
+    captured = capsys.readouterr()
+    error = captured.err.strip().splitlines()[-1]
+    assert json.loads(captured.out) == {"error": error}, captured
 
 
 def test_stats_in_an_80_column_terminal_folds_the_names_and_keeps_the_numbers(
