@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -295,3 +296,20 @@ def test_ctrl_c_during_bench_prints_the_phases_so_far(cluster: Cluster) -> None:
     assert "popgate bench: interrupted during produce" in err
     produce = table_rows(out)["produce"]
     assert 100 <= int(produce[0]) < 10_000_000 and float(produce[1]) > 0, out
+
+
+def test_ctrl_c_quits_top_at_once_while_the_proxy_does_not_answer() -> None:
+    """Through a proxy that accepts and never answers, Ctrl-C does not wait out the Stats call's deadline
+    (--timeout and the proxy's 5 s for its brokers)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.settimeout(20)
+        endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
+        with Running("top", "--endpoint", endpoint, "--timeout", "3") as running:
+            accepted = [silent.accept()[0] for _ in range(2)]  # the check that it listens, then the Stats call's
+            started = time.monotonic()
+            code, _, err = running.interrupt()
+            elapsed = time.monotonic() - started
+        for connection in accepted:
+            connection.close()
+    assert code == 0 and "Traceback" not in err, err
+    assert elapsed < 2, elapsed
