@@ -187,20 +187,18 @@ def create_topics(args: argparse.Namespace, *topics: str) -> None:
             admin.call("CreateTopic", bpb.CreateTopicRequest(topic=topic), f"create topic {topic}")
 
 
-async def run(args: argparse.Namespace, bar: Progress, phases: list[Phase]) -> None:
+async def run(args: argparse.Namespace, topic: str, bar: Progress, phases: list[Phase]) -> None:
     """Each phase in turn, appended to `phases` as it starts (an interrupted run still has its numbers)."""
-    topic, group = args.topic or f"bench-{uuid.uuid4().hex[:8]}", GROUP
-    await asyncio.to_thread(create_topics, args, topic, topic + "-idle")
     phases.append(Phase("produce"))
     task = bar.add_task("produce", total=args.count, rate="")
     await produce(args, topic, phases[-1], lambda n: bar.advance(task, n))
     phases.append(Phase("consume+ack"))
     task = bar.add_task("consume+ack", total=args.count, rate="")
-    await consume(args, topic, group, phases[-1], lambda n: bar.advance(task, n))
+    await consume(args, topic, GROUP, phases[-1], lambda n: bar.advance(task, n))
     if args.samples > 0:
         phases.append(Phase("idle wake", timed=False))
         task = bar.add_task("idle wake", total=args.samples, rate="")
-        await idle_wake(args, topic + "-idle", group, phases[-1], lambda n: bar.advance(task, n))
+        await idle_wake(args, topic + "-idle", GROUP, phases[-1], lambda n: bar.advance(task, n))
 
 
 def summary(phases: list[Phase], args: argparse.Namespace) -> Table:
@@ -266,9 +264,13 @@ def bench_command(args: argparse.Namespace) -> int:
     check_listening(args.endpoint)
     phases: list[Phase] = []
     code = 0
+    topic = args.topic or f"bench-{uuid.uuid4().hex[:8]}"
     with progress(err, quiet=args.quiet) as bar:
         try:
-            asyncio.run(run(args, bar, phases))
+            # Before the event loop: Ctrl-C gives up a blocking call at once, not a thread asyncio.run would wait
+            # for — test_cli.py::test_ctrl_c_stops_bench_at_once_while_the_proxy_does_not_answer
+            create_topics(args, topic, topic + "-idle")
+            asyncio.run(run(args, topic, bar, phases))
         except KeyboardInterrupt:
             code = 130
         except errors.PopgateError as exc:

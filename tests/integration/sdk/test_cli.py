@@ -313,3 +313,18 @@ def test_ctrl_c_quits_top_at_once_while_the_proxy_does_not_answer() -> None:
             connection.close()
     assert code == 0 and "Traceback" not in err, err
     assert elapsed < 2, elapsed
+
+
+def test_ctrl_c_stops_bench_at_once_while_the_proxy_does_not_answer() -> None:
+    """Its start-up asks the proxy to create the topics: Ctrl-C does not wait out that call's deadline."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.settimeout(20)
+        with Running("bench", "--endpoint", f"127.0.0.1:{silent.getsockname()[1]}") as running:
+            accepted = [silent.accept()[0] for _ in range(3)]  # two checks that it listens, then CreateTopic's
+            started = time.monotonic()
+            code, _, err = running.interrupt()
+            elapsed = time.monotonic() - started
+        for connection in accepted:
+            connection.close()
+    assert code == 130 and "Traceback" not in err and "popgate bench: interrupted during start-up" in err, err
+    assert elapsed < 2, elapsed

@@ -277,12 +277,13 @@ def test_bench_that_got_fewer_messages_than_asked_fails(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    async def run(args: Any, bar: Any, phases: list[benchmark.Phase]) -> None:
+    async def run(args: Any, topic: str, bar: Any, phases: list[benchmark.Phase]) -> None:
         phases.append(benchmark.Phase("produce", messages=100, seconds=0.5))
         phases.append(benchmark.Phase("consume+ack", messages=consumed, seconds=0.5))
         phases.append(benchmark.Phase("idle wake", timed=False, messages=woken, latencies_ms=[2.0] * woken))
 
     monkeypatch.setattr(benchmark, "check_listening", lambda endpoint: None)
+    monkeypatch.setattr(benchmark, "create_topics", lambda args, *topics: None)
     monkeypatch.setattr(benchmark, "run", run)
     assert main(["bench", *NOWHERE, "-n", "100", "--samples", "3", "--json", "--quiet"]) == code
     out, err = capsys.readouterr()
