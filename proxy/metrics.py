@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 MAX_GROUP_LABELS = 1000  # consumer groups with their own label on this proxy; the others share OTHER_GROUPS
 MAX_TOPIC_GROUP_LABELS = 1000  # (topic, group) pairs with their own labels; the others' topic is OTHER_GROUPS
 OTHER_GROUPS = "_other"
+# Receive outcomes a broker served: the first such request of a group gives it a label of its own (refused requests do
+# not: a missing topic's, a garbage handle's) — tests/unit/proxy/test_delivery_metrics.py::
+# test_refused_receives_and_acks_take_no_label_from_a_group_a_broker_serves.
+SERVED = frozenset({"messages", "empty"})
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30)
 # Stored (or due) -> delivered: from a consumer keeping up (milliseconds) to a backlog hours old.
 DELIVERY_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -57,6 +61,8 @@ class ProxyMetrics:
         self.registry = registry or CollectorRegistry()
         self._max_groups = max_groups
         self._groups: set[str] = set()
+        # Mode decisions of receives still in progress of groups without a label yet, counted once they end.
+        self._pending: dict[str, list[tuple[str, str]]] = {}
         self._max_pairs = max_topic_groups
         self._pairs: set[tuple[str, str]] = set()
         self.tls = CertificateMetrics(self.registry, "proxy")
@@ -233,18 +239,27 @@ class ProxyMetrics:
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
         self._broker(broker, method, outcome).inc()
 
-    def _group(self, group: str) -> str:
-        """The group's label: its name for the first `max_groups` groups seen, OTHER_GROUPS after that —
-        any client can name a new group per request, and every label set is kept for the process's life."""
+    def _group(self, group: str, served: bool = True) -> str:
+        """The group's label: its name for the first `max_groups` groups a broker served a request of (`served`),
+        OTHER_GROUPS for the others — any client can name a new group per request, and every label set is kept for
+        the process's life."""
         if group in self._groups:
             return group
-        if len(self._groups) < self._max_groups:
+        return self._first(group, served)
+
+    def _first(self, group: str, served: bool) -> str:
+        """A group without a label: given one if `served` and there is room; its pending mode decisions counted."""
+        label = OTHER_GROUPS
+        if served and len(self._groups) < self._max_groups:
             self._groups.add(group)
-            return group
-        return OTHER_GROUPS
+            label = group
+        for mode, reason in self._pending.pop(group, ()):
+            self._decisions(label, mode, reason).inc()
+        return label
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
-        self._receives(self._group(group), mode, outcome).inc()
+        label = group if group in self._groups else self._first(group, outcome in SERVED)
+        self._receives(label, mode, outcome).inc()
         self._receive_latency.observe(seconds)
         self._mode_latency(mode, outcome).observe(seconds)
 
@@ -260,13 +275,14 @@ class ProxyMetrics:
     def answer_not_read(self, group: str) -> None:
         self._not_read(self._group(group)).inc()
 
-    def notify_run(self, group: str, stats: RunStats) -> None:
-        group = self._group(group)
+    def notify_run(self, group: str, stats: RunStats, outcome: str) -> None:
+        """A run that ended with `outcome` (a receive's: SERVED or not)."""
+        group = group if group in self._groups else self._first(group, outcome in SERVED)
         self._notify_runs(group).inc()
         if stats.waited:
-            self.long_poll(group)
+            self._long_polls(group).inc()
         if stats.first_pop_hit:
-            self.first_pop_hit(group)
+            self._first_pop_hits(group).inc()
         answered = stats.notified_has_message + stats.notified_empty + stats.notified_full
         for outcome, count in (
             ("has_message", stats.notified_has_message),
@@ -289,16 +305,23 @@ class ProxyMetrics:
                 self._notify_pops(group, kind).inc(count)
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
-        self._decisions(self._group(group), mode, reason).inc()
+        """Made before the receive is served: for a group without a label yet, counted when the receive ends
+        (`receive`), under the label its outcome gives."""
+        if group in self._groups:
+            self._decisions(group, mode, reason).inc()
+        elif group in self._pending or len(self._pending) < self._max_groups:
+            self._pending.setdefault(group, []).append((mode, reason))
+        else:
+            self._decisions(OTHER_GROUPS, mode, reason).inc()
 
-    def _topic_group(self, topic: str, group: str) -> tuple[str, str]:
+    def _topic_group(self, topic: str, group: str, served: bool = True) -> tuple[str, str]:
         """Labels of a (topic, group) pair: the group's label (`_group`) and the topic's name for the first
-        `max_topic_groups` pairs, OTHER_GROUPS after that — a client names both — tests/unit/proxy/
-        test_delivery_metrics.py::test_pairs_beyond_the_label_limit_share_the_other_topic."""
-        pair = (topic, self._group(group))
+        `max_topic_groups` pairs a broker served (`served`), OTHER_GROUPS for the others — a client names both —
+        tests/unit/proxy/test_delivery_metrics.py::test_pairs_beyond_the_label_limit_share_the_other_topic."""
+        pair = (topic, self._group(group, served))
         if pair in self._pairs:
             return pair
-        if len(self._pairs) < self._max_pairs:
+        if served and len(self._pairs) < self._max_pairs:
             self._pairs.add(pair)
             return pair
         return OTHER_GROUPS, pair[1]
@@ -322,9 +345,9 @@ class ProxyMetrics:
         self._deliveries.count(*self._topic_group(topic, group), len(messages), body_bytes, firsts, now_ms)
 
     def acked(self, topic: str, group: str, outcome: Sequence[DomainError | None]) -> None:
-        """One AckMessage's entries, each acked (None) or refused with its error."""
-        labels = self._topic_group(topic, group)
+        """One AckMessage's entries, each acked (None) or refused with its error; one acked gives the pair labels."""
         acked = sum(1 for error in outcome if error is None)
+        labels = self._topic_group(topic, group, acked > 0)
         if acked:
             self._deliveries.acks(*labels, "ok").inc(acked)
         for error in outcome:

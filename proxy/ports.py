@@ -156,7 +156,7 @@ class Metrics(Protocol):
     def answer_not_read(self, group: str) -> None:
         """An answer's client did not read it within max_answer_write_s: its messages were given back."""
 
-    def notify_run(self, group: str, stats: RunStats) -> None: ...
+    def notify_run(self, group: str, stats: RunStats, outcome: str) -> None: ...
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None: ...
 
@@ -195,7 +195,7 @@ class NoMetrics:
     def answer_not_read(self, group: str) -> None:
         pass
 
-    def notify_run(self, group: str, stats: RunStats) -> None:
+    def notify_run(self, group: str, stats: RunStats, outcome: str) -> None:
         pass
 
     def mode_decision(self, group: str, mode: str, reason: str) -> None:

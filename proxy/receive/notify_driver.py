@@ -278,9 +278,11 @@ class NotifyStrategy:
                 loop.call_at(poll_end, run.poll_over),
                 loop.call_at(request.deadline, run.deadline),
             ]
+            outcome = "cancelled"
             try:
                 run.apply(run.machine.start())
                 finish = await run.result
+                outcome = finish.outcome
             except BaseException:  # the client went away: nothing may stay held for it
                 run.abandon()
                 raise
@@ -288,7 +290,7 @@ class NotifyStrategy:
                 for timer in timers:
                     timer.cancel()
                 self._closer.registered.discard(run)
-                self._metrics.notify_run(request.group, run.machine.stats)
+                self._metrics.notify_run(request.group, run.machine.stats, outcome)
             result = ReceiveResult(list(finish.messages), finish.outcome)
             if finish.messages:
                 # The other brokers' Notifications end after the answer is written: cancel frames sent now would

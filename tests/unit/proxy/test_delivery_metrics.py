@@ -17,7 +17,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from popgate_contract import errors
 from proxy.core import Proxy
 from proxy.metrics import DELIVERY_LATENCY_BUCKETS, ProxyMetrics
+from proxy.receive.adaptive import AdaptivePolicy, AdaptiveSettings
+from proxy.receive.adaptive_driver import AdaptiveStrategy
 from proxy.receive.coupled import LongPollStrategy
+from proxy.receive.notify_driver import NotifyStrategy
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import receive
@@ -220,3 +223,48 @@ async def test_the_ack_edge_counts_each_entry() -> None:
     assert answer.status.code == v2.MULTIPLE_RESULTS
     assert sample(metrics, "popgate_proxy_acks_total", topic="t", group="g", outcome="ok") == 1
     assert sample(metrics, "popgate_proxy_acks_total", topic="t", group="g", outcome="InvalidReceiptHandle") == 1
+
+
+def adaptive_edge(metrics: ProxyMetrics) -> tuple[Call, FakeBroker]:
+    """`edge` with the default receive mode (adaptive over notify and long polling), every strategy counting."""
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    notify = NotifyStrategy(pool, broker_timeout_s=1.0, metrics=metrics)
+    longpoll = LongPollStrategy(pool, broker_timeout_s=1.0, metrics=metrics)
+    adaptive = AdaptiveStrategy(pool, AdaptivePolicy(AdaptiveSettings()), notify, longpoll, metrics=metrics)
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    return Call(Proxy(pool, adaptive, metrics=metrics), settings, endpoints_for("127.0.0.1:1"), None), broker
+
+
+async def test_refused_receives_and_acks_take_no_label_from_a_group_a_broker_serves() -> None:
+    """Receives of a topic no broker has and acks of garbage handles, each under made-up names, fill none of the
+    proxy's label slots: a group served afterwards keeps its own labels."""
+    metrics = ProxyMetrics(CollectorRegistry(), max_groups=2, max_topic_groups=2)
+    call, broker = adaptive_edge(metrics)
+    broker.fail = errors.TopicNotFound("no such topic")
+    for i in range(3):
+        junk = receive_request()
+        junk.group.name, junk.message_queue.topic.name = f"junk-{i}", f"nope-{i}"
+        with pytest.raises(errors.TopicNotFound):  # the servicer answers TOPIC_NOT_FOUND
+            await receive_message(call, junk, Frames().write)
+        ack = pb.AckMessageRequest(group=v2.Resource(name=f"junk-{i}"), topic=v2.Resource(name=f"nope-{i}"))
+        ack.entries.add(message_id="X", receipt_handle="garbage")
+        assert (await ack_message(call, ack)).status.code == v2.INVALID_RECEIPT_HANDLE
+    broker.fail = None
+    broker.put(popped("b1", "m1"))
+    assert await receive_message(call, receive_request(), Frames().write) == v2.OK
+    ack = pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="t"))
+    ack.entries.add(message_id="m1", receipt_handle=handle("b1"))
+    assert (await ack_message(call, ack)).status.code == v2.OK
+    assert sample(metrics, "popgate_proxy_receives_total", group="g", mode="adaptive", outcome="messages") == 1
+    assert sample(metrics, "popgate_proxy_receive_mode_decisions_total", group="g", mode="notify", reason="quiet") == 1
+    assert sample(metrics, "popgate_proxy_notify_runs_total", group="g") == 1
+    assert sample(metrics, "popgate_proxy_messages_delivered_total", topic="t", group="g", delivery="first") == 1
+    assert sample(metrics, "popgate_proxy_acks_total", topic="t", group="g", outcome="ok") == 1
+    refused = sample(metrics, "popgate_proxy_receives_total", group="_other", mode="adaptive", outcome="error")
+    assert refused == 3
+    decided = "popgate_proxy_receive_mode_decisions_total"
+    assert sample(metrics, decided, group="_other", mode="notify", reason="quiet") == 3
+    assert (
+        sample(metrics, "popgate_proxy_acks_total", topic="_other", group="_other", outcome="InvalidReceiptHandle") == 3
+    )

@@ -14,8 +14,8 @@ from spark_metrics import names
 
 def test_export_carries_first_pop_hits_long_polls_notify_runs_and_empty_receives(tmp_path: Path) -> None:
     metrics = ProxyMetrics(CollectorRegistry())
-    metrics.notify_run("g", RunStats(first_pop_hit=True, pops=1))
-    metrics.notify_run("g", RunStats(notifications=4, notified_has_message=1, pops=2, waited=True))
+    metrics.notify_run("g", RunStats(first_pop_hit=True, pops=1), "messages")
+    metrics.notify_run("g", RunStats(notifications=4, notified_has_message=1, pops=2, waited=True), "messages")
     metrics.long_poll("g")
     metrics.receive("g", "adaptive", "empty", 0.5)
     metrics.mode_decision("g", "notify", "quiet")
@@ -38,7 +38,7 @@ def test_groups_beyond_the_label_limit_share_one_label() -> None:
     metrics = ProxyMetrics(CollectorRegistry(), max_groups=2)
     for group in ("a", "b", "c", "d", "a"):
         metrics.receive(group, "notify", "empty", 0.01)
-        metrics.notify_run(group, RunStats(notifications=1, notified_empty=1))
+        metrics.notify_run(group, RunStats(notifications=1, notified_empty=1), "empty")
     sample = metrics.registry.get_sample_value
     receives = {
         g: sample("popgate_proxy_receives_total", {"group": g, "mode": "notify", "outcome": "empty"})
