@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from popgate_process.certs import CertificateMetrics
 from popgate_process.histogram import BatchHistogram
+from proxy.metric_labels import MAX_GROUP_LABELS, MAX_TOPIC_GROUP_LABELS, SERVED, GroupLabels
 
 if TYPE_CHECKING:
     from popgate_pb import broker_pb2 as bpb
@@ -19,13 +20,6 @@ if TYPE_CHECKING:
     from popgate_contract.errors import DomainError
     from proxy.receive.notify import RunStats
 
-MAX_GROUP_LABELS = 1000  # consumer groups with their own label on this proxy; the others share OTHER_GROUPS
-MAX_TOPIC_GROUP_LABELS = 1000  # (topic, group) pairs with their own labels; the others' topic is OTHER_GROUPS
-OTHER_GROUPS = "_other"
-# Receive outcomes a broker served: the first such request of a group gives it a label of its own (refused requests do
-# not: a missing topic's, a garbage handle's) — tests/unit/proxy/test_delivery_metrics.py::
-# test_refused_receives_and_acks_take_no_label_from_a_group_a_broker_serves.
-SERVED = frozenset({"messages", "empty"})
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30)
 # Stored (or due) -> delivered: from a consumer keeping up (milliseconds) to a backlog hours old.
 DELIVERY_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -59,12 +53,8 @@ class ProxyMetrics:
         max_topic_groups: int = MAX_TOPIC_GROUP_LABELS,
     ) -> None:
         self.registry = registry or CollectorRegistry()
-        self._max_groups = max_groups
-        self._groups: set[str] = set()
-        # Mode decisions of receives still in progress of groups without a label yet, counted once they end.
-        self._pending: dict[str, list[tuple[str, str]]] = {}
-        self._max_pairs = max_topic_groups
-        self._pairs: set[tuple[str, str]] = set()
+        self._labels = GroupLabels(max_groups, max_topic_groups)
+        self._named = self._labels.named
         self.tls = CertificateMetrics(self.registry, "proxy")
         self._rpc = _Children(
             Histogram(
@@ -240,26 +230,16 @@ class ProxyMetrics:
         self._broker(broker, method, outcome).inc()
 
     def _group(self, group: str, served: bool = True) -> str:
-        """The group's label: its name for the first `max_groups` groups a broker served a request of (`served`),
-        OTHER_GROUPS for the others — any client can name a new group per request, and every label set is kept for
-        the process's life."""
-        if group in self._groups:
+        """The group's label (`GroupLabels`): its name once a broker served one of its requests (`served`)."""
+        if group in self._named:
             return group
-        return self._first(group, served)
-
-    def _first(self, group: str, served: bool) -> str:
-        """A group without a label: given one if `served` and there is room; its pending mode decisions counted."""
-        label = OTHER_GROUPS
-        if served and len(self._groups) < self._max_groups:
-            self._groups.add(group)
-            label = group
-        for mode, reason in self._pending.pop(group, ()):
+        label, decisions = self._labels.group(group, served)
+        for mode, reason in decisions:
             self._decisions(label, mode, reason).inc()
         return label
 
     def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
-        label = group if group in self._groups else self._first(group, outcome in SERVED)
-        self._receives(label, mode, outcome).inc()
+        self._receives(self._group(group, outcome in SERVED), mode, outcome).inc()
         self._receive_latency.observe(seconds)
         self._mode_latency(mode, outcome).observe(seconds)
 
@@ -277,7 +257,7 @@ class ProxyMetrics:
 
     def notify_run(self, group: str, stats: RunStats, outcome: str) -> None:
         """A run that ended with `outcome` (a receive's: SERVED or not)."""
-        group = group if group in self._groups else self._first(group, outcome in SERVED)
+        group = self._group(group, outcome in SERVED)
         self._notify_runs(group).inc()
         if stats.waited:
             self._long_polls(group).inc()
@@ -307,24 +287,13 @@ class ProxyMetrics:
     def mode_decision(self, group: str, mode: str, reason: str) -> None:
         """Made before the receive is served: for a group without a label yet, counted when the receive ends
         (`receive`), under the label its outcome gives."""
-        if group in self._groups:
-            self._decisions(group, mode, reason).inc()
-        elif group in self._pending or len(self._pending) < self._max_groups:
-            self._pending.setdefault(group, []).append((mode, reason))
-        else:
-            self._decisions(OTHER_GROUPS, mode, reason).inc()
+        if not self._labels.defer(group, (mode, reason)):
+            self._decisions(self._group(group, False), mode, reason).inc()
 
     def _topic_group(self, topic: str, group: str, served: bool = True) -> tuple[str, str]:
-        """Labels of a (topic, group) pair: the group's label (`_group`) and the topic's name for the first
-        `max_topic_groups` pairs a broker served (`served`), OTHER_GROUPS for the others — a client names both —
-        tests/unit/proxy/test_delivery_metrics.py::test_pairs_beyond_the_label_limit_share_the_other_topic."""
-        pair = (topic, self._group(group, served))
-        if pair in self._pairs:
-            return pair
-        if served and len(self._pairs) < self._max_pairs:
-            self._pairs.add(pair)
-            return pair
-        return OTHER_GROUPS, pair[1]
+        """Labels of a (topic, group) pair: the group's label and the topic's name for the first pairs a broker
+        served — tests/unit/proxy/test_delivery_metrics.py::test_pairs_beyond_the_label_limit_share_the_other_topic."""
+        return self._labels.pair(topic, self._group(group, served), served)
 
     def delivered(
         self,
