@@ -112,6 +112,12 @@ def _certificate(settings: Settings) -> certs.Loaded:
         raise SettingsError(f"--tls-cert {settings.tls_cert} and --tls-key {settings.tls_key}: {exc}") from None
 
 
+# A client holds one Telemetry stream for as long as it runs, and the official clients open another only when a write
+# on it fails (every 300 s): an aged connection keeps it open, so transaction checks still reach the producer, while
+# the client's new calls go to a new connection (tests/integration/proxy/test_connection_age.py).
+TELEMETRY = "/apache.rocketmq.v2.MessagingService/Telemetry"
+
+
 async def _h2_server(settings: Settings) -> tuple[H2Server, str, certs.Serving | None]:
     """popgate's own server (docs/PROXY.md "Server"), bound to --listen (not started): its address, and its
     certificate's holder when it serves TLS."""
@@ -120,6 +126,7 @@ async def _h2_server(settings: Settings) -> tuple[H2Server, str, certs.Serving |
         max_receive_bytes=settings.max_message_bytes,
         max_connection_age_s=settings.max_connection_age_s,
         max_connection_age_grace_s=settings.max_connection_age_grace_s,
+        age_exempt=(TELEMETRY,),
     )
     host, port = parse_host_port(settings.listen, what="--listen")
     tls = certs.ServingContext(_certificate(settings)) if settings.tls_cert else None

@@ -5,6 +5,7 @@ tests/integration/process/test_h2grpc.py and test_h2grpc_raw.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from typing import TYPE_CHECKING, Any
@@ -223,6 +224,8 @@ class Connection(asyncio.BufferedProtocol):
                 stream.gone()
                 if not stream.finished and not self._resets.spend(self._loop.time()):
                     self._calm()
+                elif self.going_away and not self.streams:  # its last call: it closes, as when one ends
+                    self.close()
         elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
             self._wake_waiting()
         elif kind is h2.events.ConnectionTerminated:
@@ -266,10 +269,26 @@ class Connection(asyncio.BufferedProtocol):
         self._aging = self._loop.call_later(self._server.max_connection_age_grace_s, self._grace_over)
 
     def _grace_over(self) -> None:
-        if self._transport is not None:
-            running = len(self.streams)
-            log.info("%s: %d calls still running past the connection's age and grace: closed", self.peer, running)
+        """The calls still running end with the connection, except those of the server's `age_exempt` paths: they
+        last until their client ends them, and the connection closes then (test_h2grpc.py::
+        test_a_call_exempt_from_connection_age_outlives_the_grace_while_new_calls_go_to_a_new_connection)."""
+        if self._transport is None:
+            return
+        cut = [stream for stream in self.streams.values() if stream.path not in self._server.age_exempt]
+        if len(cut) == len(self.streams):
+            log.info("%s: %d calls still running past the connection's age and grace: closed", self.peer, len(cut))
             self._transport.abort()
+            return
+        kept = len(self.streams) - len(cut)
+        log.info("%s: past the connection's age and grace: %d calls cut, %d kept", self.peer, len(cut), kept)
+        for stream in cut:  # UNAVAILABLE, as the connection's close told them; one only slow to read its end is reset
+            if stream.finished:
+                with contextlib.suppress(h2.exceptions.ProtocolError):
+                    self.h2.reset_stream(stream.id, ErrorCodes.CANCEL)
+                self.remove(stream)
+                stream.gone()
+            stream.cut(wire.UNAVAILABLE, "the connection is past its age and grace")
+        self._flush()
 
     def _calm(self) -> None:
         """The client cancels calls faster than its allowance: GOAWAY (ENHANCE_YOUR_CALM) and the connection closes,

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import grpc
@@ -51,15 +51,19 @@ class H2Server:
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
         max_connection_age_s: float = 0.0,
         max_connection_age_grace_s: float = MAX_CONNECTION_AGE_GRACE_S,
+        age_exempt: Collection[str] = (),
     ) -> None:
         """`keepalive_s`: a connection silent this long is sent a PING, and closed if nothing comes back within
         `keepalive_timeout_s` (a client gone without closing: its calls and buffers go with it).
         `max_connection_age_s` (0: never): a connection this old is told to go away (GOAWAY) and closes once its
-        calls end, or after `max_connection_age_grace_s` with them, as grpc-core's `grpc.max_connection_age_ms`."""
+        calls end, or after `max_connection_age_grace_s` with them, as grpc-core's `grpc.max_connection_age_ms` —
+        except calls of the `age_exempt` paths (a client's one long-lived stream), which last until their client ends
+        them."""
         self.keepalive_s = keepalive_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.max_connection_age_s = max_connection_age_s
         self.max_connection_age_grace_s = max_connection_age_grace_s
+        self.age_exempt = frozenset(age_exempt)
         self._interceptors = tuple(interceptors)
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []

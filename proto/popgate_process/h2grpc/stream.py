@@ -184,9 +184,13 @@ class Stream:
 
     def expire(self) -> None:
         """The deadline passed: DEADLINE_EXCEEDED now, and the handler is cancelled."""
+        self.cut(call.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def cut(self, code: int, message: str) -> None:
+        """The call ends now with this status, its unsent responses dropped, and the handler is cancelled."""
         if self.finished or self.reset:
             return
         self.pending.clear()
-        self.finish(call.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+        self.finish(code, message, ())
         if self.task is not None and not self.task.done():
             self.task.cancel()

@@ -35,6 +35,7 @@ class WireError(Exception):
 RESOURCE_EXHAUSTED = 8
 UNIMPLEMENTED = 12
 INTERNAL = 13
+UNAVAILABLE = 14
 
 
 def frame(message: bytes) -> bytes:

@@ -97,9 +97,9 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
 
 
 async def started(
-    max_calls: int, interceptors: tuple[Any, ...] = (), max_receive_bytes: int = 1024, **options: float
+    max_calls: int, interceptors: tuple[Any, ...] = (), max_receive_bytes: int = 1024, **options: Any
 ) -> tuple[H2Server, Handlers, str]:
-    """A server of `Handlers` on a free port; `options`: H2Server's keepalive settings."""
+    """A server of `Handlers` on a free port; `options`: H2Server's keepalive and connection-age settings."""
     handlers = Handlers()
     server = H2Server(max_calls=max_calls, max_receive_bytes=max_receive_bytes, interceptors=interceptors, **options)
     server.add_generic_rpc_handlers((served(handlers),))

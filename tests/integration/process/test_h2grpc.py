@@ -284,3 +284,34 @@ async def test_a_handler_that_reads_nothing_stops_its_client() -> None:
             call.cancel()
     finally:
         await server.stop(None)
+
+
+async def test_a_call_exempt_from_connection_age_outlives_the_grace_while_new_calls_go_to_a_new_connection() -> None:
+    """A stream of `age_exempt` (the proxy's Telemetry) on a connection past its age and grace stays open both ways;
+    a call of another path on that connection is still cut at the grace's end, the client's new calls go to a new
+    connection, and the aged one closes once its last call ends or is cancelled."""
+    server, handlers, target = await started(
+        max_calls=10, max_connection_age_s=0.2, max_connection_age_grace_s=0.3, age_exempt=("/t.S/chat",)
+    )
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            chat, other = channel.stream_stream("/t.S/chat")(), channel.stream_stream("/t.S/chat")()
+            for call in (chat, other):
+                await call.write(b"a")
+                assert await call.read() == b"A"
+            slow = channel.unary_unary("/t.S/slow")(b"", timeout=10)
+            aged = next(iter(server.connections))
+            await asyncio.wait_for(handlers.cancelled.wait(), 5)  # the slow call is cut at the grace's end
+            await refusal(slow, grpc.StatusCode.UNAVAILABLE)
+            await asyncio.sleep(0.3)
+            await chat.write(b"b")
+            assert await chat.read() == b"B"
+            assert await channel.unary_unary("/t.S/echo")(b"new", timeout=5) == b"new"
+            assert aged in server.connections and len(aged.streams) == 2  # the chats' alone
+            await chat.done_writing()
+            assert await chat.read() == b"end"
+            assert await chat.code() == grpc.StatusCode.OK
+            other.cancel()
+            await asyncio.wait_for(aged.lost, 5)  # its last call ended: the aged connection closes
+    finally:
+        await server.stop(None)
