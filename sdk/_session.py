@@ -2,7 +2,8 @@
 
 Many requests on one gRPC stream, each a frame each way instead of a call; sends to one topic, acks of one topic
 and group, and receives alike, queued together go as one request (`sdk/_joining.py`). The frame encoding here and
-`Waiting` (`sdk/_waiting.py`: ids, answers) are sans-IO; `Session` does the stream's I/O around them. A lost stream
+`Waiting` (`sdk/_waiting.py`: ids, answers) and `Room` (`sdk/_room.py`: at most the proxy's bound of requests
+pending, callers past it waiting their turn) are sans-IO; `Session` does the stream's I/O around them. A lost stream
 fails its pending requests with a retriable `Unavailable` (the client's retry policy sends them again, on a new
 stream); a proxy that serves no Session fails them with `Unimplemented` (the client then uses the unary RPCs).
 """
@@ -25,6 +26,7 @@ from popgate_contract.wire import varint
 
 from . import _joining, errors
 from ._joining import Part
+from ._room import Room
 from ._transport import MAX_MESSAGE_BYTES
 from ._waiting import Waiting
 
@@ -205,6 +207,15 @@ def stream_error(
     return errors.Unavailable(f"session stream lost: {error}", code_name=exc.code().name, retriable=True)
 
 
+def _timeout(within_s: float) -> errors.Timeout:
+    return errors.Timeout(f"no answer within {within_s:g} s", code_name="DEADLINE_EXCEEDED")
+
+
+def _no_room(room: asyncio.Future[None], within_s: float) -> None:
+    if not room.done():
+        room.set_exception(_timeout(within_s))
+
+
 class Session:
     """One open Session stream (made inside the running loop): `request` sends and awaits the answer."""
 
@@ -220,6 +231,7 @@ class Session:
         self.closing = False  # once `close` began: the proxy gives back what the closed stream left unanswered
         self._convert = convert
         self._outbox = Outbox()
+        self._room = Room()
         self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
             metadata=metadata
         )
@@ -239,6 +251,44 @@ class Session:
         """
         if self.broken is not None:
             raise copy.copy(self.broken)  # each caller its own error (see `Waiting.fail_all`)
+        if not self._room.take(kind):
+            within_s = await self._room_for(kind, within_s)
+        try:
+            return await self._sent(kind, body, within_s)
+        finally:
+            self._room.release(kind)
+
+    async def _room_for(self, kind: str, within_s: float) -> float:
+        """Wait, within `within_s`, until the stream has room for a request of `kind` (`sdk/_room.py`): what is left
+        of `within_s` then. Never sent past the proxy's bound, a request is not refused there to be retried —
+        tests/unit/sdk/test_session_room.py."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        room: asyncio.Future[None] = loop.create_future()
+        self._room.queue(kind, room)
+        timer = loop.call_later(within_s, _no_room, room, within_s)
+        try:
+            await room
+        except asyncio.CancelledError:
+            if room.done() and not room.cancelled() and room.exception() is None:
+                self._room.release(kind)  # the room was given, then the caller cancelled before it resumed
+            else:
+                self._room.gone()
+            raise
+        except errors.Timeout:
+            self._room.gone()
+            raise
+        finally:
+            timer.cancel()
+        left = deadline - loop.time()
+        if self.broken is not None or left <= 0:
+            self._room.release(kind)
+            if self.broken is not None:
+                raise copy.copy(self.broken)
+            raise _timeout(within_s)
+        return left
+
+    async def _sent(self, kind: str, body: Any, within_s: float) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         request_id = self._waiting.add(kind, future)
@@ -276,7 +326,7 @@ class Session:
 
     def _timed_out(self, request_id: int, future: asyncio.Future[Any], timeout: float) -> None:
         if self._drop(request_id) and not future.done():
-            future.set_exception(errors.Timeout(f"no answer within {timeout:g} s", code_name="DEADLINE_EXCEEDED"))
+            future.set_exception(_timeout(timeout))
 
     def _drop(self, request_id: int) -> bool:
         dropped = self._waiting.drop(request_id)
@@ -314,6 +364,7 @@ class Session:
         if self.broken is None:
             self.broken = error
         self._waiting.fail_all(self.broken)
+        self._room.fail_all(self.broken)
         self._outbox.put_nowait(None)
 
     async def close(self) -> None:
