@@ -1,7 +1,8 @@
 """What a consumer does with a delivery it holds, by the receipt handle it was given: ack it, change or renew its
 invisibility, dead-letter it. A handle acts only on the delivery it names while that is still its group's
 current one (`Acks.resolve`): another group's handle, or one acked or redelivered since, is InvalidReceiptHandle
-and changes nothing.
+and changes nothing. DeadLetter alone goes by the message the handle names (`Acks.owed`), as RocketMQ's proxy
+forwards by offset: a retried forward then ends, whichever delivery of the message is current.
 
 Owned by the core, which hands Acks, ChangeInvisibleDuration, Renew and dead-letter requests here; it knows
 nothing of the core: a FIFO message leaving the group's flight and the acks to count go back through the
@@ -30,6 +31,10 @@ from popgate_contract.errors import (
 )
 from popgate_contract.receipt import ReceiptHandle, encode_handle
 
+# A forward by offset whose delivery changed while its payload was read (acked, delivered again) is decided again
+# on the group's state then, at most this many times in all.
+MAX_FORWARD_TRIES = 3
+
 
 class Acks:
     def __init__(
@@ -53,12 +58,17 @@ class Acks:
         self.counted = counted  # the acks of one Ack: (group, topic -> (queue, offset) acked)
         self.clock = clock
 
-    def resolve(self, topic: str, group: str, text: str) -> tuple[GroupTopic, ReceiptHandle, Delivery]:
+    def decode(self, topic: str, text: str) -> ReceiptHandle:
+        """A handle of this broker, for `topic` (any topic when empty); else InvalidReceiptHandle."""
         handle = ReceiptHandle.decode(text)
         if handle.broker != self.name:
             raise InvalidReceiptHandle(f"receipt handle belongs to broker {handle.broker}, not {self.name}")
         if topic and handle.topic != topic:
             raise InvalidReceiptHandle(f"receipt handle is for topic {handle.topic}, not {topic}")
+        return handle
+
+    def resolve(self, topic: str, group: str, text: str) -> tuple[GroupTopic, ReceiptHandle, Delivery]:
+        handle = self.decode(topic, text)
         state = self.groups.get((group, handle.topic))
         delivery = state.current(handle.queue_id, handle.offset, handle.token) if state else None
         if state is None or delivery is None or delivery.attempt != handle.attempt:
@@ -146,10 +156,42 @@ class Acks:
             await self.commits.write(ops)
         return results, deadline
 
-    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
+    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage | None:
+        """Move the message the handle names to the group's DLQ by its topic, queue and offset, as RocketMQ's proxy
+        forwards by offset: under a stale handle too, for the official clients retry a refused forward forever. In
+        flight to the group under any delivery (a newer one, or one whose invisibility passed) it is dead-lettered
+        and that delivery ends (`Redelivery.dead_letter`: one commit, a FIFO message group released); no longer the
+        group's (acked, dead-lettered already or under way) None, and nothing is written. A message the group was
+        never given (or a group with no state on the topic) stays InvalidReceiptHandle —
+        tests/unit/broker/test_dead_letter_stale.py."""
         validation.check_group(group)
-        state, handle, delivery = self.resolve(topic, group, text)
-        return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
+        tries = MAX_FORWARD_TRIES
+        while True:
+            state, handle, delivery = self.owed(topic, group, text)
+            if delivery is None:
+                return None
+            tries -= 1
+            try:
+                return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
+            except InvalidReceiptHandle:
+                if not tries:
+                    raise
+
+    def owed(self, topic: str, group: str, text: str) -> tuple[GroupTopic, ReceiptHandle, Delivery | None]:
+        """The group's delivery of the message the handle names, whichever delivery is current; None when the
+        group is done with it (acked, dead-lettered, or passed: below its pull offset, or taken ahead and done).
+        InvalidReceiptHandle when the group never had it (no state on that queue, or not reached yet)."""
+        handle = self.decode(topic, text)
+        state = self.groups.get((group, handle.topic))
+        gq = state.queues.get(handle.queue_id) if state is not None else None
+        if state is None or gq is None:
+            raise InvalidReceiptHandle(f"consumer group {group} never read {handle.topic}/{handle.queue_id}")
+        delivery = gq.inflight.get(handle.offset)
+        if delivery is not None or handle.offset < gq.pull_offset or handle.offset in (gq.ahead or ()):
+            return state, handle, delivery
+        raise InvalidReceiptHandle(
+            f"consumer group {group} was never given message {handle.topic}/{handle.queue_id}/{handle.offset}"
+        )
 
     def unreadable(self, topic: str, group: str, text: str) -> None:
         """A popped message whose stored payload does not parse: dead-lettered as it is, not answered (it would

@@ -279,7 +279,7 @@ class BrokerCore:
     ) -> tuple[list[DomainError | None], int]:
         return await self.acks.renew(group, handles, invisible_ms, bring_forward=bring_forward)
 
-    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage:
+    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage | None:
         return await self.acks.dead_letter(topic, group, text)
 
     def unreadable(self, topic: str, group: str, text: str) -> None:

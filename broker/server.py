@@ -31,7 +31,7 @@ from broker.handlers import (
 )
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
-from popgate_contract import errors
+from popgate_contract import errors, validation
 from popgate_contract.trailer import ERROR_KEY, status_of
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,8 @@ class BrokerServicer(pb_grpc.BrokerServicer):
         self, request: pb.DeadLetterRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeadLetterResponse:
         stored = await self.core.dead_letter(request.topic, request.group, request.receipt_handle)
+        if stored is None:  # no longer the group's (acked, dead-lettered already): nothing written
+            return pb.DeadLetterResponse(dlq_topic=validation.DLQ_PREFIX + request.group, offset=-1)
         return pb.DeadLetterResponse(dlq_topic=stored.message.topic, offset=stored.offset)
 
     @rpc("Stats")

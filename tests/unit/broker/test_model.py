@@ -116,21 +116,39 @@ class BrokerModel(DeliveryRules):
 
     @rule(group=st.sampled_from(sorted(GROUPS)), data=st.data())
     def dead_letter(self, group: str, data: st.DataObject) -> None:
-        """ForwardMessageToDeadLetterQueue: the current delivery goes to %DLQ%<group> at once."""
+        """ForwardMessageToDeadLetterQueue, by the message the handle names (as RocketMQ forwards by offset): one in
+        flight to the group, under whichever delivery, goes to %DLQ%<group> at once; one the group is done with is
+        answered None, nothing written; one it never had, and another broker's or a garbled handle, is refused."""
         g = self.groups[group]
         if not g.handles:
             return
         [handle] = self._pick(g, data, 1)
-        body = self._current(g, handle)
+        body = self._named(handle)
+        status = g.status(body) if body is not None and g.looked else None
         try:
             stored = self.run(self.core.dead_letter(TOPIC, group, handle))
         except InvalidReceiptHandle:
-            assert body is None, f"DeadLetter refused the current handle of {body!r}"
+            assert status in (None, "new"), f"DeadLetter refused a handle of {body!r}, {status} to {group}"
         else:
-            assert body is not None, f"DeadLetter took a stale handle {handle}"
-            assert stored.message.body == body
-            g.dlq[body] = g.inflight.pop(body).attempt
+            if status == "inflight":
+                assert stored is not None, f"DeadLetter wrote nothing for {body!r} in flight to {group}"
+                assert stored.message.body == body
+                if self._current(g, handle) is None:
+                    event("stale DeadLetter dead-lettered by offset")
+                g.dlq[body] = g.inflight.pop(body).attempt
+            else:
+                assert stored is None, f"DeadLetter of {body!r}, {status} to {group}, wrote {stored}"
+                event(f"DeadLetter of a message {status} to the group: nothing written")
         self._settle()
+
+    def _named(self, handle: str) -> bytes | None:
+        """The message a handle of this broker and topic names by queue and offset (None: no such message)."""
+        parts = handle.split("~")
+        if len(parts) != 8 or parts[1] != "b1" or parts[2] != TOPIC or not self.topic_exists:
+            return None
+        queue, offset = int(parts[3]), int(parts[4])
+        bodies = self.queues[queue] if queue < QUEUES else []
+        return bodies[offset] if offset < len(bodies) else None
 
     @rule(ms=st.sampled_from([50, 100, 999, 1_000, 5_000, 30_000, 60_000]))
     def advance(self, ms: int) -> None:
