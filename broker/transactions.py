@@ -15,6 +15,10 @@
   check handed out is stored (count, next time) before it is answered, so a restart neither forgets a check
   nor hands one out twice within the interval. After the last check, or past its time, the broker rolls the
   half message back itself (from the sweep, at most `sweep_interval_s` late).
+- The schedule runs on the broker's monotonic clock: a half message enters it with its age and the time to its
+  next check as the wall clock says then (its store time, its stored next check), and from there a step of the
+  wall clock neither rolls it back nor moves its checks — test_a_wall_clock_step_while_running_neither_rolls_a_
+  half_message_back_nor_moves_its_checks. What is stored, and answered (`next_due_ms`), is wall time.
 
 tests/unit/broker/test_transactions.py, tests/integration/broker/test_transactions.py.
 """
@@ -71,6 +75,7 @@ class Transactions:
         )
         self.stats = TransactionStats()
         self._next_id = 0
+        self._offset_ms: int | None = None  # wall time less monotonic time (`_offset`)
         self._expiring: set[asyncio.Task[None]] = set()
         # Resolutions under way: half id -> (commit, the task committing it), which a caller's cancel does not stop.
         self._ending: dict[int, tuple[bool, asyncio.Task[None]]] = {}
@@ -97,8 +102,22 @@ class Transactions:
                 self._added(op)
 
     def _added(self, row: PutHalf) -> None:
-        r = row
-        self.schedule.add(Half(r.half_id, r.token, r.topic, r.queue_id, r.tag, r.store_ms, r.checks, r.next_check_ms))
+        r, now, offset = row, self.clock.now_ms(), self._offset()
+        stored, next_check = now - offset - max(0, now - r.store_ms), r.next_check_ms - offset  # monotonic
+        self.schedule.add(Half(r.half_id, r.token, r.topic, r.queue_id, r.tag, stored, r.checks, next_check))
+
+    def _offset(self) -> int:
+        """Wall time less monotonic time. A change of 1 ms is the two clocks read a moment apart, not a step: the
+        last offset stays, so a time stored as wall time and restored is answered as stored —
+        tests/unit/broker/test_transactions.py::test_the_next_check_answered_is_the_one_stored_also_after_a_restart."""
+        offset = self.clock.now_ms() - self.clock.monotonic_ms()
+        if self._offset_ms is None or abs(offset - self._offset_ms) > 1:
+            self._offset_ms = offset
+        return self._offset_ms
+
+    def _wall_ms(self, monotonic_ms: int) -> int:
+        """A time of the schedule (0: none) as wall time now."""
+        return monotonic_ms and monotonic_ms + self._offset()
 
     def _waiting(self, topic: str, tid: TransactionId, commit: bool) -> Half | None:
         """The half message `tid` names, waiting for its resolution; None when it was resolved as `commit` says
@@ -179,16 +198,21 @@ class Transactions:
     async def checks(self, topics: Sequence[str], limit: int) -> tuple[list[Check], int]:
         """The due checks of these topics, each recorded (durably) before it is handed out; and when the next one
         of these topics falls due (0: none)."""
-        now = self.clock.now_ms()
-        halves = self.schedule.due(topics, now, min(max(limit, 1), MAX_CHECKS_PER_CALL))
+        offset = self._offset()
+        mono = self.clock.now_ms() - offset
+        halves = self.schedule.due(topics, mono, min(max(limit, 1), MAX_CHECKS_PER_CALL))
         if not halves:
-            return [], self.schedule.next_due_ms(topics)
+            return [], self._wall_ms(self.schedule.next_due_ms(topics))
         for half in halves:
             half.checking = True
         try:
-            states = [self.schedule.check_state(h, now) for h in halves]
+            states = [self.schedule.check_state(h, mono) for h in halves]
             rows = {r.half_id: r for r in await self.sends.store.read_halves([h.half_id for h in halves])}
-            await self.sends.submit([], [SetHalfCheck(h.half_id, *s) for h, s in zip(halves, states, strict=True)])
+            stored = [
+                SetHalfCheck(h.half_id, count, next_ms + offset)
+                for h, (count, next_ms) in zip(halves, states, strict=True)
+            ]
+            await self.sends.submit([], stored)
         finally:
             for half in halves:
                 half.checking = False
@@ -199,11 +223,11 @@ class Transactions:
                 tid = TransactionId(self.name, half.half_id, half.token).encode()
                 out.append(Check(rows[half.half_id], tid, count))
         self.stats.checks += len(out)
-        return out, self.schedule.next_due_ms(topics)
+        return out, self._wall_ms(self.schedule.next_due_ms(topics))
 
     def expire(self) -> asyncio.Task[None] | None:
         """Roll back the half messages past their last check (the sweep calls this); the task doing it."""
-        halves = self.schedule.expired(self.clock.now_ms())
+        halves = self.schedule.expired(self.clock.now_ms() - self._offset())
         if not halves:
             return None
         for half in halves:

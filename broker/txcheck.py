@@ -6,6 +6,8 @@ check number `max_checks` is its last, and `interval_ms` after it, unresolved, i
 whose checks nobody asks for (no producer of its topic online) is rolled back when the time of its last check
 has passed too: `immunity_ms + max_checks * interval_ms` after its send, as RocketMQ's check service rolls back
 whatever it cannot check in that time — tests/unit/broker/test_transactions.py.
+
+Its times are on one clock, whichever the caller keeps them on (broker.transactions: the monotonic clock).
 """
 
 from __future__ import annotations

@@ -16,13 +16,22 @@ from broker.sqlite_store import SqliteStore
 
 
 class ManualClock:
-    """A `broker.clock.Clock` that stands still until the test moves it (`now`, milliseconds)."""
+    """A `broker.clock.Clock` that stands still until the test moves it: moving `now` (milliseconds) is time
+    passing, on both its wall and its monotonic clock; `step` moves the wall clock alone (an NTP step)."""
 
     def __init__(self, now: int) -> None:
         self.now = now
+        self.stepped = 0
 
     def now_ms(self) -> int:
         return self.now
+
+    def monotonic_ms(self) -> int:
+        return self.now - self.stepped
+
+    def step(self, ms: int) -> None:
+        self.now += ms
+        self.stepped += ms
 
 
 @asynccontextmanager

@@ -20,6 +20,7 @@ from tests.unit.broker.cores import ManualClock, broker, submitted_event
 
 NOW = 1_800_000_000_000
 INVISIBLE_MS = 30_000
+HOUR_MS = 3_600_000
 SETTINGS = {"transaction_immunity_s": 1.0, "transaction_check_interval_s": 2.0, "transaction_max_checks": 3}
 
 
@@ -146,6 +147,53 @@ async def test_checks_are_recorded_before_they_are_handed_out_and_the_last_one_r
         with pytest.raises(InvalidTransactionId):
             await core.transactions.end("t", tid, commit=True)
         assert await bodies(core) == []
+
+
+async def test_a_wall_clock_step_while_running_neither_rolls_a_half_message_back_nor_moves_its_checks(
+    tmp_path: Path,
+) -> None:
+    """Its checks and its roll-back keep their distance from its send on the monotonic clock: a step of the
+    wall clock forward rolls back nothing and asks no producer early, a step back delays no check."""
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        tid = await half(core, b"h")
+        clock.step(HOUR_MS)
+        assert core.transactions.expire() is None
+        assert await core.transactions.checks(["t"], 10) == ([], NOW + HOUR_MS + 1000)
+        clock.step(-2 * HOUR_MS)
+        clock.now += 1000
+        (check,), next_due = await core.transactions.checks(["t"], 10)
+        assert (check.transaction_id, check.check, next_due) == (tid, 1, NOW - HOUR_MS + 3000)
+        clock.now += 6000  # at the time of the last check (7 s after the send), none handed out since
+        rolling_back = core.transactions.expire()
+        assert rolling_back is not None
+        await rolling_back
+        with pytest.raises(InvalidTransactionId, match="rolled back already"):
+            await core.transactions.end("t", tid, commit=True)
+
+
+class ReadApartClock(ManualClock):
+    """Its monotonic clock reads 1 ms behind every other time, as two clocks read at ms precision may."""
+
+    def __init__(self, now: int) -> None:
+        super().__init__(now)
+        self.reads = 0
+
+    def monotonic_ms(self) -> int:
+        self.reads += 1
+        return super().monotonic_ms() - self.reads % 2
+
+
+async def test_the_next_check_answered_is_the_one_stored_also_after_a_restart(tmp_path: Path) -> None:
+    clock = ReadApartClock(NOW)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        await half(core, b"h")
+        clock.now = NOW + 1000
+        (_, next_due) = await core.transactions.checks(["t"], 10)
+        assert next_due == NOW + 3000
+    for _ in range(4):
+        async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+            assert await core.transactions.checks(["t"], 10) == ([], NOW + 3000)
 
 
 @pytest.mark.parametrize("commit", [True, False])
