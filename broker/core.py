@@ -152,7 +152,7 @@ class BrokerCore:
             if len(known) < count:
                 self.sends.unsaved(topic)
         ops: list[Op] = []
-        self.consumers.restore(snap, ops)
+        self.consumers.restore(snap, ops, self.clock.now_ms())
         if ops:  # consumer state below a queue's first message (retention): corrected, stored
             self.commits.commit(ops)
         for state in self.groups.values():

@@ -36,11 +36,15 @@ class ConsumerGroups:
         self._looked_early: OrderedDict[tuple[str, str], TagFilter] = OrderedDict()  # see `reader`
         self._early_topics: Counter[str] = Counter()  # topics in _looked_early, how many groups each
 
-    def restore(self, snap: Snapshot, ops: list[Op]) -> None:
+    def restore(self, snap: Snapshot, ops: list[Op], now_ms: int) -> None:
         """The stored filters, pull offsets and in-flight deliveries (after the topics: FIFO marks need them).
         State below a queue's first message (retention deleted it, and a crash came before the state's commit)
         is corrected as retention does: a pull offset moves up to it, a delivery of a deleted message is
-        dropped; the ops storing that are appended to `ops`."""
+        dropped; the ops storing that are appended to `ops`. A stored deadline (wall time) is cut to
+        `max_invisible_s` after `now_ms`, so no delivery stays invisible longer than a Pop may ask, whatever step
+        the wall clock took while the broker was down — tests/unit/broker/test_restore.py::
+        test_a_delivery_restored_after_the_clock_went_back_is_invisible_no_longer_than_the_longest_pop."""
+        latest_deadline = now_ms + self.settings.max_invisible_ms
         for f in snap.filters:
             self._restore_filter(f.group, f.topic, f.expression)
         for p in snap.pull_offsets:
@@ -67,7 +71,8 @@ class ConsumerGroups:
                 gq.ahead = (gq.ahead or set()) | {i.offset}
             topic_log = self.topics.get(i.topic)
             fifo = topic_log is not None and topic_log.queues[i.queue_id].is_fifo(i.offset)
-            state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, i.deadline_ms), fifo=fifo)
+            deadline = min(i.deadline_ms, latest_deadline)
+            state.deliver(i.queue_id, i.offset, Delivery(i.attempt, i.token, deadline), fifo=fifo)
 
     def _min_offset(self, topic: str, queue_id: int) -> int:
         topic_log = self.topics.get(topic)

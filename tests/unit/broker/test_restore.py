@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from tests.unit.broker.cores import broker
+from tests.unit.broker.cores import ManualClock, broker
 
 TWO_LETTER_TAGS = [a + b for a in "abcdefghijklmnopqrstuvwxyz" for b in "abcdefghijklmnopqrstuvwxyz"][:256]
 
@@ -43,3 +43,21 @@ async def test_a_stored_filter_that_cannot_be_parsed_is_skipped_with_a_warning(
             [row] = core.lags("t", "g")  # the group is still there, reading as '*' until its next Pop
         assert row.lag.lag == 2  # the one in flight and "b"
     assert any("stored filter of group g on topic t skipped" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_delivery_restored_after_the_clock_went_back_is_invisible_no_longer_than_the_longest_pop(
+    tmp_path: Path,
+) -> None:
+    """A stored deadline is wall time: restored after the wall clock went back an hour, it is cut to
+    `max_invisible_s` from now, so the message is delivered again by then, not an hour late."""
+    clock = ManualClock(1_800_000_000_000)
+    async with broker(tmp_path, clock=clock, queues_per_topic=1, max_invisible_s=60.0) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"m1")])
+        assert len((await core.pop("t", "g", "*", 1, 2_000, 0)).messages) == 1
+    clock.step(-3_600_000)
+    async with broker(tmp_path, clock=clock, queues_per_topic=1, max_invisible_s=60.0) as (core, _):
+        clock.now += 59_999
+        assert (await core.pop("t", "g", "*", 1, 2_000, 0)).messages == []
+        clock.now += 1
+        (again,) = (await core.pop("t", "g", "*", 1, 2_000, 0)).messages
+    assert again.attempt == 2
