@@ -154,6 +154,7 @@ async def transaction_checks(
     for topic in request.topics:
         validation.check_topic(topic)
     checks, out.next_due_ms = await core.transactions.checks(request.topics, request.max_checks)
+    out.now_ms = core.clock.now_ms()
     for c in checks:
         added = out.checks.add(transaction_id=c.transaction_id, check=c.check)
         stored = added.message

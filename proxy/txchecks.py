@@ -125,33 +125,34 @@ class CheckPoller:
             if topics:
                 handed = self.handed
                 try:
-                    next_due_ms = await self.poll_once(topics)
+                    next_due_s = await self.poll_once(topics)
                 except Exception:  # a bug must not end the checks for good: logged, tried again next round
                     log.exception("asking the brokers for transaction checks failed")
-                    next_due_ms = 0
-                if next_due_ms:
+                    next_due_s = None
+                if next_due_s is not None:
                     # A check due but not handed out (its transaction being ended, or another proxy's check of it
                     # being recorded) keeps the brokers' next due time in the past: after a round that handed out
                     # nothing, asked again a moment later, not at once —
                     # tests/unit/proxy/test_txchecks.py::test_a_due_check_not_handed_out_is_asked_for_a_moment_later.
                     floor_s = 0.0 if self.handed > handed else IDLE_FLOOR_S
-                    wait_s = min(wait_s, max(floor_s, next_due_ms / 1000 - time.time()))
+                    wait_s = min(wait_s, max(floor_s, next_due_s))
             self.streams.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.streams.changed.wait(), None if not topics else wait_s)
 
-    async def poll_once(self, topics: list[str]) -> int:
-        """One round over the live brokers (topics in chunks a broker takes); the earliest next due time they
-        told (0: none)."""
-        next_due = 0
+    async def poll_once(self, topics: list[str]) -> float | None:
+        """One round over the live brokers (topics in chunks a broker takes); the seconds until the earliest next
+        check they told of, each measured on its broker's clock (None: none pending) —
+        tests/unit/proxy/test_txchecks.py::test_the_next_check_is_awaited_on_the_brokers_clock_whatever_the_proxys_says."""
+        next_due: float | None = None
         for client in self.pool.live():
             for start in range(0, len(topics), TOPICS_PER_CALL):
                 due = await self._ask(client, topics[start : start + TOPICS_PER_CALL])
-                if due:
-                    next_due = min(next_due or due, due)
+                if due is not None:
+                    next_due = due if next_due is None else min(next_due, due)
         return next_due
 
-    async def _ask(self, client: BrokerClient, topics: list[str]) -> int:
+    async def _ask(self, client: BrokerClient, topics: list[str]) -> float | None:
         # A broker records each check it hands out (its count and next time) and a check no outbox takes is
         # dropped here, so no more are asked for than every asked topic's producers take: a check of any topic
         # then finds room, however the answer mixes topics. A topic with no room is left out until its producers'
@@ -159,14 +160,17 @@ class CheckPoller:
         # test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_take.
         rooms = {topic: room for topic in topics if (room := self.streams.room(topic)) > 0}
         if not rooms:
-            return 0
+            return None
         request = bpb.TransactionChecksRequest(topics=list(rooms), max_checks=min(MAX_CHECKS_PER_CALL, *rooms.values()))
         try:
             response = await client.transaction_checks(request, timeout_s=self.timeout_s)
         except errors.DomainError as exc:
             log.debug("transaction checks of broker %s failed: %s", client.name, exc)
-            return 0
+            return None
         for check in response.checks:
             if self.streams.deliver(check.message.message.topic, functools.partial(self.to_command, check)):
                 self.handed += 1
-        return response.next_due_ms
+        if not response.next_due_ms:
+            return None
+        now_ms = response.now_ms or time.time() * 1000  # a broker older than `now_ms`: this proxy's clock
+        return (response.next_due_ms - now_ms) / 1000

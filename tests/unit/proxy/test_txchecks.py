@@ -37,11 +37,11 @@ def test_checks_go_round_robin_to_the_topics_producers_and_nowhere_else() -> Non
 
 
 class FakeBroker:
-    def __init__(self, name: str, checks: list[bpb.TransactionCheck], next_due_ms: int) -> None:
+    def __init__(self, name: str, checks: list[bpb.TransactionCheck], next_due_ms: int, now_ms: int = 0) -> None:
         self.name = name
         self.healthy = True
         self.asked: list[list[str]] = []
-        self.answer = bpb.TransactionChecksResponse(checks=checks, next_due_ms=next_due_ms)
+        self.answer = bpb.TransactionChecksResponse(checks=checks, next_due_ms=next_due_ms, now_ms=now_ms)
 
     async def transaction_checks(
         self, request: bpb.TransactionChecksRequest, *, timeout_s: float
@@ -53,15 +53,28 @@ class FakeBroker:
 async def test_the_poller_asks_every_live_broker_for_its_producers_topics() -> None:
     check = bpb.TransactionCheck(transaction_id="tid", check=1)
     check.message.message.topic = "t"
-    b1, b2 = FakeBroker("b1", [check], 5000), FakeBroker("b2", [], 3000)
+    b1, b2 = FakeBroker("b1", [check], 5000, now_ms=4500), FakeBroker("b2", [], 3000, now_ms=1000)
     streams = ProducerStreams()
     outbox = Outbox()
     streams.register(outbox, ["t"])
     pool = BrokerPool({"b1": b1, "b2": b2})  # type: ignore[dict-item]
     poller = CheckPoller(pool, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
-    assert await poller.poll_once(["t"]) == 3000
+    assert await poller.poll_once(["t"]) == 0.5  # the earliest next check, each on its broker's clock
     assert b1.asked == [["t"]] and b2.asked == [["t"]]
     assert outbox.commands.get_nowait() == "tid" and poller.handed == 1
+
+
+async def test_the_next_check_is_awaited_on_the_brokers_clock_whatever_the_proxys_says() -> None:
+    """A broker whose clock is an hour behind the proxy's, its next check 20 s away on its own clock: the poller
+    waits for it (at most CHECK_POLL_S) instead of taking it for an hour overdue."""
+    broker_now = int(time.time() * 1000) - 3_600_000
+    streams = ProducerStreams()
+    streams.register(Outbox(), ["t"])
+    pool = BrokerPool({"b1": FakeBroker("b1", [], broker_now + 20_000, now_ms=broker_now)})  # type: ignore[dict-item]
+    poller = CheckPoller(pool, streams, lambda c, o: None, timeout_s=1)
+    assert await poller.poll_once(["t"]) == 20.0
+    pool = BrokerPool({"b1": FakeBroker("b1", [], 0, now_ms=broker_now)})  # type: ignore[dict-item]
+    assert await CheckPoller(pool, streams, lambda c, o: None, timeout_s=1).poll_once(["t"]) is None
 
 
 async def test_a_producers_telemetry_stream_registers_its_topics_and_carries_its_checks() -> None:
