@@ -5,7 +5,9 @@ every broker every REPORT_INTERVAL_S (at once, within a second, when it sees a n
 proxy's last report until a report's time to live (REPORT_TTL_S) passes without a new one (broker.consumers). The
 admin service's ListConsumers then asks the brokers, and any proxy answers the same. A consumer is live while
 seen within LIVE_S: a Heartbeat (the official clients send one every 10 s), a receive, NotifyClientTermination
-ending it at once. `ConsumerBook` is pure (tests/unit/proxy/test_consumers.py); `ConsumerReporter` sends.
+ending it at once. Liveness is measured on the monotonic clock, so a step of the wall clock neither keeps a gone
+consumer live nor ends a live one; the wall time it was last seen is only shown. `ConsumerBook` is pure (its
+monotonic clock injected: tests/unit/proxy/test_consumers.py); `ConsumerReporter` sends.
 """
 
 from __future__ import annotations
@@ -32,21 +34,28 @@ NEW_REPORT_DELAY_S = 1.0  # a new consumer is reported within this, not at the n
 
 
 class ConsumerBook:
-    def __init__(self, *, live_s: float = LIVE_S, max_consumers: int = MAX_CONSUMERS) -> None:
-        self._live_ms = int(live_s * 1000)
+    def __init__(
+        self,
+        *,
+        live_s: float = LIVE_S,
+        max_consumers: int = MAX_CONSUMERS,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._live_s = live_s
         self._max = max_consumers
-        self._seen: OrderedDict[tuple[str, str], int] = (
-            OrderedDict()
-        )  # (group, client id) -> last seen (ms), oldest first
+        self._monotonic = monotonic
+        # (group, client id) -> (when last seen on the monotonic clock, the wall time then in ms), oldest first
+        self._seen: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
         self.changed = False  # a consumer not in the last report was seen, or one left
 
     def seen(self, client_id: str, group: str, now_ms: int) -> None:
+        """The client was seen now; `now_ms` (wall time) is what is shown as its last sighting."""
         if not client_id or not group:
             return
         key = (group, client_id)
         if key not in self._seen:
             self.changed = True
-        self._seen[key] = now_ms
+        self._seen[key] = (self._monotonic(), now_ms)
         self._seen.move_to_end(key)
         while len(self._seen) > self._max:
             self._seen.popitem(last=False)
@@ -57,14 +66,15 @@ class ConsumerBook:
             del self._seen[key]
             self.changed = True
 
-    def live(self, now_ms: int) -> list[bpb.Consumer]:
+    def live(self) -> list[bpb.Consumer]:
         """Consumers seen within LIVE_S, the others forgotten."""
+        now = self._monotonic()
         while self._seen:
-            key, last = next(iter(self._seen.items()))
-            if now_ms - last <= self._live_ms:
+            key, (last, _) = next(iter(self._seen.items()))
+            if now - last <= self._live_s:
                 break
             del self._seen[key]
-        return [bpb.Consumer(group=g, client_id=c, last_seen_ms=t) for (g, c), t in self._seen.items()]
+        return [bpb.Consumer(group=g, client_id=c, last_seen_ms=t) for (g, c), (_, t) in self._seen.items()]
 
 
 def wall_ms() -> int:
@@ -74,14 +84,11 @@ def wall_ms() -> int:
 class ConsumerReporter(BackgroundTask):
     """Reports the book to every live broker every REPORT_INTERVAL_S, and within NEW_REPORT_DELAY_S of a change."""
 
-    def __init__(
-        self, book: ConsumerBook, pool: BrokerPool, proxy: str, *, timeout_s: float, clock: Callable[[], int] = wall_ms
-    ) -> None:
+    def __init__(self, book: ConsumerBook, pool: BrokerPool, proxy: str, *, timeout_s: float) -> None:
         self._book = book
         self._pool = pool
         self._proxy = proxy
         self._timeout_s = timeout_s
-        self._clock = clock
 
     async def __aenter__(self) -> ConsumerReporter:
         self._task = asyncio.create_task(self._run())
@@ -90,7 +97,7 @@ class ConsumerReporter(BackgroundTask):
     async def report(self) -> None:
         self._book.changed = False
         request = bpb.ReportConsumersRequest(
-            proxy=self._proxy, consumers=self._book.live(self._clock()), ttl_ms=int(REPORT_TTL_S * 1000)
+            proxy=self._proxy, consumers=self._book.live(), ttl_ms=int(REPORT_TTL_S * 1000)
         )
         calls = [c.admin("ReportConsumers", request, timeout_s=self._timeout_s) for c in self._pool.live()]
         for outcome in await asyncio.gather(*calls, return_exceptions=True):

@@ -107,16 +107,16 @@ def test_a_termination_naming_a_group_ends_only_that_groups_sighting() -> None:
     book.seen("host@1", "ga", 1_000)
     book.seen("host@1", "gb", 1_000)
     book.gone("host@1", "gb")
-    assert [(c.group, c.client_id) for c in book.live(2_000)] == [("ga", "host@1")]
+    assert [(c.group, c.client_id) for c in book.live()] == [("ga", "host@1")]
     book.gone("host@1")
-    assert book.live(2_000) == []
+    assert book.live() == []
 
 
 async def test_the_reporter_sends_the_whole_book_to_live_brokers() -> None:
     up, down = AdminBroker("b1", bpb.ReportConsumersResponse()), AdminBroker("b2", fail=errors.BrokerUnavailable("x"))
     book = ConsumerBook()
     book.seen("c1", "g", 1_000)
-    reporter = ConsumerReporter(book, BrokerPool({"b1": up, "b2": down}), "p1:8081", timeout_s=1, clock=lambda: 2_000)  # type: ignore[dict-item]
+    reporter = ConsumerReporter(book, BrokerPool({"b1": up, "b2": down}), "p1:8081", timeout_s=1)  # type: ignore[dict-item]
     await reporter.report()
     ((method, request),) = up.asked
     assert method == "ReportConsumers" and request.proxy == "p1:8081" and request.ttl_ms == 15_000
