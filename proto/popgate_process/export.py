@@ -4,9 +4,11 @@ Used by the broker and the proxy alike. Pure standard library: it reads anything
 ``collect()`` method (a ``prometheus_client.CollectorRegistry``) and never imports Spark.
 
 Each snapshot appends one record per sample to a hidden in-progress file
-``.<kind>-<process>-<start>.jsonl.tmp`` in the export directory; when the wall clock crosses a
-roll boundary (and on close) that file is fsynced and renamed to its final ``.jsonl`` name, so a
-reader listing ``*.jsonl`` only ever sees whole, finished files, which are never written again.
+``.<kind>-<process>-<start>.jsonl.tmp`` in the export directory; when its roll period has passed
+(and on close) that file is fsynced and renamed to its final ``.jsonl`` name, so a reader listing
+``*.jsonl`` only ever sees whole, finished files, which are never written again. A roll period has
+passed when the wall clock enters the next one, or when a roll period's time has passed on the
+monotonic clock since the file was begun: a wall clock stepped back does not hold files back.
 Collection runs on the event loop (collectors read live state without locks); encoding and file
 I/O run on a one-thread executor.
 """
@@ -160,6 +162,7 @@ class _RollingFile:
         self.stem = f"{settings.kind}-{_UNSAFE.sub('_', settings.process)}-{int(settings.started * 1000)}"
         self.period: int | None = None
         self.seq = 0
+        self._begun = 0.0  # the monotonic time the in-progress file was begun at
         self._fd: int | None = None  # the in-progress file, written unbuffered (see `append`)
 
     def _names(self) -> tuple[Path, Path]:
@@ -167,16 +170,21 @@ class _RollingFile:
         name = f"{self.stem}-{stamp}-{self.seq:06d}.jsonl"
         return self.dir / f".{name}.tmp", self.dir / name
 
-    def append(self, data: bytes, now: float) -> None:
-        """Append one snapshot's lines whole, or raise and leave none of them in the file.
+    def append(self, data: bytes, now: float, monotonic: float) -> None:
+        """Append one snapshot's lines whole, or raise and leave none of them in the file. `now` is the
+        snapshot's wall time, `monotonic` the monotonic clock then: the file is published first when `now`
+        is in another roll period, or a roll period has passed on the monotonic clock since it was begun —
+        tests/unit/process/test_export.py::
+        test_files_roll_over_each_roll_period_of_the_monotonic_clock_whatever_step_the_wall_clock_took.
 
         Written with os.write, no buffer: a write that fails (disk full) leaves nothing behind to be
         written later, after the part already on disk is cut off, in the middle of a line."""
-        period = int(now // self.settings.roll_period_s)
-        if self.period is not None and period != self.period:
+        roll_s = self.settings.roll_period_s
+        period = int(now // roll_s)
+        if self._fd is not None and (period != self.period or monotonic - self._begun >= roll_s):
             self.publish()
         if self._fd is None:
-            self.period = period
+            self.period, self._begun = period, monotonic
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fd = self._open_locked()
         fd = self._fd
@@ -317,13 +325,14 @@ class MetricsExporter:
     async def snapshot(self) -> None:
         # strictly increasing at the 1 ms the records carry: (process, started, time) names one snapshot
         now = self._last = round(max(time.time(), self._last + 0.001), 3)
+        monotonic = time.monotonic()
         families = list(self.registry.collect())  # on the loop: collectors read live state
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._write, _Frozen(families), now)
+        await loop.run_in_executor(self._pool, self._write, _Frozen(families), now, monotonic)
 
-    def _write(self, registry: Registry, now: float) -> None:
+    def _write(self, registry: Registry, now: float, monotonic: float) -> None:
         batch = self._snapshots.take(registry, now)
-        self._file.append(encode(batch), now)
+        self._file.append(encode(batch), now, monotonic)
         self._snapshots.written(batch, now)
 
     async def close(self) -> None:

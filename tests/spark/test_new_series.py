@@ -33,6 +33,9 @@ class Clock:
     def time(self) -> float:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.now
+
 
 class BrokerTopics:
     """A broker's per-topic families as the tests export them: messages in, the queue's end, g1's offset."""

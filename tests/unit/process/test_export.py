@@ -80,20 +80,39 @@ def test_encoding_is_one_sorted_compact_json_object_per_line(tmp_path: Path) -> 
 
 def test_files_roll_over_by_time_and_appear_whole(tmp_path: Path) -> None:
     f = _RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
-    f.append(b'{"a":1}\n', 120.0)
-    f.append(b'{"a":2}\n', 130.0)
+    f.append(b'{"a":1}\n', 120.0, 120.0)
+    f.append(b'{"a":2}\n', 130.0, 130.0)
     assert list(tmp_path.glob("*.jsonl")) == []  # in progress: only a hidden temporary file
     assert [p.name.startswith(".") and p.name.endswith(".tmp") for p in tmp_path.iterdir()] == [True]
-    f.append(b'{"a":3}\n', 180.0)  # next roll period: the first file is published
+    f.append(b'{"a":3}\n', 180.0, 180.0)  # next roll period: the first file is published
     (first,) = tmp_path.glob("*.jsonl")
     assert first.read_bytes() == b'{"a":1}\n{"a":2}\n'
     assert first.name == "broker-b1-1000000-19700101T000200Z-000000.jsonl"
     before = first.stat()
-    f.append(b'{"a":4}\n', 190.0)
+    f.append(b'{"a":4}\n', 190.0, 190.0)
     assert f.publish() is not None
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, "broker-b1-1000000-19700101T000300Z-000001.jsonl"]
     assert first.stat().st_mtime_ns == before.st_mtime_ns  # never rewritten
     assert f.publish() is None
+
+
+def test_files_roll_over_each_roll_period_of_the_monotonic_clock_whatever_step_the_wall_clock_took(
+    tmp_path: Path,
+) -> None:
+    """After the wall clock steps back, snapshot stamps only creep on by 1 ms (`MetricsExporter.snapshot`): the
+    file still rolls once a roll period has passed on the monotonic clock, so a reader gets it on time."""
+    f = _RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
+    f.append(b'{"a":1}\n', 120.0, 5_000.0)
+    f.append(b'{"a":2}\n', 120.001, 5_010.0)  # the wall clock stepped back an hour
+    f.append(b'{"a":3}\n', 120.002, 5_059.0)
+    assert list(tmp_path.glob("*.jsonl")) == []
+    f.append(b'{"a":4}\n', 120.003, 5_060.0)  # a roll period after the file's start on the monotonic clock
+    (first,) = tmp_path.glob("*.jsonl")
+    assert first.read_bytes() == b'{"a":1}\n{"a":2}\n{"a":3}\n'
+    f.append(b'{"a":5}\n', 120.004, 5_119.0)
+    assert len(list(tmp_path.glob("*.jsonl"))) == 1
+    f.append(b'{"a":6}\n', 120.005, 5_120.0)
+    assert len(list(tmp_path.glob("*.jsonl"))) == 2
 
 
 def test_leftovers_of_a_killed_run_are_published_with_whole_lines_only(tmp_path: Path) -> None:
@@ -111,9 +130,9 @@ def test_a_file_a_running_process_still_writes_is_not_taken(tmp_path: Path) -> N
     """A second process of the same name (started by mistake, or by a supervisor while the first is still in its
     shutdown grace) must not publish the first one's file, which would then be written after it is final."""
     live = _RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
-    live.append(b'{"a":1}\n', 100.0)
+    live.append(b'{"a":1}\n', 100.0, 100.0)
     assert salvage(tmp_path, "broker", "b1") == []
-    live.append(b'{"a":2}\n', 110.0)
+    live.append(b'{"a":2}\n', 110.0, 110.0)
     final = live.publish()
     assert final is not None and final.read_bytes() == b'{"a":1}\n{"a":2}\n'
 
@@ -124,7 +143,7 @@ def test_a_file_is_locked_until_it_is_renamed_and_one_published_meanwhile_is_ski
     """The two moments a same-named process's salvage could meet a live writer's file: in the middle of its
     publication (after its fsync, before its rename) and after salvage listed the file (published since)."""
     live = _RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
-    live.append(b'{"a":1}\n', 100.0)
+    live.append(b'{"a":1}\n', 100.0, 100.0)
     real_replace = os.replace
     seen: list[list[Path]] = []
 
@@ -139,7 +158,7 @@ def test_a_file_is_locked_until_it_is_renamed_and_one_published_meanwhile_is_ski
     monkeypatch.setattr(os, "replace", real_replace)
     assert seen == [[]] and final is not None and final.read_bytes() == b'{"a":1}\n'
 
-    live.append(b'{"a":2}\n', 200.0)
+    live.append(b'{"a":2}\n', 200.0, 200.0)
     real_glob = Path.glob
 
     def glob(self: Path, pattern: str) -> Iterator[Path]:
@@ -197,7 +216,7 @@ def test_a_snapshot_a_full_disk_cut_leaves_nothing_of_itself_then_or_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     f = _RollingFile(settings(tmp_path))
-    f.append(b'{"a":1}\n', 0.0)
+    f.append(b'{"a":1}\n', 0.0, 0.0)
     real_write = os.write
     calls = [0]
 
@@ -211,8 +230,8 @@ def test_a_snapshot_a_full_disk_cut_leaves_nothing_of_itself_then_or_later(
 
     monkeypatch.setattr(export.os, "write", disk_fills_up)
     with pytest.raises(OSError):
-        f.append(b'{"a":2}\n{"a":22}\n', 1.0)
-    f.append(b'{"a":3}\n', 2.0)  # room again
+        f.append(b'{"a":2}\n{"a":22}\n', 1.0, 1.0)
+    f.append(b'{"a":3}\n', 2.0, 2.0)  # room again
     published = f.publish()
     assert published is not None and published.read_bytes() == b'{"a":1}\n{"a":3}\n'
 
