@@ -6,8 +6,9 @@ renews them at their broker with the broker's `Renew` (the same receipt handle s
 never learns of it), every quarter of the invisible time, to another whole invisible time.
 
 `RenewalBook` is the pure part, without clock or sockets: per client, the handles it was given with
-their next renewal time, and which clients are alive (a Telemetry stream open on this proxy, or a Heartbeat or
-ReceiveMessage from it within `alive_s`, as RocketMQ's proxy counts a client alive while its heartbeats come).
+their next renewal time, and which clients are alive (a Heartbeat or ReceiveMessage from it within `alive_s`, or
+within `stream_alive_s` while a Telemetry stream of it is open on this proxy, as RocketMQ's proxy counts a client alive
+while its heartbeats come).
 With accounts, a client is its id as used by one account (`owner`): another account sending the same id neither ends
 nor keeps alive what it holds.
 `Renewer` is its asyncio driver: a tick sends the due handles to their brokers in batches.
@@ -60,7 +61,9 @@ class RenewalLimits:
     max_per_client: int = 10_000  # handles tracked per client id; beyond: not renewed
     max_total: int = 200_000  # handles tracked in all; beyond: not renewed
     alive_s: float = 30.0  # a client heard from (Heartbeat, ReceiveMessage) is alive this long: 3 of the official
-    # clients' heartbeats (every 10 s); RocketMQ's proxy drops a client's channel after 120 s without one
+    # clients' heartbeats (every 10 s)
+    stream_alive_s: float = 120.0  # as long with a Telemetry stream open here: RocketMQ's proxy drops a client's
+    # channel after 120 s without a heartbeat, open or not — a frozen process keeps its stream open
 
 
 @dataclass(slots=True)
@@ -101,11 +104,14 @@ class RenewalBook:
         return len(self._handles)
 
     def alive(self, client: str, now: float) -> bool:
-        """A Telemetry stream of the client is open here, or it was heard from within `alive_s`."""
-        if client in self._streams:
-            return True
+        """Heard from within `alive_s`, or within `stream_alive_s` with a Telemetry stream open here: an open stream
+        alone is no sign of life (tests/unit/proxy/test_renewal.py::
+        test_a_client_with_its_stream_open_but_silent_for_stream_alive_s_is_gone)."""
         at = self._heard.get(client)
-        return at is not None and now - at < self.limits.alive_s
+        return at is not None and now - at < self._alive_s(client)
+
+    def _alive_s(self, client: str) -> float:
+        return self.limits.stream_alive_s if client in self._streams else self.limits.alive_s
 
     @property
     def heard_from(self) -> int:
@@ -123,12 +129,12 @@ class RenewalBook:
         heard.move_to_end(client)
         while heard:  # the expired and those over the bound leave from the oldest end
             oldest, at = next(iter(heard.items()))
-            if now - at < self.limits.alive_s and len(heard) <= MAX_HEARD:
+            if now - at < self._alive_s(oldest) and len(heard) <= MAX_HEARD:
                 break
             heard.popitem(last=False)
 
     def opened(self, client: str) -> None:
-        """A Telemetry stream of this client opened: it is alive, its auto_renew receives are renewed."""
+        """A Telemetry stream of this client opened: while one is open, it is alive `stream_alive_s` once heard."""
         self._streams[client] = self._streams.get(client, 0) + 1
 
     def closed(self, client: str) -> None:

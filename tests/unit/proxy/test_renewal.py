@@ -132,6 +132,23 @@ def test_a_client_whose_stream_closed_is_dropped_at_its_next_renewal_unless_it_r
     assert not b.alive("gone", now=40) and b.alive("twice", now=40)
 
 
+def test_a_client_with_its_stream_open_but_silent_for_stream_alive_s_is_gone() -> None:
+    """A stopped, deadlocked or cut-off process keeps its Telemetry stream open (no TCP reset): what it holds is
+    redelivered once it is silent `stream_alive_s` (RocketMQ's client expiry), not when keepalive ends the stream."""
+    b = book(alive_s=30)
+    assert b.limits.stream_alive_s == 120
+    for client in ("frozen", "beating"):
+        b.opened(client)
+        b.track(client, client, [("b1", handle("b1", token=client.encode().hex()))], now=0)
+    for second in range(20, 101, 20):  # past alive_s: its open stream keeps it alive, up to stream_alive_s
+        b.heard("beating", now=second - 5)  # its heartbeats come; the frozen one's do not
+        assert set(b.take_due(second).batches) == {("b1", "frozen"), ("b1", "beating")}, second
+    b.heard("beating", now=115)
+    due = b.take_due(120)
+    assert set(due.batches) == {("b1", "beating")} and due.ended == Counter(client_gone=1)
+    assert not b.alive("frozen", now=120) and b.alive("beating", now=120)
+
+
 def test_termination_drops_the_clients_handles_at_once() -> None:
     b = book()
     b.opened("c1")
