@@ -106,6 +106,21 @@ class ConsumerReporter(BackgroundTask):
             elif isinstance(outcome, BaseException):
                 raise outcome
 
+    async def reported_elsewhere(self, group: str) -> set[str] | None:
+        """The client ids of `group` that other proxies report live (proxy.renewal asks about the clients it renews
+        for that this proxy no longer hears from). Every broker holds every proxy's report: the first live one that
+        answers is asked, two at most; None when neither did —
+        tests/unit/proxy/test_admin_fanout.py::test_the_reporter_says_which_clients_of_a_group_other_proxies_report_live."""
+        request = bpb.ListConsumersRequest(group=group)
+        for client in self._pool.live()[:2]:
+            try:
+                answer = await client.admin("ListConsumers", request, timeout_s=self._timeout_s)
+            except errors.DomainError as exc:
+                log.debug("listing the consumers of %s failed: %s", group, exc.message)
+                continue
+            return {c.client_id for c in answer.consumers if c.proxy != self._proxy}
+        return None
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()

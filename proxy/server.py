@@ -323,6 +323,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         name = proxy_name(address)
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)
+        proxy.renewer.elsewhere = reporter.reported_elsewhere  # a client that moved to another proxy stays renewed
         servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
         stack.push_async_callback(servicer.close)
         # Receive frames may be pre-encoded (proxy/v2/receive.py's byte path): h2grpc writes bytes as they are.

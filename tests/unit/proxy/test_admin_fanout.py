@@ -121,3 +121,16 @@ async def test_the_reporter_sends_the_whole_book_to_live_brokers() -> None:
     ((method, request),) = up.asked
     assert method == "ReportConsumers" and request.proxy == "p1:8081" and request.ttl_ms == 15_000
     assert [c.client_id for c in request.consumers] == ["c1"] and not down.asked and not book.changed
+
+
+async def test_the_reporter_says_which_clients_of_a_group_other_proxies_report_live() -> None:
+    """Any broker holds every proxy's report (proxy.renewal asks when a client holding renewed handles goes quiet
+    here): this proxy's own sightings are not another's; a broker that fails is passed over for the next."""
+    seen = [bpb.Consumer(group="g", client_id=c, proxy=p) for c, p in (("moved", "p2:8081"), ("here", "p1:8081"))]
+    down = AdminBroker("b1", fail=errors.BrokerTimeout("slow"))
+    up = AdminBroker("b2", bpb.ListConsumersResponse(broker="b2", consumers=seen))
+    reporter = ConsumerReporter(ConsumerBook(), BrokerPool({"b1": down, "b2": up}), "p1:8081", timeout_s=1)  # type: ignore[dict-item]
+    assert await reporter.reported_elsewhere("g") == {"moved"}
+    assert [(m, r.group) for m, r in down.asked + up.asked] == [("ListConsumers", "g")] * 2
+    up.fail = errors.BrokerTimeout("slow")
+    assert await reporter.reported_elsewhere("g") is None  # nobody answered: unknown

@@ -324,3 +324,39 @@ async def test_without_accounts_a_client_id_is_the_client_whoever_sends_it() -> 
     r.track("c1", "h", [handle("b1", token="a2")])
     await r.terminated("c1", group="g")  # every handle of the id, as before accounts were told apart
     assert sorted(h for req in b1.renews for h in req.receipt_handles) == [handle("b1", token=t) for t in ("a1", "a2")]
+
+
+async def test_a_client_another_proxy_reports_live_keeps_what_it_received_here_renewed() -> None:
+    """A PushConsumer whose connection moved to another proxy (a load balancer, a connection's age) heartbeats there
+    only: that proxy's consumer report says it is live, so what it received here is still renewed while it holds it.
+    A client no proxy reports is dropped; one lookup per group and round of clients unheard here, not per renewal."""
+    b1 = FakeBroker("b1")
+    clock, metrics = [0.0], Recorder()
+    r = renewer([b1], clock, metrics)
+    asked: list[str] = []
+
+    async def reported_elsewhere(group: str) -> set[str] | None:
+        asked.append(group)
+        return {"moved"}
+
+    r.elsewhere = reported_elsewhere
+    r.track("moved", "g", [handle("b1", token="a1"), handle("b1", token="a2")], account="alice")
+    r.track("gone", "g", [handle("b1", token="b1")])
+    for second in range(20, 201, 20):
+        clock[0] = second
+        await r.renew_due()
+    assert list(b1.renews[-1].receipt_handles) == [handle("b1", token="a1"), handle("b1", token="a2")]
+    assert metrics.tracked() == 2 and metrics.counts[("ended", "client_gone")] == 1
+    assert 3 <= len(asked) <= 5 and set(asked) == {"g"}  # every 30 to 40 s, once for both clients
+
+
+def test_a_client_asked_about_is_gone_unless_reported_or_heard_here_since() -> None:
+    b = book(alive_s=30)
+    for client in ("unknown", "back", "elsewhere"):
+        b.track(client, "g", pairs(client.encode().hex()), now=0)
+    due = b.take_due(40, ask=True)
+    assert due.asks == {"g": {"unknown", "back", "elsewhere"}} and len(due.batches[("b1", "g")]) == 3 and not due.ended
+    b.heard("back", now=41)  # its heartbeat came here while the brokers were asked
+    assert b.answered(due.asks, {"g": {"elsewhere"}}, now=42) == 1
+    assert len(b) == 2 and b.alive("elsewhere", now=71) and not b.alive("elsewhere", now=72)
+    assert b.answered(b.take_due(80, ask=True).asks, {"g": None}, now=80) == 2  # no broker answered: gone
