@@ -22,7 +22,8 @@ from proxy.outgoing import Chunk, Run, chunks, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive.announce import GroupsSeen
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
-from proxy.renewal import RenewalLimits, Renewer
+from proxy.renewal import Renewer
+from proxy.renewal_book import RenewalLimits
 from proxy.routing import BrokerPool, TopicMisses
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_contract import errors, validation
 from popgate_contract.receipt import broker_of
 from proxy.ports import BackgroundTask, Metrics, NoMetrics
-from proxy.renewal_book import RenewalBook as RenewalBook
-from proxy.renewal_book import RenewalLimits as RenewalLimits
-from proxy.renewal_book import owner
-from proxy.renewal_book import renewal_period_s as renewal_period_s
+from proxy.renewal_book import RenewalBook, RenewalLimits, owner
 from proxy.routing import BrokerPool
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,8 @@ from proxy.health import HealthMonitor
 from proxy.metrics import ProxyMetrics
 from proxy.ports import Metrics
 from proxy.receive.modes import make_strategy
-from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
+from proxy.renewal import Renewer
+from proxy.renewal_book import RenewalLimits, renewal_period_s
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings, SettingsError
 from proxy.v2.context import endpoints_for

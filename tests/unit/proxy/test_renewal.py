@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from popgate_contract import errors
-from proxy.renewal import CLEAR_INVISIBLE_MS, MAX_RENEW_BATCH, RenewalBook, RenewalLimits, Renewer
+from proxy.renewal import CLEAR_INVISIBLE_MS, MAX_RENEW_BATCH, Renewer
+from proxy.renewal_book import RenewalBook, RenewalLimits
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, handle
 

@@ -12,7 +12,8 @@ from popgate_pb import broker_pb2 as pb
 from broker.core import BrokerCore
 from popgate_contract import errors
 from popgate_contract.errors import DomainError
-from proxy.renewal import RenewalLimits, Renewer, renewal_period_s
+from proxy.renewal import Renewer
+from proxy.renewal_book import RenewalLimits, renewal_period_s
 from proxy.routing import BrokerPool
 from tests.unit.broker.cores import broker
 from tests.unit.proxy.fakes import FakeBroker
