@@ -10,6 +10,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import status_of
 from popgate_contract.receipt import MAX_HANDLE_LEN
+from popgate_contract.validation import MAX_MESSAGE_ID_LEN
 from proxy import validate
 from proxy.metrics import counting
 from proxy.v2.context import Call
@@ -46,9 +47,13 @@ async def ack_message(call: Call, request: pb.AckMessageRequest, *, brief: bool 
     add = response.entries.add  # built in place: an entry built apart is copied into the response
     ok = v2.OK
     for (message_id, handle), error in zip(entries, outcome, strict=True):
-        # A handle longer than one can be is not echoed, so the answer stays small enough for the client to read —
-        # test_bad_input.py::test_an_ack_of_a_handle_too_long_to_be_one_does_not_echo_it_so_the_client_can_read_why
-        status = add(message_id=message_id, receipt_handle=handle if len(handle) <= MAX_HANDLE_LEN else "").status
+        # A handle or message id longer than one can be is not echoed, so the answer stays small enough for the
+        # client to read — test_bad_input.py::
+        # test_an_ack_of_a_handle_too_long_to_be_one_does_not_echo_it_so_the_client_can_read_why
+        status = add(
+            message_id=message_id if len(message_id) <= MAX_MESSAGE_ID_LEN else "",
+            receipt_handle=handle if len(handle) <= MAX_HANDLE_LEN else "",
+        ).status
         if error is None:
             status.code, status.message = ok, "OK"  # cheaper than copying OK into each entry
         else:

@@ -174,20 +174,24 @@ def test_a_handle_too_long_to_be_one_is_not_echoed_so_the_client_can_read_why(cl
 
 
 def test_an_ack_of_a_handle_too_long_to_be_one_does_not_echo_it_so_the_client_can_read_why(cluster: Cluster) -> None:
-    """As ChangeInvisibleDuration: each failed entry echoes its handle, but not one longer than a handle can be."""
+    """As ChangeInvisibleDuration: each failed entry echoes its handle and message id, but not one longer than a
+    handle or a message id can be."""
     client = V2Client(cluster.endpoint, options=[("grpc.max_send_message_length", 16 << 20)])
+    handle = "1~nobroker~bad~0~5~1~ab~1700000000000"
     try:
         request = pb.AckMessageRequest(group=v2.Resource(name="g"), topic=v2.Resource(name="bad"))
         request.entries.add(message_id="m1", receipt_handle="x" * 5_000_000)
-        request.entries.add(message_id="m2", receipt_handle="1~nobroker~bad~0~5~1~ab~1700000000000")
+        request.entries.add(message_id="m2", receipt_handle=handle)
+        request.entries.add(message_id="i" * 5_000_000, receipt_handle=handle)
         response = client.stub.AckMessage(request, timeout=10)
     finally:
         client.close()
     assert response.status.code == v2.INVALID_RECEIPT_HANDLE
-    [long, short] = response.entries
+    [long, short, long_id] = response.entries
     assert (long.message_id, long.receipt_handle) == ("m1", "")
     assert long.status.code == v2.INVALID_RECEIPT_HANDLE and "longer than 1024" in long.status.message
-    assert (short.message_id, short.receipt_handle) == ("m2", "1~nobroker~bad~0~5~1~ab~1700000000000")
+    assert (short.message_id, short.receipt_handle) == ("m2", handle)
+    assert (long_id.message_id, long_id.receipt_handle) == ("", handle)
 
 
 def receives_counted(cluster: Cluster, outcome: str) -> float:
