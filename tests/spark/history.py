@@ -82,11 +82,11 @@ def _interval(metrics: ProxyMetrics, t: float) -> None:
     """The receives of the 20 s before snapshot ``t``."""
     herd = RunStats(notifications=3, notified_has_message=2, notified_empty=1, pops=3, lost_races=1, waited=True)
     for _ in range(40 * SNAPSHOT_S):
-        metrics.notify_run("busy", herd)
+        metrics.notify_run("busy", herd, "messages")
         metrics.receive("busy", "adaptive", "messages", 0.01)
     if t <= STOP_S - SNAPSHOT_S:  # the last receives of "stops" are those before its last ack
         for _ in range(2 * SNAPSHOT_S):
-            metrics.notify_run("stops", RunStats(first_pop_hit=True, pops=1))
+            metrics.notify_run("stops", RunStats(first_pop_hit=True, pops=1), "messages")
             metrics.receive("stops", "adaptive", "messages", 0.01)
     for n in range(SNAPSHOT_S // 2):
         metrics.long_poll("sparse")

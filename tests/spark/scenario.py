@@ -108,9 +108,9 @@ def served(metrics: ProxyMetrics, group: str, how: str, outcome: str) -> None:
     """One receive, counted as the proxy counts it: ``hit`` a notify run whose first Pop found messages,
     ``notified`` a notify run that sent Notifications (it waited), ``longpoll`` a coupled long-poll Pop."""
     if how == "hit":
-        metrics.notify_run(group, RunStats(first_pop_hit=True, pops=1))
+        metrics.notify_run(group, RunStats(first_pop_hit=True, pops=1), outcome)
     elif how == "notified":
-        metrics.notify_run(group, RunStats(notifications=1, notified_has_message=1, pops=2, waited=True))
+        metrics.notify_run(group, RunStats(notifications=1, notified_has_message=1, pops=2, waited=True), outcome)
     else:
         metrics.long_poll(group)
     metrics.receive(group, "adaptive", outcome, 0.01)
