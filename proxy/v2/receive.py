@@ -13,6 +13,7 @@ the other frames are objects (proxy/server.py's PassBytes writes both).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,6 +46,7 @@ _MESSAGE, _MESSAGES, _MESSAGES_ITEM, _MESSAGES_TIMESTAMP = b"\x12", b"\x12", b"\
 # request carries one). The proxy says how many messages that is when a stream opens
 # (popgate_contract.session_headers), and a client joins receives only where it was told.
 JOINED_RECEIVES = 4
+_UNAVAILABLE = 14  # the gRPC status of a call cut off at its write deadline (`Flushing.cut`)
 
 
 def build_request(call: Call, request: pb.ReceiveMessageRequest, *, max_fifo: int = 0) -> ReceiveRequest:
@@ -227,6 +229,7 @@ class _WriteDeadline:
         self.writing = range(0)  # the messages of the frame grpc is writing (none yet)
         self.renewed: list[str] = []  # auto_renew handles being renewed until the answer is written
         self.passed = False
+        self.cut: Callable[[], None] | None = None  # once set, the call is ended at the deadline too
         self._timer = asyncio.get_running_loop().call_later(after_s, self._passed)
 
     _logged_at = float("-inf")  # one log line per LOG_EVERY_S at most: many lazy clients must not flood the log
@@ -249,12 +252,23 @@ class _WriteDeadline:
         if self.renewed:
             self.proxy.renewer.forget(self.renewed)
             self.renewed = []
+        if self.cut is not None:
+            self.cut()
 
     def cancel(self) -> None:
         self._timer.cancel()
 
 
 Write = Callable[[Any], Awaitable[None]]
+
+
+class Flushing(Protocol):
+    """A call whose `write` returns before the client's flow-control window took the frame (popgate's HTTP/2
+    server, popgate_process.h2grpc.call.Context): `flushed` tells when it did, `cut` ends the call at once."""
+
+    def flushed(self) -> asyncio.Future[None] | None: ...
+
+    def cut(self, code: int, message: str) -> None: ...
 
 
 async def answer(
@@ -266,11 +280,15 @@ async def answer(
     *,
     namespace: str = "",
     auto_renew: bool = False,
+    flushing: Flushing | None = None,
 ) -> int:
     """Answer `receive` (`build_request` of the client's request, whose resource namespace and auto_renew are given)
     with what the core's receive gave: its frames in `framing`, each through `write`, which returns once the frame is
     written (as grpc's `context.write`); the code of the status written last. Awaited as soon as the result is there
-    (it gives the messages back if cut off).
+    (it gives the messages back if cut off). With `flushing` the answer is written only once the client's window
+    took all of it, its status included: until then it stays counted and its deadline armed, which then gives its
+    messages back and ends the call, its unsent frames dropped —
+    tests/integration/proxy/test_cut_answers.py::test_small_frames_a_client_never_takes_are_cut_off_and_stay_counted.
 
     A coroutine made once the receive is answered, not one around its wait: a held receive keeps no frame of this
     one, nor an async generator (and its entry in the loop's set of them) —
@@ -311,14 +329,21 @@ async def answer(
             del frame
         if not complete:
             # After the last message's frame is written the client has every message. The deadline may no longer
-            # give them back (an OK status after given-back messages would make their acks fail).
-            deadline.cancel()
+            # give them back (an OK status after given-back messages would make their acks fail) — unless it ends
+            # the call too, before the OK status reaches the client.
+            text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
+            if flushing is None or deadline.passed:
+                deadline.cancel()
             if deadline.passed:
-                text = f"the answer was not read within {write_s:g} s: its messages went back to their broker"
                 await write(framing.status(v2.Status(code=v2.PROXY_TIMEOUT, message=text)))
                 return v2.PROXY_TIMEOUT
+            if flushing is not None:
+                deadline.cut = functools.partial(flushing.cut, _UNAVAILABLE, text)
             # Written, the status got through; a write that fails instead (the client went away) fails its call too.
             await write(framing.status(v2.Status(code=v2.OK, message="OK")))
+            if flushing is not None and (taken := flushing.flushed()) is not None:
+                await taken
+            deadline.cancel()
             complete = True
         deadline.renewed = []
         # Passed during the last (joined) write, the deadline gave the messages back: none counted as delivered.

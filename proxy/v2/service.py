@@ -217,8 +217,16 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             # test_a_held_receive_is_three_coroutines_and_no_generator_or_protobuf.
             del request
             result = await call.proxy.receive(asked)
+            flushing = context if hasattr(context, "flushed") else None  # popgate's HTTP/2 server
             code = await receive.answer(
-                call, asked, result, context.write, framing, namespace=namespace, auto_renew=auto_renew
+                call,
+                asked,
+                result,
+                context.write,
+                framing,
+                namespace=namespace,
+                auto_renew=auto_renew,
+                flushing=flushing,
             )
         except asyncio.CancelledError:  # the client went away (or its deadline passed)
             outcome = "CANCELLED"

@@ -276,8 +276,28 @@ async def _write(session: Session, context: Any) -> None:
         if batch.message is not None:
             await context.write(batch.message)
         session.written(batch.size)
-        for future in batch.written:
-            if not future.done():
+        _when_flushed(context, batch.written)
+
+
+def _when_flushed(context: Any, written: list[asyncio.Future[None]]) -> None:
+    """A receive's frame counts as written once the client's flow-control window took it, not when `write` returns
+    (on popgate's HTTP/2 server, before): until then its answer stays counted and its write deadline armed; never
+    taken (the stream ended first), it was not written —
+    tests/unit/proxy/test_session_cuts.py::test_a_receive_frame_is_written_once_the_clients_window_took_it."""
+    flushed = getattr(context, "flushed", None) if written else None
+    taken = None if flushed is None else flushed()
+    if taken is None:
+        _settle(written, lost=False)
+    else:
+        taken.add_done_callback(lambda taken: _settle(written, lost=taken.cancelled()))
+
+
+def _settle(written: list[asyncio.Future[None]], *, lost: bool) -> None:
+    for future in written:
+        if not future.done():
+            if lost:
+                future.cancel()
+            else:
                 future.set_result(None)
 
 

@@ -53,6 +53,17 @@ class Context:
         server). A long-lived call should end soon; the client's next calls go to a new connection."""
         return self._stream.draining()
 
+    def flushed(self) -> asyncio.Future[None] | None:
+        """popgate's own: None when every response written so far is given to HTTP/2, else a future done once it is
+        (the client's flow-control window took it; cancelled if the call ends first). `write` returns before that,
+        once the call's unsent responses are within a bound (stream.SEND_BUFFER)."""
+        return self._stream.flushed()
+
+    def cut(self, code: int, message: str) -> None:
+        """popgate's own: the call ends now with this status, its unsent responses dropped and its handler
+        cancelled."""
+        self._stream.cut(code, message)
+
     def set_trailing_metadata(self, trailing_metadata: Metadata) -> None:
         self.trailing = tuple(trailing_metadata)
 

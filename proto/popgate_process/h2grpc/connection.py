@@ -342,11 +342,15 @@ class Connection(asyncio.BufferedProtocol):
         if pending:
             window = h2c.local_flow_control_window(stream.id)
             limit = h2c.max_outbound_frame_size
+            before = len(pending)
             while pending and window > 0:
                 size = min(window, limit, len(pending))
                 h2c.send_data(stream.id, bytes(pending[:size]))
                 del pending[:size]
                 window -= size
+            stream.handed += before - len(pending)
+            if stream.flushing:
+                stream.settle()
             if pending:
                 self.waiting.add(stream)
         if not pending and stream.trailers is not None:
@@ -364,6 +368,12 @@ class Connection(asyncio.BufferedProtocol):
             log.info("call %s on %s ended: HTTP/2 refused its output (%s)", stream.path, self.peer, exc)
             self.remove(stream)
             stream.gone()
+
+    def pump_now(self, stream: Stream) -> None:
+        """`pump` the stream now rather than when the loop next turns; h2's bytes are written then as usual."""
+        self._pump_or_drop(stream)
+        if self.h2._data_to_send:
+            self.flush_soon()
 
     def _closed(self, stream: Stream) -> None:
         """The status is sent: the stream is done here; a client still sending is told to stop."""

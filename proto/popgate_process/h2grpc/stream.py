@@ -41,6 +41,8 @@ class Stream:
         self._unread = 0  # bytes of whole requests in the inbox
         self.headers_sent = False
         self.pending = bytearray()  # response bytes not yet given to HTTP/2 (flow control)
+        self.handed = 0  # response bytes given to HTTP/2 so far
+        self.flushing: list[tuple[int, asyncio.Future[None]]] = []  # `flushed` waiters: (bytes handed, future)
         self.trailers: Headers | None = None
         self._room: asyncio.Event | None = None
         self.finished = False  # a status is decided (sent or queued)
@@ -119,6 +121,7 @@ class Stream:
         self.inbox.clear()
         self._head = 0
         self.pending = bytearray()
+        self._unflushed()
         self.deframer = wire.Deframer(0)
 
     def acknowledge(self) -> None:
@@ -143,6 +146,39 @@ class Stream:
             await self._room.wait()
         if self.reset:
             raise asyncio.CancelledError()
+
+    def flushed(self) -> asyncio.Future[None] | None:
+        """None when every response byte sent so far is given to HTTP/2 (at once if the client's flow-control
+        window has room for them), else a future done once they are, cancelled if the stream ends first —
+        test_h2grpc_raw.py::test_responses_are_flushed_only_as_far_as_the_clients_window_takes_them."""
+        if self.reset:
+            raise asyncio.CancelledError()
+        if self.pending:
+            self._connection.pump_now(self)
+            if self.reset:
+                raise asyncio.CancelledError()
+        if not self.pending:
+            return None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.flushing.append((self.handed + len(self.pending), future))
+        return future
+
+    def settle(self) -> None:
+        """More response bytes were given to HTTP/2 (`handed`): the `flushed` waiters they complete are done."""
+        if self.flushing:
+            waiting = []
+            for target, future in self.flushing:
+                if target > self.handed:
+                    waiting.append((target, future))
+                elif not future.done():
+                    future.set_result(None)
+            self.flushing = waiting
+
+    def _unflushed(self) -> None:
+        """The unsent responses are dropped: they never will be given to HTTP/2."""
+        waiting, self.flushing = self.flushing, []
+        for _, future in waiting:
+            future.cancel()
 
     def send_headers(self, metadata: Sequence[tuple[bytes, bytes]] = ()) -> None:
         """The response's headers (once; none after a status): grpc's, and `metadata` of the handler's."""
@@ -174,6 +210,7 @@ class Stream:
         """The stream is reset or its connection lost: the handler is cancelled, nothing more is sent."""
         self.reset = True
         self.pending.clear()
+        self._unflushed()
         self.wake()
         if self._arrived is not None:
             self._arrived.set()
@@ -191,6 +228,7 @@ class Stream:
         if self.finished or self.reset:
             return
         self.pending.clear()
+        self._unflushed()
         self.finish(code, message, ())
         if self.task is not None and not self.task.done():
             self.task.cancel()

@@ -19,6 +19,7 @@ class Handlers:
         self.sent = 0
         self.release = asyncio.Event()
         self.done: list[bytes] = []
+        self.flushed = asyncio.Event()
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         metadata = dict(context.invocation_metadata())
@@ -63,6 +64,15 @@ class Handlers:
             await context.write(b"x" * 65536)
             self.sent += 1
 
+    async def small(self, request: bytes, context: Any) -> None:
+        """`request` frames of 30 KB, then waits until the client's window took them all."""
+        for _ in range(int(request)):
+            await context.write(b"y" * 30_000)
+        taken = context.flushed()
+        if taken is not None:
+            await taken
+        self.flushed.set()
+
     async def ignore(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
         await asyncio.sleep(0.05)  # the requests arrive meanwhile, and are never read
         return b"ignored"
@@ -89,6 +99,7 @@ def served(handlers: Handlers) -> grpc.GenericRpcHandler:
             ),
             "count": grpc.unary_stream_rpc_method_handler(handlers.count),
             "flood": grpc.unary_stream_rpc_method_handler(handlers.flood),
+            "small": grpc.unary_stream_rpc_method_handler(handlers.small),
             "chat": grpc.stream_stream_rpc_method_handler(handlers.chat),
             "ignore": grpc.stream_unary_rpc_method_handler(handlers.ignore),
             "stall": grpc.stream_unary_rpc_method_handler(handlers.stall),

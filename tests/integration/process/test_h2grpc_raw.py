@@ -403,3 +403,25 @@ async def test_a_client_that_reads_nothing_cannot_grow_the_servers_output_with_p
     assert connection._transport is not None
     assert connection._transport.get_write_buffer_size() < SEND_BUFFER + (1 << 20)
     peer.writer.transport.abort()
+
+
+async def test_responses_are_flushed_only_as_far_as_the_clients_window_takes_them(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """`write` returns once a response is queued within the send buffer; `flushed` waits until the client's window
+    took it. With a window of 0 nothing is taken; opened, everything goes out and the wait ends."""
+    _, handlers, target = server
+    peer = await connected(target)
+    peer.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    peer.client.send_headers(1, headers(b"/t.S/small"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x0232", end_stream=True)  # 32 frames of 30 KB: < SEND_BUFFER
+    peer.send()
+    await asyncio.sleep(0.5)
+    assert not handlers.flushed.is_set()
+    peer.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    peer.client.increment_flow_control_window(2**31 - 1 - 65535)
+    peer.send()
+    body, trailers = answer(await peer.read(answered=1), 1)
+    assert handlers.flushed.is_set()
+    assert (len(body), trailers[b"grpc-status"]) == (32 * (5 + 30_000), b"0")
+    await peer.close()

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
+import struct
 import time
 
 import grpc
+import h2.config
+import h2.connection
+import h2.settings
 import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
@@ -118,4 +123,50 @@ def test_an_answer_its_client_does_not_read_is_cut_off_and_its_messages_go_to_an
         call.cancel()
     finally:
         lazy.close()
+        other.close()
+
+
+def _receive_never_read(endpoint: str, topic: str, group: str) -> socket.socket:
+    """A ReceiveMessage on a connection whose streams' flow-control window is 0: nothing of the answer can be sent,
+    and the client never reads. Kept open while the returned socket is."""
+    host, port = endpoint.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
+    )
+    conn.initiate_connection()
+    request = wire.receive_request(group, wire.Subscription(topic), max=32, invisible=INVISIBLE_S, wait=2)
+    body = request.SerializeToString()
+    path = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", endpoint),
+                          ("content-type", "application/grpc"), ("te", "trailers")])  # fmt: skip
+    conn.send_data(1, b"\x00" + struct.pack(">I", len(body)) + body, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    return sock
+
+
+def test_small_frames_a_client_never_takes_are_cut_off_and_stay_counted(make_cluster: MakeCluster) -> None:
+    """An answer of frames each far below the server's send buffer (32 x 30 KB) to a client whose window is 0 stays
+    counted in max_answer_bytes, and its messages go back at the write deadline. Before, it counted as written once
+    queued: a review's 200 such streams held 131 MB against a 16 MiB budget and 4,480 of 6,400 messages invisible."""
+    cluster = make_cluster(brokers=1, proxy_args=("--max-answer-bytes", "1MiB", "--max-answer-write-s", "3"))
+    other = V2Client(cluster.endpoint)
+    try:
+        for _ in range(2):
+            assert other.send("small", [b"s" * 30_000] * 32, timeout_s=30).status.code == v2.OK
+        lazy = _receive_never_read(cluster.endpoint, "small", "g")
+        try:
+            time.sleep(1)  # the lazy receive is answered (32 messages, ~0.96 MB) and none of it is taken
+            status, messages = other.receive("small", "g", invisible_s=INVISIBLE_S, poll_s=1)
+            assert (status.code, len(messages)) == (v2.TOO_MANY_REQUESTS, 0), status  # the budget is the lazy's
+            received: set[str] = set()
+            deadline = time.monotonic() + 15  # well below the invisible time
+            while len(received) < 64 and time.monotonic() < deadline:
+                status, messages = other.receive("small", "g", invisible_s=INVISIBLE_S, poll_s=1)
+                received.update(m.system_properties.message_id for m in messages)
+            assert len(received) == 64, f"{64 - len(received)} of 64 messages left invisible"
+        finally:
+            lazy.close()
+    finally:
         other.close()

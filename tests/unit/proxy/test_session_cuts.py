@@ -4,6 +4,7 @@ does not decode, and receives cut (the connection's age) while their answer is b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from google.protobuf.message import DecodeError
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 
+from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import session
 from tests.unit.proxy.fakes import FakeBroker, popped
 from tests.unit.proxy.test_session import Aborted, StreamContext, receive_request, service_over, stream
@@ -105,3 +107,40 @@ async def test_a_receive_cut_again_by_the_streams_close_while_written_still_stan
     await asyncio.wait_for(task, 10)
     got = [m.system_properties.message_id for a in context.answers for m in a.receive.messages.messages]
     assert got == ["m1", "m2"] and broker.ready == []
+
+
+class WindowClosedContext(StreamContext):
+    """popgate's HTTP/2 server's context (`flushed`), whose client's flow-control window is 0 and stays so: what is
+    written is queued, never taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: list[asyncio.Future[None]] = []
+
+    def flushed(self) -> asyncio.Future[None]:
+        self.taken.append(asyncio.get_running_loop().create_future())
+        return self.taken[-1]
+
+
+async def test_a_receive_frame_is_written_once_the_clients_window_took_it() -> None:
+    """A receive's answer queued to a client whose window never opens is not written: it stays counted in the
+    proxy's answer bytes, and at its write deadline its messages go back to their broker. Before, it counted as
+    written once queued, its messages invisible for their whole invisible time."""
+    broker = FakeBroker("b1")
+    broker.ready = [popped("b1", "m1"), popped("b1", "m2")]
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),), max_answer_write_s=0.2)
+    service, _ = service_over(broker, settings)
+    context = WindowClosedContext()
+    request = ext.SessionRequest(id=7, timeout_ms=30_000, receive=receive_request())
+    task = asyncio.ensure_future(session.serve(service, stream(request, until=asyncio.Event()), context))
+    async with asyncio.timeout(5):
+        while not context.written:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert broker.ready == [] and service._proxy._answer_bytes > 0  # queued, not taken: still the proxy's
+    await asyncio.sleep(0.4)  # past the write deadline
+    assert sorted(m.stored.message.message_id for m in broker.ready) == ["m1", "m2"]
+    for taken in context.taken:  # the stream is lost: what was queued never will be taken
+        taken.cancel()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
