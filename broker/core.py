@@ -176,8 +176,10 @@ class BrokerCore:
             await self.sends.submit([], ops)
         return created
 
-    async def send(self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = ()) -> list[Sent]:
-        sent = await self.sends.send(messages, runs)
+    async def send(
+        self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = (), within_s: float | None = None
+    ) -> list[Sent]:
+        sent = await self.sends.send(messages, runs, within_s)
         if self.adoptions:  # this Send created topics that groups had looked at: answered once their state is
             for topic in {s.topic for s in sent}:  # recorded too (with --flush sync: committed), see `arrived`
                 if (adopted := self.adoptions.pop(topic, None)) is not None:

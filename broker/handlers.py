@@ -21,7 +21,8 @@ from popgate_contract import errors, validation
 
 async def send(core: BrokerCore, request: pb.SendRequest, out: pb.SendResponse) -> None:
     add = out.results.add
-    for s in await core.send(request.messages, request.runs):
+    within_s = request.timeout_ms / 1000 if request.timeout_ms else None
+    for s in await core.send(request.messages, request.runs, within_s):
         add(
             message_id=s.message_id,
             topic=s.topic,

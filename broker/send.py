@@ -103,8 +103,12 @@ class SendPath:
             self.schedule.add(due, schedule_id)
             self._next_schedule_id = max(self._next_schedule_id, schedule_id)
 
-    async def send(self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = ()) -> list[Sent]:
-        """Store `messages`, then each run's messages, in order; their results in that order."""
+    async def send(
+        self, messages: Sequence[pb.Message], runs: Sequence[pb.SharedRun] = (), within_s: float | None = None
+    ) -> list[Sent]:
+        """Store `messages`, then each run's messages, in order; their results in that order. `within_s`: the
+        caller's time; a Send whose commit has not started within it stores nothing (half messages and scheduled
+        ones neither) and is refused TooManyRequests (`Store.submit`)."""
         if len(runs) > validation.MAX_SEND_MESSAGES:  # refused at the cost of its count: each run has a message
             raise IllegalBatchSize(f"send carries {len(runs)} runs, at most {validation.MAX_SEND_MESSAGES}")
         count = len(messages) + sum(len(r.bodies) for r in runs)
@@ -134,7 +138,7 @@ class SendPath:
                 else:  # scheduled or a transaction's: a message at a time, as if sent so
                     expanded = [_expand(run.shared, b, i) for b, i in zip(run.bodies, run.message_ids, strict=True)]
                     self._build(expanded, [(tag, due)] * len(expanded), now, (appends, ops, out))
-            committed = self.submit(appends, ops)
+            committed = self.submit(appends, ops, within_s)
         except BaseException:  # nothing was submitted: the bytes were never held
             self.in_flight.give(cost)
             raise
@@ -194,18 +198,22 @@ class SendPath:
                 recall = RecallHandle(self.name, m.topic, put.schedule_id, m.message_id).encode()
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due, recall))
 
-    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
-        """`Store.submit` for every write of the send path. What a commit stores takes effect from the
-        commit, not from its caller's return (appends are announced by the store the same way): a new
-        topic's queue rows count as stored (until then each write to the topic carries them again, see
+    def submit(
+        self, appends: Sequence[NewMessage], ops: Sequence[Op], within_s: float | None = None
+    ) -> asyncio.Future[list[Record]]:
+        """`Store.submit` for every write of the send path (`within_s`: a Send's, see `send`). What a commit stores
+        takes effect from the commit, not from its caller's return (appends are announced by the store the same way):
+        a new topic's queue rows count as stored (until then each write to the topic carries them again, see
         `topic_for_send`) and a scheduled message joins the schedule."""
         if self.purging and (refused := self._remade(ops)):
             committed: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
             committed.set_exception(
                 StoreUnavailable(f"topic {refused} is being deleted on broker {self.name}: made again once it is")
             )
-        else:
+        elif within_s is None:
             committed = self.store.submit(appends, ops)
+        else:
+            committed = self.store.submit(appends, ops, within_s=within_s)
         committed.add_done_callback(functools.partial(self._committed, ops))
         return committed
 

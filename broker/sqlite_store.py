@@ -166,14 +166,16 @@ class SqliteStore:
 
     # -- writes --------------------------------------------------------------
 
-    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+    def submit(
+        self, appends: Sequence[NewMessage], ops: Sequence[Op], *, within_s: float | None = None
+    ) -> asyncio.Future[list[Record]]:
         if self._loop is None:
             raise StoreUnavailable("store is not started")
         future: asyncio.Future[list[Record]] = self._loop.create_future()
         if self._closed:
             future.set_exception(StoreUnavailable("store is closed"))
         elif appends or not self._state_delay_s:
-            request = Request(appends, ops, future)
+            request = Request(appends, ops, future, 0.0 if within_s is None else time.monotonic() + within_s)
             if not self._commit_here(request):
                 if self._deferred:
                     self._flush_deferred()  # requests reach the writer in the order they were submitted
@@ -290,6 +292,7 @@ class SqliteStore:
         them in request order does (`store_writes.coalesce`: an offset reset deletes a delivery that a Pop may make
         again before either is committed)."""
         started = time.perf_counter()
+        batch = store_writes.in_time(batch, time.monotonic())  # the others are answered as they are
         conn = self._conn
         saved = dict(self._next_offset)
         try:

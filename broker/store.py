@@ -185,9 +185,12 @@ class Store(Protocol):
 
     def set_listener(self, listener: ArrivalListener) -> None: ...
 
-    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+    def submit(
+        self, appends: Sequence[NewMessage], ops: Sequence[Op], *, within_s: float | None = None
+    ) -> asyncio.Future[list[Record]]:
         """Queue appends and ops for one durable transaction, in call order; the future gives the
-        appended records with their offsets. Must be called on the event loop."""
+        appended records with their offsets. Must be called on the event loop. `within_s`: a Send's time left; a
+        commit not started within it stores nothing and fails with TooManyRequests (`store_writes.in_time`)."""
         ...
 
     async def read_payloads(self, topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:

@@ -31,6 +31,7 @@ from broker.store import (
     SetPullOffset,
 )
 from broker.store_layout import INSERT_BATCH
+from popgate_contract.errors import TooManyRequests
 
 # Retention: the first offsets of the rows a deletion takes (on the unique index: no row is read).
 SELECT_ROWS_BELOW = (
@@ -92,13 +93,37 @@ PURGE_TOPIC = [
 
 
 class Request:
-    __slots__ = ("appends", "ops", "future", "result")
+    """`deadline`: the time (time.monotonic) past which its commit may no longer start (0: none; see `in_time`)."""
 
-    def __init__(self, appends: Sequence[NewMessage], ops: Sequence[Op], future: asyncio.Future[list[Record]]) -> None:
+    __slots__ = ("appends", "ops", "future", "result", "deadline")
+
+    def __init__(
+        self,
+        appends: Sequence[NewMessage],
+        ops: Sequence[Op],
+        future: asyncio.Future[list[Record]],
+        deadline: float = 0.0,
+    ) -> None:
         self.appends = appends
         self.ops = ops
         self.future = future
         self.result: list[Record] | BaseException = []
+        self.deadline = deadline
+
+
+def in_time(batch: list[Request], now: float) -> list[Request]:
+    """The requests of `batch` a commit starting at `now` writes. One past its deadline (a Send whose caller gave up
+    while it waited for the store) writes nothing and is answered TooManyRequests, so its caller may send it again
+    without a duplicate — tests/unit/broker/test_send_deadline.py::
+    test_a_send_queued_past_its_deadline_is_refused_and_not_stored."""
+    written = [r for r in batch if not r.deadline or r.deadline > now]
+    if len(written) < len(batch):
+        for request in batch:
+            if request.deadline and request.deadline <= now:
+                request.result = TooManyRequests(
+                    "the store is behind: the Send's time ran out before its commit started; not stored, retry"
+                )
+    return written
 
 
 Cut = tuple[str, int, int]  # (topic, queue, offset): the rows of the queue wholly below the offset

@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 RECONNECT_WAIT_S = 2.0  # at most this long for a broker's channel to connect again (see the module docstring)
 RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
+# A Send's time at the broker (SendRequest.timeout_ms), as a share of the proxy's: a Send whose commit has not started
+# there by then is not stored and refused, and that refusal (TOO_MANY_REQUESTS) reaches the client before the proxy's
+# own timeout (PROXY_TIMEOUT: outcome unknown) — tests/unit/proxy/test_broker_send.py::
+# test_a_send_the_broker_did_not_store_in_its_time_reaches_a_v2_client_as_too_many_requests.
+BROKER_SEND_SHARE = 0.8
 
 
 # Broker methods carried on the Session stream: method name (for metrics) → the request's field.
@@ -223,7 +228,8 @@ class GrpcBrokerClient:
 
     async def send(self, chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
         session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
-        request = chunk.request(runs=session is not None and not session.broken and session.reads_runs)
+        runs = session is not None and not session.broken and session.reads_runs
+        request = chunk.request(runs=runs, timeout_ms=max(1, int(timeout_s * BROKER_SEND_SHARE * 1000)))
         response: bpb.SendResponse = await self.begin("Send", request, timeout_s=timeout_s)
         results: Sequence[bpb.SendResult] = response.results
         return results

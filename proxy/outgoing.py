@@ -16,7 +16,7 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract.wire import field, varint
 
-_MESSAGES, _RUNS = b"\x0a", b"\x12"  # SendRequest.messages (1), runs (2)
+_MESSAGES, _RUNS, _TIMEOUT = b"\x0a", b"\x12", b"\x18"  # SendRequest.messages (1), runs (2), timeout_ms (3)
 _SHARED, _BODIES, _IDS = b"\x0a", b"\x12", b"\x1a"  # SharedRun.shared (1), bodies (2), message_ids (3)
 _MESSAGE_ID, _BODY = b"\x1a", b"\x22"  # Message.message_id (3), body (4)
 _SEND = b"\x2a"  # SessionRequest.send (5)
@@ -101,11 +101,12 @@ class Chunk:
     places: list[int]
     topic: str | None
 
-    def request(self, *, runs: bool) -> list[bytes]:
+    def request(self, *, runs: bool, timeout_ms: int = 0) -> list[bytes]:
         """The SessionRequest field `send` of this Send, in parts to join (the session adds the request's id).
         `runs`: the broker stores a Send's runs (it said so when its stream opened); else each shared run's
-        messages go whole, as a broker that does not know runs reads them."""
-        parts: list[bytes] = []
+        messages go whole, as a broker that does not know runs reads them. `timeout_ms`: the broker's time for it
+        (SendRequest.timeout_ms; 0: none)."""
+        parts: list[bytes] = [_TIMEOUT, varint(timeout_ms)] if timeout_ms else []
         for _, run in self.runs:
             if run.encoded is not None:
                 for data in run.encoded:

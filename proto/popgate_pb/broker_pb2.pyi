@@ -61,12 +61,14 @@ class StoredMessage(_message.Message):
     def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., store_ms: _Optional[int] = ...) -> None: ...
 
 class SendRequest(_message.Message):
-    __slots__ = ("messages", "runs")
+    __slots__ = ("messages", "runs", "timeout_ms")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     runs: _containers.RepeatedCompositeFieldContainer[SharedRun]
-    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[SharedRun, _Mapping]]] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[SharedRun, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class SharedRun(_message.Message):
     __slots__ = ("shared", "bodies", "message_ids")
