@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
@@ -347,15 +347,17 @@ class BrokerCore:
     # -- stats -----------------------------------------------------------------
 
     def lags(self, topic: str = "", group: str = "") -> list[GroupQueueLag]:
-        out = []
+        return list(self.iter_lags(topic, group))
+
+    def iter_lags(self, topic: str = "", group: str = "") -> Iterator[GroupQueueLag]:
+        """Each (group, topic)'s queues one after another, worked out as they are taken."""
         for (g, t), state in sorted(self.groups.items()):
             log_ = self.topics.get(t)
             if log_ is None or (topic and t != topic) or (group and g != group):
                 continue
             for queue in log_.queues:
                 lag = queue_lag(queue, state.queues.get(queue.queue_id), state.filter, queue.min_offset)
-                out.append(GroupQueueLag(t, g, queue.queue_id, lag))
-        return out
+                yield GroupQueueLag(t, g, queue.queue_id, lag)
 
     async def list_messages(self, topic: str, queue_id: int, from_offset: int, limit: int) -> list[Record]:
         """Up to `limit` stored messages from `from_offset` on, cut at `--max-pop-bytes` (at least one): the caller

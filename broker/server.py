@@ -29,8 +29,8 @@ from broker.handlers import (
     send,
     transaction_checks,
 )
-from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
+from broker.stats import stats
 from popgate_contract import errors, validation
 from popgate_contract.trailer import ERROR_KEY, status_of
 
@@ -133,38 +133,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
             return pb.DeadLetterResponse(dlq_topic=validation.DLQ_PREFIX + request.group, offset=-1)
         return pb.DeadLetterResponse(dlq_topic=stored.message.topic, offset=stored.offset)
 
-    @rpc("Stats")
-    async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
-        core = self.core
-        response = pb.StatsResponse(
-            broker=core.name,
-            held_pops=core.hold.held[Kind.POP],
-            held_notifications=core.hold.held[Kind.NOTIFICATION],
-            now_ms=core.clock.now_ms(),
-        )
-        for name, topic in sorted(core.topics.items()):
-            if request.topic and name != request.topic:
-                continue
-            for q in topic.queues:
-                response.queues.add(topic=name, queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset)
-        for row in core.lags(request.topic, request.group):
-            lag = row.lag
-            response.groups.add(
-                topic=row.topic,
-                group=row.group,
-                queue_id=row.queue_id,
-                max_offset=lag.max_offset,
-                consumer_offset=lag.consumer_offset,
-                pull_offset=lag.pull_offset,
-                ready=lag.ready,
-                inflight=lag.inflight,
-                lag=lag.lag,
-                oldest_unacked_store_ms=lag.oldest_unacked_store_ms,
-            )
-        return response
-
     # Each fills in a new response from its request (broker.handlers, broker.admin).
     Send = _filled("Send", send, pb.SendResponse)
+    Stats = _filled("Stats", stats, pb.StatsResponse)
     Ack = _filled("Ack", ack, pb.AckResponse)
     ChangeInvisibleTime = _filled("ChangeInvisibleTime", change_invisible, pb.ChangeInvisibleTimeResponse)
     Renew = _filled("Renew", renew, pb.RenewResponse)

@@ -311,20 +311,22 @@ class GroupQueueStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_offset: _Optional[int] = ..., consumer_offset: _Optional[int] = ..., pull_offset: _Optional[int] = ..., ready: _Optional[int] = ..., inflight: _Optional[int] = ..., lag: _Optional[int] = ..., oldest_unacked_store_ms: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("broker", "queues", "groups", "held_pops", "held_notifications", "now_ms")
+    __slots__ = ("broker", "queues", "groups", "held_pops", "held_notifications", "now_ms", "cut")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     HELD_POPS_FIELD_NUMBER: _ClassVar[int]
     HELD_NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     broker: str
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     groups: _containers.RepeatedCompositeFieldContainer[GroupQueueStats]
     held_pops: int
     held_notifications: int
     now_ms: int
-    def __init__(self, broker: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupQueueStats, _Mapping]]] = ..., held_pops: _Optional[int] = ..., held_notifications: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    cut: bool
+    def __init__(self, broker: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupQueueStats, _Mapping]]] = ..., held_pops: _Optional[int] = ..., held_notifications: _Optional[int] = ..., now_ms: _Optional[int] = ..., cut: _Optional[bool] = ...) -> None: ...
 
 class ListMessagesRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "from_offset", "limit")

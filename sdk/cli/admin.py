@@ -296,6 +296,19 @@ def _through_proxy(
     return gathered.answers, Coverage.of(asked, gathered.failures, None)
 
 
+def _cut_brokers(responses: dict[str, bpb.StatsResponse]) -> list[str]:
+    """The brokers that left groups out of their answer to fit their gRPC message limit, each named on stderr:
+    the figures then leave groups out, never silently (tests/unit/sdk/test_coverage.py::
+    test_a_broker_that_left_groups_out_of_its_answer_is_named_and_the_exit_code_says_so)."""
+    cut = sorted(name for name, response in responses.items() if response.cut)
+    for name in cut:
+        err(
+            f"popgate stats: broker {name} left groups out of its answer to keep it under its gRPC message limit;"
+            f" ask with -t TOPIC or -g GROUP (exit code {BROKERS_MISSING})"
+        )
+    return cut
+
+
 def stats_command(args: argparse.Namespace) -> int:
     brokers = given_brokers(args)
     request = bpb.StatsRequest(topic=args.topic, group=args.group)
@@ -311,12 +324,13 @@ def stats_command(args: argparse.Namespace) -> int:
             return 1
     for line in coverage.explain():
         err(f"popgate stats: {line}")
-    code = BROKERS_MISSING if coverage.missing or unverified else 0
+    cut = _cut_brokers(responses)
+    code = BROKERS_MISSING if coverage.missing or unverified or cut else 0
     rows = lag_rows(responses)
     topics = stored_messages(responses, rows if args.group else None)
     now_ms = int(time.time() * 1000)
     if args.json:
-        print_json(_stats_document(rows, topics, coverage, now_ms))
+        print_json(_stats_document(rows, topics, coverage, now_ms, cut))
         return code
     if not responses:
         return code
@@ -356,6 +370,7 @@ def _stats_document(
     topics: dict[str, int],
     coverage: Coverage,
     now_ms: int,
+    cut: list[str],
 ) -> dict[str, Any]:
     """`stats --json`: the two tables and which brokers answered, as one document (docs/SDK.md)."""
     groups = [
@@ -377,6 +392,7 @@ def _stats_document(
             "failed": coverage.failed,
             "not_asked": coverage.not_asked,
             "missing": coverage.missing,
+            "cut": cut,
         },
         "groups": groups,
         "topics": [{"topic": topic, "messages": count} for topic, count in sorted(topics.items())],

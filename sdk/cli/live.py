@@ -57,12 +57,14 @@ class Sample:
     held: dict[str, int] = field(default_factory=dict)
     down: list[str] = field(default_factory=list)
     stored: dict[str, int] = field(default_factory=dict)  # topic -> messages stored, over the brokers that answered
+    cut: list[str] = field(default_factory=list)  # brokers whose answer left groups out (their gRPC message limit)
 
 
 def summarize(stats: Mapping[str, bpb.StatsResponse | None], at: float) -> Sample:
     answered = {broker: reply for broker, reply in stats.items() if reply is not None}
     sample = Sample(at, groups=lag_rows(answered), down=[broker for broker in stats if broker not in answered])
     sample.stored = stored_messages(answered)
+    sample.cut = sorted(broker for broker, reply in answered.items() if reply.cut)
     for broker, reply in answered.items():
         sample.produced[broker] = sum(q.max_offset for q in reply.queues if not q.topic.startswith("%"))
         sample.acked[broker] = sum(g.consumer_offset for g in reply.groups)
@@ -122,6 +124,11 @@ def render(frame: Frame | str, now: Sample, before: Sample | None) -> Group:
         lines.append(Text("PROXY         " + frame.failed, style="bold red"))
     if now.down:
         lines.append(Text("DOWN          " + " ".join(sorted(now.down)), style="bold red"))
+    if now.cut:
+        part = " ".join(now.cut)
+        lines.append(
+            Text(f"PART          {part} (groups left out to fit a gRPC message: `popgate stats -t TOPIC`)", "red")
+        )
     if frame.unknown:
         missing = " ".join(sorted(frame.unknown))
         lines.append(Text(f"NOT ASKED     {missing} (the proxy routes to them: give --broker NAME=HOST:PORT)", "red"))
@@ -151,10 +158,13 @@ class LiveView:
         unknown: Sequence[str] = (),
         quit_hint: str = "Ctrl-C stops everything",
         proxy: ProxyAdmin | None = None,
+        timeout_s: float = 1.0,
     ) -> None:
-        """brokers: asked directly, with their token and TLS CA when they have one; processes: the
-        supervised children's states (`popgate up`); unknown: brokers the proxy routes to but not asked; proxy:
-        ask every broker through the proxy's admin service instead of `brokers` (closed with the view)."""
+        """brokers: asked directly, with their token and TLS CA when they have one, each within `timeout_s`;
+        processes: the supervised children's states (`popgate up`); unknown: brokers the proxy routes to but not
+        asked; proxy: ask every broker through the proxy's admin service instead of `brokers` (closed with the
+        view)."""
+        self._timeout_s = timeout_s
         self._endpoint = endpoint
         self._proxy = proxy
         self._seen: set[str] = set()  # brokers the proxy named: all down when the proxy does not answer
@@ -173,7 +183,7 @@ class LiveView:
         for broker in self._brokers:
             stub = self._stubs[broker.name]
             try:
-                replies[broker.name] = stub.Stats(bpb.StatsRequest(), timeout=1.0, metadata=broker.metadata)
+                replies[broker.name] = stub.Stats(bpb.StatsRequest(), timeout=self._timeout_s, metadata=broker.metadata)
             except grpc.RpcError:
                 replies[broker.name] = None
         return summarize(replies, time.monotonic())
@@ -220,7 +230,9 @@ def add_parsers(sub: Sub) -> None:
     broker_options(top)
     proxy_options(top)
     top.add_argument("--interval", type=INTERVAL, default=1.0, help="refresh (100ms..1h: each asks every broker)")
-    top.add_argument("--timeout", type=POSITIVE_DURATION, default=3.0, help="deadline of the proxy's answers")
+    top.add_argument(
+        "--timeout", type=POSITIVE_DURATION, default=3.0, help="deadline of each broker's (or the proxy's) answer"
+    )
     top.set_defaults(handler=top_command, topic="")
 
 
@@ -235,7 +247,9 @@ def top_command(args: argparse.Namespace) -> int:
         unknown = sorted((routed_brokers(args, responses) or set()) - {b.name for b in brokers})
     else:
         proxy = ProxyAdmin(args, args.timeout)
-    view = LiveView(args.endpoint or "-", brokers, unknown=unknown, quit_hint="Ctrl-C quits", proxy=proxy)
+    view = LiveView(
+        args.endpoint or "-", brokers, unknown=unknown, quit_hint="Ctrl-C quits", proxy=proxy, timeout_s=args.timeout
+    )
 
     def quit_now(*_: object) -> None:
         # A poll in flight is abandoned, not waited out (up to --timeout + 5 s at a proxy that never answers) —

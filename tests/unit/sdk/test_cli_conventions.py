@@ -184,6 +184,7 @@ def test_stats_json_is_one_document_of_both_tables(
             "failed": {"b2": "UNAVAILABLE"},
             "not_asked": [],
             "missing": ["b2"],
+            "cut": [],
         },
         "groups": [
             {

@@ -61,3 +61,24 @@ def test_brokers_that_answered_are_shown_when_the_proxy_to_check_against_is_gone
     captured = capsys.readouterr()
     assert json.loads(captured.out)["topics"] == [{"topic": "t", "messages": 2}]
     assert "popgate stats: nothing listens at 127.0.0.1:9 (connection refused)" in captured.err
+
+
+def test_a_broker_that_left_groups_out_of_its_answer_is_named_and_the_exit_code_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broker's Stats is cut to fit its gRPC message limit: the figures shown leave groups out, never silently."""
+
+    def fetch(brokers: Any, request: Any, timeout: float, *, failures: dict[str, Any]) -> Any:
+        group = bpb.GroupQueueStats(topic="t", group="g", lag=3)
+        return {
+            "b1": bpb.StatsResponse(broker="b1", groups=[group], cut=True),
+            "b2": bpb.StatsResponse(broker="b2", groups=[group]),
+        }
+
+    monkeypatch.setattr("popgate.cli.admin.fetch_stats", fetch)
+    monkeypatch.delenv("POPGATE_ENDPOINT", raising=False)
+    assert main(["stats", "--broker", "b1=h:1", "--broker", "b2=h:2", "--json"]) == BROKERS_MISSING
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["brokers"]["cut"] == ["b1"] and document["groups"][0]["lag"] == 6
+    assert "popgate stats: broker b1 left groups out of its answer" in captured.err

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import io
+import threading
+from typing import Any
 
+import pytest
 from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
+from popgate.cli import live
 from popgate.cli.live import Frame, render, rows, summarize
+from popgate.cli.main import main
 from popgate.cli.supervisor import State, Status
 
 
@@ -46,3 +51,30 @@ def test_the_children_of_popgate_up_show_their_state_and_restarts() -> None:
 def test_top_names_the_brokers_it_was_not_told_of() -> None:
     text = screen(Frame("127.0.0.1:8081", quit_hint="Ctrl-C quits", unknown=["b3"]))
     assert "NOT ASKED     b3" in text and "(Ctrl-C quits)" in text
+
+
+def test_a_broker_that_left_groups_out_is_said_so() -> None:
+    cut = reply()
+    cut.cut = True
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(render(Frame("127.0.0.1:8081"), summarize({"b1": cut, "b2": reply()}, at=5.0), None))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "PART          b1 (groups left out" in text and "b2" not in text.split("PART")[1].split("\n")[0]
+
+
+def test_top_asks_each_broker_with_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`top --broker` polls with --timeout (a Stats slower than a fixed second showed a healthy broker DOWN)."""
+    made: dict[str, Any] = {}
+
+    class View:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.update(kwargs)
+
+        def run(self, stop: threading.Event, interval_s: float) -> None:
+            pass
+
+    monkeypatch.setattr(live, "LiveView", View)
+    monkeypatch.setattr(live, "fetch_stats", lambda *args, **kwargs: {})
+    monkeypatch.setattr(live.signal, "signal", lambda *args: None)
+    assert main(["top", "--broker", "b1=127.0.0.1:1", "--timeout", "7"]) == 0
+    assert made["timeout_s"] == 7.0
