@@ -64,6 +64,13 @@ class BrokerSettings:
     metrics_listen: str = field(default="", metadata={"help": "HOST:PORT for Prometheus /metrics (empty = off)"})
     export_dir: str = field(default="", metadata={"help": "directory for JSON-lines metric snapshots (empty = off)"})
     export_interval_s: float = field(default=10.0, metadata={"help": "seconds between metric snapshots"})
+    metrics_queue_offsets: bool = field(
+        default=False,
+        metadata={
+            "help": "export the consumer and pull offsets per queue (a series per topic, group and queue); off,"
+            " one per topic and group, summed over its queues (docs/METRICS.md)"
+        },
+    )
     flush: str = field(
         default="async",
         metadata={"help": "sync: fsync before acknowledging; async: WAL only", "choices": FLUSH_MODES},

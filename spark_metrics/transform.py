@@ -197,7 +197,8 @@ def per_process(series: DataFrame) -> DataFrame:
 
 def _broker_groups(pp: DataFrame) -> DataFrame:
     """The three lags per topic/group: per process, the topic's summed max offsets against the group's
-    summed consumer and pull offsets (a broker exports a group's offsets for every queue of the topic)."""
+    summed consumer and pull offsets (a broker exports them summed over the topic's queues, or per queue:
+    tests/spark/test_transform.py::test_offsets_summed_per_group_give_the_same_figures_as_per_queue)."""
     topic_level = pp.where(F.col("group").isNull() & F.col("topic").isNotNull())
     per_topic = topic_level.select(*WINDOW_KEYS, "process", "topic", "max_sum")
     pairs = pp.where(F.col("group").isNotNull() & F.col("topic").isNotNull()).drop("max_sum", "messages_in")

@@ -60,8 +60,8 @@ KNOWN = BROKER | PROXY
 # The labels rules and dashboard aggregate by (each sample carries at least these).
 LABELS = {
     "popgate_broker_max_offset": {"topic", "queue"},
-    "popgate_broker_consumer_offset": {"topic", "group", "queue"},
-    "popgate_broker_pull_offset": {"topic", "group", "queue"},
+    "popgate_broker_consumer_offset": {"topic", "group"},  # "queue" too under --metrics-queue-offsets
+    "popgate_broker_pull_offset": {"topic", "group"},
     "popgate_broker_consumer_lag_messages": {"topic", "group"},
     "popgate_broker_ready_messages": {"topic", "group"},
     "popgate_broker_inflight_messages": {"topic", "group"},

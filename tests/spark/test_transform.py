@@ -208,3 +208,26 @@ def test_streaming_counts_a_record_up_to_the_lateness_late_when_the_window_is_lo
     batch = by_key(aggregate(read_records(spark, str(src)), 60))
     assert comparable({k: batch[k] for k in streamed}) == comparable(streamed)
     assert not early  # window 0 waited for records up to 30 s late
+
+
+def test_offsets_summed_per_group_give_the_same_figures_as_per_queue(spark: SparkSession, tmp_path: Path) -> None:
+    """A broker without --metrics-queue-offsets exports a group's consumer and pull offsets summed over its queues,
+    with no queue: the job's lags are the same as from the per-queue series."""
+    offsets = ("popgate_broker_consumer_offset", "popgate_broker_pull_offset")
+    per_queue = S.broker_window0() + S.counters()
+    summed: dict[tuple[Any, ...], dict[str, Any]] = {}
+    rows = []
+    for r in per_queue:
+        if r["metric"] not in offsets:
+            rows.append(r)
+            continue
+        key = (r["time"], r["process"], r["metric"], r["topic"], r["group"])
+        pair = summed.setdefault(key, {**r, "queue": None, "value": 0.0})
+        pair["value"] += r["value"]
+    assert len(summed) < sum(r["metric"] in offsets for r in per_queue)  # the scenario has several queues
+    write_jsonl(tmp_path / "queues" / "a.jsonl", per_queue)
+    write_jsonl(tmp_path / "pairs" / "a.jsonl", rows + list(summed.values()))
+    figures = [by_key(aggregate(read_records(spark, str(tmp_path / d)), S.WINDOW_S)) for d in ("queues", "pairs")]
+    slow = figures[1][(0, S.TOPIC, "slow")]
+    assert (slow["consumer_lag"], slow["inflight"], slow["available"]) == (265, 15, 250)
+    assert comparable(figures[1]) == comparable(figures[0])

@@ -156,3 +156,32 @@ async def test_a_deleted_group_or_topic_loses_its_ack_latency_series(tmp_path: P
         await admin.delete_group(core, pb.DeleteGroupRequest(group="g1"), pb.DeleteGroupResponse())
         await admin.delete_topic(core, pb.DeleteTopicRequest(topic="b"), pb.DeleteTopicResponse())
         assert set(counted(metrics, "popgate_broker_ack_latency_seconds_count")) == {("a", "g2")}
+
+
+async def test_offsets_are_one_series_per_topic_and_group_unless_queue_offsets_are_asked_for(tmp_path: Path) -> None:
+    """/metrics grows with (topic, group) pairs, not pairs × queues: the offsets are summed over a pair's queues
+    (what the Spark job and a `sum by (topic, group)` read) unless --metrics-queue-offsets is on."""
+    names = ("popgate_broker_consumer_offset", "popgate_broker_pull_offset")
+
+    def offsets(metrics: BrokerMetrics) -> list[tuple[str, dict[str, str], float]]:
+        return [(s.name, s.labels, s.value) for m in metrics.registry.collect() for s in m.samples if s.name in names]
+
+    for per_queue in (False, True):
+        async with broker(tmp_path / str(per_queue), queues_per_topic=16, metrics_queue_offsets=per_queue) as (core, _):
+            metrics = BrokerMetrics()
+            metrics.watch(core)
+            await core.send([pb.Message(topic="t", body=b"x") for _ in range(64)])  # 4 in each queue
+            for i in range(10):
+                popped = (await core.pop("t", f"g{i}", "*", 2 + i, 30_000, 0)).messages
+                await core.ack("t", f"g{i}", [m.handle for m in popped[: 1 + i // 2]])
+            series = offsets(metrics)
+            sums: dict[tuple[str, str], float] = {}
+            for name, labels, value in series:
+                sums[(name, labels["group"])] = sums.get((name, labels["group"]), 0) + value
+            assert len(series) == 2 * 10 * (16 if per_queue else 1)
+            assert all(("queue" in labels) is per_queue for _, labels, _ in series)
+            rows = core.lags("t")
+            for i in range(10):  # the same figures either way
+                group = [r.lag for r in rows if r.group == f"g{i}"]
+                assert sums[(names[0], f"g{i}")] == sum(lag.consumer_offset for lag in group)
+                assert sums[(names[1], f"g{i}")] == sum(lag.pull_offset for lag in group)
