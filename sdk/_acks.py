@@ -106,6 +106,7 @@ class ThreadAcks:
         self._thread: threading.Thread | None = None
         self._futures: set[concurrent.futures.Future[None]] = set()
         self._stopped = False
+        self._stop_done = threading.Event()  # set once the first `stop` is over
 
     def start(self, send: Callable[[], Failures], total: int) -> None:
         """Queue `send` (the ack calls of `total` messages); returns once queued, after one of those queued or under
@@ -146,11 +147,22 @@ class ThreadAcks:
 
     def stop(self) -> None:
         """Refuse new ones; wait for those queued or under way, at most CLOSE_WAIT_S, then cancel the queued rest
-        (the one under way ends within its deadline, on its own, or with the interpreter)."""
+        (the one under way ends within its deadline, on its own, or with the interpreter). A second call returns
+        once the first one's wait is over —
+        tests/unit/sdk/test_ack_nowait.py::test_a_second_close_of_the_blocking_client_waits_for_the_first_ones_wait."""
         with self._lock:
-            self._stopped = True
+            first, self._stopped = not self._stopped, True
             thread, self._thread = self._thread, None
             futures = list(self._futures)
+        if not first:
+            self._stop_done.wait()
+            return
+        try:
+            self._stop(thread, futures)
+        finally:
+            self._stop_done.set()
+
+    def _stop(self, thread: threading.Thread | None, futures: list[concurrent.futures.Future[None]]) -> None:
         if thread is None:
             return
         atexit.unregister(self.stop)

@@ -98,6 +98,36 @@ def test_the_blocking_client_bounds_them_and_close_waits_for_them() -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("popgate-ack")]  # nothing left running
 
 
+def test_a_second_close_of_the_blocking_client_waits_for_the_first_ones_wait() -> None:
+    """close() called again while a first close() waits for the acks under way returns only once they ended, with
+    the connection still open for them, as the asyncio client's second close() does."""
+    release = threading.Event()
+    open_when_sent: list[bool] = []
+
+    def held_ack(plan: list[pb.AckMessageRequest]) -> Failures:
+        release.wait(10)
+        open_when_sent.append(not consumer._closed)
+        return []
+
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = held_ack  # type: ignore[method-assign]
+    consumer.ack(message(1), wait=False)
+    first = threading.Thread(target=consumer.close)
+    first.start()
+    deadline = time.monotonic() + 5
+    while not consumer._unwaited._stopped and time.monotonic() < deadline:  # the first close() is waiting
+        time.sleep(0.001)
+    second = threading.Thread(target=consumer.close)
+    second.start()
+    second.join(0.05)
+    assert second.is_alive()  # waits for the first close()'s wait
+    release.set()
+    second.join(5)
+    first.join(5)
+    assert not second.is_alive() and not first.is_alive()
+    assert open_when_sent == [True]
+
+
 def test_a_bad_argument_raises_to_the_caller_waiting_or_not() -> None:
     with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer, pytest.raises((TypeError, AttributeError)):
         consumer.ack_many([object()], wait=False)  # type: ignore[list-item]
