@@ -326,8 +326,13 @@ class ConsumerBase(ClientBase):
         return [_wire.change_invisible_request(self.group, m, 0.0, namespace=self.options.namespace) for m in messages]
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
+        """The AckMessage calls of `messages`; a message without topic or receipt handle (never received) is a
+        ValueError here, at the call, waiting or not —
+        tests/unit/sdk/test_ack_nowait.py::test_a_message_never_received_is_refused_at_the_call_waiting_or_not."""
         out = []
         for topic, group in _wire.group_by_topic(messages).items():
+            if not topic or not all(m.receipt_handle for m in group):
+                raise ValueError("only a received message can be acked: it has no topic or no receipt handle")
             for i in range(0, len(group), _wire.MAX_SEND_BATCH):
                 chunk = group[i : i + _wire.MAX_SEND_BATCH]
                 out.append(_wire.ack_request(self.group, topic, chunk, namespace=self.options.namespace))

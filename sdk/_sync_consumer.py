@@ -152,6 +152,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         Raises:
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked); only when waiting.
             Unavailable: With ``wait=False``, the consumer is closed (or closing).
+            ValueError: The message has no topic or no receipt handle (no receive returned it), waiting or not.
         """
         if not wait:
             self.ack_many([message], wait=False)
@@ -172,6 +173,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         Raises:
             AckError: Some messages were not acked; ``failures`` lists them with their errors. Only when waiting.
             Unavailable: With ``wait=False``, the consumer is closed (or closing).
+            ValueError: A message has no topic or no receipt handle (no receive returned it), waiting or not.
         """
         plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not
         if not wait:

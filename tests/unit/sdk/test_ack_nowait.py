@@ -133,6 +133,24 @@ def test_a_bad_argument_raises_to_the_caller_waiting_or_not() -> None:
         consumer.ack_many([object()], wait=False)  # type: ignore[list-item]
 
 
+NEVER_RECEIVED = [Message(b"x", topic="t", message_id="m"), Message(b"x", message_id="m", receipt_handle="rh")]
+
+
+@pytest.mark.parametrize("never_received", NEVER_RECEIVED, ids=["no receipt handle", "no topic"])
+@pytest.mark.parametrize("wait", [True, False])
+async def test_a_message_never_received_is_refused_at_the_call_waiting_or_not(
+    never_received: Message, wait: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Acking a message no receive returned raises ValueError from both clients (nothing sent, nothing logged), rather
+    than a warning that it comes again."""
+    with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer, pytest.raises(ValueError, match="received"):
+        consumer.ack(never_received, wait=wait)
+    async with aio.SimpleConsumer("127.0.0.1:1", "g", "t") as aio_consumer:
+        with pytest.raises(ValueError, match="received"):
+            await aio_consumer.ack_many([message(1), never_received], wait=wait)
+    assert not caplog.records
+
+
 async def test_close_waits_at_most_close_wait_s_then_cancels(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
