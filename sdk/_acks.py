@@ -4,7 +4,7 @@ failure logged at WARNING (nobody else hears of it: that message comes again aft
 the consumer refuses new ones and waits for those under way, at most CLOSE_WAIT_S, before the connection closes,
 so their retries still run; what is left then is cancelled and counted in a WARNING —
 tests/unit/sdk/test_ack_nowait.py. `AsyncAcks` serves the asyncio consumer (a task each), `ThreadAcks` the blocking
-one (one thread sends them in turn)."""
+one (a pool of threads, each sending one at a time)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from . import errors
 
 MAX_UNWAITED_ACKS = 64
 CLOSE_WAIT_S = 10.0
+THREAD_IDLE_S = 30.0  # a ThreadAcks thread without work this long ends
 
 Failures = list[tuple[str, errors.PopgateError]]
 _Queued = tuple[concurrent.futures.Future[None], Callable[[], Failures], int]  # an ack queued for the thread
@@ -93,9 +94,12 @@ class AsyncAcks:
 
 
 class ThreadAcks:
-    """The blocking consumer's acks not waited for: one daemon thread (made at the first) sends them in turn. A
-    consumer never closed stops them at interpreter exit as `close` would (at most CLOSE_WAIT_S), so they never
-    hold the exit up longer —
+    """The blocking consumer's acks not waited for: daemon threads send them, all those queued at once (at most
+    MAX_UNWAITED_ACKS), so an ack call retrying against a broker that does not answer holds up no other —
+    tests/unit/sdk/test_ack_nowait.py::test_the_blocking_client_sends_an_ack_while_an_earlier_one_hangs. A thread is
+    started only when none is free and ends after THREAD_IDLE_S without work (::test_the_blocking_client_sends_acks_
+    one_after_another_on_one_thread). A consumer never closed stops them at interpreter exit as `close` would (at
+    most CLOSE_WAIT_S), so they never hold the exit up longer —
     tests/unit/sdk/test_ack_nowait.py::test_an_unclosed_consumers_acks_hold_exit_up_at_most_the_close_wait."""
 
     def __init__(self, log: logging.Logger) -> None:
@@ -103,7 +107,9 @@ class ThreadAcks:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_UNWAITED_ACKS)  # queued or under way
         self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: set[threading.Thread] = set()
+        self._free = 0  # threads waiting for an ack no one queued yet
+        self._at_exit = False  # `stop` registered to run at interpreter exit
         self._futures: set[concurrent.futures.Future[None]] = set()
         self._stopped = False
         self._stop_done = threading.Event()  # set once the first `stop` is over
@@ -116,14 +122,22 @@ class ThreadAcks:
             if self._stopped:
                 self._slots.release()
                 raise _closed()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="popgate-ack", daemon=True)
-                self._thread.start()
-                atexit.register(self.stop)
+            if self._free:  # taken and queued under the lock: a free thread never ends with an ack queued for it
+                self._free -= 1
+            else:
+                self._start_thread()
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._futures.add(future)
             self._queue.put((future, send, total))
         future.add_done_callback(self._ended)
+
+    def _start_thread(self) -> None:
+        if not self._at_exit:
+            self._at_exit = True
+            atexit.register(self.stop)
+        thread = threading.Thread(target=self._run, name="popgate-ack", daemon=True)
+        self._threads.add(thread)
+        thread.start()
 
     def _ended(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
@@ -131,10 +145,25 @@ class ThreadAcks:
         self._slots.release()
 
     def _run(self) -> None:
-        while (queued := self._queue.get()) is not None:
+        while True:
+            try:
+                queued = self._queue.get(timeout=THREAD_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._free -= 1
+                        self._threads.discard(threading.current_thread())
+                        return
+                continue
+            if queued is None:  # `stop`
+                return
             future, send, total = queued
-            if future.set_running_or_notify_cancel():  # False: cancelled by `stop` while queued
+            sending = future.set_running_or_notify_cancel()  # False: cancelled by `stop` while queued
+            if sending:
                 self._logged(send, total)
+            with self._lock:
+                self._free += 1  # before the future ends: a `start` after it finds this thread free
+            if sending:
                 future.set_result(None)
 
     def _logged(self, send: Callable[[], Failures], total: int) -> None:
@@ -147,29 +176,28 @@ class ThreadAcks:
 
     def stop(self) -> None:
         """Refuse new ones; wait for those queued or under way, at most CLOSE_WAIT_S, then cancel the queued rest
-        (the one under way ends within its deadline, on its own, or with the interpreter). A second call returns
+        (those under way end within their deadlines, on their own, or with the interpreter). A second call returns
         once the first one's wait is over —
         tests/unit/sdk/test_ack_nowait.py::test_a_second_close_of_the_blocking_client_waits_for_the_first_ones_wait."""
         with self._lock:
             first, self._stopped = not self._stopped, True
-            thread, self._thread = self._thread, None
-            futures = list(self._futures)
+            threads, futures = list(self._threads), list(self._futures)
         if not first:
             self._stop_done.wait()
             return
         try:
-            self._stop(thread, futures)
+            self._stop(threads, futures)
         finally:
             self._stop_done.set()
 
-    def _stop(self, thread: threading.Thread | None, futures: list[concurrent.futures.Future[None]]) -> None:
-        if thread is None:
-            return
+    def _stop(self, threads: list[threading.Thread], futures: list[concurrent.futures.Future[None]]) -> None:
         atexit.unregister(self.stop)
         _, left = concurrent.futures.wait(futures, timeout=CLOSE_WAIT_S)
         _log_left(self._log, len(left))
         for future in left:
             future.cancel()
-        self._queue.put(None)  # the thread ends after the one under way
+        for _ in threads:
+            self._queue.put(None)  # each thread ends after the ack it is sending, if any
         if not left:
-            thread.join()
+            for thread in threads:
+                thread.join()

@@ -98,6 +98,65 @@ def test_the_blocking_client_bounds_them_and_close_waits_for_them() -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("popgate-ack")]  # nothing left running
 
 
+def test_the_blocking_client_sends_an_ack_while_an_earlier_one_hangs() -> None:
+    """An ack call retrying against a broker that does not answer holds up no other: the ones queued after it (for
+    messages of healthy brokers) are sent meanwhile, as the asyncio client's tasks are."""
+    hung, sent = threading.Event(), threading.Event()
+
+    def ack(plan: list[pb.AckMessageRequest]) -> Failures:
+        if ids(plan) == ["id1"]:
+            hung.wait(10)  # a broker stopped: the call retries for its whole budget
+        else:
+            sent.set()
+        return []
+
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = ack  # type: ignore[method-assign]
+    try:
+        consumer.ack(message(1), wait=False)
+        consumer.ack_many([message(2), message(3)], wait=False)
+        assert sent.wait(5)  # before the hung one ended
+    finally:
+        hung.set()
+        consumer.close()
+
+
+def test_the_blocking_client_sends_acks_one_after_another_on_one_thread() -> None:
+    """Acks that end before the next one starts are all sent by the same thread: no thread per ack."""
+    threads: set[threading.Thread] = set()
+
+    def ack(plan: list[pb.AckMessageRequest]) -> Failures:
+        threads.add(threading.current_thread())
+        return []
+
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = ack  # type: ignore[method-assign]
+    with consumer:
+        for i in range(20):
+            consumer.ack(message(i), wait=False)
+            deadline = time.monotonic() + 5
+            while consumer._unwaited._futures and time.monotonic() < deadline:  # until that ack ended
+                time.sleep(0.001)
+    assert len(threads) == 1
+
+
+def test_an_ack_after_the_blocking_clients_threads_ended_idle_starts_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_acks, "THREAD_IDLE_S", 0.01)
+    sent = threading.Event()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = lambda plan: sent.set() or []  # type: ignore[method-assign]
+    with consumer:
+        consumer.ack(message(1), wait=False)
+        assert sent.wait(5)
+        deadline = time.monotonic() + 5
+        while consumer._unwaited._threads and time.monotonic() < deadline:  # its thread ends, idle
+            time.sleep(0.001)
+        assert not consumer._unwaited._threads
+        sent.clear()
+        consumer.ack(message(2), wait=False)
+        assert sent.wait(5)
+
+
 def test_a_second_close_of_the_blocking_client_waits_for_the_first_ones_wait() -> None:
     """close() called again while a first close() waits for the acks under way returns only once they ended, with
     the connection still open for them, as the asyncio client's second close() does."""
