@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import logging
 import queue
 import threading
@@ -46,24 +47,30 @@ def _log_failures(log: logging.Logger, failures: Sequence[tuple[str, errors.Popg
 def _log_left(log: logging.Logger, left: int) -> None:
     if left:
         log.warning(
-            "%d ack call(s) not waited for were still under way after %g s of close(): cancelled, their messages "
-            "come again after their invisible time",
+            "%d ack call(s) not waited for were still under way after %g s of close() (or of the end of the event "
+            "loop): cancelled, their messages come again after their invisible time",
             left,
             CLOSE_WAIT_S,
         )
 
 
 class AsyncAcks:
-    """The asyncio consumer's acks not waited for: a task each."""
+    """The asyncio consumer's acks not waited for: a task each. One the loop cancels as it ends (asyncio.run
+    returned with the consumer open) is sent again, as a re-send, in a task `loop_ended` waits for —
+    tests/unit/sdk/test_ack_nowait.py::test_acks_cut_short_by_the_end_of_asyncio_run_are_sent_again_and_waited_for."""
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._tasks: set[asyncio.Future[None]] = set()
+        self._resends: dict[asyncio.Future[None], Callable[[], Awaitable[Failures]]] = {}
         self._stopped = False
 
-    async def start(self, send: Callable[[], Awaitable[Failures]], total: int) -> None:
-        """Run `send` (the ack calls of `total` messages) in a task; returns once it is started, after one of those
-        under way ended when MAX_UNWAITED_ACKS are. Unavailable once `stop` began."""
+    async def start(
+        self, send: Callable[[], Awaitable[Failures]], total: int, resend: Callable[[], Awaitable[Failures]]
+    ) -> None:
+        """Run `send` (the ack calls of `total` messages) in a task, `resend` (the same as re-sends) if the loop
+        cancels it; returns once it is started, after one of those under way ended when MAX_UNWAITED_ACKS are.
+        Unavailable once `stop` began."""
         if self._stopped:
             raise _closed()
         while len(self._tasks) >= MAX_UNWAITED_ACKS:
@@ -72,7 +79,16 @@ class AsyncAcks:
                 raise _closed()
         task = asyncio.ensure_future(self._logged(send, total))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._resends[task] = resend
+        task.add_done_callback(functools.partial(self._ended, total=total))
+
+    def _ended(self, task: asyncio.Future[None], total: int) -> None:
+        self._tasks.discard(task)
+        resend = self._resends.pop(task, None)
+        if task.cancelled() and resend is not None:  # not by `stop` or `loop_ended`: by the loop's end
+            again = asyncio.ensure_future(self._logged(resend, total))
+            self._tasks.add(again)
+            again.add_done_callback(self._tasks.discard)
 
     async def _logged(self, send: Callable[[], Awaitable[Failures]], total: int) -> None:
         try:
@@ -85,11 +101,16 @@ class AsyncAcks:
     async def stop(self) -> None:
         """Refuse new ones; wait for those under way, at most CLOSE_WAIT_S, then cancel the rest."""
         self._stopped = True
+        await self.loop_ended()
+
+    async def loop_ended(self) -> None:
+        """Wait for those under way (re-sends included), at most CLOSE_WAIT_S, then cancel the rest."""
         if not self._tasks:
             return
         _, left = await asyncio.wait(list(self._tasks), timeout=CLOSE_WAIT_S)
         _log_left(self._log, len(left))
         for task in left:
+            self._resends.pop(task, None)
             task.cancel()
 
 
@@ -97,9 +118,10 @@ class ThreadAcks:
     """The blocking consumer's acks not waited for: daemon threads send them, all those queued at once (at most
     MAX_UNWAITED_ACKS), so an ack call retrying against a broker that does not answer holds up no other —
     tests/unit/sdk/test_ack_nowait.py::test_the_blocking_client_sends_an_ack_while_an_earlier_one_hangs. A thread is
-    started only when none is free and ends after THREAD_IDLE_S without work (::test_the_blocking_client_sends_acks_
-    one_after_another_on_one_thread). A consumer never closed stops them at interpreter exit as `close` would (at
-    most CLOSE_WAIT_S), so they never hold the exit up longer —
+    started only when none is free and ends after THREAD_IDLE_S without work —
+    tests/unit/sdk/test_ack_nowait.py::test_the_blocking_client_sends_acks_one_after_another_on_one_thread. A
+    consumer never closed stops them at interpreter exit as `close` would (at most CLOSE_WAIT_S), so they never
+    hold the exit up longer —
     tests/unit/sdk/test_ack_nowait.py::test_an_unclosed_consumers_acks_hold_exit_up_at_most_the_close_wait."""
 
     def __init__(self, log: logging.Logger) -> None:

@@ -6,6 +6,7 @@ cancelled receive had read, in tasks that `close` and the loop's shutdown wait f
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
@@ -146,6 +147,10 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         task = asyncio.ensure_future(self._give_back(messages))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
+        await self._awaited_at_loop_end()
+
+    async def _awaited_at_loop_end(self) -> None:
+        """Have the end of this event loop wait for the give-backs and acks not waited for still under way."""
         # One guard per event loop: a consumer used again in a later loop (its first one closed) needs a guard
         # that loop's shutdown closes —
         # tests/unit/sdk/test_give_back.py::test_a_second_asyncio_run_gives_back_a_receive_cancelled_mid_answer.
@@ -158,11 +163,12 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         # asyncio.run cancels the loop's tasks, then closes every open async generator (loop.shutdown_asyncgens),
         # then closes the loop. A give-back started by a task it cancelled is not among those tasks, and a closed
         # loop would destroy it pending ("Task was destroyed but it is pending!"); this generator, open from the
-        # first give-back on, has the shutdown wait for them.
+        # first give-back or ack not waited for on, has the shutdown wait for them.
         try:
             yield
         finally:
             await self._given_back()
+            await self._unwaited.loop_ended()  # those the loop cancelled are sent again: waited for, as close() does
 
     async def _given_back(self) -> None:
         """Wait for the give-backs running in the background (each ends within its deadline), those started
@@ -209,24 +215,34 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         """Acknowledge many messages in batched calls; see `sdk.SimpleConsumer.ack_many`."""
         plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not
         if not wait:
-            await self._unwaited.start(lambda: self._ack(plan), sum(len(r.entries) for r in plan))
+            resend = functools.partial(self._ack, plan, resent=True)
+            await self._unwaited.start(lambda: self._ack(plan), sum(len(r.entries) for r in plan), resend)
+            await self._awaited_at_loop_end()
             return
         failures = await self._ack(plan)
         if failures:
             raise errors.AckError(failures)
 
-    async def _ack(self, plan: list[pb.AckMessageRequest]) -> list[tuple[str, errors.PopgateError]]:
+    async def _ack(
+        self, plan: list[pb.AckMessageRequest], *, resent: bool = False
+    ) -> list[tuple[str, errors.PopgateError]]:
+        """The ack calls of `plan`; `resent`: each a re-send of a call cut short (by the loop's end), over the unary
+        RPC (that loop cancelled the Session stream), a stale handle counting as acked."""
         pending = [_resend.PendingAck(request) for request in plan]
+        for one in pending:
+            one.sent = int(resent)
         if len(pending) == 1:  # no task for the one call of most acks
-            return await self._ack_request(pending[0])
-        results = await asyncio.gather(*(self._ack_request(one) for one in pending))
+            return await self._ack_request(pending[0], unary=resent)
+        results = await asyncio.gather(*(self._ack_request(one, unary=resent) for one in pending))
         return [failure for chunk in results for failure in chunk]
 
-    async def _ack_request(self, pending: _resend.PendingAck) -> list[tuple[str, errors.PopgateError]]:
+    async def _ack_request(
+        self, pending: _resend.PendingAck, *, unary: bool = False
+    ) -> list[tuple[str, errors.PopgateError]]:
         async def op() -> list[tuple[str, errors.PopgateError]]:
             request = pending.next_request()
             timeout = self.options.request_timeout
-            response = await self._over_session("ack", request, timeout)
+            response = None if unary else await self._over_session("ack", request, timeout)
             if response is None:
                 response = await self._stub.AckMessage(request, timeout=timeout, metadata=self._metadata())
             return pending.read(response)

@@ -228,6 +228,49 @@ async def test_close_waits_at_most_close_wait_s_then_cancels(
     assert "1 ack call(s) not waited for were still under way" in caplog.text
 
 
+def test_acks_cut_short_by_the_end_of_asyncio_run_are_sent_again_and_waited_for() -> None:
+    """asyncio.run cancels the tasks still running when its coroutine returns: an ack not waited for is sent again
+    (a re-send: a stale handle counts as acked) and the run's end waits for it, as close() would."""
+    sent: list[tuple[list[str], bool]] = []
+
+    async def ack(plan: list[pb.AckMessageRequest], *, resent: bool = False) -> Failures:
+        if not resent:
+            await asyncio.Event().wait()  # under way when the run ends: cancelled
+        sent.append((ids(plan), resent))
+        return []
+
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = ack  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await consumer.ack(message(1), wait=False)
+        await asyncio.sleep(0)  # its call under way
+        await consumer.ack(message(2), wait=False)  # not started yet
+
+    asyncio.run(main())
+    assert sorted(sent) == [(["id1"], True), (["id2"], True)]
+
+
+async def test_acks_sent_again_as_a_loop_ends_are_cancelled_after_close_wait_s_and_counted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(_acks, "CLOSE_WAIT_S", 0.05)
+
+    async def hung_ack(plan: list[pb.AckMessageRequest], *, resent: bool = False) -> Failures:
+        await asyncio.Event().wait()
+        return []
+
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = hung_ack  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await consumer.ack(message(1), wait=False)
+
+    with caplog.at_level(logging.WARNING, logger="popgate.aio"):
+        await asyncio.to_thread(asyncio.run, main())
+    assert "1 ack call(s) not waited for were still under way" in caplog.text
+
+
 EXIT_SCRIPT = """
 import time
 from popgate import _acks
