@@ -92,7 +92,7 @@ def test_stats_dlq_list_and_bench_print_one_json_document(cluster: Cluster, caps
                 consumer.forward_to_dlq(message)
     assert main(["stats", *brokers(cluster), "-t", topic, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["brokers"] == {"asked": 2, "answered": 2, "failed": {}, "not_asked": [], "missing": []}
+    assert stats["brokers"] == {"asked": 2, "answered": 2, "failed": {}, "not_asked": [], "missing": [], "cut": []}
     [row] = [g for g in stats["groups"] if g["group"] == group]
     assert (row["topic"], row["inflight"], row["lag"]) == (topic, 2, 2)
     assert {"topic": topic, "messages": 3} in stats["topics"]
