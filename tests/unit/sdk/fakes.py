@@ -194,3 +194,33 @@ class Callers:
         assert carried is None and message is not None
         first = ext.SessionRequest.FromString(message)
         return [first, *first.more]
+
+
+class SessionCall:
+    """A Session call whose answers the test hands in (`answers`), and whose writes it sees (`written`)."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[Any] = asyncio.Queue()
+        self.written: list[bytes] = []
+
+    async def write(self, message: bytes) -> None:
+        self.written.append(message)
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        return grpc.aio.Metadata()
+
+    async def read(self) -> Any:
+        return await self.answers.get()
+
+    def cancel(self) -> None:
+        self.answers.put_nowait(grpc.aio.EOF)
+
+
+class SessionChannel:
+    """A channel whose Session stream is `call`."""
+
+    def __init__(self, call: SessionCall | None = None) -> None:
+        self.call = call or SessionCall()
+
+    def stream_stream(self, method: str, **_: Any) -> Any:
+        return lambda metadata: self.call

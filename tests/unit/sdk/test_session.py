@@ -23,6 +23,7 @@ from popgate import (
     _waiting,
 )
 from popgate._transport import convert
+from tests.unit.sdk.fakes import SessionCall, SessionChannel
 
 
 def test_a_hand_encoded_request_reads_as_the_generated_message() -> None:
@@ -165,39 +166,11 @@ def test_a_request_over_the_grpc_limit_is_too_large_and_never_sent() -> None:
     assert not caught.value.retriable
 
 
-class FakeCall:
-    """A Session call whose answers the test hands in (`answers`), and whose writes it sees (`written`)."""
-
-    def __init__(self) -> None:
-        self.answers: asyncio.Queue[Any] = asyncio.Queue()
-        self.written: list[bytes] = []
-
-    async def write(self, message: bytes) -> None:
-        self.written.append(message)
-
-    async def initial_metadata(self) -> grpc.aio.Metadata:
-        return grpc.aio.Metadata()
-
-    async def read(self) -> Any:
-        return await self.answers.get()
-
-    def cancel(self) -> None:
-        self.answers.put_nowait(grpc.aio.EOF)
-
-
-class FakeChannel:
-    def __init__(self) -> None:
-        self.call = FakeCall()
-
-    def stream_stream(self, method: str, **_: Any) -> Any:
-        return lambda metadata: self.call
-
-
 async def test_a_receive_cancelled_after_its_answer_gives_the_messages_back() -> None:
     # The answer completes the request's future, then the caller's task is cancelled before it resumes: nobody
     # gets those messages, so they are handed to be given back rather than left invisible.
     orphans: list[str] = []
-    channel = FakeChannel()
+    channel = SessionChannel()
     session = _session.Session(
         channel,  # type: ignore[arg-type]
         (),
@@ -222,7 +195,7 @@ async def test_a_receive_cancelled_after_it_failed_stays_cancelled() -> None:
     # The stream is lost (the receive's future holds a retriable Unavailable), then the caller's task is cancelled
     # before it resumes: the caller sees its cancellation, which a retry must not swallow, and nothing is orphaned.
     orphans: list[object] = []
-    channel = FakeChannel()
+    channel = SessionChannel()
     session = _session.Session(channel, (), convert, orphans.extend)  # type: ignore[arg-type]
     caller = asyncio.ensure_future(session.request("receive", pb.ReceiveMessageRequest(), 5.0))
     await asyncio.sleep(0)
@@ -239,7 +212,7 @@ async def test_requests_failed_by_a_lost_stream_each_get_their_own_error() -> No
     """Every request pending when the stream is lost fails, and with an error of its own: `send_many` sets the
     receipts of its messages on the error it raises, so two sends failing together must not share one (the later
     would overwrite the earlier's receipts, misaligned with its messages). So must requests made after the loss."""
-    session = _session.Session(FakeChannel(), (), convert)  # type: ignore[arg-type]
+    session = _session.Session(SessionChannel(), (), convert)  # type: ignore[arg-type]
     first = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 5.0))
     second = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 5.0))
     await asyncio.sleep(0)
@@ -252,7 +225,7 @@ async def test_requests_failed_by_a_lost_stream_each_get_their_own_error() -> No
     await session.close()
 
 
-class StalledCall(FakeCall):
+class StalledCall(SessionCall):
     """A Session call whose writes complete only as it is cancelled (a proxy that stopped reading: its socket
     alive)."""
 
@@ -273,7 +246,7 @@ class StalledCall(FakeCall):
 async def test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out() -> None:
     """Sends of 1 MiB each while the stream's write is stalled: past MAX_OUTBOX_BYTES queued they fail at once with
     a retriable TooManyRequests; those queued time out and are then no longer held, so later sends queue again."""
-    channel = FakeChannel()
+    channel = SessionChannel()
     channel.call = StalledCall()
     session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
     body = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import grpc
 import pytest
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
@@ -15,6 +14,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate import Timeout, Unavailable, _room, _session
 from popgate._transport import convert
 from popgate_contract.session_headers import MAX_PENDING_REQUESTS
+from tests.unit.sdk.fakes import SessionCall, SessionChannel
 
 
 def test_the_clients_bound_is_the_proxys() -> None:
@@ -23,13 +23,13 @@ def test_the_clients_bound_is_the_proxys() -> None:
     assert session.MAX_PENDING == MAX_PENDING_REQUESTS
 
 
-class BoundedProxy:
+class BoundedProxy(SessionCall):
     """A Session call served as popgate's proxy does: at most `bound` requests pending, TOO_MANY_REQUESTS past it;
     receives held until the test answers them (`answer`), acks answered at once."""
 
     def __init__(self, bound: int = MAX_PENDING_REQUESTS) -> None:
+        super().__init__()
         self.bound = bound
-        self.answers: asyncio.Queue[Any] = asyncio.Queue()
         self.held: list[int] = []  # receives pending, in the order they came
         self.pending: set[int] = set()
         self.refused = 0
@@ -65,25 +65,8 @@ class BoundedProxy:
         status = ext.ReceiveMessagesResponse(status=OK if message_ids else v2.Status(code=v2.MESSAGE_NOT_FOUND))
         self.answers.put_nowait(ext.SessionResponse(id=request_id, receive=status))
 
-    async def initial_metadata(self) -> grpc.aio.Metadata:
-        return grpc.aio.Metadata()
-
-    async def read(self) -> Any:
-        return await self.answers.get()
-
-    def cancel(self) -> None:
-        self.answers.put_nowait(grpc.aio.EOF)
-
 
 OK = v2.Status(code=v2.OK)
-
-
-class Channel:
-    def __init__(self, call: BoundedProxy) -> None:
-        self.call = call
-
-    def stream_stream(self, method: str, **_: Any) -> Any:
-        return lambda metadata: self.call
 
 
 async def until(condition: Any, within_s: float = 5.0) -> None:
@@ -100,7 +83,7 @@ def receive(session: _session.Session, within_s: float = 30.0) -> asyncio.Future
 
 async def test_an_ack_completes_promptly_among_far_more_receives_than_the_proxys_bound() -> None:
     proxy = BoundedProxy()
-    session = _session.Session(Channel(proxy), (), convert)  # type: ignore[arg-type]
+    session = _session.Session(SessionChannel(proxy), (), convert)  # type: ignore[arg-type]
     receives = [receive(session) for _ in range(2 * MAX_PENDING_REQUESTS)]
     await until(lambda: bool(proxy.held) and session._outbox.empty())  # all it sends is written
     proxy.answer(proxy.held[0], "m")
@@ -123,7 +106,7 @@ async def test_an_ack_completes_promptly_among_far_more_receives_than_the_proxys
 
 async def test_a_caller_waiting_for_room_times_out_at_its_deadline_unsent() -> None:
     proxy = BoundedProxy()
-    session = _session.Session(Channel(proxy), (), convert)  # type: ignore[arg-type]
+    session = _session.Session(SessionChannel(proxy), (), convert)  # type: ignore[arg-type]
     held = [receive(session) for _ in range(MAX_PENDING_REQUESTS)]
     await until(lambda: bool(proxy.held) and session._outbox.empty())
     sent = len(proxy.held)
@@ -162,7 +145,7 @@ async def test_short_requests_take_the_room_receives_leave() -> None:
 
 async def test_a_stream_lost_fails_the_callers_waiting_for_room() -> None:
     proxy = BoundedProxy()
-    session = _session.Session(Channel(proxy), (), convert)  # type: ignore[arg-type]
+    session = _session.Session(SessionChannel(proxy), (), convert)  # type: ignore[arg-type]
     held = [receive(session) for _ in range(MAX_PENDING_REQUESTS)]
     await until(lambda: bool(proxy.held) and session._outbox.empty())  # all it sends is written
     waiting = receive(session)
