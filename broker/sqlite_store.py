@@ -174,7 +174,7 @@ class SqliteStore:
         future: asyncio.Future[list[Record]] = self._loop.create_future()
         if self._closed:
             future.set_exception(StoreUnavailable("store is closed"))
-        elif appends or not self._state_delay_s:
+        elif appends or within_s is not None or not self._state_delay_s:  # a Send's deadline holds: never deferred
             request = Request(appends, ops, future, 0.0 if within_s is None else time.monotonic() + within_s)
             if not self._commit_here(request):
                 if self._deferred:
