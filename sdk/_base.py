@@ -268,7 +268,8 @@ class ConsumerBase(ClientBase):
         )
         if not group:
             raise ValueError("group must not be empty")
-        if not 1 <= an_int("batch", batch) <= 32:
+        batch = an_int("batch", batch)
+        if not 1 <= batch <= 32:
             raise ValueError(f"batch must be 1..32, got {batch}")
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)

@@ -213,7 +213,8 @@ class Subscription:
 def receive_request(
     group: str, sub: Subscription, *, max: int, invisible: float, wait: float, namespace: str = ""
 ) -> pb.ReceiveMessageRequest:
-    if not 1 <= an_int("max", max) <= 32:
+    max = an_int("max", max)
+    if not 1 <= max <= 32:
         raise ValueError(f"max must be 1..32, got {max}")
     request = pb.ReceiveMessageRequest(batch_size=max)  # its parts set in place: no Resource built and copied in
     request.group.name = group

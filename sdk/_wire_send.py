@@ -4,6 +4,7 @@ requests a batch of them goes in. Reading the answer is `_wire.send_receipts`.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -91,11 +92,11 @@ def outgoing(
 
 
 def an_int(name: str, value: object) -> int:
-    """`value` when it is an int (a bool is not one), else a TypeError naming the argument `name` —
-    tests/unit/sdk/test_refused.py::test_an_argument_of_the_wrong_type_is_refused_naming_it."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as an int when it is an integer (numpy's too; a bool is not one), else a TypeError naming the
+    argument `name` — tests/unit/sdk/test_refused.py::test_an_argument_of_the_wrong_type_is_refused_naming_it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    return value
+    return int(value)
 
 
 def _check_fields(message: Message) -> None:

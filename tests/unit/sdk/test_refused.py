@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,25 @@ def test_an_argument_of_the_wrong_type_is_refused_naming_it(name: str, call: Cal
     """A TypeError naming the argument, before any call; not an unnamed comparison or protobuf error at each receive."""
     with pytest.raises(TypeError, match=rf"^{name} must be "):
         call()
+
+
+class Count:
+    """An integer of another library (as numpy's int64): an `numbers.Integral`, not an `int`."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __index__(self) -> int:
+        return self.n
+
+    def __int__(self) -> int:
+        return self.n
+
+
+numbers.Integral.register(Count)
+
+
+def test_an_integer_of_another_library_is_taken_as_an_int() -> None:
+    assert consumer(batch=bad(Count(8))).batch == 8
+    request = _wire.receive_request("g", _wire.Subscription("t"), max=bad(Count(16)), invisible=30, wait=1)
+    assert request.batch_size == 16
