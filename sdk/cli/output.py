@@ -123,9 +123,13 @@ def print_json(document: Any) -> None:
 def json_error(json_asked: bool, line: str) -> None:
     """With --json (`json_asked`), `{"error": line}` on stdout: a command that got no answer still prints one JSON
     document, the line on stderr too —
-    tests/integration/sdk/test_cli_admin.py::test_json_is_one_document_with_the_error_when_nothing_answered."""
-    if json_asked:
-        print_json({"error": line})
+    tests/integration/sdk/test_cli_admin.py::test_json_is_one_document_with_the_error_when_nothing_answered.
+    A stdout that is closed or cannot be written (the failure being reported may be that) is left alone: the line on
+    stderr and the command's exit code say it — tests/integration/sdk/test_cli_conventions.py::
+    test_a_json_error_document_that_cannot_be_written_leaves_the_exit_code_alone."""
+    if json_asked and sys.stdout is not None:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: a closed file object
+            print_json({"error": line})
 
 
 def print_table(table: Table) -> None:

@@ -109,3 +109,24 @@ def test_stats_dlq_list_and_bench_print_one_json_document(cluster: Cluster, caps
         ("consume+ack", 200),
         ("idle wake", 2),
     ]
+
+
+class _FullStdout:
+    """A stdout on a full disk (`> /dev/full`)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("stdout", [None, _FullStdout()])
+def test_a_json_error_document_that_cannot_be_written_leaves_the_exit_code_alone(
+    stdout: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listens (exit 69) and stdout is closed or full: still 69 and one line on stderr, no traceback."""
+    monkeypatch.setattr("sys.stdout", stdout)
+    assert main(["stats", "-e", "127.0.0.1:1", "--json"]) == NOTHING_LISTENS
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
