@@ -125,7 +125,8 @@ class BrokerPool:
 
     @staticmethod
     def _unknown(name: str) -> InvalidReceiptHandle:
-        return InvalidReceiptHandle(f"receipt handle names broker {name!r}, which this proxy does not know")
+        shown = name if len(name) <= 64 else name[:64] + "…"  # a made-up handle's name is echoed in every entry
+        return InvalidReceiptHandle(f"receipt handle names broker {shown!r}, which this proxy does not know")
 
 
 class TopicMisses:

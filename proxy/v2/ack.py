@@ -47,12 +47,8 @@ async def ack_message(call: Call, request: pb.AckMessageRequest, *, brief: bool 
     add = response.entries.add  # built in place: an entry built apart is copied into the response
     ok = v2.OK
     for (message_id, handle), error in zip(entries, outcome, strict=True):
-        # A handle or message id longer than one can be is not echoed, so the answer stays small enough for the
-        # client to read — test_bad_input.py::
-        # test_an_ack_of_a_handle_too_long_to_be_one_does_not_echo_it_so_the_client_can_read_why
         status = add(
-            message_id=message_id if len(message_id) <= MAX_MESSAGE_ID_LEN else "",
-            receipt_handle=handle if len(handle) <= MAX_HANDLE_LEN else "",
+            message_id=_echoed(message_id, MAX_MESSAGE_ID_LEN), receipt_handle=_echoed(handle, MAX_HANDLE_LEN)
         ).status
         if error is None:
             status.code, status.message = ok, "OK"  # cheaper than copying OK into each entry
@@ -60,6 +56,15 @@ async def ack_message(call: Call, request: pb.AckMessageRequest, *, brief: bool 
             status.CopyFrom(status_of(error))
     response.status.CopyFrom(_overall(response.entries) if failed else OK)
     return response
+
+
+def _echoed(text: str, limit: int) -> str:
+    """`text` to echo in an answer entry: empty when longer than one can be (over `limit` bytes of UTF-8), so that
+    1,024 entries stay an answer the client can read (4 MiB by default) — test_bad_input.py::
+    test_an_ack_of_a_handle_too_long_to_be_one_does_not_echo_it_so_the_client_can_read_why."""
+    if len(text) > limit or not (text.isascii() or len(text.encode()) <= limit):
+        return ""
+    return text
 
 
 def _overall(entries: Sequence[pb.AckMessageResultEntry]) -> v2.Status:
