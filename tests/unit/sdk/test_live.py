@@ -11,6 +11,7 @@ from popgate_pb import broker_pb2 as bpb
 from rich.console import Console
 
 from popgate.cli import live
+from popgate.cli.admin import Broker
 from popgate.cli.live import Frame, render, rows, summarize
 from popgate.cli.main import main
 from popgate.cli.supervisor import State, Status
@@ -78,3 +79,32 @@ def test_top_asks_each_broker_with_its_timeout(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(live.signal, "signal", lambda *args: None)
     assert main(["top", "--broker", "b1=127.0.0.1:1", "--timeout", "7"]) == 0
     assert made["timeout_s"] == 7.0
+
+
+def test_a_refresh_waits_one_timeout_for_brokers_that_do_not_answer() -> None:
+    """`top --broker` asks every broker before it waits for any answer: brokers that do not answer (stopped,
+    partitioned) cost one --timeout a refresh together, not one each."""
+    events: list[str] = []
+
+    class Silent:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def result(self) -> bpb.StatsResponse:
+            events.append(f"waited {self.name}")
+            raise live.grpc.RpcError()
+
+    class Stub:
+        def __init__(self, name: str) -> None:
+            self.Stats = self
+            self.name = name
+
+        def future(self, request: bpb.StatsRequest, **_: Any) -> Silent:
+            events.append(f"asked {self.name}")
+            return Silent(self.name)
+
+    view = live.LiveView("", [Broker("b1", "127.0.0.1:1"), Broker("b2", "127.0.0.1:2")], timeout_s=3.0)
+    view._stubs = {name: Stub(name) for name in ("b1", "b2")}  # type: ignore[dict-item]
+    sample = view.poll()
+    assert events[:2] == ["asked b1", "asked b2"] and len(events) == 4
+    assert sample is not None
