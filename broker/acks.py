@@ -2,7 +2,8 @@
 invisibility, dead-letter it. A handle acts only on the delivery it names while that is still its group's
 current one (`Acks.resolve`): another group's handle, or one acked or redelivered since, is InvalidReceiptHandle
 and changes nothing. DeadLetter alone goes by the message the handle names (`Acks.owed`), as RocketMQ's proxy
-forwards by offset: a retried forward then ends, whichever delivery of the message is current.
+forwards by offset: a retried forward then ends, whichever delivery of the message is current — under a stale
+handle only when the message there is the one the forward names by id (a topic made again reuses offsets).
 
 Owned by the core, which hands Acks, ChangeInvisibleDuration, Renew and dead-letter requests here; it knows
 nothing of the core: a FIFO message leaving the group's flight and the acks to count go back through the
@@ -156,13 +157,15 @@ class Acks:
             await self.commits.write(ops)
         return results, deadline
 
-    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage | None:
+    async def dead_letter(self, topic: str, group: str, text: str, *, message_id: str = "") -> pb.StoredMessage | None:
         """Move the message the handle names to the group's DLQ by its topic, queue and offset, as RocketMQ's proxy
         forwards by offset: under a stale handle too, for the official clients retry a refused forward forever. In
         flight to the group under any delivery (a newer one, or one whose invisibility passed) it is dead-lettered
         and that delivery ends (`Redelivery.dead_letter`: one commit, a FIFO message group released); no longer the
-        group's (acked, dead-lettered already or under way) None, and nothing is written. A message the group was
-        never given (or a group with no state on the topic) stays InvalidReceiptHandle —
+        group's (acked, dead-lettered already or under way) None, and nothing is written. Under a stale handle a
+        `message_id` given must be the stored message's, else None and nothing written: a topic deleted and made
+        again reuses offsets (test_a_stale_forward_of_a_deleted_topics_message_leaves_the_new_message_at_its_offset).
+        A message the group was never given (or a group with no state on the topic) stays InvalidReceiptHandle —
         tests/unit/broker/test_dead_letter_stale.py."""
         validation.check_group(group)
         tries = MAX_FORWARD_TRIES
@@ -170,9 +173,12 @@ class Acks:
             state, handle, delivery = self.owed(topic, group, text)
             if delivery is None:
                 return None
+            current = delivery.token == handle.token and delivery.attempt == handle.attempt
             tries -= 1
             try:
-                return await self.redelivery.dead_letter(state, handle.queue_id, handle.offset, delivery)
+                return await self.redelivery.dead_letter(
+                    state, handle.queue_id, handle.offset, delivery, message_id="" if current else message_id
+                )
             except InvalidReceiptHandle:
                 if not tries:
                     raise

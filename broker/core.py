@@ -281,8 +281,8 @@ class BrokerCore:
     ) -> tuple[list[DomainError | None], int]:
         return await self.acks.renew(group, handles, invisible_ms, bring_forward=bring_forward)
 
-    async def dead_letter(self, topic: str, group: str, text: str) -> pb.StoredMessage | None:
-        return await self.acks.dead_letter(topic, group, text)
+    async def dead_letter(self, topic: str, group: str, text: str, *, message_id: str = "") -> pb.StoredMessage | None:
+        return await self.acks.dead_letter(topic, group, text, message_id=message_id)
 
     def unreadable(self, topic: str, group: str, text: str) -> None:
         self.acks.unreadable(topic, group, text)

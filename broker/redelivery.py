@@ -230,11 +230,14 @@ class Redelivery:
         state.start_delivery(queue_id, offset, delivery.attempt, self.clock.now_ms() + 1000, None, fifo=fifo)
         self.schedule(state)
 
-    async def dead_letter(self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery) -> pb.StoredMessage:
+    async def dead_letter(
+        self, state: GroupTopic, queue_id: int, offset: int, delivery: Delivery, *, message_id: str = ""
+    ) -> pb.StoredMessage | None:
         """Move the delivery's message to the group's DLQ; InvalidReceiptHandle when it is no longer the group's to
         move (acked, redelivered, or its group or topic deleted — also while it waited for a mover, or while its
         payload was read): test_dead_letter_races.py::
-        test_dead_letters_of_a_deleted_topic_do_not_take_its_new_messages."""
+        test_dead_letters_of_a_deleted_topic_do_not_take_its_new_messages. With `message_id`, None (nothing
+        written) when the stored message is another one."""
         if not self._live(state):
             raise InvalidReceiptHandle(f"consumer group {state.group} on topic {state.topic} was deleted meanwhile")
         topic = self.topics[state.topic]
@@ -242,6 +245,8 @@ class Redelivery:
         if not self._live(state) or state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
         dlq = _dead_letter_of(payloads[(queue_id, offset)], state, queue_id, offset, delivery.attempt)
+        if message_id and dlq.message_id != message_id:
+            return None
         if not dlq.message_id:
             dlq.message_id = self.sends.ids.next()
         gq = state.queues[queue_id]

@@ -128,7 +128,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def DeadLetter(
         self, request: pb.DeadLetterRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeadLetterResponse:
-        stored = await self.core.dead_letter(request.topic, request.group, request.receipt_handle)
+        stored = await self.core.dead_letter(
+            request.topic, request.group, request.receipt_handle, message_id=request.message_id
+        )
         if stored is None:  # no longer the group's (acked, dead-lettered already): nothing written
             return pb.DeadLetterResponse(dlq_topic=validation.DLQ_PREFIX + request.group, offset=-1)
         return pb.DeadLetterResponse(dlq_topic=stored.message.topic, offset=stored.offset)

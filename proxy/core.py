@@ -345,10 +345,12 @@ class Proxy:
         response = await client.change_invisible_time(request, timeout_s=self._timeout_until(deadline))
         return response.receipt_handle
 
-    async def dead_letter(self, topic: str, group: str, handle: str, *, deadline: float | None = None) -> None:
+    async def dead_letter(
+        self, topic: str, group: str, handle: str, message_id: str = "", *, deadline: float | None = None
+    ) -> None:
         client = self.pool.for_handle(handle)
         self.renewer.forget((handle,))
-        request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle)
+        request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle, message_id=message_id)
         await client.dead_letter(request, timeout_s=self._timeout_until(deadline))
 
 

@@ -237,14 +237,16 @@ class NotificationResponse(_message.Message):
     def __init__(self, has_message: _Optional[bool] = ..., polling_full: _Optional[bool] = ..., closing: _Optional[bool] = ...) -> None: ...
 
 class DeadLetterRequest(_message.Message):
-    __slots__ = ("topic", "group", "receipt_handle")
+    __slots__ = ("topic", "group", "receipt_handle", "message_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     receipt_handle: str
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handle: _Optional[str] = ...) -> None: ...
+    message_id: str
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., message_id: _Optional[str] = ...) -> None: ...
 
 class DeadLetterResponse(_message.Message):
     __slots__ = ("dlq_topic", "offset")

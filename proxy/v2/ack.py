@@ -100,5 +100,5 @@ async def forward_to_dead_letter_queue(
 ) -> pb.ForwardMessageToDeadLetterQueueResponse:
     group = validate.group_in(request.group.resource_namespace, request.group.name)
     topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
-    await call.proxy.dead_letter(topic, group, request.receipt_handle, deadline=call.deadline)
+    await call.proxy.dead_letter(topic, group, request.receipt_handle, request.message_id, deadline=call.deadline)
     return pb.ForwardMessageToDeadLetterQueueResponse(status=OK)

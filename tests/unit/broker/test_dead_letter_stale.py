@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from popgate_pb import broker_pb2 as pb
 
+from broker import admin
 from broker.core import BrokerCore
 from popgate_contract.errors import InvalidReceiptHandle
 from tests.unit.broker.cores import broker
@@ -22,9 +23,9 @@ async def letters(core: BrokerCore, group: str = "g") -> list[pb.Message]:
     return [pb.Message.FromString(r.payload) for r in records]
 
 
-async def forwarded(core: BrokerCore, handle: str, group: str = "g") -> pb.Message:
+async def forwarded(core: BrokerCore, handle: str, group: str = "g", message_id: str = "") -> pb.Message:
     """The dead letter a DeadLetter of `handle` wrote (it must write one)."""
-    stored = await core.dead_letter("t", group, handle)
+    stored = await core.dead_letter("t", group, handle, message_id=message_id)
     assert stored is not None, "the forward wrote no dead letter"
     return stored.message
 
@@ -96,3 +97,28 @@ async def test_a_forward_of_a_message_the_group_was_never_given_is_refused(tmp_p
             with pytest.raises(InvalidReceiptHandle):
                 await core.dead_letter("t", group, handle)
         assert "%DLQ%g" not in core.topics
+
+
+async def test_a_stale_forward_of_a_deleted_topics_message_leaves_the_new_message_at_its_offset(
+    tmp_path: Path,
+) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"old")])
+        [old] = (await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)).messages
+        assert await core.ack("t", "g", [old.handle]) == [None]
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        await core.send([pb.Message(topic="t", body=b"new")])  # the topic made again: offset 0 once more
+        [new] = (await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)).messages
+        old_id = pb.Message.FromString(old.payload).message_id
+        assert await core.dead_letter("t", "g", old.handle, message_id=old_id) is None  # the old forward retried
+        assert await core.ack("t", "g", [new.handle]) == [None]
+        assert "%DLQ%g" not in core.topics
+
+
+async def test_a_stale_forward_naming_its_message_dead_letters_it(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"poison")])
+        [m] = (await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)).messages
+        await core.change_invisible("t", "g", m.handle, 0)
+        message_id = pb.Message.FromString(m.payload).message_id
+        assert (await forwarded(core, m.handle, message_id=message_id)).body == b"poison"
