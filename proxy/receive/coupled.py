@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
@@ -35,6 +35,7 @@ from proxy.receive.coverage import (
     Key,
     Move,
     PassOn,
+    Unawait,
     Unwatch,
     Watch,
 )
@@ -94,6 +95,8 @@ class LongPollStrategy:
         self._pool = pool
         self._coverage = Coverage(self._broker_health, cover=cover)
         self._watch_calls: dict[Watch, asyncio.Future[bpb.NotificationResponse]] = {}  # until each call ends
+        # (key, broker) -> the broker's up-wait and the callback on it, until it answers or `Unawait`
+        self._up_waits: dict[tuple[Key, str], tuple[asyncio.Future[None], Callable[[asyncio.Future[None]], None]]] = {}
         self._timeout = broker_timeout_s
         self._metrics = metrics or NoMetrics()
         # One waiter on the proxy's closing event for every held receive (`OnClose`): on close each receive's task
@@ -285,7 +288,13 @@ class LongPollStrategy:
                 self._client(command.watch.broker).release(self._watch_calls[command.watch])
             elif isinstance(command, AwaitUp):
                 up = self._client(command.broker).when_up()
-                up.add_done_callback(functools.partial(self._came_up, command.key, command.broker))
+                callback = functools.partial(self._came_up, command.key, command.broker)
+                up.add_done_callback(callback)
+                self._up_waits[(command.key, command.broker)] = (up, callback)
+            elif isinstance(command, Unawait):
+                wait = self._up_waits.pop((command.key, command.broker), None)
+                if wait is not None:
+                    wait[0].remove_done_callback(wait[1])
             elif isinstance(command, CoverLater):
                 asyncio.get_running_loop().call_later(command.delay_s, self._cover, command.key)
 
@@ -301,6 +310,7 @@ class LongPollStrategy:
             del self._watch_calls[watch]
 
     def _came_up(self, key: Key, broker: str, _up: asyncio.Future[None]) -> None:
+        self._up_waits.pop((key, broker), None)
         self._apply(self._coverage.came_up(key, broker, now=asyncio.get_running_loop().time()))
 
 

@@ -96,6 +96,14 @@ class AwaitUp:
 
 
 @dataclass(frozen=True, slots=True)
+class Unawait:
+    """Stop waiting for `broker` to be up for the group: its last Pop with the filter ended, or it is seen up."""
+
+    key: Key
+    broker: str
+
+
+@dataclass(frozen=True, slots=True)
 class Move:
     """Cancel `entry`'s Pop: its receive makes it again at `entry.moved_to` (count it as moved for the group)."""
 
@@ -119,7 +127,7 @@ class CoverLater:
     delay_s: float
 
 
-Command = Watch | Unwatch | AwaitUp | Move | PassOn | CoverLater
+Command = Watch | Unwatch | AwaitUp | Unawait | Move | PassOn | CoverLater
 
 
 class Coverage:
@@ -138,7 +146,8 @@ class Coverage:
         self._held: dict[Key, dict[str, dict[Held, None]]] = {}
         # (topic, group, filter) -> broker -> the watch there (`cover`)
         self._watches: dict[Key, dict[str, Watch]] = {}
-        self._awaiting: set[tuple[Key, str]] = set()  # (key, broker) waiting for the broker to be up
+        # (topic, group, filter) -> the down brokers waited for (`AwaitUp`) while the group holds Pops with it
+        self._awaiting: dict[Key, set[str]] = {}
 
     def held(self, key: Key) -> Mapping[str, Mapping[Held, None]]:
         """The group's held Pops with the filter by broker (brokers holding none are absent)."""
@@ -183,22 +192,30 @@ class Coverage:
         for broker in list(watches):
             if not held or held.get(broker):
                 commands.append(Unwatch(watches.pop(broker)))
-        if held:
+        if not held:  # no wait outlives the filter's last Pop — test_coverage.py::
+            # test_a_down_broker_is_no_longer_awaited_for_a_filter_whose_last_pop_ended
+            commands.extend(Unawait(key, name) for name in self._awaiting.pop(key, ()))
+        else:
+            awaiting = self._awaiting.setdefault(key, set())
             for name, healthy in self._brokers():
                 if name in held or name in watches:
                     continue
                 if not healthy:  # watched once its health checks see it up (a restart)
-                    if (key, name) not in self._awaiting:
-                        self._awaiting.add((key, name))
+                    if name not in awaiting:
+                        awaiting.add(name)
                         commands.append(AwaitUp(key, name))
                     continue
                 # Seen up, by whatever path (its client replaced: the wait may never answer): awaited again the
                 # next time it is down — test_coverage.py::
                 # test_a_down_broker_seen_up_without_its_await_answering_is_awaited_again_when_it_goes_down_again
-                self._awaiting.discard((key, name))
+                if name in awaiting:
+                    awaiting.discard(name)
+                    commands.append(Unawait(key, name))
                 watch = Watch(key, name, now)
                 watches[name] = watch
                 commands.append(watch)
+            if not awaiting:
+                del self._awaiting[key]
         if watches:
             self._watches[key] = watches
         else:
@@ -228,8 +245,14 @@ class Coverage:
         return self.cover(watch.key, now=now)  # held to its end: watch on
 
     def came_up(self, key: Key, broker: str, *, now: float) -> list[Command]:
-        """An `AwaitUp` broker's health checks see it up, or its client was replaced (`cover` looks again)."""
-        self._awaiting.discard((key, broker))
+        """An `AwaitUp` broker's health checks see it up, or its client was replaced (`cover` looks again). One no
+        longer awaited (`Unawait` given) is ignored."""
+        awaiting = self._awaiting.get(key)
+        if awaiting is None or broker not in awaiting:
+            return []
+        awaiting.discard(broker)
+        if not awaiting:
+            del self._awaiting[key]
         return self.cover(key, now=now)
 
     # -- helpers ---------------------------------------------------------------

@@ -16,6 +16,7 @@ from proxy.receive.coverage import (
     Key,
     Move,
     PassOn,
+    Unawait,
     Unwatch,
     Watch,
 )
@@ -176,6 +177,19 @@ def test_a_down_broker_seen_up_without_its_await_answering_is_awaited_again_when
     health["b3"] = False  # restarted later: its watch fails
     assert cov.watched(b3, Answer.FAILED, now=2.0) == [CoverLater(KEY, WATCH_RETRY_S)]
     assert cov.cover(KEY, now=3.0) == [AwaitUp(KEY, "b3")]
+
+
+def test_a_down_broker_is_no_longer_awaited_for_a_filter_whose_last_pop_ended() -> None:
+    """Filters come and go while a broker is down: each one's wait ends with its last Pop, none piles up."""
+    cov = coverage(health={"b3": False})
+    for i in range(100):
+        key = ("t", "g", f"tag{i}")
+        entry, cmds = cov.track(key, "b1", Call(), now=0.0)
+        assert AwaitUp(key, "b3") in cmds
+        assert cov.untrack(key, "b1", entry) == [CoverLater(key, COVER_DELAY_S)]
+        assert Unawait(key, "b3") in cov.cover(key, now=1.0)
+        assert cov.came_up(key, "b3", now=2.0) == []  # a wait that answers anyway: the key is no longer held
+    assert not cov._awaiting
 
 
 def test_a_stale_watch_answer_changes_nothing() -> None:
