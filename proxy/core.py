@@ -236,7 +236,8 @@ class Proxy:
         finally:
             if held:
                 self._held -= 1
-            self.metrics.receive(request.group, self.strategy.mode, outcome, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.receive(request.group, self.strategy.mode, outcome, seconds, request=request)
 
     def not_read(self, group: str) -> None:
         """An answer of `group` was not read by its client within its write deadline (docs/PROXY.md)."""

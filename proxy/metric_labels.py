@@ -21,17 +21,28 @@ class GroupLabels:
         self._max_groups = max_groups
         self._pairs: set[tuple[str, str]] = set()
         self._max_pairs = max_pairs
-        # Mode decisions of receives still in progress of groups without a label yet, counted once they end.
-        self._pending: dict[str, list[Decision]] = {}
+        # Mode decisions of receives still in progress of groups without a label yet, by the id of each receive's
+        # request (alive until its end), counted once they end
+        self._pending: dict[str, dict[int, Decision]] = {}
 
-    def group(self, group: str, served: bool) -> tuple[str, list[Decision]]:
-        """A group without a label yet: its label (its name if `served` and there is room), and the decisions kept
-        for it until now, to be counted under that label."""
-        label = OTHER_GROUPS
-        if group in self.named or (served and len(self.named) < self._max_groups):
+    def group(self, group: str, served: bool, request: object = None) -> tuple[str, list[Decision]]:
+        """A group without a label yet: its label (its name if `served` and there is room), and the decisions to
+        count under it now: once named, every kept one (the receives still waiting will end under its name); else
+        only that of the receive of `request` ending — tests/unit/proxy/test_delivery_metrics.py::
+        test_each_receive_counts_its_own_mode_decision_under_the_label_its_outcome_gives."""
+        named = group in self.named or (served and len(self.named) < self._max_groups)
+        if named:
             self.named.add(group)
-            label = group
-        return label, self._pending.pop(group, [])
+        pending = self._pending.get(group)
+        if pending is None:
+            return (group if named else OTHER_GROUPS), []
+        if named:
+            del self._pending[group]
+            return group, list(pending.values())
+        decision = pending.pop(id(request), None) if request is not None else None
+        if not pending:
+            del self._pending[group]
+        return OTHER_GROUPS, [decision] if decision is not None else []
 
     def pair(self, topic: str, label: str, served: bool) -> tuple[str, str]:
         """Labels of a (topic, group) pair, given the group's label."""
@@ -43,10 +54,10 @@ class GroupLabels:
             return pair
         return OTHER_GROUPS, label
 
-    def defer(self, group: str, decision: Decision) -> bool:
-        """Keep a decision made before the group's receive was served, to be counted once it is (`group`); False
-        when it is to be counted now (the group has a label, or too many groups wait)."""
+    def defer(self, group: str, request: object, decision: Decision) -> bool:
+        """Keep the decision of the receive of `request`, made before it was served, until it ends (`group` with
+        the same request); False when it is to be counted now (the group has a label, or too many groups wait)."""
         if group in self.named or (group not in self._pending and len(self._pending) >= self._max_groups):
             return False
-        self._pending.setdefault(group, []).append(decision)
+        self._pending.setdefault(group, {})[id(request)] = decision
         return True

@@ -229,17 +229,18 @@ class ProxyMetrics:
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
         self._broker(broker, method, outcome).inc()
 
-    def _group(self, group: str, served: bool = True) -> str:
-        """The group's label (`GroupLabels`): its name once a broker served one of its requests (`served`)."""
+    def _group(self, group: str, served: bool = True, request: object = None) -> str:
+        """The group's label (`GroupLabels`): its name once a broker served one of its requests (`served`); a
+        receive's end (`request`) counts its kept mode decision."""
         if group in self._named:
             return group
-        label, decisions = self._labels.group(group, served)
+        label, decisions = self._labels.group(group, served, request)
         for mode, reason in decisions:
             self._decisions(label, mode, reason).inc()
         return label
 
-    def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
-        self._receives(self._group(group, outcome in SERVED), mode, outcome).inc()
+    def receive(self, group: str, mode: str, outcome: str, seconds: float, *, request: object = None) -> None:
+        self._receives(self._group(group, outcome in SERVED, request), mode, outcome).inc()
         self._receive_latency.observe(seconds)
         self._mode_latency(mode, outcome).observe(seconds)
 
@@ -284,10 +285,10 @@ class ProxyMetrics:
             if count:
                 self._notify_pops(group, kind).inc(count)
 
-    def mode_decision(self, group: str, mode: str, reason: str) -> None:
-        """Made before the receive is served: for a group without a label yet, counted when the receive ends
-        (`receive`), under the label its outcome gives."""
-        if not self._labels.defer(group, (mode, reason)):
+    def mode_decision(self, group: str, mode: str, reason: str, *, request: object) -> None:
+        """Made before the receive of `request` is served: for a group without a label yet, counted when that
+        receive ends (`receive` with the same request), under the label its outcome gives."""
+        if not self._labels.defer(group, request, (mode, reason)):
             self._decisions(self._group(group, False), mode, reason).inc()
 
     def _topic_group(self, topic: str, group: str, served: bool = True) -> tuple[str, str]:

@@ -142,7 +142,8 @@ class Metrics(Protocol):
 
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None: ...
 
-    def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None: ...
+    def receive(self, group: str, mode: str, outcome: str, seconds: float, *, request: object = None) -> None:
+        """A receive ended; `request` is the one its `mode_decision` named (an adaptive receive)."""
 
     def long_poll(self, group: str) -> None:
         """A receive a broker held (is_long_polling); once a receive."""
@@ -158,7 +159,7 @@ class Metrics(Protocol):
 
     def notify_run(self, group: str, stats: RunStats, outcome: str) -> None: ...
 
-    def mode_decision(self, group: str, mode: str, reason: str) -> None: ...
+    def mode_decision(self, group: str, mode: str, reason: str, *, request: object) -> None: ...
 
     def renewals(self, outcome: str, count: int) -> None:
         """Handles sent to brokers for renewal, by outcome: ok, stale, failed."""
@@ -180,7 +181,7 @@ class NoMetrics:
     def broker_rpc(self, broker: str, method: str, outcome: str) -> None:
         pass
 
-    def receive(self, group: str, mode: str, outcome: str, seconds: float) -> None:
+    def receive(self, group: str, mode: str, outcome: str, seconds: float, *, request: object = None) -> None:
         pass
 
     def long_poll(self, group: str) -> None:
@@ -198,7 +199,7 @@ class NoMetrics:
     def notify_run(self, group: str, stats: RunStats, outcome: str) -> None:
         pass
 
-    def mode_decision(self, group: str, mode: str, reason: str) -> None:
+    def mode_decision(self, group: str, mode: str, reason: str, *, request: object) -> None:
         pass
 
     def renewals(self, outcome: str, count: int) -> None:

@@ -38,7 +38,7 @@ class AdaptiveStrategy:
         test_a_held_adaptive_long_poll_is_one_strategy_coroutine_and_every_receive_ends_at_the_policy."""
         now = asyncio.get_running_loop().time()
         decision = self._policy.start(request.group, now=now, live_brokers=len(self._pool.live()))
-        self._metrics.mode_decision(request.group, decision.mode, decision.reason)
+        self._metrics.mode_decision(request.group, decision.mode, decision.reason, request=request)
         return self._by_mode[decision.mode].receive(request, closing, policy=self._policy)
 
 

@@ -268,3 +268,19 @@ async def test_refused_receives_and_acks_take_no_label_from_a_group_a_broker_ser
     assert (
         sample(metrics, "popgate_proxy_acks_total", topic="_other", group="_other", outcome="InvalidReceiptHandle") == 3
     )
+
+
+def test_each_receive_counts_its_own_mode_decision_under_the_label_its_outcome_gives() -> None:
+    """Three receives of a group without a label yet decide their mode; the first ends refused while the others
+    wait, then they are served: one decision under _other, two under the group's own label, none left kept."""
+    metrics = ProxyMetrics(CollectorRegistry())
+    receives = [object() for _ in range(3)]
+    for request in receives:
+        metrics.mode_decision("g", "notify", "quiet", request=request)
+    metrics.receive("g", "adaptive", "full", 0.0, request=receives[0])
+    for request in receives[1:]:
+        metrics.receive("g", "adaptive", "empty", 0.5, request=request)
+    decided = "popgate_proxy_receive_mode_decisions_total"
+    assert sample(metrics, decided, group="_other", mode="notify", reason="quiet") == 1
+    assert sample(metrics, decided, group="g", mode="notify", reason="quiet") == 2
+    assert not metrics._labels._pending

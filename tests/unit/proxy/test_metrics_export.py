@@ -18,7 +18,7 @@ def test_export_carries_first_pop_hits_long_polls_notify_runs_and_empty_receives
     metrics.notify_run("g", RunStats(notifications=4, notified_has_message=1, pops=2, waited=True), "messages")
     metrics.long_poll("g")
     metrics.receive("g", "adaptive", "empty", 0.5)
-    metrics.mode_decision("g", "notify", "quiet")
+    metrics.mode_decision("g", "notify", "quiet", request=object())
     exported = {
         (r["metric"], r["group"], tuple(sorted(r["labels"].items()))): r["value"]
         for r in records(metrics.registry, ExportSettings(tmp_path, "proxy-1", "proxy"), now=1.0)
