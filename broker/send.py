@@ -36,6 +36,8 @@ from popgate_contract.errors import (
     BadRequest,
     IllegalBatchSize,
     IllegalMessage,
+    IllegalMessageGroup,
+    IllegalMessageKey,
     MessageBodyEmpty,
     MessageBodyTooLarge,
     StoreUnavailable,
@@ -279,17 +281,13 @@ class SendPath:
             if len(m.keys) > validation.MAX_KEYS:
                 raise IllegalMessage(f"message has {len(m.keys)} keys, at most {validation.MAX_KEYS}")
             for key in m.keys:
-                validation.check_text_field("message key", key, limit=256)
+                validation.check_text_field("message key", key, limit=256, error=IllegalMessageKey)
         if m.properties:
-            props = sum(len(k) + len(v) for k, v in m.properties.items())
-            if props > validation.MAX_PROPERTIES_BYTES or any(not k for k in m.properties):
-                raise IllegalMessage(
-                    f"message properties need non-empty keys and <= {validation.MAX_PROPERTIES_BYTES} B in all"
-                )
+            validation.check_properties(m.properties)
         if m.message_id:
             validation.check_message_id(m.message_id)
         if m.message_group:
-            validation.check_text_field("message group", m.message_group, limit=128)
+            validation.check_text_field("message group", m.message_group, limit=128, error=IllegalMessageGroup)
         due = due_time_ms(
             now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
         )

@@ -7,16 +7,16 @@ that names the field, the value and the rule.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from popgate_contract import errors
 from popgate_contract.validation import (
     DLQ_PREFIX,
     MAX_KEYS,
-    MAX_PROPERTIES_BYTES,
     MAX_SEND_MESSAGES,
     check_group,
     check_message_id,
+    check_properties,
     check_tag,
     check_topic,
     has_control,
@@ -26,7 +26,6 @@ from popgate_contract.validation import (
 # Limits only the proxy checks (the v2 protocol's; the broker accepts what the proxy let through).
 MAX_KEY_LEN = 256
 MAX_MESSAGE_GROUP_BYTES = 64
-MAX_PROPERTIES = 128
 NAMESPACE_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
@@ -34,6 +33,7 @@ NAMESPACE_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 topic = check_topic
 group = check_group
 message_id = check_message_id
+properties = check_properties
 
 
 # Topics no producer may send to (RocketMQ's TopicValidator.isSystemTopic, and its %-prefixed group topics):
@@ -152,23 +152,6 @@ def message_group(value: str) -> str:
             f" character, got {size} bytes"
         )
     return value
-
-
-def properties(props: Mapping[str, str]) -> Mapping[str, str]:
-    if len(props) > MAX_PROPERTIES:
-        raise errors.MessagePropertiesTooLarge(
-            f"message has {len(props)} user properties; the limit is {MAX_PROPERTIES}"
-        )
-    size = 0
-    for key, value in props.items():
-        if not key.strip() or has_control(key):
-            raise errors.IllegalPropertyKey(f"user property key {key[:40]!r} is blank or has a control character")
-        size += len(key.encode()) + len(value.encode())
-    if size > MAX_PROPERTIES_BYTES:
-        raise errors.MessagePropertiesTooLarge(
-            f"user properties take {size} bytes; the limit is {MAX_PROPERTIES_BYTES} bytes"
-        )
-    return props
 
 
 def delivery_time(deliver_at_s: float, *, now_s: float, max_delay_s: float) -> float:

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-from popgate_contract.errors import DomainError, IllegalFilter, IllegalGroup, IllegalMessage, IllegalTopic
+from popgate_contract.errors import (
+    DomainError,
+    IllegalFilter,
+    IllegalGroup,
+    IllegalMessage,
+    IllegalPropertyKey,
+    IllegalTopic,
+    MessagePropertiesTooLarge,
+)
 
 # The limits of docs/ARCHITECTURE.md §5, checked by the broker and again, before any broker call, by the proxy
 # (proxy/validate.py imports them from here: one source for both).
@@ -21,6 +30,7 @@ MAX_CLIENT_ID_CHARS = 512
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64
 MAX_PROPERTIES_BYTES = 16 * 1024
+MAX_PROPERTIES = 128
 # Receipt handles in one Ack or Renew: fixed, not --max-send-batch, as a proxy's AckMessage carries up to 1,024 and
 # its renewals batch as many: a broker with a smaller send batch takes them all.
 MAX_HANDLES = 1024
@@ -79,12 +89,32 @@ def check_message_id(message_id: str) -> str:
     return message_id
 
 
-def check_text_field(what: str, value: str, *, limit: int) -> str:
+def check_text_field(what: str, value: str, *, limit: int, error: type[DomainError] = IllegalMessage) -> str:
+    """`value` if it is at most `limit` characters with no control character (other Unicode is text, as to the
+    proxy's own checks: tests/unit/broker/test_send_text.py)."""
     if len(value) > limit:
-        raise IllegalMessage(f"{what} is longer than {limit} characters")
-    if not value.isprintable():
-        raise IllegalMessage(f"{what} contains a control character")
+        raise error(f"{what} is longer than {limit} characters")
+    if has_control(value):
+        raise error(f"{what} contains a control character")
     return value
+
+
+def check_properties(props: Mapping[str, str]) -> Mapping[str, str]:
+    """`props` if a message may carry them: at most MAX_PROPERTIES, MAX_PROPERTIES_BYTES of UTF-8 in all, no key
+    blank and no control character in a key or a value, as RocketMQ's proxy refuses (tests/unit/proxy/test_rules.py,
+    tests/unit/broker/test_send_text.py)."""
+    if len(props) > MAX_PROPERTIES:
+        raise MessagePropertiesTooLarge(f"message has {len(props)} user properties; the limit is {MAX_PROPERTIES}")
+    size = 0
+    for key, value in props.items():
+        if not key.strip() or has_control(key):
+            raise IllegalPropertyKey(f"user property key {key[:40]!r} is blank or has a control character")
+        if has_control(value):
+            raise IllegalPropertyKey(f"the value of user property {key[:40]!r} has a control character")
+        size += len(key.encode()) + len(value.encode())
+    if size > MAX_PROPERTIES_BYTES:
+        raise MessagePropertiesTooLarge(f"user properties take {size} bytes; the limit is {MAX_PROPERTIES_BYTES} bytes")
+    return props
 
 
 MAX_FILTER_LEN = 1024

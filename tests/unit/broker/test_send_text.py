@@ -1,0 +1,61 @@
+"""What text a broker takes in a message's keys, message group and properties: Unicode other than ISO control
+characters (C0, DEL, C1) is text, as to the proxy's own checks (tests/unit/proxy/test_rules.py) and RocketMQ's
+proxy; a refusal names the field's own error, so a client reads the v2 code of the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from popgate_pb import broker_pb2 as pb
+
+from broker import handlers
+from popgate_contract import errors
+from tests.unit.broker.cores import broker
+from tests.unit.proxy.test_rules import CONTROLS, UNICODE_TEXT
+
+
+@pytest.mark.parametrize("text", UNICODE_TEXT)
+async def test_unicode_text_other_than_control_characters_is_a_key_message_group_or_property(
+    tmp_path: Path, text: str
+) -> None:
+    sent = [
+        pb.Message(topic="t", body=b"k", keys=[text, f"注文{text}"]),
+        pb.Message(topic="t", body=b"g", message_group=text),
+        pb.Message(topic="t", body=b"p", properties={text: text}),
+    ]
+    async with broker(tmp_path) as (core, _):
+        answer = pb.SendResponse()
+        await handlers.send(core, pb.SendRequest(messages=sent), answer)
+        popped = pb.PopResponse()
+        await handlers.pop(
+            core, pb.PopRequest(topic="t", group="g", max_messages=8, invisible_ms=60_000, v2=True), popped
+        )
+    assert len(answer.results) == 3
+    got = {m.stored.message.body: m.stored.message for m in popped.messages}
+    assert list(got[b"k"].keys) == [text, f"注文{text}"]
+    assert got[b"g"].message_group == text
+    assert dict(got[b"p"].properties) == {text: text}
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+async def test_a_control_character_is_refused_with_the_fields_own_error_and_nothing_stored(
+    tmp_path: Path, control: str
+) -> None:
+    text = f"a{control}b"
+    cases = [
+        (pb.Message(topic="t", body=b"x", keys=[text]), errors.IllegalMessageKey),
+        (pb.Message(topic="t", body=b"x", message_group=text), errors.IllegalMessageGroup),
+        (pb.Message(topic="t", body=b"x", properties={text: "v"}), errors.IllegalPropertyKey),
+        (pb.Message(topic="t", body=b"x", properties={"k": text}), errors.IllegalPropertyKey),
+    ]
+    async with broker(tmp_path) as (core, _):
+        for message, error in cases:
+            fine = pb.Message(topic="t", body=b"fine")
+            with pytest.raises(error, match="control character"):
+                await handlers.send(core, pb.SendRequest(messages=[fine, message]), pb.SendResponse())
+        popped = pb.PopResponse()
+        await handlers.pop(
+            core, pb.PopRequest(topic="t", group="g", max_messages=8, invisible_ms=60_000, v2=True), popped
+        )
+    assert list(popped.messages) == []
