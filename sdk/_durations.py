@@ -41,6 +41,8 @@ def duration(name: str, seconds: float, *, positive: bool = False) -> float:
 
 
 def _deliver_at(deliver_at: float, now: float) -> None:
+    if isinstance(deliver_at, bool) or not isinstance(deliver_at, numbers.Real):
+        raise TypeError(f"deliver_at must be a time in epoch seconds, got {deliver_at!r}")
     if not 0 <= deliver_at <= now + MAX_DURATION_S:  # also refuses NaN
         raise ValueError(
             f"deliver_at must be a finite time in epoch seconds, at most 7 days ahead "

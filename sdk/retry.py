@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ class RetryPolicy:
     jitter: float = 0.5
 
     def __post_init__(self) -> None:
+        for name in ("max_attempts", "initial_backoff", "max_backoff", "multiplier", "jitter"):
+            value = getattr(self, name)
+            kind = numbers.Integral if name == "max_attempts" else numbers.Real
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"{name} must be {'an int' if kind is numbers.Integral else 'a number'}, got {value!r}")
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         if not 0 < self.initial_backoff <= self.max_backoff <= MAX_BACKOFF_S:  # 0: a busy loop; NaN fails too

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from popgate import Message, Producer, SimpleConsumer, _durations, _wire, aio
+from popgate import Message, Producer, RetryPolicy, SimpleConsumer, _durations, _wire, aio
 from popgate.cli.main import main
 
 NOWHERE = "127.0.0.1:1"  # nothing listens: a refused argument must fail before any call is tried
@@ -140,6 +140,12 @@ def bad(value: object) -> Any:
         ("max", lambda: asyncio.run(aio.SimpleConsumer(NOWHERE, "g", "t").receive(max=bad("3")))),
         ("delay", lambda: asyncio.run(aio.SimpleConsumer(NOWHERE, "g", "t").nack(received(), bad("5")))),
         ("delay", lambda: Producer(NOWHERE).send("t", b"x", delay=bad("5"))),
+        ("deliver_at", lambda: Producer(NOWHERE).send("t", b"x", deliver_at=bad("x"))),
+        ("max_attempts", lambda: RetryPolicy(max_attempts=bad("3"))),
+        ("initial_backoff", lambda: RetryPolicy(initial_backoff=bad("x"))),
+        ("max_backoff", lambda: RetryPolicy(max_backoff=bad(None))),
+        ("multiplier", lambda: RetryPolicy(multiplier=bad("2"))),
+        ("jitter", lambda: RetryPolicy(jitter=True)),
     ],
 )
 def test_an_argument_of_the_wrong_type_is_refused_naming_it(name: str, call: Callable[[], Any]) -> None:
