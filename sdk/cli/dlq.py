@@ -42,7 +42,7 @@ from .options import (
     number,
     quiet_option,
 )
-from .output import error_console, explain, json_error, msg_rate, print_json, print_table, progress
+from .output import error_console, explain, json_error, msg_rate, print_json, print_table, progress, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 LIST_LIMIT = number(int, low=1, high=1000)
@@ -273,8 +273,8 @@ def dlq_list_command(args: argparse.Namespace) -> int:
             props.get("ORIGIN_TOPIC", "?"),
             props.get("DELIVERY_ATTEMPTS", "?"),
             stored_at,
-            m.tag if m.HasField("tag") else "",
-            m.body.decode(errors="replace"),
+            terminal_text(m.tag) if m.HasField("tag") else "",
+            terminal_text(m.body.decode(errors="replace")),
         )
     print_table(table)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -130,6 +131,16 @@ def json_error(json_asked: bool, line: str) -> None:
     if json_asked and sys.stdout is not None:
         with contextlib.suppress(OSError, ValueError):  # ValueError: a closed file object
             print_json({"error": line})
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: str) -> str:
+    """`text` with its control characters (C0, DEL, C1) shown as ``\\xNN``, as `popgate receive` shows a body: what
+    a message carries never reaches the terminal as an escape sequence —
+    tests/integration/sdk/test_cli_admin.py::test_dlq_list_shows_a_bodys_control_characters_escaped."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 def print_table(table: Table) -> None:

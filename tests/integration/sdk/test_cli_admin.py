@@ -91,6 +91,22 @@ def test_dlq_list_and_resend(cluster: Cluster, capsys: pytest.CaptureFixture[str
     assert "resent 0 message(s)" in capsys.readouterr().err  # each dead letter is re-sent once
 
 
+def test_dlq_list_shows_a_bodys_control_characters_escaped(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A producer's body may hold terminal escape sequences (set the window title, clear the screen): listed, they
+    are shown as \\xNN, as `popgate receive` shows them, and never reach the operator's terminal."""
+    topic, group = name("cli"), name("g")
+    body = b"\x1b]0;title\x07\x1b[2Jafter"
+    with Producer(cluster.endpoint) as producer, SimpleConsumer(cluster.endpoint, group, topic) as consumer:
+        producer.send(topic, body, tag="t\u00a0x")
+        consumer.forward_to_dlq(drain(consumer, 1, ack=False)[0])
+    assert main(["dlq", "list", group, *brokers(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out, out
+    assert "\\x1b]0;title\\x07\\x1b[2Jafter" in out and "t\u00a0x" in out
+
+
 def test_dlq_list_shows_dead_letters_larger_than_grpcs_default_message_limit(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
