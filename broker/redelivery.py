@@ -30,8 +30,6 @@ from popgate_contract.errors import InvalidReceiptHandle
 
 log = logging.getLogger(__name__)
 
-DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
-
 # Dead-letter moves under way at once (each a payload read and a commit); the others wait in `Redelivery._to_dlq`,
 # so however many deliveries run out of attempts at once, memory and tasks stay bounded and the log gets one line
 # per topic, group and attempt count (`LOG_EVERY_S`) — tests/unit/broker/test_redelivery.py::
@@ -343,7 +341,7 @@ def _dead_letter_of(payload: bytes, state: GroupTopic, queue_id: int, offset: in
         dlq.properties["UNREADABLE_PAYLOAD"] = "true"
     dlq.topic = validation.DLQ_PREFIX + state.group
     values = (state.topic, dlq.message_id, str(attempt), str(queue_id), str(offset))
-    dlq.properties.update(dict(zip(DLQ_PROPS, values, strict=True)))
+    dlq.properties.update(dict(zip(validation.DLQ_PROPS, values, strict=True)))
     return dlq
 
 

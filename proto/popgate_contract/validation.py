@@ -20,6 +20,24 @@ from popgate_contract.errors import (
 NAME_RE = re.compile(r"[%a-zA-Z0-9_-]+")  # fullmatch: "$" would also match before a final newline
 MAX_NAME_LEN = 127
 DLQ_PREFIX = "%DLQ%"
+# The properties a dead letter gets (broker/redelivery.py), which `popgate dlq resend` drops again.
+DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
+# User property keys no producer may set: RocketMQ's system property names (MessageConst.STRING_HASH_SET, which its
+# proxy refuses as "used by system") and the dead-letter bookkeeping above, which a dead letter would overwrite and a
+# resend drop — tests/unit/broker/test_send_text.py::test_a_property_named_as_a_system_one_is_refused.
+RESERVED_PROPERTY_KEYS = frozenset(
+    (
+        *DLQ_PROPS,
+        *("TRACE_ON", "MSG_REGION", "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID"),
+        *("TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "TRANSFER_FLAG", "CORRECTION_FLAG"),
+        *("MQ2_FLAG", "RECONSUME_TIME", "UNIQ_KEY", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "POP_CK"),
+        *("POP_CK_OFFSET", "1ST_POP_TIME", "TRAN_PREPARED_QUEUE_OFFSET", "DUP_INFO", "EXTEND_UNIQ_INFO"),
+        *("INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER"),
+        *("MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET", "TIMER_DELAY_MS", "TIMER_DELAY_SEC", "TIMER_DELIVER_MS"),
+        *("TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_OUT_MS", "TIMER_DEL_UNIQKEY"),
+        *("TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP", "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "__CRC32#"),
+    )
+)
 # The consumer group `popgate dlq resend` reads %DLQ%<group> with (by default): its backlog there is what is
 # not yet re-sent, which is what the broker reports as a DLQ's size (broker/metrics.py, `popgate dlq list`).
 DLQ_RESEND_GROUP = "popgate-dlq-resend"
@@ -101,14 +119,16 @@ def check_text_field(what: str, value: str, *, limit: int, error: type[DomainErr
 
 def check_properties(props: Mapping[str, str]) -> Mapping[str, str]:
     """`props` if a message may carry them: at most MAX_PROPERTIES, MAX_PROPERTIES_BYTES of UTF-8 in all, no key
-    blank and no control character in a key or a value, as RocketMQ's proxy refuses (tests/unit/proxy/test_rules.py,
-    tests/unit/broker/test_send_text.py)."""
+    blank or reserved and no control character in a key or a value, as RocketMQ's proxy refuses
+    (tests/unit/proxy/test_rules.py, tests/unit/broker/test_send_text.py)."""
     if len(props) > MAX_PROPERTIES:
         raise MessagePropertiesTooLarge(f"message has {len(props)} user properties; the limit is {MAX_PROPERTIES}")
     size = 0
     for key, value in props.items():
         if not key.strip() or has_control(key):
             raise IllegalPropertyKey(f"user property key {key[:40]!r} is blank or has a control character")
+        if key in RESERVED_PROPERTY_KEYS:
+            raise IllegalPropertyKey(f"user property key {key!r} is used by the system")
         if has_control(value):
             raise IllegalPropertyKey(f"the value of user property {key[:40]!r} has a control character")
         size += len(key.encode()) + len(value.encode())

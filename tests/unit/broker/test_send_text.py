@@ -59,3 +59,20 @@ async def test_a_control_character_is_refused_with_the_fields_own_error_and_noth
             core, pb.PopRequest(topic="t", group="g", max_messages=8, invisible_ms=60_000, v2=True), popped
         )
     assert list(popped.messages) == []
+
+
+@pytest.mark.parametrize("key", ["ORIGIN_TOPIC", "DELIVERY_ATTEMPTS", "ORIGIN_OFFSET", "UNIQ_KEY", "KEYS"])
+async def test_a_property_named_as_a_system_one_is_refused(tmp_path: Path, key: str) -> None:
+    """RocketMQ's system property names and popgate's dead-letter bookkeeping are not a producer's to set: a dead
+    letter would overwrite them and `popgate dlq resend` drop them (ILLEGAL_MESSAGE_PROPERTY_KEY, as RocketMQ's
+    proxy). Names that only look alike stay the user's."""
+    async with broker(tmp_path) as (core, _):
+        with pytest.raises(errors.IllegalPropertyKey, match="used by the system"):
+            await handlers.send(core, pb.SendRequest(messages=[system_named(key)]), pb.SendResponse())
+        answer = pb.SendResponse()
+        await handlers.send(core, pb.SendRequest(messages=[system_named(key.lower()), system_named(f"{key}_")]), answer)
+    assert len(answer.results) == 2
+
+
+def system_named(key: str) -> pb.Message:
+    return pb.Message(topic="t", body=b"x", properties={key: "mine"})
