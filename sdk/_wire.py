@@ -133,6 +133,7 @@ _LATER: dict[str, Callable[[v2.SystemProperties], Any]] = {
     "stored_at": lambda p: _seconds(p.store_timestamp),
     "queue_id": lambda p: p.queue_id,
     "offset": lambda p: _present(p, "queue_offset", -1),
+    "born_host": lambda p: p.born_host,
 }
 _AT_ONCE = frozenset({"body", "topic", "properties", "message_id", "receipt_handle", "attempt"})  # by `from_v2`
 # A field added to Message and read neither at once nor later would be missing from every received message: fails

@@ -31,6 +31,7 @@ class Message:
         receipt_handle: Opaque handle for ack / nack / forward_to_dlq.
         queue_id: Queue on its broker.
         offset: Offset in that queue.
+        born_host: The host its producer ran on, as that client said (a received message's).
     """
 
     body: bytes
@@ -48,6 +49,7 @@ class Message:
     receipt_handle: str = ""
     queue_id: int = -1
     offset: int = -1
+    born_host: str = ""
 
     def text(self, encoding: str = "utf-8") -> str:
         """The body decoded as text (invalid bytes replaced).

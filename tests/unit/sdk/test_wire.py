@@ -11,6 +11,7 @@ import hmac
 import itertools
 import pickle
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -236,7 +237,7 @@ def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own()
         assert (m.topic.name, m.topic.resource_namespace, m.system_properties.born_host) == (
             "orders",
             "ns",
-            "127.0.0.1",
+            socket.gethostname(),
         )
         assert m.system_properties.body_encoding == v2.IDENTITY
         assert m.system_properties.born_timestamp == sent[0].system_properties.born_timestamp
@@ -326,7 +327,7 @@ def test_a_received_message_carries_each_v2_field_with_its_value_and_type() -> N
     s.delivery_timestamp.seconds, s.delivery_timestamp.nanos = 30, 500_000_000
     s.born_timestamp.seconds, s.born_timestamp.nanos = 10, 250_000_000
     s.store_timestamp.seconds = 20
-    s.queue_id, s.queue_offset, s.delivery_attempt = 4, 9, 2
+    s.queue_id, s.queue_offset, s.delivery_attempt, s.born_host = 4, 9, 2, "producer-7"
     assert _fields(_wire.from_v2(full)) == {
         "body": (bytes, b"b"),
         "topic": (str, "t"),
@@ -343,6 +344,7 @@ def test_a_received_message_carries_each_v2_field_with_its_value_and_type() -> N
         "receipt_handle": (str, "h"),
         "queue_id": (int, 4),
         "offset": (int, 9),
+        "born_host": (str, "producer-7"),
     }
     # Set to their zero values, the optional fields are present: empty or 0, not None, 1 or -1.
     zeros = v2.Message()
@@ -374,6 +376,7 @@ def test_a_received_message_carries_each_v2_field_with_its_value_and_type() -> N
         "receipt_handle": (str, ""),
         "queue_id": (int, 0),
         "offset": (int, -1),
+        "born_host": (str, ""),
     }
 
 
