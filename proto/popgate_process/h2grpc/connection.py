@@ -11,16 +11,14 @@ import random
 from typing import TYPE_CHECKING, Any
 
 import h2.config
-import h2.connection
-import h2.errors
 import h2.events
 import h2.exceptions
-import h2.frame_buffer
 import h2.settings
 import hyperframe.frame
 from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import wire
+from popgate_process.h2grpc.h2conn import H2Connection, HeaderBoundBuffer
 from popgate_process.h2grpc.stream import SEND_BUFFER, Stream
 
 if TYPE_CHECKING:
@@ -35,61 +33,6 @@ MAX_FRAME = 1 << 20  # the largest DATA frame a client may send us
 # reset" flood (open a call, cancel it, again) costs the server a handler start each and is not served. The burst
 # is never below the server's call bound, so a client may always cancel every call it holds at once.
 RESET_BURST, RESET_RATE = 1000, 33
-# A header block's bytes as sent (HEADERS and its CONTINUATION frames) before it ends: h2 keeps up to 64 frames of a
-# block unended, each up to MAX_FRAME, and bounds the header list only once the block is whole.
-MAX_HEADER_BLOCK = 1 << 16
-
-
-class _HeaderBoundBuffer(h2.frame_buffer.FrameBuffer):
-    """h2's frame buffer, refusing (a connection error) a header block past MAX_HEADER_BLOCK bytes while it is still
-    being sent — test_h2grpc_raw.py::test_a_header_block_that_never_ends_costs_at_most_its_bound."""
-
-    def _update_header_buffer(self, f: Any) -> Any:
-        out = super()._update_header_buffer(f)
-        if self._headers_buffer and sum(len(x.data) for x in self._headers_buffer) > MAX_HEADER_BLOCK:
-            raise h2.exceptions.ProtocolError(f"a header block of more than {MAX_HEADER_BLOCK} bytes")
-        return out
-
-
-class _H2Connection(h2.connection.H2Connection):
-    """h2's connection, except that a client's GOAWAY ends no call it had started: HTTP/2 lets the streams up to
-    its last id finish (RFC 9113 6.8), while h2 would close the whole connection and drop what was queued for them
-    (test_h2grpc_raw.py::test_a_client_going_away_still_gets_its_running_calls_answered)."""
-
-    def _receive_frame(self, frame: hyperframe.frame.Frame) -> list[Any]:
-        """h2's own, less its trace log, for which h2 builds every frame's repr even when nothing logs: the hex of a
-        whole DATA frame's bytes, then cut to 20 characters. A frame on a stream that is closed is answered as h2
-        answers it, RST_STREAM or a connection error
-        (test_h2grpc_raw.py::test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_call)."""
-        try:
-            frames, events = self._frame_dispatch_table[frame.__class__](frame)
-        except h2.exceptions.StreamClosedError as exc:
-            if not self._stream_is_closed_by_reset(exc.stream_id):
-                raise
-            self._prepare_for_sending([_reset(exc.stream_id, exc.error_code)])
-            return list(exc._events)
-        except h2.exceptions.StreamIDTooLowError as exc:
-            if self._stream_is_closed_by_reset(exc.stream_id):
-                self._prepare_for_sending([_reset(exc.stream_id, ErrorCodes.STREAM_CLOSED)])
-                return []
-            if self._stream_is_closed_by_end(exc.stream_id):
-                raise h2.exceptions.StreamClosedError(exc.stream_id) from exc
-            raise
-        self._prepare_for_sending(frames)
-        return list(events)
-
-    def _receive_goaway_frame(self, frame: hyperframe.frame.GoAwayFrame) -> tuple[list[Any], list[Any]]:
-        event = h2.events.ConnectionTerminated()
-        event.error_code = h2.errors._error_code_from_int(frame.error_code)
-        event.last_stream_id = frame.last_stream_id
-        event.additional_data = frame.additional_data or None
-        return [], [event]
-
-
-def _reset(stream_id: int, code: int) -> hyperframe.frame.RstStreamFrame:
-    frame = hyperframe.frame.RstStreamFrame(stream_id)
-    frame.error_code = code
-    return frame
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -102,8 +45,8 @@ class Connection(asyncio.BufferedProtocol):
         config = h2.config.H2Configuration(
             client_side=False, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
         )
-        self.h2 = _H2Connection(config)
-        self.h2.incoming_buffer = _HeaderBoundBuffer(server=True)
+        self.h2 = H2Connection(config)
+        self.h2.incoming_buffer = HeaderBoundBuffer(server=True)
         self.h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
