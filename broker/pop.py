@@ -30,7 +30,7 @@ from broker.readiness import Readiness, readable_end
 from broker.redelivery import PayloadReader, Redelivery
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
-from popgate_contract.errors import DomainError, IllegalBatchSize
+from popgate_contract.errors import DomainError, IllegalBatchSize, TopicNotFound
 from popgate_contract.receipt import ReceiptHandle, encode_handle
 
 
@@ -108,6 +108,9 @@ class Pops:
                 self.hold.leave((topic, group), waiter)
                 del waiter
             held = held or (wait_s > 0 and outcome in (Outcome.SERVED, Outcome.TIMED_OUT, Outcome.ENDED))
+            if outcome is Outcome.ENDED and topic not in self.topics and not self.settings.auto_create:
+                # as the next Pop would be: tests/integration/sdk/test_topic_deleted_held.py
+                raise TopicNotFound(f"topic {topic} was deleted on broker {self.name} while this Pop waited")
             if outcome is not Outcome.SERVED:
                 closing = outcome is Outcome.CLOSED and wait_s > 0  # its poll cut short by the broker stopping
                 return PopResult([], polling_full=outcome is Outcome.FULL, held=held, closing=closing)

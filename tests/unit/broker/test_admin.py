@@ -214,7 +214,7 @@ def fail_next_commit_with(store: SqliteStore, kind: type) -> None:
 async def test_a_topic_whose_deletion_failed_is_not_made_again_before_its_purge_commits(tmp_path: Path) -> None:
     async with broker(tmp_path, queues_per_topic=1) as (core, store):
         await core.send([pb.Message(topic="t", body=b"old%d" % i) for i in range(3)])
-        await core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=int(time.time() * 1000) + 300)])
+        await core.send([pb.Message(topic="t", body=b"later", deliver_at_ms=int(time.time() * 1000) + 1500)])
         fail_next_commit_with(store, PurgeTopic)
         with pytest.raises(StoreUnavailable):
             await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
