@@ -349,7 +349,11 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         process = default_proxy_name(int(address.rpartition(":")[2]))
         await serve_metrics(stack, metrics.registry, settings, error=SettingsError)
         await export_metrics(stack, metrics.registry, settings, kind="proxy", process=process, error=SettingsError)
-        if settings.accounts and not settings.tls_cert:
+        # Serving without accounts is said at start — tests/integration/sdk/test_up.py::
+        # test_the_environment_reaches_the_children_and_one_config_file_serves_them_all
+        if not settings.accounts:
+            log.warning("authentication is off: no [[acl]] accounts, every request is served without credentials")
+        elif not settings.tls_cert:
             log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
         ready(address)
         log.info(

@@ -125,7 +125,7 @@ def test_a_broker_that_exits_during_start_up_fails_it_with_its_last_output(tmp_p
 
 def test_the_environment_reaches_the_children_and_one_config_file_serves_them_all(tmp_path: Path) -> None:
     config = tmp_path / "popgate.toml"  # a proxy table in the file every child is given
-    config.write_text("[proxy]\nmax-held-receives = 500\n[broker]\nmax-body-bytes = 100\n")
+    config.write_text('[proxy]\nmax-held-receives = 500\nauth = "off"\n[broker]\nmax-body-bytes = 100\n')
     env = dict(ENV, POPGATE_RECEIVE_MODE="notify", POPGATE_CONFIG=str(config))
     process = Up(tmp_path / "data", env=env)
     try:
@@ -136,6 +136,7 @@ def test_the_environment_reaches_the_children_and_one_config_file_serves_them_al
                 producer.send("up-env", b"x" * 101)
         log = (tmp_path / "data" / "proxy.log").read_text()
         assert "(receive mode notify)" in log, log  # not overridden by a default of `up`'s own
+        assert "WARNING proxy.server: authentication is off" in log, log  # served without accounts, said so
         assert process.stop(signal.SIGINT, timeout_s=20) == 0
     finally:
         process.kill_all()

@@ -225,6 +225,28 @@ admin = true
     assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
 
 
+def test_a_config_file_without_accounts_is_refused_unless_it_says_auth_off(tmp_path: Path) -> None:
+    """An emptied accounts file (the prod overlay's Secret with every [[acl]] commented out) does not start an open
+    proxy; `auth = "off"` says open is meant; no config file at all (`make run`) stays open."""
+    config = tmp_path / "acl.toml"
+    emptied = 'broker = ["b1=127.0.0.1:9001"]\nbroker_token = "broker-secret"\n# [[acl]] tables go here\n'
+    config.write_text(emptied)
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.load([], env={"POPGATE_CONFIG": str(config)})
+    assert str(refused.value) == (
+        f'POPGATE_CONFIG {config}: no [[acl]] accounts: add them, or auth = "off" to serve without authentication'
+    )
+    config.write_text(emptied + 'auth = "off"\n')
+    assert settings.load([], env={"POPGATE_CONFIG": str(config)}).accounts == ()
+    config.write_text('[proxy]\nbroker = ["b1=127.0.0.1:9001"]\nauth = "off"\n')
+    assert settings.load(["--config", str(config)], env={}).accounts == ()
+    assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
+    for wrong in ('auth = "on"\n', 'auth = "off"\n[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\n'):
+        config.write_text('broker = ["b1=127.0.0.1:9001"]\n' + wrong)
+        with pytest.raises(settings.SettingsError, match="auth"):
+            settings.load([], env={"POPGATE_CONFIG": str(config)})
+
+
 @pytest.mark.parametrize(
     "acl",
     [
