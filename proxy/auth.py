@@ -31,6 +31,8 @@ DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 ZONE_STEP_S = 15 * 60
 MIN_ZONE_S = -12 * 3600
 MAX_ZONE_S = 14 * 3600
+PLACEHOLDER_PREFIX = "REPLACE-"  # deploy/k8s/overlays/prod/acl.example.toml's secrets
+MIN_SECRET_CHARS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,18 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _check_secret(where: str, access_key: str, secret_key: str) -> None:
+    """ValueError naming the access key, never the secret, when the secret is the example's placeholder or short —
+    tests/unit/proxy/test_auth.py::test_a_placeholder_or_short_secret_is_refused_naming_the_key_not_the_secret."""
+    why = ""
+    if secret_key.startswith(PLACEHOLDER_PREFIX):
+        why = "a placeholder"
+    elif len(secret_key) < MIN_SECRET_CHARS:
+        why = f"shorter than {MIN_SECRET_CHARS} characters"
+    if why:
+        raise ValueError(f"{where}: the secret_key of access key {access_key} is {why}: give it a random secret")
+
+
 def accounts_from_config(entries: Any) -> tuple[Account, ...]:
     """``[[acl]]`` tables of the config file → accounts; ValueError naming what is wrong."""
     if not isinstance(entries, list):
@@ -183,6 +197,7 @@ def accounts_from_config(entries: Any) -> tuple[Account, ...]:
             raise ValueError(f"acl[{i}]: unknown keys {unknown}")
         if not isinstance(ak, str) or not ak or not isinstance(sk, str) or not sk:
             raise ValueError(f"acl[{i}]: access_key and secret_key (non-empty strings) are required")
+        _check_secret(f"acl[{i}]", ak, sk)
         if any(a.access_key == ak for a in accounts):
             raise ValueError(f"acl[{i}]: access_key {ak} appears twice")
         lists = {k: _names(entry.get(k, []), f"acl[{i}].{k}") for k in ("publish", "subscribe", "groups")}

@@ -92,11 +92,11 @@ BROKER_TOKEN = "broker-secret"
 ACCOUNTS = f"""broker_token = "{BROKER_TOKEN}"
 [[acl]]
 access_key = "ops"
-secret_key = "ops-secret"
+secret_key = "ops-secret-0123456"
 admin = true
 [[acl]]
 access_key = "app"
-secret_key = "app-secret"
+secret_key = "app-secret-0123456"
 publish = ["*"]
 subscribe = ["*"]
 groups = ["*"]

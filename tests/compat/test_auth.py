@@ -30,14 +30,14 @@ broker_token = "broker-secret"
 
 [[acl]]
 access_key = "alice"
-secret_key = "alice-secret"
+secret_key = "alice-secret-0123456"
 publish = ["compat-auth-*"]
 subscribe = ["compat-auth-*"]
 groups = ["billing"]
 
 [[acl]]
 access_key = "reader"
-secret_key = "reader-secret"
+secret_key = "reader-secret-0123456"
 subscribe = ["*"]
 groups = ["*"]
 """
@@ -129,7 +129,7 @@ def drive(cluster: Cluster, tmp_path: Path, scenario: str, ak: str, sk: str, gro
 
 @pytest.mark.parametrize("tz", ["Asia/Kathmandu", "America/St_Johns"])  # UTC+5:45, UTC-3:30/-2:30
 def test_right_keys_work_from_a_client_whose_local_time_is_not_utc(cluster: Cluster, tmp_path: Path, tz: str) -> None:
-    result = drive(cluster, tmp_path, "send_receive", "alice", "alice-secret", "billing", tz=tz)
+    result = drive(cluster, tmp_path, "send_receive", "alice", "alice-secret-0123456", "billing", tz=tz)
     assert result == {"received": ["m0", "m1", "m2"], "heartbeat_ok": True}  # the group's heartbeat: its rights
 
 
@@ -143,10 +143,10 @@ def test_a_wrong_secret_or_no_credentials_is_unauthorized_40100(
 
 
 def test_a_valid_key_without_publish_is_forbidden_40300(cluster: Cluster, tmp_path: Path) -> None:
-    result = drive(cluster, tmp_path, "send", "reader", "reader-secret", "billing")
+    result = drive(cluster, tmp_path, "send", "reader", "reader-secret-0123456", "billing")
     assert isinstance(result, dict) and result.get("code") == 40300, result
 
 
 def test_a_valid_key_receiving_as_another_group_is_forbidden_40300(cluster: Cluster, tmp_path: Path) -> None:
-    result = drive(cluster, tmp_path, "receive", "alice", "alice-secret", "other-group")
+    result = drive(cluster, tmp_path, "receive", "alice", "alice-secret-0123456", "other-group")
     assert isinstance(result, dict) and result.get("code") == 40300, result

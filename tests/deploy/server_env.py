@@ -3,7 +3,8 @@
 ConfigMaps, literal values and fieldRefs come from the rendered manifests. A Secret the overlay renders (the
 dev token) gives its own value; one created out of band (prod: docs/DEPLOY.md "Secrets") a stand-in naming it.
 Secret volumes become files under a temporary directory, and variables pointing into them point there: the
-accounts file from its example in the repository, certificates as stand-ins (the loader checks they exist).
+accounts file from its example in the repository with its placeholder secrets filled in (as the operator does),
+certificates as stand-ins (the loader checks they exist).
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+from proxy.auth import PLACEHOLDER_PREFIX
+
 from .conftest import K8S
 from .manifests import Obj, container, env_from_configmap, find, pod_spec
 
 # The example a Secret's key is written from, for Secrets the repository ships only as an example.
 EXAMPLES = {("popgate-proxy-acl", "acl.toml"): K8S / "overlays" / "prod" / "acl.example.toml"}
+# What an operator writes over an example's placeholder secrets (the proxy refuses those: proxy/auth.py).
+FILLED_IN = "stand-in-random-"
 # The keys cert-manager writes into a certificate's Secret (type kubernetes.io/tls).
 TLS_KEYS = ("tls.crt", "tls.key", "ca.crt")
 
@@ -40,7 +45,8 @@ def _secret_files(objs: list[Obj], volume: Obj, into: Path) -> None:
     into.mkdir(parents=True, exist_ok=True)
     for key, path in keys:
         example = EXAMPLES.get((name, key))
-        (into / path).write_text(example.read_text() if example else secret_value(objs, name, key))
+        text = example.read_text().replace(PLACEHOLDER_PREFIX, FILLED_IN) if example else None
+        (into / path).write_text(text or secret_value(objs, name, key))
 
 
 def server_env(objs: list[Obj], workload: Obj, tmp_path: Path, *, pod: str = "") -> dict[str, str]:

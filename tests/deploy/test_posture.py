@@ -167,14 +167,20 @@ def test_prod_secrets_are_referenced_and_none_is_shipped(rendered: dict[str, lis
     assert {"popgate-broker-token", "popgate-proxy-acl"} <= documented_secrets()
 
 
-def test_the_accounts_example_holds_placeholders_only() -> None:
+def test_the_accounts_example_holds_placeholders_the_proxy_refuses() -> None:
+    """Copied unedited, acl.example.toml does not start a proxy whose public placeholder secrets let clients in;
+    with its secrets filled in, it loads."""
     import tomllib
 
-    from proxy.auth import accounts_from_config
+    from proxy.auth import PLACEHOLDER_PREFIX, accounts_from_config
 
-    document = tomllib.loads((K8S / "overlays" / "prod" / "acl.example.toml").read_text())
-    accounts = accounts_from_config(document["acl"])  # what the proxy would load from it
-    assert accounts and all(a.secret_key.startswith("REPLACE-") for a in accounts)
+    text = (K8S / "overlays" / "prod" / "acl.example.toml").read_text()
+    entries = tomllib.loads(text)["acl"]
+    assert entries and all(entry["secret_key"].startswith(PLACEHOLDER_PREFIX) for entry in entries)
+    with pytest.raises(ValueError, match=r"^acl\[0\]: the secret_key of access key orders-service is a placeholder"):
+        accounts_from_config(entries)  # what the proxy would load from it
+    filled = tomllib.loads(text.replace(PLACEHOLDER_PREFIX, "a-random-secret-"))["acl"]
+    assert len(accounts_from_config(filled)) == len(entries)
 
 
 def test_dev_generates_a_placeholder_token_both_sides_use(rendered: dict[str, list[Obj]]) -> None:

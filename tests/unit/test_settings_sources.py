@@ -102,7 +102,7 @@ def test_top_level_keys_are_shared_beside_a_table(tmp_path: Path, capsys: pytest
     assert (proxy.broker_token, proxy.tls_reload_s) == ("s3cret", 30.0)
     # The proxy's [[acl]] at the top level of a file both read: the broker leaves it to the proxy.
     shared.write_text(
-        '[[acl]]\naccess_key = "ak"\nsecret_key = "sk"\n'
+        '[[acl]]\naccess_key = "ak"\nsecret_key = "sk-0123456789abcdef"\n'
         '[broker]\nname = "b1"\n[proxy]\nbrokers = ["b1=127.0.0.1:9001"]\n'
     )
     assert broker_settings([], {"POPGATE_CONFIG": str(shared)}).name == "b1"

@@ -69,9 +69,11 @@ def test_only_admin_accounts_may_use_it(tmp_path: Path) -> None:
     with secured_cluster(tmp_path, ACCOUNTS) as cluster:
         stub = admin(cluster.endpoint)
 
-        assert len(stub.ListBrokers(apb.ListBrokersRequest(), metadata=signed("ops", "ops-secret")).brokers) == 2
+        assert (
+            len(stub.ListBrokers(apb.ListBrokersRequest(), metadata=signed("ops", "ops-secret-0123456")).brokers) == 2
+        )
         with pytest.raises(grpc.RpcError) as denied:
-            stub.Stats(bpb.StatsRequest(), metadata=signed("app", "app-secret"))
+            stub.Stats(bpb.StatsRequest(), metadata=signed("app", "app-secret-0123456"))
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED and "admin" in denied.value.details()
         with pytest.raises(grpc.RpcError) as anonymous:
             stub.Stats(bpb.StatsRequest())

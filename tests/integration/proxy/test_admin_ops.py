@@ -188,7 +188,7 @@ def test_a_broker_down_is_named_and_a_reset_without_it_is_safe_to_repeat(cluster
 def test_only_admin_accounts_may_operate(tmp_path: Path) -> None:
     with secured_cluster(tmp_path, ACCOUNTS) as secured:
         stub = admin(secured.endpoint)
-        created = stub.CreateTopic(bpb.CreateTopicRequest(topic="t"), metadata=signed("ops", "ops-secret"))
+        created = stub.CreateTopic(bpb.CreateTopicRequest(topic="t"), metadata=signed("ops", "ops-secret-0123456"))
         assert sorted(a.broker for a in created.answers) == ["b1", "b2"]
         for call, request in (
             (stub.ResetOffset, bpb.ResetOffsetRequest(topic="t", group="g", to=To.EARLIEST)),
@@ -196,7 +196,7 @@ def test_only_admin_accounts_may_operate(tmp_path: Path) -> None:
             (stub.ListConsumers, bpb.ListConsumersRequest(group="g")),
         ):
             with pytest.raises(grpc.RpcError) as denied:
-                call(request, metadata=signed("app", "app-secret"))
+                call(request, metadata=signed("app", "app-secret-0123456"))
             assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        gone = stub.DeleteTopic(bpb.DeleteTopicRequest(topic="t"), metadata=signed("ops", "ops-secret"))
+        gone = stub.DeleteTopic(bpb.DeleteTopicRequest(topic="t"), metadata=signed("ops", "ops-secret-0123456"))
         assert all(a.existed for a in gone.answers) and not gone.failures

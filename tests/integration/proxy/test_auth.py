@@ -29,14 +29,14 @@ min_invisible_s = 1
 
 [[acl]]
 access_key = "alice"
-secret_key = "alice-secret"
+secret_key = "alice-secret-0123456"
 publish = ["orders", "auth-*"]
 subscribe = ["orders", "auth-*"]
 groups = ["billing"]
 
 [[acl]]
 access_key = "reader"
-secret_key = "reader-secret"
+secret_key = "reader-secret-0123456"
 subscribe = ["orders"]
 groups = ["*"]
 """
@@ -49,7 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def test_the_right_keys_send_receive_and_ack(cluster: Cluster) -> None:
-    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    alice = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
     topic = f"auth-{uuid.uuid4().hex[:8]}"
     with (
         Producer(cluster.endpoint, **alice) as producer,
@@ -64,7 +64,7 @@ def test_the_right_keys_send_receive_and_ack(cluster: Cluster) -> None:
     "keys",
     [
         {"access_key": "alice", "secret_key": "wrong"},
-        {"access_key": "mallory", "secret_key": "alice-secret"},
+        {"access_key": "mallory", "secret_key": "alice-secret-0123456"},
         {},  # the header is sent with empty credentials
     ],
 )
@@ -75,11 +75,11 @@ def test_wrong_unknown_or_missing_keys_are_unauthorized_40100(cluster: Cluster, 
 
 
 def test_valid_keys_without_the_permission_are_forbidden_40300(cluster: Cluster) -> None:
-    with Producer(cluster.endpoint, access_key="reader", secret_key="reader-secret") as producer:
+    with Producer(cluster.endpoint, access_key="reader", secret_key="reader-secret-0123456") as producer:
         with pytest.raises(Unauthorized) as caught:
             producer.send("orders", b"readers do not publish")
         assert caught.value.code == 40300
-    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    alice = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
     with SimpleConsumer(cluster.endpoint, "not-billing", "orders", **alice) as consumer:
         with pytest.raises(Unauthorized) as caught:
             consumer.receive(max=1, wait=1)
@@ -103,7 +103,7 @@ def test_brokers_refuse_calls_without_the_token_but_answer_health_checks(cluster
 
 def test_a_proxy_without_the_broker_token_cannot_store(cluster: Cluster) -> None:
     address = cluster.add_proxy(extra=("--broker-token", ""))
-    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    alice = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
     with Producer(address, **alice) as producer, pytest.raises(PopgateError) as caught:
         producer.send("orders", b"x")
     assert caught.value.code not in (0, 20000)
@@ -125,7 +125,7 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
 def test_credentials_over_tls(cluster: Cluster, tmp_path: Path) -> None:
     cert, key = self_signed_certificate(tmp_path)
     address = cluster.add_proxy(extra=("--tls-cert", str(cert), "--tls-key", str(key)))
-    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    alice = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
     topic = f"auth-tls-{uuid.uuid4().hex[:8]}"
     with (
         Producer(address, tls=cert, **alice) as producer,
@@ -142,7 +142,7 @@ def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
     cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = f"auth-{uuid.uuid4().hex[:8]}"
-    with Producer(cluster.endpoint, access_key="alice", secret_key="alice-secret") as producer:
+    with Producer(cluster.endpoint, access_key="alice", secret_key="alice-secret-0123456") as producer:
         producer.send(topic, b"x")
     brokers = [arg for target in cluster.broker_targets() for arg in ("--broker", target)]
     assert main(["stats", *brokers, "--topic", topic, "--broker-token", BROKER_TOKEN]) == 0
@@ -154,7 +154,7 @@ def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
     assert LiveView(cluster.endpoint, asked).poll().down == []
 
 
-ALICE = {"access_key": "alice", "secret_key": "alice-secret"}
+ALICE = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
 
 
 async def test_the_asyncio_clients_sign_every_call(cluster: Cluster) -> None:

@@ -25,17 +25,17 @@ min_invisible_s = 1
 
 [[acl]]
 access_key = "alice"
-secret_key = "alice-secret"
+secret_key = "alice-secret-0123456"
 publish = ["orders-*"]
 subscribe = ["orders-*"]
 groups = ["billing"]
 
 [[acl]]
 access_key = "stranger"
-secret_key = "stranger-secret"
+secret_key = "stranger-secret-0123456"
 """
 ALICE_ID = "alicehost@4242@0@abc"
-SECRETS = {"alice": "alice-secret", "stranger": "stranger-secret"}
+SECRETS = {"alice": "alice-secret-0123456", "stranger": "stranger-secret-0123456"}
 Metadata = tuple[tuple[str, str], ...]
 
 

@@ -188,7 +188,7 @@ min_invisible_s = 1
 
 [[acl]]
 access_key = "alice"
-secret_key = "alice-secret"
+secret_key = "alice-secret-0123456"
 publish = ["auth-*"]
 subscribe = ["auth-*"]
 groups = ["billing"]
@@ -209,7 +209,7 @@ async def test_a_wrong_signature_refuses_the_stream(secured: str) -> None:
 
 
 async def test_an_account_is_authorized_per_request_on_its_stream(secured: str) -> None:
-    alice = {"access_key": "alice", "secret_key": "alice-secret"}
+    alice = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
     topic = name("auth")
     async with aio.Producer(secured, **alice) as producer, aio.SimpleConsumer(secured, "billing", topic, **alice) as c:
         await c.receive(max=1, wait=0.2)

@@ -143,9 +143,9 @@ def test_through_a_proxy_with_accounts_stats_needs_an_admin_account(
         monkeypatch.delenv(variable, raising=False)
     with secured_cluster(tmp_path, ACCOUNTS) as cluster:
         through = ["stats", "-e", cluster.endpoint, "--json"]
-        assert main([*through, "--access-key", "ops", "--secret-key", "ops-secret"]) == 0
+        assert main([*through, "--access-key", "ops", "--secret-key", "ops-secret-0123456"]) == 0
         assert json.loads(capsys.readouterr().out)["brokers"]["answered"] == 2
-        assert main([*through, "--access-key", "app", "--secret-key", "app-secret"]) == 1
+        assert main([*through, "--access-key", "app", "--secret-key", "app-secret-0123456"]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"popgate stats: the proxy at {cluster.endpoint} did not gather its brokers' stats: ")
         assert "PERMISSION_DENIED" in err and err.count("\n") == 1

@@ -21,14 +21,14 @@ from proxy.auth import Account, Authenticator
 from proxy.v2 import access
 
 NOW = calendar.timegm((2026, 11, 21, 7, 0, 0, 0, 0, 0))  # 2026-11-21T07:00:00Z
-ALICE = Account("alice", "s3cret", publish=("orders", "log-*"), subscribe=("orders",), groups=("billing",))
+ALICE = Account("alice", "alice-s3cret-0123", publish=("orders", "log-*"), subscribe=("orders",), groups=("billing",))
 
 
 def date_at(epoch: float) -> str:
     return time.strftime(auth.DATE_FORMAT, time.gmtime(epoch))
 
 
-def headers(ak: str = "alice", sk: str = "s3cret", *, at: float = NOW) -> dict[str, str]:
+def headers(ak: str = "alice", sk: str = "alice-s3cret-0123", *, at: float = NOW) -> dict[str, str]:
     date = date_at(at)
     return {"authorization": auth.authorization(ak, sk, date), auth.DATE_HEADER: date}
 
@@ -40,14 +40,14 @@ def checker(skew_s: float = 300.0) -> Authenticator:
 def test_signature_is_the_official_clients_lower_case_hex_hmac_sha1() -> None:
     value = "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature=9c78ab"
     assert auth.parse_authorization(value) == ("alice", "9c78ab")
-    sig = auth.sign("s3cret", "20261121T070000Z")
+    sig = auth.sign("alice-s3cret-0123", "20261121T070000Z")
     assert len(sig) == 40 and sig == sig.lower()
 
 
 def test_valid_signature_returns_the_account_and_upper_case_hex_is_accepted() -> None:
     assert checker().authenticate(headers()) is ALICE
     h = headers()
-    sig = auth.sign("s3cret", h[auth.DATE_HEADER])
+    sig = auth.sign("alice-s3cret-0123", h[auth.DATE_HEADER])
     h["authorization"] = h["authorization"].replace(sig, sig.upper())
     assert checker().authenticate(h) is ALICE
 
@@ -74,7 +74,10 @@ def test_missing_malformed_wrong_or_unknown_credentials_are_unauthorized(meta: d
 
 
 def test_a_garbled_date_that_is_signed_is_unauthorized_not_a_crash() -> None:
-    meta = {"authorization": auth.authorization("alice", "s3cret", "not-a-date"), auth.DATE_HEADER: "not-a-date"}
+    meta = {
+        "authorization": auth.authorization("alice", "alice-s3cret-0123", "not-a-date"),
+        auth.DATE_HEADER: "not-a-date",
+    }
     with pytest.raises(Unauthorized, match="YYYYMMDD"):
         checker().authenticate(meta)
 
@@ -193,7 +196,7 @@ def test_a_prefix_pattern_stays_within_its_namespace() -> None:
 
 
 def test_secret_never_in_repr() -> None:
-    assert "s3cret" not in repr(ALICE)
+    assert "alice-s3cret-0123" not in repr(ALICE)
 
 
 def test_acl_tables_from_the_config_file(tmp_path: Path) -> None:
@@ -205,21 +208,21 @@ auth_skew_s = 120
 
 [[acl]]
 access_key = "alice"
-secret_key = "s3cret"
+secret_key = "alice-s3cret-0123"
 publish = ["orders", "log-*"]
 subscribe = ["orders"]
 groups = ["billing"]
 
 [[acl]]
 access_key = "ops"
-secret_key = "t0ken"
+secret_key = "ops-t0ken-0123456"
 subscribe = ["*"]
 groups = "*"
 admin = true
 """
     )
     loaded = settings.load(["--config", str(config)], env={})
-    assert loaded.accounts == (ALICE, Account("ops", "t0ken", subscribe=("*",), groups=("*",), admin=True))
+    assert loaded.accounts == (ALICE, Account("ops", "ops-t0ken-0123456", subscribe=("*",), groups=("*",), admin=True))
     assert not ALICE.admin
     assert loaded.auth_skew_s == 120
     assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
@@ -251,10 +254,11 @@ def test_a_config_file_without_accounts_is_refused_unless_it_says_auth_off(tmp_p
     "acl",
     [
         '[[acl]]\naccess_key = "a"\n',  # no secret
-        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\npublish = [1]\n',
-        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\npublsh = ["t"]\n',
-        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\n[[acl]]\naccess_key = "a"\nsecret_key = "t"\n',
-        '[[acl]]\naccess_key = "a"\nsecret_key = "s"\nadmin = "yes"\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\npublish = [1]\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\npublsh = ["t"]\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\n'
+        '[[acl]]\naccess_key = "a"\nsecret_key = "t-0123456789abcdef"\n',
+        '[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\nadmin = "yes"\n',
     ],
 )
 def test_bad_acl_tables_are_settings_errors(tmp_path: Path, acl: str) -> None:
@@ -262,6 +266,29 @@ def test_bad_acl_tables_are_settings_errors(tmp_path: Path, acl: str) -> None:
     config.write_text('broker = ["b1=127.0.0.1:9001"]\n' + acl)
     with pytest.raises(settings.SettingsError, match="acl"):
         settings.load(["--config", str(config)], env={})
+
+
+@pytest.mark.parametrize(
+    ("secret", "why"),
+    [
+        ("REPLACE-WITH-A-RANDOM-SECRET", "a placeholder"),  # acl.example.toml's, copied unedited
+        ("REPLACE-ME-0123456789", "a placeholder"),
+        ("orders-secret", "shorter than 16 characters"),
+    ],
+)
+def test_a_placeholder_or_short_secret_is_refused_naming_the_key_not_the_secret(
+    tmp_path: Path, secret: str, why: str
+) -> None:
+    config = tmp_path / "acl.toml"
+    config.write_text(
+        f'broker = ["b1=127.0.0.1:9001"]\n[[acl]]\naccess_key = "orders-service"\nsecret_key = "{secret}"\n'
+    )
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.load(["--config", str(config)], env={})
+    assert str(refused.value) == (
+        f"--config {config}: acl[0]: the secret_key of access key orders-service is {why}: give it a random secret"
+    )
+    assert secret not in str(refused.value)
 
 
 def test_broker_token_check() -> None:
@@ -272,7 +299,10 @@ def test_broker_token_check() -> None:
 @given(header=st.text(max_size=200), date=st.text(max_size=40))
 @hsettings(max_examples=300, deadline=None)
 def test_any_header_and_date_is_an_account_or_unauthorized_never_a_crash(header: str, date: str) -> None:
-    signed = {"authorization": auth.authorization("alice", "s3cret", date), auth.DATE_HEADER: date}  # reaches the date
+    signed = {
+        "authorization": auth.authorization("alice", "alice-s3cret-0123", date),
+        auth.DATE_HEADER: date,
+    }  # reaches the date
     for meta in (
         {"authorization": header, auth.DATE_HEADER: date},
         {"authorization": "MQv2-HMAC-SHA1 " + header},
