@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 from decimal import Decimal
 from pathlib import Path
 
@@ -181,6 +182,32 @@ def test_the_accounts_example_holds_placeholders_the_proxy_refuses() -> None:
         accounts_from_config(entries)  # what the proxy would load from it
     filled = tomllib.loads(text.replace(PLACEHOLDER_PREFIX, "a-random-secret-"))["acl"]
     assert len(accounts_from_config(filled)) == len(entries)
+
+
+def test_the_walk_through_runs_with_the_example_accounts() -> None:
+    """docs/DEPLOY.md "From an empty cluster to a scaled one", step 5: each `popgate` command, as the account it
+    names, is one the proxy allows with acl.example.toml's accounts (proxy/auth.py's rules)."""
+    import tomllib
+
+    from proxy.auth import PLACEHOLDER_PREFIX, accounts_from_config, authorize
+
+    text = (K8S / "overlays" / "prod" / "acl.example.toml").read_text().replace(PLACEHOLDER_PREFIX, "random-secret-")
+    accounts = {a.access_key: a for a in accounts_from_config(tomllib.loads(text)["acl"])}
+    doc = (ROOT / "docs" / "DEPLOY.md").read_text().replace("\\\n", " ")
+    step = doc[doc.index("5. **A topic and a first message**") : doc.index("6. **Watch it**")]
+    commands = re.findall(
+        r"POPGATE_ACCESS_KEY=(\S+) POPGATE_SECRET_KEY=(?:<[^>]*>|\S+) +popgate (topic create|send|receive) (.*)", step
+    )
+    assert [command for _, command, _ in commands] == ["topic create", "send", "receive"]
+    for key, command, rest in commands:
+        account = accounts[key]  # KeyError: an account the example does not have
+        words = shlex.split(rest)
+        if command == "topic create":
+            assert account.admin, key
+        elif command == "send":
+            authorize(account, publish=[words[-2]])  # TOPIC "Hello, world"
+        else:
+            authorize(account, subscribe=[words[-1]], group=words[words.index("-g") + 1])
 
 
 def test_dev_generates_a_placeholder_token_both_sides_use(rendered: dict[str, list[Obj]]) -> None:
