@@ -32,13 +32,20 @@ access_key = "alice"
 secret_key = "alice-secret-0123456"
 publish = ["orders", "auth-*"]
 subscribe = ["orders", "auth-*"]
-groups = ["billing"]
+groups = ["billing", "dlq-origin"]
 
 [[acl]]
 access_key = "reader"
 secret_key = "reader-secret-0123456"
 subscribe = ["orders"]
 groups = ["*"]
+
+[[acl]]
+access_key = "resender"
+secret_key = "resender-secret-0123"
+publish = ["auth-*"]
+subscribe = ["%DLQ%dlq-origin"]
+groups = ["popgate-dlq-resend"]
 """
 
 
@@ -152,6 +159,26 @@ def test_the_admin_commands_and_the_live_view_send_the_brokers_token(
     assert "%DLQ%billing: 0 message(s)" in capsys.readouterr().out
     asked = [Broker(*target.split("=", 1), BROKER_TOKEN) for target in cluster.broker_targets()]
     assert LiveView(cluster.endpoint, asked).poll().down == []
+
+
+def test_dlq_resend_needs_the_dlq_the_resend_group_and_the_origin_topics(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rights docs/SDK.md and docs/PROXY.md name for `popgate dlq resend` with accounts on: `subscribe` on
+    `%DLQ%<group>`, `groups` on `popgate-dlq-resend`, `publish` on the letters' origin topics; they suffice."""
+    topic = f"auth-{uuid.uuid4().hex[:8]}"
+    alice = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
+    with (
+        Producer(cluster.endpoint, **alice) as producer,
+        SimpleConsumer(cluster.endpoint, "dlq-origin", topic, **alice) as consumer,
+    ):
+        producer.send(topic, b"poison pill")
+        consumer.forward_to_dlq(drain(consumer, 1, ack=False)[0])
+    resend = ["dlq", "resend", "dlq-origin", "-e", cluster.endpoint, "--wait", "2"]
+    assert main([*resend, "--access-key", "reader", "--secret-key", "reader-secret-0123456"]) == 1
+    assert "FORBIDDEN: access key reader may not subscribe to topic %DLQ%dlq-origin" in capsys.readouterr().err
+    assert main([*resend, "--access-key", "resender", "--secret-key", "resender-secret-0123"]) == 0
+    assert f"resent 1 message(s) from %DLQ%dlq-origin: 1 to {topic}" in capsys.readouterr().err
 
 
 ALICE = {"access_key": "alice", "secret_key": "alice-secret-0123456"}
