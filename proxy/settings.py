@@ -8,7 +8,6 @@ table; ``[[acl]]`` accounts come from the file only.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from proxy.auth import Account, accounts_from_config
 
 RECEIVE_MODES = ("adaptive", "notify", "longpoll")
 SERVERS = ("h2", "grpcio")
+AUTH_MODES = ("auto", "required")
 BROKER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_MESSAGE_LIMIT = 2**31 - 1  # grpc and the h2 server take a message limit as an int32
 
@@ -181,12 +181,16 @@ class Settings:
     max_message_bytes: int = _setting("gRPC max receive size, > max_body_bytes", default=64 * 1024 * 1024)
     log_level: str = _setting("least severe log records written (any case)", default="INFO", choices=LOG_LEVELS)
     log_format: str = _setting("log lines as text or as one JSON object each", default="text", choices=LOG_FORMATS)
-    # Authentication (docs/PROXY.md "Authentication"): [[acl]] accounts from the config file; none = open, which a
-    # config file must say with auth = "off" (`load`).
+    # Authentication (docs/PROXY.md "Authentication"): [[acl]] accounts from the config file; none = open, unless
+    # auth is "required".
     accounts: tuple[Account, ...] = field(
         default=(), metadata={"option": "acl", "file_only": True, "parse": accounts_from_config}
     )
-    auth: str = field(default="", metadata={"file_only": True})
+    auth: str = _setting(
+        "auto: accounts given = on, none = open (logged at start); required: refuse to start without accounts",
+        default="auto",
+        choices=AUTH_MODES,
+    )
     auth_skew_s: float = _setting("clock skew allowed around any time-zone offset of x-mq-date-time", default=300.0)
     broker_token: str = _setting("shared secret sent to brokers started with the same --broker-token", default="")
 
@@ -213,10 +217,11 @@ class Settings:
             raise SettingsError(f"--receive-mode {self.receive_mode!r}: choose one of {', '.join(RECEIVE_MODES)}")
         if self.server not in SERVERS:
             raise SettingsError(f"--server {self.server!r}: choose one of {', '.join(SERVERS)}")
-        if self.auth not in ("", "off"):
-            raise SettingsError(f'auth {self.auth!r}: the one value is "off" (serve without [[acl]] accounts)')
-        if self.auth == "off" and self.accounts:
-            raise SettingsError('auth = "off" and [[acl]] accounts exclude each other: remove one')
+        if self.auth not in AUTH_MODES:
+            raise SettingsError(f"--auth {self.auth!r}: choose one of {', '.join(AUTH_MODES)}")
+        if self.auth == "required" and not self.accounts:
+            # tests/unit/proxy/test_auth.py::test_a_proxy_that_requires_authentication_refuses_to_start_without_accounts
+            raise SettingsError("--auth required: no [[acl]] accounts in the config file (--config / POPGATE_CONFIG)")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("--tls-cert and --tls-key go together: give both for TLS, neither for plaintext")
         for name in ("tls_cert", "tls_key"):
@@ -288,15 +293,4 @@ class Settings:
 def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from the command line, the environment and the config file, validated."""
     parser = settings_parser(Settings, "popgate-proxy", description="popgate RocketMQ v2 gRPC proxy")
-    settings = load_config(Settings, parser, argv, env, section="proxy")
-    _require_accounts(settings, parser.parse_args(argv).config, os.environ if env is None else env)
-    return settings
-
-
-def _require_accounts(settings: Settings, flag: str | None, env: Mapping[str, str]) -> None:
-    """A config file without [[acl]] accounts is refused unless it says ``auth = "off"``: an emptied accounts file
-    (the prod overlay's Secret) does not start an open proxy; no file at all (`make run`) does —
-    tests/unit/proxy/test_auth.py::test_a_config_file_without_accounts_is_refused_unless_it_says_auth_off."""
-    where = f"--config {flag}" if flag else f"POPGATE_CONFIG {env.get('POPGATE_CONFIG', '')}"
-    if (flag or env.get("POPGATE_CONFIG")) and not settings.accounts and settings.auth != "off":
-        raise SettingsError(f'{where}: no [[acl]] accounts: add them, or auth = "off" to serve without authentication')
+    return load_config(Settings, parser, argv, env, section="proxy")

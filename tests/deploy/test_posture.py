@@ -153,7 +153,9 @@ def test_prod_secrets_are_referenced_and_none_is_shipped(rendered: dict[str, lis
     token = secret_ref(container(brokers), "POPGATE_BROKER_TOKEN")
     assert secret_ref(container(proxies), "POPGATE_BROKER_TOKEN") == token
     # The accounts: a Secret mounted where POPGATE_CONFIG points.
-    config = env_from_configmap(objs, proxies)["POPGATE_CONFIG"]
+    proxy_env = env_from_configmap(objs, proxies)
+    config = proxy_env["POPGATE_CONFIG"]
+    assert proxy_env["POPGATE_AUTH"] == "required"  # an emptied accounts file stops the proxy, never serves open
     acl_volume, _ = mount_of(proxies, container(proxies), config)
     acl_items = {i["key"]: i["path"] for i in acl_volume["secret"]["items"]}
     assert config.endswith("/" + acl_items["acl.toml"])

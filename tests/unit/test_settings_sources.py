@@ -75,7 +75,7 @@ def test_one_config_file_serves_both_programs_each_reading_its_own_table(tmp_pat
     from broker.settings import parse as broker_settings
 
     both = tmp_path / "popgate.toml"
-    both.write_text('[broker]\nqueues-per-topic = 2\n[proxy]\nreceive-mode = "notify"\nauth = "off"\n')
+    both.write_text('[broker]\nqueues-per-topic = 2\n[proxy]\nreceive-mode = "notify"\n')
     assert broker_settings([], {"POPGATE_CONFIG": str(both)}).queues_per_topic == 2
     assert load(BROKER, {"POPGATE_CONFIG": str(both)}).receive_mode == "notify"
     proxy_only = tmp_path / "proxy.toml"  # what `POPGATE_CONFIG=proxy.toml popgate up` hands every child
@@ -94,7 +94,7 @@ def test_top_level_keys_are_shared_beside_a_table(tmp_path: Path, capsys: pytest
     shared = tmp_path / "popgate.toml"
     shared.write_text(
         'broker_token = "s3cret"\ntls-reload-s = "30s"\n'
-        '[broker]\nname = "b1"\ntls_reload_s = 5\n[proxy]\nbrokers = ["b1=127.0.0.1:9001"]\nauth = "off"\n'
+        '[broker]\nname = "b1"\ntls_reload_s = 5\n[proxy]\nbrokers = ["b1=127.0.0.1:9001"]\n'
     )
     broker = broker_settings([], {"POPGATE_CONFIG": str(shared)})
     proxy = load([], {"POPGATE_CONFIG": str(shared)})

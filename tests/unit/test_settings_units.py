@@ -85,9 +85,7 @@ def test_the_proxys_durations_and_sizes_take_units_from_flags_variables_and_the_
     settings = load(BROKER, {"POPGATE_MAX_INVISIBLE_S": "2h", "POPGATE_SEND_CHUNK_BYTES": "16MiB"})
     assert (settings.max_invisible_s, settings.send_chunk_bytes) == (7200.0, 16 << 20)
     config = tmp_path / "proxy.toml"
-    config.write_text(
-        '[proxy]\nauth = "off"\nmax_answer_bytes = "64MiB"\nhealth_interval_s = "250ms"\nmax_delay_s = 60\n'
-    )
+    config.write_text('[proxy]\nmax_answer_bytes = "64MiB"\nhealth_interval_s = "250ms"\nmax_delay_s = 60\n')
     settings = load(BROKER, {"POPGATE_CONFIG": str(config)})
     assert (settings.max_answer_bytes, settings.health_interval_s, settings.max_delay_s) == (64 << 20, 0.25, 60.0)
     assert load([*BROKER, "--max-body-bytes", "4194304"], {}).max_body_bytes == 4 << 20  # plain bytes still

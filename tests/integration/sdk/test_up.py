@@ -125,7 +125,7 @@ def test_a_broker_that_exits_during_start_up_fails_it_with_its_last_output(tmp_p
 
 def test_the_environment_reaches_the_children_and_one_config_file_serves_them_all(tmp_path: Path) -> None:
     config = tmp_path / "popgate.toml"  # a proxy table in the file every child is given
-    config.write_text('[proxy]\nmax-held-receives = 500\nauth = "off"\n[broker]\nmax-body-bytes = 100\n')
+    config.write_text("[proxy]\nmax-held-receives = 500\n[broker]\nmax-body-bytes = 100\n")
     env = dict(ENV, POPGATE_RECEIVE_MODE="notify", POPGATE_CONFIG=str(config))
     process = Up(tmp_path / "data", env=env)
     try:

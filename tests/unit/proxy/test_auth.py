@@ -228,26 +228,22 @@ admin = true
     assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
 
 
-def test_a_config_file_without_accounts_is_refused_unless_it_says_auth_off(tmp_path: Path) -> None:
-    """An emptied accounts file (the prod overlay's Secret with every [[acl]] commented out) does not start an open
-    proxy; `auth = "off"` says open is meant; no config file at all (`make run`) stays open."""
+def test_a_proxy_that_requires_authentication_refuses_to_start_without_accounts(tmp_path: Path) -> None:
+    """`auth = "required"` (the prod overlay's POPGATE_AUTH) refuses a config file whose [[acl]] tables were all
+    emptied or commented out, rather than starting an open proxy; the default, `auto`, serves open without accounts
+    (`make run`), which the proxy logs at start (tests/integration/sdk/test_up.py)."""
     config = tmp_path / "acl.toml"
     emptied = 'broker = ["b1=127.0.0.1:9001"]\nbroker_token = "broker-secret"\n# [[acl]] tables go here\n'
     config.write_text(emptied)
-    with pytest.raises(settings.SettingsError) as refused:
-        settings.load([], env={"POPGATE_CONFIG": str(config)})
-    assert str(refused.value) == (
-        f'POPGATE_CONFIG {config}: no [[acl]] accounts: add them, or auth = "off" to serve without authentication'
-    )
-    config.write_text(emptied + 'auth = "off"\n')
-    assert settings.load([], env={"POPGATE_CONFIG": str(config)}).accounts == ()
-    config.write_text('[proxy]\nbroker = ["b1=127.0.0.1:9001"]\nauth = "off"\n')
-    assert settings.load(["--config", str(config)], env={}).accounts == ()
-    assert settings.load(["--broker", "b1=127.0.0.1:9001"], env={}).accounts == ()
-    for wrong in ('auth = "on"\n', 'auth = "off"\n[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\n'):
-        config.write_text('broker = ["b1=127.0.0.1:9001"]\n' + wrong)
-        with pytest.raises(settings.SettingsError, match="auth"):
-            settings.load([], env={"POPGATE_CONFIG": str(config)})
+    for env in ({"POPGATE_CONFIG": str(config), "POPGATE_AUTH": "required"}, {"POPGATE_AUTH": "required"}):
+        with pytest.raises(settings.SettingsError, match=r"AUTH required: no \[\[acl\]\] accounts in the config"):
+            settings.load(["--broker", "b1=127.0.0.1:9001"], env=env)
+    assert settings.load([], env={"POPGATE_CONFIG": str(config)}).accounts == ()  # auto: open
+    config.write_text(emptied + '[[acl]]\naccess_key = "a"\nsecret_key = "s-0123456789abcdef"\n')
+    required = settings.load(["--auth", "required"], env={"POPGATE_CONFIG": str(config)})
+    assert [a.access_key for a in required.accounts] == ["a"]
+    with pytest.raises(settings.SettingsError, match="--auth 'off': choose one of auto, required"):
+        settings.load(["--auth", "off", "--broker", "b1=127.0.0.1:9001"], env={})
 
 
 @pytest.mark.parametrize(

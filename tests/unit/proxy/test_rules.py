@@ -137,7 +137,7 @@ def test_every_error_a_broker_raises_is_one_its_trailer_may_name() -> None:
 
 def test_settings_precedence_flags_over_env_over_config(tmp_path: Path) -> None:
     config = tmp_path / "proxy.toml"
-    config.write_text('[proxy]\nbrokers = ["b1=h1:1"]\nmax-batch = 8\nlisten = "127.0.0.1:1"\nauth = "off"\n')
+    config.write_text('[proxy]\nbrokers = ["b1=h1:1"]\nmax-batch = 8\nlisten = "127.0.0.1:1"\n')
     env = {"POPGATE_MAX_BATCH": "16", "POPGATE_CONFIG": str(config)}
     settings = load(["--max-batch", "24"], env)
     assert settings.max_batch == 24 and settings.listen == "127.0.0.1:1"
