@@ -280,8 +280,9 @@ def push_backlog_after_proxy_restart(endpoint: str, topic: str, group: str) -> d
         consumer.startup()
         print("started", flush=True)
         sys.stdin.readline()
+        started = time.monotonic()  # the running consumer takes the first messages while the rest are sent
         sent = send_backlog(endpoint, topic)
-        return backlog_consumed(listener, sent, time.monotonic())
+        return backlog_consumed(listener, sent, started)
     finally:
         consumer.shutdown()
 
