@@ -17,7 +17,7 @@ from broker import admin, handlers
 from broker.consumers import ConsumerRegistry, Seen
 from broker.core import BrokerCore
 from broker.sqlite_store import SqliteStore
-from broker.store import NewMessage, Op, PurgeGroup, PurgeTopic, Record, SetGroupFilter, SetPullOffset
+from broker.store import CreateQueue, NewMessage, Op, PurgeGroup, PurgeTopic, Record, SetGroupFilter, SetPullOffset
 from popgate_contract.errors import BadRequest, InvalidReceiptHandle, StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import ManualClock, broker
 
@@ -271,3 +271,27 @@ async def test_a_group_deletion_written_again_after_the_group_came_back_keeps_it
         await asyncio.sleep(1.1)  # the unacked ones' invisibility passes
         again = await core.pop("t", "g", "*", 32, 30_000, 0)
         assert bodies(again.messages) == [b"m0", b"m1", b"m3"]
+
+
+async def test_a_topic_creation_repeated_after_a_refused_commit_is_stored_before_it_answers(tmp_path: Path) -> None:
+    async with broker(tmp_path, auto_create=False) as (core, store):
+        fail_next_commit_with(store, CreateQueue)
+        with pytest.raises(StoreUnavailable):
+            await admin.create_topic(core, pb.CreateTopicRequest(topic="orders", queues=2), pb.CreateTopicResponse())
+        out = pb.CreateTopicResponse()
+        await admin.create_topic(core, pb.CreateTopicRequest(topic="orders", queues=2), out)  # the operator's repeat
+        assert out.queues == 2
+    async with broker(tmp_path, auto_create=False) as (core, _):  # a kill -9 right after the answer
+        assert len(core.topics["orders"].queues) == 2
+        assert (await core.send([pb.Message(topic="orders", body=b"x")]))[0].offset == 0
+
+
+async def test_a_topic_creation_racing_the_first_answers_once_the_topic_is_stored(tmp_path: Path) -> None:
+    async with broker(tmp_path, auto_create=False) as (core, _):
+        request = pb.CreateTopicRequest(topic="orders")
+        first = asyncio.create_task(admin.create_topic(core, request, pb.CreateTopicResponse()))
+        await asyncio.sleep(0)  # the first one's commit is under way
+        out = pb.CreateTopicResponse()
+        await admin.create_topic(core, request, out)
+        assert first.done() and not out.created
+        await first
