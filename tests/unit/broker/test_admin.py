@@ -273,6 +273,22 @@ async def test_a_group_deletion_written_again_after_the_group_came_back_keeps_it
         assert bodies(again.messages) == [b"m0", b"m1", b"m3"]
 
 
+async def test_a_group_deletion_repeated_after_a_refused_commit_is_stored_before_it_answers(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(4)])
+        popped = await core.pop("t", "g", "*", 4, 30_000, 0)
+        await core.ack("t", "g", [m.handle for m in popped.messages])
+        fail_next_commit_with(store, PurgeGroup)
+        with pytest.raises(StoreUnavailable):
+            await admin.delete_group(core, pb.DeleteGroupRequest(group="g"), pb.DeleteGroupResponse())
+        out = pb.DeleteGroupResponse()
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="g"), out)  # the operator's repeat, every topic
+        assert list(out.topics) == []  # memory had forgotten it already
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):  # a kill -9 before the sweep's retry
+        again = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert bodies(again.messages) == [b"m0", b"m1", b"m2", b"m3"]  # a new group
+
+
 async def test_a_topic_creation_repeated_after_a_refused_commit_is_stored_before_it_answers(tmp_path: Path) -> None:
     async with broker(tmp_path, auto_create=False) as (core, store):
         fail_next_commit_with(store, CreateQueue)
