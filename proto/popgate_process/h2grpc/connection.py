@@ -100,6 +100,7 @@ class Connection(asyncio.BufferedProtocol):
         for stream in list(self.streams.values()):
             self.remove(stream)
             stream.gone()
+        self.h2.forget()
 
     def pause_writing(self) -> None:
         """The socket's send buffer is full (the client reads slower than we write): read none of its frames until it

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from popgate_process.h2grpc import H2Server
+from popgate_process.h2grpc.h2conn import H2Connection
 from tests.integration.process.h2grpc_served import Handlers, served, started
 from tests.pki import issue
 
@@ -84,6 +85,23 @@ async def test_a_request_over_the_bound_is_resource_exhausted(server: tuple[H2Se
     async with grpc.aio.insecure_channel(target) as channel:
         await refusal(channel.unary_unary("/t.S/echo")(b"x" * 2000, timeout=5), grpc.StatusCode.RESOURCE_EXHAUSTED)
         assert await channel.unary_unary("/t.S/echo")(b"ok", timeout=5) == b"ok"
+
+
+async def test_a_connections_record_of_ended_calls_stays_bounded_and_goes_when_it_closes(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """A long-lived client makes every call on one connection: what the server keeps of the calls that ended is
+    bounded however many there were, and is let go as soon as the connection closes."""
+    h2server, _, target = server
+    calls = 3000
+    async with grpc.aio.insecure_channel(target) as channel:
+        echo = channel.unary_unary("/t.S/echo")
+        for _ in range(calls // 100):
+            await asyncio.gather(*(echo(b"x", timeout=5) for _ in range(100)))
+        (connection,) = h2server.connections
+        assert len(connection.h2._closed_streams) <= H2Connection.MAX_CLOSED_STREAMS < calls
+    await asyncio.wait_for(connection.lost, 5)
+    assert not connection.h2._closed_streams and not connection.h2.streams
 
 
 async def test_server_streams_arrive_whole_and_in_order(server: tuple[H2Server, Handlers, str]) -> None:

@@ -18,6 +18,7 @@ from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import H2Server
 from popgate_process.h2grpc.connection import RESET_BURST
+from popgate_process.h2grpc.h2conn import H2Connection
 from popgate_process.h2grpc.stream import SEND_BUFFER
 from tests.integration.process.h2grpc_served import Handlers, started
 
@@ -54,9 +55,9 @@ class Peer:
             pass
 
     async def read(self, answered: int = 0) -> Frames:
-        """The server's frames until it closes the connection, or until it ends stream `answered`."""
-        while chunk := await asyncio.wait_for(self._chunk(), 10):
-            self._data += chunk
+        """The server's frames until it closes the connection, or until it ends stream `answered` (the frames read
+        past that one are taken first by the next read)."""
+        while True:
             while len(self._data) >= 9:
                 frame, length = hyperframe.frame.Frame.parse_frame_header(memoryview(self._data[:9]))
                 if len(self._data) < 9 + length:
@@ -66,7 +67,9 @@ class Peer:
                 self.frames.append(frame)
                 if answered and frame.stream_id == answered and "END_STREAM" in frame.flags:
                     return self.frames
-        return self.frames
+            if not (chunk := await asyncio.wait_for(self._chunk(), 10)):
+                return self.frames
+            self._data += chunk
 
     async def _chunk(self) -> bytes:
         try:
@@ -205,6 +208,44 @@ async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_c
     assert trailers[b"grpc-status"] == b"0"
     resets = [frame for frame in frames if isinstance(frame, hyperframe.frame.RstStreamFrame) and frame.stream_id == 1]
     assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
+
+
+async def test_a_clients_late_data_on_a_call_long_ended_costs_only_that_call(
+    server: tuple[H2Server, Handlers, str],
+) -> None:
+    """Late DATA on a call the server ended so many calls ago that it no longer records how: RST_STREAM
+    (STREAM_CLOSED) as on a recent one, and the connection serves its next call."""
+    h2server, _, target = server
+    peer = await connected(target)
+    peer.client.send_headers(1, headers(b"/t.S/ignore"))
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x01x")
+    peer.send()
+    await peer.read(answered=1)
+    (connection,) = h2server.connections
+    stream_id = 3
+    for _ in range(H2Connection.MAX_CLOSED_STREAMS // 200 + 2):  # 200 calls at a time, within the server's bound
+        ids = range(stream_id, stream_id + 400, 2)
+        for call in ids:
+            peer.client.send_headers(call, headers(b"/t.S/echo"))
+            peer.client.send_data(call, b"\x00\x00\x00\x00\x00", end_stream=True)
+        peer.send()
+        for call in ids:
+            if not any(f.stream_id == call and "END_STREAM" in f.flags for f in peer.frames):
+                await peer.read(answered=call)
+        stream_id += 400
+    assert 1 not in connection.h2._closed_streams and 1 not in connection.h2.streams
+    peer.client.send_data(1, b"\x00\x00\x00\x00\x01y", end_stream=True)
+    peer.client.send_headers(stream_id, headers(b"/t.S/echo"))
+    peer.client.send_data(stream_id, b"\x00\x00\x00\x00\x02ok", end_stream=True)
+    peer.send()
+    frames = await peer.read(answered=stream_id)
+    await peer.close()
+    body, trailers = answer(frames, stream_id)
+    assert body == b"\x00\x00\x00\x00\x02ok"
+    assert trailers[b"grpc-status"] == b"0"
+    resets = [frame for frame in frames if isinstance(frame, hyperframe.frame.RstStreamFrame) and frame.stream_id == 1]
+    assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
+    assert not any(isinstance(frame, hyperframe.frame.GoAwayFrame) for frame in frames)
 
 
 async def test_a_client_that_answers_no_ping_loses_its_connection() -> None:
