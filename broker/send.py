@@ -344,8 +344,10 @@ class SendPath:
         return NewMessage(m.topic, queue_id, now, tag, payload, fifo=bool(m.message_group), priority=m.priority)
 
     def forget(self, topic: str) -> None:
-        """The topic was deleted (broker.admin)."""
+        """The topic was deleted (broker.admin): nothing of its name is kept
+        (tests/unit/broker/test_admin.py::test_deleted_topics_leave_nothing_behind_however_many)."""
         self._unsaved_topics.discard(topic)
+        self._valid_topics.discard(topic)
 
     def unsaved(self, topic: str) -> None:
         """The topic's queue rows may be missing from the store: its next write stores them."""

@@ -105,7 +105,12 @@ class SqliteStore:
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
         self._deferred: list[Request] = []
-        self._topic_purges: dict[str, int] = {}  # PurgeTopic ops applied per topic, under `_writing` (`Deletion`)
+        # PurgeTopic ops applied per topic while a deletion is in progress (`Deletion`), and the deletions past
+        # their first step and not finished (their `purged`'s ids), under `_writing`: only a deletion's later steps
+        # compare counts, so none is kept while none is in progress
+        # (tests/unit/broker/test_admin.py::test_deleted_topics_leave_nothing_behind_however_many).
+        self._topic_purges: dict[str, int] = {}
+        self._deletions: set[int] = set()
         self._commit_inline = flush == "async"
         self._outstanding = 0  # requests handed to the writer or committed here whose callers are not answered yet
         self._writing = threading.Lock()  # held by whoever uses the writing connection
@@ -306,7 +311,7 @@ class SqliteStore:
                     segment = []
                     for op in purges:
                         if isinstance(op, PurgeTopic):  # counted also should the commit fail: cuts are only dropped
-                            self._topic_purges[op.topic] = self._topic_purges.get(op.topic, 0) + 1
+                            self._count_purge(op.topic)
                 segment.append(request)
             store_writes.write(conn, self._next_offset, segment)
             conn.execute("COMMIT")
@@ -322,6 +327,12 @@ class SqliteStore:
                 request.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
+
+    def _count_purge(self, topic: str) -> None:
+        if self._deletions:
+            self._topic_purges[topic] = self._topic_purges.get(topic, 0) + 1
+        else:  # a deletion to come takes each topic's count at its first step, whatever it is then
+            self._topic_purges.clear()
 
     def _delete_rows(self, deletion: Deletion) -> None:
         """Delete the rows wholly below each cut, at most DELETE_ROWS rows and about DELETE_BYTES of payloads, in
@@ -342,6 +353,12 @@ class SqliteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             deletion.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
+        if isinstance(deletion.result, tuple) and deletion.result[0]:
+            self._deletions.add(id(purged))
+        else:  # done, or failed (`delete_before` raises: no further step)
+            self._deletions.discard(id(purged))
+            if not self._deletions:
+                counts.clear()
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 

@@ -147,6 +147,19 @@ async def test_deleting_a_topic_ends_its_held_polls_and_its_data_for_good(tmp_pa
             await core.send([pb.Message(topic="other", body=b"x")])
 
 
+async def test_deleted_topics_leave_nothing_behind_however_many(tmp_path: Path) -> None:
+    """Scratch topics made and deleted one after another (a test run's, a tenant's): what the broker keeps per topic
+    stays at the live topics'."""
+    async with broker(tmp_path) as (core, store):
+        await core.send([pb.Message(topic="live", body=b"a")])
+        for i in range(50):
+            await core.send([pb.Message(topic=f"scratch-{i}", body=b"x")])
+            await admin.delete_topic(core, pb.DeleteTopicRequest(topic=f"scratch-{i}"), pb.DeleteTopicResponse())
+        assert set(core.topics) == {"live"}
+        assert core.sends._valid_topics == {"live"}  # noqa: SLF001
+        assert not store._topic_purges  # noqa: SLF001
+
+
 async def test_a_query_finds_ids_and_keys_newest_first_within_its_bound(tmp_path: Path) -> None:
     clock = ManualClock(1_000)
     async with broker(tmp_path, clock=clock, queues_per_topic=2) as (core, _):
