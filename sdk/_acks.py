@@ -34,11 +34,13 @@ def _closed() -> errors.Unavailable:
 def _log_failures(log: logging.Logger, failures: Sequence[tuple[str, errors.PopgateError]], total: int) -> None:
     if failures:
         message_id, error = failures[0]
+        unknown = sum(isinstance(e, errors.Timeout) for _, e in failures)  # outcome unknown (errors.AckError)
         log.warning(
-            "%d of %d message(s) acked without waiting were not acked (delivered again after their invisible time); "
-            "first: %s: %s",
+            "%d of %d message(s) acked without waiting were not acked (delivered again after their invisible time), "
+            "%d of them not known to be acked (maybe acked: then never delivered again); first: %s: %s",
             len(failures),
             total,
+            unknown,
             message_id,
             error,
         )

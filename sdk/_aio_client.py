@@ -97,7 +97,14 @@ class _AsyncClient(ClientBase):
         _ = self._stub  # the channel, made in this loop
         return self._ext_stub_
 
-    async def _retrying(self, op: Callable[[], Awaitable[T]], *, forever: bool = False) -> T:
+    async def _retrying(
+        self,
+        op: Callable[[], Awaitable[T]],
+        *,
+        forever: bool = False,
+        failed: Callable[[errors.PopgateError], None] | None = None,
+    ) -> T:
+        """`op`, retried under the retry policy; `failed` is told of each attempt's error."""
         delays = self.options.retry.delays(forever=forever)
         while True:
             try:
@@ -114,6 +121,8 @@ class _AsyncClient(ClientBase):
                         raise errors.Unavailable("the client is closed", retriable=False) from None
                     raise
             except errors.PopgateError as exc:
+                if failed is not None:
+                    failed(exc)
                 delay = next(delays, None) if exc.retriable and not self._closed else None
                 if delay is None:
                     raise

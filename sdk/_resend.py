@@ -20,6 +20,13 @@ was delivered.
 
 An AckMessage answers per entry; entries that failed with a retriable error (broker failover,
 overload) are re-sent alone, under the same retry policy as the whole call.
+
+An ack entry that any attempt failed for with a `Timeout` or an `Unavailable` (the proxy answers HA_NOT_AVAILABLE
+also for an ack it wrote to the broker and lost the answer to, docs/PROXY.md) may have been applied: if it is not
+acked by the end, it is reported as a `Timeout`, not retriable, "ack outcome unknown", not as the last error, which
+would say "not acked" of a message that may never come again. Only a connection that never opened says the
+request never left —
+tests/unit/sdk/test_acks.py::test_an_ack_applied_then_refused_on_every_retry_is_reported_outcome_unknown.
 """
 
 from __future__ import annotations
@@ -96,6 +103,19 @@ def transaction_ended(response: pb.EndTransactionResponse, *, resent: bool, comm
     _wire.check(response.status)
 
 
+ACK_OUTCOME_UNKNOWN = (
+    "ack outcome unknown: an attempt failed in a way that may have reached the broker and applied it, and no "
+    "later answer said whether it did (last: {last}); the message comes again after its invisible time, unless "
+    "it was acked"
+)
+NEVER_CONNECTED = "failed to connect to all addresses"  # grpc's UNAVAILABLE for a call that never left
+
+
+def maybe_applied(error: errors.PopgateError) -> bool:
+    """Whether an attempt that failed with `error` may have reached the broker (see the module docstring)."""
+    return isinstance(error, (errors.Timeout, errors.Unavailable)) and NEVER_CONNECTED not in error.message
+
+
 class ResendEntries(errors.PopgateError):
     """Some ack entries failed with retriable errors: the retry loop sends them again (never raised to users)."""
 
@@ -110,11 +130,22 @@ class PendingAck:
         self.sent = 0
         self._final: Failures = []
         self._retry: Failures = []
+        self._unknown: set[str] = set()  # message ids an attempt may have acked (`maybe_applied`)
 
     @property
     def failures(self) -> Failures:
-        """``(message_id, error)`` of every entry not acked (so far)."""
-        return self._final + self._retry
+        """``(message_id, error)`` of every entry not acked (so far), those maybe acked as outcome unknown."""
+        return [(message_id, self._outcome(message_id, error)) for message_id, error in self._final + self._retry]
+
+    def _outcome(self, message_id: str, error: errors.PopgateError) -> errors.PopgateError:
+        if message_id not in self._unknown:
+            return error
+        return errors.Timeout(ACK_OUTCOME_UNKNOWN.format(last=error), retriable=False)
+
+    def attempt_failed(self, error: errors.PopgateError) -> None:
+        """Record an attempt that failed as a whole (no answer, or one for the whole call) with `error`."""
+        if maybe_applied(error):
+            self._unknown.update(entry.message_id for entry in self.request.entries)
 
     def given_up(self, error: errors.PopgateError) -> Failures:
         """What to report once the retries end with ``error``: the entries not acked, when some answer
@@ -122,7 +153,7 @@ class PendingAck:
         with ``error`` (the whole call failed: one topic's call must not hide the others' outcomes)."""
         if isinstance(error, ResendEntries) or self.failures:
             return self.failures
-        return [(entry.message_id, error) for entry in self.request.entries]
+        return [(entry.message_id, self._outcome(entry.message_id, error)) for entry in self.request.entries]
 
     def next_request(self) -> pb.AckMessageRequest:
         self.sent += 1
@@ -145,6 +176,8 @@ class PendingAck:
         for (message_id, error), result in zip(failed, _failed_results(response), strict=True):
             if self.sent > 1 and isinstance(error, errors.InvalidReceiptHandle):
                 continue  # acked by an earlier attempt whose answer was lost
+            if maybe_applied(error):
+                self._unknown.add(message_id)
             entry = matcher.take(result)
             if error.retriable and entry is not None:
                 retry.append((message_id, error))

@@ -42,7 +42,10 @@ class _SyncClient(ClientBase):
         self._stub = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._ext = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
 
-    def _retrying(self, op: Callable[[], T], *, forever: bool = False) -> T:
+    def _retrying(
+        self, op: Callable[[], T], *, forever: bool = False, failed: Callable[[errors.PopgateError], None] | None = None
+    ) -> T:
+        """`op`, retried under the retry policy; `failed` is told of each attempt's error."""
         delays = self.options.retry.delays(forever=forever)
         while True:
             try:
@@ -55,6 +58,8 @@ class _SyncClient(ClientBase):
                         raise
                     raise convert(exc, tls=self.options.tls) from None
             except errors.PopgateError as exc:
+                if failed is not None:
+                    failed(exc)
                 delay = next(delays, None) if exc.retriable and not self._closed else None
                 if delay is None:
                     raise

@@ -151,6 +151,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
         Raises:
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked); only when waiting.
+            Timeout: Not retriable: the outcome is unknown. An attempt failed in a way that may have reached
+                the broker and no later answer said whether it acked the message (then it never comes again).
             Unavailable: With ``wait=False``, the consumer is closed (or closing).
             ValueError: The message has no topic or no receipt handle (no receive returned it), waiting or not.
         """
@@ -171,7 +173,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             wait: False: return at once and let the acks go on in the background, as `ack` says.
 
         Raises:
-            AckError: Some messages were not acked; ``failures`` lists them with their errors. Only when waiting.
+            AckError: Some messages were not acked, or not known to be (``outcome_unknown``, as `ack`'s
+                `Timeout`); ``failures`` lists them with their errors. Only when waiting.
             Unavailable: With ``wait=False``, the consumer is closed (or closing).
             ValueError: A message has no topic or no receipt handle (no receive returned it), waiting or not.
         """
@@ -196,7 +199,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             return pending.read(response)
 
         try:
-            return self._retrying(op)
+            return self._retrying(op, failed=pending.attempt_failed)
         except errors.PopgateError as exc:
             return pending.given_up(exc)
 

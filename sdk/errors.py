@@ -99,17 +99,31 @@ class Unsupported(PopgateError):
 
 
 class AckError(PopgateError):
-    """Some messages of an ``ack_many`` were not acked.
+    """Some messages of an ``ack_many`` were not acked, or not known to be.
+
+    A failure that is a `Timeout` (not retriable) has an unknown outcome: an attempt failed in a way that may
+    have reached the broker (a timeout, a lost connection or answer) and no later answer said whether it was
+    applied. Such a message may have been acked, and then never comes again; the others come again after
+    their invisible time.
 
     Attributes:
-        failures: ``(message_id, error)`` for every message that was not acked.
+        failures: ``(message_id, error)`` for every message that was not acked or not known to be.
+        outcome_unknown: The message ids of ``failures`` whose outcome is unknown (their error is a `Timeout`).
     """
 
     def __init__(self, failures: list[tuple[str, PopgateError]]) -> None:
         self.failures = failures
+        self.outcome_unknown = [message_id for message_id, error in failures if isinstance(error, Timeout)]
         first = failures[0][1]
+        unknown = len(self.outcome_unknown)
+        if not unknown:
+            state = "not acked"
+        elif unknown == len(failures):
+            state = "not known to be acked (outcome unknown)"
+        else:
+            state = f"not acked or not known to be ({unknown} outcome unknown)"
         super().__init__(
-            f"{len(failures)} message(s) not acked; first: {first.message}",
+            f"{len(failures)} message(s) {state}; first: {first.message}",
             code=first.code,
             code_name=first.code_name,
             retriable=all(e.retriable for _, e in failures),

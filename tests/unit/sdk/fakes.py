@@ -7,7 +7,8 @@ handle with INVALID_RECEIPT_HANDLE, as a broker does. Faults are scripted per ca
   without acking it (a broker failover, an overloaded proxy).
 * ``call_faults``: one per call, popped in order; ``("refused", status)`` fails the call before it does
   anything, ``("lost", status)`` does the work and then fails the call, so the answer is lost (a
-  deadline that passed while the broker was applying it).
+  deadline that passed while the broker was applying it); ``("unconnected", UNAVAILABLE)`` fails it as
+  grpc does when the channel never connected (the request never left).
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ from popgate import Message, _session, _waiting
 
 
 class FakeRpcError(grpc.RpcError):
-    def __init__(self, status: grpc.StatusCode) -> None:
+    def __init__(self, status: grpc.StatusCode, details: str = "") -> None:
         super().__init__(status.name)
         self._status = status
+        self._details = details or f"fake {status.name}"
 
     def code(self) -> grpc.StatusCode:
         return self._status
 
     def details(self) -> str:
-        return f"fake {self._status.name}"
+        return self._details
 
 
 @dataclass
@@ -64,6 +66,8 @@ class FakeStub:
         how, status = self.call_faults.pop(0)
         if how == "refused":
             raise FakeRpcError(status)
+        if how == "unconnected":
+            raise FakeRpcError(status, "failed to connect to all addresses; last error: Connection refused")
         return status
 
     def _lose(self, lost: grpc.StatusCode | None) -> None:

@@ -207,3 +207,87 @@ def test_a_failed_ack_not_waited_for_is_logged(
         consumer.close()
     assert "1 of 1 message(s) acked without waiting were not acked" in caplog.text
     assert "first: a: INVALID_RECEIPT_HANDLE" in caplog.text
+
+
+# -- an ack whose outcome is unknown is not reported "not acked" ----------------------------------------------
+
+
+def test_an_ack_applied_then_refused_on_every_retry_is_reported_outcome_unknown(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    a, b = fake.message("a"), fake.message("b")
+    # The broker acks both, the answer is lost; every retry is then refused before it is sent (broker marked down).
+    fake.call_faults = [("lost", DEADLINE)] + [("refused", grpc.StatusCode.UNAVAILABLE)] * 10  # type: ignore[list-item]
+
+    with pytest.raises(errors.AckError) as info:
+        consumer.ack_many([a, b])
+
+    assert fake.acked == ["a", "b"]  # they will never come again
+    assert info.value.outcome_unknown == ["a", "b"]
+    assert all(isinstance(e, errors.Timeout) and not e.retriable for _, e in info.value.failures)
+    assert "not known to be acked" in str(info.value) and "outcome unknown" in str(info.value.failures[0][1])
+    assert info.value.retriable is False
+
+
+def test_an_entry_answered_unavailable_then_refused_is_outcome_unknown_beside_one_not_acked(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    a, b, c = fake.message("a"), fake.message("b"), fake.message("c")
+    fake.live.discard(c.receipt_handle)  # stale at the first attempt: certainly not acked by this call
+    fake.entry_faults[b.receipt_handle] = [v2.HA_NOT_AVAILABLE] * 10  # the proxy lost b's answer, then refuses b
+
+    with pytest.raises(errors.AckError) as info:
+        consumer.ack_many([a, b, c])
+
+    assert info.value.outcome_unknown == ["b"]
+    assert sorted((m, type(e)) for m, e in info.value.failures) == [
+        ("b", errors.Timeout),
+        ("c", errors.InvalidReceiptHandle),
+    ]
+    assert "2 message(s) not acked or not known to be (1 outcome unknown)" in str(info.value)
+
+
+def test_an_ack_that_never_left_is_still_reported_not_acked(fake: FakeStub, consumer: SimpleConsumer) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("unconnected", grpc.StatusCode.UNAVAILABLE)] * 10  # type: ignore[list-item]
+
+    with pytest.raises(errors.Unavailable) as info:
+        consumer.ack(m)
+
+    assert not isinstance(info.value, errors.Timeout) and fake.acked == []
+
+
+def test_a_single_ack_of_unknown_outcome_raises_timeout_as_a_nack_does(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("lost", grpc.StatusCode.UNAVAILABLE)] + [("refused", DEADLINE)] * 10  # type: ignore[list-item]
+
+    with pytest.raises(errors.Timeout) as info:
+        consumer.ack(m)
+
+    assert info.value.retriable is False and "ack outcome unknown" in str(info.value)
+
+
+def test_asyncio_ack_many_reports_an_unknown_outcome_as_the_sync_client_does(fake: FakeStub) -> None:
+    a = fake.message("a")
+    fake.call_faults = [("lost", DEADLINE)] + [("refused", grpc.StatusCode.UNAVAILABLE)] * 10  # type: ignore[list-item]
+
+    async def ack(consumer: aio.SimpleConsumer) -> errors.AckError:
+        with pytest.raises(errors.AckError) as info:
+            await consumer.ack_many([a])
+        return info.value
+
+    error = run_aio(fake, ack)
+    assert fake.acked == ["a"] and error.outcome_unknown == ["a"]
+
+
+def test_an_ack_not_waited_for_of_unknown_outcome_is_logged_so(
+    fake: FakeStub, consumer: SimpleConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    m = fake.message("a")
+    fake.call_faults = [("lost", DEADLINE)] + [("refused", grpc.StatusCode.UNAVAILABLE)] * 10  # type: ignore[list-item]
+    with caplog.at_level(logging.WARNING, logger="popgate.client"):
+        consumer.ack(m, wait=False)
+        consumer.close()
+    assert "1 of them not known to be acked" in caplog.text
