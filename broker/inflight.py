@@ -88,6 +88,7 @@ class GroupTopic:
         # Deliveries whose invisibility passed, waiting to be popped again: (queue, offset, token).
         self.ready: deque[tuple[int, int, int]] = deque()
         self.next_queue = 0
+        self.pops = 0  # Pop passes on this state: which take redeliveries first (broker.pop.redeliveries_first)
         self.dead_lettered = 0
         self._pushes = 0
 

@@ -1,9 +1,10 @@
-"""The Pop: a group takes the messages ready for it — redeliveries that are due first, then new messages from its
-pull offsets, spread fairly over the queues, behind FIFO and priority rules (`take_new`). Each is reserved as a
-delivery before anything is awaited, so concurrent Pops never share a message; the answer stays under the
-response size limit, and deliveries its caller never received are ready again at once, attempt count unchanged
-(`Pops.release`). With nothing ready a Pop is held (broker.longpoll) until a message it can take arrives or its
-poll time ends.
+"""The Pop: a group takes the messages ready for it — redeliveries that are due and new messages from its pull
+offsets, spread fairly over the queues, behind FIFO and priority rules (`take_new`): new messages first in four
+Pops of five, redeliveries first in the fifth (`redeliveries_first`), a FIFO redelivery first in all. Each is
+reserved as a delivery before anything is awaited, so concurrent Pops never share a message; the answer stays
+under the response size limit, and deliveries its caller never received are ready again at once, attempt count
+unchanged (`Pops.release`). With nothing ready a Pop is held (broker.longpoll) until a message it can take arrives
+or its poll time ends.
 
 Owned by the core, which checks the request's topic, group, filter and poll time first; it knows nothing of the
 core.
@@ -32,6 +33,16 @@ from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
 from popgate_contract.errors import DomainError, IllegalBatchSize, TopicNotFound
 from popgate_contract.receipt import ReceiptHandle, encode_handle
+
+# One Pop pass in this many of a group's on a topic takes redeliveries first; the others take new messages first and
+# fill the rest of the batch with redeliveries, so neither starves the other (RocketMQ: `popFromRetryProbability` 20).
+REDELIVERIES_FIRST_EVERY = 5
+
+
+def redeliveries_first(passes: int) -> bool:
+    """Whether a group's `passes`-th Pop pass on a topic takes redeliveries before new messages — tests/unit/broker/
+    test_redelivery_mix.py::test_one_pop_in_five_takes_redeliveries_first."""
+    return passes % REDELIVERIES_FIRST_EVERY == 0
 
 
 class Pops:
@@ -126,10 +137,8 @@ class Pops:
         topic's or group's alone — tests/unit/broker/test_pop_order.py::
         test_a_pop_whose_read_spans_a_delete_and_recreate_answers_none_of_the_new_topics."""
         now = self.clock.now_ms()
-        picks = self.redelivery.take(state, now, want)
         topic = self.topics.get(state.topic)
-        if topic is not None and len(picks) < want:
-            take_new(self.consumers, state, topic, want - len(picks), ops, picks)
+        picks = self._pick(state, topic, now, want, ops)
         if not picks:
             if ops:
                 await self.commits.write(ops)
@@ -164,6 +173,22 @@ class Pops:
         self.messages_out[key] = self.messages_out.get(key, 0) + len(deliveries)
         self.first_out[key] = self.first_out.get(key, 0) + sum(1 for _, _, d in deliveries if d.attempt == 1)
         return popped_messages(self.name, topic, deliveries, payloads)
+
+    def _pick(
+        self, state: GroupTopic, topic: TopicLog | None, now: int, want: int, ops: list[Op]
+    ) -> list[tuple[int, int, int]]:
+        """Up to `want` messages as (queue id, offset, attempt): FIFO redeliveries first in every pass (a FIFO
+        message's redelivery comes before its group's later messages, which `readable_end` holds back whatever the
+        order of the takes), then, by `redeliveries_first`, the other redeliveries and the new messages or the
+        new messages and the other redeliveries — tests/unit/broker/test_redelivery_mix.py."""
+        state.pops += 1
+        first = redeliveries_first(state.pops)
+        picks = self.redelivery.take(state, now, want, fifo_only=not first)
+        if topic is not None and len(picks) < want:
+            take_new(self.consumers, state, topic, want - len(picks), ops, picks)
+        if not first and len(picks) < want:
+            picks += self.redelivery.take(state, now, want - len(picks))
+        return picks
 
     def _still(self, state: GroupTopic, topic: TopicLog) -> bool:
         """Whether the topic and the group's state on it are those a Pop took its picks from."""

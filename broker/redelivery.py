@@ -68,20 +68,24 @@ class Redelivery:
         self._moved: Counter[tuple[str, str, int]] = Counter()  # (topic, group, attempts): moved, not yet logged
         self._log_timer: asyncio.TimerHandle | None = None
 
-    def take(self, state: GroupTopic, now: int, want: int) -> list[tuple[int, int, int]]:
-        """Up to ``want`` ready redeliveries as (queue id, offset, next attempt); FIFO messages whose turn has
-        not come stay ready."""
+    def take(self, state: GroupTopic, now: int, want: int, *, fifo_only: bool = False) -> list[tuple[int, int, int]]:
+        """Up to ``want`` ready redeliveries as (queue id, offset, next attempt), in the order they became ready
+        (with ``fifo_only``, FIFO messages alone); FIFO messages whose turn has not come stay ready."""
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
+        if fifo_only and not any(gq.fifo for gq in state.queues.values()):
+            return picks
         taking: set[tuple[int, int]] = set()  # FIFO messages taken by this call
 
         def pick(entry: tuple[int, int, int]) -> bool:
             """Take one ready entry (a stale one is dropped); False when it is a FIFO message whose turn has
-            not come."""
+            not come, or not a FIFO message and only those are taken."""
             queue_id, offset, token = entry
             delivery = state.current(queue_id, offset, token)
             if delivery is None:
                 return True
+            if fifo_only and offset not in state.queues[queue_id].fifo:
+                return False
             if not _turn_came(state, queue_id, offset, taking):
                 return False
             if offset in state.queues[queue_id].fifo:
