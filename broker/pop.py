@@ -247,6 +247,9 @@ class Pops:
                 state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
         self.commits.commit(ops)
         self.redelivery.schedule(state)
+        # The group's next pass takes redeliveries first: what no caller received goes out again before messages
+        # behind it, as before it was taken (test_redelivery_mix.py::test_released_messages_go_out_first_again).
+        state.pops = REDELIVERIES_FIRST_EVERY - 1
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
         """A Pop answered after its caller had cancelled it (the cancel crossed the answer): its

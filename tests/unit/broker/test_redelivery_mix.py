@@ -103,3 +103,17 @@ async def test_new_messages_taken_before_a_fifo_redelivery_never_pass_it(tmp_pat
         picks: list[tuple[int, int, int]] = []
         take_new(core.consumers, state, core.topics["t"], 32, [], picks)
         assert picks == []
+
+
+async def test_released_messages_go_out_first_again(tmp_path: Path) -> None:
+    """A Pop's messages no caller received (an answer refused or crossed by its cancel: `release`) go out again in
+    the group's next Pop, attempt unchanged, before the messages behind them: a Pop refused again and again takes
+    the same message back each time rather than the topic's next one."""
+    async with broker(tmp_path / "data") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(8)])
+        for _ in range(3):
+            first = await pop(core, 1)
+            assert (bodies(first), first.messages[0].attempt) == ([b"m0"], 1)
+            assert core.release("t", "g", [m.handle for m in first.messages]) == 1
+        rest = await pop(core, 8)
+        assert bodies(rest) == [b"m%d" % i for i in range(8)] and {m.attempt for m in rest.messages} == {1}
