@@ -10,10 +10,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import hypothesis
 import pytest
 from popgate_pb import broker_pb2_grpc as pb_grpc
 
 from tests.procs import NO_SWEEP_ARGS, ServerProcess, broker_args
+
+# Property tests check behaviour, not speed: no per-example deadline (hypothesis's 200 ms default fails examples on
+# a loaded 2-core CI machine, as test_ack_latency.py's once did).
+hypothesis.settings.register_profile("popgate", deadline=None)
+hypothesis.settings.load_profile("popgate")
 
 
 class BrokerHandle:
