@@ -135,6 +135,9 @@ class GrpcBrokerClient:
             # grpc.min_reconnect_backoff_ms: it is also the time a connection attempt gets (see sdk/_transport.py).
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 1000),
+            # Its own connection: a client made again for a stuck connection (proxy.health) gets a new one, not the
+            # old one from grpc's process-wide pool — tests/integration/proxy/test_silent_link.py.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         interceptors = client_interceptors(token) or None
         if tls_ca is None:
@@ -153,6 +156,7 @@ class GrpcBrokerClient:
         self._retired: set[asyncio.Task[None]] = set()
         self._closed = False
         self._gone = False  # retired by discovery: down for good (`retire`)
+        self.check_timed_out_connected = False  # the last health check's, with the channel connected (proxy.health)
 
     @property
     def name(self) -> str:
@@ -399,11 +403,20 @@ class GrpcBrokerClient:
         try:
             reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
+            connected = self._channel.get_state() == grpc.ChannelConnectivity.READY
+            self.check_timed_out_connected = connected and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             self._set_health(False, f"health check: {exc.code().name}")
             return False
+        self.check_timed_out_connected = False
         serving: bool = reply.status == health_pb2.HealthCheckResponse.SERVING
         self._set_health(serving, f"health check: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
         return serving
+
+    def connect(self) -> None:
+        """Open its Session stream now: an ack for a hung broker is refused unsent on this connection too
+        (`_to_this_broker`) — tests/integration/proxy/test_silent_link.py::
+        test_an_ack_to_a_hung_broker_is_refused_unsent_on_the_connection_made_again_too."""
+        self._live_session()
 
     async def close(self) -> None:
         self._closed = True  # what fails from here on failed because this proxy stops, not the broker

@@ -240,6 +240,19 @@ class BrokerClients:
         for client in list(self.current.values()):
             self.add(client.address, why="replaced: the broker CA bundle changed", up=client.healthy)
 
+    def reconnect(self, client: GrpcBrokerClient) -> None:
+        """A new client (a new connection) for `client`'s broker, its health checks timing out on a connection that
+        may have died without a word; the one before ends as when discovery moves a broker —
+        tests/integration/proxy/test_silent_link.py."""
+        if self.current.get(client.name) is client:
+            log.warning(
+                "broker %s (%s): health checks time out on its connection: connecting again",
+                client.name,
+                client.address.target,
+            )
+            self.add(client.address, why="replaced: its connection stopped answering", up=False)
+            self.current[client.name].connect()
+
     def _close(self, client: GrpcBrokerClient) -> None:
         if client in self._made:
             self._made.discard(client)
@@ -301,7 +314,10 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             )
             await stack.enter_async_context(trust)
         monitor = HealthMonitor(
-            lambda: brokers.current.values(), interval=settings.health_interval_s, timeout=settings.health_timeout_s
+            lambda: brokers.current.values(),
+            interval=settings.health_interval_s,
+            timeout=settings.health_timeout_s,
+            reconnect=brokers.reconnect,
         )
         brokers.added = monitor.check_now
         await _discovery(settings, brokers, stack)

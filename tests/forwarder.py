@@ -7,8 +7,9 @@ import threading
 
 
 class Forwarder:
-    """127.0.0.1:<port> → `target`; each connection silent for `delay_s` before bytes flow either way, and
-    `drop_answers` loses what the target sends for a while, then cuts every connection (a network blip)."""
+    """127.0.0.1:<port> → `target`; each connection silent for `delay_s` before bytes flow either way,
+    `drop_answers` loses what the target sends for a while, then cuts every connection (a network blip), and
+    `go_silent` makes every open connection dead without a word (no FIN, no RST) while new ones work."""
 
     def __init__(self, target: str, delay_s: float = 0.0) -> None:
         self.host, port = target.rsplit(":", 1)
@@ -16,6 +17,9 @@ class Forwarder:
         self.delay_s = delay_s
         self.writers: set[asyncio.StreamWriter] = set()
         self.dropping = False
+        self.generation = 0  # of the connections made now
+        self.live_from = 0  # connections of an older generation relay nothing (`go_silent`)
+        self.closing = asyncio.Event()  # set by `close`
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = self.server.sockets[0].getsockname()[1]
@@ -31,11 +35,19 @@ class Forwarder:
         await asyncio.sleep(self.delay_s)
         up_reader, up_writer = await asyncio.open_connection(self.host, self.target_port)
         self.writers.add(up_writer)
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer, answers=True))
+        generation = self.generation
+        await asyncio.gather(
+            self._pipe(reader, up_writer, generation), self._pipe(up_reader, writer, generation, answers=True)
+        )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, answers: bool = False) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, generation: int, *, answers: bool = False
+    ) -> None:
         try:
             while data := await reader.read(65536):
+                if generation < self.live_from:  # gone silent: nothing relayed, nothing closed, ever
+                    await self.closing.wait()
+                    return
                 if answers and self.dropping:
                     continue
                 writer.write(data)
@@ -57,8 +69,19 @@ class Forwarder:
         self.dropping = True
         self.loop.call_soon_threadsafe(self.loop.call_later, for_s, cut)
 
+    def go_silent(self) -> None:
+        """Every connection open now relays nothing more and is never closed (a NAT or firewall entry lost, a
+        blackholed link: no FIN, no RST reaches either end); connections made from now on work."""
+
+        def cut() -> None:
+            self.generation += 1
+            self.live_from = self.generation
+
+        self.loop.call_soon_threadsafe(cut)
+
     def close(self) -> None:
         async def stop() -> None:
+            self.closing.set()
             self.server.close()
             for writer in self.writers:
                 writer.close()
