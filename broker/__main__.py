@@ -12,11 +12,12 @@ import sys
 from contextlib import AsyncExitStack
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker import settings as settings_mod
 from broker.clock import WallClock
 from broker.core import BrokerCore
+from broker.health import NamedHealthServicer
 from broker.metrics import BrokerMetrics
 from broker.server import BrokerServicer, add_to_server
 from broker.settings import BrokerSettings
@@ -141,7 +142,7 @@ async def serve(settings: BrokerSettings) -> None:
                 settings.tls_cert, settings.tls_key, tls, interval_s=settings.tls_reload_s, metrics=metrics.tls
             )
             await stack.enter_async_context(watch)
-        health_servicer = health.aio.HealthServicer()
+        health_servicer = NamedHealthServicer(settings.name)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await server.start()
         stack.enter_context(MemoryTrimmer())

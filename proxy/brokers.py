@@ -40,6 +40,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 
 from popgate_contract import errors
+from popgate_contract.broker_name import name_said
 from popgate_contract.broker_token import client_interceptors
 from popgate_contract.session_client import BrokerSession, failure
 from popgate_contract.trailer import error_of
@@ -156,6 +157,7 @@ class GrpcBrokerClient:
         self._retired: set[asyncio.Task[None]] = set()
         self._closed = False
         self._gone = False  # retired by discovery: down for good (`retire`)
+        self._own_name: str | None = None  # the broker's own name when its health checks say another than `name`
         self.check_timed_out_connected = False  # the last health check's, with the channel connected (proxy.health)
 
     @property
@@ -191,10 +193,31 @@ class GrpcBrokerClient:
         self._status.wake()
 
     def _set_health(self, healthy: bool, why: str) -> None:
-        if self._status.set(healthy and not self._gone):
+        healthy = healthy and not self._gone and self._own_name is None
+        if self._status.set(healthy):
             log.warning(
                 "broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why
             )
+
+    def _named(self, said: str | None) -> bool:
+        """Whether the broker runs under the name it is listed under, as its health check's answer says (None: an
+        older broker that does not say it, taken as it is listed). Under another name it stays down, whatever its
+        calls do, until a check says the listed one: every receipt handle it writes names the other, so acks of
+        its messages would go to another broker or none — tests/unit/proxy/test_broker_names.py."""
+        own = said if said is not None and said != self.name else None
+        if own is not None and own != self._own_name:
+            log.error(
+                "broker listed as %s at %s runs under the name %r (its --name), which its receipt handles carry: "
+                "kept out of routing until it runs as %s, or is listed as %s=%s",
+                self.name,
+                self._address.target,
+                own,
+                self.name,
+                own,
+                self._address.target,
+            )
+        self._own_name = own
+        return own is None
 
     def _not_open(self) -> errors.BrokerNotReached:
         """What a call to a closed client (retired, replaced, or this proxy stopping) is answered: a down broker."""
@@ -401,7 +424,9 @@ class GrpcBrokerClient:
         if self._gone:
             return False
         try:
-            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            call = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            reply = await call
+            said = name_said(await call.initial_metadata())
         except grpc.aio.AioRpcError as exc:
             connected = self._channel.get_state() == grpc.ChannelConnectivity.READY
             self.check_timed_out_connected = connected and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -409,6 +434,9 @@ class GrpcBrokerClient:
             return False
         self.check_timed_out_connected = False
         serving: bool = reply.status == health_pb2.HealthCheckResponse.SERVING
+        if not self._named(said):
+            self._set_health(False, f"health check: it runs under the name {said!r}")
+            return False
         self._set_health(serving, f"health check: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
         return serving
 
