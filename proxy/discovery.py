@@ -29,6 +29,7 @@ from proxy.ports import BackgroundTask
 from proxy.settings import BROKER_NAME, BrokerAddress
 
 log = logging.getLogger(__name__)
+ASKED_GAP_S = 1.0  # an asked lookup (`Discovery.ask`) begins at least this long after the one before
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,16 +135,28 @@ class Discovery(BackgroundTask):
         interval_s: float,
         forget_s: float,
         clock: Callable[[], float] | None = None,
+        asked_gap_s: float = ASKED_GAP_S,
     ) -> None:
         self._lookup = lookup
         self._edits = edits
         self._interval_s = interval_s
+        self._asked = asyncio.Event()  # `ask`: look up again now
+        self._asked_gap_s = asked_gap_s
+        self._began = -asked_gap_s  # when the last lookup began (the loop's time)
         self.membership = Membership(forget_s=forget_s)
         self._clock = clock or asyncio.get_running_loop().time
         self._failing = False
 
+    def ask(self, name: str = "") -> None:
+        """Look up again now, not at the next interval: a receipt handle named a broker not found yet (`name`). One
+        lookup at a time, an asked one no sooner than `asked_gap_s` after the last began, however often asked —
+        tests/unit/proxy/test_discovery.py::
+        test_a_lookup_asked_for_runs_at_once_one_at_a_time_and_no_sooner_than_the_gap_after_the_last."""
+        self._asked.set()
+
     async def refresh(self) -> Changes:
         """One lookup, its changes applied; nothing changes when the lookup fails."""
+        self._began = asyncio.get_running_loop().time()
         try:
             found = await self._lookup()
         except LookupFailed as exc:
@@ -162,8 +175,15 @@ class Discovery(BackgroundTask):
         return changes
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self._interval_s)
+            try:
+                await asyncio.wait_for(self._asked.wait(), self._interval_s)
+            except TimeoutError:
+                pass
+            else:
+                await asyncio.sleep(self._began + self._asked_gap_s - loop.time())
+            self._asked.clear()
             try:
                 await self.refresh()
             except Exception:  # a bug must not end discovery for good: logged, tried again next interval

@@ -15,9 +15,10 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from popgate_contract.errors import InvalidReceiptHandle
+from popgate_contract.errors import BrokerNotReached, DomainError, InvalidReceiptHandle
 from popgate_contract.receipt import broker_of
 from proxy.ports import BrokerClient
+from proxy.settings import BROKER_NAME
 
 MAX_ROTATIONS = 10_000  # rotation names kept (a group's receives: one each), the longest unused dropped first
 
@@ -32,6 +33,11 @@ class BrokerPool:
         # tests/unit/proxy/test_core.py::test_each_pool_starts_its_rotation_at_a_random_broker.
         self._first_turn = random.randrange(1 << 16) if first_turn is None else first_turn
         self._random = first_turn is None  # new rotations start at random brokers (not when a test fixes it)
+        # Set under broker discovery, told the name: a receipt handle names a broker this proxy has not found (yet:
+        # each proxy looks DNS up on its own, another may have found it first). Then answered as a down broker's
+        # (retriable) instead of as the client's error — tests/unit/proxy/test_discovery.py::
+        # test_under_discovery_a_handle_naming_a_broker_not_found_yet_is_retriable_and_asks_for_a_lookup.
+        self.unknown_broker: Callable[[str], None] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -88,7 +94,8 @@ class BrokerPool:
         return list(self._clients.values())
 
     def for_handle(self, handle: str) -> BrokerClient:
-        """The broker a receipt handle belongs to; InvalidReceiptHandle when garbled or unknown."""
+        """The broker a receipt handle belongs to; InvalidReceiptHandle when garbled or unknown (under discovery, an
+        unknown broker name is BrokerNotReached: `unknown_broker`)."""
         name = broker_of(handle)  # raises InvalidReceiptHandle: the broker's class is the proxy's
         client = self._clients.get(name)
         if client is None:
@@ -97,12 +104,12 @@ class BrokerPool:
 
     def by_broker(
         self, handles: Sequence[str]
-    ) -> tuple[dict[str, tuple[BrokerClient, list[int]]], list[tuple[int, InvalidReceiptHandle]]]:
+    ) -> tuple[dict[str, tuple[BrokerClient, list[int]]], list[tuple[int, DomainError]]]:
         """The indexes of `handles` by the broker each belongs to (brokers in the order of their first handle), and
         the index and error of each handle `for_handle` refuses, with the error it raises —
         tests/unit/proxy/test_core_receive.py::test_ack_routes_each_handle_to_its_broker_and_reports_per_handle."""
         by_name: dict[str, list[int]] = {}
-        refused: list[tuple[int, InvalidReceiptHandle]] = []
+        refused: list[tuple[int, DomainError]] = []
         for index, handle in enumerate(handles):
             try:
                 name = broker_of(handle)  # one read of each handle; the broker's client once per broker
@@ -118,13 +125,16 @@ class BrokerPool:
         for name, indexes in by_name.items():
             client = self._clients.get(name)
             if client is None:
-                refused += ((i, self._unknown(name)) for i in indexes)
+                error = self._unknown(name)
+                refused += ((i, error) for i in indexes)
             else:
                 groups[name] = (client, indexes)
         return groups, refused
 
-    @staticmethod
-    def _unknown(name: str) -> InvalidReceiptHandle:
+    def _unknown(self, name: str) -> DomainError:
+        if self.unknown_broker is not None and BROKER_NAME.fullmatch(name):
+            self.unknown_broker(name)
+            return BrokerNotReached(f"receipt handle names broker {name!r}, not found by this proxy yet: retry shortly")
         shown = name if len(name) <= 64 else name[:64] + "…"  # a made-up handle's name is echoed in every entry
         return InvalidReceiptHandle(f"receipt handle names broker {shown!r}, which this proxy does not know")
 

@@ -280,7 +280,9 @@ async def _discovery(settings: Settings, brokers: BrokerClients, stack: AsyncExi
     lookup = SrvLookup(settings.broker_srv, server=settings.broker_dns_server, timeout_s=settings.health_timeout_s * 4)
     edits = PoolEdits(add=brokers.add, retire=brokers.retire)
     interval, forget = settings.broker_dns_interval_s, settings.broker_forget_s
-    await stack.enter_async_context(Discovery(lookup, edits, interval_s=interval, forget_s=forget))
+    discovery = Discovery(lookup, edits, interval_s=interval, forget_s=forget)
+    brokers.pool.unknown_broker = discovery.ask  # a handle naming a broker not found yet: retriable, looked up now
+    await stack.enter_async_context(discovery)
 
 
 def _proxy(settings: Settings, pool: BrokerPool, metrics: ProxyMetrics) -> Proxy:

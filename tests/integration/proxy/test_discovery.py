@@ -184,3 +184,64 @@ def test_a_broker_discovery_adds_is_routed_only_once_its_health_check_passes(
         finally:
             client.close()
             proxy.stop()
+
+
+def test_an_ack_through_a_proxy_that_has_not_found_the_broker_yet_is_retriable_and_goes_through(
+    tmp_path: Path,
+) -> None:
+    """Proxies look DNS up on their own: a client receives through proxy A, which found a new broker, and acks
+    through proxy B, whose next lookup is not due. B answers those entries HA_NOT_AVAILABLE (retriable), looks up
+    at once and acks them on the retry; a proxy whose DNS does not answer at all answers them retriable too."""
+    ok, ha_not_available = 20000, 50002
+    brokers = {name: ServerProcess("broker", broker_args(name, tmp_path / name)).start() for name in ("b1", "b2")}
+    silent_dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent_dns.bind(("127.0.0.1", 0))  # never answers
+    proxies: list[ServerProcess] = []
+    clients: list[V2Client] = []
+    try:
+        with DnsServer() as dns:
+            publish = {name: (target(name), ("127.0.0.1", b.port)) for name, b in brokers.items()}
+            dns.publish(SRV, dict([publish["b1"]]))
+            common = ["--broker-srv", SRV, "--listen", "127.0.0.1:0", "--broker-dns-server"]
+            for args in (
+                [dns.address, "--broker-dns-interval-s", "0.2"],
+                [dns.address, "--broker-dns-interval-s", "60"],
+            ):
+                proxies.append(ServerProcess("proxy", common + args).start())
+            clients += [V2Client(proxy.address) for proxy in proxies]
+            a, b = clients
+            assert routed(b) == {"b1"}
+            dns.publish(SRV, dict([publish["b1"], publish["b2"]]))  # scaled up: A finds b2, B's lookup is not due
+            assert wait_until(lambda: routed(a) == {"b1", "b2"}, timeout=10)
+            assert all(a.send(TOPIC, [f"m{i}".encode()]).status.code == ok for i in range(20))
+            messages: list[v2.Message] = []
+            while len(messages) < 20:
+                status, got = a.receive(TOPIC, GROUP, poll_s=1)
+                assert got, status
+                messages += got
+            assert {m.system_properties.receipt_handle.split("~")[1] for m in messages} == {"b1", "b2"}
+
+            silent = ServerProcess("proxy", common + ["{}:{}".format(*silent_dns.getsockname())]).start()
+            proxies.append(silent)
+            clients.append(V2Client(silent.address))
+            codes = {entry.status.code for entry in clients[2].ack(TOPIC, GROUP, messages[:3]).entries}
+            assert codes == {ha_not_available}
+
+            first = [entry.status.code for entry in b.ack(TOPIC, GROUP, messages).entries]
+            assert set(first) <= {ok, ha_not_available} and ha_not_available in first
+            left = [m for m, code in zip(messages, first, strict=True) if code != ok]
+            end = time.monotonic() + 5  # what the SDK's retries take at most
+            while left and time.monotonic() < end:
+                time.sleep(0.1)
+                answer = b.ack(TOPIC, GROUP, left).entries
+                assert {entry.status.code for entry in answer} <= {ok, ha_not_available}
+                left = [m for m, entry in zip(left, answer, strict=True) if entry.status.code != ok]
+            assert not left
+    finally:
+        for client in clients:
+            client.close()
+        for proxy in proxies:
+            proxy.stop()
+        for broker in brokers.values():
+            broker.stop()
+        silent_dns.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from popgate_contract.receipt import encode_handle
 from proxy.brokers import GrpcBrokerClient
 from proxy.discovery import Changes, Discovery, LookupFailed, Membership, PoolEdits
@@ -169,3 +171,63 @@ async def test_a_broker_discovery_adds_is_routed_only_once_a_health_check_passed
         assert checked == ["10.0.0.1:9001", "10.0.0.2:9001"]
     finally:
         await clients.close()
+
+
+def test_under_discovery_a_handle_naming_a_broker_not_found_yet_is_retriable_and_asks_for_a_lookup() -> None:
+    """Each proxy looks brokers up on its own: a handle another proxy gave out may name a broker this one has not
+    found yet. Under discovery it is answered as a down broker's (HA_NOT_AVAILABLE, retriable) and a lookup is
+    asked for; with a --broker list, a name not listed is the client's error."""
+    import pytest
+
+    from popgate_contract import errors
+
+    b1: Any = FakeBroker("b1")
+    handle = encode_handle("b2", "t", queue_id=0, offset=7, attempt=1, token=1, until_ms=1)
+    listed = BrokerPool({"b1": b1})
+    with pytest.raises(errors.InvalidReceiptHandle):
+        listed.for_handle(handle)
+    assert [type(e) for _, e in listed.by_broker([handle])[1]] == [errors.InvalidReceiptHandle]
+
+    asked: list[str] = []
+    found = BrokerPool({"b1": b1})
+    found.unknown_broker = asked.append
+    with pytest.raises(errors.BrokerUnavailable) as refused:
+        found.for_handle(handle)
+    assert refused.value.retriable and asked == ["b2"]
+    groups, errors_ = found.by_broker([handle, encode_handle("b1", "t", 0, 1, 1, 1, 1), handle])
+    assert list(groups) == ["b1"]
+    assert [(i, type(e)) for i, e in errors_] == [(0, errors.BrokerNotReached), (2, errors.BrokerNotReached)]
+    assert asked == ["b2", "b2"]  # once per ack call and broker
+    not_a_name = encode_handle("b.2", "t", queue_id=0, offset=7, attempt=1, token=1, until_ms=1)
+    with pytest.raises(errors.InvalidReceiptHandle):  # no broker discovery could find goes by it
+        found.for_handle(not_a_name)
+
+
+async def test_a_lookup_asked_for_runs_at_once_one_at_a_time_and_no_sooner_than_the_gap_after_the_last() -> None:
+    import asyncio
+
+    began: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def lookup() -> list[BrokerAddress]:
+        began.append(loop.time())
+        await asyncio.sleep(0.05)
+        return [at("b0")]
+
+    edits = PoolEdits(add=lambda address: None, retire=lambda name: None)
+    async with Discovery(lookup, edits, interval_s=60, forget_s=300, asked_gap_s=0.2) as discovery:
+        assert len(began) == 1  # at start
+        for _ in range(10):
+            discovery.ask()
+        async with asyncio.timeout(5):
+            while len(began) < 2:  # noqa: ASYNC110  # the lookup is the discovery task's, polled here
+                await asyncio.sleep(0.01)
+        assert began[1] - began[0] < 1  # not the 60 s interval
+        await asyncio.sleep(0.01)
+        for _ in range(10):
+            discovery.ask()  # while that one runs, and right after it
+        async with asyncio.timeout(5):
+            while len(began) < 3:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+    assert len(began) == 3 and began[2] - began[1] >= 0.2 - 0.01
