@@ -31,7 +31,7 @@ from broker.readiness import Readiness, readable_end
 from broker.redelivery import PayloadReader, Redelivery
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
-from popgate_contract.errors import DomainError, IllegalBatchSize, TopicNotFound
+from popgate_contract.errors import DomainError, IllegalBatchSize, StoreUnavailable, TopicNotFound
 from popgate_contract.receipt import ReceiptHandle, encode_handle
 
 # One Pop pass in this many of a group's on a topic takes redeliveries first; the others take new messages first and
@@ -159,6 +159,9 @@ class Pops:
             await self.commits.record(committed)
         except asyncio.CancelledError:  # the caller went away: nobody receives them
             self._undo(state, deliveries)
+            raise
+        except StoreUnavailable:  # the store cannot be read: nobody receives them, no attempt is charged
+            self._undo(state, deliveries)  # test_pop_order.py::test_a_pop_the_store_cannot_read_charges_no_attempt
             raise
         except DomainError:  # payloads missing: the topic's rows purged under it, or a real fault
             if self._still(state, topic):

@@ -25,6 +25,7 @@ from broker.log import TopicLog
 from broker.longpoll import HoldService
 from broker.send import SendPath
 from broker.store import NewMessage, Op
+from broker.throttled import Throttled
 from popgate_contract import validation
 from popgate_contract.errors import InvalidReceiptHandle
 
@@ -67,6 +68,7 @@ class Redelivery:
         self._movers = 0  # tasks moving `_to_dlq` (at most MAX_DLQ_MOVES)
         self._moved: Counter[tuple[str, str, int]] = Counter()  # (topic, group, attempts): moved, not yet logged
         self._log_timer: asyncio.TimerHandle | None = None
+        self._retry_failed = Throttled(log.warning)  # a store that cannot be read fails every retry alike
 
     def take(self, state: GroupTopic, now: int, want: int, *, fifo_only: bool = False) -> list[tuple[int, int, int]]:
         """Up to ``want`` ready redeliveries as (queue id, offset, next attempt), in the order they became ready
@@ -207,7 +209,7 @@ class Redelivery:
         except Exception as exc:
             if state.current(queue_id, offset, delivery.token) is None:
                 raise  # the commit's failure: `_dead_lettered` has put it back already
-            log.warning("dead-lettering %s/%s/%s failed, retried in 1 s: %s", state.topic, queue_id, offset, exc)
+            self._retry_failed("dead-lettering %s/%s/%s failed, retried in 1 s: %s", state.topic, queue_id, offset, exc)
             self._due_again(state, queue_id, offset, delivery)
 
     def _live(self, state: GroupTopic) -> bool:

@@ -38,6 +38,7 @@ from broker.store import (
 )
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, STATE_DELAY_S, LoopLoad, small_enough
 from broker.store_writes import Cut, Deletion, Request
+from broker.throttled import Throttled as _Throttled
 from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -46,29 +47,6 @@ T = TypeVar("T")
 MAX_GROUP = 512
 
 CommitObserver = Callable[[float], None]
-FAILURE_LOG_EVERY_S = 10.0
-
-
-class _Throttled:
-    """A failure that repeats is logged once, then at most every `every_s` with how many were left out: the
-    log grows with time, not with the clients' retry rate, on what may be the same full disk."""
-
-    def __init__(self, emit: Callable[..., None], every_s: float = FAILURE_LOG_EVERY_S) -> None:
-        self._emit = emit
-        self._every_s = every_s
-        self._next = 0.0
-        self._left_out = 0
-
-    def __call__(self, text: str, *args: object) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            self._left_out += 1
-            return
-        if self._left_out:
-            text, args = text + " (and %d more since the last such line)", (*args, self._left_out)
-        self._emit(text, *args)
-        self._left_out = 0
-        self._next = now + self._every_s
 
 
 def _settle(future: asyncio.Future[T], result: T | BaseException) -> None:
@@ -130,6 +108,7 @@ class SqliteStore:
         self._closed = False
         self._commit_failed = _Throttled(log.error)  # the writer's
         self._checkpoint_failed = _Throttled(log.warning)  # the checkpointer's
+        self._read_failed = _Throttled(log.error)  # the reader's
         self._conn = self._connect()
         version = store_layout.layout(self._conn, self._path)
         self._conn.executescript(store_layout.SCHEMA)
@@ -155,6 +134,9 @@ class SqliteStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        # Opened now, not at the first read: the file it reads is the one the broker opened, whatever happens to
+        # the data directory's path or permissions meanwhile.
+        self._read_conn = self._connect()
         # Checkpoints move the WAL into the database file. Run by the writer (SQLite's default,
         # every 1000 pages) they stall the commit that triggers them; a checkpointer thread on its own
         # connection does them PASSIVE, beside the writer.
@@ -412,8 +394,17 @@ class SqliteStore:
         return self._read_conn
 
     def _read(self, read: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        """`read` on the reader thread, with its connection."""
-        return asyncio.get_running_loop().run_in_executor(self._reader, lambda: read(self._reader_conn()))
+        """`read` on the reader thread, with its connection; a failure of the store's is StoreUnavailable (a
+        Pop undoes its deliveries on it: broker.pop), logged at most every broker.throttled.FAILURE_LOG_EVERY_S."""
+
+        def run() -> T:
+            try:
+                return read(self._reader_conn())
+            except (sqlite3.Error, OSError) as exc:
+                self._read_failed("store read failed: %s", exc)
+                raise StoreUnavailable(f"store read failed ({self._path}): {exc}") from None
+
+        return asyncio.get_running_loop().run_in_executor(self._reader, run)
 
     async def read_payloads(self, topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:
         if not any(wanted.values()):

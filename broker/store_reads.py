@@ -6,6 +6,7 @@ would leave each queue to start. None of them writes.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
@@ -25,12 +26,26 @@ from broker.store import (
 )
 from popgate_contract.errors import StoreUnavailable
 
+log = logging.getLogger(__name__)
+
+# What a Pop gets for a message whose batch row SQLite reports damaged: bytes that never parse as a message, so it
+# goes to the DLQ as it is, marked UNREADABLE_PAYLOAD, like a payload damaged where SQLite does not check
+# (broker.redelivery `_dead_letter_of`) — tests/integration/broker/test_damaged_payload.py::
+# test_a_damaged_page_dead_letters_its_row_and_the_other_rows_are_delivered.
+UNREADABLE = b"\xff\xffpopgate: the stored row holding this message cannot be read (damaged data file)"
+
 # The batches holding offsets lo..hi: from the one that starts at or before lo.
 SELECT_BATCHES = (
     "SELECT first_offset, meta, payloads FROM batches WHERE topic = ?1 AND queue = ?2 AND first_offset BETWEEN"
     " coalesce((SELECT max(first_offset) FROM batches WHERE topic = ?1 AND queue = ?2 AND first_offset <= ?3), ?3)"
     " AND ?4 ORDER BY first_offset"
 )
+SELECT_ROW_STARTS = (
+    "SELECT first_offset FROM batches WHERE topic = ?1 AND queue = ?2 AND first_offset BETWEEN"
+    " coalesce((SELECT max(first_offset) FROM batches WHERE topic = ?1 AND queue = ?2 AND first_offset <= ?3), ?3)"
+    " AND ?4 ORDER BY first_offset"
+)  # the index alone: readable when a row's pages are not
+SELECT_ROW = "SELECT first_offset, meta, payloads FROM batches WHERE topic = ? AND queue = ? AND first_offset = ?"
 SELECT_BATCH_AT = (
     "SELECT first_offset, meta, payloads FROM batches"
     " WHERE topic = ? AND queue = ? AND first_offset <= ? ORDER BY first_offset DESC LIMIT 1"
@@ -93,16 +108,56 @@ def read_queue(
     offsets: Sequence[int],
     out: dict[tuple[int, int], bytes],
 ) -> None:
-    """The stored payloads of these offsets of one queue, into `out` by (queue, offset); absent ones are left out."""
+    """The stored payloads of these offsets of one queue, into `out` by (queue, offset); absent ones are left out.
+    When SQLite reports a row damaged, the rows are read one by one: the readable ones are served, and each
+    message of a damaged one gets UNREADABLE."""
     wanted = set(offsets)
     lo, hi = min(offsets), max(offsets)
-    if hi - lo < 4 * len(offsets) + BATCH_MESSAGES:
-        rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo, hi)).fetchall()
-    else:  # a few offsets far apart: the batch holding each
-        found = {conn.execute(SELECT_BATCH_AT, (topic, queue_id, o)).fetchone() for o in sorted(wanted)}
-        rows = [row for row in found if row is not None]
+    try:
+        if hi - lo < 4 * len(offsets) + BATCH_MESSAGES:
+            rows = conn.execute(SELECT_BATCHES, (topic, queue_id, lo, hi)).fetchall()
+        else:  # a few offsets far apart: the batch holding each
+            found = {conn.execute(SELECT_BATCH_AT, (topic, queue_id, o)).fetchone() for o in sorted(wanted)}
+            rows = [row for row in found if row is not None]
+    except sqlite3.DatabaseError as exc:
+        if not damaged(exc):
+            raise
+        rows = _rows_one_by_one(conn, topic, queue_id, lo, hi, wanted, out)
     for first_offset, meta, payloads in rows:
         ends.pick(first_offset, meta, payloads, wanted, queue_id, out)
+
+
+def damaged(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the data file damaged (not: unable to open it, a full disk, an I/O error)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def _rows_one_by_one(
+    conn: sqlite3.Connection,
+    topic: str,
+    queue_id: int,
+    lo: int,
+    hi: int,
+    wanted: set[int],
+    out: dict[tuple[int, int], bytes],
+) -> list[tuple[int, str, bytes]]:
+    """The readable rows holding lo..hi; the wanted offsets of a damaged one go into `out` as UNREADABLE."""
+    starts = [start for (start,) in conn.execute(SELECT_ROW_STARTS, (topic, queue_id, lo, hi))]
+    rows = []
+    for i, start in enumerate(starts):
+        try:
+            row = conn.execute(SELECT_ROW, (topic, queue_id, start)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            if not damaged(exc):
+                raise
+            end = starts[i + 1] if i + 1 < len(starts) else hi + 1
+            log.error("%s queue %s: the row from offset %s cannot be read (%s)", topic, queue_id, start, exc)
+            out.update(((queue_id, o), UNREADABLE) for o in wanted if start <= o < end)
+            continue
+        if row is not None:
+            rows.append(row)
+    return rows
 
 
 def read_payloads(

@@ -65,3 +65,47 @@ def test_a_damaged_fifo_message_does_not_block_its_queue(make_broker: object) ->
     assert pop_ids(broker, "f", 1) == []  # m-0 is the one taken: not answered, dead-lettered
     assert wait_until(lambda: len(dead_letters(broker)) == 1)
     assert pop_ids(broker, "f", 1) == ["m-1"]  # its group's next message, once m-0 left the queue
+
+
+def send_big(broker: BrokerHandle, topic: str, ids: list[str], *, message_group: str = "") -> None:
+    """Messages big enough that their batch row spans overflow pages of its own."""
+    messages = [
+        pb.Message(topic=topic, message_id=i, body=(i.encode() + b"|") * 1000, message_group=message_group) for i in ids
+    ]
+    broker.stub.Send(pb.SendRequest(messages=messages), timeout=10)
+
+
+def zero_page_of(broker: BrokerHandle, marker: bytes) -> None:
+    """Zero the database page holding `marker`: SQLite then reports that row "database disk image is malformed"."""
+    path = broker.data_dir / "broker.sqlite3"
+    data = bytearray(path.read_bytes())
+    page = data.find(marker) // 4096
+    data[page * 4096 : (page + 1) * 4096] = bytes(4096)
+    path.write_bytes(data)
+
+
+def test_a_damaged_page_dead_letters_its_row_and_the_other_rows_are_delivered(make_broker: object) -> None:
+    broker: BrokerHandle = make_broker(  # type: ignore[operator]
+        "b1", "--queues-per-topic", "1", "--max-delivery-attempts", "3"
+    )
+    for prefix in ("a", "m", "z"):  # one batch row each
+        send_big(broker, "t", [f"{prefix}-{i}" for i in range(3)])
+    broker.restart(while_stopped=lambda: zero_page_of(broker, b"m-1|m-1|m-1|"))
+    got = pop_ids(broker, "t", 32)
+    assert {"a-0", "a-1", "a-2", "z-0", "z-1", "z-2"} <= set(got)
+    assert not {"m-0", "m-1", "m-2"} & set(got)
+    assert wait_until(lambda: len(dead_letters(broker)) == 3)
+    letters = dead_letters(broker)
+    assert all(letter.message.properties["UNREADABLE_PAYLOAD"] == "true" for letter in letters)
+    assert sorted(letter.message.properties["ORIGIN_OFFSET"] for letter in letters) == ["3", "4", "5"]
+    assert all(letter.message.properties["DELIVERY_ATTEMPTS"] == "1" for letter in letters)
+
+
+def test_a_damaged_page_does_not_block_a_fifo_group(make_broker: object) -> None:
+    broker: BrokerHandle = make_broker("b1", "--queues-per-topic", "1")  # type: ignore[operator]
+    send_big(broker, "f", ["m-0", "m-1"], message_group="g1")
+    send_big(broker, "f", ["n-0"], message_group="g1")
+    broker.restart(while_stopped=lambda: zero_page_of(broker, b"m-1|m-1|m-1|"))
+    assert pop_ids(broker, "f", 1) == []  # m-0, unreadable: dead-lettered, not answered
+    assert wait_until(lambda: pop_ids(broker, "f", 1) == ["n-0"], timeout=15)  # m-1 after it, then n-0
+    assert len(dead_letters(broker)) == 2

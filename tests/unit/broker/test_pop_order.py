@@ -5,16 +5,20 @@ spread over the queues, the start queue rotating per Pop. Real SQLite store, no 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker import admin
+from broker import admin, store_reads
 from broker.core import BrokerCore
 from broker.model import PopResult
 from broker.sqlite_store import SqliteStore
+from popgate_contract.errors import StoreUnavailable
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_fifo import INVISIBLE_MS, QUEUES, bodies
 from tests.unit.broker.test_schedule import until
@@ -140,3 +144,26 @@ async def test_a_pop_whose_read_spans_a_delete_answers_empty(tmp_path: Path) -> 
         await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
         release.set()
         assert (await popping).messages == []
+
+
+async def test_a_pop_the_store_cannot_read_charges_no_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Pop whose payloads the store cannot read (its file gone unreadable: permissions, a damaged page) fails
+    UNAVAILABLE and its messages are ready again at once, attempt count unchanged: never charged toward the DLQ."""
+    async with broker(tmp_path, queues_per_topic=1, cache_bytes=0, max_delivery_attempts=2) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(3)])
+        real = store_reads.read_payloads
+
+        def failing(*args: Any) -> Any:
+            raise sqlite3.OperationalError("unable to open database file")
+
+        monkeypatch.setattr(store_reads, "read_payloads", failing)
+        for _ in range(3):
+            with pytest.raises(StoreUnavailable):
+                await core.pop("t", "g", "*", 3, 60_000, 0)
+        monkeypatch.setattr(store_reads, "read_payloads", real)
+        popped = await core.pop("t", "g", "*", 3, 60_000, 0)
+        assert [(pb.Message.FromString(m.payload).body, m.attempt) for m in popped.messages] == [
+            (b"m0", 1),
+            (b"m1", 1),
+            (b"m2", 1),
+        ]
