@@ -40,6 +40,20 @@ async def sweep_forever(core: BrokerCore, interval_s: float) -> None:
         core.sweep()
 
 
+async def watch_store(store: SqliteStore, health_servicer: health.aio.HealthServicer, interval_s: float) -> None:
+    """Once the store's files are no longer those it opened (its data directory deleted or replaced: it refuses
+    writes from then on), health answers NOT_SERVING — tests/integration/broker/test_data_dir_gone.py."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if store.files_moved() is not None:
+            break
+    for name in SERVICES:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+SERVICES = ("", "popgate.broker.v1.Broker")  # the names health answers for
+
+
 class StartError(Exception):
     """A start-up failure the operator fixes with a flag (a port in use, a directory that is a file): one line."""
 
@@ -151,8 +165,11 @@ async def serve(settings: BrokerSettings) -> None:
         retention = loop.create_task(core.retention.run_forever())
         stack.push_async_callback(_cancel, retention)
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
-        for name in ("", "popgate.broker.v1.Broker"):
+        for name in SERVICES:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if isinstance(core.store, SqliteStore):
+            watcher = loop.create_task(watch_store(core.store, health_servicer, settings.sweep_interval_s))
+            stack.push_async_callback(_cancel, watcher)
 
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

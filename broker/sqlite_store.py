@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from broker import store_layout, store_reads, store_wal, store_writes
+from broker import store_files, store_layout, store_reads, store_wal, store_writes
 from broker.batches import PayloadEnds
 from broker.store import (
     PURGES,
@@ -110,6 +110,11 @@ class SqliteStore:
         self._checkpoint_failed = _Throttled(log.warning)  # the checkpointer's
         self._read_failed = _Throttled(log.error)  # the reader's
         self._conn = self._connect()
+        self._moved: str | None = None  # what happened to the data directory's files, once `files_moved` saw it
+        self._opened = {
+            data_dir / "LOCK": store_files.identity(os.fstat(self._lock)),
+            self._path: store_files.identity(os.stat(self._path)),
+        }
         version = store_layout.layout(self._conn, self._path)
         self._conn.executescript(store_layout.SCHEMA)
         if version == 1:
@@ -161,6 +166,8 @@ class SqliteStore:
         future: asyncio.Future[list[Record]] = self._loop.create_future()
         if self._closed:
             future.set_exception(StoreUnavailable("store is closed"))
+        elif self._moved is not None:
+            future.set_exception(StoreUnavailable(f"store refuses writes: {self._moved}"))
         elif appends or within_s is not None or not self._state_delay_s:  # a Send's deadline holds: never deferred
             request = Request(appends, ops, future, 0.0 if within_s is None else time.monotonic() + within_s)
             if not self._commit_here(request):
@@ -344,14 +351,23 @@ class SqliteStore:
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 
+    def files_moved(self) -> str | None:
+        """What happened to the data directory's files when they are no longer those this store opened (deleted,
+        replaced): from then on it refuses writes (the caller, the sweep, reports NOT_SERVING). Logged once —
+        tests/unit/broker/test_store_files.py::test_a_store_whose_directory_was_deleted_refuses_writes."""
+        if self._moved is None and (moved := store_files.moved(self._opened)) is not None:
+            self._moved = moved
+            log.error("%s; refusing writes: stop this broker and restore its data directory (docs/RUNBOOK.md)", moved)
+        return self._moved
+
     async def delete_before(self, cuts: Sequence[Cut]) -> int:
         """Delete, for each (topic, queue, offset), the batch rows wholly below the offset (retention); how many
         rows went. In transactions of at most DELETE_ROWS rows and about DELETE_BYTES, each followed by a pause
         as long, so a big deletion never holds sends back for long and most do not wait for it at all —
         tests/unit/broker/test_retention.py::test_big_deletions_go_in_short_transactions_and_steps. Submitted
         after the consumer state deferred so far (pull offsets moved up past what it deletes are stored first)."""
-        if self._loop is None or self._closed:
-            raise StoreUnavailable("store is not started" if self._loop is None else "store is closed")
+        if self._loop is None or self._closed or self._moved is not None:
+            raise StoreUnavailable("store is not started" if self._loop is None else "store is closed or moved")
         left, rows = list(cuts), 0
         purged: dict[str, int] = {}  # each topic's purge count at the first step (`Deletion`)
         while left:

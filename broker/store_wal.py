@@ -34,8 +34,13 @@ def connect(path: Path, sync: str) -> sqlite3.Connection:
 def run_checkpointer(
     connect: Callable[[], sqlite3.Connection], stop: threading.Event, failed: Callable[..., None]
 ) -> None:
-    """Until `stop` is set: a PASSIVE checkpoint every CHECKPOINT_INTERVAL_S, on a connection of its own."""
-    conn = connect()
+    """Until `stop` is set: a PASSIVE checkpoint every CHECKPOINT_INTERVAL_S, on a connection of its own (none
+    when the store cannot be opened any more: its data directory deleted under it, which the sweep reports)."""
+    try:
+        conn = connect()
+    except sqlite3.Error as exc:
+        failed("checkpointer cannot open the store, no checkpoints: %s", exc)
+        return
     try:
         while not stop.wait(CHECKPOINT_INTERVAL_S):
             try:
