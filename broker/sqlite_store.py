@@ -109,6 +109,7 @@ class SqliteStore:
         self._commit_failed = _Throttled(log.error)  # the writer's
         self._checkpoint_failed = _Throttled(log.warning)  # the checkpointer's
         self._read_failed = _Throttled(log.error)  # the reader's
+        found = store_wal.wal_bytes(self._wal_path)
         self._conn = self._connect()
         self._moved: str | None = None  # what happened to the data directory's files, once `files_moved` saw it
         self._opened = {
@@ -116,6 +117,7 @@ class SqliteStore:
             self._path: store_files.identity(os.stat(self._path)),
         }
         version = store_layout.layout(self._conn, self._path)
+        store_wal.report_recovery(self._conn, self._wal_path, found)
         self._conn.executescript(store_layout.SCHEMA)
         if version == 1:
             store_layout.migrate_from_rows(self._conn, self._path)

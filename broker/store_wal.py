@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_INTERVAL_S = 0.5
 # The WAL file past which the writer itself checkpoints, between two commits, and starts the WAL over.
 WAL_RESTART_BYTES = 64 * 1024 * 1024
+WAL_HEADER_BYTES, WAL_FRAME_HEADER_BYTES = 32, 24  # SQLite's WAL file format
 
 
 def connect(path: Path, sync: str) -> sqlite3.Connection:
@@ -49,6 +50,30 @@ def run_checkpointer(
                 failed("checkpoint failed: %s", exc)
     finally:
         conn.close()
+
+
+def report_recovery(conn: sqlite3.Connection, wal_path: Path, found_bytes: int) -> None:
+    """At start, with the WAL file `found_bytes` long before `conn` opened the store: log how many frames SQLite
+    took from it, and warn when a WAL that can hold a frame gave none — SQLite ignores a damaged, truncated or
+    foreign WAL without a word, and with it what was committed since the last checkpoint —
+    tests/unit/broker/test_sqlite_store.py::test_a_wal_that_gives_no_frame_is_reported_at_start."""
+    if not found_bytes:
+        return
+    try:  # the first checkpoint, a moment early; on a full disk it fails and the checkpointer tries again
+        _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    except sqlite3.Error as exc:
+        log.info("%s: %d bytes found at start (frames not counted: %s)", wal_path, found_bytes, exc)
+        return
+    if frames <= 0 and found_bytes >= WAL_HEADER_BYTES + WAL_FRAME_HEADER_BYTES + page_size:
+        log.warning(
+            "%s: %d bytes found at start and no frame taken from them: the write-ahead log was damaged, truncated"
+            ' or another store\'s, and what it held is not in the store (docs/RUNBOOK.md, "Store damaged")',
+            wal_path,
+            found_bytes,
+        )
+    else:
+        log.info("%s: %d bytes found at start, %d frames recovered", wal_path, found_bytes, max(frames, 0))
 
 
 def wal_bytes(wal_path: Path) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -376,3 +378,31 @@ async def test_a_commit_that_fails_unexpectedly_fails_its_requests_and_the_store
     [record] = await asyncio.wait_for(store.submit([message(1)], []), 5)
     assert record.offset == 0  # the failed commit's offset rolled back with it
     await store.close()
+
+
+def _crashed_copy(tmp_path: Path, wal: bytes | None = None) -> Path:
+    """A data directory as a kill -9 leaves it: a store with 50 commits in its WAL (`wal` in their place)."""
+    tmp_path.mkdir()
+    live = sqlite3.connect(tmp_path / "live.sqlite3", isolation_level=None)
+    live.execute("PRAGMA journal_mode=WAL")
+    live.execute("PRAGMA wal_autocheckpoint=0")
+    live.execute("CREATE TABLE x (v BLOB)")
+    for i in range(50):
+        live.execute("INSERT INTO x VALUES (?)", (b"%d" % i * 100,))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "broker.sqlite3").write_bytes((tmp_path / "live.sqlite3").read_bytes())
+    found = (tmp_path / "live.sqlite3-wal").read_bytes()
+    (copy / "broker.sqlite3-wal").write_bytes(found if wal is None else wal[: len(found)])
+    live.close()
+    return copy
+
+
+async def test_a_wal_that_gives_no_frame_is_reported_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="broker.store_wal")
+    await SqliteStore(_crashed_copy(tmp_path / "a")).close()
+    assert "frames recovered" in caplog.text and "no frame taken" not in caplog.text
+    caplog.clear()
+    await SqliteStore(_crashed_copy(tmp_path / "b", wal=random.randbytes(1 << 20))).close()
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "no frame taken from them" in warning.getMessage()
