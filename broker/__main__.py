@@ -40,7 +40,7 @@ async def sweep_forever(core: BrokerCore, interval_s: float) -> None:
         core.sweep()
 
 
-async def watch_store(store: SqliteStore, health_servicer: health.aio.HealthServicer, interval_s: float) -> None:
+async def watch_store(store: SqliteStore, health_servicer: NamedHealthServicer, interval_s: float) -> None:
     """Once the store's files are no longer those it opened (its data directory deleted or replaced: it refuses
     writes from then on), health answers NOT_SERVING — tests/integration/broker/test_data_dir_gone.py."""
     while True:
