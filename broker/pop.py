@@ -103,7 +103,12 @@ class Pops:
                 if popped:
                     return PopResult(popped, held=held)
                 if ops and self.settings.flush == "sync" and self.readiness.has_ready(state, tag_filter):
-                    ops = []  # arrived while the first pass waited for its commit: nobody was held to wake
+                    # Arrived while the pass waited for its commit (nobody was held to wake): read again with this
+                    # Pop's filter, which a Pop of the group with another one may have replaced meanwhile —
+                    # tests/unit/broker/test_core_commits.py::
+                    # test_a_pop_that_reads_again_after_its_sync_commit_reads_with_its_own_filter.
+                    ops = []
+                    state = self.consumers.reader(group, topic, tag_filter, ops)
                     continue
             ops = []
             wait_s = deadline - loop.time()

@@ -230,6 +230,32 @@ async def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_pa
     assert [pb.Message.FromString(p.payload).body for p in got.messages] == [b"for a"]
 
 
+async def test_a_pop_that_reads_again_after_its_sync_commit_reads_with_its_own_filter(tmp_path: Path) -> None:
+    """Under --flush sync a Pop whose first pass found nothing waits for that pass's commit, and reads again when a
+    message arrived meanwhile: with its own filter, though a Pop of the group with another filter ran meanwhile,
+    and the message is delivered, not skipped for the group."""
+
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"old", tag="a")])
+        committing, go_on = asyncio.Event(), asyncio.Event()
+        real = core.commits.write
+
+        async def write_when_let(ops: Any) -> None:  # the first commit waits until the test lets it go on
+            if not committing.is_set():
+                committing.set()
+                await go_on.wait()
+            await real(ops)
+
+        core.commits.write = write_when_let  # type: ignore[method-assign]
+        wants_b = asyncio.ensure_future(core.pop("t", "g", "b", 1, 60_000, 0))  # skips "old": a commit to wait for
+        await asyncio.wait_for(committing.wait(), 5)
+        assert (await core.pop("t", "g", "a", 1, 60_000, 0)).messages == []  # the group's filter is "a" now
+        await core.send([pb.Message(topic="t", body=b"for b", tag="b")])
+        go_on.set()
+        got = await asyncio.wait_for(wants_b, 5)
+    assert [pb.Message.FromString(p.payload).body for p in got.messages] == [b"for b"]
+
+
 async def test_bad_list_ranges_and_tags_that_no_filter_can_select_are_bad_requests(tmp_path: Path) -> None:
     from popgate_contract.errors import BadRequest, IllegalMessage
 
