@@ -90,6 +90,7 @@ class GroupTopic:
         self.next_queue = 0
         self.pops = 0  # Pop passes on this state: which take redeliveries first (broker.pop.redeliveries_first)
         self.dead_lettered = 0
+        self.filtered = 0  # redeliveries acked for a Pop whose filter does not take their tag (Redelivery.take)
         self._pushes = 0
 
     def queue(self, queue_id: int, start_offset: int) -> GroupQueue:

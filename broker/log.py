@@ -161,6 +161,9 @@ class QueueLog:
     def store_ms_at(self, offset: int) -> int:
         return self.store_ms[offset - self.min_offset]
 
+    def tag_at(self, offset: int) -> str | None:
+        return self.tags[offset - self.min_offset]
+
     def stored_before(self, cut_ms: int, end: int) -> int:
         """The first offset in [min_offset, end) whose message was stored at or after `cut_ms`, or end: every
         message before it is older. Store times rise with offsets but for a clock set back, so a binary search

@@ -163,8 +163,14 @@ class _CoreCollector(Collector):
         (consumer, pull, lag, ready, inflight, age), totals = _lag_metrics(core)
         dlq, dlq_stored = _dlq_metrics(core, totals)
         dead = CounterMetricFamily("popgate_broker_dead_lettered", "Messages moved to a DLQ", labels=tg)
+        filtered = CounterMetricFamily(
+            "popgate_broker_filtered_redeliveries",
+            "Redeliveries acked, not delivered: the Pop's filter does not take their tag",
+            labels=tg,
+        )
         for (group, topic_name), state in core.groups.items():
             dead.add_metric([topic_name, group], state.dead_lettered)
+            filtered.add_metric([topic_name, group], state.filtered)
         held = GaugeMetricFamily("popgate_broker_held_requests", "Long polls held now", labels=["kind"])
         held.add_metric(["pop"], core.hold.held[Kind.POP])
         held.add_metric(["notification"], core.hold.held[Kind.NOTIFICATION])
@@ -183,6 +189,7 @@ class _CoreCollector(Collector):
         for topic_name, count in core.retention.deleted.items():
             retained.add_metric([topic_name], count)
         yield from (max_offset, consumer, pull, lag, ready, inflight, age, dlq, dlq_stored, dead, held, msg_in, msg_out)
+        yield filtered
         yield min_offset
         yield retained
         yield from _schedule_metrics(core)

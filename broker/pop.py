@@ -191,11 +191,12 @@ class Pops:
         new messages and the other redeliveries — tests/unit/broker/test_redelivery_mix.py."""
         state.pops += 1
         first = redeliveries_first(state.pops)
-        picks = self.redelivery.take(state, now, want, fifo_only=not first)
+        tag_filter = state.filter  # this Pop's: `pop` takes the reader with it before each pass
+        picks = self.redelivery.take(state, now, want, ops, tag_filter=tag_filter, fifo_only=not first)
         if topic is not None and len(picks) < want:
             take_new(self.consumers, state, topic, want - len(picks), ops, picks)
         if not first and len(picks) < want:
-            picks += self.redelivery.take(state, now, want - len(picks))
+            picks += self.redelivery.take(state, now, want - len(picks), ops, tag_filter=tag_filter)
         return picks
 
     def _still(self, state: GroupTopic, topic: TopicLog) -> bool:

@@ -20,8 +20,9 @@ from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
 from broker.clock import Clock
+from broker.filters import MATCH_ALL, TagFilter
 from broker.inflight import Delivery, GroupTopic
-from broker.log import TopicLog
+from broker.log import QueueLog, TopicLog
 from broker.longpoll import HoldService
 from broker.send import SendPath
 from broker.store import NewMessage, Op
@@ -70,18 +71,32 @@ class Redelivery:
         self._log_timer: asyncio.TimerHandle | None = None
         self._retry_failed = Throttled(log.warning)  # a store that cannot be read fails every retry alike
 
-    def take(self, state: GroupTopic, now: int, want: int, *, fifo_only: bool = False) -> list[tuple[int, int, int]]:
+    def take(
+        self,
+        state: GroupTopic,
+        now: int,
+        want: int,
+        ops: list[Op],
+        *,
+        tag_filter: TagFilter = MATCH_ALL,
+        fifo_only: bool = False,
+    ) -> list[tuple[int, int, int]]:
         """Up to ``want`` ready redeliveries as (queue id, offset, next attempt), in the order they became ready
-        (with ``fifo_only``, FIFO messages alone); FIFO messages whose turn has not come stay ready."""
+        (with ``fifo_only``, FIFO messages alone); FIFO messages whose turn has not come stay ready. One whose
+        turn came but whose tag ``tag_filter`` does not take (`goes_to`) is acked for the group instead, the
+        store op appended to ``ops``, and a FIFO one lets its queue go on as its ack would —
+        tests/unit/broker/test_redelivery_filter.py."""
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
         if fifo_only and not any(gq.fifo for gq in state.queues.values()):
             return picks
         taking: set[tuple[int, int]] = set()  # FIFO messages taken by this call
+        topic = self.topics.get(state.topic)
+        released: set[int] = set()  # queues whose FIFO message was acked here
 
         def pick(entry: tuple[int, int, int]) -> bool:
-            """Take one ready entry (a stale one is dropped); False when it is a FIFO message whose turn has
-            not come, or not a FIFO message and only those are taken."""
+            """Take one ready entry (a stale one is dropped, one the filter does not take acked); False when it
+            is a FIFO message whose turn has not come, or not a FIFO message and only those are taken."""
             queue_id, offset, token = entry
             delivery = state.current(queue_id, offset, token)
             if delivery is None:
@@ -90,6 +105,12 @@ class Redelivery:
                 return False
             if not _turn_came(state, queue_id, offset, taking):
                 return False
+            if topic is not None and not goes_to(tag_filter, topic.queues[queue_id], offset):
+                if state.remove(queue_id, offset):
+                    released.add(queue_id)
+                ops.append(state.done_op(queue_id, offset))
+                state.filtered += 1
+                return True
             if offset in state.queues[queue_id].fifo:
                 taking.add((queue_id, offset))
             picks.append((queue_id, offset, delivery.attempt + 1))
@@ -110,6 +131,8 @@ class Redelivery:
                 break
             waiting = still
         ready.extendleft(reversed(waiting))
+        for queue_id in released:
+            self.released(state, queue_id)
         return picks
 
     def fifo_ready(self, state: GroupTopic, queue_id: int) -> list[int]:
@@ -349,6 +372,16 @@ def _dead_letter_of(payload: bytes, state: GroupTopic, queue_id: int, offset: in
     values = (state.topic, dlq.message_id, str(attempt), str(queue_id), str(offset))
     dlq.properties.update(dict(zip(validation.DLQ_PROPS, values, strict=True)))
     return dlq
+
+
+def goes_to(tag_filter: TagFilter, queue: QueueLog, offset: int) -> bool:
+    """Whether a ready redelivery of the queue's message at `offset` goes to a Pop with `tag_filter`: when the filter
+    takes its tag. One it does not take is acked for the group, never delivered (`Redelivery.take`), as RocketMQ's
+    proxy acks a popped message its request's subscription does not take (`PopMessageResultFilterImpl`). A message
+    the queue no longer keeps is not the filter's to drop — tests/unit/broker/test_redelivery_filter.py."""
+    if not queue.min_offset <= offset < queue.max_offset:
+        return True
+    return tag_filter.matches(queue.tag_at(offset))
 
 
 def _turn_came(state: GroupTopic, queue_id: int, offset: int, taking: set[tuple[int, int]] | None = None) -> bool:

@@ -19,7 +19,14 @@ from popgate import (
     Unavailable,
     _durations,
 )
-from tests.integration.sdk.conftest import LONG_INVISIBLE, Collector, drain, given_back_attempts, record_batches
+from tests.integration.sdk.conftest import (
+    LONG_INVISIBLE,
+    WAIT,
+    Collector,
+    drain,
+    given_back_attempts,
+    record_batches,
+)
 
 
 def name(prefix: str) -> str:
@@ -152,6 +159,25 @@ def test_tag_filter(endpoint: str) -> None:
         producer.send(topic, Message(b"second", tag="also"))
         got = drain(consumer, 2)
     assert sorted(m.body for m in got) == [b"first", b"second"]
+
+
+def test_a_consumer_never_gets_a_message_its_filter_does_not_take_given_back_by_another(endpoint: str) -> None:
+    """A deploy changing a group's filter from `a` to `b`: the `a` messages the old consumer gave back are acked
+    for the group by the brokers (as RocketMQ's proxy drops them), never handed to the new consumer."""
+    topic, group = name("t"), name("g")
+    with Producer(endpoint) as producer:
+        with SimpleConsumer(endpoint, group, {topic: "a"}) as old:
+            for i in range(4):  # one by one, round robin: on every broker
+                producer.send(topic, f"a-{i}".encode(), tag="a")
+            for message in drain(old, 4, ack=False):
+                old.nack(message)  # ready again at once
+        with SimpleConsumer(endpoint, group, {topic: "b"}) as new:
+            producer.send(topic, b"b-1", tag="b")
+            got = drain(new, 1)
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:  # Pops on every broker meanwhile, each over the given-back ones
+                got += new.receive(max=32, wait=WAIT)
+    assert [(m.body, m.tag) for m in got] == [(b"b-1", "b")]
 
 
 def test_delay(endpoint: str) -> None:

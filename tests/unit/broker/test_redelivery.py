@@ -68,7 +68,7 @@ def make(store: CommitLog, *, failed_reads: int = 0) -> tuple[Redelivery, GroupT
         hold=hold,
         payloads=payloads,
         max_attempts=SETTINGS.max_attempts_of,
-        released=lambda state: None,
+        released=lambda state, queue_id: None,
         clock=clock,
     )
     return redelivery, state, hold
@@ -80,7 +80,7 @@ async def test_expired_delivery_is_ready_again_below_the_limit_and_dead_lettered
     redelivery, state, _ = make(store)
     state.deliver(0, 0, Delivery(MAX_ATTEMPTS - 1, 11, 100))
     state.deliver(0, 1, Delivery(MAX_ATTEMPTS, 12, 100))
-    picks = redelivery.take(state, now=200, want=10)
+    picks = redelivery.take(state, 200, 10, [])
     await redelivery.close()  # waits for the dead-lettering under way
     assert state.current(0, 1, 12) is None and state.dead_lettered == 1
     assert picks == [(0, 0, MAX_ATTEMPTS)]
@@ -108,7 +108,7 @@ async def test_a_group_with_its_own_max_attempts_is_dead_lettered_at_it_the_othe
     redelivery.groups[("fast", "t")] = fast
     for group in (state, fast):
         group.deliver(0, 0, Delivery(1, 11, 100))
-    picks = redelivery.take(state, now=200, want=10), redelivery.take(fast, now=200, want=10)
+    picks = redelivery.take(state, 200, 10, []), redelivery.take(fast, 200, 10, [])
     await redelivery.close()
     assert picks == ([(0, 0, 2)], [])  # "g" gets its second delivery; "fast" had its one
     [(appends, _)] = store.commits
@@ -147,7 +147,7 @@ async def test_deadline_timer_wakes_a_held_pop() -> None:
     state.deliver(0, 0, Delivery(1, 11, redelivery.clock.now_ms() + 50))
     redelivery.schedule(state)
     outcome = await holding(hold, ("t", "g"), Kind.POP, MATCH_ALL, 5.0)
-    assert redelivery.take(state, now=redelivery.clock.now_ms(), want=1) == [(0, 0, 2)]
+    assert redelivery.take(state, redelivery.clock.now_ms(), 1, []) == [(0, 0, 2)]
     await redelivery.close()
     assert outcome is Outcome.SERVED
 
