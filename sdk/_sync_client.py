@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 import grpc.experimental
@@ -31,16 +33,76 @@ T = TypeVar("T")
 _SYNC_OPTIONS = [*CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
 
 
+# Channels a forked child inherited and replaced: kept referenced, never closed nor collected, since their grpc
+# state may hold locks that threads of the parent held at the fork.
+_inherited: list[grpc.Channel] = []
+_reconnecting = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _reconnecting
+    _reconnecting = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 class _SyncClient(ClientBase):
+    """A forked child's first call on a client it inherited opens a channel of its own, so a call that another
+    thread of the parent was making at the fork holds up none of the child's —
+    tests/integration/sdk/test_fork.py::test_children_forked_while_parent_threads_are_mid_call_use_the_inherited_clients.
+    """
+
     def _open(self) -> None:
+        self._connect()
+
+    def _connect(self) -> None:
+        """Open the channel of this process."""
         creds = channel_credentials(self.options)
         target = self.options.endpoint
         if creds is None:
-            self._channel = grpc.insecure_channel(target, options=_SYNC_OPTIONS)
+            self._channel_ = grpc.insecure_channel(target, options=_SYNC_OPTIONS)
         else:
-            self._channel = grpc.secure_channel(target, creds, options=_SYNC_OPTIONS)
-        self._stub = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._ext = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
+            self._channel_ = grpc.secure_channel(target, creds, options=_SYNC_OPTIONS)
+        self._stub_ = pb_grpc.MessagingServiceStub(self._channel_)  # type: ignore[no-untyped-call]
+        self._ext_ = ext_grpc.MessagingStub(self._channel_)  # type: ignore[no-untyped-call]
+        self._pid = os.getpid()
+
+    def _here(self) -> None:
+        """In a forked child, replace the inherited channel with one of this process (once)."""
+        if self._pid != os.getpid():
+            with _reconnecting:
+                if self._pid != os.getpid():
+                    _inherited.append(self._channel_)
+                    self._connect()
+
+    @property
+    def _channel(self) -> grpc.Channel:
+        self._here()
+        return self._channel_
+
+    @_channel.setter
+    def _channel(self, channel: grpc.Channel) -> None:
+        self._channel_ = channel
+
+    @property
+    def _stub(self) -> Any:
+        self._here()
+        return self._stub_
+
+    @_stub.setter
+    def _stub(self, stub: Any) -> None:
+        self._stub_ = stub
+
+    @property
+    def _ext(self) -> Any:
+        self._here()
+        return self._ext_
+
+    @_ext.setter
+    def _ext(self, stub: Any) -> None:
+        self._ext_ = stub
 
     def _retrying(
         self, op: Callable[[], T], *, forever: bool = False, failed: Callable[[errors.PopgateError], None] | None = None
@@ -88,7 +150,8 @@ class _SyncClient(ClientBase):
             try:
                 self._closing()
             finally:
-                self._channel.close()
+                if self._pid == os.getpid():  # else the channel is inherited and left as it is
+                    self._channel_.close()
 
     def _closing(self) -> None:
         """What to do between marking the client closed and closing its channel."""

@@ -237,12 +237,24 @@ class Producer(ProducerBase, _SyncClient):
 
         self._retrying(op)
 
-    def _open(self) -> None:
-        super()._open()
+    def _connect(self) -> None:
+        super()._connect()
         # popgate.ext.v1 SendShared as a unary call, with the SharedSend serializing itself.
-        self._send_shared = self._channel.unary_unary(
+        self._send_shared_ = self._channel_.unary_unary(
             SEND_SHARED, request_serializer=_serialized, response_deserializer=pb.SendMessageResponse.FromString
         )
+
+    @property
+    def _send_shared(self) -> Any:
+        self._here()
+        return self._send_shared_
+
+    @_send_shared.setter
+    def _send_shared(self, call: Any) -> None:
+        self._send_shared_ = call
+
+    def _open(self) -> None:
+        super()._open()
         self._checks = CheckStream(self, self._checker, self._topics) if self._checker is not None else None
         if self._checks is not None:
             self._checks.start()
