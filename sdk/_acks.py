@@ -13,8 +13,10 @@ import atexit
 import concurrent.futures
 import functools
 import logging
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
 from . import errors
@@ -128,15 +130,23 @@ class ThreadAcks:
 
     def __init__(self, log: logging.Logger) -> None:
         self._log = log
+        self._at_exit = False  # `stop` registered to run at interpreter exit
+        self._stopped = False
+        self._restart()
+        _live_thread_acks.add(self)
+
+    def _restart(self) -> None:
+        """No thread, nothing queued or under way. A forked child starts so, since none of the parent's threads
+        is in it — tests/unit/sdk/test_fork.py::test_a_forked_childs_unwaited_acks_are_sent."""
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_UNWAITED_ACKS)  # queued or under way
         self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()
         self._free = 0  # threads waiting for an ack no one queued yet
-        self._at_exit = False  # `stop` registered to run at interpreter exit
         self._futures: set[concurrent.futures.Future[None]] = set()
-        self._stopped = False
         self._stop_done = threading.Event()  # set once the first `stop` is over
+        if self._stopped:
+            self._stop_done.set()
 
     def start(self, send: Callable[[], Failures], total: int) -> None:
         """Queue `send` (the ack calls of `total` messages); returns once queued, after one of those queued or under
@@ -225,3 +235,15 @@ class ThreadAcks:
         if not left:
             for thread in threads:
                 thread.join()
+
+
+_live_thread_acks: weakref.WeakSet[ThreadAcks] = weakref.WeakSet()
+
+
+def _restart_thread_acks_after_fork() -> None:
+    for acks in list(_live_thread_acks):
+        acks._restart()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_restart_thread_acks_after_fork)

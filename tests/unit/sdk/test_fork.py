@@ -4,6 +4,9 @@ channel of its own. With a server: tests/integration/sdk/test_fork.py."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +27,39 @@ def test_a_forked_childs_first_call_opens_a_channel_of_its_own_and_leaves_the_in
         assert all(a is not b for a, b in zip(inherited, now, strict=True))
         assert producer._channel is now[0] and consumer._stub is now[3]  # once: later calls keep the new one
     assert closed == []  # closing in the child leaves grpc's inherited state alone (it closed the new channels)
+
+
+# A consumer whose ack thread, started in the parent, waits free for work at the fork; the child acks without waiting
+# and closes: what did its ack calls send?
+ACKS_AFTER_FORK = """
+import os, time
+from popgate import Message, SimpleConsumer
+
+acked = []
+consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+consumer._ack = lambda plan: acked.extend(e.message_id for r in plan for e in r.entries) or []
+consumer.ack(Message(b"x", topic="t", message_id="parent", receipt_handle="rh"), wait=False)
+deadline = time.monotonic() + 5
+while consumer._unwaited._free == 0 and time.monotonic() < deadline:  # the thread is free once its ack ended
+    time.sleep(0.01)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    batch = [Message(b"x", topic="t", message_id=f"child{i}", receipt_handle="rh") for i in range(3)]
+    consumer.ack_many(batch, wait=False)  # one ack call
+    started = time.monotonic()
+    consumer.close()
+    os.write(write, f"{' '.join(sorted(acked))} {time.monotonic() - started < 2}".encode())
+    os._exit(0)
+os.close(write)
+print(os.read(read, 4096).decode())
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_childs_unwaited_acks_are_sent() -> None:
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", ACKS_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert out.split() == ["child0", "child1", "child2", "parent", "True"]  # sent at once, close() quick
