@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -25,6 +26,26 @@ log = logging.getLogger("popgate.aio")
 T = TypeVar("T")
 
 
+# The process in which popgate.aio made its first channel: grpc's asyncio support does not work in a process forked
+# from it, so a child's first call says so instead of waiting out its retries —
+# tests/integration/sdk/test_fork.py::test_asyncio_clients_in_the_child_of_a_parent_that_used_them_say_so.
+_used_in_pid: int | None = None
+FORKED_AFTER_USE = (
+    "popgate.aio cannot be used in this process: it was forked from a process that had used popgate.aio, and "
+    "grpc's asyncio support does not work in such a child (its calls never complete). Make asyncio clients only in "
+    "processes started with multiprocessing's 'spawn' or 'forkserver' method, or fork before the parent's first "
+    "popgate.aio call; the blocking clients (popgate.Producer, popgate.SimpleConsumer) work in a forked child"
+)
+
+
+def _check_process() -> None:
+    global _used_in_pid
+    if _used_in_pid is None:
+        _used_in_pid = os.getpid()
+    elif _used_in_pid != os.getpid():
+        raise RuntimeError(FORKED_AFTER_USE)
+
+
 class _AsyncClient(ClientBase):
     _channel: grpc.aio.Channel | None = None
     _loop: asyncio.AbstractEventLoop | None = None
@@ -38,6 +59,7 @@ class _AsyncClient(ClientBase):
     def _stub(self) -> Any:
         # The channel binds to the running loop, so it is made on first use inside it.
         loop = asyncio.get_running_loop()
+        _check_process()
         if self._channel is not None and self._loop is not None and self._loop is not loop:
             if not self._loop.is_closed():
                 raise RuntimeError(

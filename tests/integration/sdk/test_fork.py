@@ -85,3 +85,40 @@ def test_children_forked_while_parent_threads_are_mid_call_use_the_inherited_cli
     topic, group = f"fork-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     done = run(BUSY_PARENT, endpoint, topic, group)
     assert done.stdout.split().count("ok") >= 11, done.stdout + done.stderr
+
+
+# The parent sends with popgate.aio, then forks; the child makes a new asyncio Producer and sends.
+AIO_AFTER_FORK = """
+import asyncio, os, select, sys, time
+from popgate import RetryPolicy, aio
+
+endpoint, topic = sys.argv[1:3]
+
+async def send() -> None:
+    async with aio.Producer(endpoint, request_timeout=1, retry=RetryPolicy(max_attempts=2)) as producer:
+        await producer.send(topic, b"x")
+
+asyncio.run(send())
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    started = time.monotonic()
+    try:
+        asyncio.run(send())
+        outcome = "sent"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    os.write(write, f"{time.monotonic() - started:.1f}|{outcome}".encode())
+    os._exit(0)
+os.close(write)
+answered, _, _ = select.select([read], [], [], 20)
+print(os.read(read, 4096).decode() if answered else "20|hung")
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+"""
+
+
+def test_asyncio_clients_in_the_child_of_a_parent_that_used_them_say_so(endpoint: str) -> None:
+    elapsed, outcome = run(AIO_AFTER_FORK, endpoint, f"fork-{uuid.uuid4().hex[:8]}").stdout.strip().split("|", 1)
+    assert outcome.startswith("RuntimeError: popgate.aio cannot be used in this process: it was forked"), outcome
+    assert "'spawn'" in outcome and float(elapsed) < 0.5  # at once, not after the call's retries
