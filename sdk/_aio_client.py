@@ -9,7 +9,7 @@ import asyncio
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -21,6 +21,7 @@ from . import _session, errors
 from ._base import ClientBase
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 
+STREAM_EVENTS_S = 0.05  # how long a loop's end waits for a cancelled Session stream's last events from grpc
 # The asyncio clients log as `popgate.aio`, the module they are imported from (tests/unit/sdk/test_ack_nowait.py).
 log = logging.getLogger("popgate.aio")
 T = TypeVar("T")
@@ -54,6 +55,8 @@ class _AsyncClient(ClientBase):
     _session: _session.Session | None = None
     _session_served: bool | None = None
     _closed_future: asyncio.Future[None] | None = None  # set once closed: a second close() waits for the first's
+    _shutdown_guard: AsyncGenerator[None, None] | None = None  # see `_awaited_at_shutdown`
+    _guard_loop: asyncio.AbstractEventLoop | None = None  # the loop whose shutdown closes the guard
 
     @property
     def _stub(self) -> Any:
@@ -80,7 +83,47 @@ class _AsyncClient(ClientBase):
             self._stub_ = pb_grpc.MessagingServiceStub(self._channel)  # type: ignore[no-untyped-call]
             self._ext_stub_ = ext_grpc.MessagingStub(self._channel)  # type: ignore[no-untyped-call]
             self._loop = loop
+            self._guard_loop_end(loop)
         return self._stub_
+
+    def _guard_loop_end(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have `loop`'s shutdown run `_awaited_at_shutdown` (one guard per loop: a client used again in a later loop,
+        its first one closed, needs one that loop's shutdown closes)."""
+        if self._shutdown_guard is None or self._guard_loop is not loop:
+            guard = self._shutdown_guard = self._awaited_at_shutdown()
+            self._guard_loop = loop
+            try:  # to its `yield` at once (it awaits nothing before): the running loop now knows it
+                guard.asend(None).send(None)
+            except StopIteration:
+                pass
+
+    async def _awaited_at_shutdown(self) -> AsyncGenerator[None, None]:
+        # asyncio.run cancels the loop's tasks, then closes every open async generator (loop.shutdown_asyncgens),
+        # then closes the loop. This generator, open from the loop's first use on, has that shutdown end what the
+        # client runs in the background (`_loop_ending`) and then close the loop's connection, which would
+        # otherwise keep handing grpc's events to the closed loop; the next loop opens a new one —
+        # tests/integration/sdk/test_aio.py::test_a_client_kept_across_event_loops_closes_each_loops_connection.
+        try:
+            yield
+        finally:
+            await self._loop_ending()
+            if not self._closed:  # else close() closes them
+                await self._close_connection()
+
+    async def _loop_ending(self) -> None:
+        """What to wait for as the event loop shuts down, before its connection closes."""
+
+    async def _close_connection(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+            # The loop's end cancelled the stream's tasks first; grpc hands the stream's last events to this loop a
+            # moment after (from its poller thread), so the loop runs on that long rather than leave them to a
+            # closed loop (no API waits for them).
+            await asyncio.sleep(STREAM_EVENTS_S)
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
 
     def _orphaned(self, messages: list[Any]) -> None:
         """Messages of a receive's answer nobody waits for any more (the consumer gives them back)."""

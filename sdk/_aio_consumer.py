@@ -9,7 +9,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
@@ -113,8 +113,6 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         # running in the background.
         self._giving_back: set[asyncio.Future[None]] = set()
         self._unwaited = AsyncAcks(log)
-        self._shutdown_guard: AsyncGenerator[None, None] | None = None
-        self._guard_loop: asyncio.AbstractEventLoop | None = None  # the loop whose shutdown closes the guard
 
     async def close(self) -> None:
         """Close the connection, once the acks not waited for have ended (at most 10 s); see `_AsyncClient.close`."""
@@ -150,25 +148,16 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         await self._awaited_at_loop_end()
 
     async def _awaited_at_loop_end(self) -> None:
-        """Have the end of this event loop wait for the give-backs and acks not waited for still under way."""
-        # One guard per event loop: a consumer used again in a later loop (its first one closed) needs a guard
-        # that loop's shutdown closes —
-        # tests/unit/sdk/test_give_back.py::test_a_second_asyncio_run_gives_back_a_receive_cancelled_mid_answer.
-        loop = asyncio.get_running_loop()
-        if self._shutdown_guard is None or self._guard_loop is not loop:
-            self._shutdown_guard, self._guard_loop = self._awaited_at_shutdown(), loop
-            await anext(self._shutdown_guard)  # runs to its `yield` at once: no suspension in a cancelled task
+        """Have the end of this event loop wait for the give-backs and acks not waited for still under way (a
+        second loop's too) —
+        tests/unit/sdk/test_give_back.py::test_a_second_asyncio_run_gives_back_a_receive_cancelled_mid_answer."""
+        self._guard_loop_end(asyncio.get_running_loop())
 
-    async def _awaited_at_shutdown(self) -> AsyncGenerator[None, None]:
-        # asyncio.run cancels the loop's tasks, then closes every open async generator (loop.shutdown_asyncgens),
-        # then closes the loop. A give-back started by a task it cancelled is not among those tasks, and a closed
-        # loop would destroy it pending ("Task was destroyed but it is pending!"); this generator, open from the
-        # first give-back or ack not waited for on, has the shutdown wait for them.
-        try:
-            yield
-        finally:
-            await self._given_back()
-            await self._unwaited.loop_ended()  # those the loop cancelled are sent again: waited for, as close() does
+    async def _loop_ending(self) -> None:
+        # A give-back started by a task the loop's end cancelled is not among the tasks asyncio.run waits for, and a
+        # closed loop would destroy it pending ("Task was destroyed but it is pending!").
+        await self._given_back()
+        await self._unwaited.loop_ended()  # those the loop cancelled are sent again: waited for, as close() does
 
     async def _given_back(self) -> None:
         """Wait for the give-backs running in the background (each ends within its deadline), those started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -265,6 +266,28 @@ async def test_deliver_at_holds_the_message_back_until_that_time(endpoint: str) 
         assert early == [] or time.time() >= deliver_at, [m.body for m in early]
         [message] = await drain(consumer, 1, limit_s=20)  # polls past the due time
     assert message.body == b"at a time" and time.time() >= deliver_at - 0.05
+
+
+def test_a_client_kept_across_event_loops_closes_each_loops_connection(
+    endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection left open by a loop's end keeps grpc handing events to the closed loop, which the next loops
+    report as errors ('Event loop is closed') on the `asyncio` logger."""
+    topic = name("t")
+    producer = Producer(endpoint)
+    consumer = SimpleConsumer(endpoint, name("g"), topic)
+
+    async def use() -> None:
+        await producer.send(topic, b"x")
+        await consumer.receive(max=1, wait=0)
+        await asyncio.sleep(0.2)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        for _ in range(5):
+            asyncio.run(use())
+    asyncio.run(producer.close())
+    asyncio.run(consumer.close())
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 def test_a_client_carries_on_in_a_new_event_loop_once_its_first_loop_is_closed(endpoint: str) -> None:
