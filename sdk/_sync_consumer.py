@@ -74,12 +74,14 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def _read(self, call: Iterable[Any]) -> list[Message]:
         """The messages of a receive's answer (either framing). An answer that fails after some messages (a proxy
         gone, a deadline) gives them back before the error goes on to the retry —
-        tests/unit/sdk/test_give_back.py::test_a_receive_failed_mid_answer_gives_back_what_it_read."""
+        tests/unit/sdk/test_give_back.py::test_a_receive_failed_mid_answer_gives_back_what_it_read — and so does one
+        that Ctrl-C interrupts (or any other exception) —
+        tests/unit/sdk/test_give_back.py::test_a_receive_interrupted_mid_answer_gives_back_what_it_read."""
         frames: list[Any] = []
         try:
             for frame in call:
                 frames.append(frame)
-        except grpc.RpcError:
+        except BaseException:
             self._give_back(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
             raise
         return _wire.received(frames)

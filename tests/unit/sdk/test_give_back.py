@@ -105,6 +105,24 @@ def test_a_receive_failed_mid_answer_gives_back_what_it_read() -> None:
         assert given_back(fake) == IDS[:2]
 
 
+def interrupted_after(frames: list[pb.ReceiveMessageResponse]) -> Iterator[pb.ReceiveMessageResponse]:
+    """A ReceiveMessage stream during which Ctrl-C comes after `frames`."""
+    yield from frames
+    raise KeyboardInterrupt
+
+
+def test_a_receive_interrupted_mid_answer_gives_back_what_it_read() -> None:
+    """Ctrl-C between two frames of a receive's answer: the interrupt goes on, and the messages read so far are
+    ready again at once rather than invisible for `invisible`."""
+    fake = FakeStub()
+    with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer:
+        consumer._stub = SyncStub(fake, interrupted_after(answer(fake, IDS[:2])[:2]))
+        consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+        with pytest.raises(KeyboardInterrupt):
+            consumer.receive()
+        assert given_back(fake) == IDS[:2]
+
+
 class AsyncStub:
     """ReceiveMessage streams `frames` (holding the stream open after them when `hold`, failing with `fail` when
     set); ChangeInvisibleDuration goes to `fake` after a pause, as over a network."""
