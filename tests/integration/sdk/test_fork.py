@@ -119,6 +119,7 @@ os.waitpid(pid, 0)
 
 
 def test_asyncio_clients_in_the_child_of_a_parent_that_used_them_say_so(endpoint: str) -> None:
-    elapsed, outcome = run(AIO_AFTER_FORK, endpoint, f"fork-{uuid.uuid4().hex[:8]}").stdout.strip().split("|", 1)
+    _, outcome = run(AIO_AFTER_FORK, endpoint, f"fork-{uuid.uuid4().hex[:8]}").stdout.strip().split("|", 1)
+    # said at the first call, not a Timeout after the call's retries (nor no answer at all, as before)
     assert outcome.startswith("RuntimeError: popgate.aio cannot be used in this process: it was forked"), outcome
-    assert "'spawn'" in outcome and float(elapsed) < 0.5  # at once, not after the call's retries
+    assert "'spawn'" in outcome
