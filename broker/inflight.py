@@ -89,6 +89,8 @@ class GroupTopic:
         self.ready: deque[tuple[int, int, int]] = deque()
         self.next_queue = 0
         self.pops = 0  # Pop passes on this state: which take redeliveries first (broker.pop.redeliveries_first)
+        # (queue, offset) of deliveries a Pop undid unreceived (broker.pop `_undo`): taken first in every pass.
+        self.undone: set[tuple[int, int]] = set()
         self.dead_lettered = 0
         self.filtered = 0  # redeliveries acked for a Pop whose filter does not take their tag (Redelivery.take)
         self._pushes = 0

@@ -165,8 +165,9 @@ class Pops:
         except asyncio.CancelledError:  # the caller went away: nobody receives them
             self._undo(state, deliveries)
             raise
-        except StoreUnavailable:  # the store cannot be read: nobody receives them, no attempt is charged
-            self._undo(state, deliveries)  # test_pop_order.py::test_a_pop_the_store_cannot_read_charges_no_attempt
+        except StoreUnavailable:  # the store cannot be read: nobody receives them, no attempt is charged, and they
+            # do not go first (test_pop_order.py::test_a_pop_the_store_cannot_read_charges_no_attempt)
+            self._undo(state, deliveries, first=False)
             raise
         except DomainError:  # payloads missing: the topic's rows purged under it, or a real fault
             if self._still(state, topic):
@@ -192,7 +193,7 @@ class Pops:
         state.pops += 1
         first = redeliveries_first(state.pops)
         tag_filter = state.filter  # this Pop's: `pop` takes the reader with it before each pass
-        picks = self.redelivery.take(state, now, want, ops, tag_filter=tag_filter, fifo_only=not first)
+        picks = self.redelivery.take(state, now, want, ops, tag_filter=tag_filter, first_only=not first)
         if topic is not None and len(picks) < want:
             take_new(self.consumers, state, topic, want - len(picks), ops, picks)
         if not first and len(picks) < want:
@@ -242,10 +243,12 @@ class Pops:
             self._undo(state, undone)
         return kept
 
-    def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]]) -> None:
-        """Deliveries nobody received: ready again at once, with the attempt count they had before. Only those
-        still the group's current ones: a reset, a group deleted or another Pop's redelivery while this Pop read
-        its payloads owns the message now — tests/unit/broker/test_pop_order.py::
+    def _undo(self, state: GroupTopic, deliveries: Sequence[tuple[int, int, Delivery]], *, first: bool = True) -> None:
+        """Deliveries nobody received: ready again at once, with the attempt count they had before, and (`first`)
+        taken first in the group's next passes, before the messages behind them, as before they were taken
+        (test_redelivery_mix.py::test_released_messages_go_out_first_again). Only those still the group's current
+        ones: a reset, a group deleted or another Pop's redelivery while this Pop read its payloads owns the message
+        now — tests/unit/broker/test_pop_order.py::
         test_a_pop_cut_short_after_a_reset_during_its_read_does_not_bring_its_messages_back."""
         if self.consumers.groups.get((state.group, state.topic)) is not state:
             return
@@ -254,11 +257,10 @@ class Pops:
         for queue_id, offset, d in deliveries:
             if state.current(queue_id, offset, d.token) is d:
                 state.start_delivery(queue_id, offset, d.attempt - 1, now, ops)
+                if first:
+                    state.undone.add((queue_id, offset))
         self.commits.commit(ops)
         self.redelivery.schedule(state)
-        # The group's next pass takes redeliveries first: what no caller received goes out again before messages
-        # behind it, as before it was taken (test_redelivery_mix.py::test_released_messages_go_out_first_again).
-        state.pops = REDELIVERIES_FIRST_EVERY - 1
 
     def release(self, topic: str, group: str, handles: Sequence[str]) -> int:
         """A Pop answered after its caller had cancelled it (the cancel crossed the answer): its

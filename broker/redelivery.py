@@ -79,16 +79,17 @@ class Redelivery:
         ops: list[Op],
         *,
         tag_filter: TagFilter = MATCH_ALL,
-        fifo_only: bool = False,
+        first_only: bool = False,
     ) -> list[tuple[int, int, int]]:
         """Up to ``want`` ready redeliveries as (queue id, offset, next attempt), in the order they became ready
-        (with ``fifo_only``, FIFO messages alone); FIFO messages whose turn has not come stay ready. One whose
+        (with ``first_only``, FIFO messages and those a Pop undid unreceived alone: `GroupTopic.undone`); FIFO
+        messages whose turn has not come stay ready. One whose
         turn came but whose tag ``tag_filter`` does not take (`goes_to`) is acked for the group instead, the
         store op appended to ``ops``, and a FIFO one lets its queue go on as its ack would —
         tests/unit/broker/test_redelivery_filter.py."""
         self.expire(state, now)
         picks: list[tuple[int, int, int]] = []
-        if fifo_only and not any(gq.fifo for gq in state.queues.values()):
+        if first_only and not state.undone and not any(gq.fifo for gq in state.queues.values()):
             return picks
         taking: set[tuple[int, int]] = set()  # FIFO messages taken by this call
         topic = self.topics.get(state.topic)
@@ -96,13 +97,15 @@ class Redelivery:
 
         def pick(entry: tuple[int, int, int]) -> bool:
             """Take one ready entry (a stale one is dropped, one the filter does not take acked); False when it
-            is a FIFO message whose turn has not come, or not a FIFO message and only those are taken."""
+            is a FIFO message whose turn has not come, or neither FIFO nor undone and only those are taken."""
             queue_id, offset, token = entry
             delivery = state.current(queue_id, offset, token)
             if delivery is None:
+                state.undone.discard((queue_id, offset))
                 return True
-            if fifo_only and offset not in state.queues[queue_id].fifo:
+            if first_only and offset not in state.queues[queue_id].fifo and (queue_id, offset) not in state.undone:
                 return False
+            state.undone.discard((queue_id, offset))
             if not _turn_came(state, queue_id, offset, taking):
                 return False
             if topic is not None and not goes_to(tag_filter, topic.queues[queue_id], offset):

@@ -117,3 +117,19 @@ async def test_released_messages_go_out_first_again(tmp_path: Path) -> None:
             assert core.release("t", "g", [m.handle for m in first.messages]) == 1
         rest = await pop(core, 8)
         assert bodies(rest) == [b"m%d" % i for i in range(8)] and {m.attempt for m in rest.messages} == {1}
+
+
+async def test_answers_cut_to_their_size_limit_do_not_starve_new_messages_again(tmp_path: Path) -> None:
+    """With every answer cut to --max-pop-bytes (large messages), what each Pop undid goes first again, and only
+    that: failing messages handed back at once still do not hold back a message sent after them."""
+    async with broker(tmp_path / "data", max_pop_bytes=2000) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"poison-%03d" % i + b"x" * 300) for i in range(32)])
+        await core.send([pb.Message(topic="t", body=b"fresh")])
+        highest = 0  # attempt of the failing messages
+        for _ in range(300):
+            answer = await pop(core, 8)  # two messages an answer
+            if b"fresh" in bodies(answer):
+                break
+            highest = max([highest] + [m.attempt for m in answer.messages])
+            await nack(core, answer)
+        assert b"fresh" in bodies(answer) and highest < 8, highest  # long before they run out of attempts (17)
