@@ -163,11 +163,66 @@ def _rows_one_by_one(
 def read_payloads(
     conn: sqlite3.Connection, ends: PayloadEnds, topic: str, wanted: Mapping[int, Sequence[int]]
 ) -> dict[tuple[int, int], bytes]:
+    """The stored payloads of these offsets, by (queue, offset). A queue whose read fails with an I/O error is read
+    an offset at a time: each that cannot be read gets UNREADABLE (a bad sector under its row, dead-lettered as a
+    damaged one) unless none could be read and neither can the store's other tables: then the error is raised (the
+    store cannot be read: the Pop is undone, no attempt charged) — tests/unit/broker/test_damaged_reads.py."""
     out: dict[tuple[int, int], bytes] = {}
+    failed: list[tuple[int, int]] = []
+    error: sqlite3.Error | None = None
     for queue_id, offsets in wanted.items():
-        if offsets:
+        if not offsets:
+            continue
+        try:
             read_queue(conn, ends, topic, queue_id, offsets, out)
+        except sqlite3.OperationalError as exc:
+            if not _io_error(exc):
+                raise
+            error = exc
+            failed += _offsets_one_by_one(conn, ends, topic, queue_id, offsets, out)
+    if failed:
+        assert error is not None
+        if len(failed) == sum(len(offsets) for offsets in wanted.values()) and not _readable(conn):
+            raise error
+        log.error("%s: %d message(s) cannot be read (%s): dead-lettered as unreadable", topic, len(failed), error)
+        out.update((key, UNREADABLE) for key in failed)
     return out
+
+
+def _readable(conn: sqlite3.Connection) -> bool:
+    """Whether the store reads at all: another table's pages than the messages' (an I/O error there too: the
+    store, not one row)."""
+    try:
+        conn.execute("SELECT count(*) FROM queues").fetchone()
+    except sqlite3.OperationalError as exc:
+        if _io_error(exc):
+            return False
+        raise
+    return True
+
+
+def _io_error(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_IOERR
+
+
+def _offsets_one_by_one(
+    conn: sqlite3.Connection,
+    ends: PayloadEnds,
+    topic: str,
+    queue_id: int,
+    offsets: Sequence[int],
+    out: dict[tuple[int, int], bytes],
+) -> list[tuple[int, int]]:
+    """Read each offset alone into `out`; those failing with an I/O error, as (queue, offset)."""
+    failed = []
+    for offset in offsets:
+        try:
+            read_queue(conn, ends, topic, queue_id, [offset], out)
+        except sqlite3.OperationalError as exc:
+            if not _io_error(exc):
+                raise
+            failed.append((queue_id, offset))
+    return failed
 
 
 def read_range(
