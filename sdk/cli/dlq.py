@@ -21,7 +21,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
-from popgate_contract.validation import DLQ_PREFIX
+from popgate_contract.validation import DLQ_PREFIX, RESERVED_PROPERTY_KEYS, has_control
 from popgate_contract.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 
 from .. import errors
@@ -46,8 +46,6 @@ from .output import error_console, explain, json_error, msg_rate, print_json, pr
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 LIST_LIMIT = number(int, low=1, high=1000)
-
-DLQ_PROPS = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "DELIVERY_ATTEMPTS", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
 
 
 def add_parsers(sub: Sub) -> None:
@@ -313,12 +311,18 @@ def _dlq_document(args: argparse.Namespace, found: DeadLetters, brokers: int) ->
 
 def resent(message: Message) -> tuple[str, Message] | None:
     """The original topic and the message to send there (its tag, keys, message group and priority kept; DLQ
-    bookkeeping properties removed);
+    bookkeeping properties removed, and those a send is refused for since a dead letter stored before the checks
+    may carry them: a reserved name or a control character — test_dlq_commands.py::
+    test_a_dead_letter_stored_before_the_property_checks_is_resent_without_what_they_refuse);
     None when the dead letter does not name its original topic (it cannot be re-sent)."""
     origin = message.properties.get("ORIGIN_TOPIC", "")
     if not origin:
         return None
-    properties = {k: v for k, v in message.properties.items() if k not in DLQ_PROPS}
+    properties = {
+        k: v
+        for k, v in message.properties.items()
+        if k not in RESERVED_PROPERTY_KEYS and not has_control(k) and not has_control(v)
+    }
     return origin, Message(
         message.body,
         tag=message.tag,

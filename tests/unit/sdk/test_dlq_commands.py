@@ -93,3 +93,11 @@ def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
     with pytest.raises(KeyboardInterrupt):
         _resend(consumer, Stopping(), args, "%DLQ%g", {"t": 0}, {}, lambda n: None)  # type: ignore[arg-type]
     assert consumer.acked == ["id0", "id1"]
+
+
+def test_a_dead_letter_stored_before_the_property_checks_is_resent_without_what_they_refuse() -> None:
+    """Dead letters stored before brokers refused RocketMQ's system property names and control characters may carry
+    them: resent without them, not refused again on every run."""
+    dead = Message(b"x", properties={"ORIGIN_TOPIC": "orders", "KEYS": "k1", "TTL": "60", "note": "a\x01b", "ok": "v"})
+    topic, copy = resent(dead) or ("", None)
+    assert topic == "orders" and copy is not None and copy.properties == {"ok": "v"}
