@@ -18,13 +18,24 @@ import weakref
 _client_index = itertools.count()
 
 
+def host_name() -> str:
+    """This machine's name as gRPC metadata and a message's born_host can carry it: printable ASCII, at most 255
+    characters ("hôte" → "h?te"; none → "localhost") — tests/unit/sdk/test_wire.py::
+    test_a_host_name_that_is_not_ascii_is_sent_as_printable_ascii."""
+    name = "".join(c if " " < c < "\x7f" else "?" for c in socket.gethostname())[:255]
+    return name or "localhost"
+
+
+HOST = host_name()
+
+
 def new_client_id() -> str:
     """``hostname@pid@index@base36(time_ns)`` as the official clients build it."""
     n, digits = time.time_ns(), ""
     while n:
         n, r = divmod(n, 36)
         digits = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + digits
-    return f"{socket.gethostname()}@{os.getpid()}@{next(_client_index)}@{digits}"
+    return f"{HOST}@{os.getpid()}@{next(_client_index)}@{digits}"
 
 
 class MessageIds:

@@ -56,6 +56,7 @@ class _SyncClient(ClientBase):
 
     def _open(self) -> None:
         self._connect()
+        self._pid = os.getpid()  # once every stub of the channel is made (a subclass's `_connect` adds its own)
 
     def _connect(self) -> None:
         """Open the channel of this process."""
@@ -67,7 +68,6 @@ class _SyncClient(ClientBase):
             self._channel_ = grpc.secure_channel(target, creds, options=_SYNC_OPTIONS)
         self._stub_ = pb_grpc.MessagingServiceStub(self._channel_)  # type: ignore[no-untyped-call]
         self._ext_ = ext_grpc.MessagingStub(self._channel_)  # type: ignore[no-untyped-call]
-        self._pid = os.getpid()
 
     def _here(self) -> None:
         """In a forked child, replace the inherited channel with one of this process (once)."""
@@ -76,6 +76,7 @@ class _SyncClient(ClientBase):
                 if self._pid != os.getpid():
                     _inherited.append(self._channel_)
                     self._connect()
+                    self._pid = os.getpid()  # last: another thread sees the new pid only with every new stub
 
     @property
     def _channel(self) -> grpc.Channel:

@@ -5,7 +5,6 @@ requests a batch of them goes in. Reading the answer is `_wire.send_receipts`.
 from __future__ import annotations
 
 import numbers
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract.wire import field
 
 from ._durations import _deliver_at, _set_seconds, duration
-from ._ids import MessageIds
+from ._ids import HOST, MessageIds
 from .message import Message
 
 MAX_SEND_BATCH = 1024  # the proxy's SendMessage and AckMessage limit
@@ -27,7 +26,7 @@ PRIORITY_MAX = 2**31 - 1  # v2's priority is an int32
 
 # The host every message says it was born on: this machine's name, as RocketMQ's Java and Node.js clients send it
 # (tests/unit/sdk/test_wire.py::test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own).
-BORN_HOST = socket.gethostname()[:255] or "localhost"
+BORN_HOST = HOST
 
 
 def _as_bytes(body: bytes | str) -> bytes:

@@ -237,7 +237,7 @@ def test_each_message_of_a_send_request_has_the_shared_fields_and_only_its_own()
         assert (m.topic.name, m.topic.resource_namespace, m.system_properties.born_host) == (
             "orders",
             "ns",
-            socket.gethostname(),
+            _ids.HOST,
         )
         assert m.system_properties.body_encoding == v2.IDENTITY
         assert m.system_properties.born_timestamp == sent[0].system_properties.born_timestamp
@@ -499,3 +499,12 @@ def test_an_ack_plan_has_a_request_per_topic_and_batch_with_each_message_in_orde
         topic=v2.Resource(name="t"),
         entries=[pb.AckMessageEntry(message_id="b0", receipt_handle="handle-b0")],
     )
+
+
+def test_a_host_name_that_is_not_ascii_is_sent_as_printable_ascii(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC metadata (the client id) and every message's born_host carry the host name: one that is not printable
+    ASCII (a Windows computer name "hôte") would fail every call with "Invalid metadata"."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "hôte\x01x")
+    assert _ids.host_name() == "h?te?x"
+    monkeypatch.setattr(socket, "gethostname", lambda: "")
+    assert _ids.host_name() == "localhost"
