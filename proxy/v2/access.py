@@ -18,7 +18,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
-from popgate_contract.validation import MAX_CLIENT_ID_CHARS
+from popgate_contract.validation import MAX_CLIENT_ID_CHARS, has_control
 from proxy import validate
 from proxy.auth import Authenticator, authorize, matches
 
@@ -51,6 +51,8 @@ def client_id_of(invocation_metadata: Iterable[Any] | None) -> str:
             text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
             if len(text) > MAX_CLIENT_ID_CHARS:
                 raise errors.BadRequest(f"{CLIENT_ID} is {len(text)} characters long; at most {MAX_CLIENT_ID_CHARS}")
+            if has_control(text):  # it is printed to operators (`popgate group consumers`)
+                raise errors.BadRequest(f"{CLIENT_ID} has a control character")
             return text
     return ""
 

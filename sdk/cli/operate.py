@@ -29,7 +29,7 @@ from popgate_contract.consumers import latest_consumers
 
 from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
 from .options import DURATION, POSITIVE_DURATION, Sub, client_options, group_name, json_option, number
-from .output import json_error
+from .output import json_error, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 NOT_CONFIRMED = 77  # sysexits.h EX_NOPERM: a reset or delete the user did not confirm (docs/SDK.md, "Exit codes")
@@ -290,7 +290,10 @@ def consumers_command(args: argparse.Namespace) -> int:
         fanned = fan_out(args, "ListConsumers", request, f"list the consumers of {args.group}")
         rows = latest_consumers(c for a in fanned.answers for c in a.consumers)
         now = time.time()
-        lines = [f"{c.client_id}  via {c.proxy}  last seen {now - c.last_seen_ms / 1000:.1f}s ago" for c in rows]
+        lines = [
+            terminal_text(f"{c.client_id}  via {c.proxy}  last seen {now - c.last_seen_ms / 1000:.1f}s ago")
+            for c in rows
+        ]
         lines.append(f"{len(rows)} live consumer(s) of {args.group}")
         document = {"group": args.group, "consumers": [json_format.MessageToDict(c) for c in rows]}
         return _finish(args, fanned, document, lines, change=False)
@@ -333,4 +336,4 @@ def _found_line(m: bpb.FoundMessage, with_body: bool) -> str:
         f"{s.message.message_id}  {m.broker}/{s.message.topic}/{s.queue_id}/{s.offset}  stored {stored}"
         f"  {m.body_size} B  keys={','.join(s.message.keys) or '-'}  tag={s.message.tag or '-'}  {props}"
     ).rstrip()
-    return f"{line}\n  body: {s.message.body!r}" if with_body else line
+    return f"{terminal_text(line)}\n  body: {s.message.body!r}" if with_body else terminal_text(line)
