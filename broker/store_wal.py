@@ -66,6 +66,13 @@ def report_recovery(conn: sqlite3.Connection, wal_path: Path, found_bytes: int) 
         log.info("%s: %d bytes found at start (frames not counted: %s)", wal_path, found_bytes, exc)
         return
     if frames <= 0 and found_bytes >= WAL_HEADER_BYTES + WAL_FRAME_HEADER_BYTES + page_size:
+        if not committed_frames(wal_path, page_size):
+            log.info(
+                "%s: %d bytes found at start, no committed frame (a write cut short): nothing lost",
+                wal_path,
+                found_bytes,
+            )
+            return
         log.warning(
             "%s: %d bytes found at start and no frame taken from them: the write-ahead log was damaged, truncated"
             ' or another store\'s, and what it held is not in the store (docs/RUNBOOK.md, "Store damaged")',
@@ -74,6 +81,26 @@ def report_recovery(conn: sqlite3.Connection, wal_path: Path, found_bytes: int) 
         )
     else:
         log.info("%s: %d bytes found at start, %d frames recovered", wal_path, found_bytes, max(frames, 0))
+
+
+def committed_frames(wal_path: Path, page_size: int) -> bool:
+    """Whether the WAL file holds a frame of its own log (its header valid, the frame's salts the header's) that
+    ends a transaction: unless one does, SQLite taking no frame from it lost nothing (a write cut short after the
+    log started over) — tests/unit/broker/test_sqlite_store.py::
+    test_a_wal_of_an_uncommitted_write_only_is_not_reported_damaged."""
+    try:
+        with open(wal_path, "rb") as wal:
+            header = wal.read(WAL_HEADER_BYTES)
+            if len(header) < WAL_HEADER_BYTES or header[:4] not in (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83"):
+                return True  # not a log SQLite would read: what it held is unknown
+            salts = header[16:24]
+            while len(frame := wal.read(WAL_FRAME_HEADER_BYTES)) == WAL_FRAME_HEADER_BYTES and frame[8:16] == salts:
+                if int.from_bytes(frame[4:8], "big"):  # the database size after a commit: a commit frame
+                    return True
+                wal.seek(page_size, os.SEEK_CUR)
+    except OSError:
+        return True
+    return False
 
 
 def wal_bytes(wal_path: Path) -> int:
