@@ -34,7 +34,7 @@ async def recall(sends: SendPath, topic: str, text: str) -> str:
     if not sends.schedule.waiting(handle.schedule_id):  # taken for delivery while the row was read
         raise _not_scheduled(handle)
     sends.schedule.remove(handle.schedule_id)
-    committed = sends.submit([], [DeleteScheduled(handle.schedule_id)])
+    committed = sends.submit([], [DeleteScheduled(handle.schedule_id)], awaited=True)
     # What the commit did is settled by the commit, also when the caller is cancelled meanwhile —
     # tests/unit/broker/test_recall.py::test_a_recall_cancelled_during_its_commit_still_takes_effect.
     committed.add_done_callback(functools.partial(_recalled, sends, row))

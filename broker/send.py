@@ -201,9 +201,10 @@ class SendPath:
                 out.append(Sent(m.message_id, m.topic, new.queue_id, -1, due, recall))
 
     def submit(
-        self, appends: Sequence[NewMessage], ops: Sequence[Op], within_s: float | None = None
+        self, appends: Sequence[NewMessage], ops: Sequence[Op], within_s: float | None = None, *, awaited: bool = False
     ) -> asyncio.Future[list[Record]]:
-        """`Store.submit` for every write of the send path (`within_s`: a Send's, see `send`). What a commit stores
+        """`Store.submit` for every write of the send path (`within_s`: a Send's, see `send`; `awaited`: see
+        `Store.submit`). What a commit stores
         takes effect from the commit, not from its caller's return (appends are announced by the store the same way):
         a new topic's queue rows count as stored (until then each write to the topic carries them again, see
         `topic_for_send`) and a scheduled message joins the schedule."""
@@ -212,10 +213,12 @@ class SendPath:
             committed.set_exception(
                 StoreUnavailable(f"topic {refused} is being deleted on broker {self.name}: made again once it is")
             )
-        elif within_s is None:
-            committed = self.store.submit(appends, ops)
-        else:
+        elif within_s is not None:
             committed = self.store.submit(appends, ops, within_s=within_s)
+        elif awaited:
+            committed = self.store.submit(appends, ops, awaited=True)
+        else:
+            committed = self.store.submit(appends, ops)
         committed.add_done_callback(functools.partial(self._committed, ops))
         return committed
 

@@ -161,7 +161,12 @@ class SqliteStore:
     # -- writes --------------------------------------------------------------
 
     def submit(
-        self, appends: Sequence[NewMessage], ops: Sequence[Op], *, within_s: float | None = None
+        self,
+        appends: Sequence[NewMessage],
+        ops: Sequence[Op],
+        *,
+        within_s: float | None = None,
+        awaited: bool = False,
     ) -> asyncio.Future[list[Record]]:
         if self._loop is None:
             raise StoreUnavailable("store is not started")
@@ -170,7 +175,7 @@ class SqliteStore:
             future.set_exception(StoreUnavailable("store is closed"))
         elif self._moved is not None:
             future.set_exception(StoreUnavailable(f"store refuses writes: {self._moved}"))
-        elif appends or within_s is not None or not self._state_delay_s:  # a Send's deadline holds: never deferred
+        elif appends or within_s is not None or awaited or not self._state_delay_s:  # a caller waits: never deferred
             request = Request(appends, ops, future, 0.0 if within_s is None else time.monotonic() + within_s)
             if not self._commit_here(request):
                 if self._deferred:

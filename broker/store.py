@@ -186,11 +186,18 @@ class Store(Protocol):
     def set_listener(self, listener: ArrivalListener) -> None: ...
 
     def submit(
-        self, appends: Sequence[NewMessage], ops: Sequence[Op], *, within_s: float | None = None
+        self,
+        appends: Sequence[NewMessage],
+        ops: Sequence[Op],
+        *,
+        within_s: float | None = None,
+        awaited: bool = False,
     ) -> asyncio.Future[list[Record]]:
         """Queue appends and ops for one durable transaction, in call order; the future gives the
         appended records with their offsets. Must be called on the event loop. `within_s`: a Send's time left; a
-        commit not started within it stores nothing and fails with TooManyRequests (`store_writes.in_time`)."""
+        commit not started within it stores nothing and fails with TooManyRequests (`store_writes.in_time`).
+        `awaited`: a caller's answer waits for this commit (a rollback, a recall), so it is never deferred as
+        consumer state is (`store_pacing.STATE_DELAY_S`)."""
         ...
 
     async def read_payloads(self, topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:

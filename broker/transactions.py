@@ -171,7 +171,7 @@ class Transactions:
                 append = NewMessage(half.topic, queue_id, self.clock.now_ms(), half.tag, rows[0].payload)
                 committed = self.sends.submit([append], [*ops, DeleteHalf(half.half_id)])
             else:
-                committed = self.sends.submit([], [DeleteHalf(half.half_id)])
+                committed = self.sends.submit([], [DeleteHalf(half.half_id)], awaited=True)
         except BaseException:
             half.busy = False  # nothing submitted: it waits as before
             raise
@@ -212,7 +212,7 @@ class Transactions:
                 SetHalfCheck(h.half_id, count, next_ms + offset)
                 for h, (count, next_ms) in zip(halves, states, strict=True)
             ]
-            await self.sends.submit([], stored)
+            await self.sends.submit([], stored, awaited=True)
         finally:
             for half in halves:
                 half.checking = False
@@ -239,7 +239,7 @@ class Transactions:
 
     async def _roll_back(self, halves: list[Half]) -> None:
         try:
-            await self.sends.submit([], [DeleteHalf(h.half_id) for h in halves])
+            await self.sends.submit([], [DeleteHalf(h.half_id) for h in halves], awaited=True)
         except BaseException as exc:  # tried again at the next sweep (or the next start)
             log.warning("rolling back %d unresolved half messages failed: %r", len(halves), exc)
             for half in halves:

@@ -36,14 +36,15 @@ class ManualClock:
 
 @asynccontextmanager
 async def broker(
-    data: Path, *, clock: Clock | None = None, **settings: Any
+    data: Path, *, clock: Clock | None = None, state_delay_s: float | None = None, **settings: Any
 ) -> AsyncIterator[tuple[BrokerCore, SqliteStore]]:
     """A broker core on `data`, started and restored as broker/__main__.py does, but with no sweep task:
     only arrivals and timers wake held requests. Its clock is `clock` (default: the wall clock). Topics are
     auto-created unless the test says ``auto_create=False`` (the tests predate the broker's default turning
-    off). Closed (core, then store) on the way out."""
+    off). `state_delay_s`: the store's (default: its own). Closed (core, then store) on the way out."""
     settings.setdefault("auto_create", True)
-    store = SqliteStore(data, flush=settings.get("flush", "async"))
+    delay: dict[str, Any] = {} if state_delay_s is None else {"state_delay_s": state_delay_s}
+    store = SqliteStore(data, flush=settings.get("flush", "async"), **delay)
     core = BrokerCore(BrokerSettings(name="b1", data_dir=data, **settings), store, clock=clock or WallClock())
     store.set_listener(core)
     store.start(asyncio.get_running_loop())
@@ -62,8 +63,8 @@ def submitted_event(core: BrokerCore) -> asyncio.Event:
     event = asyncio.Event()
     real = core.sends.submit
 
-    def submit(*args: Any) -> Any:
-        committed = real(*args)
+    def submit(*args: Any, **kwargs: Any) -> Any:
+        committed = real(*args, **kwargs)
         event.set()
         return committed
 

@@ -96,3 +96,13 @@ async def test_a_recall_cancelled_during_its_commit_still_takes_effect(tmp_path:
         with pytest.raises(NotScheduled):
             await core.recall("t", handle)
         assert await deliver_due(core, clock, NOW + 61_000) == []
+
+
+async def test_a_recall_is_not_deferred_as_consumer_state(tmp_path: Path) -> None:
+    """Its caller waits for the commit: it goes to the store's writer at once, never after the delay consumer state
+    waits under --flush async (here 30 s)."""
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock, state_delay_s=30.0) as (core, _):
+        handle = await schedule(core, b"recalled", NOW + 60_000)
+        await asyncio.wait_for(core.recall("t", handle), 10)
+        assert await deliver_due(core, clock, NOW + 61_000) == []

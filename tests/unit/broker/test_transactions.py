@@ -240,3 +240,20 @@ async def test_a_half_committed_into_a_topic_made_again_with_fewer_queues_is_del
         assert len(core.topics["t"].queues) == 4 and await bodies(core) == [b"h"]
         await core.send([pb.Message(topic="t", body=b"p%d" % i) for i in range(4)])
         assert sorted(await bodies(core)) == [b"p0", b"p1", b"p2", b"p3"]
+
+
+async def test_a_rollback_a_check_and_an_expiry_are_not_deferred_as_consumer_state(tmp_path: Path) -> None:
+    """Their callers wait for these commits (a producer's rollback, a proxy's checks, the sweep): they go to the
+    store's writer at once, never after the delay consumer state waits under --flush async (here 30 s)."""
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock, state_delay_s=30.0, **SETTINGS) as (core, _):
+        rolled_back, checked = await half(core, b"r"), await half(core, b"c")
+        await asyncio.wait_for(core.transactions.end("t", rolled_back, commit=False), 10)
+        clock.now = NOW + 1000
+        (check,), _ = await asyncio.wait_for(core.transactions.checks(["t"], 10), 10)
+        assert check.transaction_id == checked
+        clock.now = NOW + HOUR_MS
+        expiring = core.transactions.expire()
+        assert expiring is not None
+        await asyncio.wait_for(expiring, 10)
+        assert len(core.transactions.schedule) == 0
