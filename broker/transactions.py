@@ -72,6 +72,7 @@ class Transactions:
             immunity_ms=round(settings.transaction_immunity_s * 1000),
             interval_ms=round(settings.transaction_check_interval_s * 1000),
             max_checks=settings.transaction_max_checks,
+            started_ms=clock.monotonic_ms(),
         )
         self.stats = TransactionStats()
         self._next_id = 0

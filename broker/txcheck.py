@@ -4,8 +4,12 @@ topics a caller asks about, and which half messages are past their last check an
 A half message is first checked `immunity_ms` after its send, then every `interval_ms` while unresolved; its
 check number `max_checks` is its last, and `interval_ms` after it, unresolved, it is rolled back. A half message
 whose checks nobody asks for (no producer of its topic online) is rolled back when the time of its last check
-has passed too: `immunity_ms + max_checks * interval_ms` after its send, as RocketMQ's check service rolls back
-whatever it cannot check in that time — tests/unit/broker/test_transactions.py.
+has passed too: `immunity_ms + max_checks * interval_ms` after its send — tests/unit/broker/test_transactions.py.
+That time does not roll back a half message of a topic whose checks a caller asked for within the last interval
+(a producer online, answering slower than its checks fall due): it waits for its turn and ends after its last
+check, as RocketMQ counts checks (TRANSACTION_CHECK_TIMES), not time — test_transactions.py::
+test_a_half_message_of_a_topic_still_asked_for_waits_for_its_checks_past_their_time. After a start, its askers
+have an interval to ask again before that time rolls any half message back.
 
 Its times are on one clock, whichever the caller keeps them on (broker.transactions: the monotonic clock).
 """
@@ -33,13 +37,16 @@ class Half:
 
 
 class CheckSchedule:
-    def __init__(self, *, immunity_ms: int, interval_ms: int, max_checks: int) -> None:
+    def __init__(self, *, immunity_ms: int, interval_ms: int, max_checks: int, started_ms: int = 0) -> None:
+        """`started_ms`: when the broker started (on the schedule's clock); callers had no interval to ask before."""
         self.immunity_ms = immunity_ms
         self.interval_ms = interval_ms
         self.max_checks = max_checks
         self._halves: dict[int, Half] = {}
         self._due: dict[str, list[tuple[int, int]]] = {}  # topic -> heap of (next_check_ms, half id)
         self._expiry: list[tuple[int, int]] = []  # heap of (expire_ms, half id)
+        self._asked: dict[str, int] = {}  # topic -> when a caller last asked for its checks (`due`)
+        self._started_ms = started_ms
 
     def __len__(self) -> int:
         return len(self._halves)
@@ -86,6 +93,7 @@ class CheckSchedule:
         their last check. They stay scheduled until `checked` records their check."""
         out: list[Half] = []
         for topic in topics:
+            self._asked[topic] = now_ms
             heap = self._due.get(topic)
             if heap is None:
                 continue
@@ -113,14 +121,15 @@ class CheckSchedule:
         half.checks, half.next_check_ms = checks, next_check_ms
         if checks < self.max_checks:
             heapq.heappush(self._due.setdefault(half.topic, []), (next_check_ms, half.half_id))
-        elif next_check_ms < half.expire_ms:
+        elif next_check_ms != half.expire_ms:  # its producer has an interval to answer its last check, also a late one
             half.expire_ms = next_check_ms
             heapq.heappush(self._expiry, (next_check_ms, half.half_id))
 
     def expired(self, now_ms: int) -> list[Half]:
-        """Half messages to roll back now: past their last check, or past the time of it; not busy."""
+        """Half messages to roll back now: past their last check, or past the time of it with nobody asking for
+        their topic's checks; not busy."""
         out: list[Half] = []
-        busy: list[tuple[int, int]] = []
+        later: list[tuple[int, int]] = []
         heap = self._expiry
         while heap and heap[0][0] <= now_ms:
             entry = heapq.heappop(heap)
@@ -128,12 +137,20 @@ class CheckSchedule:
             if half is None or half.expire_ms != entry[0]:
                 continue
             if half.busy:
-                busy.append(entry)  # tried again at the next look
+                later.append(entry)  # tried again at the next look
+            elif half.checks < self.max_checks and (asked := self._asked_since(half.topic, now_ms)) is not None:
+                half.expire_ms = asked + self.interval_ms  # its checks are asked for: looked at again then
+                later.append((half.expire_ms, half.half_id))
             else:
                 out.append(half)
-        for entry in busy:
+        for entry in later:
             heapq.heappush(heap, entry)
         return out
+
+    def _asked_since(self, topic: str, now_ms: int) -> int | None:
+        """When a caller last asked for the topic's checks (or the start), if within the last interval."""
+        asked = max(self._asked.get(topic, 0), self._started_ms)
+        return asked if asked > now_ms - self.interval_ms else None
 
     def next_due_ms(self, topics: Iterable[str]) -> int:
         """When the next check of these topics is due (0: none scheduled)."""

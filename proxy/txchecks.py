@@ -30,23 +30,46 @@ CHECK_POLL_S = 1.0  # a proxy with producers online asks every live broker this 
 IDLE_FLOOR_S = 0.1  # after a round that handed out no check, the least wait, whatever the brokers' next due time
 MAX_CHECKS_PER_CALL = 64
 TOPICS_PER_CALL = 512  # a broker takes up to 1,024 topics a call
-OUTBOX_COMMANDS = 64  # commands a producer's stream may have waiting; past that a check goes to another or waits
+OUTBOX_COMMANDS = 64  # checks a producer's stream may have unanswered; past that a check goes to another or waits
+ASK_AT = OUTBOX_COMMANDS // 2  # a producer answering down to this many unanswered wakes the poller
+ANSWER_WAIT_S = 10.0  # a check its producer has not answered (UNKNOWN sends nothing) stops counting after this
 
 
 class Outbox:
-    """Commands for one producer's Telemetry stream, and the topics (as stored) it publishes to."""
+    """Commands for one producer's Telemetry stream, the topics (as stored) it publishes to, and the checks handed
+    to it and not answered yet (transaction id -> when they stop counting, time.monotonic()).
+
+    A check counts from its hand-out until its producer answers it (EndTransaction through this proxy, `answered`)
+    or ANSWER_WAIT_S passed, not until the stream took it: the stream's writes do not wait for the producer, so a
+    producer answering slower than checks fall due would otherwise queue checks that the broker counts as asked and
+    rolls back after its last one while they wait — tests/unit/proxy/test_txchecks.py::
+    test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for."""
 
     def __init__(self, namespace: str = "") -> None:
         self.namespace = namespace
         self.topics: frozenset[str] = frozenset()
-        self.commands: asyncio.Queue[Any] = asyncio.Queue(OUTBOX_COMMANDS)
+        self.commands: asyncio.Queue[Any] = asyncio.Queue()
+        self.unanswered: dict[str, float] = {}
+
+    def room(self) -> int:
+        """How many more checks this producer takes now."""
+        now = time.monotonic()
+        if self.unanswered and next(iter(self.unanswered.values())) <= now:  # the oldest first (insertion order)
+            self.unanswered = {tid: until for tid, until in self.unanswered.items() if until > now}
+        return max(0, OUTBOX_COMMANDS - max(len(self.unanswered), self.commands.qsize()))  # also a stream not read
+
+    def hand(self, transaction_id: str, command: Any) -> None:
+        """Queue a check's command for the stream; it counts until answered."""
+        self.unanswered.pop(transaction_id, None)  # handed again: counts once, from now
+        self.unanswered[transaction_id] = time.monotonic() + ANSWER_WAIT_S
+        self.commands.put_nowait(command)
 
 
 class ProducerStreams:
     def __init__(self) -> None:
         self._by_topic: dict[str, list[Outbox]] = {}
         self._turn = 0
-        self.changed = asyncio.Event()  # a topic gained its first producer here
+        self.changed = asyncio.Event()  # a topic gained its first producer here, or a producer room (`answered`)
 
     def register(self, outbox: Outbox, topics: Iterable[str]) -> None:
         self.unregister(outbox)
@@ -69,19 +92,26 @@ class ProducerStreams:
         return sorted(self._by_topic)
 
     def room(self, topic: str) -> int:
-        """How many more commands the topic's producers' outboxes take now."""
-        return sum(OUTBOX_COMMANDS - outbox.commands.qsize() for outbox in self._by_topic.get(topic, []))
+        """How many more checks the topic's producers take now."""
+        return sum(outbox.room() for outbox in self._by_topic.get(topic, []))
 
-    def deliver(self, topic: str, command: Callable[[Outbox], Any]) -> bool:
-        """Queue `command(outbox)` for one of the topic's producers (round robin); False when none has room."""
+    def deliver(self, topic: str, transaction_id: str, command: Callable[[Outbox], Any]) -> bool:
+        """Queue `command(outbox)`, the check of `transaction_id`, for one of the topic's producers (round robin);
+        False when none has room."""
         streams = self._by_topic.get(topic, [])
         for i in range(len(streams)):
             outbox = streams[(self._turn + i) % len(streams)]
-            if not outbox.commands.full():
+            if outbox.room() > 0:
                 self._turn += 1
-                outbox.commands.put_nowait(command(outbox))
+                outbox.hand(transaction_id, command(outbox))
                 return True
         return False
+
+    def answered(self, topic: str, transaction_id: str) -> None:
+        """A producer answered the check of `transaction_id` (or resolved it unasked): it no longer counts."""
+        for outbox in self._by_topic.get(topic, []):
+            if outbox.unanswered.pop(transaction_id, None) is not None and len(outbox.unanswered) == ASK_AT:
+                self.changed.set()  # room for a call's worth again: the poller asks now, not at its next round
 
 
 ToCommand = Callable[[bpb.TransactionCheck, Outbox], Any]
@@ -120,6 +150,7 @@ class CheckPoller:
 
     async def _run(self) -> None:
         while True:
+            self.streams.changed.clear()  # before the round: what changes during it wakes the wait below
             topics = self.streams.topics()
             wait_s = self.poll_s
             if topics:
@@ -136,7 +167,6 @@ class CheckPoller:
                     # tests/unit/proxy/test_txchecks.py::test_a_due_check_not_handed_out_is_asked_for_a_moment_later.
                     floor_s = 0.0 if self.handed > handed else IDLE_FLOOR_S
                     wait_s = min(wait_s, max(floor_s, next_due_s))
-            self.streams.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.streams.changed.wait(), None if not topics else wait_s)
 
@@ -155,8 +185,8 @@ class CheckPoller:
     async def _ask(self, client: BrokerClient, topics: list[str]) -> float | None:
         # A broker records each check it hands out (its count and next time) and a check no outbox takes is
         # dropped here, so no more are asked for than every asked topic's producers take: a check of any topic
-        # then finds room, however the answer mixes topics. A topic with no room is left out until its producers'
-        # streams drain — tests/unit/proxy/test_txchecks.py::
+        # then finds room, however the answer mixes topics. A topic with no room is left out until its producers
+        # answer — tests/unit/proxy/test_txchecks.py::
         # test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_take.
         rooms = {topic: room for topic in topics if (room := self.streams.room(topic)) > 0}
         if not rooms:
@@ -168,7 +198,8 @@ class CheckPoller:
             log.debug("transaction checks of broker %s failed: %s", client.name, exc)
             return None
         for check in response.checks:
-            if self.streams.deliver(check.message.message.topic, functools.partial(self.to_command, check)):
+            topic = check.message.message.topic
+            if self.streams.deliver(topic, check.transaction_id, functools.partial(self.to_command, check)):
                 self.handed += 1
         if not response.next_due_ms:
             return None

@@ -60,6 +60,30 @@ def test_a_half_message_nobody_checks_expires_when_its_checks_would_have_ended()
     assert [h.half_id for h in schedule.expired(NOW + 7000)] == [1]
 
 
+def test_a_half_message_of_a_topic_still_asked_for_waits_for_its_checks_past_their_time() -> None:
+    """A producer online but answering slower than checks fall due: its topic is asked for every second, each time
+    for one check, so each half message is checked far less often than every interval. None is rolled back when the
+    time of its last check passes, each only an interval after its last check; a half message of a topic nobody
+    asks for is rolled back at that time."""
+    schedule = CheckSchedule(immunity_ms=1000, interval_ms=2000, max_checks=3, started_ms=NOW)
+    for half_id in range(1, 11):
+        schedule.add(Half(half_id, 7, "t", 0, None, NOW, 0, NOW + 1000))
+    schedule.add(Half(99, 7, "nobody asks", 0, None, NOW, 0, NOW + 1000))
+    last_check: dict[int, int] = {}
+    rolled_back: dict[int, tuple[int, int]] = {}  # half id -> (checks, when)
+    for now in range(NOW + 1000, NOW + 60_000, 1000):
+        for h in schedule.due(["t"], now, 1):
+            schedule.checked(h, *schedule.check_state(h, now))
+            last_check[h.half_id] = now
+        rolled_back |= {h.half_id: (h.checks, now) for h in schedule.expired(now)}
+        for half_id in rolled_back:
+            schedule.remove(half_id)
+    assert rolled_back.pop(99) == (0, NOW + 7000)  # immunity + max_checks * interval
+    assert sorted(rolled_back) == list(range(1, 11))
+    for half_id, (checks, when) in rolled_back.items():
+        assert checks == 3 and when >= last_check[half_id] + 2000
+
+
 async def half(core: BrokerCore, body: bytes, topic: str = "t") -> str:
     (sent,) = await core.send([pb.Message(topic=topic, body=body, transactional=True)])
     assert sent.transaction_id and sent.offset == -1

@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
+import pytest
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
-from proxy.txchecks import IDLE_FLOOR_S, OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
+from proxy.txchecks import ANSWER_WAIT_S, IDLE_FLOOR_S, OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
 from proxy.v2.telemetry import recover_command, telemetry
 
 
@@ -26,14 +28,14 @@ def test_checks_go_round_robin_to_the_topics_producers_and_nowhere_else() -> Non
     streams.register(other, ["v"])
     assert streams.topics() == ["t", "u", "v"]
     for i in range(4):
-        assert streams.deliver("t", lambda o, i=i: i)
+        assert streams.deliver("t", f"tid{i}", lambda o, i=i: i)
     assert (a.commands.qsize(), b.commands.qsize(), other.commands.qsize()) == (2, 2, 0)
-    assert not streams.deliver("nobody", lambda o: 0)
+    assert not streams.deliver("nobody", "tid", lambda o: 0)
     streams.unregister(b)
     assert streams.topics() == ["t", "v"]
-    for _ in range(OUTBOX_COMMANDS - 2):
-        assert streams.deliver("t", lambda o: 0)
-    assert not streams.deliver("t", lambda o: 0)  # full: the broker hands the check out again later
+    for i in range(OUTBOX_COMMANDS - 2):
+        assert streams.deliver("t", f"more{i}", lambda o: 0)
+    assert not streams.deliver("t", "last", lambda o: 0)  # full: the broker hands the check out again later
 
 
 class FakeBroker:
@@ -96,7 +98,7 @@ async def test_a_producers_telemetry_stream_registers_its_topics_and_carries_its
     check.message.message.message_id = "m1"
     check.message.message.body = b"half"
     check.message.message.transactional = True
-    assert streams.deliver("shop%orders", lambda outbox: recover_command(check, outbox))
+    assert streams.deliver("shop%orders", "tid", lambda outbox: recover_command(check, outbox))
     command = (await anext(replies)).recover_orphaned_transaction_command
     assert (command.transaction_id, command.message.system_properties.message_id) == ("tid", "m1")
     assert command.message.body == b"half" and command.message.system_properties.message_type == v2.TRANSACTION
@@ -112,13 +114,15 @@ class RecordingBroker(FakeBroker):
     def __init__(self) -> None:
         super().__init__("b1", [], 0)
         self.max_checks: list[int] = []
+        self.handed = 0
 
     async def transaction_checks(
         self, request: bpb.TransactionChecksRequest, *, timeout_s: float
     ) -> bpb.TransactionChecksResponse:
         self.asked.append(list(request.topics))
         self.max_checks.append(request.max_checks)
-        checks = [bpb.TransactionCheck(transaction_id=f"tid{i}", check=1) for i in range(request.max_checks)]
+        first, self.handed = self.handed, self.handed + request.max_checks
+        checks = [bpb.TransactionCheck(transaction_id=f"tid{i}", check=1) for i in range(first, self.handed)]
         for check in checks:
             check.message.message.topic = "t"
         return bpb.TransactionChecksResponse(checks=checks)
@@ -128,8 +132,8 @@ async def test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_ta
     streams = ProducerStreams()
     outbox = Outbox()
     streams.register(outbox, ["t"])
-    for _ in range(OUTBOX_COMMANDS - 3):
-        assert streams.deliver("t", lambda o: "earlier")
+    for i in range(OUTBOX_COMMANDS - 3):
+        assert streams.deliver("t", f"earlier{i}", lambda o: "earlier")
     broker = RecordingBroker()
     pool = BrokerPool({"b1": broker})  # type: ignore[dict-item]
     poller = CheckPoller(pool, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
@@ -137,6 +141,41 @@ async def test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_ta
     assert broker.max_checks == [3] and poller.handed == 3  # every check the broker recorded reached a producer
     await poller.poll_once(["t"])
     assert broker.max_checks == [3]  # no room: the broker is not asked (its checks would burn unseen)
+
+
+async def test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its stream takes every command at once (gRPC buffers them) but the producer answers few: a check counts until
+    its EndTransaction comes (or ANSWER_WAIT_S passed), so the broker is asked for no more checks than the producer
+    has room for, and none it counts as asked waits unseen behind the others until its half message rolls back."""
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, ["t"])
+    broker = RecordingBroker()
+    poller = CheckPoller(BrokerPool({"b1": broker}), streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[dict-item]
+    sent: list[str] = []
+
+    async def poll() -> None:
+        await poller.poll_once(["t"])
+        while not outbox.commands.empty():  # the stream writes them out
+            sent.append(outbox.commands.get_nowait())
+
+    for _ in range(5):
+        await poll()
+    assert poller.handed == broker.handed == len(sent) == OUTBOX_COMMANDS
+    for tid in sent[:5]:
+        streams.answered("t", tid)
+    await poll()
+    assert broker.max_checks[-1] == 5 and poller.handed == OUTBOX_COMMANDS + 5
+    streams.changed.clear()
+    for tid in sent[5 : 5 + OUTBOX_COMMANDS // 2]:
+        assert not streams.changed.is_set()
+        streams.answered("t", tid)
+    assert streams.changed.is_set()  # room for a call's worth: the poller asks at once
+    later = time.monotonic() + ANSWER_WAIT_S  # unanswered (UNKNOWN sends nothing) checks stop counting then
+    monkeypatch.setattr("proxy.txchecks.time", SimpleNamespace(monotonic=lambda: later, time=time.time))
+    assert outbox.room() == OUTBOX_COMMANDS
 
 
 async def test_closing_the_poller_ends_its_task_before_it_returns() -> None:
