@@ -129,8 +129,11 @@ def read_queue(
 
 def damaged(exc: sqlite3.Error) -> bool:
     """Whether SQLite found the data file damaged (not: unable to open it, a full disk, an I/O error)."""
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+    return _primary_code(exc) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def _primary_code(exc: sqlite3.Error) -> int:
+    return int(getattr(exc, "sqlite_errorcode", 0)) & 0xFF
 
 
 def _rows_one_by_one(
@@ -202,7 +205,7 @@ def _readable(conn: sqlite3.Connection) -> bool:
 
 
 def _io_error(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_IOERR
+    return _primary_code(exc) == sqlite3.SQLITE_IOERR
 
 
 def _offsets_one_by_one(
