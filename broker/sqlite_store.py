@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from broker import store_files, store_layout, store_reads, store_wal, store_writes
 from broker.batches import PayloadEnds
+from broker.purges import PurgeCounts
 from broker.store import (
     PURGES,
     ArrivalListener,
@@ -83,12 +84,7 @@ class SqliteStore:
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
         self._deferred: list[Request] = []
-        # PurgeTopic ops applied per topic while a deletion is in progress (`Deletion`), and the deletions past
-        # their first step and not finished (their `purged`'s ids), under `_writing`: only a deletion's later steps
-        # compare counts, so none is kept while none is in progress
-        # (tests/unit/broker/test_admin.py::test_deleted_topics_leave_nothing_behind_however_many).
-        self._topic_purges: dict[str, int] = {}
-        self._deletions: set[int] = set()
+        self._purges = PurgeCounts()  # under `_writing`
         self._commit_inline = flush == "async"
         self._outstanding = 0  # requests handed to the writer or committed here whose callers are not answered yet
         self._writing = threading.Lock()  # held by whoever uses the writing connection
@@ -307,7 +303,7 @@ class SqliteStore:
                     segment = []
                     for op in purges:
                         if isinstance(op, PurgeTopic):  # counted also should the commit fail: cuts are only dropped
-                            self._count_purge(op.topic)
+                            self._purges.purged(op.topic)
                 segment.append(request)
             store_writes.write(conn, self._next_offset, segment)
             conn.execute("COMMIT")
@@ -324,24 +320,12 @@ class SqliteStore:
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 
-    def _count_purge(self, topic: str) -> None:
-        if self._deletions:
-            self._topic_purges[topic] = self._topic_purges.get(topic, 0) + 1
-        else:  # a deletion to come takes each topic's count at its first step, whatever it is then
-            self._topic_purges.clear()
-
     def _delete_rows(self, deletion: Deletion) -> None:
         """Delete the rows wholly below each cut, at most DELETE_ROWS rows and about DELETE_BYTES of payloads, in
         one transaction (a failure deletes nothing: the pass tries again next time)."""
         started = time.perf_counter()
         conn = self._conn
-        purged, counts = deletion.purged, self._topic_purges
-        for topic, _, _ in deletion.cuts:  # each topic's count at the deletion's first step, kept for the others
-            purged.setdefault(topic, counts.get(topic, 0))
-        # A topic deleted since the first step (and maybe sent to again, its offsets from 0): its cut is not the
-        # new topic's — tests/unit/broker/test_retention.py::
-        # test_a_topic_deleted_during_a_deletion_keeps_its_new_messages.
-        cuts = [cut for cut in deletion.cuts if counts.get(cut[0], 0) == purged[cut[0]]]
+        cuts = self._purges.cuts_holding(deletion.purged, deletion.cuts)
         try:
             deletion.result = store_writes.delete_rows(conn, cuts) if cuts else ([], 0)
         except sqlite3.Error as exc:
@@ -349,12 +333,8 @@ class SqliteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             deletion.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
-        if isinstance(deletion.result, tuple) and deletion.result[0]:
-            self._deletions.add(id(purged))
-        else:  # done, or failed (`delete_before` raises: no further step)
-            self._deletions.discard(id(purged))
-            if not self._deletions:
-                counts.clear()
+        # done, or failed (`delete_before` raises: no further step), unless cuts are left
+        self._purges.step_done(deletion.purged, more=isinstance(deletion.result, tuple) and bool(deletion.result[0]))
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
 

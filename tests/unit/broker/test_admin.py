@@ -157,7 +157,7 @@ async def test_deleted_topics_leave_nothing_behind_however_many(tmp_path: Path) 
             await admin.delete_topic(core, pb.DeleteTopicRequest(topic=f"scratch-{i}"), pb.DeleteTopicResponse())
         assert set(core.topics) == {"live"}
         assert core.sends._valid_topics == {"live"}  # noqa: SLF001
-        assert not store._topic_purges  # noqa: SLF001
+        assert not store._purges.counts  # noqa: SLF001
 
 
 async def test_a_query_finds_ids_and_keys_newest_first_within_its_bound(tmp_path: Path) -> None:

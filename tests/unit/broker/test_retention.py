@@ -360,7 +360,7 @@ async def test_a_topic_deleted_during_a_deletion_keeps_its_new_messages(
 
     store._settled = after_a_step  # type: ignore[method-assign]  # noqa: SLF001
     await store.delete_before([("t", 0, 19)])  # retention's cut of the old topic
-    assert not store._topic_purges  # noqa: SLF001 - kept only while a deletion is in progress
+    assert not store._purges.counts  # noqa: SLF001 - kept only while a deletion is in progress
     await store.close()
     assert [r.offset for r in recreated] == [0, 1, 2]
     assert rows(tmp_path) == [0]  # the new topic's one row, its three messages
