@@ -96,6 +96,21 @@ def answer(frames: Frames, stream_id: int) -> tuple[bytes, dict[bytes, bytes]]:
     return body, trailers
 
 
+async def echoes_ok(peer: Peer, call: int) -> Frames:
+    """Send what is queued and a call echoing `ok` as `call`: its answer comes whole (the connection still serves);
+    the frames read until then."""
+    peer.client.send_headers(call, headers(b"/t.S/echo"))
+    peer.client.send_data(call, OK, end_stream=True)
+    peer.send()
+    frames = await peer.read(answered=call)
+    body, trailers = answer(frames, call)
+    assert body == OK and trailers[b"grpc-status"] == b"0"
+    return frames
+
+
+OK = b"\x00\x00\x00\x00\x02ok"
+
+
 async def test_a_client_going_away_still_gets_its_running_calls_answered(
     server: tuple[H2Server, Handlers, str],
 ) -> None:
@@ -175,14 +190,8 @@ async def test_a_client_cancelling_calls_within_the_allowance_keeps_its_connecti
     _, _, target = server
     peer = await connected(target)
     echo = await cancel_calls(peer.client, RESET_BURST // 2)
-    peer.client.send_headers(echo, headers(b"/t.S/echo"))
-    peer.client.send_data(echo, b"\x00\x00\x00\x00\x02ok", end_stream=True)
-    peer.send()
-    frames = await peer.read(answered=echo)
+    frames = await echoes_ok(peer, echo)
     await peer.close()
-    body, trailers = answer(frames, echo)
-    assert body == b"\x00\x00\x00\x00\x02ok"
-    assert trailers[b"grpc-status"] == b"0"
     assert not any(isinstance(frame, hyperframe.frame.GoAwayFrame) for frame in frames)
 
 
@@ -198,14 +207,8 @@ async def test_a_clients_late_frames_on_a_call_the_server_ended_cost_only_that_c
     peer.send()
     await peer.read(answered=1)  # "ignored", and the stream reset: the server reads no more of it
     peer.client.send_headers(1, [(b"x-late", b"1")], end_stream=True)
-    peer.client.send_headers(3, headers(b"/t.S/echo"))
-    peer.client.send_data(3, b"\x00\x00\x00\x00\x02ok", end_stream=True)
-    peer.send()
-    frames = await peer.read(answered=3)
+    frames = await echoes_ok(peer, 3)
     await peer.close()
-    body, trailers = answer(frames, 3)
-    assert body == b"\x00\x00\x00\x00\x02ok"
-    assert trailers[b"grpc-status"] == b"0"
     resets = [frame for frame in frames if isinstance(frame, hyperframe.frame.RstStreamFrame) and frame.stream_id == 1]
     assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
 
@@ -235,14 +238,8 @@ async def test_a_clients_late_data_on_a_call_long_ended_costs_only_that_call(
         stream_id += 400
     assert 1 not in connection.h2._closed_streams and 1 not in connection.h2.streams
     peer.client.send_data(1, b"\x00\x00\x00\x00\x01y", end_stream=True)
-    peer.client.send_headers(stream_id, headers(b"/t.S/echo"))
-    peer.client.send_data(stream_id, b"\x00\x00\x00\x00\x02ok", end_stream=True)
-    peer.send()
-    frames = await peer.read(answered=stream_id)
+    frames = await echoes_ok(peer, stream_id)
     await peer.close()
-    body, trailers = answer(frames, stream_id)
-    assert body == b"\x00\x00\x00\x00\x02ok"
-    assert trailers[b"grpc-status"] == b"0"
     resets = [frame for frame in frames if isinstance(frame, hyperframe.frame.RstStreamFrame) and frame.stream_id == 1]
     assert ErrorCodes.STREAM_CLOSED in [frame.error_code for frame in resets]
     assert not any(isinstance(frame, hyperframe.frame.GoAwayFrame) for frame in frames)
@@ -368,15 +365,9 @@ async def test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_
     frames = await peer.read(answered=1)
     assert answer(frames, 1)[1][b"grpc-status"] == b"13"
     peer.client.send_data(1, b"\x00\x00\x00\x00\x02ok" * 100)  # sent on: the stream may still be open our way
-    peer.client.send_headers(3, headers(b"/t.S/echo"))
-    peer.client.send_data(3, b"\x00\x00\x00\x00\x02ok", end_stream=True)
-    peer.send()
-    frames = await peer.read(answered=3)
+    await echoes_ok(peer, 3)
     assert all(not stream.inbox for connection in h2server.connections for stream in connection.streams.values())
     await peer.close()
-    body, trailers = answer(frames, 3)
-    assert body == b"\x00\x00\x00\x00\x02ok"
-    assert trailers[b"grpc-status"] == b"0"
 
 
 async def test_metadata_that_does_not_decode_fails_its_call_alone(server: tuple[H2Server, Handlers, str]) -> None:
