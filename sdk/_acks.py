@@ -13,13 +13,12 @@ import atexit
 import concurrent.futures
 import functools
 import logging
-import os
 import queue
 import threading
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
 from . import errors
+from ._forks import restarted_after_fork
 
 MAX_UNWAITED_ACKS = 64
 CLOSE_WAIT_S = 10.0
@@ -237,13 +236,4 @@ class ThreadAcks:
                 thread.join()
 
 
-_live_thread_acks: weakref.WeakSet[ThreadAcks] = weakref.WeakSet()
-
-
-def _restart_thread_acks_after_fork() -> None:
-    for acks in list(_live_thread_acks):
-        acks._restart()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_restart_thread_acks_after_fork)
+_live_thread_acks = restarted_after_fork(ThreadAcks._restart)

@@ -13,7 +13,8 @@ import socket
 import threading
 import time
 import uuid
-import weakref
+
+from ._forks import restarted_after_fork
 
 _client_index = itertools.count()
 
@@ -74,13 +75,4 @@ class MessageIds:
         return [f"{head}{n & 0xFFFFFFFF:08X}" for n in counts]
 
 
-_live_ids: weakref.WeakSet[MessageIds] = weakref.WeakSet()
-
-
-def _restart_ids_after_fork() -> None:
-    for ids in list(_live_ids):
-        ids._after_fork()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
-    os.register_at_fork(after_in_child=_restart_ids_after_fork)
+_live_ids = restarted_after_fork(MessageIds._after_fork)
