@@ -146,6 +146,7 @@ class Discovery(BackgroundTask):
         self.membership = Membership(forget_s=forget_s)
         self._clock = clock or asyncio.get_running_loop().time
         self._failing = False
+        self.answered = asyncio.Event()  # a lookup has answered (brokers found or none): the proxy may report ready
 
     def ask(self, name: str = "") -> None:
         """Look up again now, not at the next interval: a receipt handle named a broker not found yet (`name`). One
@@ -165,6 +166,7 @@ class Discovery(BackgroundTask):
             self._failing = True
             return Changes()
         self._failing = False
+        self.answered.set()
         changes = self.membership.update(found, now=self._clock())
         for address in changes.added + changes.moved:
             log.info("broker discovery: %s at %s", address.name, address.target)

@@ -274,15 +274,38 @@ class BrokerClients:
         await asyncio.gather(*self._closing, *(client.close() for client in self._made), return_exceptions=True)
 
 
-async def _discovery(settings: Settings, brokers: BrokerClients, stack: AsyncExitStack) -> None:
+async def _discovery(settings: Settings, brokers: BrokerClients, stack: AsyncExitStack) -> Discovery | None:
     if not settings.broker_srv:
-        return
+        return None
     lookup = SrvLookup(settings.broker_srv, server=settings.broker_dns_server, timeout_s=settings.health_timeout_s * 4)
     edits = PoolEdits(add=brokers.add, retire=brokers.retire)
     interval, forget = settings.broker_dns_interval_s, settings.broker_forget_s
     discovery = Discovery(lookup, edits, interval_s=interval, forget_s=forget)
     brokers.pool.unknown_broker = discovery.ask  # a handle naming a broker not found yet: retriable, looked up now
-    await stack.enter_async_context(discovery)
+    return await stack.enter_async_context(discovery)
+
+
+async def _serving(
+    health_servicer: health.aio.HealthServicer, discovery: Discovery | None, stack: AsyncExitStack
+) -> None:
+    """Health SERVING at once with a static broker list; under discovery once a lookup has answered: before, the
+    proxy knows no broker and would refuse what a client sends it (a readiness probe keeps clients away) —
+    tests/integration/proxy/test_discovery.py::test_a_proxy_is_ready_only_once_its_first_lookup_has_answered."""
+
+    async def serving() -> None:
+        if discovery is not None:
+            await discovery.answered.wait()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    if discovery is None or discovery.answered.is_set():
+        await serving()
+        return
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    log.warning("broker discovery: no lookup answered yet; health NOT_SERVING until one does")
+    task = asyncio.create_task(serving(), name="serving-once-found")
+    stack.callback(task.cancel)
 
 
 def _proxy(settings: Settings, pool: BrokerPool, metrics: ProxyMetrics) -> Proxy:
@@ -322,7 +345,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             reconnect=brokers.reconnect,
         )
         brokers.added = monitor.check_now
-        await _discovery(settings, brokers, stack)
+        discovery = await _discovery(settings, brokers, stack)
         await stack.enter_async_context(monitor)
         metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
         proxy = _proxy(settings, brokers.pool, metrics)
@@ -359,11 +382,10 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        await _serving(health_servicer, discovery, stack)
         await server.start()
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
         stack.enter_context(MemoryTrimmer())
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         process = default_proxy_name(int(address.rpartition(":")[2]))
         await serve_metrics(stack, metrics.registry, settings, error=SettingsError)
         await export_metrics(stack, metrics.registry, settings, kind="proxy", process=process, error=SettingsError)

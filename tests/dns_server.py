@@ -20,6 +20,7 @@ class DnsServer:
     def __init__(self) -> None:
         self.srv: dict[str, list[tuple[str, int]]] = {}  # SRV name → (target, port), names absolute ("x.test.")
         self.a: dict[str, str] = {}  # name → IPv4 address
+        self.silent = False  # True: queries go unanswered (a nameserver down)
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind(("127.0.0.1", 0))
@@ -59,6 +60,8 @@ class DnsServer:
             try:
                 data, peer = self._sock.recvfrom(4096)
             except TimeoutError:
+                continue
+            if self.silent:
                 continue
             try:
                 reply = self._answer(dns.message.from_wire(data)).to_wire()

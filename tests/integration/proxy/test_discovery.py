@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc
 from popgate_pb.v2 import definition_pb2 as v2
@@ -245,3 +246,34 @@ def test_an_ack_through_a_proxy_that_has_not_found_the_broker_yet_is_retriable_a
         for broker in brokers.values():
             broker.stop()
         silent_dns.close()
+
+
+def test_a_proxy_is_ready_only_once_its_first_lookup_has_answered(tmp_path: Path) -> None:
+    """A proxy started while its nameserver does not answer knows no broker: its health says NOT_SERVING (so a
+    readiness probe keeps clients away) until a lookup answers, then SERVING."""
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "b1")).start()
+    proxy = None
+    try:
+        with DnsServer() as dns:
+            dns.publish(SRV, {target("b1"): ("127.0.0.1", broker.port)})
+            dns.silent = True
+            args = ["--broker-srv", SRV, "--broker-dns-server", dns.address, "--broker-dns-interval-s", "0.2"]
+            proxy = ServerProcess("proxy", [*args, "--listen", "127.0.0.1:0"]).start()
+            with grpc.insecure_channel(proxy.address) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+
+                def status() -> int:
+                    return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
+
+                assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
+                dns.silent = False
+                assert wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING, timeout=15)
+                client = V2Client(proxy.address)
+                try:
+                    assert routed(client) == {"b1"}
+                finally:
+                    client.close()
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        broker.stop()
