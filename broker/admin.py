@@ -156,8 +156,8 @@ async def create_topic(core: BrokerCore, request: pb.CreateTopicRequest, out: pb
         out.created = True
     ops: list[Op] = []
     log_ = core.sends.topic_for_send(topic, ops, force=True, queues=request.queues)
-    if ops:  # none for a stored topic
-        await core.sends.submit([], ops)
+    if ops:  # none for a stored topic; awaited: the answer says it is stored (test_admin.py::
+        await core.sends.submit([], ops, awaited=True)  # test_a_topic_creation_is_not_deferred_as_consumer_state)
     out.queues = len(log_.queues)
 
 

@@ -173,7 +173,7 @@ class BrokerCore:
                 self.sends.topic_for_send(name, ops, force=True)
                 created.append(name)
         if ops:
-            await self.sends.submit([], ops)
+            await self.sends.submit([], ops, awaited=True)
         return created
 
     async def send(

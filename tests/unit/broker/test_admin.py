@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as pb
@@ -38,6 +39,16 @@ async def reset(core: BrokerCore, to: int, timestamp_ms: int = 0, *, group: str 
     out = pb.ResetOffsetResponse()
     await admin.reset_offset(core, pb.ResetOffsetRequest(topic="t", group=group, to=to, timestamp_ms=timestamp_ms), out)
     return out
+
+
+async def test_a_topic_creation_is_not_deferred_as_consumer_state(tmp_path: Path) -> None:
+    """Its caller waits for the commit (the answer says the topic is stored): it goes to the store's writer at once,
+    never after the delay consumer state waits under --flush async (here 30 s); likewise a broker's `--topic`."""
+    async with broker(tmp_path, state_delay_s=30.0) as (core, _):
+        out = pb.CreateTopicResponse()
+        await asyncio.wait_for(admin.create_topic(core, pb.CreateTopicRequest(topic="fresh"), out), 10)
+        assert out.created
+        assert await asyncio.wait_for(core.create_topics(["other"]), 10) == ["other"]
 
 
 async def test_a_reset_to_a_time_delivers_exactly_what_was_stored_from_then_and_lasts_a_restart(tmp_path: Path) -> None:
@@ -213,13 +224,13 @@ def fail_next_commit_with(store: SqliteStore, kind: type) -> None:
     real = store.submit
     armed = [True]
 
-    def submit(appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+    def submit(appends: Sequence[NewMessage], ops: Sequence[Op], **how: Any) -> asyncio.Future[list[Record]]:
         if armed[0] and any(isinstance(op, kind) for op in ops):
             armed[0] = False
             refused: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
             refused.set_exception(StoreUnavailable("disk full"))
             return refused
-        return real(appends, ops)
+        return real(appends, ops, **how)
 
     store.submit = submit  # type: ignore[method-assign]
 
