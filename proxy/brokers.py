@@ -159,6 +159,7 @@ class GrpcBrokerClient:
         self._gone = False  # retired by discovery: down for good (`retire`)
         self._own_name: str | None = None  # the broker's own name when its health checks say another than `name`
         self.check_timed_out_connected = False  # the last health check's, with the channel connected (proxy.health)
+        self.on_up: Callable[[GrpcBrokerClient], None] | None = None  # told each time it comes up (was down)
 
     @property
     def name(self) -> str:
@@ -198,6 +199,8 @@ class GrpcBrokerClient:
             log.warning(
                 "broker %s (%s) is now %s: %s", self.name, self._address.target, "up" if healthy else "down", why
             )
+            if healthy and self.on_up is not None:
+                self.on_up(self)
 
     def _named(self, said: str | None) -> bool:
         """Whether the broker runs under the name it is listed under, as its health check's answer says (None: an

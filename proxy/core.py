@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from google.protobuf.message import Message
 from popgate_pb import broker_pb2 as bpb
@@ -20,7 +19,7 @@ from popgate_contract import errors, trailer
 from proxy.consumers import ConsumerBook
 from proxy.outgoing import Chunk, Run, chunks, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
-from proxy.receive.announce import GroupsSeen
+from proxy.receive.announce import Announcer
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.renewal import Renewer
 from proxy.renewal_book import RenewalLimits
@@ -39,11 +38,6 @@ REPLY_RESERVE_S = 0.1  # a unary answer's time to reach the client before its de
 MIN_BROKER_CALL_S = 0.05  # a broker call gets at least this much, even when the client's time is nearly up
 SEND_OVERHEAD = 1024  # bytes counted per message beyond its body (envelope, coroutine, result)
 ANSWER_OVERHEAD = 1024  # the same for a received message waiting to be written (its frame, handle, ids)
-
-
-def _outcome_ignored(call: asyncio.Future[Any]) -> None:
-    if not call.cancelled():
-        call.exception()  # retrieved: a failed announcement is not an error of the receive
 
 
 class PartlyStored(Exception):
@@ -82,7 +76,7 @@ class Proxy:
         self._max_held = max_held_receives
         self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
-        self._groups_seen = GroupsSeen()
+        self._announcer = Announcer(timeout_s=broker_timeout_s)  # groups announced to brokers (proxy.receive.announce)
         self._topic_misses = TopicMisses()
         self.consumers = ConsumerBook()  # live consumers, reported to every broker (proxy.consumers)
         self._max_send_bytes = max_send_bytes
@@ -95,6 +89,7 @@ class Proxy:
     def close(self) -> None:
         """Stop taking new long polls; held receives answer at once (empty)."""
         self.closing.set()
+        self._announcer.close()
 
     def route(self) -> list[QueueRoute]:
         """The queues clients see: `queues_per_broker` on every live broker (topics auto-create on send)."""
@@ -201,14 +196,11 @@ class Proxy:
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last
 
-    def _announce(self, request: ReceiveRequest) -> None:
-        """A Notification with poll 0 to every live broker: each fixes the group's start there (proxy.receive.announce).
-        Not awaited: the receive does not wait for it, and a broker that fails it learns of the group at its
-        first Pop or Notification there instead."""
-        announce = bpb.NotificationRequest(topic=request.topic, group=request.group, filter=request.filter)
-        for client in self.pool.live():
-            call = client.begin_notification(announce, timeout_s=self._timeout)
-            call.add_done_callback(_outcome_ignored)
+    def broker_up(self, client: BrokerClient) -> None:
+        """`client`'s broker came up (added, moved, or back from down): told of every consumer group this proxy
+        remembers, so that each starts there as on the other brokers (proxy.receive.announce)."""
+        if not self.closing.is_set():
+            self._announcer.broker_up(client)
 
     async def receive(self, request: ReceiveRequest) -> ReceiveResult:
         if self.closing.is_set():
@@ -219,8 +211,7 @@ class Proxy:
         try:
             self._admit()
             held = True
-            if self._groups_seen.first_sight(request.topic, request.group):
-                self._announce(request)
+            self._announcer.received(request.topic, request.group, request.filter, self.pool.live())
             result = await self.strategy.receive(request, self.closing)
             outcome = result.outcome
             if result.messages:

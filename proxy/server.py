@@ -212,6 +212,8 @@ class BrokerClients:
         self._closing: set[asyncio.Task[None]] = set()
         self.replaced_grace_s = settings.broker_timeout_s + settings.max_long_polling_s
         self.added: Callable[[GrpcBrokerClient], None] | None = None  # told of each client `add` made down
+        # Told each time a broker comes up (added, moved, back from down): the proxy announces its groups there.
+        self.came_up: Callable[[GrpcBrokerClient], None] | None = None
         self.pool = BrokerPool({})
         for address in settings.brokers:
             self.add(address, up=True)  # listed: checked before the proxy serves
@@ -224,6 +226,7 @@ class BrokerClients:
         client = GrpcBrokerClient(
             address, metrics=self._metrics, token=settings.broker_token, tls_ca=self.tls_ca, up=up
         )
+        client.on_up = self._came_up
         if not up and self.added is not None:
             self.added(client)
         self._made.add(client)
@@ -232,6 +235,10 @@ class BrokerClients:
         if isinstance(replaced, GrpcBrokerClient):
             replaced.retire(why)  # its calls fail over to the new client
             asyncio.get_running_loop().call_later(self.replaced_grace_s, self._close, replaced)
+
+    def _came_up(self, client: GrpcBrokerClient) -> None:
+        if self.came_up is not None:
+            self.came_up(client)
 
     def trust(self, ca: bytes) -> None:
         """Verify brokers against `ca` from now on: every broker's client is made again with it (new connections), and
@@ -349,6 +356,8 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         await stack.enter_async_context(monitor)
         metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
         proxy = _proxy(settings, brokers.pool, metrics)
+        brokers.came_up = proxy.broker_up
+        stack.callback(proxy.close)  # announcements under way end with the proxy (a no-op after its graceful stop)
         await stack.enter_async_context(proxy.renewer)
         server: grpc.aio.Server | H2Server
         server, address, tls = await _h2_server(settings) if settings.server == "h2" else _grpc_server(settings)

@@ -1,4 +1,5 @@
-"""Every live broker learns of a consumer group from the group's first receive of a topic through this proxy.
+"""Every live broker learns of a consumer group from the group's first receive of a topic through this proxy, and
+every broker that comes up later learns of every group the proxy remembers.
 
 A broker keeps a group's state on a topic (where it starts, what it has acked, so its lag) from the
 group's first Pop or Notification there, and a receive answered by its first Pop asks one broker only.
@@ -9,34 +10,118 @@ Spark job), and under `latest` its start on each broker is the moment the group 
 receive first reached that broker — tests/unit/proxy/receive/test_notify_driver.py::
 test_a_groups_first_receive_announces_it_to_every_live_broker_once.
 
+A broker that comes up (discovery adds it or finds it moved, a listed one down at the first receive comes back,
+one restarted on an empty data directory) is told of every remembered pair the same way as soon as it is up,
+before sends can be routed to it by this proxy: the most recently received pairs first, `in_flight` calls at a time
+— tests/integration/proxy/test_group_announce.py. At a broker that knows the group an announcement changes
+nothing: only a group's first look there fixes its start, later ones never move an offset.
+
 Per proxy and bounded (the most recent `capacity` pairs): a proxy restarted, or a pair forgotten, only
 announces again, which changes nothing at a broker that knows the group.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from popgate_pb import broker_pb2 as bpb
+
+from proxy.ports import BrokerClient
+
+IN_FLIGHT = 64  # announcements one broker that came up has at a time
 
 
 class GroupsSeen:
-    """The (topic, group) pairs this proxy has announced, the most recent `capacity` of them. Pure."""
+    """The (topic, group) pairs this proxy has announced, the most recent `capacity` of them, each with the filter of
+    its latest receive. Pure."""
 
     def __init__(self, capacity: int = 100_000) -> None:
         if capacity < 1:
             raise ValueError(f"capacity {capacity!r} must be >= 1")
         self._capacity = capacity
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str], str] = OrderedDict()
 
-    def first_sight(self, topic: str, group: str) -> bool:
+    def first_sight(self, topic: str, group: str, tag_filter: str = "*") -> bool:
         """True the first time (topic, group) comes, or again once it was forgotten."""
         key = (topic, group)
-        if key in self._seen:
+        known = key in self._seen
+        self._seen[key] = tag_filter
+        if known:
             self._seen.move_to_end(key)
             return False
-        self._seen[key] = None
         if len(self._seen) > self._capacity:
             self._seen.popitem(last=False)
         return True
 
+    def pairs(self) -> list[tuple[str, str, str]]:
+        """Every remembered (topic, group, filter), the most recently received first."""
+        return [(topic, group, tag_filter) for (topic, group), tag_filter in reversed(self._seen.items())]
+
     def __len__(self) -> int:
         return len(self._seen)
+
+
+def _outcome_ignored(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()  # retrieved: a failed announcement is not an error of the receive
+
+
+class Announcer:
+    """Sends the announcements: a pair's first receive to every live broker, every pair to a broker that came up."""
+
+    def __init__(self, *, timeout_s: float, in_flight: int = IN_FLIGHT, capacity: int = 100_000) -> None:
+        self.seen = GroupsSeen(capacity)
+        self._timeout_s = timeout_s
+        self._in_flight = in_flight
+        self._to: dict[str, asyncio.Task[None]] = {}  # a broker's announcement of every pair, by broker name
+
+    def received(self, topic: str, group: str, tag_filter: str, live: Iterable[BrokerClient]) -> None:
+        """A receive of (topic, group): on its first sight, announced to the `live` brokers (not awaited: a broker
+        that fails it learns of the group at its first Pop or Notification there)."""
+        if self.seen.first_sight(topic, group, tag_filter):
+            for client in live:
+                self._begin(client, [(topic, group, tag_filter)])
+
+    def broker_up(self, client: BrokerClient) -> None:
+        """`client`'s broker came up: every remembered pair is announced to it, the first `in_flight` at once (before
+        this proxy can route anything there), the rest as those are answered; an earlier round to it ends."""
+        earlier = self._to.pop(client.name, None)
+        if earlier is not None:
+            earlier.cancel()
+        pairs = self.seen.pairs()
+        if not pairs:
+            return
+        first = self._begin(client, pairs[: self._in_flight])
+        task = asyncio.get_running_loop().create_task(self._rest(client, first, pairs[self._in_flight :]))
+        self._to[client.name] = task
+        task.add_done_callback(
+            lambda done: self._to.pop(client.name, None) if self._to.get(client.name) is done else None
+        )
+
+    def close(self) -> None:
+        """Stop every announcement round under way."""
+        for task in self._to.values():
+            task.cancel()
+        self._to.clear()
+
+    def _begin(self, client: BrokerClient, pairs: Sequence[tuple[str, str, str]]) -> list[asyncio.Future[Any]]:
+        calls: list[asyncio.Future[Any]] = []
+        for topic, group, tag_filter in pairs:
+            request = bpb.NotificationRequest(topic=topic, group=group, filter=tag_filter)
+            calls.append(client.begin_notification(request, timeout_s=self._timeout_s))
+            calls[-1].add_done_callback(_outcome_ignored)
+        return calls
+
+    async def _rest(
+        self, client: BrokerClient, calls: list[asyncio.Future[Any]], rest: Sequence[tuple[str, str, str]]
+    ) -> None:
+        """Wait for `calls`, then announce `rest` `in_flight` at a time while the broker stays up (down again, it is
+        announced every pair when it is next up)."""
+        await asyncio.gather(*calls, return_exceptions=True)  # cancelled with the task: so are the calls
+        for start in range(0, len(rest), self._in_flight):
+            if not client.healthy:
+                return
+            await asyncio.gather(*self._begin(client, rest[start : start + self._in_flight]), return_exceptions=True)

@@ -78,3 +78,16 @@ def test_a_new_group_past_max_groups_is_refused_and_known_ones_go_on() -> None:
     with pytest.raises(TooManyRequests, match="--max-groups"):
         registry.reader("g2", "t", MATCH_ALL, [])
     assert registry.reader("g1", "t", MATCH_ALL, []) is not None
+
+
+def test_a_known_groups_later_look_moves_no_offset_also_under_latest() -> None:
+    """A proxy announces its groups to a broker again whenever it comes up: only a first look fixes a start."""
+    topics = {"t": topic_with("t", 3)}
+    registry = ConsumerGroups(BrokerSettings(consume_from="latest"), topics)
+    state = registry.reader("g", "t", MATCH_ALL, [], pop_filter=False)
+    assert state is not None
+    for queue in topics["t"].queues:
+        queue.append(Record("t", queue.queue_id, 3, 2_000, None, b"after"))
+    ops: list[Op] = []
+    assert registry.reader("g", "t", TagFilter.parse("a"), ops, pop_filter=False) is state
+    assert ops == [] and {q: gq.pull_offset for q, gq in state.queues.items()} == {0: 3, 1: 3}
