@@ -1,9 +1,9 @@
 """`popgate dlq list|resend`: the dead letters of a consumer group, listed or sent back to their topics.
 
 `dlq list` asks the brokers, through the proxy's admin service given only ``-e/--endpoint`` or directly at the
-``--broker`` addresses (as `stats` does, `admin.py`), and consumes nothing. `dlq resend` needs no broker
-address: it consumes ``%DLQ%<group>`` through the proxy with its own consumer group (so each dead letter is
-re-sent once) and sends every message back to its ORIGIN_TOPIC.
+``--broker`` addresses (as `stats` does, `admin.py`), and consumes nothing. `dlq resend` (`dlq_resend.py`) needs
+no broker address: it consumes ``%DLQ%<group>`` through the proxy with its own consumer group (so each dead letter
+is re-sent once) and sends every message back to its ORIGIN_TOPIC.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import base64
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,28 +20,23 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 from rich.table import Table
 
-from popgate_contract.validation import DLQ_PREFIX, RESERVED_PROPERTY_KEYS, has_control
+from popgate_contract.validation import DLQ_PREFIX
 from popgate_contract.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 
-from .. import errors
-from ..client import Producer, SimpleConsumer
-from ..message import Message
 from .admin import Broker, broker_channel, broker_options, err, failure, given_brokers, name_column, proxy_options
-from .commands import IdleWait
+from .dlq_resend import dlq_resend_command
 from .options import (
     DURATION,
     NON_NEGATIVE_INT,
     POSITIVE_DURATION,
     Sub,
-    check_listening,
     client_options,
-    connection,
     group_name,
     json_option,
     number,
     quiet_option,
 )
-from .output import error_console, explain, json_error, msg_rate, print_json, print_table, progress, terminal_text
+from .output import json_error, print_json, print_table, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 LIST_LIMIT = number(int, low=1, high=1000)
@@ -307,107 +301,3 @@ def _dlq_document(args: argparse.Namespace, found: DeadLetters, brokers: int) ->
         "brokers": {"asked": brokers, "answered": found.answered},
         "messages": letters,
     }
-
-
-def resent(message: Message) -> tuple[str, Message] | None:
-    """The original topic and the message to send there (its tag, keys, message group and priority kept; DLQ
-    bookkeeping properties removed, and those a send is refused for since a dead letter stored before the checks
-    may carry them: a reserved name or a control character — test_dlq_commands.py::
-    test_a_dead_letter_stored_before_the_property_checks_is_resent_without_what_they_refuse);
-    None when the dead letter does not name its original topic (it cannot be re-sent)."""
-    origin = message.properties.get("ORIGIN_TOPIC", "")
-    if not origin:
-        return None
-    properties = {
-        k: v
-        for k, v in message.properties.items()
-        if k not in RESERVED_PROPERTY_KEYS and not has_control(k) and not has_control(v)
-    }
-    return origin, Message(
-        message.body,
-        tag=message.tag,
-        keys=message.keys,
-        properties=properties,
-        message_group=message.message_group,
-        priority=message.priority,
-    )
-
-
-def dlq_resend_command(args: argparse.Namespace) -> int:
-    topic = DLQ_PREFIX + args.group
-    counts: dict[str, int] = defaultdict(int)
-    options = connection(args)
-    skipped: dict[str, None] = {}  # ids of dead letters left in the DLQ, in order
-    code = 0
-    console = error_console()
-    try:
-        with (
-            SimpleConsumer(args.endpoint, args.resend_group, {topic: "*"}, **options) as consumer,
-            Producer(args.endpoint, **options) as producer,
-        ):
-            check_listening(args.endpoint)
-            with progress(console, quiet=args.quiet) as bar:
-                task = bar.add_task(f"resend {topic}", total=args.count or None, rate="")
-                started = time.perf_counter()
-
-                def advance(n: int) -> None:
-                    done = sum(counts.values())
-                    bar.update(task, advance=n, rate=msg_rate(done, time.perf_counter() - started))
-
-                _resend(consumer, producer, args, topic, counts, skipped, advance)
-    except errors.PopgateError as exc:
-        err(f"popgate dlq resend: {explain(exc)}")
-        return 1
-    except KeyboardInterrupt:  # the summary of what was re-sent so far, then 130
-        code = 130
-    where = ", ".join(f"{n} to {t}" for t, n in sorted(counts.items())) or "nothing to resend"
-    if not args.quiet:
-        err(f"resent {sum(counts.values())} message(s) from {topic}: {where}{' (interrupted)' if code else ''}")
-    if skipped:
-        ids = ", ".join(skipped)
-        err(f"popgate dlq resend: {len(skipped)} dead letter(s) without ORIGIN_TOPIC left in {topic}: {ids}")
-        code = code or 1
-    return code
-
-
-def _resend(
-    consumer: SimpleConsumer,
-    producer: Producer,
-    args: argparse.Namespace,
-    topic: str,
-    counts: dict[str, int],
-    skipped: dict[str, None],
-    advance: Callable[[int], None],
-) -> None:
-    """Re-send dead letters to their ORIGIN_TOPIC and ack them, until --count or idle for --wait; a letter
-    without ORIGIN_TOPIC is left in the DLQ (not acked) and its id put in `skipped`."""
-    idle = IdleWait(args.wait)
-    total = 0
-    while (args.count == 0 or total < args.count) and (wait := idle.next()) is not None:
-        want = 32 if args.count == 0 else min(32, args.count - total)
-        try:
-            batch = consumer.receive(max=want, wait=wait)
-        except errors.NotFound as exc:
-            # Brokers without --auto-create make %DLQ%<group> with its first letter: none yet is nothing to
-            # resend, as `dlq list` counts 0 — test_operate.py::
-            # test_dlq_resend_of_a_group_without_dead_letters_on_production_brokers_resends_nothing
-            if exc.code_name != "TOPIC_NOT_FOUND":
-                raise
-            return
-        done = []
-        try:
-            for message in batch:
-                plan = resent(message)
-                if plan is None:  # left in the DLQ (not acked): it shows again in `dlq list`
-                    skipped.setdefault(message.message_id)  # once, also when it comes back
-                    continue
-                producer.send(*plan)
-                counts[plan[0]] += 1
-                done.append(message)
-        finally:  # those re-sent are acked also when a send fails or Ctrl-C stops the batch: not re-sent again
-            if done:
-                consumer.ack_many(done)
-        if done:  # a batch of dead letters left before is not progress: the wait goes on
-            idle.received()
-            total += len(done)
-            advance(len(done))

@@ -171,3 +171,36 @@ def test_dlq_resend_of_a_group_without_dead_letters_on_production_brokers_resend
     capsys.readouterr()
     assert main(["dlq", "resend", "left", "-e", e, "--wait", "0"]) == 1
     assert "TOPIC_NOT_FOUND" in capsys.readouterr().err
+
+
+def test_dlq_resend_leaves_a_letter_whose_topic_is_gone_and_resends_the_others(
+    strict: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A letter whose origin topic no broker has is left in the DLQ and named, as one without ORIGIN_TOPIC: the
+    letters around it are re-sent, and the next run sees it again at once (exit 1 both times), not "nothing to
+    resend" with exit 0 while `dlq list` still shows it."""
+    e = strict.endpoint
+    for topic in ("resend-gone", "resend-kept"):
+        assert main(["topic", "create", topic, "-e", e]) == 0
+    with Producer(e) as producer:
+        gone = producer.send("resend-gone", b"g0").message_id
+        producer.send_many("resend-kept", [b"k0", b"k1", b"k2"])
+    for topic, count in (("resend-gone", 1), ("resend-kept", 3)):
+        with SimpleConsumer(e, "resend-mix", topic) as consumer:
+            for message in drain(consumer, count, ack=False):
+                consumer.forward_to_dlq(message)
+    assert main(["topic", "delete", "resend-gone", "--yes", "-e", e]) == 0
+    capsys.readouterr()
+    assert main(["dlq", "resend", "resend-mix", "-e", e, "--wait", "0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "resent 3 message(s) from %DLQ%resend-mix: 3 to resend-kept" in err, err
+    assert "1 dead letter(s) left in %DLQ%resend-mix, to resend-gone: TOPIC_NOT_FOUND" in err, err
+    with SimpleConsumer(e, "resend-mix", "resend-kept") as consumer:
+        assert sorted(m.body for m in drain(consumer, 3)) == [b"k0", b"k1", b"k2"]
+    assert main(["dlq", "resend", "resend-mix", "-e", e, "--wait", "0.5"]) == 1  # given back: seen again at once
+    err = capsys.readouterr().err
+    assert "resent 0 message(s)" in err and "left in %DLQ%resend-mix, to resend-gone: TOPIC_NOT_FOUND" in err, err
+    assert main(["dlq", "list", "resend-mix", "-e", e]) == 0
+    out = capsys.readouterr().out
+    assert "%DLQ%resend-mix: 1 message(s) not yet re-sent (4 stored)" in out and "resend-gone" in out, out
+    assert gone in out or "g0" in out, out

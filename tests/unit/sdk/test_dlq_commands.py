@@ -8,8 +8,9 @@ import argparse
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from popgate import Message
-from popgate.cli.dlq import DeadLetters, _count_dead_letters, _dlq_ranges, _resend, resent
+from popgate import BadRequest, Message, NotFound, Unauthorized, Unavailable
+from popgate.cli.dlq import DeadLetters, _count_dead_letters, _dlq_ranges
+from popgate.cli.dlq_resend import LeftLetters, _resend, resent
 from popgate.cli.main import main
 
 
@@ -80,6 +81,9 @@ def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
         def ack_many(self, messages: list[Message]) -> None:
             self.acked += [m.message_id for m in messages]
 
+        def nack(self, message: Message, delay: float) -> None:
+            pass
+
     class Stopping:
         sent = 0
 
@@ -91,7 +95,7 @@ def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
     consumer = Consumer()
     args = argparse.Namespace(wait=0.0, count=0)
     with pytest.raises(KeyboardInterrupt):
-        _resend(consumer, Stopping(), args, "%DLQ%g", {"t": 0}, {}, lambda n: None)  # type: ignore[arg-type]
+        _resend(consumer, Stopping(), args, "%DLQ%g", {"t": 0}, LeftLetters(), lambda n: None)  # type: ignore[arg-type]
     assert consumer.acked == ["id0", "id1"]
 
 
@@ -101,3 +105,67 @@ def test_a_dead_letter_stored_before_the_property_checks_is_resent_without_what_
     dead = Message(b"x", properties={"ORIGIN_TOPIC": "orders", "KEYS": "k1", "TTL": "60", "note": "a\x01b", "ok": "v"})
     topic, copy = resent(dead) or ("", None)
     assert topic == "orders" and copy is not None and copy.properties == {"ok": "v"}
+
+
+class Batch:
+    """A consumer fake: one batch of dead letters, then none; what it was told to ack and to give back."""
+
+    def __init__(self, letters: list[Message]) -> None:
+        self.letters, self.acked, self.given_back = letters, list[str](), list[tuple[str, float]]()
+
+    def receive(self, *, max: int, wait: float) -> list[Message]:
+        batch, self.letters = self.letters, []
+        return batch
+
+    def ack_many(self, messages: list[Message]) -> None:
+        self.acked += [m.message_id for m in messages]
+
+    def nack(self, message: Message, delay: float) -> Message:
+        self.given_back.append((message.message_id, delay))
+        return message
+
+
+def letters(*origins: str) -> list[Message]:
+    return [
+        Message(b"m", message_id=f"id{i}", properties={"ORIGIN_TOPIC": t} if t else {}) for i, t in enumerate(origins)
+    ]
+
+
+def test_dlq_resend_gives_back_what_it_did_not_resend_when_a_send_stops_it() -> None:
+    """A send that fails for the run (the proxy gone) stops it: the letters received and not re-sent are made
+    visible again at once, so the next run re-sends them rather than saying "nothing to resend" for 30 s."""
+
+    class Failing:
+        def send(self, topic: str, message: Message) -> None:
+            if topic == "down":
+                raise Unavailable("proxy gone")
+
+    consumer = Batch(letters("t", "", "down", "t"))
+    args = argparse.Namespace(wait=0.0, count=0)
+    with pytest.raises(Unavailable):
+        _resend(consumer, Failing(), args, "%DLQ%g", {"t": 0}, LeftLetters(), lambda n: None)  # type: ignore[arg-type]
+    assert consumer.acked == ["id0"]
+    assert sorted(consumer.given_back) == [("id1", 0), ("id2", 0), ("id3", 0)]
+
+
+def test_dlq_resend_leaves_a_letter_refused_for_good_and_resends_the_others() -> None:
+    """A letter whose topic is gone, or whose send is forbidden or refused, is left in the DLQ as one without
+    ORIGIN_TOPIC is: named, given back at the end of the run, and the letters after it are re-sent."""
+
+    class Refusing:
+        def send(self, topic: str, message: Message) -> None:
+            if topic != "t":
+                raise {"gone": NotFound, "no": Unauthorized, "bad": BadRequest}[topic](f"refused {topic}")
+
+    consumer = Batch(letters("gone", "t", "no", "", "bad", "t"))
+    counts: dict[str, int] = {"t": 0}
+    left = LeftLetters()
+    _resend(consumer, Refusing(), argparse.Namespace(wait=0.0, count=0), "%DLQ%g", counts, left, lambda n: None)  # type: ignore[arg-type]
+    assert consumer.acked == ["id1", "id5"] and counts == {"t": 2}
+    assert sorted(consumer.given_back) == [("id0", 0), ("id2", 0), ("id3", 0), ("id4", 0)]
+    assert left.lines("%DLQ%g") == [
+        "1 dead letter(s) left in %DLQ%g, to gone: refused gone: id0",
+        "1 dead letter(s) left in %DLQ%g, to no: refused no: id2",
+        "1 dead letter(s) left in %DLQ%g, without ORIGIN_TOPIC: id3",
+        "1 dead letter(s) left in %DLQ%g, to bad: refused bad: id4",
+    ]

@@ -1,0 +1,193 @@
+"""`popgate dlq resend`: the dead letters of ``%DLQ%<group>`` sent back to their ORIGIN_TOPIC through the proxy.
+
+It consumes the DLQ with its own consumer group (`DLQ_RESEND_GROUP`, so each letter is re-sent once), acks what it
+re-sent, and leaves in the DLQ a letter it cannot re-send (no ORIGIN_TOPIC, or a send refused for good), naming it
+on stderr. Whatever a run received and did not re-send is given back when it ends, so the next run sees it at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from popgate_contract.validation import DLQ_PREFIX, RESERVED_PROPERTY_KEYS, has_control
+
+from .. import errors
+from ..client import Producer, SimpleConsumer
+from ..message import Message
+from .admin import err
+from .commands import IdleWait
+from .options import check_listening, connection
+from .output import error_console, explain, msg_rate, progress
+
+# A send refused for this letter, not for the run: another letter (another topic, another body) may go.
+REFUSED_FOR_GOOD = (errors.NotFound, errors.BadRequest, errors.Unauthorized)
+
+
+@dataclass
+class LeftLetters:
+    """The dead letters a run left in the DLQ: why each was left (the first reason, in the order met) and the
+    latest delivery of each, to give back when the run ends."""
+
+    reasons: dict[str, str] = field(default_factory=dict)  # message id -> why it was left
+    held: dict[str, Message] = field(default_factory=dict)  # message id -> its latest delivery, not given back
+
+    def leave(self, message: Message, why: str) -> None:
+        self.reasons.setdefault(message.message_id, why)  # once, also when it comes back within the run
+        self.held[message.message_id] = message  # an earlier delivery's handle is stale by now
+
+    def lines(self, topic: str) -> list[str]:
+        """One line per reason, naming its letters."""
+        by_reason: dict[str, list[str]] = defaultdict(list)
+        for message_id, why in self.reasons.items():
+            by_reason[why].append(message_id)
+        return [f"{len(ids)} dead letter(s) left in {topic}, {why}: {', '.join(ids)}" for why, ids in by_reason.items()]
+
+
+def resent(message: Message) -> tuple[str, Message] | None:
+    """The original topic and the message to send there (its tag, keys, message group and priority kept; DLQ
+    bookkeeping properties removed, and those a send is refused for since a dead letter stored before the checks
+    may carry them: a reserved name or a control character — test_dlq_commands.py::
+    test_a_dead_letter_stored_before_the_property_checks_is_resent_without_what_they_refuse);
+    None when the dead letter does not name its original topic (it cannot be re-sent)."""
+    origin = message.properties.get("ORIGIN_TOPIC", "")
+    if not origin:
+        return None
+    properties = {
+        k: v
+        for k, v in message.properties.items()
+        if k not in RESERVED_PROPERTY_KEYS and not has_control(k) and not has_control(v)
+    }
+    return origin, Message(
+        message.body,
+        tag=message.tag,
+        keys=message.keys,
+        properties=properties,
+        message_group=message.message_group,
+        priority=message.priority,
+    )
+
+
+def dlq_resend_command(args: argparse.Namespace) -> int:
+    topic = DLQ_PREFIX + args.group
+    counts: dict[str, int] = defaultdict(int)
+    options = connection(args)
+    left = LeftLetters()
+    code = 0
+    console = error_console()
+    try:
+        with (
+            SimpleConsumer(args.endpoint, args.resend_group, {topic: "*"}, **options) as consumer,
+            Producer(args.endpoint, **options) as producer,
+        ):
+            check_listening(args.endpoint)
+            with progress(console, quiet=args.quiet) as bar:
+                task = bar.add_task(f"resend {topic}", total=args.count or None, rate="")
+                started = time.perf_counter()
+
+                def advance(n: int) -> None:
+                    done = sum(counts.values())
+                    bar.update(task, advance=n, rate=msg_rate(done, time.perf_counter() - started))
+
+                _resend(consumer, producer, args, topic, counts, left, advance)
+    except errors.PopgateError as exc:
+        err(f"popgate dlq resend: {explain(exc)}")
+        code = 1
+    except KeyboardInterrupt:  # the summary of what was re-sent so far, then 130
+        code = 130
+    where = ", ".join(f"{n} to {t}" for t, n in sorted(counts.items())) or "nothing to resend"
+    if not args.quiet and code != 1:
+        err(f"resent {sum(counts.values())} message(s) from {topic}: {where}{' (interrupted)' if code else ''}")
+    for line in left.lines(topic):
+        err(f"popgate dlq resend: {line}")
+    return code or (1 if left.reasons else 0)
+
+
+def _resend(
+    consumer: SimpleConsumer,
+    producer: Producer,
+    args: argparse.Namespace,
+    topic: str,
+    counts: dict[str, int],
+    left: LeftLetters,
+    advance: Callable[[int], None],
+) -> None:
+    """Re-send dead letters to their ORIGIN_TOPIC and ack them, until --count or idle for --wait. A letter without
+    ORIGIN_TOPIC, or whose send is refused for good (its topic gone, not allowed, the message refused), is left in
+    the DLQ (not acked) and put in `left`; the others go on. When the run ends, those left and, if it stopped on an
+    error or Ctrl-C, the rest of its batch are given back (visible at once) — test_dlq_commands.py::
+    test_dlq_resend_gives_back_what_it_did_not_resend_when_a_send_stops_it."""
+    try:
+        _resend_batches(consumer, producer, args, counts, left, advance)
+    finally:
+        _give_back(consumer, left.held.values())
+        left.held.clear()
+
+
+def _resend_batches(
+    consumer: SimpleConsumer,
+    producer: Producer,
+    args: argparse.Namespace,
+    counts: dict[str, int],
+    left: LeftLetters,
+    advance: Callable[[int], None],
+) -> None:
+    idle = IdleWait(args.wait)
+    total = 0
+    while (args.count == 0 or total < args.count) and (wait := idle.next()) is not None:
+        want = 32 if args.count == 0 else min(32, args.count - total)
+        try:
+            batch = consumer.receive(max=want, wait=wait)
+        except errors.NotFound as exc:
+            # Brokers without --auto-create make %DLQ%<group> with its first letter: none yet is nothing to
+            # resend, as `dlq list` counts 0 — test_operate.py::
+            # test_dlq_resend_of_a_group_without_dead_letters_on_production_brokers_resends_nothing
+            if exc.code_name != "TOPIC_NOT_FOUND":
+                raise
+            return
+        done: list[Message] = []
+        tried = 0
+        try:
+            for message in batch:
+                origin = _resend_one(producer, message, left)
+                if origin is not None:
+                    counts[origin] += 1
+                    done.append(message)
+                tried += 1
+        finally:  # those re-sent are acked also when a send fails or Ctrl-C stops the batch: not re-sent again
+            try:
+                if done:
+                    consumer.ack_many(done)
+            finally:
+                _give_back(consumer, batch[tried:])  # received and not tried: the next run sees them at once
+        if done:  # a batch of dead letters left before is not progress: the wait goes on
+            idle.received()
+            total += len(done)
+            advance(len(done))
+
+
+def _resend_one(producer: Producer, message: Message, left: LeftLetters) -> str | None:
+    """The topic the letter was re-sent to; None when it cannot be, and it is put in `left`. A send failing for
+    another reason (the proxy gone, a timeout) raises: the run stops."""
+    plan = resent(message)
+    if plan is None:
+        left.leave(message, "without ORIGIN_TOPIC")
+        return None
+    try:
+        producer.send(*plan)
+    except REFUSED_FOR_GOOD as exc:
+        left.leave(message, f"to {plan[0]}: {explain(exc)}")
+        return None
+    return plan[0]
+
+
+def _give_back(consumer: SimpleConsumer, messages: Iterable[Message]) -> None:
+    """Make `messages` visible again at once (a nack with no delay). Best effort: a handle that went stale is a
+    letter delivered again already, and a failure here must not hide the one that stopped the run."""
+    for message in messages:
+        with contextlib.suppress(errors.PopgateError):
+            consumer.nack(message, 0)
