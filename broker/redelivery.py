@@ -2,8 +2,9 @@
 
 An un-acked delivery becomes ready again at its deadline with attempt + 1; one that already had
 its group's ``max_attempts`` deliveries goes to the topic ``%DLQ%<group>`` instead, its origin kept as
-properties. One timer per group+topic fires at the earliest deadline and wakes held Pops. A FIFO
-message comes back only after the in-flight FIFO messages before it in its queue (broker.core).
+properties (not one of a ``%DLQ%`` topic: a dead letter is delivered again however many attempts it had).
+One timer per group+topic fires at the earliest deadline and wakes held Pops. A FIFO message comes back
+only after the in-flight FIFO messages before it in its queue (broker.core).
 Owned and called by the core; it knows nothing of the core.
 """
 
@@ -160,9 +161,12 @@ class Redelivery:
         can be taken now (a FIFO message behind one still in flight cannot: its release wakes for it)."""
         ready = 0
         fifo_queues: set[int] = set()  # an expiry there may also let an earlier FIFO redelivery go (`_turn_came`)
+        # A DLQ's letter is never dead-lettered again: it stays where `popgate dlq list` shows it, delivered until
+        # acked — test_redelivery.py::test_a_dead_letter_out_of_attempts_is_ready_again_not_dead_lettered_a_second_time
+        dead_already = state.topic.startswith(validation.DLQ_PREFIX)
         max_attempts = self.max_attempts(state.group)
         for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
-            if delivery.attempt >= max_attempts:
+            if delivery.attempt >= max_attempts and not dead_already:
                 self.to_dlq(state, queue_id, offset, delivery)
             else:
                 state.ready.append((queue_id, offset, delivery.token))

@@ -115,6 +115,23 @@ async def test_a_group_with_its_own_max_attempts_is_dead_lettered_at_it_the_othe
     assert [a.topic for a in appends] == ["%DLQ%fast"]
 
 
+async def test_a_dead_letter_out_of_attempts_is_ready_again_not_dead_lettered_a_second_time() -> None:
+    """A group reading a DLQ (`popgate dlq resend` leaving a letter it cannot re-send, run after run) never moves
+    the letter on to its own DLQ: it stays where `dlq list` shows it, delivered again until acked."""
+    store = CommitLog()
+
+    redelivery, _, _ = make(store)
+    dlq = "%DLQ%g"
+    redelivery.topics[dlq] = TopicLog(dlq, [QueueLog(dlq, 0)])
+    reader = GroupTopic("popgate-dlq-resend", dlq)
+    reader.queue(0, 0).pull_offset = 1
+    redelivery.groups[("popgate-dlq-resend", dlq)] = reader
+    reader.deliver(0, 0, Delivery(MAX_ATTEMPTS, 11, 100))
+    picks = redelivery.take(reader, 200, 10, [])
+    await redelivery.close()
+    assert picks == [(0, 0, MAX_ATTEMPTS + 1)] and reader.dead_lettered == 0 and store.commits == []
+
+
 async def test_refused_dead_letter_keeps_the_message_in_flight() -> None:
     store = CommitLog()
     store.refuse = True
