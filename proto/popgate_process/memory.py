@@ -27,6 +27,7 @@ INTERVAL_S = 5.0
 SPACING_S = 15.0
 GROW_BYTES = 64 * 1024 * 1024
 RETRY_S = 60.0
+MAX_RETRY_S = 3600.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -35,12 +36,23 @@ class TrimPolicy:
     seen: at rest), at most once per `spacing_s`. A trim that gave back little (the memory is in use: held
     receives, a backlog being served) is not tried again until the size grew by `grow_bytes` more, or for
     `retry_s`: a trim during a burst gives back only part of it, and the next one, after the burst, the rest;
-    memory that stayed in use a while is given back once it is free (tests/unit/process/test_memory.py)."""
+    memory that stayed in use a while is given back once it is free (tests/unit/process/test_memory.py). Each
+    trim in a row that gave back little doubles that wait, up to `max_retry_s`: a process whose state grew for
+    good (each trim's full collection stops its event loop a while) tries again ever more seldom —
+    test_memory.py::test_memory_in_use_for_good_is_tried_again_ever_more_seldom."""
 
-    def __init__(self, grow_bytes: int = GROW_BYTES, spacing_s: float = SPACING_S, retry_s: float = RETRY_S) -> None:
+    def __init__(
+        self,
+        grow_bytes: int = GROW_BYTES,
+        spacing_s: float = SPACING_S,
+        retry_s: float = RETRY_S,
+        max_retry_s: float = MAX_RETRY_S,
+    ) -> None:
         self.grow_bytes = grow_bytes
         self.spacing_s = spacing_s
         self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self._wait_s = retry_s  # the hold after the last trim (doubled by each that gave back little)
         self.floor: int | None = None
         self._hold_until: int = 0  # no trim below this size (after one that gave back little), until retry_s
         self._last_s: float | None = None
@@ -50,13 +62,16 @@ class TrimPolicy:
             self.floor = resident
         if self._last_s is not None and now_s - self._last_s < self.spacing_s:
             return False
-        held = self._last_s is not None and now_s - self._last_s < self.retry_s
+        held = self._last_s is not None and now_s - self._last_s < self._wait_s
         return resident >= max(self.floor + self.grow_bytes, self._hold_until if held else 0)
 
     def trimmed(self, before: int, after: int, now_s: float) -> None:
+        little = before - after < self.grow_bytes // 4
+        retried = before < self._hold_until  # due only because the hold's wait ended: the memory did not grow
+        self._wait_s = min(self.max_retry_s, self._wait_s * 2) if little and retried else self.retry_s
         self._last_s = now_s
         self.floor = min(self.floor if self.floor is not None else after, after)
-        self._hold_until = after + self.grow_bytes if before - after < self.grow_bytes // 4 else 0
+        self._hold_until = after + self.grow_bytes if little else 0
 
 
 def resident_bytes() -> int:

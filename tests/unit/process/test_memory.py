@@ -44,6 +44,23 @@ def test_a_burst_whose_memory_stayed_in_use_a_while_is_given_back_once_it_is_ove
     assert policy.due(231 * MiB, 80)  # a minute later: tried again
 
 
+def test_memory_in_use_for_good_is_tried_again_ever_more_seldom() -> None:
+    """State that grew for good (10,000 groups, 100,000 in flight) keeps the size over the floor: each trim gives
+    back little, and the next is tried after twice the wait of the one before, up to `max_retry_s`, not every
+    `retry_s` for good (each trim's full collection stops the event loop)."""
+    policy = TrimPolicy(grow_bytes=64 * MiB, spacing_s=15, retry_s=60, max_retry_s=600)
+    policy.due(45 * MiB, 0)
+    trims = []
+    for t in range(5, 3000, 5):
+        if policy.due(400 * MiB, t):
+            trims.append(t)
+            policy.trimmed(400 * MiB, 399 * MiB, t)
+    assert trims[:5] == [5, 65, 185, 425, 905]  # waits of 60, 120, 240, 480 s
+    assert all(b - a == 600 for a, b in zip(trims[5:], trims[6:], strict=False))  # then every max_retry_s
+    policy.trimmed(500 * MiB, 100 * MiB, 3000)  # one that gave back much: the wait starts over
+    assert policy.due(400 * MiB, 3000 + 60)
+
+
 def test_a_steady_process_never_trims() -> None:
     policy = TrimPolicy(grow_bytes=64 * MiB, spacing_s=15)
     assert not any(policy.due(size * MiB, t * 5) for t, size in enumerate([50, 70, 60, 90, 80, 100, 95]))
