@@ -318,8 +318,10 @@ class SendPath:
         Each topic costs memory and metric series for good, and any producer could name new ones (one Send may
         name as many as it has messages). Topics the broker creates itself (`--topic` at start, a group's
         dead-letter topic, a scheduled message's topic when due) are never refused but count —
-        tests/unit/broker/test_limits.py::test_a_send_that_would_create_topics_beyond_the_limit_is_refused_whole."""
-        room = self.settings.max_topics - len(self.topics)
+        tests/unit/broker/test_limits.py::test_a_send_that_would_create_topics_beyond_the_limit_is_refused_whole.
+        A Send creating no topic is never refused, even with the broker past the limit by its own topics —
+        ::test_past_the_topic_limit_by_the_brokers_own_topics_sends_to_existing_topics_go_on."""
+        room = max(self.settings.max_topics - len(self.topics), 0)
         if room >= len(messages):
             return  # the common case: no set to build
         new = {m.topic for m in messages if m.topic not in self.topics}

@@ -49,6 +49,20 @@ async def test_a_send_that_would_create_topics_beyond_the_limit_is_refused_whole
         assert sorted(core.topics) == ["%DLQ%g", "t1", "t2", "t3"]
 
 
+async def test_past_the_topic_limit_by_the_brokers_own_topics_sends_to_existing_topics_go_on(tmp_path: Path) -> None:
+    async with broker(tmp_path / "data", max_topics=2) as (core, _):
+        await core.send([pb.Message(topic=name, body=b"x") for name in ("a", "b")])
+        [m] = (await core.pop("a", "g", "*", 1, 30_000, 0)).messages
+        await core.dead_letter("a", "g", m.handle)  # the broker's own topic takes it past the limit
+        assert sorted(core.topics) == ["%DLQ%g", "a", "b"]
+        await core.send([pb.Message(topic=name, body=b"y") for name in ("a", "b", "a")])
+        assert sum(q.max_offset for q in core.topics["b"].queues) == 2
+        with pytest.raises(
+            TooManyRequests, match=r"has 3 topics, its limit \(--max-topics 2\): a Send creating 1 more"
+        ):
+            await core.send([pb.Message(topic="a", body=b"z"), pb.Message(topic="c", body=b"z")])
+
+
 async def test_listing_stored_messages_is_cut_at_the_byte_budget_and_goes_on_from_the_next_offset(
     tmp_path: Path,
 ) -> None:
