@@ -59,7 +59,8 @@ async def reset_offset(core: BrokerCore, request: pb.ResetOffsetRequest, out: pb
 
 async def delete_group(core: BrokerCore, request: pb.DeleteGroupRequest, out: pb.DeleteGroupResponse) -> None:
     """Forget the group's state on its topics here (or on `topic`); its held requests are answered empty. A
-    consumer that polls again starts as a new group. Its DLQ topic goes only when asked."""
+    consumer that polls again starts as a new group. Its DLQ topic goes now when asked, else once retention
+    expired its every letter (Retention.drop_dead_letter_topics)."""
     group = validation.check_group(request.group)
     topic = validation.check_topic(request.topic) if request.topic else ""
     out.broker = core.name

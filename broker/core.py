@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 
 from popgate_pb import broker_pb2 as pb
 
-from broker import arrival
+from broker import admin, arrival
 from broker.acks import Acks
 from broker.clock import Clock
 from broker.commits import StateCommits
@@ -136,6 +136,9 @@ class BrokerCore:
             commits=self.commits,
             cache=self.cache,
             clock=clock,
+            drop_topic=lambda topic: admin.delete_topic(
+                self, pb.DeleteTopicRequest(topic=topic), pb.DeleteTopicResponse()
+            ),
         )
 
     # -- start ---------------------------------------------------------------

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from broker.clock import Clock
 from broker.commits import StateCommits
@@ -27,7 +27,8 @@ from broker.inflight import GroupTopic
 from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
-from popgate_contract.errors import StoreUnavailable
+from popgate_contract.errors import StoreUnavailable, TooManyRequests
+from popgate_contract.validation import DLQ_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,11 @@ class Retention:
         commits: StateCommits,
         cache: PayloadCache,
         clock: Clock,
+        drop_topic: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
+        """drop_topic: deletes a topic whole, as DeleteTopic does (`drop_dead_letter_topics`); None keeps them."""
         self.settings = settings
+        self.drop_topic = drop_topic
         self.store = store
         self.topics = topics
         self.groups = groups  # (group, topic) -> its state, as the core keeps it
@@ -120,6 +124,7 @@ class Retention:
             if cuts:
                 rows += await self.store.delete_before(cuts)
             queues = [queue for key in full if self._current(queue := logs[key])]
+        await self.drop_dead_letter_topics(cut)
         if deleted:
             self.deleted.update(deleted)
             log.info(
@@ -131,6 +136,32 @@ class Retention:
                 time.perf_counter() - started,
             )
         return deleted.total()
+
+    async def drop_dead_letter_topics(self, cut: int) -> list[str]:
+        """Delete the `%DLQ%<group>` topics whose every letter was stored before `cut`, of a group with no state
+        left here (deleted, or its topics deleted), and no letter held invisible: retention keeps nothing of them
+        any more but the queue's last row, which alone would keep the topic for good (RocketMQ's deleteSubGroup
+        deletes the group's `%DLQ%` topic) — tests/unit/broker/test_retention_dlq.py::
+        test_a_deleted_groups_dlq_topic_goes_once_its_letters_expired. The dropped topics' names."""
+        dropped: list[str] = []
+        if self.drop_topic is None:
+            return dropped
+        for name in [t for t in self.topics if t.startswith(DLQ_PREFIX)]:
+            # checked and its deletion begun with no await in between: a group made again meanwhile keeps it
+            topic, owner = self.topics.get(name), name[len(DLQ_PREFIX) :]
+            if topic is None or any(group == owner for group, _ in self.groups):
+                continue
+            states = self._states_by_topic().get(name, ())
+            if all(
+                q.stored_before(cut, q.max_offset) == q.max_offset == _in_flight_floor(q, states) for q in topic.queues
+            ):
+                try:
+                    await self.drop_topic(name)
+                except TooManyRequests:  # an admin is deleting it already
+                    continue
+                dropped.append(name)
+                log.info("retention deleted %s: every letter past the retention, group %s gone", name, owner)
+        return dropped
 
     def _current(self, queue: QueueLog) -> bool:
         """Whether `queue` is still its topic's (not of a topic deleted since, and maybe made again) —

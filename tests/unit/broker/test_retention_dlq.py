@@ -1,0 +1,62 @@
+"""Retention deletes a `%DLQ%<group>` topic once every letter in it is past the retention and nothing of its
+group is left here: a deleted group's dead-letter topic does not stay for good (docs/BROKER.md "Retention")."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from popgate_pb import broker_pb2 as pb
+
+from broker import admin
+from broker.core import BrokerCore
+from tests.unit.broker.cores import ManualClock, broker
+
+HOUR_MS = 3600 * 1000
+T0 = 1_800_000_000_000
+SETTINGS: dict[str, Any] = {"queues_per_topic": 1, "retention_s": 3600.0, "flush": "sync"}
+
+
+def stored_topics(data: Path) -> list[str]:
+    with sqlite3.connect(data / "broker.sqlite3") as conn:
+        return [t for (t,) in conn.execute("SELECT DISTINCT topic FROM queues ORDER BY 1")]
+
+
+async def dead_letter(core: BrokerCore, group: str) -> None:
+    await core.send([pb.Message(topic="t", body=b"x")])
+    [m] = (await core.pop("t", group, "*", 1, 30_000, 0)).messages
+    await core.dead_letter("t", group, m.handle)
+
+
+async def test_a_deleted_groups_dlq_topic_goes_once_its_letters_expired(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        await dead_letter(core, "gone")
+        await dead_letter(core, "live")
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="gone"), pb.DeleteGroupResponse())
+        await core.retention.run(T0 + HOUR_MS // 2)  # its letter is not past the retention yet
+        assert "%DLQ%gone" in core.topics
+        clock.now = T0 + 2 * HOUR_MS
+        await core.retention.run()
+        # the live group's letters keep their last row as any queue does; the deleted group's topic is gone
+        assert sorted(core.topics) == ["%DLQ%live", "t"]
+        assert stored_topics(tmp_path) == ["%DLQ%live", "t"]
+        await dead_letter(core, "gone")  # the group made again dead-letters into a new topic
+        assert core.topics["%DLQ%gone"].queues[0].max_offset == 1
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        assert sorted(core.topics) == ["%DLQ%gone", "%DLQ%live", "t"]
+
+
+async def test_a_dlq_topic_with_a_letter_held_invisible_stays(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        await dead_letter(core, "gone")
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="gone"), pb.DeleteGroupResponse())
+        [letter] = (await core.pop("%DLQ%gone", "reader", "*", 1, 3 * HOUR_MS, 0)).messages
+        clock.now = T0 + 2 * HOUR_MS
+        await core.retention.run()
+        assert "%DLQ%gone" in core.topics  # its reader may still ack it
+        assert await core.ack("%DLQ%gone", "reader", [letter.handle]) == [None]
+        await core.retention.run()
+        assert sorted(core.topics) == ["t"]
