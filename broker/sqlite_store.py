@@ -81,6 +81,7 @@ class SqliteStore:
     def _open(self, data_dir: Path, flush: str, on_commit: CommitObserver | None, state_delay_s: float) -> None:
         self._path = data_dir / "broker.sqlite3"
         self._wal_path = data_dir / "broker.sqlite3-wal"
+        self._wal_restart = store_wal.WalRestart(self._wal_path)
         self._sync = "FULL" if flush == "sync" else "NORMAL"
         self._state_delay_s = state_delay_s if flush == "async" else 0.0
         self._deferred: list[Request] = []
@@ -148,7 +149,7 @@ class SqliteStore:
         self._writer.start()
         self._checkpointer = threading.Thread(
             target=store_wal.run_checkpointer,
-            args=(self._connect, self._stop_checkpoints, self._checkpoint_failed),
+            args=(self._connect, self._stop_checkpoints, self._checkpoint_failed, self._wal_restart),
             name="store-checkpoint",
             daemon=True,
         )
@@ -209,13 +210,13 @@ class SqliteStore:
                 self._deferred_timer = None
             batch, self._deferred = [*self._deferred, request], []
             self._apply(batch)
-            wal_full = store_wal.wal_full(self._wal_path)
+            restart_due = self._wal_restart.due()
         finally:
             self._writing.release()
         assert self._loop is not None
         self._outstanding += len(batch)  # `_delivered` answers them all: none may be overtaken meanwhile
         self._loop.call_soon(self._delivered, batch)
-        if wal_full:  # the writer thread bounds it, off the loop, after an empty commit
+        if restart_due:  # the writer thread bounds it, off the loop, after an empty commit
             self._to_writer(Request([], [], self._loop.create_future()))
         return True
 
@@ -243,7 +244,7 @@ class SqliteStore:
                 with self._writing:
                     self._delete_rows(first)
                 self._loop.call_soon_threadsafe(self._settled, first)
-                store_wal.bound_wal(self._conn, self._writing, self._wal_path)
+                store_wal.bound_wal(self._conn, self._writing, self._wal_restart)
                 continue
             batch = [first]
             stop = False
@@ -264,7 +265,7 @@ class SqliteStore:
             self._loop.call_soon_threadsafe(self._delivered, batch)
             if stop:
                 return
-            store_wal.bound_wal(self._conn, self._writing, self._wal_path)
+            store_wal.bound_wal(self._conn, self._writing, self._wal_restart)
 
     def _delivered(self, batch: list[Request]) -> None:
         self._outstanding -= len(batch)

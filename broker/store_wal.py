@@ -1,7 +1,8 @@
 """The SQLite store's write-ahead log stays bounded while the writer commits without a pause: connections run in
 WAL mode with the file cut back when the WAL starts over (`connect`), a checkpointer thread copies the WAL into
 the database beside the writer (`run_checkpointer`), and between two commits the writer starts it over once it
-is past WAL_RESTART_BYTES (`bound_wal`).
+is past WAL_RESTART_BYTES (`bound_wal`), without waiting for readers: one holding a snapshot (an online backup)
+postpones the restart to the checkpointer's next tick (`WalRestart`), never a commit.
 """
 
 from __future__ import annotations
@@ -19,13 +20,38 @@ CHECKPOINT_INTERVAL_S = 0.5
 # The WAL file past which the writer itself checkpoints, between two commits, and starts the WAL over.
 WAL_RESTART_BYTES = 64 * 1024 * 1024
 WAL_HEADER_BYTES, WAL_FRAME_HEADER_BYTES = 32, 24  # SQLite's WAL file format
+BUSY_TIMEOUT_MS = 5000
+# How long the writer's WAL restart waits for a checkpoint under way: about what one tick's writes take to copy; one
+# copying the WAL a long reader held back takes longer, and the restart is postponed to its end instead.
+CHECKPOINT_WAIT_S = 1.0
+
+
+class WalRestart:
+    """When the writer starts the WAL over: once it is past WAL_RESTART_BYTES, and after an attempt a reader kept
+    from it, not before the checkpointer's next checkpoint ended — so a reader holding a snapshot costs the writer
+    one attempt a tick that fails at once, its commits go on, and once the reader let go the checkpointer copies
+    the WAL beside the writer before it tries again —
+    tests/unit/broker/test_store_wal.py::test_commits_go_on_while_a_reader_holds_a_snapshot_and_the_wal_restarts_after.
+    """
+
+    def __init__(self, wal_path: Path) -> None:
+        self.wal_path = wal_path
+        self.checkpointing = threading.Lock()  # held by a checkpoint: the restart waits for it, not for readers
+        self.postponed = False  # set by the writer, cleared by the checkpointer's tick
+        self.ticking = True  # whether a checkpointer runs: with none, nothing is postponed
+
+    def due(self) -> bool:
+        return not (self.postponed and self.ticking) and wal_full(self.wal_path)
+
+    def tick(self) -> None:
+        self.postponed = False
 
 
 def connect(path: Path, sync: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={sync}")
-    conn.execute("PRAGMA busy_timeout=5000")
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     # When the WAL starts over its file is cut back to a quarter of the restart size, not to the restart size
     # itself: a WAL kept at the restart size would be past it again at once, and every commit would checkpoint.
     conn.execute(f"PRAGMA journal_size_limit={WAL_RESTART_BYTES // 4}")
@@ -33,22 +59,27 @@ def connect(path: Path, sync: str) -> sqlite3.Connection:
 
 
 def run_checkpointer(
-    connect: Callable[[], sqlite3.Connection], stop: threading.Event, failed: Callable[..., None]
+    connect: Callable[[], sqlite3.Connection], stop: threading.Event, failed: Callable[..., None], restart: WalRestart
 ) -> None:
     """Until `stop` is set: a PASSIVE checkpoint every CHECKPOINT_INTERVAL_S, on a connection of its own (none
-    when the store cannot be opened any more: its data directory deleted under it, which the sweep reports)."""
+    when the store cannot be opened any more: its data directory deleted under it, which the sweep reports), each
+    followed by a tick of `restart`: a postponed restart is tried again once this one copied what it could."""
     try:
         conn = connect()
     except sqlite3.Error as exc:
+        restart.ticking = False
         failed("checkpointer cannot open the store, no checkpoints: %s", exc)
         return
     try:
         while not stop.wait(CHECKPOINT_INTERVAL_S):
             try:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                with restart.checkpointing:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except sqlite3.Error as exc:
                 failed("checkpoint failed: %s", exc)
+            restart.tick()
     finally:
+        restart.ticking = False
         conn.close()
 
 
@@ -114,20 +145,37 @@ def wal_full(wal_path: Path) -> bool:
     return wal_bytes(wal_path) >= WAL_RESTART_BYTES
 
 
-def bound_wal(conn: sqlite3.Connection, writing: threading.Lock, wal_path: Path) -> None:
+def bound_wal(conn: sqlite3.Connection, writing: threading.Lock, restart: WalRestart) -> None:
     """Between two commits, when the WAL file is past WAL_RESTART_BYTES: checkpoint it here and start it
     over. The checkpointer's PASSIVE checkpoints copy the WAL into the database beside the writer, but
     SQLite starts the WAL over only when a write begins after a checkpoint copied all of it, which never
     happens while the writer commits without a pause: without this the WAL would grow with everything
     written until a clean stop. Most of it is copied already, so this stalls the writer for the rest only —
-    tests/unit/broker/test_sqlite_store.py::test_the_wal_stays_bounded_while_the_writer_never_pauses."""
-    if not wal_full(wal_path):
+    tests/unit/broker/test_sqlite_store.py::test_the_wal_stays_bounded_while_the_writer_never_pauses. It waits
+    at most CHECKPOINT_WAIT_S for a checkpoint under way and never for a reader: a reader on an older snapshot,
+    or a checkpoint copying what one held back, postpones it (`WalRestart`)."""
+    if not restart.due():
         return
     try:
         with writing:
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            busy = not restart.checkpointing.acquire(timeout=CHECKPOINT_WAIT_S) or _restart(conn, restart)
     except (OSError, sqlite3.Error) as exc:  # no WAL file yet, or a full disk: the next commit says so
         log.debug("WAL restart skipped: %s", exc)
-        return
-    if busy:  # a reader held an old snapshot past busy_timeout: tried again after the next commit
-        log.debug("WAL restart postponed: a reader is busy")
+        busy = True
+    if busy:
+        restart.postponed = True
+        log.debug("WAL restart postponed to the next checkpoint: a reader or a long checkpoint is under way")
+
+
+def _restart(conn: sqlite3.Connection, restart: WalRestart) -> bool:
+    """A RESTART checkpoint that fails at once where a reader holds an older snapshot (whether it did), with
+    `restart.checkpointing` held, which it releases."""
+    try:
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    finally:
+        restart.checkpointing.release()
+    return bool(busy)

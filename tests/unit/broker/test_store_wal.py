@@ -1,0 +1,50 @@
+"""The WAL's restart never stalls the store's commits: a reader holding a snapshot (an online backup, an `sqlite3`
+query) delays the restart, not the writes (docs/BROKER.md "Store")."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.sqlite_store import SqliteStore
+from broker.store import NewMessage
+
+BODY = os.urandom(64 * 1024)
+
+
+async def commit(store: SqliteStore) -> None:
+    await store.submit([NewMessage("t", 0, 1_000, None, BODY) for _ in range(4)], [])  # 256 KiB
+
+
+async def test_commits_go_on_while_a_reader_holds_a_snapshot_and_the_wal_restarts_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("broker.store_wal.WAL_RESTART_BYTES", 1 << 20)
+    wal = tmp_path / "broker.sqlite3-wal"
+    store = SqliteStore(tmp_path)
+    store.start(asyncio.get_running_loop())
+    try:
+        await commit(store)
+        reader = sqlite3.connect(tmp_path / "broker.sqlite3", isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM batches").fetchone()  # a snapshot held, as a backup holds one
+        started = time.monotonic()
+        for _ in range(8):  # 2 MiB: the WAL passes its restart size while the reader holds its snapshot
+            await commit(store)
+        elapsed = time.monotonic() - started
+        assert wal.stat().st_size > 1 << 20  # it cannot start over under the reader
+        reader.execute("COMMIT")
+        reader.close()
+        assert elapsed < 2.5, f"8 commits took {elapsed:.1f} s while a reader held a snapshot"
+        deadline = time.monotonic() + 10
+        while wal.stat().st_size > 1 << 20:  # started over (and cut back) once the reader let go
+            assert time.monotonic() < deadline, "the WAL was not started over after the reader let go"
+            await asyncio.sleep(0.05)
+            await commit(store)
+    finally:
+        await store.close()
