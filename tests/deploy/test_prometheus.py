@@ -116,6 +116,39 @@ def test_dashboard_shows_health_lag_throughput_latency_errors_and_storage() -> N
     assert len(ids) == len(set(ids))
 
 
+def runbook_section(name: str) -> str:
+    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    return runbook.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+_ITALIC = re.compile(r"(?<![*\w])\*([^*\n]+)\*(?![*\w])")
+
+
+def test_runbook_names_panels_the_dashboard_has() -> None:
+    """Each *panel* the RUNBOOK points at begins a panel's (or a row's) title, so on-call can find it."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = [p["title"].lower() for p in dashboard["panels"]]
+    named = _ITALIC.findall((ROOT / "docs" / "RUNBOOK.md").read_text())
+    assert named and [n for n in named if not any(t.startswith(n.lower()) for t in titles)] == []
+
+
+def test_proxy_error_triage_shows_each_code_and_names_codes_the_proxy_sends() -> None:
+    """PopgateProxyErrorRateHigh's section names a panel of the proxy's failed RPCs by method and code, and only
+    codes the proxy answers with (proto/popgate_contract/codes.py), the full disk's among them."""
+    from popgate_contract.codes import CODES, Code
+
+    section = runbook_section("PopgateProxyErrorRateHigh")
+    by_title = dict(dashboard_exprs())
+    panels = [t for t in _ITALIC.findall(section) if t in by_title]
+    assert any(
+        re.search(r"sum by \(method, code\) \(rate\(popgate_proxy_rpc_duration_seconds_count\{code=~", by_title[t])
+        for t in panels
+    ), panels
+    sent = {Code.Name(code) for code in CODES.values()} | {"INTERNAL_SERVER_ERROR"}
+    named = set(re.findall(r"\b[A-Z]+(?:_[A-Z]+)+\b", section))
+    assert "MASTER_PERSISTENCE_TIMEOUT" in named and named - sent == set()
+
+
 _SELECTOR = re.compile(r"\b(popgate[_:][a-zA-Z0-9_:]+)(\{[^}]*\})?")
 
 
