@@ -7,8 +7,10 @@
 serve (a sidecar beside every broker and proxy): answers ``GET /files`` with the finished export files
 of DIR (``<kind>-<process>-....jsonl``, never the hidden in-progress ones) as JSON, ``GET /files/<name>``
 with one of them and ``GET /healthz`` with ``ok``; nothing else, and nothing outside DIR. Every minute it
-deletes its finished files older than --keep-s, then the oldest ones while they add up to more than
---max-bytes, so the directory stays bounded whether or not anyone collects.
+deletes its finished files older than --keep-s, then, while they add up to more than --max-bytes, the
+oldest of those it has served whole (collected) and then the oldest of the others, so the directory stays
+bounded whether or not anyone collects. Deleting a file it has not served is logged on stderr, one line
+per prune: the CronJob lost it (--max-bytes is too small for the export rate; docs/DEPLOY.md).
 
 collect (an init container of the Spark CronJob): resolves NAME (a headless Service: one address per
 pod) and copies every finished file a pod lists and DIR lacks into DIR, under a hidden name first and
@@ -33,7 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,11 +75,14 @@ def finished_files(directory: Path) -> list[Entry]:
     return sorted(entries, key=lambda e: (e.mtime, e.name))
 
 
-def prune(directory: Path, *, keep_s: float, max_bytes: int, now: float) -> list[str]:
-    """Delete finished files older than `keep_s`, then the oldest while the rest exceed `max_bytes`."""
+def prune(
+    directory: Path, *, keep_s: float, max_bytes: int, now: float, collected: Container[str] = frozenset()
+) -> list[str]:
+    """Delete finished files older than `keep_s`, then while the rest exceed `max_bytes` the oldest `collected`
+    ones, then the oldest others (tests/deploy/test_image_helpers.py::test_prune_deletes_collected_files_first)."""
     entries = finished_files(directory)
     doomed = [e for e in entries if e.mtime < now - keep_s]
-    kept = [e for e in entries if e.mtime >= now - keep_s]
+    kept = sorted((e for e in entries if e.mtime >= now - keep_s), key=lambda e: e.name not in collected)
     total = sum(e.size for e in kept)
     while kept and total > max_bytes:
         oldest = kept.pop(0)
@@ -88,7 +93,7 @@ def prune(directory: Path, *, keep_s: float, max_bytes: int, now: float) -> list
     return [e.name for e in doomed]
 
 
-def _handler(directory: Path) -> type[BaseHTTPRequestHandler]:
+def _handler(directory: Path, collected: set[str]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "popgate-export-relay"
 
@@ -123,6 +128,7 @@ def _handler(directory: Path) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 while chunk := file.read(CHUNK):
                     self.wfile.write(chunk)
+            collected.add(path.name)  # sent whole; a collector that fails after this fetches it again
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per request would drown the pod's log; errors surface at the collector
@@ -135,21 +141,37 @@ def _host_port(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def serve(directory: Path, *, listen: str, keep_s: float, max_bytes: int) -> int:
+def prune_and_report(directory: Path, *, keep_s: float, max_bytes: int, collected: set[str]) -> None:
+    """One prune, logged: the files deleted, and on stderr those never collected (lost to the Spark job)."""
+    try:
+        gone = prune(directory, keep_s=keep_s, max_bytes=max_bytes, now=time.time(), collected=collected)
+    except OSError as exc:
+        print(f"export-relay: cannot prune {directory}: {exc}", file=sys.stderr, flush=True)
+        return
+    lost = [name for name in gone if name not in collected]
+    collected.difference_update(gone)
+    if gone:
+        print(f"export-relay: deleted {len(gone)} finished files from {directory}", flush=True)
+    if lost:
+        print(
+            f"export-relay: deleted {len(lost)} finished files never collected (oldest {lost[0]}, newest "
+            f"{lost[-1]}): the Spark job will not count them; raise --max-bytes (and the volume) or collect "
+            'more often (docs/DEPLOY.md, "Metrics export")',
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def serve(directory: Path, *, listen: str, keep_s: float, max_bytes: int, prune_every_s: float = PRUNE_EVERY_S) -> int:
     host, port = _host_port(listen)
-    server = ThreadingHTTPServer((host, port), _handler(directory))
+    collected: set[str] = set()  # served whole since this relay started (a restarted relay knows none)
+    server = ThreadingHTTPServer((host, port), _handler(directory, collected))
     server.daemon_threads = True
     stop = threading.Event()
 
     def pruner() -> None:
-        while not stop.wait(PRUNE_EVERY_S):
-            try:
-                gone = prune(directory, keep_s=keep_s, max_bytes=max_bytes, now=time.time())
-            except OSError as exc:
-                print(f"export-relay: cannot prune {directory}: {exc}", file=sys.stderr, flush=True)
-                continue
-            if gone:
-                print(f"export-relay: deleted {len(gone)} finished files from {directory}", flush=True)
+        while not stop.wait(prune_every_s):
+            prune_and_report(directory, keep_s=keep_s, max_bytes=max_bytes, collected=collected)
 
     def on_term(signum: int, frame: object) -> None:
         stop.set()
@@ -237,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--listen", default=f"0.0.0.0:{DEFAULT_PORT}", help="HOST:PORT, default %(default)s")
     s.add_argument("--keep-s", type=float, default=7200.0, help="seconds a finished file is kept, default 7200")
     s.add_argument("--max-bytes", type=int, default=256 << 20, help="bytes of finished files kept, default 256 MiB")
+    s.add_argument("--prune-every-s", type=float, default=PRUNE_EVERY_S, help="default %(default)s")
     c = commands.add_parser("collect", help="copy the finished files of every pod behind a headless Service")
     c.add_argument("--service", required=True, help="DNS name with one address per pod")
     c.add_argument("--into", type=Path, required=True, help="directory the Spark job reads")
@@ -244,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--timeout-s", type=float, default=10.0, help="per request, default %(default)s")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve(args.dir, listen=args.listen, keep_s=args.keep_s, max_bytes=args.max_bytes)
+        return serve(
+            args.dir, listen=args.listen, keep_s=args.keep_s, max_bytes=args.max_bytes, prune_every_s=args.prune_every_s
+        )
     return collect(args.service, port=args.port, into=args.into, timeout_s=args.timeout_s)
 
 

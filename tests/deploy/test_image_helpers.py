@@ -5,6 +5,7 @@ Both run here as the pods run them, as processes; every wait is bounded and ever
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -62,11 +63,16 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     write(export / "broker-popgate-broker-0-1700000000000-20260101T000100Z-1.jsonl", '{"a": 2}\n' * 1000)
     write(export / ".broker-popgate-broker-0-1700000000000-20260101T000200Z-2.jsonl.tmp", '{"a": 3}\n')
     write(export / "broker.sqlite3", "not an export")
+    with serving(export, tmp_path / "relay.log") as answer:
+        yield answer
+
+
+@contextlib.contextmanager
+def serving(export: Path, log: Path, *flags: str) -> Iterator[tuple[Path, int]]:
     port = free_port()
-    log = tmp_path / "relay.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(RELAY), "serve", "--dir", str(export), "--listen", f"127.0.0.1:{port}"],
+            [sys.executable, str(RELAY), "serve", "--dir", str(export), "--listen", f"127.0.0.1:{port}", *flags],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -139,6 +145,36 @@ def test_prune_keeps_the_directory_within_age_and_bytes(relay: ModuleType, tmp_p
     assert gone == [old.name, a.name]  # too old, then the oldest while over budget
     assert b.exists() and tmp.exists() and store.exists()  # in progress and not ours: never touched
     assert relay.prune(tmp_path / "missing", keep_s=1, max_bytes=1, now=now) == []
+
+
+def test_prune_deletes_collected_files_first(relay: ModuleType, tmp_path: Path) -> None:
+    now = time.time()
+    a = write(tmp_path / "proxy-p-1-20260101T010000Z-1.jsonl", "x" * 100, age_s=600)
+    b = write(tmp_path / "proxy-p-1-20260101T020000Z-2.jsonl", "x" * 100, age_s=300)
+    c = write(tmp_path / "proxy-p-1-20260101T030000Z-3.jsonl", "x" * 100, age_s=60)
+    assert relay.prune(tmp_path, keep_s=7200, max_bytes=150, now=now, collected={b.name}) == [b.name, a.name]
+    assert c.exists()
+
+
+def test_serve_says_when_it_deleted_files_never_collected(tmp_path: Path) -> None:
+    """Over --max-bytes, a served file goes first; one that no collector fetched is named on the log."""
+    export = tmp_path / "export"
+    export.mkdir()
+    old = write(export / "proxy-p-1-20260101T000000Z-0.jsonl", "x" * 100, age_s=300)
+    fetched = write(export / "proxy-p-1-20260101T000100Z-1.jsonl", "x" * 100, age_s=200)
+    log = tmp_path / "relay.log"
+    with serving(export, log, "--max-bytes", "250", "--prune-every-s", "0.1") as (_, port):
+        assert get(port, f"/files/{fetched.name}") == fetched.read_bytes()
+        time.sleep(0.2)  # the relay counts a file collected once its last byte is written, after the reader has it
+        newest = write(export / "proxy-p-1-20260101T000200Z-2.jsonl", "x" * 100)
+        write(export / "proxy-p-1-20260101T000300Z-3.jsonl", "x" * 100)
+        deadline = time.monotonic() + 20
+        while "never collected" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert not fetched.exists() and not old.exists() and newest.exists()
+    lines = log.read_text().splitlines()
+    assert f"deleted 1 finished files never collected (oldest {old.name}, newest {old.name})" in lines[-1]
 
 
 # --- the TLS health probe ----------------------------------------------------------------------------
