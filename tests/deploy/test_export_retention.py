@@ -93,3 +93,21 @@ def test_a_relay_keeps_what_a_pod_exports_between_two_collects_at_the_largest_si
     else:  # a proxy: an emptyDir whose limit would evict the pod; the file in progress is on it too
         assert quantity(volume["emptyDir"]["sizeLimit"]) >= max_bytes + 2 * file_bytes
     assert set(volumes(server)) >= {volume["name"]}
+
+
+@pytest.mark.parametrize("name", tuple(KUSTOMIZATIONS))
+def test_the_cronjob_counts_files_a_pod_serves_one_collect_late(rendered: dict[str, list[Obj]], name: str) -> None:
+    """Streaming drops a record more than --lateness behind the newest it read (less one window: a counter's
+    baseline runs one window ahead). A pod skipped by one collect has its files copied by the next: the oldest is
+    one collect gap and one roll period behind the newest then."""
+    (cronjob,) = find(rendered[name], "CronJob")
+    (job,) = pod_spec(cronjob)["containers"]
+    args = job["args"]
+    assert "--streaming" in args and "--once" in args
+
+    def seconds(text: str) -> float:
+        return float(text[:-1]) * {"s": 1, "m": 60}[text[-1]]
+
+    lateness, window = seconds(flag(args, "--lateness")), seconds(flag(args, "--window"))
+    gap = schedule_period_s(cronjob) + int(cronjob["spec"]["startingDeadlineSeconds"])
+    assert lateness >= gap + ROLL_S + window
