@@ -142,7 +142,9 @@ def _ensure_dir(spark: SparkSession, path: str, *, streaming: bool) -> None:
 
 def read_records(spark: SparkSession, path: str, *, streaming: bool = False) -> DataFrame:
     """Every finished ``*.jsonl`` file under ``path`` (any depth); in-progress files are hidden.
-    A missing ``path`` is made when streaming, InputNotFound in batch."""
+    A missing ``path`` is made when streaming, InputNotFound in batch. A file listed and then gone or unreadable
+    (Java reports a denied permission as a missing file) is skipped, not a failed run —
+    tests/spark/test_transform.py::test_a_file_deleted_after_the_listing_is_skipped."""
     _ensure_dir(spark, path, streaming=streaming)
     reader: Any = spark.readStream if streaming else spark.read
     records: DataFrame = (
@@ -150,6 +152,7 @@ def read_records(spark: SparkSession, path: str, *, streaming: bool = False) -> 
         .option("recursiveFileLookup", "true")
         .option("pathGlobFilter", "*.jsonl")
         .option("mode", "PERMISSIVE")
+        .option("ignoreMissingFiles", "true")
         .json(path)
     )
     return records

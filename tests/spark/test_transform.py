@@ -137,6 +137,17 @@ def test_malformed_records_change_nothing_and_stop_nothing(
     assert comparable(again) == comparable(result)
 
 
+def test_a_file_deleted_after_the_listing_is_skipped(spark: SparkSession, tmp_path: Path) -> None:
+    """Retention may delete a finished file at any time (docs/METRICS.md §2), also while a run reads the input:
+    the run goes on without it."""
+    rows = S.all_rows()
+    write_jsonl(tmp_path / "b1.jsonl", [r for r in rows if r["process"] == "b1"])
+    write_jsonl(tmp_path / "rest.jsonl", [r for r in rows if r["process"] != "b1"])
+    records = read_records(spark, str(tmp_path))  # lists the files
+    (tmp_path / "b1.jsonl").unlink()
+    assert records.count() == len([r for r in rows if r["process"] != "b1"])
+
+
 def test_streaming_gives_the_batch_answer_with_late_and_duplicate_records(
     spark: SparkSession, tmp_path: Path, result: dict[Key, dict[str, Any]]
 ) -> None:
