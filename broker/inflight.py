@@ -54,6 +54,7 @@ class Delivery:
     token: int
     deadline_ms: int
     expired: bool = False  # taken off the heap by take_expired: waiting to be popped again, or dead-lettered
+    queued: bool = False  # its entry is in its group's `ready` queue (broker.redelivery counts these, not walks)
 
 
 class GroupQueue:
@@ -85,8 +86,10 @@ class GroupTopic:
         self.filter = tag_filter
         self.queues: dict[int, GroupQueue] = {}
         self._heap: list[tuple[int, int, int, int]] = []
-        # Deliveries whose invisibility passed, waiting to be popped again: (queue, offset, token).
+        # Deliveries whose invisibility passed, waiting to be popped again: (queue, offset, token). `stale` of them
+        # name a delivery no longer in flight (acked, dropped by a reset, given a new invisibility).
         self.ready: deque[tuple[int, int, int]] = deque()
+        self.stale = 0
         self.next_queue = 0
         self.pops = 0  # Pop passes on this state: which take redeliveries first (broker.pop.redeliveries_first)
         # (queue, offset) of deliveries a Pop undid unreceived (broker.pop `_undo`): taken first in every pass.
@@ -116,10 +119,13 @@ class GroupTopic:
         """Record a (re)delivery: the offset must already be below the queue's pull offset. ``fifo``: a FIFO
         message (it stays in the queue's ``fifo`` set until removed)."""
         queue = self.queues[queue_id]
+        old = queue.inflight.get(offset)
         queue.inflight[offset] = delivery
         if fifo:
             queue.fifo.add(offset)
         self._push(queue_id, offset, delivery)
+        if old is not None and old is not delivery:
+            self._gone(old)
 
     def extend(self, queue_id: int, offset: int, delivery: Delivery, deadline_ms: int, ops: list[Op]) -> None:
         """Move an in-flight delivery's deadline, keeping the delivery (same token and attempt: its receipt handle
@@ -149,12 +155,36 @@ class GroupTopic:
         state = self.queues.get(queue_id)
         if state is None:
             return False
-        state.inflight.pop(offset, None)
+        self._gone(state.inflight.pop(offset, None))
         if offset not in state.fifo:
             return False
         if not keep_fifo:
             state.fifo.discard(offset)
         return True
+
+    def drop_all(self, queue_id: int) -> None:
+        """Forget the queue's deliveries (a reset)."""
+        inflight = self.queues[queue_id].inflight
+        gone = list(inflight.values())
+        inflight.clear()
+        for delivery in gone:
+            self._gone(delivery)
+
+    def make_ready(self, queue_id: int, offset: int, delivery: Delivery) -> None:
+        """Queue an expired delivery to be popped again."""
+        self.ready.append((queue_id, offset, delivery.token))
+        delivery.queued = True
+
+    @property
+    def queued(self) -> int:
+        """The entries of `ready` that name a delivery still in flight."""
+        return len(self.ready) - self.stale
+
+    def _gone(self, delivery: Delivery | None) -> None:
+        """A delivery left the flight: its entry in `ready`, if any, is stale now."""
+        if delivery is not None and delivery.queued:
+            delivery.queued = False
+            self.stale += 1
 
     def done_op(self, queue_id: int, offset: int) -> Op:
         """The store op for a message no longer in flight to the group (acked, dead-lettered): its row goes, unless
@@ -184,7 +214,7 @@ class GroupTopic:
     def _valid(self, entry: tuple[int, int, int, int]) -> bool:
         deadline, queue_id, offset, token = entry
         delivery = self.current(queue_id, offset, token)
-        return delivery is not None and delivery.deadline_ms == deadline
+        return delivery is not None and delivery.deadline_ms == deadline and not delivery.expired
 
     def next_deadline(self) -> int | None:
         """The earliest deadline of a live delivery (drops stale heap heads)."""

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 # test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time.
 MAX_DLQ_MOVES = 64
 LOG_EVERY_S = 1.0  # dead letters are logged as one line per topic, group and attempt count at most this often
+# Expired deliveries one `expire` moves: when many share a deadline, the timer moves the rest a slice per loop turn,
+# waking held requests after each, so other calls are served meanwhile — tests/unit/broker/test_redelivery_storm.py::
+# test_a_deadline_shared_by_many_is_expired_a_slice_a_loop_turn_each_once_in_order.
+EXPIRE_SLICE = 10_000
 
 PayloadReader = Callable[[TopicLog, list[tuple[int, int]]], Awaitable[dict[tuple[int, int], bytes]]]
 
@@ -102,6 +106,7 @@ class Redelivery:
             queue_id, offset, token = entry
             delivery = state.current(queue_id, offset, token)
             if delivery is None:
+                state.stale -= 1
                 state.undone.discard((queue_id, offset))
                 return True
             if first_only and offset not in state.queues[queue_id].fifo and (queue_id, offset) not in state.undone:
@@ -109,6 +114,7 @@ class Redelivery:
             state.undone.discard((queue_id, offset))
             if not _turn_came(state, queue_id, offset, taking):
                 return False
+            delivery.queued = False
             if topic is not None and not goes_to(tag_filter, topic.queues[queue_id], offset):
                 if state.remove(queue_id, offset):
                     released.add(queue_id)
@@ -140,36 +146,43 @@ class Redelivery:
         return picks
 
     def fifo_ready(self, state: GroupTopic, queue_id: int) -> list[int]:
-        """The offsets of the queue's ready FIFO redeliveries that can be taken now."""
-        fifo = state.queues[queue_id].fifo
-        return [
-            o
-            for q, o, t in state.ready
-            if q == queue_id and o in fifo and state.current(q, o, t) is not None and _turn_came(state, q, o)
-        ]
+        """The offsets of the queue's ready FIFO redeliveries that can be taken now: at most its first FIFO
+        message, for each waits for the ones before it (`_turn_came`)."""
+        gq = state.queues[queue_id]
+        first = min(gq.fifo, default=-1)
+        delivery = gq.inflight.get(first)
+        return [first] if delivery is not None and delivery.queued and _turn_came(state, queue_id, first) else []
 
     def has_ready(self, state: GroupTopic) -> bool:
         """Whether `take` would take something now (after `expire`)."""
-        return any(state.current(q, o, t) is not None and _turn_came(state, q, o) for q, o, t in state.ready)
+        return self.ready_count(state) > 0
 
     def ready_count(self, state: GroupTopic) -> int:
-        """How many redeliveries `take` could take now (after `expire`)."""
-        return sum(1 for q, o, t in state.ready if state.current(q, o, t) is not None and _turn_came(state, q, o))
+        """How many redeliveries `take` could take now (after `expire`): the live entries of `state.ready` but
+        the FIFO ones whose turn has not come, counted from the queues' FIFO messages, not by walking `ready`."""
+        count = state.queued
+        for queue_id, gq in state.queues.items():
+            if gq.fifo:  # of its queued FIFO messages, only one whose turn came
+                count += len(self.fifo_ready(state, queue_id)) - sum(
+                    d.queued for d in map(gq.inflight.get, gq.fifo) if d
+                )
+        return count
 
     def expire(self, state: GroupTopic, now: int) -> int:
-        """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ); how many of them
-        can be taken now (a FIFO message behind one still in flight cannot: its release wakes for it)."""
+        """Move deliveries whose invisibility passed to the redelivery queue (or to the DLQ), the earliest EXPIRE_SLICE
+        at most; how many of them can be taken now (a FIFO message behind one still in flight cannot: its release
+        wakes for it)."""
         ready = 0
         fifo_queues: set[int] = set()  # an expiry there may also let an earlier FIFO redelivery go (`_turn_came`)
         # A DLQ's letter is never dead-lettered again: it stays where `popgate dlq list` shows it, delivered until
         # acked — test_redelivery.py::test_a_dead_letter_out_of_attempts_is_ready_again_not_dead_lettered_a_second_time
         dead_already = state.topic.startswith(validation.DLQ_PREFIX)
         max_attempts = self.max_attempts(state.group)
-        for queue_id, offset, delivery in state.take_expired(now, 1 << 30):
+        for queue_id, offset, delivery in state.take_expired(now, EXPIRE_SLICE):
             if delivery.attempt >= max_attempts and not dead_already:
                 self.to_dlq(state, queue_id, offset, delivery)
             else:
-                state.ready.append((queue_id, offset, delivery.token))
+                state.make_ready(queue_id, offset, delivery)
                 if offset in state.queues[queue_id].fifo:
                     fifo_queues.add(queue_id)
                 else:
@@ -201,7 +214,8 @@ class Redelivery:
     def _on_deadline(self, state: GroupTopic) -> None:
         """The group's earliest deadline passed: wake a held request for each redelivery ready now, also those a
         Pop or a Notification's check moved to ready before this ran (and took fewer of) —
-        tests/unit/broker/test_arrival.py::test_redeliveries_made_ready_by_a_pop_before_the_timer_still_wake."""
+        tests/unit/broker/test_arrival.py::test_redeliveries_made_ready_by_a_pop_before_the_timer_still_wake. What is
+        due past one slice (EXPIRE_SLICE) follows on the next loop turn: `schedule` rearms the timer at once."""
         self._timers.pop((state.group, state.topic), None)
         self.expire(state, self.clock.now_ms())
         key = (state.topic, state.group)

@@ -47,7 +47,7 @@ def reset_queue(state: GroupTopic, queue: QueueLog, offset: int, ops: list[Op]) 
     # test_a_reset_forgets_what_was_taken_ahead_also_after_a_restart.
     for o in sorted(set(dropped) | (gq.ahead or set())):
         ops.append(DeleteInflight(state.group, state.topic, queue.queue_id, o))
-    gq.inflight.clear()
+    state.drop_all(queue.queue_id)
     gq.fifo.clear()
     gq.ahead = None
     gq.moving = None  # a dead letter on its way whose commit fails is not put back over the reset
