@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import os
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.filters import MATCH_ALL, TagFilter
@@ -125,7 +126,7 @@ class GroupTopic:
             queue.fifo.add(offset)
         self._push(queue_id, offset, delivery)
         if old is not None and old is not delivery:
-            self._gone(old)
+            self._gone([old])
 
     def extend(self, queue_id: int, offset: int, delivery: Delivery, deadline_ms: int, ops: list[Op]) -> None:
         """Move an in-flight delivery's deadline, keeping the delivery (same token and attempt: its receipt handle
@@ -155,7 +156,7 @@ class GroupTopic:
         state = self.queues.get(queue_id)
         if state is None:
             return False
-        self._gone(state.inflight.pop(offset, None))
+        self._gone([state.inflight.pop(offset, None)])
         if offset not in state.fifo:
             return False
         if not keep_fifo:
@@ -167,8 +168,7 @@ class GroupTopic:
         inflight = self.queues[queue_id].inflight
         gone = list(inflight.values())
         inflight.clear()
-        for delivery in gone:
-            self._gone(delivery)
+        self._gone(gone)
 
     def make_ready(self, queue_id: int, offset: int, delivery: Delivery) -> None:
         """Queue an expired delivery to be popped again."""
@@ -180,11 +180,19 @@ class GroupTopic:
         """The entries of `ready` that name a delivery still in flight."""
         return len(self.ready) - self.stale
 
-    def _gone(self, delivery: Delivery | None) -> None:
-        """A delivery left the flight: its entry in `ready`, if any, is stale now."""
-        if delivery is not None and delivery.queued:
-            delivery.queued = False
-            self.stale += 1
+    def _gone(self, deliveries: Iterable[Delivery | None]) -> None:
+        """Deliveries left the flight: their entries in `ready`, if any, are stale now. Stale entries are dropped
+        once they are the majority, also for a group that never pops again — tests/unit/broker/
+        test_redelivery_storm.py::test_late_acks_of_expired_deliveries_leave_no_stale_entries_behind."""
+        for delivery in deliveries:
+            if delivery is not None and delivery.queued:
+                delivery.queued = False
+                self.stale += 1
+        if self.stale > self.queued + 1024:
+            live = [entry for entry in self.ready if self.current(*entry) is not None]
+            self.ready.clear()  # in place: a caller may hold the deque
+            self.ready.extend(live)
+            self.stale = 0
 
     def done_op(self, queue_id: int, offset: int) -> Op:
         """The store op for a message no longer in flight to the group (acked, dead-lettered): its row goes, unless

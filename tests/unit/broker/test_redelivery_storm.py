@@ -1,5 +1,5 @@
 """Many deliveries due at once, without sockets: expiry moves them a bounded slice per loop turn, each once and in
-deadline order, and the ready queue's counts stay true without walking it."""
+deadline order, and the ready queue's counts stay true without walking it, also when late acks leave entries stale."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from broker.inflight import Delivery, GroupTopic
 from broker.longpoll import Kind, Outcome
 from broker.redelivery import EXPIRE_SLICE as SLICE
 from broker.redelivery import Redelivery
+from broker.reset import reset_queue
 from tests.unit.broker.test_longpoll import holding
 from tests.unit.broker.test_redelivery import CommitLog, make
 
@@ -55,4 +56,26 @@ async def test_a_deadline_shared_by_many_is_expired_a_slice_a_loop_turn_each_onc
     picks = redelivery.take(state, redelivery.clock.now_ms(), count, [])
     assert picks == [(0, offset, 2) for offset in range(count) if offset % 3]
     assert not redelivery.has_ready(state) and redelivery.ready_count(state) == 0
+    await redelivery.close()
+
+
+async def test_late_acks_of_expired_deliveries_leave_no_stale_entries_behind() -> None:
+    """Deliveries expire and most are then acked (or given a new invisibility) before any Pop: once stale entries
+    are the majority the ready queue is rebuilt without them; what stays is exactly what a Pop takes, in order."""
+    redelivery, state, _ = make(CommitLog())
+    count = 5_000
+    due(state, count, 100)
+    redelivery.expire(state, 200)
+    for offset in range(count):
+        if offset % 5:
+            state.remove(0, offset)  # acked late
+    assert len(state.ready) < count // 2
+    assert redelivery.ready_count(state) == walked(redelivery, state) == count // 5
+    state.start_delivery(0, 5, 1, redelivery.clock.now_ms() + 60_000, [])  # ChangeInvisibleTime of a ready one
+    assert redelivery.ready_count(state) == walked(redelivery, state) == count // 5 - 1
+    picks = redelivery.take(state, 300, 10, [])
+    assert picks == [(0, offset, 2) for offset in (0, 10, 15, 20, 25, 30, 35, 40, 45, 50)]
+    assert redelivery.ready_count(state) == walked(redelivery, state) == count // 5 - 11
+    reset_queue(state, redelivery.topics["t"].queues[0], count, [])  # every delivery dropped
+    assert (len(state.ready), redelivery.ready_count(state), redelivery.has_ready(state)) == (0, 0, False)
     await redelivery.close()
