@@ -158,7 +158,8 @@ async def export_metrics(
     """Snapshots of `registry` (a broker's or the proxy's: `kind`, named `process`) exported to --export-dir when set,
     closed by `stack`, after `serve_metrics`.
     Its first snapshot is the run's baseline (`RunSnapshots`): taken once every family the process will have is
-    registered, so that a family registered later does not count its whole value as an increase."""
+    registered, so that a family registered later does not count its whole value as an increase. Only a directory
+    that can never be one (`export.check_dir`) is a start error; I/O trouble is logged and retried."""
     if flags.export_dir:
         export = ExportSettings(Path(flags.export_dir), process, kind, flags.export_interval_s)
         try:

@@ -25,6 +25,7 @@ from popgate.cli.cluster import Child
 from tests.integration.proxy.client import V2Client
 from tests.integration.proxy.conftest import MakeCluster
 from tests.pki import issue, renew
+from tests.procs import ServerProcess, broker_args
 
 
 def wait_for_log(read: Callable[[], str], pattern: str, limit_s: float) -> re.Match[str]:
@@ -182,3 +183,20 @@ def test_start_up_failures_an_operator_fixes_with_a_flag_are_one_line(tmp_path: 
             assert returncode == code, (argv, lines)
             assert says in lines[-1], (argv, lines)
             assert not [line for line in lines if "Traceback" in line or "never awaited" in line], (argv, lines)
+
+
+def test_export_trouble_at_start_is_logged_and_the_broker_serves(tmp_path: Path) -> None:
+    """A leftover of an earlier run it cannot open (here a directory of that name; another user's file alike) and
+    a failed first snapshot keep no process from starting: as while it runs, the export logs them and retries."""
+    export = tmp_path / "export"
+    (export / ".broker-b1-5-19700101T000000Z-000000.jsonl.tmp").mkdir(parents=True)
+    broker = ServerProcess("broker", broker_args("b1", tmp_path / "b1", "--export-dir", str(export))).start()
+    try:
+        with grpc.insecure_channel(broker.address) as channel:
+            stub = broker_pb2_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+            reply = stub.Send(bpb.SendRequest(messages=[bpb.Message(topic="t", body=b"x")]), timeout=10)
+            assert len(reply.results) == 1
+        assert any("cannot publish" in line for line in broker.lines)
+    finally:
+        assert broker.stop() == 0
+    assert list(export.glob("broker-b1-*.jsonl"))  # this run's own snapshots are published

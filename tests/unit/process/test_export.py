@@ -284,3 +284,58 @@ def test_the_exporter_writes_the_zero_of_a_new_counter_series(tmp_path: Path) ->
         (times[1], 3.0),
         (times[2], 3.0),
     ]
+
+
+def rows_of(export_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for p in export_dir.glob("*.jsonl") for line in p.read_text().splitlines()]
+
+
+def test_a_leftover_it_cannot_open_is_skipped_and_the_others_are_published(tmp_path: Path) -> None:
+    cannot = tmp_path / ".broker-b1-5-19700101T000000Z-000000.jsonl.tmp"
+    cannot.mkdir()  # open() fails on it as on another user's file
+    (tmp_path / ".broker-b1-5-19700101T000000Z-000001.jsonl.tmp").write_bytes(b'{"a":1}\n')
+
+    async def run() -> None:
+        async with MetricsExporter(registry(), settings(tmp_path, interval_s=60)):
+            pass
+
+    asyncio.run(run())  # starts: a leftover never keeps a process from serving
+    assert (tmp_path / "broker-b1-5-19700101T000000Z-000001.jsonl").read_bytes() == b'{"a":1}\n'
+    assert cannot.is_dir()  # left for a later start
+    assert {r["process"] for r in rows_of(tmp_path) if "v" in r} == {"b1"}  # and this run exports
+
+
+def test_a_start_on_a_full_disk_serves_and_exports_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    full = [True]
+
+    def write(fd: int, data: Any) -> int:
+        if full[0]:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+    async def run() -> None:
+        exporter = CountingExporter(registry(), ExportSettings(tmp_path, "px-1", "proxy", interval_s=0.02))
+        async with exporter, asyncio.timeout(10):  # the failed first snapshot is logged, not raised
+            full[0] = False
+            await exporter.enough.wait()
+
+    asyncio.run(run())
+    assert len({r["time"] for r in rows_of(tmp_path)}) >= 3
+
+
+def test_an_export_dir_that_can_never_be_a_directory_is_a_start_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+
+    async def start(path: Path) -> None:
+        async with MetricsExporter(registry(), ExportSettings(path, "b1", "broker")):
+            pass
+
+    for path in (a_file, a_file / "x"):
+        with pytest.raises(NotADirectoryError):
+            asyncio.run(start(path))
