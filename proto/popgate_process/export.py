@@ -1,7 +1,7 @@
 """Periodic JSON-lines snapshots of a Prometheus registry, for the Spark job (docs/METRICS.md).
 
-Used by the broker and the proxy alike. Pure standard library: it reads anything with a
-``collect()`` method (a ``prometheus_client.CollectorRegistry``) and never imports Spark.
+Used by the broker and the proxy alike. It reads anything with a ``collect()`` method (a
+``prometheus_client.CollectorRegistry``) and never imports Spark.
 
 Each snapshot appends one record per sample to a hidden in-progress file
 ``.<kind>-<process>-<start>.jsonl.tmp`` in the export directory; when its roll period has passed
@@ -9,8 +9,8 @@ Each snapshot appends one record per sample to a hidden in-progress file
 ``*.jsonl`` only ever sees whole, finished files, which are never written again. A roll period has
 passed when the wall clock enters the next one, or when a roll period's time has passed on the
 monotonic clock since the file was begun: a wall clock stepped back does not hold files back.
-Collection runs on the event loop (collectors read live state without locks); encoding and file
-I/O run on a one-thread executor.
+Live state is read on the event loop (collectors read it without locks; a broker's per-pair figures in
+slices, popgate_process.staged); building the families, encoding and file I/O run on a one-thread executor.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
+
+from popgate_process.staged import Build, gather
 
 log = logging.getLogger(__name__)
 
@@ -357,12 +359,12 @@ class MetricsExporter:
         # strictly increasing at the 1 ms the records carry: (process, started, time) names one snapshot
         now = self._last = round(max(time.time(), self._last + 0.001), 3)
         monotonic = time.monotonic()
-        families = list(self.registry.collect())  # on the loop: collectors read live state
+        build = await gather(self.registry)  # live state read on the loop (large states in slices)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._write, _Frozen(families), now, monotonic)
+        await loop.run_in_executor(self._pool, self._write, build, now, monotonic)
 
-    def _write(self, registry: Registry, now: float, monotonic: float) -> None:
-        batch = self._snapshots.take(registry, now)
+    def _write(self, build: Build, now: float, monotonic: float) -> None:
+        batch = self._snapshots.take(_Frozen(build()), now)
         self._file.append(encode(batch), now, monotonic)
         self._snapshots.written(batch, now)
 
@@ -390,7 +392,7 @@ class MetricsExporter:
 
 @dataclass(frozen=True, slots=True)
 class _Frozen:
-    """Metric families already collected on the loop, handed to the writer thread."""
+    """Metric families already collected, on the writer thread."""
 
     families: list[Any]
 

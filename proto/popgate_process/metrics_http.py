@@ -2,8 +2,8 @@
 
 It runs on the process's event loop, so collectors read live state without
 locks. Only GET is served; each connection answers one request and closes.
-The metric families are collected on the loop and formatted as text in a
-worker thread: formatting is most of a large scrape's time (see `_exposition`).
+Live state is read on the loop; the metric families are built and formatted
+as text in a worker thread (see `_exposition`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from popgate_process.export import ExportSettings, MetricsExporter
+from popgate_process.staged import gather
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +216,8 @@ class _Collected:
 
 
 async def _exposition(registry: CollectorRegistry) -> bytes:
-    """The registry's text exposition. Collectors read live state (not thread-safe): on the loop. The text
-    is formatted in a worker thread, so a large one (many topics and groups: docs/BROKER.md, "/metrics") never
-    stalls the loop."""
-    families = list(registry.collect())
-    return await asyncio.get_running_loop().run_in_executor(None, generate_latest, _Collected(families))
+    """The registry's text exposition. Collectors read live state (not thread-safe): on the loop, a broker's
+    per-pair figures in slices (popgate_process.staged). Families are built and formatted in a worker thread, so a
+    large page (many topics and groups: docs/BROKER.md, "/metrics") never stalls the loop."""
+    build = await gather(registry)
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: generate_latest(_Collected(build())))
