@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from popgate_pb import broker_pb2 as pb
 
-from broker.consumers import Seen
 from broker.filters import MATCH_ALL
 from broker.lookup import query
 from broker.reset import check_target, reset_queue, target_offset
@@ -191,11 +190,17 @@ async def query_messages(core: BrokerCore, request: pb.QueryMessagesRequest, out
 async def report_consumers(
     core: BrokerCore, request: pb.ReportConsumersRequest, out: pb.ReportConsumersResponse
 ) -> None:
-    seen = [Seen(c.group, c.client_id, request.proxy, c.last_seen_ms) for c in request.consumers]
-    core.consumers_seen.report(request.proxy, seen, request.ttl_ms, core.clock.now_ms())
+    core.consumers_seen.report(request.proxy, request.consumers, request.ttl_ms, core.clock.now_ms())
 
 
 async def list_consumers(core: BrokerCore, request: pb.ListConsumersRequest, out: pb.ListConsumersResponse) -> None:
+    """A group's consumers; of every group (an empty one), the first EVERY_GROUP_LIMIT and `cut` when more are kept
+    (tests/unit/broker/test_consumers.py::test_the_every_group_listing_is_bounded_and_says_it_was_cut)."""
     out.broker = core.name
-    for s in core.consumers_seen.of_group(request.group, core.clock.now_ms()):
+    now_ms = core.clock.now_ms()
+    if request.group:
+        seen = core.consumers_seen.of_group(request.group, now_ms)
+    else:
+        seen, out.cut = core.consumers_seen.every_group(now_ms)
+    for s in seen:
         out.consumers.add(group=s.group, client_id=s.client_id, proxy=s.proxy, last_seen_ms=s.last_seen_ms)

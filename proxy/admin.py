@@ -21,7 +21,7 @@ from popgate_pb.ext import admin_pb2 as apb
 from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 
 from popgate_contract import errors
-from popgate_contract.consumers import latest_consumers
+from popgate_contract.consumers import EVERY_GROUP_LIMIT, first_consumers, latest_consumers
 from popgate_contract.trailer import ERROR_KEY, status_of
 from proxy.auth import Authenticator
 from proxy.routing import BrokerPool
@@ -164,10 +164,14 @@ class AdminService(apb_grpc.AdminServicer):
         return await self._serve(context, lambda: self._consumers(request))
 
     async def _consumers(self, request: bpb.ListConsumersRequest) -> apb.ListConsumersResponse:
-        """Every broker holds every proxy's report: the latest sighting of each client of a group over the answers."""
+        """Every broker holds every proxy's report: the latest sighting of each client of a group over the answers;
+        of every group, the first EVERY_GROUP_LIMIT and `cut` when more are live."""
         answers, failures = await self._fan_out("ListConsumers", request)
-        consumers = latest_consumers(c for a in answers for c in a.consumers)
-        return apb.ListConsumersResponse(consumers=consumers, failures=failures)
+        if request.group:
+            consumers, cut = latest_consumers(c for a in answers for c in a.consumers), False
+        else:
+            consumers, cut = first_consumers(answers, EVERY_GROUP_LIMIT)
+        return apb.ListConsumersResponse(consumers=consumers, failures=failures, cut=cut)
 
     async def ListMessages(
         self, request: apb.ListMessagesRequest, context: grpc.aio.ServicerContext

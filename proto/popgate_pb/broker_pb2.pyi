@@ -577,12 +577,14 @@ class ListConsumersRequest(_message.Message):
     def __init__(self, group: _Optional[str] = ...) -> None: ...
 
 class ListConsumersResponse(_message.Message):
-    __slots__ = ("broker", "consumers")
+    __slots__ = ("broker", "consumers", "cut")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     broker: str
     consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
-    def __init__(self, broker: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ...) -> None: ...
+    cut: bool
+    def __init__(self, broker: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., cut: _Optional[bool] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config", "more")

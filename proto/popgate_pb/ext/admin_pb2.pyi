@@ -98,9 +98,11 @@ class QueryMessagesResponse(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_broker_pb2.FoundMessage, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ..., scanned: _Optional[int] = ..., scan_cut: _Optional[bool] = ...) -> None: ...
 
 class ListConsumersResponse(_message.Message):
-    __slots__ = ("consumers", "failures")
+    __slots__ = ("consumers", "failures", "cut")
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     consumers: _containers.RepeatedCompositeFieldContainer[_broker_pb2.Consumer]
     failures: _containers.RepeatedCompositeFieldContainer[BrokerFailure]
-    def __init__(self, consumers: _Optional[_Iterable[_Union[_broker_pb2.Consumer, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ...) -> None: ...
+    cut: bool
+    def __init__(self, consumers: _Optional[_Iterable[_Union[_broker_pb2.Consumer, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[BrokerFailure, _Mapping]]] = ..., cut: _Optional[bool] = ...) -> None: ...

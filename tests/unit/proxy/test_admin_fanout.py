@@ -1,6 +1,7 @@
 """The admin service's fan-out without sockets (proxy.admin): every broker asked, one that failed named, a
 request every broker refused as bad input refused as the call's, matches merged newest first and cut, a consumer
-seen through several brokers listed once with its latest sighting; the consumer reporter asks live brokers only."""
+seen through several brokers listed once with its latest sighting, a listing of every group cut; the consumer reporter
+asks live brokers only."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
+from popgate_contract.consumers import EVERY_GROUP_LIMIT
 from proxy.admin import AdminService
 from proxy.auth import Authenticator
 from proxy.consumers import ConsumerBook, ConsumerReporter
@@ -79,6 +81,27 @@ async def test_a_client_seen_by_two_proxies_is_one_consumer() -> None:
     b1 = AdminBroker("b1", bpb.ListConsumersResponse(consumers=[before, after]))
     answer = await service(b1)._consumers(bpb.ListConsumersRequest(group="g"))
     assert [(c.client_id, c.proxy) for c in answer.consumers] == [("c1", "p2")]
+
+
+async def test_the_every_group_listing_through_the_proxy_is_bounded_and_says_it_was_cut() -> None:
+    """Each broker answers the first consumers of every group and whether it had more: the proxy lists at most as
+    many, none past the point a broker's answer stopped at (a broker that stopped may not have listed them)."""
+
+    def listed(broker: str, clients: range, *, cut: bool = False) -> AdminBroker:
+        consumers = [bpb.Consumer(group="g", client_id=f"c{i:05d}", proxy="p1", last_seen_ms=i) for i in clients]
+        return AdminBroker(broker, bpb.ListConsumersResponse(broker=broker, consumers=consumers, cut=cut))
+
+    def client_ids(answer: Any) -> list[str]:
+        return [c.client_id for c in answer.consumers]
+
+    every = bpb.ListConsumersRequest(group="")
+    more = range(EVERY_GROUP_LIMIT - 5, EVERY_GROUP_LIMIT + 5)  # 5 past what b1 lists
+    answer = await service(listed("b1", range(EVERY_GROUP_LIMIT)), listed("b2", more))._consumers(every)
+    assert client_ids(answer) == [f"c{i:05d}" for i in range(EVERY_GROUP_LIMIT)] and answer.cut
+    answer = await service(listed("b1", range(0, 20, 2), cut=True), listed("b2", range(1, 41, 2)))._consumers(every)
+    assert client_ids(answer) == [f"c{i:05d}" for i in range(18)] and answer.cut  # b1 stopped before c00018
+    answer = await service(listed("b1", range(10)), listed("b2", range(5)))._consumers(every)
+    assert client_ids(answer) == [f"c{i:05d}" for i in range(10)] and not answer.cut
 
 
 async def test_a_proxy_that_routes_to_no_broker_says_so_and_does_nothing() -> None:
