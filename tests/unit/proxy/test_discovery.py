@@ -104,11 +104,11 @@ async def test_discovery_applies_each_lookup_and_a_failed_lookup_changes_nothing
 
 async def test_a_client_replaced_by_a_move_is_closed_after_its_grace() -> None:
     """A broker pod rescheduled to a new address: its old channel goes once the calls it had could have ended, so
-    a long-lived proxy does not gather channels (proxy.server.BrokerClients)."""
+    a long-lived proxy does not gather channels (proxy.broker_clients.BrokerClients)."""
     import asyncio
 
+    from proxy.broker_clients import BrokerClients
     from proxy.metrics import ProxyMetrics
-    from proxy.server import BrokerClients
     from proxy.settings import Settings
 
     clients = BrokerClients(Settings(broker_srv="_grpc._tcp.b"), ProxyMetrics())
@@ -132,8 +132,8 @@ async def test_a_retired_client_is_closed_after_its_grace_and_its_handles_are_st
     from popgate_pb import broker_pb2 as bpb
 
     from popgate_contract import errors
+    from proxy.broker_clients import BrokerClients
     from proxy.metrics import ProxyMetrics
-    from proxy.server import BrokerClients
     from proxy.settings import Settings
 
     clients = BrokerClients(Settings(broker_srv="_grpc._tcp.b"), ProxyMetrics())
@@ -157,8 +157,8 @@ async def test_a_retired_client_is_closed_after_its_grace_and_its_handles_are_st
 async def test_a_broker_discovery_adds_is_routed_only_once_a_health_check_passed_which_runs_at_once() -> None:
     """A new name (or a known one at a new address) starts down, out of QueryRoute's brokers, and is checked at
     once (`added`: the health monitor's `check_now`), not at the next round."""
+    from proxy.broker_clients import BrokerClients
     from proxy.metrics import ProxyMetrics
-    from proxy.server import BrokerClients
     from proxy.settings import Settings
 
     clients = BrokerClients(Settings(broker_srv="_grpc._tcp.b"), ProxyMetrics())
