@@ -26,6 +26,7 @@ from broker.store import (
     DeleteInflight,
     Op,
     PurgeGroup,
+    PurgeQueueInflight,
     PurgeTopic,
     PutInflight,
     Record,
@@ -107,6 +108,9 @@ class StateCommits:
         if isinstance(op, PurgeGroup):
             state = self.groups.get((op.group, op.topic))
             return [op] if state is None else [op, *state.rows()]
+        if isinstance(op, PurgeQueueInflight):  # likewise: the deliveries made since the reset stay
+            state = self.groups.get((op.group, op.topic))
+            return [op] if state is None else [op, *state.inflight_rows(op.queue_id)]
         if isinstance(op, PutInflight | DeleteInflight | SetPullOffset | SetGroupFilter):
             state = self.groups.get((op.group, op.topic))
             if state is None:

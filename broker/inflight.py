@@ -164,11 +164,14 @@ class GroupTopic:
         return True
 
     def drop_all(self, queue_id: int) -> None:
-        """Forget the queue's deliveries (a reset)."""
+        """Forget the queue's deliveries (a reset). Their heap entries go with the rebuild `_maybe_compact` makes
+        once stale ones dominate, in one pass, not one by one as the timer meets them — tests/unit/broker/
+        test_reset.py::test_a_reset_of_many_deliveries_leaves_no_stale_deadlines_to_drain."""
         inflight = self.queues[queue_id].inflight
         gone = list(inflight.values())
         inflight.clear()
         self._gone(gone)
+        self._maybe_compact()
 
     def make_ready(self, queue_id: int, offset: int, delivery: Delivery) -> None:
         """Queue an expired delivery to be popped again."""
@@ -206,17 +209,24 @@ class GroupTopic:
 
     def rows(self) -> list[Op]:
         """The ops that store this state as it is: its filter, pull offsets, deliveries and ACKED_AHEAD marks."""
-        group, topic = self.group, self.topic
-        ops: list[Op] = [SetGroupFilter(group, topic, str(self.filter))]
+        ops: list[Op] = [SetGroupFilter(self.group, self.topic, str(self.filter))]
         for q in self.queues.values():
-            ops.append(SetPullOffset(group, topic, q.queue_id, q.pull_offset))
-            for offset, d in q.inflight.items():
-                ops.append(PutInflight(group, topic, q.queue_id, offset, d.attempt, d.token, d.deadline_ms))
-            ops.extend(
-                PutInflight(group, topic, q.queue_id, o, ACKED_AHEAD, 0, 0)
-                for o in q.ahead or ()
-                if o not in q.inflight
-            )
+            ops.append(SetPullOffset(self.group, self.topic, q.queue_id, q.pull_offset))
+            ops.extend(self.inflight_rows(q.queue_id))
+        return ops
+
+    def inflight_rows(self, queue_id: int) -> list[Op]:
+        """The ops that store the queue's deliveries and ACKED_AHEAD marks as they are."""
+        group, topic, q = self.group, self.topic, self.queues.get(queue_id)
+        if q is None:
+            return []
+        ops: list[Op] = [
+            PutInflight(group, topic, queue_id, offset, d.attempt, d.token, d.deadline_ms)
+            for offset, d in q.inflight.items()
+        ]
+        ops.extend(
+            PutInflight(group, topic, queue_id, o, ACKED_AHEAD, 0, 0) for o in q.ahead or () if o not in q.inflight
+        )
         return ops
 
     def _valid(self, entry: tuple[int, int, int, int]) -> bool:

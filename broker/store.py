@@ -123,6 +123,15 @@ class PurgeGroup(NamedTuple):
     topic: str
 
 
+class PurgeQueueInflight(NamedTuple):
+    """Every stored delivery and ACKED_AHEAD mark of a group on one queue: an offset reset (broker.reset) drops them
+    all in one statement, not a DeleteInflight each. Applied in its request's turn, as PurgeGroup."""
+
+    group: str
+    topic: str
+    queue_id: int
+
+
 class PurgeTopic(NamedTuple):
     """A topic's messages, queues and every group's state on it: a deleted topic (broker.admin). Applied in its
     request's turn, as PurgeGroup; the topic's offsets start again at 0 should it be created again."""
@@ -130,7 +139,7 @@ class PurgeTopic(NamedTuple):
     topic: str
 
 
-PURGES = (PurgeGroup, PurgeTopic)
+PURGES = (PurgeGroup, PurgeQueueInflight, PurgeTopic)
 
 Op = (
     CreateQueue
@@ -144,6 +153,7 @@ Op = (
     | SetHalfCheck
     | DeleteHalf
     | PurgeGroup
+    | PurgeQueueInflight
     | PurgeTopic
 )
 

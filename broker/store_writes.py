@@ -21,6 +21,7 @@ from broker.store import (
     NewMessage,
     Op,
     PurgeGroup,
+    PurgeQueueInflight,
     PurgeTopic,
     PutHalf,
     PutInflight,
@@ -82,10 +83,12 @@ _SQL = {
     DeleteHalf: "DELETE FROM half_messages WHERE id = ?",
 }
 
-# What a purge deletes (broker.admin): a group's state on a topic; a topic with every group's state on it.
+# What a purge deletes (broker.admin): a group's state on a topic; a group's deliveries on a queue (an offset reset);
+# a topic with every group's state on it.
 PURGE_GROUP = [
     f"DELETE FROM {table} WHERE grp = ? AND topic = ?" for table in ("pull_offsets", "inflight", "group_filters")
 ]
+PURGE_QUEUE_INFLIGHT = "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ?"
 PURGE_TOPIC = [
     f"DELETE FROM {table} WHERE topic = ?"
     for table in ("batches", "queues", "pull_offsets", "inflight", "group_filters")
@@ -193,6 +196,8 @@ def purge(conn: sqlite3.Connection, next_offset: dict[tuple[str, int], int], pur
         if isinstance(op, PurgeGroup):
             for sql in PURGE_GROUP:
                 conn.execute(sql, (op.group, op.topic))
+        elif isinstance(op, PurgeQueueInflight):
+            conn.execute(PURGE_QUEUE_INFLIGHT, op)
         elif isinstance(op, PurgeTopic):
             for sql in PURGE_TOPIC:
                 conn.execute(sql, (op.topic,))

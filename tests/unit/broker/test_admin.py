@@ -18,7 +18,17 @@ from broker import admin, handlers
 from broker.consumers import ConsumerRegistry, Seen
 from broker.core import BrokerCore
 from broker.sqlite_store import SqliteStore
-from broker.store import CreateQueue, NewMessage, Op, PurgeGroup, PurgeTopic, Record, SetGroupFilter, SetPullOffset
+from broker.store import (
+    CreateQueue,
+    NewMessage,
+    Op,
+    PurgeGroup,
+    PurgeQueueInflight,
+    PurgeTopic,
+    Record,
+    SetGroupFilter,
+    SetPullOffset,
+)
 from popgate_contract.errors import BadRequest, InvalidReceiptHandle, StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import ManualClock, broker
 
@@ -295,6 +305,23 @@ async def test_a_group_deletion_written_again_after_the_group_came_back_keeps_it
         await asyncio.sleep(1.1)  # the unacked ones' invisibility passes
         again = await core.pop("t", "g", "*", 32, 30_000, 0)
         assert bodies(again.messages) == [b"m0", b"m1", b"m3"]
+
+
+async def test_a_reset_written_again_after_new_deliveries_keeps_them(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, store):
+        await core.send([pb.Message(topic="t", body=b"m%d" % i) for i in range(4)])
+        await core.pop("t", "g", "*", 4, 30_000, 0)
+        fail_next_commit_with(store, PurgeQueueInflight)
+        with pytest.raises(StoreUnavailable):
+            await reset(core, To.EARLIEST)
+        unacked = await core.pop("t", "g", "*", 2, 1_000, 0)  # delivered again from the new offset
+        assert bodies(unacked.messages) == [b"m0", b"m1"]
+        await core.commits.commit([])  # the Pop's commit has landed, and behind it the reset written again
+        await core.commits.commit([])
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await asyncio.sleep(1.1)  # the unacked ones' invisibility passes
+        again = await core.pop("t", "g", "*", 32, 30_000, 0)
+        assert bodies(again.messages) == [b"m0", b"m1", b"m2", b"m3"]
 
 
 async def test_a_group_deletion_repeated_after_a_refused_commit_is_stored_before_it_answers(tmp_path: Path) -> None:
