@@ -58,5 +58,36 @@ async def test_a_dlq_topic_with_a_letter_held_invisible_stays(tmp_path: Path) ->
         await core.retention.run()
         assert "%DLQ%gone" in core.topics  # its reader may still ack it
         assert await core.ack("%DLQ%gone", "reader", [letter.handle]) == [None]
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="reader"), pb.DeleteGroupResponse())
+        await core.retention.run()
+        assert sorted(core.topics) == ["t"]
+
+
+async def test_an_operator_created_empty_dlq_topic_and_its_watchers_state_stay(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **{**SETTINGS, "auto_create": False}) as (core, _):
+        out = pb.CreateTopicResponse()
+        await admin.create_topic(core, pb.CreateTopicRequest(topic="%DLQ%orders"), out)
+        assert out.created
+        assert (await core.pop("%DLQ%orders", "dlq-watch", "*", 1, 30_000, 0)).messages == []
+        clock.now = T0 + 2 * HOUR_MS
+        await core.retention.run()  # the topic never held a letter: nothing of it is past the retention
+        assert "%DLQ%orders" in core.topics
+        assert ("dlq-watch", "%DLQ%orders") in core.groups
+        assert (await core.pop("%DLQ%orders", "dlq-watch", "*", 1, 30_000, 0)).messages == []
+
+
+async def test_a_dlq_topic_another_group_has_state_on_stays(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        await dead_letter(core, "gone")
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="gone"), pb.DeleteGroupResponse())
+        [letter] = (await core.pop("%DLQ%gone", "dlq-watch", "*", 1, 30_000, 0)).messages
+        assert await core.ack("%DLQ%gone", "dlq-watch", [letter.handle]) == [None]
+        clock.now = T0 + 2 * HOUR_MS
+        await core.retention.run()
+        assert "%DLQ%gone" in core.topics  # the watcher's offsets on it are kept
+        assert ("dlq-watch", "%DLQ%gone") in core.groups
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="dlq-watch"), pb.DeleteGroupResponse())
         await core.retention.run()
         assert sorted(core.topics) == ["t"]
