@@ -24,6 +24,8 @@ from popgate_contract import validation
 from popgate_contract.errors import BadRequest, TooManyRequests
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker.core import BrokerCore
 
 MAX_QUEUES = 256  # queues a created topic may have on one broker
@@ -81,12 +83,19 @@ async def delete_group(core: BrokerCore, request: pb.DeleteGroupRequest, out: pb
         out.dlq_deleted = dlq.existed
 
 
-async def delete_topic(core: BrokerCore, request: pb.DeleteTopicRequest, out: pb.DeleteTopicResponse) -> None:
+async def delete_topic(
+    core: BrokerCore,
+    request: pb.DeleteTopicRequest,
+    out: pb.DeleteTopicResponse,
+    still: Callable[[], bool] | None = None,
+) -> None:
     """Delete the topic's messages and every group's state on it here. Sends to it are refused while it goes
     (TOPIC_NOT_FOUND); held Pops and Notifications of it are answered empty, not left waiting on a topic that is
     gone. Scheduled and half messages of the topic stay and are delivered into it when due (creating it again),
     as RocketMQ's deleteTopic leaves its timer messages. A refused commit leaves the topic gone from memory and not
-    made again until a purge of it commits (StateCommits.purging); a repeat is allowed."""
+    made again until a purge of it commits (StateCommits.purging); a repeat is allowed. `still` (retention's) is
+    asked once the topic's pending commits are in, just before it goes: False leaves it as it is, `out.existed`
+    unset (test_retention_dlq.py::test_a_letter_dead_lettered_while_the_topic_is_dropped_stays)."""
     topic = validation.check_topic(request.topic)
     out.broker = core.name
     if topic in core.sends.deleting:
@@ -95,6 +104,8 @@ async def delete_topic(core: BrokerCore, request: pb.DeleteTopicRequest, out: pb
     try:
         if topic in core.topics:
             await core.store.submit([], [])  # Sends submitted before the mark are committed and announced first
+        if still is not None and not still():
+            return
         log_ = core.topics.get(topic)
         if log_ is not None:
             out.existed = True

@@ -136,10 +136,14 @@ class BrokerCore:
             commits=self.commits,
             cache=self.cache,
             clock=clock,
-            drop_topic=lambda topic: admin.delete_topic(
-                self, pb.DeleteTopicRequest(topic=topic), pb.DeleteTopicResponse()
-            ),
+            drop_topic=self._drop_topic,
         )
+
+    async def _drop_topic(self, topic: str, still: Callable[[], bool]) -> bool:
+        """Retention's deletion of a topic whole, unless `still` fails just before it goes: whether it went."""
+        out = pb.DeleteTopicResponse()
+        await admin.delete_topic(self, pb.DeleteTopicRequest(topic=topic), out, still)
+        return out.existed
 
     # -- start ---------------------------------------------------------------
 

@@ -3,6 +3,7 @@ group is left here: a deleted group's dead-letter topic does not stay for good (
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,35 @@ async def test_a_dlq_topic_another_group_has_state_on_stays(tmp_path: Path) -> N
         await admin.delete_group(core, pb.DeleteGroupRequest(group="dlq-watch"), pb.DeleteGroupResponse())
         await core.retention.run()
         assert sorted(core.topics) == ["t"]
+
+
+async def test_a_letter_dead_lettered_while_the_topic_is_dropped_stays(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, store):
+        await dead_letter(core, "gone")
+        await admin.delete_group(core, pb.DeleteGroupRequest(group="gone"), pb.DeleteGroupResponse())
+        clock.now = T0 + 2 * HOUR_MS
+        submit, in_window = store.submit, asyncio.Event()
+
+        def slow_submit(appends: Any, ops: Any, **kw: Any) -> Any:  # the drop's empty commit, as a slow fsync
+            done = submit(appends, ops, **kw)
+            if appends or ops or in_window.is_set():
+                return done
+            in_window.set()
+
+            async def later() -> Any:
+                result = await done
+                await asyncio.sleep(0.2)
+                return result
+
+            return asyncio.ensure_future(later())
+
+        store.submit = slow_submit  # type: ignore[method-assign]
+        retention = asyncio.ensure_future(core.retention.run())
+        await in_window.wait()
+        store.submit = submit  # type: ignore[method-assign]
+        await dead_letter(core, "gone")  # the group made again dead-letters while the drop waits
+        assert await retention == 0
+        assert core.topics["%DLQ%gone"].queues[0].max_offset == 2
+        letters = (await core.pop("%DLQ%gone", "reader", "*", 2, 30_000, 0)).messages
+        assert [letter.offset for letter in letters] == [0, 1]  # the new letter can be read
