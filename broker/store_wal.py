@@ -1,8 +1,8 @@
 """The SQLite store's write-ahead log stays bounded while the writer commits without a pause: connections run in
 WAL mode with the file cut back when the WAL starts over (`connect`), a checkpointer thread copies the WAL into
 the database beside the writer (`run_checkpointer`), and between two commits the writer starts it over once it
-is past WAL_RESTART_BYTES (`bound_wal`), without waiting for readers: one holding a snapshot (an online backup)
-postpones the restart to the checkpointer's next tick (`WalRestart`), never a commit.
+is past WAL_RESTART_BYTES (`bound_wal`), waiting RESTART_BUSY_MS at most for readers: one holding a snapshot
+longer (an online backup) postpones the restart to the checkpointer's next tick (`WalRestart`), never a commit.
 """
 
 from __future__ import annotations
@@ -24,13 +24,17 @@ BUSY_TIMEOUT_MS = 5000
 # How long the writer's WAL restart waits for a checkpoint under way: about what one tick's writes take to copy; one
 # copying the WAL a long reader held back takes longer, and the restart is postponed to its end instead.
 CHECKPOINT_WAIT_S = 1.0
+# How long the WAL restart waits for readers: a Pop's read ends well within it, a snapshot held longer (an online
+# backup) still makes it fail quickly and postpones it —
+# tests/unit/broker/test_store_wal.py::test_the_wal_stays_bounded_while_short_reads_go_on_without_a_pause.
+RESTART_BUSY_MS = 50
 
 
 class WalRestart:
     """When the writer starts the WAL over: once it is past WAL_RESTART_BYTES, and after an attempt a reader kept
     from it, not before the checkpointer's next checkpoint ended — so a reader holding a snapshot costs the writer
-    one attempt a tick that fails at once, its commits go on, and once the reader let go the checkpointer copies
-    the WAL beside the writer before it tries again —
+    one attempt a tick that fails within RESTART_BUSY_MS, its commits go on, and once the reader let go the
+    checkpointer copies the WAL beside the writer before it tries again —
     tests/unit/broker/test_store_wal.py::test_commits_go_on_while_a_reader_holds_a_snapshot_and_the_wal_restarts_after.
     """
 
@@ -152,8 +156,8 @@ def bound_wal(conn: sqlite3.Connection, writing: threading.Lock, restart: WalRes
     happens while the writer commits without a pause: without this the WAL would grow with everything
     written until a clean stop. Most of it is copied already, so this stalls the writer for the rest only —
     tests/unit/broker/test_sqlite_store.py::test_the_wal_stays_bounded_while_the_writer_never_pauses. It waits
-    at most CHECKPOINT_WAIT_S for a checkpoint under way and never for a reader: a reader on an older snapshot,
-    or a checkpoint copying what one held back, postpones it (`WalRestart`)."""
+    at most CHECKPOINT_WAIT_S for a checkpoint under way and RESTART_BUSY_MS for readers: a reader holding an older
+    snapshot longer, or a checkpoint copying what one held back, postpones it (`WalRestart`)."""
     if not restart.due():
         return
     try:
@@ -168,10 +172,10 @@ def bound_wal(conn: sqlite3.Connection, writing: threading.Lock, restart: WalRes
 
 
 def _restart(conn: sqlite3.Connection, restart: WalRestart) -> bool:
-    """A RESTART checkpoint that fails at once where a reader holds an older snapshot (whether it did), with
-    `restart.checkpointing` held, which it releases."""
+    """A RESTART checkpoint that waits RESTART_BUSY_MS at most for readers (whether one kept it from starting the
+    WAL over), with `restart.checkpointing` held, which it releases."""
     try:
-        conn.execute("PRAGMA busy_timeout=0")
+        conn.execute(f"PRAGMA busy_timeout={RESTART_BUSY_MS}")
         try:
             busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
         finally:

@@ -48,3 +48,33 @@ async def test_commits_go_on_while_a_reader_holds_a_snapshot_and_the_wal_restart
             await commit(store)
     finally:
         await store.close()
+
+
+async def test_the_wal_stays_bounded_while_short_reads_go_on_without_a_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("broker.store_wal.WAL_RESTART_BYTES", 1 << 20)
+    wal = tmp_path / "broker.sqlite3-wal"
+    store = SqliteStore(tmp_path)
+    store.start(asyncio.get_running_loop())
+    small = os.urandom(2048)
+    try:
+        for _ in range(30):
+            await store.submit([NewMessage("t", 0, 1_000, None, small) for _ in range(2)], [])
+        reading = True
+
+        async def reader() -> None:  # a Pop's payload reads, back to back: none holds a snapshot for long
+            while reading:
+                await store.read_payloads("t", {0: list(range(60))})
+
+        readers = [asyncio.ensure_future(reader()) for _ in range(4)]
+        largest = 0
+        for _ in range(256):  # 64 MiB written while the readers read: a WAL never started over holds it all
+            await store.submit([NewMessage("t", 1, 1_000, None, BODY) for _ in range(4)], [])
+            largest = max(largest, wal.stat().st_size)
+            await asyncio.sleep(0.01)  # a steady stream of sends, leaving the readers their share of the CPU
+        reading = False
+        await asyncio.gather(*readers)
+        assert largest < 8 << 20, f"the WAL reached {largest / 2**20:.1f} MiB at a 1 MiB restart size"
+    finally:
+        await store.close()
