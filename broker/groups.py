@@ -22,10 +22,10 @@ from broker.log import QueueLog, TopicLog
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetGroupFilter, SetPullOffset, Snapshot
 from popgate_contract import validation
+from popgate_contract.consumers import MAX_EARLY_LOOKS
 from popgate_contract.errors import IllegalFilter, TooManyRequests
 
 log = logging.getLogger(__name__)
-MAX_EARLY_LOOKS = 10_000  # (group, topic) pairs polled before their topic existed, remembered (see `reader`)
 
 
 class ConsumerGroups:

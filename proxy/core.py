@@ -197,8 +197,8 @@ class Proxy:
         raise last
 
     def broker_up(self, client: BrokerClient) -> None:
-        """`client`'s broker came up (added, moved, or back from down): told of every consumer group this proxy
-        remembers, so that each starts there as on the other brokers (proxy.receive.announce)."""
+        """`client`'s broker came up (added, moved, or back from down): told of the consumer groups this proxy
+        received most recently, so that each starts there as on the other brokers (proxy.receive.announce)."""
         if not self.closing.is_set():
             self._announcer.broker_up(client)
 

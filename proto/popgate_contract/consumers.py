@@ -12,6 +12,12 @@ from popgate_pb import broker_pb2 as bpb
 # tests/unit/broker/test_consumers.py::test_the_every_group_listing_is_bounded_and_says_it_was_cut.
 EVERY_GROUP_LIMIT = 1_000
 
+# The (group, topic) pairs a broker remembers having looked at a topic before it existed, the least recently looked
+# forgotten first (broker.groups); a proxy announces at most this many pairs to a broker that comes up, the most
+# recent last, so that those are the ones it keeps (proxy.receive.announce) — tests/unit/proxy/receive/
+# test_announce.py::test_a_broker_that_comes_up_is_told_the_most_recent_pairs_it_keeps_oldest_first.
+MAX_EARLY_LOOKS = 10_000
+
 
 def latest_consumers(listed: Iterable[bpb.Consumer]) -> list[bpb.Consumer]:
     """One row per client of each group, its latest sighting over every broker's list and every proxy's report: a

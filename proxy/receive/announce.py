@@ -1,5 +1,5 @@
 """Every live broker learns of a consumer group from the group's first receive of a topic through this proxy, and
-every broker that comes up later learns of every group the proxy remembers.
+every broker that comes up later learns of the groups the proxy received most recently.
 
 A broker keeps a group's state on a topic (where it starts, what it has acked, so its lag) from the
 group's first Pop or Notification there, and a receive answered by its first Pop asks one broker only.
@@ -11,9 +11,12 @@ receive first reached that broker — tests/unit/proxy/receive/test_notify_drive
 test_a_groups_first_receive_announces_it_to_every_live_broker_once.
 
 A broker that comes up (discovery adds it or finds it moved, a listed one down at the first receive comes back,
-one restarted on an empty data directory) is told of every remembered pair the same way as soon as it is up,
-before sends can be routed to it by this proxy: the most recently received pairs first, `in_flight` calls at a time
-— tests/integration/proxy/test_group_announce.py. At a broker that knows the group an announcement changes
+one restarted on an empty data directory) is told the same way of the most recent `MAX_EARLY_LOOKS` remembered
+pairs, `in_flight` calls at a time, the least recently received first: a broker without the topic yet keeps that
+many early looks, forgetting the least recent, so the groups in use are the ones it keeps —
+tests/unit/proxy/receive/test_announce.py::test_a_broker_that_comes_up_is_told_the_most_recent_pairs_it_keeps_oldest_first.
+The first `in_flight` go out as soon as it is up, before sends can be routed to it by this proxy; the rest as those
+are answered — tests/integration/proxy/test_group_announce.py. At a broker that knows the group an announcement changes
 nothing: only a group's first look there fixes its start, later ones never move an offset.
 
 Per proxy and bounded (the most recent `capacity` pairs): a proxy restarted, or a pair forgotten, only
@@ -29,6 +32,7 @@ from typing import Any
 
 from popgate_pb import broker_pb2 as bpb
 
+from popgate_contract.consumers import MAX_EARLY_LOOKS
 from proxy.ports import BrokerClient
 
 IN_FLIGHT = 64  # announcements one broker that came up has at a time
@@ -56,9 +60,13 @@ class GroupsSeen:
             self._seen.popitem(last=False)
         return True
 
-    def pairs(self) -> list[tuple[str, str, str]]:
-        """Every remembered (topic, group, filter), the most recently received first."""
-        return [(topic, group, tag_filter) for (topic, group), tag_filter in reversed(self._seen.items())]
+    def pairs(self, most: int | None = None) -> list[tuple[str, str, str]]:
+        """The `most` most recently received (topic, group, filter) (every one by default), the least recent
+        first."""
+        items = list(self._seen.items())
+        if most is not None:
+            items = items[max(0, len(items) - most) :]
+        return [(topic, group, tag_filter) for (topic, group), tag_filter in items]
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -70,13 +78,22 @@ def _outcome_ignored(call: asyncio.Future[Any]) -> None:
 
 
 class Announcer:
-    """Sends the announcements: a pair's first receive to every live broker, every pair to a broker that came up."""
+    """Sends the announcements: a pair's first receive to every live broker, the most recent pairs to a broker that
+    came up."""
 
-    def __init__(self, *, timeout_s: float, in_flight: int = IN_FLIGHT, capacity: int = 100_000) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        in_flight: int = IN_FLIGHT,
+        capacity: int = 100_000,
+        most: int = MAX_EARLY_LOOKS,
+    ) -> None:
         self.seen = GroupsSeen(capacity)
         self._timeout_s = timeout_s
         self._in_flight = in_flight
-        self._to: dict[str, asyncio.Task[None]] = {}  # a broker's announcement of every pair, by broker name
+        self._most = most
+        self._to: dict[str, asyncio.Task[None]] = {}  # a broker's round of announcements, by broker name
 
     def received(self, topic: str, group: str, tag_filter: str, live: Iterable[BrokerClient]) -> None:
         """A receive of (topic, group): on its first sight, announced to the `live` brokers (not awaited: a broker
@@ -86,12 +103,13 @@ class Announcer:
                 self._begin(client, [(topic, group, tag_filter)])
 
     def broker_up(self, client: BrokerClient) -> None:
-        """`client`'s broker came up: every remembered pair is announced to it, the first `in_flight` at once (before
-        this proxy can route anything there), the rest as those are answered; an earlier round to it ends."""
+        """`client`'s broker came up: the most recent `most` pairs are announced to it, the least recent first, the
+        first `in_flight` at once (before this proxy can route anything there), the rest as those are answered; an
+        earlier round to it ends."""
         earlier = self._to.pop(client.name, None)
         if earlier is not None:
             earlier.cancel()
-        pairs = self.seen.pairs()
+        pairs = self.seen.pairs(self._most)
         if not pairs:
             return
         first = self._begin(client, pairs[: self._in_flight])
@@ -119,7 +137,7 @@ class Announcer:
         self, client: BrokerClient, calls: list[asyncio.Future[Any]], rest: Sequence[tuple[str, str, str]]
     ) -> None:
         """Wait for `calls`, then announce `rest` `in_flight` at a time while the broker stays up (down again, it is
-        announced every pair when it is next up)."""
+        announced the pairs again when it is next up)."""
         await asyncio.gather(*calls, return_exceptions=True)  # cancelled with the task: so are the calls
         for start in range(0, len(rest), self._in_flight):
             if not client.healthy:

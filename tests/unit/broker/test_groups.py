@@ -91,3 +91,17 @@ def test_a_known_groups_later_look_moves_no_offset_also_under_latest() -> None:
     ops: list[Op] = []
     assert registry.reader("g", "t", TagFilter.parse("a"), ops, pop_filter=False) is state
     assert ops == [] and {q: gq.pull_offset for q, gq in state.queues.items()} == {0: 3, 1: 3}
+
+
+def test_an_early_look_again_keeps_the_pair_and_the_least_recently_looked_is_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(groups_module, "MAX_EARLY_LOOKS", 2)
+    topics: dict[str, TopicLog] = {}
+    registry = ConsumerGroups(BrokerSettings(), topics)
+    for topic in ("t1", "t2", "t1", "t3"):
+        registry.reader("g", topic, MATCH_ALL, [])
+    for topic in ("t1", "t2", "t3"):
+        topics[topic] = topic_with(topic, 1, queues=1)
+        registry.adopt_early(topic, [])
+    assert sorted(registry.groups) == [("g", "t1"), ("g", "t3")]

@@ -1,5 +1,5 @@
-"""GroupsSeen: which (topic, group) pairs a proxy has announced to the brokers, bounded; Announcer: every pair
-told to a broker that comes up, a bounded number at a time."""
+"""GroupsSeen: which (topic, group) pairs a proxy has announced to the brokers, bounded; Announcer: the most recent
+pairs told to a broker that comes up, a bounded number at a time."""
 
 from __future__ import annotations
 
@@ -35,19 +35,21 @@ def test_capacity_must_be_positive() -> None:
         GroupsSeen(capacity=0)
 
 
-def test_pairs_are_listed_most_recently_received_first_with_their_latest_filter() -> None:
+def test_pairs_are_listed_least_recently_received_first_with_their_latest_filter() -> None:
     seen = GroupsSeen()
     seen.first_sight("t", "a", "x")
     seen.first_sight("t", "b")
     seen.first_sight("t", "a", "y")
-    assert seen.pairs() == [("t", "a", "y"), ("t", "b", "*")]
+    seen.first_sight("t", "c")
+    assert seen.pairs() == [("t", "b", "*"), ("t", "a", "y"), ("t", "c", "*")]
+    assert seen.pairs(2) == [("t", "a", "y"), ("t", "c", "*")]
 
 
 class Recording:
     """A broker whose announcements are answered when the test says (`answer`)."""
 
-    def __init__(self) -> None:
-        self.name = "b2"
+    def __init__(self, name: str = "b2") -> None:
+        self.name = name
         self.healthy = True
         self.pending: list[tuple[bpb.NotificationRequest, asyncio.Future[bpb.NotificationResponse]]] = []
         self.announced: list[str] = []
@@ -69,18 +71,20 @@ class Recording:
             await asyncio.sleep(0)
 
 
-async def test_a_broker_that_comes_up_is_told_every_pair_a_bounded_number_at_a_time_the_first_at_once() -> None:
-    announcer = Announcer(timeout_s=1.0, in_flight=2)
+async def test_a_broker_that_comes_up_is_told_the_most_recent_pairs_it_keeps_oldest_first() -> None:
+    """A broker without the topics keeps only the most recent early looks (MAX_EARLY_LOOKS): it is told no more
+    than that, the least recent first, so that the groups in use are the ones it keeps, not those told first."""
+    announcer = Announcer(timeout_s=1.0, in_flight=2, most=3)
     for group in ("g1", "g2", "g3", "g4", "g5"):
         announcer.received("t", group, "*", [])
+    announcer.received("t", "g2", "*", [])  # received again: the most recent
     broker = Recording()
     announcer.broker_up(cast(BrokerClient, broker))
-    assert broker.announced == ["g5", "g4"]  # before anything else can reach it, the most recent first
+    assert broker.announced == ["g4", "g5"]  # at once, `in_flight` of them
     await broker.answer()
-    assert broker.announced == ["g5", "g4", "g3", "g2"] and len(broker.pending) == 2
+    assert broker.announced == ["g4", "g5", "g2"] and len(broker.pending) == 1
     await broker.answer()
-    await broker.answer()
-    assert broker.announced == ["g5", "g4", "g3", "g2", "g1"] and not broker.pending
+    assert broker.announced == ["g4", "g5", "g2"] and not broker.pending
 
 
 async def test_a_broker_down_again_is_told_no_more_until_it_is_next_up() -> None:
@@ -91,10 +95,10 @@ async def test_a_broker_down_again_is_told_no_more_until_it_is_next_up() -> None
     announcer.broker_up(cast(BrokerClient, broker))
     broker.healthy = False
     await broker.answer()
-    assert broker.announced == ["g3"]
+    assert broker.announced == ["g1"]
     broker.healthy = True
     announcer.broker_up(cast(BrokerClient, broker))
     for _ in range(3):
         await broker.answer()
-    assert broker.announced == ["g3", "g3", "g2", "g1"]
+    assert broker.announced == ["g1", "g1", "g2", "g3"]
     announcer.close()
