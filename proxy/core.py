@@ -177,7 +177,9 @@ class Proxy:
     ) -> Sequence[bpb.SendResult]:
         last: errors.DomainError = errors.BrokerUnavailable("no broker is configured")
         topic = chunk.topic
-        candidates = self.pool.candidates(key)
+        # A broker that came up is tried last while its groups are announced (proxy.receive.announce) —
+        # tests/integration/proxy/test_group_announce.py::test_sends_wait_for_the_announcements_to_a_broker_back_empty.
+        candidates = self._announcer.send_order(self.pool.candidates(key))
         tried = missing = 0
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1

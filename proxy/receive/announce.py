@@ -15,8 +15,9 @@ one restarted on an empty data directory) is told the same way of the most recen
 pairs, `in_flight` calls at a time, the least recently received first: a broker without the topic yet keeps that
 many early looks, forgetting the least recent, so the groups in use are the ones it keeps —
 tests/unit/proxy/receive/test_announce.py::test_a_broker_that_comes_up_is_told_the_most_recent_pairs_it_keeps_oldest_first.
-The first `in_flight` go out as soon as it is up, before sends can be routed to it by this proxy; the rest as those
-are answered — tests/integration/proxy/test_group_announce.py. At a broker that knows the group an announcement changes
+Until that round has ended, at most `hold_s`, sends go to it only when no other live broker takes them
+(`send_order`), so that no send creates a topic there before its groups are announced —
+tests/integration/proxy/test_group_announce.py. At a broker that knows the group an announcement changes
 nothing: only a group's first look there fixes its start, later ones never move an offset.
 
 Per proxy and bounded (the most recent `capacity` pairs): a proxy restarted, or a pair forgotten, only
@@ -26,6 +27,7 @@ announces again, which changes nothing at a broker that knows the group.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,7 +37,9 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_contract.consumers import MAX_EARLY_LOOKS
 from proxy.ports import BrokerClient
 
+log = logging.getLogger(__name__)
 IN_FLIGHT = 64  # announcements one broker that came up has at a time
+HOLD_S = 5.0  # the longest a broker that came up is tried last by sends while its announcements go out
 
 
 class GroupsSeen:
@@ -88,12 +92,15 @@ class Announcer:
         in_flight: int = IN_FLIGHT,
         capacity: int = 100_000,
         most: int = MAX_EARLY_LOOKS,
+        hold_s: float = HOLD_S,
     ) -> None:
         self.seen = GroupsSeen(capacity)
         self._timeout_s = timeout_s
         self._in_flight = in_flight
         self._most = most
+        self._hold_s = hold_s
         self._to: dict[str, asyncio.Task[None]] = {}  # a broker's round of announcements, by broker name
+        self._held_until: dict[str, float] = {}  # loop time until which sends try a broker in `_to` last
 
     def received(self, topic: str, group: str, tag_filter: str, live: Iterable[BrokerClient]) -> None:
         """A receive of (topic, group): on its first sight, announced to the `live` brokers (not awaited: a broker
@@ -104,8 +111,8 @@ class Announcer:
 
     def broker_up(self, client: BrokerClient) -> None:
         """`client`'s broker came up: the most recent `most` pairs are announced to it, the least recent first, the
-        first `in_flight` at once (before this proxy can route anything there), the rest as those are answered; an
-        earlier round to it ends."""
+        first `in_flight` at once, the rest as those are answered; an earlier round to it ends. Until this round
+        ends (at most `hold_s`), `send_order` puts the broker after the other live ones."""
         earlier = self._to.pop(client.name, None)
         if earlier is not None:
             earlier.cancel()
@@ -113,17 +120,43 @@ class Announcer:
         if not pairs:
             return
         first = self._begin(client, pairs[: self._in_flight])
-        task = asyncio.get_running_loop().create_task(self._rest(client, first, pairs[self._in_flight :]))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._rest(client, first, pairs[self._in_flight :]))
         self._to[client.name] = task
-        task.add_done_callback(
-            lambda done: self._to.pop(client.name, None) if self._to.get(client.name) is done else None
-        )
+        self._held_until[client.name] = loop.time() + self._hold_s
+        task.add_done_callback(lambda done: self._ended(client.name, done))
+        loop.call_later(self._hold_s, self._overdue, client.name, task, len(pairs))
+
+    def send_order(self, candidates: Sequence[BrokerClient]) -> list[BrokerClient]:
+        """`candidates` in the order a send tries them: a live broker whose announcements are still going out (for
+        at most `hold_s` after it came up) after the other live ones, before the down ones."""
+        if not self._to:
+            return list(candidates)
+        now = asyncio.get_running_loop().time()
+        return sorted(candidates, key=lambda c: (not c.healthy, now < self._held_until.get(c.name, 0.0)))
+
+    def _ended(self, name: str, done: asyncio.Task[None]) -> None:
+        if self._to.get(name) is done:
+            del self._to[name]
+            self._held_until.pop(name, None)
+
+    def _overdue(self, name: str, task: asyncio.Task[None], count: int) -> None:
+        if self._to.get(name) is task:
+            log.warning(
+                "broker %s: its %d group announcements have not all been answered within %g s; sends go to it"
+                " again meanwhile (a group announced after a send created a topic there starts after that send"
+                " under --consume-from latest)",
+                name,
+                count,
+                self._hold_s,
+            )
 
     def close(self) -> None:
         """Stop every announcement round under way."""
         for task in self._to.values():
             task.cancel()
         self._to.clear()
+        self._held_until.clear()
 
     def _begin(self, client: BrokerClient, pairs: Sequence[tuple[str, str, str]]) -> list[asyncio.Future[Any]]:
         calls: list[asyncio.Future[Any]] = []

@@ -6,6 +6,7 @@ first receive reached that broker."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract.consumers import MAX_EARLY_LOOKS
+from proxy.receive.announce import HOLD_S
 from tests.dns_server import DnsServer
 from tests.integration.proxy.client import V2Client
 from tests.procs import ServerProcess, broker_args, wait_until
@@ -168,10 +170,42 @@ def test_a_broker_back_empty_keeps_the_most_recently_received_groups_past_its_ea
     try:
         back_empty(tmp_path, started, client, b2).start()
         assert wait_until(lambda: routed(client, "T") == {"b1", "b2"}, timeout=10)
-        time.sleep(5)  # every announcement answered
+        time.sleep(HOLD_S)  # every announcement answered
         bodies = [f"m{i}".encode() for i in range(40)]
         for body in bodies:
             assert client.send("T", [body]).status.code == v2.Code.OK
         assert received_all(client, "T", "hot") - {b"before"} == set(bodies)
+    finally:
+        client.close()
+
+
+def test_sends_wait_for_the_announcements_to_a_broker_back_empty(tmp_path: Path, started: list[ServerProcess]) -> None:
+    """A broker back on an empty data directory is told of thousands of groups (many rounds of announcements) while
+    an application keeps sending: no send creates the topic there before a group is announced, so under `latest`
+    every group gets every message, the group received first (told first) as the one received last."""
+    _, b2, proxy = cold_fillers_hot(tmp_path, started, 3_000, "T")
+    client = V2Client(proxy.address)
+    try:
+        b2 = back_empty(tmp_path, started, client, b2)
+        sent: list[bytes] = []
+        stop = threading.Event()
+
+        def send() -> None:
+            sender = V2Client(proxy.address)
+            while not stop.is_set():
+                body = f"m{len(sent)}".encode()
+                if sender.send("T", [body]).status.code == v2.Code.OK:
+                    sent.append(body)
+            sender.close()
+
+        with ThreadPoolExecutor(1) as pool:
+            sending = pool.submit(send)
+            b2.start()
+            assert wait_until(lambda: routed(client, "T") == {"b1", "b2"}, timeout=10)
+            time.sleep(2)
+            stop.set()
+            sending.result()
+        for group in ("cold", "hot"):
+            assert received_all(client, "T", group) - {b"before"} == set(sent), group
     finally:
         client.close()

@@ -1,5 +1,5 @@
 """GroupsSeen: which (topic, group) pairs a proxy has announced to the brokers, bounded; Announcer: the most recent
-pairs told to a broker that comes up, a bounded number at a time."""
+pairs told to a broker that comes up, a bounded number at a time, sends trying it last meanwhile."""
 
 from __future__ import annotations
 
@@ -85,6 +85,41 @@ async def test_a_broker_that_comes_up_is_told_the_most_recent_pairs_it_keeps_old
     assert broker.announced == ["g4", "g5", "g2"] and len(broker.pending) == 1
     await broker.answer()
     assert broker.announced == ["g4", "g5", "g2"] and not broker.pending
+
+
+def names(clients: list[BrokerClient]) -> list[str]:
+    return [c.name for c in clients]
+
+
+async def test_sends_try_a_broker_that_came_up_last_until_its_announcements_are_answered() -> None:
+    announcer = Announcer(timeout_s=1.0, in_flight=1)
+    for group in ("g1", "g2"):
+        announcer.received("t", group, "*", [])
+    b1, b2, b3 = Recording("b1"), Recording("b2"), Recording("b3")
+    b3.healthy = False
+    clients = [cast(BrokerClient, b) for b in (b2, b1, b3)]
+    assert names(announcer.send_order(clients)) == names(clients)
+    announcer.broker_up(clients[0])
+    assert names(announcer.send_order(clients)) == ["b1", "b2", "b3"]  # live before down still
+    await b2.answer()
+    assert names(announcer.send_order(clients)) == ["b1", "b2", "b3"]  # g2 not answered yet
+    await b2.answer()
+    assert names(announcer.send_order(clients)) == names(clients)
+
+
+async def test_sends_go_to_a_broker_that_came_up_again_once_its_announcements_take_longer_than_the_hold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    announcer = Announcer(timeout_s=1.0, hold_s=0.05)
+    announcer.received("t", "g1", "*", [])
+    b1, b2 = Recording("b1"), Recording("b2")
+    clients = [cast(BrokerClient, b) for b in (b2, b1)]
+    announcer.broker_up(clients[0])
+    assert names(announcer.send_order(clients)) == ["b1", "b2"]
+    await asyncio.sleep(0.1)
+    assert names(announcer.send_order(clients)) == names(clients)  # unanswered still: routed anyway, and said so
+    assert "not all been answered within 0.05 s" in caplog.text
+    announcer.close()
 
 
 async def test_a_broker_down_again_is_told_no_more_until_it_is_next_up() -> None:
