@@ -118,12 +118,15 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def _closing(self) -> None:
         self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
 
-    def _give_back(self, messages: list[Message]) -> None:
+    def _give_back(self, messages: list[Message]) -> bool:
         """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than
         invisible for ``invisible`` seconds. Best effort: one attempt each, all at once, at most
-        GIVE_BACK_TIMEOUT_S; a failure is logged at DEBUG (that message comes back after ``invisible``)."""
-        if not messages or sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
-            return
+        GIVE_BACK_TIMEOUT_S; a failure is logged at DEBUG (that message comes back after ``invisible``). Whether
+        the proxy answered every call (whatever it answered): False when one failed to reach it or timed out."""
+        if not messages:
+            return True
+        if sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
+            return False
         timeout = self._give_back_timeout
         try:
             calls = [
@@ -131,8 +134,10 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
                 for request in self._give_back_plan(messages)
             ]
         except ValueError:  # grpc's "channel closed": close() from another thread
-            return
-        log_give_back_failures(log, [call.exception() or call.result() for call in calls])
+            return False
+        answers = [call.exception() or call.result() for call in calls]
+        log_give_back_failures(log, answers)
+        return not any(isinstance(answer, BaseException) for answer in answers)
 
     def ack(self, message: Message, *, wait: bool = True) -> None:
         """Acknowledge one message: it is consumed and never delivered again.

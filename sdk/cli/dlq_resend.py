@@ -8,7 +8,6 @@ on stderr. Whatever a run received and did not re-send is given back when it end
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ from .commands import IdleWait
 from .options import check_listening, connection
 from .output import error_console, explain, msg_rate, progress
 
+GIVE_BACK_AT_ONCE = 32  # give-back calls in flight at a time (a run's batch)
 # A send refused for this letter, not for the run: another letter (another topic, another body) may go.
 REFUSED_FOR_GOOD = (errors.NotFound, errors.BadRequest, errors.Unauthorized)
 
@@ -31,14 +31,18 @@ REFUSED_FOR_GOOD = (errors.NotFound, errors.BadRequest, errors.Unauthorized)
 @dataclass
 class LeftLetters:
     """The dead letters a run left in the DLQ: why each was left (the first reason, in the order met) and the
-    latest delivery of each, to give back when the run ends."""
+    latest delivery of each, to give back when the run ends: its id, topic and receipt handle only, not its body
+    or properties — test_dlq_commands.py::test_a_left_letter_is_kept_without_its_body_until_given_back."""
 
     reasons: dict[str, str] = field(default_factory=dict)  # message id -> why it was left
     held: dict[str, Message] = field(default_factory=dict)  # message id -> its latest delivery, not given back
 
     def leave(self, message: Message, why: str) -> None:
         self.reasons.setdefault(message.message_id, why)  # once, also when it comes back within the run
-        self.held[message.message_id] = message  # an earlier delivery's handle is stale by now
+        # An earlier delivery's handle is stale by now: the latest one's replaces it.
+        self.held[message.message_id] = Message(
+            b"", topic=message.topic, message_id=message.message_id, receipt_handle=message.receipt_handle
+        )
 
     def lines(self, topic: str) -> list[str]:
         """One line per reason, naming its letters."""
@@ -186,8 +190,12 @@ def _resend_one(producer: Producer, message: Message, left: LeftLetters) -> str 
 
 
 def _give_back(consumer: SimpleConsumer, messages: Iterable[Message]) -> None:
-    """Make `messages` visible again at once (a nack with no delay). Best effort: a handle that went stale is a
-    letter delivered again already, and a failure here must not hide the one that stopped the run."""
-    for message in messages:
-        with contextlib.suppress(errors.PopgateError):
-            consumer.nack(message, 0)
+    """Make `messages` visible again at once (a nack with no delay), `GIVE_BACK_AT_ONCE` at a time, each call one
+    attempt of at most 1 s as the SDK's own give-backs. Best effort: a handle that went stale is a letter delivered
+    again already; once a call does not reach the proxy (gone, timed out) the rest are left, as they come back
+    after their invisible time anyway, so that a failure here neither hides the one that stopped the run nor
+    delays it — test_dlq_commands.py::test_dlq_resend_stops_giving_back_at_the_first_call_the_proxy_does_not_answer."""
+    left = list(messages)
+    for start in range(0, len(left), GIVE_BACK_AT_ONCE):
+        if not consumer._give_back(left[start : start + GIVE_BACK_AT_ONCE]):
+            return

@@ -12,6 +12,8 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
@@ -207,3 +209,39 @@ def test_dlq_resend_leaves_a_letter_whose_topic_is_gone_and_resends_the_others(
     out = capsys.readouterr().out
     assert "%DLQ%resend-mix: 1 message(s) not yet re-sent (4 stored)" in out and "resend-gone" in out, out
     assert gone in out or "g0" in out, out
+
+
+def test_dlq_resend_reports_a_proxy_gone_mid_run_within_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The proxy gone at the first re-send of 12 dead letters: the run reports UNAVAILABLE and exits 1 within
+    seconds, the letters it could not give back coming back after their invisible time, rather than retrying each
+    give-back in full against the dead proxy first (~4 s a letter)."""
+    config = ClusterConfig(
+        brokers=1,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path,
+        proxy_args=("--min-invisible-s", "1", "--shutdown-grace-s", "0.5"),
+        broker_args=("--shutdown-grace-s", "0.5"),
+    )
+    with Cluster(config) as cluster:
+        e = cluster.endpoint
+        with Producer(e) as producer:
+            producer.send_many("gone-mid-run", [f"m{i}".encode() for i in range(12)])
+        with SimpleConsumer(e, "gone-mid-run", "gone-mid-run") as consumer:
+            for message in drain(consumer, 12, ack=False):
+                consumer.forward_to_dlq(message)
+        send = Producer.send
+
+        def proxy_killed_first(self: Producer, *args: Any, **kwargs: Any) -> Any:
+            if cluster.proxies[0].running:
+                cluster.proxies[0].kill()
+            return send(self, *args, **kwargs)
+
+        monkeypatch.setattr(Producer, "send", proxy_killed_first)
+        capsys.readouterr()
+        started = time.monotonic()
+        assert main(["dlq", "resend", "gone-mid-run", "-e", e, "--wait", "1", "--quiet"]) == 1
+        took = time.monotonic() - started
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    assert took < 20, took

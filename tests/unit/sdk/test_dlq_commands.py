@@ -81,8 +81,8 @@ def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
         def ack_many(self, messages: list[Message]) -> None:
             self.acked += [m.message_id for m in messages]
 
-        def nack(self, message: Message, delay: float) -> None:
-            pass
+        def _give_back(self, messages: list[Message]) -> bool:
+            return True
 
     class Stopping:
         sent = 0
@@ -120,9 +120,10 @@ class Batch:
     def ack_many(self, messages: list[Message]) -> None:
         self.acked += [m.message_id for m in messages]
 
-    def nack(self, message: Message, delay: float) -> Message:
-        self.given_back.append((message.message_id, delay))
-        return message
+    def _give_back(self, messages: list[Message]) -> bool:
+        """One attempt per message, as the SDK's give-back; whether the proxy answered them (it always does)."""
+        self.given_back += [(m.message_id, 0.0) for m in messages]
+        return True
 
 
 def letters(*origins: str) -> list[Message]:
@@ -169,3 +170,40 @@ def test_dlq_resend_leaves_a_letter_refused_for_good_and_resends_the_others() ->
         "1 dead letter(s) left in %DLQ%g, without ORIGIN_TOPIC: id3",
         "1 dead letter(s) left in %DLQ%g, to bad: refused bad: id4",
     ]
+
+
+def test_dlq_resend_stops_giving_back_at_the_first_call_the_proxy_does_not_answer() -> None:
+    """The proxy gone mid-run: the letters to give back are given back with one attempt each (at most 1 s), and the
+    run stops giving back at the first call that does not reach the proxy (they come back after their invisible
+    time anyway), not each letter retried in full (~4 s each, minutes for a batch) before the error is reported."""
+
+    class Gone(Batch):
+        calls = 0
+
+        def _give_back(self, messages: list[Message]) -> bool:
+            self.calls += 1
+            return False
+
+    class Failing:
+        def send(self, topic: str, message: Message) -> None:
+            raise Unavailable("proxy gone")
+
+    consumer = Gone(letters(*["t"] * 40))
+    left = LeftLetters()
+    left.leave(Message(b"x", message_id="old"), "to t: refused")
+    with pytest.raises(Unavailable):
+        _resend(consumer, Failing(), argparse.Namespace(wait=0.0, count=0), "%DLQ%g", {}, left, lambda n: None)  # type: ignore[arg-type]
+    assert consumer.calls == 2  # the rest of the batch (one call), then the letters left (one call)
+
+
+def test_a_left_letter_is_kept_without_its_body_until_given_back() -> None:
+    left = LeftLetters()
+    letter = Message(
+        b"x" * 1000, topic="%DLQ%g", message_id="id0", properties={"ORIGIN_TOPIC": "t"}, receipt_handle="h1"
+    )
+    left.leave(letter, "to t: refused")
+    letter.receipt_handle = "h2"  # delivered again within the run
+    left.leave(letter, "to t: refused again")
+    kept = left.held["id0"]
+    assert (kept.body, dict(kept.properties), kept.topic, kept.receipt_handle) == (b"", {}, "%DLQ%g", "h2")
+    assert left.reasons == {"id0": "to t: refused"}
