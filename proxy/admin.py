@@ -58,11 +58,13 @@ class AdminService(apb_grpc.AdminServicer):
         authenticator: Authenticator,
         *,
         timeout_s: float,
+        deleted: Callable[..., None] | None = None,
     ) -> None:
         self._pool = pool
         self._brokers = brokers
         self._auth = authenticator
         self._timeout_s = timeout_s
+        self._deleted = deleted  # told of each group or topic deleted (`Proxy.deleted`: announced no more)
 
     async def _serve(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[R]]) -> R:
         """`answer()` after the admin check (not started when it fails), a domain error as its status code and the
@@ -130,7 +132,11 @@ class AdminService(apb_grpc.AdminServicer):
     async def DeleteGroup(
         self, request: bpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
     ) -> apb.DeleteGroupResponse:
-        return await self._serve(context, lambda: self._answer("DeleteGroup", request, apb.DeleteGroupResponse))
+        async def answer() -> apb.DeleteGroupResponse:
+            self._forget(topic=request.topic, group=request.group)  # before the fan-out: no announcement after it
+            return await self._answer("DeleteGroup", request, apb.DeleteGroupResponse)
+
+        return await self._serve(context, answer)
 
     async def CreateTopic(
         self, request: bpb.CreateTopicRequest, context: grpc.aio.ServicerContext
@@ -140,7 +146,15 @@ class AdminService(apb_grpc.AdminServicer):
     async def DeleteTopic(
         self, request: bpb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.DeleteTopicResponse:
-        return await self._serve(context, lambda: self._answer("DeleteTopic", request, apb.DeleteTopicResponse))
+        async def answer() -> apb.DeleteTopicResponse:
+            self._forget(topic=request.topic)
+            return await self._answer("DeleteTopic", request, apb.DeleteTopicResponse)
+
+        return await self._serve(context, answer)
+
+    def _forget(self, *, topic: str = "", group: str = "") -> None:
+        if self._deleted is not None:
+            self._deleted(topic=topic, group=group)
 
     async def QueryMessages(
         self, request: bpb.QueryMessagesRequest, context: grpc.aio.ServicerContext

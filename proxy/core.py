@@ -198,6 +198,10 @@ class Proxy:
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last
 
+    def deleted(self, *, topic: str = "", group: str = "") -> None:
+        """An admin deleted `group` (on `topic`, or every topic) or the whole `topic`: no longer announced."""
+        self._announcer.seen.forget(topic=topic, group=group)
+
     def broker_up(self, client: BrokerClient) -> None:
         """`client`'s broker came up (added, moved, or back from down): told of the consumer groups this proxy
         received most recently, so that each starts there as on the other brokers (proxy.receive.announce)."""

@@ -283,6 +283,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
             brokers.views,
             Authenticator(settings.accounts, skew_s=settings.auth_skew_s),
             timeout_s=settings.broker_timeout_s,
+            deleted=proxy.deleted,
         )
         admin_pb2_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
         health_servicer = health.aio.HealthServicer()

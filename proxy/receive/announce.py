@@ -72,6 +72,13 @@ class GroupsSeen:
             items = items[max(0, len(items) - most) :]
         return [(topic, group, tag_filter) for (topic, group), tag_filter in items]
 
+    def forget(self, *, topic: str = "", group: str = "") -> None:
+        """Forget the pairs of `group` (on `topic`, or on every topic when empty), or every pair of `topic`: deleted by
+        an admin, they are not announced to a broker that comes up (which would give the deleted group its state
+        back there) — test_announce.py::test_a_deleted_group_or_topic_is_not_announced_to_a_broker_that_comes_up."""
+        for key in [k for k in self._seen if (not group or k[1] == group) and (not topic or k[0] == topic)]:
+            del self._seen[key]
+
     def __len__(self) -> int:
         return len(self._seen)
 

@@ -157,3 +157,33 @@ async def test_the_reporter_says_which_clients_of_a_group_other_proxies_report_l
     assert [(m, r.group) for m, r in down.asked + up.asked] == [("ListConsumers", "g")] * 2
     up.fail = errors.BrokerTimeout("slow")
     assert await reporter.reported_elsewhere("g") is None  # nobody answered: unknown
+
+
+class Context:
+    """What the admin service reads of a gRPC call's context: its metadata (none)."""
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+async def test_a_group_or_topic_deleted_through_the_proxy_is_forgotten_before_the_brokers_are_asked() -> None:
+    """The proxy no longer announces what an admin deleted (proxy.receive.announce): told before the fan-out, so no
+    announcement of it can follow the deletion at a broker."""
+    told: list[Any] = []
+    broker = AdminBroker("b1", bpb.DeleteGroupResponse(broker="b1"))
+    svc = AdminService(
+        BrokerPool({"b1": broker}),  # type: ignore[dict-item]
+        list,
+        Authenticator((), skew_s=300),
+        timeout_s=1.0,
+        deleted=lambda **what: told.append(what) or None,
+    )
+    svc._fan_out = lambda *a: asked(told)  # type: ignore[method-assign]
+    await svc.DeleteGroup(bpb.DeleteGroupRequest(group="g"), Context())  # type: ignore[arg-type]
+    await svc.DeleteTopic(bpb.DeleteTopicRequest(topic="t"), Context())  # type: ignore[arg-type]
+    assert told == [{"topic": "", "group": "g"}, "asked", {"topic": "t", "group": ""}, "asked"]
+
+
+async def asked(told: list[Any]) -> tuple[list[Any], list[Any]]:
+    told.append("asked")
+    return [], []

@@ -137,3 +137,19 @@ async def test_a_broker_down_again_is_told_no_more_until_it_is_next_up() -> None
         await broker.answer()
     assert broker.announced == ["g1", "g1", "g2", "g3"]
     announcer.close()
+
+
+async def test_a_deleted_group_or_topic_is_not_announced_to_a_broker_that_comes_up() -> None:
+    """An admin deleted the group (through this proxy): a broker that comes up afterwards is not told of it, which
+    would give the deleted group its state back there; other groups, and a whole topic deleted, likewise."""
+    announcer = Announcer(timeout_s=1.0)
+    for topic, group in (("t", "gone"), ("u", "gone"), ("t", "kept"), ("old", "kept")):
+        announcer.received(topic, group, "*", [])
+    announcer.seen.forget(group="gone")
+    announcer.seen.forget(topic="old")
+    broker = Recording()
+    announcer.broker_up(cast(BrokerClient, broker))
+    assert [(r.topic, r.group) for r, _ in broker.pending] == [("t", "kept")]
+    await broker.answer()
+    announcer.seen.forget(topic="t", group="kept")
+    assert announcer.seen.pairs() == []
