@@ -23,6 +23,7 @@ from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 from popgate_contract import errors
 from popgate_contract.consumers import EVERY_GROUP_LIMIT, first_consumers, latest_consumers
 from popgate_contract.trailer import ERROR_KEY, status_of
+from popgate_contract.validation import check_group, check_topic
 from proxy.auth import Authenticator
 from proxy.routing import BrokerPool
 from proxy.v2.access import metadata_of
@@ -133,7 +134,12 @@ class AdminService(apb_grpc.AdminServicer):
         self, request: bpb.DeleteGroupRequest, context: grpc.aio.ServicerContext
     ) -> apb.DeleteGroupResponse:
         async def answer() -> apb.DeleteGroupResponse:
-            self._forget(topic=request.topic, group=request.group)  # before the fan-out: no announcement after it
+            # Forgotten before the fan-out (no announcement after it), once the names are known good: an empty one
+            # would forget every group — test_admin_fanout.py::test_a_refused_deletion_forgets_nothing
+            check_group(request.group)
+            if request.topic:
+                check_topic(request.topic)
+            self._forget(topic=request.topic, group=request.group)
             return await self._answer("DeleteGroup", request, apb.DeleteGroupResponse)
 
         return await self._serve(context, answer)
@@ -147,7 +153,7 @@ class AdminService(apb_grpc.AdminServicer):
         self, request: bpb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> apb.DeleteTopicResponse:
         async def answer() -> apb.DeleteTopicResponse:
-            self._forget(topic=request.topic)
+            self._forget(topic=check_topic(request.topic))
             return await self._answer("DeleteTopic", request, apb.DeleteTopicResponse)
 
         return await self._serve(context, answer)

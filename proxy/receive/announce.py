@@ -79,6 +79,10 @@ class GroupsSeen:
         for key in [k for k in self._seen if (not group or k[1] == group) and (not topic or k[0] == topic)]:
             del self._seen[key]
 
+    def __contains__(self, pair: object) -> bool:
+        """Whether (topic, group) is remembered."""
+        return pair in self._seen
+
     def __len__(self) -> int:
         return len(self._seen)
 
@@ -182,4 +186,7 @@ class Announcer:
         for start in range(0, len(rest), self._in_flight):
             if not client.healthy:
                 return
-            await asyncio.gather(*self._begin(client, rest[start : start + self._in_flight]), return_exceptions=True)
+            batch = [
+                pair for pair in rest[start : start + self._in_flight] if pair[:2] in self.seen
+            ]  # not deleted since
+            await asyncio.gather(*self._begin(client, batch), return_exceptions=True)

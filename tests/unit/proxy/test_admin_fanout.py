@@ -159,11 +159,21 @@ async def test_the_reporter_says_which_clients_of_a_group_other_proxies_report_l
     assert await reporter.reported_elsewhere("g") is None  # nobody answered: unknown
 
 
+class Aborted(Exception):
+    pass
+
+
 class Context:
-    """What the admin service reads of a gRPC call's context: its metadata (none)."""
+    """What the admin service reads of a gRPC call's context: its metadata (none); an abort raises `Aborted`."""
 
     def invocation_metadata(self) -> tuple[()]:
         return ()
+
+    def set_trailing_metadata(self, metadata: object) -> None:
+        pass
+
+    async def abort(self, code: object, message: str) -> None:
+        raise Aborted(message)
 
 
 async def test_a_group_or_topic_deleted_through_the_proxy_is_forgotten_before_the_brokers_are_asked() -> None:
@@ -187,3 +197,22 @@ async def test_a_group_or_topic_deleted_through_the_proxy_is_forgotten_before_th
 async def asked(told: list[Any]) -> tuple[list[Any], list[Any]]:
     told.append("asked")
     return [], []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda svc: svc.DeleteGroup(bpb.DeleteGroupRequest(topic="orders"), Context()),
+        lambda svc: svc.DeleteGroup(bpb.DeleteGroupRequest(), Context()),
+        lambda svc: svc.DeleteTopic(bpb.DeleteTopicRequest(), Context()),
+    ],
+)
+async def test_a_refused_deletion_forgets_nothing(call: Any) -> None:
+    """An empty name is refused as the brokers refuse it, before the proxy forgets what it would mean ("every")."""
+    told: list[Any] = []
+    svc = AdminService(
+        BrokerPool({}), list, Authenticator((), skew_s=300), timeout_s=1.0, deleted=lambda **what: told.append(what)
+    )
+    with pytest.raises(Aborted):
+        await call(svc)
+    assert told == []

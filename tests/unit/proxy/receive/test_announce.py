@@ -153,3 +153,16 @@ async def test_a_deleted_group_or_topic_is_not_announced_to_a_broker_that_comes_
     await broker.answer()
     announcer.seen.forget(topic="t", group="kept")
     assert announcer.seen.pairs() == []
+
+
+async def test_a_group_deleted_while_a_broker_is_told_is_left_out_of_the_rest_of_its_round() -> None:
+    announcer = Announcer(timeout_s=1.0, in_flight=2)
+    for group in ("g1", "g2", "g3", "g4", "gone"):
+        announcer.received("t", group, "*", [])
+    broker = Recording()
+    announcer.broker_up(cast(BrokerClient, broker))
+    assert broker.announced == ["g1", "g2"]
+    announcer.seen.forget(topic="t", group="gone")  # an admin's DeleteGroup (Proxy.deleted), then its fan-out
+    for _ in range(4):
+        await broker.answer()
+    assert broker.announced == ["g1", "g2", "g3", "g4"]
