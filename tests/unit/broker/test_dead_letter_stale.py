@@ -122,3 +122,18 @@ async def test_a_stale_forward_naming_its_message_dead_letters_it(tmp_path: Path
         await core.change_invisible("t", "g", m.handle, 0)
         message_id = pb.Message.FromString(m.payload).message_id
         assert (await forwarded(core, m.handle, message_id=message_id)).body == b"poison"
+
+
+async def test_a_letter_forwarded_on_from_a_dlq_keeps_its_first_origin(tmp_path: Path) -> None:
+    """A group reading `%DLQ%g` (an official consumer past its own attempts) forwards a letter on: its letter in its
+    own DLQ still names the message's first topic, queue and offset, which `popgate dlq resend` sends it back to."""
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"poison")])
+        [m] = (await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)).messages
+        first = await forwarded(core, m.handle)
+        [letter] = (await core.pop("%DLQ%g", "reader", "*", 1, INVISIBLE_MS, 0)).messages
+        again = (await core.dead_letter("%DLQ%g", "reader", letter.handle)).message  # type: ignore[union-attr]
+        assert again.topic == "%DLQ%reader" and again.body == b"poison"
+        origin = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
+        assert {k: again.properties[k] for k in origin} == {k: first.properties[k] for k in origin}
+        assert again.properties["ORIGIN_TOPIC"] == "t"
