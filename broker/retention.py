@@ -29,7 +29,7 @@ from broker.log import PayloadCache, QueueLog, TopicLog
 from broker.settings import BrokerSettings
 from broker.store import DeleteInflight, Op, SetPullOffset, Store
 from popgate_contract.errors import StoreUnavailable, TooManyRequests
-from popgate_contract.validation import DLQ_PREFIX
+from popgate_contract.validation import DLQ_PREFIX, DLQ_RESEND_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +168,15 @@ class Retention:
 
     def _droppable(self, name: str, cut: int) -> bool:
         """Whether the `%DLQ%` topic `name` held a letter, every letter in it was stored before `cut`, and neither
-        its group nor any group reading it has state here."""
+        its group nor any group reading it has state here — but `popgate dlq resend`'s own group, while it holds none
+        of its letters in flight: with every letter expired it has nothing left to re-send
+        (test_retention_dlq.py::test_a_dlq_topic_dlq_resend_read_goes_once_its_letters_expired)."""
         topic, owner = self.topics.get(name), name[len(DLQ_PREFIX) :]
-        if topic is None or any(group == owner or t == name for group, t in self.groups):
+        if topic is None:
             return False
+        for (group, t), state in self.groups.items():
+            if group == owner or (t == name and (group != DLQ_RESEND_GROUP or state.inflight_count)):
+                return False
         return any(q.max_offset > 0 for q in topic.queues) and all(
             q.stored_before(cut, q.max_offset) == q.max_offset for q in topic.queues
         )

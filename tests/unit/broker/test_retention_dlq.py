@@ -124,3 +124,19 @@ async def test_a_letter_dead_lettered_while_the_topic_is_dropped_stays(tmp_path:
         assert core.topics["%DLQ%gone"].queues[0].max_offset == 2
         letters = (await core.pop("%DLQ%gone", "reader", "*", 2, 30_000, 0)).messages
         assert [letter.offset for letter in letters] == [0, 1]  # the new letter can be read
+
+
+async def test_a_dlq_topic_dlq_resend_read_goes_once_its_letters_expired(tmp_path: Path) -> None:
+    """`popgate dlq resend` leaves its group's state on the topics it read (deleting that group would re-send letters
+    twice): with none of their letters in flight it does not keep a deleted group's DLQ topic; holding one, it does."""
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        for group in ("resent", "held"):
+            await dead_letter(core, group)
+            [letter] = (await core.pop(f"%DLQ%{group}", "popgate-dlq-resend", "*", 1, 3 * HOUR_MS, 0)).messages
+            if group == "resent":
+                assert await core.ack(f"%DLQ%{group}", "popgate-dlq-resend", [letter.handle]) == [None]
+            await admin.delete_group(core, pb.DeleteGroupRequest(group=group), pb.DeleteGroupResponse())
+        clock.now = T0 + 2 * HOUR_MS
+        await core.retention.run()
+        assert "%DLQ%resent" not in core.topics and "%DLQ%held" in core.topics
