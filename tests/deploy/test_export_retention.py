@@ -18,13 +18,14 @@ import pytest
 from .conftest import DEPLOY, KUSTOMIZATIONS, ROOT
 from .manifests import Obj, find, flag, mount_of, one, pod_spec, sidecar, volumes
 
-# Bytes a server exports per minute (six 10 s snapshots) for each topic/group pair (broker) or group label (proxy),
-# with 66-character group names; the largest server: a broker at its default --max-groups, a proxy at its label limit.
+# Bytes a server exports per minute (six 10 s snapshots) for each topic/group pair (broker: each pair on a topic of
+# its own, the most a pair costs) or group label (proxy), with 66-character group names; the largest server: a
+# broker at its default --max-groups, a proxy at its label limit.
 RATES = {
-    "broker": (("StatefulSet", "popgate-broker"), 18_900, 10_000),
+    "broker": (("StatefulSet", "popgate-broker"), 34_400, 10_000),
     "proxy": (("Deployment", "popgate-proxy"), 32_400, 1_000),
 }
-DEV_LARGEST = 200  # the dev overlay's small volumes hold this many pairs or groups
+DEV_LARGEST = 100  # the dev overlay's small volumes hold this many pairs or groups
 ROLL_S = 60  # one finished export file per roll period (docs/METRICS.md)
 QUANTITY = re.compile(r"(\d+)(Ki|Mi|Gi)?")
 
