@@ -76,8 +76,10 @@ class GroupQueue:
 
     @property
     def consumer_offset(self) -> int:
-        """Everything below is acked (RocketMQ's ConsumerOffset)."""
-        return min(self.inflight) if self.inflight else self.pull_offset
+        """Everything below is acked (RocketMQ's ConsumerOffset): never past the pull offset, which a priority Pop may
+        leave behind a message it took ahead — test_priority.py::
+        test_a_message_taken_ahead_in_flight_leaves_the_lag_and_offset_of_the_older_one_waiting."""
+        return min(min(self.inflight), self.pull_offset) if self.inflight else self.pull_offset
 
 
 class GroupTopic:

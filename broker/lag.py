@@ -40,6 +40,8 @@ def queue_lag(log: QueueLog, state: GroupQueue | None, tag_filter: TagFilter, st
     ready = _ready(log, state, pull, tag_filter) - _taken_ahead(log, state, pull, tag_filter)
     if state and state.inflight:
         oldest_offset = min(state.inflight)
+        if oldest_offset >= pull and ready:  # all taken ahead (priority): an older message may wait behind them
+            oldest_offset = min(oldest_offset, log.first_match(pull, tag_filter))
     else:  # nothing ready: no search (with unsummarised blocks it reads every tag after the pull offset)
         oldest_offset = log.first_match(pull, tag_filter) if ready else log.max_offset
     oldest = log.store_ms_at(oldest_offset) if log.min_offset <= oldest_offset < log.max_offset else 0

@@ -153,3 +153,27 @@ async def test_lag_counts_a_message_taken_ahead_once_and_an_acked_one_not_at_all
         await core.ack("t", "g", [m.handle for m in taken.messages])
         [row] = [r.lag for r in core.lags("t", "g") if r.queue_id == 0]
         assert (row.ready, row.inflight, row.lag) == (1, 0, 1)
+
+
+async def test_a_message_taken_ahead_in_flight_leaves_the_lag_and_offset_of_the_older_one_waiting(
+    tmp_path: Path,
+) -> None:
+    """A priority Pop takes a newer message ahead of an older one it leaves waiting: the lag in time is the older
+    one's, and the consumer offset (all below acked) stays at the pull offset, not past the unsent message, so it
+    does not go back when the newer ones are acked."""
+    from tests.unit.broker.cores import ManualClock
+
+    t0, hour = 1_800_000_000_000, 3_600_000
+    clock = ManualClock(t0)
+    async with broker(tmp_path, clock=clock, queues_per_topic=1, flush="sync") as (core, _):
+        await core.send([pb.Message(topic="t", body=b"old-p0")])
+        clock.now = t0 + hour
+        await core.send([pb.Message(topic="t", body=b"new-p9-%d" % i, priority=9) for i in range(3)])
+        clock.now = t0 + 2 * hour
+        popped = await core.pop("t", "g", "*", 3, 30_000, 0)
+        assert bodies(popped) == ["new-p9-0", "new-p9-1", "new-p9-2"]
+        [row] = [x.lag for x in core.lags("t", "g")]
+        assert row.lag_seconds(clock.now) == 2 * 3600 and row.consumer_offset == 0
+        await core.ack("t", "g", [m.handle for m in popped.messages])
+        [row] = [x.lag for x in core.lags("t", "g")]
+        assert row.consumer_offset == 0 and row.lag == 1
