@@ -393,8 +393,10 @@ def _dead_letter_of(payload: bytes, state: GroupTopic, queue_id: int, offset: in
     values = (state.topic, dlq.message_id, str(attempt), str(queue_id), str(offset))
     # A letter forwarded on from a DLQ keeps its first origin, so `popgate dlq resend` sends it back to its own topic
     # — test_dead_letter_stale.py::test_a_letter_forwarded_on_from_a_dlq_keeps_its_first_origin
-    if not (state.topic.startswith(validation.DLQ_PREFIX) and "ORIGIN_TOPIC" in dlq.properties):
-        dlq.properties.update(dict(zip(validation.DLQ_PROPS, values, strict=True)))
+    props = dict(zip(validation.DLQ_PROPS, values, strict=True))
+    if state.topic.startswith(validation.DLQ_PREFIX) and "ORIGIN_TOPIC" in dlq.properties:
+        props = {"DELIVERY_ATTEMPTS": props["DELIVERY_ATTEMPTS"]}  # this group's attempts, the first origin kept
+    dlq.properties.update(props)
     return dlq
 
 

@@ -175,7 +175,7 @@ class Retention:
         if topic is None:
             return False
         for (group, t), state in self.groups.items():
-            if group == owner or (t == name and (group != DLQ_RESEND_GROUP or state.inflight_count)):
+            if group == owner or (t == name and (group != DLQ_RESEND_GROUP or _holds_invisible(state))):
                 return False
         return any(q.max_offset > 0 for q in topic.queues) and all(
             q.stored_before(cut, q.max_offset) == q.max_offset for q in topic.queues
@@ -232,3 +232,8 @@ def _in_flight_floor(queue: QueueLog, states: Iterable[GroupTopic]) -> int:
                 if offset < floor and (fifo is None or not fifo.expired):
                     floor = offset
     return floor
+
+
+def _holds_invisible(state: GroupTopic) -> bool:
+    """Whether the group holds a message invisible (not one given back or expired, waiting to be delivered again)."""
+    return any(not d.expired for q in state.queues.values() for d in q.inflight.values())

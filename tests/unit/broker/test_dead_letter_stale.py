@@ -132,8 +132,13 @@ async def test_a_letter_forwarded_on_from_a_dlq_keeps_its_first_origin(tmp_path:
         [m] = (await core.pop("t", "g", "*", 1, INVISIBLE_MS, 0)).messages
         first = await forwarded(core, m.handle)
         [letter] = (await core.pop("%DLQ%g", "reader", "*", 1, INVISIBLE_MS, 0)).messages
+        await core.change_invisible("%DLQ%g", "reader", letter.handle, 0)  # the reader fails it once: attempt 2
+        [letter] = (await core.pop("%DLQ%g", "reader", "*", 1, INVISIBLE_MS, 0)).messages
+        assert letter.attempt == 2
         again = (await core.dead_letter("%DLQ%g", "reader", letter.handle)).message  # type: ignore[union-attr]
         assert again.topic == "%DLQ%reader" and again.body == b"poison"
         origin = ("ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "ORIGIN_QUEUE_ID", "ORIGIN_OFFSET")
         assert {k: again.properties[k] for k in origin} == {k: first.properties[k] for k in origin}
         assert again.properties["ORIGIN_TOPIC"] == "t"
+        assert again.properties["DELIVERY_ATTEMPTS"] == "2"  # the reader's attempts, not the first group's
+        assert first.properties["DELIVERY_ATTEMPTS"] == "1"

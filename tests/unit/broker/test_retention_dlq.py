@@ -140,3 +140,18 @@ async def test_a_dlq_topic_dlq_resend_read_goes_once_its_letters_expired(tmp_pat
         clock.now = T0 + 2 * HOUR_MS
         await core.retention.run()
         assert "%DLQ%resent" not in core.topics and "%DLQ%held" in core.topics
+
+
+async def test_a_letter_dlq_resend_left_and_gave_back_does_not_keep_the_topic(tmp_path: Path) -> None:
+    """A letter `dlq resend` could not re-send (its topic gone) is given back: waiting, not held, so the deleted
+    group's DLQ topic still goes once its letters expired."""
+    clock = ManualClock(T0)
+    async with broker(tmp_path, clock=clock, **SETTINGS) as (core, _):
+        await dead_letter(core, "g")
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
+        [letter] = (await core.pop("%DLQ%g", "popgate-dlq-resend", "*", 1, 30_000, 0)).messages
+        await core.change_invisible("%DLQ%g", "popgate-dlq-resend", letter.handle, 0)
+        await asyncio.sleep(0.05)  # its deadline passes: given back
+        clock.now = T0 + 2 * HOUR_MS
+        await core.retention.run()
+        assert "%DLQ%g" not in core.topics
