@@ -49,15 +49,7 @@ def sent_then_received(client: V2Client, count: int) -> set[bytes]:
     """Send `count` messages one by one, then receive (and ack) until three receives in a row are empty."""
     for i in range(count):
         assert client.send(TOPIC, [f"m{i}".encode()]).status.code == v2.Code.OK
-    got: set[bytes] = set()
-    empty = 0
-    while empty < 3:
-        _, messages = client.receive(TOPIC, GROUP, poll_s=1)
-        empty = 0 if messages else empty + 1
-        if messages:
-            got |= {m.body for m in messages}
-            client.ack(TOPIC, GROUP, messages)
-    return got
+    return received_all(client, TOPIC, GROUP)
 
 
 def test_a_broker_discovery_adds_after_a_groups_first_receive_starts_it_where_the_others_did(
