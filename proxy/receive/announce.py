@@ -138,11 +138,12 @@ class Announcer:
         task.add_done_callback(lambda done: self._ended(client.name, done))
         loop.call_later(self._hold_s, self._overdue, client.name, task, len(pairs))
 
-    def send_order(self, candidates: Sequence[BrokerClient]) -> list[BrokerClient]:
+    def send_order(self, candidates: list[BrokerClient]) -> list[BrokerClient]:
         """`candidates` in the order a send tries them: a live broker whose announcements are still going out (for
-        at most `hold_s` after it came up) after the other live ones, before the down ones."""
+        at most `hold_s` after it came up) after the other live ones, before the down ones (with none going out, the
+        list itself: a send pays nothing more)."""
         if not self._to:
-            return list(candidates)
+            return candidates
         now = asyncio.get_running_loop().time()
         return sorted(candidates, key=lambda c: (not c.healthy, now < self._held_until.get(c.name, 0.0)))
 

@@ -7,6 +7,8 @@ import asyncio
 import os
 import sqlite3
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,18 @@ from broker.store import NewMessage
 BODY = os.urandom(64 * 1024)
 
 
+@asynccontextmanager
+async def small_wal_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SqliteStore]:
+    """A started store whose WAL starts over past 1 MiB; closed on the way out."""
+    monkeypatch.setattr("broker.store_wal.WAL_RESTART_BYTES", 1 << 20)
+    store = SqliteStore(tmp_path)
+    store.start(asyncio.get_running_loop())
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 async def commit(store: SqliteStore) -> None:
     await store.submit([NewMessage("t", 0, 1_000, None, BODY) for _ in range(4)], [])  # 256 KiB
 
@@ -24,11 +38,8 @@ async def commit(store: SqliteStore) -> None:
 async def test_commits_go_on_while_a_reader_holds_a_snapshot_and_the_wal_restarts_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("broker.store_wal.WAL_RESTART_BYTES", 1 << 20)
     wal = tmp_path / "broker.sqlite3-wal"
-    store = SqliteStore(tmp_path)
-    store.start(asyncio.get_running_loop())
-    try:
+    async with small_wal_store(tmp_path, monkeypatch) as store:
         await commit(store)
         reader = sqlite3.connect(tmp_path / "broker.sqlite3", isolation_level=None)
         reader.execute("BEGIN")
@@ -46,19 +57,14 @@ async def test_commits_go_on_while_a_reader_holds_a_snapshot_and_the_wal_restart
             assert time.monotonic() < deadline, "the WAL was not started over after the reader let go"
             await asyncio.sleep(0.05)
             await commit(store)
-    finally:
-        await store.close()
 
 
 async def test_the_wal_stays_bounded_while_short_reads_go_on_without_a_pause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("broker.store_wal.WAL_RESTART_BYTES", 1 << 20)
     wal = tmp_path / "broker.sqlite3-wal"
-    store = SqliteStore(tmp_path)
-    store.start(asyncio.get_running_loop())
     small = os.urandom(2048)
-    try:
+    async with small_wal_store(tmp_path, monkeypatch) as store:
         for _ in range(30):
             await store.submit([NewMessage("t", 0, 1_000, None, small) for _ in range(2)], [])
         reading = True
@@ -76,5 +82,3 @@ async def test_the_wal_stays_bounded_while_short_reads_go_on_without_a_pause(
         reading = False
         await asyncio.gather(*readers)
         assert largest < 8 << 20, f"the WAL reached {largest / 2**20:.1f} MiB at a 1 MiB restart size"
-    finally:
-        await store.close()
