@@ -20,9 +20,9 @@ that broker is connected but failing its health checks (hung), they are refused 
 (its Session stream was lost or could not connect before the request was written:
 `BrokerNotReached`) waits, within its deadline and at most `RECONNECT_WAIT_S`, for the
 channel to that broker to connect again and is tried once more, when something listens at its
-address (`_listening`: a dead broker's port refuses at once, and so is the request): a broker that has just
-restarted serves it instead of the client getting HA_NOT_AVAILABLE while the channel's
-reconnect back-off runs. One that may have reached
+address (`proxy.broker_channel.listening`: a dead broker's port refuses at once, and so is the
+request): a broker that has just restarted serves it instead of the client getting HA_NOT_AVAILABLE
+while the channel's reconnect back-off runs. One that may have reached
 the broker is not tried again: had it been applied, the retry would be answered "stale
 handle" for an operation that took effect.
 """
@@ -41,10 +41,10 @@ from popgate_pb import broker_pb2_grpc
 
 from popgate_contract import errors
 from popgate_contract.broker_name import name_said
-from popgate_contract.broker_token import client_interceptors
 from popgate_contract.session_client import BrokerSession, failure
 from popgate_contract.trailer import error_of
-from popgate_contract.validation import parse_host_port
+from proxy.broker_call import SESSION_FIELDS, BrokerCall
+from proxy.broker_channel import listening, open_channel, reconnected
 from proxy.outgoing import Chunk
 from proxy.ports import Health, Metrics, NoMetrics
 from proxy.settings import BrokerAddress
@@ -60,59 +60,6 @@ RETRY_MARGIN_S = 0.05  # a retry needs at least this much of its deadline left
 BROKER_SEND_SHARE = 0.8
 
 
-# Broker methods carried on the Session stream: method name (for metrics) → the request's field.
-SESSION_FIELDS = {
-    "Send": "send",
-    "Pop": "pop",
-    "Ack": "ack",
-    "ChangeInvisibleTime": "change_invisible",
-    "Renew": "renew",
-    "Notification": "notification",
-    "GroupConfig": "group_config",
-}
-
-
-class BrokerCall(asyncio.Future):  # type: ignore[type-arg]
-    """The future `GrpcBrokerClient.begin` returns: one Session request, settled by its answer, its timeout or its
-    cancel (which cancels the broker request: a cancel frame). It names its request, so that an answer nobody used
-    can be handed back to the broker (`GrpcBrokerClient.release`).
-
-    A held receive keeps one per broker it waits on, so it is one object with its timer: it is the session's
-    answer callback itself and settles where it is settled, with no done callback (whose context, partial and
-    list a held call would keep) — tests/integration/proxy/test_broker_call.py."""
-
-    __slots__ = ("client", "method", "session", "request_id", "timer")  # set by `begin` (no __init__: made as a
-    client: GrpcBrokerClient  # plain future is)
-    method: str
-    session: BrokerSession
-    request_id: int
-    timer: asyncio.TimerHandle
-
-    def __call__(self, answer: Any) -> None:
-        """The broker's answer (a SessionResponse), or the stream's error."""
-        self.client._answered(self, answer)
-
-    def expire(self) -> None:
-        if not self.done():
-            exc = grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "deadline", None
-            )
-            self.set_exception(self.client._failed(self.method, exc))
-            self.settle()
-
-    def cancel(self, msg: Any = None) -> bool:
-        if not super().cancel(msg):
-            return False
-        self.client._metrics.broker_rpc(self.client.name, self.method, "cancelled")
-        self.settle()
-        return True
-
-    def settle(self) -> None:
-        """Once done: no timer left, and the broker drops the request unless it answered it."""
-        self.timer.cancel()
-        self.session.cancel(self.request_id)  # a no-op once answered
-
-
 class GrpcBrokerClient:
     def __init__(
         self,
@@ -123,33 +70,12 @@ class GrpcBrokerClient:
         tls_ca: bytes | None = None,
         up: bool = True,
     ) -> None:
-        """`tls_ca`: PEM CA bundle: the channel is TLS and the broker's certificate must name `address.host_name`
-        (or the target's host) — tests/integration/proxy/test_broker_tls.py. `up`: the health it has until its
+        """`token`, `tls_ca`: its channel's (`proxy.broker_channel.open_channel`). `up`: the health it has until its
         first check (optimistic for a listed broker, checked before the proxy serves; down for one discovery adds
         while serving)."""
         self._address = address
         self._metrics = metrics or NoMetrics()
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", -1),
-            ("grpc.max_send_message_length", -1),
-            # Reconnect quickly to a restarted broker (the default back-off grows to minutes). Not
-            # grpc.min_reconnect_backoff_ms: it is also the time a connection attempt gets (see sdk/_transport.py).
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 1000),
-            # Its own connection: a client made again for a stuck connection (proxy.health) gets a new one, not the
-            # old one from grpc's process-wide pool — tests/integration/proxy/test_silent_link.py.
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        interceptors = client_interceptors(token) or None
-        if tls_ca is None:
-            self._channel = grpc.aio.insecure_channel(address.target, options=options, interceptors=interceptors)
-        else:
-            if address.host_name:
-                options.append(("grpc.ssl_target_name_override", address.host_name))
-            credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-            self._channel = grpc.aio.secure_channel(
-                address.target, credentials, options=options, interceptors=interceptors
-            )
+        self._channel = open_channel(address, token=token, tls_ca=tls_ca)
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)  # type: ignore[no-untyped-call]
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._status = Health(up)
@@ -234,25 +160,30 @@ class GrpcBrokerClient:
         try:
             response = await call(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise self._failed(method, exc) from None
+            raise self.failed(method, exc) from None
         except asyncio.CancelledError:
-            self._metrics.broker_rpc(self.name, method, "cancelled")
+            self.count(method, "cancelled")
             raise
         self._succeeded(method)
         return response
 
-    def _failed(self, method: str, exc: grpc.aio.AioRpcError) -> errors.DomainError:
+    def count(self, method: str, outcome: str) -> None:
+        """One broker call of `method` ended with `outcome` (its metric)."""
+        self._metrics.broker_rpc(self.name, method, outcome)
+
+    def failed(self, method: str, exc: grpc.aio.AioRpcError) -> errors.DomainError:
+        """The proxy's error for a broker call that failed with `exc`; a broker found unreachable is marked down."""
         error = error_of(exc, self.name)
         if self._closed:  # this proxy is stopping: its own calls end, the broker is not down (nor reported so)
-            self._metrics.broker_rpc(self.name, method, "cancelled")
+            self.count(method, "cancelled")
             return error
         if isinstance(error, errors.BrokerUnavailable):
             self._set_health(False, f"{method}: {exc.code().name}")
-        self._metrics.broker_rpc(self.name, method, error.name)
+        self.count(method, error.name)
         return error
 
     def _succeeded(self, method: str) -> None:
-        self._metrics.broker_rpc(self.name, method, "ok")
+        self.count(method, "ok")
         if not self._status.up:
             self._set_health(True, f"{method} succeeded")
 
@@ -293,19 +224,20 @@ class GrpcBrokerClient:
             session = self._live_session()
             result.request_id = session.submit(request, result)
         except grpc.aio.AioRpcError as exc:
-            result.set_exception(self._failed(method, exc))
+            result.set_exception(self.failed(method, exc))
             return result
         result.session = session
         result.timer = loop.call_later(timeout_s, result.expire)
         return result
 
-    def _answered(self, result: BrokerCall, answer: Any) -> None:
+    def answered(self, result: BrokerCall, answer: Any) -> None:
+        """`result`'s broker answer (a SessionResponse) or its stream's error."""
         method = result.method
         if result.done():  # settled already: the session forgot it then, so no answer comes (a guard)
             return
         error = answer if isinstance(answer, grpc.aio.AioRpcError) else failure(answer)
         if error is not None:
-            result.set_exception(self._failed(method, error))
+            result.set_exception(self.failed(method, error))
         else:
             self._succeeded(method)
             result.set_result(getattr(answer, SESSION_FIELDS[method]))
@@ -353,30 +285,12 @@ class GrpcBrokerClient:
             # an ack for a broker that is down fails at once, each retry of it too — test_broker_failure.py::
             # test_an_ack_to_a_dead_broker_is_refused_at_once_not_after_a_reconnect_wait.
             # (The probe may take the whole wait: a far broker or a slow DNS answer is not taken for a dead one.)
-            if wait_s <= 0 or not await self._listening(wait_s):
+            if wait_s <= 0 or not await listening(self._address, wait_s):
                 raise exc from None
             wait_s = min(wait_s, end - loop.time() - RETRY_MARGIN_S)
-            if wait_s <= 0 or not await self._reconnected(wait_s):
+            if wait_s <= 0 or not await reconnected(self._channel, wait_s):
                 raise exc from None
         return await attempt(max(RETRY_MARGIN_S, end - loop.time()))
-
-    async def _listening(self, within_s: float) -> bool:
-        """Whether something accepts a TCP connection at the broker's address now (closed at once). The
-        channel cannot say: while its reconnect back-off runs it fails calls without trying."""
-        host, port = parse_host_port(self._address.target, what=f"broker {self.name}")
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), within_s)
-        except (OSError, TimeoutError):
-            return False
-        writer.close()
-        return True
-
-    async def _reconnected(self, within_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), within_s)
-        except TimeoutError:
-            return False
-        return True
 
     def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
         request.v2 = True  # each message with its stored v2 system properties: proxy.v2.convert.client_items

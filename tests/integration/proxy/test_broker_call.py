@@ -1,4 +1,4 @@
-"""A broker call of the proxy (`proxy.brokers.BrokerCall`) against a real broker: held, it keeps nothing but itself
+"""A broker call of the proxy (`proxy.broker_call.BrokerCall`) against a real broker: held, it keeps nothing but itself
 and its timer; cancelled or past its timeout, the broker drops the request it held."""
 
 from __future__ import annotations
