@@ -6,7 +6,7 @@ one row per queue (a batch, commit-log style), consumer-state ops as one
 statement per kind — commits once, and hands the results back to the event loop
 in one callback. ``flush=sync`` sets ``synchronous=FULL`` (fsync before a commit is
 acknowledged); ``async`` sets ``NORMAL`` (WAL without fsync: survives kill -9,
-not power loss). Reads use a second connection on a reader thread.
+not power loss). Reads use a second connection on a reader thread (`broker.store_reader`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 from broker import store_files, store_layout, store_reads, store_wal, store_writes
-from broker.batches import PayloadEnds
 from broker.purges import PurgeCounts
 from broker.store import (
     PURGES,
@@ -38,6 +36,7 @@ from broker.store import (
     Snapshot,
 )
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, STATE_DELAY_S, LoopLoad, small_enough
+from broker.store_reader import StoreReader
 from broker.store_writes import Cut, Deletion, Request
 from broker.throttled import Throttled as _Throttled
 from popgate_contract.errors import StoreUnavailable
@@ -98,14 +97,11 @@ class SqliteStore:
         self._writer: threading.Thread | None = None
         self._checkpointer: threading.Thread | None = None
         self._stop_checkpoints = threading.Event()
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-reader")
-        self._read_conn: sqlite3.Connection | None = None
-        self._payload_ends = PayloadEnds()  # the reading thread's (`read_payloads`)
+        self._reads = StoreReader(self._path, self._connect)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._commit_failed = _Throttled(log.error)  # the writer's
         self._checkpoint_failed = _Throttled(log.warning)  # the checkpointer's
-        self._read_failed = _Throttled(log.error)  # the reader's
         found = store_wal.wal_bytes(self._wal_path)
         self._conn = self._connect()
         self._moved: str | None = None  # what happened to the data directory's files, once `files_moved` saw it
@@ -138,9 +134,7 @@ class SqliteStore:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        # Opened now, not at the first read: the file it reads is the one the broker opened, whatever happens to
-        # the data directory's path or permissions meanwhile.
-        self._read_conn = self._connect()
+        self._reads.open()
         # Checkpoints move the WAL into the database file. Run by the writer (SQLite's default,
         # every 1000 pages) they stall the commit that triggers them; a checkpointer thread on its own
         # connection does them PASSIVE, beside the writer.
@@ -372,7 +366,7 @@ class SqliteStore:
     async def retained_from(self, targets: Sequence[Cut]) -> dict[tuple[str, int], int]:
         """For each (topic, queue, offset): where the queue would start once the rows wholly below the offset
         are deleted (`store_reads.retained_from`). Queues with no row are left out."""
-        return await self._read(lambda conn: store_reads.retained_from(conn, targets))
+        return await self._reads.retained_from(targets)
 
     def _deliver(self, batch: list[Request]) -> None:
         for request in batch:
@@ -390,43 +384,21 @@ class SqliteStore:
             if not request.future.done():
                 request.future.set_result(result)
 
-    # -- reads ---------------------------------------------------------------
-
-    def _reader_conn(self) -> sqlite3.Connection:
-        if self._read_conn is None:
-            self._read_conn = self._connect()
-        return self._read_conn
-
-    def _read(self, read: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        """`read` on the reader thread, with its connection; a failure of the store's is StoreUnavailable (a
-        Pop undoes its deliveries on it: broker.pop), logged at most every broker.throttled.FAILURE_LOG_EVERY_S."""
-
-        def run() -> T:
-            try:
-                return read(self._reader_conn())
-            except (sqlite3.Error, OSError) as exc:
-                self._read_failed("store read failed: %s", exc)
-                raise StoreUnavailable(f"store read failed ({self._path}): {exc}") from None
-
-        return asyncio.get_running_loop().run_in_executor(self._reader, run)
+    # -- reads (`broker.store_reader`) ----------------------------------------
 
     async def read_payloads(self, topic: str, wanted: Mapping[int, Sequence[int]]) -> dict[tuple[int, int], bytes]:
-        if not any(wanted.values()):
-            return {}
-        return await self._read(lambda conn: store_reads.read_payloads(conn, self._payload_ends, topic, wanted))
+        return await self._reads.read_payloads(topic, wanted)
 
     async def read_range(
         self, topic: str, queue_id: int, from_offset: int, limit: int, *, max_bytes: int | None = None
     ) -> list[Record]:
-        return await self._read(
-            lambda conn: store_reads.read_range(conn, topic, queue_id, from_offset, limit, max_bytes)
-        )
+        return await self._reads.read_range(topic, queue_id, from_offset, limit, max_bytes)
 
     async def read_scheduled(self, schedule_ids: Sequence[int]) -> list[PutScheduled]:
-        return await self._read(lambda conn: store_reads.read_scheduled(conn, schedule_ids))
+        return await self._reads.read_scheduled(schedule_ids)
 
     async def read_halves(self, half_ids: Sequence[int]) -> list[PutHalf]:
-        return await self._read(lambda conn: store_reads.read_halves(conn, half_ids))
+        return await self._reads.read_halves(half_ids)
 
     async def close(self) -> None:
         if self._closed:
@@ -439,8 +411,6 @@ class SqliteStore:
             await asyncio.get_running_loop().run_in_executor(None, self._writer.join)
         if self._checkpointer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._checkpointer.join)
-        self._reader.shutdown(wait=True)
-        if self._read_conn is not None:
-            self._read_conn.close()
+        self._reads.close()
         self._conn.close()
         os.close(self._lock)  # the data directory is free for the next broker

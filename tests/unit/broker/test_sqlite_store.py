@@ -297,9 +297,9 @@ async def test_flush_sets_how_sqlite_syncs_its_commits(tmp_path: Path, flush: st
     store.start(asyncio.get_running_loop())
     await store.submit([message(0)], [])
     assert await payloads(store, 0, [0]) == {0: message(0).payload}  # opens the reading connection
-    assert store._read_conn is not None
+    assert store._reads.conn is not None
     writing = store._conn.execute("PRAGMA synchronous").fetchone()[0]
-    reading = store._read_conn.execute("PRAGMA synchronous").fetchone()[0]
+    reading = store._reads.conn.execute("PRAGMA synchronous").fetchone()[0]
     await store.close()
     assert (writing, reading) == (synchronous, synchronous)
 
