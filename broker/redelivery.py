@@ -13,16 +13,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
 from broker.clock import Clock
 from broker.filters import MATCH_ALL, TagFilter
 from broker.inflight import Delivery, GroupTopic
+from broker.letters import MovedLog, letter_of
 from broker.log import QueueLog, TopicLog
 from broker.longpoll import HoldService
 from broker.send import SendPath
@@ -35,10 +35,9 @@ log = logging.getLogger(__name__)
 
 # Dead-letter moves under way at once (each a payload read and a commit); the others wait in `Redelivery._to_dlq`,
 # so however many deliveries run out of attempts at once, memory and tasks stay bounded and the log gets one line
-# per topic, group and attempt count (`LOG_EVERY_S`) — tests/unit/broker/test_redelivery.py::
+# per topic, group and attempt count (`broker.letters.LOG_EVERY_S`) — tests/unit/broker/test_redelivery.py::
 # test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_time.
 MAX_DLQ_MOVES = 64
-LOG_EVERY_S = 1.0  # dead letters are logged as one line per topic, group and attempt count at most this often
 # Expired deliveries one `expire` moves: when many share a deadline, the timer moves the rest a slice per loop turn,
 # waking held requests after each, so other calls are served meanwhile — tests/unit/broker/test_redelivery_storm.py::
 # test_a_deadline_shared_by_many_is_expired_a_slice_a_loop_turn_each_once_in_order.
@@ -72,8 +71,7 @@ class Redelivery:
         self._tasks: set[asyncio.Task[object]] = set()
         self._to_dlq: deque[tuple[GroupTopic, int, int, Delivery]] = deque()  # out of attempts, not yet moved
         self._movers = 0  # tasks moving `_to_dlq` (at most MAX_DLQ_MOVES)
-        self._moved: Counter[tuple[str, str, int]] = Counter()  # (topic, group, attempts): moved, not yet logged
-        self._log_timer: asyncio.TimerHandle | None = None
+        self._moved = MovedLog()
         self._retry_failed = Throttled(log.warning)  # a store that cannot be read fails every retry alike
 
     def take(
@@ -292,7 +290,7 @@ class Redelivery:
         payloads = await self.payloads(topic, [(queue_id, offset)])
         if not self._live(state) or state.current(queue_id, offset, delivery.token) is None:
             raise InvalidReceiptHandle("the message was acked or redelivered meanwhile")
-        dlq = _dead_letter_of(payloads[(queue_id, offset)], state, queue_id, offset, delivery.attempt)
+        dlq = letter_of(payloads[(queue_id, offset)], state, queue_id, offset, delivery.attempt)
         if message_id and dlq.message_id != message_id:
             return None
         if not dlq.message_id:
@@ -338,22 +336,7 @@ class Redelivery:
         if fifo:
             state.queues[queue_id].fifo.discard(offset)
             self.released(state, queue_id)
-        self._moved[(state.topic, state.group, delivery.attempt)] += 1
-        if self._log_timer is None:
-            self._log_timer = asyncio.get_running_loop().call_later(LOG_EVERY_S, self._log_moved)
-
-    def _log_moved(self) -> None:
-        """One line per topic, group and attempt count for the dead letters moved since the last one."""
-        self._log_timer = None
-        for (topic, group, attempts), count in self._moved.items():
-            log.info(
-                "dead-lettered %d message(s) of %s after %s attempts to %s",
-                count,
-                topic,
-                attempts,
-                validation.DLQ_PREFIX + group,
-            )
-        self._moved.clear()
+        self._moved.moved(state.topic, state.group, delivery.attempt)
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -372,32 +355,7 @@ class Redelivery:
         self._timers.clear()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
-        if self._log_timer is not None:
-            self._log_timer.cancel()
-            self._log_moved()
-
-
-def _dead_letter_of(payload: bytes, state: GroupTopic, queue_id: int, offset: int, attempt: int) -> pb.Message:
-    """The message to store in `%DLQ%<group>`: the original with its origin in properties. A stored payload that
-    does not parse (the data file damaged under SQLite's notice) goes there as it is, as the body of a message
-    marked UNREADABLE_PAYLOAD, rather than blocking its queue (a FIFO queue for good) or failing every Pop."""
-    dlq = pb.Message()
-    try:
-        dlq.MergeFromString(payload)
-    except DecodeError:
-        log.error("%s/%s/%s: stored payload does not parse; dead-lettered as it is", state.topic, queue_id, offset)
-        dlq.Clear()
-        dlq.body = payload
-        dlq.properties["UNREADABLE_PAYLOAD"] = "true"
-    dlq.topic = validation.DLQ_PREFIX + state.group
-    values = (state.topic, dlq.message_id, str(attempt), str(queue_id), str(offset))
-    # A letter forwarded on from a DLQ keeps its first origin, so `popgate dlq resend` sends it back to its own topic
-    # — test_dead_letter_stale.py::test_a_letter_forwarded_on_from_a_dlq_keeps_its_first_origin
-    props = dict(zip(validation.DLQ_PROPS, values, strict=True))
-    if state.topic.startswith(validation.DLQ_PREFIX) and "ORIGIN_TOPIC" in dlq.properties:
-        props = {"DELIVERY_ATTEMPTS": props["DELIVERY_ATTEMPTS"]}  # this group's attempts, the first origin kept
-    dlq.properties.update(props)
-    return dlq
+        self._moved.flush()
 
 
 def goes_to(tag_filter: TagFilter, queue: QueueLog, offset: int) -> bool:

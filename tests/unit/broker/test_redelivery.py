@@ -212,7 +212,7 @@ async def test_many_dead_letters_due_at_once_are_moved_a_bounded_number_at_a_tim
     count = 500
     reading = [0, 0]  # now, most at once
 
-    with caplog.at_level(logging.INFO, logger="broker.redelivery"):
+    with caplog.at_level(logging.INFO, logger="broker.letters"):
         redelivery, state, _ = make(store)
         payloads = redelivery.payloads
 
