@@ -24,7 +24,7 @@ from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
 from popgate_contract.broker_token import TokenInterceptor
 from popgate_contract.errors import StoreUnavailable
-from popgate_process import certs
+from popgate_process import certs, event_loop
 from popgate_process.collector import collect_less_often
 from popgate_process.config import cannot_listen
 from popgate_process.logs import configure_logging
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level, settings.log_format)  # --log-level, --log-format text|json
     collect_less_often()
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings))
     except (StoreUnavailable, StartError) as exc:  # data directory in use or unusable, a port taken, ...
         log.error("cannot start: %s", exc)
         raise SystemExit(1) from None

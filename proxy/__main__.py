@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from popgate_process import event_loop
 from popgate_process.collector import collect_less_often
 from popgate_process.logs import configure_logging
 from proxy.server import serve
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return_large_buffers_to_the_os()
     collect_less_often()
     try:
-        asyncio.run(_run(argv))
+        event_loop.run(_run(argv))
     except SettingsError as exc:
         print(f"popgate-proxy: {exc}", file=sys.stderr)
         return 2
