@@ -1,7 +1,9 @@
-"""A tiny asyncio HTTP server for Prometheus ``/metrics`` (and ``/healthz``).
+"""A tiny asyncio HTTP server for Prometheus ``/metrics`` (and ``/livez``, alias ``/healthz``).
 
 It runs on the process's event loop, so collectors read live state without
 locks. Only GET is served; each connection answers one request and closes.
+``/livez`` answers 200 whenever the loop turns, whatever the process's gRPC health says: the servers' pods use it
+as their liveness probe — tests/deploy/test_k8s.py.
 Live state is read on the loop; the metric families are built and formatted
 as text in a worker thread (see `_exposition`).
 """
@@ -82,7 +84,7 @@ class MetricsServer:
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET\n"
             elif path == "/metrics":
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, await self._exposition()
-            elif path == "/healthz":
+            elif path in ("/livez", "/healthz"):
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"

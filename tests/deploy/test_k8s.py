@@ -180,18 +180,30 @@ def test_servers_probe_grpc_health_drain_and_are_scraped(
     c = container(workload)
     # Held long polls last at most 30 s and are answered on SIGTERM.
     assert spec["terminationGracePeriodSeconds"] >= 45
-    for probe in ("readinessProbe", "livenessProbe"):
-        if "grpc" in c[probe]:
-            assert c[probe]["grpc"]["port"] == port(c, "grpc"), probe
-        else:  # TLS: kubelet's grpc probe cannot speak it (test_posture.py checks the TLS options)
-            command = c[probe]["exec"]["command"]
-            assert command[0] == "popgate-grpc-health" and command[-1] == f"127.0.0.1:{port(c, 'grpc')}", probe
+    if "grpc" in c["readinessProbe"]:
+        assert c["readinessProbe"]["grpc"]["port"] == port(c, "grpc")
+    else:  # TLS: kubelet's grpc probe cannot speak it (test_posture.py checks the TLS options)
+        command = c["readinessProbe"]["exec"]["command"]
+        assert command[0] == "popgate-grpc-health" and command[-1] == f"127.0.0.1:{port(c, 'grpc')}"
     annotations = workload["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == port(c, "metrics")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["POPGATE_METRICS_LISTEN"].endswith(f":{port(c, 'metrics')}")
     assert env["POPGATE_LISTEN"].endswith(f":{port(c, 'grpc')}")
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("server", sorted(SERVERS))
+def test_liveness_asks_whether_the_process_runs_not_whether_it_is_ready(
+    rendered: dict[str, list[Obj]], name: str, server: str
+) -> None:
+    """A broker whose files were deleted, or a proxy whose first discovery lookup has not answered, is not ready
+    (gRPC health NOT_SERVING) on purpose, and a restart fixes neither (a broker's would serve an empty store under
+    its name): liveness is the metrics server's /livez, which answers while the process's event loop runs."""
+    c = container(one(rendered[name], *SERVERS[server]))
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": port(c, "metrics")}
+    assert c["livenessProbe"] != c["readinessProbe"]
 
 
 @pytest.mark.parametrize("name", ALL)

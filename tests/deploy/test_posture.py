@@ -261,12 +261,11 @@ def test_prod_proxies_serve_tls_from_a_cert_manager_certificate(rendered: dict[s
     (ca,) = [c for c in find(objs, "Certificate") if c["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]]
     assert ca["spec"]["isCA"] is True
     assert "selfSigned" in one(objs, "Issuer", ca["spec"]["issuerRef"]["name"])["spec"]
-    # Probes speak TLS and verify against the CA cert-manager writes beside the certificate.
-    for probe in ("readinessProbe", "livenessProbe"):
-        command = container(proxies)[probe]["exec"]["command"]
-        assert flag(command, "--tls-ca") == tls_mount["mountPath"] + "/ca.crt"
-        assert flag(command, "--server-name") in spec["dnsNames"]
-        assert command[-1] == f"127.0.0.1:{port(container(proxies), 'grpc')}"
+    # Readiness speaks TLS and verifies against the CA cert-manager writes beside the certificate.
+    command = container(proxies)["readinessProbe"]["exec"]["command"]
+    assert flag(command, "--tls-ca") == tls_mount["mountPath"] + "/ca.crt"
+    assert flag(command, "--server-name") in spec["dnsNames"]
+    assert command[-1] == f"127.0.0.1:{port(container(proxies), 'grpc')}"
 
 
 def dns_name_matches(pattern: str, name: str) -> bool:
@@ -299,7 +298,7 @@ def test_prod_proxies_reach_brokers_over_tls_verified_by_their_discovered_names(
     proxy_certificate = [c for c in find(objs, "Certificate") if c["metadata"]["name"] == "popgate-proxy-tls"]
     assert [c["spec"]["issuerRef"] for c in proxy_certificate] == [spec["issuerRef"]]
     # Kubelet's grpc probe cannot speak TLS: the broker's probes verify it as a proxy would.
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         command = container(brokers)[probe]["exec"]["command"]
         assert flag(command, "--tls-ca") == tls_mount["mountPath"] + "/ca.crt"
         assert any(dns_name_matches(p, flag(command, "--server-name")) for p in spec["dnsNames"])

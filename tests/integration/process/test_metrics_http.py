@@ -52,6 +52,12 @@ def test_a_query_string_does_not_change_the_path() -> None:
     assert exchange(b"GET /healthz?probe=1 HTTP/1.1\r\n\r\n")[0] == "HTTP/1.1 200 OK"
 
 
+def test_livez_answers_while_the_loop_turns() -> None:
+    """What the servers' livenessProbe asks: 200 whatever their gRPC health says."""
+    status, _, body = exchange(b"GET /livez HTTP/1.1\r\n\r\n")
+    assert status == "HTTP/1.1 200 OK" and body == b"ok\n"
+
+
 def test_other_methods_and_paths_are_refused_plainly() -> None:
     status, headers, _ = exchange(b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
     assert status == "HTTP/1.1 405 Method Not Allowed" and headers["allow"] == "GET, HEAD"
