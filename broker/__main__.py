@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sqlite3
@@ -59,15 +60,20 @@ class StartError(Exception):
 
 
 async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: AsyncExitStack) -> BrokerCore:
-    """The store, loaded and started, and the core restored from it: both closed by `stack` (core first)."""
+    """The store, loaded and started, and the core restored from it: both closed by `stack` (core first). Opened
+    and loaded off the event loop (a layout migration or a large load takes minutes): /livez and /metrics answer
+    meanwhile — tests/integration/broker/test_start.py::test_livez_and_metrics_answer_while_the_store_opens."""
+    loop = asyncio.get_running_loop()
+    opening = functools.partial(
+        SqliteStore, settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe
+    )
     try:
-        store = SqliteStore(settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe)
+        store = await loop.run_in_executor(None, opening)
     except OSError as exc:  # not a directory, no permission, a read-only file system
         raise StartError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from None
     except sqlite3.Error as exc:  # not a database, damaged, or the disk full (a new store's tables not written)
         raise StartError(f"--data-dir {settings.data_dir}: the store cannot be opened ({exc})") from None
     stack.push_async_callback(store.close)
-    loop = asyncio.get_running_loop()
     try:
         snapshot = await loop.run_in_executor(None, store.load)
     except sqlite3.Error as exc:  # damaged pages (a damaged row: StoreUnavailable, naming it)

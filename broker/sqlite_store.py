@@ -88,7 +88,7 @@ class SqliteStore:
         self._commit_inline = flush == "async"
         self._outstanding = 0  # requests handed to the writer or committed here whose callers are not answered yet
         self._writing = threading.Lock()  # held by whoever uses the writing connection
-        self._loop_load = LoopLoad()
+        self._loop_load = LoopLoad()  # made again in `start`: it measures the thread that builds it (the loop's)
         self._deferred_timer: asyncio.TimerHandle | None = None
         self._on_commit = on_commit
         self._listener: ArrivalListener | None = None
@@ -133,7 +133,9 @@ class SqliteStore:
         return snap
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called on `loop`'s thread; the constructor and `load` may run on another (the broker runs them off it)."""
         self._loop = loop
+        self._loop_load = LoopLoad()
         self._reads.open()
         # Checkpoints move the WAL into the database file. Run by the writer (SQLite's default,
         # every 1000 pages) they stall the commit that triggers them; a checkpointer thread on its own

@@ -3,7 +3,7 @@
 It runs on the process's event loop, so collectors read live state without
 locks. Only GET is served; each connection answers one request and closes.
 ``/livez`` answers 200 whenever the loop turns, whatever the process's gRPC health says: the servers' pods use it
-as their liveness probe — tests/deploy/test_k8s.py.
+as their liveness (and a broker's as its startup) probe — tests/deploy/test_k8s.py.
 Live state is read on the loop; the metric families are built and formatted
 as text in a worker thread (see `_exposition`).
 """

@@ -207,6 +207,18 @@ def test_liveness_asks_whether_the_process_runs_not_whether_it_is_ready(
 
 
 @pytest.mark.parametrize("name", ALL)
+def test_a_broker_migrating_or_reading_its_store_is_started_not_killed(
+    rendered: dict[str, list[Obj]], name: str
+) -> None:
+    """A broker serves gRPC only once its store is migrated and read (minutes on a large one; test_start.py: /livez
+    answers meanwhile): its startupProbe asks /livez, so it is not killed mid-migration, which would roll the
+    migration back and crash-loop the pod; readiness alone waits for the store."""
+    c = container(one(rendered[name], *SERVERS["broker"]))
+    assert c["startupProbe"]["httpGet"] == {"path": "/livez", "port": port(c, "metrics")}
+    assert "grpc" in c["readinessProbe"] or "exec" in c["readinessProbe"]
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_only_proxies_reach_the_brokers_grpc_port(rendered: dict[str, list[Obj]], name: str) -> None:
     objs = rendered[name]
     brokers = one(objs, "StatefulSet", "popgate-broker")

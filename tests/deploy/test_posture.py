@@ -297,12 +297,11 @@ def test_prod_proxies_reach_brokers_over_tls_verified_by_their_discovered_names(
     assert proxy_env["POPGATE_BROKER_TLS_CA"] == proxy_mount["mountPath"] + "/ca.crt"
     proxy_certificate = [c for c in find(objs, "Certificate") if c["metadata"]["name"] == "popgate-proxy-tls"]
     assert [c["spec"]["issuerRef"] for c in proxy_certificate] == [spec["issuerRef"]]
-    # Kubelet's grpc probe cannot speak TLS: the broker's probes verify it as a proxy would.
-    for probe in ("startupProbe", "readinessProbe"):
-        command = container(brokers)[probe]["exec"]["command"]
-        assert flag(command, "--tls-ca") == tls_mount["mountPath"] + "/ca.crt"
-        assert any(dns_name_matches(p, flag(command, "--server-name")) for p in spec["dnsNames"])
-        assert command[-1] == f"127.0.0.1:{port(container(brokers), 'grpc')}"
+    # Kubelet's grpc probe cannot speak TLS: the broker's readiness verifies it as a proxy would.
+    command = container(brokers)["readinessProbe"]["exec"]["command"]
+    assert flag(command, "--tls-ca") == tls_mount["mountPath"] + "/ca.crt"
+    assert any(dns_name_matches(p, flag(command, "--server-name")) for p in spec["dnsNames"])
+    assert command[-1] == f"127.0.0.1:{port(container(brokers), 'grpc')}"
 
 
 def test_cert_manager_schema_rejects_a_typo(rendered: dict[str, list[Obj]]) -> None:

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,3 +123,53 @@ async def test_metrics_are_served_while_the_store_is_read(tmp_path: Path, monkey
     with pytest.raises(ConnectionRefusedError):
         await loop.run_in_executor(None, _get, address, "/metrics")
     await _store_is_free(tmp_path / "b1")
+
+
+async def test_livez_and_metrics_answer_while_the_store_opens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening the store (a layout-1 migration: minutes on a large one) runs off the event loop: meanwhile /livez,
+    the pod's startup and liveness probe, and /metrics answer, so kubelet does not kill a migrating broker (which
+    would roll the migration back and start it over on every restart)."""
+    opening = threading.Event()
+    opens_on = threading.Event()
+    real_open = SqliteStore._open
+
+    def slow_open(store: SqliteStore, *args: Any) -> None:
+        opening.set()
+        opens_on.wait(30)
+        real_open(store, *args)
+
+    def probe() -> list[tuple[int, bytes] | OSError]:  # in a thread of its own: the loop may be the one held
+        opening.wait(30)
+        try:
+            return [_answer(address, path) for path in ("/livez", "/metrics")]
+        finally:
+            opens_on.set()
+
+    monkeypatch.setattr(SqliteStore, "_open", slow_open)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+    settings = BrokerSettings(
+        name="b1", data_dir=tmp_path / "b1", listen="127.0.0.1:0", metrics_listen=address, topics=("orders",)
+    )
+    loop = asyncio.get_running_loop()
+    probed = loop.run_in_executor(None, probe)
+    broker = asyncio.create_task(serve(settings))
+    try:
+        livez, scrape = await probed
+        assert livez == (200, b"ok\n")
+        assert not isinstance(scrape, OSError) and scrape[0] == 200 and b"popgate_build_info" in scrape[1]
+        assert await loop.run_in_executor(None, _serves, address, b"popgate_broker_max_offset")
+    finally:
+        opens_on.set()
+        broker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await broker
+    await _store_is_free(tmp_path / "b1")
+
+
+def _answer(address: str, path: str) -> tuple[int, bytes] | OSError:
+    try:
+        return _get(address, path)
+    except OSError as exc:  # no answer within its timeout: the loop is held
+        return exc
