@@ -144,9 +144,9 @@ class Connection(asyncio.BufferedProtocol):
     def _event(self, event: Any) -> None:  # dispatched on its exact class: h2.events are final
         kind = type(event)
         if kind is h2.events.DataReceived:
+            self.h2.acknowledge_connection(event.flow_controlled_length)
             stream = self.streams.get(event.stream_id)
-            if stream is None:  # a call that ended: its bytes still count in the connection's window
-                self.acknowledge(event.stream_id, event.flow_controlled_length)
+            if stream is None:
                 return
             try:
                 stream.received(event.data, event.flow_controlled_length)
@@ -262,18 +262,14 @@ class Connection(asyncio.BufferedProtocol):
         self.waiting.discard(stream)
         if self.streams.pop(stream.id, None) is not None:
             self._server.calls -= 1
-            # Bytes of requests its handler never read: the connection's window must not shrink by them
-            # (test_h2grpc.py::test_requests_a_handler_left_unread_do_not_close_the_connections_window).
-            stream.acknowledge()
             stream.drop_buffers()  # a stream lingers in reference cycles (its context, its task) until the next GC
             if stream.context is not None:
                 stream.context.ended()
 
     def acknowledge(self, stream_id: int, length: int) -> None:
-        try:
-            self.h2.acknowledge_received_data(length, stream_id)
-        except h2.exceptions.ProtocolError:  # the stream closed meanwhile: h2 keeps the connection's window
-            return
+        """The handler read `length` bytes of the stream's requests: its window takes them back (the connection's
+        took them as they arrived, `H2Connection.acknowledge_connection`)."""
+        self.h2.acknowledge_stream(length, stream_id)
         if self.h2._data_to_send:  # h2 sends WINDOW_UPDATE once half a window is read, not per request
             self.flush_soon()
 

@@ -50,6 +50,24 @@ class H2Connection(h2.connection.H2Connection):
         self._closed_streams.clear()
         self.streams.clear()
 
+    def acknowledge_connection(self, length: int) -> None:
+        """`length` flow-controlled bytes received on some stream count as read for the connection's window alone:
+        acknowledged as they arrive, as grpc-core does, so that a call whose handler reads nothing holds back only
+        its own stream's window (test_h2grpc.py::
+        test_streams_whose_handlers_read_nothing_leave_the_connection_serving_other_calls)."""
+        increment = self._inbound_flow_control_window_manager.process_bytes(length)
+        if increment:
+            frame = hyperframe.frame.WindowUpdateFrame(0)
+            frame.window_increment = increment
+            self._prepare_for_sending([frame])
+
+    def acknowledge_stream(self, length: int, stream_id: int) -> None:
+        """`length` bytes of stream `stream_id` are read by its handler: its window alone takes them back (nothing
+        once the stream is closed)."""
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.open:
+            self._prepare_for_sending(stream.acknowledge_received_data(length))
+
     def _receive_frame(self, frame: hyperframe.frame.Frame) -> list[Any]:
         """h2's own, less its trace log, for which h2 builds every frame's repr even when nothing logs: the hex of a
         whole DATA frame's bytes, then cut to 20 characters. A frame on a stream that is closed is answered as h2

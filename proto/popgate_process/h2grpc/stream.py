@@ -37,7 +37,7 @@ class Stream:
         self.inbox: list[bytes | object] = []
         self._head = 0
         self._arrived: asyncio.Event | None = None
-        self._unacked = 0  # flow-controlled bytes received and not yet acknowledged
+        self._unacked = 0  # flow-controlled bytes received and not yet given back to the stream's window
         self._unread = 0  # bytes of whole requests in the inbox
         self.headers_sent = False
         self.pending = bytearray()  # response bytes not yet given to HTTP/2 (flow control)
@@ -59,11 +59,12 @@ class Stream:
 
     # -- requests
     def received(self, data: bytes, flow_length: int) -> None:
-        """Request bytes arrived. They are acknowledged (the client may send more) at once while the handler has
-        less than UNREAD_BOUND of whole requests not yet read — a request larger than the stream's window completes
-        so — and otherwise as it reads them (test_h2grpc.py::test_a_request_larger_than_the_window_arrives,
-        test_a_handler_that_reads_nothing_stops_its_client). A call whose status is decided keeps none of them; a unary
-        call's second request is the call's error (INTERNAL), not kept either (test_h2grpc_raw.py::
+        """Request bytes arrived. The stream's window takes them back (the client may send more) at once while the
+        handler has less than UNREAD_BOUND of whole requests not yet read — a request larger than the stream's window
+        completes so — and otherwise as it reads them (test_h2grpc.py::test_a_request_larger_than_the_window_arrives,
+        test_a_handler_that_reads_nothing_stops_its_client): a call holds at most about UNREAD_BOUND + its window
+        unread. The connection's window took them back as they arrived. A call whose status is decided keeps none
+        of them; a unary call's second request is the call's error (INTERNAL), not kept either (test_h2grpc_raw.py::
         test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_nothing)."""
         self._unacked += flow_length
         if self.finished:

@@ -304,6 +304,23 @@ async def test_a_handler_that_reads_nothing_stops_its_client() -> None:
         await server.stop(None)
 
 
+async def test_streams_whose_handlers_read_nothing_leave_the_connection_serving_other_calls() -> None:
+    """Streaming calls on one connection whose handlers read none of their requests, each sent as far as its
+    stream's window lets it: together far more than the connection's 16 MiB window, yet a call after them is
+    answered on that connection (only a stream's own window waits for its handler to read)."""
+    server, handlers, target = await started(max_calls=100, max_receive_bytes=1 << 20)
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stall = channel.stream_unary("/t.S/stall")
+            calls = [stall(iter([b"r" * (256 << 10)] * 16), timeout=20) for _ in range(40)]
+            await asyncio.sleep(1.5)
+            assert await channel.unary_unary("/t.S/echo")(b"after", timeout=3) == b"after"
+            handlers.release.set()
+            assert await asyncio.gather(*calls) == [b"stalled"] * 40
+    finally:
+        await server.stop(None)
+
+
 async def test_a_call_exempt_from_connection_age_outlives_the_grace_while_new_calls_go_to_a_new_connection() -> None:
     """A stream of `age_exempt` (the proxy's Telemetry) on a connection past its age and grace stays open both ways;
     a call of another path on that connection is still cut at the grace's end, the client's new calls go to a new
