@@ -262,6 +262,8 @@ class Connection(asyncio.BufferedProtocol):
         self.waiting.discard(stream)
         if self.streams.pop(stream.id, None) is not None:
             self._server.calls -= 1
+            if stream.timer is not None:
+                stream.timer.cancel()
             stream.drop_buffers()  # a stream lingers in reference cycles (its context, its task) until the next GC
             if stream.context is not None:
                 stream.context.ended()

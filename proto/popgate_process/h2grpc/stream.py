@@ -192,9 +192,7 @@ class Stream:
     def finish(self, code: int, message: str, trailing: Sequence[tuple[str, str | bytes]]) -> None:
         if self.finished or self.reset:
             return
-        self.finished = True
-        if self.timer is not None:
-            self.timer.cancel()
+        self.finished = True  # the deadline's timer stays armed until the trailers go to h2 (`expire`)
         trailers = wire.status(code, message, trailing)
         if not self.headers_sent and not self.pending:
             self.headers_sent = True
@@ -221,7 +219,15 @@ class Stream:
             self.task.cancel()
 
     def expire(self) -> None:
-        """The deadline passed: DEADLINE_EXCEEDED now, and the handler is cancelled."""
+        """The deadline passed: DEADLINE_EXCEEDED now, and the handler is cancelled. A status decided whose answer
+        still waits for the client's window is replaced by it, the unsent bytes dropped, so the call ends and frees
+        its place (test_h2grpc_raw_calls.py::test_an_answer_the_clients_window_never_takes_ends_at_its_deadline)."""
+        if self.finished and not self.reset and self.pending and self.trailers is not None:
+            self.pending.clear()
+            self._unflushed()
+            self.trailers = wire.status(call.DEADLINE_EXCEEDED, "Deadline Exceeded")  # the headers went with data
+            self._connection.later(self)
+            return
         self.cut(call.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def cut(self, code: int, message: str) -> None:

@@ -25,6 +25,10 @@ class Handlers:
         metadata = dict(context.invocation_metadata())
         return request + metadata.get("x-suffix", "").encode()
 
+    async def sized(self, request: bytes, context: Any) -> bytes:
+        """An answer of `request` (a number) bytes."""
+        return b"s" * int(request)
+
     async def told(self, request: bytes, context: Any) -> bytes:
         await context.send_initial_metadata((("x-told", "early"),))
         context.add_done_callback(lambda _: self.done.append(request))
@@ -89,7 +93,7 @@ class Handlers:
 
 def served(handlers: Handlers) -> grpc.GenericRpcHandler:
     unary = {name: grpc.unary_unary_rpc_method_handler(getattr(handlers, name))
-             for name in ("echo", "told", "refuse", "fail", "slow", "held", "cancelled_within")}  # fmt: skip
+             for name in ("echo", "sized", "told", "refuse", "fail", "slow", "held", "cancelled_within")}  # fmt: skip
     return grpc.method_handlers_generic_handler(
         "t.S",
         {
