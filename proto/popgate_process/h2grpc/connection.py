@@ -43,7 +43,11 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, server: H2Server) -> None:
         self._server = server
         config = h2.config.H2Configuration(
-            client_side=False, header_encoding=None, validate_outbound_headers=False, normalize_outbound_headers=False
+            client_side=False,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+            validate_inbound_headers=False,  # validated by H2Connection: a malformed request is its stream's error
         )
         self.h2 = H2Connection(config)
         self.h2.incoming_buffer = HeaderBoundBuffer(server=True)

@@ -11,6 +11,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.frame_buffer
+import h2.utilities
 import hyperframe.frame
 from h2.errors import ErrorCodes
 
@@ -19,9 +20,26 @@ from h2.errors import ErrorCodes
 MAX_HEADER_BLOCK = 1 << 16
 
 
+_REQUEST = h2.utilities.HeaderValidationFlags(False, False, False, False)
+_TRAILERS = h2.utilities.HeaderValidationFlags(False, True, False, False)
+_WINDOW_UPDATE = 0x8
+
+
 class HeaderBoundBuffer(h2.frame_buffer.FrameBuffer):
     """h2's frame buffer, refusing (a connection error) a header block past MAX_HEADER_BLOCK bytes while it is still
-    being sent — test_h2grpc_raw.py::test_a_header_block_that_never_ends_costs_at_most_its_bound."""
+    being sent — test_h2grpc_raw.py::test_a_header_block_that_never_ends_costs_at_most_its_bound. A WINDOW_UPDATE of
+    0 on a stream is passed on, for its stream's error, rather than refused as hyperframe refuses it (a connection
+    error) — test_h2grpc_raw_calls.py::test_a_clients_error_on_one_call_costs_that_call_alone."""
+
+    def __next__(self) -> Any:
+        data = self._data
+        if len(data) >= 13 and data[3] == _WINDOW_UPDATE and data[:3] == b"\x00\x00\x04":
+            stream_id = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF
+            if stream_id and not int.from_bytes(data[9:13], "big") & 0x7FFFFFFF:
+                del data[:13]
+                frame = self._update_header_buffer(hyperframe.frame.WindowUpdateFrame(stream_id, window_increment=0))
+                return frame if frame is not None else self.__next__()
+        return super().__next__()
 
     def _update_header_buffer(self, f: Any) -> Any:
         out = super()._update_header_buffer(f)
@@ -90,12 +108,58 @@ class H2Connection(h2.connection.H2Connection):
         self._prepare_for_sending(frames)
         return list(events)
 
+    # RFC 9113's stream errors that h2 makes the connection's: a malformed request (8.1.1: h2's own validation is off
+    # and made here), WINDOW_UPDATE of 0 on a stream (6.9), a stream depending on itself (5.3.1). Each resets its
+    # stream alone (test_h2grpc_raw_calls.py::test_a_clients_error_on_one_call_costs_that_call_alone).
+    def _receive_headers_frame(self, frame: hyperframe.frame.HeadersFrame) -> tuple[list[Any], list[Any]]:
+        selfish = "PRIORITY" in frame.flags and frame.depends_on == frame.stream_id
+        if selfish:
+            frame.flags.discard("PRIORITY")
+        frames, events = super()._receive_headers_frame(frame)
+        if selfish or any(_malformed(event) for event in events):
+            return frames, self._stream_error(frame.stream_id)
+        return frames, events
+
+    def _receive_window_update_frame(self, frame: hyperframe.frame.WindowUpdateFrame) -> tuple[list[Any], list[Any]]:
+        if frame.stream_id and not frame.window_increment and self._is_open(frame.stream_id):
+            return [], self._stream_error(frame.stream_id)
+        return super()._receive_window_update_frame(frame)
+
+    def _receive_priority_frame(self, frame: Any) -> tuple[list[Any], list[Any]]:
+        if frame.depends_on != frame.stream_id:
+            return super()._receive_priority_frame(frame)
+        return [], self._stream_error(frame.stream_id) if self._is_open(frame.stream_id) else []
+
+    def _is_open(self, stream_id: int) -> bool:
+        stream = self.streams.get(stream_id)
+        return stream is not None and stream.open
+
+    def _stream_error(self, stream_id: int) -> list[Any]:
+        """The client's error on `stream_id` alone: RST_STREAM (PROTOCOL_ERROR), and an event that ends its call."""
+        self.reset_stream(stream_id, ErrorCodes.PROTOCOL_ERROR)
+        return [h2.events.StreamReset(stream_id=stream_id, error_code=ErrorCodes.PROTOCOL_ERROR, remote_reset=False)]
+
     def _receive_goaway_frame(self, frame: hyperframe.frame.GoAwayFrame) -> tuple[list[Any], list[Any]]:
         event = h2.events.ConnectionTerminated()
         event.error_code = h2.errors._error_code_from_int(frame.error_code)
         event.last_stream_id = frame.last_stream_id
         event.additional_data = frame.additional_data or None
         return [], [event]
+
+
+def _malformed(event: Any) -> bool:
+    """A request's or its trailers' header fields break HTTP/2's rules (h2's own validation, RFC 9113 8.2-8.3)."""
+    kind = type(event)
+    if kind is not h2.events.RequestReceived and kind is not h2.events.TrailersReceived:
+        return False
+    try:
+        for _ in h2.utilities.validate_headers(
+            event.headers, _TRAILERS if kind is h2.events.TrailersReceived else _REQUEST
+        ):
+            pass
+    except h2.exceptions.ProtocolError:
+        return True
+    return False
 
 
 def _reset(stream_id: int, code: int) -> hyperframe.frame.RstStreamFrame:

@@ -4,12 +4,15 @@ cannot go, and what a client's bad frames on one call cost (that call, not its c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
+import hyperframe.frame
 import pytest
+from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import wire
 from tests.integration.process.h2grpc_served import started
-from tests.integration.process.test_h2grpc_raw import answer, connected, headers
+from tests.integration.process.test_h2grpc_raw import OK, Peer, answer, connected, echoes_ok, headers
 
 pytestmark = pytest.mark.asyncio
 
@@ -28,6 +31,72 @@ async def test_an_answer_the_clients_window_never_takes_ends_at_its_deadline() -
         body, trailers = answer(frames, 1)
         assert trailers[b"grpc-status"] == b"4"
         assert len(body) < 900_000
+        assert server.calls == 0
+    finally:
+        await peer.close()
+        await server.stop(None)
+
+
+def _request(peer: Peer, fields: list[tuple[bytes, bytes]], flags: tuple[str, ...] = ()) -> bytes:
+    """Stream 3's HEADERS with `fields` as they are (h2's client would refuse the malformed ones), ending the
+    client's side (a DATA frame after would be answered STREAM_CLOSED, the stream being reset)."""
+    flags = ("END_HEADERS", "END_STREAM", *flags)
+    frame = hyperframe.frame.HeadersFrame(3, data=peer.client.encoder.encode(fields), flags=flags)
+    if "PRIORITY" in flags:
+        frame.depends_on, frame.stream_weight = 3, 15
+    return frame.serialize()
+
+
+def _changed(name: bytes, value: bytes | None) -> list[tuple[bytes, bytes]]:
+    fields = [(key, old) for key, old in headers(b"/t.S/echo") if key != name]
+    return fields if value is None else [*fields, (name, value)]
+
+
+def _held_3(peer: Peer) -> None:
+    peer.client.send_headers(3, headers(b"/t.S/held"))
+    peer.client.send_data(3, OK, end_stream=True)
+    peer.send()
+
+
+def _window_update_0(peer: Peer) -> bytes:
+    _held_3(peer)
+    return hyperframe.frame.WindowUpdateFrame(3, window_increment=0).serialize()
+
+
+def _priority_on_itself(peer: Peer) -> bytes:
+    _held_3(peer)
+    return hyperframe.frame.PriorityFrame(3, depends_on=3, stream_weight=15).serialize()
+
+
+ODD: dict[str, Callable[[Peer], bytes]] = {
+    "te other than trailers": lambda peer: _request(peer, _changed(b"te", b"gzip")),
+    "an uppercase header name": lambda peer: _request(peer, [*headers(b"/t.S/echo"), (b"X-Upper", b"v")]),
+    "a connection header": lambda peer: _request(peer, [*headers(b"/t.S/echo"), (b"connection", b"keep-alive")]),
+    "no :path": lambda peer: _request(peer, _changed(b":path", None)),
+    "HEADERS depending on itself": lambda peer: _request(peer, headers(b"/t.S/echo"), ("PRIORITY",)),
+    "WINDOW_UPDATE of 0 on a running call": _window_update_0,
+    "PRIORITY of a running call on itself": _priority_on_itself,
+}
+
+
+@pytest.mark.parametrize("odd", ODD, ids=list(ODD))
+async def test_a_clients_error_on_one_call_costs_that_call_alone(odd: str) -> None:
+    """RFC 9113's stream errors (a malformed request, WINDOW_UPDATE of 0 on a stream, a stream depending on
+    itself): RST_STREAM (PROTOCOL_ERROR) for that call, whose handler is cancelled; the connection serves its next
+    call and answers the call it holds."""
+    server, handlers, target = await started(max_calls=10)
+    peer = await connected(target)
+    try:
+        peer.client.send_headers(1, headers(b"/t.S/held"))
+        peer.client.send_data(1, OK, end_stream=True)
+        peer.send()
+        peer.writer.write(ODD[odd](peer))
+        frames = await echoes_ok(peer, 5)
+        resets = [(f.stream_id, f.error_code) for f in frames if isinstance(f, hyperframe.frame.RstStreamFrame)]
+        assert resets == [(3, ErrorCodes.PROTOCOL_ERROR)]
+        handlers.release.set()
+        body, trailers = answer(await peer.read(answered=1), 1)
+        assert (body, trailers[b"grpc-status"]) == (b"\x00\x00\x00\x00\x08released", b"0")
         assert server.calls == 0
     finally:
         await peer.close()
