@@ -171,8 +171,13 @@ class H2Server:
         """The call run by the handler the interceptors give (as grpc.aio's server applies them: the first
         outermost); one of the same shape, as `handler`'s flags decided how its requests are read."""
         details = _CallDetails(stream.path, stream.context.invocation_metadata())
-        for interceptor in reversed(self._interceptors):
-            handler = await interceptor.intercept_service(_Continuation(handler), details)
+        try:
+            for interceptor in reversed(self._interceptors):
+                handler = await interceptor.intercept_service(_Continuation(handler), details)
+        except Exception as exc:  # UNKNOWN, as grpc.aio answers it, and the call's place given back (test_h2grpc.py::
+            # test_a_failing_interceptor_or_trailer_answers_unknown_and_frees_the_call)
+            log.exception("an interceptor of %s failed", stream.path)
+            return stream.finish(call.UNKNOWN, f"Unexpected {type(exc)}: {exc}", ())
         if handler is None:
             return stream.finish(wire.UNIMPLEMENTED, "Method not found!", ())
         await call.run(stream, handler, stream.context, first)

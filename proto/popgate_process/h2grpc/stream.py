@@ -190,10 +190,12 @@ class Stream:
         self._connection.flush_soon()
 
     def finish(self, code: int, message: str, trailing: Sequence[tuple[str, str | bytes]]) -> None:
+        """The call's status, sent once its pending responses are. Raises (the call left unfinished) if `trailing`
+        does not encode."""
         if self.finished or self.reset:
             return
-        self.finished = True  # the deadline's timer stays armed until the trailers go to h2 (`expire`)
         trailers = wire.status(code, message, trailing)
+        self.finished = True  # the deadline's timer stays armed until the trailers go to h2 (`expire`)
         if not self.headers_sent and not self.pending:
             self.headers_sent = True
             self.trailers = RESPONSE_HEADERS + trailers  # trailers-only

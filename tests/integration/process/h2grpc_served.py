@@ -29,6 +29,10 @@ class Handlers:
         """An answer of `request` (a number) bytes."""
         return b"s" * int(request)
 
+    async def untrailed(self, request: bytes, context: Any) -> bytes:
+        context.set_trailing_metadata((("x-topic", "\u8ba2\u5355"),))  # not Latin-1: it does not encode
+        return b"ok"
+
     async def told(self, request: bytes, context: Any) -> bytes:
         await context.send_initial_metadata((("x-told", "early"),))
         context.add_done_callback(lambda _: self.done.append(request))
@@ -92,8 +96,8 @@ class Handlers:
 
 
 def served(handlers: Handlers) -> grpc.GenericRpcHandler:
-    unary = {name: grpc.unary_unary_rpc_method_handler(getattr(handlers, name))
-             for name in ("echo", "sized", "told", "refuse", "fail", "slow", "held", "cancelled_within")}  # fmt: skip
+    names = ("echo", "sized", "untrailed", "told", "refuse", "fail", "slow", "held", "cancelled_within")
+    unary = {name: grpc.unary_unary_rpc_method_handler(getattr(handlers, name)) for name in names}
     return grpc.method_handlers_generic_handler(
         "t.S",
         {

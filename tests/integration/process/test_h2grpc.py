@@ -263,6 +263,24 @@ async def test_interceptors_choose_each_calls_handler_from_its_metadata() -> Non
         await server.stop(None)
 
 
+class _Raising(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no types
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        raise PermissionError("no token")
+
+
+async def test_a_failing_interceptor_or_trailer_answers_unknown_and_frees_the_call() -> None:
+    """An interceptor that raises, or trailing metadata that does not encode (a value past Latin-1): UNKNOWN at
+    once, as grpc.aio answers, and the call's place among the server's calls is given back."""
+    for path, interceptors in (("/t.S/echo", (_Raising(),)), ("/t.S/untrailed", ())):
+        server, _, target = await started(max_calls=10, interceptors=interceptors)
+        try:
+            async with grpc.aio.insecure_channel(target) as channel:
+                await refusal(channel.unary_unary(path)(b"x", timeout=5), grpc.StatusCode.UNKNOWN)
+                assert server.calls == 0
+        finally:
+            await server.stop(None)
+
+
 async def test_a_request_larger_than_the_window_arrives() -> None:
     """A streaming request of 3 MiB, over a 1 MiB stream window: its bytes are acknowledged before it is whole."""
     server, _, target = await started(max_calls=10, max_receive_bytes=8 << 20)
