@@ -3,7 +3,10 @@ the background, at most MAX_UNWAITED_ACKS ack calls per consumer (one more waits
 failure logged at WARNING (nobody else hears of it: that message comes again after its invisible time). Closing
 the consumer refuses new ones and waits for those under way, at most CLOSE_WAIT_S, before the connection closes,
 so their retries still run; what is left then is cancelled and counted in a WARNING —
-tests/unit/sdk/test_ack_nowait.py. `AsyncAcks` serves the asyncio consumer (a task each), `ThreadAcks` the blocking
+tests/unit/sdk/test_ack_nowait.py. A blocking consumer's ack for which the OS refuses a thread raises a retriable
+Unavailable and holds no slot —
+tests/unit/sdk/test_ack_nowait.py::test_an_ack_the_os_refuses_a_thread_for_raises_unavailable_and_leaks_nothing.
+`AsyncAcks` serves the asyncio consumer (a task each), `ThreadAcks` the blocking
 one (a pool of threads, each sending one at a time)."""
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ _Queued = tuple[concurrent.futures.Future[None], Callable[[], Failures], int]  #
 
 def _closed() -> errors.Unavailable:
     return errors.Unavailable("the client is closed", retriable=False)
+
+
+def _no_thread(exc: RuntimeError) -> errors.Unavailable:
+    return errors.Unavailable(
+        f"no thread to ack without waiting ({exc}: out of processes or memory?): not acked, the message comes "
+        "again after its invisible time; ack it again later, or with wait=True",
+        retriable=True,
+    )
 
 
 def _log_failures(log: logging.Logger, failures: Sequence[tuple[str, errors.PopgateError]], total: int) -> None:
@@ -158,7 +169,11 @@ class ThreadAcks:
             if self._free:  # taken and queued under the lock: a free thread never ends with an ack queued for it
                 self._free -= 1
             else:
-                self._start_thread()
+                try:
+                    self._start_thread()
+                except RuntimeError as exc:  # the OS refused a thread: this ack fails, holding no slot
+                    self._slots.release()
+                    raise _no_thread(exc) from exc
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._futures.add(future)
             self._queue.put((future, send, total))
@@ -169,8 +184,8 @@ class ThreadAcks:
             self._at_exit = True
             atexit.register(self.stop)
         thread = threading.Thread(target=self._run, name="popgate-ack", daemon=True)
+        thread.start()  # recorded once started, so `stop` joins only started threads
         self._threads.add(thread)
-        thread.start()
 
     def _ended(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:

@@ -160,7 +160,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             InvalidReceiptHandle: The handle is stale (redelivered since, or already acked); only when waiting.
             Timeout: Not retriable: the outcome is unknown. An attempt failed in a way that may have reached
                 the broker and no later answer said whether it acked the message (then it never comes again).
-            Unavailable: With ``wait=False``, the consumer is closed (or closing).
+            Unavailable: With ``wait=False``, the consumer is closed (or closing), or the OS refused the thread
+                that would send it (retriable; not acked).
             ValueError: The message has no topic or no receipt handle (no receive returned it), waiting or not.
         """
         if not wait:
@@ -182,7 +183,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         Raises:
             AckError: Some messages were not acked, or not known to be (``outcome_unknown``, as `ack`'s
                 `Timeout`); ``failures`` lists them with their errors. Only when waiting.
-            Unavailable: With ``wait=False``, the consumer is closed (or closing).
+            Unavailable: With ``wait=False``, the consumer is closed (or closing), or the OS refused the thread
+                that would send them (retriable; not acked).
             ValueError: A message has no topic or no receipt handle (no receive returned it), waiting or not.
         """
         plan = self._ack_plan(messages)  # a bad argument raises here, to the caller, waiting or not

@@ -187,6 +187,36 @@ def test_a_second_close_of_the_blocking_client_waits_for_the_first_ones_wait() -
     assert open_when_sent == [True]
 
 
+def test_an_ack_the_os_refuses_a_thread_for_raises_unavailable_and_leaks_nothing() -> None:
+    """The OS refusing the blocking client's ack thread (out of processes or memory) fails that ack with a retriable
+    Unavailable and keeps no slot and no thread: once threads are allowed again, unwaited acks are sent and close()
+    returns."""
+    sent = threading.Event()
+
+    def ack(plan: list[pb.AckMessageRequest]) -> Failures:
+        sent.set()
+        return []
+
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._ack = ack  # type: ignore[method-assign]
+
+    def refuse(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refuse)
+        for i in range(_acks.MAX_UNWAITED_ACKS + 1):
+            with pytest.raises(errors.Unavailable) as info:
+                consumer.ack(message(i), wait=False)
+            assert info.value.retriable and "can't start new thread" in str(info.value)
+    later = threading.Thread(target=consumer.ack, args=(message(100),), kwargs={"wait": False}, daemon=True)
+    later.start()
+    later.join(5)
+    assert not later.is_alive()  # a slot was free
+    assert sent.wait(5)
+    consumer.close()  # raises nothing
+
+
 def test_a_bad_argument_raises_to_the_caller_waiting_or_not() -> None:
     with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer, pytest.raises((TypeError, AttributeError)):
         consumer.ack_many([object()], wait=False)  # type: ignore[list-item]
