@@ -108,14 +108,30 @@ NOT_GRPC_HINT = " (the server at this address does not speak gRPC: is it the pop
 CERT_HINT = " (the server's certificate does not verify: pass tls=<the CA certificate file that signed it>)"
 HOSTNAME_HINT = " (the server's certificate is for another name: connect with a host name it names)"
 PLAINTEXT_HINT = " (the server does not use TLS: connect without tls)"
+NO_CONNECTION_HINT = (
+    " (the server did not answer in time: no connection was made; is it overloaded, out of file descriptors or"
+    " unreachable?)"
+)
+NO_ANSWER_HINT = (
+    " (the server accepted the connection but did not answer in time: is it overloaded, out of file descriptors or"
+    " stopped?)"
+)
+# What grpc says when its connect timeout ends an attempt: no TCP connection; no HTTP/2 SETTINGS; no TLS answer.
+_NO_CONNECTION = ("tcp handshaker shutdown", "connect() timed out")
+_NO_ANSWER = ("timed out before receiving SETTINGS frame", "Handshake read failed (Endpoint closing)")
+# What a plaintext client of a TLS server gets: the server closes (or resets) the connection at the HTTP/2 preface.
+_CLOSED = ("Socket closed", "Connection reset by peer")
 
 
 def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
     """A failed gRPC call as the SDK's typed error; `tls`: whether the channel uses TLS.
 
     A TLS server closes a plaintext connection, which gRPC reports only as "failed to connect to all
-    addresses; ... Socket closed": a plaintext client's error then says the server may be using TLS. A
-    refused connection (nothing listening) gets no hint, nor does an UNAVAILABLE the server answered with;
+    addresses; ... Socket closed" (or a reset): a plaintext client's error then says the server may be using TLS.
+    Nothing else does: a refused connection (nothing listening) gets no hint, nor does an UNAVAILABLE the server
+    answered with; a connection attempt that timed out (a server out of descriptors, overloaded or stopped) says the
+    server did not answer in time —
+    tests/unit/sdk/test_commands.py::test_a_connection_attempt_that_timed_out_says_the_server_did_not_answer_in_time;
     a server that answers in something other than HTTP/2 (a web server) is said not to be a gRPC one. A server
     certificate that does not verify is not retriable: every retry would fail the same way for seconds."""
     code = exc.code() if hasattr(exc, "code") else None
@@ -129,6 +145,10 @@ def convert(exc: grpc.RpcError, *, tls: bool) -> errors.PopgateError:
         return errors.Unavailable(details + HOSTNAME_HINT, code_name=name, retriable=False)
     elif tls and "WRONG_VERSION_NUMBER" in details:  # a TLS client at a plaintext server: again and again
         return errors.Unavailable(details + PLAINTEXT_HINT, code_name=name, retriable=False)
-    elif not tls and "failed to connect to all addresses" in details and "Connection refused" not in details:
+    elif any(said in details for said in _NO_CONNECTION):  # the connect timeout: the server, not TLS
+        details += NO_CONNECTION_HINT
+    elif any(said in details for said in _NO_ANSWER):
+        details += NO_ANSWER_HINT
+    elif not tls and "failed to connect to all addresses" in details and any(said in details for said in _CLOSED):
         details += TLS_HINT
     return errors.transport_error(name, details)

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from popgate import Message, Producer, RetryPolicy
+from popgate import Message, Producer, RetryPolicy, errors
 from popgate._transport import convert
 from popgate.cli import output
 from popgate.cli.commands import IdleWait, OnePass
@@ -81,6 +81,16 @@ class RpcFailure(grpc.RpcError):
         return self._details
 
 
+# What grpc says when a connection attempt times out (its connect timeout, 20 s): the TCP connection was not made
+# (the server's backlog full, as at its descriptor limit); made, but no HTTP/2 SETTINGS came; made, but no TLS answer.
+TIMED_OUT = [
+    "UNKNOWN: ipv4:127.0.0.1:57823: tcp handshaker shutdown",
+    "UNKNOWN: ipv4:127.0.0.1:33557: Failed to connect to remote host: connect() timed out",
+    "UNKNOWN: ipv4:127.0.0.1:46727: connection attempt timed out before receiving SETTINGS frame",
+    "UNAVAILABLE: ipv4:127.0.0.1:56913: Handshake read failed (Endpoint closing)",
+]
+
+
 @pytest.mark.parametrize(
     ("failure", "tls", "hinted"),
     [
@@ -92,6 +102,15 @@ class RpcFailure(grpc.RpcError):
             False,
         ),
         (RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), False, False),
+        (
+            RpcFailure(UNAVAILABLE, "failed to connect to all addresses; ...: recvmsg:Connection reset by peer (104)"),
+            False,
+            True,
+        ),
+        *[
+            (RpcFailure(UNAVAILABLE, "failed to connect to all addresses; last error: " + d), False, False)
+            for d in TIMED_OUT
+        ],
         (RpcFailure(UNAVAILABLE, "failed to connect to all addresses; ...: Failed parsing HTTP/2 (...)"), False, False),
     ],
 )
@@ -102,6 +121,15 @@ def test_only_a_failed_plaintext_connection_gets_the_tls_hint_named_in_the_comma
     assert ("is the server using TLS? connect with tls=True" in str(error)) is hinted
     assert ("try --tls / --tls-ca" in explain(error)) is hinted
     assert "tls=True" not in explain(error)
+
+
+@pytest.mark.parametrize("details", TIMED_OUT)
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_connection_attempt_that_timed_out_says_the_server_did_not_answer_in_time(details: str, tls: bool) -> None:
+    """A plaintext proxy out of descriptors, overloaded or stopped is not said to want TLS."""
+    error = convert(RpcFailure(UNAVAILABLE, "failed to connect to all addresses; last error: " + details), tls=tls)
+    assert isinstance(error, errors.Unavailable) and error.retriable
+    assert "did not answer in time" in str(error) and "TLS" not in explain(error).replace(details, "")
 
 
 def test_a_look_without_acks_ends_at_the_first_message_shown_already() -> None:
