@@ -23,7 +23,10 @@ One `NotifyRun` serves one client ReceiveMessage (docs/ARCHITECTURE.md §3, way 
    the client goes away or the proxy closes: answer and cancel everything.
 
 A broker down when the receive starts, or whose request fails during it, is watched again
-once it is back (a restart): a message stored there meanwhile is not answered empty.
+once it is back (a restart): a message stored there meanwhile is not answered empty. One that
+only timed out (slow under a burst, not down) is never the run's error: it is waited for, and
+the run is at worst empty at the poll's end (test_notify.py::
+test_a_lone_broker_that_times_out_a_pop_is_looked_at_again_and_the_long_poll_is_never_its_error).
 
 The driver (`proxy.receive.notify_driver`) executes commands and feeds back events with the
 current time; times are plain float seconds on the driver's clock.
@@ -37,7 +40,7 @@ from enum import Enum
 
 from popgate_pb import broker_pb2 as bpb
 
-from popgate_contract.errors import BrokerUnavailable, DomainError, TooManyRequests, TopicNotFound
+from popgate_contract.errors import BrokerTimeout, BrokerUnavailable, DomainError, TooManyRequests, TopicNotFound
 from proxy.receive.notify_commands import AwaitUp, Cancel, Command, Finish, Notify, PassOn, Pop, Rewatch
 
 
@@ -106,6 +109,7 @@ class NotifyRun:
     dropped: frozenset[str] = frozenset()  # no longer watched in this run
     early: frozenset[str] = frozenset()  # notified again after an empty answer sooner than min_hold_s
     awaiting: frozenset[str] = frozenset()  # failed brokers with a Rewatch or an AwaitUp given and not yet come
+    slow: frozenset[str] = frozenset()  # failed brokers whose last failure was a timeout (outcome unknown, not down)
     sent_at: dict[str, float] = field(default_factory=dict)  # when each broker was last notified
     lost: dict[str, int] = field(default_factory=dict)  # lost races per broker
     rewatches: dict[str, int] = field(default_factory=dict)  # Rewatch commands given per broker
@@ -211,6 +215,7 @@ class NotifyRun:
         if isinstance(error, TooManyRequests):
             self.refused[broker] = error  # what it holds for the group is out of reach: said if nothing else comes
         self.failed |= {broker}
+        self.slow = self.slow | {broker} if isinstance(error, BrokerTimeout) else self.slow - {broker}
         if self.phase is Phase.LONGPOLL:  # the held Pop failed: its (retriable) error, so the client backs off
             return self._finish([], "error", error)
         if self.phase is Phase.DRAINING:
@@ -375,6 +380,8 @@ class NotifyRun:
         if self.full and not (set(self.brokers) - self.full - self.failed):
             return self._finish([], "error", TooManyRequests("every broker holds too many long polls; retry shortly"))
         if self.failed and not (set(self.brokers) - self.failed):
+            if self.slow & self.failed and self.phase is Phase.NOTIFYING and self.poll_end - now >= self.min_notify_s:
+                return []  # one only timed out: looked at again (a Rewatch), else empty at the poll's end
             return self._finish([], "error", self.last_error or BrokerUnavailable("no broker is reachable"))
         if self.awaiting - self.dropped and self.phase is Phase.NOTIFYING and self.poll_end - now >= self.min_notify_s:
             return []  # a failed broker is to be looked at again: wait for it, or for the poll's end

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from popgate_contract.errors import BadRequest, BrokerUnavailable, TooManyRequests, TopicNotFound
+from popgate_contract.errors import BadRequest, BrokerTimeout, BrokerUnavailable, TooManyRequests, TopicNotFound
 from proxy.receive.notify import NotifyRun
 from proxy.receive.notify_commands import AwaitUp, Cancel, Finish, Notify, PassOn, Pop, Rewatch
 from tests.unit.proxy.receive.notify_runs import BROKERS, finish, message, notifying, started
@@ -345,3 +345,28 @@ def test_a_run_waits_for_a_failed_broker_to_be_looked_at_again() -> None:
     down.notified("b2", has_message=False, polling_full=False, closing=True, now=1.01)
     down.notified("b3", has_message=False, polling_full=False, closing=True, now=1.01)
     assert finish(down.poll_over()).outcome == "empty"  # never back: empty at the poll's end, not before
+
+
+def test_a_lone_broker_that_times_out_a_pop_is_looked_at_again_and_the_long_poll_is_never_its_error() -> None:
+    """A Pop that does not wait has a short timeout (IMMEDIATE_TIMEOUT_S) that a broker still passing its health
+    checks misses under a burst of receives: outcome unknown, the broker not down. With no other broker to watch,
+    the run goes on at that broker after the rewatch delay and is at worst empty at the poll's end — never answered
+    the timeout (PROXY_TIMEOUT), which the client reads as a failure."""
+    run = NotifyRun(("b1",), 10.0)
+    run.start()
+    assert run.failed_call("b1", BrokerTimeout("broker b1 did not answer in time"), now=0.5) == [Rewatch("b1", 1.5)]
+    assert not run.done
+    assert run.rewatch("b1", healthy=True, now=1.5) == [Notify("b1", 8500)]
+    assert run.notified("b1", has_message=True, polling_full=False, now=2.0) == [Pop("b1")]
+    assert finish(run.popped("b1", message("m1"), polling_full=False, now=2.0)).outcome == "messages"
+
+    short = NotifyRun(("b1",), 1.2)  # too little poll time left for a rewatch: empty at the poll's end
+    short.start()
+    assert short.failed_call("b1", BrokerTimeout("broker b1 did not answer in time"), now=0.5) == []
+    assert finish(short.poll_over()).outcome == "empty"
+
+    hung = NotifyRun(("b1",), 10.0)  # hung: its health checks see it down, and nothing comes back by the poll's end
+    hung.start()
+    hung.failed_call("b1", BrokerTimeout("broker b1 did not answer in time"), now=0.5)
+    assert hung.rewatch("b1", healthy=False, now=1.5) == [AwaitUp("b1")]
+    assert finish(hung.poll_over()).outcome == "empty"

@@ -202,6 +202,38 @@ async def test_a_hung_broker_does_not_keep_the_first_pop_from_the_others_past_th
     assert ids(result) == ["ready-on-b2"]  # not a false empty after waiting on b1
 
 
+class SlowFirstPop(FakeBroker):
+    """Never answers its first Pop (one that does not wait), which ends at its short timeout (BrokerTimeout) as the
+    real client's does under a burst of receives; answers everything after that, its health checks passing."""
+
+    def begin_pop(self, request: bpb.PopRequest, *, timeout_s: float) -> asyncio.Future[bpb.PopResponse]:
+        if self.pops:
+            return super().begin_pop(request, timeout_s=timeout_s)
+        self.pops.append(request)
+        future: asyncio.Future[bpb.PopResponse] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(
+            timeout_s, lambda: future.done() or future.set_exception(BrokerTimeout(f"{self.name}: no answer"))
+        )
+        return future
+
+
+async def test_a_long_poll_at_a_lone_broker_slow_to_answer_its_first_pop_waits_on_and_gets_a_later_message() -> None:
+    broker = SlowFirstPop("b1")
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=3.0))
+    receive = asyncio.create_task(proxy.receive(request(poll_s=3.0)))
+    await held_becomes({"b1": broker}, 1, timeout_s=2.5)  # looked at again after the rewatch delay
+    broker.put(popped("b1", "later"))
+    assert ids(await receive) == ["later"]  # not the first Pop's timeout (PROXY_TIMEOUT) at 0.5 s
+    empty = SlowFirstPop("b1")
+    pool = BrokerPool({"b1": empty}, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=3.0))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert ids(await proxy.receive(request(poll_s=2.0))) == []  # nothing came: empty at the poll's end
+    assert loop.time() - start >= 1.9
+
+
 async def test_a_broker_that_fails_during_a_long_poll_and_comes_back_is_watched_again() -> None:
     """A broker restarted during a receive: its Notification fails, it is back a moment later, a message then
     lands on it: the receive gets it (a rolling restart must not turn a long poll into a false empty)."""
