@@ -27,9 +27,9 @@ from broker.log import QueueLog, TopicLog
 from broker.longpoll import HoldService
 from broker.send import SendPath
 from broker.store import NewMessage, Op
-from broker.throttled import Throttled
 from popgate_contract import validation
 from popgate_contract.errors import InvalidReceiptHandle
+from popgate_process.throttled import Throttled
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from broker.store import (
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, STATE_DELAY_S, LoopLoad, small_enough
 from broker.store_reader import StoreReader
 from broker.store_writes import Cut, Deletion, Request
-from broker.throttled import Throttled as _Throttled
 from popgate_contract.errors import StoreUnavailable
+from popgate_process.throttled import Throttled as _Throttled
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -15,8 +15,8 @@ from broker import store_reads
 from broker.batches import PayloadEnds
 from broker.store import PutHalf, PutScheduled, Record
 from broker.store_writes import Cut
-from broker.throttled import Throttled
 from popgate_contract.errors import StoreUnavailable
+from popgate_process.throttled import Throttled
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class StoreReader:
 
     def _read(self, read: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """`read` on the reader thread, with its connection; a failure of the store's is StoreUnavailable (a
-        Pop undoes its deliveries on it: broker.pop), logged at most every broker.throttled.FAILURE_LOG_EVERY_S."""
+        Pop undoes its deliveries on it: broker.pop), logged at most every throttled.FAILURE_LOG_EVERY_S."""
 
         def run() -> T:
             try:

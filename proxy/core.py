@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
+from popgate_process.throttled import Throttled
 from proxy.consumers import ConsumerBook
 from proxy.outgoing import Chunk, Run, chunks, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
@@ -78,6 +79,7 @@ class Proxy:
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
         self._announcer = Announcer(timeout_s=broker_timeout_s)  # groups announced to brokers (proxy.receive.announce)
         self._topic_misses = TopicMisses()
+        self._failover_logs: dict[tuple[str, str], Throttled] = {}  # by broker and error: a few each
         self.consumers = ConsumerBook()  # live consumers, reported to every broker (proxy.consumers)
         self._max_send_bytes = max_send_bytes
         self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
@@ -188,7 +190,7 @@ class Proxy:
             # Down, without this topic, or its store refusing writes (a full disk: the commit stored nothing) —
             # test_core.py::test_send_fails_over_from_a_broker_whose_store_refuses_writes.
             except (errors.BrokerUnavailable, errors.TopicNotFound, errors.StoreUnavailable) as exc:
-                log.info("send to broker %s failed over: %s", client.name, exc.message)
+                self._failover_log(client.name, exc)
                 if isinstance(exc, errors.TopicNotFound):
                     missing += 1
                     if topic is not None:
@@ -197,6 +199,16 @@ class Proxy:
         if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last
+
+    def _failover_log(self, broker: str, exc: errors.DomainError) -> None:
+        """A line per broker and reason at most every FAILURE_LOG_EVERY_S, however many sends fail over (each is
+        counted in popgate_proxy_broker_rpcs_total by its outcome) — test_core.py::
+        test_sends_failing_over_log_a_line_per_broker_and_reason_not_per_send."""
+        key = (broker, type(exc).__name__)
+        throttled = self._failover_logs.get(key)
+        if throttled is None:
+            throttled = self._failover_logs[key] = Throttled(log.info)
+        throttled("send to broker %s failed over: %s", broker, exc.message)
 
     def deleted(self, *, topic: str = "", group: str = "") -> None:
         """An admin deleted `group` (on `topic`, or every topic) or the whole `topic`: no longer announced."""

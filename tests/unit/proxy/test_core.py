@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Sequence
 
@@ -111,6 +112,25 @@ async def test_send_fails_over_from_a_broker_whose_store_refuses_writes() -> Non
         await proxy.send([msg(i)])
     await proxy.send([msg(3, group=group)])
     assert len(brokers["b2"].sent) == 4
+
+
+async def test_sends_failing_over_log_a_line_per_broker_and_reason_not_per_send(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer looping on sends that fail over (a topic missing on a broker, its disk full) does not grow the
+    proxy's log with its send rate: one line per broker and reason, then at most one every 10 s with a count."""
+    proxy, brokers = make("b1", "b2", "b3")
+    brokers["b1"].fail = errors.StoreUnavailable("store write failed (data directory full or read-only?)")
+    brokers["b2"].fail = errors.BrokerUnavailable("b2 is down")
+    caplog.set_level(logging.INFO, logger="proxy.core")
+    for i in range(200):
+        await proxy.send([msg(i, group=f"g{i}")])
+    assert len(brokers["b3"].sent) == 200
+    lines = [r.getMessage() for r in caplog.records if "failed over" in r.getMessage()]
+    assert sorted(line.split(":")[0] for line in lines) == [
+        "send to broker b1 failed over",
+        "send to broker b2 failed over",
+    ]
 
 
 async def test_send_does_not_fail_over_on_a_bad_request() -> None:
