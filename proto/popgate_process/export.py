@@ -18,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import math
 import os
-import re
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -33,14 +31,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from popgate_process.export_files import RollingFile, salvage
 from popgate_process.staged import Build, gather
+from popgate_process.throttled import Throttled
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 KINDS = ("broker", "proxy")
 _COUNTER_TYPES = ("counter", "histogram", "summary")  # their _total, _count, _sum, _bucket only grow
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 class Registry(Protocol):
@@ -153,155 +152,6 @@ def default_proxy_name(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
-OPEN_TRIES = 5
-
-
-class _RollingFile:
-    """The in-progress hidden file of one roll period; `publish` makes it a final ``.jsonl`` file."""
-
-    def __init__(self, settings: ExportSettings) -> None:
-        self.settings = settings
-        self.dir = Path(settings.export_dir)
-        self.stem = f"{settings.kind}-{_UNSAFE.sub('_', settings.process)}-{int(settings.started * 1000)}"
-        self.period: int | None = None
-        self.seq = 0
-        self._begun = 0.0  # the monotonic time the in-progress file was begun at
-        self._fd: int | None = None  # the in-progress file, written unbuffered (see `append`)
-
-    def _names(self) -> tuple[Path, Path]:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((self.period or 0) * self.settings.roll_period_s))
-        name = f"{self.stem}-{stamp}-{self.seq:06d}.jsonl"
-        return self.dir / f".{name}.tmp", self.dir / name
-
-    def append(self, data: bytes, now: float, monotonic: float) -> None:
-        """Append one snapshot's lines whole, or raise and leave none of them in the file. `now` is the
-        snapshot's wall time, `monotonic` the monotonic clock then: the file is published first when `now`
-        is in another roll period, or a roll period has passed on the monotonic clock since it was begun —
-        tests/unit/process/test_export.py::
-        test_files_roll_over_each_roll_period_of_the_monotonic_clock_whatever_step_the_wall_clock_took.
-
-        Written with os.write, no buffer: a write that fails (disk full) leaves nothing behind to be
-        written later, after the part already on disk is cut off, in the middle of a line."""
-        roll_s = self.settings.roll_period_s
-        period = int(now // roll_s)
-        if self._fd is not None and (period != self.period or monotonic - self._begun >= roll_s):
-            self.publish()
-        if self._fd is None:
-            self.period, self._begun = period, monotonic
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._fd = self._open_locked()
-        fd = self._fd
-        end = os.lseek(fd, 0, os.SEEK_END)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError:
-            try:
-                os.ftruncate(fd, end)  # no half snapshot (nor half line) before the next one
-            except OSError:  # it stays cut in this file: go on in a new one (`salvage` keeps its whole lines)
-                os.close(fd)
-                self._fd = None
-                self.seq += 1
-            raise
-
-    def _open_locked(self) -> int:
-        """The in-progress file, open and locked (`flock`: "being written", so `salvage` leaves it alone; held
-        until it is renamed). Another process of the same name may take a file in the moment between its
-        creation and the lock: then the next name is used (a few times at most)."""
-        for _ in range(OPEN_TRIES):
-            tmp = self._names()[0]
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a salvaging process holds it for a moment at most
-            try:
-                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
-                    return fd
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-            self.seq += 1
-        raise OSError(f"export files in {self.dir} are taken as soon as made: another process of this name?")
-
-    def publish(self) -> Path | None:
-        """fsync the in-progress file and rename it to its final name (atomic within the directory), the lock
-        held until the rename is done."""
-        if self._fd is None:
-            return None
-        tmp, final = self._names()
-        fd, self._fd = self._fd, None
-        try:
-            os.fsync(fd)
-            os.replace(tmp, final)
-        finally:
-            os.close(fd)
-        _fsync_dir(self.dir)
-        self.seq += 1
-        return final
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a directory be fsynced
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def salvage(export_dir: Path, kind: str, process: str) -> list[Path]:
-    """Publish what an earlier incarnation of this process left in progress (killed before rolling).
-
-    Only whole lines are kept; the files are then renamed like any finished file. A file a running process
-    still writes (it holds a lock on it until it publishes it or dies) is left alone: another process of the
-    same name, started by mistake or while the first one is still stopping, must not make it final. A file it
-    cannot open or rename (another user's, a read-only file system) is logged and left for a later start —
-    tests/unit/process/test_export.py::test_a_leftover_it_cannot_open_is_skipped_and_the_others_are_published.
-    """
-    out: list[Path] = []
-    prefix = f".{kind}-{_UNSAFE.sub('_', process)}-"
-    # This process's files exactly: broker "b" must not take running broker "b-2"'s file (".broker-b-2-...").
-    ours = re.compile(re.escape(prefix) + r"\d+-\d{8}T\d{6}Z-\d+\.jsonl\.tmp")
-    for tmp in sorted(Path(export_dir).glob(f"{prefix}*.jsonl.tmp")):
-        if not ours.fullmatch(tmp.name):
-            continue
-        try:
-            final = _salvage_one(tmp)
-        except OSError as exc:
-            log.warning("cannot publish %s, left by an earlier run: %s", tmp, exc.strerror or exc)
-            continue
-        if final is not None:
-            out.append(final)
-    if out:
-        _fsync_dir(Path(export_dir))
-    return out
-
-
-def _salvage_one(tmp: Path) -> Path | None:
-    """`tmp` cut after its last whole line and published; None when a live writer holds it or published it."""
-    try:
-        f = tmp.open("r+b")
-    except FileNotFoundError:
-        return None  # its writer published it meanwhile
-    with f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None  # its writer is alive
-        try:
-            if os.stat(tmp).st_ino != os.fstat(f.fileno()).st_ino:
-                return None  # published (renamed) between the open and the lock
-        except FileNotFoundError:
-            return None
-        data = f.read()
-        whole = data[: data.rfind(b"\n") + 1]
-        if whole != data:
-            f.truncate(len(whole))
-            os.fsync(f.fileno())
-        final = tmp.with_name(tmp.name[1 : -len(".tmp")])
-        os.replace(tmp, final)
-    return final
-
-
 def check_dir(export_dir: Path) -> None:
     """Raise NotADirectoryError when `export_dir` can never be a directory (it, or a directory above it, is a
     file): a setting the operator must fix. Other trouble making it (permissions, a read-only or full file system)
@@ -324,11 +174,19 @@ class MetricsExporter:
     def __init__(self, registry: Registry, settings: ExportSettings) -> None:
         self.registry = registry
         self.settings = settings
-        self._file = _RollingFile(settings)
+        self._file = RollingFile(settings)
         self._snapshots = RunSnapshots(settings)  # used on the writer thread only
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="metrics-export")
         self._task: asyncio.Task[None] | None = None
         self._last = 0.0
+        # Export failures (OSError) are logged at most every FAILURE_LOG_EVERY_S, without a traceback, and the first
+        # snapshot written after them says so — test_export.py::test_a_failing_export_logs_one_line_then_its_recovery.
+        self._failed_log = Throttled(log.error)
+        self._failing = False
+
+    def _failed(self, exc: OSError, when: str = "") -> None:
+        self._failing = True
+        self._failed_log("metrics export failed%s: %s; retrying at each interval", when, exc.strerror or exc)
 
     async def start(self) -> MetricsExporter:
         loop = asyncio.get_running_loop()
@@ -339,7 +197,9 @@ class MetricsExporter:
             if salvaged:
                 log.info("published %d export file(s) left in progress by an earlier run", len(salvaged))
             await self.snapshot()
-        except Exception:  # metrics never keep a process from serving: as at runtime, logged and retried (`_run`)
+        except OSError as exc:  # metrics never keep a process from serving: as at runtime, logged and retried (`_run`)
+            self._failed(exc, " at start")
+        except Exception:
             log.exception("metrics export failed at start; retrying at the next interval")
         self._task = loop.create_task(self._run(), name="metrics-export")
         log.info("exporting metrics to %s every %g s", s.export_dir, s.interval_s)
@@ -352,6 +212,8 @@ class MetricsExporter:
             await asyncio.sleep((math.floor(now / interval) + 1) * interval - now)
             try:
                 await self.snapshot()
+            except OSError as exc:  # a full disk, a directory gone read-only: no traceback, the line throttled
+                self._failed(exc)
             except Exception:
                 log.exception("metrics export failed; retrying at the next interval")
 
@@ -362,6 +224,9 @@ class MetricsExporter:
         build = await gather(self.registry)  # live state read on the loop (large states in slices)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._pool, self._write, build, now, monotonic)
+        if self._failing:
+            self._failing = False
+            log.info("metrics export recovered: writing to %s again", self.settings.export_dir)
 
     def _write(self, build: Build, now: float, monotonic: float) -> None:
         batch = self._snapshots.take(_Frozen(build()), now)
@@ -377,8 +242,8 @@ class MetricsExporter:
             try:
                 await self.snapshot()
                 await asyncio.get_running_loop().run_in_executor(self._pool, self._file.publish)
-            except OSError:  # the process still stops cleanly; the next start publishes what is left
-                log.exception("last metrics snapshot failed")
+            except OSError as exc:  # the process still stops cleanly; the next start publishes what is left
+                log.error("last metrics snapshot failed: %s", exc.strerror or exc)
         self._pool.shutdown(wait=True)
 
     async def __aenter__(self) -> MetricsExporter:

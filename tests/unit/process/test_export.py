@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from popgate_process import export
-from popgate_process.export import ExportSettings, MetricsExporter, RunSnapshots, _RollingFile, encode, records, salvage
+from popgate_process.export import ExportSettings, MetricsExporter, RunSnapshots, encode, records
+from popgate_process.export_files import RollingFile, salvage
 
 
 def registry() -> CollectorRegistry:
@@ -79,7 +82,7 @@ def test_encoding_is_one_sorted_compact_json_object_per_line(tmp_path: Path) -> 
 
 
 def test_files_roll_over_by_time_and_appear_whole(tmp_path: Path) -> None:
-    f = _RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
+    f = RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
     f.append(b'{"a":1}\n', 120.0, 120.0)
     f.append(b'{"a":2}\n', 130.0, 130.0)
     assert list(tmp_path.glob("*.jsonl")) == []  # in progress: only a hidden temporary file
@@ -101,7 +104,7 @@ def test_files_roll_over_each_roll_period_of_the_monotonic_clock_whatever_step_t
 ) -> None:
     """After the wall clock steps back, snapshot stamps only creep on by 1 ms (`MetricsExporter.snapshot`): the
     file still rolls once a roll period has passed on the monotonic clock, so a reader gets it on time."""
-    f = _RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
+    f = RollingFile(settings(tmp_path, interval_s=10, roll_s=60))
     f.append(b'{"a":1}\n', 120.0, 5_000.0)
     f.append(b'{"a":2}\n', 120.001, 5_010.0)  # the wall clock stepped back an hour
     f.append(b'{"a":3}\n', 120.002, 5_059.0)
@@ -129,7 +132,7 @@ def test_leftovers_of_a_killed_run_are_published_with_whole_lines_only(tmp_path:
 def test_a_file_a_running_process_still_writes_is_not_taken(tmp_path: Path) -> None:
     """A second process of the same name (started by mistake, or by a supervisor while the first is still in its
     shutdown grace) must not publish the first one's file, which would then be written after it is final."""
-    live = _RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
+    live = RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
     live.append(b'{"a":1}\n', 100.0, 100.0)
     assert salvage(tmp_path, "broker", "b1") == []
     live.append(b'{"a":2}\n', 110.0, 110.0)
@@ -142,7 +145,7 @@ def test_a_file_is_locked_until_it_is_renamed_and_one_published_meanwhile_is_ski
 ) -> None:
     """The two moments a same-named process's salvage could meet a live writer's file: in the middle of its
     publication (after its fsync, before its rename) and after salvage listed the file (published since)."""
-    live = _RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
+    live = RollingFile(ExportSettings(tmp_path, "b1", "broker", started=1000.0))
     live.append(b'{"a":1}\n', 100.0, 100.0)
     real_replace = os.replace
     seen: list[list[Path]] = []
@@ -215,7 +218,7 @@ def test_settings_are_validated(tmp_path: Path) -> None:
 def test_a_snapshot_a_full_disk_cut_leaves_nothing_of_itself_then_or_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    f = _RollingFile(settings(tmp_path))
+    f = RollingFile(settings(tmp_path))
     f.append(b'{"a":1}\n', 0.0, 0.0)
     real_write = os.write
     calls = [0]
@@ -326,6 +329,55 @@ def test_a_start_on_a_full_disk_serves_and_exports_once_there_is_room(
 
     asyncio.run(run())
     assert len({r["time"] for r in rows_of(tmp_path)}) >= 3
+
+
+def test_a_failing_export_logs_one_line_then_its_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full export disk fails every snapshot: one ERROR line without a traceback (then at most one every 10 s),
+    not one with a traceback each interval; the first snapshot written again says exports recovered."""
+    real_write = os.write
+    failed = [0]
+
+    def write(fd: int, data: Any) -> int:
+        if failed[0] < 20:
+            failed[0] += 1
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    caplog.set_level(logging.INFO, logger="popgate_process.export")
+
+    async def run() -> None:
+        exporter = CountingExporter(registry(), ExportSettings(tmp_path, "px-1", "proxy", interval_s=0.01))
+        async with exporter, asyncio.timeout(10):
+            await exporter.enough.wait()
+
+    asyncio.run(run())
+    assert failed[0] == 20
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        "metrics export failed at start: No space left on device; retrying at each interval"
+    ]
+    assert all(r.exc_info is None for r in caplog.records)
+    assert len([r for r in caplog.records if "recovered" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_an_export_dir_deleted_or_replaced_is_made_again_and_written_in_a_new_file(tmp_path: Path, how: str) -> None:
+    """The in-progress file's directory deleted (or moved away and another made in its place): the next snapshot
+    does not go into the unlinked file, lost, but into a new file in the directory at the export path."""
+    export_dir = tmp_path / "export"
+    f = RollingFile(settings(export_dir))
+    f.append(b'{"a":1}\n', 0.0, 0.0)
+    if how == "deleted":
+        shutil.rmtree(export_dir)
+    else:
+        export_dir.rename(tmp_path / "old")
+        export_dir.mkdir()
+    f.append(b'{"a":2}\n', 1.0, 1.0)
+    published = f.publish()
+    assert published is not None and published.parent == export_dir and published.read_bytes() == b'{"a":2}\n'
 
 
 def test_an_export_dir_that_can_never_be_a_directory_is_a_start_error(tmp_path: Path) -> None:
