@@ -31,6 +31,7 @@ from popgate_process.config import cannot_listen
 from popgate_process.logs import configure_logging
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import export_metrics, serve_metrics
+from popgate_process.stop_signals import StopSignals
 
 log = logging.getLogger("broker")
 
@@ -138,10 +139,11 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def serve(settings: BrokerSettings) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully (held requests answered). Whatever a start-up
-    failure finds open (store, core, metrics) is closed on the way out, as at the end."""
+async def serve(settings: BrokerSettings, signals: StopSignals | None = None) -> None:
+    """Serve until a stop signal (popgate_process.stop_signals), then shut down gracefully (held requests answered).
+    Whatever a start-up failure finds open (store, core, metrics) is closed on the way out, as at the end."""
     loop = asyncio.get_running_loop()
+    stop = (signals or StopSignals()).attach(loop)
     metrics = BrokerMetrics()
     async with AsyncExitStack() as stack:
         async with AsyncExitStack() as served:
@@ -151,6 +153,9 @@ async def serve(settings: BrokerSettings) -> None:
             await serve_metrics(served, metrics.registry, settings, error=StartError)
             core = await _open_store(settings, metrics, stack)
             stack.push_async_callback(served.pop_all().aclose)
+        if stop.is_set():  # a stop during the store's load ends the start here, the store closed: exit 0, not serving
+            log.info("stopped before serving")  # test_signals.py::test_a_stop_while_the_store_is_read_ends_the_start
+            return
         metrics.watch(core)
         # Before the gRPC server starts: a failure here has nothing serving to stop yet. Closed after it stops
         # (the stack unwinds in reverse): the last snapshot comes after the last RPC.
@@ -177,9 +182,6 @@ async def serve(settings: BrokerSettings) -> None:
             watcher = loop.create_task(watch_store(core.store, health_servicer, settings.sweep_interval_s))
             stack.push_async_callback(_cancel, watcher)
 
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         host = settings.listen.rpartition(":")[0]
         print(f"ready {host}:{port}", file=sys.stderr, flush=True)
         log.info("broker %s serving on %s:%s, data in %s", settings.name, host, port, settings.data_dir)
@@ -194,6 +196,7 @@ async def serve(settings: BrokerSettings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    signals = StopSignals().install()  # before anything slow: a stop signal is never lost nor kills it unstopped
     settings = settings_mod.parse(argv)
     # Past a file-size limit (RLIMIT_FSIZE) the kernel sends SIGXFSZ, whose default action kills the process.
     # A daemon should get EFBIG instead: SQLite then fails the commit and the broker refuses writes, still serving.
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level, settings.log_format)  # --log-level, --log-format text|json
     collect_less_often()
     try:
-        event_loop.run(serve(settings))
+        event_loop.run(serve(settings, signals))
     except (StoreUnavailable, StartError) as exc:  # data directory in use or unusable, a port taken, ...
         log.error("cannot start: %s", exc)
         raise SystemExit(1) from None

@@ -1,16 +1,17 @@
-"""popgate-proxy: read settings, configure logging (text or JSON lines on stderr), serve until SIGTERM / SIGINT."""
+"""popgate-proxy: read settings, configure logging (text or JSON lines on stderr), serve until a stop signal
+(popgate_process.stop_signals)."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import signal
 import sys
 from collections.abc import Sequence
 
 from popgate_process import event_loop
 from popgate_process.collector import collect_less_often
 from popgate_process.logs import configure_logging
+from popgate_process.stop_signals import StopSignals
 from proxy.server import serve
 from proxy.settings import SettingsError, load
 
@@ -30,21 +31,19 @@ def return_large_buffers_to_the_os(threshold: int = 128 * 1024) -> bool:
         return False
 
 
-async def _run(argv: Sequence[str] | None) -> None:
+async def _run(argv: Sequence[str] | None, signals: StopSignals) -> None:
+    stop = signals.attach(asyncio.get_running_loop())
     settings = load(argv)
     configure_logging(settings.log_level, settings.log_format)  # --log-level, --log-format text|json
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await serve(settings, stop, lambda address: print(f"ready {address}", file=sys.stderr, flush=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    signals = StopSignals().install()  # before anything slow: a stop signal is never lost nor kills it unstopped
     return_large_buffers_to_the_os()
     collect_less_often()
     try:
-        event_loop.run(_run(argv))
+        event_loop.run(_run(argv, signals))
     except SettingsError as exc:
         print(f"popgate-proxy: {exc}", file=sys.stderr)
         return 2

@@ -289,6 +289,9 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         await _serving(health_servicer, discovery, stack)
+        if stop.is_set():  # a stop during start-up ends it here, closed as at the end: exit 0, never serving
+            log.info("stopped before serving")  # test_signals.py::test_a_stop_while_the_proxy_starts_ends_the_start
+            return
         await server.start()
         stack.push_async_callback(server.stop, None)  # a failure below must not leave it serving (no-op later)
         stack.enter_context(MemoryTrimmer())

@@ -1,0 +1,50 @@
+"""The signals a server process (broker, proxy) stops on, handled from the first statement of its `main`.
+
+SIGTERM and SIGINT stop it gracefully. A signal that comes before the event loop runs is kept, not lost — as
+PID 1 in a container an unhandled SIGTERM is dropped, and otherwise it kills the process unstopped — and stops the
+process as soon as its start-up allows (docs/DEPLOY.md, "Signals").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """`install` first thing in `main` (before settings are read); `attach` once the event loop runs: its event is
+    set by a stop signal from then on, and at once when one came before —
+    tests/integration/process/test_signals.py."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+
+    def install(self) -> StopSignals:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._early)
+        return self
+
+    def _early(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """The event a stop signal sets (handled on `loop` from now on, until it closes)."""
+        stop = asyncio.Event()
+
+        def stopping(sig: signal.Signals) -> None:
+            if not stop.is_set():
+                log.info("%s received: stopping", sig.name)
+            stop.set()
+
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stopping, sig)
+        if self.received is not None:
+            stopping(self.received)
+        return stop

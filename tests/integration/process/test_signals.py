@@ -1,0 +1,123 @@
+"""The signals a broker and a proxy get: a stop signal stops them gracefully from the first moment of their start
+(during it, the start ends cleanly and they never serve) (docs/DEPLOY.md, "Signals")."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.sqlite_store import SqliteStore
+from tests.procs import broker_args, wait_until
+
+PROXY_ARGS = ["--listen", "127.0.0.1:0", "--broker", "b1=127.0.0.1:1"]
+
+# A start made slow at a step of its own (the store's load of a large store; the proxy's settings read), said on
+# stderr when that step begins.
+SLOW_BROKER = textwrap.dedent(
+    """
+    import sys, time
+    from broker.sqlite_store import SqliteStore
+    real = SqliteStore.load
+    def slow(self):
+        print("reading the store", file=sys.stderr, flush=True)
+        time.sleep(3)
+        return real(self)
+    SqliteStore.load = slow
+    from broker.__main__ import main
+    main(sys.argv[1:])
+    """
+)
+SLOW_PROXY = textwrap.dedent(
+    """
+    import sys, time
+    import proxy.__main__ as entry
+    real = entry.load
+    def slow(argv):
+        print("reading the settings", file=sys.stderr, flush=True)
+        time.sleep(3)
+        return real(argv)
+    entry.load = slow
+    raise SystemExit(entry.main(sys.argv[1:]))
+    """
+)
+
+
+class Started:
+    """A program run with its stderr gathered line by line."""
+
+    def __init__(self, program: str, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", program, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def end(self, timeout_s: float = 15.0) -> int:
+        rc = self.proc.wait(timeout_s)
+        self.close()
+        return rc
+
+    def close(self) -> None:
+        self._reader.join(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[Started]]:
+    runs: list[Started] = []
+    yield runs
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+        run.close()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_while_the_store_is_read_ends_the_start(tmp_path: Path, started: list[Started], sig: str) -> None:
+    """A broker told to stop while it reads its store (minutes for a large one) does not go on to serve, nor die
+    unstopped: once the load returns it closes the store and exits 0, the data directory free and whole."""
+    data = tmp_path / "b1"
+    broker = Started(SLOW_BROKER, broker_args("b1", data, "--topic", "orders"))
+    started.append(broker)
+    assert wait_until(lambda: broker.said("reading the store"), timeout=30), broker.lines
+    broker.proc.send_signal(signal.Signals[sig])
+    assert broker.end() == 0, broker.lines
+    assert not any(line.startswith("ready ") for line in broker.lines)
+    assert broker.said("stopped before serving") and not broker.said("Traceback")
+
+    async def reopen() -> None:
+        store = SqliteStore(data)  # the LOCK is free and the database whole
+        store.load()
+        await store.close()
+
+    asyncio.run(reopen())
+
+
+def test_a_stop_while_the_proxy_starts_ends_the_start(started: list[Started]) -> None:
+    """A SIGTERM as soon as the proxy's main has begun (its settings not read yet) stops it: exit 0, never ready."""
+    proxy = Started(SLOW_PROXY, PROXY_ARGS)
+    started.append(proxy)
+    assert wait_until(lambda: proxy.said("reading the settings"), timeout=30), proxy.lines
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert proxy.end() == 0, proxy.lines
+    assert not any(line.startswith("ready ") for line in proxy.lines)
+    assert proxy.said("stopped before serving") and not proxy.said("Traceback")
