@@ -1,8 +1,9 @@
 """The signals a server process (broker, proxy) stops on, handled from the first statement of its `main`.
 
-SIGTERM and SIGINT stop it gracefully. A signal that comes before the event loop runs is kept, not lost — as
-PID 1 in a container an unhandled SIGTERM is dropped, and otherwise it kills the process unstopped — and stops the
-process as soon as its start-up allows (docs/DEPLOY.md, "Signals").
+SIGTERM, SIGINT and SIGHUP (a closed terminal or ssh session) stop it gracefully; SIGUSR1 and SIGUSR2 are ignored
+with a log line (nothing is reloaded on a signal). A signal that comes before the event loop runs is kept, not
+lost — as PID 1 in a container an unhandled SIGTERM is dropped, and otherwise it kills the process unstopped — and
+stops the process as soon as its start-up allows (docs/DEPLOY.md, "Signals").
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from types import FrameType
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopSignals:
@@ -24,15 +26,21 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
+        self._ignored: list[signal.Signals] = []
 
     def install(self) -> StopSignals:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._early)
+        for sig in IGNORED_SIGNALS:
+            signal.signal(sig, self._early_ignored)
         return self
 
     def _early(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)
+
+    def _early_ignored(self, signum: int, frame: FrameType | None) -> None:
+        self._ignored.append(signal.Signals(signum))
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         """The event a stop signal sets (handled on `loop` from now on, until it closes)."""
@@ -45,6 +53,15 @@ class StopSignals:
 
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stopping, sig)
+        for sig in IGNORED_SIGNALS:
+            loop.add_signal_handler(sig, _ignore, sig)
+        for sig in self._ignored:
+            _ignore(sig)
+        self._ignored.clear()
         if self.received is not None:
             stopping(self.received)
         return stop
+
+
+def _ignore(sig: signal.Signals) -> None:
+    log.info("%s received: ignored (only SIGTERM, SIGINT and SIGHUP stop this process)", sig.name)

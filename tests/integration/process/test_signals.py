@@ -1,5 +1,6 @@
 """The signals a broker and a proxy get: a stop signal stops them gracefully from the first moment of their start
-(during it, the start ends cleanly and they never serve) (docs/DEPLOY.md, "Signals")."""
+(during it, the start ends cleanly and they never serve); SIGHUP stops them as SIGTERM does; SIGUSR1/2 are
+ignored with a log line (docs/DEPLOY.md, "Signals")."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from broker.sqlite_store import SqliteStore
-from tests.procs import broker_args, wait_until
+from tests.procs import ServerProcess, broker_args, wait_until
 
 PROXY_ARGS = ["--listen", "127.0.0.1:0", "--broker", "b1=127.0.0.1:1"]
 
@@ -91,7 +92,7 @@ def started() -> Iterator[list[Started]]:
         run.close()
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_stop_while_the_store_is_read_ends_the_start(tmp_path: Path, started: list[Started], sig: str) -> None:
     """A broker told to stop while it reads its store (minutes for a large one) does not go on to serve, nor die
     unstopped: once the load returns it closes the store and exits 0, the data directory free and whole."""
@@ -121,3 +122,37 @@ def test_a_stop_while_the_proxy_starts_ends_the_start(started: list[Started]) ->
     assert proxy.end() == 0, proxy.lines
     assert not any(line.startswith("ready ") for line in proxy.lines)
     assert proxy.said("stopped before serving") and not proxy.said("Traceback")
+
+
+def _server(kind: str, tmp_path: Path) -> ServerProcess:
+    args = broker_args("b1", tmp_path / "b1") if kind == "broker" else PROXY_ARGS
+    return ServerProcess(kind, args).start()
+
+
+@pytest.mark.parametrize("kind", ["broker", "proxy"])
+def test_sighup_stops_a_server_gracefully(tmp_path: Path, kind: str) -> None:
+    """A closed terminal or ssh session (SIGHUP) stops a server as SIGTERM does: held requests answered, exit 0."""
+    server = _server(kind, tmp_path)
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        assert server.proc.wait(15) == 0, server.lines
+        assert wait_until(lambda: any("SIGHUP received: stopping" in line for line in server.lines), timeout=5)
+        assert any("stopping: answering held" in line for line in server.lines), server.lines
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize("kind", ["broker", "proxy"])
+def test_sigusr1_and_sigusr2_are_ignored_with_a_log_line(tmp_path: Path, kind: str) -> None:
+    """An operator expecting a reload (SIGUSR1/2) does not kill a server: it logs the signal and serves on."""
+    server = _server(kind, tmp_path)
+    try:
+        assert server.proc is not None
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            server.proc.send_signal(sig)
+            assert wait_until(lambda s=sig: any(f"{s.name} received: ignored" in line for line in server.lines))
+        assert server.alive()
+        assert server.stop() == 0
+    finally:
+        server.kill()
