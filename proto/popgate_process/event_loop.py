@@ -4,7 +4,7 @@ On EMFILE, ENFILE, ENOBUFS or ENOMEM, asyncio 3.11's selector loop stops watchin
 a second, but its accept loop goes on: up to its backlog (100) retries are scheduled per readable event, each of which
 schedules as many again, so a process held at its descriptor limit spends its CPU on them and logs a traceback for
 each. Here the first such failure of an event ends it (one retry), and the failure is logged without a traceback at
-most once every `OUT_OF_RESOURCES_LOG_S`, with how many there were — tests/integration/process/test_event_loop.py.
+most once every `OUT_OF_RESOURCES_LOG_S`, with how many were left out — tests/integration/process/test_event_loop.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import asyncio
 import errno
 import logging
 import socket
-import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from popgate_process.throttled import Throttled
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -26,8 +27,7 @@ OUT_OF_RESOURCES_LOG_S = 10.0
 class ServerLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__()
-        self._refused = 0  # accepts refused for resources since the last line logged
-        self._logged_at: float | None = None
+        self._refused = Throttled(log.error, OUT_OF_RESOURCES_LOG_S)
 
     def _accept_connection(
         self,
@@ -49,7 +49,11 @@ class ServerLoop(asyncio.SelectorEventLoop):
             except OSError as exc:
                 if exc.errno not in OUT_OF_RESOURCES:
                     raise
-                self._out_of_resources(exc)
+                self._refused(
+                    "cannot accept connections: %s (retried every second; raise the process's descriptor limit "
+                    "or lower its clients)",
+                    exc.strerror or exc,
+                )
                 self._remove_reader(fd)  # type: ignore[attr-defined]
                 restart = self._start_serving  # type: ignore[attr-defined]
                 self.call_later(1.0, restart, protocol_factory, sock, sslcontext, server, backlog, *timeouts)
@@ -58,18 +62,6 @@ class ServerLoop(asyncio.SelectorEventLoop):
             extra = {"peername": addr}
             accepted = self._accept_connection2  # type: ignore[attr-defined]
             self.create_task(accepted(protocol_factory, conn, extra, sslcontext, server, *timeouts))
-
-    def _out_of_resources(self, exc: OSError) -> None:
-        self._refused += 1
-        now = time.monotonic()
-        if self._logged_at is None or now - self._logged_at >= OUT_OF_RESOURCES_LOG_S:
-            log.error(
-                "cannot accept connections: %s (%d refused since the last line; retried every second; raise the "
-                "process's descriptor limit or lower its clients)",
-                exc.strerror or exc,
-                self._refused,
-            )
-            self._refused, self._logged_at = 0, now
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -134,7 +134,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
-            log.info("HTTP/2 protocol error from %s, connection closed: %s", self.peer, exc)
+            self._server.protocol_error("HTTP/2 protocol error from %s, connection closed: %s", self.peer, exc)
             self._flush()
             if self._transport is not None:
                 self._transport.close()

@@ -28,6 +28,7 @@ from h2.errors import ErrorCodes
 from popgate_process.h2grpc import call, wire
 from popgate_process.h2grpc.connection import Connection
 from popgate_process.h2grpc.stream import Stream
+from popgate_process.throttled import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,10 @@ class H2Server:
         self._server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
         self.calls = 0
+        # A connection closed for an HTTP/2 protocol error (a client that is not HTTP/2: an HTTP/1.1 request, a port
+        # scan) is a line at most every 10 s, with the count, whatever the rate of such connections —
+        # test_h2grpc_raw.py::test_connections_that_do_not_speak_http2_log_a_line_now_and_then_not_each
+        self.protocol_error = Throttled(log.info)
         self._tasks: set[asyncio.Task[None]] = set()
         # every connection's reads land here and are copied out at once: one loop, one read at a time
         self.inbox = memoryview(bytearray(RECEIVE_BUFFER))

@@ -101,3 +101,28 @@ async def test_a_clients_error_on_one_call_costs_that_call_alone(odd: str) -> No
     finally:
         await peer.close()
         await server.stop(None)
+
+
+async def test_connections_that_do_not_speak_http2_log_a_line_now_and_then_not_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """50 connections sending an HTTP/1.1 request, each closed for its protocol error: one log line (the next no
+    sooner than 10 s later, with the count left out), and the server serves the next client as before."""
+    server, _, target = await started(max_calls=10)
+    host, port = target.rsplit(":", 1)
+    try:
+        with caplog.at_level("INFO", logger="popgate_process.h2grpc"):
+            for _ in range(50):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                await asyncio.wait_for(reader.read(), 5)  # the server closes it
+                writer.close()
+        lines = [r.getMessage() for r in caplog.records if "protocol error" in r.getMessage()]
+        assert len(lines) == 1, lines[:3]
+        peer = await connected(target)
+        try:
+            await asyncio.wait_for(echoes_ok(peer, 1), 5)
+        finally:
+            await peer.close()
+    finally:
+        await server.stop(None)
