@@ -35,9 +35,6 @@ from popgate_contract import validation
 from popgate_contract.errors import (
     BadRequest,
     IllegalBatchSize,
-    IllegalMessage,
-    IllegalMessageGroup,
-    IllegalMessageKey,
     MessageBodyEmpty,
     MessageBodyTooLarge,
     StoreUnavailable,
@@ -281,16 +278,13 @@ class SendPath:
         if tag is not None:
             validation.check_tag(tag)
         if m.keys:
-            if len(m.keys) > validation.MAX_KEYS:
-                raise IllegalMessage(f"message has {len(m.keys)} keys, at most {validation.MAX_KEYS}")
-            for key in m.keys:
-                validation.check_text_field("message key", key, limit=256, error=IllegalMessageKey)
+            validation.check_keys(m.keys)
         if m.properties:
             validation.check_properties(m.properties)
         if m.message_id:
             validation.check_message_id(m.message_id)
         if m.message_group:
-            validation.check_text_field("message group", m.message_group, limit=128, error=IllegalMessageGroup)
+            validation.check_message_group(m.message_group)
         due = due_time_ms(
             now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
         )

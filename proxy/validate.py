@@ -12,20 +12,18 @@ from collections.abc import Callable, Iterable
 from popgate_contract import errors
 from popgate_contract.validation import (
     DLQ_PREFIX,
-    MAX_KEYS,
     MAX_SEND_MESSAGES,
     check_group,
+    check_keys,
+    check_message_group,
     check_message_id,
     check_properties,
     check_tag,
     check_topic,
-    has_control,
     split_tags,
 )
 
-# Limits only the proxy checks (the v2 protocol's; the broker accepts what the proxy let through).
-MAX_KEY_LEN = 256
-MAX_MESSAGE_GROUP_BYTES = 64
+# A limit only the proxy checks (the broker knows no namespace).
 NAMESPACE_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
@@ -33,6 +31,7 @@ NAMESPACE_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 topic = check_topic
 group = check_group
 message_id = check_message_id
+message_group = check_message_group
 properties = check_properties
 
 
@@ -136,22 +135,8 @@ def tag(value: str) -> str:
 
 def keys(values: Iterable[str]) -> list[str]:
     out = list(values)
-    if len(out) > MAX_KEYS:
-        raise errors.IllegalMessageKey(f"message has {len(out)} keys; the limit is {MAX_KEYS}")
-    for key in out:
-        if not key.strip() or len(key) > MAX_KEY_LEN or has_control(key):
-            raise errors.IllegalMessageKey(f"message key {key[:40]!r} is blank, too long or has a control character")
+    check_keys(out)
     return out
-
-
-def message_group(value: str) -> str:
-    size = len(value.encode())
-    if not value.strip() or size > MAX_MESSAGE_GROUP_BYTES or has_control(value):
-        raise errors.IllegalMessageGroup(
-            f"message group must be 1..{MAX_MESSAGE_GROUP_BYTES} bytes of text, not blank and with no control"
-            f" character, got {size} bytes"
-        )
-    return value
 
 
 def delivery_time(deliver_at_s: float, *, now_s: float, max_delay_s: float) -> float:

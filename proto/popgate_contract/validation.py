@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from popgate_contract.errors import (
     DomainError,
     IllegalFilter,
     IllegalGroup,
     IllegalMessage,
+    IllegalMessageGroup,
+    IllegalMessageKey,
     IllegalPropertyKey,
     IllegalTopic,
     MessagePropertiesTooLarge,
@@ -47,6 +49,8 @@ MAX_TAG_LEN = 256
 MAX_CLIENT_ID_CHARS = 512
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64
+MAX_KEY_LEN = 256
+MAX_MESSAGE_GROUP_BYTES = 64
 MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_PROPERTIES = 128
 # Receipt handles in one Ack or Renew: fixed, not --max-send-batch, as a proxy's AckMessage carries up to 1,024 and
@@ -107,13 +111,25 @@ def check_message_id(message_id: str) -> str:
     return message_id
 
 
-def check_text_field(what: str, value: str, *, limit: int, error: type[DomainError] = IllegalMessage) -> str:
-    """`value` if it is at most `limit` characters with no control character (other Unicode is text, as to the
-    proxy's own checks: tests/unit/broker/test_send_text.py)."""
-    if len(value) > limit:
-        raise error(f"{what} is longer than {limit} characters")
-    if has_control(value):
-        raise error(f"{what} contains a control character")
+def check_keys(keys: Sequence[str]) -> Sequence[str]:
+    """`keys` if a message may carry them: at most MAX_KEYS, each 1..MAX_KEY_LEN characters, not blank, with no
+    control character (tests/unit/proxy/test_rules.py, tests/unit/broker/test_send_text.py)."""
+    if len(keys) > MAX_KEYS:
+        raise IllegalMessageKey(f"message has {len(keys)} keys; the limit is {MAX_KEYS}")
+    for key in keys:
+        if not key.strip() or len(key) > MAX_KEY_LEN or has_control(key):
+            raise IllegalMessageKey(f"message key {key[:40]!r} is blank, too long or has a control character")
+    return keys
+
+
+def check_message_group(value: str) -> str:
+    """`value` if it is 1..MAX_MESSAGE_GROUP_BYTES bytes of UTF-8, not blank, with no control character."""
+    size = len(value.encode())
+    if not value.strip() or size > MAX_MESSAGE_GROUP_BYTES or has_control(value):
+        raise IllegalMessageGroup(
+            f"message group must be 1..{MAX_MESSAGE_GROUP_BYTES} bytes of text, not blank and with no control"
+            f" character, got {size} bytes"
+        )
     return value
 
 

@@ -61,6 +61,30 @@ async def test_a_control_character_is_refused_with_the_fields_own_error_and_noth
     assert list(popped.messages) == []
 
 
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (pb.Message(topic="t", body=b"x", keys=["   "]), errors.IllegalMessageKey),
+        (pb.Message(topic="t", body=b"x", message_group="   "), errors.IllegalMessageGroup),
+        (pb.Message(topic="t", body=b"x", message_group="g" * 65), errors.IllegalMessageGroup),
+        (pb.Message(topic="t", body=b"x", message_group="注" * 22), errors.IllegalMessageGroup),  # 66 bytes
+    ],
+)
+async def test_a_blank_key_and_a_blank_or_long_message_group_are_refused_as_by_the_proxy(
+    tmp_path: Path, message: pb.Message, error: type[errors.DomainError]
+) -> None:
+    """The broker checks keys and message groups as the proxy does (`popgate_contract.validation`: a message group
+    is 1..64 bytes, neither it nor a key blank), for a client calling it directly too."""
+    async with broker(tmp_path) as (core, _):
+        with pytest.raises(error):
+            await handlers.send(core, pb.SendRequest(messages=[message]), pb.SendResponse())
+        answer = pb.SendResponse()
+        await handlers.send(
+            core, pb.SendRequest(messages=[pb.Message(topic="t", body=b"x", message_group="g" * 64)]), answer
+        )
+    assert len(answer.results) == 1
+
+
 @pytest.mark.parametrize("key", ["ORIGIN_TOPIC", "DELIVERY_ATTEMPTS", "ORIGIN_OFFSET", "UNIQ_KEY", "KEYS"])
 async def test_a_property_named_as_a_system_one_is_refused(tmp_path: Path, key: str) -> None:
     """RocketMQ's system property names and popgate's dead-letter bookkeeping are not a producer's to set: a dead
