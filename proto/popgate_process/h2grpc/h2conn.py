@@ -109,16 +109,42 @@ class H2Connection(h2.connection.H2Connection):
         return list(events)
 
     # RFC 9113's stream errors that h2 makes the connection's: a malformed request (8.1.1: h2's own validation is off
-    # and made here), WINDOW_UPDATE of 0 on a stream (6.9), a stream depending on itself (5.3.1). Each resets its
-    # stream alone (test_h2grpc_raw_calls.py::test_a_clients_error_on_one_call_costs_that_call_alone).
+    # and made here; a content-length not a number, conflicting, or not what the DATA add up to; a second HEADERS
+    # without END_STREAM), WINDOW_UPDATE of 0 on a stream (6.9), a stream depending on itself (5.3.1). Each resets
+    # its stream alone (test_h2grpc_raw_calls.py::test_a_clients_error_on_one_call_costs_that_call_alone).
     def _receive_headers_frame(self, frame: hyperframe.frame.HeadersFrame) -> tuple[list[Any], list[Any]]:
         selfish = "PRIORITY" in frame.flags and frame.depends_on == frame.stream_id
         if selfish:
             frame.flags.discard("PRIORITY")
-        frames, events = super()._receive_headers_frame(frame)
+        try:
+            frames, events = super()._receive_headers_frame(frame)
+        except h2.exceptions.ProtocolError as exc:
+            if not self._request_refused(exc, frame.stream_id):
+                raise
+            return [], self._stream_error(frame.stream_id)
         if selfish or any(_malformed(event) for event in events):
             return frames, self._stream_error(frame.stream_id)
         return frames, events
+
+    def _receive_data_frame(self, frame: hyperframe.frame.DataFrame) -> tuple[list[Any], list[Any]]:
+        try:
+            return super()._receive_data_frame(frame)
+        except h2.exceptions.InvalidBodyLengthError:
+            if not self._is_open(frame.stream_id):
+                raise
+            self.acknowledge_connection(frame.flow_controlled_length)  # consumed by h2, read by no one
+            return [], self._stream_error(frame.stream_id)
+
+    def _request_refused(self, exc: h2.exceptions.ProtocolError, stream_id: int) -> bool:
+        """`exc` is h2's refusal of an open stream's header fields (its content-length, trailers without
+        END_STREAM), raised bare; not an HPACK error (raised from its cause: the decoder's state is the
+        connection's), nor a closed, too-low or one-too-many stream (subclasses), nor a closed connection."""
+        return (
+            type(exc) is h2.exceptions.ProtocolError
+            and exc.__cause__ is None
+            and self.state_machine.state is not h2.connection.ConnectionState.CLOSED
+            and self._is_open(stream_id)
+        )
 
     def _receive_window_update_frame(self, frame: hyperframe.frame.WindowUpdateFrame) -> tuple[list[Any], list[Any]]:
         if frame.stream_id and not frame.window_increment and self._is_open(frame.stream_id):

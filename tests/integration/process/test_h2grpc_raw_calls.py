@@ -58,6 +58,21 @@ def _held_3(peer: Peer) -> None:
     peer.send()
 
 
+def _open(peer: Peer, fields: list[tuple[bytes, bytes]], stream_id: int = 3) -> bytes:
+    """A HEADERS frame with `fields` as they are, leaving the client's side open."""
+    return hyperframe.frame.HeadersFrame(
+        stream_id, data=peer.client.encoder.encode(fields), flags=["END_HEADERS"]
+    ).serialize()
+
+
+def _last_data(body: bytes, stream_id: int = 3) -> bytes:
+    return hyperframe.frame.DataFrame(stream_id, data=body, flags=["END_STREAM"]).serialize()
+
+
+def _sized(length: bytes, path: bytes = b"/t.S/echo") -> list[tuple[bytes, bytes]]:
+    return [*headers(path), (b"content-length", length)]
+
+
 def _window_update_0(peer: Peer) -> bytes:
     _held_3(peer)
     return hyperframe.frame.WindowUpdateFrame(3, window_increment=0).serialize()
@@ -74,6 +89,13 @@ ODD: dict[str, Callable[[Peer], bytes]] = {
     "a connection header": lambda peer: _request(peer, [*headers(b"/t.S/echo"), (b"connection", b"keep-alive")]),
     "no :path": lambda peer: _request(peer, _changed(b":path", None)),
     "HEADERS depending on itself": lambda peer: _request(peer, headers(b"/t.S/echo"), ("PRIORITY",)),
+    "a content-length not a number": lambda peer: _request(peer, _sized(b"abc")),
+    "conflicting content-lengths": lambda peer: _request(peer, [*_sized(b"1"), (b"content-length", b"2")]),
+    "DATA past its content-length": lambda peer: _open(peer, _sized(b"1")) + _last_data(OK),
+    "DATA short of its content-length": lambda peer: _open(peer, _sized(b"100")) + _last_data(OK),
+    "a second HEADERS without END_STREAM on a running call": lambda peer: (
+        _open(peer, headers(b"/t.S/slow")) + _open(peer, [(b"x-trailer", b"v")])
+    ),
     "WINDOW_UPDATE of 0 on a running call": _window_update_0,
     "PRIORITY of a running call on itself": _priority_on_itself,
 }
@@ -81,9 +103,9 @@ ODD: dict[str, Callable[[Peer], bytes]] = {
 
 @pytest.mark.parametrize("odd", ODD, ids=list(ODD))
 async def test_a_clients_error_on_one_call_costs_that_call_alone(odd: str) -> None:
-    """RFC 9113's stream errors (a malformed request, WINDOW_UPDATE of 0 on a stream, a stream depending on
-    itself): RST_STREAM (PROTOCOL_ERROR) for that call, whose handler is cancelled; the connection serves its next
-    call and answers the call it holds."""
+    """RFC 9113's stream errors (a malformed request, its DATA not what its content-length says, WINDOW_UPDATE of 0
+    on a stream, a stream depending on itself): RST_STREAM (PROTOCOL_ERROR) for that call, whose handler is
+    cancelled; the connection serves its next call and answers the call it holds."""
     server, handlers, target = await started(max_calls=10)
     peer = await connected(target)
     try:
@@ -125,4 +147,23 @@ async def test_connections_that_do_not_speak_http2_log_a_line_now_and_then_not_e
         finally:
             await peer.close()
     finally:
+        await server.stop(None)
+
+
+async def test_data_refused_for_its_content_length_still_opens_the_connections_window() -> None:
+    """A call reset for DATA past its content-length: the frame's bytes count as read for the connection's window
+    (h2 took them from it), so 20 such calls of 1 MiB each, past the 16 MiB window, leave the connection serving."""
+    server, _, target = await started(max_calls=10)
+    peer = await connected(target)
+    try:
+        peer.send()  # the connection's preface
+        calls = range(3, 43, 2)
+        for call in calls:
+            peer.writer.write(_open(peer, _sized(b"1"), call) + _last_data(b"x" * (1 << 20), call))
+        frames = await echoes_ok(peer, 43)
+        resets = [(f.stream_id, f.error_code) for f in frames if isinstance(f, hyperframe.frame.RstStreamFrame)]
+        assert resets == [(call, ErrorCodes.PROTOCOL_ERROR) for call in calls]
+        assert server.calls == 0
+    finally:
+        await peer.close()
         await server.stop(None)
