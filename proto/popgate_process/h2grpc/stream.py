@@ -63,7 +63,9 @@ class Stream:
         handler has less than UNREAD_BOUND of whole requests not yet read — a request larger than the stream's window
         completes so — and otherwise as it reads them (test_h2grpc.py::test_a_request_larger_than_the_window_arrives,
         test_a_handler_that_reads_nothing_stops_its_client): a call holds at most about UNREAD_BOUND + its window
-        unread. The connection's window took them back as they arrived. A call whose status is decided keeps none
+        of whole requests unread, and besides them up to `max_bytes` of a request still arriving (kept until whole,
+        as grpc-core keeps it: its bytes are given back as they arrive, or no request past the window would
+        complete). The connection's window took them back as they arrived. A call whose status is decided keeps none
         of them; a unary call's second request is the call's error (INTERNAL), not kept either (test_h2grpc_raw.py::
         test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_nothing)."""
         self._unacked += flow_length
