@@ -11,7 +11,8 @@ consumes and acks them all; each measured phase (produce, consume+ack) follows a
 - direct: the brokers' Session streams (popgate_contract.session_client.BrokerSession, one per broker, as the
   proxy calls them): Send of --batch messages (--direct-runs: one SharedRun of --batch bodies, as the proxy sends
   an SDK's send_many); Pop of up to --batch (no poll time; the client itself goes round the brokers) + Ack, from
-  --concurrency concurrent workers.
+  --concurrency concurrent workers. A Send not answered a result per message, or an Ack of a handle not ok, stops
+  the run (as the SDK's calls raise).
 - sdk: `popgate.aio` through the proxy: Producer.send_many of --send-chunk messages; SimpleConsumer.receive(
   max=--batch, wait=--wait) + ack_many, from --concurrency concurrent workers on one Producer / SimpleConsumer.
 
@@ -145,10 +146,10 @@ class Direct:
                 request = bpb.SendRequest(
                     runs=[bpb.SharedRun(shared=shared, bodies=[self.body] * n, message_ids=[""] * n)]
                 )
-                await self._next().send(request)
+                stored(await self._next().send(request), n)
             elif n:
                 request = bpb.SendRequest(messages=[bpb.Message(topic=topic, body=self.body) for _ in range(n)])
-                await self._next().send(request)
+                stored(await self._next().send(request), n)
             return n
 
         return step
@@ -163,10 +164,25 @@ class Direct:
             popped = await session.pop(request)
             handles = [m.receipt_handle for m in popped.messages]
             if handles:
-                await session.ack(bpb.AckRequest(topic=topic, group=GROUP, receipt_handles=handles))
+                acked(await session.ack(bpb.AckRequest(topic=topic, group=GROUP, receipt_handles=handles)))
             return len(handles)
 
         return step
+
+
+def stored(reply: bpb.SendResponse, n: int) -> None:
+    """A direct Send counts only when the broker answered a stored result for each of its `n` messages (the SDK's
+    send_many raises otherwise) — tests/unit/bench/test_ratios.py::test_the_direct_floor_raises_on_a_failed_send."""
+    if len(reply.results) != n:
+        raise RuntimeError(f"direct Send of {n} messages answered {len(reply.results)} stored results")
+
+
+def acked(reply: bpb.AckResponse) -> None:
+    """A direct Ack counts only when every handle was acked (the SDK's ack_many raises otherwise) —
+    tests/unit/bench/test_ratios.py::test_the_direct_floor_raises_on_a_refused_ack."""
+    refused = [r for r in reply.results if not r.ok]
+    if refused:
+        raise RuntimeError(f"direct Ack refused {len(refused)} of {len(reply.results)}: {refused[0].error}")
 
 
 class Sdk:
