@@ -5,8 +5,10 @@
 
 Starts brokers (--flush async) and one proxy (its default receive mode unless --receive-mode) as real
 processes (popgate.cli.cluster, loopback, a temporary data dir), then runs four rounds one after another:
-direct, sdk, direct, sdk. Each round produces --warmup + --messages messages (256 B) to a fresh topic, then
-consumes and acks them all; each measured phase (produce, consume+ack) follows a warm-up of its own kind:
+direct, sdk, sdk, direct. That is two pairs, each side first in one: the round that goes first in a pair tends
+to be faster, and the brokers' store grows every round. Each round produces --warmup + --messages messages
+(256 B) to a fresh topic, then consumes and acks them all; each measured phase (produce, consume+ack) follows a
+warm-up of its own kind:
 
 - direct: the brokers' Session streams (popgate_contract.session_client.BrokerSession, one per broker, as the
   proxy calls them): Send of --batch messages (--direct-runs: one SharedRun of --batch bodies, as the proxy sends
@@ -19,8 +21,9 @@ consumes and acks them all; each measured phase (produce, consume+ack) follows a
 A consume phase ends when the last message is acked (the clock stops then; workers still long-polling end
 after --wait, unmeasured). Around each measured phase the CPU time (utime + stime, /proc/<pid>/stat) of the
 proxy, each broker and this client process is read. Each figure is the median of the two rounds of its side
-(the host's speed drifts); a ratio is the median of the two rounds' ratios, each round against the direct one
-just before it. Prints a table, then one JSON line (--json: only the JSON line) for bench/results/history.csv.
+(the host's speed drifts); a ratio is the median of the two rounds' ratios, each sdk round against the direct
+round beside it (round 2 against round 1, round 3 against round 4). Prints a table, then one JSON line (--json:
+only the JSON line) for bench/results/history.csv.
 Not a test: the client, the proxy and the brokers share the machine's cores.
 """
 
@@ -50,6 +53,9 @@ from popgate_contract.session_client import BrokerSession
 from proxy.settings import Settings
 
 GROUP = "ratios"
+# Two pairs, each side first in one; bench.ratios_report pairs the nth sdk round with the nth direct round, so each
+# sdk round is measured against its neighbour — tests/unit/bench/test_ratios.py.
+ROUNDS = ("direct", "sdk", "sdk", "direct")
 INVISIBLE_S = 60.0
 PHASE_TIMEOUT_S = 600.0
 
@@ -243,7 +249,7 @@ async def one_round(client: Direct | Sdk, side: str, topic: str, meter: Meter, a
 async def run(cluster: Cluster, meter: Meter, args: argparse.Namespace) -> list[list[Phase]]:
     addresses = [child.address for child in cluster.brokers.values()]
     rounds = []
-    for i, side in enumerate(["direct", "sdk", "direct", "sdk"]):
+    for i, side in enumerate(ROUNDS):
         topic = f"ratios-{side}-{i // 2 + 1}"
         log(args, f"round {i + 1}/4: {side}")
         if side == "direct":

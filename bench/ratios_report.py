@@ -46,7 +46,8 @@ SIDES, KINDS = ("direct", "sdk"), ("produce", "consume")
 
 def figures(rounds: list[list[Phase]], brokers: list[str]) -> dict[str, float]:
     """`side.metric`: the median of that side's two rounds; `metric_sdk_direct_ratio`: the median of the rounds'
-    ratios (round 2 against round 1, round 4 against round 3: neighbours in time)."""
+    ratios, the nth sdk round against the nth direct round (bench.ratios.ROUNDS: round 2 against round 1, round 3
+    against round 4, neighbours in time)."""
     groups = {"broker": tuple(brokers), "proxy": ("proxy",), "client": ("client",)}
     server = ("proxy", *brokers)  # in direct phases the proxy idles (health checks) and costs ~0
     series: dict[str, dict[str, list[float]]] = {}

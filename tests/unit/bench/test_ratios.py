@@ -1,14 +1,17 @@
-"""bench.ratios: the direct floor counts only what the brokers stored and acked."""
+"""bench.ratios: the direct floor counts only what the brokers stored and acked, and neither side always runs
+first."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from bench import ratios
+from bench.ratios_report import Phase, figures
 
 
 class FakeSession:
@@ -56,3 +59,14 @@ def test_the_direct_floor_raises_on_a_refused_ack() -> None:
     assert once(direct(FakeSession()).consume("t")) == 2
     with pytest.raises(RuntimeError, match="refused 2 of 2: InvalidHandle"):
         once(direct(FakeSession(ok=False)).consume("t"))
+
+
+def test_each_side_runs_first_in_one_pair_and_each_ratio_is_against_its_neighbour() -> None:
+    assert ratios.ROUNDS == ("direct", "sdk", "sdk", "direct")
+    # Rates 1, 2 | 30, 10 by round: neighbours give ratios 2 and 3 (median 2.5); across pairs would give 0.2 or 20.
+    rates: list[float] = [1.0, 2.0, 30.0, 10.0]
+    rounds: list[list[Phase]] = []
+    for side, rate in zip(ratios.ROUNDS, rates, strict=True):
+        cpu: dict[str, Any] = {"client": 1.0, "proxy": 1.0, "b1": 1.0}
+        rounds.append([Phase(side, kind, int(rate * 100), 100.0, cpu) for kind in ("produce", "consume")])
+    assert figures(rounds, ["b1"])["produce_msg_s_sdk_direct_ratio"] == pytest.approx(2.5)
