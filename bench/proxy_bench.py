@@ -6,9 +6,10 @@
 Starts its own brokers and proxy (popgate.cli.cluster, loopback, temporary data dir), runs
 each phase for --seconds, prints a table. The proxy phases are a v2 client's (as an official
 client calls it: SendMessage of --batch; ReceiveMessage of up to --batch, one frame a message,
-then AckMessage of them). Then, in the same run, a bare grpc.aio server with trivial handlers
-(bench.transport_compare's) streams the same v2 frames and takes the same SendMessage calls, and
-the last table gives issue 28's official-client ratio: the proxy's CPU per message over the bare
+then AckMessage of them; a call answered with an error status stops the run). Then, in the same
+run, a bare grpc.aio server with trivial handlers (bench.transport_compare's) streams the same v2
+frames and takes the same SendMessage calls, and the last table gives issue 28's official-client
+ratio: the proxy's CPU per message over the bare
 server's. Not a test: numbers depend on the machine.
 Run it as a module (`-m bench.proxy_bench`): its client then uses the gRPC I/O engine the SDK's
 clients use (bench/__init__.py, proto/popgate_process/grpc_engine.py).
@@ -79,33 +80,50 @@ def broker_batch(topic: str, body: bytes, batch: int) -> bpb.SendRequest:
     return bpb.SendRequest(messages=[bpb.Message(topic=topic, body=body, queue_id=-1) for _ in range(batch)])
 
 
+def ok(status: v2.Status, what: str) -> None:
+    """A call counts only when answered OK: an error stops the run instead of counting 0 messages (which would
+    inflate the proxy's CPU per message) — tests/unit/bench/test_proxy_bench.py."""
+    if status.code != v2.OK:
+        raise RuntimeError(f"{what} answered {v2.Code.Name(status.code)}: {status.message}")
+
+
+class ProxySteps:
+    """An official client's calls on the proxy (generated stub, no SDK), each checked by `ok`."""
+
+    def __init__(self, stub: service_pb2_grpc.MessagingServiceStub, args: argparse.Namespace) -> None:
+        self.stub, self.args, self.body = stub, args, b"x" * args.size
+
+    async def produce(self) -> int:
+        reply = await self.stub.SendMessage(v2_batch("bench_proxy", self.body, self.args.batch), timeout=10)
+        ok(reply.status, "SendMessage")
+        for entry in reply.entries:
+            ok(entry.status, "SendMessage entry")
+        return len(reply.entries)
+
+    async def consume(self) -> int:
+        request = wire.receive_request("bench", wire.Subscription("bench_proxy"), max=self.args.batch, invisible=60,
+                                       wait=1)  # fmt: skip
+        entries = []
+        async for frame in self.stub.ReceiveMessage(request, timeout=10):
+            if frame.HasField("message"):
+                entries.append(pb.AckMessageEntry(receipt_handle=frame.message.system_properties.receipt_handle))
+            elif frame.HasField("status") and frame.status.code != v2.MESSAGE_NOT_FOUND:  # that one: nothing yet
+                ok(frame.status, "ReceiveMessage")
+        if not entries:
+            return 0
+        ack = pb.AckMessageRequest(group=request.group, topic=request.message_queue.topic, entries=entries)
+        reply = await self.stub.AckMessage(ack, timeout=10)
+        ok(reply.status, "AckMessage")
+        for entry in reply.entries:
+            ok(entry.status, "AckMessage entry")
+        return len(entries)
+
+
 async def proxy_phases(endpoint: str, pids: list[int], args: argparse.Namespace) -> tuple[Phase, Phase]:
-    body = b"x" * args.size
     async with grpc.aio.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
-
-        async def produce() -> int:
-            reply = await stub.SendMessage(v2_batch("bench_proxy", body, args.batch), timeout=10)
-            return len(reply.entries) if reply.status.code == v2.OK else 0
-
-        produced = await run_for(args.seconds, args.concurrency, produce, pids)
-
-        async def consume() -> int:
-            request = wire.receive_request(
-                "bench", wire.Subscription("bench_proxy"), max=args.batch, invisible=60, wait=1
-            )
-            entries = [
-                pb.AckMessageEntry(receipt_handle=f.message.system_properties.receipt_handle)
-                async for f in stub.ReceiveMessage(request, timeout=10)
-                if f.HasField("message")
-            ]
-            if not entries:
-                return 0
-            ack = pb.AckMessageRequest(group=request.group, topic=request.message_queue.topic, entries=entries)
-            reply = await stub.AckMessage(ack, timeout=10)
-            return len(entries) if reply.status.code == v2.OK else 0
-
-        consumed = await run_for(args.seconds, args.concurrency, consume, pids)
+        steps = ProxySteps(service_pb2_grpc.MessagingServiceStub(channel), args)  # type: ignore[no-untyped-call]
+        produced = await run_for(args.seconds, args.concurrency, steps.produce, pids)
+        consumed = await run_for(args.seconds, args.concurrency, steps.consume, pids)
     return produced, consumed
 
 
