@@ -42,14 +42,14 @@ OPTIONS = [
 MAX_CALLS = 1 << 20
 
 
-def held_request() -> pb.ReceiveMessageRequest:
+def held_request(wait: float = 30) -> pb.ReceiveMessageRequest:
     """The request of a held receive (bench.idle_receives sends the same): the server parses and keeps it."""
-    return wire.receive_request("g-idle", wire.Subscription("idle"), max=16, invisible=60, wait=30)
+    return wire.receive_request("g-idle", wire.Subscription("idle"), max=16, invisible=60, wait=wait)
 
 
 class Idle(service_pb2_grpc.MessagingServiceServicer):
     async def ReceiveMessage(self, request: pb.ReceiveMessageRequest, context: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-        await asyncio.sleep(120)
+        await asyncio.sleep(3600)  # held until the client cancels the call or its deadline passes
         yield pb.ReceiveMessageResponse()
 
 

@@ -3,9 +3,13 @@
     .venv/bin/python -m bench.idle_receives [--receives 10000] [--mode adaptive] [--hold-s 10] [--channels 20]
 
 Starts 4 brokers and one proxy (`--receive-mode MODE`, adaptive by default as the proxy's), opens --receives
-ReceiveMessage calls (long polling 30 s, nothing to receive) from this process over --channels separate HTTP/2
+ReceiveMessage calls (nothing to receive; long polling longer than opening them may take plus --hold-s, with the
+proxy's and the brokers' long-polling limits raised to match) from this process over --channels separate HTTP/2
 connections, waits until the brokers hold them (Stats: held Pops + Notifications), then over --hold-s reads the
 RSS growth of the proxy and of the brokers (against their RSS after a warm-up) and the CPU they use while idle.
+The figures are per requested receive, so the run fails (exit status 1, saying why, no figures) unless after the
+hold every receive is still open, the brokers still hold at least --receives requests and every call of the bare
+server below is still held.
 
 In the same run, beside the proxy, a bare grpc.aio server (`bench.grpc_call_floor`: the proxy's server options, a
 handler that only sleeps) holds as many server-streaming calls over as many connections, opened at the same time
@@ -37,9 +41,31 @@ from bench.common import cpu_seconds, machine, rss_bytes
 from popgate import _wire as wire
 from popgate.cli.cluster import Cluster, ClusterConfig
 
+OPEN_S = 25.0  # longest wait for the brokers to hold every receive
+SETTLE_S = 60.0  # then longest wait for their count to stop growing
 
-def request(topic: str, group: str) -> pb.ReceiveMessageRequest:
-    return wire.receive_request(group, wire.Subscription(topic), max=16, invisible=60, wait=30)  # as held_request
+
+def long_poll_s(hold_s: float) -> float:
+    """A held receive's long polling: longer than opening every receive, the hold, py-spy's wait and the Stats
+    reads after it, so none ends before the hold does — tests/unit/bench/test_idle_receives.py."""
+    return OPEN_S + SETTLE_S + hold_s + 60.0
+
+
+def unheld(n: int, still: int, proxy_ended: int, floor_ended: int) -> str:
+    """Why a run's per-receive figures would be wrong ("" when they are not): they divide by the `n` receives
+    asked, so all of them must still be held after the hold — tests/unit/bench/test_idle_receives.py."""
+    problems = []
+    if proxy_ended:
+        problems.append(f"{proxy_ended} of {n} receives ended before the hold did (refused or expired)")
+    if still < n:
+        problems.append(f"the brokers held {still} requests after the hold, fewer than the {n} receives")
+    if floor_ended:
+        problems.append(f"the bare server did not hold {floor_ended} of its {n} calls")
+    return "; ".join(problems)
+
+
+def request(topic: str, group: str, wait: float) -> pb.ReceiveMessageRequest:
+    return wire.receive_request(group, wire.Subscription(topic), max=16, invisible=60, wait=wait)  # as held_request
 
 
 async def held(stubs: list[broker_pb2_grpc.BrokerStub]) -> int:
@@ -68,23 +94,25 @@ async def warm_up(proxy_stubs: list[service_pb2_grpc.MessagingServiceStub]) -> N
     """A short receive on every connection, so connections, buffers, sessions and caches exist before the baseline
     (a connection's own memory is not a receive's)."""
     for stub in proxy_stubs:
-        r = request("idle", "g-idle")
-        r.long_polling_timeout.seconds = 0
+        r = request("idle", "g-idle", 0)
         async for _ in stub.ReceiveMessage(r, timeout=5):
             pass
     await asyncio.sleep(1)
 
 
 async def open_receives(
-    proxy_stubs: list[service_pb2_grpc.MessagingServiceStub], stubs: list[broker_pb2_grpc.BrokerStub], n: int
+    proxy_stubs: list[service_pb2_grpc.MessagingServiceStub],
+    stubs: list[broker_pb2_grpc.BrokerStub],
+    n: int,
+    wait: float,
 ) -> tuple[list[Any], list[asyncio.Future[Any]]]:
-    opened = time.monotonic()
-    calls = [proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(request("idle", "g-idle"), timeout=60) for i in range(n)]
+    opened, asked = time.monotonic(), request("idle", "g-idle", wait)
+    calls = [proxy_stubs[i % len(proxy_stubs)].ReceiveMessage(asked, timeout=wait + 30) for i in range(n)]
     # Start the calls (grpc sends a server-streaming request when its first message is awaited).
     readers = [asyncio.ensure_future(call.read()) for call in calls]
-    held_now = await wait_held(stubs, ">=", n, 25)
+    held_now = await wait_held(stubs, ">=", n, OPEN_S)
     # Notify mode holds a Notification per broker per receive: wait until the count stops growing.
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
         await asyncio.sleep(1.0)
         previous, held_now = held_now, await held(stubs)
@@ -143,14 +171,15 @@ async def warm_up_floor(stubs: list[Any]) -> None:
     await asyncio.gather(*(call.read() for call in calls), return_exceptions=True)
 
 
-def open_floor_calls(stubs: list[Any], n: int) -> tuple[list[Any], list[asyncio.Future[Any]]]:
+def open_floor_calls(stubs: list[Any], n: int, wait: float) -> tuple[list[Any], list[asyncio.Future[Any]]]:
     """`n` held server-streaming calls on the bare server (the proxy's request), over its connections in turn."""
-    held = grpc_call_floor.held_request()
-    calls = [stubs[i % len(stubs)].ReceiveMessage(held, timeout=300) for i in range(n)]
+    held = grpc_call_floor.held_request(wait)
+    calls = [stubs[i % len(stubs)].ReceiveMessage(held, timeout=wait + 30) for i in range(n)]
     return calls, [asyncio.ensure_future(call.read()) for call in calls]
 
 
-async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace) -> None:
+async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace) -> str:
+    """Measures and prints the figures; returns why they would be wrong instead ("" when they are not)."""
     pids = {name: c.process.pid for name, c in [("proxy", cluster.proxies[0]), *cluster.brokers.items()] if c.process}
     floor_port, pids[FLOOR] = floor
     broker_channels = [grpc.aio.insecure_channel(c.address) for c in cluster.brokers.values()]
@@ -165,10 +194,8 @@ async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace
     await warm_up_floor(bare)
     await asyncio.sleep(1)
     base_rss = {name: rss_bytes(pid) for name, pid in pids.items()}
-    floor_calls, floor_readers = open_floor_calls(bare, args.receives)
-    calls, readers = await open_receives(proxy_stubs, stubs, args.receives)
-    if (refused := sum(reader.done() for reader in floor_readers)) > 0:
-        print(f"the bare server did not hold {refused} of its calls: its figure is too small")
+    floor_calls, floor_readers = open_floor_calls(bare, args.receives, long_poll_s(args.hold_s))
+    calls, readers = await open_receives(proxy_stubs, stubs, args.receives, long_poll_s(args.hold_s))
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     spy = await profile(pids["proxy"], args.profile) if args.profile else None
     await asyncio.sleep(args.hold_s)
@@ -177,12 +204,16 @@ async def run(cluster: Cluster, floor: tuple[int, int], args: argparse.Namespace
     cpu = {name: (cpu_seconds(pid) - cpu0[name]) / args.hold_s * 100 for name, pid in pids.items()}
     rss = {name: rss_bytes(pid) - base_rss[name] for name, pid in pids.items()}
     still = await held(stubs)
+    problem = unheld(args.receives, still, sum(r.done() for r in readers), sum(r.done() for r in floor_readers))
     for call in [*calls, *floor_calls]:
         call.cancel()
     await asyncio.gather(*readers, *floor_readers, return_exceptions=True)
-    report(args, rss, cpu, still, await wait_held(stubs, "<=", 0, 10))
+    left = await wait_held(stubs, "<=", 0, 10)
+    if not problem:
+        report(args, rss, cpu, still, left)
     for ch in [*channels, *floor_channels, *broker_channels]:
         await ch.close()
+    return problem
 
 
 def main() -> None:
@@ -203,16 +234,23 @@ def main() -> None:
             listen="127.0.0.1:0",
             data_dir=Path(tmp),
             receive_mode=args.mode,
-            proxy_args=("--max-held-receives", str(args.receives + 100), *args.proxy_arg),
+            proxy_args=(
+                *("--max-held-receives", str(args.receives + 100)),
+                *("--max-long-polling-s", str(long_poll_s(args.hold_s))),
+                *args.proxy_arg,
+            ),
+            broker_args=("--max-poll-s", str(long_poll_s(args.hold_s))),
         )
         try:
             assert bare.pid is not None
             floor = (ports.get(timeout=30), bare.pid)
             with Cluster(config) as cluster:
-                asyncio.run(run(cluster, floor, args))
+                problem = asyncio.run(run(cluster, floor, args))
         finally:
             bare.kill()
             bare.join(10)
+    if problem:
+        sys.exit(f"bench.idle_receives: no figures: {problem}")
 
 
 if __name__ == "__main__":
