@@ -14,7 +14,11 @@ in flight, the next sent when the answer is back), measures the round trip of a 
 Then the idle wake: a consumer holds a receive (`SimpleConsumer.receive(max=32, wait=20)`), a producer in
 another process sends one message 50-100 ms after the previous one was received, and the wake is the time from
 the producer's send call to the receive returning (as the peers' harness measures it, over loopback clocks of one
-machine). Prints median / p90 / p99 in ms and sends a second. Not a test.
+machine). A receive that comes back empty while the producer is still sending is counted and printed (`empty
+receives`); the run fails if the producer process exits with an error, or exits and a receive after that comes
+back empty (wakes missing), or the wakes take longer than their sends could (0.1 s each) plus a receive's wait and
+a minute. Prints median / p90 / p99 in ms and sends a second. Not a
+test.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from popgate_pb import broker_pb2 as bpb
@@ -49,6 +55,7 @@ BODY = b"x" * 256
 PY_SPY = Path(__file__).resolve().parents[1] / ".venv/bin/py-spy"
 SPY_DIR = ""
 TOPIC = "one"
+WAKE_WAIT_S = 20.0  # the held receive's long poll
 
 
 def pct(values: list[float], p: float) -> float:
@@ -124,23 +131,59 @@ async def sends(cluster: Cluster, n: int) -> list[tuple[str, list[float]]]:
     return results
 
 
-async def wakes(cluster: Cluster, n: int) -> list[float]:
-    """Idle-wake times, ms: a producer process sends one message at a time, the receive here is held meanwhile."""
+@dataclass
+class Woke:
+    """What the wake loop saw: each wake's time (ms) and the receives that came back empty meanwhile."""
+
+    ms: list[float]
+    empties: int
+
+
+def wake_deadline_s(n: int) -> float:
+    """Longest the wake loop waits: n sends at most 0.1 s apart, each woken within a receive's wait, and a minute."""
+    return n * 0.1 + WAKE_WAIT_S + 60
+
+
+async def wake_loop(consumer: Any, producer: Any, n: int, deadline_s: float) -> Woke:
+    """Receives until `n` timed messages came, counting empty receives; raises when the producer process ended with
+    an error, or ended and a receive begun after that came back empty (it sent all it will), or `deadline_s` passed
+    first — tests/unit/bench/test_one_at_a_time.py."""
+    out: list[float] = []
+    empties, deadline = 0, time.monotonic() + deadline_s
+    while len(out) < n:
+        left, exited = deadline - time.monotonic(), producer.returncode
+        if exited not in (None, 0):
+            raise RuntimeError(f"the producer exited with status {exited} after {len(out)} of {n} wakes")
+        if left <= 0:
+            raise TimeoutError(f"{len(out)} of {n} wakes in {deadline_s:g} s ({empties} empty receives)")
+        messages = await consumer.receive(max=32, wait=min(WAKE_WAIT_S, left))
+        now = time.monotonic_ns()
+        out += [(now - int(m.body.split(b" ")[0])) / 1e6 for m in messages if not m.body.startswith(b"0 ")]
+        if messages:
+            await consumer.ack_many(messages)
+        elif exited is not None:
+            raise RuntimeError(f"the producer exited and a receive after that came back empty: {len(out)} of {n} wakes")
+        else:
+            empties += 1
+    return Woke(out, empties)
+
+
+async def wakes(cluster: Cluster, n: int) -> Woke:
+    """Idle wakes: a producer process sends one message at a time, the receive here is held meanwhile."""
     topic = f"wake-{random.randrange(1 << 30)}"
     async with SimpleConsumer(cluster.endpoint, "wake", topic) as consumer:
         await consumer.receive(max=32, wait=0.1)  # the group exists before the first send
         argv = [sys.executable, "-m", "bench.one_at_a_time", "--producer", cluster.endpoint, topic, str(n)]
         producer = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
-        assert producer.stdout is not None
-        out = []
-        while len(out) < n:
-            messages = await consumer.receive(max=32, wait=20)
-            now = time.monotonic_ns()
-            out += [(now - int(m.body.split(b" ")[0])) / 1e6 for m in messages if not m.body.startswith(b"0 ")]
-            if messages:
-                await consumer.ack_many(messages)
-        await producer.wait()
-    return out
+        try:
+            woke = await wake_loop(consumer, producer, n, wake_deadline_s(n))
+        except BaseException:
+            if producer.returncode is None:
+                producer.kill()
+            raise
+        finally:
+            await producer.wait()
+    return woke
 
 
 async def produce_slowly(endpoint: str, topic: str, n: int) -> None:
@@ -180,21 +223,23 @@ def main() -> None:
             children = {"proxy": cluster.proxies[0], **cluster.brokers}
             PIDS.update({"client": os.getpid()} | {k: c.process.pid for k, c in children.items() if c.process})
             results = asyncio.run(sends(cluster, args.sends)) if args.sends else []
-            woke = asyncio.run(wakes(cluster, args.wakes)) if args.wakes else []
+            woke = asyncio.run(wakes(cluster, args.wakes)) if args.wakes else Woke([], 0)
     record: dict[str, dict[str, float]] = {
         name: {"p50_ms": round(pct(ms, 50), 3), "per_s": round(len(ms) / (sum(ms) / 1000))} for name, ms in results
     }
-    if woke:
-        record["wake"] = {"p50_ms": round(pct(woke, 50), 3), "p90_ms": round(pct(woke, 90), 3)}
+    if woke.ms:
+        record["wake"] = {"p50_ms": round(pct(woke.ms, 50), 3), "p90_ms": round(pct(woke.ms, 90), 3)}
+        record["wake"]["empty_receives"] = woke.empties
     if args.json:
         print(json.dumps(record))
         return
     print(f"{'round trip ms':<16}{'p50':>8}{'p90':>8}{'p99':>8}{'per s':>10}   CPU µs per send")
     for name, ms in results:
         print(row(name, ms) + "   " + "  ".join(f"{who} {us:.0f}" for who, us in CPU_US[name].items()))
-    if woke:
-        print(f"{'idle wake':<16}{pct(woke, 50):>8.3f}{pct(woke, 90):>8.3f}{pct(woke, 99):>8.3f}"
-              f"  (mean {statistics.fmean(woke):.3f}, {len(woke)} wakes)")  # fmt: skip
+    if woke.ms:
+        ms = woke.ms
+        print(f"{'idle wake':<16}{pct(ms, 50):>8.3f}{pct(ms, 90):>8.3f}{pct(ms, 99):>8.3f}"
+              f"  (mean {statistics.fmean(ms):.3f}, {len(ms)} wakes, {woke.empties} empty receives)")  # fmt: skip
 
 
 if __name__ == "__main__":
