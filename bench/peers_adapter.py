@@ -1,5 +1,6 @@
 """popgate through its proxy with the asyncio SDK, as a `QueueAdapter` for the peers' harness (shared/peers).
 
+    setup       = each client's connection opened and ready, nothing sent (the measured windows start connected)
     send        = Producer.send (one SendMessage, returns after a broker stored it)
     send_batch  = Producer.send_many (SendMessage calls of <= 1024 messages, 4 in flight)
     receive     = SimpleConsumer.receive(max, invisible, wait): one ReceiveMessage long poll, on the first of the
@@ -21,6 +22,7 @@ Run it with `bench/peers_run.py`, or by hand from shared/peers:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,8 @@ from qadapter import AdapterBase, Received  # type: ignore[import-not-found]
 
 from popgate import Message
 from popgate.aio import Producer, SimpleConsumer
+
+CONNECT_S = 30.0
 
 
 class PopgateAdapter(AdapterBase):  # type: ignore[misc]
@@ -57,7 +61,11 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
         self._receiving = [0] * len(self._consumers)
 
     async def setup(self) -> None:
-        pass  # topics are created on first send, groups on first receive
+        """Connects every client before the measured windows, as the NATS and Redis adapters connect in theirs;
+        sends nothing (topics are created on the first send, groups on the first receive) —
+        tests/integration/sdk/test_peers_adapter.py."""
+        for client in [self._producer, *self._consumers]:
+            await connect(client)
 
     async def close(self) -> None:
         await self._producer.close()
@@ -95,3 +103,10 @@ class PopgateAdapter(AdapterBase):  # type: ignore[misc]
         d: dict[str, Any] = super().describe() if hasattr(super(), "describe") else dict(self.config)
         d["sdk"] = "popgate.aio"
         return d
+
+
+async def connect(client: Producer | SimpleConsumer) -> None:
+    """The client's connection, open and ready (the SDK makes it on first use: its channel, made in this loop)."""
+    _ = client._stub
+    assert client._channel is not None
+    await asyncio.wait_for(client._channel.channel_ready(), CONNECT_S)
