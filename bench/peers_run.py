@@ -9,7 +9,9 @@ packages in the venv (the harness imports the peers' adapters). Each system runs
 (popgate: `popgate.cli.cluster`, brokers with --flush async, comparable to Redis appendfsync everysec and
 JetStream's OS-buffered writes). popgate's acks are not waited for (`ack_many(wait=False)`), as the NATS
 adapter's default `msg.ack()`; --ack-wait waits for each (as NATS's `ack_sync()`). Prints one markdown table per
-scenario; JSON results go to --out.
+scenario; JSON results go to --out. popgate's SDK runs in the harness on grpc's poller I/O: importing popgate.cli
+sets GRPC_EXPERIMENTS here and the harness inherits it (an application importing the SDK gets grpc's default
+EventEngine unless it sets the variable: docs/SDK.md, "gRPC I/O engine").
 shared/ is read-only: the harness is run from there, and writes nowhere there.
 """
 

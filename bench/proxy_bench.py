@@ -11,8 +11,9 @@ run, a bare grpc.aio server with trivial handlers (bench.transport_compare's) st
 frames and takes the same SendMessage calls, and the last table gives issue 28's official-client
 ratio: the proxy's CPU per message over the bare
 server's. Not a test: numbers depend on the machine.
-Run it as a module (`-m bench.proxy_bench`): its client then uses the gRPC I/O engine the SDK's
-clients use (bench/__init__.py, proto/popgate_process/grpc_engine.py).
+Run it as a module (`-m bench.proxy_bench`): its client then runs on grpc's poller I/O, as popgate's own
+programs do (bench/__init__.py, proto/popgate_process/grpc_engine.py); an application importing the SDK
+gets grpc's default EventEngine unless it sets GRPC_EXPERIMENTS (docs/SDK.md, "gRPC I/O engine").
 """
 
 from __future__ import annotations
