@@ -24,9 +24,10 @@ One `NotifyRun` serves one client ReceiveMessage (docs/ARCHITECTURE.md §3, way 
 
 A broker down when the receive starts, or whose request fails during it, is watched again
 once it is back (a restart): a message stored there meanwhile is not answered empty. One that
-only timed out (slow under a burst, not down) is never the run's error: it is waited for, and
-the run is at worst empty at the poll's end (test_notify.py::
-test_a_lone_broker_that_times_out_a_pop_is_looked_at_again_and_the_long_poll_is_never_its_error).
+only timed out (slow under a burst, not down) is not the run's error while it is to be looked at again: it is
+waited for, and the run is at worst empty at the poll's end (test_notify.py::
+test_a_lone_broker_that_times_out_a_pop_is_looked_at_again_and_the_long_poll_is_never_its_error); once its rewatches
+are used up it is (::test_a_lone_broker_timing_out_past_its_rewatches_is_the_runs_error_not_an_idle_wait).
 
 The driver (`proxy.receive.notify_driver`) executes commands and feeds back events with the
 current time; times are plain float seconds on the driver's clock.
@@ -380,8 +381,11 @@ class NotifyRun:
         if self.full and not (set(self.brokers) - self.full - self.failed):
             return self._finish([], "error", TooManyRequests("every broker holds too many long polls; retry shortly"))
         if self.failed and not (set(self.brokers) - self.failed):
-            if self.slow & self.failed and self.phase is Phase.NOTIFYING and self.poll_end - now >= self.min_notify_s:
-                return []  # one only timed out: looked at again (a Rewatch), else empty at the poll's end
+            slow = self.slow & self.failed
+            left_s = self.poll_end - now
+            if slow and self.phase is Phase.NOTIFYING and left_s >= self.min_notify_s:
+                if slow & self.awaiting or left_s <= self.rewatch_s:
+                    return []  # one only timed out: looked at again (a Rewatch), else empty at the poll's end
             return self._finish([], "error", self.last_error or BrokerUnavailable("no broker is reachable"))
         if self.awaiting - self.dropped and self.phase is Phase.NOTIFYING and self.poll_end - now >= self.min_notify_s:
             return []  # a failed broker is to be looked at again: wait for it, or for the poll's end

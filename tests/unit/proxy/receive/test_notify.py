@@ -370,3 +370,22 @@ def test_a_lone_broker_that_times_out_a_pop_is_looked_at_again_and_the_long_poll
     hung.failed_call("b1", BrokerTimeout("broker b1 did not answer in time"), now=0.5)
     assert hung.rewatch("b1", healthy=False, now=1.5) == [AwaitUp("b1")]
     assert finish(hung.poll_over()).outcome == "empty"
+
+
+def test_a_lone_broker_timing_out_past_its_rewatches_is_the_runs_error_not_an_idle_wait() -> None:
+    """Once the run's rewatches of a broker that keeps timing out are used up, nothing will look at it again: the
+    run answers the timeout at once (the client retries) rather than idle to the poll's end with nothing in flight
+    while the broker may hold a message."""
+    run = NotifyRun(("b1",), 30.0)
+    assert run.start() == [Pop("b1")]
+    now = 0.5
+    for _ in range(run.max_rewatches):
+        assert run.failed_call("b1", BrokerTimeout("broker b1 did not answer in time"), now=now) == [
+            Rewatch("b1", now + run.rewatch_s)
+        ]
+        now += run.rewatch_s
+        assert run.rewatch("b1", healthy=True, now=now) == [Notify("b1", int((30.0 - now) * 1000))]
+        assert run.notified("b1", has_message=True, polling_full=False, now=now) == [Pop("b1")]
+        now += 0.5
+    answer = finish(run.failed_call("b1", BrokerTimeout("broker b1 did not answer in time"), now=now))
+    assert (answer.outcome, type(answer.error)) == ("error", BrokerTimeout)
