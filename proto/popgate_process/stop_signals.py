@@ -3,7 +3,8 @@
 SIGTERM, SIGINT and SIGHUP (a closed terminal or ssh session) stop it gracefully; SIGUSR1 and SIGUSR2 are ignored
 with a log line (nothing is reloaded on a signal). A signal that comes before the event loop runs is kept, not
 lost — as PID 1 in a container an unhandled SIGTERM is dropped, and otherwise it kills the process unstopped — and
-stops the process as soon as its start-up allows (docs/DEPLOY.md, "Signals").
+stops the process as soon as its start-up allows (docs/DEPLOY.md, "Signals"). A stop signal the process was started
+with ignored stays ignored, as `nohup` (SIGHUP) and a shell's background job (SIGINT) mean it to be.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
         self._ignored: list[signal.Signals] = []
+        self._stops: tuple[signal.Signals, ...] = STOP_SIGNALS
 
     def install(self) -> StopSignals:
-        for sig in STOP_SIGNALS:
+        """From now on; a stop signal ignored when the process started stays so —
+        tests/integration/process/test_signals.py::test_a_server_started_under_nohup_serves_on_after_sighup."""
+        self._stops = tuple(sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN)
+        for sig in self._stops:
             signal.signal(sig, self._early)
         for sig in IGNORED_SIGNALS:
             signal.signal(sig, self._early_ignored)
@@ -51,7 +56,7 @@ class StopSignals:
                 log.info("%s received: stopping", sig.name)
             stop.set()
 
-        for sig in STOP_SIGNALS:
+        for sig in self._stops:
             loop.add_signal_handler(sig, stopping, sig)
         for sig in IGNORED_SIGNALS:
             loop.add_signal_handler(sig, _ignore, sig)

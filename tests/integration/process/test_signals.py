@@ -156,3 +156,24 @@ def test_sigusr1_and_sigusr2_are_ignored_with_a_log_line(tmp_path: Path, kind: s
         assert server.stop() == 0
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("kind", ["broker", "proxy"])
+def test_a_server_started_under_nohup_serves_on_after_sighup(tmp_path: Path, kind: str) -> None:
+    """`nohup popgate-broker &` starts it with SIGHUP ignored, so that it outlives the terminal: the logout's SIGHUP
+    neither stops it nor is logged. (The SIGUSR1 sent after it is handled after it: its line says SIGHUP was.)"""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the child, as nohup does it
+    try:
+        server = _server(kind, tmp_path)
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    try:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGHUP)
+        server.proc.send_signal(signal.SIGUSR1)
+        assert wait_until(lambda: any("SIGUSR1 received: ignored" in line for line in server.lines))
+        assert server.alive()
+        assert not any("SIGHUP received" in line for line in server.lines), server.lines
+        assert server.stop() == 0
+    finally:
+        server.kill()
