@@ -106,8 +106,13 @@ def check_tag(tag: str, *, error: type[DomainError] = IllegalMessage) -> str:
 
 
 def check_message_id(message_id: str) -> str:
+    """`message_id` if a message may carry it: empty (the broker assigns one) or up to MAX_MESSAGE_ID_LEN printable
+    characters, not blank, as RocketMQ's proxy refuses a blank one — tests/unit/proxy/test_rules.py::
+    test_a_blank_message_id_is_illegal_message_id_and_an_empty_one_is_left_to_the_broker."""
     if len(message_id) > MAX_MESSAGE_ID_LEN or not message_id.isprintable():
         raise IllegalMessage(f"message id must be at most {MAX_MESSAGE_ID_LEN} printable characters")
+    if message_id and not message_id.strip():
+        raise IllegalMessage("message id is blank")
     return message_id
 
 

@@ -85,6 +85,20 @@ async def test_a_blank_key_and_a_blank_or_long_message_group_are_refused_as_by_t
     assert len(answer.results) == 1
 
 
+async def test_a_blank_message_id_is_refused_and_an_empty_one_is_assigned(tmp_path: Path) -> None:
+    """A client calling the broker directly gets the proxy's answer to a blank id (IllegalMessage, the v2
+    ILLEGAL_MESSAGE_ID), in a message or a run; an empty id is the broker's to assign."""
+    run = pb.SharedRun(shared=pb.Message(topic="t"), bodies=[b"a", b"b"], message_ids=["I1", "   "])
+    blank = pb.Message(topic="t", body=b"x", message_id="   ")
+    async with broker(tmp_path) as (core, _):
+        for request in (pb.SendRequest(messages=[blank]), pb.SendRequest(runs=[run])):
+            with pytest.raises(errors.IllegalMessage, match="blank"):
+                await handlers.send(core, request, pb.SendResponse())
+        answer = pb.SendResponse()
+        await handlers.send(core, pb.SendRequest(messages=[pb.Message(topic="t", body=b"x")]), answer)
+    assert [bool(r.message_id.strip()) for r in answer.results] == [True]
+
+
 @pytest.mark.parametrize("key", ["ORIGIN_TOPIC", "DELIVERY_ATTEMPTS", "ORIGIN_OFFSET", "UNIQ_KEY", "KEYS"])
 async def test_a_property_named_as_a_system_one_is_refused(tmp_path: Path, key: str) -> None:
     """RocketMQ's system property names and popgate's dead-letter bookkeeping are not a producer's to set: a dead

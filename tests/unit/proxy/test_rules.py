@@ -71,6 +71,16 @@ def test_message_fields_get_their_own_codes() -> None:
         validate.properties({"": "v"})
 
 
+def test_a_blank_message_id_is_illegal_message_id_and_an_empty_one_is_left_to_the_broker() -> None:
+    """As RocketMQ's proxy ("message id cannot be empty"): a blank id would be every such message's one id."""
+    for blank in (" ", "   "):
+        with pytest.raises(errors.IllegalMessage, match="blank") as refused:
+            validate.message_id(blank)
+        assert name_of(code_of(refused.value)) == "ILLEGAL_MESSAGE_ID"
+    assert validate.message_id("") == ""  # the broker assigns one
+    assert validate.message_id(" a ") == " a "
+
+
 # Separators other than ' ' (NBSP, the ideographic space) and format characters (ZWJ) are ordinary text, as to
 # RocketMQ's proxy, which refuses only ISO control characters (C0, DEL, C1) in these fields.
 UNICODE_TEXT = ["a\u00a0b", "促销\u3000活动", "\U0001f468\u200d\U0001f469", "line\u2028two", "naïve"]
