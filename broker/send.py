@@ -279,8 +279,8 @@ class SendPath:
             validation.check_tag(tag)
         if m.keys:
             validation.check_keys(m.keys)
-        if m.properties:
-            validation.check_properties(m.properties)
+        if m.properties or m.keys or tag:
+            validation.check_properties(m.properties, tag=tag or "", keys=m.keys)
         if m.message_id:
             validation.check_message_id(m.message_id)
         if m.message_group:

@@ -50,7 +50,10 @@ MAX_CLIENT_ID_CHARS = 512
 MAX_MESSAGE_ID_LEN = 128
 MAX_KEYS = 64
 MAX_KEY_LEN = 256
-MAX_MESSAGE_GROUP_BYTES = 64
+# RocketMQ's proxy refuses a message group of maxMessageGroupSize (64) bytes or more.
+MAX_MESSAGE_GROUP_BYTES = 63
+# The UTF-8 bytes of a message's tag, keys and user property keys and values, counted together as RocketMQ's proxy
+# counts them against maxUserPropertySize.
 MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_PROPERTIES = 128
 # Receipt handles in one Ack or Renew: fixed, not --max-send-batch, as a proxy's AckMessage carries up to 1,024 and
@@ -138,13 +141,13 @@ def check_message_group(value: str) -> str:
     return value
 
 
-def check_properties(props: Mapping[str, str]) -> Mapping[str, str]:
-    """`props` if a message may carry them: at most MAX_PROPERTIES, MAX_PROPERTIES_BYTES of UTF-8 in all, no key
-    blank or reserved and no control character in a key or a value, as RocketMQ's proxy refuses
-    (tests/unit/proxy/test_rules.py, tests/unit/broker/test_send_text.py)."""
+def check_properties(props: Mapping[str, str], *, tag: str = "", keys: Sequence[str] = ()) -> Mapping[str, str]:
+    """`props` if a message may carry them: at most MAX_PROPERTIES, no key blank or reserved and no control character
+    in a key or a value, and, with the message's `tag` and `keys` (checked already), MAX_PROPERTIES_BYTES of UTF-8 in
+    all, as RocketMQ's proxy refuses (tests/unit/proxy/test_rules.py, tests/unit/broker/test_send_text.py)."""
     if len(props) > MAX_PROPERTIES:
         raise MessagePropertiesTooLarge(f"message has {len(props)} user properties; the limit is {MAX_PROPERTIES}")
-    size = 0
+    size = len(tag.encode()) + sum(len(key.encode()) for key in keys)
     for key, value in props.items():
         if not key.strip() or has_control(key):
             raise IllegalPropertyKey(f"user property key {key[:40]!r} is blank or has a control character")
@@ -154,7 +157,9 @@ def check_properties(props: Mapping[str, str]) -> Mapping[str, str]:
             raise IllegalPropertyKey(f"the value of user property {key[:40]!r} has a control character")
         size += len(key.encode()) + len(value.encode())
     if size > MAX_PROPERTIES_BYTES:
-        raise MessagePropertiesTooLarge(f"user properties take {size} bytes; the limit is {MAX_PROPERTIES_BYTES} bytes")
+        raise MessagePropertiesTooLarge(
+            f"the tag, keys and user properties take {size} bytes; the limit is {MAX_PROPERTIES_BYTES} bytes"
+        )
     return props
 
 

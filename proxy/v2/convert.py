@@ -132,8 +132,10 @@ def to_broker(
     if props.HasField("tag"):  # set to "" is refused, unset is not
         out.tag = validate.tag(props.tag)
     user_properties = message.user_properties
-    if user_properties:
-        out.properties.update(validate.properties(user_properties))
+    if user_properties or keys or out.tag:
+        validate.properties(user_properties, tag=out.tag, keys=out.keys)
+        if user_properties:
+            out.properties.update(user_properties)
     group = validate.message_group(props.message_group) if props.HasField("message_group") else ""
     if group:
         out.message_group = group

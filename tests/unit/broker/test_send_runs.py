@@ -144,11 +144,11 @@ async def test_a_send_of_more_runs_than_messages_it_may_carry_is_refused_by_its_
 
 
 async def test_a_runs_shared_part_counts_once_a_message_against_the_budget(tmp_path: Path) -> None:
-    """A 37 KB request whose run shares 32 KB of keys and properties among 1,024 one-byte bodies becomes ~34 MB of
+    """A 27 KB request whose run shares 16 KB of keys and properties among 1,024 one-byte bodies becomes ~17 MB of
     payloads: counted so, it is refused (TooManyRequests) past --max-send-bytes while another Send is in flight (a
     Send alone always fits), and stores nothing."""
     shared = pb.Message(topic="t", keys=["k" * 256] * 63)
-    shared.properties["p"] = "v" * 16_000
+    shared.properties["p"] = "v" * 250
     run = pb.SharedRun(shared=shared, bodies=[b"x"] * 1024, message_ids=[f"id{i}" for i in range(1024)])
     request = pb.SendRequest(runs=[run])
     assert request.ByteSize() < 64 * 1024

@@ -66,21 +66,21 @@ async def test_a_control_character_is_refused_with_the_fields_own_error_and_noth
     [
         (pb.Message(topic="t", body=b"x", keys=["   "]), errors.IllegalMessageKey),
         (pb.Message(topic="t", body=b"x", message_group="   "), errors.IllegalMessageGroup),
-        (pb.Message(topic="t", body=b"x", message_group="g" * 65), errors.IllegalMessageGroup),
-        (pb.Message(topic="t", body=b"x", message_group="注" * 22), errors.IllegalMessageGroup),  # 66 bytes
+        (pb.Message(topic="t", body=b"x", message_group="g" * 64), errors.IllegalMessageGroup),
+        (pb.Message(topic="t", body=b"x", message_group="注" * 21 + "g"), errors.IllegalMessageGroup),  # 64 bytes
     ],
 )
 async def test_a_blank_key_and_a_blank_or_long_message_group_are_refused_as_by_the_proxy(
     tmp_path: Path, message: pb.Message, error: type[errors.DomainError]
 ) -> None:
     """The broker checks keys and message groups as the proxy does (`popgate_contract.validation`: a message group
-    is 1..64 bytes, neither it nor a key blank), for a client calling it directly too."""
+    is 1..63 bytes, neither it nor a key blank), for a client calling it directly too."""
     async with broker(tmp_path) as (core, _):
         with pytest.raises(error):
             await handlers.send(core, pb.SendRequest(messages=[message]), pb.SendResponse())
         answer = pb.SendResponse()
         await handlers.send(
-            core, pb.SendRequest(messages=[pb.Message(topic="t", body=b"x", message_group="g" * 64)]), answer
+            core, pb.SendRequest(messages=[pb.Message(topic="t", body=b"x", message_group="g" * 63)]), answer
         )
     assert len(answer.results) == 1
 
@@ -97,6 +97,24 @@ async def test_a_blank_message_id_is_refused_and_an_empty_one_is_assigned(tmp_pa
         answer = pb.SendResponse()
         await handlers.send(core, pb.SendRequest(messages=[pb.Message(topic="t", body=b"x")]), answer)
     assert [bool(r.message_id.strip()) for r in answer.results] == [True]
+
+
+async def test_the_tag_and_keys_count_toward_the_16_kib_of_properties(tmp_path: Path) -> None:
+    """As at the proxy (tests/unit/proxy/test_rules.py): more than 16 KiB of tag, keys and properties in all is
+    refused, for a client calling the broker directly too; exactly 16 KiB is stored."""
+    keys = ["k" * 256] * 63
+    async with broker(tmp_path) as (core, _):
+        for message in (
+            pb.Message(topic="t", body=b"x", tag="t" * 256, keys=["k" * 256] * 64, properties={"p": "v" * 16000}),
+            pb.Message(topic="t", body=b"x", tag="t", keys=["k" * 256] * 64),
+            pb.Message(topic="t", body=b"x", tag="t" * 255, keys=keys, properties={"p": "v"}),
+        ):
+            with pytest.raises(errors.MessagePropertiesTooLarge):
+                await handlers.send(core, pb.SendRequest(messages=[message]), pb.SendResponse())
+        answer = pb.SendResponse()
+        fits = pb.Message(topic="t", body=b"x", tag="t" * 254, keys=keys, properties={"p": "v"})
+        await handlers.send(core, pb.SendRequest(messages=[fits]), answer)
+    assert len(answer.results) == 1
 
 
 @pytest.mark.parametrize("key", ["ORIGIN_TOPIC", "DELIVERY_ATTEMPTS", "ORIGIN_OFFSET", "UNIQ_KEY", "KEYS"])

@@ -70,25 +70,25 @@ async def test_sends_beyond_the_bytes_in_flight_are_too_many_requests_and_the_bu
 
 
 async def test_sends_count_their_keys_and_properties_not_their_bodies_alone() -> None:
-    """A message of a one-byte body with 64 keys of 256 characters and 16 KB of properties holds ~32 KB: sends of
-    them count so, and past the bound are refused (TooManyRequests) while others are in flight, at the edge (a v2
-    SendMessage) and once converted alike."""
+    """A message of a one-byte body with 16 KiB of keys and properties (63 keys of 256 characters, the most a
+    message may carry) holds ~16 KB: sends of them count so, and past the bound are refused (TooManyRequests) while
+    others are in flight, at the edge (a v2 SendMessage) and once converted alike."""
     broker = SlowBroker("b1")
     pool = BrokerPool({"b1": broker})
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1 << 20)
-    heavy = bpb.Message(topic="t", message_id="m", body=b"x", keys=["k" * 256] * 64, properties={"p": "v" * 16_000})
-    held = asyncio.create_task(proxy.send([heavy] * 16))  # ~0.5 MB held (its bodies: 16 bytes)
+    heavy = bpb.Message(topic="t", message_id="m", body=b"x", keys=["k" * 256] * 63, properties={"p": "v" * 250})
+    held = asyncio.create_task(proxy.send([heavy] * 32))  # ~0.5 MB held (its bodies: 32 bytes)
     async with asyncio.timeout(5):
         await broker.one_waiting.wait()
-    sent = v2.Message(topic=v2.Resource(name="t"), body=b"x", user_properties={"p": "v" * 16_000})
-    sent.system_properties.keys.extend(["k" * 256] * 64)
+    sent = v2.Message(topic=v2.Resource(name="t"), body=b"x", user_properties={"p": "v" * 250})
+    sent.system_properties.keys.extend(["k" * 256] * 63)
     with pytest.raises(errors.TooManyRequests, match="in flight"):
-        proxy.check_send_room([sent] * 16)
+        proxy.check_send_room([sent] * 32)
     with pytest.raises(errors.TooManyRequests, match="in flight"):
-        await proxy.send([heavy] * 16)
+        await proxy.send([heavy] * 32)
     broker.release.set()
-    assert len(await held) == 16
-    assert len(await proxy.send([heavy] * 16)) == 16  # the budget was given back
+    assert len(await held) == 32
+    assert len(await proxy.send([heavy] * 32)) == 32  # the budget was given back
 
 
 async def test_one_request_larger_than_the_bound_still_goes_through_alone() -> None:

@@ -6,12 +6,14 @@ import ast
 from pathlib import Path
 
 import pytest
+from popgate_pb.v2 import definition_pb2 as v2
 
 import broker
 from popgate_contract import errors, trailer
 from popgate_contract.codes import CODES, code_of, name_of
 from proxy import validate
 from proxy.settings import BrokerAddress, Settings, SettingsError, load
+from proxy.v2.convert import SendLimits, to_broker
 
 
 @pytest.mark.parametrize("name", ["", "a" * 128, "bad name", "t.1", "x/y", "orders\n"])
@@ -79,6 +81,39 @@ def test_a_blank_message_id_is_illegal_message_id_and_an_empty_one_is_left_to_th
         assert name_of(code_of(refused.value)) == "ILLEGAL_MESSAGE_ID"
     assert validate.message_id("") == ""  # the broker assigns one
     assert validate.message_id(" a ") == " a "
+
+
+def test_a_message_group_of_64_bytes_is_refused_as_by_rocketmqs_proxy() -> None:
+    """RocketMQ's proxy refuses a message group of maxMessageGroupSize (64) bytes or more."""
+    assert validate.message_group("g" * 63) == "g" * 63
+    assert validate.message_group("注" * 21) == "注" * 21  # 63 bytes
+    for group in ("g" * 64, "注" * 21 + "g"):
+        with pytest.raises(errors.IllegalMessageGroup, match="64 bytes"):
+            validate.message_group(group)
+
+
+def sized(tag: str, keys: list[str], properties: dict[str, str]) -> v2.Message:
+    message = v2.Message(topic=v2.Resource(name="t"), body=b"x", user_properties=properties)
+    message.system_properties.message_id = "01ABC"
+    message.system_properties.tag = tag
+    message.system_properties.keys.extend(keys)
+    return message
+
+
+def test_the_tag_and_keys_count_toward_the_16_kib_of_properties_as_at_rocketmqs_proxy() -> None:
+    """RocketMQ's proxy counts the UTF-8 bytes of the tag, each key and each property key and value against its
+    16 KiB (maxUserPropertySize) and refuses more with MESSAGE_PROPERTIES_TOO_LARGE; exactly 16 KiB is taken."""
+    limits, keys = SendLimits(max_body_bytes=1024, max_delay_s=86400), ["k" * 256] * 63
+    too_large = [
+        sized("t" * 256, ["k" * 256] * 64, {"p": "v" * 16000}),
+        sized("t", ["k" * 256] * 64, {}),  # no property at all
+        sized("t", ["注" * 256] * 22, {}),  # 256 characters a key, 768 bytes
+        sized("t" * 255, keys, {"p": "v"}),  # 16,385 bytes
+    ]
+    for message in too_large:
+        with pytest.raises(errors.MessagePropertiesTooLarge, match="tag, keys and user properties take"):
+            to_broker(message, limits, now_s=0)
+    assert to_broker(sized("t" * 254, keys, {"p": "v"}), limits, now_s=0).tag == "t" * 254  # 16,384 bytes
 
 
 # Separators other than ' ' (NBSP, the ideographic space) and format characters (ZWJ) are ordinary text, as to
