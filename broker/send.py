@@ -285,6 +285,8 @@ class SendPath:
             validation.check_message_id(m.message_id)
         if m.message_group:
             validation.check_message_group(m.message_group)
+        if m.trace_context:
+            validation.check_trace_context(m.trace_context)
         due = due_time_ms(
             now, deliver_at_ms=m.deliver_at_ms, delay_level=m.delay_level, max_delay_ms=self.settings.max_delay_ms
         )

@@ -20,6 +20,7 @@ from popgate_contract.validation import (
     check_properties,
     check_tag,
     check_topic,
+    check_trace_context,
     split_tags,
 )
 
@@ -33,6 +34,7 @@ group = check_group
 message_id = check_message_id
 message_group = check_message_group
 properties = check_properties
+trace_context = check_trace_context
 
 
 # Topics no producer may send to (RocketMQ's TopicValidator.isSystemTopic, and its %-prefixed group topics):

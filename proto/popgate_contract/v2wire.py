@@ -19,9 +19,10 @@ from popgate_contract.wire import SMALL, field, timestamp, varint
 # apache.rocketmq.v2 tags (field number << 3 | wire type). Message: topic 1, user_properties 2,
 # system_properties 3, body 4. SystemProperties: tag 1, keys 2, message_id 3, body_digest 4, body_encoding 5,
 # message_type 6, born_timestamp 7, born_host 8, store_timestamp 9, delivery_timestamp 11, queue_id 13,
-# queue_offset 14, message_group 17, priority 22. Digest: type 1 (MD5 = 2), checksum 2.
+# queue_offset 14, message_group 17, trace_context 18, priority 22. Digest: type 1 (MD5 = 2), checksum 2.
 TOPIC, USER_PROPERTY, SYSTEM, BODY = b"\x0a", b"\x12", b"\x1a", b"\x22"
 _TAG, _KEY, _MESSAGE_ID, _BORN_HOST, _MESSAGE_GROUP = b"\x0a", b"\x12", b"\x1a", b"\x42", b"\x8a\x01"
+_TRACE_CONTEXT = b"\x92\x01"
 _BORN, STORED, _DELIVERY = b"\x3a", b"\x4a", b"\x5a"
 QUEUE_ID, QUEUE_OFFSET, _PRIORITY = b"\x68", b"\x70", b"\xb0\x01"
 RECEIPT_HANDLE, DELIVERY_ATTEMPT = b"\x62", b"\x80\x01"
@@ -68,6 +69,8 @@ def static_parts(m: pb.Message) -> tuple[bytes, bytes]:
         after += timestamp(_DELIVERY, deliver_at_ms)
     if group:
         after += _string(_MESSAGE_GROUP, group)
+    if m.trace_context:
+        after += _string(_TRACE_CONTEXT, m.trace_context)
     if m.priority:
         after += _PRIORITY + varint(m.priority)
     return before, after

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from popgate_contract.errors import (
+    BadRequest,
     DomainError,
     IllegalFilter,
     IllegalGroup,
@@ -56,6 +57,7 @@ MAX_MESSAGE_GROUP_BYTES = 63
 # counts them against maxUserPropertySize.
 MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_PROPERTIES = 128
+MAX_TRACE_CONTEXT_BYTES = 16 * 1024
 # Receipt handles in one Ack or Renew: fixed, not --max-send-batch, as a proxy's AckMessage carries up to 1,024 and
 # its renewals batch as many: a broker with a smaller send batch takes them all.
 MAX_HANDLES = 1024
@@ -161,6 +163,19 @@ def check_properties(props: Mapping[str, str], *, tag: str = "", keys: Sequence[
             f"the tag, keys and user properties take {size} bytes; the limit is {MAX_PROPERTIES_BYTES} bytes"
         )
     return props
+
+
+def check_trace_context(text: str) -> str:
+    """`text` if a message may carry it as its trace context: at most MAX_TRACE_CONTEXT_BYTES of UTF-8 with no
+    control character (RocketMQ's proxy stores it unchecked, as a property: its properties' separators are control
+    characters) — tests/unit/proxy/test_rules.py::
+    test_a_trace_context_may_be_any_text_of_up_to_16_kib_without_a_control_character."""
+    size = len(text.encode())
+    if size > MAX_TRACE_CONTEXT_BYTES or has_control(text):
+        raise BadRequest(
+            f"trace context must be at most {MAX_TRACE_CONTEXT_BYTES} bytes with no control character, got {size} bytes"
+        )
+    return text
 
 
 MAX_FILTER_LEN = 1024

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Message(_message.Message):
-    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host", "priority", "transactional", "v2_system")
+    __slots__ = ("topic", "queue_id", "message_id", "body", "tag", "keys", "properties", "born_ms", "deliver_at_ms", "delay_level", "message_group", "born_host", "priority", "transactional", "v2_system", "trace_context")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class Message(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
     V2_SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     message_id: str
@@ -46,7 +47,8 @@ class Message(_message.Message):
     priority: int
     transactional: bool
     v2_system: bytes
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ..., priority: _Optional[int] = ..., transactional: _Optional[bool] = ..., v2_system: _Optional[bytes] = ...) -> None: ...
+    trace_context: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message_id: _Optional[str] = ..., body: _Optional[bytes] = ..., tag: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ms: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ..., delay_level: _Optional[int] = ..., message_group: _Optional[str] = ..., born_host: _Optional[str] = ..., priority: _Optional[int] = ..., transactional: _Optional[bool] = ..., v2_system: _Optional[bytes] = ..., trace_context: _Optional[str] = ...) -> None: ...
 
 class StoredMessage(_message.Message):
     __slots__ = ("message", "queue_id", "offset", "store_ms")

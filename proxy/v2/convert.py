@@ -139,6 +139,9 @@ def to_broker(
     group = validate.message_group(props.message_group) if props.HasField("message_group") else ""
     if group:
         out.message_group = group
+    trace_context = props.trace_context  # RocketMQ keeps one set to "" as none
+    if trace_context:
+        out.trace_context = validate.trace_context(trace_context)
     born_ms = _born_ms(props.born_timestamp)
     if born_ms:
         out.born_ms = born_ms
@@ -238,6 +241,8 @@ def to_client(popped: bpb.PoppedMessage, *, namespace: str = "", out: v2.Message
         props.message_type = v2.NORMAL
     _set_ms(props.born_timestamp, source.born_ms)
     props.born_host = source.born_host
+    if source.trace_context:
+        props.trace_context = source.trace_context
     _set_ms(props.store_timestamp, stored.store_ms)
     props.receipt_handle = popped.receipt_handle
     props.queue_id = stored.queue_id

@@ -117,6 +117,23 @@ async def test_the_tag_and_keys_count_toward_the_16_kib_of_properties(tmp_path: 
     assert len(answer.results) == 1
 
 
+async def test_a_trace_context_is_stored_and_delivered_and_one_with_a_control_character_refused(
+    tmp_path: Path,
+) -> None:
+    """A client calling the broker directly gets the proxy's checks of a trace context (tests/unit/proxy/
+    test_rules.py) and its message back with it."""
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with broker(tmp_path) as (core, _):
+        with pytest.raises(errors.BadRequest, match="trace context"):
+            bad = pb.Message(topic="t", body=b"x", trace_context="a\x01b")
+            await handlers.send(core, pb.SendRequest(messages=[bad]), pb.SendResponse())
+        sent = pb.Message(topic="t", body=b"x", trace_context=trace)
+        await handlers.send(core, pb.SendRequest(messages=[sent]), pb.SendResponse())
+        popped = pb.PopResponse()
+        await handlers.pop(core, pb.PopRequest(topic="t", group="g", max_messages=8, invisible_ms=60_000), popped)
+    assert [m.stored.message.trace_context for m in popped.messages] == [trace]
+
+
 @pytest.mark.parametrize("key", ["ORIGIN_TOPIC", "DELIVERY_ATTEMPTS", "ORIGIN_OFFSET", "UNIQ_KEY", "KEYS"])
 async def test_a_property_named_as_a_system_one_is_refused(tmp_path: Path, key: str) -> None:
     """RocketMQ's system property names and popgate's dead-letter bookkeeping are not a producer's to set: a dead

@@ -116,6 +116,15 @@ def test_the_tag_and_keys_count_toward_the_16_kib_of_properties_as_at_rocketmqs_
     assert to_broker(sized("t" * 254, keys, {"p": "v"}), limits, now_s=0).tag == "t" * 254  # 16,384 bytes
 
 
+def test_a_trace_context_may_be_any_text_of_up_to_16_kib_without_a_control_character() -> None:
+    """RocketMQ's proxy stores a trace context unchecked, as a property, whose separators are control characters."""
+    for text in ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "注" * 5461, *UNICODE_TEXT):
+        assert validate.trace_context(text) == text
+    for text in ("x" * 16385, "注" * 5462, "a\x01b", "a\nb"):
+        with pytest.raises(errors.BadRequest, match="trace context"):
+            validate.trace_context(text)
+
+
 # Separators other than ' ' (NBSP, the ideographic space) and format characters (ZWJ) are ordinary text, as to
 # RocketMQ's proxy, which refuses only ISO control characters (C0, DEL, C1) in these fields.
 UNICODE_TEXT = ["a\u00a0b", "促销\u3000活动", "\U0001f468\u200d\U0001f469", "line\u2028two", "naïve"]

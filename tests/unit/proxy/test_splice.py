@@ -43,6 +43,8 @@ def stored_messages(draw: Any) -> bpb.Message:
     )
     if draw(st.booleans()):
         m.tag = draw(text)
+    if draw(st.booleans()):
+        m.trace_context = draw(text)
     m.properties.update(draw(st.dictionaries(text, text, max_size=4)))
     kind = draw(st.sampled_from(["normal", "fifo", "delay", "priority", "transaction", "mixed"]))
     if kind in ("fifo", "mixed"):

@@ -12,11 +12,12 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
+from popgate_contract.v2wire import static_system
 from proxy import validate
 from proxy.attempts import GroupAttempts
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall
-from proxy.v2.convert import GZIP_MAX_MEMBERS, SendLimits, seconds, to_broker, to_client
+from proxy.v2.convert import GZIP_MAX_MEMBERS, SendLimits, client_bytes, seconds, to_broker, to_client
 from proxy.v2.send import _response
 from proxy.v2.telemetry import settings_reply, telemetry
 from tests.unit.proxy.fakes import popped
@@ -130,6 +131,27 @@ def test_popped_message_has_handle_attempt_identity_encoding_and_md5_digest() ->
     assert (props.body_digest.type, props.body_digest.checksum) == (v2.MD5, "5D41402ABC4B2A76B9719D911017C592")
     assert props.store_timestamp.seconds == 1_700_000_000 and props.store_timestamp.nanos == 123_000_000
     assert props.message_type == v2.NORMAL and out.body == b"hello"
+
+
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_trace_context_is_stored_and_given_back_on_delivery_by_either_path() -> None:
+    """As RocketMQ keeps a producer's trace_context (property TRACE_CONTEXT) and returns it on each delivery; a
+    message sent without one is delivered without one; one with a control character is refused."""
+    for sent, field in ((TRACE, TRACE), (None, None)):
+        message = client_message() if sent is None else client_message(trace_context=sent)
+        stored = to_broker(message, LIMITS, now_s=NOW)
+        delivery = popped("b1", "id-1")
+        delivery.stored.message.CopyFrom(stored)
+        delivery.stored.message.v2_system = static_system(stored)
+        for props in (
+            to_client(delivery).system_properties,
+            v2.Message.FromString(client_bytes(delivery)).system_properties,
+        ):
+            assert (props.trace_context if props.HasField("trace_context") else None) == field
+    with pytest.raises(errors.BadRequest, match="trace context"):
+        to_broker(client_message(trace_context="00-a\n"), LIMITS, now_s=NOW)
 
 
 def test_absurd_durations_are_bad_requests() -> None:
