@@ -31,6 +31,8 @@ from proxy.validate import outside
 
 _MAX_SECONDS = 10 * 365 * 24 * 3600  # anything beyond is nonsense, not a duration
 _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's own upper bound
+# RocketMQ's proxy's maxTransactionRecoverySecond: a TRANSACTION message asking more is BAD_REQUEST.
+MAX_TRANSACTION_RECOVERY_S = 3600
 SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION, v2.PRIORITY))
 _ENCODINGS = frozenset((v2.ENCODING_UNSPECIFIED, v2.IDENTITY, v2.GZIP))  # unspecified: plain bytes
 GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
@@ -149,6 +151,8 @@ def to_broker(
     if deliver_at_ms:
         out.deliver_at_ms = deliver_at_ms
     _kind(out, message_type, props.priority, group, deliver_at_ms)
+    if message_type == v2.TRANSACTION and props.HasField("orphaned_transaction_recovery_duration"):
+        _check_recovery(props.orphaned_transaction_recovery_duration)
     return out
 
 
@@ -190,6 +194,18 @@ def _kind(out: bpb.Message, message_type: int, priority: int, group: str, delive
         out.transactional = True
     elif priority and (group or deliver_at_ms):
         raise errors.BadRequest("a PRIORITY message cannot also have a message group or a delivery time")
+
+
+def _check_recovery(duration: Duration) -> None:
+    """Refused past MAX_TRANSACTION_RECOVERY_S whole seconds, as RocketMQ's proxy refuses it; otherwise unused (the
+    broker's --transaction-immunity-s times the first check, docs/PROXY.md "Producer features") —
+    tests/unit/proxy/test_producer_features.py::test_a_transactions_recovery_duration_over_an_hour_is_a_bad_request."""
+    seconds(duration, what="orphaned_transaction_recovery_duration")
+    if duration.seconds > MAX_TRANSACTION_RECOVERY_S:
+        raise errors.BadRequest(
+            f"orphaned_transaction_recovery_duration {duration.seconds} s is longer than the"
+            f" {MAX_TRANSACTION_RECOVERY_S} s allowed"
+        )
 
 
 def _set_ms(target: object, ms: int) -> None:

@@ -15,6 +15,7 @@ from proxy.producer import ProducerFeatures
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.context import Call
+from proxy.v2.convert import SendLimits, to_broker
 from proxy.v2.producer import end_transaction, recall_message
 
 
@@ -75,3 +76,23 @@ async def test_a_handle_or_id_naming_no_known_broker_is_refused_before_any_broke
     with pytest.raises(errors.InvalidTransactionId):
         await end_transaction(features, call, request)
     assert broker.calls == []
+
+
+def transaction(seconds: int, nanos: int = 0, *, message_type: v2.MessageType = v2.TRANSACTION) -> v2.Message:
+    message = v2.Message(topic=v2.Resource(name="t"), body=b"x")
+    message.system_properties.message_type = message_type
+    recovery = message.system_properties.orphaned_transaction_recovery_duration
+    recovery.seconds, recovery.nanos = seconds, nanos
+    return message
+
+
+def test_a_transactions_recovery_duration_over_an_hour_is_a_bad_request() -> None:
+    """As RocketMQ's proxy (maxTransactionRecoverySecond, 1 h, compared in whole seconds): a TRANSACTION message
+    asking for more is refused; an hour, or a NORMAL message's field, which RocketMQ does not read, is taken."""
+    limits = SendLimits(max_body_bytes=1024, max_delay_s=86400)
+    for message in (transaction(2 * 3600), transaction(3601), transaction(1, 1_000_000_000)):
+        with pytest.raises(errors.BadRequest, match="orphaned_transaction_recovery_duration"):
+            to_broker(message, limits, now_s=0)
+    assert to_broker(transaction(3600, 999_999_999), limits, now_s=0).transactional
+    assert to_broker(transaction(0), limits, now_s=0).transactional
+    assert not to_broker(transaction(2 * 3600, message_type=v2.NORMAL), limits, now_s=0).transactional
