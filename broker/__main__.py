@@ -60,25 +60,40 @@ class StartError(Exception):
     """A start-up failure the operator fixes with a flag (a port in use, a directory that is a file): one line."""
 
 
-async def _open_store(settings: BrokerSettings, metrics: BrokerMetrics, stack: AsyncExitStack) -> BrokerCore:
-    """The store, loaded and started, and the core restored from it: both closed by `stack` (core first). Opened
-    and loaded off the event loop (a layout migration or a large load takes minutes): /livez and /metrics answer
-    meanwhile — tests/integration/broker/test_start.py::test_livez_and_metrics_answer_while_the_store_opens."""
-    loop = asyncio.get_running_loop()
+async def _open(settings: BrokerSettings, metrics: BrokerMetrics) -> SqliteStore:
+    """The store, opened off the event loop (a layout migration takes minutes)."""
     opening = functools.partial(
         SqliteStore, settings.data_dir, flush=settings.flush, on_commit=metrics.commit_duration.observe
     )
     try:
-        store = await loop.run_in_executor(None, opening)
+        return await asyncio.get_running_loop().run_in_executor(None, opening)
     except OSError as exc:  # not a directory, no permission, a read-only file system
         raise StartError(f"--data-dir {settings.data_dir}: {exc.strerror or exc}") from None
     except sqlite3.Error as exc:  # not a database, damaged, or the disk full (a new store's tables not written)
         raise StartError(f"--data-dir {settings.data_dir}: the store cannot be opened ({exc})") from None
+
+
+async def _open_store(
+    settings: BrokerSettings, metrics: BrokerMetrics, stack: AsyncExitStack, stop: asyncio.Event
+) -> BrokerCore | None:
+    """The store, loaded and started, and the core restored from it: both closed by `stack` (core first). Opened
+    and loaded off the event loop (a layout migration or a large load takes minutes): /livez and /metrics answer
+    meanwhile — tests/integration/broker/test_start.py::test_livez_and_metrics_answer_while_the_store_opens.
+    None when `stop` is set before the open, the load or the restore: the next step is not begun —
+    tests/integration/process/test_signals.py::test_a_stop_while_the_store_opens_ends_the_start_before_the_load."""
+    loop = asyncio.get_running_loop()
+    if stop.is_set():
+        return None
+    store = await _open(settings, metrics)
     stack.push_async_callback(store.close)
+    if stop.is_set():
+        return None
     try:
         snapshot = await loop.run_in_executor(None, store.load)
     except sqlite3.Error as exc:  # damaged pages (a damaged row: StoreUnavailable, naming it)
         raise StartError(f"--data-dir {settings.data_dir}: the store cannot be read ({exc})") from None
+    if stop.is_set():
+        return None
     core = BrokerCore(settings, store, clock=WallClock())
     stack.push_async_callback(core.close)
     store.set_listener(core)
@@ -151,9 +166,9 @@ async def serve(settings: BrokerSettings, signals: StopSignals | None = None) ->
             # starting, not down (test_start.py::test_metrics_are_served_while_the_store_is_read). Once the core is
             # open, closed before it (the stack unwinds in reverse).
             await serve_metrics(served, metrics.registry, settings, error=StartError)
-            core = await _open_store(settings, metrics, stack)
+            core = await _open_store(settings, metrics, stack, stop)
             stack.push_async_callback(served.pop_all().aclose)
-        if stop.is_set():  # a stop during the store's load ends the start here, the store closed: exit 0, not serving
+        if core is None or stop.is_set():  # a stop during start-up ends it here, the store closed: exit 0, not serving
             log.info("stopped before serving")  # test_signals.py::test_a_stop_while_the_store_is_read_ends_the_start
             return
         metrics.watch(core)

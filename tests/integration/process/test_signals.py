@@ -36,6 +36,23 @@ SLOW_BROKER = textwrap.dedent(
     main(sys.argv[1:])
     """
 )
+SLOW_OPEN = textwrap.dedent(
+    """
+    import sys, time
+    from broker.sqlite_store import SqliteStore
+    real_init, real_load = SqliteStore.__init__, SqliteStore.load
+    def slow_open(self, *args, **kwargs):
+        print("opening the store", file=sys.stderr, flush=True)
+        time.sleep(3)
+        real_init(self, *args, **kwargs)
+    def load(self):
+        print("reading the store", file=sys.stderr, flush=True)
+        return real_load(self)
+    SqliteStore.__init__, SqliteStore.load = slow_open, load
+    from broker.__main__ import main
+    main(sys.argv[1:])
+    """
+)
 SLOW_PROXY = textwrap.dedent(
     """
     import sys, time
@@ -111,6 +128,22 @@ def test_a_stop_while_the_store_is_read_ends_the_start(tmp_path: Path, started: 
         await store.close()
 
     asyncio.run(reopen())
+
+
+def test_a_stop_while_the_store_opens_ends_the_start_before_the_load(tmp_path: Path, started: list[Started]) -> None:
+    """A SIGTERM while the broker opens its store (a layout migration: minutes) ends the start once the open returns:
+    the store is closed without being read, exit 0, never ready."""
+    data = tmp_path / "b1"
+    broker = Started(SLOW_OPEN, broker_args("b1", data, "--topic", "orders"))
+    started.append(broker)
+    assert wait_until(lambda: broker.said("opening the store"), timeout=30), broker.lines
+    broker.proc.send_signal(signal.SIGTERM)
+    assert broker.end() == 0, broker.lines
+    assert not broker.said("reading the store"), broker.lines
+    assert not any(line.startswith("ready ") for line in broker.lines)
+    assert broker.said("stopped before serving") and not broker.said("Traceback")
+    store = SqliteStore(data)  # the LOCK is free
+    asyncio.run(store.close())
 
 
 def test_a_stop_while_the_proxy_starts_ends_the_start(started: list[Started]) -> None:
