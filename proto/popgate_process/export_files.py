@@ -39,6 +39,7 @@ class RollingFile:
         self.seq = 0
         self._begun = 0.0  # the monotonic time the in-progress file was begun at
         self._fd: int | None = None  # the in-progress file, written unbuffered (see `append`)
+        self._dir_fd: int | None = None  # the directory it was made in, wherever that is moved (see `publish`)
 
     def _names(self) -> tuple[Path, Path]:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((self.period or 0) * self.settings.roll_period_s))
@@ -58,10 +59,8 @@ class RollingFile:
         period = int(now // roll_s)
         if self._fd is not None and (period != self.period or monotonic - self._begun >= roll_s):
             self.publish()
-        if self._fd is not None and self._unlinked(self._fd):
-            os.close(self._fd)
-            self._fd = None
-            self.seq += 1
+        if self._fd is not None and not _same_file(self._fd, self._names()[0]):
+            self._set_aside(self._fd)
         if self._fd is None:
             self.period, self._begun = period, monotonic
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -76,59 +75,101 @@ class RollingFile:
             try:
                 os.ftruncate(fd, end)  # no half snapshot (nor half line) before the next one
             except OSError:  # it stays cut in this file: go on in a new one (`salvage` keeps its whole lines)
-                os.close(fd)
-                self._fd = None
+                self._close()
                 self.seq += 1
             raise
 
-    def _unlinked(self, fd: int) -> bool:
-        """The in-progress file is no longer at its name (its directory deleted or replaced): what was written to it
-        is lost, and the next snapshot goes to a new file — tests/unit/process/test_export.py::
-        test_an_export_dir_deleted_or_replaced_is_made_again_and_written_in_a_new_file."""
-        opened = os.fstat(fd)
+    def _set_aside(self, fd: int) -> None:
+        """The in-progress file is no longer at its name (its directory deleted, moved away or replaced): published
+        where it now is when its directory was moved, else named in the warning; the next snapshot goes to a new
+        file at the export path — tests/unit/process/test_export.py::
+        test_an_export_dir_rotated_away_has_its_in_progress_file_published_where_it_went,
+        ::test_an_export_dir_deleted_or_replaced_is_made_again_and_written_in_a_new_file."""
+        tmp, final = self._names()
+        assert self._dir_fd is not None
+        moved = _path_of(self._dir_fd)
+        if not _same_file(fd, tmp.name, self._dir_fd):
+            self._close()
+            self.seq += 1
+            log.warning("export file %s is gone (its directory deleted?): going on in a new one", tmp)
+            return
         try:
-            now = os.stat(self._names()[0])
-        except OSError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
-            return False
+            self.publish()
+        except OSError as exc:
+            self.seq += 1
+            log.warning(
+                "export file %s was moved away with its directory and cannot be published (%s): left there as %s; "
+                "going on in a new one",
+                tmp,
+                exc.strerror or exc,
+                f"{moved}/{tmp.name}",
+            )
+            return
         log.warning(
-            "export file %s is gone (its directory deleted or replaced?): going on in a new one", self._names()[0]
+            "export directory %s was moved away: its file published as %s; going on in a new one",
+            self.dir,
+            f"{moved}/{final.name}",
         )
-        return True
 
     def _open_locked(self) -> int:
         """The in-progress file, open and locked (`flock`: "being written", so `salvage` leaves it alone; held
-        until it is renamed). Another process of the same name may take a file in the moment between its
-        creation and the lock: then the next name is used (a few times at most)."""
-        for _ in range(OPEN_TRIES):
-            tmp = self._names()[0]
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a salvaging process holds it for a moment at most
-            try:
-                if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+        until it is renamed), and its directory's fd kept. Another process of the same name may take a file in the
+        moment between its creation and the lock: then the next name is used (a few times at most)."""
+        dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(OPEN_TRIES):
+                name = self._names()[0].name
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644, dir_fd=dir_fd)
+                fcntl.flock(fd, fcntl.LOCK_EX)  # a salvaging process holds it for a moment at most
+                if _same_file(fd, name, dir_fd):
+                    self._dir_fd, dir_fd = dir_fd, -1
                     return fd
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-            self.seq += 1
+                os.close(fd)
+                self.seq += 1
+        finally:
+            if dir_fd >= 0:
+                os.close(dir_fd)
         raise OSError(f"export files in {self.dir} are taken as soon as made: another process of this name?")
 
     def publish(self) -> Path | None:
-        """fsync the in-progress file and rename it to its final name (atomic within the directory), the lock
-        held until the rename is done."""
-        if self._fd is None:
+        """fsync the in-progress file and rename it to its final name in the directory it was made in (atomic within
+        it, wherever that directory was moved since), the lock held until the rename is done."""
+        if self._fd is None or self._dir_fd is None:
             return None
         tmp, final = self._names()
-        fd, self._fd = self._fd, None
         try:
-            os.fsync(fd)
-            os.replace(tmp, final)
+            os.fsync(self._fd)
+            os.replace(tmp.name, final.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            with contextlib.suppress(OSError):  # not every file system lets a directory be fsynced
+                os.fsync(self._dir_fd)
         finally:
-            os.close(fd)
-        _fsync_dir(self.dir)
+            self._close()
         self.seq += 1
         return final
+
+    def _close(self) -> None:
+        for fd in (self._fd, self._dir_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._dir_fd = None
+
+
+def _same_file(fd: int, path: Path | str, dir_fd: int | None = None) -> bool:
+    """Whether `path` (relative to `dir_fd` if given) is the file open as `fd`."""
+    opened = os.fstat(fd)
+    try:
+        now = os.stat(path, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _path_of(dir_fd: int) -> str:
+    """Where the directory open as `dir_fd` is now (from Linux's /proc)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{dir_fd}")
+    except OSError:
+        return "(its moved directory)"
 
 
 def _fsync_dir(path: Path) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from popgate_process import export
 from popgate_process.export import ExportSettings, MetricsExporter, RunSnapshots, encode, records
 from popgate_process.export_files import RollingFile, salvage
 
@@ -150,11 +149,11 @@ def test_a_file_is_locked_until_it_is_renamed_and_one_published_meanwhile_is_ski
     real_replace = os.replace
     seen: list[list[Path]] = []
 
-    def replace(src: Any, dst: Any) -> None:
+    def replace(src: Any, dst: Any, **dir_fds: Any) -> None:
         if not seen:
             seen.append([])
             seen[0] = salvage(tmp_path, "broker", "b1")  # another process salvages in the middle of `publish`
-        real_replace(src, dst)
+        real_replace(src, dst, **dir_fds)
 
     monkeypatch.setattr(os, "replace", replace)
     final = live.publish()
@@ -231,7 +230,7 @@ def test_a_snapshot_a_full_disk_cut_leaves_nothing_of_itself_then_or_later(
             raise OSError(28, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(export.os, "write", disk_fills_up)
+    monkeypatch.setattr(os, "write", disk_fills_up)
     with pytest.raises(OSError):
         f.append(b'{"a":2}\n{"a":22}\n', 1.0, 1.0)
     f.append(b'{"a":3}\n', 2.0, 2.0)  # room again
@@ -376,6 +375,44 @@ def test_an_export_dir_deleted_or_replaced_is_made_again_and_written_in_a_new_fi
         export_dir.rename(tmp_path / "old")
         export_dir.mkdir()
     f.append(b'{"a":2}\n', 1.0, 1.0)
+    published = f.publish()
+    assert published is not None and published.parent == export_dir and published.read_bytes() == b'{"a":2}\n'
+
+
+def test_an_export_dir_rotated_away_has_its_in_progress_file_published_where_it_went(tmp_path: Path) -> None:
+    """The export directory renamed away (a rotation): the next snapshot publishes the in-progress file in the
+    moved directory, every snapshot kept, and goes on in a new file at the export path."""
+    export_dir, rotated = tmp_path / "export", tmp_path / "export.1"
+    f = RollingFile(settings(export_dir))
+    f.append(b'{"a":1}\n', 0.0, 0.0)
+    f.append(b'{"a":2}\n', 1.0, 1.0)
+    export_dir.rename(rotated)
+    f.append(b'{"a":3}\n', 2.0, 2.0)
+    (moved,) = rotated.iterdir()
+    assert moved.name == "broker-b1-1000000-19700101T000000Z-000000.jsonl"
+    assert moved.read_bytes() == b'{"a":1}\n{"a":2}\n'
+    published = f.publish()
+    assert published is not None and published.parent == export_dir and published.read_bytes() == b'{"a":3}\n'
+
+
+def test_an_in_progress_file_it_cannot_publish_after_a_rotation_is_named_in_the_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    export_dir, rotated = tmp_path / "export", tmp_path / "export.1"
+    f = RollingFile(settings(export_dir))
+    f.append(b'{"a":1}\n', 0.0, 0.0)
+    export_dir.rename(rotated)
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refused)
+    with caplog.at_level(logging.WARNING, logger="popgate_process.export"):
+        f.append(b'{"a":2}\n', 1.0, 1.0)
+    (left,) = rotated.iterdir()
+    assert left.read_bytes() == b'{"a":1}\n'
+    assert any(str(left) in r.getMessage() and "Permission denied" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
     published = f.publish()
     assert published is not None and published.parent == export_dir and published.read_bytes() == b'{"a":2}\n'
 
