@@ -88,6 +88,17 @@ def _serves(address: str, family: bytes, within_s: float = 30.0) -> bool:
     return True
 
 
+def _with_metrics(tmp_path: Path) -> tuple[BrokerSettings, str]:
+    """A broker's settings serving /metrics on a free port, and that port's address."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+    settings = BrokerSettings(
+        name="b1", data_dir=tmp_path / "b1", listen="127.0.0.1:0", metrics_listen=address, topics=("orders",)
+    )
+    return settings, address
+
+
 async def test_metrics_are_served_while_the_store_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker reading a large store takes minutes before it serves: meanwhile its /metrics answers (the process's
     own families, none of the store's yet), so a scrape finds it up and starting — PopgateTargetDown does not fire
@@ -102,12 +113,7 @@ async def test_metrics_are_served_while_the_store_is_read(tmp_path: Path, monkey
         return real_load(store)
 
     monkeypatch.setattr(SqliteStore, "load", slow_load)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
-    settings = BrokerSettings(
-        name="b1", data_dir=tmp_path / "b1", listen="127.0.0.1:0", metrics_listen=address, topics=("orders",)
-    )
+    settings, address = _with_metrics(tmp_path)
     loop = asyncio.get_running_loop()
     broker = asyncio.create_task(serve(settings))
     try:
@@ -146,12 +152,7 @@ async def test_livez_and_metrics_answer_while_the_store_opens(tmp_path: Path, mo
             opens_on.set()
 
     monkeypatch.setattr(SqliteStore, "_open", slow_open)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{taken.getsockname()[1]}"
-    settings = BrokerSettings(
-        name="b1", data_dir=tmp_path / "b1", listen="127.0.0.1:0", metrics_listen=address, topics=("orders",)
-    )
+    settings, address = _with_metrics(tmp_path)
     loop = asyncio.get_running_loop()
     probed = loop.run_in_executor(None, probe)
     broker = asyncio.create_task(serve(settings))

@@ -20,35 +20,24 @@ from tests.procs import ServerProcess, broker_args, wait_until
 
 PROXY_ARGS = ["--listen", "127.0.0.1:0", "--broker", "b1=127.0.0.1:1"]
 
-# A start made slow at a step of its own (the store's load of a large store; the proxy's settings read), said on
-# stderr when that step begins.
+# A start made slow at a step of its own (the store's open or load of a large store; the proxy's settings read),
+# said on stderr when that step begins. The broker's slow step is its first argument: "open" or "load".
 SLOW_BROKER = textwrap.dedent(
     """
     import sys, time
     from broker.sqlite_store import SqliteStore
-    real = SqliteStore.load
-    def slow(self):
-        print("reading the store", file=sys.stderr, flush=True)
-        time.sleep(3)
-        return real(self)
-    SqliteStore.load = slow
-    from broker.__main__ import main
-    main(sys.argv[1:])
-    """
-)
-SLOW_OPEN = textwrap.dedent(
-    """
-    import sys, time
-    from broker.sqlite_store import SqliteStore
-    real_init, real_load = SqliteStore.__init__, SqliteStore.load
-    def slow_open(self, *args, **kwargs):
-        print("opening the store", file=sys.stderr, flush=True)
-        time.sleep(3)
+    slow_step, real_init, real_load = sys.argv.pop(1), SqliteStore.__init__, SqliteStore.load
+    def step(said, name):
+        print(said, file=sys.stderr, flush=True)
+        if name == slow_step:
+            time.sleep(3)
+    def init(self, *args, **kwargs):
+        step("opening the store", "open")
         real_init(self, *args, **kwargs)
     def load(self):
-        print("reading the store", file=sys.stderr, flush=True)
+        step("reading the store", "load")
         return real_load(self)
-    SqliteStore.__init__, SqliteStore.load = slow_open, load
+    SqliteStore.__init__, SqliteStore.load = init, load
     from broker.__main__ import main
     main(sys.argv[1:])
     """
@@ -114,7 +103,7 @@ def test_a_stop_while_the_store_is_read_ends_the_start(tmp_path: Path, started: 
     """A broker told to stop while it reads its store (minutes for a large one) does not go on to serve, nor die
     unstopped: once the load returns it closes the store and exits 0, the data directory free and whole."""
     data = tmp_path / "b1"
-    broker = Started(SLOW_BROKER, broker_args("b1", data, "--topic", "orders"))
+    broker = Started(SLOW_BROKER, ["load", *broker_args("b1", data, "--topic", "orders")])
     started.append(broker)
     assert wait_until(lambda: broker.said("reading the store"), timeout=30), broker.lines
     broker.proc.send_signal(signal.Signals[sig])
@@ -134,7 +123,7 @@ def test_a_stop_while_the_store_opens_ends_the_start_before_the_load(tmp_path: P
     """A SIGTERM while the broker opens its store (a layout migration: minutes) ends the start once the open returns:
     the store is closed without being read, exit 0, never ready."""
     data = tmp_path / "b1"
-    broker = Started(SLOW_OPEN, broker_args("b1", data, "--topic", "orders"))
+    broker = Started(SLOW_BROKER, ["open", *broker_args("b1", data, "--topic", "orders")])
     started.append(broker)
     assert wait_until(lambda: broker.said("opening the store"), timeout=30), broker.lines
     broker.proc.send_signal(signal.SIGTERM)
