@@ -5,6 +5,7 @@ ignored with a log line (docs/DEPLOY.md, "Signals")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -57,13 +58,27 @@ SLOW_PROXY = textwrap.dedent(
 )
 
 
+@contextlib.contextmanager
+def stop_signals_default() -> Iterator[None]:
+    """Children started meanwhile get SIGHUP and SIGINT as a terminal's process does, whatever this test run was
+    started with: under `nohup` or as a shell's background job they would inherit them ignored, and a server keeps
+    a stop signal it started with ignored (test_a_server_started_under_nohup_serves_on_after_sighup)."""
+    before = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 class Started:
     """A program run with its stderr gathered line by line."""
 
     def __init__(self, program: str, args: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", program, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-        )
+        with stop_signals_default():
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", program, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+            )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -146,9 +161,13 @@ def test_a_stop_while_the_proxy_starts_ends_the_start(started: list[Started]) ->
     assert proxy.said("stopped before serving") and not proxy.said("Traceback")
 
 
-def _server(kind: str, tmp_path: Path) -> ServerProcess:
+def _server(kind: str, tmp_path: Path, *, nohup: bool = False) -> ServerProcess:
+    """A broker or a proxy started as from a terminal, or (`nohup`) with SIGHUP ignored, as nohup starts it."""
     args = broker_args("b1", tmp_path / "b1") if kind == "broker" else PROXY_ARGS
-    return ServerProcess(kind, args).start()
+    with stop_signals_default():
+        if nohup:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        return ServerProcess(kind, args).start()
 
 
 @pytest.mark.parametrize("kind", ["broker", "proxy"])
@@ -184,11 +203,7 @@ def test_sigusr1_and_sigusr2_are_ignored_with_a_log_line(tmp_path: Path, kind: s
 def test_a_server_started_under_nohup_serves_on_after_sighup(tmp_path: Path, kind: str) -> None:
     """`nohup popgate-broker &` starts it with SIGHUP ignored, so that it outlives the terminal: the logout's SIGHUP
     neither stops it nor is logged. (The SIGUSR1 sent after it is handled after it: its line says SIGHUP was.)"""
-    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # inherited by the child, as nohup does it
-    try:
-        server = _server(kind, tmp_path)
-    finally:
-        signal.signal(signal.SIGHUP, before)
+    server = _server(kind, tmp_path, nohup=True)
     try:
         assert server.proc is not None
         server.proc.send_signal(signal.SIGHUP)
