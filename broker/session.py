@@ -39,7 +39,8 @@ SESSION_MAX_SHORT = 4096
 SESSION_MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 # The writer sends the answers queued when it gets to them as one stream message (`more`) to a caller that said it
 # reads them (MORE_KEY), of at most this many bytes unless one answer alone is larger (so joining never makes a
-# message the caller's size limit refuses): grpc costs tens of µs a message on each side, whatever its size.
+# message the caller's size limit refuses) — tests/unit/broker/test_session_more.py::
+# test_the_broker_writer_joins_queued_answers_within_its_bound_and_leaves_the_end_marker_queued.
 MAX_WRITE_BYTES = 1024 * 1024
 SESSION_RECENT_ANSWERS = 4096  # answers a late cancel frame can still undo, per stream (a hand-back may come a
 # consume step later; each kept as one small undo callable)

@@ -17,8 +17,9 @@
   half message back itself (from the sweep, at most `sweep_interval_s` late).
 - The schedule runs on the broker's monotonic clock: a half message enters it with its age and the time to its
   next check as the wall clock says then (its store time, its stored next check), and from there a step of the
-  wall clock neither rolls it back nor moves its checks — test_a_wall_clock_step_while_running_neither_rolls_a_
-  half_message_back_nor_moves_its_checks. What is stored, and answered (`next_due_ms`), is wall time.
+  wall clock neither rolls it back nor moves its checks — tests/unit/broker/test_transactions.py::
+  test_a_wall_clock_step_while_running_neither_rolls_a_half_message_back_nor_moves_its_checks. What is stored, and
+  answered (`next_due_ms`), is wall time.
 
 tests/unit/broker/test_transactions.py, tests/integration/broker/test_transactions.py.
 """

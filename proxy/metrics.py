@@ -44,6 +44,14 @@ class _Children(Generic[M]):
         return child
 
 
+def _counters(registry: CollectorRegistry, name: str, doc: str, labels: list[str]) -> _Children[Counter]:
+    return _Children(Counter(name, doc, labels, registry=registry))
+
+
+def _histograms(registry: CollectorRegistry, name: str, doc: str, labels: list[str]) -> _Children[Histogram]:
+    return _Children(Histogram(name, doc, labels, buckets=_LATENCY_BUCKETS, registry=registry))
+
+
 class ProxyMetrics:
     def __init__(
         self,
@@ -52,158 +60,131 @@ class ProxyMetrics:
         max_groups: int = MAX_GROUP_LABELS,
         max_topic_groups: int = MAX_TOPIC_GROUP_LABELS,
     ) -> None:
-        self.registry = registry or CollectorRegistry()
+        """The families are registered in this order, which is their order on /metrics."""
+        self.registry = registry = registry or CollectorRegistry()
         self._labels = GroupLabels(max_groups, max_topic_groups)
         self._named = self._labels.named
-        self.tls = CertificateMetrics(self.registry, "proxy")
-        self._rpc = _Children(
-            Histogram(
-                "popgate_proxy_rpc_duration_seconds",
-                "Client RPCs served, by method and v2 status code",
-                ["method", "code"],
-                buckets=_LATENCY_BUCKETS,
-                registry=self.registry,
-            )
+        self.tls = CertificateMetrics(registry, "proxy")
+        self._rpc = _histograms(
+            registry,
+            "popgate_proxy_rpc_duration_seconds",
+            "Client RPCs served, by method and v2 status code",
+            ["method", "code"],
         )
-        self._broker = _Children(
-            Counter(
-                "popgate_proxy_broker_rpcs",
-                "Calls to brokers, by outcome (ok, the error name, or cancelled: unanswered when the proxy dropped it)",
-                ["broker", "method", "outcome"],
-                registry=self.registry,
-            )
+        self._broker = _counters(
+            registry,
+            "popgate_proxy_broker_rpcs",
+            "Calls to brokers, by outcome (ok, the error name, or cancelled: unanswered when the proxy dropped it)",
+            ["broker", "method", "outcome"],
         )
-        self._receives = _Children(
-            Counter(
-                "popgate_proxy_receives",
-                "ReceiveMessage outcomes: messages, empty, full (overload), behind (no time left to poll: the proxy is "
-                "behind), illegal_polling_time, closing (shutdown), cancelled (client gone), error",
-                ["group", "mode", "outcome"],
-                registry=self.registry,
-            )
+        self._add_receive_metrics(registry)
+        self._add_notify_metrics(registry)
+        self._deliveries = _DeliveryMetrics(registry)
+        self._add_renewal_metrics(registry)
+
+    def _add_receive_metrics(self, registry: CollectorRegistry) -> None:
+        self._receives = _counters(
+            registry,
+            "popgate_proxy_receives",
+            "ReceiveMessage outcomes: messages, empty, full (overload), behind (no time left to poll: the proxy is "
+            "behind), illegal_polling_time, closing (shutdown), cancelled (client gone), error",
+            ["group", "mode", "outcome"],
         )
-        self._first_pop_hits = _Children(
-            Counter(
-                "popgate_proxy_receive_first_pop_hits",
-                "Receives whose first Pop found messages at once, without a broker holding it (is_short_polling_hit): "
-                "pop with notify's poll-0 first Pop, no notify round needed, or a long-poll Pop answered at once",
-                ["group"],
-                registry=self.registry,
-            )
+        self._first_pop_hits = _counters(
+            registry,
+            "popgate_proxy_receive_first_pop_hits",
+            "Receives whose first Pop found messages at once, without a broker holding it (is_short_polling_hit): "
+            "pop with notify's poll-0 first Pop, no notify round needed, or a long-poll Pop answered at once",
+            ["group"],
         )
         self._receive_latency = Histogram(
             "popgate_proxy_receive_latency_seconds",
             "Time from a ReceiveMessage request to its answer",
             buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
+            registry=registry,
+        )
+        self._mode_latency = _histograms(
+            registry,
+            "popgate_proxy_receive_mode_latency_seconds",
+            "Time from a ReceiveMessage request to its answer, by strategy and outcome (messages / empty / ...)",
+            ["mode", "outcome"],
+        )
+        self._long_polls = _counters(
+            registry,
+            "popgate_proxy_long_polling_receives",
+            "Receives that waited at brokers (is_long_polling): a long-poll Pop a broker held (RocketMQ's "
+            "suspended request), or a pop-with-notify run whose first Pop was empty and that asked a broker to "
+            "hold it (not only a poll-0 last look)",
+            ["group"],
+        )
+        self._moved = _counters(
+            registry,
+            "popgate_proxy_long_polls_moved",
+            "Held long-poll Pops moved to a broker that had a message nobody of the group waited for there",
+            ["group"],
+        )
+        self._not_read = _counters(
+            registry,
+            "popgate_proxy_answers_not_read",
+            "Answers with messages their clients did not read within max_answer_write_s: the messages were given back",
+            ["group"],
         )
 
-        self._mode_latency = _Children(
-            Histogram(
-                "popgate_proxy_receive_mode_latency_seconds",
-                "Time from a ReceiveMessage request to its answer, by strategy and outcome (messages / empty / ...)",
-                ["mode", "outcome"],
-                buckets=_LATENCY_BUCKETS,
-                registry=self.registry,
-            )
+    def _add_notify_metrics(self, registry: CollectorRegistry) -> None:
+        self._notify_runs = _counters(
+            registry,
+            "popgate_proxy_notify_runs",
+            "Receives served by pop with notify (their first Pop included)",
+            ["group"],
         )
-        self._long_polls = _Children(
-            Counter(
-                "popgate_proxy_long_polling_receives",
-                "Receives that waited at brokers (is_long_polling): a long-poll Pop a broker held (RocketMQ's "
-                "suspended request), or a pop-with-notify run whose first Pop was empty and that asked a broker to "
-                "hold it (not only a poll-0 last look)",
-                ["group"],
-                registry=self.registry,
-            )
+        self._notifications = _counters(
+            registry,
+            "popgate_proxy_notifications",
+            "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (nothing for the "
+            "group: held until the poll ended, or a poll-0 last look answered so), full (broker polling_full), "
+            "unanswered (cancelled before the poll ended: answered elsewhere, deadline, client gone; or failed)",
+            ["group", "outcome"],
         )
-        self._moved = _Children(
-            Counter(
-                "popgate_proxy_long_polls_moved",
-                "Held long-poll Pops moved to a broker that had a message nobody of the group waited for there",
-                ["group"],
-                registry=self.registry,
-            )
+        self._notify_pops = _counters(
+            registry,
+            "popgate_proxy_notify_pops",
+            "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
+            "lost (a consume Pop found nothing: another consumer won the race), handoff (adaptive: after a lost "
+            "race in a busy group, the rest of the wait is a coupled long poll), held (one live broker: a Pop "
+            "held by it instead of a Notification)",
+            ["group", "kind"],
         )
-        self._not_read = _Children(
-            Counter(
-                "popgate_proxy_answers_not_read",
-                "Answers with messages their clients did not read within max_answer_write_s: the messages were "
-                "given back",
-                ["group"],
-                registry=self.registry,
-            )
-        )
-        self._notify_runs = _Children(
-            Counter(
-                "popgate_proxy_notify_runs",
-                "Receives served by pop with notify (their first Pop included)",
-                ["group"],
-                registry=self.registry,
-            )
-        )
-        self._notifications = _Children(
-            Counter(
-                "popgate_proxy_notifications",
-                "Notifications sent to brokers by pop with notify, by outcome: has_message, empty (nothing for the "
-                "group: held until the poll ended, or a poll-0 last look answered so), full (broker polling_full), "
-                "unanswered (cancelled before the poll ended: answered elsewhere, deadline, client gone; or failed)",
-                ["group", "outcome"],
-                registry=self.registry,
-            )
-        )
-        self._notify_pops = _Children(
-            Counter(
-                "popgate_proxy_notify_pops",
-                "Pops made by pop with notify: first (poll 0 before notifying), consume (after has_message), "
-                "lost (a consume Pop found nothing: another consumer won the race), handoff (adaptive: after a lost "
-                "race in a busy group, the rest of the wait is a coupled long poll), held (one live broker: a Pop "
-                "held by it instead of a Notification)",
-                ["group", "kind"],
-                registry=self.registry,
-            )
-        )
-        self._decisions = _Children(
-            Counter(
-                "popgate_proxy_receive_mode_decisions",
-                "Adaptive mode: the strategy chosen per receive and why (quiet, rate, concurrency)",
-                ["group", "mode", "reason"],
-                registry=self.registry,
-            )
+        self._decisions = _counters(
+            registry,
+            "popgate_proxy_receive_mode_decisions",
+            "Adaptive mode: the strategy chosen per receive and why (quiet, rate, concurrency)",
+            ["group", "mode", "reason"],
         )
 
-        self._deliveries = _DeliveryMetrics(self.registry)
-        self._renewals = _Children(
-            Counter(
-                "popgate_proxy_renewals",
-                "auto_renew handles sent to their broker for renewal, by outcome: ok, stale (acked elsewhere or "
-                "redelivered: no longer renewed), failed (the broker call failed: tried again a period later)",
-                ["outcome"],
-                registry=self.registry,
-            )
+    def _add_renewal_metrics(self, registry: CollectorRegistry) -> None:
+        self._renewals = _counters(
+            registry,
+            "popgate_proxy_renewals",
+            "auto_renew handles sent to their broker for renewal, by outcome: ok, stale (acked elsewhere or "
+            "redelivered: no longer renewed), failed (the broker call failed: tried again a period later)",
+            ["outcome"],
         )
-        self._renewal_untracked = _Children(
-            Counter(
-                "popgate_proxy_renewal_untracked",
-                "auto_renew handles this proxy does not renew, by reason: no_client_id (the receive named no client: "
-                "nobody to watch), client_limit, total_limit (over the bounds on handles tracked)",
-                ["reason"],
-                registry=self.registry,
-            )
+        self._renewal_untracked = _counters(
+            registry,
+            "popgate_proxy_renewal_untracked",
+            "auto_renew handles this proxy does not renew, by reason: no_client_id (the receive named no client: "
+            "nobody to watch), client_limit, total_limit (over the bounds on handles tracked)",
+            ["reason"],
         )
-        self._renewal_ended = _Children(
-            Counter(
-                "popgate_proxy_renewal_ended",
-                "auto_renew handles no longer renewed, by reason: settled (acked, changed or dead-lettered through "
-                "this proxy), stale, max_time (renewed for renew_max_s), client_gone",
-                ["reason"],
-                registry=self.registry,
-            )
+        self._renewal_ended = _counters(
+            registry,
+            "popgate_proxy_renewal_ended",
+            "auto_renew handles no longer renewed, by reason: settled (acked, changed or dead-lettered through "
+            "this proxy), stale, max_time (renewed for renew_max_s), client_gone",
+            ["reason"],
         )
         self._renewal_handles = Gauge(
-            "popgate_proxy_renewal_handles",
-            "auto_renew handles being renewed by this proxy now",
-            registry=self.registry,
+            "popgate_proxy_renewal_handles", "auto_renew handles being renewed by this proxy now", registry=registry
         )
 
     def renewals(self, outcome: str, count: int) -> None:

@@ -226,68 +226,107 @@ def _proxy(settings: Settings, pool: BrokerPool, metrics: ProxyMetrics) -> Proxy
     )
 
 
+async def _brokers(
+    settings: Settings, metrics: ProxyMetrics, stack: AsyncExitStack
+) -> tuple[BrokerClients, Discovery | None]:
+    """The broker clients with their trust watch, health monitor and discovery, each closed by `stack`."""
+    brokers = BrokerClients(settings, metrics)
+    stack.push_async_callback(brokers.close)
+    if brokers.tls_ca is not None:
+        trust = certs.TrustWatch(
+            settings.broker_tls_ca,
+            brokers.tls_ca,
+            brokers.trust,
+            interval_s=settings.tls_reload_s,
+            metrics=metrics.tls,
+        )
+        await stack.enter_async_context(trust)
+    monitor = HealthMonitor(
+        lambda: brokers.current.values(),
+        interval=settings.health_interval_s,
+        timeout=settings.health_timeout_s,
+        reconnect=brokers.reconnect,
+    )
+    brokers.added = monitor.check_now
+    discovery = await discovery_for(settings, brokers, stack)
+    await stack.enter_async_context(monitor)
+    metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
+    return brokers, discovery
+
+
+async def _listening(
+    settings: Settings, metrics: ProxyMetrics, stack: AsyncExitStack
+) -> tuple[grpc.aio.Server | H2Server, str]:
+    """The server bound to --listen (not started), with its certificate's watch when it serves TLS; its address."""
+    server: grpc.aio.Server | H2Server
+    server, address, tls = await _h2_server(settings) if settings.server == "h2" else _grpc_server(settings)
+    if tls is not None:
+        watch = certs.CertificateWatch(
+            settings.tls_cert,
+            settings.tls_key,
+            tls,
+            interval_s=settings.tls_reload_s,
+            alpn=("h2",),
+            metrics=metrics.tls,
+        )
+        await stack.enter_async_context(watch)
+    return server, address
+
+
+def _add_services(
+    settings: Settings,
+    server: grpc.aio.Server | H2Server,
+    proxy: Proxy,
+    brokers: BrokerClients,
+    metrics: ProxyMetrics,
+    address: str,
+    stack: AsyncExitStack,
+) -> health.aio.HealthServicer:
+    """v2, the extension (with --batch-receive), admin and health on `server`; the health servicer."""
+    servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
+    stack.push_async_callback(servicer.close)
+    # Receive frames may be pre-encoded (proxy/v2/receive.py's byte path): h2grpc writes bytes as they are.
+    passing = server if isinstance(server, H2Server) else PassBytes(server)
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, passing)  # type: ignore[no-untyped-call]
+    if settings.batch_receive:
+        ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), passing)  # type: ignore[no-untyped-call]
+    admin = AdminService(
+        brokers.pool,
+        brokers.views,
+        Authenticator(settings.accounts, skew_s=settings.auth_skew_s),
+        timeout_s=settings.broker_timeout_s,
+        deleted=proxy.deleted,
+    )
+    admin_pb2_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return health_servicer
+
+
+def _warn_if_open(settings: Settings) -> None:
+    """Serving without accounts, or with them over plaintext, is said at start — tests/integration/sdk/test_up.py::
+    test_the_environment_reaches_the_children_and_one_config_file_serves_them_all."""
+    if not settings.accounts:
+        log.warning("authentication is off: no [[acl]] accounts, every request is served without credentials")
+    elif not settings.tls_cert:
+        log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
+
+
 async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], None]) -> None:
     """Serve until `stop` is set, then shut down gracefully (held receives answered)."""
     async with AsyncExitStack() as stack:
         metrics = ProxyMetrics()
-        brokers = BrokerClients(settings, metrics)
-        stack.push_async_callback(brokers.close)
-        if brokers.tls_ca is not None:
-            trust = certs.TrustWatch(
-                settings.broker_tls_ca,
-                brokers.tls_ca,
-                brokers.trust,
-                interval_s=settings.tls_reload_s,
-                metrics=metrics.tls,
-            )
-            await stack.enter_async_context(trust)
-        monitor = HealthMonitor(
-            lambda: brokers.current.values(),
-            interval=settings.health_interval_s,
-            timeout=settings.health_timeout_s,
-            reconnect=brokers.reconnect,
-        )
-        brokers.added = monitor.check_now
-        discovery = await discovery_for(settings, brokers, stack)
-        await stack.enter_async_context(monitor)
-        metrics.watch_brokers(lambda: [(view.name, view.up) for view in brokers.views()])
+        brokers, discovery = await _brokers(settings, metrics, stack)
         proxy = _proxy(settings, brokers.pool, metrics)
         brokers.came_up = proxy.broker_up
         stack.callback(proxy.close)  # announcements under way end with the proxy (a no-op after its graceful stop)
         await stack.enter_async_context(proxy.renewer)
-        server: grpc.aio.Server | H2Server
-        server, address, tls = await _h2_server(settings) if settings.server == "h2" else _grpc_server(settings)
-        if tls is not None:
-            watch = certs.CertificateWatch(
-                settings.tls_cert,
-                settings.tls_key,
-                tls,
-                interval_s=settings.tls_reload_s,
-                alpn=("h2",),
-                metrics=metrics.tls,
-            )
-            await stack.enter_async_context(watch)
+        server, address = await _listening(settings, metrics, stack)
         name = proxy_name(address)
         reporter = ConsumerReporter(proxy.consumers, brokers.pool, name, timeout_s=settings.broker_timeout_s)
         await stack.enter_async_context(reporter)
         proxy.renewer.elsewhere = reporter.reported_elsewhere  # a client that moved to another proxy stays renewed
-        servicer = MessagingService(proxy, settings, endpoints_for(settings.advertise or address), metrics)
-        stack.push_async_callback(servicer.close)
-        # Receive frames may be pre-encoded (proxy/v2/receive.py's byte path): h2grpc writes bytes as they are.
-        passing = server if isinstance(server, H2Server) else PassBytes(server)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, passing)  # type: ignore[no-untyped-call]
-        if settings.batch_receive:
-            ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), passing)  # type: ignore[no-untyped-call]
-        admin = AdminService(
-            brokers.pool,
-            brokers.views,
-            Authenticator(settings.accounts, skew_s=settings.auth_skew_s),
-            timeout_s=settings.broker_timeout_s,
-            deleted=proxy.deleted,
-        )
-        admin_pb2_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        health_servicer = _add_services(settings, server, proxy, brokers, metrics, address, stack)
         await _serving(health_servicer, discovery, stack)
         if stop.is_set():  # a stop during start-up ends it here, closed as at the end: exit 0, never serving
             log.info("stopped before serving")  # test_signals.py::test_a_stop_while_the_proxy_starts_ends_the_start
@@ -298,12 +337,7 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         process = default_proxy_name(int(address.rpartition(":")[2]))
         await serve_metrics(stack, metrics.registry, settings, error=SettingsError)
         await export_metrics(stack, metrics.registry, settings, kind="proxy", process=process, error=SettingsError)
-        # Serving without accounts is said at start — tests/integration/sdk/test_up.py::
-        # test_the_environment_reaches_the_children_and_one_config_file_serves_them_all
-        if not settings.accounts:
-            log.warning("authentication is off: no [[acl]] accounts, every request is served without credentials")
-        elif not settings.tls_cert:
-            log.warning("authentication is on over plaintext: signed headers can be replayed while fresh; use TLS")
+        _warn_if_open(settings)
         ready(address)
         log.info(
             "proxy serving on %s (receive mode %s), brokers %s",

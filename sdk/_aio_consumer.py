@@ -48,7 +48,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         while frames is _joining.CUT_SHORT:
             # Joined with other receives that took every message that came: received again for the rest of its
             # wait, so that it answers empty only once its wait is over —
-            # tests/unit/sdk/test_joined_receives.py::test_a_receive_cut_short_waits_out_the_rest_of_its_wait.
+            # tests/integration/sdk/test_joined_receives.py::test_a_receive_cut_short_waits_out_the_rest_of_its_wait.
             rest = (self.wait if wait is None else wait) - (loop.time() - started)
             if rest <= 0:
                 return []

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SEND_WINDOW = 4  # SendMessage requests in flight for one send_many
-# Iteration long-polls at least this long per receive: with wait=0 it would call ReceiveMessage in a busy loop
-# (an idle consumer ~800 calls a second). A held receive still answers as soon as a message comes.
+# Iteration long-polls at least this long per receive, so an idle consumer never calls ReceiveMessage in a busy
+# loop; a held receive still answers as soon as a message comes —
+# tests/unit/sdk/test_iteration.py::test_iteration_long_polls_even_when_wait_is_zero.
 ITERATION_MIN_WAIT_S = 1.0
 # A give-back (received messages nobody will handle, made ready again at once) waits at most this long, or
 # request_timeout when shorter: best effort, one attempt, so that closing an iteration or a consumer stays quick.

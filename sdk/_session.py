@@ -34,13 +34,15 @@ log = logging.getLogger(__name__)
 
 METHOD = "/popgate.ext.v1.Messaging/Session"
 # SessionRequest's fields (proto/ext/messaging.proto): a request is encoded by hand around its serialized body.
-ID, TIMEOUT_MS, CANCEL, MORE = 1, 2, 3, 15
+_ID = b"\x08"  # SessionRequest.id: field 1, a varint
+_TIMEOUT_MS = b"\x10"  # SessionRequest.timeout_ms: field 2, a varint
+_CANCEL = b"\x18\x01"  # SessionRequest.cancel: field 3, true
+MORE = 15  # SessionRequest.more: repeated, length-delimited
 MAX_FIFO = b"\x48"  # SessionRequest.max_fifo (9, varint)
-# The writer sends the requests queued when it gets to them as one stream message (`more`: grpc costs tens of µs a
-# message on each side, whatever its size), up to this many bytes (a larger request goes alone); the rest follows
-# in the next message, once grpc took this one. Many requests queued at once (sends of many tasks) so reach the
-# proxy in parts and the proxy starts on the first while the next is written, rather than SDK, proxy and broker
-# each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
+# The writer sends the requests queued when it gets to them as one stream message (`more`), up to this many bytes
+# (a larger request goes alone); the rest follows in the next message, once grpc took this one. Many requests
+# queued at once (sends of many tasks) so reach the proxy in parts and the proxy starts on the first while the next
+# is written, rather than SDK, proxy and broker each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
 # tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
 MAX_WRITE_BYTES = 48 * 1024
 # The most bytes of requests waiting to be written (the proxy bounds its own outbox alike): past it a request
@@ -64,15 +66,15 @@ class Unimplemented(errors.PopgateError):
 def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0, max_fifo: int = 0) -> bytes:
     """A SessionRequest carrying the serialized v2 request `body` as `kind` (a receive with at most `max_fifo` FIFO
     messages when > 0) — tests/unit/sdk/test_session.py::test_a_hand_encoded_request_reads_as_the_generated_message."""
-    head = b"\x08" + varint(request_id)
+    head = _ID + varint(request_id)
     if timeout_ms:
-        head += b"\x10" + varint(timeout_ms)
+        head += _TIMEOUT_MS + varint(timeout_ms)
     tail = MAX_FIFO + varint(max_fifo) if max_fifo else b""
     return head + varint(KINDS[kind] << 3 | 2) + varint(len(body)) + body + tail
 
 
 def encode_cancel(request_id: int) -> bytes:
-    return b"\x08" + varint(request_id) + b"\x18\x01"
+    return _ID + varint(request_id) + _CANCEL
 
 
 def join(first: bytes, more: list[bytes]) -> bytes:

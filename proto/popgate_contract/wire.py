@@ -1,6 +1,7 @@
 """Protobuf wire encoding by hand, for bytes built without message objects where that is cheaper: the broker's
-v2 encoding of a stored message (broker/v2wire.py) and the proxy's splicing of a delivery into it
-(proxy/v2/convert.py). tests/unit/broker/test_v2wire.py checks these against the protobuf library."""
+v2 encoding of a stored message (popgate_contract/v2wire.py) and the proxy's splicing of a delivery into it
+(proxy/v2/convert.py) — tests/unit/proxy/test_splice.py::test_a_spliced_message_reads_as_to_client_builds_it checks
+these against the protobuf library."""
 
 from __future__ import annotations
 

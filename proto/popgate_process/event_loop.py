@@ -4,7 +4,8 @@ On EMFILE, ENFILE, ENOBUFS or ENOMEM, asyncio 3.11's selector loop stops watchin
 a second, but its accept loop goes on: up to its backlog (100) retries are scheduled per readable event, each of which
 schedules as many again, so a process held at its descriptor limit spends its CPU on them and logs a traceback for
 each. Here the first such failure of an event ends it (one retry), and the failure is logged without a traceback at
-most once every `OUT_OF_RESOURCES_LOG_S`, with how many were left out — tests/integration/process/test_event_loop.py.
+most once every `OUT_OF_RESOURCES_LOG_S`, with how many were left out — tests/integration/proxy/
+test_out_of_descriptors.py::test_a_proxy_out_of_descriptors_stays_quiet_serves_its_clients_and_recovers.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 8192
 # A scraper that does not read its page within this long is dropped (each connection holds its own copy of the
-# page, up to ~12 MB on a broker near its limits), and no more than MAX_CONNECTIONS are served at once: the ones
+# page, which grows with the topic and group series), and no more than MAX_CONNECTIONS are served at once: the ones
 # past it are closed unanswered — tests/integration/process/test_metrics_http.py.
 WRITE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 32

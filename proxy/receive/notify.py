@@ -333,7 +333,7 @@ class NotifyRun:
     def _stopping(self, broker: str, now: float) -> list[Command]:
         """The handed-off Pop's broker is stopping with poll time left: the other brokers are watched for the time
         left and it is looked at again later (a restart), as a long poll goes on at the next broker —
-        test_notify.py::test_a_handed_off_pop_whose_broker_is_stopping_watches_the_other_brokers_for_the_time_left."""
+        test_notify_handoff.py::test_a_handed_off_pop_whose_broker_is_stopping_watches_the_other_brokers_for_the_time_left."""
         self.failed |= {broker}
         cmds = self._notify_all(now)
         return cmds if self.done else [*cmds, *self._rewatch_later(broker, now)]
@@ -342,7 +342,7 @@ class NotifyRun:
         """The held Pop at `broker` (a hand-off) was cancelled to be made at `to`, where a message came that
         nobody of the group waited for (the adaptive mode's covered long polls move the group's held Pops, a
         handed-off run's among them): Pop there for the poll time left — none once the poll is over and the run
-        drains its Pop, whose answer then ends it (test_notify.py::
+        drains its Pop, whose answer then ends it (test_notify_handoff.py::
         test_a_handed_off_pop_moved_after_the_poll_ended_pops_there_at_once_and_ends_the_run)."""
         if self.phase not in (Phase.LONGPOLL, Phase.DRAINING) or broker != self.popping:
             return []

@@ -38,10 +38,10 @@ MAX_PENDING = 4096
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 WRITER_DRAIN_S = 5.0  # at the stream's end, the answers queued are written for this long at most
 SETTLE_S = 5.0  # a stopping proxy waits this long at most for a stream's requests in progress
-# The writer sends the answers queued when it gets to them as one stream message (`more`: grpc costs tens of µs a
-# message on each side, whatever its size), up to this many bytes (a larger answer, or one glued to the next, goes
-# whole); the rest follows in the next message, once grpc took this one, so that a client with many receives
-# answered at once starts on the first while the next is written (docs/PROXY.md, "Session stream") —
+# The writer sends the answers queued when it gets to them as one stream message (`more`), up to this many bytes
+# (a larger answer, or one glued to the next, goes whole); the rest follows in the next message, once grpc took
+# this one, so that a client with many receives answered at once starts on the first while the next is written
+# (docs/PROXY.md, "Session stream") —
 # tests/unit/proxy/test_session.py::test_answers_queued_together_share_a_message_up_to_the_write_limit.
 MAX_WRITE_BYTES = 48 * 1024
 # What a queued answer costs beyond its bytes (the bytes object, the outbox entry), counted in MAX_OUTBOX_BYTES so

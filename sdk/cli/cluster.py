@@ -151,10 +151,6 @@ class Cluster:
         self.proxies.append(child)
         return child.wait_ready(self.config.ready_timeout_s, stop)
 
-    def restart_broker(self, name: str) -> str:
-        """Start a stopped or killed broker again on its old address and data directory."""
-        return self.restart_child(name)
-
     def children(self) -> list[Child]:
         return [*self.brokers.values(), *self.proxies]
 

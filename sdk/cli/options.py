@@ -108,8 +108,9 @@ class Size:
 
 
 def group_name(text: str) -> str:
-    """An argparse type: a consumer group name as brokers take it. A bad one is a usage error: `dlq list` showed an
-    empty table for it, `group consumers ''` every group's consumers (tests/unit/sdk/test_commands.py)."""
+    """An argparse type: a consumer group name as brokers take it. A bad one is a usage error (exit 2) before any
+    call is made — tests/unit/sdk/test_commands.py::test_a_group_command_refuses_a_group_no_broker_takes,
+    ::test_usage_mistakes_name_the_commands_own_flags."""
     try:
         return check_group(text)
     except DomainError as exc:

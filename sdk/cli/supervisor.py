@@ -59,7 +59,6 @@ class Status:
     failures: int = 0  # failures in a row (see Backoff)
     up_since: float = 0.0
     due: float = 0.0  # when WAITING: when the restart is due
-    last_exit: str = ""  # how it ended last ("was killed by signal 9 (SIGKILL)")
 
 
 @dataclass
@@ -78,15 +77,15 @@ class Supervision:
         restarts = old.restarts + (old.state is not State.UP)
         self.children[name] = replace(old, state=State.UP, restarts=restarts, up_since=at, due=0.0)
 
-    def died(self, name: str, at: float, how: str) -> float | None:
+    def died(self, name: str, at: float) -> float | None:
         """`name` ended on its own at `at`: the delay before its restart, or None when it is given up."""
         old = self.children.get(name, Status(name, up_since=at))
         stable = old.state is State.UP and at - old.up_since >= self.backoff.stable_s
-        return self._failed(replace(old, failures=0 if stable else old.failures, last_exit=how), at)
+        return self._failed(replace(old, failures=0 if stable else old.failures), at)
 
-    def start_failed(self, name: str, at: float, why: str) -> float | None:
+    def start_failed(self, name: str, at: float) -> float | None:
         """A restart of `name` did not become ready: the delay before the next try, or None (given up)."""
-        return self._failed(replace(self.children[name], last_exit=why), at)
+        return self._failed(self.children[name], at)
 
     def starting(self, name: str) -> None:
         self.children[name] = replace(self.children[name], state=State.STARTING)
@@ -198,7 +197,7 @@ class Supervisor:
 
     def _record_death(self, child: Child, how: str) -> None:
         with self._lock:
-            delay = self._policy.died(child.name, time.monotonic(), how)
+            delay = self._policy.died(child.name, time.monotonic())
         if delay is None:
             self._give_up(child, how)
         else:
@@ -223,7 +222,7 @@ class Supervisor:
         except (ClusterError, OSError, subprocess.SubprocessError) as exc:
             child.kill()  # a child that stayed silent is not left running beside its next try
             with self._lock:
-                delay = self._policy.start_failed(child.name, time.monotonic(), str(exc).splitlines()[0])
+                delay = self._policy.start_failed(child.name, time.monotonic())
             if delay is None:
                 self._give_up(child, str(exc))
             return

@@ -105,7 +105,7 @@ def test_kill_hang_and_restart_under_load_lose_nothing(cluster: Cluster) -> None
         b1.kill()  # kill -9
         report["b1 kill -9: left out after (s)"] = timed(lambda: "b1" not in (live_brokers(endpoint) or {"b1"}), 5)
         report["b1 kill -9: 60 more consumed in (s)"] = carries_on(load)
-        cluster.restart_broker("b1")
+        cluster.restart_child("b1")
         report["b1 restart: routed again after (s)"] = timed(lambda: "b1" in (live_brokers(endpoint) or ()), 10)
 
         faults.append((time.monotonic(), "b2 SIGSTOP"))
@@ -128,7 +128,7 @@ def test_kill_hang_and_restart_under_load_lose_nothing(cluster: Cluster) -> None
 
         faults.append((time.monotonic(), "b3 SIGTERM"))
         b3.stop()  # SIGTERM: graceful
-        cluster.restart_broker("b3")
+        cluster.restart_child("b3")
         report["b3 SIGTERM + restart: 60 more consumed in (s)"] = carries_on(load)
 
         load.stop_producing.set()

@@ -26,7 +26,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def kill_9_and_restart(cluster: Cluster) -> None:
     cluster.child("b1").kill()
-    cluster.restart_broker("b1")
+    cluster.restart_child("b1")
 
 
 def test_kill_9_between_half_and_commit_and_between_commit_and_delivery(cluster: Cluster) -> None:

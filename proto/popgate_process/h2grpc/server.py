@@ -1,9 +1,9 @@
 """popgate's own gRPC server: HTTP/2 by the h2 library on an asyncio protocol, one process thread.
 
-Why not grpc's: grpc-python hands each response message to its core as an operation of its own (~45 µs each
-on our hosts), so a receive of 32 messages costs 32 of them. Here a message a handler sends is appended to its
-stream's pending bytes, and every stream's bytes go to the socket in one write when the loop next turns: a
-receive's frames leave together, and answers of many calls share a write. Reading is the loop's own, with no
+Why not grpc's: grpc-python hands each response message to its core as an operation of its own, so a receive
+of 32 messages costs 32 of them (what that costs: docs/PROXY.md, "Server"). Here a message a handler sends is
+appended to its stream's pending bytes, and every stream's bytes go to the socket in one write when the loop next
+turns: a receive's frames leave together, and answers of many calls share a write. Reading is the loop's own, with no
 completion thread between the socket and the handler.
 
 Bounds: calls at once (`max_calls`, then RESOURCE_EXHAUSTED before any handler), a request message
@@ -75,7 +75,7 @@ class H2Server:
         self.calls = 0
         # A connection closed for an HTTP/2 protocol error (a client that is not HTTP/2: an HTTP/1.1 request, a port
         # scan) is a line at most every 10 s, with the count, whatever the rate of such connections —
-        # test_h2grpc_raw.py::test_connections_that_do_not_speak_http2_log_a_line_now_and_then_not_each
+        # test_h2grpc_raw_calls.py::test_connections_that_do_not_speak_http2_log_a_line_now_and_then_not_each
         self.protocol_error = Throttled(log.info)
         self._tasks: set[asyncio.Task[None]] = set()
         # every connection's reads land here and are copied out at once: one loop, one read at a time

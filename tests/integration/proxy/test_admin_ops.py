@@ -79,7 +79,7 @@ def test_a_reset_to_a_time_delivers_exactly_the_messages_stored_after_it(cluster
         assert all(a.queues for a in answer.answers)  # the topic lives on both brokers
 
         cluster.brokers["b1"].kill()  # kill -9 after the answer: the reset was committed before it
-        cluster.restart_broker("b1")
+        cluster.restart_child("b1")
         again = drain(consumer, 10, timeout=20)
         assert {m.message_id for m in again} == new and {m.body[:3] for m in again} == {b"new"}
         assert {m.receipt_handle.split("~")[1] for m in again} == {"b1", "b2"}  # from both brokers
@@ -108,7 +108,7 @@ def test_groups_and_topics_are_deleted_on_every_broker(cluster: Cluster) -> None
     deleted = stub.DeleteGroup(bpb.DeleteGroupRequest(group=group))
     assert {a.broker: list(a.topics) for a in deleted.answers} == {"b1": [topic], "b2": [topic]}
     cluster.brokers["b2"].kill()  # kill -9 right after the answer: the deletion was committed before it
-    cluster.restart_broker("b2")
+    cluster.restart_child("b2")
     assert not [g for a in stats_of(stub, topic).answers for g in a.groups]
     again = stub.DeleteGroup(bpb.DeleteGroupRequest(group=group))  # safe to repeat
     assert not [t for a in again.answers for t in a.topics] and not again.failures
@@ -116,7 +116,7 @@ def test_groups_and_topics_are_deleted_on_every_broker(cluster: Cluster) -> None
     gone = stub.DeleteTopic(bpb.DeleteTopicRequest(topic=topic))
     assert sum(a.messages for a in gone.answers) == 8 and all(a.existed for a in gone.answers)
     cluster.brokers["b1"].kill()
-    cluster.restart_broker("b1")
+    cluster.restart_child("b1")
     assert not [q for a in stats_of(stub, topic).answers for q in a.queues]
 
     with pytest.raises(grpc.RpcError) as bad:  # refused by every broker as bad input: the call's error

@@ -102,7 +102,7 @@ def test_kill_9_a_broker_while_producing_and_consuming(make_cluster: MakeCluster
         sent_at_kill, received_at_kill = load.counts()
         wait_for(lambda: load.counts()[0] >= sent_at_kill + 300, 30, "sends to continue on the other brokers")
         wait_for(lambda: load.counts()[1] >= received_at_kill + 300, 30, "consumers to keep receiving")
-        cluster.restart_broker("b2")
+        cluster.restart_child("b2")
         wait_for(lambda: load.counts()[0] >= sent_at_kill + 600, 30, "sends after the restart")
         load.stop.set()
         # Drain: every message whose send was acknowledged is delivered (b2's come back after its restart).
@@ -138,7 +138,7 @@ def test_a_long_poll_started_while_a_broker_is_down_gets_a_message_stored_there_
                  "the proxy to see b1 down")  # fmt: skip
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(client.receive, TOPIC, GROUP, batch=1, poll_s=20)
-            cluster.restart_broker("b1")
+            cluster.restart_child("b1")
             wait_for(lambda: "is now up" in proxy_log.read_text(), 15, "the proxy to see b1 up")
             b1 = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.brokers["b1"].address))  # type: ignore[no-untyped-call]
             b1.Send(bpb.SendRequest(messages=[bpb.Message(topic=TOPIC, message_id="BACK", body=b"on-b1")]), timeout=5)
@@ -162,11 +162,11 @@ def test_an_ack_right_after_the_broker_restarts_is_not_refused(make_cluster: Mak
         cluster.brokers["b1"].stop()  # SIGTERM: its state is on disk (kill -9 may lose the last 2 ms of it)
         down = client.ack(TOPIC, GROUP, messages)  # the channel fails to connect and backs off
         assert down.status.code == v2.HA_NOT_AVAILABLE, down.status
-        cluster.restart_broker("b1")  # returns once the broker prints ready
+        cluster.restart_child("b1")  # returns once the broker prints ready
         reply = client.ack(TOPIC, GROUP, messages)
         assert reply.status.code == v2.OK, reply.status
         cluster.brokers["b1"].stop()  # and it stays acked: not delivered again after another restart
-        cluster.restart_broker("b1")
+        cluster.restart_child("b1")
         _, again = client.receive(TOPIC, GROUP, invisible_s=30, poll_s=2)
         assert again == []
     finally:
@@ -303,7 +303,7 @@ def test_a_broker_restarted_while_covered_long_polls_wait_is_watched_again(make_
                 time.sleep(0.02)
             watched = next(name for name, (pops, _) in held().items() if pops == 0)
             cluster.brokers[watched].stop()
-            cluster.restart_broker(watched)
+            cluster.restart_child(watched)
             brokers[watched] = broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.brokers[watched].address))  # type: ignore[no-untyped-call]
             while held()[watched] != (0, 1):  # watched again once the proxy sees it up
                 assert time.monotonic() < deadline + 10, held()

@@ -66,7 +66,7 @@ async def test_after_a_fail_over_the_next_broker_gets_only_the_poll_time_left() 
     assert outcome == "empty"
     assert brokers["b1"].pops[0].poll_ms == 1000
     assert 0 < brokers["b2"].pops[0].poll_ms <= 750  # not the whole second again
-    assert took < 1.4  # answered at the end of the client's poll, inside its deadline
+    assert took < 1.5  # answered inside the client's deadline (at the end of its poll)
 
 
 async def test_a_broker_that_hangs_until_the_deadline_gives_an_empty_answer_not_an_error() -> None:
