@@ -216,9 +216,12 @@ class Proxy:
 
     def broker_up(self, client: BrokerClient) -> None:
         """`client`'s broker came up (added, moved, or back from down): told of the consumer groups this proxy
-        received most recently, so that each starts there as on the other brokers (proxy.receive.announce)."""
+        received most recently, so that each starts there as on the other brokers (proxy.receive.announce), and
+        watched by the receives held now (`ReceiveStrategy.broker_up`: a broker discovery adds is not left unwatched
+        until they end)."""
         if not self.closing.is_set():
             self._announcer.broker_up(client)
+            self.strategy.broker_up(client.name)
 
     async def receive(self, request: ReceiveRequest) -> ReceiveResult:
         if self.closing.is_set():

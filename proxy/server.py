@@ -189,15 +189,25 @@ def renewer_for(settings: Settings, pool: BrokerPool, metrics: Metrics | None = 
 
 
 async def _serving(
-    health_servicer: health.aio.HealthServicer, discovery: Discovery | None, stack: AsyncExitStack
+    health_servicer: health.aio.HealthServicer,
+    discovery: Discovery | None,
+    brokers: BrokerClients,
+    stack: AsyncExitStack,
+    *,
+    first_check_s: float,
 ) -> None:
-    """Health SERVING at once with a static broker list; under discovery once a lookup has answered: before, the
-    proxy knows no broker and would refuse what a client sends it (a readiness probe keeps clients away) —
+    """Health SERVING at once with a static broker list; under discovery once a lookup has answered and one of the
+    brokers it found passed a health check (at most `first_check_s` after the answer): before, the proxy routes to no
+    broker and would refuse what a client sends it (a readiness probe keeps clients away) —
     tests/integration/proxy/test_discovery.py::test_a_proxy_is_ready_only_once_its_first_lookup_has_answered."""
 
     async def serving() -> None:
         if discovery is not None:
             await discovery.answered.wait()
+            found = [client.when_up() for client in brokers.current.values()]
+            if found:
+                # not cancelled after: each client's up-future is shared by whoever waits for it
+                await asyncio.wait(found, timeout=first_check_s, return_when=asyncio.FIRST_COMPLETED)
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
@@ -327,7 +337,8 @@ async def serve(settings: Settings, stop: asyncio.Event, ready: Callable[[str], 
         await stack.enter_async_context(reporter)
         proxy.renewer.elsewhere = reporter.reported_elsewhere  # a client that moved to another proxy stays renewed
         health_servicer = _add_services(settings, server, proxy, brokers, metrics, address, stack)
-        await _serving(health_servicer, discovery, stack)
+        first_check_s = settings.health_timeout_s + settings.health_interval_s  # a found broker's first check
+        await _serving(health_servicer, discovery, brokers, stack, first_check_s=first_check_s)
         if stop.is_set():  # a stop during start-up ends it here, closed as at the end: exit 0, never serving
             log.info("stopped before serving")  # test_signals.py::test_a_stop_while_the_proxy_starts_ends_the_start
             return

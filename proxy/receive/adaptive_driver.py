@@ -32,6 +32,10 @@ class AdaptiveStrategy:
         self._by_mode = {"notify": notify, "longpoll": longpoll}
         self._metrics = metrics or NoMetrics()
 
+    def broker_up(self, broker: str) -> None:
+        for strategy in self._by_mode.values():
+            strategy.broker_up(broker)
+
     def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> Awaitable[ReceiveResult]:
         """The chosen strategy's receive, which tells the policy when it ends: no coroutine of this one stays in a
         held receive — tests/unit/proxy/receive/test_adaptive_driver.py::

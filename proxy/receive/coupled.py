@@ -258,6 +258,10 @@ class LongPollStrategy:
     def untrack(self, key: Key, broker: str, entry: HeldPop) -> None:
         self._apply(self._coverage.untrack(key, broker, entry))
 
+    def broker_up(self, broker: str) -> None:
+        """`broker` came up: covered long polls watch it too (`Coverage.broker_up`)."""
+        self._apply(self._coverage.broker_up(broker, now=asyncio.get_running_loop().time()))
+
     def _broker_health(self) -> Iterator[tuple[str, bool]]:
         for name in self._pool.names:
             client = self._pool.get(name)

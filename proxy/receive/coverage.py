@@ -255,6 +255,17 @@ class Coverage:
             del self._awaiting[key]
         return self.cover(key, now=now)
 
+    def broker_up(self, broker: str, *, now: float) -> list[Command]:
+        """`broker` came up (discovery added it, or it is back): every group holding Pops covers it too when none is
+        held there — test_coverage.py::test_a_broker_added_while_pops_are_held_is_watched_at_once. (One the group
+        awaited is also told by its `AwaitUp`; `cover` does not watch a broker twice.)"""
+        if not self._cover:
+            return []
+        commands: list[Command] = []
+        for key in list(self._held):
+            commands += self.cover(key, now=now)
+        return commands
+
     # -- helpers ---------------------------------------------------------------
 
     def _move(self, key: Key, broker: str) -> Move | None:

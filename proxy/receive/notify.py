@@ -242,6 +242,18 @@ class NotifyRun:
             return []  # notified with the others if the first Pop finds nothing
         return self._renotify(broker, now) or self._maybe_exhausted(now)
 
+    def added(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
+        """A broker the pool did not have when the run started (discovery added it) is watched as one down then
+        that came up: notified for the poll time left, or with the others if the first Pop finds nothing (once its
+        health checks see it up) — tests/unit/proxy/receive/test_brokers_added.py::
+        test_a_broker_added_while_the_run_notifies_is_notified_for_the_poll_time_left. One the run knows (a
+        restart, a client replaced) is left to `rewatch`."""
+        if broker in self.brokers or broker in self.down or self.phase not in (Phase.FIRST_POP, Phase.NOTIFYING):
+            return []
+        self.down = (*self.down, broker)
+        self.failed |= {broker}
+        return self.rewatch(broker, healthy=healthy, now=now)
+
     def _rewatch_later(self, broker: str, now: float) -> list[Command]:
         """A Rewatch of `broker`, if it has rewatches left and the poll time to use one; the run then waits for it
         before answering empty (test_notify.py::test_a_run_waits_for_a_failed_broker_to_be_looked_at_again)."""

@@ -127,6 +127,11 @@ class _Run:
         healthy = client is not None and client.healthy
         self.apply(self.machine.rewatch(broker, healthy=healthy, now=self.loop.time()))
 
+    def added(self, broker: str) -> None:
+        client = self.pool.get(broker)
+        healthy = client is not None and client.healthy
+        self.apply(self.machine.added(broker, healthy=healthy, now=self.loop.time()))
+
     def _came_up(self, broker: str, _up: asyncio.Future[None]) -> None:
         # Up, or its client replaced (moved while down): the pool's client of the name says which.
         self._rewatch(broker)
@@ -254,6 +259,11 @@ class NotifyStrategy:
         self._metrics = metrics or NoMetrics()
         # One waiter on the proxy's closing event for all runs (not one task per receive).
         self._closer: OnClose[_Run] = OnClose(_Run.close, "notify-closing")
+
+    def broker_up(self, broker: str) -> None:
+        """`broker` came up: a run that started before the pool had it watches it too (`NotifyRun.added`)."""
+        for run in list(self._closer.registered):
+            run.added(broker)
 
     async def receive(
         self, request: ReceiveRequest, closing: asyncio.Event, *, policy: EndsReceives | None = None

@@ -101,6 +101,10 @@ class ReceiveStrategy(Protocol):
 
     def receive(self, request: ReceiveRequest, closing: asyncio.Event) -> Awaitable[ReceiveResult]: ...
 
+    def broker_up(self, broker: str) -> None:
+        """`broker` came up (discovery added it, moved it, or it is back from down): receives held now that do not
+        watch it start to, as the receive mode promises for every live broker (docs/RECEIVE.md)."""
+
 
 class EndsReceives(Protocol):
     """Told when each receive it chose a strategy for ends (`proxy.receive.adaptive.AdaptivePolicy`)."""
@@ -116,6 +120,8 @@ class ServesForPolicy(Protocol):
     def receive(
         self, request: ReceiveRequest, closing: asyncio.Event, *, policy: EndsReceives | None = None
     ) -> Awaitable[ReceiveResult]: ...
+
+    def broker_up(self, broker: str) -> None: ...
 
 
 class OnClose(Generic[R]):

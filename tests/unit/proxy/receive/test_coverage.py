@@ -226,3 +226,14 @@ def test_a_changed_filter_is_watched_with_its_first_pop_and_the_old_filters_watc
     assert [(w.broker, w.filter) for w in watches(after).values()] == [("b2", "b"), ("b3", "b")]
     assert cov.cover(old, now=1.0) == [Unwatch(w) for w in watches(before).values()]
     assert [w.filter for w in watches(after).values() if cov.watching(w)] == ["b", "b"]
+
+
+def test_a_broker_added_while_pops_are_held_is_watched_at_once() -> None:
+    names = list(BROKERS)
+    cov = Coverage(lambda: ((name, True) for name in names), cover=True)
+    for name in BROKERS:  # one Pop held at each broker: nothing to watch
+        cov.track(KEY, name, Call(), now=0.0)
+    names.append("b4")  # broker discovery added it, and it is up
+    assert list(watches(cov.broker_up("b4", now=1.0))) == ["b4"]
+    assert cov.broker_up("b4", now=1.1) == []  # watched already
+    assert Coverage(lambda: ((name, True) for name in names), cover=False).broker_up("b4", now=1.0) == []

@@ -1,0 +1,100 @@
+"""A broker added to the pool (broker discovery) while receives are held: they watch it from then on, in pop with
+notify and in the adaptive mode's covered long polls, so its first message is not left until they end."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.core import Proxy
+from proxy.receive.coupled import LongPollStrategy
+from proxy.receive.notify_commands import AwaitUp, Notify, Pop
+from proxy.receive.notify_driver import NotifyStrategy
+from proxy.receive.seam import ReceiveRequest
+from proxy.routing import BrokerPool
+from tests.unit.proxy.fakes import FakeBroker, popped
+from tests.unit.proxy.receive.notify_runs import notifying, started
+from tests.unit.proxy.receive.support import NAMES, held_becomes, ids, request
+
+# -- the state machine ----------------------------------------------------------------------------------------------
+
+
+def test_a_broker_added_while_the_run_notifies_is_notified_for_the_poll_time_left() -> None:
+    run = notifying(now=0.0)
+    assert run.added("b4", healthy=True, now=2.0) == [Notify("b4", 8000)]
+    assert run.notified("b4", has_message=True, polling_full=False, now=2.5) == [Pop("b4")]
+
+
+def test_a_broker_added_down_is_notified_once_its_health_checks_see_it_up() -> None:
+    run = notifying(now=0.0)
+    assert run.added("b4", healthy=False, now=1.0) == [AwaitUp("b4")]
+    assert run.rewatch("b4", healthy=True, now=3.0) == [Notify("b4", 7000)]
+
+
+def test_a_broker_added_during_the_first_pop_is_notified_with_the_others() -> None:
+    run, _ = started()
+    assert run.added("b4", healthy=True, now=0.001) == []
+    assert run.popped("b1", [], polling_full=False, now=0.002) == [Notify(b, 9998) for b in ("b1", "b2", "b3", "b4")]
+
+
+def test_a_broker_the_run_knows_is_left_to_its_own_rewatch() -> None:
+    run = notifying(now=0.0)
+    assert run.added("b2", healthy=True, now=1.0) == []  # notified already
+    assert run.outstanding == ["b1", "b2", "b3"]
+
+
+# -- through the drivers, over in-memory brokers ----------------------------------------------------------------------
+
+
+async def _pops_held(brokers: dict[str, FakeBroker], count: int) -> None:
+    """Wait (bounded) until `count` Pops were made and every broker holds a request, woken by their `changed` events."""
+    async with asyncio.timeout(2):
+        while sum(len(b.pops) for b in brokers.values()) < count or any(b.held == 0 for b in brokers.values()):
+            waits = {asyncio.ensure_future(b.changed.wait()) for b in brokers.values()}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+
+def _added(pool: BrokerPool, brokers: dict[str, FakeBroker], proxy: Proxy) -> FakeBroker:
+    """b4 as broker discovery adds it: into the pool, then up (`BrokerClients.came_up` tells the proxy)."""
+    new = brokers["b4"] = FakeBroker("b4")
+    pool.put(new)
+    proxy.broker_up(new)
+    return new
+
+
+async def test_a_notify_receive_held_when_a_broker_is_added_gets_its_first_message_at_once() -> None:
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+    receive = asyncio.create_task(proxy.receive(request(5.0)))
+    await held_becomes(brokers, 3)
+    new = _added(pool, brokers, proxy)
+    await held_becomes(brokers, 4)  # b4 watched by the run
+    new.put(popped("b4", "m4"))
+    result = await asyncio.wait_for(receive, 2)  # not the 5 s poll
+    assert ids(result) == ["m4"]
+    result.release()
+
+
+async def test_covered_long_polls_held_when_a_broker_is_added_move_there_for_its_first_message() -> None:
+    brokers = {n: FakeBroker(n) for n in NAMES}
+    pool = BrokerPool(brokers, first_turn=0)
+    strategy = LongPollStrategy(pool, broker_timeout_s=1.0, cover=True)
+    proxy = Proxy(pool, strategy)
+    loop = asyncio.get_running_loop()
+    receives = []
+    for n in range(1, 4):  # one Pop of the group held at each broker; one without is watched meanwhile
+        r = ReceiveRequest("t", "g", "*", 1, 30_000, 5.0, loop.time() + 5.5)
+        receives.append(asyncio.create_task(proxy.receive(r)))
+        await _pops_held(brokers, n)
+    new = _added(pool, brokers, proxy)
+    await held_becomes(brokers, 4)  # a watch at b4, where none of the group's Pops is held
+    new.put(popped("b4", "m4"))
+    done, _ = await asyncio.wait(receives, timeout=2, return_when=asyncio.FIRST_COMPLETED)  # not the 5 s poll
+    assert [ids(task.result()) for task in done] == [["m4"]]
+    for task in receives:
+        task.cancel()
+    await asyncio.gather(*receives, return_exceptions=True)
