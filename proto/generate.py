@@ -41,6 +41,7 @@ def generate(out_dir: Path) -> None:
     subprocess.run(cmd, check=True)
     for directory in [out_dir / PACKAGE, *(p for p in (out_dir / PACKAGE).rglob("*") if p.is_dir())]:
         (directory / "__init__.py").touch()
+    (out_dir / PACKAGE / "py.typed").touch()  # PEP 561: the stubs are read by users' type checkers
 
 
 def tree(root: Path) -> dict[str, Path]:

@@ -24,7 +24,11 @@ def issue(folder: Path, *, names: tuple[str, ...], ca_name: str = "popgate-test-
     """A new CA, and a server certificate for `names` (DNS names; an IP address as `IP:...`) signed by it."""
     folder.mkdir(parents=True, exist_ok=True)
     ca, ca_key = folder / "ca.crt", folder / "ca.key"
-    _openssl("req", "-x509", *_EC, "-days", "1", "-subj", f"/CN={ca_name}", "-keyout", str(ca_key), "-out", str(ca))
+    # A CA's own extensions, as a real one has (a strict verifier, Python 3.13's default context, wants keyUsage).
+    ca_ext = ("-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    _openssl(
+        "req", "-x509", *_EC, *ca_ext, "-days", "1", "-subj", f"/CN={ca_name}", "-keyout", str(ca_key), "-out", str(ca)
+    )
     return _server_certificate(folder, ca, names, "tls")
 
 
@@ -39,7 +43,8 @@ def _server_certificate(folder: Path, ca: Path, names: tuple[str, ...], stem: st
     key, csr, cert = folder / f"{stem}.key", folder / f"{stem}.csr", folder / f"{stem}.crt"
     _openssl("req", *_EC, "-subj", f"/CN={names[0]}", "-keyout", str(key), "-out", str(csr))
     sans = ",".join(name if name.startswith("IP:") else f"DNS:{name}" for name in names)
-    (folder / "san.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
+    leaf = "keyUsage=critical,digitalSignature\nauthorityKeyIdentifier=keyid\n"
+    (folder / "san.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n{leaf}")
     _openssl(
         "x509", "-req", "-days", str(days), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
         "-extfile", str(folder / "san.ext"), "-in", str(csr), "-out", str(cert),

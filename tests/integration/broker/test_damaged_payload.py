@@ -6,6 +6,7 @@ a way that left a FIFO queue blocked for good."""
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 
 import grpc
 from popgate_pb import broker_pb2 as pb
@@ -16,7 +17,7 @@ from tests.procs import wait_until
 
 def damage_first_message(broker: BrokerHandle, topic: str) -> None:
     """Overwrite the first two bytes of the topic's first stored message (SQLite's own pages stay valid)."""
-    with sqlite3.connect(broker.data_dir / "broker.sqlite3") as db:
+    with closing(sqlite3.connect(broker.data_dir / "broker.sqlite3")) as db, db:
         row, payloads = db.execute(
             "SELECT rowid, payloads FROM batches WHERE topic = ? AND first_offset = 0", (topic,)
         ).fetchone()

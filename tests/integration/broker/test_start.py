@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ async def test_a_damaged_index_row_fails_the_start_naming_it(tmp_path: Path) -> 
     store.start(asyncio.get_running_loop())
     await store.submit([NewMessage("orders", 0, 1, None, b"payload")], [])
     await store.close()
-    with sqlite3.connect(data / "broker.sqlite3") as db:
+    with closing(sqlite3.connect(data / "broker.sqlite3")) as db, db:
         db.execute("UPDATE batches SET meta = 'not json'")
     await _start_fails(settings, StoreUnavailable, "the index of orders queue 0 from offset 0 is damaged")
 

@@ -111,3 +111,11 @@ def test_importing_the_sdk_in_this_process_changes_no_environment() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, env={"PATH": "/usr/bin"}
     )
     assert done.stdout.strip() == "True"
+
+
+def test_the_installed_sdk_is_typed_for_its_users_type_checkers(sdk_python: Path) -> None:
+    """PEP 561: without `py.typed` a user's mypy takes every `popgate` value for `Any` and checks nothing."""
+    code = "import importlib.util as u, pathlib as p; print(all((p.Path(u.find_spec(n).origin).parent / 'py.typed')"
+    code += ".is_file() for n in ('popgate', 'popgate_contract', 'popgate_pb')))"
+    done = subprocess.run([str(sdk_python), "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "True"

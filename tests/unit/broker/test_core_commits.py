@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,8 @@ async def test_a_latest_group_keeps_its_unread_messages_across_a_restart(tmp_pat
             b"m2",
             b"m3",
         ]
-    rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM pull_offsets").fetchone()
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as db:
+        rows = db.execute("SELECT count(*) FROM pull_offsets").fetchone()
     assert rows[0] >= 1
 
 
@@ -147,7 +149,8 @@ async def test_polling_topics_that_do_not_exist_keeps_no_group_state(tmp_path: P
             assert (await core.pop(f"nosuch{i}", "g", "tagA", 32, 30_000, 0)).messages == []
             assert await core.notification(f"nosuch{i}", "g", "tagA", 0) == (False, False)
         assert core.groups == {}
-    rows = sqlite3.connect(tmp_path / "broker.sqlite3").execute("SELECT count(*) FROM group_filters").fetchone()
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as db:
+        rows = db.execute("SELECT count(*) FROM group_filters").fetchone()
     assert rows[0] == 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,10 @@ async def test_a_stored_filter_that_cannot_be_parsed_is_skipped_with_a_warning(
         async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
             await core.send([pb.Message(topic="t", body=b"x", tag=tag) for tag in ("a", "b")])
             await core.pop("t", "g", "a", 1, 30_000, 0)
-        with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:  # as another version might have written it
+        with (
+            closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn,
+            conn,
+        ):  # as another version might have written it
             conn.execute("UPDATE group_filters SET expression = 'a || | b'")
         async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, _):
             [row] = core.lags("t", "g")  # the group is still there, reading as '*' until its next Pop

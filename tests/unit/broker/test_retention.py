@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,12 @@ def clock() -> ManualClock:
 
 def rows(data: Path, topic: str = "t") -> list[int]:
     """The first offsets of the topic's stored batch rows."""
-    with sqlite3.connect(data / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(data / "broker.sqlite3")) as conn, conn:
         return [o for (o,) in conn.execute("SELECT first_offset FROM batches WHERE topic = ? ORDER BY 1", (topic,))]
 
 
 def stored_pull(data: Path, group: str) -> int:
-    with sqlite3.connect(data / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(data / "broker.sqlite3")) as conn, conn:
         [(offset,)] = conn.execute("SELECT pull_offset FROM pull_offsets WHERE grp = ?", (group,)).fetchall()
         return int(offset)
 
@@ -216,13 +217,13 @@ async def test_a_start_corrects_state_below_a_queues_first_message(tmp_path: Pat
         await send(core, 2)
         await send(core, 2)
         await core.pop("t", "g", "*", 1, 30_000, 0)
-    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:  # as a crash may leave it
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn, conn:  # as a crash may leave it
         conn.execute("DELETE FROM batches WHERE first_offset = 0")
     async with broker(tmp_path, clock=clock, **settings()) as (core, _):
         [row] = core.lags("t", "g")
         assert (row.lag.pull_offset, row.lag.inflight, row.lag.lag) == (2, 0, 2)
         await core.store.submit([], [])  # what the start stored is committed
-    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn, conn:
         assert conn.execute("SELECT count(*) FROM inflight").fetchone() == (0,)
     assert stored_pull(tmp_path, "g") == 2
 

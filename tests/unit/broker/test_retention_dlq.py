@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ SETTINGS: dict[str, Any] = {"queues_per_topic": 1, "retention_s": 3600.0, "flush
 
 
 def stored_topics(data: Path) -> list[str]:
-    with sqlite3.connect(data / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(data / "broker.sqlite3")) as conn, conn:
         return [t for (t,) in conn.execute("SELECT DISTINCT topic FROM queues ORDER BY 1")]
 
 

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import tracemalloc
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -247,7 +248,7 @@ def test_loop_load_is_the_share_of_wall_time_its_thread_ran(monkeypatch: pytest.
 
 
 async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) -> None:
-    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn, conn:
         conn.execute(
             "CREATE TABLE messages (topic TEXT NOT NULL, queue INTEGER NOT NULL, offset INTEGER NOT NULL, store_ms"
             " INTEGER NOT NULL, tag TEXT, payload BLOB NOT NULL, PRIMARY KEY (topic, queue, offset)) WITHOUT ROWID"
@@ -266,13 +267,13 @@ async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) 
     assert await payloads(store, 1, [0]) == {0: b"q1"}
     assert (await store.submit([message(0)], []))[0].offset == N
     await store.close()
-    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn, conn:
         tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert "messages" not in tables and conn.execute("PRAGMA user_version").fetchone() == (2,)
 
 
 def test_a_data_directory_of_a_newer_layout_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    with sqlite3.connect(tmp_path / "broker.sqlite3") as conn:
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn, conn:
         conn.execute("PRAGMA user_version = 9")
     with pytest.raises(StoreUnavailable, match="layout 9, this broker reads layouts up to 2"):
         SqliteStore(tmp_path)

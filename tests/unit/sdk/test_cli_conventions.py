@@ -138,7 +138,8 @@ def test_help_shows_defaults_in_their_units_choices_and_how_to_write_them(
     assert "--version" in top and f"{NOTHING_LISTENS} nothing listens at --endpoint" in top
     assert "-e endpoint, -g consumer group, -n count, -w wait, -b batch, -t topic, -q quiet" in top
     receive = _help(["receive"], monkeypatch, capsys)
-    for shown in ["-w WAIT, --wait WAIT", "(default: 20s)", "(default: 30s)", "(default: 16)", "{text,json,body}"]:
+    assert re.search(r"-w( WAIT)?, --wait WAIT", receive)  # Python 3.13 writes the metavar once
+    for shown in ["(default: 20s)", "(default: 30s)", "(default: 16)", "{text,json,body}"]:
         assert shown in receive, shown
     assert "Durations: seconds (2.5) or with a unit: 500ms" in receive and "Sizes: bytes (4096)" in receive
     send = _help(["send"], monkeypatch, capsys)  # the old spellings are refused, never offered
@@ -149,9 +150,8 @@ def test_help_shows_defaults_in_their_units_choices_and_how_to_write_them(
     )
     assert "live view refresh (100ms..1h: each asks every broker) (default: 1s)" in _help(["up"], monkeypatch, capsys)
     assert "--json one JSON document on stdout instead of the table" in _help(["dlq", "list"], monkeypatch, capsys)
-    assert "-w WAIT, --wait WAIT stop when none came for this long (default: 2s)" in _help(
-        ["dlq", "resend"], monkeypatch, capsys
-    )
+    resend = _help(["dlq", "resend"], monkeypatch, capsys)
+    assert re.search(r"-w( WAIT)?, --wait WAIT stop when none came for this long \(default: 2s\)", resend)
 
 
 def _stats(broker: str) -> bpb.StatsResponse:
