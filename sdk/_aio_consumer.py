@@ -18,7 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from . import _joining, _resend, _wire, errors
 from ._acks import AsyncAcks
 from ._aio_client import _AsyncClient
-from ._base import ConsumerBase, log_give_back_failures
+from ._base import ConsumerBase, deliverable, log_give_back_failures
 from .message import Message
 
 # The asyncio clients log as `popgate.aio`, the module they are imported from (tests/unit/sdk/test_ack_nowait.py).
@@ -56,7 +56,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             frames = await self._over_session("receive", request, timeout)
         if frames is not None:
             self._batch_receive = True
-            return _wire.received(frames)
+            return await self._delivered(frames)
         metadata = self._metadata()
         if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
             try:
@@ -81,7 +81,14 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             # tests/unit/sdk/test_give_back.py::test_an_async_receive_failed_mid_answer_gives_back_what_it_read.
             await self._give_back_later(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
             raise
-        return _wire.received(frames)
+        return await self._delivered(frames)
+
+    async def _delivered(self, frames: list[Any]) -> list[Message]:
+        """`deliverable`: the messages of an answer to deliver, those whose body is corrupt given back in the
+        background."""
+        messages, corrupt = deliverable(log, frames)
+        await self._give_back_later(corrupt)
+        return messages
 
     def __aiter__(self) -> AsyncIterator[Message]:
         """Messages as they come, long-polling forever (``async for``); see `sdk.SimpleConsumer.__iter__`."""

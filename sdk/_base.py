@@ -201,6 +201,18 @@ def log_give_back_failures(
         log.debug("giving back %d of %d unhandled message(s) failed: %s", len(failed), len(answers), failed[0])
 
 
+def deliverable(log: logging.Logger, frames: Sequence[Any]) -> tuple[list[Message], list[Message]]:
+    """The messages of a receive's answer to deliver, and those to give back instead (a nack with delay 0: each comes
+    again, to the DLQ after the group's max attempts): whose body does not match its digest or does not inflate,
+    each logged at WARNING, as RocketMQ's clients do —
+    tests/unit/sdk/test_corrupt.py::test_a_corrupt_message_is_given_back_and_the_rest_of_its_batch_delivered."""
+    corrupt: list[tuple[Message, str]] = []
+    messages = _wire.received(frames, corrupt)
+    for message, why in corrupt:
+        log.warning("message %s of topic %s not delivered, given back: %s", message.message_id, message.topic, why)
+    return messages, [message for message, _ in corrupt]
+
+
 class Unyielded:
     """The messages of received batches that iterations have not yielded yet, one batch per iteration in progress.
 

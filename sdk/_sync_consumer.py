@@ -15,7 +15,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _resend, _wire, errors
 from ._acks import ThreadAcks
-from ._base import ConsumerBase, log_give_back_failures
+from ._base import ConsumerBase, deliverable, log_give_back_failures
 from ._sync_client import _SyncClient
 from .message import Message
 
@@ -84,7 +84,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         except BaseException:
             self._give_back(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
             raise
-        return _wire.received(frames)
+        messages, corrupt = deliverable(log, frames)
+        self._give_back(corrupt)
+        return messages
 
     def __iter__(self) -> Iterator[Message]:
         """Messages as they come, long-polling forever (transient failures retried without end); ends when the
