@@ -27,6 +27,17 @@ log = logging.getLogger("popgate.aio")
 T = TypeVar("T")
 
 
+def answered(answer: T | None) -> T:
+    """A grpc.aio call's answer. grpc.aio hands back None for one that does not decode (and logs why), where the
+    blocking grpc raises INTERNAL: the same ServerError as the blocking client's, not retried —
+    tests/unit/sdk/test_undecodable.py."""
+    if answer is None:
+        raise errors.ServerError(
+            "Exception deserializing response! (the server's answer does not decode)", code_name="INTERNAL"
+        )
+    return answer
+
+
 # The process in which popgate.aio made its first channel: grpc's asyncio support does not work in a process forked
 # from it, so a child's first call says so instead of waiting out its retries —
 # tests/integration/sdk/test_fork.py::test_asyncio_clients_in_the_child_of_a_parent_that_used_them_say_so.

@@ -17,7 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _joining, _resend, _wire, errors
 from ._acks import AsyncAcks
-from ._aio_client import _AsyncClient
+from ._aio_client import _AsyncClient, answered
 from ._base import ConsumerBase, deliverable, log_give_back_failures
 from .message import Message
 
@@ -74,8 +74,8 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         frames: list[Any] = []
         try:
             async for frame in call:
-                frames.append(frame)
-        except (asyncio.CancelledError, grpc.RpcError):
+                frames.append(answered(frame))
+        except (asyncio.CancelledError, grpc.RpcError, errors.ServerError):
             # Cancelled or failed mid-answer: the messages read so far reach no one; give them back in the background
             # (this task may be being cancelled) rather than leave them invisible for `invisible` —
             # tests/unit/sdk/test_give_back.py::test_an_async_receive_failed_mid_answer_gives_back_what_it_read.
@@ -195,7 +195,8 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
     ) -> pb.ChangeInvisibleDurationResponse:
         response = await self._over_session("change_invisible", request, within_s)
         if response is None:
-            response = await self._stub.ChangeInvisibleDuration(request, timeout=within_s, metadata=self._metadata())
+            call = self._stub.ChangeInvisibleDuration(request, timeout=within_s, metadata=self._metadata())
+            response = answered(await call)
         return response  # type: ignore[no-any-return]
 
     async def ack(self, message: Message, *, wait: bool = True) -> None:
@@ -240,7 +241,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             timeout = self.options.request_timeout
             response = None if unary else await self._over_session("ack", request, timeout)
             if response is None:
-                response = await self._stub.AckMessage(request, timeout=timeout, metadata=self._metadata())
+                response = answered(await self._stub.AckMessage(request, timeout=timeout, metadata=self._metadata()))
             return pending.read(response)
 
         try:
@@ -268,9 +269,10 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
 
         async def op() -> None:
             resent = next(attempts) > 1
-            response = await self._stub.ForwardMessageToDeadLetterQueue(
+            call = self._stub.ForwardMessageToDeadLetterQueue(
                 request, timeout=self.options.request_timeout, metadata=self._metadata()
             )
+            response = answered(await call)
             _resend.dead_lettered(response, resent=resent)
 
         await self._retrying(op)

@@ -348,19 +348,29 @@ class Session:
                 frame = carried if carried is not None else await self._outbox.get()
 
     async def _read(self) -> None:
-        ended: grpc.aio.AioRpcError | None = None
+        """Route the stream's answers until it ends. An answer that does not decode (grpc.aio reads it as None and
+        logs why), or any other the reader fails on, ends the stream as a lost one: its call cancelled, its requests
+        failed with a retriable Unavailable, the task ended without an error —
+        tests/unit/sdk/test_session.py::test_an_undecodable_frame_ends_the_stream_with_a_typed_error_and_no_task_error."""
+        error: Exception | None = None
         try:
             self.receive_batch = receive_batch_of(await self._call.initial_metadata())
             while (response := await self._call.read()) is not grpc.aio.EOF:
+                if response is None:
+                    raise errors.ServerError("an answer from the proxy does not decode", code_name="INTERNAL")
                 again = self._waiting.answer(response)
                 for more in response.more:
                     again += self._waiting.answer(more)
                 for p in again:  # refused joined: each part alone (not joined again), answered under its own id
                     self._outbox.put_nowait(alone(p))
         except grpc.aio.AioRpcError as exc:
-            ended = exc
+            error = stream_error(exc, self._convert)
+        except Exception as exc:
+            log.warning("session stream ended: reading the proxy's answers failed: %r", exc, exc_info=True)
+            self._call.cancel()
+            error = errors.Unavailable(f"session stream lost: {exc}", code_name="INTERNAL", retriable=True)
         finally:
-            self._end(stream_error(ended, self._convert))
+            self._end(error if error is not None else stream_error(None, self._convert))
 
     def _end(self, error: Exception) -> None:
         if self.broken is None:

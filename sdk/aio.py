@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Self
 
 from . import _resend, _waiting, _wire, client, errors
-from ._aio_client import _AsyncClient
+from ._aio_client import _AsyncClient, answered
 from ._aio_consumer import SimpleConsumer
 from ._base import ProducerBase, receipts_so_far, send_window
 from .message import Message, SendReceipt
@@ -151,7 +151,8 @@ class Producer(ProducerBase, _AsyncClient):
             v2_request = request.as_v2() if isinstance(request, _wire.SharedSend) else request
             response = await self._over_session("send", v2_request, timeout)
             if response is None:
-                response = await self._stub.SendMessage(v2_request, timeout=timeout, metadata=self._metadata())
+                call = self._stub.SendMessage(v2_request, timeout=timeout, metadata=self._metadata())
+                response = answered(await call)
         return _wire.send_receipts(topic, request, response)
 
     async def recall(self, topic: str, recall_handle: str) -> str:
@@ -162,7 +163,7 @@ class Producer(ProducerBase, _AsyncClient):
         async def op() -> str:
             resent = next(attempts) > 1
             call = self._stub.RecallMessage(request, timeout=self.options.request_timeout, metadata=self._metadata())
-            return _resend.recalled(await call, resent=resent)
+            return _resend.recalled(answered(await call), resent=resent)
 
         return await self._retrying(op)
 
@@ -188,7 +189,7 @@ class Producer(ProducerBase, _AsyncClient):
         async def op() -> None:
             resent = next(attempts) > 1
             call = self._stub.EndTransaction(request, timeout=self.options.request_timeout, metadata=self._metadata())
-            _resend.transaction_ended(await call, resent=resent, commit=commit)
+            _resend.transaction_ended(answered(await call), resent=resent, commit=commit)
 
         await self._retrying(op)
 

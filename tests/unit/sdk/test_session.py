@@ -260,3 +260,32 @@ async def test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_ou
     assert isinstance(later[0], Timeout)  # queued again, not refused
     assert len(channel.call.written) == 1  # nothing queued behind the stalled write was written
     await session.close()
+
+
+class Cancellable(SessionCall):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        super().cancel()
+
+
+@pytest.mark.parametrize("frame", [None, object()], ids=["undecodable", "unreadable"])
+async def test_an_undecodable_frame_ends_the_stream_with_a_typed_error_and_no_task_error(frame: object) -> None:
+    """grpc.aio reads a frame that does not decode as None (and logs why); any other frame the reader fails on ends
+    the stream alike: its call cancelled, its pending requests failed with a retriable Unavailable (sent again on a
+    new stream), its reader task ended without an error."""
+    channel = SessionChannel()
+    channel.call = Cancellable()
+    session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
+    pending = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 5.0))
+    await asyncio.sleep(0)
+    channel.call.answers.put_nowait(frame)
+    [error] = await asyncio.wait_for(asyncio.gather(pending, return_exceptions=True), 2)
+    assert isinstance(error, Unavailable) and error.retriable
+    await asyncio.wait_for(asyncio.wait(session._tasks), 2)
+    assert [task.exception() for task in session._tasks] == [None, None]
+    assert channel.call.cancelled and session.broken is not None
+    await session.close()
