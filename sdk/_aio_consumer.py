@@ -79,14 +79,18 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             # Cancelled or failed mid-answer: the messages read so far reach no one; give them back in the background
             # (this task may be being cancelled) rather than leave them invisible for `invisible` —
             # tests/unit/sdk/test_give_back.py::test_an_async_receive_failed_mid_answer_gives_back_what_it_read.
-            await self._give_back_later(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
+            await self._give_back_later(_wire.all_messages(frames))
             raise
         return await self._delivered(frames)
 
     async def _delivered(self, frames: list[Any]) -> list[Message]:
         """`deliverable`: the messages of an answer to deliver, those whose body is corrupt given back in the
-        background."""
-        messages, corrupt = deliverable(log, frames)
+        background, and all of them when the answer fails (an error status, or none: test_no_status.py)."""
+        try:
+            messages, corrupt = deliverable(log, frames)
+        except errors.PopgateError:
+            await self._give_back_later(_wire.all_messages(frames))
+            raise
         await self._give_back_later(corrupt)
         return messages
 

@@ -81,10 +81,10 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         try:
             for frame in call:
                 frames.append(frame)
+            messages, corrupt = deliverable(log, frames)  # an answer without its status raises, given back
         except BaseException:
-            self._give_back(_wire.received(f for f in frames if f.WhichOneof("content") != "status"))
+            self._give_back(_wire.all_messages(frames))
             raise
-        messages, corrupt = deliverable(log, frames)
         self._give_back(corrupt)
         return messages
 

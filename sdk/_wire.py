@@ -261,7 +261,9 @@ def received(
     corrupt: list[tuple[Message, str]] | None = None,
 ) -> list[Message]:
     """The messages of a ReceiveMessage stream (a frame per message) or a ReceiveMessages one (many per frame);
-    raises for an error status (MESSAGE_NOT_FOUND is empty). With `corrupt`, a message whose body does not match its
+    raises for an error status (MESSAGE_NOT_FOUND is empty), and a retriable Unavailable for messages whose answer
+    ended without its status (v2: discarded, the proxy gives them back; the caller gives them back too) —
+    tests/unit/sdk/test_no_status.py. With `corrupt`, a message whose body does not match its
     digest or does not inflate goes there, with why, instead (to be given back); without, it is returned too."""
     messages: list[Message] = []
     status: v2.Status | None = None
@@ -286,9 +288,24 @@ def received(
                 _set_aside(exc, messages, corrupt)
         elif kind == "status":
             status = frame.status
+    if status is None and (messages or corrupt):
+        raise errors.Unavailable("the receive's answer ended without its status", retriable=True)
     if status is not None and status.code != v2.MESSAGE_NOT_FOUND:
         check(status)
     return messages
+
+
+def all_messages(frames: Iterable[pb.ReceiveMessageResponse | ext.ReceiveMessagesResponse]) -> list[Message]:
+    """Every message of a receive's frames, whatever its body or the answer's status: what is given back of an answer
+    nobody gets."""
+    out: list[Message] = []
+    for frame in frames:
+        kind = frame.WhichOneof("content")
+        if kind == "messages":
+            out += map(from_v2, frame.messages.messages)  # type: ignore[union-attr]
+        elif kind == "message":
+            out.append(from_v2(frame.message))  # type: ignore[union-attr]
+    return out
 
 
 def _set_aside(exc: _Corrupt, messages: list[Message], corrupt: list[tuple[Message, str]] | None) -> None:
