@@ -171,10 +171,12 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         await self._unwaited.loop_ended()  # those the loop cancelled are sent again: waited for, as close() does
 
     async def _given_back(self) -> None:
-        """Wait for the give-backs running in the background (each ends within its deadline), those started
-        meanwhile (messages of answers nobody waits for) included."""
-        while self._giving_back:
-            await asyncio.wait(self._giving_back)
+        """Wait for the give-backs running in the background now (each ends within GIVE_BACK_TIMEOUT_S), not for
+        those started meanwhile: a stream that keeps handing messages to give back does not hold close() —
+        tests/unit/sdk/test_give_back.py::test_close_waits_only_for_the_give_backs_under_way_when_it_began (close
+        waits again once the stream is closed, for those handed in until then)."""
+        if self._giving_back:
+            await asyncio.wait(set(self._giving_back))
 
     async def _give_back(self, messages: list[Message]) -> None:
         """Make received messages that nobody will handle ready again at once; see `sdk.SimpleConsumer._give_back`."""
@@ -189,10 +191,14 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         log_give_back_failures(log, answers)
 
     def _orphaned(self, messages: list[Any]) -> None:
-        # Until the Session's close begins (it hands none after), close() included: close waits for these.
-        task = asyncio.ensure_future(self._give_back_later([_wire.from_v2(m) for m in messages]))
+        # Until the Session's close begins (it hands none after), close() included: close waits for these. The
+        # give-back is the task itself (none started by another), which `_given_back` so sees from its start.
+        if self._channel is None:  # closed (or never connected)
+            return
+        task = asyncio.ensure_future(self._give_back([_wire.from_v2(m) for m in messages]))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
+        self._guard_loop_end(asyncio.get_running_loop())
 
     async def _change_invisible(
         self, request: pb.ChangeInvisibleDurationRequest, within_s: float

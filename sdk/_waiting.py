@@ -8,12 +8,15 @@ import asyncio
 import copy
 import itertools
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
+
+from popgate_contract.session_headers import MAX_PENDING_REQUESTS
 
 from . import _joining, errors
 from ._joining import Part
@@ -38,13 +41,20 @@ class Waiting:
     """The requests of one stream waiting for their answers, by id (sans-IO).
 
     A receive's answer is its frames up to the status frame that ends it. Messages of an answer nobody waits for
-    any more (cancelled, timed out, the stream lost before its status) go to `orphaned`, which gives them back.
+    any more (cancelled, timed out, the stream lost before its status) go to `orphaned`, which gives them back; so
+    do those of a dropped request still on their way. Messages under an id this stream never issued (or already had
+    the whole answer to) were never this client's to give back: dropped and logged —
+    tests/unit/sdk/test_session.py::test_frames_of_an_id_never_issued_are_dropped_and_logged_once.
     """
 
     def __init__(self, orphaned: Callable[[list[v2.Message]], None] | None = None) -> None:
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[str, asyncio.Future[Any], list[ext.ReceiveMessagesResponse]]] = {}
         self._orphaned = orphaned
+        # The receives dropped before their answer ended: the messages each may still bring (frames on their way);
+        # the latest MAX_PENDING_REQUESTS kept (the proxy's bound on pending requests).
+        self._dropped: dict[int, int] = {}
+        self._strays = 0  # messages frames under ids this stream never issued
         self._joined: dict[int, list[Part]] = {}  # a joined request's id: its parts, each waiting under its own id
         self._part_of: dict[int, int] = {}  # a part's id: the joined request it went in
         self._joined_frames: dict[int, list[Any]] = {}  # a joined receive's id: its frames so far
@@ -74,6 +84,8 @@ class Waiting:
             return None
         self._joined.pop(joined_id, None)
         self._orphan(self._joined_frames.pop(joined_id, []))
+        if parts and parts[0].kind == "receive":
+            self._dropped_with(joined_id, sys.maxsize)
         return joined_id
 
     def add(self, kind: str, future: asyncio.Future[Any]) -> int:
@@ -94,7 +106,9 @@ class Waiting:
         entry = self._waiting.get(response.id)
         if entry is None:
             if body == "receive" and response.receive.WhichOneof("content") == "messages":
-                self._orphan([response.receive])
+                self._late(response.id, response.receive)
+            else:
+                self._dropped.pop(response.id, None)  # its answer ended
             return []
         kind, future, frames = entry
         if body == "status" and kind in ANSWERS and response.status.code == v2.BAD_REQUEST:
@@ -181,6 +195,8 @@ class Waiting:
         if entry is None:
             return False
         self._orphan(entry[2])
+        if entry[0] == "receive" and request_id not in self._part_of:  # a part's answer comes under its joined id
+            self._dropped_with(request_id, sys.maxsize)
         return True
 
     def fail_all(self, error: BaseException) -> None:
@@ -194,6 +210,29 @@ class Waiting:
             self._orphan(frames)
             if not future.done():  # each caller its own error: `send_many` sets its receipts on the one it gets
                 future.set_exception(copy.copy(error))
+
+    def _dropped_with(self, request_id: int, left: int) -> None:
+        if len(self._dropped) >= MAX_PENDING_REQUESTS:
+            del self._dropped[next(iter(self._dropped))]
+        self._dropped[request_id] = left
+
+    def _late(self, request_id: int, frame: ext.ReceiveMessagesResponse) -> None:
+        """A messages frame of no request waiting: given back if this stream dropped its request; else dropped and
+        logged (the 1st, 10th, 100th ... such frame)."""
+        left = self._dropped.get(request_id, -1) - len(frame.messages.messages)
+        if left >= 0:
+            self._dropped[request_id] = left
+            self._orphan([frame])
+            return
+        self._dropped.pop(request_id, None)
+        self._strays += 1
+        if str(self._strays).rstrip("0") == "1":
+            log.warning(
+                "session: %d frame(s) of messages so far under ids of no request of this client's (the latest: %d): "
+                "dropped, not given back",
+                self._strays,
+                request_id,
+            )
 
     def _orphan(self, frames: Sequence[Any]) -> None:
         messages = [m for frame in frames if frame.WhichOneof("content") == "messages" for m in frame.messages.messages]

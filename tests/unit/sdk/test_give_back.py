@@ -369,3 +369,61 @@ async def test_a_receive_answered_after_its_cancel_as_close_gives_back_is_given_
     await asyncio.wait_for(closing, 2)
     await iteration.aclose()
     assert given_back(fake) == [*IDS[1:], "m4", "m5"]
+
+
+def session_consumer(fake: FakeStub) -> tuple[aio.SimpleConsumer, SessionChannel]:
+    channel = SessionChannel(fake)
+    channel.release.set()  # give-backs over the stream answered at once
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    consumer._channel = channel  # type: ignore[assignment]
+    consumer._stub_ = channel
+    return consumer, channel
+
+
+async def test_close_returns_while_the_stream_keeps_sending_frames_of_unknown_ids() -> None:
+    """The Session also streams, without end, receive frames under an id this client never issued (another client's
+    answer misrouted, a proxy ignoring cancels): a receive and close() still end in time, and none of those
+    messages is given back (they were never this client's)."""
+    fake = FakeStub()
+    consumer, channel = session_consumer(fake)
+
+    async def strays() -> None:
+        for n in itertools.count():
+            channel.answers.put_nowait(session_answer(fake, 10_000 + n % 7, [f"stray{n}"])[0])
+            await asyncio.sleep(0.001)
+
+    stray = asyncio.ensure_future(strays())
+    try:
+        receive = asyncio.ensure_future(consumer.receive(max=4))
+        await asyncio.wait_for(channel.wrote.wait(), 2)
+        for response in session_answer(fake, channel.written[0].id, IDS):
+            channel.answers.put_nowait(response)
+        assert [m.message_id for m in await asyncio.wait_for(receive, 2)] == IDS
+        await asyncio.wait_for(consumer.close(), 2)
+    finally:
+        stray.cancel()
+    assert given_back(fake) == []
+
+
+async def test_close_waits_only_for_the_give_backs_under_way_when_it_began() -> None:
+    """Messages to give back keep being handed in (a stream's answers nobody waits for) while close() waits for the
+    give-backs: it waits for those under way when it began, not for each new one, and returns."""
+    fake = FakeStub()
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._channel = FakeChannel()  # type: ignore[assignment]
+    consumer._stub_ = AsyncStub(fake, [])  # each give-back takes 0.05 s
+
+    async def handed_in() -> None:
+        for n in itertools.count():
+            handle = fake.message(f"o{n}").receipt_handle
+            props = v2.SystemProperties(message_id=f"o{n}", receipt_handle=handle, delivery_attempt=1)
+            consumer._orphaned([v2.Message(topic=v2.Resource(name="t"), system_properties=props)])
+            await asyncio.sleep(0.005)
+
+    orphans = asyncio.ensure_future(handed_in())
+    try:
+        await asyncio.sleep(0.02)
+        await asyncio.wait_for(consumer.close(), 2)
+    finally:
+        orphans.cancel()
+    assert given_back(fake)  # those handed in before close() began

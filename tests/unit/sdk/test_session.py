@@ -289,3 +289,25 @@ async def test_an_undecodable_frame_ends_the_stream_with_a_typed_error_and_no_ta
     assert [task.exception() for task in session._tasks] == [None, None]
     assert channel.call.cancelled and session.broken is not None
     await session.close()
+
+
+def ids_of(orphans: list[str]) -> Any:
+    return lambda messages: orphans.extend(m.system_properties.message_id for m in messages)
+
+
+async def test_frames_of_an_id_never_issued_are_dropped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Messages under an id this stream never issued (another client's, misrouted) are not this client's to give
+    back: dropped, and logged at WARNING once, then at 10, 100, ... of them. Those of a dropped request are given
+    back."""
+    orphans: list[str] = []
+    waiting = _waiting.Waiting(ids_of(orphans))
+    for _ in range(100):
+        waiting.answer(with_id(messages_frame("x"), 99))
+    assert orphans == []
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 3
+    future = asyncio.get_running_loop().create_future()
+    request_id = waiting.add("receive", future)
+    waiting.answer(with_id(messages_frame("a"), request_id))
+    waiting.drop(request_id)
+    waiting.answer(with_id(messages_frame("b"), request_id))  # on its way before the cancel
+    assert orphans == ["a", "b"]
