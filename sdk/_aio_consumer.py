@@ -18,7 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from . import _joining, _resend, _wire, errors
 from ._acks import AsyncAcks
 from ._aio_client import _AsyncClient, answered
-from ._base import ConsumerBase, deliverable, log_give_back_failures
+from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
 from .message import Message
 
 # The asyncio clients log as `popgate.aio`, the module they are imported from (tests/unit/sdk/test_ack_nowait.py).
@@ -60,21 +60,26 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         metadata = self._metadata()
         if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
             try:
-                messages = await self._read(self._ext_stub.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+                call = self._ext_stub.ReceiveMessages(request, timeout=timeout, metadata=metadata)
+                messages = await self._read(call, request.batch_size)
             except grpc.RpcError as exc:
                 if not self._batch_unimplemented(exc):
                     raise
             else:
                 self._batch_receive = True
                 return messages
-        return await self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+        call = self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata)
+        return await self._read(call, request.batch_size)
 
-    async def _read(self, call: AsyncIterator[Any]) -> list[Message]:
-        """The messages of a receive's answer (either framing)."""
-        frames: list[Any] = []
+    async def _read(self, call: Any, asked: int) -> list[Message]:
+        """The messages of a receive's answer (either framing); one past `asked` messages is cut there (`Answer`)
+        and what it brought given back, as below."""
+        frames = Answer(asked)
         try:
             async for frame in call:
-                frames.append(answered(frame))
+                if frames.over(answered(frame)):
+                    call.cancel()
+                    raise frames.too_many()
         except (asyncio.CancelledError, grpc.RpcError, errors.ServerError):
             # Cancelled or failed mid-answer: the messages read so far reach no one; give them back in the background
             # (this task may be being cancelled) rather than leave them invisible for `invisible` —
@@ -184,11 +189,17 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             return
         if self._channel is None:  # closed, or never connected
             return
-        timeout = self._give_back_timeout
-        calls = [self._change_invisible(request, timeout) for request in self._give_back_plan(messages)]
-        # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure too.
-        answers = await asyncio.gather(*calls, return_exceptions=True)
-        log_give_back_failures(log, answers)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._give_back_timeout
+        requests = self._give_back_plan(messages)
+        answers: list[Any] = []
+        for start in range(0, len(requests), GIVE_BACK_IN_FLIGHT):
+            if (left := deadline - loop.time()) <= 0:
+                break
+            calls = [self._change_invisible(request, left) for request in requests[start : start + GIVE_BACK_IN_FLIGHT]]
+            # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure.
+            answers += await asyncio.gather(*calls, return_exceptions=True)
+        log_give_back_failures(log, answers, len(requests))
 
     def _orphaned(self, messages: list[Any]) -> None:
         # Until the Session's close begins (it hands none after), close() included: close waits for these. The

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _wire
+from . import _wire, errors
 from ._durations import duration
 from ._ids import MessageIds
 from ._transport import make_options
@@ -36,6 +36,10 @@ ITERATION_MIN_WAIT_S = 1.0
 # A give-back (received messages nobody will handle, made ready again at once) waits at most this long, or
 # request_timeout when shorter: best effort, one attempt, so that closing an iteration or a consumer stays quick.
 GIVE_BACK_TIMEOUT_S = 1.0
+# A give-back makes at most this many calls at once (all of any receive's, a joined one's too), more in turn within
+# its GIVE_BACK_TIMEOUT_S; those left when it is over are not given back —
+# tests/unit/sdk/test_give_back.py::test_a_give_back_of_many_messages_ends_within_its_second.
+GIVE_BACK_IN_FLIGHT = 64
 # Receive requests a consumer keeps to send again (one per subscription and receive arguments; all dropped past it).
 RECEIVE_REQUESTS_KEPT = 64
 
@@ -193,12 +197,48 @@ def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> 
 
 
 def log_give_back_failures(
-    log: logging.Logger, answers: Sequence[pb.ChangeInvisibleDurationResponse | BaseException]
+    log: logging.Logger, answers: Sequence[pb.ChangeInvisibleDurationResponse | BaseException], of: int = 0
 ) -> None:
-    """Log at DEBUG the give-backs that failed (those messages come back after ``invisible``, as without one)."""
+    """Log at DEBUG the give-backs of `of` messages (all answered, by default) that failed or were not sent in
+    time (those messages come back after ``invisible``, as without one)."""
     failed = [a for a in answers if isinstance(a, BaseException) or a.status.code not in _wire.SUCCESS]
-    if failed:
-        log.debug("giving back %d of %d unhandled message(s) failed: %s", len(failed), len(answers), failed[0])
+    unsent = max(of - len(answers), 0)
+    if failed or unsent:
+        first = failed[0] if failed else f"{unsent} not sent within {GIVE_BACK_TIMEOUT_S:g} s"
+        log.debug(
+            "giving back %d of %d unhandled message(s) failed: %s", len(failed) + unsent, len(answers) + unsent, first
+        )
+
+
+class Answer(list[Any]):
+    """A receive's frames so far (either framing), counting its messages against the batch its request asked
+    (`most`; 0: no bound). An answer past it (more messages, or more frames bringing them: one each at least) is cut
+    at the frame that passes it (the call cancelled, what it brought given back) rather than read on without bound —
+    tests/unit/sdk/test_batch_receive.py::test_an_answer_with_more_messages_than_asked_is_cut_and_the_excess_given_back."""
+
+    __slots__ = ("most", "got", "bringing")
+
+    def __init__(self, most: int = 0) -> None:
+        super().__init__()
+        self.most = most
+        self.got = 0  # messages
+        self.bringing = 0  # frames of messages
+
+    def over(self, frame: Any) -> bool:
+        """Add a frame: whether the answer is now past its batch."""
+        self.append(frame)
+        kind = frame.WhichOneof("content")
+        if kind == "messages":
+            self.got += len(frame.messages.messages)
+        elif kind != "message":
+            return False
+        else:
+            self.got += 1
+        self.bringing += 1
+        return 0 < self.most < max(self.got, self.bringing)
+
+    def too_many(self) -> errors.ServerError:
+        return errors.ServerError(f"the proxy answered {self.got} messages to a receive of {self.most}")
 
 
 def deliverable(log: logging.Logger, frames: Sequence[Any]) -> tuple[list[Message], list[Message]]:

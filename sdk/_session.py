@@ -229,7 +229,7 @@ class Session:
         orphaned: Callable[[list[v2.Message]], None] | None = None,
     ) -> None:
         self._orphaned = orphaned
-        self._waiting = Waiting(self._orphan if orphaned is not None else None)
+        self._waiting = Waiting(self._orphan if orphaned is not None else None, self._cancel)
         self.closing = False  # once `close` began: the proxy gives back what the closed stream left unanswered
         self._convert = convert
         self._outbox = Outbox()
@@ -293,7 +293,7 @@ class Session:
     async def _sent(self, kind: str, body: Any, within_s: float) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        request_id = self._waiting.add(kind, future)
+        request_id = self._waiting.add(kind, future, body.batch_size if kind == "receive" else 0)
         try:
             data = encoded(request_id, kind, body, within_s, self.receive_batch)
         except errors.PopgateError:
@@ -334,9 +334,13 @@ class Session:
         dropped = self._waiting.drop(request_id)
         if dropped and self._outbox.discard(request_id):
             return dropped  # never written: nothing for the proxy to drop
-        if dropped and self.broken is None and (cancel := self._waiting.to_cancel(request_id)) is not None:
-            self._outbox.put_nowait(encode_cancel(cancel))
+        if dropped and (cancel := self._waiting.to_cancel(request_id)) is not None:
+            self._cancel(cancel)
         return dropped
+
+    def _cancel(self, request_id: int) -> None:
+        if self.broken is None:
+            self._outbox.put_nowait(encode_cancel(request_id))
 
     async def _write(self) -> None:
         with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _resend, _wire, errors
 from ._acks import ThreadAcks
-from ._base import ConsumerBase, deliverable, log_give_back_failures
+from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
 from ._sync_client import _SyncClient
 from .message import Message
 
@@ -62,25 +63,29 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         metadata = self._metadata()
         if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
             try:
-                messages = self._read(self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata))
+                call = self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata)
+                messages = self._read(call, request.batch_size)
             except grpc.RpcError as exc:
                 if not self._batch_unimplemented(exc):
                     raise
             else:
                 self._batch_receive = True
                 return messages
-        return self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata))
+        return self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata), request.batch_size)
 
-    def _read(self, call: Iterable[Any]) -> list[Message]:
+    def _read(self, call: Any, asked: int) -> list[Message]:
         """The messages of a receive's answer (either framing). An answer that fails after some messages (a proxy
         gone, a deadline) gives them back before the error goes on to the retry —
         tests/unit/sdk/test_give_back.py::test_a_receive_failed_mid_answer_gives_back_what_it_read — and so does one
         that Ctrl-C interrupts (or any other exception) —
-        tests/unit/sdk/test_give_back.py::test_a_receive_interrupted_mid_answer_gives_back_what_it_read."""
-        frames: list[Any] = []
+        tests/unit/sdk/test_give_back.py::test_a_receive_interrupted_mid_answer_gives_back_what_it_read. So does one
+        past `asked` messages, cut there (`Answer`)."""
+        frames = Answer(asked)
         try:
             for frame in call:
-                frames.append(frame)
+                if frames.over(frame):
+                    call.cancel()
+                    raise frames.too_many()
             messages, corrupt = deliverable(log, frames)  # an answer without its status raises, given back
         except BaseException:
             self._give_back(_wire.all_messages(frames))
@@ -122,24 +127,30 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
     def _give_back(self, messages: list[Message]) -> bool:
         """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than
-        invisible for ``invisible`` seconds. Best effort: one attempt each, all at once, at most
-        GIVE_BACK_TIMEOUT_S; a failure is logged at DEBUG (that message comes back after ``invisible``). Whether
-        the proxy answered every call (whatever it answered): False when one failed to reach it or timed out."""
+        invisible for ``invisible`` seconds. Best effort: one attempt each, GIVE_BACK_IN_FLIGHT at once, at most
+        GIVE_BACK_TIMEOUT_S in all; a failure is logged at DEBUG (that message comes back after ``invisible``).
+        Whether the proxy answered every call (whatever it answered): False when one failed to reach it, timed out
+        or was not sent in time."""
         if not messages:
             return True
         if sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
             return False
-        timeout = self._give_back_timeout
-        try:
-            calls = [
-                self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
-                for request in self._give_back_plan(messages)
-            ]
-        except ValueError:  # grpc's "channel closed": close() from another thread
-            return False
-        answers = [call.exception() or call.result() for call in calls]
-        log_give_back_failures(log, answers)
-        return not any(isinstance(answer, BaseException) for answer in answers)
+        deadline = time.monotonic() + self._give_back_timeout
+        requests = self._give_back_plan(messages)
+        answers: list[Any] = []
+        for start in range(0, len(requests), GIVE_BACK_IN_FLIGHT):
+            if (left := deadline - time.monotonic()) <= 0:
+                break
+            try:
+                calls = [
+                    self._stub.ChangeInvisibleDuration.future(request, timeout=left, metadata=self._metadata())
+                    for request in requests[start : start + GIVE_BACK_IN_FLIGHT]
+                ]
+            except ValueError:  # grpc's "channel closed": close() from another thread
+                return False
+            answers += [call.exception() or call.result() for call in calls]
+        log_give_back_failures(log, answers, len(requests))
+        return len(answers) == len(requests) and not any(isinstance(answer, BaseException) for answer in answers)
 
     def ack(self, message: Message, *, wait: bool = True) -> None:
         """Acknowledge one message: it is consumed and never delivered again.

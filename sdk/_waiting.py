@@ -19,6 +19,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract.session_headers import MAX_PENDING_REQUESTS
 
 from . import _joining, errors
+from ._base import Answer
 from ._joining import Part
 
 log = logging.getLogger(__name__)
@@ -42,22 +43,30 @@ class Waiting:
 
     A receive's answer is its frames up to the status frame that ends it. Messages of an answer nobody waits for
     any more (cancelled, timed out, the stream lost before its status) go to `orphaned`, which gives them back; so
-    do those of a dropped request still on their way. Messages under an id this stream never issued (or already had
-    the whole answer to) were never this client's to give back: dropped and logged —
-    tests/unit/sdk/test_session.py::test_frames_of_an_id_never_issued_are_dropped_and_logged_once.
+    do those of a dropped request still on their way, up to its batch. Messages under an id this stream never issued
+    (or already had the whole answer to) were never this client's to give back: dropped and logged —
+    tests/unit/sdk/test_session.py::test_frames_of_an_id_never_issued_are_dropped_and_logged_once. An answer past
+    its request's batch (a joined receive's: the parts' batches added up) is cut: its callers get a ServerError,
+    what it brought is given back and the request is cancelled at the proxy (`cancel`) —
+    tests/unit/sdk/test_session.py::test_an_answer_past_its_batch_is_cut_given_back_and_cancelled.
     """
 
-    def __init__(self, orphaned: Callable[[list[v2.Message]], None] | None = None) -> None:
+    def __init__(
+        self,
+        orphaned: Callable[[list[v2.Message]], None] | None = None,
+        cancel: Callable[[int], None] | None = None,
+    ) -> None:
         self._ids = itertools.count(1)
-        self._waiting: dict[int, tuple[str, asyncio.Future[Any], list[ext.ReceiveMessagesResponse]]] = {}
+        self._waiting: dict[int, tuple[str, asyncio.Future[Any], Answer]] = {}
         self._orphaned = orphaned
+        self._cancel = cancel
         # The receives dropped before their answer ended: the messages each may still bring (frames on their way);
         # the latest MAX_PENDING_REQUESTS kept (the proxy's bound on pending requests).
         self._dropped: dict[int, int] = {}
         self._strays = 0  # messages frames under ids this stream never issued
         self._joined: dict[int, list[Part]] = {}  # a joined request's id: its parts, each waiting under its own id
         self._part_of: dict[int, int] = {}  # a part's id: the joined request it went in
-        self._joined_frames: dict[int, list[Any]] = {}  # a joined receive's id: its frames so far
+        self._joined_frames: dict[int, Answer] = {}  # a joined receive's id: its frames so far
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -83,14 +92,18 @@ class Waiting:
         if any(p.request_id in self._waiting for p in parts):
             return None
         self._joined.pop(joined_id, None)
-        self._orphan(self._joined_frames.pop(joined_id, []))
+        frames = self._joined_frames.pop(joined_id, None)
+        if frames is not None:
+            self._orphan(frames)
         if parts and parts[0].kind == "receive":
-            self._dropped_with(joined_id, sys.maxsize)
+            self._dropped_with(joined_id, sum(p.count for p in parts) - (frames.got if frames else 0))
         return joined_id
 
-    def add(self, kind: str, future: asyncio.Future[Any]) -> int:
+    def add(self, kind: str, future: asyncio.Future[Any], most: int = 0) -> int:
+        """The id of a request of `kind` (a receive of `most` messages at most; 0: no bound) whose answer goes to
+        `future`."""
         request_id = next(self._ids)
-        self._waiting[request_id] = (kind, future, [])
+        self._waiting[request_id] = (kind, future, Answer(most))
         return request_id
 
     def answer(self, response: ext.SessionResponse) -> list[Part]:
@@ -128,9 +141,12 @@ class Waiting:
                 future.set_exception(errors.ServerError(f"session: a {body} answer to a {kind} request"))
             return []
         if kind == "receive":
-            frames.append(answer)
             if answer.WhichOneof("content") != "status":
+                if frames.over(answer):
+                    del self._waiting[response.id]
+                    self._cut(response.id, frames, [future])
                 return []
+            frames.append(answer)
             answer = frames
         del self._waiting[response.id]
         if not future.done():
@@ -174,11 +190,20 @@ class Waiting:
             frame = ext.ReceiveMessagesResponse(
                 status=v2.Status(code=v2.INTERNAL_SERVER_ERROR, message=f"session: a {body} answer to a receive")
             )
-        frames = self._joined_frames.setdefault(response.id, [])
-        frames.append(frame)
+        frames = self._joined_frames.get(response.id)
+        if frames is None:
+            frames = self._joined_frames[response.id] = Answer(sum(p.count for p in parts))
         if frame.WhichOneof("content") != "status":
-            self._joined[response.id] = parts  # more frames to come
+            if not frames.over(frame):
+                self._joined[response.id] = parts  # more frames to come
+                return
+            del self._joined_frames[response.id]
+            for p in parts:
+                self._part_of.pop(p.request_id, None)
+            callers = [self._waiting.pop(p.request_id)[1] for p in parts if p.request_id in self._waiting]
+            self._cut(response.id, frames, callers)
             return
+        frames.append(frame)
         del self._joined_frames[response.id]
         for p in parts:
             self._part_of.pop(p.request_id, None)
@@ -194,9 +219,10 @@ class Waiting:
         entry = self._waiting.pop(request_id, None)
         if entry is None:
             return False
-        self._orphan(entry[2])
+        frames = entry[2]
+        self._orphan(frames)
         if entry[0] == "receive" and request_id not in self._part_of:  # a part's answer comes under its joined id
-            self._dropped_with(request_id, sys.maxsize)
+            self._dropped_with(request_id, frames.most - frames.got if frames.most else sys.maxsize)
         return True
 
     def fail_all(self, error: BaseException) -> None:
@@ -211,14 +237,25 @@ class Waiting:
             if not future.done():  # each caller its own error: `send_many` sets its receipts on the one it gets
                 future.set_exception(copy.copy(error))
 
+    def _cut(self, request_id: int, frames: Answer, futures: list[asyncio.Future[Any]]) -> None:
+        """End an answer past its batch: each caller's error, what it brought given back, the request cancelled."""
+        error = frames.too_many()
+        for future in futures:
+            if not future.done():
+                future.set_exception(copy.copy(error))
+        self._orphan(frames)
+        self._dropped_with(request_id, 0)
+        if self._cancel is not None:
+            self._cancel(request_id)
+
     def _dropped_with(self, request_id: int, left: int) -> None:
         if len(self._dropped) >= MAX_PENDING_REQUESTS:
             del self._dropped[next(iter(self._dropped))]
         self._dropped[request_id] = left
 
     def _late(self, request_id: int, frame: ext.ReceiveMessagesResponse) -> None:
-        """A messages frame of no request waiting: given back if this stream dropped its request; else dropped and
-        logged (the 1st, 10th, 100th ... such frame)."""
+        """A messages frame of no request waiting: given back if this stream dropped its request and it is within
+        that request's batch; else dropped and logged (the 1st, 10th, 100th ... such frame)."""
         left = self._dropped.get(request_id, -1) - len(frame.messages.messages)
         if left >= 0:
             self._dropped[request_id] = left

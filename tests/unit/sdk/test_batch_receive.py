@@ -3,7 +3,9 @@ v2's ReceiveMessage from the first UNIMPLEMENTED on (a RocketMQ proxy). Fake stu
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import grpc
@@ -12,8 +14,8 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import RetryPolicy, SimpleConsumer, Unavailable, aio
-from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
+from popgate import RetryPolicy, ServerError, SimpleConsumer, Unavailable, aio
+from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeRpcError, FakeStub
 
 ONE_TRY = RetryPolicy(max_attempts=1)
 
@@ -136,3 +138,81 @@ async def test_the_asyncio_consumer_reads_batches() -> None:
     async with consumer:
         assert [m.body for m in await consumer.receive()] == [b"a", b"b"]
     assert consumer._batch_receive is True
+
+
+class Endless:
+    """A ReceiveMessages answer as of a proxy looping on a Pop: frames of three messages each (their handles live in
+    `fake`) as long as it is read and not cancelled, up to `FRAMES` (a test that fails ends)."""
+
+    FRAMES = 1000
+
+    def __init__(self, fake: FakeStub) -> None:
+        self.fake = fake
+        self.frames = 0
+        self.cancelled = False
+
+    def _next(self) -> ext.ReceiveMessagesResponse:
+        messages = []
+        for i in range(3):
+            message = v2_message(f"m{self.frames * 3 + i}")
+            self.fake.live.add(message.system_properties.receipt_handle)
+            messages.append(message)
+        self.frames += 1
+        return ext.ReceiveMessagesResponse(messages=ext.Messages(messages=messages))
+
+    def __iter__(self) -> Iterator[ext.ReceiveMessagesResponse]:
+        while not self.cancelled and self.frames < self.FRAMES:
+            yield self._next()
+
+    async def __aiter__(self) -> AsyncIterator[ext.ReceiveMessagesResponse]:
+        while not self.cancelled and self.frames < self.FRAMES:
+            yield self._next()
+            await asyncio.sleep(0)
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def cut(answer: Endless, fake: FakeStub, caught: pytest.ExceptionInfo[ServerError]) -> None:
+    assert "6 messages" in str(caught.value) and "receive of 4" in str(caught.value) and not caught.value.retriable
+    assert answer.cancelled and answer.frames == 2  # max + one frame read, no more
+    assert sorted(r.message_id for r in fake.sent("ChangeInvisibleDuration")) == [f"m{i}" for i in range(6)]
+
+
+def test_an_answer_with_more_messages_than_asked_is_cut_and_the_excess_given_back() -> None:
+    """A receive of 4 answered without end: cut at the frame that passes 4 (the call cancelled), every message read
+    given back, and a ServerError naming the counts — for the blocking client here, the asyncio one below."""
+    fake = FakeStub()
+    answer = Endless(fake)
+    with SimpleConsumer("127.0.0.1:1", "g", "t", retry=ONE_TRY) as consumer:
+        consumer._ext = type("Ext", (), {"ReceiveMessages": lambda _, request, **kw: answer})()
+        consumer._stub = type("V2", (), {"ChangeInvisibleDuration": SyncFuture(fake)})()
+        with pytest.raises(ServerError) as caught:
+            consumer.receive(max=4)
+    cut(answer, fake, caught)
+
+
+async def test_an_async_answer_with_more_messages_than_asked_is_cut_and_the_excess_given_back() -> None:
+    fake = FakeStub()
+    answer = Endless(fake)
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=ONE_TRY)
+    consumer._channel = FakeChannel()  # type: ignore[assignment]
+    consumer._ext_stub_ = type("Ext", (), {"ReceiveMessages": lambda _, request, **kw: answer})()
+    consumer._stub_ = AsyncStub(fake)
+    async with consumer:
+        with pytest.raises(ServerError) as caught:
+            await asyncio.wait_for(consumer.receive(max=4), 2)
+    cut(answer, fake, caught)
+
+
+class SyncFuture:
+    """A blocking stub's `ChangeInvisibleDuration`: its `future` answered by `fake` at once."""
+
+    def __init__(self, fake: FakeStub) -> None:
+        self.fake = fake
+
+    def future(self, request: pb.ChangeInvisibleDurationRequest, **_: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        done.set_result(self.fake.ChangeInvisibleDuration(request))
+        return done

@@ -19,6 +19,7 @@ from popgate import (
     TooManyRequests,
     Unauthorized,
     Unavailable,
+    _joining,
     _session,
     _waiting,
 )
@@ -295,10 +296,45 @@ def ids_of(orphans: list[str]) -> Any:
     return lambda messages: orphans.extend(m.system_properties.message_id for m in messages)
 
 
+async def test_an_answer_past_its_batch_is_cut_given_back_and_cancelled() -> None:
+    """A receive of 4 answered 3 messages, then 3 more: the caller gets a ServerError naming the counts, the six
+    read are given back, the request is cancelled at the proxy, and what still comes of it is not given back."""
+    orphans: list[str] = []
+    cancels: list[int] = []
+    waiting = _waiting.Waiting(ids_of(orphans), cancels.append)
+    future = asyncio.get_running_loop().create_future()
+    request_id = waiting.add("receive", future, most=4)
+    waiting.answer(with_id(messages_frame("a", "b", "c"), request_id))
+    assert not future.done()
+    waiting.answer(with_id(messages_frame("d", "e", "f"), request_id))
+    assert isinstance(future.exception(), ServerError) and not future.exception().retriable
+    assert "6 messages" in str(future.exception()) and "receive of 4" in str(future.exception())
+    assert (orphans, cancels, len(waiting)) == (list("abcdef"), [request_id], 0)
+    waiting.answer(with_id(messages_frame("g"), request_id))  # on its way before the cancel: past the bound
+    assert orphans == list("abcdef")
+
+
+async def test_a_joined_answer_past_its_joined_batch_is_cut_for_every_part() -> None:
+    orphans: list[str] = []
+    cancels: list[int] = []
+    waiting = _waiting.Waiting(ids_of(orphans), cancels.append)
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(2)]
+    parts = [
+        _joining.part(waiting.add("receive", f, most=2), "receive", pb.ReceiveMessageRequest(batch_size=2), b"", 0, 64)
+        for f in futures
+    ]
+    joined_id = waiting.join(parts)
+    waiting.answer(with_id(messages_frame("a", "b", "c"), joined_id))
+    waiting.answer(with_id(messages_frame("d", "e"), joined_id))  # 5 to a joined receive of 4
+    assert all(isinstance(f.exception(), ServerError) for f in futures)
+    assert (orphans, cancels, len(waiting)) == (list("abcde"), [joined_id], 0)
+
+
 async def test_frames_of_an_id_never_issued_are_dropped_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     """Messages under an id this stream never issued (another client's, misrouted) are not this client's to give
     back: dropped, and logged at WARNING once, then at 10, 100, ... of them. Those of a dropped request are given
-    back."""
+    back, up to its batch."""
     orphans: list[str] = []
     waiting = _waiting.Waiting(ids_of(orphans))
     for _ in range(100):
@@ -306,8 +342,9 @@ async def test_frames_of_an_id_never_issued_are_dropped_and_logged_once(caplog: 
     assert orphans == []
     assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 3
     future = asyncio.get_running_loop().create_future()
-    request_id = waiting.add("receive", future)
+    request_id = waiting.add("receive", future, most=2)
     waiting.answer(with_id(messages_frame("a"), request_id))
     waiting.drop(request_id)
     waiting.answer(with_id(messages_frame("b"), request_id))  # on its way before the cancel
+    waiting.answer(with_id(messages_frame("c"), request_id))  # past its batch
     assert orphans == ["a", "b"]
