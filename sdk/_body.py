@@ -8,12 +8,13 @@ import zlib
 
 from popgate_pb.v2 import definition_pb2 as v2
 
+from popgate_contract.gzip_body import NotGzip, gunzip
+
 # A GZIP body inflates to at most the largest answer the client takes (`_transport.MAX_MESSAGE_BYTES`): as large as a
 # body that came plain could be. Not the proxy's default body limit: an operator may raise it (and a RocketMQ broker's
 # maxMessageSize), and a RocketMQ producer holds the body it compresses to it, so a sound body inflates within it —
 # tests/unit/sdk/test_corrupt.py::test_a_body_that_does_not_inflate_or_match_its_digest_is_marked_corrupted.
 MAX_INFLATED_BYTES = 64 * 1024 * 1024
-GZIP_MAX_MEMBERS = 64  # as the proxy reads a GZIP body (proxy/v2/convert.py): real bodies have one or a few
 
 
 def digest_mismatch(kind: int, checksum: str, body: bytes) -> str | None:
@@ -33,23 +34,12 @@ def digest_mismatch(kind: int, checksum: str, body: bytes) -> str | None:
 
 
 def inflated(body: bytes) -> tuple[bytes, str | None]:
-    """A GZIP body inflated (every member, as gzip.decompress reads them), and why it is corrupt if it does not inflate
-    whole within MAX_INFLATED_BYTES (then the body as it came)."""
-    parts: list[bytes] = []
-    size, rest = 0, body
+    """A GZIP body inflated, and why it is corrupt if it does not inflate whole within MAX_INFLATED_BYTES (then the
+    body as it came)."""
     try:
-        for _ in range(GZIP_MAX_MEMBERS):
-            inflater = zlib.decompressobj(wbits=31)
-            part = inflater.decompress(rest, MAX_INFLATED_BYTES + 1 - size)
-            size += len(part)
-            if size > MAX_INFLATED_BYTES:
-                return body, f"its GZIP body inflates to more than {MAX_INFLATED_BYTES} bytes"
-            if not inflater.eof:
-                return body, "its GZIP body does not inflate: the stream is truncated"
-            parts.append(part)
-            rest = inflater.unused_data
-            if not rest:
-                return b"".join(parts), None
-    except zlib.error as exc:
+        whole = gunzip(body, MAX_INFLATED_BYTES)
+    except NotGzip as exc:
         return body, f"its GZIP body does not inflate: {exc}"
-    return body, f"its GZIP body has more than {GZIP_MAX_MEMBERS} members"
+    if whole is None:
+        return body, f"its GZIP body inflates to more than {MAX_INFLATED_BYTES} bytes"
+    return whole, None

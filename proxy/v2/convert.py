@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb.v2 import definition_pb2 as v2
 
 from popgate_contract import errors
+from popgate_contract.gzip_body import NotGzip, gunzip
 from popgate_contract.v2wire import (
     BODY,
     DELIVERY_ATTEMPT,
@@ -35,7 +35,6 @@ _MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z, protobuf Timestamp's
 MAX_TRANSACTION_RECOVERY_S = 3600
 SERVED_TYPES = frozenset((v2.MESSAGE_TYPE_UNSPECIFIED, v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION, v2.PRIORITY))
 _ENCODINGS = frozenset((v2.ENCODING_UNSPECIFIED, v2.IDENTITY, v2.GZIP))  # unspecified: plain bytes
-GZIP_MAX_MEMBERS = 64  # members of one GZIP body (concatenated gzip streams; real bodies have one or a few)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,37 +58,22 @@ def body_of(body: bytes, encoding: int, limit: int, room: int | None) -> bytes:
         raise errors.BadRequest(f"body_encoding {encoding} is not one the proxy reads (IDENTITY or GZIP)")
     if encoding != v2.GZIP:
         return validate.body(body, limit=limit)
-    # Every member of the stream (RFC 1952 allows several, as gzip.decompress reads them), each to its end,
-    # inflating at most one byte past the limit. The compressed body is held to the limit too, and the
-    # members to GZIP_MAX_MEMBERS: each member's inflater copies the input left after it, so a body of
-    # thousands of empty members would cost the event loop seconds (quadratic) for nothing.
-    validate.body(body, limit=limit)
+    validate.body(body, limit=limit)  # the compressed body is held to the limit too
     cap = limit if room is None else max(0, min(limit, room))
-    parts: list[bytes] = []
-    size, rest = 0, body
     try:
-        for _ in range(GZIP_MAX_MEMBERS):
-            inflater = zlib.decompressobj(wbits=31)
-            part = inflater.decompress(rest, cap + 1 - size)
-            parts.append(part)
-            size += len(part)
-            if size > cap:
-                if cap == limit:
-                    break  # too large: validate.body says so
-                raise errors.MessageBodyTooLarge(
-                    "the GZIP bodies of one SendMessage inflate to more than the largest request the proxy takes"
-                    " (max_message_bytes): send fewer compressed messages per request"
-                )
-            if not inflater.eof:
-                raise errors.BadRequest("message body is declared GZIP but its stream is truncated")
-            rest = inflater.unused_data
-            if not rest:
-                break
-        else:
-            raise errors.BadRequest(f"message body is declared GZIP and has more than {GZIP_MAX_MEMBERS} members")
-    except zlib.error as exc:
+        inflated = gunzip(body, cap)
+    except NotGzip as exc:
         raise errors.BadRequest(f"message body is declared GZIP but does not inflate: {exc}") from None
-    return validate.body(b"".join(parts), limit=limit)
+    if inflated is None and cap == limit:
+        raise errors.MessageBodyTooLarge(
+            f"message body inflates to more than {limit} bytes; the limit is {limit} bytes"
+        )
+    if inflated is None:
+        raise errors.MessageBodyTooLarge(
+            "the GZIP bodies of one SendMessage inflate to more than the largest request the proxy takes"
+            " (max_message_bytes): send fewer compressed messages per request"
+        )
+    return validate.body(inflated, limit=limit)
 
 
 def to_broker(

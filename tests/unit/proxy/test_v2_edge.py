@@ -12,12 +12,13 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
+from popgate_contract.gzip_body import GZIP_MAX_MEMBERS
 from popgate_contract.v2wire import static_system
 from proxy import validate
 from proxy.attempts import GroupAttempts
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.ack import _overall
-from proxy.v2.convert import GZIP_MAX_MEMBERS, SendLimits, client_bytes, seconds, to_broker, to_client
+from proxy.v2.convert import SendLimits, client_bytes, seconds, to_broker, to_client
 from proxy.v2.send import _response
 from proxy.v2.telemetry import settings_reply, telemetry
 from tests.unit.proxy.fakes import popped
