@@ -38,7 +38,7 @@ ITERATION_MIN_WAIT_S = 1.0
 GIVE_BACK_TIMEOUT_S = 1.0
 # A give-back makes at most this many calls at once (all of any receive's, a joined one's too), more in turn within
 # its GIVE_BACK_TIMEOUT_S; those left when it is over are not given back —
-# tests/unit/sdk/test_give_back.py::test_a_give_back_of_many_messages_ends_within_its_second.
+# tests/unit/sdk/test_give_back_window.py::test_a_give_back_of_many_messages_ends_within_its_second.
 GIVE_BACK_IN_FLIGHT = 64
 # Receive requests a consumer keeps to send again (one per subscription and receive arguments; all dropped past it).
 RECEIVE_REQUESTS_KEPT = 64

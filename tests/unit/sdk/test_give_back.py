@@ -7,7 +7,6 @@ import asyncio
 import gc
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -19,7 +18,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Message, RetryPolicy, ServerError, SimpleConsumer, Unavailable, aio
-from popgate._base import GIVE_BACK_IN_FLIGHT, Unyielded
+from popgate._base import Unyielded
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError, FakeStub
 
 IDS = ["m0", "m1", "m2", "m3"]
@@ -370,90 +369,6 @@ async def test_a_receive_answered_after_its_cancel_as_close_gives_back_is_given_
     await asyncio.wait_for(closing, 2)
     await iteration.aclose()
     assert given_back(fake) == [*IDS[1:], "m4", "m5"]
-
-
-def many_messages(fake: FakeStub, count: int) -> list[Message]:
-    return [fake.message(f"m{i}") for i in range(count)]
-
-
-class SlowCalls:
-    """ChangeInvisibleDuration taking `latency` s each (failing with DEADLINE_EXCEEDED past its timeout), answered by
-    `fake`; counts the calls in flight at once, as a blocking stub's futures and as an asyncio stub's coroutines."""
-
-    def __init__(self, fake: FakeStub, latency: float) -> None:
-        self.fake, self.latency = fake, latency
-        self.in_flight = self.most_in_flight = 0
-
-    def _start(self) -> None:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-
-    def future(self, request: pb.ChangeInvisibleDurationRequest, *, timeout: float, **_: Any) -> Any:
-        self._start()
-        return _SlowFuture(self, request, timeout)
-
-    async def __call__(self, request: pb.ChangeInvisibleDurationRequest, **kwargs: Any) -> Any:
-        timeout = kwargs["timeout"]  # a grpc.aio stub's keyword
-        self._start()
-        try:
-            await asyncio.sleep(min(self.latency, timeout))
-            if self.latency > timeout:
-                raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED)
-            return self.fake.ChangeInvisibleDuration(request)
-        finally:
-            self.in_flight -= 1
-
-
-class _SlowFuture:
-    def __init__(self, calls: SlowCalls, request: pb.ChangeInvisibleDurationRequest, timeout: float) -> None:
-        self.calls, self.request = calls, request
-        self.due = time.monotonic() + min(calls.latency, timeout)
-        self.late = calls.latency > timeout
-        self.answer: Any = None
-
-    def exception(self) -> BaseException | None:
-        if self.answer is None:
-            time.sleep(max(0.0, self.due - time.monotonic()))
-            self.calls.in_flight -= 1
-            late = FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED)
-            self.answer = late if self.late else self.calls.fake.ChangeInvisibleDuration(self.request)
-        return self.answer if isinstance(self.answer, BaseException) else None
-
-    def result(self) -> Any:
-        return self.answer
-
-
-def test_a_give_back_of_many_messages_ends_within_its_second(caplog: pytest.LogCaptureFixture) -> None:
-    """3,000 messages to give back (an answer cut past its batch, orphans) against a proxy taking 0.1 s a call: a
-    bounded number of calls at once, all of it within about its 1 s, the rest logged as not given back (it comes back
-    after `invisible`)."""
-    fake = FakeStub()
-    calls = SlowCalls(fake, latency=0.1)
-    caplog.set_level(logging.DEBUG, logger="popgate.client")
-    with SimpleConsumer("127.0.0.1:1", "g", "t") as consumer:
-        consumer._stub = type("V2", (), {"ChangeInvisibleDuration": calls})()
-        started = time.monotonic()
-        consumer._give_back(many_messages(fake, 3000))
-        took = time.monotonic() - started
-    assert took < 1.5 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
-    assert 0 < len(fake.sent("ChangeInvisibleDuration")) < 3000
-    assert "unhandled message(s) failed" in caplog.text
-
-
-async def test_an_async_give_back_of_many_messages_ends_within_its_second(caplog: pytest.LogCaptureFixture) -> None:
-    fake = FakeStub()
-    calls = SlowCalls(fake, latency=0.1)
-    caplog.set_level(logging.DEBUG, logger="popgate.aio")
-    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
-    consumer._channel = FakeChannel()  # type: ignore[assignment]
-    consumer._stub_ = type("V2", (), {"ChangeInvisibleDuration": calls})()
-    started = time.monotonic()
-    await consumer._give_back(many_messages(fake, 3000))
-    took = time.monotonic() - started
-    await consumer.close()
-    assert took < 1.5 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
-    assert 0 < len(fake.sent("ChangeInvisibleDuration")) < 3000
-    assert "unhandled message(s) failed" in caplog.text
 
 
 def session_consumer(fake: FakeStub) -> tuple[aio.SimpleConsumer, SessionChannel]:
