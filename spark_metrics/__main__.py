@@ -48,7 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=level, format="%(asctime)s spark_metrics: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr
     )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Only the job's own lines at INFO: py4j's, and matplotlib's first-run font cache note, are not progress —
+    # tests/spark/test_cli.py::test_a_run_prints_progress_and_no_spark_log_lines.
+    for library in ("py4j", "matplotlib"):
+        logging.getLogger(library).setLevel(logging.WARNING)
     # Spark's own log goes to a file unless asked for; a temporary one is deleted after a run that succeeded
     spark_log = None if args.verbose else (args.spark_log or default_spark_log())
     settings = JobSettings(
