@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from popgate_pb import broker_pb2 as bpb
 
@@ -27,8 +28,13 @@ def held(brokers: dict[str, FakeBroker]) -> int:
 
 async def held_becomes(brokers: dict[str, FakeBroker], count: int, timeout_s: float = 2.0) -> None:
     """Wait (bounded) until the brokers hold `count` requests in all, woken by their `changed` events."""
+    await changed_until(brokers, lambda: held(brokers) == count, timeout_s)
+
+
+async def changed_until(brokers: dict[str, FakeBroker], done: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    """Wait (bounded) until `done()`, looked at each time a broker's `held` changes."""
     async with asyncio.timeout(timeout_s):
-        while held(brokers) != count:
+        while not done():
             waits = {asyncio.ensure_future(b.changed.wait()) for b in brokers.values()}
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

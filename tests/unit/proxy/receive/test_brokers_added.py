@@ -13,7 +13,7 @@ from proxy.receive.seam import ReceiveRequest
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
 from tests.unit.proxy.receive.notify_runs import notifying, started
-from tests.unit.proxy.receive.support import NAMES, held_becomes, ids, request
+from tests.unit.proxy.receive.support import NAMES, changed_until, held_becomes, ids, request
 
 # -- the state machine ----------------------------------------------------------------------------------------------
 
@@ -46,15 +46,12 @@ def test_a_broker_the_run_knows_is_left_to_its_own_rewatch() -> None:
 
 
 async def _pops_held(brokers: dict[str, FakeBroker], count: int) -> None:
-    """Wait (bounded) until `count` Pops were made and every broker holds a request, woken by their `changed` events."""
-    async with asyncio.timeout(2):
-        while sum(len(b.pops) for b in brokers.values()) < count or any(b.held == 0 for b in brokers.values()):
-            waits = {asyncio.ensure_future(b.changed.wait()) for b in brokers.values()}
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
+    """Wait (bounded) until `count` Pops were made and every broker holds a request."""
+
+    def made() -> bool:
+        return sum(len(b.pops) for b in brokers.values()) >= count and all(b.held for b in brokers.values())
+
+    await changed_until(brokers, made)
 
 
 def _added(pool: BrokerPool, brokers: dict[str, FakeBroker], proxy: Proxy) -> FakeBroker:
