@@ -148,20 +148,22 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         """`_give_back` in a task that `close` waits for before the channel closes (cancelled with its caller)."""
         if not messages:
             return
-        task = asyncio.ensure_future(self._give_back(messages))
-        self._giving_back.add(task)
-        task.add_done_callback(self._giving_back.discard)
-        await task
+        await self._giving_back_task(messages)
 
     async def _give_back_later(self, messages: list[Message]) -> None:
         """`_give_back` in a task of its own (the caller is being cancelled), held until done and awaited by
         `close` and by the loop's shutdown."""
         if not messages or self._channel is None:  # closed (or never connected)
             return
+        self._giving_back_task(messages)
+        await self._awaited_at_loop_end()
+
+    def _giving_back_task(self, messages: list[Message]) -> asyncio.Future[None]:
+        """`_give_back` in a task of its own, among those `close` waits for (`_given_back`)."""
         task = asyncio.ensure_future(self._give_back(messages))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
-        await self._awaited_at_loop_end()
+        return task
 
     async def _awaited_at_loop_end(self) -> None:
         """Have the end of this event loop wait for the give-backs and acks not waited for still under way (a
@@ -211,9 +213,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         # give-back is the task itself (none started by another), which `_given_back` so sees from its start.
         if self._channel is None:  # closed (or never connected)
             return
-        task = asyncio.ensure_future(self._give_back([_wire.from_v2(m) for m in messages]))
-        self._giving_back.add(task)
-        task.add_done_callback(self._giving_back.discard)
+        self._giving_back_task([_wire.from_v2(m) for m in messages])
         self._guard_loop_end(asyncio.get_running_loop())
 
     async def _change_invisible(
