@@ -6,7 +6,8 @@ One `NotifyRun` serves one client ReceiveMessage (docs/ARCHITECTURE.md §3, way 
 2. if it is empty and poll time remains: a Notification to every live broker at once,
    held by each broker until the poll ends — with a single broker, a Pop held by it
    instead (that broker is the only source, so a held Pop cannot miss a message elsewhere,
-   and it saves the Pop round trip after each Notification); if no poll time remains
+   and it saves the Pop round trip after each Notification; a broker added meanwhile ends that
+   Pop for Notifications to both, once it is up); if no poll time remains
    (a receive that does not wait): a Notification with poll 0 to every other live broker,
    the last look, so that a backlog on another broker is not answered empty;
 3. every ``has_message`` goes into a small per-request queue; one consume step at a time
@@ -84,6 +85,8 @@ class NotifyRun:
         test_notifications_a_deletion_ends_at_once_are_made_again_so_the_receive_is_told_topic_not_found).
     max_lost_per_broker: after this many lost races at one broker it is no longer watched in this
         run (a `has_message` that no Pop can serve must not make it spin either).
+    covered: the adaptive mode's covered long polls count the run's held Pops and watch the brokers they leave (a Pop
+        held at the only broker is then left to them when a broker is added).
     rewatch_s, max_rewatches: a broker whose request failed (unreachable, timed out) is looked at again
         this long after, up to this many times per run while its health checks still see it up; once they
         see it down it is notified again when they see it up (`AwaitUp`): a broker restarted during a long
@@ -98,6 +101,7 @@ class NotifyRun:
     max_lost_per_broker: int = 32
     rewatch_s: float = 1.0
     max_rewatches: int = 5
+    covered: bool = False
     phase: Phase = Phase.FIRST_POP
     stats: RunStats = field(default_factory=RunStats)
     notifying: set[str] = field(default_factory=set)
@@ -232,6 +236,8 @@ class NotifyRun:
     def rewatch(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
         """The time a `Rewatch` named has come, or an `AwaitUp` broker is up: notify `broker` again if healthy."""
         self.awaiting -= {broker}
+        if self._held_alone and broker in self.failed:  # a broker added while the lone broker holds the Pop
+            return self._watch_added(broker, healthy=healthy, now=now)
         if self.phase not in (Phase.FIRST_POP, Phase.NOTIFYING) or broker not in self.failed or broker in self.dropped:
             return []
         if not healthy:
@@ -248,11 +254,32 @@ class NotifyRun:
         health checks see it up) — tests/unit/proxy/receive/test_brokers_added.py::
         test_a_broker_added_while_the_run_notifies_is_notified_for_the_poll_time_left. One the run knows (a
         restart, a client replaced) is left to `rewatch`."""
-        if broker in self.brokers or broker in self.down or self.phase not in (Phase.FIRST_POP, Phase.NOTIFYING):
+        if broker in self.brokers or broker in self.down:
+            return []
+        if not (self._held_alone or self.phase in (Phase.FIRST_POP, Phase.NOTIFYING)):
             return []
         self.down = (*self.down, broker)
         self.failed |= {broker}
         return self.rewatch(broker, healthy=healthy, now=now)
+
+    @property
+    def _held_alone(self) -> bool:
+        """The Pop held at the only broker the run knew, unless `covered` watches the other brokers for it."""
+        return self.phase is Phase.LONGPOLL and self.stats.held_pop and not self.stats.handoff and not self.covered
+
+    def _watch_added(self, broker: str, *, healthy: bool, now: float) -> list[Command]:
+        """A broker added while the run's Pop is held at the only broker it knew: once the added one is up, the held
+        Pop no longer watches every broker, so it is cancelled (an answer already on its way is handed back) and
+        every broker is notified for the poll time left — test_brokers_added.py::
+        test_a_pop_held_at_the_only_broker_gives_way_to_notifications_once_an_added_broker_is_up."""
+        if not healthy:
+            self.awaiting |= {broker}
+            return [AwaitUp(broker)]
+        self.failed -= {broker}
+        if self.poll_end - now < self.min_notify_s or self.popping is None:
+            return []
+        held, self.popping = self.popping, None
+        return [Cancel(held), *self._notify_all(now)]
 
     def _rewatch_later(self, broker: str, now: float) -> list[Command]:
         """A Rewatch of `broker`, if it has rewatches left and the poll time to use one; the run then waits for it

@@ -280,7 +280,9 @@ class NotifyStrategy:
             # the checks may be stale, the calls will tell.
             down = [c.name for c in candidates if not c.healthy] if live else []
             poll_end = min(now + request.poll_s, request.deadline)
-            machine = NotifyRun(live or [c.name for c in candidates], poll_end, down=down)
+            machine = NotifyRun(
+                live or [c.name for c in candidates], poll_end, down=down, covered=self._cover is not None
+            )
             run = _Run(machine, request, self._pool, self._timeout, self._busy, self._cover)
             self._closer.watch(closing)
             self._closer.registered.add(run)

@@ -7,12 +7,13 @@ import asyncio
 
 from proxy.core import Proxy
 from proxy.receive.coupled import LongPollStrategy
-from proxy.receive.notify_commands import AwaitUp, Notify, Pop
+from proxy.receive.notify import NotifyRun
+from proxy.receive.notify_commands import AwaitUp, Cancel, Notify, Pop
 from proxy.receive.notify_driver import NotifyStrategy
 from proxy.receive.seam import ReceiveRequest
 from proxy.routing import BrokerPool
 from tests.unit.proxy.fakes import FakeBroker, popped
-from tests.unit.proxy.receive.notify_runs import notifying, started
+from tests.unit.proxy.receive.notify_runs import finish, message, notifying, started
 from tests.unit.proxy.receive.support import NAMES, changed_until, held_becomes, ids, request
 
 # -- the state machine ----------------------------------------------------------------------------------------------
@@ -40,6 +41,34 @@ def test_a_broker_the_run_knows_is_left_to_its_own_rewatch() -> None:
     run = notifying(now=0.0)
     assert run.added("b2", healthy=True, now=1.0) == []  # notified already
     assert run.outstanding == ["b1", "b2", "b3"]
+
+
+def _held_alone(*, covered: bool = False) -> NotifyRun:
+    """A run whose first Pop found the only broker it knew empty: a Pop held there for the poll."""
+    run = NotifyRun(("b1",), 10.0, covered=covered)
+    run.start()
+    assert run.popped("b1", [], polling_full=False, now=0.0) == [Pop("b1", 10_000)]
+    return run
+
+
+def test_a_pop_held_at_the_only_broker_gives_way_to_notifications_once_an_added_broker_is_up() -> None:
+    run = _held_alone()
+    assert run.added("b2", healthy=False, now=1.0) == [AwaitUp("b2")]  # the held Pop stays until b2 is up
+    assert run.rewatch("b2", healthy=True, now=2.0) == [Cancel("b1"), Notify("b1", 8000), Notify("b2", 8000)]
+    assert run.popped("b1", message("late"), polling_full=False, now=2.1) == []  # the cancelled Pop's: handed back
+    assert run.notified("b2", has_message=True, polling_full=False, now=2.5) == [Pop("b2")]
+    cmds = run.popped("b2", message("m2"), polling_full=False, now=2.6)
+    assert [m.stored.message.message_id for m in finish(cmds).messages] == ["m2"]
+    assert Cancel("b1") in cmds
+
+
+def test_a_broker_added_up_ends_the_held_pop_at_once_and_a_run_near_its_end_keeps_it() -> None:
+    assert _held_alone().added("b2", healthy=True, now=1.0) == [Cancel("b1"), Notify("b1", 9000), Notify("b2", 9000)]
+    assert _held_alone().added("b2", healthy=True, now=9.999) == []  # too little poll time left to notify
+
+
+def test_a_held_pop_the_adaptive_modes_cover_watches_is_left_to_it() -> None:
+    assert _held_alone(covered=True).added("b2", healthy=True, now=1.0) == []
 
 
 # -- through the drivers, over in-memory brokers ----------------------------------------------------------------------
@@ -74,6 +103,21 @@ async def test_a_notify_receive_held_when_a_broker_is_added_gets_its_first_messa
     result = await asyncio.wait_for(receive, 2)  # not the 5 s poll
     assert ids(result) == ["m4"]
     result.release()
+
+
+async def test_a_notify_receive_held_at_the_only_broker_gets_an_added_brokers_first_message_at_once() -> None:
+    brokers = {"b1": FakeBroker("b1")}
+    pool = BrokerPool(brokers, first_turn=0)
+    proxy = Proxy(pool, NotifyStrategy(pool, broker_timeout_s=1.0))
+    receive = asyncio.create_task(proxy.receive(request(5.0)))
+    await _pops_held(brokers, 2)  # the first Pop, then one held at b1
+    new = _added(pool, brokers, proxy)
+    await changed_until(brokers, lambda: new.held == 1 and len(brokers["b1"].pops) == 2 and brokers["b1"].held == 1)
+    new.put(popped("b4", "m4"))
+    result = await asyncio.wait_for(receive, 2)  # not the 5 s poll
+    assert ids(result) == ["m4"]
+    result.release()
+    await held_becomes(brokers, 0)  # b1's Notification cancelled after the answer
 
 
 async def test_covered_long_polls_held_when_a_broker_is_added_move_there_for_its_first_message() -> None:
