@@ -13,6 +13,7 @@ from broker.clock import Clock, WallClock
 from broker.core import BrokerCore
 from broker.settings import BrokerSettings
 from broker.sqlite_store import SqliteStore
+from broker.store import Snapshot
 
 
 class ManualClock:
@@ -70,3 +71,12 @@ def submitted_event(core: BrokerCore) -> asyncio.Event:
 
     core.sends.submit = submit  # type: ignore[method-assign]
     return event
+
+
+async def loaded(data: Path) -> Snapshot:
+    """What a broker starting on `data` loads, its store closed again (its connection and the directory's lock)."""
+    store = SqliteStore(data)
+    try:
+        return store.load()
+    finally:
+        await store.close()

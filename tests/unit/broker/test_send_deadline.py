@@ -11,10 +11,9 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker import handlers
-from broker.sqlite_store import SqliteStore
 from broker.store import Snapshot
 from popgate_contract import errors
-from tests.unit.broker.cores import ManualClock, broker
+from tests.unit.broker.cores import ManualClock, broker, loaded
 
 NOW = 1_764_000_000_000
 
@@ -61,7 +60,7 @@ async def test_a_send_queued_past_its_deadline_is_refused_and_not_stored(tmp_pat
         answer = pb.SendResponse()
         await handlers.send(core, late, answer)
         assert len(answer.results) == len(late.messages) + sum(len(r.bodies) for r in late.runs)
-    snap = SqliteStore(tmp_path).load()
+    snap = await loaded(tmp_path)
     appended = kind in ("message", "run")
     assert stored_messages(snap, "t") == 1 + appended * len(answer.results)
     assert len(snap.scheduled) == (kind == "scheduled") and len(snap.halves) == kind.startswith("half")

@@ -22,6 +22,7 @@ from broker.store import DeleteInflight, NewMessage, Op, PurgeGroup, PurgeTopic,
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, LoopLoad
 from broker.store_writes import KIND_ORDER, coalesce
 from popgate_contract.errors import StoreUnavailable
+from tests.unit.broker.cores import loaded
 
 N = BATCH_MESSAGES * 2 + 7  # more than one batch row per queue in one commit
 
@@ -103,8 +104,7 @@ async def test_consumer_state_written_a_moment_later_keeps_its_order_and_is_flus
     kept = store.submit([], [PutInflight("g", "t", 0, 1, 1, 8, 9)])
     await store.close()
     assert kept.done()
-    reopened = SqliteStore(tmp_path)
-    assert reopened.load().inflight == [PutInflight("g", "t", 0, 1, 1, 8, 9)]
+    assert (await loaded(tmp_path)).inflight == [PutInflight("g", "t", 0, 1, 1, 8, 9)]
 
 
 def test_a_commit_writes_each_row_once_as_its_last_op_leaves_it() -> None:
@@ -139,7 +139,7 @@ async def test_a_delivery_deleted_then_made_again_in_one_commit_is_stored(tmp_pa
     store.submit([], [DeleteInflight("g", "t", 0, 0), SetPullOffset("g", "t", 0, 0)])  # reset to the earliest
     store.submit([], [PutInflight("g", "t", 0, 0, 1, 2, 10), SetPullOffset("g", "t", 0, 1)])  # popped again
     await store.close()
-    snap = SqliteStore(tmp_path).load()
+    snap = await loaded(tmp_path)
     assert snap.inflight == [PutInflight("g", "t", 0, 0, 1, 2, 10)]
 
 
@@ -151,7 +151,7 @@ async def test_consumer_state_deferred_together_ends_as_its_last_ops_leave_it(tm
     store.submit([], [PutInflight("g", "t", 0, 6, 2, 8, 10), PutInflight("g", "t", 0, 7, 1, 9, 9)])  # redelivered
     store.submit([], [DeleteInflight("g", "t", 0, 7), DeleteInflight("g", "t", 0, 5), SetPullOffset("g", "t", 0, 8)])
     await store.close()
-    snap = SqliteStore(tmp_path).load()
+    snap = await loaded(tmp_path)
     assert snap.inflight == [PutInflight("g", "t", 0, 6, 2, 8, 10)]
     assert snap.pull_offsets == [SetPullOffset("g", "t", 0, 8)]
 
@@ -206,7 +206,7 @@ async def test_an_ack_taken_into_an_inline_commit_is_never_written_before_its_po
     store.submit([], [DeleteInflight("g", "t", 0, 0)])  # its Ack, deferred, then an idle Send in the same turn
     await store.submit([message(1)], [])
     await store.close()
-    snap = SqliteStore(tmp_path).load()
+    snap = await loaded(tmp_path)
     assert snap.inflight == []
     assert snap.pull_offsets == [SetPullOffset("g", "t", 0, 1)]
 
@@ -233,7 +233,7 @@ async def test_a_purge_is_never_committed_on_the_event_loop(
         await purged
         assert threads and here not in threads
     await store.close()
-    assert set(SqliteStore(tmp_path).load().queues) == {("u", 0)}
+    assert set((await loaded(tmp_path)).queues) == {("u", 0)}
 
 
 def test_loop_load_is_the_share_of_wall_time_its_thread_ran(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -343,12 +343,14 @@ async def test_loading_the_index_at_start_costs_about_what_is_kept(tmp_path: Pat
             [],
         )
     await store.close()
+    reopened = SqliteStore(tmp_path)
     tracemalloc.start()
     try:
-        snap = SqliteStore(tmp_path).load()
+        snap = reopened.load()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+        await reopened.close()
     assert len(snap.queues[("t", 0)].tags) == count
     assert peak / count < 40, f"{peak / count:.0f} bytes a message at the peak"
 
