@@ -138,12 +138,30 @@ class Proxy:
             raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
         return cost
 
-    async def _send(self, runs: Sequence[Run], deadline: float | None) -> list[bpb.SendResult]:
-        batches: dict[str | None, list[tuple[int, Run]]] = {}
+    def _batches(self, runs: Sequence[Run]) -> tuple[list[tuple[str | None, list[tuple[int, Run]]]], int]:
+        """The runs (each with its first message's place in the request) by the broker Sends they go in, each with
+        a message group that routes it (None: the send rotation), and the request's message count.
+
+        Message groups whose brokers come in the same order share a Send (the broker puts each message in its
+        group's queue, and a fail-over moves them all alike): a request of many groups is a Send per broker, not
+        one per group — test_core.py::test_a_requests_message_groups_share_a_send_per_broker."""
+        batches: dict[tuple[str, ...] | None, tuple[str | None, list[tuple[int, Run]]]] = {}
+        orders: dict[str, tuple[str, ...]] = {}
         count = 0
         for run in runs:
-            batches.setdefault(run.group or None, []).append((count, run))
+            key = run.group or None
+            where = None if key is None else orders.get(key)
+            if key is not None and where is None:
+                where = orders[key] = tuple(self.pool.order(key))
+            batch = batches.get(where)
+            if batch is None:
+                batch = batches[where] = (key, [])
+            batch[1].append((count, run))
             count += len(run.ids)
+        return list(batches.values()), count
+
+    async def _send(self, runs: Sequence[Run], deadline: float | None) -> list[bpb.SendResult]:
+        batches, count = self._batches(runs)
         results: list[bpb.SendResult | None] = [None] * count
 
         async def one(key: str | None, placed: list[tuple[int, Run]]) -> None:
@@ -156,17 +174,15 @@ class Proxy:
 
         # Every group settles before the answer (a client retrying must not race a store still in flight, and
         # the request's bytes stay counted until then); the first error reaches the client as itself.
-        if len(batches) == 1:  # awaited in place: a task per group only where there are several
-            [(key, placed)] = batches.items()
+        if len(batches) == 1:  # awaited in place: a task per batch only where there are several
+            [(key, placed)] = batches
             try:
                 await one(key, placed)
                 outcomes: list[BaseException | None] = [None]
             except Exception as exc:
                 outcomes = [exc]
         else:
-            outcomes = await asyncio.gather(
-                *(one(key, placed) for key, placed in batches.items()), return_exceptions=True
-            )
+            outcomes = await asyncio.gather(*(one(key, placed) for key, placed in batches), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, errors.DomainError) and any(r is not None for r in results):

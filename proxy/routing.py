@@ -53,9 +53,7 @@ class BrokerPool:
         receives theirs: a group's receives interleaved with others' at a fixed ratio would otherwise always land on
         the same brokers — test_coupled.py::test_a_groups_receives_rotate_over_the_brokers_whatever_others_do).
         """
-        names = self._names
-        if key is not None:  # the group's broker first, whichever brokers are live
-            names = sorted(names, key=lambda n: _weight(n, key), reverse=True)
+        names = self._names if key is None else self.order(key)  # a group's broker first, whichever are live
         live = [n for n in names if self._clients[n].healthy]
         down = [n for n in names if not self._clients[n].healthy]
         if live and key is None:
@@ -69,6 +67,11 @@ class BrokerPool:
             start = turn % len(live)
             live = live[start:] + live[:start]
         return [self._clients[n] for n in live + down]
+
+    def order(self, key: str) -> list[str]:
+        """Every broker's name in `key`'s order (rendezvous): the order `candidates(key)` tries them in, live ones
+        first."""
+        return sorted(self._names, key=lambda n: _weight(n, key), reverse=True)
 
     def get(self, name: str) -> BrokerClient | None:
         return self._clients.get(name)

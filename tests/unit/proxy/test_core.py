@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
@@ -81,6 +82,31 @@ async def test_a_message_group_stays_on_its_broker_while_another_broker_is_down(
         after = await homes(down)
         moved = {g for g in groups if after[g] != before[g]}
         assert moved == {g for g in groups if before[g] == down}
+
+
+async def test_a_requests_message_groups_share_a_send_per_broker() -> None:
+    """A request of 300 message groups over 3 brokers: each group's messages on its own broker in their order, in
+    at most 6 broker Sends (one per order the brokers come in), not 300."""
+    proxy, brokers = make("b1", "b2", "b3")
+    sends: list[str] = []
+    for name, broker in brokers.items():
+
+        async def counted(chunk: Chunk, *, timeout_s: float, name: str = name, send: Any = broker.send) -> Any:
+            sends.append(name)
+            return await send(chunk, timeout_s=timeout_s)
+
+        broker.send = counted  # type: ignore[method-assign]
+    batch = [msg(i, group=f"order-{i % 300}") for i in range(600)]
+    results = await proxy.send(batch)
+    assert [r.message_id for r in results] == [m.message_id for m in batch]
+    assert len(sends) <= 6 and set(sends) == set(brokers)
+    for name, broker in brokers.items():
+        assert {m.message_group for m in broker.sent} == {
+            f"order-{i}" for i in range(300) if proxy.pool.candidates(f"order-{i}")[0].name == name
+        }
+    for i in range(300):  # each group's two messages in the order sent
+        stored = [m.message_id for b in brokers.values() for m in b.sent if m.message_group == f"order-{i}"]
+        assert stored == [f"m{i}", f"m{i + 300}"]
 
 
 def test_message_groups_spread_evenly_and_a_lost_brokers_groups_spread_over_the_others() -> None:
