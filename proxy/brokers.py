@@ -202,7 +202,7 @@ class GrpcBrokerClient:
                 task = asyncio.get_running_loop().create_task(session.close())
                 self._retired.add(task)
                 task.add_done_callback(self._retired.discard)
-            session = self._session = BrokerSession(channel=self._channel).open()
+            session = self._session = BrokerSession(channel=self._channel, name=self.name).open()
         return session
 
     def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:

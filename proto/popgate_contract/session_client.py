@@ -5,13 +5,15 @@ Send, Ack or ChangeInvisibleTime a frame instead of a call (the costs are in doc
 Errors are raised as the same ``grpc.aio.AioRpcError`` the unary RPC would raise (status code, details and the
 ``popgate-error`` trailer), so callers handle both paths alike. Cancelling a
 caller's await (or `cancel`) sends a cancel frame; losing the stream fails every pending call
-with UNAVAILABLE. `submit` takes a callback instead of returning an awaitable, so a caller
-that holds thousands of requests (the proxy) needs no task or coroutine per request.
+with UNAVAILABLE, and so does an answer that does not decode (the stream is ended then). `submit` takes a callback
+instead of returning an awaitable, so a caller that holds thousands of requests (the proxy) needs no task or coroutine
+per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from popgate_pb import broker_pb2 as pb
 
 from popgate_contract.trailer import rpc_error, session_error
@@ -43,6 +46,9 @@ _MORE_TAG = varint(15 << 3 | 2)  # SessionRequest.more and SessionResponse.more:
 # The writer sends the requests queued when it gets to them as one stream message, of at most this many bytes unless
 # one request alone is larger (so joining never makes a message the broker's size limit refuses).
 MAX_WRITE_BYTES = 1024 * 1024
+# Streams ended because their answers could not be read, per broker name: their WARNING is logged for the 1st, 10th,
+# 100th ... (a broker that sends garbage on every stream would otherwise log each one).
+_unread: collections.Counter[str] = collections.Counter()
 
 
 def join(first: bytes, more: Sequence[bytes]) -> bytes:
@@ -50,6 +56,15 @@ def join(first: bytes, more: Sequence[bytes]) -> bytes:
     repeated field's entries may follow the other fields (protobuf merges them), so no entry is decoded or copied
     but once, here (tests/unit/broker/test_session_more.py)."""
     return b"".join([first, *(_MORE_TAG + varint(len(entry)) + entry for entry in more)])
+
+
+def decode(data: bytes) -> pb.SessionResponse | None:
+    """A stream message as a SessionResponse; None when it does not decode (grpc's own deserializer would log a
+    traceback for each such message; the reader ends the stream on the first)."""
+    try:
+        return pb.SessionResponse.FromString(data)
+    except DecodeError:
+        return None
 
 
 def encode_cancel(request_id: int) -> bytes:
@@ -63,8 +78,9 @@ Answer = Callable[[pb.SessionResponse | grpc.aio.AioRpcError], None]
 class BrokerSession:
     """The Session stream on `channel`: requests written as bytes, joined when the broker reads them joined."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, name: str = "?") -> None:
         self._channel = channel
+        self._name = name  # the broker's, in what is logged
         self._ids = itertools.count(1)
         self._pending: dict[int, Answer] = {}
         # Ids of requests to write (their bodies wait in `_unwritten`, so that a cancel frees a body at once,
@@ -91,7 +107,7 @@ class BrokerSession:
         """Start the stream (inside a running event loop); returns self."""
         metadata = ((MORE_KEY, "1"),)
         # Requests are written as bytes: no serializer.
-        stream = self._channel.stream_stream(METHOD, response_deserializer=pb.SessionResponse.FromString)
+        stream = self._channel.stream_stream(METHOD, response_deserializer=decode)
         self._call = stream(metadata=metadata)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._write())]
@@ -269,11 +285,16 @@ class BrokerSession:
                 self._write_bytes = max(1, min(MAX_WRITE_BYTES, self._max_bytes // 2))  # room for the joins' tags
             self._said.set()
             async for response in self._call:
+                if response is None:
+                    error = self._unreadable("an answer from the broker does not decode")
+                    break
                 self._answer(response)
                 for more in response.more:  # one level: `more` inside `more` is not read
                     self._answer(more)
         except grpc.aio.AioRpcError as exc:
             error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {exc.details()}")
+        except Exception as exc:  # an answer the reader fails on: the stream is lost, the task does not fail
+            error = self._unreadable(f"reading its answers failed: {exc!r}", exc)
         finally:
             self._said.set()
             self._broken = error
@@ -283,6 +304,23 @@ class BrokerSession:
             unsent_error = rpc_error(error.code(), error.details() or "", unsent=True)
             for request_id, answer in pending.items():
                 _deliver(answer, unsent_error if request_id in never_sent else error)
+
+    def _unreadable(self, why: str, exc: Exception | None = None) -> grpc.aio.AioRpcError:
+        """End a stream whose answers cannot be read: its call cancelled, its requests failed as on a lost stream
+        (UNAVAILABLE: sent again or failed over), one WARNING for the 1st, 10th, 100th ... such stream of this broker,
+        the reader task ended without an error — tests/unit/contract/test_session_client.py::
+        test_an_undecodable_answer_ends_the_stream_as_lost_with_one_warning_and_a_new_stream_serves."""
+        self._call.cancel()
+        _unread[self._name] += 1
+        if str(count := _unread[self._name]).rstrip("0") == "1":
+            log.warning(
+                "broker %s: Session stream ended, its requests failed as on a lost one: %s (%d such stream(s) so far)",
+                self._name,
+                why,
+                count,
+                exc_info=exc,
+            )
+        return rpc_error(grpc.StatusCode.UNAVAILABLE, f"broker session lost: {why}")
 
     def _answer(self, response: pb.SessionResponse) -> None:
         answer = self._pending.pop(response.id, None)
@@ -296,8 +334,12 @@ class BrokerSession:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+            try:
                 await task
+            except (asyncio.CancelledError, grpc.RpcError):
+                pass
+            except Exception:  # reported here, never left for asyncio to report as unretrieved (close() runs as a task)
+                log.exception("broker %s: a Session task failed", self._name)
         self._call = None
 
 
