@@ -164,6 +164,12 @@ class GrpcBrokerClient:
         except asyncio.CancelledError:
             self.count(method, "cancelled")
             raise
+        if response is None:  # grpc.aio's answer that did not decode ("Exception deserializing message!"): a
+            # failure of this broker, not an empty success — tests/unit/proxy/test_broker_answers.py::
+            # test_a_unary_answer_that_did_not_decode_is_a_broker_failure_naming_the_broker_and_call
+            error = errors.BrokerFailure(f"broker {self.name}: its {method} answer did not decode")
+            self.count(method, error.name)
+            raise error
         self._succeeded(method)
         return response
 

@@ -16,7 +16,15 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
-from proxy.txchecks import ANSWER_WAIT_S, IDLE_FLOOR_S, OUTBOX_COMMANDS, CheckPoller, Outbox, ProducerStreams
+from proxy.txchecks import (
+    ANSWER_WAIT_S,
+    IDLE_FLOOR_S,
+    OUTBOX_COMMANDS,
+    TOPICS_PER_CALL,
+    CheckPoller,
+    Outbox,
+    ProducerStreams,
+)
 from proxy.v2.telemetry import recover_command, telemetry
 
 
@@ -216,3 +224,33 @@ async def test_a_telemetry_command_that_does_not_decode_is_a_bad_request_not_an_
     assert [(r.status.code, r.status.message) for r in replies] == [
         (v2.BAD_REQUEST, "a TelemetryCommand that does not decode")
     ]
+
+
+class BrokenBroker(FakeBroker):
+    """Its answers break the poller (a bug, or an answer the broker client let through)."""
+
+    async def transaction_checks(
+        self, request: bpb.TransactionChecksRequest, *, timeout_s: float
+    ) -> bpb.TransactionChecksResponse:
+        self.asked.append(list(request.topics))
+        raise AttributeError("'NoneType' object has no attribute 'checks'")
+
+
+async def test_one_brokers_failure_does_not_keep_the_poller_from_asking_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A crashed producer's transactions on a healthy broker are still checked; the failing broker is logged once a
+    round, without a traceback."""
+    check = bpb.TransactionCheck(transaction_id="tid", check=1)
+    check.message.message.topic = "t"
+    b1, b2 = BrokenBroker("b1", [], 0), FakeBroker("b2", [check], 0)
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, [f"t{i}" for i in range(TOPICS_PER_CALL)] + ["t"])  # two calls to each broker a round
+    pool = BrokerPool({"b1": b1, "b2": b2})  # type: ignore[dict-item]
+    poller = CheckPoller(pool, streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[arg-type, return-value]
+    assert await poller.poll_once(streams.topics()) is None
+    assert outbox.commands.get_nowait() == "tid" and len(b2.asked) == 2
+    assert len(b1.asked) == 1  # its round ended at its first failure
+    logged = [r for r in caplog.records if r.name == "proxy.txchecks"]
+    assert len(logged) == 1 and "b1" in logged[0].getMessage() and logged[0].exc_info is None
