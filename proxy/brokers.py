@@ -41,8 +41,8 @@ from popgate_pb import broker_pb2_grpc
 
 from popgate_contract import errors
 from popgate_contract.broker_name import name_said
-from popgate_contract.session_client import BrokerSession, failure
-from popgate_contract.trailer import error_of
+from popgate_contract.session_client import BrokerSession
+from popgate_contract.trailer import error_of, session_error
 from proxy.broker_call import SESSION_FIELDS, BrokerCall
 from proxy.broker_channel import listening, open_channel, reconnected
 from proxy.outgoing import Chunk
@@ -241,13 +241,27 @@ class GrpcBrokerClient:
         method = result.method
         if result.done():  # settled already: the session forgot it then, so no answer comes (a guard)
             return
-        error = answer if isinstance(answer, grpc.aio.AioRpcError) else failure(answer)
-        if error is not None:
-            result.set_exception(self.failed(method, error))
-        else:
+        if isinstance(answer, grpc.aio.AioRpcError):
+            result.set_exception(self.failed(method, answer))
+        elif (kind := answer.WhichOneof("body")) == SESSION_FIELDS[method]:
             self._succeeded(method)
-            result.set_result(getattr(answer, SESSION_FIELDS[method]))
+            result.set_result(getattr(answer, kind))
+        elif kind == "error":
+            e = answer.error
+            result.set_exception(self.failed(method, session_error(e.error, e.message, e.grpc_code)))
+        else:
+            result.set_exception(self._other_kind(result, kind))
         result.settle()
+
+    def _other_kind(self, result: BrokerCall, kind: str | None) -> errors.BrokerFailure:
+        """An answer of another kind than its request, or with no body: a failure of this broker, not an empty answer
+        (whose Pop's messages would stay invisible unseen); a Pop's or a Notification's is handed back (`release`) —
+        tests/unit/proxy/test_broker_answers.py::test_a_pop_answered_with_another_kind_fails_and_its_messages_are_handed_back."""
+        error = errors.BrokerFailure(f"broker {self.name} answered {kind or 'no body'} to a {result.method}")
+        self.count(result.method, error.name)
+        if result.method in ("Pop", "Notification"):
+            self.release(result)
+        return error
 
     async def ack(self, request: bpb.AckRequest, *, timeout_s: float) -> bpb.AckResponse:
         return await self._to_this_broker(lambda t: self.begin("Ack", request, timeout_s=t), timeout_s)

@@ -285,7 +285,7 @@ async def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
 
 
 class AnsweringCall(FakeCall):
-    """A Session call whose broker answers every request at once (an empty answer of the same id)."""
+    """A Session call whose broker answers every request at once (an empty answer of its kind, of the same id)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -295,7 +295,9 @@ class AnsweringCall(FakeCall):
         request = pb.SessionRequest.FromString(message)
         self.written.append(request)
         if not request.cancel:
-            self.answers.put_nowait(pb.SessionResponse(id=request.id))
+            answer = pb.SessionResponse(id=request.id)
+            getattr(answer, request.WhichOneof("body")).SetInParent()
+            self.answers.put_nowait(answer)
 
     async def __anext__(self) -> pb.SessionResponse:
         return await self.answers.get()

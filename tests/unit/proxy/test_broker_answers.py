@@ -1,20 +1,24 @@
 """Broker answers that do not make sense, at the proxy's broker client (proxy.brokers.GrpcBrokerClient), no sockets:
-an answer that does not decode is a failure naming the broker and the call, never a successful empty answer; the
-brokers that did answer are still heard."""
+an answer that does not decode, or of another kind than its request, is a failure naming the broker and the call,
+never a successful empty answer; the brokers that did answer are still heard."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from proxy.admin import AdminService
 from proxy.auth import Authenticator
 from proxy.brokers import GrpcBrokerClient
+from proxy.outgoing import chunks, shared_run
 from proxy.ports import NoMetrics
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress
+from tests.unit.broker.test_session_stream import AnsweringCall, session_on
 from tests.unit.proxy.test_admin_fanout import AdminBroker, Context
 
 
@@ -71,3 +75,66 @@ async def test_a_change_one_broker_answered_undecodably_is_applied_on_the_others
         await b1.close()
     assert [a.broker for a in answer.answers] == ["b2"]
     assert [(f.broker, f.code) for f in answer.failures] == [("b1", "INTERNAL")]
+
+
+class AnswersOtherKind(AnsweringCall):
+    """A broker that answers every request with a body of `kind` (None: no body), whatever the request's kind."""
+
+    def __init__(self, kind: str | None) -> None:
+        super().__init__()
+        self.kind = kind
+
+    async def write(self, message: bytes) -> None:
+        request = bpb.SessionRequest.FromString(message)
+        self.written.append(request)
+        if not request.cancel:
+            answer = bpb.SessionResponse(id=request.id)
+            if self.kind is not None:
+                getattr(answer, self.kind).SetInParent()
+            self.answers.put_nowait(answer)
+
+
+def session_client(call: AnsweringCall, metrics: Counted | None = None) -> GrpcBrokerClient:
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"), metrics=metrics)
+    client._session = session_on(call).open()  # its stream: this call (no socket)
+    return client
+
+
+@pytest.mark.parametrize("kind", ["notification", "send", None])
+async def test_a_pop_answered_with_another_kind_fails_and_its_messages_are_handed_back(kind: str | None) -> None:
+    """Not an empty answer whose popped messages would stay invisible for their whole invisible time: a failure
+    naming the broker, and a cancel frame on which the broker makes what it popped ready again."""
+    call = AnswersOtherKind(kind)
+    metrics = Counted()
+    client = session_client(call, metrics)
+    pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=4, invisible_ms=60_000)
+    try:
+        with pytest.raises(errors.BrokerFailure, match=f"b1 answered {kind or 'no body'} to a Pop"):
+            await client.begin_pop(pop, timeout_s=1)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    finally:
+        await client.close()
+    assert [(r.id, r.WhichOneof("body")) for r in call.written] == [(1, "pop"), (1, "cancel")]
+    assert metrics.outcomes == [("b1", "Pop", "BrokerFailure")]
+
+
+@pytest.mark.parametrize("kind", ["ack", None])
+async def test_a_send_answered_with_another_kind_fails_naming_the_broker(kind: str | None) -> None:
+    """Not "the broker stored 0 of 1 messages", which it did not say."""
+    client = session_client(AnswersOtherKind(kind))
+    [chunk] = chunks([(0, shared_run(bpb.Message(topic="t"), [b"a"], ["1"]))], budget=1 << 20)
+    try:
+        with pytest.raises(errors.BrokerFailure, match=f"b1 answered {kind or 'no body'} to a Send"):
+            await client.send(chunk, timeout_s=1)
+    finally:
+        await client.close()
+
+
+async def test_an_answer_of_the_requests_kind_is_the_answer() -> None:
+    client = session_client(AnsweringCall())
+    pop = bpb.PopRequest(topic="t", group="g", filter="*", max_messages=4, invisible_ms=60_000)
+    try:
+        assert await client.begin_pop(pop, timeout_s=1) == bpb.PopResponse()
+    finally:
+        await client.close()
