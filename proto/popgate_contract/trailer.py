@@ -2,9 +2,9 @@
 
 Both sides live here. A broker answers a `DomainError` with `status_of` its class and `trailer` (or, on the Session
 stream, a ``SessionError`` with the same name and code); a proxy turns the failed call back into the very class
-the broker raised with `error_of` (`from_broker` for a name), and a failure without a name into the proxy's own
-errors by its gRPC code. Guarded by tests/unit/contract/test_trailer.py and by the fuzz tests' check that every
-broker error carries a name.
+the broker raised with `error_of` (`from_broker` for a name), and a failure without a name it knows (none, or a
+newer broker's) into the proxy's own errors by its gRPC code. Guarded by tests/unit/contract/test_trailer.py and
+by the fuzz tests' check that every broker error carries a name.
 """
 
 from __future__ import annotations
@@ -78,14 +78,19 @@ def from_broker(name: str, message: str, *, broker: str) -> errors.DomainError:
 
 
 def error_of(exc: grpc.aio.AioRpcError, broker: str) -> errors.DomainError:
-    """The domain error for a failed broker call: the class its trailer names, else one for its gRPC code."""
+    """The domain error for a failed broker call: the class its trailer names, else one for its gRPC code. A name
+    this side does not know (a newer broker's error) is told by its code too, the name kept in the text, so that it is
+    retried and failed over as its code says — tests/unit/contract/test_trailer.py::
+    test_an_error_name_this_side_does_not_know_is_told_by_its_code_with_the_name_kept."""
     name = ""
     for key, value in exc.trailing_metadata() or ():
         if key == ERROR_KEY:
             name = value if isinstance(value, str) else value.decode()
     details = exc.details() or ""
+    if name in _BY_NAME:
+        return _BY_NAME[name](details)
     if name:
-        return from_broker(name, details, broker=broker)
+        details = f"{name}: {details}"
     code = exc.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         if unsent(exc):

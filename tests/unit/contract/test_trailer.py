@@ -49,3 +49,20 @@ def test_an_unknown_name_or_the_bare_base_is_a_broker_failure() -> None:
     assert type(trailer.from_broker("Strange", "m", broker="b1")) is errors.BrokerFailure
     assert type(trailer.from_broker("DomainError", "m", broker="b1")) is errors.BrokerFailure
     assert type(trailer.from_broker("Unauthorized", "m", broker="b1")) is errors.BrokerFailure  # the proxy's own
+
+
+def test_an_error_name_this_side_does_not_know_is_told_by_its_code_with_the_name_kept() -> None:
+    """A newer broker's new error: retried and failed over as its gRPC code says, not an INTERNAL error."""
+
+    def failed(name: str, code: grpc.StatusCode) -> errors.DomainError:
+        return trailer.error_of(trailer.session_error(name, "refused", code.value[0]), "b1")
+
+    unavailable = failed("BrokerUnavailable", grpc.StatusCode.UNAVAILABLE)  # the proxy's own name, not a broker's
+    assert type(unavailable) is errors.BrokerUnavailable and unavailable.retriable
+    assert "b1" in unavailable.message and "BrokerUnavailable: refused" in unavailable.message
+    assert type(failed("QuotaExceeded", grpc.StatusCode.RESOURCE_EXHAUSTED)) is errors.TooManyRequests
+    assert type(failed("QuotaExceeded", grpc.StatusCode.DEADLINE_EXCEEDED)) is errors.BrokerTimeout
+    strange = failed("Strange", grpc.StatusCode.INTERNAL)
+    assert type(strange) is errors.BrokerFailure and "Strange: refused" in strange.message
+    assert type(failed("DomainError", grpc.StatusCode.INTERNAL)) is errors.BrokerFailure
+    assert type(failed("TopicNotFound", grpc.StatusCode.UNAVAILABLE)) is errors.TopicNotFound  # a known name wins

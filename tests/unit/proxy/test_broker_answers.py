@@ -138,3 +138,26 @@ async def test_an_answer_of_the_requests_kind_is_the_answer() -> None:
         assert await client.begin_pop(pop, timeout_s=1) == bpb.PopResponse()
     finally:
         await client.close()
+
+
+class RefusesUnknown(AnsweringCall):
+    """A newer broker refusing every request with an error whose name this proxy does not know, as UNAVAILABLE."""
+
+    async def write(self, message: bytes) -> None:
+        request = bpb.SessionRequest.FromString(message)
+        self.written.append(request)
+        if not request.cancel:
+            error = bpb.SessionError(error="BrokerUnavailable", message="refused", grpc_code=14)
+            self.answers.put_nowait(bpb.SessionResponse(id=request.id, error=error))
+
+
+async def test_a_send_refused_with_an_unknown_error_name_fails_as_its_grpc_code_says() -> None:
+    """UNAVAILABLE: the broker marked down and the send failed over (`Proxy._send_with_failover`), not INTERNAL."""
+    client = session_client(RefusesUnknown())
+    [chunk] = chunks([(0, shared_run(bpb.Message(topic="t"), [b"a"], ["1"]))], budget=1 << 20)
+    try:
+        with pytest.raises(errors.BrokerUnavailable, match="b1.*BrokerUnavailable: refused"):
+            await client.send(chunk, timeout_s=1)
+    finally:
+        await client.close()
+    assert not client.healthy
