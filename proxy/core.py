@@ -21,6 +21,7 @@ from proxy.consumers import ConsumerBook
 from proxy.outgoing import Chunk, Run, chunks, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive.announce import Announcer
+from proxy.receive.over_max import PopCuts
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.renewal import Renewer
 from proxy.renewal_book import RenewalLimits
@@ -87,6 +88,7 @@ class Proxy:
         # such a receive still counts in `_held`, and past this many bytes new receives are refused.
         self._max_answer_bytes = max_answer_bytes
         self._answer_bytes = 0
+        self.cuts = PopCuts(pool, timeout_s=broker_timeout_s)
 
     def close(self) -> None:
         """Stop taking new long polls; held receives answer at once (empty)."""
@@ -250,6 +252,8 @@ class Proxy:
             held = True
             self._announcer.received(request.topic, request.group, request.filter, self.pool.live())
             result = await self.strategy.receive(request, self.closing)
+            if len(result.messages) > request.batch:  # a broker's answer past its Pop's max (proxy.receive.over_max)
+                self.cuts.cut(request, result)
             outcome = result.outcome
             if result.messages:
                 self._account(result)

@@ -1,6 +1,7 @@
 """Broker answers that do not make sense, at the proxy's broker client (proxy.brokers.GrpcBrokerClient), no sockets:
 an answer that does not decode, or of another kind than its request, is a failure naming the broker and the call,
-never a successful empty answer; the brokers that did answer are still heard."""
+never a successful empty answer; the brokers that did answer are still heard. And at the core: a Pop answer past the
+Pop's max is cut to it."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ from popgate_contract import errors
 from proxy.admin import AdminService
 from proxy.auth import Authenticator
 from proxy.brokers import GrpcBrokerClient
+from proxy.core import Proxy
 from proxy.outgoing import chunks, shared_run
 from proxy.ports import NoMetrics
+from proxy.receive.coupled import LongPollStrategy
+from proxy.receive.seam import ReceiveRequest
 from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress
 from tests.unit.broker.test_session_stream import AnsweringCall, session_on
+from tests.unit.proxy.fakes import FakeBroker, handle, popped
 from tests.unit.proxy.test_admin_fanout import AdminBroker, Context
 
 
@@ -161,3 +166,49 @@ async def test_a_send_refused_with_an_unknown_error_name_fails_as_its_grpc_code_
     finally:
         await client.close()
     assert not client.healthy
+
+
+class AnswersTooMany(FakeBroker):
+    """A broker whose Pop answers every ready message, past the Pop's max_messages, each after a copy of the first
+    (the same delivery twice: its receipt handle too); records the give-backs (ChangeInvisibleTime)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.changed_invisible: list[bpb.ChangeInvisibleTimeRequest] = []
+
+    async def pop(self, request: bpb.PopRequest, *, timeout_s: float) -> bpb.PopResponse:
+        self.pops.append(request)
+        taken, self.ready = self.ready, []
+        return bpb.PopResponse(messages=[taken[0], *taken])
+
+    async def change_invisible_time(
+        self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimeResponse:
+        self.changed_invisible.append(request)
+        return await super().change_invisible_time(request, timeout_s=timeout_s)
+
+
+async def test_a_pop_answer_past_the_pops_max_is_cut_to_it_and_the_rest_given_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client gets no more than it asked for (our SDK refuses such an answer whole); the messages past the max
+    are ready again at the broker at once (ChangeInvisibleTime 0), except a copy of one the client got, whose
+    delivery stays the client's. Logged the 1st, 10th, 100th ... time."""
+    broker = AnswersTooMany("b1")
+    pool = BrokerPool({"b1": broker}, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+    loop = asyncio.get_running_loop()
+    for round_ in range(10):
+        broker.ready = [popped("b1", f"m{i}", token=f"{round_:02x}{i:02x}") for i in range(6)]
+        ask = ReceiveRequest("t", "g", "*", 4, 30_000, 0.0, loop.time() + 5)
+        result = await proxy.receive(ask)
+        assert [m.stored.message.message_id for m in result.messages] == ["m0", "m0", "m1", "m2"]
+        result.release()
+        await proxy.cuts.given_back()
+        given_back = [(r.topic, r.group, r.receipt_handle, r.invisible_ms) for r in broker.changed_invisible]
+        assert given_back == [("t", "g", handle("b1", token=f"{round_:02x}{i:02x}"), 0) for i in (3, 4, 5)]
+        broker.changed_invisible.clear()
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "proxy.receive.over_max" and r.levelname == "WARNING"
+    ]
+    assert len(warnings) == 2 and all("b1" in w and "4" in w for w in warnings)
