@@ -25,7 +25,7 @@ from proxy.receive.over_max import PopCuts
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.renewal import Renewer
 from proxy.renewal_book import RenewalLimits
-from proxy.routing import BrokerPool, TopicMisses
+from proxy.routing import BrokerPool, SlowSends, TopicMisses
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class Proxy:
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
         self._announcer = Announcer(timeout_s=broker_timeout_s)  # groups announced to brokers (proxy.receive.announce)
         self._topic_misses = TopicMisses()
+        self.slow_sends = SlowSends()  # brokers whose sends time out in a row: tried last (proxy.routing)
         self._failover_logs: dict[tuple[str, str], Throttled] = {}  # by broker and error: a few each
         self.consumers = ConsumerBook()  # live consumers, reported to every broker (proxy.consumers)
         self._max_send_bytes = max_send_bytes
@@ -197,14 +198,15 @@ class Proxy:
     ) -> Sequence[bpb.SendResult]:
         last: errors.DomainError = errors.BrokerUnavailable("no broker is configured")
         topic = chunk.topic
-        # A broker that came up is tried last while its groups are announced (proxy.receive.announce) —
-        # tests/integration/proxy/test_group_announce.py::test_sends_wait_for_the_announcements_to_a_broker_back_empty.
-        candidates = self._announcer.send_order(self.pool.candidates(key))
+        candidates = self._send_order(key)
         tried = missing = 0
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1
             try:
-                return await client.send(chunk, timeout_s=self._timeout_until(deadline))
+                stored = await client.send(chunk, timeout_s=self._timeout_until(deadline))
+            except errors.BrokerTimeout:  # not failed over: it may have been stored (counted: `SlowSends`)
+                self._send_timed_out(client.name)
+                raise
             # Down, without this topic, or its store refusing writes (a full disk: the commit stored nothing) —
             # test_core.py::test_send_fails_over_from_a_broker_whose_store_refuses_writes.
             except (errors.BrokerUnavailable, errors.TopicNotFound, errors.StoreUnavailable) as exc:
@@ -214,9 +216,40 @@ class Proxy:
                     if topic is not None:
                         self._topic_misses.missed(topic, client.name)
                 last = exc
+            else:
+                if self.slow_sends.answered(client.name):
+                    log.info("broker %s answered a send again: back in the send rotation", client.name)
+                return stored
         if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last
+
+    def _send_order(self, key: str | None) -> list[BrokerClient]:
+        """The brokers a send tries, in order (`BrokerPool.candidates`). After the other live ones: a broker that came
+        up, while its groups are announced (proxy.receive.announce) — tests/integration/proxy/test_group_announce.py::
+        test_sends_wait_for_the_announcements_to_a_broker_back_empty; and for a send without a message group, a
+        broker whose sends time out in a row (`SlowSends`), but first for the one send that probes it —
+        test_slow_sends.py::test_a_broker_whose_sends_time_out_in_a_row_is_sent_to_last_then_probed_then_back. A
+        message group keeps its broker even then, its order needing that one broker —
+        test_slow_sends.py::test_a_message_group_keeps_its_broker_while_that_broker_is_sent_to_last."""
+        if key is not None or not self.slow_sends.last:
+            return self._announcer.send_order(self.pool.candidates(key))
+        candidates = self.pool.candidates(last=self.slow_sends.last)
+        probe = self.slow_sends.probe()
+        if probe is not None:
+            first = [c for c in candidates if c.name == probe and c.healthy]
+            candidates = first + [c for c in candidates if c not in first]
+        return self._announcer.send_order(candidates)
+
+    def _send_timed_out(self, broker: str) -> None:
+        if self.slow_sends.timed_out(broker):
+            log.warning(
+                "broker %s: %d sends in a row timed out; sends without a message group try it last until it stores"
+                " one again (one send probes it after %g s, then at doubling intervals)",
+                broker,
+                self.slow_sends.after,
+                self.slow_sends.last_s,
+            )
 
     def _failover_log(self, broker: str, exc: errors.DomainError) -> None:
         """A line per broker and reason at most every FAILURE_LOG_EVERY_S, however many sends fail over (each is
@@ -234,9 +267,11 @@ class Proxy:
 
     def broker_up(self, client: BrokerClient) -> None:
         """`client`'s broker came up (added, moved, or back from down): told of the consumer groups this proxy
-        received most recently, so that each starts there as on the other brokers (proxy.receive.announce), and
+        received most recently, so that each starts there as on the other brokers (proxy.receive.announce),
         watched by the receives held now (`ReceiveStrategy.broker_up`: a broker discovery adds is not left unwatched
-        until they end)."""
+        until they end), and back in the send rotation if its sends timed out in a row before (`SlowSends.forget`)."""
+        if self.slow_sends.forget(client.name):  # its sends timed out in a row before: a restart may have cured it
+            log.info("broker %s is up again: back in the send rotation", client.name)
         if not self.closing.is_set():
             self._announcer.broker_up(client)
             self.strategy.broker_up(client.name)

@@ -5,7 +5,8 @@ broker (rendezvous hashing over every configured broker: a group moves only whil
 own broker is down, not when another one's health changes); the brokers after the first
 choice are the fail-over order. Brokers
 that are down come last, so a request is still tried when every health check is
-stale. Acks go to the broker named in the receipt handle.
+stale; a broker whose sends keep timing out comes after the other live ones
+(`SlowSends`). Acks go to the broker named in the receipt handle.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from popgate_contract.errors import BrokerNotReached, DomainError, InvalidReceiptHandle
 from popgate_contract.receipt import broker_of
@@ -46,8 +47,13 @@ class BrokerPool:
     def live(self) -> list[BrokerClient]:
         return [self._clients[n] for n in self._names if self._clients[n].healthy]
 
-    def candidates(self, key: str | None = None, *, rotation: str = "send") -> list[BrokerClient]:
+    def candidates(
+        self, key: str | None = None, *, rotation: str = "send", last: Collection[str] = ()
+    ) -> list[BrokerClient]:
         """Every broker in the order to try: the choice first, then fail-over (live before down).
+
+        Live brokers named in `last` (`SlowSends.last`) come after the other live ones, which rotate among themselves
+        (so they share those brokers' turns evenly); when every live broker is named, they rotate as before.
 
         Without a key the choice rotates; each `rotation` name has its own turn (sends one, each topic and group's
         receives theirs: a group's receives interleaved with others' at a fixed ratio would otherwise always land on
@@ -56,6 +62,12 @@ class BrokerPool:
         names = self._names if key is None else self.order(key)  # a group's broker first, whichever are live
         live = [n for n in names if self._clients[n].healthy]
         down = [n for n in names if not self._clients[n].healthy]
+        slow: list[str] = []
+        if last:
+            rest = [n for n in live if n not in last]
+            if rest:
+                slow = [n for n in live if n in last]
+                live = rest
         if live and key is None:
             turn = self._next.pop(rotation, None)
             if turn is None:  # a new rotation, or one dropped as the longest unused: at a random broker (one that
@@ -66,7 +78,7 @@ class BrokerPool:
                 del self._next[next(iter(self._next))]
             start = turn % len(live)
             live = live[start:] + live[:start]
-        return [self._clients[n] for n in live + down]
+        return [self._clients[n] for n in live + slow + down]
 
     def order(self, key: str) -> list[str]:
         """Every broker's name in `key`'s order (rendezvous): the order `candidates(key)` tries them in, live ones
@@ -170,6 +182,65 @@ class TopicMisses:
         if not missing:
             return list(clients)
         return [c for c in clients if c not in missing] + missing
+
+
+class SlowSends:
+    """Brokers whose sends timed out `after` times in a row, their health checks passing or not (a store commit or
+    Session handler stuck behind a stalled disk answers health SERVING): unkeyed sends try them last, so that they
+    do not hold every other send for the broker timeout. One send tries such a broker first (a probe) `last_s`
+    later, then at intervals doubling up to `max_last_s` (each probe unanswered holds its sender for the broker
+    timeout); a send it stores, or its health checks seeing it come back up (`forget`), puts it back in the rotation
+    at once — tests/unit/proxy/test_slow_sends.py. Pure: the proxy reports each send's outcome and asks the order."""
+
+    def __init__(
+        self,
+        *,
+        after: int = 3,
+        last_s: float = 5.0,
+        max_last_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.after = after
+        self.last_s = last_s
+        self._max_last_s = max_last_s
+        self._clock = clock
+        self._row: dict[str, int] = {}  # sends timed out in a row, by broker (only those with one: a send pays a pop)
+        self._probe_at: dict[str, tuple[float, float]] = {}  # brokers sent to last -> next probe's time, interval
+        self.last: frozenset[str] = frozenset()  # those brokers (empty: a send pays a truth test)
+
+    def timed_out(self, broker: str) -> bool:
+        """A send to `broker` timed out; True when that puts it last (it was not)."""
+        row = self._row[broker] = self._row.get(broker, 0) + 1
+        if row < self.after or broker in self._probe_at:
+            return False
+        self._probe_at[broker] = (self._clock() + self.last_s, self.last_s)
+        self.last = frozenset(self._probe_at)
+        return True
+
+    def answered(self, broker: str) -> bool:
+        """A send to `broker` was stored; True when that takes it back from last."""
+        return self._row.pop(broker, None) is not None and self._back(broker)
+
+    def forget(self, broker: str) -> bool:
+        """`broker` came back up after being down (restarted): a new row; True when that takes it back from last."""
+        self._row.pop(broker, None)
+        return self._back(broker)
+
+    def _back(self, broker: str) -> bool:
+        if self._probe_at.pop(broker, None) is None:
+            return False
+        self.last = frozenset(self._probe_at)
+        return True
+
+    def probe(self) -> str | None:
+        """A broker sent to last that this send should try first, or None."""
+        now = self._clock()
+        for broker, (at, interval) in self._probe_at.items():
+            if at <= now:
+                interval = min(2 * interval, self._max_last_s)
+                self._probe_at[broker] = (now + interval, interval)
+                return broker
+        return None
 
 
 def _weight(broker: str, key: str) -> int:
