@@ -16,16 +16,16 @@ from google.protobuf.message import Message
 from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors, trailer
-from popgate_process.throttled import Throttled
 from proxy.consumers import ConsumerBook
-from proxy.outgoing import Chunk, Run, chunks, runs_of
+from proxy.outgoing import Run, runs_of
 from proxy.ports import BrokerClient, Metrics, NoMetrics
 from proxy.receive.announce import Announcer
 from proxy.receive.over_max import PopCuts
 from proxy.receive.seam import ReceiveRequest, ReceiveResult, ReceiveStrategy
 from proxy.renewal import Renewer
 from proxy.renewal_book import RenewalLimits
-from proxy.routing import BrokerPool, SlowSends, TopicMisses
+from proxy.routing import BrokerPool
+from proxy.sending import Sender
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +38,7 @@ class QueueRoute:
 
 REPLY_RESERVE_S = 0.1  # a unary answer's time to reach the client before its deadline
 MIN_BROKER_CALL_S = 0.05  # a broker call gets at least this much, even when the client's time is nearly up
-SEND_OVERHEAD = 1024  # bytes counted per message beyond its body (envelope, coroutine, result)
 ANSWER_OVERHEAD = 1024  # the same for a received message waiting to be written (its frame, handle, ids)
-
-
-class PartlyStored(Exception):
-    """A send whose message groups went to brokers apart, some stored and some not: `error` is the first
-    failure, `results` one per message (None: not stored, or not known to be)."""
-
-    def __init__(self, error: errors.DomainError, results: list[bpb.SendResult | None]) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.results = results
 
 
 class Proxy:
@@ -76,15 +65,12 @@ class Proxy:
         self._timeout = broker_timeout_s
         self.metrics = metrics or NoMetrics()
         self._max_held = max_held_receives
-        self._send_chunk_bytes = send_chunk_bytes
         self._held = 0  # receives in progress: bounded, so overload is TOO_MANY_REQUESTS, not memory
         self._announcer = Announcer(timeout_s=broker_timeout_s)  # groups announced to brokers (proxy.receive.announce)
-        self._topic_misses = TopicMisses()
-        self.slow_sends = SlowSends()  # brokers whose sends time out in a row: tried last (proxy.routing)
-        self._failover_logs: dict[tuple[str, str], Throttled] = {}  # by broker and error: a few each
+        self.sender = Sender(
+            pool, self._announcer, self._timeout_until, chunk_bytes=send_chunk_bytes, max_bytes=max_send_bytes
+        )
         self.consumers = ConsumerBook()  # live consumers, reported to every broker (proxy.consumers)
-        self._max_send_bytes = max_send_bytes
-        self._send_bytes = 0  # bytes of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded too
         # Messages received and not yet written to their clients (a client that does not read keeps them):
         # such a receive still counts in `_held`, and past this many bytes new receives are refused.
         self._max_answer_bytes = max_answer_bytes
@@ -120,146 +106,15 @@ class Proxy:
         `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
-        cost = self.check_send_bytes(sum(r.held_bytes for r in runs), sum(len(r.ids) for r in runs))
-        self._send_bytes += cost
-        try:
-            return await self._send(runs, deadline)
-        finally:
-            self._send_bytes -= cost
+        return await self.sender.send_runs(runs, deadline)
 
     def check_send_room(self, messages: Sequence[Message]) -> int:
-        """The cost of sending ``messages`` (protobuf messages: each encoded whole, keys and properties with its
-        body, + SEND_OVERHEAD); TooManyRequests when it would pass max_send_bytes (one request alone always fits).
-        The edge asks before it converts a request, so a refused one costs no copy of its bodies —
-        tests/unit/proxy/test_overload.py::test_sends_count_their_keys_and_properties_not_their_bodies_alone."""
-        return self.check_send_bytes(sum(m.ByteSize() for m in messages), len(messages))
+        """`Sender.check_room`: what the edge asks before it converts a request."""
+        return self.sender.check_room(messages)
 
     def check_send_bytes(self, held_bytes: int, count: int) -> int:
-        """`check_send_room` of `count` messages that take `held_bytes`."""
-        cost = held_bytes + SEND_OVERHEAD * count
-        if self._send_bytes and self._send_bytes + cost > self._max_send_bytes:
-            raise errors.TooManyRequests(f"the proxy already has {self._send_bytes} bytes of sends in flight")
-        return cost
-
-    def _batches(self, runs: Sequence[Run]) -> tuple[list[tuple[str | None, list[tuple[int, Run]]]], int]:
-        """The runs (each with its first message's place in the request) by the broker Sends they go in, each with
-        a message group that routes it (None: the send rotation), and the request's message count.
-
-        Message groups whose brokers come in the same order share a Send (the broker puts each message in its
-        group's queue, and a fail-over moves them all alike): a request of many groups is a Send per broker, not
-        one per group — test_core.py::test_a_requests_message_groups_share_a_send_per_broker."""
-        batches: dict[tuple[str, ...] | None, tuple[str | None, list[tuple[int, Run]]]] = {}
-        orders: dict[str, tuple[str, ...]] = {}
-        count = 0
-        for run in runs:
-            key = run.group or None
-            where = None if key is None else orders.get(key)
-            if key is not None and where is None:
-                where = orders[key] = tuple(self.pool.order(key))
-            batch = batches.get(where)
-            if batch is None:
-                batch = batches[where] = (key, [])
-            batch[1].append((count, run))
-            count += len(run.ids)
-        return list(batches.values()), count
-
-    async def _send(self, runs: Sequence[Run], deadline: float | None) -> list[bpb.SendResult]:
-        batches, count = self._batches(runs)
-        results: list[bpb.SendResult | None] = [None] * count
-
-        async def one(key: str | None, placed: list[tuple[int, Run]]) -> None:
-            for chunk in chunks(placed, self._send_chunk_bytes):
-                stored = await self._send_with_failover(key, chunk, deadline)
-                if len(stored) != len(chunk.places):
-                    raise errors.BrokerFailure(f"broker stored {len(stored)} of {len(chunk.places)} messages")
-                for i, result in zip(chunk.places, stored, strict=True):
-                    results[i] = result
-
-        # Every group settles before the answer (a client retrying must not race a store still in flight, and
-        # the request's bytes stay counted until then); the first error reaches the client as itself.
-        if len(batches) == 1:  # awaited in place: a task per batch only where there are several
-            [(key, placed)] = batches
-            try:
-                await one(key, placed)
-                outcomes: list[BaseException | None] = [None]
-            except Exception as exc:
-                outcomes = [exc]
-        else:
-            outcomes = await asyncio.gather(*(one(key, placed) for key, placed in batches), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                if isinstance(outcome, errors.DomainError) and any(r is not None for r in results):
-                    raise PartlyStored(outcome, results)
-                raise outcome
-        return [r for r in results if r is not None]
-
-    async def _send_with_failover(
-        self, key: str | None, chunk: Chunk, deadline: float | None
-    ) -> Sequence[bpb.SendResult]:
-        last: errors.DomainError = errors.BrokerUnavailable("no broker is configured")
-        topic = chunk.topic
-        candidates = self._send_order(key)
-        tried = missing = 0
-        for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
-            tried += 1
-            try:
-                stored = await client.send(chunk, timeout_s=self._timeout_until(deadline))
-            except errors.BrokerTimeout:  # not failed over: it may have been stored (counted: `SlowSends`)
-                self._send_timed_out(client.name)
-                raise
-            # Down, without this topic, or its store refusing writes (a full disk: the commit stored nothing) —
-            # test_core.py::test_send_fails_over_from_a_broker_whose_store_refuses_writes.
-            except (errors.BrokerUnavailable, errors.TopicNotFound, errors.StoreUnavailable) as exc:
-                self._failover_log(client.name, exc)
-                if isinstance(exc, errors.TopicNotFound):
-                    missing += 1
-                    if topic is not None:
-                        self._topic_misses.missed(topic, client.name)
-                last = exc
-            else:
-                if self.slow_sends.answered(client.name):
-                    log.info("broker %s answered a send again: back in the send rotation", client.name)
-                return stored
-        if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
-            raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
-        raise last
-
-    def _send_order(self, key: str | None) -> list[BrokerClient]:
-        """The brokers a send tries, in order (`BrokerPool.candidates`). After the other live ones: a broker that came
-        up, while its groups are announced (proxy.receive.announce) — tests/integration/proxy/test_group_announce.py::
-        test_sends_wait_for_the_announcements_to_a_broker_back_empty; and for a send without a message group, a
-        broker whose sends time out in a row (`SlowSends`), but first for the one send that probes it —
-        test_slow_sends.py::test_a_broker_whose_sends_time_out_in_a_row_is_sent_to_last_then_probed_then_back. A
-        message group keeps its broker even then, its order needing that one broker —
-        test_slow_sends.py::test_a_message_group_keeps_its_broker_while_that_broker_is_sent_to_last."""
-        if key is not None or not self.slow_sends.last:
-            return self._announcer.send_order(self.pool.candidates(key))
-        candidates = self.pool.candidates(last=self.slow_sends.last)
-        probe = self.slow_sends.probe()
-        if probe is not None:
-            first = [c for c in candidates if c.name == probe and c.healthy]
-            candidates = first + [c for c in candidates if c not in first]
-        return self._announcer.send_order(candidates)
-
-    def _send_timed_out(self, broker: str) -> None:
-        if self.slow_sends.timed_out(broker):
-            log.warning(
-                "broker %s: %d sends in a row timed out; sends without a message group try it last until it stores"
-                " one again (one send probes it after %g s, then at doubling intervals)",
-                broker,
-                self.slow_sends.after,
-                self.slow_sends.last_s,
-            )
-
-    def _failover_log(self, broker: str, exc: errors.DomainError) -> None:
-        """A line per broker and reason at most every FAILURE_LOG_EVERY_S, however many sends fail over (each is
-        counted in popgate_proxy_broker_rpcs_total by its outcome) — test_core.py::
-        test_sends_failing_over_log_a_line_per_broker_and_reason_not_per_send."""
-        key = (broker, type(exc).__name__)
-        throttled = self._failover_logs.get(key)
-        if throttled is None:
-            throttled = self._failover_logs[key] = Throttled(log.info)
-        throttled("send to broker %s failed over: %s", broker, exc.message)
+        """`Sender.check_bytes`."""
+        return self.sender.check_bytes(held_bytes, count)
 
     def deleted(self, *, topic: str = "", group: str = "") -> None:
         """An admin deleted `group` (on `topic`, or every topic) or the whole `topic`: no longer announced."""
@@ -269,9 +124,8 @@ class Proxy:
         """`client`'s broker came up (added, moved, or back from down): told of the consumer groups this proxy
         received most recently, so that each starts there as on the other brokers (proxy.receive.announce),
         watched by the receives held now (`ReceiveStrategy.broker_up`: a broker discovery adds is not left unwatched
-        until they end), and back in the send rotation if its sends timed out in a row before (`SlowSends.forget`)."""
-        if self.slow_sends.forget(client.name):  # its sends timed out in a row before: a restart may have cured it
-            log.info("broker %s is up again: back in the send rotation", client.name)
+        until they end), and back in the send rotation if its sends timed out in a row before (`Sender.broker_up`)."""
+        self.sender.broker_up(client.name)
         if not self.closing.is_set():
             self._announcer.broker_up(client)
             self.strategy.broker_up(client.name)

@@ -23,8 +23,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import status_of
 from proxy import validate
-from proxy.core import PartlyStored
 from proxy.outgoing import Run, runs_of, shared_run
+from proxy.sending import PartlyStored
 from proxy.v2.context import Call
 from proxy.v2.convert import SendLimits, body_of, to_broker
 

@@ -157,7 +157,7 @@ class RefusesUnknown(AnsweringCall):
 
 
 async def test_a_send_refused_with_an_unknown_error_name_fails_as_its_grpc_code_says() -> None:
-    """UNAVAILABLE: the broker marked down and the send failed over (`Proxy._send_with_failover`), not INTERNAL."""
+    """UNAVAILABLE: the broker marked down and the send failed over (`Sender._with_failover`), not INTERNAL."""
     client = session_client(RefusesUnknown())
     [chunk] = chunks([(0, shared_run(bpb.Message(topic="t"), [b"a"], ["1"]))], budget=1 << 20)
     try:

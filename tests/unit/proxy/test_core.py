@@ -13,11 +13,12 @@ from popgate_pb import broker_pb2 as bpb
 
 from popgate_contract import errors
 from proxy import routing
-from proxy.core import PartlyStored, Proxy
+from proxy.core import Proxy
 from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
 from proxy.receive.seam import ReceiveRequest
 from proxy.routing import BrokerPool
+from proxy.sending import PartlyStored
 from tests.unit.proxy.fakes import FakeBroker, handle, popped
 
 
@@ -148,7 +149,7 @@ async def test_sends_failing_over_log_a_line_per_broker_and_reason_not_per_send(
     proxy, brokers = make("b1", "b2", "b3")
     brokers["b1"].fail = errors.StoreUnavailable("store write failed (data directory full or read-only?)")
     brokers["b2"].fail = errors.BrokerUnavailable("b2 is down")
-    caplog.set_level(logging.INFO, logger="proxy.core")
+    caplog.set_level(logging.INFO, logger="proxy.sending")
     for i in range(200):
         await proxy.send([msg(i, group=f"g{i}")])
     assert len(brokers["b3"].sent) == 200
@@ -178,7 +179,7 @@ async def test_a_failed_send_answers_once_every_message_group_of_the_request_has
     in_flight: list[int] = []
 
     async def slow(chunk: Chunk, *, timeout_s: float) -> Sequence[bpb.SendResult]:
-        in_flight.append(proxy._send_bytes)
+        in_flight.append(proxy.sender.in_flight_bytes)
         await asyncio.sleep(0.05)
         return await slow_send(chunk, timeout_s=timeout_s)
 
@@ -188,7 +189,7 @@ async def test_a_failed_send_answers_once_every_message_group_of_the_request_has
     assert [m.message_id for m in brokers["b2"].sent] == ["m2"]  # settled before the answer
     assert isinstance(partly.value.error, errors.MessageBodyTooLarge)  # the client is told this, and which
     assert [r is not None for r in partly.value.results] == [False, True]  # is stored
-    assert in_flight and in_flight[0] > 0 and proxy._send_bytes == 0
+    assert in_flight and in_flight[0] > 0 and proxy.sender.in_flight_bytes == 0
 
 
 async def broker_sends(batch: list[bpb.Message], budget: int) -> list[int]:

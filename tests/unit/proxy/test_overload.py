@@ -1,4 +1,4 @@
-"""Sends in flight are bounded in bytes: past the bound TOO_MANY_REQUESTS, never unbounded memory (proxy/core.py)."""
+"""Sends in flight are bounded in bytes: past the bound TOO_MANY_REQUESTS, never unbounded memory (proxy/sending.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import code_of
 from proxy.auth import Account
-from proxy.core import SEND_OVERHEAD, Proxy
+from proxy.core import Proxy
 from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
+from proxy.sending import SEND_OVERHEAD
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2 import send as send_v2
 from proxy.v2.context import Call, endpoints_for

@@ -1,5 +1,5 @@
 """Brokers whose sends time out in a row while their health checks pass: sent to last, probed, taken back
-(`proxy.routing.SlowSends`, `proxy.core.Proxy._send_with_failover`)."""
+(`proxy.routing.SlowSends`, `proxy.sending.Sender._with_failover`)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def make() -> tuple[Proxy, Silent, FakeBroker, list[float]]:
     pool = BrokerPool({"b1": b1, "b2": b2}, first_turn=0)
     proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), broker_timeout_s=0.05)
     now = [0.0]
-    proxy.slow_sends = SlowSends(after=3, last_s=5.0, max_last_s=60.0, clock=lambda: now[0])
+    proxy.sender.slow = SlowSends(after=3, last_s=5.0, max_last_s=60.0, clock=lambda: now[0])
     return proxy, b1, b2, now
 
 
@@ -68,7 +68,7 @@ async def test_a_broker_whose_sends_time_out_in_a_row_is_sent_to_last_then_probe
     b1 is back in the rotation. Each timed-out send stays the client's PROXY_TIMEOUT (it may have been stored),
     never failed over."""
     proxy, b1, b2, now = make()
-    caplog.set_level(logging.INFO, logger="proxy.core")
+    caplog.set_level(logging.INFO, logger="proxy.sending")
     assert await sends(proxy, 6) == 3  # round robin: b1's three turns time out
     assert b1.tried == 3 and len(b2.sent) == 3
     assert await sends(proxy, 20, start=6) == 0  # then b2 takes every send, none waiting on b1
@@ -96,7 +96,7 @@ async def test_a_message_group_keeps_its_broker_while_that_broker_is_sent_to_las
     proxy, b1, b2, _ = make()
     group = next(f"g{i}" for i in range(100) if proxy.pool.candidates(f"g{i}")[0].name == "b1")
     await sends(proxy, 6)
-    assert proxy.slow_sends.last == {"b1"}
+    assert proxy.sender.slow.last == {"b1"}
     assert await sends(proxy, 2, start=6, group=group) == 2
     assert b1.tried == 5 and not [m for m in b2.sent if m.message_group]
 
@@ -108,7 +108,7 @@ async def test_a_broker_back_up_after_being_down_is_in_the_send_rotation_again()
     b1.silent, b1.healthy = False, False
     b1.healthy = True
     proxy.broker_up(b1)
-    assert not proxy.slow_sends.last
+    assert not proxy.sender.slow.last
     assert await sends(proxy, 4, start=6) == 0 and len(b1.sent) == 2
 
 
