@@ -45,9 +45,9 @@ MAX_FIFO = b"\x48"  # SessionRequest.max_fifo (9, varint)
 # is written, rather than SDK, proxy and broker each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
 # tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
 MAX_WRITE_BYTES = 48 * 1024
-# The most bytes of requests waiting to be written (the proxy bounds its own outbox alike): past it a request
-# fails with a retriable TooManyRequests instead of queuing while the stream's write is stalled —
-# tests/unit/sdk/test_session.py::test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out.
+# The most bytes of requests waiting to be written (the proxy bounds its own outbox alike): past it a request waits
+# for room within its time (then a retriable Timeout, nothing sent) instead of queuing while the stream's write is
+# stalled — tests/unit/sdk/test_session.py::test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out.
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7, "send_shared": 8}
 # The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
@@ -100,6 +100,18 @@ class Outbox(asyncio.Queue[Queued | None]):
         self.size = 0
         self._items: dict[int, Queued] = {}  # a request's id: its item, while queued
         self._ids: dict[int, int] = {}  # id() of a queued request's item: its request's id
+        self._left: asyncio.Future[None] | None = None  # resolved when queued bytes leave (see `shrunk`)
+
+    def shrunk(self) -> asyncio.Future[None]:
+        """Resolved the next time queued bytes leave the outbox (taken to be written, or taken out), or the stream
+        ends (`wake`)."""
+        if self._left is None or self._left.done():
+            self._left = asyncio.get_running_loop().create_future()
+        return self._left
+
+    def wake(self) -> None:
+        if self._left is not None and not self._left.done():
+            self._left.set_result(None)
 
     def put_request(self, request_id: int, item: Queued) -> None:
         self._items[request_id], self._ids[id(item)] = item, request_id
@@ -116,6 +128,7 @@ class Outbox(asyncio.Queue[Queued | None]):
                 del self._queue[i]  # type: ignore[attr-defined]
                 break
         self.size -= _size(item)
+        self.wake()
         return True
 
     def _put(self, item: Queued | None) -> None:
@@ -126,6 +139,7 @@ class Outbox(asyncio.Queue[Queued | None]):
         item = super()._get()
         if item is not None:
             self.size -= _size(item)
+            self.wake()
             if (request_id := self._ids.pop(id(item), None)) is not None:
                 del self._items[request_id]
         return item
@@ -246,8 +260,8 @@ class Session:
         """The answer to one request (a receive's: its frames), waiting at most `within_s` seconds.
 
         Raises:
-            Timeout: No answer in time (retriable; the proxy is told to drop the request, or it is never sent).
-            TooManyRequests: MAX_OUTBOX_BYTES of requests wait to be written (retriable; nothing was sent).
+            Timeout: No answer in time (retriable; the proxy is told to drop the request, or it is never sent: also
+                when MAX_OUTBOX_BYTES of requests waited to be written all that time).
             Unavailable: The stream was lost (retriable) or closed.
             Unimplemented: The proxy serves no Session.
         """
@@ -300,10 +314,13 @@ class Session:
             self._waiting.drop(request_id)
             raise
         if self._outbox.size and self._outbox.size + _size(data) > MAX_OUTBOX_BYTES:
-            self._waiting.drop(request_id)
-            raise errors.TooManyRequests(
-                f"{self._outbox.size} bytes of requests wait to be written to the proxy", code_name="RESOURCE_EXHAUSTED"
-            )
+            try:
+                within_s = await self._outbox_room(_size(data), within_s)
+            except BaseException:
+                self._waiting.drop(request_id)
+                if future.done() and not future.cancelled():
+                    future.exception()  # failed with the stream meanwhile: the caller gets that error raised here
+                raise
         self._outbox.put_request(request_id, data)
         timer = loop.call_later(within_s, self._timed_out, request_id, future, within_s)
         try:
@@ -319,6 +336,25 @@ class Session:
             raise
         finally:
             timer.cancel()
+
+    async def _outbox_room(self, size: int, within_s: float) -> float:
+        """Wait, within `within_s`, until `size` more bytes fit among those waiting to be written (MAX_OUTBOX_BYTES;
+        one request alone always fits): what is left of `within_s` then. Memory stays bounded, and a request the
+        writer would take in a moment is not refused — tests/unit/sdk/test_session.py::
+        test_requests_past_the_outbox_bound_wait_for_room_and_go."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while self._outbox.size and self._outbox.size + size > MAX_OUTBOX_BYTES and self.broken is None:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise _timeout(within_s)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._outbox.shrunk()), left)
+            except TimeoutError:
+                raise _timeout(within_s) from None
+        if self.broken is not None:
+            raise copy.copy(self.broken)
+        return deadline - loop.time()
 
     def _orphan(self, messages: list[v2.Message]) -> None:
         # Handed to be given back until the stream's close begins, the client's close() included —
@@ -382,6 +418,7 @@ class Session:
         self._waiting.fail_all(self.broken)
         self._room.fail_all(self.broken)
         self._outbox.put_nowait(None)
+        self._outbox.wake()
 
     async def close(self) -> None:
         """End the stream; requests still pending fail with a non-retriable Unavailable."""
