@@ -207,6 +207,8 @@ class SlowSends:
         self._row: dict[str, int] = {}  # sends timed out in a row, by broker (only those with one: a send pays a pop)
         self._probe_at: dict[str, tuple[float, float]] = {}  # brokers sent to last -> next probe's time, interval
         self.last: frozenset[str] = frozenset()  # those brokers (empty: a send pays a truth test)
+        self.generation = 0  # counts the brokers put last; a send notes it as it starts (`answered`)
+        self._since: dict[str, int] = {}  # brokers sent to last -> the generation that put them there
 
     def timed_out(self, broker: str) -> bool:
         """A send to `broker` timed out; True when that puts it last (it was not)."""
@@ -214,12 +216,18 @@ class SlowSends:
         if row < self.after or broker in self._probe_at:
             return False
         self._probe_at[broker] = (self._clock() + self.last_s, self.last_s)
+        self.generation += 1
+        self._since[broker] = self.generation
         self.last = frozenset(self._probe_at)
         return True
 
-    def answered(self, broker: str) -> bool:
-        """A send to `broker` was stored; True when that takes it back from last."""
-        return self._row.pop(broker, None) is not None and self._back(broker)
+    def answered(self, broker: str, started: int) -> bool:
+        """A send to `broker` that started at generation `started` was stored; True when that takes it back from
+        last: only a send started after it was put last does (one started before says nothing of it now) —
+        tests/unit/proxy/test_slow_sends.py::test_sends_started_before_a_broker_was_put_last_do_not_take_it_back."""
+        self._row.pop(broker, None)
+        since = self._since.get(broker)
+        return since is not None and started >= since and self._back(broker)
 
     def forget(self, broker: str) -> bool:
         """`broker` came back up after being down (restarted): a new row; True when that takes it back from last."""
@@ -227,6 +235,7 @@ class SlowSends:
         return self._back(broker)
 
     def _back(self, broker: str) -> bool:
+        self._since.pop(broker, None)
         if self._probe_at.pop(broker, None) is None:
             return False
         self.last = frozenset(self._probe_at)

@@ -54,7 +54,9 @@ class Sender:
         self.in_flight_bytes = 0  # of sends waiting for brokers (bodies + SEND_OVERHEAD each): bounded
         self._topic_misses = TopicMisses()
         self.slow = SlowSends()  # brokers whose sends time out in a row: tried last (proxy.routing)
+        self._full_s = timeout_until(None)  # a broker call's own time, uncut by a client's deadline
         self._failover_logs: dict[tuple[str, str], Throttled] = {}  # by broker and error: a few each
+        self._slow_logs: dict[tuple[str, bool], Throttled] = {}  # by broker, put last or back: a few each
 
     async def send_runs(self, runs: Sequence[Run], deadline: float | None) -> list[bpb.SendResult]:
         """Store the runs' messages; results in request order. Messages of one message group go to one broker.
@@ -92,19 +94,23 @@ class Sender:
         Message groups whose brokers come in the same order share a Send (the broker puts each message in its
         group's queue, and a fail-over moves them all alike): a request of many groups is a Send per broker, not
         one per group — test_core.py::test_a_requests_message_groups_share_a_send_per_broker."""
-        batches: dict[tuple[str, ...] | None, tuple[str | None, list[tuple[int, Run]]]] = {}
-        orders: dict[str, tuple[str, ...]] = {}
+        groups: dict[str | None, list[tuple[int, Run]]] = {}
         count = 0
         for run in runs:
-            key = run.group or None
-            where = None if key is None else orders.get(key)
-            if key is not None and where is None:
-                where = orders[key] = tuple(self.pool.order(key))
+            groups.setdefault(run.group or None, []).append((count, run))
+            count += len(run.ids)
+        if len(groups) - (None in groups) <= 1:  # one message group at most: its order is the send's own
+            return list(groups.items()), count
+        batches: dict[tuple[str, ...] | None, tuple[str | None, list[tuple[int, Run]]]] = {}
+        for key, placed in groups.items():
+            where = None if key is None else tuple(self.pool.order(key))
             batch = batches.get(where)
             if batch is None:
-                batch = batches[where] = (key, [])
-            batch[1].append((count, run))
-            count += len(run.ids)
+                batches[where] = (key, placed)
+            else:
+                batch[1].extend(placed)
+        for _, placed in batches.values():
+            placed.sort(key=lambda start_run: start_run[0])  # in the request's order
         return list(batches.values()), count
 
     async def _send(self, runs: Sequence[Run], deadline: float | None) -> list[bpb.SendResult]:
@@ -144,10 +150,14 @@ class Sender:
         tried = missing = 0
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1
+            timeout_s, started = self._timeout_until(deadline), self.slow.generation
             try:
-                stored = await client.send(chunk, timeout_s=self._timeout_until(deadline))
-            except errors.BrokerTimeout:  # not failed over: it may have been stored (counted: `SlowSends`)
-                self._timed_out(client.name)
+                stored = await client.send(chunk, timeout_s=timeout_s)
+            except errors.BrokerTimeout:  # not failed over: it may have been stored
+                # Counted against the broker only when it had its whole time, not a client's short deadline —
+                # test_slow_sends.py::test_a_timeout_cut_short_by_a_clients_deadline_is_not_the_brokers.
+                if timeout_s >= self._full_s:
+                    self._timed_out(client.name)
                 raise
             # Down, without this topic, or its store refusing writes (a full disk: the commit stored nothing) —
             # test_core.py::test_send_fails_over_from_a_broker_whose_store_refuses_writes.
@@ -159,8 +169,10 @@ class Sender:
                         self._topic_misses.missed(topic, client.name)
                 last = exc
             else:
-                if self.slow.answered(client.name):
-                    log.info("broker %s answered a send again: back in the send rotation", client.name)
+                if self.slow.answered(client.name, started):
+                    self._slow_log(client.name, False)(
+                        "broker %s stored a send again: back in the send rotation", client.name
+                    )
                 return stored
         if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
@@ -185,13 +197,21 @@ class Sender:
 
     def _timed_out(self, broker: str) -> None:
         if self.slow.timed_out(broker):
-            log.warning(
+            self._slow_log(broker, True)(
                 "broker %s: %d sends in a row timed out; sends without a message group try it last until it stores"
                 " one again (one send probes it after %g s, then at doubling intervals)",
                 broker,
                 self.slow.after,
                 self.slow.last_s,
             )
+
+    def _slow_log(self, broker: str, last: bool) -> Throttled:
+        """The line saying `broker` was put last (WARNING) or is back (INFO), at most every FAILURE_LOG_EVERY_S each
+        (a broker at the edge of its capacity may go and come back many times a second)."""
+        throttled = self._slow_logs.get((broker, last))
+        if throttled is None:
+            throttled = self._slow_logs[(broker, last)] = Throttled(log.warning if last else log.info)
+        return throttled
 
     def _failover_log(self, broker: str, exc: errors.DomainError) -> None:
         """A line per broker and reason at most every FAILURE_LOG_EVERY_S, however many sends fail over (each is

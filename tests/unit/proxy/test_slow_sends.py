@@ -116,7 +116,7 @@ def test_slow_sends_counts_timeouts_in_a_row_and_probes_at_doubling_intervals() 
     now = [100.0]
     slow = SlowSends(after=3, last_s=5.0, max_last_s=20.0, clock=lambda: now[0])
     assert [slow.timed_out("b1"), slow.timed_out("b1")] == [False, False]
-    assert slow.answered("b1") is False and not slow.last  # an answer ends the row before it was last
+    assert slow.answered("b1", slow.generation) is False and not slow.last  # an answer ends the row before it was last
     assert [slow.timed_out("b1") for _ in range(4)] == [False, False, True, False]  # put last once
     assert slow.last == {"b1"} and slow.probe() is None
     probes = []
@@ -125,8 +125,8 @@ def test_slow_sends_counts_timeouts_in_a_row_and_probes_at_doubling_intervals() 
         probes.append(slow.probe())
     assert probes == ["b1", None, "b1", None, None, None, "b1", None, None, None, "b1", None]  # 5, 10, 20, 20 s
     assert slow.last == {"b1"}
-    assert slow.answered("b1") is True and not slow.last and slow.probe() is None
-    assert slow.answered("b1") is False
+    assert slow.answered("b1", slow.generation) is True and not slow.last and slow.probe() is None
+    assert slow.answered("b1", slow.generation) is False
     assert [slow.timed_out("b1") for _ in range(3)] == [False, False, True]
     assert slow.forget("b1") is True and not slow.last and slow.forget("b1") is False
     assert [slow.timed_out("b1") for _ in range(2)] == [False, False] and not slow.last  # a new row
@@ -140,3 +140,29 @@ def test_brokers_sent_to_last_leave_the_rotation_to_the_others() -> None:
     assert Counter(o[0] for o in orders) == {"b2": 3, "b3": 3} and all(o[2] == "b1" for o in orders)
     firsts = Counter(pool.candidates(last={"b1", "b2", "b3"})[0].name for _ in range(6))
     assert firsts == {"b1": 2, "b2": 2, "b3": 2}
+
+
+def test_sends_started_before_a_broker_was_put_last_do_not_take_it_back() -> None:
+    """A broker at the edge of its capacity: sends that were on their way as it was put last are stored after, and
+    say nothing of it now; a send started since (the probe) does."""
+    slow = SlowSends(after=3, last_s=5.0, clock=lambda: 0.0)
+    before = slow.generation
+    assert [slow.timed_out("b1") for _ in range(3)] == [False, False, True]
+    assert slow.answered("b1", before) is False and slow.last == {"b1"}
+    assert slow.answered("b1", slow.generation) is True and not slow.last
+
+
+async def test_a_timeout_cut_short_by_a_clients_deadline_is_not_the_brokers() -> None:
+    """A client with little time left (the proxy cuts the broker call to its deadline): the broker timing out then
+    is not counted against it, so one impatient client does not send every client's sends elsewhere."""
+    b1, b2 = Silent("b1"), FakeBroker("b2")
+    pool = BrokerPool({"b1": b1, "b2": b2}, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), broker_timeout_s=3.0)
+    loop = asyncio.get_running_loop()
+    timed_out = 0
+    for i in range(8):
+        try:
+            await proxy.send([msg(i)], deadline=loop.time() + 0.2)  # the broker call cut to ~0.1 s
+        except errors.BrokerTimeout:
+            timed_out += 1
+    assert timed_out == 4 and not proxy.sender.slow.last  # b1's turns timed out; b1 is not put last
