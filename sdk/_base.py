@@ -138,6 +138,8 @@ class ProducerBase(ClientBase):
     # Whether the proxy takes SharedSends: True once it took one; None, not known yet; False, a proxy older than
     # them or one without popgate's extension, every send then going as SendMessage.
     _shared_served: bool | None = None
+    # Whether the proxy's Session takes EndTransaction (popgate.aio): False, one older than it, every end then a call.
+    _ends_served: bool | None = None
 
     def _plan(
         self,

@@ -30,6 +30,7 @@ RESPONSES: dict[str, Callable[..., Any]] = {
     "receive": ext.ReceiveMessagesResponse,
     "ack": pb.AckMessageResponse,
     "change_invisible": pb.ChangeInvisibleDurationResponse,
+    "end_transaction": pb.EndTransactionResponse,
 }
 ANSWERS = {"send_shared": "send"}  # a kind answered in another kind's field (SessionResponse's `body`)
 

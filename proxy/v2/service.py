@@ -148,11 +148,15 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def RecallMessage(self, request: pb.RecallMessageRequest, context: Any) -> pb.RecallMessageResponse:
         return await self._unary("RecallMessage", self._recall, request, context, pb.RecallMessageResponse)
 
-    async def EndTransaction(self, request: pb.EndTransactionRequest, context: Any) -> pb.EndTransactionResponse:
+    async def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: Any, auth: Authenticator | None = None
+    ) -> pb.EndTransactionResponse:
         with contextlib.suppress(errors.DomainError):  # a bad topic is refused by the handler
             topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
             self._producers.answered(topic, request.transaction_id)  # its check no longer counts (proxy.txchecks)
-        return await self._unary("EndTransaction", self._end_transaction, request, context, pb.EndTransactionResponse)
+        return await self._unary(
+            "EndTransaction", self._end_transaction, request, context, pb.EndTransactionResponse, auth
+        )
 
     async def AckMessage(
         self, request: pb.AckMessageRequest, context: Any, auth: Authenticator | None = None, *, brief: bool = False

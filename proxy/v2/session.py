@@ -142,6 +142,7 @@ class Session:
             "send_shared": service.SendShared,
             "ack": functools.partial(service.AckMessage, brief=True),
             "change_invisible": service.ChangeInvisibleDuration,
+            "end_transaction": service.EndTransaction,
         }
         self.pending: dict[int, asyncio.Task[None]] = {}
         # Requests cancelled (a cancel frame) whose task has not ended yet: they count against MAX_PENDING with the

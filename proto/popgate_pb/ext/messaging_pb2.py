@@ -27,7 +27,7 @@ from popgate_pb.v2 import definition_pb2 as popgate__pb_dot_v2_dot_definition__p
 from popgate_pb.v2 import service_pb2 as popgate__pb_dot_v2_dot_service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epopgate_pb/ext/messaging.proto\x12\x0epopgate.ext.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epopgate_pb/v2/definition.proto\x1a\x1bpopgate_pb/v2/service.proto\"\xb9\x03\n\x0eSessionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x36\n\x04send\x18\x04 \x01(\x0b\x32&.apache.rocketmq.v2.SendMessageRequestH\x00\x12<\n\x07receive\x18\x05 \x01(\x0b\x32).apache.rocketmq.v2.ReceiveMessageRequestH\x00\x12\x34\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32%.apache.rocketmq.v2.AckMessageRequestH\x00\x12N\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x32.apache.rocketmq.v2.ChangeInvisibleDurationRequestH\x00\x12\x31\n\x0bsend_shared\x18\x08 \x01(\x0b\x32\x1a.popgate.ext.v1.SendSharedH\x00\x12\x10\n\x08max_fifo\x18\t \x01(\r\x12,\n\x04more\x18\x0f \x03(\x0b\x32\x1e.popgate.ext.v1.SessionRequestB\x06\n\x04\x62ody\":\n\nSendShared\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.popgate.ext.v1.SharedMessages\"b\n\x0eSharedMessages\x12+\n\x06shared\x18\x01 \x01(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\"\xff\x02\n\x0fSessionResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x06status\x18\x02 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12\x37\n\x04send\x18\x04 \x01(\x0b\x32\'.apache.rocketmq.v2.SendMessageResponseH\x00\x12:\n\x07receive\x18\x05 \x01(\x0b\x32\'.popgate.ext.v1.ReceiveMessagesResponseH\x00\x12\x35\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32&.apache.rocketmq.v2.AckMessageResponseH\x00\x12O\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x33.apache.rocketmq.v2.ChangeInvisibleDurationResponseH\x00\x12-\n\x04more\x18\x0f \x03(\x0b\x32\x1f.popgate.ext.v1.SessionResponseB\x06\n\x04\x62ody\"\x80\x01\n\x17ReceiveMessagesResponse\x12,\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.popgate.ext.v1.MessagesH\x00\x42\t\n\x07\x63ontent\"q\n\x08Messages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x36\n\x12\x64\x65livery_timestamp\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x9d\x02\n\tMessaging\x12i\n\x0fReceiveMessages\x12).apache.rocketmq.v2.ReceiveMessageRequest\x1a\'.popgate.ext.v1.ReceiveMessagesResponse\"\x00\x30\x01\x12S\n\nSendShared\x12\x1a.popgate.ext.v1.SendShared\x1a\'.apache.rocketmq.v2.SendMessageResponse\"\x00\x12P\n\x07Session\x12\x1e.popgate.ext.v1.SessionRequest\x1a\x1f.popgate.ext.v1.SessionResponse\"\x00(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epopgate_pb/ext/messaging.proto\x12\x0epopgate.ext.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epopgate_pb/v2/definition.proto\x1a\x1bpopgate_pb/v2/service.proto\"\xff\x03\n\x0eSessionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x36\n\x04send\x18\x04 \x01(\x0b\x32&.apache.rocketmq.v2.SendMessageRequestH\x00\x12<\n\x07receive\x18\x05 \x01(\x0b\x32).apache.rocketmq.v2.ReceiveMessageRequestH\x00\x12\x34\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32%.apache.rocketmq.v2.AckMessageRequestH\x00\x12N\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x32.apache.rocketmq.v2.ChangeInvisibleDurationRequestH\x00\x12\x31\n\x0bsend_shared\x18\x08 \x01(\x0b\x32\x1a.popgate.ext.v1.SendSharedH\x00\x12\x44\n\x0f\x65nd_transaction\x18\n \x01(\x0b\x32).apache.rocketmq.v2.EndTransactionRequestH\x00\x12\x10\n\x08max_fifo\x18\t \x01(\r\x12,\n\x04more\x18\x0f \x03(\x0b\x32\x1e.popgate.ext.v1.SessionRequestB\x06\n\x04\x62ody\":\n\nSendShared\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.popgate.ext.v1.SharedMessages\"b\n\x0eSharedMessages\x12+\n\x06shared\x18\x01 \x01(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\"\xc6\x03\n\x0fSessionResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x06status\x18\x02 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12\x37\n\x04send\x18\x04 \x01(\x0b\x32\'.apache.rocketmq.v2.SendMessageResponseH\x00\x12:\n\x07receive\x18\x05 \x01(\x0b\x32\'.popgate.ext.v1.ReceiveMessagesResponseH\x00\x12\x35\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32&.apache.rocketmq.v2.AckMessageResponseH\x00\x12O\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x33.apache.rocketmq.v2.ChangeInvisibleDurationResponseH\x00\x12\x45\n\x0f\x65nd_transaction\x18\x08 \x01(\x0b\x32*.apache.rocketmq.v2.EndTransactionResponseH\x00\x12-\n\x04more\x18\x0f \x03(\x0b\x32\x1f.popgate.ext.v1.SessionResponseB\x06\n\x04\x62ody\"\x80\x01\n\x17ReceiveMessagesResponse\x12,\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.popgate.ext.v1.MessagesH\x00\x42\t\n\x07\x63ontent\"q\n\x08Messages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x36\n\x12\x64\x65livery_timestamp\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x9d\x02\n\tMessaging\x12i\n\x0fReceiveMessages\x12).apache.rocketmq.v2.ReceiveMessageRequest\x1a\'.popgate.ext.v1.ReceiveMessagesResponse\"\x00\x30\x01\x12S\n\nSendShared\x12\x1a.popgate.ext.v1.SendShared\x1a\'.apache.rocketmq.v2.SendMessageResponse\"\x00\x12P\n\x07Session\x12\x1e.popgate.ext.v1.SessionRequest\x1a\x1f.popgate.ext.v1.SessionResponse\"\x00(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'popgate_pb.ext.messaging_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONREQUEST']._serialized_start=145
-  _globals['_SESSIONREQUEST']._serialized_end=586
-  _globals['_SENDSHARED']._serialized_start=588
-  _globals['_SENDSHARED']._serialized_end=646
-  _globals['_SHAREDMESSAGES']._serialized_start=648
-  _globals['_SHAREDMESSAGES']._serialized_end=746
-  _globals['_SESSIONRESPONSE']._serialized_start=749
-  _globals['_SESSIONRESPONSE']._serialized_end=1132
-  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_start=1135
-  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_end=1263
-  _globals['_MESSAGES']._serialized_start=1265
-  _globals['_MESSAGES']._serialized_end=1378
-  _globals['_MESSAGING']._serialized_start=1381
-  _globals['_MESSAGING']._serialized_end=1666
+  _globals['_SESSIONREQUEST']._serialized_end=656
+  _globals['_SENDSHARED']._serialized_start=658
+  _globals['_SENDSHARED']._serialized_end=716
+  _globals['_SHAREDMESSAGES']._serialized_start=718
+  _globals['_SHAREDMESSAGES']._serialized_end=816
+  _globals['_SESSIONRESPONSE']._serialized_start=819
+  _globals['_SESSIONRESPONSE']._serialized_end=1273
+  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_start=1276
+  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_end=1404
+  _globals['_MESSAGES']._serialized_start=1406
+  _globals['_MESSAGES']._serialized_end=1519
+  _globals['_MESSAGING']._serialized_start=1522
+  _globals['_MESSAGING']._serialized_end=1807
 # @@protoc_insertion_point(module_scope)

@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "send_shared", "max_fifo", "more")
+    __slots__ = ("id", "timeout_ms", "cancel", "send", "receive", "ack", "change_invisible", "send_shared", "end_transaction", "max_fifo", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class SessionRequest(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
     SEND_SHARED_FIELD_NUMBER: _ClassVar[int]
+    END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     MAX_FIFO_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
@@ -31,9 +32,10 @@ class SessionRequest(_message.Message):
     ack: _service_pb2.AckMessageRequest
     change_invisible: _service_pb2.ChangeInvisibleDurationRequest
     send_shared: SendShared
+    end_transaction: _service_pb2.EndTransactionRequest
     max_fifo: int
     more: _containers.RepeatedCompositeFieldContainer[SessionRequest]
-    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., send_shared: _Optional[_Union[SendShared, _Mapping]] = ..., max_fifo: _Optional[int] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[_service_pb2.SendMessageRequest, _Mapping]] = ..., receive: _Optional[_Union[_service_pb2.ReceiveMessageRequest, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationRequest, _Mapping]] = ..., send_shared: _Optional[_Union[SendShared, _Mapping]] = ..., end_transaction: _Optional[_Union[_service_pb2.EndTransactionRequest, _Mapping]] = ..., max_fifo: _Optional[int] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
 
 class SendShared(_message.Message):
     __slots__ = ("runs",)
@@ -52,13 +54,14 @@ class SharedMessages(_message.Message):
     def __init__(self, shared: _Optional[_Union[_definition_pb2.Message, _Mapping]] = ..., bodies: _Optional[_Iterable[bytes]] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("id", "status", "send", "receive", "ack", "change_invisible", "more")
+    __slots__ = ("id", "status", "send", "receive", "ack", "change_invisible", "end_transaction", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
+    END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: _definition_pb2.Status
@@ -66,8 +69,9 @@ class SessionResponse(_message.Message):
     receive: ReceiveMessagesResponse
     ack: _service_pb2.AckMessageResponse
     change_invisible: _service_pb2.ChangeInvisibleDurationResponse
+    end_transaction: _service_pb2.EndTransactionResponse
     more: _containers.RepeatedCompositeFieldContainer[SessionResponse]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., send: _Optional[_Union[_service_pb2.SendMessageResponse, _Mapping]] = ..., receive: _Optional[_Union[ReceiveMessagesResponse, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_definition_pb2.Status, _Mapping]] = ..., send: _Optional[_Union[_service_pb2.SendMessageResponse, _Mapping]] = ..., receive: _Optional[_Union[ReceiveMessagesResponse, _Mapping]] = ..., ack: _Optional[_Union[_service_pb2.AckMessageResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[_service_pb2.ChangeInvisibleDurationResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[_service_pb2.EndTransactionResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...
 
 class ReceiveMessagesResponse(_message.Message):
     __slots__ = ("status", "messages")

@@ -60,6 +60,29 @@ async def test_sends_receives_acks_and_nacks_take_the_stream_or_the_unary_calls(
     assert (first.attempt, again[0].message_id, again[0].attempt) == (1, late[0].message_id, 2)
 
 
+@pytest.mark.parametrize("path", ["session", "unary"])
+async def test_transactions_end_over_the_session_stream(path: str, endpoint: str, v2_only: str) -> None:
+    """A transaction's commit or rollback is a frame on the Session stream where the proxy serves it, the
+    EndTransaction call where it does not: committed messages delivered, rolled-back ones never."""
+    target = endpoint if path == "session" else v2_only
+    topic, group = name("t"), name("g")
+    async with aio.Producer(target) as producer, aio.SimpleConsumer(target, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+        async with producer.transaction() as tx:
+            await tx.send(topic, b"committed")
+        with pytest.raises(RuntimeError):
+            async with producer.transaction() as tx:
+                await tx.send(topic, b"rolled back")
+                raise RuntimeError("the local work failed")
+        async with producer.transaction() as tx:
+            await tx.send(topic, b"committed too")
+        got = await drain(consumer, 2)
+        assert sorted(m.body for m in got) == [b"committed", b"committed too"]
+        assert await consumer.receive(max=32, wait=0.5) == []  # the rolled-back one never comes
+        served = producer._ends_served
+    assert served is (True if path == "session" else None)
+
+
 async def test_a_body_over_the_grpc_limit_is_too_large_and_the_stream_serves_on(endpoint: str) -> None:
     topic = name("t")
     async with aio.Producer(endpoint) as producer:
