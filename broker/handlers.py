@@ -184,4 +184,5 @@ SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "change_invisible": change_invisible,
     "renew": renew,
     "group_config": group_config,
+    "end_transaction": end_transaction,
 }

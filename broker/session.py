@@ -22,7 +22,7 @@ from broker.core import BrokerCore
 from broker.handlers import HELD_CALLS, SESSION_CALLS, Asked
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
-from popgate_contract.session_client import MAX_BYTES_KEY, MORE_KEY, RUNS_KEY, join
+from popgate_contract.session_client import MAX_BYTES_KEY, MORE_KEY, RUNS_KEY, TRANSACTIONS_KEY, join
 from popgate_contract.trailer import ERROR_KEY, status_of
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,9 @@ async def serve(
     # runs (broker.send). A caller that has not seen it sends each request alone and each run's messages whole (an
     # older broker would drop the `more` and the runs it does not know).
     limit = str(core.settings.max_grpc_message_bytes)  # the largest request message it takes (the caller keeps under)
-    await context.send_initial_metadata(((MORE_KEY, "1"), (RUNS_KEY, "1"), (MAX_BYTES_KEY, limit)))
+    await context.send_initial_metadata(
+        ((MORE_KEY, "1"), (RUNS_KEY, "1"), (MAX_BYTES_KEY, limit), (TRANSACTIONS_KEY, "1"))
+    )
 
     async def write() -> None:
         outbox = session.outbox

@@ -22,6 +22,7 @@ SESSION_FIELDS = {
     "Renew": "renew",
     "Notification": "notification",
     "GroupConfig": "group_config",
+    "EndTransaction": "end_transaction",
 }
 
 

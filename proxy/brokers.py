@@ -349,6 +349,13 @@ class GrpcBrokerClient:
     async def end_transaction(
         self, request: bpb.EndTransactionRequest, *, timeout_s: float
     ) -> bpb.EndTransactionResponse:
+        """On the Session stream once its broker said it reads it (a frame, not a call), else the unary call (an
+        older broker) — tests/unit/proxy/test_broker_send.py::
+        test_a_transactions_end_rides_the_stream_of_a_broker_that_said_it_reads_it."""
+        session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
+        if session is not None and not session.broken and session.ends_transactions:
+            response: bpb.EndTransactionResponse = await self.begin("EndTransaction", request, timeout_s=timeout_s)
+            return response
         return await self._call("EndTransaction", self._stub.EndTransaction, request, timeout_s)
 
     async def transaction_checks(

@@ -589,7 +589,7 @@ class ListConsumersResponse(_message.Message):
     def __init__(self, broker: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., cut: _Optional[bool] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config", "more")
+    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config", "end_transaction", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -599,6 +599,7 @@ class SessionRequest(_message.Message):
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
     RENEW_FIELD_NUMBER: _ClassVar[int]
     GROUP_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopRequest
@@ -609,8 +610,9 @@ class SessionRequest(_message.Message):
     change_invisible: ChangeInvisibleTimeRequest
     renew: RenewRequest
     group_config: GroupConfigRequest
+    end_transaction: EndTransactionRequest
     more: _containers.RepeatedCompositeFieldContainer[SessionRequest]
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigRequest, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
 
 class SessionError(_message.Message):
     __slots__ = ("error", "message", "grpc_code")
@@ -623,7 +625,7 @@ class SessionError(_message.Message):
     def __init__(self, error: _Optional[str] = ..., message: _Optional[str] = ..., grpc_code: _Optional[int] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew", "group_config", "more")
+    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew", "group_config", "end_transaction", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -633,6 +635,7 @@ class SessionResponse(_message.Message):
     CHANGE_INVISIBLE_FIELD_NUMBER: _ClassVar[int]
     RENEW_FIELD_NUMBER: _ClassVar[int]
     GROUP_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopResponse
@@ -643,5 +646,6 @@ class SessionResponse(_message.Message):
     change_invisible: ChangeInvisibleTimeResponse
     renew: RenewResponse
     group_config: GroupConfigResponse
+    end_transaction: EndTransactionResponse
     more: _containers.RepeatedCompositeFieldContainer[SessionResponse]
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...

@@ -20,7 +20,7 @@ from broker import session as session_stream
 from broker.longpoll import Kind
 from broker.metrics import BrokerMetrics
 from popgate_contract import session_client
-from popgate_contract.session_client import MORE_KEY, RUNS_KEY, BrokerSession, encode_cancel, join
+from popgate_contract.session_client import MORE_KEY, RUNS_KEY, TRANSACTIONS_KEY, BrokerSession, encode_cancel, join
 from popgate_contract.trailer import unsent as is_unsent
 from tests.unit.broker.cores import broker
 from tests.unit.broker.test_schedule import until
@@ -78,6 +78,7 @@ async def test_a_joined_request_message_is_served_entry_by_entry_and_answered_as
     context = Records(joined=caller_joins)
     await serve(tmp_path, [joined([*frames, nested])], context, 41)
     assert context.sent is not None and context.sent[:2] == ((MORE_KEY, "1"), (RUNS_KEY, "1"))  # and Send's runs
+    assert (TRANSACTIONS_KEY, "1") in context.sent  # and EndTransaction
     answers = sorted(context.answers, key=lambda a: a.id)  # each answered when done, not in order
     assert [a.id for a in answers] == list(range(1, 42))
     assert all(a.WhichOneof("body") == "send" and len(a.send.results) == 1 for a in answers[:40])

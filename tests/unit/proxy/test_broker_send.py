@@ -9,7 +9,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from prometheus_client import CollectorRegistry
 
 from popgate_contract import errors
-from popgate_contract.session_client import MORE_KEY, RUNS_KEY
+from popgate_contract.session_client import MORE_KEY, RUNS_KEY, TRANSACTIONS_KEY
 from popgate_contract.trailer import status_of
 from proxy.brokers import GrpcBrokerClient
 from proxy.core import Proxy
@@ -50,6 +50,43 @@ async def test_a_broker_is_sent_runs_only_once_it_said_it_stores_them(stores_run
     sent = [request.send for request in call.written]
     assert [(len(s.messages), len(s.runs)) for s in sent] == [(2, 0), (0, 1) if stores_runs else (2, 0)]
     assert [m.message_id for m in sent[0].messages] == ["1", "2"]
+
+
+class Ending(AnsweringCall):
+    """A broker's Session call that answers every request at once, and says it reads EndTransaction or not."""
+
+    def __init__(self, *, reads_ends: bool) -> None:
+        super().__init__()
+        self.says = ((MORE_KEY, "1"), (TRANSACTIONS_KEY, "1")) if reads_ends else ((MORE_KEY, "1"),)
+
+    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.says
+
+
+@pytest.mark.parametrize("reads_ends", [True, False])
+async def test_a_transactions_end_rides_the_stream_of_a_broker_that_said_it_reads_it(reads_ends: bool) -> None:
+    """A frame on the Session stream, not a call, once the broker said it reads it; an older broker (a rolling
+    upgrade) gets the EndTransaction call."""
+    call = Ending(reads_ends=reads_ends)
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
+    client._session = session_on(call).open()  # its stream: this call (no socket)
+    unary: list[bpb.EndTransactionRequest] = []
+
+    async def end_transaction(request: bpb.EndTransactionRequest, **_: object) -> bpb.EndTransactionResponse:
+        unary.append(request)
+        return bpb.EndTransactionResponse()
+
+    client._stub = type("Stub", (), {"EndTransaction": staticmethod(end_transaction)})()
+    request = bpb.EndTransactionRequest(topic="t", transaction_id="tid", commit=True)
+    try:
+        await client.send(
+            chunks([(0, shared_run(bpb.Message(topic="t"), [b"a"], ["1"]))], budget=1 << 20)[0], timeout_s=1
+        )
+        await client.end_transaction(request, timeout_s=1)  # the stream has said what it reads by now
+    finally:
+        await client.close()
+    on_stream = [r.end_transaction for r in call.written if r.WhichOneof("body") == "end_transaction"]
+    assert (len(on_stream), len(unary)) == ((1, 0) if reads_ends else (0, 1))
 
 
 class NotStoring(Broker):
