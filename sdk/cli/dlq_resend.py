@@ -153,40 +153,81 @@ def _resend_batches(
             if exc.code_name != "TOPIC_NOT_FOUND":
                 raise
             return
-        done: list[Message] = []
-        tried = 0
+        outcome = Outcome()
         try:
-            for message in batch:
-                origin = _resend_one(producer, message, left)
-                if origin is not None:
-                    counts[origin] += 1
-                    done.append(message)
-                tried += 1
+            _resend_batch(producer, batch, outcome)
         finally:  # those re-sent are acked also when a send fails or Ctrl-C stops the batch: not re-sent again
+            for index in sorted(outcome.left):  # named in the order received, as each was met
+                left.leave(batch[index], outcome.left[index])
+            for origin in outcome.sent.values():
+                counts[origin] += 1
+            done = [batch[index] for index in sorted(outcome.sent)]
             try:
                 if done:
                     consumer.ack_many(done)
-            finally:
-                _give_back(consumer, batch[tried:])  # received and not tried: the next run sees them at once
+            finally:  # received and not tried: the next run sees them at once
+                _give_back(
+                    consumer, [m for i, m in enumerate(batch) if i not in outcome.sent and i not in outcome.left]
+                )
         if done:  # a batch of dead letters left before is not progress: the wait goes on
             idle.received()
             total += len(done)
             advance(len(done))
 
 
-def _resend_one(producer: Producer, message: Message, left: LeftLetters) -> str | None:
-    """The topic the letter was re-sent to; None when it cannot be, and it is put in `left`. A send failing for
-    another reason (the proxy gone, a timeout) raises: the run stops."""
-    plan = resent(message)
-    if plan is None:
-        left.leave(message, "without ORIGIN_TOPIC")
-        return None
+@dataclass
+class Outcome:
+    """What became of a batch's letters so far, by their index in it: re-sent (to which topic) or left (why)."""
+
+    sent: dict[int, str] = field(default_factory=dict)
+    left: dict[int, str] = field(default_factory=dict)
+
+
+def _resend_batch(producer: Producer, batch: list[Message], outcome: Outcome) -> None:
+    """Re-send a batch's letters with one send_many per origin topic, in the batch's order (a message group's
+    letters stay in order) — test_dlq_commands.py::
+    test_dlq_resend_sends_the_letters_of_one_origin_topic_in_one_send_many. A send failing for another reason than
+    the letter (the proxy gone, a timeout) raises: the run stops."""
+    by_origin: dict[str, list[tuple[int, Message]]] = defaultdict(list)
+    for index, message in enumerate(batch):
+        plan = resent(message)
+        if plan is None:
+            outcome.left[index] = "without ORIGIN_TOPIC"
+        else:
+            by_origin[plan[0]].append((index, plan[1]))
+    for origin, letters in by_origin.items():
+        _resend_to(producer, origin, letters, outcome)
+
+
+def _resend_to(producer: Producer, origin: str, letters: list[tuple[int, Message]], outcome: Outcome) -> None:
+    """Send `letters` (their index in the batch, the message to send) to `origin`, putting in `outcome` those
+    stored, also when it raises. A send_many refused for good sends those it did not store one at a time, so that
+    the letter refused is left and the others are re-sent — test_dlq_commands.py::
+    test_dlq_resend_sends_one_by_one_the_letters_of_a_send_many_refused_for_good."""
     try:
-        producer.send(*plan)
-    except REFUSED_FOR_GOOD as exc:
-        left.leave(message, f"to {plan[0]}: {explain(exc)}")
-        return None
-    return plan[0]
+        producer.send_many(origin, [message for _, message in letters])
+    except errors.PopgateError as exc:
+        receipts = exc.receipts or [None] * len(letters)
+        rest = []
+        for (index, message), receipt in zip(letters, receipts, strict=True):
+            if receipt is None:
+                rest.append((index, message))
+            else:
+                outcome.sent[index] = origin
+        if not isinstance(exc, REFUSED_FOR_GOOD):
+            raise
+        if len(letters) == 1:  # the letter's own send
+            outcome.left[letters[0][0]] = f"to {origin}: {explain(exc)}"
+            return
+        for index, message in rest:
+            try:
+                producer.send(origin, message)
+            except REFUSED_FOR_GOOD as refused:
+                outcome.left[index] = f"to {origin}: {explain(refused)}"
+                continue
+            outcome.sent[index] = origin
+        return
+    outcome.sent.update((index, origin) for index, _ in letters)
 
 
 def _give_back(consumer: SimpleConsumer, messages: Iterable[Message]) -> None:

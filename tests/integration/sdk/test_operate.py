@@ -231,14 +231,14 @@ def test_dlq_resend_reports_a_proxy_gone_mid_run_within_seconds(
         with SimpleConsumer(e, "gone-mid-run", "gone-mid-run") as consumer:
             for message in drain(consumer, 12, ack=False):
                 consumer.forward_to_dlq(message)
-        send = Producer.send
+        send_many = Producer.send_many
 
         def proxy_killed_first(self: Producer, *args: Any, **kwargs: Any) -> Any:
             if cluster.proxies[0].running:
                 cluster.proxies[0].kill()
-            return send(self, *args, **kwargs)
+            return send_many(self, *args, **kwargs)
 
-        monkeypatch.setattr(Producer, "send", proxy_killed_first)
+        monkeypatch.setattr(Producer, "send_many", proxy_killed_first)
         capsys.readouterr()
         started = time.monotonic()
         assert main(["dlq", "resend", "gone-mid-run", "-e", e, "--wait", "1", "--quiet"]) == 1

@@ -4,11 +4,12 @@ starts, and what a stopped resend acks."""
 from __future__ import annotations
 
 import argparse
+from collections import defaultdict
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
 
-from popgate import BadRequest, Message, NotFound, Unauthorized, Unavailable
+from popgate import BadRequest, Message, NotFound, SendReceipt, Unauthorized, Unavailable
 from popgate.cli.dlq import DeadLetters, _count_dead_letters, _dlq_ranges
 from popgate.cli.dlq_resend import LeftLetters, _resend, resent
 from popgate.cli.main import main
@@ -68,7 +69,7 @@ def test_listing_more_dead_letters_than_a_broker_lists_at_once_is_bad_input(caps
 def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
     """Ctrl-C (or a send that fails) in the middle of a batch of dead letters: the letters already re-sent are
     acked on the way out, so a later `dlq resend` does not send them to their topic a second time."""
-    letters = [Message(f"m{i}".encode(), properties={"ORIGIN_TOPIC": "t"}) for i in range(3)]
+    letters = [Message(f"m{i}".encode(), properties={"ORIGIN_TOPIC": f"t{i}"}) for i in range(3)]
     for i, letter in enumerate(letters):
         letter.message_id = f"id{i}"
 
@@ -87,7 +88,7 @@ def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
     class Stopping:
         sent = 0
 
-        def send(self, topic: str, message: Message) -> None:
+        def send_many(self, topic: str, messages: list[Message]) -> None:
             self.sent += 1
             if self.sent == 3:
                 raise KeyboardInterrupt
@@ -95,7 +96,7 @@ def test_dlq_resend_acks_what_it_resent_when_ctrl_c_stops_a_batch() -> None:
     consumer = Consumer()
     args = argparse.Namespace(wait=0.0, count=0)
     with pytest.raises(KeyboardInterrupt):
-        _resend(consumer, Stopping(), args, "%DLQ%g", {"t": 0}, LeftLetters(), lambda n: None)  # type: ignore[arg-type]
+        _resend(consumer, Stopping(), args, "%DLQ%g", defaultdict(int), LeftLetters(), lambda n: None)  # type: ignore[arg-type]
     assert consumer.acked == ["id0", "id1"]
 
 
@@ -137,11 +138,11 @@ def test_dlq_resend_gives_back_what_it_did_not_resend_when_a_send_stops_it() -> 
     visible again at once, so the next run re-sends them rather than saying "nothing to resend" for 30 s."""
 
     class Failing:
-        def send(self, topic: str, message: Message) -> None:
+        def send_many(self, topic: str, messages: list[Message]) -> None:
             if topic == "down":
                 raise Unavailable("proxy gone")
 
-    consumer = Batch(letters("t", "", "down", "t"))
+    consumer = Batch(letters("t", "", "down", "u"))
     args = argparse.Namespace(wait=0.0, count=0)
     with pytest.raises(Unavailable):
         _resend(consumer, Failing(), args, "%DLQ%g", {"t": 0}, LeftLetters(), lambda n: None)  # type: ignore[arg-type]
@@ -154,7 +155,7 @@ def test_dlq_resend_leaves_a_letter_refused_for_good_and_resends_the_others() ->
     ORIGIN_TOPIC is: named, given back at the end of the run, and the letters after it are re-sent."""
 
     class Refusing:
-        def send(self, topic: str, message: Message) -> None:
+        def send_many(self, topic: str, messages: list[Message]) -> None:
             if topic != "t":
                 raise {"gone": NotFound, "no": Unauthorized, "bad": BadRequest}[topic](f"refused {topic}")
 
@@ -185,7 +186,7 @@ def test_dlq_resend_stops_giving_back_at_the_first_call_the_proxy_does_not_answe
             return False
 
     class Failing:
-        def send(self, topic: str, message: Message) -> None:
+        def send_many(self, topic: str, messages: list[Message]) -> None:
             raise Unavailable("proxy gone")
 
     consumer = Gone(letters(*["t"] * 40))
@@ -207,3 +208,66 @@ def test_a_left_letter_is_kept_without_its_body_until_given_back() -> None:
     kept = left.held["id0"]
     assert (kept.body, dict(kept.properties), kept.topic, kept.receipt_handle) == (b"", {}, "%DLQ%g", "h2")
     assert left.reasons == {"id0": "to t: refused"}
+
+
+class Sending:
+    """A producer fake: the calls it was given, (method, topic, bodies); `send_many` refuses a call carrying a body
+    in `refused` (BadRequest, storing the messages before it, as a proxy whose brokers stored some runs of a
+    request tells in the error's receipts) and `send` refuses such a body alone."""
+
+    def __init__(self, *refused: bytes) -> None:
+        self.refused, self.calls = refused, list[tuple[str, str, list[bytes]]]()
+
+    def send_many(self, topic: str, messages: list[Message]) -> list[SendReceipt]:
+        bodies = [m.body for m in messages]
+        self.calls.append(("send_many", topic, bodies))
+        receipts: list[SendReceipt | None] = [SendReceipt(f"r{i}", topic, i) for i in range(len(bodies))]
+        bad = [i for i, body in enumerate(bodies) if body in self.refused]
+        if bad:
+            error = BadRequest("refused")
+            error.receipts = [r if i < bad[0] else None for i, r in enumerate(receipts)]
+            raise error
+        return [r for r in receipts if r is not None]
+
+    def send(self, topic: str, message: Message) -> SendReceipt:
+        self.calls.append(("send", topic, [message.body]))
+        if message.body in self.refused:
+            raise BadRequest("refused")
+        return SendReceipt("r", topic, 0)
+
+
+def bodied(*origins: str) -> list[Message]:
+    """Dead letters to `origins`, letter i with body b"m<i>"."""
+    out = letters(*origins)
+    for i, letter in enumerate(out):
+        letter.body = f"m{i}".encode()
+    return out
+
+
+def test_dlq_resend_sends_the_letters_of_one_origin_topic_in_one_send_many() -> None:
+    """The letters of a batch go to their topic with one send_many per origin topic, in the batch's order (a
+    message group's letters stay in order), and are acked in the batch's order once all are stored."""
+    consumer, producer = Batch(bodied("a", "b", "a", "", "a", "b")), Sending()
+    counts: dict[str, int] = defaultdict(int)
+    _resend(consumer, producer, argparse.Namespace(wait=0.0, count=0), "%DLQ%g", counts, LeftLetters(), lambda n: None)  # type: ignore[arg-type]
+    assert producer.calls == [("send_many", "a", [b"m0", b"m2", b"m4"]), ("send_many", "b", [b"m1", b"m5"])]
+    assert consumer.acked == ["id0", "id1", "id2", "id4", "id5"] and counts == {"a": 3, "b": 2}
+    assert consumer.given_back == [("id3", 0)]  # without ORIGIN_TOPIC: left, given back at the end
+
+
+def test_dlq_resend_sends_one_by_one_the_letters_of_a_send_many_refused_for_good() -> None:
+    """A send_many refused for good (one letter refused) is sent again one letter at a time, the letters it stored
+    not again: the refused letter is left and named, the others re-sent and acked."""
+    consumer, producer = Batch(bodied("t", "t", "t", "u")), Sending(b"m1")
+    counts: dict[str, int] = defaultdict(int)
+    left = LeftLetters()
+    _resend(consumer, producer, argparse.Namespace(wait=0.0, count=0), "%DLQ%g", counts, left, lambda n: None)  # type: ignore[arg-type]
+    assert producer.calls == [
+        ("send_many", "t", [b"m0", b"m1", b"m2"]),  # m0 stored: not sent again
+        ("send", "t", [b"m1"]),
+        ("send", "t", [b"m2"]),
+        ("send_many", "u", [b"m3"]),
+    ]
+    assert consumer.acked == ["id0", "id2", "id3"] and counts == {"t": 2, "u": 1}
+    assert left.lines("%DLQ%g") == ["1 dead letter(s) left in %DLQ%g, to t: refused: id1"]
+    assert consumer.given_back == [("id1", 0)]
