@@ -18,7 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract import errors
 from popgate_contract.codes import code_of
 from proxy.auth import Account
-from proxy.core import Proxy
+from proxy.core import REPLY_RESERVE_S, Proxy
 from proxy.outgoing import Chunk
 from proxy.receive.coupled import LongPollStrategy
 from proxy.routing import BrokerPool
@@ -182,25 +182,84 @@ async def test_gzip_bodies_of_one_request_inflate_to_no_more_than_the_largest_re
     assert reply.status.code == v2.OK and [len(m.body) for m in broker.sent] == [4 * 1024 * 1024] * 3
 
 
-async def test_gzip_conversions_past_the_bound_are_too_many_requests_until_their_threads_finish() -> None:
-    """A conversion's slot comes back when its thread is done, not when its client gives up waiting."""
+async def test_gzip_conversions_past_the_bound_wait_within_their_deadline_until_their_threads_finish() -> None:
+    """A conversion's place comes back when its thread is done, not when its client gives up waiting; a request
+    waits for one until its deadline, and past the bound of waiters it is refused at once."""
     release = threading.Event()
-    inflation = send_v2.Inflation(threads=1, requests=2)
+    inflation = send_v2.Inflation(threads=1, requests=2, waiting=1)
+    loop = asyncio.get_running_loop()
     try:
         first = asyncio.create_task(inflation.run(lambda: release.wait(10)))
         queued = asyncio.create_task(inflation.run(lambda: "queued"))  # waits for the one thread
         await asyncio.sleep(0)
-        with pytest.raises(errors.TooManyRequests, match="inflating 2 requests") as caught:
-            await inflation.run(lambda: "third")
+        with pytest.raises(errors.TooManyRequests, match="inflating 2 requests .* deadline came") as caught:
+            await inflation.run(lambda: "late", deadline=loop.time() + REPLY_RESERVE_S + 0.05)
         assert code_of(caught.value) == v2.TOO_MANY_REQUESTS
-        first.cancel()  # its client went away: the thread still inflates, its slot stays taken
+        first.cancel()  # its client went away: the thread still inflates, its place stays taken
         with pytest.raises(asyncio.CancelledError):
             await first
-        with pytest.raises(errors.TooManyRequests):
-            await inflation.run(lambda: "still refused")
+        third = asyncio.create_task(inflation.run(lambda: "third"))
+        await asyncio.sleep(0)
+        with pytest.raises(errors.TooManyRequests, match="inflating 2 requests of GZIP bodies and 1 wait"):
+            await inflation.run(lambda: "one waiter too many")
+        third.cancel()  # a waiter whose client went away takes no place with it
+        with pytest.raises(asyncio.CancelledError):
+            await third
+        fourth = asyncio.create_task(inflation.run(lambda: "fourth"))
+        await asyncio.sleep(0)
         release.set()
-        assert await queued == "queued"
+        assert (await queued, await fourth) == ("queued", "fourth")
         assert await inflation.run(lambda: "again") == "again"
     finally:
         release.set()
         inflation.close()
+
+
+async def test_sixteen_concurrent_gzip_requests_are_all_stored_while_at_most_four_inflate_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests past the bound wait their turn (FIFO, within their deadline) instead of being refused: ordinary
+    GZIP traffic is stored whole, and the bound on inflating (memory, threads) holds meanwhile."""
+    gate, lock, four, loop = threading.Event(), threading.Lock(), asyncio.Event(), asyncio.get_running_loop()
+    inflating, most = [0], [0]
+    real = send_v2.to_broker
+
+    def held(*args: Any, **kwargs: Any) -> bpb.Message:  # a conversion that lasts until the gate opens
+        with lock:
+            inflating[0] += 1
+            most[0] = max(most[0], inflating[0])
+            if inflating[0] == 4:
+                loop.call_soon_threadsafe(four.set)
+        try:
+            gate.wait(10)
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                inflating[0] -= 1
+
+    monkeypatch.setattr(send_v2, "to_broker", held)
+    broker = FakeBroker("b1")
+    pool = BrokerPool({"b1": broker})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0))
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    call = Call(proxy, settings, endpoints_for("127.0.0.1:1"), loop.time() + 10)
+    inflation = send_v2.Inflation(threads=8, requests=4)  # threads to spare: only the bound holds them back
+    requests = []
+    for i in range(16):
+        m = v2_message(1)
+        m.body, m.system_properties.body_encoding = gzip.compress(b"%d" % i * 100), v2.GZIP
+        requests.append(pb.SendMessageRequest(messages=[m]))
+    try:
+        sends = [asyncio.create_task(send_v2.send_message(call, r, inflation=inflation)) for r in requests]
+        async with asyncio.timeout(5):
+            await four.wait()
+        await asyncio.sleep(0.05)  # a fifth would have started by now
+        assert most[0] == 4 and not any(s.done() for s in sends)  # none refused: the other 12 wait
+        gate.set()
+        replies = await asyncio.gather(*sends)
+    finally:
+        gate.set()
+        inflation.close()
+    assert [r.status.code for r in replies] == [v2.OK] * 16
+    assert sorted(m.body for m in broker.sent) == sorted(b"%d" % i * 100 for i in range(16))
+    assert most[0] == 4
