@@ -115,7 +115,7 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
     validate.send_count(len(request.messages))  # before a message is read
     sent = list(request.messages)  # each message's Python object made once, for the three passes below
     # Before the bodies are copied into broker messages (a GZIP body counts at its compressed size here).
-    call.proxy.check_send_room(sent)
+    cost = call.proxy.check_send_room(sent)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()
 
@@ -137,7 +137,14 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
             messages.append(message)
         return runs_of(messages)
 
-    return await _stored(call, await inflation.run(convert, deadline=call.deadline) if gzipped else convert())
+    return await _stored(call, await _inflated(call, inflation, convert, cost) if gzipped else convert())
+
+
+async def _inflated(call: Call, inflation: Inflation, convert: Callable[[], list[Run]], cost: int) -> list[Run]:
+    """`convert()` on an inflation thread; the request's bytes (`cost`) count against max_send_bytes while it waits
+    for its turn and inflates, as a send's do while they wait for a broker."""
+    with call.proxy.sender.holding(cost):
+        return await inflation.run(convert, deadline=call.deadline)
 
 
 async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflation) -> pb.SendMessageResponse:
@@ -150,7 +157,7 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
     runs = [_run(run) for run in given]
     # Each run's shared part (its first message but for the body) counted once, as the proxy holds it.
     held = sum(first.ByteSize() - len(first.body) + sum(map(len, bodies)) for first, bodies, _ in runs)
-    call.proxy.check_send_bytes(held, count)
+    cost = call.proxy.check_send_bytes(held, count)
     limits = SendLimits(call.settings.max_body_bytes, call.settings.max_delay_s)
     now = time.time()
     gzipped = any(first.system_properties.body_encoding == v2.GZIP for first, _, _ in runs)
@@ -184,7 +191,7 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
             out.extend(runs_of(messages))
         return out
 
-    return await _stored(call, await inflation.run(convert, deadline=call.deadline) if gzipped else convert())
+    return await _stored(call, await _inflated(call, inflation, convert, cost) if gzipped else convert())
 
 
 def _run(run: ext.SharedMessages) -> tuple[v2.Message, list[bytes], list[str]]:

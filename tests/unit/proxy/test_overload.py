@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import threading
 import tracemalloc
 from collections.abc import Sequence
@@ -263,3 +264,43 @@ async def test_sixteen_concurrent_gzip_requests_are_all_stored_while_at_most_fou
     assert [r.status.code for r in replies] == [v2.OK] * 16
     assert sorted(m.body for m in broker.sent) == sorted(b"%d" % i * 100 for i in range(16))
     assert most[0] == 4
+
+
+async def test_gzip_requests_waiting_to_inflate_count_against_max_send_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 GZIP requests of 256 KiB (compressed) against a 1 MiB send budget, their inflation held: those waiting for
+    their turn hold their bytes in the budget, so past it the rest are TOO_MANY_REQUESTS at once rather than held
+    outside any bound; once inflation goes on, those that waited are stored."""
+    gate = threading.Event()
+    real = send_v2.to_broker
+
+    def held(*args: Any, **kwargs: Any) -> bpb.Message:
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(send_v2, "to_broker", held)
+    pool = BrokerPool({"b1": FakeBroker("b1")})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1 << 20)
+    call = Call(proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:1"), None)
+    inflation = send_v2.Inflation()
+    requests = []
+    for i in range(40):
+        message = v2_message(1)
+        message.body, message.system_properties.body_encoding = (
+            gzip.compress(bytes([i]) * 7 + os.urandom(256 << 10)),
+            v2.GZIP,
+        )
+        requests.append(pb.SendMessageRequest(messages=[message]))
+    try:
+        sends = [asyncio.create_task(send_v2.send_message(call, r, inflation=inflation)) for r in requests]
+        await asyncio.sleep(0.2)
+        counted = proxy.sender.in_flight_bytes
+        gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 20)
+    finally:
+        gate.set()
+        inflation.close()
+    stored = [a for a in answers if isinstance(a, pb.SendMessageResponse) and a.status.code == v2.OK]
+    refused = [a for a in answers if isinstance(a, errors.TooManyRequests)]
+    assert len(stored) + len(refused) == 40 and refused and stored
+    assert counted <= (1 << 20) + requests[0].ByteSize() + SEND_OVERHEAD  # one request alone always fits
+    assert len(stored) * (256 << 10) <= (1 << 20) + (512 << 10) and proxy.sender.in_flight_bytes == 0
