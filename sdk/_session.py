@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -247,6 +248,7 @@ class Session:
         self.closing = False  # once `close` began: the proxy gives back what the closed stream left unanswered
         self._convert = convert
         self._outbox = Outbox()
+        self._outbox_turns: deque[asyncio.Future[None]] = deque()  # requests waiting for room in it, in order
         self._room = Room()
         self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
             metadata=metadata
@@ -313,7 +315,7 @@ class Session:
         except errors.PopgateError:
             self._waiting.drop(request_id)
             raise
-        if self._outbox.size and self._outbox.size + _size(data) > MAX_OUTBOX_BYTES:
+        if self._outbox_turns or (self._outbox.size and self._outbox.size + _size(data) > MAX_OUTBOX_BYTES):
             try:
                 within_s = await self._outbox_room(_size(data), within_s)
             except BaseException:
@@ -339,19 +341,28 @@ class Session:
 
     async def _outbox_room(self, size: int, within_s: float) -> float:
         """Wait, within `within_s`, until `size` more bytes fit among those waiting to be written (MAX_OUTBOX_BYTES;
-        one request alone always fits): what is left of `within_s` then. Memory stays bounded, and a request the
-        writer would take in a moment is not refused — tests/unit/sdk/test_session.py::
-        test_requests_past_the_outbox_bound_wait_for_room_and_go."""
+        one request alone always fits), after the requests that waited before it (first come, first served: a
+        large one is not passed by small ones): what is left of `within_s` then. Memory stays bounded, and a
+        request the writer would take in a moment is not refused — tests/unit/sdk/test_session.py::
+        test_requests_past_the_outbox_bound_wait_for_room_and_go,
+        ::test_a_large_request_waiting_for_room_is_not_passed_by_small_ones."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        while self._outbox.size and self._outbox.size + size > MAX_OUTBOX_BYTES and self.broken is None:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise _timeout(within_s)
-            try:
-                await asyncio.wait_for(asyncio.shield(self._outbox.shrunk()), left)
-            except TimeoutError:
-                raise _timeout(within_s) from None
+        turn: asyncio.Future[None] = loop.create_future()
+        self._outbox_turns.append(turn)
+        if self._outbox_turns[0] is turn:
+            turn.set_result(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), within_s)  # the first of those waiting
+            while self._outbox.size and self._outbox.size + size > MAX_OUTBOX_BYTES and self.broken is None:
+                await asyncio.wait_for(asyncio.shield(self._outbox.shrunk()), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise _timeout(within_s) from None
+        finally:
+            first = self._outbox_turns[0] is turn
+            self._outbox_turns.remove(turn)
+            if first and self._outbox_turns and not self._outbox_turns[0].done():
+                self._outbox_turns[0].set_result(None)  # the next one's turn
         if self.broken is not None:
             raise copy.copy(self.broken)
         return deadline - loop.time()
@@ -419,6 +430,9 @@ class Session:
         self._room.fail_all(self.broken)
         self._outbox.put_nowait(None)
         self._outbox.wake()
+        for turn in self._outbox_turns:  # each then sees the stream broken
+            if not turn.done():
+                turn.set_result(None)
 
     async def close(self) -> None:
         """End the stream; requests still pending fail with a non-retriable Unavailable."""

@@ -33,6 +33,10 @@ RESPONSES: dict[str, Callable[..., Any]] = {
     "end_transaction": pb.EndTransactionResponse,
 }
 ANSWERS = {"send_shared": "send"}  # a kind answered in another kind's field (SessionResponse's `body`)
+# Kinds newer than the Session itself: a proxy older than one answers it as a request without a body (a bare
+# BAD_REQUEST), which means "not served", not that request's refusal — tests/unit/sdk/test_session.py::
+# test_a_bare_bad_request_to_a_newer_kind_is_kind_unknown.
+NEWER_KINDS = frozenset({"send_shared", "end_transaction"})
 
 
 class KindUnknown(errors.PopgateError):
@@ -125,7 +129,7 @@ class Waiting:
                 self._dropped.pop(response.id, None)  # its answer ended
             return []
         kind, future, frames = entry
-        if body == "status" and kind in ANSWERS and response.status.code == v2.BAD_REQUEST:
+        if body == "status" and kind in NEWER_KINDS and response.status.code == v2.BAD_REQUEST:
             # Refused as a request without a body: a proxy that does not know the kind (popgate's own answer any
             # request of a kind it knows in its kind's field) — the caller sends it again as the v2 request.
             del self._waiting[response.id]

@@ -228,3 +228,6 @@ class SessionChannel:
 
     def stream_stream(self, method: str, **_: Any) -> Any:
         return lambda metadata: self.call
+
+    async def close(self) -> None:
+        return None

@@ -23,7 +23,7 @@ from popgate import (
     _waiting,
 )
 from popgate._transport import convert
-from tests.unit.sdk.fakes import SessionCall, SessionChannel
+from tests.unit.sdk.fakes import Callers, SessionCall, SessionChannel
 
 
 def test_a_hand_encoded_request_reads_as_the_generated_message() -> None:
@@ -381,3 +381,50 @@ async def test_frames_of_an_id_never_issued_are_dropped_and_logged_once(caplog: 
     waiting.answer(with_id(messages_frame("b"), request_id))  # on its way before the cancel
     waiting.answer(with_id(messages_frame("c"), request_id))  # past its batch
     assert orphans == ["a", "b"]
+
+
+async def test_a_bare_bad_request_to_a_newer_kind_is_kind_unknown() -> None:
+    """A proxy older than a request kind answers it as a request without a body (a bare BAD_REQUEST): the caller
+    learns the kind is not served (and makes the v2 call), not that its request was refused (`send_shared`'s:
+    tests/unit/sdk/test_joining.py)."""
+    callers = Callers()
+    request_id = callers.request("end_transaction", pb.EndTransactionRequest(transaction_id="tid"))
+    callers.written()
+    status = v2.Status(code=v2.BAD_REQUEST, message="session: a request without a body")
+    callers.waiting.answer(ext.SessionResponse(id=request_id, status=status))
+    with pytest.raises(_waiting.KindUnknown):
+        callers.futures[request_id].result()
+
+
+class Reading(SessionCall):
+    """A proxy reading steadily: each stream message takes a moment to write, and is answered at once."""
+
+    async def write(self, message: bytes) -> None:
+        await asyncio.sleep(0.005)
+        request = ext.SessionRequest.FromString(message)
+        for one in (request, *request.more):
+            answer = pb.SendMessageResponse(status=v2.Status(code=v2.OK))
+            self.answers.put_nowait(ext.SessionResponse(id=one.id, send=answer))
+
+
+async def test_a_large_request_waiting_for_room_is_not_passed_by_small_ones() -> None:
+    """48 tasks keep the outbox near its bound with 1 MiB sends; a 12 MiB one sent among them waits its turn and
+    goes, rather than timing out while later small ones pass it."""
+    session = _session.Session(SessionChannel(Reading()), (), convert)  # type: ignore[arg-type]
+    small = pb.SendMessageRequest(messages=[v2.Message(body=b"s" * (1 << 20))])
+    large = pb.SendMessageRequest(messages=[v2.Message(body=b"L" * (12 << 20))])
+    stop = False
+
+    async def feeder() -> None:
+        while not stop:
+            await session.request("send", small, 10.0)
+
+    feeders = [asyncio.ensure_future(feeder()) for _ in range(48)]
+    await asyncio.sleep(0.3)
+    try:
+        answer = await session.request("send", large, 3.0)
+    finally:
+        stop = True
+        await asyncio.wait_for(asyncio.gather(*feeders, return_exceptions=True), 20)
+        await session.close()
+    assert answer.status.code == v2.OK

@@ -14,13 +14,14 @@ from typing import Any
 
 import grpc
 import pytest
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, SendReceipt, _waiting, aio, errors
+from popgate import Message, SendReceipt, aio, errors
 from popgate import transactions as tx_module
 from popgate.transactions import AsyncCheckStream, AsyncTransaction, CheckStream, Transaction
-from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
+from tests.unit.sdk.fakes import FakeRpcError, SessionCall, SessionChannel
 
 
 class FakeProducer:
@@ -312,26 +313,33 @@ async def test_a_broken_asyncio_check_stream_ends_its_requests(monkeypatch: pyte
         reader.cancel()
 
 
-async def test_an_asyncio_producer_ends_transactions_by_call_once_its_proxy_does_not_take_them_on_the_stream() -> None:
-    """A proxy whose Session is older than EndTransaction (KindUnknown, nothing served): that end, and every later
-    one, is the EndTransaction call."""
-    kinds: list[str] = []
-    called: list[pb.EndTransactionRequest] = []
+class OlderProxyCall(SessionCall):
+    """A Session stream of a proxy older than EndTransaction on it: a request of a kind it does not know is
+    answered as one without a body, a bare BAD_REQUEST status (proxy/v2/session.py before it knew the kind)."""
 
-    class BeforeSessionEnds(aio.Producer):
-        async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
-            kinds.append(kind)
-            raise _waiting.KindUnknown("session: a request without a body")
+    async def write(self, message: bytes) -> None:
+        await super().write(message)
+        request = ext.SessionRequest.FromString(message)
+        for one in (request, *request.more):
+            status = v2.Status(code=v2.BAD_REQUEST, message="session: a request without a body")
+            self.answers.put_nowait(ext.SessionResponse(id=one.id, status=status))
+
+
+async def test_an_asyncio_producer_ends_transactions_by_call_once_its_proxy_does_not_take_them_on_the_stream() -> None:
+    """A proxy whose Session is older than EndTransaction on it: that end, and every later one, is the
+    EndTransaction call, not a BAD_REQUEST to the caller."""
+    called: list[pb.EndTransactionRequest] = []
 
     async def end_transaction(request: pb.EndTransactionRequest, **_: Any) -> pb.EndTransactionResponse:
         called.append(request)
         return pb.EndTransactionResponse(status=v2.Status(code=v2.OK))
 
-    producer = BeforeSessionEnds("127.0.0.1:1")
-    producer._channel = FakeChannel()  # type: ignore[assignment]
+    call = OlderProxyCall()
+    producer = aio.Producer("127.0.0.1:1")
+    producer._channel = SessionChannel(call)  # type: ignore[assignment]
     producer._stub_ = type("Stub", (), {"EndTransaction": staticmethod(end_transaction)})()
-    async with producer:
-        await producer._end_transaction("t", "m1", "tid-1", True, from_check=False)
-        await producer._end_transaction("t", "m2", "tid-2", False, from_check=False)
-    assert kinds == ["end_transaction"] and producer._ends_served is False
+    await producer._end_transaction("t", "m1", "tid-1", True, from_check=False)
+    await producer._end_transaction("t", "m2", "tid-2", False, from_check=False)
+    await producer.close()
+    assert len(call.written) == 1 and producer._ends_served is False  # asked once on the stream
     assert [(r.message_id, r.resolution) for r in called] == [("m1", v2.COMMIT), ("m2", v2.ROLLBACK)]
