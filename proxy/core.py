@@ -101,12 +101,14 @@ class Proxy:
         """`send_runs` of broker messages."""
         return await self.send_runs(runs_of(messages), deadline=deadline)
 
-    async def send_runs(self, runs: Sequence[Run], *, deadline: float | None = None) -> list[bpb.SendResult]:
+    async def send_runs(
+        self, runs: Sequence[Run], *, deadline: float | None = None, admitted: bool = False
+    ) -> list[bpb.SendResult]:
         """Store the runs' messages; results in request order. Messages of one message group go to one broker.
         `deadline`: the client's (loop time), when it has one."""
         if self.closing.is_set():
             raise errors.ShuttingDown("the proxy is shutting down")
-        return await self.sender.send_runs(runs, deadline)
+        return await self.sender.send_runs(runs, deadline, admitted=admitted)
 
     def check_send_room(self, messages: Sequence[Message]) -> int:
         """`Sender.check_room`: what the edge asks before it converts a request."""

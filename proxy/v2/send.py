@@ -137,7 +137,9 @@ async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation:
             messages.append(message)
         return runs_of(messages)
 
-    return await _stored(call, await _inflated(call, inflation, convert, cost) if gzipped else convert())
+    if gzipped:
+        return await _stored(call, await _inflated(call, inflation, convert, cost), admitted=True)
+    return await _stored(call, convert())
 
 
 async def _inflated(call: Call, inflation: Inflation, convert: Callable[[], list[Run]], cost: int) -> list[Run]:
@@ -191,7 +193,9 @@ async def send_shared(call: Call, request: ext.SendShared, *, inflation: Inflati
             out.extend(runs_of(messages))
         return out
 
-    return await _stored(call, await _inflated(call, inflation, convert, cost) if gzipped else convert())
+    if gzipped:
+        return await _stored(call, await _inflated(call, inflation, convert, cost), admitted=True)
+    return await _stored(call, convert())
 
 
 def _run(run: ext.SharedMessages) -> tuple[v2.Message, list[bytes], list[str]]:
@@ -209,12 +213,14 @@ def _run(run: ext.SharedMessages) -> tuple[v2.Message, list[bytes], list[str]]:
     return first, bodies, ids
 
 
-async def _stored(call: Call, runs: list[Run]) -> pb.SendMessageResponse:
-    """Store converted messages; the answer, an entry per message."""
+async def _stored(call: Call, runs: list[Run], *, admitted: bool = False) -> pb.SendMessageResponse:
+    """Store converted messages; the answer, an entry per message (`admitted`: `Sender.send_runs`)."""
     ok = v2.Status(code=v2.OK, message="OK")
     status = failed = ok
     try:
-        results: Sequence[bpb.SendResult | None] = await call.proxy.send_runs(runs, deadline=call.deadline)
+        results: Sequence[bpb.SendResult | None] = await call.proxy.send_runs(
+            runs, deadline=call.deadline, admitted=admitted
+        )
     except PartlyStored as partly:
         # The top-level status is the failure (official clients read nothing else: they resend the whole request,
         # at least once); the entries say which messages are stored, for a client that reads them (this SDK).

@@ -293,7 +293,7 @@ async def test_gzip_requests_waiting_to_inflate_count_against_max_send_bytes(mon
     try:
         sends = [asyncio.create_task(send_v2.send_message(call, r, inflation=inflation)) for r in requests]
         await asyncio.sleep(0.2)
-        counted = proxy.sender.in_flight_bytes
+        counted = proxy.sender.in_flight_bytes + proxy.sender.inflating_bytes
         gate.set()
         answers = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 20)
     finally:
@@ -303,4 +303,43 @@ async def test_gzip_requests_waiting_to_inflate_count_against_max_send_bytes(mon
     refused = [a for a in answers if isinstance(a, errors.TooManyRequests)]
     assert len(stored) + len(refused) == 40 and refused and stored
     assert counted <= (1 << 20) + requests[0].ByteSize() + SEND_OVERHEAD  # one request alone always fits
-    assert len(stored) * (256 << 10) <= (1 << 20) + (512 << 10) and proxy.sender.in_flight_bytes == 0
+    assert len(stored) * (256 << 10) <= (1 << 20) + (512 << 10)
+    assert proxy.sender.in_flight_bytes == proxy.sender.inflating_bytes == 0
+
+
+def gzipped_request(body: bytes) -> pb.SendMessageRequest:
+    message = v2_message(1)
+    message.body, message.system_properties.body_encoding = gzip.compress(body), v2.GZIP
+    return pb.SendMessageRequest(messages=[message])
+
+
+async def test_a_gzip_request_let_in_is_not_refused_after_inflating_for_those_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GZIP request let in by the send budget inflates, then goes to its broker checked against the sends at
+    brokers alone: the compressed bytes of the requests that came after it and wait to inflate do not refuse it."""
+    gate = threading.Event()
+    real = send_v2.to_broker
+
+    def held(*args: Any, **kwargs: Any) -> bpb.Message:
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(send_v2, "to_broker", held)
+    pool = BrokerPool({"b1": FakeBroker("b1")})
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1 << 20)
+    call = Call(proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:1"), None)
+    inflation = send_v2.Inflation(requests=1)
+    first = gzipped_request(b"\0" * (900 << 10))  # ~1 KiB sent, 900 KiB inflated: fits the budget alone
+    behind = [gzipped_request(os.urandom(150 << 10)) for _ in range(3)]  # ~450 KiB sent, waiting for the place
+    try:
+        sends = [asyncio.create_task(send_v2.send_message(call, first, inflation=inflation))]
+        await asyncio.sleep(0.05)
+        sends += [asyncio.create_task(send_v2.send_message(call, r, inflation=inflation)) for r in behind]
+        await asyncio.sleep(0.1)
+        gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 20)
+    finally:
+        gate.set()
+        inflation.close()
+    assert isinstance(answers[0], pb.SendMessageResponse) and answers[0].status.code == v2.OK
