@@ -28,9 +28,9 @@ from tests.unit.proxy.test_v2_service import Context
 class Broker(AnsweringCall):
     """A broker's Session call that answers every request at once, and says in its initial metadata what it reads."""
 
-    def __init__(self, *, stores_runs: bool) -> None:
+    def __init__(self, *, stores_runs: bool = False, reads_ends: bool = False) -> None:
         super().__init__()
-        self.says = ((MORE_KEY, "1"), (RUNS_KEY, "1")) if stores_runs else ((MORE_KEY, "1"),)
+        self.says = ((MORE_KEY, "1"),) + ((RUNS_KEY, "1"),) * stores_runs + ((TRANSACTIONS_KEY, "1"),) * reads_ends
 
     async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.says
@@ -52,22 +52,11 @@ async def test_a_broker_is_sent_runs_only_once_it_said_it_stores_them(stores_run
     assert [m.message_id for m in sent[0].messages] == ["1", "2"]
 
 
-class Ending(AnsweringCall):
-    """A broker's Session call that answers every request at once, and says it reads EndTransaction or not."""
-
-    def __init__(self, *, reads_ends: bool) -> None:
-        super().__init__()
-        self.says = ((MORE_KEY, "1"), (TRANSACTIONS_KEY, "1")) if reads_ends else ((MORE_KEY, "1"),)
-
-    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self.says
-
-
 @pytest.mark.parametrize("reads_ends", [True, False])
 async def test_a_transactions_end_rides_the_stream_of_a_broker_that_said_it_reads_it(reads_ends: bool) -> None:
     """A frame on the Session stream, not a call, once the broker said it reads it; an older broker (a rolling
     upgrade) gets the EndTransaction call."""
-    call = Ending(reads_ends=reads_ends)
+    call = Broker(reads_ends=reads_ends)
     client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
     client._session = session_on(call).open()  # its stream: this call (no socket)
     unary: list[bpb.EndTransactionRequest] = []

@@ -266,10 +266,8 @@ async def test_sixteen_concurrent_gzip_requests_are_all_stored_while_at_most_fou
     assert most[0] == 4
 
 
-async def test_gzip_requests_waiting_to_inflate_count_against_max_send_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """40 GZIP requests of 256 KiB (compressed) against a 1 MiB send budget, their inflation held: those waiting for
-    their turn hold their bytes in the budget, so past it the rest are TOO_MANY_REQUESTS at once rather than held
-    outside any bound; once inflation goes on, those that waited are stored."""
+def inflation_held(monkeypatch: pytest.MonkeyPatch, *, max_send_bytes: int) -> tuple[threading.Event, Proxy, Call]:
+    """A proxy with one broker and this send budget, whose GZIP conversions wait for the gate (an Event) to open."""
     gate = threading.Event()
     real = send_v2.to_broker
 
@@ -279,8 +277,16 @@ async def test_gzip_requests_waiting_to_inflate_count_against_max_send_bytes(mon
 
     monkeypatch.setattr(send_v2, "to_broker", held)
     pool = BrokerPool({"b1": FakeBroker("b1")})
-    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1 << 20)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=max_send_bytes)
     call = Call(proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:1"), None)
+    return gate, proxy, call
+
+
+async def test_gzip_requests_waiting_to_inflate_count_against_max_send_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 GZIP requests of 256 KiB (compressed) against a 1 MiB send budget, their inflation held: those waiting for
+    their turn hold their bytes in the budget, so past it the rest are TOO_MANY_REQUESTS at once rather than held
+    outside any bound; once inflation goes on, those that waited are stored."""
+    gate, proxy, call = inflation_held(monkeypatch, max_send_bytes=1 << 20)
     inflation = send_v2.Inflation()
     requests = []
     for i in range(40):
@@ -318,17 +324,7 @@ async def test_a_gzip_request_let_in_is_not_refused_after_inflating_for_those_be
 ) -> None:
     """A GZIP request let in by the send budget inflates, then goes to its broker checked against the sends at
     brokers alone: the compressed bytes of the requests that came after it and wait to inflate do not refuse it."""
-    gate = threading.Event()
-    real = send_v2.to_broker
-
-    def held(*args: Any, **kwargs: Any) -> bpb.Message:
-        gate.wait(10)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(send_v2, "to_broker", held)
-    pool = BrokerPool({"b1": FakeBroker("b1")})
-    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), max_send_bytes=1 << 20)
-    call = Call(proxy, Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),)), endpoints_for("127.0.0.1:1"), None)
+    gate, proxy, call = inflation_held(monkeypatch, max_send_bytes=1 << 20)
     inflation = send_v2.Inflation(requests=1)
     first = gzipped_request(b"\0" * (900 << 10))  # ~1 KiB sent, 900 KiB inflated: fits the budget alone
     behind = [gzipped_request(os.urandom(150 << 10)) for _ in range(3)]  # ~450 KiB sent, waiting for the place
