@@ -103,7 +103,9 @@ def aio_consumer(calls: SlowCalls) -> aio.SimpleConsumer:
 
 def test_a_give_back_of_many_messages_ends_within_its_second(caplog: pytest.LogCaptureFixture) -> None:
     """3,000 messages to give back against a proxy taking 0.1 s a call: a bounded number of calls at once, all of it
-    within about its 1 s, the rest logged as not given back (it comes back after `invisible`)."""
+    within about its 1 s, the rest logged as not given back (it comes back after `invisible`). Without the second's
+    bound the window alone would take ~4.7 s (3,000 calls of 0.1 s, GIVE_BACK_IN_FLIGHT at a time): under 3 s, with
+    room for a loaded machine, tells the two apart."""
     fake = FakeStub()
     calls = SlowCalls(fake, latency=0.1)
     caplog.set_level(logging.DEBUG, logger="popgate.client")
@@ -111,7 +113,7 @@ def test_a_give_back_of_many_messages_ends_within_its_second(caplog: pytest.LogC
         started = time.monotonic()
         consumer._give_back(many_messages(fake, 3000))
         took = time.monotonic() - started
-    assert took < 1.5 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
+    assert took < 3.0 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
     assert 0 < len(fake.sent("ChangeInvisibleDuration")) < 3000
     assert "unhandled message(s) failed" in caplog.text
 
@@ -125,7 +127,7 @@ async def test_an_async_give_back_of_many_messages_ends_within_its_second(caplog
     await consumer._give_back(many_messages(fake, 3000))
     took = time.monotonic() - started
     await consumer.close()
-    assert took < 1.5 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
+    assert took < 3.0 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
     assert 0 < len(fake.sent("ChangeInvisibleDuration")) < 3000
     assert "unhandled message(s) failed" in caplog.text
 

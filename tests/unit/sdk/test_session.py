@@ -422,7 +422,7 @@ async def test_a_large_request_waiting_for_room_is_not_passed_by_small_ones() ->
     feeders = [asyncio.ensure_future(feeder()) for _ in range(48)]
     await asyncio.sleep(0.3)
     try:
-        answer = await session.request("send", large, 3.0)
+        answer = await session.request("send", large, 10.0)  # starved, it would wait all of it
     finally:
         stop = True
         await asyncio.wait_for(asyncio.gather(*feeders, return_exceptions=True), 20)
