@@ -156,6 +156,7 @@ async def transaction_checks(
         validation.check_topic(topic)
     checks, out.next_due_ms = await core.transactions.checks(request.topics, request.max_checks)
     out.now_ms = core.clock.now_ms()
+    out.check_interval_ms = core.transactions.schedule.interval_ms
     for c in checks:
         added = out.checks.add(transaction_id=c.transaction_id, check=c.check)
         stored = added.message

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,8 +31,8 @@ CHECK_POLL_S = 1.0  # a proxy with producers online asks every live broker this 
 IDLE_FLOOR_S = 0.1  # after a round that handed out no check, the least wait, whatever the brokers' next due time
 MAX_CHECKS_PER_CALL = 64
 TOPICS_PER_CALL = 512  # a broker takes up to 1,024 topics a call
-OUTBOX_COMMANDS = 64  # checks a producer's stream may have unanswered; past that a check goes to another or waits
-ASK_AT = OUTBOX_COMMANDS // 2  # a producer answering down to this many unanswered wakes the poller
+OUTBOX_COMMANDS = 64  # most checks a producer's stream may have unanswered; past them a check goes to another or waits
+FIRST_WINDOW = 8  # checks a producer may have unanswered before its answers tell how fast it answers
 ANSWER_WAIT_S = 10.0  # a check its producer has not answered (UNKNOWN sends nothing) stops counting after this
 
 
@@ -43,26 +44,56 @@ class Outbox:
     or ANSWER_WAIT_S passed, not until the stream took it: the stream's writes do not wait for the producer, so a
     producer answering slower than checks fall due would otherwise queue checks that the broker counts as asked and
     rolls back after its last one while they wait — tests/unit/proxy/test_txchecks.py::
-    test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for."""
+    test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for.
+
+    At most `window` checks count at once, sized by the answers' times against the brokers' check interval: one
+    more after an answer within a quarter of it, half as many (at most once a window's worth of answers) after one
+    past half of it. A producer then gets no more checks than it answers within about half an interval, so it
+    answers a last check before the broker rolls its transaction back — test_txchecks.py::
+    test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_interval."""
 
     def __init__(self, namespace: str = "") -> None:
         self.namespace = namespace
         self.topics: frozenset[str] = frozenset()
         self.commands: asyncio.Queue[Any] = asyncio.Queue()
         self.unanswered: dict[str, float] = {}
+        self.window = FIRST_WINDOW
+        self._halve_after = 0  # answers to come before the window may halve again
+        self._woke = False  # the poller was woken for room since the last hand-out
 
     def room(self) -> int:
         """How many more checks this producer takes now."""
         now = time.monotonic()
         if self.unanswered and next(iter(self.unanswered.values())) <= now:  # the oldest first (insertion order)
             self.unanswered = {tid: until for tid, until in self.unanswered.items() if until > now}
-        return max(0, OUTBOX_COMMANDS - max(len(self.unanswered), self.commands.qsize()))  # also a stream not read
+        return max(0, self.window - max(len(self.unanswered), self.commands.qsize()))  # also a stream not read
 
     def hand(self, transaction_id: str, command: Any) -> None:
         """Queue a check's command for the stream; it counts until answered."""
         self.unanswered.pop(transaction_id, None)  # handed again: counts once, from now
         self.unanswered[transaction_id] = time.monotonic() + ANSWER_WAIT_S
         self.commands.put_nowait(command)
+        self._woke = False
+
+    def answered(self, transaction_id: str, interval_s: float) -> bool:
+        """The producer answered the check of `transaction_id` (or resolved it unasked): it no longer counts, and
+        its time sizes the window. True when the unanswered checks just came down to half the window: the
+        poller should ask for more now, not at its next round."""
+        until = self.unanswered.pop(transaction_id, None)
+        if until is None:
+            return False
+        took_s = time.monotonic() - (until - ANSWER_WAIT_S)
+        self._halve_after -= 1
+        if took_s > interval_s / 2:
+            if self._halve_after <= 0:
+                self.window = max(1, self.window // 2)
+                self._halve_after = self.window
+        elif took_s <= interval_s / 4:
+            self.window = min(OUTBOX_COMMANDS, self.window + 1)
+        if self._woke or len(self.unanswered) > self.window // 2:
+            return False
+        self._woke = True
+        return True
 
 
 class ProducerStreams:
@@ -70,6 +101,7 @@ class ProducerStreams:
         self._by_topic: dict[str, list[Outbox]] = {}
         self._turn = 0
         self.changed = asyncio.Event()  # a topic gained its first producer here, or a producer room (`answered`)
+        self.interval_s = math.inf  # the brokers' shortest check interval (CheckPoller; inf: none told it yet)
 
     def register(self, outbox: Outbox, topics: Iterable[str]) -> None:
         self.unregister(outbox)
@@ -110,8 +142,8 @@ class ProducerStreams:
     def answered(self, topic: str, transaction_id: str) -> None:
         """A producer answered the check of `transaction_id` (or resolved it unasked): it no longer counts."""
         for outbox in self._by_topic.get(topic, []):
-            if outbox.unanswered.pop(transaction_id, None) is not None and len(outbox.unanswered) == ASK_AT:
-                self.changed.set()  # room for a call's worth again: the poller asks now, not at its next round
+            if outbox.answered(transaction_id, self.interval_s):
+                self.changed.set()
 
 
 ToCommand = Callable[[bpb.TransactionCheck, Outbox], Any]
@@ -203,6 +235,8 @@ class CheckPoller:
         except errors.DomainError as exc:
             log.debug("transaction checks of broker %s failed: %s", client.name, exc)
             return None
+        if response.check_interval_ms > 0:  # 0 from a broker older than the field: the windows as they are
+            self.streams.interval_s = min(self.streams.interval_s, response.check_interval_ms / 1000)
         for check in response.checks:
             topic = check.message.message.topic
             if self.streams.deliver(topic, check.transaction_id, functools.partial(self.to_command, check)):

@@ -401,14 +401,16 @@ class TransactionCheck(_message.Message):
     def __init__(self, message: _Optional[_Union[StoredMessage, _Mapping]] = ..., transaction_id: _Optional[str] = ..., check: _Optional[int] = ...) -> None: ...
 
 class TransactionChecksResponse(_message.Message):
-    __slots__ = ("checks", "next_due_ms", "now_ms")
+    __slots__ = ("checks", "next_due_ms", "now_ms", "check_interval_ms")
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     NEXT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
     NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     checks: _containers.RepeatedCompositeFieldContainer[TransactionCheck]
     next_due_ms: int
     now_ms: int
-    def __init__(self, checks: _Optional[_Iterable[_Union[TransactionCheck, _Mapping]]] = ..., next_due_ms: _Optional[int] = ..., now_ms: _Optional[int] = ...) -> None: ...
+    check_interval_ms: int
+    def __init__(self, checks: _Optional[_Iterable[_Union[TransactionCheck, _Mapping]]] = ..., next_due_ms: _Optional[int] = ..., now_ms: _Optional[int] = ..., check_interval_ms: _Optional[int] = ...) -> None: ...
 
 class ResetOffsetRequest(_message.Message):
     __slots__ = ("topic", "group", "to", "timestamp_ms")

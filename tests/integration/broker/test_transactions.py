@@ -62,5 +62,6 @@ def test_a_check_handed_out_survives_kill_9_and_is_not_handed_out_again_within_t
     again = b.stub.TransactionChecks(pb.TransactionChecksRequest(topics=["tx"], max_checks=10), timeout=10)
     assert list(again.checks) == [] and again.next_due_ms >= first.next_due_ms
     assert 0 < again.next_due_ms - again.now_ms <= 60_000  # the wait, on the broker's own clock (interval 60 s)
+    assert first.check_interval_ms == again.check_interval_ms == 60_000  # a proxy sizes its producers' windows by it
     end(b, tid, commit=True)
     assert bodies(b, "g") == [b"checked"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.txchecks import (
     ANSWER_WAIT_S,
+    FIRST_WINDOW,
     IDLE_FLOOR_S,
     OUTBOX_COMMANDS,
     TOPICS_PER_CALL,
@@ -41,7 +43,7 @@ def test_checks_go_round_robin_to_the_topics_producers_and_nowhere_else() -> Non
     assert not streams.deliver("nobody", "tid", lambda o: 0)
     streams.unregister(b)
     assert streams.topics() == ["t", "v"]
-    for i in range(OUTBOX_COMMANDS - 2):
+    for i in range(FIRST_WINDOW - 2):
         assert streams.deliver("t", f"more{i}", lambda o: 0)
     assert not streams.deliver("t", "last", lambda o: 0)  # full: the broker hands the check out again later
 
@@ -64,6 +66,7 @@ async def test_the_poller_asks_every_live_broker_for_its_producers_topics() -> N
     check = bpb.TransactionCheck(transaction_id="tid", check=1)
     check.message.message.topic = "t"
     b1, b2 = FakeBroker("b1", [check], 5000, now_ms=4500), FakeBroker("b2", [], 3000, now_ms=1000)
+    b1.answer.check_interval_ms = 30_000  # b2 is older than the field: it tells none
     streams = ProducerStreams()
     outbox = Outbox()
     streams.register(outbox, ["t"])
@@ -72,6 +75,7 @@ async def test_the_poller_asks_every_live_broker_for_its_producers_topics() -> N
     assert await poller.poll_once(["t"]) == 0.5  # the earliest next check, each on its broker's clock
     assert b1.asked == [["t"]] and b2.asked == [["t"]]
     assert outbox.commands.get_nowait() == "tid" and poller.handed == 1
+    assert streams.interval_s == 30  # the producers' windows are sized by it
 
 
 async def test_the_next_check_is_awaited_on_the_brokers_clock_whatever_the_proxys_says() -> None:
@@ -140,7 +144,7 @@ async def test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_ta
     streams = ProducerStreams()
     outbox = Outbox()
     streams.register(outbox, ["t"])
-    for i in range(OUTBOX_COMMANDS - 3):
+    for i in range(FIRST_WINDOW - 3):
         assert streams.deliver("t", f"earlier{i}", lambda o: "earlier")
     broker = RecordingBroker()
     pool = BrokerPool({"b1": broker})  # type: ignore[dict-item]
@@ -171,19 +175,66 @@ async def test_a_producer_answering_slower_than_checks_come_is_handed_no_more_th
 
     for _ in range(5):
         await poll()
-    assert poller.handed == broker.handed == len(sent) == OUTBOX_COMMANDS
+    assert poller.handed == broker.handed == len(sent) == FIRST_WINDOW  # a new producer: its first window
     for tid in sent[:5]:
-        streams.answered("t", tid)
+        streams.answered("t", tid)  # at once: each answer widens the window by one
+    assert outbox.window == FIRST_WINDOW + 5
     await poll()
-    assert broker.max_checks[-1] == 5 and poller.handed == OUTBOX_COMMANDS + 5
+    assert broker.max_checks[-1] == 10 and poller.handed == FIRST_WINDOW + 10
     streams.changed.clear()
-    for tid in sent[5 : 5 + OUTBOX_COMMANDS // 2]:
+    for tid in sent[5:10]:
         assert not streams.changed.is_set()
         streams.answered("t", tid)
-    assert streams.changed.is_set()  # room for a call's worth: the poller asks at once
+    assert len(outbox.unanswered) == 8 < outbox.window // 2 and streams.changed.is_set()  # half: asked at once
     later = time.monotonic() + ANSWER_WAIT_S  # unanswered (UNKNOWN sends nothing) checks stop counting then
     monkeypatch.setattr("proxy.txchecks.time", SimpleNamespace(monotonic=lambda: later, time=time.time))
-    assert outbox.room() == OUTBOX_COMMANDS
+    assert outbox.room() == outbox.window
+
+
+def answer_times(
+    seconds_per_answer: float, interval_s: float, run_s: float, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[float], Outbox]:
+    """A producer answering its checks in turn, one each `seconds_per_answer`, with checks always due and handed
+    out whenever the proxy would ask (woken by `answered`, or each CHECK_POLL_S): how long each answer took, and
+    the producer's outbox at the end."""
+    clock = [0.0]
+    monkeypatch.setattr("proxy.txchecks.time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, ["t"])
+    streams.interval_s = interval_s
+    handed: deque[tuple[str, float]] = deque()
+    took: list[float] = []
+    next_poll = 0.0
+    while clock[0] < run_s:
+        if streams.changed.is_set() or clock[0] >= next_poll:
+            streams.changed.clear()
+            next_poll = clock[0] + 1.0
+            for _ in range(outbox.room()):
+                tid = f"tid{len(took) + len(handed)}"
+                assert streams.deliver("t", tid, lambda o: None)
+                outbox.commands.get_nowait()  # the stream writes it out at once
+                handed.append((tid, clock[0]))
+        clock[0] += seconds_per_answer
+        if handed:
+            tid, at = handed.popleft()
+            took.append(clock[0] - at)
+            streams.answered("t", tid)
+    return took, outbox
+
+
+def test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A producer answering 50 checks a second, the brokers checking each transaction 1 s apart: after its first
+    window every check it gets is answered within the interval, a last check before its transaction would roll back
+    (with the window at OUTBOX_COMMANDS from the start, checks waited 1.28 s); and it is kept busy. A producer
+    answering at once gets OUTBOX_COMMANDS."""
+    took, _ = answer_times(0.02, 1.0, 20.0, monkeypatch)
+    assert max(took[FIRST_WINDOW:]) < 1.0
+    assert len(took) >= 0.95 * 20 / 0.02
+    _, fast = answer_times(0.0001, 1.0, 0.1, monkeypatch)
+    assert fast.window == OUTBOX_COMMANDS
 
 
 async def test_closing_the_poller_ends_its_task_before_it_returns() -> None:
