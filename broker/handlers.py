@@ -150,11 +150,14 @@ async def end_transaction(core: BrokerCore, request: pb.EndTransactionRequest, o
 async def transaction_checks(
     core: BrokerCore, request: pb.TransactionChecksRequest, out: pb.TransactionChecksResponse
 ) -> None:
-    if len(request.topics) > MAX_CHECK_TOPICS:
-        raise errors.BadRequest(f"TransactionChecks names {len(request.topics)} topics, at most {MAX_CHECK_TOPICS}")
-    for topic in request.topics:
+    named = len(request.topics) + len(request.asked_topics)
+    if named > MAX_CHECK_TOPICS:
+        raise errors.BadRequest(f"TransactionChecks names {named} topics, at most {MAX_CHECK_TOPICS}")
+    for topic in (*request.topics, *request.asked_topics):
         validation.check_topic(topic)
-    checks, out.next_due_ms = await core.transactions.checks(request.topics, request.max_checks)
+    checks, out.next_due_ms = await core.transactions.checks(
+        request.topics, request.max_checks, asked=request.asked_topics
+    )
     out.now_ms = core.clock.now_ms()
     out.check_interval_ms = core.transactions.schedule.interval_ms
     for c in checks:

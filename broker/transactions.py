@@ -197,12 +197,13 @@ class Transactions:
         if len(self._resolved) > RESOLVED_KEPT:
             self._resolved.popitem(last=False)
 
-    async def checks(self, topics: Sequence[str], limit: int) -> tuple[list[Check], int]:
+    async def checks(self, topics: Sequence[str], limit: int, *, asked: Sequence[str] = ()) -> tuple[list[Check], int]:
         """The due checks of these topics, each recorded (durably) before it is handed out; and when the next one
-        of these topics falls due (0: none)."""
+        of these topics falls due (0: none). The `asked` topics' checks are asked for too, none handed out now."""
         offset = self._offset()
         mono = self.clock.now_ms() - offset
-        halves = self.schedule.due(topics, mono, min(max(limit, 1), MAX_CHECKS_PER_CALL))
+        self.schedule.asked(asked, mono)
+        halves = self.schedule.due(topics, mono, min(max(limit, 1), MAX_CHECKS_PER_CALL)) if topics else []
         if not halves:
             return [], self._wall_ms(self.schedule.next_due_ms(topics))
         for half in halves:

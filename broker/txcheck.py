@@ -88,6 +88,11 @@ class CheckSchedule:
             heapq.heapify(heap)
         self._due = due
 
+    def asked(self, topics: Iterable[str], now_ms: int) -> None:
+        """A caller asks for these topics' checks and takes none now: their half messages wait for their checks."""
+        for topic in topics:
+            self._asked[topic] = now_ms
+
     def due(self, topics: Iterable[str], now_ms: int, limit: int) -> list[Half]:
         """Up to `limit` half messages of these topics whose check is due, earliest first; not busy, not past
         their last check. They stay scheduled until `checked` records their check."""

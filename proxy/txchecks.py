@@ -33,56 +33,66 @@ MAX_CHECKS_PER_CALL = 64
 TOPICS_PER_CALL = 512  # a broker takes up to 1,024 topics a call
 OUTBOX_COMMANDS = 64  # most checks a producer's stream may have unanswered; past them a check goes to another or waits
 FIRST_WINDOW = 8  # checks a producer may have unanswered before its answers tell how fast it answers
-ANSWER_WAIT_S = 10.0  # a check its producer has not answered (UNKNOWN sends nothing) stops counting after this
+ANSWER_WAIT_S = 10.0  # the longest a check holds its place unanswered (UNKNOWN from some clients sends nothing)
 
 
 class Outbox:
     """Commands for one producer's Telemetry stream, the topics (as stored) it publishes to, and the checks handed
-    to it and not answered yet (transaction id -> when they stop counting, time.monotonic()).
+    to it and not answered yet (transaction id -> when handed out, time.monotonic(), oldest first).
 
-    A check counts from its hand-out until its producer answers it (EndTransaction through this proxy, `answered`)
-    or ANSWER_WAIT_S passed, not until the stream took it: the stream's writes do not wait for the producer, so a
-    producer answering slower than checks fall due would otherwise queue checks that the broker counts as asked and
-    rolls back after its last one while they wait — tests/unit/proxy/test_txchecks.py::
-    test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for.
+    A check holds a place from its hand-out until its producer answers it (EndTransaction through this proxy,
+    `answered`) or half the brokers' check interval passed (at most ANSWER_WAIT_S: an answer never sent, as an
+    official client's UNKNOWN, frees its place then), not until the stream took it: the stream's writes do not
+    wait for the producer, so a producer answering slower than checks fall due would otherwise queue checks that
+    the broker counts as asked and rolls back after its last one while they wait — tests/unit/proxy/
+    test_txchecks.py::test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for,
+    ::test_a_check_never_answered_frees_its_place_after_half_the_check_interval.
 
-    At most `window` checks count at once, sized by the answers' times against the brokers' check interval: one
-    more after an answer within a quarter of it, half as many (at most once a window's worth of answers) after one
-    past half of it. A producer then gets no more checks than it answers within about half an interval, so it
-    answers a last check before the broker rolls its transaction back — test_txchecks.py::
+    At most `window` checks hold places at once, sized by the answers' times against the interval (an answer
+    after its place was freed counts too, up to twice the interval): one more after an answer within a quarter of
+    it, half as many (at most once a window's worth of answers) after one past half of it. A producer then gets no
+    more checks than it answers within about half an interval, so it answers a last check before the broker rolls
+    its transaction back — test_txchecks.py::
     test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_interval."""
 
     def __init__(self, namespace: str = "") -> None:
         self.namespace = namespace
         self.topics: frozenset[str] = frozenset()
         self.commands: asyncio.Queue[Any] = asyncio.Queue()
-        self.unanswered: dict[str, float] = {}
+        self.unanswered: dict[str, float] = {}  # holding a place
+        self._overdue: dict[str, float] = {}  # past their place, kept to time a late answer
         self.window = FIRST_WINDOW
         self._halve_after = 0  # answers to come before the window may halve again
         self._woke = False  # the poller was woken for room since the last hand-out
 
-    def room(self) -> int:
+    def room(self, interval_s: float = math.inf) -> int:
         """How many more checks this producer takes now."""
         now = time.monotonic()
-        if self.unanswered and next(iter(self.unanswered.values())) <= now:  # the oldest first (insertion order)
-            self.unanswered = {tid: until for tid, until in self.unanswered.items() if until > now}
+        freed_at = now - min(ANSWER_WAIT_S, interval_s / 2)
+        while self.unanswered and (first := next(iter(self.unanswered.items())))[1] <= freed_at:
+            del self.unanswered[first[0]]
+            self._overdue[first[0]] = first[1]
+        forgot_at = now - (max(ANSWER_WAIT_S, 2 * interval_s) if interval_s < math.inf else ANSWER_WAIT_S)
+        while self._overdue and (first := next(iter(self._overdue.items())))[1] <= forgot_at:
+            del self._overdue[first[0]]
         return max(0, self.window - max(len(self.unanswered), self.commands.qsize()))  # also a stream not read
 
     def hand(self, transaction_id: str, command: Any) -> None:
-        """Queue a check's command for the stream; it counts until answered."""
+        """Queue a check's command for the stream; it holds a place until answered."""
         self.unanswered.pop(transaction_id, None)  # handed again: counts once, from now
-        self.unanswered[transaction_id] = time.monotonic() + ANSWER_WAIT_S
+        self._overdue.pop(transaction_id, None)
+        self.unanswered[transaction_id] = time.monotonic()
         self.commands.put_nowait(command)
         self._woke = False
 
     def answered(self, transaction_id: str, interval_s: float) -> bool:
-        """The producer answered the check of `transaction_id` (or resolved it unasked): it no longer counts, and
-        its time sizes the window. True when the unanswered checks just came down to half the window: the
-        poller should ask for more now, not at its next round."""
-        until = self.unanswered.pop(transaction_id, None)
-        if until is None:
+        """The producer answered the check of `transaction_id` (or resolved it unasked): it no longer holds a
+        place, and its time sizes the window. True when the unanswered checks just came down to half the window:
+        the poller should ask for more now, not at its next round."""
+        handed = self.unanswered.pop(transaction_id, None)
+        if handed is None and (handed := self._overdue.pop(transaction_id, None)) is None:
             return False
-        took_s = time.monotonic() - (until - ANSWER_WAIT_S)
+        took_s = time.monotonic() - handed
         self._halve_after -= 1
         if took_s > interval_s / 2:
             if self._halve_after <= 0:
@@ -125,7 +135,7 @@ class ProducerStreams:
 
     def room(self, topic: str) -> int:
         """How many more checks the topic's producers take now."""
-        return sum(outbox.room() for outbox in self._by_topic.get(topic, []))
+        return sum(outbox.room(self.interval_s) for outbox in self._by_topic.get(topic, []))
 
     def deliver(self, topic: str, transaction_id: str, command: Callable[[Outbox], Any]) -> bool:
         """Queue `command(outbox)`, the check of `transaction_id`, for one of the topic's producers (round robin);
@@ -133,7 +143,7 @@ class ProducerStreams:
         streams = self._by_topic.get(topic, [])
         for i in range(len(streams)):
             outbox = streams[(self._turn + i) % len(streams)]
-            if outbox.room() > 0:
+            if outbox.room(self.interval_s) > 0:
                 self._turn += 1
                 outbox.hand(transaction_id, command(outbox))
                 return True
@@ -166,6 +176,7 @@ class CheckPoller:
         self.timeout_s = timeout_s
         self.poll_s = CHECK_POLL_S
         self.handed = 0  # checks queued for a producer
+        self._rounds = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -184,7 +195,7 @@ class CheckPoller:
         while True:
             self.streams.changed.clear()  # before the round: what changes during it wakes the wait below
             topics = self.streams.topics()
-            wait_s = self.poll_s
+            wait_s = min(self.poll_s, self.streams.interval_s / 2)  # each broker told of its topics every half interval
             if topics:
                 handed = self.handed
                 try:
@@ -207,7 +218,10 @@ class CheckPoller:
         check they told of, each measured on its broker's clock (None: none pending) —
         tests/unit/proxy/test_txchecks.py::test_the_next_check_is_awaited_on_the_brokers_clock_whatever_the_proxys_says."""
         next_due: float | None = None
-        for client in self.pool.live():
+        live = self.pool.live()
+        self._rounds += 1
+        turn = self._rounds % len(live) if live else 0  # the broker asked first (taking the room) goes round
+        for client in live[turn:] + live[:turn]:
             for start in range(0, len(topics), TOPICS_PER_CALL):
                 try:
                     due = await self._ask(client, topics[start : start + TOPICS_PER_CALL])
@@ -223,13 +237,15 @@ class CheckPoller:
     async def _ask(self, client: BrokerClient, topics: list[str]) -> float | None:
         # A broker records each check it hands out (its count and next time) and a check no outbox takes is
         # dropped here, so no more are asked for than every asked topic's producers take: a check of any topic
-        # then finds room, however the answer mixes topics. A topic with no room is left out until its producers
-        # answer — tests/unit/proxy/test_txchecks.py::
-        # test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_take.
+        # then finds room, however the answer mixes topics. A topic with no room takes no check until its
+        # producers answer, but is still named (`asked_topics`): its half messages wait for their checks instead
+        # of rolling back unchecked, at every broker whichever took the room — tests/unit/proxy/test_txchecks.py::
+        # test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_take,
+        # ::test_every_broker_is_told_of_the_topics_asked_for_when_the_first_takes_the_room.
         rooms = {topic: room for topic in topics if (room := self.streams.room(topic)) > 0}
-        if not rooms:
-            return None
-        request = bpb.TransactionChecksRequest(topics=list(rooms), max_checks=min(MAX_CHECKS_PER_CALL, *rooms.values()))
+        asked = [topic for topic in topics if topic not in rooms]
+        most = min(MAX_CHECKS_PER_CALL, *rooms.values()) if rooms else 0
+        request = bpb.TransactionChecksRequest(topics=list(rooms), max_checks=most, asked_topics=asked)
         try:
             response = await client.transaction_checks(request, timeout_s=self.timeout_s)
         except errors.DomainError as exc:
@@ -237,6 +253,8 @@ class CheckPoller:
             return None
         if response.check_interval_ms > 0:  # 0 from a broker older than the field: the windows as they are
             self.streams.interval_s = min(self.streams.interval_s, response.check_interval_ms / 1000)
+        if not rooms:
+            return None  # no check asked for: its next due time is no reason to ask sooner
         for check in response.checks:
             topic = check.message.message.topic
             if self.streams.deliver(topic, check.transaction_id, functools.partial(self.to_command, check)):

@@ -288,11 +288,15 @@ class CheckStream:
             resolution = None if _own_open(self._producer, message) else self._checker(message)
             if inspect.isawaitable(resolution):
                 raise TypeError("the blocking Producer's checker must return True, False or None, not an awaitable")
+        except Exception:  # answered unknown, so the proxy has a place for the next check at once
+            log.exception("the checker failed on message %s; answered unknown: checked again later", message.message_id)
+            resolution = None
+        try:
             self._producer._end_transaction(
                 message.topic, message.message_id, transaction_id, resolution, from_check=True
             )
         except Exception:
-            log.exception("transaction check of message %s failed; it is checked again later", message.message_id)
+            log.exception("answering the check of message %s failed; it is checked again later", message.message_id)
 
     def close(self) -> None:
         self._stop.set()
@@ -344,11 +348,15 @@ class AsyncCheckStream:
             resolution = None if _own_open(self._producer, message) else self._checker(message)
             if inspect.isawaitable(resolution):
                 resolution = await resolution
+        except Exception:  # answered unknown, so the proxy has a place for the next check at once
+            log.exception("the checker failed on message %s; answered unknown: checked again later", message.message_id)
+            resolution = None
+        try:
             await self._producer._end_transaction(
                 message.topic, message.message_id, transaction_id, resolution, from_check=True
             )
         except Exception:
-            log.exception("transaction check of message %s failed; it is checked again later", message.message_id)
+            log.exception("answering the check of message %s failed; it is checked again later", message.message_id)
 
     async def close(self) -> None:
         self._stop.set()

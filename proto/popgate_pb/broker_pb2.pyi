@@ -383,12 +383,14 @@ class EndTransactionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class TransactionChecksRequest(_message.Message):
-    __slots__ = ("topics", "max_checks")
+    __slots__ = ("topics", "max_checks", "asked_topics")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHECKS_FIELD_NUMBER: _ClassVar[int]
+    ASKED_TOPICS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     max_checks: int
-    def __init__(self, topics: _Optional[_Iterable[str]] = ..., max_checks: _Optional[int] = ...) -> None: ...
+    asked_topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., max_checks: _Optional[int] = ..., asked_topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionCheck(_message.Message):
     __slots__ = ("message", "transaction_id", "check")

@@ -69,23 +69,25 @@ def test_a_checker_commits_what_a_producer_left_unresolved(tx_cluster: Cluster) 
 
 
 def test_a_checker_slower_than_the_checks_loses_no_committed_transaction(tmp_path: Path) -> None:
-    """More orphaned transactions than a slow checker answers within a half message's checks (2 checks 1 s apart):
-    the proxy hands the producer no more checks than it answers, and the broker rolls back none of a topic still
-    asked for, so every transaction the checker commits is delivered."""
+    """More orphaned transactions over two brokers than a slow checker answers within a half message's checks (2
+    checks 1 s apart): the proxy hands the producer no more checks than it answers within the interval, and tells
+    each broker the topic is asked for whichever took the room, so neither rolls back a half message unchecked and
+    every transaction the checker commits is delivered."""
     n = 300
-    cluster = start_cluster(tmp_path, brokers=1, broker_args=(*CHECK_ARGS, "--transaction-max-checks", "2"))
+    cluster = start_cluster(tmp_path, brokers=2, broker_args=(*CHECK_ARGS, "--transaction-max-checks", "2"))
 
     def checker(message: Message) -> bool:
         time.sleep(0.02)  # ~50 answers a second: 300 take 6 s, more than the 2.5 s of a half message's checks
         return True
 
     try:
-        with Producer(cluster.endpoint) as gone:  # leaves its transactions open: as if it died
-            sent = {gone.transaction().send("sdk_slow_checker", b"x").message_id for _ in range(n)}
         with (
             Producer(cluster.endpoint, checker=checker, topics=["sdk_slow_checker"]),
             SimpleConsumer(cluster.endpoint, "g_sdk_slow_checker", "sdk_slow_checker") as consumer,
         ):
+            # Sent with the checker online: sending them takes longer than a half message's checks on a slow host
+            with Producer(cluster.endpoint) as gone:  # leaves its transactions open: as if it died
+                sent = {gone.transaction().send("sdk_slow_checker", b"x").message_id for _ in range(n)}
             assert {m.message_id for m in drain(consumer, n, timeout=60)} == sent
     finally:
         cluster.stop()

@@ -84,6 +84,18 @@ def test_a_half_message_of_a_topic_still_asked_for_waits_for_its_checks_past_the
         assert checks == 3 and when >= last_check[half_id] + 2000
 
 
+def test_a_half_message_of_a_topic_asked_for_without_room_waits_for_its_checks() -> None:
+    """A proxy whose producers have no room for checks still names the topic (`asked`): its half messages get no
+    check then and are not rolled back at the time of their last check; once checks are taken, they get theirs."""
+    schedule = CheckSchedule(immunity_ms=1000, interval_ms=2000, max_checks=3, started_ms=NOW)
+    schedule.add(Half(1, 7, "t", 0, None, NOW, 0, NOW + 1000))
+    schedule.add(Half(2, 7, "nobody asks", 0, None, NOW, 0, NOW + 1000))
+    for now in range(NOW + 1000, NOW + 20_000, 1000):
+        schedule.asked(["t"], now)
+        assert [h.half_id for h in schedule.expired(now)] == ([2] if now == NOW + 7000 else [])
+    assert [h.half_id for h in schedule.due(["t"], NOW + 20_000, 5)] == [1]
+
+
 async def half(core: BrokerCore, body: bytes, topic: str = "t") -> str:
     (sent,) = await core.send([pb.Message(topic=topic, body=body, transactional=True)])
     assert sent.transaction_id and sent.offset == -1

@@ -123,9 +123,10 @@ async def test_a_producers_telemetry_stream_registers_its_topics_and_carries_its
 class RecordingBroker(FakeBroker):
     """Answers as many due checks of topic "t" as it is asked for, and records how many that was."""
 
-    def __init__(self) -> None:
-        super().__init__("b1", [], 0)
+    def __init__(self, name: str = "b1") -> None:
+        super().__init__(name, [], 0)
         self.max_checks: list[int] = []
+        self.asked_only: list[list[str]] = []
         self.handed = 0
 
     async def transaction_checks(
@@ -133,8 +134,9 @@ class RecordingBroker(FakeBroker):
     ) -> bpb.TransactionChecksResponse:
         self.asked.append(list(request.topics))
         self.max_checks.append(request.max_checks)
+        self.asked_only.append(list(request.asked_topics))
         first, self.handed = self.handed, self.handed + request.max_checks
-        checks = [bpb.TransactionCheck(transaction_id=f"tid{i}", check=1) for i in range(first, self.handed)]
+        checks = [bpb.TransactionCheck(transaction_id=f"{self.name}-{i}", check=1) for i in range(first, self.handed)]
         for check in checks:
             check.message.message.topic = "t"
         return bpb.TransactionChecksResponse(checks=checks)
@@ -152,7 +154,31 @@ async def test_the_poller_asks_for_no_more_checks_than_its_producers_outboxes_ta
     await poller.poll_once(["t"])
     assert broker.max_checks == [3] and poller.handed == 3  # every check the broker recorded reached a producer
     await poller.poll_once(["t"])
-    assert broker.max_checks == [3]  # no room: the broker is not asked (its checks would burn unseen)
+    assert broker.max_checks == [3, 0] and broker.asked_only[-1] == ["t"]  # no room: no check (it would burn
+    # unseen), but the topic is still asked for (its half messages wait)
+
+
+async def test_every_broker_is_told_of_the_topics_asked_for_when_the_first_takes_the_room() -> None:
+    """Two brokers with checks due and a producer with room for one broker's worth: the broker asked first takes
+    the room and the other is told the topic is asked for (so it rolls back none unchecked); the next round starts
+    at the other broker, so both hand out checks in turn."""
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, ["t"])
+    b1, b2 = RecordingBroker("b1"), RecordingBroker("b2")
+    poller = CheckPoller(BrokerPool({"b1": b1, "b2": b2}), streams, lambda c, o: c.transaction_id, timeout_s=1)  # type: ignore[dict-item, arg-type, return-value]
+    handed: list[str] = []
+    for _ in range(4):
+        await poller.poll_once(["t"])
+        while not outbox.commands.empty():
+            handed.append(tid := outbox.commands.get_nowait())
+            streams.answered("t", tid)
+    assert {tid.split("-")[0] for tid in handed} == {"b1", "b2"}
+    for broker in (b1, b2):
+        assert all(
+            topics == ["t"] or only == ["t"] for topics, only in zip(broker.asked, broker.asked_only, strict=True)
+        )
+        assert len(broker.asked) == 4  # every round, with room or not
 
 
 async def test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for(
@@ -235,6 +261,29 @@ def test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_inter
     assert len(took) >= 0.95 * 20 / 0.02
     _, fast = answer_times(0.0001, 1.0, 0.1, monkeypatch)
     assert fast.window == OUTBOX_COMMANDS
+
+
+def test_a_check_never_answered_frees_its_place_after_half_the_check_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer whose client sends nothing for UNKNOWN (the official Node.js and Java clients), checks 1 s apart:
+    each check it leaves unanswered frees its place 0.5 s after its hand-out, not ANSWER_WAIT_S (10 s, in which the
+    other transactions' checks would wait); an answer after that still tells the window the producer is slow."""
+    clock = [100.0]
+    monkeypatch.setattr("proxy.txchecks.time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    streams = ProducerStreams()
+    outbox = Outbox()
+    streams.register(outbox, ["t"])
+    streams.interval_s = 1.0
+    for i in range(FIRST_WINDOW):
+        assert streams.deliver("t", f"tid{i}", lambda o: None)
+        outbox.commands.get_nowait()
+    assert streams.room("t") == 0
+    clock[0] += 0.4
+    assert streams.room("t") == 0
+    clock[0] += 0.2
+    assert streams.room("t") == FIRST_WINDOW
+    clock[0] += 1.0
+    streams.answered("t", "tid0")
+    assert outbox.window == FIRST_WINDOW // 2
 
 
 async def test_closing_the_poller_ends_its_task_before_it_returns() -> None:

@@ -343,3 +343,24 @@ async def test_an_asyncio_producer_ends_transactions_by_call_once_its_proxy_does
     await producer.close()
     assert len(call.written) == 1 and producer._ends_served is False  # asked once on the stream
     assert [(r.message_id, r.resolution) for r in called] == [("m1", v2.COMMIT), ("m2", v2.ROLLBACK)]
+
+
+def failing(message: Message) -> bool:
+    raise ConnectionError("the orders database is down")
+
+
+async def test_a_checker_that_raises_answers_unknown_so_the_next_check_comes_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A checker failing (its database down) answers "unknown", blocking and asyncio alike: the transaction is
+    checked again at its next interval, and the proxy, which holds a producer's place for each check until it is
+    answered, hands the next check at once instead of after half the interval (official clients send their answer
+    likewise); the failure is logged."""
+    producer = FakeProducer()
+    CheckStream(producer, failing, ["t"])._answer(Message(b"half", topic="t", message_id="m1"), "tid-1")  # type: ignore[arg-type]
+    aio_producer = AsyncFakeProducer()
+    await AsyncCheckStream(aio_producer, failing, ["t"])._answer(Message(b"half", topic="t", message_id="m2"), "tid-2")  # type: ignore[arg-type]
+    assert producer.ended == [("m1", None)] and aio_producer.ended == [("m2", None)]
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        f"the checker failed on message {m}" for m in ("m1", "m2")
+    ]
