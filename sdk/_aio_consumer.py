@@ -193,20 +193,28 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._give_back_timeout
-        requests = self._give_back_plan(messages)
-        # A window, not waves: each call that ends lets the next one go, so one call held up (a hung broker) holds
-        # up no other — tests/unit/sdk/test_give_back.py::test_a_hung_give_back_call_holds_up_no_other.
-        window = asyncio.Semaphore(GIVE_BACK_IN_FLIGHT)
+        turns = iter(messages)
+        answers: list[Any] = []
 
-        async def one(request: pb.ChangeInvisibleDurationRequest) -> Any:
-            async with window:
-                left = deadline - loop.time()
-                return await self._change_invisible(request, left) if left > 0 else None
+        async def one_at_a_time() -> None:
+            """One of the window's GIVE_BACK_IN_FLIGHT: each call that ends lets the next one go, so one call held
+            up (a hung broker) holds up no other (tests/unit/sdk/test_give_back_window.py::
+            test_a_hung_async_give_back_call_holds_up_no_other), and each request is built as its turn comes, so
+            the first calls go at once however many messages there are (::
+            test_an_async_give_back_sends_its_first_calls_before_building_every_request)."""
+            for message in turns:
+                if (left := deadline - loop.time()) <= 0:
+                    return
+                try:
+                    answers.append(await self._change_invisible(self._give_back_request(message), left))
+                except (Exception, asyncio.CancelledError) as exc:  # a call the channel's close cancelled fails
+                    if (task := asyncio.current_task()) is not None and task.cancelling():
+                        raise
+                    answers.append(exc)
 
-        # Never raised out of an iteration's end or close(); a call the channel's close cancelled is a failure.
-        done = await asyncio.gather(*(one(request) for request in requests), return_exceptions=True)
-        answers = [answer for answer in done if answer is not None]  # None: not sent in time
-        log_give_back_failures(log, answers, len(requests))
+        # Never raised out of an iteration's end or close().
+        await asyncio.gather(*(one_at_a_time() for _ in range(min(GIVE_BACK_IN_FLIGHT, len(messages)))))
+        log_give_back_failures(log, answers, len(messages))
 
     def _orphaned(self, messages: list[Any]) -> None:
         # Until the Session's close begins (it hands none after), close() included: close waits for these. The

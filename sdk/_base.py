@@ -377,9 +377,9 @@ class ConsumerBase(ClientBase):
     def _give_back_timeout(self) -> float:
         return min(self.options.request_timeout, GIVE_BACK_TIMEOUT_S)
 
-    def _give_back_plan(self, messages: Iterable[Message]) -> list[pb.ChangeInvisibleDurationRequest]:
-        """One nack with delay 0 per message: ready again at once, delivered with ``attempt + 1``."""
-        return [_wire.change_invisible_request(self.group, m, 0.0, namespace=self.options.namespace) for m in messages]
+    def _give_back_request(self, message: Message) -> pb.ChangeInvisibleDurationRequest:
+        """A nack with delay 0: ready again at once, delivered with ``attempt + 1``."""
+        return _wire.change_invisible_request(self.group, message, 0.0, namespace=self.options.namespace)
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
         """The AckMessage calls of `messages`; a message without topic or receipt handle (never received) is a

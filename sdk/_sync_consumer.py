@@ -137,14 +137,15 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         if sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
             return False
         deadline = time.monotonic() + self._give_back_timeout
-        requests = self._give_back_plan(messages)
         # A window, not waves: each call that ends lets the next one go, so one call held up (a hung broker) holds
-        # up no other — tests/unit/sdk/test_give_back.py::test_a_hung_give_back_call_holds_up_no_other.
+        # up no other — tests/unit/sdk/test_give_back.py::test_a_hung_give_back_call_holds_up_no_other. Each
+        # request is built as its turn comes, so the first calls go at once however many messages there are.
         window = threading.BoundedSemaphore(GIVE_BACK_IN_FLIGHT)
         calls: list[Any] = []
-        for request in requests:
+        for message in messages:
             if (left := deadline - time.monotonic()) <= 0 or not window.acquire(timeout=left):
                 break
+            request = self._give_back_request(message)
             try:
                 call = self._stub.ChangeInvisibleDuration.future(request, timeout=left, metadata=self._metadata())
             except ValueError:  # grpc's "channel closed": close() from another thread
@@ -153,8 +154,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             call.add_done_callback(lambda _: window.release())
             calls.append(call)
         answers = [call.exception() or call.result() for call in calls]
-        log_give_back_failures(log, answers, len(requests))
-        return len(answers) == len(requests) and not any(isinstance(answer, BaseException) for answer in answers)
+        log_give_back_failures(log, answers, len(messages))
+        return len(answers) == len(messages) and not any(isinstance(answer, BaseException) for answer in answers)
 
     def ack(self, message: Message, *, wait: bool = True) -> None:
         """Acknowledge one message: it is consumed and never delivered again.

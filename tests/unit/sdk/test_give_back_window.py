@@ -14,6 +14,7 @@ import grpc
 import pytest
 from popgate_pb.v2 import service_pb2 as pb
 
+import popgate._wire
 from popgate import Message, SimpleConsumer, aio
 from popgate._base import GIVE_BACK_IN_FLIGHT
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError, FakeStub
@@ -130,6 +131,26 @@ async def test_an_async_give_back_of_many_messages_ends_within_its_second(caplog
     assert took < 3.0 and calls.most_in_flight <= GIVE_BACK_IN_FLIGHT
     assert 0 < len(fake.sent("ChangeInvisibleDuration")) < 3000
     assert "unhandled message(s) failed" in caplog.text
+
+
+async def test_an_async_give_back_sends_its_first_calls_before_building_every_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3,000 messages whose requests take 1 ms each to build (a loaded host): the first calls go at once, not after
+    every request was built (3 s, past the give-back's second, when none went)."""
+    fake = FakeStub()
+    calls = SlowCalls(fake, latency=0.01)
+    build = popgate._wire.change_invisible_request
+
+    def slow_build(*args: Any, **kwargs: Any) -> pb.ChangeInvisibleDurationRequest:
+        time.sleep(0.001)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(popgate._wire, "change_invisible_request", slow_build)
+    consumer = aio_consumer(calls)
+    await consumer._give_back(many_messages(fake, 3000))
+    await consumer.close()
+    assert len(fake.sent("ChangeInvisibleDuration")) >= 100
 
 
 def test_a_hung_give_back_call_holds_up_no_other() -> None:
