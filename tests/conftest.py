@@ -21,6 +21,17 @@ from tests.procs import NO_SWEEP_ARGS, ServerProcess, broker_args
 hypothesis.settings.register_profile("popgate", deadline=None)
 hypothesis.settings.load_profile("popgate")
 
+# A Spark test's steps take 60-130 s on a loaded 2-core host, past the suite's 120 s; cut short by pytest-timeout's
+# signal inside a py4j call, the worker's shared session answers every later Spark test with another call's answer.
+SPARK_TIMEOUT_S = 600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests using the Spark session get SPARK_TIMEOUT_S, unless they set their own."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT_S))
+
 
 class BrokerHandle:
     """A running broker process plus a blocking stub to it."""

@@ -77,6 +77,7 @@ def test_a_missing_input_on_another_file_system_is_checked_by_spark(spark: Spark
     assert (tmp_path / "streaming").is_dir() and not (tmp_path / "batch").exists()
 
 
+@pytest.mark.timeout(330)  # its job's process has 300 s of its own
 def test_a_run_prints_progress_and_no_spark_log_lines(tmp_path: Path) -> None:
     """In a process of its own, whose JVM the job starts: stderr holds only the job's progress lines (Spark's own
     log and the JVM's warnings go to a file, deleted after a run that succeeded), and the console progress bar,

@@ -152,6 +152,7 @@ def back_empty(tmp_path: Path, started: list[ServerProcess], client: V2Client, b
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # ~60 s of receives from 8 threads; twice that on a loaded host
 def test_a_broker_back_empty_keeps_the_most_recently_received_groups_past_its_early_looks(
     tmp_path: Path, started: list[ServerProcess]
 ) -> None:

@@ -44,6 +44,10 @@ print(json.dumps({
 """
 
 
+# The venv's pip install has 300 s of its own (a loaded host: past the suite's 120 s).
+pytestmark = pytest.mark.timeout(360)
+
+
 @pytest.fixture(scope="module")
 def sdk_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with only the SDK's distribution installed (built from a copy: the checkout stays clean)."""
