@@ -29,6 +29,9 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 30_000),
+    # The largest HTTP/2 DATA frame the server may send (the default is 16 KiB): a receive's answer then goes as one
+    # frame, not one per 16 KiB, each of which popgate's proxy frames in Python (docs/BENCHMARKS.md).
+    ("grpc.http2.max_frame_size", 1 << 20),
 ]
 
 
