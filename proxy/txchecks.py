@@ -32,48 +32,47 @@ IDLE_FLOOR_S = 0.1  # after a round that handed out no check, the least wait, wh
 MAX_CHECKS_PER_CALL = 64
 TOPICS_PER_CALL = 512  # a broker takes up to 1,024 topics a call
 OUTBOX_COMMANDS = 64  # most checks a producer's stream may have unanswered; past them a check goes to another or waits
-FIRST_WINDOW = 8  # checks a producer may have unanswered before its answers tell how fast it answers
-ANSWER_WAIT_S = 10.0  # the longest a check holds its place unanswered (UNKNOWN from some clients sends nothing)
+FIRST_WINDOW = 4  # checks a producer may have unanswered before its answers tell how fast it answers
+ANSWER_WAIT_S = 10.0  # the longest a check holds its place unanswered
 
 
 class Outbox:
     """Commands for one producer's Telemetry stream, the topics (as stored) it publishes to, and the checks handed
-    to it and not answered yet (transaction id -> when handed out, time.monotonic(), oldest first).
+    to it and not answered yet (transaction id -> when handed out, time.monotonic(), and how many were ahead of
+    it; oldest first).
 
     A check holds a place from its hand-out until its producer answers it (EndTransaction through this proxy,
-    `answered`) or half the brokers' check interval passed (at most ANSWER_WAIT_S: an answer never sent, as an
-    official client's UNKNOWN, frees its place then), not until the stream took it: the stream's writes do not
-    wait for the producer, so a producer answering slower than checks fall due would otherwise queue checks that
-    the broker counts as asked and rolls back after its last one while they wait — tests/unit/proxy/
-    test_txchecks.py::test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for,
-    ::test_a_check_never_answered_frees_its_place_after_half_the_check_interval.
+    `answered`), answers a check handed after it (a client answers its checks in turn: this one was skipped, as
+    the official Node.js and Java clients send nothing for UNKNOWN), or ANSWER_WAIT_S passed (an answer through
+    another proxy, a checker stuck); not until the stream took it: the stream's writes do not wait for the
+    producer, so a producer answering slower than checks fall due would otherwise queue checks that the broker
+    counts as asked and rolls back after its last one while they wait — tests/unit/proxy/test_txchecks.py::
+    test_a_producer_answering_slower_than_checks_come_is_handed_no_more_than_it_has_room_for,
+    ::test_a_check_skipped_frees_its_place_when_a_later_one_is_answered.
 
-    At most `window` checks hold places at once, sized by the answers' times against the interval (an answer
-    after its place was freed counts too, up to twice the interval): one more after an answer within a quarter of
-    it, half as many (at most once a window's worth of answers) after one past half of it. A producer then gets no
-    more checks than it answers within about half an interval, so it answers a last check before the broker rolls
-    its transaction back — test_txchecks.py::
-    test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_interval."""
+    At most `window` checks hold places at once, sized by the answers' times against the brokers' check interval
+    (an answer after its place was freed counts too, up to twice the interval later): one more after an answer
+    within a quarter of it; after one past half of it, no more than the producer answered in half an interval then
+    (the checks ahead of that one and itself, in the time it took). A producer then gets no more checks than it
+    answers within about half an interval, so it answers a last check before the broker rolls its transaction
+    back — test_txchecks.py::test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_interval."""
 
     def __init__(self, namespace: str = "") -> None:
         self.namespace = namespace
         self.topics: frozenset[str] = frozenset()
         self.commands: asyncio.Queue[Any] = asyncio.Queue()
-        self.unanswered: dict[str, float] = {}  # holding a place
-        self._overdue: dict[str, float] = {}  # past their place, kept to time a late answer
+        self.unanswered: dict[str, tuple[float, int]] = {}  # holding a place: (when handed, how many were ahead)
+        self._overdue: dict[str, tuple[float, int]] = {}  # past their place, kept to time a late answer
         self.window = FIRST_WINDOW
-        self._halve_after = 0  # answers to come before the window may halve again
         self._woke = False  # the poller was woken for room since the last hand-out
 
     def room(self, interval_s: float = math.inf) -> int:
         """How many more checks this producer takes now."""
         now = time.monotonic()
-        freed_at = now - min(ANSWER_WAIT_S, interval_s / 2)
-        while self.unanswered and (first := next(iter(self.unanswered.items())))[1] <= freed_at:
-            del self.unanswered[first[0]]
-            self._overdue[first[0]] = first[1]
-        forgot_at = now - (max(ANSWER_WAIT_S, 2 * interval_s) if interval_s < math.inf else ANSWER_WAIT_S)
-        while self._overdue and (first := next(iter(self._overdue.items())))[1] <= forgot_at:
+        while self.unanswered and (first := next(iter(self.unanswered.items())))[1][0] <= now - ANSWER_WAIT_S:
+            self._overdue[first[0]] = self.unanswered.pop(first[0])
+        forgot_at = now - ANSWER_WAIT_S - (2 * interval_s if interval_s < math.inf else 0)
+        while self._overdue and (first := next(iter(self._overdue.items())))[1][0] <= forgot_at:
             del self._overdue[first[0]]
         return max(0, self.window - max(len(self.unanswered), self.commands.qsize()))  # also a stream not read
 
@@ -81,23 +80,24 @@ class Outbox:
         """Queue a check's command for the stream; it holds a place until answered."""
         self.unanswered.pop(transaction_id, None)  # handed again: counts once, from now
         self._overdue.pop(transaction_id, None)
-        self.unanswered[transaction_id] = time.monotonic()
+        self.unanswered[transaction_id] = (time.monotonic(), len(self.unanswered))
         self.commands.put_nowait(command)
         self._woke = False
 
     def answered(self, transaction_id: str, interval_s: float) -> bool:
-        """The producer answered the check of `transaction_id` (or resolved it unasked): it no longer holds a
-        place, and its time sizes the window. True when the unanswered checks just came down to half the window:
-        the poller should ask for more now, not at its next round."""
-        handed = self.unanswered.pop(transaction_id, None)
-        if handed is None and (handed := self._overdue.pop(transaction_id, None)) is None:
+        """The producer answered the check of `transaction_id` (or resolved it unasked): it and the checks handed
+        before it no longer hold places, and its time sizes the window. True when the unanswered checks just came
+        down to half the window: the poller should ask for more now, not at its next round."""
+        entry = self.unanswered.pop(transaction_id, None)
+        if entry is not None:
+            while self.unanswered and (first := next(iter(self.unanswered.items())))[1][0] < entry[0]:
+                self._overdue[first[0]] = self.unanswered.pop(first[0])  # skipped
+        elif (entry := self._overdue.pop(transaction_id, None)) is None:
             return False
+        handed, ahead = entry
         took_s = time.monotonic() - handed
-        self._halve_after -= 1
-        if took_s > interval_s / 2:
-            if self._halve_after <= 0:
-                self.window = max(1, self.window // 2)
-                self._halve_after = self.window
+        if took_s > interval_s / 2:  # it answered the `ahead` and this one in `took_s`: as many in half an interval
+            self.window = max(1, min(self.window, int((ahead + 1) * interval_s / 2 / took_s)))
         elif took_s <= interval_s / 4:
             self.window = min(OUTBOX_COMMANDS, self.window + 1)
         if self._woke or len(self.unanswered) > self.window // 2:
