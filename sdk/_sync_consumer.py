@@ -138,7 +138,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             return False
         deadline = time.monotonic() + self._give_back_timeout
         # A window, not waves: each call that ends lets the next one go, so one call held up (a hung broker) holds
-        # up no other — tests/unit/sdk/test_give_back.py::test_a_hung_give_back_call_holds_up_no_other. Each
+        # up no other — tests/unit/sdk/test_give_back_window.py::test_a_hung_give_back_call_holds_up_no_other. Each
         # request is built as its turn comes, so the first calls go at once however many messages there are.
         window = threading.BoundedSemaphore(GIVE_BACK_IN_FLIGHT)
         calls: list[Any] = []

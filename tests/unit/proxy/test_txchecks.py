@@ -254,7 +254,7 @@ def test_a_slow_checker_gets_no_more_checks_than_it_answers_within_half_an_inter
 ) -> None:
     """A producer answering 50 checks a second, the brokers checking each transaction 1 s apart: after its first
     window every check it gets is answered within the interval, a last check before its transaction would roll back
-    (with the window at OUTBOX_COMMANDS from the start, checks waited 1.28 s); and it is kept busy. So are producers
+    (with the window at OUTBOX_COMMANDS from the start, checks waited past it); and it is kept busy. So are producers
     answering 5 and 2 a second, each check soon answered at once. A producer answering at once gets
     OUTBOX_COMMANDS."""
     took, _ = answer_times(0.02, 1.0, 20.0, monkeypatch)
