@@ -38,6 +38,9 @@ MORE_KEY = "popgate-session-more"
 RUNS_KEY = "popgate-session-runs"
 # Said by a broker that reads EndTransaction on the stream (older ones take only the unary call).
 TRANSACTIONS_KEY = "popgate-session-transactions"
+# Said by a broker that reads ChangeInvisibleTimes (`change_invisible_many`) on the stream: a caller that has not seen
+# it sends a ChangeInvisibleTime per handle.
+CHANGE_MANY_KEY = "popgate-session-change-many"
 # Said by a broker in its initial metadata: the largest stream message it takes (its --max-grpc-message-bytes). A
 # larger one would end the whole stream (every request on it failed, the broker taken for down): a request alone
 # past it is refused here, and joined messages stay well under it.
@@ -97,6 +100,7 @@ class BrokerSession:
         self._joined = False  # the broker said it reads joined requests (MORE_KEY in its initial metadata)
         self.reads_runs = False  # the broker said it stores a Send's runs (RUNS_KEY in its initial metadata)
         self.ends_transactions = False  # the broker said it reads EndTransaction (TRANSACTIONS_KEY)
+        self.changes_many = False  # the broker said it reads ChangeInvisibleTimes (CHANGE_MANY_KEY)
         self._carry: int | bytes | None = None  # taken from the outbox, first in the next message (it did not fit)
         self._max_bytes = 0  # the largest stream message the broker takes (MAX_BYTES_KEY); 0: not said
         self._said = asyncio.Event()  # the broker's initial metadata was read (or the stream ended first)
@@ -284,6 +288,7 @@ class BrokerSession:
             said = dict(await self._call.initial_metadata())
             self._joined, self.reads_runs = said.get(MORE_KEY) == "1", said.get(RUNS_KEY) == "1"
             self.ends_transactions = said.get(TRANSACTIONS_KEY) == "1"
+            self.changes_many = said.get(CHANGE_MANY_KEY) == "1"
             if (limit := str(said.get(MAX_BYTES_KEY, ""))).isdigit():
                 self._max_bytes = int(limit)
                 self._write_bytes = max(1, min(MAX_WRITE_BYTES, self._max_bytes // 2))  # room for the joins' tags

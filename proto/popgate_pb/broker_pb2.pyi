@@ -196,6 +196,38 @@ class ChangeInvisibleTimeResponse(_message.Message):
     invisible_until_ms: int
     def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
+class ChangeInvisibleTimesRequest(_message.Message):
+    __slots__ = ("topic", "group", "receipt_handles", "invisible_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    invisible_ms: int
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+
+class ChangeInvisibleTimeResult(_message.Message):
+    __slots__ = ("ok", "receipt_handle", "invisible_until_ms", "error", "error_message")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    receipt_handle: str
+    invisible_until_ms: int
+    error: str
+    error_message: str
+    def __init__(self, ok: _Optional[bool] = ..., receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ..., error: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class ChangeInvisibleTimesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ChangeInvisibleTimeResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ChangeInvisibleTimeResult, _Mapping]]] = ...) -> None: ...
+
 class RenewRequest(_message.Message):
     __slots__ = ("group", "receipt_handles", "invisible_ms", "bring_forward")
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -593,7 +625,7 @@ class ListConsumersResponse(_message.Message):
     def __init__(self, broker: _Optional[str] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., cut: _Optional[bool] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config", "end_transaction", "more")
+    __slots__ = ("id", "pop", "notification", "cancel", "send", "ack", "change_invisible", "renew", "group_config", "end_transaction", "change_invisible_many", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -604,6 +636,7 @@ class SessionRequest(_message.Message):
     RENEW_FIELD_NUMBER: _ClassVar[int]
     GROUP_CONFIG_FIELD_NUMBER: _ClassVar[int]
     END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_INVISIBLE_MANY_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopRequest
@@ -615,8 +648,9 @@ class SessionRequest(_message.Message):
     renew: RenewRequest
     group_config: GroupConfigRequest
     end_transaction: EndTransactionRequest
+    change_invisible_many: ChangeInvisibleTimesRequest
     more: _containers.RepeatedCompositeFieldContainer[SessionRequest]
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigRequest, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopRequest, _Mapping]] = ..., notification: _Optional[_Union[NotificationRequest, _Mapping]] = ..., cancel: _Optional[bool] = ..., send: _Optional[_Union[SendRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigRequest, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionRequest, _Mapping]] = ..., change_invisible_many: _Optional[_Union[ChangeInvisibleTimesRequest, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
 
 class SessionError(_message.Message):
     __slots__ = ("error", "message", "grpc_code")
@@ -629,7 +663,7 @@ class SessionError(_message.Message):
     def __init__(self, error: _Optional[str] = ..., message: _Optional[str] = ..., grpc_code: _Optional[int] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew", "group_config", "end_transaction", "more")
+    __slots__ = ("id", "pop", "notification", "error", "send", "ack", "change_invisible", "renew", "group_config", "end_transaction", "change_invisible_many", "more")
     ID_FIELD_NUMBER: _ClassVar[int]
     POP_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -640,6 +674,7 @@ class SessionResponse(_message.Message):
     RENEW_FIELD_NUMBER: _ClassVar[int]
     GROUP_CONFIG_FIELD_NUMBER: _ClassVar[int]
     END_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_INVISIBLE_MANY_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     id: int
     pop: PopResponse
@@ -651,5 +686,6 @@ class SessionResponse(_message.Message):
     renew: RenewResponse
     group_config: GroupConfigResponse
     end_transaction: EndTransactionResponse
+    change_invisible_many: ChangeInvisibleTimesResponse
     more: _containers.RepeatedCompositeFieldContainer[SessionResponse]
-    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., pop: _Optional[_Union[PopResponse, _Mapping]] = ..., notification: _Optional[_Union[NotificationResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., send: _Optional[_Union[SendResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., change_invisible: _Optional[_Union[ChangeInvisibleTimeResponse, _Mapping]] = ..., renew: _Optional[_Union[RenewResponse, _Mapping]] = ..., group_config: _Optional[_Union[GroupConfigResponse, _Mapping]] = ..., end_transaction: _Optional[_Union[EndTransactionResponse, _Mapping]] = ..., change_invisible_many: _Optional[_Union[ChangeInvisibleTimesResponse, _Mapping]] = ..., more: _Optional[_Iterable[_Union[SessionResponse, _Mapping]]] = ...) -> None: ...

@@ -54,6 +54,11 @@ class BrokerStub:
                 request_serializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
                 response_deserializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
                 _registered_method=True)
+        self.ChangeInvisibleTimes = channel.unary_unary(
+                '/popgate.broker.v1.Broker/ChangeInvisibleTimes',
+                request_serializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimesRequest.SerializeToString,
+                response_deserializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimesResponse.FromString,
+                _registered_method=True)
         self.Renew = channel.unary_unary(
                 '/popgate.broker.v1.Broker/Renew',
                 request_serializer=popgate__pb_dot_broker__pb2.RenewRequest.SerializeToString,
@@ -158,6 +163,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ChangeInvisibleTime(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleTimes(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -281,6 +292,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleTime,
                     request_deserializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimeRequest.FromString,
                     response_serializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimeResponse.SerializeToString,
+            ),
+            'ChangeInvisibleTimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleTimes,
+                    request_deserializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimesRequest.FromString,
+                    response_serializer=popgate__pb_dot_broker__pb2.ChangeInvisibleTimesResponse.SerializeToString,
             ),
             'Renew': grpc.unary_unary_rpc_method_handler(
                     servicer.Renew,
@@ -471,6 +487,33 @@ class Broker:
             '/popgate.broker.v1.Broker/ChangeInvisibleTime',
             popgate__pb_dot_broker__pb2.ChangeInvisibleTimeRequest.SerializeToString,
             popgate__pb_dot_broker__pb2.ChangeInvisibleTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleTimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.broker.v1.Broker/ChangeInvisibleTimes',
+            popgate__pb_dot_broker__pb2.ChangeInvisibleTimesRequest.SerializeToString,
+            popgate__pb_dot_broker__pb2.ChangeInvisibleTimesResponse.FromString,
             options,
             channel_credentials,
             insecure,

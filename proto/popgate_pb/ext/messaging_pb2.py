@@ -22,30 +22,35 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from popgate_pb.v2 import definition_pb2 as popgate__pb_dot_v2_dot_definition__pb2
 from popgate_pb.v2 import service_pb2 as popgate__pb_dot_v2_dot_service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epopgate_pb/ext/messaging.proto\x12\x0epopgate.ext.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epopgate_pb/v2/definition.proto\x1a\x1bpopgate_pb/v2/service.proto\"\xff\x03\n\x0eSessionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x36\n\x04send\x18\x04 \x01(\x0b\x32&.apache.rocketmq.v2.SendMessageRequestH\x00\x12<\n\x07receive\x18\x05 \x01(\x0b\x32).apache.rocketmq.v2.ReceiveMessageRequestH\x00\x12\x34\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32%.apache.rocketmq.v2.AckMessageRequestH\x00\x12N\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x32.apache.rocketmq.v2.ChangeInvisibleDurationRequestH\x00\x12\x31\n\x0bsend_shared\x18\x08 \x01(\x0b\x32\x1a.popgate.ext.v1.SendSharedH\x00\x12\x44\n\x0f\x65nd_transaction\x18\n \x01(\x0b\x32).apache.rocketmq.v2.EndTransactionRequestH\x00\x12\x10\n\x08max_fifo\x18\t \x01(\r\x12,\n\x04more\x18\x0f \x03(\x0b\x32\x1e.popgate.ext.v1.SessionRequestB\x06\n\x04\x62ody\":\n\nSendShared\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.popgate.ext.v1.SharedMessages\"b\n\x0eSharedMessages\x12+\n\x06shared\x18\x01 \x01(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\"\xc6\x03\n\x0fSessionResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x06status\x18\x02 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12\x37\n\x04send\x18\x04 \x01(\x0b\x32\'.apache.rocketmq.v2.SendMessageResponseH\x00\x12:\n\x07receive\x18\x05 \x01(\x0b\x32\'.popgate.ext.v1.ReceiveMessagesResponseH\x00\x12\x35\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32&.apache.rocketmq.v2.AckMessageResponseH\x00\x12O\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x33.apache.rocketmq.v2.ChangeInvisibleDurationResponseH\x00\x12\x45\n\x0f\x65nd_transaction\x18\x08 \x01(\x0b\x32*.apache.rocketmq.v2.EndTransactionResponseH\x00\x12-\n\x04more\x18\x0f \x03(\x0b\x32\x1f.popgate.ext.v1.SessionResponseB\x06\n\x04\x62ody\"\x80\x01\n\x17ReceiveMessagesResponse\x12,\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.popgate.ext.v1.MessagesH\x00\x42\t\n\x07\x63ontent\"q\n\x08Messages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x36\n\x12\x64\x65livery_timestamp\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x9d\x02\n\tMessaging\x12i\n\x0fReceiveMessages\x12).apache.rocketmq.v2.ReceiveMessageRequest\x1a\'.popgate.ext.v1.ReceiveMessagesResponse\"\x00\x30\x01\x12S\n\nSendShared\x12\x1a.popgate.ext.v1.SendShared\x1a\'.apache.rocketmq.v2.SendMessageResponse\"\x00\x12P\n\x07Session\x12\x1e.popgate.ext.v1.SessionRequest\x1a\x1f.popgate.ext.v1.SessionResponse\"\x00(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epopgate_pb/ext/messaging.proto\x12\x0epopgate.ext.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1epopgate_pb/v2/definition.proto\x1a\x1bpopgate_pb/v2/service.proto\"\xc5\x04\n\x0eSessionRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x36\n\x04send\x18\x04 \x01(\x0b\x32&.apache.rocketmq.v2.SendMessageRequestH\x00\x12<\n\x07receive\x18\x05 \x01(\x0b\x32).apache.rocketmq.v2.ReceiveMessageRequestH\x00\x12\x34\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32%.apache.rocketmq.v2.AckMessageRequestH\x00\x12N\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x32.apache.rocketmq.v2.ChangeInvisibleDurationRequestH\x00\x12\x31\n\x0bsend_shared\x18\x08 \x01(\x0b\x32\x1a.popgate.ext.v1.SendSharedH\x00\x12\x44\n\x0f\x65nd_transaction\x18\n \x01(\x0b\x32).apache.rocketmq.v2.EndTransactionRequestH\x00\x12\x44\n\x15\x63hange_invisible_many\x18\x0b \x01(\x0b\x32#.popgate.ext.v1.ChangeInvisibleManyH\x00\x12\x10\n\x08max_fifo\x18\t \x01(\r\x12,\n\x04more\x18\x0f \x03(\x0b\x32\x1e.popgate.ext.v1.SessionRequestB\x06\n\x04\x62ody\":\n\nSendShared\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.popgate.ext.v1.SharedMessages\"b\n\x0eSharedMessages\x12+\n\x06shared\x18\x01 \x01(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x0e\n\x06\x62odies\x18\x02 \x03(\x0c\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\"\xdc\x01\n\x13\x43hangeInvisibleMany\x12+\n\x05group\x18\x01 \x01(\x0b\x32\x1c.apache.rocketmq.v2.Resource\x12+\n\x05topic\x18\x02 \x01(\x0b\x32\x1c.apache.rocketmq.v2.Resource\x12\x35\n\x12invisible_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x07\x65ntries\x18\x04 \x03(\x0b\x32#.apache.rocketmq.v2.AckMessageEntry\"\x85\x01\n\x1b\x43hangeInvisibleManyResponse\x12*\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.Status\x12:\n\x07\x65ntries\x18\x02 \x03(\x0b\x32).apache.rocketmq.v2.AckMessageResultEntry\"\x94\x04\n\x0fSessionResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x06status\x18\x02 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12\x37\n\x04send\x18\x04 \x01(\x0b\x32\'.apache.rocketmq.v2.SendMessageResponseH\x00\x12:\n\x07receive\x18\x05 \x01(\x0b\x32\'.popgate.ext.v1.ReceiveMessagesResponseH\x00\x12\x35\n\x03\x61\x63k\x18\x06 \x01(\x0b\x32&.apache.rocketmq.v2.AckMessageResponseH\x00\x12O\n\x10\x63hange_invisible\x18\x07 \x01(\x0b\x32\x33.apache.rocketmq.v2.ChangeInvisibleDurationResponseH\x00\x12\x45\n\x0f\x65nd_transaction\x18\x08 \x01(\x0b\x32*.apache.rocketmq.v2.EndTransactionResponseH\x00\x12L\n\x15\x63hange_invisible_many\x18\t \x01(\x0b\x32+.popgate.ext.v1.ChangeInvisibleManyResponseH\x00\x12-\n\x04more\x18\x0f \x03(\x0b\x32\x1f.popgate.ext.v1.SessionResponseB\x06\n\x04\x62ody\"\x80\x01\n\x17ReceiveMessagesResponse\x12,\n\x06status\x18\x01 \x01(\x0b\x32\x1a.apache.rocketmq.v2.StatusH\x00\x12,\n\x08messages\x18\x02 \x01(\x0b\x32\x18.popgate.ext.v1.MessagesH\x00\x42\t\n\x07\x63ontent\"q\n\x08Messages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.apache.rocketmq.v2.Message\x12\x36\n\x12\x64\x65livery_timestamp\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\x88\x03\n\tMessaging\x12i\n\x0fReceiveMessages\x12).apache.rocketmq.v2.ReceiveMessageRequest\x1a\'.popgate.ext.v1.ReceiveMessagesResponse\"\x00\x30\x01\x12S\n\nSendShared\x12\x1a.popgate.ext.v1.SendShared\x1a\'.apache.rocketmq.v2.SendMessageResponse\"\x00\x12i\n\x13\x43hangeInvisibleMany\x12#.popgate.ext.v1.ChangeInvisibleMany\x1a+.popgate.ext.v1.ChangeInvisibleManyResponse\"\x00\x12P\n\x07Session\x12\x1e.popgate.ext.v1.SessionRequest\x1a\x1f.popgate.ext.v1.SessionResponse\"\x00(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'popgate_pb.ext.messaging_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONREQUEST']._serialized_start=145
-  _globals['_SESSIONREQUEST']._serialized_end=656
-  _globals['_SENDSHARED']._serialized_start=658
-  _globals['_SENDSHARED']._serialized_end=716
-  _globals['_SHAREDMESSAGES']._serialized_start=718
-  _globals['_SHAREDMESSAGES']._serialized_end=816
-  _globals['_SESSIONRESPONSE']._serialized_start=819
-  _globals['_SESSIONRESPONSE']._serialized_end=1273
-  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_start=1276
-  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_end=1404
-  _globals['_MESSAGES']._serialized_start=1406
-  _globals['_MESSAGES']._serialized_end=1519
-  _globals['_MESSAGING']._serialized_start=1522
-  _globals['_MESSAGING']._serialized_end=1807
+  _globals['_SESSIONREQUEST']._serialized_start=177
+  _globals['_SESSIONREQUEST']._serialized_end=758
+  _globals['_SENDSHARED']._serialized_start=760
+  _globals['_SENDSHARED']._serialized_end=818
+  _globals['_SHAREDMESSAGES']._serialized_start=820
+  _globals['_SHAREDMESSAGES']._serialized_end=918
+  _globals['_CHANGEINVISIBLEMANY']._serialized_start=921
+  _globals['_CHANGEINVISIBLEMANY']._serialized_end=1141
+  _globals['_CHANGEINVISIBLEMANYRESPONSE']._serialized_start=1144
+  _globals['_CHANGEINVISIBLEMANYRESPONSE']._serialized_end=1277
+  _globals['_SESSIONRESPONSE']._serialized_start=1280
+  _globals['_SESSIONRESPONSE']._serialized_end=1812
+  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_start=1815
+  _globals['_RECEIVEMESSAGESRESPONSE']._serialized_end=1943
+  _globals['_MESSAGES']._serialized_start=1945
+  _globals['_MESSAGES']._serialized_end=2058
+  _globals['_MESSAGING']._serialized_start=2061
+  _globals['_MESSAGING']._serialized_end=2453
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,11 @@ class MessagingStub:
                 request_serializer=popgate__pb_dot_ext_dot_messaging__pb2.SendShared.SerializeToString,
                 response_deserializer=popgate__pb_dot_v2_dot_service__pb2.SendMessageResponse.FromString,
                 _registered_method=True)
+        self.ChangeInvisibleMany = channel.unary_unary(
+                '/popgate.ext.v1.Messaging/ChangeInvisibleMany',
+                request_serializer=popgate__pb_dot_ext_dot_messaging__pb2.ChangeInvisibleMany.SerializeToString,
+                response_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.ChangeInvisibleManyResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/popgate.ext.v1.Messaging/Session',
                 request_serializer=popgate__pb_dot_ext_dot_messaging__pb2.SessionRequest.SerializeToString,
@@ -69,6 +74,15 @@ class MessagingServicer:
     def SendShared(self, request, context):
         """The SendMessage of a SendShared's messages, answered as that SendMessage would be (the Session's
         `send_shared` as a unary call, for a client without the Session stream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleMany(self, request, context):
+        """The ChangeInvisibleDuration of many messages of one group and topic to the same invisible time (a consumer's
+        nack_many), answered per entry (the Session's `change_invisible_many` as a unary call, for a client without the
+        Session stream).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -100,6 +114,11 @@ def add_MessagingServicer_to_server(servicer, server):
                     servicer.SendShared,
                     request_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.SendShared.FromString,
                     response_serializer=popgate__pb_dot_v2_dot_service__pb2.SendMessageResponse.SerializeToString,
+            ),
+            'ChangeInvisibleMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleMany,
+                    request_deserializer=popgate__pb_dot_ext_dot_messaging__pb2.ChangeInvisibleMany.FromString,
+                    response_serializer=popgate__pb_dot_ext_dot_messaging__pb2.ChangeInvisibleManyResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -161,6 +180,33 @@ class Messaging:
             '/popgate.ext.v1.Messaging/SendShared',
             popgate__pb_dot_ext_dot_messaging__pb2.SendShared.SerializeToString,
             popgate__pb_dot_v2_dot_service__pb2.SendMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/popgate.ext.v1.Messaging/ChangeInvisibleMany',
+            popgate__pb_dot_ext_dot_messaging__pb2.ChangeInvisibleMany.SerializeToString,
+            popgate__pb_dot_ext_dot_messaging__pb2.ChangeInvisibleManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
