@@ -12,7 +12,8 @@ callbacks it is given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from popgate_pb import broker_pb2 as pb
 
@@ -83,18 +84,25 @@ class Acks:
             )
         return state, handle, delivery
 
+    def each_resolved(
+        self, topic: str, group: str, handles: Sequence[str], results: list[Any]
+    ) -> Iterator[tuple[GroupTopic, ReceiptHandle, Delivery]]:
+        """`resolve` of each handle in order: a handle that names no delivery of the group gets its error appended to
+        `results` and is skipped; the caller appends its own result for each one yielded, so `results` keeps the
+        handles' order."""
+        for text in handles:
+            try:
+                yield self.resolve(topic, group, text)
+            except DomainError as exc:
+                results.append(exc)
+
     async def ack(self, topic: str, group: str, handles: Sequence[str]) -> list[DomainError | None]:
         check_handles("ack", group, handles)
         results: list[DomainError | None] = []
         ops: list[Op] = []
         released: dict[tuple[str, int], GroupTopic] = {}  # (topic, queue) whose FIFO block may be gone
         acked: dict[str, list[tuple[int, int]]] = {}  # topic -> (queue, offset) acked, in request order
-        for text in handles:
-            try:
-                state, handle, _ = self.resolve(topic, group, text)
-            except DomainError as exc:
-                results.append(exc)
-                continue
+        for state, handle, _ in self.each_resolved(topic, group, handles, results):
             if state.remove(handle.queue_id, handle.offset):
                 released[(state.topic, handle.queue_id)] = state
             ops.append(state.done_op(handle.queue_id, handle.offset))
@@ -123,6 +131,34 @@ class Acks:
             self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
         )
         return new, deadline
+
+    async def change_invisible_many(
+        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int
+    ) -> tuple[list[tuple[str, int] | DomainError], int]:
+        """`change_invisible` of each handle, all to `invisible_ms` from now, in one commit: per handle its new
+        handle and deadline, or the error it alone would have raised (the others are changed all the same) —
+        tests/unit/broker/test_change_many.py."""
+        check_handles("ChangeInvisibleTimes", group, handles)
+        if not 0 <= invisible_ms <= self.settings.max_invisible_ms:
+            raise IllegalInvisibleTime(
+                f"invisible time {invisible_ms} ms is outside 0..{self.settings.max_invisible_ms} ms"
+            )
+        deadline = self.clock.now_ms() + invisible_ms
+        results: list[tuple[str, int] | DomainError] = []
+        ops: list[Op] = []
+        touched: dict[tuple[str, str], GroupTopic] = {}
+        for state, handle, old in self.each_resolved(topic, group, handles, results):
+            delivery = state.start_delivery(handle.queue_id, handle.offset, old.attempt, deadline, ops)
+            touched[(state.group, state.topic)] = state
+            new = encode_handle(
+                self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline
+            )
+            results.append((new, deadline))
+        for state in touched.values():
+            self.redelivery.schedule(state)
+        if ops:
+            await self.commits.write(ops)
+        return results, deadline
 
     async def renew(
         self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False

@@ -283,6 +283,11 @@ class BrokerCore:
     async def change_invisible(self, topic: str, group: str, text: str, invisible_ms: int) -> tuple[str, int]:
         return await self.acks.change_invisible(topic, group, text, invisible_ms)
 
+    async def change_invisible_many(
+        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int
+    ) -> tuple[list[tuple[str, int] | DomainError], int]:
+        return await self.acks.change_invisible_many(topic, group, handles, invisible_ms)
+
     async def renew(
         self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False
     ) -> tuple[list[DomainError | None], int]:

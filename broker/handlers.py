@@ -112,6 +112,19 @@ async def change_invisible(
     )
 
 
+async def change_invisible_many(
+    core: BrokerCore, request: pb.ChangeInvisibleTimesRequest, out: pb.ChangeInvisibleTimesResponse
+) -> None:
+    r = request
+    outcome, _ = await core.change_invisible_many(r.topic, r.group, r.receipt_handles, r.invisible_ms)
+    add = out.results.add
+    for result in outcome:
+        if isinstance(result, tuple):
+            add(ok=True, receipt_handle=result[0], invisible_until_ms=result[1])
+        else:
+            add(ok=False, error=result.name, error_message=result.message)
+
+
 async def renew(core: BrokerCore, request: pb.RenewRequest, out: pb.RenewResponse) -> None:
     handles = request.receipt_handles
     outcome, out.invisible_until_ms = await core.renew(
@@ -186,6 +199,7 @@ SESSION_CALLS: dict[str, Callable[[BrokerCore, Any, Any], Awaitable[Any]]] = {
     "send": send,
     "ack": ack,
     "change_invisible": change_invisible,
+    "change_invisible_many": change_invisible_many,
     "renew": renew,
     "group_config": group_config,
     "end_transaction": end_transaction,

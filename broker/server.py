@@ -21,6 +21,7 @@ from broker.handlers import (
     ack,
     answer_bytes,
     change_invisible,
+    change_invisible_many,
     end_transaction,
     notification,
     pop,
@@ -140,6 +141,7 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     Stats = _filled("Stats", stats, pb.StatsResponse)
     Ack = _filled("Ack", ack, pb.AckResponse)
     ChangeInvisibleTime = _filled("ChangeInvisibleTime", change_invisible, pb.ChangeInvisibleTimeResponse)
+    ChangeInvisibleTimes = _filled("ChangeInvisibleTimes", change_invisible_many, pb.ChangeInvisibleTimesResponse)
     Renew = _filled("Renew", renew, pb.RenewResponse)
     Notification = _filled("Notification", notification, pb.NotificationResponse)
     Recall = _filled("Recall", recall, pb.RecallResponse)

@@ -22,7 +22,14 @@ from broker.core import BrokerCore
 from broker.handlers import HELD_CALLS, SESSION_CALLS, Asked
 from broker.metrics import BrokerMetrics
 from popgate_contract import errors
-from popgate_contract.session_client import MAX_BYTES_KEY, MORE_KEY, RUNS_KEY, TRANSACTIONS_KEY, join
+from popgate_contract.session_client import (
+    CHANGE_MANY_KEY,
+    MAX_BYTES_KEY,
+    MORE_KEY,
+    RUNS_KEY,
+    TRANSACTIONS_KEY,
+    join,
+)
 from popgate_contract.trailer import ERROR_KEY, status_of
 
 log = logging.getLogger(__name__)
@@ -267,7 +274,7 @@ async def serve(
     # older broker would drop the `more` and the runs it does not know).
     limit = str(core.settings.max_grpc_message_bytes)  # the largest request message it takes (the caller keeps under)
     await context.send_initial_metadata(
-        ((MORE_KEY, "1"), (RUNS_KEY, "1"), (MAX_BYTES_KEY, limit), (TRANSACTIONS_KEY, "1"))
+        ((MORE_KEY, "1"), (RUNS_KEY, "1"), (MAX_BYTES_KEY, limit), (TRANSACTIONS_KEY, "1"), (CHANGE_MANY_KEY, "1"))
     )
 
     async def write() -> None:

@@ -19,6 +19,7 @@ SESSION_FIELDS = {
     "Pop": "pop",
     "Ack": "ack",
     "ChangeInvisibleTime": "change_invisible",
+    "ChangeInvisibleTimes": "change_invisible_many",
     "Renew": "renew",
     "Notification": "notification",
     "GroupConfig": "group_config",

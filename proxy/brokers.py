@@ -271,6 +271,32 @@ class GrpcBrokerClient:
     ) -> bpb.ChangeInvisibleTimeResponse:
         return await self._to_this_broker(lambda t: self.begin("ChangeInvisibleTime", request, timeout_s=t), timeout_s)
 
+    async def change_invisible_times(
+        self, request: bpb.ChangeInvisibleTimesRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimesResponse:
+        """One request on the Session stream of a broker that said it reads it; else a ChangeInvisibleTime per handle
+        (an older broker), each handle's error in its result —
+        tests/unit/proxy/test_change_many.py::test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle."""
+        session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
+        if session is not None and not session.broken and session.changes_many:
+            method = "ChangeInvisibleTimes"
+            return await self._to_this_broker(lambda t: self.begin(method, request, timeout_s=t), timeout_s)
+
+        async def one(handle: str) -> bpb.ChangeInvisibleTimeResult:
+            alone = bpb.ChangeInvisibleTimeRequest(
+                topic=request.topic, group=request.group, receipt_handle=handle, invisible_ms=request.invisible_ms
+            )
+            try:
+                answer = await self.change_invisible_time(alone, timeout_s=timeout_s)
+            except errors.DomainError as exc:
+                return bpb.ChangeInvisibleTimeResult(ok=False, error=exc.name, error_message=exc.message)
+            return bpb.ChangeInvisibleTimeResult(
+                ok=True, receipt_handle=answer.receipt_handle, invisible_until_ms=answer.invisible_until_ms
+            )
+
+        results = await asyncio.gather(*(one(handle) for handle in request.receipt_handles))
+        return bpb.ChangeInvisibleTimesResponse(results=results)
+
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)
 

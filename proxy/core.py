@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import Message
 from popgate_pb import broker_pb2 as bpb
@@ -229,33 +230,45 @@ class Proxy:
         once its ack is answered, unless it failed retriably (the client acks again: meanwhile the message stays
         invisible) — test_core.py::test_a_handle_whose_ack_failed_retriably_goes_on_being_renewed."""
         outcome: list[errors.DomainError | None] = [None] * len(handles)
+
+        async def one(client: BrokerClient, indexes: list[int]) -> None:
+            request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])
+            response = await client.ack(request, timeout_s=self._timeout_until(deadline))
+            for i, result in zip(indexes, response.results, strict=False):
+                if not result.ok:
+                    outcome[i] = trailer.from_broker(result.error, result.error_message, broker=client.name)
+            _no_result(outcome, indexes[len(response.results) :], client.name)
+
+        try:
+            await self._per_broker(handles, outcome, one)
+        finally:
+            self.renewer.forget(h for h, error in zip(handles, outcome, strict=True) if not _retriable(error))
+        return outcome
+
+    async def _per_broker(
+        self,
+        handles: Sequence[str],
+        outcome: list[Any],
+        one: Callable[[BrokerClient, list[int]], Awaitable[None]],
+    ) -> None:
+        """`one` of each broker and the indexes of its handles, the brokers asked at once; a handle no broker takes,
+        and every handle of a broker whose `one` raised, gets its error in `outcome`."""
         by_broker, refused = self.pool.by_broker(handles)
         for index, error in refused:
             outcome[index] = error
 
-        async def one(client: BrokerClient, indexes: list[int]) -> None:
-            request = bpb.AckRequest(topic=topic, group=group, receipt_handles=[handles[i] for i in indexes])
+        async def guarded(client: BrokerClient, indexes: list[int]) -> None:
             try:
-                response = await client.ack(request, timeout_s=self._timeout_until(deadline))
+                await one(client, indexes)
             except errors.DomainError as exc:
                 for i in indexes:
                     outcome[i] = exc
-                return
-            for i, result in zip(indexes, response.results, strict=False):
-                if not result.ok:
-                    outcome[i] = trailer.from_broker(result.error, result.error_message, broker=client.name)
-            for i in indexes[len(response.results) :]:
-                outcome[i] = errors.BrokerFailure(f"broker {client.name} returned no result for this handle")
 
-        try:
-            if len(by_broker) == 1:  # awaited in place: a task per call only where brokers are asked at once
-                [(client, indexes)] = by_broker.values()
-                await one(client, indexes)
-            else:
-                await asyncio.gather(*(one(client, indexes) for client, indexes in by_broker.values()))
-        finally:
-            self.renewer.forget(h for h, error in zip(handles, outcome, strict=True) if not _retriable(error))
-        return outcome
+        if len(by_broker) == 1:  # awaited in place: a task per call only where brokers are asked at once
+            [(client, indexes)] = by_broker.values()
+            await guarded(client, indexes)
+        else:
+            await asyncio.gather(*(guarded(client, indexes) for client, indexes in by_broker.values()))
 
     async def change_invisible(
         self, topic: str, group: str, handle: str, invisible_ms: int, *, deadline: float | None = None
@@ -269,6 +282,31 @@ class Proxy:
         response = await client.change_invisible_time(request, timeout_s=self._timeout_until(deadline))
         return response.receipt_handle
 
+    async def change_invisible_many(
+        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int, *, deadline: float | None = None
+    ) -> list[str | errors.DomainError]:
+        """`change_invisible` of each handle at the broker it names, one request a broker: per handle its new receipt
+        handle or the error (the client chose: no more renewal of any) —
+        tests/unit/proxy/test_change_many.py::test_handles_of_two_brokers_are_changed_one_request_each_in_order."""
+        outcome: list[str | errors.DomainError] = [""] * len(handles)
+        self.renewer.forget(handles)
+
+        async def one(client: BrokerClient, indexes: list[int]) -> None:
+            request = bpb.ChangeInvisibleTimesRequest(
+                topic=topic, group=group, receipt_handles=[handles[i] for i in indexes], invisible_ms=invisible_ms
+            )
+            response = await client.change_invisible_times(request, timeout_s=self._timeout_until(deadline))
+            name = client.name
+            for i, result in zip(indexes, response.results, strict=False):
+                if result.ok:
+                    outcome[i] = result.receipt_handle
+                else:
+                    outcome[i] = trailer.from_broker(result.error, result.error_message, broker=name)
+            _no_result(outcome, indexes[len(response.results) :], name)
+
+        await self._per_broker(handles, outcome, one)
+        return outcome
+
     async def dead_letter(
         self, topic: str, group: str, handle: str, message_id: str = "", *, deadline: float | None = None
     ) -> None:
@@ -276,6 +314,11 @@ class Proxy:
         self.renewer.forget((handle,))
         request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle, message_id=message_id)
         await client.dead_letter(request, timeout_s=self._timeout_until(deadline))
+
+
+def _no_result(outcome: list[Any], indexes: Sequence[int], broker: str) -> None:
+    for i in indexes:
+        outcome[i] = errors.BrokerFailure(f"broker {broker} returned no result for this handle")
 
 
 def _retriable(error: errors.DomainError | None) -> bool:

@@ -43,6 +43,11 @@ class BrokerClient(Protocol):
         self, request: bpb.ChangeInvisibleTimeRequest, *, timeout_s: float
     ) -> bpb.ChangeInvisibleTimeResponse: ...
 
+    async def change_invisible_times(
+        self, request: bpb.ChangeInvisibleTimesRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimesResponse:
+        """ChangeInvisibleTime of each handle, a result each in order (one commit at a broker that takes it)."""
+
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse: ...
 
     async def renew(self, request: bpb.RenewRequest, *, timeout_s: float) -> bpb.RenewResponse:

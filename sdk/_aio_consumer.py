@@ -15,10 +15,11 @@ from typing import Any
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _joining, _resend, _wire, errors
+from . import _joining, _nacks, _resend, _waiting, _wire, errors
 from ._acks import AsyncAcks
 from ._aio_client import _AsyncClient, answered
 from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
+from ._transport import convert
 from .message import Message
 
 # The asyncio clients log as `popgate.aio`, the module they are imported from (tests/unit/sdk/test_ack_nowait.py).
@@ -295,6 +296,62 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
 
         message.receipt_handle = await self._retrying(op)
         return message
+
+    async def nack_many(self, messages: Iterable[Message], delay: float = 0.0) -> list[Message]:
+        """Deliver many messages again after ``delay`` seconds, each with a new handle; see
+        `sdk.SimpleConsumer.nack_many`."""
+        listed = list(messages)
+        plan = _nacks.plan(self.group, listed, delay, namespace=self.options.namespace)
+        if len(plan) == 1:  # no task for the one request of most nack_many
+            failures = await self._nack_request(plan[0])
+        else:
+            chunks = await asyncio.gather(*(self._nack_request(pending) for pending in plan))
+            failures = [failure for chunk in chunks for failure in chunk]
+        if failures:
+            raise errors.NackError(failures)
+        return listed
+
+    async def _nack_request(self, pending: _nacks.PendingNack) -> _nacks.Failures:
+        async def op() -> _nacks.Failures:
+            return pending.read(await self._change_invisible_many(pending))
+
+        try:
+            return await self._retrying(op)
+        except errors.PopgateError as exc:
+            return pending.given_up(exc)
+
+    async def _change_invisible_many(self, pending: _nacks.PendingNack) -> _nacks.Outcome:
+        """One attempt of the messages left: ChangeInvisibleMany on the Session stream or as a call, else (a proxy
+        without it: nothing was served) a ChangeInvisibleDuration each, at once —
+        tests/integration/sdk/test_nack_many.py::test_nack_many_against_a_proxy_without_it_nacks_each_message."""
+        timeout = self.options.request_timeout
+        if self._many_served is not False:
+            request = pending.next_request()
+            try:
+                response = await self._over_session("change_invisible_many", request, timeout)
+                if response is None:
+                    call = self._ext_stub.ChangeInvisibleMany(request, timeout=timeout, metadata=self._metadata())
+                    response = answered(await call)
+                self._many_served = True
+                return _nacks.outcome_of(response, len(request.entries))
+            except _waiting.KindUnknown:
+                log.info("%s's Session takes no ChangeInvisibleMany: a change each", self.options.endpoint)
+                self._many_served = False
+                pending.not_served()
+            except grpc.RpcError as exc:
+                if not self._unimplemented(exc, "_many_served", "ChangeInvisibleMany"):
+                    raise
+                pending.not_served()
+
+        async def one(request: pb.ChangeInvisibleDurationRequest) -> str | errors.PopgateError:
+            try:
+                return _nacks.outcome_of_one(await self._change_invisible(request, timeout))
+            except grpc.RpcError as exc:
+                return convert(exc, tls=self.options.tls)
+            except errors.PopgateError as exc:
+                return exc
+
+        return list(await asyncio.gather(*(one(request) for request in pending.single_requests())))
 
     async def forward_to_dlq(self, message: Message) -> None:
         """Move the message to ``%DLQ%<group>`` now; see `sdk.SimpleConsumer.forward_to_dlq`."""

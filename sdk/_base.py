@@ -336,6 +336,9 @@ class ConsumerBase(ClientBase):
         # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive
         # tells; False once a server answered UNIMPLEMENTED (a RocketMQ proxy): v2's ReceiveMessage from then on.
         self._batch_receive: bool | None = None
+        # Whether the proxy serves popgate's ChangeInvisibleMany (nack_many): None until the first tells; False once
+        # it said it has none (an older proxy, a RocketMQ proxy): a ChangeInvisibleDuration per message from then on.
+        self._many_served: bool | None = None
         self._receive_requests: dict[tuple[object, ...], pb.ReceiveMessageRequest] = {}
 
     def _batch_unimplemented(self, exc: grpc.RpcError) -> bool:
@@ -382,14 +385,8 @@ class ConsumerBase(ClientBase):
         return _wire.change_invisible_request(self.group, message, 0.0, namespace=self.options.namespace)
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
-        """The AckMessage calls of `messages`; a message without topic or receipt handle (never received) is a
-        ValueError here, at the call, waiting or not —
-        tests/unit/sdk/test_ack_nowait.py::test_a_message_never_received_is_refused_at_the_call_waiting_or_not."""
-        out = []
-        for topic, group in _wire.group_by_topic(messages).items():
-            if not topic or not all(m.receipt_handle for m in group):
-                raise ValueError("only a received message can be acked: it has no topic or no receipt handle")
-            for i in range(0, len(group), _wire.MAX_SEND_BATCH):
-                chunk = group[i : i + _wire.MAX_SEND_BATCH]
-                out.append(_wire.ack_request(self.group, topic, chunk, namespace=self.options.namespace))
-        return out
+        """The AckMessage calls of `messages`; a message never received is a ValueError here, at the call, waiting or
+        not (`_wire.received_chunks`)."""
+        namespace = self.options.namespace
+        chunks = _wire.received_chunks(messages, "acked")
+        return [_wire.ack_request(self.group, topic, chunk, namespace=namespace) for topic, chunk in chunks]

@@ -50,7 +50,15 @@ MAX_WRITE_BYTES = 48 * 1024
 # for room within its time (then a retriable Timeout, nothing sent) instead of queuing while the stream's write is
 # stalled — tests/unit/sdk/test_session.py::test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out.
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
-KINDS = {"send": 4, "receive": 5, "ack": 6, "change_invisible": 7, "send_shared": 8, "end_transaction": 10}
+KINDS = {
+    "send": 4,
+    "receive": 5,
+    "ack": 6,
+    "change_invisible": 7,
+    "send_shared": 8,
+    "end_transaction": 10,
+    "change_invisible_many": 11,
+}
 # The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
 # v2 code that call's answer would carry; anything else ends a stream that was lost.
 REFUSED = {

@@ -15,10 +15,11 @@ from typing import Any
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _resend, _wire, errors
+from . import _nacks, _resend, _wire, errors
 from ._acks import ThreadAcks
 from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
 from ._sync_client import _SyncClient
+from ._transport import convert
 from .message import Message
 
 # The blocking clients log as `popgate.client`, the module they are imported from (tests/unit/sdk/test_acks.py).
@@ -261,6 +262,73 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
         message.receipt_handle = self._retrying(op)
         return message
+
+    def nack_many(self, messages: Iterable[Message], delay: float = 0.0) -> list[Message]:
+        """Give many messages back in as few calls as possible (one per topic and 1024): each is delivered again
+        after ``delay`` seconds.
+
+        Each message nacked gets its new receipt handle, as `nack` gives it, even when others fail. Entries that
+        fail with a retriable error are sent again alone, as `nack` retries. A proxy without popgate's
+        ChangeInvisibleMany (an older one, a RocketMQ proxy) gets a ChangeInvisibleDuration per message.
+
+        Args:
+            messages: Messages this consumer received.
+            delay: Seconds until they are delivered again (0: at once).
+
+        Returns:
+            The messages, in the order given.
+
+        Raises:
+            NackError: Some messages were not nacked, or not known to be (``outcome_unknown``, as `nack`'s
+                `Timeout`); ``failures`` lists them with their errors. The others were nacked.
+            ValueError: A message has no topic or no receipt handle (no receive returned it), or ``delay`` is
+                not a duration; nothing was sent.
+        """
+        listed = list(messages)
+        failures: list[tuple[str, errors.PopgateError]] = []
+        for pending in _nacks.plan(self.group, listed, delay, namespace=self.options.namespace):
+            failures += self._nack_request(pending)
+        if failures:
+            raise errors.NackError(failures)
+        return listed
+
+    def _nack_request(self, pending: _nacks.PendingNack) -> _nacks.Failures:
+        def op() -> _nacks.Failures:
+            return pending.read(self._change_invisible_many(pending))
+
+        try:
+            return self._retrying(op)
+        except errors.PopgateError as exc:
+            return pending.given_up(exc)
+
+    def _change_invisible_many(self, pending: _nacks.PendingNack) -> _nacks.Outcome:
+        """One attempt of the messages left: ChangeInvisibleMany, else (a proxy without it: nothing was served) a
+        ChangeInvisibleDuration each, at most GIVE_BACK_IN_FLIGHT at once —
+        tests/integration/sdk/test_nack_many.py::test_nack_many_against_a_proxy_without_it_nacks_each_message."""
+        timeout = self.options.request_timeout
+        if self._many_served is not False:
+            request = pending.next_request()
+            try:
+                response = self._ext.ChangeInvisibleMany(request, timeout=timeout, metadata=self._metadata())
+                self._many_served = True
+                return _nacks.outcome_of(response, len(request.entries))
+            except grpc.RpcError as exc:
+                if not self._unimplemented(exc, "_many_served", "ChangeInvisibleMany"):
+                    raise
+                pending.not_served()
+        requests = pending.single_requests()
+        outcome: _nacks.Outcome = []
+        for i in range(0, len(requests), GIVE_BACK_IN_FLIGHT):
+            calls = [
+                self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
+                for request in requests[i : i + GIVE_BACK_IN_FLIGHT]
+            ]
+            for call in calls:
+                try:
+                    outcome.append(_nacks.outcome_of_one(call.result()))
+                except grpc.RpcError as exc:
+                    outcome.append(convert(exc, tls=self.options.tls))
+        return outcome
 
     def forward_to_dlq(self, message: Message) -> None:
         """Move a message to the group's dead-letter topic ``%DLQ%<group>`` now.

@@ -31,12 +31,13 @@ RESPONSES: dict[str, Callable[..., Any]] = {
     "ack": pb.AckMessageResponse,
     "change_invisible": pb.ChangeInvisibleDurationResponse,
     "end_transaction": pb.EndTransactionResponse,
+    "change_invisible_many": ext.ChangeInvisibleManyResponse,
 }
 ANSWERS = {"send_shared": "send"}  # a kind answered in another kind's field (SessionResponse's `body`)
 # Kinds newer than the Session itself: a proxy older than one answers it as a request without a body (a bare
 # BAD_REQUEST), which means "not served", not that request's refusal — tests/unit/sdk/test_session.py::
 # test_a_bare_bad_request_to_a_newer_kind_is_kind_unknown.
-NEWER_KINDS = frozenset({"send_shared", "end_transaction"})
+NEWER_KINDS = frozenset({"send_shared", "end_transaction", "change_invisible_many"})
 
 
 class KindUnknown(errors.PopgateError):

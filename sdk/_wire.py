@@ -10,7 +10,7 @@ that decides *what* goes on the wire is tested once, without a server.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
@@ -369,6 +369,19 @@ def dlq_request(
         delivery_attempt=message.attempt,
         max_delivery_attempts=max_attempts,
     )
+
+
+def received_chunks(messages: Iterable[Message], verb: str) -> Iterator[tuple[str, list[Message]]]:
+    """`messages` by topic (in the order topics first come) in chunks of MAX_SEND_BATCH, each in the order given; a
+    message without topic or receipt handle (no receive returned it) is a ValueError before anything is yielded —
+    tests/unit/sdk/test_ack_nowait.py::test_a_message_never_received_is_refused_at_the_call_waiting_or_not."""
+    by_topic = group_by_topic(messages)
+    for topic, listed in by_topic.items():
+        if not topic or not all(m.receipt_handle for m in listed):
+            raise ValueError(f"only a received message can be {verb}: it has no topic or no receipt handle")
+    for topic, listed in by_topic.items():
+        for i in range(0, len(listed), MAX_SEND_BATCH):
+            yield topic, listed[i : i + MAX_SEND_BATCH]
 
 
 def group_by_topic(messages: Iterable[Message]) -> dict[str, list[Message]]:

@@ -98,7 +98,31 @@ class Unsupported(PopgateError):
     """The server does not support this request or feature (501xx, 505xx)."""
 
 
-class AckError(PopgateError):
+class _Failed(PopgateError):
+    """Some messages of a many-message call failed (`AckError`, `NackError`): ``failures`` and ``outcome_unknown``."""
+
+    _done = "done"
+
+    def __init__(self, failures: list[tuple[str, PopgateError]]) -> None:
+        self.failures = failures
+        self.outcome_unknown = [message_id for message_id, error in failures if isinstance(error, Timeout)]
+        first = failures[0][1]
+        unknown, done = len(self.outcome_unknown), self._done
+        if not unknown:
+            state = f"not {done}"
+        elif unknown == len(failures):
+            state = f"not known to be {done} (outcome unknown)"
+        else:
+            state = f"not {done} or not known to be ({unknown} outcome unknown)"
+        super().__init__(
+            f"{len(failures)} message(s) {state}; first: {first.message}",
+            code=first.code,
+            code_name=first.code_name,
+            retriable=all(e.retriable for _, e in failures),
+        )
+
+
+class AckError(_Failed):
     """Some messages of an ``ack_many`` were not acked, or not known to be.
 
     A failure that is a `Timeout` (not retriable) has an unknown outcome: an attempt failed in a way that may
@@ -111,23 +135,23 @@ class AckError(PopgateError):
         outcome_unknown: The message ids of ``failures`` whose outcome is unknown (their error is a `Timeout`).
     """
 
-    def __init__(self, failures: list[tuple[str, PopgateError]]) -> None:
-        self.failures = failures
-        self.outcome_unknown = [message_id for message_id, error in failures if isinstance(error, Timeout)]
-        first = failures[0][1]
-        unknown = len(self.outcome_unknown)
-        if not unknown:
-            state = "not acked"
-        elif unknown == len(failures):
-            state = "not known to be acked (outcome unknown)"
-        else:
-            state = f"not acked or not known to be ({unknown} outcome unknown)"
-        super().__init__(
-            f"{len(failures)} message(s) {state}; first: {first.message}",
-            code=first.code,
-            code_name=first.code_name,
-            retriable=all(e.retriable for _, e in failures),
-        )
+    _done = "acked"
+
+
+class NackError(_Failed):
+    """Some messages of a ``nack_many`` were not nacked, or not known to be; the others were (each has its new
+    receipt handle).
+
+    A failure that is a `Timeout` (not retriable) has an unknown outcome: the message may have been nacked, its new
+    receipt handle lost with the answer (it comes again after the delay; its old handle no longer acks). The others
+    keep their receipt handle and come again after their invisible time.
+
+    Attributes:
+        failures: ``(message_id, error)`` for every message that was not nacked or not known to be.
+        outcome_unknown: The message ids of ``failures`` whose outcome is unknown (their error is a `Timeout`).
+    """
+
+    _done = "nacked"
 
 
 class TransactionError(PopgateError):

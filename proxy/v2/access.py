@@ -2,10 +2,10 @@
 
 SendMessage: publish to every message's topic (popgate.ext.v1 SendShared: every run's);
 EndTransaction and RecallMessage: publish to the topic (the broker refuses a transaction id or recall handle of
-another topic). ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue: subscribe to
-the topic and consume as the group. Heartbeat and NotifyClientTermination naming a group: consume as the group (as
-RocketMQ's proxy asks SUB on it; a producer's name none). Everything else (route, assignment, telemetry, a producer's
-heartbeat and termination): a valid key is enough.
+another topic). ReceiveMessage, AckMessage, ChangeInvisibleDuration (one or many), ForwardMessageToDeadLetterQueue:
+subscribe to the topic and consume as the group. Heartbeat and NotifyClientTermination naming a group: consume as
+the group (as RocketMQ's proxy asks SUB on it; a producer's name none). Everything else (route, assignment,
+telemetry, a producer's heartbeat and termination): a valid key is enough.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from proxy.auth import Authenticator, authorize, matches
 _CONSUME = (
     pb.AckMessageRequest,
     pb.ChangeInvisibleDurationRequest,
+    ext.ChangeInvisibleMany,
     pb.ForwardMessageToDeadLetterQueueRequest,
 )
 

@@ -1,9 +1,11 @@
-"""AckMessage (batch), ChangeInvisibleDuration and ForwardMessageToDeadLetterQueue: routed by receipt handle."""
+"""AckMessage (batch), ChangeInvisibleDuration (one, or many: popgate.ext.v1 ChangeInvisibleMany) and
+ForwardMessageToDeadLetterQueue: routed by receipt handle."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -93,6 +95,37 @@ async def change_invisible_duration(
         topic, group, request.receipt_handle, invisible_ms, deadline=call.deadline
     )
     return pb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
+
+
+async def change_invisible_many(call: Call, request: ext.ChangeInvisibleMany) -> ext.ChangeInvisibleManyResponse:
+    """ChangeInvisibleDuration of each entry, to one invisible time, one broker request a broker: an entry each in
+    the answer, in order, its new handle when changed (else the one it was sent), and an overall status as
+    AckMessage's — tests/unit/proxy/test_change_many.py."""
+    group = validate.group_in(request.group.resource_namespace, request.group.name)
+    topic = validate.topic_in(request.topic.resource_namespace, request.topic.name)
+    count = len(request.entries)
+    if not 1 <= count <= MAX_ENTRIES:
+        raise errors.BadRequest(f"ChangeInvisibleMany carries {count} entries: must be 1..{MAX_ENTRIES}")
+    requested = seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime)
+    invisible_s = validate.invisible(requested, low=0.0, high=call.settings.max_invisible_s)
+    entries = [(e.message_id, e.receipt_handle) for e in request.entries]
+    handles = [handle for _, handle in entries]
+    outcome = await call.proxy.change_invisible_many(
+        topic, group, handles, int(invisible_s * 1000), deadline=call.deadline
+    )
+    response = ext.ChangeInvisibleManyResponse()
+    add = response.entries.add
+    ok = v2.OK
+    for (message_id, handle), result in zip(entries, outcome, strict=True):
+        if isinstance(result, str):
+            entry = add(message_id=_echoed(message_id, MAX_MESSAGE_ID_LEN), receipt_handle=result)
+            entry.status.code, entry.status.message = ok, "OK"
+        else:
+            echoed = _echoed(handle, MAX_HANDLE_LEN)
+            entry = add(message_id=_echoed(message_id, MAX_MESSAGE_ID_LEN), receipt_handle=echoed)
+            entry.status.CopyFrom(status_of(result))
+    response.status.CopyFrom(_overall(response.entries))
+    return response
 
 
 async def forward_to_dead_letter_queue(

@@ -185,6 +185,19 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             response.receipt_handle = request.receipt_handle
         return response
 
+    async def ChangeInvisibleMany(
+        self, request: ext.ChangeInvisibleMany, context: Any, auth: Authenticator | None = None
+    ) -> ext.ChangeInvisibleManyResponse:
+        """popgate.ext.v1's many-entry ChangeInvisibleDuration (ack.change_invisible_many), unary or on a Session."""
+        return await self._unary(
+            "ChangeInvisibleMany",
+            ack.change_invisible_many,
+            request,
+            context,
+            ext.ChangeInvisibleManyResponse,
+            auth,
+        )
+
     async def ForwardMessageToDeadLetterQueue(
         self, request: pb.ForwardMessageToDeadLetterQueueRequest, context: Any
     ) -> pb.ForwardMessageToDeadLetterQueueResponse:
@@ -308,7 +321,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
 class ExtMessaging(ext_grpc.MessagingServicer):
     """popgate.ext.v1.Messaging (proto/ext/messaging.proto), served beside v2 on the same port: the same
-    receive as v2's ReceiveMessage, many messages per frame; SendShared; the Session stream (proxy/v2/session.py)."""
+    receive as v2's ReceiveMessage, many messages per frame; SendShared; ChangeInvisibleMany; the Session stream
+    (proxy/v2/session.py)."""
 
     def __init__(self, messaging: MessagingService) -> None:
         self._messaging = messaging
@@ -318,6 +332,11 @@ class ExtMessaging(ext_grpc.MessagingServicer):
 
     async def SendShared(self, request: ext.SendShared, context: Any) -> pb.SendMessageResponse:
         return await self._messaging.SendShared(request, context)
+
+    async def ChangeInvisibleMany(
+        self, request: ext.ChangeInvisibleMany, context: Any
+    ) -> ext.ChangeInvisibleManyResponse:
+        return await self._messaging.ChangeInvisibleMany(request, context)
 
     async def Session(self, request_iterator: AsyncIterator[ext.SessionRequest], context: Any) -> None:
         await session.serve(self._messaging, request_iterator, context)

@@ -142,6 +142,7 @@ class Session:
             "send_shared": service.SendShared,
             "ack": functools.partial(service.AckMessage, brief=True),
             "change_invisible": service.ChangeInvisibleDuration,
+            "change_invisible_many": service.ChangeInvisibleMany,
             "end_transaction": service.EndTransaction,
         }
         self.pending: dict[int, asyncio.Task[None]] = {}

@@ -17,6 +17,7 @@ from popgate_contract.wire import field, varint
 _ID = b"\x08"
 _BODY = {"status": b"\x12", "send": b"\x22", "receive": b"\x2a", "ack": b"\x32", "change_invisible": b"\x3a"}
 _BODY["end_transaction"] = b"\x42"
+_BODY["change_invisible_many"] = b"\x4a"
 _BODY["send_shared"] = _BODY["send"]  # answered as the SendMessage it stands for
 _MORE = b"\x7a"
 _RESPONSES: dict[str, Callable[..., Any]] = {
@@ -26,6 +27,7 @@ _RESPONSES: dict[str, Callable[..., Any]] = {
     "ack": pb.AckMessageResponse,
     "change_invisible": pb.ChangeInvisibleDurationResponse,
     "end_transaction": pb.EndTransactionResponse,
+    "change_invisible_many": ext.ChangeInvisibleManyResponse,
 }
 
 

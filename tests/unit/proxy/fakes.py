@@ -22,6 +22,7 @@ class FakeBroker:
         self.pops: list[bpb.PopRequest] = []
         self.acks: list[bpb.AckRequest] = []
         self.renews: list[bpb.RenewRequest] = []
+        self.changes: list[bpb.ChangeInvisibleTimesRequest] = []
         self.ready: list[bpb.PoppedMessage] = []
         self.polling_full = False
         self.arrived = asyncio.Event()
@@ -105,6 +106,22 @@ class FakeBroker:
     ) -> bpb.ChangeInvisibleTimeResponse:
         self._check()
         return bpb.ChangeInvisibleTimeResponse(receipt_handle=request.receipt_handle + "-new")
+
+    async def change_invisible_times(
+        self, request: bpb.ChangeInvisibleTimesRequest, *, timeout_s: float
+    ) -> bpb.ChangeInvisibleTimesResponse:
+        """A handle with token 5a1e refused as stale (as by `_results`), the others given it with "-new" appended."""
+        self._check()
+        self.changes.append(request)
+        stale = "InvalidReceiptHandle"
+        return bpb.ChangeInvisibleTimesResponse(
+            results=[
+                bpb.ChangeInvisibleTimeResult(ok=False, error=stale, error_message="stale")
+                if "~5a1e~" in h
+                else bpb.ChangeInvisibleTimeResult(ok=True, receipt_handle=h + "-new", invisible_until_ms=1)
+                for h in request.receipt_handles
+            ]
+        )
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         self._check()

@@ -1,0 +1,59 @@
+"""ChangeInvisibleTimes at a real BrokerCore (no sockets): many handles made invisible to one time in one request,
+each with its own result in order, as a ChangeInvisibleTime of each alone would answer it; the new handles act,
+the old ones are stale, and the messages come again once their time passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from popgate_pb import broker_pb2 as pb
+
+from popgate_contract.errors import DomainError, IllegalBatchSize, IllegalInvisibleTime, InvalidReceiptHandle
+from popgate_contract.validation import MAX_HANDLES
+from tests.unit.broker.cores import broker
+
+
+async def test_each_handle_gets_its_own_result_in_order_and_a_stale_one_changes_nothing(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=f"m{i}".encode()) for i in range(3)])
+        popped = (await core.pop("t", "g", "*", 3, 30_000, 0)).messages
+        assert await core.ack("t", "g", [popped[1].handle]) == [None]
+        handles = [m.handle for m in popped]
+        outcome, deadline = await core.change_invisible_many("t", "g", handles, 0)
+        assert [type(r) for r in outcome] == [tuple, InvalidReceiptHandle, tuple]
+        changed = [r for r in outcome if isinstance(r, tuple)]
+        assert all(until == deadline for _, until in changed)
+        stale = await core.change_invisible_many("t", "g", [handles[0]], 0)  # the old handle no longer acts
+        assert isinstance(stale[0][0], InvalidReceiptHandle)
+        again = (await core.pop("t", "g", "*", 3, 30_000, 0)).messages
+        assert sorted((m.offset, m.attempt) for m in again) == [(0, 2), (2, 2)]
+        assert await core.ack("t", "g", [m.handle for m in again]) == [None, None]
+
+
+async def test_a_new_handle_acts_until_the_message_comes_again(tmp_path: Path) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        [m] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+        [(new, _)], _ = await core.change_invisible_many("t", "g", [m.handle], 60_000)
+        assert await core.ack("t", "g", [new]) == [None]
+        assert (await core.pop("t", "g", "*", 1, 30_000, 0)).messages == []
+
+
+@pytest.mark.parametrize(
+    ("count", "invisible_ms", "error", "match"),
+    [
+        (0, 0, DomainError, "carries no receipt handle"),
+        (MAX_HANDLES + 1, 0, IllegalBatchSize, "handles, at most"),
+        (1, -1, IllegalInvisibleTime, "outside"),
+    ],
+)
+async def test_a_request_out_of_bounds_is_refused_whole(
+    tmp_path: Path, count: int, invisible_ms: int, error: type[DomainError], match: str
+) -> None:
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        [m] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+        with pytest.raises(error, match=match):
+            await core.change_invisible_many("t", "g", [m.handle] * count, invisible_ms)
+        assert await core.ack("t", "g", [m.handle]) == [None]  # nothing changed: the handle still acts

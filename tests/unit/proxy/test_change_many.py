@@ -1,0 +1,101 @@
+"""nack_many at the proxy (proxy/v2/ack.py `change_invisible_many`, proxy/core.py, proxy/brokers.py): one broker
+request per broker for the handles of a ChangeInvisibleMany, an answer entry per request entry in order, and a
+broker that has not said it reads many at once (a rolling upgrade) given one ChangeInvisibleTime per handle."""
+
+from __future__ import annotations
+
+import pytest
+from popgate_pb import broker_pb2 as bpb
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from prometheus_client import CollectorRegistry
+
+from popgate_contract import errors
+from popgate_contract.session_client import CHANGE_MANY_KEY, MORE_KEY
+from proxy.brokers import GrpcBrokerClient
+from proxy.core import Proxy
+from proxy.metrics import ProxyMetrics
+from proxy.settings import BrokerAddress, Settings
+from proxy.v2.context import endpoints_for
+from proxy.v2.service import MessagingService
+from tests.unit.broker.test_session_stream import AnsweringCall, session_on
+from tests.unit.proxy.fakes import handle
+from tests.unit.proxy.test_core import make
+from tests.unit.proxy.test_v2_service import Context
+
+
+async def test_handles_of_two_brokers_are_changed_one_request_each_in_order() -> None:
+    proxy, brokers = make("b1", "b2")
+    handles = [handle("b1"), handle("b2"), "garbage", handle("b1", token="cd"), handle("b2", token="5a1e")]
+    outcome = await proxy.change_invisible_many("t", "g", handles, 5_000)
+    assert outcome[:2] == [handles[0] + "-new", handles[1] + "-new"] and outcome[3] == handles[3] + "-new"
+    assert isinstance(outcome[2], errors.InvalidReceiptHandle) and isinstance(outcome[4], errors.InvalidReceiptHandle)
+    sent = {name: [(list(c.receipt_handles), c.invisible_ms) for c in b.changes] for name, b in brokers.items()}
+    assert sent == {"b1": [([handles[0], handles[3]], 5_000)], "b2": [([handles[1], handles[4]], 5_000)]}
+
+
+async def test_a_down_broker_fails_its_handles_only() -> None:
+    proxy, brokers = make("b1", "b2")
+    brokers["b2"].fail = errors.BrokerUnavailable("b2 down")
+    outcome = await proxy.change_invisible_many("t", "g", [handle("b2"), handle("b1")], 0)
+    assert isinstance(outcome[0], errors.BrokerUnavailable) and outcome[1] == handle("b1") + "-new"
+
+
+class Broker(AnsweringCall):
+    def __init__(self, *, reads_many: bool) -> None:
+        super().__init__()
+        self.says = ((MORE_KEY, "1"),) + ((CHANGE_MANY_KEY, "1"),) * reads_many
+
+    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.says
+
+
+def service_of(proxy: Proxy) -> MessagingService:
+    settings = Settings(brokers=(BrokerAddress("b1", "127.0.0.1:1"),))
+    return MessagingService(proxy, settings, endpoints_for("127.0.0.1:8081"), ProxyMetrics(CollectorRegistry()))
+
+
+@pytest.mark.parametrize("reads_many", [True, False])
+async def test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle(reads_many: bool) -> None:
+    call = Broker(reads_many=reads_many)
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
+    client._session = session_on(call).open()  # its stream: this call (no socket)
+    many = bpb.ChangeInvisibleTimesRequest(topic="t", group="g", receipt_handles=["h1", "h2"], invisible_ms=0)
+    try:
+        await client.ack(bpb.AckRequest(topic="t", group="g", receipt_handles=["h0"]), timeout_s=1)  # it said by now
+        response = await client.change_invisible_times(many, timeout_s=1)
+    finally:
+        await client.close()
+    kinds = [r.WhichOneof("body") for r in call.written]
+    assert kinds == ["ack", "change_invisible_many"] if reads_many else ["ack", "change_invisible", "change_invisible"]
+    assert len(response.results) == (0 if reads_many else 2)  # the fake broker's answers are empty ones
+
+
+async def test_the_v2_handler_answers_each_entry_in_order_with_its_new_or_old_handle() -> None:
+    proxy, _ = make("b1")
+    service = service_of(proxy)
+    request = ext.ChangeInvisibleMany()
+    request.group.name, request.topic.name = "g", "t"
+    request.invisible_duration.seconds = 2
+    for i, h in enumerate([handle("b1"), handle("b1", token="5a1e"), handle("b1", token="cd")]):
+        request.entries.add(message_id=f"m{i}", receipt_handle=h)
+    response = await service.ChangeInvisibleMany(request, Context())
+    answered = [(e.message_id, e.receipt_handle, e.status.code) for e in response.entries]
+    assert answered == [
+        ("m0", handle("b1") + "-new", v2.OK),
+        ("m1", handle("b1", token="5a1e"), v2.INVALID_RECEIPT_HANDLE),
+        ("m2", handle("b1", token="cd") + "-new", v2.OK),
+    ]
+    assert response.status.code == v2.MULTIPLE_RESULTS
+
+
+@pytest.mark.parametrize("count", [0, 1025])
+async def test_a_change_many_of_no_entry_or_too_many_is_a_bad_request_and_changes_nothing(count: int) -> None:
+    proxy, brokers = make("b1")
+    request = ext.ChangeInvisibleMany()
+    request.group.name, request.topic.name = "g", "t"
+    for _ in range(count):
+        request.entries.add(message_id="m", receipt_handle=handle("b1"))
+    response = await service_of(proxy).ChangeInvisibleMany(request, Context())
+    assert response.status.code == v2.BAD_REQUEST and "1..1024" in response.status.message
+    assert brokers["b1"].changes == []

@@ -1,0 +1,117 @@
+"""The sans-IO bookkeeping of a `nack_many` (`popgate._nacks`): its requests, each message's new handle as its
+entry is answered, retriable entries sent again alone, a re-sent entry answered stale taken for outcome unknown."""
+
+from __future__ import annotations
+
+import pytest
+from popgate_pb.ext import messaging_pb2 as ext
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
+
+from popgate import Message, _nacks, _resend, errors
+
+
+def received(i: int, topic: str = "t") -> Message:
+    return Message(b"x", topic=topic, message_id=f"m{i}", receipt_handle=f"h{i}")
+
+
+def entry(message_id: str, code: int, handle: str = "") -> pb.AckMessageResultEntry:
+    return pb.AckMessageResultEntry(message_id=message_id, receipt_handle=handle, status=v2.Status(code=code))
+
+
+def test_a_plan_has_a_request_per_topic_and_1024_messages_with_each_message_in_order() -> None:
+    messages = [received(i, "b" if i % 3 == 2 else "a") for i in range(2100)]
+    plan = _nacks.plan("g", messages, 2.5, namespace="ns")
+    requests = [p.next_request() for p in plan]
+    assert [(r.topic.name, len(r.entries)) for r in requests] == [("a", 1024), ("a", 376), ("b", 700)]
+    first = requests[0]
+    assert (first.group.name, first.group.resource_namespace, first.invisible_duration.seconds) == ("g", "ns", 2)
+    assert first.invisible_duration.nanos == 500_000_000
+    assert [e.message_id for e in first.entries[:3]] == ["m0", "m1", "m3"]
+
+
+@pytest.mark.parametrize("bad", [Message(b"x", topic="t"), Message(b"x", receipt_handle="h")])
+def test_a_message_never_received_is_refused_before_anything_is_sent(bad: Message) -> None:
+    with pytest.raises(ValueError, match="only a received message can be nacked"):
+        _nacks.plan("g", [received(1), bad], 0)
+
+
+def test_changed_messages_get_their_new_handle_and_retriable_failures_go_again_alone() -> None:
+    messages = [received(i) for i in range(3)]
+    [pending] = _nacks.plan("g", messages, 0)
+    pending.next_request()
+    answer = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.MULTIPLE_RESULTS),
+        entries=[entry("m0", v2.OK, "new0"), entry("m1", v2.HA_NOT_AVAILABLE), entry("m2", v2.BAD_REQUEST)],
+    )
+    with pytest.raises(_resend.ResendEntries):
+        pending.read(_nacks.outcome_of(answer, 3))
+    assert [m.receipt_handle for m in messages] == ["new0", "h1", "h2"]
+    assert [e.message_id for e in pending.next_request().entries] == ["m1"]
+    stale = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.INVALID_RECEIPT_HANDLE), entries=[entry("m1", v2.INVALID_RECEIPT_HANDLE)]
+    )
+    failures = pending.read(_nacks.outcome_of(stale, 1))  # sent twice: maybe changed by the first, its answer lost
+    assert [(message_id, type(e), e.retriable) for message_id, e in failures] == [
+        ("m2", errors.BadRequest, False),
+        ("m1", errors.Timeout, False),
+    ]
+    assert "nack outcome unknown" in failures[1][1].message
+
+
+def test_a_stale_handle_at_the_first_attempt_is_an_invalid_handle_not_outcome_unknown() -> None:
+    [pending] = _nacks.plan("g", [received(0)], 0)
+    pending.next_request()
+    answer = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.INVALID_RECEIPT_HANDLE), entries=[entry("m0", v2.INVALID_RECEIPT_HANDLE)]
+    )
+    [(_, error)] = pending.read(_nacks.outcome_of(answer, 1))
+    assert isinstance(error, errors.InvalidReceiptHandle)
+
+
+def test_a_whole_request_refused_is_raised_and_given_up_for_every_message_left() -> None:
+    [pending] = _nacks.plan("g", [received(0), received(1)], 0)
+    pending.next_request()
+    refused = ext.ChangeInvisibleManyResponse(status=v2.Status(code=v2.FORBIDDEN, message="no"))
+    with pytest.raises(errors.Unauthorized) as raised:
+        _nacks.outcome_of(refused, 2)
+    failures = pending.given_up(raised.value)
+    assert [(message_id, e) for message_id, e in failures] == [("m0", raised.value), ("m1", raised.value)]
+
+
+def test_entries_still_failing_retriably_at_the_end_are_reported_with_their_own_error() -> None:
+    [pending] = _nacks.plan("g", [received(0), received(1)], 0)
+    pending.next_request()
+    answer = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.MULTIPLE_RESULTS),
+        entries=[entry("m0", v2.OK, "new0"), entry("m1", v2.TOO_MANY_REQUESTS)],
+    )
+    with pytest.raises(_resend.ResendEntries) as raised:
+        pending.read(_nacks.outcome_of(answer, 2))
+    [(message_id, error)] = pending.given_up(raised.value)
+    assert (message_id, type(error)) == ("m1", errors.TooManyRequests)
+
+
+def test_an_answer_with_entries_missing_is_a_server_error() -> None:
+    answer = ext.ChangeInvisibleManyResponse(status=v2.Status(code=v2.OK), entries=[entry("m0", v2.OK, "n")])
+    with pytest.raises(errors.ServerError, match="answered 1 entries for 2"):
+        _nacks.outcome_of(answer, 2)
+
+
+def test_a_nack_error_counts_the_outcomes_unknown() -> None:
+    unknown = errors.Timeout(_resend.NACK_OUTCOME_UNKNOWN, retriable=False)
+    error = errors.NackError([("a", errors.InvalidReceiptHandle("stale")), ("b", unknown)])
+    assert error.outcome_unknown == ["b"] and not error.retriable
+    assert str(error).startswith("2 message(s) not nacked or not known to be (1 outcome unknown)")
+
+
+def test_a_request_the_proxy_did_not_serve_counts_as_no_attempt() -> None:
+    """A proxy without ChangeInvisibleMany: the ChangeInvisibleDuration of each message that follows is its first
+    attempt, so a stale handle is InvalidReceiptHandle, not outcome unknown."""
+    [pending] = _nacks.plan("g", [received(0)], 0)
+    pending.next_request()
+    pending.not_served()
+    [single] = pending.single_requests()
+    assert (single.receipt_handle, single.message_id, single.group.name) == ("h0", "m0", "g")
+    [(_, error)] = pending.read([errors.InvalidReceiptHandle("stale")])
+    assert type(error) is errors.InvalidReceiptHandle
