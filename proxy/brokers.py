@@ -42,7 +42,7 @@ from popgate_pb import broker_pb2_grpc
 from popgate_contract import errors
 from popgate_contract.broker_name import name_said
 from popgate_contract.session_client import BrokerSession
-from popgate_contract.trailer import error_of, session_error
+from popgate_contract.trailer import error_of, from_broker, session_error
 from proxy.broker_call import SESSION_FIELDS, BrokerCall
 from proxy.broker_channel import listening, open_channel, reconnected
 from proxy.outgoing import Chunk
@@ -273,29 +273,35 @@ class GrpcBrokerClient:
 
     async def change_invisible_times(
         self, request: bpb.ChangeInvisibleTimesRequest, *, timeout_s: float
-    ) -> bpb.ChangeInvisibleTimesResponse:
-        """One request on the Session stream of a broker that said it reads it; else a ChangeInvisibleTime per handle
-        (an older broker), each handle's error in its result —
+    ) -> list[str | errors.DomainError]:
+        """Per handle its new receipt handle or its error: one request on the Session stream of a broker that said it
+        reads it; else a ChangeInvisibleTime per handle (an older broker), each failing as that call fails (a broker
+        not reached stays retriable) —
         tests/unit/proxy/test_change_many.py::test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle."""
         session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
+        handles = request.receipt_handles
         if session is not None and not session.broken and session.changes_many:
             method = "ChangeInvisibleTimes"
-            return await self._to_this_broker(lambda t: self.begin(method, request, timeout_s=t), timeout_s)
+            response: bpb.ChangeInvisibleTimesResponse = await self._to_this_broker(
+                lambda t: self.begin(method, request, timeout_s=t), timeout_s
+            )
+            results = response.results
+            outcome: list[str | errors.DomainError] = [
+                r.receipt_handle if r.ok else from_broker(r.error, r.error_message, broker=self.name) for r in results
+            ]
+            missing = errors.BrokerFailure(f"broker {self.name} returned no result for this handle")
+            return outcome + [missing] * (len(handles) - len(outcome))
 
-        async def one(handle: str) -> bpb.ChangeInvisibleTimeResult:
+        async def one(handle: str) -> str | errors.DomainError:
             alone = bpb.ChangeInvisibleTimeRequest(
                 topic=request.topic, group=request.group, receipt_handle=handle, invisible_ms=request.invisible_ms
             )
             try:
-                answer = await self.change_invisible_time(alone, timeout_s=timeout_s)
+                return (await self.change_invisible_time(alone, timeout_s=timeout_s)).receipt_handle
             except errors.DomainError as exc:
-                return bpb.ChangeInvisibleTimeResult(ok=False, error=exc.name, error_message=exc.message)
-            return bpb.ChangeInvisibleTimeResult(
-                ok=True, receipt_handle=answer.receipt_handle, invisible_until_ms=answer.invisible_until_ms
-            )
+                return exc
 
-        results = await asyncio.gather(*(one(handle) for handle in request.receipt_handles))
-        return bpb.ChangeInvisibleTimesResponse(results=results)
+        return list(await asyncio.gather(*(one(handle) for handle in handles)))
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         return await self._call("DeadLetter", self._stub.DeadLetter, request, timeout_s)

@@ -237,7 +237,8 @@ class Proxy:
             for i, result in zip(indexes, response.results, strict=False):
                 if not result.ok:
                     outcome[i] = trailer.from_broker(result.error, result.error_message, broker=client.name)
-            _no_result(outcome, indexes[len(response.results) :], client.name)
+            for i in indexes[len(response.results) :]:
+                outcome[i] = errors.BrokerFailure(f"broker {client.name} returned no result for this handle")
 
         try:
             await self._per_broker(handles, outcome, one)
@@ -295,14 +296,9 @@ class Proxy:
             request = bpb.ChangeInvisibleTimesRequest(
                 topic=topic, group=group, receipt_handles=[handles[i] for i in indexes], invisible_ms=invisible_ms
             )
-            response = await client.change_invisible_times(request, timeout_s=self._timeout_until(deadline))
-            name = client.name
-            for i, result in zip(indexes, response.results, strict=False):
-                if result.ok:
-                    outcome[i] = result.receipt_handle
-                else:
-                    outcome[i] = trailer.from_broker(result.error, result.error_message, broker=name)
-            _no_result(outcome, indexes[len(response.results) :], name)
+            changed = await client.change_invisible_times(request, timeout_s=self._timeout_until(deadline))
+            for i, result in zip(indexes, changed, strict=True):
+                outcome[i] = result
 
         await self._per_broker(handles, outcome, one)
         return outcome
@@ -314,11 +310,6 @@ class Proxy:
         self.renewer.forget((handle,))
         request = bpb.DeadLetterRequest(topic=topic, group=group, receipt_handle=handle, message_id=message_id)
         await client.dead_letter(request, timeout_s=self._timeout_until(deadline))
-
-
-def _no_result(outcome: list[Any], indexes: Sequence[int], broker: str) -> None:
-    for i in indexes:
-        outcome[i] = errors.BrokerFailure(f"broker {broker} returned no result for this handle")
 
 
 def _retriable(error: errors.DomainError | None) -> bool:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from popgate_pb import broker_pb2 as bpb
 
+from popgate_contract import errors
+
 if TYPE_CHECKING:
     from proxy.outgoing import Chunk
     from proxy.receive.notify import RunStats
@@ -45,8 +47,9 @@ class BrokerClient(Protocol):
 
     async def change_invisible_times(
         self, request: bpb.ChangeInvisibleTimesRequest, *, timeout_s: float
-    ) -> bpb.ChangeInvisibleTimesResponse:
-        """ChangeInvisibleTime of each handle, a result each in order (one commit at a broker that takes it)."""
+    ) -> list[str | errors.DomainError]:
+        """ChangeInvisibleTime of each handle: per handle in order its new receipt handle or its error (one commit at a
+        broker that takes them at once)."""
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse: ...
 

@@ -109,19 +109,11 @@ class FakeBroker:
 
     async def change_invisible_times(
         self, request: bpb.ChangeInvisibleTimesRequest, *, timeout_s: float
-    ) -> bpb.ChangeInvisibleTimesResponse:
+    ) -> list[str | errors.DomainError]:
         """A handle with token 5a1e refused as stale (as by `_results`), the others given it with "-new" appended."""
         self._check()
         self.changes.append(request)
-        stale = "InvalidReceiptHandle"
-        return bpb.ChangeInvisibleTimesResponse(
-            results=[
-                bpb.ChangeInvisibleTimeResult(ok=False, error=stale, error_message="stale")
-                if "~5a1e~" in h
-                else bpb.ChangeInvisibleTimeResult(ok=True, receipt_handle=h + "-new", invisible_until_ms=1)
-                for h in request.receipt_handles
-            ]
-        )
+        return [errors.InvalidReceiptHandle("stale") if "~5a1e~" in h else h + "-new" for h in request.receipt_handles]
 
     async def dead_letter(self, request: bpb.DeadLetterRequest, *, timeout_s: float) -> bpb.DeadLetterResponse:
         self._check()

@@ -68,7 +68,9 @@ async def test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle
         await client.close()
     kinds = [r.WhichOneof("body") for r in call.written]
     assert kinds == ["ack", "change_invisible_many"] if reads_many else ["ack", "change_invisible", "change_invisible"]
-    assert len(response.results) == (0 if reads_many else 2)  # the fake broker's answers are empty ones
+    assert len(response) == 2
+    if reads_many:  # no result for either handle
+        assert [type(r) for r in response] == [errors.BrokerFailure, errors.BrokerFailure]
 
 
 async def test_the_v2_handler_answers_each_entry_in_order_with_its_new_or_old_handle() -> None:
@@ -99,3 +101,23 @@ async def test_a_change_many_of_no_entry_or_too_many_is_a_bad_request_and_change
     response = await service_of(proxy).ChangeInvisibleMany(request, Context())
     assert response.status.code == v2.BAD_REQUEST and "1..1024" in response.status.message
     assert brokers["b1"].changes == []
+
+
+async def test_a_change_per_handle_keeps_each_calls_error_so_a_broker_not_reached_stays_retriable() -> None:
+    """An older broker (or one whose new stream has not said what it reads): a handle whose call never reached the
+    broker fails as that call does, retriable, not as a broker failure."""
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
+    not_reached = errors.BrokerNotReached("broker b1 restarting")
+
+    async def change_invisible_time(request: bpb.ChangeInvisibleTimeRequest, **_: object) -> object:
+        if request.receipt_handle == "h2":
+            raise not_reached
+        return bpb.ChangeInvisibleTimeResponse(receipt_handle=request.receipt_handle + "-new")
+
+    client.change_invisible_time = change_invisible_time  # type: ignore[method-assign,assignment]
+    many = bpb.ChangeInvisibleTimesRequest(topic="t", group="g", receipt_handles=["h1", "h2"], invisible_ms=0)
+    try:
+        outcome = await client.change_invisible_times(many, timeout_s=1)
+    finally:
+        await client.close()
+    assert outcome == ["h1-new", not_reached] and not_reached.retriable
