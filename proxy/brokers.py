@@ -211,6 +211,19 @@ class GrpcBrokerClient:
             session = self._session = BrokerSession(channel=self._channel, name=self.name).open()
         return session
 
+    async def _said_session(self, timeout_s: float) -> BrokerSession | None:
+        """The Session stream `begin` writes to, once its broker said what it reads (a stream opened just now has
+        said nothing yet; its first write waits for that anyway); None when it is not live —
+        tests/unit/proxy/test_change_many.py::test_a_new_stream_is_waited_for_until_its_broker_said_what_it_reads."""
+        if self._closed:
+            return None
+        try:
+            session = self._live_session()
+        except grpc.aio.AioRpcError:
+            return None
+        await session.said(timeout_s)
+        return None if session.broken else session
+
     def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:
         """Send a Session request now; a future of the method's response (or its DomainError).
 
@@ -278,9 +291,9 @@ class GrpcBrokerClient:
         reads it; else a ChangeInvisibleTime per handle (an older broker), each failing as that call fails (a broker
         not reached stays retriable) —
         tests/unit/proxy/test_change_many.py::test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle."""
-        session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
+        session = await self._said_session(timeout_s)
         handles = request.receipt_handles
-        if session is not None and not session.broken and session.changes_many:
+        if session is not None and session.changes_many:
             method = "ChangeInvisibleTimes"
             response: bpb.ChangeInvisibleTimesResponse = await self._to_this_broker(
                 lambda t: self.begin(method, request, timeout_s=t), timeout_s
@@ -384,8 +397,8 @@ class GrpcBrokerClient:
         """On the Session stream once its broker said it reads it (a frame, not a call), else the unary call (an
         older broker) — tests/unit/proxy/test_broker_send.py::
         test_a_transactions_end_rides_the_stream_of_a_broker_that_said_it_reads_it."""
-        session = self._session  # the one `begin` takes when it is live: a new one has said nothing yet
-        if session is not None and not session.broken and session.ends_transactions:
+        session = await self._said_session(timeout_s)
+        if session is not None and session.ends_transactions:
             response: bpb.EndTransactionResponse = await self.begin("EndTransaction", request, timeout_s=timeout_s)
             return response
         return await self._call("EndTransaction", self._stub.EndTransaction, request, timeout_s)

@@ -297,13 +297,23 @@ class ProxyMetrics:
 
     def acked(self, topic: str, group: str, outcome: Sequence[DomainError | None]) -> None:
         """One AckMessage's entries, each acked (None) or refused with its error; one acked gives the pair labels."""
-        acked = sum(1 for error in outcome if error is None)
-        labels = self._topic_group(topic, group, acked > 0)
-        if acked:
-            self._deliveries.acks(*labels, "ok").inc(acked)
+        self._settled(self._deliveries.acks, topic, group, outcome)
+
+    def changed(self, topic: str, group: str, outcome: Sequence[DomainError | None]) -> None:
+        """The entries of one ChangeInvisibleDuration or ChangeInvisibleMany, as `acked` —
+        tests/unit/proxy/test_change_many.py::test_changes_are_counted_by_outcome."""
+        self._settled(self._deliveries.changes, topic, group, outcome)
+
+    def _settled(
+        self, counter: _Children[Counter], topic: str, group: str, outcome: Sequence[DomainError | None]
+    ) -> None:
+        done = sum(1 for error in outcome if error is None)
+        labels = self._topic_group(topic, group, done > 0)
+        if done:
+            counter(*labels, "ok").inc(done)
         for error in outcome:
             if error is not None:
-                self._deliveries.acks(*labels, error.name).inc()
+                counter(*labels, error.name).inc()
 
 
 class _DeliveryMetrics:
@@ -341,6 +351,15 @@ class _DeliveryMetrics:
                 "popgate_proxy_acks",
                 "AckMessage entries through this proxy, by outcome: ok, or the error's name "
                 "(InvalidReceiptHandle, ...)",
+                ["topic", "group", "outcome"],
+                registry=registry,
+            )
+        )
+        self.changes = _Children(
+            Counter(
+                "popgate_proxy_invisible_changes",
+                "ChangeInvisibleDuration and ChangeInvisibleMany entries through this proxy (nacks, a message's "
+                "invisible time extended), by outcome as popgate_proxy_acks",
                 ["topic", "group", "outcome"],
                 registry=registry,
             )

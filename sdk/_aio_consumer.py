@@ -316,7 +316,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             return pending.read(await self._change_invisible_many(pending))
 
         try:
-            return await self._retrying(op)
+            return await self._retrying(op, failed=pending.attempt_failed)
         except errors.PopgateError as exc:
             return pending.given_up(exc)
 

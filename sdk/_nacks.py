@@ -5,7 +5,9 @@ again after the same delay. The proxy answers per entry: a message whose entry c
 at once (its old one is stale from then on), one that failed retriably is sent again alone under the retry policy,
 and one that failed for good is reported. As for `nack`, a re-sent entry answered with a stale handle is `Timeout`,
 not retriable, outcome unknown: most likely an earlier attempt, whose answer was lost, changed it (docs/SDK.md,
-"Errors and retries") — tests/unit/sdk/test_nack_many.py.
+"Errors and retries") — tests/unit/sdk/test_nack_many.py. So is any failure of a message after an attempt that may
+have reached the broker (a timeout, a lost connection), as for `ack_many`. A receipt handle given twice is sent
+once and its new handle given to each of its messages.
 """
 
 from __future__ import annotations
@@ -52,8 +54,35 @@ def outcome_of_one(response: pb.ChangeInvisibleDurationResponse) -> str | errors
     return errors.error_for(status.code, status.message)
 
 
+NACK_MAYBE_APPLIED = (
+    "nack outcome unknown: an attempt failed in a way that may have reached the broker and applied it, and no "
+    "later answer said whether it did (last: {last}); if it did, the message comes again after the delay and its "
+    "old receipt handle no longer acks"
+)
+
+
+class _Entry:
+    """A receipt handle of the request and the messages carrying it (the same message may be given twice)."""
+
+    __slots__ = ("messages", "sent", "maybe_applied", "error")
+
+    def __init__(self, message: Message) -> None:
+        self.messages = [message]
+        self.sent = 0  # how often it was sent
+        self.maybe_applied = False  # an attempt failed in a way that may have changed it (`_resend.maybe_applied`)
+        self.error: errors.PopgateError | None = None  # its last error, when an answer gave one
+
+    def failure(self, error: errors.PopgateError) -> list[tuple[str, errors.PopgateError]]:
+        """`error` for each of its messages; outcome unknown once an attempt may have changed it —
+        tests/unit/sdk/test_nack_many.py::test_a_timed_out_attempt_makes_what_fails_after_it_outcome_unknown."""
+        if self.maybe_applied and not isinstance(error, errors.Timeout):
+            error = errors.Timeout(NACK_MAYBE_APPLIED.format(last=error), retriable=False)
+        return [(m.message_id, error) for m in self.messages]
+
+
 class PendingNack:
-    """One topic's chunk of a `nack_many` through its attempts: the messages left to change, and the failures."""
+    """One topic's chunk of a `nack_many` through its attempts: the receipt handles left to change, each once
+    however often its message was given, and the failures."""
 
     def __init__(self, group: str, topic: str, messages: Sequence[Message], delay: float, namespace: str) -> None:
         self._base = ext.ChangeInvisibleMany()
@@ -62,32 +91,44 @@ class PendingNack:
         if namespace:
             self._base.group.resource_namespace = self._base.topic.resource_namespace = namespace
         _set_seconds(self._base.invisible_duration, delay)
-        self._left = [(m, 0) for m in messages]  # each message not changed yet, and how often it was sent
-        self._errors: list[errors.PopgateError | None] = [None] * len(messages)  # the last error of each one left
+        by_handle: dict[str, _Entry] = {}
+        for m in messages:
+            if m.receipt_handle in by_handle:
+                by_handle[m.receipt_handle].messages.append(m)
+            else:
+                by_handle[m.receipt_handle] = _Entry(m)
+        self._left = list(by_handle.values())  # each handle not changed yet
         self._final: Failures = []
 
     @property
     def left(self) -> list[Message]:
-        return [m for m, _ in self._left]
+        return [m for e in self._left for m in e.messages]
 
     def next_request(self) -> ext.ChangeInvisibleMany:
-        """The request of the messages left (one more attempt of each)."""
-        self._left = [(m, sent + 1) for m, sent in self._left]
+        """The request of the handles left (one more attempt of each)."""
         request = ext.ChangeInvisibleMany()
         request.CopyFrom(self._base)
         add = request.entries.add
-        for m, _ in self._left:
+        for e in self._left:
+            e.sent += 1
             entry = add()
-            entry.message_id = m.message_id
-            entry.receipt_handle = m.receipt_handle
+            entry.message_id = e.messages[0].message_id
+            entry.receipt_handle = e.messages[0].receipt_handle
         return request
 
     def not_served(self) -> None:
         """The last request was not served (the proxy has no ChangeInvisibleMany): it counts as no attempt."""
-        self._left = [(m, sent - 1) for m, sent in self._left]
+        for e in self._left:
+            e.sent -= 1
+
+    def attempt_failed(self, error: errors.PopgateError) -> None:
+        """Record an attempt that failed as a whole (no answer, or one for the whole call) with `error`."""
+        if _resend.maybe_applied(error):
+            for e in self._left:
+                e.maybe_applied = True
 
     def single_requests(self) -> list[pb.ChangeInvisibleDurationRequest]:
-        """The messages left as one ChangeInvisibleDuration each (a proxy without ChangeInvisibleMany), as
+        """The handles left as one ChangeInvisibleDuration each (a proxy without ChangeInvisibleMany), as
         `next_request` counts an attempt of each."""
         many = self.next_request()
         return [
@@ -107,30 +148,30 @@ class PendingNack:
         Raises:
             _resend.ResendEntries: Entries failed retriably: the next request holds only those.
         """
-        retry: list[tuple[Message, int]] = []
-        last: list[errors.PopgateError | None] = []
-        for (message, sent), result in zip(self._left, outcome, strict=True):
+        retry: list[_Entry] = []
+        first: errors.PopgateError | None = None
+        for e, result in zip(self._left, outcome, strict=True):
             if isinstance(result, str):
-                message.receipt_handle = result
+                for m in e.messages:
+                    m.receipt_handle = result
                 continue
-            if sent > 1 and isinstance(result, errors.InvalidReceiptHandle):
+            if e.sent > 1 and isinstance(result, errors.InvalidReceiptHandle):
                 result = errors.Timeout(_resend.NACK_OUTCOME_UNKNOWN, retriable=False)
+            e.maybe_applied = e.maybe_applied or _resend.maybe_applied(result)
             if result.retriable:
-                retry.append((message, sent))
-                last.append(result)
+                e.error = result
+                first = first or result
+                retry.append(e)
             else:
-                self._final.append((message.message_id, result))
-        self._left, self._errors = retry, last
-        if not retry:
+                self._final += e.failure(result)
+        self._left = retry
+        if first is None:
             return self._final
-        first = next(e for e in last if e is not None)
         raise _resend.ResendEntries(f"{len(retry)} nack entries failed ({first}); re-sending them", code=first.code)
 
     def given_up(self, error: errors.PopgateError) -> Failures:
         """What to report once the retries end with `error`: the failures so far and every message left, each with
         its entry's last error when an answer gave one, else `error` (the whole request failed)."""
-        left = [
-            (m.message_id, own if own is not None and isinstance(error, _resend.ResendEntries) else error)
-            for (m, _), own in zip(self._left, self._errors, strict=True)
-        ]
+        resent = isinstance(error, _resend.ResendEntries)
+        left = [f for e in self._left for f in e.failure(e.error if resent and e.error is not None else error)]
         return self._final + left

@@ -297,7 +297,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             return pending.read(self._change_invisible_many(pending))
 
         try:
-            return self._retrying(op)
+            return self._retrying(op, failed=pending.attempt_failed)
         except errors.PopgateError as exc:
             return pending.given_up(exc)
 

@@ -124,6 +124,13 @@ class BrokerSession:
     def broken(self) -> bool:
         return self._broken is not None
 
+    async def said(self, timeout_s: float = SAID_WAIT_S) -> None:
+        """Return once the broker said what it reads (or the stream ended first), or after `timeout_s` (at most
+        SAID_WAIT_S: what the stream's first write waits for anyway)."""
+        if not self._said.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._said.wait(), min(timeout_s, SAID_WAIT_S))
+
     async def pop(self, request: pb.PopRequest) -> pb.PopResponse:
         return (await self.call(pb.SessionRequest(pop=request))).pop
 

@@ -91,9 +91,17 @@ async def change_invisible_duration(
     requested = seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime)
     invisible_s = validate.invisible(requested, low=0.0, high=call.settings.max_invisible_s)
     invisible_ms = int(invisible_s * 1000)
-    handle = await call.proxy.change_invisible(
-        topic, group, request.receipt_handle, invisible_ms, deadline=call.deadline
-    )
+    metrics = counting(call.proxy.metrics)
+    try:
+        handle = await call.proxy.change_invisible(
+            topic, group, request.receipt_handle, invisible_ms, deadline=call.deadline
+        )
+    except errors.DomainError as exc:
+        if metrics is not None:
+            metrics.changed(topic, group, [exc])
+        raise
+    if metrics is not None:
+        metrics.changed(topic, group, [None])
     return pb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
 
 
@@ -113,6 +121,9 @@ async def change_invisible_many(call: Call, request: ext.ChangeInvisibleMany) ->
     outcome = await call.proxy.change_invisible_many(
         topic, group, handles, int(invisible_s * 1000), deadline=call.deadline
     )
+    metrics = counting(call.proxy.metrics)
+    if metrics is not None:
+        metrics.changed(topic, group, [None if isinstance(r, str) else r for r in outcome])
     response = ext.ChangeInvisibleManyResponse()
     add = response.entries.add
     ok = v2.OK

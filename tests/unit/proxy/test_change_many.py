@@ -8,6 +8,7 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
 from prometheus_client import CollectorRegistry
 
 from popgate_contract import errors
@@ -15,11 +16,13 @@ from popgate_contract.session_client import CHANGE_MANY_KEY, MORE_KEY
 from proxy.brokers import GrpcBrokerClient
 from proxy.core import Proxy
 from proxy.metrics import ProxyMetrics
+from proxy.receive.coupled import LongPollStrategy
+from proxy.routing import BrokerPool
 from proxy.settings import BrokerAddress, Settings
 from proxy.v2.context import endpoints_for
 from proxy.v2.service import MessagingService
 from tests.unit.broker.test_session_stream import AnsweringCall, session_on
-from tests.unit.proxy.fakes import handle
+from tests.unit.proxy.fakes import FakeBroker, handle
 from tests.unit.proxy.test_core import make
 from tests.unit.proxy.test_v2_service import Context
 
@@ -73,6 +76,20 @@ async def test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle
         assert [type(r) for r in response] == [errors.BrokerFailure, errors.BrokerFailure]
 
 
+async def test_a_new_stream_is_waited_for_until_its_broker_said_what_it_reads() -> None:
+    """The first request on a stream just opened (a proxy started, a broker reconnected): its broker has not said
+    anything yet when the change comes, and the change still goes as one request."""
+    call = Broker(reads_many=True)
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
+    client._session = session_on(call).open()  # its reader has not run yet
+    many = bpb.ChangeInvisibleTimesRequest(topic="t", group="g", receipt_handles=["h1", "h2"], invisible_ms=0)
+    try:
+        await client.change_invisible_times(many, timeout_s=1)
+    finally:
+        await client.close()
+    assert [r.WhichOneof("body") for r in call.written] == ["change_invisible_many"]
+
+
 async def test_the_v2_handler_answers_each_entry_in_order_with_its_new_or_old_handle() -> None:
     proxy, _ = make("b1")
     service = service_of(proxy)
@@ -121,3 +138,26 @@ async def test_a_change_per_handle_keeps_each_calls_error_so_a_broker_not_reache
     finally:
         await client.close()
     assert outcome == ["h1-new", not_reached] and not_reached.retriable
+
+
+async def test_changes_are_counted_by_outcome() -> None:
+    """popgate_proxy_invisible_changes: each entry of a ChangeInvisibleMany, and a ChangeInvisibleDuration changed
+    or refused, under its topic and group."""
+    metrics = ProxyMetrics(CollectorRegistry())
+    pool = BrokerPool({"b1": FakeBroker("b1")}, first_turn=0)
+    proxy = Proxy(pool, LongPollStrategy(pool, broker_timeout_s=1.0), metrics=metrics)
+    service = service_of(proxy)
+    many = ext.ChangeInvisibleMany()
+    many.group.name, many.topic.name = "g", "t"
+    for i, h in enumerate([handle("b1"), handle("b1", token="5a1e"), handle("b1", token="cd")]):
+        many.entries.add(message_id=f"m{i}", receipt_handle=h)
+    await service.ChangeInvisibleMany(many, Context())
+    one = pb.ChangeInvisibleDurationRequest(receipt_handle="garbage", message_id="m")
+    one.group.name, one.topic.name = "g", "t"
+    await service.ChangeInvisibleDuration(one, Context())
+
+    def counted(outcome: str) -> float | None:
+        labels = {"topic": "t", "group": "g", "outcome": outcome}
+        return metrics.registry.get_sample_value("popgate_proxy_invisible_changes_total", labels)
+
+    assert (counted("ok"), counted("InvalidReceiptHandle")) == (2, 2)

@@ -115,3 +115,46 @@ def test_a_request_the_proxy_did_not_serve_counts_as_no_attempt() -> None:
     assert (single.receipt_handle, single.message_id, single.group.name) == ("h0", "m0", "g")
     [(_, error)] = pending.read([errors.InvalidReceiptHandle("stale")])
     assert type(error) is errors.InvalidReceiptHandle
+
+
+def test_a_timed_out_attempt_makes_what_fails_after_it_outcome_unknown() -> None:
+    """The first attempt timed out (it may have changed the handles); the second is refused for one message and
+    never answered for the other: neither is reported as surely not nacked."""
+    [pending] = _nacks.plan("g", [received(0), received(1)], 0)
+    pending.next_request()
+    pending.attempt_failed(errors.Timeout("deadline exceeded"))
+    pending.next_request()
+    answer = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.MULTIPLE_RESULTS),
+        entries=[entry("m0", v2.BAD_REQUEST), entry("m1", v2.TOO_MANY_REQUESTS)],
+    )
+    with pytest.raises(_resend.ResendEntries) as raised:
+        pending.read(_nacks.outcome_of(answer, 2))
+    failures = pending.given_up(raised.value)
+    assert [(message_id, type(e), e.retriable) for message_id, e in failures] == [
+        ("m0", errors.Timeout, False),
+        ("m1", errors.Timeout, False),
+    ]
+    assert "may have reached the broker" in failures[0][1].message
+    assert errors.NackError(failures).outcome_unknown == ["m0", "m1"]
+
+
+def test_a_call_that_never_connected_leaves_the_outcome_known() -> None:
+    [pending] = _nacks.plan("g", [received(0)], 0)
+    pending.next_request()
+    never = errors.Unavailable(f"{_resend.NEVER_CONNECTED}: 127.0.0.1:1")
+    pending.attempt_failed(never)
+    [(_, error)] = pending.given_up(never)
+    assert error is never and errors.NackError([("m0", error)]).outcome_unknown == []
+
+
+def test_a_message_given_twice_is_changed_once_and_both_copies_get_the_new_handle() -> None:
+    first, again, other = received(0), received(0), received(1)
+    [pending] = _nacks.plan("g", [first, other, first, again], 0)
+    request = pending.next_request()
+    assert [e.receipt_handle for e in request.entries] == ["h0", "h1"]
+    answer = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.OK), entries=[entry("m0", v2.OK, "new0"), entry("m1", v2.OK, "new1")]
+    )
+    assert pending.read(_nacks.outcome_of(answer, 2)) == []
+    assert [m.receipt_handle for m in (first, again, other)] == ["new0", "new0", "new1"]
