@@ -137,7 +137,10 @@ class SendPath:
                 else:  # scheduled or a transaction's: a message at a time, as if sent so
                     expanded = [_expand(run.shared, b, i) for b, i in zip(run.bodies, run.message_ids, strict=True)]
                     self._build(expanded, [(tag, due)] * len(expanded), now, (appends, ops, out))
-            committed = self.submit(appends, ops, within_s)
+            # Its caller waits, also for a Send of half or delayed messages alone (no append) naming no time —
+            # tests/unit/broker/test_transactions.py::
+            # test_a_send_of_half_or_delayed_messages_alone_is_not_deferred_as_consumer_state.
+            committed = self.submit(appends, ops, within_s, awaited=True)
         except BaseException:  # nothing was submitted: the bytes were never held
             self.in_flight.give(cost)
             raise

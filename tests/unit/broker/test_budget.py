@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as pb
@@ -35,7 +36,7 @@ class PendingStore:
     def __init__(self) -> None:
         self.commits: list[tuple[list[NewMessage], asyncio.Future[list[Record]]]] = []
 
-    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op], **how: Any) -> asyncio.Future[list[Record]]:
         future: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
         self.commits.append((list(appends), future))
         return future

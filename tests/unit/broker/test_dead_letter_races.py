@@ -29,9 +29,9 @@ class HeldDeadLetters:
         self.held: list[tuple[Sequence[NewMessage], Sequence[Op], asyncio.Future[Any]]] = []
         store.submit = self.submit
 
-    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[Any]:
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op], **how: Any) -> asyncio.Future[Any]:
         if not any(a.topic.startswith("%DLQ%") for a in appends):
-            return self.real(appends, ops)  # type: ignore[no-any-return]
+            return self.real(appends, ops, **how)  # type: ignore[no-any-return]
         outer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.held.append((appends, ops, outer))
         return outer

@@ -103,6 +103,6 @@ async def test_a_recall_is_not_deferred_as_consumer_state(tmp_path: Path) -> Non
     waits under --flush async (here 30 s)."""
     clock = ManualClock(NOW)
     async with broker(tmp_path, clock=clock, state_delay_s=30.0) as (core, _):
-        handle = await schedule(core, b"recalled", NOW + 60_000)
+        handle = await asyncio.wait_for(schedule(core, b"recalled", NOW + 60_000), 10)
         await asyncio.wait_for(core.recall("t", handle), 10)
         assert await deliver_due(core, clock, NOW + 61_000) == []

@@ -11,6 +11,7 @@ import tracemalloc
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -125,9 +126,9 @@ class FlakyStore:
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op]) -> asyncio.Future[list[Record]]:
+    def submit(self, appends: Sequence[NewMessage], ops: Sequence[Op], **how: Any) -> asyncio.Future[list[Record]]:
         if not any(isinstance(op, DeleteScheduled) for op in ops):
-            return self.inner.submit(appends, ops)
+            return self.inner.submit(appends, ops, **how)
         self.delivery_attempts += 1
         loop = asyncio.get_running_loop()
         if self.failures_left > 0:
@@ -138,7 +139,7 @@ class FlakyStore:
         if self.gate is not None:
             gate = self.gate
             return asyncio.ensure_future(self._after(gate, appends, ops))
-        return self.inner.submit(appends, ops)
+        return self.inner.submit(appends, ops, **how)
 
     async def _after(self, gate: asyncio.Event, appends: Sequence[NewMessage], ops: Sequence[Op]) -> list[Record]:
         await gate.wait()

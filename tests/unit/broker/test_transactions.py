@@ -278,12 +278,24 @@ async def test_a_half_committed_into_a_topic_made_again_with_fewer_queues_is_del
         assert sorted(await bodies(core)) == [b"p0", b"p1", b"p2", b"p3"]
 
 
+async def test_a_send_of_half_or_delayed_messages_alone_is_not_deferred_as_consumer_state(tmp_path: Path) -> None:
+    """A Send that appends nothing to a queue (only half messages, or only delayed ones) and names no time (a
+    direct client's) is still waited for by its caller: it goes to the store's writer at once, never after the
+    delay consumer state waits under --flush async (here 30 s)."""
+    async with broker(tmp_path, clock=ManualClock(NOW), state_delay_s=30.0, **SETTINGS) as (core, _):
+        await asyncio.wait_for(half(core, b"h"), 10)
+        delayed = pb.Message(topic="t", body=b"d", deliver_at_ms=NOW + 60_000)
+        (sent,) = await asyncio.wait_for(core.send([delayed]), 10)
+        assert sent.recall_handle and sent.offset == -1
+
+
 async def test_a_rollback_a_check_and_an_expiry_are_not_deferred_as_consumer_state(tmp_path: Path) -> None:
     """Their callers wait for these commits (a producer's rollback, a proxy's checks, the sweep): they go to the
     store's writer at once, never after the delay consumer state waits under --flush async (here 30 s)."""
     clock = ManualClock(NOW)
     async with broker(tmp_path, clock=clock, state_delay_s=30.0, **SETTINGS) as (core, _):
-        rolled_back, checked = await half(core, b"r"), await half(core, b"c")
+        rolled_back = await asyncio.wait_for(half(core, b"r"), 10)
+        checked = await asyncio.wait_for(half(core, b"c"), 10)
         await asyncio.wait_for(core.transactions.end("t", rolled_back, commit=False), 10)
         clock.now = NOW + 1000
         (check,), _ = await asyncio.wait_for(core.transactions.checks(["t"], 10), 10)
