@@ -211,18 +211,22 @@ class GrpcBrokerClient:
             session = self._session = BrokerSession(channel=self._channel, name=self.name).open()
         return session
 
-    async def _said_session(self, timeout_s: float) -> BrokerSession | None:
+    async def _said_session(self, timeout_s: float) -> tuple[BrokerSession | None, float]:
         """The Session stream `begin` writes to, once its broker said what it reads (a stream opened just now has
-        said nothing yet; its first write waits for that anyway); None when it is not live —
-        tests/unit/proxy/test_change_many.py::test_a_new_stream_is_waited_for_until_its_broker_said_what_it_reads."""
+        said nothing yet; its first write waits for that anyway), None when it is not live; and what is left of
+        `timeout_s` for the request (at least RETRY_MARGIN_S) —
+        tests/unit/proxy/test_change_many.py::test_a_new_stream_is_waited_for_until_its_broker_said_what_it_reads,
+        `::test_the_wait_for_a_new_stream_is_taken_out_of_the_calls_time`."""
         if self._closed:
-            return None
+            return None, timeout_s
         try:
             session = self._live_session()
         except grpc.aio.AioRpcError:
-            return None
+            return None, timeout_s
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
         await session.said(timeout_s)
-        return None if session.broken else session
+        return (None if session.broken else session), max(RETRY_MARGIN_S, end - loop.time())
 
     def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:
         """Send a Session request now; a future of the method's response (or its DomainError).
@@ -291,7 +295,7 @@ class GrpcBrokerClient:
         reads it; else a ChangeInvisibleTime per handle (an older broker), each failing as that call fails (a broker
         not reached stays retriable) —
         tests/unit/proxy/test_change_many.py::test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle."""
-        session = await self._said_session(timeout_s)
+        session, timeout_s = await self._said_session(timeout_s)
         handles = request.receipt_handles
         if session is not None and session.changes_many:
             method = "ChangeInvisibleTimes"
@@ -303,7 +307,7 @@ class GrpcBrokerClient:
                 r.receipt_handle if r.ok else from_broker(r.error, r.error_message, broker=self.name) for r in results
             ]
             missing = errors.BrokerFailure(f"broker {self.name} returned no result for this handle")
-            return outcome + [missing] * (len(handles) - len(outcome))
+            return outcome[: len(handles)] + [missing] * (len(handles) - len(outcome))
 
         async def one(handle: str) -> str | errors.DomainError:
             alone = bpb.ChangeInvisibleTimeRequest(
@@ -397,7 +401,7 @@ class GrpcBrokerClient:
         """On the Session stream once its broker said it reads it (a frame, not a call), else the unary call (an
         older broker) — tests/unit/proxy/test_broker_send.py::
         test_a_transactions_end_rides_the_stream_of_a_broker_that_said_it_reads_it."""
-        session = await self._said_session(timeout_s)
+        session, timeout_s = await self._said_session(timeout_s)
         if session is not None and session.ends_transactions:
             response: bpb.EndTransactionResponse = await self.begin("EndTransaction", request, timeout_s=timeout_s)
             return response

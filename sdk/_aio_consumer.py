@@ -337,11 +337,9 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             except _waiting.KindUnknown:
                 log.info("%s's Session takes no ChangeInvisibleMany: a change each", self.options.endpoint)
                 self._many_served = False
-                pending.not_served()
             except grpc.RpcError as exc:
                 if not self._unimplemented(exc, "_many_served", "ChangeInvisibleMany"):
                     raise
-                pending.not_served()
 
         async def one(request: pb.ChangeInvisibleDurationRequest) -> str | errors.PopgateError:
             try:

@@ -1,13 +1,13 @@
 """`nack_many` (sans-IO): the ChangeInvisibleMany requests of a consumer's messages, and each through its attempts.
 
-A request names one topic and at most MAX_SEND_BATCH messages (the proxy's bound on entries), all made visible
-again after the same delay. The proxy answers per entry: a message whose entry changed gets its new receipt handle
-at once (its old one is stale from then on), one that failed retriably is sent again alone under the retry policy,
-and one that failed for good is reported. As for `nack`, a re-sent entry answered with a stale handle is `Timeout`,
-not retriable, outcome unknown: most likely an earlier attempt, whose answer was lost, changed it (docs/SDK.md,
-"Errors and retries") — tests/unit/sdk/test_nack_many.py. So is any failure of a message after an attempt that may
-have reached the broker (a timeout, a lost connection), as for `ack_many`. A receipt handle given twice is sent
-once and its new handle given to each of its messages.
+A request names one topic and at most MAX_SEND_BATCH receipt handles (the proxy's bound on entries), all made
+visible again after the same delay. The proxy answers per entry: a message whose entry changed gets its new receipt
+handle at once (its old one is stale from then on), one that failed retriably is sent again alone under the retry
+policy, and one that failed for good is reported. Once an attempt may have reached the broker without its answer
+coming back (a timeout, a lost connection), any later failure of its entries — a stale handle most of all, which
+that attempt most likely made so — is `Timeout`, not retriable, outcome unknown, as for `ack_many` (docs/SDK.md,
+"Errors and retries") — tests/unit/sdk/test_nack_many.py. A receipt handle given twice is sent once and its new
+handle given to each of its messages.
 """
 
 from __future__ import annotations
@@ -27,11 +27,20 @@ Outcome = list[str | errors.PopgateError]
 
 
 def plan(group: str, messages: Sequence[Message], delay: float, *, namespace: str = "") -> list[PendingNack]:
-    """The requests that nack `messages`: one per topic and MAX_SEND_BATCH, each message once in order. A message
+    """The requests that nack `messages`: one per topic and MAX_SEND_BATCH receipt handles, each handle once in the
+    order it first comes, however often and in whichever chunk its messages come —
+    tests/unit/sdk/test_nack_many.py::test_a_handle_given_twice_far_apart_is_sent_in_one_request_only. A message
     without topic or receipt handle (never received), or a bad delay, is a ValueError here, before any is sent."""
     seconds = duration("delay", delay)
-    chunks = _wire.received_chunks(messages, "nacked")
-    return [PendingNack(group, topic, chunk, seconds, namespace) for topic, chunk in chunks]
+    copies: dict[tuple[str, str], list[Message]] = {}
+    for m in messages:
+        copies.setdefault((m.topic, m.receipt_handle), []).append(m)
+    firsts = [listed[0] for listed in copies.values()]
+    chunks = _wire.received_chunks(firsts, "nacked")
+    return [
+        PendingNack(group, topic, [copies[m.topic, m.receipt_handle] for m in chunk], seconds, namespace)
+        for topic, chunk in chunks
+    ]
 
 
 def outcome_of(response: ext.ChangeInvisibleManyResponse, count: int) -> Outcome:
@@ -64,40 +73,33 @@ NACK_MAYBE_APPLIED = (
 class _Entry:
     """A receipt handle of the request and the messages carrying it (the same message may be given twice)."""
 
-    __slots__ = ("messages", "sent", "maybe_applied", "error")
+    __slots__ = ("messages", "maybe_applied", "error")
 
-    def __init__(self, message: Message) -> None:
-        self.messages = [message]
-        self.sent = 0  # how often it was sent
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
         self.maybe_applied = False  # an attempt failed in a way that may have changed it (`_resend.maybe_applied`)
         self.error: errors.PopgateError | None = None  # its last error, when an answer gave one
 
     def failure(self, error: errors.PopgateError) -> list[tuple[str, errors.PopgateError]]:
         """`error` for each of its messages; outcome unknown once an attempt may have changed it —
         tests/unit/sdk/test_nack_many.py::test_a_timed_out_attempt_makes_what_fails_after_it_outcome_unknown."""
-        if self.maybe_applied and not isinstance(error, errors.Timeout):
+        if self.maybe_applied and (error.retriable or not isinstance(error, errors.Timeout)):
             error = errors.Timeout(NACK_MAYBE_APPLIED.format(last=error), retriable=False)
         return [(m.message_id, error) for m in self.messages]
 
 
 class PendingNack:
     """One topic's chunk of a `nack_many` through its attempts: the receipt handles left to change, each once
-    however often its message was given, and the failures."""
+    however often its message was given (`copies`: the messages of each handle), and the failures."""
 
-    def __init__(self, group: str, topic: str, messages: Sequence[Message], delay: float, namespace: str) -> None:
+    def __init__(self, group: str, topic: str, copies: list[list[Message]], delay: float, namespace: str) -> None:
         self._base = ext.ChangeInvisibleMany()
         self._base.group.name = group
         self._base.topic.name = topic
         if namespace:
             self._base.group.resource_namespace = self._base.topic.resource_namespace = namespace
         _set_seconds(self._base.invisible_duration, delay)
-        by_handle: dict[str, _Entry] = {}
-        for m in messages:
-            if m.receipt_handle in by_handle:
-                by_handle[m.receipt_handle].messages.append(m)
-            else:
-                by_handle[m.receipt_handle] = _Entry(m)
-        self._left = list(by_handle.values())  # each handle not changed yet
+        self._left = [_Entry(messages) for messages in copies]  # each handle not changed yet
         self._final: Failures = []
 
     @property
@@ -110,16 +112,10 @@ class PendingNack:
         request.CopyFrom(self._base)
         add = request.entries.add
         for e in self._left:
-            e.sent += 1
             entry = add()
             entry.message_id = e.messages[0].message_id
             entry.receipt_handle = e.messages[0].receipt_handle
         return request
-
-    def not_served(self) -> None:
-        """The last request was not served (the proxy has no ChangeInvisibleMany): it counts as no attempt."""
-        for e in self._left:
-            e.sent -= 1
 
     def attempt_failed(self, error: errors.PopgateError) -> None:
         """Record an attempt that failed as a whole (no answer, or one for the whole call) with `error`."""
@@ -128,8 +124,7 @@ class PendingNack:
                 e.maybe_applied = True
 
     def single_requests(self) -> list[pb.ChangeInvisibleDurationRequest]:
-        """The handles left as one ChangeInvisibleDuration each (a proxy without ChangeInvisibleMany), as
-        `next_request` counts an attempt of each."""
+        """The handles left as one ChangeInvisibleDuration each (a proxy without ChangeInvisibleMany)."""
         many = self.next_request()
         return [
             pb.ChangeInvisibleDurationRequest(
@@ -155,7 +150,7 @@ class PendingNack:
                 for m in e.messages:
                     m.receipt_handle = result
                 continue
-            if e.sent > 1 and isinstance(result, errors.InvalidReceiptHandle):
+            if e.maybe_applied and isinstance(result, errors.InvalidReceiptHandle):
                 result = errors.Timeout(_resend.NACK_OUTCOME_UNKNOWN, retriable=False)
             e.maybe_applied = e.maybe_applied or _resend.maybe_applied(result)
             if result.retriable:

@@ -315,7 +315,6 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             except grpc.RpcError as exc:
                 if not self._unimplemented(exc, "_many_served", "ChangeInvisibleMany"):
                     raise
-                pending.not_served()
         requests = pending.single_requests()
         outcome: _nacks.Outcome = []
         for i in range(0, len(requests), GIVE_BACK_IN_FLIGHT):

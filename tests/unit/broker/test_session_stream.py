@@ -285,19 +285,23 @@ async def test_cancelled_requests_behind_a_stalled_write_are_not_kept() -> None:
 
 
 class AnsweringCall(FakeCall):
-    """A Session call whose broker answers every request at once (an empty answer of its kind, of the same id)."""
+    """A Session call whose broker answers every request at once (an empty answer of its kind, of the same id), those
+    joined in one stream message (`more`) each in turn."""
 
     def __init__(self) -> None:
         super().__init__()
         self.answers: asyncio.Queue[pb.SessionResponse] = asyncio.Queue()
 
     async def write(self, message: bytes) -> None:
-        request = pb.SessionRequest.FromString(message)
-        self.written.append(request)
-        if not request.cancel:
-            answer = pb.SessionResponse(id=request.id)
-            getattr(answer, request.WhichOneof("body")).SetInParent()
-            self.answers.put_nowait(answer)
+        first = pb.SessionRequest.FromString(message)
+        more = list(first.more)
+        first.ClearField("more")
+        for request in [first, *more]:
+            self.written.append(request)
+            if not request.cancel:
+                answer = pb.SessionResponse(id=request.id)
+                getattr(answer, request.WhichOneof("body")).SetInParent()
+                self.answers.put_nowait(answer)
 
     async def __anext__(self) -> pb.SessionResponse:
         return await self.answers.get()

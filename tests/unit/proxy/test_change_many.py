@@ -4,6 +4,8 @@ broker that has not said it reads many at once (a rolling upgrade) given one Cha
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.ext import messaging_pb2 as ext
@@ -70,7 +72,9 @@ async def test_a_broker_that_has_not_said_it_reads_many_gets_one_change_a_handle
     finally:
         await client.close()
     kinds = [r.WhichOneof("body") for r in call.written]
-    assert kinds == ["ack", "change_invisible_many"] if reads_many else ["ack", "change_invisible", "change_invisible"]
+    assert kinds == (
+        ["ack", "change_invisible_many"] if reads_many else ["ack", "change_invisible", "change_invisible"]
+    )
     assert len(response) == 2
     if reads_many:  # no result for either handle
         assert [type(r) for r in response] == [errors.BrokerFailure, errors.BrokerFailure]
@@ -87,6 +91,39 @@ async def test_a_new_stream_is_waited_for_until_its_broker_said_what_it_reads() 
         await client.change_invisible_times(many, timeout_s=1)
     finally:
         await client.close()
+    assert [r.WhichOneof("body") for r in call.written] == ["change_invisible_many"]
+
+
+class SlowToSay(Broker):
+    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        await asyncio.sleep(SAYS_AFTER_S)
+        return self.says
+
+
+SAYS_AFTER_S = 0.3
+
+
+async def test_the_wait_for_a_new_stream_is_taken_out_of_the_calls_time() -> None:
+    """The change is sent with what is left of its time once its broker said what it reads, so the whole takes no
+    longer than the caller gave it."""
+    call = SlowToSay(reads_many=True)
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
+    client._session = session_on(call).open()
+    given: list[float] = []
+    begin = client.begin
+
+    def spy(method: str, request: object, *, timeout_s: float) -> asyncio.Future[object]:
+        given.append(timeout_s)
+        return begin(method, request, timeout_s=timeout_s)
+
+    client.begin = spy  # type: ignore[method-assign]
+    many = bpb.ChangeInvisibleTimesRequest(topic="t", group="g", receipt_handles=["h1"], invisible_ms=0)
+    try:
+        await client.change_invisible_times(many, timeout_s=1)
+    finally:
+        await client.close()
+    [left] = given
+    assert left <= 1 - SAYS_AFTER_S
     assert [r.WhichOneof("body") for r in call.written] == ["change_invisible_many"]
 
 

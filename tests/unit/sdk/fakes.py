@@ -3,8 +3,8 @@
 It keeps what a broker keeps for these calls (which receipt handles are live) and refuses a stale
 handle with INVALID_RECEIPT_HANDLE, as a broker does. Faults are scripted per call:
 
-* ``entry_faults[handle]``: v2 codes the next AckMessage entries for that handle answer, one per call,
-  without acking it (a broker failover, an overloaded proxy).
+* ``entry_faults[handle]``: v2 codes the next AckMessage (or ChangeInvisibleMany) entries for that handle
+  answer, one per call, without acking (changing) it (a broker failover, an overloaded proxy).
 * ``call_faults``: one per call, popped in order; ``("refused", status)`` fails the call before it does
   anything, ``("lost", status)`` does the work and then fails the call, so the answer is lost (a
   deadline that passed while the broker was applying it); ``("unconnected", UNAVAILABLE)`` fails it as
@@ -115,6 +115,30 @@ class FakeStub:
         self.live.add(new)
         self._lose(lost)
         return pb.ChangeInvisibleDurationResponse(status=v2.Status(code=v2.OK), receipt_handle=new)
+
+    def ChangeInvisibleMany(self, request: ext.ChangeInvisibleMany, **_: Any) -> ext.ChangeInvisibleManyResponse:
+        """popgate's extension (the consumer's ``_ext`` stub): each entry changed as ChangeInvisibleDuration does."""
+        lost = self._call("ChangeInvisibleMany", request)
+        entries = []
+        for entry in request.entries:
+            faults = self.entry_faults.get(entry.receipt_handle)
+            code, new = v2.INVALID_RECEIPT_HANDLE, ""
+            if faults:
+                code = faults.pop(0)
+            elif entry.receipt_handle in self.live:
+                self.live.remove(entry.receipt_handle)
+                self.renewals += 1
+                code, new = v2.OK, f"{entry.message_id}@{self.renewals}"
+                self.live.add(new)
+            entries.append(
+                pb.AckMessageResultEntry(
+                    message_id=entry.message_id,
+                    receipt_handle=new,
+                    status=v2.Status(code=code, message=v2.Code.Name(code)),
+                )
+            )
+        self._lose(lost)
+        return ext.ChangeInvisibleManyResponse(status=v2.Status(code=v2.MULTIPLE_RESULTS), entries=entries)
 
     def ForwardMessageToDeadLetterQueue(
         self, request: pb.ForwardMessageToDeadLetterQueueRequest, **_: Any

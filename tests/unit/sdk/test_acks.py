@@ -27,7 +27,7 @@ def fake() -> FakeStub:
 @pytest.fixture
 def consumer(fake: FakeStub) -> Iterator[SimpleConsumer]:
     with SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST) as c:
-        c._stub = fake
+        c._stub = c._ext = fake
         yield c
 
 
@@ -36,6 +36,7 @@ def run_aio(fake: FakeStub, body: Callable[[aio.SimpleConsumer], Awaitable[T]]) 
         consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST)
         consumer._channel = FakeChannel()  # type: ignore[assignment]
         consumer._stub_ = AsyncStub(fake)
+        consumer._ext_stub_ = AsyncStub(fake)
         async with consumer:
             return await body(consumer)
 
@@ -207,6 +208,34 @@ def test_a_failed_ack_not_waited_for_is_logged(
         consumer.close()
     assert "1 of 1 message(s) acked without waiting were not acked" in caplog.text
     assert "first: a: INVALID_RECEIPT_HANDLE" in caplog.text
+
+
+def test_a_nack_many_whose_answer_was_lost_reports_outcome_unknown_not_stale(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    a, b = fake.message("a"), fake.message("b")
+    fake.call_faults = [("lost", DEADLINE)]  # both changed, the new handles lost with the answer
+
+    with pytest.raises(errors.NackError) as info:
+        consumer.nack_many([a, b], 5.0)  # the retry is answered INVALID_RECEIPT_HANDLE for both
+
+    assert info.value.outcome_unknown == ["a", "b"] and info.value.retriable is False
+    assert fake.renewals == 2 and len(fake.sent("ChangeInvisibleMany")) == 2
+
+
+def test_a_nack_many_timing_out_on_every_attempt_is_outcome_unknown_and_not_retriable(fake: FakeStub) -> None:
+    a = fake.message("a")
+    fake.call_faults = [("lost", DEADLINE)] * 10  # each attempt may have changed it; none is answered
+
+    async def nack(consumer: aio.SimpleConsumer) -> errors.NackError:
+        with pytest.raises(errors.NackError) as info:
+            await consumer.nack_many([a])
+        return info.value
+
+    error = run_aio(fake, nack)
+    [(_, failure)] = error.failures
+    assert isinstance(failure, errors.Timeout) and not failure.retriable and not error.retriable
+    assert error.outcome_unknown == ["a"] and len(fake.sent("ChangeInvisibleMany")) == FAST.max_attempts
 
 
 # -- an ack whose outcome is unknown is not reported "not acked" ----------------------------------------------

@@ -51,7 +51,7 @@ def test_changed_messages_get_their_new_handle_and_retriable_failures_go_again_a
     stale = ext.ChangeInvisibleManyResponse(
         status=v2.Status(code=v2.INVALID_RECEIPT_HANDLE), entries=[entry("m1", v2.INVALID_RECEIPT_HANDLE)]
     )
-    failures = pending.read(_nacks.outcome_of(stale, 1))  # sent twice: maybe changed by the first, its answer lost
+    failures = pending.read(_nacks.outcome_of(stale, 1))  # answered unavailable: maybe changed by the first attempt
     assert [(message_id, type(e), e.retriable) for message_id, e in failures] == [
         ("m2", errors.BadRequest, False),
         ("m1", errors.Timeout, False),
@@ -110,7 +110,6 @@ def test_a_request_the_proxy_did_not_serve_counts_as_no_attempt() -> None:
     attempt, so a stale handle is InvalidReceiptHandle, not outcome unknown."""
     [pending] = _nacks.plan("g", [received(0)], 0)
     pending.next_request()
-    pending.not_served()
     [single] = pending.single_requests()
     assert (single.receipt_handle, single.message_id, single.group.name) == ("h0", "m0", "g")
     [(_, error)] = pending.read([errors.InvalidReceiptHandle("stale")])
@@ -158,3 +157,36 @@ def test_a_message_given_twice_is_changed_once_and_both_copies_get_the_new_handl
     )
     assert pending.read(_nacks.outcome_of(answer, 2)) == []
     assert [m.receipt_handle for m in (first, again, other)] == ["new0", "new0", "new1"]
+
+
+def test_a_handle_given_twice_far_apart_is_sent_in_one_request_only() -> None:
+    messages = [received(i) for i in range(1100)]
+    again = received(5)
+    plan = _nacks.plan("g", [*messages, again], 0)
+    requests = [p.next_request() for p in plan]
+    assert [len(r.entries) for r in requests] == [1024, 76]
+    assert [e.receipt_handle for r in requests for e in r.entries].count("h5") == 1
+    answer = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.OK),
+        entries=[entry(e.message_id, v2.OK, "new" + e.message_id) for e in requests[0].entries],
+    )
+    assert plan[0].read(_nacks.outcome_of(answer, 1024)) == []
+    assert (messages[5].receipt_handle, again.receipt_handle) == ("newm5", "newm5")
+
+
+def test_a_stale_handle_after_a_refusal_that_changed_nothing_is_an_invalid_handle() -> None:
+    """Sent again after TOO_MANY_REQUESTS (a refusal that changed nothing): a stale handle then is the message's own
+    redelivery, not this call's doing."""
+    [pending] = _nacks.plan("g", [received(0)], 0)
+    pending.next_request()
+    busy = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.MULTIPLE_RESULTS), entries=[entry("m0", v2.TOO_MANY_REQUESTS)]
+    )
+    with pytest.raises(_resend.ResendEntries):
+        pending.read(_nacks.outcome_of(busy, 1))
+    pending.next_request()
+    stale = ext.ChangeInvisibleManyResponse(
+        status=v2.Status(code=v2.INVALID_RECEIPT_HANDLE), entries=[entry("m0", v2.INVALID_RECEIPT_HANDLE)]
+    )
+    [(_, error)] = pending.read(_nacks.outcome_of(stale, 1))
+    assert type(error) is errors.InvalidReceiptHandle
