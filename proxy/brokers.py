@@ -216,7 +216,8 @@ class GrpcBrokerClient:
         said nothing yet; its first write waits for that anyway), None when it is not live; and what is left of
         `timeout_s` for the request (at least RETRY_MARGIN_S) —
         tests/unit/proxy/test_change_many.py::test_a_new_stream_is_waited_for_until_its_broker_said_what_it_reads,
-        `::test_the_wait_for_a_new_stream_is_taken_out_of_the_calls_time`."""
+        `::test_the_wait_for_a_new_stream_is_taken_out_of_the_calls_time`; a broker failing its health checks is not
+        waited for (`::test_a_broker_failing_its_health_checks_is_refused_at_once_not_waited_for`)."""
         if self._closed:
             return None, timeout_s
         try:
@@ -225,7 +226,8 @@ class GrpcBrokerClient:
             return None, timeout_s
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        await session.said(timeout_s)
+        if self.healthy:  # else refused at once, unsent (`_to_this_broker`)
+            await session.said(timeout_s)
         return (None if session.broken else session), max(RETRY_MARGIN_S, end - loop.time())
 
     def begin(self, method: str, request: Any, *, timeout_s: float) -> asyncio.Future[Any]:

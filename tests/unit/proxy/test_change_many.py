@@ -127,6 +127,25 @@ async def test_the_wait_for_a_new_stream_is_taken_out_of_the_calls_time() -> Non
     assert [r.WhichOneof("body") for r in call.written] == ["change_invisible_many"]
 
 
+async def test_a_broker_failing_its_health_checks_is_refused_at_once_not_waited_for() -> None:
+    """A new stream to a broker marked down (hung: its sockets open, nothing said): each handle is refused unsent,
+    retriable, without first waiting for the stream to say what it reads."""
+    client = GrpcBrokerClient(BrokerAddress("b1", "127.0.0.1:1"))
+    client._set_health(False, "a test")
+    session = client._session = session_on(SlowToSay(reads_many=True)).open()
+
+    async def said(timeout_s: float) -> None:
+        raise AssertionError("waited for a broker marked down")
+
+    session.said = said  # type: ignore[method-assign]
+    many = bpb.ChangeInvisibleTimesRequest(topic="t", group="g", receipt_handles=["h1", "h2"], invisible_ms=0)
+    try:
+        outcome = await client.change_invisible_times(many, timeout_s=5)
+    finally:
+        await client.close()
+    assert [type(r) for r in outcome] == [errors.BrokerNotReached] * 2 and all(r.retriable for r in outcome)
+
+
 async def test_the_v2_handler_answers_each_entry_in_order_with_its_new_or_old_handle() -> None:
     proxy, _ = make("b1")
     service = service_of(proxy)
