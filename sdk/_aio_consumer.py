@@ -204,10 +204,10 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             the first calls go at once however many messages there are (::
             test_an_async_give_back_sends_its_first_calls_before_building_every_request)."""
             for message in turns:
-                if (left := deadline - loop.time()) <= 0:
+                if deadline <= loop.time():
                     return
                 try:
-                    answers.append(await self._change_invisible(self._give_back_request(message), left))
+                    answers.append(await self._given_back_one(self._give_back_request(message), deadline))
                 except (Exception, asyncio.CancelledError) as exc:  # a call the channel's close cancelled fails
                     if (task := asyncio.current_task()) is not None and task.cancelling():
                         raise
@@ -216,6 +216,19 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         # Never raised out of an iteration's end or close().
         await asyncio.gather(*(one_at_a_time() for _ in range(min(GIVE_BACK_IN_FLIGHT, len(messages)))))
         log_give_back_failures(log, answers, len(messages))
+
+    async def _given_back_one(self, request: pb.ChangeInvisibleDurationRequest, deadline: float) -> Any:
+        """One give-back by `deadline`: over the stream, or as a call once close() closed the stream under it (the
+        call ends before the channel closes: `_session_closed` waits for it) —
+        tests/unit/sdk/test_give_back.py::test_a_give_back_the_closing_stream_left_unanswered_goes_as_a_call."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await self._change_invisible(request, deadline - loop.time())
+        except errors.Unavailable:
+            if not self._closed or self._channel is None or (left := deadline - loop.time()) <= 0:
+                raise
+        call = self._stub.ChangeInvisibleDuration(request, timeout=left, metadata=self._metadata())
+        return answered(await call)
 
     def _orphaned(self, messages: list[Any]) -> None:
         # Until the Session's close begins (it hands none after), close() included: close waits for these. The

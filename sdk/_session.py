@@ -1,7 +1,7 @@
 """Client side of the proxy's Session stream (popgate.ext.v1 Messaging.Session, proto/ext/messaging.proto).
 
 Many requests on one gRPC stream, each a frame each way instead of a call; sends to one topic, acks of one topic
-and group, and receives alike, queued together go as one request (`sdk/_joining.py`). The frame encoding here and
+and group, and receives alike, queued together go as one request (`sdk/_joining.py`). The frames (`sdk/_frames.py`),
 `Waiting` (`sdk/_waiting.py`: ids, answers) and `Room` (`sdk/_room.py`: at most the proxy's bound of requests
 pending, callers past it waiting their turn) are sans-IO; `Session` does the stream's I/O around them. A lost stream
 fails its pending requests with a retriable `Unavailable` (the client's retry policy sends them again, on a new
@@ -22,11 +22,20 @@ import grpc
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 
-from popgate_contract.session_headers import receive_batch_of
-from popgate_contract.wire import varint
+from popgate_contract.session_headers import max_message_of, receive_batch_of
 
-from . import _joining, errors
-from ._joining import Part
+from . import errors
+from ._frames import (
+    MAX_WRITE_BYTES,
+    Queued,
+    alone,
+    encode_cancel,
+    encoded,
+    id_of,
+    size_of,
+    too_large,
+    with_queued,
+)
 from ._room import Room
 from ._transport import MAX_MESSAGE_BYTES
 from ._waiting import Waiting
@@ -34,31 +43,15 @@ from ._waiting import Waiting
 log = logging.getLogger(__name__)
 
 METHOD = "/popgate.ext.v1.Messaging/Session"
-# SessionRequest's fields (proto/ext/messaging.proto): a request is encoded by hand around its serialized body.
-_ID = b"\x08"  # SessionRequest.id: field 1, a varint
-_TIMEOUT_MS = b"\x10"  # SessionRequest.timeout_ms: field 2, a varint
-_CANCEL = b"\x18\x01"  # SessionRequest.cancel: field 3, true
-MORE = 15  # SessionRequest.more: repeated, length-delimited
-MAX_FIFO = b"\x48"  # SessionRequest.max_fifo (9, varint)
-# The writer sends the requests queued when it gets to them as one stream message (`more`), up to this many bytes
-# (a larger request goes alone); the rest follows in the next message, once grpc took this one. Many requests
-# queued at once (sends of many tasks) so reach the proxy in parts and the proxy starts on the first while the next
-# is written, rather than SDK, proxy and broker each handling the whole lot in turn (docs/PROXY.md, "Session stream") —
-# tests/unit/sdk/test_session.py::test_requests_queued_together_are_joined_up_to_the_write_limit.
-MAX_WRITE_BYTES = 48 * 1024
 # The most bytes of requests waiting to be written (the proxy bounds its own outbox alike): past it a request waits
 # for room within its time (then a retriable Timeout, nothing sent) instead of queuing while the stream's write is
 # stalled — tests/unit/sdk/test_session.py::test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out.
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
-KINDS = {
-    "send": 4,
-    "receive": 5,
-    "ack": 6,
-    "change_invisible": 7,
-    "send_shared": 8,
-    "end_transaction": 10,
-    "change_invisible_many": 11,
-}
+# A stream message larger than MAX_WRITE_BYTES (one request alone) waits at most this long for the proxy's headers,
+# which say the largest message it reads: past that one would end the stream for every request on it, so such a
+# request fails alone instead — tests/unit/sdk/test_session.py::
+# test_a_request_past_the_proxys_message_limit_fails_alone_and_the_stream_goes_on.
+HEADERS_WAIT_S = 1.0
 # The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
 # v2 code that call's answer would carry; anything else ends a stream that was lost.
 REFUSED = {
@@ -70,34 +63,6 @@ REFUSED = {
 
 class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
-
-
-def encode(request_id: int, kind: str, body: bytes, timeout_ms: int = 0, max_fifo: int = 0) -> bytes:
-    """A SessionRequest carrying the serialized v2 request `body` as `kind` (a receive with at most `max_fifo` FIFO
-    messages when > 0) — tests/unit/sdk/test_session.py::test_a_hand_encoded_request_reads_as_the_generated_message."""
-    head = _ID + varint(request_id)
-    if timeout_ms:
-        head += _TIMEOUT_MS + varint(timeout_ms)
-    tail = MAX_FIFO + varint(max_fifo) if max_fifo else b""
-    return head + varint(KINDS[kind] << 3 | 2) + varint(len(body)) + body + tail
-
-
-def encode_cancel(request_id: int) -> bytes:
-    return _ID + varint(request_id) + _CANCEL
-
-
-def join(first: bytes, more: list[bytes]) -> bytes:
-    """One SessionRequest carrying `first` and then `more` (each an encoded request) —
-    tests/unit/sdk/test_session.py::test_requests_joined_in_one_message_read_as_each_in_order."""
-    tag = varint(MORE << 3 | 2)
-    return first + b"".join(tag + varint(len(request)) + request for request in more)
-
-
-Queued = bytes | Part  # an encoded request (or cancel), or a request that may be joined with others (sdk/_joining.py)
-
-
-def _size(item: Queued) -> int:
-    return len(item) if isinstance(item, bytes) else len(item.body) + 16
 
 
 class Outbox(asyncio.Queue[Queued | None]):
@@ -136,82 +101,22 @@ class Outbox(asyncio.Queue[Queued | None]):
             if queued is item:
                 del self._queue[i]  # type: ignore[attr-defined]
                 break
-        self.size -= _size(item)
+        self.size -= size_of(item)
         self.wake()
         return True
 
     def _put(self, item: Queued | None) -> None:
-        self.size += 0 if item is None else _size(item)
+        self.size += 0 if item is None else size_of(item)
         super()._put(item)
 
     def _get(self) -> Queued | None:
         item = super()._get()
         if item is not None:
-            self.size -= _size(item)
+            self.size -= size_of(item)
             self.wake()
             if (request_id := self._ids.pop(id(item), None)) is not None:
                 del self._items[request_id]
         return item
-
-
-def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | None, Queued | None]:
-    """`first` and the requests queued behind it in `outbox` as one message of at most MAX_WRITE_BYTES (or `first`
-    alone), and the request taken that did not fit (to go first in the next message); the end marker (None), if
-    met, is queued again to be seen after this message. Sends to one topic queued together go as one request, and so
-    do acks of one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is
-    not sent (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
-    items = [first]
-    size = _size(first)
-    carried: Queued | None = None
-    while not outbox.empty():
-        queued = outbox.get_nowait()
-        if queued is None:
-            outbox.put_nowait(None)
-            break
-        if size + _size(queued) + 16 > MAX_WRITE_BYTES:
-            carried = queued
-            break
-        items.append(queued)
-        size += _size(queued) + 16
-    requests = [r for group in _joining.groups(items) if (r := _encoded_group(group, waiting)) is not None]
-    if not requests:
-        return None, carried
-    return (join(requests[0], requests[1:]) if len(requests) > 1 else requests[0]), carried
-
-
-def _encoded_group(group: bytes | list[Part], waiting: Waiting) -> bytes | None:
-    if isinstance(group, bytes):
-        return group
-    parts = [p for p in group if p.request_id in waiting]
-    if not parts:
-        return None
-    if len(parts) == 1:
-        return alone(parts[0])
-    timeout_ms = max(p.timeout_ms for p in parts)
-    body = _joining.joined_body(parts)
-    return encode(waiting.join(parts), parts[0].kind, body, timeout_ms, _joining.joined_max_fifo(parts))
-
-
-def alone(part: Part) -> bytes:
-    """The SessionRequest of `part` alone, under its own id."""
-    return encode(part.request_id, part.kind, part.body, part.timeout_ms)
-
-
-def encoded(request_id: int, kind: str, body: Any, within_s: float, receive_batch: int = 0) -> Queued:
-    """The SessionRequest for `body` (a send's or an ack's, or a receive's where the proxy takes joined receives of
-    `receive_batch` messages: a Part, encoded when written, maybe joined with others); MessageBodyTooLarge (not
-    retried, nothing sent) past gRPC's message limit, as the unary call fails: sent, it would end the stream for
-    every request on it."""
-    data = body.SerializeToString()
-    timeout_ms = int(within_s * 1000)
-    if len(encode(request_id, kind, b"", timeout_ms)) + len(varint(len(data))) + len(data) > MAX_MESSAGE_BYTES:
-        raise errors.MessageBodyTooLarge(
-            f"a {kind} request of {len(data)} bytes is larger than the gRPC message limit ({MAX_MESSAGE_BYTES})",
-            code_name="RESOURCE_EXHAUSTED",
-        )
-    if kind in _joining.JOINED_KINDS and (receive_batch or kind != "receive"):
-        return _joining.part(request_id, kind, body, data, timeout_ms, receive_batch)
-    return encode(request_id, kind, data, timeout_ms)
 
 
 def stream_error(
@@ -263,6 +168,8 @@ class Session:
         )
         self.broken: Exception | None = None
         self.receive_batch = 0  # the largest joined receive the proxy takes, once its headers came (0: none)
+        self.max_bytes = MAX_MESSAGE_BYTES  # the largest stream message the proxy reads, once its headers said it
+        self._headers = asyncio.Event()  # the proxy's headers came (or the stream ended)
         loop = asyncio.get_running_loop()
         self._tasks = (loop.create_task(self._read()), loop.create_task(self._write()))
 
@@ -319,13 +226,13 @@ class Session:
         future: asyncio.Future[Any] = loop.create_future()
         request_id = self._waiting.add(kind, future, body.batch_size if kind == "receive" else 0)
         try:
-            data = encoded(request_id, kind, body, within_s, self.receive_batch)
+            data = encoded(request_id, kind, body, within_s, self.receive_batch, self.max_bytes)
         except errors.PopgateError:
             self._waiting.drop(request_id)
             raise
-        if self._outbox_turns or (self._outbox.size and self._outbox.size + _size(data) > MAX_OUTBOX_BYTES):
+        if self._outbox_turns or (self._outbox.size and self._outbox.size + size_of(data) > MAX_OUTBOX_BYTES):
             try:
-                within_s = await self._outbox_room(_size(data), within_s)
+                within_s = await self._outbox_room(size_of(data), within_s)
             except BaseException:
                 self._waiting.drop(request_id)
                 if future.done() and not future.cancelled():
@@ -402,9 +309,24 @@ class Session:
             frame = await self._outbox.get()
             while frame is not None:
                 message, carried = with_queued(frame, self._outbox, self._waiting)
+                if message is not None and len(message) > MAX_WRITE_BYTES and await self._past_limit(message):
+                    message = None
                 if message is not None:
                     await self._call.write(message)
                 frame = carried if carried is not None else await self._outbox.get()
+
+    async def _past_limit(self, message: bytes) -> bool:
+        """Whether `message` (one request alone) is larger than the proxy reads, once its headers said how much (an
+        older proxy's come with its first answer: written after HEADERS_WAIT_S as before); its request then fails
+        alone with MessageBodyTooLarge, nothing sent, not retried."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._headers.wait(), HEADERS_WAIT_S)
+        if len(message) <= self.max_bytes:
+            return False
+        request_id = id_of(message)
+        kind = self._waiting.kind_of(request_id) or "request"
+        self._waiting.fail(request_id, too_large(kind, len(message), self.max_bytes))
+        return True
 
     async def _read(self) -> None:
         """Route the stream's answers until it ends. An answer that does not decode (grpc.aio reads it as None and
@@ -413,7 +335,10 @@ class Session:
         tests/unit/sdk/test_session.py::test_an_undecodable_frame_ends_the_stream_with_a_typed_error_and_no_task_error."""
         error: Exception | None = None
         try:
-            self.receive_batch = receive_batch_of(await self._call.initial_metadata())
+            headers = await self._call.initial_metadata()
+            self.receive_batch = receive_batch_of(headers)
+            self.max_bytes = min(MAX_MESSAGE_BYTES, max_message_of(headers) or MAX_MESSAGE_BYTES)
+            self._headers.set()
             while (response := await self._call.read()) is not grpc.aio.EOF:
                 if response is None:
                     raise errors.ServerError("an answer from the proxy does not decode", code_name="INTERNAL")
@@ -429,6 +354,7 @@ class Session:
             self._call.cancel()
             error = errors.Unavailable(f"session stream lost: {exc}", code_name="INTERNAL", retriable=True)
         finally:
+            self._headers.set()
             self._end(error if error is not None else stream_error(None, self._convert))
 
     def _end(self, error: Exception) -> None:

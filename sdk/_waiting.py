@@ -220,6 +220,16 @@ class Waiting:
         for p, mine in zip(live, answers, strict=True):
             self._waiting.pop(p.request_id)[1].set_result(mine)
 
+    def kind_of(self, request_id: int) -> str | None:
+        entry = self._waiting.get(request_id)
+        return entry[0] if entry is not None else None
+
+    def fail(self, request_id: int, error: BaseException) -> None:
+        """Fail one request never sent (its caller gets `error`)."""
+        entry = self._waiting.pop(request_id, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_exception(error)
+
     def drop(self, request_id: int) -> bool:
         """Stop waiting for a request (cancelled, timed out); its frames so far are orphaned. Whether it waited."""
         entry = self._waiting.pop(request_id, None)

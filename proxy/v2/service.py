@@ -263,6 +263,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         """The largest batch_size of a receive on a Session stream: `JOINED_RECEIVES` receives joined."""
         return self._settings.max_batch * receive.JOINED_RECEIVES
 
+    @property
+    def max_message(self) -> int:
+        """The largest request message the proxy reads (`max_message_bytes`), said to Session clients."""
+        return self._settings.max_message_bytes
+
     def _consumer_seen(self, request: pb.ReceiveMessageRequest, context: Any) -> None:
         """A receive is a sign of life of its consumer (proxy.consumers); a bad group is the receive's to refuse."""
         client_id = access.client_id_of(context.invocation_metadata())

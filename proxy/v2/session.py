@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from popgate_pb.ext import messaging_pb2 as ext
 
 from popgate_contract import errors
-from popgate_contract.session_headers import RECEIVE_BATCH_HEADER
+from popgate_contract.session_headers import MAX_MESSAGE_HEADER, RECEIVE_BATCH_HEADER
 from proxy.auth import Account, Authenticator
 from proxy.v2 import access, receive
 from proxy.v2.session_frames import encoded, joined, refusal, request_of, serialized
@@ -342,7 +342,9 @@ async def serve(service: MessagingService, requests: AsyncIterator[ext.SessionRe
         )
         await context.abort(code, exc.message)
         return
-    await context.send_initial_metadata(((RECEIVE_BATCH_HEADER, str(service.session_receive_batch)),))
+    await context.send_initial_metadata(
+        ((RECEIVE_BATCH_HEADER, str(service.session_receive_batch)), (MAX_MESSAGE_HEADER, str(service.max_message)))
+    )
     session = Session(service, metadata, account)
     loop = asyncio.get_running_loop()
     writer = loop.create_task(_write(session, context))

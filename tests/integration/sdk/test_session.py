@@ -94,6 +94,27 @@ async def test_a_body_over_the_grpc_limit_is_too_large_and_the_stream_serves_on(
     assert (caught.value.code_name, caught.value.retriable, served) == ("RESOURCE_EXHAUSTED", False, True)
 
 
+async def test_a_body_past_a_proxys_lower_message_limit_fails_alone_on_a_stream_that_serves_on(
+    cluster: Cluster,
+) -> None:
+    """A proxy run with a message limit below gRPC's says it in its Session headers: a send past it fails at once,
+    not retriable (as its unary call would), and the stream it would have ended serves the next send."""
+    endpoint = cluster.add_proxy(extra=("--max-message-bytes", "1MiB", "--max-body-bytes", "512KiB"))
+    topic = name("t")
+    try:
+        async with aio.Producer(endpoint) as producer:
+            await producer.send(topic, b"first")
+            stream = producer._session
+            with pytest.raises(MessageBodyTooLarge) as caught:
+                await producer.send(topic, b"x" * (2 * 1024 * 1024))
+            await producer.send(topic, b"after")
+            same = producer._session is stream
+    finally:
+        cluster.proxies.pop().stop()
+    assert (caught.value.code_name, caught.value.retriable, same) == ("RESOURCE_EXHAUSTED", False, True)
+    assert "the proxy's message limit (1048576)" in caught.value.message
+
+
 def session_call(
     target: str, metadata: tuple[tuple[str, str], ...] = (), options: tuple[tuple[str, int], ...] = ()
 ) -> tuple[grpc.aio.Channel, object]:

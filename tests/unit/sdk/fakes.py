@@ -24,7 +24,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, _session, _waiting
+from popgate import Message, _frames, _waiting
 
 
 class FakeRpcError(grpc.RpcError):
@@ -213,12 +213,12 @@ class Callers:
         future = asyncio.get_running_loop().create_future()
         request_id = self.waiting.add(kind, future)
         self.futures[request_id] = future
-        self.outbox.put(_session.encoded(request_id, kind, body, 3.0, self.receive_batch))
+        self.outbox.put(_frames.encoded(request_id, kind, body, 3.0, self.receive_batch))
         return request_id
 
     def written(self) -> list[ext.SessionRequest]:
         """The requests of the next stream message the writer sends."""
-        message, carried = _session.with_queued(self.outbox.get(), self.outbox, self.waiting)
+        message, carried = _frames.with_queued(self.outbox.get(), self.outbox, self.waiting)
         assert carried is None and message is not None
         first = ext.SessionRequest.FromString(message)
         return [first, *first.more]

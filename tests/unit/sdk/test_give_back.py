@@ -4,6 +4,7 @@ out of an iteration's end nor leaves a task pending when asyncio.run ends. Fake 
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import itertools
 import logging
@@ -444,3 +445,37 @@ async def test_close_waits_only_for_the_give_backs_under_way_when_it_began() -> 
     finally:
         orphans.cancel()
     assert given_back(fake)  # those handed in before close() began
+
+
+class Gated(SessionChannel):
+    """Each give-back over the stream is answered once its message's gate opens (`gates`)."""
+
+    def __init__(self, fake: FakeStub) -> None:
+        super().__init__(fake)
+        self.gates: collections.defaultdict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+
+    async def _answer_give_back(self, request: ext.SessionRequest) -> None:
+        await self.gates[request.change_invisible.message_id].wait()
+        answer = self.fake.ChangeInvisibleDuration(request.change_invisible)
+        self.answers.put_nowait(ext.SessionResponse(id=request.id, change_invisible=answer))
+
+
+async def test_a_give_back_the_closing_stream_left_unanswered_goes_as_a_call() -> None:
+    """close() closes the Session stream (as it does once the give-backs under way when it began have ended) under a
+    give-back that began after those, unanswered there: it goes as a call, which close() waits for before the
+    channel closes."""
+    fake = FakeStub()
+    channel = Gated(fake)
+    consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t")
+    consumer._channel = channel  # type: ignore[assignment]
+    consumer._stub_ = channel
+    message = Message(b"", topic="t", message_id="m4", receipt_handle=fake.message("m4").receipt_handle)
+    consumer._giving_back_task([message])
+    await asyncio.wait_for(channel.wrote.wait(), 2)  # on the stream, unanswered (its gate stays shut)
+    consumer._closed = True  # close() has begun: the stream goes first, then the channel
+    session, consumer._session = consumer._session, None
+    assert session is not None
+    await session.close()
+    await asyncio.wait_for(consumer._given_back(), 2)
+    await consumer.close()
+    assert given_back(fake) == ["m4"] and channel.closed

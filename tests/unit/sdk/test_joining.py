@@ -8,7 +8,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import _ids, _joining, _session, _waiting, _wire
+from popgate import _frames, _ids, _joining, _waiting, _wire
 from tests.unit.sdk.fakes import Callers
 
 OK = v2.Status(code=v2.OK, message="OK")
@@ -68,7 +68,7 @@ async def test_a_joined_request_refused_whole_is_sent_again_part_by_part() -> No
     refused = pb.SendMessageResponse(status=v2.Status(code=v2.ILLEGAL_DELIVERY_TIME, message="too late"))
     again = callers.waiting.answer(ext.SessionResponse(id=joined.id, send=refused))
     assert [p.request_id for p in again] == [a, b] and not any(f.done() for f in callers.futures.values())
-    resent = [ext.SessionRequest.FromString(_session.encode(p.request_id, p.kind, p.body, p.timeout_ms)) for p in again]
+    resent = [ext.SessionRequest.FromString(_frames.encode(p.request_id, p.kind, p.body, p.timeout_ms)) for p in again]
     assert [(r.id, [m.body for m in r.send.messages]) for r in resent] == [(a, [b"a"]), (b, [b"b"])]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 from typing import Any
 
@@ -18,6 +19,7 @@ from popgate import (
     Timeout,
     Unauthorized,
     Unavailable,
+    _frames,
     _joining,
     _session,
     _waiting,
@@ -29,22 +31,22 @@ from tests.unit.sdk.fakes import Callers, SessionCall, SessionChannel
 def test_a_hand_encoded_request_reads_as_the_generated_message() -> None:
     ack = pb.AckMessageRequest(group=v2.Resource(name="g"), entries=[pb.AckMessageEntry(message_id="m")])
     for request_id, timeout_ms in ((1, 0), (300, 3000), (2**40, 2**31)):
-        decoded = ext.SessionRequest.FromString(_session.encode(request_id, "ack", ack.SerializeToString(), timeout_ms))
+        decoded = ext.SessionRequest.FromString(_frames.encode(request_id, "ack", ack.SerializeToString(), timeout_ms))
         assert decoded == ext.SessionRequest(id=request_id, timeout_ms=timeout_ms, ack=ack)
-    cancel = ext.SessionRequest.FromString(_session.encode_cancel(129))
+    cancel = ext.SessionRequest.FromString(_frames.encode_cancel(129))
     assert cancel == ext.SessionRequest(id=129, cancel=True)
-    empty = ext.SessionRequest.FromString(_session.encode(5, "receive", b""))
+    empty = ext.SessionRequest.FromString(_frames.encode(5, "receive", b""))
     assert empty.WhichOneof("body") == "receive"  # an empty body is still a request of its kind
     receive = pb.ReceiveMessageRequest(batch_size=64)
-    bounded = ext.SessionRequest.FromString(_session.encode(6, "receive", receive.SerializeToString(), 5, max_fifo=32))
+    bounded = ext.SessionRequest.FromString(_frames.encode(6, "receive", receive.SerializeToString(), 5, max_fifo=32))
     assert bounded == ext.SessionRequest(id=6, timeout_ms=5, receive=receive, max_fifo=32)
 
 
 def test_requests_joined_in_one_message_read_as_each_in_order() -> None:
     ack = pb.AckMessageRequest(group=v2.Resource(name="g"))
-    encoded = [_session.encode(7, "ack", ack.SerializeToString(), 100), _session.encode_cancel(3)]
-    encoded.append(_session.encode(8, "receive", b""))
-    joined = ext.SessionRequest.FromString(_session.join(encoded[0], encoded[1:]))
+    encoded = [_frames.encode(7, "ack", ack.SerializeToString(), 100), _frames.encode_cancel(3)]
+    encoded.append(_frames.encode(8, "receive", b""))
+    joined = ext.SessionRequest.FromString(_frames.join(encoded[0], encoded[1:]))
     assert [(r.id, r.WhichOneof("body")) for r in (joined, *joined.more)] == [(7, "ack"), (3, "cancel"), (8, "receive")]
     assert joined.ack == ack and not joined.more[0].more
 
@@ -150,19 +152,19 @@ def test_how_a_stream_ended_is_what_its_requests_fail_with(code: Any, expected: 
 
 def test_requests_queued_together_are_joined_up_to_the_write_limit() -> None:
     outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-    big = b"x" * (_session.MAX_WRITE_BYTES // 2)
+    big = b"x" * (_frames.MAX_WRITE_BYTES // 2)
     for item in (b"small", big, None):
         outbox.put(item)
-    first, carried = _session.with_queued(big, outbox, _waiting.Waiting())
-    assert (first, carried) == (_session.join(big, [b"small"]), big)  # the second big one did not fit
-    second, carried = _session.with_queued(carried, outbox, _waiting.Waiting())
+    first, carried = _frames.with_queued(big, outbox, _waiting.Waiting())
+    assert (first, carried) == (_frames.join(big, [b"small"]), big)  # the second big one did not fit
+    second, carried = _frames.with_queued(carried, outbox, _waiting.Waiting())
     assert (second, carried, outbox.get()) == (big, None, None)  # the end marker queued again
 
 
 def test_a_request_over_the_grpc_limit_is_too_large_and_never_sent() -> None:
     huge = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (64 * 1024 * 1024))])
     with pytest.raises(MessageBodyTooLarge) as caught:
-        _session.encoded(1, "send", huge, 3.0)
+        _frames.encoded(1, "send", huge, 3.0)
     assert not caught.value.retriable
 
 
@@ -428,3 +430,52 @@ async def test_a_large_request_waiting_for_room_is_not_passed_by_small_ones() ->
         await asyncio.wait_for(asyncio.gather(*feeders, return_exceptions=True), 20)
         await session.close()
     assert answer.status.code == v2.OK
+
+
+class Limited(SessionCall):
+    """A proxy whose headers (said a moment after the stream opens) put its message limit at LIMIT bytes, which ends
+    the stream on a larger message, as a proxy does, and answers each send stored."""
+
+    LIMIT = 100_000
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        await asyncio.sleep(0.05)
+        return grpc.aio.Metadata(("popgate-max-message-bytes", str(self.LIMIT)))
+
+    async def write(self, message: bytes) -> None:
+        await super().write(message)
+        if len(message) > self.LIMIT:
+            self.answers.put_nowait(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED))
+            return
+        if self.answers.qsize() and isinstance(self.answers._queue[-1], StreamEnd):  # type: ignore[attr-defined]
+            return  # the stream has ended
+        first = ext.SessionRequest.FromString(message)
+        for request in [first, *first.more]:
+            ok = pb.SendMessageResponse(status=v2.Status(code=v2.OK))
+            self.answers.put_nowait(ext.SessionResponse(id=request.id, send=ok))
+
+    async def read(self) -> Any:
+        answer = await super().read()
+        if isinstance(answer, StreamEnd):
+            raise answer
+        return answer
+
+
+async def test_a_request_past_the_proxys_message_limit_fails_alone_and_the_stream_goes_on() -> None:
+    """Its first request before the proxy's headers came, and one after: each larger than the proxy reads fails
+    alone, not retriable and never written; the requests beside them are answered on the same stream."""
+    call = Limited()
+    session = _session.Session(SessionChannel(call), (), functools.partial(convert, tls=False))  # type: ignore[arg-type]
+    big = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (2 * Limited.LIMIT))])
+    small = pb.SendMessageRequest(messages=[v2.Message(body=b"y")])
+    try:
+        for _ in range(2):
+            outcome = await asyncio.gather(
+                session.request("send", big, 3.0), session.request("send", small, 3.0), return_exceptions=True
+            )
+            assert isinstance(outcome[0], MessageBodyTooLarge) and not outcome[0].retriable
+            assert "the proxy's message limit (100000)" in str(outcome[0])
+            assert outcome[1].status.code == v2.OK
+        assert session.broken is None and max(len(m) for m in call.written) <= Limited.LIMIT
+    finally:
+        await session.close()
