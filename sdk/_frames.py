@@ -117,7 +117,7 @@ def encoded(
     retried, nothing sent) past `most` bytes (gRPC's message limit, or the proxy's once it said it), as the unary
     call fails: sent, it would end the stream for every request on it."""
     data = body.SerializeToString()
-    timeout_ms = int(within_s * 1000)
+    timeout_ms = max(1, int(within_s * 1000))  # 0 would be no deadline at all
     if len(encode(request_id, kind, b"", timeout_ms)) + len(varint(len(data))) + len(data) > most:
         raise too_large(kind, len(data), most)
     if kind in _joining.JOINED_KINDS and (receive_batch or kind != "receive"):

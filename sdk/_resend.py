@@ -109,11 +109,16 @@ ACK_OUTCOME_UNKNOWN = (
     "it was acked"
 )
 NEVER_CONNECTED = "failed to connect to all addresses"  # grpc's UNAVAILABLE for a call that never left
+NOT_SENT = "nothing was sent"  # a Session request that timed out before it was written (sdk/_session.py)
 
 
 def maybe_applied(error: errors.PopgateError) -> bool:
     """Whether an attempt that failed with `error` may have reached the broker (see the module docstring)."""
-    return isinstance(error, (errors.Timeout, errors.Unavailable)) and NEVER_CONNECTED not in error.message
+    return (
+        isinstance(error, (errors.Timeout, errors.Unavailable))
+        and NEVER_CONNECTED not in error.message
+        and NOT_SENT not in error.message
+    )
 
 
 class ResendEntries(errors.PopgateError):

@@ -36,6 +36,7 @@ from ._frames import (
     too_large,
     with_queued,
 )
+from ._resend import NOT_SENT
 from ._room import Room
 from ._transport import MAX_MESSAGE_BYTES
 from ._waiting import Waiting
@@ -91,6 +92,10 @@ class Outbox(asyncio.Queue[Queued | None]):
         self._items[request_id], self._ids[id(item)] = item, request_id
         self.put_nowait(item)
 
+    def queued(self, request_id: int) -> bool:
+        """Whether the request is still waiting to be written."""
+        return request_id in self._items
+
     def discard(self, request_id: int) -> bool:
         """Take the request out if it is still queued (then it was never written)."""
         item = self._items.pop(request_id, None)
@@ -137,13 +142,17 @@ def stream_error(
     return errors.Unavailable(f"session stream lost: {error}", code_name=exc.code().name, retriable=True)
 
 
-def _timeout(within_s: float) -> errors.Timeout:
-    return errors.Timeout(f"no answer within {within_s:g} s", code_name="DEADLINE_EXCEEDED")
+def _timeout(within_s: float, *, sent: bool = True) -> errors.Timeout:
+    """A request's Timeout; one never written says so (`_resend.maybe_applied`: it cannot have been applied) —
+    tests/unit/sdk/test_session.py::test_a_request_that_timed_out_unwritten_says_nothing_was_sent."""
+    if sent:
+        return errors.Timeout(f"no answer within {within_s:g} s", code_name="DEADLINE_EXCEEDED")
+    return errors.Timeout(f"not written within {within_s:g} s: {NOT_SENT}", code_name="DEADLINE_EXCEEDED")
 
 
 def _no_room(room: asyncio.Future[None], within_s: float) -> None:
     if not room.done():
-        room.set_exception(_timeout(within_s))
+        room.set_exception(_timeout(within_s, sent=False))
 
 
 class Session:
@@ -218,7 +227,7 @@ class Session:
             self._room.release(kind)
             if self.broken is not None:
                 raise copy.copy(self.broken)
-            raise _timeout(within_s)
+            raise _timeout(within_s, sent=False)
         return left
 
     async def _sent(self, kind: str, body: Any, within_s: float) -> Any:
@@ -272,7 +281,7 @@ class Session:
             while self._outbox.size and self._outbox.size + size > MAX_OUTBOX_BYTES and self.broken is None:
                 await asyncio.wait_for(asyncio.shield(self._outbox.shrunk()), max(0.0, deadline - loop.time()))
         except TimeoutError:
-            raise _timeout(within_s) from None
+            raise _timeout(within_s, sent=False) from None
         finally:
             first = self._outbox_turns[0] is turn
             self._outbox_turns.remove(turn)
@@ -289,8 +298,9 @@ class Session:
             self._orphaned(messages)
 
     def _timed_out(self, request_id: int, future: asyncio.Future[Any], timeout: float) -> None:
+        unwritten = self._outbox.queued(request_id)
         if self._drop(request_id) and not future.done():
-            future.set_exception(_timeout(timeout))
+            future.set_exception(_timeout(timeout, sent=not unwritten))
 
     def _drop(self, request_id: int) -> bool:
         dropped = self._waiting.drop(request_id)

@@ -21,6 +21,7 @@ from popgate import (
     Unavailable,
     _frames,
     _joining,
+    _resend,
     _session,
     _waiting,
 )
@@ -263,6 +264,22 @@ async def test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_ou
     assert isinstance(later[0], Timeout)  # queued again, not refused
     assert len(channel.call.written) == 1  # nothing queued behind the stalled write was written
     await session.close()
+
+
+async def test_a_request_that_timed_out_unwritten_says_nothing_was_sent() -> None:
+    """Behind a stalled write: the request written first times out as one that may have been applied (so does the
+    one the writer took to write next), those still queued or waiting for room as never sent — an ack among them
+    is not reported "outcome unknown"."""
+    channel = SessionChannel()
+    channel.call = StalledCall()
+    session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
+    body = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])
+    results = await asyncio.gather(*(session.request("send", body, 0.2) for _ in range(40)), return_exceptions=True)
+    await session.close()
+    written, unwritten = results[:2], results[2:]
+    assert all(isinstance(e, Timeout) and _resend.maybe_applied(e) for e in written)
+    assert all(isinstance(e, Timeout) and not _resend.maybe_applied(e) for e in unwritten)
+    assert all("nothing was sent" in e.message for e in unwritten)  # type: ignore[union-attr]
 
 
 class SlowCall(SessionCall):
