@@ -315,7 +315,11 @@ class Session:
             self._outbox.put_nowait(encode_cancel(request_id))
 
     async def _write(self) -> None:
-        with contextlib.suppress(asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
+        """Write the queued requests until the stream ends. Should writing fail otherwise than by the call's end
+        (which `_read` sees), the stream ends as a lost one, as when reading fails: its call cancelled, its requests
+        failed retriably (sent again on a new stream) —
+        tests/unit/sdk/test_session.py::test_a_writer_that_fails_ends_the_stream_as_a_lost_one."""
+        try:
             frame = await self._outbox.get()
             while frame is not None:
                 message, carried = with_queued(frame, self._outbox, self._waiting)
@@ -324,6 +328,12 @@ class Session:
                 if message is not None:
                     await self._call.write(message)
                 frame = carried if carried is not None else await self._outbox.get()
+        except (asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
+            return
+        except Exception as exc:
+            log.warning("session stream ended: writing to the proxy failed: %r", exc, exc_info=True)
+            self._end(errors.Unavailable(f"session stream lost: {exc}", code_name="INTERNAL", retriable=True))
+            self._call.cancel()
 
     async def _past_limit(self, message: bytes) -> bool:
         """Whether `message` (one request alone) is larger than the proxy reads, once its headers said how much (an

@@ -496,3 +496,23 @@ async def test_a_request_past_the_proxys_message_limit_fails_alone_and_the_strea
         assert session.broken is None and max(len(m) for m in call.written) <= Limited.LIMIT
     finally:
         await session.close()
+
+
+class FailingWrite(SessionCall):
+    async def write(self, message: bytes) -> None:
+        raise RuntimeError("a writer's bug")
+
+
+async def test_a_writer_that_fails_ends_the_stream_as_a_lost_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Its request fails at once with a retriable Unavailable (the retry goes on a new stream), not after its whole
+    time on a stream nobody writes to, and later requests fail so too."""
+    channel = SessionChannel(FailingWrite())
+    session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
+    ack = pb.AckMessageRequest()
+    with pytest.raises(Unavailable) as caught:
+        await asyncio.wait_for(session.request("ack", ack, 30.0), 5)
+    assert caught.value.retriable and session.broken is not None
+    with pytest.raises(Unavailable):
+        await session.request("ack", ack, 30.0)
+    await session.close()
+    assert "writing to the proxy failed" in caplog.text
