@@ -31,7 +31,8 @@ from .targets import Target, write_file_sd
 EPILOG = (
     f"Durations: {DURATION_FORMS}. Sizes: {SIZE_FORMS}. Short flags mean the same in every command: -e endpoint, "
     "-g consumer group, -n count, -w wait, -b batch, -t topic, -q quiet. Exit codes: 0 done, 1 a server error "
-    f"(or no broker answered: dlq list, group, topic, lookup), 2 bad input, {NOTHING_LISTENS} nothing listens at --endpoint, "
+    "(or no broker answered: dlq list, group, topic, lookup), 2 bad input, "
+    f"{NOTHING_LISTENS} nothing listens at --endpoint, "
     f"{BROKERS_MISSING} stats left out a broker that did not answer or was not given, or an operation (group, topic,"
     f" lookup) was not answered by every broker (named on stderr), {NOT_CONFIRMED} a reset or delete not confirmed,"
     " 130 interrupted, 141 stdout's reader went away."
