@@ -20,7 +20,7 @@ import queue
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 
-from . import errors
+from . import _resend, errors
 from ._forks import restarted_after_fork
 
 MAX_UNWAITED_ACKS = 64
@@ -32,7 +32,7 @@ _Queued = tuple[concurrent.futures.Future[None], Callable[[], Failures], int]  #
 
 
 def _closed() -> errors.Unavailable:
-    return errors.Unavailable("the client is closed", retriable=False)
+    return _resend.client_closed()
 
 
 def _no_thread(exc: RuntimeError) -> errors.Unavailable:

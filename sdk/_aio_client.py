@@ -17,7 +17,7 @@ import grpc
 from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from . import _session, errors
+from . import _resend, _session, errors
 from ._base import ClientBase
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 
@@ -84,7 +84,7 @@ class _AsyncClient(ClientBase):
             self._channel = self._session = None
         if self._channel is None:
             if self._closed:
-                raise errors.Unavailable("the client is closed", retriable=False)
+                raise _resend.client_closed()
             creds = channel_credentials(self.options)
             target = self.options.endpoint
             if creds is None:
@@ -153,7 +153,7 @@ class _AsyncClient(ClientBase):
                 # which close() waits for before the channel closes —
                 # tests/unit/sdk/test_give_back.py::test_a_batch_answered_as_close_begins_is_given_back_on_one_stream.
                 if kind == "receive":
-                    raise errors.Unavailable("the client is closed", retriable=False)
+                    raise _resend.client_closed()
                 return None
             assert self._channel is not None
             convert_ = functools.partial(convert, tls=self.options.tls)
@@ -188,13 +188,13 @@ class _AsyncClient(ClientBase):
                     return await op()
                 except grpc.RpcError as exc:
                     if self._closed:
-                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                        raise _resend.client_closed(sent=True) from None
                     raise convert(exc, tls=self.options.tls) from None
                 except asyncio.CancelledError:
                     # Closing the channel cancels its calls; only a cancellation of *this* task propagates.
                     task = asyncio.current_task()
                     if self._closed and task is not None and not task.cancelling():
-                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                        raise _resend.client_closed(sent=True) from None
                     raise
             except errors.PopgateError as exc:
                 if failed is not None:

@@ -112,6 +112,13 @@ NEVER_CONNECTED = "failed to connect to all addresses"  # grpc's UNAVAILABLE for
 NOT_SENT = "nothing was sent"  # a Session request that timed out before it was written (sdk/_session.py)
 
 
+def client_closed(*, sent: bool = False) -> errors.Unavailable:
+    """A call's error once its client is closed: one close() cut short on its way may have been applied (`sent`);
+    one made after it was never sent, and says so (`maybe_applied`) — tests/unit/sdk/test_acks.py::
+    test_an_ack_after_close_is_unavailable_and_not_outcome_unknown."""
+    return errors.Unavailable("the client is closed" if sent else f"the client is closed: {NOT_SENT}", retriable=False)
+
+
 def maybe_applied(error: errors.PopgateError) -> bool:
     """Whether an attempt that failed with `error` may have reached the broker (see the module docstring)."""
     return (

@@ -19,7 +19,7 @@ from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
-from . import errors
+from . import _resend, errors
 from ._base import ClientBase
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 
@@ -116,7 +116,7 @@ class _SyncClient(ClientBase):
                     return op()
                 except (grpc.RpcError, ValueError) as exc:  # ValueError: a call on a channel closed meanwhile
                     if self._closed:
-                        raise errors.Unavailable("the client is closed", retriable=False) from None
+                        raise _resend.client_closed(sent=isinstance(exc, grpc.RpcError)) from None
                     if not isinstance(exc, grpc.RpcError):
                         raise
                     raise convert(exc, tls=self.options.tls) from None

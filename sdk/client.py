@@ -278,7 +278,7 @@ class Producer(ProducerBase, _SyncClient):
             return call.future(given, timeout=self.options.request_timeout, metadata=self._metadata())
         except ValueError:  # grpc's "channel closed": close() from another thread
             if self._closed:
-                raise errors.Unavailable("the client is closed", retriable=False) from None
+                raise _resend.client_closed() from None
             raise
 
     def _send(self, topic: str, request: _wire.SendPlan, sent: Any = None) -> list[SendReceipt]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -320,3 +320,46 @@ def test_an_ack_not_waited_for_of_unknown_outcome_is_logged_so(
         consumer.ack(m, wait=False)
         consumer.close()
     assert "1 of them not known to be acked" in caplog.text
+
+
+def test_an_ack_after_close_is_unavailable_and_not_outcome_unknown(fake: FakeStub) -> None:
+    """A shutdown thread closed the consumer just before a worker acked: nothing was sent, so the messages surely
+    come again — Unavailable, not the Timeout "outcome unknown" of an ack that may have been applied."""
+    a, b = fake.message("a"), fake.message("b")
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST)
+    consumer._stub = consumer._ext = fake
+    consumer.close()
+    consumer._stub = consumer._ext = ClosedStub()
+    with pytest.raises(errors.Unavailable) as one:
+        consumer.ack(a)
+    with pytest.raises(errors.AckError) as many:
+        consumer.ack_many([a, b])
+    with pytest.raises(errors.NackError) as nacks:
+        consumer.nack_many([a, b], 1.0)
+    assert not isinstance(one.value, errors.Timeout) and "nothing was sent" in one.value.message
+    assert many.value.outcome_unknown == [] and nacks.value.outcome_unknown == []
+
+
+def test_an_asyncio_ack_after_close_is_unavailable_and_not_outcome_unknown(fake: FakeStub) -> None:
+    a = fake.message("a")
+
+    async def after_close(consumer: aio.SimpleConsumer) -> tuple[BaseException, errors.AckError]:
+        await consumer.close()
+        with pytest.raises(errors.Unavailable) as one:
+            await consumer.ack(a)
+        with pytest.raises(errors.AckError) as many:
+            await consumer.ack_many([a])
+        return one.value, many.value
+
+    one, many = run_aio(fake, after_close)
+    assert not isinstance(one, errors.Timeout) and many.outcome_unknown == []
+
+
+class ClosedStub:
+    """A stub of a closed channel: each call fails as grpc fails it, with ValueError, before anything is sent."""
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*_: Any, **__: Any) -> Any:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+
+        return call
