@@ -17,6 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire, errors
 from ._durations import duration
+from ._forks import restarted_after_fork
 from ._ids import MessageIds
 from ._transport import make_options
 from ._wire_send import SendPlan, an_int, in_a_group, sent_count
@@ -264,8 +265,15 @@ class Unyielded:
     """
 
     def __init__(self) -> None:
-        self._batches: dict[int, deque[Message]] = {}
         self._keys = itertools.count()
+        self._restart()
+        _live_unyielded.add(self)
+
+    def _restart(self) -> None:
+        """Nothing held. A forked child starts so: the batches are its parent's iterations', which the parent
+        yields or gives back itself (the child's close() giving them back would fail the parent's acks) —
+        tests/unit/sdk/test_fork.py::test_a_forked_childs_close_gives_back_nothing_its_parent_holds."""
+        self._batches: dict[int, deque[Message]] = {}
         self._lock = threading.Lock()
 
     def start(self, messages: Iterable[Message]) -> int:
@@ -293,6 +301,9 @@ class Unyielded:
             for batch in self._batches.values():
                 batch.clear()
         return out
+
+
+_live_unyielded = restarted_after_fork(Unyielded._restart)
 
 
 class ConsumerBase(ClientBase):

@@ -63,3 +63,28 @@ def test_a_forked_childs_unwaited_acks_are_sent() -> None:
         [sys.executable, "-c", ACKS_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert out.split() == ["child0", "child1", "child2", "parent", "True"]  # sent at once, close() quick
+
+
+HELD_AFTER_FORK = """
+import os
+from popgate import Message
+from popgate._base import Unyielded
+
+held = Unyielded()
+key = held.start([Message(b"", message_id=f"m{i}") for i in range(3)])  # a parent thread's batch, mid-iteration
+assert held.next(key).message_id == "m0"
+pid = os.fork()
+if pid == 0:
+    print("child", len(held.take_all()), flush=True)  # what its close() would give back
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", held.next(key).message_id, flush=True)
+"""
+
+
+def test_a_forked_childs_close_gives_back_nothing_its_parent_holds() -> None:
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", HELD_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert out.split() == ["child", "0", "parent", "m1"]
