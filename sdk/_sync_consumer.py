@@ -18,12 +18,49 @@ from popgate_pb.v2 import service_pb2 as pb
 from . import _nacks, _resend, _wire, errors
 from ._acks import ThreadAcks
 from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
+from ._forks import restarted_after_fork
 from ._sync_client import _SyncClient
 from ._transport import convert
 from .message import Message
 
 # The blocking clients log as `popgate.client`, the module they are imported from (tests/unit/sdk/test_acks.py).
 log = logging.getLogger("popgate.client")
+
+
+class Reads:
+    """The receive answers being read (thread-safe): close() cancels them and waits, at most its give-back time, for
+    each to give back what it read while the channel is still open —
+    tests/unit/sdk/test_give_back.py::test_close_during_a_receives_answer_gives_back_what_it_read."""
+
+    def __init__(self) -> None:
+        self._restart()
+        _live_reads.add(self)
+
+    def _restart(self) -> None:
+        """None. A forked child starts so: the calls are its parent's, left to the parent."""
+        self._calls: dict[int, Any] = {}  # id(call): call
+        self._changed = threading.Condition()
+
+    def add(self, call: Any) -> None:
+        with self._changed:
+            self._calls[id(call)] = call
+
+    def done(self, call: Any) -> None:
+        with self._changed:
+            self._calls.pop(id(call), None)
+            self._changed.notify_all()
+
+    def cancel_and_wait(self, timeout: float) -> None:
+        with self._changed:
+            calls = list(self._calls.values())
+        for call in calls:
+            if (cancel := getattr(call, "cancel", None)) is not None:  # a grpc call (a plain iterable has none)
+                cancel()
+        with self._changed:
+            self._changed.wait_for(lambda: not self._calls, timeout)
+
+
+_live_reads = restarted_after_fork(Reads._restart)
 
 
 class SimpleConsumer(ConsumerBase, _SyncClient):
@@ -83,6 +120,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         tests/unit/sdk/test_give_back.py::test_a_receive_interrupted_mid_answer_gives_back_what_it_read. So does one
         past `asked` messages, cut there (`Answer`)."""
         frames = Answer(asked)
+        self._reads.add(call)
         try:
             for frame in call:
                 if frames.over(frame):
@@ -92,6 +130,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         except BaseException:
             self._give_back(_wire.all_messages(frames))
             raise
+        finally:
+            self._reads.done(call)
         self._give_back(corrupt)
         return messages
 
@@ -113,6 +153,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
                 self._give_back(self._unyielded.end(key))
 
     def _open(self) -> None:
+        self._reads = Reads()
         super()._open()
         self._unwaited = ThreadAcks(log)
 
@@ -126,6 +167,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
     def _closing(self) -> None:
         self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+        self._reads.cancel_and_wait(self._give_back_timeout)  # and what answers being read had brought
 
     def _give_back(self, messages: list[Message]) -> bool:
         """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than

@@ -8,6 +8,7 @@ import collections
 import gc
 import itertools
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -67,11 +68,14 @@ class SyncStub:
         self.fake = fake
         self.answers = [frames]
         self.ChangeInvisibleDuration = self
+        self.closed = False
 
     def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> Iterable[pb.ReceiveMessageResponse]:
         return self.answers.pop() if self.answers else [pb.ReceiveMessageResponse(status=v2.Status(code=v2.OK))]
 
     def future(self, request: pb.ChangeInvisibleDurationRequest, **_: Any) -> Future[Any]:
+        if self.closed:
+            raise ValueError("Cannot invoke RPC on closed channel!")
         done: Future[Any] = Future()
         try:
             done.set_result(self.fake.ChangeInvisibleDuration(request))
@@ -104,6 +108,63 @@ def test_a_receive_failed_mid_answer_gives_back_what_it_read() -> None:
         with pytest.raises(Unavailable):
             consumer.receive()
         assert given_back(fake) == IDS[:2]
+
+
+class HeldAnswer:
+    """A receive's answer that brings `frames`, then waits for more until the call is cancelled (as grpc then fails
+    it, CANCELLED)."""
+
+    def __init__(self, frames: list[pb.ReceiveMessageResponse]) -> None:
+        self.frames = frames
+        self.read = threading.Event()  # the frames were read
+        self.cancelled = threading.Event()
+
+    def __iter__(self) -> Iterator[pb.ReceiveMessageResponse]:
+        yield from self.frames
+        self.read.set()
+        self.cancelled.wait(10)
+        raise FakeRpcError(grpc.StatusCode.CANCELLED)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class ClosingChannel:
+    """The consumer's channel, as its stub sees it: calls on it fail with ValueError once it is closed."""
+
+    def __init__(self, stub: SyncStub) -> None:
+        self.stub = stub
+
+    def close(self) -> None:
+        self.stub.closed = True
+
+
+def test_close_during_a_receives_answer_gives_back_what_it_read() -> None:
+    """close() from another thread while a receive's answer is coming, two messages read: they are given back
+    before the channel closes, rather than left invisible for `invisible`."""
+    fake = FakeStub()
+    held = HeldAnswer(answer(fake, IDS[:2])[:2])
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    stub = SyncStub(fake, held)
+    consumer._stub = stub
+    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+    consumer._channel_.close()
+    consumer._channel_ = ClosingChannel(stub)  # type: ignore[assignment]
+    outcome: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            consumer.receive()
+        except Exception as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=receive)
+    reader.start()
+    assert held.read.wait(10)
+    consumer.close()
+    reader.join(10)
+    assert given_back(fake) == IDS[:2] and stub.closed
+    assert [type(e) for e in outcome] == [Unavailable]
 
 
 def interrupted_after(frames: list[pb.ReceiveMessageResponse]) -> Iterator[pb.ReceiveMessageResponse]:
