@@ -174,6 +174,11 @@ class StateCommits:
                 log.warning("store refuses writes, consumer state kept in memory only: %s", exc)
             self._degraded = True
         elif exc is None:
+            if self._degraded and all(isinstance(op, DeleteInflight) for op in ops):
+                # Deletions alone may change no page (rows the store never got), and so commit on a full disk: no
+                # sign that it takes writes again — tests/unit/broker/test_core_commits.py::
+                # test_acks_that_commit_on_a_full_disk_do_not_end_its_refusal.
+                return
             was_degraded, self._degraded = self._degraded, False
             if was_degraded and self._unrecorded:  # the store takes writes again: what it lost, at once
                 self._catch_up = self.commit([])

@@ -48,8 +48,12 @@ async def test_rows_a_refused_commit_lost_are_written_as_memory_has_them_once_th
     await asyncio.sleep(0)
     assert store.written == []
     store.refuse = False
-    await commits.write([])  # the first commit to succeed goes alone; the lost rows follow at once
+    await commits.write([DeleteInflight("g", "t", 0, 5)])  # a deletion alone commits on a full disk too: no sign
+    await asyncio.sleep(0)
+    lost = [SetPullOffset("g", "t", 0, 3), DeleteInflight("g", "t", 0, 0)]
+    assert store.written == [[DeleteInflight("g", "t", 0, 5)]]
+    await commits.write([SetPullOffset("g", "t", 0, 3)])  # the first write to succeed goes alone; the lost rows follow
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     written = store.written
-    assert written == [[], [SetPullOffset("g", "t", 0, 3), DeleteInflight("g", "t", 0, 0)]]
+    assert written == [[DeleteInflight("g", "t", 0, 5)], [SetPullOffset("g", "t", 0, 3)], lost]

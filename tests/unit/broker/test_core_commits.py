@@ -4,6 +4,7 @@ request that made it fails or goes away, and a group's start offsets are fixed w
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -15,6 +16,7 @@ from popgate_pb import broker_pb2 as pb
 from broker import admin
 from broker.core import BrokerCore
 from broker.sqlite_store import SqliteStore
+from broker.store import DeleteInflight
 from popgate_contract.errors import StoreUnavailable, TopicNotFound
 from tests.unit.broker.cores import broker
 
@@ -213,6 +215,41 @@ async def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_ba
         redelivered = len(rest.messages)
     assert while_refused < 20_000  # ~70 ops a Pop + Ack, not the backlog again with each (~350,000)
     assert redelivered == 0  # the retry stored every ack: nothing comes back after the restart
+
+
+async def test_acks_that_commit_on_a_full_disk_do_not_end_its_refusal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a full disk a commit that changes no page succeeds (an ack deleting a delivery the store never got): that
+    is no sign the store takes writes again, so the backlog is not sent with every such ack, and the refusal is
+    logged once."""
+
+    async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, store):
+        await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(800)])
+        real = store._apply
+        submitted = 0
+
+        def full_disk(batch: list[Any]) -> None:
+            nonlocal submitted
+            for request in batch:
+                submitted += len(request.ops)
+            if all(isinstance(op, DeleteInflight) for request in batch for op in request.ops):
+                real(batch)  # deletions of rows never stored: no page changes, the commit goes through
+                return
+            for request in batch:
+                request.result = StoreUnavailable("disk full (injected)")
+
+        store._apply = full_disk  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="broker.commits"):
+            for _ in range(25):
+                popped = await core.pop("t", "g", "*", 32, 60_000, 0)
+                await core.ack("t", "g", [p.handle for p in popped.messages])
+                await asyncio.sleep(0)
+        store._apply = real  # type: ignore[method-assign]
+    assert submitted < 3_000, (
+        submitted
+    )  # each Pop's and Ack's own ops (~1,600), not the backlog with each Ack (~12,000)
+    assert caplog.text.count("store refuses writes") == 1
 
 
 async def test_a_held_pop_woken_for_its_message_reads_with_its_own_filter(tmp_path: Path) -> None:
