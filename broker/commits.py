@@ -3,8 +3,9 @@
 The core hands every consumer-state change here as store ops. Under ``--flush sync`` the caller waits for
 the commit (``record``); under ``async`` it is answered at once and the commit follows. When the store refuses
 writes (disk full, read-only), consumption goes on from memory: the rows a failed commit did not write are
-kept (by row, the latest op winning) and written again, as memory has them then, with the first commits that
-succeed, and by the sweep's ``retry`` once a second while the store still refuses them.
+kept (by row, the latest op winning; a delivery's as its queue's in-flight state) and written again, as memory has
+them then, with the first commits that succeed, and by the sweep's ``retry`` once a second while the store still
+refuses them.
 
 A topic deletion's purge goes through here too (`purge_topic`): until a purge of it commits, the topic is in
 ``purging`` and is not made again (broker.send), for the store's offsets of it go on until then.
@@ -37,6 +38,16 @@ from broker.store import (
 from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+
+def _lost(op: Op) -> Op:
+    """What to write again for an op a refused commit lost: a delivery's row as its queue's whole in-flight state (a
+    purge of its stored rows, then each row as memory has it: `_as_now`), so that what is kept while the store
+    refuses writes grows with the queues, not with the messages consumed meanwhile —
+    tests/unit/broker/test_commits.py::test_what_a_long_refusal_keeps_grows_with_the_queues_not_the_messages."""
+    if isinstance(op, PutInflight | DeleteInflight):
+        return PurgeQueueInflight(op.group, op.topic, op.queue_id)
+    return op
 
 
 def _row(op: Op) -> tuple[object, ...]:
@@ -166,7 +177,8 @@ class StateCommits:
         failed = committed.cancelled() or exc is not None
         if failed:
             for op in ops:
-                self._unrecorded[_row(op)] = op
+                lost = _lost(op)
+                self._unrecorded[_row(lost)] = lost
         if purged:
             self._purged(purged, failed)
         if isinstance(exc, StoreUnavailable):

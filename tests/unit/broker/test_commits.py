@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from broker.commits import StateCommits
 from broker.inflight import Delivery, GroupTopic
 from broker.settings import BrokerSettings
-from broker.store import DeleteInflight, NewMessage, Op, PutInflight, Record, SetPullOffset
+from broker.store import DeleteInflight, NewMessage, Op, PurgeQueueInflight, PutInflight, Record, SetPullOffset
 from popgate_contract.errors import StoreUnavailable
 
 
@@ -50,10 +50,42 @@ async def test_rows_a_refused_commit_lost_are_written_as_memory_has_them_once_th
     store.refuse = False
     await commits.write([DeleteInflight("g", "t", 0, 5)])  # a deletion alone commits on a full disk too: no sign
     await asyncio.sleep(0)
-    lost = [SetPullOffset("g", "t", 0, 3), DeleteInflight("g", "t", 0, 0)]
+    lost = [SetPullOffset("g", "t", 0, 3), PurgeQueueInflight("g", "t", 0)]  # the queue's deliveries: none now
     assert store.written == [[DeleteInflight("g", "t", 0, 5)]]
     await commits.write([SetPullOffset("g", "t", 0, 3)])  # the first write to succeed goes alone; the lost rows follow
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     written = store.written
     assert written == [[DeleteInflight("g", "t", 0, 5)], [SetPullOffset("g", "t", 0, 3)], lost]
+
+
+async def test_what_a_long_refusal_keeps_grows_with_the_queues_not_the_messages() -> None:
+    """1,000 messages delivered and acked while the store refuses writes, one still in flight: what is kept to write
+    again is the queue's in-flight state and its pull offset, not a row per message, and it is written as memory has
+    it once the store takes writes."""
+    store = Refusing()
+    state = GroupTopic("g", "t")
+    gq = state.queue(0, 0)
+    commits = StateCommits(BrokerSettings(), store, {("g", "t"): state})  # type: ignore[arg-type]
+    store.refuse = True
+    for offset in range(1000):
+        gq.pull_offset = offset + 1
+        state.deliver(0, offset, Delivery(1, offset, 10_000))
+        await commits.write(
+            [SetPullOffset("g", "t", 0, offset + 1), PutInflight("g", "t", 0, offset, 1, offset, 10_000)]
+        )
+        if offset < 999:
+            state.remove(0, offset)
+            await commits.write([DeleteInflight("g", "t", 0, offset)])
+    await asyncio.sleep(0)
+    assert len(commits._unrecorded) == 2
+    store.refuse = False
+    commits.retry()
+    await asyncio.sleep(0)
+    assert store.written == [
+        [
+            SetPullOffset("g", "t", 0, 1000),
+            PurgeQueueInflight("g", "t", 0),
+            PutInflight("g", "t", 0, 999, 1, 999, 10_000),
+        ]
+    ]
