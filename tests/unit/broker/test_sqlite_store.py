@@ -189,6 +189,23 @@ async def test_an_idle_store_commits_a_send_at_once_and_a_busy_one_in_groups(
     await store.close()
 
 
+async def test_a_write_lock_held_elsewhere_never_holds_the_event_loop(tmp_path: Path) -> None:
+    """Another connection (an operator's `sqlite3` shell) holds the write lock as an idle store takes a Send: the
+    Send is not committed on the loop's thread, where waiting for the lock would hold the loop (every health check
+    and request) for up to 5 s, but by the writer thread, once the lock is free."""
+    store = SqliteStore(tmp_path, flush="async")
+    store.start(asyncio.get_running_loop())
+    await store.submit([message(0)], [])  # an idle store: committed on the loop's thread
+    with closing(sqlite3.connect(tmp_path / "broker.sqlite3", isolation_level=None)) as shell:
+        shell.execute("BEGIN IMMEDIATE")
+        sent = store.submit([message(1)], [])
+        assert not sent.done()  # the loop was not held: the writer waits for the lock
+        shell.execute("ROLLBACK")
+        [record] = await asyncio.wait_for(sent, 10)
+    assert record.offset == 1
+    await store.close()
+
+
 async def test_an_ack_taken_into_an_inline_commit_is_never_written_before_its_pop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
