@@ -201,7 +201,7 @@ class SqliteStore:
         if not self._writing.acquire(blocking=False):  # the writer is bounding the WAL
             return False
         try:
-            if not self._lock_free():
+            if not store_wal.lock_free(self._conn):  # another connection holds it: the writer waits, not the loop
                 return False
             if self._deferred_timer is not None:
                 self._deferred_timer.cancel()
@@ -217,22 +217,6 @@ class SqliteStore:
         if restart_due:  # the writer thread bounds it, off the loop, after an empty commit
             self._to_writer(Request([], [], self._loop.create_future()))
         return True
-
-    def _lock_free(self) -> bool:
-        """Whether the store's write lock is free now, for a commit on the loop's thread; False when another
-        connection holds it — an operator's `sqlite3` shell, say: the commit is the writer thread's then, which
-        waits for the lock, not the loop —
-        tests/unit/broker/test_sqlite_store.py::test_a_write_lock_held_elsewhere_never_holds_the_event_loop."""
-        conn = self._conn
-        conn.execute("PRAGMA busy_timeout=0")
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
-            return True
-        except sqlite3.OperationalError:
-            return False
-        finally:
-            conn.execute(f"PRAGMA busy_timeout={store_wal.BUSY_TIMEOUT_MS}")
 
     def _to_writer(self, request: Request | Deletion) -> None:
         self._outstanding += 1

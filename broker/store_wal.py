@@ -62,6 +62,22 @@ def connect(path: Path, sync: str) -> sqlite3.Connection:
     return conn
 
 
+def lock_free(conn: sqlite3.Connection) -> bool:
+    """Whether the store's write lock is free now (asked without waiting), for a commit on the event loop's thread;
+    False when another connection holds it — an operator's `sqlite3` shell, say: the writer thread then commits,
+    waiting for the lock, not the loop —
+    tests/unit/broker/test_sqlite_store.py::test_a_write_lock_held_elsewhere_never_holds_the_event_loop."""
+    conn.execute("PRAGMA busy_timeout=0")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+
+
 def run_checkpointer(
     connect: Callable[[], sqlite3.Connection], stop: threading.Event, failed: Callable[..., None], restart: WalRestart
 ) -> None:
