@@ -101,13 +101,32 @@ class StateCommits:
         write is theirs (they are its latest state)."""
         if self._unrecorded and (with_lost or not self._degraded):
             fresh = {_row(op) for op in ops}
-            ops = [now for row, op in self._unrecorded.items() if row not in fresh for now in self._as_now(op)] + ops
-            self._unrecorded.clear()
+            lost, self._unrecorded = self._unrecorded, {}
+            again: list[Op] = []
+            for row, op in lost.items():
+                if row in fresh:
+                    continue
+                if self._moving(op):  # written once its queue's dead-letter moves settled
+                    self._unrecorded[row] = op
+                else:
+                    again += self._as_now(op)
+            ops = again + ops
         committed = self.store.submit([], ops)
         purged = [op.topic for op in ops if isinstance(op, PurgeTopic)] if self.purging else []
         self._purges.update(purged)
         committed.add_done_callback(functools.partial(self._recorded, ops, purged))
         return committed
+
+    def _moving(self, op: Op) -> bool:
+        """Whether `op` writes a queue's whole in-flight state while a message of it moves to its dead-letter queue:
+        that message is in flight in the store but not in memory until its commit settles (broker.redelivery), so the
+        purge would delete its row, and should that commit fail, a kill -9 would lose it —
+        tests/unit/broker/test_commits.py::test_a_queues_state_is_not_written_again_while_a_message_of_it_moves."""
+        if not isinstance(op, PurgeQueueInflight):
+            return False
+        state = self.groups.get((op.group, op.topic))
+        queue = state.queues.get(op.queue_id) if state is not None else None
+        return queue is not None and bool(queue.moving)
 
     def _as_now(self, op: Op) -> list[Op]:
         """The ops that write `op`'s row as memory has it now (none: nothing to write any more).

@@ -89,3 +89,26 @@ async def test_what_a_long_refusal_keeps_grows_with_the_queues_not_the_messages(
             PutInflight("g", "t", 0, 999, 1, 999, 10_000),
         ]
     ]
+
+
+async def test_a_queues_state_is_not_written_again_while_a_message_of_it_moves() -> None:
+    """A delivery row was lost while the store refused writes; another message of the queue is on its way to the
+    dead-letter queue (out of memory, in the store until that commit settles): the queue's state is written again
+    only once the move settled, so the purge cannot delete the moving message's row."""
+    store = Refusing()
+    state = GroupTopic("g", "t")
+    gq = state.queue(0, 0)
+    commits = StateCommits(BrokerSettings(), store, {("g", "t"): state})  # type: ignore[arg-type]
+    store.refuse = True
+    state.deliver(0, 0, Delivery(1, 7, 10_000))
+    await commits.write([PutInflight("g", "t", 0, 0, 1, 7, 10_000)])
+    await asyncio.sleep(0)
+    store.refuse = False
+    gq.moving = {5}  # offset 5 moves to the DLQ (broker.redelivery)
+    commits.retry()
+    await asyncio.sleep(0)
+    assert all(ops == [] for ops in store.written)  # nothing of the queue
+    gq.moving = None  # the move settled
+    commits.retry()
+    await asyncio.sleep(0)
+    assert store.written[-1] == [PurgeQueueInflight("g", "t", 0), PutInflight("g", "t", 0, 0, 1, 7, 10_000)]
