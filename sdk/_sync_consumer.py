@@ -29,8 +29,9 @@ log = logging.getLogger("popgate.client")
 
 class Reads:
     """The receive answers being read (thread-safe): close() cancels them and waits, at most its give-back time, for
-    each to give back what it read while the channel is still open —
-    tests/unit/sdk/test_give_back.py::test_close_during_a_receives_answer_gives_back_what_it_read."""
+    each to give back what it read while the channel is still open — not for one its own thread reads (a close() in
+    a signal handler) — tests/unit/sdk/test_give_back.py::test_close_during_a_receives_answer_gives_back_what_it_read,
+    `::test_close_in_a_signal_handler_of_the_reading_thread_does_not_wait_for_itself`."""
 
     def __init__(self) -> None:
         self._restart()
@@ -38,26 +39,28 @@ class Reads:
 
     def _restart(self) -> None:
         """None. A forked child starts so: the calls are its parent's, left to the parent."""
-        self._calls: dict[int, Any] = {}  # id(call): call
+        self._calls: dict[int, tuple[Any, int]] = {}  # id(call): the call and the thread reading it
         self._changed = threading.Condition()
 
     def add(self, call: Any) -> None:
         with self._changed:
-            self._calls[id(call)] = call
+            self._calls[id(call)] = (call, threading.get_ident())
 
     def done(self, call: Any) -> None:
         with self._changed:
             self._calls.pop(id(call), None)
             self._changed.notify_all()
 
-    def cancel_and_wait(self, timeout: float) -> None:
+    def cancel_and_wait(self, timeout: float) -> bool:
+        """Whether every read of another thread ended within `timeout`."""
         with self._changed:
             calls = list(self._calls.values())
-        for call in calls:
+        for call, _ in calls:
             if (cancel := getattr(call, "cancel", None)) is not None:  # a grpc call (a plain iterable has none)
                 cancel()
+        here = threading.get_ident()  # a close() in a signal handler of a reading thread: that read waits for it
         with self._changed:
-            self._changed.wait_for(lambda: not self._calls, timeout)
+            return self._changed.wait_for(lambda: all(thread == here for _, thread in self._calls.values()), timeout)
 
 
 _live_reads = restarted_after_fork(Reads._restart)

@@ -167,6 +167,27 @@ def test_close_during_a_receives_answer_gives_back_what_it_read() -> None:
     assert [type(e) for e in outcome] == [Unavailable]
 
 
+def test_close_in_a_signal_handler_of_the_reading_thread_does_not_wait_for_itself() -> None:
+    """close() runs on the thread that is reading a receive's answer (a signal handler's): it cancels that answer
+    and returns at once, not after waiting out its give-back time for a read only its own thread can end."""
+    fake = FakeStub()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    ended: list[bool] = []
+    real = consumer._reads.cancel_and_wait
+    consumer._reads.cancel_and_wait = lambda timeout: ended.append(real(timeout)) or True  # type: ignore[method-assign]
+
+    def frames() -> Iterator[pb.ReceiveMessageResponse]:
+        yield from answer(fake, IDS[:1])[:1]
+        consumer.close()  # as a signal handler would, between two frames
+        raise FakeRpcError(grpc.StatusCode.CANCELLED)
+
+    consumer._stub = SyncStub(fake, frames())
+    consumer._batch_receive = False
+    with pytest.raises(Unavailable):
+        consumer.receive()
+    assert ended == [True]  # no read of another thread left: it did not wait for its own
+
+
 def interrupted_after(frames: list[pb.ReceiveMessageResponse]) -> Iterator[pb.ReceiveMessageResponse]:
     """A ReceiveMessage stream during which Ctrl-C comes after `frames`."""
     yield from frames
