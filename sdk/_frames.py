@@ -66,9 +66,11 @@ def size_of(item: Queued) -> int:
     return len(item) if isinstance(item, bytes) else len(item.body) + 16
 
 
-def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | None, Queued | None]:
-    """`first` and the requests queued behind it in `outbox` as one message of at most MAX_WRITE_BYTES (or `first`
-    alone), and the request taken that did not fit (to go first in the next message); the end marker (None), if
+def with_queued(
+    first: Queued, outbox: Any, waiting: Waiting, most: int = MAX_WRITE_BYTES
+) -> tuple[bytes | None, Queued | None]:
+    """`first` and the requests queued behind it in `outbox` as one message of at most `most` bytes (MAX_WRITE_BYTES,
+    less where the proxy reads less: `sdk/_session.py`), or `first` alone, and the request taken that did not fit (to go first in the next message); the end marker (None), if
     met, is queued again to be seen after this message. Sends to one topic queued together go as one request, and so
     do acks of one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is
     not sent (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
@@ -80,7 +82,7 @@ def with_queued(first: Queued, outbox: Any, waiting: Waiting) -> tuple[bytes | N
         if queued is None:
             outbox.put_nowait(None)
             break
-        if size + size_of(queued) + 16 > MAX_WRITE_BYTES:
+        if size + size_of(queued) + 16 > most:
             carried = queued
             break
         items.append(queued)

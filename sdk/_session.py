@@ -322,8 +322,10 @@ class Session:
         try:
             frame = await self._outbox.get()
             while frame is not None:
-                message, carried = with_queued(frame, self._outbox, self._waiting)
-                if message is not None and len(message) > MAX_WRITE_BYTES and await self._past_limit(message):
+                # Joined up to half what the proxy reads, so a message past it is one request, failed alone.
+                joined = min(MAX_WRITE_BYTES, self.max_bytes // 2)
+                message, carried = with_queued(frame, self._outbox, self._waiting, joined)
+                if message is not None and len(message) > joined and await self._past_limit(message):
                     message = None
                 if message is not None:
                     await self._call.write(message)

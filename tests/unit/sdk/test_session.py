@@ -498,6 +498,25 @@ async def test_a_request_past_the_proxys_message_limit_fails_alone_and_the_strea
         await session.close()
 
 
+class Small(Limited):
+    LIMIT = 20_000
+
+
+async def test_requests_are_joined_only_up_to_what_the_proxy_reads() -> None:
+    """A proxy reading messages of 20,000 bytes at most: 40 sends of 1,000 bytes at once go in messages it reads,
+    all stored, the stream serving on."""
+    call = Small()
+    session = _session.Session(SessionChannel(call), (), functools.partial(convert, tls=False))  # type: ignore[arg-type]
+    body = pb.SendMessageRequest(messages=[v2.Message(body=b"z" * 1000)])
+    try:
+        await session.request("send", body, 3.0)  # the proxy's headers are in
+        answers = await asyncio.gather(*(session.request("send", body, 3.0) for _ in range(40)))
+        assert all(a.status.code == v2.OK for a in answers) and session.broken is None
+        assert max(len(m) for m in call.written) <= Small.LIMIT and len(call.written) > 2
+    finally:
+        await session.close()
+
+
 class FailingWrite(SessionCall):
     async def write(self, message: bytes) -> None:
         raise RuntimeError("a writer's bug")
