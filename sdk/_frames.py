@@ -69,11 +69,12 @@ def size_of(item: Queued) -> int:
 def with_queued(
     first: Queued, outbox: Any, waiting: Waiting, most: int = MAX_WRITE_BYTES
 ) -> tuple[bytes | None, Queued | None]:
-    """`first` and the requests queued behind it in `outbox` as one message of at most `most` bytes (MAX_WRITE_BYTES,
-    less where the proxy reads less: `sdk/_session.py`), or `first` alone, and the request taken that did not fit (to go first in the next message); the end marker (None), if
-    met, is queued again to be seen after this message. Sends to one topic queued together go as one request, and so
-    do acks of one topic and group (`Waiting.join`); a part whose caller stopped waiting before it was written is
-    not sent (None: nothing left to send) — tests/unit/sdk/test_joining.py."""
+    """`first` and the requests queued behind it in `outbox` as one message of at most `most` bytes
+    (MAX_WRITE_BYTES, less where the proxy reads less: `sdk/_session.py`), or `first` alone, and the request taken
+    that did not fit (to go first in the next message); the end marker (None), if met, is queued again to be seen
+    after this message. Sends to one topic queued together go as one request, and so do acks of one topic and group
+    (`Waiting.join`); a part whose caller stopped waiting before it was written is not sent (None: nothing left to
+    send) — tests/unit/sdk/test_joining.py."""
     items = [first]
     size = size_of(first)
     carried: Queued | None = None
