@@ -31,6 +31,7 @@ tests/unit/sdk/test_acks.py::test_an_ack_applied_then_refused_on_every_retry_is_
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from popgate_pb.v2 import definition_pb2 as v2
@@ -117,6 +118,18 @@ def client_closed(*, sent: bool = False) -> errors.Unavailable:
     one made after it was never sent, and says so (`maybe_applied`) — tests/unit/sdk/test_acks.py::
     test_an_ack_after_close_is_unavailable_and_not_outcome_unknown."""
     return errors.Unavailable("the client is closed" if sent else f"the client is closed: {NOT_SENT}", retriable=False)
+
+
+def after_maybe_applied(error: errors.PopgateError) -> errors.PopgateError:
+    """`error` of an attempt that sent nothing, raised for a call an earlier attempt of which may have been applied:
+    the call as a whole may have been, so it no longer says that nothing was sent — tests/unit/sdk/test_acks.py::
+    test_a_nack_applied_then_refused_by_the_closed_channel_is_not_said_to_have_sent_nothing."""
+    if NOT_SENT not in error.message:
+        return error
+    out = copy.copy(error)
+    out.message = error.message.replace(f": {NOT_SENT}", " (an earlier attempt may have been applied)")
+    out.args = (out.message,)
+    return out
 
 
 def maybe_applied(error: errors.PopgateError) -> bool:

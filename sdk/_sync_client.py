@@ -110,6 +110,7 @@ class _SyncClient(ClientBase):
     ) -> T:
         """`op`, retried under the retry policy; `failed` is told of each attempt's error."""
         delays = self.options.retry.delays(forever=forever)
+        maybe = False  # an attempt may have been applied
         while True:
             try:
                 try:
@@ -120,12 +121,14 @@ class _SyncClient(ClientBase):
                     if not isinstance(exc, grpc.RpcError):
                         raise
                     raise convert(exc, tls=self.options.tls) from None
-            except errors.PopgateError as exc:
+            except errors.PopgateError as caught:
+                exc = _resend.after_maybe_applied(caught) if maybe else caught
+                maybe = maybe or _resend.maybe_applied(exc)
                 if failed is not None:
                     failed(exc)
                 delay = next(delays, None) if exc.retriable and not self._closed else None
                 if delay is None:
-                    raise
+                    raise exc from None
                 log.debug("retrying in %.3f s after %s", delay, exc)
                 self._back_off(delay, exc)
 

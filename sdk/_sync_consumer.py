@@ -363,11 +363,18 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         requests = pending.single_requests()
         outcome: _nacks.Outcome = []
         for i in range(0, len(requests), GIVE_BACK_IN_FLIGHT):
-            calls = [
-                self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
-                for request in requests[i : i + GIVE_BACK_IN_FLIGHT]
-            ]
+            calls: list[Any] = []
+            for request in requests[i : i + GIVE_BACK_IN_FLIGHT]:
+                try:
+                    calls.append(
+                        self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
+                    )
+                except ValueError:  # grpc's "channel closed" (close() from another thread): this one never left
+                    calls.append(None)
             for call in calls:
+                if call is None:
+                    outcome.append(_resend.client_closed())
+                    continue
                 try:
                     outcome.append(_nacks.outcome_of_one(call.result()))
                 except grpc.RpcError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import grpc
@@ -363,3 +364,60 @@ class ClosedStub:
             raise ValueError("Cannot invoke RPC on closed channel!")
 
         return call
+
+
+class ClosedAfter:
+    """`fake`'s ChangeInvisibleDuration (also as futures, the fallback of nack_many) for `calls` calls, then the
+    channel is closed (close() from another thread): each later call fails with ValueError, as grpc fails it."""
+
+    def __init__(self, fake: FakeStub, consumer: SimpleConsumer, calls: int) -> None:
+        self.fake, self.consumer, self.calls = fake, consumer, calls
+        self.ChangeInvisibleDuration = self
+
+    def _left(self) -> None:
+        if self.calls == 0:
+            self.consumer._closed = True
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        self.calls -= 1
+
+    def __call__(self, request: Any, **_: Any) -> Any:
+        self._left()
+        return self.fake.ChangeInvisibleDuration(request)
+
+    def future(self, request: Any, **_: Any) -> Future[Any]:
+        self._left()
+        done: Future[Any] = Future()
+        done.set_result(self.fake.ChangeInvisibleDuration(request))
+        return done
+
+    def Heartbeat(self, request: Any, **_: Any) -> Any:
+        return self.fake.Heartbeat(request)
+
+
+def test_a_nack_applied_then_refused_by_the_closed_channel_is_not_said_to_have_sent_nothing(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    """The first attempt changed the handle and its answer was lost; the consumer was closed before the retry, which
+    the closed channel refused: the call may have been applied, and its error does not say that nothing was sent."""
+    m = fake.message("a")
+    fake.call_faults = [("lost", DEADLINE)]
+    consumer._stub = ClosedAfter(fake, consumer, 1)
+    with pytest.raises(errors.Unavailable) as raised:
+        consumer.nack(m, 5.0)
+    assert fake.renewals == 1 and "nothing was sent" not in raised.value.message
+    assert "may have been applied" in raised.value.message
+
+
+def test_a_nack_many_by_calls_cut_by_close_keeps_what_the_calls_sent_did(
+    fake: FakeStub, consumer: SimpleConsumer
+) -> None:
+    """A proxy without ChangeInvisibleMany: a call per message, 64 at a time; the consumer is closed after the 64th:
+    those 64 have their new handles, and only the 36 never sent are reported, as not sent (not outcome unknown)."""
+    messages = [fake.message(f"m{i}") for i in range(100)]
+    consumer._stub = ClosedAfter(fake, consumer, 64)
+    consumer._many_served = False
+    with pytest.raises(errors.NackError) as raised:
+        consumer.nack_many(messages, 1.0)
+    assert fake.renewals == 64 and all(m.receipt_handle.endswith(f"@{i + 1}") for i, m in enumerate(messages[:64]))
+    assert [message_id for message_id, _ in raised.value.failures] == [f"m{i}" for i in range(64, 100)]
+    assert raised.value.outcome_unknown == []
