@@ -198,14 +198,14 @@ class _AsyncClient(ClientBase):
                         raise _resend.client_closed(sent=True) from None
                     raise
             except errors.PopgateError as caught:
-                exc = _resend.after_maybe_applied(caught) if maybe else caught
-                maybe = maybe or _resend.maybe_applied(exc)
+                error = _resend.after_maybe_applied(caught) if maybe else caught
+                maybe = maybe or _resend.maybe_applied(error)
                 if failed is not None:
-                    failed(exc)
-                delay = next(delays, None) if exc.retriable and not self._closed else None
+                    failed(error)
+                delay = next(delays, None) if error.retriable and not self._closed else None
                 if delay is None:
-                    raise exc from None
-                log.debug("retrying in %.3f s after %s", delay, exc)
+                    raise error from None
+                log.debug("retrying in %.3f s after %s", delay, error)
                 await asyncio.sleep(delay)
 
     async def close(self) -> None:

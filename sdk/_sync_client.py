@@ -122,15 +122,15 @@ class _SyncClient(ClientBase):
                         raise
                     raise convert(exc, tls=self.options.tls) from None
             except errors.PopgateError as caught:
-                exc = _resend.after_maybe_applied(caught) if maybe else caught
-                maybe = maybe or _resend.maybe_applied(exc)
+                error = _resend.after_maybe_applied(caught) if maybe else caught
+                maybe = maybe or _resend.maybe_applied(error)
                 if failed is not None:
-                    failed(exc)
-                delay = next(delays, None) if exc.retriable and not self._closed else None
+                    failed(error)
+                delay = next(delays, None) if error.retriable and not self._closed else None
                 if delay is None:
-                    raise exc from None
-                log.debug("retrying in %.3f s after %s", delay, exc)
-                self._back_off(delay, exc)
+                    raise error from None
+                log.debug("retrying in %.3f s after %s", delay, error)
+                self._back_off(delay, error)
 
     def _back_off(self, delay: float, exc: errors.PopgateError) -> None:
         """Wait ``delay`` seconds before a retry. After an Unavailable, a Heartbeat that waits for the channel

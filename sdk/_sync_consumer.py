@@ -364,10 +364,10 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         outcome: _nacks.Outcome = []
         for i in range(0, len(requests), GIVE_BACK_IN_FLIGHT):
             calls: list[Any] = []
-            for request in requests[i : i + GIVE_BACK_IN_FLIGHT]:
+            for single in requests[i : i + GIVE_BACK_IN_FLIGHT]:
                 try:
                     calls.append(
-                        self._stub.ChangeInvisibleDuration.future(request, timeout=timeout, metadata=self._metadata())
+                        self._stub.ChangeInvisibleDuration.future(single, timeout=timeout, metadata=self._metadata())
                     )
                 except ValueError:  # grpc's "channel closed" (close() from another thread): this one never left
                     calls.append(None)
