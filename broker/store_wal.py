@@ -72,7 +72,7 @@ def lock_free(conn: sqlite3.Connection) -> bool:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("ROLLBACK")
         return True
-    except sqlite3.OperationalError:
+    except sqlite3.Error:  # busy, or worse: the writer's commit answers it as a failed one
         return False
     finally:
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
