@@ -185,6 +185,38 @@ async def test_a_pop_cancelled_while_it_reads_its_messages_leaves_them_ready(tmp
         assert {p.attempt for p in popped.messages} == {1}
 
 
+class FullDisk:
+    """While in use, the store's commits are refused as on a full disk, the ops submitted counted; with
+    `deletions_pass`, a commit of deletions alone goes through (it changes no page of rows never stored, so SQLite
+    commits it on a full disk too)."""
+
+    def __init__(self, store: SqliteStore, *, deletions_pass: bool = False) -> None:
+        self.store, self.real, self.deletions_pass = store, store._apply, deletions_pass
+        self.submitted = 0
+
+    def __call__(self, batch: list[Any]) -> None:
+        self.submitted += sum(len(request.ops) for request in batch)
+        if self.deletions_pass and all(isinstance(op, DeleteInflight) for r in batch for op in r.ops):
+            self.real(batch)
+            return
+        for request in batch:
+            request.result = StoreUnavailable("disk full (injected)")
+
+    def __enter__(self) -> FullDisk:
+        self.store._apply = self  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.store._apply = self.real  # type: ignore[method-assign]
+
+
+async def pop_and_ack(core: BrokerCore, times: int) -> None:
+    for _ in range(times):
+        popped = await core.pop("t", "g", "*", 32, 60_000, 0)
+        await core.ack("t", "g", [p.handle for p in popped.messages])
+        await asyncio.sleep(0)  # each commit's outcome is known before the next Pop (its callback ran)
+
+
 async def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_backlog_each_time(tmp_path: Path) -> None:
     """Rows the store refused are retried by the sweep (once a second) and written once it takes writes
     again, not carried by every Pop and Ack: that made each commit cost the whole backlog."""
@@ -192,28 +224,14 @@ async def test_consuming_while_the_store_refuses_writes_does_not_resubmit_the_ba
     async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, store):  # commits awaited
         for start in range(0, 3200, 800):
             await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(start, start + 800)])
-        real = store._apply
-        submitted = 0
-
-        def refuse(batch: list[Any]) -> None:
-            nonlocal submitted
-            for request in batch:
-                submitted += len(request.ops)
-                request.result = StoreUnavailable("disk full (injected)")
-
-        store._apply = refuse  # type: ignore[method-assign]
-        for _ in range(100):
-            popped = await core.pop("t", "g", "*", 32, 60_000, 0)
-            await core.ack("t", "g", [p.handle for p in popped.messages])
-            await asyncio.sleep(0)  # each commit's outcome is known before the next Pop (its callback ran)
-        while_refused = submitted
-        store._apply = real  # type: ignore[method-assign]
+        with FullDisk(store) as full:
+            await pop_and_ack(core, 100)
         core.sweep()  # the retry: everything lost is written now
         await asyncio.sleep(0.2)
     async with broker(tmp_path, queues_per_topic=1) as (core, _):
         rest = await core.pop("t", "g", "*", 32, 60_000, 0)
         redelivered = len(rest.messages)
-    assert while_refused < 20_000  # ~70 ops a Pop + Ack, not the backlog again with each (~350,000)
+    assert full.submitted < 20_000  # ~70 ops a Pop + Ack, not the backlog again with each (~350,000)
     assert redelivered == 0  # the retry stored every ack: nothing comes back after the restart
 
 
@@ -226,29 +244,9 @@ async def test_acks_that_commit_on_a_full_disk_do_not_end_its_refusal(
 
     async with broker(tmp_path, queues_per_topic=1, flush="sync") as (core, store):
         await core.send([pb.Message(topic="t", body=b"%d" % i) for i in range(800)])
-        real = store._apply
-        submitted = 0
-
-        def full_disk(batch: list[Any]) -> None:
-            nonlocal submitted
-            for request in batch:
-                submitted += len(request.ops)
-            if all(isinstance(op, DeleteInflight) for request in batch for op in request.ops):
-                real(batch)  # deletions of rows never stored: no page changes, the commit goes through
-                return
-            for request in batch:
-                request.result = StoreUnavailable("disk full (injected)")
-
-        store._apply = full_disk  # type: ignore[method-assign]
-        with caplog.at_level(logging.WARNING, logger="broker.commits"):
-            for _ in range(25):
-                popped = await core.pop("t", "g", "*", 32, 60_000, 0)
-                await core.ack("t", "g", [p.handle for p in popped.messages])
-                await asyncio.sleep(0)
-        store._apply = real  # type: ignore[method-assign]
-    assert submitted < 3_000, (
-        submitted
-    )  # each Pop's and Ack's own ops (~1,600), not the backlog with each Ack (~12,000)
+        with caplog.at_level(logging.WARNING, logger="broker.commits"), FullDisk(store, deletions_pass=True) as full:
+            await pop_and_ack(core, 25)
+    assert full.submitted < 3_000  # each Pop's and Ack's own ops (~1,600), not the backlog with each Ack (~12,000)
     assert caplog.text.count("store refuses writes") == 1
 
 
