@@ -48,9 +48,9 @@ METHOD = "/popgate.ext.v1.Messaging/Session"
 # for room within its time (then a retriable Timeout, nothing sent) instead of queuing while the stream's write is
 # stalled — tests/unit/sdk/test_session.py::test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_out.
 MAX_OUTBOX_BYTES = 32 * 1024 * 1024
-# A stream message larger than MAX_WRITE_BYTES (one request alone) waits at most this long for the proxy's headers,
-# which say the largest message it reads: past that one would end the stream for every request on it, so such a
-# request fails alone instead — tests/unit/sdk/test_session.py::
+# A stream message larger than requests are joined up to (one request alone) waits at most this long for the
+# proxy's headers, which say the largest message it reads: past that one would end the stream for every request on
+# it, so such a request fails alone instead — tests/unit/sdk/test_session.py::
 # test_a_request_past_the_proxys_message_limit_fails_alone_and_the_stream_goes_on.
 HEADERS_WAIT_S = 1.0
 # The proxy refused the stream when it opened (its metadata): each request fails as its unary call would, with the
