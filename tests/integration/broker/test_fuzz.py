@@ -123,6 +123,10 @@ def session_request() -> st.SearchStrategy[pb.SessionRequest]:
         ),
         st.builds(lambda i, r: pb.SessionRequest(id=i, renew=r), ids, requests(pb.RenewRequest)),
         st.builds(lambda i, r: pb.SessionRequest(id=i, group_config=r), ids, requests(pb.GroupConfigRequest)),
+        st.builds(lambda i, r: pb.SessionRequest(id=i, end_transaction=r), ids, requests(pb.EndTransactionRequest)),
+        st.builds(
+            lambda i, r: pb.SessionRequest(id=i, change_invisible_many=r), ids, requests(pb.ChangeInvisibleTimesRequest)
+        ),
         st.builds(lambda i: pb.SessionRequest(id=i, cancel=True), ids),
         st.builds(lambda i: pb.SessionRequest(id=i), ids),
         requests(pb.SessionRequest).map(without_more),
@@ -154,6 +158,8 @@ def test_session_stream_answers_every_request_or_a_named_error(broker: Target) -
                 "change_invisible",
                 "renew",
                 "group_config",
+                "end_transaction",
+                "change_invisible_many",
                 "error",
             ), answer
             if kind == "error":
