@@ -66,6 +66,7 @@ class _AsyncClient(ClientBase):
     _session: _session.Session | None = None
     _session_served: bool | None = None
     _closed_future: asyncio.Future[None] | None = None  # set once closed: a second close() waits for the first's
+    _backing_off: set[asyncio.Future[None]] | None = None  # retries' back-offs, each ended at once by close()
     _shutdown_guard: AsyncGenerator[None, None] | None = None  # see `_awaited_at_shutdown`
     _guard_loop: asyncio.AbstractEventLoop | None = None  # the loop whose shutdown closes the guard
 
@@ -206,13 +207,28 @@ class _AsyncClient(ClientBase):
                 if delay is None:
                     raise error from None
                 log.debug("retrying in %.3f s after %s", delay, error)
-                await asyncio.sleep(delay)
+                await self._back_off(delay)
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait `delay` seconds before a retry, or until close() begins —
+        tests/unit/sdk/test_acks.py::test_close_ends_an_asyncio_retrys_back_off_at_once."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._backing_off is None:
+            self._backing_off = set()
+        self._backing_off.add(woken)
+        try:
+            await asyncio.wait({woken}, timeout=delay)
+        finally:
+            self._backing_off.discard(woken)
 
     async def close(self) -> None:
         """Close the connection; calls in progress are cancelled (a consumer's iteration just stops, after giving
         back the messages it had not yielded yet, and give-backs of cancelled receives end first)."""
         if self._closed_future is None:
             self._closed_future = asyncio.get_running_loop().create_future()
+            for woken in self._backing_off or ():
+                if not woken.done():
+                    woken.set_result(None)
             try:
                 await self._close()
             finally:

@@ -55,6 +55,7 @@ class _SyncClient(ClientBase):
     """
 
     def _open(self) -> None:
+        self._closing_now = threading.Event()  # set by close(): a retry's back-off ends at once
         self._connect()
         self._pid = os.getpid()  # once every stub of the channel is made (a subclass's `_connect` adds its own)
 
@@ -137,20 +138,22 @@ class _SyncClient(ClientBase):
         (up to the delay) keeps it polled meanwhile: on grpc's poller I/O a sync channel's reconnect timers run
         only while a call polls it, so a producer reaches a restarted proxy within its retries
         (tests/integration/sdk/test_restarts.py::test_a_producer_reconnects_to_a_restarted_proxy_within_its_retries).
-        The retry still waits out its delay."""
+        The retry still waits out its delay, unless close() ends it —
+        tests/unit/sdk/test_acks.py::test_close_ends_a_retrys_back_off_at_once."""
         ends = time.monotonic() + delay
         if isinstance(exc, errors.Unavailable):
             with contextlib.suppress(grpc.RpcError, ValueError):  # not ready in time, or closed meanwhile
                 self._stub.Heartbeat(
                     pb.HeartbeatRequest(), timeout=delay, metadata=self._metadata(), wait_for_ready=True
                 )
-        time.sleep(max(0.0, ends - time.monotonic()))
+        self._closing_now.wait(max(0.0, ends - time.monotonic()))
 
     def close(self) -> None:
         """Close the connection; calls in progress end with an error (a consumer's iteration just stops, after
         giving back the messages it had not yielded yet)."""
         if not self._closed:
             self._closed = True
+            self._closing_now.set()
             try:
                 self._closing()
             finally:

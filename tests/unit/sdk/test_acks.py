@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ import pytest
 from popgate_pb.v2 import definition_pb2 as v2
 
 from popgate import RetryPolicy, SimpleConsumer, aio, errors
-from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeStub
+from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeRpcError, FakeStub
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
 DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
@@ -421,3 +422,70 @@ def test_a_nack_many_by_calls_cut_by_close_keeps_what_the_calls_sent_did(
     assert fake.renewals == 64 and all(m.receipt_handle.endswith(f"@{i + 1}") for i, m in enumerate(messages[:64]))
     assert [message_id for message_id, _ in raised.value.failures] == [f"m{i}" for i in range(64, 100)]
     assert raised.value.outcome_unknown == []
+
+
+SLOW = RetryPolicy(max_attempts=100, initial_backoff=30.0, max_backoff=30.0)
+
+
+class Down:
+    """A proxy that answers every receive UNAVAILABLE (`failed` set at the first)."""
+
+    def __init__(self, fake: FakeStub, failed: threading.Event) -> None:
+        self.fake = fake
+        self.failed = failed
+
+    def ReceiveMessage(self, request: Any, **_: Any) -> Any:
+        self.failed.set()
+        raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+
+    def Heartbeat(self, request: Any, **_: Any) -> Any:
+        return self.fake.Heartbeat(request)
+
+
+def test_close_ends_a_retrys_back_off_at_once(fake: FakeStub) -> None:
+    """An iteration backing off (30 s) after its proxy went away: close() from another thread ends it at once, not
+    after the back-off."""
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=SLOW)
+    failed = threading.Event()
+    consumer._stub = Down(fake, failed)
+    consumer._batch_receive = False
+    iteration = threading.Thread(target=lambda: list(consumer))
+    iteration.start()
+    assert failed.wait(10)
+    consumer.close()
+    iteration.join(10)
+    assert not iteration.is_alive()
+
+
+class DownCall:
+    """An asyncio receive call whose answer fails UNAVAILABLE at once (`failed` set)."""
+
+    def __init__(self, failed: asyncio.Event) -> None:
+        self.failed = failed
+
+    def __aiter__(self) -> DownCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        self.failed.set()
+        raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+
+    def cancel(self) -> None:
+        return None
+
+
+def test_close_ends_an_asyncio_retrys_back_off_at_once(fake: FakeStub) -> None:
+    async def main() -> None:
+        consumer = aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=SLOW)
+        consumer._channel = FakeChannel()  # type: ignore[assignment]
+        failed = asyncio.Event()
+        stub = AsyncStub(fake)
+        stub.ReceiveMessage = lambda request, **_: DownCall(failed)  # type: ignore[attr-defined]
+        consumer._stub_ = stub
+        consumer._batch_receive = False
+        iteration = asyncio.ensure_future(anext(aiter(consumer), None))
+        await asyncio.wait_for(failed.wait(), 10)
+        await consumer.close()
+        assert await asyncio.wait_for(iteration, 10) is None
+
+    asyncio.run(main())
