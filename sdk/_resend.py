@@ -110,7 +110,9 @@ ACK_OUTCOME_UNKNOWN = (
     "it was acked"
 )
 NEVER_CONNECTED = "failed to connect to all addresses"  # grpc's UNAVAILABLE for a call that never left
-NOT_SENT = "nothing was sent"  # a Session request that timed out before it was written (sdk/_session.py)
+# Said by an attempt that left nothing on its way: a Session request that timed out before it was written
+# (sdk/_session.py), a call the closed channel refused (`client_closed`).
+NOT_SENT = "nothing was sent"
 
 
 def client_closed(*, sent: bool = False) -> errors.Unavailable:
