@@ -316,22 +316,10 @@ class ConsumerBase(ClientBase):
         batch: int = 16,
         invisible: float = 30.0,
         wait: float = 20.0,
-        access_key: str | None = None,
-        secret_key: str | None = None,
-        tls: bool | str | Path = False,
-        namespace: str = "",
-        request_timeout: float = 3.0,
-        retry: RetryPolicy | None = None,
+        **options: Unpack[Options],
     ) -> None:
-        super().__init__(
-            endpoint,
-            access_key=access_key,
-            secret_key=secret_key,
-            tls=tls,
-            namespace=namespace,
-            request_timeout=request_timeout,
-            retry=retry,
-        )
+        # Every argument is checked before the channel opens: a refused one leaves nothing open —
+        # tests/unit/sdk/test_retry_loop.py::test_a_consumer_refusing_its_arguments_opens_no_channel.
         if not group:
             raise ValueError("group must not be empty")
         batch = an_int("batch", batch)
@@ -342,6 +330,7 @@ class ConsumerBase(ClientBase):
         self.batch = batch
         self.invisible = duration("invisible", invisible, positive=True)
         self.wait = duration("wait", wait)
+        super().__init__(endpoint, **options)
         self._rotation = itertools.cycle(self.subscriptions)
         self._unyielded = Unyielded()
         # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive

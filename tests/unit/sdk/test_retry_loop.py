@@ -73,3 +73,15 @@ def test_options_are_checked_at_construction() -> None:
         aio.SimpleConsumer("127.0.0.1:1", "g", {}, batch=1)
     with pytest.raises(ValueError):
         aio.SimpleConsumer("127.0.0.1:1", "g", "t", batch=33)
+
+
+def test_a_consumer_refusing_its_arguments_opens_no_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from popgate import SimpleConsumer, _sync_client
+
+    opened: list[str] = []
+    monkeypatch.setattr(_sync_client.grpc, "insecure_channel", lambda target, **kw: opened.append(target))
+    for bad in ({"batch": 33}, {"invisible": 0}, {"wait": -1.0}, {"group": ""}, {"subscriptions": {}}):
+        arguments = {"group": "g", "subscriptions": "t", **bad}
+        with pytest.raises(ValueError):
+            SimpleConsumer("127.0.0.1:1", **arguments)  # type: ignore[arg-type]
+    assert opened == []
