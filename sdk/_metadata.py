@@ -9,7 +9,10 @@ import hashlib
 import hmac
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from ._forks import restarted_after_fork
 
 CLIENT_VERSION = "5.1.2-popgate"
 
@@ -41,17 +44,31 @@ def authorization(credentials: Credentials, date_time: str) -> str:
 
 
 class CallMetadata:
-    """The headers every v2 call carries; the date (and so the signature) is recomputed once a second."""
+    """The headers every v2 call carries; the date (and so the signature) is recomputed once a second.
 
-    def __init__(self, *, client_id: str, namespace: str = "", credentials: Credentials | None = None) -> None:
+    A `client_id` given as a function is called for this process's id, and again in a forked child: a child's
+    calls never carry its parent's id, so the proxy tells the two apart —
+    tests/unit/sdk/test_fork.py::test_a_forked_childs_calls_carry_a_client_id_of_its_own."""
+
+    def __init__(
+        self, *, client_id: str | Callable[[], str], namespace: str = "", credentials: Credentials | None = None
+    ) -> None:
+        self._client_id = client_id
+        self._namespace = namespace
+        self._credentials = credentials
+        self._restart()
+        if callable(client_id):
+            _live_metadata.add(self)
+
+    def _restart(self) -> None:
+        client_id = self._client_id() if callable(self._client_id) else self._client_id
         self._fixed = (
             ("x-mq-language", "PYTHON"),
             ("x-mq-protocol", "GRPC_V2"),
             ("x-mq-client-version", CLIENT_VERSION),
             ("x-mq-client-id", client_id),
-            ("x-mq-namespace", namespace),
+            ("x-mq-namespace", self._namespace),
         )
-        self._credentials = credentials
         self._second = -1
         self._dated: tuple[tuple[str, str], ...] = ()
 
@@ -65,3 +82,6 @@ class CallMetadata:
                 dated += (("authorization", authorization(self._credentials, date)),)
             self._dated, self._second = dated, second
         return (*self._fixed, *self._dated, ("x-mq-request-id", str(uuid.uuid4())))
+
+
+_live_metadata = restarted_after_fork(CallMetadata._restart)

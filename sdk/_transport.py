@@ -48,7 +48,7 @@ class ClientOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def metadata(self) -> CallMetadata:
-        return CallMetadata(client_id=new_client_id(), namespace=self.namespace, credentials=self.credentials)
+        return CallMetadata(client_id=new_client_id, namespace=self.namespace, credentials=self.credentials)
 
 
 _NAMESPACE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # as the proxy checks it (proxy.validate): refused here alike

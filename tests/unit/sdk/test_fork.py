@@ -88,3 +88,33 @@ def test_a_forked_childs_close_gives_back_nothing_its_parent_holds() -> None:
         [sys.executable, "-c", HELD_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert out.split() == ["child", "0", "parent", "m1"]
+
+
+# A producer made in the parent; what client id does each process's call carry?
+CLIENT_ID_AFTER_FORK = """
+import os
+from popgate import Producer
+
+def client_id(producer):
+    return dict(producer._metadata())["x-mq-client-id"]
+
+producer = Producer("127.0.0.1:1")
+before = client_id(producer)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, f"{client_id(producer)} {os.getpid()}".encode())
+    os._exit(0)
+os.close(write)
+child_id, child_pid = os.read(read, 4096).decode().split()
+os.waitpid(pid, 0)
+print(before == client_id(producer), child_id != before, child_id.split("@")[1] == child_pid)
+"""
+
+
+def test_a_forked_childs_calls_carry_a_client_id_of_its_own() -> None:
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", CLIENT_ID_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert out.split() == ["True", "True", "True"]
