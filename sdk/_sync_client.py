@@ -5,6 +5,7 @@ back-off, and close (a `with` block closes the client). `popgate.client.Producer
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -56,6 +57,9 @@ class _SyncClient(ClientBase):
 
     def _open(self) -> None:
         self._closing_now = threading.Event()  # set by close(): a retry's back-off ends at once
+        self._close_calls = itertools.count()
+        self._closer = (0, 0)  # the process and thread of the first close()
+        self._closed_fully = threading.Event()  # set once that close() has closed the channel
         self._connect()
         self._pid = os.getpid()  # once every stub of the channel is made (a subclass's `_connect` adds its own)
 
@@ -150,8 +154,19 @@ class _SyncClient(ClientBase):
 
     def close(self) -> None:
         """Close the connection; calls in progress end with an error (a consumer's iteration just stops, after
-        giving back the messages it had not yielded yet)."""
-        if not self._closed:
+        giving back the messages it had not yielded yet). A close() while another thread's is under way returns
+        once that one has closed the channel — tests/unit/sdk/test_acks.py::
+        test_a_second_close_returns_once_the_first_has_closed_the_channel — except on the closing thread itself
+        (a signal handler's), which returns at once."""
+        me = (os.getpid(), threading.get_ident())
+        if next(self._close_calls) > 0:  # one close only (itertools' count is atomic under the GIL)
+            if self._closer[0] == me[0] and self._closer != me:  # not a forked child's: that closer is not there
+                self._closed_fully.wait()
+            return
+        self._closer = me
+        try:
+            self._stopping()
+        finally:
             self._closed = True
             self._closing_now.set()
             try:
@@ -159,6 +174,10 @@ class _SyncClient(ClientBase):
             finally:
                 if self._pid == os.getpid():  # else the channel is inherited and left as it is
                     self._channel_.close()
+                self._closed_fully.set()
+
+    def _stopping(self) -> None:
+        """What to do before marking the client closed (its calls still go)."""
 
     def _closing(self) -> None:
         """What to do between marking the client closed and closing its channel."""

@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -25,6 +25,8 @@ from .message import Message
 
 # The blocking clients log as `popgate.client`, the module they are imported from (tests/unit/sdk/test_acks.py).
 log = logging.getLogger("popgate.client")
+
+Hold = Callable[[list[Message]], None]  # takes a receive's messages into an iteration's hold
 
 
 class Reads:
@@ -100,55 +102,68 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         """
         return self._retrying(lambda: self._receive_once(max, invisible, wait))
 
-    def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+    def _receive_once(
+        self, max: int | None, invisible: float | None, wait: float | None, hold: Hold | None = None
+    ) -> list[Message]:
         request, timeout = self._receive_plan(max, invisible, wait)
         metadata = self._metadata()
         if self._batch_receive is not False:  # many messages per frame, where the proxy serves it
             try:
                 call = self._ext.ReceiveMessages(request, timeout=timeout, metadata=metadata)
-                messages = self._read(call, request.batch_size)
+                messages = self._read(call, request.batch_size, hold)
             except grpc.RpcError as exc:
                 if not self._batch_unimplemented(exc):
                     raise
             else:
                 self._batch_receive = True
                 return messages
-        return self._read(self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata), request.batch_size)
+        call = self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata)
+        return self._read(call, request.batch_size, hold)
 
-    def _read(self, call: Any, asked: int) -> list[Message]:
+    def _read(self, call: Any, asked: int, hold: Hold | None = None) -> list[Message]:
         """The messages of a receive's answer (either framing). An answer that fails after some messages (a proxy
         gone, a deadline) gives them back before the error goes on to the retry —
         tests/unit/sdk/test_give_back.py::test_a_receive_failed_mid_answer_gives_back_what_it_read — and so does one
         that Ctrl-C interrupts (or any other exception) —
         tests/unit/sdk/test_give_back.py::test_a_receive_interrupted_mid_answer_gives_back_what_it_read. So does one
-        past `asked` messages, cut there (`Answer`)."""
+        past `asked` messages, cut there (`Answer`). `hold` takes the messages before the read ends, so a close()
+        meanwhile finds them held and gives them back —
+        tests/unit/sdk/test_give_back.py::test_close_just_after_an_iterations_receive_gives_back_its_batch."""
         frames = Answer(asked)
         self._reads.add(call)
         try:
-            for frame in call:
-                if frames.over(frame):
-                    call.cancel()
-                    raise frames.too_many()
-            messages, corrupt = deliverable(log, frames)  # an answer without its status raises, given back
-        except BaseException:
-            self._give_back(_wire.all_messages(frames))
-            raise
+            try:
+                for frame in call:
+                    if frames.over(frame):
+                        call.cancel()
+                        raise frames.too_many()
+                messages, corrupt = deliverable(log, frames)  # an answer without its status raises, given back
+            except BaseException:
+                self._give_back(_wire.all_messages(frames))
+                raise
+            if hold is not None:
+                hold(messages)
+            self._give_back(corrupt)
         finally:
             self._reads.done(call)
-        self._give_back(corrupt)
         return messages
 
     def __iter__(self) -> Iterator[Message]:
         """Messages as they come, long-polling forever (transient failures retried without end); ends when the
         client is closed. Messages received but not yet yielded when the loop ends are given back at once."""
+        held: list[int] = []  # the key of the batch the receive held (`_read`)
+
+        def hold(batch: list[Message]) -> None:
+            held.append(self._unyielded.start(batch))
+
         while not self._closed:
             try:
-                batch = self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
+                self._retrying(lambda: self._receive_once(None, None, self._iteration_wait, hold), forever=True)
             except errors.PopgateError:
                 if self._closed:
                     return
                 raise
-            key = self._unyielded.start(batch)
+            key = held.pop()
             try:
                 while not self._closed and (message := self._unyielded.next(key)) is not None:
                     yield message
@@ -162,15 +177,14 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
 
     def close(self) -> None:
         """Close the connection, once the acks not waited for have ended (at most 10 s); see `_SyncClient.close`."""
-        try:
-            if not self._closed:
-                self._unwaited.stop()
-        finally:
-            super().close()
+        super().close()
+
+    def _stopping(self) -> None:
+        self._unwaited.stop()
 
     def _closing(self) -> None:
+        self._reads.cancel_and_wait(self._give_back_timeout)  # answers being read give back or hold what they read
         self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
-        self._reads.cancel_and_wait(self._give_back_timeout)  # and what answers being read had brought
 
     def _give_back(self, messages: list[Message]) -> bool:
         """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than

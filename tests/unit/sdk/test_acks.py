@@ -489,3 +489,33 @@ def test_close_ends_an_asyncio_retrys_back_off_at_once(fake: FakeStub) -> None:
         assert await asyncio.wait_for(iteration, 10) is None
 
     asyncio.run(main())
+
+
+def test_a_second_close_returns_once_the_first_has_closed_the_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads close one consumer: the second close() returns only once the first has closed the channel (a
+    caller may then take every call as ended); a close() on the closing thread itself (a signal handler's) returns
+    at once rather than wait for itself."""
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    events: list[str] = []
+    closing, go_on = threading.Event(), threading.Event()
+    real_closing, real_close = consumer._closing, consumer._channel_.close
+    monkeypatch.setattr(consumer._channel_, "close", lambda: events.append("channel closed") or real_close())
+
+    def slow_closing() -> None:
+        consumer.close()  # as a signal handler of the closing thread would: must not wait for itself
+        events.append("nested close returned")
+        closing.set()
+        go_on.wait(10)
+        real_closing()
+
+    consumer._closing = slow_closing  # type: ignore[method-assign]
+    first = threading.Thread(target=consumer.close)
+    first.start()
+    assert closing.wait(10)
+    second = threading.Thread(target=lambda: consumer.close() or events.append("second returned"))
+    second.start()
+    second.join(0.3)
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert events == ["nested close returned", "channel closed", "second returned"]

@@ -167,6 +167,30 @@ def test_close_during_a_receives_answer_gives_back_what_it_read() -> None:
     assert [type(e) for e in outcome] == [Unavailable]
 
 
+def test_close_just_after_an_iterations_receive_gives_back_its_batch() -> None:
+    """close() from another thread as an iteration's receive has just read its batch, before the iteration yields
+    any: the batch is given back before the channel closes, rather than left invisible for `invisible`."""
+    fake = FakeStub()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    stub = SyncStub(fake, answer(fake, IDS[:2]))
+    consumer._stub = stub
+    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+    consumer._channel_.close()
+    consumer._channel_ = ClosingChannel(stub)  # type: ignore[assignment]
+    start = consumer._unyielded.start
+    closer = threading.Thread(target=consumer.close)
+
+    def closed_meanwhile(batch: Iterable[Message]) -> int:
+        closer.start()
+        closer.join(0.3)  # as long as close() needs, or until it waits for this batch
+        return start(batch)
+
+    consumer._unyielded.start = closed_meanwhile  # type: ignore[method-assign]
+    assert list(consumer) == []
+    closer.join(10)
+    assert given_back(fake) == IDS[:2] and stub.closed
+
+
 def test_close_in_a_signal_handler_of_the_reading_thread_does_not_wait_for_itself() -> None:
     """close() runs on the thread that is reading a receive's answer (a signal handler's): it cancels that answer
     and returns at once, not after waiting out its give-back time for a read only its own thread can end."""
