@@ -25,17 +25,8 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_contract.session_headers import max_message_of, receive_batch_of
 
 from . import errors
-from ._frames import (
-    MAX_WRITE_BYTES,
-    Queued,
-    alone,
-    encode_cancel,
-    encoded,
-    id_of,
-    size_of,
-    too_large,
-    with_queued,
-)
+from ._frames import MAX_WRITE_BYTES, Queued, alone, encode_cancel, encoded, id_of, size_of, too_large, with_queued
+from ._outbox import Outbox
 from ._resend import NOT_SENT
 from ._room import Room
 from ._transport import MAX_MESSAGE_BYTES
@@ -64,64 +55,6 @@ REFUSED = {
 
 class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
-
-
-class Outbox(asyncio.Queue[Queued | None]):
-    """The requests waiting to be written: their bytes counted (`size`), and a request whose caller gave up taken
-    out (`discard`) rather than kept to be written."""
-
-    def _init(self, maxsize: int) -> None:
-        super()._init(maxsize)
-        self.size = 0
-        self._items: dict[int, Queued] = {}  # a request's id: its item, while queued
-        self._ids: dict[int, int] = {}  # id() of a queued request's item: its request's id
-        self._left: asyncio.Future[None] | None = None  # resolved when queued bytes leave (see `shrunk`)
-
-    def shrunk(self) -> asyncio.Future[None]:
-        """Resolved the next time queued bytes leave the outbox (taken to be written, or taken out), or the stream
-        ends (`wake`)."""
-        if self._left is None or self._left.done():
-            self._left = asyncio.get_running_loop().create_future()
-        return self._left
-
-    def wake(self) -> None:
-        if self._left is not None and not self._left.done():
-            self._left.set_result(None)
-
-    def put_request(self, request_id: int, item: Queued) -> None:
-        self._items[request_id], self._ids[id(item)] = item, request_id
-        self.put_nowait(item)
-
-    def queued(self, request_id: int) -> bool:
-        """Whether the request is still waiting to be written."""
-        return request_id in self._items
-
-    def discard(self, request_id: int) -> bool:
-        """Take the request out if it is still queued (then it was never written)."""
-        item = self._items.pop(request_id, None)
-        if item is None:
-            return False
-        del self._ids[id(item)]
-        for i, queued in enumerate(self._queue):  # type: ignore[attr-defined]
-            if queued is item:
-                del self._queue[i]  # type: ignore[attr-defined]
-                break
-        self.size -= size_of(item)
-        self.wake()
-        return True
-
-    def _put(self, item: Queued | None) -> None:
-        self.size += 0 if item is None else size_of(item)
-        super()._put(item)
-
-    def _get(self) -> Queued | None:
-        item = super()._get()
-        if item is not None:
-            self.size -= size_of(item)
-            self.wake()
-            if (request_id := self._ids.pop(id(item), None)) is not None:
-                del self._items[request_id]
-        return item
 
 
 def stream_error(
@@ -170,6 +103,7 @@ class Session:
         self.closing = False  # once `close` began: the proxy gives back what the closed stream left unanswered
         self._convert = convert
         self._outbox = Outbox()
+        self._carried: Queued | None = None  # taken from the outbox, to go first in the writer's next message
         self._outbox_turns: deque[asyncio.Future[None]] = deque()  # requests waiting for room in it, in order
         self._room = Room()
         self._call: Any = channel.stream_stream(METHOD, response_deserializer=ext.SessionResponse.FromString)(
@@ -247,6 +181,9 @@ class Session:
                 if future.done() and not future.cancelled():
                     future.exception()  # failed with the stream meanwhile: the caller gets that error raised here
                 raise
+            # The proxy is given what is left of the caller's time, not the time before the wait —
+            # tests/unit/sdk/test_session.py::test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left.
+            data = encoded(request_id, kind, body, within_s, self.receive_batch, self.max_bytes)
         self._outbox.put_request(request_id, data)
         timer = loop.call_later(within_s, self._timed_out, request_id, future, within_s)
         try:
@@ -298,12 +235,24 @@ class Session:
             self._orphaned(messages)
 
     def _timed_out(self, request_id: int, future: asyncio.Future[Any], timeout: float) -> None:
-        unwritten = self._outbox.queued(request_id)
+        unwritten = self._outbox.queued(request_id) or self._is_carried(request_id)
         if self._drop(request_id) and not future.done():
             future.set_exception(_timeout(timeout, sent=not unwritten))
 
+    def _is_carried(self, request_id: int) -> bool:
+        """Whether the request is the one the writer took to go first in its next message (not written yet)."""
+        carried = self._carried
+        if carried is None:
+            return False
+        return (id_of(carried) if isinstance(carried, bytes) else carried.request_id) == request_id
+
     def _drop(self, request_id: int) -> bool:
         dropped = self._waiting.drop(request_id)
+        if dropped and self._is_carried(
+            request_id
+        ):  # never written: the writer goes on with the outbox — test_session.py::
+            self._carried = None  # test_a_request_carried_to_the_next_write_that_times_out_is_never_sent
+            return dropped
         if dropped and self._outbox.discard(request_id):
             return dropped  # never written: nothing for the proxy to drop
         if dropped and (cancel := self._waiting.to_cancel(request_id)) is not None:
@@ -324,12 +273,14 @@ class Session:
             while frame is not None:
                 # Joined up to half what the proxy reads, so a message past it is one request, failed alone.
                 joined = min(MAX_WRITE_BYTES, self.max_bytes // 2)
-                message, carried = with_queued(frame, self._outbox, self._waiting, joined)
+                message, self._carried = with_queued(frame, self._outbox, self._waiting, joined)
                 if message is not None and len(message) > joined and await self._past_limit(message):
                     message = None
                 if message is not None:
                     await self._call.write(message)
-                frame = carried if carried is not None else await self._outbox.get()
+                frame, self._carried = self._carried, None  # None: dropped meanwhile, or none was carried
+                if frame is None:
+                    frame = await self._outbox.get()
         except (asyncio.InvalidStateError, grpc.RpcError):  # the call ended: `_read` fails the rest
             return
         except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import queue
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -267,19 +268,90 @@ async def test_a_stalled_stream_queues_at_most_its_bound_and_drops_what_timed_ou
 
 
 async def test_a_request_that_timed_out_unwritten_says_nothing_was_sent() -> None:
-    """Behind a stalled write: the request written first times out as one that may have been applied (so does the
-    one the writer took to write next), those still queued or waiting for room as never sent — an ack among them
-    is not reported "outcome unknown"."""
+    """Behind a stalled write: the request written first times out as one that may have been applied, the one the
+    writer took to write next and those still queued or waiting for room as never sent — an ack among them is not
+    reported "outcome unknown"."""
     channel = SessionChannel()
     channel.call = StalledCall()
     session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
     body = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])
     results = await asyncio.gather(*(session.request("send", body, 0.2) for _ in range(40)), return_exceptions=True)
     await session.close()
-    written, unwritten = results[:2], results[2:]
+    written, unwritten = results[:1], results[1:]
     assert all(isinstance(e, Timeout) and _resend.maybe_applied(e) for e in written)
     assert all(isinstance(e, Timeout) and not _resend.maybe_applied(e) for e in unwritten)
     assert all("nothing was sent" in e.message for e in unwritten)  # type: ignore[union-attr]
+
+
+class HeldWrites(SessionCall):
+    """A Session call whose writes wait until the test lets them go (`go`): a proxy slow to read, then reading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.wrote = asyncio.Event()  # set at each write
+
+    async def write(self, message: bytes) -> None:
+        await self.go.wait()
+        await super().write(message)
+        self.wrote.set()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Wait (at most 5 s a write) until `done()` holds."""
+        while not done():
+            self.wrote.clear()
+            await asyncio.wait_for(self.wrote.wait(), 5)
+
+
+def written_ids(call: SessionCall) -> list[int]:
+    requests = [ext.SessionRequest.FromString(message) for message in call.written]
+    return [one.id for request in requests for one in (request, *request.more) if not one.cancel]
+
+
+async def test_a_request_carried_to_the_next_write_that_times_out_is_never_sent() -> None:
+    """Two large sends: the first is being written (held up), the second taken to go first in the next message.
+    The second times out meanwhile: it says nothing was sent, and once the write goes on it is never written (the
+    proxy would apply a request whose caller was told it was not sent)."""
+    channel = SessionChannel()
+    channel.call = HeldWrites()
+    session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
+    body = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (40 * 1024))])
+    first = asyncio.ensure_future(session.request("send", body, 10.0))
+    second = asyncio.ensure_future(session.request("send", body, 0.1))
+    [error] = await asyncio.gather(second, return_exceptions=True)
+    assert isinstance(error, Timeout) and not _resend.maybe_applied(error) and "nothing was sent" in error.message
+    third = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 10.0))
+    channel.call.go.set()
+    await channel.call.until(lambda: len(written_ids(channel.call)) >= 2)
+    assert written_ids(channel.call) == [1, 3]  # the first and the third, never the second
+    first.cancel()
+    third.cancel()
+    await session.close()
+
+
+async def test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left() -> None:
+    """A send that waited 0.3 s of its 2 s for room in a full outbox carries the ~1.7 s left as its timeout, so the
+    proxy does not hold it past the moment its caller stops waiting."""
+    channel = SessionChannel()
+    channel.call = HeldWrites()
+    session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
+    large = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])
+    held = [asyncio.ensure_future(session.request("send", large, 10.0)) for _ in range(34)]  # past the bound
+    await asyncio.sleep(0)
+    late = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 2.0))
+    await asyncio.sleep(0.3)
+    channel.call.go.set()
+    await channel.call.until(lambda: 35 in written_ids(channel.call))
+    [timeout_ms] = [
+        one.timeout_ms
+        for request in map(ext.SessionRequest.FromString, channel.call.written)
+        for one in (request, *request.more)
+        if one.id == 35
+    ]
+    assert 0 < timeout_ms <= 1750
+    for call in (*held, late):
+        call.cancel()
+    await session.close()
 
 
 class SlowCall(SessionCall):
