@@ -201,13 +201,13 @@ class SqliteStore:
         if not self._writing.acquire(blocking=False):  # the writer is bounding the WAL
             return False
         try:
-            if not store_wal.lock_free(self._conn):  # another connection holds it: the writer waits, not the loop
+            if not store_wal.begin_now(self._conn):  # another connection holds it: the writer waits, not the loop
                 return False
             if self._deferred_timer is not None:
                 self._deferred_timer.cancel()
                 self._deferred_timer = None
             batch, self._deferred = [*self._deferred, request], []
-            self._apply(batch)
+            self._apply(batch, begun=True)
             restart_due = self._wal_restart.due()
         finally:
             self._writing.release()
@@ -273,9 +273,9 @@ class SqliteStore:
         self._outstanding -= 1
         _settle(deletion.future, deletion.result)
 
-    def _apply(self, batch: list[Request]) -> None:
-        """One transaction for the whole batch. Statements cannot conflict (offsets are assigned here,
-        state writes are upserts), so a failure is the database's (disk full, read-only): it fails
+    def _apply(self, batch: list[Request], *, begun: bool = False) -> None:
+        """One transaction for the whole batch (`begun`: already begun). Statements cannot conflict (offsets are
+        assigned here, state writes are upserts), so a failure is the database's (disk full, read-only): it fails
         every request of the batch and rolls the offsets back.
 
         A request with a purge (PurgeGroup, PurgeTopic: broker.admin) splits the batch: the requests before it are
@@ -292,7 +292,8 @@ class SqliteStore:
         conn = self._conn
         saved = dict(self._next_offset)
         try:
-            conn.execute("BEGIN")
+            if not begun:
+                conn.execute("BEGIN")
             segment: list[Request] = []
             for request in batch:
                 purges = [op for op in request.ops if isinstance(op, PURGES)]
@@ -311,8 +312,7 @@ class SqliteStore:
                 self._commit_failed("store commit failed: %s", exc)
             else:
                 log.exception("store commit failed")
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            store_wal.roll_back(conn)
             self._next_offset = saved
             for request in batch:
                 request.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
@@ -329,8 +329,7 @@ class SqliteStore:
             deletion.result = store_writes.delete_rows(conn, cuts) if cuts else ([], 0)
         except sqlite3.Error as exc:
             self._commit_failed("store deletion failed: %s", exc)
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            store_wal.roll_back(conn)
             deletion.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
         # done, or failed (`delete_before` raises: no further step), unless cuts are left
         self._purges.step_done(deletion.purged, more=isinstance(deletion.result, tuple) and bool(deletion.result[0]))

@@ -62,20 +62,33 @@ def connect(path: Path, sync: str) -> sqlite3.Connection:
     return conn
 
 
-def lock_free(conn: sqlite3.Connection) -> bool:
-    """Whether the store's write lock is free now (asked without waiting), for a commit on the event loop's thread;
+def begin_now(conn: sqlite3.Connection) -> bool:
+    """Begin a write transaction if the store's write lock is free now (asked without waiting), for a commit on the
+    event loop's thread: the lock is then held until that commit ends, so no other connection takes it meanwhile.
     False when another connection holds it — an operator's `sqlite3` shell, say: the writer thread then commits,
     waiting for the lock, not the loop —
-    tests/unit/broker/test_sqlite_store.py::test_a_write_lock_held_elsewhere_never_holds_the_event_loop."""
+    tests/unit/broker/test_sqlite_store.py::test_a_write_lock_held_elsewhere_never_holds_the_event_loop,
+    ::test_no_other_connection_takes_the_write_lock_between_its_ask_and_an_inline_commit."""
     conn.execute("PRAGMA busy_timeout=0")
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
         return True
     except sqlite3.Error:  # busy, or worse: the writer's commit answers it as a failed one
         return False
     finally:
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+
+
+def roll_back(conn: sqlite3.Connection) -> None:
+    """End a failed commit's transaction, if one is open. A ROLLBACK that fails as well (the disk gone) is logged,
+    not raised: the writer thread serves on, and the next commit's failure rolls back again —
+    tests/unit/broker/test_sqlite_store.py::test_a_rollback_that_fails_leaves_the_writer_serving."""
+    if not conn.in_transaction:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        log.warning("store rollback failed: %s", exc)
 
 
 def run_checkpointer(

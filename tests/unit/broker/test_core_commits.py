@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker import admin
+from broker import admin, store_wal
 from broker.core import BrokerCore
 from broker.sqlite_store import SqliteStore
 from broker.store import DeleteInflight
@@ -25,8 +25,10 @@ def fail_next_commit(store: SqliteStore) -> None:
     """The next group commit fails as on a full disk; later ones succeed."""
     real = store._apply
 
-    def fail_once(batch: list[Any]) -> None:
+    def fail_once(batch: list[Any], *, begun: bool = False) -> None:
         store._apply = real  # type: ignore[method-assign]
+        if begun:  # an inline commit's transaction: ended as a failed commit's is
+            store_wal.roll_back(store._conn)
         for request in batch:
             request.result = StoreUnavailable("disk full (injected)")
 
@@ -194,11 +196,13 @@ class FullDisk:
         self.store, self.real, self.deletions_pass = store, store._apply, deletions_pass
         self.submitted = 0
 
-    def __call__(self, batch: list[Any]) -> None:
+    def __call__(self, batch: list[Any], *, begun: bool = False) -> None:
         self.submitted += sum(len(request.ops) for request in batch)
         if self.deletions_pass and all(isinstance(op, DeleteInflight) for r in batch for op in r.ops):
-            self.real(batch)
+            self.real(batch, begun=begun)
             return
+        if begun:  # an inline commit's transaction: ended as a failed commit's is
+            store_wal.roll_back(self.store._conn)
         for request in batch:
             request.result = StoreUnavailable("disk full (injected)")
 

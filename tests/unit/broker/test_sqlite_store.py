@@ -206,6 +206,68 @@ async def test_a_write_lock_held_elsewhere_never_holds_the_event_loop(tmp_path: 
     await store.close()
 
 
+async def test_no_other_connection_takes_the_write_lock_between_its_ask_and_an_inline_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle store's Send is committed on the loop's thread once the write lock was found free: another connection
+    asking for the lock between that and the commit is refused at once (the lock is held from the ask), so it
+    cannot take it and hold the loop waiting up to the busy timeout (5 s)."""
+    monkeypatch.setattr(LoopLoad, "busy", lambda _: 0.0)
+    store = SqliteStore(tmp_path, flush="async")
+    store.start(asyncio.get_running_loop())
+    await store.submit([message(0)], [])
+    asked: list[bool] = []  # whether the other connection got the lock
+    real = store._apply
+
+    def apply(batch: list[object], **kw: object) -> None:
+        if threading.current_thread() is threading.main_thread() and not asked:  # the inline commit
+            with closing(sqlite3.connect(tmp_path / "broker.sqlite3", isolation_level=None, timeout=0)) as shell:
+                try:
+                    shell.execute("BEGIN IMMEDIATE")
+                    shell.execute("ROLLBACK")
+                    asked.append(True)
+                except sqlite3.OperationalError:
+                    asked.append(False)
+        real(batch, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_apply", apply)
+    [record] = await store.submit([message(1)], [])
+    assert (asked, record.offset) == ([False], 1)
+    await store.close()
+
+
+class FailingRollbacks:
+    """A store connection whose next COMMIT and ROLLBACK fail (a disk gone), then work again."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.failing = {"COMMIT", "ROLLBACK"}
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql in self.failing:
+            self.failing.discard(sql)
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.conn, name)
+
+
+async def test_a_rollback_that_fails_leaves_the_writer_serving(tmp_path: Path) -> None:
+    """A commit fails, and so does its rollback: that Send fails StoreUnavailable, and the writer thread serves
+    on — a later Send is stored, rather than every later one waiting for a thread that died."""
+    store = SqliteStore(tmp_path, flush="sync")  # every commit by the writer thread
+    store.start(asyncio.get_running_loop())
+    await store.submit([message(0)], [])
+    store._conn = FailingRollbacks(store._conn)  # type: ignore[assignment]
+    with pytest.raises(StoreUnavailable):
+        await asyncio.wait_for(store.submit([message(1)], []), 10)
+    for i in (2, 3):  # the first may fail as it ends the transaction the failed rollback left open
+        [outcome] = await asyncio.wait_for(asyncio.gather(store.submit([message(i)], []), return_exceptions=True), 10)
+    assert isinstance(outcome, list) and len(outcome) == 1
+    await store.close()
+
+
 async def test_an_ack_taken_into_an_inline_commit_is_never_written_before_its_pop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
