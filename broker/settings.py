@@ -221,7 +221,7 @@ class BrokerSettings:
             (self.max_delay_s >= 0, "max_delay_s must be >= 0"),
             (self.sweep_interval_s >= MIN_INTERVAL_S, f"sweep_interval_s must be >= {MIN_INTERVAL_S}"),
             (self.retention_s >= 0, "retention_s must be >= 0 (0 = keep for ever)"),
-            (0 < self.retention_check_s <= 86400, "retention_check_s must be in (0, 86400]"),
+            (1 <= self.retention_check_s <= 86400, "retention_check_s must be in [1, 86400]"),
             (self.export_interval_s >= MIN_INTERVAL_S, f"export_interval_s must be >= {MIN_INTERVAL_S}"),
             (
                 self.max_grpc_message_bytes <= MAX_GRPC_MESSAGE_LIMIT,
