@@ -127,8 +127,12 @@ class H2Server:
                 connection.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
             connection.remove(stream)
             return
+        # A request that is no gRPC call gets an HTTP error, as gRPC's HTTP/2 protocol asks, not a 200 that an
+        # HTTP client would take for success — test_h2grpc_raw.py::test_a_request_that_is_not_grpc_gets_an_http_error.
+        if fields.get(b":method") != b"POST":
+            return stream.finish(UNKNOWN_CONTENT, "not a gRPC request (method)", (), http_status=b"405")
         if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
-            return stream.finish(UNKNOWN_CONTENT, "not a gRPC request (content-type)", ())
+            return stream.finish(UNKNOWN_CONTENT, "not a gRPC request (content-type)", (), http_status=b"415")
         if self.calls > self.max_calls:
             return stream.finish(wire.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!", ())
         handler = self._handler(path)
@@ -141,9 +145,13 @@ class H2Server:
         deadline = None
         if (timeout := fields.get(b"grpc-timeout")) is not None:
             try:
-                deadline = asyncio.get_running_loop().time() + wire.timeout_s(timeout)
+                timeout_s = wire.timeout_s(timeout)
             except wire.WireError as exc:
                 return stream.finish(exc.code, exc.message, ())
+            if timeout_s <= 0:  # past already: its handler never runs (test_h2grpc_raw.py::
+                # test_a_call_whose_deadline_is_zero_ends_deadline_exceeded)
+                return stream.finish(call.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+            deadline = asyncio.get_running_loop().time() + timeout_s
             stream.timer = asyncio.get_running_loop().call_at(deadline, stream.expire)
         stream.handler = handler
         stream.context = call.Context(stream, invocation_metadata, deadline)

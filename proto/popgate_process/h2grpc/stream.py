@@ -191,16 +191,20 @@ class Stream:
         self._connection.h2.send_headers(self.id, RESPONSE_HEADERS + list(metadata) if metadata else RESPONSE_HEADERS)
         self._connection.flush_soon()
 
-    def finish(self, code: int, message: str, trailing: Sequence[tuple[str, str | bytes]]) -> None:
-        """The call's status, sent once its pending responses are. Raises (the call left unfinished) if `trailing`
-        does not encode."""
+    def finish(
+        self, code: int, message: str, trailing: Sequence[tuple[str, str | bytes]], http_status: bytes = b"200"
+    ) -> None:
+        """The call's status, sent once its pending responses are (`http_status`: a trailers-only answer's HTTP
+        status, for a request that is not a gRPC call). Raises (the call left unfinished) if `trailing` does not
+        encode."""
         if self.finished or self.reset:
             return
         trailers = wire.status(code, message, trailing)
         self.finished = True  # the deadline's timer stays armed until the trailers go to h2 (`expire`)
         if not self.headers_sent and not self.pending:
             self.headers_sent = True
-            self.trailers = RESPONSE_HEADERS + trailers  # trailers-only
+            head = RESPONSE_HEADERS if http_status == b"200" else [(b":status", http_status), *RESPONSE_HEADERS[1:]]
+            self.trailers = head + trailers  # trailers-only
         else:
             self.trailers = trailers
         self._connection.later(self)

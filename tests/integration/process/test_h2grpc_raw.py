@@ -457,3 +457,34 @@ async def test_responses_are_flushed_only_as_far_as_the_clients_window_takes_the
     assert handlers.flushed.is_set()
     assert (len(body), trailers[b"grpc-status"]) == (32 * (5 + 30_000), b"0")
     await peer.close()
+
+
+async def test_a_request_that_is_not_grpc_gets_an_http_error(server: tuple[H2Server, Handlers, str]) -> None:
+    """A request that is no gRPC call (another content-type, a GET) is answered with an HTTP error (415, 405) an
+    HTTP client sees, not a 200; its grpc-status says why, and the connection's gRPC calls go on."""
+    _, _, target = server
+    peer = await connected(target)
+    not_grpc = [(k, b"text/plain" if k == b"content-type" else v) for k, v in headers(b"/t.S/echo")]
+    get = [(k, b"GET" if k == b":method" else v) for k, v in headers(b"/t.S/echo")]
+    for stream_id, sent, http_status in ((1, not_grpc, b"415"), (3, get, b"405")):
+        peer.client.send_headers(stream_id, sent)
+        peer.client.send_data(stream_id, OK, end_stream=True)
+        peer.send()
+        _, trailers = answer(await peer.read(answered=stream_id), stream_id)
+        assert trailers[b":status"] == http_status and trailers[b"grpc-status"] == b"2"
+    await echoes_ok(peer, 5)
+    await peer.close()
+
+
+async def test_a_call_whose_deadline_is_zero_ends_deadline_exceeded(server: tuple[H2Server, Handlers, str]) -> None:
+    """A call whose `grpc-timeout` is 0 is past its deadline as it comes: DEADLINE_EXCEEDED, as grpc's own server
+    answers it, not the answer of a handler that happens to end at once."""
+    _, _, target = server
+    peer = await connected(target)
+    peer.client.send_headers(1, [*headers(b"/t.S/echo"), (b"grpc-timeout", b"0n")])
+    peer.client.send_data(1, OK, end_stream=True)
+    peer.send()
+    body, trailers = answer(await peer.read(answered=1), 1)
+    assert (body, trailers[b"grpc-status"]) == (b"", b"4")
+    await echoes_ok(peer, 3)
+    await peer.close()
