@@ -176,14 +176,14 @@ class Session:
         if self._outbox_turns or (self._outbox.size and self._outbox.size + size_of(data) > MAX_OUTBOX_BYTES):
             try:
                 within_s = await self._outbox_room(size_of(data), within_s)
+                # The proxy is given what is left of the caller's time, not the time before the wait — test_session.py
+                # ::test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left. (Its limit may be lower.)
+                data = encoded(request_id, kind, body, within_s, self.receive_batch, self.max_bytes)
             except BaseException:
                 self._waiting.drop(request_id)
                 if future.done() and not future.cancelled():
                     future.exception()  # failed with the stream meanwhile: the caller gets that error raised here
                 raise
-            # The proxy is given what is left of the caller's time, not the time before the wait —
-            # tests/unit/sdk/test_session.py::test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left.
-            data = encoded(request_id, kind, body, within_s, self.receive_batch, self.max_bytes)
         self._outbox.put_request(request_id, data)
         timer = loop.call_later(within_s, self._timed_out, request_id, future, within_s)
         try:

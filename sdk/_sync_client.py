@@ -5,7 +5,6 @@ back-off, and close (a `with` block closes the client). `popgate.client.Producer
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import threading
@@ -21,7 +20,8 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from . import _resend, errors
-from ._base import ClientBase
+from ._acks import CLOSE_WAIT_S
+from ._base import GIVE_BACK_TIMEOUT_S, ClientBase
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 
 # The blocking clients log as `popgate.client`, the module they are imported from (tests/unit/sdk/test_acks.py).
@@ -33,6 +33,12 @@ T = TypeVar("T")
 # having grpc's channel thread hand each over (grpc's experimental channel option; its cost is in docs/SDK.md).
 _SYNC_OPTIONS = [*CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
 
+
+# How long a close() waits for another thread's to end: past all that one waits for (the acks not waited for,
+# CLOSE_WAIT_S; the reads' and the iterations' give-backs), yet not for good should that one wait for the caller (a
+# signal handler's close() on a thread holding a lock the first needs) —
+# tests/unit/sdk/test_acks.py::test_a_close_in_a_signal_handler_never_waits_for_good_for_another_threads_close.
+SECOND_CLOSE_WAIT_S = CLOSE_WAIT_S + 3 * GIVE_BACK_TIMEOUT_S
 
 # Channels a forked child inherited and replaced: kept referenced, never closed nor collected, since their grpc
 # state may hold locks that threads of the parent held at the fork.
@@ -57,9 +63,7 @@ class _SyncClient(ClientBase):
 
     def _open(self) -> None:
         self._closing_now = threading.Event()  # set by close(): a retry's back-off ends at once
-        self._close_calls = itertools.count()
-        self._closer = (0, 0)  # the process and thread of the first close()
-        self._closed_fully = threading.Event()  # set once that close() has closed the channel
+        self._closed_fully = threading.Event()  # set once the first close() has closed the channel
         self._connect()
         self._pid = os.getpid()  # once every stub of the channel is made (a subclass's `_connect` adds its own)
 
@@ -159,11 +163,11 @@ class _SyncClient(ClientBase):
         test_a_second_close_returns_once_the_first_has_closed_the_channel — except on the closing thread itself
         (a signal handler's), which returns at once."""
         me = (os.getpid(), threading.get_ident())
-        if next(self._close_calls) > 0:  # one close only (itertools' count is atomic under the GIL)
-            if self._closer[0] == me[0] and self._closer != me:  # not a forked child's: that closer is not there
-                self._closed_fully.wait()
+        closer = self.__dict__.setdefault("_closer", me)  # one close only: the first to claim it (one step)
+        if closer is not me:
+            if closer[0] == me[0] and closer != me:  # not a forked child's: that closer is not there
+                self._closed_fully.wait(SECOND_CLOSE_WAIT_S)
             return
-        self._closer = me
         try:
             self._stopping()
         finally:

@@ -519,3 +519,26 @@ def test_a_second_close_returns_once_the_first_has_closed_the_channel(monkeypatc
     first.join(10)
     second.join(10)
     assert events == ["nested close returned", "channel closed", "second returned"]
+
+
+def test_a_close_in_a_signal_handler_never_waits_for_good_for_another_threads_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread's close() is under way and needs a lock this thread holds for a moment (a read's bookkeeping),
+    when a signal handler here calls close(): that close() returns within its bound rather than wait for a close that
+    waits for it; then the first one ends."""
+    from popgate import _sync_client
+
+    monkeypatch.setattr(_sync_client, "SECOND_CLOSE_WAIT_S", 0.5)
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    stopping, go_on = threading.Event(), threading.Event()
+    real_stop = consumer._unwaited.stop
+    consumer._unwaited.stop = lambda: (stopping.set(), go_on.wait(10), real_stop()) and None  # type: ignore[method-assign]
+    first = threading.Thread(target=consumer.close)
+    first.start()
+    assert stopping.wait(10)
+    with consumer._reads._changed:  # held as `Reads.add` holds it when the handler interrupts it
+        go_on.set()  # the first close() goes on, to wait for the reads: for this lock
+        consumer.close()  # the handler's
+    first.join(10)
+    assert not first.is_alive() and consumer.closed

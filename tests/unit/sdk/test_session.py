@@ -329,15 +329,23 @@ async def test_a_request_carried_to_the_next_write_that_times_out_is_never_sent(
     await session.close()
 
 
-async def test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left() -> None:
-    """A send that waited 0.3 s of its 2 s for room in a full outbox carries the ~1.7 s left as its timeout, so the
-    proxy does not hold it past the moment its caller stops waiting."""
+LARGE = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])
+
+
+async def outbox_full() -> tuple[SessionChannel, _session.Session, list[asyncio.Future[Any]]]:
+    """A Session whose writes are held up (`HeldWrites`), and sends of 1 MiB filling its outbox past its bound."""
     channel = SessionChannel()
     channel.call = HeldWrites()
     session = _session.Session(channel, (), convert)  # type: ignore[arg-type]
-    large = pb.SendMessageRequest(messages=[v2.Message(body=b"x" * (1 << 20))])
-    held = [asyncio.ensure_future(session.request("send", large, 10.0)) for _ in range(34)]  # past the bound
+    held = [asyncio.ensure_future(session.request("send", LARGE, 10.0)) for _ in range(34)]
     await asyncio.sleep(0)
+    return channel, session, held
+
+
+async def test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left() -> None:
+    """A send that waited 0.3 s of its 2 s for room in a full outbox carries the ~1.7 s left as its timeout, so the
+    proxy does not hold it past the moment its caller stops waiting."""
+    channel, session, held = await outbox_full()
     late = asyncio.ensure_future(session.request("send", pb.SendMessageRequest(), 2.0))
     await asyncio.sleep(0.3)
     channel.call.go.set()
@@ -351,6 +359,22 @@ async def test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left
     assert 0 < timeout_ms <= 1750
     for call in (*held, late):
         call.cancel()
+    await session.close()
+
+
+async def test_a_request_past_a_limit_lowered_while_it_waited_for_room_fails_and_is_not_kept() -> None:
+    """A large send waits for room in a full outbox while the proxy's headers lower its message limit below it: it
+    fails MessageBodyTooLarge, nothing sent, and the stream keeps nothing of it (no answer awaited for ever)."""
+    channel, session, held = await outbox_full()
+    late = asyncio.ensure_future(session.request("send", LARGE, 10.0))
+    await asyncio.sleep(0.05)
+    session.max_bytes = 512 * 1024  # as the proxy's headers set it
+    for call in held:
+        call.cancel()  # room frees: the late one goes on
+    [error] = await asyncio.gather(late, return_exceptions=True)
+    assert isinstance(error, MessageBodyTooLarge)
+    assert len(session._waiting) == 0
+    channel.call.go.set()
     await session.close()
 
 
