@@ -176,9 +176,13 @@ class _SyncClient(ClientBase):
             try:
                 self._closing()
             finally:
-                if self._pid == os.getpid():  # else the channel is inherited and left as it is
-                    self._channel_.close()
-                self._closed_fully.set()
+                self._end_channel()
+
+    def _end_channel(self) -> None:
+        """Close the channel (not an inherited one: left as it is) — a subclass may put this off."""
+        if self._pid == os.getpid():
+            self._channel_.close()
+        self._closed_fully.set()
 
     def _stopping(self) -> None:
         """What to do before marking the client closed (its calls still go)."""

@@ -42,16 +42,35 @@ class Reads:
     def _restart(self) -> None:
         """None. A forked child starts so: the calls are its parent's, left to the parent."""
         self._calls: dict[int, tuple[Any, int]] = {}  # id(call): the call and the thread reading it
-        self._changed = threading.Condition()
+        self._changed = threading.Condition()  # an RLock's: a signal handler may take it on a thread holding it
+        self._then: tuple[int, Callable[[], None]] | None = None  # to run once that thread's reads end
 
     def add(self, call: Any) -> None:
         with self._changed:
             self._calls[id(call)] = (call, threading.get_ident())
 
     def done(self, call: Any) -> None:
+        here = threading.get_ident()
         with self._changed:
             self._calls.pop(id(call), None)
             self._changed.notify_all()
+            then = self._then
+            if then is None or then[0] != here or any(thread == here for _, thread in self._calls.values()):
+                then = None
+            else:
+                self._then = None
+        if then is not None:
+            then[1]()
+
+    def after_mine(self, then: Callable[[], None]) -> bool:
+        """Whether this thread is reading an answer (a close() in a signal handler of a reading thread); if so,
+        `then` runs once its reads have ended."""
+        here = threading.get_ident()
+        with self._changed:
+            if not any(thread == here for _, thread in self._calls.values()):
+                return False
+            self._then = (here, then)
+            return True
 
     def cancel_and_wait(self, timeout: float) -> bool:
         """Whether every read of another thread ended within `timeout`."""
@@ -185,6 +204,19 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def _closing(self) -> None:
         self._reads.cancel_and_wait(self._give_back_timeout)  # answers being read give back or hold what they read
         self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+
+    def _end_channel(self) -> None:
+        """A close() in a signal handler of a thread reading an answer closes the channel only once that read has
+        ended, after giving back what it read or held — tests/unit/sdk/test_give_back.py::
+        test_close_in_a_signal_handler_just_after_its_threads_read_gives_back_the_batch."""
+        if not self._reads.after_mine(self._ended_after_read):
+            super()._end_channel()
+
+    def _ended_after_read(self) -> None:
+        try:
+            self._give_back(self._unyielded.take_all())
+        finally:
+            super()._end_channel()
 
     def _give_back(self, messages: list[Message]) -> bool:
         """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than

@@ -212,6 +212,25 @@ def test_close_in_a_signal_handler_of_the_reading_thread_does_not_wait_for_itsel
     assert ended == [True]  # no read of another thread left: it did not wait for its own
 
 
+def test_close_in_a_signal_handler_just_after_its_threads_read_gives_back_the_batch() -> None:
+    """close() runs on the iterating thread (a signal handler's) as the receive's last frame was read, before the
+    batch is held: the channel closes only once that read has ended, after the batch is given back."""
+    fake = FakeStub()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+
+    def frames() -> Iterator[pb.ReceiveMessageResponse]:
+        yield from answer(fake, IDS[:2])
+        consumer.close()  # as a SIGTERM handler would, the whole answer read
+
+    stub = SyncStub(fake, frames())
+    consumer._stub = stub
+    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
+    consumer._channel_.close()
+    consumer._channel_ = ClosingChannel(stub)  # type: ignore[assignment]
+    assert list(consumer) == []
+    assert given_back(fake) == IDS[:2] and stub.closed
+
+
 def interrupted_after(frames: list[pb.ReceiveMessageResponse]) -> Iterator[pb.ReceiveMessageResponse]:
     """A ReceiveMessage stream during which Ctrl-C comes after `frames`."""
     yield from frames
