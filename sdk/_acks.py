@@ -148,7 +148,7 @@ class ThreadAcks:
     def _restart(self) -> None:
         """No thread, nothing queued or under way. A forked child starts so, since none of the parent's threads
         is in it — tests/unit/sdk/test_fork.py::test_a_forked_childs_unwaited_acks_are_sent."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler's close() may take it on a thread holding it
         self._slots = threading.BoundedSemaphore(MAX_UNWAITED_ACKS)  # queued or under way
         self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()

@@ -274,7 +274,7 @@ class Unyielded:
         yields or gives back itself (the child's close() giving them back would fail the parent's acks) —
         tests/unit/sdk/test_fork.py::test_a_forked_childs_close_gives_back_nothing_its_parent_holds."""
         self._batches: dict[int, deque[Message]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal handler's close() may take it on a thread holding it
 
     def start(self, messages: Iterable[Message]) -> int:
         """Hold a batch an iteration received; the key to its other calls."""

@@ -45,17 +45,21 @@ class Reads:
         self._changed = threading.Condition()  # an RLock's: a signal handler may take it on a thread holding it
         self._then: tuple[int, Callable[[], None]] | None = None  # to run once that thread's reads end
 
+    def _readers(self) -> list[int]:
+        """The threads reading, from a copy (`done` takes a call out without the lock)."""
+        return [thread for _, thread in list(self._calls.values())]
+
     def add(self, call: Any) -> None:
         with self._changed:
             self._calls[id(call)] = (call, threading.get_ident())
 
     def done(self, call: Any) -> None:
         here = threading.get_ident()
+        self._calls.pop(id(call), None)  # first, in one step: a signal's exception leaves no stale entry
         with self._changed:
-            self._calls.pop(id(call), None)
             self._changed.notify_all()
             then = self._then
-            if then is None or then[0] != here or any(thread == here for _, thread in self._calls.values()):
+            if then is None or then[0] != here or here in self._readers():
                 then = None
             else:
                 self._then = None
@@ -67,7 +71,7 @@ class Reads:
         `then` runs once its reads have ended."""
         here = threading.get_ident()
         with self._changed:
-            if not any(thread == here for _, thread in self._calls.values()):
+            if here not in self._readers():
                 return False
             self._then = (here, then)
             return True
@@ -81,7 +85,7 @@ class Reads:
                 cancel()
         here = threading.get_ident()  # a close() in a signal handler of a reading thread: that read waits for it
         with self._changed:
-            return self._changed.wait_for(lambda: all(thread == here for _, thread in self._calls.values()), timeout)
+            return self._changed.wait_for(lambda: all(thread == here for thread in self._readers()), timeout)
 
 
 _live_reads = restarted_after_fork(Reads._restart)
@@ -149,8 +153,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         meanwhile finds them held and gives them back —
         tests/unit/sdk/test_give_back.py::test_close_just_after_an_iterations_receive_gives_back_its_batch."""
         frames = Answer(asked)
-        self._reads.add(call)
         try:
+            self._reads.add(call)  # in the `try`: a Ctrl-C right after it still ends the read (test_give_back.py::
+            # test_a_ctrl_c_as_a_read_begins_leaves_close_nothing_to_wait_for)
             try:
                 for frame in call:
                     if frames.over(frame):

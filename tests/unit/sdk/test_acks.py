@@ -542,3 +542,21 @@ def test_a_close_in_a_signal_handler_never_waits_for_good_for_another_threads_cl
         consumer.close()  # the handler's
     first.join(10)
     assert not first.is_alive() and consumer.closed
+
+
+@pytest.mark.parametrize("lock", ["unyielded", "unwaited acks"])
+def test_a_close_in_a_signal_handler_of_a_thread_holding_a_lock_of_the_client_returns(lock: str) -> None:
+    """A signal handler's close() runs on a thread that holds one of the consumer's locks for a moment (an iteration
+    taking its batch into its hold, an ack being queued): it closes the consumer rather than wait for good for a
+    lock its own thread holds."""
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    held = consumer._unyielded._lock if lock == "unyielded" else consumer._unwaited._lock
+
+    def handler_on_the_holding_thread() -> None:
+        with held:
+            consumer.close()
+
+    thread = threading.Thread(target=handler_on_the_holding_thread, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and consumer.closed

@@ -139,6 +139,15 @@ class ClosingChannel:
         self.stub.closed = True
 
 
+def served_closing(consumer: SimpleConsumer, stub: SyncStub) -> SyncStub:
+    """`stub` serves `consumer` (v2 ReceiveMessage only), over a channel whose calls fail once it is closed."""
+    consumer._stub = stub
+    consumer._batch_receive = False
+    consumer._channel_.close()
+    consumer._channel_ = ClosingChannel(stub)  # type: ignore[assignment]
+    return stub
+
+
 def test_close_during_a_receives_answer_gives_back_what_it_read() -> None:
     """close() from another thread while a receive's answer is coming, two messages read: they are given back
     before the channel closes, rather than left invisible for `invisible`."""
@@ -172,11 +181,7 @@ def test_close_just_after_an_iterations_receive_gives_back_its_batch() -> None:
     any: the batch is given back before the channel closes, rather than left invisible for `invisible`."""
     fake = FakeStub()
     consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
-    stub = SyncStub(fake, answer(fake, IDS[:2]))
-    consumer._stub = stub
-    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
-    consumer._channel_.close()
-    consumer._channel_ = ClosingChannel(stub)  # type: ignore[assignment]
+    stub = served_closing(consumer, SyncStub(fake, answer(fake, IDS[:2])))
     start = consumer._unyielded.start
     closer = threading.Thread(target=consumer.close)
 
@@ -222,13 +227,28 @@ def test_close_in_a_signal_handler_just_after_its_threads_read_gives_back_the_ba
         yield from answer(fake, IDS[:2])
         consumer.close()  # as a SIGTERM handler would, the whole answer read
 
-    stub = SyncStub(fake, frames())
-    consumer._stub = stub
-    consumer._batch_receive = False  # the stub serves v2 ReceiveMessage only
-    consumer._channel_.close()
-    consumer._channel_ = ClosingChannel(stub)  # type: ignore[assignment]
+    stub = served_closing(consumer, SyncStub(fake, frames()))
     assert list(consumer) == []
     assert given_back(fake) == IDS[:2] and stub.closed
+
+
+def test_a_ctrl_c_as_a_read_begins_leaves_close_nothing_to_wait_for() -> None:
+    """Ctrl-C comes just as a receive has registered its read: the receive ends with KeyboardInterrupt, and the
+    close() that follows (a `with` block's end) closes the channel at once, not put off for a read that is over."""
+    fake = FakeStub()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    stub = served_closing(consumer, SyncStub(fake, answer(fake, IDS[:1])))
+    register = consumer._reads.add
+
+    def interrupted(call: Any) -> None:
+        register(call)
+        raise KeyboardInterrupt
+
+    consumer._reads.add = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        consumer.receive()
+    consumer.close()
+    assert stub.closed and consumer._closed_fully.is_set()
 
 
 def interrupted_after(frames: list[pb.ReceiveMessageResponse]) -> Iterator[pb.ReceiveMessageResponse]:
