@@ -164,8 +164,10 @@ class _SyncClient(ClientBase):
         (a signal handler's), which returns at once."""
         me = (os.getpid(), threading.get_ident())
         closer = self.__dict__.setdefault("_closer", me)  # one close only: the first to claim it (one step)
+        if closer[0] != me[0]:  # a parent's close(), under way at the fork: the child closes what is its own —
+            closer = self.__dict__["_closer"] = me  # test_fork.py::test_a_child_forked_during_close_can_close
         if closer is not me:
-            if closer[0] == me[0] and closer != me:  # not a forked child's: that closer is not there
+            if closer != me:  # another thread's: once it has closed the channel (not one its own thread runs)
                 self._closed_fully.wait(SECOND_CLOSE_WAIT_S)
             return
         try:

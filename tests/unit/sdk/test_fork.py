@@ -118,3 +118,35 @@ def test_a_forked_childs_calls_carry_a_client_id_of_its_own() -> None:
         [sys.executable, "-c", CLIENT_ID_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert out.split() == ["True", "True", "True"]
+
+
+# A consumer whose close() another thread of the parent had begun at the fork; can the child close it?
+CLOSE_AFTER_FORK_DURING_CLOSE = """
+import os
+from popgate import SimpleConsumer
+
+consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+consumer.__dict__["_closer"] = (os.getpid(), 1)  # as another thread's close() records itself
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    consumer.close()
+    os.write(write, str(consumer.closed).encode())
+    os._exit(0)
+os.close(write)
+print(os.read(read, 64).decode())
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_during_close_can_close() -> None:
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", CLOSE_AFTER_FORK_DURING_CLOSE],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert out.split() == ["True"]
