@@ -182,14 +182,20 @@ def test_close_just_after_an_iterations_receive_gives_back_its_batch() -> None:
     fake = FakeStub()
     consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
     stub = served_closing(consumer, SyncStub(fake, answer(fake, IDS[:2])))
-    start = consumer._unyielded.start
+    start, wait_for_reads = consumer._unyielded.start, consumer._reads.cancel_and_wait
     closer = threading.Thread(target=consumer.close)
+    reads_waited = threading.Event()
+
+    def noted(timeout: float) -> bool:
+        reads_waited.set()
+        return wait_for_reads(timeout)
 
     def closed_meanwhile(batch: Iterable[Message]) -> int:
         closer.start()
-        closer.join(0.3)  # as long as close() needs, or until it waits for this batch
+        assert reads_waited.wait(10)  # close() has come to the reads being read: this one among them
         return start(batch)
 
+    consumer._reads.cancel_and_wait = noted  # type: ignore[method-assign]
     consumer._unyielded.start = closed_meanwhile  # type: ignore[method-assign]
     assert list(consumer) == []
     closer.join(10)
