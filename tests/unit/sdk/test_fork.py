@@ -57,12 +57,23 @@ os.waitpid(pid, 0)
 """
 
 
-def test_a_forked_childs_unwaited_acks_are_sent() -> None:
+def printed_by(script: str) -> list[str]:
+    """The words `script` prints, run in a process of its own (it forks: not in the test's process)."""
     root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", ACKS_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    assert out.split() == ["child0", "child1", "child2", "parent", "True"]  # sent at once, close() quick
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout.split()
+
+
+def test_a_forked_childs_unwaited_acks_are_sent() -> None:
+    assert printed_by(ACKS_AFTER_FORK) == [
+        "child0",
+        "child1",
+        "child2",
+        "parent",
+        "True",
+    ]  # sent at once, close() quick
 
 
 HELD_AFTER_FORK = """
@@ -83,11 +94,7 @@ print("parent", held.next(key).message_id, flush=True)
 
 
 def test_a_forked_childs_close_gives_back_nothing_its_parent_holds() -> None:
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", HELD_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    assert out.split() == ["child", "0", "parent", "m1"]
+    assert printed_by(HELD_AFTER_FORK) == ["child", "0", "parent", "m1"]
 
 
 # A producer made in the parent; what client id does each process's call carry?
@@ -113,11 +120,7 @@ print(before == client_id(producer), child_id != before, child_id.split("@")[1] 
 
 
 def test_a_forked_childs_calls_carry_a_client_id_of_its_own() -> None:
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", CLIENT_ID_AFTER_FORK], cwd=root, capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    assert out.split() == ["True", "True", "True"]
+    assert printed_by(CLIENT_ID_AFTER_FORK) == ["True", "True", "True"]
 
 
 # A consumer whose close() another thread of the parent had begun at the fork; can the child close it?
@@ -140,13 +143,4 @@ os.waitpid(pid, 0)
 
 
 def test_a_child_forked_during_close_can_close() -> None:
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-c", CLOSE_AFTER_FORK_DURING_CLOSE],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert out.split() == ["True"]
+    assert printed_by(CLOSE_AFTER_FORK_DURING_CLOSE) == ["True"]
