@@ -176,8 +176,10 @@ class Session:
         if self._outbox_turns or (self._outbox.size and self._outbox.size + size_of(data) > MAX_OUTBOX_BYTES):
             try:
                 within_s = await self._outbox_room(size_of(data), within_s)
-                # The proxy is given what is left of the caller's time, not the time before the wait — test_session.py
-                # ::test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left. (Its limit may be lower.)
+                # Encoded again: with what is left of the caller's time (not the time before the wait), and against
+                # the proxy's limit, which its headers may have lowered meanwhile — tests/unit/sdk/test_session.py::
+                # test_a_request_that_waited_for_room_gives_the_proxy_only_the_time_left,
+                # ::test_a_request_past_a_limit_lowered_while_it_waited_for_room_fails_and_is_not_kept.
                 data = encoded(request_id, kind, body, within_s, self.receive_batch, self.max_bytes)
             except BaseException:
                 self._waiting.drop(request_id)
@@ -248,10 +250,10 @@ class Session:
 
     def _drop(self, request_id: int) -> bool:
         dropped = self._waiting.drop(request_id)
-        if dropped and self._is_carried(
-            request_id
-        ):  # never written: the writer goes on with the outbox — test_session.py::
-            self._carried = None  # test_a_request_carried_to_the_next_write_that_times_out_is_never_sent
+        if dropped and self._is_carried(request_id):
+            # Never written: the writer goes on with the outbox —
+            # tests/unit/sdk/test_session.py::test_a_request_carried_to_the_next_write_that_times_out_is_never_sent.
+            self._carried = None
             return dropped
         if dropped and self._outbox.discard(request_id):
             return dropped  # never written: nothing for the proxy to drop
