@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import threading
 import weakref
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
@@ -275,6 +276,8 @@ class Unyielded:
         tests/unit/sdk/test_fork.py::test_a_forked_childs_close_gives_back_nothing_its_parent_holds."""
         self._batches: dict[int, deque[Message]] = {}
         self._lock = threading.RLock()  # a signal handler's close() may take it on a thread holding it
+        self._ended = threading.Condition(self._lock)
+        self._giving_back: Counter[int] = Counter()  # threads in `ended` blocks
 
     def start(self, messages: Iterable[Message]) -> int:
         """Hold a batch an iteration received; the key to its other calls."""
@@ -293,6 +296,35 @@ class Unyielded:
         """The iteration is done with its batch: the messages it did not yield (to give back)."""
         with self._lock:
             return list(self._batches.pop(key, ()))
+
+    @contextlib.contextmanager
+    def ended(self, key: int) -> Iterator[list[Message]]:
+        """`end`, for an iteration that gives the messages back inside the block, which `wait_given_back` waits for:
+        a message is either taken here or by `take_all`, and a close() that found it taken here keeps the channel
+        open for its give-back — tests/unit/sdk/test_give_back.py::
+        test_close_waits_for_the_give_back_an_iteration_took_its_batch_for."""
+        here, counted = threading.get_ident(), False
+        try:
+            with self._lock:
+                rest = self.end(key)
+                if rest:
+                    self._giving_back[here] += 1
+                    counted = True
+            yield rest
+        finally:
+            if counted:
+                with self._ended:
+                    self._giving_back[here] -= 1
+                    if not self._giving_back[here]:
+                        del self._giving_back[here]
+                    self._ended.notify_all()
+
+    def wait_given_back(self, timeout: float) -> bool:
+        """Whether the `ended` blocks of other threads under way ended within `timeout` (a close() in a signal
+        handler does not wait for its own thread's)."""
+        here = threading.get_ident()
+        with self._ended:
+            return self._ended.wait_for(lambda: all(thread == here for thread in self._giving_back), timeout)
 
     def take_all(self) -> list[Message]:
         """Every held message of every iteration (the consumer closes: to give back); their iterations get no more."""

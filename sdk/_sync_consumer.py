@@ -192,7 +192,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
                 while not self._closed and (message := self._unyielded.next(key)) is not None:
                     yield message
             finally:  # also at `break` (the generator closed), an error in the loop's body, or close()
-                self._give_back(self._unyielded.end(key))
+                with self._unyielded.ended(key) as rest:  # a close() meanwhile waits for it before the channel closes
+                    self._give_back(rest)
 
     def _open(self) -> None:
         self._reads = Reads()
@@ -209,6 +210,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def _closing(self) -> None:
         self._reads.cancel_and_wait(self._give_back_timeout)  # answers being read give back or hold what they read
         self._give_back(self._unyielded.take_all())  # what iterations in progress had not yielded yet
+        self._unyielded.wait_given_back(self._give_back_timeout)  # what they had taken to give back themselves
 
     def _end_channel(self) -> None:
         """A close() in a signal handler of a thread reading an answer closes the channel only once that read has

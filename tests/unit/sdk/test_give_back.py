@@ -202,6 +202,51 @@ def test_close_just_after_an_iterations_receive_gives_back_its_batch() -> None:
     assert given_back(fake) == IDS[:2] and stub.closed
 
 
+def test_close_waits_for_the_give_back_an_iteration_took_its_batch_for() -> None:
+    """close() from another thread as an iteration, its receive just answered, ends: when the iteration takes its
+    batch to give back before close() takes what iterations hold, close() keeps the channel open until that
+    give-back has gone, rather than closing it under the give-back's calls."""
+    fake = FakeStub()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
+    stub = served_closing(consumer, SyncStub(fake, answer(fake, IDS[:2])))
+    start, end, take_all = consumer._unyielded.start, consumer._unyielded.end, consumer._unyielded.take_all
+    wait_for_reads, give_back_call = consumer._reads.cancel_and_wait, stub.future
+    closer = threading.Thread(target=consumer.close)
+    reads_waited, ended = threading.Event(), threading.Event()
+
+    def noted(timeout: float) -> bool:
+        reads_waited.set()
+        return wait_for_reads(timeout)
+
+    def closed_meanwhile(batch: Iterable[Message]) -> int:
+        closer.start()
+        assert reads_waited.wait(10)  # the consumer is closed: the iteration yields nothing
+        return start(batch)
+
+    def end_noted(key: int) -> list[Message]:
+        rest = end(key)
+        ended.set()
+        return rest
+
+    def after_the_iterations_end() -> list[Message]:
+        assert ended.wait(10)
+        return take_all()
+
+    def when_close_is_done(request: pb.ChangeInvisibleDurationRequest, **kwargs: Any) -> Future[Any]:
+        if request.message_id == IDS[0]:  # a close() that would not wait for this give-back closes the channel now
+            closer.join(0.5)
+        return give_back_call(request, **kwargs)
+
+    consumer._reads.cancel_and_wait = noted  # type: ignore[method-assign]
+    consumer._unyielded.start = closed_meanwhile  # type: ignore[method-assign]
+    consumer._unyielded.end = end_noted  # type: ignore[method-assign]
+    consumer._unyielded.take_all = after_the_iterations_end  # type: ignore[method-assign]
+    stub.future = when_close_is_done  # type: ignore[method-assign]
+    assert list(consumer) == []
+    closer.join(10)
+    assert given_back(fake) == IDS[:2] and stub.closed
+
+
 def test_close_in_a_signal_handler_of_the_reading_thread_does_not_wait_for_itself() -> None:
     """close() runs on the thread that is reading a receive's answer (a signal handler's): it cancels that answer
     and returns at once, not after waiting out its give-back time for a read only its own thread can end."""
