@@ -21,9 +21,9 @@ run: $(STAMP)
 	$(BIN)/popgate up --brokers 3 --listen $(LISTEN) --data-dir ./data
 
 ## make test: install everything the tests need, then lint and run the whole suite, a test file per worker at a
-## time (TEST_WORKERS=1: one process, in order). Most of the suite waits on processes it started, so two workers
-## on two cores take about 60 % of the time one does.
-TEST_WORKERS ?= 2
+## time (TEST_WORKERS=1: one process, in order). Most of the suite waits on processes it started, so three workers
+## on two cores take about 80 % of the time two do (docs/ARCHITECTURE.md, section 6).
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	./deploy/install-test-deps.sh $(VENV)
 	$(MAKE) lint
