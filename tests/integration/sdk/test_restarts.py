@@ -124,10 +124,21 @@ def test_iterator_carries_on_across_a_broker_restart(faulty: Cluster) -> None:
             producer.send_many(topic, [f"b{i}".encode() for i in range(10)])  # fails over to b2
             during = {collector.next_body() for _ in range(10)}
             restart_broker(faulty, "b1")
-            producer.send_many(topic, [f"c{i}".encode() for i in range(40)])
-            after = {collector.next_body() for _ in range(40)}
+            later = {f"c{i}".encode() for i in range(40)}
+            producer.send_many(topic, sorted(later))
+            after = bodies_until(collector, later)
     finally:
         collector.stop()
     assert during == {f"b{i}".encode() for i in range(10)}
-    assert after == {f"c{i}".encode() for i in range(40)}
+    # At least once: the kill -9 may have lost the acks of b1's last moments (docs/BROKER.md, "When state is
+    # durable"), so some of the first messages may come again; nothing else does.
+    assert after - later <= first
     assert collector.error is None
+
+
+def bodies_until(collector: Collector, wanted: set[bytes]) -> set[bytes]:
+    """The bodies the collector yields until it has yielded every one of `wanted` (each waited for at most 20 s)."""
+    seen: set[bytes] = set()
+    while not wanted <= seen:
+        seen.add(collector.next_body())
+    return seen
