@@ -161,6 +161,8 @@ class ThreadAcks:
     def start(self, send: Callable[[], Failures], total: int) -> None:
         """Queue `send` (the ack calls of `total` messages); returns once queued, after one of those queued or under
         way ended when MAX_UNWAITED_ACKS are. Unavailable once `stop` began."""
+        if self._stopped:  # at once, not after a slot the acks under way hold
+            raise _closed()
         self._slots.acquire()  # given back when that ack ends or is cancelled (`_ended`)
         with self._lock:
             if self._stopped:

@@ -221,6 +221,10 @@ class _AsyncClient(ClientBase):
         finally:
             self._backing_off.discard(woken)
 
+    @property
+    def _close_called(self) -> bool:
+        return self._closed_future is not None
+
     async def close(self) -> None:
         """Close the connection; calls in progress are cancelled (a consumer's iteration just stops, after giving
         back the messages it had not yielded yet, and give-backs of cancelled receives end first)."""

@@ -105,7 +105,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         return self._messages()
 
     async def _messages(self) -> AsyncIterator[Message]:
-        while not self._closed:
+        while not self.closed:
             try:
                 batch = await self._retrying(lambda: self._receive_once(None, None, self._iteration_wait), forever=True)
             except errors.PopgateError:
@@ -114,7 +114,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
                 raise
             key = self._unyielded.start(batch)
             try:
-                while not self._closed and (message := self._unyielded.next(key)) is not None:
+                while not self.closed and (message := self._unyielded.next(key)) is not None:
                     yield message
             finally:  # also at `break` (the generator is closed: aclose()), an error in the loop's body, or close()
                 await self._give_back_tracked(self._unyielded.end(key))

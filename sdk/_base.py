@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import logging
-import threading
 import weakref
-from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
@@ -18,9 +15,9 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _wire, errors
 from ._durations import duration
-from ._forks import restarted_after_fork
 from ._ids import MessageIds
 from ._transport import make_options
+from ._unyielded import Unyielded
 from ._wire_send import SendPlan, an_int, in_a_group, sent_count
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
@@ -109,8 +106,15 @@ class ClientBase:
 
     @property
     def closed(self) -> bool:
-        """True once `close` was called (or the context manager exited): every call then raises Unavailable."""
-        return self._closed
+        """True once `close` was called (or the context manager exited): an iteration yields no more, and every call
+        raises Unavailable once close() has waited for the acks not waited for (at most 10 s) —
+        tests/unit/sdk/test_close_interleavings.py::test_an_iteration_yields_nothing_once_close_was_called."""
+        return self._closed or self._close_called
+
+    @property
+    def _close_called(self) -> bool:
+        """Whether close() was called (it marks the client `_closed` once the acks not waited for have ended)."""
+        return False
 
     def _unimplemented(self, exc: grpc.RpcError, served: str, what: str) -> bool:
         """Whether a failed call of popgate's extension says the server has no such RPC (UNIMPLEMENTED: nothing was
@@ -255,87 +259,6 @@ def deliverable(log: logging.Logger, frames: Sequence[Any]) -> tuple[list[Messag
     for message, why in corrupt:
         log.warning("message %s of topic %s not delivered, given back: %s", message.message_id, message.topic, why)
     return messages, [message for message, _ in corrupt]
-
-
-class Unyielded:
-    """The messages of received batches that iterations have not yielded yet, one batch per iteration in progress.
-
-    An iteration that ends early (``break``, an error in the loop's body, the consumer closed) gives back what
-    is left of its batch instead of leaving it invisible for ``invisible`` seconds. Thread-safe: each message is
-    taken once, either by its iteration (`next`) or to be given back (`end`, `take_all`, which `close()` uses).
-    """
-
-    def __init__(self) -> None:
-        self._keys = itertools.count()
-        self._restart()
-        _live_unyielded.add(self)
-
-    def _restart(self) -> None:
-        """Nothing held. A forked child starts so: the batches are its parent's iterations', which the parent
-        yields or gives back itself (the child's close() giving them back would fail the parent's acks) —
-        tests/unit/sdk/test_fork.py::test_a_forked_childs_close_gives_back_nothing_its_parent_holds."""
-        self._batches: dict[int, deque[Message]] = {}
-        self._lock = threading.RLock()  # a signal handler's close() may take it on a thread holding it
-        self._ended = threading.Condition(self._lock)
-        self._giving_back: Counter[int] = Counter()  # threads in `ended` blocks
-
-    def start(self, messages: Iterable[Message]) -> int:
-        """Hold a batch an iteration received; the key to its other calls."""
-        key = next(self._keys)
-        with self._lock:
-            self._batches[key] = deque(messages)
-        return key
-
-    def next(self, key: int) -> Message | None:
-        """The batch's next message to yield; None when none is left (or `take_all` took them)."""
-        with self._lock:
-            batch = self._batches.get(key)
-            return batch.popleft() if batch else None
-
-    def end(self, key: int) -> list[Message]:
-        """The iteration is done with its batch: the messages it did not yield (to give back)."""
-        with self._lock:
-            return list(self._batches.pop(key, ()))
-
-    @contextlib.contextmanager
-    def ended(self, key: int) -> Iterator[list[Message]]:
-        """`end`, for an iteration that gives the messages back inside the block, which `wait_given_back` waits for:
-        a message is either taken here or by `take_all`, and a close() that found it taken here keeps the channel
-        open for its give-back — tests/unit/sdk/test_give_back.py::
-        test_close_waits_for_the_give_back_an_iteration_took_its_batch_for."""
-        here, counted = threading.get_ident(), False
-        try:
-            with self._lock:
-                rest = self.end(key)
-                if rest:
-                    self._giving_back[here] += 1
-                    counted = True
-            yield rest
-        finally:
-            if counted:
-                with self._ended:
-                    self._giving_back[here] -= 1
-                    if not self._giving_back[here]:
-                        del self._giving_back[here]
-                    self._ended.notify_all()
-
-    def wait_given_back(self, timeout: float) -> bool:
-        """Whether the `ended` blocks of other threads under way ended within `timeout` (a close() in a signal
-        handler does not wait for its own thread's)."""
-        here = threading.get_ident()
-        with self._ended:
-            return self._ended.wait_for(lambda: all(thread == here for thread in self._giving_back), timeout)
-
-    def take_all(self) -> list[Message]:
-        """Every held message of every iteration (the consumer closes: to give back); their iterations get no more."""
-        with self._lock:
-            out = [message for batch in self._batches.values() for message in batch]
-            for batch in self._batches.values():
-                batch.clear()
-        return out
-
-
-_live_unyielded = restarted_after_fork(Unyielded._restart)
 
 
 class ConsumerBase(ClientBase):

@@ -35,10 +35,11 @@ _SYNC_OPTIONS = [*CHANNEL_OPTIONS, (grpc.experimental.ChannelOptions.SingleThrea
 
 
 # How long a close() waits for another thread's to end: past all that one waits for (the acks not waited for,
-# CLOSE_WAIT_S; the reads' and the iterations' give-backs), yet not for good should that one wait for the caller (a
-# signal handler's close() on a thread holding a lock the first needs) —
+# CLOSE_WAIT_S; then the reads, the held batches' give-back and the iterations' own, GIVE_BACK_TIMEOUT_S each) and
+# one more, yet not for good should that one wait for the caller (a signal handler's close() on a thread holding a
+# lock the first needs) —
 # tests/unit/sdk/test_acks.py::test_a_close_in_a_signal_handler_never_waits_for_good_for_another_threads_close.
-SECOND_CLOSE_WAIT_S = CLOSE_WAIT_S + 3 * GIVE_BACK_TIMEOUT_S
+SECOND_CLOSE_WAIT_S = CLOSE_WAIT_S + 4 * GIVE_BACK_TIMEOUT_S
 
 # Channels a forked child inherited and replaced: kept referenced, never closed nor collected, since their grpc
 # state may hold locks that threads of the parent held at the fork.
@@ -123,6 +124,8 @@ class _SyncClient(ClientBase):
         while True:
             try:
                 try:
+                    if self._closed:  # no call goes once close() has begun giving back (test_close_interleavings.py
+                        raise _resend.client_closed()  # ::test_a_receive_made_while_close_gives_back_is_not_sent)
                     return op()
                 except (grpc.RpcError, ValueError) as exc:  # ValueError: a call on a channel closed meanwhile
                     if self._closed:
@@ -179,6 +182,10 @@ class _SyncClient(ClientBase):
                 self._closing()
             finally:
                 self._end_channel()
+
+    @property
+    def _close_called(self) -> bool:
+        return "_closer" in self.__dict__
 
     def _end_channel(self) -> None:
         """Close the channel (not an inherited one: left as it is) — a subclass may put this off."""

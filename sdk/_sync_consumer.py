@@ -175,25 +175,33 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def __iter__(self) -> Iterator[Message]:
         """Messages as they come, long-polling forever (transient failures retried without end); ends when the
         client is closed. Messages received but not yet yielded when the loop ends are given back at once."""
-        held: list[int] = []  # the key of the batch the receive held (`_read`)
+        held: list[int] = []  # the keys of the batches receives held (`_read`), until they are given back
 
         def hold(batch: list[Message]) -> None:
             held.append(self._unyielded.start(batch))
 
-        while not self._closed:
-            try:
-                self._retrying(lambda: self._receive_once(None, None, self._iteration_wait, hold), forever=True)
-            except errors.PopgateError:
-                if self._closed:
-                    return
-                raise
-            key = held.pop()
-            try:
-                while not self._closed and (message := self._unyielded.next(key)) is not None:
+        try:
+            while not self.closed:
+                try:
+                    self._retrying(lambda: self._receive_once(None, None, self._iteration_wait, hold), forever=True)
+                except errors.PopgateError:
+                    if self._closed:
+                        return
+                    raise
+                while not self.closed and (message := self._unyielded.next(held[-1])) is not None:
                     yield message
-            finally:  # also at `break` (the generator closed), an error in the loop's body, or close()
-                with self._unyielded.ended(key) as rest:  # a close() meanwhile waits for it before the channel closes
-                    self._give_back(rest)
+                self._end_held(held)
+        finally:  # also at `break` (the generator closed), an error in the loop's body, Ctrl-C, or close()
+            self._end_held(held)
+
+    def _end_held(self, held: list[int]) -> None:
+        """Give back what is left of the batches `held` (an iteration's), each key dropped once its give-back ended,
+        so a Ctrl-C anywhere after a receive held its batch still gives it back — tests/unit/sdk/
+        test_close_interleavings.py::test_a_ctrl_c_just_after_an_iterations_receive_gives_back_its_batch."""
+        while held:
+            with self._unyielded.ended(held[-1]) as rest:  # a close() meanwhile waits for it before the channel closes
+                self._give_back(rest)
+            held.pop()
 
     def _open(self) -> None:
         self._reads = Reads()
@@ -215,8 +223,9 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
     def _end_channel(self) -> None:
         """A close() in a signal handler of a thread reading an answer closes the channel only once that read has
         ended, after giving back what it read or held — tests/unit/sdk/test_give_back.py::
-        test_close_in_a_signal_handler_just_after_its_threads_read_gives_back_the_batch."""
-        if not self._reads.after_mine(self._ended_after_read):
+        test_close_in_a_signal_handler_just_after_its_threads_read_gives_back_the_batch — and one of a thread giving
+        back its iteration's batch, once that give-back has ended (`Unyielded.after_mine`)."""
+        if not self._reads.after_mine(self._ended_after_read) and not self._unyielded.after_mine(super()._end_channel):
             super()._end_channel()
 
     def _ended_after_read(self) -> None:

@@ -15,6 +15,7 @@ import pytest
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Message, SimpleConsumer, _acks, aio, errors
+from tests.unit.sdk.fakes import FakeStub
 
 Failures = list[tuple[str, errors.PopgateError]]
 
@@ -321,3 +322,32 @@ def test_an_unclosed_consumers_acks_hold_exit_up_at_most_the_close_wait() -> Non
     assert (child.returncode, child.stdout) == (0, "queued\n")
     assert time.monotonic() - started < 10
     assert "3 ack call(s) not waited for were still under way" in child.stderr
+
+
+def test_an_ack_not_waited_for_after_close_fails_at_once_while_acks_hold_every_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """close() gave up on MAX_UNWAITED_ACKS hung acks: an ack not waited for afterwards raises Unavailable at once,
+    rather than waiting for one of their places."""
+    monkeypatch.setattr(_acks, "CLOSE_WAIT_S", 0.05)
+    fake = FakeStub()
+    consumer = SimpleConsumer("127.0.0.1:1", "g", "t")
+    gate = threading.Event()
+    consumer._ack = lambda plan: gate.wait(30) and []  # until the test ends  # type: ignore[method-assign,assignment]
+    for i in range(_acks.MAX_UNWAITED_ACKS):
+        consumer.ack(fake.message(f"h{i}"), wait=False)
+    consumer.close()
+    outcome: list[BaseException] = []
+
+    def late_ack() -> None:
+        try:
+            consumer.ack(fake.message("late"), wait=False)
+        except errors.Unavailable as exc:
+            outcome.append(exc)
+
+    acker = threading.Thread(target=late_ack)
+    acker.start()
+    acker.join(10)
+    held = not gate.is_set()
+    gate.set()
+    assert held and [type(e) for e in outcome] == [errors.Unavailable]

@@ -79,7 +79,7 @@ def test_a_forked_childs_unwaited_acks_are_sent() -> None:
 HELD_AFTER_FORK = """
 import os
 from popgate import Message
-from popgate._base import Unyielded
+from popgate._unyielded import Unyielded
 
 held = Unyielded()
 key = held.start([Message(b"", message_id=f"m{i}") for i in range(3)])  # a parent thread's batch, mid-iteration

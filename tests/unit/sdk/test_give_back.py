@@ -20,7 +20,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Message, RetryPolicy, ServerError, SimpleConsumer, Unavailable, aio
-from popgate._base import Unyielded
+from popgate._unyielded import Unyielded
 from tests.unit.sdk.fakes import FakeChannel, FakeRpcError, FakeStub
 
 IDS = ["m0", "m1", "m2", "m3"]
