@@ -62,6 +62,21 @@ class H2Connection(h2.connection.H2Connection):
     # test_h2grpc.py::test_a_connections_record_of_ended_calls_stays_bounded_and_goes_when_it_closes).
     MAX_CLOSED_STREAMS = 1024
 
+    # h2 counts a connection's open streams, for MAX_CONCURRENT_STREAMS, by walking all it holds at each new stream,
+    # pruning the closed ones as it goes: with n calls open on a connection, each new one cost O(n), n more O(n²). Here
+    # the walk runs only once the streams held have doubled since the last (or reach the limit): a new stream costs
+    # O(1) amortized, and closed streams held wait at most that long to be pruned
+    # (tests/unit/process/test_h2grpc_streams.py). Between walks the count is the streams held, at least those open.
+    _walk_at = 64
+
+    def _open_streams(self, remainder: int) -> int:
+        held = len(self.streams)
+        if held < self._walk_at and held < self.local_settings.max_concurrent_streams:
+            return held
+        count: int = super()._open_streams(remainder)
+        self._walk_at = 2 * len(self.streams) + 64
+        return count
+
     def forget(self) -> None:
         """The connection is closed: its calls' state goes now, not with the next full garbage collection (the
         connection is a reference cycle of its own)."""
