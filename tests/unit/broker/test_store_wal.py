@@ -81,4 +81,5 @@ async def test_the_wal_stays_bounded_while_short_reads_go_on_without_a_pause(
             await asyncio.sleep(0.01)  # a steady stream of sends, leaving the readers their share of the CPU
         reading = False
         await asyncio.gather(*readers)
-        assert largest < 8 << 20, f"the WAL reached {largest / 2**20:.1f} MiB at a 1 MiB restart size"
+        # A quarter of the 64 MiB a WAL never started over holds: a loaded host postpones some of its restarts.
+        assert largest < 16 << 20, f"the WAL reached {largest / 2**20:.1f} MiB at a 1 MiB restart size"
