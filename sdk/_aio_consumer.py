@@ -37,23 +37,35 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
     ) -> list[Message]:
         """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; see `sdk.SimpleConsumer.receive`."""
-        return await self._retrying(lambda: self._receive_once(max, invisible, wait))
+        waits = self._attempt_waits(wait)
 
-    async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
+        async def attempt() -> list[Message]:
+            attempt_wait, keep = waits()
+            return await self._receive_once(max, invisible, attempt_wait, keep=keep)
+
+        return await self._retrying(attempt)
+
+    async def _receive_once(
+        self, max: int | None, invisible: float | None, wait: float | None, *, keep: bool = True
+    ) -> list[Message]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        request, timeout = self._receive_plan(max, invisible, wait)
+        request, timeout = self._receive_plan(max, invisible, wait, keep=keep)
         # Cancelled while its answer comes in, a receive on the Session stream gives back what it had read and what
         # still comes (`_orphaned`); on the RPCs, `_read` does.
         frames = await self._over_session("receive", request, timeout)
+        again = False
         while frames is _joining.CUT_SHORT:
             # Joined with other receives that took every message that came: received again for the rest of its
-            # wait, so that it answers empty only once its wait is over —
-            # tests/integration/sdk/test_joined_receives.py::test_a_receive_cut_short_waits_out_the_rest_of_its_wait.
+            # wait (once at least, not waiting, when none is left), so that it answers empty only once its wait is
+            # over and nothing is ready — tests/integration/sdk/test_joined_receives.py::
+            # test_a_receive_cut_short_waits_out_the_rest_of_its_wait, `::test_joined_receives_that_do_not_wait_
+            # each_get_a_ready_message`.
             rest = (self.wait if wait is None else wait) - (loop.time() - started)
-            if rest <= 0:
+            if rest <= 0 and again:
                 return []
-            request, timeout = self._receive_plan(max, invisible, rest, keep=False)
+            again = True
+            request, timeout = self._receive_plan(max, invisible, rest if rest > 0 else 0.0, keep=False)
             frames = await self._over_session("receive", request, timeout)
         if frames is not None:
             self._batch_receive = True

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
@@ -300,6 +301,24 @@ class ConsumerBase(ClientBase):
         """Whether a failed ReceiveMessages says the server has no such RPC: then v2 serves this receive and the
         next ones (tests/unit/sdk/test_batch_receive.py)."""
         return self._unimplemented(exc, "_batch_receive", "batch receive")
+
+    def _attempt_waits(self, wait: float | None) -> Callable[[], tuple[float | None, bool]]:
+        """The long-polling time of each attempt of one receive, and whether its request is kept for the next receive:
+        `wait` at the first, what is left of it at each retry, so that a receive retried (a proxy restarting, a
+        connection aging) still ends within its wait and request_timeout — tests/integration/sdk/
+        test_connection_age.py::test_a_receive_retried_as_its_connection_ages_ends_within_its_wait."""
+        started = time.monotonic()
+        first = True
+
+        def next_wait() -> tuple[float | None, bool]:
+            nonlocal first
+            if first:
+                first = False
+                return wait, True
+            whole = self.wait if wait is None else wait
+            return max(0.0, whole - (time.monotonic() - started)), False
+
+        return next_wait
 
     def _receive_plan(
         self, max: int | None, invisible: float | None, wait: float | None, *, keep: bool = True

@@ -80,8 +80,12 @@ class _SyncClient(ClientBase):
         self._ext_ = ext_grpc.MessagingStub(self._channel_)  # type: ignore[no-untyped-call]
 
     def _here(self) -> None:
-        """In a forked child, replace the inherited channel with one of this process (once)."""
+        """In a forked child, replace the inherited channel with one of this process (once); none for a client closed
+        (Unavailable) — tests/unit/sdk/test_close_interleavings.py::
+        test_a_consumer_closed_before_a_fork_sends_nothing_in_the_child."""
         if self._pid != os.getpid():
+            if self._closed:
+                raise _resend.client_closed()
             with _reconnecting:
                 if self._pid != os.getpid():
                     _inherited.append(self._channel_)
@@ -124,8 +128,6 @@ class _SyncClient(ClientBase):
         while True:
             try:
                 try:
-                    if self._closed:  # no call goes once close() has begun giving back (test_close_interleavings.py
-                        raise _resend.client_closed()  # ::test_a_receive_made_while_close_gives_back_is_not_sent)
                     return op()
                 except (grpc.RpcError, ValueError) as exc:  # ValueError: a call on a channel closed meanwhile
                     if self._closed:

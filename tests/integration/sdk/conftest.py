@@ -93,15 +93,15 @@ def record_batches(consumer: SimpleConsumer | aio.SimpleConsumer) -> list[list[M
 
     if isinstance(consumer, aio.SimpleConsumer):
 
-        async def recorded_async(*args: Any) -> list[Message]:
-            batches.append(await receive_once(*args))
+        async def recorded_async(*args: Any, **kwargs: Any) -> list[Message]:
+            batches.append(await receive_once(*args, **kwargs))
             return batches[-1]
 
         consumer._receive_once = recorded_async  # type: ignore[method-assign]
     else:
 
-        def recorded(*args: Any) -> list[Message]:
-            batches.append(receive_once(*args))
+        def recorded(*args: Any, **kwargs: Any) -> list[Message]:
+            batches.append(receive_once(*args, **kwargs))
             return batches[-1]
 
         consumer._receive_once = recorded  # type: ignore[method-assign]

@@ -60,3 +60,15 @@ async def test_joined_receives_never_share_out_one_message_groups_run(endpoint: 
                 await consumer.ack_many([*a, *b])
                 got += [m.message_id for m in (*a, *b)]
     assert got == sent
+
+
+async def test_joined_receives_that_do_not_wait_each_get_a_ready_message(endpoint: str) -> None:
+    """Two receives that do not wait, joined, and a message of each of two message groups ready (a joined answer
+    holds one group's run): each receive gets one, rather than one of them nothing while a message is ready."""
+    topic, group = name("t"), name("g")
+    async with aio.Producer(endpoint) as producer, aio.SimpleConsumer(endpoint, group, topic) as consumer:
+        await consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end
+        sent = [(await producer.send(topic, g.encode(), message_group=g)).message_id for g in ("g1", "g2")]
+        a, b = await asyncio.gather(consumer.receive(max=1, wait=0), consumer.receive(max=1, wait=0))
+        await consumer.ack_many([*a, *b])
+    assert sorted(m.message_id for m in (*a, *b)) == sorted(sent)

@@ -208,7 +208,7 @@ def test_iteration_with_wait_zero_long_polls_instead_of_spinning(endpoint: str) 
     consumer = SimpleConsumer(endpoint, group, topic, wait=0)
     calls = []
     receive_once = consumer._receive_once
-    consumer._receive_once = lambda *a: calls.append(1) or receive_once(*a)  # type: ignore[method-assign]
+    consumer._receive_once = lambda *a, **k: calls.append(1) or receive_once(*a, **k)  # type: ignore[method-assign]
     collector = Collector(consumer)
     try:
         time.sleep(2.0)  # a measuring window, not synchronisation: an idle consumer's calls in 2 s

@@ -541,7 +541,7 @@ def test_a_close_in_a_signal_handler_never_waits_for_good_for_another_threads_cl
         go_on.set()  # the first close() goes on, to wait for the reads: for this lock
         consumer.close()  # the handler's
     first.join(10)
-    assert not first.is_alive() and consumer.closed
+    assert not first.is_alive() and consumer._closed_fully.is_set()
 
 
 @pytest.mark.parametrize("lock", ["unyielded", "unwaited acks"])
@@ -559,4 +559,4 @@ def test_a_close_in_a_signal_handler_of_a_thread_holding_a_lock_of_the_client_re
     thread = threading.Thread(target=handler_on_the_holding_thread, daemon=True)
     thread.start()
     thread.join(10)
-    assert not thread.is_alive() and consumer.closed
+    assert not thread.is_alive() and consumer._closed_fully.is_set()

@@ -134,7 +134,7 @@ read, write = os.pipe()
 pid = os.fork()
 if pid == 0:
     consumer.close()
-    os.write(write, str(consumer.closed).encode())
+    os.write(write, str(consumer._closed_fully.is_set()).encode())  # its own close() ended its channel
     os._exit(0)
 os.close(write)
 print(os.read(read, 64).decode())

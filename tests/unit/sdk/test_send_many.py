@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -349,3 +351,37 @@ def test_ctrl_c_while_waiting_cancels_the_calls_left() -> None:
     with producer_with(Stub(), retry=NO_RETRY) as producer, pytest.raises(KeyboardInterrupt):
         producer.send_many("t", [b"x"] * (6 * 1024))
     assert all(f.cancelled() for f in futures[2:])
+
+
+def test_send_many_whose_calls_went_out_before_another_threads_close_reports_them() -> None:
+    """send_many's two SendMessage calls are both on their way when another thread closes the producer: their
+    answers are read and returned, not reported "nothing was sent" (a resend of those would store them twice)."""
+    stub = SendStub()
+    producer = producer_with(stub)
+    future = stub.future
+
+    def then_close(request: Any, **kwargs: Any) -> Any:
+        call = future(request, **kwargs)
+        if stub.events[-1] == "sent 1":  # both calls sent: another thread closes the producer
+            closer = threading.Thread(target=producer.close)
+            closer.start()
+            closer.join(10)
+        return call
+
+    stub.future = then_close  # type: ignore[method-assign]
+    assert len(producer.send_many("t", [b"x"] * MANY)) == MANY
+
+
+def test_a_closed_producers_send_many_in_a_forked_child_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer closed, then the process forked: send_many in the child raises Unavailable, opening no channel and
+    sending nothing."""
+    stub = SendStub()
+    producer = producer_with(stub)
+    producer.close()
+    connected: list[bool] = []
+    producer._connect = lambda: connected.append(True)  # type: ignore[method-assign]
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)  # now in the child
+    with pytest.raises(Unavailable):
+        producer.send_many("t", [b"x"] * MANY)
+    assert connected == [] and not any(e.startswith("sent") for e in stub.events)

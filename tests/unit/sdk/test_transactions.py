@@ -18,7 +18,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Message, SendReceipt, aio, errors
+from popgate import Message, Producer, SendReceipt, aio, errors
 from popgate import transactions as tx_module
 from popgate.transactions import AsyncCheckStream, AsyncTransaction, CheckStream, Transaction
 from tests.unit.sdk.fakes import FakeRpcError, SessionCall, SessionChannel
@@ -364,3 +364,46 @@ async def test_a_checker_that_raises_answers_unknown_so_the_next_check_comes_at_
     assert [r.getMessage().split(";")[0] for r in caplog.records] == [
         f"the checker failed on message {m}" for m in ("m1", "m2")
     ]
+
+
+def test_a_check_answered_while_close_waits_for_the_check_thread_is_sent(caplog: pytest.LogCaptureFixture) -> None:
+    """The checker decides as close() begins: close() waits for the check thread (at most 5 s) before the channel
+    closes, and the answer goes, with nothing logged."""
+    producer = Producer("127.0.0.1:1")
+    ended: list[pb.EndTransactionRequest] = []
+    closing, done = threading.Event(), threading.Event()
+
+    class Call:
+        def __iter__(self) -> Iterator[pb.TelemetryCommand]:
+            yield check_command("m1")
+            done.wait(10)
+
+        def cancel(self) -> None:
+            done.set()
+
+    def end_transaction(request: pb.EndTransactionRequest, **_: Any) -> pb.EndTransactionResponse:
+        ended.append(request)
+        return pb.EndTransactionResponse(status=v2.Status(code=v2.OK))
+
+    class Stub:
+        Telemetry = staticmethod(lambda requests, metadata: Call())
+        EndTransaction = staticmethod(end_transaction)
+
+    producer._stub = Stub()
+
+    def checker(message: Message) -> bool:
+        assert closing.wait(10)
+        return True
+
+    producer._checks = CheckStream(producer, checker, ["t"])
+    closing_ = producer._closing
+
+    def noted() -> None:
+        closing.set()
+        closing_()
+
+    producer._closing = noted  # type: ignore[method-assign]
+    producer._checks.start()
+    with caplog.at_level(logging.WARNING, "popgate.transactions"):
+        producer.close()
+    assert len(ended) == 1 and not caplog.records
