@@ -53,11 +53,12 @@ class H2Connection(h2.connection.H2Connection):
     its last id finish (RFC 9113 6.8), while h2 would close the whole connection and drop what was queued for them
     (test_h2grpc_raw.py::test_a_client_going_away_still_gets_its_running_calls_answered)."""
 
-    # How the connection's last calls to close were closed (h2 keeps 65,536 by default: every call is a stream, and
-    # a long-lived client's connection would hold that many for its life). The record only tells how a client's late
-    # frame on a closed call is answered: on one past the record, DATA is still acknowledged and reset and
-    # WINDOW_UPDATE, RST_STREAM and PRIORITY ignored, as on a recorded one; only HEADERS (request trailers, which
-    # gRPC clients do not send) on a call reset over this many calls ago closes the connection rather than the call
+    # How the connection's last calls to close were closed, past those closed since the last count (`_open_streams`),
+    # which h2 still holds as streams (h2 keeps 65,536 by default: every call is a stream, and a long-lived client's
+    # connection would hold that many for its life). The record only tells how a client's late frame on a closed call
+    # is answered: on one past the record, DATA is still acknowledged and reset and WINDOW_UPDATE, RST_STREAM and
+    # PRIORITY ignored, as on a recorded one; only HEADERS (request trailers, which gRPC clients do not send) on a
+    # call reset longer ago than this record and the streams held closes the connection rather than the call
     # (test_h2grpc_raw.py::test_a_clients_late_data_on_a_call_long_ended_costs_only_that_call,
     # test_h2grpc.py::test_a_connections_record_of_ended_calls_stays_bounded_and_goes_when_it_closes).
     MAX_CLOSED_STREAMS = 1024
