@@ -305,14 +305,17 @@ class ConsumerBase(ClientBase):
     def _attempt_waits(self, wait: float | None) -> Callable[[], tuple[float | None, bool]]:
         """The long-polling time of each attempt of one receive, and whether its request is kept for the next receive:
         `wait` at the first, what is left of it at each retry, so that a receive retried (a proxy restarting, a
-        connection aging) still ends within its wait and request_timeout — tests/integration/sdk/
-        test_connection_age.py::test_a_receive_retried_as_its_connection_ages_ends_within_its_wait."""
+        connection aging) answers when its wait is over, plus each attempt's request_timeout and back-off —
+        tests/integration/sdk/test_connection_age.py::test_a_receive_retried_as_its_connection_ages_ends_within_its_wait.
+        Through a proxy that serves only v2's ReceiveMessage (RocketMQ's raises a poll to its 5 s minimum and refuses
+        one whose deadline leaves less) each attempt asks the whole `wait` —
+        tests/unit/sdk/test_retry_loop.py::test_a_receive_retried_through_a_v2_only_proxy_asks_its_whole_wait."""
         started = time.monotonic()
         first = True
 
         def next_wait() -> tuple[float | None, bool]:
             nonlocal first
-            if first:
+            if first or self._batch_receive is False:
                 first = False
                 return wait, True
             whole = self.wait if wait is None else wait

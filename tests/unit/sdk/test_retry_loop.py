@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import pytest
+from popgate_pb.v2 import definition_pb2 as v2
+from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import Producer, RetryPolicy, TooManyRequests, Unavailable, aio, errors
+from popgate import Producer, RetryPolicy, SimpleConsumer, TooManyRequests, Unavailable, aio, errors
+from tests.unit.sdk.fakes import FakeRpcError
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
 
@@ -85,3 +91,31 @@ def test_a_consumer_refusing_its_arguments_opens_no_channel(monkeypatch: pytest.
         with pytest.raises(ValueError):
             SimpleConsumer("127.0.0.1:1", **arguments)  # type: ignore[arg-type]
     assert opened == []
+
+
+def test_a_receive_retried_through_a_v2_only_proxy_asks_its_whole_wait() -> None:
+    """Through a proxy that serves only v2's ReceiveMessage (RocketMQ's: it raises a poll to its 5 s minimum and
+    refuses one whose deadline leaves less, ILLEGAL_POLLING_TIME), a receive whose first attempt failed asks its
+    whole wait again, never what is left of it."""
+    asked: list[float] = []
+
+    def answer() -> Iterator[pb.ReceiveMessageResponse]:
+        if len(asked) == 1:
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)  # the connection goes (a proxy restarting)
+        yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND))
+
+    class RocketMQ:
+        def ReceiveMessages(self, request: Any, **_: Any) -> Any:
+            raise FakeRpcError(grpc.StatusCode.UNIMPLEMENTED)
+
+        def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> Iterator[pb.ReceiveMessageResponse]:
+            asked.append(request.long_polling_timeout.ToTimedelta().total_seconds())
+            return answer()
+
+        def Heartbeat(self, request: Any, **_: Any) -> pb.HeartbeatResponse:  # the back-off's, after Unavailable
+            return pb.HeartbeatResponse(status=v2.Status(code=v2.OK))
+
+    with SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST) as consumer:
+        consumer._stub = consumer._ext = RocketMQ()
+        assert consumer.receive(wait=2) == []
+    assert asked == [2, 2]
