@@ -14,12 +14,14 @@ handle with INVALID_RECEIPT_HANDLE, as a broker does. Faults are scripted per ca
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import pytest
 from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
@@ -255,3 +257,14 @@ class SessionChannel:
 
     async def close(self) -> None:
         return None
+
+
+def closed_then_forked(client: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """`client` closed, then seen from a forked child (another pid): the channels it opens from now on, one True
+    each."""
+    client.close()
+    connected: list[bool] = []
+    client._connect = lambda: connected.append(True)
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+    return connected

@@ -19,7 +19,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 import popgate
 from popgate import Message, RetryPolicy, SimpleConsumer, Unavailable
-from tests.unit.sdk.fakes import FakeStub
+from tests.unit.sdk.fakes import FakeStub, closed_then_forked
 from tests.unit.sdk.test_give_back import IDS, SyncStub, answer, given_back, served_closing
 
 SDK = os.path.dirname(popgate.__file__)
@@ -157,11 +157,7 @@ def test_a_consumer_closed_before_a_fork_sends_nothing_in_the_child(monkeypatch:
     """A consumer closed, then the process forked: the child's calls raise Unavailable, opening no channel."""
     fake = FakeStub()
     consumer = SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1))
-    consumer.close()
-    connected: list[bool] = []
-    consumer._connect = lambda: connected.append(True)  # type: ignore[method-assign]
-    parent = os.getpid()
-    monkeypatch.setattr(os, "getpid", lambda: parent + 1)  # now in the child
+    connected = closed_then_forked(consumer, monkeypatch)
     with pytest.raises(Unavailable):
         consumer.ack(fake.message("a0"))
     with pytest.raises(Unavailable):

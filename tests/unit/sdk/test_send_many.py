@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -15,7 +14,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Message, Producer, Unavailable, _waiting, _wire, aio, errors
 from popgate.retry import RetryPolicy
-from tests.unit.sdk.fakes import FakeChannel, FakeRpcError
+from tests.unit.sdk.fakes import FakeChannel, FakeRpcError, closed_then_forked
 
 MANY = 1500  # two SendMessage calls (1024 messages each at most)
 NO_RETRY = RetryPolicy(max_attempts=1)
@@ -377,11 +376,7 @@ def test_a_closed_producers_send_many_in_a_forked_child_sends_nothing(monkeypatc
     sending nothing."""
     stub = SendStub()
     producer = producer_with(stub)
-    producer.close()
-    connected: list[bool] = []
-    producer._connect = lambda: connected.append(True)  # type: ignore[method-assign]
-    parent = os.getpid()
-    monkeypatch.setattr(os, "getpid", lambda: parent + 1)  # now in the child
+    connected = closed_then_forked(producer, monkeypatch)
     with pytest.raises(Unavailable):
         producer.send_many("t", [b"x"] * MANY)
     assert connected == [] and not any(e.startswith("sent") for e in stub.events)
