@@ -37,20 +37,17 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
     ) -> list[Message]:
         """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; see `sdk.SimpleConsumer.receive`."""
-        waits = self._attempt_waits(wait)
+        over = self._wait_over(wait)
 
         async def attempt() -> list[Message]:
-            attempt_wait, keep = waits()
-            return await self._receive_once(max, invisible, attempt_wait, keep=keep)
+            return [] if over() else await self._receive_once(max, invisible, wait)
 
         return await self._retrying(attempt)
 
-    async def _receive_once(
-        self, max: int | None, invisible: float | None, wait: float | None, *, keep: bool = True
-    ) -> list[Message]:
+    async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        request, timeout = self._receive_plan(max, invisible, wait, keep=keep)
+        request, timeout = self._receive_plan(max, invisible, wait)
         # Cancelled while its answer comes in, a receive on the Session stream gives back what it had read and what
         # still comes (`_orphaned`); on the RPCs, `_read` does.
         frames = await self._over_session("receive", request, timeout)

@@ -302,26 +302,19 @@ class ConsumerBase(ClientBase):
         next ones (tests/unit/sdk/test_batch_receive.py)."""
         return self._unimplemented(exc, "_batch_receive", "batch receive")
 
-    def _attempt_waits(self, wait: float | None) -> Callable[[], tuple[float | None, bool]]:
-        """The long-polling time of each attempt of one receive, and whether its request is kept for the next receive:
-        `wait` at the first, what is left of it at each retry, so that a receive retried (a proxy restarting, a
-        connection aging) answers when its wait is over, plus each attempt's request_timeout and back-off —
-        tests/integration/sdk/test_connection_age.py::test_a_receive_retried_as_its_connection_ages_ends_within_its_wait.
-        Through a proxy that serves only v2's ReceiveMessage (RocketMQ's raises a poll to its 5 s minimum and refuses
-        one whose deadline leaves less) each attempt asks the whole `wait` —
-        tests/unit/sdk/test_retry_loop.py::test_a_receive_retried_through_a_v2_only_proxy_asks_its_whole_wait."""
-        started = time.monotonic()
-        first = True
-
-        def next_wait() -> tuple[float | None, bool]:
-            nonlocal first
-            if first or self._batch_receive is False:
-                first = False
-                return wait, True
-            whole = self.wait if wait is None else wait
-            return max(0.0, whole - (time.monotonic() - started)), False
-
-        return next_wait
+    def _wait_over(self, wait: float | None) -> Callable[[], bool]:
+        """Whether one receive's wait is over, for its retries: each asks the whole wait again (RocketMQ's proxy
+        raises a poll to its 5 s minimum and refuses one whose deadline leaves less), and none goes once a wait of
+        more than 0 s is over — the receive answers empty then, as when nothing came — so that a receive retried (a
+        proxy restarting, a connection aging) answers within about its wait plus one attempt —
+        tests/integration/sdk/test_connection_age.py::test_a_receive_retried_as_its_connection_ages_ends_within_its_wait,
+        tests/unit/sdk/test_retry_loop.py::test_a_receive_retried_asks_its_whole_wait_until_it_is_over."""
+        started, attempts = time.monotonic(), itertools.count()  # the first attempt's arguments checked as they are
+        return lambda: (
+            next(attempts) > 0
+            and (whole := self.wait if wait is None else wait) > 0
+            and (time.monotonic() - started >= whole)
+        )
 
     def _receive_plan(
         self, max: int | None, invisible: float | None, wait: float | None, *, keep: bool = True

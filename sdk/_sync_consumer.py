@@ -123,24 +123,13 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             invisible: Seconds the messages stay invisible to the group unless acked.
             wait: Long-polling time, seconds (0: answer at once).
         """
-        waits = self._attempt_waits(wait)
-
-        def attempt() -> list[Message]:
-            attempt_wait, keep = waits()
-            return self._receive_once(max, invisible, attempt_wait, keep=keep)
-
-        return self._retrying(attempt)
+        over = self._wait_over(wait)
+        return self._retrying(lambda: [] if over() else self._receive_once(max, invisible, wait))
 
     def _receive_once(
-        self,
-        max: int | None,
-        invisible: float | None,
-        wait: float | None,
-        hold: Hold | None = None,
-        *,
-        keep: bool = True,
+        self, max: int | None, invisible: float | None, wait: float | None, hold: Hold | None = None
     ) -> list[Message]:
-        request, timeout = self._receive_plan(max, invisible, wait, keep=keep)
+        request, timeout = self._receive_plan(max, invisible, wait)
         if self._closed:  # none sent once close() has begun giving back (test_close_interleavings.py::
             raise _resend.client_closed()  # test_a_receive_made_while_close_gives_back_is_not_sent)
         metadata = self._metadata()

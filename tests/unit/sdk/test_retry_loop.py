@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,29 +94,38 @@ def test_a_consumer_refusing_its_arguments_opens_no_channel(monkeypatch: pytest.
     assert opened == []
 
 
-def test_a_receive_retried_through_a_v2_only_proxy_asks_its_whole_wait() -> None:
-    """Through a proxy that serves only v2's ReceiveMessage (RocketMQ's: it raises a poll to its 5 s minimum and
-    refuses one whose deadline leaves less, ILLEGAL_POLLING_TIME), a receive whose first attempt failed asks its
-    whole wait again, never what is left of it."""
-    asked: list[float] = []
+class RocketMQ:
+    """ReceiveMessage as a proxy that serves only v2 answers it (RocketMQ's raises a poll to its 5 s minimum and
+    refuses one whose deadline leaves less, ILLEGAL_POLLING_TIME): its first answer fails after `first_s` seconds
+    (the connection goes: a proxy restarting), the others are empty."""
 
-    def answer() -> Iterator[pb.ReceiveMessageResponse]:
-        if len(asked) == 1:
-            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)  # the connection goes (a proxy restarting)
+    def __init__(self, first_s: float) -> None:
+        self.first_s = first_s
+        self.asked: list[float] = []
+
+    def _answer(self) -> Iterator[pb.ReceiveMessageResponse]:
+        if len(self.asked) == 1:
+            time.sleep(self.first_s)
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
         yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND))
 
-    class RocketMQ:
-        def ReceiveMessages(self, request: Any, **_: Any) -> Any:
-            raise FakeRpcError(grpc.StatusCode.UNIMPLEMENTED)
+    def ReceiveMessages(self, request: Any, **_: Any) -> Any:
+        raise FakeRpcError(grpc.StatusCode.UNIMPLEMENTED)
 
-        def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> Iterator[pb.ReceiveMessageResponse]:
-            asked.append(request.long_polling_timeout.ToTimedelta().total_seconds())
-            return answer()
+    def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> Iterator[pb.ReceiveMessageResponse]:
+        self.asked.append(request.long_polling_timeout.ToTimedelta().total_seconds())
+        return self._answer()
 
-        def Heartbeat(self, request: Any, **_: Any) -> pb.HeartbeatResponse:  # the back-off's, after Unavailable
-            return pb.HeartbeatResponse(status=v2.Status(code=v2.OK))
+    def Heartbeat(self, request: Any, **_: Any) -> pb.HeartbeatResponse:  # the back-off's, after Unavailable
+        return pb.HeartbeatResponse(status=v2.Status(code=v2.OK))
 
+
+@pytest.mark.parametrize(("first_s", "asked"), [(0.0, [2, 2]), (2.1, [2])])
+def test_a_receive_retried_asks_its_whole_wait_until_it_is_over(first_s: float, asked: list[float]) -> None:
+    """A receive whose first attempt failed asks its whole wait again, never what is left of it (a proxy serving
+    only v2 would refuse it); once its wait is over none goes, and the receive answers empty."""
+    proxy = RocketMQ(first_s)
     with SimpleConsumer("127.0.0.1:1", "g", "t", retry=FAST) as consumer:
-        consumer._stub = consumer._ext = RocketMQ()
+        consumer._stub = consumer._ext = proxy
         assert consumer.receive(wait=2) == []
-    assert asked == [2, 2]
+    assert proxy.asked == asked
