@@ -1,5 +1,5 @@
 """A give-back of many messages (an answer cut past its batch, a Session's orphans): at most GIVE_BACK_IN_FLIGHT
-calls at once, as a window (each call that ends lets the next go), all of it within its second."""
+calls at once, as a window (each call that ends lets the next go), all of it within its time (GIVE_BACK_TIMEOUT_S)."""
 
 from __future__ import annotations
 
