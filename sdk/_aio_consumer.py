@@ -37,12 +37,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         self, *, max: int | None = None, invisible: float | None = None, wait: float | None = None
     ) -> list[Message]:
         """Receive up to ``max`` messages, long-polling up to ``wait`` seconds; see `sdk.SimpleConsumer.receive`."""
-        over = self._wait_over(wait)
-
-        async def attempt() -> list[Message]:
-            return [] if over() else await self._receive_once(max, invisible, wait)
-
-        return await self._retrying(attempt)
+        return await self._retrying(lambda: self._receive_once(max, invisible, wait))
 
     async def _receive_once(self, max: int | None, invisible: float | None, wait: float | None) -> list[Message]:
         loop = asyncio.get_running_loop()

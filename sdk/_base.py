@@ -5,9 +5,8 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
@@ -301,20 +300,6 @@ class ConsumerBase(ClientBase):
         """Whether a failed ReceiveMessages says the server has no such RPC: then v2 serves this receive and the
         next ones (tests/unit/sdk/test_batch_receive.py)."""
         return self._unimplemented(exc, "_batch_receive", "batch receive")
-
-    def _wait_over(self, wait: float | None) -> Callable[[], bool]:
-        """Whether one receive's wait is over, for its retries: each asks the whole wait again (RocketMQ's proxy
-        raises a poll to its 5 s minimum and refuses one whose deadline leaves less), and none goes once a wait of
-        more than 0 s is over — the receive answers empty then, as when nothing came — so that a receive retried (a
-        proxy restarting, a connection aging) answers within about its wait plus one attempt —
-        tests/integration/sdk/test_connection_age.py::test_a_receive_retried_as_its_connection_ages_ends_within_its_wait,
-        tests/unit/sdk/test_retry_loop.py::test_a_receive_retried_asks_its_whole_wait_until_it_is_over."""
-        started, attempts = time.monotonic(), itertools.count()  # the first attempt's arguments checked as they are
-        return lambda: (
-            next(attempts) > 0
-            and (whole := self.wait if wait is None else wait) > 0
-            and (time.monotonic() - started >= whole)
-        )
 
     def _receive_plan(
         self, max: int | None, invisible: float | None, wait: float | None, *, keep: bool = True

@@ -123,8 +123,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             invisible: Seconds the messages stay invisible to the group unless acked.
             wait: Long-polling time, seconds (0: answer at once).
         """
-        over = self._wait_over(wait)
-        return self._retrying(lambda: [] if over() else self._receive_once(max, invisible, wait))
+        return self._retrying(lambda: self._receive_once(max, invisible, wait))
 
     def _receive_once(
         self, max: int | None, invisible: float | None, wait: float | None, hold: Hold | None = None
