@@ -17,6 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _nacks, _resend, _wire, errors
 from ._acks import ThreadAcks
+from ._at_work import AtWork
 from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
 from ._forks import restarted_after_fork
 from ._sync_client import _SyncClient
@@ -41,51 +42,26 @@ class Reads:
 
     def _restart(self) -> None:
         """None. A forked child starts so: the calls are its parent's, left to the parent."""
-        self._calls: dict[int, tuple[Any, int]] = {}  # id(call): the call and the thread reading it
-        self._changed = threading.Condition()  # an RLock's: a signal handler may take it on a thread holding it
-        self._then: tuple[int, Callable[[], None]] | None = None  # to run once that thread's reads end
-
-    def _readers(self) -> list[int]:
-        """The threads reading, from a copy (`done` takes a call out without the lock)."""
-        return [thread for _, thread in list(self._calls.values())]
+        self._calls = AtWork()  # id(call): the call, and the thread reading it
 
     def add(self, call: Any) -> None:
-        with self._changed:
-            self._calls[id(call)] = (call, threading.get_ident())
+        self._calls.begin(id(call), call)
 
     def done(self, call: Any) -> None:
-        here = threading.get_ident()
-        self._calls.pop(id(call), None)  # first, in one step: a signal's exception leaves no stale entry
-        with self._changed:
-            self._changed.notify_all()
-            then = self._then
-            if then is None or then[0] != here or here in self._readers():
-                then = None
-            else:
-                self._then = None
-        if then is not None:
-            then[1]()
+        self._calls.end(id(call))
 
     def after_mine(self, then: Callable[[], None]) -> bool:
         """Whether this thread is reading an answer (a close() in a signal handler of a reading thread); if so,
         `then` runs once its reads have ended."""
-        here = threading.get_ident()
-        with self._changed:
-            if here not in self._readers():
-                return False
-            self._then = (here, then)
-            return True
+        return self._calls.after_mine(then)
 
     def cancel_and_wait(self, timeout: float) -> bool:
-        """Whether every read of another thread ended within `timeout`."""
-        with self._changed:
-            calls = list(self._calls.values())
-        for call, _ in calls:
+        """Whether every read of another thread ended within `timeout` (a close() in a signal handler of a reading
+        thread: that read waits for it)."""
+        for call in self._calls.what():
             if (cancel := getattr(call, "cancel", None)) is not None:  # a grpc call (a plain iterable has none)
                 cancel()
-        here = threading.get_ident()  # a close() in a signal handler of a reading thread: that read waits for it
-        with self._changed:
-            return self._changed.wait_for(lambda: all(thread == here for thread in self._readers()), timeout)
+        return self._calls.wait_others(timeout)
 
 
 _live_reads = restarted_after_fork(Reads._restart)

@@ -8,6 +8,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
+from ._at_work import AtWork
 from ._forks import restarted_after_fork
 from .message import Message
 
@@ -31,9 +32,7 @@ class Unyielded:
         tests/unit/sdk/test_fork.py::test_a_forked_childs_close_gives_back_nothing_its_parent_holds."""
         self._batches: dict[int, deque[Message]] = {}
         self._lock = threading.RLock()  # a signal handler's close() may take it on a thread holding it
-        self._ended = threading.Condition(self._lock)
-        self._giving_back: dict[object, int] = {}  # a token of each `ended` block under way: its thread
-        self._then: tuple[int, Callable[[], None]] | None = None  # to run once that thread's blocks end
+        self._giving_back = AtWork(self._lock)  # a token of each `ended` block under way
 
     def start(self, messages: Iterable[Message]) -> int:
         """Hold a batch an iteration received; the key to its other calls."""
@@ -61,47 +60,30 @@ class Unyielded:
         test_close_waits_for_the_give_back_an_iteration_took_its_batch_for. Its token goes whatever interrupts
         it (a signal's exception) — tests/unit/sdk/test_close_interleavings.py::
         test_a_ctrl_c_in_an_iterations_give_back_leaves_close_nothing_to_wait_for."""
-        token, here = object(), threading.get_ident()
+        token = object()
         try:
-            yield self._end_under(token, here, key)
+            yield self._end_under(token, key)
         finally:
-            if self._giving_back.pop(token, None) is not None:
-                self._block_ended(here)
+            self._giving_back.end(token)
 
-    def _end_under(self, token: object, here: int, key: int) -> list[Message]:
+    def _end_under(self, token: object, key: int) -> list[Message]:
         """`end`, the block's token kept with the batch's messages it took (none: no token), in one step."""
         with self._lock:
             rest = self.end(key)
             if rest:
-                self._giving_back[token] = here
+                self._giving_back.begin(token)
             return rest
-
-    def _block_ended(self, here: int) -> None:
-        with self._ended:
-            self._ended.notify_all()
-            then = self._then
-            if then is None or then[0] != here or here in self._giving_back.values():
-                return
-            self._then = None
-        then[1]()
 
     def wait_given_back(self, timeout: float) -> bool:
         """Whether the `ended` blocks of other threads under way ended within `timeout` (a close() in a signal
         handler does not wait for its own thread's: see `after_mine`)."""
-        here = threading.get_ident()
-        with self._ended:
-            return self._ended.wait_for(lambda: all(t == here for t in list(self._giving_back.values())), timeout)
+        return self._giving_back.wait_others(timeout)
 
     def after_mine(self, then: Callable[[], None]) -> bool:
         """Whether this thread is in an `ended` block (a close() in a signal handler of an iteration giving back its
         batch); if so, `then` runs once its blocks have ended — tests/unit/sdk/test_close_interleavings.py::
         test_close_in_a_signal_handler_during_the_iterations_give_back_lets_it_finish."""
-        here = threading.get_ident()
-        with self._lock:
-            if here not in self._giving_back.values():
-                return False
-            self._then = (here, then)
-            return True
+        return self._giving_back.after_mine(then)
 
     def take_all(self) -> list[Message]:
         """Every held message of every iteration (the consumer closes: to give back); their iterations get no more."""

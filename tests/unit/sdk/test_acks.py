@@ -537,7 +537,7 @@ def test_a_close_in_a_signal_handler_never_waits_for_good_for_another_threads_cl
     first = threading.Thread(target=consumer.close)
     first.start()
     assert stopping.wait(10)
-    with consumer._reads._changed:  # held as `Reads.add` holds it when the handler interrupts it
+    with consumer._reads._calls.changed:  # held as `Reads.add` holds it when the handler interrupts it
         go_on.set()  # the first close() goes on, to wait for the reads: for this lock
         consumer.close()  # the handler's
     first.join(10)
