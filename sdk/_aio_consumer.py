@@ -9,13 +9,13 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import grpc
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _joining, _nacks, _resend, _waiting, _wire, errors
+from . import _joining, _nacks, _resend, _session, _waiting, _wire, errors
 from ._acks import AsyncAcks
 from ._aio_client import _AsyncClient, answered
 from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
@@ -45,20 +45,30 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         request, timeout = self._receive_plan(max, invisible, wait)
         # Cancelled while its answer comes in, a receive on the Session stream gives back what it had read and what
         # still comes (`_orphaned`); on the RPCs, `_read` does.
-        frames = await self._over_session("receive", request, timeout)
+        frames = await self._session_receive(request, timeout)
         again = False
-        while frames is _joining.CUT_SHORT:
-            # Joined with other receives that took every message that came: received again for the rest of its
+        ends: Iterator[float] | None = None
+        while frames is _joining.CUT_SHORT or isinstance(frames, _session.Ended):
+            # Joined with other receives that took every message that came, or its stream ended by the proxy (the
+            # connection aging, the proxy stopping: its messages went back): received again for the rest of its
             # wait (once at least, not waiting, when none is left), so that it answers empty only once its wait is
-            # over and nothing is ready — tests/integration/sdk/test_joined_receives.py::
-            # test_a_receive_cut_short_waits_out_the_rest_of_its_wait, `::test_joined_receives_that_do_not_wait_
-            # each_get_a_ready_message`.
+            # over and nothing is ready, and a stream's end is no attempt — tests/integration/sdk/test_joined_
+            # receives.py::test_a_receive_cut_short_waits_out_the_rest_of_its_wait, `::test_joined_receives_that_
+            # do_not_wait_each_get_a_ready_message`, test_connection_age.py::test_a_receive_waiting_longer_than_
+            # connections_live_waits_out_its_wait_across_them.
             rest = (self.wait if wait is None else wait) - (loop.time() - started)
             if rest <= 0 and again:
+                if isinstance(frames, _session.Ended):
+                    raise frames  # a retriable Unavailable: an attempt
                 return []
+            if isinstance(frames, _session.Ended) and again:
+                # Streams ended one after another back off as retries do (not counted).
+                ends = ends or self.options.retry.delays(forever=True)
+                await self._back_off(min(next(ends), rest))
+                rest = (self.wait if wait is None else wait) - (loop.time() - started)
             again = True
             request, timeout = self._receive_plan(max, invisible, rest if rest > 0 else 0.0, keep=False)
-            frames = await self._over_session("receive", request, timeout)
+            frames = await self._session_receive(request, timeout)
         if frames is not None:
             self._batch_receive = True
             return await self._delivered(frames)
@@ -75,6 +85,14 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
                 return messages
         call = self._stub.ReceiveMessage(request, timeout=timeout, metadata=metadata)
         return await self._read(call, request.batch_size)
+
+    async def _session_receive(self, request: pb.ReceiveMessageRequest, within_s: float) -> Any:
+        """The answer's frames on the Session stream (None where the proxy serves none), or the `_session.Ended`
+        its stream ended with, when the proxy ended the stream before answering."""
+        try:
+            return await self._over_session("receive", request, within_s)
+        except _session.Ended as ended:
+            return ended
 
     async def _read(self, call: Any, asked: int) -> list[Message]:
         """The messages of a receive's answer (either framing); one past `asked` messages is cut there (`Answer`)

@@ -57,6 +57,12 @@ class Unimplemented(errors.PopgateError):
     """The proxy serves no Session (a RocketMQ proxy, or popgate's with --no-batch-receive): nothing was served."""
 
 
+class Ended(errors.Unavailable):
+    """The proxy ended the stream cleanly (its connection told to go away, or the proxy stopping) before answering
+    the request: a receive was not served (the proxy gave back what it had taken) and is asked again on a new stream
+    without counting as an attempt (`_aio_consumer`); other requests are retried as after a lost stream."""
+
+
 def stream_error(
     exc: grpc.aio.AioRpcError | None, convert: Callable[[grpc.RpcError], errors.PopgateError]
 ) -> Exception:
@@ -64,7 +70,7 @@ def stream_error(
     `convert`'s error for a unary call that failed so (its hints, a certificate that does not verify not retried),
     retriable unless it is such an Unavailable."""
     if exc is None:
-        return errors.Unavailable("the proxy ended the session stream", retriable=True)
+        return Ended("the proxy ended the session stream", retriable=True)
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return Unimplemented(exc.details() or "no Session")
     if exc.code() in REFUSED:

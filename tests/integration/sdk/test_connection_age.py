@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from popgate import aio
+from popgate import RetryPolicy, aio
 from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.sdk.conftest import BROKER_ARGS, PROXY_ARGS, name
 
@@ -61,3 +61,25 @@ async def test_a_client_follows_its_sessions_to_new_connections_as_they_age(aged
         served = (producer._session_served, consumer._session_served)
     assert got == set(sent)
     assert served == (True, True)
+
+
+@pytest.mark.parametrize("aged", ["h2"], indirect=True)  # grpcio's server cuts a Session stream, telling nothing
+async def test_a_receive_waiting_longer_than_connections_live_waits_out_its_wait_across_them(aged: str) -> None:
+    """A receive waiting several connection ages (connections told to go away every ~0.8 s), retrying nothing
+    (`max_attempts=1`): each stream that ends under it asks again for the rest of its wait on the next, so a message
+    sent late in the wait arrives in that same receive, and one on an empty topic answers empty once its wait is
+    over instead of failing."""
+    topic, group = name("t"), name("g")
+    once = RetryPolicy(max_attempts=1)
+    async with aio.Producer(aged) as producer, aio.SimpleConsumer(aged, group, topic, retry=once) as consumer:
+        assert await consumer.receive(max=1, wait=2.5) == []
+
+        async def send_late() -> str:
+            await asyncio.sleep(2.5)
+            return (await producer.send(topic, b"late")).message_id
+
+        sending = asyncio.create_task(send_late())
+        got = await consumer.receive(max=1, wait=6)
+        sent = await sending
+        await consumer.ack_many(got)
+    assert [m.message_id for m in got] == [sent]

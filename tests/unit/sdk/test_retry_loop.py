@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
@@ -125,3 +127,55 @@ def test_a_receive_retried_asks_its_whole_wait_again() -> None:
         consumer._stub = consumer._ext = proxy
         assert consumer.receive(wait=2) == []
     assert proxy.asked == [2, 2]
+
+
+class EndingProxy:
+    """A channel to a proxy that ends each Session stream cleanly, unanswered, once a request comes on it (as one
+    aging its connections faster than anything can be served); it records each receive's wait."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def stream_stream(self, method: str, **_: Any) -> Any:
+        return lambda metadata: EndingStream(self)
+
+    async def close(self) -> None:
+        return None
+
+
+class EndingStream:
+    def __init__(self, proxy: EndingProxy) -> None:
+        self.proxy = proxy
+        self.ended = asyncio.Event()
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        return grpc.aio.Metadata()
+
+    async def write(self, message: bytes) -> None:
+        request = ext.SessionRequest.FromString(message)
+        self.proxy.asked.append(request.receive.long_polling_timeout.ToTimedelta().total_seconds())
+        self.ended.set()
+
+    async def read(self) -> Any:
+        await self.ended.wait()
+        return grpc.aio.EOF
+
+    def cancel(self) -> None:
+        self.ended.set()
+
+
+async def test_a_receive_asks_again_for_the_rest_of_its_wait_when_its_stream_ends_and_backs_off() -> None:
+    """A receive whose Session stream the proxy ends before answering asks again on a new stream for what is left of
+    its wait, not counted as an attempt (no retries allowed here); streams ending one after another are asked again
+    with the retry policy's back-off, not in a busy loop, and once the wait is over the receive fails retriably."""
+    proxy = EndingProxy()
+    policy = RetryPolicy(max_attempts=1, initial_backoff=0.05, max_backoff=0.4)
+    async with aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=policy) as consumer:
+        consumer._channel = proxy  # type: ignore[assignment]
+        consumer._stub_ = proxy
+        with pytest.raises(Unavailable) as caught:
+            await consumer.receive(wait=1.5)
+    assert caught.value.retriable
+    assert proxy.asked[0] == 1.5
+    assert all(later < earlier for earlier, later in itertools.pairwise(proxy.asked))  # the rest each time
+    assert 3 <= len(proxy.asked) <= 20  # backing off from 0.05 s to 0.4 s within 1.5 s: about 10, not thousands

@@ -136,7 +136,7 @@ class StreamEnd(grpc.aio.AioRpcError):
 @pytest.mark.parametrize(
     ("code", "expected", "retriable"),
     [
-        (None, Unavailable, True),
+        (None, _session.Ended, True),  # the proxy ended it: not served, asked again
         (grpc.StatusCode.UNAVAILABLE, Unavailable, True),
         (grpc.StatusCode.CANCELLED, Unavailable, True),  # a proxy shutting down
         (grpc.StatusCode.INTERNAL, Unavailable, True),
