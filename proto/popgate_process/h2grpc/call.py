@@ -112,7 +112,9 @@ async def requests(stream: Stream, deserialize: Callable[[bytes], Any] | None) -
         del request
 
 
-async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, first: bytes | None) -> None:
+async def run(
+    stream: Stream, handler: grpc.RpcMethodHandler, context: Context, first: bytes | wire.Compressed | None
+) -> None:
     """Run `handler` for the call and end the call with its status (not when the call was cancelled: the client
     went away, or its deadline passed and the server answered that)."""
     serialize = context.serialize = handler.response_serializer
@@ -121,6 +123,8 @@ async def run(stream: Stream, handler: grpc.RpcMethodHandler, context: Context, 
         if handler.request_streaming:
             request: Any = requests(stream, deserialize)
         else:
+            if first.__class__ is wire.Compressed:
+                first = await stream.inflated(first)
             try:
                 request = first if deserialize is None else deserialize(first)
             except Exception as exc:  # the client's bytes: grpc.aio's answer, not logged as a handler's failure

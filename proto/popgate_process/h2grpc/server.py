@@ -164,7 +164,7 @@ class H2Server:
             return
         first = None
         if not stream.handler.request_streaming:
-            messages = [m for m in stream.inbox if m.__class__ is bytes]
+            messages = [m for m in stream.inbox if m.__class__ is bytes or m.__class__ is wire.Compressed]
             if len(messages) != 1 or stream.deframer.pending:
                 return stream.finish(
                     wire.INTERNAL, f"a unary call carries one request message, not {len(messages)}", ()
@@ -180,7 +180,9 @@ class H2Server:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _intercepted(self, stream: Stream, handler: grpc.RpcMethodHandler, first: bytes | None) -> None:
+    async def _intercepted(
+        self, stream: Stream, handler: grpc.RpcMethodHandler, first: bytes | wire.Compressed | None
+    ) -> None:
         """The call run by the handler the interceptors give (as grpc.aio's server applies them: the first
         outermost); one of the same shape, as `handler`'s flags decided how its requests are read."""
         details = _CallDetails(stream.path, stream.context.invocation_metadata())

@@ -30,11 +30,12 @@ class Stream:
         self._connection = connection
         self.id = stream_id
         self.path = path
+        self.max_bytes = max_bytes
         self.deframer = wire.Deframer(max_bytes, encoding)
         # Requests not yet read, from `_head` on: a list, emptied when all are read, rather than a deque, which keeps a
         # block of its own while empty for as long as a held call lives (order and compaction:
         # tests/unit/process/test_h2grpc_stream.py::test_requests_come_out_in_order_and_the_read_ones_are_let_go).
-        self.inbox: list[bytes | object] = []
+        self.inbox: list[bytes | wire.Compressed | object] = []
         self._head = 0
         self._arrived: asyncio.Event | None = None
         self._unacked = 0  # flow-controlled bytes received and not yet given back to the stream's window
@@ -92,6 +93,8 @@ class Stream:
             self._arrived.set()
 
     async def read_bytes(self) -> bytes | None:
+        """The next request (inflated, `wire.inflated`), or None once the client ended its side; one that does not
+        inflate ends the call with its status (test_h2grpc.py::test_compressed_calls_inflate_and_a_bomb_is_refused)."""
         inbox = self.inbox
         while self._head >= len(inbox):
             if self.reset:
@@ -113,7 +116,16 @@ class Stream:
         self._unread -= len(item)  # type: ignore[arg-type]
         if self._unread < UNREAD_BOUND:
             self.acknowledge()
+        if item.__class__ is wire.Compressed:
+            return await self.inflated(item)
         return item  # type: ignore[return-value]
+
+    async def inflated(self, message: wire.Compressed) -> bytes:
+        try:
+            return await wire.inflated(message, self.max_bytes)
+        except wire.WireError as exc:
+            self.cut(exc.code, exc.message)
+            raise asyncio.CancelledError() from None
 
     async def read(self) -> Any:
         message = await self.read_bytes()

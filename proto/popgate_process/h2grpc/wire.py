@@ -8,10 +8,13 @@ tests/unit/process/test_h2grpc_wire.py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import concurrent.futures
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 from urllib.parse import quote
 
 Header = tuple[bytes, bytes]
@@ -19,6 +22,10 @@ Header = tuple[bytes, bytes]
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 # zlib's window bits for each `grpc-encoding` it inflates: gzip's header and trailer, or zlib's (deflate).
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+# A compressed message's first bytes inflate on the event loop (a small one whole, at a cost of well under a
+# millisecond); the rest on one of INFLATERS threads, so a large one does not hold the loop up.
+INLINE_BYTES = 64 * 1024
+INFLATERS = 2
 # Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
 _RESERVED = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 
@@ -43,11 +50,24 @@ def frame(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
+class Compressed:
+    """A compressed request message as it came, inflated by its call's reader (`inflated`), not as it arrives."""
+
+    __slots__ = ("data", "wbits")
+
+    def __init__(self, data: bytes, wbits: int) -> None:
+        self.data = data
+        self.wbits = wbits
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
 class Deframer:
     """Cuts a request stream's DATA into messages, however the bytes were split into frames.
 
-    A message longer than `max_bytes` is refused before its bytes are kept; a compressed one is inflated
-    (gzip or deflate, as `grpc-encoding` names) up to the same bound."""
+    A message longer than `max_bytes` is refused before its bytes are kept; a compressed one (gzip or deflate, as
+    `grpc-encoding` names) comes out as `Compressed`, which `inflated` inflates up to the same bound."""
 
     __slots__ = ("_buffer", "_encoding", "_max")
 
@@ -56,10 +76,10 @@ class Deframer:
         self._max = max_bytes
         self._encoding = encoding
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes) -> list[bytes | Compressed]:
         buffer = self._buffer
         buffer += data
-        out: list[bytes] = []
+        out: list[bytes | Compressed] = []
         start = 0
         while len(buffer) - start >= 5:
             length = int.from_bytes(buffer[start + 1 : start + 5], "big")
@@ -69,7 +89,7 @@ class Deframer:
             if len(buffer) < end:
                 break
             message = bytes(buffer[start + 5 : end])
-            out.append(self._inflate(message) if buffer[start] else message)
+            out.append(Compressed(message, self._wbits()) if buffer[start] else message)
             start = end
         if start:
             del buffer[:start]
@@ -80,23 +100,48 @@ class Deframer:
         """Bytes of a message not yet complete."""
         return len(self._buffer)
 
-    def _inflate(self, message: bytes) -> bytes:
-        """`message` inflated, never past `max_bytes` + 1 bytes however far it would inflate (a "zip bomb" is
-        refused having cost that much memory) — test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound."""
+    def _wbits(self) -> int:
         wbits = _WBITS.get(self._encoding)
         if wbits is None:
             name = self._encoding.decode(errors="replace")
             raise WireError(UNIMPLEMENTED, f"a compressed message in encoding {name!r}")
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out = inflater.decompress(message, self._max + 1)
-        except zlib.error as exc:
-            raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
-        if len(out) > self._max or inflater.unconsumed_tail:
-            raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {self._max})")
-        if not inflater.eof or inflater.unused_data:
-            raise WireError(INTERNAL, "a compressed message does not inflate: truncated or followed by other bytes")
-        return out
+        return wbits
+
+
+async def inflated(message: Compressed, max_bytes: int) -> bytes:
+    """`message` inflated, never past `max_bytes` + 1 bytes however far it would inflate (a "zip bomb" is refused
+    having cost that much memory) — test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound. Past
+    INLINE_BYTES of output the rest inflates on a thread of INFLATERS while the event loop serves other calls —
+    test_h2grpc_wire.py::test_a_large_message_inflates_while_the_loop_runs_on."""
+    inflater = zlib.decompressobj(message.wbits)
+    room = max_bytes + 1
+    out = _inflate(inflater, message.data, min(INLINE_BYTES, room))
+    if len(out) == INLINE_BYTES < room and not inflater.eof:
+        loop = asyncio.get_running_loop()
+        out += await loop.run_in_executor(_inflaters(), _inflate, inflater, inflater.unconsumed_tail, room - len(out))
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {max_bytes})")
+    if not inflater.eof or inflater.unused_data:
+        raise WireError(INTERNAL, "a compressed message does not inflate: truncated or followed by other bytes")
+    return out
+
+
+def _inflate(inflater: Any, data: bytes, room: int) -> bytes:
+    try:
+        return inflater.decompress(data, room)  # type: ignore[no-any-return]
+    except zlib.error as exc:
+        raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _inflaters() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads large messages inflate on (zlib lets the GIL go as it inflates), made at first use."""
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(INFLATERS, thread_name_prefix="h2grpc-inflate")
+    return _pool
 
 
 def timeout_s(value: bytes) -> float:

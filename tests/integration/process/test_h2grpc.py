@@ -87,6 +87,22 @@ async def test_a_request_over_the_bound_is_resource_exhausted(server: tuple[H2Se
         assert await channel.unary_unary("/t.S/echo")(b"ok", timeout=5) == b"ok"
 
 
+async def test_compressed_calls_inflate_and_a_bomb_is_refused(server: tuple[H2Server, Handlers, str]) -> None:
+    """A client compressing its requests (gzip) is served, unary and streaming; a request that inflates past the
+    bound (2,000 bytes, sent as a few dozen) ends its call RESOURCE_EXHAUSTED, and the connection serves on."""
+    _, _, target = server
+    async with grpc.aio.insecure_channel(target, compression=grpc.Compression.Gzip) as channel:
+        echo = channel.unary_unary("/t.S/echo")
+        assert await echo(b"a" * 900, timeout=5) == b"a" * 900
+        await refusal(echo(b"x" * 2000, timeout=5), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        chat = channel.stream_stream("/t.S/chat")()
+        await chat.write(b"b" * 900)
+        assert await chat.read() == b"B" * 900
+        await chat.write(b"y" * 2000)
+        assert await chat.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert await echo(b"ok", timeout=5) == b"ok"
+
+
 async def test_a_connections_record_of_ended_calls_stays_bounded_and_goes_when_it_closes(
     server: tuple[H2Server, Handlers, str],
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import tracemalloc
 import zlib
@@ -37,12 +38,17 @@ def test_a_message_over_the_bound_is_refused_before_its_bytes_arrive() -> None:
     assert "101 vs. 100" in refused.value.message
 
 
+def inflate(max_bytes: int, encoding: bytes, packed: bytes) -> bytes:
+    """The one message of a stream of `packed` (compressed), deframed and inflated."""
+    (message,) = wire.Deframer(max_bytes, encoding).feed(b"\x01" + len(packed).to_bytes(4, "big") + packed)
+    assert isinstance(message, wire.Compressed)
+    return asyncio.run(wire.inflated(message, max_bytes))
+
+
 def test_a_gzip_message_is_inflated_and_bounded_inflated() -> None:
-    packed = gzip.compress(b"a" * 50)
-    assert wire.Deframer(100, b"gzip").feed(b"\x01" + len(packed).to_bytes(4, "big") + packed) == [b"a" * 50]
-    bomb = gzip.compress(b"a" * 1000)
+    assert inflate(100, b"gzip", gzip.compress(b"a" * 50)) == b"a" * 50
     with pytest.raises(wire.WireError) as refused:
-        wire.Deframer(100, b"gzip").feed(b"\x01" + len(bomb).to_bytes(4, "big") + bomb)
+        inflate(100, b"gzip", gzip.compress(b"a" * 1000))
     assert refused.value.code == wire.RESOURCE_EXHAUSTED
 
 
@@ -60,11 +66,10 @@ def test_a_compressed_bomb_is_refused_at_the_bound(encoding: bytes, wbits: int) 
     """A message that would inflate to 64 MiB is refused having inflated ~its bound (1 MiB), not 64 MiB."""
     packer = zlib.compressobj(9, zlib.DEFLATED, wbits)
     bomb = b"".join(packer.compress(bytes(1 << 20)) for _ in range(64)) + packer.flush()
-    deframer = wire.Deframer(1 << 20, encoding)
     tracemalloc.start()
     try:
         with pytest.raises(wire.WireError) as refused:
-            deframer.feed(b"\x01" + len(bomb).to_bytes(4, "big") + bomb)
+            inflate(1 << 20, encoding, bomb)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -76,11 +81,35 @@ def test_a_compressed_bomb_is_refused_at_the_bound(encoding: bytes, wbits: int) 
 def test_a_compressed_message_cut_short_or_followed_by_other_bytes_is_refused(encoding: bytes, wbits: int) -> None:
     packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
     packed = packer.compress(b"a" * 50) + packer.flush()
-    assert wire.Deframer(100, encoding).feed(b"\x01" + len(packed).to_bytes(4, "big") + packed) == [b"a" * 50]
+    assert inflate(100, encoding, packed) == b"a" * 50
     for bad in (packed[:-3], packed + b"junk"):
         with pytest.raises(wire.WireError) as refused:
-            wire.Deframer(100, encoding).feed(b"\x01" + len(bad).to_bytes(4, "big") + bad)
+            inflate(100, encoding, bad)
         assert refused.value.code == wire.INTERNAL
+
+
+@pytest.mark.parametrize("size", [wire.INLINE_BYTES - 1, wire.INLINE_BYTES, wire.INLINE_BYTES + 1, 3 << 20])
+def test_messages_on_either_side_of_the_inline_part_inflate_whole_and_bounded(size: int) -> None:
+    body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    assert inflate(size, b"gzip", gzip.compress(body)) == body
+    with pytest.raises(wire.WireError) as refused:
+        inflate(size - 1, b"gzip", gzip.compress(body))
+    assert refused.value.code == wire.RESOURCE_EXHAUSTED
+
+
+async def test_a_large_message_inflates_while_the_loop_runs_on() -> None:
+    """A message inflating to 48 MiB (its compressed bytes 48 KiB) does not hold the event loop up: other callbacks
+    run, one after another, while it inflates."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    packed = b"".join(packer.compress(bytes(1 << 20)) for _ in range(48)) + packer.flush()
+    (message,) = wire.Deframer(64 << 20, b"gzip").feed(b"\x01" + len(packed).to_bytes(4, "big") + packed)
+    inflating = asyncio.ensure_future(wire.inflated(message, 64 << 20))  # type: ignore[arg-type]
+    turns = 0
+    while not inflating.done():
+        await asyncio.sleep(0)
+        turns += 1
+    assert len(await inflating) == 48 << 20
+    assert turns > 100
 
 
 @pytest.mark.parametrize(
