@@ -72,7 +72,10 @@ async def test_a_receive_waiting_longer_than_connections_live_waits_out_its_wait
     topic, group = name("t"), name("g")
     once = RetryPolicy(max_attempts=1)
     async with aio.Producer(aged) as producer, aio.SimpleConsumer(aged, group, topic, retry=once) as consumer:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         assert await consumer.receive(max=1, wait=2.5) == []
+        waited = loop.time() - started
 
         async def send_late() -> str:
             await asyncio.sleep(2.5)
@@ -83,3 +86,4 @@ async def test_a_receive_waiting_longer_than_connections_live_waits_out_its_wait
         sent = await sending
         await consumer.ack_many(got)
     assert [m.message_id for m in got] == [sent]
+    assert waited >= 2.4  # empty only once its wait was over

@@ -171,7 +171,7 @@ class AsyncStub:
         return call
 
 
-class _UnimplementedCall(grpc.aio.AioRpcError):
+class UnimplementedCall(grpc.aio.AioRpcError):
     """A stream call to a server that has no such method: every read fails with UNIMPLEMENTED."""
 
     def __init__(self) -> None:
@@ -195,7 +195,7 @@ class FakeChannel:
     stubs a test puts in place."""
 
     def stream_stream(self, method: str, **_: Any) -> Any:
-        return lambda **__: _UnimplementedCall()
+        return lambda **__: UnimplementedCall()
 
     async def close(self) -> None:
         return None

@@ -14,7 +14,7 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
 from popgate import Producer, RetryPolicy, SimpleConsumer, TooManyRequests, Unavailable, aio, errors
-from tests.unit.sdk.fakes import FakeRpcError
+from tests.unit.sdk.fakes import FakeRpcError, UnimplementedCall
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.002)
 
@@ -179,3 +179,43 @@ async def test_a_receive_asks_again_for_the_rest_of_its_wait_when_its_stream_end
     assert proxy.asked[0] == 1.5
     assert all(later < earlier for earlier, later in itertools.pairwise(proxy.asked))  # the rest each time
     assert 3 <= len(proxy.asked) <= 20  # backing off from 0.05 s to 0.4 s within 1.5 s: about 10, not thousands
+
+
+class AsyncRocketMQ:
+    """A proxy serving only v2 (as the aio stubs call it): it records each ReceiveMessage's wait, answers none."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def ReceiveMessages(self, request: Any, **_: Any) -> Any:
+        raise FakeRpcError(grpc.StatusCode.UNIMPLEMENTED)
+
+    def ReceiveMessage(self, request: pb.ReceiveMessageRequest, **_: Any) -> Any:
+        self.asked.append(request.long_polling_timeout.ToTimedelta().total_seconds())
+
+        async def answer() -> Any:
+            yield pb.ReceiveMessageResponse(status=v2.Status(code=v2.MESSAGE_NOT_FOUND))
+
+        return answer()
+
+
+class EndingThenRocketMQ(EndingProxy):
+    """The first Session stream ends unanswered (its connection aging); the next connection reaches a proxy that
+    serves no Session."""
+
+    def stream_stream(self, method: str, **_: Any) -> Any:
+        if not self.asked:
+            return super().stream_stream(method)
+        return lambda metadata: UnimplementedCall()
+
+
+async def test_a_receive_whose_next_stream_is_unimplemented_asks_its_whole_wait() -> None:
+    """A receive's stream ends and the next one is not served (another proxy now answers the address): the unary
+    receive asks the whole wait, as a retry does, never what was left of it (RocketMQ's proxy refuses a poll under
+    its 5 s minimum)."""
+    channel, rocketmq = EndingThenRocketMQ(), AsyncRocketMQ()
+    async with aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=RetryPolicy(max_attempts=1)) as consumer:
+        consumer._channel = channel  # type: ignore[assignment]
+        consumer._stub_, consumer._ext_stub_ = rocketmq, rocketmq
+        assert await consumer.receive(wait=7) == []
+    assert (channel.asked, rocketmq.asked) == ([7.0], [7.0])
