@@ -33,6 +33,7 @@ MIN_ZONE_S = -12 * 3600
 MAX_ZONE_S = 14 * 3600
 PLACEHOLDER_PREFIX = "REPLACE-"  # deploy/k8s/overlays/prod/acl.example.toml's secrets
 MIN_SECRET_CHARS = 16
+VERIFIED_KEPT = 4096  # signatures verified, kept with their dates (`Authenticator.authenticate`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +97,14 @@ def parse_authorization(value: str) -> tuple[str, str]:
 
 def date_offset_s(date: str, now: float) -> float:
     """Seconds from now (UTC) to the date read as UTC; Unauthorized when it is not the client's format."""
+    return _parsed(date) - now
+
+
+def _parsed(date: str) -> float:
     try:
-        parsed = calendar.timegm(time.strptime(date, DATE_FORMAT))
+        return calendar.timegm(time.strptime(date, DATE_FORMAT))
     except ValueError:
         raise Unauthorized(f"{DATE_HEADER}: {date[:40]!r} is not YYYYMMDDTHHMMSSZ") from None
-    return parsed - now
 
 
 def fresh(offset_s: float, skew_s: float) -> bool:
@@ -119,21 +123,28 @@ class Authenticator:
         self._accounts = {a.access_key: a for a in accounts}
         self._skew_s = skew_s
         self._clock = clock
+        self._verified: dict[tuple[str, str], tuple[Account, float]] = {}
 
     @property
     def enabled(self) -> bool:
         return bool(self._accounts)
 
     def authenticate(self, metadata: Mapping[str, str]) -> Account | None:
-        """The caller's account (None when authentication is off); Unauthorized otherwise."""
+        """The caller's account (None when authentication is off); Unauthorized otherwise. A signature verified is
+        kept (VERIFIED_KEPT of them) with its date: the same headers again, while fresh, are the same account without
+        a second HMAC (a call is checked at its headers and again by its handler) —
+        tests/unit/proxy/test_auth.py::test_verified_headers_are_kept_only_while_their_date_is_fresh."""
         if not self._accounts:
             return None
         header = metadata.get("authorization")
         if not header:
             raise Unauthorized("authorization header missing: this proxy requires credentials")
+        date = metadata.get(DATE_HEADER, "")
+        kept = self._verified.get((header, date))
+        if kept is not None and fresh(kept[1] - self._clock(), self._skew_s):
+            return kept[0]
         access_key, signature = parse_authorization(header)
         account = self._accounts.get(access_key)
-        date = metadata.get(DATE_HEADER, "")
         if not date:
             raise Unauthorized(f"{DATE_HEADER} header missing")
         # Same work and the same answer whether the key is unknown or the signature wrong. Compared as bytes:
@@ -142,8 +153,12 @@ class Authenticator:
         matches = hmac.compare_digest(expected, signature.lower().encode("utf-8", "replace"))
         if account is None or not matches:
             raise Unauthorized("unknown access key or bad signature")
-        if not fresh(date_offset_s(date, self._clock()), self._skew_s):
+        parsed = _parsed(date)
+        if not fresh(parsed - self._clock(), self._skew_s):
             raise Unauthorized(f"{DATE_HEADER} {date} is too far from the proxy's clock (any time zone)")
+        if len(self._verified) >= VERIFIED_KEPT:
+            self._verified.clear()
+        self._verified[(header, date)] = (account, parsed)
         return account
 
 

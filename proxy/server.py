@@ -8,6 +8,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -15,6 +16,7 @@ from popgate_pb.ext import admin_pb2_grpc
 from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc
 
+from popgate_contract.errors import Unauthorized
 from popgate_contract.validation import parse_host_port
 from popgate_process import certs
 from popgate_process.config import cannot_listen
@@ -36,6 +38,7 @@ from proxy.renewal import Renewer
 from proxy.renewal_book import RenewalLimits, renewal_period_s
 from proxy.routing import BrokerPool
 from proxy.settings import Settings, SettingsError
+from proxy.v2 import access
 from proxy.v2.context import endpoints_for
 from proxy.v2.service import ExtMessaging, MessagingService
 
@@ -111,6 +114,32 @@ def _certificate(settings: Settings) -> certs.Loaded:
 TELEMETRY = "/apache.rocketmq.v2.MessagingService/Telemetry"
 
 
+# The services whose every call needs credentials when the proxy has accounts (gRPC health needs none), and the
+# one call whose refusal echoes its request (ChangeInvisibleDuration's receipt handle: MessagingService).
+CREDENTIALED = ("/apache.rocketmq.v2.MessagingService/", "/popgate.ext.v1.Messaging/", "/popgate.admin.v1.Admin/")
+ECHOING = "/apache.rocketmq.v2.MessagingService/ChangeInvisibleDuration"
+
+
+def _unverified(auth: Authenticator) -> Callable[[str, Any], bool] | None:
+    """Whether a call's credentials do not verify, checked at its headers: its handler refuses it (40100, or
+    UNAUTHENTICATED) before reading its request, so the server answers it without waiting for the request —
+    tests/integration/proxy/test_client_accounts.py::test_a_call_without_credentials_is_refused_before_its_request_is_whole.
+    None (nothing checked) without accounts."""
+    if not auth.enabled:
+        return None
+
+    def unverified(path: str, metadata: Any) -> bool:
+        if not path.startswith(CREDENTIALED) or path == ECHOING:
+            return False
+        try:
+            auth.authenticate(access.metadata_of(metadata))
+        except Unauthorized:
+            return True
+        return False
+
+    return unverified
+
+
 async def _h2_server(settings: Settings) -> tuple[H2Server, str, certs.Serving | None]:
     """popgate's own server (docs/PROXY.md "Server"), bound to --listen (not started): its address, and its
     certificate's holder when it serves TLS."""
@@ -120,6 +149,7 @@ async def _h2_server(settings: Settings) -> tuple[H2Server, str, certs.Serving |
         max_connection_age_s=settings.max_connection_age_s,
         max_connection_age_grace_s=settings.max_connection_age_grace_s,
         age_exempt=(TELEMETRY,),
+        unheard=_unverified(Authenticator(settings.accounts, skew_s=settings.auth_skew_s)),
     )
     host, port = parse_host_port(settings.listen, what="--listen")
     tls = certs.ServingContext(_certificate(settings)) if settings.tls_cert else None

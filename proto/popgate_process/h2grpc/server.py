@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import grpc
@@ -36,6 +36,7 @@ RECEIVE_BUFFER = 256 << 10  # the most one read takes from a connection's socket
 UNKNOWN_CONTENT = 2  # grpc's UNKNOWN, for a request that is not gRPC's
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 7200.0, 20.0  # grpc-core's server defaults (keepalive_time, keepalive_timeout)
 MAX_CONNECTION_AGE_GRACE_S = 60.0  # past the longest long poll (30 s)
+Metadata = tuple[tuple[str, str | bytes], ...]  # a call's, as `wire.metadata` reads it
 
 
 class H2Server:
@@ -53,13 +54,19 @@ class H2Server:
         max_connection_age_s: float = 0.0,
         max_connection_age_grace_s: float = MAX_CONNECTION_AGE_GRACE_S,
         age_exempt: Collection[str] = (),
+        unheard: Callable[[str, Metadata], bool] | None = None,
     ) -> None:
         """`keepalive_s`: a connection silent this long is sent a PING, and closed if nothing comes back within
         `keepalive_timeout_s` (a client gone without closing: its calls and buffers go with it).
         `max_connection_age_s` (0: never): a connection this old is told to go away (GOAWAY) and closes once its
         calls end, or after `max_connection_age_grace_s` with them, as grpc-core's `grpc.max_connection_age_ms` —
         except calls of the `age_exempt` paths (a client's one long-lived stream), which last until their client ends
-        them."""
+        them. `unheard(path, metadata)`: True for a call with one request to answer at its headers, not reading the
+        request (credentials that do not verify, which its handler refuses before looking at the request): its
+        handler runs at once with the empty message and the request's bytes are dropped as they come, so such calls
+        hold no place and no bytes while their requests arrive —
+        test_h2grpc_raw_calls.py::test_calls_answered_at_their_headers_hold_no_place_while_their_requests_arrive."""
+        self._unheard = unheard
         self.keepalive_s = keepalive_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.max_connection_age_s = max_connection_age_s
@@ -155,15 +162,20 @@ class H2Server:
             stream.timer = asyncio.get_running_loop().call_at(deadline, stream.expire)
         stream.handler = handler
         stream.context = call.Context(stream, invocation_metadata, deadline)
-        if handler.request_streaming or ended:
+        if not handler.request_streaming and self._unheard is not None and self._unheard(path, invocation_metadata):
+            stream.unheard = True  # answered without its request, whose bytes are dropped as they come
+            self.run(stream)
+        elif handler.request_streaming or ended:
             self.run(stream)
 
     def run(self, stream: Stream) -> None:
         """Start the call's handler: a streaming call's at once, a unary call's with its one request."""
         if stream.handler is None or stream.finished or stream.reset:
             return
-        first = None
-        if not stream.handler.request_streaming:
+        first: bytes | wire.Compressed | None = None
+        if stream.unheard:
+            first = b""  # the request's empty message
+        elif not stream.handler.request_streaming:
             messages = [m for m in stream.inbox if m.__class__ is bytes or m.__class__ is wire.Compressed]
             if len(messages) != 1 or stream.deframer.pending:
                 return stream.finish(

@@ -49,6 +49,7 @@ class Stream:
         self.finished = False  # a status is decided (sent or queued)
         self.reset = False  # the client went away, or the stream is gone
         self.ended = False  # the client ended its side
+        self.unheard = False  # answered without its request (`H2Server`'s `unheard`): its bytes are dropped
         self.handler: grpc.RpcMethodHandler | None = None
         self.context: Any = None
         self.task: asyncio.Task[None] | None = None
@@ -70,7 +71,7 @@ class Stream:
         of them; a unary call's second request is the call's error (INTERNAL), not kept either (test_h2grpc_raw.py::
         test_a_unary_call_that_sends_on_past_its_request_is_refused_and_keeps_nothing)."""
         self._unacked += flow_length
-        if self.finished:
+        if self.finished or self.unheard:
             self.acknowledge()
             return
         messages = self.deframer.feed(data)

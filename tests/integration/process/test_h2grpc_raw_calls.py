@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import grpc
 import hyperframe.frame
 import pytest
 from h2.errors import ErrorCodes
@@ -164,6 +165,34 @@ async def test_data_refused_for_its_content_length_still_opens_the_connections_w
         resets = [(f.stream_id, f.error_code) for f in frames if isinstance(f, hyperframe.frame.RstStreamFrame)]
         assert resets == [(call, ErrorCodes.PROTOCOL_ERROR) for call in calls]
         assert server.calls == 0
+    finally:
+        await peer.close()
+        await server.stop(None)
+
+
+async def test_calls_answered_at_their_headers_hold_no_place_while_their_requests_arrive() -> None:
+    """A server that answers calls without the right key at their headers (`unheard`): a peer opening calls in
+    waves of as many as the server takes, each with a request begun and never finished, has each answered at once by
+    its handler (here an empty echo), and the server's places are free again for the next wave and for a caller
+    with the key."""
+    server, _, target = await started(max_calls=3, unheard=lambda path, metadata: ("x-key", "good") not in metadata)
+    peer = await connected(target)
+    try:
+        for wave in (range(1, 7, 2), range(7, 13, 2)):
+            for stream_id in wave:
+                peer.client.send_headers(stream_id, headers(b"/t.S/echo"))
+                peer.client.send_data(stream_id, b"\x00\x00\x00\x01\xf4" + b"x" * 100)  # 100 of a 500-byte request
+            peer.send()
+            for stream_id in wave:  # answered in any order
+                if not any(f.stream_id == stream_id and "END_STREAM" in f.flags for f in peer.frames):
+                    await asyncio.wait_for(peer.read(answered=stream_id), 5)
+            for stream_id in wave:
+                body, trailers = answer(peer.frames, stream_id)
+                assert (body, trailers.get(b"grpc-status")) == (wire.frame(b""), b"0"), stream_id
+        assert server.calls == 0
+        async with grpc.aio.insecure_channel(target) as channel:
+            echo = channel.unary_unary("/t.S/echo")
+            assert await echo(b"hi", metadata=(("x-key", "good"),), timeout=5) == b"hi"
     finally:
         await peer.close()
         await server.stop(None)

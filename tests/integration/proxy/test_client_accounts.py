@@ -4,6 +4,7 @@ needs the rights a receive of that group needs (as RocketMQ's proxy asks SUB on 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 from popgate import _wire as wire
 from proxy.auth import DATE_FORMAT, DATE_HEADER, authorization
 from proxy.v2.access import CLIENT_ID
+from tests.integration.process.test_h2grpc_raw import answer, connected, headers
 from tests.procs import secured_cluster
 
 CONFIG = """
@@ -49,11 +51,14 @@ def signed(account: str, client_id: str) -> Metadata:
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pb_grpc.MessagingServiceStub]:
-    with (
-        secured_cluster(tmp_path_factory.mktemp("accounts"), CONFIG) as cluster,
-        grpc.insecure_channel(cluster.endpoint) as channel,
-    ):
+def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with secured_cluster(tmp_path_factory.mktemp("accounts"), CONFIG) as cluster:
+        yield cluster.endpoint
+
+
+@pytest.fixture(scope="module")
+def stub(endpoint: str) -> Iterator[pb_grpc.MessagingServiceStub]:
+    with grpc.insecure_channel(endpoint) as channel:
         yield pb_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
@@ -105,3 +110,20 @@ def test_heartbeat_and_termination_naming_a_group_need_its_rights(stub: pb_grpc.
     assert stub.NotifyClientTermination(end, metadata=signed("alice", ALICE_ID), timeout=5).status.code == v2.OK
     producer = pb.HeartbeatRequest(client_type=v2.PRODUCER)  # the official producers' heartbeat: no group
     assert stub.Heartbeat(producer, metadata=signed("stranger", "p@1@0@p"), timeout=5).status.code == v2.OK
+
+
+async def test_a_call_without_credentials_is_refused_before_its_request_is_whole(endpoint: str) -> None:
+    """A SendMessage without credentials whose 1 MiB request has begun and never ends is answered 40100 at once, as
+    its whole request would be, holding no call place nor its bytes meanwhile."""
+    peer = await connected(endpoint)
+    try:
+        peer.client.send_headers(1, [*headers(b"/apache.rocketmq.v2.MessagingService/SendMessage"), (CLIENT_ID, "x")])
+        peer.client.send_data(1, b"\x00\x00\x10\x00\x00" + b"x" * 1000)
+        peer.send()
+        frames = await asyncio.wait_for(peer.read(answered=1), 10)
+    finally:
+        await peer.close()
+    body, trailers = answer(frames, 1)
+    assert trailers[b"grpc-status"] == b"0"
+    refused = pb.SendMessageResponse.FromString(body[5:])
+    assert refused.status.code == v2.UNAUTHORIZED, refused

@@ -324,3 +324,29 @@ def test_a_producer_gets_checks_only_of_topics_it_may_publish_to() -> None:
     assert _published(settings, anyone) == ["orders", "payments", "log-1"]
     with pytest.raises(Unauthorized):
         access.publishable(checker(), [])
+
+
+def test_verified_headers_are_kept_only_while_their_date_is_fresh() -> None:
+    """The same signed headers again are the same account (kept, no second HMAC) while their date is fresh; once it
+    is not they are refused as before, and headers that failed are never kept."""
+    now = [float(NOW)]
+    checker = Authenticator([ALICE], skew_s=300.0, clock=lambda: now[0])
+    signed = headers()
+    assert checker.authenticate(signed) is ALICE
+    assert checker.authenticate(dict(signed)) is ALICE
+    assert len(checker._verified) == 1
+    now[0] += 301
+    with pytest.raises(Unauthorized, match="too far"):
+        checker.authenticate(signed)
+    forged = {**signed, "authorization": signed["authorization"][:-4] + "0000"}
+    now[0] = NOW
+    with pytest.raises(Unauthorized, match="bad signature"):
+        checker.authenticate(forged)
+    assert list(checker._verified) == [(signed["authorization"], signed[auth.DATE_HEADER])]
+
+
+def test_verified_headers_kept_are_bounded() -> None:
+    checker = Authenticator([ALICE], skew_s=3600.0, clock=lambda: NOW)
+    for second in range(auth.VERIFIED_KEPT + 10):
+        assert checker.authenticate(headers(at=NOW - second)) is ALICE
+    assert len(checker._verified) <= auth.VERIFIED_KEPT
