@@ -8,12 +8,8 @@ tests/integration/proxy/test_gzip.py::test_other_calls_go_on_while_two_clients_s
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb.ext import messaging_pb2 as ext
@@ -22,6 +18,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from popgate_contract import errors
 from popgate_contract.codes import status_of
+from popgate_process.bounded_threads import BoundedThreads
 from proxy import validate
 from proxy.core import REPLY_RESERVE_S
 from proxy.outgoing import Run, runs_of, shared_run
@@ -32,83 +29,28 @@ from proxy.v2.convert import SendLimits, body_of, to_broker
 INFLATE_THREADS = 2  # this machine's cores: more threads would only queue for them
 INFLATE_REQUESTS = 4  # GZIP requests converting or queued for a thread; each inflates to at most max_message_bytes
 INFLATE_WAITING = 64  # GZIP requests waiting for one of those places (they hold only what grpc has read already)
-T = TypeVar("T")
 
 
-class Inflation:
-    """At most `requests` GZIP conversions at a time on `threads` worker threads. A request past that waits its
-    turn (first come, first served) until its deadline; past `waiting` such requests, or at its deadline,
-    TOO_MANY_REQUESTS — test_overload.py::
-    test_sixteen_concurrent_gzip_requests_are_all_stored_while_at_most_four_inflate_at_once.
-
-    A conversion counts until its thread finishes it, also when the client has gone (its thread cannot be
-    stopped), so the bound holds for the memory the inflated bodies take —
-    test_overload.py::test_gzip_conversions_past_the_bound_wait_within_their_deadline_until_their_threads_finish.
-    """
+class Inflation(BoundedThreads):
+    """At most `requests` GZIP conversions at a time on `threads` worker threads, `waiting` more waiting their turn
+    within their deadline, past which TOO_MANY_REQUESTS (`BoundedThreads`)."""
 
     def __init__(
         self, *, threads: int = INFLATE_THREADS, requests: int = INFLATE_REQUESTS, waiting: int = INFLATE_WAITING
     ) -> None:
-        self.requests = requests
-        self.waiting = waiting
-        self._free = requests  # places, counted on the event loop only
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="gzip-inflate")
+        def refused(why: str) -> errors.TooManyRequests:
+            return errors.TooManyRequests(
+                f"the proxy is already inflating {requests} requests of GZIP bodies {why}: retry later"
+            )
 
-    async def run(self, convert: Callable[[], T], *, deadline: float | None = None) -> T:
-        """`convert()` on a worker thread once a place is free; `deadline`: the client's (loop time)."""
-        await self._place(deadline)
-        loop = asyncio.get_running_loop()
-        try:
-            future = self._pool.submit(convert)
-        except BaseException:
-            self._release()
-            raise
-        future.add_done_callback(lambda _: self._release_from(loop))  # on the worker, when it is really done
-        return await asyncio.wrap_future(future)
-
-    async def _place(self, deadline: float | None) -> None:
-        if self._free and not self._waiters:
-            self._free -= 1
-            return
-        if len(self._waiters) >= self.waiting:
-            raise self._refused(f"and {len(self._waiters)} wait for their turn")
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            # Refused in time for the answer to reach the client before its own deadline.
-            async with asyncio.timeout_at(None if deadline is None else deadline - REPLY_RESERVE_S):
-                await waiter
-        except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
-                self._release()  # handed a place as it gave up: the next one gets it
-            elif waiter in self._waiters:  # not skipped by a release already
-                self._waiters.remove(waiter)
-            if isinstance(exc, TimeoutError):
-                raise self._refused("and this one's deadline came before its turn") from None
-            raise
-
-    def _refused(self, why: str) -> errors.TooManyRequests:
-        return errors.TooManyRequests(
-            f"the proxy is already inflating {self.requests} requests of GZIP bodies {why}: retry later"
+        super().__init__(
+            threads=threads,
+            places=requests,
+            waiting=waiting,
+            refused=refused,
+            name="gzip-inflate",
+            reserve_s=REPLY_RESERVE_S,
         )
-
-    def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the place goes to the first waiter as it is
-                return
-        self._free += 1
-
-    def _release_from(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            loop.call_soon_threadsafe(self._release)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def send_message(call: Call, request: pb.SendMessageRequest, *, inflation: Inflation) -> pb.SendMessageResponse:

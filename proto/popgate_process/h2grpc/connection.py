@@ -42,6 +42,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def __init__(self, server: H2Server) -> None:
         self._server = server
+        self.inflaters = server.inflaters
         config = h2.config.H2Configuration(
             client_side=False,
             header_encoding=None,

@@ -25,6 +25,7 @@ import grpc
 import h2.exceptions
 from h2.errors import ErrorCodes
 
+from popgate_process.bounded_threads import BoundedThreads
 from popgate_process.h2grpc import call, wire
 from popgate_process.h2grpc.connection import Connection
 from popgate_process.h2grpc.stream import Stream
@@ -37,6 +38,8 @@ UNKNOWN_CONTENT = 2  # grpc's UNKNOWN, for a request that is not gRPC's
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 7200.0, 20.0  # grpc-core's server defaults (keepalive_time, keepalive_timeout)
 MAX_CONNECTION_AGE_GRACE_S = 60.0  # past the longest long poll (30 s)
 Metadata = tuple[tuple[str, str | bytes], ...]  # a call's, as `wire.metadata` reads it
+INFLATE_THREADS = 2  # this machine's cores: more threads would only queue for them
+INFLATE_WAITING = 64  # compressed requests waiting for a thread, each holding only its compressed bytes
 
 
 class H2Server:
@@ -67,6 +70,17 @@ class H2Server:
         hold no place and no bytes while their requests arrive —
         test_h2grpc_raw_calls.py::test_calls_answered_at_their_headers_hold_no_place_while_their_requests_arrive."""
         self._unheard = unheard
+        # Compressed requests too large to inflate on the loop (`Stream.inflated`): as many inflate as there are
+        # threads, INFLATE_WAITING more wait their turn, later ones are refused.
+        self.inflaters = BoundedThreads(
+            threads=INFLATE_THREADS,
+            places=INFLATE_THREADS,
+            waiting=INFLATE_WAITING,
+            refused=lambda why: wire.WireError(
+                wire.RESOURCE_EXHAUSTED, f"the server is already inflating {INFLATE_THREADS} compressed requests {why}"
+            ),
+            name="h2grpc-inflate",
+        )
         self.keepalive_s = keepalive_s
         self.keepalive_timeout_s = keepalive_timeout_s
         self.max_connection_age_s = max_connection_age_s
@@ -234,6 +248,7 @@ class H2Server:
                 await asyncio.wait(still_open, timeout=1.0)
         if self._server is not None:
             await self._server.wait_closed()
+        self.inflaters.close()
 
 
 class _CallDetails(grpc.HandlerCallDetails):  # type: ignore[misc]  # grpc has no types

@@ -5,6 +5,7 @@ tests/integration/process/test_h2grpc.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -122,11 +123,20 @@ class Stream:
         return item  # type: ignore[return-value]
 
     async def inflated(self, message: wire.Compressed) -> bytes:
+        """`message` inflated: on the loop when it is small (`wire.INLINE_BYTES`), else on one of the server's
+        inflating threads, waiting for a place (holding only its compressed bytes) or refused RESOURCE_EXHAUSTED
+        past the waiting bound —
+        test_h2grpc.py::test_large_compressed_calls_wait_for_an_inflating_thread_and_past_the_bound_are_refused."""
         try:
-            return await wire.inflated(message, self.max_bytes)
+            inflated = wire.inflate(message, self.max_bytes, wire.INLINE_BYTES)
+            if inflated is None:
+                job = functools.partial(wire.inflate, message, self.max_bytes)
+                inflated = await self._connection.inflaters.run(job)
         except wire.WireError as exc:
             self.cut(exc.code, exc.message)
             raise asyncio.CancelledError() from None
+        assert inflated is not None
+        return inflated
 
     async def read(self) -> Any:
         message = await self.read_bytes()

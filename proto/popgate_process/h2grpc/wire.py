@@ -8,13 +8,10 @@ tests/unit/process/test_h2grpc_wire.py.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import concurrent.futures
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
 from urllib.parse import quote
 
 Header = tuple[bytes, bytes]
@@ -22,10 +19,10 @@ Header = tuple[bytes, bytes]
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 # zlib's window bits for each `grpc-encoding` it inflates: gzip's header and trailer, or zlib's (deflate).
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
-# A compressed message's first bytes inflate on the event loop (a small one whole, at a cost of well under a
-# millisecond); the rest on one of INFLATERS threads, so a large one does not hold the loop up.
+# A compressed message inflating to at most INLINE_BYTES does so on the event loop (well under a millisecond); a
+# larger one is inflated again, whole, on a thread (`H2Server.inflaters`), PIECE_BYTES at a time.
 INLINE_BYTES = 64 * 1024
-INFLATERS = 2
+PIECE_BYTES = 1 << 20
 # Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
 _RESERVED = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
 
@@ -51,7 +48,7 @@ def frame(message: bytes) -> bytes:
 
 
 class Compressed:
-    """A compressed request message as it came, inflated by its call's reader (`inflated`), not as it arrives."""
+    """A compressed request message as it came, inflated by its call's reader (`inflate`), not as it arrives."""
 
     __slots__ = ("data", "wbits")
 
@@ -67,7 +64,7 @@ class Deframer:
     """Cuts a request stream's DATA into messages, however the bytes were split into frames.
 
     A message longer than `max_bytes` is refused before its bytes are kept; a compressed one (gzip or deflate, as
-    `grpc-encoding` names) comes out as `Compressed`, which `inflated` inflates up to the same bound."""
+    `grpc-encoding` names) comes out as `Compressed`, which `inflate` inflates up to the same bound."""
 
     __slots__ = ("_buffer", "_encoding", "_max")
 
@@ -108,40 +105,34 @@ class Deframer:
         return wbits
 
 
-async def inflated(message: Compressed, max_bytes: int) -> bytes:
-    """`message` inflated, never past `max_bytes` + 1 bytes however far it would inflate (a "zip bomb" is refused
-    having cost that much memory) — test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound. Past
-    INLINE_BYTES of output the rest inflates on a thread of INFLATERS while the event loop serves other calls —
-    test_h2grpc_wire.py::test_a_large_message_inflates_while_the_loop_runs_on."""
+def inflate(message: Compressed, max_bytes: int, within: int | None = None) -> bytes | None:
+    """`message` inflated, in pieces of PIECE_BYTES, refused once past `max_bytes` (a "zip bomb" costs that much
+    memory and no more: test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound) or when it does not
+    inflate whole; None when it inflates past `within` bytes (the caller inflates it again off the event loop).
+    Each piece lets go of the GIL as zlib inflates it, so a large message on a thread holds the loop up at most one
+    piece's copy at a time — test_h2grpc_wire.py::test_a_large_message_inflating_on_a_thread_holds_the_loop_little."""
     inflater = zlib.decompressobj(message.wbits)
-    room = max_bytes + 1
-    out = _inflate(inflater, message.data, min(INLINE_BYTES, room))
-    if len(out) == INLINE_BYTES < room and not inflater.eof:
-        loop = asyncio.get_running_loop()
-        out += await loop.run_in_executor(_inflaters(), _inflate, inflater, inflater.unconsumed_tail, room - len(out))
-    if len(out) > max_bytes or inflater.unconsumed_tail:
-        raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {max_bytes})")
+    data, pieces, total = message.data, [], 0
+    while not inflater.eof:
+        room = min(PIECE_BYTES, max_bytes + 1 - total)
+        if within is not None:
+            if total >= within:
+                return None
+            room = min(room, within - total)
+        try:
+            piece = inflater.decompress(data, room)
+        except zlib.error as exc:
+            raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
+        if not piece and len(inflater.unconsumed_tail) == len(data):
+            break  # no progress: the input ended before the stream did
+        data = inflater.unconsumed_tail
+        pieces.append(piece)
+        total += len(piece)
+        if total > max_bytes:
+            raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {max_bytes})")
     if not inflater.eof or inflater.unused_data:
         raise WireError(INTERNAL, "a compressed message does not inflate: truncated or followed by other bytes")
-    return out
-
-
-def _inflate(inflater: Any, data: bytes, room: int) -> bytes:
-    try:
-        return inflater.decompress(data, room)  # type: ignore[no-any-return]
-    except zlib.error as exc:
-        raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
-
-
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _inflaters() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads large messages inflate on (zlib lets the GIL go as it inflates), made at first use."""
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(INFLATERS, thread_name_prefix="h2grpc-inflate")
-    return _pool
+    return b"".join(pieces)
 
 
 def timeout_s(value: bytes) -> float:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import grpc
 import pytest
 
-from popgate_process.h2grpc import H2Server
+from popgate_process.bounded_threads import BoundedThreads
+from popgate_process.h2grpc import H2Server, wire
 from popgate_process.h2grpc.h2conn import H2Connection
 from tests.integration.process.h2grpc_served import Handlers, served, started
 from tests.pki import issue
@@ -101,6 +103,48 @@ async def test_compressed_calls_inflate_and_a_bomb_is_refused(server: tuple[H2Se
         await chat.write(b"y" * 2000)
         assert await chat.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert await echo(b"ok", timeout=5) == b"ok"
+
+
+class Queued(BoundedThreads):
+    """One inflating place and one waiting; `queued` is set once a job waits for the place."""
+
+    def __init__(self) -> None:
+        super().__init__(threads=1, places=1, waiting=1, refused=self.busy, name="test-inflate")
+        self.queued = asyncio.Event()
+
+    @staticmethod
+    def busy(why: str) -> wire.WireError:
+        return wire.WireError(wire.RESOURCE_EXHAUSTED, f"busy {why}")
+
+    async def _place(self, deadline: float | None) -> None:
+        if not self._free:
+            self.queued.set()
+        await super()._place(deadline)
+
+
+async def test_large_compressed_calls_wait_for_an_inflating_thread_and_past_the_bound_are_refused() -> None:
+    """Compressed requests too large to inflate on the loop take one of the server's inflating places: with its one
+    place taken, the first such call waits its turn and is served once the place is free, one past the waiting
+    bound is refused RESOURCE_EXHAUSTED at once, and a small compressed call is served meanwhile (on the loop)."""
+    server, _, target = await started(max_calls=16, max_receive_bytes=4 << 20)
+    server.inflaters = inflaters = Queued()
+    release = threading.Event()
+    holding = asyncio.ensure_future(server.inflaters.run(lambda: release.wait(10)))
+    big = b"b" * (1 << 20)
+    try:
+        async with grpc.aio.insecure_channel(target, compression=grpc.Compression.Gzip) as channel:
+            echo = channel.unary_unary("/t.S/echo")
+            waiting = asyncio.ensure_future(echo(big, timeout=10))
+            await asyncio.wait_for(inflaters.queued.wait(), 5)  # the call has reached the server, waits its turn
+            await refusal(echo(big, timeout=10), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert await echo(b"small", timeout=5) == b"small"
+            assert not waiting.done()
+            release.set()
+            assert await waiting == big
+    finally:
+        release.set()
+        await holding
+        await server.stop(None)
 
 
 async def test_a_connections_record_of_ended_calls_stays_bounded_and_goes_when_it_closes(
