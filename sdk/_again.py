@@ -10,6 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from . import errors
+
+
+class WaitSpent(errors.Unavailable):
+    """The proxy ended each stream a receive asked on until its wait was over: `receive()` raises it, not asking its
+    whole wait again (a proxy that ends every stream would make it last max_attempts waits); an iteration retries
+    it as any retriable error — tests/unit/sdk/test_retry_loop.py::
+    test_a_receive_asks_again_for_the_rest_of_its_wait_when_its_stream_ends_and_backs_off."""
+
 
 class Again:
     """One receive's asks: its whole `wait` from `started`, then each ask again for what is left of it."""

@@ -18,6 +18,7 @@ from popgate_pb.ext import messaging_pb2_grpc as ext_grpc
 from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 
 from . import _resend, _session, errors
+from ._again import WaitSpent
 from ._base import ClientBase
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 
@@ -203,7 +204,8 @@ class _AsyncClient(ClientBase):
                 maybe = maybe or _resend.maybe_applied(error)
                 if failed is not None:
                     failed(error)
-                delay = next(delays, None) if error.retriable and not self._closed else None
+                again = error.retriable and not self._closed and (forever or not isinstance(error, WaitSpent))
+                delay = next(delays, None) if again else None
                 if delay is None:
                     raise error from None
                 log.debug("retrying in %.3f s after %s", delay, error)

@@ -17,7 +17,7 @@ from popgate_pb.v2 import service_pb2 as pb
 
 from . import _joining, _nacks, _resend, _session, _waiting, _wire, errors
 from ._acks import AsyncAcks
-from ._again import Again
+from ._again import Again, WaitSpent
 from ._aio_client import _AsyncClient, answered
 from ._base import GIVE_BACK_IN_FLIGHT, Answer, ConsumerBase, deliverable, log_give_back_failures
 from ._transport import convert
@@ -54,7 +54,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             # waits_out_its_wait_across_them.
             if isinstance(frames, _session.Ended):
                 if (delay := again.ended(loop.time())) is None:
-                    raise errors.Unavailable(frames.message, code_name=frames.code_name, retriable=True)  # an attempt
+                    raise WaitSpent(frames.message, code_name=frames.code_name, retriable=True)
                 if delay:
                     await self._back_off(delay)
             elif not again.cut_short(loop.time()):

@@ -166,10 +166,11 @@ class EndingStream:
 
 async def test_a_receive_asks_again_for_the_rest_of_its_wait_when_its_stream_ends_and_backs_off() -> None:
     """A receive whose Session stream the proxy ends before answering asks again on a new stream for what is left of
-    its wait, not counted as an attempt (no retries allowed here); streams ending one after another are asked again
-    with the retry policy's back-off, not in a busy loop, and once the wait is over the receive fails retriably."""
+    its wait, not counted as an attempt; streams ending one after another are asked again with the retry policy's
+    back-off, not in a busy loop, and once the wait is over (and one more ask, not waiting, ended too) the receive
+    fails retriably, its spent wait not asked again."""
     proxy = EndingProxy()
-    policy = RetryPolicy(max_attempts=1, initial_backoff=0.05, max_backoff=0.4)
+    policy = RetryPolicy(initial_backoff=0.05, max_backoff=0.4)  # retries allowed: the spent wait is not asked again
     async with aio.SimpleConsumer("127.0.0.1:1", "g", "t", retry=policy) as consumer:
         consumer._channel = proxy  # type: ignore[assignment]
         consumer._stub_ = proxy
