@@ -22,6 +22,7 @@ _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 # A compressed message inflating to at most INLINE_BYTES does so on the event loop (well under a millisecond); a
 # larger one is inflated again, whole, on a thread (`H2Server.inflaters`), PIECE_BYTES at a time.
 INLINE_BYTES = 64 * 1024
+INLINE_INPUT_BYTES = 16 * 1024  # and of at most this many compressed bytes (however little they inflate to)
 PIECE_BYTES = 1 << 20
 # Request headers that are HTTP/2's or gRPC's own, not the caller's metadata (grpc.aio leaves them out too).
 _RESERVED = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
@@ -106,31 +107,35 @@ class Deframer:
 
 
 def inflate(message: Compressed, max_bytes: int, within: int | None = None) -> bytes | None:
-    """`message` inflated, in pieces of PIECE_BYTES, refused once past `max_bytes` (a "zip bomb" costs that much
-    memory and no more: test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound) or when it does not
-    inflate whole; None when it inflates past `within` bytes (the caller inflates it again off the event loop).
-    Each piece lets go of the GIL as zlib inflates it, so a large message on a thread holds the loop up at most one
-    piece's copy at a time — test_h2grpc_wire.py::test_a_large_message_inflating_on_a_thread_holds_the_loop_little."""
+    """`message` inflated, refused once past `max_bytes` (a "zip bomb" costs that much memory and no more:
+    test_h2grpc_wire.py::test_a_compressed_bomb_is_refused_at_the_bound) or when it does not inflate whole; None,
+    given `within`, when it is larger than INLINE_INPUT_BYTES or inflates past `within` bytes (the caller inflates
+    it again off the event loop). Its input goes in slices and its output comes in pieces of PIECE_BYTES, so zlib
+    lets go of the GIL for nearly all the work: on a thread, the loop waits at most one piece's copy at a time —
+    test_h2grpc_wire.py::test_a_large_message_inflating_on_a_thread_holds_the_loop_little."""
+    if within is not None and len(message.data) > INLINE_INPUT_BYTES:
+        return None
     inflater = zlib.decompressobj(message.wbits)
-    data, pieces, total = message.data, [], 0
-    while not inflater.eof:
-        room = min(PIECE_BYTES, max_bytes + 1 - total)
-        if within is not None:
-            if total >= within:
+    view, taken, pieces, total = memoryview(message.data), 0, [], 0
+    while not inflater.eof and taken < len(view):
+        data: bytes | memoryview = view[taken : taken + PIECE_BYTES]
+        taken += len(data)
+        while data or not inflater.eof:  # this slice, and what zlib holds back past a full piece
+            room = min(PIECE_BYTES, max_bytes + 1 - total, *(() if within is None else (within + 1 - total,)))
+            try:
+                piece = inflater.decompress(data, room)
+            except zlib.error as exc:
+                raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
+            data = inflater.unconsumed_tail
+            pieces.append(piece)
+            total += len(piece)
+            if total > max_bytes:
+                raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {max_bytes})")
+            if within is not None and total > within:
                 return None
-            room = min(room, within - total)
-        try:
-            piece = inflater.decompress(data, room)
-        except zlib.error as exc:
-            raise WireError(INTERNAL, f"a compressed message does not inflate: {exc}") from None
-        if not piece and len(inflater.unconsumed_tail) == len(data):
-            break  # no progress: the input ended before the stream did
-        data = inflater.unconsumed_tail
-        pieces.append(piece)
-        total += len(piece)
-        if total > max_bytes:
-            raise WireError(RESOURCE_EXHAUSTED, f"Received message larger than max (more than {max_bytes})")
-    if not inflater.eof or inflater.unused_data:
+            if inflater.eof or (not data and len(piece) < room):
+                break  # the message ended, or the slice is inflated and nothing is held back
+    if not inflater.eof or inflater.unused_data or taken < len(view):
         raise WireError(INTERNAL, "a compressed message does not inflate: truncated or followed by other bytes")
     return b"".join(pieces)
 

@@ -103,6 +103,16 @@ def test_messages_on_either_side_of_the_inline_part_inflate_whole_and_bounded(si
         assert refused.value.code == wire.INTERNAL
 
 
+def test_a_message_of_more_than_a_few_compressed_kib_is_never_inflated_on_the_loop() -> None:
+    """However little it inflates to: 1 MiB of empty deflate blocks (a CPU bomb with no output) is left to a thread
+    by the on-loop attempt, and inflates there to nothing."""
+    empty_block = b"\x00\x00\x00\xff\xff"  # a stored block of no bytes, not the last
+    packed = b"x\x9c" + empty_block * 200_000 + b"\x03\x00" + zlib.adler32(b"").to_bytes(4, "big")
+    assert len(packed) > wire.INLINE_INPUT_BYTES
+    assert inflate(1 << 20, b"deflate", packed, wire.INLINE_BYTES) is None
+    assert inflate(1 << 20, b"deflate", packed) == b""
+
+
 async def test_a_large_message_inflating_on_a_thread_holds_the_loop_little() -> None:
     """A message inflating to 48 MiB (its compressed bytes 48 KiB), inflated on a thread: the event loop runs on
     meanwhile, never held up for more than a small part of the inflation's time (one piece's copy at a time)."""
