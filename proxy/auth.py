@@ -34,6 +34,8 @@ MAX_ZONE_S = 14 * 3600
 PLACEHOLDER_PREFIX = "REPLACE-"  # deploy/k8s/overlays/prod/acl.example.toml's secrets
 MIN_SECRET_CHARS = 16
 VERIFIED_KEPT = 4096  # signatures verified, kept with their dates (`Authenticator.authenticate`)
+# Metadata the proxy gives a call it refused at its headers (proxy/server.py): its handler refuses it with this reason.
+REFUSED_KEY = "popgate-refused-at-headers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,7 @@ class Authenticator:
         self._accounts = {a.access_key: a for a in accounts}
         self._skew_s = skew_s
         self._clock = clock
-        self._verified: dict[tuple[str, str], tuple[Account, float]] = {}
+        self._verified: dict[tuple[str, str, str], tuple[Account, float]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -136,14 +138,18 @@ class Authenticator:
         tests/unit/proxy/test_auth.py::test_verified_headers_are_kept_only_while_their_date_is_fresh."""
         if not self._accounts:
             return None
+        refused = metadata.get(REFUSED_KEY)
+        if refused is not None:  # the proxy's own: refused at the call's headers, for good (proxy/server.py)
+            raise Unauthorized(refused)
         header = metadata.get("authorization")
         if not header:
             raise Unauthorized("authorization header missing: this proxy requires credentials")
         date = metadata.get(DATE_HEADER, "")
-        kept = self._verified.get((header, date))
+        access_key, signature = parse_authorization(header)
+        key = (access_key, signature.lower(), date)
+        kept = self._verified.get(key)
         if kept is not None and fresh(kept[1] - self._clock(), self._skew_s):
             return kept[0]
-        access_key, signature = parse_authorization(header)
         account = self._accounts.get(access_key)
         if not date:
             raise Unauthorized(f"{DATE_HEADER} header missing")
@@ -158,7 +164,7 @@ class Authenticator:
             raise Unauthorized(f"{DATE_HEADER} {date} is too far from the proxy's clock (any time zone)")
         if len(self._verified) >= VERIFIED_KEPT:
             self._verified.clear()
-        self._verified[(header, date)] = (account, parsed)
+        self._verified[key] = (account, parsed)
         return account
 
 

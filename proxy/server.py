@@ -8,7 +8,6 @@ import socket
 import ssl
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,10 +21,11 @@ from popgate_process import certs
 from popgate_process.config import cannot_listen
 from popgate_process.export import default_proxy_name
 from popgate_process.h2grpc import H2Server
+from popgate_process.h2grpc.server import Metadata
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import export_metrics, serve_metrics
 from proxy.admin import AdminService
-from proxy.auth import Authenticator
+from proxy.auth import REFUSED_KEY, Authenticator
 from proxy.broker_clients import BrokerClients, discovery_for
 from proxy.consumers import ConsumerReporter
 from proxy.core import Proxy
@@ -120,22 +120,25 @@ CREDENTIALED = ("/apache.rocketmq.v2.MessagingService/", "/popgate.ext.v1.Messag
 ECHOING = "/apache.rocketmq.v2.MessagingService/ChangeInvisibleDuration"
 
 
-def _unverified(auth: Authenticator) -> Callable[[str, Any], bool] | None:
-    """Whether a call's credentials do not verify, checked at its headers: its handler refuses it (40100, or
-    UNAUTHENTICATED) before reading its request, so the server answers it without waiting for the request —
-    tests/integration/proxy/test_client_accounts.py::test_a_call_without_credentials_is_refused_before_its_request_is_whole.
-    None (nothing checked) without accounts."""
+def _unverified(auth: Authenticator) -> Callable[[str, Metadata], Metadata | None] | None:
+    """For a call whose credentials do not verify, checked at its headers, the metadata its handler is to see: the
+    call's own and why it is refused, which the handler's check (`Authenticator.authenticate`) refuses with before
+    reading the request (40100, or UNAUTHENTICATED) whatever the clock says by then, so the server answers it
+    without waiting for the request — tests/integration/proxy/test_client_accounts.py::
+    test_a_call_without_credentials_is_refused_before_its_request_is_whole. None (nothing checked) without accounts."""
     if not auth.enabled:
         return None
 
-    def unverified(path: str, metadata: Any) -> bool:
+    def unverified(path: str, metadata: Metadata) -> Metadata | None:
         if not path.startswith(CREDENTIALED) or path == ECHOING:
-            return False
+            return None
         try:
             auth.authenticate(access.metadata_of(metadata))
-        except Unauthorized:
-            return True
-        return False
+        except Unauthorized as exc:
+            return (*metadata, (REFUSED_KEY, exc.message))
+        except Exception:  # anything else is the handler's to answer, as it would without this check
+            return None
+        return None
 
     return unverified
 
@@ -149,7 +152,6 @@ async def _h2_server(settings: Settings) -> tuple[H2Server, str, certs.Serving |
         max_connection_age_s=settings.max_connection_age_s,
         max_connection_age_grace_s=settings.max_connection_age_grace_s,
         age_exempt=(TELEMETRY,),
-        unheard=_unverified(Authenticator(settings.accounts, skew_s=settings.auth_skew_s)),
     )
     host, port = parse_host_port(settings.listen, what="--listen")
     tls = certs.ServingContext(_certificate(settings)) if settings.tls_cert else None
@@ -330,10 +332,12 @@ def _add_services(
     service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, passing)  # type: ignore[no-untyped-call]
     if settings.batch_receive:
         ext_grpc.add_MessagingServicer_to_server(ExtMessaging(servicer), passing)  # type: ignore[no-untyped-call]
+    if isinstance(server, H2Server):  # one Authenticator: a call verified at its headers is not verified again
+        server.unheard = _unverified(servicer.auth)
     admin = AdminService(
         brokers.pool,
         brokers.views,
-        Authenticator(settings.accounts, skew_s=settings.auth_skew_s),
+        servicer.auth,
         timeout_s=settings.broker_timeout_s,
         deleted=proxy.deleted,
     )

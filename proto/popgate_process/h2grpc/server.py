@@ -57,19 +57,20 @@ class H2Server:
         max_connection_age_s: float = 0.0,
         max_connection_age_grace_s: float = MAX_CONNECTION_AGE_GRACE_S,
         age_exempt: Collection[str] = (),
-        unheard: Callable[[str, Metadata], bool] | None = None,
+        unheard: Callable[[str, Metadata], Metadata | None] | None = None,
     ) -> None:
         """`keepalive_s`: a connection silent this long is sent a PING, and closed if nothing comes back within
         `keepalive_timeout_s` (a client gone without closing: its calls and buffers go with it).
         `max_connection_age_s` (0: never): a connection this old is told to go away (GOAWAY) and closes once its
         calls end, or after `max_connection_age_grace_s` with them, as grpc-core's `grpc.max_connection_age_ms` —
         except calls of the `age_exempt` paths (a client's one long-lived stream), which last until their client ends
-        them. `unheard(path, metadata)`: True for a call with one request to answer at its headers, not reading the
-        request (credentials that do not verify, which its handler refuses before looking at the request): its
-        handler runs at once with the empty message and the request's bytes are dropped as they come, so such calls
-        hold no place and no bytes while their requests arrive —
-        test_h2grpc_raw_calls.py::test_calls_answered_at_their_headers_hold_no_place_while_their_requests_arrive."""
-        self._unheard = unheard
+        them. `unheard(path, metadata)` (settable later): for a call with one request to answer at its headers, not
+        reading the request, the metadata its handler is to see (saying why it refuses the call, as for credentials
+        that do not verify), else None: its handler runs at once with that metadata and the empty message, and the
+        request's bytes are dropped as they come, so such calls hold no place and no bytes while their requests
+        arrive — test_h2grpc_raw_calls.py::
+        test_calls_answered_at_their_headers_hold_no_place_while_their_requests_arrive."""
+        self.unheard = unheard
         # Compressed requests too large to inflate on the loop (`Stream.inflated`): as many inflate as there are
         # threads, INFLATE_WAITING more wait their turn, later ones are refused.
         self.inflaters = BoundedThreads(
@@ -175,8 +176,11 @@ class H2Server:
             deadline = asyncio.get_running_loop().time() + timeout_s
             stream.timer = asyncio.get_running_loop().call_at(deadline, stream.expire)
         stream.handler = handler
-        stream.context = call.Context(stream, invocation_metadata, deadline)
-        if not handler.request_streaming and self._unheard is not None and self._unheard(path, invocation_metadata):
+        told = None
+        if not handler.request_streaming and self.unheard is not None:
+            told = self.unheard(path, invocation_metadata)
+        stream.context = call.Context(stream, invocation_metadata if told is None else told, deadline)
+        if told is not None:
             stream.unheard = True  # answered without its request, whose bytes are dropped as they come
             self.run(stream)
         elif handler.request_streaming or ended:

@@ -12,6 +12,7 @@ import pytest
 from h2.errors import ErrorCodes
 
 from popgate_process.h2grpc import wire
+from popgate_process.h2grpc.server import Metadata
 from tests.integration.process.h2grpc_served import started
 from tests.integration.process.test_h2grpc_raw import OK, Peer, answer, connected, echoes_ok, headers
 
@@ -173,9 +174,13 @@ async def test_data_refused_for_its_content_length_still_opens_the_connections_w
 async def test_calls_answered_at_their_headers_hold_no_place_while_their_requests_arrive() -> None:
     """A server that answers calls without the right key at their headers (`unheard`): a peer opening calls in
     waves of as many as the server takes, each with a request begun and never finished, has each answered at once by
-    its handler (here an empty echo), and the server's places are free again for the next wave and for a caller
-    with the key."""
-    server, _, target = await started(max_calls=3, unheard=lambda path, metadata: ("x-key", "good") not in metadata)
+    its handler with the metadata it is told (here an echo of the empty request and a suffix), and the server's
+    places are free again for the next wave and for a caller with the key."""
+
+    def unheard(path: str, metadata: Metadata) -> Metadata | None:
+        return None if ("x-key", "good") in metadata else (*metadata, ("x-suffix", "!"))
+
+    server, _, target = await started(max_calls=3, unheard=unheard)
     peer = await connected(target)
     try:
         for wave in (range(1, 7, 2), range(7, 13, 2)):
@@ -188,7 +193,7 @@ async def test_calls_answered_at_their_headers_hold_no_place_while_their_request
                     await asyncio.wait_for(peer.read(answered=stream_id), 5)
             for stream_id in wave:
                 body, trailers = answer(peer.frames, stream_id)
-                assert (body, trailers.get(b"grpc-status")) == (wire.frame(b""), b"0"), stream_id
+                assert (body, trailers.get(b"grpc-status")) == (wire.frame(b"!"), b"0"), stream_id  # as told
         assert server.calls == 0
         async with grpc.aio.insecure_channel(target) as channel:
             echo = channel.unary_unary("/t.S/echo")

@@ -16,7 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from popgate_contract.broker_token import TOKEN_KEY, token_ok
 from popgate_contract.codes import code_of
 from popgate_contract.errors import Forbidden, Unauthorized
-from proxy import auth, settings
+from proxy import auth, server, settings
 from proxy.auth import Account, Authenticator
 from proxy.v2 import access
 
@@ -342,7 +342,32 @@ def test_verified_headers_are_kept_only_while_their_date_is_fresh() -> None:
     now[0] = NOW
     with pytest.raises(Unauthorized, match="bad signature"):
         checker.authenticate(forged)
-    assert list(checker._verified) == [(signed["authorization"], signed[auth.DATE_HEADER])]
+    assert len(checker._verified) == 1
+    for padding in range(50):  # the same signature, padded with fields the check ignores: the same one kept
+        padded = {**signed, "authorization": f"{signed['authorization']}, P{padding}={'x' * 1000}"}
+        assert checker.authenticate(padded) is ALICE
+    assert len(checker._verified) == 1
+
+
+def test_a_call_refused_at_its_headers_stays_refused_when_its_date_turns_fresh() -> None:
+    """A date 301 s ahead of the proxy's clock is refused at the call's headers; the metadata its handler sees
+    refuses it with the same reason a moment later, when that date has turned fresh, instead of serving the empty
+    request the server gave the handler. A call that verifies is heard as usual."""
+    now = [float(NOW)]
+    checker = Authenticator([ALICE], skew_s=300.0, clock=lambda: now[0])
+    unverified = server._unverified(checker)
+    assert unverified is not None
+    path = "/apache.rocketmq.v2.MessagingService/QueryRoute"
+    early = tuple(headers(at=NOW + 301).items())
+    told = unverified(path, early)
+    assert told is not None
+    now[0] += 2
+    assert checker.authenticate(dict(early)) is ALICE  # fresh by now
+    with pytest.raises(Unauthorized, match="too far from the proxy's clock"):
+        checker.authenticate(access.metadata_of(told))
+    assert unverified(path, tuple(headers(at=now[0]).items())) is None
+    assert unverified("/grpc.health.v1.Health/Check", ()) is None  # needs no credentials
+    assert unverified("/apache.rocketmq.v2.MessagingService/ChangeInvisibleDuration", ()) is None  # echoes the request
 
 
 def test_verified_headers_kept_are_bounded() -> None:
