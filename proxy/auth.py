@@ -34,8 +34,14 @@ MAX_ZONE_S = 14 * 3600
 PLACEHOLDER_PREFIX = "REPLACE-"  # deploy/k8s/overlays/prod/acl.example.toml's secrets
 MIN_SECRET_CHARS = 16
 VERIFIED_KEPT = 4096  # signatures verified, kept with their dates (`Authenticator.authenticate`)
-# Metadata the proxy gives a call it refused at its headers (proxy/server.py): its handler refuses it with this reason.
+# Metadata the proxy gives a call it refused at its headers (proxy/server.py), a `Refusal`: its handler refuses it
+# with this reason. A client sending the key itself sends a plain str, which is ignored —
+# tests/unit/proxy/test_auth.py::test_a_call_refused_at_its_headers_stays_refused_when_its_date_turns_fresh.
 REFUSED_KEY = "popgate-refused-at-headers"
+
+
+class Refusal(str):
+    """Why the proxy refused a call at its headers, as only the proxy makes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +145,7 @@ class Authenticator:
         if not self._accounts:
             return None
         refused = metadata.get(REFUSED_KEY)
-        if refused is not None:  # the proxy's own: refused at the call's headers, for good (proxy/server.py)
+        if isinstance(refused, Refusal):  # the proxy's own (a client's is a plain str): refused at the headers
             raise Unauthorized(refused)
         header = metadata.get("authorization")
         if not header:

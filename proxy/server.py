@@ -25,7 +25,7 @@ from popgate_process.h2grpc.server import Metadata
 from popgate_process.memory import MemoryTrimmer
 from popgate_process.metrics_http import export_metrics, serve_metrics
 from proxy.admin import AdminService
-from proxy.auth import REFUSED_KEY, Authenticator
+from proxy.auth import REFUSED_KEY, Authenticator, Refusal
 from proxy.broker_clients import BrokerClients, discovery_for
 from proxy.consumers import ConsumerReporter
 from proxy.core import Proxy
@@ -135,7 +135,7 @@ def _unverified(auth: Authenticator) -> Callable[[str, Metadata], Metadata | Non
         try:
             auth.authenticate(access.metadata_of(metadata))
         except Unauthorized as exc:
-            return (*metadata, (REFUSED_KEY, exc.message))
+            return (*metadata, (REFUSED_KEY, Refusal(exc.message)))
         except Exception:  # anything else is the handler's to answer, as it would without this check
             return None
         return None

@@ -14,16 +14,16 @@ from . import errors
 
 
 class WaitSpent(errors.Unavailable):
-    """The proxy ended each stream a receive asked on until its wait was over: `receive()` raises it, not asking its
-    whole wait again (a proxy that ends every stream would make it last max_attempts waits); an iteration retries
-    it as any retriable error — tests/unit/sdk/test_retry_loop.py::
+    """The proxy ended stream after stream as soon as a receive asked on them, until its wait was over: `receive()`
+    raises it, not asking its whole wait again (a proxy that ends every stream would make it last max_attempts
+    waits); an iteration retries it as any retriable error — tests/unit/sdk/test_retry_loop.py::
     test_a_receive_asks_again_for_the_rest_of_its_wait_when_its_stream_ends_and_backs_off."""
 
 
 class Again:
     """One receive's asks: its whole `wait` from `started`, then each ask again for what is left of it."""
 
-    __slots__ = ("_delays", "_ends", "_started", "_wait", "asked", "asked_at", "again")
+    __slots__ = ("_delays", "_ends", "_started", "_wait", "again", "asked", "asked_at", "backed_off")
 
     def __init__(self, wait: float, started: float, delays: Callable[[], Iterator[float]]) -> None:
         """`delays`: the retry policy's back-off, started anew for each run of stream ends."""
@@ -32,6 +32,7 @@ class Again:
         self._ends: Iterator[float] | None = None
         self.asked, self.asked_at = wait, started  # the last ask's wait, and when it went
         self.again = False  # asked again at least once
+        self.backed_off = False  # a stream ended sooner than the back-off's delay: streams end as soon as asked
 
     def cut_short(self, now: float) -> bool:
         """Whether a receive cut short asks again: while its wait lasts, and once at least (not waiting)."""
@@ -39,9 +40,10 @@ class Again:
 
     def ended(self, now: float) -> float | None:
         """The back-off before a receive whose stream ended asks again, or None when it does not: the ask that ended
-        asked no wait and none is left (the end is then an attempt that failed). An end soon after its ask (sooner
-        than the policy's next delay) backs off, growing as ends follow one another; a stream that served its ask
-        longer is asked again at once, the back-off starting over."""
+        asked no wait and none is left (the end is then an attempt that failed: `WaitSpent` once `backed_off`, else
+        an Unavailable retried as any other). An end soon after its ask (sooner than the policy's next delay) backs
+        off, growing as ends follow one another; a stream that served its ask longer is asked again at once, the
+        back-off starting over."""
         rest = self._rest(now)
         if rest <= 0 and self.asked <= 0:
             return None
@@ -50,6 +52,7 @@ class Again:
         if now - self.asked_at >= delay:
             self._ends = None
             return 0.0
+        self.backed_off = True
         return min(delay, rest) if rest > 0 else 0.0
 
     def asking(self, now: float) -> float:

@@ -54,7 +54,8 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             # waits_out_its_wait_across_them.
             if isinstance(frames, _session.Ended):
                 if (delay := again.ended(loop.time())) is None:
-                    raise WaitSpent(frames.message, code_name=frames.code_name, retriable=True)
+                    spent = WaitSpent if again.backed_off else errors.Unavailable
+                    raise spent(frames.message, code_name=frames.code_name, retriable=True)
                 if delay:
                     await self._back_off(delay)
             elif not again.cut_short(loop.time()):

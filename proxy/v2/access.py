@@ -33,7 +33,8 @@ _CONSUME = (
 def metadata_of(invocation_metadata: Iterable[Any] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in invocation_metadata or ():
-        out[str(key).lower()] = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        # A str (a `Refusal` among them) is kept as it is.
+        out[str(key).lower()] = value.decode(errors="replace") if isinstance(value, bytes) else value
     return out
 
 

@@ -366,6 +366,8 @@ def test_a_call_refused_at_its_headers_stays_refused_when_its_date_turns_fresh()
     with pytest.raises(Unauthorized, match="too far from the proxy's clock"):
         checker.authenticate(access.metadata_of(told))
     assert unverified(path, tuple(headers(at=now[0]).items())) is None
+    own = {**headers(at=now[0]), auth.REFUSED_KEY: "a client's own"}  # a plain str: not the proxy's refusal
+    assert unverified(path, tuple(own.items())) is None and checker.authenticate(own) is ALICE
     assert unverified("/grpc.health.v1.Health/Check", ()) is None  # needs no credentials
     assert unverified("/apache.rocketmq.v2.MessagingService/ChangeInvisibleDuration", ()) is None  # echoes the request
 

@@ -46,3 +46,21 @@ def test_an_end_past_the_wait_asks_once_more_not_waiting_then_is_an_attempt() ->
     assert again.ended(1.02) == 0.0  # the ask that ended waited: one more, for what is ready
     assert again.asking(1.02) == 0.0
     assert again.ended(1.03) is None  # that one asked no wait: the receive fails (retriable)
+
+
+def test_only_streams_ending_as_soon_as_asked_spend_a_wait() -> None:
+    """A receive not waiting whose one stream ended, or one whose stream served its whole wait and whose last ask
+    ended too, fails as any attempt (retried); one whose streams ended as soon as asked, backing off, spends its
+    wait (`backed_off`: not asked again)."""
+    once = Again(0.0, 0.0, doubling)
+    assert once.ended(0.001) is None and not once.backed_off
+    served = Again(0.2, 0.0, doubling)
+    assert served.ended(0.21) == 0.0  # the stream served its whole wait
+    served.asking(0.21)
+    assert served.ended(0.211) is None and not served.backed_off
+    quick = Again(0.2, 0.0, doubling)
+    now = 0.0
+    while (delay := quick.ended(now + 0.001)) is not None:
+        now += 0.001 + delay
+        quick.asking(now)
+    assert quick.backed_off
