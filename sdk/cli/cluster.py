@@ -111,6 +111,8 @@ class Cluster:
                 raise ClusterError(f"cannot create the data directory {data_dir}: {exc.strerror or exc}") from exc
             try:
                 for i in range(1, self.config.brokers + 1):
+                    if stop is not None and stop.is_set():  # Ctrl-C while brokers are still being spawned
+                        raise ClusterInterrupted("interrupted while starting")
                     name = f"b{i}"
                     child = self._child(name, self._broker_argv(name, "127.0.0.1:0"))
                     self.brokers[name] = child

@@ -27,8 +27,11 @@ from .options import (
     check_listening,
     client_options,
     connection,
+    group_name,
     number,
     quiet_option,
+    topic_name,
+    utf8_text,
 )
 from .output import closed_at_end, error_console, explain, msg_rate, plural, progress, stdout_is_a_terminal
 
@@ -42,9 +45,9 @@ def add_parsers(sub: Sub) -> None:
 def _receive_parser(sub: Sub) -> None:
     receive = sub.add_parser("receive", help="receive (and ack) messages of a consumer group")
     client_options(receive)
-    receive.add_argument("topic")
-    receive.add_argument("-g", "--group", required=True, help="consumer group")
-    receive.add_argument("--filter", default="*", help="tag filter: '*' or 'a || b'")
+    receive.add_argument("topic", type=topic_name)
+    receive.add_argument("-g", "--group", type=group_name, required=True, help="consumer group")
+    receive.add_argument("--filter", type=utf8_text, default="*", help="tag filter: '*' or 'a || b'")
     receive.add_argument(
         "-n", "--count", type=NON_NEGATIVE_INT, default=0, help="stop after this many (0 = until idle)"
     )

@@ -65,6 +65,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+# `popgate up` runs every broker on this machine, a Python process of ~40 MiB each —
+# tests/integration/sdk/test_up.py::test_up_refuses_more_brokers_than_a_machine_runs_and_stops_while_spawning.
+MAX_LOCAL_BROKERS = 64
+
+
 def _up_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser("up", help="run N brokers and a proxy locally until Ctrl-C")
     up.add_argument("--brokers", type=int, default=3, help="number of brokers")
@@ -145,8 +150,8 @@ def _say(text: str, *, err: bool = False) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
-    if args.brokers < 1:
-        print("popgate up: --brokers must be at least 1", file=sys.stderr)
+    if not 1 <= args.brokers <= MAX_LOCAL_BROKERS:
+        print(f"popgate up: --brokers must be 1 to {MAX_LOCAL_BROKERS} (a cluster on this machine)", file=sys.stderr)
         return 2
     config = ClusterConfig(
         brokers=args.brokers,

@@ -28,7 +28,16 @@ from popgate_pb import broker_pb2_grpc as bpb_grpc
 from popgate_contract.consumers import latest_consumers
 
 from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
-from .options import DURATION, POSITIVE_DURATION, Sub, client_options, group_name, json_option, number
+from .options import (
+    DURATION,
+    POSITIVE_DURATION,
+    Sub,
+    client_options,
+    group_name,
+    json_option,
+    number,
+    topic_name,
+)
 from .output import json_error, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
@@ -65,7 +74,7 @@ def add_parsers(sub: Sub) -> None:
     gsub = group.add_subparsers(dest="group_command", required=True, metavar="{reset,delete,consumers}")
     reset = gsub.add_parser("reset", help="move a group's offsets on a topic to earliest, latest or a time")
     reset.add_argument("group", type=group_name, help="consumer group")
-    reset.add_argument("-t", "--topic", required=True, help="the topic whose offsets move")
+    reset.add_argument("-t", "--topic", type=topic_name, required=True, help="the topic whose offsets move")
     where = reset.add_mutually_exclusive_group(required=True)
     where.add_argument("--earliest", action="store_true", help="the first message kept")
     where.add_argument("--latest", action="store_true", help="after the last message: only new ones")
@@ -90,7 +99,7 @@ def _topic_parsers(sub: Sub) -> None:
     topic = sub.add_parser("topic", help="create or delete a topic on every broker")
     tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="{create,delete}")
     create = tsub.add_parser("create", help="create a topic on every broker (needed when brokers do not auto-create)")
-    create.add_argument("topic", help="topic name")
+    create.add_argument("topic", type=topic_name, help="topic name")
     create.add_argument(
         "--queues",
         type=number(int, low=1, high=256),
@@ -100,12 +109,12 @@ def _topic_parsers(sub: Sub) -> None:
     _common(create)
     create.set_defaults(handler=create_topic_command)
     drop = tsub.add_parser("delete", help="delete a topic's messages and every group's state on it")
-    drop.add_argument("topic", help="topic name")
+    drop.add_argument("topic", type=topic_name, help="topic name")
     _common(drop, dangerous=True)
     drop.set_defaults(handler=delete_topic_command)
 
     lookup = sub.add_parser("lookup", help="messages of a topic by message id or key, newest first")
-    lookup.add_argument("topic", help="topic name")
+    lookup.add_argument("topic", type=topic_name, help="topic name")
     what = lookup.add_mutually_exclusive_group(required=True)
     what.add_argument("--id", dest="message_id", help="message id")
     what.add_argument("--key", help="message key")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from popgate_contract.errors import DomainError
-from popgate_contract.validation import check_group, parse_host_port
+from popgate_contract.validation import check_group, check_tag, check_topic, parse_host_port
 from popgate_process.units import format_duration, format_size, parse_duration, parse_size
 
 from .._durations import MAX_DURATION_S
@@ -110,9 +110,34 @@ class Size:
 def group_name(text: str) -> str:
     """An argparse type: a consumer group name as brokers take it. A bad one is a usage error (exit 2) before any
     call is made — tests/unit/sdk/test_commands.py::test_a_group_command_refuses_a_group_no_broker_takes,
-    ::test_usage_mistakes_name_the_commands_own_flags."""
+    ::test_usage_mistakes_name_the_commands_own_flags, ::test_bad_names_and_tags_are_usage_errors_in_every_command."""
+    return _checked(check_group, text)
+
+
+def topic_name(text: str) -> str:
+    """An argparse type: a topic name as brokers take it (as `group_name`)."""
+    return _checked(check_topic, text)
+
+
+def tag_text(text: str) -> str:
+    """An argparse type: a message tag a message may carry (as `group_name`)."""
+    return _checked(check_tag, text)
+
+
+def utf8_text(text: str) -> str:
+    """An argparse type: text an argument carries as it is, refused (exit 2) when it is not UTF-8 (a byte the
+    terminal's encoding could not read comes as a surrogate) — tests/unit/sdk/test_commands.py::
+    test_arguments_that_are_not_utf8_are_usage_errors_and_a_body_is_sent_as_its_bytes."""
     try:
-        return check_group(text)
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text.encode('utf-8', 'replace')!r} is not UTF-8 text") from None
+    return text
+
+
+def _checked(check: Callable[[str], str], text: str) -> str:
+    try:
+        return check(text)
     except DomainError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -26,6 +26,9 @@ from .options import (
     connection,
     number,
     quiet_option,
+    tag_text,
+    topic_name,
+    utf8_text,
 )
 from .output import error_console, explain, msg_rate, plural, progress
 
@@ -44,7 +47,7 @@ def check_in_memory(size: int, messages: int, *, lower: str) -> None:
 def add_parser(sub: Sub) -> None:
     send = sub.add_parser("send", help="send messages to a topic")
     client_options(send)
-    send.add_argument("topic")
+    send.add_argument("topic", type=topic_name)
     send.add_argument(
         "body", nargs="?", help="message body ('-' = stdin; one starting with '-' after '--'); or --file, --random-size"
     )
@@ -57,11 +60,15 @@ def add_parser(sub: Sub) -> None:
     send.add_argument(
         "-b", "--batch", type=number(int, low=1, high=1024), default=256, help="messages per call (1..1024)"
     )
-    send.add_argument("--tag", help="message tag (consumers filter on it: receive --filter)")
-    send.add_argument("--key", action="append", default=[], help="business key (repeatable)")
-    send.add_argument("--property", action="append", default=[], help="KEY=VALUE user property (repeatable)")
+    send.add_argument("--tag", type=tag_text, help="message tag (consumers filter on it: receive --filter)")
+    send.add_argument("--key", type=utf8_text, action="append", default=[], help="business key (repeatable)")
+    send.add_argument(
+        "--property", type=utf8_text, action="append", default=[], help="KEY=VALUE user property (repeatable)"
+    )
     send.add_argument("--delay", type=DURATION, help="deliver this much later (seconds, or 500ms, 2m, 1h)")
-    send.add_argument("--message-group", help="FIFO message group: stored and consumed in order within it")
+    send.add_argument(
+        "--message-group", type=utf8_text, help="FIFO message group: stored and consumed in order within it"
+    )
     send.add_argument(
         "--priority", type=NON_NEGATIVE_INT, help="higher is delivered first among a queue's ready messages"
     )
@@ -102,7 +109,7 @@ def _body(args: argparse.Namespace) -> bytes:
             raise ValueError("stdin is closed")
         return _read_body(sys.stdin.buffer, "stdin")
     if args.body is not None:
-        return str(args.body).encode()
+        return os.fsencode(args.body)  # the argument's bytes as given, UTF-8 or not
     if args.file is not None:
         with Path(args.file).open("rb") as file:  # OSError: one line and code 2 (cli.main)
             return _read_body(file, args.file)

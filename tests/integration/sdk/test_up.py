@@ -104,6 +104,28 @@ def test_ctrl_c_while_starting_stops_at_once_without_claiming_ready(tmp_path: Pa
         process.kill_all()
 
 
+def test_up_refuses_more_brokers_than_a_machine_runs_and_stops_while_spawning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """More brokers than `popgate up` runs on one machine is a usage error, nothing started; Ctrl-C as the first
+    of 64 brokers is spawned stops the spawning there (it went on to spawn them all, then waited for each)."""
+    assert main(["up", "--brokers", "65", "--no-view", "--data-dir", str(tmp_path / "none")]) == 2
+    assert "--brokers must be 1 to 64" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+    data = tmp_path / "data"
+    process = Up(data, brokers=64, env=ENV)
+    try:
+        deadline = time.monotonic() + 15
+        while not children_of(process.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert process.stop(signal.SIGINT, timeout_s=30) == 130
+        assert "popgate up: interrupted while starting; stopped" in process.lines
+        assert len(list(data.glob("b*.log"))) < 64  # one log per broker spawned
+        assert process.left_behind(10) == []
+    finally:
+        process.kill_all()
+
+
 def test_an_unusable_data_dir_fails_at_once_with_the_cause(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory")
     argv = [POPGATE, "up", "--no-view", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "file" / "data")]

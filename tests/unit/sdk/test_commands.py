@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -12,7 +13,7 @@ import pytest
 
 from popgate import Message, Producer, RetryPolicy, errors
 from popgate._transport import convert
-from popgate.cli import output
+from popgate.cli import output, sending
 from popgate.cli.commands import IdleWait, OnePass
 from popgate.cli.main import main
 from popgate.cli.output import error_console, explain
@@ -408,6 +409,30 @@ def test_a_group_command_refuses_a_group_no_broker_takes(
 
 
 @pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["receive", "t", "-g", "bad group!"], "argument -g/--group: consumer group name"),
+        (["receive", "bad topic!", "-g", "g"], "argument topic: topic name"),
+        (["send", "bad topic!", "x"], "argument topic: topic name"),
+        (["send", "t", "x", "--tag", "a||b"], "argument --tag: message tag"),
+        (["recall", "bad topic!", "h"], "argument topic: topic name"),
+        (["topic", "create", "bad name", "--yes"], "argument topic: topic name"),
+        (["topic", "delete", "bad name", "--yes"], "argument topic: topic name"),
+        (["lookup", "bad name", "--key", "k"], "argument topic: topic name"),
+        (["group", "reset", "g", "-t", "bad name", "--latest", "--yes"], "argument -t/--topic: topic name"),
+    ],
+)
+def test_bad_names_and_tags_are_usage_errors_in_every_command(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name or tag no broker takes is argparse's usage error (exit 2) before anything is sent, as docs/SDK.md
+    says of every option, not the server's refusal (exit 1) after a call."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--endpoint", "127.0.0.1:1"])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     ("stream", "argv"),
     [("stdin", ["send", "t", "-"]), ("stdin", ["send", "t", "--file", "-"]), ("stdout", ["receive", "t", "-g", "g"])],
 )
@@ -442,3 +467,25 @@ def test_a_client_closed_after_ctrl_c_keeps_grpcs_own_lines_off_stderr_unless_as
     os.write(2, b"the summary\n")  # fd 2 is back
     lines = capfd.readouterr().err.splitlines()
     assert lines == (["the summary"] if operator_set is None else ["E grpc core's own line", "the summary"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["send", "t", "x", "--key", "k\udcff"], "argument --key: b'k?' is not UTF-8 text"),
+        (["send", "t", "x", "--property", "a=\udcff"], "argument --property: b'a=?' is not UTF-8 text"),
+        (["send", "t", "x", "--message-group", "\udcff"], "argument --message-group: b'?' is not UTF-8 text"),
+        (["receive", "t", "-g", "g", "--filter", "\udcff"], "argument --filter: b'?' is not UTF-8 text"),
+        (["receive", "t\udcff", "-g", "g"], "argument topic: topic name"),
+    ],
+)
+def test_arguments_that_are_not_utf8_are_usage_errors_and_a_body_is_sent_as_its_bytes(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte the terminal's UTF-8 could not read (`$'\\xff'`) comes as a surrogate: in a key, property, message
+    group or filter it is a usage error naming the argument, not a codec error; a body argument is its bytes."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--endpoint", "127.0.0.1:1"])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+    args = argparse.Namespace(body="\udcff\udcfe bin", file=None, random_size=None)
+    assert sending._body(args) == b"\xff\xfe bin"
