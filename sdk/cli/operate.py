@@ -21,7 +21,6 @@ from datetime import datetime
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 
@@ -38,7 +37,7 @@ from .options import (
     number,
     topic_name,
 )
-from .output import json_error, terminal_text
+from .output import as_json, json_error, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
 # A broker's failure whose change it may still have made (its answer came too late).
@@ -248,7 +247,7 @@ def reset_command(args: argparse.Namespace) -> int:
             else f"{a.broker}: no such topic"
             for a in sorted(fanned.answers, key=lambda a: a.broker)
         ]
-        document = {"timestamp_ms": ms, "answers": [json_format.MessageToDict(a) for a in fanned.answers]}
+        document = {"timestamp_ms": ms, "answers": [as_json(a) for a in fanned.answers]}
         return _finish(args, fanned, document, lines, change=True)
 
     return _run(args, body)
@@ -264,7 +263,7 @@ def _everywhere(
             confirm(args, question)
         fanned = fan_out(args, method, request, what)
         lines = [line(a) for a in sorted(fanned.answers, key=lambda a: a.broker)]
-        document = {"answers": [json_format.MessageToDict(a) for a in fanned.answers]}
+        document = {"answers": [as_json(a) for a in fanned.answers]}
         return _finish(args, fanned, document, lines, change=True)
 
     return _run(args, body)
@@ -317,7 +316,7 @@ def consumers_command(args: argparse.Namespace) -> int:
             for c in rows
         ]
         lines.append(f"{len(rows)} live consumer(s) of {args.group}")
-        document = {"group": args.group, "consumers": [json_format.MessageToDict(c) for c in rows]}
+        document = {"group": args.group, "consumers": [as_json(c) for c in rows]}
         return _finish(args, fanned, document, lines, change=False)
 
     return _run(args, body)
@@ -344,7 +343,7 @@ def lookup_command(args: argparse.Namespace) -> int:
             f"{len(found)} message(s)"
             + (" (older messages left out: past --max-scan, or a broker's answer size limit)" if cut else "")
         )
-        document = {"messages": [json_format.MessageToDict(m) for m in found], "scan_cut": cut}
+        document = {"messages": [as_json(m) for m in found], "scan_cut": cut}
         return _finish(args, fanned, document, lines, change=False)
 
     return _run(args, body)

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from google.protobuf import json_format
 from rich.console import Console
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -119,6 +120,13 @@ def print_json(document: Any) -> None:
     """`document` as one JSON document on stdout (`--json`): `json.loads` of the whole output gives it back."""
     sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def as_json(message: Any) -> dict[str, Any]:
+    """A protobuf answer as --json prints it: every field, zeros too, and 64-bit numbers as JSON numbers (a script
+    reads `queueId` of queue 0 and compares offsets as numbers) —
+    tests/unit/sdk/test_commands.py::test_json_answers_carry_every_field_and_numbers_as_numbers."""
+    return json_format.MessageToDict(message, always_print_fields_with_no_presence=True, unquote_int64_if_possible=True)
 
 
 def json_error(json_asked: bool, line: str) -> None:

@@ -156,7 +156,7 @@ def test_a_reset_of_a_topic_only_a_broker_down_has_names_that_broker(
     assert "NOT on b2: run the same command again" in err, err
     assert main(["group", "reset", "g", "-t", "only-on-b2", "--earliest", "--yes", *direct, "--json"]) == 75
     document = json.loads(capsys.readouterr().out)
-    assert list(document["failures"]) == ["b2"] and document["answers"] == [{"broker": "b1"}], document
+    assert list(document["failures"]) == ["b2"] and document["answers"] == [{"broker": "b1", "queues": []}], document
 
 
 def test_dlq_resend_of_a_group_without_dead_letters_on_production_brokers_resends_nothing(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from popgate_pb import broker_pb2 as bpb
 
 from popgate import Message, Producer, RetryPolicy, errors
 from popgate._transport import convert
@@ -489,3 +490,9 @@ def test_arguments_that_are_not_utf8_are_usage_errors_and_a_body_is_sent_as_its_
     assert exit_.value.code == 2 and said in capsys.readouterr().err
     args = argparse.Namespace(body="\udcff\udcfe bin", file=None, random_size=None)
     assert sending._body(args) == b"\xff\xfe bin"
+
+
+def test_json_answers_carry_every_field_and_numbers_as_numbers() -> None:
+    """`group reset --json` printed queue 0 without `queueId` and offsets as strings."""
+    answer = bpb.ResetOffsetResponse(broker="b1", queues=[bpb.QueueReset(queue_id=0, offset=122)])
+    assert output.as_json(answer)["queues"] == [{"queueId": 0, "offset": 122, "droppedInflight": 0}]
