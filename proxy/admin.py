@@ -10,6 +10,7 @@ answer is reported by name in the answer, never dropped from it silently.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from popgate_pb.ext import admin_pb2 as apb
 from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 
 from popgate_contract import errors
+from popgate_contract.admin_headers import broker_timeout_of
 from popgate_contract.consumers import EVERY_GROUP_LIMIT, first_consumers, latest_consumers
 from popgate_contract.trailer import ERROR_KEY, status_of
 from popgate_contract.validation import check_group, check_topic
@@ -30,6 +32,10 @@ from proxy.v2.access import metadata_of
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+# How long this call waits for each broker (`AdminService._serve`; each call is a task of its own).
+_broker_wait: contextvars.ContextVar[float] = contextvars.ContextVar("broker_wait")
+REPLY_MARGIN_S = 0.5  # of the call's deadline, for the answer to reach the caller once the brokers' wait is over
+MIN_BROKER_WAIT_S = 0.05
 
 
 # The admin calls that change brokers' state: one made while a broker is retired is not applied to it.
@@ -69,9 +75,16 @@ class AdminService(apb_grpc.AdminServicer):
 
     async def _serve(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[R]]) -> R:
         """`answer()` after the admin check (not started when it fails), a domain error as its status code and the
-        popgate-error trailer."""
+        popgate-error trailer. Each broker is waited for as long as the caller asked (`admin_headers`), else
+        --broker-timeout-s, within the call's own deadline."""
         try:
-            check_admin(self._auth, metadata_of(context.invocation_metadata()))
+            metadata = metadata_of(context.invocation_metadata())
+            check_admin(self._auth, metadata)
+            wait = broker_timeout_of(metadata) or self._timeout_s
+            remaining = context.time_remaining()
+            if remaining is not None:
+                wait = min(wait, max(MIN_BROKER_WAIT_S, remaining - REPLY_MARGIN_S))
+            _broker_wait.set(wait)
             return await answer()
         except errors.DomainError as exc:
             context.set_trailing_metadata(((ERROR_KEY, exc.name),))
@@ -96,7 +109,7 @@ class AdminService(apb_grpc.AdminServicer):
         if not clients:  # nothing done anywhere: not an empty success (test_admin_fanout.py::
             # test_a_proxy_that_routes_to_no_broker_says_so_and_does_nothing)
             raise errors.BrokerUnavailable(f"this proxy routes to no broker: {method} was not done anywhere")
-        calls = [c.admin(method, request, timeout_s=self._timeout_s) for c in clients]
+        calls = [c.admin(method, request, timeout_s=_broker_wait.get(self._timeout_s)) for c in clients]
         results = await asyncio.gather(*calls, return_exceptions=True)
         answers: list[Any] = []
         failures: list[apb.BrokerFailure] = []

@@ -32,7 +32,7 @@ class Again:
         self._ends: Iterator[float] | None = None
         self.asked, self.asked_at = wait, started  # the last ask's wait, and when it went
         self.again = False  # asked again at least once
-        self.backed_off = False  # a stream ended sooner than the back-off's delay: streams end as soon as asked
+        self.backed_off = False  # the last ends came sooner than the back-off's delay: streams end as soon as asked
 
     def cut_short(self, now: float) -> bool:
         """Whether a receive cut short asks again: while its wait lasts, and once at least (not waiting)."""
@@ -51,6 +51,7 @@ class Again:
         delay = next(self._ends)
         if now - self.asked_at >= delay:
             self._ends = None
+            self.backed_off = False
             return 0.0
         self.backed_off = True
         return min(delay, rest) if rest > 0 else 0.0

@@ -36,6 +36,7 @@ from .options import (
     json_option,
     number,
     topic_name,
+    utf8_text,
 )
 from .output import as_json, json_error, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
@@ -117,8 +118,8 @@ def _topic_parsers(sub: Sub) -> None:
     lookup = sub.add_parser("lookup", help="messages of a topic by message id or key, newest first")
     lookup.add_argument("topic", type=topic_name, help="topic name")
     what = lookup.add_mutually_exclusive_group(required=True)
-    what.add_argument("--id", dest="message_id", help="message id")
-    what.add_argument("--key", help="message key")
+    what.add_argument("--id", dest="message_id", type=utf8_text, help="message id")
+    what.add_argument("--key", type=utf8_text, help="message key")
     lookup.add_argument("-n", "--count", type=number(int, low=1, high=1000), default=10, help="at most this many")
     lookup.add_argument("--body", action="store_true", help="print bodies too")
     lookup.add_argument(

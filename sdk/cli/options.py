@@ -120,8 +120,8 @@ def topic_name(text: str) -> str:
 
 
 def tag_text(text: str) -> str:
-    """An argparse type: a message tag a message may carry (as `group_name`)."""
-    return _checked(check_tag, text)
+    """An argparse type: a message tag a message may carry (as `group_name`), UTF-8 text."""
+    return _checked(check_tag, utf8_text(text))
 
 
 def utf8_text(text: str) -> str:

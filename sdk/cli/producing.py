@@ -9,7 +9,7 @@ from typing import Any
 from .. import errors
 from ..client import Producer
 from ..message import SendReceipt
-from .options import Sub, check_listening, client_options, connection, quiet_option, topic_name
+from .options import Sub, check_listening, client_options, connection, quiet_option, topic_name, utf8_text
 from .output import error_console, explain
 
 
@@ -17,7 +17,9 @@ def add_parsers(sub: Sub) -> None:
     recall = sub.add_parser("recall", help="withdraw scheduled messages (sent with --delay) before they are due")
     client_options(recall)
     recall.add_argument("topic", type=topic_name)
-    recall.add_argument("handles", nargs="+", metavar="HANDLE", help="recall handle `send --delay --ids` printed")
+    recall.add_argument(
+        "handles", nargs="+", type=utf8_text, metavar="HANDLE", help="recall handle `send --delay --ids` printed"
+    )
     quiet_option(recall)
     recall.set_defaults(handler=recall_command)
 

@@ -21,13 +21,14 @@ from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as v2pb
 from popgate_pb.v2 import service_pb2_grpc as v2grpc
 
+from popgate_contract.admin_headers import broker_timeout_header
+
 from .._transport import CHANNEL_OPTIONS, channel_credentials, make_options
 from .options import check_listening, connection
 
 PROBE_TOPIC = "popgate-stats"  # asked the route of when no topic is known to exist
-# The proxy gives each broker its own --broker-timeout-s (3 s by default) and names those that did not answer in
-# it: a Stats through it waits that much longer than the command's --timeout, so a hung broker is named, not
-# taken for a hung proxy.
+# The proxy waits for each broker the command's --timeout (it is told: `_fan_out`) and names those that did not
+# answer in it: a call through it waits that much longer, so a hung broker is named, not taken for a hung proxy.
 PROXY_FAN_OUT_S = 5.0
 
 
@@ -59,6 +60,11 @@ class ProxyAdmin:
             self._channel = grpc.secure_channel(options.endpoint, creds, CHANNEL_OPTIONS)
         self._admin = apb_grpc.AdminStub(self._channel)  # type: ignore[no-untyped-call]
 
+    def _fan_out(self) -> tuple[tuple[str, str], ...]:
+        """A fanned-out call's metadata: the proxy waits for each broker `--timeout`, not its own
+        --broker-timeout-s (popgate_contract.admin_headers)."""
+        return (*self._metadata(), broker_timeout_header(self._timeout))
+
     def close(self) -> None:
         self._channel.close()
 
@@ -74,7 +80,7 @@ class ProxyAdmin:
     def stats(self, request: bpb.StatsRequest) -> ProxyStats:
         """Every broker's Stats, with each one that did not answer named; ProxyAdminError when the proxy fails."""
         try:
-            reply = self._admin.Stats(request, timeout=self._timeout + PROXY_FAN_OUT_S, metadata=self._metadata())
+            reply = self._admin.Stats(request, timeout=self._timeout + PROXY_FAN_OUT_S, metadata=self._fan_out())
         except grpc.RpcError as exc:
             raise self._failed("gather its brokers' stats", exc) from None
         out = ProxyStats({a.broker: a for a in reply.answers})
@@ -86,7 +92,7 @@ class ProxyAdmin:
         the proxy's own time for its brokers on top of --timeout; ProxyAdminError when the proxy fails it."""
         try:
             return getattr(self._admin, method)(
-                request, timeout=self._timeout + PROXY_FAN_OUT_S, metadata=self._metadata()
+                request, timeout=self._timeout + PROXY_FAN_OUT_S, metadata=self._fan_out()
             )
         except grpc.RpcError as exc:
             raise self._failed(what, exc) from None

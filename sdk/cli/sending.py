@@ -212,7 +212,7 @@ def send_command(args: argparse.Namespace) -> int:
     if not args.quiet:
         # A transaction rolled back delivers nothing: said so — tests/integration/sdk/test_transactions.py::
         # test_the_popgate_command_sends_priorities_transactions_and_recalls.
-        rolled_back = " and rolled them back: none will be delivered" if args.transaction == "rollback" else ""
+        rolled_back = ", rolled back: none will be delivered" if args.transaction == "rollback" else ""
         err.print(
             f"sent {plural(sent)} ({len(body)} B{each}) to {args.topic}{rolled_back} "
             f"in {elapsed:.2f} s ({msg_rate(sent, elapsed)}){_interrupted(code, in_flight)}"

@@ -107,7 +107,10 @@ def test_dangerous_operations_need_confirmation_and_name_a_broker_down(
 
     strict.brokers["b2"].signal(signal.SIGSTOP)
     try:
-        assert main(["group", "reset", "g", "-t", "risky", "--earliest", "--yes", "-e", e]) == BROKERS_MISSING
+        started = time.monotonic()
+        argv = ["group", "reset", "g", "-t", "risky", "--earliest", "--yes", "-e", e, "--timeout", "2.5"]
+        assert main(argv) == BROKERS_MISSING
+        assert time.monotonic() - started >= 2.4  # the proxy waited --timeout for b2, not its own 1 s
         err = capsys.readouterr().err
         # b2 has the reset in its socket, applied once it runs again: not known, not "NOT applied"
         assert "broker b2 did not answer" in err and "not known whether applied on b2" in err

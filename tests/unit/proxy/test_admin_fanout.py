@@ -164,10 +164,14 @@ class Aborted(Exception):
 
 
 class Context:
-    """What the admin service reads of a gRPC call's context: its metadata (none); an abort raises `Aborted`."""
+    """What the admin service reads of a gRPC call's context: its metadata (none), no deadline; an abort raises
+    `Aborted`."""
 
     def invocation_metadata(self) -> tuple[()]:
         return ()
+
+    def time_remaining(self) -> None:
+        return None
 
     def set_trailing_metadata(self, metadata: object) -> None:
         pass

@@ -64,3 +64,9 @@ def test_only_streams_ending_as_soon_as_asked_spend_a_wait() -> None:
         now += 0.001 + delay
         quick.asking(now)
     assert quick.backed_off
+    recovered = Again(5.0, 0.0, doubling)
+    assert recovered.ended(0.001) == 0.05 and recovered.backed_off  # an end at once, then a stream that served
+    recovered.asking(0.05)
+    assert recovered.ended(5.0) == 0.0 and not recovered.backed_off
+    recovered.asking(5.0)
+    assert recovered.ended(5.001) is None and not recovered.backed_off  # an attempt, retried

@@ -478,6 +478,9 @@ def test_a_client_closed_after_ctrl_c_keeps_grpcs_own_lines_off_stderr_unless_as
         (["send", "t", "x", "--message-group", "\udcff"], "argument --message-group: b'?' is not UTF-8 text"),
         (["receive", "t", "-g", "g", "--filter", "\udcff"], "argument --filter: b'?' is not UTF-8 text"),
         (["receive", "t\udcff", "-g", "g"], "argument topic: topic name"),
+        (["send", "t", "x", "--tag", "a\udcffb"], "argument --tag: b'a?b' is not UTF-8 text"),
+        (["lookup", "t", "--key", "\udcff"], "argument --key: b'?' is not UTF-8 text"),
+        (["recall", "t", "\udcff"], "argument HANDLE: b'?' is not UTF-8 text"),
     ],
 )
 def test_arguments_that_are_not_utf8_are_usage_errors_and_a_body_is_sent_as_its_bytes(
