@@ -32,7 +32,8 @@ from proxy.v2.access import metadata_of
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
-# How long this call waits for each broker (`AdminService._serve`; each call is a task of its own).
+# How long this call waits for each broker (`AdminService._serve`; each call is a task of its own on either server:
+# grpc.aio's per call, popgate_process/h2grpc/server.py `run`'s).
 _broker_wait: contextvars.ContextVar[float] = contextvars.ContextVar("broker_wait")
 REPLY_MARGIN_S = 0.5  # of the call's deadline, for the answer to reach the caller once the brokers' wait is over
 MIN_BROKER_WAIT_S = 0.05
@@ -84,8 +85,11 @@ class AdminService(apb_grpc.AdminServicer):
             remaining = context.time_remaining()
             if remaining is not None:
                 wait = min(wait, max(MIN_BROKER_WAIT_S, remaining - REPLY_MARGIN_S))
-            _broker_wait.set(wait)
-            return await answer()
+            waiting = _broker_wait.set(wait)
+            try:
+                return await answer()
+            finally:
+                _broker_wait.reset(waiting)
         except errors.DomainError as exc:
             context.set_trailing_metadata(((ERROR_KEY, exc.name),))
             await context.abort(status_of(exc), exc.message)
@@ -216,4 +220,4 @@ class AdminService(apb_grpc.AdminServicer):
         if client is None:
             known = ", ".join(self._pool.names) or "none"
             raise errors.BadRequest(f"this proxy routes to no broker named {request.broker!r} (brokers: {known})")
-        return await client.list_messages(request.request, timeout_s=self._timeout_s)
+        return await client.list_messages(request.request, timeout_s=_broker_wait.get(self._timeout_s))

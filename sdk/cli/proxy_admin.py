@@ -101,7 +101,9 @@ class ProxyAdmin:
         """One page of a queue of `broker`, as the broker's ListMessages; ProxyAdminError when it fails."""
         wrapped = apb.ListMessagesRequest(broker=broker, request=request)
         try:
-            return self._admin.ListMessages(wrapped, timeout=self._timeout, metadata=self._metadata())  # type: ignore[no-any-return]
+            return self._admin.ListMessages(  # type: ignore[no-any-return]
+                wrapped, timeout=self._timeout + PROXY_FAN_OUT_S, metadata=self._fan_out()
+            )
         except grpc.RpcError as exc:
             raise self._failed(f"list {request.topic} of broker {broker}", exc) from None
 

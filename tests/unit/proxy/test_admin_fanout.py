@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as bpb
+from popgate_pb.ext import admin_pb2 as apb
 
 from popgate_contract import errors
+from popgate_contract.admin_headers import broker_timeout_header
 from popgate_contract.consumers import EVERY_GROUP_LIMIT
 from proxy.admin import AdminService
 from proxy.auth import Authenticator
@@ -25,9 +27,15 @@ class AdminBroker:
         self.answer = answer
         self.fail = fail
         self.asked: list[tuple[str, Any]] = []
+        self.waits: list[float] = []
+
+    async def list_messages(self, request: Any, *, timeout_s: float) -> Any:
+        self.waits.append(timeout_s)
+        return bpb.ListMessagesResponse()
 
     async def admin(self, method: str, request: Any, *, timeout_s: float) -> Any:
         self.asked.append((method, request))
+        self.waits.append(timeout_s)
         if self.fail is not None:
             raise self.fail
         return self.answer
@@ -220,3 +228,30 @@ async def test_a_refused_deletion_forgets_nothing(call: Any) -> None:
     with pytest.raises(Aborted):
         await call(svc)
     assert told == []
+
+
+class TimedContext(Context):
+    """A call with `metadata` and `remaining` seconds to its deadline."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...], remaining: float | None) -> None:
+        self._metadata, self._remaining = metadata, remaining
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
+        return self._metadata
+
+    def time_remaining(self) -> float | None:  # type: ignore[override]
+        return self._remaining
+
+
+async def test_each_broker_is_waited_for_as_the_caller_asks_within_its_deadline() -> None:
+    """`popgate <command> --timeout` sends how long the proxy is to wait for each broker (its own 1 s otherwise):
+    every fanned-out call and a ListMessages page wait that, within the call's deadline less 0.5 s."""
+    b1 = AdminBroker("b1", bpb.StatsResponse(broker="b1"))
+    admin = service(b1)
+    asked = (broker_timeout_header(7.0),)
+    await admin.Stats(bpb.StatsRequest(), TimedContext(asked, 20.0))  # type: ignore[arg-type]
+    await admin.Stats(bpb.StatsRequest(), TimedContext(asked, 3.0))  # type: ignore[arg-type]
+    await admin.Stats(bpb.StatsRequest(), TimedContext((), None))  # type: ignore[arg-type]
+    page = apb.ListMessagesRequest(broker="b1", request=bpb.ListMessagesRequest(topic="t"))
+    await admin.ListMessages(page, TimedContext(asked, 20.0))  # type: ignore[arg-type]
+    assert b1.waits == [7.0, 2.5, 1.0, 7.0]
