@@ -64,13 +64,18 @@ class Ended(errors.Unavailable):
 
 
 def stream_error(
-    exc: grpc.aio.AioRpcError | None, convert: Callable[[grpc.RpcError], errors.PopgateError]
+    exc: grpc.aio.AioRpcError | None, convert: Callable[[grpc.RpcError], errors.PopgateError], *, opened: bool = True
 ) -> Exception:
-    """What a stream's pending requests fail with when it ends (`exc`: how, None when the proxy ended it cleanly):
-    `convert`'s error for a unary call that failed so (its hints, a certificate that does not verify not retried),
-    retriable unless it is such an Unavailable."""
+    """What a stream's pending requests fail with when it ends (`exc`: how, None when the proxy ended it cleanly;
+    `opened`: the proxy's headers had come): `convert`'s error for a unary call that failed so (its hints, a
+    certificate that does not verify not retried), retriable unless it is such an Unavailable. A stream removed
+    before it opened because its connection was going away (opened on it as the proxy's GOAWAY came: gRPC's
+    transparent retry is off) served nothing either: `Ended` —
+    tests/unit/sdk/test_session.py::test_how_a_stream_ended_is_what_its_requests_fail_with."""
     if exc is None:
         return Ended("the proxy ended the session stream", retriable=True)
+    if not opened and exc.code() == grpc.StatusCode.UNAVAILABLE and "GOAWAY" in (exc.details() or ""):
+        return Ended(f"the session stream was refused as its connection went away ({NOT_SENT})", retriable=True)
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return Unimplemented(exc.details() or "no Session")
     if exc.code() in REFUSED:
@@ -329,7 +334,7 @@ class Session:
                 for p in again:  # refused joined: each part alone (not joined again), answered under its own id
                     self._outbox.put_nowait(alone(p))
         except grpc.aio.AioRpcError as exc:
-            error = stream_error(exc, self._convert)
+            error = stream_error(exc, self._convert, opened=self._headers.is_set())
         except Exception as exc:
             log.warning("session stream ended: reading the proxy's answers failed: %r", exc, exc_info=True)
             self._call.cancel()

@@ -129,8 +129,8 @@ async def test_an_answer_completed_after_its_caller_was_cancelled_is_given_back(
 
 
 class StreamEnd(grpc.aio.AioRpcError):
-    def __init__(self, code: grpc.StatusCode) -> None:
-        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), f"ended {code.name}")
+    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details or f"ended {code.name}")
 
 
 @pytest.mark.parametrize(
@@ -150,6 +150,17 @@ def test_how_a_stream_ended_is_what_its_requests_fail_with(code: Any, expected: 
     assert getattr(error, "retriable", None) is retriable
     if expected is Unauthorized:  # as the unary call's v2 answer would say
         assert getattr(error, "code", None) == v2.UNAUTHORIZED
+
+
+def test_a_stream_removed_by_goaway_before_it_opened_served_nothing() -> None:
+    """Opened on a connection as the proxy's GOAWAY came (its age): nothing reached the proxy, as for a stream it
+    ended (`Ended`: a receive asks again, not counted); once opened, or for another reason, a lost stream."""
+    removed = StreamEnd(grpc.StatusCode.UNAVAILABLE, "Stream removed (GOAWAY received; Error code: 0; Debug Text: )")
+    refused = _session.stream_error(removed, lambda e: convert(e, tls=False), opened=False)
+    assert isinstance(refused, _session.Ended) and not _resend.maybe_applied(refused)  # a send is sent again freely
+    for end, opened in ((removed, True), (StreamEnd(grpc.StatusCode.UNAVAILABLE), False)):
+        error = _session.stream_error(end, lambda e: convert(e, tls=False), opened=opened)
+        assert isinstance(error, Unavailable) and not isinstance(error, _session.Ended)
 
 
 def test_requests_queued_together_are_joined_up_to_the_write_limit() -> None:
