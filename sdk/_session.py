@@ -59,8 +59,14 @@ class Unimplemented(errors.PopgateError):
 
 class Ended(errors.Unavailable):
     """The proxy ended the stream cleanly (its connection told to go away, or the proxy stopping) before answering
-    the request: a receive was not served (the proxy gave back what it had taken) and is asked again on a new stream
-    without counting as an attempt (`_aio_consumer`); other requests are retried as after a lost stream."""
+    the request, or refused it as its connection went away: a receive was not served (the proxy gave back what it
+    had taken) and is asked again on a new stream without counting as an attempt (`_aio_consumer`); other requests
+    are retried as after a lost stream."""
+
+
+# grpc-core's details of a stream it removed because the connection's GOAWAY came before the stream was taken (a
+# stream the server had, cut as the connection closed, says "Stream removed (Socket closed (GOAWAY ...": not this).
+REFUSED_AWAY = "Stream removed (GOAWAY received"
 
 
 def stream_error(
@@ -68,13 +74,13 @@ def stream_error(
 ) -> Exception:
     """What a stream's pending requests fail with when it ends (`exc`: how, None when the proxy ended it cleanly;
     `opened`: the proxy's headers had come): `convert`'s error for a unary call that failed so (its hints, a
-    certificate that does not verify not retried), retriable unless it is such an Unavailable. A stream removed
+    certificate that does not verify not retried), retriable unless it is such an Unavailable. A stream refused
     before it opened because its connection was going away (opened on it as the proxy's GOAWAY came: gRPC's
-    transparent retry is off) served nothing either: `Ended` —
-    tests/unit/sdk/test_session.py::test_how_a_stream_ended_is_what_its_requests_fail_with."""
+    transparent retry is off) served nothing either: `Ended` — tests/unit/sdk/test_session.py::
+    test_a_stream_refused_by_goaway_before_it_opened_served_nothing."""
     if exc is None:
         return Ended("the proxy ended the session stream", retriable=True)
-    if not opened and exc.code() == grpc.StatusCode.UNAVAILABLE and "GOAWAY" in (exc.details() or ""):
+    if not opened and exc.code() == grpc.StatusCode.UNAVAILABLE and (exc.details() or "").startswith(REFUSED_AWAY):
         return Ended(f"the session stream was refused as its connection went away ({NOT_SENT})", retriable=True)
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return Unimplemented(exc.details() or "no Session")
@@ -320,8 +326,10 @@ class Session:
         failed with a retriable Unavailable, the task ended without an error —
         tests/unit/sdk/test_session.py::test_an_undecodable_frame_ends_the_stream_with_a_typed_error_and_no_task_error."""
         error: Exception | None = None
+        opened = False  # the proxy's headers came (grpc.aio gives a stream that failed before them empty ones)
         try:
             headers = await self._call.initial_metadata()
+            opened = bool(headers)
             self.receive_batch = receive_batch_of(headers)
             self.max_bytes = min(MAX_MESSAGE_BYTES, max_message_of(headers) or MAX_MESSAGE_BYTES)
             self._headers.set()
@@ -334,7 +342,7 @@ class Session:
                 for p in again:  # refused joined: each part alone (not joined again), answered under its own id
                     self._outbox.put_nowait(alone(p))
         except grpc.aio.AioRpcError as exc:
-            error = stream_error(exc, self._convert, opened=self._headers.is_set())
+            error = stream_error(exc, self._convert, opened=opened)
         except Exception as exc:
             log.warning("session stream ended: reading the proxy's answers failed: %r", exc, exc_info=True)
             self._call.cancel()

@@ -70,7 +70,7 @@ async def test_a_receive_waiting_longer_than_connections_live_waits_out_its_wait
     sent late in the wait arrives in that same receive, and one on an empty topic answers empty once its wait is
     over instead of failing."""
     topic, group = name("t"), name("g")
-    once = RetryPolicy(max_attempts=1)  # every end of a stream a connection's age caused is no attempt
+    once = RetryPolicy(max_attempts=1)  # on the h2 server, no end of a stream a connection's age caused is one
     async with aio.Producer(aged) as producer, aio.SimpleConsumer(aged, group, topic, retry=once) as consumer:
         loop = asyncio.get_running_loop()
         started = loop.time()

@@ -152,15 +152,46 @@ def test_how_a_stream_ended_is_what_its_requests_fail_with(code: Any, expected: 
         assert getattr(error, "code", None) == v2.UNAUTHORIZED
 
 
-def test_a_stream_removed_by_goaway_before_it_opened_served_nothing() -> None:
-    """Opened on a connection as the proxy's GOAWAY came (its age): nothing reached the proxy, as for a stream it
-    ended (`Ended`: a receive asks again, not counted); once opened, or for another reason, a lost stream."""
-    removed = StreamEnd(grpc.StatusCode.UNAVAILABLE, "Stream removed (GOAWAY received; Error code: 0; Debug Text: )")
-    refused = _session.stream_error(removed, lambda e: convert(e, tls=False), opened=False)
-    assert isinstance(refused, _session.Ended) and not _resend.maybe_applied(refused)  # a send is sent again freely
-    for end, opened in ((removed, True), (StreamEnd(grpc.StatusCode.UNAVAILABLE), False)):
-        error = _session.stream_error(end, lambda e: convert(e, tls=False), opened=opened)
-        assert isinstance(error, Unavailable) and not isinstance(error, _session.Ended)
+class FailingCall(SessionCall):
+    """A Session call that fails with `end` once asked for its first answer, after headers `headers` (grpc.aio gives
+    a call that failed before the proxy's headers empty ones)."""
+
+    def __init__(self, headers: tuple[tuple[str, str], ...], end: grpc.aio.AioRpcError) -> None:
+        super().__init__()
+        self.headers, self.end = headers, end
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        return grpc.aio.Metadata(*self.headers)
+
+    async def read(self) -> Any:
+        raise self.end
+
+
+REFUSED_AWAY = "Stream removed (GOAWAY received; Error code: 0; Debug Text: )"
+CUT_AWAY = "Stream removed (Socket closed (GOAWAY received; Error code: 0; Debug Text: ))"
+POPGATE_HEADERS = (("popgate-receive-batch", "128"), ("popgate-max-message-bytes", "4194304"))
+
+
+@pytest.mark.parametrize(
+    ("headers", "details", "refused"),
+    [
+        ((), REFUSED_AWAY, True),  # opened on the connection as its GOAWAY came: refused, nothing reached the proxy
+        (POPGATE_HEADERS, REFUSED_AWAY, False),  # the proxy had the stream: maybe applied
+        ((), CUT_AWAY, False),  # a stream the server had, cut as the connection closed
+        ((), "ended UNAVAILABLE", False),
+    ],
+)
+async def test_a_stream_refused_by_goaway_before_it_opened_served_nothing(
+    headers: tuple[tuple[str, str], ...], details: str, refused: bool
+) -> None:
+    """A request on a stream refused as its connection went away fails `Ended`, "nothing was sent" (a receive asks
+    again, not counted; a send is sent again freely); any other loss stays a lost stream (maybe applied)."""
+    channel = SessionChannel(FailingCall(headers, StreamEnd(grpc.StatusCode.UNAVAILABLE, details)))
+    session = _session.Session(channel, (), lambda e: convert(e, tls=False))  # type: ignore[arg-type]
+    [error] = await asyncio.gather(session.request("send", pb.SendMessageRequest(), 5.0), return_exceptions=True)
+    await session.close()
+    assert isinstance(error, Unavailable) and isinstance(error, _session.Ended) is refused
+    assert _resend.maybe_applied(error) is not refused
 
 
 def test_requests_queued_together_are_joined_up_to_the_write_limit() -> None:
