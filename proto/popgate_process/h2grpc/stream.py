@@ -95,7 +95,7 @@ class Stream:
             self._arrived.set()
 
     async def read_bytes(self) -> bytes | None:
-        """The next request (inflated, `wire.inflated`), or None once the client ended its side; one that does not
+        """The next request (inflated: `inflated`), or None once the client ended its side; one that does not
         inflate ends the call with its status (test_h2grpc.py::test_compressed_calls_inflate_and_a_bomb_is_refused)."""
         inbox = self.inbox
         while self._head >= len(inbox):
