@@ -75,9 +75,9 @@ def stream_error(
     """What a stream's pending requests fail with when it ends (`exc`: how, None when the proxy ended it cleanly;
     `opened`: the proxy's headers had come): `convert`'s error for a unary call that failed so (its hints, a
     certificate that does not verify not retried), retriable unless it is such an Unavailable. A stream refused
-    before it opened because its connection was going away (opened on it as the proxy's GOAWAY came: gRPC's
-    transparent retry is off) served nothing either: `Ended` — tests/unit/sdk/test_session.py::
-    test_a_stream_refused_by_goaway_before_it_opened_served_nothing."""
+    before it opened because its connection was going away (opened on it as the proxy's GOAWAY came, should gRPC's
+    transparent retry not take it to a new connection) served nothing either: `Ended` —
+    tests/unit/sdk/test_session.py::test_a_stream_refused_by_goaway_before_it_opened_served_nothing."""
     if exc is None:
         return Ended("the proxy ended the session stream", retriable=True)
     if not opened and exc.code() == grpc.StatusCode.UNAVAILABLE and (exc.details() or "").startswith(REFUSED_AWAY):

@@ -27,7 +27,10 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.enable_retries", 0),
+    # gRPC's transparent retry only (no retry policy is configured: the SDK's own `RetryPolicy` retries): a call
+    # that never reached the server, opened on a connection as its GOAWAY came or as it closed, goes on a new one —
+    # tests/integration/sdk/test_connection_age.py. It costs nothing measurable (bench.ratios, session 46).
+    ("grpc.enable_retries", 1),
     ("grpc.keepalive_time_ms", 30_000),
     # The largest HTTP/2 DATA frame the server may send (the default is 16 KiB): a receive's answer then goes as one
     # frame, not one per 16 KiB, each of which popgate's proxy frames in Python (docs/BENCHMARKS.md).
