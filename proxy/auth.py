@@ -103,12 +103,8 @@ def parse_authorization(value: str) -> tuple[str, str]:
     return access_key, signature
 
 
-def date_offset_s(date: str, now: float) -> float:
-    """Seconds from now (UTC) to the date read as UTC; Unauthorized when it is not the client's format."""
-    return _parsed(date) - now
-
-
 def _parsed(date: str) -> float:
+    """The date read as UTC, in seconds since the epoch; Unauthorized when it is not the client's format."""
     try:
         return calendar.timegm(time.strptime(date, DATE_FORMAT))
     except ValueError:

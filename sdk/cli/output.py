@@ -123,8 +123,9 @@ def print_json(document: Any) -> None:
 
 
 def as_json(message: Any) -> dict[str, Any]:
-    """A protobuf answer as --json prints it: every field, zeros too, and 64-bit numbers as JSON numbers (a script
-    reads `queueId` of queue 0 and compares offsets as numbers) —
+    """A protobuf answer as --json prints it: fields without presence with their zeros too (a field a message may
+    lack, as its tag, stays out), 64-bit numbers as JSON numbers up to 2^53 (a script reads `queueId` of queue 0 and
+    compares offsets as numbers) —
     tests/unit/sdk/test_commands.py::test_json_answers_carry_every_field_and_numbers_as_numbers."""
     return json_format.MessageToDict(message, always_print_fields_with_no_presence=True, unquote_int64_if_possible=True)
 

@@ -22,6 +22,7 @@ from popgate_process.h2grpc.h2conn import H2Connection, HeaderBoundBuffer
 from popgate_process.h2grpc.stream import SEND_BUFFER, Stream
 
 if TYPE_CHECKING:
+    from popgate_process.bounded_threads import BoundedThreads
     from popgate_process.h2grpc.server import H2Server
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,6 @@ class Connection(asyncio.BufferedProtocol):
 
     def __init__(self, server: H2Server) -> None:
         self._server = server
-        self.inflaters = server.inflaters
         config = h2.config.H2Configuration(
             client_side=False,
             header_encoding=None,
@@ -78,6 +78,11 @@ class Connection(asyncio.BufferedProtocol):
         self.lost: asyncio.Future[None] = self._loop.create_future()  # done once the connection is closed
         self.draining = asyncio.Event()  # set once the client is told to take new calls elsewhere (GOAWAY)
         self._aging: asyncio.TimerHandle | None = None
+
+    @property
+    def inflaters(self) -> BoundedThreads:
+        """The server's threads for compressed requests too large to inflate on the loop (`Stream.inflated`)."""
+        return self._server.inflaters
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)

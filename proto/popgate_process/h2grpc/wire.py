@@ -116,12 +116,13 @@ def inflate(message: Compressed, max_bytes: int, within: int | None = None) -> b
     if within is not None and len(message.data) > INLINE_INPUT_BYTES:
         return None
     inflater = zlib.decompressobj(message.wbits)
+    limit = max_bytes if within is None else min(max_bytes, within)  # past it: refused, or None
     view, taken, pieces, total = memoryview(message.data), 0, [], 0
     while not inflater.eof and taken < len(view):
         data: bytes | memoryview = view[taken : taken + PIECE_BYTES]
         taken += len(data)
         while data or not inflater.eof:  # this slice, and what zlib holds back past a full piece
-            room = min(PIECE_BYTES, max_bytes + 1 - total, *(() if within is None else (within + 1 - total,)))
+            room = min(PIECE_BYTES, limit + 1 - total)
             try:
                 piece = inflater.decompress(data, room)
             except zlib.error as exc:
