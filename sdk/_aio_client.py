@@ -20,6 +20,7 @@ from popgate_pb.v2 import service_pb2_grpc as pb_grpc
 from . import _resend, _session, errors
 from ._again import WaitSpent
 from ._base import ClientBase
+from ._served import Served
 from ._transport import CHANNEL_OPTIONS, channel_credentials, convert
 
 STREAM_EVENTS_S = 0.05  # how long a loop's end waits for a cancelled Session stream's last events from grpc
@@ -63,9 +64,9 @@ class _AsyncClient(ClientBase):
     _channel: grpc.aio.Channel | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     # The proxy's Session stream (sdk/_session.py), opened on first use; whether the proxy serves one: None until
-    # a request tells, False once it answered UNIMPLEMENTED (then the unary RPCs serve every request).
+    # a request tells, False once it answered UNIMPLEMENTED (then the unary RPCs serve every request: `Served`).
     _session: _session.Session | None = None
-    _session_served: bool | None = None
+    _session_served = Served()
     _closed_future: asyncio.Future[None] | None = None  # set once closed: a second close() waits for the first's
     _backing_off: set[asyncio.Future[None]] | None = None  # retries' back-offs, each ended at once by close()
     _shutdown_guard: AsyncGenerator[None, None] | None = None  # see `_awaited_at_shutdown`
@@ -163,8 +164,7 @@ class _AsyncClient(ClientBase):
         try:
             answer = await session.request(kind, request, within_s)
         except _session.Unimplemented:
-            log.info("%s serves no Session stream: using the unary RPCs", self.options.endpoint)
-            self._session_served = False
+            self._not_served("_session_served", "%s serves no Session stream: using the unary RPCs")
             return None
         self._session_served = True
         return answer

@@ -371,8 +371,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
                 self._many_served = True
                 return _nacks.outcome_of(response, len(request.entries))
             except _waiting.KindUnknown:
-                log.info("%s's Session takes no ChangeInvisibleMany: a change each", self.options.endpoint)
-                self._many_served = False
+                self._not_served("_many_served", "%s's Session takes no ChangeInvisibleMany: a change each")
             except grpc.RpcError as exc:
                 if not self._unimplemented(exc, "_many_served", "ChangeInvisibleMany"):
                     raise

@@ -16,6 +16,7 @@ from popgate_pb.v2 import service_pb2 as pb
 from . import _wire, errors
 from ._durations import duration
 from ._ids import MessageIds
+from ._served import Served
 from ._transport import make_options
 from ._unyielded import Unyielded
 from ._wire_send import SendPlan, an_int, in_a_group, sent_count
@@ -118,13 +119,20 @@ class ClientBase:
 
     def _unimplemented(self, exc: grpc.RpcError, served: str, what: str) -> bool:
         """Whether a failed call of popgate's extension says the server has no such RPC (UNIMPLEMENTED: nothing was
-        served): the flag named `served` turns False, and v2 serves this call and the next ones."""
+        served): the `Served` attribute named `served` turns False, and v2 serves this call and the next ones until
+        it is asked again (`Served`)."""
         if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
             return False
-        if getattr(self, served) is not False:
-            log.info("%s serves no %s: using v2", self.options.endpoint, what)
-        setattr(self, served, False)
+        self._not_served(served, "%s serves no %s: using v2", what)
         return True
+
+    def _not_served(self, served: str, text: str, what: str = "") -> None:
+        """Turn the `Served` attribute named `served` False, logging the switch the first time (once a minute
+        after, a proxy asked again that still serves none is logged at debug level)."""
+        verdict: Served = getattr(type(self), served)
+        level = logging.DEBUG if verdict.refused_before(self) else logging.INFO
+        log.log(level, text, self.options.endpoint, *((what,) if what else ()))
+        setattr(self, served, False)
 
 
 class ProducerBase(ClientBase):
@@ -143,9 +151,9 @@ class ProducerBase(ClientBase):
 
     # Whether the proxy takes SharedSends: True once it took one; None, not known yet; False, a proxy older than
     # them or one without popgate's extension, every send then going as SendMessage.
-    _shared_served: bool | None = None
+    _shared_served = Served()
     # Whether the proxy's Session takes EndTransaction (popgate.aio): False, one older than it, every end then a call.
-    _ends_served: bool | None = None
+    _ends_served = Served()
 
     def _plan(
         self,
@@ -262,6 +270,13 @@ def deliverable(log: logging.Logger, frames: Sequence[Any]) -> tuple[list[Messag
 
 
 class ConsumerBase(ClientBase):
+    # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive
+    # tells; False once a server answered UNIMPLEMENTED (a RocketMQ proxy): v2's ReceiveMessage then (`Served`).
+    _batch_receive = Served()
+    # Whether the proxy serves popgate's ChangeInvisibleMany (nack_many): None until the first tells; False once it
+    # said it has none (an older proxy, a RocketMQ proxy): a ChangeInvisibleDuration per message then (`Served`).
+    _many_served = Served()
+
     def __init__(
         self,
         endpoint: str,
@@ -288,12 +303,6 @@ class ConsumerBase(ClientBase):
         super().__init__(endpoint, **options)
         self._rotation = itertools.cycle(self.subscriptions)
         self._unyielded = Unyielded()
-        # Whether the proxy serves popgate's ReceiveMessages (many messages per frame): None until the first receive
-        # tells; False once a server answered UNIMPLEMENTED (a RocketMQ proxy): v2's ReceiveMessage from then on.
-        self._batch_receive: bool | None = None
-        # Whether the proxy serves popgate's ChangeInvisibleMany (nack_many): None until the first tells; False once
-        # it said it has none (an older proxy, a RocketMQ proxy): a ChangeInvisibleDuration per message from then on.
-        self._many_served: bool | None = None
         self._receive_requests: dict[tuple[object, ...], pb.ReceiveMessageRequest] = {}
 
     def _batch_unimplemented(self, exc: grpc.RpcError) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Self
@@ -29,7 +28,6 @@ from .transactions import AsyncCheckStream, AsyncTransaction
 
 __all__ = ["Producer", "SimpleConsumer"]
 
-log = logging.getLogger(__name__)
 
 _Attempt = Callable[[], AbstractContextManager[None]]  # wraps each attempt of one send_many call
 
@@ -145,8 +143,7 @@ class Producer(ProducerBase, _AsyncClient):
                 if response is not None:
                     self._shared_served = True
             except _waiting.KindUnknown:
-                log.info("%s's Session takes no SendShared: sending SendMessage", self.options.endpoint)
-                self._shared_served = False
+                self._not_served("_shared_served", "%s's Session takes no SendShared: sending SendMessage")
         if response is None:
             v2_request = request.as_v2() if isinstance(request, _wire.SharedSend) else request
             response = await self._over_session("send", v2_request, timeout)
@@ -207,8 +204,7 @@ class Producer(ProducerBase, _AsyncClient):
         try:
             response = await self._over_session("end_transaction", request, self.options.request_timeout)
         except _waiting.KindUnknown:
-            log.info("%s's Session takes no EndTransaction: calling it", self.options.endpoint)
-            self._ends_served = False
+            self._not_served("_ends_served", "%s's Session takes no EndTransaction: calling it")
             return None
         if response is not None:
             self._ends_served = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 
 class Forwarder:
@@ -69,6 +70,19 @@ class Forwarder:
         self.dropping = True
         self.loop.call_soon_threadsafe(self.loop.call_later, for_s, cut)
 
+    def retarget(self, target: str) -> None:
+        """Connections made from now on go to `target`; every one open now is cut (a proxy replaced behind its
+        address)."""
+
+        def switch() -> None:
+            self.host, port = target.rsplit(":", 1)
+            self.target_port = int(port)
+            for writer in self.writers:
+                writer.close()
+            self.writers.clear()
+
+        asyncio.run_coroutine_threadsafe(_call(switch), self.loop).result(timeout=5)
+
     def go_silent(self) -> None:
         """Every connection open now relays nothing more and is never closed (a NAT or firewall entry lost, a
         blackholed link: no FIN, no RST reaches either end); connections made from now on work."""
@@ -90,3 +104,7 @@ class Forwarder:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+async def _call(function: Callable[[], None]) -> None:
+    function()

@@ -4,9 +4,12 @@ RocketMQ proxy): the same messages, fields, acks and redeliveries either way."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from popgate import Message, Producer, SimpleConsumer, aio
+from popgate import Message, Producer, SimpleConsumer, _served, aio
+from tests.forwarder import Forwarder
 from tests.integration.sdk.conftest import drain, name
 
 
@@ -73,3 +76,37 @@ async def test_both_clients_send_plain_bodies_alike_with_or_without_shared_sends
     assert {(m.tag, m.topic) for m in got} == {("a", topic)}
     assert {m.properties.get("p") for m in got if m.body.startswith(b"s")} == {"1"}
     assert {m.keys for m in got if m.body.startswith(b"a")} == {("k",)}
+
+
+async def test_a_client_takes_the_extensions_up_once_its_proxy_serves_them(
+    endpoint: str, v2_only: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its proxy replaced behind the same address by one that serves popgate's extension (a rolling upgrade from a
+    RocketMQ proxy, or from a popgate proxy older than the extension), a running client asks again once the proxy's
+    "not served" is a minute old (`popgate._served`): its receives come in batches, its sends go shared over the
+    Session stream, with no restart."""
+    forwarder = await asyncio.to_thread(Forwarder, v2_only)  # its own loop, made outside this one
+    topic, group = name("t"), name("g")
+    try:
+        with SimpleConsumer(forwarder.address, group, topic) as consumer:
+            async with aio.Producer(forwarder.address) as producer:
+                consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
+                await producer.send_many(topic, [b"a", b"b", b"c"])
+                before = sorted(m.body for m in drain(consumer, 3))
+                assert (consumer._batch_receive, producer._session_served, producer._shared_served) == (
+                    False,
+                    False,
+                    None,
+                )
+                forwarder.retarget(endpoint)
+                monkeypatch.setattr(_served, "RECHECK_S", 0.0)  # the minute is over
+                await producer.send_many(topic, [b"d", b"e", b"f"])
+                after = sorted(m.body for m in drain(consumer, 3))
+                assert (consumer._batch_receive, producer._session_served, producer._shared_served) == (
+                    True,
+                    True,
+                    True,
+                )
+    finally:
+        forwarder.close()
+    assert (before, after) == ([b"a", b"b", b"c"], [b"d", b"e", b"f"])

@@ -14,7 +14,7 @@ from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import definition_pb2 as v2
 from popgate_pb.v2 import service_pb2 as pb
 
-from popgate import RetryPolicy, ServerError, SimpleConsumer, Unavailable, aio
+from popgate import RetryPolicy, ServerError, SimpleConsumer, Unavailable, _served, aio
 from tests.unit.sdk.fakes import AsyncStub, FakeChannel, FakeRpcError, FakeStub
 
 ONE_TRY = RetryPolicy(max_attempts=1)
@@ -83,6 +83,21 @@ def test_unimplemented_falls_back_to_v2_for_this_receive_and_the_next() -> None:
         assert [m.message_id for m in consumer.receive()] == ["b", "c"]
         assert consumer._batch_receive is False
     assert stubs.calls == ["batch", "v2", "v2"]
+
+
+def test_a_proxy_that_served_no_batches_is_asked_again_after_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its proxies upgraded behind the same address, a consumer takes the batches up without a restart."""
+    now = [0.0]
+    monkeypatch.setattr(_served, "clock", lambda: now[0])
+    stubs = Stubs(batch=[grpc.StatusCode.UNIMPLEMENTED, batch_answer("c", "d")], plain=[v2_answer("a"), v2_answer("b")])
+    with sync_consumer(stubs) as consumer:
+        assert [m.message_id for m in consumer.receive()] == ["a"]
+        now[0] += _served.RECHECK_S - 1
+        assert [m.message_id for m in consumer.receive()] == ["b"]
+        now[0] += 1
+        assert [m.message_id for m in consumer.receive()] == ["c", "d"]
+        assert consumer._batch_receive is True
+    assert stubs.calls == ["batch", "v2", "v2", "batch"]
 
 
 def test_a_proxy_that_stops_serving_batches_is_read_with_v2_at_once() -> None:

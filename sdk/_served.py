@@ -1,0 +1,45 @@
+"""Whether the proxy serves one of popgate's extensions, as a client learns it from its calls (no I/O here)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, overload
+
+# How long a proxy's "not served" (UNIMPLEMENTED) holds before the next call asks again.
+RECHECK_S = 60.0
+clock = time.monotonic
+
+
+class Served:
+    """A client attribute: None until a call tells, True once the proxy served the extension, False once it said it
+    serves none (UNIMPLEMENTED: a RocketMQ proxy, or a popgate proxy older than the extension), each caller then
+    making the v2 call instead. False lasts RECHECK_S, then reads None again, so the next call asks again: a client
+    whose proxies were upgraded behind the same address takes the extension up without a restart, and one whose
+    proxy never serves it pays one refused call a minute —
+    tests/unit/sdk/test_served.py, tests/integration/sdk/test_batch_receive.py::
+    test_a_client_takes_the_extensions_up_once_its_proxy_serves_them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._key = f"{name}_verdict"
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Served: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> bool | None: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value, at, _ = instance.__dict__.get(self._key, (None, 0.0, False))
+        if value is False and clock() - at >= RECHECK_S:
+            return None
+        return value
+
+    def __set__(self, instance: object, value: bool | None) -> None:
+        refused_before = instance.__dict__.get(self._key, (None, 0.0, False))[2]
+        instance.__dict__[self._key] = (value, clock(), refused_before or value is False)
+
+    def refused_before(self, instance: object) -> bool:
+        """Whether this proxy ever said it serves none (for logging the switch to v2 once)."""
+        return bool(instance.__dict__.get(self._key, (None, 0.0, False))[2])
