@@ -90,23 +90,19 @@ async def test_a_client_takes_the_extensions_up_once_its_proxy_serves_them(
     try:
         with SimpleConsumer(forwarder.address, group, topic) as consumer:
             async with aio.Producer(forwarder.address) as producer:
+
+                def verdicts() -> tuple[bool | None, ...]:
+                    return consumer._batch_receive, producer._session_served, producer._shared_served
+
                 consumer.receive(max=1, wait=0.2)  # the group starts at the queue's end: there before the sends
                 await producer.send_many(topic, [b"a", b"b", b"c"])
                 before = sorted(m.body for m in drain(consumer, 3))
-                assert (consumer._batch_receive, producer._session_served, producer._shared_served) == (
-                    False,
-                    False,
-                    None,
-                )
+                assert verdicts() == (False, False, None)
                 forwarder.retarget(endpoint)
                 monkeypatch.setattr(_served, "RECHECK_S", 0.0)  # the minute is over
                 await producer.send_many(topic, [b"d", b"e", b"f"])
                 after = sorted(m.body for m in drain(consumer, 3))
-                assert (consumer._batch_receive, producer._session_served, producer._shared_served) == (
-                    True,
-                    True,
-                    True,
-                )
+                assert verdicts() == (True, True, True)
     finally:
         forwarder.close()
     assert (before, after) == ([b"a", b"b", b"c"], [b"d", b"e", b"f"])
