@@ -115,6 +115,9 @@ async def delete_topic(
         # Also when gone from memory: a repeat after a failed commit. Until a purge of it commits (this one, or this
         # one written again with later commits) the topic is not made again (StateCommits.purging).
         await asyncio.shield(core.commits.purge_topic(topic))
+        # Its rows go after the purge, in steps between other commits (broker.topic_purges); answered once they
+        # went, so a send may make it again at once.
+        await core.commits.topic_rows.deleted(topic)
     finally:
         core.sends.deleting.discard(topic)
 

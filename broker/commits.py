@@ -7,8 +7,9 @@ kept (by row, the latest op winning; a delivery's as its queue's in-flight state
 them then, with the first commits that succeed, and by the sweep's ``retry`` once a second while the store still
 refuses them.
 
-A topic deletion's purge goes through here too (`purge_topic`): until a purge of it commits, the topic is in
-``purging`` and is not made again (broker.send), for the store's offsets of it go on until then.
+A topic deletion's purge goes through here too (`purge_topic`): until a purge of it commits and its rows are
+deleted (broker.topic_purges), the topic is in ``purging`` and is not made again (broker.send), for the store's
+offsets and rows of it go on until then.
 
 Owned by the core; it reads the group states (to write a lost row as it is now) and knows nothing of the core.
 """
@@ -35,6 +36,7 @@ from broker.store import (
     SetPullOffset,
     Store,
 )
+from broker.topic_purges import TopicPurges
 from popgate_contract.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class StateCommits:
         # Deleted topics whose PurgeTopic has not committed (under way, or to be written again); the send path
         # shares the set and refuses to make them again meanwhile.
         self.purging: set[str] = set()
+        self.topic_rows = TopicPurges(store, self._rows_gone)  # the rows of topics whose purge committed
         self._purges: Counter[str] = Counter()  # PurgeTopic ops submitted and not settled, by topic
 
     async def write(self, ops: list[Op]) -> None:
@@ -86,7 +89,7 @@ class StateCommits:
 
     def purge_topic(self, topic: str) -> asyncio.Future[list[Record]]:
         """Commit a deleted topic's purge (broker.admin). Refused, it is written again as the rows are (`commit`);
-        the topic stays in `purging` until one commits."""
+        the topic stays in `purging` until one commits and its rows are deleted after it (`topic_rows`)."""
         self.purging.add(topic)
         return self.commit([PurgeTopic(topic)])
 
@@ -164,12 +167,20 @@ class StateCommits:
         left to write: that one would delete the new topic's messages."""
         self._purges.subtract(topics)
         for topic in topics:
-            row = _row(PurgeTopic(topic))
             if not failed:
-                self._unrecorded.pop(row, None)
-            if self._purges[topic] <= 0 and row not in self._unrecorded:
-                self._purges.pop(topic, None)
-                self.purging.discard(topic)
+                self._unrecorded.pop(_row(PurgeTopic(topic)), None)
+                self.topic_rows.start(topic)
+            self._rows_gone(topic)
+
+    def _rows_gone(self, topic: str) -> None:
+        """`topic` leaves `purging` once no purge of it is under way or left to write, and no deletion of its rows
+        runs (`topic_rows`) — tests/unit/broker/test_topic_purges.py::
+        test_a_deletion_stopped_midway_is_finished_by_the_next_start_before_the_topic_is_made_again."""
+        if topic in self.topic_rows or _row(PurgeTopic(topic)) in self._unrecorded:
+            return
+        if self._purges[topic] <= 0:
+            self._purges.pop(topic, None)
+            self.purging.discard(topic)
 
     async def record(self, committed: asyncio.Future[list[Record]]) -> None:
         """Wait for a consumer-state commit when ``--flush sync`` asks for it. With ``async`` the caller is

@@ -166,6 +166,9 @@ class BrokerCore:
             self.redelivery.schedule(state)
         self.sends.restore(snap.scheduled)
         self.transactions.restore(snap.halves)
+        for topic in snap.purging:  # a deletion's rows left by a stop: not made again before they are deleted
+            self.commits.purging.add(topic)
+            self.commits.topic_rows.start(topic)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -389,6 +392,7 @@ class BrokerCore:
         return await self.store.read_range(topic, queue_id, from_offset, limit, max_bytes=self.settings.max_pop_bytes)
 
     async def close(self) -> None:
+        await self.commits.topic_rows.close()
         await self.scheduler.close()
         await self.transactions.close()
         self.hold.close()

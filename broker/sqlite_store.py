@@ -37,7 +37,7 @@ from broker.store import (
 )
 from broker.store_pacing import INLINE_MAX_LOOP_BUSY, STATE_DELAY_S, LoopLoad, small_enough
 from broker.store_reader import StoreReader
-from broker.store_writes import Cut, Deletion, Request
+from broker.store_writes import Cut, Deletion, Request, TopicPurge
 from popgate_contract.errors import StoreUnavailable
 from popgate_process.throttled import Throttled as _Throttled
 
@@ -92,7 +92,7 @@ class SqliteStore:
         self._deferred_timer: asyncio.TimerHandle | None = None
         self._on_commit = on_commit
         self._listener: ArrivalListener | None = None
-        self._requests: queue.SimpleQueue[Request | Deletion | None] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[Request | Deletion | TopicPurge | None] = queue.SimpleQueue()
         self._next_offset: dict[tuple[str, int], int] = {}
         self._writer: threading.Thread | None = None
         self._checkpointer: threading.Thread | None = None
@@ -218,7 +218,7 @@ class SqliteStore:
             self._to_writer(Request([], [], self._loop.create_future()))
         return True
 
-    def _to_writer(self, request: Request | Deletion) -> None:
+    def _to_writer(self, request: Request | Deletion | TopicPurge) -> None:
         self._outstanding += 1
         self._requests.put(request)
 
@@ -231,16 +231,16 @@ class SqliteStore:
             self._to_writer(request)
 
     def _run_writer(self) -> None:
-        taken: Request | Deletion | None = None  # a deletion met while gathering a batch: it goes next
+        taken: Request | Deletion | TopicPurge | None = None  # a deletion met while gathering a batch: it goes next
         while True:
             first = taken or self._requests.get()
             taken = None
             if first is None:
                 return
             assert self._loop is not None
-            if isinstance(first, Deletion):
+            if isinstance(first, Deletion | TopicPurge):
                 with self._writing:
-                    self._delete_rows(first)
+                    self._delete_rows(first) if isinstance(first, Deletion) else self._purge_step(first)
                 self._loop.call_soon_threadsafe(self._settled, first)
                 store_wal.bound_wal(self._conn, self._writing, self._wal_restart)
                 continue
@@ -254,7 +254,7 @@ class SqliteStore:
                 if nxt is None:
                     stop = True
                     break
-                if isinstance(nxt, Deletion):  # a transaction of its own, in its turn
+                if isinstance(nxt, Deletion | TopicPurge):  # a transaction of its own, in its turn
                     taken = nxt
                     break
                 batch.append(nxt)
@@ -269,9 +269,9 @@ class SqliteStore:
         self._outstanding -= len(batch)
         self._deliver(batch)
 
-    def _settled(self, deletion: Deletion) -> None:
+    def _settled(self, deletion: Deletion | TopicPurge) -> None:
         self._outstanding -= 1
-        _settle(deletion.future, deletion.result)
+        _settle(deletion.future, deletion.result)  # type: ignore[misc]  # each kind's future takes its own result
 
     def _apply(self, batch: list[Request], *, begun: bool = False) -> None:
         """One transaction for the whole batch (`begun`: already begun). Statements cannot conflict (offsets are
@@ -335,6 +335,27 @@ class SqliteStore:
         self._purges.step_done(deletion.purged, more=isinstance(deletion.result, tuple) and bool(deletion.result[0]))
         if self._on_commit is not None:
             self._on_commit(time.perf_counter() - started)
+
+    def _purge_step(self, step: TopicPurge) -> None:
+        """One step of a purged topic's rows (a failure deletes nothing: the step is tried again)."""
+        started = time.perf_counter()
+        try:
+            step.result = store_writes.delete_topic_rows(self._conn, step.topic)
+        except sqlite3.Error as exc:
+            self._commit_failed("store deletion failed: %s", exc)
+            store_wal.roll_back(self._conn)
+            step.result = StoreUnavailable(f"store write failed (data directory full or read-only?): {exc}")
+        if self._on_commit is not None:
+            self._on_commit(time.perf_counter() - started)
+
+    async def purge_step(self, topic: str) -> tuple[bool, int]:
+        """Delete the next rows of a topic whose purge committed, in a transaction as `delete_before`'s: whether
+        they were its last (then the topic is no longer `purging` in the store), and how many went."""
+        if self._loop is None or self._closed or self._moved is not None:
+            raise StoreUnavailable("store is not started" if self._loop is None else "store is closed or moved")
+        future: asyncio.Future[tuple[bool, int]] = self._loop.create_future()
+        self._to_writer(TopicPurge(topic, future))
+        return await future
 
     def files_moved(self) -> str | None:
         """What happened to the data directory's files when they are no longer those this store opened (deleted,

@@ -182,6 +182,7 @@ class Snapshot:
     filters: list[SetGroupFilter] = field(default_factory=list)
     scheduled: list[tuple[int, int]] = field(default_factory=list)  # (due_ms, schedule id)
     halves: list[PutHalf] = field(default_factory=list)  # half messages, their payloads left out (b"")
+    purging: set[str] = field(default_factory=set)  # topics purged whose rows are not all deleted yet
 
 
 class ArrivalListener(Protocol):
@@ -234,6 +235,11 @@ class Store(Protocol):
     async def delete_before(self, cuts: Sequence[tuple[str, int, int]]) -> int:
         """Delete what lies wholly below each (topic, queue, offset) (`retained_from` gave the offset), in
         bounded transactions between other commits."""
+        ...
+
+    async def purge_step(self, topic: str) -> tuple[bool, int]:
+        """Delete the next rows of a topic whose purge committed, in a bounded transaction between other commits:
+        whether they were its last, and how many went."""
         ...
 
     async def close(self) -> None: ...

@@ -90,9 +90,15 @@ PURGE_GROUP = [
 ]
 PURGE_QUEUE_INFLIGHT = "DELETE FROM inflight WHERE grp = ? AND topic = ? AND queue = ?"
 PURGE_TOPIC = [
-    f"DELETE FROM {table} WHERE topic = ?"
-    for table in ("batches", "queues", "pull_offsets", "inflight", "group_filters")
+    f"DELETE FROM {table} WHERE topic = ?" for table in ("queues", "pull_offsets", "inflight", "group_filters")
 ]
+# A purged topic's messages go after its purge, in steps (`delete_topic_rows`), its name in `purging` until the
+# last: the load leaves its rows out meanwhile (store_reads.load). Made by the first purge, not at a start: a
+# start on a full disk must not fail for it.
+MAKE_PURGING = "CREATE TABLE IF NOT EXISTS purging (topic TEXT PRIMARY KEY) WITHOUT ROWID"
+MARK_PURGING = "INSERT OR IGNORE INTO purging VALUES (?)"
+SELECT_TOPIC_ROWS = "SELECT id, length(payloads) FROM batches WHERE topic = ? ORDER BY queue, first_offset LIMIT ?"
+DELETE_TOPIC_ROWS = "DELETE FROM batches WHERE id IN (SELECT value FROM json_each(?))"
 
 
 class Request:
@@ -149,6 +155,18 @@ class Deletion:
         self.purged = {} if purged is None else purged
 
 
+class TopicPurge:
+    """One step of a purged topic's rows (`delete_topic_rows`), a transaction of its own; the result: whether it
+    was the last, and how many rows went."""
+
+    __slots__ = ("topic", "future", "result")
+
+    def __init__(self, topic: str, future: asyncio.Future[tuple[bool, int]]) -> None:
+        self.topic = topic
+        self.future = future
+        self.result: tuple[bool, int] | BaseException = (False, 0)
+
+
 def coalesce(by_kind: dict[type, list[Op]], inflight: Sequence[Op]) -> None:
     """Of the ops one commit runs on a row, only those that decide what it holds: the last pull offset of a
     queue, and of a delivery's puts and deletes (`inflight`, in the order they were submitted) the last — a put
@@ -199,6 +217,8 @@ def purge(conn: sqlite3.Connection, next_offset: dict[tuple[str, int], int], pur
         elif isinstance(op, PurgeQueueInflight):
             conn.execute(PURGE_QUEUE_INFLIGHT, op)
         elif isinstance(op, PurgeTopic):
+            conn.execute(MAKE_PURGING)
+            conn.execute(MARK_PURGING, (op.topic,))
             for sql in PURGE_TOPIC:
                 conn.execute(sql, (op.topic,))
             for key in [k for k in next_offset if k[0] == op.topic]:
@@ -230,6 +250,23 @@ def delete_rows(conn: sqlite3.Connection, cuts: list[Cut]) -> tuple[list[Cut], i
             break
     conn.execute("COMMIT")
     return left, DELETE_ROWS - budget
+
+
+def delete_topic_rows(conn: sqlite3.Connection, topic: str) -> tuple[bool, int]:
+    """One step of a purged topic's rows, as `delete_rows` bounds one: whether it was the last (then the topic
+    leaves `purging` in the same transaction), and how many rows went."""
+    conn.execute("BEGIN")
+    rows = conn.execute(SELECT_TOPIC_ROWS, (topic, DELETE_ROWS + 1)).fetchall()
+    take, size = 0, 0
+    while take < min(len(rows), DELETE_ROWS) and (not take or size < DELETE_BYTES):
+        size += rows[take][1]
+        take += 1
+    conn.execute(DELETE_TOPIC_ROWS, (json.dumps([row[0] for row in rows[:take]]),))
+    last = take == len(rows)
+    if last:
+        conn.execute("DELETE FROM purging WHERE topic = ?", (topic,))
+    conn.execute("COMMIT")
+    return last, take
 
 
 def assign(next_offset: dict[tuple[str, int], int], appends: Sequence[NewMessage], batches: Batches) -> list[Record]:
