@@ -3,8 +3,9 @@
 Stores N messages in one queue (1,024 a Send: rows of 256), makes them all older than --retention-s, then
 times one retention pass while a sender keeps sending 32-message batches: the pass's duration, its deletion
 transactions (count, longest), the longest event-loop stall and the sender's slowest Send during the pass.
+With --delete-topic the same around a DeleteTopic of that topic (broker.admin), the sender sending to another.
 
-    .venv/bin/python -m bench.retention_bench [--messages 1000000] [--flush async|sync]
+    .venv/bin/python -m bench.retention_bench [--messages 1000000] [--flush async|sync] [--delete-topic]
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from popgate_pb import broker_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine, table  # noqa: E402
+from broker import admin  # noqa: E402
 from tests.unit.broker.cores import broker  # noqa: E402
 
 BODY = b"x" * 256
 
 
-async def main(messages: int, flush: str) -> list[tuple[str, str, str]]:
+async def main(messages: int, flush: str, delete_topic: bool = False) -> list[tuple[str, str, str]]:
     data = Path(tempfile.mkdtemp(prefix="popgate-retention-"))
     try:
         async with broker(data, flush=flush, queues_per_topic=1, retention_s=60.0) as (core, store):
@@ -48,7 +50,7 @@ async def main(messages: int, flush: str) -> list[tuple[str, str, str]]:
                     stalls.append(time.perf_counter() - t - 0.001)
 
             async def sender() -> None:
-                small = [pb.Message(topic="t", body=BODY) for _ in range(32)]
+                small = [pb.Message(topic="other" if delete_topic else "t", body=BODY) for _ in range(32)]
                 while not done.is_set():
                     t = time.perf_counter()
                     await core.send(small)
@@ -62,14 +64,19 @@ async def main(messages: int, flush: str) -> list[tuple[str, str, str]]:
             stalls.clear()
             commits.clear()
             started = time.perf_counter()
-            deleted = await core.retention.run(int(time.time() * 1000) + 3_600_000)
+            if delete_topic:
+                out = pb.DeleteTopicResponse()
+                await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out)
+                deleted = out.messages
+            else:
+                deleted = await core.retention.run(int(time.time() * 1000) + 3_600_000)
             pass_s = time.perf_counter() - started
             done.set()
             await asyncio.gather(*tasks)
             sends.sort()
             return [
                 ("messages stored", f"{messages:,}", f"{fill_s:.1f} s to send"),
-                ("deleted by the pass", f"{deleted:,}", ""),
+                ("deleted by the pass", f"{deleted:,}", "a DeleteTopic" if delete_topic else "retention"),
                 ("pass duration", f"{pass_s:.2f} s", ""),
                 ("transactions during the pass", f"{len(commits):,}", "deletions and the sender's commits"),
                 ("longest transaction", f"{max(commits) * 1000:.1f} ms", ""),
@@ -89,7 +96,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--flush", choices=["async", "sync"], default="async")
+    parser.add_argument("--delete-topic", action="store_true", help="a DeleteTopic of the topic instead of retention")
     args = parser.parse_args()
-    rows = asyncio.run(main(args.messages, args.flush))
+    rows = asyncio.run(main(args.messages, args.flush, args.delete_topic))
     print(machine())
     print(table([("retention pass", "value", ""), ("---", "---", "---"), *rows]))
