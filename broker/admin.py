@@ -11,6 +11,7 @@ repeat (tests/integration/proxy/test_admin_ops.py). Bad input changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from typing import TYPE_CHECKING
 
@@ -88,8 +89,12 @@ async def delete_topic(
     request: pb.DeleteTopicRequest,
     out: pb.DeleteTopicResponse,
     still: Callable[[], bool] | None = None,
+    *,
+    rows_within_s: float | None = None,
 ) -> None:
-    """Delete the topic's messages and every group's state on it here. Sends to it are refused while it goes
+    """Delete the topic's messages and every group's state on it here. Answered once its rows are deleted too, or
+    after `rows_within_s` (None: no bound) with their deletion going on: the topic is deleted, and not made again
+    until its rows are gone. Sends to it are refused while it goes
     (TOPIC_NOT_FOUND); held Pops and Notifications of it are answered empty, not left waiting on a topic that is
     gone. Scheduled and half messages of the topic stay and are delivered into it when due (creating it again),
     as RocketMQ's deleteTopic leaves its timer messages. A refused commit leaves the topic gone from memory and not
@@ -116,8 +121,9 @@ async def delete_topic(
         # one written again with later commits) the topic is not made again (StateCommits.purging).
         await asyncio.shield(core.commits.purge_topic(topic))
         # Its rows go after the purge, in steps between other commits (broker.topic_purges); answered once they
-        # went, so a send may make it again at once.
-        await core.commits.topic_rows.deleted(topic)
+        # went, so a send may make it again at once, or when the caller's deadline is near.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(core.commits.topic_rows.deleted(topic), rows_within_s)
     finally:
         core.sends.deleting.discard(topic)
 

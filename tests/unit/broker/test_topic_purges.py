@@ -125,3 +125,29 @@ async def test_a_purge_committed_during_the_last_step_gets_a_step_of_its_own() -
     assert gone == ["t"] and "t" not in purges
     await purges.deleted("t")  # none runs: at once
     await purges.close()
+
+
+async def test_a_deletion_past_its_callers_deadline_is_answered_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Applied (the topic gone, its purge stored) is answered so before the caller's deadline, not left to a
+    DEADLINE_EXCEEDED that says nothing of what happened; the topic is made again only once its rows are gone."""
+    monkeypatch.setattr(store_writes, "DELETE_ROWS", 2)
+    step = SqliteStore.purge_step
+    go = asyncio.Event()
+
+    async def held(self: SqliteStore, topic: str) -> tuple[bool, int]:
+        await go.wait()
+        return await step(self, topic)
+
+    monkeypatch.setattr(SqliteStore, "purge_step", held)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await fill(core, "t", 10)
+        out = pb.DeleteTopicResponse()
+        await asyncio.wait_for(admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out, rows_within_s=0.05), 5)
+        assert out.existed and out.messages == 10 and "t" not in core.topics
+        with pytest.raises(TopicNotFound, match="being deleted"):
+            await core.send([pb.Message(topic="t", body=b"too soon")])
+        go.set()
+        await asyncio.wait_for(core.commits.topic_rows.deleted("t"), 10)
+        assert rows(tmp_path) == [] and (await core.send([pb.Message(topic="t", body=b"new")]))[0].offset == 0
