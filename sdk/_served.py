@@ -13,11 +13,11 @@ clock = time.monotonic
 class Served:
     """A client attribute: None until a call tells, True once the proxy served the extension, False once it said it
     serves none (UNIMPLEMENTED: a RocketMQ proxy, or a popgate proxy older than the extension), each caller then
-    making the v2 call instead. False lasts RECHECK_S, then reads None again, so the next call asks again: a client
-    whose proxies were upgraded behind the same address takes the extension up without a restart, and one whose
-    proxy never serves it pays one refused call a minute —
-    tests/unit/sdk/test_served.py, tests/integration/sdk/test_batch_receive.py::
-    test_a_client_takes_the_extensions_up_once_its_proxy_serves_them."""
+    making the v2 call instead. False lasts RECHECK_S, then reads None for the one caller that reads it first (the
+    others read False for another RECHECK_S), which asks again: a client whose proxies were upgraded behind the same
+    address takes the extension up without a restart, and one whose proxy never serves it pays one refused call a
+    minute, however many calls it makes at once — tests/unit/sdk/test_served.py,
+    tests/integration/sdk/test_batch_receive.py::test_a_client_takes_the_extensions_up_once_its_proxy_serves_them."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._key = f"{name}_verdict"
@@ -31,15 +31,19 @@ class Served:
     def __get__(self, instance: object | None, owner: type | None = None) -> Any:
         if instance is None:
             return self
-        value, at, _ = instance.__dict__.get(self._key, (None, 0.0, False))
-        if value is False and clock() - at >= RECHECK_S:
+        value, at, refused = instance.__dict__.get(self._key, (None, 0.0, False))
+        if value is False and (now := clock()) - at >= RECHECK_S:
+            instance.__dict__[self._key] = (False, now, refused)  # this caller asks; the others keep v2 meanwhile
             return None
         return value
 
     def __set__(self, instance: object, value: bool | None) -> None:
-        refused_before = instance.__dict__.get(self._key, (None, 0.0, False))[2]
-        instance.__dict__[self._key] = (value, clock(), refused_before or value is False)
+        old, _, refused = instance.__dict__.get(self._key, (None, 0.0, False))
+        if value is True and old is True:
+            return  # a call served as the ones before (each served call sets it)
+        instance.__dict__[self._key] = (value, clock(), value is False or (refused and value is None))
 
     def refused_before(self, instance: object) -> bool:
-        """Whether this proxy ever said it serves none (for logging the switch to v2 once)."""
+        """Whether the proxy said it serves none, and has served it in no call since (the switch to v2 is then
+        logged at INFO once, and again only after the extension was served meanwhile)."""
         return bool(instance.__dict__.get(self._key, (None, 0.0, False))[2])

@@ -115,6 +115,8 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
             except grpc.RpcError as exc:
                 if not self._batch_unimplemented(exc):
                     raise
+                if self._closed:  # close() began while the proxy said it serves none: the v2 receive is not sent
+                    raise _resend.client_closed() from None
             else:
                 self._batch_receive = True
                 return messages

@@ -100,6 +100,24 @@ def test_a_proxy_that_served_no_batches_is_asked_again_after_a_minute(monkeypatc
     assert stubs.calls == ["batch", "v2", "v2", "batch"]
 
 
+def test_a_receive_refused_batches_as_close_begins_sends_no_v2_receive() -> None:
+    """None is sent once close() has begun (test_close_interleavings.py): the proxy's "not served" coming after it
+    does not make the v2 receive go."""
+    stubs = Stubs(batch=[grpc.StatusCode.UNIMPLEMENTED], plain=[v2_answer("a")])
+    consumer = sync_consumer(stubs)
+    refuse = stubs.frames
+
+    def closing_meanwhile(script: list[Any], method: str) -> Iterator[Any]:
+        consumer._closed = True  # close() begins while the batch receive is under way
+        yield from refuse(script, method)
+
+    stubs.frames = closing_meanwhile  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        consumer.receive()
+    assert stubs.calls == ["batch"] and stubs.plain
+    consumer.close()
+
+
 def test_a_proxy_that_stops_serving_batches_is_read_with_v2_at_once() -> None:
     """Behind a balancer, one proxy of several may not serve it: that receive is not lost to the switch."""
     stubs = Stubs(batch=[batch_answer("a"), grpc.StatusCode.UNIMPLEMENTED], plain=[v2_answer("b")])

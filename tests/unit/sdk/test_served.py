@@ -55,3 +55,22 @@ def test_the_switch_to_v2_is_logged_once_then_at_debug(now: list[float], caplog:
         assert levels == [logging.INFO, logging.DEBUG]
     finally:
         consumer.close()
+
+
+def test_after_the_minute_one_caller_asks_again_and_the_others_keep_v2(now: list[float]) -> None:
+    client = Client()
+    client.extension = False
+    now[0] += RECHECK_S
+    assert [client.extension for _ in range(3)] == [None, False, False]  # many calls at once: one asks
+    now[0] += RECHECK_S  # that one's answer lost (a timeout): the next minute another asks
+    assert client.extension is None
+
+
+def test_a_switch_back_to_v2_after_the_extension_was_served_is_logged_at_info(now: list[float]) -> None:
+    client = Client()
+    client.extension = False
+    assert Client.extension.refused_before(client)
+    client.extension = True  # the proxies upgraded
+    assert not Client.extension.refused_before(client)
+    client.extension = False  # one rolled back
+    assert Client.extension.refused_before(client)
