@@ -106,6 +106,8 @@ async def delete_topic(
     if topic in core.sends.deleting:
         raise TooManyRequests(f"topic {topic} is being deleted on broker {core.name} already")
     core.sends.deleting.add(topic)
+    if still is None:
+        core.sends.deleting_all.add(topic)
     try:
         if topic in core.topics:
             await core.store.submit([], [])  # Sends submitted before the mark are committed and announced first
@@ -126,6 +128,7 @@ async def delete_topic(
             await asyncio.wait_for(core.commits.topic_rows.deleted(topic), rows_within_s)
     finally:
         core.sends.deleting.discard(topic)
+        core.sends.deleting_all.discard(topic)
 
 
 def forget_group(core: BrokerCore, group: str, topic: str) -> int:

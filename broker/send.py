@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 Built = tuple[list[NewMessage], list[Op], list[Sent]]  # a Send's appends, ops and answers, in the making
 _MESSAGE_ID, _BODY, _V2 = b"\x1a", b"\x22", b"\x7a"  # Message.message_id (3), body (4), v2_system (15)
+# A scheduled message due into a topic whose deletion is still going waits this much longer (`deliver_scheduled`).
+PURGING_RETRY_MS = 1000
 
 
 def _expand(shared: pb.Message, body: bytes, message_id: str) -> pb.Message:
@@ -84,6 +86,9 @@ class SendPath:
         self._next_schedule_id = 0
         self._unsaved_topics: set[str] = set()  # created in memory, their queue rows not yet committed
         self.deleting: set[str] = set()  # topics being deleted (broker.admin): Sends to them are refused
+        # Of those, the ones an admin deletes (not retention's drop of a DLQ topic, which keeps a letter written
+        # meanwhile): any append into them is refused (`_into`).
+        self.deleting_all: set[str] = set()
         # Deleted topics whose purge has not committed (StateCommits.purging, set by the core): not made again.
         self.purging: set[str] = set()
         self.scheduler = ScheduledDelivery(
@@ -208,7 +213,8 @@ class SendPath:
         takes effect from the commit, not from its caller's return (appends are announced by the store the same way):
         a new topic's queue rows count as stored (until then each write to the topic carries them again, see
         `topic_for_send`) and a scheduled message joins the schedule."""
-        if self.purging and (refused := self._remade(ops)):
+        refused = (self.purging and self._remade(ops)) or (self.deleting_all and self._into(appends))
+        if refused:
             committed: asyncio.Future[list[Record]] = asyncio.get_running_loop().create_future()
             committed.set_exception(
                 StoreUnavailable(f"topic {refused} is being deleted on broker {self.name}: made again once it is")
@@ -221,6 +227,13 @@ class SendPath:
             committed = self.store.submit(appends, ops)
         committed.add_done_callback(functools.partial(self._committed, ops))
         return committed
+
+    def _into(self, appends: Sequence[NewMessage]) -> str | None:
+        """A topic being deleted that these appends would go into (a scheduled message come due, a transaction's
+        commit, a dead letter: a Send's own messages are refused before): its purge would delete them, so they are
+        refused as a refused commit, each retried by its own path —
+        tests/unit/broker/test_topic_purges.py::test_a_scheduled_message_due_as_its_topic_is_deleted_is_kept."""
+        return next((m.topic for m in appends if m.topic in self.deleting_all), None)
 
     def _remade(self, ops: Sequence[Op]) -> str | None:
         """A deleted topic that these ops would make again before its purge committed (`topic_for_send`)."""
@@ -393,8 +406,21 @@ class SendPath:
             self._scheduled_bytes -= len(row.payload)
 
     async def deliver_scheduled(self, entries: list[tuple[int, int]]) -> None:
-        """Move due scheduled messages into their topics: append and delete in one transaction."""
+        """Move due scheduled messages into their topics: append and delete in one transaction. One whose topic is
+        being deleted, or deleted and its rows not yet (`purging`: not made again until then), waits
+        PURGING_RETRY_MS more, not failing its batch, whose retries past the last would hold every topic's
+        deliveries back —
+        tests/unit/broker/test_topic_purges.py::test_a_deleted_topics_scheduled_message_waits_and_holds_no_other."""
         rows = await self.scheduled_rows([sid for _, sid in entries])
+        if (held := self.purging | self.deleting_all) and any(r.topic in held for r in rows):
+            due = self.clock.now_ms() + PURGING_RETRY_MS
+            for r in rows:
+                if r.topic in held:
+                    self.schedule.add(due, r.schedule_id)
+            self.scheduler.added(due)
+            rows = [r for r in rows if r.topic not in held]
+            if not rows:
+                return
         ops: list[Op] = [DeleteScheduled(r.schedule_id) for r in rows]
         appends = []
         for r in rows:

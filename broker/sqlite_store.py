@@ -114,7 +114,8 @@ class SqliteStore:
         self._conn.executescript(store_layout.SCHEMA)
         if version == 1:
             store_layout.migrate_from_rows(self._conn, self._path)
-        if version != store_layout.SCHEMA_VERSION:  # a write only when it changes: a full disk must not stop a restart
+        # A write only when it changes: a full disk must not stop a restart.
+        if version not in (store_layout.SCHEMA_VERSION, store_layout.PURGING_VERSION):
             self._conn.execute(f"PRAGMA user_version = {store_layout.SCHEMA_VERSION}")
 
     def _connect(self) -> sqlite3.Connection:

@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 
 # Version of the file layout below, kept in PRAGMA user_version.
 SCHEMA_VERSION = 2
+# Layout 2 while a deleted topic's rows are being deleted (a row in `purging`, store_writes.delete_topic_rows): a
+# broker older than those deletions refuses the directory at start instead of loading the rows as the topic again
+# (then deleting what it stored in it at the next start of a newer one). Set by the purge, back to SCHEMA_VERSION by
+# the last step — tests/unit/broker/test_topic_purges.py::test_a_deletion_under_way_marks_the_layout_for_older_brokers.
+PURGING_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -69,10 +74,10 @@ def layout(conn: sqlite3.Connection, path: Path) -> int:
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if version == 0 and "messages" in tables:
         version = 1  # one row per message, written before the layout had a version
-    if version not in (0, 1, SCHEMA_VERSION):
+    if version not in (0, 1, SCHEMA_VERSION, PURGING_VERSION):
         conn.close()
         raise StoreUnavailable(
-            f"{path} has store layout {version}, this broker reads layouts up to {SCHEMA_VERSION}:"
+            f"{path} has store layout {version}, this broker reads layouts up to {PURGING_VERSION}:"
             " start it with the popgate that wrote it, or on a new data directory"
         )
     return int(version)

@@ -66,12 +66,13 @@ def load(conn: sqlite3.Connection, path: Path) -> Snapshot:
     snap = Snapshot()
     for topic, queue_id in conn.execute("SELECT topic, queue FROM queues"):
         snap.queues[(topic, queue_id)] = QueueIndex()
+    select = "SELECT topic, queue, first_offset, meta FROM batches"
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'purging'").fetchone():
         snap.purging = {topic for (topic,) in conn.execute("SELECT topic FROM purging")}
-    rows = conn.execute("SELECT topic, queue, first_offset, meta FROM batches ORDER BY topic, queue, first_offset")
+        # What their purges have not deleted yet (store_writes.delete_topic_rows): not read.
+        select += " WHERE topic NOT IN (SELECT topic FROM purging)"
+    rows = conn.execute(select + " ORDER BY topic, queue, first_offset")
     for topic, queue_id, first_offset, meta in rows:
-        if topic in snap.purging:  # what its purge has not deleted yet (store_writes.delete_topic_rows)
-            continue
         try:
             lists = json.loads(meta)
             store_ms, tags = lists[0], lists[1]

@@ -31,7 +31,7 @@ from broker.store import (
     SetHalfCheck,
     SetPullOffset,
 )
-from broker.store_layout import INSERT_BATCH
+from broker.store_layout import INSERT_BATCH, PURGING_VERSION, SCHEMA_VERSION
 from popgate_contract.errors import TooManyRequests
 
 # Retention: the first offsets of the rows a deletion takes (on the unique index: no row is read).
@@ -219,6 +219,7 @@ def purge(conn: sqlite3.Connection, next_offset: dict[tuple[str, int], int], pur
         elif isinstance(op, PurgeTopic):
             conn.execute(MAKE_PURGING)
             conn.execute(MARK_PURGING, (op.topic,))
+            conn.execute(f"PRAGMA user_version = {PURGING_VERSION}")
             for sql in PURGE_TOPIC:
                 conn.execute(sql, (op.topic,))
             for key in [k for k in next_offset if k[0] == op.topic]:
@@ -265,6 +266,8 @@ def delete_topic_rows(conn: sqlite3.Connection, topic: str) -> tuple[bool, int]:
     last = take == len(rows)
     if last:
         conn.execute("DELETE FROM purging WHERE topic = ?", (topic,))
+        if conn.execute("SELECT 1 FROM purging LIMIT 1").fetchone() is None:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.execute("COMMIT")
     return last, take
 

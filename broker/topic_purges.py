@@ -27,6 +27,10 @@ class TopicPurges:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._asked: dict[str, int] = {}  # by topic: how many times `start` was called
         self._waiters: dict[str, asyncio.Future[None]] = {}  # by topic: set once its rows are gone (`deleted`)
+        # One step at a time, whatever the topics: steps of topics deleted together (or resumed together at a start)
+        # take their turns, each with its pause, and never queue up in the writer ahead of other commits.
+        self._turn = asyncio.Lock()
+        self._closed = False
 
     def __contains__(self, topic: object) -> bool:
         return topic in self._tasks
@@ -35,6 +39,8 @@ class TopicPurges:
         """Delete `topic`'s rows (a purge of it committed, or a start found it purging). Called while a deletion of
         it runs, that deletion ends only with a step begun after this call: a purge committed after its last step
         began marks the topic purging again in the store, and only a later step unmarks it."""
+        if self._closed:  # a purge committed as the broker stops: the next start resumes its deletion
+            return
         self._asked[topic] = self._asked.get(topic, 0) + 1
         if topic not in self._tasks:
             self._tasks[topic] = asyncio.get_running_loop().create_task(self._run(topic))
@@ -52,27 +58,30 @@ class TopicPurges:
         loop = asyncio.get_running_loop()
         while True:
             asked = self._asked[topic]
-            started = loop.time()
-            try:
-                last, _ = await self.store.purge_step(topic)
-            except StoreUnavailable:
-                await asyncio.sleep(RETRY_S)
-                continue
-            except Exception as exc:  # a bug's: logged, and the topic stays purging until a restart resumes it
-                log.exception("deleting the rows of deleted topic %s failed", topic)
-                if (waiter := self._waiters.pop(topic, None)) is not None:
-                    waiter.set_exception(exc)
-                return
-            if last and self._asked[topic] == asked:
-                del self._tasks[topic], self._asked[topic]  # no await between this and `gone`
-                self._gone(topic)
-                if (waiter := self._waiters.pop(topic, None)) is not None:
-                    waiter.set_result(None)
-                return
-            if not last:
-                await asyncio.sleep(loop.time() - started)  # the writer as long idle as it was deleting
+            async with self._turn:
+                started = loop.time()
+                try:
+                    last, _ = await self.store.purge_step(topic)
+                except StoreUnavailable:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                except Exception as exc:  # a bug's: logged; the topic stays purging until a start or a repeat
+                    log.exception("deleting the rows of deleted topic %s failed", topic)
+                    del self._tasks[topic], self._asked[topic]
+                    if (waiter := self._waiters.pop(topic, None)) is not None:
+                        waiter.set_exception(exc)
+                    return
+                if last and self._asked[topic] == asked:
+                    del self._tasks[topic], self._asked[topic]  # no await between this and `gone`
+                    self._gone(topic)
+                    if (waiter := self._waiters.pop(topic, None)) is not None:
+                        waiter.set_result(None)
+                    return
+                if not last:
+                    await asyncio.sleep(loop.time() - started)  # the writer as long idle as it was deleting
 
     async def close(self) -> None:
+        self._closed = True
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()

@@ -354,7 +354,7 @@ async def test_a_store_of_the_first_layout_is_migrated_in_place(tmp_path: Path) 
 def test_a_data_directory_of_a_newer_layout_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     with closing(sqlite3.connect(tmp_path / "broker.sqlite3")) as conn, conn:
         conn.execute("PRAGMA user_version = 9")
-    with pytest.raises(StoreUnavailable, match="layout 9, this broker reads layouts up to 2"):
+    with pytest.raises(StoreUnavailable, match="layout 9, this broker reads layouts up to 3"):
         SqliteStore(tmp_path)
 
 

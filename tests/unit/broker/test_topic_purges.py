@@ -5,13 +5,16 @@ be made again. A real store, no sockets."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from popgate_pb import broker_pb2 as pb
 
-from broker import admin, store_writes
+from broker import admin, store_layout, store_writes
 from broker.sqlite_store import SqliteStore
 from broker.topic_purges import TopicPurges
 from popgate_contract.errors import TopicNotFound
@@ -56,27 +59,9 @@ async def test_a_big_topic_is_deleted_in_steps_that_hold_no_other_topics_sends(
 async def test_a_deletion_stopped_midway_is_finished_by_the_next_start_before_the_topic_is_made_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_writes, "DELETE_ROWS", 2)
-    step = SqliteStore.purge_step
-    first = asyncio.Event()  # set once the first step is done: each later one waits for `go` (the broker stops)
-    go = asyncio.Event()
-
-    async def stalling(self: SqliteStore, topic: str) -> tuple[bool, int]:
-        if first.is_set():
-            await go.wait()
-        done = await step(self, topic)
-        first.set()
-        return done
-
-    monkeypatch.setattr(SqliteStore, "purge_step", stalling)
-    async with broker(tmp_path, queues_per_topic=1) as (core, _):
-        await fill(core, "t", 10)
-        deleting = asyncio.create_task(
-            admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse())
-        )
-        await asyncio.wait_for(first.wait(), 10)
-        assert rows(tmp_path) == [2, 3, 4, 5, 6, 7, 8, 9]
-        deleting.cancel()  # the caller gone with the broker's stop
+    first, go = stall_after_the_first_step(monkeypatch)
+    await stop_midway(tmp_path, first)
+    assert rows(tmp_path) == [2, 3, 4, 5, 6, 7, 8, 9]
     async with broker(tmp_path, queues_per_topic=1) as (core, _):
         assert "t" not in core.topics and "t" in core.commits.purging
         with pytest.raises(TopicNotFound, match="being deleted"):
@@ -102,10 +87,10 @@ class Steps:
         return await answer, 1
 
 
-async def until(condition: Any) -> None:
-    async with asyncio.timeout(5):
-        while not condition():  # noqa: ASYNC110 - the task's next turn
-            await asyncio.sleep(0)
+async def until(condition: Any, within_s: float = 5.0) -> None:
+    async with asyncio.timeout(within_s):
+        while not condition():  # noqa: ASYNC110 - polled: the broker says nothing when it happens
+            await asyncio.sleep(0.01)
 
 
 async def test_a_purge_committed_during_the_last_step_gets_a_step_of_its_own() -> None:
@@ -151,3 +136,128 @@ async def test_a_deletion_past_its_callers_deadline_is_answered_and_goes_on(
         go.set()
         await asyncio.wait_for(core.commits.topic_rows.deleted("t"), 10)
         assert rows(tmp_path) == [] and (await core.send([pb.Message(topic="t", body=b"new")]))[0].offset == 0
+
+
+def user_version(data: Path) -> int:
+    with closing(sqlite3.connect(data / "broker.sqlite3")) as conn:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def stall_after_the_first_step(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """(first, go): `first` set once a deletion's first step is done; every later step waits for `go`."""
+    monkeypatch.setattr(store_writes, "DELETE_ROWS", 2)
+    step = SqliteStore.purge_step
+    first, go = asyncio.Event(), asyncio.Event()
+
+    async def stalling(self: SqliteStore, topic: str) -> tuple[bool, int]:
+        if first.is_set():
+            await go.wait()
+        done = await step(self, topic)
+        first.set()
+        return done
+
+    monkeypatch.setattr(SqliteStore, "purge_step", stalling)
+    return first, go
+
+
+async def stop_midway(data: Path, first: asyncio.Event, topic: str = "t") -> None:
+    async with broker(data, queues_per_topic=1) as (core, _):
+        await fill(core, topic, 10)
+        request = pb.DeleteTopicRequest(topic=topic)
+        deleting = asyncio.create_task(admin.delete_topic(core, request, pb.DeleteTopicResponse()))
+        await asyncio.wait_for(first.wait(), 10)
+        assert user_version(data) == store_layout.PURGING_VERSION
+        deleting.cancel()  # the caller gone with the broker's stop
+
+
+async def test_a_topic_named_at_start_waits_for_its_deletion_left_midway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker started with `--topic t` (created at every start) after a stop midway through deleting t: the
+    creation waits for the rest of the deletion instead of failing the start."""
+    first, go = stall_after_the_first_step(monkeypatch)
+    await stop_midway(tmp_path, first)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        creating = asyncio.create_task(core.create_topics(["t"]))
+        go.set()
+        assert await asyncio.wait_for(creating, 10) == ["t"]
+        assert rows(tmp_path) == [] and (await core.send([pb.Message(topic="t", body=b"new")]))[0].offset == 0
+
+
+async def test_a_deletion_under_way_marks_the_layout_for_older_brokers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layout 3 while rows of a deleted topic are left: a broker older than deletions in steps refuses the directory
+    instead of loading them as the topic (and a newer one later deleting what it stored there); layout 2 again
+    once they are gone, so a rollback then works."""
+    first, go = stall_after_the_first_step(monkeypatch)
+    await stop_midway(tmp_path, first)
+    assert user_version(tmp_path) == store_layout.PURGING_VERSION
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        assert user_version(tmp_path) == store_layout.PURGING_VERSION  # a start leaves it as it is
+        go.set()
+        await asyncio.wait_for(core.commits.topic_rows.deleted("t"), 10)
+        assert user_version(tmp_path) == store_layout.SCHEMA_VERSION
+
+
+async def test_a_deleted_topics_scheduled_message_waits_and_holds_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Due while its topic's rows are being deleted, a scheduled message waits (it makes the topic again once they
+    are gone); the deliveries of other topics go on, not blocked behind its retries."""
+    first, go = stall_after_the_first_step(monkeypatch)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await fill(core, "big", 10)
+        now = int(time.time() * 1000)
+        await core.send([pb.Message(topic="big", body=b"late", deliver_at_ms=now + 50)])
+        await core.send([pb.Message(topic="other", body=b"due", deliver_at_ms=now + 1500)])
+        request = pb.DeleteTopicRequest(topic="big")
+        deleting = asyncio.create_task(admin.delete_topic(core, request, pb.DeleteTopicResponse()))
+        await asyncio.wait_for(first.wait(), 10)
+        await until(lambda: "other" in core.topics and core.topics["other"].queues[0].max_offset == 1, 10)
+        assert not core.scheduler.blocked and "big" in core.commits.purging and not deleting.done()
+        go.set()
+        await asyncio.wait_for(deleting, 10)
+        await until(lambda: "big" in core.topics and core.topics["big"].queues[0].max_offset == 1, 10)
+
+
+async def test_topics_deleted_together_take_their_steps_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One step at a time whatever the topics, each with its pause: never several queued in the writer ahead of
+    other commits."""
+    monkeypatch.setattr(store_writes, "DELETE_ROWS", 2)
+    step = SqliteStore.purge_step
+    running, most = [0], [0]
+
+    async def counted(self: SqliteStore, topic: str) -> tuple[bool, int]:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            return await step(self, topic)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(SqliteStore, "purge_step", counted)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        topics = [f"t{i}" for i in range(4)]
+        for topic in topics:
+            await fill(core, topic, 6)
+        await asyncio.gather(
+            *(admin.delete_topic(core, pb.DeleteTopicRequest(topic=t), pb.DeleteTopicResponse()) for t in topics)
+        )
+        assert most[0] == 1 and all(rows(tmp_path, t) == [] for t in topics)
+
+
+async def test_a_scheduled_message_due_as_its_topic_is_deleted_is_kept(tmp_path: Path) -> None:
+    """Due while a DeleteTopic lets the topic's earlier sends commit (before it forgets the topic), it is not put
+    into the topic the purge then deletes: it waits, and makes the topic again after the deletion."""
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await fill(core, "t", 3)
+        await core.send([pb.Message(topic="t", body=b"late", deliver_at_ms=int(time.time() * 1000) + 20)])
+        out = pb.DeleteTopicResponse()
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out)
+        assert out.messages == 3
+        await until(lambda: "t" in core.topics and core.topics["t"].queues[0].max_offset == 1, 10)
+        [popped] = (await core.pop("t", "g", "*", 32, 30_000, 0)).messages
+        assert pb.Message.FromString(popped.payload).body == b"late"
