@@ -59,10 +59,16 @@ async def reset_offset(core: BrokerCore, request: pb.ResetOffsetRequest, out: pb
     await _committed(core, ops)
 
 
-async def delete_group(core: BrokerCore, request: pb.DeleteGroupRequest, out: pb.DeleteGroupResponse) -> None:
+async def delete_group(
+    core: BrokerCore,
+    request: pb.DeleteGroupRequest,
+    out: pb.DeleteGroupResponse,
+    *,
+    rows_within_s: float | None = None,
+) -> None:
     """Forget the group's state on its topics here (or on `topic`); its held requests are answered empty. A
-    consumer that polls again starts as a new group. Its DLQ topic goes now when asked, else once retention
-    expired its every letter (Retention.drop_dead_letter_topics)."""
+    consumer that polls again starts as a new group. Its DLQ topic goes now when asked (as `delete_topic`, with
+    `rows_within_s`), else once retention expired its every letter (Retention.drop_dead_letter_topics)."""
     group = validation.check_group(request.group)
     topic = validation.check_topic(request.topic) if request.topic else ""
     out.broker = core.name
@@ -80,7 +86,8 @@ async def delete_group(core: BrokerCore, request: pb.DeleteGroupRequest, out: pb
     await asyncio.shield(core.commits.commit(ops, with_lost=True))
     if request.delete_dlq:
         dlq = pb.DeleteTopicResponse()
-        await delete_topic(core, pb.DeleteTopicRequest(topic=validation.DLQ_PREFIX + group), dlq)
+        request_dlq = pb.DeleteTopicRequest(topic=validation.DLQ_PREFIX + group)
+        await delete_topic(core, request_dlq, dlq, rows_within_s=rows_within_s)
         out.dlq_deleted = dlq.existed
 
 

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 from collections import Counter
+from collections.abc import Callable
 
 from broker.inflight import GroupTopic
 from broker.settings import BrokerSettings
@@ -76,6 +77,7 @@ class StateCommits:
         # shares the set and refuses to make them again meanwhile.
         self.purging: set[str] = set()
         self.topic_rows = TopicPurges(store, self._rows_gone)  # the rows of topics whose purge committed
+        self.on_purged: Callable[[str], None] | None = None  # told when a topic leaves `purging`
         self._purges: Counter[str] = Counter()  # PurgeTopic ops submitted and not settled, by topic
 
     async def write(self, ops: list[Op]) -> None:
@@ -180,7 +182,10 @@ class StateCommits:
             return
         if self._purges[topic] <= 0:
             self._purges.pop(topic, None)
-            self.purging.discard(topic)
+            if topic in self.purging:
+                self.purging.discard(topic)
+                if self.on_purged is not None:
+                    self.on_purged(topic)
 
     async def record(self, committed: asyncio.Future[list[Record]]) -> None:
         """Wait for a consumer-state commit when ``--flush sync`` asks for it. With ``async`` the caller is

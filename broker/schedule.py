@@ -214,6 +214,9 @@ class ScheduledDelivery:
                 pass
 
     async def _deliver_with_retry(self, entries: list[Entry]) -> None:
+        """Deliver `entries` until it succeeds. The delivery may take entries out of the list (put back in the
+        index for later): a retry leaves them out, and `in_flight` drops by what was taken."""
+        taken = len(entries)
         failures = 0
         blocking = False  # this batch holds delivery back (counted in `_blocking` until it succeeds)
         try:
@@ -240,7 +243,7 @@ class ScheduledDelivery:
                 self._blocking -= 1
                 if self._blocking == 0:  # blocked time is the union of the blocking batches' spans
                     self.stats.blocked_s += time.monotonic() - self._blocked_since
-            self.in_flight -= len(entries)
+            self.in_flight -= taken
             self._wake.set()
 
     async def close(self) -> None:

@@ -86,6 +86,14 @@ def _filled(
     return rpc(method)(call)
 
 
+def _rows_within(context: grpc.aio.ServicerContext) -> float | None:
+    """How long a topic deletion may wait for its rows before it answers, applied, the rest going on: until
+    DEADLINE_MARGIN_S before the caller's deadline (not a DEADLINE_EXCEEDED of unknown outcome) —
+    tests/unit/broker/test_topic_purges.py::test_a_deletion_past_its_callers_deadline_is_answered_and_goes_on."""
+    left = context.time_remaining()
+    return None if left is None else max(0.0, left - DEADLINE_MARGIN_S)
+
+
 def add_to_server(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
     """The Broker service on `server`; its Session stream writes the answers `broker.session` encodes (bytes, no
     serializer), joined for a caller that reads them so."""
@@ -150,7 +158,6 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     EndTransaction = _filled("EndTransaction", end_transaction, pb.EndTransactionResponse)
     TransactionChecks = _filled("TransactionChecks", transaction_checks, pb.TransactionChecksResponse)
     ResetOffset = _filled("ResetOffset", admin.reset_offset, pb.ResetOffsetResponse)
-    DeleteGroup = _filled("DeleteGroup", admin.delete_group, pb.DeleteGroupResponse)
     CreateTopic = _filled("CreateTopic", admin.create_topic, pb.CreateTopicResponse)
     QueryMessages = _filled("QueryMessages", admin.query_messages, pb.QueryMessagesResponse)
     ReportConsumers = _filled("ReportConsumers", admin.report_consumers, pb.ReportConsumersResponse)
@@ -160,13 +167,18 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     async def DeleteTopic(
         self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteTopicResponse:
-        """Answered before the caller's deadline (less DEADLINE_MARGIN_S) while the topic's rows are still being
-        deleted: applied, not a DEADLINE_EXCEEDED of unknown outcome —
-        tests/unit/broker/test_topic_purges.py::test_a_deletion_past_its_callers_deadline_is_answered_and_goes_on."""
+        """Answered before the caller's deadline while the topic's rows are still being deleted (`_rows_within`)."""
         out = pb.DeleteTopicResponse()
-        left = context.time_remaining()
-        within = None if left is None else max(0.0, left - DEADLINE_MARGIN_S)
-        await admin.delete_topic(self.core, request, out, rows_within_s=within)
+        await admin.delete_topic(self.core, request, out, rows_within_s=_rows_within(context))
+        return out
+
+    @rpc("DeleteGroup")
+    async def DeleteGroup(
+        self, request: pb.DeleteGroupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteGroupResponse:
+        """`--dlq`'s topic deletion answered before the caller's deadline as DeleteTopic's."""
+        out = pb.DeleteGroupResponse()
+        await admin.delete_group(self.core, request, out, rows_within_s=_rows_within(context))
         return out
 
     @rpc("ListMessages")

@@ -170,17 +170,19 @@ async def stop_midway(data: Path, first: asyncio.Event, topic: str = "t") -> Non
         deleting.cancel()  # the caller gone with the broker's stop
 
 
-async def test_a_topic_named_at_start_waits_for_its_deletion_left_midway(
+async def test_a_topic_named_at_start_is_created_once_its_deletion_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A broker started with `--topic t` (created at every start) after a stop midway through deleting t: the
-    creation waits for the rest of the deletion instead of failing the start."""
+    """A broker started with `--topic t` (created at every start) after a stop midway through deleting t: the start
+    does not wait for the rest of the deletion (nor fail, nor hang on a store refusing its steps); t is created once
+    its rows are gone."""
     first, go = stall_after_the_first_step(monkeypatch)
     await stop_midway(tmp_path, first)
-    async with broker(tmp_path, queues_per_topic=1) as (core, _):
-        creating = asyncio.create_task(core.create_topics(["t"]))
+    async with broker(tmp_path, queues_per_topic=1, auto_create=False) as (core, _):
+        assert await asyncio.wait_for(core.create_topics(["t"]), 5) == []  # the start goes on
+        assert "t" not in core.topics
         go.set()
-        assert await asyncio.wait_for(creating, 10) == ["t"]
+        await until(lambda: "t" in core.topics)
         assert rows(tmp_path) == [] and (await core.send([pb.Message(topic="t", body=b"new")]))[0].offset == 0
 
 
@@ -261,3 +263,37 @@ async def test_a_scheduled_message_due_as_its_topic_is_deleted_is_kept(tmp_path:
         await until(lambda: "t" in core.topics and core.topics["t"].queues[0].max_offset == 1, 10)
         [popped] = (await core.pop("t", "g", "*", 32, 30_000, 0)).messages
         assert pb.Message.FromString(popped.payload).body == b"late"
+
+
+async def test_a_put_back_scheduled_message_is_not_in_its_batchs_retry(tmp_path: Path) -> None:
+    """A scheduled message of a topic being deleted goes back to the schedule and out of the batch it came in: a
+    retry of that batch (its commit failed) does not deliver it too, and it is not delivered twice."""
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        later = int(time.time() * 1000) + 3_600_000
+        for topic in ("p", "q"):
+            await core.send([pb.Message(topic=topic, body=topic.encode(), deliver_at_ms=later)])
+        entries = core.sends.schedule.take_due(later, 10)
+        [p_entry] = [e for e in entries if (await core.sends.scheduled_rows([e[1]]))[0].topic == "p"]
+        core.sends.deleting_all.add("p")  # an admin deleting it
+        await core.sends.deliver_scheduled(entries)
+        assert p_entry not in entries and len(entries) == 1  # the batch a retry would deliver again
+        assert core.sends.schedule.next_due() is not None and core.topics["q"].queues[0].max_offset == 1
+
+
+async def test_a_groups_dlq_deleted_past_the_callers_deadline_is_answered_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`popgate group delete g --dlq`: the DLQ topic's deletion answers as DeleteTopic's, before the deadline."""
+    first, go = stall_after_the_first_step(monkeypatch)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        for i in range(4):  # a row each
+            await core.send([pb.Message(topic="t", body=b"%d" % i)])
+            [m] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+            await core.dead_letter("t", "g", m.handle)
+        out = pb.DeleteGroupResponse()
+        request = pb.DeleteGroupRequest(group="g", delete_dlq=True)
+        await asyncio.wait_for(admin.delete_group(core, request, out, rows_within_s=0.2), 5)
+        assert out.dlq_deleted and "%DLQ%g" in core.commits.purging and first.is_set()
+        go.set()
+        await asyncio.wait_for(core.commits.topic_rows.deleted("%DLQ%g"), 10)
+        assert rows(tmp_path, "%DLQ%g") == [] and "%DLQ%g" not in core.commits.purging
