@@ -74,13 +74,17 @@ def rpc(method: str) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
 
 
 def _filled(
-    method: str, fill: Callable[[BrokerCore, Any, Any], Awaitable[None]], response: Callable[[], Resp]
+    method: str, fill: Callable[..., Awaitable[None]], response: Callable[[], Resp], *, deadline: bool = False
 ) -> Handler[Any, Resp]:
-    """A unary RPC whose handler fills in a new `response` from the request (`rpc` around it)."""
+    """A unary RPC whose handler fills in a new `response` from the request (`rpc` around it); with `deadline`,
+    told how long it may wait for a topic's rows (`_rows_within`)."""
 
     async def call(self: BrokerServicer, request: Any, context: grpc.aio.ServicerContext) -> Resp:
         out = response()
-        await fill(self.core, request, out)
+        if deadline:
+            await fill(self.core, request, out, rows_within_s=_rows_within(context))
+        else:
+            await fill(self.core, request, out)
         return out
 
     return rpc(method)(call)
@@ -163,23 +167,9 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     ReportConsumers = _filled("ReportConsumers", admin.report_consumers, pb.ReportConsumersResponse)
     ListConsumers = _filled("ListConsumers", admin.list_consumers, pb.ListConsumersResponse)
 
-    @rpc("DeleteTopic")
-    async def DeleteTopic(
-        self, request: pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DeleteTopicResponse:
-        """Answered before the caller's deadline while the topic's rows are still being deleted (`_rows_within`)."""
-        out = pb.DeleteTopicResponse()
-        await admin.delete_topic(self.core, request, out, rows_within_s=_rows_within(context))
-        return out
-
-    @rpc("DeleteGroup")
-    async def DeleteGroup(
-        self, request: pb.DeleteGroupRequest, context: grpc.aio.ServicerContext
-    ) -> pb.DeleteGroupResponse:
-        """`--dlq`'s topic deletion answered before the caller's deadline as DeleteTopic's."""
-        out = pb.DeleteGroupResponse()
-        await admin.delete_group(self.core, request, out, rows_within_s=_rows_within(context))
-        return out
+    # Their topic deletion (DeleteGroup's with --dlq) answered before the caller's deadline (`_rows_within`).
+    DeleteTopic = _filled("DeleteTopic", admin.delete_topic, pb.DeleteTopicResponse, deadline=True)
+    DeleteGroup = _filled("DeleteGroup", admin.delete_group, pb.DeleteGroupResponse, deadline=True)
 
     @rpc("ListMessages")
     async def ListMessages(
