@@ -64,11 +64,11 @@ async def delete_group(
     request: pb.DeleteGroupRequest,
     out: pb.DeleteGroupResponse,
     *,
-    rows_within_s: float | None = None,
+    rows_by: float | None = None,
 ) -> None:
     """Forget the group's state on its topics here (or on `topic`); its held requests are answered empty. A
     consumer that polls again starts as a new group. Its DLQ topic goes now when asked (as `delete_topic`, with
-    `rows_within_s`), else once retention expired its every letter (Retention.drop_dead_letter_topics)."""
+    `rows_by`), else once retention expired its every letter (Retention.drop_dead_letter_topics)."""
     group = validation.check_group(request.group)
     topic = validation.check_topic(request.topic) if request.topic else ""
     out.broker = core.name
@@ -87,7 +87,7 @@ async def delete_group(
     if request.delete_dlq:
         dlq = pb.DeleteTopicResponse()
         request_dlq = pb.DeleteTopicRequest(topic=validation.DLQ_PREFIX + group)
-        await delete_topic(core, request_dlq, dlq, rows_within_s=rows_within_s)
+        await delete_topic(core, request_dlq, dlq, rows_by=rows_by)
         out.dlq_deleted = dlq.existed
 
 
@@ -97,11 +97,11 @@ async def delete_topic(
     out: pb.DeleteTopicResponse,
     still: Callable[[], bool] | None = None,
     *,
-    rows_within_s: float | None = None,
+    rows_by: float | None = None,
 ) -> None:
     """Delete the topic's messages and every group's state on it here. Answered once its rows are deleted too, or
-    after `rows_within_s` (None: no bound) with their deletion going on: the topic is deleted, and not made again
-    until its rows are gone. Sends to it are refused while it goes
+    at `rows_by` (the loop's time; None: no bound) with their deletion going on: the topic is deleted, and not made
+    again until its rows are gone. Sends to it are refused while it goes
     (TOPIC_NOT_FOUND); held Pops and Notifications of it are answered empty, not left waiting on a topic that is
     gone. Scheduled and half messages of the topic stay and are delivered into it when due (creating it again),
     as RocketMQ's deleteTopic leaves its timer messages. A refused commit leaves the topic gone from memory and not
@@ -115,6 +115,7 @@ async def delete_topic(
     core.sends.deleting.add(topic)
     if still is None:
         core.sends.deleting_all.add(topic)
+        core.create_when_purged.discard(topic)  # a --topic left to create once an earlier deletion ends: not now
     try:
         if topic in core.topics:
             await core.store.submit([], [])  # Sends submitted before the mark are committed and announced first
@@ -131,8 +132,9 @@ async def delete_topic(
         await asyncio.shield(core.commits.purge_topic(topic))
         # Its rows go after the purge, in steps between other commits (broker.topic_purges); answered once they
         # went, so a send may make it again at once, or when the caller's deadline is near.
+        within = None if rows_by is None else max(0.0, rows_by - asyncio.get_running_loop().time())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(core.commits.topic_rows.deleted(topic), rows_within_s)
+            await asyncio.wait_for(core.commits.topic_rows.deleted(topic), within)
     finally:
         core.sends.deleting.discard(topic)
         core.sends.deleting_all.discard(topic)

@@ -92,7 +92,8 @@ class BrokerCore:
         self.adoptions: dict[str, asyncio.Future[list[Record]]] = {}
         self.commits = StateCommits(settings, store, self.groups)
         self.commits.on_purged = self._purged
-        self._create_when_purged: set[str] = set()  # `create_topics` names still being deleted
+        self.create_when_purged: set[str] = set()  # `create_topics` names still being deleted (admin: deleted again)
+        self._closing = False
         self._creating: set[asyncio.Task[list[str]]] = set()
         self.sends.purging = self.commits.purging  # one set: a topic whose purge is not committed is not made again
         self.redelivery = Redelivery(
@@ -180,9 +181,10 @@ class BrokerCore:
         self.scheduler.start()
 
     def _purged(self, topic: str) -> None:
-        """A deleted topic's rows are gone: made now if `create_topics` named it meanwhile."""
-        if topic in self._create_when_purged:
-            self._create_when_purged.discard(topic)
+        """A deleted topic's rows are gone: made now if `create_topics` named it meanwhile (not as the core closes:
+        the next start creates it)."""
+        if topic in self.create_when_purged and not self._closing:
+            self.create_when_purged.discard(topic)
             task = asyncio.get_running_loop().create_task(self.create_topics([topic]))
             self._creating.add(task)
             task.add_done_callback(self._created)
@@ -202,7 +204,7 @@ class BrokerCore:
         for name in dict.fromkeys(names):
             if name in self.commits.purging:
                 log.info("topic %s is being deleted: created once that is done", name)
-                self._create_when_purged.add(name)
+                self.create_when_purged.add(name)
                 continue
             if name not in self.topics:
                 validation.check_topic(name)
@@ -418,6 +420,7 @@ class BrokerCore:
         return await self.store.read_range(topic, queue_id, from_offset, limit, max_bytes=self.settings.max_pop_bytes)
 
     async def close(self) -> None:
+        self._closing = True
         await self.commits.topic_rows.close()
         for task in list(self._creating):
             task.cancel()

@@ -215,7 +215,7 @@ class ScheduledDelivery:
 
     async def _deliver_with_retry(self, entries: list[Entry]) -> None:
         """Deliver `entries` until it succeeds. The delivery may take entries out of the list (put back in the
-        index for later): a retry leaves them out, and `in_flight` drops by what was taken."""
+        index for later): a retry leaves them out, and they leave `in_flight` as they go back."""
         taken = len(entries)
         failures = 0
         blocking = False  # this batch holds delivery back (counted in `_blocking` until it succeeds)
@@ -227,6 +227,8 @@ class ScheduledDelivery:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    self.in_flight -= taken - len(entries)  # those it put back are waiting, not in flight
+                    taken = len(entries)
                     failures += 1
                     self.stats.retries += 1
                     if failures > self.max_retries and not blocking:

@@ -126,6 +126,12 @@ class ClientBase:
         self._not_served(served, "%s serves no %s: using v2", what)
         return True
 
+    def _may_serve(self, served: str) -> bool:
+        """Whether the `Served` attribute named `served` is not False, read for planning: a verdict whose minute is
+        over is left for the call itself to ask again (`Served.peek`)."""
+        verdict: Served = getattr(type(self), served)
+        return verdict.peek(self) is not False
+
     def _not_served(self, served: str, text: str, what: str = "") -> None:
         """Turn the `Served` attribute named `served` False, logging the switch the first time (once a minute
         after, a proxy asked again that still serves none is logged at debug level)."""

@@ -43,6 +43,13 @@ class Served:
             return  # a call served as the ones before (each served call sets it)
         instance.__dict__[self._key] = (value, clock(), value is False or (refused and value is None))
 
+    def peek(self, instance: object) -> bool | None:
+        """The verdict as a read would give it, without taking the one ask after the minute: for a read that plans
+        a call whose own read then asks (a send_many planning SharedSends) —
+        tests/unit/sdk/test_served.py::test_a_planning_read_leaves_the_ask_to_the_call."""
+        value, at, _ = instance.__dict__.get(self._key, (None, 0.0, False))
+        return None if value is False and clock() - at >= RECHECK_S else value
+
     def refused_before(self, instance: object) -> bool:
         """Whether the proxy said it serves none, and has served it in no call since (the switch to v2 is then
         logged at INFO once, and again only after the extension was served meanwhile)."""

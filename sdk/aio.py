@@ -88,7 +88,7 @@ class Producer(ProducerBase, _AsyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
             priority=priority,
-            shared=self._shared_served is not False and self._session_served is not False,
+            shared=self._may_serve("_shared_served") and self._may_serve("_session_served"),
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)

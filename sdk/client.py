@@ -140,15 +140,15 @@ class Producer(ProducerBase, _SyncClient):
             deliver_at=deliver_at,
             message_group=message_group,
             priority=priority,
-            shared=self._shared_served is not False,
+            shared=self._may_serve("_shared_served"),
         )
         results: list[list[SendReceipt | None] | None] = [None] * len(requests)
         in_flight = send_window(requests)
-        window: deque[tuple[int, Any]] = deque()  # (index, its call's future)
+        window: deque[tuple[int, tuple[Any, bool] | None]] = deque()  # (index, `_begin_send`'s)
 
-        def settle(done: int, future: Any) -> None:
+        def settle(done: int, begun: tuple[Any, bool] | None) -> None:
             try:
-                results[done] = list(self._send(topic, requests[done], future))
+                results[done] = list(self._send(topic, requests[done], begun))
             except errors.PopgateError as exc:
                 results[done] = exc.receipts  # those of a partly stored request, else None
                 raise
@@ -163,13 +163,13 @@ class Producer(ProducerBase, _SyncClient):
         except BaseException as exc:  # the batches not sent yet are not sent
             try:
                 while window:  # those on their way end (within their timeout, no retry) and count
-                    index, future = window.popleft()
-                    if future is not None and (isinstance(exc, Exception) or not future.cancel()):
-                        results[index] = _stored(topic, requests[index], future)
+                    index, begun = window.popleft()
+                    if begun is not None and (isinstance(exc, Exception) or not begun[0].cancel()):
+                        results[index] = _stored(topic, requests[index], begun[0])
             except BaseException:  # Ctrl-C while waiting for them: the rest are cancelled, as Ctrl-C cancels
-                for _, future in window:  # test_send_many.py::test_ctrl_c_while_waiting_cancels_the_calls_left
-                    if future is not None:
-                        future.cancel()
+                for _, begun in window:  # test_send_many.py::test_ctrl_c_while_waiting_cancels_the_calls_left
+                    if begun is not None:
+                        begun[0].cancel()
                 raise
             if isinstance(exc, errors.PopgateError):
                 exc.receipts = receipts_so_far(requests, results)
@@ -272,20 +272,22 @@ class Producer(ProducerBase, _SyncClient):
             return self._send_shared, request
         return self._stub.SendMessage, request.as_v2()
 
-    def _begin_send(self, request: _wire.SendPlan) -> Any:
+    def _begin_send(self, request: _wire.SendPlan) -> tuple[Any, bool]:
+        """The call's future, and whether it went as SendShared."""
         call, given = self._call(request)
         try:
-            return call.future(given, timeout=self.options.request_timeout, metadata=self._metadata())
+            future = call.future(given, timeout=self.options.request_timeout, metadata=self._metadata())
+            return future, isinstance(given, _wire.SharedSend)
         except ValueError:  # grpc's "channel closed": close() from another thread
             if self._closed:
                 raise _resend.client_closed() from None
             raise
 
-    def _send(self, topic: str, request: _wire.SendPlan, sent: Any = None) -> list[SendReceipt]:
-        """One SendMessage with the retry policy. ``sent``: the call's future when it is already on its way;
-        its outcome is the first attempt. A retry re-sends the same message ids: consumers can de-duplicate. A
-        SendShared the proxy has no RPC for (UNIMPLEMENTED: nothing was served) goes again as SendMessage, and so
-        do the later ones — tests/unit/sdk/test_send_many.py::
+    def _send(self, topic: str, request: _wire.SendPlan, sent: tuple[Any, bool] | None = None) -> list[SendReceipt]:
+        """One SendMessage with the retry policy. ``sent``: the call's future when it is already on its way (and
+        whether as SendShared); its outcome is the first attempt. A retry re-sends the same message ids: consumers
+        can de-duplicate. A SendShared the proxy has no RPC for (UNIMPLEMENTED: nothing was served) goes again as
+        SendMessage, and so do the later ones — tests/unit/sdk/test_send_many.py::
         test_the_producer_sends_as_send_message_to_a_proxy_without_shared_sends."""
 
         def op() -> list[SendReceipt]:
@@ -293,16 +295,17 @@ class Producer(ProducerBase, _SyncClient):
             try:
                 if sent is None:
                     call, given = self._call(request)
+                    shared = isinstance(given, _wire.SharedSend)
                     response = call(given, timeout=self.options.request_timeout, metadata=self._metadata())
                 else:
-                    future, sent = sent, None
+                    (future, shared), sent = sent, None
                     response = future.result()
-                if isinstance(request, _wire.SharedSend) and self._shared_served is None:
+                if shared:  # served as SendShared (one sent as SendMessage tells nothing)
                     self._shared_served = True
             except grpc.RpcError as exc:
-                if not (
-                    isinstance(request, _wire.SharedSend) and self._unimplemented(exc, "_shared_served", "SendShared")
-                ):
+                if not shared or not isinstance(request, _wire.SharedSend):
+                    raise
+                if not self._unimplemented(exc, "_shared_served", "SendShared"):
                     raise
                 response = self._stub.SendMessage(
                     request.as_v2(), timeout=self.options.request_timeout, metadata=self._metadata()

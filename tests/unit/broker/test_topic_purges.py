@@ -129,7 +129,8 @@ async def test_a_deletion_past_its_callers_deadline_is_answered_and_goes_on(
     async with broker(tmp_path, queues_per_topic=1) as (core, _):
         await fill(core, "t", 10)
         out = pb.DeleteTopicResponse()
-        await asyncio.wait_for(admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out, rows_within_s=0.05), 5)
+        by = asyncio.get_running_loop().time() + 0.05  # the caller's deadline, less the margin
+        await asyncio.wait_for(admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out, rows_by=by), 5)
         assert out.existed and out.messages == 10 and "t" not in core.topics
         with pytest.raises(TopicNotFound, match="being deleted"):
             await core.send([pb.Message(topic="t", body=b"too soon")])
@@ -292,8 +293,53 @@ async def test_a_groups_dlq_deleted_past_the_callers_deadline_is_answered_and_go
             await core.dead_letter("t", "g", m.handle)
         out = pb.DeleteGroupResponse()
         request = pb.DeleteGroupRequest(group="g", delete_dlq=True)
-        await asyncio.wait_for(admin.delete_group(core, request, out, rows_within_s=0.2), 5)
+        by = asyncio.get_running_loop().time() + 0.2
+        await asyncio.wait_for(admin.delete_group(core, request, out, rows_by=by), 5)
         assert out.dlq_deleted and "%DLQ%g" in core.commits.purging and first.is_set()
         go.set()
         await asyncio.wait_for(core.commits.topic_rows.deleted("%DLQ%g"), 10)
         assert rows(tmp_path, "%DLQ%g") == [] and "%DLQ%g" not in core.commits.purging
+
+
+async def test_a_topic_named_at_start_and_deleted_meanwhile_is_not_made_when_the_first_deletion_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, go = stall_after_the_first_step(monkeypatch)
+    await stop_midway(tmp_path, first)
+    async with broker(tmp_path, queues_per_topic=1, auto_create=False) as (core, _):
+        assert await core.create_topics(["t"]) == []  # left to make once the deletion ends
+        out = pb.DeleteTopicResponse()
+        by = asyncio.get_running_loop().time()  # answered at once, applied
+        await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out, rows_by=by)
+        assert not out.existed and not core.create_when_purged
+        go.set()
+        await asyncio.wait_for(core.commits.topic_rows.deleted("t"), 10)
+        assert "t" not in core.commits.purging and "t" not in core.topics and not core._creating
+
+
+async def test_the_callers_deadline_counts_the_time_the_deletions_commits_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlogged writer that takes the whole time to the deadline to commit the purge: answered then, not that
+    long again later."""
+    first, _ = stall_after_the_first_step(monkeypatch)
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await fill(core, "t", 10)
+        purge = core.commits.purge_topic
+
+        def slow(topic: str) -> Any:
+            async def committed() -> Any:
+                done = await purge(topic)
+                await asyncio.sleep(1.5)  # the writer's backlog
+                return done
+
+            return asyncio.ensure_future(committed())
+
+        monkeypatch.setattr(core.commits, "purge_topic", slow)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await admin.delete_topic(
+            core, pb.DeleteTopicRequest(topic="t"), pb.DeleteTopicResponse(), rows_by=started + 1.0
+        )
+        assert loop.time() - started < 2.2  # 1.5 s of commits; not 1.5 + 1.0
+        assert first.is_set() and "t" in core.commits.purging

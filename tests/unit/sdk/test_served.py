@@ -74,3 +74,12 @@ def test_a_switch_back_to_v2_after_the_extension_was_served_is_logged_at_info(no
     assert not Client.extension.refused_before(client)
     client.extension = False  # one rolled back
     assert Client.extension.refused_before(client)
+
+
+def test_a_planning_read_leaves_the_ask_to_the_call(now: list[float]) -> None:
+    client = Client()
+    client.extension = False
+    now[0] += RECHECK_S
+    assert Client.extension.peek(client) is None and Client.extension.peek(client) is None
+    assert client.extension is None  # the call's own read asks
+    assert Client.extension.peek(client) is False and client.extension is False
