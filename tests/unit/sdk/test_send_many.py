@@ -137,10 +137,9 @@ async def test_the_asyncio_producer_sends_a_groups_batches_one_after_another() -
     assert most == 1
 
 
-async def test_the_asyncio_producer_sends_as_send_message_once_its_proxy_does_not_know_shared_sends() -> None:
-    """A proxy older than SendShared (KindUnknown): the send goes again as the SendMessage of the same messages
-    (their ids too), and so does every later one."""
-    kinds: list[str] = []
+def before_shared_sends(kinds: list[str]) -> aio.Producer:
+    """An asyncio producer whose Session answers every request, SendShared with KindUnknown (a proxy older than it);
+    each request's kind goes to `kinds`."""
 
     class BeforeSharedSends(aio.Producer):
         async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
@@ -151,6 +150,14 @@ async def test_the_asyncio_producer_sends_as_send_message_once_its_proxy_does_no
 
     producer = BeforeSharedSends("127.0.0.1:1")
     producer._channel = FakeChannel()  # type: ignore[assignment]
+    return producer
+
+
+async def test_the_asyncio_producer_sends_as_send_message_once_its_proxy_does_not_know_shared_sends() -> None:
+    """A proxy older than SendShared (KindUnknown): the send goes again as the SendMessage of the same messages
+    (their ids too), and so does every later one."""
+    kinds: list[str] = []
+    producer = before_shared_sends(kinds)
     async with producer:
         first = await producer.send_many("t", [b"a", b"b"])
         later = await producer.send("t", b"c")

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from popgate import _served, _waiting, aio
+from popgate import _served, aio
 from tests.unit.sdk.fakes import FakeChannel
-from tests.unit.sdk.test_send_many import SendStub, Unimplemented, answer, producer_with
+from tests.unit.sdk.test_send_many import SendStub, Unimplemented, answer, before_shared_sends, producer_with
 
 
 def test_the_blocking_producers_send_many_asks_again_after_the_minute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,16 +30,7 @@ async def test_the_asyncio_producers_send_many_asks_again_after_the_minute(monke
     now = [1000.0]
     monkeypatch.setattr(_served, "clock", lambda: now[0])
     kinds: list[str] = []
-
-    class BeforeSharedSends(aio.Producer):
-        async def _over_session(self, kind: str, request: Any, within_s: float) -> Any:
-            kinds.append(kind)
-            if kind == "send_shared":
-                raise _waiting.KindUnknown("session: a request without a body")
-            return answer(request)
-
-    producer = BeforeSharedSends("127.0.0.1:1")
-    producer._channel = FakeChannel()  # type: ignore[assignment]
+    producer = before_shared_sends(kinds)
     async with producer:
         await producer.send_many("t", [b"a", b"b"])
         for _ in range(3):
