@@ -179,6 +179,12 @@ class ScheduledDelivery:
     def start(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self.run())
 
+    def put_back(self, count: int, due_ms: int) -> None:
+        """`count` entries of a batch under way went back to the index, due at `due_ms`, and out of the batch's list:
+        waiting, no longer in flight."""
+        self.in_flight -= count
+        self.added(due_ms)
+
     def added(self, due_ms: int) -> None:
         """A new entry: wake the loop if it is due earlier than what the loop waits for."""
         self._wake.set()
@@ -215,8 +221,7 @@ class ScheduledDelivery:
 
     async def _deliver_with_retry(self, entries: list[Entry]) -> None:
         """Deliver `entries` until it succeeds. The delivery may take entries out of the list (put back in the
-        index for later): a retry leaves them out, and they leave `in_flight` as they go back."""
-        taken = len(entries)
+        index for later, `put_back`): a retry leaves them out."""
         failures = 0
         blocking = False  # this batch holds delivery back (counted in `_blocking` until it succeeds)
         try:
@@ -227,8 +232,6 @@ class ScheduledDelivery:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    self.in_flight -= taken - len(entries)  # those it put back are waiting, not in flight
-                    taken = len(entries)
                     failures += 1
                     self.stats.retries += 1
                     if failures > self.max_retries and not blocking:
@@ -245,7 +248,7 @@ class ScheduledDelivery:
                 self._blocking -= 1
                 if self._blocking == 0:  # blocked time is the union of the blocking batches' spans
                     self.stats.blocked_s += time.monotonic() - self._blocked_since
-            self.in_flight -= taken
+            self.in_flight -= len(entries)
             self._wake.set()
 
     async def close(self) -> None:

@@ -419,8 +419,9 @@ class SendPath:
                 self.schedule.add(due, sid)
             # Out of the batch, which a failed commit retries: they are waiting in the schedule again —
             # tests/unit/broker/test_topic_purges.py::test_a_put_back_scheduled_message_is_not_in_its_batchs_retry.
+            taken = len(entries)
             entries[:] = [e for e in entries if e[1] not in later]
-            self.scheduler.added(due)
+            self.scheduler.put_back(taken - len(entries), due)
             rows = [r for r in rows if r.schedule_id not in later]
             if not rows:
                 return

@@ -343,3 +343,18 @@ async def test_the_callers_deadline_counts_the_time_the_deletions_commits_took(
         )
         assert loop.time() - started < 2.2  # 1.5 s of commits; not 1.5 + 1.0
         assert first.is_set() and "t" in core.commits.purging
+
+
+async def test_a_put_back_scheduled_message_is_waiting_not_in_flight(tmp_path: Path) -> None:
+    """Counted once in the scheduler's due messages (a metric, and the bound on what is in flight) as soon as it is
+    put back, whatever the rest of its batch does."""
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        later = int(time.time() * 1000) + 3_600_000
+        for topic in ("p", "q"):
+            await core.send([pb.Message(topic=topic, body=topic.encode(), deliver_at_ms=later)])
+        scheduler = core.scheduler
+        entries = core.sends.schedule.take_due(later, 10)
+        scheduler.in_flight += len(entries)  # as its run loop counts a batch it takes
+        core.sends.deleting_all.add("p")
+        await core.sends.deliver_scheduled(entries)
+        assert scheduler.in_flight == 1 == len(entries)  # q's, until its batch ends
