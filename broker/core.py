@@ -192,7 +192,7 @@ class BrokerCore:
     def _created(self, task: asyncio.Task[list[str]]) -> None:
         self._creating.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("creating a topic named by --topic once its deletion ended failed: %s", exc)
+            log.warning("storing a --topic topic once its deletion ended failed (its next write stores it): %s", exc)
 
     async def create_topics(self, names: Sequence[str]) -> list[str]:
         """Create the topics that do not exist yet (`--topic`, also with auto-create off); the new ones. One still
