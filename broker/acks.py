@@ -133,22 +133,28 @@ class Acks:
         return new, deadline
 
     async def change_invisible_many(
-        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int
+        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int, *, undelivered: bool = False
     ) -> tuple[list[tuple[str, int] | DomainError], int]:
         """`change_invisible` of each handle, all to `invisible_ms` from now, in one commit: per handle its new
         handle and deadline, or the error it alone would have raised (the others are changed all the same) —
-        tests/unit/broker/test_change_many.py."""
+        tests/unit/broker/test_change_many.py. `undelivered` (messages the application never saw): ready at once
+        with the attempt they had and taken first, as a Pop its cancel frame released (`Pops.release`) —
+        tests/unit/broker/test_change_many.py::test_messages_given_back_undelivered_keep_their_attempt."""
         check_handles("ChangeInvisibleTimes", group, handles)
-        if not 0 <= invisible_ms <= self.settings.max_invisible_ms:
+        if not 0 <= invisible_ms <= self.settings.max_invisible_ms or (undelivered and invisible_ms):
             raise IllegalInvisibleTime(
-                f"invisible time {invisible_ms} ms is outside 0..{self.settings.max_invisible_ms} ms"
+                f"invisible time {invisible_ms} ms is outside 0..{0 if undelivered else self.settings.max_invisible_ms}"
+                " ms"
             )
         deadline = self.clock.now_ms() + invisible_ms
         results: list[tuple[str, int] | DomainError] = []
         ops: list[Op] = []
         touched: dict[tuple[str, str], GroupTopic] = {}
         for state, handle, old in self.each_resolved(topic, group, handles, results):
-            delivery = state.start_delivery(handle.queue_id, handle.offset, old.attempt, deadline, ops)
+            attempt = old.attempt - 1 if undelivered else old.attempt  # counted again at its next Pop
+            delivery = state.start_delivery(handle.queue_id, handle.offset, attempt, deadline, ops)
+            if undelivered:
+                state.undone.add((handle.queue_id, handle.offset))
             touched[(state.group, state.topic)] = state
             new = encode_handle(
                 self.name, handle.topic, handle.queue_id, handle.offset, delivery.attempt, delivery.token, deadline

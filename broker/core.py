@@ -315,9 +315,9 @@ class BrokerCore:
         return await self.acks.change_invisible(topic, group, text, invisible_ms)
 
     async def change_invisible_many(
-        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int
+        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int, *, undelivered: bool = False
     ) -> tuple[list[tuple[str, int] | DomainError], int]:
-        return await self.acks.change_invisible_many(topic, group, handles, invisible_ms)
+        return await self.acks.change_invisible_many(topic, group, handles, invisible_ms, undelivered=undelivered)
 
     async def renew(
         self, group: str, handles: Sequence[str], invisible_ms: int, *, bring_forward: bool = False

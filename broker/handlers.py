@@ -116,7 +116,9 @@ async def change_invisible_many(
     core: BrokerCore, request: pb.ChangeInvisibleTimesRequest, out: pb.ChangeInvisibleTimesResponse
 ) -> None:
     r = request
-    outcome, _ = await core.change_invisible_many(r.topic, r.group, r.receipt_handles, r.invisible_ms)
+    outcome, _ = await core.change_invisible_many(
+        r.topic, r.group, r.receipt_handles, r.invisible_ms, undelivered=r.undelivered
+    )
     add = out.results.add
     for result in outcome:
         if isinstance(result, tuple):

@@ -284,17 +284,29 @@ class Proxy:
         return response.receipt_handle
 
     async def change_invisible_many(
-        self, topic: str, group: str, handles: Sequence[str], invisible_ms: int, *, deadline: float | None = None
+        self,
+        topic: str,
+        group: str,
+        handles: Sequence[str],
+        invisible_ms: int,
+        *,
+        deadline: float | None = None,
+        undelivered: bool = False,
     ) -> list[str | errors.DomainError]:
         """`change_invisible` of each handle at the broker it names, one request a broker: per handle its new receipt
         handle or the error (the client chose: no more renewal of any) —
-        tests/unit/proxy/test_change_many.py::test_handles_of_two_brokers_are_changed_one_request_each_in_order."""
+        tests/unit/proxy/test_change_many.py::test_handles_of_two_brokers_are_changed_one_request_each_in_order.
+        `undelivered`: given back not counted as a delivery (ChangeInvisibleTimesRequest.undelivered)."""
         outcome: list[str | errors.DomainError] = [""] * len(handles)
         self.renewer.forget(handles)
 
         async def one(client: BrokerClient, indexes: list[int]) -> None:
             request = bpb.ChangeInvisibleTimesRequest(
-                topic=topic, group=group, receipt_handles=[handles[i] for i in indexes], invisible_ms=invisible_ms
+                topic=topic,
+                group=group,
+                receipt_handles=[handles[i] for i in indexes],
+                invisible_ms=invisible_ms,
+                undelivered=undelivered,
             )
             changed = await client.change_invisible_times(request, timeout_s=self._timeout_until(deadline))
             for i, result in zip(indexes, changed, strict=True):

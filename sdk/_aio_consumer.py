@@ -120,7 +120,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         except errors.PopgateError:
             await self._give_back_later(_wire.all_messages(frames))
             raise
-        await self._give_back_later(corrupt)
+        await self._give_back_later(corrupt, counted=True)
         return messages
 
     def __aiter__(self) -> AsyncIterator[Message]:
@@ -174,17 +174,17 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             return
         await self._giving_back_task(messages)
 
-    async def _give_back_later(self, messages: list[Message]) -> None:
+    async def _give_back_later(self, messages: list[Message], *, counted: bool = False) -> None:
         """`_give_back` in a task of its own (the caller is being cancelled), held until done and awaited by
         `close` and by the loop's shutdown."""
         if not messages or self._channel is None:  # closed (or never connected)
             return
-        self._giving_back_task(messages)
+        self._giving_back_task(messages, counted=counted)
         await self._awaited_at_loop_end()
 
-    def _giving_back_task(self, messages: list[Message]) -> asyncio.Future[None]:
+    def _giving_back_task(self, messages: list[Message], *, counted: bool = False) -> asyncio.Future[None]:
         """`_give_back` in a task of its own, among those `close` waits for (`_given_back`)."""
-        task = asyncio.ensure_future(self._give_back(messages))
+        task = asyncio.ensure_future(self._give_back(messages, counted=counted))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
         return task
@@ -209,7 +209,7 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         if self._giving_back:
             await asyncio.wait(set(self._giving_back))
 
-    async def _give_back(self, messages: list[Message]) -> None:
+    async def _give_back(self, messages: list[Message], *, counted: bool = False) -> None:
         """Make received messages that nobody will handle ready again at once; see `sdk.SimpleConsumer._give_back`."""
         if not messages:
             return
@@ -217,6 +217,8 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._give_back_timeout
+        if not counted and self._gives_back_undelivered() and await self._given_back_undelivered(messages, deadline):
+            return
         turns = iter(messages)
         answers: list[Any] = []
 
@@ -239,6 +241,39 @@ class SimpleConsumer(ConsumerBase, _AsyncClient):
         # Never raised out of an iteration's end or close().
         await asyncio.gather(*(one_at_a_time() for _ in range(min(GIVE_BACK_IN_FLIGHT, len(messages)))))
         log_give_back_failures(log, answers, len(messages))
+
+    async def _given_back_undelivered(self, messages: list[Message], deadline: float) -> bool:
+        """`_undelivered_requests` all at once, each on the stream or as a call (as `_given_back_one`); False when the
+        proxy has no ChangeInvisibleMany (nothing was given back: the caller gives them back one by one)."""
+        loop = asyncio.get_running_loop()
+
+        async def one(request: Any) -> Any:
+            try:
+                response = await self._over_session("change_invisible_many", request, deadline - loop.time())
+            except errors.Unavailable:
+                if not self._closed or self._channel is None or deadline <= loop.time():
+                    raise
+                response = None
+            if response is None:
+                call = self._ext_stub.ChangeInvisibleMany(
+                    request, timeout=deadline - loop.time(), metadata=self._metadata()
+                )
+                response = answered(await call)
+            return response
+
+        answers = await asyncio.gather(*map(one, self._undelivered_requests(messages)), return_exceptions=True)
+        if any(isinstance(a, _waiting.KindUnknown) for a in answers):
+            self._not_served("_many_served", "%s's Session takes no ChangeInvisibleMany: a change each")
+            return False
+        if any(
+            isinstance(a, grpc.RpcError) and self._unimplemented(a, "_many_served", "ChangeInvisibleMany")
+            for a in answers
+        ):
+            return False
+        if any(not isinstance(a, BaseException) for a in answers):
+            self._many_served = True
+        log_give_back_failures(log, answers)
+        return True
 
     async def _given_back_one(self, request: pb.ChangeInvisibleDurationRequest, deadline: float) -> Any:
         """One give-back by `deadline`: over the stream, or as a call once close() closed the stream under it (the

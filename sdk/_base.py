@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack, cast
 
 import grpc
+from popgate_pb.ext import messaging_pb2 as ext
 from popgate_pb.v2 import service_pb2 as pb
 
-from . import _wire, errors
+from . import _nacks, _wire, errors
 from ._durations import duration
 from ._ids import MessageIds
 from ._served import Served
@@ -353,6 +354,20 @@ class ConsumerBase(ClientBase):
     def _give_back_request(self, message: Message) -> pb.ChangeInvisibleDurationRequest:
         """A nack with delay 0: ready again at once, delivered with ``attempt + 1``."""
         return _wire.change_invisible_request(self.group, message, 0.0, namespace=self.options.namespace)
+
+    def _gives_back_undelivered(self) -> bool:
+        """Whether a give-back of messages no caller saw goes as `_undelivered_requests` (not known that the proxy
+        has no ChangeInvisibleMany)."""
+        return self._many_served is not False
+
+    def _undelivered_requests(self, messages: list[Message]) -> list[ext.ChangeInvisibleMany]:
+        """The give-back of `messages` no caller saw as popgate's ChangeInvisibleMany, one request per topic and
+        MAX_SEND_BATCH: ready again at once and not counted as a delivery, each coming again with the attempt it had
+        (`undelivered`; a proxy or broker older than it counts them) — tests/unit/sdk/test_give_back_undelivered.py."""
+        requests = [p.next_request() for p in _nacks.plan(self.group, messages, 0.0, namespace=self.options.namespace)]
+        for request in requests:
+            request.undelivered = True
+        return requests
 
     def _ack_plan(self, messages: Iterable[Message]) -> list[pb.AckMessageRequest]:
         """The AckMessage calls of `messages`; a message never received is a ValueError here, at the call, waiting or

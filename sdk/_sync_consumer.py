@@ -147,7 +147,7 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
                 raise
             if hold is not None:
                 hold(messages)
-            self._give_back(corrupt)
+            self._give_back(corrupt, counted=True)
         finally:
             self._reads.done(call)
         return messages
@@ -214,17 +214,22 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         finally:
             super()._end_channel()
 
-    def _give_back(self, messages: list[Message]) -> bool:
-        """Make received messages that nobody will handle ready again at once (a nack with delay 0) rather than
-        invisible for ``invisible`` seconds. Best effort: one attempt each, GIVE_BACK_IN_FLIGHT at once, at most
-        GIVE_BACK_TIMEOUT_S in all; a failure is logged at DEBUG (that message comes back after ``invisible``).
-        Whether the proxy answered every call (whatever it answered): False when one failed to reach it, timed out
-        or was not sent in time."""
+    def _give_back(self, messages: list[Message], *, counted: bool = False) -> bool:
+        """Make received messages that nobody will handle ready again at once rather than invisible for
+        ``invisible`` seconds: messages no caller saw not counted as a delivery (`_undelivered_requests`), where the
+        proxy serves that, else (and `counted`: a corrupt body) as a nack with delay 0. Best effort: one attempt
+        each, GIVE_BACK_IN_FLIGHT at once, at most GIVE_BACK_TIMEOUT_S in all; a failure is logged at DEBUG (that
+        message comes back after ``invisible``). Whether the proxy answered every call (whatever it answered): False
+        when one failed to reach it, timed out or was not sent in time."""
         if not messages:
             return True
         if sys.is_finalizing():  # the interpreter is exiting: grpc could start no thread
             return False
         deadline = time.monotonic() + self._give_back_timeout
+        if not counted and self._gives_back_undelivered():
+            given = self._given_back_undelivered(messages, deadline)
+            if given is not None:
+                return given
         # A window, not waves: each call that ends lets the next one go, so one call held up (a hung broker) holds
         # up no other — tests/unit/sdk/test_give_back_window.py::test_a_hung_give_back_call_holds_up_no_other. Each
         # request is built as its turn comes, so the first calls go at once however many messages there are.
@@ -244,6 +249,30 @@ class SimpleConsumer(ConsumerBase, _SyncClient):
         answers = [call.exception() or call.result() for call in calls]
         log_give_back_failures(log, answers, len(messages))
         return len(answers) == len(messages) and not any(isinstance(answer, BaseException) for answer in answers)
+
+    def _given_back_undelivered(self, messages: list[Message], deadline: float) -> bool | None:
+        """`_undelivered_requests` as calls all at once: whether the proxy answered each (as `_give_back`), None when
+        it has no ChangeInvisibleMany (nothing was given back)."""
+        calls = []
+        for request in self._undelivered_requests(messages):
+            try:
+                calls.append(
+                    self._ext.ChangeInvisibleMany.future(
+                        request, timeout=max(0.0, deadline - time.monotonic()), metadata=self._metadata()
+                    )
+                )
+            except ValueError:  # grpc's "channel closed": close() from another thread
+                return False
+        answers = [call.exception() or call.result() for call in calls]
+        if any(
+            isinstance(a, grpc.RpcError) and self._unimplemented(a, "_many_served", "ChangeInvisibleMany")
+            for a in answers
+        ):
+            return None
+        if not all(isinstance(a, BaseException) for a in answers):
+            self._many_served = True
+        log_give_back_failures(log, answers)
+        return not any(isinstance(a, BaseException) for a in answers)
 
     def ack(self, message: Message, *, wait: bool = True) -> None:
         """Acknowledge one message: it is consumed and never delivered again.

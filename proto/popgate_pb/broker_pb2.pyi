@@ -197,16 +197,18 @@ class ChangeInvisibleTimeResponse(_message.Message):
     def __init__(self, receipt_handle: _Optional[str] = ..., invisible_until_ms: _Optional[int] = ...) -> None: ...
 
 class ChangeInvisibleTimesRequest(_message.Message):
-    __slots__ = ("topic", "group", "receipt_handles", "invisible_ms")
+    __slots__ = ("topic", "group", "receipt_handles", "invisible_ms", "undelivered")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNDELIVERED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     group: str
     receipt_handles: _containers.RepeatedScalarFieldContainer[str]
     invisible_ms: int
-    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+    undelivered: bool
+    def __init__(self, topic: _Optional[str] = ..., group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., invisible_ms: _Optional[int] = ..., undelivered: _Optional[bool] = ...) -> None: ...
 
 class ChangeInvisibleTimeResult(_message.Message):
     __slots__ = ("ok", "receipt_handle", "invisible_until_ms", "error", "error_message")

@@ -115,11 +115,12 @@ async def change_invisible_many(call: Call, request: ext.ChangeInvisibleMany) ->
     if not 1 <= count <= MAX_ENTRIES:
         raise errors.BadRequest(f"ChangeInvisibleMany carries {count} entries: must be 1..{MAX_ENTRIES}")
     requested = seconds(request.invisible_duration, what="invisible_duration", error=errors.IllegalInvisibleTime)
-    invisible_s = validate.invisible(requested, low=0.0, high=call.settings.max_invisible_s)
+    high = 0.0 if request.undelivered else call.settings.max_invisible_s  # given back undelivered: ready at once
+    invisible_s = validate.invisible(requested, low=0.0, high=high)
     entries = [(e.message_id, e.receipt_handle) for e in request.entries]
     handles = [handle for _, handle in entries]
     outcome = await call.proxy.change_invisible_many(
-        topic, group, handles, int(invisible_s * 1000), deadline=call.deadline
+        topic, group, handles, int(invisible_s * 1000), deadline=call.deadline, undelivered=request.undelivered
     )
     metrics = counting(call.proxy.metrics)
     if metrics is not None:

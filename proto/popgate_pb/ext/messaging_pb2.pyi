@@ -57,16 +57,18 @@ class SharedMessages(_message.Message):
     def __init__(self, shared: _Optional[_Union[_definition_pb2.Message, _Mapping]] = ..., bodies: _Optional[_Iterable[bytes]] = ..., message_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ChangeInvisibleMany(_message.Message):
-    __slots__ = ("group", "topic", "invisible_duration", "entries")
+    __slots__ = ("group", "topic", "invisible_duration", "entries", "undelivered")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_DURATION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    UNDELIVERED_FIELD_NUMBER: _ClassVar[int]
     group: _definition_pb2.Resource
     topic: _definition_pb2.Resource
     invisible_duration: _duration_pb2.Duration
     entries: _containers.RepeatedCompositeFieldContainer[_service_pb2.AckMessageEntry]
-    def __init__(self, group: _Optional[_Union[_definition_pb2.Resource, _Mapping]] = ..., topic: _Optional[_Union[_definition_pb2.Resource, _Mapping]] = ..., invisible_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., entries: _Optional[_Iterable[_Union[_service_pb2.AckMessageEntry, _Mapping]]] = ...) -> None: ...
+    undelivered: bool
+    def __init__(self, group: _Optional[_Union[_definition_pb2.Resource, _Mapping]] = ..., topic: _Optional[_Union[_definition_pb2.Resource, _Mapping]] = ..., invisible_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., entries: _Optional[_Iterable[_Union[_service_pb2.AckMessageEntry, _Mapping]]] = ..., undelivered: _Optional[bool] = ...) -> None: ...
 
 class ChangeInvisibleManyResponse(_message.Message):
     __slots__ = ("status", "entries")

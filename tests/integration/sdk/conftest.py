@@ -109,11 +109,10 @@ def record_batches(consumer: SimpleConsumer | aio.SimpleConsumer) -> list[list[M
 
 
 def given_back_attempts(sent: list[SendReceipt], handled: list[Message], given_back: list[Message]) -> dict[str, int]:
-    """The attempt each message not handled should come with next: 2 for those given back (a nack counts as
-    a delivery), 1 for those never received."""
-    back = {m.message_id for m in given_back}
-    done = {m.message_id for m in handled}
-    return {r.message_id: 2 if r.message_id in back else 1 for r in sent if r.message_id not in done}
+    """The attempt each message not handled should come with next: 1, as those never received, for those given
+    back (undelivered through popgate's proxy: the application never saw them, so no delivery is counted)."""
+    done = {m.message_id for m in handled} - {m.message_id for m in given_back}
+    return {r.message_id: 1 for r in sent if r.message_id not in done}
 
 
 class Collector:

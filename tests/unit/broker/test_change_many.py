@@ -57,3 +57,21 @@ async def test_a_request_out_of_bounds_is_refused_whole(
         with pytest.raises(error, match=match):
             await core.change_invisible_many("t", "g", [m.handle] * count, invisible_ms)
         assert await core.ack("t", "g", [m.handle]) == [None]  # nothing changed: the handle still acts
+
+
+async def test_messages_given_back_undelivered_keep_their_attempt(tmp_path: Path) -> None:
+    """A give-back of messages the application never saw (a receive cancelled as they came): ready at once with the
+    attempt they had, taken first, as a Pop its cancel frame released; a nack (not `undelivered`) counts as before.
+    A time other than 0 is refused with it."""
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=f"m{i}".encode()) for i in range(3)])
+        popped = (await core.pop("t", "g", "*", 2, 30_000, 0)).messages
+        with pytest.raises(IllegalInvisibleTime):
+            await core.change_invisible_many("t", "g", [popped[0].handle], 1000, undelivered=True)
+        outcome, _ = await core.change_invisible_many("t", "g", [m.handle for m in popped], 0, undelivered=True)
+        assert all(isinstance(r, tuple) for r in outcome)
+        again = (await core.pop("t", "g", "*", 3, 30_000, 0)).messages
+        assert [(m.offset, m.attempt) for m in again] == [(0, 1), (1, 1), (2, 1)]
+        await core.change_invisible_many("t", "g", [again[0].handle], 0)  # a nack: counted
+        [nacked] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+        assert (nacked.offset, nacked.attempt) == (0, 2)

@@ -217,3 +217,17 @@ async def test_changes_are_counted_by_outcome() -> None:
         return metrics.registry.get_sample_value("popgate_proxy_invisible_changes_total", labels)
 
     assert (counted("ok"), counted("InvalidReceiptHandle")) == (2, 2)
+
+
+async def test_an_undelivered_give_back_reaches_its_broker_so_and_takes_no_invisible_time() -> None:
+    """The SDK's give-back of messages no caller saw: passed on as ChangeInvisibleTimes.undelivered (the broker
+    counts no delivery); an invisible time with it is refused, nothing changed."""
+    proxy, brokers = make("b1")
+    request = ext.ChangeInvisibleMany(undelivered=True)
+    request.group.name, request.topic.name = "g", "t"
+    request.entries.add(message_id="m", receipt_handle=handle("b1"))
+    response = await service_of(proxy).ChangeInvisibleMany(request, Context())
+    assert response.status.code == v2.OK and [c.undelivered for c in brokers["b1"].changes] == [True]
+    request.invisible_duration.seconds = 5
+    refused = await service_of(proxy).ChangeInvisibleMany(request, Context())
+    assert refused.status.code == v2.ILLEGAL_INVISIBLE_TIME and len(brokers["b1"].changes) == 1

@@ -91,10 +91,10 @@ def test_a_ctrl_c_in_an_iterations_give_back_leaves_close_nothing_to_wait_for(li
         taken.set()
         return rest
 
-    def giving_noted(messages: list[Message]) -> bool:
+    def giving_noted(messages: list[Message], *, counted: bool = False) -> bool:
         if messages:  # not a receive's (none corrupt)
             giving.set()
-        return give_back(messages)
+        return give_back(messages, counted=counted)
 
     consumer._unyielded.end = taken_noted  # type: ignore[method-assign]
     consumer._give_back = giving_noted  # type: ignore[method-assign]
