@@ -43,6 +43,7 @@ class TopicPurges:
             return
         self._asked[topic] = self._asked.get(topic, 0) + 1
         if topic not in self._tasks:
+            log.info("deleting the rows of deleted topic %s", topic)
             self._tasks[topic] = asyncio.get_running_loop().create_task(self._run(topic))
 
     async def deleted(self, topic: str) -> None:
@@ -56,12 +57,14 @@ class TopicPurges:
 
     async def _run(self, topic: str) -> None:
         loop = asyncio.get_running_loop()
+        rows = 0
         while True:
             asked = self._asked[topic]
             async with self._turn:
                 started = loop.time()
                 try:
-                    last, _ = await self.store.purge_step(topic)
+                    last, deleted = await self.store.purge_step(topic)
+                    rows += deleted
                 except StoreUnavailable:
                     await asyncio.sleep(RETRY_S)
                     continue
@@ -72,6 +75,7 @@ class TopicPurges:
                         waiter.set_exception(exc)
                     return
                 if last and self._asked[topic] == asked:
+                    log.info("deleted the rows of deleted topic %s (%d batch rows)", topic, rows)
                     del self._tasks[topic], self._asked[topic]  # no await between this and `gone`
                     self._gone(topic)
                     if (waiter := self._waiters.pop(topic, None)) is not None:
