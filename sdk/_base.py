@@ -20,7 +20,7 @@ from ._ids import MessageIds
 from ._served import Served
 from ._transport import make_options
 from ._unyielded import Unyielded
-from ._wire_send import SendPlan, an_int, in_a_group, sent_count
+from ._wire_send import SendPlan, a_text, an_int, in_a_group, sent_count
 from .message import Message, SendReceipt
 from .retry import RetryPolicy
 
@@ -178,7 +178,7 @@ class ProducerBase(ClientBase):
         shared: bool = False,
     ) -> Sequence[SendPlan]:
         """The requests of one send_many; `shared`: plain bodies go as SharedSends (for a Session stream)."""
-        if not topic:
+        if not a_text("topic", topic):
             raise ValueError("topic must not be empty")
         if isinstance(items, str | bytes | bytearray | memoryview | Message):  # iterating one would send its parts
             raise TypeError("send_many takes an iterable of bodies or Messages; use send() for one")
@@ -208,14 +208,20 @@ class ProducerBase(ClientBase):
 
 
 def subscriptions_of(subscriptions: Mapping[str, str] | Iterable[str] | str) -> list[_wire.Subscription]:
+    """The subscriptions as given: topics (each a non-empty str) and their filters (a str; empty means "*")."""
+    if isinstance(subscriptions, bytes | bytearray):
+        raise TypeError(f"subscriptions must be a topic, topics or a mapping of topic to filter, got {subscriptions!r}")
     if isinstance(subscriptions, str):
         subs = [_wire.Subscription(subscriptions)]
     elif isinstance(subscriptions, Mapping):
-        subs = [_wire.Subscription(t, e or "*") for t, e in subscriptions.items()]
+        subs = [_wire.Subscription(t, a_text("filter", e) or "*") for t, e in subscriptions.items()]
     else:
         subs = [_wire.Subscription(t) for t in subscriptions]
     if not subs:
         raise ValueError("subscribe to at least one topic")
+    for sub in subs:
+        if not a_text("topic", sub.topic):
+            raise ValueError("topic must not be empty")
     return subs
 
 
@@ -297,7 +303,7 @@ class ConsumerBase(ClientBase):
     ) -> None:
         # Every argument is checked before the channel opens: a refused one leaves nothing open —
         # tests/unit/sdk/test_retry_loop.py::test_a_consumer_refusing_its_arguments_opens_no_channel.
-        if not group:
+        if not a_text("group", group):
             raise ValueError("group must not be empty")
         batch = an_int("batch", batch)
         if not 1 <= batch <= 32:

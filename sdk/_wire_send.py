@@ -104,12 +104,33 @@ def an_int(name: str, value: object) -> int:
     return int(value)
 
 
+def a_text(name: str, value: object) -> str:
+    """`value` when it is a str of valid UTF-8 text, else a TypeError (not a str) or ValueError (a lone surrogate,
+    as from undecodable bytes) naming the argument `name`, where protobuf would raise naming nothing —
+    tests/unit/sdk/test_refused.py::test_names_and_texts_of_the_wrong_type_or_not_utf8_are_refused_naming_them."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}: {value!r}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} must be valid UTF-8 text, got {value!r}") from None
+    return value
+
+
 def _check_fields(message: Message) -> None:
     """Refuse, naming the argument, what protobuf would refuse with no name —
     tests/unit/sdk/test_refused.py::test_a_bad_property_or_priority_is_refused_naming_the_argument."""
+    if message.tag is not None:
+        a_text("tag", message.tag)
+    if message.message_group is not None:
+        a_text("message_group", message.message_group)
+    for key in message.keys:
+        a_text("keys", key)
     for key, value in message.properties.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"properties map str to str, got {key!r}: {value!r}")
+        a_text("properties", key)
+        a_text("properties", value)
     priority = message.priority
     if priority is None:
         return

@@ -174,3 +174,31 @@ def test_an_integer_of_another_library_is_taken_as_an_int() -> None:
     assert consumer(batch=bad(Count(8))).batch == 8
     request = _wire.receive_request("g", _wire.Subscription("t"), max=bad(Count(16)), invisible=30, wait=1)
     assert request.batch_size == 16
+
+
+@pytest.mark.parametrize(
+    ("error", "name", "call"),
+    [
+        (TypeError, "topic", lambda: Producer(NOWHERE).send(bad(None), b"x")),
+        (TypeError, "topic", lambda: Producer(NOWHERE).send(bad(b"abc"), b"x")),
+        (ValueError, "topic", lambda: Producer(NOWHERE).send("t\udc80", b"x")),
+        (TypeError, "tag", lambda: Producer(NOWHERE).send("t", b"x", tag=bad(5))),
+        (ValueError, "tag", lambda: Producer(NOWHERE).send("t", b"x", tag="a\udc80")),
+        (TypeError, "keys", lambda: Producer(NOWHERE).send("t", b"x", keys=[bad(1)])),
+        (TypeError, "message_group", lambda: Producer(NOWHERE).send("t", b"x", message_group=bad(5))),
+        (ValueError, "properties", lambda: Producer(NOWHERE).send("t", b"x", properties={"k": "\udc80"})),
+        (TypeError, "group", lambda: SimpleConsumer(NOWHERE, bad(7), "t")),
+        (ValueError, "group", lambda: SimpleConsumer(NOWHERE, "g\udc80", "t")),
+        (TypeError, "subscriptions", lambda: SimpleConsumer(NOWHERE, "g", bad(b"abc"))),
+        (TypeError, "filter", lambda: SimpleConsumer(NOWHERE, "g", {"t": bad(5)})),
+        (ValueError, "topic", lambda: SimpleConsumer(NOWHERE, "g", {"": "*"})),
+        (ValueError, "topic", lambda: SimpleConsumer(NOWHERE, "g", ["t", ""])),
+    ],
+)
+def test_names_and_texts_of_the_wrong_type_or_not_utf8_are_refused_naming_them(
+    error: type[Exception], name: str, call: Callable[[], Any]
+) -> None:
+    """Before anything is sent: not protobuf's TypeError naming nothing, a bare UnicodeEncodeError, a bytes topic
+    taken as is, or an empty topic refused only at the first receive."""
+    with pytest.raises(error, match=rf"^{name} must "):
+        call()
