@@ -139,7 +139,8 @@ class Acks:
         handle and deadline, or the error it alone would have raised (the others are changed all the same) —
         tests/unit/broker/test_change_many.py. `undelivered` (messages the application never saw): ready at once
         with the attempt they had and taken first, as a Pop its cancel frame released (`Pops.release`) —
-        tests/unit/broker/test_change_many.py::test_messages_given_back_undelivered_keep_their_attempt."""
+        tests/unit/broker/test_change_many.py::test_messages_given_back_undelivered_keep_their_attempt, and
+        ::test_only_a_pops_delivery_is_uncounted_by_an_undelivered_give_back."""
         check_handles("ChangeInvisibleTimes", group, handles)
         if not 0 <= invisible_ms <= self.settings.max_invisible_ms or (undelivered and invisible_ms):
             raise IllegalInvisibleTime(
@@ -151,7 +152,8 @@ class Acks:
         ops: list[Op] = []
         touched: dict[tuple[str, str], GroupTopic] = {}
         for state, handle, old in self.each_resolved(topic, group, handles, results):
-            attempt = old.attempt - 1 if undelivered else old.attempt  # counted again at its next Pop
+            # Its next Pop counts it again: uncounted only when a Pop counted it (not a nack's handle given back)
+            attempt = old.attempt - 1 if undelivered and old.popped else old.attempt
             delivery = state.start_delivery(handle.queue_id, handle.offset, attempt, deadline, ops)
             if undelivered:
                 state.undone.add((handle.queue_id, handle.offset))

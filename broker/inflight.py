@@ -56,6 +56,9 @@ class Delivery:
     deadline_ms: int
     expired: bool = False  # taken off the heap by take_expired: waiting to be popped again, or dead-lettered
     queued: bool = False  # its entry is in its group's `ready` queue (broker.redelivery counts these, not walks)
+    # Counted by the Pop that made it (its attempt), and so uncounted by an undelivered give-back (broker.acks); one
+    # a change or a restart made is not: a handle from a nack given back undelivered still counts its delivery.
+    popped: bool = False
 
 
 class GroupQueue:
@@ -108,11 +111,20 @@ class GroupTopic:
         return state
 
     def start_delivery(
-        self, queue_id: int, offset: int, attempt: int, deadline_ms: int, ops: list[Op] | None, *, fifo: bool = False
+        self,
+        queue_id: int,
+        offset: int,
+        attempt: int,
+        deadline_ms: int,
+        ops: list[Op] | None,
+        *,
+        fifo: bool = False,
+        popped: bool = False,
     ) -> Delivery:
         """A new delivery of a message (a fresh token: earlier handles go stale), recorded by `deliver`; the
-        PutInflight that makes it durable is appended to `ops` (None: it stays in memory only)."""
-        delivery = Delivery(attempt, tokens.getrandbits(48), deadline_ms)
+        PutInflight that makes it durable is appended to `ops` (None: it stays in memory only). `popped`: a Pop's,
+        counted (`Delivery.popped`)."""
+        delivery = Delivery(attempt, tokens.getrandbits(48), deadline_ms, popped=popped)
         self.deliver(queue_id, offset, delivery, fifo=fifo)
         if ops is not None:
             ops.append(PutInflight(self.group, self.topic, queue_id, offset, attempt, delivery.token, deadline_ms))

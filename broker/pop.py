@@ -155,7 +155,11 @@ class Pops:
             queue = topic.queues[queue_id]
             fifo = queue.fifo is not None and queue.is_fifo(offset)
             deliveries.append(
-                (queue_id, offset, state.start_delivery(queue_id, offset, attempt, deadline, ops, fifo=fifo))
+                (
+                    queue_id,
+                    offset,
+                    state.start_delivery(queue_id, offset, attempt, deadline, ops, fifo=fifo, popped=True),
+                )
             )
         self.redelivery.schedule(state)
         committed = self.commits.commit(ops)

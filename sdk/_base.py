@@ -370,7 +370,8 @@ class ConsumerBase(ClientBase):
         """The give-back of `messages` no caller saw as popgate's ChangeInvisibleMany, one request per topic and
         MAX_SEND_BATCH: ready again at once and not counted as a delivery, each coming again with the attempt it had
         (`undelivered`; a proxy or broker older than it counts them) — tests/unit/sdk/test_give_back_undelivered.py."""
-        requests = [p.next_request() for p in _nacks.plan(self.group, messages, 0.0, namespace=self.options.namespace)]
+        received = [m for m in messages if m.topic and m.receipt_handle]  # no other could be given back at all
+        requests = [p.next_request() for p in _nacks.plan(self.group, received, 0.0, namespace=self.options.namespace)]
         for request in requests:
             request.undelivered = True
         return requests

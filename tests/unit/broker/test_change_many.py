@@ -75,3 +75,20 @@ async def test_messages_given_back_undelivered_keep_their_attempt(tmp_path: Path
         await core.change_invisible_many("t", "g", [again[0].handle], 0)  # a nack: counted
         [nacked] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
         assert (nacked.offset, nacked.attempt) == (0, 2)
+
+
+async def test_only_a_pops_delivery_is_uncounted_by_an_undelivered_give_back(tmp_path: Path) -> None:
+    """A handle a change made (a nack's, or an earlier give-back's) given back undelivered counts its delivery: a
+    client cannot walk a message's attempt down by giving back the handles it is answered, and one seen and nacked
+    still heads for the DLQ."""
+    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+        await core.send([pb.Message(topic="t", body=b"x")])
+        [m] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+        [(nacked, _)], _ = await core.change_invisible_many("t", "g", [m.handle], 60_000)  # seen, nacked for later
+        await core.change_invisible_many("t", "g", [nacked], 0, undelivered=True)
+        [again] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+        assert again.attempt == 2
+        [(back, _)], _ = await core.change_invisible_many("t", "g", [again.handle], 0, undelivered=True)
+        await core.change_invisible_many("t", "g", [back], 0, undelivered=True)  # its answer's handle, again
+        [third] = (await core.pop("t", "g", "*", 1, 30_000, 0)).messages
+        assert third.attempt == 2  # uncounted once (the Pop's), not twice

@@ -89,3 +89,11 @@ async def test_the_asyncio_consumer_gives_back_alike(proxy: type[FakeStub]) -> N
     many, single = fake.sent("ChangeInvisibleMany"), fake.sent("ChangeInvisibleDuration")
     assert len(many) == 1 and many[0].undelivered
     assert len(single) == (1 if proxy is FakeStub else 4)
+
+
+def test_a_message_never_received_is_left_out_and_the_rest_go_back() -> None:
+    fake = FakeStub()
+    with sync_consumer(fake) as consumer:
+        assert consumer._give_back([Message(b"never received"), *received(fake, 2)])
+    [request] = fake.sent("ChangeInvisibleMany")
+    assert len(request.entries) == 2
