@@ -33,6 +33,7 @@ from broker.store import (
 )
 from popgate_contract import validation
 from popgate_contract.errors import (
+    BEING_DELETED,
     BadRequest,
     IllegalBatchSize,
     MessageBodyEmpty,
@@ -320,7 +321,7 @@ class SendPath:
             if m.queue_id >= count:
                 raise BadRequest(f"queue {m.queue_id} does not exist; topic {m.topic} has {count} queues")
         if m.topic in self.deleting or m.topic in self.purging:
-            raise TopicNotFound(f"topic {m.topic} is being deleted on broker {self.name}")
+            raise TopicNotFound(f"topic {m.topic} {BEING_DELETED} on broker {self.name}")
         if not self.settings.auto_create and m.topic not in self.topics:
             raise TopicNotFound(f"topic {m.topic} does not exist on broker {self.name} and auto-create is off")
         return tag, due

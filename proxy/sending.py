@@ -166,6 +166,7 @@ class Sender:
         topic = chunk.topic
         candidates = self._order(key)
         tried = missing = 0
+        deleting: errors.TopicNotFound | None = None
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1
             timeout_s, started = self._timeout_until(deadline), self.slow.generation
@@ -185,6 +186,10 @@ class Sender:
                     missing += 1
                     if topic is not None:
                         self._topic_misses.missed(topic, client.name)
+                    if (
+                        errors.BEING_DELETED in exc.message
+                    ):  # the reason to give (a broker that makes topics refuses only so)
+                        deleting = exc
                 last = exc
             else:
                 if self.slow.answered(client.name, started):
@@ -192,6 +197,8 @@ class Sender:
                         "broker %s stored a send again: back in the send rotation", client.name
                     )
                 return stored
+        if deleting is not None:  # not "auto-create is off": a broker that creates topics refused it as deleted —
+            raise deleting  # tests/unit/proxy/test_core.py::test_a_topic_being_deleted_is_said_so_not_missing
         if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last

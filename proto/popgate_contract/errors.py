@@ -8,6 +8,10 @@ request again may succeed.
 
 from __future__ import annotations
 
+# The words of a broker's TopicNotFound for a topic it is deleting (or whose deletion's rows are going): the proxy
+# gives that reason, not "missing", when no broker took a send (proxy.sending).
+BEING_DELETED = "is being deleted"
+
 
 class DomainError(Exception):
     """Base of every error a popgate process reports to a caller; `name` is its class's name (the trailer's)."""

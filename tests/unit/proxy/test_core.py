@@ -332,3 +332,13 @@ def test_rotations_dropped_as_the_longest_unused_start_again_at_a_random_broker(
         for group in "abc":
             firsts[group].add(pool.candidates(rotation=group)[0].name)
     assert all(len(brokers) > 1 for brokers in firsts.values())
+
+
+async def test_a_topic_being_deleted_is_said_so_not_missing() -> None:
+    """Brokers that make topics on a send (auto-create) refuse one they are deleting: the send is told that, not
+    that auto-create is off."""
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.TopicNotFound("topic t is being deleted on broker b1")
+    brokers["b2"].fail = errors.TopicNotFound("topic t does not exist on broker b2")
+    with pytest.raises(errors.TopicNotFound, match="is being deleted on broker b1"):
+        await proxy.send([msg(1)])
