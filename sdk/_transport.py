@@ -83,6 +83,8 @@ def make_options(
         raise ValueError(f"namespace {namespace!r}: 1..64 of a-z, A-Z, 0-9, '_' and '-' (or none)")
     # Bounded, so a call's gRPC timeout (request_timeout, + wait for a receive) stays far from grpc's deadline overflow.
     duration("request_timeout", request_timeout, positive=True)
+    if retry is not None and not isinstance(retry, RetryPolicy):  # else an AttributeError at the first call
+        raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}: {retry!r}")
     roots = None
     if isinstance(tls, str) and not tls.strip():  # neither a path nor a yes or no: refused, whatever it was meant as
         raise ValueError(

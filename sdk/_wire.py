@@ -348,6 +348,8 @@ def ack_failures(response: pb.AckMessageResponse) -> list[tuple[str, errors.Popg
 def change_invisible_request(
     group: str, message: Message, invisible: float, *, namespace: str = ""
 ) -> pb.ChangeInvisibleDurationRequest:
+    if not isinstance(message, Message):
+        raise TypeError(f"only a received Message can be nacked, got {type(message).__name__}: {message!r}")
     request = pb.ChangeInvisibleDurationRequest(
         group=v2.Resource(name=group, resource_namespace=namespace),
         topic=v2.Resource(name=message.topic, resource_namespace=namespace),
@@ -375,6 +377,10 @@ def received_chunks(messages: Iterable[Message], verb: str) -> Iterator[tuple[st
     """`messages` by topic (in the order topics first come) in chunks of MAX_SEND_BATCH, each in the order given; a
     message without topic or receipt handle (no receive returned it) is a ValueError before anything is yielded —
     tests/unit/sdk/test_ack_nowait.py::test_a_message_never_received_is_refused_at_the_call_waiting_or_not."""
+    messages = list(messages)
+    for m in messages:
+        if not isinstance(m, Message):  # else an AttributeError naming a field
+            raise TypeError(f"only a received Message can be {verb}, got {type(m).__name__}: {m!r}")
     by_topic = group_by_topic(messages)
     for topic, listed in by_topic.items():
         if not topic or not all(m.receipt_handle for m in listed):

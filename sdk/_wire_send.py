@@ -68,7 +68,7 @@ def outgoing(
             _as_bytes(m.body),
             tag=m.tag if m.tag is not None else tag,
             keys=_as_keys(m.keys or keys),
-            properties=m.properties or (properties or {}),
+            properties=_as_properties(m.properties or properties),
             message_group=m.message_group if m.message_group is not None else message_group,
             deliver_at=m.deliver_at if m.deliver_at is not None else deliver_at,
             priority=m.priority if m.priority is not None else priority,
@@ -80,7 +80,7 @@ def outgoing(
             "",
             tag,
             _as_keys(keys),
-            dict(properties) if properties else {},
+            _as_properties(properties),
             message_group,
             deliver_at,
             priority,
@@ -94,6 +94,19 @@ def outgoing(
     if out.deliver_at is not None:
         _deliver_at(out.deliver_at, time.time() if now is None else now)
     return out
+
+
+def _as_properties(properties: object) -> dict[str, str]:
+    """A message's or a call's properties as a dict: a mapping, or pairs, as `dict` takes them (`send` and `Message`
+    alike) — tests/unit/sdk/test_refused.py::
+    test_names_and_texts_of_the_wrong_type_or_not_utf8_are_refused_naming_them."""
+    if not properties:
+        return {}
+    try:
+        out: dict[str, str] = dict(properties)  # type: ignore[call-overload]
+        return out
+    except (TypeError, ValueError):
+        raise TypeError(f"properties map str to str, got {properties!r}") from None
 
 
 def an_int(name: str, value: object) -> int:

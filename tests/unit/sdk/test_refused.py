@@ -202,3 +202,28 @@ def test_names_and_texts_of_the_wrong_type_or_not_utf8_are_refused_naming_them(
     taken as is, or an empty topic refused only at the first receive."""
     with pytest.raises(error, match=rf"^{name} must "):
         call()
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("only a received Message can be acked", lambda: consumer().ack(bad(None))),
+        ("only a received Message can be acked", lambda: consumer().ack_many([bad("handle")])),
+        ("only a received Message can be nacked", lambda: consumer().nack(bad(None))),
+        (
+            "only a received Message can be acked",
+            lambda: asyncio.run(aio.SimpleConsumer(NOWHERE, "g", "t").ack(bad(7))),
+        ),
+        ("retry must be a RetryPolicy", lambda: Producer(NOWHERE, retry=bad(3))),
+        ("properties map str to str", lambda: Producer(NOWHERE).send("t", Message(b"x", properties=bad([1])))),
+    ],
+)
+def test_a_message_policy_or_properties_of_the_wrong_type_is_a_type_error_saying_so(
+    name: str, call: Callable[[], Any]
+) -> None:
+    with pytest.raises(TypeError, match=rf"^{name}"):
+        call()
+
+
+def test_properties_as_pairs_are_taken_by_a_message_as_by_send() -> None:
+    assert _wire.outgoing(Message(b"x", properties=bad([("a", "b")]))).properties == {"a": "b"}
