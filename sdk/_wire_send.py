@@ -98,8 +98,7 @@ def outgoing(
 
 def _as_properties(properties: object) -> dict[str, str]:
     """A message's or a call's properties as a dict: a mapping, or pairs, as `dict` takes them (`send` and `Message`
-    alike) — tests/unit/sdk/test_refused.py::
-    test_names_and_texts_of_the_wrong_type_or_not_utf8_are_refused_naming_them."""
+    alike) — tests/unit/sdk/test_refused.py::test_properties_as_pairs_are_taken_by_a_message_as_by_send."""
     if not properties:
         return {}
     try:
