@@ -377,11 +377,10 @@ def received_chunks(messages: Iterable[Message], verb: str) -> Iterator[tuple[st
     """`messages` by topic (in the order topics first come) in chunks of MAX_SEND_BATCH, each in the order given; a
     message without topic or receipt handle (no receive returned it) is a ValueError before anything is yielded —
     tests/unit/sdk/test_ack_nowait.py::test_a_message_never_received_is_refused_at_the_call_waiting_or_not."""
-    messages = list(messages)
-    for m in messages:
-        if not isinstance(m, Message):  # else an AttributeError naming a field
-            raise TypeError(f"only a received Message can be {verb}, got {type(m).__name__}: {m!r}")
-    by_topic = group_by_topic(messages)
+    try:
+        by_topic = group_by_topic(messages)
+    except AttributeError:  # not a Message (no per-message check on the ack path: its cost only when one fails)
+        raise TypeError(f"only a received Message can be {verb}") from None
     for topic, listed in by_topic.items():
         if not topic or not all(m.receipt_handle for m in listed):
             raise ValueError(f"only a received message can be {verb}: it has no topic or no receipt handle")
