@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from popgate_pb import broker_pb2 as pb
 
 from broker import admin
-from broker.clock import WallClock
 from broker.core import BrokerCore
 from broker.schedule import DELAY_LEVELS_S, ScheduledDelivery, ScheduleIndex, due_time_ms
 from broker.settings import BrokerSettings
@@ -148,13 +147,14 @@ class FlakyStore:
 
 @asynccontextmanager
 async def flaky_core(tmp_path: Path, **settings: object) -> AsyncIterator[tuple[BrokerCore, FlakyStore]]:
-    """A started core over a FlakyStore (short back-off), closed on the way out."""
+    """A started core over a FlakyStore (short back-off), closed on the way out. Its clock stands at NOW until
+    `come_due` moves it, so a message sent due later is scheduled however slowly the send runs."""
     inner = SqliteStore(tmp_path / "data")
     store = FlakyStore(inner)
     core = BrokerCore(
         BrokerSettings(name="b1", data_dir=tmp_path / "data", **{"auto_create": True, **settings}),
         store,
-        clock=WallClock(),
+        clock=ManualClock(NOW),
     )  # type: ignore[arg-type]
     inner.set_listener(core)
     inner.start(asyncio.get_running_loop())
@@ -166,6 +166,14 @@ async def flaky_core(tmp_path: Path, **settings: object) -> AsyncIterator[tuple[
     finally:
         await core.close()
         await inner.close()
+
+
+def come_due(core: BrokerCore, ms: int) -> None:
+    """`ms` pass on the core's ManualClock, and its scheduled delivery hears of it."""
+    clock = core.clock
+    assert isinstance(clock, ManualClock)
+    clock.now += ms
+    core.scheduler.added(clock.now)
 
 
 def delayed(topic: str, body: bytes, due_ms: int) -> pb.Message:
@@ -186,8 +194,9 @@ async def until(predicate: Callable[[], bool], within_s: float = 20.0) -> None:
 async def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
     async with flaky_core(tmp_path) as (core, store):
         store.failures_left = 2
-        await core.send([delayed("t", b"x", core.clock.now_ms() + 50)])
+        await core.send([delayed("t", b"x", NOW + 50)])
         assert visible(core, "t") == 0
+        come_due(core, 50)
         await until(lambda: visible(core, "t") == 1)
         assert store.delivery_attempts == 3
         assert core.scheduler.stats.retries == 2 and not core.scheduler.blocked
@@ -196,10 +205,12 @@ async def test_failed_delivery_is_retried_with_back_off(tmp_path: Path) -> None:
 async def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_path: Path) -> None:
     async with flaky_core(tmp_path) as (core, store):
         store.failures_left = 10**6
-        await core.send([delayed("t", b"first", core.clock.now_ms() + 20)])
+        await core.send([delayed("t", b"first", NOW + 20)])
+        come_due(core, 20)
         await until(lambda: core.scheduler.blocked)
         assert store.delivery_attempts == 4  # the first try and three retries
-        await core.send([delayed("t", b"second", core.clock.now_ms() + 10)])
+        await core.send([delayed("t", b"second", NOW + 30)])
+        come_due(core, 10)
         await asyncio.sleep(0.2)
         assert visible(core, "t") == 0 and len(core.schedule) == 1  # blocked: the second waits, nothing skipped
         store.failures_left = 0
@@ -210,8 +221,8 @@ async def test_after_three_failed_retries_delivery_blocks_until_it_succeeds(tmp_
 async def test_flow_control_bounds_messages_in_flight(tmp_path: Path) -> None:
     async with flaky_core(tmp_path, schedule_max_in_flight=10) as (core, store):
         store.gate = asyncio.Event()
-        due = core.clock.now_ms()
-        await core.send([delayed("t", b"%d" % i, due + 10) for i in range(50)])
+        await core.send([delayed("t", b"%d" % i, NOW + 10) for i in range(50)])
+        come_due(core, 10)
         await until(lambda: core.scheduler.in_flight == 10)
         await asyncio.sleep(0.1)
         assert core.scheduler.in_flight == 10 and len(core.schedule) == 40
