@@ -11,9 +11,8 @@ repeat (tests/integration/proxy/test_admin_ops.py). Bad input changes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from popgate_pb import broker_pb2 as pb
 
@@ -21,15 +20,17 @@ from broker.filters import MATCH_ALL
 from broker.lookup import query
 from broker.reset import check_target, reset_queue, target_offset
 from broker.store import Op, PurgeGroup
+from broker.topic_purges import TopicDeletion
 from popgate_contract import validation
-from popgate_contract.errors import BadRequest, TooManyRequests
+from popgate_contract.errors import BEING_DELETED, BadRequest, TooManyRequests
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from broker.core import BrokerCore
 
 MAX_QUEUES = 256  # queues a created topic may have on one broker
+T = TypeVar("T")
 ANSWER_MARGIN = 1024  # a QueryMessages answer's bytes besides its messages (broker name, counts) are fewer
 
 
@@ -107,12 +108,22 @@ async def delete_topic(
     as RocketMQ's deleteTopic leaves its timer messages. A refused commit leaves the topic gone from memory and not
     made again until a purge of it commits (StateCommits.purging); a repeat is allowed. `still` (retention's) is
     asked once the topic's pending commits are in, just before it goes: False leaves it as it is, `out.existed`
-    unset (test_retention_dlq.py::test_a_letter_dead_lettered_while_the_topic_is_dropped_stays)."""
+    unset (test_retention_dlq.py::test_a_letter_dead_lettered_while_the_topic_is_dropped_stays). A deletion asked
+    while one of the topic runs waits for it and answers as it did (TOO_MANY_REQUESTS when still running at
+    `rows_by`) — tests/unit/broker/test_requests_during_deletion.py::
+    test_a_second_deletion_waits_for_the_first_and_answers_as_it."""
     topic = validation.check_topic(request.topic)
     out.broker = core.name
-    if topic in core.sends.deleting:
-        raise TooManyRequests(f"topic {topic} is being deleted on broker {core.name} already")
-    core.sends.deleting.add(topic)
+    while (running := core.sends.deleting.get(topic)) is not None:
+        first = await _by(
+            asyncio.shield(running.answer), rows_by, f"topic {topic} {BEING_DELETED} on broker {core.name}"
+        )
+        if first is not None:
+            out.CopyFrom(first)
+            await _by(core.commits.topic_rows.deleted(topic), rows_by)
+            return
+        await asyncio.shield(running.ended)  # at once: it deleted nothing, and has ended or is ending
+    deletion = core.sends.deleting[topic] = TopicDeletion()
     if still is None:
         core.sends.deleting_all.add(topic)
         core.create_when_purged.discard(topic)  # a --topic left to create once an earlier deletion ends: not now
@@ -130,14 +141,28 @@ async def delete_topic(
         # Also when gone from memory: a repeat after a failed commit. Until a purge of it commits (this one, or this
         # one written again with later commits) the topic is not made again (StateCommits.purging).
         await asyncio.shield(core.commits.purge_topic(topic))
+        deletion.answer.set_result(out)
         # Its rows go after the purge, in steps between other commits (broker.topic_purges); answered once they
         # went, so a send may make it again at once, or when the caller's deadline is near.
-        within = None if rows_by is None else max(0.0, rows_by - asyncio.get_running_loop().time())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(core.commits.topic_rows.deleted(topic), within)
+        await _by(core.commits.topic_rows.deleted(topic), rows_by)
     finally:
-        core.sends.deleting.discard(topic)
+        del core.sends.deleting[topic]
         core.sends.deleting_all.discard(topic)
+        if not deletion.answer.done():  # not deleted by this call: a deletion waiting for it runs itself
+            deletion.answer.set_result(None)
+        deletion.ended.set_result(None)
+
+
+async def _by(waited: Awaitable[T], by: float | None, refusal: str = "") -> T | None:
+    """`waited`'s result, or None at `by` (the loop's time; None: no bound) — TooManyRequests(`refusal`) then, when
+    one is given."""
+    within = None if by is None else max(0.0, by - asyncio.get_running_loop().time())
+    try:
+        return await asyncio.wait_for(waited, within)
+    except TimeoutError:
+        if refusal:
+            raise TooManyRequests(f"{refusal}: still at this call's deadline; try again later") from None
+        return None
 
 
 def forget_group(core: BrokerCore, group: str, topic: str) -> int:
@@ -169,17 +194,25 @@ def forget_topic(core: BrokerCore, topic: str) -> int:
     return ended
 
 
-async def create_topic(core: BrokerCore, request: pb.CreateTopicRequest, out: pb.CreateTopicResponse) -> None:
+async def create_topic(
+    core: BrokerCore, request: pb.CreateTopicRequest, out: pb.CreateTopicResponse, *, rows_by: float | None = None
+) -> None:
     """Create the topic with `queues` queues (the broker's --queues-per-topic for 0), durably; an existing topic
     keeps its queues (answered `created = false`), also with auto-create off. One in memory whose queue rows are
     not stored yet (its first commit refused, or still under way) has them committed again before the answer, which
     comes after the first commit's — tests/unit/broker/test_admin.py::
     test_a_topic_creation_repeated_after_a_refused_commit_is_stored_before_it_answers and
-    test_a_topic_creation_racing_the_first_answers_once_the_topic_is_stored."""
+    test_a_topic_creation_racing_the_first_answers_once_the_topic_is_stored. One being deleted is created once its
+    deletion and its rows' ended, or refused TOO_MANY_REQUESTS at `rows_by` — tests/unit/broker/
+    test_requests_during_deletion.py::test_a_topic_created_while_it_is_deleted_is_made_once_its_rows_are_gone."""
     topic = validation.check_topic(request.topic)
     if not 0 <= request.queues <= MAX_QUEUES:
         raise BadRequest(f"a topic has 1..{MAX_QUEUES} queues on a broker, not {request.queues}")
     out.broker = core.name
+    being_deleted = f"topic {topic} {BEING_DELETED} on broker {core.name}"
+    while (running := core.sends.deleting.get(topic)) is not None or topic in core.commits.purging:
+        ended = asyncio.shield(running.ended) if running is not None else core.commits.purged(topic)
+        await _by(ended, rows_by, being_deleted)
     if topic not in core.topics:
         if len(core.topics) >= core.settings.max_topics:
             raise TooManyRequests(

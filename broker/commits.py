@@ -79,6 +79,7 @@ class StateCommits:
         self.topic_rows = TopicPurges(store, self._rows_gone)  # the rows of topics whose purge committed
         self.on_purged: Callable[[str], None] | None = None  # told when a topic leaves `purging`
         self._purges: Counter[str] = Counter()  # PurgeTopic ops submitted and not settled, by topic
+        self._purged_waiters: dict[str, asyncio.Future[None]] = {}  # `purged` callers, by topic
 
     async def write(self, ops: list[Op]) -> None:
         """Commit the ops and wait for it as the flush policy says (`commit`, then `record`)."""
@@ -94,6 +95,15 @@ class StateCommits:
         the topic stays in `purging` until one commits and its rows are deleted after it (`topic_rows`)."""
         self.purging.add(topic)
         return self.commit([PurgeTopic(topic)])
+
+    async def purged(self, topic: str) -> None:
+        """Return once `topic` is not `purging` (at once when it is not)."""
+        if topic not in self.purging:
+            return
+        waiter = self._purged_waiters.get(topic)
+        if waiter is None:
+            waiter = self._purged_waiters[topic] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
 
     def commit(self, ops: list[Op], *, with_lost: bool = False) -> asyncio.Future[list[Record]]:
         """Submit consumer-state ops (deliveries, acks, offsets, filters).
@@ -184,6 +194,8 @@ class StateCommits:
             self._purges.pop(topic, None)
             if topic in self.purging:
                 self.purging.discard(topic)
+                if (waiter := self._purged_waiters.pop(topic, None)) is not None and not waiter.done():
+                    waiter.set_result(None)
                 if self.on_purged is not None:
                     self.on_purged(topic)
 

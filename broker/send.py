@@ -31,6 +31,7 @@ from broker.store import (
     Record,
     Store,
 )
+from broker.topic_purges import TopicDeletion
 from popgate_contract import validation
 from popgate_contract.errors import (
     BEING_DELETED,
@@ -86,7 +87,7 @@ class SendPath:
         self._scheduled_bytes = 0
         self._next_schedule_id = 0
         self._unsaved_topics: set[str] = set()  # created in memory, their queue rows not yet committed
-        self.deleting: set[str] = set()  # topics being deleted (broker.admin): Sends to them are refused
+        self.deleting: dict[str, TopicDeletion] = {}  # topics being deleted (broker.admin): Sends to them are refused
         # Of those, the ones an admin deletes (not retention's drop of a DLQ topic, which keeps a letter written
         # meanwhile): any append into them is refused (`_into`).
         self.deleting_all: set[str] = set()

@@ -163,12 +163,13 @@ class BrokerServicer(pb_grpc.BrokerServicer):
     EndTransaction = _filled("EndTransaction", end_transaction, pb.EndTransactionResponse)
     TransactionChecks = _filled("TransactionChecks", transaction_checks, pb.TransactionChecksResponse)
     ResetOffset = _filled("ResetOffset", admin.reset_offset, pb.ResetOffsetResponse)
-    CreateTopic = _filled("CreateTopic", admin.create_topic, pb.CreateTopicResponse)
     QueryMessages = _filled("QueryMessages", admin.query_messages, pb.QueryMessagesResponse)
     ReportConsumers = _filled("ReportConsumers", admin.report_consumers, pb.ReportConsumersResponse)
     ListConsumers = _filled("ListConsumers", admin.list_consumers, pb.ListConsumersResponse)
 
-    # Their topic deletion (DeleteGroup's with --dlq) answered before the caller's deadline (`_rows_by`).
+    # Their topic deletion (DeleteGroup's with --dlq), or CreateTopic's wait for one, answered before the caller's
+    # deadline (`_rows_by`).
+    CreateTopic = _filled("CreateTopic", admin.create_topic, pb.CreateTopicResponse, deadline=True)
     DeleteTopic = _filled("DeleteTopic", admin.delete_topic, pb.DeleteTopicResponse, deadline=True)
     DeleteGroup = _filled("DeleteGroup", admin.delete_group, pb.DeleteGroupResponse, deadline=True)
 

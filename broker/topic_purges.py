@@ -8,13 +8,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from broker.store import Store
 from popgate_contract.errors import StoreUnavailable
 
+if TYPE_CHECKING:
+    from popgate_pb import broker_pb2 as pb
+
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # a step the store refused (disk full, read-only) is tried again this much later
+
+
+def _future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+@dataclass
+class TopicDeletion:
+    """One DeleteTopic under way (broker.admin), for the requests that meet it: `answer` is its answer once its purge
+    committed (None when it deleted nothing: refused, or retention's left the topic), `ended` is set once it ended."""
+
+    answer: asyncio.Future[pb.DeleteTopicResponse | None] = field(default_factory=_future)  # type: ignore[arg-type]
+    ended: asyncio.Future[None] = field(default_factory=_future)
 
 
 class TopicPurges:
