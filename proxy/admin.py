@@ -24,7 +24,7 @@ from popgate_pb.ext import admin_pb2_grpc as apb_grpc
 from popgate_contract import errors
 from popgate_contract.admin_headers import broker_timeout_of
 from popgate_contract.consumers import EVERY_GROUP_LIMIT, first_consumers, latest_consumers
-from popgate_contract.trailer import ERROR_KEY, status_of
+from popgate_contract.trailer import ERROR_KEY, NEVER_CONNECTED, status_of
 from popgate_contract.validation import check_group, check_topic
 from proxy.auth import Authenticator
 from proxy.routing import BrokerPool
@@ -42,6 +42,18 @@ MIN_BROKER_WAIT_S = 0.05
 # The admin calls that change brokers' state: one made while a broker is retired is not applied to it.
 CHANGES = frozenset({"CreateTopic", "DeleteTopic", "DeleteGroup", "ResetOffset"})
 NOT_ASKED = "retired (gone from broker discovery): not asked; if it comes back, run the change again"
+
+
+def _may_have_applied(error: errors.DomainError) -> bool:
+    """Whether a broker's failed call may have made its change there: it reached the broker and ended without an
+    answer (a deadline, a connection cut, the broker stopping), or the broker failed midway (its store refused the
+    commit: memory changed, the rows follow). Not when it never left (nothing listening: grpc's "failed to connect")
+    nor when the broker refused it — tests/integration/proxy/test_admin_failures.py."""
+    if isinstance(error, errors.BrokerNotReached) or NEVER_CONNECTED in error.message:
+        return False
+    return isinstance(
+        error, (errors.BrokerUnavailable, errors.BrokerTimeout, errors.BrokerFailure, errors.StoreUnavailable)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +133,11 @@ class AdminService(apb_grpc.AdminServicer):
         for client, result in zip(clients, results, strict=True):
             if isinstance(result, errors.DomainError):
                 code = status_of(result).name
-                failures.append(apb.BrokerFailure(broker=client.name, code=code, message=result.message))
+                failures.append(
+                    apb.BrokerFailure(
+                        broker=client.name, code=code, message=result.message, outcome_unknown=_may_have_applied(result)
+                    )
+                )
                 if isinstance(result, errors.BadRequest):
                     refusals.append(result)
             elif isinstance(result, BaseException):

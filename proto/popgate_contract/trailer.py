@@ -64,6 +64,10 @@ def session_error(error: str, message: str, grpc_code: int) -> grpc.aio.AioRpcEr
 # -- the proxy's side -------------------------------------------------------------------------------
 
 
+# grpc's words for a call that found no connection to its server (nothing listening): it never left.
+NEVER_CONNECTED = "failed to connect to all addresses"
+
+
 def unsent(error: grpc.aio.AioRpcError) -> bool:
     """Whether a Session request's error says it never left (safe to send again: it cannot apply twice)."""
     return any(key == UNSENT_KEY for key, _ in error.trailing_metadata() or ())

@@ -25,6 +25,7 @@ from popgate_pb import broker_pb2 as bpb
 from popgate_pb import broker_pb2_grpc as bpb_grpc
 
 from popgate_contract.consumers import latest_consumers
+from popgate_contract.trailer import NEVER_CONNECTED
 
 from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
 from .options import (
@@ -41,8 +42,12 @@ from .options import (
 from .output import as_json, json_error, terminal_text
 from .proxy_admin import ProxyAdmin, ProxyAdminError
 
-# A broker's failure whose change it may still have made (its answer came too late).
+# A broker's failure whose change it may still have made (its answer came too late), as an older proxy reports it
+# (a newer one says so in BrokerFailure.outcome_unknown).
 UNKNOWN_OUTCOME = ("DEADLINE_EXCEEDED", "PROXY_TIMEOUT")
+# Failures of a call made to a broker directly that may have applied it: it reached the broker and ended without an
+# answer (UNAVAILABLE or CANCELLED other than NEVER_CONNECTED), or the broker failed midway.
+CUT_SHORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 NOT_CONFIRMED = 77  # sysexits.h EX_NOPERM: a reset or delete the user did not confirm (docs/SDK.md, "Exit codes")
 To = bpb.ResetOffsetRequest.To
 
@@ -57,6 +62,7 @@ class Fanned:
 
     answers: list[Any] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
+    unknown: set[str] = field(default_factory=set)  # of `failures`, those that may have applied it
 
 
 def _common(parser: argparse.ArgumentParser, *, dangerous: bool = False) -> None:
@@ -143,11 +149,16 @@ def fan_out(args: argparse.Namespace, method: str, request: Any, what: str) -> F
                     out.answers.append(getattr(stub, method)(request, timeout=args.timeout, metadata=broker.metadata))
                 except grpc.RpcError as exc:
                     out.failures[broker.name] = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED or (
+                        exc.code() in CUT_SHORT and NEVER_CONNECTED not in (exc.details() or "")
+                    ):
+                        out.unknown.add(broker.name)
         return out
     with ProxyAdmin(args, args.timeout) as admin:
         reply = admin.call(method, request, what)
     out.answers = list(reply.answers) if hasattr(reply, "answers") else [reply]
     out.failures = {f.broker: f"{f.code}: {f.message}" for f in reply.failures}
+    out.unknown = {f.broker for f in reply.failures if f.outcome_unknown or f.code in UNKNOWN_OUTCOME}
     return out
 
 
@@ -168,23 +179,31 @@ def _finish(
     """Print the outcome; the exit code: 0, BROKERS_MISSING when some broker did not answer, 1 when none did."""
     if args.json:
         document["failures"] = fanned.failures
+        document["outcome_unknown"] = sorted(fanned.unknown)  # of the failures, those that may have applied it
         print(json.dumps(document, indent=2))
     else:
         for line in lines:
             print(line)
     for name, why in sorted(fanned.failures.items()):
-        print(f"{args.parser.prog}: broker {name} did not answer: {why}", file=sys.stderr)
+        said = "did not answer" if name in fanned.unknown or why.startswith("UNAVAILABLE") else "refused it"
+        print(f"{args.parser.prog}: broker {name} {said}: {why}", file=sys.stderr)
     if not fanned.failures:
         return 0
-    late = sorted(name for name, why in fanned.failures.items() if why.split(":", 1)[0] in UNKNOWN_OUTCOME)
+    late = sorted(fanned.unknown)
     refused = sorted(set(fanned.failures) - set(late))
     if change and late:
-        # The broker may still be applying it (a large topic's deletion): not "NOT applied" —
-        # tests/integration/sdk/test_operate.py::test_dangerous_operations_need_confirmation_and_name_a_broker_down.
+        # The broker may have applied it, or still be applying it (a large topic's deletion): not "NOT applied" —
+        # tests/integration/sdk/test_operate.py::test_dangerous_operations_need_confirmation_and_name_a_broker_down,
+        # tests/unit/sdk/test_operate_outcomes.py.
+        timed_out = any(fanned.failures[name].split(":", 1)[0] in UNKNOWN_OUTCOME for name in late)
+        why = (
+            f"no answer within --timeout ({args.timeout:g} s), and a large topic takes longer; run the same command"
+            " again with a longer --timeout"
+            if timed_out
+            else "its call ended without an answer; run the same command again once it is back"
+        )
         print(
-            f"{args.parser.prog}: not known whether applied on {', '.join(late)}: no answer within --timeout"
-            f" ({args.timeout:g} s), and a large topic takes longer; run the same command again with a longer"
-            " --timeout (it is safe to repeat)",
+            f"{args.parser.prog}: not known whether applied on {', '.join(late)}: {why} (it is safe to repeat)",
             file=sys.stderr,
         )
     if change and fanned.answers and refused:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from popgate_pb import broker_pb2 as popgate__pb_dot_broker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apopgate_pb/ext/admin.proto\x12\x10popgate.admin.v1\x1a\x17popgate_pb/broker.proto\"\x14\n\x12ListBrokersRequest\"3\n\x06\x42roker\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\n\n\x02up\x18\x03 \x01(\x08\"@\n\x13ListBrokersResponse\x12)\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x18.popgate.admin.v1.Broker\">\n\rBrokerFailure\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"u\n\rStatsResponse\x12\x31\n\x07\x61nswers\x18\x01 \x03(\x0b\x32 .popgate.broker.v1.StatsResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"^\n\x13ListMessagesRequest\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x37\n\x07request\x18\x02 \x01(\x0b\x32&.popgate.broker.v1.ListMessagesRequest\"\x81\x01\n\x13ResetOffsetResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.ResetOffsetResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\x81\x01\n\x13\x44\x65leteGroupResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.DeleteGroupResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\x81\x01\n\x13\x43reateTopicResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.CreateTopicResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\x81\x01\n\x13\x44\x65leteTopicResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.DeleteTopicResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\xa0\x01\n\x15QueryMessagesResponse\x12\x31\n\x08messages\x18\x01 \x03(\x0b\x32\x1f.popgate.broker.v1.FoundMessage\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\x12\x0f\n\x07scanned\x18\x03 \x01(\x03\x12\x10\n\x08scan_cut\x18\x04 \x01(\x08\"\x87\x01\n\x15ListConsumersResponse\x12.\n\tconsumers\x18\x01 \x03(\x0b\x32\x1b.popgate.broker.v1.Consumer\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\x12\x0b\n\x03\x63ut\x18\x03 \x01(\x08\x32\xda\x06\n\x05\x41\x64min\x12\\\n\x0bListBrokers\x12$.popgate.admin.v1.ListBrokersRequest\x1a%.popgate.admin.v1.ListBrokersResponse\"\x00\x12K\n\x05Stats\x12\x1f.popgate.broker.v1.StatsRequest\x1a\x1f.popgate.admin.v1.StatsResponse\"\x00\x12`\n\x0cListMessages\x12%.popgate.admin.v1.ListMessagesRequest\x1a\'.popgate.broker.v1.ListMessagesResponse\"\x00\x12]\n\x0bResetOffset\x12%.popgate.broker.v1.ResetOffsetRequest\x1a%.popgate.admin.v1.ResetOffsetResponse\"\x00\x12]\n\x0b\x44\x65leteGroup\x12%.popgate.broker.v1.DeleteGroupRequest\x1a%.popgate.admin.v1.DeleteGroupResponse\"\x00\x12]\n\x0b\x43reateTopic\x12%.popgate.broker.v1.CreateTopicRequest\x1a%.popgate.admin.v1.CreateTopicResponse\"\x00\x12]\n\x0b\x44\x65leteTopic\x12%.popgate.broker.v1.DeleteTopicRequest\x1a%.popgate.admin.v1.DeleteTopicResponse\"\x00\x12\x63\n\rQueryMessages\x12\'.popgate.broker.v1.QueryMessagesRequest\x1a\'.popgate.admin.v1.QueryMessagesResponse\"\x00\x12\x63\n\rListConsumers\x12\'.popgate.broker.v1.ListConsumersRequest\x1a\'.popgate.admin.v1.ListConsumersResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apopgate_pb/ext/admin.proto\x12\x10popgate.admin.v1\x1a\x17popgate_pb/broker.proto\"\x14\n\x12ListBrokersRequest\"3\n\x06\x42roker\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\n\n\x02up\x18\x03 \x01(\x08\"@\n\x13ListBrokersResponse\x12)\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x18.popgate.admin.v1.Broker\"W\n\rBrokerFailure\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0foutcome_unknown\x18\x04 \x01(\x08\"u\n\rStatsResponse\x12\x31\n\x07\x61nswers\x18\x01 \x03(\x0b\x32 .popgate.broker.v1.StatsResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"^\n\x13ListMessagesRequest\x12\x0e\n\x06\x62roker\x18\x01 \x01(\t\x12\x37\n\x07request\x18\x02 \x01(\x0b\x32&.popgate.broker.v1.ListMessagesRequest\"\x81\x01\n\x13ResetOffsetResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.ResetOffsetResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\x81\x01\n\x13\x44\x65leteGroupResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.DeleteGroupResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\x81\x01\n\x13\x43reateTopicResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.CreateTopicResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\x81\x01\n\x13\x44\x65leteTopicResponse\x12\x37\n\x07\x61nswers\x18\x01 \x03(\x0b\x32&.popgate.broker.v1.DeleteTopicResponse\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\"\xa0\x01\n\x15QueryMessagesResponse\x12\x31\n\x08messages\x18\x01 \x03(\x0b\x32\x1f.popgate.broker.v1.FoundMessage\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\x12\x0f\n\x07scanned\x18\x03 \x01(\x03\x12\x10\n\x08scan_cut\x18\x04 \x01(\x08\"\x87\x01\n\x15ListConsumersResponse\x12.\n\tconsumers\x18\x01 \x03(\x0b\x32\x1b.popgate.broker.v1.Consumer\x12\x31\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x1f.popgate.admin.v1.BrokerFailure\x12\x0b\n\x03\x63ut\x18\x03 \x01(\x08\x32\xda\x06\n\x05\x41\x64min\x12\\\n\x0bListBrokers\x12$.popgate.admin.v1.ListBrokersRequest\x1a%.popgate.admin.v1.ListBrokersResponse\"\x00\x12K\n\x05Stats\x12\x1f.popgate.broker.v1.StatsRequest\x1a\x1f.popgate.admin.v1.StatsResponse\"\x00\x12`\n\x0cListMessages\x12%.popgate.admin.v1.ListMessagesRequest\x1a\'.popgate.broker.v1.ListMessagesResponse\"\x00\x12]\n\x0bResetOffset\x12%.popgate.broker.v1.ResetOffsetRequest\x1a%.popgate.admin.v1.ResetOffsetResponse\"\x00\x12]\n\x0b\x44\x65leteGroup\x12%.popgate.broker.v1.DeleteGroupRequest\x1a%.popgate.admin.v1.DeleteGroupResponse\"\x00\x12]\n\x0b\x43reateTopic\x12%.popgate.broker.v1.CreateTopicRequest\x1a%.popgate.admin.v1.CreateTopicResponse\"\x00\x12]\n\x0b\x44\x65leteTopic\x12%.popgate.broker.v1.DeleteTopicRequest\x1a%.popgate.admin.v1.DeleteTopicResponse\"\x00\x12\x63\n\rQueryMessages\x12\'.popgate.broker.v1.QueryMessagesRequest\x1a\'.popgate.admin.v1.QueryMessagesResponse\"\x00\x12\x63\n\rListConsumers\x12\'.popgate.broker.v1.ListConsumersRequest\x1a\'.popgate.admin.v1.ListConsumersResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,23 +39,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTBROKERSRESPONSE']._serialized_start=148
   _globals['_LISTBROKERSRESPONSE']._serialized_end=212
   _globals['_BROKERFAILURE']._serialized_start=214
-  _globals['_BROKERFAILURE']._serialized_end=276
-  _globals['_STATSRESPONSE']._serialized_start=278
-  _globals['_STATSRESPONSE']._serialized_end=395
-  _globals['_LISTMESSAGESREQUEST']._serialized_start=397
-  _globals['_LISTMESSAGESREQUEST']._serialized_end=491
-  _globals['_RESETOFFSETRESPONSE']._serialized_start=494
-  _globals['_RESETOFFSETRESPONSE']._serialized_end=623
-  _globals['_DELETEGROUPRESPONSE']._serialized_start=626
-  _globals['_DELETEGROUPRESPONSE']._serialized_end=755
-  _globals['_CREATETOPICRESPONSE']._serialized_start=758
-  _globals['_CREATETOPICRESPONSE']._serialized_end=887
-  _globals['_DELETETOPICRESPONSE']._serialized_start=890
-  _globals['_DELETETOPICRESPONSE']._serialized_end=1019
-  _globals['_QUERYMESSAGESRESPONSE']._serialized_start=1022
-  _globals['_QUERYMESSAGESRESPONSE']._serialized_end=1182
-  _globals['_LISTCONSUMERSRESPONSE']._serialized_start=1185
-  _globals['_LISTCONSUMERSRESPONSE']._serialized_end=1320
-  _globals['_ADMIN']._serialized_start=1323
-  _globals['_ADMIN']._serialized_end=2181
+  _globals['_BROKERFAILURE']._serialized_end=301
+  _globals['_STATSRESPONSE']._serialized_start=303
+  _globals['_STATSRESPONSE']._serialized_end=420
+  _globals['_LISTMESSAGESREQUEST']._serialized_start=422
+  _globals['_LISTMESSAGESREQUEST']._serialized_end=516
+  _globals['_RESETOFFSETRESPONSE']._serialized_start=519
+  _globals['_RESETOFFSETRESPONSE']._serialized_end=648
+  _globals['_DELETEGROUPRESPONSE']._serialized_start=651
+  _globals['_DELETEGROUPRESPONSE']._serialized_end=780
+  _globals['_CREATETOPICRESPONSE']._serialized_start=783
+  _globals['_CREATETOPICRESPONSE']._serialized_end=912
+  _globals['_DELETETOPICRESPONSE']._serialized_start=915
+  _globals['_DELETETOPICRESPONSE']._serialized_end=1044
+  _globals['_QUERYMESSAGESRESPONSE']._serialized_start=1047
+  _globals['_QUERYMESSAGESRESPONSE']._serialized_end=1207
+  _globals['_LISTCONSUMERSRESPONSE']._serialized_start=1210
+  _globals['_LISTCONSUMERSRESPONSE']._serialized_end=1345
+  _globals['_ADMIN']._serialized_start=1348
+  _globals['_ADMIN']._serialized_end=2206
 # @@protoc_insertion_point(module_scope)

@@ -28,14 +28,16 @@ class ListBrokersResponse(_message.Message):
     def __init__(self, brokers: _Optional[_Iterable[_Union[Broker, _Mapping]]] = ...) -> None: ...
 
 class BrokerFailure(_message.Message):
-    __slots__ = ("broker", "code", "message")
+    __slots__ = ("broker", "code", "message", "outcome_unknown")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     broker: str
     code: str
     message: str
-    def __init__(self, broker: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    outcome_unknown: bool
+    def __init__(self, broker: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., outcome_unknown: _Optional[bool] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("answers", "failures")
