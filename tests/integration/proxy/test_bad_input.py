@@ -16,10 +16,20 @@ from popgate.cli.admin import Broker, fetch_stats
 from popgate.cli.cluster import Cluster, ClusterConfig
 from tests.integration.proxy.client import V2Client
 
+RESERVE_S = 4
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    config = ClusterConfig(brokers=1, listen="127.0.0.1:0", data_dir=tmp_path_factory.mktemp("bad"), metrics=True)
+    # The proxy keeps 4 s of a receive's deadline to answer: a deadline of 3 s leaves it no time to poll, and the
+    # refusal has seconds to reach the client however loaded the machine.
+    config = ClusterConfig(
+        brokers=1,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path_factory.mktemp("bad"),
+        metrics=True,
+        proxy_args=("--poll-reserve-s", str(RESERVE_S)),
+    )
     with Cluster(config) as cluster:
         yield cluster
 
@@ -117,10 +127,10 @@ CASES: list[tuple[str, Callable[[V2Client], v2.Status], int, str]] = [
     ("batch 0", lambda c: receive_status(c, receive(batch_size=0)), v2.BAD_REQUEST, "must be 1..32"),
     ("invisible 5 s", lambda c: receive_status(c, receive(invisible_s=5)), v2.ILLEGAL_INVISIBLE_TIME, "10 s..43200 s"),
     ("sql filter", lambda c: receive_status(c, receive(sql=True)), v2.ILLEGAL_FILTER_EXPRESSION, "SQL92"),
-    ("deadline too short", lambda c: receive_status(c, receive(poll_s=0), timeout_s=0.25), v2.ILLEGAL_POLLING_TIME,
+    ("deadline too short", lambda c: receive_status(c, receive(poll_s=0), timeout_s=3), v2.ILLEGAL_POLLING_TIME,
      "raise the client's request timeout"),
-    ("deadline shorter than the poll", lambda c: receive_status(c, receive(), timeout_s=0.25), v2.TOO_MANY_REQUESTS,
-     "proxy is behind"),
+    ("deadline shorter than the poll", lambda c: receive_status(c, receive(poll_s=10), timeout_s=3),
+     v2.TOO_MANY_REQUESTS, "proxy is behind"),
     ("garbage handle", lambda c: c.stub.AckMessage(pb.AckMessageRequest(
         group=v2.Resource(name="g"), topic=v2.Resource(name="bad"),
         entries=[pb.AckMessageEntry(receipt_handle="junk")]), timeout=5).status,
@@ -222,7 +232,7 @@ def test_receives_refused_for_want_of_time_show_in_the_proxy_receive_metrics(
     # once a broker served one of its receives (refused ones give a group none).
     assert receive_status(client, receive()).code in (v2.OK, v2.MESSAGE_NOT_FOUND)
     before = receives_counted(cluster, "behind"), receives_counted(cluster, "illegal_polling_time")
-    assert receive_status(client, receive(), timeout_s=0.25).code == v2.TOO_MANY_REQUESTS
-    assert receive_status(client, receive(poll_s=0), timeout_s=0.25).code == v2.ILLEGAL_POLLING_TIME
+    assert receive_status(client, receive(poll_s=10), timeout_s=3).code == v2.TOO_MANY_REQUESTS
+    assert receive_status(client, receive(poll_s=0), timeout_s=3).code == v2.ILLEGAL_POLLING_TIME
     after = receives_counted(cluster, "behind"), receives_counted(cluster, "illegal_polling_time")
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

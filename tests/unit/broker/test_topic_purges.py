@@ -15,11 +15,14 @@ import pytest
 from popgate_pb import broker_pb2 as pb
 
 from broker import admin, store_layout, store_writes
+from broker.send import PURGING_RETRY_MS
 from broker.sqlite_store import SqliteStore
 from broker.topic_purges import TopicPurges
 from popgate_contract.errors import TopicNotFound
-from tests.unit.broker.cores import broker
+from tests.unit.broker.cores import ManualClock, broker
 from tests.unit.broker.test_retention import rows
+
+NOW = 1_800_000_000_000
 
 
 async def fill(core: Any, topic: str, count: int) -> None:
@@ -252,15 +255,34 @@ async def test_topics_deleted_together_take_their_steps_in_turn(
         assert most[0] == 1 and all(rows(tmp_path, t) == [] for t in topics)
 
 
-async def test_a_scheduled_message_due_as_its_topic_is_deleted_is_kept(tmp_path: Path) -> None:
+async def test_a_scheduled_message_due_as_its_topic_is_deleted_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Due while a DeleteTopic lets the topic's earlier sends commit (before it forgets the topic), it is not put
     into the topic the purge then deletes: it waits, and makes the topic again after the deletion."""
-    async with broker(tmp_path, queues_per_topic=1) as (core, _):
+    clock = ManualClock(NOW)
+    async with broker(tmp_path, clock=clock, queues_per_topic=1) as (core, store):
         await fill(core, "t", 3)
-        await core.send([pb.Message(topic="t", body=b"late", deliver_at_ms=int(time.time() * 1000) + 20)])
+        await core.send([pb.Message(topic="t", body=b"late", deliver_at_ms=NOW + 20)])
+        submit = store.submit
+
+        async def delivered_first(appends: Any, ops: Any, **how: Any) -> Any:
+            clock.now += 20
+            core.scheduler.added(clock.now)
+            await until(lambda: core.sends.schedule.next_due() != NOW + 20 and core.scheduler.in_flight == 0, 10)
+            return await submit(appends, ops, **how)
+
+        def due_meanwhile(appends: Any, ops: Any, **how: Any) -> Any:
+            if not appends and not ops and clock.now == NOW:  # the deletion's wait for the topic's earlier sends
+                return asyncio.ensure_future(delivered_first(appends, ops, **how))
+            return submit(appends, ops, **how)
+
+        monkeypatch.setattr(store, "submit", due_meanwhile)
         out = pb.DeleteTopicResponse()
         await admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out)
         assert out.messages == 3
+        clock.now += PURGING_RETRY_MS  # it waited that much more
+        core.scheduler.added(clock.now)
         await until(lambda: "t" in core.topics and core.topics["t"].queues[0].max_offset == 1, 10)
         [popped] = (await core.pop("t", "g", "*", 32, 30_000, 0)).messages
         assert pb.Message.FromString(popped.payload).body == b"late"

@@ -115,11 +115,23 @@ def test_a_message_of_more_than_a_few_compressed_kib_is_never_inflated_on_the_lo
 
 async def test_a_large_message_inflating_on_a_thread_holds_the_loop_little() -> None:
     """A message inflating to 48 MiB (its compressed bytes 48 KiB), inflated on a thread: the event loop runs on
-    meanwhile, never held up for more than a small part of the inflation's time (one piece's copy at a time)."""
+    meanwhile, never held up for more than a small part of the inflation's time (one piece's copy at a time). A
+    loaded machine also stops the loop's thread for a while now and then, which looks the same from inside: the
+    best of three inflations is taken (inflating under the GIL holds the loop in every one)."""
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)
     packed = b"".join(packer.compress(bytes(1 << 20)) for _ in range(48)) + packer.flush()
     (message,) = wire.Deframer(64 << 20, b"gzip").feed(b"\x01" + len(packed).to_bytes(4, "big") + packed)
     assert isinstance(message, wire.Compressed)
+    held: list[tuple[float, float]] = []  # (longest loop gap, the inflation's time) per try
+    while len(held) < 3 and not any(longest < took / 4 for longest, took in held):
+        longest, took, inflated = await inflated_watching_the_loop(message)
+        assert inflated is not None and len(inflated) == 48 << 20
+        held.append((longest, took))
+    assert any(longest < took / 4 for longest, took in held), held
+
+
+async def inflated_watching_the_loop(message: wire.Compressed) -> tuple[float, float, bytes | None]:
+    """`message` inflated on a thread: the longest the loop waited for a turn meanwhile, and how long it took."""
     loop = asyncio.get_running_loop()
     started = last = loop.time()
     inflating = asyncio.ensure_future(asyncio.to_thread(wire.inflate, message, 64 << 20))
@@ -128,10 +140,7 @@ async def test_a_large_message_inflating_on_a_thread_holds_the_loop_little() -> 
         await asyncio.sleep(0)
         now = loop.time()
         longest, last = max(longest, now - last), now
-    took = loop.time() - started
-    inflated = await inflating
-    assert inflated is not None and len(inflated) == 48 << 20
-    assert longest < took / 4, (longest, took)
+    return longest, loop.time() - started, await inflating
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ async def test_a_message_on_any_broker_wakes_the_receive_at_once_and_no_hold_is_
     assert held(brokers) == 2
     result.release()
     await held_becomes(brokers, 0)
-    assert ids(result) == ["m3"] and waited < 0.5
+    assert ids(result) == ["m3"] and waited < 2.5  # not the 5 s poll
 
 
 async def test_with_one_broker_the_receive_waits_in_a_held_pop_and_sends_no_notification() -> None:
@@ -89,7 +89,7 @@ async def test_end_of_poll_time_answers_empty_and_releases_every_broker() -> Non
     result = await proxy.receive(request(0.2))
     took = loop.time() - started
     await held_becomes(brokers, 0)
-    assert result.outcome == "empty" and not result.messages and 0.15 < took < 0.6
+    assert result.outcome == "empty" and not result.messages and 0.15 < took < 0.9  # not a 1 s broker timeout
 
 
 async def test_a_client_that_goes_away_leaves_no_hold_on_any_broker() -> None:
