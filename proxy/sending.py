@@ -167,6 +167,7 @@ class Sender:
         candidates = self._order(key)
         tried = missing = 0
         deleting: errors.TopicNotFound | None = None
+        unstored: errors.StoreUnavailable | None = None  # a broker that took the send and could not store it
         for client in candidates if topic is None else self._topic_misses.last(topic, candidates):
             tried += 1
             timeout_s, started = self._timeout_until(deadline), self.slow.generation
@@ -190,6 +191,8 @@ class Sender:
                         errors.BEING_DELETED in exc.message
                     ):  # the reason to give (a broker that makes topics refuses only so)
                         deleting = exc
+                elif isinstance(exc, errors.StoreUnavailable):
+                    unstored = exc
                 last = exc
             else:
                 if self.slow.answered(client.name, started):
@@ -199,6 +202,8 @@ class Sender:
                 return stored
         if deleting is not None:  # not "auto-create is off": a broker that creates topics refused it as deleted —
             raise deleting  # tests/unit/proxy/test_core.py::test_a_topic_being_deleted_is_said_so_not_missing
+        if unstored is not None and isinstance(last, errors.TopicNotFound):  # not "does not exist": where it does,
+            raise unstored  # the store refused it — test_core.py::test_a_send_one_store_refused_is_said_so_not_missing
         if topic is not None and missing > 1 and missing == tried:  # not only the last broker asked lacks it
             raise errors.TopicNotFound(f"topic {topic} exists on none of the {tried} live brokers (auto-create is off)")
         raise last

@@ -334,6 +334,17 @@ def test_rotations_dropped_as_the_longest_unused_start_again_at_a_random_broker(
     assert all(len(brokers) > 1 for brokers in firsts.values())
 
 
+async def test_a_send_one_store_refused_is_said_so_not_missing() -> None:
+    """The topic on b1 alone, b1's disk full: each send, whichever broker it tries first, is told the store
+    refused it (retriable), not b2's "does not exist"."""
+    proxy, brokers = make("b1", "b2")
+    brokers["b1"].fail = errors.StoreUnavailable("store write failed (data directory full or read-only?)")
+    brokers["b2"].fail = errors.TopicNotFound("topic t does not exist on broker b2 and auto-create is off")
+    for i in range(4):
+        with pytest.raises(errors.StoreUnavailable, match="store write failed"):
+            await proxy.send([msg(i)])
+
+
 async def test_a_topic_being_deleted_is_said_so_not_missing() -> None:
     """Brokers that make topics on a send (auto-create) refuse one they are deleting: the send is told that, not
     that auto-create is off."""
