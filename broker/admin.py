@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from popgate_pb import broker_pb2 as pb
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from broker.core import BrokerCore
 
 MAX_QUEUES = 256  # queues a created topic may have on one broker
-T = TypeVar("T")
 ANSWER_MARGIN = 1024  # a QueryMessages answer's bytes besides its messages (broker name, counts) are fewer
 
 
@@ -115,12 +114,11 @@ async def delete_topic(
     topic = validation.check_topic(request.topic)
     out.broker = core.name
     while (running := core.sends.deleting.get(topic)) is not None:
-        first = await _by(
-            asyncio.shield(running.answer), rows_by, f"topic {topic} {BEING_DELETED} on broker {core.name}"
-        )
+        await _by(asyncio.shield(running.answer), rows_by, f"topic {topic} {BEING_DELETED} on broker {core.name}")
+        first = running.answer.result()
         if first is not None:
             out.CopyFrom(first)
-            await _by(core.commits.topic_rows.deleted(topic), rows_by)
+            out.rows_deleting = not await _rows_deleted(core, topic, rows_by)
             return
         await asyncio.shield(running.ended)  # at once: it deleted nothing, and has ended or is ending
     deletion = core.sends.deleting[topic] = TopicDeletion()
@@ -143,8 +141,8 @@ async def delete_topic(
         await asyncio.shield(core.commits.purge_topic(topic))
         deletion.answer.set_result(out)
         # Its rows go after the purge, in steps between other commits (broker.topic_purges); answered once they
-        # went, so a send may make it again at once, or when the caller's deadline is near.
-        await _by(core.commits.topic_rows.deleted(topic), rows_by)
+        # went, so a send may make it again at once, or when the caller's deadline is near, saying they still go.
+        out.rows_deleting = not await _rows_deleted(core, topic, rows_by)
     finally:
         del core.sends.deleting[topic]
         core.sends.deleting_all.discard(topic)
@@ -153,16 +151,22 @@ async def delete_topic(
         deletion.ended.set_result(None)
 
 
-async def _by(waited: Awaitable[T], by: float | None, refusal: str = "") -> T | None:
-    """`waited`'s result, or None at `by` (the loop's time; None: no bound) — TooManyRequests(`refusal`) then, when
-    one is given."""
+async def _rows_deleted(core: BrokerCore, topic: str, by: float | None) -> bool:
+    """Whether `topic`'s stored rows were gone by `by` (waiting for them until then)."""
+    return await _by(core.commits.topic_rows.deleted(topic), by)
+
+
+async def _by(waited: Awaitable[object], by: float | None, refusal: str = "") -> bool:
+    """Whether `waited` ended by `by` (the loop's time; None: no bound), waiting until then; not ending in time is
+    TooManyRequests(`refusal`) when one is given."""
     within = None if by is None else max(0.0, by - asyncio.get_running_loop().time())
     try:
-        return await asyncio.wait_for(waited, within)
+        await asyncio.wait_for(waited, within)
     except TimeoutError:
         if refusal:
             raise TooManyRequests(f"{refusal}: still at this call's deadline; try again later") from None
-        return None
+        return False
+    return True
 
 
 def forget_group(core: BrokerCore, group: str, topic: str) -> int:

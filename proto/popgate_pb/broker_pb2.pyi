@@ -533,18 +533,20 @@ class DeleteTopicRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ...) -> None: ...
 
 class DeleteTopicResponse(_message.Message):
-    __slots__ = ("broker", "existed", "messages", "groups", "held_ended")
+    __slots__ = ("broker", "existed", "messages", "groups", "held_ended", "rows_deleting")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     EXISTED_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     HELD_ENDED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_DELETING_FIELD_NUMBER: _ClassVar[int]
     broker: str
     existed: bool
     messages: int
     groups: _containers.RepeatedScalarFieldContainer[str]
     held_ended: int
-    def __init__(self, broker: _Optional[str] = ..., existed: _Optional[bool] = ..., messages: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., held_ended: _Optional[int] = ...) -> None: ...
+    rows_deleting: bool
+    def __init__(self, broker: _Optional[str] = ..., existed: _Optional[bool] = ..., messages: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., held_ended: _Optional[int] = ..., rows_deleting: _Optional[bool] = ...) -> None: ...
 
 class QueryMessagesRequest(_message.Message):
     __slots__ = ("topic", "message_id", "key", "max_messages", "with_body", "max_scan")

@@ -274,15 +274,26 @@ def reset_command(args: argparse.Namespace) -> int:
 
 
 def _everywhere(
-    args: argparse.Namespace, method: str, request: Any, what: str, line: Callable[[Any], str], question: str = ""
+    args: argparse.Namespace,
+    method: str,
+    request: Any,
+    what: str,
+    line: Callable[[Any], str],
+    question: str = "",
+    *,
+    absent: tuple[Callable[[Any], bool], str] | None = None,
 ) -> int:
-    """A change at every broker (after `question` is confirmed, when there is one): a line per broker's answer."""
+    """A change at every broker (after `question` is confirmed, when there is one): a line per broker's answer.
+    `absent`: whether an answer found nothing to change, and what to say on stderr when every broker answered so
+    (a mistyped name) — tests/integration/sdk/test_operate.py::test_deleting_what_no_broker_has_says_so."""
 
     def body() -> int:
         if question:
             confirm(args, question)
         fanned = fan_out(args, method, request, what)
         lines = [line(a) for a in sorted(fanned.answers, key=lambda a: a.broker)]
+        if absent is not None and fanned.answers and not fanned.failures and all(map(absent[0], fanned.answers)):
+            print(f"{args.parser.prog}: {absent[1]}", file=sys.stderr)
         document = {"answers": [as_json(a) for a in fanned.answers]}
         return _finish(args, fanned, document, lines, change=True)
 
@@ -299,7 +310,11 @@ def delete_group_command(args: argparse.Namespace) -> int:
         return f"{a.broker}: {done}" + ("; dead-letter topic deleted" if a.dlq_deleted else "")
 
     question = f"delete consumer group {args.group}{scope}{dlq} on every broker?"
-    return _everywhere(args, "DeleteGroup", request, f"delete group {args.group}", line, question)
+    absent = (
+        lambda a: not a.topics and not a.dlq_deleted,
+        f"no broker has state of group {args.group}{scope}{dlq}: nothing was deleted (`popgate stats` lists groups)",
+    )
+    return _everywhere(args, "DeleteGroup", request, f"delete group {args.group}", line, question, absent=absent)
 
 
 def create_topic_command(args: argparse.Namespace) -> int:
@@ -316,12 +331,19 @@ def delete_topic_command(args: argparse.Namespace) -> int:
 
     def line(a: bpb.DeleteTopicResponse) -> str:
         if not a.existed:
-            return f"{a.broker}: had no such topic"
-        groups = ", ".join(a.groups) or "-"
-        return f"{a.broker}: deleted {a.messages} message(s), groups {groups}; {a.held_ended} held receive(s) answered"
+            said = f"{a.broker}: had no such topic"
+        else:
+            groups = ", ".join(a.groups) or "-"
+            said = (
+                f"{a.broker}: deleted {a.messages} message(s), groups {groups}; {a.held_ended} held receive(s) answered"
+            )
+        if a.rows_deleting:
+            said += "; its stored messages are still being deleted: it can be made again once that ends"
+        return said
 
     question = f"delete topic {args.topic}, its messages and every group's state on it, on every broker?"
-    return _everywhere(args, "DeleteTopic", request, f"delete topic {args.topic}", line, question)
+    absent = (lambda a: not a.existed, f"no broker has topic {args.topic}: nothing was deleted")
+    return _everywhere(args, "DeleteTopic", request, f"delete topic {args.topic}", line, question, absent=absent)
 
 
 def consumers_command(args: argparse.Namespace) -> int:

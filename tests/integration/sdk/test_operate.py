@@ -76,6 +76,24 @@ def test_topics_are_created_explicitly_and_unknown_ones_are_not_found(
     assert not groups_on_brokers(strict, "ordres")  # and no group state made for it
 
 
+def test_deleting_what_no_broker_has_says_so(strict: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped name deletes nothing anywhere: said once on stderr besides each broker's line (exit 0: deleting
+    again what is gone is harmless)."""
+    e = strict.endpoint
+    capsys.readouterr()
+    assert main(["group", "delete", "no-such-group", "--yes", "-e", e]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["b1: had no state of it", "b2: had no state of it"]
+    assert "no broker has state of group no-such-group: nothing was deleted" in err
+    assert main(["topic", "delete", "no-such-topic", "--yes", "-e", e]) == 0
+    assert "no broker has topic no-such-topic: nothing was deleted" in capsys.readouterr().err
+    assert main(["topic", "create", "here", "-e", e]) == 0
+    capsys.readouterr()
+    assert main(["topic", "delete", "here", "--yes", "-e", e]) == 0
+    out, err = capsys.readouterr()
+    assert "b1: deleted 0 message(s)" in out and "nothing was deleted" not in err
+
+
 def test_lookup_prints_matches_newest_first(strict: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     e = strict.endpoint
     assert main(["topic", "create", "lookups", "-e", e]) == 0

@@ -53,7 +53,7 @@ async def test_a_big_topic_is_deleted_in_steps_that_hold_no_other_topics_sends(
         steps_before_the_send_answered = len(steps)
         await asyncio.wait_for(deleting, 10)
         assert len(steps) == 20 > steps_before_the_send_answered  # 2 rows a step, the last seeing no more
-        assert out.existed and out.messages == 40
+        assert out.existed and out.messages == 40 and not out.rows_deleting
         assert rows(tmp_path, "big") == [] and rows(tmp_path, "other") == [sent[0].offset]
         again = await core.send([pb.Message(topic="big", body=b"new")])  # answered: made again at once
         assert again[0].offset == 0
@@ -134,7 +134,7 @@ async def test_a_deletion_past_its_callers_deadline_is_answered_and_goes_on(
         out = pb.DeleteTopicResponse()
         by = asyncio.get_running_loop().time() + 0.05  # the caller's deadline, less the margin
         await asyncio.wait_for(admin.delete_topic(core, pb.DeleteTopicRequest(topic="t"), out, rows_by=by), 5)
-        assert out.existed and out.messages == 10 and "t" not in core.topics
+        assert out.existed and out.messages == 10 and out.rows_deleting and "t" not in core.topics
         with pytest.raises(TopicNotFound, match="being deleted"):
             await core.send([pb.Message(topic="t", body=b"too soon")])
         go.set()
