@@ -12,22 +12,19 @@ NOT_CONFIRMED (77) — tests/integration/sdk/test_operate.py.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import grpc
 from popgate_pb import broker_pb2 as bpb
-from popgate_pb import broker_pb2_grpc as bpb_grpc
 
 from popgate_contract.consumers import latest_consumers
-from popgate_contract.trailer import NEVER_CONNECTED
+from popgate_contract.validation import DLQ_RESEND_GROUP as RESEND_GROUP
 
-from .admin import BROKERS_MISSING, broker_channel, broker_options, brokers_of
+from .admin import broker_options
+from .fanout import fan_out, finish
 from .options import (
     DURATION,
     POSITIVE_DURATION,
@@ -40,29 +37,15 @@ from .options import (
     utf8_text,
 )
 from .output import as_json, json_error, terminal_text
-from .proxy_admin import ProxyAdmin, ProxyAdminError
+from .proxy_admin import ProxyAdminError
 
-# A broker's failure whose change it may still have made (its answer came too late), as an older proxy reports it
-# (a newer one says so in BrokerFailure.outcome_unknown).
-UNKNOWN_OUTCOME = ("DEADLINE_EXCEEDED", "PROXY_TIMEOUT")
-# Failures of a call made to a broker directly that may have applied it: it reached the broker and ended without an
-# answer (UNAVAILABLE or CANCELLED other than NEVER_CONNECTED), or the broker failed midway.
-CUT_SHORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+USAGE = 2  # as argparse's: the command line asks for what it will not do without --force
 NOT_CONFIRMED = 77  # sysexits.h EX_NOPERM: a reset or delete the user did not confirm (docs/SDK.md, "Exit codes")
 To = bpb.ResetOffsetRequest.To
 
 
 class NotConfirmed(Exception):
     """A dangerous operation was not confirmed: declined, or no terminal to ask on and no --yes."""
-
-
-@dataclass
-class Fanned:
-    """What every broker answered to one operation, and the ones that did not (name -> code and message)."""
-
-    answers: list[Any] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
-    unknown: set[str] = field(default_factory=set)  # of `failures`, those that may have applied it
 
 
 def _common(parser: argparse.ArgumentParser, *, dangerous: bool = False) -> None:
@@ -94,6 +77,12 @@ def add_parsers(sub: Sub) -> None:
     delete.add_argument("group", type=group_name, help="consumer group")
     delete.add_argument("-t", "--topic", default="", help="only its state on this topic (default: every topic)")
     delete.add_argument("--dlq", action="store_true", help="also delete its dead-letter topic %%DLQ%%<group>")
+    delete.add_argument(
+        "--force",
+        action="store_true",
+        help=f"delete {RESEND_GROUP} too (`dlq resend`'s own group: its next runs send every letter still in a DLQ"
+        " again)",
+    )
     _common(delete, dangerous=True)
     delete.set_defaults(handler=delete_group_command)
     consumers = gsub.add_parser("consumers", help="the group's live consumers: client ids, proxy, last seen")
@@ -138,30 +127,6 @@ def _topic_parsers(sub: Sub) -> None:
     lookup.set_defaults(handler=lookup_command)
 
 
-def fan_out(args: argparse.Namespace, method: str, request: Any, what: str) -> Fanned:
-    """`method` at every broker: through the proxy, or at each --broker given directly."""
-    out = Fanned()
-    if args.broker:
-        for broker in brokers_of(args):
-            with broker_channel(broker) as channel:
-                stub = bpb_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
-                try:
-                    out.answers.append(getattr(stub, method)(request, timeout=args.timeout, metadata=broker.metadata))
-                except grpc.RpcError as exc:
-                    out.failures[broker.name] = f"{exc.code().name}: {exc.details()}"
-                    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED or (
-                        exc.code() in CUT_SHORT and NEVER_CONNECTED not in (exc.details() or "")
-                    ):
-                        out.unknown.add(broker.name)
-        return out
-    with ProxyAdmin(args, args.timeout) as admin:
-        reply = admin.call(method, request, what)
-    out.answers = list(reply.answers) if hasattr(reply, "answers") else [reply]
-    out.failures = {f.broker: f"{f.code}: {f.message}" for f in reply.failures}
-    out.unknown = {f.broker for f in reply.failures if f.outcome_unknown or f.code in UNKNOWN_OUTCOME}
-    return out
-
-
 def confirm(args: argparse.Namespace, question: str) -> None:
     """NotConfirmed unless --yes, or the user answers yes on the terminal."""
     if args.yes:
@@ -171,49 +136,6 @@ def confirm(args: argparse.Namespace, question: str) -> None:
     print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
         raise NotConfirmed(f"{question}: not confirmed")
-
-
-def _finish(
-    args: argparse.Namespace, fanned: Fanned, document: dict[str, Any], lines: list[str], *, change: bool
-) -> int:
-    """Print the outcome; the exit code: 0, BROKERS_MISSING when some broker did not answer, 1 when none did."""
-    if args.json:
-        document["failures"] = fanned.failures
-        document["outcome_unknown"] = sorted(fanned.unknown)  # of the failures, those that may have applied it
-        print(json.dumps(document, indent=2))
-    else:
-        for line in lines:
-            print(line)
-    for name, why in sorted(fanned.failures.items()):
-        said = "did not answer" if name in fanned.unknown or why.startswith("UNAVAILABLE") else "refused it"
-        print(f"{args.parser.prog}: broker {name} {said}: {why}", file=sys.stderr)
-    if not fanned.failures:
-        return 0
-    late = sorted(fanned.unknown)
-    refused = sorted(set(fanned.failures) - set(late))
-    if change and late:
-        # The broker may have applied it, or still be applying it (a large topic's deletion): not "NOT applied" —
-        # tests/integration/sdk/test_operate.py::test_dangerous_operations_need_confirmation_and_name_a_broker_down,
-        # tests/unit/sdk/test_operate_outcomes.py.
-        timed_out = any(fanned.failures[name].split(":", 1)[0] in UNKNOWN_OUTCOME for name in late)
-        why = (
-            f"no answer within --timeout ({args.timeout:g} s), and a large topic takes longer; run the same command"
-            " again with a longer --timeout"
-            if timed_out
-            else "its call ended without an answer; run the same command again once it is back"
-        )
-        print(
-            f"{args.parser.prog}: not known whether applied on {', '.join(late)}: {why} (it is safe to repeat)",
-            file=sys.stderr,
-        )
-    if change and fanned.answers and refused:
-        done = ", ".join(sorted(a.broker for a in fanned.answers))
-        print(
-            f"{args.parser.prog}: applied on {done} only, NOT on {', '.join(refused)}: run the"
-            f" same command again once they are back (it is safe to repeat); exit code {BROKERS_MISSING}",
-            file=sys.stderr,
-        )
-    return BROKERS_MISSING if fanned.answers else 1
 
 
 def _run(args: argparse.Namespace, body: Any) -> int:
@@ -268,7 +190,7 @@ def reset_command(args: argparse.Namespace) -> int:
             for a in sorted(fanned.answers, key=lambda a: a.broker)
         ]
         document = {"timestamp_ms": ms, "answers": [as_json(a) for a in fanned.answers]}
-        return _finish(args, fanned, document, lines, change=True)
+        return finish(args, fanned, document, lines, change=True)
 
     return _run(args, body)
 
@@ -295,12 +217,21 @@ def _everywhere(
         if absent is not None and fanned.answers and not fanned.failures and all(map(absent[0], fanned.answers)):
             print(f"{args.parser.prog}: {absent[1]}", file=sys.stderr)
         document = {"answers": [as_json(a) for a in fanned.answers]}
-        return _finish(args, fanned, document, lines, change=True)
+        return finish(args, fanned, document, lines, change=True)
 
     return _run(args, body)
 
 
 def delete_group_command(args: argparse.Namespace) -> int:
+    # tests/integration/sdk/test_operate.py::test_dlq_resends_own_group_is_kept_unless_forced
+    if args.group == RESEND_GROUP and not args.force:
+        refusal = (
+            f"{args.parser.prog}: {RESEND_GROUP} is `popgate dlq resend`'s own group, which knows the letters it"
+            " re-sent: deleted, its next runs send every letter still in a DLQ again; give --force to delete it"
+        )
+        print(refusal, file=sys.stderr)
+        json_error(args.json, refusal)
+        return USAGE
     request = bpb.DeleteGroupRequest(group=args.group, topic=args.topic, delete_dlq=args.dlq)
     scope = f" on topic {args.topic}" if args.topic else ""
     dlq = " and its dead-letter topic" if args.dlq else ""
@@ -359,7 +290,7 @@ def consumers_command(args: argparse.Namespace) -> int:
         ]
         lines.append(f"{len(rows)} live consumer(s) of {args.group}")
         document = {"group": args.group, "consumers": [as_json(c) for c in rows]}
-        return _finish(args, fanned, document, lines, change=False)
+        return finish(args, fanned, document, lines, change=False)
 
     return _run(args, body)
 
@@ -386,7 +317,7 @@ def lookup_command(args: argparse.Namespace) -> int:
             + (" (older messages left out: past --max-scan, or a broker's answer size limit)" if cut else "")
         )
         document = {"messages": [as_json(m) for m in found], "scan_cut": cut}
-        return _finish(args, fanned, document, lines, change=False)
+        return finish(args, fanned, document, lines, change=False)
 
     return _run(args, body)
 

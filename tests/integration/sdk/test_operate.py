@@ -94,6 +94,15 @@ def test_deleting_what_no_broker_has_says_so(strict: Cluster, capsys: pytest.Cap
     assert "b1: deleted 0 message(s)" in out and "nothing was deleted" not in err
 
 
+def test_dlq_resends_own_group_is_kept_unless_forced(strict: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    e = strict.endpoint
+    capsys.readouterr()
+    assert main(["group", "delete", "popgate-dlq-resend", "--yes", "-e", e]) == 2
+    assert "its next runs send every letter still in a DLQ again; give --force" in capsys.readouterr().err
+    assert main(["group", "delete", "popgate-dlq-resend", "--yes", "--force", "-e", e]) == 0
+    assert "b1: had no state of it" in capsys.readouterr().out
+
+
 def test_lookup_prints_matches_newest_first(strict: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     e = strict.endpoint
     assert main(["topic", "create", "lookups", "-e", e]) == 0

@@ -10,13 +10,14 @@ import pytest
 from popgate_pb import broker_pb2 as bpb
 
 from popgate.cli.admin import BROKERS_MISSING
-from popgate.cli.operate import Fanned, _finish
+from popgate.cli.fanout import Fanned
+from popgate.cli.fanout import finish as finish_operation
 
 
 def finish(failures: dict[str, str], unknown: set[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     args = argparse.Namespace(json=False, parser=argparse.Namespace(prog="popgate"), timeout=3.0)
     fanned = Fanned([bpb.DeleteTopicResponse(broker="b1", existed=True)], failures, unknown)
-    code = _finish(args, fanned, {}, ["b1: deleted"], change=True)
+    code = finish_operation(args, fanned, {}, ["b1: deleted"], change=True)
     return code, capsys.readouterr().err
 
 
